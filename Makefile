@@ -1,0 +1,57 @@
+# Paddock — the README's two commands are `make run` and `make test`. Both set everything up first.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+PIP   := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+export PADDOCK_DATA_DIR ?= /var/lib/paddock
+export PADDOCK_HOST_IMAGE_DIR ?= $(PADDOCK_DATA_DIR)/images
+export PADDOCK_TEST_IMAGE_CACHE ?= $(PADDOCK_HOST_IMAGE_DIR)
+
+.PHONY: run test setup setup-test venv images devchain-deps lint bench bench-smoke clean
+
+run: setup images devchain-deps
+	$(VENV)/bin/paddock serve
+
+test: setup-test images devchain-deps
+	@export PADDOCK_TEST_PG_URL="$$(scripts/ensure-postgres.sh)"; \
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+setup:
+	scripts/setup-host.sh
+	@$(MAKE) --no-print-directory venv
+
+setup-test:
+	scripts/setup-host.sh --test
+	@$(MAKE) --no-print-directory venv
+
+# Reinstall only when the dependency list changes.
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+images: venv
+	@if $(PY) -c 'import paddock_hostagent.images' 2>/dev/null; then \
+	  $(PY) -m paddock_hostagent.images build debian:13; \
+	fi
+
+devchain-deps:
+	@if [ -f devchain/package.json ]; then \
+	  (cd devchain && { [ -d node_modules ] && [ node_modules -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }); \
+	fi
+
+lint: venv
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+bench: setup images
+	$(PY) -m bench.run
+
+bench-smoke: venv images
+	$(PY) -m bench.run --smoke
+
+clean:
+	rm -rf $(VENV) .pytest_cache

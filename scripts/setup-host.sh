@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install what Paddock needs on a Debian machine, as root. Idempotent: a second run installs nothing.
+#   scripts/setup-host.sh          system packages for running the platform
+#   scripts/setup-host.sh --test   plus the servers the test suite talks to (PostgreSQL, podman for bench)
+set -euo pipefail
+
+want=(python3 python3-venv python3-dev gcc libc6-dev make runc crun mmdebstrap nftables iproute2
+      e2fsprogs util-linux kmod procps curl ca-certificates fuse3 s3fs)
+if [[ "${1:-}" == "--test" ]]; then
+  want+=(postgresql)
+fi
+command -v npm >/dev/null 2>&1 || want+=(nodejs npm)
+
+missing=()
+for pkg in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup-host: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+python3 - <<'PY'
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"Paddock needs Python 3.11 or newer; python3 is {sys.version.split()[0]}")
+PY

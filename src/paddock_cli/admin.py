@@ -1,0 +1,133 @@
+"""``paddock admin …``: users, plans and API keys, straight against the control plane's database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+user_app = typer.Typer(no_args_is_help=True, help="Create users and change their plan.")
+key_app = typer.Typer(no_args_is_help=True, help="Create, revoke and list API keys.")
+app.add_typer(user_app, name="user")
+app.add_typer(key_app, name="key")
+
+T = TypeVar("T")
+
+
+def _run(work: Callable[[Any, Any], Awaitable[T]]) -> T:
+    """Run ``work(session, settings)`` in one transaction on a migrated database."""
+    from paddock_controlplane.app import migrate
+    from paddock_controlplane.settings import ControlPlaneSettings
+    from paddock_core.db import make_engine, make_sessionmaker, transaction
+    from paddock_core.errors import PaddockError
+
+    settings = ControlPlaneSettings()
+
+    async def go() -> T:
+        await migrate(settings)
+        engine = make_engine(settings.database_url)
+        try:
+            async with transaction(make_sessionmaker(engine)) as session:
+                return await work(session, settings)
+        finally:
+            await engine.dispose()
+
+    try:
+        return asyncio.run(go())
+    except PaddockError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+
+
+@user_app.command("create")
+def user_create(
+    plan: str = typer.Option("", help="free, beginner, pro or enterprise (default: the server's default)"),
+    name: str = typer.Option("", help="A label for the user"),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON"),
+) -> None:
+    """Create a user with the signup credits and print its first API key (shown once)."""
+    from paddock_controlplane import accounts
+
+    async def work(session: Any, settings: Any) -> dict[str, str]:
+        user = await accounts.create_user(
+            session, plan_id=plan or settings.default_plan, signup_credits=settings.signup_credits, name=name or None
+        )
+        key = await accounts.create_key(session, user.id)
+        return {"user_id": user.id, "plan": user.plan_id, "key_id": key.id, "api_key": key.plaintext}
+
+    out = _run(work)
+    if json_out:
+        typer.echo(json.dumps(out))
+    else:
+        typer.echo(f"user {out['user_id']} (plan {out['plan']})")
+        typer.echo(f"API key (shown once): {out['api_key']}")
+
+
+@user_app.command("set-plan")
+def user_set_plan(user_id: str, plan: str) -> None:
+    """Move a user to another plan."""
+    from paddock_controlplane import accounts
+
+    async def work(session: Any, _: Any) -> str:
+        return (await accounts.set_plan(session, user_id, plan)).plan_id
+
+    typer.echo(f"user {user_id} is now on plan {_run(work)}")
+
+
+@key_app.command("create")
+def key_create(user_id: str) -> None:
+    """Issue another API key for a user (shown once)."""
+    from paddock_controlplane import accounts
+
+    async def work(session: Any, _: Any) -> Any:
+        return await accounts.create_key(session, user_id)
+
+    issued = _run(work)
+    typer.echo(f"key {issued.id}")
+    typer.echo(f"API key (shown once): {issued.plaintext}")
+
+
+@key_app.command("revoke")
+def key_revoke(key_id: str) -> None:
+    """Revoke a key; requests with it get 401 from then on."""
+    from paddock_controlplane import accounts
+
+    async def work(session: Any, _: Any) -> Any:
+        return await accounts.revoke_key(session, key_id)
+
+    _run(work)
+    typer.echo(f"key {key_id} revoked")
+
+
+@key_app.command("list")
+def key_list(
+    user: str = typer.Option("", help="Only this user's keys"),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON"),
+) -> None:
+    """List keys (their id, owner, prefix and state; never the key itself)."""
+    from paddock_controlplane import accounts
+    from paddock_core.timeutil import rfc3339
+
+    async def work(session: Any, _: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": k.id,
+                "user_id": k.user_id,
+                "prefix": k.prefix,
+                "created_at": rfc3339(k.created_at),
+                "revoked": k.revoked_at is not None,
+            }
+            for k in await accounts.list_keys(session, user or None)
+        ]
+
+    rows = _run(work)
+    if json_out:
+        typer.echo(json.dumps(rows))
+        return
+    for row in rows:
+        state = "revoked" if row["revoked"] else "active"
+        typer.echo(f"{row['id']}  {row['user_id']}  {row['prefix']}…  {state}  {row['created_at']}")

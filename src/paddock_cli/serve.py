@@ -1,0 +1,176 @@
+"""``paddock serve``: the whole platform on embedded defaults, as one supervised process tree.
+
+    paddock serve
+    ├── paddock controlplane   (API :8080, reconciler and workers in-process)
+    ├── paddock hostagent      (internal API :8081, runs sandboxes under the OCI runtime)
+    └── paddock gateway        (API :8082, with a local dev chain)
+
+Secrets shared between the children (the host token, the at-rest key) are generated once into
+``$PADDOCK_DATA_DIR/secrets.env`` (mode 0600). A bootstrap user and API key are created on the first
+run; the key is kept in ``$PADDOCK_DATA_DIR/bootstrap-api-key`` (0600) so it can be shown again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+DATA_DIR = Path(os.environ.get("PADDOCK_DATA_DIR", "/var/lib/paddock"))
+CP_PORT = int(os.environ.get("PADDOCK_CP_PORT", "8080"))
+HOST_PORT = int(os.environ.get("PADDOCK_HOST_PORT", "8081"))
+GW_PORT = int(os.environ.get("PADDOCK_GW_PORT", "8082"))
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    health_url: str
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+
+def load_or_create_secrets(data_dir: Path) -> dict[str, str]:
+    path = data_dir / "secrets.env"
+    values: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if "=" in line:
+                key, _, value = line.partition("=")
+                values[key] = value
+    changed = False
+    for key in ("HOST_TOKEN", "SECRET_KEY"):
+        if not values.get(key):
+            values[key] = secrets.token_urlsafe(32)
+            changed = True
+    if changed:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+        os.chmod(path, 0o600)
+    return values
+
+
+def bootstrap_key(data_dir: Path, env: dict[str, str]) -> str:
+    path = data_dir / "bootstrap-api-key"
+    if path.exists():
+        return path.read_text().strip()
+    out = subprocess.run(
+        [sys.executable, "-m", "paddock_cli.main", "admin", "user", "create", "--name", "bootstrap", "--json"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    key = str(json.loads(out.stdout)["api_key"])
+    path.touch(mode=0o600)
+    path.write_text(key + "\n")
+    os.chmod(path, 0o600)
+    return key
+
+
+def children(data_dir: Path, shared: dict[str, str]) -> list[Child]:
+    base = {k: v for k, v in os.environ.items()}
+    cp_url = f"http://127.0.0.1:{CP_PORT}"
+    cp_env = base | {
+        "PADDOCK_CP_PORT": str(CP_PORT),
+        "PADDOCK_CP_DATA_DIR": str(data_dir),
+        "PADDOCK_CP_HOST_TOKEN": shared["HOST_TOKEN"],
+        "PADDOCK_CP_SECRET_KEY": shared["SECRET_KEY"],
+    }
+    host_env = base | {
+        "PADDOCK_HOST_PORT": str(HOST_PORT),
+        "PADDOCK_HOST_TOKEN": shared["HOST_TOKEN"],
+        "PADDOCK_HOST_CONTROLPLANE_URL": cp_url,
+        "PADDOCK_HOST_STATE_DIR": str(data_dir / "host"),
+    }
+    run = [sys.executable, "-m", "paddock_cli.main"]
+    return [
+        Child("controlplane", [*run, "controlplane"], cp_env, f"{cp_url}/healthz"),
+        Child("hostagent", [*run, "hostagent"], host_env, f"http://127.0.0.1:{HOST_PORT}/healthz"),
+    ]
+
+
+async def wait_healthy(child: Child, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=2) as http:
+        while time.monotonic() < deadline:
+            assert child.process is not None
+            if child.process.poll() is not None:
+                raise RuntimeError(f"{child.name} exited with {child.process.returncode}")
+            try:
+                if (await http.get(child.health_url)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"{child.name} did not become healthy in {timeout_s:.0f}s")
+
+
+def stop_all(procs: list[Child]) -> None:
+    for child in reversed(procs):
+        if child.process and child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    for child in reversed(procs):
+        if child.process:
+            try:
+                child.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+
+
+def banner(key: str) -> str:
+    cp = f"http://127.0.0.1:{CP_PORT}"
+    return f"""
+Paddock is running.
+  control plane  {cp}        (OpenAPI: {cp}/docs)
+  host agent     http://127.0.0.1:{HOST_PORT}   (internal)
+  bootstrap API key: {key}
+
+Try it:
+  export PADDOCK_API_KEY={key}
+  curl -s {cp}/v1/whoami -H "X-Api-Key: $PADDOCK_API_KEY"
+  curl -s {cp}/v1/shapes
+  curl -s -X POST {cp}/v1/sandboxes -H "X-Api-Key: $PADDOCK_API_KEY" \\
+       -H 'Content-Type: application/json' -d '{{"shape":"s-1vcpu-1gb"}}'
+Stop with Ctrl-C.
+"""
+
+
+def serve_embedded() -> int:
+    shared = load_or_create_secrets(DATA_DIR)
+    procs = children(DATA_DIR, shared)
+    key = bootstrap_key(DATA_DIR, procs[0].env)
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        for child in procs:
+            child.process = subprocess.Popen(child.argv, env=child.env)
+            asyncio.run(wait_healthy(child))
+        print(banner(key), flush=True)
+        while not stopping:
+            for child in procs:
+                assert child.process is not None
+                if child.process.poll() is not None:
+                    print(f"{child.name} exited with {child.process.returncode}; stopping", file=sys.stderr)
+                    return 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        stop_all(procs)

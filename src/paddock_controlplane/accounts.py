@@ -1,0 +1,143 @@
+"""Users, API keys and credits.
+
+API keys are random (``pdk_`` + 32 random bytes), shown once at creation and stored only as a
+SHA-256 hash: a high-entropy key needs no slow hash, and lookups stay one indexed read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_core import errors
+from paddock_core.crypto import random_token, sha256_hex
+from paddock_core.ids import new_id
+from paddock_core.timeutil import start_of_utc_day, utcnow
+from paddock_controlplane.models import ApiKey, CreditEntry, Plan, User
+
+MICRO = 1_000_000
+KEY_PREFIX = "pdk_"
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    id: str
+    user_id: str
+    plaintext: str
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: resolved from ``X-Api-Key`` once per request."""
+
+    user_id: str
+    plan_id: str
+    key_id: str
+
+
+async def get_plan(session: AsyncSession, plan_id: str) -> Plan:
+    plan = await session.get(Plan, plan_id)
+    if plan is None:
+        known = ", ".join((await session.scalars(select(Plan.id))).all())
+        raise errors.ValidationFailed.field("plan", f"unknown plan {plan_id!r}; one of {known}")
+    return plan
+
+
+async def create_user(
+    session: AsyncSession, *, plan_id: str, signup_credits: int, name: str | None = None
+) -> User:
+    await get_plan(session, plan_id)
+    user = User(id=new_id("usr_"), name=name, plan_id=plan_id, credits_micro=0, lock_version=0)
+    session.add(user)
+    await session.flush()
+    await add_credits(session, user.id, signup_credits * MICRO, kind="signup")
+    return user
+
+
+async def set_plan(session: AsyncSession, user_id: str, plan_id: str) -> User:
+    await get_plan(session, plan_id)
+    user = await require_user(session, user_id)
+    user.plan_id = plan_id
+    return user
+
+
+async def require_user(session: AsyncSession, user_id: str) -> User:
+    user = await session.get(User, user_id)
+    if user is None:
+        raise errors.NotFound(f"user {user_id} not found")
+    return user
+
+
+async def create_key(session: AsyncSession, user_id: str) -> IssuedKey:
+    await require_user(session, user_id)
+    plaintext = random_token(KEY_PREFIX, 32)
+    key = ApiKey(id=new_id("key_"), user_id=user_id, prefix=plaintext[:10], key_hash=sha256_hex(plaintext))
+    session.add(key)
+    await session.flush()
+    return IssuedKey(id=key.id, user_id=user_id, plaintext=plaintext)
+
+
+async def revoke_key(session: AsyncSession, key_id: str) -> ApiKey:
+    key = await session.get(ApiKey, key_id)
+    if key is None:
+        raise errors.NotFound(f"key {key_id} not found")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+    return key
+
+
+async def list_keys(session: AsyncSession, user_id: str | None = None) -> list[ApiKey]:
+    query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
+    if user_id:
+        query = query.where(ApiKey.user_id == user_id)
+    return list((await session.scalars(query)).all())
+
+
+async def authenticate(session: AsyncSession, presented: str | None) -> Principal:
+    if not presented or not presented.startswith(KEY_PREFIX):
+        raise errors.Unauthorized()
+    row = (
+        await session.execute(
+            select(ApiKey.id, ApiKey.user_id, ApiKey.revoked_at, User.plan_id)
+            .join(User, User.id == ApiKey.user_id)
+            .where(ApiKey.key_hash == sha256_hex(presented))
+        )
+    ).first()
+    if row is None or row.revoked_at is not None:
+        raise errors.Unauthorized()
+    return Principal(user_id=row.user_id, plan_id=row.plan_id, key_id=row.id)
+
+
+async def lock_user(session: AsyncSession, user_id: str) -> None:
+    """Serialise quota checks per user on both engines.
+
+    A write as the transaction's first statement takes PostgreSQL's row lock and SQLite's database
+    write lock, so two concurrent creates cannot both read the same count and both pass.
+    """
+    await session.execute(
+        update(User).where(User.id == user_id).values(lock_version=User.lock_version + 1)
+    )
+
+
+async def add_credits(
+    session: AsyncSession, user_id: str, amount_micro: int, *, kind: str, ref: str | None = None
+) -> None:
+    session.add(CreditEntry(user_id=user_id, amount_micro=amount_micro, kind=kind, ref=ref))
+    await session.execute(
+        update(User).where(User.id == user_id).values(credits_micro=User.credits_micro + amount_micro)
+    )
+
+
+async def balance_micro(session: AsyncSession, user_id: str) -> int:
+    value = await session.scalar(select(User.credits_micro).where(User.id == user_id))
+    if value is None:
+        raise errors.NotFound("user not found")
+    return int(value)
+
+
+def day_start(now: dt.datetime | None = None) -> dt.datetime:
+    """Per-day caps count creations since 00:00 UTC of the current day (§14.2)."""
+    return start_of_utc_day(now or utcnow())

@@ -1,0 +1,84 @@
+"""Request dependencies: the session, the caller, pagination. Aliases keep route signatures short."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_core import errors
+from paddock_core.crypto import constant_time_equals
+from paddock_controlplane import accounts
+from paddock_controlplane.services import Services
+
+MAX_PAGE = 500
+DEFAULT_PAGE = 50
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+async def get_session(services: ServicesDep) -> AsyncIterator[AsyncSession]:
+    async with services.sessions() as session:
+        yield session
+
+
+SessionDep = Annotated[AsyncSession, Depends(get_session)]
+
+
+async def get_principal(request: Request, services: ServicesDep) -> accounts.Principal:
+    presented = request.headers.get("x-api-key")
+    async with services.sessions() as session:
+        principal = await accounts.authenticate(session, presented)
+    request.scope.setdefault("state", {})["user_id"] = principal.user_id
+    return principal
+
+
+PrincipalDep = Annotated[accounts.Principal, Depends(get_principal)]
+
+
+def require_host_token(request: Request, services: ServicesDep) -> None:
+    expected = services.settings.host_token.get_secret_value()
+    presented = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not expected or not presented or not constant_time_equals(presented, expected):
+        raise errors.Unauthorized("invalid host token")
+
+
+HostAuthDep = Annotated[None, Depends(require_host_token)]
+
+
+@dataclass(frozen=True)
+class PageParams:
+    limit: int
+    offset: int
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise errors.ValidationFailed.field(name, "must be an integer") from None
+
+
+def get_page(request: Request) -> PageParams:
+    limit = _int_param(request, "limit", DEFAULT_PAGE)
+    offset = _int_param(request, "offset", 0)
+    if limit < 1:
+        raise errors.ValidationFailed.field("limit", "must be at least 1")
+    if offset < 0:
+        raise errors.ValidationFailed.field("offset", "must be 0 or more")
+    return PageParams(limit=min(limit, MAX_PAGE), offset=offset)
+
+
+PageDep = Annotated[PageParams, Depends(get_page)]

@@ -1,0 +1,56 @@
+"""Pure-ASGI request middleware: a request id on every response and one structured log line per request.
+
+Pure ASGI (not BaseHTTPMiddleware) so NDJSON streams and uploads pass through unbuffered.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import structlog
+
+from paddock_core.logging import get_logger
+
+log = get_logger("paddock.http")
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: Any, service: str) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = "req_" + secrets.token_hex(8)
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = time.perf_counter()
+        status_holder = {"status": 500}
+
+        async def send_with_id(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status_holder["status"] = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            state = scope.get("state", {})
+            log.info(
+                "request",
+                service=self.service,
+                method=scope["method"],
+                path=scope["path"],
+                status=status_holder["status"],
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                user_id=state.get("user_id"),
+                resource_id=state.get("resource_id"),
+            )
+            structlog.contextvars.clear_contextvars()

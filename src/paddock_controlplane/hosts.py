@@ -1,0 +1,70 @@
+"""Host inventory: heartbeats in, liveness out, and the images the fleet can serve."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane.models import Host
+from paddock_core.timeutil import as_utc
+
+HOST_STATUSES = ("active", "draining", "dead")
+
+
+def host_view(host: Host) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": host.id,
+        "status": host.status,
+        "free_mib": int(host.free_mib),
+        "vm_count": int(host.vm_count),
+    }
+    if host.rootfses:
+        out["rootfses"] = sorted(host.rootfses)
+    return out
+
+
+async def record_heartbeat(session: AsyncSession, beat: dict[str, Any], now: dt.datetime) -> Host:
+    host = await session.get(Host, beat["id"])
+    status = beat.get("status", "active")
+    if status not in HOST_STATUSES:
+        status = "active"
+    if host is None:
+        host = Host(id=beat["id"], created_at=now)
+        session.add(host)
+    host.url = beat["url"]
+    host.status = status
+    host.free_mib = int(beat.get("free_mib", 0))
+    host.total_mib = int(beat.get("total_mib", 0))
+    host.vm_count = int(beat.get("vm_count", 0))
+    host.rootfses = sorted(set(beat.get("rootfses", [])))
+    host.buildable = sorted(set(beat.get("buildable", [])))
+    host.labels = {str(k): str(v) for k, v in dict(beat.get("labels", {})).items()}
+    host.last_heartbeat_at = now
+    return host
+
+
+async def list_hosts(session: AsyncSession, *, limit: int, offset: int) -> tuple[list[Host], int]:
+    total = await session.scalar(select(func.count()).select_from(Host))
+    rows = await session.scalars(select(Host).order_by(Host.created_at, Host.id).limit(limit).offset(offset))
+    return list(rows.all()), int(total or 0)
+
+
+async def mark_silent_hosts_dead(session: AsyncSession, now: dt.datetime, dead_after_s: float) -> list[str]:
+    """Hosts whose last heartbeat is older than ``dead_after_s`` become ``dead``; returns their ids."""
+    died: list[str] = []
+    for host in (await session.scalars(select(Host).where(Host.status != "dead"))).all():
+        if (now - as_utc(host.last_heartbeat_at)).total_seconds() > dead_after_s:
+            host.status = "dead"
+            died.append(host.id)
+    return died
+
+
+async def available_images(session: AsyncSession) -> set[str]:
+    images: set[str] = set()
+    for host in (await session.scalars(select(Host).where(Host.status == "active"))).all():
+        images.update(host.rootfses or [])
+        images.update(host.buildable or [])
+    return images

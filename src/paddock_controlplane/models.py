@@ -1,0 +1,153 @@
+"""Control-plane tables. Every state change is written here first; the database is the truth."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from paddock_core.timeutil import utcnow
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dt.datetime: DateTime(timezone=True), dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Plan(Base):
+    __tablename__ = "plans"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    concurrent_sandboxes: Mapped[int] = mapped_column(Integer)
+    sandboxes_per_day: Mapped[int] = mapped_column(Integer)
+    networks_concurrent: Mapped[int] = mapped_column(Integer)
+    networks_per_day: Mapped[int] = mapped_column(Integer)
+    disks_concurrent: Mapped[int] = mapped_column(Integer)
+    disks_per_day: Mapped[int] = mapped_column(Integer)
+    templates_concurrent: Mapped[int] = mapped_column(Integer)
+    templates_per_day: Mapped[int] = mapped_column(Integer)
+    max_disk_mib: Mapped[int] = mapped_column(Integer)
+    max_vcpu: Mapped[int] = mapped_column(Integer)
+    max_mem_mib: Mapped[int] = mapped_column(Integer)
+    webhook_endpoints: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    plan_id: Mapped[str] = mapped_column(ForeignKey("plans.id"))
+    #: Balance in micro-credits (100 credits = 1 USD), so per-second billing stays exact in integers.
+    credits_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: Bumped by :func:`accounts.lock_user` so concurrent quota checks serialise per user.
+    lock_version: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    #: The first characters of the key, for recognising it in listings; the rest is never stored.
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class CreditEntry(Base):
+    """The credit ledger: every change to a user's balance, signed, in micro-credits."""
+
+    __tablename__ = "credit_entries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    amount_micro: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(32))
+    ref: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    url: Mapped[str] = mapped_column(String(300))
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    free_mib: Mapped[int] = mapped_column(Integer, default=0)
+    total_mib: Mapped[int] = mapped_column(Integer, default=0)
+    vm_count: Mapped[int] = mapped_column(Integer, default=0)
+    rootfses: Mapped[list[Any]] = mapped_column(default=list)
+    buildable: Mapped[list[Any]] = mapped_column(default=list)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    last_heartbeat_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Sandbox(Base):
+    __tablename__ = "sandboxes"
+    __table_args__ = (
+        Index(
+            "uq_sandboxes_live_name",
+            "user_id",
+            "name",
+            unique=True,
+            sqlite_where=text("status NOT IN ('destroyed', 'failed')"),
+            postgresql_where=text("status NOT IN ('destroyed', 'failed')"),
+        ),
+        Index("ix_sandboxes_user_created", "user_id", "created_at", "id"),
+        Index("ix_sandboxes_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    host_id: Mapped[str | None] = mapped_column(ForeignKey("hosts.id"), nullable=True)
+    ip: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    shape: Mapped[str] = mapped_column(String(40))
+    rootfs: Mapped[str] = mapped_column(String(100))
+    vcpu: Mapped[int] = mapped_column(Integer)
+    mem_mib: Mapped[int] = mapped_column(Integer)
+    cpu_quota_pct: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    disk_mib: Mapped[int] = mapped_column(Integer)
+    region: Mapped[str] = mapped_column(String(8))
+    spawn_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    egress: Mapped[list[Any]] = mapped_column(default=list)
+    #: Env values sealed with the server key; only ``env_keys`` is ever shown.
+    envs_sealed: Mapped[str | None] = mapped_column(Text, nullable=True)
+    env_keys: Mapped[list[Any]] = mapped_column(default=list)
+    ssh_pubkeys: Mapped[list[Any]] = mapped_column(default=list)
+    node_selector: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    ingress_enabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    bandwidth_quota_bytes: Mapped[int] = mapped_column(BigInteger, default=5 * 1024**3)
+    bandwidth_used_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    bandwidth_ingress_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    forked_from: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    auto_pause_after_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status_reason: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    oom_kills: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    running_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    paused_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    last_resumed_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    destroyed_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    last_activity_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    #: Compute is billed up to this instant; advanced by the billing pass while running.
+    billed_until: Mapped[dt.datetime | None] = mapped_column(nullable=True)

@@ -1,0 +1,27 @@
+"""The control plane's wired services, built once in the app's lifespan and passed explicitly."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from paddock_core.crypto import SecretBox
+from paddock_core.timeutil import Clock, utcnow
+from paddock_controlplane.settings import ControlPlaneSettings
+
+
+@dataclass
+class Services:
+    settings: ControlPlaneSettings
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    secret_box: SecretBox
+    clock: Clock = utcnow
+    #: Monotonic time of the last healthy reconciler pass, for ``/readyz``.
+    reconciler_last_ok: float | None = None
+    extras: dict[str, object] = field(default_factory=dict)
+
+    def mark_reconciled(self) -> None:
+        self.reconciler_last_ok = time.monotonic()

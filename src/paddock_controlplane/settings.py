@@ -1,0 +1,57 @@
+"""Control-plane settings (env prefix ``PADDOCK_CP_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import SecretStr, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from paddock_core.settings import DEFAULT_DATA_DIR, DatabaseSettingsMixin, ServiceSettings, sqlite_url
+
+
+class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="PADDOCK_CP_", extra="ignore")
+
+    port: int = 8080
+    data_dir: Path = DEFAULT_DATA_DIR
+    region: Literal["eu", "us"] = "eu"
+    #: Shared bearer token between the control plane and its host agents.
+    host_token: SecretStr = SecretStr("")
+    #: Key material for secrets at rest (env values, webhook secrets, disk credentials).
+    secret_key: SecretStr = SecretStr("")
+    #: Catalog default when ``rootfs`` is omitted and no host can build ``alpine:3.20``.
+    default_rootfs: str = "debian:13"
+    #: Ingress URLs are ``https://<port>-<sandbox id>.<ingress_domain>``.
+    ingress_domain: str = "sandbox.localhost"
+    ingress_scheme: str = "https"
+    #: Plan given to users created without an explicit plan.
+    default_plan: str = "pro"
+    #: Credits given to each new account (500, per the seed). 100 credits = 1 USD.
+    signup_credits: int = 500
+    #: A host that has not heartbeated for this long is ``dead``.
+    host_dead_after_s: float = 15.0
+    #: Seconds between reconciler / billing passes.
+    reconcile_interval_s: float = 1.0
+    #: Largest accepted file upload.
+    max_upload_bytes: int = 1 << 30
+    #: Largest buffered exec output per stream before truncation.
+    max_exec_output_bytes: int = 16 << 20
+    #: Boot deadline for create.
+    boot_timeout_s: float = 45.0
+    #: How long destroyed/failed rows stay readable.
+    retention_destroyed_h: int = 24
+
+    @field_validator("host_token", "secret_key")
+    @classmethod
+    def _not_placeholder(cls, value: SecretStr, info: object) -> SecretStr:
+        if value.get_secret_value():
+            return cls.reject_placeholder(value, getattr(info, "field_name", "secret"))
+        return value
+
+    @model_validator(mode="after")
+    def _defaults(self) -> ControlPlaneSettings:
+        if not self.database_url:
+            self.database_url = sqlite_url(self.data_dir / "controlplane.db")
+        return self

@@ -1,0 +1,1 @@
+"""paddock_core."""

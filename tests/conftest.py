@@ -1,0 +1,98 @@
+"""Fixtures shared by every test package: databases on both engines, real servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+ENGINES = ("sqlite", "postgresql")
+
+
+def pg_admin_url() -> str:
+    url = os.environ.get("PADDOCK_TEST_PG_URL", "")
+    if not url:
+        pytest.fail(
+            "PADDOCK_TEST_PG_URL is not set: database tests run on SQLite and PostgreSQL. "
+            "Run them through `make test`, or export the URL printed by scripts/ensure-postgres.sh."
+        )
+    return url
+
+
+async def _pg_execute(admin_url: str, sql: str) -> None:
+    import asyncpg
+
+    dsn = admin_url.replace("postgresql+asyncpg://", "postgresql://")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@asynccontextmanager
+async def fresh_database(engine: str, tmp_path: Path) -> AsyncIterator[str]:
+    """A brand-new empty database on ``engine``; dropped afterwards."""
+    if engine == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"
+        return
+    admin = pg_admin_url()
+    name = "t_" + secrets.token_hex(6)
+    await _pg_execute(admin, f"CREATE DATABASE {name}")
+    try:
+        yield admin.rsplit("/", 1)[0] + "/" + name
+    finally:
+        await _pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=ENGINES)
+def db_engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def database_url(db_engine: str, tmp_path: Path) -> AsyncIterator[str]:
+    async with fresh_database(db_engine, tmp_path) as url:
+        yield url
+
+
+class LiveServer:
+    """A real uvicorn server for an ASGI app on 127.0.0.1 and an ephemeral port."""
+
+    def __init__(self, app: Any) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.task: asyncio.Task[None] | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> LiveServer:
+        self.task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()
+                raise RuntimeError("server exited during start-up")
+            await asyncio.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        if self.task:
+            await self.task
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Settings come from the environment; keep a developer's PADDOCK_* variables out of tests."""
+    for key in list(os.environ):
+        if key.startswith(("PADDOCK_CP_", "PADDOCK_GW_", "PADDOCK_HOST_", "PADDOCK_API", "PADDOCK_BASE")):
+            monkeypatch.delenv(key, raising=False)
+    yield
