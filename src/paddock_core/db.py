@@ -35,12 +35,20 @@ def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
 
         @event.listens_for(engine.sync_engine, "connect")
         def _pragmas(dbapi_conn: Any, _: Any) -> None:
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
             cursor = dbapi_conn.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _begin(conn: Any) -> None:
+            # Writers take SQLite's write lock up front (BEGIN IMMEDIATE): a deferred transaction
+            # that reads and then writes can fail with SQLITE_BUSY_SNAPSHOT under concurrency.
+            immediate = conn.get_execution_options().get(IMMEDIATE, False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
@@ -50,10 +58,18 @@ def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
+IMMEDIATE = "paddock_immediate"
+
+
 @asynccontextmanager
 async def transaction(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
-    """A session inside one transaction: committed on success, rolled back on any exception."""
+    """A writing session inside one transaction: committed on success, rolled back on any exception.
+
+    On SQLite it holds the database write lock from its first statement, so read-check-write sequences
+    (quota checks, state transitions) are serialised; on PostgreSQL use row locks (FOR UPDATE).
+    """
     async with sessions() as session, session.begin():
+        await session.connection(execution_options={IMMEDIATE: True})
         yield session
 
 
