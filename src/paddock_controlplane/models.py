@@ -151,3 +151,48 @@ class Sandbox(Base):
     last_activity_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
     #: Compute is billed up to this instant; advanced by the billing pass while running.
     billed_until: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class WebhookEndpoint(Base):
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (Index("ix_webhook_endpoints_user_created", "user_id", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    url: Mapped[str] = mapped_column(String(2048))
+    #: The signing secret sealed with the server key; shown in plaintext only by create.
+    secret_sealed: Mapped[str] = mapped_column(Text)
+    #: Subscribed actions; empty means every action.
+    events: Mapped[list[Any]] = mapped_column(default=list)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    failure_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event for one endpoint: the outbox row, written in the transaction of the state change."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", "created_at"),
+        Index("ix_webhook_deliveries_created", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    user_id: Mapped[str] = mapped_column(String(40))
+    event_action: Mapped[str] = mapped_column(String(64))
+    #: The exact body bytes (UTF-8 JSON) sent on every attempt; fixed at emission.
+    payload: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    #: A claimed attempt belongs to ``lease_token`` until ``lease_until``; then anyone may claim it.
+    lease_until: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    lease_token: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    #: When the delivery became ``delivered`` or ``failed`` (the 30-minute retention counts from here).
+    finished_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
