@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from paddock_controlplane.models import ApiKey, CreditEntry, Plan, User
 from paddock_core import errors
 from paddock_core.crypto import random_token, sha256_hex
 from paddock_core.ids import new_id
 from paddock_core.timeutil import start_of_utc_day, utcnow
-from paddock_controlplane.models import ApiKey, CreditEntry, Plan, User
 
 MICRO = 1_000_000
 KEY_PREFIX = "pdk_"
@@ -117,9 +117,7 @@ async def lock_user(session: AsyncSession, user_id: str) -> None:
     A write as the transaction's first statement takes PostgreSQL's row lock and SQLite's database
     write lock, so two concurrent creates cannot both read the same count and both pass.
     """
-    await session.execute(
-        update(User).where(User.id == user_id).values(lock_version=User.lock_version + 1)
-    )
+    await session.execute(update(User).where(User.id == user_id).values(lock_version=User.lock_version + 1))
 
 
 async def add_credits(

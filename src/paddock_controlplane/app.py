@@ -8,15 +8,17 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from paddock_controlplane import hostlink, reconciler, upkeep
+from paddock_controlplane.api.errors import install_error_handlers
+from paddock_controlplane.api.middleware import RequestContextMiddleware
+from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
+from paddock_controlplane.api.routes import webhooks as webhook_routes
+from paddock_controlplane.services import Services
+from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_controlplane.webhook_delivery import DeliveryWorker
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, upgrade
 from paddock_core.logging import get_logger
-from paddock_controlplane import reconciler
-from paddock_controlplane.api.errors import install_error_handlers
-from paddock_controlplane.api.middleware import RequestContextMiddleware
-from paddock_controlplane.api.routes import catalog, internal, probes
-from paddock_controlplane.services import Services
-from paddock_controlplane.settings import ControlPlaneSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 log = get_logger("paddock.controlplane")
@@ -38,14 +40,26 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
             secret_box=SecretBox(settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"),
         )
         app.state.services = services
-        loop = reconciler.Reconciler(services, [reconciler.host_liveness_pass])
+
+        async def on_heartbeat(beat: dict[str, object]) -> None:
+            hostlink.forget_if_moved(services, str(beat["id"]), str(beat["url"]))
+            await upkeep.apply_host_report(services, beat)
+
+        services.extras["on_heartbeat"] = on_heartbeat
+        loop = reconciler.Reconciler(services, [reconciler.host_liveness_pass, *upkeep.PASSES])
         await loop.run_once()
         loop.start()
+        deliveries = DeliveryWorker.from_services(services) if settings.webhook_worker_enabled else None
+        if deliveries:
+            deliveries.start()
         log.info("controlplane_started", region=settings.region, database=engine.dialect.name)
         try:
             yield
         finally:
+            if deliveries:
+                await deliveries.stop()
             await loop.stop()
+            await hostlink.close_all(services)
             await engine.dispose()
 
     app = FastAPI(
@@ -57,7 +71,7 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         redoc_url=None,
     )
     install_error_handlers(app)
-    for module in (probes, catalog, internal):
+    for module in (probes, catalog, internal, sandboxes, commands, webhook_routes):
         app.include_router(module.router)
     app.add_middleware(RequestContextMiddleware, service="controlplane")
     return app

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uvicorn
 
-from paddock_core.logging import configure_logging
 from paddock_controlplane.app import create_app
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_core.logging import configure_logging
 
 
 def main(settings: ControlPlaneSettings | None = None) -> None:

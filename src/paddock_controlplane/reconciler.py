@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_core.db import transaction
-from paddock_core.logging import get_logger
 from paddock_controlplane import hosts
 from paddock_controlplane.services import Services
+from paddock_core.db import transaction
+from paddock_core.logging import get_logger
 
 log = get_logger("paddock.reconciler")
 
@@ -23,9 +23,7 @@ Pass = Callable[[AsyncSession, Services], Awaitable[None]]
 
 
 async def host_liveness_pass(session: AsyncSession, services: Services) -> None:
-    died = await hosts.mark_silent_hosts_dead(
-        session, services.clock(), services.settings.host_dead_after_s
-    )
+    died = await hosts.mark_silent_hosts_dead(session, services.clock(), services.settings.host_dead_after_s)
     for host_id in died:
         log.warning("host_dead", host_id=host_id)
 

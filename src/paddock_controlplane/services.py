@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.timeutil import Clock, utcnow
-from paddock_controlplane.settings import ControlPlaneSettings
 
 
 @dataclass

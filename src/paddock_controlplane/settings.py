@@ -34,6 +34,8 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     host_dead_after_s: float = 15.0
     #: Seconds between reconciler / billing passes.
     reconcile_interval_s: float = 1.0
+    #: Seconds between billing settlements of running sandboxes.
+    billing_interval_s: float = 10.0
     #: Largest accepted file upload.
     max_upload_bytes: int = 1 << 30
     #: Largest buffered exec output per stream before truncation.
@@ -42,6 +44,18 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     boot_timeout_s: float = 45.0
     #: How long destroyed/failed rows stay readable.
     retention_destroyed_h: int = 24
+    #: Deliver webhooks to loopback, private and link-local addresses (off: refused as SSRF).
+    webhook_allow_private_targets: bool = False
+    #: Run the webhook delivery worker in this process (API-only processes may turn it off).
+    webhook_worker_enabled: bool = True
+    #: Webhook deliveries in flight at once per process.
+    webhook_concurrency: int = 16
+    #: Seconds between polls for due deliveries (local events wake the worker at once).
+    webhook_poll_interval_s: float = 0.5
+    #: A claimed delivery belongs to its worker this long; a worker that died loses it after it.
+    webhook_lease_s: float = 60.0
+    #: Per-attempt limit, connect to response headers (§11.15).
+    webhook_timeout_s: float = 10.0
 
     @field_validator("host_token", "secret_key")
     @classmethod

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from paddock_core.db import make_engine, make_sessionmaker, transaction
 from paddock_controlplane import accounts
 from paddock_controlplane.app import create_app, migrate
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_core.db import make_engine, make_sessionmaker, transaction
 from tests.conftest import LiveServer
 
 HOST_TOKEN = "test-host-token-0123456789"

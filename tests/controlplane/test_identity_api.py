@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from paddock_core.db import make_engine, make_sessionmaker, transaction
 from paddock_controlplane import accounts
+from paddock_core.db import make_engine, make_sessionmaker, transaction
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
 
 pytestmark = pytest.mark.db
@@ -35,7 +35,11 @@ async def test_shapes_pagination_and_bad_limit(controlplane: ControlPlane) -> No
     assert bad.status_code == 400
     assert bad.json() == {
         "status": "fail",
-        "data": {"code": "VALIDATION_FAILED", "message": "limit: must be at least 1", "limit": "must be at least 1"},
+        "data": {
+            "code": "VALIDATION_FAILED",
+            "message": "limit: must be at least 1",
+            "limit": "must be at least 1",
+        },
     }
     assert (await controlplane.http.get("/v1/shapes", params={"offset": "x"})).status_code == 400
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from paddock_core.db import make_engine, make_sessionmaker, transaction, upgrade
 from paddock_controlplane import accounts
 from paddock_controlplane.app import MIGRATIONS
+from paddock_core.db import make_engine, make_sessionmaker, transaction, upgrade
 
 pytestmark = pytest.mark.db
 

@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_core import errors
-from paddock_core.crypto import constant_time_equals
 from paddock_controlplane import accounts
 from paddock_controlplane.services import Services
+from paddock_core import errors
+from paddock_core.crypto import constant_time_equals
 
 MAX_PAGE = 500
 DEFAULT_PAGE = 50

@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from paddock_core import envelope
 from paddock_controlplane import catalog, hosts, usage
-from paddock_controlplane.api.deps import PageDep, PrincipalDep, SessionDep, ServicesDep
+from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, SessionDep
+from paddock_core import envelope
 
 router = APIRouter(tags=["catalog"])
 

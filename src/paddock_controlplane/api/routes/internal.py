@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from paddock_core.db import transaction
 from paddock_controlplane import hosts
 from paddock_controlplane.api.deps import HostAuthDep, ServicesDep
+from paddock_core.db import transaction
 
 router = APIRouter(prefix="/internal/v1", tags=["internal"], include_in_schema=False)
 

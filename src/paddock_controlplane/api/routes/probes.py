@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from paddock_controlplane.api.deps import ServicesDep
 from paddock_core import envelope
 from paddock_core.db import ping
-from paddock_controlplane.api.deps import ServicesDep
 
 router = APIRouter(tags=["probes"])
 READY_WINDOW_S = 30.0

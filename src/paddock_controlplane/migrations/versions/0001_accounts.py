@@ -23,10 +23,22 @@ PLANS = [
     ("pro", "Pro", 20, 200, 20, 200, 20, 200, 20, 200, 51200, 8, 8192, 6),
     ("enterprise", "Enterprise", 30, 300, 30, 300, 30, 300, 30, 300, 61440, 8, 16384, None),
 ]
-PLAN_COLUMNS = (
-    "id name concurrent_sandboxes sandboxes_per_day networks_concurrent networks_per_day disks_concurrent "
-    "disks_per_day templates_concurrent templates_per_day max_disk_mib max_vcpu max_mem_mib webhook_endpoints"
-).split()
+PLAN_COLUMNS = [
+    "id",
+    "name",
+    "concurrent_sandboxes",
+    "sandboxes_per_day",
+    "networks_concurrent",
+    "networks_per_day",
+    "disks_concurrent",
+    "disks_per_day",
+    "templates_concurrent",
+    "templates_per_day",
+    "max_disk_mib",
+    "max_vcpu",
+    "max_mem_mib",
+    "webhook_endpoints",
+]
 
 
 def upgrade() -> None:

@@ -1,0 +1,85 @@
+"""Exec and files (§11.5, §11.6). Streams are unwrapped: NDJSON frames and raw bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from paddock_controlplane import execution, validation
+from paddock_controlplane.api.deps import PrincipalDep, ServicesDep
+from paddock_controlplane.api.routes.bodies import optional_body
+from paddock_controlplane.schemas import ExecRequest
+from paddock_core import envelope, errors
+
+router = APIRouter(prefix="/v1/sandboxes", tags=["exec and files"])
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _path(request: Request) -> str:
+    try:
+        return validation.guest_path(request.query_params.get("path"))
+    except ValueError as exc:
+        raise errors.ValidationFailed.field("path", str(exc)) from None
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@router.post("/{sandbox_id}/exec", response_model=None)
+async def exec_command(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any] | StreamingResponse:
+    body = await optional_body(request, ExecRequest)
+    streaming = request.query_params.get("stream", "").lower() == "true" or bool(body.stream)
+    sandbox, env = await execution.prepare_exec(services, principal.user_id, sandbox_id, body)
+    if streaming:
+        return StreamingResponse(
+            execution.exec_stream(services, sandbox, body, env),
+            media_type="application/x-ndjson",
+            headers=STREAM_HEADERS,
+        )
+    # A buffered exec whose client disconnects is killed too: race the command against the disconnect.
+    work = asyncio.ensure_future(execution.exec_buffered(services, sandbox, body, env))
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        return envelope.success(work.result())
+    return envelope.success({"result": {"stdout": "", "stderr": "", "exit_code": -1, "error": "client gone"}})
+
+
+@router.put("/{sandbox_id}/files")
+async def put_file(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    path = _path(request)
+    length = request.headers.get("content-length")
+    result = await execution.upload(
+        services,
+        principal.user_id,
+        sandbox_id,
+        path,
+        request.stream(),
+        int(length) if length and length.isdigit() else None,
+    )
+    return JSONResponse(envelope.success(result))
+
+
+@router.get("/{sandbox_id}/files", response_model=None)
+async def get_file(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> StreamingResponse:
+    path = _path(request)
+    download = await execution.download(services, principal.user_id, sandbox_id, path)
+    headers = {"Content-Length": str(download.size)} if download.size is not None else {}
+    return StreamingResponse(download.chunks, media_type="application/octet-stream", headers=headers)

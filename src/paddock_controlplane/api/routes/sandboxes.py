@@ -1,0 +1,177 @@
+"""Sandbox routes (§11.3–§11.9): parse, call one domain function, render the view."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from paddock_controlplane import configuration, lifecycle, lookup, power, views
+from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep
+from paddock_controlplane.api.routes.bodies import optional_body
+from paddock_controlplane.models import Sandbox
+from paddock_controlplane.schemas import (
+    CreateSandboxRequest,
+    EgressRequest,
+    ForkSandboxRequest,
+    PatchSandboxRequest,
+    RechargeRequest,
+    ResizeRequest,
+    SshKeysRequest,
+)
+from paddock_controlplane.services import Services
+from paddock_core import envelope
+
+router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
+
+
+def view(services: Services, sandbox: Sandbox) -> dict[str, Any]:
+    s = services.settings
+    return views.sandbox_view(sandbox, scheme=s.ingress_scheme, domain=s.ingress_domain)
+
+
+def cutoff(services: Services) -> dt.datetime:
+    return services.clock() - dt.timedelta(hours=services.settings.retention_destroyed_h)
+
+
+def mark(request: Request, sandbox_id: str) -> None:
+    request.scope.setdefault("state", {})["resource_id"] = sandbox_id
+
+
+@router.post("")
+async def create(
+    body: CreateSandboxRequest, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    sandbox = await lifecycle.create(services, principal.user_id, body)
+    s = services.settings
+    return envelope.success(views.create_response(sandbox, scheme=s.ingress_scheme, domain=s.ingress_domain))
+
+
+@router.get("")
+async def list_sandboxes(
+    request: Request, principal: PrincipalDep, services: ServicesDep, page: PageDep
+) -> dict[str, Any]:
+    async with services.sessions() as session:
+        rows, total = await lookup.page(
+            session,
+            principal.user_id,
+            status=request.query_params.get("status") or None,
+            limit=page.limit,
+            offset=page.offset,
+            cutoff=cutoff(services),
+        )
+    items = [view(services, row) for row in rows]
+    return envelope.success(envelope.page(items, total=total, limit=page.limit, offset=page.offset))
+
+
+@router.get("/by-ip/{ip}")
+async def by_ip(ip: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    async with services.sessions() as session:
+        return envelope.success(view(services, await lookup.by_ip(session, principal.user_id, ip)))
+
+
+@router.get("/{sandbox_id}")
+async def get(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    mark(request, sandbox_id)
+    async with services.sessions() as session:
+        sandbox = await lookup.get(session, principal.user_id, sandbox_id, cutoff(services))
+    return envelope.success(view(services, sandbox))
+
+
+@router.patch("/{sandbox_id}")
+async def patch(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    body = await optional_body(request, PatchSandboxRequest)
+    return envelope.success(
+        view(services, await configuration.patch(services, principal.user_id, sandbox_id, body))
+    )
+
+
+@router.delete("/{sandbox_id}")
+async def destroy(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    mark(request, sandbox_id)
+    return envelope.success(await power.destroy(services, principal.user_id, sandbox_id))
+
+
+@router.post("/{sandbox_id}/pause")
+async def pause(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    mark(request, sandbox_id)
+    return envelope.success(view(services, await power.pause(services, principal.user_id, sandbox_id)))
+
+
+@router.post("/{sandbox_id}/resume")
+async def resume(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    mark(request, sandbox_id)
+    return envelope.success(view(services, await power.resume(services, principal.user_id, sandbox_id)))
+
+
+@router.post("/{sandbox_id}/fork")
+async def fork(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    mark(request, sandbox_id)
+    body = await optional_body(request, ForkSandboxRequest)
+    return envelope.success(
+        view(services, await lifecycle.fork(services, principal.user_id, sandbox_id, body))
+    )
+
+
+@router.post("/{sandbox_id}/resize")
+async def resize(
+    sandbox_id: str, body: ResizeRequest, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    return envelope.success(
+        await configuration.resize(services, principal.user_id, sandbox_id, body.disk_mib)
+    )
+
+
+@router.post("/{sandbox_id}/ssh-pubkeys")
+async def ssh_pubkeys(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    body = await optional_body(request, SshKeysRequest)
+    return envelope.success(
+        await configuration.add_ssh_keys(services, principal.user_id, sandbox_id, body.keys)
+    )
+
+
+@router.get("/{sandbox_id}/egress")
+async def get_egress(sandbox_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    return envelope.success(await configuration.get_egress(services, principal.user_id, sandbox_id))
+
+
+@router.put("/{sandbox_id}/egress")
+async def put_egress(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    body = await optional_body(request, EgressRequest)
+    return envelope.success(
+        await configuration.set_egress(services, principal.user_id, sandbox_id, body.egress)
+    )
+
+
+@router.get("/{sandbox_id}/bandwidth")
+async def get_bandwidth(sandbox_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+    return envelope.success(await configuration.get_bandwidth(services, principal.user_id, sandbox_id))
+
+
+@router.post("/{sandbox_id}/bandwidth/recharge")
+async def recharge(
+    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    async with services.sessions() as session:
+        await lifecycle.get_owned(session, principal.user_id, sandbox_id)  # 404 before 400 (§11.7)
+    body = await optional_body(request, RechargeRequest)
+    return envelope.success(
+        await configuration.recharge(services, principal.user_id, sandbox_id, body.add_bytes)
+    )

@@ -1,0 +1,194 @@
+"""Commands and files inside a running sandbox (§11.5, §11.6).
+
+Both go to the sandbox's host through :mod:`hostlink`; the host agent hands them to the guest agent
+living in the sandbox's namespaces. Streams are passed through frame by frame with a heartbeat every
+5 s; a client that goes away takes its command with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sqlalchemy import select
+
+from paddock_controlplane import hostlink
+from paddock_controlplane.lifecycle import open_envs, validate_envs
+from paddock_controlplane.models import Sandbox
+from paddock_controlplane.schemas import ExecRequest
+from paddock_controlplane.services import Services
+from paddock_core import errors
+
+WAITABLE = ("creating", "resuming", "forking")
+WAIT_FOR_RUNNING_S = 30.0
+HEARTBEAT_S = 5.0
+
+
+async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
+    """The sandbox once it is ``running``; transitional states wait up to 30 s, others get 409."""
+    deadline = time.monotonic() + WAIT_FOR_RUNNING_S
+    delay = 0.05
+    while True:
+        async with services.sessions() as session:
+            sandbox = (
+                await session.scalars(
+                    select(Sandbox).where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id)
+                )
+            ).first()
+        if sandbox is None:
+            raise errors.NotFound("sandbox not found")
+        if sandbox.status == "running":
+            return sandbox
+        if sandbox.status not in WAITABLE or time.monotonic() >= deadline:
+            raise errors.InvalidState("sandbox is not running")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def merged_env(services: Services, sandbox: Sandbox, overrides: dict[str, str] | None) -> dict[str, str]:
+    env = open_envs(services, sandbox)
+    if overrides:
+        for key in overrides:
+            if key not in env:
+                raise errors.ValidationFailed.field(f"env.{key}", "not declared on the sandbox")
+        validate_envs({**env, **overrides})
+        env.update(overrides)
+    return env
+
+
+def touch(services: Services, sandbox_id: str) -> None:
+    """Record activity for idle auto-pause (read by the reconciler)."""
+    activity: dict[str, float] = services.extras.setdefault("activity", {})  # type: ignore[assignment]
+    activity[sandbox_id] = time.time()
+
+
+class Inflight:
+    """Counts commands and transfers in flight per sandbox; a running command is activity."""
+
+    def __init__(self, services: Services, sandbox_id: str) -> None:
+        self.counts: dict[str, int] = services.extras.setdefault("inflight", {})  # type: ignore[assignment]
+        self.services = services
+        self.sandbox_id = sandbox_id
+
+    def __enter__(self) -> None:
+        self.counts[self.sandbox_id] = self.counts.get(self.sandbox_id, 0) + 1
+        touch(self.services, self.sandbox_id)
+
+    def __exit__(self, *_: object) -> None:
+        self.counts[self.sandbox_id] -= 1
+        if not self.counts[self.sandbox_id]:
+            del self.counts[self.sandbox_id]
+        touch(self.services, self.sandbox_id)
+
+
+async def prepare_exec(
+    services: Services, user_id: str, sandbox_id: str, req: ExecRequest
+) -> tuple[Sandbox, dict[str, str]]:
+    if not req.cmd:
+        raise errors.ValidationFailed.field("cmd", "is required")
+    sandbox = await running_sandbox(services, user_id, sandbox_id)
+    return sandbox, merged_env(services, sandbox, req.env)
+
+
+async def exec_buffered(
+    services: Services, sandbox: Sandbox, req: ExecRequest, env: dict[str, str]
+) -> dict[str, Any]:
+    link = await hostlink.for_host(services, sandbox.host_id)
+    started = time.perf_counter()
+    with Inflight(services, sandbox.id):
+        try:
+            result = await link.exec(sandbox.id, req.cmd, req.args or [], env, req.stdin)
+        except hostlink.SandboxGoneError as exc:
+            result = {"stdout": "", "stderr": "", "exit_code": -1, "error": str(exc)}
+    exec_ms = round((time.perf_counter() - started) * 1000, 3)
+    out: dict[str, Any] = {
+        "stdout": result.get("stdout", ""),
+        "stderr": result.get("stderr", ""),
+        "exit_code": int(result.get("exit_code", -1)),
+    }
+    if result.get("error"):
+        out["error"] = str(result["error"])
+        out["exit_code"] = -1
+    return {"result": out, "exec_ms": exec_ms}
+
+
+async def exec_stream(
+    services: Services, sandbox: Sandbox, req: ExecRequest, env: dict[str, str]
+) -> AsyncIterator[bytes]:
+    """NDJSON frames: a heartbeat at once and every 5 s, output as it comes, one final exit_code."""
+    link = await hostlink.for_host(services, sandbox.host_id)
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for frame in link.exec_stream(sandbox.id, req.cmd, req.args or [], env, req.stdin):
+                await queue.put(frame)
+        except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
+            await queue.put({"error": str(exc)})
+            await queue.put({"exit_code": -1})
+        finally:
+            await queue.put(None)
+
+    with Inflight(services, sandbox.id):
+        task = asyncio.create_task(pump())
+        try:
+            yield b'{"hb":true}\n'
+            saw_exit = False
+            while True:
+                try:
+                    frame = await asyncio.wait_for(queue.get(), HEARTBEAT_S)
+                except TimeoutError:
+                    yield b'{"hb":true}\n'
+                    continue
+                if frame is None:
+                    break
+                if "exit_code" in frame:
+                    if saw_exit:
+                        continue
+                    saw_exit = True
+                yield json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+            if not saw_exit:
+                yield b'{"error":"command stream ended without an exit code"}\n{"exit_code":-1}\n'
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def upload(
+    services: Services,
+    user_id: str,
+    sandbox_id: str,
+    path: str,
+    body: AsyncIterator[bytes],
+    length: int | None,
+) -> dict[str, Any]:
+    limit = services.settings.max_upload_bytes
+    if length is not None and length > limit:
+        raise errors.PayloadTooLarge(f"upload is over the {limit}-byte limit")
+    sandbox = await running_sandbox(services, user_id, sandbox_id)
+    link = await hostlink.for_host(services, sandbox.host_id)
+    received = 0
+
+    async def capped() -> AsyncIterator[bytes]:
+        nonlocal received
+        async for chunk in body:
+            received += len(chunk)
+            if received > limit:
+                raise errors.PayloadTooLarge(f"upload is over the {limit}-byte limit")
+            yield chunk
+
+    with Inflight(services, sandbox.id):
+        result = await link.upload(sandbox.id, path, capped())
+    return {"path": path, "size": int(result.get("size", received))}
+
+
+async def download(services: Services, user_id: str, sandbox_id: str, path: str) -> hostlink.Download:
+    sandbox = await running_sandbox(services, user_id, sandbox_id)
+    link = await hostlink.for_host(services, sandbox.host_id)
+    touch(services, sandbox.id)
+    return await link.download(sandbox.id, path)

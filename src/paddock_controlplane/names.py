@@ -1,0 +1,95 @@
+"""Generated sandbox names: ``<adjective>-<animal>``, with a numeric suffix when needed."""
+
+from __future__ import annotations
+
+import secrets
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane.models import Sandbox
+
+ADJECTIVES = [
+    "brave",
+    "calm",
+    "clever",
+    "eager",
+    "fancy",
+    "gentle",
+    "happy",
+    "jolly",
+    "keen",
+    "lively",
+    "merry",
+    "nimble",
+    "proud",
+    "quick",
+    "quiet",
+    "rapid",
+    "shiny",
+    "silent",
+    "steady",
+    "swift",
+    "tidy",
+    "vivid",
+    "witty",
+    "zesty",
+    "bold",
+    "bright",
+    "cosy",
+    "daring",
+    "fresh",
+    "lucky",
+]
+ANIMALS = [
+    "otter",
+    "badger",
+    "falcon",
+    "heron",
+    "lynx",
+    "marten",
+    "newt",
+    "ocelot",
+    "panda",
+    "quail",
+    "raven",
+    "seal",
+    "tapir",
+    "viper",
+    "walrus",
+    "yak",
+    "zebra",
+    "beaver",
+    "bison",
+    "camel",
+    "dingo",
+    "egret",
+    "ferret",
+    "gecko",
+    "ibis",
+    "koala",
+    "lemur",
+    "moose",
+    "puffin",
+]
+LIVE = ("destroyed", "failed")
+
+
+async def taken(session: AsyncSession, user_id: str, name: str) -> bool:
+    found = await session.scalar(
+        select(Sandbox.id).where(
+            Sandbox.user_id == user_id, Sandbox.name == name, Sandbox.status.not_in(LIVE)
+        )
+    )
+    return found is not None
+
+
+async def generate(session: AsyncSession, user_id: str) -> str:
+    base = f"{secrets.choice(ADJECTIVES)}-{secrets.choice(ANIMALS)}"
+    if not await taken(session, user_id, base):
+        return base
+    for _ in range(50):
+        candidate = f"{base}-{secrets.randbelow(9000) + 1000}"
+        if not await taken(session, user_id, candidate):
+            return candidate
+    return f"{base}-{secrets.token_hex(4)}"

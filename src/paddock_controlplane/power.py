@@ -1,0 +1,162 @@
+"""Destroy, pause and resume (§11.8), and the settling of interrupted transitions."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane import accounts, billing, hostlink, webhooks
+from paddock_controlplane.lifecycle import check_credit, check_quotas, event_data, get_owned
+from paddock_controlplane.models import Sandbox
+from paddock_controlplane.services import Services
+from paddock_core import errors
+from paddock_core.db import transaction
+from paddock_core.logging import get_logger
+
+log = get_logger("paddock.power")
+
+DESTROY_INLINE = ("paused", "error")
+DESTROY_NOOP = ("destroyed", "failed")
+CANCELLABLE = ("creating", "pausing", "resuming", "forking")
+
+
+def _spawn(services: Services, coro: Any) -> None:
+    task = asyncio.create_task(coro)
+    tasks: set[asyncio.Task[Any]] = services.extras.setdefault("tasks", set())  # type: ignore[assignment]
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+async def destroy(services: Services, user_id: str, sandbox_id: str) -> dict[str, str]:
+    async with transaction(services.sessions) as session:
+        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
+        status = sandbox.status
+        if status in DESTROY_NOOP:
+            return {"id": sandbox.id, "status": "destroyed"}
+        if status == "destroying":
+            return {"id": sandbox.id, "status": "destroying"}
+        if status == "running":
+            await billing.settle(session, sandbox, services.clock())
+        sandbox.status = "destroying"
+    if status in DESTROY_INLINE:
+        await reclaim(services, sandbox_id)
+        return {"id": sandbox_id, "status": "destroyed"}
+    spawn_reclaim(services, sandbox_id)
+    return {"id": sandbox_id, "status": "destroying"}
+
+
+def spawn_reclaim(services: Services, sandbox_id: str) -> None:
+    """Reclaim in the background, at most once at a time per sandbox in this process."""
+    inflight: set[str] = services.extras.setdefault("reclaiming", set())  # type: ignore[assignment]
+    if sandbox_id in inflight:
+        return
+    inflight.add(sandbox_id)
+
+    async def run() -> None:
+        try:
+            await reclaim(services, sandbox_id)
+        finally:
+            inflight.discard(sandbox_id)
+
+    _spawn(services, run())
+
+
+async def reclaim(services: Services, sandbox_id: str, *, reason: str = "api") -> None:
+    """Remove a ``destroying`` sandbox from its host and mark it ``destroyed`` (emitting once)."""
+    async with services.sessions() as session:
+        sandbox = await session.get(Sandbox, sandbox_id)
+    if sandbox is None or sandbox.status != "destroying":
+        return
+    try:
+        link = await hostlink.for_host(services, sandbox.host_id)
+        await link.destroy(sandbox_id)
+    except hostlink.HostError as exc:
+        log.warning("reclaim_failed", sandbox_id=sandbox_id, error=str(exc))
+        return  # stays destroying; the reconciler retries
+    async with transaction(services.sessions) as session:
+        row = await session.get(Sandbox, sandbox_id, with_for_update=True)
+        if row is None or row.status != "destroying":
+            return
+        row.status = "destroyed"
+        row.destroyed_at = services.clock()
+        await webhooks.emit(
+            session, user_id=row.user_id, action="sandbox.destroy", data=event_data(row, reason=reason)
+        )
+
+
+async def pause(services: Services, user_id: str, sandbox_id: str, *, reason: str = "api") -> Sandbox:
+    async with transaction(services.sessions) as session:
+        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
+        if sandbox.status != "running":
+            raise errors.InvalidState(f"sandbox is {sandbox.status}; only a running sandbox can be paused")
+        sandbox.status = "pausing"
+    return await _finish_pause(services, sandbox_id, reason)
+
+
+async def _finish_pause(services: Services, sandbox_id: str, reason: str) -> Sandbox:
+    async with services.sessions() as session:
+        sandbox = await session.get(Sandbox, sandbox_id)
+    assert sandbox is not None
+    try:
+        await (await hostlink.for_host(services, sandbox.host_id)).pause(sandbox_id)
+        ok = True
+    except hostlink.HostError as exc:
+        log.warning("pause_failed", sandbox_id=sandbox_id, error=str(exc))
+        ok = False
+    async with transaction(services.sessions) as session:
+        row = await session.get(Sandbox, sandbox_id, with_for_update=True)
+        assert row is not None
+        if row.status != "pausing":
+            return row
+        now = services.clock()
+        await billing.settle(session, row, now)
+        if ok:
+            row.status, row.paused_at = "paused", now
+            await webhooks.emit(
+                session, user_id=row.user_id, action="sandbox.pause", data=event_data(row, reason=reason)
+            )
+        else:
+            row.status, row.status_reason = "error", "pause failed on the host"
+    return row
+
+
+async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
+    async with transaction(services.sessions) as session:
+        await accounts.lock_user(session, user_id)
+        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
+        if sandbox.status != "paused":
+            raise errors.InvalidState(f"sandbox is {sandbox.status}; only a paused sandbox can be resumed")
+        await check_credit(session, user_id)
+        plan = await accounts.get_plan(session, (await accounts.require_user(session, user_id)).plan_id)
+        await check_quotas(session, services, plan, user_id, needs_slot=True, new_sandbox=False)
+        sandbox.status = "resuming"
+    try:
+        link = await hostlink.for_host(services, sandbox.host_id)
+        await link.resume(sandbox_id, disk_mib=sandbox.disk_mib)
+        ok = True
+    except hostlink.HostError as exc:
+        log.warning("resume_failed", sandbox_id=sandbox_id, error=str(exc))
+        ok = False
+    async with transaction(services.sessions) as session:
+        row = await session.get(Sandbox, sandbox_id, with_for_update=True)
+        assert row is not None
+        if row.status != "resuming":
+            return row
+        now = services.clock()
+        if ok:
+            row.status, row.running_at, row.last_resumed_at = "running", now, now
+            row.billed_until, row.last_activity_at = now, now
+            await webhooks.emit(session, user_id=row.user_id, action="sandbox.resume", data=event_data(row))
+        else:
+            row.status, row.status_reason = "error", "resume failed on the host"
+    return row
+
+
+async def settle_stuck(session: AsyncSession, services: Services) -> None:
+    """Reconciler pass: retry reclaiming ``destroying`` rows left by a process that died."""
+    stuck = (await session.scalars(select(Sandbox.id).where(Sandbox.status == "destroying"))).all()
+    for sandbox_id in stuck:
+        spawn_reclaim(services, sandbox_id)

@@ -1,0 +1,136 @@
+"""Reconciler passes for sandboxes: dead hosts, host reports, billing, idle auto-pause, stuck transitions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane import billing, power
+from paddock_controlplane.models import Host, Sandbox
+from paddock_controlplane.services import Services
+from paddock_core.logging import get_logger
+from paddock_core.timeutil import as_utc
+
+log = get_logger("paddock.upkeep")
+
+REPORT_GRACE_S = 10.0
+ON_HOST = ("creating", "running", "pausing", "paused", "resuming", "forking")
+
+
+async def dead_host_pass(session: AsyncSession, services: Services) -> None:
+    """Sandboxes on a ``dead`` host become ``error`` (they can still be destroyed)."""
+    dead = select(Host.id).where(Host.status == "dead")
+    rows = (
+        await session.scalars(select(Sandbox).where(Sandbox.host_id.in_(dead), Sandbox.status.in_(ON_HOST)))
+    ).all()
+    for sandbox in rows:
+        if sandbox.status == "running":
+            await billing.settle(session, sandbox, services.clock())
+        sandbox.status, sandbox.status_reason = "error", "host stopped responding"
+        log.warning("sandbox_error_host_dead", sandbox_id=sandbox.id, host_id=sandbox.host_id)
+
+
+async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
+    """Fold a heartbeat's per-sandbox report into the rows: OOM kills, activity, vanished sandboxes."""
+    reports = {str(r.get("id")): r for r in beat.get("sandboxes", []) if r.get("id")}
+    activity: dict[str, float] = services.extras.setdefault("activity", {})  # type: ignore[assignment]
+    from paddock_core.db import transaction
+
+    async with transaction(services.sessions) as session:
+        rows = (
+            await session.scalars(
+                select(Sandbox).where(
+                    Sandbox.host_id == beat["id"], Sandbox.status.in_(("running", "paused"))
+                )
+            )
+        ).all()
+        now = services.clock()
+        for sandbox in rows:
+            report = reports.get(sandbox.id)
+            changed_at = [
+                t
+                for t in (sandbox.created_at, sandbox.running_at, sandbox.paused_at, sandbox.last_resumed_at)
+                if t
+            ]
+            if changed_at and (now - as_utc(max(changed_at, key=as_utc))).total_seconds() < REPORT_GRACE_S:
+                continue  # the report may predate this sandbox's latest transition
+            if report is None or report.get("status") == "stopped":
+                if sandbox.status == "running":
+                    await billing.settle(session, sandbox, services.clock())
+                sandbox.status = "error"
+                sandbox.status_reason = "sandbox stopped unexpectedly on its host"
+                continue
+            kills = int(report.get("oom_kills") or 0)
+            if kills > (sandbox.oom_kills or 0):
+                sandbox.oom_kills = kills
+            seen = report.get("last_activity_at")
+            if seen:
+                activity[sandbox.id] = max(activity.get(sandbox.id, 0.0), float(seen))
+
+
+async def billing_pass(session: AsyncSession, services: Services) -> None:
+    last: float = services.extras.get("billing_last", 0.0)  # type: ignore[assignment]
+    if time.monotonic() - last < services.settings.billing_interval_s:
+        return
+    services.extras["billing_last"] = time.monotonic()
+    exhausted = await billing.billing_pass(session, services.clock())
+    if exhausted:
+        running = (
+            await session.scalars(
+                select(Sandbox).where(Sandbox.user_id.in_(exhausted), Sandbox.status == "running")
+            )
+        ).all()
+        for sandbox in running:
+            _pause_later(services, sandbox, "credit")
+
+
+async def idle_pass(session: AsyncSession, services: Services) -> None:
+    now = services.clock()
+    activity: dict[str, float] = services.extras.setdefault("activity", {})  # type: ignore[assignment]
+    inflight: dict[str, int] = services.extras.setdefault("inflight", {})  # type: ignore[assignment]
+    rows = (
+        await session.scalars(
+            select(Sandbox).where(Sandbox.status == "running", Sandbox.auto_pause_after_seconds.is_not(None))
+        )
+    ).all()
+    for sandbox in rows:
+        if inflight.get(sandbox.id):
+            continue
+        marks = [
+            as_utc(t).timestamp()
+            for t in (sandbox.last_activity_at, sandbox.last_resumed_at, sandbox.running_at)
+            if t
+        ]
+        if sandbox.id in activity:
+            marks.append(activity[sandbox.id])
+        last = max(marks) if marks else now.timestamp()
+        if now.timestamp() - last >= int(sandbox.auto_pause_after_seconds or 0):
+            _pause_later(services, sandbox, "idle")
+
+
+def _pause_later(services: Services, sandbox: Sandbox, reason: str) -> None:
+    pausing: set[str] = services.extras.setdefault("auto_pausing", set())  # type: ignore[assignment]
+    if sandbox.id in pausing:
+        return
+    pausing.add(sandbox.id)
+
+    async def run() -> None:
+        try:
+            await power.pause(services, sandbox.user_id, sandbox.id, reason=reason)
+            log.info("sandbox_auto_paused", sandbox_id=sandbox.id, reason=reason)
+        except Exception as exc:
+            log.warning("auto_pause_failed", sandbox_id=sandbox.id, error=str(exc))
+        finally:
+            pausing.discard(sandbox.id)
+
+    task = asyncio.create_task(run())
+    tasks: set[asyncio.Task[Any]] = services.extras.setdefault("tasks", set())  # type: ignore[assignment]
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+PASSES = [dead_host_pass, billing_pass, idle_pass, power.settle_stuck]

@@ -1,0 +1,407 @@
+"""The webhook delivery worker (§11.15): signed POSTs, retries, auto-suspend, retention.
+
+Deliveries are rows written by :func:`paddock_controlplane.webhooks.emit`. A worker *claims* due rows by
+stamping them with a lease (its token and an expiry) in one short transaction — on PostgreSQL the
+candidates are picked ``FOR UPDATE SKIP LOCKED``, on SQLite the write lock serialises claims — and the
+update re-checks that no live lease exists, so two workers (or two processes) never send the same
+claimed attempt. The result is written back only under the same token. A worker that dies mid-attempt
+leaves its lease to expire; the row is then claimable again, so every event is sent at least once.
+
+The outside world sits behind :class:`Transport` (one method); :class:`HttpTransport` is the real one:
+10 s limit, no redirects, and the SSRF guard that pins the connection to an address it checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from sqlalchemy import case, delete, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from paddock_controlplane import webhooks
+from paddock_controlplane.models import WebhookDelivery, WebhookEndpoint
+from paddock_controlplane.services import Services
+from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_controlplane.webhooks import TargetRefused, resolve_public
+from paddock_core.crypto import SecretBox
+from paddock_core.db import transaction
+from paddock_core.logging import get_logger
+from paddock_core.timeutil import Clock, utcnow
+
+log = get_logger("paddock.webhooks")
+
+USER_AGENT = "Service-Webhook/1.0"
+#: Delay before each retry, after the previous failure: five retries, six attempts in all.
+RETRY_DELAYS_S: tuple[int, ...] = (5, 30, 120, 600, 3600)
+MAX_ATTEMPTS = 1 + len(RETRY_DELAYS_S)
+AUTO_SUSPEND_AT = 50
+RETAIN_FINISHED = dt.timedelta(minutes=30)
+RETAIN_ANY = dt.timedelta(hours=72)
+CLEANUP_INTERVAL_S = 60.0
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """``sha256=<hex HMAC-SHA256(secret, "<timestamp>.<raw body>")>``."""
+    digest = hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+# --- transport ----------------------------------------------------------------------------------------
+
+
+class DeliveryFailed(Exception):
+    """An attempt that got no response: refused target, connection error, timeout."""
+
+
+class Transport(Protocol):
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
+        """POST and return the response status; raise :class:`DeliveryFailed` when there is none."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class HttpTransport:
+    """httpx with no redirects, no proxies from the environment, and the SSRF guard.
+
+    When private targets are refused, the host is resolved once, every address is checked, and the
+    request goes to the checked address (``Host`` and TLS SNI keep the name), so a DNS answer that
+    changes between check and connect cannot reach an internal address.
+    """
+
+    def __init__(self, *, timeout_s: float = 10.0, allow_private: bool = False) -> None:
+        self.timeout_s = timeout_s
+        self.allow_private = allow_private
+        self._client = httpx.AsyncClient(
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            limits=httpx.Limits(max_connections=256),
+        )
+
+    async def _pinned(self, url: str, headers: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        address = (await resolve_public(host, port, timeout_s=self.timeout_s))[0]
+        literal = f"[{address}]" if ":" in address else address
+        netloc = f"{literal}:{parts.port}" if parts.port else literal
+        pinned = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+        host_header = f"{host}:{parts.port}" if parts.port else host
+        extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+        return pinned, {**headers, "Host": host_header}, extensions
+
+    async def _send(self, url: str, body: bytes, headers: dict[str, str]) -> int:
+        extensions: dict[str, str] = {}
+        if not self.allow_private:
+            url, headers, extensions = await self._pinned(url, headers)
+        request = self._client.build_request(
+            "POST", url, content=body, headers=headers, extensions=extensions
+        )
+        response = await self._client.send(request, stream=True)  # the body is never read
+        await response.aclose()
+        return response.status_code
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
+        try:
+            return await asyncio.wait_for(self._send(url, body, headers), timeout=self.timeout_s)
+        except TargetRefused as exc:
+            raise DeliveryFailed(str(exc)) from None
+        except TimeoutError:
+            raise DeliveryFailed(f"timed out after {self.timeout_s:g} s") from None
+        except httpx.HTTPError as exc:
+            raise DeliveryFailed(f"{type(exc).__name__}: {exc}"[:200]) from None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+# --- the worker ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    endpoint_id: str
+    url: str
+    secret_sealed: str
+    payload: str
+    attempts: int
+    token: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    delivered: bool
+    error: str | None = None
+
+
+def _due(now: dt.datetime) -> Iterable[object]:
+    return (
+        WebhookDelivery.status == "pending",
+        WebhookDelivery.next_attempt_at <= now,
+        or_(WebhookDelivery.lease_until.is_(None), WebhookDelivery.lease_until < now),
+    )
+
+
+class DeliveryWorker:
+    """Claims due deliveries and sends them, ``concurrency`` at a time, until stopped."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        secret_box: SecretBox,
+        settings: ControlPlaneSettings,
+        *,
+        clock: Clock = utcnow,
+        transport: Transport | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.secret_box = secret_box
+        self.clock = clock
+        self.concurrency = max(1, settings.webhook_concurrency)
+        self.lease = dt.timedelta(seconds=settings.webhook_lease_s)
+        self.poll_interval_s = settings.webhook_poll_interval_s
+        self.transport: Transport = transport or HttpTransport(
+            timeout_s=settings.webhook_timeout_s, allow_private=settings.webhook_allow_private_targets
+        )
+        self._owns_transport = transport is None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._last_cleanup: dt.datetime | None = None
+
+    @classmethod
+    def from_services(cls, services: Services) -> DeliveryWorker:
+        return cls(services.sessions, services.secret_box, services.settings, clock=services.clock)
+
+    # claiming and recording -----------------------------------------------------------------------
+
+    async def claim(self, limit: int) -> list[Claim]:
+        """Lease up to ``limit`` due deliveries of active endpoints to this worker."""
+        now = self.clock()
+        candidates = (
+            select(WebhookDelivery.id)
+            .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
+            .where(*_due(now), WebhookEndpoint.active.is_(True))
+            .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
+            .limit(limit)
+        )
+        async with self.sessions() as session:  # a cheap read first: no write lock when idle
+            if not (await session.scalars(candidates)).first():
+                return []
+        token = secrets.token_hex(16)
+        async with transaction(self.sessions) as session:
+            if session.bind.dialect.name == "postgresql":
+                candidates = candidates.with_for_update(of=WebhookDelivery, skip_locked=True)
+            ids = list((await session.scalars(candidates)).all())
+            if not ids:
+                return []
+            await session.execute(
+                update(WebhookDelivery)
+                .where(WebhookDelivery.id.in_(ids), *_due(now))
+                .values(lease_until=now + self.lease, lease_token=token)
+            )
+            rows = (
+                await session.execute(
+                    select(WebhookDelivery, WebhookEndpoint.url, WebhookEndpoint.secret_sealed)
+                    .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
+                    .where(WebhookDelivery.lease_token == token)
+                )
+            ).all()
+        return [
+            Claim(d.id, d.endpoint_id, url, sealed, d.payload, d.attempts, token) for d, url, sealed in rows
+        ]
+
+    async def record(self, claim: Claim, outcome: Outcome) -> None:
+        """Write the attempt's result, only while this worker still holds the lease."""
+        now = self.clock()
+        attempts = claim.attempts + 1
+        mine = (WebhookDelivery.id == claim.id, WebhookDelivery.lease_token == claim.token)
+        released = {"attempts": attempts, "lease_until": None, "lease_token": None}
+        async with transaction(self.sessions) as session:
+            if outcome.delivered:
+                values = {"status": "delivered", "delivered_at": now, "finished_at": now, "last_error": None}
+            elif attempts >= MAX_ATTEMPTS:
+                values = {"status": "failed", "finished_at": now, "last_error": outcome.error}
+            else:
+                next_at = now + dt.timedelta(seconds=RETRY_DELAYS_S[attempts - 1])
+                values = {"next_attempt_at": next_at, "last_error": outcome.error}
+            result = await session.execute(update(WebhookDelivery).where(*mine).values(**released, **values))
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                log.warning("webhook_lease_lost", delivery_id=claim.id)
+                return
+            if values.get("status") == "failed":
+                await session.execute(
+                    update(WebhookEndpoint)
+                    .where(WebhookEndpoint.id == claim.endpoint_id)
+                    .values(
+                        failure_count=WebhookEndpoint.failure_count + 1,
+                        active=case(
+                            (WebhookEndpoint.failure_count + 1 >= AUTO_SUSPEND_AT, False),
+                            else_=WebhookEndpoint.active,
+                        ),
+                    )
+                )
+        log.info(
+            "webhook_attempt",
+            delivery_id=claim.id,
+            endpoint_id=claim.endpoint_id,
+            attempt=attempts,
+            delivered=outcome.delivered,
+            error=outcome.error,
+        )
+
+    # one attempt ---------------------------------------------------------------------------------
+
+    async def attempt(self, claim: Claim) -> Outcome:
+        try:
+            signing_key = self.secret_box.open(claim.secret_sealed)
+        except ValueError:
+            return Outcome(False, "endpoint secret cannot be decrypted with the configured key")
+        body = claim.payload.encode()
+        timestamp = int(self.clock().timestamp())
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "X-Webhook-Timestamp": str(timestamp),
+            "X-Webhook-Signature": sign(signing_key, timestamp, body),
+            "X-Webhook-Delivery": claim.id,
+        }
+        try:
+            status = await self.transport.post(claim.url, body, headers)
+        except DeliveryFailed as exc:
+            return Outcome(False, str(exc))
+        if 200 <= status < 300:
+            return Outcome(True)
+        return Outcome(False, f"HTTP {status}")
+
+    async def _process(self, claim: Claim) -> None:
+        try:
+            outcome = await self.attempt(claim)
+        except Exception as exc:  # a bug in a transport: count the attempt, keep the worker alive
+            log.error("webhook_attempt_crashed", delivery_id=claim.id, exc_info=exc)
+            outcome = Outcome(False, "internal error")
+        await self.record(claim, outcome)
+
+    async def run_once(self) -> int:
+        """Claim what is due now (up to ``concurrency``), send it, record it; returns how many."""
+        claims = await self.claim(self.concurrency)
+        await asyncio.gather(*(self._process(c) for c in claims))
+        return len(claims)
+
+    async def drain(self, max_rounds: int = 1000) -> int:
+        """``run_once`` until nothing is due at the current clock (for tests and tools)."""
+        total = 0
+        for _ in range(max_rounds):
+            sent = await self.run_once()
+            if not sent:
+                break
+            total += sent
+        return total
+
+    async def cleanup(self) -> int:
+        """Retention: finished deliveries after 30 minutes, every delivery after 72 hours."""
+        now = self.clock()
+        async with transaction(self.sessions) as session:
+            result = await session.execute(
+                delete(WebhookDelivery).where(
+                    or_(
+                        WebhookDelivery.finished_at < now - RETAIN_FINISHED,
+                        WebhookDelivery.created_at < now - RETAIN_ANY,
+                    )
+                )
+            )
+        self._last_cleanup = now
+        return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+    # the loop ------------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                free = self.concurrency - len(self._inflight)
+                claims = await self.claim(free) if free > 0 else []
+                for claim in claims:
+                    task = asyncio.create_task(self._process(claim), name=f"webhook:{claim.id}")
+                    self._inflight.add(task)
+                    task.add_done_callback(self._done)
+                now = self.clock()
+                if (
+                    self._last_cleanup is None
+                    or (now - self._last_cleanup).total_seconds() >= CLEANUP_INTERVAL_S
+                ):
+                    await self.cleanup()
+            except Exception as exc:  # keep delivering; the database may come back
+                log.error("webhook_worker_failed", exc_info=exc)
+                claims = []
+            if not claims or len(self._inflight) >= self.concurrency:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
+
+    def _cleanup_due(self) -> bool:
+        if self._last_cleanup is None:
+            return True
+        return (self.clock() - self._last_cleanup).total_seconds() >= CLEANUP_INTERVAL_S
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._wake.set()
+
+    def start(self) -> None:
+        webhooks.add_waker(self.wake)
+        self._task = asyncio.create_task(self._loop(), name="webhook-worker")
+
+    async def stop(self) -> None:
+        webhooks.remove_waker(self.wake)
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._inflight):  # an unfinished attempt is retried after its lease
+            task.cancel()
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+        if self._owns_transport:
+            await self.transport.aclose()
+
+
+async def serve(settings: ControlPlaneSettings) -> None:
+    """Run a worker alone against the configured database until cancelled."""
+    from paddock_core.db import make_engine, make_sessionmaker
+
+    engine = make_engine(settings.database_url)
+    box = SecretBox(settings.secret_key.get_secret_value() or "paddock-dev-insecure-key")
+    worker = DeliveryWorker(make_sessionmaker(engine), box, settings)
+    worker.start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await worker.stop()
+        await engine.dispose()
+
+
+def main() -> None:
+    from paddock_core.logging import configure_logging
+
+    settings = ControlPlaneSettings()
+    configure_logging(settings.log_level, json=settings.log_json)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""A unit-test seam for the control plane's host link: records calls, boots instantly.
+
+Only the control plane's own rules are tested with it; tests/integration drives real hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+from paddock_controlplane import hostlink
+
+HOST_BEAT = {
+    "id": "host-test-1",
+    "url": "http://127.0.0.1:9",
+    "free_mib": 64 * 1024,
+    "total_mib": 64 * 1024,
+    "vm_count": 0,
+    "rootfses": ["debian:13"],
+    "buildable": ["devbox:1"],
+    "labels": {"zone": "a", "disk": "ssd"},
+}
+
+
+class FakeHostLink:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.ips = (f"10.88.0.{n}" for n in itertools.count(2))
+        self.fail_boot = False
+        self.boot_delay_s = 0.0
+        self.files: dict[tuple[str, str], bytes] = {}
+
+    async def create(self, sandbox: Any, *, start_paused: bool) -> hostlink.Booted:
+        self.calls.append(("create", sandbox.id))
+        await asyncio.sleep(self.boot_delay_s)
+        if self.fail_boot:
+            raise hostlink.HostError("runtime exploded")
+        return hostlink.Booted(ip=next(self.ips), spawn_ms=1.0)
+
+    async def fork(self, source: Any, child: Any, *, start_paused: bool) -> hostlink.Booted:
+        self.calls.append(("fork", child.id))
+        return hostlink.Booted(ip=next(self.ips), spawn_ms=1.0)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        self.calls.append(("destroy", sandbox_id))
+
+    async def pause(self, sandbox_id: str) -> None:
+        self.calls.append(("pause", sandbox_id))
+
+    async def resume(self, sandbox_id: str, *, disk_mib: int) -> None:
+        self.calls.append(("resume", sandbox_id))
+
+    async def resize(self, sandbox_id: str, disk_mib: int) -> None:
+        self.calls.append(("resize", sandbox_id))
+
+    async def exec(
+        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+    ) -> dict[str, Any]:
+        self.calls.append(("exec", sandbox_id))
+        if cmd == "printenv":
+            return {
+                "stdout": "".join(f"{k}={v}\n" for k, v in sorted(env.items())),
+                "stderr": "",
+                "exit_code": 0,
+            }
+        if cmd == "missing":
+            return {"stdout": "", "stderr": "", "exit_code": -1, "error": "executable not found: missing"}
+        return {"stdout": " ".join([cmd, *args]) + "\n", "stderr": "", "exit_code": 0}
+
+    async def exec_stream(
+        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+    ) -> AsyncIterator[dict[str, Any]]:
+        yield {"stdout": "one\n"}
+        yield {"stderr": "two\n"}
+        yield {"exit_code": 3}
+
+    async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
+        data = b"".join([c async for c in chunks])
+        self.files[(sandbox_id, path)] = data
+        return {"size": len(data)}
+
+    async def download(self, sandbox_id: str, path: str) -> hostlink.Download:
+        from paddock_core import errors
+
+        if (sandbox_id, path) not in self.files:
+            raise errors.NotFound("file not found")
+        data = self.files[(sandbox_id, path)]
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield data
+
+        return hostlink.Download(size=len(data), chunks=chunks())
