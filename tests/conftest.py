@@ -67,7 +67,9 @@ class LiveServer:
     """A real uvicorn server for an ASGI app on 127.0.0.1 and an ephemeral port."""
 
     def __init__(self, app: Any) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on"
+        )
         self.server = uvicorn.Server(config)
         self.task: asyncio.Task[None] | None = None
         self.url = ""

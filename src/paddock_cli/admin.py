@@ -54,7 +54,10 @@ def user_create(
 
     async def work(session: Any, settings: Any) -> dict[str, str]:
         user = await accounts.create_user(
-            session, plan_id=plan or settings.default_plan, signup_credits=settings.signup_credits, name=name or None
+            session,
+            plan_id=plan or settings.default_plan,
+            signup_credits=settings.signup_credits,
+            name=name or None,
         )
         key = await accounts.create_key(session, user.id)
         return {"user_id": user.id, "plan": user.plan_id, "key_id": key.id, "api_key": key.plaintext}

@@ -9,7 +9,11 @@ import typer
 
 from paddock_cli import admin
 
-app = typer.Typer(help="Paddock: a self-hostable sandbox cloud for AI agents.", no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="Paddock: a self-hostable sandbox cloud for AI agents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 app.add_typer(admin.app, name="admin", help="Accounts and API keys (talks to the database directly).")
 
 

@@ -66,7 +66,17 @@ def bootstrap_key(data_dir: Path, env: dict[str, str]) -> str:
     if path.exists():
         return path.read_text().strip()
     out = subprocess.run(
-        [sys.executable, "-m", "paddock_cli.main", "admin", "user", "create", "--name", "bootstrap", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "paddock_cli.main",
+            "admin",
+            "user",
+            "create",
+            "--name",
+            "bootstrap",
+            "--json",
+        ],
         env=env,
         check=True,
         capture_output=True,

@@ -35,5 +35,3 @@ def run(metadata: MetaData, version_table: str) -> None:
 
     # Alembic runs in a worker thread (see db.upgrade), which has no running loop of its own.
     asyncio.run(main())
-
-
