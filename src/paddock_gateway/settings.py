@@ -1,0 +1,122 @@
+"""Gateway settings (env prefix ``PADDOCK_GW_``), the configuration of the contract's §12.
+
+Built in ``main()`` and passed down. Per-chain values are flat fields (``rpc_url_base``,
+``chain_id_arbitrum``, ``token_base_usdc`` …) so each is one environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from paddock_core.settings import DEFAULT_DATA_DIR, DatabaseSettingsMixin, ServiceSettings, sqlite_url
+from paddock_gateway.registry import KNOWN_CHAINS, ChainSpec, Registry, TokenSpec, checksum
+
+
+class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="PADDOCK_GW_", extra="ignore")
+
+    port: int = 8082
+    data_dir: Path = DEFAULT_DATA_DIR
+    #: The address every payment goes to (``pay_to``), on every chain unless overridden below.
+    recipient: str = ""
+    recipient_base: str = ""
+    recipient_arbitrum: str = ""
+    #: JSON-RPC endpoints. Production points them at real Base / Arbitrum One RPCs.
+    rpc_url_base: str = ""
+    rpc_url_arbitrum: str = ""
+    #: Overrides for tests against local nodes only; the defaults are the real chains.
+    chain_id_base: int = 8453
+    chain_id_arbitrum: int = 42161
+    token_base_usdc: str = ""
+    token_base_usdt: str = ""
+    token_arbitrum_usdc: str = ""
+    token_arbitrum_usdt: str = ""
+    confirmations_base: int = 1
+    confirmations_arbitrum: int = 1
+    #: A dev-chain file written by ``python -m paddock_gateway.devchain up``; fills the RPC URLs.
+    devchain_file: Path | None = None
+    rpc_timeout_s: float = 10.0
+
+    #: Pricing: a static monthly price, unless ``pricing_url`` names an upstream that answers
+    #: ``{"<pricing_field>": <credits per month>}``.
+    static_monthly_usd: Decimal = Decimal("2.00")
+    pricing_url: str = ""
+    pricing_field: str = "credits"
+    price_cache_ttl_s: float = 300.0
+    price_retry_backoff_s: float = 30.0
+    min_monthly_usd: Decimal = Decimal("0.50")
+    credits_per_usd: int = 100
+
+    rate_limit_requests: int = 30
+    rate_limit_window_s: int = 60
+    trusted_proxies: list[str] = []
+    max_body_bytes: int = 52_428_800
+    timestamp_skew_ms: int = 60_000
+    nonce_retention_s: int = 120
+
+    #: Hourly metering: how often the worker looks for hours that have ended.
+    metering_interval_s: float = 60.0
+    hours_per_month: int = 730
+
+    #: The hosting side: Paddock's control plane, reached through the SDK.
+    controlplane_url: str = "http://127.0.0.1:8080"
+    api_key: SecretStr = SecretStr("")
+    sandbox_shape: str = "s-1vcpu-1gb"
+    sandbox_rootfs: str = "debian:13"
+    install_timeout_s: float = 900.0
+    build_timeout_s: float = 900.0
+    ready_timeout_s: float = 120.0
+    max_concurrent_builds: int = 2
+
+    @field_validator("recipient", "recipient_base", "recipient_arbitrum")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return checksum(value) if value else value
+
+    @model_validator(mode="after")
+    def _defaults(self) -> GatewaySettings:
+        if not self.database_url:
+            self.database_url = sqlite_url(self.data_dir / "gateway.db")
+        if self.devchain_file is not None and self.devchain_file.exists():
+            self.apply_devchain(json.loads(self.devchain_file.read_text()))
+        return self
+
+    def apply_devchain(self, info: dict[str, Any]) -> None:
+        """Take RPC URLs, chain ids and token contracts from a dev-chain file for unset fields."""
+        for name, chain in info.get("chains", {}).items():
+            if not getattr(self, f"rpc_url_{name}", "x"):
+                setattr(self, f"rpc_url_{name}", chain["rpc_url"])
+            setattr(self, f"chain_id_{name}", int(chain["chain_id"]))
+            for token, address in chain.get("tokens", {}).items():
+                if not getattr(self, f"token_{name}_{token}", "x"):
+                    setattr(self, f"token_{name}_{token}", address)
+        if not self.recipient and info.get("recipient"):
+            self.recipient = checksum(info["recipient"])
+
+    def registry(self) -> Registry:
+        if not self.recipient:
+            raise ValueError("PADDOCK_GW_RECIPIENT (the pay_to address) is not set")
+        chains: dict[str, ChainSpec] = {}
+        for name, _, tokens in KNOWN_CHAINS:
+            chains[name] = ChainSpec(
+                name=name,
+                chain_id=getattr(self, f"chain_id_{name}"),
+                rpc_url=getattr(self, f"rpc_url_{name}"),
+                recipient=getattr(self, f"recipient_{name}") or self.recipient,
+                confirmations=max(1, getattr(self, f"confirmations_{name}")),
+                tokens={
+                    token: TokenSpec(
+                        name=token,
+                        symbol=symbol,
+                        address=checksum(getattr(self, f"token_{name}_{token}") or address),
+                    )
+                    for token, (symbol, address) in tokens.items()
+                },
+            )
+        return Registry(chains=chains, default_chain="base")
