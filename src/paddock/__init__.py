@@ -1,9 +1,10 @@
-"""Paddock's Python SDK: ``AsyncClient`` (and ``Client``) for the sandbox control plane."""
+"""Paddock's Python SDK: ``Client`` and ``AsyncClient`` for the sandbox control plane."""
 
 from __future__ import annotations
 
 from paddock._async_client import AsyncClient, AsyncSandbox, AsyncSandboxes
 from paddock._base import RetryPolicy
+from paddock._client import Client, Sandbox, Sandboxes
 from paddock._errors import (
     APIError,
     AuthenticationError,
@@ -29,6 +30,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxes",
     "AuthenticationError",
+    "Client",
     "ConflictError",
     "ExecResult",
     "NotFoundError",
@@ -39,7 +41,9 @@ __all__ = [
     "ProtocolError",
     "RateLimitedError",
     "RetryPolicy",
+    "Sandbox",
     "SandboxInfo",
+    "Sandboxes",
     "ServerError",
     "TransportError",
     "ValidationError",

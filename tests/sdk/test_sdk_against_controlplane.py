@@ -1,0 +1,107 @@
+"""The SDK against a real control plane on 127.0.0.1 (host seam faked; see tests/controlplane)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+import paddock
+from tests.controlplane.conftest import ControlPlane
+from tests.controlplane.fakehost import FakeHostLink
+
+pytestmark = pytest.mark.db
+
+
+async def test_async_client_drives_a_sandbox(controlplane: ControlPlane, fake_host: FakeHostLink) -> None:
+    _, key = await controlplane.new_user()
+    async with paddock.AsyncClient(controlplane.url, key) as client:
+        assert (await client.whoami())["stats"]["total"] == 0
+        assert len(await client.shapes()) == 11
+        async with await client.sandboxes.create("s-1vcpu-1gb", envs={"A": "1"}) as sb:
+            assert sb.info.status == "running"
+            result = await sb.run("echo", ["hi"])
+            assert result.ok and result.stdout == "echo hi\n"
+            frames = [f async for f in sb.stream("x")]
+            assert frames[0] == {"hb": True} and frames[-1] == {"exit_code": 3}
+            await sb.write_file("/tmp/x", b"\x00\x01")
+            assert await sb.read_file("/tmp/x") == b"\x00\x01"
+            assert (await sb.pause()).status == "paused"
+            assert (await sb.resume()).status == "running"
+            child = await sb.fork()
+            assert (await child.wait_until("running")).forked_from == sb.id
+        assert (await client.sandboxes.get(sb.id)).info.status in ("destroying", "destroyed")
+        listed = await client.sandboxes.list()
+        assert {s.id for s in listed} == {sb.id, child.id}
+
+
+async def test_errors_are_typed(controlplane: ControlPlane, fake_host: FakeHostLink) -> None:
+    _, key = await controlplane.new_user()
+    async with paddock.AsyncClient(controlplane.url, "pdk_wrong") as client:
+        with pytest.raises(paddock.AuthenticationError) as auth:
+            await client.whoami()
+        assert auth.value.status == 401 and auth.value.code == "UNAUTHORIZED" and auth.value.request_id
+    async with paddock.AsyncClient(controlplane.url, key) as client:
+        with pytest.raises(paddock.NotFoundError):
+            await client.sandboxes.get("sb-nope")
+        with pytest.raises(paddock.ValidationError) as bad:
+            await client.sandboxes.create("s-1vcpu-1gb", egress=["ok.com", "bad host"])
+        assert "egress[1]" in bad.value.fields
+
+
+async def test_sync_client_in_a_thread(controlplane: ControlPlane, fake_host: FakeHostLink) -> None:
+    user_id, key = await controlplane.new_user()
+
+    def work() -> tuple[str, str, str]:
+        with paddock.Client(controlplane.url, key) as client:
+            with client.sandboxes.create("s-1vcpu-1gb") as sb:
+                out = sb.run("echo", ["sync"]).stdout
+            return client.whoami()["user_id"], out, client.sandboxes.get(sb.id).info.status
+
+    who, out, status = await asyncio.to_thread(work)
+    assert who == user_id and out == "echo sync\n" and status in ("destroying", "destroyed")
+
+
+def test_retries_honour_retry_after_on_503_and_never_retry_400() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        if len(calls) == 1:
+            return httpx.Response(
+                503, headers={"Retry-After": "0"}, json={"status": "error", "message": "busy", "code": 503}
+            )
+        return httpx.Response(200, json={"status": "success", "data": {"user_id": "u", "stats": {}}})
+
+    with paddock.Client("http://test", "k", transport=httpx.MockTransport(handler)) as client:
+        assert client.whoami()["user_id"] == "u"
+    assert calls == ["GET", "GET"]
+
+    calls.clear()
+
+    def bad(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        return httpx.Response(
+            400, json={"status": "fail", "data": {"code": "VALIDATION_FAILED", "message": "no"}}
+        )
+
+    with (
+        paddock.Client("http://test", "k", transport=httpx.MockTransport(bad)) as client,
+        pytest.raises(paddock.ValidationError),
+    ):
+        client.request("POST", "v1/sandboxes", json={})
+    assert calls == ["POST"]
+
+
+def test_sdk_imports_without_server_dependencies() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules.update({m: None for m in "
+        "['fastapi','sqlalchemy','uvicorn','structlog','pydantic_settings','paddock_core']});"
+        "import paddock; print(paddock.Client.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "Client"
