@@ -19,6 +19,7 @@ anvil comes from the npm package ``@foundry-rs/anvil-linux-amd64`` installed int
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -61,7 +62,9 @@ def devchain_dir() -> Path:
 def anvil_binary() -> Path:
     path = Path(os.environ.get("PADDOCK_GW_ANVIL_BIN", devchain_dir() / ANVIL_RELATIVE))
     if not path.exists():
-        raise DevChainError(f"anvil not found at {path}; run `cd devchain && npm ci` (or `make devchain-deps`)")
+        raise DevChainError(
+            f"anvil not found at {path}; run `cd devchain && npm ci` (or `make devchain-deps`)"
+        )
     return path
 
 
@@ -103,7 +106,11 @@ def send_as(url: str, sender: str, to: str, data: str, *, gas: int | None = None
 
 def install_token(url: str, address: str, code: str, owner: str) -> None:
     rpc(url, "anvil_setCode", [address, code])
-    rpc(url, "anvil_setStorageAt", [address, OWNER_SLOT, "0x" + owner.lower().removeprefix("0x").rjust(64, "0")])
+    rpc(
+        url,
+        "anvil_setStorageAt",
+        [address, OWNER_SLOT, "0x" + owner.lower().removeprefix("0x").rjust(64, "0")],
+    )
 
 
 def mint(url: str, token: str, to: str, amount_raw: int, *, owner: str = DEMO_ADDRESS) -> str:
@@ -180,7 +187,12 @@ def describe(nodes: list[AnvilNode]) -> dict[str, Any]:
         env[f"PADDOCK_GW_CHAIN_ID_{node.name.upper()}"] = str(node.chain_id)
     return {
         "chains": {
-            node.name: {"chain_id": node.chain_id, "rpc_url": node.rpc_url, "pid": node.pid, "tokens": node.tokens}
+            node.name: {
+                "chain_id": node.chain_id,
+                "rpc_url": node.rpc_url,
+                "pid": node.pid,
+                "tokens": node.tokens,
+            }
             for node in nodes
         },
         "token_decimals": 6,
@@ -211,10 +223,8 @@ def stop_pid(pid: int) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.05)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def down(state_dir: Path) -> list[int]:
@@ -230,7 +240,9 @@ def down(state_dir: Path) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paddock_gateway.devchain", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m paddock_gateway.devchain", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for command in ("up", "down"):
         cmd = sub.add_parser(command)

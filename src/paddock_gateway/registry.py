@@ -71,7 +71,11 @@ class Registry:
     def supported_chains(self) -> list[dict[str, object]]:
         """The items of ``GET /agent/chains`` and of a quote's ``supported_chains``."""
         return [
-            {"chain": spec.name, "chain_id": spec.chain_id, "tokens": [t for t in TOKEN_NAMES if t in spec.tokens]}
+            {
+                "chain": spec.name,
+                "chain_id": spec.chain_id,
+                "tokens": [t for t in TOKEN_NAMES if t in spec.tokens],
+            }
             for spec in self.ordered()
         ]
 

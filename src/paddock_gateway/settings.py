@@ -11,7 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from paddock_core.settings import DEFAULT_DATA_DIR, DatabaseSettingsMixin, ServiceSettings, sqlite_url
@@ -55,7 +55,7 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
 
     rate_limit_requests: int = 30
     rate_limit_window_s: int = 60
-    trusted_proxies: list[str] = []
+    trusted_proxies: list[str] = Field(default_factory=list)
     max_body_bytes: int = 52_428_800
     timestamp_skew_ms: int = 60_000
     nonce_retention_s: int = 120

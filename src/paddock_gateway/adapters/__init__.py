@@ -1,0 +1,1 @@
+"""The gateway's outside world: the EVM chains (``chain``) and the hosting platform (``hosting``)."""

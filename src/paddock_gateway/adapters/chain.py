@@ -1,0 +1,114 @@
+"""``ChainClient``: the few JSON-RPC reads payment verification and balances need, over web3.py.
+
+Every failure below (connection refused, timeout, JSON-RPC error, malformed answer) becomes
+``ChainError`` here, so the domain never sees a web3 or aiohttp exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from web3 import AsyncWeb3
+from web3.exceptions import TransactionNotFound, Web3Exception
+from web3.providers.rpc import AsyncHTTPProvider
+
+BALANCE_OF_SELECTOR = "0x70a08231"
+
+
+class ChainError(Exception):
+    """The chain's RPC could not be reached or gave an unusable answer."""
+
+
+@dataclass(frozen=True)
+class TxLog:
+    address: str  # lowercase
+    topics: tuple[str, ...]  # 0x-prefixed lowercase hex
+    data: str  # 0x-prefixed lowercase hex
+    removed: bool
+
+
+@dataclass(frozen=True)
+class Receipt:
+    status: int
+    block_number: int
+    logs: tuple[TxLog, ...]
+
+
+def _hex(value: Any) -> str:
+    if isinstance(value, str):
+        return value.lower() if value.startswith("0x") else "0x" + value.lower()
+    return "0x" + bytes(value).hex()
+
+
+class ChainClient:
+    def __init__(self, rpc_url: str, *, timeout_s: float = 10.0) -> None:
+        self.rpc_url = rpc_url
+        provider = AsyncHTTPProvider(
+            rpc_url,
+            request_kwargs={"timeout": aiohttp.ClientTimeout(total=timeout_s)},
+            exception_retry_configuration=None,
+        )
+        self.w3 = AsyncWeb3(provider)
+        self._chain_id: int | None = None
+
+    async def _call(self, coro: Any) -> Any:
+        if not self.rpc_url:
+            coro.close()
+            raise ChainError("no RPC URL configured")
+        try:
+            return await coro
+        except TransactionNotFound:
+            raise
+        except (TimeoutError, Web3Exception, aiohttp.ClientError, OSError, ValueError) as exc:
+            raise ChainError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def chain_id(self) -> int:
+        if self._chain_id is None:
+            self._chain_id = int(await self._call(self.w3.eth.chain_id))
+        return self._chain_id
+
+    async def block_number(self) -> int:
+        return int(await self._call(self.w3.eth.get_block_number()))
+
+    async def get_receipt(self, tx_hash: str) -> Receipt | None:
+        """The receipt of a mined transaction; None if the node has no receipt (unknown or pending)."""
+        try:
+            raw = await self._call(self.w3.eth.get_transaction_receipt(tx_hash))  # type: ignore[arg-type]
+        except TransactionNotFound:
+            return None
+        if raw is None or raw.get("blockNumber") is None:
+            return None
+        try:
+            logs = tuple(
+                TxLog(
+                    address=str(log["address"]).lower(),
+                    topics=tuple(_hex(topic) for topic in log["topics"]),
+                    data=_hex(log["data"]),
+                    removed=bool(log.get("removed", False)),
+                )
+                for log in raw["logs"]
+            )
+            return Receipt(status=int(raw["status"]), block_number=int(raw["blockNumber"]), logs=logs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChainError(f"malformed receipt: {exc}") from exc
+
+    async def transaction_known(self, tx_hash: str) -> bool:
+        """Whether the node knows the transaction at all (mined or in its mempool)."""
+        try:
+            tx = await self._call(self.w3.eth.get_transaction(tx_hash))  # type: ignore[arg-type]
+        except TransactionNotFound:
+            return False
+        return tx is not None
+
+    async def balance_of(self, token: str, holder: str) -> int:
+        data = BALANCE_OF_SELECTOR + holder.lower().removeprefix("0x").rjust(64, "0")
+        call = {"to": AsyncWeb3.to_checksum_address(token), "data": data}
+        result = await self._call(self.w3.eth.call(call))  # type: ignore[arg-type]
+        return int.from_bytes(bytes(result), "big") if len(bytes(result)) else 0
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):  # closing is best-effort
+            await self.w3.provider.disconnect()  # type: ignore[union-attr]

@@ -1,0 +1,1 @@
+"""HTTP layer: routes, dependencies, error rendering, the request guard middleware."""

@@ -1,0 +1,117 @@
+"""Every route of the contract (§5). Each parses its input, calls one domain function, returns a schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from paddock_gateway import deployments, lookups, projects
+from paddock_gateway.api.deps import CallerDep, ServicesDep
+from paddock_gateway.schemas import (
+    BalanceBody,
+    ChainsBody,
+    DeployAccepted,
+    DeploymentStatusBody,
+    DeployRequest,
+    ErrorBody,
+    Health,
+    ProjectDeleted,
+    ProjectList,
+    RecipientsBody,
+)
+
+router = APIRouter()
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorBody} for status in statuses}
+
+
+WALLET_HEADERS = [
+    {"name": name, "in": "header", "required": True, "schema": {"type": "string"}}
+    for name in ("X-Wallet-Address", "X-Signature", "X-Timestamp", "X-Nonce")
+]
+DEPLOY_HEADERS = [
+    {"name": name, "in": "header", "required": False, "schema": {"type": "string"}}
+    for name in ("X-Payment-Tx", "X-Payment-Chain", "X-Payment-Token", "X-Use-Existing-Credits")
+]
+
+
+@router.get("/health", response_model=Health)
+async def health() -> Health:
+    return Health()
+
+
+@router.post(
+    "/agent/deploy",
+    response_model=DeployAccepted,
+    responses=errors(400, 401, 402, 409, 413, 429, 500, 502, 503),
+    openapi_extra={
+        "parameters": WALLET_HEADERS + DEPLOY_HEADERS,
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DeployRequest"}}},
+        },
+    },
+)
+async def deploy(request: Request, services: ServicesDep, caller: CallerDep) -> DeployAccepted:
+    body = await request.body()
+    return await deployments.deploy(
+        services, caller, body, request.headers.get("content-type"), request.headers
+    )
+
+
+@router.get(
+    "/agent/deploy/{projectId}/{deploymentId}/status",
+    response_model=DeploymentStatusBody,
+    response_model_exclude_none=True,
+    responses=errors(401, 403, 404, 429, 502),
+    openapi_extra={"parameters": WALLET_HEADERS},
+)
+async def deployment_status(
+    projectId: str, deploymentId: str, request: Request, services: ServicesDep, caller: CallerDep
+) -> DeploymentStatusBody:
+    request.scope["state"]["resource_id"] = deploymentId
+    return await projects.deployment_status(services, caller, projectId, deploymentId)
+
+
+@router.get(
+    "/agent/projects",
+    response_model=ProjectList,
+    responses=errors(401, 429, 502),
+    openapi_extra={"parameters": WALLET_HEADERS},
+)
+async def list_projects(services: ServicesDep, caller: CallerDep) -> ProjectList:
+    return await projects.list_projects(services, caller)
+
+
+@router.delete(
+    "/agent/projects/{projectId}",
+    response_model=ProjectDeleted,
+    responses=errors(401, 403, 404, 429, 500),
+    openapi_extra={"parameters": WALLET_HEADERS},
+)
+async def delete_project(
+    projectId: str, request: Request, services: ServicesDep, caller: CallerDep
+) -> ProjectDeleted:
+    request.scope["state"]["resource_id"] = projectId
+    return await projects.delete_project(services, caller, projectId)
+
+
+@router.get("/agent/balance/{address}", response_model=BalanceBody, responses=errors(400, 429, 502))
+async def balance(address: str, services: ServicesDep, chain: str | None = None) -> BalanceBody:
+    return await lookups.balance(services, address, chain)
+
+
+@router.get("/agent/chains", response_model=ChainsBody, responses=errors(429))
+async def chains(services: ServicesDep) -> ChainsBody:
+    return lookups.chains(services)
+
+
+@router.get("/agent/recipients", response_model=RecipientsBody, responses=errors(429))
+async def recipients(services: ServicesDep) -> RecipientsBody:
+    return lookups.recipients(services)
+
+
+EXTRA_SCHEMAS = {"DeployRequest": DeployRequest}

@@ -1,0 +1,182 @@
+"""The gateway's ASGI app: ``create_app(settings)`` wires the services in the lifespan.
+
+Tests pass their own ``sandbox_provider`` (or a whole ``hosting``), ``clock`` and ``pricing_source``;
+production builds them from the settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from paddock_core.db import make_engine, make_sessionmaker, upgrade
+from paddock_core.logging import get_logger
+from paddock_core.timeutil import Clock, utcnow
+from paddock_gateway.adapters.chain import ChainClient, ChainError
+from paddock_gateway.adapters.hosting import HostingPlatform, SandboxProvider
+from paddock_gateway.api.errors import install_error_handlers
+from paddock_gateway.api.middleware import GatewayGuard
+from paddock_gateway.api.routes import EXTRA_SCHEMAS, router
+from paddock_gateway.metering import Metering
+from paddock_gateway.pricing import HttpPricing, PriceCache, PricingSource, StaticPricing
+from paddock_gateway.ratelimit import RateLimiter
+from paddock_gateway.registry import Registry
+from paddock_gateway.sandbox_hosting import SandboxHosting
+from paddock_gateway.services import Services
+from paddock_gateway.settings import GatewaySettings
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+API_VERSION = "1.0.0"
+log = get_logger("paddock.gateway")
+
+
+async def migrate(settings: GatewaySettings) -> None:
+    await upgrade(MIGRATIONS, settings.database_url)
+
+
+def pricing_source(settings: GatewaySettings) -> PricingSource:
+    if settings.pricing_url:
+        return HttpPricing(settings.pricing_url, settings.pricing_field)
+    return StaticPricing(settings.static_monthly_usd, settings.credits_per_usd)
+
+
+def default_sandbox_provider(settings: GatewaySettings) -> SandboxProvider:
+    from paddock_gateway.adapters import paddock_sandboxes
+
+    try:
+        return paddock_sandboxes.PaddockSandboxProvider(
+            settings.controlplane_url,
+            settings.api_key.get_secret_value(),
+            shape=settings.sandbox_shape,
+            rootfs=settings.sandbox_rootfs,
+        )
+    except (ImportError, AttributeError) as exc:
+        log.error("hosting_unconfigured", reason="the Paddock SDK (paddock.AsyncClient) is not available")
+        return paddock_sandboxes.UnconfiguredSandboxProvider(f"Paddock SDK unavailable: {exc}")
+
+
+async def check_chains(registry: Registry, chains: dict[str, ChainClient]) -> None:
+    """At start-up each RPC must be the chain it is configured for; an unreachable one is only logged."""
+
+    async def check(name: str) -> None:
+        expected = registry.chain(name).chain_id
+        try:
+            actual = await chains[name].chain_id()
+        except ChainError as exc:
+            log.warning("chain_rpc_unreachable", chain=name, error=str(exc))
+            return
+        if actual != expected:
+            raise RuntimeError(f"the RPC for {name} reports chain id {actual}, expected {expected}")
+
+    await asyncio.gather(*(check(name) for name in chains))
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    sandbox_provider: SandboxProvider | None = None,
+    hosting: HostingPlatform | None = None,
+    clock: Clock = utcnow,
+    pricing: PricingSource | None = None,
+    run_workers: bool = True,
+) -> FastAPI:
+    registry = settings.registry()
+    limiter = RateLimiter(
+        settings.rate_limit_requests, settings.rate_limit_window_s, settings.trusted_proxies
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await migrate(settings)
+        engine = make_engine(settings.database_url)
+        sessions = make_sessionmaker(engine)
+        chains = {
+            spec.name: ChainClient(spec.rpc_url, timeout_s=settings.rpc_timeout_s)
+            for spec in registry.ordered()
+        }
+        sandbox_hosting: SandboxHosting | None = None
+        platform = hosting
+        if platform is None:
+            sandbox_hosting = SandboxHosting(
+                sessions,
+                sandbox_provider or default_sandbox_provider(settings),
+                clock=clock,
+                install_timeout_s=settings.install_timeout_s,
+                build_timeout_s=settings.build_timeout_s,
+                ready_timeout_s=settings.ready_timeout_s,
+                max_concurrent_builds=settings.max_concurrent_builds,
+            )
+            platform = sandbox_hosting
+        services = Services(
+            settings=settings,
+            registry=registry,
+            engine=engine,
+            sessions=sessions,
+            chains=chains,
+            hosting=platform,
+            prices=PriceCache(
+                pricing or pricing_source(settings),
+                ttl_s=settings.price_cache_ttl_s,
+                backoff_s=settings.price_retry_backoff_s,
+                floor_usd=settings.min_monthly_usd,
+                credits_per_usd=settings.credits_per_usd,
+            ),
+            limiter=limiter,
+            clock=clock,
+            started_at=clock(),
+        )
+        services.metering = Metering(services)
+        app.state.services = services
+        try:
+            await check_chains(registry, chains)
+            if sandbox_hosting is not None:
+                sandbox_hosting.start()
+            if run_workers:
+                services.metering.start()
+            log.info(
+                "gateway_started", database=engine.dialect.name, recipient=registry.chain("base").recipient
+            )
+            yield
+        finally:
+            await services.metering.stop()
+            await platform.aclose()
+            for client in chains.values():
+                await client.aclose()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="Paddock deployment payment gateway",
+        version=API_VERSION,
+        lifespan=lifespan,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
+    install_error_handlers(app)
+    app.include_router(router)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=API_VERSION, routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, model in EXTRA_SCHEMAS.items():
+                model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(model_schema.pop("$defs", {}))
+                components[name] = model_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_document() -> dict[str, Any]:
+        return openapi()
+
+    app.add_middleware(GatewayGuard, limiter=limiter, max_body_bytes=settings.max_body_bytes)
+    return app

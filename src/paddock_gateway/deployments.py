@@ -1,0 +1,204 @@
+"""``POST /agent/deploy`` after authentication (§5.3.3 steps 4–8): validation, payment headers, name
+availability, price, then the paid path (§7–§8) or the credit path with the decision table (§6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+
+from paddock_core.logging import get_logger
+from paddock_gateway import credits, payments, projects
+from paddock_gateway.adapters.hosting import DeploymentHandle, HostingError, HostingUnavailable, ProjectSpec
+from paddock_gateway.auth import Caller
+from paddock_gateway.errors import (
+    DeployFailed,
+    DeployFailedAfterTopup,
+    InvalidHeader,
+    NameTaken,
+    PaymentRequired,
+    UnsupportedChain,
+    UnsupportedToken,
+    UpstreamUnavailable,
+)
+from paddock_gateway.pricing import Price
+from paddock_gateway.registry import CHAIN_NAMES, TOKEN_NAMES, normalise_name
+from paddock_gateway.schemas import DeployAccepted
+from paddock_gateway.services import Services
+from paddock_gateway.uploads import DeployInput, deploy_input
+
+log = get_logger("paddock.gateway.deploy")
+
+STARTED = "Deployment started. Poll status for updates."
+PAID = "Payment verified and credits added. Deployment started. Poll status for updates."
+
+
+@dataclass(frozen=True)
+class PaymentHeaders:
+    tx_hash: str | None
+    chain: str
+    token: str
+    use_existing_credits: bool
+
+
+def payment_headers(headers: Mapping[str, str], default_chain: str) -> PaymentHeaders:
+    """Step 5: the syntax of every payment header, checked even without ``X-Payment-Tx``."""
+    raw_tx = headers.get("x-payment-tx")
+    tx_hash = payments.normalise_tx_hash(raw_tx) if raw_tx is not None else None
+    chain = normalise_name(headers.get("x-payment-chain", default_chain), CHAIN_NAMES)
+    if chain is None:
+        raise UnsupportedChain()
+    token = normalise_name(headers.get("x-payment-token", "usdc"), TOKEN_NAMES)
+    if token is None:
+        raise UnsupportedToken()
+    opt_in = headers.get("x-use-existing-credits", "false").strip().lower()
+    if opt_in not in ("true", "false"):
+        raise InvalidHeader()
+    return PaymentHeaders(tx_hash=tx_hash, chain=chain, token=token, use_existing_credits=opt_in == "true")
+
+
+async def deploy(
+    services: Services, caller: Caller, body: bytes, content_type: str | None, headers: Mapping[str, str]
+) -> DeployAccepted:
+    request = deploy_input(body, content_type)
+    pay = payment_headers(headers, services.registry.default_chain)
+    if await projects.name_taken(services, request.request.uniqueName):
+        raise NameTaken()
+    price = await services.prices.price(request.request.months)
+    if pay.tx_hash is not None:
+        return await deploy_paid(services, caller, request, price, pay, pay.tx_hash)
+    return await deploy_on_credits(services, caller, request, price, pay.use_existing_credits)
+
+
+async def wallet_position(services: Services, wallet: str) -> tuple[int, int]:
+    """(balance in micro-credits, active projects); (0, 0) if either lookup fails (§6: fail closed)."""
+    try:
+        async with services.sessions() as session:
+            balance = await credits.balance_micro(session, wallet)
+        return balance, await projects.active_count(services, wallet)
+    except Exception as exc:
+        log.warning("credit_lookup_failed", wallet=wallet, error=type(exc).__name__)
+        return 0, 0
+
+
+def quote(
+    services: Services, price: Price, balance_micro: int, active: int, *, warn: bool
+) -> PaymentRequired:
+    registry = services.registry
+    default = registry.chain(registry.default_chain)
+    fields: dict[str, object] = {
+        "amount_usd": float(price.amount_usd),
+        "amount_token": price.amount_token,
+        "token": "usdc",
+        "decimals": 6,
+        "pay_to": default.recipient,
+        "payment_chain": default.name,
+        "supported_chains": registry.supported_chains(),
+        "current_credit_balance_usd": float(credits.usd_from_micro_credits(balance_micro)),
+        "active_projects": active,
+    }
+    if warn:
+        fields["warning"] = (
+            f"You have {active} active project(s) sharing credits. Paying extends total runtime. To deploy on "
+            "existing credits instead (this reduces the other projects' runtime), retry with header "
+            "X-Use-Existing-Credits: true"
+        )
+    return PaymentRequired(**fields)
+
+
+async def deploy_on_credits(
+    services: Services, caller: Caller, request: DeployInput, price: Price, opt_in: bool
+) -> DeployAccepted:
+    """The decision table (§6), cases A–D."""
+    balance, active = await wallet_position(services, caller.wallet)
+    enough = credits.raw_from_micro_credits(balance) >= price.amount_raw
+    if not enough:
+        raise quote(services, price, balance, active, warn=False)  # D
+    if active and not opt_in:
+        raise quote(services, price, balance, active, warn=True)  # C
+    try:
+        handle = await start(services, caller, request, price)
+    except (HostingError, projects.NameConflict) as exc:
+        log.warning("deploy_failed", wallet=caller.wallet, error=str(exc))
+        if isinstance(exc, HostingUnavailable):
+            raise UpstreamUnavailable("the hosting platform is unavailable") from exc
+        raise DeployFailed() from exc
+    message = STARTED
+    if active:  # B
+        message = (
+            f"Deployment started on existing credits. This will reduce runtime of your {active} other "
+            "active project(s). Poll status for updates."
+        )
+    return DeployAccepted(projectId=handle.project_id, deploymentId=handle.deployment_id, message=message)
+
+
+async def deploy_paid(
+    services: Services, caller: Caller, request: DeployInput, price: Price, pay: PaymentHeaders, tx_hash: str
+) -> DeployAccepted:
+    """§7–§8: ledger check, verification, record, top-up, deploy."""
+    existing = payments.check_reuse(await payments.find(services.sessions, tx_hash), caller.wallet)
+    if existing is None:
+        chain = services.registry.chain(pay.chain)
+        verified = await payments.verify_transfer(
+            services.chain_client(pay.chain),
+            chain,
+            chain.token(pay.token),
+            tx_hash,
+            caller.wallet,
+            price.amount_raw,
+        )
+        await payments.record_verified(services.sessions, verified, services.clock())
+        log.info(
+            "payment_verified",
+            wallet=caller.wallet,
+            tx_hash=tx_hash,
+            chain=pay.chain,
+            amount_raw=verified.amount_raw,
+        )
+    credited_raw = await payments.credit(services.sessions, tx_hash, caller.wallet, services.clock())
+    if services.metering is not None:
+        services.metering.wake()
+    try:
+        handle = await start(services, caller, request, price)
+    except (HostingError, projects.NameConflict) as exc:
+        log.warning("deploy_failed_after_topup", wallet=caller.wallet, tx_hash=tx_hash, error=str(exc))
+        raise DeployFailedAfterTopup(
+            tx_hash=tx_hash, credited_usd=float(Decimal(credited_raw) / Decimal(1_000_000))
+        ) from exc
+    await payments.mark_deployed(
+        services.sessions, tx_hash, handle.project_id, handle.deployment_id, services.clock()
+    )
+    return DeployAccepted(projectId=handle.project_id, deploymentId=handle.deployment_id, message=PAID)
+
+
+async def start(services: Services, caller: Caller, request: DeployInput, price: Price) -> DeploymentHandle:
+    body = request.request
+    spec = ProjectSpec(
+        name=body.uniqueName,
+        display_name=body.displayName,
+        description=body.description,
+        wallet=caller.wallet,
+    )
+    handle = await services.hosting.create_deployment(spec, request.files, request.options)
+    fields: dict[str, object] = {
+        "name": body.uniqueName,
+        "display_name": body.displayName,
+        "description": body.description,
+        "monthly_raw": price.monthly_raw,
+    }
+    try:
+        await projects.record(services, caller, handle, fields)
+    except projects.NameConflict:
+        try:
+            await services.hosting.delete_project(handle.project_id)
+        except HostingError:
+            log.warning("orphan_cleanup_failed", project_id=handle.project_id)
+        raise
+    log.info(
+        "deploy_started",
+        wallet=caller.wallet,
+        project_id=handle.project_id,
+        deployment_id=handle.deployment_id,
+    )
+    return handle

@@ -1,0 +1,20 @@
+"""``paddock gateway``: build the settings from the environment and serve the app with uvicorn."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from paddock_core.logging import configure_logging
+from paddock_gateway.app import create_app
+from paddock_gateway.settings import GatewaySettings
+
+
+def main() -> None:
+    settings = GatewaySettings()
+    configure_logging(settings.log_level, json=settings.log_json)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The gateway's tables (its own database; migrations in ``migrations/``).
+
+Money is integers: token amounts in raw units (10^-6 USD), credit balances in micro-credits
+(10^-6 credits; 1 raw unit of a 6-decimal token buys exactly 100 micro-credits).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+TS = sa.DateTime(timezone=True)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Nonce(Base):
+    """A consumed auth nonce; the primary key makes consumption atomic (§3.4 step 5)."""
+
+    __tablename__ = "gw_nonces"
+    wallet: Mapped[str] = mapped_column(sa.String(42), primary_key=True)
+    nonce: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(TS, index=True)
+
+
+class Payment(Base):
+    """The payment ledger (§8.1): one row per transaction hash, unique across chains."""
+
+    __tablename__ = "gw_payments"
+    tx_hash: Mapped[str] = mapped_column(sa.String(66), primary_key=True)
+    wallet: Mapped[str] = mapped_column(sa.String(42), index=True)
+    chain: Mapped[str] = mapped_column(sa.String(16))
+    token: Mapped[str] = mapped_column(sa.String(8))
+    amount_raw: Mapped[int] = mapped_column(sa.BigInteger)
+    state: Mapped[str] = mapped_column(sa.String(16))  # verified → credited → deployed
+    project_id: Mapped[str | None] = mapped_column(sa.String(64))
+    deployment_id: Mapped[str | None] = mapped_column(sa.String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
+class Wallet(Base):
+    """The running credit balance of a wallet; the sum of its ``CreditEntry`` rows."""
+
+    __tablename__ = "gw_wallets"
+    address: Mapped[str] = mapped_column(sa.String(42), primary_key=True)
+    balance_micro: Mapped[int] = mapped_column(sa.BigInteger)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
+class CreditEntry(Base):
+    """One credit movement. ``idempotency_key`` is the tx hash for a top-up, project+hour for usage."""
+
+    __tablename__ = "gw_credit_entries"
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    wallet: Mapped[str] = mapped_column(sa.String(42), index=True)
+    amount_micro: Mapped[int] = mapped_column(sa.BigInteger)
+    kind: Mapped[str] = mapped_column(sa.String(16))  # topup | usage
+    idempotency_key: Mapped[str] = mapped_column(sa.String(128), unique=True)
+    project_id: Mapped[str | None] = mapped_column(sa.String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
+class Project(Base):
+    """A project deployed through the gateway. ``name_key`` (lowercased name) is NULL once deleted."""
+
+    __tablename__ = "gw_projects"
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    wallet: Mapped[str] = mapped_column(sa.String(42), index=True)
+    name: Mapped[str] = mapped_column(sa.String(32))
+    name_key: Mapped[str | None] = mapped_column(sa.String(32), unique=True)
+    display_name: Mapped[str] = mapped_column(sa.String(100))
+    description: Mapped[str | None] = mapped_column(sa.Text)
+    monthly_raw: Mapped[int] = mapped_column(sa.BigInteger)
+    state: Mapped[str] = mapped_column(sa.String(16))  # live | paused | deleting | deleted
+    latest_deployment_id: Mapped[str | None] = mapped_column(sa.String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    metered_until: Mapped[dt.datetime] = mapped_column(TS)
+    hours_metered: Mapped[int] = mapped_column(sa.Integer)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+
+class Deployment(Base):
+    """A deployment of a project; who deployed it decides who may read its status."""
+
+    __tablename__ = "gw_deployments"
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    project_id: Mapped[str] = mapped_column(sa.String(64), sa.ForeignKey("gw_projects.id"), index=True)
+    wallet: Mapped[str] = mapped_column(sa.String(42))
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
+class SandboxDeployment(Base):
+    """The hosting side's record of a deployment on a Paddock sandbox (owned by ``sandbox_hosting``)."""
+
+    __tablename__ = "gw_sandbox_deployments"
+    deployment_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    project_id: Mapped[str] = mapped_column(sa.String(64), index=True)
+    sandbox_id: Mapped[str | None] = mapped_column(sa.String(80))
+    status: Mapped[str] = mapped_column(sa.String(16))  # queued building deploying active sleeping failed …
+    url: Mapped[str | None] = mapped_column(sa.Text)
+    reason: Mapped[str | None] = mapped_column(sa.Text)
+    plan: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)

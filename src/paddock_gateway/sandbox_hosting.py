@@ -1,0 +1,321 @@
+"""``SandboxHosting``: the ``HostingPlatform`` built on Paddock sandboxes.
+
+A deployment is one sandbox with ingress enabled. ``create_deployment`` creates the sandbox and writes
+the upload into ``<workspace>/app``, records the deployment as ``queued`` and wakes the build worker;
+the worker (fed from the ``gw_sandbox_deployments`` table) runs install and build, starts the app in the
+background, and waits until something accepts connections on the port:
+
+    queued → building → deploying → active      (url = the sandbox's ingress URL for the port)
+                   ↘          ↘
+                    failed (reason: the step that failed and the tail of its log)
+
+Pausing a project pauses its sandbox (status ``sleeping``); resuming resumes it. On start-up,
+deployments left in ``building``/``deploying`` by a previous process are queued again (the files are
+already in the sandbox). One gateway process per database is assumed for that recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from paddock_core.db import transaction
+from paddock_core.logging import get_logger
+from paddock_core.timeutil import Clock, utcnow
+from paddock_gateway.adapters.hosting import (
+    DeploymentHandle,
+    DeploymentState,
+    DeployOptions,
+    HostingError,
+    HostingUnavailable,
+    ProjectSpec,
+    Sandbox,
+    SandboxError,
+    SandboxProvider,
+    SandboxUnavailable,
+    UploadedFile,
+    ingress_url,
+)
+from paddock_gateway.models import SandboxDeployment
+from paddock_gateway.runtimes import BuildPlan, PlanError, infer_plan
+
+log = get_logger("paddock.gateway.hosting")
+LOG_TAIL_CHARS = 2000
+WRITE_CONCURRENCY = 16
+RUNNING = ("building", "deploying")
+
+
+def tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+class BuildFailed(Exception):
+    pass
+
+
+class SandboxHosting:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        provider: SandboxProvider,
+        *,
+        clock: Clock = utcnow,
+        install_timeout_s: float = 900.0,
+        build_timeout_s: float = 900.0,
+        ready_timeout_s: float = 120.0,
+        max_concurrent_builds: int = 2,
+    ) -> None:
+        self.sessions = sessions
+        self.provider = provider
+        self.clock = clock
+        self.install_timeout_s = install_timeout_s
+        self.build_timeout_s = build_timeout_s
+        self.ready_timeout_s = ready_timeout_s
+        self.slots = asyncio.Semaphore(max_concurrent_builds)
+        self.wakeup = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.loop_task: asyncio.Task[None] | None = None
+
+    # ---- HostingPlatform -------------------------------------------------------------------------
+
+    async def create_deployment(
+        self, project: ProjectSpec, files: Sequence[UploadedFile], options: DeployOptions
+    ) -> DeploymentHandle:
+        handle = DeploymentHandle(project_id=str(uuid.uuid4()), deployment_id=str(uuid.uuid4()))
+        try:
+            plan: BuildPlan | None = infer_plan(files, options)
+            failure = None
+        except PlanError as exc:
+            plan, failure = None, str(exc)
+        sandbox_id = None
+        if plan is not None:
+            sandbox = await self._create_sandbox(project, files)
+            sandbox_id = sandbox.id
+        await self._insert(handle, sandbox_id, plan, failure)
+        self.wakeup.set()
+        log.info("deployment_created", project_id=handle.project_id, deployment_id=handle.deployment_id)
+        return handle
+
+    async def deployment_status(self, project_id: str, deployment_id: str) -> DeploymentState:
+        async with self.sessions() as session:
+            row = await session.get(SandboxDeployment, deployment_id)
+        if row is None or row.project_id != project_id:
+            raise HostingError("unknown deployment")
+        return DeploymentState(status=row.status, url=row.url, message=row.reason)
+
+    async def pause_project(self, project_id: str) -> None:
+        for row in await self._rows(project_id):
+            if row.sandbox_id and row.status not in ("failed", "deleted"):
+                await self._sandbox_call(row.sandbox_id, "pause")
+                if row.status == "active":
+                    await self._set(row.deployment_id, status="sleeping")
+
+    async def resume_project(self, project_id: str) -> None:
+        for row in await self._rows(project_id):
+            if row.sandbox_id and row.status not in ("failed", "deleted"):
+                await self._sandbox_call(row.sandbox_id, "resume")
+                if row.status == "sleeping":
+                    await self._set(row.deployment_id, status="active")
+
+    async def delete_project(self, project_id: str) -> None:
+        for row in await self._rows(project_id):
+            if row.sandbox_id and row.status != "deleted":
+                await self._sandbox_call(row.sandbox_id, "destroy")
+            await self._set(row.deployment_id, status="deleted")
+
+    # ---- the build worker ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.loop_task = asyncio.create_task(self._loop(), name="sandbox-hosting-builds")
+
+    async def aclose(self) -> None:
+        for task in [self.loop_task, *self.tasks]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(
+            *[t for t in [self.loop_task, *self.tasks] if t is not None], return_exceptions=True
+        )
+        await self.provider.aclose()
+
+    async def recover(self) -> None:
+        """Queue again what a previous process left half-built."""
+        async with transaction(self.sessions) as session:
+            await session.execute(
+                update(SandboxDeployment)
+                .where(SandboxDeployment.status.in_(RUNNING))
+                .values(status="queued", updated_at=self.clock())
+            )
+
+    async def _loop(self) -> None:
+        await self.recover()
+        while True:
+            for deployment_id in await self._queued():
+                if await self._claim(deployment_id):
+                    task = asyncio.create_task(self._execute(deployment_id))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+            self.wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), timeout=5.0)
+
+    async def _queued(self) -> list[str]:
+        async with self.sessions() as session:
+            rows = await session.scalars(
+                select(SandboxDeployment.deployment_id)
+                .where(SandboxDeployment.status == "queued")
+                .order_by(SandboxDeployment.created_at)
+            )
+            return list(rows)
+
+    async def _claim(self, deployment_id: str) -> bool:
+        async with transaction(self.sessions) as session:
+            result = await session.execute(
+                update(SandboxDeployment)
+                .where(SandboxDeployment.deployment_id == deployment_id, SandboxDeployment.status == "queued")
+                .values(status="building", updated_at=self.clock())
+            )
+        return bool(getattr(result, "rowcount", 0))
+
+    async def _execute(self, deployment_id: str) -> None:
+        async with self.slots:
+            async with self.sessions() as session:
+                row = await session.get(SandboxDeployment, deployment_id)
+            if row is None or row.sandbox_id is None:
+                return
+            plan = BuildPlan.from_json(row.plan)
+            try:
+                sandbox = await self.provider.get(row.sandbox_id)
+                url = await self._build_and_start(deployment_id, sandbox, plan)
+            except BuildFailed as exc:
+                await self._set(deployment_id, status="failed", reason=str(exc), only_if=RUNNING)
+                log.info("deployment_failed", deployment_id=deployment_id)
+                return
+            except SandboxError as exc:
+                await self._set(
+                    deployment_id, status="failed", reason=f"sandbox error: {exc}", only_if=RUNNING
+                )
+                log.warning("deployment_sandbox_error", deployment_id=deployment_id, error=str(exc))
+                return
+            await self._set(deployment_id, status="active", url=url, only_if=RUNNING)
+            log.info("deployment_ready", deployment_id=deployment_id)
+
+    async def _build_and_start(self, deployment_id: str, sandbox: Sandbox, plan: BuildPlan) -> str:
+        app_dir = f"{sandbox.workspace}/app" + (f"/{plan.workdir}" if plan.workdir else "")
+        logs = f"{sandbox.workspace}/logs"
+        await sandbox.run("mkdir", ["-p", logs])
+        for step, command, timeout_s in (
+            ("install", plan.install, self.install_timeout_s),
+            ("build", plan.build, self.build_timeout_s),
+        ):
+            if not command:
+                continue
+            result = await sandbox.run(
+                "sh", ["-c", command], env=plan.build_env, cwd=app_dir, timeout_s=timeout_s
+            )
+            if result.exit_code != 0:
+                output = tail(result.stdout + "\n" + result.stderr)
+                raise BuildFailed(f"{step} failed (`{command}` exited with {result.exit_code}): {output}")
+        await self._set(deployment_id, status="deploying", only_if=RUNNING)
+        launcher = f"nohup sh -c {shlex.quote(plan.run)} > {logs}/run.log 2>&1 < /dev/null & echo $! > {logs}/run.pid"
+        result = await sandbox.run("sh", ["-c", launcher], env=plan.run_env, cwd=app_dir, timeout_s=30)
+        if result.exit_code != 0:
+            raise BuildFailed(f"could not start `{plan.run}`: {tail(result.stderr)}")
+        await self._wait_for_port(sandbox, plan, logs)
+        return ingress_url(sandbox, plan.port)
+
+    async def _wait_for_port(self, sandbox: Sandbox, plan: BuildPlan, logs: str) -> None:
+        probe = (
+            f"(exec 3<>/dev/tcp/127.0.0.1/{plan.port}) 2>/dev/null && exit 0; "
+            f'kill -0 "$(cat {logs}/run.pid)" 2>/dev/null && exit 1; exit 2'
+        )
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            result = await sandbox.run("bash", ["-c", probe], timeout_s=10)
+            if result.exit_code == 0:
+                return
+            if result.exit_code == 2 or time.monotonic() > deadline:
+                output = await sandbox.run(
+                    "tail", ["-c", str(LOG_TAIL_CHARS), f"{logs}/run.log"], timeout_s=10
+                )
+                what = (
+                    "exited"
+                    if result.exit_code == 2
+                    else f"did not answer within {self.ready_timeout_s:.0f} s"
+                )
+                raise BuildFailed(f"`{plan.run}` {what} on port {plan.port}: {tail(output.stdout)}")
+            await asyncio.sleep(0.25)
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    async def _create_sandbox(self, project: ProjectSpec, files: Sequence[UploadedFile]) -> Sandbox:
+        try:
+            sandbox = await self.provider.create(name=f"gw-{project.name.lower()}", ingress_enabled=True)
+        except SandboxUnavailable as exc:
+            raise HostingUnavailable(str(exc)) from exc
+        except SandboxError as exc:
+            raise HostingError(str(exc)) from exc
+        gate = asyncio.Semaphore(WRITE_CONCURRENCY)
+
+        async def write(item: UploadedFile) -> None:
+            async with gate:
+                await sandbox.files.write(f"{sandbox.workspace}/app/{item.path}", item.data)
+
+        try:
+            await asyncio.gather(*(write(item) for item in files))
+        except SandboxError as exc:
+            try:
+                await sandbox.destroy()
+            except SandboxError:
+                log.warning("sandbox_destroy_failed", sandbox_id=sandbox.id)
+            raise HostingError(f"writing the upload failed: {exc}") from exc
+        return sandbox
+
+    async def _insert(
+        self, handle: DeploymentHandle, sandbox_id: str | None, plan: BuildPlan | None, failure: str | None
+    ) -> None:
+        now = self.clock()
+        async with transaction(self.sessions) as session:
+            session.add(
+                SandboxDeployment(
+                    deployment_id=handle.deployment_id,
+                    project_id=handle.project_id,
+                    sandbox_id=sandbox_id,
+                    status="failed" if failure else "queued",
+                    reason=failure,
+                    plan=plan.to_json() if plan else {},
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+
+    async def _rows(self, project_id: str) -> list[SandboxDeployment]:
+        async with self.sessions() as session:
+            rows = await session.scalars(
+                select(SandboxDeployment).where(SandboxDeployment.project_id == project_id)
+            )
+            return list(rows)
+
+    async def _set(self, deployment_id: str, *, only_if: Sequence[str] = (), **values: Any) -> None:
+        statement = update(SandboxDeployment).where(SandboxDeployment.deployment_id == deployment_id)
+        if only_if:
+            statement = statement.where(SandboxDeployment.status.in_(only_if))
+        async with transaction(self.sessions) as session:
+            await session.execute(statement.values(updated_at=self.clock(), **values))
+
+    async def _sandbox_call(self, sandbox_id: str, action: str) -> None:
+        try:
+            sandbox = await self.provider.get(sandbox_id)
+            await getattr(sandbox, action)()
+        except SandboxUnavailable as exc:
+            raise HostingUnavailable(str(exc)) from exc
+        except SandboxError as exc:
+            raise HostingError(f"{action} failed: {exc}") from exc

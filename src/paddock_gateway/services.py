@@ -1,0 +1,38 @@
+"""The gateway's wired services: built once in the app's lifespan, reached by routes as a dependency."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from paddock_core.timeutil import Clock
+from paddock_gateway.adapters.chain import ChainClient
+from paddock_gateway.adapters.hosting import HostingPlatform
+from paddock_gateway.pricing import PriceCache
+from paddock_gateway.ratelimit import RateLimiter
+from paddock_gateway.registry import Registry
+from paddock_gateway.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from paddock_gateway.metering import Metering
+
+
+@dataclass
+class Services:
+    settings: GatewaySettings
+    registry: Registry
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    chains: dict[str, ChainClient]
+    hosting: HostingPlatform
+    prices: PriceCache
+    limiter: RateLimiter
+    clock: Clock
+    started_at: dt.datetime
+    metering: Metering | None = field(default=None)
+
+    def chain_client(self, chain: str) -> ChainClient:
+        return self.chains[chain]
