@@ -7,12 +7,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
+from sqlalchemy import event
+from sqlalchemy.orm import Session
 
 from paddock_controlplane import hostlink, reconciler, upkeep
 from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.middleware import RequestContextMiddleware
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
+from paddock_controlplane.hotcache import TTLCache, drop_changed_sandboxes
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.webhook_delivery import DeliveryWorker
@@ -21,6 +24,7 @@ from paddock_core.db import make_engine, make_sessionmaker, upgrade
 from paddock_core.logging import get_logger
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+event.listen(Session, "after_flush", drop_changed_sandboxes)
 log = get_logger("paddock.controlplane")
 
 
@@ -33,10 +37,15 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await migrate(settings)
         engine = make_engine(settings.database_url)
+        running_cache: TTLCache[object] = TTLCache(settings.hot_cache_ttl_s)
+        sessions = make_sessionmaker(engine)
+        sessions.configure(info={"running_cache": running_cache})
         services = Services(
             settings=settings,
             engine=engine,
-            sessions=make_sessionmaker(engine),
+            sessions=sessions,
+            principals=TTLCache(settings.hot_cache_ttl_s),
+            running=running_cache,
             secret_box=SecretBox(settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"),
         )
         app.state.services = services

@@ -30,6 +30,9 @@ HEARTBEAT_S = 5.0
 
 async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
     """The sandbox once it is ``running``; transitional states wait up to 30 s, others get 409."""
+    cached = services.running.get(sandbox_id)
+    if isinstance(cached, Sandbox) and cached.user_id == user_id:
+        return cached
     deadline = time.monotonic() + WAIT_FOR_RUNNING_S
     delay = 0.05
     while True:
@@ -42,6 +45,7 @@ async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> 
         if sandbox is None:
             raise errors.NotFound("sandbox not found")
         if sandbox.status == "running":
+            services.running.put(sandbox_id, sandbox)
             return sandbox
         if sandbox.status not in WAITABLE or time.monotonic() >= deadline:
             raise errors.InvalidState("sandbox is not running")

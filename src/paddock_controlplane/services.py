@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from paddock_controlplane.hotcache import TTLCache
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.timeutil import Clock, utcnow
@@ -22,6 +23,9 @@ class Services:
     #: Monotonic time of the last healthy reconciler pass, for ``/readyz``.
     reconciler_last_ok: float | None = None
     extras: dict[str, object] = field(default_factory=dict)
+    #: Principals by key hash, and running sandboxes by id, for the exec hot path.
+    principals: TTLCache[object] = field(default_factory=lambda: TTLCache(1.0))
+    running: TTLCache[object] = field(default_factory=lambda: TTLCache(1.0))
 
     def mark_reconciled(self) -> None:
         self.reconciler_last_ok = time.monotonic()

@@ -36,6 +36,8 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     reconcile_interval_s: float = 1.0
     #: Seconds between billing settlements of running sandboxes.
     billing_interval_s: float = 10.0
+    #: How long auth and running-sandbox lookups are cached in process (revocations apply within it).
+    hot_cache_ttl_s: float = 1.0
     #: Largest accepted file upload.
     max_upload_bytes: int = 1 << 30
     #: Largest buffered exec output per stream before truncation.

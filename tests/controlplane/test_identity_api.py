@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from paddock_controlplane import accounts
@@ -69,6 +71,8 @@ async def test_revoked_key_gets_401(controlplane: ControlPlane) -> None:
         (row,) = await accounts.list_keys(session, user_id)
         await accounts.revoke_key(session, row.id)
     await engine.dispose()
+    # Revocation applies within the auth cache's lifetime (1 s by default).
+    await asyncio.sleep(controlplane.settings.hot_cache_ttl_s + 0.1)
     resp = await controlplane.http.get("/v1/whoami", headers={"X-Api-Key": key})
     assert resp.status_code == 401 and resp.json()["data"]["code"] == "UNAUTHORIZED"
 

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from paddock_controlplane import accounts
 from paddock_controlplane.services import Services
 from paddock_core import errors
-from paddock_core.crypto import constant_time_equals
+from paddock_core.crypto import constant_time_equals, sha256_hex
 
 MAX_PAGE = 500
 DEFAULT_PAGE = 50
@@ -35,9 +35,13 @@ SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
 async def get_principal(request: Request, services: ServicesDep) -> accounts.Principal:
-    presented = request.headers.get("x-api-key")
-    async with services.sessions() as session:
-        principal = await accounts.authenticate(session, presented)
+    presented = request.headers.get("x-api-key") or ""
+    cache_key = sha256_hex(presented)
+    principal = services.principals.get(cache_key)
+    if not isinstance(principal, accounts.Principal):
+        async with services.sessions() as session:
+            principal = await accounts.authenticate(session, presented)
+        services.principals.put(cache_key, principal)
     request.scope.setdefault("state", {})["user_id"] = principal.user_id
     return principal
 
