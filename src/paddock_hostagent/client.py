@@ -1,0 +1,190 @@
+"""``HostAgentClient``: the one way the control plane talks to a host agent (internal HTTP API).
+
+Imports nothing but httpx, so the control plane can use it without the host agent's dependencies.
+
+    HostAgentError
+    ├── HostUnavailableError      no answer (connection refused, timeout)
+    ├── SandboxMissingError       404 unknown sandbox
+    ├── GuestFileNotFoundError    404 file_not_found
+    ├── ParentNotFoundError       404 parent_not_found
+    ├── IsDirectoryError          400 is_directory
+    └── BadStateError             409 (the sandbox is not in a state for this)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+
+class HostAgentError(Exception):
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class HostUnavailableError(HostAgentError):
+    pass
+
+
+class SandboxMissingError(HostAgentError):
+    pass
+
+
+class GuestFileNotFoundError(HostAgentError):
+    pass
+
+
+class ParentNotFoundError(HostAgentError):
+    pass
+
+
+class IsDirectoryError(HostAgentError):  # noqa: A001 - named after the guest's error
+    pass
+
+
+class BadStateError(HostAgentError):
+    pass
+
+
+_BY_CODE: dict[str, type[HostAgentError]] = {
+    "file_not_found": GuestFileNotFoundError,
+    "parent_not_found": ParentNotFoundError,
+    "is_directory": IsDirectoryError,
+    "sandbox_not_found": SandboxMissingError,
+}
+
+
+def _error_for(resp: httpx.Response, body: bytes) -> HostAgentError:
+    code, message = None, f"host agent answered {resp.status_code}"
+    try:
+        doc = json.loads(body)
+        code = doc.get("error")
+        message = str(doc.get("message") or message)
+    except (ValueError, AttributeError):
+        pass
+    cls = _BY_CODE.get(code or "")
+    if cls is None:
+        cls = {404: SandboxMissingError, 409: BadStateError}.get(resp.status_code, HostAgentError)
+    return cls(message, status=resp.status_code, code=code)
+
+
+class HostAgentClient:
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 60.0) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/") + "/internal/v1/",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_keepalive_connections=64, max_connections=256),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            resp = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise HostUnavailableError(str(exc) or type(exc).__name__) from exc
+        if resp.status_code >= 400:
+            raise _error_for(resp, resp.content)
+        return resp.json()
+
+    @staticmethod
+    def _sb(sandbox_id: str, *rest: str) -> str:
+        return "/".join(["sandboxes", quote(sandbox_id, safe=""), *rest])
+
+    async def info(self) -> dict[str, Any]:
+        return dict(await self._json("GET", "info"))
+
+    async def create_sandbox(self, **spec: Any) -> dict[str, Any]:
+        return dict(await self._json("POST", "sandboxes", json=spec))
+
+    async def list_sandboxes(self) -> list[dict[str, Any]]:
+        return list(await self._json("GET", "sandboxes"))
+
+    async def get_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        return dict(await self._json("GET", self._sb(sandbox_id)))
+
+    async def pause_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        return dict(await self._json("POST", self._sb(sandbox_id, "pause")))
+
+    async def resume_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        return dict(await self._json("POST", self._sb(sandbox_id, "resume")))
+
+    async def fork_sandbox(self, sandbox_id: str, *, new_id: str, name: str, start_paused: bool) -> dict[str, Any]:
+        body = {"new_id": new_id, "name": name, "start_paused": start_paused}
+        return dict(await self._json("POST", self._sb(sandbox_id, "fork"), json=body))
+
+    async def resize_sandbox(self, sandbox_id: str, disk_mib: int) -> dict[str, Any]:
+        return dict(await self._json("POST", self._sb(sandbox_id, "resize"), json={"disk_mib": disk_mib}))
+
+    async def destroy_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        return dict(await self._json("DELETE", self._sb(sandbox_id)))
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        *,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        stdin: str | None = None,
+        cwd: str | None = None,
+    ) -> dict[str, Any]:
+        body = {"cmd": cmd, "args": args, "env": env, "stdin": stdin, "cwd": cwd, "stream": False}
+        return dict(await self._json("POST", self._sb(sandbox_id, "exec"), json=body))
+
+    async def exec_stream(
+        self,
+        sandbox_id: str,
+        *,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        stdin: str | None = None,
+        cwd: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Frames as the command produces them; leaving the iteration early kills the command."""
+        body = {"cmd": cmd, "args": args, "env": env, "stdin": stdin, "cwd": cwd, "stream": True}
+        try:
+            async with self._http.stream(
+                "POST", self._sb(sandbox_id, "exec"), json=body, timeout=httpx.Timeout(None, connect=5.0)
+            ) as resp:
+                if resp.status_code >= 400:
+                    raise _error_for(resp, await resp.aread())
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.TransportError as exc:
+            raise HostUnavailableError(str(exc) or type(exc).__name__) from exc
+
+    async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
+        return dict(await self._json("PUT", self._sb(sandbox_id, "files"), params={"path": path}, content=chunks))
+
+    async def download(self, sandbox_id: str, path: str) -> tuple[int | None, AsyncIterator[bytes]]:
+        """Open a download: returns (size, chunks). Errors are raised before any byte is returned."""
+        request = self._http.build_request("GET", self._sb(sandbox_id, "files"), params={"path": path})
+        try:
+            resp = await self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise HostUnavailableError(str(exc) or type(exc).__name__) from exc
+        if resp.status_code >= 400:
+            body = await resp.aread()
+            await resp.aclose()
+            raise _error_for(resp, body)
+        length = resp.headers.get("content-length")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_bytes():
+                    yield chunk
+            finally:
+                await resp.aclose()
+
+        return (int(length) if length and length.isdigit() else None), chunks()
