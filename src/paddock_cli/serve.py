@@ -13,6 +13,7 @@ run; the key is kept in ``$PADDOCK_DATA_DIR/bootstrap-api-key`` (0600) so it can
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import secrets
@@ -89,7 +90,34 @@ def bootstrap_key(data_dir: Path, env: dict[str, str]) -> str:
     return key
 
 
-def children(data_dir: Path, shared: dict[str, str]) -> list[Child]:
+def available(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def start_devchain(data_dir: Path) -> Path | None:
+    """Start the local anvil chains for the gateway (idempotent); returns the devchain.json path."""
+    if not available("paddock_gateway.devchain"):
+        return None
+    state = data_dir / "devchain"
+    subprocess.run(
+        [sys.executable, "-m", "paddock_gateway.devchain", "down", "--state-dir", str(state)],
+        check=False,
+        capture_output=True,
+    )
+    subprocess.run(
+        [sys.executable, "-m", "paddock_gateway.devchain", "up", "--state-dir", str(state)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return state / "devchain.json"
+
+
+def children(
+    data_dir: Path, shared: dict[str, str], key: str = "", devchain: Path | None = None
+) -> list[Child]:
     base = {k: v for k, v in os.environ.items()}
     cp_url = f"http://127.0.0.1:{CP_PORT}"
     cp_env = base | {
@@ -104,11 +132,23 @@ def children(data_dir: Path, shared: dict[str, str]) -> list[Child]:
         "PADDOCK_HOST_CONTROLPLANE_URL": cp_url,
         "PADDOCK_HOST_STATE_DIR": str(data_dir / "host"),
     }
+    gw_env = base | {
+        "PADDOCK_GW_PORT": str(GW_PORT),
+        "PADDOCK_GW_DATA_DIR": str(data_dir),
+        "PADDOCK_GW_CONTROLPLANE_URL": cp_url,
+        "PADDOCK_GW_API_KEY": key,
+    }
+    if devchain is not None:
+        gw_env["PADDOCK_GW_DEVCHAIN_FILE"] = str(devchain)
     run = [sys.executable, "-m", "paddock_cli.main"]
-    return [
-        Child("controlplane", [*run, "controlplane"], cp_env, f"{cp_url}/healthz"),
-        Child("hostagent", [*run, "hostagent"], host_env, f"http://127.0.0.1:{HOST_PORT}/healthz"),
-    ]
+    procs = [Child("controlplane", [*run, "controlplane"], cp_env, f"{cp_url}/healthz")]
+    if available("paddock_hostagent.main"):
+        procs.append(
+            Child("hostagent", [*run, "hostagent"], host_env, f"http://127.0.0.1:{HOST_PORT}/healthz")
+        )
+    if available("paddock_gateway.main") and devchain is not None:
+        procs.append(Child("gateway", [*run, "gateway"], gw_env, f"http://127.0.0.1:{GW_PORT}/health"))
+    return procs
 
 
 async def wait_healthy(child: Child, timeout_s: float = 600.0) -> None:
@@ -145,6 +185,7 @@ def banner(key: str) -> str:
 Paddock is running.
   control plane  {cp}        (OpenAPI: {cp}/docs)
   host agent     http://127.0.0.1:{HOST_PORT}   (internal)
+  gateway        http://127.0.0.1:{GW_PORT}   (OpenAPI: http://127.0.0.1:{GW_PORT}/openapi.json)
   bootstrap API key: {key}
 
 Try it:
@@ -159,8 +200,11 @@ Stop with Ctrl-C.
 
 def serve_embedded() -> int:
     shared = load_or_create_secrets(DATA_DIR)
-    procs = children(DATA_DIR, shared)
-    key = bootstrap_key(DATA_DIR, procs[0].env)
+    key = bootstrap_key(DATA_DIR, children(DATA_DIR, shared)[0].env)
+    devchain = start_devchain(DATA_DIR)
+    procs = children(DATA_DIR, shared, key, devchain)
+    if not any(child.name == "hostagent" for child in procs):
+        print("serve: this build has no host agent; sandboxes cannot be created", file=sys.stderr)
     stopping = False
 
     def _stop(*_: object) -> None:
@@ -184,3 +228,16 @@ def serve_embedded() -> int:
         return 0
     finally:
         stop_all(procs)
+        if devchain is not None:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "paddock_gateway.devchain",
+                    "down",
+                    "--state-dir",
+                    str(devchain.parent),
+                ],
+                check=False,
+                capture_output=True,
+            )
