@@ -20,7 +20,6 @@ from pydantic import (
     StrictInt,
     StrictStr,
     field_validator,
-    model_validator,
 )
 
 UNIQUE_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?$")
@@ -85,14 +84,15 @@ class FilesUpload(BaseModel):
     type: Literal["files"]
     files: list[FileItem] = Field(min_length=1, max_length=MAX_FILES)
 
-    @model_validator(mode="after")
-    def _unique_paths(self) -> FilesUpload:
+    @field_validator("files")
+    @classmethod
+    def _unique_paths(cls, files: list[FileItem]) -> list[FileItem]:
         seen: set[str] = set()
-        for item in self.files:
+        for item in files:
             if item.path in seen:
                 raise ValueError(f"duplicate path {item.path!r}")
             seen.add(item.path)
-        return self
+        return files
 
 
 class ZipUpload(BaseModel):
