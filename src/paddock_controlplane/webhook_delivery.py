@@ -19,7 +19,7 @@ import datetime as dt
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -143,7 +143,46 @@ class Claim:
 @dataclass(frozen=True)
 class Outcome:
     delivered: bool
+    #: When the attempt ended (the worker's clock): ``deliveredAt``, or where the retry delay starts.
+    at: dt.datetime
     error: str | None = None
+
+
+class GroupCommit:
+    """Batches attempt results into one transaction each; results arriving during a flush wait for the next.
+
+    One writer per worker instead of one per attempt keeps SQLite's single write lock uncontended.
+    """
+
+    def __init__(self, flush: Callable[[list[tuple[Claim, Outcome]]], Awaitable[None]]) -> None:
+        self._flush = flush
+        self._batch: list[tuple[tuple[Claim, Outcome], asyncio.Future[None]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def submit(self, claim: Claim, outcome: Outcome) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._batch.append(((claim, outcome), done))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="webhook-results")
+        await done
+
+    async def wait_idle(self) -> None:
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def _run(self) -> None:
+        while self._batch:
+            batch, self._batch = self._batch, []
+            try:
+                await self._flush([item for item, _ in batch])
+            except Exception as exc:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+            else:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
 
 
 def _due(now: dt.datetime) -> Iterable[object]:
@@ -152,6 +191,19 @@ def _due(now: dt.datetime) -> Iterable[object]:
         WebhookDelivery.next_attempt_at <= now,
         or_(WebhookDelivery.lease_until.is_(None), WebhookDelivery.lease_until < now),
     )
+
+
+def _result_values(claim: Claim, outcome: Outcome) -> dict[str, object]:
+    attempts = claim.attempts + 1
+    values: dict[str, object] = {"attempts": attempts, "lease_until": None, "lease_token": None}
+    if outcome.delivered:
+        values.update(status="delivered", delivered_at=outcome.at, finished_at=outcome.at, last_error=None)
+    elif attempts >= MAX_ATTEMPTS:
+        values.update(status="failed", finished_at=outcome.at, last_error=outcome.error)
+    else:
+        retry_at = outcome.at + dt.timedelta(seconds=RETRY_DELAYS_S[attempts - 1])
+        values.update(next_attempt_at=retry_at, last_error=outcome.error)
+    return values
 
 
 class DeliveryWorker:
@@ -176,6 +228,9 @@ class DeliveryWorker:
             timeout_s=settings.webhook_timeout_s, allow_private=settings.webhook_allow_private_targets
         )
         self._owns_transport = transport is None
+        self._results = GroupCommit(self.record_many)
+        #: This worker's own writes (claims, results) take turns instead of racing for SQLite's lock.
+        self._writing = asyncio.Lock()
         self._inflight: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -201,7 +256,7 @@ class DeliveryWorker:
             if not (await session.scalars(candidates)).first():
                 return []
         token = secrets.token_hex(16)
-        async with transaction(self.sessions) as session:
+        async with self._writing, transaction(self.sessions) as session:
             if session.bind.dialect.name == "postgresql":
                 candidates = candidates.with_for_update(of=WebhookDelivery, skip_locked=True)
             ids = list((await session.scalars(candidates)).all())
@@ -223,44 +278,47 @@ class DeliveryWorker:
             Claim(d.id, d.endpoint_id, url, sealed, d.payload, d.attempts, token) for d, url, sealed in rows
         ]
 
-    async def record(self, claim: Claim, outcome: Outcome) -> None:
-        """Write the attempt's result, only while this worker still holds the lease."""
-        now = self.clock()
-        attempts = claim.attempts + 1
-        mine = (WebhookDelivery.id == claim.id, WebhookDelivery.lease_token == claim.token)
-        released = {"attempts": attempts, "lease_until": None, "lease_token": None}
-        async with transaction(self.sessions) as session:
-            if outcome.delivered:
-                values = {"status": "delivered", "delivered_at": now, "finished_at": now, "last_error": None}
-            elif attempts >= MAX_ATTEMPTS:
-                values = {"status": "failed", "finished_at": now, "last_error": outcome.error}
-            else:
-                next_at = now + dt.timedelta(seconds=RETRY_DELAYS_S[attempts - 1])
-                values = {"next_attempt_at": next_at, "last_error": outcome.error}
-            result = await session.execute(update(WebhookDelivery).where(*mine).values(**released, **values))
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                log.warning("webhook_lease_lost", delivery_id=claim.id)
-                return
-            if values.get("status") == "failed":
-                await session.execute(
-                    update(WebhookEndpoint)
-                    .where(WebhookEndpoint.id == claim.endpoint_id)
-                    .values(
-                        failure_count=WebhookEndpoint.failure_count + 1,
-                        active=case(
-                            (WebhookEndpoint.failure_count + 1 >= AUTO_SUSPEND_AT, False),
-                            else_=WebhookEndpoint.active,
-                        ),
+    async def record_many(self, results: list[tuple[Claim, Outcome]]) -> None:
+        """Write attempt results in one transaction, each only while this worker still holds its lease.
+
+        A delivery's last failed retry makes it ``failed`` and counts against its endpoint, which is
+        suspended when the count reaches 50.
+        """
+        async with self._writing, transaction(self.sessions) as session:
+            for claim, outcome in results:
+                values = _result_values(claim, outcome)
+                mine = (WebhookDelivery.id == claim.id, WebhookDelivery.lease_token == claim.token)
+                result = await session.execute(update(WebhookDelivery).where(*mine).values(**values))
+                if result.rowcount != 1:  # type: ignore[attr-defined]
+                    log.warning("webhook_lease_lost", delivery_id=claim.id)
+                    continue
+                if values.get("status") == "failed":
+                    await session.execute(
+                        update(WebhookEndpoint)
+                        .where(WebhookEndpoint.id == claim.endpoint_id)
+                        .values(
+                            failure_count=WebhookEndpoint.failure_count + 1,
+                            active=case(
+                                (WebhookEndpoint.failure_count + 1 >= AUTO_SUSPEND_AT, False),
+                                else_=WebhookEndpoint.active,
+                            ),
+                        )
                     )
-                )
-        log.info(
-            "webhook_attempt",
-            delivery_id=claim.id,
-            endpoint_id=claim.endpoint_id,
-            attempt=attempts,
-            delivered=outcome.delivered,
-            error=outcome.error,
-        )
+        for claim, outcome in results:
+            fields = {
+                "delivery_id": claim.id,
+                "endpoint_id": claim.endpoint_id,
+                "attempt": claim.attempts + 1,
+            }
+            if outcome.delivered:
+                log.debug("webhook_delivered", **fields)
+            elif claim.attempts + 1 >= MAX_ATTEMPTS:
+                log.warning("webhook_failed", error=outcome.error, **fields)
+            else:
+                log.info("webhook_attempt_failed", error=outcome.error, **fields)
+
+    async def record(self, claim: Claim, outcome: Outcome) -> None:
+        await self.record_many([(claim, outcome)])
 
     # one attempt ---------------------------------------------------------------------------------
 
@@ -268,7 +326,7 @@ class DeliveryWorker:
         try:
             signing_key = self.secret_box.open(claim.secret_sealed)
         except ValueError:
-            return Outcome(False, "endpoint secret cannot be decrypted with the configured key")
+            return Outcome(False, self.clock(), "endpoint secret cannot be decrypted with the configured key")
         body = claim.payload.encode()
         timestamp = int(self.clock().timestamp())
         headers = {
@@ -281,18 +339,18 @@ class DeliveryWorker:
         try:
             status = await self.transport.post(claim.url, body, headers)
         except DeliveryFailed as exc:
-            return Outcome(False, str(exc))
+            return Outcome(False, self.clock(), str(exc))
         if 200 <= status < 300:
-            return Outcome(True)
-        return Outcome(False, f"HTTP {status}")
+            return Outcome(True, self.clock())
+        return Outcome(False, self.clock(), f"HTTP {status}")
 
     async def _process(self, claim: Claim) -> None:
         try:
             outcome = await self.attempt(claim)
         except Exception as exc:  # a bug in a transport: count the attempt, keep the worker alive
             log.error("webhook_attempt_crashed", delivery_id=claim.id, exc_info=exc)
-            outcome = Outcome(False, "internal error")
-        await self.record(claim, outcome)
+            outcome = Outcome(False, self.clock(), "internal error")
+        await self._results.submit(claim, outcome)
 
     async def run_once(self) -> int:
         """Claim what is due now (up to ``concurrency``), send it, record it; returns how many."""
@@ -313,7 +371,7 @@ class DeliveryWorker:
     async def cleanup(self) -> int:
         """Retention: finished deliveries after 30 minutes, every delivery after 72 hours."""
         now = self.clock()
-        async with transaction(self.sessions) as session:
+        async with self._writing, transaction(self.sessions) as session:
             result = await session.execute(
                 delete(WebhookDelivery).where(
                     or_(
@@ -375,6 +433,7 @@ class DeliveryWorker:
         for task in list(self._inflight):  # an unfinished attempt is retried after its lease
             task.cancel()
         await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self._results.wait_idle()
         if self._owns_transport:
             await self.transport.aclose()
 
