@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,6 +65,26 @@ async def test_delivery_is_signed_over_the_raw_body_and_carries_the_contract_hea
         assert got.json == {"event": "sandbox.create", "occurredAt": "2026-01-01T00:00:00.000Z", "data": data}
         [row] = await db.deliveries()
         assert (row.status, row.attempts, row.delivered_at is not None) == ("delivered", 1, True)
+
+
+async def test_the_documented_verification_snippet_accepts_a_real_delivery(database_url: str) -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "webhooks.md").read_text()
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", docs, re.S) if "def verify_webhook" in b)
+    namespace: dict[str, Any] = {}
+    exec(snippet, namespace)
+    async with webhook_db(database_url) as db, running_receiver() as receiver:
+        _, secret = await db.endpoint(receiver.url + "/hook")
+        await db.emit("sandbox.create", CREATE_DATA, utcnow())
+        worker = make_worker(db, FakeClock(utcnow()))
+        try:
+            await worker.run_once()
+        finally:
+            await worker.stop()
+    [got] = receiver.received
+    assert namespace["verify_webhook"](secret, got.headers, got.body)
+    assert not namespace["verify_webhook"](secret, got.headers, got.body + b" ")
+    stale = {**got.headers, "x-webhook-timestamp": str(int(got.headers["x-webhook-timestamp"]) - 3600)}
+    assert not namespace["verify_webhook"](secret, stale, got.body)
 
 
 async def test_retries_follow_5s_30s_2min_10min_1h_then_the_delivery_fails(database_url: str) -> None:
