@@ -2,13 +2,19 @@
 
 Imports nothing but httpx, so the control plane can use it without the host agent's dependencies.
 
-    HostAgentError
-    ├── HostUnavailableError      no answer (connection refused, timeout)
+    HostAgentError                .status, .code (the agent's ``error`` field)
+    ├── HostUnavailableError      no answer (connection refused, timeout, dropped stream)
     ├── SandboxMissingError       404 unknown sandbox
     ├── GuestFileNotFoundError    404 file_not_found
     ├── ParentNotFoundError       404 parent_not_found
     ├── IsDirectoryError          400 is_directory
-    └── BadStateError             409 (the sandbox is not in a state for this)
+    ├── BadPathError              400 bad_path
+    ├── UnknownImageError         400 unknown_image (not in the catalog, or not buildable on that host)
+    ├── BadStateError             409 (the sandbox is not in a state for this; or the id already exists)
+    └── InsufficientCapacityError 507 (no memory, addresses or disk left on that host)
+
+Any other answer (400 bad_request, 401, 500 sandbox_failed …) is a plain ``HostAgentError`` with its
+``status`` and ``code``.
 """
 
 from __future__ import annotations
@@ -44,11 +50,23 @@ class ParentNotFoundError(HostAgentError):
     pass
 
 
-class IsDirectoryError(HostAgentError):  # noqa: A001 - named after the guest's error
+class IsDirectoryError(HostAgentError):
     pass
 
 
 class BadStateError(HostAgentError):
+    pass
+
+
+class BadPathError(HostAgentError):
+    pass
+
+
+class UnknownImageError(HostAgentError):
+    pass
+
+
+class InsufficientCapacityError(HostAgentError):
     pass
 
 
@@ -57,7 +75,11 @@ _BY_CODE: dict[str, type[HostAgentError]] = {
     "parent_not_found": ParentNotFoundError,
     "is_directory": IsDirectoryError,
     "sandbox_not_found": SandboxMissingError,
+    "bad_path": BadPathError,
+    "unknown_image": UnknownImageError,
 }
+# Creating or forking may first build the image (minutes for devbox:1); the agent answers when booted.
+_CREATE_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
 
 
 def _error_for(resp: httpx.Response, body: bytes) -> HostAgentError:
@@ -70,7 +92,9 @@ def _error_for(resp: httpx.Response, body: bytes) -> HostAgentError:
         pass
     cls = _BY_CODE.get(code or "")
     if cls is None:
-        cls = {404: SandboxMissingError, 409: BadStateError}.get(resp.status_code, HostAgentError)
+        cls = {404: SandboxMissingError, 409: BadStateError, 507: InsufficientCapacityError}.get(
+            resp.status_code, HostAgentError
+        )
     return cls(message, status=resp.status_code, code=code)
 
 
@@ -85,6 +109,12 @@ class HostAgentClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    async def __aenter__(self) -> HostAgentClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -103,7 +133,10 @@ class HostAgentClient:
         return dict(await self._json("GET", "info"))
 
     async def create_sandbox(self, **spec: Any) -> dict[str, Any]:
-        return dict(await self._json("POST", "sandboxes", json=spec))
+        """``spec``: id, name, rootfs, vcpu, mem_mib, cpu_quota_pct, disk_mib, start_paused.
+
+        Returns ``{id, ip, spawn_ms, status}`` once the sandbox's guest agent answers."""
+        return dict(await self._json("POST", "sandboxes", json=spec, timeout=_CREATE_TIMEOUT))
 
     async def list_sandboxes(self) -> list[dict[str, Any]]:
         return list(await self._json("GET", "sandboxes"))
@@ -117,9 +150,13 @@ class HostAgentClient:
     async def resume_sandbox(self, sandbox_id: str) -> dict[str, Any]:
         return dict(await self._json("POST", self._sb(sandbox_id, "resume")))
 
-    async def fork_sandbox(self, sandbox_id: str, *, new_id: str, name: str, start_paused: bool) -> dict[str, Any]:
+    async def fork_sandbox(
+        self, sandbox_id: str, *, new_id: str, name: str, start_paused: bool
+    ) -> dict[str, Any]:
         body = {"new_id": new_id, "name": name, "start_paused": start_paused}
-        return dict(await self._json("POST", self._sb(sandbox_id, "fork"), json=body))
+        return dict(
+            await self._json("POST", self._sb(sandbox_id, "fork"), json=body, timeout=_CREATE_TIMEOUT)
+        )
 
     async def resize_sandbox(self, sandbox_id: str, disk_mib: int) -> dict[str, Any]:
         return dict(await self._json("POST", self._sb(sandbox_id, "resize"), json={"disk_mib": disk_mib}))
@@ -138,7 +175,9 @@ class HostAgentClient:
         cwd: str | None = None,
     ) -> dict[str, Any]:
         body = {"cmd": cmd, "args": args, "env": env, "stdin": stdin, "cwd": cwd, "stream": False}
-        return dict(await self._json("POST", self._sb(sandbox_id, "exec"), json=body))
+        # A command may run for as long as it likes; only connecting is bounded.
+        timeout = httpx.Timeout(None, connect=5.0)
+        return dict(await self._json("POST", self._sb(sandbox_id, "exec"), json=body, timeout=timeout))
 
     async def exec_stream(
         self,
@@ -165,7 +204,9 @@ class HostAgentClient:
             raise HostUnavailableError(str(exc) or type(exc).__name__) from exc
 
     async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
-        return dict(await self._json("PUT", self._sb(sandbox_id, "files"), params={"path": path}, content=chunks))
+        return dict(
+            await self._json("PUT", self._sb(sandbox_id, "files"), params={"path": path}, content=chunks)
+        )
 
     async def download(self, sandbox_id: str, path: str) -> tuple[int | None, AsyncIterator[bytes]]:
         """Open a download: returns (size, chunks). Errors are raised before any byte is returned."""

@@ -1,0 +1,148 @@
+"""The host agent's ASGI app: wiring in the lifespan, bearer-token auth, one error handler.
+
+    app = create_app(HostAgentSettings(token=...))
+
+Start-up prepares the host (cgroups, forwarding, nftables), builds the guest agent if its binary is
+missing or stale, re-adopts the sandboxes recorded in the state directory, fills the warm pool and
+starts the heartbeat. Shutdown stops the background work and leaves every sandbox running for the
+next agent process to adopt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hmac
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import IO, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from paddock_core.logging import get_logger
+from paddock_hostagent import errors
+from paddock_hostagent.drivers import storage
+from paddock_hostagent.drivers.network import NetworkManager
+from paddock_hostagent.drivers.oci import OciOptions, OciRuntime
+from paddock_hostagent.guest.build import ensure_agent_binary
+from paddock_hostagent.host import prepare_host
+from paddock_hostagent.images import ImageStore
+from paddock_hostagent.records import RecordStore
+from paddock_hostagent.registrar import Registrar
+from paddock_hostagent.routes import router
+from paddock_hostagent.sandboxes import SandboxManager
+from paddock_hostagent.settings import HostAgentSettings
+
+log = get_logger(__name__)
+
+
+class StateDirBusyError(RuntimeError):
+    """Another host agent process holds this state directory."""
+
+
+def lock_state_dir(settings: HostAgentSettings) -> IO[str]:
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(settings.state_dir / "agent.lock", "w")  # noqa: SIM115 - held for the app's lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        handle.close()
+        raise StateDirBusyError(f"another host agent is using {settings.state_dir}") from exc
+    return handle
+
+
+async def build_manager(settings: HostAgentSettings) -> SandboxManager:
+    network = NetworkManager(
+        settings.subnet, settings.state_dir / "network", settings.nft_table, settings.dns_servers
+    )
+    facts = await asyncio.to_thread(prepare_host, settings.runtime, network)
+    guest_binary = await asyncio.to_thread(ensure_agent_binary, settings.state_dir / "guest")
+    runtime = OciRuntime(
+        OciOptions(
+            state_dir=settings.state_dir,
+            runtime=facts.runtime,
+            guest_binary=guest_binary,
+            network=network,
+            filesystem=storage.choose_filesystem(settings.disk_fs),
+            pool_size=settings.pool_size,
+            pool_disk_mib=settings.pool_disk_mib,
+            boot_timeout_s=settings.boot_timeout_s,
+            runtime_root=settings.runtime_root,
+        )
+    )
+    manager = SandboxManager(
+        settings, runtime, ImageStore.from_settings(settings), RecordStore(settings.state_dir / "sandboxes")
+    )
+    manager.runtime_label = facts.runtime
+    await manager.start()
+    return manager
+
+
+def create_app(settings: HostAgentSettings) -> FastAPI:
+    token = settings.require_token().get_secret_value().encode()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        lock = lock_state_dir(settings)
+        try:
+            manager = await build_manager(settings)
+            registrar = Registrar(settings, manager)
+            app.state.manager = manager
+            app.state.registrar = registrar
+            registrar.start()
+            log.info(
+                "host_agent_started",
+                host_id=settings.id,
+                runtime=manager.runtime_label,
+                sandboxes=len(manager.list()),
+            )
+            try:
+                yield
+            finally:
+                await registrar.stop()
+                await manager.close()
+        finally:
+            lock.close()
+
+    async def require_token(request: Request) -> None:
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token):
+            raise errors.Unauthorized("missing or invalid bearer token")
+
+    app = FastAPI(title="Paddock host agent", version="1", lifespan=lifespan)
+    app.include_router(router, dependencies=[Depends(require_token)])
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.exception_handler(errors.HostAgentServerError)
+    async def domain_error(request: Request, exc: errors.HostAgentServerError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return _error(400, "bad_request", reasons or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        request_id = uuid.uuid4().hex[:12]
+        log.error("unhandled_error", request_id=request_id, path=request.url.path, exc_info=exc)
+        return _error(500, "internal", f"internal error (request {request_id})")
+
+    return app
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    body: dict[str, Any] = {"error": code, "message": message}
+    return JSONResponse(body, status_code=status)

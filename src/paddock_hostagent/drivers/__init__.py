@@ -1,0 +1,1 @@
+"""Runtime drivers: the ``SandboxRuntime`` interface (``base``) and its OCI implementation (``oci``)."""

@@ -1,0 +1,170 @@
+"""The runtime interface every sandbox driver implements, its records and its error tree.
+
+A driver turns a ``SandboxSpec`` into something running on this machine and back. Everything a caller
+does *inside* a sandbox (exec, file transfer, activity) goes through the guest agent channel that the
+driver hands out with ``guest()``: a unix socket for the OCI driver, a vsock-backed unix socket for a
+future microVM driver. Drivers persist nothing themselves; they return a ``SandboxRecord`` whose
+``driver_state`` holds what they need to find the sandbox again after a host agent restart, and the
+caller stores it.
+
+    DriverError
+    ├── CommandFailedError       a host tool (runtime, mount, losetup, nft …) failed
+    ├── CapacityError            out of addresses or disk space on this host
+    ├── BootError                the sandbox started but its guest agent never answered
+    ├── NotRunningError          the operation needs a live sandbox and this one has stopped
+    └── UnsupportedError         the host cannot do this (for example grow a disk online)
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from paddock_hostagent.guest import GuestClient
+
+
+class DriverError(Exception):
+    """Root of the errors drivers raise."""
+
+
+class CommandFailedError(DriverError):
+    def __init__(self, argv: list[str], returncode: int, stderr: str) -> None:
+        self.argv = argv
+        self.returncode = returncode
+        self.stderr = stderr
+        super().__init__(f"{argv[0]} exited with {returncode}: {stderr.strip()[-500:]}")
+
+
+class CapacityError(DriverError):
+    pass
+
+
+class BootError(DriverError):
+    pass
+
+
+class NotRunningError(DriverError):
+    pass
+
+
+class UnsupportedError(DriverError):
+    pass
+
+
+class RuntimeState(StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class Shape:
+    vcpu: int
+    mem_mib: int
+    disk_mib: int
+    cpu_quota_pct: int | None = None
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    id: str
+    name: str
+    image: str
+    rootfs: Path  # the image's read-only root filesystem
+    shape: Shape
+
+
+@dataclass
+class SandboxRecord:
+    """What the host agent keeps about one sandbox; saved as JSON, reloaded on restart."""
+
+    id: str
+    name: str
+    image: str
+    vcpu: int
+    mem_mib: int
+    disk_mib: int
+    cpu_quota_pct: int | None
+    ip: str
+    state: RuntimeState
+    driver: str
+    driver_state: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+    last_activity_at: float = field(default_factory=time.time)
+    forked_from: str | None = None
+    spawn_ms: float = 0.0
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.vcpu, self.mem_mib, self.disk_mib, self.cpu_quota_pct)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["state"] = self.state.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SandboxRecord:
+        known = {name for name in cls.__dataclass_fields__}
+        values = {key: value for key, value in data.items() if key in known}
+        values["state"] = RuntimeState(values["state"])
+        return cls(**values)
+
+
+class SandboxRuntime(ABC):
+    """One way of running sandboxes on this machine (OCI containers today, microVMs later)."""
+
+    name: str
+
+    @abstractmethod
+    async def start(self, records: list[SandboxRecord]) -> dict[str, RuntimeState]:
+        """Prepares the host, re-adopts ``records`` (sandboxes an earlier agent process started),
+        reclaims leftovers that belong to none of them, and starts background work (warm pool).
+
+        Returns each record's live state; a sandbox that did not survive is ``STOPPED``.
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stops background work. Sandboxes keep running and are re-adopted by the next agent."""
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec, *, start_paused: bool = False) -> SandboxRecord:
+        """Boots a sandbox; returns once its guest agent answers (and it is frozen, if asked)."""
+
+    @abstractmethod
+    async def fork(
+        self, source: SandboxRecord, spec: SandboxSpec, *, start_paused: bool = False
+    ) -> SandboxRecord:
+        """Boots a new sandbox from a copy of ``source``'s disk; the source keeps its state."""
+
+    @abstractmethod
+    async def pause(self, record: SandboxRecord) -> None:
+        """Freezes every process; memory and disk are kept."""
+
+    @abstractmethod
+    async def resume(self, record: SandboxRecord) -> None: ...
+
+    @abstractmethod
+    async def resize(self, record: SandboxRecord, disk_mib: int) -> None:
+        """Grows the writable disk to ``disk_mib`` while the sandbox runs (grow only)."""
+
+    @abstractmethod
+    async def destroy(self, record: SandboxRecord) -> None:
+        """Kills and removes everything the sandbox holds; safe to call again or on a half-made one."""
+
+    @abstractmethod
+    def probe(self, record: SandboxRecord) -> RuntimeState:
+        """The sandbox's live state, cheaply (no guest round trip)."""
+
+    @abstractmethod
+    def guest(self, record: SandboxRecord) -> GuestClient:
+        """The channel to the sandbox's guest agent (exec, files, activity)."""
+
+    @abstractmethod
+    def oom_kills(self, record: SandboxRecord) -> int:
+        """How many processes the sandbox's memory limit has killed so far."""

@@ -1,0 +1,136 @@
+"""Sandbox cgroups on a cgroup-v1 (hybrid) host: placement under the agent's own group, freezing,
+OOM accounting and removal.
+
+The OCI runtimes take one ``cgroupsPath`` for every hierarchy. A relative path lands at each
+hierarchy's root under crun (runc nests it under its own group), which would take sandboxes out of the
+agent's memory accounting. So the driver gives both runtimes an absolute path built from the agent's
+own group, preferring the memory hierarchy's (the one that accounts for the machine's RAM):
+``<agent's memory cgroup>/paddock/<sandbox id>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_PREFERRED_PARENTS = ("memory", "pids", "cpu")
+
+
+@dataclass(frozen=True)
+class CgroupLayout:
+    """The agent's place in each hierarchy (``/proc/self/cgroup``) and where sandboxes go."""
+
+    own_paths: dict[str, str]
+    root: Path = CGROUP_ROOT
+
+    @classmethod
+    def discover(
+        cls, proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
+    ) -> CgroupLayout:
+        own: dict[str, str] = {}
+        for line in proc_cgroup.read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") if controllers else ["unified"]:
+                own[controller.removeprefix("name=")] = path
+        return cls(own, root)
+
+    @property
+    def parent(self) -> str:
+        for controller in _PREFERRED_PARENTS:
+            path = self.own_paths.get(controller, "/")
+            if path not in ("", "/"):
+                return path.rstrip("/")
+        return ""
+
+    def sandbox_path(self, sandbox_id: str) -> str:
+        return f"{self.parent}/paddock/{sandbox_id}"
+
+
+class SandboxCgroup:
+    """One sandbox's groups, addressed by the absolute ``cgroupsPath`` the runtime was given."""
+
+    def __init__(self, path: str, root: Path = CGROUP_ROOT) -> None:
+        self.path = path
+        self.root = root
+
+    def dir(self, hierarchy: str) -> Path:
+        return self.root / hierarchy / self.path.lstrip("/")
+
+    # -- freezer --------------------------------------------------------------------------------
+
+    def freeze(self, timeout_s: float = 5.0) -> None:
+        state = self.dir("freezer") / "freezer.state"
+        state.write_text("FROZEN")
+        deadline = time.monotonic() + timeout_s
+        while state.read_text().strip() != "FROZEN":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cgroup {self.path} did not freeze within {timeout_s}s")
+            state.write_text("FROZEN")
+            time.sleep(0.0002)
+
+    def thaw(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.dir("freezer") / "freezer.state").write_text("THAWED")
+
+    def is_frozen(self) -> bool:
+        try:
+            return (self.dir("freezer") / "freezer.state").read_text().strip() in ("FROZEN", "FREEZING")
+        except FileNotFoundError:
+            return False
+
+    # -- accounting -----------------------------------------------------------------------------
+
+    def oom_kills(self) -> int:
+        """Processes killed by this group's memory limit (``oom_kill`` in memory.oom_control)."""
+        try:
+            text = (self.dir("memory") / "memory.oom_control").read_text()
+        except FileNotFoundError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def memory_usage_bytes(self) -> int:
+        try:
+            return int((self.dir("memory") / "memory.usage_in_bytes").read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def pids(self) -> list[int]:
+        try:
+            text = (self.dir("pids") / "cgroup.procs").read_text()
+        except FileNotFoundError:
+            return []
+        return [int(pid) for pid in text.split()]
+
+    def exists(self) -> bool:
+        return self.dir("memory").is_dir() or self.dir("pids").is_dir()
+
+    # -- removal --------------------------------------------------------------------------------
+
+    def remove(self) -> None:
+        """Removes the group from every hierarchy (it must be empty); missing groups are fine."""
+        for hierarchy in self._hierarchies():
+            directory = self.dir(hierarchy)
+            for attempt in range(50):
+                try:
+                    os.rmdir(directory)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if attempt == 49:
+                        raise
+                    time.sleep(0.01)
+
+    def _hierarchies(self) -> list[str]:
+        try:
+            return sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
+        except FileNotFoundError:
+            return []

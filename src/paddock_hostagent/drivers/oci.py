@@ -1,0 +1,317 @@
+"""The OCI driver: sandboxes as crun or runc containers on an overlay of the image and a loop disk.
+
+Create: take a warm slot (disk + netns), write /etc identity files into the upper layer, mount the
+overlay, write ``config.json``, bind the guest agent's socket and start the runtime with that socket as
+fd 3; return once the guest agent answers.
+
+Pause and resume freeze the cgroup v1 freezer directly (well under a millisecond). Fork freezes the
+source, freezes its filesystem (FIFREEZE) for a consistent image, copies the disk image sparsely and
+boots a new container from the copy: **files carry over, processes do not** (CRIU does not work on
+this kernel); a paused source stays paused.
+
+Destroy kills the container's init (its pid namespace dies with it), deletes the runtime state,
+unmounts, detaches the loop device and removes the netns, veth, cgroups and files. Every step tolerates
+having been done before, so destroy is idempotent and also cleans up half-created sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from paddock_core.logging import get_logger
+from paddock_hostagent.drivers import mounts, processes, storage
+from paddock_hostagent.drivers.base import (
+    BootError,
+    CommandFailedError,
+    DriverError,
+    NotRunningError,
+    RuntimeState,
+    SandboxRecord,
+    SandboxRuntime,
+    SandboxSpec,
+)
+from paddock_hostagent.drivers.cgroups import CgroupLayout, SandboxCgroup
+from paddock_hostagent.drivers.commands import run
+from paddock_hostagent.drivers.network import NetworkManager
+from paddock_hostagent.drivers.ocispec import BundleSpec, runtime_config, write_identity_files
+from paddock_hostagent.drivers.pool import Slot, SlotFactory, WarmPool
+from paddock_hostagent.guest import GuestClient, GuestError
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class OciOptions:
+    state_dir: Path
+    runtime: str  # "crun" or "runc"
+    guest_binary: Path
+    network: NetworkManager
+    filesystem: storage.Filesystem
+    pool_size: int = 2
+    pool_disk_mib: int = 10240
+    boot_timeout_s: float = 10.0
+    runtime_root: Path = Path("/run/paddock")
+
+
+@dataclass
+class _Handle:
+    """The OCI part of a record's ``driver_state``."""
+
+    slot: Slot
+    runtime: str
+    cgroups_path: str
+    init_pid: int = 0
+    init_ticks: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "slot": self.slot.to_json(),
+            "runtime": self.runtime,
+            "cgroups_path": self.cgroups_path,
+            "init_pid": self.init_pid,
+            "init_ticks": self.init_ticks,
+        }
+
+    @classmethod
+    def of(cls, record: SandboxRecord) -> _Handle:
+        data = record.driver_state
+        return cls(
+            Slot.from_json(data["slot"]),
+            data["runtime"],
+            data["cgroups_path"],
+            data["init_pid"],
+            data["init_ticks"],
+        )
+
+
+class OciRuntime(SandboxRuntime):
+    name = "oci"
+
+    def __init__(self, options: OciOptions) -> None:
+        self.options = options
+        self.layout = CgroupLayout.discover()
+        self.factory = SlotFactory(options.state_dir / "slots", options.network, options.filesystem)
+        self.pool = WarmPool(self.factory, options.pool_size, options.pool_disk_mib)
+        self._binaries = {name: shutil.which(name) or name for name in ("crun", "runc")}
+
+    # -- lifecycle of the driver ----------------------------------------------------------------
+
+    async def start(self, records: list[SandboxRecord]) -> dict[str, RuntimeState]:
+        states = {record.id: self.probe(record) for record in records if record.driver == self.name}
+        owned = {_Handle.of(record).slot.id for record in records if record.driver == self.name}
+        for slot in self.factory.load_all():
+            if slot.id not in owned:
+                log.info("reclaiming_orphan_slot", slot=slot.id)
+                await self.factory.destroy(slot)
+        self.pool.start()
+        return states
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    # -- create, fork ---------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec, *, start_paused: bool = False) -> SandboxRecord:
+        slot, _ = await self.pool.take(spec.shape.disk_mib)
+        handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
+        record = self._record(spec, handle)
+        try:
+            if slot.disk_mib < spec.shape.disk_mib:
+                await storage.grow(slot.disk, spec.shape.disk_mib)
+                slot.disk_mib = spec.shape.disk_mib
+            await self._boot(spec, handle, record, start_paused=start_paused)
+        except BaseException:
+            await self._destroy_handle(spec.id, handle)
+            raise
+        return record
+
+    async def fork(
+        self, source: SandboxRecord, spec: SandboxSpec, *, start_paused: bool = False
+    ) -> SandboxRecord:
+        source_handle = _Handle.of(source)
+        if self.probe(source) == RuntimeState.STOPPED:
+            raise NotRunningError(f"sandbox {source.id} is not running")
+        slot = await self.pool.take_without_disk()
+        handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
+        record = self._record(spec, handle)
+        record.forked_from = source.id
+        try:
+            await self._copy_disk(source_handle, slot)
+            slot.disk_mib = source.disk_mib
+            slot.disk.fs = source_handle.slot.disk.fs
+            await storage.attach(slot.disk)
+            slot.save()
+            await self._boot(spec, handle, record, start_paused=start_paused)
+        except BaseException:
+            await self._destroy_handle(spec.id, handle)
+            raise
+        return record
+
+    async def _copy_disk(self, source: _Handle, slot: Slot) -> None:
+        cgroup = SandboxCgroup(source.cgroups_path)
+        was_frozen = cgroup.is_frozen()
+        if not was_frozen:
+            await self._freeze(cgroup)
+        try:
+            mounts.freeze_filesystem(source.slot.disk.mount_dir)
+            try:
+                await storage.copy_image(source.slot.disk.image_path, slot.disk.image_path)
+            finally:
+                mounts.thaw_filesystem(source.slot.disk.mount_dir)
+        finally:
+            if not was_frozen:
+                cgroup.thaw()
+
+    def _record(self, spec: SandboxSpec, handle: _Handle) -> SandboxRecord:
+        shape = spec.shape
+        return SandboxRecord(
+            id=spec.id,
+            name=spec.name,
+            image=spec.image,
+            vcpu=shape.vcpu,
+            mem_mib=shape.mem_mib,
+            disk_mib=shape.disk_mib,
+            cpu_quota_pct=shape.cpu_quota_pct,
+            ip=handle.slot.network.ip,
+            state=RuntimeState.RUNNING,
+            driver=self.name,
+            driver_state=handle.to_json(),
+        )
+
+    async def _boot(
+        self, spec: SandboxSpec, handle: _Handle, record: SandboxRecord, *, start_paused: bool
+    ) -> None:
+        slot = handle.slot
+        write_identity_files(
+            slot.disk.upper_dir,
+            hostname=spec.name,
+            ip=slot.network.ip,
+            resolv_conf=self.options.network.resolv_conf(),
+        )
+        mounts.mount_overlay(spec.rootfs, slot.disk.upper_dir, slot.disk.work_dir, slot.rootfs_dir)
+        bundle = BundleSpec(
+            hostname=spec.name,
+            shape=spec.shape,
+            cgroups_path=handle.cgroups_path,
+            netns_path=slot.network.netns_path,
+            guest_binary=self.options.guest_binary,
+        )
+        (slot.bundle_dir / "config.json").write_text(json.dumps(runtime_config(bundle)))
+        await self._run_container(spec.id, handle)
+        record.driver_state = handle.to_json()
+        try:
+            await self.guest(record).wait_ready(self.options.boot_timeout_s)
+        except GuestError as exc:
+            raise BootError(f"guest agent of {spec.id} did not answer: {exc}") from exc
+        if start_paused:
+            await self._freeze(SandboxCgroup(handle.cgroups_path))
+            record.state = RuntimeState.PAUSED
+
+    async def _run_container(self, sandbox_id: str, handle: _Handle) -> None:
+        slot = handle.slot
+        slot.socket_path.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(slot.socket_path))
+            listener.listen(128)
+            pid_file = slot.dir / "init.pid"
+            pid_file.unlink(missing_ok=True)
+            argv = [*self._runtime_argv(handle.runtime), "run", "-d", "--pid-file", str(pid_file)]
+            argv += ["--preserve-fds", "1", "-b", str(slot.bundle_dir), sandbox_id]
+            log_path = slot.dir / "runtime.log"
+            pid = processes.spawn(argv, stderr_path=log_path, pass_fd_as_3=listener.fileno())
+            code = await processes.wait_child(pid)
+        finally:
+            listener.close()  # the container holds its own copy
+        if code != 0:
+            tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+            raise CommandFailedError(argv, code, tail)
+        handle.init_pid = int(pid_file.read_text().strip())
+        handle.init_ticks = processes.start_ticks(handle.init_pid) or 0
+
+    def _runtime_argv(self, runtime: str) -> list[str]:
+        argv = [self._binaries[runtime], "--root", str(self.options.runtime_root / runtime)]
+        if runtime == "crun":
+            argv.append("--cgroup-manager=cgroupfs")
+        return argv
+
+    # -- pause, resume, resize ------------------------------------------------------------------
+
+    async def pause(self, record: SandboxRecord) -> None:
+        self._require_alive(record)
+        await self._freeze(SandboxCgroup(_Handle.of(record).cgroups_path))
+
+    async def resume(self, record: SandboxRecord) -> None:
+        self._require_alive(record)
+        SandboxCgroup(_Handle.of(record).cgroups_path).thaw()
+
+    async def resize(self, record: SandboxRecord, disk_mib: int) -> None:
+        handle = _Handle.of(record)
+        self._require_alive(record)
+        await storage.grow(handle.slot.disk, disk_mib)
+        handle.slot.disk_mib = disk_mib
+        handle.slot.save()
+        record.driver_state = handle.to_json()
+
+    @staticmethod
+    async def _freeze(cgroup: SandboxCgroup, timeout_s: float = 10.0) -> None:
+        state = cgroup.dir("freezer") / "freezer.state"
+        state.write_text("FROZEN")
+        deadline = time.monotonic() + timeout_s
+        while state.read_text().strip() != "FROZEN":
+            if time.monotonic() > deadline:
+                cgroup.thaw()
+                raise DriverError(f"cgroup {cgroup.path} did not freeze within {timeout_s:.0f}s")
+            await asyncio.sleep(0.0002)
+            state.write_text("FROZEN")
+
+    def _require_alive(self, record: SandboxRecord) -> None:
+        if self.probe(record) == RuntimeState.STOPPED:
+            raise NotRunningError(f"sandbox {record.id} has stopped")
+
+    # -- destroy --------------------------------------------------------------------------------
+
+    async def destroy(self, record: SandboxRecord) -> None:
+        await self._destroy_handle(record.id, _Handle.of(record))
+
+    async def _destroy_handle(self, sandbox_id: str, handle: _Handle) -> None:
+        cgroup = SandboxCgroup(handle.cgroups_path)
+        if processes.is_same_process(handle.init_pid, handle.init_ticks):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.init_pid, signal.SIGKILL)
+        cgroup.thaw()  # a frozen task cannot die
+        if handle.init_pid:
+            await processes.wait_gone(handle.init_pid, handle.init_ticks, timeout_s=10)
+        for pid in cgroup.pids():  # stragglers that escaped the pid namespace's teardown
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await run([*self._runtime_argv(handle.runtime), "delete", "-f", sandbox_id], check=False)
+        with contextlib.suppress(OSError):
+            cgroup.remove()
+        mounts.unmount(handle.slot.rootfs_dir)
+        await self.factory.destroy(handle.slot)
+
+    # -- observation ----------------------------------------------------------------------------
+
+    def probe(self, record: SandboxRecord) -> RuntimeState:
+        handle = _Handle.of(record)
+        if not processes.is_same_process(handle.init_pid, handle.init_ticks):
+            return RuntimeState.STOPPED
+        if SandboxCgroup(handle.cgroups_path).is_frozen():
+            return RuntimeState.PAUSED
+        return RuntimeState.RUNNING
+
+    def guest(self, record: SandboxRecord) -> GuestClient:
+        return GuestClient(_Handle.of(record).slot.socket_path)
+
+    def oom_kills(self, record: SandboxRecord) -> int:
+        return SandboxCgroup(_Handle.of(record).cgroups_path).oom_kills()

@@ -1,0 +1,171 @@
+"""The OCI runtime configuration (``config.json``) of a sandbox and the files it rewrites in /etc."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paddock_hostagent.drivers.base import Shape
+from paddock_hostagent.drivers.seccomp import default_profile
+
+GUEST_AGENT_PATH = "/run/paddock-guest"
+GUEST_LISTEN_FD = 3
+CPU_PERIOD_US = 100_000
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Docker's default capability set.
+DEFAULT_CAPABILITIES = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+]
+
+MASKED_PATHS = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+]
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+
+@dataclass(frozen=True)
+class BundleSpec:
+    hostname: str
+    shape: Shape
+    cgroups_path: str
+    netns_path: Path
+    guest_binary: Path
+    pids_limit: int = 4096
+
+
+def cpu_quota_us(shape: Shape) -> int:
+    """``cpu_quota_pct`` is a percent of one CPU; without it the sandbox gets ``vcpu`` whole CPUs."""
+    if shape.cpu_quota_pct:
+        return CPU_PERIOD_US * shape.cpu_quota_pct // 100
+    return CPU_PERIOD_US * max(shape.vcpu, 1)
+
+
+def runtime_config(spec: BundleSpec) -> dict[str, Any]:
+    memory_bytes = spec.shape.mem_mib << 20
+    capabilities = list(DEFAULT_CAPABILITIES)
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": [GUEST_AGENT_PATH, "--fd", str(GUEST_LISTEN_FD)],
+            "env": [f"PATH={DEFAULT_PATH}", "HOME=/root", "container=paddock"],
+            "cwd": "/",
+            "capabilities": {
+                "bounding": capabilities,
+                "effective": capabilities,
+                "permitted": capabilities,
+            },
+            "noNewPrivileges": False,
+        },
+        "root": {"path": "rootfs", "readonly": False},
+        "hostname": spec.hostname,
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {
+                "destination": "/dev",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+            },
+            {
+                "destination": "/dev/pts",
+                "type": "devpts",
+                "source": "devpts",
+                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+            },
+            {
+                "destination": "/dev/shm",
+                "type": "tmpfs",
+                "source": "shm",
+                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=262144k"],
+            },
+            {
+                "destination": "/dev/mqueue",
+                "type": "mqueue",
+                "source": "mqueue",
+                "options": ["nosuid", "noexec", "nodev"],
+            },
+            {
+                "destination": "/sys",
+                "type": "sysfs",
+                "source": "sysfs",
+                "options": ["nosuid", "noexec", "nodev", "ro"],
+            },
+            {
+                "destination": GUEST_AGENT_PATH,
+                "type": "bind",
+                "source": str(spec.guest_binary),
+                "options": ["bind", "ro", "nosuid", "nodev"],
+            },
+        ],
+        "linux": {
+            "cgroupsPath": spec.cgroups_path,
+            "resources": {
+                "devices": [{"allow": False, "access": "rwm"}],
+                "memory": {"limit": memory_bytes, "swap": memory_bytes},
+                "cpu": {"quota": cpu_quota_us(spec.shape), "period": CPU_PERIOD_US},
+                "pids": {"limit": spec.pids_limit},
+            },
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "ipc"},
+                {"type": "uts"},
+                {"type": "mount"},
+                {"type": "network", "path": str(spec.netns_path)},
+            ],
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": READONLY_PATHS,
+            "seccomp": default_profile(),
+        },
+    }
+
+
+def write_identity_files(upper_dir: Path, *, hostname: str, ip: str, resolv_conf: str) -> None:
+    """Writes /etc/hostname, /etc/hosts and /etc/resolv.conf into the overlay's upper layer.
+
+    Only while the overlay is not mounted; the sandbox may edit them afterwards like any other file.
+    """
+    etc = upper_dir / "etc"
+    etc.mkdir(mode=0o755, exist_ok=True)
+    hosts = (
+        "127.0.0.1\tlocalhost\n"
+        "::1\tlocalhost ip6-localhost ip6-loopback\n"
+        "ff02::1\tip6-allnodes\n"
+        "ff02::2\tip6-allrouters\n"
+        f"{ip}\t{hostname}\n"
+    )
+    for name, content in (("hostname", hostname + "\n"), ("hosts", hosts), ("resolv.conf", resolv_conf)):
+        path = etc / name
+        if path.is_symlink():
+            path.unlink()
+        tmp = etc / f".{name}.paddock"
+        tmp.write_text(content)
+        os.chmod(tmp, 0o644)
+        tmp.replace(path)

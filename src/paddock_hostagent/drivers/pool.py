@@ -1,0 +1,199 @@
+"""Warm pool of sandbox slots: everything about a sandbox that does not depend on its image.
+
+A slot is a directory (``<state>/slots/<slot id>``) with a formatted disk image attached to a loop
+device and mounted, plus a network namespace with its veth pair and address. Preparing one takes
+~100 ms (mkfs, loop, mount, netns); a create that finds one ready only mounts the overlay and starts
+the runtime. The pool refills in the background, one slot at a time.
+
+A slot's ``slot.json`` records its parts, so an agent restart can find and remove slots that no
+sandbox owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paddock_core.logging import get_logger
+from paddock_hostagent.drivers import storage
+from paddock_hostagent.drivers.base import DriverError
+from paddock_hostagent.drivers.network import NetworkManager, SandboxNetwork
+from paddock_hostagent.drivers.storage import Disk, Filesystem
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Slot:
+    id: str
+    dir: Path
+    network: SandboxNetwork
+    disk: Disk
+    disk_mib: int
+
+    @property
+    def bundle_dir(self) -> Path:
+        return self.dir
+
+    @property
+    def rootfs_dir(self) -> Path:
+        return self.dir / "rootfs"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.dir / "guest.sock"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "dir": str(self.dir),
+            "ip": self.network.ip,
+            "gateway": self.network.gateway,
+            "disk_image": str(self.disk.image_path),
+            "disk_mount": str(self.disk.mount_dir),
+            "fs": self.disk.fs,
+            "loop_device": self.disk.loop_device,
+            "disk_mib": self.disk_mib,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Slot:
+        network = SandboxNetwork(slot=data["id"], ip=data["ip"], gateway=data["gateway"])
+        disk = Disk(Path(data["disk_image"]), Path(data["disk_mount"]), data["fs"], data["loop_device"])
+        return cls(data["id"], Path(data["dir"]), network, disk, int(data["disk_mib"]))
+
+    def save(self) -> None:
+        tmp = self.dir / "slot.json.tmp"
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(self.dir / "slot.json")
+
+
+class SlotFactory:
+    def __init__(self, slots_dir: Path, network: NetworkManager, fs: Filesystem) -> None:
+        self.slots_dir = slots_dir
+        self.network = network
+        self.fs = fs
+
+    async def build(self, disk_mib: int, *, with_disk: bool = True) -> Slot:
+        slot_id = secrets.token_hex(4)
+        slot_dir = self.slots_dir / slot_id
+        slot_dir.mkdir(parents=True)
+        disk = Disk(slot_dir / "disk.img", slot_dir / "disk", self.fs)
+        network = SandboxNetwork(slot=slot_id, ip="", gateway=self.network.gateway)
+        slot = Slot(slot_id, slot_dir, network, disk, disk_mib)
+        try:
+            if with_disk:
+                await storage.format_image(disk.image_path, disk_mib, self.fs)
+                await storage.attach(disk)
+            slot.network = await asyncio.to_thread(self.network.create, slot_id)
+            slot.rootfs_dir.mkdir()
+            slot.save()
+        except BaseException:
+            await self.destroy(slot)
+            raise
+        return slot
+
+    async def destroy(self, slot: Slot) -> None:
+        """Removes every part of the slot; parts already gone are skipped."""
+        await storage.detach(slot.disk)
+        from paddock_hostagent.drivers import mounts
+
+        mounts.unmount(slot.rootfs_dir)
+        if slot.network.ip:
+            await asyncio.to_thread(self.network.destroy, slot.network)
+        shutil.rmtree(slot.dir, ignore_errors=True)
+
+    def load_all(self) -> list[Slot]:
+        slots: list[Slot] = []
+        if not self.slots_dir.is_dir():
+            return slots
+        for entry in sorted(self.slots_dir.iterdir()):
+            try:
+                slots.append(Slot.from_json(json.loads((entry / "slot.json").read_text())))
+            except (OSError, ValueError, KeyError):
+                # A slot whose build was interrupted before it saved: clean what can be found.
+                disk = Disk(entry / "disk.img", entry / "disk", self.fs)
+                slots.append(
+                    Slot(entry.name, entry, SandboxNetwork(entry.name, "", self.network.gateway), disk, 0)
+                )
+        return slots
+
+
+class WarmPool:
+    def __init__(self, factory: SlotFactory, size: int, disk_mib: int) -> None:
+        self.factory = factory
+        self.size = size
+        self.disk_mib = disk_mib
+        self._free: list[Slot] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        if self._task is None and self.size > 0:
+            self._task = asyncio.create_task(self._refill_forever(), name="warm-pool")
+            self._wake.set()
+
+    @property
+    def free_count(self) -> int:
+        return len(self._free)
+
+    async def take(self, disk_mib: int) -> tuple[Slot, bool]:
+        """A slot whose disk is ``disk_mib`` or smaller (to be grown); builds one if none is ready.
+
+        Returns the slot and whether it came from the pool.
+        """
+        candidates = [slot for slot in self._free if slot.disk_mib <= disk_mib]
+        if candidates:
+            slot = max(candidates, key=lambda candidate: candidate.disk_mib)
+            self._free.remove(slot)
+            self._wake.set()
+            return slot, True
+        self._wake.set()
+        return await self.factory.build(disk_mib), False
+
+    async def take_without_disk(self) -> Slot:
+        """A slot for a fork: its network only (the disk will be a copy of the source's)."""
+        if self._free:
+            slot = self._free.pop(0)
+            self._wake.set()
+            await storage.detach(slot.disk)
+            slot.disk.image_path.unlink(missing_ok=True)
+            return slot
+        return await self.factory.build(0, with_disk=False)
+
+    async def wait_full(self, timeout_s: float = 30.0) -> None:
+        """For benchmarks and tests: waits until the pool has refilled."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while len(self._free) < self.size and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def _refill_forever(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while len(self._free) < self.size:
+                try:
+                    self._free.append(await self.factory.build(self.disk_mib))
+                    self.last_error = None
+                except DriverError as exc:
+                    self.last_error = str(exc)
+                    log.warning("warm_pool_refill_failed", error=str(exc))
+                    await asyncio.sleep(5)
+                    break
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        while self._free:
+            await self.factory.destroy(self._free.pop())

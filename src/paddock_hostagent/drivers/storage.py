@@ -1,0 +1,137 @@
+"""A sandbox's writable disk: a sparse image file on a loop device, mounted on the host, holding the
+overlay's upper and work directories.
+
+The filesystem is ext4 where the agent may grow it online (``resize2fs`` needs CAP_SYS_RESOURCE for a
+mounted filesystem) and XFS otherwise (``xfs_growfs`` needs only CAP_SYS_ADMIN). ``choose_filesystem``
+decides once at start-up; each disk records its own type, so a later change of choice leaves existing
+sandboxes working.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from paddock_hostagent.drivers import mounts
+from paddock_hostagent.drivers.base import UnsupportedError
+from paddock_hostagent.drivers.commands import run
+
+Filesystem = Literal["ext4", "xfs"]
+_CAP_SYS_RESOURCE = 24
+MIB = 1 << 20
+
+
+def has_capability(bit: int) -> bool:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
+
+
+def choose_filesystem(preference: str = "auto") -> Filesystem:
+    if preference in ("ext4", "xfs"):
+        return preference  # type: ignore[return-value]
+    if has_capability(_CAP_SYS_RESOURCE) or shutil.which("mkfs.xfs") is None:
+        return "ext4"
+    return "xfs"
+
+
+def can_grow_online(fs: Filesystem) -> bool:
+    return fs == "xfs" or has_capability(_CAP_SYS_RESOURCE)
+
+
+@dataclass
+class Disk:
+    image_path: Path
+    mount_dir: Path
+    fs: Filesystem
+    loop_device: str = ""
+
+    @property
+    def upper_dir(self) -> Path:
+        return self.mount_dir / "upper"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.mount_dir / "work"
+
+    def size_mib(self) -> int:
+        return os.stat(self.image_path).st_size // MIB
+
+
+async def format_image(image_path: Path, size_mib: int, fs: Filesystem) -> None:
+    """Creates a sparse image of ``size_mib`` and a filesystem on it (data blocks stay holes)."""
+    image_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(image_path, "wb") as image:
+        image.truncate(size_mib * MIB)
+    if fs == "xfs":
+        await run(["mkfs.xfs", "-q", "-f", "-L", "paddock", str(image_path)])
+    else:
+        await run(["mkfs.ext4", "-q", "-F", "-m", "0", "-J", "size=16", "-L", "paddock", str(image_path)])
+
+
+async def attach(disk: Disk) -> None:
+    """Puts the image on a free loop device and mounts it at ``disk.mount_dir``."""
+    if not disk.loop_device:
+        out = await run(["losetup", "--find", "--show", str(disk.image_path)])
+        disk.loop_device = out.strip()
+    disk.mount_dir.mkdir(parents=True, exist_ok=True)
+    if not is_mounted(disk.mount_dir):
+        # nouuid: a fork's copy carries its source's filesystem UUID, which XFS would refuse.
+        mounts.mount(disk.loop_device, disk.mount_dir, disk.fs, "nouuid" if disk.fs == "xfs" else "")
+    disk.upper_dir.mkdir(exist_ok=True)
+    disk.work_dir.mkdir(exist_ok=True)
+
+
+async def detach(disk: Disk) -> None:
+    """Unmounts and frees the loop device; each step tolerates having been done already."""
+    mounts.unmount(disk.mount_dir)
+    if disk.loop_device and _loop_backs(disk.loop_device, disk.image_path):
+        await run(["losetup", "-d", disk.loop_device], check=False)
+    disk.loop_device = ""
+
+
+async def grow(disk: Disk, size_mib: int) -> None:
+    """Grows the file, tells the loop device, then the mounted filesystem. Grow only."""
+    if size_mib <= disk.size_mib():
+        return
+    if not can_grow_online(disk.fs):
+        raise UnsupportedError(
+            "growing a mounted ext4 disk needs CAP_SYS_RESOURCE, which this host agent lacks"
+        )
+    with open(disk.image_path, "r+b") as image:
+        image.truncate(size_mib * MIB)
+    await run(["losetup", "-c", disk.loop_device])
+    if disk.fs == "xfs":
+        await run(["xfs_growfs", str(disk.mount_dir)])
+    else:
+        await run(["resize2fs", disk.loop_device])
+
+
+async def copy_image(source: Path, target: Path) -> None:
+    """Sparse-aware copy (holes stay holes; reflinks where the host filesystem can)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    await run(["cp", "--sparse=always", "--reflink=auto", str(source), str(target)])
+
+
+def is_mounted(path: Path) -> bool:
+    target = str(path)
+    try:
+        with open("/proc/self/mountinfo") as mountinfo:
+            return any(line.split()[4] == target for line in mountinfo)
+    except OSError:
+        return os.path.ismount(target)
+
+
+def _loop_backs(device: str, image_path: Path) -> bool:
+    """True when ``device`` is still attached to ``image_path`` (never detach somebody else's loop)."""
+    name = os.path.basename(device)
+    try:
+        backing = Path(f"/sys/block/{name}/loop/backing_file").read_text().strip()
+    except OSError:
+        return False
+    return backing.removesuffix(" (deleted)") == str(image_path)

@@ -1,0 +1,78 @@
+"""Errors the host agent's internal API returns, each with a stable ``code`` and HTTP ``status``.
+
+Rendered as ``{"error": code, "message": ...}`` by one handler in ``app.py``; ``client.py`` maps the
+codes back to its own exception classes.
+
+    HostAgentServerError
+    ├── BadRequest            400 bad_request
+    ├── UnknownImage          400 unknown_image
+    ├── BadPath               400 bad_path
+    ├── IsDirectory           400 is_directory
+    ├── Unauthorized          401 unauthorized
+    ├── SandboxNotFound       404 sandbox_not_found
+    ├── FileNotFound          404 file_not_found
+    ├── ParentNotFound        404 parent_not_found
+    ├── AlreadyExists         409 already_exists
+    ├── InvalidState          409 invalid_state
+    ├── SandboxFailed         500 sandbox_failed (boot, runtime or host tool failure)
+    └── InsufficientCapacity  507 insufficient_capacity
+"""
+
+from __future__ import annotations
+
+
+class HostAgentServerError(Exception):
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
+class BadRequest(HostAgentServerError):
+    status, code = 400, "bad_request"
+
+
+class UnknownImage(HostAgentServerError):
+    status, code = 400, "unknown_image"
+
+
+class BadPath(HostAgentServerError):
+    status, code = 400, "bad_path"
+
+
+class IsDirectory(HostAgentServerError):
+    status, code = 400, "is_directory"
+
+
+class Unauthorized(HostAgentServerError):
+    status, code = 401, "unauthorized"
+
+
+class SandboxNotFound(HostAgentServerError):
+    status, code = 404, "sandbox_not_found"
+
+
+class FileNotFound(HostAgentServerError):
+    status, code = 404, "file_not_found"
+
+
+class ParentNotFound(HostAgentServerError):
+    status, code = 404, "parent_not_found"
+
+
+class AlreadyExists(HostAgentServerError):
+    status, code = 409, "already_exists"
+
+
+class InvalidState(HostAgentServerError):
+    status, code = 409, "invalid_state"
+
+
+class SandboxFailed(HostAgentServerError):
+    status, code = 500, "sandbox_failed"
+
+
+class InsufficientCapacity(HostAgentServerError):
+    status, code = 507, "insufficient_capacity"

@@ -1,0 +1,313 @@
+"""Asyncio client for the guest agent's unix socket: one connection per request.
+
+    client = GuestClient(Path(".../guest.sock"))
+    async with client.exec(ExecRequest("ls", ["-l"], env)) as session:
+        async for event in session:          # Output(...), then exactly one Exited(...) or SpawnFailed(...)
+            ...
+    size = await client.write_file("/root/a.bin", chunks)
+    async with client.read_file("/root/a.bin") as download:
+        async for chunk in download: ...
+
+Leaving an ``exec`` session early closes the connection, and the guest then kills the command's whole
+process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import struct
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from paddock_hostagent.guest.protocol import (
+    HEADER,
+    UNKNOWN_SIZE,
+    Frame,
+    GuestProtocolError,
+    GuestUnavailableError,
+    chunked_frames,
+    decode_error,
+    encode_exec,
+    encode_path_request,
+    file_error,
+    frame,
+)
+
+_MAX_SUN_PATH = 100
+_STREAM_LIMIT_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    cmd: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = "/"
+    stdin: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Output:
+    stream: str  # "stdout" | "stderr"
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exited:
+    exit_code: int
+    signal: int
+
+
+@dataclass(frozen=True)
+class SpawnFailed:
+    message: str
+
+
+ExecEvent = Output | Exited | SpawnFailed
+
+
+@dataclass(frozen=True)
+class GuestInfo:
+    last_activity_at: float
+    active_requests: int
+    version: int
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def read_frame(self) -> tuple[int, bytes]:
+        try:
+            header = await self.reader.readexactly(HEADER.size)
+            frame_type, length = HEADER.unpack(header)
+            payload = await self.reader.readexactly(length) if length else b""
+        except asyncio.IncompleteReadError as exc:
+            raise GuestUnavailableError("guest agent closed the connection") from exc
+        except OSError as exc:
+            raise GuestUnavailableError(f"guest agent connection failed: {exc}") from exc
+        return frame_type, payload
+
+    async def send(self, data: bytes) -> None:
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+        except OSError as exc:
+            raise GuestUnavailableError(f"guest agent connection failed: {exc}") from exc
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class GuestClient:
+    def __init__(self, socket_path: Path, *, connect_timeout_s: float = 5.0) -> None:
+        self.socket_path = socket_path
+        self.connect_timeout_s = connect_timeout_s
+
+    async def _connect(self) -> _Connection:
+        path = str(self.socket_path)
+        dir_fd: int | None = None
+        if len(path) > _MAX_SUN_PATH:
+            # sun_path holds ~107 bytes; reach long paths through the directory's /proc/self/fd entry.
+            dir_fd = os.open(self.socket_path.parent, os.O_PATH | os.O_DIRECTORY)
+            path = f"/proc/self/fd/{dir_fd}/{self.socket_path.name}"
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(path, limit=_STREAM_LIMIT_BYTES), self.connect_timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            raise GuestUnavailableError(
+                f"guest agent socket {self.socket_path} does not answer: {exc}"
+            ) from exc
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+        return _Connection(reader, writer)
+
+    async def info(self) -> GuestInfo:
+        conn = await self._connect()
+        try:
+            await conn.send(frame(Frame.INFO))
+            frame_type, payload = await conn.read_frame()
+            if frame_type != Frame.INFO_REPLY or len(payload) < 16:
+                raise GuestProtocolError(f"unexpected reply {frame_type} to INFO")
+            last_ms, active, version = struct.unpack_from("<QII", payload)
+            return GuestInfo(last_activity_at=last_ms / 1000, active_requests=active, version=version)
+        finally:
+            conn.close()
+
+    async def wait_ready(self, timeout_s: float) -> GuestInfo:
+        """Polls until the agent answers INFO; raises GuestUnavailableError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        delay_s = 0.0005
+        while True:
+            try:
+                return await self.info()
+            except GuestUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 0.02)
+
+    def exec(self, request: ExecRequest) -> ExecSession:
+        return ExecSession(self, request)
+
+    async def write_file(self, path: str, chunks: AsyncIterable[bytes]) -> int:
+        """Streams ``chunks`` into ``path`` atomically; returns the size written."""
+        conn = await self._connect()
+        try:
+            await conn.send(encode_path_request(Frame.WRITE, path))
+            await self._expect_ok(conn)
+            async for chunk in chunks:
+                if chunk:
+                    await conn.send(chunked_frames(Frame.DATA, chunk))
+            await conn.send(frame(Frame.DATA_END))
+            payload = await self._expect_ok(conn)
+            if len(payload) != 8:
+                raise GuestProtocolError("short write acknowledgement")
+            (size,) = struct.unpack("<Q", payload)
+            return int(size)
+        finally:
+            conn.close()
+
+    def read_file(self, path: str) -> FileDownload:
+        return FileDownload(self, path)
+
+    @staticmethod
+    async def _expect_ok(conn: _Connection) -> bytes:
+        frame_type, payload = await conn.read_frame()
+        if frame_type == Frame.ERROR:
+            raise file_error(payload)
+        if frame_type != Frame.OK:
+            raise GuestProtocolError(f"unexpected frame {frame_type}")
+        return payload
+
+
+class ExecSession:
+    """One running command. Iterate for events; leaving the ``async with`` early kills the command."""
+
+    def __init__(self, client: GuestClient, request: ExecRequest) -> None:
+        self._client = client
+        self._request = request
+        self._conn: _Connection | None = None
+        self._stdin_task: asyncio.Task[None] | None = None
+        self.finished = False
+
+    async def __aenter__(self) -> ExecSession:
+        conn = await self._client._connect()
+        self._conn = conn
+        request = self._request
+        head = encode_exec(
+            request.cmd, request.args, request.env, request.cwd, has_stdin=request.stdin is not None
+        )
+        if request.stdin is None:
+            await conn.send(head)
+        else:
+            stdin = request.stdin
+            conn.writer.write(head)
+            # Stdin is fed in the background: a command may produce output before it reads its input.
+            self._stdin_task = asyncio.create_task(self._feed_stdin(conn, stdin))
+        return self
+
+    @staticmethod
+    async def _feed_stdin(conn: _Connection, stdin: bytes) -> None:
+        with contextlib.suppress(GuestUnavailableError):
+            await conn.send(chunked_frames(Frame.STDIN, stdin) + frame(Frame.STDIN_EOF))
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._stdin_task is not None:
+            self._stdin_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stdin_task
+            self._stdin_task = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __aiter__(self) -> AsyncIterator[ExecEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[ExecEvent]:
+        assert self._conn is not None, "use `async with client.exec(...)`"
+        conn = self._conn
+        while True:
+            frame_type, payload = await conn.read_frame()
+            if frame_type == Frame.STDOUT:
+                yield Output("stdout", payload)
+            elif frame_type == Frame.STDERR:
+                yield Output("stderr", payload)
+            elif frame_type == Frame.EXIT:
+                code, signal = struct.unpack("<ii", payload[:8])
+                self.finished = True
+                yield Exited(code, signal)
+                return
+            elif frame_type == Frame.ERROR:
+                _, message = decode_error(payload)
+                self.finished = True
+                yield SpawnFailed(message)
+                return
+            else:
+                raise GuestProtocolError(f"unexpected frame {frame_type} in exec stream")
+
+
+class FileDownload:
+    """A file being read from the guest: ``size`` (None when unknown) is set on entering."""
+
+    def __init__(self, client: GuestClient, path: str) -> None:
+        self._client = client
+        self._path = path
+        self._conn: _Connection | None = None
+        self.size: int | None = None
+
+    async def __aenter__(self) -> FileDownload:
+        conn = await self._client._connect()
+        self._conn = conn
+        try:
+            await conn.send(encode_path_request(Frame.READ, self._path))
+            frame_type, payload = await conn.read_frame()
+            if frame_type == Frame.ERROR:
+                raise file_error(payload)
+            if frame_type != Frame.SIZE or len(payload) != 8:
+                raise GuestProtocolError(f"unexpected frame {frame_type} opening a download")
+            (size,) = struct.unpack("<Q", payload)
+            self.size = None if size == UNKNOWN_SIZE else int(size)
+        except BaseException:
+            conn.close()
+            self._conn = None
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        assert self._conn is not None, "use `async with client.read_file(...)`"
+        conn = self._conn
+        while True:
+            frame_type, payload = await conn.read_frame()
+            if frame_type == Frame.DATA:
+                yield payload
+            elif frame_type == Frame.DATA_END:
+                return
+            elif frame_type == Frame.ERROR:
+                raise file_error(payload)
+            else:
+                raise GuestProtocolError(f"unexpected frame {frame_type} in a download")

@@ -1,0 +1,135 @@
+"""The guest agent's wire format, host side: frame types, encoders and the error tree.
+
+A frame is ``u8 type | u32 little-endian length | payload``; strings inside payloads are ``u32 length |
+bytes``. The C side is ``agent.c``; the two tables must agree (``PROTOCOL_VERSION`` guards them).
+
+    GuestError
+    ├── GuestUnavailableError     the socket does not answer (sandbox gone, paused, or agent dead)
+    ├── GuestProtocolError        a malformed or unexpected frame
+    └── GuestFileError            a file request failed inside the guest
+        ├── GuestFileNotFoundError
+        ├── GuestParentNotFoundError
+        ├── GuestIsDirectoryError
+        └── GuestBadPathError
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct("<BI")
+MAX_DATA_PAYLOAD_BYTES = 1 << 20
+EXEC_HAS_STDIN = 1
+UNKNOWN_SIZE = 2**64 - 1
+
+
+class Frame(IntEnum):
+    EXEC = 1
+    STDIN = 2
+    STDIN_EOF = 3
+    WRITE = 4
+    READ = 5
+    DATA = 6
+    DATA_END = 7
+    INFO = 8
+    STDOUT = 32
+    STDERR = 33
+    EXIT = 34
+    ERROR = 35
+    OK = 36
+    SIZE = 37
+    INFO_REPLY = 38
+
+
+class ErrorCode(IntEnum):
+    SPAWN = 1
+    FILE_NOT_FOUND = 2
+    PARENT_NOT_FOUND = 3
+    IS_DIRECTORY = 4
+    BAD_PATH = 5
+    IO = 6
+    PROTOCOL = 7
+
+
+class GuestError(Exception):
+    """Root of everything the guest client raises."""
+
+
+class GuestUnavailableError(GuestError):
+    pass
+
+
+class GuestProtocolError(GuestError):
+    pass
+
+
+class GuestFileError(GuestError):
+    code: ErrorCode = ErrorCode.IO
+
+
+class GuestFileNotFoundError(GuestFileError):
+    code = ErrorCode.FILE_NOT_FOUND
+
+
+class GuestParentNotFoundError(GuestFileError):
+    code = ErrorCode.PARENT_NOT_FOUND
+
+
+class GuestIsDirectoryError(GuestFileError):
+    code = ErrorCode.IS_DIRECTORY
+
+
+class GuestBadPathError(GuestFileError):
+    code = ErrorCode.BAD_PATH
+
+
+_FILE_ERRORS: dict[int, type[GuestFileError]] = {
+    cls.code: cls
+    for cls in (GuestFileNotFoundError, GuestParentNotFoundError, GuestIsDirectoryError, GuestBadPathError)
+}
+
+
+def file_error(payload: bytes) -> GuestError:
+    """Turns an ERROR frame's payload into the matching exception."""
+    code, message = decode_error(payload)
+    if code == ErrorCode.PROTOCOL:
+        return GuestProtocolError(message)
+    return _FILE_ERRORS.get(code, GuestFileError)(message)
+
+
+def decode_error(payload: bytes) -> tuple[int, str]:
+    if len(payload) < 4:
+        raise GuestProtocolError("short error frame")
+    (code,) = struct.unpack_from("<I", payload)
+    return code, payload[4:].decode("utf-8", "replace")
+
+
+def frame(frame_type: Frame, payload: bytes = b"") -> bytes:
+    return HEADER.pack(frame_type, len(payload)) + payload
+
+
+def _string(value: str) -> bytes:
+    raw = value.encode()
+    if b"\0" in raw:
+        raise ValueError("strings sent to the guest may not contain NUL")
+    return struct.pack("<I", len(raw)) + raw
+
+
+def encode_exec(cmd: str, args: list[str], env: dict[str, str], cwd: str, *, has_stdin: bool) -> bytes:
+    parts = [struct.pack("<III", EXEC_HAS_STDIN if has_stdin else 0, len(args), len(env)), _string(cmd)]
+    parts += [_string(arg) for arg in args]
+    parts += [_string(f"{key}={value}") for key, value in env.items()]
+    parts.append(_string(cwd))
+    return frame(Frame.EXEC, b"".join(parts))
+
+
+def encode_path_request(frame_type: Frame, path: str) -> bytes:
+    return frame(frame_type, _string(path))
+
+
+def chunked_frames(frame_type: Frame, chunk: bytes) -> bytes:
+    """Splits a chunk into DATA or STDIN frames no larger than the guest accepts."""
+    step = MAX_DATA_PAYLOAD_BYTES
+    return b"".join(frame(frame_type, chunk[i : i + step]) for i in range(0, len(chunk), step))

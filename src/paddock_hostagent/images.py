@@ -1,0 +1,281 @@
+"""Root filesystem images: built once per host into a cache, then used read-only as overlay lower layers.
+
+    python -m paddock_hostagent.images build debian:13     # also `paddock hostagent build-image NAME`
+    python -m paddock_hostagent.images list
+
+Layout: ``<image_dir>/<name with ':' as '_'>/rootfs`` plus ``image.json``. A build runs into a temporary
+directory next to it and is renamed into place, under an exclusive lock, so concurrent builders (two
+processes, or two requests) build once and nobody sees a half-built tree.
+
+``debian:13`` and ``devbox:1`` come from the Debian archive. ``ubuntu:26.04``, ``alpine:3.20`` and
+``desktop:1`` are offered only when ``image_mirrors`` names a mirror for them: an apt mirror (Ubuntu,
+desktop), or the URL of a root filesystem tarball (any image; required for Alpine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from paddock_core.logging import get_logger
+from paddock_hostagent.settings import HostAgentSettings
+
+log = get_logger(__name__)
+
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+_BASE_PACKAGES = ("bash", "coreutils", "procps", "iproute2", "curl", "ca-certificates", "iputils-ping")
+_DEVBOX_PACKAGES = (
+    *_BASE_PACKAGES,
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "nodejs",
+    "npm",
+    "git",
+    "build-essential",
+    "openssh-client",
+    "python3-numpy",
+    "python3-pandas",
+    "python3-requests",
+    "sqlite3",
+    "jq",
+    "less",
+    "nano",
+    "unzip",
+    "wget",
+)
+_DESKTOP_PACKAGES = (
+    *_BASE_PACKAGES,
+    "xvfb",
+    "xfce4",
+    "x11vnc",
+    "novnc",
+    "chromium",
+    "xdotool",
+    "scrot",
+    "python3",
+)
+_TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.zst", ".tar.bz2")
+_SLIM_DPKG_OPTIONS = (
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+)
+
+
+class ImageError(Exception):
+    """Root of image errors."""
+
+
+class UnknownImageError(ImageError):
+    """The name is not in the catalog, or not buildable on this host (no mirror configured)."""
+
+
+class ImageBuildError(ImageError):
+    """The build tool failed; the message carries the tail of its output."""
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    name: str
+    suite: str
+    packages: tuple[str, ...]
+    default_mirror: str | None  # None: buildable only with a configured mirror
+    components: tuple[str, ...] = ("main",)
+    keyring: str | None = None
+
+
+CATALOG: dict[str, ImageRecipe] = {
+    recipe.name: recipe
+    for recipe in (
+        ImageRecipe("debian:13", "trixie", _BASE_PACKAGES, DEBIAN_MIRROR),
+        ImageRecipe("devbox:1", "trixie", _DEVBOX_PACKAGES, DEBIAN_MIRROR),
+        ImageRecipe(
+            "ubuntu:26.04",
+            "resolute",
+            _BASE_PACKAGES,
+            None,
+            ("main", "universe"),
+            "/usr/share/keyrings/ubuntu-archive-keyring.gpg",
+        ),
+        ImageRecipe("alpine:3.20", "", (), None),
+        ImageRecipe("desktop:1", "trixie", _DESKTOP_PACKAGES, None),
+    )
+}
+
+
+def slug(name: str) -> str:
+    return name.replace(":", "_").replace("/", "_")
+
+
+class ImageStore:
+    def __init__(self, image_dir: Path, mirrors: dict[str, str] | None = None) -> None:
+        self.image_dir = image_dir
+        self.mirrors = dict(mirrors or {})
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @classmethod
+    def from_settings(cls, settings: HostAgentSettings) -> ImageStore:
+        return cls(settings.image_dir, settings.image_mirrors)
+
+    def rootfs_path(self, name: str) -> Path:
+        return self.image_dir / slug(name) / "rootfs"
+
+    def offered(self) -> list[str]:
+        """Catalog names this host can build (or already has)."""
+        return [name for name in CATALOG if self._source(name) is not None or self.is_cached(name)]
+
+    def is_cached(self, name: str) -> bool:
+        return (self.image_dir / slug(name) / "image.json").is_file() and self.rootfs_path(name).is_dir()
+
+    def cached(self) -> list[str]:
+        return [name for name in CATALOG if self.is_cached(name)]
+
+    def _source(self, name: str) -> str | None:
+        recipe = CATALOG.get(name)
+        if recipe is None:
+            return None
+        return self.mirrors.get(name) or recipe.default_mirror
+
+    async def ensure(self, name: str) -> Path:
+        """Returns the image's rootfs, building it first if needed (builds of one name are serialised)."""
+        if self.is_cached(name):
+            return self.rootfs_path(name)
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            return await asyncio.to_thread(self.build, name)
+
+    def build(self, name: str, *, force: bool = False) -> Path:
+        """Builds ``name`` unless it is cached. Blocking; safe against concurrent builders."""
+        recipe = CATALOG.get(name)
+        source = self._source(name)
+        if recipe is None or source is None:
+            raise UnknownImageError(f"image {name!r} is not buildable on this host")
+        image_root = self.image_dir / slug(name)
+        image_root.mkdir(parents=True, exist_ok=True)
+        with open(image_root / ".build.lock", "w") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            if self.is_cached(name) and not force:
+                return self.rootfs_path(name)
+            return self._build_locked(recipe, source, image_root)
+
+    def _build_locked(self, recipe: ImageRecipe, source: str, image_root: Path) -> Path:
+        tmp = image_root / f"rootfs.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        log_path = image_root / "build.log"
+        started = time.monotonic()
+        log.info("image_build_started", image=recipe.name, source=source)
+        try:
+            if source.endswith(_TARBALL_SUFFIXES):
+                _extract_tarball(source, tmp, log_path)
+            else:
+                _run_mmdebstrap(recipe, source, tmp, log_path)
+            _finish_rootfs(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        final = image_root / "rootfs"
+        (image_root / "image.json").unlink(missing_ok=True)
+        if final.exists():
+            old = image_root / f"rootfs.old-{os.getpid()}"
+            final.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp.rename(final)
+        build_s = round(time.monotonic() - started, 1)
+        meta = {"name": recipe.name, "source": source, "built_at": time.time(), "build_s": build_s}
+        meta_tmp = image_root / "image.json.tmp"
+        meta_tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        meta_tmp.rename(image_root / "image.json")
+        log.info("image_build_finished", image=recipe.name, build_s=build_s)
+        return final
+
+
+def _run_mmdebstrap(recipe: ImageRecipe, mirror: str, target: Path, log_path: Path) -> None:
+    if shutil.which("mmdebstrap") is None:
+        raise ImageBuildError("mmdebstrap is not installed (apt-get install mmdebstrap)")
+    argv = ["mmdebstrap", "--variant=minbase", "--mode=root", f"--components={','.join(recipe.components)}"]
+    if recipe.packages:
+        argv.append(f"--include={','.join(recipe.packages)}")
+    argv += [f"--dpkgopt={option}" for option in _SLIM_DPKG_OPTIONS]
+    argv.append('--aptopt=Acquire::Retries "3"')
+    if recipe.keyring:
+        argv.append(f"--keyring={recipe.keyring}")
+    argv += [recipe.suite, str(target), mirror]
+    _run_logged(argv, log_path)
+
+
+def _extract_tarball(url: str, target: Path, log_path: Path) -> None:
+    target.mkdir(parents=True)
+    archive = target.with_name(target.name + ".archive")
+    try:
+        if url.startswith(("http://", "https://")):
+            import httpx
+
+            with httpx.stream("GET", url, follow_redirects=True, timeout=60) as response:
+                response.raise_for_status()
+                with open(archive, "wb") as out:
+                    for chunk in response.iter_bytes(1 << 20):
+                        out.write(chunk)
+        else:
+            shutil.copyfile(url.removeprefix("file://"), archive)
+        _run_logged(["tar", "--numeric-owner", "-xpf", str(archive), "-C", str(target)], log_path)
+    except OSError as exc:
+        raise ImageBuildError(f"fetching {url}: {exc}") from exc
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def _run_logged(argv: list[str], log_path: Path) -> None:
+    with open(log_path, "w") as log_file:
+        result = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, check=False)
+    if result.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+        raise ImageBuildError(f"{argv[0]} exited with {result.returncode}:\n" + "\n".join(tail))
+
+
+def _finish_rootfs(root: Path) -> None:
+    """Leaves what every sandbox rewrites per boot out of the image, and the dirs it needs in."""
+    for relative in ("root", "tmp", "run", "etc"):
+        (root / relative).mkdir(exist_ok=True)
+    os.chmod(root / "tmp", 0o1777)
+    for relative in ("etc/hostname", "etc/resolv.conf"):
+        path = root / relative
+        if path.is_symlink() or path.exists():
+            path.unlink()
+    os.chmod(root, 0o755)
+
+
+def build_image(name: str, settings: HostAgentSettings) -> Path:
+    """CLI entry (``paddock hostagent build-image NAME``): builds the image unless cached."""
+    return ImageStore.from_settings(settings).build(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    settings = HostAgentSettings()
+    store = ImageStore.from_settings(settings)
+    if args[:1] == ["list"]:
+        for name in store.offered():
+            print(f"{name}\t{'cached' if store.is_cached(name) else 'buildable'}")
+        return 0
+    if len(args) == 2 and args[0] == "build":
+        try:
+            print(build_image(args[1], settings))
+        except ImageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    print("usage: python -m paddock_hostagent.images build NAME | list", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

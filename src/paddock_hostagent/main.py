@@ -1,0 +1,20 @@
+"""``paddock hostagent``: run the host agent (configured by ``PADDOCK_HOST_*`` variables)."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from paddock_core.logging import configure_logging
+from paddock_hostagent.app import create_app
+from paddock_hostagent.settings import HostAgentSettings
+
+
+def main() -> None:
+    settings = HostAgentSettings()
+    configure_logging(settings.log_level, json=settings.log_json)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+
+
+if __name__ == "__main__":
+    main()

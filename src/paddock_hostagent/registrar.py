@@ -1,0 +1,82 @@
+"""Registers this host with the control plane by heartbeat, every ``heartbeat_interval_s``.
+
+``POST {controlplane_url}/internal/v1/hosts/heartbeat`` with the shared bearer token and the host's
+capacity, images and sandboxes. A control plane that is down or answers an error is logged (once per
+outage) and retried on the next beat; the agent keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import httpx
+
+from paddock_core.logging import get_logger
+from paddock_hostagent.sandboxes import SandboxManager
+from paddock_hostagent.settings import HostAgentSettings
+
+log = get_logger(__name__)
+
+
+class Registrar:
+    def __init__(self, settings: HostAgentSettings, manager: SandboxManager) -> None:
+        self.settings = settings
+        self.manager = manager
+        self._task: asyncio.Task[None] | None = None
+        self._healthy = True
+        self.beats_sent = 0
+
+    def payload(self) -> dict[str, Any]:
+        info = self.manager.info()
+        return {
+            "id": info.id,
+            "url": self.settings.advertised_url,
+            "free_mib": info.free_mib,
+            "total_mib": info.total_mib,
+            "vm_count": info.vm_count,
+            "rootfses": info.rootfses,
+            "buildable": info.buildable,
+            "labels": info.labels,
+            "runtime": info.runtime,
+            "status": "active",
+            "sandboxes": self.manager.heartbeat_sandboxes(),
+        }
+
+    def start(self) -> None:
+        if self.settings.controlplane_url and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="heartbeat")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        url = self.settings.controlplane_url.rstrip("/") + "/internal/v1/hosts/heartbeat"
+        headers = {"Authorization": f"Bearer {self.settings.token.get_secret_value()}"}
+        async with httpx.AsyncClient(timeout=5.0, headers=headers) as http:
+            while True:
+                await self.beat(http, url)
+                await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+    async def beat(self, http: httpx.AsyncClient, url: str) -> bool:
+        try:
+            response = await http.post(url, json=self.payload())
+            ok = response.status_code < 300
+            problem = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            ok, problem = False, type(exc).__name__
+        except Exception as exc:  # never let the loop die
+            ok, problem = False, repr(exc)
+        if ok:
+            self.beats_sent += 1
+            if not self._healthy:
+                log.info("heartbeat_recovered", url=url)
+        elif self._healthy:
+            log.warning("heartbeat_failed", url=url, problem=problem)
+        self._healthy = ok
+        return ok

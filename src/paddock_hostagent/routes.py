@@ -1,0 +1,154 @@
+"""The internal API's routes (``/internal/v1``): parse, call one manager method, return a schema."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from paddock_hostagent.sandboxes import SandboxManager
+from paddock_hostagent.schemas import (
+    CreateSandboxBody,
+    CreateSandboxResult,
+    DestroyResult,
+    ExecBody,
+    ExecResult,
+    FileWritten,
+    ForkBody,
+    HostInfo,
+    ResizeBody,
+    ResizeResult,
+    SandboxView,
+    StatusResult,
+)
+
+T = TypeVar("T")
+router = APIRouter(prefix="/internal/v1")
+
+
+def get_manager(request: Request) -> SandboxManager:
+    manager: SandboxManager = request.app.state.manager
+    return manager
+
+
+Manager = Annotated[SandboxManager, Depends(get_manager)]
+PathQuery = Annotated[str, Query(alias="path")]
+
+
+@router.get("/info")
+async def info(manager: Manager) -> HostInfo:
+    return manager.info()
+
+
+@router.post("/sandboxes")
+async def create_sandbox(body: CreateSandboxBody, manager: Manager) -> CreateSandboxResult:
+    return await manager.create(body)
+
+
+@router.get("/sandboxes")
+async def list_sandboxes(manager: Manager) -> list[SandboxView]:
+    return manager.list()
+
+
+@router.get("/sandboxes/{sandbox_id}")
+async def get_sandbox(sandbox_id: str, manager: Manager) -> SandboxView:
+    return manager.get(sandbox_id)
+
+
+@router.post("/sandboxes/{sandbox_id}/exec", response_model=None)
+async def exec_command(
+    sandbox_id: str, body: ExecBody, request: Request, manager: Manager
+) -> Response | ExecResult:
+    stream = await manager.open_exec(sandbox_id, body)
+    if not body.stream:
+        try:
+            result = await _unless_disconnected(request, stream.collect())
+        finally:
+            await stream.close()
+        return ExecResult(**result)
+
+    async def ndjson() -> AsyncIterator[bytes]:
+        try:
+            async for frame in stream.frames():
+                yield json.dumps(frame, ensure_ascii=False).encode() + b"\n"
+        finally:
+            await stream.close()
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(ndjson(), media_type="application/x-ndjson", headers=headers)
+
+
+@router.put("/sandboxes/{sandbox_id}/files")
+async def upload_file(sandbox_id: str, path: PathQuery, request: Request, manager: Manager) -> FileWritten:
+    size = await manager.write_file(sandbox_id, path, request.stream())
+    return FileWritten(path=path, size=size)
+
+
+@router.get("/sandboxes/{sandbox_id}/files", response_model=None)
+async def download_file(sandbox_id: str, path: PathQuery, manager: Manager) -> Response:
+    stack = contextlib.AsyncExitStack()
+    size, chunks = await stack.enter_async_context(manager.read_file(sandbox_id, path))
+
+    async def body() -> AsyncIterator[bytes]:
+        async with stack:
+            async for chunk in chunks:
+                yield chunk
+
+    headers = {"Content-Length": str(size)} if size is not None else {}
+    return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause")
+async def pause_sandbox(sandbox_id: str, manager: Manager) -> StatusResult:
+    return StatusResult(status=await manager.pause(sandbox_id))  # type: ignore[arg-type]
+
+
+@router.post("/sandboxes/{sandbox_id}/resume")
+async def resume_sandbox(sandbox_id: str, manager: Manager) -> StatusResult:
+    return StatusResult(status=await manager.resume(sandbox_id))  # type: ignore[arg-type]
+
+
+@router.post("/sandboxes/{sandbox_id}/fork")
+async def fork_sandbox(sandbox_id: str, body: ForkBody, manager: Manager) -> CreateSandboxResult:
+    return await manager.fork(sandbox_id, body)
+
+
+@router.post("/sandboxes/{sandbox_id}/resize")
+async def resize_sandbox(sandbox_id: str, body: ResizeBody, manager: Manager) -> ResizeResult:
+    return ResizeResult(disk_mib=await manager.resize(sandbox_id, body.disk_mib))
+
+
+@router.delete("/sandboxes/{sandbox_id}")
+async def destroy_sandbox(sandbox_id: str, manager: Manager) -> DestroyResult:
+    await manager.destroy(sandbox_id)
+    return DestroyResult()
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Runs ``work``; cancels it if the client goes away first (a buffered exec dies with its caller)."""
+    work_task: asyncio.Task[T] = asyncio.ensure_future(work)
+    watch_task = asyncio.create_task(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+        if work_task in done:
+            return work_task.result()
+        work_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work_task
+        raise asyncio.CancelledError("client disconnected")
+    finally:
+        watch_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch_task
+
+
+async def _wait_disconnect(request: Request) -> Any:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return message

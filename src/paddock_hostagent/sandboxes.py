@@ -1,0 +1,393 @@
+"""The sandboxes of this host: their records, lifecycle rules, activity, and what runs inside them.
+
+Routes call one method each. Lifecycle operations on one sandbox are serialised by its lock; a
+command or file transfer does not take the lock, but a pause or destroy ends every exchange still in
+flight (an exec ends with ``{"error": "sandbox paused"}`` and exit code -1; the guest agent then kills
+the command when it thaws).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paddock_core.logging import get_logger
+from paddock_hostagent import errors
+from paddock_hostagent.drivers.base import (
+    CapacityError,
+    DriverError,
+    NotRunningError,
+    RuntimeState,
+    SandboxRecord,
+    SandboxRuntime,
+    SandboxSpec,
+    Shape,
+    UnsupportedError,
+)
+from paddock_hostagent.drivers.ocispec import DEFAULT_PATH
+from paddock_hostagent.execution import DESTROYED_MESSAGE, PAUSED_MESSAGE, ExecStream
+from paddock_hostagent.guest import (
+    ExecRequest,
+    GuestBadPathError,
+    GuestError,
+    GuestFileNotFoundError,
+    GuestIsDirectoryError,
+    GuestParentNotFoundError,
+)
+from paddock_hostagent.images import ImageError, ImageStore, UnknownImageError
+from paddock_hostagent.records import RecordStore
+from paddock_hostagent.schemas import (
+    CreateSandboxBody,
+    CreateSandboxResult,
+    ExecBody,
+    ForkBody,
+    HostInfo,
+    SandboxView,
+)
+from paddock_hostagent.settings import HostAgentSettings
+
+log = get_logger(__name__)
+
+
+@dataclass
+class _Entry:
+    record: SandboxRecord
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    streams: set[ExecStream] = field(default_factory=set)
+    active: int = 0  # commands and transfers in flight
+
+    def touch(self) -> None:
+        self.record.last_activity_at = time.time()
+
+
+def machine_memory_mib() -> int:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+class SandboxManager:
+    def __init__(
+        self, settings: HostAgentSettings, runtime: SandboxRuntime, images: ImageStore, records: RecordStore
+    ) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.images = images
+        self.records = records
+        self.runtime_label = runtime.name
+        self.total_mib = settings.total_mib or max(machine_memory_mib() - settings.reserved_mib, 0)
+        self._entries: dict[str, _Entry] = {}
+        self._pending: dict[str, int] = {}  # ids being created -> their mem_mib
+
+    # -- start-up and shutdown ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        records = self.records.load_all()
+        states = await self.runtime.start(records)
+        for record in records:
+            entry = _Entry(record)
+            self._entries[record.id] = entry
+            state = states.get(record.id, RuntimeState.STOPPED)
+            if state == RuntimeState.RUNNING:
+                with contextlib.suppress(GuestError, TimeoutError):
+                    guest_info = await asyncio.wait_for(self.runtime.guest(record).info(), 1.0)
+                    record.last_activity_at = max(record.last_activity_at, guest_info.last_activity_at)
+            log.info("sandbox_adopted", sandbox_id=record.id, state=state.value)
+
+    async def close(self) -> None:
+        for entry in self._entries.values():
+            with contextlib.suppress(OSError):
+                self.records.save(entry.record)
+        await self.runtime.close()
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def status(self, entry: _Entry) -> str:
+        live = self.runtime.probe(entry.record)
+        return RuntimeState.STOPPED.value if live == RuntimeState.STOPPED else entry.record.state.value
+
+    def view(self, entry: _Entry) -> SandboxView:
+        record = entry.record
+        return SandboxView(
+            id=record.id,
+            name=record.name,
+            rootfs=record.image,
+            status=self.status(entry),  # type: ignore[arg-type]
+            ip=record.ip,
+            vcpu=record.vcpu,
+            mem_mib=record.mem_mib,
+            cpu_quota_pct=record.cpu_quota_pct,
+            disk_mib=record.disk_mib,
+            created_at=record.created_at,
+            last_activity_at=time.time() if entry.active else record.last_activity_at,
+            oom_kills=self.runtime.oom_kills(record),
+            forked_from=record.forked_from,
+        )
+
+    def get(self, sandbox_id: str) -> SandboxView:
+        return self.view(self._entry(sandbox_id))
+
+    def list(self) -> list[SandboxView]:
+        return [self.view(entry) for entry in list(self._entries.values())]
+
+    def placed_mib(self) -> int:
+        return sum(entry.record.mem_mib for entry in self._entries.values()) + sum(self._pending.values())
+
+    def info(self) -> HostInfo:
+        return HostInfo(
+            id=self.settings.id,
+            free_mib=max(self.total_mib - self.placed_mib(), 0),
+            total_mib=self.total_mib,
+            vm_count=len(self._entries),
+            rootfses=self.images.cached(),
+            buildable=self.images.offered(),
+            labels=self.settings.labels,
+            runtime=self.runtime_label,
+        )
+
+    def _entry(self, sandbox_id: str) -> _Entry:
+        entry = self._entries.get(sandbox_id)
+        if entry is None:
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found on this host")
+        return entry
+
+    def _running_entry(self, sandbox_id: str) -> _Entry:
+        entry = self._entry(sandbox_id)
+        status = self.status(entry)
+        if status != RuntimeState.RUNNING.value:
+            raise errors.InvalidState(f"sandbox {sandbox_id} is {status}, not running")
+        return entry
+
+    # -- create and fork ------------------------------------------------------------------------
+
+    def _reserve(self, sandbox_id: str, mem_mib: int) -> None:
+        if sandbox_id in self._entries or sandbox_id in self._pending:
+            raise errors.AlreadyExists(f"sandbox {sandbox_id} already exists on this host")
+        free_mib = self.total_mib - self.placed_mib()
+        if mem_mib > free_mib:
+            raise errors.InsufficientCapacity(f"{mem_mib} MiB requested, {max(free_mib, 0)} MiB free")
+        self._pending[sandbox_id] = mem_mib
+
+    async def _rootfs(self, image: str) -> Path:
+        try:
+            return await self.images.ensure(image)
+        except UnknownImageError as exc:
+            raise errors.UnknownImage(str(exc)) from exc
+        except ImageError as exc:
+            raise errors.SandboxFailed(f"building image {image} failed: {exc}") from exc
+
+    async def create(self, body: CreateSandboxBody) -> CreateSandboxResult:
+        self._reserve(body.id, body.mem_mib)
+        try:
+            rootfs = await self._rootfs(body.rootfs)
+            shape = Shape(body.vcpu, body.mem_mib, body.disk_mib, body.cpu_quota_pct)
+            spec = SandboxSpec(body.id, body.name, body.rootfs, rootfs, shape)
+            started = time.monotonic()
+            with _driver_errors():
+                record = await self.runtime.create(spec, start_paused=body.start_paused)
+            record.spawn_ms = round((time.monotonic() - started) * 1000, 3)
+            self.records.save(record)
+            self._entries[record.id] = _Entry(record)
+        finally:
+            self._pending.pop(body.id, None)
+        log.info("sandbox_created", sandbox_id=record.id, spawn_ms=record.spawn_ms, image=record.image)
+        return CreateSandboxResult(
+            id=record.id, ip=record.ip, spawn_ms=record.spawn_ms, status=record.state.value
+        )
+
+    async def fork(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
+        source = self._entry(sandbox_id)
+        self._reserve(body.new_id, source.record.mem_mib)
+        try:
+            async with source.lock:
+                if self.status(source) == RuntimeState.STOPPED.value:
+                    raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
+                rootfs = await self._rootfs(source.record.image)
+                spec = SandboxSpec(body.new_id, body.name, source.record.image, rootfs, source.record.shape)
+                started = time.monotonic()
+                with _driver_errors():
+                    record = await self.runtime.fork(source.record, spec, start_paused=body.start_paused)
+                record.spawn_ms = round((time.monotonic() - started) * 1000, 3)
+            self.records.save(record)
+            self._entries[record.id] = _Entry(record)
+        finally:
+            self._pending.pop(body.new_id, None)
+        log.info("sandbox_forked", sandbox_id=record.id, source_id=sandbox_id, spawn_ms=record.spawn_ms)
+        return CreateSandboxResult(
+            id=record.id, ip=record.ip, spawn_ms=record.spawn_ms, status=record.state.value
+        )
+
+    # -- pause, resume, resize, destroy ---------------------------------------------------------
+
+    async def pause(self, sandbox_id: str) -> str:
+        entry = self._entry(sandbox_id)
+        async with entry.lock:
+            self._running_entry(sandbox_id)
+            with _driver_errors():
+                await self.runtime.pause(entry.record)
+            entry.record.state = RuntimeState.PAUSED
+            self.records.save(entry.record)
+        await self._end_exchanges(entry, PAUSED_MESSAGE)
+        return RuntimeState.PAUSED.value
+
+    async def resume(self, sandbox_id: str) -> str:
+        entry = self._entry(sandbox_id)
+        async with entry.lock:
+            status = self.status(entry)
+            if status != RuntimeState.PAUSED.value:
+                raise errors.InvalidState(f"sandbox {sandbox_id} is {status}, not paused")
+            with _driver_errors():
+                await self.runtime.resume(entry.record)
+            entry.record.state = RuntimeState.RUNNING
+            entry.touch()
+            self.records.save(entry.record)
+        return RuntimeState.RUNNING.value
+
+    async def resize(self, sandbox_id: str, disk_mib: int) -> int:
+        entry = self._entry(sandbox_id)
+        async with entry.lock:
+            if disk_mib <= entry.record.disk_mib:
+                raise errors.BadRequest(f"disk_mib must be larger than the current {entry.record.disk_mib}")
+            if self.status(entry) == RuntimeState.STOPPED.value:
+                raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
+            with _driver_errors():
+                await self.runtime.resize(entry.record, disk_mib)
+            entry.record.disk_mib = disk_mib
+            self.records.save(entry.record)
+        return disk_mib
+
+    async def destroy(self, sandbox_id: str) -> None:
+        entry = self._entries.get(sandbox_id)
+        if entry is None:
+            return  # idempotent: already gone
+        await self._end_exchanges(entry, DESTROYED_MESSAGE)
+        async with entry.lock:
+            if self._entries.get(sandbox_id) is not entry:
+                return
+            with _driver_errors():
+                await self.runtime.destroy(entry.record)
+            self.records.delete(sandbox_id)
+            del self._entries[sandbox_id]
+        log.info("sandbox_destroyed", sandbox_id=sandbox_id)
+
+    async def _end_exchanges(self, entry: _Entry, reason: str) -> None:
+        for stream in list(entry.streams):
+            await stream.abort(reason)
+
+    # -- commands and files ---------------------------------------------------------------------
+
+    async def open_exec(self, sandbox_id: str, body: ExecBody) -> ExecStream:
+        """Starts a command; raises (404/409) before anything runs if the sandbox cannot take it."""
+        entry = self._running_entry(sandbox_id)
+        env = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": entry.record.name, "LANG": "C.UTF-8"}
+        env.update(body.env)
+        request = ExecRequest(
+            cmd=body.cmd,
+            args=body.args,
+            env=env,
+            cwd=body.cwd or self.settings.default_cwd,
+            stdin=body.stdin.encode() if body.stdin is not None else None,
+        )
+        _check_no_nul([body.cmd, *body.args, *env, *env.values(), request.cwd])
+        session = self.runtime.guest(entry.record).exec(request)
+        try:
+            await session.__aenter__()
+        except GuestError as exc:
+            raise errors.SandboxFailed(f"guest agent of {sandbox_id} unreachable: {exc}") from exc
+        entry.active += 1
+        entry.touch()
+
+        def finished(stream: ExecStream) -> None:
+            entry.streams.discard(stream)
+            entry.active -= 1
+            entry.touch()
+
+        stream = ExecStream(session, finished)
+        entry.streams.add(stream)
+        return stream
+
+    async def write_file(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes]) -> int:
+        entry = self._running_entry(sandbox_id)
+        _check_path(path)
+        async with self._activity(entry), _guest_file_errors(sandbox_id):
+            return await self.runtime.guest(entry.record).write_file(path, chunks)
+
+    @contextlib.asynccontextmanager
+    async def read_file(
+        self, sandbox_id: str, path: str
+    ) -> AsyncIterator[tuple[int | None, AsyncIterator[bytes]]]:
+        """Yields (size or None, chunk iterator); errors are raised on entering."""
+        entry = self._running_entry(sandbox_id)
+        _check_path(path)
+        async with self._activity(entry):
+            download = self.runtime.guest(entry.record).read_file(path)
+            async with _guest_file_errors(sandbox_id):
+                await download.__aenter__()
+            try:
+                yield download.size, aiter(download)
+            finally:
+                await download.__aexit__(None, None, None)
+
+    @contextlib.asynccontextmanager
+    async def _activity(self, entry: _Entry) -> AsyncIterator[None]:
+        entry.active += 1
+        entry.touch()
+        try:
+            yield
+        finally:
+            entry.active -= 1
+            entry.touch()
+
+    def heartbeat_sandboxes(self) -> list[dict[str, Any]]:
+        return [
+            {"id": v.id, "status": v.status, "oom_kills": v.oom_kills, "last_activity_at": v.last_activity_at}
+            for v in self.list()
+        ]
+
+
+def _check_path(path: str) -> None:
+    if not path or not path.startswith("/") or "\0" in path or len(path) >= os.pathconf("/", "PC_PATH_MAX"):
+        raise errors.BadPath(f"path must be absolute and without NUL: {path!r}")
+
+
+def _check_no_nul(values: list[str]) -> None:
+    if any("\0" in value for value in values):
+        raise errors.BadRequest("cmd, args, env and cwd may not contain NUL characters")
+
+
+@contextlib.contextmanager
+def _driver_errors() -> Any:
+    try:
+        yield
+    except CapacityError as exc:
+        raise errors.InsufficientCapacity(str(exc)) from exc
+    except NotRunningError as exc:
+        raise errors.InvalidState(str(exc)) from exc
+    except UnsupportedError as exc:
+        raise errors.BadRequest(str(exc)) from exc
+    except DriverError as exc:
+        raise errors.SandboxFailed(str(exc)) from exc
+
+
+@contextlib.asynccontextmanager
+async def _guest_file_errors(sandbox_id: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except GuestFileNotFoundError as exc:
+        raise errors.FileNotFound(str(exc)) from exc
+    except GuestParentNotFoundError as exc:
+        raise errors.ParentNotFound(str(exc)) from exc
+    except GuestIsDirectoryError as exc:
+        raise errors.IsDirectory(str(exc)) from exc
+    except GuestBadPathError as exc:
+        raise errors.BadPath(str(exc)) from exc
+    except GuestError as exc:
+        raise errors.SandboxFailed(f"file transfer with {sandbox_id} failed: {exc}") from exc

@@ -1,0 +1,101 @@
+"""Bodies of the host agent's internal API (``/internal/v1``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+SANDBOX_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+SANDBOX_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+SandboxStatus = Literal["running", "paused", "stopped"]
+
+
+class CreateSandboxBody(BaseModel):
+    id: str = Field(pattern=SANDBOX_ID_PATTERN)
+    name: str = Field(pattern=SANDBOX_NAME_PATTERN)
+    rootfs: str = Field(min_length=1, max_length=128)
+    vcpu: int = Field(ge=1, le=256)
+    mem_mib: int = Field(ge=32)
+    cpu_quota_pct: int | None = Field(default=None, ge=1)
+    disk_mib: int = Field(ge=512)
+    start_paused: bool = False
+
+
+class CreateSandboxResult(BaseModel):
+    id: str
+    ip: str
+    spawn_ms: float
+    status: SandboxStatus
+
+
+class SandboxView(BaseModel):
+    id: str
+    name: str
+    rootfs: str
+    status: SandboxStatus
+    ip: str
+    vcpu: int
+    mem_mib: int
+    cpu_quota_pct: int | None
+    disk_mib: int
+    created_at: float
+    last_activity_at: float
+    oom_kills: int
+    forked_from: str | None = None
+
+
+class ExecBody(BaseModel):
+    cmd: str = Field(min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    stdin: str | None = None
+    stream: bool = False
+
+
+class ExecResult(BaseModel):
+    stdout: str
+    stderr: str
+    exit_code: int
+    error: str | None = None
+    exec_ms: float
+
+
+class ForkBody(BaseModel):
+    new_id: str = Field(pattern=SANDBOX_ID_PATTERN)
+    name: str = Field(pattern=SANDBOX_NAME_PATTERN)
+    start_paused: bool = False
+
+
+class ResizeBody(BaseModel):
+    disk_mib: int = Field(ge=1)
+
+
+class ResizeResult(BaseModel):
+    disk_mib: int
+
+
+class StatusResult(BaseModel):
+    status: SandboxStatus
+
+
+class DestroyResult(BaseModel):
+    destroyed: bool = True
+
+
+class FileWritten(BaseModel):
+    path: str
+    size: int
+
+
+class HostInfo(BaseModel):
+    id: str
+    free_mib: int
+    total_mib: int
+    vm_count: int
+    rootfses: list[str]
+    buildable: list[str]
+    labels: dict[str, str]
+    runtime: str

@@ -1,0 +1,77 @@
+"""Host agent settings (env prefix ``PADDOCK_HOST_``), built once in ``main()`` and passed down."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from paddock_core.settings import DEFAULT_DATA_DIR, ServiceSettings
+
+RuntimeName = Literal["auto", "crun", "runc"]
+
+
+def _default_host_id() -> str:
+    return f"host-{socket.gethostname()}"
+
+
+class HostAgentSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="PADDOCK_HOST_", extra="ignore", populate_by_name=True)
+
+    id: str = Field(default_factory=_default_host_id)
+    host: str = "127.0.0.1"
+    port: int = 8081
+    # The URL the control plane should use to reach this agent; empty means http://{host}:{port}.
+    public_url: str = ""
+    token: SecretStr = SecretStr("")
+    controlplane_url: str = ""
+    heartbeat_interval_s: float = 2.0
+
+    state_dir: Path = DEFAULT_DATA_DIR / "host"
+    image_dir: Path = DEFAULT_DATA_DIR / "images"
+    # Image name -> mirror URL, for images that are only buildable with one (ubuntu:26.04, alpine:3.20,
+    # desktop:1); also overrides the Debian mirror for debian:13 and devbox:1.
+    image_mirrors: dict[str, str] = Field(default_factory=dict)
+
+    runtime: RuntimeName = "auto"
+    labels: dict[str, str] = Field(default_factory=dict)
+    subnet: str = "10.88.0.0/16"
+    nft_table: str = "paddock"
+    dns_servers: list[str] = Field(default_factory=list)
+    pool_size: int = 2
+    # Disk size the warm pool formats slots at; a create asking for more grows a pooled slot.
+    pool_disk_mib: int = 10240
+    # Filesystem of sandbox disks: ext4 needs CAP_SYS_RESOURCE to grow online, XFS does not.
+    disk_fs: Literal["auto", "ext4", "xfs"] = "auto"
+    runtime_root: Path = Path("/run/paddock")
+    # Memory offered to the scheduler; 0 means the machine's total minus ``reserved_mib``.
+    total_mib: int = 0
+    reserved_mib: int = 1024
+    boot_timeout_s: float = 10.0
+    default_cwd: str = "/root"
+
+    @field_validator("subnet")
+    @classmethod
+    def _valid_subnet(cls, value: str) -> str:
+        network = ipaddress.IPv4Network(value, strict=True)
+        if network.prefixlen > 29:
+            raise ValueError("subnet must leave room for sandboxes (/29 or larger)")
+        return str(network)
+
+    @field_validator("nft_table")
+    @classmethod
+    def _valid_table(cls, value: str) -> str:
+        if not value.replace("_", "").isalnum():
+            raise ValueError("nft_table must be alphanumeric")
+        return value
+
+    def require_token(self) -> SecretStr:
+        return self.reject_placeholder(self.token, "PADDOCK_HOST_TOKEN")
+
+    @property
+    def advertised_url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"
