@@ -85,7 +85,10 @@ async def test_v_of_zero_or_one_is_accepted(gateway: Gateway) -> None:
 async def test_nonce_is_single_use_and_forgeries_do_not_burn_it(gateway: Gateway) -> None:
     wallet, attacker = new_wallet(), new_wallet()
     headers = gateway.auth(wallet)
-    forged = {**headers, "X-Signature": attacker.sign(f"{wallet.address}:{headers['X-Timestamp']}:{headers['X-Nonce']}")}
+    forged = {
+        **headers,
+        "X-Signature": attacker.sign(f"{wallet.address}:{headers['X-Timestamp']}:{headers['X-Nonce']}"),
+    }
     assert code(await projects(gateway, forged)) == "auth_invalid_signature"
     assert (await projects(gateway, headers)).status_code == 200
     replay = await projects(gateway, headers)
@@ -96,9 +99,13 @@ async def test_nonce_is_single_use_and_forgeries_do_not_burn_it(gateway: Gateway
 
 async def test_nonce_consumed_even_when_the_request_then_fails(gateway: Gateway) -> None:
     headers = gateway.auth(new_wallet())
-    bad = await gateway.http.post("/agent/deploy", content=b"{", headers={**headers, "Content-Type": "application/json"})
+    bad = await gateway.http.post(
+        "/agent/deploy", content=b"{", headers={**headers, "Content-Type": "application/json"}
+    )
     assert bad.status_code == 400
-    again = await gateway.http.post("/agent/deploy", content=b"{", headers={**headers, "Content-Type": "application/json"})
+    again = await gateway.http.post(
+        "/agent/deploy", content=b"{", headers={**headers, "Content-Type": "application/json"}
+    )
     assert code(again) == "auth_nonce_reused"
 
 

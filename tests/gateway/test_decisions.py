@@ -47,7 +47,9 @@ async def test_cases_a_c_b_then_a_again_after_delete(gateway: Gateway) -> None:
     assert "reduce runtime" in shared.json()["message"]
 
     for project in (project_a, shared.json()):
-        deleted = await gateway.http.delete(f"/agent/projects/{project['projectId']}", headers=gateway.auth(wallet))
+        deleted = await gateway.http.delete(
+            f"/agent/projects/{project['projectId']}", headers=gateway.auth(wallet)
+        )
         assert deleted.json() == {"projectId": project["projectId"], "status": "deleted"}
     assert (await gateway.projects(wallet))["count"] == 0
 

@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.chain, pytest.mark.db, pytest.mark.slow]
 async def test_one_hash_fifty_concurrent_requests_one_deploy(
     tmp_path: Path, database_url: str, devchains: dict[str, Chain], paying_wallet: Wallet
 ) -> None:
-    settings = gateway_settings(tmp_path, database_url, rate_limit_requests=1000, **chain_overrides(devchains))
+    settings = gateway_settings(
+        tmp_path, database_url, rate_limit_requests=1000, **chain_overrides(devchains)
+    )
     async with running_gateway(settings, tmp_path, chains=devchains) as gw:
         tx = await paying_wallet.transfer(devchains["base"], "usdc", 1_813_947)
         responses = await asyncio.gather(

@@ -9,8 +9,16 @@ import httpx
 import pytest
 
 from paddock_gateway.metering import hour_cost_micro
-from tests.gateway.conftest import Gateway, Wallet, free_port, gateway_settings, new_wallet, running_gateway
-from tests.gateway.conftest import static_site, unique_name
+from tests.gateway.conftest import (
+    Gateway,
+    Wallet,
+    free_port,
+    gateway_settings,
+    new_wallet,
+    running_gateway,
+    static_site,
+    unique_name,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -36,7 +44,9 @@ async def test_credits_drain_hourly_and_projects_pause_at_zero(tmp_path: Path) -
         assert metering is not None
         wallet = new_wallet()
         await gw.grant_credits(wallet, Decimal("7.30"))
-        started = (await gw.deploy(wallet, static_site(unique_name("meter"), "<b>metered</b>", port=free_port()))).json()
+        started = (
+            await gw.deploy(wallet, static_site(unique_name("meter"), "<b>metered</b>", port=free_port()))
+        ).json()
         ready = await gw.wait_terminal(wallet, started["projectId"], started["deploymentId"])
         assert ready["status"] == "ready" and await answers(ready["endpoint"])
 
@@ -78,7 +88,9 @@ async def test_failed_deployments_are_not_billed(gateway: Gateway) -> None:
     body = static_site(unique_name("broken"), "x", port=free_port())
     body["settings"]["hasDockerfile"] = True
     started = (await gateway.deploy(wallet, body)).json()
-    assert (await gateway.wait_terminal(wallet, started["projectId"], started["deploymentId"]))["status"] == "failed"
+    assert (await gateway.wait_terminal(wallet, started["projectId"], started["deploymentId"]))[
+        "status"
+    ] == "failed"
     gateway.clock.advance(hours=3)
     assert gateway.services.metering is not None
     assert (await gateway.services.metering.run_once()).hours_billed == 0

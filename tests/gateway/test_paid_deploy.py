@@ -41,7 +41,11 @@ async def test_quote_pay_deploy_and_the_endpoint_serves_the_upload(
     assert accepted["status"] == "deploying"
 
     final = await gw.wait_terminal(paying_wallet, accepted["projectId"], accepted["deploymentId"])
-    assert final == {"status": "ready", "deployment_id": accepted["deploymentId"], "endpoint": f"http://127.0.0.1:{port}"}
+    assert final == {
+        "status": "ready",
+        "deployment_id": accepted["deploymentId"],
+        "endpoint": f"http://127.0.0.1:{port}",
+    }
     async with httpx.AsyncClient() as http:
         page = await http.get(final["endpoint"] + "/index.html")
     assert page.status_code == 200 and "hello from paddock" in page.text
@@ -53,7 +57,9 @@ async def test_quote_pay_deploy_and_the_endpoint_serves_the_upload(
     assert project["status"] == "active" and project["url"] == final["endpoint"]
     assert project["createdAt"].endswith("Z") and len(project["createdAt"]) == 24
 
-    again = await gw.deploy(paying_wallet, static_site(unique_name(), "x", port=free_port()), **{"X-Payment-Tx": tx_hash})
+    again = await gw.deploy(
+        paying_wallet, static_site(unique_name(), "x", port=free_port()), **{"X-Payment-Tx": tx_hash}
+    )
     assert again.status_code == 409
     assert again.json() == {
         "error": "Payment already processed",

@@ -8,9 +8,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-
 from paddock_gateway.pricing import PricingError
-from tests.gateway.conftest import Gateway, b64, gateway_settings, new_wallet, running_gateway, static_site, unique_name
+from tests.gateway.conftest import (
+    Gateway,
+    b64,
+    gateway_settings,
+    new_wallet,
+    running_gateway,
+    static_site,
+    unique_name,
+)
 
 
 def body(**changes: Any) -> dict[str, Any]:
@@ -38,11 +45,15 @@ async def details(gw: Gateway, payload: Any) -> list[dict[str, str]]:
 
 async def test_wrong_content_type_and_broken_json(gateway: Gateway) -> None:
     headers = gateway.auth(new_wallet())
-    r = await gateway.http.post("/agent/deploy", content=b"{}", headers={**headers, "Content-Type": "text/plain"})
+    r = await gateway.http.post(
+        "/agent/deploy", content=b"{}", headers={**headers, "Content-Type": "text/plain"}
+    )
     assert r.status_code == 400 and r.json()["code"] == "invalid_json"
     headers = gateway.auth(new_wallet())
     r = await gateway.http.post(
-        "/agent/deploy", content=b'{"a":', headers={**headers, "Content-Type": "application/json; charset=utf-8"}
+        "/agent/deploy",
+        content=b'{"a":',
+        headers={**headers, "Content-Type": "application/json; charset=utf-8"},
     )
     assert r.status_code == 400 and r.json() == {"error": "Body is not valid JSON", "code": "invalid_json"}
 
@@ -54,7 +65,9 @@ async def test_field_errors_name_the_field(gateway: Gateway) -> None:
     for months in (1.0, "1", True, 0, 121):
         assert (await details(gateway, body(months=months)))[0]["field"] == "months", months
     assert (await details(gateway, body(settings={"port": 70000})))[0]["field"] == "settings.port"
-    assert (await details(gateway, body(settings={"runEnvs": {"1BAD": "x"}})))[0]["field"] == "settings.runEnvs"
+    assert (await details(gateway, body(settings={"runEnvs": {"1BAD": "x"}})))[0][
+        "field"
+    ] == "settings.runEnvs"
     assert (await details(gateway, [1, 2]))[0]["field"] == "body"
     missing = await details(gateway, {"displayName": "Name"})
     assert {d["field"] for d in missing} >= {"uniqueName", "upload"}
@@ -145,7 +158,9 @@ async def test_public_lookups(gateway: Gateway) -> None:
 async def test_balance_reads_the_chain(chain_gateway: Gateway) -> None:
     wallet = new_wallet()
     await wallet.fund(chain_gateway.chains["arbitrum"], tokens_raw=18_000_000)
-    response = await chain_gateway.http.get(f"/agent/balance/{wallet.address.lower()}", params={"chain": "ARBITRUM"})
+    response = await chain_gateway.http.get(
+        f"/agent/balance/{wallet.address.lower()}", params={"chain": "ARBITRUM"}
+    )
     assert response.status_code == 200
     assert response.json() == {
         "address": wallet.address,
@@ -170,5 +185,3 @@ async def test_balance_reads_the_chain(chain_gateway: Gateway) -> None:
             },
         ],
     }
-
-

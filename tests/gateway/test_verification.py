@@ -43,7 +43,9 @@ async def test_wrong_token_is_no_matching_transfer(chain_gateway: Gateway, payin
 
 
 async def test_wrong_recipient_is_no_matching_transfer(chain_gateway: Gateway, paying_wallet: Wallet) -> None:
-    tx = await paying_wallet.transfer(chain_gateway.chains["base"], "usdc", PRICE_RAW, to=new_wallet().address)
+    tx = await paying_wallet.transfer(
+        chain_gateway.chains["base"], "usdc", PRICE_RAW, to=new_wallet().address
+    )
     assert (await submit(chain_gateway, paying_wallet, tx))["reason"] == "no_matching_transfer"
 
 
@@ -63,10 +65,14 @@ async def test_reverted_transfer(chain_gateway: Gateway) -> None:
     assert (await submit(chain_gateway, broke, tx))["reason"] == "tx_reverted"
 
 
-async def test_payment_on_another_chain_is_not_found_here(chain_gateway: Gateway, paying_wallet: Wallet) -> None:
+async def test_payment_on_another_chain_is_not_found_here(
+    chain_gateway: Gateway, paying_wallet: Wallet
+) -> None:
     tx = await paying_wallet.transfer(chain_gateway.chains["arbitrum"], "usdc", PRICE_RAW)
     assert (await submit(chain_gateway, paying_wallet, tx))["reason"] == "tx_not_found"  # default chain: base
-    ok = await chain_gateway.deploy(paying_wallet, site(), **{"X-Payment-Tx": tx, "X-Payment-Chain": "Arbitrum"})
+    ok = await chain_gateway.deploy(
+        paying_wallet, site(), **{"X-Payment-Tx": tx, "X-Payment-Chain": "Arbitrum"}
+    )
     assert ok.status_code == 200, ok.text
 
 
@@ -77,9 +83,7 @@ async def test_pending_transaction_then_mined(chain_gateway: Gateway, paying_wal
         tx = await paying_wallet.send(
             base,
             base.tokens["usdc"],
-            "0xa9059cbb"
-            + "70997970c51812dc3a010c7d01b50e0d17dc79c8".rjust(64, "0")
-            + f"{PRICE_RAW:064x}",
+            "0xa9059cbb" + "70997970c51812dc3a010c7d01b50e0d17dc79c8".rjust(64, "0") + f"{PRICE_RAW:064x}",
         )
         assert (await submit(chain_gateway, paying_wallet, tx))["reason"] == "tx_pending"
         await base.mine()

@@ -1,0 +1,50 @@
+"""The dev-chain command: two anvil nodes with 6-decimal tokens at the registry's real addresses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from paddock_gateway import devchain
+from paddock_gateway.registry import KNOWN_CHAINS
+from paddock_gateway.settings import GatewaySettings
+
+pytestmark = [pytest.mark.chain, pytest.mark.slow]
+
+
+def call(url: str, to: str, data: str) -> int:
+    return int(devchain.rpc(url, "eth_call", [{"to": to, "data": data}, "latest"]), 16)
+
+
+def test_up_writes_a_usable_file_and_down_stops_the_nodes(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "paddock_gateway.devchain"]
+    up = subprocess.run(
+        [*run, "up", "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        info = json.loads(up.stdout)
+        assert info == json.loads((tmp_path / "devchain.json").read_text())
+        for name, chain_id, tokens in KNOWN_CHAINS:
+            chain = info["chains"][name]
+            assert int(devchain.rpc(chain["rpc_url"], "eth_chainId"), 16) == chain_id
+            for token, (_, address) in tokens.items():
+                assert chain["tokens"][token] == address
+                assert call(chain["rpc_url"], address, "0x313ce567") == 6  # decimals()
+                holder = devchain.DEMO_ADDRESS.lower()[2:].rjust(64, "0")
+                assert call(chain["rpc_url"], address, "0x70a08231" + holder) == devchain.DEMO_TOKENS_RAW
+        settings = GatewaySettings(devchain_file=tmp_path / "devchain.json")
+        assert settings.rpc_url_base == info["chains"]["base"]["rpc_url"]
+        assert settings.registry().chain("arbitrum").recipient == devchain.RECIPIENT_ADDRESS
+    finally:
+        down = subprocess.run(
+            [*run, "down", "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=60
+        )
+    assert down.returncode == 0 and "stopped 2" in down.stdout
+    with pytest.raises(httpx.HTTPError):
+        devchain.rpc(info["chains"]["base"]["rpc_url"], "eth_chainId", timeout_s=1)
