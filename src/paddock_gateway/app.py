@@ -47,18 +47,15 @@ def pricing_source(settings: GatewaySettings) -> PricingSource:
 
 
 def default_sandbox_provider(settings: GatewaySettings) -> SandboxProvider:
-    from paddock_gateway.adapters import paddock_sandboxes
+    from paddock_gateway.adapters.paddock_sandboxes import PaddockSandboxProvider
 
-    try:
-        return paddock_sandboxes.PaddockSandboxProvider(
-            settings.controlplane_url,
-            settings.api_key.get_secret_value(),
-            shape=settings.sandbox_shape,
-            rootfs=settings.sandbox_rootfs,
-        )
-    except (ImportError, AttributeError) as exc:
-        log.error("hosting_unconfigured", reason="the Paddock SDK (paddock.AsyncClient) is not available")
-        return paddock_sandboxes.UnconfiguredSandboxProvider(f"Paddock SDK unavailable: {exc}")
+    return PaddockSandboxProvider(
+        settings.controlplane_url,
+        settings.api_key.get_secret_value(),
+        shape=settings.sandbox_shape,
+        rootfs=settings.sandbox_rootfs,
+        timeout_s=max(settings.install_timeout_s, settings.build_timeout_s) + 60,
+    )
 
 
 async def check_chains(registry: Registry, chains: dict[str, ChainClient]) -> None:

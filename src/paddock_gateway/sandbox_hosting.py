@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import posixpath
 import shlex
 import time
 import uuid
@@ -50,6 +51,7 @@ from paddock_gateway.runtimes import BuildPlan, PlanError, infer_plan
 log = get_logger("paddock.gateway.hosting")
 LOG_TAIL_CHARS = 2000
 WRITE_CONCURRENCY = 16
+MKDIR_BATCH = 200
 RUNNING = ("building", "deploying")
 
 
@@ -263,6 +265,8 @@ class SandboxHosting:
             raise HostingUnavailable(str(exc)) from exc
         except SandboxError as exc:
             raise HostingError(str(exc)) from exc
+        app_dir = f"{sandbox.workspace}/app"
+        directories = sorted({posixpath.dirname(f"{app_dir}/{item.path}") for item in files} | {app_dir})
         gate = asyncio.Semaphore(WRITE_CONCURRENCY)
 
         async def write(item: UploadedFile) -> None:
@@ -270,6 +274,10 @@ class SandboxHosting:
                 await sandbox.files.write(f"{sandbox.workspace}/app/{item.path}", item.data)
 
         try:
+            for start in range(0, len(directories), MKDIR_BATCH):
+                result = await sandbox.run("mkdir", ["-p", *directories[start : start + MKDIR_BATCH]])
+                if result.exit_code != 0:
+                    raise SandboxError(f"mkdir failed: {tail(result.stderr)}")
             await asyncio.gather(*(write(item) for item in files))
         except SandboxError as exc:
             try:
