@@ -25,7 +25,8 @@ from paddock_gateway.models import Nonce
 
 ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]{40}$")
 SIGNATURE_RE = re.compile(r"^0x[0-9a-fA-F]{130}$")
-TIMESTAMP_RE = re.compile(r"^[0-9]{1,20}$")
+TIMESTAMP_RE = re.compile(r"^[0-9]+$")
+MAX_TIMESTAMP_DIGITS = 19  # longer values are syntactically fine but necessarily outside the window
 NONCE_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 HEADERS = ("x-wallet-address", "x-signature", "x-timestamp", "x-nonce")
 
@@ -78,7 +79,7 @@ def verify_headers(headers: Mapping[str, str], now_ms: int, skew_ms: int) -> tup
     ):
         raise AuthError("auth_malformed")
     sig = signature_bytes(signature)  # may raise auth_malformed for a bad v
-    if abs(now_ms - int(timestamp)) > skew_ms:
+    if len(timestamp.lstrip("0")) > MAX_TIMESTAMP_DIGITS or abs(now_ms - int(timestamp)) > skew_ms:
         raise AuthError("auth_expired")
     signer = recover_signer(signed_message(address, timestamp, nonce), "0x" + sig.hex())
     if signer != address.lower():

@@ -57,6 +57,8 @@ async def test_expired_timestamp_both_ways(gateway: Gateway) -> None:
     assert code(await projects(gateway, wallet.auth(now - 61_000))) == "auth_expired"
     assert code(await projects(gateway, wallet.auth(now + 61_000))) == "auth_expired"
     assert (await projects(gateway, wallet.auth(now - 50_000))).status_code == 200
+    huge = {**gateway.auth(wallet), "X-Timestamp": "9" * 5000}
+    assert code(await projects(gateway, huge)) == "auth_expired"
 
 
 async def test_invalid_signature(gateway: Gateway) -> None:
