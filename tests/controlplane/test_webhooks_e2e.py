@@ -11,11 +11,12 @@ import asyncio
 import pytest
 from sqlalchemy import text
 
-from paddock_controlplane import webhooks
+from paddock_controlplane import hostlink, webhooks
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, transaction
-from tests.controlplane.conftest import ControlPlane
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
+from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
 from tests.controlplane.webhook_support import SECRET_KEY, Receiver, running_receiver, verify
 
 pytestmark = pytest.mark.db
@@ -139,3 +140,50 @@ async def test_delete_removes_the_endpoints_deliveries_at_once(controlplane: Con
             await engine.dispose()
         assert left == 0
         release.set()
+
+
+async def test_sandbox_lifecycle_through_the_api_announces_each_action(
+    controlplane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    link = FakeHostLink()
+
+    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
+        return link
+
+    monkeypatch.setattr(hostlink, "for_host", for_host)
+    beat = await controlplane.http.post(
+        "/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
+    )
+    assert beat.status_code == 200
+    user_id, key = await controlplane.new_user()
+    headers = {"X-Api-Key": key}
+    async with running_receiver() as receiver:
+        created = await controlplane.http.post(
+            "/v1/webhook-endpoints", json={"url": receiver.url + "/hook"}, headers=headers
+        )
+        secret = created.json()["data"]["secret"]
+        refused = await controlplane.http.post("/v1/sandboxes", json={"shape": "s-64vcpu"}, headers=headers)
+        assert refused.status_code == 400  # a failed call announces nothing
+        sandbox = await controlplane.http.post(
+            "/v1/sandboxes", json={"shape": "s-1vcpu-1gb"}, headers=headers
+        )
+        assert sandbox.status_code == 200, sandbox.text
+        sandbox_id = sandbox.json()["data"]["id"]
+        for step in ("pause", "resume"):
+            response = await controlplane.http.post(f"/v1/sandboxes/{sandbox_id}/{step}", headers=headers)
+            assert response.status_code == 200, response.text
+        await until(receiver, 3)
+
+    assert [r.json["event"] for r in receiver.received] == [
+        "sandbox.create",
+        "sandbox.pause",
+        "sandbox.resume",
+    ]
+    assert all(verify(secret, r, tolerance_s=300) for r in receiver.received)
+    data = receiver.received[0].json["data"]
+    assert {k: data[k] for k in ("shape", "disk_mib", "region")} == {
+        "shape": "s-1vcpu-1gb",
+        "disk_mib": 10240,
+        "region": "eu",
+    }
+    assert data["sandbox_id"] == sandbox_id and data["user_id"] == user_id
