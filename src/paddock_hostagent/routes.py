@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import (
@@ -70,7 +70,7 @@ async def exec_command(
             result = await _unless_disconnected(request, stream.collect())
         finally:
             await stream.close()
-        return ExecResult(**result)
+        return JSONResponse(ExecResult(**result).model_dump(exclude_none=True))
 
     async def ndjson() -> AsyncIterator[bytes]:
         try:

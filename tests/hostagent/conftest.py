@@ -1,0 +1,308 @@
+"""Host agent fixtures: real host agent processes running real sandboxes under crun/runc.
+
+Each agent runs as its own process (``python -m paddock_hostagent.main``) with its own state dir, a
+private /24 and its own nftables table, so a test can kill and restart it like an operator would.
+Images come from the shared cache ``$PADDOCK_TEST_IMAGE_CACHE`` (default /var/lib/paddock/images) and are
+built on first use. Everything a test creates is destroyed afterwards, even when it fails, and the
+session ends by checking that no mount, loop device, netns or cgroup was left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from paddock_hostagent.client import HostAgentClient
+from paddock_hostagent.guest.build import ensure_agent_binary
+from paddock_hostagent.images import ImageStore
+
+TOKEN = "test-host-agent-token-0123456789"
+DISK_MIB = 2048
+_subnet_counter = iter(range(10_000))
+
+
+def image_cache() -> Path:
+    return Path(os.environ.get("PADDOCK_TEST_IMAGE_CACHE", "/var/lib/paddock/images"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root (namespaces, cgroups, mounts)")
+    for item in items:
+        if "root" in item.keywords and "hostagent" in str(item.fspath):
+            item.add_marker(skip)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def private_subnet() -> str:
+    """A /24 unlikely to collide with another test run's agents on this machine."""
+    index = (os.getpid() * 7 + next(_subnet_counter)) % 250
+    return f"10.252.{index}.0/24"
+
+
+@pytest.fixture(scope="session")
+def debian_image() -> Path:
+    return ImageStore(image_cache()).build("debian:13")
+
+
+@pytest.fixture(scope="session")
+def guest_binary_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("guest")
+    ensure_agent_binary(directory)
+    return directory
+
+
+@dataclass
+class AgentProcess:
+    """A host agent running as a child process."""
+
+    state_dir: Path
+    guest_dir: Path
+    runtime: str = "auto"
+    pool_size: int = 2
+    controlplane_url: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    subnet: str = field(default_factory=private_subnet)
+    nft_table: str = field(default_factory=lambda: f"pdktest{secrets.token_hex(3)}")
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    created_ids: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "agent.log"
+
+    def env(self) -> dict[str, str]:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
+        env.update(
+            {
+                "PADDOCK_HOST_ID": f"test-{self.nft_table}",
+                "PADDOCK_HOST_TOKEN": TOKEN,
+                "PADDOCK_HOST_HOST": "127.0.0.1",
+                "PADDOCK_HOST_PORT": str(self.port),
+                "PADDOCK_HOST_STATE_DIR": str(self.state_dir),
+                "PADDOCK_HOST_IMAGE_DIR": str(image_cache()),
+                "PADDOCK_HOST_SUBNET": self.subnet,
+                "PADDOCK_HOST_NFT_TABLE": self.nft_table,
+                "PADDOCK_HOST_POOL_SIZE": str(self.pool_size),
+                "PADDOCK_HOST_POOL_DISK_MIB": str(DISK_MIB),
+                "PADDOCK_HOST_RUNTIME": self.runtime,
+                "PADDOCK_HOST_CONTROLPLANE_URL": self.controlplane_url,
+                "PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "0.2",
+                "PADDOCK_HOST_LOG_JSON": "true",
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        guest_dir = self.state_dir / "guest"
+        if not guest_dir.exists():  # skip compiling the guest agent again for every agent
+            shutil.copytree(self.guest_dir, guest_dir)
+        self.port = self.port or free_port()
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "paddock_hostagent.main"], env=self.env(), stdout=log, stderr=log
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"host agent exited with {self.process.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"host agent did not start:\n{self.log_tail()}")
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 60.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def client(self) -> HostAgentClient:
+        return HostAgentClient(self.url, TOKEN)
+
+    def record(self, sandbox_id: str) -> dict[str, Any]:
+        import json
+
+        return dict(json.loads((self.state_dir / "sandboxes" / f"{sandbox_id}.json").read_text()))
+
+
+def sandbox_cgroup_dirs(sandbox_ids: list[str]) -> list[Path]:
+    """The cgroup directories (any hierarchy) of these sandboxes that still exist."""
+    root = Path("/sys/fs/cgroup")
+    found: list[Path] = []
+    for sandbox_id in sandbox_ids:
+        for hierarchy in root.iterdir():
+            found += [path for path in hierarchy.glob(f"**/paddock/{sandbox_id}") if path.is_dir()]
+    return found
+
+
+def leftovers(state_dir: Path, sandbox_ids: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+    """Mounts, loop devices, slots, netns and cgroups that still belong to an agent's state dir."""
+    found: list[str] = [f"cgroup {path}" for path in sandbox_cgroup_dirs(list(sandbox_ids))]
+    slots_dir = state_dir / "slots"
+    if slots_dir.is_dir():
+        for slot in slots_dir.iterdir():
+            found.append(f"slot {slot.name}")
+            if Path(f"/run/netns/pdk-{slot.name}").exists():
+                found.append(f"netns pdk-{slot.name}")
+    prefix = str(state_dir)
+    with open("/proc/self/mountinfo") as mountinfo:
+        found += [f"mount {line.split()[4]}" for line in mountinfo if line.split()[4].startswith(prefix)]
+    loops = subprocess.run(["losetup", "-n", "-O", "NAME,BACK-FILE"], capture_output=True, text=True).stdout
+    found += [f"loop {line}" for line in loops.splitlines() if prefix in line]
+    return found
+
+
+def teardown_agent(agent: AgentProcess) -> None:
+    """Destroys what the agent still holds, stops it, and removes its state, table and leftovers."""
+    sandbox_ids = [path.stem for path in (agent.state_dir / "sandboxes").glob("*.json")]
+    if agent.process is not None and agent.process.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            for sandbox in httpx.get(
+                agent.url + "/internal/v1/sandboxes", headers=headers, timeout=30
+            ).json():
+                httpx.delete(
+                    f"{agent.url}/internal/v1/sandboxes/{sandbox['id']}", headers=headers, timeout=60
+                )
+        agent.stop()
+    remaining = leftovers(agent.state_dir, sandbox_ids + agent.created_ids)
+    subprocess.run(["nft", "delete", "table", "ip", agent.nft_table], capture_output=True)
+    shutil.rmtree(agent.state_dir, ignore_errors=True)
+    assert not remaining, f"host agent left these behind: {remaining}"
+
+
+@pytest.fixture(scope="session")
+def agent(debian_image: Path, guest_binary_dir: Path) -> Iterator[AgentProcess]:
+    """One host agent (default runtime) shared by the tests that do not restart it."""
+    process = AgentProcess(state_dir=Path(f"/tmp/pdkt-{secrets.token_hex(3)}"), guest_dir=guest_binary_dir)
+    process.start()
+    try:
+        yield process
+    finally:
+        teardown_agent(process)
+
+
+@pytest.fixture
+def make_agent(debian_image: Path, guest_binary_dir: Path) -> Iterator[Any]:
+    """Factory for agents a test starts, kills and restarts itself; all torn down afterwards."""
+    made: list[AgentProcess] = []
+
+    def make(**options: Any) -> AgentProcess:
+        process = AgentProcess(
+            state_dir=Path(f"/tmp/pdkt-{secrets.token_hex(3)}"), guest_dir=guest_binary_dir, **options
+        )
+        made.append(process)
+        return process
+
+    try:
+        yield make
+    finally:
+        for process in made:
+            if process.process is not None and process.process.poll() is not None:
+                with contextlib.suppress(RuntimeError):
+                    process.start()  # restart a killed agent so it can destroy what it adopted
+            teardown_agent(process)
+
+
+class Sandboxes:
+    """Creates sandboxes through the API and destroys them at the end of the test."""
+
+    def __init__(self, host: HostAgentClient, agent: AgentProcess | None = None) -> None:
+        self.host = host
+        self.agent = agent
+        self.created: list[str] = []
+
+    async def create(self, **overrides: Any) -> dict[str, Any]:
+        sandbox_id = overrides.pop("id", f"sb-{secrets.token_hex(5)}")
+        spec = {
+            "id": sandbox_id,
+            "name": overrides.pop("name", f"box-{secrets.token_hex(3)}"),
+            "rootfs": "debian:13",
+            "vcpu": 1,
+            "mem_mib": 512,
+            "cpu_quota_pct": None,
+            "disk_mib": DISK_MIB,
+            "start_paused": False,
+        }
+        spec.update(overrides)
+        self.track(sandbox_id)
+        return await self.host.create_sandbox(**spec)
+
+    def track(self, sandbox_id: str) -> None:
+        self.created.append(sandbox_id)
+        if self.agent is not None:
+            self.agent.created_ids.append(sandbox_id)
+
+    async def destroy_all(self) -> None:
+        for sandbox_id in reversed(self.created):
+            with contextlib.suppress(Exception):
+                await self.host.destroy_sandbox(sandbox_id)
+
+
+@pytest.fixture
+async def host(agent: AgentProcess) -> AsyncIterator[HostAgentClient]:
+    async with agent.client() as client:
+        yield client
+
+
+@pytest.fixture
+async def sandboxes(host: HostAgentClient, agent: AgentProcess) -> AsyncIterator[Sandboxes]:
+    tracker = Sandboxes(host, agent)
+    try:
+        yield tracker
+    finally:
+        await tracker.destroy_all()
+
+
+@pytest.fixture
+async def sandbox(sandboxes: Sandboxes) -> dict[str, Any]:
+    """A running debian:13 sandbox (512 MiB, 2 GiB disk)."""
+    return await sandboxes.create()
+
+
+async def run(host: HostAgentClient, sandbox_id: str, cmd: str, *args: str, **kwargs: Any) -> dict[str, Any]:
+    return await host.exec(sandbox_id, cmd=cmd, args=list(args), env=kwargs.pop("env", {}), **kwargs)
+
+
+async def sh(host: HostAgentClient, sandbox_id: str, script: str) -> dict[str, Any]:
+    return await run(host, sandbox_id, "bash", "-c", script)

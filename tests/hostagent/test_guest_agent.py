@@ -1,0 +1,248 @@
+"""The guest agent binary and its Python client, outside any container (``--listen PATH``).
+
+These pin the protocol semantics the host agent builds on: separate streams, exit codes, start
+failures, stdin, exact environments, killing the process group on hang-up, reaping orphans, and
+streaming files of any size without holding them in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from paddock_hostagent.guest import (
+    ExecRequest,
+    Exited,
+    GuestBadPathError,
+    GuestClient,
+    GuestFileNotFoundError,
+    GuestIsDirectoryError,
+    GuestParentNotFoundError,
+    GuestUnavailableError,
+    Output,
+    SpawnFailed,
+)
+from paddock_hostagent.guest.build import BINARY_NAME
+
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+
+
+@pytest.fixture
+def guest(guest_binary_dir: Path, tmp_path: Path) -> Iterator[tuple[GuestClient, subprocess.Popen[bytes]]]:
+    socket_path = tmp_path / "g.sock"
+    process = subprocess.Popen([str(guest_binary_dir / BINARY_NAME), "--listen", str(socket_path)])
+    deadline = time.monotonic() + 5
+    while not socket_path.exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    try:
+        yield GuestClient(socket_path), process
+    finally:
+        process.kill()
+        process.wait()
+
+
+async def run(client: GuestClient, request: ExecRequest) -> tuple[bytes, bytes, list[object]]:
+    stdout, stderr, events = b"", b"", []
+    async with client.exec(request) as session:
+        async for event in session:
+            events.append(event)
+            if isinstance(event, Output):
+                if event.stream == "stdout":
+                    stdout += event.data
+                else:
+                    stderr += event.data
+    return stdout, stderr, events
+
+
+async def test_streams_are_separate_and_the_exit_code_comes_last(guest: tuple[GuestClient, object]) -> None:
+    client, _ = guest
+    script = "for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.02; done; exit 3"
+    stdout, stderr, events = await run(client, ExecRequest("sh", ["-c", script], ENV))
+    assert stdout == b"out1\nout2\nout3\n"
+    assert stderr == b"err1\nerr2\nerr3\n"
+    assert events[-1] == Exited(exit_code=3, signal=0)
+    assert sum(isinstance(event, Exited) for event in events) == 1
+    order = [event.data.strip() for event in events if isinstance(event, Output)]
+    assert order == [b"out1", b"err1", b"out2", b"err2", b"out3", b"err3"]
+
+
+async def test_death_by_signal_reports_128_plus_signal(guest: tuple[GuestClient, object]) -> None:
+    client, _ = guest
+    *_, events = await run(client, ExecRequest("sh", ["-c", "kill -TERM $$"], ENV))
+    assert events[-1] == Exited(exit_code=143, signal=15)
+
+
+async def test_a_command_that_cannot_start_is_an_error_not_an_exit(guest: tuple[GuestClient, object]) -> None:
+    client, _ = guest
+    *_, events = await run(client, ExecRequest("no-such-command-xyz", [], ENV))
+    assert len(events) == 1 and isinstance(events[0], SpawnFailed)
+    assert "No such file or directory" in events[0].message
+    *_, events = await run(client, ExecRequest("pwd", [], ENV, cwd="/no/such/dir"))
+    assert isinstance(events[0], SpawnFailed) and "chdir" in events[0].message
+
+
+async def test_stdin_is_given_bytes_or_empty(guest: tuple[GuestClient, object]) -> None:
+    client, _ = guest
+    stdout, _, _ = await run(client, ExecRequest("cat", [], ENV, stdin=b"hello\x00world"))
+    assert stdout == b"hello\x00world"
+    stdout, _, events = await run(client, ExecRequest("cat", [], ENV))
+    assert stdout == b"" and events[-1] == Exited(0, 0)
+
+
+async def test_large_stdin_and_output_do_not_deadlock(guest: tuple[GuestClient, object]) -> None:
+    client, _ = guest
+    payload = os.urandom(8 << 20)
+    stdout, _, events = await asyncio.wait_for(run(client, ExecRequest("cat", [], ENV, stdin=payload)), 30)
+    assert stdout == payload and events[-1] == Exited(0, 0)
+
+
+async def test_the_environment_is_exactly_the_one_given(guest: tuple[GuestClient, object]) -> None:
+    client, _ = guest
+    stdout, _, _ = await run(
+        client, ExecRequest("env", [], {"PATH": "/usr/bin:/bin", "GREETING": "héllo wörld"})
+    )
+    assert sorted(stdout.decode().splitlines()) == ["GREETING=héllo wörld", "PATH=/usr/bin:/bin"]
+
+
+async def test_working_directory(guest: tuple[GuestClient, object], tmp_path: Path) -> None:
+    client, _ = guest
+    stdout, _, _ = await run(client, ExecRequest("pwd", [], ENV, cwd=str(tmp_path)))
+    assert stdout.decode().strip() == str(tmp_path)
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    pending.append(child)
+    return found
+
+
+async def test_hanging_up_kills_the_whole_process_group(
+    guest: tuple[GuestClient, subprocess.Popen[bytes]],
+) -> None:
+    client, process = guest
+    request = ExecRequest("sh", ["-c", "sleep 300 & sleep 301 & echo started; wait"], ENV)
+    async with client.exec(request) as session:
+        async for event in session:
+            assert isinstance(event, Output) and event.data == b"started\n"
+            break
+        assert len(_descendants(process.pid)) >= 3  # handler, sh, two sleeps
+    deadline = time.monotonic() + 5
+    while _descendants(process.pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert _descendants(process.pid) == set()
+
+
+async def test_orphans_are_reaped(guest: tuple[GuestClient, subprocess.Popen[bytes]]) -> None:
+    client, process = guest
+    # The background sleep outlives its shell, is re-parented to the agent, and must not stay a zombie.
+    await run(client, ExecRequest("sh", ["-c", "sleep 0.1 >/dev/null 2>&1 &"], ENV))
+    await asyncio.sleep(0.5)
+    zombies = [pid for pid in _descendants(process.pid) if " Z " in Path(f"/proc/{pid}/stat").read_text()]
+    assert zombies == []
+
+
+async def chunks_of(data: bytes, size: int = 1 << 16) -> AsyncIterator[bytes]:
+    for offset in range(0, len(data), size):
+        yield data[offset : offset + size]
+
+
+async def test_files_round_trip_byte_exact(guest: tuple[GuestClient, object], tmp_path: Path) -> None:
+    client, _ = guest
+    data = os.urandom(3 << 20) + b"\x00\xff" * 1000
+    target = str(tmp_path / "blob.bin")
+    assert await client.write_file(target, chunks_of(data)) == len(data)
+    async with client.read_file(target) as download:
+        assert download.size == len(data)
+        assert b"".join([chunk async for chunk in download]) == data
+    assert (tmp_path / "blob.bin").stat().st_mode & 0o777 == 0o644
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".paddock-upload")]
+
+
+async def test_100_mib_streams_without_the_agent_holding_it(
+    guest: tuple[GuestClient, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    client, process = guest
+    block = hashlib.sha256(b"seed").digest() * 2048  # 64 KiB of varied bytes
+
+    async def hundred_mib() -> AsyncIterator[bytes]:
+        for index in range(1600):
+            yield index.to_bytes(4, "big") + block[4:]
+
+    expected = hashlib.sha256()
+    async for chunk in hundred_mib():
+        expected.update(chunk)
+    target = str(tmp_path / "big.bin")
+    assert await client.write_file(target, hundred_mib()) == 100 << 20
+    received = hashlib.sha256()
+    async with client.read_file(target) as download:
+        async for chunk in download:
+            received.update(chunk)
+    assert received.hexdigest() == expected.hexdigest()
+    peak_kib = int(Path(f"/proc/{process.pid}/status").read_text().split("VmHWM:")[1].split()[0])
+    assert peak_kib < 16 * 1024  # the agent streamed; it never held the file
+
+
+async def test_upload_keeps_the_mode_of_an_existing_file(
+    guest: tuple[GuestClient, object], tmp_path: Path
+) -> None:
+    client, _ = guest
+    script = tmp_path / "run.sh"
+    script.write_text("old")
+    script.chmod(0o750)
+    await client.write_file(str(script), chunks_of(b"#!/bin/sh\necho new\n"))
+    assert script.stat().st_mode & 0o777 == 0o750
+    assert script.read_text() == "#!/bin/sh\necho new\n"
+
+
+async def test_file_errors_are_distinct(guest: tuple[GuestClient, object], tmp_path: Path) -> None:
+    client, _ = guest
+    with pytest.raises(GuestParentNotFoundError):
+        await client.write_file(str(tmp_path / "missing" / "x"), chunks_of(b"x"))
+    with pytest.raises(GuestIsDirectoryError):
+        await client.write_file(str(tmp_path), chunks_of(b"x"))
+    with pytest.raises(GuestBadPathError):
+        await client.write_file("relative/path", chunks_of(b"x"))
+    with pytest.raises(GuestFileNotFoundError):
+        async with client.read_file(str(tmp_path / "nope")):
+            pass
+    with pytest.raises(GuestIsDirectoryError):
+        async with client.read_file(str(tmp_path)):
+            pass
+
+
+async def test_activity_is_recorded(guest: tuple[GuestClient, object]) -> None:
+    client, _ = guest
+    before = await client.info()
+    await asyncio.sleep(0.05)
+    await run(client, ExecRequest("true", [], ENV))
+    after = await client.info()
+    assert after.last_activity_at > before.last_activity_at
+    assert after.active_requests == 0 and after.version == 1
+
+
+async def test_a_dead_agent_is_reported_as_unavailable(
+    guest: tuple[GuestClient, subprocess.Popen[bytes]],
+) -> None:
+    client, process = guest
+    process.kill()
+    process.wait()
+    with pytest.raises(GuestUnavailableError):
+        await client.info()
