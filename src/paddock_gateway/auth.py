@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from eth_account import Account
 from eth_account.messages import encode_defunct
-from eth_utils import to_checksum_address
+from eth_utils.address import to_checksum_address
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_gateway import credits, payments, projects
@@ -87,7 +88,7 @@ def quote(
 ) -> PaymentRequired:
     registry = services.registry
     default = registry.chain(registry.default_chain)
-    fields: dict[str, object] = {
+    fields: dict[str, Any] = {
         "amount_usd": float(price.amount_usd),
         "amount_token": price.amount_token,
         "token": "usdc",

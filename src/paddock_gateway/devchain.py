@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from eth_utils import keccak
+from eth_utils.crypto import keccak
 
 from paddock_gateway.registry import KNOWN_CHAINS
 

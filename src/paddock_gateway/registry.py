@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eth_utils import is_hex_address, to_checksum_address
+from eth_utils.address import is_hex_address, to_checksum_address
 
 TOKEN_DECIMALS = 6
 

@@ -111,4 +111,4 @@ class ChainClient:
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):  # closing is best-effort
-            await self.w3.provider.disconnect()  # type: ignore[union-attr]
+            await self.w3.provider.disconnect()

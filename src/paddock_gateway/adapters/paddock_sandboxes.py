@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import paddock
-from paddock_gateway.adapters.hosting import CommandResult, SandboxError, SandboxUnavailable
+from paddock_gateway.adapters.hosting import CommandResult, SandboxError, SandboxFiles, SandboxUnavailable
 
 T = TypeVar("T")
 WORKSPACE = "/workspace"
@@ -46,7 +46,7 @@ class PaddockSandbox:
         self.id = sandbox.id
         self.workspace = WORKSPACE
         self.ingress_url_template = sandbox.info.ingress_url_template or ""
-        self.files = _Files(sandbox)
+        self.files: SandboxFiles = _Files(sandbox)
 
     async def run(
         self,

@@ -18,7 +18,8 @@ def error_response(exc: GatewayError) -> JSONResponse:
 
 
 def request_id_of(request: Request) -> str | None:
-    return request.scope.get("state", {}).get("request_id")
+    value = request.scope.get("state", {}).get("request_id")
+    return None if value is None else str(value)
 
 
 def internal_error(request_id: str | None) -> JSONResponse:

@@ -113,6 +113,6 @@ class GatewayGuard:
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            return dict(await receive())
 
         return replay
