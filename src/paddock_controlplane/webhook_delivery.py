@@ -8,7 +8,7 @@ claimed attempt. The result is written back only under the same token. A worker 
 leaves its lease to expire; the row is then claimable again, so every event is sent at least once.
 
 The outside world sits behind :class:`Transport` (one method); :class:`HttpTransport` is the real one:
-10 s limit, no redirects, and the SSRF guard that pins the connection to an address it checked.
+10 s limit, no redirects, and the SSRF guard that connects only to an address it checked.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import hmac
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Protocol
 
+import httpcore
 import httpx
 from sqlalchemy import case, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -71,43 +71,68 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
-class HttpTransport:
-    """httpx with no redirects, no proxies from the environment, and the SSRF guard.
-
-    When private targets are refused, the host is resolved once, every address is checked, and the
-    request goes to the checked address (``Host`` and TLS SNI keep the name), so a DNS answer that
-    changes between check and connect cannot reach an internal address.
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """Opens TCP connections only to public addresses: resolves the host, checks every address, and
+    connects to a checked one. The URL keeps its name, so TLS verifies it and pooled connections stay
+    per host; a DNS answer that changes between the check and the connect cannot reach inside.
     """
+
+    def __init__(self, resolve_timeout_s: float) -> None:
+        self._inner = httpcore.AnyIOBackend()
+        self._resolve_timeout_s = resolve_timeout_s
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        addresses = await resolve_public(host, port, timeout_s=self._resolve_timeout_s)
+        failure: Exception | None = None
+        for address in addresses:
+            try:
+                return await self._inner.connect_tcp(
+                    address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+                )
+            except httpcore.ConnectError as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        raise TargetRefused("unix sockets are not webhook targets")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+class HttpTransport:
+    """httpx with no redirects, no proxies from the environment, and (unless private targets are
+    allowed) every connection made through :class:`GuardedBackend`."""
 
     def __init__(self, *, timeout_s: float = 10.0, allow_private: bool = False) -> None:
         self.timeout_s = timeout_s
-        self.allow_private = allow_private
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+        if not allow_private:
+            # httpx builds its httpcore pool without a backend hook; give it one that checks targets.
+            transport._pool = httpcore.AsyncConnectionPool(
+                ssl_context=httpx.create_ssl_context(trust_env=False),
+                max_connections=limits.max_connections,
+                max_keepalive_connections=limits.max_keepalive_connections,
+                keepalive_expiry=limits.keepalive_expiry,
+                network_backend=GuardedBackend(timeout_s),
+            )
         self._client = httpx.AsyncClient(
-            timeout=timeout_s,
-            follow_redirects=False,
-            trust_env=False,
-            limits=httpx.Limits(max_connections=256),
+            transport=transport, timeout=timeout_s, follow_redirects=False, trust_env=False
         )
-
-    async def _pinned(self, url: str, headers: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        address = (await resolve_public(host, port, timeout_s=self.timeout_s))[0]
-        literal = f"[{address}]" if ":" in address else address
-        netloc = f"{literal}:{parts.port}" if parts.port else literal
-        pinned = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-        host_header = f"{host}:{parts.port}" if parts.port else host
-        extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
-        return pinned, {**headers, "Host": host_header}, extensions
 
     async def _send(self, url: str, body: bytes, headers: dict[str, str]) -> int:
-        extensions: dict[str, str] = {}
-        if not self.allow_private:
-            url, headers, extensions = await self._pinned(url, headers)
-        request = self._client.build_request(
-            "POST", url, content=body, headers=headers, extensions=extensions
-        )
+        request = self._client.build_request("POST", url, content=body, headers=headers)
         response = await self._client.send(request, stream=True)  # the body is never read
         await response.aclose()
         return response.status_code

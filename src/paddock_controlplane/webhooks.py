@@ -94,11 +94,13 @@ async def emit(
     if action not in ACTION_SET:
         raise ValueError(f"unknown webhook action {action!r}")
     when = as_utc(occurred_at) if occurred_at is not None else utcnow()
+    # FOR KEY SHARE (PostgreSQL): an endpoint deleted concurrently is either seen gone or waits for
+    # this transaction, so the new deliveries never reference a vanished endpoint.
     rows = (
         await session.execute(
-            select(WebhookEndpoint.id, WebhookEndpoint.events).where(
-                WebhookEndpoint.user_id == user_id, WebhookEndpoint.active.is_(True)
-            )
+            select(WebhookEndpoint.id, WebhookEndpoint.events)
+            .where(WebhookEndpoint.user_id == user_id, WebhookEndpoint.active.is_(True))
+            .with_for_update(read=True, key_share=True)
         )
     ).all()
     targets = [row.id for row in rows if subscribed(row.events, action)]

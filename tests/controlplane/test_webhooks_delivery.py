@@ -323,16 +323,18 @@ async def test_concurrent_workers_send_each_delivery_once(database_url: str) -> 
 async def test_guard_refuses_to_deliver_to_a_private_address(database_url: str) -> None:
     clock = FakeClock()
     async with webhook_db(database_url) as db, running_receiver() as receiver:
-        await db.endpoint(receiver.url + "/internal")  # stored while private targets were allowed
+        # stored while private targets were allowed; by address and by a name that resolves to loopback
+        await db.endpoint(receiver.url + "/internal")
+        await db.endpoint(receiver.url.replace("127.0.0.1", "localhost") + "/internal")
         await db.emit("sandbox.create", CREATE_DATA, clock())
         worker = make_worker(db, clock, webhook_allow_private_targets=False)
         try:
-            assert await worker.run_once() == 1
+            assert await worker.run_once() == 2
         finally:
             await worker.stop()
         assert receiver.received == []
-        [row] = await db.deliveries()
-        assert row.status == "pending" and "loopback, private or link-local" in (row.last_error or "")
+        for row in await db.deliveries():
+            assert row.status == "pending" and "loopback, private or link-local" in (row.last_error or "")
 
 
 @pytest.mark.parametrize(
