@@ -27,6 +27,7 @@ import httpcore
 import httpx
 from sqlalchemy import case, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.sql.elements import ColumnElement
 
 from paddock_controlplane import webhooks
 from paddock_controlplane.models import WebhookDelivery, WebhookEndpoint
@@ -210,7 +211,7 @@ class GroupCommit:
                         done.set_result(None)
 
 
-def _due(now: dt.datetime) -> Iterable[object]:
+def _due(now: dt.datetime) -> tuple[ColumnElement[bool], ...]:
     return (
         WebhookDelivery.status == "pending",
         WebhookDelivery.next_attempt_at <= now,
@@ -282,7 +283,7 @@ class DeliveryWorker:
                 return []
         token = secrets.token_hex(16)
         async with self._writing, transaction(self.sessions) as session:
-            if session.bind.dialect.name == "postgresql":
+            if session.get_bind().dialect.name == "postgresql":
                 candidates = candidates.with_for_update(of=WebhookDelivery, skip_locked=True)
             ids = list((await session.scalars(candidates)).all())
             if not ids:
