@@ -1,0 +1,139 @@
+"""The host agent as a service: restarts that keep sandboxes, both OCI runtimes, auth, heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from paddock_hostagent.client import HostAgentClient, UnknownImageError
+from tests.conftest import LiveServer
+from tests.hostagent.conftest import TOKEN, AgentProcess, Sandboxes, run, sh
+
+pytestmark = pytest.mark.root
+
+
+async def test_a_restarted_agent_readopts_running_and_paused_sandboxes(make_agent: Any) -> None:
+    agent: AgentProcess = make_agent()
+    agent.start()
+    async with agent.client() as host:
+        tracker = Sandboxes(host, agent)
+        running = await tracker.create(name="survivor")
+        paused = await tracker.create(name="sleeper")
+        await sh(host, running["id"], "echo persisted > /root/state; nohup sleep 1000 >/dev/null 2>&1 &")
+        init_before = (await run(host, running["id"], "cut", "-d", " ", "-f", "22", "/proc/1/stat"))["stdout"]
+        await host.pause_sandbox(paused["id"])
+
+    agent.stop(signal.SIGKILL)  # a crash: no graceful shutdown
+    agent.start()
+
+    async with agent.client() as host:
+        tracker.host = host
+        views = {view["id"]: view for view in await host.list_sandboxes()}
+        assert views[running["id"]]["status"] == "running"
+        assert views[paused["id"]]["status"] == "paused"
+        assert views[running["id"]]["ip"] == running["ip"]
+        result = await sh(host, running["id"], "cat /root/state; pgrep -c sleep; cut -d' ' -f22 /proc/1/stat")
+        lines = result["stdout"].splitlines()
+        assert lines[:2] == ["persisted", "1"]  # same files, same processes
+        assert lines[2] + "\n" == init_before  # the very same init process
+        await host.resume_sandbox(paused["id"])
+        assert (await run(host, paused["id"], "hostname"))["stdout"] == "sleeper\n"
+        fresh = await tracker.create(name="newcomer")
+        assert fresh["ip"] not in {running["ip"], paused["ip"]}
+        await tracker.destroy_all()
+        assert await host.list_sandboxes() == []
+
+
+@pytest.mark.parametrize("runtime", ["runc", "crun"])
+async def test_each_oci_runtime_runs_the_full_lifecycle(make_agent: Any, runtime: str) -> None:
+    agent: AgentProcess = make_agent(runtime=runtime, pool_size=1)
+    agent.start()
+    async with agent.client() as host:
+        assert (await host.info())["runtime"] == runtime
+        tracker = Sandboxes(host, agent)
+        try:
+            created = await tracker.create(name=f"on-{runtime}")
+            assert (await run(host, created["id"], "hostname"))["stdout"] == f"on-{runtime}\n"
+            await host.pause_sandbox(created["id"])
+            await host.resume_sandbox(created["id"])
+            child_id = created["id"] + "-f"
+            tracker.track(child_id)
+            await host.fork_sandbox(created["id"], new_id=child_id, name="child", start_paused=False)
+            assert (await run(host, child_id, "hostname"))["stdout"] == "child\n"
+        finally:
+            await tracker.destroy_all()
+        assert await host.list_sandboxes() == []
+
+
+async def test_requests_need_the_bearer_token(agent: AgentProcess) -> None:
+    async with httpx.AsyncClient(base_url=agent.url) as http:
+        assert (await http.get("/healthz")).status_code == 200
+        missing = await http.get("/internal/v1/info")
+        assert missing.status_code == 401 and missing.json()["error"] == "unauthorized"
+        wrong = await http.get("/internal/v1/info", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        right = await http.get("/internal/v1/info", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert right.status_code == 200
+
+
+async def test_bad_requests_get_the_error_envelope(agent: AgentProcess, host: HostAgentClient) -> None:
+    async with httpx.AsyncClient(base_url=agent.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        response = await http.post("/internal/v1/sandboxes", json={"id": "x"})
+        assert response.status_code == 400 and response.json()["error"] == "bad_request"
+    with pytest.raises(UnknownImageError):
+        await host.create_sandbox(
+            id="sb-alpine", name="a", rootfs="alpine:3.20", vcpu=1, mem_mib=256, disk_mib=2048
+        )
+    info = await host.info()
+    assert "alpine:3.20" not in info["buildable"]  # no mirror configured
+
+
+@pytest.fixture
+async def fake_controlplane() -> AsyncIterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
+    beats: list[tuple[str, dict[str, Any]]] = []
+
+    async def heartbeat(request: Request) -> JSONResponse:
+        beats.append((request.headers.get("authorization", ""), await request.json()))
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/internal/v1/hosts/heartbeat", heartbeat, methods=["POST"])])
+    async with LiveServer(app) as server:
+        yield server.url, beats
+
+
+async def test_heartbeats_report_capacity_and_sandboxes(
+    make_agent: Any, fake_controlplane: tuple[str, list[tuple[str, dict[str, Any]]]]
+) -> None:
+    url, beats = fake_controlplane
+    agent: AgentProcess = make_agent(controlplane_url=url, pool_size=0)
+    agent.start()
+    async with agent.client() as host:
+        tracker = Sandboxes(host, agent)
+        created = await tracker.create()
+        await asyncio.sleep(1.0)
+        auth, beat = beats[-1]
+        assert auth == f"Bearer {TOKEN}"
+        assert beat["url"] == agent.url and beat["status"] == "active"
+        assert beat["vm_count"] == 1 and beat["free_mib"] == beat["total_mib"] - 512
+        assert "debian:13" in beat["rootfses"]
+        report = beat["sandboxes"][0]
+        assert report["id"] == created["id"] and report["status"] == "running" and report["oom_kills"] == 0
+        assert report["last_activity_at"] > 0
+        await tracker.destroy_all()
+
+
+async def test_the_agent_serves_while_the_controlplane_is_down(make_agent: Any) -> None:
+    agent: AgentProcess = make_agent(controlplane_url="http://127.0.0.1:9", pool_size=0)
+    agent.start()
+    await asyncio.sleep(0.5)
+    async with agent.client() as host:
+        assert (await host.info())["vm_count"] == 0

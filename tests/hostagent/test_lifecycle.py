@@ -1,0 +1,173 @@
+"""Pause, resume, fork, resize and destroy of real sandboxes, and what each leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from paddock_hostagent.client import BadStateError, HostAgentClient, SandboxMissingError
+from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sandbox_cgroup_dirs, sh
+
+pytestmark = pytest.mark.root
+
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.02; done"
+
+
+async def read_counter(host: HostAgentClient, sandbox_id: str) -> int:
+    _, chunks = await host.download(sandbox_id, "/root/counter")
+    text = b"".join([chunk async for chunk in chunks]).decode().strip()
+    return int(text or 0)
+
+
+async def start_counter(host: HostAgentClient, sandbox_id: str) -> None:
+    await sh(host, sandbox_id, f"nohup bash -c '{COUNTER}' >/dev/null 2>&1 &")
+    for _ in range(100):
+        if (await run(host, sandbox_id, "test", "-s", "/root/counter"))["exit_code"] == 0:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def test_pause_freezes_everything_and_resume_continues(
+    host: HostAgentClient, sandbox: dict[str, Any]
+) -> None:
+    await start_counter(host, sandbox["id"])
+    before = await read_counter(host, sandbox["id"])
+    assert (await host.pause_sandbox(sandbox["id"])) == {"status": "paused"}
+    assert (await host.get_sandbox(sandbox["id"]))["status"] == "paused"
+    await asyncio.sleep(1.0)  # ~50 increments if it were running
+    assert (await host.resume_sandbox(sandbox["id"])) == {"status": "running"}
+    after_resume = await read_counter(host, sandbox["id"])
+    assert after_resume - before < 15, (before, after_resume)
+    await asyncio.sleep(0.5)
+    assert await read_counter(host, sandbox["id"]) > after_resume + 5  # it runs again
+
+
+async def test_pause_ends_a_running_stream_with_an_error(
+    host: HostAgentClient, sandbox: dict[str, Any]
+) -> None:
+    stream = host.exec_stream(sandbox["id"], cmd="bash", args=["-c", "echo go; sleep 60"], env={})
+    frames = [await anext(stream)]
+    await host.pause_sandbox(sandbox["id"])
+    frames += [frame async for frame in stream]
+    assert frames == [{"stdout": "go\n"}, {"error": "sandbox paused"}, {"exit_code": -1}]
+    await host.resume_sandbox(sandbox["id"])
+
+
+async def test_start_paused(host: HostAgentClient, sandboxes: Sandboxes) -> None:
+    created = await sandboxes.create(start_paused=True)
+    assert created["status"] == "paused" and created["ip"]
+    assert (await host.get_sandbox(created["id"]))["status"] == "paused"
+    await host.resume_sandbox(created["id"])
+    assert (await run(host, created["id"], "echo", "awake"))["stdout"] == "awake\n"
+
+
+async def test_fork_sees_the_files_then_diverges(host: HostAgentClient, sandboxes: Sandboxes) -> None:
+    source = await sandboxes.create(name="origin")
+    await sh(
+        host,
+        source["id"],
+        "echo from-source > /root/shared.txt && mkdir -p /opt/work && echo x > /opt/work/y",
+    )
+    child_id = f"{source['id']}-fork"
+    sandboxes.track(child_id)
+    child = await host.fork_sandbox(source["id"], new_id=child_id, name="offshoot", start_paused=False)
+    assert child["status"] == "running" and child["ip"] != source["ip"]
+    result = await sh(host, child_id, "cat /root/shared.txt /opt/work/y; hostname")
+    assert result["stdout"] == "from-source\nx\noffshoot\n"
+    await sh(host, child_id, "echo child > /root/shared.txt")
+    await sh(host, source["id"], "echo source-later > /root/shared.txt")
+    assert (await run(host, child_id, "cat", "/root/shared.txt"))["stdout"] == "child\n"
+    assert (await run(host, source["id"], "cat", "/root/shared.txt"))["stdout"] == "source-later\n"
+    assert (await host.get_sandbox(child_id))["forked_from"] == source["id"]
+
+
+async def test_fork_of_a_paused_sandbox_leaves_it_paused(host: HostAgentClient, sandboxes: Sandboxes) -> None:
+    source = await sandboxes.create()
+    await sh(host, source["id"], "echo kept > /root/note")
+    await host.pause_sandbox(source["id"])
+    child_id = f"{source['id']}-fork"
+    sandboxes.track(child_id)
+    child = await host.fork_sandbox(source["id"], new_id=child_id, name="paused-child", start_paused=True)
+    assert child["status"] == "paused"
+    assert (await host.get_sandbox(source["id"]))["status"] == "paused"
+    await host.resume_sandbox(child_id)
+    assert (await run(host, child_id, "cat", "/root/note"))["stdout"] == "kept\n"
+
+
+async def test_resize_grows_the_filesystem_live(host: HostAgentClient, sandboxes: Sandboxes) -> None:
+    created = await sandboxes.create(disk_mib=2048)
+    await sh(host, created["id"], "echo before > /root/file")
+
+    async def size_mib() -> int:
+        result = await run(host, created["id"], "df", "-B1M", "--output=size", "/")
+        return int(result["stdout"].split()[-1])
+
+    before = await size_mib()
+    assert 1800 <= before <= 2048
+    assert (await host.resize_sandbox(created["id"], 4096)) == {"disk_mib": 4096}
+    after = await size_mib()
+    assert after >= before + 1900, (before, after)
+    # the extra space is usable, and nothing was lost
+    result = await sh(host, created["id"], "fallocate -l 2500M /root/big && cat /root/file && rm /root/big")
+    assert result["stdout"] == "before\n", result
+    assert (await host.get_sandbox(created["id"]))["disk_mib"] == 4096
+
+
+async def test_destroy_removes_everything_and_is_idempotent(
+    agent: AgentProcess, host: HostAgentClient
+) -> None:
+    created = await host.create_sandbox(
+        id="sb-destroy-me", name="doomed", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048
+    )
+    agent.created_ids.append(created["id"])
+    slot = agent.record(created["id"])["driver_state"]["slot"]
+    assert sandbox_cgroup_dirs([created["id"]])
+    await host.destroy_sandbox(created["id"])
+    assert await host.destroy_sandbox(created["id"]) == {"destroyed": True}
+    with pytest.raises(SandboxMissingError):
+        await host.get_sandbox(created["id"])
+    assert sandbox_cgroup_dirs([created["id"]]) == []
+    assert not Path(f"/run/netns/pdk-{slot['id']}").exists()
+    assert not Path(f"/sys/class/net/pdk{slot['id']}").exists()
+    assert not Path(slot["dir"]).exists()
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert slot["dir"] not in mounts
+    loop = os.path.basename(slot["loop_device"])
+    backing = Path(f"/sys/block/{loop}/loop/backing_file")
+    assert not backing.exists() or slot["dir"] not in backing.read_text()
+    assert not (agent.state_dir / "sandboxes" / f"{created['id']}.json").exists()
+
+
+async def test_sandbox_cgroups_nest_under_the_agents_own(
+    agent: AgentProcess, sandbox: dict[str, Any]
+) -> None:
+    assert agent.process is not None
+    own = dict(
+        line.split(":", 2)[1:] for line in Path(f"/proc/{agent.process.pid}/cgroup").read_text().splitlines()
+    )
+    cgroups_path = agent.record(sandbox["id"])["driver_state"]["cgroups_path"]
+    assert cgroups_path.startswith(own["memory"].rstrip("/") + "/paddock/")
+    limit = Path(f"/sys/fs/cgroup/memory{cgroups_path}/memory.limit_in_bytes").read_text()
+    assert int(limit) == 512 << 20
+
+
+async def test_info_accounts_for_placed_memory(host: HostAgentClient, sandboxes: Sandboxes) -> None:
+    before = await host.info()
+    created = await sandboxes.create(mem_mib=768)
+    after = await host.info()
+    assert after["free_mib"] == before["free_mib"] - 768
+    assert after["vm_count"] == before["vm_count"] + 1
+    assert "debian:13" in after["rootfses"]
+    await host.destroy_sandbox(created["id"])
+    assert (await host.info())["free_mib"] == before["free_mib"]
+
+
+async def test_duplicate_ids_are_refused(host: HostAgentClient, sandbox: dict[str, Any]) -> None:
+    with pytest.raises(BadStateError):
+        await host.create_sandbox(
+            id=sandbox["id"], name="again", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048
+        )

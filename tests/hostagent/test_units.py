@@ -1,0 +1,106 @@
+"""Small pure pieces of the host agent: cgroup placement, CPU quotas, addresses, OCI config, settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from paddock_hostagent.app import create_app
+from paddock_hostagent.drivers.base import CapacityError, RuntimeState, SandboxRecord, Shape
+from paddock_hostagent.drivers.cgroups import CgroupLayout
+from paddock_hostagent.drivers.network import AddressAllocator, host_nameservers
+from paddock_hostagent.drivers.ocispec import BundleSpec, cpu_quota_us, runtime_config
+from paddock_hostagent.settings import HostAgentSettings
+
+PROC_CGROUP = """\
+9:name=systemd:/
+8:pids:/
+4:memory:/process_api/abc
+1:cpu:/
+0::/
+"""
+
+
+def test_sandbox_cgroups_go_under_the_agents_memory_cgroup(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text(PROC_CGROUP)
+    layout = CgroupLayout.discover(proc)
+    assert layout.own_paths["memory"] == "/process_api/abc"
+    assert layout.sandbox_path("sb-1") == "/process_api/abc/paddock/sb-1"
+    proc.write_text("4:memory:/\n1:cpu:/\n")
+    assert CgroupLayout.discover(proc).sandbox_path("sb-1") == "/paddock/sb-1"
+
+
+def test_cpu_quota_is_a_percent_of_one_cpu_or_whole_vcpus() -> None:
+    assert cpu_quota_us(Shape(vcpu=1, mem_mib=512, disk_mib=1024, cpu_quota_pct=25)) == 25_000
+    assert cpu_quota_us(Shape(vcpu=1, mem_mib=512, disk_mib=1024, cpu_quota_pct=None)) == 100_000
+    assert cpu_quota_us(Shape(vcpu=4, mem_mib=512, disk_mib=1024, cpu_quota_pct=None)) == 400_000
+
+
+def test_runtime_config_carries_the_shape_and_namespaces() -> None:
+    spec = BundleSpec(
+        hostname="brave-otter",
+        shape=Shape(vcpu=2, mem_mib=1024, disk_mib=10240, cpu_quota_pct=50),
+        cgroups_path="/x/paddock/sb-1",
+        netns_path=Path("/run/netns/pdk-1"),
+        guest_binary=Path("/state/guest/paddock-guest"),
+    )
+    config = runtime_config(spec)
+    assert config["hostname"] == "brave-otter"
+    resources = config["linux"]["resources"]
+    assert resources["memory"]["limit"] == 1024 << 20
+    assert resources["cpu"] == {"quota": 50_000, "period": 100_000}
+    namespaces = {ns["type"]: ns.get("path") for ns in config["linux"]["namespaces"]}
+    assert namespaces == {"pid": None, "ipc": None, "uts": None, "mount": None, "network": "/run/netns/pdk-1"}
+    denied = {name for rule in config["linux"]["seccomp"]["syscalls"] for name in rule["names"]}
+    assert {"mount", "kexec_load", "ptrace", "init_module", "bpf", "unshare"} <= denied
+    assert "CAP_SYS_ADMIN" not in config["process"]["capabilities"]["bounding"]
+
+
+def test_addresses_are_unique_persistent_and_finite(tmp_path: Path) -> None:
+    allocator = AddressAllocator("10.9.0.0/29", tmp_path)
+    assert allocator.gateway == "10.9.0.1"
+    first = allocator.allocate("a")
+    assert first == "10.9.0.2"
+    again = AddressAllocator("10.9.0.0/29", tmp_path)  # a restarted agent
+    taken = [again.allocate(owner) for owner in "bcde"]
+    assert first not in taken and len(set(taken)) == 4
+    with pytest.raises(CapacityError):
+        again.allocate("f")
+    again.release(first)
+    assert again.allocate("g") == first
+
+
+def test_host_nameservers_skip_loopback(tmp_path: Path) -> None:
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.53\nnameserver 10.1.2.3\nsearch example\n")
+    assert host_nameservers(resolv) == ["10.1.2.3"]
+
+
+def test_records_survive_a_json_round_trip() -> None:
+    record = SandboxRecord(
+        id="sb-1", name="n", image="debian:13", vcpu=1, mem_mib=512, disk_mib=2048, cpu_quota_pct=None,
+        ip="10.0.0.2", state=RuntimeState.PAUSED, driver="oci", driver_state={"slot": {"id": "ab"}},
+    )  # fmt: skip
+    assert SandboxRecord.from_json(record.to_json()) == record
+    assert record.to_json()["state"] == "paused"
+
+
+def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PADDOCK_HOST_TOKEN", "s3cret-token-value")
+    monkeypatch.setenv("PADDOCK_HOST_LABELS", '{"zone": "a"}')
+    monkeypatch.setenv("PADDOCK_HOST_IMAGE_MIRRORS", '{"alpine:3.20": "http://mirror/alpine.tar.gz"}')
+    settings = HostAgentSettings()
+    assert settings.token.get_secret_value() == "s3cret-token-value"
+    assert settings.labels == {"zone": "a"}
+    assert settings.image_mirrors["alpine:3.20"].endswith(".tar.gz")
+    assert settings.advertised_url == "http://127.0.0.1:8081"
+    with pytest.raises(ValidationError):
+        HostAgentSettings(subnet="10.0.0.0/30")
+
+
+def test_the_app_refuses_a_placeholder_token() -> None:
+    with pytest.raises(ValueError, match="placeholder"):
+        create_app(HostAgentSettings(token=SecretStr("changeme")))
