@@ -257,7 +257,7 @@ class DeliveryWorker:
         self._results = GroupCommit(self.record_many)
         #: This worker's own writes (claims, results) take turns instead of racing for SQLite's lock.
         self._writing = asyncio.Lock()
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._inflight: dict[asyncio.Task[None], Claim] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_cleanup: dt.datetime | None = None
@@ -416,24 +416,20 @@ class DeliveryWorker:
 
     async def _loop(self) -> None:
         while True:
+            self._wake.clear()  # before claiming: a wake during the claim is not lost
+            claims: list[Claim] = []
             try:
                 free = self.concurrency - len(self._inflight)
                 claims = await self.claim(free) if free > 0 else []
                 for claim in claims:
                     task = asyncio.create_task(self._process(claim), name=f"webhook:{claim.id}")
-                    self._inflight.add(task)
+                    self._inflight[task] = claim
                     task.add_done_callback(self._done)
-                now = self.clock()
-                if (
-                    self._last_cleanup is None
-                    or (now - self._last_cleanup).total_seconds() >= CLEANUP_INTERVAL_S
-                ):
+                if self._cleanup_due():
                     await self.cleanup()
             except Exception as exc:  # keep delivering; the database may come back
                 log.error("webhook_worker_failed", exc_info=exc)
-                claims = []
             if not claims or len(self._inflight) >= self.concurrency:
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
 
@@ -443,7 +439,7 @@ class DeliveryWorker:
         return (self.clock() - self._last_cleanup).total_seconds() >= CLEANUP_INTERVAL_S
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
+        self._inflight.pop(task, None)
         self._wake.set()
 
     def start(self) -> None:
@@ -451,17 +447,33 @@ class DeliveryWorker:
         self._task = asyncio.create_task(self._loop(), name="webhook-worker")
 
     async def stop(self) -> None:
+        """Stop claiming; interrupted attempts are handed back at once (sent again by any worker)."""
         webhooks.remove_waker(self.wake)
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for task in list(self._inflight):  # an unfinished attempt is retried after its lease
+        interrupted = list(self._inflight.values())
+        for task in list(self._inflight):
             task.cancel()
         await asyncio.gather(*self._inflight, return_exceptions=True)
         await self._results.wait_idle()
+        if interrupted:
+            await self._release(interrupted)
         if self._owns_transport:
             await self.transport.aclose()
+
+    async def _release(self, claims: list[Claim]) -> None:
+        try:
+            async with self._writing, transaction(self.sessions) as session:
+                for claim in claims:  # a result recorded meanwhile already cleared the token: no-op
+                    await session.execute(
+                        update(WebhookDelivery)
+                        .where(WebhookDelivery.id == claim.id, WebhookDelivery.lease_token == claim.token)
+                        .values(lease_until=None, lease_token=None)
+                    )
+        except Exception as exc:  # the leases expire on their own
+            log.warning("webhook_release_failed", error=str(exc))
 
 
 async def serve(settings: ControlPlaneSettings) -> None:

@@ -377,3 +377,29 @@ async def test_event_to_acknowledgement_is_fast_when_woken(database_url: str) ->
             await worker.stop()
         assert time.monotonic() - started < 5
         assert receiver.events() == ["sandbox.pause"]
+
+
+async def test_a_stopping_worker_hands_interrupted_deliveries_back_at_once(database_url: str) -> None:
+    release = asyncio.Event()
+
+    async def hold(_: Received) -> int:
+        await release.wait()
+        return 200
+
+    async with webhook_db(database_url) as db, running_receiver(hold) as receiver:
+        await db.endpoint(receiver.url + "/hook")
+        await db.emit("sandbox.destroy", {"sandbox_id": "sb-1"}, utcnow())
+        stopping = DeliveryWorker(db.sessions, db.box, worker_settings(db.url, webhook_lease_s=3600))
+        stopping.start()
+        async with asyncio.timeout(10):
+            await receiver.arrived.wait()
+        await stopping.stop()  # e.g. a redeploy, while the receiver is still answering
+        release.set()
+        successor = make_worker(db, FakeClock(utcnow()))
+        try:
+            assert await successor.run_once() == 1  # no need to wait out the hour-long lease
+        finally:
+            await successor.stop()
+        [row] = await db.deliveries()
+        assert (row.status, row.attempts) == ("delivered", 1)
+        assert len(receiver.received) == 2
