@@ -4,7 +4,8 @@
     .venv/bin/python bench/webhooks_bench.py --engine both         # and PostgreSQL (PADDOCK_TEST_PG_URL)
 
 Rows:
-- floor: bare httpx POSTs of the same body to the same receiver, same concurrency, no database;
+- floor: bare httpx POSTs of the same body to the same receiver, no database: one at a time (the
+  latency floor) and at the worker's concurrency (the throughput floor);
 - burst: N events emitted up front, then one worker drains them (deliveries/s);
 - steady: events emitted one per transaction at a fixed rate while the worker runs; latency is the
   time from the emitting commit's ``occurredAt`` to the recorded 2xx (``deliveredAt``).
@@ -250,7 +251,10 @@ async def main() -> None:
     engines = ["sqlite", "postgresql"] if args.engine == "both" else [args.engine]
     rows: list[tuple[str, dict[str, Any]]] = []
     async with receiver_process() as url:
-        rows.append(("floor: bare httpx POST", await floor(url, args.burst, args.concurrency)))
+        rows.append(("floor: httpx POST, 1 lane", await floor(url, min(args.burst, 500), 1)))
+        rows.append(
+            (f"floor: httpx POST, {args.concurrency} lanes", await floor(url, args.burst, args.concurrency))
+        )
         for name in engines:
             rows.extend(await run_engine(name, url, args))
     print(f"webhook delivery to a loopback receiver (concurrency {args.concurrency}, {os.cpu_count()} CPUs)")
