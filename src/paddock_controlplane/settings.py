@@ -54,9 +54,9 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     webhook_concurrency: int = 16
     #: Seconds between polls for due deliveries (local events wake the worker at once).
     webhook_poll_interval_s: float = 0.5
-    #: A claimed delivery belongs to its worker this long; a worker that died loses it after it.
+    #: A claimed delivery belongs to its worker this long; then a dead worker's claim is taken over.
     webhook_lease_s: float = 60.0
-    #: Per-attempt limit, connect to response headers (§11.15).
+    #: Per-attempt limit, from resolving the host to the response status (§11.15).
     webhook_timeout_s: float = 10.0
 
     @field_validator("host_token", "secret_key")
