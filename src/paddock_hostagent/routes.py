@@ -31,7 +31,7 @@ T = TypeVar("T")
 router = APIRouter(prefix="/internal/v1")
 
 
-def get_manager(request: Request) -> SandboxManager:
+async def get_manager(request: Request) -> SandboxManager:
     manager: SandboxManager = request.app.state.manager
     return manager
 

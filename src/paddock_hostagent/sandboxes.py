@@ -151,6 +151,7 @@ class SandboxManager:
             buildable=self.images.offered(),
             labels=self.settings.labels,
             runtime=self.runtime_label,
+            warm_slots=self.runtime.warm_slots(),
         )
 
     def _entry(self, sandbox_id: str) -> _Entry:

@@ -99,3 +99,4 @@ class HostInfo(BaseModel):
     buildable: list[str]
     labels: dict[str, str]
     runtime: str
+    warm_slots: int = 0  # prepared slots waiting in the pool

@@ -10,6 +10,7 @@ session ends by checking that no mount, loop device, netns or cgroup was left be
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -160,8 +161,6 @@ class AgentProcess:
         return HostAgentClient(self.url, TOKEN)
 
     def record(self, sandbox_id: str) -> dict[str, Any]:
-        import json
-
         return dict(json.loads((self.state_dir / "sandboxes" / f"{sandbox_id}.json").read_text()))
 
 
@@ -184,6 +183,9 @@ def leftovers(state_dir: Path, sandbox_ids: list[str] = ()) -> list[str]:  # typ
             found.append(f"slot {slot.name}")
             if Path(f"/run/netns/pdk-{slot.name}").exists():
                 found.append(f"netns pdk-{slot.name}")
+    addresses = state_dir / "network" / "addresses.json"
+    if addresses.exists() and json.loads(addresses.read_text() or "{}"):
+        found.append(f"addresses {addresses.read_text()}")
     prefix = str(state_dir)
     with open("/proc/self/mountinfo") as mountinfo:
         found += [f"mount {line.split()[4]}" for line in mountinfo if line.split()[4].startswith(prefix)]

@@ -165,6 +165,10 @@ class SandboxRuntime(ABC):
     def guest(self, record: SandboxRecord) -> GuestClient:
         """The channel to the sandbox's guest agent (exec, files, activity)."""
 
+    def warm_slots(self) -> int:
+        """Prepared sandbox slots waiting to be used (0 for a driver without a pool)."""
+        return 0
+
     @abstractmethod
     def oom_kills(self, record: SandboxRecord) -> int:
         """How many processes the sandbox's memory limit has killed so far."""

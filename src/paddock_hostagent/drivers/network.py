@@ -86,6 +86,19 @@ class AddressAllocator:
         with self._locked() as table:
             table.pop(address, None)
 
+    def release_owner(self, owner: str) -> None:
+        with self._locked() as table:
+            for address in [a for a, o in table.items() if o == owner]:
+                del table[address]
+
+    def retain_owners(self, owners: set[str]) -> list[str]:
+        """Frees every address whose owner is not in ``owners``; returns the freed addresses."""
+        with self._locked() as table:
+            freed = [address for address, owner in table.items() if owner not in owners]
+            for address in freed:
+                del table[address]
+        return freed
+
     def owners(self) -> dict[str, str]:
         with self._locked() as table:
             return dict(table)
@@ -169,7 +182,7 @@ flush {table}
                     ipr.link("del", index=indexes[0])
         if net.netns_path.exists():
             run_sync(["ip", "netns", "delete", net.netns], check=False)
-        self.addresses.release(net.ip)
+        self.addresses.release_owner(net.slot)
 
     def exists(self, net: SandboxNetwork) -> bool:
         return net.netns_path.exists() and Path(f"/sys/class/net/{net.host_veth}").exists()

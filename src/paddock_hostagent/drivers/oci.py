@@ -112,6 +112,7 @@ class OciRuntime(SandboxRuntime):
             if slot.id not in owned:
                 log.info("reclaiming_orphan_slot", slot=slot.id)
                 await self.factory.destroy(slot)
+        self.options.network.addresses.retain_owners(owned)
         self.pool.start()
         return states
 
@@ -312,6 +313,9 @@ class OciRuntime(SandboxRuntime):
 
     def guest(self, record: SandboxRecord) -> GuestClient:
         return GuestClient(_Handle.of(record).slot.socket_path)
+
+    def warm_slots(self) -> int:
+        return self.pool.free_count
 
     def oom_kills(self, record: SandboxRecord) -> int:
         return SandboxCgroup(_Handle.of(record).cgroups_path).oom_kills()

@@ -16,17 +16,19 @@ import contextlib
 import json
 import secrets
 import shutil
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from paddock_core.logging import get_logger
-from paddock_hostagent.drivers import storage
+from paddock_hostagent.drivers import mounts, storage
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.network import NetworkManager, SandboxNetwork
 from paddock_hostagent.drivers.storage import Disk, Filesystem
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -74,6 +76,18 @@ class Slot:
         tmp.replace(self.dir / "slot.json")
 
 
+async def _finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> T:
+    """Awaits ``work`` to its end even when the caller is cancelled (a thread cannot be stopped
+    half-way, and what it made must be known to be cleaned up), then re-raises the cancellation."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
+
+
 class SlotFactory:
     def __init__(self, slots_dir: Path, network: NetworkManager, fs: Filesystem) -> None:
         self.slots_dir = slots_dir
@@ -91,7 +105,7 @@ class SlotFactory:
             if with_disk:
                 await storage.format_image(disk.image_path, disk_mib, self.fs)
                 await storage.attach(disk)
-            slot.network = await asyncio.to_thread(self.network.create, slot_id)
+            slot.network = await _finish_even_if_cancelled(asyncio.to_thread(self.network.create, slot_id))
             slot.rootfs_dir.mkdir()
             slot.save()
         except BaseException:
@@ -101,12 +115,9 @@ class SlotFactory:
 
     async def destroy(self, slot: Slot) -> None:
         """Removes every part of the slot; parts already gone are skipped."""
-        await storage.detach(slot.disk)
-        from paddock_hostagent.drivers import mounts
-
         mounts.unmount(slot.rootfs_dir)
-        if slot.network.ip:
-            await asyncio.to_thread(self.network.destroy, slot.network)
+        await storage.detach(slot.disk)
+        await asyncio.to_thread(self.network.destroy, slot.network)
         shutil.rmtree(slot.dir, ignore_errors=True)
 
     def load_all(self) -> list[Slot]:
@@ -133,6 +144,7 @@ class WarmPool:
         self._free: list[Slot] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self.last_error: str | None = None
 
     def start(self) -> None:
@@ -176,10 +188,10 @@ class WarmPool:
             await asyncio.sleep(0.02)
 
     async def _refill_forever(self) -> None:
-        while True:
+        while not self._closing:
             await self._wake.wait()
             self._wake.clear()
-            while len(self._free) < self.size:
+            while len(self._free) < self.size and not self._closing:
                 try:
                     self._free.append(await self.factory.build(self.disk_mib))
                     self.last_error = None
@@ -190,8 +202,14 @@ class WarmPool:
                     break
 
     async def close(self) -> None:
+        """Lets a slot being built finish (so nothing is half made), then removes the free slots."""
         if self._task is not None:
-            self._task.cancel()
+            self._closing = True
+            self._wake.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 30)
+            except TimeoutError:
+                self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None

@@ -63,6 +63,7 @@ enum error_code {
 #define MAX_DATA_PAYLOAD (1u << 20)
 #define IO_CHUNK (256u << 10)
 #define DRAIN_AFTER_EXIT_MS 100
+#define SPARE_HANDLERS 2
 
 struct shared_state {
     volatile int64_t last_activity_ms;
@@ -253,32 +254,63 @@ static int parse_exec(const unsigned char *payload, uint32_t len, struct exec_re
     return 0;
 }
 
-static void child_fail(int errfd, const char *stage) {
-    int err = errno;
-    char buf[256];
-    int n = snprintf(buf, sizeof buf, "%s: %s", stage, strerror(err));
-    if (n > 0) (void)!write(errfd, buf, (size_t)n);
-    _exit(127);
+/* Finds the executable the way execvp would, but on the *request's* PATH (the agent's own environment
+ * is not the command's). Returns 0 and fills ``out``, or -1 with errno set. */
+static int resolve_command(const char *cmd, char *const envp[], char *out, size_t out_len) {
+    if (strchr(cmd, '/')) {
+        if ((size_t)snprintf(out, out_len, "%s", cmd) >= out_len) { errno = ENAMETOOLONG; return -1; }
+        return 0;
+    }
+    const char *path = "/usr/local/bin:/usr/bin:/bin";
+    for (char *const *e = envp; *e; e++)
+        if (!strncmp(*e, "PATH=", 5)) { path = *e + 5; break; }
+    int saw_eacces = 0;
+    for (const char *p = path;; p++) {
+        const char *end = strchr(p, ':');
+        size_t dir_len = end ? (size_t)(end - p) : strlen(p);
+        int n = dir_len ? snprintf(out, out_len, "%.*s/%s", (int)dir_len, p, cmd) : snprintf(out, out_len, "%s", cmd);
+        if (n > 0 && (size_t)n < out_len) {
+            struct stat st;
+            if (stat(out, &st) == 0 && S_ISREG(st.st_mode)) {
+                if (access(out, X_OK) == 0) return 0;
+                saw_eacces = 1;
+            }
+        }
+        if (!end) break;
+        p = end;
+    }
+    errno = saw_eacces ? EACCES : ENOENT;
+    return -1;
 }
 
-static pid_t spawn_command(struct exec_request *req, int in_fd, int out_fd, int err_fd, int errpipe) {
-    pid_t pid = fork();
+/* Written by a vfork()ed child before it gives up (it shares our memory until exec or _exit). */
+static volatile int spawn_errno, spawn_stage;
+enum { STAGE_DUP2 = 1, STAGE_CHDIR = 2, STAGE_EXEC = 3 };
+
+/* vfork: the handler is suspended until the child has exec'd, and no page tables are copied. The
+ * child only makes system calls and writes the two shared ints above. */
+static pid_t spawn_command(struct exec_request *req, const char *program, int in_fd, int out_fd, int err_fd) {
+    const char *cwd = (req->cwd && req->cwd[0]) ? req->cwd : "/";
+    spawn_errno = 0;
+    spawn_stage = 0;
+    pid_t pid = vfork();
     if (pid != 0) return pid;
-    /* child */
     reset_signals();
     setsid();
-    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) child_fail(errpipe, "dup2");
-    const char *cwd = (req->cwd && req->cwd[0]) ? req->cwd : "/";
-    if (chdir(cwd) < 0) {
-        char stage[PATH_MAX + 16];
-        snprintf(stage, sizeof stage, "chdir %s", cwd);
-        child_fail(errpipe, stage);
+    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) {
+        spawn_errno = errno;
+        spawn_stage = STAGE_DUP2;
+        _exit(127);
     }
-    extern char **environ;
-    environ = req->envp;
-    execvp(req->cmd, req->argv);
-    child_fail(errpipe, req->cmd);
-    return -1;
+    if (chdir(cwd) < 0) {
+        spawn_errno = errno;
+        spawn_stage = STAGE_CHDIR;
+        _exit(127);
+    }
+    execve(program, req->argv, req->envp);
+    spawn_errno = errno;
+    spawn_stage = STAGE_EXEC;
+    _exit(127);
 }
 
 static int pidfd_open_compat(pid_t pid) {
@@ -341,8 +373,11 @@ static int handle_exec(int sock, const unsigned char *payload, uint32_t len) {
     memset(&req, 0, sizeof req);
     if (parse_exec(payload, len, &req) < 0) return send_error(sock, E_PROTOCOL, "malformed exec request");
 
-    int out[2], err[2], in[2] = {-1, -1}, ep[2];
-    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(ep, O_CLOEXEC) < 0)
+    char program[PATH_MAX];
+    if (resolve_command(req.cmd, req.envp, program, sizeof program) < 0)
+        return send_error(sock, E_SPAWN, "%s: %s", req.cmd, strerror(errno));
+    int out[2], err[2], in[2] = {-1, -1};
+    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)
         return send_error(sock, E_SPAWN, "pipe: %s", strerror(errno));
     int has_stdin = (req.flags & EXEC_HAS_STDIN) != 0;
     if (has_stdin) {
@@ -351,28 +386,21 @@ static int handle_exec(int sock, const unsigned char *payload, uint32_t len) {
         in[0] = open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (in[0] < 0) return send_error(sock, E_SPAWN, "/dev/null: %s", strerror(errno));
     }
-    pid_t pid = spawn_command(&req, in[0], out[1], err[1], ep[1]);
+    pid_t pid = spawn_command(&req, program, in[0], out[1], err[1]);
     close(in[0]);
     close(out[1]);
     close(err[1]);
-    close(ep[1]);
-    if (pid < 0) {
-        close(ep[0]);
-        return send_error(sock, E_SPAWN, "fork: %s", strerror(errno));
-    }
-    char why[512];
-    ssize_t n;
-    do n = read(ep[0], why, sizeof why - 1); while (n < 0 && errno == EINTR);
-    close(ep[0]);
-    if (n > 0) {
-        why[n] = 0;
+    if (pid < 0) return send_error(sock, E_SPAWN, "fork: %s", strerror(errno));
+    if (spawn_stage) {
         waitpid(pid, NULL, 0);
-        return send_error(sock, E_SPAWN, "%s", why);
+        if (spawn_stage == STAGE_CHDIR) return send_error(sock, E_SPAWN, "chdir %s: %s", req.cwd, strerror(spawn_errno));
+        if (spawn_stage == STAGE_DUP2) return send_error(sock, E_SPAWN, "dup2: %s", strerror(spawn_errno));
+        return send_error(sock, E_SPAWN, "%s: %s", req.cmd, strerror(spawn_errno));
     }
 
     int pidfd = pidfd_open_compat(pid);
-    set_nonblock(out[0]);
-    set_nonblock(err[0]);
+    fcntl(out[0], F_SETFL, O_NONBLOCK); /* read ends: their flags are known to be plain O_RDONLY */
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
     struct stdin_buffer sin = {NULL, 0, 0, has_stdin ? in[1] : -1, !has_stdin};
     if (sin.fd >= 0) set_nonblock(sin.fd);
     int out_fd = out[0], err_fd = err[0];
@@ -683,31 +711,58 @@ int main(int argc, char **argv) {
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     signal(SIGPIPE, SIG_IGN);
+    int notify[2];
+    if (pipe2(notify, O_CLOEXEC) < 0) { perror("pipe"); return 1; }
+    fcntl(notify[0], F_SETFL, O_NONBLOCK);
 
+    /* Pre-forked handlers wait in accept(), so a request never waits for a fork: a handler that
+     * accepted tells PID 1 (its pid on the notify pipe), and PID 1 forks its replacement. */
+    pid_t idle[SPARE_HANDLERS] = {0};
     for (;;) {
-        struct pollfd pfd[2] = {{listen_fd, POLLIN, 0}, {sfd, POLLIN, 0}};
+        for (int i = 0; i < SPARE_HANDLERS; i++) {
+            if (idle[i] > 0) continue;
+            pid_t parent = getpid();
+            pid_t pid = fork();
+            if (pid == 0) {
+                prctl(PR_SET_PDEATHSIG, SIGKILL); /* no handler outlives the agent */
+                if (getppid() != parent) _exit(0);
+                close(sfd);
+                close(notify[0]);
+                sigprocmask(SIG_UNBLOCK, &mask, NULL);
+                int conn;
+                do conn = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC); while (conn < 0 && errno == EINTR);
+                pid_t me = getpid();
+                (void)!write(notify[1], &me, sizeof me);
+                close(notify[1]);
+                close(listen_fd);
+                if (conn >= 0) {
+                    handle_connection(conn);
+                    shutdown(conn, SHUT_RDWR);
+                }
+                _exit(0);
+            }
+            if (pid > 0) idle[i] = pid;
+            else usleep(10000); /* out of processes: retry later */
+        }
+        struct pollfd pfd[2] = {{notify[0], POLLIN, 0}, {sfd, POLLIN, 0}};
         if (poll(pfd, 2, -1) < 0 && errno != EINTR) continue;
+        if (pfd[0].revents & POLLIN) {
+            pid_t busy;
+            while (read(notify[0], &busy, sizeof busy) == sizeof busy)
+                for (int i = 0; i < SPARE_HANDLERS; i++)
+                    if (idle[i] == busy) idle[i] = 0;
+        }
         if (pfd[1].revents & POLLIN) {
             struct signalfd_siginfo si;
             while (read(sfd, &si, sizeof si) == sizeof si) {
                 if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) return 0;
             }
-            while (waitpid(-1, NULL, WNOHANG) > 0) {
-            }
-        }
-        if (pfd[0].revents & POLLIN) {
-            int conn = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
-            if (conn < 0) continue;
-            pid_t pid = fork();
-            if (pid == 0) {
-                close(listen_fd);
-                close(sfd);
-                sigprocmask(SIG_UNBLOCK, &mask, NULL);
-                handle_connection(conn);
-                shutdown(conn, SHUT_RDWR);
-                _exit(0);
-            }
-            close(conn);
+            pid_t gone;
+            int idle_died = 0;
+            while ((gone = waitpid(-1, NULL, WNOHANG)) > 0)
+                for (int i = 0; i < SPARE_HANDLERS; i++)
+                    if (idle[i] == gone) { idle[i] = 0; idle_died = 1; }
+            if (idle_died) usleep(1000); /* an idle handler died without a request: do not spin */
         }
     }
 }
