@@ -83,14 +83,23 @@ class _Handle:
 
     @classmethod
     def of(cls, record: SandboxRecord) -> _Handle:
+        """Parses ``driver_state`` once per dict object (hot paths call this on every request)."""
+        cached = _PARSED.get(record.id)
+        if cached is not None and cached[0] is record.driver_state:
+            return cached[1]
         data = record.driver_state
-        return cls(
+        handle = cls(
             Slot.from_json(data["slot"]),
             data["runtime"],
             data["cgroups_path"],
             data["init_pid"],
             data["init_ticks"],
         )
+        _PARSED[record.id] = (data, handle)
+        return handle
+
+
+_PARSED: dict[str, tuple[dict[str, object], _Handle]] = {}
 
 
 class OciRuntime(SandboxRuntime):
@@ -283,6 +292,7 @@ class OciRuntime(SandboxRuntime):
 
     async def destroy(self, record: SandboxRecord) -> None:
         await self._destroy_handle(record.id, _Handle.of(record))
+        _PARSED.pop(record.id, None)
 
     async def _destroy_handle(self, sandbox_id: str, handle: _Handle) -> None:
         cgroup = SandboxCgroup(handle.cgroups_path)

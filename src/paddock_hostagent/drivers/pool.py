@@ -137,6 +137,8 @@ class SlotFactory:
 
 
 class WarmPool:
+    refill_delay_s = 0.15
+
     def __init__(self, factory: SlotFactory, size: int, disk_mib: int) -> None:
         self.factory = factory
         self.size = size
@@ -190,6 +192,8 @@ class WarmPool:
     async def _refill_forever(self) -> None:
         while not self._closing:
             await self._wake.wait()
+            # Let the create that took a slot finish before competing with it for the CPU.
+            await asyncio.sleep(self.refill_delay_s)
             self._wake.clear()
             while len(self._free) < self.size and not self._closing:
                 try:
