@@ -86,6 +86,7 @@ class SandboxManager:
         self.total_mib = settings.total_mib or max(machine_memory_mib() - settings.reserved_mib, 0)
         self._entries: dict[str, _Entry] = {}
         self._pending: dict[str, int] = {}  # ids being created -> their mem_mib
+        self._born: dict[str, asyncio.Event] = {}  # ids being created -> set when the attempt ends
 
     # -- start-up and shutdown ------------------------------------------------------------------
 
@@ -176,6 +177,13 @@ class SandboxManager:
         if mem_mib > free_mib:
             raise errors.InsufficientCapacity(f"{mem_mib} MiB requested, {max(free_mib, 0)} MiB free")
         self._pending[sandbox_id] = mem_mib
+        self._born[sandbox_id] = asyncio.Event()
+
+    def _release(self, sandbox_id: str) -> None:
+        self._pending.pop(sandbox_id, None)
+        born = self._born.pop(sandbox_id, None)
+        if born is not None:
+            born.set()
 
     async def _rootfs(self, image: str) -> Path:
         try:
@@ -198,7 +206,7 @@ class SandboxManager:
             self.records.save(record)
             self._entries[record.id] = _Entry(record)
         finally:
-            self._pending.pop(body.id, None)
+            self._release(body.id)
         log.info("sandbox_created", sandbox_id=record.id, spawn_ms=record.spawn_ms, image=record.image)
         return CreateSandboxResult(
             id=record.id, ip=record.ip, spawn_ms=record.spawn_ms, status=record.state.value
@@ -220,7 +228,7 @@ class SandboxManager:
             self.records.save(record)
             self._entries[record.id] = _Entry(record)
         finally:
-            self._pending.pop(body.new_id, None)
+            self._release(body.new_id)
         log.info("sandbox_forked", sandbox_id=record.id, source_id=sandbox_id, spawn_ms=record.spawn_ms)
         return CreateSandboxResult(
             id=record.id, ip=record.ip, spawn_ms=record.spawn_ms, status=record.state.value
@@ -266,6 +274,9 @@ class SandboxManager:
         return disk_mib
 
     async def destroy(self, sandbox_id: str) -> None:
+        born = self._born.get(sandbox_id)
+        if born is not None:
+            await born.wait()  # a destroy that overtakes its create waits for it, then undoes it
         entry = self._entries.get(sandbox_id)
         if entry is None:
             return  # idempotent: already gone

@@ -171,3 +171,26 @@ async def test_duplicate_ids_are_refused(host: HostAgentClient, sandbox: dict[st
         await host.create_sandbox(
             id=sandbox["id"], name="again", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048
         )
+
+
+async def test_concurrent_creates_get_distinct_addresses(host: HostAgentClient, sandboxes: Sandboxes) -> None:
+    created = await asyncio.gather(*(sandboxes.create() for _ in range(5)))  # more than the warm pool holds
+    assert len({sandbox["ip"] for sandbox in created}) == 5
+    results = await asyncio.gather(*(run(host, sandbox["id"], "hostname", "-I") for sandbox in created))
+    assert [result["stdout"].strip() for result in results] == [sandbox["ip"] for sandbox in created]
+
+
+async def test_a_destroy_that_overtakes_its_create_still_destroys(
+    agent: AgentProcess, host: HostAgentClient
+) -> None:
+    sandbox_id = "sb-overtaken"
+    agent.created_ids.append(sandbox_id)
+    create = asyncio.create_task(
+        host.create_sandbox(id=sandbox_id, name="racer", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=4096)
+    )
+    await asyncio.sleep(0.005)
+    assert await host.destroy_sandbox(sandbox_id) == {"destroyed": True}
+    await asyncio.gather(create, return_exceptions=True)
+    with pytest.raises(SandboxMissingError):
+        await host.get_sandbox(sandbox_id)
+    assert sandbox_cgroup_dirs([sandbox_id]) == []
