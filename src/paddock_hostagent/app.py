@@ -29,7 +29,7 @@ from paddock_hostagent.drivers import storage
 from paddock_hostagent.drivers.network import NetworkManager
 from paddock_hostagent.drivers.oci import OciOptions, OciRuntime
 from paddock_hostagent.guest.build import ensure_agent_binary
-from paddock_hostagent.host import prepare_host
+from paddock_hostagent.host import prepare_machine
 from paddock_hostagent.images import ImageStore
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.registrar import Registrar
@@ -59,7 +59,7 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
     network = NetworkManager(
         settings.subnet, settings.state_dir / "network", settings.nft_table, settings.dns_servers
     )
-    facts = await asyncio.to_thread(prepare_host, settings.runtime, network)
+    facts = await asyncio.to_thread(prepare_machine, settings.runtime, network)
     guest_binary = await asyncio.to_thread(ensure_agent_binary, settings.state_dir / "guest")
     runtime = OciRuntime(
         OciOptions(
@@ -98,7 +98,7 @@ def create_app(settings: HostAgentSettings) -> FastAPI:
                 "host_agent_started",
                 host_id=settings.id,
                 runtime=manager.runtime_label,
-                sandboxes=len(manager.list()),
+                sandboxes=len(manager.views()),
             )
             try:
                 yield

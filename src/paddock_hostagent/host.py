@@ -25,6 +25,7 @@ from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.commands import run_sync
 from paddock_hostagent.drivers.network import NetworkManager
+from paddock_hostagent.settings import HostAgentSettings
 
 log = get_logger(__name__)
 
@@ -77,8 +78,9 @@ def _load_kernel_support() -> None:
         run_sync(["modprobe", "loop"], check=False)
 
 
-def prepare_host(runtime_preference: str, network: NetworkManager | None = None) -> HostFacts:
-    """Everything the agent needs from the machine before it starts sandboxes; idempotent."""
+def prepare_machine(runtime_preference: str, network: NetworkManager | None = None) -> HostFacts:
+    """Kernel support, the OCI runtime's needs, /run/netns, forwarding and (with ``network``) the
+    nftables table; idempotent."""
     _load_kernel_support()
     runtime = choose_runtime(runtime_preference)
     Path("/run/netns").mkdir(parents=True, exist_ok=True)
@@ -88,3 +90,13 @@ def prepare_host(runtime_preference: str, network: NetworkManager | None = None)
         with contextlib.suppress(OSError):
             Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
     return HostFacts(runtime=runtime, hugetlb_mounted=_is_mountpoint(HUGETLB_DIR))
+
+
+def prepare_host(settings: HostAgentSettings | None = None) -> HostFacts:
+    """Everything the host agent needs from the machine before it starts sandboxes (see the module
+    docstring for the same steps as shell commands); idempotent. Settings default to the environment."""
+    settings = settings or HostAgentSettings()
+    network = NetworkManager(
+        settings.subnet, settings.state_dir / "network", settings.nft_table, settings.dns_servers
+    )
+    return prepare_machine(settings.runtime, network)

@@ -52,7 +52,7 @@ async def create_sandbox(body: CreateSandboxBody, manager: Manager) -> CreateSan
 
 @router.get("/sandboxes")
 async def list_sandboxes(manager: Manager) -> list[SandboxView]:
-    return manager.list()
+    return manager.views()
 
 
 @router.get("/sandboxes/{sandbox_id}")

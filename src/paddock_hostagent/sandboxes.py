@@ -136,7 +136,7 @@ class SandboxManager:
     def get(self, sandbox_id: str) -> SandboxView:
         return self.view(self._entry(sandbox_id))
 
-    def list(self) -> list[SandboxView]:
+    def views(self) -> list[SandboxView]:
         return [self.view(entry) for entry in list(self._entries.values())]
 
     def placed_mib(self) -> int:
@@ -361,7 +361,7 @@ class SandboxManager:
     def heartbeat_sandboxes(self) -> list[dict[str, Any]]:
         return [
             {"id": v.id, "status": v.status, "oom_kills": v.oom_kills, "last_activity_at": v.last_activity_at}
-            for v in self.list()
+            for v in self.views()
         ]
 
 

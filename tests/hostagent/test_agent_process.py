@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +18,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from paddock_hostagent.client import HostAgentClient, UnknownImageError
+from paddock_hostagent.host import prepare_host
+from paddock_hostagent.settings import HostAgentSettings
 from tests.conftest import LiveServer
 from tests.hostagent.conftest import TOKEN, AgentProcess, Sandboxes, run, sh
 
@@ -137,3 +142,20 @@ async def test_the_agent_serves_while_the_controlplane_is_down(make_agent: Any) 
     await asyncio.sleep(0.5)
     async with agent.client() as host:
         assert (await host.info())["vm_count"] == 0
+
+
+def test_prepare_host_is_idempotent(tmp_path: Path) -> None:
+    settings = HostAgentSettings(
+        state_dir=tmp_path, nft_table=f"pdkprep{os.getpid()}", subnet="10.254.9.0/24"
+    )
+    try:
+        first = prepare_host(settings)
+        second = prepare_host(settings)
+        assert first == second and first.runtime in ("crun", "runc")
+        assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "1"
+        table = subprocess.run(
+            ["nft", "list", "table", "ip", settings.nft_table], capture_output=True, text=True
+        )
+        assert "masquerade" in table.stdout and table.stdout.count("chain postrouting") == 1
+    finally:
+        subprocess.run(["nft", "delete", "table", "ip", settings.nft_table], capture_output=True)

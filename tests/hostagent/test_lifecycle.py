@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from paddock_hostagent.client import BadStateError, HostAgentClient, SandboxMissingError
+from paddock_hostagent.client import BadStateError, HostAgentClient, HostAgentError, SandboxMissingError
 from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sandbox_cgroup_dirs, sh
 
 pytestmark = pytest.mark.root
@@ -115,6 +115,14 @@ async def test_resize_grows_the_filesystem_live(host: HostAgentClient, sandboxes
     result = await sh(host, created["id"], "fallocate -l 2500M /root/big && cat /root/file && rm /root/big")
     assert result["stdout"] == "before\n", result
     assert (await host.get_sandbox(created["id"]))["disk_mib"] == 4096
+    # a paused sandbox can be grown too; it sees the new size when it resumes
+    await host.pause_sandbox(created["id"])
+    assert (await host.resize_sandbox(created["id"], 6144)) == {"disk_mib": 6144}
+    await host.resume_sandbox(created["id"])
+    assert await size_mib() >= after + 1900
+    with pytest.raises(HostAgentError) as shrink:
+        await host.resize_sandbox(created["id"], 4096)
+    assert shrink.value.status == 400
 
 
 async def test_destroy_removes_everything_and_is_idempotent(
@@ -186,7 +194,9 @@ async def test_a_destroy_that_overtakes_its_create_still_destroys(
     sandbox_id = "sb-overtaken"
     agent.created_ids.append(sandbox_id)
     create = asyncio.create_task(
-        host.create_sandbox(id=sandbox_id, name="racer", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=4096)
+        host.create_sandbox(
+            id=sandbox_id, name="racer", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=4096
+        )
     )
     await asyncio.sleep(0.005)
     assert await host.destroy_sandbox(sandbox_id) == {"destroyed": True}

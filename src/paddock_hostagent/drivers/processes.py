@@ -43,7 +43,12 @@ async def wait_child(pid: int) -> int:
     if pidfd >= 0:
         loop = asyncio.get_running_loop()
         exited: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+
+        def on_exit() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, on_exit)
         try:
             await exited
         finally:
