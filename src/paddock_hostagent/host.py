@@ -24,6 +24,7 @@ from pathlib import Path
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.commands import run_sync
+from paddock_hostagent.drivers.mounts import is_mountpoint
 from paddock_hostagent.drivers.network import NetworkManager
 from paddock_hostagent.settings import HostAgentSettings
 
@@ -38,14 +39,9 @@ class HostFacts:
     hugetlb_mounted: bool
 
 
-def _is_mountpoint(path: Path) -> bool:
-    with open("/proc/self/mountinfo") as mountinfo:
-        return any(line.split()[4] == str(path) for line in mountinfo)
-
-
 def mount_hugetlb() -> bool:
     """crun refuses this hybrid cgroup layout unless the v1 hugetlb hierarchy is mounted."""
-    if _is_mountpoint(HUGETLB_DIR):
+    if is_mountpoint(HUGETLB_DIR):
         return True
     try:
         HUGETLB_DIR.mkdir(parents=True, exist_ok=True)
@@ -89,7 +85,7 @@ def prepare_machine(runtime_preference: str, network: NetworkManager | None = No
     else:
         with contextlib.suppress(OSError):
             Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
-    return HostFacts(runtime=runtime, hugetlb_mounted=_is_mountpoint(HUGETLB_DIR))
+    return HostFacts(runtime=runtime, hugetlb_mounted=is_mountpoint(HUGETLB_DIR))
 
 
 def prepare_host(settings: HostAgentSettings | None = None) -> HostFacts:

@@ -10,6 +10,7 @@ own group, preferring the memory hierarchy's (the one that accounts for the mach
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -62,15 +63,17 @@ class SandboxCgroup:
 
     # -- freezer --------------------------------------------------------------------------------
 
-    def freeze(self, timeout_s: float = 5.0) -> None:
+    async def freeze(self, timeout_s: float = 10.0) -> None:
+        """Freezes every task of the group (v1 freezer, well under a millisecond for a quiet one)."""
         state = self.dir("freezer") / "freezer.state"
         state.write_text("FROZEN")
         deadline = time.monotonic() + timeout_s
         while state.read_text().strip() != "FROZEN":
             if time.monotonic() > deadline:
-                raise TimeoutError(f"cgroup {self.path} did not freeze within {timeout_s}s")
+                self.thaw()
+                raise TimeoutError(f"cgroup {self.path} did not freeze within {timeout_s:.0f}s")
+            await asyncio.sleep(0.0002)
             state.write_text("FROZEN")
-            time.sleep(0.0002)
 
     def thaw(self) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 
 from paddock_hostagent.drivers.base import CommandFailedError
@@ -37,11 +36,3 @@ def run_sync(argv: list[str], *, check: bool = True, input_text: str | None = No
     if check and result.returncode != 0:
         raise CommandFailedError(argv, result.returncode, result.stderr)
     return result.stdout
-
-
-def is_mountpoint(path: str) -> bool:
-    try:
-        with open("/proc/self/mountinfo") as mountinfo:
-            return any(line.split()[4] == path for line in mountinfo)
-    except OSError:
-        return os.path.ismount(path)

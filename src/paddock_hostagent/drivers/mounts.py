@@ -24,6 +24,15 @@ _FIFREEZE = 0xC0045877
 _FITHAW = 0xC0045878
 
 
+def is_mountpoint(path: Path) -> bool:
+    target = str(path)
+    try:
+        with open("/proc/self/mountinfo") as mountinfo:
+            return any(line.split()[4] == target for line in mountinfo)
+    except OSError:
+        return os.path.ismount(target)
+
+
 def mount(source: str, target: Path, fstype: str, options: str = "", flags: int = 0) -> None:
     result = _libc.mount(
         source.encode(), str(target).encode(), fstype.encode(), flags, options.encode() or None

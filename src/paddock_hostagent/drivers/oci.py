@@ -16,14 +16,12 @@ having been done before, so destroy is idempotent and also cleans up half-create
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,7 +168,7 @@ class OciRuntime(SandboxRuntime):
         cgroup = SandboxCgroup(source.cgroups_path)
         was_frozen = cgroup.is_frozen()
         if not was_frozen:
-            await self._freeze(cgroup)
+            await _freeze(cgroup)
         try:
             mounts.freeze_filesystem(source.slot.disk.mount_dir)
             try:
@@ -223,7 +221,7 @@ class OciRuntime(SandboxRuntime):
         except GuestError as exc:
             raise BootError(f"guest agent of {spec.id} did not answer: {exc}") from exc
         if start_paused:
-            await self._freeze(SandboxCgroup(handle.cgroups_path))
+            await _freeze(SandboxCgroup(handle.cgroups_path))
             record.state = RuntimeState.PAUSED
 
     async def _run_container(self, sandbox_id: str, handle: _Handle) -> None:
@@ -258,7 +256,7 @@ class OciRuntime(SandboxRuntime):
 
     async def pause(self, record: SandboxRecord) -> None:
         self._require_alive(record)
-        await self._freeze(SandboxCgroup(_Handle.of(record).cgroups_path))
+        await _freeze(SandboxCgroup(_Handle.of(record).cgroups_path))
 
     async def resume(self, record: SandboxRecord) -> None:
         self._require_alive(record)
@@ -271,18 +269,6 @@ class OciRuntime(SandboxRuntime):
         handle.slot.disk_mib = disk_mib
         handle.slot.save()
         record.driver_state = handle.to_json()
-
-    @staticmethod
-    async def _freeze(cgroup: SandboxCgroup, timeout_s: float = 10.0) -> None:
-        state = cgroup.dir("freezer") / "freezer.state"
-        state.write_text("FROZEN")
-        deadline = time.monotonic() + timeout_s
-        while state.read_text().strip() != "FROZEN":
-            if time.monotonic() > deadline:
-                cgroup.thaw()
-                raise DriverError(f"cgroup {cgroup.path} did not freeze within {timeout_s:.0f}s")
-            await asyncio.sleep(0.0002)
-            state.write_text("FROZEN")
 
     def _require_alive(self, record: SandboxRecord) -> None:
         if self.probe(record) == RuntimeState.STOPPED:
@@ -329,3 +315,10 @@ class OciRuntime(SandboxRuntime):
 
     def oom_kills(self, record: SandboxRecord) -> int:
         return SandboxCgroup(_Handle.of(record).cgroups_path).oom_kills()
+
+
+async def _freeze(cgroup: SandboxCgroup) -> None:
+    try:
+        await cgroup.freeze()
+    except TimeoutError as exc:
+        raise DriverError(str(exc)) from exc

@@ -80,7 +80,7 @@ async def attach(disk: Disk) -> None:
         out = await run(["losetup", "--find", "--show", str(disk.image_path)])
         disk.loop_device = out.strip()
     disk.mount_dir.mkdir(parents=True, exist_ok=True)
-    if not is_mounted(disk.mount_dir):
+    if not mounts.is_mountpoint(disk.mount_dir):
         # nouuid: a fork's copy carries its source's filesystem UUID, which XFS would refuse.
         mounts.mount(disk.loop_device, disk.mount_dir, disk.fs, "nouuid" if disk.fs == "xfs" else "")
     disk.upper_dir.mkdir(exist_ok=True)
@@ -116,15 +116,6 @@ async def copy_image(source: Path, target: Path) -> None:
     """Sparse-aware copy (holes stay holes; reflinks where the host filesystem can)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     await run(["cp", "--sparse=always", "--reflink=auto", str(source), str(target)])
-
-
-def is_mounted(path: Path) -> bool:
-    target = str(path)
-    try:
-        with open("/proc/self/mountinfo") as mountinfo:
-            return any(line.split()[4] == target for line in mountinfo)
-    except OSError:
-        return os.path.ismount(target)
 
 
 def _loop_backs(device: str, image_path: Path) -> bool:
