@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -159,3 +160,32 @@ def test_prepare_host_is_idempotent(tmp_path: Path) -> None:
         assert "masquerade" in table.stdout and table.stdout.count("chain postrouting") == 1
     finally:
         subprocess.run(["nft", "delete", "table", "ip", settings.nft_table], capture_output=True)
+
+
+async def test_an_image_from_a_mirror_is_built_on_first_demand(make_agent: Any, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    for directory in ("bin", "etc", "root", "tmp", "run"):
+        (tree / directory).mkdir(parents=True)
+    source = tmp_path / "hello.c"
+    source.write_text('#include <stdio.h>\nint main(void){puts("hello from a mirrored image");return 0;}\n')
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(tree / "bin" / "hello"), str(source)], check=True)
+    archive = tmp_path / "rootfs.tar.gz"
+    subprocess.run(["tar", "-czf", str(archive), "-C", str(tree), "."], check=True)
+    mirrors = json.dumps({"alpine:3.20": f"file://{archive}"})
+    image_dir = tmp_path / "images"
+    agent: AgentProcess = make_agent(
+        pool_size=0,
+        extra_env={"PADDOCK_HOST_IMAGE_MIRRORS": mirrors, "PADDOCK_HOST_IMAGE_DIR": str(image_dir)},
+    )
+    agent.start()
+    async with agent.client() as host:
+        info = await host.info()
+        assert "alpine:3.20" in info["buildable"] and "alpine:3.20" not in info["rootfses"]
+        tracker = Sandboxes(host, agent)
+        try:
+            created = await tracker.create(rootfs="alpine:3.20")
+            result = await run(host, created["id"], "/bin/hello")
+            assert result["stdout"] == "hello from a mirrored image\n"
+            assert "alpine:3.20" in (await host.info())["rootfses"]
+        finally:
+            await tracker.destroy_all()

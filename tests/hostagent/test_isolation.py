@@ -125,3 +125,16 @@ async def test_network_reaches_the_host_but_not_other_sandboxes(
     assert f"default via {gateway}" in routes["stdout"]
     resolv = await run(host, first["id"], "cat", "/etc/resolv.conf")
     assert resolv["stdout"].startswith("nameserver ")
+
+
+@pytest.mark.slow
+async def test_devbox_has_the_language_runtimes(host: HostAgentClient, sandboxes: Sandboxes) -> None:
+    created = await sandboxes.create(rootfs="devbox:1", mem_mib=1024)  # built on first use (minutes)
+    script = (
+        "python3 -c 'import numpy, pandas, requests; print(numpy.arange(3).sum())' && node -e 'console.log(6*7)'"
+        " && git --version && gcc --version | head -1 && jq --version && sqlite3 --version | cut -c1-4"
+    )
+    result = await sh(host, created["id"], script)
+    assert result["exit_code"] == 0, result
+    lines = result["stdout"].splitlines()
+    assert lines[:2] == ["3", "42"] and lines[2].startswith("git version")
