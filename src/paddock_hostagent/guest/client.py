@@ -19,7 +19,7 @@ import contextlib
 import os
 import struct
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -105,29 +105,53 @@ class _Connection:
         self.writer.close()
 
 
-class GuestClient:
-    def __init__(self, socket_path: Path, *, connect_timeout_s: float = 5.0) -> None:
-        self.socket_path = socket_path
-        self.connect_timeout_s = connect_timeout_s
+Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
-    async def _connect(self) -> _Connection:
-        path = str(self.socket_path)
+
+def unix_connector(socket_path: Path) -> Connector:
+    """Opens a new connection to the agent's unix socket (one per request)."""
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        path = str(socket_path)
         dir_fd: int | None = None
         if len(path) > _MAX_SUN_PATH:
             # sun_path holds ~107 bytes; reach long paths through the directory's /proc/self/fd entry.
-            dir_fd = os.open(self.socket_path.parent, os.O_PATH | os.O_DIRECTORY)
-            path = f"/proc/self/fd/{dir_fd}/{self.socket_path.name}"
+            dir_fd = os.open(socket_path.parent, os.O_PATH | os.O_DIRECTORY)
+            path = f"/proc/self/fd/{dir_fd}/{socket_path.name}"
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(path, limit=_STREAM_LIMIT_BYTES), self.connect_timeout_s
-            )
-        except (OSError, TimeoutError) as exc:
-            raise GuestUnavailableError(
-                f"guest agent socket {self.socket_path} does not answer: {exc}"
-            ) from exc
+            return await asyncio.open_unix_connection(path, limit=_STREAM_LIMIT_BYTES)
         finally:
             if dir_fd is not None:
                 os.close(dir_fd)
+
+    return connect
+
+
+class GuestClient:
+    """Speaks to one guest agent. The transport is a ``Connector`` (a fresh byte stream per request):
+    a unix socket for containers; a vsock or a hybrid-vsock unix socket would serve a microVM."""
+
+    def __init__(
+        self,
+        socket_path: Path | None = None,
+        *,
+        connector: Connector | None = None,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        if connector is None:
+            if socket_path is None:
+                raise ValueError("GuestClient needs a socket path or a connector")
+            connector = unix_connector(socket_path)
+        self.socket_path = socket_path
+        self._connector = connector
+        self.connect_timeout_s = connect_timeout_s
+
+    async def _connect(self) -> _Connection:
+        try:
+            reader, writer = await asyncio.wait_for(self._connector(), self.connect_timeout_s)
+        except (OSError, TimeoutError) as exc:
+            where = self.socket_path or "its transport"
+            raise GuestUnavailableError(f"guest agent at {where} does not answer: {exc}") from exc
         return _Connection(reader, writer)
 
     async def info(self) -> GuestInfo:
