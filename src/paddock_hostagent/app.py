@@ -31,6 +31,7 @@ from paddock_hostagent.drivers.oci import OciOptions, OciRuntime
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.host import prepare_machine
 from paddock_hostagent.images import ImageStore
+from paddock_hostagent.middleware import RequestLogMiddleware
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.registrar import Registrar
 from paddock_hostagent.routes import router
@@ -115,6 +116,7 @@ def create_app(settings: HostAgentSettings) -> FastAPI:
 
     app = FastAPI(title="Paddock host agent", version="1", lifespan=lifespan)
     app.include_router(router, dependencies=[Depends(require_token)])
+    app.add_middleware(RequestLogMiddleware)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

@@ -204,3 +204,24 @@ async def test_a_destroy_that_overtakes_its_create_still_destroys(
     with pytest.raises(SandboxMissingError):
         await host.get_sandbox(sandbox_id)
     assert sandbox_cgroup_dirs([sandbox_id]) == []
+
+
+async def test_a_sandbox_whose_init_dies_is_reported_stopped_and_still_destroyable(
+    agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes
+) -> None:
+    created = await sandboxes.create()
+    init_pid = agent.record(created["id"])["driver_state"]["init_pid"]
+    os.kill(init_pid, 9)  # e.g. the host's OOM killer, or an operator
+    for _ in range(100):
+        if (await host.get_sandbox(created["id"]))["status"] == "stopped":
+            break
+        await asyncio.sleep(0.02)
+    assert (await host.get_sandbox(created["id"]))["status"] == "stopped"
+    with pytest.raises(BadStateError):
+        await run(host, created["id"], "true")
+    with pytest.raises(BadStateError):
+        await host.pause_sandbox(created["id"])
+    await host.destroy_sandbox(created["id"])
+    with pytest.raises(SandboxMissingError):
+        await host.get_sandbox(created["id"])
+    assert sandbox_cgroup_dirs([created["id"]]) == []

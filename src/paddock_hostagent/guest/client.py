@@ -148,7 +148,8 @@ class GuestClient:
 
     async def _connect(self) -> _Connection:
         try:
-            reader, writer = await asyncio.wait_for(self._connector(), self.connect_timeout_s)
+            async with asyncio.timeout(self.connect_timeout_s):  # no extra task, unlike wait_for
+                reader, writer = await self._connector()
         except (OSError, TimeoutError) as exc:
             where = self.socket_path or "its transport"
             raise GuestUnavailableError(f"guest agent at {where} does not answer: {exc}") from exc

@@ -1,0 +1,57 @@
+"""One structured log line per request (pure ASGI, so NDJSON streams and uploads are not buffered).
+
+The control plane's ``X-Request-Id`` is kept when it sends one, so both services' lines correlate.
+Reads and commands log at debug level (they are frequent); lifecycle changes and errors at info.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from paddock_core.logging import get_logger
+
+log = get_logger("paddock.hostagent.http")
+
+
+class RequestLogMiddleware:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = ""
+        for name, value in scope.get("headers", ()):
+            if name == b"x-request-id":
+                request_id = value.decode(errors="replace")[:64]
+                break
+        request_id = request_id or "req_" + secrets.token_hex(8)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_logged(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode())],
+                }
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_logged)
+        finally:
+            method, path = scope["method"], scope["path"]
+            quiet = status < 400 and (method == "GET" or path.endswith("/exec"))
+            (log.debug if quiet else log.info)(
+                "request",
+                request_id=request_id,
+                method=method,
+                path=path,
+                status=status,
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            )
