@@ -10,6 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import (
@@ -80,7 +81,11 @@ async def exec_command(
             await stream.close()
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(ndjson(), media_type="application/x-ndjson", headers=headers)
+    # The background close also covers a client that leaves before the body starts (then the
+    # generator above never runs, and its `finally` with it).
+    return StreamingResponse(
+        ndjson(), media_type="application/x-ndjson", headers=headers, background=BackgroundTask(stream.close)
+    )
 
 
 @router.put("/sandboxes/{sandbox_id}/files")
@@ -100,7 +105,12 @@ async def download_file(sandbox_id: str, path: PathQuery, manager: Manager) -> R
                 yield chunk
 
     headers = {"Content-Length": str(size)} if size is not None else {}
-    return StreamingResponse(body(), media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(
+        body(),
+        media_type="application/octet-stream",
+        headers=headers,
+        background=BackgroundTask(stack.aclose),
+    )
 
 
 @router.post("/sandboxes/{sandbox_id}/pause")

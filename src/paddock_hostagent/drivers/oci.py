@@ -16,6 +16,7 @@ having been done before, so destroy is idempotent and also cleans up half-create
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -237,7 +238,14 @@ class OciRuntime(SandboxRuntime):
             argv += ["--preserve-fds", "1", "-b", str(slot.bundle_dir), sandbox_id]
             log_path = slot.dir / "runtime.log"
             pid = processes.spawn(argv, stderr_path=log_path, pass_fd_as_3=listener.fileno())
-            code = await processes.wait_child(pid)
+            try:
+                code = await asyncio.wait_for(processes.wait_child(pid), self.options.boot_timeout_s)
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise BootError(
+                    f"{handle.runtime} did not start {sandbox_id} in {self.options.boot_timeout_s:.0f}s"
+                ) from None
         finally:
             listener.close()  # the container holds its own copy
         if code != 0:
