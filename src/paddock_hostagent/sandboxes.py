@@ -87,6 +87,7 @@ class SandboxManager:
         self._entries: dict[str, _Entry] = {}
         self._pending: dict[str, int] = {}  # ids being created -> their mem_mib
         self._born: dict[str, asyncio.Event] = {}  # ids being created -> set when the attempt ends
+        self._watcher: asyncio.Task[None] | None = None
 
     # -- start-up and shutdown ------------------------------------------------------------------
 
@@ -102,8 +103,13 @@ class SandboxManager:
                     guest_info = await asyncio.wait_for(self.runtime.guest(record).info(), 1.0)
                     record.last_activity_at = max(record.last_activity_at, guest_info.last_activity_at)
             log.info("sandbox_adopted", sandbox_id=record.id, state=state.value)
+        self._watcher = asyncio.create_task(self._watch_guests(), name="guest-watcher")
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         for entry in self._entries.values():
             with contextlib.suppress(OSError):
                 self.records.save(entry.record)
@@ -131,6 +137,7 @@ class SandboxManager:
             last_activity_at=time.time() if entry.active else record.last_activity_at,
             oom_kills=self.runtime.oom_kills(record),
             forked_from=record.forked_from,
+            self_request=record.self_request,
         )
 
     def get(self, sandbox_id: str) -> SandboxView:
@@ -243,6 +250,8 @@ class SandboxManager:
             with _driver_errors():
                 await self.runtime.pause(entry.record)
             entry.record.state = RuntimeState.PAUSED
+            if entry.record.self_request and entry.record.self_request["action"] == "pause":
+                entry.record.self_request = None  # satisfied
             self.records.save(entry.record)
         await self._end_exchanges(entry, PAUSED_MESSAGE)
         return RuntimeState.PAUSED.value
@@ -359,10 +368,50 @@ class SandboxManager:
             entry.touch()
 
     def heartbeat_sandboxes(self) -> list[dict[str, Any]]:
-        return [
-            {"id": v.id, "status": v.status, "oom_kills": v.oom_kills, "last_activity_at": v.last_activity_at}
-            for v in self.views()
-        ]
+        reports = []
+        for view in self.views():
+            report = {
+                "id": view.id,
+                "status": view.status,
+                "oom_kills": view.oom_kills,
+                "last_activity_at": view.last_activity_at,
+            }
+            if view.self_request is not None:
+                report["self_request"] = view.self_request
+            reports.append(report)
+        return reports
+
+    # -- self-signals ---------------------------------------------------------------------------
+
+    async def poll_self_signals(self) -> None:
+        """Asks every running sandbox's guest agent for a new self-signal (spec 12.4) and keeps it as
+        the sandbox's pending ``self_request`` until a pause or destroy satisfies it."""
+        for entry in list(self._entries.values()):
+            if entry.record.state != RuntimeState.RUNNING or entry.lock.locked():
+                continue
+            try:
+                async with asyncio.timeout(0.5):
+                    info = await self.runtime.guest(entry.record).info()
+            except (GuestError, TimeoutError):
+                continue
+            record = entry.record
+            if info.self_seq > record.self_seq_seen and info.self_action is not None:
+                record.self_seq_seen = info.self_seq
+                record.self_request = {
+                    "action": info.self_action,
+                    "reason": info.self_reason,
+                    "seq": info.self_seq,
+                }
+                self.records.save(record)
+                log.info("sandbox_self_signal", sandbox_id=record.id, action=info.self_action)
+
+    async def _watch_guests(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.guest_poll_interval_s)
+            try:
+                await self.poll_self_signals()
+            except Exception as exc:  # the watcher must outlive any one bad sandbox
+                log.warning("self_signal_poll_failed", error=repr(exc))
 
 
 def _check_path(path: str) -> None:

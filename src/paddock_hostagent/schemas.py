@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -44,6 +44,7 @@ class SandboxView(BaseModel):
     last_activity_at: float
     oom_kills: int
     forked_from: str | None = None
+    self_request: dict[str, Any] | None = None
 
 
 class ExecBody(BaseModel):

@@ -52,6 +52,8 @@ class HostAgentSettings(ServiceSettings):
     total_mib: int = 0
     reserved_mib: int = 1024
     boot_timeout_s: float = 10.0
+    # How often running sandboxes' guest agents are asked for self-signals (pause/delete requests).
+    guest_poll_interval_s: float = 1.0
     default_cwd: str = "/root"
 
     @field_validator("subnet")

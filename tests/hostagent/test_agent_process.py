@@ -133,7 +133,13 @@ async def test_heartbeats_report_capacity_and_sandboxes(
         assert "debian:13" in beat["rootfses"]
         report = beat["sandboxes"][0]
         assert report["id"] == created["id"] and report["status"] == "running" and report["oom_kills"] == 0
-        assert report["last_activity_at"] > 0
+        assert report["last_activity_at"] > 0 and "self_request" not in report
+        await sh(host, created["id"], "echo park > /run/self")
+        for _ in range(50):
+            if "self_request" in beats[-1][1]["sandboxes"][0]:
+                break
+            await asyncio.sleep(0.1)
+        assert beats[-1][1]["sandboxes"][0]["self_request"]["action"] == "pause"
         await tracker.destroy_all()
 
 

@@ -225,3 +225,56 @@ async def test_a_sandbox_whose_init_dies_is_reported_stopped_and_still_destroyab
     with pytest.raises(SandboxMissingError):
         await host.get_sandbox(created["id"])
     assert sandbox_cgroup_dirs([created["id"]]) == []
+
+
+async def wait_self_request(host: HostAgentClient, sandbox_id: str) -> dict[str, Any] | None:
+    for _ in range(60):
+        request = (await host.get_sandbox(sandbox_id)).get("self_request")
+        if request:
+            return dict(request)
+        await asyncio.sleep(0.1)
+    return None
+
+
+async def test_code_inside_can_ask_for_its_own_pause(host: HostAgentClient, sandbox: dict[str, Any]) -> None:
+    url = "http://127.0.0.1:1029/self/pause?reason=batch%20done"
+    result = await run(
+        host, sandbox["id"], "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", url
+    )
+    assert result["stdout"] == "202"
+    request = await wait_self_request(host, sandbox["id"])
+    assert request is not None and request["action"] == "pause" and request["reason"] == "batch done"
+    await host.pause_sandbox(sandbox["id"])  # what the control plane does with it
+    assert (await host.get_sandbox(sandbox["id"])).get("self_request") is None
+    await host.resume_sandbox(sandbox["id"])
+    other = await run(
+        host,
+        sandbox["id"],
+        "curl",
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "http://127.0.0.1:1029/nope",
+    )
+    assert other["stdout"] == "404"
+    wrong = await run(
+        host,
+        sandbox["id"],
+        "curl",
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "http://127.0.0.1:1029/self/delete",
+    )
+    assert wrong["stdout"] == "405"
+
+
+async def test_the_self_fifo_asks_for_deletion(host: HostAgentClient, sandbox: dict[str, Any]) -> None:
+    result = await sh(host, sandbox["id"], "test -p /run/self && echo retire > /run/self")
+    assert result["exit_code"] == 0, result
+    request = await wait_self_request(host, sandbox["id"])
+    assert request is not None and request["action"] == "delete" and request["reason"] == ""

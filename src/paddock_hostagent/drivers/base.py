@@ -97,6 +97,10 @@ class SandboxRecord:
     last_activity_at: float = field(default_factory=time.time)
     forked_from: str | None = None
     spawn_ms: float = 0.0
+    # Self-signals from inside the sandbox (spec 12.4): the last sequence number seen, and the request
+    # waiting for the control plane to act on ({"action": "pause"|"delete", "reason": str, "seq": int}).
+    self_seq_seen: int = 0
+    self_request: dict[str, Any] | None = None
 
     @property
     def shape(self) -> Shape:

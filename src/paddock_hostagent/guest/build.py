@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SOURCE_PATH = Path(__file__).with_name("agent.c")
+SOURCE_DIR = Path(__file__).parent
 BINARY_NAME = "paddock-guest"
 CFLAGS = ("-O2", "-static", "-Wall", "-Wextra", "-s")
 
@@ -25,9 +25,14 @@ class GuestBuildError(Exception):
     """The C compiler is missing or rejected the agent's source."""
 
 
+def sources() -> list[Path]:
+    return sorted(SOURCE_DIR.glob("*.c"))
+
+
 def source_digest() -> str:
-    digest = hashlib.sha256(SOURCE_PATH.read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
+    digest = hashlib.sha256(" ".join(CFLAGS).encode())
+    for path in [*sources(), *sorted(SOURCE_DIR.glob("*.h"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -47,7 +52,10 @@ def ensure_agent_binary(out_dir: Path, *, compiler: str = "gcc") -> Path:
             raise GuestBuildError(f"{compiler} not found; install gcc and libc6-dev to build the guest agent")
         tmp = out_dir / f".{BINARY_NAME}.{os.getpid()}.tmp"
         result = subprocess.run(
-            [compiler, *CFLAGS, "-o", str(tmp), str(SOURCE_PATH)], capture_output=True, text=True, check=False
+            [compiler, *CFLAGS, "-o", str(tmp), *map(str, sources())],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             tmp.unlink(missing_ok=True)

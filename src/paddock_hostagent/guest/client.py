@@ -71,11 +71,19 @@ class SpawnFailed:
 ExecEvent = Output | Exited | SpawnFailed
 
 
+SELF_ACTIONS = {1: "pause", 2: "delete"}
+
+
 @dataclass(frozen=True)
 class GuestInfo:
     last_activity_at: float
     active_requests: int
     version: int
+    # The latest self-signal from inside the sandbox (spec 12.4): its sequence number (0: none yet),
+    # "pause" or "delete", and the caller's reason label.
+    self_seq: int = 0
+    self_action: str | None = None
+    self_reason: str = ""
 
 
 class _Connection:
@@ -163,7 +171,15 @@ class GuestClient:
             if frame_type != Frame.INFO_REPLY or len(payload) < 16:
                 raise GuestProtocolError(f"unexpected reply {frame_type} to INFO")
             last_ms, active, version = struct.unpack_from("<QII", payload)
-            return GuestInfo(last_activity_at=last_ms / 1000, active_requests=active, version=version)
+            self_seq, action = struct.unpack_from("<II", payload, 16) if len(payload) >= 24 else (0, 0)
+            return GuestInfo(
+                last_activity_at=last_ms / 1000,
+                active_requests=active,
+                version=version,
+                self_seq=self_seq,
+                self_action=SELF_ACTIONS.get(action),
+                self_reason=payload[24:].decode("utf-8", "replace"),
+            )
         finally:
             conn.close()
 
