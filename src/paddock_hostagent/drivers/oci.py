@@ -121,6 +121,11 @@ class OciRuntime(SandboxRuntime):
                 log.info("reclaiming_orphan_slot", slot=slot.id)
                 await self.factory.destroy(slot)
         self.options.network.addresses.retain_owners(owned)
+        kept = {
+            str(_Handle.of(record).slot.disk.image_path) for record in records if record.driver == self.name
+        }
+        for device in await storage.detach_stray_loops(self.factory.slots_dir, kept):
+            log.info("detached_stray_loop", device=device)
         self.pool.start()
         return states
 

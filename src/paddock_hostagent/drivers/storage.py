@@ -90,8 +90,11 @@ async def attach(disk: Disk) -> None:
 async def detach(disk: Disk) -> None:
     """Unmounts and frees the loop device; each step tolerates having been done already."""
     mounts.unmount(disk.mount_dir)
-    if disk.loop_device and _loop_backs(disk.loop_device, disk.image_path):
-        await run(["losetup", "-d", disk.loop_device], check=False)
+    # The recorded device, or (for a slot whose record was never written) whatever backs onto the file.
+    devices = [disk.loop_device] if disk.loop_device else loops_backing(disk.image_path)
+    for device in devices:
+        if _loop_backs(device, disk.image_path):
+            await run(["losetup", "-d", device], check=False)
     disk.loop_device = ""
 
 
@@ -126,3 +129,31 @@ def _loop_backs(device: str, image_path: Path) -> bool:
     except OSError:
         return False
     return backing.removesuffix(" (deleted)") == str(image_path)
+
+
+def attached_loops() -> dict[str, str]:
+    """Loop device -> the file behind it (as the kernel reports it, without " (deleted)")."""
+    found = {}
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            found[f"/dev/{backing.parent.parent.name}"] = (
+                backing.read_text().strip().removesuffix(" (deleted)")
+            )
+        except OSError:
+            continue
+    return found
+
+
+def loops_backing(image_path: Path) -> list[str]:
+    """Every loop device attached to ``image_path``."""
+    return [device for device, path in attached_loops().items() if path == str(image_path)]
+
+
+async def detach_stray_loops(directory: Path, keep: set[str]) -> list[str]:
+    """Detaches loop devices backed by files under ``directory`` other than ``keep`` (left by an agent
+    that died half-way through building a slot); returns the devices it freed."""
+    prefix = str(directory).rstrip("/") + "/"
+    stray = [d for d, path in attached_loops().items() if path.startswith(prefix) and path not in keep]
+    for device in stray:
+        await run(["losetup", "-d", device], check=False)
+    return stray
