@@ -141,24 +141,18 @@ async def destroy_sandbox(sandbox_id: str, manager: Manager) -> DestroyResult:
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Runs ``work``; cancels it if the client goes away first (a buffered exec dies with its caller)."""
-    work_task: asyncio.Task[T] = asyncio.ensure_future(work)
-    watch_task = asyncio.create_task(_wait_disconnect(request))
+    current = asyncio.current_task()
+    assert current is not None
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, current))
     try:
-        done, _ = await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
-        if work_task in done:
-            return work_task.result()
-        work_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await work_task
-        raise asyncio.CancelledError("client disconnected")
+        return await work
     finally:
-        watch_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch_task
+        watcher.cancel()
 
 
-async def _wait_disconnect(request: Request) -> Any:
+async def _cancel_on_disconnect(request: Request, task: asyncio.Task[Any]) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            return message
+            task.cancel()
+            return
