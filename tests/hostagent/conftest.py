@@ -10,6 +10,7 @@ session ends by checking that no mount, loop device, netns or cgroup was left be
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -170,13 +171,16 @@ def sandbox_cgroup_dirs(sandbox_ids: list[str]) -> list[Path]:
     found: list[Path] = []
     for sandbox_id in sandbox_ids:
         for hierarchy in root.iterdir():
-            found += [path for path in hierarchy.glob(f"**/paddock/{sandbox_id}") if path.is_dir()]
+            found += [path for path in hierarchy.glob(f"**/paddock*/{sandbox_id}") if path.is_dir()]
     return found
 
 
 def leftovers(state_dir: Path, sandbox_ids: list[str] = ()) -> list[str]:  # type: ignore[assignment]
     """Mounts, loop devices, slots, netns and cgroups that still belong to an agent's state dir."""
     found: list[str] = [f"cgroup {path}" for path in sandbox_cgroup_dirs(list(sandbox_ids))]
+    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        found += [f"cgroup {path}" for path in hierarchy.glob(f"**/paddock-{tag}")]
     slots_dir = state_dir / "slots"
     if slots_dir.is_dir():
         for slot in slots_dir.iterdir():

@@ -158,7 +158,7 @@ async def test_sandbox_cgroups_nest_under_the_agents_own(
         line.split(":", 2)[1:] for line in Path(f"/proc/{agent.process.pid}/cgroup").read_text().splitlines()
     )
     cgroups_path = agent.record(sandbox["id"])["driver_state"]["cgroups_path"]
-    assert cgroups_path.startswith(own["memory"].rstrip("/") + "/paddock/")
+    assert cgroups_path.startswith(own["memory"].rstrip("/") + "/paddock-")
     limit = Path(f"/sys/fs/cgroup/memory{cgroups_path}/memory.limit_in_bytes").read_text()
     assert int(limit) == 512 << 20
 

@@ -29,8 +29,24 @@ def test_sandbox_cgroups_go_under_the_agents_memory_cgroup(tmp_path: Path) -> No
     layout = CgroupLayout.discover(proc)
     assert layout.own_paths["memory"] == "/process_api/abc"
     assert layout.sandbox_path("sb-1") == "/process_api/abc/paddock/sb-1"
+    assert CgroupLayout.discover(proc, tag="t1").sandbox_path("sb-1") == "/process_api/abc/paddock-t1/sb-1"
     proc.write_text("4:memory:/\n1:cpu:/\n")
     assert CgroupLayout.discover(proc).sandbox_path("sb-1") == "/paddock/sb-1"
+
+
+def test_prune_removes_only_empty_groups_the_runtime_fabricated(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:memory:/process_api/abc\n8:pids:/\n")
+    root = tmp_path / "fs"
+    for hierarchy in ("memory", "pids"):
+        (root / hierarchy / "process_api" / "abc" / "paddock-t1").mkdir(parents=True)
+    (root / "pids" / "process_api" / "other").mkdir()  # someone else's, not empty-chain of ours
+    layout = CgroupLayout.discover(proc, root=root, tag="t1")
+    layout.prune(ancestors=True)
+    assert not (root / "memory" / "process_api" / "abc" / "paddock-t1").exists()
+    assert (root / "memory" / "process_api" / "abc").is_dir()  # the agent's own group stays
+    assert not (root / "pids" / "process_api" / "abc").exists()  # fabricated by the runtime: gone
+    assert (root / "pids" / "process_api" / "other").is_dir()  # not ours, and /process_api not empty
 
 
 def test_cpu_quota_is_a_percent_of_one_cpu_or_whole_vcpus() -> None:

@@ -5,7 +5,13 @@ The OCI runtimes take one ``cgroupsPath`` for every hierarchy. A relative path l
 hierarchy's root under crun (runc nests it under its own group), which would take sandboxes out of the
 agent's memory accounting. So the driver gives both runtimes an absolute path built from the agent's
 own group, preferring the memory hierarchy's (the one that accounts for the machine's RAM):
-``<agent's memory cgroup>/paddock/<sandbox id>``.
+``<agent's memory cgroup>/paddock-<tag>/<sandbox id>``, where the tag is unique to the agent's state
+directory, so that agents sharing a cgroup never remove each other's groups.
+
+In a hierarchy where the agent sits at the root (here: every one but memory), the runtime creates that
+path's ancestors too. ``prune`` removes what is left empty: the agent's own level after a destroy, and
+at shutdown also those fabricated ancestors, so nothing stays behind below the agent's memory cgroup (an
+empty child would keep its owner from removing it).
 """
 
 from __future__ import annotations
@@ -27,17 +33,22 @@ class CgroupLayout:
 
     own_paths: dict[str, str]
     root: Path = CGROUP_ROOT
+    tag: str = ""
 
     @classmethod
     def discover(
-        cls, proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
+        cls, proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT, tag: str = ""
     ) -> CgroupLayout:
         own: dict[str, str] = {}
         for line in proc_cgroup.read_text().splitlines():
             _, controllers, path = line.split(":", 2)
             for controller in controllers.split(",") if controllers else ["unified"]:
                 own[controller.removeprefix("name=")] = path
-        return cls(own, root)
+        return cls(own, root, tag)
+
+    @property
+    def group(self) -> str:
+        return f"paddock-{self.tag}" if self.tag else "paddock"
 
     @property
     def parent(self) -> str:
@@ -48,7 +59,32 @@ class CgroupLayout:
         return ""
 
     def sandbox_path(self, sandbox_id: str) -> str:
-        return f"{self.parent}/paddock/{sandbox_id}"
+        return f"{self.parent}/{self.group}/{sandbox_id}"
+
+    def prune(self, *, ancestors: bool = False) -> None:
+        """Removes the agent's group where it is empty; with ``ancestors``, also the empty directories
+        above it that exist only because a runtime created them (those strictly below the agent's own
+        group in that hierarchy). Never removes a non-empty group (rmdir refuses)."""
+        for hierarchy in _hierarchies(self.root):
+            own = self.own_paths.get(hierarchy, "/").rstrip("/")
+            chain = [f"{self.parent}/{self.group}"]
+            if ancestors:
+                parent = self.parent
+                while parent and parent != own and parent.startswith(own + "/"):
+                    chain.append(parent)
+                    parent = parent.rsplit("/", 1)[0]
+            for path in chain:
+                try:
+                    os.rmdir(self.root / hierarchy / path.lstrip("/"))
+                except OSError:
+                    break  # missing, or still in use: the levels above are too
+
+
+def _hierarchies(root: Path) -> list[str]:
+    try:
+        return sorted(entry.name for entry in root.iterdir() if entry.is_dir())
+    except FileNotFoundError:
+        return []
 
 
 class SandboxCgroup:
@@ -119,7 +155,7 @@ class SandboxCgroup:
 
     def remove(self) -> None:
         """Removes the group from every hierarchy (it must be empty); missing groups are fine."""
-        for hierarchy in self._hierarchies():
+        for hierarchy in _hierarchies(self.root):
             directory = self.dir(hierarchy)
             for attempt in range(50):
                 try:
@@ -131,9 +167,3 @@ class SandboxCgroup:
                     if attempt == 49:
                         raise
                     time.sleep(0.01)
-
-    def _hierarchies(self) -> list[str]:
-        try:
-            return sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
-        except FileNotFoundError:
-            return []

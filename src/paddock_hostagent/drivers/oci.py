@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -106,7 +107,9 @@ class OciRuntime(SandboxRuntime):
 
     def __init__(self, options: OciOptions) -> None:
         self.options = options
-        self.layout = CgroupLayout.discover()
+        tag = hashlib.sha256(str(options.state_dir.resolve()).encode()).hexdigest()[:8]
+        self.layout = CgroupLayout.discover(tag=tag)
+        self._booting = 0  # creates and forks in flight: their runtime may be creating cgroup parents
         self.factory = SlotFactory(options.state_dir / "slots", options.network, options.filesystem)
         self.pool = WarmPool(self.factory, options.pool_size, options.pool_disk_mib)
         self._binaries = {name: shutil.which(name) or name for name in ("crun", "runc")}
@@ -131,6 +134,8 @@ class OciRuntime(SandboxRuntime):
 
     async def close(self) -> None:
         await self.pool.close()
+        if not self._booting:
+            self.layout.prune(ancestors=True)
 
     # -- create, fork ---------------------------------------------------------------------------
 
@@ -138,14 +143,17 @@ class OciRuntime(SandboxRuntime):
         slot, _ = await self.pool.take(spec.shape.disk_mib)
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
         record = self._record(spec, handle)
+        self._booting += 1
         try:
             if slot.disk_mib < spec.shape.disk_mib:
                 await storage.grow(slot.disk, spec.shape.disk_mib)
                 slot.disk_mib = spec.shape.disk_mib
             await self._boot(spec, handle, record, start_paused=start_paused)
         except BaseException:
+            self._booting -= 1
             await self._destroy_handle(spec.id, handle)
             raise
+        self._booting -= 1
         return record
 
     async def fork(
@@ -158,6 +166,7 @@ class OciRuntime(SandboxRuntime):
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
         record = self._record(spec, handle)
         record.forked_from = source.id
+        self._booting += 1
         try:
             await self._copy_disk(source_handle, slot)
             slot.disk_mib = source.disk_mib
@@ -166,8 +175,10 @@ class OciRuntime(SandboxRuntime):
             slot.save()
             await self._boot(spec, handle, record, start_paused=start_paused)
         except BaseException:
+            self._booting -= 1
             await self._destroy_handle(spec.id, handle)
             raise
+        self._booting -= 1
         return record
 
     async def _copy_disk(self, source: _Handle, slot: Slot) -> None:
@@ -307,6 +318,8 @@ class OciRuntime(SandboxRuntime):
         await run([*self._runtime_argv(handle.runtime), "delete", "-f", sandbox_id], check=False)
         with contextlib.suppress(OSError):
             cgroup.remove()
+        if not self._booting:  # a runtime starting a sandbox may be creating these parents right now
+            self.layout.prune()
         mounts.unmount(handle.slot.rootfs_dir)
         await self.factory.destroy(handle.slot)
 
