@@ -5,7 +5,7 @@
 set -euo pipefail
 
 want=(python3 python3-venv python3-dev gcc libc6-dev make runc crun mmdebstrap nftables iproute2
-      e2fsprogs util-linux kmod procps curl ca-certificates fuse3 s3fs)
+      e2fsprogs xfsprogs util-linux kmod procps curl ca-certificates fuse3 s3fs)
 if [[ "${1:-}" == "--test" ]]; then
   want+=(postgresql)
 fi
