@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from paddock_controlplane import hostlink, reconciler, upkeep
 from paddock_controlplane.api.errors import install_error_handlers
-from paddock_controlplane.api.middleware import RequestContextMiddleware
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
 from paddock_controlplane.hotcache import TTLCache, drop_changed_sandboxes
@@ -21,6 +20,7 @@ from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.webhook_delivery import DeliveryWorker
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, upgrade
+from paddock_core.http import RequestContextMiddleware
 from paddock_core.logging import get_logger
 
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from paddock_core.db import make_engine, make_sessionmaker, upgrade
+from paddock_core.http import RequestContextMiddleware
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
 from paddock_gateway.adapters.chain import ChainClient, ChainError
@@ -176,4 +177,5 @@ def create_app(
         return openapi()
 
     app.add_middleware(GatewayGuard, limiter=limiter, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware, service="gateway")  # outermost: ids and logs every request
     return app

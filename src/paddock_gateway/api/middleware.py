@@ -1,33 +1,27 @@
-"""The gateway's request guard, pure ASGI, in the contract's order (§5.3.3 steps 1–2):
+"""The gateway's request guard, pure ASGI, in the contract's order (§5.3.3 steps 1–2).
 
-1. a request id and one structured log line per request (never headers, bodies or signatures);
-2. the rate limit on every ``/agent/*`` route (§4), before anything else;
-3. the 50 MiB body cap (§2.5): ``Content-Length`` is checked before reading, a chunked body is read
+It runs inside ``paddock_core.http.RequestContextMiddleware``, which gives every request (rejected
+ones included) its request id and its log line. Then:
+
+1. the rate limit on every ``/agent/*`` route (§4), before anything else;
+2. the 50 MiB body cap (§2.5): ``Content-Length`` is checked before reading, a chunked body is read
    up to the cap and no further; the body is then replayed to the app.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-import time
 from typing import Any
 
-import structlog
-
-from paddock_core.logging import get_logger
 from paddock_gateway.errors import GatewayError, RequestTooLarge
 from paddock_gateway.ratelimit import RateLimiter
 
-log = get_logger("paddock.gateway.http")
 
-
-async def send_error(send: Any, exc: GatewayError, request_id: str) -> None:
+async def send_error(send: Any, exc: GatewayError) -> None:
     body = json.dumps(exc.body()).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"x-request-id", request_id.encode()),
         *[(k.lower().encode(), v.encode()) for k, v in exc.headers.items()],
     ]
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
@@ -44,42 +38,12 @@ class GatewayGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = "req_" + secrets.token_hex(8)
-        scope.setdefault("state", {})["request_id"] = request_id
-        started = time.perf_counter()
-        status = {"code": 500}
-
-        async def send_tracked(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-                message = {
-                    **message,
-                    "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode())],
-                }
-            await send(message)
-
-        structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
-            try:
-                receive = await self.guard(scope, receive)
-            except GatewayError as exc:
-                status["code"] = exc.status
-                await send_error(send, exc, request_id)
-                return
-            await self.app(scope, receive, send_tracked)
-        finally:
-            state = scope.get("state", {})
-            log.info(
-                "request",
-                service="gateway",
-                method=scope["method"],
-                path=scope["path"],
-                status=status["code"],
-                duration_ms=round((time.perf_counter() - started) * 1000, 3),
-                wallet=state.get("wallet"),
-                resource_id=state.get("resource_id"),
-            )
-            structlog.contextvars.clear_contextvars()
+            receive = await self.guard(scope, receive)
+        except GatewayError as exc:
+            await send_error(send, exc)
+            return
+        await self.app(scope, receive, send)
 
     async def guard(self, scope: dict[str, Any], receive: Any) -> Any:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}

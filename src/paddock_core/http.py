@@ -1,6 +1,9 @@
-"""Pure-ASGI request middleware: a request id on every response and one structured log line per request.
+"""Pure-ASGI request middleware shared by the services: a request id on every response (``X-Request-Id``)
+and one structured log line per request.
 
-Pure ASGI (not BaseHTTPMiddleware) so NDJSON streams and uploads pass through unbuffered.
+Pure ASGI (not BaseHTTPMiddleware) so NDJSON streams and uploads pass through unbuffered. Routes put
+who and what they served in ``scope["state"]`` (``user_id``, ``wallet``, ``resource_id``); those keys
+go into the log line. Headers, bodies and secrets never do.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import structlog
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.http")
+LOGGED_STATE = ("user_id", "wallet", "resource_id")
 
 
 class RequestContextMiddleware:
@@ -50,7 +54,6 @@ class RequestContextMiddleware:
                 path=scope["path"],
                 status=status_holder["status"],
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
-                user_id=state.get("user_id"),
-                resource_id=state.get("resource_id"),
+                **{key: state[key] for key in LOGGED_STATE if state.get(key) is not None},
             )
             structlog.contextvars.clear_contextvars()
