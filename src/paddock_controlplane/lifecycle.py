@@ -8,6 +8,7 @@ between leaves a transitional status that the reconciler settles.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -393,7 +394,5 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
 
 
 async def _boot_fork(services: Services, source: Sandbox, child: Sandbox, start_paused: bool) -> None:
-    try:
+    with contextlib.suppress(errors.PaddockError):  # recorded as failed by boot()
         await boot(services, child, start_paused=start_paused, fork_of=source)
-    except errors.PaddockError:
-        pass  # recorded as failed by boot()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -24,7 +24,11 @@ from paddock_core.timeutil import utcnow
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dt.datetime: DateTime(timezone=True), dict[str, Any]: JSON, list[Any]: JSON}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dt.datetime: DateTime(timezone=True),
+        dict[str, Any]: JSON,
+        list[Any]: JSON,
+    }
 
 
 class Plan(Base):

@@ -23,14 +23,16 @@ DESTROY_NOOP = ("destroyed", "failed")
 CANCELLABLE = ("creating", "pausing", "resuming", "forking")
 
 
-def _spawn(services: Services, coro: Any) -> None:
+def spawn_task(services: Services, coro: Any) -> None:
     task = asyncio.create_task(coro)
     tasks: set[asyncio.Task[Any]] = services.extras.setdefault("tasks", set())  # type: ignore[assignment]
     tasks.add(task)
     task.add_done_callback(tasks.discard)
 
 
-async def destroy(services: Services, user_id: str, sandbox_id: str) -> dict[str, str]:
+async def destroy(
+    services: Services, user_id: str, sandbox_id: str, *, reason: str = "api", label: str | None = None
+) -> dict[str, str]:
     async with transaction(services.sessions) as session:
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         status = sandbox.status
@@ -42,13 +44,20 @@ async def destroy(services: Services, user_id: str, sandbox_id: str) -> dict[str
             await billing.settle(session, sandbox, services.clock())
         sandbox.status = "destroying"
     if status in DESTROY_INLINE:
-        await reclaim(services, sandbox_id)
+        await reclaim(services, sandbox_id, reason=reason, label=label)
         return {"id": sandbox_id, "status": "destroyed"}
-    spawn_reclaim(services, sandbox_id)
+    spawn_reclaim(services, sandbox_id, reason=reason, label=label)
     return {"id": sandbox_id, "status": "destroying"}
 
 
-def spawn_reclaim(services: Services, sandbox_id: str) -> None:
+def _reason_data(reason: str, label: str | None) -> dict[str, str]:
+    """``data.reason`` of a pause/destroy event, plus ``data.label`` for self-signals (spec 12.4)."""
+    return {"reason": reason, **({"label": label} if label else {})}
+
+
+def spawn_reclaim(
+    services: Services, sandbox_id: str, *, reason: str = "api", label: str | None = None
+) -> None:
     """Reclaim in the background, at most once at a time per sandbox in this process."""
     inflight: set[str] = services.extras.setdefault("reclaiming", set())  # type: ignore[assignment]
     if sandbox_id in inflight:
@@ -57,14 +66,16 @@ def spawn_reclaim(services: Services, sandbox_id: str) -> None:
 
     async def run() -> None:
         try:
-            await reclaim(services, sandbox_id)
+            await reclaim(services, sandbox_id, reason=reason, label=label)
         finally:
             inflight.discard(sandbox_id)
 
-    _spawn(services, run())
+    spawn_task(services, run())
 
 
-async def reclaim(services: Services, sandbox_id: str, *, reason: str = "api") -> None:
+async def reclaim(
+    services: Services, sandbox_id: str, *, reason: str = "api", label: str | None = None
+) -> None:
     """Remove a ``destroying`` sandbox from its host and mark it ``destroyed`` (emitting once)."""
     async with services.sessions() as session:
         sandbox = await session.get(Sandbox, sandbox_id)
@@ -83,20 +94,27 @@ async def reclaim(services: Services, sandbox_id: str, *, reason: str = "api") -
         row.status = "destroyed"
         row.destroyed_at = services.clock()
         await webhooks.emit(
-            session, user_id=row.user_id, action="sandbox.destroy", data=event_data(row, reason=reason)
+            session,
+            user_id=row.user_id,
+            action="sandbox.destroy",
+            data=event_data(row, **_reason_data(reason, label)),
         )
 
 
-async def pause(services: Services, user_id: str, sandbox_id: str, *, reason: str = "api") -> Sandbox:
+async def pause(
+    services: Services, user_id: str, sandbox_id: str, *, reason: str = "api", label: str | None = None
+) -> Sandbox:
     async with transaction(services.sessions) as session:
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         if sandbox.status != "running":
             raise errors.InvalidState(f"sandbox is {sandbox.status}; only a running sandbox can be paused")
         sandbox.status = "pausing"
-    return await _finish_pause(services, sandbox_id, reason)
+    return await _finish_pause(services, sandbox_id, reason, label)
 
 
-async def _finish_pause(services: Services, sandbox_id: str, reason: str) -> Sandbox:
+async def _finish_pause(
+    services: Services, sandbox_id: str, reason: str, label: str | None = None
+) -> Sandbox:
     async with services.sessions() as session:
         sandbox = await session.get(Sandbox, sandbox_id)
     assert sandbox is not None
@@ -116,7 +134,10 @@ async def _finish_pause(services: Services, sandbox_id: str, reason: str) -> San
         if ok:
             row.status, row.paused_at = "paused", now
             await webhooks.emit(
-                session, user_id=row.user_id, action="sandbox.pause", data=event_data(row, reason=reason)
+                session,
+                user_id=row.user_id,
+                action="sandbox.pause",
+                data=event_data(row, **_reason_data(reason, label)),
             )
         else:
             row.status, row.status_reason = "error", "pause failed on the host"

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from paddock_controlplane import billing, power
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
+from paddock_core import errors
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import as_utc
 
@@ -70,6 +71,9 @@ async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
             seen = report.get("last_activity_at")
             if seen:
                 activity[sandbox.id] = max(activity.get(sandbox.id, 0.0), float(seen))
+            wish = report.get("self_request")
+            if isinstance(wish, dict) and sandbox.status == "running":
+                _act_on_self_request(services, sandbox, wish)
 
 
 async def billing_pass(session: AsyncSession, services: Services) -> None:
@@ -112,7 +116,27 @@ async def idle_pass(session: AsyncSession, services: Services) -> None:
             _pause_later(services, sandbox, "idle")
 
 
-def _pause_later(services: Services, sandbox: Sandbox, reason: str) -> None:
+def _act_on_self_request(services: Services, sandbox: Sandbox, wish: dict[str, Any]) -> None:
+    """A guest asked to pause or delete its own sandbox (spec 12.4): act as the API would, reason "self"."""
+    label = str(wish.get("reason") or "")[:128] or None
+    if wish.get("action") == "pause":
+        _pause_later(services, sandbox, "self", label=label)
+    elif wish.get("action") == "delete":
+        _destroy_later(services, sandbox, label)
+
+
+def _destroy_later(services: Services, sandbox: Sandbox, label: str | None) -> None:
+    async def run() -> None:
+        try:
+            await power.destroy(services, sandbox.user_id, sandbox.id, reason="self", label=label)
+            log.info("sandbox_self_destroyed", sandbox_id=sandbox.id)
+        except Exception as exc:
+            log.warning("self_destroy_failed", sandbox_id=sandbox.id, error=str(exc))
+
+    power.spawn_task(services, run())
+
+
+def _pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: str | None = None) -> None:
     pausing: set[str] = services.extras.setdefault("auto_pausing", set())  # type: ignore[assignment]
     if sandbox.id in pausing:
         return
@@ -120,8 +144,10 @@ def _pause_later(services: Services, sandbox: Sandbox, reason: str) -> None:
 
     async def run() -> None:
         try:
-            await power.pause(services, sandbox.user_id, sandbox.id, reason=reason)
+            await power.pause(services, sandbox.user_id, sandbox.id, reason=reason, label=label)
             log.info("sandbox_auto_paused", sandbox_id=sandbox.id, reason=reason)
+        except errors.InvalidState:
+            pass  # paused or destroyed meanwhile: nothing left to do
         except Exception as exc:
             log.warning("auto_pause_failed", sandbox_id=sandbox.id, error=str(exc))
         finally:

@@ -52,6 +52,8 @@ def cp_settings(database_url: str, tmp_path: Path) -> ControlPlaneSettings:
 @pytest.fixture
 async def controlplane(cp_settings: ControlPlaneSettings) -> AsyncIterator[ControlPlane]:
     await migrate(cp_settings)
-    async with LiveServer(create_app(cp_settings)) as server:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-            yield ControlPlane(url=server.url, settings=cp_settings, http=http)
+    async with (
+        LiveServer(create_app(cp_settings)) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+    ):
+        yield ControlPlane(url=server.url, settings=cp_settings, http=http)
