@@ -1,0 +1,88 @@
+"""Processes die; sandboxes and records must not. Each test owns its platform so it can kill parts of it."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_sandboxes import User
+from tests.live import LivePlatform, start_platform
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def own_platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+    live = start_platform(guest_binary_dir)
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+def test_restarting_the_control_plane_loses_nothing(own_platform: LivePlatform) -> None:
+    user = User(own_platform)
+    running = user.create(name="keeps-running", envs={"TOKEN": "s3cret"})
+    paused = user.create(name="keeps-paused")
+    assert user.post(paused["id"], "pause").status_code == 200
+    user.sh(running["id"], "echo kept > /root/state")
+    before = user.http.get("/v1/whoami").json()["data"]["stats"]
+    user.http.close()
+
+    own_platform.controlplane.stop()
+    own_platform.controlplane.start()
+
+    user.http = own_platform.http(user.http.headers["X-API-Key"])
+    assert user.get(running["id"])["status"] == "running"
+    assert user.get(paused["id"])["status"] == "paused"
+    assert user.run(running["id"], "cat", "/root/state")["stdout"] == "kept\n"
+    assert user.run(running["id"], "printenv", "TOKEN")["stdout"] == "s3cret\n", "sealed envs survive"
+    assert user.post(paused["id"], "resume").status_code == 200
+    after = user.http.get("/v1/whoami").json()["data"]["stats"]
+    assert after["running"] == before["running"] + 1
+    user.close()
+
+
+def test_a_restarted_host_agent_adopts_its_running_and_paused_sandboxes(own_platform: LivePlatform) -> None:
+    user = User(own_platform)
+    running = user.create()
+    paused = user.create()
+    user.sh(running["id"], "nohup sleep 1000 >/dev/null 2>&1 & echo $! > /root/pid")
+    assert user.post(paused["id"], "pause").status_code == 200
+    agent = own_platform.agents[0]
+
+    agent.stop(signal.SIGKILL)  # no chance to clean up
+    agent.start()
+
+    assert (
+        user.run(running["id"], "bash", "-c", "kill -0 $(cat /root/pid) && echo alive")["stdout"] == "alive\n"
+    )
+    assert user.get(paused["id"])["status"] == "paused"
+    assert user.post(paused["id"], "resume").status_code == 200
+    assert user.run(paused["id"], "true")["exit_code"] == 0
+    time.sleep(1)  # a few heartbeats from the new agent process: nothing is marked lost
+    assert user.get(running["id"])["status"] == "running"
+    user.close()
+
+
+def test_a_host_that_stops_heartbeating_is_dead_and_its_sandboxes_error(own_platform: LivePlatform) -> None:
+    user = User(own_platform)
+    sandbox = user.create()
+    agent = own_platform.agents[0]
+    agent.process.send_signal(signal.SIGSTOP)  # alive but silent, as a hung or partitioned host is
+    try:
+        errored = user.wait_status(sandbox["id"], "error", timeout_s=20)
+        assert errored["status_reason"]
+        hosts = user.http.get("/v1/hosts").json()["data"]["data"]
+        assert [host["status"] for host in hosts] == ["dead"]
+        refused = user.http.post("/v1/sandboxes", json={"shape": "s-1vcpu-256mb", "disk_mib": 2048})
+        assert refused.status_code == 503, refused.text
+        assert refused.headers.get("retry-after")
+    finally:
+        agent.process.send_signal(signal.SIGCONT)
+    assert user.http.delete(f"/v1/sandboxes/{sandbox['id']}").json()["data"]["status"] == "destroyed"
+    user.close()
