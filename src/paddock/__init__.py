@@ -1,51 +1,100 @@
-"""Paddock's Python SDK: ``Client`` and ``AsyncClient`` for the sandbox control plane."""
+"""Paddock's Python SDK: ``Client`` / ``AsyncClient`` for the sandbox control plane, ``GatewayClient``
+for the pay-per-deploy gateway (``pip install paddock[wallet]``), ``paddock.webhooks`` for receivers."""
 
 from __future__ import annotations
 
-from paddock._async_client import AsyncClient, AsyncSandbox, AsyncSandboxes
+from typing import TYPE_CHECKING, Any
+
+from paddock import webhooks
+from paddock._async_client import AsyncClient
+from paddock._async_sandbox import AsyncFiles, AsyncSandbox, AsyncSandboxes
 from paddock._base import RetryPolicy
-from paddock._client import Client, Sandbox, Sandboxes
+from paddock._client import Client
 from paddock._errors import (
     APIError,
     AuthenticationError,
     ConflictError,
+    DeploymentFailedError,
+    InsufficientFundsError,
     NotFoundError,
     PaddockError,
     PayloadTooLargeError,
+    PaymentError,
     PaymentRequiredError,
+    PaymentVerificationError,
     PermissionDeniedError,
     ProtocolError,
     RateLimitedError,
+    SandboxStateError,
     ServerError,
     TransportError,
     ValidationError,
     WaitTimeoutError,
+    WebhookVerificationError,
 )
-from paddock._models import ExecResult, SandboxInfo
+from paddock._models import (
+    Bandwidth,
+    ExecResult,
+    Network,
+    NetworkMember,
+    SandboxInfo,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+from paddock._sandbox import Files, Sandbox, Sandboxes
+
+if TYPE_CHECKING:
+    from paddock.gateway import Deployment, GatewayClient
+
+
+def __getattr__(name: str) -> Any:
+    """``GatewayClient`` needs the ``wallet`` extra (eth-account, web3): imported on first use only."""
+    if name in ("GatewayClient", "Deployment"):
+        from paddock import gateway
+
+        return getattr(gateway, name)
+    raise AttributeError(f"module 'paddock' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 __all__ = [
     "APIError",
     "AsyncClient",
+    "AsyncFiles",
     "AsyncSandbox",
     "AsyncSandboxes",
     "AuthenticationError",
+    "Bandwidth",
     "Client",
     "ConflictError",
+    "Deployment",
+    "DeploymentFailedError",
     "ExecResult",
+    "Files",
+    "GatewayClient",
+    "InsufficientFundsError",
+    "Network",
+    "NetworkMember",
     "NotFoundError",
     "PaddockError",
     "PayloadTooLargeError",
+    "PaymentError",
     "PaymentRequiredError",
+    "PaymentVerificationError",
     "PermissionDeniedError",
     "ProtocolError",
     "RateLimitedError",
     "RetryPolicy",
     "Sandbox",
     "SandboxInfo",
+    "SandboxStateError",
     "Sandboxes",
     "ServerError",
     "TransportError",
     "ValidationError",
     "WaitTimeoutError",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookVerificationError",
+    "webhooks",
 ]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import os
 import random
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -40,7 +42,7 @@ class RetryPolicy:
         parsed = parse_retry_after(retry_after)
         if parsed is not None:
             return parsed
-        return min(self.cap_s, self.base_s * 2**attempt + random.uniform(0, self.base_s))
+        return float(min(self.cap_s, self.base_s * 2**attempt + random.uniform(0, self.base_s)))
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -52,7 +54,7 @@ def parse_retry_after(value: str | None) -> float | None:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return max(0.0, float(when.timestamp()) - time.time())
 
 
 def resolve(base_url: str | None, api_key: str | None) -> tuple[str, str | None]:
@@ -103,6 +105,8 @@ def raise_for_error(resp: httpx.Response, body: bytes | None = None) -> None:
 def unwrap(resp: httpx.Response) -> Any:
     """The ``data`` of a JSend success; raise the typed error otherwise."""
     raise_for_error(resp)
+    if 300 <= resp.status_code < 400:
+        raise ProtocolError(f"unexpected redirect ({resp.status_code}) to {resp.headers.get('location')!r}")
     if resp.status_code in (204, 205) or not resp.content:
         return None
     try:
@@ -118,4 +122,82 @@ def drop_none(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-__all__ = ["APIError", "RetryPolicy", "drop_none", "headers", "raise_for_error", "resolve", "unwrap"]
+#: States that end a wait for ``running`` or ``paused``; a wait for ``destroyed`` still awaits ``destroying``.
+WAIT_ABORT = frozenset({"error", "failed", "destroying", "destroyed"})
+
+
+def wait_aborts(target: str, status: str) -> bool:
+    if target == "destroyed":
+        return status in ("error", "failed")
+    return status in WAIT_ABORT
+
+
+def path(*segments: str) -> str:
+    """``v1/<seg>/<seg>…`` with every dynamic segment percent-encoded (``quote(safe='')``)."""
+    return "/".join(["v1", *(quote(str(segment), safe="") for segment in segments)])
+
+
+def page_items(page: Any) -> tuple[list[Any], int | None]:
+    """The items of one page and the ``total`` (None when absent: stop after this page).
+
+    Accepts the paginated envelope, a bare array and the legacy ``{"<key>": [...]}`` wrappers (§8.3).
+    """
+    if isinstance(page, list):
+        return page, None
+    if not isinstance(page, dict):
+        return [], None
+    if isinstance(page.get("data"), list):
+        pagination = page.get("pagination")
+        total = pagination.get("total") if isinstance(pagination, dict) else None
+        return list(page["data"]), int(total) if isinstance(total, int) else None
+    for key in ("shapes", "templates", "disks"):
+        if isinstance(page.get(key), list):
+            return list(page[key]), None
+    return [], None
+
+
+def ndjson_frame(line: str) -> dict[str, Any] | None:
+    """One NDJSON line as a frame; None for keep-alives (blank, ``:`` comments, SSE control lines)."""
+    line = line.strip()
+    if not line or line.startswith(":") or line.startswith(("event:", "id:", "retry:")):
+        return None
+    if line.startswith("data:"):
+        line = line[5:].strip()
+    try:
+        frame = json.loads(line)
+    except ValueError:
+        raise ProtocolError(f"stream line is not JSON: {line[:80]!r}") from None
+    if not isinstance(frame, dict):
+        raise ProtocolError(f"stream line is not a JSON object: {line[:80]!r}")
+    return frame
+
+
+class Backoff:
+    """Adaptive poll interval: 0.1 s for the first second, then ×1.25 per poll up to ``cap_s``."""
+
+    def __init__(self, cap_s: float = 2.0) -> None:
+        self.cap_s = cap_s
+        self.elapsed_s = 0.0
+        self.delay_s = 0.1
+
+    def next(self) -> float:
+        delay = self.delay_s
+        self.elapsed_s += delay
+        if self.elapsed_s >= 1.0:
+            self.delay_s = min(self.cap_s, self.delay_s * 1.25)
+        return delay
+
+
+__all__ = [
+    "APIError",
+    "Backoff",
+    "RetryPolicy",
+    "drop_none",
+    "headers",
+    "ndjson_frame",
+    "page_items",
+    "path",
+    "raise_for_error",
+    "resolve",
+    "unwrap",
+]

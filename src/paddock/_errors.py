@@ -4,6 +4,12 @@ PaddockError
 ├── TransportError            the request never got an answer (connect, read, timeout)
 ├── ProtocolError             an answer that is not the contract's envelope
 ├── WaitTimeoutError          a wait helper ran out of time
+├── SandboxStateError         a wait saw a terminal state (also a RuntimeError); ``.status``
+├── WebhookVerificationError  ``paddock.webhooks.verify`` rejected a delivery
+├── PaymentError              GatewayClient: the payment could not be made or was not accepted
+│   ├── InsufficientFundsError    token (or gas) balance below the quote; nothing was sent
+│   └── PaymentVerificationError  the gateway refused a transfer that was sent (``.reason``, ``.tx_hash``)
+├── DeploymentFailedError     a gateway deployment ended ``failed`` (``.reason``)
 └── APIError                  an error answer: status, code, message, request_id
     ├── ValidationError       400
     ├── AuthenticationError   401
@@ -33,6 +39,48 @@ class ProtocolError(PaddockError):
 
 class WaitTimeoutError(PaddockError):
     """A wait helper (for example waiting for ``running``) ran out of time."""
+
+
+class SandboxStateError(PaddockError, RuntimeError):
+    """A wait saw a state it can never leave for the one it waited for (``failed``, ``destroyed`` …)."""
+
+    def __init__(self, message: str, *, sandbox_id: str, status: str) -> None:
+        super().__init__(message)
+        self.sandbox_id = sandbox_id
+        self.status = status
+
+
+class WebhookVerificationError(PaddockError):
+    """A webhook delivery whose signature does not match, or whose timestamp is missing or stale."""
+
+
+class PaymentError(PaddockError):
+    """GatewayClient could not pay, or the gateway did not accept what was paid."""
+
+    def __init__(self, message: str, *, tx_hash: str | None = None) -> None:
+        super().__init__(message)
+        self.tx_hash = tx_hash
+
+
+class InsufficientFundsError(PaymentError):
+    """The wallet holds less than the quote (tokens) or no gas; no transaction was sent."""
+
+
+class PaymentVerificationError(PaymentError):
+    """The gateway answered 402 ``payment_verification_failed`` for a transfer that was sent."""
+
+    def __init__(self, message: str, *, tx_hash: str | None, reason: str | None) -> None:
+        super().__init__(message, tx_hash=tx_hash)
+        self.reason = reason
+
+
+class DeploymentFailedError(PaddockError):
+    """A gateway deployment reached ``failed``."""
+
+    def __init__(self, message: str, *, reason: str | None, status: dict[str, object]) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
 
 
 class APIError(PaddockError):

@@ -2,29 +2,56 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], data: dict[str, Any], renames: dict[str, str] | None = None) -> T:
+    """``cls(**known fields, extra={the rest})``; ``renames`` maps wire names to attribute names."""
+    renames = renames or {}
+    names = {f.name for f in dataclasses.fields(cls)} - {"extra"}  # type: ignore[arg-type]
+    known: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in data.items():
+        attr = renames.get(key, key)
+        if attr in names:
+            known[attr] = value
+        else:
+            extra[key] = value
+    return cls(**known, extra=extra)  # type: ignore[call-arg]
 
 
 @dataclass
 class SandboxInfo:
+    """SandboxView (§10.8) or CreateSandboxResponse (§10.7)."""
+
     id: str
     status: str
     name: str | None = None
     ip: str | None = None
     shape: str | None = None
     rootfs: str | None = None
+    region: str | None = None
     vcpu: int | None = None
     mem_mib: int | None = None
     disk_mib: int | None = None
+    created_at: str | None = None
+    spawn_ms: float | None = None
+    egress: list[str] = field(default_factory=list)
+    envs: list[str] = field(default_factory=list)
+    ssh_pubkeys: list[str] = field(default_factory=list)
+    ingress_enabled: bool = False
     ingress_url_template: str | None = None
+    auto_pause_after_seconds: int | None = None
     forked_from: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> SandboxInfo:
-        known = {k: data.get(k) for k in cls.__dataclass_fields__ if k != "extra" and k in data}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in cls.__dataclass_fields__})
+        return _build(cls, data)
 
     def ingress_url(self, port: int) -> str:
         if not self.ingress_url_template:
@@ -54,3 +81,107 @@ class ExecResult:
             exec_ms=float(data.get("exec_ms", 0.0)),
             error=result.get("error"),
         )
+
+
+@dataclass
+class Bandwidth:
+    """BandwidthView (§10.10): ``quota_bytes`` and ``remaining_bytes`` are -1 when unmetered."""
+
+    id: str
+    quota_bytes: int
+    used_bytes: int
+    ingress_bytes: int
+    remaining_bytes: int
+    capped: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Bandwidth:
+        return _build(cls, data)
+
+
+@dataclass
+class WebhookEndpoint:
+    """WebhookEndpoint (§10.16). ``secret`` is set only on the object ``create`` returns."""
+
+    id: str
+    url: str
+    events: list[str] = field(default_factory=list)
+    active: bool = True
+    failure_count: int = 0
+    created_at: str | None = None
+    secret: str | None = None
+    #: The retained deliveries, newest first; filled only by ``webhooks.get``.
+    deliveries: list[WebhookDelivery] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> WebhookEndpoint:
+        return _build(cls, data, {"failureCount": "failure_count", "createdAt": "created_at"})
+
+    @classmethod
+    def from_detail(cls, data: dict[str, Any]) -> WebhookEndpoint:
+        """``GET /v1/webhook-endpoints/{id}``: ``{"endpoint": {...}, "deliveries": [...]}``."""
+        endpoint = cls.from_api(dict(data.get("endpoint") or {}))
+        endpoint.deliveries = [WebhookDelivery.from_api(d) for d in data.get("deliveries") or []]
+        return endpoint
+
+
+@dataclass
+class WebhookDelivery:
+    """WebhookDelivery (§10.16)."""
+
+    id: str
+    event_action: str
+    status: str
+    attempts: int
+    delivered_at: str | None = None
+    last_error: str | None = None
+    payload: Any = None
+    created_at: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> WebhookDelivery:
+        return _build(
+            cls,
+            data,
+            {
+                "eventAction": "event_action",
+                "deliveredAt": "delivered_at",
+                "lastError": "last_error",
+                "createdAt": "created_at",
+            },
+        )
+
+
+@dataclass
+class NetworkMember:
+    sandbox_id: str
+    status: str
+    ip: str | None = None
+    name: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> NetworkMember:
+        return _build(cls, data)
+
+
+@dataclass
+class Network:
+    """Network (§10.14): ``member_count`` on list and create, ``members`` on the detail read."""
+
+    id: str
+    name: str
+    created_at: str | None = None
+    member_count: int | None = None
+    members: list[NetworkMember] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Network:
+        network = _build(cls, {k: v for k, v in data.items() if k != "members"})
+        if isinstance(data.get("members"), list):
+            network.members = [NetworkMember.from_api(m) for m in data["members"]]
+        return network

@@ -1,0 +1,317 @@
+"""Sandboxes and the ``Sandbox`` handle (sync). ``_async_sandbox.py`` mirrors this file method for method."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
+
+from paddock import _base
+from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
+from paddock._models import Bandwidth, ExecResult, SandboxInfo
+
+if TYPE_CHECKING:
+    from paddock._client import Client
+
+CHUNK_BYTES = 1 << 20
+#: What ``files.write`` accepts: bytes or text (UTF-8), a local path, a binary file, or byte chunks.
+Source = bytes | str | os.PathLike[str] | IO[bytes] | Iterable[bytes]
+
+
+class Sandboxes:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(self, shape: str, *, wait_timeout_s: float = 120.0, **fields: Any) -> Sandbox:
+        """Create a sandbox; returns once it is ``running`` (``paused`` with ``start_paused=True``).
+
+        The POST itself waits for boot; if it answers with a transitional state the handle polls
+        adaptively. A sandbox that then fails to get there is destroyed before the error is raised.
+        Fields are those of CreateSandboxRequest (§10.6); ``None`` values are left out.
+        """
+        data = self._client.request("POST", "v1/sandboxes", json=_base.drop_none({"shape": shape, **fields}))
+        sandbox = Sandbox(self._client, SandboxInfo.from_api(data))
+        target = "paused" if fields.get("start_paused") else "running"
+        if sandbox.info.status != target:
+            try:
+                sandbox.wait_until(target, timeout_s=wait_timeout_s)
+            except PaddockError:
+                sandbox.destroy()
+                raise
+        return sandbox
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        return Sandbox(
+            self._client,
+            SandboxInfo.from_api(self._client.request("GET", _base.path("sandboxes", sandbox_id))),
+        )
+
+    def by_ip(self, ip: str) -> Sandbox:
+        data = self._client.request("GET", _base.path("sandboxes", "by-ip", ip))
+        return Sandbox(self._client, SandboxInfo.from_api(data))
+
+    def iter(self, status: str | None = None) -> Iterator[SandboxInfo]:
+        """Every sandbox (destroyed ones within retention too), oldest first, page by page."""
+        params = {"status": status} if status else None
+        for item in self._client.paginate("v1/sandboxes", params):
+            yield SandboxInfo.from_api(item)
+
+    def list(self, status: str | None = None) -> list[SandboxInfo]:
+        return list(self.iter(status))
+
+
+class Files:
+    """``sandbox.files``: uploads and downloads streamed in chunks, never held whole in memory."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    @property
+    def _url(self) -> str:
+        return _base.path("sandboxes", self._sandbox.id, "files")
+
+    def write(self, path: str, source: Source) -> int:
+        """Create or replace the file at ``path`` (absolute, parent must exist); returns bytes written.
+
+        ``bytes``/``str`` are sent as they are (and retried like any PUT); a ``pathlib.Path``, an open
+        binary file or an iterable of byte chunks is streamed once, without retries.
+        """
+        headers = {"Content-Type": "application/octet-stream"}
+        if isinstance(source, bytes | str):
+            body = source.encode() if isinstance(source, str) else source
+            data = self._client.request(
+                "PUT", self._url, params={"path": path}, content=body, headers=headers
+            )
+            return int(data["size"])
+        if isinstance(source, os.PathLike):
+            with open(source, "rb") as handle:
+                return self.write(path, handle)
+        # httpx streams a binary file itself (with Content-Length when it can stat it); other
+        # iterables go out chunked.
+        content: Any = source if hasattr(source, "read") else iter(source)
+        data = self._client.request(
+            "PUT", self._url, params={"path": path}, content=content, headers=headers, retry=False
+        )
+        return int(data["size"])
+
+    def upload(self, local_path: str | os.PathLike[str], path: str) -> int:
+        """Stream a local file to ``path`` in the sandbox."""
+        return self.write(path, Path(local_path))
+
+    def iter_bytes(self, path: str, chunk_size: int = CHUNK_BYTES) -> Iterator[bytes]:
+        resp = self._client.open_stream("GET", self._url, params={"path": path})
+        try:
+            yield from resp.iter_bytes(chunk_size)
+        finally:
+            resp.close()
+
+    def read(self, path: str) -> bytes:
+        return b"".join(self.iter_bytes(path))
+
+    def download(self, path: str, dest: str | os.PathLike[str] | IO[bytes]) -> int:
+        """Stream the file at ``path`` into a local file (or an open binary file); returns its size."""
+        if isinstance(dest, str | os.PathLike):
+            with open(dest, "wb") as handle:
+                return self.download(path, handle)
+        size = 0
+        for chunk in self.iter_bytes(path):
+            dest.write(chunk)
+            size += len(chunk)
+        return size
+
+    @property
+    def _client(self) -> Client:
+        return self._sandbox._client
+
+
+class Sandbox:
+    """A handle on one sandbox. ``with`` destroys it on exit."""
+
+    def __init__(self, client: Client, info: SandboxInfo) -> None:
+        self._client = client
+        self.info = info
+        self.files = Files(self)
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self.info.status}>"
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def _path(self, *rest: str) -> str:
+        return _base.path("sandboxes", self.id, *rest)
+
+    def _set(self, data: Any) -> SandboxInfo:
+        self.info = SandboxInfo.from_api(data)
+        return self.info
+
+    def refresh(self) -> SandboxInfo:
+        return self._set(self._client.request("GET", self._path()))
+
+    def wait_until(self, status: str, timeout_s: float = 120.0) -> SandboxInfo:
+        """Poll (100 ms, growing ×1.25 after 1 s up to 2 s) until ``status``.
+
+        Raises ``SandboxStateError`` on a state that can never lead there, ``WaitTimeoutError`` after
+        ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        backoff = _base.Backoff()
+        info = self.info
+        while True:
+            if info.status == status:
+                return info
+            if _base.wait_aborts(status, info.status):
+                raise SandboxStateError(
+                    f"sandbox {self.id} is {info.status}, not {status}",
+                    sandbox_id=self.id,
+                    status=info.status,
+                )
+            if time.monotonic() >= deadline:
+                raise WaitTimeoutError(f"sandbox {self.id} did not reach {status} in {timeout_s}s")
+            time.sleep(backoff.next())
+            info = self.refresh()
+
+    # commands ----------------------------------------------------------------------------------------
+
+    def run(
+        self,
+        cmd: str,
+        args: Iterable[str] = (),
+        *,
+        env: dict[str, str] | None = None,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` (no shell) and wait for it; a non-zero exit is a result, not an exception."""
+        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin})
+        extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
+        return ExecResult.from_api(self._client.request("POST", self._path("exec"), json=body, **extra))
+
+    def stream(
+        self,
+        cmd: str,
+        args: Iterable[str] = (),
+        *,
+        env: dict[str, str] | None = None,
+        stdin: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Yield the NDJSON frames: ``{"stdout"}``, ``{"stderr"}``, ``{"hb": True}``, ``{"error"}`` and a
+        last ``{"exit_code"}``. Closing the iterator early closes the stream, which kills the command."""
+        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "stream": True})
+        resp = self._client.open_stream("POST", self._path("exec"), params={"stream": "true"}, json=body)
+        try:
+            for line in resp.iter_lines():
+                frame = _base.ndjson_frame(line)
+                if frame is not None:
+                    yield frame
+        finally:
+            resp.close()
+
+    # files (kept for callers of the first release; ``files`` is the full interface) --------------
+
+    def write_file(self, path: str, data: Source) -> dict[str, Any]:
+        return {"path": path, "size": self.files.write(path, data)}
+
+    def read_file(self, path: str) -> bytes:
+        return self.files.read(path)
+
+    def iter_file(self, path: str) -> Iterator[bytes]:
+        return self.files.iter_bytes(path)
+
+    # lifecycle ---------------------------------------------------------------------------------------
+
+    def pause(self, *, wait: bool = True, timeout_s: float = 120.0) -> SandboxInfo:
+        """Snapshot and release compute; with ``wait`` returns once ``paused`` (not ``pausing``)."""
+        self._set(self._client.request("POST", self._path("pause")))
+        return self.wait_until("paused", timeout_s) if wait else self.info
+
+    def resume(self, *, wait: bool = True, timeout_s: float = 120.0) -> SandboxInfo:
+        self._set(self._client.request("POST", self._path("resume")))
+        return self.wait_until("running", timeout_s) if wait else self.info
+
+    def fork(self, *, wait: bool = True, timeout_s: float = 120.0, **overrides: Any) -> Sandbox:
+        """A child cut from this sandbox (running or paused); with ``wait`` returned once it runs
+        (``paused`` with ``start_paused=True``); a child that fails is destroyed and the error raised."""
+        data = self._client.request("POST", self._path("fork"), json=_base.drop_none(overrides))
+        child = Sandbox(self._client, SandboxInfo.from_api(data))
+        if wait:
+            try:
+                child.wait_until("paused" if overrides.get("start_paused") else "running", timeout_s)
+            except PaddockError:
+                child.destroy()
+                raise
+        return child
+
+    def destroy(self, *, wait: bool = False, timeout_s: float = 120.0) -> str:
+        """Destroy (idempotent); returns ``destroying`` or ``destroyed``, or waits for ``destroyed``."""
+        status = str(self._client.request("DELETE", self._path())["status"])
+        self.info.status = status
+        if wait and status != "destroyed":
+            return self.wait_until("destroyed", timeout_s).status
+        return status
+
+    # settings ----------------------------------------------------------------------------------------
+
+    def patch(
+        self,
+        *,
+        ingress_enabled: bool | None = None,
+        auto_pause_after_seconds: int | None = None,
+        disable_auto_pause: bool | None = None,
+    ) -> SandboxInfo:
+        body = _base.drop_none(
+            {
+                "ingress_enabled": ingress_enabled,
+                "auto_pause_after_seconds": auto_pause_after_seconds,
+                "disable_auto_pause": disable_auto_pause,
+            }
+        )
+        return self._set(self._client.request("PATCH", self._path(), json=body))
+
+    def resize(self, disk_mib: int) -> int:
+        """Grow the disk (strictly larger than now); returns the new size in MiB."""
+        data = self._client.request("POST", self._path("resize"), json={"disk_mib": disk_mib})
+        self.info.disk_mib = int(data["disk_mib"])
+        return self.info.disk_mib
+
+    def add_ssh_keys(self, keys: Iterable[str]) -> int:
+        """Add OpenSSH public keys; returns how many the sandbox holds now."""
+        return int(
+            self._client.request("POST", self._path("ssh-pubkeys"), json={"keys": list(keys)})["count"]
+        )
+
+    def egress(self) -> list[str]:
+        """The egress allowlist; ``[]`` means everything is allowed."""
+        return list(self._client.request("GET", self._path("egress"))["egress"])
+
+    def set_egress(self, rules: Iterable[str] | None) -> list[str]:
+        """Replace the allowlist (``None``, ``[]`` or ``["*"]`` allow all); returns the normalised list."""
+        body = {"egress": None if rules is None else list(rules)}
+        return list(self._client.request("PUT", self._path("egress"), json=body)["egress"])
+
+    def bandwidth(self) -> Bandwidth:
+        return Bandwidth.from_api(self._client.request("GET", self._path("bandwidth")))
+
+    def recharge_bandwidth(self, add_bytes: int) -> Bandwidth:
+        data = self._client.request(
+            "POST", self._path("bandwidth", "recharge"), json={"add_bytes": add_bytes}
+        )
+        return Bandwidth.from_api(data)
+
+    def join_network(self, network_id: str) -> None:
+        self._client.request("POST", self._path("networks"), json={"id": network_id})
+
+    def leave_network(self, network_id: str) -> None:
+        self._client.request("DELETE", self._path("networks", network_id))
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.destroy()
