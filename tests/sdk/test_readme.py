@@ -1,0 +1,42 @@
+"""The README's SDK quickstart, run as written against the real platform (env supplies URL and key)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import paddock
+from tests.live import LivePlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+
+
+def test_the_readme_sdk_quickstart_runs(live: LivePlatform, tmp_path: Path) -> None:
+    blocks = [block for block in code_blocks("python") if "paddock.Client(" in block]
+    assert blocks, "the README lost its SDK example"
+    key = live.api_key()
+    env = {**os.environ, "PADDOCK_BASE_URL": live.url, "PADDOCK_API_KEY": key}
+    for block in blocks:
+        ran = subprocess.run(
+            [sys.executable, "-c", block], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert "Linux" in ran.stdout and "{'exit_code': 0}" in ran.stdout and "b'hi'" in ran.stdout
+        assert [line for line in ran.stdout.splitlines() if line.startswith("{'stdout'")] == [
+            "{'stdout': '1\\n'}",
+            "{'stdout': '2\\n'}",
+            "{'stdout': '3\\n'}",
+        ]
+    with paddock.Client(live.url, key) as client:  # the context managers cleaned up
+        assert {s.status for s in client.sandboxes.list()} <= {"destroying", "destroyed"}
