@@ -104,6 +104,7 @@ def create_app(
             sandbox_hosting = SandboxHosting(
                 sessions,
                 sandbox_provider or default_sandbox_provider(settings),
+                settings.secret_box(),
                 clock=clock,
                 install_timeout_s=settings.install_timeout_s,
                 build_timeout_s=settings.build_timeout_s,

@@ -11,7 +11,8 @@ default) the rest is inferred:
   under uvicorn, Flask apps under ``flask run``, Django under ``manage.py runserver``, anything else as
   ``python <entry>``.
 - **Static** (``index.html``): served with ``python3 -m http.server``.
-- **Dockerfile** (``hasDockerfile: true``) is **not supported yet**: the deployment fails with that reason.
+- **Dockerfile** (``hasDockerfile: true``, or a ``Dockerfile`` and nothing else to run) is **not supported
+  until templates exist**: the deployment fails with that reason.
 
 Every process gets ``PORT`` and ``HOST=0.0.0.0``. ``buildVars`` reach install and build, ``runEnvs``
 reach the running app.
@@ -28,8 +29,9 @@ from dataclasses import asdict, dataclass
 from paddock_gateway.adapters.hosting import DeployOptions, UploadedFile
 
 DOCKERFILE_UNSUPPORTED = (
-    "Dockerfile builds are not supported yet on this gateway; deploy without hasDockerfile "
-    "(the runtime is inferred from package.json, requirements.txt/pyproject.toml or index.html)"
+    "Dockerfile builds are unsupported until sandbox templates exist on this platform; deploy without "
+    "hasDockerfile (the runtime is inferred from package.json, requirements.txt/pyproject.toml or "
+    "index.html, or set settings.runCommand)"
 )
 PYTHON_ENTRIES = ("app.py", "main.py", "server.py", "wsgi.py", "asgi.py")
 NODE_ENTRIES = ("index.js", "server.js", "app.js", "main.js")
@@ -150,6 +152,8 @@ def infer_plan(uploaded: Sequence[UploadedFile], options: DeployOptions) -> Buil
     install = options.install_command or install
     build = _with_flag(options.build_command or build, options.build_flag)
     run = _with_flag(options.run_command or run, options.run_flag)
+    if not run and "Dockerfile" in files:
+        raise PlanError(DOCKERFILE_UNSUPPORTED)
     if not run:
         raise PlanError(
             "cannot tell how to run this upload: add a start script to package.json, a Python entry "

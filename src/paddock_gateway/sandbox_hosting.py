@@ -9,6 +9,11 @@ background, and waits until something accepts connections on the port:
                    ↘          ↘
                     failed (reason: the step that failed and the tail of its log)
 
+The app answers once ``curl http://127.0.0.1:<port>/`` inside the sandbox gets any HTTP response (a
+connection that accepts but never speaks HTTP is not ready). A deployment's environment (``buildVars``,
+``runEnvs``) is sealed at rest with the gateway's ``SecretBox`` (``plan["sealed_env"]``) and opened only
+to hand it to the sandbox; it is never logged.
+
 Pausing a project pauses its sandbox (status ``sleeping``); resuming resumes it. On start-up,
 deployments left in ``building``/``deploying`` by a previous process are queued again (the files are
 already in the sandbox). One gateway process per database is assumed for that recovery.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import posixpath
 import shlex
 import time
@@ -28,6 +34,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from paddock_core.crypto import SecretBox
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
@@ -64,11 +71,28 @@ class BuildFailed(Exception):
     pass
 
 
+def seal_plan(box: SecretBox, plan: BuildPlan) -> dict[str, Any]:
+    """The plan as stored: commands in clear, the environment sealed."""
+    data = plan.to_json()
+    env = {"build": data.pop("build_env"), "run": data.pop("run_env")}
+    data["sealed_env"] = box.seal(json.dumps(env))
+    return data
+
+
+def open_plan(box: SecretBox, stored: dict[str, Any]) -> BuildPlan:
+    data = dict(stored)
+    if "sealed_env" not in data:  # recorded before sealing existed
+        return BuildPlan.from_json(data)
+    env = json.loads(box.open(str(data.pop("sealed_env"))))
+    return BuildPlan.from_json({**data, "build_env": env["build"], "run_env": env["run"]})
+
+
 class SandboxHosting:
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
         provider: SandboxProvider,
+        secret_box: SecretBox,
         *,
         clock: Clock = utcnow,
         install_timeout_s: float = 900.0,
@@ -78,6 +102,7 @@ class SandboxHosting:
     ) -> None:
         self.sessions = sessions
         self.provider = provider
+        self.secret_box = secret_box
         self.clock = clock
         self.install_timeout_s = install_timeout_s
         self.build_timeout_s = build_timeout_s
@@ -193,7 +218,15 @@ class SandboxHosting:
                 row = await session.get(SandboxDeployment, deployment_id)
             if row is None or row.sandbox_id is None:
                 return
-            plan = BuildPlan.from_json(row.plan)
+            try:
+                plan = open_plan(self.secret_box, row.plan)
+            except (ValueError, KeyError) as exc:
+                reason = "the deployment's settings cannot be opened with this gateway's secret key"
+                await self._set(deployment_id, status="failed", reason=reason, only_if=RUNNING)
+                log.warning(
+                    "deployment_plan_unreadable", deployment_id=deployment_id, error=type(exc).__name__
+                )
+                return
             try:
                 sandbox = await self.provider.get(row.sandbox_id)
                 url = await self._build_and_start(deployment_id, sandbox, plan)
@@ -236,7 +269,7 @@ class SandboxHosting:
 
     async def _wait_for_port(self, sandbox: Sandbox, plan: BuildPlan, logs: str) -> None:
         probe = (
-            f"(exec 3<>/dev/tcp/127.0.0.1/{plan.port}) 2>/dev/null && exit 0; "
+            f"curl -s -o /dev/null --max-time 2 http://127.0.0.1:{plan.port}/ && exit 0; "
             f'kill -0 "$(cat {logs}/run.pid)" 2>/dev/null && exit 1; exit 2'
         )
         deadline = time.monotonic() + self.ready_timeout_s
@@ -299,7 +332,7 @@ class SandboxHosting:
                     sandbox_id=sandbox_id,
                     status="failed" if failure else "queued",
                     reason=failure,
-                    plan=plan.to_json() if plan else {},
+                    plan=seal_plan(self.secret_box, plan) if plan else {},
                     created_at=now,
                     updated_at=now,
                 )

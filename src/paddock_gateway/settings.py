@@ -6,7 +6,10 @@ Built in ``main()`` and passed down. Per-chain values are flat fields (``rpc_url
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from paddock_core.crypto import SecretBox
 from paddock_core.settings import DEFAULT_DATA_DIR, DatabaseSettingsMixin, ServiceSettings, sqlite_url
 from paddock_gateway.registry import KNOWN_CHAINS, ChainSpec, Registry, TokenSpec, checksum
 
@@ -64,15 +68,27 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
     metering_interval_s: float = 60.0
     hours_per_month: int = 730
 
+    #: Key material for secrets at rest (a deployment's ``runEnvs`` and ``buildVars``). When unset, a
+    #: random key is generated once into ``<data_dir>/gateway-secret.key`` (mode 0600).
+    secret_key: SecretStr = SecretStr("")
+
     #: The hosting side: Paddock's control plane, reached through the SDK.
     controlplane_url: str = "http://127.0.0.1:8080"
     api_key: SecretStr = SecretStr("")
     sandbox_shape: str = "s-1vcpu-1gb"
-    sandbox_rootfs: str = "debian:13"
+    #: Debian 13 with python3/pip/venv, node/npm, git and build-essential (``make images`` builds it).
+    sandbox_rootfs: str = "devbox:1"
     install_timeout_s: float = 900.0
     build_timeout_s: float = 900.0
     ready_timeout_s: float = 120.0
     max_concurrent_builds: int = 2
+
+    @field_validator("secret_key")
+    @classmethod
+    def _not_placeholder(cls, value: SecretStr) -> SecretStr:
+        if value.get_secret_value():
+            return cls.reject_placeholder(value, "secret_key")
+        return value
 
     @field_validator("recipient", "recipient_base", "recipient_arbitrum")
     @classmethod
@@ -98,6 +114,20 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
                     setattr(self, f"token_{name}_{token}", address)
         if not self.recipient and info.get("recipient"):
             self.recipient = checksum(info["recipient"])
+
+    def secret_box(self) -> SecretBox:
+        """The at-rest box: the configured key, else one generated once into the data dir."""
+        key = self.secret_key.get_secret_value()
+        if not key:
+            path = self.data_dir / "gateway-secret.key"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    with os.fdopen(fd, "w") as handle:
+                        handle.write(secrets.token_urlsafe(32) + "\n")
+            key = path.read_text().strip()
+        return SecretBox(key)
 
     def registry(self) -> Registry:
         if not self.recipient:

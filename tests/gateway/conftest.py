@@ -22,6 +22,7 @@ from eth_account.signers.local import LocalAccount
 
 from paddock_core.db import transaction
 from paddock_gateway import credits, devchain
+from paddock_gateway.adapters.hosting import SandboxProvider
 from paddock_gateway.app import create_app
 from paddock_gateway.pricing import PricingSource
 from paddock_gateway.services import Services
@@ -199,7 +200,7 @@ class Gateway:
     url: str
     http: httpx.AsyncClient
     services: Services
-    provider: LocalSandboxProvider
+    provider: SandboxProvider
     clock: Clock
     settings: GatewaySettings
     chains: dict[str, Chain] = field(default_factory=dict)
@@ -272,9 +273,11 @@ async def running_gateway(
     *,
     chains: dict[str, Chain] | None = None,
     pricing: PricingSource | None = None,
+    provider: SandboxProvider | None = None,
 ) -> AsyncIterator[Gateway]:
+    """A gateway on 127.0.0.1; sandboxes from ``provider`` (default: the local fake)."""
     clock = Clock()
-    provider = LocalSandboxProvider(tmp_path / "sandboxes")
+    provider = provider or LocalSandboxProvider(tmp_path / "sandboxes")
     app = create_app(settings, sandbox_provider=provider, clock=clock, pricing=pricing, run_workers=False)
     async with LiveServer(app) as server, httpx.AsyncClient(base_url=server.url, timeout=60) as http:
         yield Gateway(

@@ -130,7 +130,7 @@ async def test_failing_build_reports_the_step(gateway: Gateway, funded: Wallet) 
 async def test_dockerfile_is_refused_clearly(gateway: Gateway, funded: Wallet) -> None:
     body = request({"Dockerfile": "FROM scratch"}, free_port(), hasDockerfile=True)
     final = await deploy_and_wait(gateway, funded, body)
-    assert final["status"] == "failed" and "not supported yet" in final["reason"]
+    assert final["status"] == "failed" and "unsupported until sandbox templates exist" in final["reason"]
 
 
 def files(**contents: str) -> list[UploadedFile]:
@@ -172,3 +172,6 @@ def test_inference_rules() -> None:
     with pytest.raises(PlanError) as refused:
         infer_plan(files(**{"Dockerfile": ""}), DeployOptions(has_dockerfile=True))
     assert str(refused.value) == DOCKERFILE_UNSUPPORTED
+    with pytest.raises(PlanError) as dockerfile_only:  # a Dockerfile and nothing else to run
+        infer_plan(files(**{"Dockerfile": "FROM scratch"}), DeployOptions())
+    assert str(dockerfile_only.value) == DOCKERFILE_UNSUPPORTED

@@ -2,16 +2,27 @@
 
 Maps the gateway's sandbox surface onto the SDK: ``sandboxes.create(shape, rootfs=…, ingress_enabled=True)``,
 ``sandbox.write_file``, ``sandbox.run``, ``pause/resume/destroy`` and ``info.ingress_url_template``.
-The exec API has no working directory or time limit, so ``run`` wraps the command in
-``sh -c 'cd "$1" && shift && exec "$@"'`` and coreutils ``timeout``. SDK errors are mapped here:
-``paddock.TransportError`` → ``SandboxUnavailable``, any other ``paddock.PaddockError`` → ``SandboxError``.
 
-Not yet covered by an integration test against a running control plane (the gateway's own tests use
-the local fake in ``tests/gateway/fakes.py``).
+The exec API has no working directory or time limit, and its per-exec ``env`` may only override keys
+declared on the sandbox (§11.5), so ``run`` wraps the command:
+
+- ``env``: the variables are written to a file in the sandbox (``/tmp/.paddock-env-<random>``, mode
+  0600) that a small ``sh`` prologue sources with ``set -a`` and deletes before it ``exec``s the command.
+  The values never appear in an exec request, an argv or a log line;
+- ``cwd``: ``cd "$dir"`` in the same prologue;
+- ``timeout_s``: coreutils ``timeout -k 5``.
+
+SDK errors are mapped here: ``paddock.TransportError`` → ``SandboxUnavailable``, any other
+``paddock.PaddockError`` → ``SandboxError``. ``pause``/``resume``/``destroy`` are idempotent: a sandbox
+already in the wanted state (or already gone, for destroy) is not an error.
+
+Exercised against a live control plane and host agent by ``tests/gateway/test_live_deploy.py``.
 """
 
 from __future__ import annotations
 
+import secrets
+import shlex
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -20,7 +31,11 @@ from paddock_gateway.adapters.hosting import CommandResult, SandboxError, Sandbo
 
 T = TypeVar("T")
 WORKSPACE = "/workspace"
-CD_AND_EXEC = 'cd "$1" && shift && exec "$@"'
+#: ``sh -c PROLOGUE sh <env file or ""> <cwd or ""> cmd args…``
+PROLOGUE = (
+    'if [ -n "$1" ]; then set -a; . "$1" || exit 126; set +a; rm -f "$1"; fi; '
+    'if [ -n "$2" ]; then cd "$2" || exit 126; fi; shift 2; exec "$@"'
+)
 
 
 async def _mapped(call: Awaitable[T]) -> T:
@@ -30,6 +45,11 @@ async def _mapped(call: Awaitable[T]) -> T:
         raise SandboxUnavailable(str(exc)) from exc
     except paddock.PaddockError as exc:
         raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def env_file(env: Mapping[str, str]) -> bytes:
+    """Shell assignments for ``env`` (keys are already ``^[A-Za-z_][A-Za-z0-9_]*$``)."""
+    return "".join(f"{key}={shlex.quote(value)}\n" for key, value in env.items()).encode()
 
 
 class _Files:
@@ -48,6 +68,10 @@ class PaddockSandbox:
         self.ingress_url_template = sandbox.info.ingress_url_template or ""
         self.files: SandboxFiles = _Files(sandbox)
 
+    @property
+    def status(self) -> str:
+        return self._sandbox.info.status
+
     async def run(
         self,
         cmd: str,
@@ -59,10 +83,15 @@ class PaddockSandbox:
     ) -> CommandResult:
         argv = [cmd, *args]
         if timeout_s:
-            argv = ["timeout", "-k", "5", str(int(timeout_s)), *argv]
-        if cwd:
-            argv = ["sh", "-c", CD_AND_EXEC, "sh", cwd, *argv]
-        result: Any = await _mapped(self._sandbox.run(argv[0], argv[1:], env=dict(env) if env else None))
+            argv = ["timeout", "-k", "5", str(max(1, int(timeout_s))), *argv]
+        env_path = ""
+        if env:
+            env_path = f"/tmp/.paddock-env-{secrets.token_hex(8)}"
+            await _mapped(self._sandbox.write_file(env_path, env_file(env)))
+            await _mapped(self._sandbox.run("chmod", ["600", env_path]))
+        if env_path or cwd:
+            argv = ["sh", "-c", PROLOGUE, "sh", env_path, cwd or "", *argv]
+        result: Any = await _mapped(self._sandbox.run(argv[0], argv[1:]))
         exit_code = int(result.exit_code)
         if result.error and exit_code == 0:
             exit_code = 1
@@ -70,14 +99,37 @@ class PaddockSandbox:
             exit_code=exit_code, stdout=result.stdout or "", stderr=result.stderr or result.error or ""
         )
 
+    async def _transition(self, action: str, done: tuple[str, ...]) -> None:
+        try:
+            await getattr(self._sandbox, action)()
+        except paddock.ConflictError as exc:
+            info = await _mapped(self._sandbox.refresh())
+            if info.status not in done:
+                raise SandboxError(f"{action}: sandbox is {info.status}") from exc
+        except paddock.TransportError as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        except paddock.PaddockError as exc:
+            raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
+
     async def pause(self) -> None:
-        await _mapped(self._sandbox.pause())
+        await self._transition("pause", ("paused", "pausing"))
 
     async def resume(self) -> None:
-        await _mapped(self._sandbox.resume())
+        await self._transition("resume", ("running", "resuming"))
 
     async def destroy(self) -> None:
-        await _mapped(self._sandbox.destroy())
+        try:
+            await self._sandbox.destroy()
+        except paddock.NotFoundError:
+            return  # already gone
+        except paddock.ConflictError as exc:
+            info = await _mapped(self._sandbox.refresh())
+            if info.status not in ("destroying", "destroyed"):
+                raise SandboxError(f"destroy: sandbox is {info.status}") from exc
+        except paddock.TransportError as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        except paddock.PaddockError as exc:
+            raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
 
 
 class PaddockSandboxProvider:
