@@ -33,9 +33,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $(STAMP)
 
+# debian:13 (~10 s) for sandboxes; devbox:1 (~60-100 s once: python3, node, build tools) for gateway deployments.
 images: venv
 	@if $(PY) -c 'import paddock_hostagent.images' 2>/dev/null; then \
 	  $(PY) -m paddock_hostagent.images build debian:13; \
+	  $(PY) -m paddock_hostagent.images build devbox:1; \
 	fi
 
 devchain-deps:

@@ -127,6 +127,14 @@ def fetch(live: LivePlatform, key: str, endpoint: str, path: str = "/") -> tuple
     return int(code or 0), body
 
 
+def test_the_host_reports_the_devbox_image(live: LivePlatform, cp_key: str) -> None:
+    with live.http(cp_key) as http:
+        hosts = http.get("/v1/hosts").json()["data"]["data"]
+        catalog = http.get("/v1/rootfs").json()["data"]
+    assert any(ROOTFS in (host.get("rootfses") or []) for host in hosts)
+    assert ROOTFS in catalog["rootfs"]
+
+
 async def pay_and_deploy(gw: Gateway, wallet: Wallet, body: dict[str, Any]) -> dict[str, Any]:
     """The two calls: the 402 quote, an ERC-20 transfer of the quoted amount, the paid retry."""
     base = gw.chains["base"]
