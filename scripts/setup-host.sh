@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Install what Paddock needs on a Debian machine, as root. Idempotent: a second run installs nothing.
 #   scripts/setup-host.sh          system packages for running the platform
-#   scripts/setup-host.sh --test   plus the servers the test suite talks to (PostgreSQL, podman for bench)
+#   scripts/setup-host.sh --test   plus the servers the test suite talks to (PostgreSQL) and the bench tools
+#   scripts/setup-host.sh --bench  plus the benchmark's peer and load tool (podman, wrk)
 set -euo pipefail
 
 want=(python3 python3-venv python3-dev gcc libc6-dev make runc crun mmdebstrap nftables iproute2
       e2fsprogs xfsprogs util-linux kmod procps curl ca-certificates fuse3 s3fs)
 if [[ "${1:-}" == "--test" ]]; then
-  want+=(postgresql)
+  want+=(postgresql podman wrk)  # the bench smoke run (tests/bench) drives podman and wrk
+elif [[ "${1:-}" == "--bench" ]]; then
+  want+=(podman wrk)
 fi
 command -v npm >/dev/null 2>&1 || want+=(nodejs npm)
 

@@ -1,0 +1,168 @@
+"""Density: idle sandboxes created one after another through the API until a cap, a limit or memory stops it.
+
+The run stops at ``cap`` (a time budget, not a limit of Paddock), at the first refused create (its
+error code is the stop reason) or when the host's MemAvailable falls under 10 %. Then, with every
+sandbox idle:
+
+- host memory per sandbox: the fall of MemAvailable since the start, divided by the count (kernel
+  objects, page cache of the disks, everything; noisy when other work runs on the machine);
+- the parts: growth of the control plane's and the host agent's RSS per sandbox, each sandbox's memory
+  cgroup usage (what its limit counts) and its guest agent's RSS (PID 1 of the sandbox);
+- how many would fit: MemAvailable at the start ÷ host memory per sandbox (extrapolated), and the
+  host's schedulable memory ÷ the shape's memory (the scheduler's own stop).
+Per-user caps (plans) are avoided by spreading the sandboxes over enterprise users.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.lifecycle import DISK_MIB, SHAPE, SHAPE_MIB
+from bench.machine import meminfo_kib
+from bench.stats import Samples, summarize
+
+PER_USER = 25
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def memory_cgroup(sandbox_id: str) -> Path | None:
+    root = Path("/sys/fs/cgroup/memory")
+    if not root.is_dir():  # a pure cgroup2 machine
+        root = Path("/sys/fs/cgroup")
+    for found in root.glob(f"**/paddock*/{sandbox_id}"):
+        if found.is_dir():
+            return found
+    return None
+
+
+def cgroup_usage(group: Path) -> tuple[int, int]:
+    """(usage bytes, rss bytes) of a v1 or v2 memory cgroup."""
+    usage_file = group / "memory.usage_in_bytes"
+    if not usage_file.exists():
+        usage_file = group / "memory.current"
+    usage = int(usage_file.read_text().split()[0])
+    rss = 0
+    for line in (group / "memory.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("total_rss", "anon"):
+            rss = int(value)
+    return usage, rss
+
+
+def guest_rss_kib(group: Path) -> int:
+    for procs in ("cgroup.procs", "tasks"):
+        path = group / procs
+        if path.exists():
+            pids = [int(p) for p in path.read_text().split()]
+            return min((rss_kib(pid) for pid in pids[:1]), default=0)
+    return 0
+
+
+def run(
+    base_url: str,
+    new_key: Any,
+    cp_pid: int,
+    agent_pid: int,
+    agent_url: str,
+    agent_token: str,
+    pool_size: int,
+    cap: int,
+) -> dict[str, Any]:
+    from paddock import APIError, Client, RetryPolicy
+
+    agent = httpx.Client(base_url=agent_url, headers={"Authorization": f"Bearer {agent_token}"}, timeout=30)
+
+    def wait_pool() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and agent.get("/internal/v1/info").json()["warm_slots"] < pool_size:
+            time.sleep(0.1)
+
+    wait_pool()
+    time.sleep(1)
+    start_available = meminfo_kib("MemAvailable")
+    start_cp, start_agent = rss_kib(cp_pid), rss_kib(agent_pid)
+    host_info = agent.get("/internal/v1/info").json()
+    samples = Samples()
+    clients: list[Any] = []
+    made: list[Any] = []
+    stop_reason = f"cap of {cap} reached (time budget)"
+    try:
+        while len(made) < cap:
+            if len(made) % PER_USER == 0:
+                clients.append(Client(base_url, new_key(), timeout=300, retry=RetryPolicy(max_retries=0)))
+            if meminfo_kib("MemAvailable") < meminfo_kib("MemTotal") // 10:
+                stop_reason = "MemAvailable under 10 %"
+                break
+            try:
+                with samples.time("create (back to back)"):
+                    sandbox = clients[-1].sandboxes.create(
+                        SHAPE, name=f"dense-{len(made)}", rootfs="debian:13", disk_mib=DISK_MIB
+                    )
+            except APIError as exc:
+                stop_reason = f"create refused: {exc.status} {exc.code}: {exc}"
+                break
+            made.append(sandbox)
+        wait_pool()
+        time.sleep(2)  # let page cache and lazily started helpers settle
+        count = len(made)
+        end_available = meminfo_kib("MemAvailable")
+        end_cp, end_agent = rss_kib(cp_pid), rss_kib(agent_pid)
+        usages, rsses, guests = [], [], []
+        for sandbox in made:
+            group = memory_cgroup(sandbox.id)
+            if group is None:
+                continue
+            usage, rss = cgroup_usage(group)
+            usages.append(usage / 2**20)
+            rsses.append(rss / 2**20)
+            guests.append(guest_rss_kib(group) / 1024)
+        host_per_sb = (start_available - end_available) / 1024 / count if count else float("nan")
+        result: dict[str, Any] = {
+            "created": count,
+            "stop_reason": stop_reason,
+            "shape": SHAPE,
+            "disk_mib": DISK_MIB,
+            "host_mib_per_sandbox": host_per_sb,
+            "controlplane_rss_mib": {"start": start_cp / 1024, "end": end_cp / 1024},
+            "hostagent_rss_mib": {"start": start_agent / 1024, "end": end_agent / 1024},
+            "controlplane_mib_per_sandbox": (end_cp - start_cp) / 1024 / count if count else float("nan"),
+            "hostagent_mib_per_sandbox": (end_agent - start_agent) / 1024 / count if count else float("nan"),
+            "cgroup_usage_mib": summarize(usages),
+            "cgroup_rss_mib": summarize(rsses),
+            "guest_agent_rss_mib": summarize(guests),
+            "mem_available_mib": {"start": start_available / 1024, "end": end_available / 1024},
+            "host_total_mib": host_info.get("total_mib"),
+            "fit_by_memory_extrapolated": int(start_available / 1024 / host_per_sb)
+            if host_per_sb > 0
+            else None,
+            "fit_by_scheduler": int(host_info.get("total_mib", 0) // SHAPE_MIB),
+            "timings": samples.summary(),
+        }
+        destroy = Samples()
+        for sandbox in made:
+            with destroy.time("destroy"):
+                sandbox.destroy()
+        made.clear()
+        result["timings"].update(destroy.summary())
+        return result
+    finally:
+        for sandbox in made:
+            with contextlib.suppress(Exception):
+                sandbox.destroy()
+        for client in clients:
+            client.close()
+        agent.close()

@@ -1,0 +1,356 @@
+"""Sandbox lifecycle latency: Paddock through its public API, the raw OCI runtime floor, podman as a peer.
+
+Every system runs the same round, on the same machine and the same image (debian:13 from the image
+cache): create → running, ``true`` round trips, the first frame of a streamed ``echo``, a 1 MB and a
+100 MB file written then read back (compared byte for byte), pause, resume, fork of the sandbox (which
+by then holds the 100 MB file) and destroy of both. The first ``warmup`` rounds are not recorded.
+
+- paddock: the SDK's ``Client`` against a real control plane + host agent (``tests.live``). Before each
+  create and fork the host's warm pool is allowed to refill, untimed, as it would between requests on a
+  live host; the rest is measured after the refill has finished too.
+- floor (raw runc / crun): an overlay mount of the image (upper dir on the root filesystem) + ``run -d``
+  of ``sleep infinity``; ``exec``; files through ``exec sh -c 'cat > F'`` and ``exec cat F``; ``pause``;
+  ``resume``; fork = pause, copy the upper dir, resume, mount and ``run -d`` the copy; ``delete -f`` +
+  unmount + remove. No network namespace setup beyond the runtime's empty one, no guest agent, no API.
+- peer (podman 4 ``run --rootfs IMAGE:O``, ``--network none``): the same round; podman has no live
+  fork without CRIU, so that row stays empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.stats import Samples
+
+OPS = ("create", "exec", "first_frame", "file_1mb", "file_100mb", "pause", "resume", "fork", "destroy")
+EXECS_PER_ROUND = 3
+SHAPE = "s-1vcpu-256mb"
+SHAPE_MIB = 256
+DISK_MIB = 2048  # the bench agent's warm-pool disk size: creates of this size take a warm slot
+SMALL = os.urandom(1 << 20)
+BIG = os.urandom(100 << 20)
+
+
+class BenchError(RuntimeError):
+    """A round could not complete: the harness records it and the run fails."""
+
+
+def rounds(samples: Samples, warmup: int, runs: int, one_round: Callable[[int], None]) -> None:
+    for index in range(warmup + runs):
+        samples.recording = index >= warmup
+        one_round(index)
+    samples.recording = True
+
+
+# -- Paddock through its public API ---------------------------------------------------------------
+
+
+class PaddockLifecycle:
+    def __init__(self, base_url: str, api_key: str, agent_url: str, agent_token: str, pool_size: int) -> None:
+        from paddock import Client, RetryPolicy
+
+        self.client = Client(base_url, api_key, timeout=300, retry=RetryPolicy(max_retries=0))
+        self.agent = httpx.Client(
+            base_url=agent_url, headers={"Authorization": f"Bearer {agent_token}"}, timeout=30
+        )
+        self.pool_size = pool_size
+        self.samples = Samples()
+
+    def wait_pool(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.agent.get("/internal/v1/info").json().get("warm_slots", 0) >= self.pool_size:
+                return
+            time.sleep(0.05)
+
+    def running(self, sandbox: Any) -> Any:
+        if sandbox.info.status != "running":
+            sandbox.wait_until("running")
+        return sandbox
+
+    def files(self, sandbox: Any, label: str, path: str, data: bytes) -> None:
+        with self.samples.time(label):
+            with self.samples.time(label + "_write"):
+                sandbox.write_file(path, data)
+            with self.samples.time(label + "_read"):
+                back = sandbox.read_file(path)
+        if back != data:
+            raise BenchError(
+                f"paddock: {path} read back {len(back)} bytes that differ from the {len(data)} written"
+            )
+
+    def round(self, index: int) -> None:
+        s = self.samples
+        self.wait_pool()
+        with s.time("create"):
+            sandbox = self.running(
+                self.client.sandboxes.create(
+                    SHAPE, name=f"bench-{index}", rootfs="debian:13", disk_mib=DISK_MIB
+                )
+            )
+        child = None
+        try:
+            self.wait_pool()
+            for _ in range(EXECS_PER_ROUND):
+                with s.time("exec"):
+                    result = sandbox.run("true")
+                if result.exit_code != 0:
+                    raise BenchError(f"paddock: `true` exited {result.exit_code}")
+            started = time.perf_counter()
+            frames = sandbox.stream("echo", ["ready"])
+            first = next(frame for frame in frames if not frame.get("hb"))
+            s.add("first_frame", (time.perf_counter() - started) * 1000)
+            rest = list(frames)
+            if first.get("stdout", "").strip() != "ready" or rest[-1:] != [{"exit_code": 0}]:
+                raise BenchError(f"paddock: stream frames {[first, *rest]}")
+            self.files(sandbox, "file_1mb", "/root/bench-1m", SMALL)
+            self.files(sandbox, "file_100mb", "/root/bench-100m", BIG)
+            with s.time("pause"):
+                sandbox.pause()
+            with s.time("resume"):
+                sandbox.resume()
+            self.wait_pool()
+            with s.time("fork"):
+                child = self.running(sandbox.fork(name=f"bench-{index}-fork"))
+            if child.run("stat", ["-c", "%s", "/root/bench-100m"]).stdout.strip() != str(len(BIG)):
+                raise BenchError("paddock: the fork does not hold the 100 MB file")
+        finally:
+            if child is not None:
+                self.destroy(child)
+            self.destroy(sandbox)
+
+    def destroy(self, sandbox: Any) -> None:
+        """The API answers ``destroying`` and reclaims in the background: time both the answer and the end."""
+        from paddock import NotFoundError
+
+        started = time.perf_counter()
+        status = sandbox.destroy()
+        self.samples.add("destroy_answer", (time.perf_counter() - started) * 1000)
+        deadline = time.monotonic() + 120
+        while status != "destroyed" and time.monotonic() < deadline:
+            time.sleep(0.01)
+            try:
+                status = sandbox.refresh().status
+            except NotFoundError:
+                break
+        if status != "destroyed":
+            raise BenchError(f"paddock: {sandbox.id} is {status} two minutes after destroy")
+        self.samples.add("destroy", (time.perf_counter() - started) * 1000)
+
+    def close(self) -> None:
+        self.client.close()
+        self.agent.close()
+
+
+# -- the floor: a raw OCI runtime with an overlay mount -----------------------------------------------
+
+
+class RawRuntimeLifecycle:
+    def __init__(self, runtime: str, rootfs: Path) -> None:
+        binary = shutil.which(runtime)
+        if binary is None:
+            raise BenchError(f"{runtime} is not installed")
+        self.runtime = runtime
+        self.rootfs = rootfs
+        self.work = Path(tempfile.mkdtemp(prefix=f"pdkbench-{runtime}-", dir="/var/tmp"))
+        subprocess.run([binary, "spec", "--bundle", str(self.work)], check=True, capture_output=True)
+        self.config = json.loads((self.work / "config.json").read_text())
+        self.config["process"]["terminal"] = False
+        self.config["process"]["args"] = ["sleep", "infinity"]
+        self.base = [binary, "--root", f"/run/pdkbench-{os.getpid()}-{runtime}"]
+        if runtime == "crun":
+            self.base.append("--cgroup-manager=cgroupfs")
+        self.samples = Samples()
+        self.live: list[str] = []
+
+    def call(self, *argv: str, stdin: bytes | None = None) -> bytes:
+        result = subprocess.run(
+            [*self.base, *argv],
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+        )
+        if result.returncode != 0:
+            raise BenchError(
+                f"{self.runtime} {' '.join(argv[:2])}: {result.stderr.decode(errors='replace')[-300:]}"
+            )
+        return result.stdout
+
+    def start(self, name: str, upper_from: Path | None = None) -> None:
+        box = self.work / name
+        for part in ("work", "merged"):
+            (box / part).mkdir(parents=True)
+        if upper_from is None:
+            (box / "upper").mkdir()
+        else:
+            subprocess.run(["cp", "-a", "--sparse=always", str(upper_from), str(box / "upper")], check=True)
+        subprocess.run(
+            [
+                "mount", "-t", "overlay", "overlay", "-o",
+                f"lowerdir={self.rootfs},upperdir={box / 'upper'},workdir={box / 'work'}",
+                str(box / "merged"),
+            ],
+            check=True,
+        )  # fmt: skip
+        config = dict(self.config, root={"path": str(box / "merged"), "readonly": False})
+        (box / "config.json").write_text(json.dumps(config))
+        # run -d hands its stdio to the container: no pipes, or they never close
+        result = subprocess.run(
+            [*self.base, "run", "-d", "-b", str(box), name],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.live.append(name)
+        if result.returncode != 0:
+            raise BenchError(f"{self.runtime} run -d {name} exited {result.returncode}")
+
+    def stop(self, name: str) -> None:
+        box = self.work / name
+        subprocess.run([*self.base, "delete", "-f", name], capture_output=True)
+        subprocess.run(["umount", str(box / "merged")], capture_output=True)
+        shutil.rmtree(box, ignore_errors=True)
+        if name in self.live:
+            self.live.remove(name)
+
+    def first_frame(self, name: str) -> None:
+        started = time.perf_counter()
+        proc = subprocess.Popen([*self.base, "exec", name, "echo", "ready"], stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        first = proc.stdout.read(1)
+        self.samples.add("first_frame", (time.perf_counter() - started) * 1000)
+        rest = proc.stdout.read()
+        proc.wait()
+        if first + rest != b"ready\n":
+            raise BenchError(f"{self.runtime}: echo printed {first + rest!r}")
+
+    def files(self, name: str, label: str, path: str, data: bytes) -> None:
+        with self.samples.time(label):
+            with self.samples.time(label + "_write"):
+                self.call("exec", name, "sh", "-c", f"cat > {path}", stdin=data)
+            with self.samples.time(label + "_read"):
+                back = self.call("exec", name, "cat", path)
+        if back != data:
+            raise BenchError(f"{self.runtime}: {path} read back differs")
+
+    def round(self, index: int) -> None:
+        s = self.samples
+        name, child = f"pdkb-{os.getpid()}-{index}", f"pdkb-{os.getpid()}-{index}-fork"
+        try:
+            with s.time("create"):
+                self.start(name)
+            for _ in range(EXECS_PER_ROUND):
+                with s.time("exec"):
+                    self.call("exec", name, "true")
+            self.first_frame(name)
+            self.files(name, "file_1mb", "/root/bench-1m", SMALL)
+            self.files(name, "file_100mb", "/root/bench-100m", BIG)
+            with s.time("pause"):
+                self.call("pause", name)
+            with s.time("resume"):
+                self.call("resume", name)
+            with s.time("fork"):
+                self.call("pause", name)
+                try:
+                    self.start(child, upper_from=self.work / name / "upper")
+                finally:
+                    self.call("resume", name)
+        finally:
+            for victim in (child, name):
+                if victim in self.live:
+                    with s.time("destroy"):
+                        self.stop(victim)
+
+    def close(self) -> None:
+        for name in list(self.live):
+            self.stop(name)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+# -- the peer: podman --rootfs ---------------------------------------------------------------------------
+
+
+class PodmanLifecycle:
+    FLAGS = ("--network", "none", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096")
+
+    def __init__(self, rootfs: Path) -> None:
+        if shutil.which("podman") is None:
+            raise BenchError("podman is not installed (make bench-deps)")
+        self.rootfs = rootfs
+        self.samples = Samples()
+        self.live: list[str] = []
+
+    def call(self, *argv: str, stdin: bytes | None = None) -> bytes:
+        result = subprocess.run(
+            ["podman", *argv],
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+        )
+        if result.returncode != 0:
+            raise BenchError(f"podman {' '.join(argv[:2])}: {result.stderr.decode(errors='replace')[-300:]}")
+        return result.stdout
+
+    def round(self, index: int) -> None:
+        s = self.samples
+        name = f"pdkb-{os.getpid()}-{index}"
+        try:
+            with s.time("create"):
+                self.live.append(name)
+                self.call(
+                    "run",
+                    "-d",
+                    "--name",
+                    name,
+                    *self.FLAGS,
+                    "--rootfs",
+                    f"{self.rootfs}:O",
+                    "sleep",
+                    "infinity",
+                )
+            for _ in range(EXECS_PER_ROUND):
+                with s.time("exec"):
+                    self.call("exec", name, "true")
+            started = time.perf_counter()
+            proc = subprocess.Popen(["podman", "exec", name, "echo", "ready"], stdout=subprocess.PIPE)
+            assert proc.stdout is not None
+            first = proc.stdout.read(1)
+            s.add("first_frame", (time.perf_counter() - started) * 1000)
+            rest = proc.stdout.read()
+            proc.wait()
+            if first + rest != b"ready\n":
+                raise BenchError(f"podman: echo printed {first + rest!r}")
+            for label, path, data in (
+                ("file_1mb", "/root/bench-1m", SMALL),
+                ("file_100mb", "/root/bench-100m", BIG),
+            ):
+                with s.time(label):
+                    with s.time(label + "_write"):
+                        self.call("exec", "-i", name, "sh", "-c", f"cat > {path}", stdin=data)
+                    with s.time(label + "_read"):
+                        back = self.call("exec", name, "cat", path)
+                if back != data:
+                    raise BenchError(f"podman: {path} read back differs")
+            with s.time("pause"):
+                self.call("pause", name)
+            with s.time("resume"):
+                self.call("unpause", name)
+        finally:
+            if name in self.live:
+                with s.time("destroy"):
+                    subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True)
+                self.live.remove(name)
+
+    def close(self) -> None:
+        for name in list(self.live):
+            subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True)

@@ -1,0 +1,280 @@
+"""``make bench``: Paddock against the floor and a peer, in one run; writes Markdown + JSON to bench/results/.
+
+    .venv/bin/python -m bench.run               # the full run (≥ 30 recorded runs per operation)
+    .venv/bin/python -m bench.run --smoke       # a few runs of everything: proves the harness works
+    .venv/bin/python -m bench.run --only lifecycle,gateway --runs 5
+
+Sections (each module's docstring says exactly what is timed):
+  lifecycle   Paddock through its API vs raw runc/crun with an overlay mount vs podman --rootfs
+  density     idle sandboxes until a cap/limit/memory stops creation; host memory per sandbox
+  throughput  GET /v1/sandboxes/{id} req/s with wrk vs a bare Starlette endpoint
+  webhooks    deliveries/s and event→2xx latency vs bare POSTs (bench/webhooks_bench.py)
+  gateway     quote latency vs a bare endpoint; signed-request verifications/s per core vs raw ecrecover
+
+Needs root (sandboxes), the debian:13 image, and podman + wrk (``make bench-deps``). Never fails on a
+time: the exit status is non-zero only when a section could not run (the harness or the product broke).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import math
+import os
+import secrets
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import density, http_bench, lifecycle, machine, report
+
+SECTIONS = ("lifecycle", "density", "throughput", "webhooks", "gateway")
+RESULTS = Path(__file__).resolve().parent / "results"
+POOL_SIZE = 2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="3 runs of everything, small loads, results to a temp dir"
+    )
+    parser.add_argument("--runs", type=int, help="recorded rounds per system (default 30, smoke 3)")
+    parser.add_argument("--warmup", type=int, help="unrecorded rounds first (default 3, smoke 1)")
+    parser.add_argument(
+        "--density-cap", type=int, help="stop density at this many sandboxes (default 50, smoke 3)"
+    )
+    parser.add_argument("--only", help="comma-separated sections: " + ",".join(SECTIONS))
+    parser.add_argument(
+        "--out", type=Path, help="results directory (default bench/results; smoke: a temp dir)"
+    )
+    args = parser.parse_args(argv)
+    smoke = args.smoke
+    args.runs = args.runs or (3 if smoke else 30)
+    args.warmup = args.warmup if args.warmup is not None else (1 if smoke else 3)
+    args.density_cap = args.density_cap or (3 if smoke else 50)
+    args.wrk_seconds = 1 if smoke else 10
+    args.wrk_connections = 8
+    args.webhook_burst = 50 if smoke else 2000
+    args.webhook_rate = 20.0 if smoke else 100.0
+    args.webhook_seconds = 1.0 if smoke else 5.0
+    args.webhook_concurrency = 16
+    args.quote_requests = 10 if smoke else 300
+    args.verify_seconds = 0.3 if smoke else 3.0
+    args.sections = [s.strip() for s in args.only.split(",")] if args.only else list(SECTIONS)
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="paddock-bench-smoke-")) if smoke else RESULTS
+    return args
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.results: dict[str, Any] = {
+            "started_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "mode": "smoke" if args.smoke else "full",
+            "runs": args.runs,
+            "warmup": args.warmup,
+            "machine": machine.facts(),
+            "errors": {},
+        }
+
+    def section(self, name: str, work: Callable[[], Any]) -> Any:
+        print(f"bench: {name} …", file=sys.stderr, flush=True)
+        try:
+            value = work()
+        except Exception as exc:
+            self.results["errors"][name] = "".join(traceback.format_exception(exc)[-6:])
+            print(f"bench: {name} FAILED: {exc}", file=sys.stderr, flush=True)
+            return None
+        self.results.setdefault("sections", {})[name] = value
+        return value
+
+    # -- sections that need the platform --------------------------------------------------------
+
+    def with_platform(self) -> None:
+        from tests.hostagent.conftest import TOKEN, image_cache
+        from tests.live import start_platform
+
+        from paddock_hostagent.guest.build import ensure_agent_binary
+        from paddock_hostagent.images import ImageStore
+
+        rootfs = ImageStore(image_cache()).build("debian:13")
+        guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
+        ensure_agent_binary(guest_dir)
+        platform = start_platform(guest_dir, agents=1, agent_options={"pool_size": POOL_SIZE})
+        try:
+            agent = platform.agents[0]
+            assert platform.controlplane.process is not None and agent.process is not None
+            import httpx
+
+            info = httpx.get(
+                agent.url + "/internal/v1/info", headers={"Authorization": f"Bearer {TOKEN}"}
+            ).json()
+            self.results["machine"]["paddock_runtime"] = info.get("runtime")
+
+            def new_key() -> str:
+                return platform.api_key(plan="enterprise", credits=1_000_000)
+
+            if "lifecycle" in self.args.sections:
+                self.lifecycle(platform.url, new_key(), agent.url, TOKEN, rootfs)
+            if "throughput" in self.args.sections:
+                self.section("throughput", lambda: self.throughput(platform.url, new_key()))
+            if "density" in self.args.sections:
+                self.section(
+                    "density",
+                    lambda: density.run(
+                        platform.url,
+                        new_key,
+                        platform.controlplane.process.pid,  # type: ignore[union-attr]
+                        agent.process.pid,  # type: ignore[union-attr]
+                        agent.url,
+                        TOKEN,
+                        POOL_SIZE,
+                        self.args.density_cap,
+                    ),
+                )
+        finally:
+            try:
+                platform.stop()
+            except AssertionError as leftover:
+                self.results["errors"]["teardown"] = str(leftover)
+
+    def lifecycle(self, url: str, key: str, agent_url: str, token: str, rootfs: Path) -> None:
+        out: dict[str, Any] = {}
+        self.results.setdefault("sections", {})["lifecycle"] = out
+
+        def measure(system: str, make: Callable[[], Any]) -> None:
+            def work() -> dict[str, Any]:
+                driver = make()
+                try:
+                    lifecycle.rounds(driver.samples, self.args.warmup, self.args.runs, driver.round)
+                finally:
+                    driver.close()
+                return dict(driver.samples.summary())
+
+            value = self.section(f"lifecycle/{system}", work)
+            if value is not None:
+                out[system] = value
+                self.results["sections"].pop(f"lifecycle/{system}", None)
+
+        measure("paddock", lambda: lifecycle.PaddockLifecycle(url, key, agent_url, token, POOL_SIZE))
+        measure("runc", lambda: lifecycle.RawRuntimeLifecycle("runc", rootfs))
+        measure("crun", lambda: lifecycle.RawRuntimeLifecycle("crun", rootfs))
+        measure("podman", lambda: lifecycle.PodmanLifecycle(rootfs))
+
+    def throughput(self, url: str, key: str) -> dict[str, Any]:
+        from paddock import Client
+
+        with Client(url, key, timeout=300) as client:
+            sandbox = client.sandboxes.create(
+                lifecycle.SHAPE, name="bench-read", rootfs="debian:13", disk_mib=lifecycle.DISK_MIB
+            )
+            try:
+                return http_bench.throughput(
+                    url, key, sandbox.id, self.args.wrk_seconds, self.args.wrk_connections
+                )
+            finally:
+                sandbox.destroy()
+
+    # -- sections without the platform --------------------------------------------------------------
+
+    def webhooks(self) -> dict[str, Any]:
+        from bench import webhooks_bench
+        from paddock_core.logging import configure_logging
+
+        configure_logging("warning")
+        a = self.args
+        options = argparse.Namespace(
+            burst=a.webhook_burst,
+            rate=a.webhook_rate,
+            seconds=a.webhook_seconds,
+            concurrency=a.webhook_concurrency,
+        )
+
+        async def go() -> dict[str, Any]:
+            async with webhooks_bench.receiver_process() as url:
+                one = await webhooks_bench.floor(url, min(a.webhook_burst, 500), 1)
+                lanes = await webhooks_bench.floor(url, a.webhook_burst, a.webhook_concurrency)
+                rows = dict(await webhooks_bench.run_engine("sqlite", url, options))
+            burst = next(v for k, v in rows.items() if "burst" in k)
+            steady = next(v for k, v in rows.items() if "steady" in k)
+            return {
+                "floor_1_lane": one,
+                "floor_lanes": lanes,
+                "burst": burst,
+                "steady": steady,
+                "concurrency": a.webhook_concurrency,
+                "steady_rate": a.webhook_rate,
+                "engine": "sqlite",
+            }
+
+        return asyncio.run(go())
+
+    def gateway(self) -> dict[str, Any]:
+        warmup = 2 if self.args.smoke else 20
+        return {
+            "quote": http_bench.quote_latency(self.args.quote_requests, warmup),
+            "verify": http_bench.verifications(self.args.verify_seconds),
+        }
+
+    # -- the whole run ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        if os.geteuid() != 0:
+            print("bench needs root (namespaces, cgroups, mounts)", file=sys.stderr)
+            return 2
+        if {"lifecycle", "density", "throughput"} & set(self.args.sections):
+            self.section("platform", self.with_platform)
+            self.results.get("sections", {}).pop("platform", None)
+        if "webhooks" in self.args.sections:
+            self.section("webhooks", self.webhooks)
+        if "gateway" in self.args.sections:
+            self.section("gateway", self.gateway)
+        self.results["machine"]["load_average_end"] = machine.load_average()
+        self.results["finished_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return self.write()
+
+    def write(self) -> int:
+        self.args.out.mkdir(parents=True, exist_ok=True)
+        stamp = self.results["started_at"].replace(":", "").replace("-", "")
+        stem = f"{stamp}-{self.results['mode']}-{secrets.token_hex(2)}" if self.args.smoke else f"{stamp}"
+        markdown = report.markdown(self.results)
+        (self.args.out / f"{stem}.json").write_text(
+            json.dumps(_clean(self.results), indent=2, default=str) + "\n"
+        )
+        (self.args.out / f"{stem}.md").write_text(markdown)
+        print(markdown)
+        print(f"bench: wrote {self.args.out / stem}.md and .json", file=sys.stderr)
+        if self.results["errors"]:
+            print(f"bench: sections that failed: {', '.join(self.results['errors'])}", file=sys.stderr)
+            return 1
+        return 0
+
+
+def _clean(value: Any) -> Any:
+    """NaN (no samples) becomes null: strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _clean(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(item) for item in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Run(parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
