@@ -75,7 +75,7 @@ def markdown(results: dict[str, Any]) -> str:
     paddock_life, floor_life = life.get("paddock", {}), life.get(floor_name, {})
     for op, label in OP_LABELS.items():
         a, b = p50(paddock_life.get(op)), p50(floor_life.get(op))
-        if a is None and b is None:
+        if a is None or b is None:
             continue
         out.append(
             f"| {label} (p50) | {num(a)} ms | {num(b)} ms (raw {floor_name} + overlay) | {ratio(a, b)} |"
@@ -168,7 +168,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"| would fit by the scheduler (host schedulable {num(dens['host_total_mib'])} MiB ÷ 256 MiB) | "
             f"{num(dens['fit_by_scheduler'])} |",
             f"| create, back to back (warm pool drained) | {spread(dens['timings'].get('create (back to back)'))} ms |",
-            f"| destroy | {spread(dens['timings'].get('destroy'))} ms |",
+            f"| destroy, until the API answers (reclaim goes on in the background) | "
+            f"{spread(dens['timings'].get('destroy'))} ms |",
         ]
     if thr:
         out += [

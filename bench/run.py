@@ -26,6 +26,7 @@ import os
 import secrets
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--smoke", action="store_true", help="3 runs of everything, small loads, results to a temp dir"
     )
     parser.add_argument("--runs", type=int, help="recorded rounds per system (default 30, smoke 3)")
-    parser.add_argument("--warmup", type=int, help="unrecorded rounds first (default 3, smoke 1)")
+    parser.add_argument("--warmup", type=int, help="unrecorded rounds first (default 3, smoke 0)")
     parser.add_argument(
         "--density-cap", type=int, help="stop density at this many sandboxes (default 50, smoke 3)"
     )
@@ -57,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     smoke = args.smoke
     args.runs = args.runs or (3 if smoke else 30)
-    args.warmup = args.warmup if args.warmup is not None else (1 if smoke else 3)
+    args.warmup = args.warmup if args.warmup is not None else (0 if smoke else 3)
     args.density_cap = args.density_cap or (3 if smoke else 50)
     args.wrk_seconds = 1 if smoke else 10
     args.wrk_connections = 8
@@ -90,12 +91,17 @@ class Run:
 
     def section(self, name: str, work: Callable[[], Any]) -> Any:
         print(f"bench: {name} …", file=sys.stderr, flush=True)
+        started = time.monotonic()
         try:
             value = work()
-        except Exception as exc:
+        except Exception as exc:  # one broken section must not hide the others' numbers
             self.results["errors"][name] = "".join(traceback.format_exception(exc)[-6:])
             print(f"bench: {name} FAILED: {exc}", file=sys.stderr, flush=True)
             return None
+        finally:
+            elapsed = round(time.monotonic() - started, 1)
+            self.results.setdefault("section_seconds", {})[name] = elapsed
+            print(f"bench: {name} took {elapsed} s", file=sys.stderr, flush=True)
         self.results.setdefault("sections", {})[name] = value
         return value
 
