@@ -8,7 +8,10 @@ credits running out pauses the sandbox and a top-up resumes it, deleting the pro
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
@@ -108,6 +111,15 @@ def sandbox_status(live: LivePlatform, key: str, sandbox_id: str) -> str:
         return "gone"
     assert response.status_code == 200, response.text
     return str(response.json()["data"]["status"])
+
+
+async def wait_destroyed(live: LivePlatform, key: str, sandbox_id: str, timeout_s: float = 60) -> str:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (status := sandbox_status(live, key, sandbox_id)) == "destroying":
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    return status
 
 
 def fetch(live: LivePlatform, key: str, endpoint: str, path: str = "/") -> tuple[int, str]:
@@ -305,7 +317,77 @@ async def test_credits_run_out_pause_the_sandbox_topup_resumes_delete_destroys(
 
         deleted = await gw.http.delete(f"/agent/projects/{started['projectId']}", headers=gw.auth(wallet))
         assert deleted.status_code == 200, deleted.text
-        assert sandbox_status(live, cp_key, sandbox_id) in ("destroying", "destroyed", "gone")
+        assert await wait_destroyed(live, cp_key, sandbox_id) in ("destroyed", "gone")
         with httpx.Client(base_url=live.url, headers={"X-API-Key": cp_key}) as http:
             running = http.get("/v1/sandboxes", params={"status": "running"}).json()["data"]["data"]
         assert sandbox_id not in {item["id"] for item in running}
+
+
+WALKTHROUGH_APP = """\
+import http.server, os
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"{os.environ.get('GREETING', 'hello')} from a paid Paddock deployment\\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        self.wfile.write(body)
+
+http.server.HTTPServer(("0.0.0.0", int(os.environ["PORT"])), Hello).serve_forever()
+"""
+
+
+async def democlient(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "paddock_gateway.democlient",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=300)
+    return process.returncode or 0, stdout.decode(), stderr.decode()
+
+
+async def test_the_readme_walkthrough(
+    live_gateway: Gateway,
+    paying_wallet: Wallet,
+    devchains: dict[str, Chain],
+    live: LivePlatform,
+    cp_key: str,
+    tmp_path: Path,
+) -> None:
+    """README "Deploy through the gateway": the democlient commands, as a person runs them."""
+    app_dir = tmp_path / "hello"
+    app_dir.mkdir()
+    (app_dir / "app.py").write_text(WALKTHROUGH_APP)
+    devchain_file = tmp_path / "devchain.json"
+    devchain_file.write_text(
+        json.dumps(
+            {
+                "chains": {
+                    name: {"chain_id": c.chain_id, "rpc_url": c.rpc_url, "tokens": c.tokens}
+                    for name, c in devchains.items()
+                },
+                "demo_wallet": {"private_key": "0x" + bytes(paying_wallet.account.key).hex()},
+            }
+        )
+    )
+    common = ["--gateway", live_gateway.url, "--devchain", str(devchain_file)]
+    name = unique_name("hello")
+    code, out, err = await democlient(
+        *common, "deploy", str(app_dir), "--name", name, "--port", "8000", "--env", "GREETING=hi"
+    )
+    assert code == 0, out + err
+    assert "402 quote: 1.813947 USD" in out and "paid: 0x" in out
+    final = json.loads(out[out.index("{") :])
+    assert final["status"] == "ready"
+    assert fetch(live, cp_key, final["endpoint"]) == (200, "hi from a paid Paddock deployment\n")
+
+    code, out, _ = await democlient(*common, "projects")
+    assert code == 0 and json.loads(out)["projects"][0]["url"] == final["endpoint"]
+    code, out, _ = await democlient(*common, "delete", final["projectId"])
+    assert code == 0 and json.loads(out) == {"projectId": final["projectId"], "status": "deleted"}
+    assert await wait_destroyed(live, cp_key, sandbox_of(final["endpoint"])[0]) in ("destroyed", "gone")
