@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from pathlib import Path
@@ -95,7 +96,8 @@ class AsyncFiles:
             opened: Any = source
             # a regular file: say its length, so an oversized upload is refused before it is sent
             with contextlib.suppress(AttributeError, OSError, ValueError):
-                headers["Content-Length"] = str(os.fstat(opened.fileno()).st_size - opened.tell())
+                if stat.S_ISREG(os.fstat(opened.fileno()).st_mode):
+                    headers["Content-Length"] = str(os.fstat(opened.fileno()).st_size - opened.tell())
         content = _chunks(source)
         data = await self._client.request(
             "PUT", self._url, params={"path": path}, content=content, headers=headers, retry=False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -89,9 +90,9 @@ class Files:
         if isinstance(source, os.PathLike):
             with open(source, "rb") as handle:
                 return self.write(path, handle)
-        # httpx streams a binary file itself (with Content-Length when it can stat it); other
-        # iterables go out chunked.
-        content: Any = source if hasattr(source, "read") else iter(source)
+        # httpx streams a regular file itself, with its Content-Length; pipes and other iterables go
+        # out chunked.
+        content: Any = source if _regular_file(source) else _chunks(source)
         data = self._client.request(
             "PUT", self._url, params={"path": path}, content=content, headers=headers, retry=False
         )
@@ -315,3 +316,18 @@ class Sandbox:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.destroy()
+
+
+def _regular_file(source: Any) -> bool:
+    try:
+        return hasattr(source, "read") and stat.S_ISREG(os.fstat(source.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _chunks(source: Any) -> Iterator[bytes]:
+    if hasattr(source, "read"):
+        while chunk := source.read(CHUNK_BYTES):
+            yield chunk
+    else:
+        yield from source

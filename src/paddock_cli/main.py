@@ -7,14 +7,36 @@ from __future__ import annotations
 
 import typer
 
-from paddock_cli import admin
+from paddock_cli import admin, output, sandbox, webhook
 
 app = typer.Typer(
     help="Paddock: a self-hostable sandbox cloud for AI agents.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    epilog=(
+        "Client commands exit 0 on success, 1 on an API error, 2 on a usage error, 3 when the server "
+        "cannot be reached, 4 when something is not found, 5 when a wait fails (sandbox failed, timeout, "
+        "deployment failed), 6 when a payment cannot be made or is refused. `sandbox exec` exits with "
+        "the command's own code (127 if it could not run)."
+    ),
 )
+app.add_typer(sandbox.app, name="sandbox")
+app.add_typer(webhook.app, name="webhook")
 app.add_typer(admin.app, name="admin", help="Accounts and API keys (talks to the database directly).")
+
+
+@app.callback()
+def configure(
+    url: str = typer.Option(
+        None, "--url", envvar="PADDOCK_BASE_URL", help="Control-plane URL (default http://127.0.0.1:8080)."
+    ),
+    api_key: str = typer.Option(
+        None, "--api-key", envvar="PADDOCK_API_KEY", help="Your API key.", show_default=False
+    ),
+) -> None:
+    """Where the client commands find the control plane (flags win over the environment)."""
+    output.CONFIG.url = url
+    output.CONFIG.api_key = api_key
 
 
 @app.command()

@@ -1,7 +1,10 @@
-"""The admin CLI is tested against the real control plane: reuse its fixtures."""
+"""CLI fixtures: the real platform on loopback for the client commands, the in-process control plane
+for ``paddock admin``."""
 
 from __future__ import annotations
 
 from tests.controlplane.conftest import controlplane, cp_settings
+from tests.hostagent.conftest import debian_image, guest_binary_dir
+from tests.sdk.conftest import live
 
-__all__ = ["controlplane", "cp_settings"]
+__all__ = ["controlplane", "cp_settings", "debian_image", "guest_binary_dir", "live"]

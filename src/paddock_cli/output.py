@@ -1,0 +1,127 @@
+"""What the client commands share: exit codes, SDK errors → messages, JSON or rich output, config."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from enum import IntEnum
+from typing import Any
+
+import typer
+
+
+class ExitCode(IntEnum):
+    """Exit codes scripts can rely on (``paddock sandbox exec`` exits with the command's own code)."""
+
+    OK = 0
+    API_ERROR = 1  # the server answered with an error (4xx/5xx other than 404)
+    USAGE = 2  # bad flags or arguments (also typer's own usage errors)
+    UNREACHABLE = 3  # no answer: connection refused, timeout
+    NOT_FOUND = 4  # the sandbox, endpoint or file does not exist (404)
+    FAILED = 5  # a wait ended badly: sandbox failed, timed out, deployment failed
+    PAYMENT = 6  # deploy: not enough tokens or gas, or the gateway refused the payment
+    COMMAND_ERROR = 127  # exec: the command could not start or was cut off (sandbox paused …)
+
+
+@dataclasses.dataclass
+class Config:
+    """Global options, set by the ``paddock`` callback from flags or the environment."""
+
+    url: str | None = None
+    api_key: str | None = None
+
+
+CONFIG = Config()
+
+
+def client() -> Any:
+    import paddock
+
+    return paddock.Client(CONFIG.url, CONFIG.api_key)
+
+
+def fail(message: str, code: ExitCode) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(int(code))
+
+
+@contextmanager
+def api_errors() -> Iterator[None]:
+    """Turn SDK exceptions into one line on stderr and the documented exit code."""
+    import paddock
+
+    try:
+        yield
+    except paddock.NotFoundError as exc:
+        raise fail(exc.message, ExitCode.NOT_FOUND) from None
+    except paddock.APIError as exc:
+        details = "; ".join(f"{k}: {v}" for k, v in exc.fields.items())
+        suffix = f" ({details})" if details else ""
+        raise fail(
+            f"{exc.status} {exc.code or ''} {exc.message}{suffix}".replace("  ", " "), ExitCode.API_ERROR
+        ) from None
+    except paddock.TransportError as exc:
+        raise fail(f"cannot reach the server: {exc}", ExitCode.UNREACHABLE) from None
+    except (paddock.SandboxStateError, paddock.WaitTimeoutError, paddock.DeploymentFailedError) as exc:
+        raise fail(str(exc), ExitCode.FAILED) from None
+    except paddock.PaymentError as exc:
+        raise fail(str(exc), ExitCode.PAYMENT) from None
+    except paddock.PaddockError as exc:
+        raise fail(str(exc), ExitCode.API_ERROR) from None
+
+
+def plain(value: Any) -> Any:
+    """Dataclasses (with their ``extra`` folded back in) and containers as JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        data = {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "extra"}
+        data.update(plain(getattr(value, "extra", {})))
+        return {k: v for k, v in data.items() if v is not None}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(plain(value), indent=2, sort_keys=True) + "\n")
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*columns, box=None, header_style="bold", pad_edge=False)
+    for row in rows:
+        table.add_row(*("" if cell is None else str(cell) for cell in row))
+    Console(soft_wrap=True).print(table)
+
+
+def print_fields(pairs: Sequence[tuple[str, Any]]) -> None:
+    width = max(len(k) for k, _ in pairs)
+    for key, value in pairs:
+        if value not in (None, [], ""):
+            typer.echo(f"{key.ljust(width)}  {', '.join(value) if isinstance(value, list) else value}")
+
+
+def emit(value: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    if as_json:
+        print_json(value)
+    else:
+        render(value)
+
+
+def key_values(items: Sequence[str], option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fail(f"{option} takes KEY=VALUE, got {item!r}", ExitCode.USAGE)
+        out[key] = value
+    return out
+
+
+JSON_OPTION = typer.Option(False, "--json", help="Print JSON (stable field names) for scripts.")

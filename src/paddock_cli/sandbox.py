@@ -1,0 +1,248 @@
+"""``paddock sandbox …``: create, list, inspect, run commands in, copy files to and from, pause,
+resume, fork and destroy sandboxes through the SDK. A sandbox is named by its id (``sb-…``) or name."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from paddock_cli.output import (
+    JSON_OPTION,
+    ExitCode,
+    api_errors,
+    client,
+    emit,
+    fail,
+    key_values,
+    print_fields,
+    print_table,
+)
+
+app = typer.Typer(no_args_is_help=True, help="Create, use and destroy sandboxes.")
+
+TERMINAL = ("destroyed", "failed")
+
+
+def resolve(sdk: Any, ref: str) -> Any:
+    """A handle for ``ref``: an id when it starts with ``sb-``, otherwise a live sandbox's name."""
+    import paddock
+
+    if ref.startswith("sb-"):
+        return sdk.sandboxes.get(ref)
+    for info in sdk.sandboxes.iter():
+        if info.name == ref and info.status not in TERMINAL:
+            return paddock.Sandbox(sdk, info)
+    raise paddock.NotFoundError(404, f"no sandbox named {ref!r}", code="NOT_FOUND")
+
+
+def show(info: Any) -> None:
+    print_fields(
+        [
+            ("id", info.id),
+            ("name", info.name),
+            ("status", info.status),
+            ("shape", info.shape),
+            ("rootfs", info.rootfs),
+            ("ip", info.ip),
+            ("disk_mib", info.disk_mib),
+            ("created_at", info.created_at),
+            ("forked_from", info.forked_from),
+            ("envs", info.envs),
+            ("egress", info.egress),
+            ("ingress", info.ingress_url_template),
+        ]
+    )
+
+
+@app.command()
+def create(
+    shape: str = typer.Option("s-1vcpu-1gb", "--shape", "-s", help="A shape id (`GET /v1/shapes`)."),
+    name: str = typer.Option(None, "--name", "-n", help="Unique among your live sandboxes."),
+    rootfs: str = typer.Option(None, "--rootfs", help="A catalog image or one of your templates."),
+    disk_mib: int = typer.Option(None, "--disk-mib", help="Overlay disk size (default: the shape's)."),
+    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE, injected into every command."),
+    egress: list[str] = typer.Option([], "--egress", help="Allowlist rule (repeat); none allows all."),
+    ssh_key: list[str] = typer.Option([], "--ssh-key", help="An OpenSSH public key (repeat)."),
+    ingress: bool = typer.Option(False, "--ingress", help="Give the sandbox an HTTPS ingress URL."),
+    auto_pause: int = typer.Option(None, "--auto-pause", help="Pause after this many idle seconds."),
+    start_paused: bool = typer.Option(False, "--start-paused", help="Boot straight into paused."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Create a sandbox and wait until it runs; prints its id (or everything with --json)."""
+    fields = {
+        "name": name,
+        "rootfs": rootfs,
+        "disk_mib": disk_mib,
+        "envs": key_values(env, "--env") or None,
+        "egress": egress or None,
+        "ssh_pubkeys": ssh_key or None,
+        "ingress_enabled": ingress or None,
+        "auto_pause_after_seconds": auto_pause,
+        "start_paused": start_paused or None,
+    }
+    with api_errors(), client() as sdk:
+        sandbox = sdk.sandboxes.create(shape, **fields)
+    emit(sandbox.info, json_out, lambda info: typer.echo(f"{info.id}  {info.name}  {info.status}  {info.ip}"))
+
+
+@app.command("ls")
+def list_sandboxes(
+    status: str = typer.Option(None, "--status", help="Only this status (running, paused, destroyed …)."),
+    all_: bool = typer.Option(False, "--all", "-a", help="Include destroyed and failed sandboxes."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """List your sandboxes, oldest first (live ones only unless --all or --status)."""
+    with api_errors(), client() as sdk:
+        rows = [s for s in sdk.sandboxes.iter(status) if status or all_ or s.status not in TERMINAL]
+    emit(
+        rows,
+        json_out,
+        lambda items: print_table(
+            ["ID", "NAME", "STATUS", "SHAPE", "IP", "CREATED"],
+            [[s.id, s.name, s.status, s.shape, s.ip, s.created_at] for s in items],
+        ),
+    )
+
+
+@app.command()
+def get(ref: str, json_out: bool = JSON_OPTION) -> None:
+    """Show one sandbox."""
+    with api_errors(), client() as sdk:
+        info = resolve(sdk, ref).info
+    emit(info, json_out, show)
+
+
+@app.command("exec", context_settings={"allow_interspersed_args": False})
+def exec_command(
+    ref: str,
+    cmd: str = typer.Argument(..., help="The executable (found on PATH; no shell)."),
+    args: list[str] = typer.Argument(None, help="Its arguments; put `--` before ones that start with -."),
+    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE override of a declared env key."),
+    stdin: bool = typer.Option(False, "--stdin", "-i", help="Send this terminal's stdin to the command."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Wait, then print {stdout, stderr, exit_code, error, exec_ms} as JSON."
+    ),
+) -> None:
+    """Run a command; its output streams here and `paddock` exits with the command's exit code.
+
+    Options go before SANDBOX: `paddock sandbox exec -e K=V my-box sh -c "echo $K"`.
+    """
+    overrides = key_values(env, "--env") or None
+    text = sys.stdin.read() if stdin else None
+    with api_errors(), client() as sdk:
+        sandbox = resolve(sdk, ref)
+        if json_out:
+            result = sandbox.run(cmd, args or [], env=overrides, stdin=text, timeout_s=3600)
+            emit(result, True, print)
+            raise typer.Exit(exit_status(result.exit_code, result.error))
+        code, error = -1, None
+        for frame in sandbox.stream(cmd, args or [], env=overrides, stdin=text):
+            if frame.get("stdout"):
+                sys.stdout.write(frame["stdout"])
+                sys.stdout.flush()
+            if frame.get("stderr"):
+                sys.stderr.write(frame["stderr"])
+                sys.stderr.flush()
+            if frame.get("error"):
+                error = frame["error"]
+                typer.echo(f"error: {error}", err=True)
+            if "exit_code" in frame:
+                code = int(frame["exit_code"])
+    raise typer.Exit(exit_status(code, error))
+
+
+def exit_status(code: int, error: str | None) -> int:
+    if error is not None or code < 0:
+        return int(ExitCode.COMMAND_ERROR)
+    return code if code <= 255 else 255
+
+
+@app.command()
+def cp(
+    source: str = typer.Argument(..., help="A local path, `-` for stdin, or SANDBOX:/path."),
+    dest: str = typer.Argument(..., help="A local path, `-` for stdout, or SANDBOX:/path."),
+) -> None:
+    """Copy one file into or out of a sandbox, streamed (e.g. `cp ./data.csv my-box:/root/data.csv`)."""
+    src_ref, src_path = split_remote(source)
+    dst_ref, dst_path = split_remote(dest)
+    if (src_ref is None) == (dst_ref is None):
+        raise fail("exactly one side must be SANDBOX:/path", ExitCode.USAGE)
+    with api_errors(), client() as sdk:
+        if dst_ref is not None:
+            sandbox = resolve(sdk, dst_ref)
+            if src_path == "-":
+                size = sandbox.files.write(dst_path, sys.stdin.buffer)
+            else:
+                local = Path(src_path)
+                if not local.is_file():
+                    raise fail(f"{src_path}: no such file", ExitCode.USAGE)
+                size = sandbox.files.upload(local, dst_path)
+        else:
+            sandbox = resolve(sdk, src_ref or "")
+            if dst_path == "-":
+                size = sandbox.files.download(src_path, sys.stdout.buffer)
+                sys.stdout.flush()
+                return
+            target = Path(dst_path)
+            if target.is_dir():
+                target = target / Path(src_path).name
+            size = sandbox.files.download(src_path, target)
+    typer.echo(f"{size} bytes", err=True)
+
+
+def split_remote(spec: str) -> tuple[str | None, str]:
+    """``name:/path`` → (name, /path); anything else is a local path."""
+    ref, sep, path = spec.partition(":")
+    if sep and ref and path.startswith("/") and "/" not in ref:
+        return ref, path
+    return None, spec
+
+
+def _each(refs: list[str], json_out: bool, action: Any) -> None:
+    results = []
+    with api_errors(), client() as sdk:
+        for ref in refs:
+            results.append(action(resolve(sdk, ref)))
+    emit(results, json_out, print_states)
+
+
+def print_states(items: list[dict[str, str]]) -> None:
+    for item in items:
+        typer.echo(f"{item['id']}  {item['status']}")
+
+
+@app.command()
+def pause(refs: list[str], json_out: bool = JSON_OPTION) -> None:
+    """Pause (snapshot, stop billing compute); waits until paused."""
+    _each(refs, json_out, lambda sb: {"id": sb.id, "status": sb.pause().status})
+
+
+@app.command()
+def resume(refs: list[str], json_out: bool = JSON_OPTION) -> None:
+    """Resume paused sandboxes; waits until running."""
+    _each(refs, json_out, lambda sb: {"id": sb.id, "status": sb.resume().status})
+
+
+@app.command()
+def fork(
+    ref: str,
+    start_paused: bool = typer.Option(False, "--start-paused", help="Leave the child paused."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Fork a running or paused sandbox; waits for the child and prints its id."""
+    with api_errors(), client() as sdk:
+        child = resolve(sdk, ref).fork(start_paused=start_paused or None)
+    emit(child.info, json_out, lambda info: typer.echo(f"{info.id}  {info.name}  {info.status}  {info.ip}"))
+
+
+@app.command()
+def rm(
+    refs: list[str],
+    wait: bool = typer.Option(False, "--wait", "-w", help="Wait until each is destroyed."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Destroy sandboxes (idempotent)."""
+    _each(refs, json_out, lambda sb: {"id": sb.id, "status": sb.destroy(wait=wait)})
