@@ -40,3 +40,37 @@ def test_the_readme_sdk_quickstart_runs(live: LivePlatform, tmp_path: Path) -> N
         ]
     with paddock.Client(live.url, key) as client:  # the context managers cleaned up
         assert {s.status for s in client.sandboxes.list()} <= {"destroying", "destroyed"}
+
+
+def test_the_readme_cli_quickstart_runs(live: LivePlatform, tmp_path: Path) -> None:
+    """The ``sh`` block of the CLI section under ``bash -e``; its ``export`` of a placeholder key is
+    replaced by a real key in the environment."""
+    blocks = [block for block in code_blocks("sh") if "paddock sandbox" in block]
+    assert len(blocks) == 1, "the README's CLI example moved"
+    script = "\n".join(line for line in blocks[0].splitlines() if not line.startswith("export "))
+    (tmp_path / "notes.txt").write_text("remember the milk\n")
+    key = live.api_key()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env.update(
+        {
+            "PADDOCK_BASE_URL": live.url,
+            "PADDOCK_API_KEY": key,
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+        }
+    )
+    ran = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "demo on demo\n" in ran.stdout  # the sandbox's hostname is its name
+    assert (tmp_path / "copy.txt").read_text() == "remember the milk\n"
+    with paddock.Client(live.url, key) as client:
+        left = [s for s in client.sandboxes.list() if s.status not in ("destroying", "destroyed")]
+        assert len(left) == 1 and left[0].forked_from  # only the fork is left
+        for info in left:
+            client.sandboxes.get(info.id).destroy()
