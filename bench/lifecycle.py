@@ -2,12 +2,14 @@
 
 Every system runs the same round, on the same machine and the same image (debian:13 from the image
 cache): create → running, ``true`` round trips, the first frame of a streamed ``echo``, a 1 MB and a
-100 MB file written then read back (compared byte for byte), pause, resume, fork of the sandbox (which
-by then holds the 100 MB file) and destroy of both. The first ``warmup`` rounds are not recorded.
+100 MB file (smoke: 8 MB) written then read back (compared byte for byte), pause, resume, fork of the
+sandbox (which by then holds the big file) and destroy of both. The first ``warmup`` rounds are not recorded.
 
 - paddock: the SDK's ``Client`` against a real control plane + host agent (``tests.live``). Before each
   create and fork the host's warm pool is allowed to refill, untimed, as it would between requests on a
   live host; the rest is measured after the refill has finished too.
+- host agent alone: the same round on the host agent's internal API (what the control plane calls), so
+  Paddock's column minus this one is the control plane's share.
 - floor (raw runc / crun): an overlay mount of the image (upper dir on the root filesystem) + ``run -d``
   of ``sleep infinity``; ``exec``; files through ``exec sh -c 'cat > F'`` and ``exec cat F``; ``pause``;
   ``resume``; fork = pause, copy the upper dir, resume, mount and ``run -d`` the copy; ``delete -f`` +
@@ -32,13 +34,21 @@ import httpx
 
 from bench.stats import Samples
 
-OPS = ("create", "exec", "first_frame", "file_1mb", "file_100mb", "pause", "resume", "fork", "destroy")
 EXECS_PER_ROUND = 3
 SHAPE = "s-1vcpu-256mb"
 SHAPE_MIB = 256
 DISK_MIB = 2048  # the bench agent's warm-pool disk size: creates of this size take a warm slot
 SMALL = os.urandom(1 << 20)
-BIG = os.urandom(100 << 20)
+BIG_MIB = 100
+BIG = os.urandom(BIG_MIB << 20)
+BIG_OP, BIG_PATH = "file_big", "/root/bench-big"
+
+
+def use_big_file(mib: int) -> None:
+    """The size of the big file (100 MB; the smoke run uses a smaller one to stay quick)."""
+    global BIG, BIG_MIB
+    if mib != BIG_MIB:
+        BIG_MIB, BIG = mib, os.urandom(mib << 20)
 
 
 class BenchError(RuntimeError):
@@ -114,7 +124,7 @@ class PaddockLifecycle:
             if first.get("stdout", "").strip() != "ready" or rest[-1:] != [{"exit_code": 0}]:
                 raise BenchError(f"paddock: stream frames {[first, *rest]}")
             self.files(sandbox, "file_1mb", "/root/bench-1m", SMALL)
-            self.files(sandbox, "file_100mb", "/root/bench-100m", BIG)
+            self.files(sandbox, BIG_OP, BIG_PATH, BIG)
             with s.time("pause"):
                 sandbox.pause()
             with s.time("resume"):
@@ -122,8 +132,8 @@ class PaddockLifecycle:
             self.wait_pool()
             with s.time("fork"):
                 child = self.running(sandbox.fork(name=f"bench-{index}-fork"))
-            if child.run("stat", ["-c", "%s", "/root/bench-100m"]).stdout.strip() != str(len(BIG)):
-                raise BenchError("paddock: the fork does not hold the 100 MB file")
+            if child.run("stat", ["-c", "%s", BIG_PATH]).stdout.strip() != str(len(BIG)):
+                raise BenchError("paddock: the fork does not hold the big file")
         finally:
             if child is not None:
                 self.destroy(child)
@@ -150,6 +160,104 @@ class PaddockLifecycle:
     def close(self) -> None:
         self.client.close()
         self.agent.close()
+
+
+# -- the host agent alone: the same round on its internal API, no control plane ----------------------
+
+
+class HostAgentLifecycle:
+    """What the control plane calls for each operation, called directly: the API's overhead is the rest."""
+
+    def __init__(self, agent_url: str, agent_token: str, pool_size: int) -> None:
+        self.http = httpx.Client(
+            base_url=agent_url + "/internal/v1/",
+            headers={"Authorization": f"Bearer {agent_token}"},
+            timeout=httpx.Timeout(300, connect=5),
+        )
+        self.pool_size = pool_size
+        self.samples = Samples()
+        self.live: list[str] = []
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise BenchError(f"host agent {method} {path}: {response.status_code} {response.text[:300]}")
+        return (
+            response.json()
+            if response.headers.get("content-type", "").startswith("application/json")
+            else response
+        )
+
+    def wait_pool(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.call("GET", "info").get("warm_slots", 0) < self.pool_size:
+            time.sleep(0.05)
+
+    def exec(self, sandbox_id: str, cmd: str, args: list[str]) -> dict[str, Any]:
+        body = {"cmd": cmd, "args": args, "env": {}, "stream": False}
+        return dict(self.call("POST", f"sandboxes/{sandbox_id}/exec", json=body))
+
+    def files(self, sandbox_id: str, label: str, path: str, data: bytes) -> None:
+        with self.samples.time(label):
+            with self.samples.time(label + "_write"):
+                self.call("PUT", f"sandboxes/{sandbox_id}/files", params={"path": path}, content=data)
+            with self.samples.time(label + "_read"):
+                back = self.http.get(f"sandboxes/{sandbox_id}/files", params={"path": path}).content
+        if back != data:
+            raise BenchError(f"host agent: {path} read back differs")
+
+    def round(self, index: int) -> None:
+        s = self.samples
+        parent, child = f"sb-bench-agent-{os.getpid()}-{index}", f"sb-bench-agent-{os.getpid()}-{index}-fork"
+        spec = {
+            "rootfs": "debian:13",
+            "vcpu": 1,
+            "mem_mib": SHAPE_MIB,
+            "cpu_quota_pct": None,
+            "disk_mib": DISK_MIB,
+        }
+        self.wait_pool()
+        try:
+            with s.time("create"):
+                self.live.append(parent)
+                self.call("POST", "sandboxes", json={"id": parent, "name": f"agent-{index}", **spec})
+            self.wait_pool()
+            for _ in range(EXECS_PER_ROUND):
+                with s.time("exec"):
+                    result = self.exec(parent, "true", [])
+                if result["exit_code"] != 0:
+                    raise BenchError(f"host agent: `true` exited {result['exit_code']}")
+            started = time.perf_counter()
+            body = {"cmd": "echo", "args": ["ready"], "env": {}, "stream": True}
+            with self.http.stream("POST", f"sandboxes/{parent}/exec", json=body) as response:
+                lines = (json.loads(line) for line in response.iter_lines() if line.strip())
+                first = next(frame for frame in lines if not frame.get("hb"))
+                s.add("first_frame", (time.perf_counter() - started) * 1000)
+                list(lines)
+            if first.get("stdout", "").strip() != "ready":
+                raise BenchError(f"host agent: first frame {first}")
+            self.files(parent, "file_1mb", "/root/bench-1m", SMALL)
+            self.files(parent, BIG_OP, BIG_PATH, BIG)
+            with s.time("pause"):
+                self.call("POST", f"sandboxes/{parent}/pause")
+            with s.time("resume"):
+                self.call("POST", f"sandboxes/{parent}/resume")
+            self.wait_pool()
+            with s.time("fork"):
+                self.live.append(child)
+                fork = {"new_id": child, "name": "fork", "start_paused": False}
+                self.call("POST", f"sandboxes/{parent}/fork", json=fork)
+        finally:
+            for victim in (child, parent):
+                if victim in self.live:
+                    with s.time("destroy"):
+                        self.call("DELETE", f"sandboxes/{victim}")
+                    self.live.remove(victim)
+
+    def close(self) -> None:
+        for victim in list(self.live):
+            self.http.delete(f"sandboxes/{victim}")
+        self.http.close()
 
 
 # -- the floor: a raw OCI runtime with an overlay mount -----------------------------------------------
@@ -254,7 +362,7 @@ class RawRuntimeLifecycle:
                     self.call("exec", name, "true")
             self.first_frame(name)
             self.files(name, "file_1mb", "/root/bench-1m", SMALL)
-            self.files(name, "file_100mb", "/root/bench-100m", BIG)
+            self.files(name, BIG_OP, BIG_PATH, BIG)
             with s.time("pause"):
                 self.call("pause", name)
             with s.time("resume"):
@@ -332,7 +440,7 @@ class PodmanLifecycle:
                 raise BenchError(f"podman: echo printed {first + rest!r}")
             for label, path, data in (
                 ("file_1mb", "/root/bench-1m", SMALL),
-                ("file_100mb", "/root/bench-100m", BIG),
+                (BIG_OP, BIG_PATH, BIG),
             ):
                 with s.time(label):
                     with s.time(label + "_write"):

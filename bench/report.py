@@ -10,10 +10,10 @@ OP_LABELS = {
     "exec": "exec `true` round trip",
     "first_frame": "first stream frame (`echo`)",
     "file_1mb": "file write + read, 1 MB",
-    "file_100mb": "file write + read, 100 MB",
+    "file_big": "file write + read, {big} MB",
     "pause": "pause",
     "resume": "resume",
-    "fork": "fork (source holds 100 MB)",
+    "fork": "fork (source holds {big} MB)",
     "destroy": "destroy → destroyed",
     "destroy_answer": "destroy, until the API answers `destroying`",
 }
@@ -49,6 +49,8 @@ def markdown(results: dict[str, Any]) -> str:
     runtime = m.get("paddock_runtime") or "runc"
     agent_ran = f"Paddock's host agent ran on **{m['paddock_runtime']}**." if m.get("paddock_runtime") else ""
     life = sections.get("lifecycle", {})
+    big = results.get("big_file_mib", 100)
+    labels = {op: label.format(big=big) for op, label in OP_LABELS.items()}
     floor_name = runtime if runtime in life else "runc"
     out = [
         f"# Paddock benchmark, {results['started_at']} ({results['mode']})",
@@ -73,7 +75,7 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---|---|---|",
     ]
     paddock_life, floor_life = life.get("paddock", {}), life.get(floor_name, {})
-    for op, label in OP_LABELS.items():
+    for op, label in labels.items():
         a, b = p50(paddock_life.get(op)), p50(floor_life.get(op))
         if a is None or b is None:
             continue
@@ -113,9 +115,10 @@ def markdown(results: dict[str, Any]) -> str:
         out.append(f"| host memory per idle sandbox | {num(dens['host_mib_per_sandbox'])} MiB | – | – |")
 
     if life:
-        systems = [s for s in ("paddock", "runc", "crun", "podman") if s in life]
+        systems = [s for s in ("paddock", "hostagent", "runc", "crun", "podman") if s in life]
         names = {
             "paddock": "Paddock (API)",
+            "hostagent": "host agent alone",
             "runc": "raw runc",
             "crun": "raw crun",
             "podman": "podman --rootfs",
@@ -126,22 +129,30 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             "| operation | "
             + " | ".join(names[s] for s in systems)
-            + f" | Paddock × {floor_name} | podman × {floor_name} |",
-            "|---|" + "---|" * (len(systems) + 2),
+            + f" | Paddock × {floor_name} | host agent × {floor_name} | podman × {floor_name} |",
+            "|---|" + "---|" * (len(systems) + 3),
         ]
-        for op, label in OP_LABELS.items():
+        for op, label in labels.items():
             cells = [spread(life[s].get(op)) for s in systems]
             floor_p50 = p50(floor_life.get(op))
-            out.append(
-                f"| {label} | "
-                + " | ".join(cells)
-                + f" | {ratio(p50(paddock_life.get(op)), floor_p50)} | {ratio(p50(life.get('podman', {}).get(op)), floor_p50)} |"
-            )
+            ratios = [
+                ratio(p50(life.get(s, {}).get(op)), floor_p50) for s in ("paddock", "hostagent", "podman")
+            ]
+            out.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
+        split = [
+            f"{names[s]} {num(p50(life[s].get('file_big_write')))} / {num(p50(life[s].get('file_big_read')))}"
+            for s in systems
+            if life[s].get("file_big_write")
+        ]
+        if split:
+            out += ["", f"{big} MB file, write / read separately (p50 ms): " + "; ".join(split) + "."]
         out += [
             "",
             "Paddock: the SDK against a control plane + host agent on loopback (shape s-1vcpu-256mb, 2 GiB disk "
             "from the warm pool, which refills untimed between creates and forks); includes auth, the database, "
             "scheduling, the host agent's netns/veth/nft, the overlay disk on a loop device and the guest agent. "
+            "Host agent alone: the same round on the agent's internal API (what the control plane calls); "
+            "Paddock minus this column is the control plane's share. "
             "Floor: `runc`/`crun` with an overlay mount of the same image and `run -d`, `exec`, `pause`, `resume`, "
             "`delete -f`; files via `exec sh -c 'cat > F'` / `exec cat F`; fork = pause, copy the upper dir, "
             "resume, mount and `run -d` the copy. podman: `run -d --rootfs IMAGE:O --network none`; no live fork "

@@ -60,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.runs = args.runs or (3 if smoke else 30)
     args.warmup = args.warmup if args.warmup is not None else (0 if smoke else 3)
     args.density_cap = args.density_cap or (3 if smoke else 50)
+    args.big_file_mib = 8 if smoke else 100
     args.wrk_seconds = 1 if smoke else 10
     args.wrk_connections = 8
     args.webhook_burst = 50 if smoke else 2000
@@ -85,6 +86,7 @@ class Run:
             "mode": "smoke" if args.smoke else "full",
             "runs": args.runs,
             "warmup": args.warmup,
+            "big_file_mib": args.big_file_mib,
             "machine": machine.facts(),
             "errors": {},
         }
@@ -117,7 +119,13 @@ class Run:
         rootfs = ImageStore(image_cache()).build("debian:13")
         guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
         ensure_agent_binary(guest_dir)
-        platform = start_platform(guest_dir, agents=1, agent_options={"pool_size": POOL_SIZE})
+        # Production intervals, not the test suite's fast ones (0.2 s), which load the control plane.
+        platform = start_platform(
+            guest_dir,
+            agents=1,
+            cp_env={"PADDOCK_CP_RECONCILE_INTERVAL_S": "1.0", "PADDOCK_CP_HOST_DEAD_AFTER_S": "15"},
+            agent_options={"pool_size": POOL_SIZE, "extra_env": {"PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "2.0"}},
+        )
         try:
             agent = platform.agents[0]
             assert platform.controlplane.process is not None and agent.process is not None
@@ -158,6 +166,7 @@ class Run:
     def lifecycle(self, url: str, key: str, agent_url: str, token: str, rootfs: Path) -> None:
         out: dict[str, Any] = {}
         self.results.setdefault("sections", {})["lifecycle"] = out
+        lifecycle.use_big_file(self.args.big_file_mib)
 
         def measure(system: str, make: Callable[[], Any]) -> None:
             def work() -> dict[str, Any]:
@@ -174,6 +183,7 @@ class Run:
                 self.results["sections"].pop(f"lifecycle/{system}", None)
 
         measure("paddock", lambda: lifecycle.PaddockLifecycle(url, key, agent_url, token, POOL_SIZE))
+        measure("hostagent", lambda: lifecycle.HostAgentLifecycle(agent_url, token, POOL_SIZE))
         measure("runc", lambda: lifecycle.RawRuntimeLifecycle("runc", rootfs))
         measure("crun", lambda: lifecycle.RawRuntimeLifecycle("crun", rootfs))
         measure("podman", lambda: lifecycle.PodmanLifecycle(rootfs))

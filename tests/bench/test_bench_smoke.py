@@ -17,7 +17,7 @@ import pytest
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-LIFECYCLE_OPS = ("create", "exec", "first_frame", "file_1mb", "file_100mb", "pause", "resume", "destroy")
+LIFECYCLE_OPS = ("create", "exec", "first_frame", "file_1mb", "file_big", "pause", "resume", "destroy")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sandboxes, mounts, cgroups)")
@@ -37,12 +37,12 @@ def test_smoke_run_measures_every_section_against_its_floor(tmp_path: Path) -> N
     assert results["machine"]["git_sha"] and results["machine"]["kernel"]
 
     life = results["sections"]["lifecycle"]
-    for system in ("paddock", "runc", "crun", "podman"):
+    for system in ("paddock", "hostagent", "runc", "crun", "podman"):
         for op in LIFECYCLE_OPS:
             expected = 3 * (3 if op == "exec" else 1)
             assert life[system][op]["n"] >= expected, (system, op, life[system][op])
             assert life[system][op]["p50"] > 0
-    for system in ("paddock", "runc", "crun"):  # podman has no live fork
+    for system in ("paddock", "hostagent", "runc", "crun"):  # podman has no live fork
         assert life[system]["fork"]["n"] == 3
 
     density = results["sections"]["density"]
