@@ -104,13 +104,17 @@ def sandbox_of(endpoint: str) -> tuple[str, int]:
     return match["sandbox"], int(match["port"])
 
 
-def sandbox_status(live: LivePlatform, key: str, sandbox_id: str) -> str:
+def sandbox_view(live: LivePlatform, key: str, sandbox_id: str) -> dict[str, Any]:
     with live.http(key) as http:
         response = http.get(f"/v1/sandboxes/{sandbox_id}")
     if response.status_code == 404:
-        return "gone"
+        return {"status": "gone"}
     assert response.status_code == 200, response.text
-    return str(response.json()["data"]["status"])
+    return dict(response.json()["data"])
+
+
+def sandbox_status(live: LivePlatform, key: str, sandbox_id: str) -> str:
+    return str(sandbox_view(live, key, sandbox_id)["status"])
 
 
 async def wait_destroyed(live: LivePlatform, key: str, sandbox_id: str, timeout_s: float = 60) -> str:
@@ -305,14 +309,17 @@ async def test_credits_run_out_pause_the_sandbox_topup_resumes_delete_destroys(
         gw.clock.advance(hours=800)
         report = await metering.run_once()
         assert report.paused == [started["projectId"]]
-        assert sandbox_status(live, cp_key, sandbox_id) == "paused"
+        paused = sandbox_view(live, cp_key, sandbox_id)
+        assert paused["status"] == "paused"
+        assert paused["ingress_enabled"] is False  # traffic cannot wake a project without credits
         status, _ = fetch(live, cp_key, ready["endpoint"])
         assert status == 409  # a paused sandbox runs nothing
 
         await gw.grant_credits(wallet, Decimal("1"))  # a top-up
         report = await metering.run_once()
         assert report.resumed == [started["projectId"]]
-        assert sandbox_status(live, cp_key, sandbox_id) == "running"
+        resumed = sandbox_view(live, cp_key, sandbox_id)
+        assert resumed["status"] == "running" and resumed["ingress_enabled"] is True
         assert fetch(live, cp_key, ready["endpoint"]) == (200, "metered page")
 
         deleted = await gw.http.delete(f"/agent/projects/{started['projectId']}", headers=gw.auth(wallet))

@@ -14,7 +14,9 @@ declared on the sandbox (§11.5), so ``run`` wraps the command:
 
 SDK errors are mapped here: ``paddock.TransportError`` → ``SandboxUnavailable``, any other
 ``paddock.PaddockError`` → ``SandboxError``. ``pause``/``resume``/``destroy`` are idempotent: a sandbox
-already in the wanted state (or already gone, for destroy) is not an error.
+already in the wanted state (or already gone, for destroy) is not an error. ``pause`` turns the
+sandbox's ingress off before pausing and ``resume`` turns it on again after: the ingress proxy wakes a
+paused sandbox on its first request, and a project paused for lack of credits must stay paused.
 
 Exercised against a live control plane and host agent by ``tests/gateway/test_live_deploy.py``.
 """
@@ -112,20 +114,20 @@ class PaddockSandbox:
             raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
 
     async def pause(self) -> None:
+        # Ingress off first: the ingress proxy resumes a paused sandbox on the first request, which
+        # would let traffic undo a pause for lack of credits.
+        await _mapped(self._sandbox.patch(ingress_enabled=False))
         await self._transition("pause", ("paused", "pausing"))
 
     async def resume(self) -> None:
         await self._transition("resume", ("running", "resuming"))
+        await _mapped(self._sandbox.patch(ingress_enabled=True))
 
     async def destroy(self) -> None:
         try:
             await self._sandbox.destroy()
         except paddock.NotFoundError:
             return  # already gone
-        except paddock.ConflictError as exc:
-            info = await _mapped(self._sandbox.refresh())
-            if info.status not in ("destroying", "destroyed"):
-                raise SandboxError(f"destroy: sandbox is {info.status}") from exc
         except paddock.TransportError as exc:
             raise SandboxUnavailable(str(exc)) from exc
         except paddock.PaddockError as exc:
