@@ -7,6 +7,7 @@ SHA-256 hash: a high-entropy key needs no slow hash, and lookups stay one indexe
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
@@ -111,13 +112,49 @@ async def authenticate(session: AsyncSession, presented: str | None) -> Principa
     return Principal(user_id=row.user_id, plan_id=row.plan_id, key_id=row.id)
 
 
-async def lock_user(session: AsyncSession, user_id: str) -> None:
-    """Serialise quota checks per user on both engines.
+@dataclass(frozen=True)
+class LockedUser:
+    """What a quota check needs about the caller, read by the same statement that locks the row."""
+
+    plan_id: str
+    credits_micro: int
+
+
+async def lock_user(session: AsyncSession, user_id: str) -> LockedUser:
+    """Serialise quota checks per user on both engines; returns the user's plan and balance.
 
     A write as the transaction's first statement takes PostgreSQL's row lock and SQLite's database
-    write lock, so two concurrent creates cannot both read the same count and both pass.
+    write lock, so two concurrent creates cannot both read the same count and both pass. RETURNING
+    (PostgreSQL, SQLite >= 3.35) saves the reads that used to follow.
     """
-    await session.execute(update(User).where(User.id == user_id).values(lock_version=User.lock_version + 1))
+    row = (
+        await session.execute(
+            update(User)
+            .where(User.id == user_id)
+            .values(lock_version=User.lock_version + 1)
+            .returning(User.plan_id, User.credits_micro)
+        )
+    ).first()
+    if row is None:
+        raise errors.NotFound(f"user {user_id} not found")
+    return LockedUser(plan_id=str(row.plan_id), credits_micro=int(row.credits_micro))
+
+
+_PLAN_TTL_S = 5.0
+_plans: dict[tuple[str, str], tuple[float, Plan]] = {}
+
+
+async def cached_plan(session: AsyncSession, plan_id: str) -> Plan:
+    """A plan's limits, re-read at most every few seconds: plans are data that changes rarely."""
+    key = (str(session.bind.url) if session.bind is not None else "", plan_id)
+    hit = _plans.get(key)
+    if hit is not None and time.monotonic() - hit[0] < _PLAN_TTL_S:
+        return hit[1]
+    loaded = await get_plan(session, plan_id)
+    # A transient copy: it belongs to no session, so no rollback or commit can expire its attributes.
+    plan = Plan(**{column.key: getattr(loaded, column.key) for column in Plan.__table__.columns})
+    _plans[key] = (time.monotonic(), plan)
+    return plan
 
 
 async def add_credits(

@@ -180,6 +180,11 @@ async def check_credit(session: AsyncSession, user_id: str) -> None:
         raise errors.InsufficientCredit("no credit left on this account")
 
 
+def require_credit(account: accounts.LockedUser) -> None:
+    if account.credits_micro <= 0:
+        raise errors.InsufficientCredit("no credit left on this account")
+
+
 async def resolve_rootfs(session: AsyncSession, services: Services, requested: str) -> str:
     from paddock_controlplane import hosts
 
@@ -233,16 +238,15 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         ref = "networks[0].id" if req.networks else "disks[0].disk_id"
         raise errors.NotFound(f"{ref}: not found")
     async with transaction(services.sessions) as session:
-        await accounts.lock_user(session, user_id)
-        user = await accounts.require_user(session, user_id)
-        plan = await accounts.get_plan(session, user.plan_id)
+        account = await accounts.lock_user(session, user_id)
+        plan = await accounts.cached_plan(session, account.plan_id)
         check_plan_limits(
             plan, vcpu=spec.shape.vcpu, mem_mib=spec.shape.mem_mib, disk_mib=spec.disk_mib, wants_disks=False
         )
         await check_quotas(
             session, services, plan, user_id, needs_slot=not spec.start_paused, new_sandbox=True
         )
-        await check_credit(session, user_id)
+        require_credit(account)
         rootfs = await resolve_rootfs(session, services, spec.rootfs)
         name = spec.name or await names.generate(session, user_id)
         if spec.name and await names.taken(session, user_id, spec.name):
@@ -347,14 +351,13 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
     )
     start_paused = bool(req.start_paused)
     async with transaction(services.sessions) as session:
-        await accounts.lock_user(session, user_id)
+        account = await accounts.lock_user(session, user_id)
         source = await get_owned(session, user_id, source_id, for_update=True)
         if source.status not in ("running", "paused"):
             raise errors.InvalidState(f"sandbox is {source.status}; fork needs a running or paused source")
-        user = await accounts.require_user(session, user_id)
-        plan = await accounts.get_plan(session, user.plan_id)
+        plan = await accounts.cached_plan(session, account.plan_id)
         await check_quotas(session, services, plan, user_id, needs_slot=not start_paused, new_sandbox=True)
-        await check_credit(session, user_id)
+        require_credit(account)
         child = Sandbox(
             id=new_id("sb-"),
             user_id=user_id,

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts, billing, hostlink, webhooks
-from paddock_controlplane.lifecycle import check_credit, check_quotas, event_data, get_owned
+from paddock_controlplane.lifecycle import check_quotas, event_data, get_owned, require_credit
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
 from paddock_core import errors
@@ -109,17 +109,15 @@ async def pause(
         if sandbox.status != "running":
             raise errors.InvalidState(f"sandbox is {sandbox.status}; only a running sandbox can be paused")
         sandbox.status = "pausing"
-    return await _finish_pause(services, sandbox_id, reason, label)
+        host_id = sandbox.host_id
+    return await _finish_pause(services, sandbox_id, host_id, reason, label)
 
 
 async def _finish_pause(
-    services: Services, sandbox_id: str, reason: str, label: str | None = None
+    services: Services, sandbox_id: str, host_id: str | None, reason: str, label: str | None = None
 ) -> Sandbox:
-    async with services.sessions() as session:
-        sandbox = await session.get(Sandbox, sandbox_id)
-    assert sandbox is not None
     try:
-        await (await hostlink.for_host(services, sandbox.host_id)).pause(sandbox_id)
+        await (await hostlink.for_host(services, host_id)).pause(sandbox_id)
         ok = True
     except hostlink.HostError as exc:
         log.warning("pause_failed", sandbox_id=sandbox_id, error=str(exc))
@@ -146,12 +144,12 @@ async def _finish_pause(
 
 async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
     async with transaction(services.sessions) as session:
-        await accounts.lock_user(session, user_id)
+        account = await accounts.lock_user(session, user_id)
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         if sandbox.status != "paused":
             raise errors.InvalidState(f"sandbox is {sandbox.status}; only a paused sandbox can be resumed")
-        await check_credit(session, user_id)
-        plan = await accounts.get_plan(session, (await accounts.require_user(session, user_id)).plan_id)
+        require_credit(account)
+        plan = await accounts.cached_plan(session, account.plan_id)
         await check_quotas(session, services, plan, user_id, needs_slot=True, new_sandbox=False)
         sandbox.status = "resuming"
     try:

@@ -264,9 +264,8 @@ async def create_endpoint(
         raise errors.ValidationFailed.field("url", str(exc)) from None
     secret = SECRET_PREFIX + secrets.token_hex(32)
     async with transaction(sessions) as session:
-        await accounts.lock_user(session, user_id)
-        user = await accounts.require_user(session, user_id)
-        plan = await accounts.get_plan(session, user.plan_id)
+        account = await accounts.lock_user(session, user_id)
+        plan = await accounts.cached_plan(session, account.plan_id)
         if plan.webhook_endpoints is not None:
             count = await session.scalar(
                 select(func.count()).select_from(WebhookEndpoint).where(WebhookEndpoint.user_id == user_id)
