@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -23,6 +24,11 @@ Pass = Callable[[AsyncSession, Services], Awaitable[None]]
 
 
 async def host_liveness_pass(session: AsyncSession, services: Services) -> None:
+    # Hosts could not heartbeat while this process was down: give them one full period after start
+    # before judging, or a control-plane restart would kill every host (and error every sandbox).
+    since: float = services.extras.setdefault("liveness_since", time.monotonic())  # type: ignore[assignment]
+    if time.monotonic() - since < services.settings.host_dead_after_s:
+        return
     died = await hosts.mark_silent_hosts_dead(session, services.clock(), services.settings.host_dead_after_s)
     for host_id in died:
         log.warning("host_dead", host_id=host_id)

@@ -19,6 +19,7 @@ from paddock_core.timeutil import as_utc
 log = get_logger("paddock.upkeep")
 
 REPORT_GRACE_S = 10.0
+HOST_DEAD_REASON = "host stopped responding"
 ON_HOST = ("creating", "running", "pausing", "paused", "resuming", "forking")
 
 
@@ -31,7 +32,7 @@ async def dead_host_pass(session: AsyncSession, services: Services) -> None:
     for sandbox in rows:
         if sandbox.status == "running":
             await billing.settle(session, sandbox, services.clock())
-        sandbox.status, sandbox.status_reason = "error", "host stopped responding"
+        sandbox.status, sandbox.status_reason = "error", HOST_DEAD_REASON
         log.warning("sandbox_error_host_dead", sandbox_id=sandbox.id, host_id=sandbox.host_id)
 
 
@@ -45,13 +46,16 @@ async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
         rows = (
             await session.scalars(
                 select(Sandbox).where(
-                    Sandbox.host_id == beat["id"], Sandbox.status.in_(("running", "paused"))
+                    Sandbox.host_id == beat["id"], Sandbox.status.in_(("running", "paused", "error"))
                 )
             )
         ).all()
         now = services.clock()
         for sandbox in rows:
             report = reports.get(sandbox.id)
+            if sandbox.status == "error":
+                _revive(sandbox, report, now)
+                continue
             changed_at = [
                 t
                 for t in (sandbox.created_at, sandbox.running_at, sandbox.paused_at, sandbox.last_resumed_at)
@@ -114,6 +118,19 @@ async def idle_pass(session: AsyncSession, services: Services) -> None:
         last = max(marks) if marks else now.timestamp()
         if now.timestamp() - last >= int(sandbox.auto_pause_after_seconds or 0):
             _pause_later(services, sandbox, "idle")
+
+
+def _revive(sandbox: Sandbox, report: dict[str, Any] | None, now: Any) -> None:
+    """A host declared dead came back with this sandbox intact: it is running (or paused) again."""
+    if sandbox.status_reason != HOST_DEAD_REASON or report is None:
+        return
+    if report.get("status") == "running":
+        sandbox.status, sandbox.status_reason, sandbox.billed_until = "running", None, now
+    elif report.get("status") == "paused":
+        sandbox.status, sandbox.status_reason = "paused", None
+    else:
+        return
+    log.info("sandbox_revived", sandbox_id=sandbox.id, status=sandbox.status)
 
 
 def _act_on_self_request(services: Services, sandbox: Sandbox, wish: dict[str, Any]) -> None:

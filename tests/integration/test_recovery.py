@@ -69,7 +69,7 @@ def test_a_restarted_host_agent_adopts_its_running_and_paused_sandboxes(own_plat
     user.close()
 
 
-def test_a_host_that_stops_heartbeating_is_dead_and_its_sandboxes_error(own_platform: LivePlatform) -> None:
+def test_a_silent_host_goes_dead_its_sandboxes_error_and_come_back_with_it(own_platform: LivePlatform) -> None:
     user = User(own_platform)
     sandbox = user.create()
     agent = own_platform.agents[0]
@@ -84,5 +84,8 @@ def test_a_host_that_stops_heartbeating_is_dead_and_its_sandboxes_error(own_plat
         assert refused.headers.get("retry-after")
     finally:
         agent.process.send_signal(signal.SIGCONT)
-    assert user.http.delete(f"/v1/sandboxes/{sandbox['id']}").json()["data"]["status"] == "destroyed"
+    # The host comes back with the sandbox intact: it is running again, not lost.
+    user.wait_status(sandbox["id"], "running", timeout_s=20)
+    assert user.run(sandbox["id"], "true")["exit_code"] == 0
+    assert [host["status"] for host in user.http.get("/v1/hosts").json()["data"]["data"]] == ["active"]
     user.close()
