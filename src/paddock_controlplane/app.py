@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from paddock_controlplane import hostlink, reconciler, upkeep
 from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
+from paddock_controlplane.api.routes import networks as network_routes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
 from paddock_controlplane.hotcache import TTLCache, drop_changed_sandboxes
 from paddock_controlplane.services import Services
@@ -80,7 +81,7 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         redoc_url=None,
     )
     install_error_handlers(app)
-    for module in (probes, catalog, internal, sandboxes, commands, webhook_routes):
+    for module in (probes, catalog, internal, sandboxes, commands, network_routes, webhook_routes):
         app.include_router(module.router)
     app.add_middleware(RequestContextMiddleware, service="controlplane")
     return app

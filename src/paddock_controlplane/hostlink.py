@@ -98,6 +98,14 @@ class HostLink:
     async def resize(self, sandbox_id: str, disk_mib: int) -> None:
         await self._call(self.client.resize_sandbox(sandbox_id, disk_mib))
 
+    async def attach_network(self, sandbox_id: str, *, network_id: str, ip: str, prefixlen: int) -> None:
+        await self._call(
+            self.client.attach_network(sandbox_id, network_id=network_id, ip=ip, prefixlen=prefixlen)
+        )
+
+    async def detach_network(self, sandbox_id: str, network_id: str) -> None:
+        await self._call(self.client.detach_network(sandbox_id, network_id))
+
     async def exec(
         self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
     ) -> dict[str, Any]:

@@ -233,12 +233,14 @@ def event_data(sandbox: Sandbox, **extra: Any) -> dict[str, Any]:
 async def create(services: Services, user_id: str, req: CreateSandboxRequest) -> Sandbox:
     settings = services.settings
     spec = validate_create(req, settings.region)
-    if req.networks or req.disks:
-        # Networks and disks are resources of their own; none can be owned before they exist.
-        ref = "networks[0].id" if req.networks else "disks[0].disk_id"
-        raise errors.NotFound(f"{ref}: not found")
+    from paddock_controlplane import networks
+
     async with transaction(services.sessions) as session:
         account = await accounts.lock_user(session, user_id)
+        joined = await networks.resolve_refs(session, user_id, req.networks)
+        if req.disks:
+            # Disks are resources of their own; none can be owned before the disks API exists.
+            raise errors.NotFound("disks[0].disk_id: not found", fields={"disks[0].disk_id": "not found"})
         plan = await accounts.cached_plan(session, account.plan_id)
         check_plan_limits(
             plan, vcpu=spec.shape.vcpu, mem_mib=spec.shape.mem_mib, disk_mib=spec.disk_mib, wants_disks=False
@@ -287,6 +289,9 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             created_at=services.clock(),
         )
         session.add(sandbox)
+        await session.flush()
+        for network in joined:
+            await networks.join(session, network, sandbox.id)
     return await boot(services, sandbox, start_paused=spec.start_paused)
 
 
@@ -294,6 +299,8 @@ async def boot(
     services: Services, sandbox: Sandbox, *, start_paused: bool, fork_of: Sandbox | None = None
 ) -> Sandbox:
     """Start ``sandbox`` on its host and record the outcome; a failure leaves it ``failed`` (500)."""
+    from paddock_controlplane import networks
+
     link = await hostlink.for_host(services, sandbox.host_id)
     started = time.perf_counter()
     try:
@@ -302,6 +309,7 @@ async def boot(
                 booted = await link.create(sandbox, start_paused=start_paused)
             else:
                 booted = await link.fork(fork_of, sandbox, start_paused=start_paused)
+            await networks.program_at_boot(services, link, sandbox.id)
     except (hostlink.HostError, TimeoutError) as exc:
         reason = "boot deadline exceeded" if isinstance(exc, TimeoutError) else str(exc)
         log.warning("sandbox_boot_failed", sandbox_id=sandbox.id, reason=reason)
@@ -309,6 +317,7 @@ async def boot(
             row = await session.get(Sandbox, sandbox.id, with_for_update=True)
             if row is not None:
                 row.status, row.status_reason = "failed", reason[:300]
+            await networks.drop_memberships(session, sandbox.id)
         with_cleanup = asyncio.create_task(_forget_on_host(services, sandbox))
         services.extras.setdefault("tasks", set()).add(with_cleanup)  # type: ignore[union-attr]
         raise errors.ServerError(f"sandbox failed to boot: {reason}") from None
@@ -319,6 +328,7 @@ async def boot(
         now = services.clock()
         row.ip = booted.ip
         row.spawn_ms = spawn_ms
+        await networks.activate_all(session, row.id)
         if row.status == "destroying":  # destroyed while booting
             return row
         if start_paused:

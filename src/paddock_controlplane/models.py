@@ -18,7 +18,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from paddock_core.timeutil import utcnow
 
@@ -155,6 +155,10 @@ class Sandbox(Base):
     last_activity_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
     #: Compute is billed up to this instant; advanced by the billing pass while running.
     billed_until: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    #: Private network memberships (read-only here; ``networks.py`` writes them). Loaded with the row.
+    memberships: Mapped[list[NetworkMember]] = relationship(
+        "NetworkMember", lazy="selectin", viewonly=True, order_by="NetworkMember.created_at"
+    )
 
 
 class WebhookEndpoint(Base):
@@ -200,3 +204,46 @@ class WebhookDelivery(Base):
     delivered_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
     #: When the delivery became ``delivered`` or ``failed`` (the 30-minute retention counts from here).
     finished_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class Network(Base):
+    """A private network (§10.14). Deleting one keeps the row (``deleted_at``) for the daily cap."""
+
+    __tablename__ = "networks"
+    __table_args__ = (
+        Index("ix_networks_user_created", "user_id", "created_at", "id"),
+        # A user's live networks never overlap, so a sandbox can join several of them.
+        Index(
+            "uq_networks_live_cidr",
+            "user_id",
+            "cidr",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    #: The network's IPv4 block; members get addresses from it (the overlay IPs).
+    cidr: Mapped[str] = mapped_column(String(43))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class NetworkMember(Base):
+    """A sandbox's membership of a network and its overlay address (kept across host restarts)."""
+
+    __tablename__ = "network_members"
+    __table_args__ = (
+        Index("uq_network_members_ip", "network_id", "ip", unique=True),
+        Index("ix_network_members_sandbox", "sandbox_id"),
+    )
+
+    network_id: Mapped[str] = mapped_column(ForeignKey("networks.id"), primary_key=True)
+    sandbox_id: Mapped[str] = mapped_column(ForeignKey("sandboxes.id"), primary_key=True)
+    ip: Mapped[str] = mapped_column(String(64))
+    #: ``pending`` until the host has programmed the interface, then ``active`` (§10.14).
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

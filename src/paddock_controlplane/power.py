@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import accounts, billing, hostlink, webhooks
+from paddock_controlplane import accounts, billing, hostlink, networks, webhooks
 from paddock_controlplane.lifecycle import check_quotas, event_data, get_owned, require_credit
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
@@ -93,6 +93,7 @@ async def reclaim(
             return
         row.status = "destroyed"
         row.destroyed_at = services.clock()
+        await networks.drop_memberships(session, sandbox_id)
         await webhooks.emit(
             session,
             user_id=row.user_id,

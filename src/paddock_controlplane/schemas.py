@@ -78,3 +78,11 @@ class ExecRequest(Body):
     stream: StrictBool | None = None
     env: dict[str, StrictStr] | None = None
     stdin: StrictStr | None = None
+
+
+class NetworkCreateRequest(Body):
+    name: StrictStr | None = None
+
+
+class NetworkAttachRequest(Body):
+    id: StrictStr | None = None

@@ -58,6 +58,10 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     webhook_lease_s: float = 60.0
     #: Per-attempt limit, from resolving the host to the response status (§11.15).
     webhook_timeout_s: float = 10.0
+    #: Private networks take their address blocks from this pool (host agents drop routed traffic to it).
+    network_pool: str = "10.96.0.0/11"
+    #: Size of each private network's block; members get addresses from it.
+    network_prefixlen: int = 24
 
     @field_validator("host_token", "secret_key")
     @classmethod

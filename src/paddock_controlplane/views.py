@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import inspect
+from sqlalchemy.orm.base import NO_VALUE
+
 from paddock_controlplane.models import Sandbox
 from paddock_core.timeutil import rfc3339
 
@@ -46,8 +49,25 @@ def sandbox_view(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, Any
         "status_reason": sandbox.status_reason if sandbox.status in ("error", "failed") else None,
     }
     out.update({key: value for key, value in optional.items() if value is not None})
+    networks = network_refs(sandbox)
+    if networks:
+        out["networks"] = networks
     if sandbox.ingress_enabled and sandbox.status not in TERMINAL:
         out["ingress_url_template"] = ingress_url_template(sandbox, scheme, domain)
+    return out
+
+
+def network_refs(sandbox: Sandbox) -> list[dict[str, Any]]:
+    """``[{id, status, ip?}]`` from memberships loaded with the row; never loads anything itself."""
+    loaded = inspect(sandbox).attrs.memberships.loaded_value
+    if loaded is NO_VALUE or not loaded:
+        return []
+    out = []
+    for member in loaded:
+        ref: dict[str, Any] = {"id": member.network_id, "status": member.status}
+        if member.status == "active":
+            ref["ip"] = member.ip
+        out.append(ref)
     return out
 
 
@@ -71,6 +91,9 @@ def create_response(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, 
     }
     if sandbox.ingress_enabled:
         out["ingress_url_template"] = ingress_url_template(sandbox, scheme, domain)
+    networks = network_refs(sandbox)
+    if networks:
+        out["networks"] = networks
     return out
 
 

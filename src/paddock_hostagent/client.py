@@ -220,6 +220,19 @@ class HostAgentClient:
     async def destroy_sandbox(self, sandbox_id: str) -> dict[str, Any]:
         return dict(await self._json("DELETE", self._sb(sandbox_id)))
 
+    async def attach_network(
+        self, sandbox_id: str, *, network_id: str, ip: str, prefixlen: int
+    ) -> dict[str, Any]:
+        """Puts the sandbox on the network's bridge with ``ip/prefixlen``; idempotent.
+
+        Returns ``{network_id, ip, prefixlen, ifname}`` (``ifname`` is the interface inside the sandbox)."""
+        body = {"network_id": network_id, "ip": ip, "prefixlen": prefixlen}
+        return dict(await self._json("POST", self._sb(sandbox_id, "networks"), json=body))
+
+    async def detach_network(self, sandbox_id: str, network_id: str) -> dict[str, Any]:
+        """Removes the sandbox's interface on that network; idempotent."""
+        return dict(await self._json("DELETE", self._sb(sandbox_id, "networks", quote(network_id, safe=""))))
+
     async def exec(
         self,
         sandbox_id: str,

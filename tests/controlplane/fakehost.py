@@ -29,6 +29,7 @@ class FakeHostLink:
         self.calls: list[tuple[str, str]] = []
         self.ips = (f"10.88.0.{n}" for n in itertools.count(2))
         self.fail_boot = False
+        self.fail_network = False
         self.boot_delay_s = 0.0
         self.files: dict[tuple[str, str], bytes] = {}
 
@@ -54,6 +55,16 @@ class FakeHostLink:
 
     async def resize(self, sandbox_id: str, disk_mib: int) -> None:
         self.calls.append(("resize", sandbox_id))
+
+    async def attach_network(self, sandbox_id: str, *, network_id: str, ip: str, prefixlen: int) -> None:
+        self.calls.append(("attach_network", f"{sandbox_id} {network_id} {ip}/{prefixlen}"))
+        if self.fail_network:
+            raise hostlink.HostError("bridge exploded")
+
+    async def detach_network(self, sandbox_id: str, network_id: str) -> None:
+        self.calls.append(("detach_network", f"{sandbox_id} {network_id}"))
+        if self.fail_network:
+            raise hostlink.HostError("bridge exploded")
 
     async def exec(
         self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
