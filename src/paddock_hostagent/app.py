@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.drivers import storage
+from paddock_hostagent.drivers.bridges import BridgeNetworks
 from paddock_hostagent.drivers.network import NetworkManager
 from paddock_hostagent.drivers.oci import OciOptions, OciRuntime
 from paddock_hostagent.guest.build import ensure_agent_binary
@@ -75,8 +76,14 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
             runtime_root=settings.runtime_root,
         )
     )
+    bridges = BridgeNetworks(runtime.layout_tag, settings.nft_table, settings.private_network_pool)
+    await asyncio.to_thread(bridges.setup_host)
     manager = SandboxManager(
-        settings, runtime, ImageStore.from_settings(settings), RecordStore(settings.state_dir / "sandboxes")
+        settings,
+        runtime,
+        ImageStore.from_settings(settings),
+        RecordStore(settings.state_dir / "sandboxes"),
+        bridges=bridges,
     )
     manager.runtime_label = facts.runtime
     await manager.start()

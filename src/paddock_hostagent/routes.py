@@ -17,11 +17,14 @@ from paddock_hostagent.schemas import (
     CreateSandboxBody,
     CreateSandboxResult,
     DestroyResult,
+    DetachResult,
     ExecBody,
     ExecResult,
     FileWritten,
     ForkBody,
     HostInfo,
+    NetworkAttachBody,
+    NetworkAttachment,
     ResizeBody,
     ResizeResult,
     SandboxView,
@@ -131,6 +134,17 @@ async def fork_sandbox(sandbox_id: str, body: ForkBody, manager: Manager) -> Cre
 @router.post("/sandboxes/{sandbox_id}/resize")
 async def resize_sandbox(sandbox_id: str, body: ResizeBody, manager: Manager) -> ResizeResult:
     return ResizeResult(disk_mib=await manager.resize(sandbox_id, body.disk_mib))
+
+
+@router.post("/sandboxes/{sandbox_id}/networks")
+async def attach_network(sandbox_id: str, body: NetworkAttachBody, manager: Manager) -> NetworkAttachment:
+    return await manager.attach_network(sandbox_id, body)
+
+
+@router.delete("/sandboxes/{sandbox_id}/networks/{network_id}")
+async def detach_network(sandbox_id: str, network_id: str, manager: Manager) -> DetachResult:
+    await manager.detach_network(sandbox_id, network_id)
+    return DetachResult()
 
 
 @router.delete("/sandboxes/{sandbox_id}")

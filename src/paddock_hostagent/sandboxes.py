@@ -30,6 +30,7 @@ from paddock_hostagent.drivers.base import (
     Shape,
     UnsupportedError,
 )
+from paddock_hostagent.drivers.bridges import BridgeNetworks, Membership
 from paddock_hostagent.drivers.ocispec import DEFAULT_PATH
 from paddock_hostagent.execution import DESTROYED_MESSAGE, PAUSED_MESSAGE, ExecStream
 from paddock_hostagent.guest import (
@@ -48,6 +49,8 @@ from paddock_hostagent.schemas import (
     ExecBody,
     ForkBody,
     HostInfo,
+    NetworkAttachBody,
+    NetworkAttachment,
     SandboxView,
 )
 from paddock_hostagent.settings import HostAgentSettings
@@ -76,9 +79,15 @@ def machine_memory_mib() -> int:
 
 class SandboxManager:
     def __init__(
-        self, settings: HostAgentSettings, runtime: SandboxRuntime, images: ImageStore, records: RecordStore
+        self,
+        settings: HostAgentSettings,
+        runtime: SandboxRuntime,
+        images: ImageStore,
+        records: RecordStore,
+        bridges: BridgeNetworks | None = None,
     ) -> None:
         self.settings = settings
+        self.bridges = bridges
         self.runtime = runtime
         self.images = images
         self.records = records
@@ -103,6 +112,12 @@ class SandboxManager:
                     guest_info = await asyncio.wait_for(self.runtime.guest(record).info(), 1.0)
                     record.last_activity_at = max(record.last_activity_at, guest_info.last_activity_at)
             log.info("sandbox_adopted", sandbox_id=record.id, state=state.value)
+            if state != RuntimeState.STOPPED:
+                await self._restore_networks(record)
+        if self.bridges is not None:
+            keep = {str(m["bridge"]) for record in records for m in record.networks}
+            for bridge in await asyncio.to_thread(self.bridges.prune, keep):
+                log.info("removed_orphan_bridge", bridge=bridge)
         self._watcher = asyncio.create_task(self._watch_guests(), name="guest-watcher")
 
     async def close(self) -> None:
@@ -138,6 +153,7 @@ class SandboxManager:
             oom_kills=self.runtime.oom_kills(record),
             forked_from=record.forked_from,
             self_request=record.self_request,
+            networks=[NetworkAttachment(**_public(m)) for m in record.networks],
         )
 
     def get(self, sandbox_id: str) -> SandboxView:
@@ -293,11 +309,88 @@ class SandboxManager:
         async with entry.lock:
             if self._entries.get(sandbox_id) is not entry:
                 return
+            await self._leave_all_networks(entry.record)
             with _driver_errors():
                 await self.runtime.destroy(entry.record)
             self.records.delete(sandbox_id)
             del self._entries[sandbox_id]
         log.info("sandbox_destroyed", sandbox_id=sandbox_id)
+
+    # -- private networks (drivers/bridges.py) --------------------------------------------------
+
+    def _require_bridges(self) -> BridgeNetworks:
+        if self.bridges is None:
+            raise errors.BadRequest("private networks are not enabled on this host")
+        return self.bridges
+
+    async def attach_network(self, sandbox_id: str, body: NetworkAttachBody) -> NetworkAttachment:
+        """Joins (or re-joins, idempotently) a running or paused sandbox to a network's bridge."""
+        bridges = self._require_bridges()
+        entry = self._entry(sandbox_id)
+        async with entry.lock:
+            if self.status(entry) == RuntimeState.STOPPED.value:
+                raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
+            record = entry.record
+            ip = str(body.ip)
+            current = [Membership.from_json(m) for m in record.networks]
+            existing = next((m for m in current if m.network_id == body.network_id), None)
+            if existing is not None and (existing.ip, existing.prefixlen) == (ip, body.prefixlen):
+                with _driver_errors():
+                    await asyncio.to_thread(bridges.ensure, self.runtime.network_namespace(record), existing)
+                return NetworkAttachment(**_public(existing.to_json()))
+            if existing is not None:  # re-addressed: rebuild the port
+                await asyncio.to_thread(bridges.detach, existing)
+                current.remove(existing)
+            with _driver_errors():
+                member = await asyncio.to_thread(
+                    bridges.attach,
+                    self.runtime.network_namespace(record),
+                    record.id,
+                    body.network_id,
+                    ip,
+                    body.prefixlen,
+                    {m.ifname for m in current},
+                )
+            record.networks = [m.to_json() for m in current] + [member.to_json()]
+            self.records.save(record)
+        log.info("network_attached", sandbox_id=sandbox_id, network_id=body.network_id, ifname=member.ifname)
+        return NetworkAttachment(**_public(member.to_json()))
+
+    async def detach_network(self, sandbox_id: str, network_id: str) -> None:
+        """Removes the sandbox's interface on the network; not a member is a no-op."""
+        entry = self._entry(sandbox_id)
+        async with entry.lock:
+            record = entry.record
+            members = [Membership.from_json(m) for m in record.networks]
+            leaving = [m for m in members if m.network_id == network_id]
+            if not leaving:
+                return
+            bridges = self._require_bridges()
+            for member in leaving:
+                await asyncio.to_thread(bridges.detach, member)
+            record.networks = [m.to_json() for m in members if m.network_id != network_id]
+            self.records.save(record)
+        log.info("network_detached", sandbox_id=sandbox_id, network_id=network_id)
+
+    async def _leave_all_networks(self, record: SandboxRecord) -> None:
+        if self.bridges is None or not record.networks:
+            return
+        for data in record.networks:
+            with contextlib.suppress(Exception):  # destroy must go on; prune() catches the rest
+                await asyncio.to_thread(self.bridges.detach, Membership.from_json(data))
+
+    async def _restore_networks(self, record: SandboxRecord) -> None:
+        """After an agent restart: every recorded membership has its port on its bridge again."""
+        if self.bridges is None or not record.networks:
+            return
+        netns = self.runtime.network_namespace(record)
+        for data in record.networks:
+            member = Membership.from_json(data)
+            try:
+                if await asyncio.to_thread(self.bridges.ensure, netns, member):
+                    log.info("network_restored", sandbox_id=record.id, network_id=member.network_id)
+            except DriverError as exc:
+                log.warning("network_restore_failed", sandbox_id=record.id, error=str(exc))
 
     async def _end_exchanges(self, entry: _Entry, reason: str) -> None:
         for stream in list(entry.streams):
@@ -412,6 +505,10 @@ class SandboxManager:
                 await self.poll_self_signals()
             except Exception as exc:  # the watcher must outlive any one bad sandbox
                 log.warning("self_signal_poll_failed", error=repr(exc))
+
+
+def _public(member: dict[str, Any]) -> dict[str, Any]:
+    return {key: member[key] for key in ("network_id", "ip", "prefixlen", "ifname")}
 
 
 def _check_path(path: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ipaddress import IPv4Address
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -45,6 +46,20 @@ class SandboxView(BaseModel):
     oom_kills: int
     forked_from: str | None = None
     self_request: dict[str, Any] | None = None
+    networks: list[NetworkAttachment] = Field(default_factory=list)
+
+
+class NetworkAttachBody(BaseModel):
+    network_id: str = Field(pattern=SANDBOX_ID_PATTERN)
+    ip: IPv4Address
+    prefixlen: int = Field(ge=8, le=30)
+
+
+class NetworkAttachment(BaseModel):
+    network_id: str
+    ip: str
+    prefixlen: int
+    ifname: str
 
 
 class ExecBody(BaseModel):
@@ -84,6 +99,10 @@ class StatusResult(BaseModel):
 
 class DestroyResult(BaseModel):
     destroyed: bool = True
+
+
+class DetachResult(BaseModel):
+    detached: bool = True
 
 
 class FileWritten(BaseModel):

@@ -41,6 +41,8 @@ class HostAgentSettings(ServiceSettings):
     labels: dict[str, str] = Field(default_factory=dict)
     subnet: str = "10.88.0.0/16"
     nft_table: str = "paddock"
+    # The control plane's private-network pool: routed traffic into it is dropped (members use bridges).
+    private_network_pool: str = "10.96.0.0/11"
     dns_servers: list[str] = Field(default_factory=list)
     pool_size: int = 2
     # Disk size the warm pool formats slots at; a create asking for more grows a pooled slot.

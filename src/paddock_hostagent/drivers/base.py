@@ -101,6 +101,8 @@ class SandboxRecord:
     # waiting for the control plane to act on ({"action": "pause"|"delete", "reason": str, "seq": int}).
     self_seq_seen: int = 0
     self_request: dict[str, Any] | None = None
+    # Private network memberships (drivers/bridges.py ``Membership.to_json()``), re-programmed on adoption.
+    networks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def shape(self) -> Shape:
@@ -168,6 +170,10 @@ class SandboxRuntime(ABC):
     @abstractmethod
     def guest(self, record: SandboxRecord) -> GuestClient:
         """The channel to the sandbox's guest agent (exec, files, activity)."""
+
+    def network_namespace(self, record: SandboxRecord) -> str:
+        """The name of the sandbox's network namespace (under /run/netns), for extra interfaces."""
+        raise UnsupportedError(f"{self.name} sandboxes cannot join private networks")
 
     def warm_slots(self) -> int:
         """Prepared sandbox slots waiting to be used (0 for a driver without a pool)."""

@@ -108,6 +108,7 @@ class OciRuntime(SandboxRuntime):
     def __init__(self, options: OciOptions) -> None:
         self.options = options
         tag = hashlib.sha256(str(options.state_dir.resolve()).encode()).hexdigest()[:8]
+        self.layout_tag = tag
         self.layout = CgroupLayout.discover(tag=tag)
         self._booting = 0  # creates and forks in flight: their runtime may be creating cgroup parents
         self.factory = SlotFactory(options.state_dir / "slots", options.network, options.filesystem)
@@ -335,6 +336,9 @@ class OciRuntime(SandboxRuntime):
 
     def guest(self, record: SandboxRecord) -> GuestClient:
         return GuestClient(_Handle.of(record).slot.socket_path)
+
+    def network_namespace(self, record: SandboxRecord) -> str:
+        return _Handle.of(record).slot.network.netns
 
     def warm_slots(self) -> int:
         return self.pool.free_count

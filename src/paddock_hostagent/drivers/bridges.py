@@ -1,0 +1,252 @@
+"""Private networks on this host: one Linux bridge per network, one extra veth per member sandbox.
+
+    sandbox A netns              host                                  sandbox B netns
+    eth1 10.96.0.2/24 <--veth--> pv<hash A>  ─┐
+                                              ├─ pb<tag><net hash>  (bridge, no IP)
+    eth1 10.96.0.3/24 <--veth--> pv<hash B>  ─┘                       <-- eth1 10.96.0.3/24
+
+The control plane allocates every member's address from the network's block and stores it, so the
+agent only programs what it is told and can re-program it after a restart. Members reach each other
+at layer 2 through the bridge; nothing else can:
+
+- the bridge and its ports carry no IP address (IPv6 disabled, ARP never answered by the host), so
+  the host neither routes to nor answers on them;
+- ``chain pnet_forward`` in Paddock's nftables table drops routed traffic between the bridges and any
+  other interface, and traffic from the sandboxes' default veths (``pdk*``) to the private pool, so a
+  non-member's packets to a member's address die on the host instead of leaving by the default route;
+- ``chain pnet_input`` drops anything the host would receive from a bridge.
+
+Names are ≤ 15 characters: ``pb`` + 4 hex of the agent's tag + 8 hex of the network id's hash for the
+bridge (so two agents on one machine never share a bridge), ``pv`` + 12 hex of the hash of
+(sandbox id, network id) for the host end of a member's veth.
+
+To span hosts later, each bridge gets one more port: a VXLAN device (VNI derived from the network id,
+remote VTEPs = the other hosts that hold members, learned from the control plane); the addressing
+does not change because it never depended on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from paddock_hostagent.drivers.base import DriverError
+from paddock_hostagent.drivers.commands import run_sync
+from paddock_hostagent.drivers.network import VETH_PREFIX
+
+BRIDGE_PREFIX = "pb"
+PORT_PREFIX = "pv"
+FIRST_IFNAME_INDEX = 1  # eth0 is the default network
+
+
+def _digest(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One sandbox on one network, as the agent records it (``SandboxRecord.networks``)."""
+
+    network_id: str
+    ip: str
+    prefixlen: int
+    ifname: str  # inside the sandbox: eth1, eth2, …
+    bridge: str
+    port: str  # host end of the veth
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Membership:
+        return cls(
+            network_id=str(data["network_id"]),
+            ip=str(data["ip"]),
+            prefixlen=int(data["prefixlen"]),
+            ifname=str(data["ifname"]),
+            bridge=str(data["bridge"]),
+            port=str(data["port"]),
+        )
+
+
+def _sysctl(path: str, value: str) -> None:
+    with contextlib.suppress(OSError):
+        Path(path).write_text(value + "\n")
+
+
+def _link_index(ipr: Any, name: str) -> int | None:
+    found = ipr.link_lookup(ifname=name)
+    return int(found[0]) if found else None
+
+
+class BridgeNetworks:
+    """Bridges and member ports of this agent; every method blocks (call it from a thread)."""
+
+    def __init__(self, tag: str, nft_table: str, pool: str) -> None:
+        self.tag = tag[:4]
+        self.nft_table = nft_table
+        self.pool = str(ipaddress.IPv4Network(pool))
+        self._lock = threading.Lock()
+
+    @property
+    def bridge_prefix(self) -> str:
+        return f"{BRIDGE_PREFIX}{self.tag}"
+
+    def bridge_name(self, network_id: str) -> str:
+        return f"{self.bridge_prefix}{_digest(network_id, 8)}"
+
+    @staticmethod
+    def port_name(sandbox_id: str, network_id: str) -> str:
+        return f"{PORT_PREFIX}{_digest(f'{sandbox_id}/{network_id}', 12)}"
+
+    # -- host set-up ------------------------------------------------------------------------------
+
+    def setup_host(self) -> None:
+        """Adds the isolation chains to Paddock's table (created by ``NetworkManager.setup_host``)."""
+        table = f"ip {self.nft_table}"
+        bridges = f'"{self.bridge_prefix}*"'
+        ruleset = f"""
+add chain {table} pnet_forward {{ type filter hook forward priority filter - 10; policy accept; }}
+add chain {table} pnet_input {{ type filter hook input priority filter - 10; policy accept; }}
+flush chain {table} pnet_forward
+flush chain {table} pnet_input
+add rule {table} pnet_forward iifname "{VETH_PREFIX}*" ip daddr {self.pool} drop
+add rule {table} pnet_forward oifname "{VETH_PREFIX}*" ip saddr {self.pool} drop
+add rule {table} pnet_forward iifname {bridges} oifname != {bridges} drop
+add rule {table} pnet_forward oifname {bridges} iifname != {bridges} drop
+add rule {table} pnet_input iifname {bridges} drop
+"""
+        run_sync(["nft", "-f", "-"], input_text=ruleset)
+
+    # -- membership -------------------------------------------------------------------------------
+
+    def attach(
+        self, netns: str, sandbox_id: str, network_id: str, ip: str, prefixlen: int, taken: set[str]
+    ) -> Membership:
+        """Puts the sandbox on the network's bridge as the first free ``ethN`` not in ``taken``."""
+        address = ipaddress.IPv4Interface(f"{ip}/{prefixlen}")
+        index = FIRST_IFNAME_INDEX
+        while f"eth{index}" in taken:
+            index += 1
+        member = Membership(
+            network_id=network_id,
+            ip=str(address.ip),
+            prefixlen=address.network.prefixlen,
+            ifname=f"eth{index}",
+            bridge=self.bridge_name(network_id),
+            port=self.port_name(sandbox_id, network_id),
+        )
+        with self._lock:
+            try:
+                self._plug(netns, member)
+            except Exception as exc:
+                self._unplug(member)
+                raise DriverError(f"joining network {network_id} failed: {exc}") from exc
+        return member
+
+    def ensure(self, netns: str, member: Membership) -> bool:
+        """Re-creates a recorded membership whose port has gone (idempotent); True if it had to."""
+        with self._lock:
+            if (
+                Path(f"/sys/class/net/{member.port}").exists()
+                and Path(f"/sys/class/net/{member.bridge}/brif/{member.port}").exists()
+            ):
+                return False
+            try:
+                self._plug(netns, member)
+            except Exception as exc:
+                self._unplug(member)
+                raise DriverError(f"restoring network {member.network_id} failed: {exc}") from exc
+            return True
+
+    def detach(self, member: Membership) -> None:
+        """Removes the member's veth (both ends) and the bridge once it has no port left."""
+        with self._lock:
+            self._unplug(member)
+
+    def _plug(self, netns: str, member: Membership) -> None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            bridge = _link_index(ipr, member.bridge)
+            if bridge is None:
+                ipr.link("add", ifname=member.bridge, kind="bridge")
+                bridge = _link_index(ipr, member.bridge)
+                assert bridge is not None
+            _sysctl(f"/proc/sys/net/ipv6/conf/{member.bridge}/disable_ipv6", "1")
+            _sysctl(f"/proc/sys/net/ipv4/conf/{member.bridge}/arp_ignore", "8")
+            ipr.link("set", index=bridge, state="up")
+            stale = _link_index(ipr, member.port)
+            if stale is not None:
+                ipr.link("del", index=stale)
+            ipr.link(
+                "add", ifname=member.port, kind="veth", peer={"ifname": member.ifname, "net_ns_fd": netns}
+            )
+            port = _link_index(ipr, member.port)
+            assert port is not None
+            _sysctl(f"/proc/sys/net/ipv6/conf/{member.port}/disable_ipv6", "1")
+            ipr.link("set", index=port, master=bridge)
+            ipr.link("set", index=port, state="up")
+        inside = "\n".join(
+            [
+                f"addr flush dev {member.ifname}",
+                f"addr add {member.ip}/{member.prefixlen} dev {member.ifname}",
+                f"link set {member.ifname} up",
+            ]
+        )
+        run_sync(["ip", "-n", netns, "-batch", "-"], input_text=inside + "\n")
+
+    def _unplug(self, member: Membership) -> None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            port = _link_index(ipr, member.port)
+            if port is not None:
+                with contextlib.suppress(Exception):
+                    ipr.link("del", index=port)
+            self._drop_if_empty(ipr, member.bridge)
+
+    def _drop_if_empty(self, ipr: Any, bridge: str) -> None:
+        ports = Path(f"/sys/class/net/{bridge}/brif")
+        if ports.is_dir() and not any(ports.iterdir()):
+            index = _link_index(ipr, bridge)
+            if index is not None:
+                with contextlib.suppress(Exception):
+                    ipr.link("del", index=index)
+
+    # -- start-up ---------------------------------------------------------------------------------
+
+    def bridges(self) -> list[str]:
+        """This agent's bridges that exist now."""
+        root = Path("/sys/class/net")
+        return sorted(
+            path.name
+            for path in root.iterdir()
+            if path.name.startswith(self.bridge_prefix) and (path / "bridge").is_dir()
+        )
+
+    def prune(self, keep: set[str]) -> list[str]:
+        """Removes this agent's bridges that no recorded membership uses; returns their names."""
+        from pyroute2 import IPRoute
+
+        removed: list[str] = []
+        with self._lock, IPRoute() as ipr:
+            for bridge in self.bridges():
+                if bridge in keep:
+                    continue
+                for port in list(Path(f"/sys/class/net/{bridge}/brif").iterdir()):
+                    index = _link_index(ipr, port.name)
+                    if index is not None:
+                        with contextlib.suppress(Exception):
+                            ipr.link("del", index=index)
+                index = _link_index(ipr, bridge)
+                if index is not None:
+                    with contextlib.suppress(Exception):
+                        ipr.link("del", index=index)
+                removed.append(bridge)
+        return removed

@@ -1,0 +1,218 @@
+"""Private networks on real sandboxes: control plane + host agent + runc/crun + Linux bridges, no fakes.
+
+Reachability is proven with real traffic between sandboxes, both ways: a small TCP server (perl's
+IO::Socket, in the debian:13 image) answers with its hostname, a client dials it with bash's
+``/dev/tcp``, and ``ping`` checks ICMP. Every address dialled is a sandbox on this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.hostagent.conftest import debian_image, guest_binary_dir, pytest_collection_modifyitems
+from tests.live import LivePlatform, start_platform
+
+__all__ = ["debian_image", "guest_binary_dir", "pytest_collection_modifyitems"]
+
+pytestmark = pytest.mark.root
+
+SHAPE = "s-1vcpu-256mb"
+DISK_MIB = 2048  # the warm pool's size
+PORT = 7000
+LISTEN = (
+    "setsid perl -MIO::Socket::INET -e '"
+    '$s = IO::Socket::INET->new(LocalAddr => "0.0.0.0", LocalPort => {port}, Listen => 16, ReuseAddr => 1)'
+    ' or die "listen: $!"; while ($c = $s->accept) {{ print $c "hello from " . `hostname`; close $c }}'
+    "' </dev/null >/dev/null 2>&1 &"
+)
+
+
+@pytest.fixture(scope="module")
+def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+    # A restarted agent on a busy test machine may take a few seconds: not long enough to be "dead".
+    live = start_platform(
+        guest_binary_dir, agent_options={"pool_size": 3}, cp_env={"PADDOCK_CP_HOST_DEAD_AFTER_S": "20"}
+    )
+    tags = [hashlib.sha256(str(agent.state_dir.resolve()).encode()).hexdigest()[:4] for agent in live.agents]
+    try:
+        yield live
+    finally:
+        live.stop()
+        left = [name for name in bridges() for tag in tags if name.startswith(f"pb{tag}")]
+        assert not left, f"bridges left behind: {left}"
+
+
+class User:
+    """One account on the platform; destroys what it created when the test ends."""
+
+    def __init__(self, platform: LivePlatform) -> None:
+        self.http = platform.http(platform.api_key())
+        self.created: list[str] = []
+
+    def ok(self, response: httpx.Response) -> Any:
+        assert response.status_code == 200, response.text
+        return response.json()["data"]
+
+    def network(self, name: str = "lan") -> dict[str, Any]:
+        return dict(self.ok(self.http.post("/v1/networks", json={"name": name})))
+
+    def create(self, name: str, **body: Any) -> dict[str, Any]:
+        body = {"shape": SHAPE, "disk_mib": DISK_MIB, "name": name, **body}
+        sandbox = dict(self.ok(self.http.post("/v1/sandboxes", json=body)))
+        self.created.append(sandbox["id"])
+        return sandbox
+
+    def get(self, sandbox_id: str) -> dict[str, Any]:
+        return dict(self.ok(self.http.get(f"/v1/sandboxes/{sandbox_id}")))
+
+    def sh(self, sandbox_id: str, script: str) -> dict[str, Any]:
+        response = self.http.post(
+            f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "bash", "args": ["-c", script]}
+        )
+        return dict(self.ok(response)["result"])
+
+    def serve(self, sandbox_id: str) -> None:
+        assert self.sh(sandbox_id, LISTEN.format(port=PORT))["exit_code"] == 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if f":{PORT}" in self.sh(sandbox_id, "ss -ltn")["stdout"]:
+                return
+            time.sleep(0.1)
+        raise AssertionError("listener did not start")
+
+    def dial(self, sandbox_id: str, ip: str) -> str:
+        """What the TCP server at ``ip`` says to ``sandbox_id``; '' when it cannot be reached in 2 s."""
+        script = f"timeout 2 bash -c 'exec 3<>/dev/tcp/{ip}/{PORT}; cat <&3'"
+        result = self.sh(sandbox_id, script)
+        return str(result["stdout"]).strip() if result["exit_code"] == 0 else ""
+
+    def ping(self, sandbox_id: str, ip: str) -> bool:
+        return self.sh(sandbox_id, f"ping -c1 -W1 {ip}")["exit_code"] == 0
+
+    def destroy_all(self) -> None:
+        for sandbox_id in self.created:
+            self.http.delete(f"/v1/sandboxes/{sandbox_id}")
+        deadline = time.monotonic() + 30
+        for sandbox_id in self.created:
+            while self.get(sandbox_id)["status"] != "destroyed" and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self.created.clear()
+
+    def close(self) -> None:
+        self.destroy_all()
+        self.http.close()
+
+
+@pytest.fixture
+def user(platform: LivePlatform) -> Iterator[User]:
+    account = User(platform)
+    try:
+        yield account
+    finally:
+        account.close()
+
+
+def overlay_ip(sandbox: dict[str, Any], network_id: str) -> str:
+    (member,) = [n for n in sandbox.get("networks", []) if n["id"] == network_id]
+    assert member["status"] == "active"
+    return str(member["ip"])
+
+
+def bridges() -> set[str]:
+    return {path.name for path in Path("/sys/class/net").iterdir() if (path / "bridge").is_dir()}
+
+
+def ports(bridge: str) -> set[str]:
+    return {path.name for path in Path(f"/sys/class/net/{bridge}/brif").iterdir()}
+
+
+def test_members_talk_both_ways_and_a_non_member_cannot(user: User) -> None:
+    net = user.network()
+    name = secrets.token_hex(2)
+    a = user.create(f"a-{name}", networks=[{"id": net["id"]}])
+    b = user.create(f"b-{name}", networks=[{"id": net["id"]}])
+    c = user.create(f"c-{name}")
+    ip_a, ip_b = overlay_ip(a, net["id"]), overlay_ip(b, net["id"])
+    assert "networks" not in c
+    shown = user.sh(a["id"], "ip -4 -o addr show dev eth1")["stdout"]
+    assert f"{ip_a}/24" in shown, shown
+    for sandbox in (a, b, c):
+        user.serve(sandbox["id"])
+
+    assert user.dial(b["id"], ip_a) == f"hello from a-{name}"
+    assert user.dial(a["id"], ip_b) == f"hello from b-{name}"
+    assert user.ping(a["id"], ip_b) and user.ping(b["id"], ip_a)
+
+    # the third sandbox reaches neither member, over the overlay nor over their default addresses
+    assert user.dial(c["id"], ip_a) == "" and user.dial(c["id"], ip_b) == ""
+    assert not user.ping(c["id"], ip_a)
+    assert user.dial(c["id"], a["ip"]) == ""
+    # and the members reach the third one only as before: not at all (default network stays isolated)
+    assert user.dial(a["id"], c["ip"]) == ""
+    members = user.ok(user.http.get(f"/v1/networks/{net['id']}"))["members"]
+    assert sorted(m["ip"] for m in members) == sorted([ip_a, ip_b])
+
+
+def test_attach_later_detach_and_destroy_leave_nothing(user: User) -> None:
+    before = bridges()
+    net = user.network()
+    name = secrets.token_hex(2)
+    a = user.create(f"a-{name}", networks=[{"id": net["id"]}])
+    c = user.create(f"c-{name}")
+    user.serve(a["id"])
+    user.serve(c["id"])
+    ip_a = overlay_ip(a, net["id"])
+    assert user.dial(c["id"], ip_a) == ""
+
+    assert user.ok(user.http.post(f"/v1/sandboxes/{c['id']}/networks", json={"id": net["id"]})) == {
+        "ok": True
+    }
+    ip_c = overlay_ip(user.get(c["id"]), net["id"])
+    assert user.dial(c["id"], ip_a) == f"hello from a-{name}"
+    assert user.dial(a["id"], ip_c) == f"hello from c-{name}"
+    (bridge,) = bridges() - before
+    assert len(ports(bridge)) == 2
+
+    detached = user.http.delete(f"/v1/sandboxes/{c['id']}/networks/{net['id']}")
+    assert user.ok(detached) == {"ok": True}
+    assert user.sh(c["id"], "ip link show eth1")["exit_code"] != 0  # the interface is gone
+    assert user.dial(c["id"], ip_a) == "" and user.dial(a["id"], ip_c) == ""
+    assert len(ports(bridge)) == 1
+
+    assert user.http.delete(f"/v1/networks/{net['id']}").status_code == 409  # a is still a member
+    user.destroy_all()
+    assert bridges() == before  # last member gone: the bridge is gone too
+    assert user.ok(user.http.delete(f"/v1/networks/{net['id']}")) == {"ok": True}
+
+
+def test_memberships_survive_an_agent_crash(platform: LivePlatform, user: User) -> None:
+    net = user.network()
+    name = secrets.token_hex(2)
+    a = user.create(f"a-{name}", networks=[{"id": net["id"]}])
+    b = user.create(f"b-{name}", networks=[{"id": net["id"]}])
+    user.serve(a["id"])
+    ip_a, ip_b = overlay_ip(a, net["id"]), overlay_ip(b, net["id"])
+    agent = platform.agents[0]
+    record = agent.record(b["id"])
+    assert [(m["network_id"], m["ip"], m["ifname"]) for m in record["networks"]] == [
+        (net["id"], ip_b, "eth1")
+    ]
+    # the port of b goes missing while the agent is down; the agent puts it back on adoption
+    port = record["networks"][0]["port"]
+    agent.stop(signal.SIGKILL)
+    subprocess.run(["ip", "link", "del", port], check=True)
+    agent.start()
+    platform.wait_for_hosts()
+    assert user.dial(b["id"], ip_a) == f"hello from a-{name}"
+    assert user.ping(a["id"], ip_b)
+    assert overlay_ip(user.get(b["id"]), net["id"]) == ip_b
