@@ -375,4 +375,7 @@ async def program_at_boot(services: Services, link: hostlink.HostLink, sandbox_i
     async with services.sessions() as session:
         specs = await host_specs(session, sandbox_id)
     for spec in specs:
-        await link.attach_network(sandbox_id, **spec)
+        try:
+            await link.attach_network(sandbox_id, **spec)
+        except hostlink.SandboxGoneError as exc:
+            raise hostlink.HostError(f"sandbox vanished while joining its networks: {exc}") from None

@@ -211,8 +211,23 @@ def test_memberships_survive_an_agent_crash(platform: LivePlatform, user: User) 
     port = record["networks"][0]["port"]
     agent.stop(signal.SIGKILL)
     subprocess.run(["ip", "link", "del", port], check=True)
+    # and a bridge of this agent that no sandbox uses (say, left by a crash mid-detach) is removed
+    tag = hashlib.sha256(str(agent.state_dir.resolve()).encode()).hexdigest()[:4]
+    orphan = f"pb{tag}deadbeef"
+    subprocess.run(["ip", "link", "add", orphan, "type", "bridge"], check=True)
     agent.start()
     platform.wait_for_hosts()
+    assert orphan not in bridges()
     assert user.dial(b["id"], ip_a) == f"hello from a-{name}"
     assert user.ping(a["id"], ip_b)
     assert overlay_ip(user.get(b["id"]), net["id"]) == ip_b
+
+
+def test_interface_names_fit_the_kernel_limit() -> None:
+    from paddock_hostagent.drivers.bridges import BridgeNetworks
+
+    networks = BridgeNetworks("abcdef12", "paddock", "10.96.0.0/11")
+    ids = [f"net_{secrets.token_hex(13)}" for _ in range(50)]
+    names = {networks.bridge_name(i) for i in ids} | {networks.port_name("sb-" + i, i) for i in ids}
+    assert len(names) == 100 and all(len(name) <= 15 for name in names)
+    assert all(networks.bridge_name(i).startswith("pbabcd") for i in ids)
