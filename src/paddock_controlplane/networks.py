@@ -19,7 +19,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts, execution, hostlink, webhooks
-from paddock_controlplane.lifecycle import check_credit, get_owned
+from paddock_controlplane.lifecycle import get_owned, require_credit
 from paddock_controlplane.models import Network, NetworkMember, Sandbox
 from paddock_controlplane.schemas import NetworkRef
 from paddock_controlplane.services import Services
@@ -149,9 +149,8 @@ async def _free_cidr(session: AsyncSession, services: Services, user_id: str) ->
 async def create(services: Services, user_id: str, name: str | None) -> dict[str, Any]:
     value = validate_name(name)
     async with transaction(services.sessions) as session:
-        await accounts.lock_user(session, user_id)
-        user = await accounts.require_user(session, user_id)
-        plan = await accounts.get_plan(session, user.plan_id)
+        account = await accounts.lock_user(session, user_id)
+        plan = await accounts.cached_plan(session, account.plan_id)
         if plan.networks_concurrent <= 0:
             raise errors.PlanLimit(f"the {plan.name} plan includes no networks")
         live = await session.scalar(
@@ -166,7 +165,7 @@ async def create(services: Services, user_id: str, name: str | None) -> dict[str
         )
         if int(today or 0) >= plan.networks_per_day:
             raise errors.QuotaExceeded(f"daily network cap reached: limit {plan.networks_per_day} per day")
-        await check_credit(session, user_id)
+        require_credit(account)
         network = Network(
             id=new_id("net_"),
             user_id=user_id,
