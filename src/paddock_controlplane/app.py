@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from paddock_controlplane import hostlink, reconciler, upkeep
+from paddock_controlplane import hostlink, ingress, reconciler, upkeep
 from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.api.routes import networks as network_routes
@@ -39,8 +39,9 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         await migrate(settings)
         engine = make_engine(settings.database_url)
         running_cache: TTLCache[object] = TTLCache(settings.hot_cache_ttl_s)
+        ingress_cache: TTLCache[object] = TTLCache(settings.hot_cache_ttl_s)
         sessions = make_sessionmaker(engine)
-        sessions.configure(info={"running_cache": running_cache})
+        sessions.configure(info={"running_cache": running_cache, "ingress_cache": ingress_cache})
         services = Services(
             settings=settings,
             engine=engine,
@@ -62,10 +63,13 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         deliveries = DeliveryWorker.from_services(services) if settings.webhook_worker_enabled else None
         if deliveries:
             deliveries.start()
+        proxy = await ingress.start(services, ingress_cache)
         log.info("controlplane_started", region=settings.region, database=engine.dialect.name)
         try:
             yield
         finally:
+            if proxy:
+                await proxy.stop()
             if deliveries:
                 await deliveries.stop()
             await loop.stop()

@@ -40,12 +40,16 @@ class TTLCache(Generic[V]):
         self._entries.pop(key, None)
 
 
+SANDBOX_CACHES = ("running_cache", "ingress_cache")
+
+
 def drop_changed_sandboxes(session: Session, _: object) -> None:
-    """``after_flush`` hook: any sandbox row this process changes leaves the running cache at once."""
-    cache = session.info.get("running_cache")
-    if cache is None:
+    """``after_flush`` hook: any sandbox row this process changes leaves the sandbox caches at once."""
+    caches = [session.info[name] for name in SANDBOX_CACHES if session.info.get(name) is not None]
+    if not caches:
         return
     for obj in (*session.dirty, *session.deleted):
         sandbox_id = getattr(obj, "__tablename__", None) == "sandboxes" and getattr(obj, "id", None)
         if sandbox_id:
-            cache.drop(sandbox_id)
+            for cache in caches:
+                cache.drop(sandbox_id)

@@ -23,9 +23,27 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     secret_key: SecretStr = SecretStr("")
     #: Catalog default when ``rootfs`` is omitted and no host can build ``alpine:3.20``.
     default_rootfs: str = "debian:13"
-    #: Ingress URLs are ``https://<port>-<sandbox id>.<ingress_domain>``.
+    #: Ingress URLs are ``<ingress_scheme>://<port>-<sandbox id>.<ingress_domain>[:<public port>]``.
     ingress_domain: str = "sandbox.localhost"
-    ingress_scheme: str = "https"
+    ingress_scheme: Literal["http", "https"] = "https"
+    #: The ingress proxy's plain-HTTP listener in this process (0: no listener here).
+    ingress_port: int = 0
+    #: Its HTTPS listener (0: none); needs ``ingress_tls_cert_file`` and ``ingress_tls_key_file``.
+    ingress_tls_port: int = 0
+    #: PEM certificate chain (a wildcard ``*.<ingress_domain>``) and its key, re-read when they change.
+    ingress_tls_cert_file: Path | None = None
+    ingress_tls_key_file: Path | None = None
+    #: The port written into ingress URLs. Default: this process's listener for ``ingress_scheme``.
+    #: Left out of URLs when it is the scheme's default (80/443), e.g. behind a load balancer on 443.
+    ingress_public_port: int | None = None
+    #: Address the ingress listeners bind (the API's ``host`` when empty).
+    ingress_host: str = ""
+    #: How long a request waits for a paused, creating or resuming sandbox to be running.
+    ingress_wake_timeout_s: float = 30.0
+    #: Dialling a sandbox port fails after this long (-> 502).
+    ingress_connect_timeout_s: float = 5.0
+    #: An idle keep-alive client connection is closed after this long.
+    ingress_idle_timeout_s: float = 75.0
     #: Plan given to users created without an explicit plan.
     default_plan: str = "pro"
     #: Credits given to each new account (500, per the seed). 100 credits = 1 USD.
@@ -74,4 +92,17 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     def _defaults(self) -> ControlPlaneSettings:
         if not self.database_url:
             self.database_url = sqlite_url(self.data_dir / "controlplane.db")
+        if self.ingress_tls_port and not (self.ingress_tls_cert_file and self.ingress_tls_key_file):
+            raise ValueError("ingress_tls_port needs ingress_tls_cert_file and ingress_tls_key_file")
         return self
+
+    @property
+    def ingress_url_domain(self) -> str:
+        """The host part of ingress URLs after ``<port>-<id>.``: the domain, plus a port unless default."""
+        port = self.ingress_public_port
+        if port is None:
+            port = self.ingress_tls_port if self.ingress_scheme == "https" else self.ingress_port
+        default = 443 if self.ingress_scheme == "https" else 80
+        if not port or port == default:
+            return self.ingress_domain
+        return f"{self.ingress_domain}:{port}"

@@ -28,7 +28,7 @@ router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
 def view(services: Services, sandbox: Sandbox) -> dict[str, Any]:
     s = services.settings
-    return views.sandbox_view(sandbox, scheme=s.ingress_scheme, domain=s.ingress_domain)
+    return views.sandbox_view(sandbox, scheme=s.ingress_scheme, domain=s.ingress_url_domain)
 
 
 def cutoff(services: Services) -> dt.datetime:
@@ -45,7 +45,9 @@ async def create(
 ) -> dict[str, Any]:
     sandbox = await lifecycle.create(services, principal.user_id, body)
     s = services.settings
-    return envelope.success(views.create_response(sandbox, scheme=s.ingress_scheme, domain=s.ingress_domain))
+    return envelope.success(
+        views.create_response(sandbox, scheme=s.ingress_scheme, domain=s.ingress_url_domain)
+    )
 
 
 @router.get("")

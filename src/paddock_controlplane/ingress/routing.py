@@ -1,0 +1,167 @@
+"""Where an ingress request goes: host name -> (sandbox, port) -> the sandbox's address, waking it if paused.
+
+Routes are read from the database and kept in a short-lived in-process cache (``hotcache.TTLCache``,
+``hot_cache_ttl_s``), so a request to a running sandbox costs no database trip in steady state. This
+process's own writes to a sandbox row evict its route at once (``hotcache.drop_changed_sandboxes``);
+changes made by another control-plane process are seen within the TTL.
+
+A paused sandbox is resumed through ``power.resume`` (the API's own path: quota and credit checks,
+billing, state and the ``sandbox.resume`` webhook stay right); concurrent first requests share one
+resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from paddock_controlplane import power
+from paddock_controlplane.hotcache import TTLCache
+from paddock_controlplane.models import Sandbox
+from paddock_controlplane.services import Services
+from paddock_core import errors
+from paddock_core.logging import get_logger
+
+log = get_logger("paddock.ingress")
+
+_SANDBOX_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+GONE = ("destroying", "destroyed", "failed")
+SETTLING = ("creating", "resuming", "pausing", "forking")
+
+
+class IngressError(Exception):
+    """A request the proxy answers itself: ``status`` with a stable ``code`` and a message for people."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass(frozen=True)
+class Target:
+    sandbox_id: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Route:
+    """What the proxy needs to know about a sandbox (a detached copy of the row's fields)."""
+
+    sandbox_id: str
+    user_id: str
+    status: str
+    ip: str | None
+    ingress_enabled: bool
+
+
+def parse_host(authority: str, domain: str) -> Target | None:
+    """``3000-sb-01j….sandbox.example.com[:8088]`` -> Target; None if it is not an ingress host name."""
+    host = authority.strip().lower()
+    if host.startswith("["):
+        return None
+    name, sep, port_text = host.rpartition(":")
+    if sep and port_text.isdigit():
+        host = name
+    host = host.rstrip(".")
+    suffix = "." + domain.lower().strip(".")
+    if not host.endswith(suffix):
+        return None
+    label = host[: -len(suffix)]
+    port_text, sep, sandbox_id = label.partition("-")
+    if not sep or not port_text.isdigit() or len(port_text) > 5 or not _SANDBOX_ID.match(sandbox_id):
+        return None
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        return None
+    return Target(sandbox_id, port)
+
+
+class Router:
+    def __init__(self, services: Services, cache: TTLCache[Any]) -> None:
+        self.services = services
+        self.cache = cache
+        self._resumes: dict[str, asyncio.Task[Sandbox]] = {}
+
+    async def resolve(self, sandbox_id: str) -> Route:
+        """The route of a running sandbox with ingress on, or IngressError (404, 502, 503, 504)."""
+        cached = self.cache.get(sandbox_id)
+        if isinstance(cached, Route):
+            ready = _check(cached)
+            if ready is not None:
+                return ready
+        deadline = time.monotonic() + self.services.settings.ingress_wake_timeout_s
+        delay = 0.05
+        while True:
+            route = await self.load(sandbox_id)
+            ready = _check(route)
+            if ready is not None:
+                return ready
+            if route.status == "paused":
+                await self._resume(route)
+                continue
+            if time.monotonic() >= deadline:
+                raise IngressError(
+                    504, "SANDBOX_NOT_READY", f"sandbox {sandbox_id} is still {route.status}; try again"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    async def still_open(self, sandbox_id: str) -> bool:
+        """For open tunnels: False once the sandbox is gone or its ingress was turned off."""
+        route = self.cache.get(sandbox_id)
+        if not isinstance(route, Route):
+            route = await self.load(sandbox_id)
+        return route.status not in (*GONE, "missing") and route.ingress_enabled
+
+    async def load(self, sandbox_id: str) -> Route:
+        async with self.services.sessions() as session:
+            row = (
+                await session.execute(
+                    select(
+                        Sandbox.id, Sandbox.user_id, Sandbox.status, Sandbox.ip, Sandbox.ingress_enabled
+                    ).where(Sandbox.id == sandbox_id)
+                )
+            ).first()
+        if row is None:
+            route = Route(sandbox_id, "", "missing", None, False)
+        else:
+            route = Route(row[0], row[1], row[2], row[3], bool(row[4]))
+        if route.status not in (*SETTLING, "paused"):
+            self.cache.put(sandbox_id, route)
+        return route
+
+    async def _resume(self, route: Route) -> None:
+        task = self._resumes.get(route.sandbox_id)
+        if task is None:
+            task = asyncio.create_task(power.resume(self.services, route.user_id, route.sandbox_id))
+            self._resumes[route.sandbox_id] = task
+            task.add_done_callback(lambda _: self._resumes.pop(route.sandbox_id, None))
+            log.info("ingress_resume", sandbox_id=route.sandbox_id)
+        try:
+            row = await asyncio.shield(task)
+        except errors.InvalidState:
+            return  # someone else moved it on (resumed, destroyed): look again
+        except errors.PaddockError as exc:
+            raise IngressError(
+                503, "SANDBOX_PAUSED", f"sandbox is paused and could not resume: {exc}"
+            ) from None
+        if row.status == "error":
+            raise IngressError(502, "SANDBOX_ERROR", "sandbox failed to resume")
+
+
+def _check(route: Route) -> Route | None:
+    """The route if requests may go through now; None if it needs waiting or waking; else IngressError."""
+    if route.status in (*GONE, "missing"):
+        raise IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {route.sandbox_id}")
+    if not route.ingress_enabled:
+        raise IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
+    if route.status == "error":
+        raise IngressError(502, "SANDBOX_ERROR", "the sandbox is in error state")
+    if route.status == "running" and route.ip:
+        return route
+    return None
