@@ -28,6 +28,8 @@ from paddock_core.logging import get_logger
 log = get_logger("paddock.ingress")
 
 SWEEP_S = 1.0
+#: After the response, how long the request body may still take before the connection is closed.
+BODY_GRACE_S = 1.0
 FORWARDED_HEADERS = ("x-forwarded-for", "x-forwarded-proto", "x-forwarded-host")
 
 
@@ -292,10 +294,12 @@ class _Connection:
         body: asyncio.Task[None] | None = None
         if framing != http1.NO_BODY:
             body = asyncio.create_task(http1.copy_body(self.reader, upstream.writer, framing))
+        status = 0
         try:
             response = await self._response_head(upstream, head)
             if response is None:
                 return False
+            status = response.status
             if response.status == 101:
                 self.writer.write(response.head.encode())
                 await self.writer.drain()
@@ -311,10 +315,12 @@ class _Connection:
             await http1.copy_body(upstream.reader, self.writer, response_framing)
             if response_framing.until_close:
                 keep_alive = False
-            if body and not body.done():
-                keep_alive = False  # the app answered before reading the whole request body
-            elif body:
-                await body
+            if body:
+                await asyncio.wait({body}, timeout=BODY_GRACE_S)
+                if not body.done():
+                    keep_alive = False  # the app answered before the client finished sending
+                else:
+                    body.result()
             return keep_alive
         except http1.ProtocolError as exc:
             await self.fail(502, "BAD_UPSTREAM_RESPONSE", f"the sandbox sent an invalid response: {exc}")
@@ -327,6 +333,7 @@ class _Connection:
                 sandbox_id=upstream.target.sandbox_id,
                 port=upstream.target.port,
                 method=request.method,
+                status=status or None,
                 duration_ms=round((time.perf_counter() - started) * 1000, 2),
             )
 

@@ -1,0 +1,304 @@
+"""Ingress as a user meets it: an HTTP app in a real sandbox, reached through ``ingress_url_template``.
+
+One platform (control plane with the ingress proxy on plain HTTP and on HTTPS with a test certificate,
+plus one real host agent) serves the module. The app is ``sandbox_app.pl`` (see ingress_support).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+from tests.hostagent.conftest import debian_image, free_port, guest_binary_dir
+from tests.live import LivePlatform
+from tests.network.ingress_support import (
+    APP_PORT,
+    DOMAIN,
+    create_sandbox,
+    ingress_client,
+    ingress_host,
+    start_app,
+    start_ingress_platform,
+)
+
+__all__ = ["debian_image", "guest_binary_dir"]
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+class Ingress:
+    def __init__(self, platform: LivePlatform, port: int, tls_port: int, ca_file: Path) -> None:
+        self.platform, self.port, self.tls_port, self.ca_file = platform, port, tls_port, ca_file
+        self.key = platform.api_key()
+
+    def http(self) -> httpx.Client:
+        return self.platform.http(self.key)
+
+    def client(self, sandbox_id: str, port: int = APP_PORT, **options: object) -> httpx.Client:
+        return ingress_client(self.port, sandbox_id, port, **options)
+
+
+def _test_certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed wildcard certificate for ``*.sandbox.localhost`` (its own CA, for the client)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"*.{DOMAIN}")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(f"*.{DOMAIN}")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "ingress.crt", directory / "ingress.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
+@pytest.fixture(scope="module")
+def ingress(
+    debian_image: Path, guest_binary_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Ingress]:
+    cert_file, key_file = _test_certificate(tmp_path_factory.mktemp("tls"))
+    tls_port = free_port()
+    platform, port = start_ingress_platform(
+        guest_binary_dir,
+        cp_env={
+            "PADDOCK_CP_INGRESS_TLS_PORT": str(tls_port),
+            "PADDOCK_CP_INGRESS_TLS_CERT_FILE": str(cert_file),
+            "PADDOCK_CP_INGRESS_TLS_KEY_FILE": str(key_file),
+        },
+    )
+    try:
+        yield Ingress(platform, port, tls_port, cert_file)
+    finally:
+        platform.stop()
+
+
+@pytest.fixture(scope="module")
+def app_sandbox(ingress: Ingress) -> Iterator[dict[str, object]]:
+    """A running sandbox with ingress on and the app listening on port 8000."""
+    with ingress.http() as http:
+        sandbox = create_sandbox(http, ingress_enabled=True)
+        start_app(http, str(sandbox["id"]))
+        yield sandbox
+        http.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def _wait_for(predicate: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def test_the_ingress_url_works_with_curl(ingress: Ingress, app_sandbox: dict[str, object]) -> None:
+    template = str(app_sandbox["ingress_url_template"])
+    assert template == f"http://<port>-{app_sandbox['id']}.{DOMAIN}:{ingress.port}"
+    url = template.replace("<port>", str(APP_PORT)) + "/hello"
+    out = subprocess.run(["curl", "-si", "--max-time", "20", url], capture_output=True, text=True, check=True)
+    status, _, rest = out.stdout.partition("\n")
+    assert status == "HTTP/1.1 200 OK", out.stdout
+    assert "hello from " in rest
+    assert "X-Seen-Forwarded-For: 127.0.0.1" in rest  # the app learns who called
+    # an app's own 404 is passed through untouched (not the proxy's page)
+    with ingress.client(str(app_sandbox["id"])) as client:
+        missing = client.get("/no-such-route")
+    assert missing.status_code == 404 and missing.text == "app: no route\n"
+    assert "x-paddock-ingress-error" not in missing.headers
+
+
+def test_keep_alive_reuses_one_connection_to_the_app(
+    ingress: Ingress, app_sandbox: dict[str, object]
+) -> None:
+    with ingress.client(str(app_sandbox["id"])) as client:
+        answers = [client.get("/hello") for _ in range(5)]
+    assert all(a.status_code == 200 for a in answers)
+    # the app prints the client port it saw: one upstream connection served all five
+    assert len({a.text.split("conn=")[1] for a in answers}) == 1
+
+
+def test_https_with_a_configured_certificate(ingress: Ingress, app_sandbox: dict[str, object]) -> None:
+    url = f"https://{ingress_host(str(app_sandbox['id']))}:{ingress.tls_port}/hello"
+    out = subprocess.run(
+        ["curl", "-s", "--max-time", "20", "--cacert", str(ingress.ca_file), url],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("hello from ")
+
+
+def test_not_reachable_without_ingress_and_patch_toggles_it_live(ingress: Ingress) -> None:
+    with ingress.http() as http:
+        sandbox = create_sandbox(http)
+        sandbox_id = str(sandbox["id"])
+        assert "ingress_url_template" not in sandbox
+        start_app(http, sandbox_id)
+        with ingress.client(sandbox_id) as client:
+            closed = client.get("/hello")
+            assert closed.status_code == 404
+            assert closed.headers["x-paddock-ingress-error"] == "INGRESS_DISABLED"
+            assert closed.json()["data"]["code"] == "INGRESS_DISABLED"
+
+            view = http.patch(f"/v1/sandboxes/{sandbox_id}", json={"ingress_enabled": True}).json()["data"]
+            assert view["ingress_url_template"].startswith(f"http://<port>-{sandbox_id}.")
+            _wait_for(lambda: client.get("/hello").status_code == 200)
+
+            view = http.patch(f"/v1/sandboxes/{sandbox_id}", json={"ingress_enabled": False}).json()["data"]
+            assert "ingress_url_template" not in view
+            _wait_for(lambda: client.get("/hello").status_code == 404)
+        http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def test_unknown_host_unknown_and_destroyed_sandbox_get_a_404_page(ingress: Ingress) -> None:
+    with httpx.Client(base_url=f"http://127.0.0.1:{ingress.port}", timeout=30) as raw:
+        stranger = raw.get("/", headers={"Host": "example.com"})
+        assert stranger.status_code == 404
+        assert stranger.headers["x-paddock-ingress-error"] == "UNKNOWN_HOST"
+        unknown = raw.get(
+            "/", headers={"Host": f"8000-sb-00000000000000000000000000.{DOMAIN}", "Accept": "text/html"}
+        )
+        assert unknown.status_code == 404
+        assert unknown.headers["content-type"].startswith("text/html")
+        assert "<h1>404 Not Found</h1>" in unknown.text and "Traceback" not in unknown.text
+    with ingress.http() as http:
+        sandbox = create_sandbox(http, ingress_enabled=True)
+        sandbox_id = str(sandbox["id"])
+        start_app(http, sandbox_id)
+        with ingress.client(sandbox_id) as client:
+            assert client.get("/hello").status_code == 200
+            assert http.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 200
+            _wait_for(
+                lambda: http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]["status"] == "destroyed", 30
+            )
+            gone = client.get("/hello")
+        assert gone.status_code == 404
+        assert gone.headers["x-paddock-ingress-error"] == "SANDBOX_NOT_FOUND"
+
+
+def test_nothing_listening_gets_a_502_page(ingress: Ingress, app_sandbox: dict[str, object]) -> None:
+    with ingress.client(str(app_sandbox["id"]), port=9) as client:
+        answer = client.get("/")
+    assert answer.status_code == 502
+    assert answer.headers["x-paddock-ingress-error"] == "NOTHING_LISTENING"
+    assert answer.json()["message"] == "nothing is listening on port 9 in the sandbox"
+
+
+def test_a_paused_sandbox_resumes_on_its_first_request(ingress: Ingress) -> None:
+    with ingress.http() as http:
+        sandbox = create_sandbox(http, ingress_enabled=True)
+        sandbox_id = str(sandbox["id"])
+        start_app(http, sandbox_id)
+        paused = http.post(f"/v1/sandboxes/{sandbox_id}/pause")
+        assert paused.status_code == 200, paused.text
+        assert http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]["status"] == "paused"
+        with ingress.client(sandbox_id) as client:
+            answer = client.get("/hello")
+        assert answer.status_code == 200 and answer.text.startswith("hello from ")
+        view = http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]
+        assert view["status"] == "running"
+        assert view["last_resumed_at"] >= view["paused_at"]
+        http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def test_a_streaming_response_arrives_incrementally(ingress: Ingress, app_sandbox: dict[str, object]) -> None:
+    arrivals: list[tuple[float, str]] = []
+    with ingress.client(str(app_sandbox["id"])) as client:
+        started = time.monotonic()
+        with client.stream("GET", "/stream?n=5&ms=400") as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                arrivals.append((time.monotonic() - started, line))
+    assert [line for _, line in arrivals] == [f"chunk {i}" for i in range(1, 6)]
+    # five chunks 400 ms apart: the first is seen long before the last was even written
+    assert arrivals[-1][0] - arrivals[0][0] >= 1.2, arrivals
+    assert arrivals[0][0] < arrivals[-1][0] - 1.0, arrivals
+
+
+def test_request_bodies_stream_through(ingress: Ingress, app_sandbox: dict[str, object]) -> None:
+    """A chunked upload is relayed piece by piece (each piece answered before the next is sent), and
+    a 16 MiB body arrives byte-exact."""
+    host = f"{ingress_host(str(app_sandbox['id']))}:{ingress.port}"
+    with socket.create_connection(("127.0.0.1", ingress.port), timeout=20) as sock:
+        sock.sendall(
+            f"POST /pingpong HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        received = b""
+        for piece in (b"one", b"two", b"three"):
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            while b"pong:" + piece not in received:
+                data = sock.recv(65536)
+                assert data, received
+                received += data
+        sock.sendall(b"0\r\n\r\n")
+    assert received.startswith(b"HTTP/1.1 200 OK")
+
+    body = os.urandom(16 << 20)
+    with ingress.client(str(app_sandbox["id"]), timeout=120) as client:
+        echoed = client.post("/echo", content=body)
+    assert echoed.status_code == 200
+    assert echoed.text == f"bytes={len(body)} sum={sum(body) % 2**32}\n"
+    assert hashlib.sha256(body).digest()  # the body was random, not a compressible pattern
+
+
+def test_a_websocket_passes_through_and_is_cut_when_ingress_is_turned_off(ingress: Ingress) -> None:
+    with ingress.http() as http:
+        sandbox = create_sandbox(http, ingress_enabled=True)
+        sandbox_id = str(sandbox["id"])
+        start_app(http, sandbox_id)
+        uri = f"ws://{ingress_host(sandbox_id)}:{ingress.port}/ws"
+        sock = socket.create_connection(("127.0.0.1", ingress.port), timeout=20)
+        with ws_connect(uri, sock=sock, open_timeout=20) as ws:
+            for text in ("hello", "x" * 70_000):
+                ws.send(text)
+                assert ws.recv(timeout=10) == f"echo:{text}"
+            ws.send(b"\x00\x01binary")
+            assert ws.recv(timeout=10) == b"\x00\x01binary"
+            http.patch(f"/v1/sandboxes/{sandbox_id}", json={"ingress_enabled": False})
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=10)
+        http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def test_malformed_requests_get_400_not_a_crash(ingress: Ingress, app_sandbox: dict[str, object]) -> None:
+    host = f"{ingress_host(str(app_sandbox['id']))}:{ingress.port}"
+    for raw in (
+        b"NOT HTTP AT ALL\r\n\r\n",
+        f"POST /echo HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n".encode(),
+        b"GET / HTTP/1.1\r\n\r\n",
+    ):
+        with socket.create_connection(("127.0.0.1", ingress.port), timeout=20) as sock:
+            sock.sendall(raw)
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 400 Bad Request"), answer
+    with ingress.client(str(app_sandbox["id"])) as client:
+        assert client.get("/hello").status_code == 200  # the proxy is still serving
