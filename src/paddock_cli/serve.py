@@ -1,7 +1,7 @@
 """``paddock serve``: the whole platform on embedded defaults, as one supervised process tree.
 
     paddock serve
-    ├── paddock controlplane   (API :8080, reconciler and workers in-process)
+    ├── paddock controlplane   (API :8080, ingress proxy :8088, reconciler and workers in-process)
     ├── paddock hostagent      (internal API :8081, runs sandboxes under the OCI runtime)
     └── paddock gateway        (API :8082, with a local dev chain)
 
@@ -30,6 +30,9 @@ DATA_DIR = Path(os.environ.get("PADDOCK_DATA_DIR", "/var/lib/paddock"))
 CP_PORT = int(os.environ.get("PADDOCK_CP_PORT", "8080"))
 HOST_PORT = int(os.environ.get("PADDOCK_HOST_PORT", "8081"))
 GW_PORT = int(os.environ.get("PADDOCK_GW_PORT", "8082"))
+#: The ingress proxy runs inside the control plane; plain HTTP on loopback unless TLS is configured.
+INGRESS_PORT = int(os.environ.get("PADDOCK_CP_INGRESS_PORT", "8088"))
+INGRESS_DOMAIN = os.environ.get("PADDOCK_CP_INGRESS_DOMAIN", "sandbox.localhost")
 
 
 @dataclass
@@ -115,6 +118,16 @@ def start_devchain(data_dir: Path) -> Path | None:
     return state / "devchain.json"
 
 
+def ingress_env(base: dict[str, str]) -> dict[str, str]:
+    """Embedded ingress: listen on INGRESS_PORT, URLs in plain http unless the operator set TLS up."""
+    tls = bool(base.get("PADDOCK_CP_INGRESS_TLS_PORT"))
+    return {
+        "PADDOCK_CP_INGRESS_PORT": str(INGRESS_PORT),
+        "PADDOCK_CP_INGRESS_DOMAIN": INGRESS_DOMAIN,
+        "PADDOCK_CP_INGRESS_SCHEME": base.get("PADDOCK_CP_INGRESS_SCHEME", "https" if tls else "http"),
+    }
+
+
 def children(
     data_dir: Path, shared: dict[str, str], key: str = "", devchain: Path | None = None
 ) -> list[Child]:
@@ -126,6 +139,7 @@ def children(
         "PADDOCK_CP_HOST_TOKEN": shared["HOST_TOKEN"],
         "PADDOCK_CP_SECRET_KEY": shared["SECRET_KEY"],
     }
+    cp_env.update(ingress_env(base))
     host_env = base | {
         "PADDOCK_HOST_PORT": str(HOST_PORT),
         "PADDOCK_HOST_TOKEN": shared["HOST_TOKEN"],
@@ -186,6 +200,7 @@ Paddock is running.
   control plane  {cp}        (OpenAPI: {cp}/docs)
   host agent     http://127.0.0.1:{HOST_PORT}   (internal)
   gateway        http://127.0.0.1:{GW_PORT}   (OpenAPI: http://127.0.0.1:{GW_PORT}/openapi.json)
+  ingress        http://<port>-<sandbox id>.{INGRESS_DOMAIN}:{INGRESS_PORT}   (sandboxes with ingress_enabled)
   bootstrap API key: {key}
 
 Try it:
@@ -193,7 +208,11 @@ Try it:
   curl -s {cp}/v1/whoami -H "X-Api-Key: $PADDOCK_API_KEY"
   curl -s {cp}/v1/shapes
   curl -s -X POST {cp}/v1/sandboxes -H "X-Api-Key: $PADDOCK_API_KEY" \\
-       -H 'Content-Type: application/json' -d '{{"shape":"s-1vcpu-1gb"}}'
+       -H 'Content-Type: application/json' -d '{{"shape":"s-1vcpu-1gb","ingress_enabled":true}}'
+  # an app listening on port 3000 in that sandbox (the URL is its ingress_url_template):
+  curl http://3000-<sandbox id>.{INGRESS_DOMAIN}:{INGRESS_PORT}/
+  (curl resolves *.localhost to 127.0.0.1 itself; other clients: send that Host header to
+   127.0.0.1:{INGRESS_PORT}, or curl --resolve 3000-<sandbox id>.{INGRESS_DOMAIN}:{INGRESS_PORT}:127.0.0.1)
 Stop with Ctrl-C.
 """
 
