@@ -1,0 +1,48 @@
+"""``bench/ingress_bench.py`` cannot rot: a short run measures both paths and writes every row.
+
+Asserts that the harness works (both paths answered every request, the upload arrived whole), never a
+time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sandboxes)")
+def test_ingress_bench_measures_the_proxy_against_direct(tmp_path: Path) -> None:
+    out = tmp_path / "ingress.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.ingress_bench",
+            "--requests",
+            "20",
+            "--upload-mib",
+            "2",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(out.read_text())
+    for path in ("direct", "proxy"):
+        assert results[f"keep-alive GET, {path}"]["n"] == 20
+        assert results[f"new connection GET, {path}"]["n"] == 50
+        assert results[f"upload 2 MiB, {path}"]["mib_per_s"] > 0
+    assert "added by the proxy, keep-alive GET: p50" in done.stdout
