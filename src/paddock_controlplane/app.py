@@ -23,6 +23,7 @@ from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, upgrade
 from paddock_core.http import RequestContextMiddleware
 from paddock_core.logging import get_logger
+from paddock_core.timeutil import Clock, utcnow
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 event.listen(Session, "after_flush", drop_changed_sandboxes)
@@ -33,7 +34,9 @@ async def migrate(settings: ControlPlaneSettings) -> None:
     await upgrade(MIGRATIONS, settings.database_url)
 
 
-def create_app(settings: ControlPlaneSettings) -> FastAPI:
+def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> FastAPI:
+    """The app; ``clock`` is injectable so billing, idle auto-pause and retention are testable."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await migrate(settings)
@@ -49,6 +52,7 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
             principals=TTLCache(settings.hot_cache_ttl_s),
             running=running_cache,
             secret_box=SecretBox(settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"),
+            clock=clock,
         )
         app.state.services = services
 

@@ -67,7 +67,7 @@ def merged_env(services: Services, sandbox: Sandbox, overrides: dict[str, str] |
 def touch(services: Services, sandbox_id: str) -> None:
     """Record activity for idle auto-pause (read by the reconciler)."""
     activity: dict[str, float] = services.extras.setdefault("activity", {})  # type: ignore[assignment]
-    activity[sandbox_id] = time.time()
+    activity[sandbox_id] = services.clock().timestamp()
 
 
 class Inflight:
