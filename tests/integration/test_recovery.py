@@ -69,7 +69,9 @@ def test_a_restarted_host_agent_adopts_its_running_and_paused_sandboxes(own_plat
     user.close()
 
 
-def test_a_silent_host_goes_dead_its_sandboxes_error_and_come_back_with_it(own_platform: LivePlatform) -> None:
+def test_a_silent_host_goes_dead_its_sandboxes_error_and_come_back_with_it(
+    own_platform: LivePlatform,
+) -> None:
     user = User(own_platform)
     sandbox = user.create()
     agent = own_platform.agents[0]
