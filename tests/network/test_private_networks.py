@@ -195,6 +195,44 @@ def test_attach_later_detach_and_destroy_leave_nothing(user: User) -> None:
     assert user.ok(user.http.delete(f"/v1/networks/{net['id']}")) == {"ok": True}
 
 
+def test_two_users_networks_with_the_same_addresses_stay_apart(platform: LivePlatform, user: User) -> None:
+    other = User(platform)
+    try:
+        mine, theirs = user.network(), other.network()
+        assert mine["cidr"] == theirs["cidr"]  # blocks are per user: the same addresses on both
+        name = secrets.token_hex(2)
+        a = user.create(f"a-{name}", networks=[{"id": mine["id"]}])
+        x = other.create(f"x-{name}", networks=[{"id": theirs["id"]}])
+        y = other.create(f"y-{name}", networks=[{"id": theirs["id"]}])
+        assert overlay_ip(a, mine["id"]) == overlay_ip(x, theirs["id"])
+        user.serve(a["id"])
+        other.serve(x["id"])
+        # y dials the address a and x share: it reaches x, on its own network, never a
+        assert other.dial(y["id"], overlay_ip(a, mine["id"])) == f"hello from x-{name}"
+    finally:
+        other.close()
+
+
+def test_pause_resume_and_fork(user: User) -> None:
+    net = user.network()
+    name = secrets.token_hex(2)
+    a = user.create(f"a-{name}", networks=[{"id": net["id"]}])
+    b = user.create(f"b-{name}", networks=[{"id": net["id"]}])
+    user.serve(a["id"])
+    ip_a = overlay_ip(a, net["id"])
+    assert user.ok(user.http.post(f"/v1/sandboxes/{b['id']}/pause"))["status"] == "paused"
+    assert user.ok(user.http.post(f"/v1/sandboxes/{b['id']}/resume"))["status"] == "running"
+    assert user.dial(b["id"], ip_a) == f"hello from a-{name}"  # membership kept across pause/resume
+    child = user.ok(user.http.post(f"/v1/sandboxes/{a['id']}/fork", json={}))
+    user.created.append(child["id"])
+    deadline = time.monotonic() + 30
+    while user.get(child["id"])["status"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "networks" not in user.get(child["id"])  # a fork child joins no network (§11.9)
+    assert user.sh(child["id"], "ip link show eth1")["exit_code"] != 0
+    assert user.dial(child["id"], ip_a) == ""
+
+
 def test_memberships_survive_an_agent_crash(platform: LivePlatform, user: User) -> None:
     net = user.network()
     name = secrets.token_hex(2)
