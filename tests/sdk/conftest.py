@@ -10,10 +10,20 @@ import pytest
 
 from tests.controlplane.conftest import controlplane, cp_settings
 from tests.controlplane.test_sandboxes_rules import fake_host
+from tests.gateway.conftest import chain_gateway, devchains, paying_wallet
 from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform, start_platform
 
-__all__ = ["controlplane", "cp_settings", "debian_image", "fake_host", "guest_binary_dir"]
+__all__ = [
+    "chain_gateway",
+    "controlplane",
+    "cp_settings",
+    "debian_image",
+    "devchains",
+    "fake_host",
+    "guest_binary_dir",
+    "paying_wallet",
+]
 
 #: Webhook deliveries go to a receiver on 127.0.0.1, as a self-hoster on one machine would allow.
 LIVE_CP_ENV = {
