@@ -17,6 +17,7 @@ resubmits that hash; 409 and ``deploy_failed_after_topup`` go on with the credit
 from __future__ import annotations
 
 import base64
+import json
 import os
 import time
 import uuid
@@ -68,7 +69,7 @@ ERC20_ABI = [
     },
 ]
 
-#: ``on_progress(stage, detail)`` stages, in order: quote, payment, confirmation, build, ready.
+#: ``on_progress(stage, detail)`` stages, in order: upload, quote, payment, confirmation, build, ready.
 Progress = Callable[[str, dict[str, Any]], None]
 
 
@@ -244,6 +245,7 @@ class GatewayClient:
         ``WaitTimeoutError`` after ``timeout_s``.
         """
         report = on_progress or (lambda stage, detail: None)
+        upload = upload_of(source)
         body = _base.drop_none(
             {
                 "uniqueName": unique_name,
@@ -251,9 +253,10 @@ class GatewayClient:
                 "description": description,
                 "months": months,
                 "settings": dict(settings) if settings else None,
-                "upload": upload_of(source),
+                "upload": upload,
             }
         )
+        report("upload", {"files": len(upload.get("files", [])) or 1, "bytes": len(json.dumps(body))})
         pending = self._resumable()
         tx_hash: str | None = None
         amount_usd: float | None = None

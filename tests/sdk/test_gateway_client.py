@@ -96,8 +96,8 @@ async def test_deploy_quotes_pays_once_and_the_site_serves(
 
     assert await base.token_balance("usdc", RECIPIENT) == before + PRICE_RAW
     assert await sent_transactions(gw, paying_wallet) == 1
-    assert stages[:3] == ["quote", "payment", "confirmation"] and stages[-1] == "ready"
-    assert set(stages[3:-1]) == {"build"}
+    assert stages[:4] == ["upload", "quote", "payment", "confirmation"] and stages[-1] == "ready"
+    assert set(stages[4:-1]) == {"build"}
     signed = [r for r in tap.requests if "x-signature" in r.headers]
     nonces = [r.headers["x-nonce"] for r in signed]
     assert len(signed) >= 3 and len(set(nonces)) == len(nonces)  # a fresh nonce on every request

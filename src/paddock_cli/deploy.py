@@ -1,0 +1,147 @@
+"""``paddock deploy DIR``: pay the gateway with a wallet and deploy a directory (``GatewayClient``).
+
+Progress (upload, quote, payment, confirmation, build) goes to stderr; the URL (or ``--json``) to
+stdout. The wallet key comes from ``PADDOCK_WALLET_KEY``, ``--key-file`` or a dev chain's
+``devchain.json`` (its public demo wallet); the chain's JSON-RPC URL from ``--rpc-url``,
+``PADDOCK_RPC_URL_<CHAIN>`` or ``devchain.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from paddock_cli.output import ExitCode, api_errors, emit, fail, key_values
+
+
+def default_name(source: Path) -> str:
+    stem = re.sub(r"[^A-Za-z0-9-]+", "-", source.resolve().stem).strip("-").lower() or "app"
+    return f"{stem[:25].strip('-')}-{secrets.token_hex(3)}"
+
+
+def deploy(
+    source: Path = typer.Argument(..., help="A directory (every file in it) or a .zip archive."),
+    name: str = typer.Option(
+        None, "--name", "-n", help="uniqueName: the public host name [default: DIR-xxxxxx]."
+    ),
+    display_name: str = typer.Option(None, "--display-name", help="[default: the name]"),
+    description: str = typer.Option(None, "--description"),
+    months: int = typer.Option(1, "--months", min=1, max=120, help="Months paid for (multiplies the price)."),
+    port: int = typer.Option(3000, "--port", help="The port the application listens on."),
+    runtime: str = typer.Option(None, "--runtime", help="e.g. python:3.12, node:22, static."),
+    run_command: str = typer.Option(None, "--run-command", help="How to start it (else inferred)."),
+    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the running app (repeat)."),
+    chain: str = typer.Option("base", "--chain", help="base or arbitrum."),
+    token: str = typer.Option("usdc", "--token", help="usdc or usdt."),
+    use_existing_credits: bool = typer.Option(
+        False, "--use-existing-credits", help="Deploy on credits shared with your active projects."
+    ),
+    gateway_url: str = typer.Option(
+        None, "--gateway-url", envvar="PADDOCK_GATEWAY_URL", help="[default: http://127.0.0.1:8082]"
+    ),
+    key_file: Path = typer.Option(None, "--key-file", help="A file holding the wallet's private key (hex)."),
+    rpc_url: str = typer.Option(
+        None, "--rpc-url", help="JSON-RPC URL of --chain (or PADDOCK_RPC_URL_<CHAIN>)."
+    ),
+    devchain: Path = typer.Option(
+        None, "--devchain", help="A dev chain's devchain.json: RPC URLs, demo wallet."
+    ),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the build."),
+    poll_interval: float = typer.Option(5.0, "--poll-interval", help="Seconds between status polls."),
+    json_out: bool = typer.Option(False, "--json", help="Print the deployment as JSON."),
+) -> None:
+    """Deploy a directory through the payment gateway: quote, pay (ERC-20), build, print the URL."""
+    from rich.console import Console
+
+    try:
+        from paddock.gateway import GatewayClient
+    except ImportError as exc:
+        raise fail(str(exc), ExitCode.USAGE) from None
+
+    rpc_urls: dict[str, str] = {}
+    private_key = os.environ.get("PADDOCK_WALLET_KEY")
+    if devchain is not None:
+        try:
+            info = json.loads(devchain.read_text())
+        except (OSError, ValueError) as exc:
+            raise fail(f"--devchain: {exc}", ExitCode.USAGE) from None
+        rpc_urls.update({n: c["rpc_url"] for n, c in info.get("chains", {}).items()})
+        private_key = private_key or info.get("demo_wallet", {}).get("private_key")
+    if key_file is not None:
+        try:
+            private_key = key_file.read_text().strip()
+        except OSError as exc:
+            raise fail(f"--key-file: {exc}", ExitCode.USAGE) from None
+    if not private_key:
+        raise fail("no wallet key: set PADDOCK_WALLET_KEY, or pass --key-file or --devchain", ExitCode.USAGE)
+    if rpc_url:
+        rpc_urls[chain] = rpc_url
+    if not source.exists():
+        raise fail(f"{source}: no such directory or file", ExitCode.USAGE)
+
+    settings: dict[str, Any] = {"port": port}
+    if runtime:
+        settings["runtime"] = runtime
+    if run_command:
+        settings["runCommand"] = run_command
+    if env:
+        settings["runEnvs"] = key_values(env, "--env")
+    unique_name = name or default_name(source)
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    seen: list[str] = []
+
+    def progress(stage: str, detail: dict[str, Any]) -> None:
+        if stage == "upload":
+            console.print(
+                f"[bold]upload[/]        {detail['files']} file(s), {detail['bytes'] // 1024} KiB as {unique_name}"
+            )
+        elif stage == "quote":
+            console.print(
+                f"[bold]quote[/]         {detail['amount_usd']} USD = {detail['amount_token']} raw {token} "
+                f"to {detail['pay_to']} on {chain}"
+            )
+        elif stage == "payment":
+            resumed = " (resubmitting an earlier payment)" if detail.get("resumed") else ""
+            console.print(f"[bold]payment[/]       {detail['tx_hash']}{resumed}")
+        elif stage == "confirmation":
+            console.print("[bold]confirmation[/]  the gateway accepted the payment")
+        elif stage == "build":
+            state = str(detail.get("deployment_status") or detail.get("status"))
+            if not seen or seen[-1] != state:
+                console.print(f"[bold]build[/]         {state}")
+                seen.append(state)
+        elif stage == "ready":
+            console.print(f"[bold green]ready[/]         {detail.get('endpoint') or '(no URL yet)'}")
+
+    with api_errors():
+        try:
+            gateway = GatewayClient(
+                gateway_url, private_key, rpc_urls=rpc_urls, poll_interval_s=poll_interval
+            )
+        except ValueError as exc:
+            raise fail(str(exc), ExitCode.USAGE) from None
+        with gateway:
+            try:
+                deployment = gateway.deploy(
+                    source,
+                    unique_name=unique_name,
+                    display_name=display_name,
+                    description=description,
+                    months=months,
+                    settings=settings,
+                    chain=chain,
+                    token=token,
+                    use_existing_credits=use_existing_credits,
+                    timeout_s=timeout,
+                    on_progress=progress,
+                )
+            except ValueError as exc:
+                raise fail(str(exc), ExitCode.USAGE) from None
+    emit(deployment, json_out, lambda d: typer.echo(d.url or d.project_id))

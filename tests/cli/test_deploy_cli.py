@@ -1,0 +1,83 @@
+"""``paddock deploy DIR``: a subprocess paying a real gateway on real anvil chains, as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import RECIPIENT, Gateway, Wallet, free_port, new_wallet, rpc, unique_name
+
+pytestmark = [pytest.mark.chain, pytest.mark.slow]
+
+
+async def paddock_deploy(
+    gw: Gateway, key: str, tmp_path: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env.update(
+        {
+            "PADDOCK_WALLET_KEY": key,
+            "PADDOCK_GATEWAY_URL": gw.url,
+            "PADDOCK_RPC_URL_BASE": gw.chains["base"].rpc_url,
+            "PADDOCK_PAYMENTS_FILE": str(tmp_path / "payments.json"),
+        }
+    )
+    command = [sys.executable, "-m", "paddock_cli.main", "deploy", *args, "--poll-interval", "0.3"]
+    return await asyncio.to_thread(
+        subprocess.run, command, env=env, capture_output=True, text=True, timeout=180
+    )
+
+
+def key_of(wallet: Wallet) -> str:
+    return "0x" + bytes(wallet.account.key).hex()
+
+
+async def test_deploy_a_directory_shows_progress_and_prints_the_url(
+    chain_gateway: Gateway, paying_wallet: Wallet, tmp_path: Path
+) -> None:
+    base = chain_gateway.chains["base"]
+    app = tmp_path / "my-site"
+    app.mkdir()
+    (app / "index.html").write_text("<p>deployed from the CLI</p>")
+    port = free_port()
+    before = await base.token_balance("usdc", RECIPIENT)
+    ran = await paddock_deploy(chain_gateway, key_of(paying_wallet), tmp_path, str(app), "--port", str(port),
+                               "--chain", "base", "--token", "usdc")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == f"http://127.0.0.1:{port}\n"
+    stages = [line.split()[0] for line in ran.stderr.splitlines()]
+    assert stages[:4] == ["upload", "quote", "payment", "confirmation"] and stages[-1] == "ready"
+    assert "build" in stages and "1.813947 USD = 1813947 raw usdc" in ran.stderr
+    assert "as my-site-" in ran.stderr  # the default name: the directory's plus a suffix
+    async with httpx.AsyncClient() as http:
+        assert "deployed from the CLI" in (await http.get(f"http://127.0.0.1:{port}/index.html")).text
+    assert await base.token_balance("usdc", RECIPIENT) == before + 1_813_947
+
+    again = await paddock_deploy(chain_gateway, key_of(paying_wallet), tmp_path, str(app), "--json",
+                                 "--name", unique_name("json"), "--port", str(free_port()))  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    deployment = json.loads(again.stdout)
+    assert deployment["status"] == "ready" and deployment["tx_hash"].startswith("0x")
+
+
+async def test_deploy_exit_codes(chain_gateway: Gateway, tmp_path: Path) -> None:
+    poor = new_wallet()
+    await rpc(chain_gateway.chains["base"].rpc_url, "anvil_setBalance", [poor.address, hex(10**18)])
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "index.html").write_text("x")
+    short = await paddock_deploy(chain_gateway, key_of(poor), tmp_path, str(tmp_path / "app"))
+    assert short.returncode == 6 and "holds 0 raw usdc" in short.stderr
+    assert "quote" in short.stderr and "payment " not in short.stderr
+    missing = await paddock_deploy(chain_gateway, key_of(poor), tmp_path, str(tmp_path / "nope"))
+    assert missing.returncode == 2
+    bad_name = await paddock_deploy(
+        chain_gateway, key_of(poor), tmp_path, str(tmp_path / "app"), "--name", "x"
+    )
+    assert bad_name.returncode == 1 and "invalid_body" in bad_name.stderr
