@@ -81,3 +81,53 @@ async def test_deploy_exit_codes(chain_gateway: Gateway, tmp_path: Path) -> None
         chain_gateway, key_of(poor), tmp_path, str(tmp_path / "app"), "--name", "x"
     )
     assert bad_name.returncode == 1 and "invalid_body" in bad_name.stderr
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_blocks(language: str, marker: str) -> list[str]:
+    import re
+
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+    return [block for block in blocks if marker in block]
+
+
+async def test_the_readme_gateway_examples_run(
+    chain_gateway: Gateway, paying_wallet: Wallet, tmp_path: Path
+) -> None:
+    """The README's GatewayClient block and its ``paddock deploy`` line, as written; only the project
+    name and the port are made unique for this run."""
+    [python_block] = readme_blocks("python", "GatewayClient()")
+    [sh_block] = readme_blocks("sh", "paddock deploy ./site")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("<p>from the README</p>")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env.update(
+        {
+            "PADDOCK_WALLET_KEY": key_of(paying_wallet),
+            "PADDOCK_GATEWAY_URL": chain_gateway.url,
+            "PADDOCK_RPC_URL_BASE": chain_gateway.chains["base"].rpc_url,
+            "PADDOCK_PAYMENTS_FILE": str(tmp_path / "payments.json"),
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+        }
+    )
+    for block, command in (
+        (python_block, [sys.executable, "-c"]),
+        (sh_block, ["bash", "-euo", "pipefail", "-c"]),
+    ):
+        port = free_port()
+        script = block.replace("my-site-3f9a1c", unique_name("readme")).replace("8000", str(port))
+        ran = await asyncio.to_thread(
+            subprocess.run,
+            [*command, script],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.startswith(f"http://127.0.0.1:{port}")
+        async with httpx.AsyncClient() as http:
+            assert "from the README" in (await http.get(f"http://127.0.0.1:{port}/index.html")).text
