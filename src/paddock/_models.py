@@ -47,6 +47,8 @@ class SandboxInfo:
     ingress_url_template: str | None = None
     auto_pause_after_seconds: int | None = None
     forked_from: str | None = None
+    #: Private networks joined: ``[{"id", "status": "pending"|"active", "ip"?}]`` (the overlay address).
+    networks: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
