@@ -28,6 +28,8 @@ from paddock_core.logging import get_logger
 log = get_logger("paddock.ingress")
 
 SWEEP_S = 1.0
+#: Requests that may be sent twice when a reused upstream connection turns out to be closed (RFC 9110).
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 #: After the response, how long the request body may still take before the connection is closed.
 BODY_GRACE_S = 1.0
 FORWARDED_HEADERS = ("x-forwarded-for", "x-forwarded-proto", "x-forwarded-host")
@@ -39,8 +41,8 @@ class Upstream:
     address: str
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    #: Carried an earlier request: the app may have closed it while idle, so a bodiless request that
-    #: gets no answer at all on it is retried once on a fresh connection.
+    #: Carried an earlier request: the app may have closed it while idle, so an idempotent bodiless
+    #: request that gets no answer at all on it is retried once on a fresh connection.
     reused: bool = False
 
     @property
@@ -284,7 +286,7 @@ class _Connection:
         touch(self.proxy.services, upstream.target.sandbox_id)
         forwarded = self._forwarded_head(request)
         head: http1.Head | None = None
-        if framing == http1.NO_BODY and upstream.reused:
+        if framing == http1.NO_BODY and upstream.reused and request.method in IDEMPOTENT:
             head = await self._send_retrying(upstream, forwarded)
             if self.upstream is None:
                 return False

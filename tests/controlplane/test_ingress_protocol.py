@@ -1,0 +1,234 @@
+"""HTTP/1.1 corners of the ingress proxy, against scripted upstream apps on 127.0.0.1.
+
+The unit seam is the router: it answers every sandbox with address 127.0.0.1, so the proxy dials a local
+asyncio server that plays the app. Routing, waking and real sandboxes are covered end to end in
+tests/network/test_ingress.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from paddock_controlplane.ingress.proxy import IngressProxy
+from paddock_controlplane.ingress.routing import IngressError, Route
+from paddock_controlplane.settings import ControlPlaneSettings
+
+SANDBOX = "sb-01testtesttesttesttesttest"
+DOMAIN = "sandbox.localhost"
+
+App = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class LoopbackRouter:
+    """Every sandbox is running, ingress on, at 127.0.0.1 — except ``sb-off…`` (ingress off)."""
+
+    async def resolve(self, sandbox_id: str) -> Route:
+        if sandbox_id.startswith("sb-off"):
+            raise IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
+        return Route(sandbox_id, "u", "running", "127.0.0.1", True)
+
+    async def still_open(self, sandbox_id: str) -> bool:
+        return not sandbox_id.startswith("sb-off")
+
+
+@pytest.fixture
+async def proxy_port() -> AsyncIterator[int]:
+    settings = ControlPlaneSettings(
+        ingress_port=0, ingress_domain=DOMAIN, data_dir="/tmp/unused", ingress_idle_timeout_s=5
+    )
+    services = SimpleNamespace(settings=settings, extras={})
+    proxy = IngressProxy(services, LoopbackRouter())  # type: ignore[arg-type]
+    server = await asyncio.start_server(proxy._plain, "127.0.0.1", 0)
+    proxy.servers.append(server)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        await proxy.stop()
+
+
+async def start_app(handler: App) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def read_head(reader: asyncio.StreamReader) -> str:
+    return (await reader.readuntil(b"\r\n\r\n")).decode()
+
+
+async def talk(
+    proxy_port: int, app_port: int, raw: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+    writer.write(raw.replace(b"HOST", f"{app_port}-{SANDBOX}.{DOMAIN}".encode()))
+    await writer.drain()
+    return reader, writer
+
+
+def handler_from(answers: list[bytes], requests: list[str] | None = None) -> App:
+    """An app that answers each request head (bodies must be absent) with the next canned answer."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in answers:
+            try:
+                head = await read_head(reader)
+            except asyncio.IncompleteReadError:
+                break
+            if requests is not None:
+                requests.append(head)
+            writer.write(answer)
+            await writer.drain()
+        writer.close()
+
+    return handle
+
+
+async def test_head_204_and_304_have_no_body_and_keep_the_connection(proxy_port: int) -> None:
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n",  # to HEAD: no body follows
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    ]
+    server, app_port = await start_app(handler_from(answers))
+    async with server:
+        reader, writer = await talk(proxy_port, app_port, b"HEAD / HTTP/1.1\r\nHost: HOST\r\n\r\n")
+        assert (await read_head(reader)).startswith("HTTP/1.1 200 OK")
+        for expected in ("204", "304", "200"):
+            writer.write(f"GET / HTTP/1.1\r\nHost: {app_port}-{SANDBOX}.{DOMAIN}\r\n\r\n".encode())
+            assert (await read_head(reader)).startswith(f"HTTP/1.1 {expected}")
+        assert await reader.readexactly(2) == b"ok"
+        writer.close()
+
+
+async def test_chunked_with_trailers_and_a_close_delimited_body(proxy_port: int) -> None:
+    answers = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n0\r\nX-Trailer: yes\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\n\r\nuntil the end",
+    ]
+    server, app_port = await start_app(handler_from(answers))
+    async with server:
+        reader, writer = await talk(
+            proxy_port,
+            app_port,
+            b"GET /a HTTP/1.1\r\nHost: HOST\r\n\r\nGET /b HTTP/1.1\r\nHost: HOST\r\n\r\n",
+        )
+        data = await asyncio.wait_for(reader.read(), 10)  # pipelined; the second body ends at close
+        writer.close()
+    assert data.count(b"HTTP/1.") == 2
+    assert b"3;ext=1\r\nabc\r\n0\r\nX-Trailer: yes\r\n\r\nHTTP/1.0 200 OK" in data
+    assert data.endswith(b"until the end")
+
+
+async def test_expect_100_continue_reaches_the_client_before_the_body(proxy_port: int) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        body = await reader.readexactly(5)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n" + body.upper())
+        await writer.drain()
+        writer.close()
+
+    server, app_port = await start_app(handle)
+    async with server:
+        reader, writer = await talk(
+            proxy_port,
+            app_port,
+            b"POST / HTTP/1.1\r\nHost: HOST\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+        )
+        assert (await asyncio.wait_for(read_head(reader), 5)).startswith("HTTP/1.1 100 Continue")
+        writer.write(b"hello")
+        assert (await read_head(reader)).startswith("HTTP/1.1 200 OK")
+        assert await reader.readexactly(5) == b"HELLO"
+        writer.close()
+
+
+async def test_an_app_that_closed_an_idle_connection_is_redialled(proxy_port: int) -> None:
+    seen: list[str] = []
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    server, app_port = await start_app(handler_from([answer], seen))  # one request per connection
+    async with server:
+        reader, writer = await talk(proxy_port, app_port, b"GET / HTTP/1.1\r\nHost: HOST\r\n\r\n")
+        for _ in range(3):
+            assert (await read_head(reader)).startswith("HTTP/1.1 200 OK")
+            assert await reader.readexactly(2) == b"ok"
+            writer.write(f"GET / HTTP/1.1\r\nHost: {app_port}-{SANDBOX}.{DOMAIN}\r\n\r\n".encode())
+        assert (await read_head(reader)).startswith("HTTP/1.1 200 OK")
+        writer.close()
+    assert len(seen) == 4
+
+
+async def test_a_get_that_meets_a_closing_keep_alive_connection_is_sent_again(proxy_port: int) -> None:
+    """The app's keep-alive timer fires just as the next request arrives: it closes without an answer."""
+    connections: list[int] = []
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        await read_head(reader)
+        writer.write(answer)
+        await writer.drain()
+        if len(connections) == 1:
+            await read_head(reader)  # the second request: dropped unanswered
+        writer.close()
+
+    server, app_port = await start_app(handle)
+    async with server:
+        request = f"GET / HTTP/1.1\r\nHost: {app_port}-{SANDBOX}.{DOMAIN}\r\n\r\n".encode()
+        reader, writer = await talk(proxy_port, app_port, request)
+        assert (await read_head(reader)).startswith("HTTP/1.1 200 OK")
+        assert await reader.readexactly(2) == b"ok"
+        writer.write(request)
+        assert (await asyncio.wait_for(read_head(reader), 5)).startswith("HTTP/1.1 200 OK")
+        writer.close()
+    assert len(connections) == 2
+
+
+async def test_absolute_form_targets_and_forwarded_headers(proxy_port: int) -> None:
+    seen: list[str] = []
+    server, app_port = await start_app(handler_from([b"HTTP/1.1 204 No Content\r\n\r\n"], seen))
+    async with server:
+        reader, writer = await talk(
+            proxy_port,
+            app_port,
+            b"GET http://HOST/x?y=1 HTTP/1.1\r\nHost: ignored.example\r\nX-Forwarded-Proto: https\r\n\r\n",
+        )
+        assert (await read_head(reader)).startswith("HTTP/1.1 204")
+        writer.close()
+    [head] = seen
+    assert head.startswith("GET /x?y=1 HTTP/1.1\r\n")
+    assert "X-Forwarded-For: 127.0.0.1\r\n" in head
+    assert "X-Forwarded-Proto: http\r\n" in head and "https" not in head
+
+
+@pytest.mark.parametrize(
+    ("answer", "code"),
+    [(b"garbage\r\n\r\n", "BAD_UPSTREAM_RESPONSE"), (b"", "EMPTY_UPSTREAM_RESPONSE")],
+)
+async def test_a_broken_app_gets_a_502_page(proxy_port: int, answer: bytes, code: str) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server, app_port = await start_app(handle)
+    async with server:
+        reader, writer = await talk(proxy_port, app_port, b"GET / HTTP/1.1\r\nHost: HOST\r\n\r\n")
+        data = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    assert data.startswith(b"HTTP/1.1 502 Bad Gateway")
+    assert f"X-Paddock-Ingress-Error: {code}".encode() in data
+
+
+async def test_a_disabled_sandbox_gets_404_and_an_html_page_for_browsers(proxy_port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+    writer.write(f"GET / HTTP/1.1\r\nHost: 80-sb-off1.{DOMAIN}\r\nAccept: text/html\r\n\r\n".encode())
+    data: Any = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert data.startswith(b"HTTP/1.1 404 Not Found")
+    assert b"X-Paddock-Ingress-Error: INGRESS_DISABLED" in data and b"<h1>404 Not Found</h1>" in data
