@@ -1,6 +1,6 @@
 """What the ingress proxy adds: the same request to an app in a sandbox, direct vs through the proxy.
 
-    .venv/bin/python -m bench.ingress_bench [--requests 500] [--upload-mib 64]
+    .venv/bin/python -m bench.ingress_bench [--requests 500] [--transfer-mib 256]
 
 One ``tests.live`` platform (control plane with the ingress listener on 127.0.0.1, one host agent), one
 running sandbox with ingress on, ``tests/network/sandbox_app.pl`` listening on port 8000 inside it.
@@ -10,7 +10,8 @@ Measured from the host, alternating the two paths request by request so both see
   connection reused) — floor: the same request to ``<sandbox ip>:8000`` directly;
 - ``GET /hello`` on a new connection each time (``Connection: close``) — the proxy also dials the
   sandbox for each;
-- a ``POST /echo`` upload of ``--upload-mib`` MiB (MiB/s), streamed through.
+- a download (``GET /zeros``) and an upload (``POST /sink``) of ``--transfer-mib`` MiB (MiB/s), streamed
+  through (the app in perl is part of both paths' cost).
 
 The client is a minimal blocking socket client (no HTTP library overhead in the numbers). Added latency
 is p50(proxy) − p50(direct). Needs root and the debian:13 image. Never fails on a time.
@@ -62,7 +63,7 @@ def _request(host: str, *, close: bool = False) -> bytes:
 
 
 def measure(
-    direct: tuple[str, int], proxy: tuple[str, int], ingress_host: str, requests: int, upload_mib: int
+    direct: tuple[str, int], proxy: tuple[str, int], ingress_host: str, requests: int, transfer_mib: int
 ) -> dict[str, dict[str, Any]]:
     samples: dict[str, list[float]] = {}
 
@@ -93,20 +94,47 @@ def measure(
         for sock in kept.values():
             sock.close()
     results = {op: summarize(values) for op, values in samples.items()}
-    body = os.urandom(1 << 20)
+    block = os.urandom(1 << 20)
     for name, (address, host) in paths.items():
         with socket.create_connection(address) as sock:
             started = time.perf_counter()
+            sock.sendall(f"GET /zeros?mib={transfer_mib} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            received = _count_body(sock)
+            seconds = time.perf_counter() - started
+        assert received == transfer_mib << 20, received
+        results[f"download {transfer_mib} MiB, {name}"] = {"mib_per_s": transfer_mib / seconds}
+        with socket.create_connection(address) as sock:
+            started = time.perf_counter()
             sock.sendall(
-                f"POST /echo HTTP/1.1\r\nHost: {host}\r\nContent-Length: {upload_mib << 20}\r\n\r\n".encode()
+                f"POST /sink HTTP/1.1\r\nHost: {host}\r\nContent-Length: {transfer_mib << 20}\r\n\r\n".encode()
             )
-            for _ in range(upload_mib):
-                sock.sendall(body)
+            for _ in range(transfer_mib):
+                sock.sendall(block)
             answer = _recv_response(sock)
             seconds = time.perf_counter() - started
-        assert answer.startswith(f"bytes={upload_mib << 20} ".encode()), answer
-        results[f"upload {upload_mib} MiB, {name}"] = {"mib_per_s": upload_mib / seconds}
+        assert answer == f"bytes={transfer_mib << 20}\n".encode(), answer
+        results[f"upload {transfer_mib} MiB, {name}"] = {"mib_per_s": transfer_mib / seconds}
     return results
+
+
+def _count_body(sock: socket.socket) -> int:
+    """Reads a Content-Length response and returns the body length, without keeping the bytes."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.partition(b":")[2])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    received = len(rest)
+    while received < length:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        received += len(chunk)
+    return received
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
@@ -128,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--requests", type=int, default=500, help="recorded keep-alive requests per path")
-    parser.add_argument("--upload-mib", type=int, default=64)
+    parser.add_argument("--transfer-mib", type=int, default=256, help="size of the download and upload")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -158,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("127.0.0.1", proxy_port),
                 f"{ingress_host(sandbox['id'])}:{proxy_port}",
                 args.requests,
-                args.upload_mib,
+                args.transfer_mib,
             )
             http.delete(f"/v1/sandboxes/{sandbox['id']}")
     finally:

@@ -45,4 +45,5 @@ def test_ingress_bench_measures_the_proxy_against_direct(tmp_path: Path) -> None
         assert results[f"keep-alive GET, {path}"]["n"] == 20
         assert results[f"new connection GET, {path}"]["n"] == 50
         assert results[f"upload 2 MiB, {path}"]["mib_per_s"] > 0
+        assert results[f"download 2 MiB, {path}"]["mib_per_s"] > 0
     assert "added by the proxy, keep-alive GET: p50" in done.stdout

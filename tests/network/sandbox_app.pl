@@ -3,6 +3,8 @@
 #   GET  /hello              -> "hello from <hostname> conn=<client port>", keep-alive
 #   GET  /stream?n=N&ms=M    -> N chunks "chunk <i>\n", M ms apart (chunked encoding)
 #   POST /echo               -> "bytes=<n> sum=<32-bit byte sum>" of the request body
+#   GET  /zeros?mib=N        -> N MiB of zero bytes (Content-Length)
+#   POST /sink               -> "bytes=<n>" of a Content-Length body (counted, not summed)
 #   POST /pingpong           -> each request-body chunk echoed back at once (chunked both ways)
 #   GET  /ws (Upgrade)       -> WebSocket echo (Sec-WebSocket-Accept computed with openssl)
 #   anything else            -> 404 "app: no route"
@@ -75,6 +77,18 @@ sub serve {
                 select(undef, undef, undef, $ms / 1000) if $i < $n;
             }
             send_all($c, "0\r\n\r\n");
+        } elsif ($path =~ m{^/zeros\?mib=(\d+)}) {
+            my $block = "\0" x 1048576;
+            send_all($c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: " . ($1 << 20) . "\r\n\r\n");
+            send_all($c, $block) for 1 .. $1;
+        } elsif ($path eq "/sink") {
+            my ($n, $left) = (0, $h{"content-length"} || 0);
+            while ($left > 0) {
+                if (!length $buf) { fill($c) or return; }
+                my $take = length $buf < $left ? length $buf : $left;
+                substr($buf, 0, $take, ""); $n += $take; $left -= $take;
+            }
+            respond($c, "200 OK", "bytes=$n\n", "Content-Type: text/plain");
         } elsif ($path eq "/echo") {
             my ($n, $sum) = (0, 0);
             if (($h{"transfer-encoding"} || "") =~ /chunked/i) {
