@@ -12,7 +12,9 @@ import contextlib
 from dataclasses import dataclass, field
 
 MAX_HEAD_BYTES = 64 * 1024
-COPY_CHUNK_BYTES = 64 * 1024
+#: asyncio stream buffer limit: reading pauses at twice this; a head may not exceed MAX_HEAD_BYTES.
+STREAM_LIMIT_BYTES = 256 * 1024
+COPY_CHUNK_BYTES = 256 * 1024
 
 
 class ProtocolError(Exception):
@@ -87,6 +89,8 @@ async def read_head(reader: asyncio.StreamReader) -> Head | None:
         raise ProtocolError("connection closed inside a message head") from None
     except asyncio.LimitOverrunError:
         raise ProtocolError(f"message head larger than {MAX_HEAD_BYTES} bytes") from None
+    if len(raw) > MAX_HEAD_BYTES:
+        raise ProtocolError(f"message head larger than {MAX_HEAD_BYTES} bytes")
     lines = raw.decode("latin-1").split("\r\n")
     while lines and not lines[0]:
         lines.pop(0)  # RFC 9112 §2.2: ignore empty lines before a request line

@@ -72,7 +72,11 @@ class IngressProxy:
         opened: list[tuple[str, str, int]] = []
         if self.settings.ingress_port:
             server = await asyncio.start_server(
-                self._plain, host, self.settings.ingress_port, limit=http1.MAX_HEAD_BYTES, reuse_address=True
+                self._plain,
+                host,
+                self.settings.ingress_port,
+                limit=http1.STREAM_LIMIT_BYTES,
+                reuse_address=True,
             )
             self.servers.append(server)
             opened.append(("http", host, server.sockets[0].getsockname()[1]))
@@ -84,7 +88,7 @@ class IngressProxy:
                 self._secure,
                 host,
                 self.settings.ingress_tls_port,
-                limit=http1.MAX_HEAD_BYTES,
+                limit=http1.STREAM_LIMIT_BYTES,
                 reuse_address=True,
                 ssl=self._tls,
                 ssl_handshake_timeout=10,
@@ -256,7 +260,7 @@ class _Connection:
             return
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(address, target.port, limit=http1.MAX_HEAD_BYTES),
+                asyncio.open_connection(address, target.port, limit=http1.STREAM_LIMIT_BYTES),
                 self.settings.ingress_connect_timeout_s,
             )
         except ConnectionRefusedError:
