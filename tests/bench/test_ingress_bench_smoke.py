@@ -1,6 +1,6 @@
 """``bench/ingress_bench.py`` cannot rot: a short run measures both paths and writes every row.
 
-Asserts that the harness works (both paths answered every request, the upload arrived whole), never a
+Asserts that the harness works (both paths answered every request, the download and upload arrived whole), never a
 time.
 """
 
@@ -29,7 +29,7 @@ def test_ingress_bench_measures_the_proxy_against_direct(tmp_path: Path) -> None
             "bench.ingress_bench",
             "--requests",
             "20",
-            "--upload-mib",
+            "--transfer-mib",
             "2",
             "--json",
             str(out),
