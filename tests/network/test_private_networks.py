@@ -182,6 +182,10 @@ def test_attach_later_detach_and_destroy_leave_nothing(user: User) -> None:
     assert user.dial(a["id"], ip_c) == f"hello from c-{name}"
     (bridge,) = bridges() - before
     assert len(ports(bridge)) == 2
+    # the host has no address on the bridge or its ports: nothing there is routed or answered
+    shown = subprocess.run(["ip", "-o", "addr", "show", "master", bridge], capture_output=True, text=True)
+    bridge_addrs = subprocess.run(["ip", "-o", "addr", "show", "dev", bridge], capture_output=True, text=True)
+    assert shown.stdout.strip() == "" and bridge_addrs.stdout.strip() == ""
 
     detached = user.http.delete(f"/v1/sandboxes/{c['id']}/networks/{net['id']}")
     assert user.ok(detached) == {"ok": True}
@@ -223,6 +227,11 @@ def test_pause_resume_and_fork(user: User) -> None:
     assert user.ok(user.http.post(f"/v1/sandboxes/{b['id']}/pause"))["status"] == "paused"
     assert user.ok(user.http.post(f"/v1/sandboxes/{b['id']}/resume"))["status"] == "running"
     assert user.dial(b["id"], ip_a) == f"hello from a-{name}"  # membership kept across pause/resume
+    # a sandbox created paused joins at boot too, and is reachable once resumed
+    late = user.create(f"p-{name}", networks=[{"id": net["id"]}], start_paused=True)
+    assert late["status"] == "paused" and overlay_ip(late, net["id"])
+    assert user.ok(user.http.post(f"/v1/sandboxes/{late['id']}/resume"))["status"] == "running"
+    assert user.dial(late["id"], ip_a) == f"hello from a-{name}"
     child = user.ok(user.http.post(f"/v1/sandboxes/{a['id']}/fork", json={}))
     user.created.append(child["id"])
     deadline = time.monotonic() + 30
