@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from paddock_controlplane.ingress.proxy import IngressProxy
-from paddock_controlplane.ingress.routing import IngressError, Route
+from paddock_controlplane.ingress.routing import IngressError, Route, parse_host
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.timeutil import utcnow
 
@@ -233,3 +233,25 @@ async def test_a_disabled_sandbox_gets_404_and_an_html_page_for_browsers(proxy_p
     writer.close()
     assert data.startswith(b"HTTP/1.1 404 Not Found")
     assert b"X-Paddock-Ingress-Error: INGRESS_DISABLED" in data and b"<h1>404 Not Found</h1>" in data
+
+
+@pytest.mark.parametrize(
+    ("authority", "expected"),
+    [
+        (f"3000-{SANDBOX}.{DOMAIN}", (SANDBOX, 3000)),
+        (f"3000-{SANDBOX}.{DOMAIN}:8088", (SANDBOX, 3000)),
+        (f"3000-{SANDBOX.upper()}.SANDBOX.LOCALHOST.", (SANDBOX, 3000)),
+        (f"0-{SANDBOX}.{DOMAIN}", None),
+        (f"65536-{SANDBOX}.{DOMAIN}", None),
+        (f"{SANDBOX}.{DOMAIN}", None),
+        (f"3000.{SANDBOX}.{DOMAIN}", None),
+        (f"x.3000-{SANDBOX}.{DOMAIN}", None),
+        (f"3000-{SANDBOX}.evil.example", None),
+        (f"3000-{SANDBOX}.{DOMAIN}.evil.example", None),
+        (DOMAIN, None),
+        ("[::1]:8088", None),
+    ],
+)
+def test_host_names(authority: str, expected: tuple[str, int] | None) -> None:
+    target = parse_host(authority, DOMAIN)
+    assert (target and (target.sandbox_id, target.port)) == expected
