@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import os
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -93,6 +95,7 @@ def ingress(
             "PADDOCK_CP_INGRESS_TLS_PORT": str(tls_port),
             "PADDOCK_CP_INGRESS_TLS_CERT_FILE": str(cert_file),
             "PADDOCK_CP_INGRESS_TLS_KEY_FILE": str(key_file),
+            "PADDOCK_CP_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",  # a dead local URL, to list the events
         },
     )
     try:
@@ -214,19 +217,39 @@ def test_nothing_listening_gets_a_502_page(ingress: Ingress, app_sandbox: dict[s
 
 
 def test_a_paused_sandbox_resumes_on_its_first_request(ingress: Ingress) -> None:
+    """Four requests race to a paused sandbox: all are answered, and it resumed once (one webhook event)."""
     with ingress.http() as http:
+        hook = http.post(
+            "/v1/webhook-endpoints",
+            json={"url": f"http://127.0.0.1:{free_port()}/hook", "events": ["sandbox.resume"]},
+        )
+        assert hook.status_code == 200, hook.text
         sandbox = create_sandbox(http, ingress_enabled=True)
         sandbox_id = str(sandbox["id"])
         start_app(http, sandbox_id)
         paused = http.post(f"/v1/sandboxes/{sandbox_id}/pause")
         assert paused.status_code == 200, paused.text
         assert http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]["status"] == "paused"
-        with ingress.client(sandbox_id) as client:
-            answer = client.get("/hello")
-        assert answer.status_code == 200 and answer.text.startswith("hello from ")
+
+        def fetch(_: int) -> httpx.Response:
+            with ingress.client(sandbox_id) as client:
+                return client.get("/hello")
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(fetch, range(4)))
+        assert [a.status_code for a in answers] == [200] * 4
+        assert all(a.text.startswith("hello from ") for a in answers)
         view = http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]
         assert view["status"] == "running"
         assert view["last_resumed_at"] >= view["paused_at"]
+        deliveries = http.get(f"/v1/webhook-endpoints/{hook.json()['data']['id']}").json()["data"][
+            "deliveries"
+        ]
+        resumes = [
+            d for d in deliveries if d["eventAction"] == "sandbox.resume" and sandbox_id in json.dumps(d)
+        ]
+        assert len(resumes) == 1, deliveries
+        http.delete(f"/v1/webhook-endpoints/{hook.json()['data']['id']}")
         http.delete(f"/v1/sandboxes/{sandbox_id}")
 
 
