@@ -171,8 +171,18 @@ def sandbox_cgroup_dirs(sandbox_ids: list[str]) -> list[Path]:
     found: list[Path] = []
     for sandbox_id in sandbox_ids:
         for hierarchy in root.iterdir():
-            found += [path for path in hierarchy.glob(f"**/paddock*/{sandbox_id}") if path.is_dir()]
+            found += [path for path in _glob(hierarchy, f"**/paddock*/{sandbox_id}") if path.is_dir()]
     return found
+
+
+def _glob(directory: Path, pattern: str) -> list[Path]:
+    """``directory.glob`` that tolerates other tests' cgroups vanishing while it walks the tree."""
+    for _ in range(10):
+        try:
+            return list(directory.glob(pattern))
+        except FileNotFoundError:
+            time.sleep(0.05)
+    return list(directory.glob(pattern))
 
 
 def leftovers(state_dir: Path, sandbox_ids: list[str] = ()) -> list[str]:  # type: ignore[assignment]
@@ -180,7 +190,7 @@ def leftovers(state_dir: Path, sandbox_ids: list[str] = ()) -> list[str]:  # typ
     found: list[str] = [f"cgroup {path}" for path in sandbox_cgroup_dirs(list(sandbox_ids))]
     tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        found += [f"cgroup {path}" for path in hierarchy.glob(f"**/paddock-{tag}")]
+        found += [f"cgroup {path}" for path in _glob(hierarchy, f"**/paddock-{tag}")]
     slots_dir = state_dir / "slots"
     if slots_dir.is_dir():
         for slot in slots_dir.iterdir():
