@@ -4,12 +4,13 @@ The run stops at ``cap`` (a time budget, not a limit of Paddock), at the first r
 error code is the stop reason) or when the host's MemAvailable falls under 10 %. Then, with every
 sandbox idle:
 
-- host memory per sandbox: the fall of MemAvailable since the start, divided by the count (kernel
-  objects, page cache of the disks, everything; noisy when other work runs on the machine);
-- the parts: growth of the control plane's and the host agent's RSS per sandbox, each sandbox's memory
-  cgroup usage (what its limit counts) and its guest agent's RSS (PID 1 of the sandbox);
-- how many would fit: MemAvailable at the start ÷ host memory per sandbox (extrapolated), and the
-  host's schedulable memory ÷ the shape's memory (the scheduler's own stop).
+- host memory per sandbox, accounted: its memory cgroup's usage (what its limit counts: the guest agent
+  and anything it runs) + the growth of unreclaimable kernel memory (slab, page tables, stacks: netns,
+  veth, loop device, overlay) + the growth of the control plane's and host agent's RSS, per sandbox;
+- as a cross-check, the fall of MemAvailable per sandbox (noisy: every other process on the machine
+  moves it); the guest agent's RSS (PID 1 of the sandbox) is shown too;
+- how many would fit: MemAvailable at the start ÷ accounted memory per sandbox (extrapolated), and
+  the host's schedulable memory ÷ the shape's memory (the scheduler's own stop).
 Per-user caps (plans) are avoided by spreading the sandboxes over enterprise users.
 """
 
@@ -37,6 +38,11 @@ def rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def kernel_kib() -> int:
+    """Kernel memory nobody can reclaim: unreclaimable slab, page tables, kernel stacks."""
+    return sum(meminfo_kib(field) for field in ("SUnreclaim", "PageTables", "KernelStack"))
 
 
 def memory_cgroup(sandbox_id: str) -> Path | None:
@@ -94,6 +100,7 @@ def run(
     wait_pool()
     time.sleep(1)
     start_available = meminfo_kib("MemAvailable")
+    start_kernel = kernel_kib()
     start_cp, start_agent = rss_kib(cp_pid), rss_kib(agent_pid)
     host_info = agent.get("/internal/v1/info").json()
     samples = Samples()
@@ -120,6 +127,7 @@ def run(
         time.sleep(2)  # let page cache and lazily started helpers settle
         count = len(made)
         end_available = meminfo_kib("MemAvailable")
+        end_kernel = kernel_kib()
         end_cp, end_agent = rss_kib(cp_pid), rss_kib(agent_pid)
         usages, rsses, guests = [], [], []
         for sandbox in made:
@@ -130,25 +138,31 @@ def run(
             usages.append(usage / 2**20)
             rsses.append(rss / 2**20)
             guests.append(guest_rss_kib(group) / 1024)
-        host_per_sb = (start_available - end_available) / 1024 / count if count else float("nan")
+        per = (lambda kib: kib / 1024 / count) if count else (lambda kib: float("nan"))
+        cp_per, agent_per = per(end_cp - start_cp), per(end_agent - start_agent)
+        kernel_per = per(end_kernel - start_kernel)
+        cgroup_mean = summarize(usages)["mean"]
+        # What can be attributed to one sandbox; growth that is negative (noise) counts as nothing.
+        accounted = cgroup_mean + max(kernel_per, 0) + max(cp_per, 0) + max(agent_per, 0)
+        available_fall = per(start_available - end_available)
         result: dict[str, Any] = {
             "created": count,
             "stop_reason": stop_reason,
             "shape": SHAPE,
             "disk_mib": DISK_MIB,
-            "host_mib_per_sandbox": host_per_sb,
+            "host_mib_per_sandbox": accounted,
+            "mem_available_fall_mib_per_sandbox": available_fall,
+            "kernel_mib_per_sandbox": kernel_per,
             "controlplane_rss_mib": {"start": start_cp / 1024, "end": end_cp / 1024},
             "hostagent_rss_mib": {"start": start_agent / 1024, "end": end_agent / 1024},
-            "controlplane_mib_per_sandbox": (end_cp - start_cp) / 1024 / count if count else float("nan"),
-            "hostagent_mib_per_sandbox": (end_agent - start_agent) / 1024 / count if count else float("nan"),
+            "controlplane_mib_per_sandbox": cp_per,
+            "hostagent_mib_per_sandbox": agent_per,
             "cgroup_usage_mib": summarize(usages),
             "cgroup_rss_mib": summarize(rsses),
             "guest_agent_rss_mib": summarize(guests),
             "mem_available_mib": {"start": start_available / 1024, "end": end_available / 1024},
             "host_total_mib": host_info.get("total_mib"),
-            "fit_by_memory_extrapolated": int(start_available / 1024 / host_per_sb)
-            if host_per_sb > 0
-            else None,
+            "fit_by_memory_extrapolated": int(start_available / 1024 / accounted) if accounted > 0 else None,
             "fit_by_scheduler": int(host_info.get("total_mib", 0) // SHAPE_MIB),
             "timings": samples.summary(),
         }

@@ -2,7 +2,7 @@
 
 - Throughput: ``wrk`` (Debian package) against ``GET /v1/sandboxes/{id}`` of a running sandbox with a
   valid key, and against the floor (``bench.floor_server``: bare Starlette on uvicorn answering the same
-  bytes). One wrk thread, ``connections`` connections; on this 2-core box wrk shares the CPUs with the
+  bytes); the control plane's ``/healthz`` too (its framework and middleware without auth or database). One wrk thread, ``connections`` connections; on this 2-core box wrk shares the CPUs with the
   server, the same for both.
 - Gateway quote: ``POST /agent/deploy`` with signed wallet headers and no payment → the 402 quote, one
   request at a time from httpx (headers signed before the clock starts), against a real ``paddock
@@ -122,9 +122,17 @@ def throughput(
         floor = wrk(floor_url + path, {}, seconds, connections)
     wrk(cp_url + path, headers, 1, connections)
     paddock = wrk(cp_url + path, headers, seconds, connections)
-    if paddock["non_2xx"]:
-        raise RuntimeError(f"control plane answered {paddock['non_2xx']} non-2xx responses under load")
-    return {"paddock": paddock, "floor": floor, "body_bytes": len(real.content)}
+    # Where the time goes: the same process's framework, middleware and request log, without auth or database.
+    probe = wrk(cp_url + "/healthz", {}, seconds, connections)
+    for name, row in (("sandbox read", paddock), ("/healthz", probe)):
+        if row["non_2xx"]:
+            raise RuntimeError(f"control plane {name}: {row['non_2xx']} non-2xx responses under load")
+    return {
+        "paddock": paddock,
+        "floor": floor,
+        "controlplane_healthz": probe,
+        "body_bytes": len(real.content),
+    }
 
 
 # -- the gateway -------------------------------------------------------------------------------------

@@ -43,6 +43,18 @@ def p50(stats: dict[str, Any] | None) -> float | None:
     return stats.get("p50") if stats and stats.get("n") else None
 
 
+def first_stop(dens: dict[str, Any]) -> str:
+    memory, scheduler = dens.get("fit_by_memory_extrapolated"), dens.get("fit_by_scheduler")
+    if not memory or not scheduler:
+        return "–"
+    if scheduler <= memory:
+        return (
+            f"the scheduler's memory reservation, at {scheduler} sandboxes; memory itself would allow "
+            f"~{memory:,} (extrapolated; other limits, such as the addresses in the host's subnet, come first)"
+        )
+    return f"memory, at ~{memory} sandboxes (the scheduler would allow {scheduler})"
+
+
 def markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     sections = results.get("sections", {})
@@ -112,7 +124,9 @@ def markdown(results: dict[str, Any]) -> str:
         )
     dens = sections.get("density")
     if dens:
-        out.append(f"| host memory per idle sandbox | {num(dens['host_mib_per_sandbox'])} MiB | – | – |")
+        out.append(
+            f"| host memory per idle sandbox (accounted) | {num(dens['host_mib_per_sandbox'], 2)} MiB | – | – |"
+        )
 
     if life:
         systems = [s for s in ("paddock", "hostagent", "runc", "crun", "podman") if s in life]
@@ -166,7 +180,12 @@ def markdown(results: dict[str, Any]) -> str:
             "| measurement | value |",
             "|---|---|",
             f"| sandboxes created | {dens['created']} (stopped by: {dens['stop_reason']}) |",
-            f"| host memory per sandbox (MemAvailable fall ÷ count) | {num(dens['host_mib_per_sandbox'])} MiB |",
+            f"| host memory per sandbox, accounted (cgroup + kernel + control plane + host agent) | "
+            f"{num(dens['host_mib_per_sandbox'], 2)} MiB |",
+            f"| unreclaimable kernel memory growth per sandbox (slab, page tables, stacks) | "
+            f"{num(dens.get('kernel_mib_per_sandbox'), 2)} MiB |",
+            f"| cross-check: MemAvailable fall ÷ count (noisy: the whole machine moves it) | "
+            f"{num(dens.get('mem_available_fall_mib_per_sandbox'), 2)} MiB |",
             f"| control plane RSS growth per sandbox | {num(dens['controlplane_mib_per_sandbox'], 2)} MiB "
             f"({num(dens['controlplane_rss_mib']['start'])} → {num(dens['controlplane_rss_mib']['end'])} MiB) |",
             f"| host agent RSS growth per sandbox | {num(dens['hostagent_mib_per_sandbox'], 2)} MiB "
@@ -174,10 +193,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"| sandbox memory cgroup usage (p50 / p90 / p99) | {spread(dens['cgroup_usage_mib'])} MiB |",
             f"| of which anonymous (rss) | {spread(dens['cgroup_rss_mib'])} MiB |",
             f"| guest agent RSS | {spread(dens['guest_agent_rss_mib'])} MiB |",
-            f"| would fit by memory (MemAvailable at start ÷ per sandbox, extrapolated) | "
+            f"| would fit by memory (MemAvailable at start ÷ accounted per sandbox, extrapolated) | "
             f"{num(dens['fit_by_memory_extrapolated'])} |",
             f"| would fit by the scheduler (host schedulable {num(dens['host_total_mib'])} MiB ÷ 256 MiB) | "
             f"{num(dens['fit_by_scheduler'])} |",
+            f"| first stop | {first_stop(dens)} |",
             f"| create, back to back (warm pool drained) | {spread(dens['timings'].get('create (back to back)'))} ms |",
             f"| destroy, until the API answers (reclaim goes on in the background) | "
             f"{spread(dens['timings'].get('destroy'))} ms |",
@@ -193,8 +213,14 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         for name, row in (
             ("Paddock `GET /v1/sandboxes/{id}` (key auth, database read)", thr["paddock"]),
+            (
+                "Paddock `GET /healthz` (same process: FastAPI, middleware, request log; no auth, no database)",
+                thr.get("controlplane_healthz"),
+            ),
             ("floor: bare Starlette, same response bytes", thr["floor"]),
         ):
+            if row is None:
+                continue
             lat = row["latency_ms"]
             out.append(
                 f"| {name} | {num(row['rps'])} | {num(lat.get('p50'), 2)} / {num(lat.get('p90'), 2)} / "
