@@ -1,0 +1,87 @@
+"""``paddock serve`` as a user starts it: the banner names the ingress URL, and that URL answers with curl.
+
+Everything runs on its own ports, data dir, subnet and nftables table, so it does not meet a ``make run``
+on the same machine.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.hostagent.conftest import debian_image, free_port, image_cache, private_subnet
+from tests.network.ingress_support import start_app
+
+__all__ = ["debian_image"]
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def test_serve_prints_a_working_ingress_url(debian_image: Path, tmp_path: Path) -> None:
+    ports = {name: free_port() for name in ("CP", "HOST", "GW", "CP_INGRESS")}
+    nft_table = f"pdkserve{secrets.token_hex(3)}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
+    env.update({f"PADDOCK_{name}_PORT": str(port) for name, port in ports.items()})
+    env.update(
+        {
+            "PADDOCK_DATA_DIR": str(tmp_path),
+            "PADDOCK_HOST_SUBNET": private_subnet(),
+            "PADDOCK_HOST_NFT_TABLE": nft_table,
+            "PADDOCK_HOST_IMAGE_DIR": str(image_cache()),
+            "PADDOCK_HOST_POOL_SIZE": "0",
+        }
+    )
+    out_path = tmp_path / "serve.out"
+    with open(out_path, "wb") as out:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "paddock_cli.main", "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while "Stop with Ctrl-C." not in out_path.read_text(errors="replace"):
+            assert serve.poll() is None, out_path.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "serve did not start"
+            time.sleep(0.5)
+        banner = out_path.read_text()
+        ingress_port = ports["CP_INGRESS"]
+        assert f"ingress        http://<port>-<sandbox id>.sandbox.localhost:{ingress_port}" in banner
+        key = (tmp_path / "bootstrap-api-key").read_text().strip()
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{ports['CP']}", headers={"X-API-Key": key}, timeout=120
+        ) as http:
+            created = http.post(
+                "/v1/sandboxes", json={"shape": "s-1vcpu-256mb", "disk_mib": 2048, "ingress_enabled": True}
+            )
+            assert created.status_code == 200, created.text
+            sandbox = created.json()["data"]
+            template = sandbox["ingress_url_template"]
+            assert template == f"http://<port>-{sandbox['id']}.sandbox.localhost:{ingress_port}"
+            start_app(http, sandbox["id"], port=3000)
+            curl = subprocess.run(
+                ["curl", "-s", "--max-time", "20", template.replace("<port>", "3000") + "/hello"],
+                capture_output=True,
+                text=True,
+            )
+            assert curl.stdout.startswith("hello from "), (curl.stdout, curl.stderr)
+            assert http.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 200
+            deadline = time.monotonic() + 60
+            while http.get(f"/v1/sandboxes/{sandbox['id']}").json()["data"]["status"] != "destroyed":
+                assert time.monotonic() < deadline, "sandbox was not destroyed"
+                time.sleep(0.2)
+    finally:
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)
+            try:
+                serve.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+                serve.wait()
+        subprocess.run(["nft", "delete", "table", "ip", nft_table], check=False, capture_output=True)
