@@ -255,3 +255,15 @@ async def test_a_disabled_sandbox_gets_404_and_an_html_page_for_browsers(proxy_p
 def test_host_names(authority: str, expected: tuple[str, int] | None) -> None:
     target = parse_host(authority, DOMAIN)
     assert (target and (target.sandbox_id, target.port)) == expected
+
+
+async def test_an_http_1_0_client_is_closed_on_unless_the_app_keeps_it(proxy_port: int) -> None:
+    answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"] * 2
+    server, app_port = await start_app(handler_from(answers))
+    async with server:
+        reader, writer = await talk(
+            proxy_port, app_port, b"GET / HTTP/1.0\r\nHost: HOST\r\nConnection: keep-alive\r\n\r\n"
+        )
+        data = await asyncio.wait_for(reader.read(), 5)  # ends: the proxy closed after the answer
+        writer.close()
+    assert data.startswith(b"HTTP/1.1 200 OK") and data.endswith(b"ok")

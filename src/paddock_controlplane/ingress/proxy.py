@@ -315,6 +315,8 @@ class _Connection:
                 await self._splice(upstream)
                 return False
             keep_alive = request.keep_alive and response.keep_alive
+            if request.version == "HTTP/1.0" and "keep-alive" not in response.head.tokens("connection"):
+                keep_alive = False  # a 1.0 client keeps the connection only if the answer says so
             response_framing = http1.response_framing(response, request.method)
             self.writer.write(response.head.encode())
             self.responded = True
