@@ -259,7 +259,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             rootfs=rootfs,
             now=services.clock(),
             dead_after_s=settings.host_dead_after_s,
-            host_id=spec.host_id,
+            host_id=await networks.placement(session, joined, spec.host_id),
             node_selector=spec.node_selector,
         )
         sandbox = Sandbox(

@@ -223,6 +223,35 @@ async def resolve_refs(
     return out
 
 
+async def member_hosts(session: AsyncSession, network_ids: Sequence[str], *, besides: str = "") -> set[str]:
+    """Hosts running the live members of these networks (a network does not span hosts yet)."""
+    if not network_ids:
+        return set()
+    rows = await session.scalars(
+        select(Sandbox.host_id)
+        .join(NetworkMember, NetworkMember.sandbox_id == Sandbox.id)
+        .where(
+            NetworkMember.network_id.in_(list(network_ids)),
+            Sandbox.status.not_in(TERMINAL),
+            Sandbox.id != besides,
+            Sandbox.host_id.is_not(None),
+        )
+    )
+    return {host for host in rows.all() if host}
+
+
+async def placement(session: AsyncSession, joined: Sequence[Network], host_id: str | None) -> str | None:
+    """Where a new sandbox joining ``joined`` must run: with their current members, on one host."""
+    hosts = await member_hosts(session, [network.id for network in joined])
+    if not hosts:
+        return host_id
+    if len(hosts) > 1 or (host_id and host_id not in hosts):
+        raise errors.InvalidState(
+            "the requested networks' members run on another host; a network does not span hosts yet"
+        )
+    return hosts.pop()
+
+
 async def _allocate_ip(session: AsyncSession, network: Network) -> str:
     """The lowest free host address of the network; ``.1`` is kept for a future gateway or resolver."""
     block = ipaddress.IPv4Network(network.cidr)
@@ -304,6 +333,11 @@ async def attach(services: Services, user_id: str, sandbox_id: str, network_id: 
         if member is not None and member.status == "active":
             return
         if member is None:
+            elsewhere = await member_hosts(session, [network.id], besides=sandbox.id) - {sandbox.host_id}
+            if elsewhere:
+                raise errors.InvalidState(
+                    "the network's members run on another host; a network does not span hosts yet"
+                )
             member = await join(session, network, sandbox.id)
         spec = host_spec(member, network)
     link = await hostlink.for_host(services, sandbox.host_id)

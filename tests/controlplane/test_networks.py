@@ -302,3 +302,40 @@ async def test_network_actions_are_announced(api: httpx.AsyncClient) -> None:
     attach = next(d for d in deliveries if d["eventAction"] == "network.attach")
     payload = json.loads(attach["payload"]) if isinstance(attach["payload"], str) else attach["payload"]
     assert payload["data"]["network_id"] == net["id"] and payload["data"]["sandbox_id"] == sandbox["id"]
+
+
+async def test_members_stay_on_one_host(
+    api: httpx.AsyncClient, controlplane: ControlPlane, fake_host: FakeHostLink
+) -> None:
+    """A network does not span hosts yet: joiners are placed with its members, or refused (409)."""
+    from sqlalchemy import text
+
+    from paddock_core.db import make_engine
+
+    second = {**HOST_BEAT, "id": "host-test-2", "url": "http://127.0.0.1:10"}
+    beat = await controlplane.http.post(
+        "/internal/v1/hosts/heartbeat", json=second, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
+    )
+    assert beat.status_code == 200
+    net = await new_network(api)
+    first = await new_sandbox(api, host_id="host-test-2", networks=[{"id": net["id"]}])
+    joiner = await new_sandbox(api, networks=[{"id": net["id"]}])  # no host asked: placed with `first`
+    body = {"shape": SHAPE, "host_id": "host-test-1", "networks": [{"id": net["id"]}]}
+    fail(await api.post("/v1/sandboxes", json=body), 409, "INVALID_STATE")
+    elsewhere = await new_sandbox(api, host_id="host-test-1")
+    resp = await api.post(f"/v1/sandboxes/{elsewhere['id']}/networks", json={"id": net["id"]})
+    assert "another host" in fail(resp, 409, "INVALID_STATE")["message"]
+    engine = make_engine(controlplane.settings.database_url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(text("SELECT id, host_id FROM sandboxes"))
+            hosts = dict(rows.all())
+    finally:
+        await engine.dispose()
+    assert hosts[first["id"]] == hosts[joiner["id"]] == "host-test-2"
+    # once the members are gone the network can be used anywhere
+    for sandbox in (first, joiner):
+        ok(await api.delete(f"/v1/sandboxes/{sandbox['id']}/networks/{net['id']}"))
+    assert ok(await api.post(f"/v1/sandboxes/{elsewhere['id']}/networks", json={"id": net["id"]})) == {
+        "ok": True
+    }
