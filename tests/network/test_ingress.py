@@ -160,6 +160,20 @@ def test_https_with_a_configured_certificate(ingress: Ingress, app_sandbox: dict
     assert out.stdout.startswith("hello from ")
 
 
+def test_ingress_works_under_a_strict_egress_allowlist(ingress: Ingress) -> None:
+    """Egress rules restrict what the sandbox dials; answers to ingress requests are not egress dials."""
+    with ingress.http() as http:
+        sandbox = create_sandbox(http, ingress_enabled=True, egress=["192.0.2.1:443"])
+        sandbox_id = str(sandbox["id"])
+        start_app(http, sandbox_id)
+        with ingress.client(sandbox_id) as client:
+            answers = [client.get("/hello") for _ in range(3)]
+            streamed = client.get("/zeros?mib=4")
+        assert [a.status_code for a in answers] == [200] * 3
+        assert streamed.status_code == 200 and len(streamed.content) == 4 << 20
+        http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
 def test_not_reachable_without_ingress_and_patch_toggles_it_live(ingress: Ingress) -> None:
     with ingress.http() as http:
         sandbox = create_sandbox(http)
