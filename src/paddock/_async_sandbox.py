@@ -323,7 +323,14 @@ class AsyncSandbox:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.destroy()
+        """Destroy the sandbox; if the block raised, a failing destroy is noted on that error instead."""
+        if exc is None:
+            await self.destroy()
+            return
+        try:
+            await self.destroy()
+        except PaddockError as failed:
+            exc.add_note(f"destroying sandbox {self.id} on the way out also failed: {failed}")
 
 
 async def _chunks(source: Any) -> AsyncIterator[bytes]:

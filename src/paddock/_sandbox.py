@@ -315,7 +315,14 @@ class Sandbox:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.destroy()
+        """Destroy the sandbox; if the block raised, a failing destroy is noted on that error instead."""
+        if exc is None:
+            self.destroy()
+            return
+        try:
+            self.destroy()
+        except PaddockError as failed:
+            exc.add_note(f"destroying sandbox {self.id} on the way out also failed: {failed}")
 
 
 def _regular_file(source: Any) -> bool:

@@ -128,8 +128,14 @@ def test_errors_are_typed_against_the_real_service(live: LivePlatform) -> None:
                 sb.resume()  # only a paused sandbox resumes
             with pytest.raises(paddock.ValidationError):
                 sb.resize(1024)  # must grow
-        with pytest.raises(paddock.TransportError):
-            paddock.Client("http://127.0.0.1:9", owner, retry=paddock.RetryPolicy(max_retries=0)).whoami()
+        no_retry = paddock.RetryPolicy(max_retries=0)
+        nowhere = paddock.Client("http://127.0.0.1:9", owner, retry=no_retry)
+        with nowhere, pytest.raises(paddock.TransportError):
+            nowhere.whoami()
+        # a failing block still destroys its sandbox, and the block's own error is what propagates
+        with pytest.raises(ZeroDivisionError), client.sandboxes.create(SHAPE, disk_mib=DISK_MIB) as doomed:
+            1 / 0  # noqa: B018
+        assert client.sandboxes.get(doomed.id).info.status in ("destroying", "destroyed")
 
 
 def test_pagination_follows_total(live: LivePlatform) -> None:
