@@ -108,7 +108,7 @@ class AsyncFiles:
         """Stream a local file to ``path`` in the sandbox."""
         return await self.write(path, Path(local_path))
 
-    async def iter_bytes(self, path: str, chunk_size: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
+    async def iter_bytes(self, path: str, chunk_size: int | None = None) -> AsyncIterator[bytes]:
         resp = await self._client.open_stream("GET", self._url, params={"path": path})
         try:
             async for chunk in resp.aiter_bytes(chunk_size):
@@ -125,9 +125,15 @@ class AsyncFiles:
             with open(dest, "wb") as handle:
                 return await self.download(path, handle)
         size = 0
+        pending = bytearray()  # written from a worker thread about 1 MiB at a time
         async for chunk in self.iter_bytes(path):
-            await asyncio.to_thread(dest.write, chunk)
             size += len(chunk)
+            pending += chunk
+            if len(pending) >= CHUNK_BYTES:
+                await asyncio.to_thread(dest.write, bytes(pending))
+                pending.clear()
+        if pending:
+            await asyncio.to_thread(dest.write, bytes(pending))
         return size
 
     @property

@@ -102,7 +102,7 @@ class Files:
         """Stream a local file to ``path`` in the sandbox."""
         return self.write(path, Path(local_path))
 
-    def iter_bytes(self, path: str, chunk_size: int = CHUNK_BYTES) -> Iterator[bytes]:
+    def iter_bytes(self, path: str, chunk_size: int | None = None) -> Iterator[bytes]:
         resp = self._client.open_stream("GET", self._url, params={"path": path})
         try:
             yield from resp.iter_bytes(chunk_size)
