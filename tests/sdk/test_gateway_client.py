@@ -251,3 +251,34 @@ async def test_a_short_wallet_pays_nothing(chain_gateway: Gateway, tmp_path: Pat
         )
     assert await sent_transactions(chain_gateway, poor) == 0
     assert PaymentLedger(tmp_path / "payments.json").all() == []
+
+
+async def test_a_crash_between_signing_and_broadcast_rebroadcasts_the_same_transfer(
+    chain_gateway: Gateway, paying_wallet: Wallet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transfer is on record but never left the machine: the next deploy broadcasts exactly that
+    signed transaction (same nonce, same hash), so at most one payment can ever land."""
+    gw, base = chain_gateway, chain_gateway.chains["base"]
+    before = await base.token_balance("usdc", RECIPIENT)
+    real_record = PaymentLedger.record
+
+    def record_then_crash(self: PaymentLedger, payment: Any) -> None:
+        real_record(self, payment)
+        raise KeyboardInterrupt("the process dies right after writing the payment down")
+
+    monkeypatch.setattr(PaymentLedger, "record", record_then_crash)
+    name, port = unique_name("bcast"), free_port()
+    with client(gw, paying_wallet, tmp_path) as first, pytest.raises(KeyboardInterrupt):
+        await asyncio.to_thread(first.deploy, site(tmp_path, "b"), unique_name=name, settings={"port": port})
+    monkeypatch.setattr(PaymentLedger, "record", real_record)
+    [signed] = PaymentLedger(tmp_path / "payments.json").all()
+    assert signed.state == "signed" and await sent_transactions(gw, paying_wallet) == 0
+    assert await base.receipt(signed.tx_hash) is None
+
+    with client(gw, paying_wallet, tmp_path) as second:
+        deployment = await asyncio.to_thread(
+            second.deploy, site(tmp_path, "b"), unique_name=name, settings={"port": port}
+        )
+    assert deployment.status == "ready" and deployment.tx_hash == signed.tx_hash
+    assert await sent_transactions(gw, paying_wallet) == 1
+    assert await base.token_balance("usdc", RECIPIENT) == before + PRICE_RAW
