@@ -21,6 +21,7 @@ from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
 from paddock_gateway.adapters.chain import ChainClient, ChainError
 from paddock_gateway.adapters.hosting import HostingPlatform, SandboxProvider
+from paddock_gateway.adapters.ingress import IngressProbe
 from paddock_gateway.api.errors import install_error_handlers
 from paddock_gateway.api.middleware import GatewayGuard
 from paddock_gateway.api.routes import EXTRA_SCHEMAS, router
@@ -110,6 +111,7 @@ def create_app(
                 build_timeout_s=settings.build_timeout_s,
                 ready_timeout_s=settings.ready_timeout_s,
                 max_concurrent_builds=settings.max_concurrent_builds,
+                ingress_probe=IngressProbe() if settings.verify_ingress else None,
             )
             platform = sandbox_hosting
         services = Services(

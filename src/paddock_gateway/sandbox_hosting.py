@@ -10,7 +10,8 @@ background, and waits until something accepts connections on the port:
                     failed (reason: the step that failed and the tail of its log)
 
 The app answers once ``curl http://127.0.0.1:<port>/`` inside the sandbox gets any HTTP response (a
-connection that accepts but never speaks HTTP is not ready). A deployment's environment (``buildVars``,
+connection that accepts but never speaks HTTP is not ready) and, with an ``IngressProbe``, once its
+ingress URL reaches it from the gateway's side too. A deployment's environment (``buildVars``,
 ``runEnvs``) is sealed at rest with the gateway's ``SecretBox`` (``plan["sealed_env"]``) and opened only
 to hand it to the sandbox; it is never logged.
 
@@ -52,6 +53,7 @@ from paddock_gateway.adapters.hosting import (
     UploadedFile,
     ingress_url,
 )
+from paddock_gateway.adapters.ingress import IngressProbe
 from paddock_gateway.models import SandboxDeployment
 from paddock_gateway.runtimes import BuildPlan, PlanError, infer_plan
 
@@ -99,6 +101,7 @@ class SandboxHosting:
         build_timeout_s: float = 900.0,
         ready_timeout_s: float = 120.0,
         max_concurrent_builds: int = 2,
+        ingress_probe: IngressProbe | None = None,
     ) -> None:
         self.sessions = sessions
         self.provider = provider
@@ -107,6 +110,7 @@ class SandboxHosting:
         self.install_timeout_s = install_timeout_s
         self.build_timeout_s = build_timeout_s
         self.ready_timeout_s = ready_timeout_s
+        self.ingress_probe = ingress_probe
         self.slots = asyncio.Semaphore(max_concurrent_builds)
         self.wakeup = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -265,7 +269,19 @@ class SandboxHosting:
         if result.exit_code != 0:
             raise BuildFailed(f"could not start `{plan.run}`: {tail(result.stderr)}")
         await self._wait_for_port(sandbox, plan, logs)
-        return ingress_url(sandbox, plan.port)
+        url = ingress_url(sandbox, plan.port)
+        if self.ingress_probe is not None:
+            await self._wait_for_ingress(self.ingress_probe, url)
+        return url
+
+    async def _wait_for_ingress(self, probe: IngressProbe, url: str) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while (problem := await probe.check(url)) is not None:
+            if time.monotonic() > deadline:
+                raise BuildFailed(
+                    f"the app answers inside its sandbox but not at its ingress URL {url}: {problem}"
+                )
+            await asyncio.sleep(0.5)
 
     async def _wait_for_port(self, sandbox: Sandbox, plan: BuildPlan, logs: str) -> None:
         probe = (

@@ -82,6 +82,10 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
     build_timeout_s: float = 900.0
     ready_timeout_s: float = 120.0
     max_concurrent_builds: int = 2
+    #: A deployment is ready only once its ingress URL reaches the app from here too (not only
+    #: ``curl 127.0.0.1:<port>`` inside the sandbox). Off for platforms whose ingress the gateway
+    #: cannot reach.
+    verify_ingress: bool = True
 
     @field_validator("secret_key")
     @classmethod

@@ -32,11 +32,11 @@ class LocalFiles:
 
 
 class LocalSandbox:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, ingress_url_template: str = "http://127.0.0.1:<port>") -> None:
         self.id = "sb-" + uuid.uuid4().hex[:12]
         self.root = root
         self.workspace = str(root)
-        self.ingress_url_template = "http://127.0.0.1:<port>"
+        self.ingress_url_template = ingress_url_template
         self.files = LocalFiles(root)
         self.process_groups: set[int] = set()
         self.paused = False
@@ -105,6 +105,8 @@ class LocalSandboxProvider:
         self.root = root
         self.sandboxes: dict[str, LocalSandbox] = {}
         self.unavailable = False
+        #: Where "ingress" points for new sandboxes: the app's own port on loopback by default.
+        self.ingress_url_template = "http://127.0.0.1:<port>"
 
     async def create(self, *, name: str, ingress_enabled: bool = True) -> LocalSandbox:
         if self.unavailable:
@@ -112,7 +114,7 @@ class LocalSandboxProvider:
         assert ingress_enabled
         sandbox_root = (self.root / uuid.uuid4().hex[:12]).resolve()
         sandbox_root.mkdir(parents=True)
-        sandbox = LocalSandbox(sandbox_root)
+        sandbox = LocalSandbox(sandbox_root, self.ingress_url_template)
         self.sandboxes[sandbox.id] = sandbox
         return sandbox
 

@@ -75,6 +75,7 @@ async def live_gateway(
         controlplane_url=live.url,
         api_key=cp_key,
         sandbox_rootfs=ROOTFS,
+        verify_ingress=False,  # this platform serves no ingress listener yet
         ready_timeout_s=60.0,
         **chain_overrides(devchains),
     )
@@ -290,6 +291,7 @@ async def test_credits_run_out_pause_the_sandbox_topup_resumes_delete_destroys(
         controlplane_url=live.url,
         api_key=cp_key,
         sandbox_rootfs=ROOTFS,
+        verify_ingress=False,  # this platform serves no ingress listener yet
         static_monthly_usd=Decimal("7.30"),  # 0.01 USD = 1 credit per hour
         **chain_overrides(devchains),
     )

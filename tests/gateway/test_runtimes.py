@@ -133,6 +133,15 @@ async def test_dockerfile_is_refused_clearly(gateway: Gateway, funded: Wallet) -
     assert final["status"] == "failed" and "unsupported until sandbox templates exist" in final["reason"]
 
 
+@pytest.mark.slow
+async def test_an_app_its_ingress_url_cannot_reach_is_not_ready(gateway: Gateway, funded: Wallet) -> None:
+    gateway.provider.ingress_url_template = "http://127.0.0.1:9/<port>"  # type: ignore[attr-defined]
+    gateway.services.hosting.ready_timeout_s = 2  # type: ignore[attr-defined]
+    final = await deploy_and_wait(gateway, funded, request({"index.html": "x"}, free_port()))
+    assert final["status"] == "failed"
+    assert final["reason"].startswith("the app answers inside its sandbox but not at its ingress URL")
+
+
 def files(**contents: str) -> list[UploadedFile]:
     return [UploadedFile(path=name.replace("__", "/"), data=data.encode()) for name, data in contents.items()]
 
