@@ -22,6 +22,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from paddock_gateway.adapters.hosting import SandboxError
 from paddock_gateway.adapters.paddock_sandboxes import PaddockSandboxProvider
 from paddock_gateway.models import SandboxDeployment
 from paddock_hostagent.images import ImageStore
@@ -202,13 +203,15 @@ async def test_paid_deployments_run_on_the_platform_and_serve_the_upload(
         project(
             unique_name("node"),
             {
-                "package.json": '{"name": "n", "scripts": {"start": "node server.js"}}',
-                "server.js": (
+                "README.md": "a monorepo; the app is under web/",
+                "web/package.json": '{"name": "n", "scripts": {"start": "node src/server.js"}}',
+                "web/src/server.js": (
                     "require('http').createServer((q, s) => s.end('node says ' + process.env.GREETING))"
                     ".listen(process.env.PORT);\n"
                 ),
             },
             port=4000,
+            directoryPath="web",
             runEnvs={"GREETING": "hi from node"},
         ),
     )
@@ -400,3 +403,37 @@ async def test_the_readme_walkthrough(
     code, out, _ = await democlient(*common, "delete", final["projectId"])
     assert code == 0 and json.loads(out) == {"projectId": final["projectId"], "status": "deleted"}
     assert await wait_destroyed(live, cp_key, sandbox_of(final["endpoint"])[0]) in ("destroyed", "gone")
+
+
+class FailingCreates(httpx.AsyncBaseTransport):
+    """The real control plane, except that the first ``failures`` creates answer like a failed boot."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.creates = 0
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path == "/v1/sandboxes":
+            self.creates += 1
+            if self.creates <= self.failures:
+                body = {"status": "error", "message": "sandbox failed to boot: internal error"}
+                return httpx.Response(500, json=body, request=request)
+        return await self.inner.handle_async_request(request)
+
+
+async def test_a_failed_boot_is_tried_again(live: LivePlatform, cp_key: str) -> None:
+    flaky = FailingCreates(failures=1)
+    provider = PaddockSandboxProvider(live.url, cp_key, shape="s-1vcpu-256mb", rootfs=ROOTFS, transport=flaky)
+    try:
+        sandbox = await provider.create(name="retry")
+        assert flaky.creates == 2 and sandbox_status(live, cp_key, sandbox.id) == "running"
+        await sandbox.destroy()
+        broken = PaddockSandboxProvider(
+            live.url, cp_key, shape="s-1vcpu-256mb", rootfs=ROOTFS, transport=FailingCreates(9)
+        )
+        with pytest.raises(SandboxError, match="failed to boot"):
+            await broken.create(name="never")
+        await broken.aclose()
+    finally:
+        await provider.aclose()

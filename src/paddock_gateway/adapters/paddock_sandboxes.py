@@ -23,14 +23,19 @@ Exercised against a live control plane and host agent by ``tests/gateway/test_li
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import shlex
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import httpx
+
 import paddock
+from paddock_core.logging import get_logger
 from paddock_gateway.adapters.hosting import CommandResult, SandboxError, SandboxFiles, SandboxUnavailable
 
+log = get_logger("paddock.gateway.sandboxes")
 T = TypeVar("T")
 WORKSPACE = "/workspace"
 #: ``sh -c PROLOGUE sh <env file or ""> <cwd or ""> cmd args…``
@@ -136,19 +141,45 @@ class PaddockSandbox:
 
 class PaddockSandboxProvider:
     def __init__(
-        self, base_url: str, api_key: str, *, shape: str, rootfs: str, timeout_s: float = 960.0
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        shape: str,
+        rootfs: str,
+        timeout_s: float = 960.0,
+        create_attempts: int = 3,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.client = paddock.AsyncClient(base_url=base_url, api_key=api_key or None, timeout=timeout_s)
+        self.client = paddock.AsyncClient(
+            base_url=base_url, api_key=api_key or None, timeout=timeout_s, transport=transport
+        )
         self.shape = shape
         self.rootfs = rootfs
+        self.create_attempts = max(1, create_attempts)
 
     async def create(self, *, name: str, ingress_enabled: bool = True) -> PaddockSandbox:
+        """A running sandbox. A create the platform answers with a 5xx (a boot that failed on a host;
+        the control plane has already cleaned that sandbox up) is tried again, up to
+        ``create_attempts`` times in all: the paid deploy call should not fail on one bad boot."""
         # ``name`` is not forwarded: sandbox names are unique per control-plane user and a gateway
         # project name may come back after a delete; generated names avoid that collision.
-        sandbox = await _mapped(
-            self.client.sandboxes.create(self.shape, rootfs=self.rootfs, ingress_enabled=ingress_enabled)
-        )
-        return PaddockSandbox(sandbox)
+        for attempt in range(1, self.create_attempts + 1):
+            try:
+                sandbox = await self.client.sandboxes.create(
+                    self.shape, rootfs=self.rootfs, ingress_enabled=ingress_enabled
+                )
+                return PaddockSandbox(sandbox)
+            except paddock.ServerError as exc:
+                if attempt == self.create_attempts:
+                    raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
+                log.warning("sandbox_create_retry", attempt=attempt, error=str(exc))
+                await asyncio.sleep(0.5 * attempt)
+            except paddock.TransportError as exc:
+                raise SandboxUnavailable(str(exc)) from exc
+            except paddock.PaddockError as exc:
+                raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
 
     async def get(self, sandbox_id: str) -> PaddockSandbox:
         return PaddockSandbox(await _mapped(self.client.sandboxes.get(sandbox_id)))
