@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -32,6 +33,7 @@ from tests.gateway.conftest import (
     Wallet,
     b64,
     chain_overrides,
+    free_port,
     gateway_settings,
     new_wallet,
     running_gateway,
@@ -55,7 +57,14 @@ def devbox_image() -> Path:
 
 @pytest.fixture(scope="module")
 def live(devbox_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    platform = start_platform(guest_binary_dir)
+    """The platform with its ingress proxy on plain HTTP at 127.0.0.1:<free port>, URLs
+    ``http://<port>-<sandbox id>.sandbox.localhost:<ingress port>`` as ``paddock serve`` makes them."""
+    ingress = {
+        "PADDOCK_CP_INGRESS_PORT": str(free_port()),
+        "PADDOCK_CP_INGRESS_SCHEME": "http",
+        "PADDOCK_CP_INGRESS_DOMAIN": "sandbox.localhost",
+    }
+    platform = start_platform(guest_binary_dir, cp_env=ingress)
     try:
         yield platform
     finally:
@@ -76,7 +85,7 @@ async def live_gateway(
         controlplane_url=live.url,
         api_key=cp_key,
         sandbox_rootfs=ROOTFS,
-        verify_ingress=False,  # this platform serves no ingress listener yet
+        rate_limit_requests=10_000,  # status is polled every 0.2 s here; the limit has its own tests
         ready_timeout_s=60.0,
         **chain_overrides(devchains),
     )
@@ -128,7 +137,21 @@ async def wait_destroyed(live: LivePlatform, key: str, sandbox_id: str, timeout_
     return status
 
 
-def fetch(live: LivePlatform, key: str, endpoint: str, path: str = "/") -> tuple[int, str]:
+def through_ingress(endpoint: str, path: str = "/") -> httpx.Response:
+    """GET ``endpoint + path`` as a visitor does: the ingress proxy on loopback, the name in ``Host``
+    (curl resolves ``*.localhost`` to 127.0.0.1 itself; Python's resolver does not)."""
+    parts = urlsplit(endpoint)
+    assert parts.scheme == "http" and parts.hostname and parts.hostname.endswith(".localhost"), endpoint
+    with httpx.Client(timeout=30) as http:
+        return http.get(f"http://127.0.0.1:{parts.port}{path}", headers={"Host": parts.netloc})
+
+
+def fetch(endpoint: str, path: str = "/") -> tuple[int, str]:
+    response = through_ingress(endpoint, path)
+    return response.status_code, response.text
+
+
+def fetch_inside(live: LivePlatform, key: str, endpoint: str, path: str = "/") -> tuple[int, str]:
     """GET ``endpoint + path`` as seen from inside the sandbox (curl against 127.0.0.1:port)."""
     sandbox_id, port = sandbox_of(endpoint)
     with live.http(key) as http:
@@ -225,15 +248,16 @@ async def test_paid_deployments_run_on_the_platform_and_serve_the_upload(
         sandbox_id, _ = sandbox_of(final["endpoint"])
         assert sandbox_status(live, cp_key, sandbox_id) == "running"
     assert sandbox_of(finals["python"]["endpoint"])[1] == 8000
-    assert fetch(live, cp_key, finals["static"]["endpoint"], "/index.html") == (
+    assert fetch(finals["static"]["endpoint"], "/index.html") == (
         200,
         "<h1>static via paddock</h1>",
     )
-    assert fetch(live, cp_key, finals["python"]["endpoint"]) == (
+    assert fetch(finals["python"]["endpoint"]) == (
         200,
         "greeting=hello python built=label-42 token=True",
     )
-    assert fetch(live, cp_key, finals["node"]["endpoint"]) == (200, "node says hi from node")
+    assert fetch(finals["node"]["endpoint"]) == (200, "node says hi from node")
+    assert fetch_inside(live, cp_key, finals["node"]["endpoint"]) == (200, "node says hi from node")
 
     listing = await gw.projects(paying_wallet)
     urls = {item["url"] for item in listing["projects"]}
@@ -294,7 +318,7 @@ async def test_credits_run_out_pause_the_sandbox_topup_resumes_delete_destroys(
         controlplane_url=live.url,
         api_key=cp_key,
         sandbox_rootfs=ROOTFS,
-        verify_ingress=False,  # this platform serves no ingress listener yet
+        rate_limit_requests=10_000,  # status is polled every 0.2 s here; the limit has its own tests
         static_monthly_usd=Decimal("7.30"),  # 0.01 USD = 1 credit per hour
         **chain_overrides(devchains),
     )
@@ -309,7 +333,7 @@ async def test_credits_run_out_pause_the_sandbox_topup_resumes_delete_destroys(
         ready = await gw.wait_terminal(wallet, started["projectId"], started["deploymentId"], 120)
         assert ready["status"] == "ready", ready
         sandbox_id, _ = sandbox_of(ready["endpoint"])
-        assert fetch(live, cp_key, ready["endpoint"])[0] == 200
+        assert fetch(ready["endpoint"]) == (200, "metered page")
 
         gw.clock.advance(hours=800)
         report = await metering.run_once()
@@ -317,15 +341,17 @@ async def test_credits_run_out_pause_the_sandbox_topup_resumes_delete_destroys(
         paused = sandbox_view(live, cp_key, sandbox_id)
         assert paused["status"] == "paused"
         assert paused["ingress_enabled"] is False  # traffic cannot wake a project without credits
-        status, _ = fetch(live, cp_key, ready["endpoint"])
-        assert status == 409  # a paused sandbox runs nothing
+        assert fetch_inside(live, cp_key, ready["endpoint"])[0] == 409  # a paused sandbox runs nothing
+        visit = through_ingress(ready["endpoint"])  # and a visitor does not wake it
+        assert visit.status_code == 404 and visit.headers["X-Paddock-Ingress-Error"]
+        assert sandbox_status(live, cp_key, sandbox_id) == "paused"
 
         await gw.grant_credits(wallet, Decimal("1"))  # a top-up
         report = await metering.run_once()
         assert report.resumed == [started["projectId"]]
         resumed = sandbox_view(live, cp_key, sandbox_id)
         assert resumed["status"] == "running" and resumed["ingress_enabled"] is True
-        assert fetch(live, cp_key, ready["endpoint"]) == (200, "metered page")
+        assert fetch(ready["endpoint"]) == (200, "metered page")
 
         deleted = await gw.http.delete(f"/agent/projects/{started['projectId']}", headers=gw.auth(wallet))
         assert deleted.status_code == 200, deleted.text
@@ -396,7 +422,10 @@ async def test_the_readme_walkthrough(
     assert "402 quote: 1.813947 USD" in out and "paid: 0x" in out
     final = json.loads(out[out.index("{") :])
     assert final["status"] == "ready"
-    assert fetch(live, cp_key, final["endpoint"]) == (200, "hi from a paid Paddock deployment\n")
+    visit = await asyncio.create_subprocess_exec(
+        "curl", "-s", final["endpoint"] + "/", stdout=asyncio.subprocess.PIPE
+    )
+    assert (await visit.communicate())[0] == b"hi from a paid Paddock deployment\n"  # as the README does
 
     code, out, _ = await democlient(*common, "projects")
     assert code == 0 and json.loads(out)["projects"][0]["url"] == final["endpoint"]
