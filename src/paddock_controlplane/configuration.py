@@ -15,6 +15,8 @@ from paddock_core.db import transaction
 
 CLOSED = ("destroying", "destroyed", "failed")
 TERMINAL = ("destroyed", "failed")
+#: Statuses in which the sandbox exists on its host, so egress and budget changes are pushed there.
+ON_HOST = ("running", "paused", "pausing", "resuming")
 
 
 def _require_open(sandbox: Sandbox, states: tuple[str, ...] = CLOSED) -> None:
@@ -118,12 +120,42 @@ async def set_egress(
         await webhooks.emit(
             session, user_id=user_id, action="sandbox.egress.set", data=event_data(sandbox, egress=normalised)
         )
-    return {"id": sandbox.id, "egress": normalised}
+        status, host_id = sandbox.status, sandbox.host_id
+    if status in ON_HOST:
+        # A sandbox still booting gets the list when its boot is recorded (lifecycle.boot).
+        try:
+            await (await hostlink.for_host(services, host_id)).set_egress(sandbox_id, normalised)
+        except hostlink.SandboxGoneError:
+            pass  # the reconciler settles a sandbox that vanished from its host
+        except hostlink.HostError as exc:
+            raise errors.Unavailable(
+                f"the egress list is saved but its host did not apply it ({exc}); repeat the PUT"
+            ) from None
+    return {"id": sandbox_id, "egress": normalised}
 
 
 async def get_bandwidth(services: Services, user_id: str, sandbox_id: str) -> dict[str, Any]:
+    """Counted by the host's kernel right now when it can be asked; the last heartbeat's numbers if not."""
     async with services.sessions() as session:
-        return bandwidth_view(await get_owned(session, user_id, sandbox_id))
+        sandbox = await get_owned(session, user_id, sandbox_id)
+    if sandbox.status not in ON_HOST:
+        return bandwidth_view(sandbox)
+    try:
+        usage = await (await hostlink.for_host(services, sandbox.host_id)).bandwidth(sandbox_id)
+    except (hostlink.HostError, hostlink.SandboxGoneError):
+        return bandwidth_view(sandbox)
+    return await _record_usage(services, sandbox_id, usage)
+
+
+async def _record_usage(services: Services, sandbox_id: str, usage: hostlink.Usage) -> dict[str, Any]:
+    async with transaction(services.sessions) as session:
+        row = await session.get(Sandbox, sandbox_id, with_for_update=True)
+        assert row is not None
+        if usage.egress_bytes > int(row.bandwidth_used_bytes or 0):
+            row.bandwidth_used_bytes = usage.egress_bytes
+        if usage.ingress_bytes > int(row.bandwidth_ingress_bytes or 0):
+            row.bandwidth_ingress_bytes = usage.ingress_bytes
+        return bandwidth_view(row, capped=usage.capped)
 
 
 async def recharge(services: Services, user_id: str, sandbox_id: str, add_bytes: int) -> dict[str, Any]:
@@ -133,12 +165,25 @@ async def recharge(services: Services, user_id: str, sandbox_id: str, add_bytes:
             raise errors.ValidationFailed.field("add_bytes", "must be an integer greater than 0")
         await check_credit(session, user_id)
         _require_open(sandbox, TERMINAL)
-        if sandbox.bandwidth_quota_bytes >= 0:
-            sandbox.bandwidth_quota_bytes = int(sandbox.bandwidth_quota_bytes) + add_bytes
-            await webhooks.emit(
-                session,
-                user_id=user_id,
-                action="sandbox.bandwidth.update",
-                data=event_data(sandbox, quota_bytes=sandbox.bandwidth_quota_bytes),
-            )
-        return bandwidth_view(sandbox)
+        if sandbox.bandwidth_quota_bytes < 0:
+            return bandwidth_view(sandbox)  # unmetered: nothing to add
+        quota = sandbox.bandwidth_quota_bytes = int(sandbox.bandwidth_quota_bytes) + add_bytes
+        await webhooks.emit(
+            session,
+            user_id=user_id,
+            action="sandbox.bandwidth.update",
+            data=event_data(sandbox, quota_bytes=quota),
+        )
+        status, host_id = sandbox.status, sandbox.host_id
+        view = bandwidth_view(sandbox)
+    if status not in ON_HOST:
+        return view
+    try:
+        usage = await (await hostlink.for_host(services, host_id)).set_bandwidth(sandbox_id, quota)
+    except hostlink.SandboxGoneError:
+        return view
+    except hostlink.HostError as exc:
+        raise errors.Unavailable(
+            f"the recharge is saved but its host did not apply it yet ({exc}); it is retried"
+        ) from None
+    return await _record_usage(services, sandbox_id, usage)

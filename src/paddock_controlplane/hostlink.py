@@ -30,6 +30,19 @@ class Booted:
     spawn_ms: float
 
 
+@dataclass(frozen=True)
+class Usage:
+    """A sandbox's bandwidth as its host counts it in the kernel."""
+
+    egress_bytes: int
+    ingress_bytes: int
+    capped: bool
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Usage:
+        return cls(int(data["egress_bytes"]), int(data["ingress_bytes"]), bool(data["capped"]))
+
+
 @dataclass
 class Download:
     size: int | None
@@ -73,13 +86,22 @@ class HostLink:
                 cpu_quota_pct=sandbox.cpu_quota_pct,
                 disk_mib=sandbox.disk_mib,
                 start_paused=start_paused,
+                egress=list(sandbox.egress or []),
+                bandwidth_quota_bytes=int(sandbox.bandwidth_quota_bytes),
             )
         )
         return Booted(ip=str(out["ip"]), spawn_ms=float(out.get("spawn_ms", 0.0)))
 
     async def fork(self, source: Sandbox, child: Sandbox, *, start_paused: bool) -> Booted:
         out = await self._call(
-            self.client.fork_sandbox(source.id, new_id=child.id, name=child.name, start_paused=start_paused)
+            self.client.fork_sandbox(
+                source.id,
+                new_id=child.id,
+                name=child.name,
+                start_paused=start_paused,
+                egress=list(child.egress or []),
+                bandwidth_quota_bytes=int(child.bandwidth_quota_bytes),
+            )
         )
         return Booted(ip=str(out["ip"]), spawn_ms=float(out.get("spawn_ms", 0.0)))
 
@@ -105,6 +127,15 @@ class HostLink:
 
     async def detach_network(self, sandbox_id: str, network_id: str) -> None:
         await self._call(self.client.detach_network(sandbox_id, network_id))
+
+    async def set_egress(self, sandbox_id: str, rules: list[str]) -> None:
+        await self._call(self.client.set_egress(sandbox_id, rules))
+
+    async def bandwidth(self, sandbox_id: str) -> Usage:
+        return Usage.of(await self._call(self.client.get_bandwidth(sandbox_id)))
+
+    async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> Usage:
+        return Usage.of(await self._call(self.client.set_bandwidth(sandbox_id, quota_bytes)))
 
     async def exec(
         self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None

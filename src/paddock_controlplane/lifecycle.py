@@ -281,7 +281,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             ssh_pubkeys=spec.ssh_pubkeys,
             node_selector=spec.node_selector,
             ingress_enabled=spec.ingress_enabled,
-            bandwidth_quota_bytes=DEFAULT_BANDWIDTH_QUOTA_BYTES,
+            bandwidth_quota_bytes=services.settings.default_bandwidth_quota_bytes,
             bandwidth_used_bytes=0,
             bandwidth_ingress_bytes=0,
             auto_pause_after_seconds=spec.auto_pause_after_seconds,
@@ -329,6 +329,7 @@ async def boot(
         row.ip = booted.ip
         row.spawn_ms = spawn_ms
         await networks.activate_all(session, row.id)
+        resend_egress = list(row.egress or []) != list(sandbox.egress or [])
         if row.status == "destroying":  # destroyed while booting
             return row
         if start_paused:
@@ -337,6 +338,11 @@ async def boot(
             row.status, row.running_at, row.billed_until, row.last_activity_at = "running", now, now, now
         if fork_of is None:
             await webhooks.emit(session, user_id=row.user_id, action="sandbox.create", data=event_data(row))
+    if resend_egress:  # PUT egress while the sandbox was booting with the earlier list
+        try:
+            await link.set_egress(row.id, list(row.egress or []))
+        except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
+            log.warning("egress_resend_failed", sandbox_id=row.id, error=str(exc))
     return row
 
 
@@ -387,7 +393,7 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
             ssh_pubkeys=ssh if ssh is not None else list(source.ssh_pubkeys or []),
             node_selector=dict(source.node_selector or {}),
             ingress_enabled=source.ingress_enabled if req.ingress_enabled is None else req.ingress_enabled,
-            bandwidth_quota_bytes=DEFAULT_BANDWIDTH_QUOTA_BYTES,
+            bandwidth_quota_bytes=services.settings.default_bandwidth_quota_bytes,
             bandwidth_used_bytes=0,
             bandwidth_ingress_bytes=0,
             forked_from=source.id,

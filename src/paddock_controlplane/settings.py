@@ -60,6 +60,8 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     max_upload_bytes: int = 1 << 30
     #: Largest buffered exec output per stream before truncation.
     max_exec_output_bytes: int = 16 << 20
+    #: Egress budget every new sandbox (and fork) starts with; -1 means unmetered (§11.7: 5 GiB).
+    default_bandwidth_quota_bytes: int = 5 * 1024**3
     #: Boot deadline for create.
     boot_timeout_s: float = 45.0
     #: How long destroyed/failed rows stay readable.

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import billing, power
+from paddock_controlplane import billing, hostlink, power
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
 from paddock_core import errors
@@ -78,6 +78,37 @@ async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
             wish = report.get("self_request")
             if isinstance(wish, dict) and sandbox.status == "running":
                 _act_on_self_request(services, sandbox, wish)
+            if "egress_bytes" in report:
+                _fold_usage(services, sandbox, report)
+
+
+def _fold_usage(services: Services, sandbox: Sandbox, report: dict[str, Any]) -> None:
+    """Bandwidth counted by the host; an allowlist or budget the host does not hold yet is pushed again
+    (a PUT egress or recharge whose push failed, or that raced a boot)."""
+    sandbox.bandwidth_used_bytes = max(int(sandbox.bandwidth_used_bytes or 0), int(report["egress_bytes"]))
+    ingress = int(report.get("ingress_bytes") or 0)
+    sandbox.bandwidth_ingress_bytes = max(int(sandbox.bandwidth_ingress_bytes or 0), ingress)
+    rules, quota = list(sandbox.egress or []), int(sandbox.bandwidth_quota_bytes)
+    if report.get("egress") == rules and report.get("quota_bytes") == quota:
+        return
+    pushing: set[str] = services.extras.setdefault("egress_pushing", set())  # type: ignore[assignment]
+    if sandbox.id in pushing:
+        return
+    pushing.add(sandbox.id)
+    sandbox_id, host_id = sandbox.id, sandbox.host_id
+
+    async def push() -> None:
+        try:
+            link = await hostlink.for_host(services, host_id)
+            await link.set_egress(sandbox_id, rules)
+            await link.set_bandwidth(sandbox_id, quota)
+            log.info("sandbox_egress_resynced", sandbox_id=sandbox_id)
+        except Exception as exc:
+            log.warning("egress_resync_failed", sandbox_id=sandbox_id, error=str(exc))
+        finally:
+            pushing.discard(sandbox_id)
+
+    power.spawn_task(services, push())
 
 
 async def billing_pass(session: AsyncSession, services: Services) -> None:

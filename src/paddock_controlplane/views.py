@@ -97,15 +97,19 @@ def create_response(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, 
     return out
 
 
-def bandwidth_view(sandbox: Sandbox) -> dict[str, Any]:
+def bandwidth_view(sandbox: Sandbox, *, capped: bool | None = None) -> dict[str, Any]:
+    """``capped`` is the host's word when it was asked: the kernel blocks the first packet that does not
+    fit in the budget, so a capped sandbox may have used slightly less than its quota (then nothing
+    remains)."""
     quota = int(sandbox.bandwidth_quota_bytes)
     used = int(sandbox.bandwidth_used_bytes or 0)
     unmetered = quota < 0
+    is_capped = (not unmetered) and (used >= quota if capped is None else capped)
     return {
         "id": sandbox.id,
         "quota_bytes": quota,
         "used_bytes": used,
         "ingress_bytes": int(sandbox.bandwidth_ingress_bytes or 0),
-        "remaining_bytes": -1 if unmetered else max(0, quota - used),
-        "capped": (not unmetered) and used >= quota,
+        "remaining_bytes": -1 if unmetered else (0 if is_capped else max(0, quota - used)),
+        "capped": is_capped,
     }

@@ -27,8 +27,11 @@ from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.drivers import storage
 from paddock_hostagent.drivers.bridges import BridgeNetworks
+from paddock_hostagent.drivers.dns import Upstream
+from paddock_hostagent.drivers.egress import EgressFirewall
 from paddock_hostagent.drivers.network import NetworkManager
 from paddock_hostagent.drivers.oci import OciOptions, OciRuntime
+from paddock_hostagent.egress import EgressService
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.host import prepare_machine
 from paddock_hostagent.images import ImageStore
@@ -62,6 +65,12 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
         settings.subnet, settings.state_dir / "network", settings.nft_table, settings.dns_servers
     )
     facts = await asyncio.to_thread(prepare_machine, settings.runtime, network)
+    firewall = EgressFirewall(settings.nft_table, settings.subnet, network.gateway)
+    await asyncio.to_thread(firewall.setup_host)
+    upstreams = [item for item in settings.dns_upstream.split(",") if item.strip()]
+    egress = EgressService(
+        firewall, network.gateway, [Upstream.parse(item) for item in upstreams or network.upstream_servers()]
+    )
     guest_binary = await asyncio.to_thread(ensure_agent_binary, settings.state_dir / "guest")
     runtime = OciRuntime(
         OciOptions(
@@ -84,6 +93,7 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
         ImageStore.from_settings(settings),
         RecordStore(settings.state_dir / "sandboxes"),
         bridges=bridges,
+        egress=egress,
     )
     manager.runtime_label = facts.runtime
     await manager.start()

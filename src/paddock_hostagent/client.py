@@ -189,7 +189,8 @@ class HostAgentClient:
         return dict(await self._json("GET", "info"))
 
     async def create_sandbox(self, **spec: Any) -> dict[str, Any]:
-        """``spec``: id, name, rootfs, vcpu, mem_mib, cpu_quota_pct, disk_mib, start_paused.
+        """``spec``: id, name, rootfs, vcpu, mem_mib, cpu_quota_pct, disk_mib, start_paused, egress
+        (normalised rules; empty: open), bandwidth_quota_bytes (-1: unmetered).
 
         Returns ``{id, ip, spawn_ms, status}`` once the sandbox's guest agent answers."""
         return dict(await self._json("POST", "sandboxes", json=spec, timeout=_CREATE_TIMEOUT))
@@ -207,12 +208,38 @@ class HostAgentClient:
         return dict(await self._json("POST", self._sb(sandbox_id, "resume")))
 
     async def fork_sandbox(
-        self, sandbox_id: str, *, new_id: str, name: str, start_paused: bool
+        self,
+        sandbox_id: str,
+        *,
+        new_id: str,
+        name: str,
+        start_paused: bool,
+        egress: list[str] | None = None,
+        bandwidth_quota_bytes: int = -1,
     ) -> dict[str, Any]:
-        body = {"new_id": new_id, "name": name, "start_paused": start_paused}
+        body = {
+            "new_id": new_id,
+            "name": name,
+            "start_paused": start_paused,
+            "egress": list(egress or []),
+            "bandwidth_quota_bytes": bandwidth_quota_bytes,
+        }
         return dict(
             await self._json("POST", self._sb(sandbox_id, "fork"), json=body, timeout=_CREATE_TIMEOUT)
         )
+
+    async def set_egress(self, sandbox_id: str, rules: list[str]) -> dict[str, Any]:
+        """Replaces the allowlist of a running or paused sandbox; returns ``{id, egress}``."""
+        return dict(await self._json("PUT", self._sb(sandbox_id, "egress"), json={"egress": rules}))
+
+    async def get_bandwidth(self, sandbox_id: str) -> dict[str, Any]:
+        """``{id, quota_bytes, egress_bytes, ingress_bytes, capped}`` counted in the kernel right now."""
+        return dict(await self._json("GET", self._sb(sandbox_id, "bandwidth")))
+
+    async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> dict[str, Any]:
+        """A new total egress budget (-1: unmetered); returns the counters like ``get_bandwidth``."""
+        body = {"quota_bytes": quota_bytes}
+        return dict(await self._json("PUT", self._sb(sandbox_id, "bandwidth"), json=body))
 
     async def resize_sandbox(self, sandbox_id: str, disk_mib: int) -> dict[str, Any]:
         return dict(await self._json("POST", self._sb(sandbox_id, "resize"), json={"disk_mib": disk_mib}))

@@ -9,6 +9,7 @@ The same steps as a shell snippet, for an operator preparing a machine by hand::
     test -e /dev/loop-control || modprobe loop
     mkdir -p /run/netns
     nft add table ip paddock        # the agent then writes its chains into it
+    nft add table ip paddock_egress # allowlists and bandwidth counters (drivers/egress.py)
 
 Packages: runc and/or crun, nftables, iproute2, util-linux (losetup), e2fsprogs, xfsprogs, gcc and
 libc6-dev (to build the guest agent), mmdebstrap (to build images).
@@ -24,6 +25,7 @@ from pathlib import Path
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.commands import run_sync
+from paddock_hostagent.drivers.egress import EgressFirewall
 from paddock_hostagent.drivers.mounts import is_mountpoint
 from paddock_hostagent.drivers.network import NetworkManager
 from paddock_hostagent.settings import HostAgentSettings
@@ -95,4 +97,6 @@ def prepare_host(settings: HostAgentSettings | None = None) -> HostFacts:
     network = NetworkManager(
         settings.subnet, settings.state_dir / "network", settings.nft_table, settings.dns_servers
     )
-    return prepare_machine(settings.runtime, network)
+    facts = prepare_machine(settings.runtime, network)
+    EgressFirewall(settings.nft_table, settings.subnet, network.gateway).setup_host()
+    return facts

@@ -65,6 +65,10 @@ class Registrar:
 
     async def beat(self, http: httpx.AsyncClient, url: str) -> bool:
         try:
+            await self.manager.refresh_usage()
+        except Exception as exc:  # counters are reported on a later beat
+            log.warning("usage_read_failed", error=repr(exc))
+        try:
             response = await http.post(url, json=self.payload())
             ok = response.status_code < 300
             problem = f"HTTP {response.status_code}"

@@ -14,10 +14,14 @@ from starlette.background import BackgroundTask
 
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import (
+    BandwidthBody,
+    BandwidthResult,
     CreateSandboxBody,
     CreateSandboxResult,
     DestroyResult,
     DetachResult,
+    EgressBody,
+    EgressResult,
     ExecBody,
     ExecResult,
     FileWritten,
@@ -145,6 +149,21 @@ async def attach_network(sandbox_id: str, body: NetworkAttachBody, manager: Mana
 async def detach_network(sandbox_id: str, network_id: str, manager: Manager) -> DetachResult:
     await manager.detach_network(sandbox_id, network_id)
     return DetachResult()
+
+
+@router.put("/sandboxes/{sandbox_id}/egress")
+async def set_egress(sandbox_id: str, body: EgressBody, manager: Manager) -> EgressResult:
+    return EgressResult(id=sandbox_id, egress=await manager.set_egress(sandbox_id, body.egress))
+
+
+@router.get("/sandboxes/{sandbox_id}/bandwidth")
+async def get_bandwidth(sandbox_id: str, manager: Manager) -> BandwidthResult:
+    return await manager.bandwidth(sandbox_id)
+
+
+@router.put("/sandboxes/{sandbox_id}/bandwidth")
+async def set_bandwidth(sandbox_id: str, body: BandwidthBody, manager: Manager) -> BandwidthResult:
+    return await manager.set_bandwidth(sandbox_id, body.quota_bytes)
 
 
 @router.delete("/sandboxes/{sandbox_id}")

@@ -31,7 +31,9 @@ from paddock_hostagent.drivers.base import (
     UnsupportedError,
 )
 from paddock_hostagent.drivers.bridges import BridgeNetworks, Membership
+from paddock_hostagent.drivers.egress import EgressPolicy, EgressRuleError, Usage
 from paddock_hostagent.drivers.ocispec import DEFAULT_PATH
+from paddock_hostagent.egress import Attachment, EgressService
 from paddock_hostagent.execution import DESTROYED_MESSAGE, PAUSED_MESSAGE, ExecStream
 from paddock_hostagent.guest import (
     ExecRequest,
@@ -44,6 +46,7 @@ from paddock_hostagent.guest import (
 from paddock_hostagent.images import ImageError, ImageStore, UnknownImageError
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.schemas import (
+    BandwidthResult,
     CreateSandboxBody,
     CreateSandboxResult,
     ExecBody,
@@ -85,9 +88,12 @@ class SandboxManager:
         images: ImageStore,
         records: RecordStore,
         bridges: BridgeNetworks | None = None,
+        egress: EgressService | None = None,
     ) -> None:
         self.settings = settings
         self.bridges = bridges
+        self.egress = egress
+        self._usage: dict[str, Usage] = {}  # the last counters read for the heartbeat
         self.runtime = runtime
         self.images = images
         self.records = records
@@ -118,6 +124,8 @@ class SandboxManager:
             keep = {str(m["bridge"]) for record in records for m in record.networks}
             for bridge in await asyncio.to_thread(self.bridges.prune, keep):
                 log.info("removed_orphan_bridge", bridge=bridge)
+        if self.egress is not None:
+            await self.egress.start([a for a in map(self._attachment, records) if a is not None])
         self._watcher = asyncio.create_task(self._watch_guests(), name="guest-watcher")
 
     async def close(self) -> None:
@@ -129,6 +137,8 @@ class SandboxManager:
             with contextlib.suppress(OSError):
                 self.records.save(entry.record)
         await self.runtime.close()
+        if self.egress is not None:
+            await self.egress.close()
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -217,6 +227,7 @@ class SandboxManager:
             raise errors.SandboxFailed(f"building image {image} failed: {exc}") from exc
 
     async def create(self, body: CreateSandboxBody) -> CreateSandboxResult:
+        _check_rules(body.egress)
         self._reserve(body.id, body.mem_mib)
         try:
             rootfs = await self._rootfs(body.rootfs)
@@ -225,6 +236,7 @@ class SandboxManager:
             started = time.monotonic()
             with _driver_errors():
                 record = await self.runtime.create(spec, start_paused=body.start_paused)
+            await self._guard(record, body.egress, body.bandwidth_quota_bytes)
             record.spawn_ms = round((time.monotonic() - started) * 1000, 3)
             self.records.save(record)
             self._entries[record.id] = _Entry(record)
@@ -236,6 +248,7 @@ class SandboxManager:
         )
 
     async def fork(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
+        _check_rules(body.egress)
         source = self._entry(sandbox_id)
         self._reserve(body.new_id, source.record.mem_mib)
         try:
@@ -247,6 +260,7 @@ class SandboxManager:
                 started = time.monotonic()
                 with _driver_errors():
                     record = await self.runtime.fork(source.record, spec, start_paused=body.start_paused)
+                await self._guard(record, body.egress, body.bandwidth_quota_bytes)
                 record.spawn_ms = round((time.monotonic() - started) * 1000, 3)
             self.records.save(record)
             self._entries[record.id] = _Entry(record)
@@ -312,6 +326,10 @@ class SandboxManager:
             await self._leave_all_networks(entry.record)
             with _driver_errors():
                 await self.runtime.destroy(entry.record)
+            if self.egress is not None:
+                with _driver_errors():
+                    await self.egress.detach(sandbox_id, self.runtime.host_interface(entry.record))
+            self._usage.pop(sandbox_id, None)
             self.records.delete(sandbox_id)
             del self._entries[sandbox_id]
         log.info("sandbox_destroyed", sandbox_id=sandbox_id)
@@ -471,8 +489,78 @@ class SandboxManager:
             }
             if view.self_request is not None:
                 report["self_request"] = view.self_request
+            usage = self._usage.get(view.id)
+            if usage is not None:
+                report["egress_bytes"] = usage.egress_bytes
+                report["ingress_bytes"] = usage.ingress_bytes
+                report["capped"] = usage.capped
+                report["quota_bytes"] = self._entries[view.id].record.bandwidth_quota_bytes
+                report["egress"] = list(self._entries[view.id].record.egress)
             reports.append(report)
         return reports
+
+    # -- egress and bandwidth -------------------------------------------------------------------
+
+    def _attachment(self, record: SandboxRecord) -> Attachment | None:
+        veth = self.runtime.host_interface(record)
+        if veth is None:
+            return None
+        return Attachment(record.id, veth, record.ip, list(record.egress), record.bandwidth_quota_bytes)
+
+    async def _guard(self, record: SandboxRecord, rules: list[str], quota_bytes: int) -> None:
+        """Installs a new sandbox's allowlist and budget; a sandbox that cannot be guarded is undone."""
+        record.egress, record.bandwidth_quota_bytes = list(rules), quota_bytes
+        attachment = self._attachment(record)
+        if self.egress is None or attachment is None:
+            return
+        try:
+            with _driver_errors():
+                await self.egress.attach(attachment)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.egress.detach(record.id, attachment.veth)
+            with contextlib.suppress(Exception):
+                await self.runtime.destroy(record)
+            raise
+
+    def _egress_entry(self, sandbox_id: str) -> tuple[_Entry, EgressService]:
+        entry = self._entry(sandbox_id)
+        if self.egress is None or self._attachment(entry.record) is None:
+            raise errors.BadRequest("this host does not manage egress")
+        if self.status(entry) == RuntimeState.STOPPED.value:
+            raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
+        return entry, self.egress
+
+    async def set_egress(self, sandbox_id: str, rules: list[str]) -> list[str]:
+        """Replaces the allowlist of a running or paused sandbox at once (new connections follow it)."""
+        _check_rules(rules)
+        entry, egress = self._egress_entry(sandbox_id)
+        async with entry.lock:
+            with _driver_errors():
+                await egress.set_rules(sandbox_id, rules)
+            entry.record.egress = list(rules)
+            self.records.save(entry.record)
+        return list(rules)
+
+    async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> BandwidthResult:
+        entry, egress = self._egress_entry(sandbox_id)
+        async with entry.lock:
+            with _driver_errors():
+                usage = await egress.set_quota(sandbox_id, quota_bytes)
+            entry.record.bandwidth_quota_bytes = quota_bytes
+            self.records.save(entry.record)
+        return _bandwidth(sandbox_id, quota_bytes, usage)
+
+    async def bandwidth(self, sandbox_id: str) -> BandwidthResult:
+        entry, egress = self._egress_entry(sandbox_id)
+        with _driver_errors():
+            usage = await egress.usage(sandbox_id)
+        return _bandwidth(sandbox_id, entry.record.bandwidth_quota_bytes, usage)
+
+    async def refresh_usage(self) -> None:
+        """Reads every sandbox's counters (two nft calls) for the next heartbeat."""
+        if self.egress is not None:
+            self._usage = await self.egress.snapshot()
 
     # -- self-signals ---------------------------------------------------------------------------
 
@@ -509,6 +597,23 @@ class SandboxManager:
 
 def _public(member: dict[str, Any]) -> dict[str, Any]:
     return {key: member[key] for key in ("network_id", "ip", "prefixlen", "ifname")}
+
+
+def _check_rules(rules: list[str]) -> None:
+    try:
+        EgressPolicy.parse(rules)
+    except EgressRuleError as exc:
+        raise errors.BadRequest(str(exc)) from exc
+
+
+def _bandwidth(sandbox_id: str, quota_bytes: int, usage: Usage) -> BandwidthResult:
+    return BandwidthResult(
+        id=sandbox_id,
+        quota_bytes=quota_bytes,
+        egress_bytes=usage.egress_bytes,
+        ingress_bytes=usage.ingress_bytes,
+        capped=usage.capped and quota_bytes >= 0,
+    )
 
 
 def _check_path(path: str) -> None:

@@ -22,6 +22,9 @@ class CreateSandboxBody(BaseModel):
     cpu_quota_pct: int | None = Field(default=None, ge=1)
     disk_mib: int = Field(ge=512)
     start_paused: bool = False
+    # Egress allowlist as the control plane normalised it (empty: open) and budget (-1: unmetered).
+    egress: list[str] = Field(default_factory=list, max_length=1000)
+    bandwidth_quota_bytes: int = Field(default=-1, ge=-1)
 
 
 class CreateSandboxResult(BaseModel):
@@ -83,6 +86,32 @@ class ForkBody(BaseModel):
     new_id: str = Field(pattern=SANDBOX_ID_PATTERN)
     name: str = Field(pattern=SANDBOX_NAME_PATTERN)
     start_paused: bool = False
+    egress: list[str] = Field(default_factory=list, max_length=1000)
+    bandwidth_quota_bytes: int = Field(default=-1, ge=-1)
+
+
+class EgressBody(BaseModel):
+    egress: list[str] = Field(default_factory=list, max_length=1000)
+
+
+class EgressResult(BaseModel):
+    id: str
+    egress: list[str]
+
+
+class BandwidthBody(BaseModel):
+    quota_bytes: int = Field(ge=-1)
+
+
+class BandwidthResult(BaseModel):
+    """Egress bytes counted in the kernel since the sandbox was created, ingress bytes observed, the
+    budget (-1: unmetered) and whether it is used up (egress blocked)."""
+
+    id: str
+    quota_bytes: int
+    egress_bytes: int
+    ingress_bytes: int
+    capped: bool
 
 
 class ResizeBody(BaseModel):

@@ -44,6 +44,9 @@ class HostAgentSettings(ServiceSettings):
     # The control plane's private-network pool: routed traffic into it is dropped (members use bridges).
     private_network_pool: str = "10.96.0.0/11"
     dns_servers: list[str] = Field(default_factory=list)
+    # Where the sandboxes' resolver forwards allowed queries: comma-separated ``ip`` or ``ip:port``;
+    # empty means DNS_SERVERS, else the host's /etc/resolv.conf.
+    dns_upstream: str = ""
     pool_size: int = 2
     # Disk size the warm pool formats slots at; a create asking for more grows a pooled slot.
     pool_disk_mib: int = 10240

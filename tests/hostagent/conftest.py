@@ -223,6 +223,7 @@ def teardown_agent(agent: AgentProcess) -> None:
         agent.stop()
     remaining = leftovers(agent.state_dir, sandbox_ids + agent.created_ids)
     subprocess.run(["nft", "delete", "table", "ip", agent.nft_table], capture_output=True)
+    subprocess.run(["nft", "delete", "table", "ip", f"{agent.nft_table}_egress"], capture_output=True)
     shutil.rmtree(agent.state_dir, ignore_errors=True)
     assert not remaining, f"host agent left these behind: {remaining}"
 

@@ -103,6 +103,9 @@ class SandboxRecord:
     self_request: dict[str, Any] | None = None
     # Private network memberships (drivers/bridges.py ``Membership.to_json()``), re-programmed on adoption.
     networks: list[dict[str, Any]] = field(default_factory=list)
+    # Egress allowlist (normalised rules; empty = open) and total egress budget (-1 = unmetered).
+    egress: list[str] = field(default_factory=list)
+    bandwidth_quota_bytes: int = -1
 
     @property
     def shape(self) -> Shape:
@@ -174,6 +177,10 @@ class SandboxRuntime(ABC):
     def network_namespace(self, record: SandboxRecord) -> str:
         """The name of the sandbox's network namespace (under /run/netns), for extra interfaces."""
         raise UnsupportedError(f"{self.name} sandboxes cannot join private networks")
+
+    def host_interface(self, record: SandboxRecord) -> str | None:
+        """The host-side network interface the sandbox's traffic arrives on (None: no network)."""
+        return None
 
     def warm_slots(self) -> int:
         """Prepared sandbox slots waiting to be used (0 for a driver without a pool)."""

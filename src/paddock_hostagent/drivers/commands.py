@@ -8,16 +8,21 @@ import subprocess
 from paddock_hostagent.drivers.base import CommandFailedError
 
 
-async def run(argv: list[str], *, check: bool = True, timeout_s: float = 120.0) -> str:
+async def run(
+    argv: list[str], *, check: bool = True, timeout_s: float = 120.0, input_text: str | None = None
+) -> str:
     """Runs ``argv`` without a shell and returns its stdout; raises CommandFailedError on failure."""
+    stdin = subprocess.DEVNULL if input_text is None else subprocess.PIPE
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            *argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
     except OSError as exc:
         raise CommandFailedError(argv, 127, str(exc)) from exc
     try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
+        stdout, stderr = await asyncio.wait_for(
+            process.communicate(None if input_text is None else input_text.encode()), timeout_s
+        )
     except TimeoutError as exc:
         process.kill()
         await process.wait()

@@ -109,7 +109,7 @@ class NetworkManager:
         self.addresses = AddressAllocator(subnet, state_dir)
         self.subnet = subnet
         self.nft_table = nft_table
-        self.dns_servers = dns_servers or host_nameservers() or ["1.1.1.1"]
+        self.dns_servers = dns_servers
 
     @property
     def gateway(self) -> str:
@@ -188,18 +188,24 @@ flush {table}
         return net.netns_path.exists() and Path(f"/sys/class/net/{net.host_veth}").exists()
 
     def resolv_conf(self) -> str:
-        return "".join(f"nameserver {server}\n" for server in self.dns_servers)
+        """Sandboxes resolve through the host agent's resolver on the gateway (drivers/dns.py)."""
+        return f"nameserver {self.gateway}\noptions timeout:2 attempts:2\n"
+
+    def upstream_servers(self) -> list[str]:
+        """Where that resolver forwards to when not configured: the configured or the host's servers
+        (loopback ones included: the resolver runs in the host's namespace)."""
+        return self.dns_servers or host_nameservers(include_loopback=True) or ["1.1.1.1"]
 
 
-def host_nameservers(path: Path = Path("/etc/resolv.conf")) -> list[str]:
-    """The host's resolvers, minus loopback ones (unreachable from a sandbox's namespace)."""
+def host_nameservers(path: Path = Path("/etc/resolv.conf"), *, include_loopback: bool = False) -> list[str]:
+    """The host's resolvers, minus loopback ones (unreachable from a sandbox's namespace) unless asked."""
     servers: list[str] = []
     with contextlib.suppress(OSError):
         for line in path.read_text().splitlines():
             parts = line.split()
             if len(parts) >= 2 and parts[0] == "nameserver":
                 with contextlib.suppress(ValueError):
-                    if not ipaddress.ip_address(parts[1]).is_loopback:
+                    if include_loopback or not ipaddress.ip_address(parts[1]).is_loopback:
                         servers.append(parts[1])
     return servers
 

@@ -340,6 +340,9 @@ class OciRuntime(SandboxRuntime):
     def network_namespace(self, record: SandboxRecord) -> str:
         return _Handle.of(record).slot.network.netns
 
+    def host_interface(self, record: SandboxRecord) -> str | None:
+        return _Handle.of(record).slot.network.host_veth
+
     def warm_slots(self) -> int:
         return self.pool.free_count
 

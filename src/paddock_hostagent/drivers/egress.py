@@ -1,0 +1,411 @@
+"""Egress allowlists and bandwidth quotas in the kernel (nftables), one chain per sandbox.
+
+Everything lives in ``table ip <nft_table>_egress``, apart from the NAT table ``network.py`` owns, so
+each can be rebuilt without touching the other. Per sandbox, keyed on its host veth ``pdk<slot>``::
+
+    forward (hook)   iifname vmap @out_chains ── goto sb_<veth>
+                     iifname "pdk*" ip saddr <subnet> drop        (a veth without a policy: fail closed)
+    sb_<veth>        ip saddr != <sandbox ip> drop                (no spoofing)
+                     ct state established,related goto m_<veth>   (replies and flows already admitted)
+                     ip daddr @net_<veth> / ip daddr . port @netport_<veth>   -> m_<veth>   (ip, cidr rules)
+                     ip daddr @dns_<veth> / ip daddr . port @dnsport_<veth>   -> m_<veth>   (answers of the
+                                                                    sandbox's resolver, with their TTL)
+                     reject                                       (only when the allowlist has rules)
+    m_<veth>         quota name q_<veth> drop                     (metered: the budget is used up)
+                     counter name co_<veth> accept                (egress bytes, exact)
+    postrouting      counter name oifname map @in_counters        (ingress bytes, observed only)
+    input            sandboxes with rules reach the host only for DNS on the gateway (and replies)
+
+Only forwarded traffic is egress: what a sandbox sends to the host itself (DNS, replies to the
+ingress proxy) is neither filtered by the allowlist nor counted. Every change is one ``nft -f`` batch,
+which the kernel applies atomically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+from dataclasses import dataclass, field
+
+from paddock_hostagent.drivers.base import CommandFailedError
+from paddock_hostagent.drivers.commands import run, run_sync
+
+#: Addresses admitted from a DNS answer stay at least this long (a TTL of 0 would be useless).
+MIN_ANSWER_TTL_S = 30
+MAX_ANSWER_TTL_S = 86400
+
+
+class EgressRuleError(ValueError):
+    def __init__(self, rule: str, reason: str) -> None:
+        super().__init__(f"egress rule {rule!r}: {reason}")
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class NameRule:
+    name: str
+    wildcard: bool
+    port: int | None
+
+    def matches(self, qname: str) -> bool:
+        if self.wildcard:
+            return qname.endswith("." + self.name)
+        return qname == self.name
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """A parsed allowlist. ``open`` means no rules: everything passes."""
+
+    networks: tuple[ipaddress.IPv4Network, ...] = ()
+    network_ports: tuple[tuple[ipaddress.IPv4Network, int], ...] = ()
+    names: tuple[NameRule, ...] = ()
+    open: bool = True
+
+    @classmethod
+    def parse(cls, rules: list[str]) -> EgressPolicy:
+        """Rules as the control plane normalises them: host, host:port, *.host, ip, ip:port, cidr,
+        cidr:port, [v6]:port. IPv6 rules are accepted and match nothing (sandboxes have no IPv6)."""
+        if not rules or rules == ["*"]:
+            return cls()
+        networks: list[ipaddress.IPv4Network] = []
+        network_ports: dict[int, list[ipaddress.IPv4Network]] = {}
+        names: list[NameRule] = []
+        for raw in rules:
+            rule = raw.strip().lower()
+            if rule == "*":
+                raise EgressRuleError(raw, "'*' is allowed only as the sole entry")
+            host, port = _split_port(raw, rule)
+            if host.startswith("[") or ":" in host:
+                _parse_v6(raw, host)
+                continue
+            try:
+                net = ipaddress.ip_network(host, strict=False)
+            except ValueError:
+                net = None
+            if isinstance(net, ipaddress.IPv6Network):
+                continue
+            if net is not None:
+                (network_ports.setdefault(port, []) if port else networks).append(net)
+                continue
+            wildcard = host.startswith("*.")
+            name = host[2:] if wildcard else host
+            _check_hostname(raw, name)
+            names.append(NameRule(name, wildcard, port))
+        return cls(
+            networks=tuple(ipaddress.collapse_addresses(networks)),
+            network_ports=tuple(
+                (net, port)
+                for port, nets in sorted(network_ports.items())
+                for net in ipaddress.collapse_addresses(nets)
+            ),
+            names=tuple(dict.fromkeys(names)),
+            open=False,
+        )
+
+    def name_ports(self, qname: str) -> tuple[bool, set[int]] | None:
+        """For a queried name: (any port allowed, specific ports), or None when no rule allows it."""
+        qname = qname.lower().rstrip(".")
+        matched = [rule for rule in self.names if rule.matches(qname)]
+        if not matched:
+            return None
+        return any(rule.port is None for rule in matched), {r.port for r in matched if r.port is not None}
+
+
+def _split_port(raw: str, rule: str) -> tuple[str, int | None]:
+    if rule.startswith("["):
+        addr, sep, port = rule[1:].partition("]:")
+        if not sep:
+            raise EgressRuleError(raw, "IPv6 with a port is written [addr]:port")
+        return "[" + addr, _port(raw, port)
+    if rule.count(":") == 1:
+        host, _, port = rule.partition(":")
+        return host, _port(raw, port)
+    return rule, None
+
+
+def _port(raw: str, text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise EgressRuleError(raw, f"port {text!r} must be 1-65535")
+    return int(text)
+
+
+def _parse_v6(raw: str, host: str) -> None:
+    try:
+        ipaddress.ip_network(host.lstrip("["), strict=False)
+    except ValueError:
+        raise EgressRuleError(raw, "not a valid address") from None
+
+
+def _check_hostname(raw: str, name: str) -> None:
+    labels = name.rstrip(".").split(".")
+    ok = 0 < len(name) <= 253 and all(
+        0 < len(label) <= 63
+        and label[0] != "-"
+        and label[-1] != "-"
+        and all(c.isalnum() or c == "-" for c in label)
+        and label.isascii()
+        for label in labels
+    )
+    if not ok:
+        raise EgressRuleError(raw, "not a valid host name")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An address a DNS answer admitted: any port (``port`` None) or one port, for ``ttl_s``."""
+
+    address: str
+    port: int | None
+    ttl_s: int
+
+
+@dataclass
+class Usage:
+    egress_bytes: int = 0
+    ingress_bytes: int = 0
+    capped: bool = False
+
+
+@dataclass
+class Snapshot:
+    """Counters of every installed sandbox, by host veth."""
+
+    usage: dict[str, Usage] = field(default_factory=dict)
+
+
+class EgressFirewall:
+    """The nftables side: installs, updates and removes per-sandbox policy and reads its counters."""
+
+    def __init__(self, nft_table: str, subnet: str, gateway: str) -> None:
+        self.table = f"{nft_table}_egress"
+        self.subnet = subnet
+        self.gateway = gateway
+        self._t = f"ip {self.table}"
+
+    # -- host-wide --------------------------------------------------------------------------------
+
+    def setup_host(self) -> None:
+        """Creates the table and its base chains, keeping installed sandboxes (idempotent)."""
+        t = self._t
+        run_sync(
+            ["nft", "-f", "-"],
+            input_text=f"""
+add table {t}
+add map {t} out_chains {{ type ifname : verdict; }}
+add map {t} in_counters {{ type ifname : counter; }}
+add set {t} guarded {{ type ifname; }}
+add chain {t} forward {{ type filter hook forward priority filter - 5; policy accept; }}
+add chain {t} post {{ type filter hook postrouting priority filter; policy accept; }}
+add chain {t} input {{ type filter hook input priority filter - 5; policy accept; }}
+flush chain {t} forward
+flush chain {t} post
+flush chain {t} input
+add rule {t} forward iifname vmap @out_chains
+add rule {t} forward iifname "pdk*" ip saddr {self.subnet} drop
+add rule {t} post counter name oifname map @in_counters
+add rule {t} input iifname != @guarded accept
+add rule {t} input ct state established,related accept
+add rule {t} input ip daddr {self.gateway} meta l4proto {{ tcp, udp }} th dport 53 accept
+add rule {t} input meta l4proto tcp reject with tcp reset
+add rule {t} input reject with icmp type admin-prohibited
+""",
+        )
+
+    def teardown_host(self) -> None:
+        run_sync(["nft", "delete", "table", "ip", self.table], check=False)
+
+    # -- per sandbox ----------------------------------------------------------------------------
+
+    def _objects(self, veth: str) -> str:
+        t = self._t
+        return "\n".join(
+            [
+                f"add chain {t} sb_{veth}",
+                f"add chain {t} m_{veth}",
+                f"add counter {t} co_{veth}",
+                f"add counter {t} ci_{veth}",
+                f"add quota {t} q_{veth} {{ over 1 bytes }}",
+                f"add set {t} net_{veth} {{ type ipv4_addr; flags interval; }}",
+                f"add set {t} netport_{veth} {{ type ipv4_addr . inet_service; flags interval; }}",
+                f"add set {t} dns_{veth} {{ type ipv4_addr; flags timeout; }}",
+                f"add set {t} dnsport_{veth} {{ type ipv4_addr . inet_service; flags timeout; }}",
+            ]
+        )
+
+    def _meter(self, veth: str, quota_bytes: int, used_bytes: int) -> list[str]:
+        t = self._t
+        lines = [
+            f"flush chain {t} m_{veth}",
+            f"delete quota {t} q_{veth}",
+            f"add quota {t} q_{veth} {{ over {max(quota_bytes, 1)} bytes used {max(used_bytes, 0)} bytes }}",
+        ]
+        if quota_bytes >= 0:
+            lines.append(f'add rule {t} m_{veth} quota name "q_{veth}" drop')
+        lines.append(f'add rule {t} m_{veth} counter name "co_{veth}" accept')
+        return lines
+
+    async def install(
+        self, veth: str, ip: str, policy: EgressPolicy, *, quota_bytes: int, used_bytes: int = 0
+    ) -> None:
+        """Installs or replaces the sandbox's allowlist and budget in one atomic batch.
+
+        Addresses admitted by earlier DNS answers are forgotten (the rules they came from may be
+        gone); flows already established keep going."""
+        t = self._t
+        g = f"{t} sb_{veth}"
+        lines = [self._objects(veth)]
+        lines += [f"flush set {t} {name}_{veth}" for name in ("net", "netport", "dns", "dnsport")]
+        if policy.networks:
+            lines.append(f"add element {t} net_{veth} {{ {', '.join(map(str, policy.networks))} }}")
+        if policy.network_ports:
+            items = ", ".join(f"{net} . {port}" for net, port in policy.network_ports)
+            lines.append(f"add element {t} netport_{veth} {{ {items} }}")
+        lines += self._meter(veth, quota_bytes, used_bytes)
+        lines += [
+            f"flush chain {g}",
+            f"add rule {g} ip saddr != {ip} drop",
+        ]
+        if policy.open:
+            lines.append(f"add rule {g} goto m_{veth}")
+        else:
+            lines += [
+                f"add rule {g} ct state established,related goto m_{veth}",
+                f"add rule {g} ip daddr @net_{veth} goto m_{veth}",
+                f"add rule {g} meta l4proto {{ tcp, udp }} ip daddr . th dport @netport_{veth} goto m_{veth}",
+                f"add rule {g} ip daddr @dns_{veth} goto m_{veth}",
+                f"add rule {g} meta l4proto {{ tcp, udp }} ip daddr . th dport @dnsport_{veth} goto m_{veth}",
+                f"add rule {g} meta l4proto tcp reject with tcp reset",
+                f"add rule {g} reject with icmp type admin-prohibited",
+            ]
+        lines += [
+            f"add element {t} out_chains {{ {_q(veth)} : goto sb_{veth} }}",
+            f"add element {t} in_counters {{ {_q(veth)} : {_q('ci_' + veth)} }}",
+            f"add element {t} guarded {{ {_q(veth)} }}",
+        ]
+        if policy.open:
+            lines.append(f"delete element {t} guarded {{ {_q(veth)} }}")
+        await self._nft("\n".join(lines))
+
+    async def set_quota(self, veth: str, *, quota_bytes: int, used_bytes: int) -> None:
+        """A new budget (-1: unmetered) counted from ``used_bytes`` already spent."""
+        await self._nft("\n".join([self._objects(veth), *self._meter(veth, quota_bytes, used_bytes)]))
+
+    async def admit(self, veth: str, admissions: list[Admission]) -> None:
+        """Adds resolved addresses with their TTL; an address already present gets the new timeout."""
+        t = self._t
+        lines: list[str] = []
+        for item in admissions:
+            ttl = min(max(item.ttl_s, MIN_ANSWER_TTL_S), MAX_ANSWER_TTL_S)
+            if item.port is None:
+                target, key = f"dns_{veth}", item.address
+            else:
+                target, key = f"dnsport_{veth}", f"{item.address} . {item.port}"
+            lines += [
+                f"add element {t} {target} {{ {key} timeout {ttl}s }}",
+                f"delete element {t} {target} {{ {key} }}",
+                f"add element {t} {target} {{ {key} timeout {ttl}s }}",
+            ]
+        if lines:
+            await self._nft("\n".join(lines))
+
+    async def remove(self, veth: str) -> None:
+        """Removes everything the sandbox had in the table; safe on a half-installed or absent one."""
+        t = self._t
+        lines = [
+            self._objects(veth),
+            f"add element {t} out_chains {{ {_q(veth)} : goto sb_{veth} }}",
+            f"add element {t} in_counters {{ {_q(veth)} : {_q('ci_' + veth)} }}",
+            f"add element {t} guarded {{ {_q(veth)} }}",
+            f"delete element {t} out_chains {{ {_q(veth)} }}",
+            f"delete element {t} in_counters {{ {_q(veth)} }}",
+            f"delete element {t} guarded {{ {_q(veth)} }}",
+            f"flush chain {t} sb_{veth}",
+            f"flush chain {t} m_{veth}",
+            f"delete chain {t} sb_{veth}",
+            f"delete chain {t} m_{veth}",
+            f"delete counter {t} co_{veth}",
+            f"delete counter {t} ci_{veth}",
+            f"delete quota {t} q_{veth}",
+        ]
+        lines += [f"delete set {t} {name}_{veth}" for name in ("net", "netport", "dns", "dnsport")]
+        await self._nft("\n".join(lines))
+
+    # -- counters ---------------------------------------------------------------------------------
+
+    async def snapshot(self) -> Snapshot:
+        """Egress and ingress bytes and the cap of every installed sandbox (two ``nft -j`` reads)."""
+        counters, quotas = await asyncio.gather(
+            self._list("counters"),
+            self._list("quotas"),
+        )
+        snap = Snapshot()
+        for item in counters:
+            name, value = item.get("name", ""), int(item.get("bytes", 0))
+            if name.startswith("co_"):
+                snap.usage.setdefault(name[3:], Usage()).egress_bytes = value
+            elif name.startswith("ci_"):
+                snap.usage.setdefault(name[3:], Usage()).ingress_bytes = value
+        for item in quotas:
+            name = item.get("name", "")
+            if name.startswith("q_") and name[2:] in snap.usage:
+                snap.usage[name[2:]].capped = int(item.get("used", 0)) >= int(item.get("bytes", 0))
+        return snap
+
+    async def usage(self, veth: str, *, metered: bool) -> Usage | None:
+        """One sandbox's counters (None when it has no policy installed)."""
+        t = self._t
+        try:
+            out = await run(
+                ["nft", "-j", "-f", "-"],
+                input_text=f"list counter {t} co_{veth}\nlist counter {t} ci_{veth}\nlist quota {t} q_{veth}\n",
+            )
+        except CommandFailedError:
+            return None
+        usage = Usage()
+        for item in _objects_of(out):
+            if "counter" in item:
+                name, value = item["counter"].get("name", ""), int(item["counter"].get("bytes", 0))
+                if name.startswith("co_"):
+                    usage.egress_bytes = value
+                else:
+                    usage.ingress_bytes = value
+            elif "quota" in item and metered:
+                usage.capped = int(item["quota"].get("used", 0)) >= int(item["quota"].get("bytes", 0))
+        return usage
+
+    async def installed(self) -> set[str]:
+        """Host veths that have a policy installed."""
+        return {
+            item["name"][3:] for item in await self._list("counters") if item.get("name", "")[:3] == "co_"
+        }
+
+    async def _list(self, kind: str) -> list[dict[str, object]]:
+        try:
+            out = await run(["nft", "-j", "list", kind, "table", "ip", self.table])
+        except CommandFailedError:
+            return []
+        key = kind[:-1]
+        return [dict(item[key]) for item in _objects_of(out) if key in item]
+
+    async def _nft(self, batch: str) -> None:
+        await run(["nft", "-f", "-"], input_text=batch + "\n")
+
+
+def _objects_of(output: str) -> list[dict[str, dict[str, object]]]:
+    """nft -j prints one JSON document per listed command."""
+    items: list[dict[str, dict[str, object]]] = []
+    decoder = json.JSONDecoder()
+    text, pos = output.strip(), 0
+    while pos < len(text):
+        doc, end = decoder.raw_decode(text, pos)
+        items += doc.get("nftables", [])
+        pos = end
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return items
+
+
+def _q(text: str) -> str:
+    return f'"{text}"'

@@ -1,0 +1,183 @@
+"""Egress of this host's sandboxes: allowlists, bandwidth budgets and the resolver that serves names.
+
+``EgressService`` keeps each sandbox's policy (by id and by address), installs it in the kernel through
+``drivers.egress.EgressFirewall`` and answers the resolver (``drivers.dns.Resolver``): a name the
+sandbox's rules allow is forwarded and its answers are admitted into the sandbox's sets before the
+sandbox sees them. Policy changes and admissions of one sandbox are serialised by its lock, so an
+answer to a query made under an old allowlist cannot land after the new one is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from paddock_core.logging import get_logger
+from paddock_hostagent.drivers.dns import Decision, Resolver, Upstream
+from paddock_hostagent.drivers.egress import Admission, EgressFirewall, EgressPolicy, Usage
+
+log = get_logger(__name__)
+
+UNMETERED = -1
+
+
+@dataclass
+class _Guarded:
+    sandbox_id: str
+    veth: str
+    ip: str
+    rules: list[str]
+    policy: EgressPolicy
+    quota_bytes: int
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    generation: int = 0  # bumped by every rule change; stale admissions are dropped
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """What a sandbox needs to be guarded: its id, host veth, address, rules and budget."""
+
+    sandbox_id: str
+    veth: str
+    ip: str
+    rules: list[str]
+    quota_bytes: int
+
+
+class EgressService:
+    def __init__(self, firewall: EgressFirewall, listen: str, upstreams: list[Upstream]) -> None:
+        self.firewall = firewall
+        self.resolver = Resolver(listen, upstreams, self.decide)
+        self._by_id: dict[str, _Guarded] = {}
+        self._by_ip: dict[str, _Guarded] = {}
+
+    # -- start-up and shutdown ------------------------------------------------------------------
+
+    async def start(self, sandboxes: list[Attachment]) -> None:
+        """Re-adopts the policies of sandboxes that survived a restart (their counters kept), installs
+        missing ones, removes policies no sandbox owns, and starts the resolver."""
+        installed = await self.firewall.installed()
+        for item in sandboxes:
+            guarded = self._remember(item, EgressPolicy.parse(item.rules))
+            if item.veth not in installed:
+                await self.firewall.install(
+                    item.veth, item.ip, guarded.policy, quota_bytes=item.quota_bytes, used_bytes=0
+                )
+        for veth in installed - {item.veth for item in sandboxes}:
+            log.info("egress_orphan_removed", veth=veth)
+            await self.firewall.remove(veth)
+        await self.resolver.start()
+
+    async def close(self) -> None:
+        await self.resolver.close()
+
+    # -- per sandbox ----------------------------------------------------------------------------
+
+    def _remember(self, item: Attachment, policy: EgressPolicy) -> _Guarded:
+        guarded = _Guarded(item.sandbox_id, item.veth, item.ip, list(item.rules), policy, item.quota_bytes)
+        self._by_id[item.sandbox_id] = guarded
+        self._by_ip[item.ip] = guarded
+        return guarded
+
+    async def attach(self, item: Attachment) -> None:
+        """Installs a new sandbox's allowlist and budget (its counters start at zero)."""
+        policy = EgressPolicy.parse(item.rules)
+        await self.firewall.install(item.veth, item.ip, policy, quota_bytes=item.quota_bytes, used_bytes=0)
+        self._remember(item, policy)
+
+    async def detach(self, sandbox_id: str, veth: str | None = None) -> None:
+        guarded = self._by_id.pop(sandbox_id, None)
+        if guarded is not None and self._by_ip.get(guarded.ip) is guarded:
+            del self._by_ip[guarded.ip]
+        veth = veth or (guarded.veth if guarded else None)
+        if veth:
+            await self.firewall.remove(veth)
+
+    async def set_rules(self, sandbox_id: str, rules: list[str]) -> list[str]:
+        guarded = self._by_id[sandbox_id]
+        policy = EgressPolicy.parse(rules)
+        if rules == guarded.rules:
+            return guarded.rules  # idempotent: addresses admitted by earlier answers stay
+        async with guarded.lock:
+            usage = await self.firewall.usage(guarded.veth, metered=guarded.quota_bytes >= 0)
+            await self.firewall.install(
+                guarded.veth,
+                guarded.ip,
+                policy,
+                quota_bytes=guarded.quota_bytes,
+                used_bytes=_spent(usage),
+            )
+            guarded.rules, guarded.policy = list(rules), policy
+            guarded.generation += 1
+        return guarded.rules
+
+    async def set_quota(self, sandbox_id: str, quota_bytes: int) -> Usage:
+        """A new total budget (-1: unmetered); a capped sandbox with room again is unblocked."""
+        guarded = self._by_id[sandbox_id]
+        if quota_bytes == guarded.quota_bytes:
+            return await self.usage(sandbox_id)
+        async with guarded.lock:
+            usage = await self.firewall.usage(guarded.veth, metered=guarded.quota_bytes >= 0)
+            await self.firewall.set_quota(guarded.veth, quota_bytes=quota_bytes, used_bytes=_spent(usage))
+            guarded.quota_bytes = quota_bytes
+        return await self.usage(sandbox_id)
+
+    async def usage(self, sandbox_id: str) -> Usage:
+        guarded = self._by_id[sandbox_id]
+        usage = await self.firewall.usage(guarded.veth, metered=guarded.quota_bytes >= 0)
+        return usage or Usage()
+
+    def quota_of(self, sandbox_id: str) -> int:
+        return self._by_id[sandbox_id].quota_bytes
+
+    def rules_of(self, sandbox_id: str) -> list[str]:
+        return list(self._by_id[sandbox_id].rules)
+
+    async def snapshot(self) -> dict[str, Usage]:
+        """Usage of every guarded sandbox, by sandbox id (for the heartbeat)."""
+        snap = await self.firewall.snapshot()
+        out: dict[str, Usage] = {}
+        for sandbox_id, guarded in list(self._by_id.items()):
+            usage = snap.usage.get(guarded.veth)
+            if usage is not None:
+                usage.capped = usage.capped and guarded.quota_bytes >= 0
+                out[sandbox_id] = usage
+        return out
+
+    # -- the resolver's questions ---------------------------------------------------------------
+
+    def decide(self, source: str, qname: str) -> Decision:
+        guarded = self._by_ip.get(source)
+        if guarded is None:
+            return "unknown"
+        if guarded.policy.open:
+            return "open"
+        allowed = guarded.policy.name_ports(qname)
+        if allowed is None:
+            return "deny"
+        any_port, ports = allowed
+        generation = guarded.generation
+
+        async def admit(addresses: list[tuple[str, int]]) -> None:
+            async with guarded.lock:
+                if guarded.generation != generation or self._by_id.get(guarded.sandbox_id) is not guarded:
+                    raise RuntimeError("the sandbox's allowlist changed while resolving")
+                admissions = [
+                    Admission(address, port, ttl)
+                    for address, ttl in addresses
+                    for port in ([None] if any_port else sorted(ports))
+                ]
+                await self.firewall.admit(guarded.veth, admissions)
+
+        return admit
+
+
+def _spent(usage: Usage | None) -> int:
+    return usage.egress_bytes if usage is not None else 0
+
+
+async def close_quietly(service: EgressService | None) -> None:
+    if service is not None:
+        with contextlib.suppress(Exception):
+            await service.close()
