@@ -1,0 +1,168 @@
+"""Egress allowlists seen from inside real sandboxes made through the public API, against a fake internet.
+
+Every rule form (host, host:port, *.host, ip, ip:port, cidr, cidr:port), live changes with PUT, name
+rules that cannot be bypassed by dialling an address, and inbound connections that keep working.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.network.conftest import create, fetch, sh
+from tests.network.internet import FakeInternet
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+CURL_DNS_FAILED = "error 6"
+
+
+def test_an_open_sandbox_reaches_any_host_and_port(api: httpx.Client, internet: FakeInternet) -> None:
+    sandbox = create(api)
+    assert "egress" not in api.get(f"/v1/sandboxes/{sandbox['id']}").json()["data"]
+    assert fetch(api, sandbox["id"], "api.example.test") == "api.example.test:80"
+    assert fetch(api, sandbox["id"], "other.example.test", 8080) == "other.example.test:8080"
+    assert fetch(api, sandbox["id"], internet.address("raw-c")) == "raw-c:80"
+
+
+def test_host_port_rule_admits_that_port_only(api: httpx.Client, internet: FakeInternet) -> None:
+    sandbox = create(api, egress=["API.example.test:80"])
+    assert sandbox["egress"] == ["api.example.test:80"]
+    sid = sandbox["id"]
+    assert fetch(api, sid, "api.example.test") == "api.example.test:80"
+    assert fetch(api, sid, "api.example.test", 8080).startswith("error"), "another port is refused"
+    assert fetch(api, sid, "other.example.test") == CURL_DNS_FAILED, "a name without a rule does not resolve"
+    lookup = sh(api, sid, "getent hosts other.example.test")
+    assert lookup["exit_code"] != 0 and lookup["stdout"] == ""
+
+
+def test_a_name_rule_cannot_be_bypassed_by_dialling_an_address(
+    api: httpx.Client, internet: FakeInternet
+) -> None:
+    sid = create(api, egress=["api.example.test"])["id"]
+    api_ip, other_ip = internet.address("api.example.test"), internet.address("other.example.test")
+    # Before the sandbox's resolver answered the name, its address is as closed as any other.
+    assert fetch(api, sid, api_ip).startswith("error")
+    resolved = sh(api, sid, "getent hosts api.example.test")
+    assert resolved["stdout"].split()[0] == api_ip
+    assert fetch(api, sid, api_ip) == "api.example.test:80", "the answered address is admitted"
+    assert fetch(api, sid, api_ip, 8080) == "api.example.test:8080", "a rule without a port admits all"
+    assert fetch(api, sid, other_ip).startswith("error"), "an address nobody answered stays closed"
+    # Asking another resolver (the fake internet's, dialled directly) is blocked too.
+    direct = sh(
+        api,
+        sid,
+        f"printf 'nameserver {internet.dns_upstream}\\noptions timeout:1 attempts:1\\n' > /etc/resolv.conf;"
+        " getent hosts other.example.test",
+    )
+    assert direct["exit_code"] != 0 and other_ip not in direct["stdout"]
+
+
+def test_wildcard_matches_subdomains_not_the_bare_domain(api: httpx.Client, internet: FakeInternet) -> None:
+    sid = create(api, egress=["*.foo.test"])["id"]
+    assert fetch(api, sid, "sub.foo.test") == "sub.foo.test:80"
+    assert fetch(api, sid, "deep.sub.foo.test", 8080) == "deep.sub.foo.test:8080"
+    assert fetch(api, sid, "foo.test") == CURL_DNS_FAILED
+    assert fetch(api, sid, internet.address("foo.test")).startswith("error")
+
+
+def test_ip_and_cidr_rules(api: httpx.Client, internet: FakeInternet) -> None:
+    a, b = internet.address("raw-a"), internet.address("raw-b")
+    sid = create(api, egress=[a, f"{b}:8080", internet.cidr])["id"]
+    assert fetch(api, sid, a) == "raw-a:80"
+    assert fetch(api, sid, a, 8080) == "raw-a:8080"
+    assert fetch(api, sid, b, 8080) == "raw-b:8080"
+    assert fetch(api, sid, b).startswith("error"), "ip:port admits that port only"
+    assert fetch(api, sid, internet.address("cidr-in-1")) == "cidr-in-1:80"
+    assert fetch(api, sid, internet.address("cidr-in-2"), 8080) == "cidr-in-2:8080"
+    assert fetch(api, sid, internet.address("raw-c")).startswith("error"), "outside the CIDR"
+    assert fetch(api, sid, "api.example.test") == CURL_DNS_FAILED, "no name rules: names do not resolve"
+
+
+def test_put_egress_changes_a_running_sandbox_at_once(api: httpx.Client, internet: FakeInternet) -> None:
+    sid = create(api)["id"]
+    assert fetch(api, sid, "other.example.test") == "other.example.test:80"
+
+    put = api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": ["api.example.test:80"]})
+    assert put.status_code == 200, put.text
+    assert put.json()["data"] == {"id": sid, "egress": ["api.example.test:80"]}
+    assert fetch(api, sid, "api.example.test") == "api.example.test:80"
+    assert fetch(api, sid, "other.example.test") == CURL_DNS_FAILED
+    assert fetch(api, sid, internet.address("other.example.test")).startswith("error")
+
+    inside = internet.address("cidr-in-1")
+    api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": [f"{internet.cidr}:8080"]}).raise_for_status()
+    assert api.get(f"/v1/sandboxes/{sid}/egress").json()["data"]["egress"] == [f"{internet.cidr}:8080"]
+    assert fetch(api, sid, inside, 8080) == "cidr-in-1:8080"
+    assert fetch(api, sid, inside).startswith("error"), "cidr:port admits that port only"
+    assert fetch(api, sid, "api.example.test") == CURL_DNS_FAILED, "the earlier name rule is gone"
+
+    api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": ["*"]}).raise_for_status()
+    assert api.get(f"/v1/sandboxes/{sid}/egress").json()["data"]["egress"] == []
+    assert fetch(api, sid, "other.example.test", 8080) == "other.example.test:8080"
+
+
+def test_bad_rules_get_400_naming_the_rule(api: httpx.Client) -> None:
+    sid = create(api)["id"]
+    for rules, field in (
+        (["api.example.test", "api.example.test:99999"], "egress[1]"),
+        (["10.0.0.0/33"], "egress[0]"),
+        (["ok.test", "*"], "egress[1]"),
+        (["exa mple.test"], "egress[0]"),
+    ):
+        response = api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": rules})
+        assert response.status_code == 400, response.text
+        assert field in response.text, response.text
+    response = api.post("/v1/sandboxes", json={"shape": "s-1vcpu-256mb", "egress": ["a.test:0"]})
+    assert response.status_code == 400 and "egress[0]" in response.text
+
+
+def test_fork_inherits_the_allowlist_or_takes_a_new_one(api: httpx.Client, internet: FakeInternet) -> None:
+    source = create(api, egress=["api.example.test:80"])["id"]
+    inherited = _fork(api, source, {})
+    assert fetch(api, inherited, "api.example.test") == "api.example.test:80"
+    assert fetch(api, inherited, "other.example.test") == CURL_DNS_FAILED
+    replaced = _fork(api, source, {"egress": ["other.example.test"]})
+    assert fetch(api, replaced, "other.example.test", 8080) == "other.example.test:8080"
+    assert fetch(api, replaced, "api.example.test") == CURL_DNS_FAILED
+
+
+def test_inbound_connections_work_under_an_allowlist(api: httpx.Client, internet: FakeInternet) -> None:
+    sandbox = create(api, egress=["api.example.test:80"])
+    server = (
+        "use IO::Socket::INET; my $s = IO::Socket::INET->new(LocalPort => 8000, Listen => 5, ReuseAddr => 1)"
+        ' or die; while (my $c = $s->accept) { print $c "hello from inside\\n"; close $c }'
+    )
+    started = api.post(
+        f"/v1/sandboxes/{sandbox['id']}/exec",
+        json={"cmd": "bash", "args": ["-c", f"nohup perl -e '{server}' >/dev/null 2>&1 &"]},
+    )
+    assert started.status_code == 200, started.text
+    # The host (where the ingress proxy runs) connects to the sandbox; the replies must pass.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection((sandbox["ip"], 8000), timeout=3) as conn:
+                assert conn.recv(100) == b"hello from inside\n"
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _fork(api: httpx.Client, source: str, body: dict[str, object]) -> str:
+    response = api.post(f"/v1/sandboxes/{source}/fork", json=body)
+    assert response.status_code == 200, response.text
+    child = str(response.json()["data"]["id"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = api.get(f"/v1/sandboxes/{child}").json()["data"]["status"]
+        if status == "running":
+            return child
+        assert status == "forking", status
+        time.sleep(0.2)
+    raise AssertionError("fork did not finish")
