@@ -355,14 +355,17 @@ add rule {t} input reject with icmp type admin-prohibited
 
     async def usage(self, veth: str, *, metered: bool) -> Usage | None:
         """One sandbox's counters (None when it has no policy installed)."""
-        t = self._t
+        t = self._t.split()
         try:
-            out = await run(
-                ["nft", "-j", "-f", "-"],
-                input_text=f"list counter {t} co_{veth}\nlist counter {t} ci_{veth}\nlist quota {t} q_{veth}\n",
+            outputs = await asyncio.gather(
+                *(
+                    run(["nft", "-j", "list", kind, *t, f"{prefix}_{veth}"])
+                    for kind, prefix in (("counter", "co"), ("counter", "ci"), ("quota", "q"))
+                )
             )
         except CommandFailedError:
             return None
+        out = "\n".join(outputs)
         usage = Usage()
         for item in _objects_of(out):
             if "counter" in item:

@@ -164,6 +164,10 @@ flush {table}
             [
                 "link set lo up",
                 f"addr add {net.ip}/32 dev eth0",
+                # One MTU-sized segment per packet the sandbox sends, so the egress quota
+                # (drivers/egress.py) stops within one wire packet of the budget, not one 64 KiB
+                # GSO burst.
+                "link set dev eth0 gso_max_segs 1",
                 "link set eth0 up",
                 f"route add {net.gateway}/32 dev eth0 scope link",
                 f"route add default via {net.gateway} dev eth0",

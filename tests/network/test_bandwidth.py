@@ -1,0 +1,107 @@
+"""Bandwidth quotas from inside real sandboxes: egress counted exactly, capped at the budget, recharged.
+
+Every sandbox here starts with ``QUOTA_BYTES`` (an operator setting; 5 GiB by default). Egress bytes are
+IP packet bytes the sandbox sends through the host to other networks, counted by the kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.network.conftest import QUOTA_BYTES, create, fetch, sh
+from tests.network.internet import SINK_PORT, SOURCE_BYTES, SOURCE_PORT, FakeInternet
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+#: The largest packet a sandbox sends (its veth MTU): "± one packet".
+PACKET_BYTES = 1500
+
+
+def send(api: httpx.Client, sandbox_id: str, internet: FakeInternet, size: int, *, wait_s: int = 4) -> None:
+    """Streams ``size`` bytes to the fake internet's sink; gives up after ``wait_s`` (a capped sandbox)."""
+    target = f"/dev/tcp/{internet.address('sink.example.test')}/{SINK_PORT}"
+    sh(api, sandbox_id, f"timeout {wait_s} bash -c 'head -c {size} /dev/zero > {target}'")
+
+
+def bandwidth(api: httpx.Client, sandbox_id: str) -> dict[str, Any]:
+    response = api.get(f"/v1/sandboxes/{sandbox_id}/bandwidth")
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()["data"]
+    return data
+
+
+def test_egress_is_counted_exactly_and_at_once(api: httpx.Client, internet: FakeInternet) -> None:
+    sid = create(api)["id"]
+    fresh = bandwidth(api, sid)
+    assert fresh == {
+        "id": sid,
+        "quota_bytes": QUOTA_BYTES,
+        "used_bytes": 0,
+        "ingress_bytes": 0,
+        "remaining_bytes": QUOTA_BYTES,
+        "capped": False,
+    }
+    before = internet.sink_bytes()
+    send(api, sid, internet, 200_000)
+    assert internet.sink_bytes() - before == 200_000
+    view = bandwidth(api, sid)  # straight after the traffic, no heartbeat needed
+    # The payload plus TCP/IP headers (~3.6 % for full segments) and the handshake.
+    assert 200_000 < view["used_bytes"] < 200_000 * 1.06, view
+    assert view["remaining_bytes"] == QUOTA_BYTES - view["used_bytes"] and not view["capped"]
+
+
+def test_the_quota_caps_egress_at_the_budget_and_recharge_restores_it(
+    api: httpx.Client, internet: FakeInternet
+) -> None:
+    sid = create(api)["id"]
+    before = internet.sink_bytes()
+    send(api, sid, internet, 3 * QUOTA_BYTES)
+    delivered = internet.sink_bytes() - before
+    view = bandwidth(api, sid)
+    assert view["capped"] is True and view["remaining_bytes"] == 0, view
+    assert QUOTA_BYTES - PACKET_BYTES <= view["used_bytes"] <= QUOTA_BYTES, view
+    assert QUOTA_BYTES * 0.9 < delivered < view["used_bytes"], (delivered, view)
+    assert fetch(api, sid, "api.example.test").startswith("error"), "capped: nothing leaves"
+
+    recharged = api.post(f"/v1/sandboxes/{sid}/bandwidth/recharge", json={"add_bytes": 500_000})
+    assert recharged.status_code == 200, recharged.text
+    after = recharged.json()["data"]
+    assert after["quota_bytes"] == QUOTA_BYTES + 500_000 and after["capped"] is False, after
+    assert after["remaining_bytes"] == after["quota_bytes"] - after["used_bytes"] > 500_000 - PACKET_BYTES
+    assert fetch(api, sid, "api.example.test") == "api.example.test:80", "egress is unblocked"
+
+    send(api, sid, internet, 3 * QUOTA_BYTES)
+    view = bandwidth(api, sid)
+    assert view["capped"] is True, view
+    assert QUOTA_BYTES + 500_000 - PACKET_BYTES <= view["used_bytes"] <= QUOTA_BYTES + 500_000, view
+
+
+def test_ingress_is_observed_and_never_enforced(api: httpx.Client, internet: FakeInternet) -> None:
+    sid = create(api)["id"]
+    source = f"/dev/tcp/{internet.address('sink.example.test')}/{SOURCE_PORT}"
+    received = sh(api, sid, f"timeout 20 cat < {source} | wc -c")
+    assert int(received["stdout"]) == SOURCE_BYTES > QUOTA_BYTES, "downloads are not held to the quota"
+    view = bandwidth(api, sid)
+    assert view["ingress_bytes"] > SOURCE_BYTES, view
+    assert 0 < view["used_bytes"] < QUOTA_BYTES / 5 and not view["capped"], "only the ACKs were egress"
+    shown = api.get(f"/v1/sandboxes/{sid}").json()["data"]
+    assert shown["bandwidth_ingress_bytes"] >= SOURCE_BYTES
+
+
+def test_a_fork_starts_with_a_fresh_budget(api: httpx.Client, internet: FakeInternet) -> None:
+    sid = create(api)["id"]
+    send(api, sid, internet, 3 * QUOTA_BYTES, wait_s=3)
+    assert bandwidth(api, sid)["capped"] is True
+    child = api.post(f"/v1/sandboxes/{sid}/fork", json={}).json()["data"]["id"]
+    for _ in range(300):
+        if api.get(f"/v1/sandboxes/{child}").json()["data"]["status"] == "running":
+            break
+        import time
+
+        time.sleep(0.2)
+    view = bandwidth(api, child)
+    assert view["quota_bytes"] == QUOTA_BYTES and not view["capped"] and view["used_bytes"] < 1000, view
+    assert fetch(api, child, "api.example.test") == "api.example.test:80"
