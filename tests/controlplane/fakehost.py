@@ -32,6 +32,10 @@ class FakeHostLink:
         self.fail_network = False
         self.boot_delay_s = 0.0
         self.files: dict[tuple[str, str], bytes] = {}
+        self.egress: dict[str, list[str]] = {}
+        self.quotas: dict[str, int] = {}
+        self.usage: dict[str, hostlink.Usage] = {}
+        self.fail_egress = False
 
     async def create(self, sandbox: Any, *, start_paused: bool) -> hostlink.Booted:
         self.calls.append(("create", sandbox.id))
@@ -65,6 +69,20 @@ class FakeHostLink:
         self.calls.append(("detach_network", f"{sandbox_id} {network_id}"))
         if self.fail_network:
             raise hostlink.HostError("bridge exploded")
+
+    async def set_egress(self, sandbox_id: str, rules: list[str]) -> None:
+        self.calls.append(("set_egress", sandbox_id))
+        if self.fail_egress:
+            raise hostlink.HostError("host agent answered 500")
+        self.egress[sandbox_id] = list(rules)
+
+    async def bandwidth(self, sandbox_id: str) -> hostlink.Usage:
+        return self.usage.get(sandbox_id, hostlink.Usage(0, 0, False))
+
+    async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> hostlink.Usage:
+        self.calls.append(("set_bandwidth", sandbox_id))
+        self.quotas[sandbox_id] = quota_bytes
+        return await self.bandwidth(sandbox_id)
 
     async def exec(
         self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
