@@ -163,6 +163,18 @@ def test_members_talk_both_ways_and_a_non_member_cannot(user: User) -> None:
     assert sorted(m["ip"] for m in members) == sorted([ip_a, ip_b])
 
 
+def test_an_egress_allowlist_does_not_cut_the_private_network(user: User) -> None:
+    """Allowlists govern traffic leaving through eth0; members still reach each other on the bridge."""
+    net = user.network()
+    name = secrets.token_hex(2)
+    a = user.create(f"a-{name}", networks=[{"id": net["id"]}])
+    b = user.create(f"b-{name}", networks=[{"id": net["id"]}], egress=["192.0.2.1:443"])
+    user.serve(a["id"])
+    user.serve(b["id"])
+    assert user.dial(b["id"], overlay_ip(a, net["id"])) == f"hello from a-{name}"
+    assert user.dial(a["id"], overlay_ip(b, net["id"])) == f"hello from b-{name}"
+
+
 def test_attach_later_detach_and_destroy_leave_nothing(user: User) -> None:
     before = bridges()
     net = user.network()
