@@ -9,10 +9,12 @@ credits running out pauses the sandbox and a top-up resumes it, deleting the pro
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 import sys
 import uuid
+import zipfile
 from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -208,18 +210,19 @@ async def test_paid_deployments_run_on_the_platform_and_serve_the_upload(
         "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
         "http.server.HTTPServer(('0.0.0.0', int(os.environ['PORT'])), H).serve_forever()\n"
     )
-    python = await pay_and_deploy(
-        gw,
-        paying_wallet,
-        project(
-            unique_name("py"),
-            {"app.py": python_app},
-            port=8000,
-            buildCommand='echo "$BUILD_LABEL" > built.txt',
-            buildVars={"BUILD_LABEL": "label-42"},
-            runEnvs={"GREETING": "hello python", "API_TOKEN": secret, "EXPECTED": secret},
-        ),
+    python_body = project(
+        unique_name("py"),
+        {},
+        port=8000,
+        buildCommand='echo "$BUILD_LABEL" > built.txt',
+        buildVars={"BUILD_LABEL": "label-42"},
+        runEnvs={"GREETING": "hello python", "API_TOKEN": secret, "EXPECTED": secret},
     )
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+        zipped.writestr("app.py", python_app)
+    python_body["upload"] = {"type": "zip", "data": b64(archive.getvalue()), "filename": "py.zip"}
+    python = await pay_and_deploy(gw, paying_wallet, python_body)
     node = await pay_and_deploy(
         gw,
         paying_wallet,
