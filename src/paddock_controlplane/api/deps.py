@@ -18,7 +18,8 @@ MAX_PAGE = 500
 DEFAULT_PAGE = 50
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    """Every dependency here is async on purpose: FastAPI runs a plain ``def`` one in its thread pool."""
     services: Services = request.app.state.services
     return services
 
@@ -49,7 +50,7 @@ async def get_principal(request: Request, services: ServicesDep) -> accounts.Pri
 PrincipalDep = Annotated[accounts.Principal, Depends(get_principal)]
 
 
-def require_host_token(request: Request, services: ServicesDep) -> None:
+async def require_host_token(request: Request, services: ServicesDep) -> None:
     expected = services.settings.host_token.get_secret_value()
     presented = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     if not expected or not presented or not constant_time_equals(presented, expected):
@@ -75,7 +76,7 @@ def _int_param(request: Request, name: str, default: int) -> int:
         raise errors.ValidationFailed.field(name, "must be an integer") from None
 
 
-def get_page(request: Request) -> PageParams:
+async def get_page(request: Request) -> PageParams:
     limit = _int_param(request, "limit", DEFAULT_PAGE)
     offset = _int_param(request, "offset", 0)
     if limit < 1:

@@ -10,12 +10,17 @@ from paddock_gateway import auth
 from paddock_gateway.services import Services
 
 
-def get_services(request: Request) -> Services:
+def services_of(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
+async def get_services(request: Request) -> Services:
+    """Async on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, per request."""
+    return services_of(request)
+
+
 async def authenticated(request: Request) -> auth.Caller:
-    services = get_services(request)
+    services = services_of(request)
     caller = await auth.authenticate(
         services.sessions,
         request.headers,
