@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.dns import Decision, Resolver, Upstream
-from paddock_hostagent.drivers.egress import Admission, EgressFirewall, EgressPolicy, Usage
+from paddock_hostagent.drivers.egress import (
+    MAX_ANSWER_TTL_S,
+    MIN_ANSWER_TTL_S,
+    Admission,
+    EgressFirewall,
+    EgressPolicy,
+    Usage,
+)
 
 log = get_logger(__name__)
 
@@ -32,6 +40,8 @@ class _Guarded:
     quota_bytes: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     generation: int = 0  # bumped by every rule change; stale admissions are dropped
+    # (address, port) -> monotonic time its set element expires; lets repeated answers skip nft.
+    admitted: dict[tuple[str, int | None], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,7 @@ class EgressService:
             )
             guarded.rules, guarded.policy = list(rules), policy
             guarded.generation += 1
+            guarded.admitted.clear()
         return guarded.rules
 
     async def set_quota(self, sandbox_id: str, quota_bytes: int) -> Usage:
@@ -127,6 +138,9 @@ class EgressService:
         guarded = self._by_id[sandbox_id]
         usage = await self.firewall.usage(guarded.veth, metered=guarded.quota_bytes >= 0)
         return usage or Usage()
+
+    def guards(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._by_id
 
     def quota_of(self, sandbox_id: str) -> int:
         return self._by_id[sandbox_id].quota_bytes
@@ -163,14 +177,26 @@ class EgressService:
             async with guarded.lock:
                 if guarded.generation != generation or self._by_id.get(guarded.sandbox_id) is not guarded:
                     raise RuntimeError("the sandbox's allowlist changed while resolving")
+                now = time.monotonic()
                 admissions = [
-                    Admission(address, port, ttl)
+                    Admission(address, port, _kept_s(ttl))
                     for address, ttl in addresses
                     for port in ([None] if any_port else sorted(ports))
+                    # already admitted for at least half of this answer's lifetime: nothing to do
+                    if guarded.admitted.get((address, port), 0.0) < now + _kept_s(ttl) / 2
                 ]
-                await self.firewall.admit(guarded.veth, admissions)
+                if admissions:
+                    await self.firewall.admit(guarded.veth, admissions)
+                    for item in admissions:
+                        guarded.admitted[(item.address, item.port)] = now + item.ttl_s
+                    if len(guarded.admitted) > 4096:
+                        guarded.admitted = {k: v for k, v in guarded.admitted.items() if v > now}
 
         return admit
+
+
+def _kept_s(ttl_s: int) -> int:
+    return min(max(ttl_s, MIN_ANSWER_TTL_S), MAX_ANSWER_TTL_S)
 
 
 def _spent(usage: Usage | None) -> int:

@@ -523,18 +523,22 @@ class SandboxManager:
                 await self.runtime.destroy(record)
             raise
 
-    def _egress_entry(self, sandbox_id: str) -> tuple[_Entry, EgressService]:
+    async def _egress_entry(self, sandbox_id: str) -> tuple[_Entry, EgressService]:
         entry = self._entry(sandbox_id)
-        if self.egress is None or self._attachment(entry.record) is None:
+        attachment = self._attachment(entry.record)
+        if self.egress is None or attachment is None:
             raise errors.BadRequest("this host does not manage egress")
         if self.status(entry) == RuntimeState.STOPPED.value:
             raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
+        if not self.egress.guards(sandbox_id):  # never installed (an earlier attempt failed): do it now
+            with _driver_errors():
+                await self.egress.attach(attachment)
         return entry, self.egress
 
     async def set_egress(self, sandbox_id: str, rules: list[str]) -> list[str]:
         """Replaces the allowlist of a running or paused sandbox at once (new connections follow it)."""
         _check_rules(rules)
-        entry, egress = self._egress_entry(sandbox_id)
+        entry, egress = await self._egress_entry(sandbox_id)
         async with entry.lock:
             with _driver_errors():
                 await egress.set_rules(sandbox_id, rules)
@@ -543,7 +547,7 @@ class SandboxManager:
         return list(rules)
 
     async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> BandwidthResult:
-        entry, egress = self._egress_entry(sandbox_id)
+        entry, egress = await self._egress_entry(sandbox_id)
         async with entry.lock:
             with _driver_errors():
                 usage = await egress.set_quota(sandbox_id, quota_bytes)
@@ -552,7 +556,7 @@ class SandboxManager:
         return _bandwidth(sandbox_id, quota_bytes, usage)
 
     async def bandwidth(self, sandbox_id: str) -> BandwidthResult:
-        entry, egress = self._egress_entry(sandbox_id)
+        entry, egress = await self._egress_entry(sandbox_id)
         with _driver_errors():
             usage = await egress.usage(sandbox_id)
         return _bandwidth(sandbox_id, entry.record.bandwidth_quota_bytes, usage)

@@ -24,12 +24,13 @@ which the kernel applies atomically.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 from dataclasses import dataclass, field
 
 from paddock_hostagent.drivers.base import CommandFailedError
-from paddock_hostagent.drivers.commands import run, run_sync
+from paddock_hostagent.drivers.nftlib import Nft
 
 #: Addresses admitted from a DNS answer stay at least this long (a TTL of 0 would be useless).
 MIN_ANSWER_TTL_S = 30
@@ -183,15 +184,15 @@ class EgressFirewall:
         self.subnet = subnet
         self.gateway = gateway
         self._t = f"ip {self.table}"
+        self.nft = Nft()
 
     # -- host-wide --------------------------------------------------------------------------------
 
     def setup_host(self) -> None:
         """Creates the table and its base chains, keeping installed sandboxes (idempotent)."""
         t = self._t
-        run_sync(
-            ["nft", "-f", "-"],
-            input_text=f"""
+        self.nft.run_sync(
+            f"""
 add table {t}
 add map {t} out_chains {{ type ifname : verdict; }}
 add map {t} in_counters {{ type ifname : counter; }}
@@ -210,11 +211,12 @@ add rule {t} input ct state established,related accept
 add rule {t} input ip daddr {self.gateway} meta l4proto {{ tcp, udp }} th dport 53 accept
 add rule {t} input meta l4proto tcp reject with tcp reset
 add rule {t} input reject with icmp type admin-prohibited
-""",
+"""
         )
 
     def teardown_host(self) -> None:
-        run_sync(["nft", "delete", "table", "ip", self.table], check=False)
+        with contextlib.suppress(CommandFailedError):  # already gone
+            self.nft.run_sync(f"delete table {self._t}")
 
     # -- per sandbox ----------------------------------------------------------------------------
 
@@ -355,14 +357,11 @@ add rule {t} input reject with icmp type admin-prohibited
 
     async def usage(self, veth: str, *, metered: bool) -> Usage | None:
         """One sandbox's counters (None when it has no policy installed)."""
-        t = self._t.split()
         try:
-            outputs = await asyncio.gather(
-                *(
-                    run(["nft", "-j", "list", kind, *t, f"{prefix}_{veth}"])
-                    for kind, prefix in (("counter", "co"), ("counter", "ci"), ("quota", "q"))
-                )
-            )
+            outputs = [
+                await self.nft.run(f"list {kind} {self._t} {prefix}_{veth}", json_output=True)
+                for kind, prefix in (("counter", "co"), ("counter", "ci"), ("quota", "q"))
+            ]
         except CommandFailedError:
             return None
         out = "\n".join(outputs)
@@ -386,14 +385,14 @@ add rule {t} input reject with icmp type admin-prohibited
 
     async def _list(self, kind: str) -> list[dict[str, object]]:
         try:
-            out = await run(["nft", "-j", "list", kind, "table", "ip", self.table])
+            out = await self.nft.run(f"list {kind} table {self._t}", json_output=True)
         except CommandFailedError:
             return []
         key = kind[:-1]
         return [dict(item[key]) for item in _objects_of(out) if key in item]
 
     async def _nft(self, batch: str) -> None:
-        await run(["nft", "-f", "-"], input_text=batch + "\n")
+        await self.nft.run(batch)
 
 
 def _objects_of(output: str) -> list[dict[str, dict[str, object]]]:
