@@ -6,11 +6,15 @@ IP packet bytes the sandbox sends through the host to other networks, counted by
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import time
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.live import LivePlatform
 from tests.network.conftest import QUOTA_BYTES, create, fetch, sh
 from tests.network.internet import SINK_PORT, SOURCE_BYTES, SOURCE_PORT, FakeInternet
 
@@ -99,9 +103,51 @@ def test_a_fork_starts_with_a_fresh_budget(api: httpx.Client, internet: FakeInte
     for _ in range(300):
         if api.get(f"/v1/sandboxes/{child}").json()["data"]["status"] == "running":
             break
-        import time
-
         time.sleep(0.2)
     view = bandwidth(api, child)
     assert view["quota_bytes"] == QUOTA_BYTES and not view["capped"] and view["used_bytes"] < 1000, view
     assert fetch(api, child, "api.example.test") == "api.example.test:80"
+
+
+def test_unmetered_sandboxes_are_counted_but_never_capped(
+    api: httpx.Client, internet: FakeInternet, net_platform: LivePlatform
+) -> None:
+    sid = create(api)["id"]
+
+    async def unmeter() -> dict[str, Any]:
+        async with net_platform.agents[0].client() as host:  # -1 is an operator's choice, not an API one
+            return await host.set_bandwidth(sid, -1)
+
+    assert asyncio.run(unmeter())["quota_bytes"] == -1
+    before = internet.sink_bytes()
+    send(api, sid, internet, 2 * QUOTA_BYTES, wait_s=10)
+    assert internet.sink_bytes() - before == 2 * QUOTA_BYTES
+
+    async def usage() -> dict[str, Any]:
+        async with net_platform.agents[0].client() as host:
+            return await host.get_bandwidth(sid)
+
+    counted = asyncio.run(usage())
+    assert counted["egress_bytes"] > 2 * QUOTA_BYTES and counted["capped"] is False, counted
+
+
+def test_rules_and_counters_survive_a_host_agent_restart(
+    api: httpx.Client, internet: FakeInternet, net_platform: LivePlatform
+) -> None:
+    sid = create(api, egress=["sink.example.test", "api.example.test:80"])["id"]
+    assert sh(api, sid, "getent hosts sink.example.test")["exit_code"] == 0  # admits its address
+    send(api, sid, internet, 300_000)
+    used = bandwidth(api, sid)["used_bytes"]
+    assert used > 300_000
+
+    agent = net_platform.agents[0]
+    agent.stop(signal.SIGKILL)
+    agent.start()
+    deadline = time.monotonic() + 30
+    while api.get(f"/v1/sandboxes/{sid}").json()["data"]["status"] != "running":
+        assert time.monotonic() < deadline, "the sandbox did not come back"
+        time.sleep(0.2)
+
+    assert bandwidth(api, sid)["used_bytes"] == used, "the kernel kept counting across the restart"
+    assert fetch(api, sid, "api.example.test") == "api.example.test:80"
+    assert fetch(api, sid, "other.example.test").startswith("error"), "the allowlist is still enforced"
