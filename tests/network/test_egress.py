@@ -166,3 +166,22 @@ def _fork(api: httpx.Client, source: str, body: dict[str, object]) -> str:
         assert status == "forking", status
         time.sleep(0.2)
     raise AssertionError("fork did not finish")
+
+
+def test_put_egress_on_a_paused_sandbox_holds_after_resume(api: httpx.Client) -> None:
+    sid = create(api)["id"]
+    assert api.post(f"/v1/sandboxes/{sid}/pause").status_code == 200
+    put = api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": ["other.example.test:8080"]})
+    assert put.status_code == 200, put.text
+    assert api.post(f"/v1/sandboxes/{sid}/resume").status_code == 200
+    assert fetch(api, sid, "other.example.test", 8080) == "other.example.test:8080"
+    assert fetch(api, sid, "api.example.test") == CURL_DNS_FAILED
+
+
+def test_the_resolver_answers_over_tcp_too(api: httpx.Client, internet: FakeInternet) -> None:
+    sid = create(api, egress=["api.example.test:80"])["id"]
+    sh(api, sid, "echo 'options use-vc' >> /etc/resolv.conf")
+    resolved = sh(api, sid, "getent hosts api.example.test")
+    assert resolved["stdout"].split()[0] == internet.address("api.example.test")
+    assert fetch(api, sid, "api.example.test") == "api.example.test:80"
+    assert fetch(api, sid, "other.example.test") == CURL_DNS_FAILED

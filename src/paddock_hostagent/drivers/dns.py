@@ -10,8 +10,8 @@ address). For each query it asks ``decide(source ip, name)``:
   back, the callback admits the answer's A records (with their TTL) into the sandbox's nftables
   sets. Connecting to an address the resolver did not answer stays impossible.
 
-Upstream servers are tried in order, over UDP (TCP when the answer is truncated or the sandbox asked
-over TCP).
+Upstream servers are tried in order, over UDP (TCP when the answer is truncated); a sandbox may ask
+over UDP or TCP.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class Resolver:
 
     # -- answering ------------------------------------------------------------------------------
 
-    async def answer(self, data: bytes, source: str, *, tcp: bool) -> bytes | None:
+    async def answer(self, data: bytes, source: str) -> bytes | None:
         try:
             query = DNSRecord.parse(data)
         except Exception:
@@ -97,7 +97,7 @@ class Resolver:
             return _reply(query, RCODE.REFUSED)
         if decision == "deny":
             return _reply(query, RCODE.NXDOMAIN)
-        raw = await self._forward(data, tcp=tcp)
+        raw = await self._forward(data)
         if raw is None:
             return _reply(query, RCODE.SERVFAIL)
         if callable(decision):
@@ -114,13 +114,13 @@ class Resolver:
                     return _reply(query, RCODE.SERVFAIL)
         return raw
 
-    async def _forward(self, data: bytes, *, tcp: bool) -> bytes | None:
+    async def _forward(self, data: bytes) -> bytes | None:
+        """UDP first (also for a sandbox that asked over TCP); TCP when the answer was truncated."""
         for upstream in self.upstreams:
             try:
-                if not tcp:
-                    raw = await _udp_exchange(data, upstream)
-                    if not DNSRecord.parse(raw).header.tc:
-                        return raw
+                raw = await _udp_exchange(data, upstream)
+                if not DNSRecord.parse(raw).header.tc:
+                    return raw
                 return await _tcp_exchange(data, upstream)
             except (OSError, TimeoutError, ValueError, struct.error) as exc:
                 log.debug("upstream_failed", upstream=upstream.host, error=repr(exc))
@@ -136,7 +136,7 @@ class Resolver:
                 async with asyncio.timeout(TCP_IDLE_S):
                     (length,) = struct.unpack("!H", await reader.readexactly(2))
                     data = await reader.readexactly(length)
-                reply = await self.answer(data, source, tcp=True)
+                reply = await self.answer(data, source)
                 if reply is None:
                     break
                 writer.write(struct.pack("!H", len(reply)) + reply)
@@ -163,7 +163,7 @@ class _UdpProtocol(asyncio.DatagramProtocol):
 
     async def _handle(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
-            reply = await self.resolver.answer(data, addr[0], tcp=False)
+            reply = await self.resolver.answer(data, addr[0])
         except Exception as exc:
             log.warning("resolver_error", error=repr(exc))
             return
