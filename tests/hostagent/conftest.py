@@ -208,8 +208,21 @@ def leftovers(state_dir: Path, sandbox_ids: list[str] = ()) -> list[str]:  # typ
     return found
 
 
+def report_agent_errors(agent: AgentProcess) -> None:
+    """Prints the agent's unexpected errors (with tracebacks) before its log is deleted: pytest shows
+    them with a failing test, so a 500 from the agent in CI can be diagnosed afterwards."""
+    try:
+        lines = agent.log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return
+    for index, line in enumerate(lines):
+        if "unhandled_error" in line or '"level": "error"' in line:
+            print(f"host agent {agent.state_dir.name}: " + "\n".join(lines[index : index + 40]))
+
+
 def teardown_agent(agent: AgentProcess) -> None:
     """Destroys what the agent still holds, stops it, and removes its state, table and leftovers."""
+    report_agent_errors(agent)
     sandbox_ids = [path.stem for path in (agent.state_dir / "sandboxes").glob("*.json")]
     if agent.process is not None and agent.process.poll() is None:
         with contextlib.suppress(httpx.HTTPError):
