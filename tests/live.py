@@ -168,6 +168,9 @@ class LivePlatform:
             except AssertionError as leftover:
                 problems.append(str(leftover))
         self.controlplane.stop()
+        for line in self.controlplane.log_tail(100_000).splitlines():
+            if '"level": "error"' in line or "Traceback" in line:
+                print(f"control plane: {line}")  # shown with a failing test; the log is kept on disk
         assert not problems, problems
 
 
