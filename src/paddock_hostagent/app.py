@@ -62,7 +62,11 @@ def lock_state_dir(settings: HostAgentSettings) -> IO[str]:
 
 async def build_manager(settings: HostAgentSettings) -> SandboxManager:
     network = NetworkManager(
-        settings.subnet, settings.state_dir / "network", settings.nft_table, settings.dns_servers
+        settings.subnet,
+        settings.state_dir / "network",
+        settings.nft_table,
+        settings.dns_servers,
+        settings.egress_gso_max_segs,
     )
     facts = await asyncio.to_thread(prepare_machine, settings.runtime, network)
     firewall = EgressFirewall(settings.nft_table, settings.subnet, network.gateway)

@@ -95,7 +95,11 @@ def prepare_host(settings: HostAgentSettings | None = None) -> HostFacts:
     docstring for the same steps as shell commands); idempotent. Settings default to the environment."""
     settings = settings or HostAgentSettings()
     network = NetworkManager(
-        settings.subnet, settings.state_dir / "network", settings.nft_table, settings.dns_servers
+        settings.subnet,
+        settings.state_dir / "network",
+        settings.nft_table,
+        settings.dns_servers,
+        settings.egress_gso_max_segs,
     )
     facts = prepare_machine(settings.runtime, network)
     EgressFirewall(settings.nft_table, settings.subnet, network.gateway).setup_host()

@@ -105,8 +105,11 @@ class AddressAllocator:
 
 
 class NetworkManager:
-    def __init__(self, subnet: str, state_dir: Path, nft_table: str, dns_servers: list[str]) -> None:
+    def __init__(
+        self, subnet: str, state_dir: Path, nft_table: str, dns_servers: list[str], gso_max_segs: int = 1
+    ) -> None:
         self.addresses = AddressAllocator(subnet, state_dir)
+        self.gso_max_segs = gso_max_segs
         self.subnet = subnet
         self.nft_table = nft_table
         self.dns_servers = dns_servers
@@ -164,10 +167,10 @@ flush {table}
             [
                 "link set lo up",
                 f"addr add {net.ip}/32 dev eth0",
-                # One MTU-sized segment per packet the sandbox sends, so the egress quota
-                # (drivers/egress.py) stops within one wire packet of the budget, not one 64 KiB
-                # GSO burst.
-                "link set dev eth0 gso_max_segs 1",
+                # 1: one MTU-sized segment per packet the sandbox sends, so the egress quota
+                # (drivers/egress.py) stops within one wire packet of the budget, not one 64 KiB GSO
+                # burst; larger values trade that precision for throughput (settings.py).
+                f"link set dev eth0 gso_max_segs {self.gso_max_segs}",
                 "link set eth0 up",
                 f"route add {net.gateway}/32 dev eth0 scope link",
                 f"route add default via {net.gateway} dev eth0",
