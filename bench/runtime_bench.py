@@ -211,6 +211,7 @@ def main() -> int:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
         subprocess.run(["nft", "delete", "table", "ip", f"pdkbench{os.getpid()}"], capture_output=True)
+        subprocess.run(["nft", "delete", "table", "ip", f"pdkbench{os.getpid()}_egress"], capture_output=True)
         shutil.rmtree(work_dir, ignore_errors=True)
 
     print(f"\nhost agent on {runtime}, {args.rounds} rounds, {args.execs} execs per round; ms p50 / p90")

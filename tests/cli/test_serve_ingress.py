@@ -85,3 +85,6 @@ def test_serve_prints_a_working_ingress_url(debian_image: Path, tmp_path: Path) 
                 serve.kill()
                 serve.wait()
         subprocess.run(["nft", "delete", "table", "ip", nft_table], check=False, capture_output=True)
+        subprocess.run(
+            ["nft", "delete", "table", "ip", f"{nft_table}_egress"], check=False, capture_output=True
+        )

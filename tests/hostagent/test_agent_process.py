@@ -164,8 +164,13 @@ def test_prepare_host_is_idempotent(tmp_path: Path) -> None:
             ["nft", "list", "table", "ip", settings.nft_table], capture_output=True, text=True
         )
         assert "masquerade" in table.stdout and table.stdout.count("chain postrouting") == 1
+        egress = subprocess.run(
+            ["nft", "list", "table", "ip", f"{settings.nft_table}_egress"], capture_output=True, text=True
+        )
+        assert egress.stdout.count("iifname vmap @out_chains") == 1, "the egress table is set up once"
     finally:
         subprocess.run(["nft", "delete", "table", "ip", settings.nft_table], capture_output=True)
+        subprocess.run(["nft", "delete", "table", "ip", f"{settings.nft_table}_egress"], capture_output=True)
 
 
 async def test_an_image_from_a_mirror_is_built_on_first_demand(make_agent: Any, tmp_path: Path) -> None:

@@ -140,6 +140,7 @@ flush {table}
 
     def teardown_host(self) -> None:
         run_sync(["nft", "delete", "table", "ip", self.nft_table], check=False)
+        run_sync(["nft", "delete", "table", "ip", f"{self.nft_table}_egress"], check=False)  # egress.py
 
     def create(self, slot: str) -> SandboxNetwork:
         """Allocates an address and builds the namespace and veth pair (blocking: run in a thread)."""
