@@ -59,7 +59,7 @@ class ControlPlaneProcess:
                 "PADDOCK_CP_SECRET_KEY": "live-test-secret-key-0123456789",
                 "PADDOCK_CP_REGION": "eu",
                 "PADDOCK_CP_RECONCILE_INTERVAL_S": "0.2",
-                "PADDOCK_CP_HOST_DEAD_AFTER_S": "3",
+                "PADDOCK_CP_HOST_DEAD_AFTER_S": "15",  # the production default; restarts under load take seconds
                 "PADDOCK_CP_LOG_JSON": "true",
             }
         )
@@ -136,7 +136,7 @@ class LivePlatform:
         options.setdefault("timeout", 120)
         return httpx.Client(base_url=self.url, headers={"X-API-Key": api_key}, **options)
 
-    def wait_for_hosts(self, count: int | None = None, timeout_s: float = 30.0) -> None:
+    def wait_for_hosts(self, count: int | None = None, timeout_s: float = 60.0) -> None:
         """Until the control plane lists ``count`` active hosts that report a cached image."""
         wanted = len(self.agents) if count is None else count
         key = self.api_key()

@@ -16,8 +16,11 @@ pytestmark = pytest.mark.root
 
 
 @pytest.fixture
-def own_platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    live = start_platform(guest_binary_dir)
+def own_platform(
+    debian_image: Path, guest_binary_dir: Path, request: pytest.FixtureRequest
+) -> Iterator[LivePlatform]:
+    cp_env = getattr(request, "param", None)
+    live = start_platform(guest_binary_dir, cp_env=cp_env)
     try:
         yield live
     finally:
@@ -69,6 +72,7 @@ def test_a_restarted_host_agent_adopts_its_running_and_paused_sandboxes(own_plat
     user.close()
 
 
+@pytest.mark.parametrize("own_platform", [{"PADDOCK_CP_HOST_DEAD_AFTER_S": "3"}], indirect=True)
 def test_a_silent_host_goes_dead_its_sandboxes_error_and_come_back_with_it(
     own_platform: LivePlatform,
 ) -> None:

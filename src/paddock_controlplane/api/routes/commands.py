@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -34,7 +33,7 @@ async def _until_disconnect(request: Request) -> None:
 @router.post("/{sandbox_id}/exec", response_model=None)
 async def exec_command(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
-) -> dict[str, Any] | StreamingResponse:
+) -> JSONResponse | StreamingResponse:
     body = await optional_body(request, ExecRequest)
     streaming = request.query_params.get("stream", "").lower() == "true" or bool(body.stream)
     sandbox, env = await execution.prepare_exec(services, principal.user_id, sandbox_id, body)
@@ -53,9 +52,12 @@ async def exec_command(
         watcher.cancel()
         if not work.done():
             work.cancel()
+    # A JSONResponse of plain data skips FastAPI's jsonable_encoder walk (~0.4 ms of CPU per exec).
     with contextlib.suppress(asyncio.CancelledError):
-        return envelope.success(work.result())
-    return envelope.success({"result": {"stdout": "", "stderr": "", "exit_code": -1, "error": "client gone"}})
+        return JSONResponse(envelope.success(work.result()))
+    return JSONResponse(
+        envelope.success({"result": {"stdout": "", "stderr": "", "exit_code": -1, "error": "client gone"}})
+    )
 
 
 @router.put("/{sandbox_id}/files")
