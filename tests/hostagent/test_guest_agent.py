@@ -154,6 +154,10 @@ async def test_hanging_up_kills_the_whole_process_group(
         async for event in session:
             assert isinstance(event, Output) and event.data == b"started\n"
             break
+        # The forked children may not have exec'd `sleep` yet when the shell's echo arrives.
+        deadline = time.monotonic() + 5
+        while _commands(process.pid) != {"sh", "sleep"} and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert _commands(process.pid) == {"sh", "sleep"}
     deadline = time.monotonic() + 5
     while _commands(process.pid) and time.monotonic() < deadline:
