@@ -14,6 +14,8 @@ run: setup images devchain-deps
 	$(VENV)/bin/paddock serve
 
 test: setup-test images devchain-deps
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
 	@export PADDOCK_TEST_PG_URL="$$(scripts/ensure-postgres.sh)"; \
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
