@@ -9,14 +9,15 @@ sandboxes working.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from paddock_hostagent.drivers import mounts
-from paddock_hostagent.drivers.base import UnsupportedError
+from paddock_hostagent.drivers import loops, mounts
+from paddock_hostagent.drivers.base import DriverError, UnsupportedError
 from paddock_hostagent.drivers.commands import run
 
 Filesystem = Literal["ext4", "xfs"]
@@ -77,8 +78,7 @@ async def format_image(image_path: Path, size_mib: int, fs: Filesystem) -> None:
 async def attach(disk: Disk) -> None:
     """Puts the image on a free loop device and mounts it at ``disk.mount_dir``."""
     if not disk.loop_device:
-        out = await run(["losetup", "--find", "--show", str(disk.image_path)])
-        disk.loop_device = out.strip()
+        disk.loop_device = await loops.attach(disk.image_path)
     disk.mount_dir.mkdir(parents=True, exist_ok=True)
     if not mounts.is_mountpoint(disk.mount_dir):
         # nouuid: a fork's copy carries its source's filesystem UUID, which XFS would refuse.
@@ -94,7 +94,8 @@ async def detach(disk: Disk) -> None:
     devices = [disk.loop_device] if disk.loop_device else loops_backing(disk.image_path)
     for device in devices:
         if _loop_backs(device, disk.image_path):
-            await run(["losetup", "-d", device], check=False)
+            with contextlib.suppress(DriverError):
+                await loops.detach(device)
     disk.loop_device = ""
 
 
@@ -108,7 +109,7 @@ async def grow(disk: Disk, size_mib: int) -> None:
         )
     with open(disk.image_path, "r+b") as image:
         image.truncate(size_mib * MIB)
-    await run(["losetup", "-c", disk.loop_device])
+    loops.refresh_capacity(disk.loop_device)
     if disk.fs == "xfs":
         await run(["xfs_growfs", str(disk.mount_dir)])
     else:
@@ -155,5 +156,6 @@ async def detach_stray_loops(directory: Path, keep: set[str]) -> list[str]:
     prefix = str(directory).rstrip("/") + "/"
     stray = [d for d, path in attached_loops().items() if path.startswith(prefix) and path not in keep]
     for device in stray:
-        await run(["losetup", "-d", device], check=False)
+        with contextlib.suppress(DriverError):
+            await loops.detach(device)
     return stray

@@ -1,0 +1,106 @@
+"""Loop devices through the kernel's ioctls, in process.
+
+``losetup --find --show`` costs ~36 ms here (it scans every loop device in sysfs); the same work as
+ioctls costs ~0.2 ms: ``LOOP_CTL_GET_FREE`` on ``/dev/loop-control`` names a free device and
+``LOOP_CONFIGURE`` binds the file to it in one call. A device another process grabbed between the two
+answers ``EBUSY``, and we ask for another. Where the kernel lacks ``LOOP_CONFIGURE`` (before 5.8) the
+``losetup`` command does the work.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+from pathlib import Path
+
+from paddock_hostagent.drivers.base import CommandFailedError
+from paddock_hostagent.drivers.commands import run
+
+LOOP_CLR_FD = 0x4C01
+LOOP_SET_CAPACITY = 0x4C07
+LOOP_CONFIGURE = 0x4C0A
+LOOP_CTL_GET_FREE = 0x4C82
+_INFO64_BYTES = 232  # struct loop_info64
+_FILE_NAME_OFFSET = 56  # lo_file_name[64] inside it
+_ATTEMPTS = 16
+
+
+async def attach(image_path: Path) -> str:
+    """Binds ``image_path`` to a free loop device; returns the device's path."""
+    try:
+        return _attach_ioctl(image_path)
+    except _NoConfigureError:
+        out = await run(["losetup", "--find", "--show", str(image_path)])
+        return out.strip()
+
+
+async def detach(device: str) -> None:
+    """Unbinds ``device``; a device already free is fine."""
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.ioctl(fd, LOOP_CLR_FD)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # ENXIO: nothing bound
+            raise CommandFailedError(["ioctl", device, "LOOP_CLR_FD"], exc.errno or 1, str(exc)) from exc
+    finally:
+        os.close(fd)
+
+
+def refresh_capacity(device: str) -> None:
+    """Tells ``device`` that its file has grown (``losetup -c``)."""
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, LOOP_SET_CAPACITY)
+    except OSError as exc:
+        raise CommandFailedError(["ioctl", device, "LOOP_SET_CAPACITY"], exc.errno or 1, str(exc)) from exc
+    finally:
+        os.close(fd)
+
+
+class _NoConfigureError(Exception):
+    """The kernel has no LOOP_CONFIGURE."""
+
+
+def _attach_ioctl(image_path: Path) -> str:
+    backing = os.open(image_path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        info = bytearray(_INFO64_BYTES)
+        name = os.fsencode(image_path)[:63]
+        info[_FILE_NAME_OFFSET : _FILE_NAME_OFFSET + len(name)] = name
+        config = struct.pack("II", backing, 0) + bytes(info) + bytes(64)
+        for _ in range(_ATTEMPTS):
+            device = f"/dev/loop{_free_index()}"
+            fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.ioctl(fd, LOOP_CONFIGURE, config)
+                return device
+            except OSError as exc:
+                if exc.errno == errno.EBUSY:  # taken by someone else since GET_FREE: ask again
+                    continue
+                if exc.errno in (errno.ENOTTY, errno.EINVAL):
+                    raise _NoConfigureError from exc
+                raise CommandFailedError(
+                    ["ioctl", device, "LOOP_CONFIGURE"], exc.errno or 1, str(exc)
+                ) from exc
+            finally:
+                os.close(fd)
+        raise CommandFailedError(["ioctl", "LOOP_CONFIGURE"], errno.EBUSY, "no free loop device stayed free")
+    finally:
+        os.close(backing)
+
+
+def _free_index() -> int:
+    control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        return int(fcntl.ioctl(control, LOOP_CTL_GET_FREE))
+    except OSError as exc:
+        raise CommandFailedError(
+            ["ioctl", "/dev/loop-control", "GET_FREE"], exc.errno or 1, str(exc)
+        ) from exc
+    finally:
+        os.close(control)
