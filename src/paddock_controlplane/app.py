@@ -21,6 +21,7 @@ from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.webhook_delivery import DeliveryWorker
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, upgrade
+from paddock_core.fastlane import FastLane
 from paddock_core.http import RequestContextMiddleware
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
@@ -91,5 +92,6 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
     install_error_handlers(app)
     for module in (probes, catalog, internal, sandboxes, commands, network_routes, webhook_routes):
         app.include_router(module.router)
+    app.add_middleware(FastLane, routes=commands.FAST_ROUTES)  # inside the request log: see fastlane.py
     app.add_middleware(RequestContextMiddleware, service="controlplane")
     return app

@@ -16,13 +16,14 @@ import hmac
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import IO, Any
+from typing import IO
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from paddock_core.fastlane import FastLane
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.drivers import storage
@@ -38,7 +39,7 @@ from paddock_hostagent.images import ImageStore
 from paddock_hostagent.middleware import RequestLogMiddleware
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.registrar import Registrar
-from paddock_hostagent.routes import router
+from paddock_hostagent.routes import error_response, fast_routes, router
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.settings import HostAgentSettings
 
@@ -130,13 +131,17 @@ def create_app(settings: HostAgentSettings) -> FastAPI:
         finally:
             lock.close()
 
+    def authorized(header: str) -> bool:
+        scheme, _, presented = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token)
+
     async def require_token(request: Request) -> None:
-        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token):
+        if not authorized(request.headers.get("authorization", "")):
             raise errors.Unauthorized("missing or invalid bearer token")
 
     app = FastAPI(title="Paddock host agent", version="1", lifespan=lifespan)
     app.include_router(router, dependencies=[Depends(require_token)])
+    app.add_middleware(FastLane, routes=fast_routes(authorized))  # inside the request log
     app.add_middleware(RequestLogMiddleware)
 
     @app.get("/healthz", include_in_schema=False)
@@ -144,28 +149,23 @@ def create_app(settings: HostAgentSettings) -> FastAPI:
         return {"status": "ok"}
 
     @app.exception_handler(errors.HostAgentServerError)
-    async def domain_error(request: Request, exc: errors.HostAgentServerError) -> JSONResponse:
-        return _error(exc.status, exc.code, exc.message)
+    async def domainerror_response(request: Request, exc: errors.HostAgentServerError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validationerror_response(request: Request, exc: RequestValidationError) -> JSONResponse:
         reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return _error(400, "bad_request", reasons or "invalid request")
+        return error_response(400, "bad_request", reasons or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def httperror_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail))
+        return error_response(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    async def unexpectederror_response(request: Request, exc: Exception) -> JSONResponse:
         request_id = uuid.uuid4().hex[:12]
         log.error("unhandled_error", request_id=request_id, path=request.url.path, exc_info=exc)
-        return _error(500, "internal", f"internal error (request {request_id})")
+        return error_response(500, "internal", f"internal error (request {request_id})")
 
     return app
-
-
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    body: dict[str, Any] = {"error": code, "message": message}
-    return JSONResponse(body, status_code=status)

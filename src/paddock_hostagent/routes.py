@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from paddock_core import fastlane
+from paddock_hostagent import errors
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import (
     BandwidthBody,
@@ -36,6 +38,7 @@ from paddock_hostagent.schemas import (
 )
 
 T = TypeVar("T")
+Receive = fastlane.Receive
 router = APIRouter(prefix="/internal/v1")
 
 
@@ -72,13 +75,9 @@ async def get_sandbox(sandbox_id: str, manager: Manager) -> SandboxView:
 async def exec_command(
     sandbox_id: str, body: ExecBody, request: Request, manager: Manager
 ) -> Response | ExecResult:
-    stream = await manager.open_exec(sandbox_id, body)
     if not body.stream:
-        try:
-            result = await _unless_disconnected(request, stream.collect())
-        finally:
-            await stream.close()
-        return JSONResponse(ExecResult(**result).model_dump(exclude_none=True))
+        return await _buffered(manager, sandbox_id, body, request.receive)
+    stream = await manager.open_exec(sandbox_id, body)
 
     async def ndjson() -> AsyncIterator[bytes]:
         try:
@@ -172,20 +171,55 @@ async def destroy_sandbox(sandbox_id: str, manager: Manager) -> DestroyResult:
     return DestroyResult()
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+async def _buffered(manager: SandboxManager, sandbox_id: str, body: ExecBody, receive: Receive) -> Response:
+    stream = await manager.open_exec(sandbox_id, body)
+    try:
+        result = await _unless_disconnected(receive, stream.collect())
+    finally:
+        await stream.close()
+    return JSONResponse(ExecResult(**result).model_dump(exclude_none=True))
+
+
+async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
     """Runs ``work``; cancels it if the client goes away first (a buffered exec dies with its caller)."""
     current = asyncio.current_task()
     assert current is not None
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, current))
+    watcher = asyncio.create_task(_cancel_on_disconnect(receive, current))
     try:
         return await work
     finally:
         watcher.cancel()
 
 
-async def _cancel_on_disconnect(request: Request, task: asyncio.Task[Any]) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            task.cancel()
-            return
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> None:
+    await fastlane.until_disconnect(receive)
+    task.cancel()
+
+
+def fast_routes(authorized: Callable[[str], bool]) -> list[fastlane.FastRoute]:
+    """The buffered exec in the fast lane (``paddock_core.fastlane``): a bad token, a stream or a body
+    that does not validate goes on to the route above, which answers it."""
+
+    async def fast_exec(
+        scope: fastlane.Scope, params: dict[str, str], raw: bytes, receive: fastlane.Receive
+    ) -> Response | None:
+        if not authorized(fastlane.header(scope, b"authorization")):
+            return None
+        try:
+            body = ExecBody.model_validate_json(raw)
+        except ValueError:
+            return None
+        if body.stream:
+            return None
+        manager: SandboxManager = scope["app"].state.manager
+        try:
+            return await _buffered(manager, params["sandbox_id"], body, receive)
+        except errors.HostAgentServerError as exc:
+            return error_response(exc.status, exc.code, exc.message)
+
+    return [fastlane.FastRoute("POST", r"/internal/v1/sandboxes/(?P<sandbox_id>[^/]+)/exec", fast_exec)]
+
+
+def error_response(status: int, code: str, message: str) -> JSONResponse:
+    """The internal API's error body: ``{"error": code, "message": ...}``."""
+    return JSONResponse({"error": code, "message": message}, status_code=status)

@@ -363,3 +363,40 @@ async def test_list_pagination_status_filter_and_by_ip(api: httpx.AsyncClient) -
     assert found["id"] == made[0]["id"]
     assert (await api.get("/v1/sandboxes/by-ip/not-an-ip")).status_code == 400
     assert (await api.get("/v1/sandboxes/by-ip/10.99.99.99")).status_code == 404
+
+
+async def test_exec_answers_the_same_in_the_fast_lane_and_the_route(
+    api: httpx.AsyncClient, fake_host: FakeHostLink
+) -> None:
+    """A buffered exec is served by the fast lane; ``?stream=false`` sends the same request through the
+    FastAPI route. Every answer a user can get must be the same either way."""
+    sid = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "envs": {"MODE": "a"}})).json()[
+        "data"
+    ]["id"]
+    paused = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "start_paused": True})).json()[
+        "data"
+    ]["id"]
+    key = api.headers["X-Api-Key"]
+    cases = [
+        (sid, {"cmd": "printenv", "env": {"MODE": "b"}}, key, 200),
+        (sid, {"cmd": "missing"}, key, 200),
+        (sid, {"cmd": "printenv", "env": {"OTHER": "x"}}, key, 400),
+        (sid, {"cmd": ""}, key, 400),
+        (sid, {"cmd": "true"}, "pdk_not_a_key", 401),
+        (sid, {"cmd": "true"}, "", 401),
+        ("sb-000000000000000000000000000", {"cmd": "true"}, key, 404),
+        (paused, {"cmd": "true"}, key, 409),
+    ]
+    for sandbox_id, body, api_key, status in cases:
+        answers = []
+        for params in ({}, {"stream": "false"}):
+            resp = await api.post(
+                f"/v1/sandboxes/{sandbox_id}/exec", json=body, params=params, headers={"X-Api-Key": api_key}
+            )
+            assert resp.headers["x-request-id"].startswith("req_")
+            data = resp.json()
+            if isinstance(data.get("data"), dict):
+                data["data"].pop("exec_ms", None)
+            answers.append((resp.status_code, data))
+        assert answers[0] == answers[1], (body, api_key, answers)
+        assert answers[0][0] == status, (body, answers[0])

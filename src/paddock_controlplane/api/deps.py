@@ -35,14 +35,19 @@ async def get_session(services: ServicesDep) -> AsyncIterator[AsyncSession]:
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
-async def get_principal(request: Request, services: ServicesDep) -> accounts.Principal:
-    presented = request.headers.get("x-api-key") or ""
+async def principal_for_key(services: Services, presented: str) -> accounts.Principal:
+    """The caller behind an ``X-Api-Key`` value (1 s cache); 401 for a missing, unknown or revoked key."""
     cache_key = sha256_hex(presented)
     principal = services.principals.get(cache_key)
     if not isinstance(principal, accounts.Principal):
         async with services.sessions() as session:
             principal = await accounts.authenticate(session, presented)
         services.principals.put(cache_key, principal)
+    return principal
+
+
+async def get_principal(request: Request, services: ServicesDep) -> accounts.Principal:
+    principal = await principal_for_key(services, request.headers.get("x-api-key") or "")
     request.scope.setdefault("state", {})["user_id"] = principal.user_id
     return principal
 

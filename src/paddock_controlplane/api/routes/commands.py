@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from paddock_controlplane import execution, validation
-from paddock_controlplane.api.deps import PrincipalDep, ServicesDep
+from paddock_controlplane.api.deps import PrincipalDep, ServicesDep, principal_for_key
+from paddock_controlplane.api.errors import error_response
 from paddock_controlplane.api.routes.bodies import optional_body
 from paddock_controlplane.schemas import ExecRequest
-from paddock_core import envelope, errors
+from paddock_controlplane.services import Services
+from paddock_core import envelope, errors, fastlane
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["exec and files"])
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -35,17 +39,31 @@ async def exec_command(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> JSONResponse | StreamingResponse:
     body = await optional_body(request, ExecRequest)
-    streaming = request.query_params.get("stream", "").lower() == "true" or bool(body.stream)
-    sandbox, env = await execution.prepare_exec(services, principal.user_id, sandbox_id, body)
-    if streaming:
+    if request.query_params.get("stream", "").lower() == "true" or body.stream:
+        sandbox, env = await execution.prepare_exec(services, principal.user_id, sandbox_id, body)
         return StreamingResponse(
             execution.exec_stream(services, sandbox, body, env),
             media_type="application/x-ndjson",
             headers=STREAM_HEADERS,
         )
-    # A buffered exec whose client disconnects is killed too: race the command against the disconnect.
+    return await _buffered(services, sandbox_id, principal.user_id, body, _until_disconnect(request))
+
+
+async def _buffered(
+    services: Services,
+    sandbox_id: str,
+    user_id: str,
+    body: ExecRequest,
+    client_gone: Coroutine[Any, Any, None],
+) -> JSONResponse:
+    """A buffered exec whose client disconnects is killed too: race the command against the disconnect."""
+    try:
+        sandbox, env = await execution.prepare_exec(services, user_id, sandbox_id, body)
+    except BaseException:
+        client_gone.close()
+        raise
     work = asyncio.ensure_future(execution.exec_buffered(services, sandbox, body, env))
-    watcher = asyncio.ensure_future(_until_disconnect(request))
+    watcher = asyncio.ensure_future(client_gone)
     try:
         await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -58,6 +76,32 @@ async def exec_command(
     return JSONResponse(
         envelope.success({"result": {"stdout": "", "stderr": "", "exit_code": -1, "error": "client gone"}})
     )
+
+
+async def _fast_exec(
+    scope: fastlane.Scope, params: dict[str, str], raw: bytes, receive: fastlane.Receive
+) -> JSONResponse | None:
+    """The fast lane's buffered exec; streams and bodies that do not validate go to the route above."""
+    if b"stream" in scope.get("query_string", b""):
+        return None
+    try:
+        body = ExecRequest.model_validate_json(raw or b"{}")
+    except ValueError:
+        return None
+    if body.stream:
+        return None
+    services: Services = scope["app"].state.services
+    try:
+        principal = await principal_for_key(services, fastlane.header(scope, b"x-api-key"))
+        scope.setdefault("state", {})["user_id"] = principal.user_id
+        return await _buffered(
+            services, params["sandbox_id"], principal.user_id, body, fastlane.until_disconnect(receive)
+        )
+    except errors.PaddockError as exc:
+        return error_response(exc)
+
+
+FAST_ROUTES = [fastlane.FastRoute("POST", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/exec", _fast_exec)]
 
 
 @router.put("/{sandbox_id}/files")
