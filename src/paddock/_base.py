@@ -126,6 +126,24 @@ def drop_none(values: dict[str, Any]) -> dict[str, Any]:
 WAIT_ABORT = frozenset({"error", "failed", "destroying", "destroyed"})
 
 
+#: The longest single long-poll the SDK asks for, and how quick an answer means "no long-poll here".
+LONG_POLL_MAX_MS = 10_000
+LONG_POLL_QUICK_S = 0.05
+
+
+def long_poll_ms(remaining_s: float) -> int:
+    return max(0, min(LONG_POLL_MAX_MS, int(remaining_s * 1000)))
+
+
+def wait_params(wait_for: str | None, wait_ms: int | None) -> dict[str, str] | None:
+    if wait_for is None:
+        return None
+    params = {"wait_for": wait_for}
+    if wait_ms is not None:
+        params["wait_ms"] = str(wait_ms)
+    return params
+
+
 def wait_aborts(target: str, status: str) -> bool:
     if target == "destroyed":
         return status in ("error", "failed")
@@ -194,10 +212,12 @@ __all__ = [
     "RetryPolicy",
     "drop_none",
     "headers",
+    "long_poll_ms",
     "ndjson_frame",
     "page_items",
     "path",
     "raise_for_error",
     "resolve",
     "unwrap",
+    "wait_params",
 ]

@@ -150,11 +150,17 @@ class Sandbox:
         self.info = SandboxInfo.from_api(data)
         return self.info
 
-    def refresh(self) -> SandboxInfo:
-        return self._set(self._client.request("GET", self._path()))
+    def refresh(self, *, wait_for: str | None = None, wait_ms: int | None = None) -> SandboxInfo:
+        """The sandbox as it is now; with ``wait_for``, the server answers once it is in that state, in a
+        state it will not leave on its own, or after ``wait_ms`` (Paddock's long-poll; other servers
+        answer at once)."""
+        params = _base.wait_params(wait_for, wait_ms)
+        return self._set(self._client.request("GET", self._path(), params=params))
 
     def wait_until(self, status: str, timeout_s: float = 120.0) -> SandboxInfo:
-        """Poll (100 ms, growing ×1.25 after 1 s up to 2 s) until ``status``.
+        """Wait until ``status``: long-polls ``GET …?wait_for=`` so the answer comes the moment the state
+        changes; where a read comes back at once without it, polls (100 ms, growing ×1.25 after 1 s up
+        to 2 s).
 
         Raises ``SandboxStateError`` on a state that can never lead there, ``WaitTimeoutError`` after
         ``timeout_s``.
@@ -171,10 +177,13 @@ class Sandbox:
                     sandbox_id=self.id,
                     status=info.status,
                 )
-            if time.monotonic() >= deadline:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
                 raise WaitTimeoutError(f"sandbox {self.id} did not reach {status} in {timeout_s}s")
-            time.sleep(backoff.next())
-            info = self.refresh()
+            asked = time.monotonic()
+            info = self.refresh(wait_for=status, wait_ms=_base.long_poll_ms(remaining_s))
+            if info.status != status and time.monotonic() - asked < _base.LONG_POLL_QUICK_S:
+                time.sleep(min(backoff.next(), max(deadline - time.monotonic(), 0)))
 
     # commands ----------------------------------------------------------------------------------------
 

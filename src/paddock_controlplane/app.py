@@ -15,7 +15,13 @@ from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.api.routes import networks as network_routes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
-from paddock_controlplane.hotcache import TTLCache, drop_changed_sandboxes
+from paddock_controlplane.hotcache import (
+    StatusWatch,
+    TTLCache,
+    drop_changed_sandboxes,
+    forget_changes,
+    wake_watchers,
+)
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.webhook_delivery import DeliveryWorker
@@ -28,6 +34,8 @@ from paddock_core.timeutil import Clock, utcnow
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 event.listen(Session, "after_flush", drop_changed_sandboxes)
+event.listen(Session, "after_commit", wake_watchers)
+event.listen(Session, "after_rollback", forget_changes)
 log = get_logger("paddock.controlplane")
 
 
@@ -45,7 +53,14 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         running_cache: TTLCache[object] = TTLCache(settings.hot_cache_ttl_s)
         ingress_cache: TTLCache[object] = TTLCache(settings.hot_cache_ttl_s)
         sessions = make_sessionmaker(engine)
-        sessions.configure(info={"running_cache": running_cache, "ingress_cache": ingress_cache})
+        status_watch = StatusWatch()
+        sessions.configure(
+            info={
+                "running_cache": running_cache,
+                "ingress_cache": ingress_cache,
+                "status_watch": status_watch,
+            }
+        )
         services = Services(
             settings=settings,
             engine=engine,
@@ -54,6 +69,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
             running=running_cache,
             secret_box=SecretBox(settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"),
             clock=clock,
+            status_watch=status_watch,
         )
         app.state.services = services
 

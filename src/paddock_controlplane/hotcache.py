@@ -6,6 +6,8 @@ process is seen within that time. Changes made by this process invalidate at onc
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from typing import Generic, TypeVar
 
@@ -40,16 +42,55 @@ class TTLCache(Generic[V]):
         self._entries.pop(key, None)
 
 
+class StatusWatch:
+    """Wakes requests waiting on a sandbox (``GET …?wait_for=``) when this process commits a change to
+    it. Changes made by another control-plane process are not seen here: waiters re-read on a timer too.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+
+    async def wait(self, sandbox_id: str, timeout_s: float) -> None:
+        """Returns at the next committed change to ``sandbox_id``, or after ``timeout_s``."""
+        event = self._events.setdefault(sandbox_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
+
+    def changed(self, sandbox_id: str) -> None:
+        event = self._events.pop(sandbox_id, None)
+        if event is not None:
+            event.set()
+
+
 SANDBOX_CACHES = ("running_cache", "ingress_cache")
+_CHANGED = "changed_sandboxes"
 
 
 def drop_changed_sandboxes(session: Session, _: object) -> None:
-    """``after_flush`` hook: any sandbox row this process changes leaves the sandbox caches at once."""
+    """``after_flush`` hook: any sandbox row this process changes leaves the sandbox caches at once,
+    and is noted for the status watch, woken once the transaction commits."""
     caches = [session.info[name] for name in SANDBOX_CACHES if session.info.get(name) is not None]
-    if not caches:
+    watch = session.info.get("status_watch")
+    if not caches and watch is None:
         return
     for obj in (*session.dirty, *session.deleted):
         sandbox_id = getattr(obj, "__tablename__", None) == "sandboxes" and getattr(obj, "id", None)
         if sandbox_id:
             for cache in caches:
                 cache.drop(sandbox_id)
+            if watch is not None:
+                session.info.setdefault(_CHANGED, set()).add(sandbox_id)
+
+
+def wake_watchers(session: Session) -> None:
+    """``after_commit`` hook: the changes noted at flush are now visible to other sessions."""
+    changed = session.info.pop(_CHANGED, None)
+    watch = session.info.get("status_watch")
+    if changed and isinstance(watch, StatusWatch):
+        for sandbox_id in changed:
+            watch.changed(sandbox_id)
+
+
+def forget_changes(session: Session) -> None:
+    """``after_rollback`` hook: nothing noted at flush was committed."""
+    session.info.pop(_CHANGED, None)

@@ -338,6 +338,8 @@ async def boot(
             row.status, row.running_at, row.billed_until, row.last_activity_at = "running", now, now, now
         if fork_of is None:
             await webhooks.emit(session, user_id=row.user_id, action="sandbox.create", data=event_data(row))
+    if row.status == "running":  # the first exec needs no database read
+        services.running.put(row.id, row)
     if resend_egress:  # PUT egress while the sandbox was booting with the earlier list
         try:
             await link.set_egress(row.id, list(row.egress or []))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import time
+from dataclasses import dataclass
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.models import Sandbox
+from paddock_controlplane.services import Services
 from paddock_core import errors
 
 STATUSES = (
@@ -23,6 +26,53 @@ STATUSES = (
     "destroyed",
     "failed",
 )
+
+
+#: States a sandbox leaves on its own; a wait goes on only while the sandbox is in one of them.
+TRANSITIONAL = ("creating", "pausing", "resuming", "forking", "destroying")
+MAX_WAIT_MS = 30_000
+#: A waiter re-reads at least this often: changes made by another control-plane process wake nobody here.
+REREAD_S = 0.25
+
+
+@dataclass(frozen=True)
+class Wait:
+    status: str
+    timeout_s: float
+
+
+def wait_params(wait_for: str | None, wait_ms: str | None) -> Wait | None:
+    """``?wait_for=<status>&wait_ms=<0..30000>`` (an extension of §11.4; default 10 s)."""
+    if wait_for is None or wait_for == "":
+        if wait_ms:
+            raise errors.ValidationFailed.field("wait_ms", "needs wait_for")
+        return None
+    if wait_for not in STATUSES:
+        raise errors.ValidationFailed.field("wait_for", f"unknown status {wait_for!r}")
+    try:
+        timeout_ms = 10_000 if wait_ms is None or wait_ms == "" else int(wait_ms)
+    except ValueError:
+        raise errors.ValidationFailed.field("wait_ms", "must be an integer") from None
+    if not 0 <= timeout_ms <= MAX_WAIT_MS:
+        raise errors.ValidationFailed.field("wait_ms", f"must be between 0 and {MAX_WAIT_MS}")
+    return Wait(wait_for, timeout_ms / 1000)
+
+
+async def get_when(
+    services: Services, user_id: str, sandbox_id: str, cutoff: dt.datetime, wait: Wait | None
+) -> Sandbox:
+    """The sandbox; with ``wait``, once it is in ``wait.status``, in a state it will not leave on its
+    own (so the caller can decide), or when the wait is over — whichever comes first."""
+    deadline = time.monotonic() + (wait.timeout_s if wait else 0)
+    while True:
+        async with services.sessions() as session:
+            sandbox = await get(session, user_id, sandbox_id, cutoff)
+        remaining = deadline - time.monotonic()
+        if wait is None or sandbox.status == wait.status or sandbox.status not in TRANSITIONAL:
+            return sandbox
+        if remaining <= 0:
+            return sandbox
+        await services.status_watch.wait(sandbox_id, min(remaining, REREAD_S))
 
 
 def _retained(cutoff: dt.datetime) -> object:

@@ -172,6 +172,8 @@ async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
             await webhooks.emit(session, user_id=row.user_id, action="sandbox.resume", data=event_data(row))
         else:
             row.status, row.status_reason = "error", "resume failed on the host"
+    if row.status == "running":  # the first exec needs no database read
+        services.running.put(row.id, row)
     return row
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from paddock_controlplane.hotcache import TTLCache
+from paddock_controlplane.hotcache import StatusWatch, TTLCache
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.timeutil import Clock, utcnow
@@ -26,6 +26,8 @@ class Services:
     #: Principals by key hash, and running sandboxes by id, for the exec hot path.
     principals: TTLCache[object] = field(default_factory=lambda: TTLCache(1.0))
     running: TTLCache[object] = field(default_factory=lambda: TTLCache(1.0))
+    #: Wakes ``GET /v1/sandboxes/{id}?wait_for=`` when this process commits a change to the sandbox.
+    status_watch: StatusWatch = field(default_factory=StatusWatch)
 
     def mark_reconciled(self) -> None:
         self.reconciler_last_ok = time.monotonic()

@@ -46,6 +46,7 @@ class FakeHostLink:
 
     async def fork(self, source: Any, child: Any, *, start_paused: bool) -> hostlink.Booted:
         self.calls.append(("fork", child.id))
+        await asyncio.sleep(self.boot_delay_s)
         return hostlink.Booted(ip=next(self.ips), spawn_ms=1.0)
 
     async def destroy(self, sandbox_id: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from paddock_controlplane import hostlink
+from paddock_controlplane import hostlink, lookup
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
 
@@ -400,3 +400,49 @@ async def test_exec_answers_the_same_in_the_fast_lane_and_the_route(
             answers.append((resp.status_code, data))
         assert answers[0] == answers[1], (body, api_key, answers)
         assert answers[0][0] == status, (body, answers[0])
+
+
+async def test_get_with_wait_for_answers_when_the_state_changes(
+    api: httpx.AsyncClient, fake_host: FakeHostLink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``?wait_for=running`` on a forking child answers the moment the fork lands, not on a poll tick."""
+    monkeypatch.setattr(lookup, "REREAD_S", 30.0)  # only the commit's wake-up can end the wait early
+    src = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
+    fake_host.boot_delay_s = 0.6
+    child = (await api.post(f"/v1/sandboxes/{src}/fork", json={})).json()["data"]["id"]
+    started = asyncio.get_running_loop().time()
+    resp = await api.get(f"/v1/sandboxes/{child}", params={"wait_for": "running", "wait_ms": "5000"})
+    waited_s = asyncio.get_running_loop().time() - started
+    assert resp.status_code == 200 and resp.json()["data"]["status"] == "running"
+    assert 0.4 < waited_s < 1.5, waited_s
+
+    # A state the sandbox will not leave on its own answers at once, whatever was asked.
+    started = asyncio.get_running_loop().time()
+    now = await api.get(f"/v1/sandboxes/{src}", params={"wait_for": "paused", "wait_ms": "5000"})
+    assert now.json()["data"]["status"] == "running"
+    assert asyncio.get_running_loop().time() - started < 0.5
+
+    # The wait ends at wait_ms with the sandbox as it is then.
+    fake_host.boot_delay_s = 3.0
+    slow = (await api.post(f"/v1/sandboxes/{src}/fork", json={})).json()["data"]["id"]
+    started = asyncio.get_running_loop().time()
+    held = await api.get(f"/v1/sandboxes/{slow}", params={"wait_for": "running", "wait_ms": "300"})
+    assert held.json()["data"]["status"] == "forking"
+    assert 0.25 < asyncio.get_running_loop().time() - started < 1.5
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"wait_for": "sleeping"}, "wait_for"),
+        ({"wait_for": "running", "wait_ms": "soon"}, "wait_ms"),
+        ({"wait_for": "running", "wait_ms": "30001"}, "wait_ms"),
+        ({"wait_ms": "100"}, "wait_ms"),
+    ],
+)
+async def test_get_with_bad_wait_params_is_400_naming_the_field(
+    api: httpx.AsyncClient, params: dict[str, str], field: str
+) -> None:
+    sid = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
+    resp = await api.get(f"/v1/sandboxes/{sid}", params=params)
+    assert resp.status_code == 400 and field in fail_data(resp), resp.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -92,6 +93,26 @@ def test_retries_honour_retry_after_on_503_and_never_retry_400() -> None:
     ):
         client.request("POST", "v1/sandboxes", json={})
     assert calls == ["POST"]
+
+
+def test_wait_until_long_polls_and_still_polls_a_server_that_answers_at_once() -> None:
+    """The SDK asks for ``wait_for``; a server that ignores it (answers at once) is polled with the
+    backoff, never in a tight loop."""
+    seen: list[dict[str, str]] = []
+    view = {"id": "sb-1", "status": "forking", "shape": "s-1vcpu-1gb"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(dict(request.url.params))
+        status = "running" if len(seen) >= 3 else "forking"
+        return httpx.Response(200, json={"status": "success", "data": {**view, "status": status}})
+
+    with paddock.Client("http://test", "k", transport=httpx.MockTransport(handler)) as client:
+        sandbox = paddock.Sandbox(client, paddock.SandboxInfo.from_api(view))
+        started = time.monotonic()
+        assert sandbox.wait_until("running").status == "running"
+        elapsed_s = time.monotonic() - started
+    assert len(seen) == 3 and all(p["wait_for"] == "running" and int(p["wait_ms"]) > 0 for p in seen)
+    assert elapsed_s >= 0.18  # two quick answers, each followed by the 100 ms poll interval
 
 
 def test_sdk_imports_without_server_dependencies() -> None:

@@ -78,8 +78,8 @@ async def get(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     mark(request, sandbox_id)
-    async with services.sessions() as session:
-        sandbox = await lookup.get(session, principal.user_id, sandbox_id, cutoff(services))
+    wait = lookup.wait_params(request.query_params.get("wait_for"), request.query_params.get("wait_ms"))
+    sandbox = await lookup.get_when(services, principal.user_id, sandbox_id, cutoff(services), wait)
     return envelope.success(view(services, sandbox))
 
 
