@@ -109,5 +109,9 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
     for module in (probes, catalog, internal, sandboxes, commands, network_routes, webhook_routes):
         app.include_router(module.router)
     app.add_middleware(FastLane, routes=commands.FAST_ROUTES)  # inside the request log: see fastlane.py
-    app.add_middleware(RequestContextMiddleware, service="controlplane")
+    app.add_middleware(
+        RequestContextMiddleware,
+        service="controlplane",
+        quiet_paths=frozenset({"/internal/v1/hosts/heartbeat"}),
+    )
     return app

@@ -21,9 +21,12 @@ LOGGED_STATE = ("user_id", "wallet", "resource_id")
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: Any, service: str) -> None:
+    """``quiet_paths``: routine requests (host heartbeats every 2 s) that log at debug unless they fail."""
+
+    def __init__(self, app: Any, service: str, quiet_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.service = service
+        self.quiet_paths = quiet_paths
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -47,7 +50,8 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             state = scope.get("state", {})
-            log.info(
+            quiet = status_holder["status"] < 400 and scope["path"] in self.quiet_paths
+            (log.debug if quiet else log.info)(
                 "request",
                 service=self.service,
                 method=scope["method"],
