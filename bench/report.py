@@ -7,6 +7,7 @@ from typing import Any
 
 OP_LABELS = {
     "create": "create → running",
+    "first_exec": "first exec `true` of a new sandbox",
     "exec": "exec `true` round trip",
     "first_frame": "first stream frame (`echo`)",
     "file_1mb": "file write + read, 1 MB",
@@ -74,7 +75,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"- Git: `{m['git_sha']}`. Load average at start {m['load_average_start']}, "
         f"at end {m.get('load_average_end')}.",
         f"- {results['runs']} recorded runs per operation after {results['warmup']} warm-up rounds "
-        f"(exec: 3 per round); times in ms as p50 / p90 / p99.",
+        f"(exec: the first command of each new sandbox apart, then {results.get('execs_per_round', 3)} per "
+        "round); times in ms as p50 / p90 / p99.",
         "- **Absolute numbers are noisy**: a shared 2-vCPU VM where other work may run at the same time. "
         "The headline is the ratio against the floor measured in the same run.",
         "",

@@ -87,6 +87,7 @@ class Run:
             "runs": args.runs,
             "warmup": args.warmup,
             "big_file_mib": args.big_file_mib,
+            "execs_per_round": lifecycle.EXECS_PER_ROUND,
             "machine": machine.facts(),
             "errors": {},
         }
