@@ -11,6 +11,7 @@ import contextlib
 import time
 from typing import Generic, TypeVar
 
+from sqlalchemy import inspect
 from sqlalchemy.orm import Session
 
 V = TypeVar("V")
@@ -75,11 +76,22 @@ def drop_changed_sandboxes(session: Session, _: object) -> None:
         return
     for obj in (*session.dirty, *session.deleted):
         sandbox_id = getattr(obj, "__tablename__", None) == "sandboxes" and getattr(obj, "id", None)
-        if sandbox_id:
+        if sandbox_id and (obj in session.deleted or _changes_what_is_cached(obj)):
             for cache in caches:
                 cache.drop(sandbox_id)
             if watch is not None:
                 session.info.setdefault(_CHANGED, set()).add(sandbox_id)
+
+
+#: What the hot paths read from a cached row (exec: owner, host, status, envs; ingress: address, switch)
+#: and what waiters wait on (status). Heartbeats and billing rewrite usage counters and ``billed_until``
+#: of every running sandbox every few seconds; those must not empty the caches each time.
+CACHED_COLUMNS = ("status", "user_id", "host_id", "ip", "envs_sealed", "env_keys", "ingress_enabled")
+
+
+def _changes_what_is_cached(obj: object) -> bool:
+    state = inspect(obj)
+    return any(state.attrs[name].history.has_changes() for name in CACHED_COLUMNS)
 
 
 def wake_watchers(session: Session) -> None:

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from paddock_hostagent.drivers.processes import read_small
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _PREFERRED_PARENTS = ("memory", "pids", "cpu")
 
@@ -117,9 +119,10 @@ class SandboxCgroup:
 
     def is_frozen(self) -> bool:
         try:
-            return (self.dir("freezer") / "freezer.state").read_text().strip() in ("FROZEN", "FREEZING")
+            state = read_small(f"{self.root}/freezer/{self.path.lstrip('/')}/freezer.state")
         except FileNotFoundError:
             return False
+        return state.strip() in ("FROZEN", "FREEZING")
 
     # -- accounting -----------------------------------------------------------------------------
 

@@ -58,10 +58,20 @@ async def wait_child(pid: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+def read_small(path: str) -> str:
+    """A small kernel file (``/proc``, cgroupfs) in one ``read``: ~6x cheaper than ``Path.read_text``,
+    which matters on the exec path (two such reads per command)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
+
+
 def start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot, or None when it does not exist."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = read_small(f"/proc/{pid}/stat")
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
