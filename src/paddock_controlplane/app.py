@@ -108,7 +108,9 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
     install_error_handlers(app)
     for module in (probes, catalog, internal, sandboxes, commands, network_routes, webhook_routes):
         app.include_router(module.router)
-    app.add_middleware(FastLane, routes=commands.FAST_ROUTES)  # inside the request log: see fastlane.py
+    app.add_middleware(
+        FastLane, routes=[*commands.FAST_ROUTES, *sandboxes.FAST_ROUTES]
+    )  # inside the request log: see fastlane.py
     app.add_middleware(
         RequestContextMiddleware,
         service="controlplane",

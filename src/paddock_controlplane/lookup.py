@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import joinedload
 
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
@@ -81,11 +82,18 @@ def _retained(cutoff: dt.datetime) -> object:
 
 
 async def get(session: AsyncSession, user_id: str, sandbox_id: str, cutoff: dt.datetime) -> Sandbox:
+    # One statement with its memberships joined (one trip to the database, not two): GET is polled hard.
     sandbox = (
-        await session.scalars(
-            select(Sandbox).where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id, _retained(cutoff))
+        (
+            await session.scalars(
+                select(Sandbox)
+                .options(joinedload(Sandbox.memberships))
+                .where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id, _retained(cutoff))
+            )
         )
-    ).first()
+        .unique()
+        .first()
+    )
     if sandbox is None:
         raise errors.NotFound("sandbox not found")
     return sandbox

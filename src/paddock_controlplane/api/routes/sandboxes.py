@@ -6,9 +6,12 @@ import datetime as dt
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.datastructures import QueryParams
 
 from paddock_controlplane import configuration, lifecycle, lookup, power, views
-from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep
+from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, principal_for_key
+from paddock_controlplane.api.errors import error_response
 from paddock_controlplane.api.routes.bodies import optional_body
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.schemas import (
@@ -21,7 +24,7 @@ from paddock_controlplane.schemas import (
     SshKeysRequest,
 )
 from paddock_controlplane.services import Services
-from paddock_core import envelope
+from paddock_core import envelope, errors, fastlane
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
 
@@ -77,10 +80,33 @@ async def by_ip(ip: str, principal: PrincipalDep, services: ServicesDep) -> dict
 async def get(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
+    # Served by ``_fast_get`` below in the fast lane; this route is its OpenAPI entry and the same call.
     mark(request, sandbox_id)
-    wait = lookup.wait_params(request.query_params.get("wait_for"), request.query_params.get("wait_ms"))
-    sandbox = await lookup.get_when(services, principal.user_id, sandbox_id, cutoff(services), wait)
+    return await _read(services, principal.user_id, sandbox_id, request.query_params)
+
+
+async def _read(services: Services, user_id: str, sandbox_id: str, query: QueryParams) -> dict[str, Any]:
+    wait = lookup.wait_params(query.get("wait_for"), query.get("wait_ms"))
+    sandbox = await lookup.get_when(services, user_id, sandbox_id, cutoff(services), wait)
     return envelope.success(view(services, sandbox))
+
+
+async def _fast_get(
+    scope: fastlane.Scope, params: dict[str, str], _: bytes, __: fastlane.Receive
+) -> JSONResponse:
+    """``GET /v1/sandboxes/{id}`` in the fast lane: clients poll it hard (§7.2); same answers as above."""
+    services: Services = scope["app"].state.services
+    scope.setdefault("state", {})["resource_id"] = params["sandbox_id"]
+    try:
+        principal = await principal_for_key(services, fastlane.header(scope, b"x-api-key"))
+        scope["state"]["user_id"] = principal.user_id
+        query = QueryParams(scope.get("query_string", b""))
+        return JSONResponse(await _read(services, principal.user_id, params["sandbox_id"], query))
+    except errors.PaddockError as exc:
+        return error_response(exc)
+
+
+FAST_ROUTES = [fastlane.FastRoute("GET", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)", _fast_get)]
 
 
 @router.patch("/{sandbox_id}")
