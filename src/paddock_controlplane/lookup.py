@@ -68,12 +68,12 @@ async def get_when(
     while True:
         async with services.sessions() as session:
             sandbox = await get(session, user_id, sandbox_id, cutoff)
-        remaining = deadline - time.monotonic()
+        remaining_s = deadline - time.monotonic()
         if wait is None or sandbox.status == wait.status or sandbox.status not in TRANSITIONAL:
             return sandbox
-        if remaining <= 0:
+        if remaining_s <= 0:
             return sandbox
-        await services.status_watch.wait(sandbox_id, min(remaining, REREAD_S))
+        await services.status_watch.wait(sandbox_id, min(remaining_s, REREAD_S))
 
 
 def _retained(cutoff: dt.datetime) -> object:

@@ -13,11 +13,14 @@ stays the one definition of the endpoint's behaviour, errors and OpenAPI entry.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -92,6 +95,22 @@ async def until_disconnect(receive: Receive) -> None:
     """Returns when the client goes away (after the body has been read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None when the client went away first: ``work`` is then cancelled (a buffered
+    exec dies with its caller). Call it once the request body has been read."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(until_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
 
 
 def header(scope: Scope, name: bytes) -> str:

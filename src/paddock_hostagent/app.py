@@ -149,21 +149,21 @@ def create_app(settings: HostAgentSettings) -> FastAPI:
         return {"status": "ok"}
 
     @app.exception_handler(errors.HostAgentServerError)
-    async def domainerror_response(request: Request, exc: errors.HostAgentServerError) -> JSONResponse:
+    async def domain_error(request: Request, exc: errors.HostAgentServerError) -> JSONResponse:
         return error_response(exc.status, exc.code, exc.message)
 
     @app.exception_handler(RequestValidationError)
-    async def validationerror_response(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return error_response(400, "bad_request", reasons or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)
-    async def httperror_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(Exception)
-    async def unexpectederror_response(request: Request, exc: Exception) -> JSONResponse:
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         request_id = uuid.uuid4().hex[:12]
         log.error("unhandled_error", request_id=request_id, path=request.url.path, exc_info=exc)
         return error_response(500, "internal", f"internal error (request {request_id})")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -37,8 +36,6 @@ from paddock_hostagent.schemas import (
     StatusResult,
 )
 
-T = TypeVar("T")
-Receive = fastlane.Receive
 router = APIRouter(prefix="/internal/v1")
 
 
@@ -171,29 +168,17 @@ async def destroy_sandbox(sandbox_id: str, manager: Manager) -> DestroyResult:
     return DestroyResult()
 
 
-async def _buffered(manager: SandboxManager, sandbox_id: str, body: ExecBody, receive: Receive) -> Response:
+async def _buffered(
+    manager: SandboxManager, sandbox_id: str, body: ExecBody, receive: fastlane.Receive
+) -> Response:
     stream = await manager.open_exec(sandbox_id, body)
     try:
-        result = await _unless_disconnected(receive, stream.collect())
+        result = await fastlane.unless_disconnected(receive, stream.collect())
     finally:
-        await stream.close()
+        await stream.close()  # the guest kills a command whose caller left
+    if result is None:
+        return Response(status_code=499)  # nobody is listening any more
     return JSONResponse(ExecResult(**result).model_dump(exclude_none=True))
-
-
-async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
-    """Runs ``work``; cancels it if the client goes away first (a buffered exec dies with its caller)."""
-    current = asyncio.current_task()
-    assert current is not None
-    watcher = asyncio.create_task(_cancel_on_disconnect(receive, current))
-    try:
-        return await work
-    finally:
-        watcher.cancel()
-
-
-async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> None:
-    await fastlane.until_disconnect(receive)
-    task.cancel()
 
 
 def fast_routes(authorized: Callable[[str], bool]) -> list[fastlane.FastRoute]:

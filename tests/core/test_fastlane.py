@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.responses import PlainTextResponse
 
-from paddock_core.fastlane import FastLane, FastRoute
+from paddock_core.fastlane import FastLane, FastRoute, unless_disconnected
 
 
 class Recorder:
@@ -77,3 +78,34 @@ async def test_a_client_gone_mid_body_gets_nothing_and_reaches_nothing() -> None
     lane = FastLane(behind, [FastRoute("POST", r"/things/(?P<thing>[^/]+)/poke", handler)])
     assert await call(lane, "POST", "/things/a1/poke", [b"par", b"tial"], disconnect=True) == []
     assert behind.bodies == []
+
+
+async def test_unless_disconnected_returns_the_result_or_cancels_the_work() -> None:
+    async def never_leaves() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def work() -> str:
+        await asyncio.sleep(0)
+        return "done"
+
+    assert await unless_disconnected(never_leaves, work()) == "done"
+
+    left = asyncio.Event()
+    cancelled = []
+
+    async def leaves() -> dict[str, Any]:
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def slow() -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "never"
+
+    asyncio.get_running_loop().call_later(0.01, left.set)
+    assert await unless_disconnected(leaves, slow()) is None
+    assert cancelled == [True]

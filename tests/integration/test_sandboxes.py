@@ -283,3 +283,21 @@ def test_commands_get_envs_overrides_stdin_and_start_errors(user: User) -> None:
     missing = user.run(sid, "no-such-command")
     assert missing["exit_code"] == -1 and missing["error"]
     assert "prod" not in json.dumps(user.get(sid)), "env values are write-only"
+
+
+def test_a_buffered_command_dies_with_its_caller(user: User) -> None:
+    """A client that gives up on a buffered exec (a timeout, a crash) takes the command with it: the
+    disconnect travels control plane -> host agent -> guest agent, which kills the process group."""
+    sid = user.create()["id"]
+    with pytest.raises(httpx.ReadTimeout):
+        user.http.post(
+            f"/v1/sandboxes/{sid}/exec",
+            json={"cmd": "bash", "args": ["-c", "echo $$ > /tmp/runaway.pid; exec sleep 300"]},
+            timeout=2.0,
+        )
+    pid = user.sh(sid, "cat /tmp/runaway.pid")["stdout"].strip()
+    assert pid.isdigit()
+    deadline = time.monotonic() + 10
+    while user.sh(sid, f"kill -0 {pid}")["exit_code"] == 0:
+        assert time.monotonic() < deadline, f"process {pid} outlived its caller"
+        time.sleep(0.2)

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts
 from paddock_controlplane.services import Services
-from paddock_core import errors
+from paddock_core import errors, fastlane
 from paddock_core.crypto import constant_time_equals, sha256_hex
 
 MAX_PAGE = 500
@@ -46,10 +46,17 @@ async def principal_for_key(services: Services, presented: str) -> accounts.Prin
     return principal
 
 
-async def get_principal(request: Request, services: ServicesDep) -> accounts.Principal:
-    principal = await principal_for_key(services, request.headers.get("x-api-key") or "")
-    request.scope.setdefault("state", {})["user_id"] = principal.user_id
-    return principal
+async def scope_principal(scope: fastlane.Scope) -> tuple[Services, accounts.Principal]:
+    """The services and the caller of a request, from its ASGI scope (the dependency below and the fast
+    lane's handlers share it); the user id goes into the request's log line."""
+    services: Services = scope["app"].state.services
+    principal = await principal_for_key(services, fastlane.header(scope, b"x-api-key"))
+    scope.setdefault("state", {})["user_id"] = principal.user_id
+    return services, principal
+
+
+async def get_principal(request: Request) -> accounts.Principal:
+    return (await scope_principal(request.scope))[1]
 
 
 PrincipalDep = Annotated[accounts.Principal, Depends(get_principal)]

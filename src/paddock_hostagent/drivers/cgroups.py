@@ -119,7 +119,7 @@ class SandboxCgroup:
 
     def is_frozen(self) -> bool:
         try:
-            state = read_small(f"{self.root}/freezer/{self.path.lstrip('/')}/freezer.state")
+            state = read_small(self.dir("freezer") / "freezer.state")
         except FileNotFoundError:
             return False
         return state.strip() in ("FROZEN", "FREEZING")

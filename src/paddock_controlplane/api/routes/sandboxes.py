@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import QueryParams
 
 from paddock_controlplane import configuration, lifecycle, lookup, power, views
-from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, principal_for_key
+from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
 from paddock_controlplane.api.routes.bodies import optional_body
 from paddock_controlplane.models import Sandbox
@@ -95,11 +95,9 @@ async def _fast_get(
     scope: fastlane.Scope, params: dict[str, str], _: bytes, __: fastlane.Receive
 ) -> JSONResponse:
     """``GET /v1/sandboxes/{id}`` in the fast lane: clients poll it hard (§7.2); same answers as above."""
-    services: Services = scope["app"].state.services
     scope.setdefault("state", {})["resource_id"] = params["sandbox_id"]
     try:
-        principal = await principal_for_key(services, fastlane.header(scope, b"x-api-key"))
-        scope["state"]["user_id"] = principal.user_id
+        services, principal = await scope_principal(scope)
         query = QueryParams(scope.get("query_string", b""))
         return JSONResponse(await _read(services, principal.user_id, params["sandbox_id"], query))
     except errors.PaddockError as exc:
