@@ -1,9 +1,15 @@
-"""The shape and root-image catalogs (§10.2, §10.3)."""
+"""The shape and root-image catalogs (§10.2, §10.3).
+
+The root images and their descriptions come from ``paddock_core.rootfs``, the list the host agent's
+image builder installs from, so a description names only what the image holds.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from paddock_core.rootfs import ROOT_IMAGES
 
 
 @dataclass(frozen=True)
@@ -42,23 +48,6 @@ SHAPES: tuple[Shape, ...] = (
 SHAPES_BY_ID = {shape.id: shape for shape in SHAPES}
 
 
-@dataclass(frozen=True)
-class RootImage:
-    name: str
-    description: str
-
-
-ROOT_IMAGES: tuple[RootImage, ...] = (
-    RootImage(
-        "devbox:1",
-        "Development image with several language runtimes, package managers, common data and AI "
-        "libraries, a container engine and SSH",
-    ),
-    RootImage("desktop:1", "Graphical desktop with a browser, remote desktop and computer-use interfaces"),
-    RootImage("ubuntu:26.04", "Minimal"),
-    RootImage("debian:13", "Minimal"),
-    RootImage("alpine:3.20", "Minimal; the catalog default"),
-)
 SEED_DEFAULT_ROOTFS = "alpine:3.20"
 
 

@@ -26,43 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paddock_core.logging import get_logger
+from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_hostagent.settings import HostAgentSettings
 
 log = get_logger(__name__)
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-_BASE_PACKAGES = ("bash", "coreutils", "procps", "iproute2", "curl", "ca-certificates", "iputils-ping")
-_DEVBOX_PACKAGES = (
-    *_BASE_PACKAGES,
-    "python3",
-    "python3-pip",
-    "python3-venv",
-    "nodejs",
-    "npm",
-    "git",
-    "build-essential",
-    "openssh-client",
-    "python3-numpy",
-    "python3-pandas",
-    "python3-requests",
-    "sqlite3",
-    "jq",
-    "less",
-    "nano",
-    "unzip",
-    "wget",
-)
-_DESKTOP_PACKAGES = (
-    *_BASE_PACKAGES,
-    "xvfb",
-    "xfce4",
-    "x11vnc",
-    "novnc",
-    "chromium",
-    "xdotool",
-    "scrot",
-    "python3",
-)
+# What each image holds (and so what it installs) is declared once, with the description the control
+# plane serves; the recipes below add only how and from where it is built.
+_BASE_PACKAGES = ROOT_IMAGES_BY_NAME["debian:13"].packages
+_DEVBOX_PACKAGES = ROOT_IMAGES_BY_NAME["devbox:1"].packages
+_DESKTOP_PACKAGES = ROOT_IMAGES_BY_NAME["desktop:1"].packages
 _TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.zst", ".tar.bz2")
 _SLIM_DPKG_OPTIONS = (
     "path-exclude=/usr/share/man/*",
@@ -101,7 +75,7 @@ CATALOG: dict[str, ImageRecipe] = {
         ImageRecipe(
             "ubuntu:26.04",
             "resolute",
-            _BASE_PACKAGES,
+            ROOT_IMAGES_BY_NAME["ubuntu:26.04"].packages,
             None,
             ("main", "universe"),
             "/usr/share/keyrings/ubuntu-archive-keyring.gpg",

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_hostagent import images
+from paddock_hostagent.client import HostAgentClient
 from paddock_hostagent.images import ImageBuildError, ImageStore, UnknownImageError
-from tests.hostagent.conftest import image_cache
+from tests.hostagent.conftest import Sandboxes, image_cache, sh
 
 
 def make_tarball(tmp_path: Path) -> Path:
@@ -105,3 +107,24 @@ def test_cli_lists_images(tmp_path: Path) -> None:
         check=True,
     )
     assert result.stdout.splitlines() == ["debian:13\tbuildable", "devbox:1\tbuildable"]
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["debian:13", "devbox:1"])
+async def test_an_image_holds_everything_its_description_names(
+    name: str, host: HostAgentClient, sandboxes: Sandboxes
+) -> None:
+    """``GET /v1/rootfs`` describes an image by these contents: each one's probe must pass in a sandbox."""
+    image = ROOT_IMAGES_BY_NAME[name]
+    created = await sandboxes.create(rootfs=name, mem_mib=1024)  # built on first use (minutes)
+    missing = {}
+    for content in image.contents:
+        assert content.label in image.description
+        result = await sh(host, created["id"], content.probe)
+        if result["exit_code"] != 0:
+            missing[content.label] = (result["stdout"] + result["stderr"])[-300:]
+    assert not missing, missing
+    # Neither image offers a container engine or an SSH server (devbox:1 once claimed both).
+    absent = await sh(host, created["id"], "command -v docker podman containerd sshd; ls /usr/sbin/sshd")
+    assert absent["stdout"] == "", absent

@@ -1,0 +1,107 @@
+"""What each catalog root image holds: one source for the image builder and for ``GET /v1/rootfs``.
+
+The host agent's builder (``paddock_hostagent.images``) installs exactly the packages listed here, and
+the control plane's catalog describes each image with the labels of the same contents, so the
+description cannot promise what the build does not install (``devbox:1`` once advertised a container
+engine and SSH it never had). Each entry also names a shell probe that succeeds inside the built image
+only when that content is there; the image tests run them in real sandboxes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Content:
+    """One thing an image holds: how the description names it, the Debian packages that provide it and
+    a ``sh -c`` probe that exits 0 inside the image when it is there."""
+
+    label: str
+    packages: tuple[str, ...]
+    probe: str
+
+
+@dataclass(frozen=True)
+class RootImage:
+    name: str
+    summary: str
+    contents: tuple[Content, ...] = ()
+    note: str = ""  # what the image deliberately lacks, or where it comes from: a sentence after the contents
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """The packages the builder installs, in order, each once."""
+        return tuple(dict.fromkeys(pkg for content in self.contents for pkg in content.packages))
+
+    @property
+    def description(self) -> str:
+        text = self.summary
+        if self.contents:
+            text += ": " + "; ".join(content.label for content in self.contents)
+        return f"{text}. {self.note}" if self.note else text
+
+
+BASE_TOOLS = Content(
+    "bash, coreutils, procps, iproute2, curl, ping and CA certificates",
+    ("bash", "coreutils", "procps", "iproute2", "curl", "ca-certificates", "iputils-ping"),
+    "bash --version && ps --version && ip -V && curl --version && ping -V"
+    " && test -s /etc/ssl/certs/ca-certificates.crt",
+)
+
+DEVBOX_CONTENTS = (
+    BASE_TOOLS,
+    Content(
+        "Python 3 with pip and venv",
+        ("python3", "python3-pip", "python3-venv"),
+        "python3 --version && pip3 --version && python3 -c 'import ensurepip, venv'",
+    ),
+    Content(
+        "numpy, pandas and requests for Python",
+        ("python3-numpy", "python3-pandas", "python3-requests"),
+        "python3 -c 'import numpy, pandas, requests'",
+    ),
+    Content("Node.js with npm", ("nodejs", "npm"), "node --version && npm --version"),
+    Content("git", ("git",), "git --version"),
+    Content("gcc, g++ and make", ("build-essential",), "gcc --version && g++ --version && make --version"),
+    Content("SQLite", ("sqlite3",), "sqlite3 --version"),
+    Content("an SSH client", ("openssh-client",), "ssh -V"),
+    Content(
+        "jq, less, nano, unzip and wget",
+        ("jq", "less", "nano", "unzip", "wget"),
+        "jq --version && less --version && nano --version && unzip -v && wget --version",
+    ),
+)
+
+DESKTOP_CONTENTS = (
+    BASE_TOOLS,
+    Content(
+        "an Xvfb display with the Xfce desktop",
+        ("xvfb", "xfce4"),
+        "command -v Xvfb && command -v xfce4-session",
+    ),
+    Content(
+        "VNC and noVNC remote desktop", ("x11vnc", "novnc"), "command -v x11vnc && test -d /usr/share/novnc"
+    ),
+    Content("Chromium", ("chromium",), "chromium --version"),
+    Content("xdotool and scrot for computer use", ("xdotool", "scrot"), "xdotool version && scrot --version"),
+    Content("Python 3", ("python3",), "python3 --version"),
+)
+
+ROOT_IMAGES: tuple[RootImage, ...] = (
+    RootImage(
+        "devbox:1",
+        "Debian 13 development image",
+        DEVBOX_CONTENTS,
+        "No container engine and no SSH server",
+    ),
+    RootImage("desktop:1", "Debian 13 graphical desktop", DESKTOP_CONTENTS),
+    RootImage("ubuntu:26.04", "Minimal Ubuntu 26.04", (BASE_TOOLS,)),
+    RootImage("debian:13", "Minimal Debian 13", (BASE_TOOLS,)),
+    RootImage(
+        "alpine:3.20",
+        "Minimal Alpine Linux 3.20",
+        note="Unpacked from the root filesystem tarball the operator configures; the catalog default",
+    ),
+)
+ROOT_IMAGES_BY_NAME = {image.name: image for image in ROOT_IMAGES}
