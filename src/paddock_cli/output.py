@@ -91,13 +91,13 @@ def print_json(value: Any) -> None:
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(*columns, box=None, header_style="bold", pad_edge=False)
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
-    Console(soft_wrap=True).print(table)
+    """Plain columns, two spaces apart, nothing truncated or wrapped whatever the terminal's width, so an
+    id is always whole and ``awk '{print $1}'`` gets it (a wrapping table split long ids over lines)."""
+    cells = [[str(c) for c in columns]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        padded = [cell.ljust(width) for cell, width in zip(line, widths, strict=True)]
+        typer.echo("  ".join(padded).rstrip())
 
 
 def print_fields(pairs: Sequence[tuple[str, Any]]) -> None:

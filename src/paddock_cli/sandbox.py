@@ -4,6 +4,7 @@ resume, fork and destroy sandboxes through the SDK. A sandbox is named by its id
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,8 @@ def create(
     start_paused: bool = typer.Option(False, "--start-paused", help="Boot straight into paused."),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Create a sandbox and wait until it runs; prints its id (or everything with --json)."""
+    """Create a sandbox and wait until it runs; prints only its id, for `id=$(paddock sandbox create)`
+    (everything with --json)."""
     fields = {
         "name": name,
         "rootfs": rootfs,
@@ -85,7 +87,7 @@ def create(
     }
     with api_errors(), client() as sdk:
         sandbox = sdk.sandboxes.create(shape, **fields)
-    emit(sandbox.info, json_out, lambda info: typer.echo(f"{info.id}  {info.name}  {info.status}  {info.ip}"))
+    emit(sandbox.info, json_out, lambda info: typer.echo(info.id))
 
 
 @app.command("ls")
@@ -94,7 +96,7 @@ def list_sandboxes(
     all_: bool = typer.Option(False, "--all", "-a", help="Include destroyed and failed sandboxes."),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """List your sandboxes, oldest first (live ones only unless --all or --status)."""
+    """List your sandboxes, oldest first (live ones only unless --all or --status); ids are never cut."""
     with api_errors(), client() as sdk:
         rows = [s for s in sdk.sandboxes.iter(status) if status or all_ or s.status not in TERMINAL]
     emit(
@@ -118,8 +120,11 @@ def get(ref: str, json_out: bool = JSON_OPTION) -> None:
 @app.command("exec", context_settings={"allow_interspersed_args": False})
 def exec_command(
     ref: str,
-    cmd: str = typer.Argument(..., help="The executable (found on PATH; no shell)."),
-    args: list[str] = typer.Argument(None, help="Its arguments; put `--` before ones that start with -."),
+    command: list[str] = typer.Argument(
+        ...,
+        metavar="[--] COMMAND [ARG]...",
+        help="The executable (found on PATH; no shell) and its arguments.",
+    ),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE override of a declared env key."),
     stdin: bool = typer.Option(False, "--stdin", "-i", help="Send this terminal's stdin to the command."),
     json_out: bool = typer.Option(
@@ -128,18 +133,25 @@ def exec_command(
 ) -> None:
     """Run a command; its output streams here and `paddock` exits with the command's exit code.
 
-    Options go before SANDBOX: `paddock sandbox exec -e K=V my-box sh -c "echo $K"`.
+    Everything after SANDBOX is the command, flags included, as with `docker exec`:
+    `paddock sandbox exec my-box ls -la`. As with `kubectl exec`, a `--` may separate them, and this
+    command's own options may stand before SANDBOX or between it and `--`:
+    `paddock sandbox exec my-box -e K=V -- sh -c 'echo $K'`.
     """
+    options, cmd, args = split_command(command)
+    env = [*env, *options.env]
+    stdin = stdin or options.stdin
+    json_out = json_out or options.json_out
     overrides = key_values(env, "--env") or None
     text = sys.stdin.read() if stdin else None
     with api_errors(), client() as sdk:
         sandbox = resolve(sdk, ref)
         if json_out:
-            result = sandbox.run(cmd, args or [], env=overrides, stdin=text, timeout_s=3600)
+            result = sandbox.run(cmd, args, env=overrides, stdin=text, timeout_s=3600)
             emit(result, True, print)
             raise typer.Exit(exit_status(result.exit_code, result.error))
         code, error = -1, None
-        for frame in sandbox.stream(cmd, args or [], env=overrides, stdin=text):
+        for frame in sandbox.stream(cmd, args, env=overrides, stdin=text):
             if frame.get("stdout"):
                 sys.stdout.write(frame["stdout"])
                 sys.stdout.flush()
@@ -152,6 +164,53 @@ def exec_command(
             if "exit_code" in frame:
                 code = int(frame["exit_code"])
     raise typer.Exit(exit_status(code, error))
+
+
+@dataclass
+class ExecOptions:
+    """``exec``'s own options when written between SANDBOX and ``--`` (kubectl's place for them)."""
+
+    env: list[str] = field(default_factory=list)
+    stdin: bool = False
+    json_out: bool = False
+
+
+def split_command(tokens: list[str]) -> tuple[ExecOptions, str, list[str]]:
+    """``[opts…] -- cmd args…`` or ``cmd args…`` → (opts, cmd, args).
+
+    Click stops parsing options at SANDBOX, so it hands over the ``--`` and anything before it. A ``--``
+    is the separator when it comes first or after options only (a command never starts with ``-``);
+    after a command word it is that command's argument (``echo -- x`` prints ``-- x``, as in a shell).
+    """
+    options = ExecOptions()
+    if "--" in tokens:
+        split = tokens.index("--")
+        head = tokens[:split]
+        if not head or head[0].startswith("-"):
+            parse_exec_options(head, options)
+            tokens = tokens[split + 1 :]
+    if not tokens:
+        raise fail("a command is required after SANDBOX (e.g. `-- ls -la`)", ExitCode.USAGE)
+    return options, tokens[0], tokens[1:]
+
+
+def parse_exec_options(head: list[str], options: ExecOptions) -> None:
+    rest = list(head)
+    while rest:
+        token = rest.pop(0)
+        name, sep, value = token.partition("=")
+        if name in ("-i", "--stdin") and not sep:
+            options.stdin = True
+        elif name == "--json" and not sep:
+            options.json_out = True
+        elif name in ("-e", "--env"):
+            if not sep:
+                if not rest:
+                    raise fail(f"{name} takes KEY=VALUE", ExitCode.USAGE)
+                value = rest.pop(0)
+            options.env.append(value)
+        else:
+            raise fail(f"unknown exec option {token!r} before `--`", ExitCode.USAGE)
 
 
 def exit_status(code: int, error: str | None) -> int:
@@ -232,10 +291,10 @@ def fork(
     start_paused: bool = typer.Option(False, "--start-paused", help="Leave the child paused."),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Fork a running or paused sandbox; waits for the child and prints its id."""
+    """Fork a running or paused sandbox; waits for the child and prints only its id (all with --json)."""
     with api_errors(), client() as sdk:
         child = resolve(sdk, ref).fork(start_paused=start_paused or None)
-    emit(child.info, json_out, lambda info: typer.echo(f"{info.id}  {info.name}  {info.status}  {info.ip}"))
+    emit(child.info, json_out, lambda info: typer.echo(info.id))
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,35 @@ def test_create_exec_cp_pause_fork_rm(cli: Cli, tmp_path: Path) -> None:
     assert cli.json("sandbox", "ls") == []
     assert {s["status"] for s in cli.json("sandbox", "ls", "--all")} == {"destroyed"}
     assert cli("sandbox", "get", "cli-box").returncode == 4  # names resolve to live sandboxes only
+
+
+def test_scripts_get_bare_ids_and_commands_get_their_flags(cli: Cli) -> None:
+    """`id=$(paddock sandbox create)`, `ls` with whole ids, and `exec ID -- cmd -flags` as docker/kubectl."""
+    created = cli("sandbox", "create", "--shape", "s-1vcpu-256mb", "--disk-mib", "2048", "-e", "K=declared")
+    assert created.returncode == 0, created.stderr.decode()
+    sid = created.stdout.decode().strip()
+    assert created.stdout.decode() == sid + "\n" and re.fullmatch(r"sb-[0-9a-z]{26}", sid)
+
+    table = cli("sandbox", "ls", env={"COLUMNS": "40"}).stdout.decode().splitlines()
+    assert table[0].split()[0] == "ID" and [line.split()[0] for line in table[1:]] == [sid]
+
+    argv = ["sh", "-c", 'printf "%s|" "$@"', "sh", "-la", "--json", "-e", "--"]
+    for before in ([], ["--"], ["-e", "K=override", "--"]):
+        ran = cli("sandbox", "exec", sid, *before, *argv)
+        assert (ran.returncode, ran.stdout) == (0, b"-la|--json|-e|--|"), ran.stderr.decode()
+    shown = cli("sandbox", "exec", sid, "-e", "K=override", "--", "sh", "-c", 'echo "$K"')
+    assert shown.stdout == b"override\n"
+    as_json = cli("sandbox", "exec", sid, "--json", "--", "ls", "-d", "/root")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["stdout"] == "/root\n"
+    assert (
+        cli("sandbox", "exec", sid, "echo", "--", "-n").stdout == b"-- -n\n"
+    )  # a later `--` is the command's
+    nothing = cli("sandbox", "exec", sid, "--")
+    assert nothing.returncode == 2 and b"a command is required" in nothing.stderr
+
+    child = cli("sandbox", "fork", sid).stdout.decode().strip()
+    assert re.fullmatch(r"sb-[0-9a-z]{26}", child) and child != sid
+    assert cli("sandbox", "rm", "--wait", child, sid).returncode == 0
 
 
 def test_exit_codes_for_scripts(cli: Cli, live: LivePlatform) -> None:
