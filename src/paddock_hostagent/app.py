@@ -32,6 +32,7 @@ from paddock_hostagent.drivers.dns import Upstream
 from paddock_hostagent.drivers.egress import EgressFirewall
 from paddock_hostagent.drivers.network import NetworkManager
 from paddock_hostagent.drivers.oci import OciOptions, OciRuntime
+from paddock_hostagent.drivers.ocispec import IoLimits
 from paddock_hostagent.egress import EgressService
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.host import prepare_machine
@@ -88,6 +89,14 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
             pool_disk_mib=settings.pool_disk_mib,
             boot_timeout_s=settings.boot_timeout_s,
             runtime_root=settings.runtime_root,
+            sandbox_pids_max=settings.sandbox_pids_max,
+            pids_budget=settings.pids_budget,
+            io=IoLimits(
+                settings.disk_read_bps,
+                settings.disk_write_bps,
+                settings.disk_read_iops,
+                settings.disk_write_iops,
+            ),
         )
     )
     bridges = BridgeNetworks(runtime.layout_tag, settings.nft_table, settings.private_network_pool)

@@ -19,6 +19,7 @@ from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
+from paddock_hostagent.capacity import MIB, DiskView, MemoryView, Promise, available_memory_mib
 from paddock_hostagent.drivers.base import (
     CapacityError,
     DriverError,
@@ -100,7 +101,7 @@ class SandboxManager:
         self.runtime_label = runtime.name
         self.total_mib = settings.total_mib or max(machine_memory_mib() - settings.reserved_mib, 0)
         self._entries: dict[str, _Entry] = {}
-        self._pending: dict[str, int] = {}  # ids being created -> their mem_mib
+        self._pending: dict[str, tuple[int, int]] = {}  # ids being created -> (mem_mib, disk_mib)
         self._born: dict[str, asyncio.Event] = {}  # ids being created -> set when the attempt ends
         self._watcher: asyncio.Task[None] | None = None
 
@@ -173,12 +174,33 @@ class SandboxManager:
         return [self.view(entry) for entry in list(self._entries.values())]
 
     def placed_mib(self) -> int:
-        return sum(entry.record.mem_mib for entry in self._entries.values()) + sum(self._pending.values())
+        return self.memory_view().promised_mib
+
+    def memory_view(self) -> MemoryView:
+        """Every memory limit promised on this host (pending creates as wholly unused) and the machine's
+        memory now; ``capacity.py`` decides from it."""
+        promises = [
+            Promise(entry.record.mem_mib, self.runtime.memory_usage_bytes(entry.record))
+            for entry in list(self._entries.values())
+        ]
+        promises += [Promise(mem_mib, 0) for mem_mib, _ in self._pending.values()]
+        return MemoryView(self.total_mib, self.settings.reserved_mib, available_memory_mib(), promises)
+
+    def disk_view(self) -> DiskView | None:
+        free_bytes = self.runtime.disk_free_bytes()
+        if free_bytes is None:
+            return None
+        promises = [
+            Promise(entry.record.disk_mib, self.runtime.disk_usage_bytes(entry.record))
+            for entry in list(self._entries.values())
+        ]
+        promises += [Promise(disk_mib, 0) for _, disk_mib in self._pending.values()]
+        return DiskView(free_bytes // MIB, self.settings.disk_reserved_mib, promises)
 
     def info(self) -> HostInfo:
         return HostInfo(
             id=self.settings.id,
-            free_mib=max(self.total_mib - self.placed_mib(), 0),
+            free_mib=self.memory_view().free_mib,
             total_mib=self.total_mib,
             vm_count=len(self._entries),
             rootfses=self.images.cached(),
@@ -203,13 +225,16 @@ class SandboxManager:
 
     # -- create and fork ------------------------------------------------------------------------
 
-    def _reserve(self, sandbox_id: str, mem_mib: int) -> None:
+    def _reserve(self, sandbox_id: str, mem_mib: int, disk_mib: int) -> None:
+        """Admits a new sandbox (``capacity.py``) and holds its memory and disk until it exists or fails;
+        no ``await`` between the check and the hold, so parallel creates cannot both pass."""
         if sandbox_id in self._entries or sandbox_id in self._pending:
             raise errors.AlreadyExists(f"sandbox {sandbox_id} already exists on this host")
-        free_mib = self.total_mib - self.placed_mib()
-        if mem_mib > free_mib:
-            raise errors.InsufficientCapacity(f"{mem_mib} MiB requested, {max(free_mib, 0)} MiB free")
-        self._pending[sandbox_id] = mem_mib
+        self.memory_view().admit(mem_mib)
+        disk = self.disk_view()
+        if disk is not None:
+            disk.admit(disk_mib)
+        self._pending[sandbox_id] = (mem_mib, disk_mib)
         self._born[sandbox_id] = asyncio.Event()
 
     def _release(self, sandbox_id: str) -> None:
@@ -228,7 +253,7 @@ class SandboxManager:
 
     async def create(self, body: CreateSandboxBody) -> CreateSandboxResult:
         _check_rules(body.egress)
-        self._reserve(body.id, body.mem_mib)
+        self._reserve(body.id, body.mem_mib, body.disk_mib)
         try:
             rootfs = await self._rootfs(body.rootfs)
             shape = Shape(body.vcpu, body.mem_mib, body.disk_mib, body.cpu_quota_pct)
@@ -250,7 +275,7 @@ class SandboxManager:
     async def fork(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
         _check_rules(body.egress)
         source = self._entry(sandbox_id)
-        self._reserve(body.new_id, source.record.mem_mib)
+        self._reserve(body.new_id, source.record.mem_mib, source.record.disk_mib)
         try:
             async with source.lock:
                 if self.status(source) == RuntimeState.STOPPED.value:
@@ -306,6 +331,9 @@ class SandboxManager:
                 raise errors.BadRequest(f"disk_mib must be larger than the current {entry.record.disk_mib}")
             if self.status(entry) == RuntimeState.STOPPED.value:
                 raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
+            disk = self.disk_view()
+            if disk is not None:
+                disk.admit(disk_mib - entry.record.disk_mib)
             with _driver_errors():
                 await self.runtime.resize(entry.record, disk_mib)
             entry.record.disk_mib = disk_mib

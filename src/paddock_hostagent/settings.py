@@ -59,7 +59,20 @@ class HostAgentSettings(ServiceSettings):
     runtime_root: Path = Path("/run/paddock")
     # Memory offered to the scheduler; 0 means the machine's total minus ``reserved_mib``.
     total_mib: int = 0
+    # Memory kept for the host: out of the scheduler's total, and out of what is available right now.
     reserved_mib: int = 1024
+    # Host disk (under state_dir) kept free: sandboxes' sparse disks are admitted only within the rest.
+    disk_reserved_mib: int = Field(default=4096, ge=0)
+    # Tasks one sandbox may hold (its pids.max), and all this agent's sandboxes together; 0 means the
+    # kernel's limit (pid_max or threads-max) less a quarter kept for the host.
+    sandbox_pids_max: int = Field(default=4096, ge=16)
+    pids_budget: int = Field(default=0, ge=0)
+    # Per-sandbox blkio throttle on its own disk (loop device); 0 is none. What it holds back under
+    # cgroup v1 is measured in ARCHITECTURE.md ("Disk I/O").
+    disk_read_bps: int = Field(default=0, ge=0)
+    disk_write_bps: int = Field(default=0, ge=0)
+    disk_read_iops: int = Field(default=0, ge=0)
+    disk_write_iops: int = Field(default=0, ge=0)
     boot_timeout_s: float = 10.0
     # How often running sandboxes' guest agents are asked for self-signals (pause/delete requests).
     guest_poll_interval_s: float = 1.0

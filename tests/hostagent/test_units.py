@@ -69,7 +69,14 @@ def test_runtime_config_carries_the_shape_and_namespaces() -> None:
     assert resources["memory"]["limit"] == 1024 << 20
     assert resources["cpu"] == {"quota": 50_000, "period": 100_000}
     namespaces = {ns["type"]: ns.get("path") for ns in config["linux"]["namespaces"]}
-    assert namespaces == {"pid": None, "ipc": None, "uts": None, "mount": None, "network": "/run/netns/pdk-1"}
+    assert namespaces == {
+        "pid": None,
+        "ipc": None,
+        "uts": None,
+        "mount": None,
+        "cgroup": None,
+        "network": "/run/netns/pdk-1",
+    }
     denied = {name for rule in config["linux"]["seccomp"]["syscalls"] for name in rule["names"]}
     assert {"mount", "kexec_load", "ptrace", "init_module", "bpf", "unshare"} <= denied
     assert "CAP_SYS_ADMIN" not in config["process"]["capabilities"]["bounding"]

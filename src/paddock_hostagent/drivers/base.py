@@ -189,3 +189,16 @@ class SandboxRuntime(ABC):
     @abstractmethod
     def oom_kills(self, record: SandboxRecord) -> int:
         """How many processes the sandbox's memory limit has killed so far."""
+
+    def memory_usage_bytes(self, record: SandboxRecord) -> int:
+        """Memory the sandbox uses now; admission counts its limit less this as still promised.
+        0 (the default) counts the whole limit."""
+        return 0
+
+    def disk_usage_bytes(self, record: SandboxRecord) -> int:
+        """Host disk the sandbox's disk occupies now (its sparse image's allocated blocks)."""
+        return 0
+
+    def disk_free_bytes(self) -> int | None:
+        """Free space on the host filesystem holding the sandboxes' disks; None: not checked."""
+        return None

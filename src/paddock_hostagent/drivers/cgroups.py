@@ -63,13 +63,37 @@ class CgroupLayout:
     def sandbox_path(self, sandbox_id: str) -> str:
         return f"{self.parent}/{self.group}/{sandbox_id}"
 
+    @property
+    def agent_group(self) -> str:
+        """The group every sandbox of this agent sits in (``<parent>/paddock-<tag>``)."""
+        return f"{self.parent}/{self.group}"
+
+    def limit_pids(self, budget: int) -> None:
+        """Caps the tasks of all this agent's sandboxes together: the pids controller charges every
+        ancestor of a forking task, so a fork fails with EAGAIN once the agent's group reaches
+        ``budget``, whatever each sandbox's own ``pids.max`` allows. Created here (before the runtime
+        would create it without a limit) and re-applied on every boot, since ``prune`` removes it
+        when the last sandbox goes."""
+        if not (self.root / "pids").is_dir():
+            return  # no pids controller on this host: each sandbox's own pids.max is all there is
+        group = self.root / "pids" / self.agent_group.lstrip("/")
+        group.mkdir(parents=True, exist_ok=True)
+        (group / "pids.max").write_text(str(budget))
+
+    def pids_in_use(self) -> int:
+        """Tasks in all this agent's sandboxes (the pids controller's count for the agent's group)."""
+        try:
+            return int(read_small(self.root / "pids" / self.agent_group.lstrip("/") / "pids.current"))
+        except (FileNotFoundError, ValueError):
+            return 0
+
     def prune(self, *, ancestors: bool = False) -> None:
         """Removes the agent's group where it is empty; with ``ancestors``, also the empty directories
         above it that exist only because a runtime created them (those strictly below the agent's own
         group in that hierarchy). Never removes a non-empty group (rmdir refuses)."""
         for hierarchy in _hierarchies(self.root):
             own = self.own_paths.get(hierarchy, "/").rstrip("/")
-            chain = [f"{self.parent}/{self.group}"]
+            chain = [self.agent_group]
             if ancestors:
                 parent = self.parent
                 while parent and parent != own and parent.startswith(own + "/"):
@@ -80,6 +104,24 @@ class CgroupLayout:
                     os.rmdir(self.root / hierarchy / path.lstrip("/"))
                 except OSError:
                     break  # missing, or still in use: the levels above are too
+
+
+def kernel_task_limit() -> int:
+    """How many tasks the kernel will create at all: ``pid_max`` or ``threads-max``, the smaller."""
+    limits = []
+    for name in ("/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"):
+        with contextlib.suppress(OSError, ValueError):
+            limits.append(int(read_small(name)))
+    return min(limits) if limits else 32768
+
+
+def pids_budget(configured: int, reserve_fraction: float = 0.25) -> int:
+    """Tasks all sandboxes of this host may hold together: ``configured`` when set, else the kernel's
+    limit less a quarter kept for the host (its daemons, the agent, the runtimes, ssh for an operator)."""
+    kernel = kernel_task_limit()
+    if configured > 0:
+        return min(configured, kernel)
+    return max(int(kernel * (1 - reserve_fraction)), 1)
 
 
 def _hierarchies(root: Path) -> list[str]:

@@ -44,8 +44,21 @@ def mount(source: str, target: Path, fstype: str, options: str = "", flags: int 
 
 
 def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
-    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
-    mount("overlay", target, "overlay", options)
+    """Mounts the overlay naming its layers through ``/proc/self/fd/N``: overlayfs shows the option
+    strings it was given in every ``mountinfo``, the sandbox's included, so host paths given here
+    would tell a sandbox where the host keeps its images and disks. The kernel resolves the links at
+    mount time; the fds are closed afterwards."""
+    fds: list[int] = []
+    try:
+        for layer in (lower, upper, work):
+            fds.append(os.open(layer, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        lower_fd, upper_fd, work_fd = (f"/proc/self/fd/{fd}" for fd in fds)
+        mount("overlay", target, "overlay", f"lowerdir={lower_fd},upperdir={upper_fd},workdir={work_fd}")
+    except FileNotFoundError as exc:
+        raise CommandFailedError(["mount", "-t", "overlay", str(target)], errno.ENOENT, str(exc)) from exc
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def unmount(target: Path, *, attempts: int = 50) -> None:

@@ -24,7 +24,7 @@ import os
 import shutil
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from paddock_core.logging import get_logger
@@ -39,10 +39,11 @@ from paddock_hostagent.drivers.base import (
     SandboxRuntime,
     SandboxSpec,
 )
-from paddock_hostagent.drivers.cgroups import CgroupLayout, SandboxCgroup
+from paddock_hostagent.drivers.bootlog import BootLog
+from paddock_hostagent.drivers.cgroups import CgroupLayout, SandboxCgroup, pids_budget
 from paddock_hostagent.drivers.commands import run
 from paddock_hostagent.drivers.network import NetworkManager
-from paddock_hostagent.drivers.ocispec import BundleSpec, runtime_config, write_identity_files
+from paddock_hostagent.drivers.ocispec import BundleSpec, IoLimits, runtime_config, write_identity_files
 from paddock_hostagent.drivers.pool import Slot, SlotFactory, WarmPool
 from paddock_hostagent.guest import GuestClient, GuestError
 
@@ -60,6 +61,10 @@ class OciOptions:
     pool_disk_mib: int = 10240
     boot_timeout_s: float = 10.0
     runtime_root: Path = Path("/run/paddock")
+    # Tasks one sandbox may hold, and all sandboxes together (0: the kernel's limit less a quarter).
+    sandbox_pids_max: int = 4096
+    pids_budget: int = 0
+    io: IoLimits = field(default_factory=IoLimits)
 
 
 @dataclass
@@ -111,7 +116,11 @@ class OciRuntime(SandboxRuntime):
         self.layout_tag = tag
         self.layout = CgroupLayout.discover(tag=tag)
         self._booting = 0  # creates and forks in flight: their runtime may be creating cgroup parents
-        self.factory = SlotFactory(options.state_dir / "slots", options.network, options.filesystem)
+        self.pids_budget = pids_budget(options.pids_budget)
+        self.sandbox_pids_max = min(options.sandbox_pids_max, self.pids_budget)
+        self.factory = SlotFactory(
+            options.state_dir / "slots", options.network, options.filesystem, options.guest_binary
+        )
         self.pool = WarmPool(self.factory, options.pool_size, options.pool_disk_mib)
         self._binaries = {name: shutil.which(name) or name for name in ("crun", "runc")}
 
@@ -224,28 +233,46 @@ class OciRuntime(SandboxRuntime):
             resolv_conf=self.options.network.resolv_conf(),
         )
         mounts.mount_overlay(spec.rootfs, slot.disk.upper_dir, slot.disk.work_dir, slot.rootfs_dir)
+        # A fork's disk already holds the binary; a disk from an older agent may hold another one.
+        guest_binary = await asyncio.to_thread(storage.install_guest, slot.disk, self.options.guest_binary)
+        self.layout.limit_pids(self.pids_budget)
         bundle = BundleSpec(
             hostname=spec.name,
             shape=spec.shape,
             cgroups_path=handle.cgroups_path,
             netns_path=slot.network.netns_path,
-            guest_binary=self.options.guest_binary,
+            guest_binary=guest_binary,
+            pids_limit=self.sandbox_pids_max,
+            disk_device=_device_numbers(slot.disk.loop_device),
+            io=self.options.io,
         )
         (slot.bundle_dir / "config.json").write_text(json.dumps(runtime_config(bundle)))
-        await self._run_container(spec.id, handle)
-        record.driver_state = handle.to_json()
+        boot_log = await self._run_container(spec.id, handle)
         try:
-            await self.guest(record).wait_ready(self.options.boot_timeout_s)
-        except GuestError as exc:
-            raise BootError(f"guest agent of {spec.id} did not answer: {exc}") from exc
+            record.driver_state = handle.to_json()
+            try:
+                await self.guest(record).wait_ready(self.options.boot_timeout_s)
+            except GuestError as exc:
+                raise BootError(f"guest agent of {spec.id} did not answer: {exc}{boot_log.suffix()}") from exc
+        finally:
+            boot_log.close()
         if start_paused:
             await _freeze(SandboxCgroup(handle.cgroups_path))
             record.state = RuntimeState.PAUSED
 
-    async def _run_container(self, sandbox_id: str, handle: _Handle) -> None:
+    async def _run_container(self, sandbox_id: str, handle: _Handle) -> BootLog:
+        """Starts the container; returns the log of its boot, still reading, for the caller to close
+        once the guest agent has answered.
+
+        The runtime's stderr is a pipe, not a file: the container's init inherits the runtime's stdio,
+        so whatever PID 1 holds as fd 2 a sandbox can reach as ``/proc/1/fd/2``. The agent keeps at most
+        ``BootLog.limit_bytes`` of it (for boot errors) and closes its end after the boot; the guest
+        agent moves its own stdio to /dev/null once it serves, so later writes go nowhere on the host.
+        """
         slot = handle.slot
         slot.socket_path.unlink(missing_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        boot_log = BootLog(slot.dir / "runtime.log")
         try:
             listener.bind(str(slot.socket_path))
             listener.listen(128)
@@ -253,8 +280,8 @@ class OciRuntime(SandboxRuntime):
             pid_file.unlink(missing_ok=True)
             argv = [*self._runtime_argv(handle.runtime), "run", "-d", "--pid-file", str(pid_file)]
             argv += ["--preserve-fds", "1", "-b", str(slot.bundle_dir), sandbox_id]
-            log_path = slot.dir / "runtime.log"
-            pid = processes.spawn(argv, stderr_path=log_path, pass_fd_as_3=listener.fileno())
+            pid = processes.spawn(argv, stderr_fd=boot_log.write_fd, pass_fd_as_3=listener.fileno())
+            boot_log.start()
             try:
                 code = await asyncio.wait_for(processes.wait_child(pid), self.options.boot_timeout_s)
             except TimeoutError:
@@ -262,14 +289,18 @@ class OciRuntime(SandboxRuntime):
                 os.waitpid(pid, 0)
                 raise BootError(
                     f"{handle.runtime} did not start {sandbox_id} in {self.options.boot_timeout_s:.0f}s"
+                    f"{boot_log.suffix()}"
                 ) from None
+            if code != 0:
+                raise CommandFailedError(argv, code, boot_log.text()[-2000:])
+            handle.init_pid = int(pid_file.read_text().strip())
+            handle.init_ticks = processes.start_ticks(handle.init_pid) or 0
+        except BaseException:
+            boot_log.close()
+            raise
         finally:
             listener.close()  # the container holds its own copy
-        if code != 0:
-            tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
-            raise CommandFailedError(argv, code, tail)
-        handle.init_pid = int(pid_file.read_text().strip())
-        handle.init_ticks = processes.start_ticks(handle.init_pid) or 0
+        return boot_log
 
     def _runtime_argv(self, runtime: str) -> list[str]:
         argv = [self._binaries[runtime], "--root", str(self.options.runtime_root / runtime)]
@@ -348,6 +379,32 @@ class OciRuntime(SandboxRuntime):
 
     def oom_kills(self, record: SandboxRecord) -> int:
         return SandboxCgroup(_Handle.of(record).cgroups_path).oom_kills()
+
+    def memory_usage_bytes(self, record: SandboxRecord) -> int:
+        return SandboxCgroup(_Handle.of(record).cgroups_path).memory_usage_bytes()
+
+    def disk_usage_bytes(self, record: SandboxRecord) -> int:
+        try:
+            return os.stat(_Handle.of(record).slot.disk.image_path).st_blocks * 512
+        except FileNotFoundError:
+            return 0
+
+    def disk_free_bytes(self) -> int:
+        stats = os.statvfs(
+            self.factory.slots_dir if self.factory.slots_dir.exists() else self.options.state_dir
+        )
+        return stats.f_bavail * stats.f_frsize
+
+
+def _device_numbers(device: str) -> tuple[int, int] | None:
+    """(major, minor) of a block device node, for the blkio throttle; None without one."""
+    if not device:
+        return None
+    try:
+        rdev = os.stat(device).st_rdev
+    except FileNotFoundError:
+        return None
+    return os.major(rdev), os.minor(rdev)
 
 
 async def _freeze(cgroup: SandboxCgroup) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,19 @@ READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysr
 
 
 @dataclass(frozen=True)
+class IoLimits:
+    """Per-sandbox blkio throttle on its loop device. Under cgroup v1 the kernel throttles the I/O a
+    sandbox's tasks submit themselves (reads, O_DIRECT and synchronous writes); buffered writes are
+    written back by the kernel's flusher outside any cgroup, so they are not throttled (see
+    ARCHITECTURE.md, "Disk I/O")."""
+
+    read_bps: int = 0
+    write_bps: int = 0
+    read_iops: int = 0
+    write_iops: int = 0
+
+
+@dataclass(frozen=True)
 class BundleSpec:
     hostname: str
     shape: Shape
@@ -57,6 +70,9 @@ class BundleSpec:
     netns_path: Path
     guest_binary: Path
     pids_limit: int = 4096
+    # The sandbox's own disk (its loop device) and the I/O it may do on it; 0 is unthrottled.
+    disk_device: tuple[int, int] | None = None
+    io: IoLimits = field(default_factory=IoLimits)
 
 
 def cpu_quota_us(shape: Shape) -> int:
@@ -64,6 +80,23 @@ def cpu_quota_us(shape: Shape) -> int:
     if shape.cpu_quota_pct:
         return CPU_PERIOD_US * shape.cpu_quota_pct // 100
     return CPU_PERIOD_US * max(shape.vcpu, 1)
+
+
+def block_io(spec: BundleSpec) -> dict[str, Any]:
+    """``linux.resources.blockIO`` throttles for the sandbox's disk, when it has one and limits are set."""
+    if spec.disk_device is None:
+        return {}
+    major, minor = spec.disk_device
+    throttles = {
+        "throttleReadBpsDevice": spec.io.read_bps,
+        "throttleWriteBpsDevice": spec.io.write_bps,
+        "throttleReadIOPSDevice": spec.io.read_iops,
+        "throttleWriteIOPSDevice": spec.io.write_iops,
+    }
+    block = {
+        key: [{"major": major, "minor": minor, "rate": rate}] for key, rate in throttles.items() if rate > 0
+    }
+    return {"blockIO": block} if block else {}
 
 
 def runtime_config(spec: BundleSpec) -> dict[str, Any]:
@@ -132,12 +165,15 @@ def runtime_config(spec: BundleSpec) -> dict[str, Any]:
                 "memory": {"limit": memory_bytes, "swap": memory_bytes},
                 "cpu": {"quota": cpu_quota_us(spec.shape), "period": CPU_PERIOD_US},
                 "pids": {"limit": spec.pids_limit},
+                **block_io(spec),
             },
             "namespaces": [
                 {"type": "pid"},
                 {"type": "ipc"},
                 {"type": "uts"},
                 {"type": "mount"},
+                # /proc/self/cgroup then shows "/" instead of the host's cgroup tree.
+                {"type": "cgroup"},
                 {"type": "network", "path": str(spec.netns_path)},
             ],
             "maskedPaths": MASKED_PATHS,

@@ -89,10 +89,13 @@ async def _finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> T:
 
 
 class SlotFactory:
-    def __init__(self, slots_dir: Path, network: NetworkManager, fs: Filesystem) -> None:
+    def __init__(
+        self, slots_dir: Path, network: NetworkManager, fs: Filesystem, guest_binary: Path | None = None
+    ) -> None:
         self.slots_dir = slots_dir
         self.network = network
         self.fs = fs
+        self.guest_binary = guest_binary  # copied onto each new disk (storage.install_guest)
 
     async def build(self, disk_mib: int, *, with_disk: bool = True) -> Slot:
         slot_id = secrets.token_hex(4)
@@ -105,6 +108,8 @@ class SlotFactory:
             if with_disk:
                 await storage.format_image(disk.image_path, disk_mib, self.fs)
                 await storage.attach(disk)
+                if self.guest_binary is not None:
+                    await asyncio.to_thread(storage.install_guest, disk, self.guest_binary)
             slot.network = await _finish_even_if_cancelled(asyncio.to_thread(self.network.create, slot_id))
             slot.rootfs_dir.mkdir()
             slot.save()

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 
-def spawn(argv: list[str], *, stderr_path: Path, pass_fd_as_3: int) -> int:
-    """Starts ``argv`` with stdin/stdout on /dev/null, stderr appended to a file, and an fd as fd 3."""
+def spawn(argv: list[str], *, stderr_fd: int, pass_fd_as_3: int) -> int:
+    """Starts ``argv`` with stdin/stdout on /dev/null, stderr on ``stderr_fd``, and an fd as fd 3."""
     devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-    log_fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         return os.posix_spawn(
             argv[0],
@@ -25,13 +23,12 @@ def spawn(argv: list[str], *, stderr_path: Path, pass_fd_as_3: int) -> int:
             file_actions=[
                 (os.POSIX_SPAWN_DUP2, devnull, 0),
                 (os.POSIX_SPAWN_DUP2, devnull, 1),
-                (os.POSIX_SPAWN_DUP2, log_fd, 2),
+                (os.POSIX_SPAWN_DUP2, stderr_fd, 2),
                 (os.POSIX_SPAWN_DUP2, pass_fd_as_3, 3),
             ],
         )
     finally:
         os.close(devnull)
-        os.close(log_fd)
 
 
 async def wait_child(pid: int) -> int:

@@ -60,6 +60,12 @@ class Disk:
     def work_dir(self) -> Path:
         return self.mount_dir / "work"
 
+    @property
+    def guest_binary(self) -> Path:
+        """The guest agent's copy on this disk, outside the overlay's layers (the sandbox cannot
+        reach it except through its read-only bind mount)."""
+        return self.mount_dir / "paddock-guest"
+
     def size_mib(self) -> int:
         return os.stat(self.image_path).st_size // MIB
 
@@ -85,6 +91,30 @@ async def attach(disk: Disk) -> None:
         mounts.mount(disk.loop_device, disk.mount_dir, disk.fs, "nouuid" if disk.fs == "xfs" else "")
     disk.upper_dir.mkdir(exist_ok=True)
     disk.work_dir.mkdir(exist_ok=True)
+
+
+def install_guest(disk: Disk, binary: Path) -> Path:
+    """Copies the guest agent onto the sandbox's own disk unless the copy there is already this one.
+
+    A bind mount's source shows in the sandbox's ``/proc/self/mountinfo`` as its path inside the
+    source filesystem: bound from the host's filesystem it would show the agent's state directory,
+    bound from this disk it shows ``/paddock-guest``. Cost: ~0.8 MB per disk, copied when the warm
+    pool builds the slot (a fork's copied disk already holds it)."""
+    target = disk.guest_binary
+    source_stat = os.stat(binary)
+    try:
+        target_stat = os.stat(target)
+    except FileNotFoundError:
+        target_stat = None
+    if (
+        target_stat is None
+        or target_stat.st_size != source_stat.st_size
+        or target_stat.st_mtime_ns != source_stat.st_mtime_ns
+    ):
+        tmp = disk.mount_dir / ".paddock-guest.tmp"
+        shutil.copy2(binary, tmp)
+        tmp.replace(target)
+    return target
 
 
 async def detach(disk: Disk) -> None:

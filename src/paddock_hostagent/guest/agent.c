@@ -123,6 +123,15 @@ int main(int argc, char **argv) {
     fcntl(notify[0], F_SETFL, O_NONBLOCK);
     int self_http = self_signal ? self_http_listen() : -1;
     int self_fifo = self_signal ? self_fifo_open() : -1;
+    /* Set-up is done, and with it everything this agent ever writes to stderr. The stdio it inherited
+     * is the host's (the OCI runtime's stdio, a pipe the host agent reads only while the sandbox
+     * boots): any process in the sandbox could write to it as /proc/1/fd/N. From here on PID 1 holds
+     * no file, pipe or terminal of the host's except its listening socket. */
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null_fd >= 0) {
+        for (int fd = 0; fd <= 2; fd++) dup2(null_fd, fd);
+        close(null_fd);
+    }
 
     /* Pre-forked handlers wait in accept(), so a request never waits for a fork: a handler that
      * accepted tells PID 1 (its pid on the notify pipe), and PID 1 forks its replacement. */
