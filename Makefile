@@ -16,6 +16,7 @@ run: setup images devchain-deps
 test: setup-test images devchain-deps
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
+	$(PY) scripts/unasync.py --check
 	@export PADDOCK_TEST_PG_URL="$$(scripts/ensure-postgres.sh)"; \
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
@@ -47,9 +48,11 @@ devchain-deps:
 	  (cd devchain && { [ -d node_modules ] && [ node_modules -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }); \
 	fi
 
+# The sync SDK (and the sync twins of the live SDK tests) are generated from the async sources.
 lint: venv
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
+	$(PY) scripts/unasync.py --check
 
 # Benchmarks never fail on a time; they fail only when a section cannot run. Results: bench/results/.
 bench: setup bench-deps images

@@ -1,14 +1,13 @@
-"""``AsyncClient``: the awaited twin of :class:`paddock.Client`, method for method."""
+"""``AsyncClient``: the control-plane API over httpx."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
-from paddock import _base
+from paddock import _base, _blocking
 from paddock._async_resources import AsyncNetworks, AsyncWebhooks
 from paddock._async_sandbox import AsyncSandbox, AsyncSandboxes
 from paddock._errors import TransportError
@@ -17,7 +16,8 @@ from paddock._errors import TransportError
 class AsyncClient:
     """``async with AsyncClient() as client: sb = await client.sandboxes.create("s-1vcpu-1gb")``.
 
-    Base URL and key come from the arguments or ``PADDOCK_BASE_URL`` / ``PADDOCK_API_KEY``.
+    Base URL and key come from the arguments or ``PADDOCK_BASE_URL`` / ``PADDOCK_API_KEY``; the base URL
+    defaults to ``http://127.0.0.1:8080``. ``timeout`` bounds connect, each read, write and pool wait.
     """
 
     def __init__(
@@ -52,7 +52,7 @@ class AsyncClient:
             except httpx.TransportError as exc:
                 if not (retry and self.retry.should_retry(method, None, attempt)):
                     raise TransportError(str(exc) or type(exc).__name__) from exc
-                await asyncio.sleep(self.retry.delay_s(attempt))
+                await _blocking.asleep(self.retry.delay_s(attempt))
                 attempt += 1
                 continue
             if (
@@ -60,7 +60,7 @@ class AsyncClient:
                 and resp.status_code >= 400
                 and self.retry.should_retry(method, resp.status_code, attempt)
             ):
-                await asyncio.sleep(self.retry.delay_s(attempt, resp.headers.get("retry-after")))
+                await _blocking.asleep(self.retry.delay_s(attempt, resp.headers.get("retry-after")))
                 attempt += 1
                 continue
             return _base.unwrap(resp)

@@ -1,4 +1,4 @@
-"""Webhook endpoints and networks, awaited: the twin of ``_resources.py``."""
+"""Webhook endpoints (§11.14) and networks (§11.12)."""
 
 from __future__ import annotations
 

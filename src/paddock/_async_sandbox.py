@@ -1,27 +1,23 @@
-"""``AsyncSandboxes`` and the ``AsyncSandbox`` handle: the awaited twin of ``_sandbox.py``."""
+"""``AsyncSandboxes``, the ``AsyncSandbox`` handle and its ``AsyncFiles``."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
-import stat
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
-from paddock import _base
+from paddock import _base, _blocking
 from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
 from paddock._models import Bandwidth, ExecResult, SandboxInfo
 
 if TYPE_CHECKING:
     from paddock._async_client import AsyncClient
 
-CHUNK_BYTES = 1 << 20
 #: What ``files.write`` accepts: bytes or text (UTF-8), a local path, a binary file, or byte chunks.
-Source = bytes | str | os.PathLike[str] | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes]
+Source = _blocking.AsyncSource
 
 
 class AsyncSandboxes:
@@ -92,13 +88,7 @@ class AsyncFiles:
         if isinstance(source, os.PathLike):
             with open(source, "rb") as handle:
                 return await self.write(path, handle)
-        if hasattr(source, "read"):
-            opened: Any = source
-            # a regular file: say its length, so an oversized upload is refused before it is sent
-            with contextlib.suppress(AttributeError, OSError, ValueError):
-                if stat.S_ISREG(os.fstat(opened.fileno()).st_mode):
-                    headers["Content-Length"] = str(os.fstat(opened.fileno()).st_size - opened.tell())
-        content = _chunks(source)
+        content = _blocking.aupload_body(source, headers)
         data = await self._client.request(
             "PUT", self._url, params={"path": path}, content=content, headers=headers, retry=False
         )
@@ -125,15 +115,11 @@ class AsyncFiles:
             with open(dest, "wb") as handle:
                 return await self.download(path, handle)
         size = 0
-        pending = bytearray()  # written from a worker thread about 1 MiB at a time
+        sink = _blocking.AsyncFileSink(dest)
         async for chunk in self.iter_bytes(path):
             size += len(chunk)
-            pending += chunk
-            if len(pending) >= CHUNK_BYTES:
-                await asyncio.to_thread(dest.write, bytes(pending))
-                pending.clear()
-        if pending:
-            await asyncio.to_thread(dest.write, bytes(pending))
+            await sink.write(chunk)
+        await sink.finish()
         return size
 
     @property
@@ -196,7 +182,7 @@ class AsyncSandbox:
             asked = time.monotonic()
             info = await self.refresh(wait_for=status, wait_ms=_base.long_poll_ms(remaining_s))
             if info.status != status and time.monotonic() - asked < _base.LONG_POLL_QUICK_S:
-                await asyncio.sleep(min(backoff.next(), max(deadline - time.monotonic(), 0)))
+                await _blocking.asleep(min(backoff.next(), max(deadline - time.monotonic(), 0)))
 
     # commands ----------------------------------------------------------------------------------------
 
@@ -273,10 +259,12 @@ class AsyncSandbox:
 
     async def destroy(self, *, wait: bool = False, timeout_s: float = 120.0) -> str:
         """Destroy (idempotent); returns ``destroying`` or ``destroyed``, or waits for ``destroyed``."""
-        status = str((await self._client.request("DELETE", self._path()))["status"])
+        data = await self._client.request("DELETE", self._path())
+        status = str(data["status"])
         self.info.status = status
         if wait and status != "destroyed":
-            return (await self.wait_until("destroyed", timeout_s)).status
+            info = await self.wait_until("destroyed", timeout_s)
+            return info.status
         return status
 
     # settings ----------------------------------------------------------------------------------------
@@ -310,12 +298,14 @@ class AsyncSandbox:
 
     async def egress(self) -> list[str]:
         """The egress allowlist; ``[]`` means everything is allowed."""
-        return list((await self._client.request("GET", self._path("egress")))["egress"])
+        data = await self._client.request("GET", self._path("egress"))
+        return list(data["egress"])
 
     async def set_egress(self, rules: Iterable[str] | None) -> list[str]:
         """Replace the allowlist (``None``, ``[]`` or ``["*"]`` allow all); returns the normalised list."""
         body = {"egress": None if rules is None else list(rules)}
-        return list((await self._client.request("PUT", self._path("egress"), json=body))["egress"])
+        data = await self._client.request("PUT", self._path("egress"), json=body)
+        return list(data["egress"])
 
     async def bandwidth(self) -> Bandwidth:
         return Bandwidth.from_api(await self._client.request("GET", self._path("bandwidth")))
@@ -346,16 +336,3 @@ class AsyncSandbox:
             await self.destroy()
         except PaddockError as failed:
             exc.add_note(f"destroying sandbox {self.id} on the way out also failed: {failed}")
-
-
-async def _chunks(source: Any) -> AsyncIterator[bytes]:
-    """Byte chunks from a binary file (read in a worker thread), an async iterable or an iterable."""
-    if hasattr(source, "read"):
-        while chunk := await asyncio.to_thread(source.read, CHUNK_BYTES):
-            yield chunk
-    elif hasattr(source, "__aiter__"):
-        async for chunk in source:
-            yield chunk
-    else:
-        for chunk in source:
-            yield chunk
