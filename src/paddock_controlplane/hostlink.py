@@ -1,7 +1,8 @@
 """The control plane's only door to host agents: :class:`paddock_hostagent.client.HostAgentClient`.
 
 This module adapts that client to what the domain needs and maps its errors to ours:
-transport failures become :class:`HostError`; guest file errors become 404/400 domain errors.
+transport failures become :class:`HostError`, a host without room :class:`CapacityError`; guest file
+errors become 404/400 domain errors.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from paddock_hostagent import client as hostclient
 
 class HostError(Exception):
     """The host could not do what was asked (unreachable, or the runtime failed)."""
+
+
+class CapacityError(HostError):
+    """The host has no room for this sandbox now (its 507): place it elsewhere, or answer 503."""
 
 
 class SandboxGoneError(Exception):
@@ -69,6 +74,8 @@ class HostLink:
             return await coro
         except hostclient.SandboxMissingError as exc:
             raise SandboxGoneError(str(exc) or "sandbox is gone from its host") from None
+        except hostclient.InsufficientCapacityError as exc:
+            raise CapacityError(str(exc) or "no capacity left on the host") from None
         except hostclient.HostAgentError as exc:
             mapped = _file_error(exc)
             if mapped is not None:

@@ -11,14 +11,15 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts, catalog, hostlink, names, scheduler, validation, webhooks
-from paddock_controlplane.models import Plan, Sandbox
+from paddock_controlplane.models import Host, NetworkMember, Plan, Sandbox
 from paddock_controlplane.schemas import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.services import Services
 from paddock_core import errors
@@ -32,6 +33,25 @@ DEFAULT_BANDWIDTH_QUOTA_BYTES = 5 * 1024**3
 #: Statuses that will be running without a further resume; they count toward the concurrent cap.
 TOWARD_RUNNING = ("creating", "running", "resuming", "forking")
 TERMINAL = ("destroyed", "failed")
+
+
+class HostFullError(Exception):
+    """A host refused a new sandbox for lack of room (its 507); nothing of the sandbox exists there."""
+
+    def __init__(self, host_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.host_id = host_id
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a create asked of its host, kept to place it again when a host refuses it."""
+
+    mem_mib: int
+    rootfs: str
+    host_id: str | None
+    node_selector: dict[str, str]
 
 
 @dataclass
@@ -253,15 +273,13 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         name = spec.name or await names.generate(session, user_id)
         if spec.name and await names.taken(session, user_id, spec.name):
             raise errors.AlreadyExists(f"a sandbox named {spec.name!r} already exists")
-        host = await scheduler.pick_host(
-            session,
+        placement = Placement(
             mem_mib=spec.shape.mem_mib,
             rootfs=rootfs,
-            now=services.clock(),
-            dead_after_s=settings.host_dead_after_s,
             host_id=await networks.placement(session, joined, spec.host_id),
             node_selector=spec.node_selector,
         )
+        host = await _pick(session, services, placement, refused=())
         sandbox = Sandbox(
             id=new_id("sb-"),
             user_id=user_id,
@@ -292,13 +310,67 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         await session.flush()
         for network in joined:
             await networks.join(session, network, sandbox.id)
-    return await boot(services, sandbox, start_paused=spec.start_paused)
+    refused: dict[str, str] = {}
+    while True:  # ends: every refusal excludes one more host
+        try:
+            return await boot(services, sandbox, start_paused=spec.start_paused)
+        except HostFullError as full:
+            log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
+            refused[full.host_id] = full.reason
+            sandbox = await _place_elsewhere(services, sandbox, placement, refused)
+
+
+async def _pick(
+    session: AsyncSession, services: Services, placement: Placement, *, refused: Collection[str]
+) -> Host:
+    return await scheduler.pick_host(
+        session,
+        mem_mib=placement.mem_mib,
+        rootfs=placement.rootfs,
+        now=services.clock(),
+        dead_after_s=services.settings.host_dead_after_s,
+        host_id=placement.host_id,
+        node_selector=placement.node_selector,
+        exclude=refused,
+    )
+
+
+async def _place_elsewhere(
+    services: Services, sandbox: Sandbox, placement: Placement, refused: dict[str, str]
+) -> Sandbox:
+    """Move a ``creating`` sandbox that its host refused to another host; with none left, remove it.
+
+    A create refused for capacity answers 503, which clients re-send and which must change nothing
+    (contract §6.2): so the row, its memberships and its name go, no event was emitted (``sandbox.create``
+    is written only at boot) and nothing was billed (billing starts at ``running``).
+    """
+    async with transaction(services.sessions) as session:
+        row = await session.get(Sandbox, sandbox.id, with_for_update=True)
+        if row is not None and row.status == "creating":
+            try:
+                host = await _pick(session, services, placement, refused=refused)
+            except errors.Unavailable:
+                host = None
+            if host is not None:
+                row.host_id = host.id
+                return row
+        # Also when destroyed meanwhile (``destroying``): it never existed, so no destroy is owed either.
+        # networks.drop_memberships, written out: networks imports this module.
+        await session.execute(delete(NetworkMember).where(NetworkMember.sandbox_id == sandbox.id))
+        if row is not None:
+            await session.delete(row)
+    raise scheduler.no_capacity("; ".join(f"host {host_id}: {reason}" for host_id, reason in refused.items()))
 
 
 async def boot(
     services: Services, sandbox: Sandbox, *, start_paused: bool, fork_of: Sandbox | None = None
 ) -> Sandbox:
-    """Start ``sandbox`` on its host and record the outcome; a failure leaves it ``failed`` (500)."""
+    """Start ``sandbox`` on its host and record the outcome; a failure leaves it ``failed`` (500).
+
+    A host without room for a new (not forked) sandbox raises :class:`HostFullError` and records
+    nothing, so the create can go elsewhere. A fork has no elsewhere (it copies its source's disk on
+    that host) and was already answered, so its child ends ``failed`` saying why.
+    """
     from paddock_controlplane import networks
 
     link = await hostlink.for_host(services, sandbox.host_id)
@@ -306,12 +378,17 @@ async def boot(
     try:
         async with asyncio.timeout(services.settings.boot_timeout_s):
             if fork_of is None:
-                booted = await link.create(sandbox, start_paused=start_paused)
+                try:
+                    booted = await link.create(sandbox, start_paused=start_paused)
+                except hostlink.CapacityError as exc:
+                    raise HostFullError(str(sandbox.host_id), str(exc)) from None
             else:
                 booted = await link.fork(fork_of, sandbox, start_paused=start_paused)
             await networks.program_at_boot(services, link, sandbox.id)
     except (hostlink.HostError, TimeoutError) as exc:
         reason = "boot deadline exceeded" if isinstance(exc, TimeoutError) else str(exc)
+        if isinstance(exc, hostlink.CapacityError):
+            reason = f"no capacity on host {sandbox.host_id}: {exc}"
         log.warning("sandbox_boot_failed", sandbox_id=sandbox.id, reason=reason)
         async with transaction(services.sessions) as session:
             row = await session.get(Sandbox, sandbox.id, with_for_update=True)
@@ -376,6 +453,17 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
         plan = await accounts.cached_plan(session, account.plan_id)
         await check_quotas(session, services, plan, user_id, needs_slot=not start_paused, new_sandbox=True)
         require_credit(account)
+        if source.host_id is None:
+            raise errors.InvalidState("sandbox has no host to fork on")
+        # The child runs where its source's disk is: no other host can take it, so a full host is a 503
+        # now rather than a child that fails after this answer.
+        await scheduler.check_room(
+            session,
+            source.host_id,
+            mem_mib=source.mem_mib,
+            now=services.clock(),
+            dead_after_s=services.settings.host_dead_after_s,
+        )
         child = Sandbox(
             id=new_id("sb-"),
             user_id=user_id,

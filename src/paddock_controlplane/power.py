@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import accounts, billing, hostlink, networks, webhooks
+from paddock_controlplane import accounts, billing, hostlink, networks, scheduler, webhooks
 from paddock_controlplane.lifecycle import check_quotas, event_data, get_owned, require_credit
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
@@ -157,6 +157,9 @@ async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
         link = await hostlink.for_host(services, sandbox.host_id)
         await link.resume(sandbox_id, disk_mib=sandbox.disk_mib)
         ok = True
+    except hostlink.CapacityError as exc:
+        await _still_paused(services, sandbox_id)
+        raise scheduler.no_capacity(f"host {sandbox.host_id}: {exc}") from None
     except hostlink.HostError as exc:
         log.warning("resume_failed", sandbox_id=sandbox_id, error=str(exc))
         ok = False
@@ -175,6 +178,16 @@ async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
     if row.status == "running":  # the first exec needs no database read
         services.running.put(row.id, row)
     return row
+
+
+async def _still_paused(services: Services, sandbox_id: str) -> None:
+    """The host had no room to resume: the sandbox stays as it was (paused, intact on its host), so the
+    503 changes nothing, as the contract asks of a 503; the client may try again later."""
+    async with transaction(services.sessions) as session:
+        row = await session.get(Sandbox, sandbox_id, with_for_update=True)
+        if row is not None and row.status == "resuming":
+            row.status = "paused"
+    log.info("resume_refused_for_capacity", sandbox_id=sandbox_id)
 
 
 async def settle_stuck(session: AsyncSession, services: Services) -> None:

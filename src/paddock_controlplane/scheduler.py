@@ -1,15 +1,26 @@
 """Placement: pick an active host with enough free memory, honouring ``host_id`` and ``node_selector``.
 
-Free memory is the smaller of what the host last reported and its total minus the memory of every
-sandbox the database has placed there and not yet released, so two creates between heartbeats cannot
-both take the last slot. Hosts are locked (FOR UPDATE on PostgreSQL) while one placement decides.
+A host's free memory is the smaller of two views, so neither can over-place it:
+
+- what the host itself last reported, minus what this database placed there since that report (the
+  report cannot include those yet). This is the only view that sees memory the database does not
+  know about: sandboxes left from another database, or from a process that died mid-create;
+- its total minus the memory of every sandbox the database has placed there and not yet released,
+  so two creates between heartbeats cannot both take the last slot.
+
+Hosts are locked (FOR UPDATE on PostgreSQL) while one placement decides. When nothing fits, the 503
+says why (``no host with capacity: no host has 1024 MiB free (largest: 297 MiB)``); the message keeps
+the contract's ``no host with capacity`` at its start for clients that look for it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.models import Host, Sandbox
@@ -18,6 +29,9 @@ from paddock_core.timeutil import as_utc
 
 #: Statuses whose sandboxes hold memory on their host (a frozen sandbox keeps its memory).
 HOLDING_MEMORY = ("creating", "running", "pausing", "paused", "resuming", "forking", "destroying")
+NO_CAPACITY = "no host with capacity"
+#: Seconds a client should wait before retrying a create refused for capacity (heartbeats are ~2 s).
+RETRY_AFTER_S = 2
 
 
 def labels_match(labels: dict[str, str], selector: dict[str, str]) -> bool:
@@ -25,13 +39,35 @@ def labels_match(labels: dict[str, str], selector: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
 
 
-async def placed_mib(session: AsyncSession, host_id: str) -> int:
-    total = await session.scalar(
-        select(func.coalesce(func.sum(Sandbox.mem_mib), 0)).where(
-            Sandbox.host_id == host_id, Sandbox.status.in_(HOLDING_MEMORY)
-        )
+def no_capacity(reason: str) -> errors.Unavailable:
+    return errors.Unavailable(f"{NO_CAPACITY}: {reason}", retry_after_s=RETRY_AFTER_S)
+
+
+@dataclass(frozen=True)
+class Held:
+    """Memory the database has placed on one host: all of it, and the part placed since its report."""
+
+    placed_mib: int
+    since_report_mib: int
+
+
+async def held_by_host(session: AsyncSession, host_ids: Collection[str]) -> dict[str, Held]:
+    if not host_ids:
+        return {}
+    since_report = case((Sandbox.created_at > Host.last_heartbeat_at, Sandbox.mem_mib), else_=0)
+    rows = await session.execute(
+        select(Sandbox.host_id, func.sum(Sandbox.mem_mib), func.sum(since_report))
+        .join(Host, Host.id == Sandbox.host_id)
+        .where(Sandbox.host_id.in_(list(host_ids)), Sandbox.status.in_(HOLDING_MEMORY))
+        .group_by(Sandbox.host_id)
     )
-    return int(total or 0)
+    return {str(host_id): Held(int(placed or 0), int(since or 0)) for host_id, placed, since in rows.all()}
+
+
+def free_mib(host: Host, held: Held | None) -> int:
+    held = held or Held(0, 0)
+    reported = int(host.free_mib) - held.since_report_mib
+    return max(min(reported, int(host.total_mib) - held.placed_mib), 0)
 
 
 async def pick_host(
@@ -43,21 +79,59 @@ async def pick_host(
     dead_after_s: float,
     host_id: str | None = None,
     node_selector: dict[str, str] | None = None,
+    exclude: Collection[str] = (),
 ) -> Host:
+    """The qualifying host with the most free memory; 503 saying why when there is none.
+
+    ``host_id`` naming no host at all is the caller's mistake (400 naming the field); a known host that
+    is dead, draining or full is a capacity answer (503), as the contract says. ``exclude`` lists hosts
+    that have just refused this sandbox for capacity.
+    """
+    if host_id and await session.get(Host, host_id) is None:
+        raise errors.ValidationFailed.field("host_id", f"no host {host_id!r}; see GET /v1/hosts")
     query = select(Host).where(Host.status == "active").order_by(Host.id).with_for_update()
     if host_id:
         query = query.where(Host.id == host_id)
+    alive = [
+        host
+        for host in (await session.scalars(query)).all()
+        if (now - as_utc(host.last_heartbeat_at)).total_seconds() <= dead_after_s
+    ]
+    if not alive:
+        raise no_capacity(f"host {host_id} is not active" if host_id else "no active host")
+    matching = [h for h in alive if not node_selector or labels_match(h.labels or {}, node_selector)]
+    if not matching:
+        selector = json.dumps(node_selector, sort_keys=True)
+        raise no_capacity(f"no active host matches node_selector {selector}")
+    serving = [h for h in matching if rootfs in (h.rootfses or []) or rootfs in (h.buildable or [])]
+    if not serving:
+        raise no_capacity(f"no active host can run image {rootfs!r}")
+    held = await held_by_host(session, [host.id for host in serving])
     best: tuple[int, Host] | None = None
-    for host in (await session.scalars(query)).all():
-        if (now - as_utc(host.last_heartbeat_at)).total_seconds() > dead_after_s:
+    largest = 0
+    for host in serving:
+        if host.id in exclude:
             continue
-        if node_selector and not labels_match(host.labels or {}, node_selector):
-            continue
-        if rootfs not in (host.rootfses or []) and rootfs not in (host.buildable or []):
-            continue
-        free = min(int(host.free_mib), int(host.total_mib) - await placed_mib(session, host.id))
+        free = free_mib(host, held.get(host.id))
+        largest = max(largest, free)
         if free >= mem_mib and (best is None or free > best[0]):
             best = (free, host)
     if best is None:
-        raise errors.Unavailable("no host with capacity")
+        if host_id:
+            raise no_capacity(f"host {host_id} has {largest} MiB free, {mem_mib} MiB requested")
+        raise no_capacity(f"no host has {mem_mib} MiB free (largest: {largest} MiB)")
     return best[1]
+
+
+async def check_room(
+    session: AsyncSession, host_id: str, *, mem_mib: int, now: dt.datetime, dead_after_s: float
+) -> None:
+    """For a fork, which must run on its source's host: 503 unless that host can take ``mem_mib`` more."""
+    host = await session.get(Host, host_id, with_for_update=True)
+    if host is None or host.status != "active":
+        raise no_capacity(f"host {host_id} is not active")
+    if (now - as_utc(host.last_heartbeat_at)).total_seconds() > dead_after_s:
+        raise no_capacity(f"host {host_id} is not active")
+    free = free_mib(host, (await held_by_host(session, [host_id])).get(host_id))
+    if free < mem_mib:
+        raise no_capacity(f"host {host_id} has {free} MiB free, {mem_mib} MiB requested")

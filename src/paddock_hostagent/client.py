@@ -97,7 +97,9 @@ def _error_from(status: int, body: bytes) -> HostAgentError:
         message = str(doc.get("message") or message)
     except (ValueError, AttributeError):
         pass
-    cls = _BY_CODE.get(code or "")
+    # 507 is capacity whatever the body says: callers place elsewhere or answer 503 on it, so it must
+    # not depend on the agent's wording or code.
+    cls = InsufficientCapacityError if status == 507 else _BY_CODE.get(code or "")
     if cls is None:
         cls = {404: SandboxMissingError, 409: BadStateError, 507: InsufficientCapacityError}.get(
             status, HostAgentError
