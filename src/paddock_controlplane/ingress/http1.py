@@ -1,32 +1,62 @@
-"""Just enough HTTP/1.1 for a transparent proxy: message heads, body framing, and byte copying.
+"""HTTP/1.1 for the ingress proxy: messages parsed by llhttp (``httptools``), bodies re-framed on the way out.
 
-Heads are parsed (the proxy must read ``Host`` and find where each message ends); bodies are never
-parsed or buffered whole: they are copied through in chunks as they arrive, keeping their own framing
-(``Content-Length``, ``chunked`` with its trailers, or until the connection closes).
+The public edge does not parse HTTP by hand. Both directions go through llhttp, the parser of Node.js and
+uvicorn, in its strict mode: it rejects ``Content-Length`` together with ``Transfer-Encoding``, duplicate
+or malformed ``Content-Length``, a request ``Transfer-Encoding`` that does not end in ``chunked``, invalid
+chunk sizes, obs-fold, bare CR, NUL and other bytes outside the grammar. On top of that this module
+refuses what llhttp lets through but a proxy must not: more than one ``Host``, versions other than
+HTTP/1.0 and 1.1, ``Transfer-Encoding`` on HTTP/1.0, ``CONNECT``, a body on an upgrade request, and a
+head larger than ``MAX_HEAD_BYTES`` (431).
+
+Nothing is copied through as received. A head is rebuilt from the parsed fields with one canonical
+framing header, and a body is re-emitted from what the parser decoded: exactly ``Content-Length`` bytes,
+or ``chunked`` framing written anew around each decoded piece. So whatever the app receives is what
+llhttp accepted, and the app cannot read one request where the proxy saw another (request smuggling).
+Bodies are never buffered whole: each read from the socket is parsed and forwarded before the next.
+
+Readers queue what one ``feed_data`` found as events, in order (a head, body pieces, the end, an
+upgrade with the bytes after it, or an error), so pipelined requests are served one after another and
+an error in a later message never undoes an earlier one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
 
 MAX_HEAD_BYTES = 64 * 1024
-#: asyncio stream buffer limit: reading pauses at twice this; a head may not exceed MAX_HEAD_BYTES.
+#: asyncio stream buffer limit, and the most read from a socket at once.
 STREAM_LIMIT_BYTES = 256 * 1024
-COPY_CHUNK_BYTES = 256 * 1024
+READ_BYTES = 256 * 1024
+VERSIONS = frozenset({"1.0", "1.1"})
+
+# event kinds in a reader's queue
+_HEAD, _BODY, _END, _UPGRADE, _ERROR, _EOF = range(6)
 
 
 class ProtocolError(Exception):
-    """The peer sent something that is not HTTP/1.x this proxy can relay (-> 400 or a dropped upstream)."""
+    """The peer sent something that is not HTTP/1.x this proxy relays: the client gets ``status``
+    (400, or 431 for an oversized head) and the connection is closed; from an app it is a 502."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "BAD_REQUEST") -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
 
 
-@dataclass
-class Head:
-    """A request or response head; ``start`` is the request line or status line, without CRLF."""
+@dataclass(slots=True, eq=False)
+class Message:
+    """What a request and a response head have in common. ``headers`` keeps names as sent."""
 
-    start: str
-    headers: list[tuple[str, str]] = field(default_factory=list)
+    version: str  # "1.1" or "1.0"
+    headers: list[tuple[str, str]]
+    chunked: bool
+    content_length: int | None
+    upgrade: bool
 
     def get(self, name: str) -> str | None:
         name = name.lower()
@@ -36,7 +66,7 @@ class Head:
         return None
 
     def tokens(self, name: str) -> set[str]:
-        """Comma-separated tokens of every header called ``name``, lowercased (``Connection``, ``TE``)."""
+        """Comma-separated tokens of every header called ``name``, lowercased (``Connection``)."""
         name = name.lower()
         out: set[str] = set()
         for key, value in self.headers:
@@ -44,196 +74,413 @@ class Head:
                 out.update(part.strip().lower() for part in value.split(",") if part.strip())
         return out
 
-    def encode(self) -> bytes:
-        lines = [self.start, *(f"{key}: {value}" for key, value in self.headers), "", ""]
-        return "\r\n".join(lines).encode("latin-1")
+    @property
+    def keep_alive(self) -> bool:
+        connection = self.tokens("connection")
+        if self.version == "1.0":
+            return "keep-alive" in connection
+        return "close" not in connection
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def encode_headers(self, extra: list[tuple[str, str]], *, drop: frozenset[str]) -> list[str]:
+        """Header lines without ``drop`` (lowercase names), the framing headers replaced by the one this
+        proxy writes the body with, then ``extra``."""
+        reframed = FRAMING_HEADERS if self.chunked or self.content_length is not None else frozenset()
+        lines = [
+            f"{key}: {value}"
+            for key, value in self.headers
+            if (lowered := key.lower()) not in drop and lowered not in reframed
+        ]
+        if self.chunked:
+            lines.append("Transfer-Encoding: chunked")
+        elif self.content_length is not None:
+            lines.append(f"Content-Length: {self.content_length}")
+        lines.extend(f"{key}: {value}" for key, value in extra)
+        return lines
 
 
-@dataclass
-class Request:
-    head: Head
+FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding"})
+
+
+@dataclass(slots=True, eq=False)
+class Request(Message):
     method: str
     target: str
-    version: str
 
-    @property
-    def keep_alive(self) -> bool:
-        return _keep_alive(self.version, self.head)
+    def encode(self, extra: list[tuple[str, str]], drop: frozenset[str]) -> bytes:
+        lines = [f"{self.method} {self.target} HTTP/{self.version}", *self.encode_headers(extra, drop=drop)]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-@dataclass
-class Response:
-    head: Head
-    version: str
+@dataclass(slots=True, eq=False)
+class Response(Message):
     status: int
+    reason: str
+    #: No length and not chunked: the body ends when the app closes the connection.
+    until_close: bool
 
-    @property
-    def keep_alive(self) -> bool:
-        return _keep_alive(self.version, self.head)
-
-
-def _keep_alive(version: str, head: Head) -> bool:
-    connection = head.tokens("connection")
-    if version == "HTTP/1.0":
-        return "keep-alive" in connection
-    return "close" not in connection
-
-
-async def read_head(reader: asyncio.StreamReader) -> Head | None:
-    """The next head, or None at a clean end of stream before any byte of it."""
-    try:
-        raw = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial.strip():
-            return None
-        raise ProtocolError("connection closed inside a message head") from None
-    except asyncio.LimitOverrunError:
-        raise ProtocolError(f"message head larger than {MAX_HEAD_BYTES} bytes") from None
-    if len(raw) > MAX_HEAD_BYTES:
-        raise ProtocolError(f"message head larger than {MAX_HEAD_BYTES} bytes")
-    lines = raw.decode("latin-1").split("\r\n")
-    while lines and not lines[0]:
-        lines.pop(0)  # RFC 9112 §2.2: ignore empty lines before a request line
-    if not lines:
-        raise ProtocolError("empty message head")
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if not line:
-            continue
-        if line[0] in " \t":
-            raise ProtocolError("obsolete header line folding")
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or any(c in name for c in " \t"):
-            raise ProtocolError(f"malformed header line {line[:40]!r}")
-        headers.append((name, value.strip()))
-    return Head(lines[0], headers)
+    def encode(self) -> bytes:
+        lines = [
+            f"HTTP/{self.version} {self.status} {self.reason}",
+            *self.encode_headers([], drop=frozenset()),
+        ]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def parse_request(head: Head) -> Request:
-    parts = head.start.split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
-        raise ProtocolError(f"malformed request line {head.start[:60]!r}")
-    return Request(head, parts[0], parts[1], parts[2])
+def frame(piece: bytes, chunked: bool) -> tuple[bytes, ...]:
+    """One decoded body piece as it goes out: as is, or as one chunk."""
+    if chunked:
+        return (b"%x\r\n" % len(piece), piece, b"\r\n")
+    return (piece,)
 
 
-def parse_response(head: Head) -> Response:
-    version, _, rest = head.start.partition(" ")
-    code = rest[:3]
-    if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise ProtocolError(f"malformed status line {head.start[:60]!r}")
-    return Response(head, version, int(code))
+def end_of_body(chunked: bool, trailers: list[tuple[str, str]]) -> bytes:
+    if not chunked:
+        return b""
+    lines = "".join(f"{key}: {value}\r\n" for key, value in trailers)
+    return b"0\r\n" + lines.encode("latin-1") + b"\r\n"
 
 
-@dataclass(frozen=True)
-class Framing:
-    """How a body ends: ``length`` bytes, ``chunked``, or at end of stream (``until_close``)."""
-
-    length: int = 0
-    chunked: bool = False
-    until_close: bool = False
-
-
-NO_BODY = Framing()
-
-
-def _framing(head: Head) -> Framing | None:
-    encodings = head.tokens("transfer-encoding")
-    lengths = {value.strip() for key, value in head.headers if key.lower() == "content-length"}
-    if encodings:
-        if lengths:
-            raise ProtocolError("both Transfer-Encoding and Content-Length")  # a smuggling vector
-        if "chunked" not in encodings:
-            return None
-        return Framing(chunked=True)
-    if lengths:
-        if len(lengths) > 1 or not next(iter(lengths)).isdigit():
-            raise ProtocolError("invalid Content-Length")
-        return Framing(length=int(next(iter(lengths))))
-    return None
+def _framing(headers: list[tuple[str, str]]) -> tuple[list[str], str | None]:
+    codings: list[str] = []
+    length: str | None = None
+    for key, value in headers:
+        lowered = key.lower()
+        if lowered == "transfer-encoding":
+            codings.extend(part.strip().lower() for part in value.split(",") if part.strip())
+        elif lowered == "content-length":
+            length = value
+    return codings, length
 
 
-def request_framing(request: Request) -> Framing:
-    framing = _framing(request.head)
-    if framing is None:
-        if request.head.tokens("transfer-encoding"):
-            raise ProtocolError("a request Transfer-Encoding must end in chunked")
-        return NO_BODY
-    return framing
+class _Reader:
+    """One direction of one connection: reads the socket, feeds llhttp, queues what it found."""
 
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self.stream = stream
+        self.events: deque[tuple[int, Any]] = deque()
+        self.parser: httptools.HttpRequestParser | httptools.HttpResponseParser = self._new_parser()
+        self.in_message = False
+        self.awaiting_head = True
+        self.broken = False
+        self._head_bytes = 0
+        self._target = b""
+        self._headers: list[tuple[str, str]] = []
+        self._trailers: list[tuple[str, str]] | None = None  # a list once the head is complete
+        #: Bytes read since a chunk-size line without chunk data after it: the last chunk's trailers
+        #: (httptools gathers a header in memory until it ends, so they need a bound as heads do).
+        self._chunk_head_bytes: int | None = None
 
-def response_framing(response: Response, request_method: str) -> Framing:
-    if request_method == "HEAD" or response.status in (204, 304) or 100 <= response.status < 200:
-        return NO_BODY
-    if request_method == "CONNECT" and 200 <= response.status < 300:
-        return Framing(until_close=True)
-    return _framing(response.head) or Framing(until_close=True)
+    def _new_parser(self) -> httptools.HttpRequestParser | httptools.HttpResponseParser:
+        raise NotImplementedError
 
+    def _message(self) -> Message:
+        raise NotImplementedError
 
-async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
-    writer.write(data)
-    await writer.drain()
+    # -- llhttp callbacks (they run inside feed_data; an exception stops the parser) ---------------
 
+    def on_message_begin(self) -> None:
+        self.in_message = True
+        self._chunk_head_bytes = None
+        self._target = b""
+        self._headers = []
+        self._trailers = None
 
-async def copy_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framing: Framing) -> None:
-    """Copies one body as it arrives; the writer is drained after each piece (back-pressure)."""
-    if framing.chunked:
-        await _copy_chunked(reader, writer)
-    elif framing.until_close:
-        await copy_until_eof(reader, writer)
-    else:
-        remaining = framing.length
-        while remaining:
-            data = await reader.read(min(remaining, COPY_CHUNK_BYTES))
-            if not data:
-                raise ProtocolError("connection closed inside a body")
-            remaining -= len(data)
-            await _write(writer, data)
+    def on_url(self, url: bytes) -> None:
+        self._target += url
+        self._grow_head(len(url))
 
+    def on_status(self, reason: bytes) -> None:
+        self._target += reason
+        self._grow_head(len(reason))
 
-async def _copy_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while True:
-        line = await _read_line(reader)
-        size_text = line.split(b";", 1)[0].strip()
+    def on_header(self, name: bytes, value: bytes) -> None:
+        header = (name.decode("latin-1"), value.decode("latin-1"))
+        if self._trailers is None:
+            self._grow_head(len(name) + len(value) + 4)
+            self._headers.append(header)
+        else:
+            self._grow_head(len(name) + len(value) + 4)
+            self._trailers.append(header)
+
+    def on_headers_complete(self) -> None:
+        self.events.append((_HEAD, self._message()))
+        self.awaiting_head = False
+        self._trailers = []
+
+    def on_body(self, body: bytes) -> None:
+        self._chunk_head_bytes = None
+        self.events.append((_BODY, body))
+
+    def on_chunk_header(self) -> None:
+        self._chunk_head_bytes = 0
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_head_bytes = None
+
+    def on_message_complete(self) -> None:
+        self.in_message = False
+        self.awaiting_head = True
+        self._head_bytes = 0
+        self._chunk_head_bytes = None
+        self.events.append((_END, self._trailers or []))
+
+    def _grow_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise ProtocolError(
+                f"message head larger than {MAX_HEAD_BYTES} bytes", 431, "REQUEST_HEAD_TOO_LARGE"
+            )
+
+    # -- feeding -----------------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        if self.awaiting_head:
+            self._head_bytes += len(data)
+        elif self._chunk_head_bytes is not None:
+            self._chunk_head_bytes += len(data)
         try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise ProtocolError("malformed chunk size") from None
-        if size < 0:
-            raise ProtocolError("malformed chunk size")
-        await _write(writer, line)
-        if size == 0:
-            while True:  # trailers, then the empty line
-                trailer = await _read_line(reader)
-                await _write(writer, trailer)
-                if trailer == b"\r\n":
-                    return
-        remaining = size + 2  # the chunk and its CRLF
-        while remaining:
-            data = await reader.read(min(remaining, COPY_CHUNK_BYTES))
-            if not data:
-                raise ProtocolError("connection closed inside a chunk")
-            remaining -= len(data)
-            writer.write(data)
-        await writer.drain()
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            self.events.append((_UPGRADE, data[exc.args[0] :]))
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            self._fail(cause if isinstance(cause, ProtocolError) else ProtocolError(str(exc)))
+        except httptools.HttpParserError as exc:
+            self._fail(ProtocolError(f"malformed HTTP: {exc}"))
+        else:
+            unfinished = self._head_bytes if self.awaiting_head else self._chunk_head_bytes or 0
+            if unfinished > MAX_HEAD_BYTES:  # a head or trailer section still unfinished
+                self._fail(
+                    ProtocolError(
+                        f"message head larger than {MAX_HEAD_BYTES} bytes", 431, "REQUEST_HEAD_TOO_LARGE"
+                    )
+                )
+
+    def _fail(self, error: ProtocolError) -> None:
+        self.broken = True  # llhttp stays in its error state: nothing more is parsed
+        self.events.append((_ERROR, error))
+
+    def at_eof(self) -> None:
+        if self.in_message:
+            self._fail(ProtocolError("connection closed inside a message"))
+        else:
+            self.events.append((_EOF, None))
+
+    async def next_event(self) -> tuple[int, Any]:
+        while not self.events:
+            if self.broken:
+                raise ProtocolError("the connection is no longer usable")
+            data = await self.stream.read(READ_BYTES)
+            if data:
+                self.feed(data)
+            else:
+                self.at_eof()
+        return self.events.popleft()
+
+    async def read_body_piece(self) -> bytes | None:
+        """The next decoded piece of the current body; None at its end (trailers in ``trailers``)."""
+        kind, value = await self.next_event()
+        if kind == _BODY:
+            return value  # type: ignore[no-any-return]
+        if kind == _END:
+            self.trailers: list[tuple[str, str]] = value
+            return None
+        if kind == _ERROR:
+            raise value
+        raise ProtocolError("connection closed inside a body")
+
+    def take_upgrade(self) -> bytes:
+        """After an upgrade: the bytes that followed the head (they belong to the new protocol)."""
+        while self.events:
+            kind, value = self.events.popleft()
+            if kind == _UPGRADE:
+                return value  # type: ignore[no-any-return]
+        return b""
 
 
-async def _read_line(reader: asyncio.StreamReader) -> bytes:
-    try:
-        line = await reader.readuntil(b"\n")
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-        raise ProtocolError("connection closed or overlong line in a chunked body") from None
-    return line
+class RequestReader(_Reader):
+    """Requests from a client connection, strictly parsed."""
+
+    def _new_parser(self) -> httptools.HttpRequestParser:
+        return httptools.HttpRequestParser(self)
+
+    def _message(self) -> Request:
+        parser = self.parser
+        assert isinstance(parser, httptools.HttpRequestParser)
+        version = parser.get_http_version()
+        if version not in VERSIONS:
+            raise ProtocolError(f"HTTP/{version} is not served here; use HTTP/1.1")
+        method = parser.get_method().decode("ascii")
+        if method == "CONNECT":
+            raise ProtocolError("CONNECT is not served by the ingress proxy")
+        if sum(1 for key, _ in self._headers if key.lower() == "host") > 1:
+            raise ProtocolError("more than one Host header")  # RFC 9112 §3.2
+        codings, length = _framing(self._headers)
+        if codings and version == "1.0":
+            raise ProtocolError("Transfer-Encoding in an HTTP/1.0 request")  # RFC 9112 §6.1
+        upgrade = parser.should_upgrade()
+        content_length = int(length) if length is not None else None
+        if upgrade and (codings or content_length):
+            raise ProtocolError("an upgrade request cannot carry a body")
+        # llhttp has refused every request Transfer-Encoding that does not end in chunked
+        return Request(
+            version,
+            self._headers,
+            bool(codings),
+            None if codings else content_length,
+            upgrade,
+            method,
+            self._target.decode("latin-1"),
+        )
+
+    async def read_request(self) -> Request | None:
+        """The next request head; None at a clean end of the connection between requests.
+
+        A request whose rest is already known to be malformed (a bad chunk in the same read) is
+        refused here, before anything of it is sent to the app."""
+        while True:
+            kind, value = await self.next_event()
+            if kind == _HEAD:
+                break
+            if kind == _EOF:
+                return None
+            if kind == _ERROR:
+                raise value
+            if kind == _UPGRADE:  # the app refused an upgrade: what follows is HTTP again
+                self.feed(value)
+            # _END of a request without a body, or what is left of one already relayed: skip
+        for later, error in self.events:
+            if later == _ERROR:
+                raise error
+            if later == _END:
+                break
+        return value  # type: ignore[no-any-return]
+
+
+class ResponseReader(_Reader):
+    """Responses from an app, one exchange at a time: ``begin`` before each request is sent."""
+
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        super().__init__(stream)
+        self.received = False  # some byte of the current response arrived
+        #: The connection carries nothing beyond the response: safe to send the next request on.
+        self.clean = True
+        self._method = "GET"
+        self._final: Response | None = None
+        self._pending = b""
+
+    def _new_parser(self) -> httptools.HttpResponseParser:
+        return httptools.HttpResponseParser(self)
+
+    def begin(self, method: str) -> None:
+        # a fresh parser per exchange: leftovers of the last one cannot leak into this one
+        self.parser = self._new_parser()
+        self.events.clear()
+        self.in_message = self.broken = self.received = False
+        self.awaiting_head = True
+        self._head_bytes = 0
+        self._method = method
+        self._final = None
+        self._pending = b""
+
+    def on_message_begin(self) -> None:
+        if self._final is not None:
+            self.clean = False  # bytes after the final response: never reuse this connection
+            raise ProtocolError("data after the response")
+        super().on_message_begin()
+
+    def _message(self) -> Response:
+        parser = self.parser
+        assert isinstance(parser, httptools.HttpResponseParser)
+        version = parser.get_http_version()
+        if version not in VERSIONS:
+            raise ProtocolError(f"HTTP/{version} response")
+        status = parser.get_status_code()
+        codings, length = _framing(self._headers)
+        chunked = bool(codings) and codings[-1] == "chunked"
+        bodiless = self._method == "HEAD" or status in (204, 304) or 100 <= status < 200
+        content_length = int(length) if length is not None and not codings else None
+        response = Response(
+            version,
+            self._headers,
+            chunked and not bodiless,
+            content_length,
+            status == 101,
+            status,
+            self._target.decode("latin-1"),
+            not bodiless and not chunked and content_length is None,
+        )
+        if status >= 200 or status == 101:
+            self._final = response
+        return response
+
+    def feed(self, data: bytes) -> None:
+        self.received = True
+        if self._method != "HEAD":
+            super().feed(data)
+            return
+        # llhttp cannot be told that a response answers HEAD (httptools does not expose that), so it
+        # would wait for the body its Content-Length announces. A strict head ends at the first
+        # CRLFCRLF: feed one head at a time, and end the message at the final head.
+        pending = self._pending + data
+        while self._final is None and not self.broken:
+            end = pending.find(b"\r\n\r\n")
+            if end < 0:
+                if len(pending) > MAX_HEAD_BYTES:
+                    self._fail(ProtocolError("response head too large"))
+                self._pending = pending
+                return
+            super().feed(pending[: end + 4])
+            pending = pending[end + 4 :]
+        self._pending = b""
+        if self._final is None:
+            return
+        self.in_message = False
+        if self._final.status == 101:
+            self.events.append((_END, []))
+            self.events.append((_UPGRADE, pending))
+            return
+        self.events.append((_END, []))
+        if pending:
+            self.clean = False
+
+    def at_eof(self) -> None:
+        self.clean = False
+        final = self._final
+        if final is not None and final.until_close and self.in_message:
+            self.in_message = False
+            self.events.append((_END, []))  # the end of a body delimited by the close
+            return
+        super().at_eof()
+
+    async def read_head(self) -> Response | None:
+        """The next response head (interim 1xx included); None if the app closed before any byte."""
+        while True:
+            kind, value = await self.next_event()
+            if kind == _HEAD:
+                return value  # type: ignore[no-any-return]
+            if kind == _EOF and not self.received:
+                return None
+            if kind == _ERROR:
+                raise value
+            if kind != _END:  # _END: of an interim response already passed on
+                raise ProtocolError("the app closed the connection inside a response")
 
 
 async def copy_until_eof(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
     """Copies until end of stream, then half-closes the writer; returns the bytes copied."""
     copied = 0
     while True:
-        data = await reader.read(COPY_CHUNK_BYTES)
+        data = await reader.read(READ_BYTES)
         if not data:
             break
         copied += len(data)
-        await _write(writer, data)
+        writer.write(data)
+        await writer.drain()
     if writer.can_write_eof():
         with contextlib.suppress(OSError):
             writer.write_eof()

@@ -32,7 +32,7 @@ SWEEP_S = 1.0
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 #: After the response, how long the request body may still take before the connection is closed.
 BODY_GRACE_S = 1.0
-FORWARDED_HEADERS = ("x-forwarded-for", "x-forwarded-proto", "x-forwarded-host")
+FORWARDED_HEADERS = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
 
 
 @dataclass
@@ -41,16 +41,30 @@ class Upstream:
     address: str
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    responses: http1.ResponseReader
     #: Carried an earlier request: the app may have closed it while idle, so an idempotent bodiless
     #: request that gets no answer at all on it is retried once on a fresh connection.
     reused: bool = False
 
     @property
     def usable(self) -> bool:
-        return not self.reader.at_eof() and not self.writer.is_closing()
+        return (
+            self.responses.clean
+            and not self.responses.broken
+            and not self.reader.at_eof()
+            and not self.writer.is_closing()
+        )
 
     def close(self) -> None:
         self.writer.close()
+
+
+class RequestRejectedError(Exception):
+    """The client's request body turned out malformed after its head was sent on (-> 400, both closed)."""
+
+    def __init__(self, error: http1.ProtocolError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class IngressProxy:
@@ -179,6 +193,7 @@ class _Connection:
         self.proxy = proxy
         self.settings = proxy.settings
         self.reader, self.writer = reader, writer
+        self.requests = http1.RequestReader(reader)
         self.scheme = scheme
         self.task = task
         peer = writer.get_extra_info("peername")
@@ -192,6 +207,11 @@ class _Connection:
         if self.upstream:
             self.upstream.close()
         self.writer.close()
+
+    def drop_upstream(self) -> None:
+        if self.upstream:
+            self.upstream.close()
+            self.upstream = None
 
     async def fail(self, status: int, code: str, message: str) -> None:
         """Answers the current request with the proxy's own page (only if nothing was sent yet)."""
@@ -208,17 +228,15 @@ class _Connection:
         while True:
             self.responded = False
             try:
-                head = await asyncio.wait_for(
-                    http1.read_head(self.reader), self.settings.ingress_idle_timeout_s
+                request = await asyncio.wait_for(
+                    self.requests.read_request(), self.settings.ingress_idle_timeout_s
                 )
-                if head is None:
-                    return
-                request = http1.parse_request(head)
-                self.accept = request.head.get("accept")
-                self.head_only = request.method == "HEAD"
-                framing = http1.request_framing(request)
             except http1.ProtocolError as exc:
-                return await self.fail(400, "BAD_REQUEST", str(exc))
+                return await self.fail(exc.status, exc.code, str(exc))
+            if request is None:
+                return
+            self.accept = request.get("accept")
+            self.head_only = request.method == "HEAD"
             try:
                 target = self._target(request)
                 route = await self.proxy.router.resolve(target.sandbox_id)
@@ -227,17 +245,16 @@ class _Connection:
             except IngressError as exc:
                 return await self.fail(exc.status, exc.code, exc.message)
             with Inflight(self.proxy.services, target.sandbox_id):
-                keep_alive = await self._exchange(request, framing)
+                keep_alive = await self._exchange(request)
             if not keep_alive:
                 return
 
     def _target(self, request: http1.Request) -> Target:
-        authority = request.head.get("host")
+        authority = request.get("host")
         if request.target.startswith(("http://", "https://")):  # absolute form wins over Host
             rest = request.target.split("://", 1)[1]
             authority, slash, path = rest.partition("/")
             request.target = slash + path or "/"
-            request.head.start = f"{request.method} {request.target} {request.version}"
         if not authority:
             raise IngressError(400, "BAD_REQUEST", "the request has no Host header")
         target = parse_host(authority, self.settings.ingress_domain)
@@ -253,8 +270,7 @@ class _Connection:
         if self.upstream and (
             self.upstream.target != target or self.upstream.address != address or not self.upstream.usable
         ):
-            self.upstream.close()
-            self.upstream = None
+            self.drop_upstream()
         if self.upstream:
             self.upstream.reused = True
             return
@@ -271,66 +287,74 @@ class _Connection:
             raise IngressError(
                 502, "SANDBOX_UNREACHABLE", f"could not reach port {target.port} in the sandbox ({exc!s})"
             ) from None
-        self.upstream = Upstream(target, address, reader, writer)
+        self.upstream = Upstream(target, address, reader, writer, http1.ResponseReader(reader))
 
     def _forwarded_head(self, request: http1.Request) -> bytes:
-        """The head as received, plus ``X-Forwarded-For/-Proto/-Host`` (client-sent ``-Proto/-Host`` dropped)."""
-        prior = request.head.get("x-forwarded-for")
-        headers = [(k, v) for k, v in request.head.headers if k.lower() not in FORWARDED_HEADERS]
-        headers.append(("X-Forwarded-For", f"{prior}, {self.client_ip}" if prior else self.client_ip))
-        headers.append(("X-Forwarded-Proto", self.scheme))
-        headers.append(("X-Forwarded-Host", request.head.get("host") or ""))
-        return http1.Head(request.head.start, headers).encode()
+        """The parsed head re-encoded, plus ``X-Forwarded-For/-Proto/-Host`` (client-sent ``-Proto/-Host``
+        dropped, ``-For`` extended)."""
+        prior = request.get("x-forwarded-for")
+        extra = [
+            ("X-Forwarded-For", f"{prior}, {self.client_ip}" if prior else self.client_ip),
+            ("X-Forwarded-Proto", self.scheme),
+            ("X-Forwarded-Host", request.get("host") or ""),
+        ]
+        return request.encode(extra, FORWARDED_HEADERS)
 
-    async def _exchange(self, request: http1.Request, framing: http1.Framing) -> bool:
+    async def _exchange(self, request: http1.Request) -> bool:
         """Relays one request and its response; returns whether the client connection stays open."""
         assert self.upstream is not None
         upstream = self.upstream
         started = time.perf_counter()
         touch(self.proxy.services, upstream.target.sandbox_id)
         forwarded = self._forwarded_head(request)
-        head: http1.Head | None = None
-        if framing == http1.NO_BODY and upstream.reused and request.method in IDEMPOTENT:
-            head = await self._send_retrying(upstream, forwarded)
+        upstream.responses.begin(request.method)
+        first: http1.Response | None = None
+        if not request.has_body and upstream.reused and request.method in IDEMPOTENT:
+            first = await self._send_retrying(upstream, forwarded, request.method)
             if self.upstream is None:
                 return False
             upstream = self.upstream
         else:
             upstream.writer.write(forwarded)
-        body: asyncio.Task[None] | None = None
-        if framing != http1.NO_BODY:
-            body = asyncio.create_task(http1.copy_body(self.reader, upstream.writer, framing))
+        body: asyncio.Task[bool] | None = None
+        if request.has_body:
+            body = asyncio.create_task(self._send_body(request, upstream))
         status = 0
         try:
-            response = await self._response_head(upstream, head)
+            response = await self._final_response(upstream, first, body)
             if response is None:
                 return False
             status = response.status
             if response.status == 101:
-                self.writer.write(response.head.encode())
+                if not request.upgrade:
+                    raise http1.ProtocolError(
+                        "101 Switching Protocols to a request that asked for no upgrade"
+                    )
+                self.writer.write(response.encode() + upstream.responses.take_upgrade())
                 await self.writer.drain()
                 self.responded = True
-                if body:
-                    await body
+                upstream.writer.write(self.requests.take_upgrade())
                 await self._splice(upstream)
                 return False
             keep_alive = request.keep_alive and response.keep_alive
-            if request.version == "HTTP/1.0" and "keep-alive" not in response.head.tokens("connection"):
+            if request.version == "1.0" and "keep-alive" not in response.tokens("connection"):
                 keep_alive = False  # a 1.0 client keeps the connection only if the answer says so
-            response_framing = http1.response_framing(response, request.method)
-            self.writer.write(response.head.encode())
+            self.writer.write(response.encode())
             self.responded = True
-            await http1.copy_body(upstream.reader, self.writer, response_framing)
-            if response_framing.until_close:
+            await self._relay_response_body(upstream, response)
+            if response.until_close:
                 keep_alive = False
             if body:
                 await asyncio.wait({body}, timeout=BODY_GRACE_S)
-                if not body.done():
+                if not body.done() or body.exception() or not body.result():
                     keep_alive = False  # the app answered before the client finished sending
-                else:
-                    body.result()
             return keep_alive
+        except RequestRejectedError as exc:
+            self.drop_upstream()  # the app has a truncated request: this connection is spent
+            await self.fail(exc.error.status, exc.error.code, str(exc.error))
+            return False
         except http1.ProtocolError as exc:
+            self.drop_upstream()
             await self.fail(502, "BAD_UPSTREAM_RESPONSE", f"the sandbox sent an invalid response: {exc}")
             return False
         finally:
@@ -345,43 +369,93 @@ class _Connection:
                 duration_ms=round((time.perf_counter() - started) * 1000, 2),
             )
 
-    async def _send_retrying(self, upstream: Upstream, forwarded: bytes) -> http1.Head | None:
+    async def _send_body(self, request: http1.Request, upstream: Upstream) -> bool:
+        """Sends the request body as the parser decoded it, re-framed; False if the app stopped reading.
+
+        Raises ProtocolError if the client's body is malformed: nothing after the bad byte is sent."""
+        writer = upstream.writer
+        chunked = request.chunked
+        try:
+            while (piece := await self.requests.read_body_piece()) is not None:
+                writer.writelines(http1.frame(piece, chunked))
+                await writer.drain()
+            if chunked:
+                writer.write(http1.end_of_body(chunked, []))  # request trailers are not passed on
+                await writer.drain()
+        except (ConnectionError, OSError):
+            return False  # the app closed: its response (or its absence) tells the client
+        return True
+
+    async def _relay_response_body(self, upstream: Upstream, response: http1.Response) -> None:
+        responses, writer, chunked = upstream.responses, self.writer, response.chunked
+        while (piece := await responses.read_body_piece()) is not None:
+            writer.writelines(http1.frame(piece, chunked))
+            await writer.drain()
+        if chunked:
+            writer.write(http1.end_of_body(chunked, responses.trailers))
+        if response.until_close and writer.can_write_eof():
+            with contextlib.suppress(OSError):
+                writer.write_eof()
+        await writer.drain()
+
+    async def _send_retrying(
+        self, upstream: Upstream, forwarded: bytes, method: str
+    ) -> http1.Response | None:
         """Sends a bodiless request on a reused connection; if the app had closed it while idle, sends
         it once more on a fresh one. Returns the response head if it was already read."""
         try:
             upstream.writer.write(forwarded)
-            head = await http1.read_head(upstream.reader)
-        except (ConnectionError, http1.ProtocolError):
+            head = await upstream.responses.read_head()
+        except ConnectionError:
             head = None
         if head is not None:
             return head
-        upstream.close()
-        self.upstream = None
+        self.drop_upstream()
         try:
             await self._dial(upstream.target, upstream.address)
         except IngressError as exc:
             await self.fail(exc.status, exc.code, exc.message)
             return None
         assert self.upstream is not None
+        self.upstream.responses.begin(method)
         self.upstream.writer.write(forwarded)
         return None
 
-    async def _response_head(self, upstream: Upstream, head: http1.Head | None) -> http1.Response | None:
-        """The final (or 101) response head; interim 1xx answers are passed on as they come."""
+    async def _final_response(
+        self, upstream: Upstream, first: http1.Response | None, body: asyncio.Task[bool] | None
+    ) -> http1.Response | None:
+        """The final (or 101) response head; interim 1xx answers are passed on as they come. While it
+        is awaited, a malformed request body raises RequestRejectedError."""
+        response = first
         while True:
-            head = head or await http1.read_head(upstream.reader)
-            if head is None:
+            if response is None:
+                response = await self._next_head(upstream, body)
+            if response is None:
                 await self.fail(
                     502, "EMPTY_UPSTREAM_RESPONSE", "the sandbox closed the connection without a response"
                 )
                 return None
-            response = http1.parse_response(head)
             if 100 <= response.status < 200 and response.status != 101:
-                self.writer.write(head.encode())
+                self.writer.write(response.encode())
                 await self.writer.drain()
-                head = None
+                response = None
                 continue
             return response
+
+    async def _next_head(self, upstream: Upstream, body: asyncio.Task[bool] | None) -> http1.Response | None:
+        if body is None or body.done():
+            if body is not None and isinstance(body.exception(), http1.ProtocolError):
+                raise RequestRejectedError(body.exception())  # type: ignore[arg-type]
+            return await upstream.responses.read_head()
+        reading = asyncio.ensure_future(upstream.responses.read_head())
+        done, _ = await asyncio.wait({reading, body}, return_when=asyncio.FIRST_COMPLETED)
+        if reading in done:
+            return reading.result()
+        error = body.exception()
+        if isinstance(error, http1.ProtocolError):
+            reading.cancel()
+            raise RequestRejectedError(error)
+        return await reading
 
     async def _splice(self, upstream: Upstream) -> None:
         """Bytes both ways until both sides have closed (or either fails)."""
