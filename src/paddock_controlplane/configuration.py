@@ -7,7 +7,7 @@ from typing import Any
 from paddock_controlplane import accounts, hostlink, validation, webhooks
 from paddock_controlplane.lifecycle import check_credit, check_list, event_data, get_owned, validate_egress
 from paddock_controlplane.models import Sandbox
-from paddock_controlplane.schemas import PatchSandboxRequest
+from paddock_controlplane.schemas import MAX_BANDWIDTH_QUOTA_BYTES, PatchSandboxRequest
 from paddock_controlplane.services import Services
 from paddock_controlplane.views import bandwidth_view
 from paddock_core import errors
@@ -167,7 +167,12 @@ async def recharge(services: Services, user_id: str, sandbox_id: str, add_bytes:
         _require_open(sandbox, TERMINAL)
         if sandbox.bandwidth_quota_bytes < 0:
             return bandwidth_view(sandbox)  # unmetered: nothing to add
-        quota = sandbox.bandwidth_quota_bytes = int(sandbox.bandwidth_quota_bytes) + add_bytes
+        quota = int(sandbox.bandwidth_quota_bytes) + add_bytes
+        if quota > MAX_BANDWIDTH_QUOTA_BYTES:  # the budget is a signed 64-bit column
+            raise errors.ValidationFailed.field(
+                "add_bytes", f"would take the budget over {MAX_BANDWIDTH_QUOTA_BYTES} bytes"
+            )
+        sandbox.bandwidth_quota_bytes = quota
         await webhooks.emit(
             session,
             user_id=user_id,

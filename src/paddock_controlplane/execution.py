@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from paddock_controlplane import hostlink
+from paddock_controlplane import hostlink, validation
 from paddock_controlplane.lifecycle import open_envs, validate_envs
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.schemas import ExecRequest
@@ -26,6 +26,9 @@ from paddock_core import errors
 WAITABLE = ("creating", "resuming", "forking")
 WAIT_FOR_RUNNING_S = 30.0
 HEARTBEAT_S = 5.0
+# Set by the host agent when a buffered stream was cut at its cap (4 MiB each): the command ran to its
+# end, the rest of its output was dropped. ``stream: true`` returns everything.
+TRUNCATION_FLAGS = ("stdout_truncated", "stderr_truncated")
 
 
 async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
@@ -95,7 +98,19 @@ async def prepare_exec(
     if not req.cmd:
         raise errors.ValidationFailed.field("cmd", "is required")
     sandbox = await running_sandbox(services, user_id, sandbox_id)
-    return sandbox, merged_env(services, sandbox, req.env)
+    env = merged_env(services, sandbox, req.env)
+    check_command_size(req, env)
+    return sandbox, env
+
+
+def check_command_size(req: ExecRequest, env: dict[str, str]) -> None:
+    """413 naming the biggest part when cmd + args + env is over the limit (stdin does not count)."""
+    sizes = validation.exec_command_bytes(req.cmd, req.args or [], env)
+    limit = validation.MAX_EXEC_COMMAND_BYTES
+    if sum(sizes.values()) > limit:
+        biggest = max(sizes, key=lambda part: sizes[part])
+        reason = f"cmd, args and env together are over {limit} bytes; send bulk input as stdin or a file"
+        raise errors.PayloadTooLarge(f"{biggest}: {reason}", fields={biggest: reason})
 
 
 async def exec_buffered(
@@ -117,6 +132,9 @@ async def exec_buffered(
     if result.get("error"):
         out["error"] = str(result["error"])
         out["exit_code"] = -1
+    for flag in TRUNCATION_FLAGS:
+        if result.get(flag):
+            out[flag] = True
     return {"result": out, "exec_ms": exec_ms}
 
 

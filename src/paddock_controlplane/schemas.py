@@ -1,11 +1,25 @@
 """Request bodies, named exactly as the wire (§10). Pydantic checks types; ``validation`` checks rules.
 
 ``None`` is accepted wherever a client could send ``null`` for "unset".
+
+Integers carry bounds (in the OpenAPI document too): far beyond any legitimate value, but inside what
+the databases store, so 2^63 is a 400 naming the field and never an overflow in SQL.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+# One recharge adds at most 1 PiB, and a budget never exceeds 1 EiB: sums stay far below 2^63.
+MAX_RECHARGE_BYTES = 1 << 50
+MAX_BANDWIDTH_QUOTA_BYTES = 1 << 60
+
+Int32 = Annotated[StrictInt, Field(ge=-INT32_MAX, le=INT32_MAX)]
+Int64 = Annotated[StrictInt, Field(ge=-INT64_MAX, le=INT64_MAX)]
 
 
 class Body(BaseModel):
@@ -27,7 +41,7 @@ class CreateSandboxRequest(Body):
     rootfs: StrictStr | None = None
     name: StrictStr | None = None
     networks: list[NetworkRef] | None = None
-    disk_mib: StrictInt | None = None
+    disk_mib: Int32 | None = None
     egress: list[StrictStr] | None = None
     envs: dict[str, StrictStr] | None = None
     ssh_pubkeys: list[StrictStr] | None = None
@@ -36,9 +50,9 @@ class CreateSandboxRequest(Body):
     ingress_enabled: StrictBool | None = None
     disks: list[DiskAttachment] | None = None
     region: StrictStr | None = None
-    auto_pause_after_seconds: StrictInt | None = None
+    auto_pause_after_seconds: Int32 | None = None
     start_paused: StrictBool | None = None
-    bandwidth_quota_bytes: StrictInt | None = None
+    bandwidth_quota_bytes: Int64 | None = None
 
 
 class ForkSandboxRequest(Body):
@@ -47,17 +61,17 @@ class ForkSandboxRequest(Body):
     egress: list[StrictStr] | None = None
     ingress_enabled: StrictBool | None = None
     envs: dict[str, StrictStr] | None = None
-    bandwidth_quota_bytes: StrictInt | None = None
+    bandwidth_quota_bytes: Int64 | None = None
 
 
 class PatchSandboxRequest(Body):
     ingress_enabled: StrictBool | None = None
-    auto_pause_after_seconds: StrictInt | None = None
+    auto_pause_after_seconds: Int32 | None = None
     disable_auto_pause: StrictBool | None = None
 
 
 class ResizeRequest(Body):
-    disk_mib: StrictInt
+    disk_mib: Int32
 
 
 class SshKeysRequest(Body):
@@ -69,7 +83,7 @@ class EgressRequest(Body):
 
 
 class RechargeRequest(Body):
-    add_bytes: StrictInt
+    add_bytes: StrictInt = Field(gt=0, le=MAX_RECHARGE_BYTES)
 
 
 class ExecRequest(Body):

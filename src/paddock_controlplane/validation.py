@@ -19,6 +19,13 @@ MAX_ENV_VALUE_BYTES = 4096
 MAX_ENV_TOTAL_BYTES = 65536
 AUTO_PAUSE_RANGE = (60, 86400)
 MIN_DISK_MIB = 1024
+# cmd + args + env of one exec. The kernel refuses a bigger command line anyway (ARG_MAX is 2 MiB with
+# the usual 8 MiB stack), and the guest agent hangs up on an exec request over 4 MiB; bulk input goes
+# in stdin, which is streamed to the command and has no such limit.
+MAX_EXEC_COMMAND_BYTES = 2 << 20
+# Linux: NAME_MAX bytes per path component, PATH_MAX bytes (with the terminating NUL) per path.
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4096
 SSH_KEY_TYPES = frozenset(
     {
         "ssh-ed25519",
@@ -176,7 +183,20 @@ def guest_path(value: str | None) -> str:
         raise ValueError("path must not contain NUL")
     if not value.startswith("/"):
         raise ValueError("path must be absolute")
+    if len(value.encode()) >= PATH_MAX_BYTES:
+        raise ValueError(f"path must be shorter than {PATH_MAX_BYTES} bytes")
+    if any(len(part.encode()) > NAME_MAX_BYTES for part in value.split("/")):
+        raise ValueError(f"each path component must be at most {NAME_MAX_BYTES} bytes")
     return value
+
+
+def exec_command_bytes(cmd: str, args: list[str], env: dict[str, str]) -> dict[str, int]:
+    """Bytes per part of a command as the kernel counts them (NUL-terminated strings)."""
+    return {
+        "cmd": len(cmd.encode()) + 1,
+        "args": sum(len(arg.encode()) + 1 for arg in args),
+        "env": sum(len(key.encode()) + len(value.encode()) + 2 for key, value in env.items()),
+    }
 
 
 def mount_path(value: str) -> str:

@@ -4,6 +4,12 @@ and one structured log line per request.
 Pure ASGI (not BaseHTTPMiddleware) so NDJSON streams and uploads pass through unbuffered. Routes put
 who and what they served in ``scope["state"]`` (``user_id``, ``wallet``, ``resource_id``); those keys
 go into the log line. Headers, bodies and secrets never do.
+
+It is also where an unexpected exception ends (``serve_guarded``). Starlette's outermost
+``ServerErrorMiddleware`` answers the 500 and then *re-raises*, and uvicorn drops the kept-alive
+connection on a raised exception, so the client's next request on it fails with ECONNRESET. Here,
+inside that middleware, the exception is answered by the app's own ``Exception`` handler (the
+service's 500 envelope, logged with the request id) and goes no further: the connection stays usable.
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ import time
 from typing import Any
 
 import structlog
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
+from paddock_core import envelope
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.http")
@@ -47,7 +56,7 @@ class RequestContextMiddleware:
 
         structlog.contextvars.bind_contextvars(request_id=request_id)
         try:
-            await self.app(scope, receive, send_with_id)
+            await serve_guarded(self.app, scope, receive, send_with_id)
         finally:
             state = scope.get("state", {})
             quiet = status_holder["status"] < 400 and scope["path"] in self.quiet_paths
@@ -61,3 +70,43 @@ class RequestContextMiddleware:
                 **{key: state[key] for key in LOGGED_STATE if state.get(key) is not None},
             )
             structlog.contextvars.clear_contextvars()
+
+
+async def serve_guarded(app: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Runs ``app``; an exception that escapes it before the response has started is answered with the
+    app's ``Exception`` handler and not re-raised (the connection stays open). One that escapes after
+    a complete response is logged. One that escapes mid-response is re-raised: closing the connection
+    is then the only honest way to tell the client its response is cut short."""
+    started = finished = False
+
+    async def tracking_send(message: dict[str, Any]) -> None:
+        nonlocal started, finished
+        if message["type"] == "http.response.start":
+            started = True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            finished = True
+        await send(message)
+
+    try:
+        await app(scope, receive, tracking_send)
+    except Exception as exc:
+        if started and not finished:
+            raise
+        if finished:
+            log.error("exception_after_response", path=scope.get("path"), exc_info=exc)
+            return
+        response = await unexpected_response(scope, exc)
+        await response(scope, receive, send)
+
+
+async def unexpected_response(scope: dict[str, Any], exc: Exception) -> Response:
+    """The app's own ``Exception`` handler renders (and logs) the 500; without one, the JSend error."""
+    app = scope.get("app")
+    handlers = getattr(app, "exception_handlers", {}) or {}
+    handler = handlers.get(Exception) or handlers.get(500)
+    if handler is not None:
+        response: Response = await handler(Request(scope), exc)
+        return response
+    request_id = scope.get("state", {}).get("request_id")
+    log.error("unhandled_exception", path=scope.get("path"), request_id=request_id, exc_info=exc)
+    return JSONResponse(envelope.error(f"internal error (request {request_id})", 500), 500)

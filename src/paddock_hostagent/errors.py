@@ -14,6 +14,7 @@ codes back to its own exception classes.
     ├── ParentNotFound        404 parent_not_found
     ├── AlreadyExists         409 already_exists
     ├── InvalidState          409 invalid_state
+    ├── PayloadTooLarge       413 payload_too_large
     ├── SandboxFailed         500 sandbox_failed (boot, runtime or host tool failure)
     └── InsufficientCapacity  507 insufficient_capacity
 """
@@ -68,6 +69,10 @@ class AlreadyExists(HostAgentServerError):
 
 class InvalidState(HostAgentServerError):
     status, code = 409, "invalid_state"
+
+
+class PayloadTooLarge(HostAgentServerError):
+    status, code = 413, "payload_too_large"
 
 
 class SandboxFailed(HostAgentServerError):

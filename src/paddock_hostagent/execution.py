@@ -4,6 +4,10 @@ Output bytes are decoded as UTF-8 with invalid sequences replaced; an incrementa
 keeps a multi-byte character that straddles two chunks whole. Whatever happens, the frames end with
 exactly one ``{"exit_code": N}``; a command that could not start, a pause, or a lost guest agent end
 with ``{"error": ...}`` then ``{"exit_code": -1}``.
+
+A buffered command (``collect``) keeps at most ``MAX_BUFFERED_OUTPUT_BYTES`` of each stream: a command
+that prints more still runs to its end (its exit code is real), the rest of that stream is read and
+dropped, and the result says ``stdout_truncated``/``stderr_truncated``. A stream has no such limit.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from paddock_hostagent.guest import ExecSession, Exited, GuestError, Output, Spa
 
 PAUSED_MESSAGE = "sandbox paused"
 DESTROYED_MESSAGE = "sandbox destroyed"
+# Per stream. One JSON body then stays a few MiB (a 50 MB answer once came back whole); whoever needs
+# everything streams it (``stream: true``) or writes it to a file and downloads that.
+MAX_BUFFERED_OUTPUT_BYTES = 4 << 20
 Frame = dict[str, Any]
 
 
@@ -60,22 +67,31 @@ class ExecStream:
         finally:
             await self.close()
 
-    async def collect(self) -> dict[str, Any]:
-        """Runs to the end and returns ``{stdout, stderr, exit_code, error?, exec_ms}``."""
-        stdout: list[str] = []
-        stderr: list[str] = []
+    async def collect(self, limit_bytes: int = MAX_BUFFERED_OUTPUT_BYTES) -> dict[str, Any]:
+        """Runs to the end and returns ``{stdout, stderr, exit_code, error?, exec_ms}``, each stream cut
+        at ``limit_bytes`` of UTF-8 (on a character boundary) with ``<stream>_truncated: true``."""
+        kept: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        room = {"stdout": limit_bytes, "stderr": limit_bytes}
         result: dict[str, Any] = {"exit_code": -1}
         async for frame in self.frames():
-            if "stdout" in frame:
-                stdout.append(frame["stdout"])
-            elif "stderr" in frame:
-                stderr.append(frame["stderr"])
-            elif "error" in frame:
+            if "error" in frame:
                 result["error"] = frame["error"]
             elif "exit_code" in frame:
                 result["exit_code"] = frame["exit_code"]
-        result["stdout"] = "".join(stdout)
-        result["stderr"] = "".join(stderr)
+            else:
+                for name, text in frame.items():
+                    if room[name] <= 0:
+                        result[f"{name}_truncated"] = True
+                        continue
+                    size = len(text) if text.isascii() else len(text.encode())
+                    if size > room[name]:
+                        text = text.encode()[: room[name]].decode("utf-8", "ignore")
+                        result[f"{name}_truncated"] = True
+                        size = room[name]
+                    kept[name].append(text)
+                    room[name] -= size
+        result["stdout"] = "".join(kept["stdout"])
+        result["stderr"] = "".join(kept["stderr"])
         result["exec_ms"] = round((time.monotonic() - self.started) * 1000, 3)
         return result
 

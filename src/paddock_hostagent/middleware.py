@@ -2,6 +2,8 @@
 
 The control plane's ``X-Request-Id`` is kept when it sends one, so both services' lines correlate.
 Reads and commands log at debug level (they are frequent); lifecycle changes and errors at info.
+An unexpected exception is answered here with the app's 500 handler and the kept-alive connection
+stays open for the control plane's next call (``paddock_core.http.serve_guarded``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import secrets
 import time
 from typing import Any
 
+from paddock_core.http import serve_guarded
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.hostagent.http")
@@ -43,7 +46,7 @@ class RequestLogMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_logged)
+            await serve_guarded(self.app, scope, receive, send_logged)
         finally:
             method, path = scope["method"], scope["path"]
             quiet = status < 400 and (method == "GET" or path.endswith("/exec"))

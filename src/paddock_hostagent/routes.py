@@ -13,6 +13,7 @@ from starlette.background import BackgroundTask
 
 from paddock_core import fastlane
 from paddock_hostagent import errors
+from paddock_hostagent.guest.protocol import MAX_CONTROL_PAYLOAD_BYTES, exec_payload_bytes
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import (
     BandwidthBody,
@@ -72,6 +73,7 @@ async def get_sandbox(sandbox_id: str, manager: Manager) -> SandboxView:
 async def exec_command(
     sandbox_id: str, body: ExecBody, request: Request, manager: Manager
 ) -> Response | ExecResult:
+    check_exec_size(body)
     if not body.stream:
         return await _buffered(manager, sandbox_id, body, request.receive)
     stream = await manager.open_exec(sandbox_id, body)
@@ -181,6 +183,21 @@ async def _buffered(
     return JSONResponse(ExecResult(**result).model_dump(exclude_none=True))
 
 
+# Room for what the manager adds to the environment (PATH, HOME, HOSTNAME, LANG) and the cwd.
+_EXEC_HEADROOM_BYTES = 8192
+
+
+def check_exec_size(body: ExecBody) -> None:
+    """413 for a command the guest would refuse (it hangs up on an oversized EXEC frame); stdin is
+    streamed apart and does not count."""
+    size = exec_payload_bytes(body.cmd, body.args, body.env, body.cwd or "")
+    if size > MAX_CONTROL_PAYLOAD_BYTES - _EXEC_HEADROOM_BYTES:
+        raise errors.PayloadTooLarge(
+            f"cmd, args and env are {size} bytes; the limit is "
+            f"{MAX_CONTROL_PAYLOAD_BYTES - _EXEC_HEADROOM_BYTES} (send bulk input as stdin or a file)"
+        )
+
+
 def fast_routes(authorized: Callable[[str], bool]) -> list[fastlane.FastRoute]:
     """The buffered exec in the fast lane (``paddock_core.fastlane``): a bad token, a stream or a body
     that does not validate goes on to the route above, which answers it."""
@@ -198,6 +215,7 @@ def fast_routes(authorized: Callable[[str], bool]) -> list[fastlane.FastRoute]:
             return None
         manager: SandboxManager = scope["app"].state.manager
         try:
+            check_exec_size(body)
             return await _buffered(manager, params["sandbox_id"], body, receive)
         except errors.HostAgentServerError as exc:
             return error_response(exc.status, exc.code, exc.message)

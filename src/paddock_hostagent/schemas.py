@@ -80,6 +80,9 @@ class ExecResult(BaseModel):
     exit_code: int
     error: str | None = None
     exec_ms: float
+    # Set when a buffered stream was cut at its cap (paddock_hostagent.execution).
+    stdout_truncated: bool | None = None
+    stderr_truncated: bool | None = None
 
 
 class ForkBody(BaseModel):

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts
@@ -78,24 +78,22 @@ class PageParams:
     offset: int
 
 
-def _int_param(request: Request, name: str, default: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise errors.ValidationFailed.field(name, "must be an integer") from None
+# Declared as Query constraints so the OpenAPI documents what the server enforces. An offset is bounded
+# because the databases take it as a signed 64-bit integer (2^63 overflowed SQLite into a 500), and no
+# list is anywhere near 2^31 rows; a limit above MAX_PAGE is clamped (§8.2), not refused.
+MAX_OFFSET = 2**31 - 1
+LimitQuery = Annotated[
+    int | None,
+    Query(ge=1, description=f"page size; values above {MAX_PAGE} are clamped to {MAX_PAGE}"),
+]
+OffsetQuery = Annotated[int | None, Query(ge=0, le=MAX_OFFSET, description="rows to skip")]
 
 
-async def get_page(request: Request) -> PageParams:
-    limit = _int_param(request, "limit", DEFAULT_PAGE)
-    offset = _int_param(request, "offset", 0)
-    if limit < 1:
-        raise errors.ValidationFailed.field("limit", "must be at least 1")
-    if offset < 0:
-        raise errors.ValidationFailed.field("offset", "must be 0 or more")
-    return PageParams(limit=min(limit, MAX_PAGE), offset=offset)
+async def get_page(limit: LimitQuery = None, offset: OffsetQuery = None) -> PageParams:
+    return PageParams(
+        limit=DEFAULT_PAGE if limit is None else min(limit, MAX_PAGE),
+        offset=0 if offset is None else offset,
+    )
 
 
 PageDep = Annotated[PageParams, Depends(get_page)]

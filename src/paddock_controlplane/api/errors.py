@@ -31,7 +31,25 @@ def wire_path(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
+# Bounds and integer parsing read as the rest of the API's reasons do ("limit: must be at least 1").
+_REASONS = {
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be greater than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+    "int_parsing": "must be an integer",
+    "int_type": "must be an integer",
+    "int_from_float": "must be an integer",
+}
+
+
 def _validation_reason(err: dict[str, Any]) -> str:
+    template = _REASONS.get(str(err.get("type")))
+    if template is not None:
+        try:
+            return template.format(**(err.get("ctx") or {}))
+        except (KeyError, IndexError):
+            pass
     msg = str(err.get("msg", "invalid"))
     return msg.removeprefix("Value error, ")
 

@@ -21,6 +21,9 @@ from enum import IntEnum
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct("<BI")
 MAX_DATA_PAYLOAD_BYTES = 1 << 20
+# MAX_CONTROL_PAYLOAD in guest.h: an EXEC frame (cmd, args, env, cwd) larger than this is refused by
+# the guest, which hangs up; the host agent answers 413 before sending one.
+MAX_CONTROL_PAYLOAD_BYTES = 4 << 20
 EXEC_HAS_STDIN = 1
 UNKNOWN_SIZE = 2**64 - 1
 
@@ -123,6 +126,12 @@ def encode_exec(cmd: str, args: list[str], env: dict[str, str], cwd: str, *, has
     parts += [_string(f"{key}={value}") for key, value in env.items()]
     parts.append(_string(cwd))
     return frame(Frame.EXEC, b"".join(parts))
+
+
+def exec_payload_bytes(cmd: str, args: list[str], env: dict[str, str], cwd: str) -> int:
+    """The size of ``encode_exec``'s payload, without building it."""
+    strings = [cmd, *args, cwd, *(f"{key}={value}" for key, value in env.items())]
+    return 12 + sum(4 + len(item.encode()) for item in strings)
 
 
 def encode_path_request(frame_type: Frame, path: str) -> bytes:

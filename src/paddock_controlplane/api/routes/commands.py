@@ -8,12 +8,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from paddock_controlplane import execution, validation
 from paddock_controlplane.api.deps import PrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
-from paddock_controlplane.api.routes.bodies import optional_body
+from paddock_controlplane.api.routes.bodies import JsonRoute, optional_body
 from paddock_controlplane.schemas import ExecRequest
 from paddock_controlplane.services import Services
-from paddock_core import envelope, errors, fastlane
+from paddock_core import envelope, errors, fastlane, jsonbody
 
-router = APIRouter(prefix="/v1/sandboxes", tags=["exec and files"])
+router = APIRouter(prefix="/v1/sandboxes", tags=["exec and files"], route_class=JsonRoute)
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -60,7 +60,9 @@ async def _fast_exec(
     if b"stream" in scope.get("query_string", b""):
         return None
     try:
-        body = ExecRequest.model_validate_json(raw or b"{}")
+        # The same parser as the route (NUL, NaN, depth); a body it refuses goes on to the route,
+        # which renders the 400.
+        body = ExecRequest.model_validate(jsonbody.parse(raw) if raw.strip() else {})
     except ValueError:
         return None
     if body.stream:

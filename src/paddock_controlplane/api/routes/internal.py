@@ -9,9 +9,10 @@ from pydantic import BaseModel, Field
 
 from paddock_controlplane import hosts
 from paddock_controlplane.api.deps import HostAuthDep, ServicesDep
+from paddock_controlplane.api.routes.bodies import JsonRoute
 from paddock_core.db import transaction
 
-router = APIRouter(prefix="/internal/v1", tags=["internal"], include_in_schema=False)
+router = APIRouter(prefix="/internal/v1", tags=["internal"], include_in_schema=False, route_class=JsonRoute)
 
 
 class Heartbeat(BaseModel):

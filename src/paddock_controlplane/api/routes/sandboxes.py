@@ -12,7 +12,8 @@ from starlette.datastructures import QueryParams
 from paddock_controlplane import configuration, lifecycle, lookup, power, views
 from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
-from paddock_controlplane.api.routes.bodies import optional_body
+from paddock_controlplane.api.routes import optional
+from paddock_controlplane.api.routes.bodies import JsonRoute, optional_body
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.schemas import (
     CreateSandboxRequest,
@@ -26,7 +27,7 @@ from paddock_controlplane.schemas import (
 from paddock_controlplane.services import Services
 from paddock_core import envelope, errors, fastlane
 
-router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"])
+router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"], route_class=JsonRoute)
 
 
 def view(services: Services, sandbox: Sandbox) -> dict[str, Any]:
@@ -201,3 +202,7 @@ async def recharge(
     return envelope.success(
         await configuration.recharge(services, principal.user_id, sandbox_id, body.add_bytes)
     )
+
+
+# §12's optional routes share this prefix; included here so they come with the sandbox routes.
+router.include_router(optional.router)
