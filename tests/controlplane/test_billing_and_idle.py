@@ -18,7 +18,7 @@ from paddock_controlplane import accounts, hostlink, upkeep
 from paddock_controlplane.app import create_app
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_core.db import make_engine, make_sessionmaker
+from paddock_core.db import make_engine, make_sessionmaker, transaction
 from tests.conftest import LiveServer
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
@@ -35,6 +35,7 @@ class Clocked:
     cp: ControlPlane
     clock: FakeClock
     services: Services
+    host: FakeHostLink
 
     async def balance(self, user_id: str) -> int:
         engine = make_engine(self.cp.settings.database_url)
@@ -45,12 +46,15 @@ class Clocked:
             await engine.dispose()
 
     async def reconcile(self, step: Any) -> None:
-        """One reconciler pass now (the background loop also runs them; the outcome is the same)."""
+        """One reconciler pass now (the background loop also runs them; the outcome is the same), and
+        what it set off (an auto-pause runs as a task) carried out before this returns: what a test reads
+        next is the pass's whole outcome, with no sleep to guess how long that takes."""
         self.services.extras["billing_last"] = 0.0
-        from paddock_core.db import transaction
-
+        tasks: set[asyncio.Task[Any]] = self.services.extras.setdefault("tasks", set())  # type: ignore[assignment]
+        before = set(tasks)
         async with transaction(self.services.sessions) as session:
             await step(session, self.services)
+        await asyncio.gather(*(set(tasks) - before))
 
     async def status(self, http: httpx.AsyncClient, sandbox_id: str, wanted: str) -> dict[str, Any]:
         for _ in range(100):
@@ -79,7 +83,8 @@ async def clocked(
             "/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
         )
         assert beat.status_code == 200
-        yield Clocked(ControlPlane(url=server.url, settings=settings, http=http), clock, app.state.services)
+        cp = ControlPlane(url=server.url, settings=settings, http=http)
+        yield Clocked(cp, clock, app.state.services, link)
 
 
 async def user_client(clocked: Clocked, credits: int = 500) -> tuple[str, httpx.AsyncClient]:
@@ -128,6 +133,7 @@ async def test_running_out_of_credit_pauses_sandboxes_and_blocks_resume(clocked:
         clocked.clock.advance(500)
         await clocked.reconcile(upkeep.billing_pass)
         assert (await http.get(f"/v1/sandboxes/{sid}")).json()["data"]["status"] == "running"
+        assert ("pause", sid) not in clocked.host.calls
         clocked.clock.advance(100)
         await clocked.reconcile(upkeep.billing_pass)
         await clocked.status(http, sid, "paused")
@@ -147,8 +153,9 @@ async def test_an_idle_sandbox_pauses_itself_and_activity_postpones_it(clocked: 
         assert (await http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})).status_code == 200
         clocked.clock.advance(30)  # 80 s after creation, 30 s after the last command
         await clocked.reconcile(upkeep.idle_pass)
-        await asyncio.sleep(0.2)
+        # the clock stands still until the next advance, so no pass (ours or the loop's) pauses it now
         assert (await http.get(f"/v1/sandboxes/{sid}")).json()["data"]["status"] == "running"
+        assert ("pause", sid) not in clocked.host.calls
         clocked.clock.advance(31)
         await clocked.reconcile(upkeep.idle_pass)
         await clocked.status(http, sid, "paused")
