@@ -61,6 +61,8 @@ def _file_error(exc: Exception) -> errors.PaddockError | None:
         return errors.NotFound("parent directory not found")
     if isinstance(exc, hostclient.IsDirectoryError):
         return errors.ValidationFailed.field("path", "is a directory")
+    if isinstance(exc, hostclient.BadPathError):  # the guest's reason: read-only, special file, too long …
+        return errors.ValidationFailed.field("path", str(exc) or "cannot be written")
     return None
 
 
