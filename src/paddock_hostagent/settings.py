@@ -67,12 +67,14 @@ class HostAgentSettings(ServiceSettings):
     # kernel's limit (pid_max or threads-max) less a quarter kept for the host.
     sandbox_pids_max: int = Field(default=4096, ge=16)
     pids_budget: int = Field(default=0, ge=0)
-    # Per-sandbox blkio throttle on its own disk (loop device); 0 is none. What it holds back under
-    # cgroup v1 is measured in ARCHITECTURE.md ("Disk I/O").
-    disk_read_bps: int = Field(default=0, ge=0)
-    disk_write_bps: int = Field(default=0, ge=0)
-    disk_read_iops: int = Field(default=0, ge=0)
-    disk_write_iops: int = Field(default=0, ge=0)
+    # Per-sandbox blkio throttle on its own disk (its loop device); 0 is none. Under cgroup v1 it holds
+    # reads, O_DIRECT writes and writes the sandbox syncs itself (fsync, O_SYNC); plain buffered writes
+    # are flushed by the kernel outside any cgroup and are bounded only by the disk's size and the
+    # sandbox's memory (ARCHITECTURE.md, "Disk I/O").
+    disk_read_bps: int = Field(default=256 << 20, ge=0)
+    disk_write_bps: int = Field(default=256 << 20, ge=0)
+    disk_read_iops: int = Field(default=5000, ge=0)
+    disk_write_iops: int = Field(default=5000, ge=0)
     boot_timeout_s: float = 10.0
     # How often running sandboxes' guest agents are asked for self-signals (pause/delete requests).
     guest_poll_interval_s: float = 1.0

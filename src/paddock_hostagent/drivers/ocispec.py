@@ -15,14 +15,14 @@ GUEST_LISTEN_FD = 3
 CPU_PERIOD_US = 100_000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# Docker's default capability set.
+# Docker's default capability set without CAP_NET_RAW: raw and packet sockets would let a sandbox forge
+# source addresses and frames; ping uses ICMP datagram sockets (network.py sets ping_group_range).
 DEFAULT_CAPABILITIES = [
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FSETID",
     "CAP_FOWNER",
     "CAP_MKNOD",
-    "CAP_NET_RAW",
     "CAP_SETGID",
     "CAP_SETUID",
     "CAP_SETFCAP",
@@ -51,10 +51,12 @@ READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysr
 
 @dataclass(frozen=True)
 class IoLimits:
-    """Per-sandbox blkio throttle on its loop device. Under cgroup v1 the kernel throttles the I/O a
-    sandbox's tasks submit themselves (reads, O_DIRECT and synchronous writes); buffered writes are
-    written back by the kernel's flusher outside any cgroup, so they are not throttled (see
-    ARCHITECTURE.md, "Disk I/O")."""
+    """Per-sandbox blkio throttle on its loop device (bytes and operations per second; 0 is none).
+
+    Under cgroup v1 the kernel throttles the I/O a sandbox's tasks submit themselves: reads, O_DIRECT
+    writes and the writeback an fsync forces (measured with crun and runc at 20 MiB/s: 21.6, 18.9 and
+    21.3 MB/s). Plain buffered writes are written back later by the kernel's flusher, which v1 does not
+    attribute to any cgroup, so those are not throttled (340-470 MB/s into the page cache)."""
 
     read_bps: int = 0
     write_bps: int = 0
