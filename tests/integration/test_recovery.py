@@ -67,8 +67,18 @@ def test_a_restarted_host_agent_adopts_its_running_and_paused_sandboxes(own_plat
     assert user.get(paused["id"])["status"] == "paused"
     assert user.post(paused["id"], "resume").status_code == 200
     assert user.run(paused["id"], "true")["exit_code"] == 0
-    time.sleep(1)  # a few heartbeats from the new agent process: nothing is marked lost
-    assert user.get(running["id"])["status"] == "running"
+    # Nothing is marked lost: watched for longer than the control plane waits before it declares a
+    # silent host dead (counted from the last heartbeat before the kill, so it has passed by the end),
+    # plus a heartbeat interval — the sandboxes stay running and the host active all along.
+    dead_after_s = float(own_platform.controlplane.env()["PADDOCK_CP_HOST_DEAD_AFTER_S"])
+    watch_until = time.monotonic() + dead_after_s + 2.0
+    while time.monotonic() < watch_until:
+        assert [user.get(sb["id"])["status"] for sb in (running, paused)] == ["running", "running"]
+        assert [host["status"] for host in user.http.get("/v1/hosts").json()["data"]["data"]] == ["active"]
+        time.sleep(1)
+    assert (
+        user.run(running["id"], "bash", "-c", "kill -0 $(cat /root/pid) && echo alive")["stdout"] == "alive\n"
+    )
     user.close()
 
 
