@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,9 @@ async def read_counter(host: HostAgentClient, sandbox_id: str) -> int:
 
 async def start_counter(host: HostAgentClient, sandbox_id: str) -> None:
     await sh(host, sandbox_id, f"nohup bash -c '{COUNTER}' >/dev/null 2>&1 &")
-    for _ in range(100):
-        if (await run(host, sandbox_id, "test", "-s", "/root/counter"))["exit_code"] == 0:
-            return
+    deadline = time.monotonic() + 10
+    while (await run(host, sandbox_id, "test", "-s", "/root/counter"))["exit_code"] != 0:
+        assert time.monotonic() < deadline, "the counter never wrote /root/counter"
         await asyncio.sleep(0.02)
 
 

@@ -100,9 +100,9 @@ def test_a_fork_starts_with_a_fresh_budget(api: httpx.Client, internet: FakeInte
     send(api, sid, internet, 3 * QUOTA_BYTES, wait_s=3)
     assert bandwidth(api, sid)["capped"] is True
     child = api.post(f"/v1/sandboxes/{sid}/fork", json={}).json()["data"]["id"]
-    for _ in range(300):
-        if api.get(f"/v1/sandboxes/{child}").json()["data"]["status"] == "running":
-            break
+    deadline = time.monotonic() + 60
+    while (status := api.get(f"/v1/sandboxes/{child}").json()["data"]["status"]) != "running":
+        assert time.monotonic() < deadline, f"the fork is still {status}"
         time.sleep(0.2)
     view = bandwidth(api, child)
     assert view["quota_bytes"] == QUOTA_BYTES and not view["capped"] and view["used_bytes"] < 1000, view
