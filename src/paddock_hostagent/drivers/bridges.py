@@ -14,7 +14,9 @@ at layer 2 through the bridge; nothing else can:
 - ``chain pnet_forward`` in Paddock's nftables table drops routed traffic between the bridges and any
   other interface, and traffic from the sandboxes' default veths (``pdk*``) to the private pool, so a
   non-member's packets to a member's address die on the host instead of leaving by the default route;
-- ``chain pnet_input`` drops anything the host would receive from a bridge.
+- ``chain pnet_input`` drops anything the host would receive from a bridge;
+- the member's interface has no IPv6 (inherited from the namespace's default, set again here for
+  namespaces made by older agents), and sandboxes cannot craft frames (no CAP_NET_RAW).
 
 Names are ≤ 15 characters: ``pb`` + 4 hex of the agent's tag + 8 hex of the network id's hash for the
 bridge (so two agents on one machine never share a bridge), ``pv`` + 12 hex of the hash of
@@ -37,7 +39,7 @@ from typing import Any
 
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.commands import run_sync
-from paddock_hostagent.drivers.network import VETH_PREFIX
+from paddock_hostagent.drivers.network import NETNS_DIR, VETH_PREFIX, netns_sysctl
 
 BRIDGE_PREFIX = "pb"
 PORT_PREFIX = "pv"
@@ -192,6 +194,8 @@ add rule {table} pnet_input iifname {bridges} drop
             _sysctl(f"/proc/sys/net/ipv6/conf/{member.port}/disable_ipv6", "1")
             ipr.link("set", index=port, master=bridge)
             ipr.link("set", index=port, state="up")
+        # Before the sandbox's end is up, so it never gets a link-local address.
+        netns_sysctl(NETNS_DIR / netns, {f"ipv6/conf/{member.ifname}/disable_ipv6": "1"})
         inside = "\n".join(
             [
                 f"addr flush dev {member.ifname}",

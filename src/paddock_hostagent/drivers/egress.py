@@ -14,11 +14,12 @@ each can be rebuilt without touching the other. Per sandbox, keyed on its host v
     m_<veth>         quota name q_<veth> drop                     (metered: the budget is used up)
                      counter name co_<veth> accept                (egress bytes, exact)
     postrouting      counter name oifname map @in_counters        (ingress bytes, observed only)
-    input            sandboxes with rules reach the host only for DNS on the gateway (and replies)
 
 Only forwarded traffic is egress: what a sandbox sends to the host itself (DNS, replies to the
-ingress proxy) is neither filtered by the allowlist nor counted. Every change is one ``nft -f`` batch,
-which the kernel applies atomically.
+ingress proxy) is neither filtered by the allowlist nor counted. What every sandbox may send to the
+host at all — DNS and replies, nothing else, with or without rules — and the per-veth source check
+are ``network.py``'s, in the table that exists from the moment a veth does. Every change is one
+``nft -f`` batch, which the kernel applies atomically.
 """
 
 from __future__ import annotations
@@ -196,21 +197,24 @@ class EgressFirewall:
 add table {t}
 add map {t} out_chains {{ type ifname : verdict; }}
 add map {t} in_counters {{ type ifname : counter; }}
-add set {t} guarded {{ type ifname; }}
 add chain {t} forward {{ type filter hook forward priority filter - 5; policy accept; }}
 add chain {t} post {{ type filter hook postrouting priority filter; policy accept; }}
-add chain {t} input {{ type filter hook input priority filter - 5; policy accept; }}
 flush chain {t} forward
 flush chain {t} post
-flush chain {t} input
 add rule {t} forward iifname vmap @out_chains
 add rule {t} forward iifname "pdk*" ip saddr {self.subnet} drop
 add rule {t} post counter name oifname map @in_counters
-add rule {t} input iifname != @guarded accept
-add rule {t} input ct state established,related accept
-add rule {t} input ip daddr {self.gateway} meta l4proto {{ tcp, udp }} th dport 53 accept
-add rule {t} input meta l4proto tcp reject with tcp reset
-add rule {t} input reject with icmp type admin-prohibited
+"""
+        )
+        # Agents before the host guard moved to network.py kept an input chain here that guarded only
+        # sandboxes with rules, keyed on a set of them: both go (created first so the delete is safe).
+        self.nft.run_sync(
+            f"""
+add chain {t} input {{ type filter hook input priority filter - 5; policy accept; }}
+add set {t} guarded {{ type ifname; }}
+flush chain {t} input
+delete chain {t} input
+delete set {t} guarded
 """
         )
 
@@ -284,10 +288,7 @@ add rule {t} input reject with icmp type admin-prohibited
         lines += [
             f"add element {t} out_chains {{ {_q(veth)} : goto sb_{veth} }}",
             f"add element {t} in_counters {{ {_q(veth)} : {_q('ci_' + veth)} }}",
-            f"add element {t} guarded {{ {_q(veth)} }}",
         ]
-        if policy.open:
-            lines.append(f"delete element {t} guarded {{ {_q(veth)} }}")
         await self._nft("\n".join(lines))
 
     async def set_quota(self, veth: str, *, quota_bytes: int, used_bytes: int) -> None:
@@ -319,10 +320,8 @@ add rule {t} input reject with icmp type admin-prohibited
             self._objects(veth),
             f"add element {t} out_chains {{ {_q(veth)} : goto sb_{veth} }}",
             f"add element {t} in_counters {{ {_q(veth)} : {_q('ci_' + veth)} }}",
-            f"add element {t} guarded {{ {_q(veth)} }}",
             f"delete element {t} out_chains {{ {_q(veth)} }}",
             f"delete element {t} in_counters {{ {_q(veth)} }}",
-            f"delete element {t} guarded {{ {_q(veth)} }}",
             f"flush chain {t} sb_{veth}",
             f"flush chain {t} m_{veth}",
             f"delete chain {t} sb_{veth}",

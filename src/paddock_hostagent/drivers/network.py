@@ -5,9 +5,25 @@
     route 10.88.0.N/32 dev pdk<slot>         route 10.88.0.1 dev eth0; default via 10.88.0.1
 
 Every host-side veth carries the gateway address (as the CNI ``ptp`` plugin does), so a sandbox reaches
-the host at ``.1`` and the outside world through it. nftables (``table ip <nft_table>``, owned by
-Paddock) masquerades sandbox traffic leaving the host and drops forwarding between sandboxes. Addresses
-are allocated from the configured subnet and persisted, so a restarted agent keeps them.
+the outside world through the host. Addresses are allocated from the configured subnet and persisted,
+so a restarted agent keeps them. nftables (``table ip <nft_table>``, owned by Paddock) masquerades
+sandbox traffic leaving the host, drops forwarding between sandboxes, and keeps the host closed to its
+sandboxes — whatever their egress rules::
+
+    set veths      this agent's host veths            set sources   each veth . its sandbox's address
+    sandbox_pre    (prerouting, raw) a packet from one of our veths that does not carry that veth's
+                   sandbox's address, or from any ``pdk*`` veth posing as one of our addresses: drop
+    sandbox_input  (input) from our veths the host answers DNS on the gateway and replies to flows
+                   the host opened (ingress proxy); everything else is refused — every host address,
+                   on any interface, 127.0.0.0/8 under route_localnet, 169.254.169.254 if local
+    sandbox_forward (forward) link-local (cloud metadata) and flows something on the host DNATs
+                   (published ports of the host's own services): refused, allowlist or not
+
+A veth and its address enter the sets before the link exists, so no sandbox ever sends unguarded.
+IPv6 is off for sandboxes: ``default.disable_ipv6`` in the namespace before its interfaces exist
+(``lo`` keeps ``::1``, which never leaves it), and on the host end of every veth, where the kernel then
+drops any IPv6 frame a sandbox could still send. ``net.ipv4.ping_group_range`` lets ``ping`` use ICMP
+datagram sockets, as sandboxes hold no CAP_NET_RAW (``ocispec.py``).
 
 Host-side links, addresses and routes go through pyroute2. The namespace itself and the configuration
 inside it go through ``ip``: pyroute2 enters namespaces by forking helper processes, which is unsafe in
@@ -17,19 +33,32 @@ the agent's threaded event loop.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import ipaddress
 import json
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from paddock_hostagent.drivers.base import CapacityError
+from paddock_hostagent.drivers.base import CapacityError, CommandFailedError, DriverError
 from paddock_hostagent.drivers.commands import run_sync
+from paddock_hostagent.drivers.nftlib import Nft
 
 NETNS_DIR = Path("/run/netns")
 VETH_PREFIX = "pdk"
+LINK_LOCAL = "169.254.0.0/16"
+CLONE_NEWNET = 0x40000000
+
+#: Written in every sandbox's namespace before its interfaces exist (relative to /proc/sys/net).
+SANDBOX_SYSCTLS = {
+    # Interfaces created from now on (eth0, and eth1… of private networks) get no IPv6 at all.
+    "ipv6/conf/default/disable_ipv6": "1",
+    # ping through ICMP datagram sockets for every group: no CAP_NET_RAW needed.
+    "ipv4/ping_group_range": "0 2147483647",
+}
 
 
 @dataclass(frozen=True)
@@ -104,6 +133,41 @@ class AddressAllocator:
             return dict(table)
 
 
+def netns_sysctl(netns_path: Path, values: dict[str, str]) -> None:
+    """Writes ``/proc/sys/net/<key>`` inside a network namespace, in process.
+
+    ``/proc/sys/net`` shows the namespace of the thread that opens it, so a short-lived thread enters
+    the namespace (setns), writes and ends: no fork of the agent (unsafe in its threaded loop), and no
+    other thread ever runs in the sandbox's namespace. About 0.7 ms, where ``ip netns exec sysctl``
+    costs a process."""
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns {netns_path}")
+            finally:
+                os.close(fd)
+            for key, value in values.items():
+                Path("/proc/sys/net", key).write_text(value + "\n")
+        except BaseException as exc:
+            failures.append(exc)
+
+    worker = threading.Thread(target=write, name="netns-sysctl")
+    worker.start()
+    worker.join()
+    if failures:
+        raise DriverError(f"configuring {netns_path} failed: {failures[0]}") from failures[0]
+
+
+def disable_host_ipv6(ifname: str) -> None:
+    """No IPv6 on a host-side link: no address, and the kernel drops every IPv6 frame arriving on it."""
+    Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1\n")
+
+
 class NetworkManager:
     def __init__(
         self, subnet: str, state_dir: Path, nft_table: str, dns_servers: list[str], gso_max_segs: int = 1
@@ -113,19 +177,28 @@ class NetworkManager:
         self.subnet = subnet
         self.nft_table = nft_table
         self.dns_servers = dns_servers
+        self.nft = Nft()
 
     @property
     def gateway(self) -> str:
         return self.addresses.gateway
 
     def setup_host(self) -> None:
-        """Enables forwarding and (re)writes Paddock's nftables table; idempotent."""
+        """Enables forwarding and (re)writes Paddock's nftables table; idempotent.
+
+        The guard sets are rebuilt from the persisted addresses in the same atomic batch, so sandboxes
+        that outlived an agent restart are never unguarded; their namespaces and host veths get the
+        IPv6 and ping settings again (sandboxes made by an older agent had IPv6)."""
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+        owners = self.addresses.owners()
         table = f"table ip {self.nft_table}"
+        refuse = "meta l4proto tcp reject with tcp reset\n        reject with icmp type admin-prohibited"
         ruleset = f"""
 add {table}
 flush {table}
 {table} {{
+    set veths {{ type ifname; }}
+    set sources {{ type ifname . ipv4_addr; }}
     chain postrouting {{
         type nat hook postrouting priority srcnat; policy accept;
         ip saddr {self.subnet} oifname != "{VETH_PREFIX}*" masquerade
@@ -134,13 +207,62 @@ flush {table}
         type filter hook forward priority filter; policy accept;
         iifname "{VETH_PREFIX}*" oifname "{VETH_PREFIX}*" drop
     }}
+    chain sandbox_pre {{
+        type filter hook prerouting priority raw; policy accept;
+        iifname @veths iifname . ip saddr != @sources drop
+        iifname "{VETH_PREFIX}*" ip saddr {self.subnet} iifname . ip saddr != @sources drop
+    }}
+    chain sandbox_input {{
+        type filter hook input priority filter - 5; policy accept;
+        iifname != @veths accept
+        ct state established,related accept
+        ip daddr {self.gateway} meta l4proto {{ tcp, udp }} th dport 53 accept
+        {refuse}
+    }}
+    chain sandbox_forward {{
+        type filter hook forward priority filter - 10; policy accept;
+        iifname != @veths accept
+        ip daddr {LINK_LOCAL} goto refuse
+        ct status dnat goto refuse
+    }}
+    chain refuse {{
+        {refuse}
+    }}
 }}
+flush set ip {self.nft_table} veths
+flush set ip {self.nft_table} sources
 """
-        run_sync(["nft", "-f", "-"], input_text=ruleset)
+        elements = self._elements("add", [(slot, address) for address, slot in owners.items()])
+        run_sync(["nft", "-f", "-"], input_text=ruleset + elements)
+        for slot in sorted(set(owners.values())):
+            net = SandboxNetwork(slot=slot, ip="", gateway=self.gateway)
+            with contextlib.suppress(OSError, DriverError):  # a slot whose pieces are gone
+                if Path(f"/sys/class/net/{net.host_veth}").exists():
+                    disable_host_ipv6(net.host_veth)
+                if net.netns_path.exists():
+                    netns_sysctl(net.netns_path, {**SANDBOX_SYSCTLS, "ipv6/conf/eth0/disable_ipv6": "1"})
 
-    def teardown_host(self) -> None:
-        run_sync(["nft", "delete", "table", "ip", self.nft_table], check=False)
-        run_sync(["nft", "delete", "table", "ip", f"{self.nft_table}_egress"], check=False)  # egress.py
+    def _elements(self, verb: str, pairs: list[tuple[str, str]]) -> str:
+        """``add``/``delete`` element lines for (slot, address) pairs of the guard sets."""
+        t = f"ip {self.nft_table}"
+        lines: list[str] = []
+        for slot in dict.fromkeys(slot for slot, _ in pairs):
+            lines.append(f'{verb} element {t} veths {{ "{VETH_PREFIX}{slot}" }}')
+        for slot, address in pairs:
+            lines.append(f'{verb} element {t} sources {{ "{VETH_PREFIX}{slot}" . {address} }}')
+        return "\n".join(lines) + "\n"
+
+    def _guard(self, net: SandboxNetwork) -> None:
+        """The veth and its address join the guard sets (before the link exists)."""
+        self.nft.run_sync(self._elements("add", [(net.slot, net.ip)]))
+
+    def _unguard(self, net: SandboxNetwork) -> None:
+        """Removes the slot's elements; ``add`` first makes each ``delete`` safe when one is absent."""
+        owned = [a for a, owner in self.addresses.owners().items() if owner == net.slot]
+        pairs = [(net.slot, address) for address in dict.fromkeys([*owned, *([net.ip] if net.ip else [])])]
+        pairs = pairs or [(net.slot, "0.0.0.0")]
+        with contextlib.suppress(CommandFailedError):  # the table is gone (host torn down)
+            self.nft.run_sync(self._elements("add", pairs) + self._elements("delete", pairs))
 
     def create(self, slot: str) -> SandboxNetwork:
         """Allocates an address and builds the namespace and veth pair (blocking: run in a thread)."""
@@ -156,11 +278,14 @@ flush {table}
         from pyroute2 import IPRoute
 
         run_sync(["ip", "netns", "add", net.netns])
+        netns_sysctl(net.netns_path, SANDBOX_SYSCTLS)  # before eth0 exists: it is born without IPv6
+        self._guard(net)
         with IPRoute() as ipr:
             ipr.link(
                 "add", ifname=net.host_veth, kind="veth", peer={"ifname": "eth0", "net_ns_fd": net.netns}
             )
             index = ipr.link_lookup(ifname=net.host_veth)[0]
+            disable_host_ipv6(net.host_veth)  # before it is up: never gets a link-local address
             ipr.addr("add", index=index, address=net.gateway, prefixlen=32)
             ipr.link("set", index=index, state="up")
             ipr.route("add", dst=f"{net.ip}/32", oif=index, scope="link")
@@ -190,6 +315,7 @@ flush {table}
                     ipr.link("del", index=indexes[0])
         if net.netns_path.exists():
             run_sync(["ip", "netns", "delete", net.netns], check=False)
+        self._unguard(net)
         self.addresses.release_owner(net.slot)
 
     def exists(self, net: SandboxNetwork) -> bool:
