@@ -17,15 +17,24 @@ from alembic.config import Config
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from paddock_core import statefiles
+
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
 def ensure_sqlite_dir(url: str) -> None:
-    path = url.split(":///", 1)[1] if is_sqlite(url) and ":///" in url else ""
-    if path and path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """The SQLite file's directory (0700 when made here) and the file itself, 0600 before SQLite first
+    opens it: SQLite gives the ``-wal`` and ``-shm`` files the database file's mode, so they follow."""
+    path = url.split(":///", 1)[1].split("?", 1)[0] if is_sqlite(url) and ":///" in url else ""
+    if not path or path == ":memory:":
+        return
+    database = Path(path)
+    statefiles.private_dir(database.parent)
+    statefiles.private_file(database)
+    for suffix in ("-wal", "-shm", "-journal"):  # left by an older version at 0644
+        statefiles.restrict_file(database.with_name(database.name + suffix))
 
 
 def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:

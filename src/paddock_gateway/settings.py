@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from paddock_core import statefiles
 from paddock_core.crypto import SecretBox
 from paddock_core.settings import DEFAULT_DATA_DIR, DatabaseSettingsMixin, ServiceSettings, sqlite_url
 from paddock_gateway.registry import KNOWN_CHAINS, ChainSpec, Registry, TokenSpec, checksum
@@ -125,7 +126,7 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
         if not key:
             path = self.data_dir / "gateway-secret.key"
             if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
+                statefiles.private_dir(path.parent)
                 with contextlib.suppress(FileExistsError):
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                     with os.fdopen(fd, "w") as handle:

@@ -1,10 +1,13 @@
-"""Sandbox records on disk: one JSON file per sandbox in ``<state_dir>/sandboxes``, written atomically."""
+"""Sandbox records on disk: one JSON file per sandbox in ``<state_dir>/sandboxes``, written atomically,
+readable by the agent's user only (0600 in a 0700 directory)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+from paddock_core import statefiles
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import SandboxRecord
 
@@ -13,8 +16,8 @@ log = get_logger(__name__)
 
 class RecordStore:
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = statefiles.private_dir(directory)
+        os.chmod(directory, statefiles.DIR_MODE)  # ours alone, also when an older version made it 0755
 
     def _path(self, sandbox_id: str) -> Path:
         return self.directory / f"{sandbox_id}.json"
@@ -23,7 +26,10 @@ class RecordStore:
         tmp = self.directory / f".{record.id}.json.tmp"
         # No fsync: a host crash takes the sandboxes' processes with it anyway, and the rename keeps
         # the file whole against an agent crash.
-        tmp.write_text(json.dumps(record.to_json(), indent=1))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, statefiles.FILE_MODE)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(record.to_json(), indent=1))
+        os.chmod(tmp, statefiles.FILE_MODE)  # also when a stale tmp file existed with another mode
         tmp.replace(self._path(record.id))
 
     def delete(self, sandbox_id: str) -> None:
