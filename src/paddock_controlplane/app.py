@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from paddock_controlplane import hostlink, ingress, reconciler, upkeep
+from paddock_controlplane import contract, hostlink, ingress, reconciler, upkeep
 from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.api.routes import networks as network_routes
@@ -25,6 +25,7 @@ from paddock_controlplane.hotcache import (
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.webhook_delivery import DeliveryWorker
+from paddock_core import openapi
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, upgrade
 from paddock_core.fastlane import FastLane
@@ -108,6 +109,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
     install_error_handlers(app)
     for module in (probes, catalog, internal, sandboxes, commands, network_routes, webhook_routes):
         app.include_router(module.router)
+    openapi.install(app, contract.CONTRACT)  # the document as served: real statuses, envelopes, bodies
     # Added before the request log, so it runs inside it: every fast-lane request is logged too.
     app.add_middleware(FastLane, routes=[*commands.FAST_ROUTES, *sandboxes.FAST_ROUTES])
     app.add_middleware(

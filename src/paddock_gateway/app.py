@@ -15,16 +15,23 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from paddock_core import openapi as contract_openapi
 from paddock_core.db import make_engine, make_sessionmaker, upgrade
 from paddock_core.http import RequestContextMiddleware
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
 from paddock_gateway.adapters.chain import ChainClient, ChainError
-from paddock_gateway.adapters.hosting import HostingPlatform, SandboxProvider
+from paddock_gateway.adapters.hosting import (
+    HostingAccessDenied,
+    HostingError,
+    HostingPlatform,
+    SandboxProvider,
+)
 from paddock_gateway.adapters.ingress import IngressProbe
 from paddock_gateway.api.errors import install_error_handlers
 from paddock_gateway.api.middleware import GatewayGuard
 from paddock_gateway.api.routes import EXTRA_SCHEMAS, router
+from paddock_gateway.contract import CONTRACT
 from paddock_gateway.metering import Metering
 from paddock_gateway.pricing import HttpPricing, PriceCache, PricingSource, StaticPricing
 from paddock_gateway.ratelimit import RateLimiter
@@ -58,6 +65,22 @@ def default_sandbox_provider(settings: GatewaySettings) -> SandboxProvider:
         rootfs=settings.sandbox_rootfs,
         timeout_s=max(settings.install_timeout_s, settings.build_timeout_s) + 60,
     )
+
+
+async def check_hosting(hosting: SandboxHosting, controlplane_url: str) -> None:
+    """At start-up the control plane must accept the gateway's key; a refused key stops the gateway, since
+    every deploy would fail after its payment. An unreachable control plane is only logged (it may start
+    later); each deploy checks again before it quotes or takes a payment."""
+    try:
+        await hosting.check_access()
+    except HostingAccessDenied as exc:
+        log.error("gateway_credentials_refused", controlplane_url=controlplane_url)
+        raise RuntimeError(
+            f"refusing to start: {exc}. Set PADDOCK_GW_API_KEY to an API key of that control plane "
+            "(paddock admin user create prints one); `paddock serve` provisions it itself."
+        ) from exc
+    except HostingError as exc:
+        log.warning("controlplane_unreachable", controlplane_url=controlplane_url, error=str(exc))
 
 
 async def check_chains(registry: Registry, chains: dict[str, ChainClient]) -> None:
@@ -137,6 +160,7 @@ def create_app(
         try:
             await check_chains(registry, chains)
             if sandbox_hosting is not None:
+                await check_hosting(sandbox_hosting, settings.controlplane_url)
                 sandbox_hosting.start()
             if run_workers:
                 services.metering.start()
@@ -178,6 +202,8 @@ def create_app(
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi_document() -> dict[str, Any]:
         return openapi()
+
+    contract_openapi.install(app, CONTRACT)  # error bodies on every status, no 422, Allow on 405
 
     app.add_middleware(GatewayGuard, limiter=limiter, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, service="gateway")  # outermost: ids and logs every request

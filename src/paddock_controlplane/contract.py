@@ -1,0 +1,112 @@
+"""What the control plane's OpenAPI document says beyond FastAPI's view of the routes (spec §4, §5, §11).
+
+``paddock_core.openapi`` applies it: JSend envelopes, the ``X-Api-Key`` scheme, the hand-parsed bodies
+and query parameters (with the models that validate them), and each operation's error statuses.
+"""
+
+from __future__ import annotations
+
+from paddock_controlplane.lookup import MAX_WAIT_MS, STATUSES
+from paddock_controlplane.schemas import (
+    EgressRequest,
+    ExecRequest,
+    ForkSandboxRequest,
+    NetworkAttachRequest,
+    NetworkCreateRequest,
+    PatchSandboxRequest,
+    RechargeRequest,
+    SshKeysRequest,
+)
+from paddock_core.openapi import JSEND_ERROR, JSEND_FAIL, JSEND_SUCCESS, Contract, JsonSchema, Operation
+
+SANDBOX = "/v1/sandboxes/{sandbox_id}"
+#: Work on a sandbox can meet its state (409) and its host (503, no side effects, retried by clients).
+ON_A_SANDBOX = (409, 503)
+#: Operations that start compute can meet the plan (403) and the credit balance (402).
+STARTS_COMPUTE = (402, 403, 409, 503)
+
+
+def query(name: str, schema: JsonSchema, description: str) -> JsonSchema:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+GUEST_PATH = {
+    "name": "path",
+    "in": "query",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "pattern": "^/"},
+    "description": "absolute path inside the sandbox",
+}
+WAIT = (
+    query(
+        "wait_for",
+        {"type": "string", "enum": sorted(STATUSES)},
+        "answer once the sandbox is in this status, or in one it will not leave on its own (extension)",
+    ),
+    query(
+        "wait_ms",
+        {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS},
+        "longest wait in ms (default 10000); only with wait_for",
+    ),
+)
+STATUS_FILTER = query("status", {"type": "string", "enum": sorted(STATUSES)}, "only sandboxes in this status")
+STREAM = query("stream", {"type": "string", "enum": ["true", "false"]}, "answer with NDJSON frames")
+
+OPERATIONS: dict[tuple[str, str], Operation] = {
+    # Not ready is the one 5xx in a fail envelope: ``data`` says which dependency is down (§11.1).
+    ("GET", "/readyz"): Operation(
+        bodies={
+            503: {
+                "type": "object",
+                "required": ["status", "data"],
+                "properties": {"status": {"const": "fail"}, "data": {"type": "object"}},
+            }
+        }
+    ),
+    ("POST", "/v1/sandboxes"): Operation(statuses=STARTS_COMPUTE),
+    ("GET", "/v1/sandboxes"): Operation(query=(STATUS_FILTER,)),
+    ("GET", SANDBOX): Operation(query=WAIT),
+    ("PATCH", SANDBOX): Operation(statuses=ON_A_SANDBOX, body=PatchSandboxRequest),
+    ("DELETE", SANDBOX): Operation(statuses=ON_A_SANDBOX),
+    ("POST", SANDBOX + "/pause"): Operation(statuses=ON_A_SANDBOX),
+    ("POST", SANDBOX + "/resume"): Operation(statuses=STARTS_COMPUTE),
+    ("POST", SANDBOX + "/fork"): Operation(statuses=STARTS_COMPUTE, body=ForkSandboxRequest),
+    ("POST", SANDBOX + "/resize"): Operation(statuses=(403, *ON_A_SANDBOX)),
+    ("POST", SANDBOX + "/ssh-pubkeys"): Operation(statuses=ON_A_SANDBOX, body=SshKeysRequest),
+    ("GET", SANDBOX + "/egress"): Operation(),
+    ("PUT", SANDBOX + "/egress"): Operation(statuses=ON_A_SANDBOX, body=EgressRequest),
+    ("GET", SANDBOX + "/bandwidth"): Operation(statuses=ON_A_SANDBOX),
+    ("POST", SANDBOX + "/bandwidth/recharge"): Operation(
+        statuses=(402, *ON_A_SANDBOX), body=RechargeRequest, body_required=True
+    ),
+    ("POST", SANDBOX + "/exec"): Operation(
+        statuses=(413, *ON_A_SANDBOX),
+        body=ExecRequest,
+        body_required=True,
+        query=(STREAM,),
+        media=("application/x-ndjson",),
+    ),
+    ("PUT", SANDBOX + "/files"): Operation(
+        statuses=(413, *ON_A_SANDBOX), raw_body="application/octet-stream", query=(GUEST_PATH,)
+    ),
+    ("GET", SANDBOX + "/files"): Operation(
+        statuses=ON_A_SANDBOX, query=(GUEST_PATH,), media=("application/octet-stream",), unwrapped=True
+    ),
+    ("POST", "/v1/networks"): Operation(statuses=(403, 409), body=NetworkCreateRequest),
+    ("DELETE", "/v1/networks/{network_id}"): Operation(statuses=(409,)),
+    ("POST", SANDBOX + "/networks"): Operation(
+        statuses=(403, *ON_A_SANDBOX), body=NetworkAttachRequest, body_required=True
+    ),
+    ("DELETE", SANDBOX + "/networks/{network_id}"): Operation(statuses=ON_A_SANDBOX),
+    ("POST", "/v1/webhook-endpoints"): Operation(statuses=(403,)),
+}
+
+CONTRACT = Contract(
+    fail_schema=JSEND_FAIL,
+    error_schema=JSEND_ERROR,
+    success_schema=JSEND_SUCCESS,
+    common_statuses=(500,),
+    operations=OPERATIONS,
+    security_scheme=("ApiKey", {"type": "apiKey", "in": "header", "name": "X-Api-Key"}),
+    public=frozenset({"/healthz", "/readyz", "/v1/shapes", "/v1/rootfs"}),
+)
