@@ -200,7 +200,9 @@ class SandboxManager:
     def info(self) -> HostInfo:
         return HostInfo(
             id=self.settings.id,
-            free_mib=self.memory_view().free_mib,
+            # The promise accounting, exact and stable for the scheduler; what the machine has right now
+            # is checked at admission (a stale placement gets a 507 that says why).
+            free_mib=max(self.total_mib - self.placed_mib(), 0),
             total_mib=self.total_mib,
             vm_count=len(self._entries),
             rootfses=self.images.cached(),

@@ -280,10 +280,9 @@ async def test_create_beyond_host_memory_is_refused_with_the_numbers(
     assert int(match[1]) == requested
     assert int(match[2]) < mem_available_mib()
     assert sandbox_id not in {item["id"] for item in await host.list_sandboxes()}
-    # What the host can give, it still gives, and the heartbeat's free memory is the same figure.
-    await boxes.create(mem_mib=256)
-    info = await host.info()
-    assert info["free_mib"] < mem_available_mib()
+    # What the host can give, it still gives.
+    created = await boxes.create(mem_mib=256)
+    assert created["status"] == "running"
 
 
 async def test_disk_beyond_host_free_space_is_refused(
