@@ -17,7 +17,6 @@ from paddock_hostagent.client import (
     GuestFileNotFoundError,
     HostAgentClient,
     IsDirectoryError,
-    ParentNotFoundError,
     SandboxMissingError,
 )
 from tests.hostagent.conftest import TOKEN, AgentProcess, run, sh
@@ -171,8 +170,10 @@ async def test_upload_keeps_an_existing_files_mode(host: HostAgentClient, sandbo
 
 
 async def test_file_errors(host: HostAgentClient, sandbox: dict[str, Any]) -> None:
-    with pytest.raises(ParentNotFoundError):
-        await host.upload(sandbox["id"], "/no/such/dir/file", chunks_of(b"x"))
+    # Missing parents are created (§11.6); a parent that is a file is the caller's mistake.
+    await host.upload(sandbox["id"], "/no/such/dir/file", chunks_of(b"x"))
+    with pytest.raises(BadPathError):
+        await host.upload(sandbox["id"], "/no/such/dir/file/below", chunks_of(b"x"))
     with pytest.raises(IsDirectoryError):
         await host.upload(sandbox["id"], "/root", chunks_of(b"x"))
     with pytest.raises(BadPathError):

@@ -24,7 +24,6 @@ from paddock_hostagent.guest import (
     GuestClient,
     GuestFileNotFoundError,
     GuestIsDirectoryError,
-    GuestParentNotFoundError,
     GuestUnavailableError,
     Output,
     SpawnFailed,
@@ -229,8 +228,11 @@ async def test_upload_keeps_the_mode_of_an_existing_file(
 
 async def test_file_errors_are_distinct(guest: tuple[GuestClient, object], tmp_path: Path) -> None:
     client, _ = guest
-    with pytest.raises(GuestParentNotFoundError):
-        await client.write_file(str(tmp_path / "missing" / "x"), chunks_of(b"x"))
+    # Missing parents are created (mode 0755, §11.6); a parent that is a file is a bad path.
+    await client.write_file(str(tmp_path / "missing" / "deeper" / "x"), chunks_of(b"x"))
+    assert (tmp_path / "missing" / "deeper").stat().st_mode & 0o777 == 0o755
+    with pytest.raises(GuestBadPathError):
+        await client.write_file(str(tmp_path / "missing" / "deeper" / "x" / "y"), chunks_of(b"x"))
     with pytest.raises(GuestIsDirectoryError):
         await client.write_file(str(tmp_path), chunks_of(b"x"))
     with pytest.raises(GuestBadPathError):

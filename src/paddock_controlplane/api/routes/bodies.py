@@ -21,10 +21,10 @@ from paddock_core import errors, jsonbody
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes, nul_allowed: frozenset[str] = frozenset()) -> Any:
     """The body's JSON value, or a 400 ``VALIDATION_FAILED`` naming the offending field."""
     try:
-        return jsonbody.parse(raw)
+        return jsonbody.parse(raw, nul_allowed=nul_allowed)
     except jsonbody.JsonBodyError as exc:
         raise errors.ValidationFailed.field(exc.field, exc.reason) from None
 
@@ -49,10 +49,11 @@ class JsonRoute(APIRoute):
         return parse_then_handle
 
 
-async def optional_body(request: Request, model: type[M]) -> M:
-    """Parse a JSON object body into ``model``; an empty body means ``{}``. Content-Type is not required."""
+async def optional_body(request: Request, model: type[M], nul_allowed: frozenset[str] = frozenset()) -> M:
+    """Parse a JSON object body into ``model``; an empty body means ``{}``. Content-Type is not required.
+    ``nul_allowed``: fields whose strings may hold NUL (``paddock_core.jsonbody``)."""
     raw = await request.body()
-    data: object = parse_json(raw) if raw.strip() else {}
+    data: object = parse_json(raw, nul_allowed) if raw.strip() else {}
     return validate_body(data, model)
 
 

@@ -15,6 +15,9 @@ from paddock_core import envelope, errors, fastlane, jsonbody
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["exec and files"], route_class=JsonRoute)
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# stdin is bytes for the command, streamed to it and never stored: a NUL there is data. Everywhere
+# else (cmd, args, env) the kernel would cut the string at it.
+EXEC_NUL_ALLOWED = frozenset({"stdin"})
 
 
 def _path(request: Request) -> str:
@@ -28,7 +31,7 @@ def _path(request: Request) -> str:
 async def exec_command(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> JSONResponse | StreamingResponse:
-    body = await optional_body(request, ExecRequest)
+    body = await optional_body(request, ExecRequest, EXEC_NUL_ALLOWED)
     if request.query_params.get("stream", "").lower() == "true" or body.stream:
         sandbox, env = await execution.prepare_exec(services, principal.user_id, sandbox_id, body)
         return StreamingResponse(
@@ -62,7 +65,8 @@ async def _fast_exec(
     try:
         # The same parser as the route (NUL, NaN, depth); a body it refuses goes on to the route,
         # which renders the 400.
-        body = ExecRequest.model_validate(jsonbody.parse(raw) if raw.strip() else {})
+        data = jsonbody.parse(raw, nul_allowed=EXEC_NUL_ALLOWED) if raw.strip() else {}
+        body = ExecRequest.model_validate(data)
     except ValueError:
         return None
     if body.stream:
