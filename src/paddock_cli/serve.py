@@ -7,7 +7,9 @@
 
 Secrets shared between the children (the host token, the at-rest key) are generated once into
 ``$PADDOCK_DATA_DIR/secrets.env`` (mode 0600). A bootstrap user and API key are created on the first
-run; the key is kept in ``$PADDOCK_DATA_DIR/bootstrap-api-key`` (0600) so it can be shown again.
+run; the key is kept in ``$PADDOCK_DATA_DIR/bootstrap-api-key`` (0600) so it can be shown again. Every
+start checks that key against the running control plane and makes a new one when its database does not
+know it (the database was switched), before the gateway is started with it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from paddock_core import statefiles
+
 DATA_DIR = Path(os.environ.get("PADDOCK_DATA_DIR", "/var/lib/paddock"))
 CP_PORT = int(os.environ.get("PADDOCK_CP_PORT", "8080"))
 HOST_PORT = int(os.environ.get("PADDOCK_HOST_PORT", "8081"))
@@ -33,6 +37,7 @@ GW_PORT = int(os.environ.get("PADDOCK_GW_PORT", "8082"))
 #: The ingress proxy runs inside the control plane; plain HTTP on loopback unless TLS is configured.
 INGRESS_PORT = int(os.environ.get("PADDOCK_CP_INGRESS_PORT", "8088"))
 INGRESS_DOMAIN = os.environ.get("PADDOCK_CP_INGRESS_DOMAIN", "sandbox.localhost")
+PRIVATE_UMASK = 0o077
 
 
 @dataclass
@@ -41,7 +46,18 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     health_url: str
+    #: The child's umask: 0o077 for the services whose files are all private state (databases, keys).
+    #: The host agent keeps the inherited one: it builds image trees and bundles sandboxes read.
+    umask: int = -1
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+
+def private_data_dir(data_dir: Path) -> Path:
+    """The data directory holds databases, keys and sandbox records: the service user's alone (0700),
+    also when an earlier version or an installer made it 0755."""
+    statefiles.private_dir(data_dir)
+    os.chmod(data_dir, statefiles.DIR_MODE)
+    return data_dir
 
 
 def load_or_create_secrets(data_dir: Path) -> dict[str, str]:
@@ -65,10 +81,45 @@ def load_or_create_secrets(data_dir: Path) -> dict[str, str]:
     return values
 
 
-def bootstrap_key(data_dir: Path, env: dict[str, str]) -> str:
+def key_accepted(cp_url: str, key: str) -> bool:
+    """Whether the running control plane knows ``key``; anything but a clear yes or no stops serve."""
+    try:
+        status = httpx.get(f"{cp_url}/v1/whoami", headers={"X-Api-Key": key}, timeout=10).status_code
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"cannot check the bootstrap key against {cp_url}: {exc}") from exc
+    if status in (401, 403):
+        return False
+    if status != 200:
+        raise RuntimeError(f"cannot check the bootstrap key against {cp_url}: whoami answered {status}")
+    return True
+
+
+def bootstrap_key(data_dir: Path, env: dict[str, str], cp_url: str) -> str:
+    """The bootstrap key, checked against the running control plane's database and provisioned when that
+    database does not know it: a data directory first served on SQLite and then pointed at PostgreSQL
+    (``PADDOCK_CP_DATABASE_URL``) keeps a key the new database never issued, and a gateway started
+    with it would take payments for deploys the control plane then refuses."""
     path = data_dir / "bootstrap-api-key"
     if path.exists():
-        return path.read_text().strip()
+        saved = path.read_text().strip()
+        if saved and key_accepted(cp_url, saved):
+            return saved
+        print(
+            "serve: the saved bootstrap key is unknown to this control plane's database "
+            "(was the database changed?); creating a new bootstrap user and key",
+            file=sys.stderr,
+        )
+    key = create_bootstrap_key(env)
+    if not key_accepted(cp_url, key):
+        raise RuntimeError("the control plane refuses the bootstrap key it has just issued")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key + "\n")
+    os.chmod(path, 0o600)
+    return key
+
+
+def create_bootstrap_key(env: dict[str, str]) -> str:
     out = subprocess.run(
         [
             sys.executable,
@@ -86,11 +137,7 @@ def bootstrap_key(data_dir: Path, env: dict[str, str]) -> str:
         capture_output=True,
         text=True,
     )
-    key = str(json.loads(out.stdout)["api_key"])
-    path.touch(mode=0o600)
-    path.write_text(key + "\n")
-    os.chmod(path, 0o600)
-    return key
+    return str(json.loads(out.stdout)["api_key"])
 
 
 def available(module: str) -> bool:
@@ -155,13 +202,21 @@ def children(
     if devchain is not None:
         gw_env["PADDOCK_GW_DEVCHAIN_FILE"] = str(devchain)
     run = [sys.executable, "-m", "paddock_cli.main"]
-    procs = [Child("controlplane", [*run, "controlplane"], cp_env, f"{cp_url}/healthz")]
+    procs = [Child("controlplane", [*run, "controlplane"], cp_env, f"{cp_url}/healthz", umask=PRIVATE_UMASK)]
     if available("paddock_hostagent.main"):
         procs.append(
             Child("hostagent", [*run, "hostagent"], host_env, f"http://127.0.0.1:{HOST_PORT}/healthz")
         )
     if available("paddock_gateway.main") and devchain is not None:
-        procs.append(Child("gateway", [*run, "gateway"], gw_env, f"http://127.0.0.1:{GW_PORT}/health"))
+        procs.append(
+            Child(
+                "gateway",
+                [*run, "gateway"],
+                gw_env,
+                f"http://127.0.0.1:{GW_PORT}/health",
+                umask=PRIVATE_UMASK,
+            )
+        )
     return procs
 
 
@@ -218,10 +273,11 @@ Stop with Ctrl-C.
 
 
 def serve_embedded() -> int:
+    private_data_dir(DATA_DIR)
     shared = load_or_create_secrets(DATA_DIR)
-    key = bootstrap_key(DATA_DIR, children(DATA_DIR, shared)[0].env)
     devchain = start_devchain(DATA_DIR)
-    procs = children(DATA_DIR, shared, key, devchain)
+    procs = children(DATA_DIR, shared, "", devchain)
+    key = ""
     if not any(child.name == "hostagent" for child in procs):
         print("serve: this build has no host agent; sandboxes cannot be created", file=sys.stderr)
     stopping = False
@@ -234,8 +290,12 @@ def serve_embedded() -> int:
     signal.signal(signal.SIGINT, _stop)
     try:
         for child in procs:
-            child.process = subprocess.Popen(child.argv, env=child.env)
+            if child.name == "gateway":  # the key is checked against the control plane that now runs
+                child.env["PADDOCK_GW_API_KEY"] = key
+            child.process = subprocess.Popen(child.argv, env=child.env, umask=child.umask)
             asyncio.run(wait_healthy(child))
+            if child.name == "controlplane":
+                key = bootstrap_key(DATA_DIR, child.env, f"http://127.0.0.1:{CP_PORT}")
         print(banner(key), flush=True)
         while not stopping:
             for child in procs:

@@ -11,7 +11,14 @@ from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_gateway import credits, payments, projects
-from paddock_gateway.adapters.hosting import DeploymentHandle, HostingError, HostingUnavailable, ProjectSpec
+from paddock_gateway.adapters.hosting import (
+    AccessCheck,
+    DeploymentHandle,
+    HostingAccessDenied,
+    HostingError,
+    HostingUnavailable,
+    ProjectSpec,
+)
 from paddock_gateway.auth import Caller
 from paddock_gateway.errors import (
     DeployFailed,
@@ -67,9 +74,23 @@ async def deploy(
     if await projects.name_taken(services, request.request.uniqueName):
         raise NameTaken()
     price = await services.prices.price(request.request.months)
+    await ensure_can_deploy(services)
     if pay.tx_hash is not None:
         return await deploy_paid(services, caller, request, price, pay, pay.tx_hash)
     return await deploy_on_credits(services, caller, request, price, pay.use_existing_credits)
+
+
+async def ensure_can_deploy(services: Services) -> None:
+    """Before a quote or a payment: the platform must accept the gateway's credentials, or the wallet
+    would pay for a deploy that cannot start (verified, topped up, then refused upstream). 502
+    ``upstream_unavailable`` as for an unreachable platform: nothing has changed, retrying later works."""
+    if not isinstance(services.hosting, AccessCheck):
+        return
+    try:
+        await services.hosting.check_access()
+    except HostingError as exc:
+        log.warning("hosting_not_ready", error=str(exc), access_denied=isinstance(exc, HostingAccessDenied))
+        raise UpstreamUnavailable("the hosting platform is unavailable") from exc
 
 
 async def wallet_position(services: Services, wallet: str) -> tuple[int, int]:

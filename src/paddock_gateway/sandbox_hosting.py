@@ -41,13 +41,16 @@ from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
 from paddock_gateway.adapters.hosting import (
+    AccessCheck,
     DeploymentHandle,
     DeploymentState,
     DeployOptions,
+    HostingAccessDenied,
     HostingError,
     HostingUnavailable,
     ProjectSpec,
     Sandbox,
+    SandboxAccessDenied,
     SandboxError,
     SandboxProvider,
     SandboxUnavailable,
@@ -147,6 +150,19 @@ class SandboxHosting:
         self.wakeup.set()
         log.info("deployment_created", project_id=handle.project_id, deployment_id=handle.deployment_id)
         return handle
+
+    async def check_access(self) -> None:
+        """The provider's credentials work (when it can tell); its errors mapped like every call's."""
+        if not isinstance(self.provider, AccessCheck):
+            return
+        try:
+            await self.provider.check_access()
+        except SandboxAccessDenied as exc:
+            raise HostingAccessDenied(str(exc)) from exc
+        except SandboxUnavailable as exc:
+            raise HostingUnavailable(str(exc)) from exc
+        except SandboxError as exc:
+            raise HostingError(str(exc)) from exc
 
     async def deployment_status(self, project_id: str, deployment_id: str) -> DeploymentState:
         async with self.sessions() as session:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,81 +18,19 @@ import httpx
 import pytest
 from pydantic import SecretStr
 from sqlalchemy import func, select
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from paddock_controlplane.models import Sandbox, User, WebhookDelivery
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import make_engine, make_sessionmaker
 from tests.conftest import LiveServer
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, controlplane
+from tests.security.fakeagent_support import FakeAgent
 
 __all__ = ["controlplane"]
 
 pytestmark = pytest.mark.db
 
 SHAPE = "s-1vcpu-256mb"  # 256 MiB
-FULL = {"error": "insufficient_capacity", "message": "256 MiB requested, 41 MiB free"}
-
-
-@dataclass
-class FakeAgent:
-    """The host agent's internal API as far as create, fork, pause, resume and destroy go."""
-
-    id: str
-    total_mib: int = 4096
-    free_mib: int = 4096
-    refuse: set[str] = field(default_factory=set)  # "create", "fork", "resume": answer 507
-    calls: list[tuple[str, str]] = field(default_factory=list)
-    url: str = ""
-
-    def app(self) -> Starlette:
-        async def create(request: Request) -> JSONResponse:
-            body = await request.json()
-            return self._answer("create", str(body["id"]))
-
-        async def fork(request: Request) -> JSONResponse:
-            body = await request.json()
-            return self._answer("fork", str(body["new_id"]))
-
-        async def action(request: Request) -> JSONResponse:
-            name = request.url.path.rsplit("/", 1)[1]
-            return self._answer(name, request.path_params["sid"])
-
-        async def destroy(request: Request) -> JSONResponse:
-            self.calls.append(("destroy", request.path_params["sid"]))
-            return JSONResponse({})
-
-        return Starlette(
-            routes=[
-                Route("/internal/v1/sandboxes", create, methods=["POST"]),
-                Route("/internal/v1/sandboxes/{sid}/fork", fork, methods=["POST"]),
-                Route("/internal/v1/sandboxes/{sid}/pause", action, methods=["POST"]),
-                Route("/internal/v1/sandboxes/{sid}/resume", action, methods=["POST"]),
-                Route("/internal/v1/sandboxes/{sid}", destroy, methods=["DELETE"]),
-            ]
-        )
-
-    def _answer(self, call: str, sandbox_id: str) -> JSONResponse:
-        self.calls.append((call, sandbox_id))
-        if call in self.refuse:
-            return JSONResponse(FULL, status_code=507)
-        return JSONResponse({"id": sandbox_id, "ip": "10.88.0.2", "spawn_ms": 1.0, "status": "running"})
-
-    def created(self) -> list[str]:
-        return [sid for call, sid in self.calls if call == "create"]
-
-    def beat(self, labels: dict[str, str] | None = None) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "url": self.url,
-            "free_mib": self.free_mib,
-            "total_mib": self.total_mib,
-            "rootfses": ["debian:13"],
-            "labels": labels or {"zone": "a"},
-        }
 
 
 @pytest.fixture

@@ -14,15 +14,16 @@ The sandbox surface mirrors the Paddock SDK's names so the SDK-backed provider i
     sandbox.ingress_url_template ("…<port>…")       Sandbox.ingress_url_template
 
 Errors below this line are the provider's business: it raises ``SandboxUnavailable`` when the control
-plane cannot be reached and ``SandboxError`` when it refuses; ``SandboxHosting`` turns them into
-``HostingUnavailable`` / ``HostingError``.
+plane cannot be reached, ``SandboxAccessDenied`` when it refuses the gateway's key and ``SandboxError``
+when it refuses an operation; ``SandboxHosting`` turns them into ``HostingUnavailable`` /
+``HostingAccessDenied`` / ``HostingError``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class HostingError(Exception):
@@ -33,12 +34,21 @@ class HostingUnavailable(HostingError):
     """The hosting platform could not be reached; nothing changed."""
 
 
+class HostingAccessDenied(HostingUnavailable):
+    """The hosting platform refuses the gateway's own credentials; nothing can be deployed until an
+    operator fixes them."""
+
+
 class SandboxError(Exception):
     """A sandbox operation failed (raised by ``SandboxProvider`` implementations)."""
 
 
 class SandboxUnavailable(SandboxError):
     """The control plane could not be reached."""
+
+
+class SandboxAccessDenied(SandboxError):
+    """The control plane refuses the gateway's API key (401)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,14 @@ class DeploymentState:
     status: str
     url: str | None = None
     message: str | None = None
+
+
+@runtime_checkable
+class AccessCheck(Protocol):
+    """Implemented by platforms (and sandbox providers) that can prove their credentials work: the
+    gateway asks before it quotes or takes a payment, and at start-up."""
+
+    async def check_access(self) -> None: ...
 
 
 class HostingPlatform(Protocol):

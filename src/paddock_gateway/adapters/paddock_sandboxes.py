@@ -33,7 +33,13 @@ import httpx
 
 import paddock
 from paddock_core.logging import get_logger
-from paddock_gateway.adapters.hosting import CommandResult, SandboxError, SandboxFiles, SandboxUnavailable
+from paddock_gateway.adapters.hosting import (
+    CommandResult,
+    SandboxAccessDenied,
+    SandboxError,
+    SandboxFiles,
+    SandboxUnavailable,
+)
 
 log = get_logger("paddock.gateway.sandboxes")
 T = TypeVar("T")
@@ -154,6 +160,7 @@ class PaddockSandboxProvider:
         self.client = paddock.AsyncClient(
             base_url=base_url, api_key=api_key or None, timeout=timeout_s, transport=transport
         )
+        self.base_url = base_url
         self.shape = shape
         self.rootfs = rootfs
         self.create_attempts = max(1, create_attempts)
@@ -180,6 +187,20 @@ class PaddockSandboxProvider:
             except paddock.PaddockError as exc:
                 raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
         raise AssertionError("unreachable")
+
+    async def check_access(self) -> None:
+        """The control plane knows the gateway's key (``GET /v1/whoami``); a key from another database
+        (a data directory moved from SQLite to PostgreSQL) is refused here, not after a payment."""
+        try:
+            await self.client.whoami()
+        except paddock.AuthenticationError as exc:
+            raise SandboxAccessDenied(
+                f"the control plane at {self.base_url} refuses the gateway's API key (PADDOCK_GW_API_KEY)"
+            ) from exc
+        except paddock.TransportError as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        except paddock.PaddockError as exc:
+            raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
 
     async def get(self, sandbox_id: str) -> PaddockSandbox:
         return PaddockSandbox(await _mapped(self.client.sandboxes.get(sandbox_id)))

@@ -1,0 +1,219 @@
+"""Credentials a service depends on are checked before they can cost anyone money (issue #12).
+
+The case that was found: a data directory first served on SQLite, then pointed at PostgreSQL, kept a
+bootstrap key the new database never issued; the gateway started with it and every paid deploy verified
+the payment, topped up and then failed upstream (401). Here: ``paddock serve``'s key check provisions a
+key the running control plane knows, the gateway refuses to start with a key the control plane refuses,
+and a key that stops working later makes the gateway refuse deploys before quoting or taking a payment —
+the payment made meanwhile is still good once the key works again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import update
+
+from paddock_cli import serve
+from paddock_controlplane.models import ApiKey
+from paddock_core.db import make_engine, make_sessionmaker, transaction
+from paddock_core.timeutil import utcnow
+from paddock_gateway import credits
+from paddock_gateway.adapters.paddock_sandboxes import PaddockSandboxProvider
+from paddock_gateway.models import Payment
+from tests.conftest import LiveServer
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, controlplane, cp_settings
+from tests.gateway.conftest import (
+    RECIPIENT,
+    UNREACHABLE_RPC,
+    Chain,
+    Gateway,
+    Wallet,
+    chain_overrides,
+    devchains,
+    free_port,
+    gateway_settings,
+    paying_wallet,
+    running_gateway,
+    static_site,
+    unique_name,
+)
+from tests.security.fakeagent_support import FakeAgent
+
+__all__ = ["controlplane", "cp_settings", "devchains", "paying_wallet"]
+
+pytestmark = pytest.mark.db
+
+#: A well-formed key that no database issued (what a data dir carries over to a new database).
+FOREIGN_KEY = "pdk_" + "x" * 43
+#: The API key's auth cache lives this long (``hot_cache_ttl_s``); a revocation is seen after it.
+AUTH_CACHE_S = 1.2
+
+
+def admin_env(cp: ControlPlane) -> dict[str, str]:
+    return {**os.environ, "PADDOCK_CP_DATABASE_URL": cp.settings.database_url}
+
+
+async def whoami(cp: ControlPlane, key: str) -> int:
+    resp = await cp.http.get("/v1/whoami", headers={"X-Api-Key": key})
+    return resp.status_code
+
+
+async def test_serve_replaces_a_saved_key_the_database_does_not_know(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    saved = tmp_path / "bootstrap-api-key"
+    saved.write_text(FOREIGN_KEY + "\n")
+    key = await asyncio.to_thread(serve.bootstrap_key, tmp_path, admin_env(controlplane), controlplane.url)
+    assert key != FOREIGN_KEY
+    assert await whoami(controlplane, key) == 200
+    assert saved.read_text().strip() == key and stat.S_IMODE(saved.stat().st_mode) == 0o600
+    # The next start keeps the key the database knows.
+    again = await asyncio.to_thread(serve.bootstrap_key, tmp_path, admin_env(controlplane), controlplane.url)
+    assert again == key
+
+
+async def run_gateway(cp: ControlPlane, key: str, data_dir: Path) -> tuple[asyncio.subprocess.Process, int]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env.update(
+        {
+            "PADDOCK_GW_PORT": str(port),
+            "PADDOCK_GW_DATA_DIR": str(data_dir),
+            "PADDOCK_GW_RECIPIENT": RECIPIENT,
+            "PADDOCK_GW_RPC_URL_BASE": UNREACHABLE_RPC,
+            "PADDOCK_GW_RPC_URL_ARBITRUM": UNREACHABLE_RPC,
+            "PADDOCK_GW_RPC_TIMEOUT_S": "1",
+            "PADDOCK_GW_CONTROLPLANE_URL": cp.url,
+            "PADDOCK_GW_API_KEY": key,
+        }
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "paddock_cli.main",
+        "gateway",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    return process, port
+
+
+async def test_the_gateway_refuses_to_start_with_a_key_the_control_plane_refuses(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    process, _ = await run_gateway(controlplane, FOREIGN_KEY, tmp_path / "refused")
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode != 0
+    text = output.decode(errors="replace")
+    assert "refuses the gateway's API key (PADDOCK_GW_API_KEY)" in text, text[-3000:]
+    assert FOREIGN_KEY not in text  # the key itself is never printed
+
+    _, key = await controlplane.new_user("pro")
+    process, port = await run_gateway(controlplane, key, tmp_path / "accepted")
+    try:
+        assert await healthy(process, f"http://127.0.0.1:{port}/health"), "the gateway did not start"
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def healthy(process: asyncio.subprocess.Process, url: str, timeout_s: float = 60) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with httpx.AsyncClient(timeout=2) as http:
+        while asyncio.get_running_loop().time() < deadline and process.returncode is None:
+            try:
+                if (await http.get(url)).status_code == 200:
+                    return True
+            except httpx.TransportError:
+                pass  # not listening yet
+            await asyncio.sleep(0.2)
+    return False
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[FakeAgent]:
+    fake = FakeAgent("host-a")
+    async with LiveServer(fake.app()) as server:
+        fake.url = server.url
+        yield fake
+
+
+async def set_revoked(cp: ControlPlane, user_id: str, revoked: bool) -> None:
+    engine = make_engine(cp.settings.database_url)
+    try:
+        async with transaction(make_sessionmaker(engine)) as session:
+            await session.execute(
+                update(ApiKey)
+                .where(ApiKey.user_id == user_id)
+                .values(revoked_at=utcnow() if revoked else None)
+            )
+    finally:
+        await engine.dispose()
+    await asyncio.sleep(AUTH_CACHE_S)
+
+
+@pytest.mark.chain
+async def test_a_key_that_stops_working_blocks_quotes_and_payments_and_the_payment_stays_good(
+    controlplane: ControlPlane,
+    agent: FakeAgent,
+    tmp_path: Path,
+    devchains: dict[str, Chain],
+    paying_wallet: Wallet,
+) -> None:
+    beat = await controlplane.http.post(
+        "/internal/v1/hosts/heartbeat", json=agent.beat(), headers={"Authorization": f"Bearer {HOST_TOKEN}"}
+    )
+    assert beat.status_code == 200
+    user_id, key = await controlplane.new_user("pro", credits=100_000)
+    settings = gateway_settings(
+        tmp_path, controlplane_url=controlplane.url, api_key=key, **chain_overrides(devchains)
+    )
+    provider = PaddockSandboxProvider(controlplane.url, key, shape=settings.sandbox_shape, rootfs="devbox:1")
+    async with running_gateway(settings, tmp_path, chains=devchains, provider=provider) as gw:
+        body = static_site(unique_name("cred"), "<h1>hi</h1>", port=3000)
+        quote = await gw.deploy(paying_wallet, body)
+        assert quote.status_code == 402, quote.text
+
+        await set_revoked(controlplane, user_id, True)
+        refused_quote = await gw.deploy(paying_wallet, body)
+        assert refused_quote.status_code == 502, refused_quote.text
+        assert refused_quote.json()["code"] == "upstream_unavailable"
+        tx_hash = await paying_wallet.transfer(devchains["base"], "usdc", int(quote.json()["amount_token"]))
+        refused = await gw.deploy(paying_wallet, body, **{"X-Payment-Tx": tx_hash})
+        assert refused.status_code == 502, refused.text
+        assert refused.json()["code"] == "upstream_unavailable"
+        assert await payment_of(gw, tx_hash) is None  # not verified, not recorded, not credited
+        assert await balance(gw, paying_wallet) == 0
+        assert agent.created() == []
+
+        await set_revoked(controlplane, user_id, False)
+        paid = await gw.deploy(paying_wallet, body, **{"X-Payment-Tx": tx_hash})
+        assert paid.status_code == 200, paid.text
+        assert paid.json()["status"] == "deploying"
+        payment = await payment_of(gw, tx_hash)
+        assert payment is not None and payment.state == "deployed"
+        assert len(agent.created()) == 1
+
+
+async def payment_of(gw: Gateway, tx_hash: str) -> Payment | None:
+    async with gw.services.sessions() as session:
+        return await session.get(Payment, tx_hash.lower())
+
+
+async def balance(gw: Gateway, wallet: Wallet) -> int:
+    async with gw.services.sessions() as session:
+        return await credits.balance_micro(session, wallet.address.lower())
