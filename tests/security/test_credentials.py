@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
+import signal
 import stat
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,7 +32,7 @@ from paddock_core.timeutil import utcnow
 from paddock_gateway import credits
 from paddock_gateway.adapters.paddock_sandboxes import PaddockSandboxProvider
 from paddock_gateway.models import Payment
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, fresh_database
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, controlplane, cp_settings
 from tests.gateway.conftest import (
     RECIPIENT,
@@ -40,14 +44,16 @@ from tests.gateway.conftest import (
     devchains,
     free_port,
     gateway_settings,
+    new_wallet,
     paying_wallet,
     running_gateway,
     static_site,
     unique_name,
 )
+from tests.hostagent.conftest import debian_image, image_cache, private_subnet
 from tests.security.fakeagent_support import FakeAgent
 
-__all__ = ["controlplane", "cp_settings", "devchains", "paying_wallet"]
+__all__ = ["controlplane", "cp_settings", "debian_image", "devchains", "paying_wallet"]
 
 pytestmark = pytest.mark.db
 
@@ -217,3 +223,90 @@ async def payment_of(gw: Gateway, tx_hash: str) -> Payment | None:
 async def balance(gw: Gateway, wallet: Wallet) -> int:
     async with gw.services.sessions() as session:
         return await credits.balance_micro(session, wallet.address.lower())
+
+
+def start_serve(env: dict[str, str], out_path: Path) -> subprocess.Popen[bytes]:
+    with open(out_path, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "paddock_cli.main", "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    deadline = time.monotonic() + 300
+    while "Stop with Ctrl-C." not in out_path.read_text(errors="replace"):
+        assert process.poll() is None, out_path.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, "serve did not start"
+        time.sleep(0.5)
+    return process
+
+
+def stop_serve(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.root
+@pytest.mark.slow
+async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_database_knows(
+    debian_image: Path, tmp_path: Path
+) -> None:
+    ports = {name: free_port() for name in ("CP", "HOST", "GW", "CP_INGRESS")}
+    nft_table = f"pdkcred{secrets.token_hex(3)}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
+    env.update({f"PADDOCK_{name}_PORT": str(port) for name, port in ports.items()})
+    env.update(
+        {
+            "PADDOCK_DATA_DIR": str(tmp_path / "data"),
+            "PADDOCK_HOST_SUBNET": private_subnet(),
+            "PADDOCK_HOST_NFT_TABLE": nft_table,
+            "PADDOCK_HOST_IMAGE_DIR": str(image_cache()),
+            "PADDOCK_HOST_POOL_SIZE": "0",
+        }
+    )
+    cp_url, gw_url = f"http://127.0.0.1:{ports['CP']}", f"http://127.0.0.1:{ports['GW']}"
+    key_file = tmp_path / "data" / "bootstrap-api-key"
+    try:
+        first = await asyncio.to_thread(start_serve, env, tmp_path / "sqlite.out")
+        try:
+            sqlite_key = key_file.read_text().strip()
+            async with httpx.AsyncClient(timeout=30) as http:
+                resp = await http.get(f"{cp_url}/v1/whoami", headers={"X-Api-Key": sqlite_key})
+                assert resp.status_code == 200
+        finally:
+            await asyncio.to_thread(stop_serve, first)
+        for name in ("controlplane.db", "gateway.db"):
+            assert stat.S_IMODE((tmp_path / "data" / name).stat().st_mode) == 0o600, name
+        assert stat.S_IMODE((tmp_path / "data").stat().st_mode) == 0o700
+
+        async with (
+            fresh_database("postgresql", tmp_path) as cp_db,
+            fresh_database("postgresql", tmp_path) as gw_db,
+        ):
+            switched = {**env, "PADDOCK_CP_DATABASE_URL": cp_db, "PADDOCK_GW_DATABASE_URL": gw_db}
+            second = await asyncio.to_thread(start_serve, switched, tmp_path / "pg.out")
+            try:
+                pg_key = key_file.read_text().strip()
+                assert pg_key != sqlite_key
+                assert "saved bootstrap key is unknown" in (tmp_path / "pg.out").read_text()
+                async with httpx.AsyncClient(timeout=30) as http:
+                    resp = await http.get(f"{cp_url}/v1/whoami", headers={"X-Api-Key": pg_key})
+                    assert resp.status_code == 200
+                    # The gateway runs (it would have refused to start on a key the control plane
+                    # refuses), and a deploy gets its quote rather than a 502 before payment.
+                    wallet = new_wallet()
+                    deploy = await http.post(
+                        f"{gw_url}/agent/deploy",
+                        json=static_site(unique_name("switch"), "<h1>hi</h1>", port=3000),
+                        headers=wallet.auth(int(time.time() * 1000)),
+                    )
+                    assert deploy.status_code == 402, deploy.text
+            finally:
+                await asyncio.to_thread(stop_serve, second)
+    finally:
+        subprocess.run(["nft", "delete", "table", "ip", nft_table], check=False, capture_output=True)
+        subprocess.run(
+            ["nft", "delete", "table", "ip", f"{nft_table}_egress"], check=False, capture_output=True
+        )
