@@ -32,6 +32,11 @@ SWEEP_S = 1.0
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 #: After the response, how long the request body may still take before the connection is closed.
 BODY_GRACE_S = 1.0
+#: After refusing a malformed request: how long, and how much, of what the client still sends is read
+#: and dropped before the close, so the close does not reset the connection under the unread answer.
+LINGER_S = 1.0
+LINGER_BYTES = 1 << 20
+READ_DROP_BYTES = 64 * 1024
 FORWARDED_HEADERS = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
 
 
@@ -224,6 +229,17 @@ class _Connection:
             )
             await self.writer.drain()
 
+    async def linger(self) -> None:
+        """Ends our side, then drops what the client still sends for a moment (a lingering close)."""
+        if self.writer.can_write_eof():
+            with contextlib.suppress(OSError):
+                self.writer.write_eof()
+        budget = LINGER_BYTES
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LINGER_S):
+                while budget > 0 and (data := await self.reader.read(READ_DROP_BYTES)):
+                    budget -= len(data)
+
     async def run(self) -> None:
         while True:
             self.responded = False
@@ -232,7 +248,8 @@ class _Connection:
                     self.requests.read_request(), self.settings.ingress_idle_timeout_s
                 )
             except http1.ProtocolError as exc:
-                return await self.fail(exc.status, exc.code, str(exc))
+                await self.fail(exc.status, exc.code, str(exc))
+                return await self.linger()
             if request is None:
                 return
             self.accept = request.get("accept")
@@ -352,6 +369,7 @@ class _Connection:
         except RequestRejectedError as exc:
             self.drop_upstream()  # the app has a truncated request: this connection is spent
             await self.fail(exc.error.status, exc.error.code, str(exc.error))
+            await self.linger()
             return False
         except http1.ProtocolError as exc:
             self.drop_upstream()
