@@ -65,6 +65,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("POST", "/v1/sandboxes"): Operation(statuses=STARTS_COMPUTE),
     ("GET", "/v1/sandboxes"): Operation(query=(STATUS_FILTER,)),
+    ("GET", "/v1/sandboxes/by-ip/{ip}"): Operation(statuses=(400,)),  # not an IP address
     ("GET", SANDBOX): Operation(query=WAIT),
     ("PATCH", SANDBOX): Operation(statuses=ON_A_SANDBOX, body=PatchSandboxRequest),
     ("DELETE", SANDBOX): Operation(statuses=ON_A_SANDBOX),

@@ -1,0 +1,229 @@
+"""schemathesis (v4, the CLI a user would run) against both services' served OpenAPI documents.
+
+Each run fails the build on any 5xx, a status or content type the document does not list, a body or
+header that violates the documented schema, or a wrong method answered without 405 + ``Allow``. The
+requests carry real ids (a sandbox on a real host agent, a network, a webhook endpoint; a project and
+deployment on the gateway) through ``schemathesis_hooks.py``, which also signs gateway requests.
+Bounded: a fixed number of examples per operation and a time budget per run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+from eth_account import Account
+from fastapi import FastAPI
+
+from paddock_controlplane.app import create_app as create_controlplane
+from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_gateway.app import create_app as create_gateway
+from tests.gateway.conftest import (
+    Chain,
+    chain_overrides,
+    devchains,
+    gateway_settings,
+    new_wallet,
+    running_gateway,
+    static_site,
+    unique_name,
+)
+from tests.hostagent.conftest import debian_image, guest_binary_dir
+from tests.live import LivePlatform
+from tests.sdk.conftest import live
+
+__all__ = ["debian_image", "devchains", "guest_binary_dir", "live"]
+
+CHECKS = ",".join(
+    (
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_headers_conformance",
+        "response_schema_conformance",
+        "unsupported_method",
+    )
+)
+SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def apps(tmp_path: Path) -> dict[str, FastAPI]:
+    """Both services' apps as served (no lifespan: routing, error rendering and the document only)."""
+    return {
+        "controlplane": create_controlplane(ControlPlaneSettings(host_token="t" * 32, secret_key="s" * 32)),
+        "gateway": create_gateway(gateway_settings(tmp_path)),
+    }
+
+
+def client(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+
+
+async def test_documents_list_the_statuses_sent_each_in_its_envelope(tmp_path: Path) -> None:
+    served = {}
+    for service, app in apps(tmp_path).items():
+        async with client(app) as http:
+            served[service] = document = (await http.get("/openapi.json")).json()
+        for path, item in document["paths"].items():
+            for method, operation in item.items():
+                where = f"{service} {method.upper()} {path}"
+                statuses = set(operation["responses"])
+                assert "422" not in statuses, where  # validation answers 400
+                assert "500" in statuses, where
+                if "{" in path:
+                    assert "404" in statuses, where
+                for status, response in operation["responses"].items():
+                    if int(status) >= 400 and (service, path, status) != ("controlplane", "/readyz", "503"):
+                        body = response["content"]["application/json"]["schema"]
+                        if service == "controlplane":  # JSend; the gateway's routes name their own bodies
+                            assert body["$ref"].endswith("/Error" if int(status) >= 500 else "/Fail"), where
+    cp = served["controlplane"]
+    exec_op = cp["paths"]["/v1/sandboxes/{sandbox_id}/exec"]["post"]
+    assert (
+        exec_op["security"] == [{"ApiKey": []}]
+        and "application/x-ndjson" in exec_op["responses"]["200"]["content"]
+    )
+    body_ref = exec_op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert cp["components"]["schemas"][body_ref.rsplit("/", 1)[1]]["required"] == ["cmd"]
+    assert "security" not in cp["paths"]["/v1/shapes"]["get"]
+
+
+async def test_a_wrong_method_gets_405_with_allow(tmp_path: Path) -> None:
+    services = apps(tmp_path)
+    async with client(services["controlplane"]) as http:
+        cp = await http.put("/v1/shapes")
+    assert cp.status_code == 405 and cp.headers["allow"] == "GET"
+    assert cp.json()["data"]["code"] == "METHOD_NOT_ALLOWED"
+    async with client(services["gateway"]) as http:
+        gw = await http.put("/agent/chains")
+    assert gw.status_code == 405 and gw.headers["allow"] == "GET"
+    assert gw.json()["code"] == "method_not_allowed"
+
+
+def schemathesis_command(
+    url: str, *, max_examples: int, max_time_s: int, headers: dict[str, str]
+) -> list[str]:
+    argv = [
+        str(SCHEMATHESIS),
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        CHECKS,
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--max-examples",
+        str(max_examples),
+        "--max-time",
+        str(max_time_s),
+        "--workers",
+        "1",
+        "--seed",
+        "12",
+        "--request-timeout",
+        "60",
+        "--suppress-health-check",
+        "all",
+        "--no-color",
+    ]
+    for name, value in headers.items():
+        argv += ["-H", f"{name}: {value}"]
+    return argv
+
+
+def hook_env(ids: dict[str, str], wallet_key: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env.update(
+        {
+            "SCHEMATHESIS_HOOKS": "tests.security.schemathesis_hooks",
+            "PYTHONPATH": str(REPO),
+            "PDK_ST_IDS": json.dumps(ids),
+        }
+    )
+    if wallet_key:
+        env["PDK_ST_WALLET_KEY"] = wallet_key
+    return env
+
+
+def assert_clean(ran: subprocess.CompletedProcess[str], elapsed_s: float) -> None:
+    report = ran.stdout + ran.stderr
+    print(f"schemathesis took {elapsed_s:.0f} s\n{report[-6000:]}")
+    assert ran.returncode == 0, report[-20000:]
+
+
+@pytest.mark.slow
+def test_controlplane_conforms_to_its_openapi(live: LivePlatform, tmp_path: Path) -> None:
+    key = live.api_key(plan="pro", credits=10_000)
+    with live.http(key) as http:
+
+        def data(response: httpx.Response) -> dict[str, str]:
+            assert response.status_code == 200, response.text
+            return dict(response.json()["data"])
+
+        small = {"shape": "s-1vcpu-256mb", "disk_mib": 2048}
+        sandbox = data(http.post("/v1/sandboxes", json={**small, "name": "st-main"}))
+        victim = data(http.post("/v1/sandboxes", json={**small, "name": "st-victim"}))
+        network = data(http.post("/v1/networks", json={"name": "st-net"}))
+        data(http.post(f"/v1/sandboxes/{sandbox['id']}/networks", json={"id": network["id"]}))
+        endpoint = data(http.post("/v1/webhook-endpoints", json={"url": "https://hooks.example.com/st"}))
+    ids = {
+        "sandbox_id": sandbox["id"],
+        "victim_sandbox_id": victim["id"],
+        "network_id": network["id"],
+        "endpoint_id": endpoint["id"],
+        "ip": sandbox["ip"],
+    }
+    started = time.monotonic()
+    ran = subprocess.run(
+        schemathesis_command(live.url, max_examples=20, max_time_s=180, headers={"X-Api-Key": key}),
+        env=hook_env(ids),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert_clean(ran, time.monotonic() - started)
+
+
+@pytest.mark.slow
+async def test_gateway_conforms_to_its_openapi(tmp_path: Path, devchains: dict[str, Chain]) -> None:
+    wallet = new_wallet()
+    # Real anvil chains, so a balance read is not a 502; and the contract's 30 requests a minute would
+    # turn most of the run into (documented) 429s.
+    settings = gateway_settings(tmp_path, rate_limit_requests=1_000_000, **chain_overrides(devchains))
+    async with running_gateway(settings, tmp_path, chains=devchains) as gateway:
+        await gateway.grant_credits(wallet, Decimal("50"))
+        deployed = await gateway.deploy(
+            wallet,
+            static_site(unique_name("st"), "<h1>hi</h1>", port=8000),
+            **{"X-Use-Existing-Credits": "true"},
+        )
+        assert deployed.status_code == 200, deployed.text
+        body = deployed.json()
+        ids = {
+            "projectId": body["projectId"],
+            "deploymentId": body["deploymentId"],
+            "address": wallet.address,
+        }
+        key = "0x" + bytes(wallet.account.key).hex()
+        assert Account.from_key(key).address == wallet.address
+        argv = schemathesis_command(gateway.url, max_examples=20, max_time_s=90, headers={})
+        started = time.monotonic()
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            env=hook_env(ids, key),
+            cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), timeout=600)
+    ran = subprocess.CompletedProcess(argv, process.returncode or 0, out.decode(), err.decode())
+    assert_clean(ran, time.monotonic() - started)
