@@ -201,31 +201,20 @@ def nft_table(ruleset: str) -> Iterator[str]:
 @contextlib.contextmanager
 def link_local_beyond_the_host(internet: FakeInternet) -> Iterator[tuple[str, socket.socket]]:
     """169.254.77.7 in the fake internet's namespace, routed from the host as a cloud's metadata
-    service would be, with a listener on it."""
+    service would be, with a UDP listener on port 9 of it."""
     target = "169.254.77.7"
     netns = Path(f"/run/netns/{internet.netns}")
     inside_gateway = str(internet.subnet.network_address + 2)
     subprocess.run(["ip", "-n", internet.netns, "addr", "add", f"{target}/32", "dev", "eth0"], check=True)
     subprocess.run(["ip", "route", "add", f"{target}/32", "via", inside_gateway], check=True)
-    server = socket_in(netns, socket.AF_INET, socket.SOCK_STREAM)
+    inbox = socket_in(netns, socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        server.bind((target, 80))
-        server.listen(8)
-        server.setblocking(False)
-        yield target, server
+        inbox.bind((target, 9))
+        yield target, inbox
     finally:
-        server.close()
+        inbox.close()
         subprocess.run(["ip", "route", "delete", f"{target}/32"], capture_output=True)
         subprocess.run(["ip", "-n", internet.netns, "addr", "delete", f"{target}/32", "dev", "eth0"])
-
-
-def accepted_any(server: socket.socket) -> bool:
-    try:
-        conn, _ = server.accept()
-    except BlockingIOError:
-        return False
-    conn.close()
-    return True
 
 
 async def test_link_local_and_host_dnat_beyond_the_host_are_refused(
@@ -241,13 +230,13 @@ add table {{t}}
 add chain {{t}} pre {{{{ type nat hook prerouting priority dstnat - 5; policy accept; }}}}
 add rule {{t}} pre ip daddr {internet.gateway} tcp dport {published} dnat to {raw_a}:80
 """
-    with link_local_beyond_the_host(internet) as (target, server), nft_table(dnat):
+    with link_local_beyond_the_host(internet) as (target, inbox), nft_table(dnat):
         for box in boxes:
-            code, body = await probes.dial(box, f"http://{target}/")
-            assert code == CURL_REFUSED, f"{box.label} sandbox reached {target}: curl {code} {body!r}"
+            sent = await probes.sh(box, f"for i in 1 2 3; do echo {box.label} > /dev/udp/{target}/9; done")
+            assert sent["exit_code"] == 0, sent
+            assert received(inbox, 1) == [], f"datagrams of the {box.label} sandbox reached {target}"
             code, body = await probes.dial(box, f"http://{internet.gateway}:{published}/")
             assert code == CURL_REFUSED, f"{box.label} sandbox through the host's DNAT: curl {code} {body!r}"
-        assert not accepted_any(server)
         # The same service stays reachable where the rules allow it (raw-a is on the allowlist).
         for box in boxes:
             assert await probes.dial(box, f"http://{raw_a}/") == (0, "raw-a:80"), box.label
@@ -316,6 +305,15 @@ async def test_ipv6_from_a_sandbox_to_the_host_is_dropped_even_if_the_sandbox_ha
         assert code != 0, f"{box.label} sandbox with IPv6 back reached the host"
     assert_listeners_idle(listeners)
     assert_host_reaches(listeners["any6"], "::1")
+
+
+def accepted_any(server: socket.socket) -> bool:
+    try:
+        conn, _ = server.accept()
+    except BlockingIOError:
+        return False
+    conn.close()
+    return True
 
 
 def ipv6_discards(ifname: str) -> int:
