@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import signal
 import socket
 import subprocess
 import time
@@ -424,3 +425,40 @@ async def test_ping_works_without_raw_sockets(probes: Probes, internet: FakeInte
     # And a ping to the host itself is refused like everything else there.
     result = await probes.sh(box, f"ping -c 1 -W 2 {probes.gateway}")
     assert result["exit_code"] != 0
+
+
+# -- restarts -----------------------------------------------------------------------------------
+
+
+async def test_sandboxes_stay_guarded_across_an_agent_crash_and_restart(
+    debian_image: Path, guest_binary_dir: Path, internet: FakeInternet, listeners: dict[str, HostListener]
+) -> None:
+    """A restarted agent rewrites its table; the guard of the sandboxes it adopts is rebuilt in the same
+    batch from the addresses it persisted."""
+    agent = AgentProcess(
+        state_dir=Path(f"/tmp/pdkt-{secrets.token_hex(3)}"),
+        guest_dir=guest_binary_dir,
+        pool_size=0,
+        extra_env={"PADDOCK_HOST_DNS_UPSTREAM": internet.dns_upstream},
+    )
+    agent.start()
+    try:
+        async with agent.client() as client:
+            probes = Probes(client, agent, Sandboxes(client, agent), internet)
+            boxes = await probes.pair()
+        agent.stop(signal.SIGKILL)
+        agent.start()
+        async with agent.client() as client:
+            probes.host = client
+            for box in boxes:
+                code, body = await probes.dial(box, f"http://{probes.gateway}:{listeners['any4'].port}/")
+                assert code == CURL_REFUSED, f"{box.label} sandbox after the restart: curl {code} {body!r}"
+                lookup = await probes.sh(box, "getent hosts api.example.test")
+                assert lookup["exit_code"] == 0, (box.label, lookup)
+                addresses = await probes.sh(box, "ip -6 -o addr show")
+                assert [line.split()[1] for line in addresses["stdout"].splitlines()] == ["lo"]
+                ping = await probes.sh(box, f"ping -c 1 -W 3 {internet.address('raw-a')}")
+                assert ping["exit_code"] == 0, (box.label, ping)
+            assert_listeners_idle(listeners)
+    finally:
+        teardown_agent(agent)
