@@ -242,6 +242,10 @@ flush set ip {self.nft_table} sources
                 if net.netns_path.exists():
                     netns_sysctl(net.netns_path, {**SANDBOX_SYSCTLS, "ipv6/conf/eth0/disable_ipv6": "1"})
 
+    def teardown_host(self) -> None:
+        run_sync(["nft", "delete", "table", "ip", self.nft_table], check=False)
+        run_sync(["nft", "delete", "table", "ip", f"{self.nft_table}_egress"], check=False)  # egress.py
+
     def _elements(self, verb: str, pairs: list[tuple[str, str]]) -> str:
         """``add``/``delete`` element lines for (slot, address) pairs of the guard sets."""
         t = f"ip {self.nft_table}"
