@@ -166,7 +166,9 @@ class _Reader:
         self.in_message = False
         self.awaiting_head = True
         self.broken = False
-        self._head_bytes = 0
+        self._head_bytes = 0  # of the current head (and trailers), as the parser reported its parts
+        #: Bytes read while a head is unfinished (llhttp reports a header only once it has ended).
+        self._unfinished_head_bytes = 0
         self._target = b""
         self._headers: list[tuple[str, str]] = []
         self._trailers: list[tuple[str, str]] | None = None  # a list once the head is complete
@@ -184,6 +186,7 @@ class _Reader:
 
     def on_message_begin(self) -> None:
         self.in_message = True
+        self._head_bytes = 0
         self._chunk_head_bytes = None
         self._target = b""
         self._headers = []
@@ -209,6 +212,7 @@ class _Reader:
     def on_headers_complete(self) -> None:
         self.events.append((_HEAD, self._message()))
         self.awaiting_head = False
+        self._unfinished_head_bytes = 0
         self._trailers = []
 
     def on_body(self, body: bytes) -> None:
@@ -224,7 +228,7 @@ class _Reader:
     def on_message_complete(self) -> None:
         self.in_message = False
         self.awaiting_head = True
-        self._head_bytes = 0
+        self._unfinished_head_bytes = 0
         self._chunk_head_bytes = None
         self.events.append((_END, self._trailers or []))
 
@@ -239,7 +243,7 @@ class _Reader:
 
     def feed(self, data: bytes) -> None:
         if self.awaiting_head:
-            self._head_bytes += len(data)
+            self._unfinished_head_bytes += len(data)
         elif self._chunk_head_bytes is not None:
             self._chunk_head_bytes += len(data)
         try:
@@ -252,7 +256,7 @@ class _Reader:
         except httptools.HttpParserError as exc:
             self._fail(ProtocolError(f"malformed HTTP: {exc}"))
         else:
-            unfinished = self._head_bytes if self.awaiting_head else self._chunk_head_bytes or 0
+            unfinished = self._unfinished_head_bytes if self.awaiting_head else self._chunk_head_bytes or 0
             if unfinished > MAX_HEAD_BYTES:  # a head or trailer section still unfinished
                 self._fail(
                     ProtocolError(
@@ -382,7 +386,8 @@ class ResponseReader(_Reader):
         self.events.clear()
         self.in_message = self.broken = self.received = False
         self.awaiting_head = True
-        self._head_bytes = 0
+        self._head_bytes = self._unfinished_head_bytes = 0
+        self._chunk_head_bytes = None
         self._method = method
         self._final = None
         self._pending = b""
