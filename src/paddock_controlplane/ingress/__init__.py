@@ -1,7 +1,7 @@
 """HTTP ingress: ``<port>-<sandbox id>.<ingress domain>`` reaches that port of the sandbox.
 
-``routing`` maps host names to sandboxes (cached, waking paused ones), ``http1`` frames HTTP/1.1
-messages, ``proxy`` serves the listeners, ``pages`` renders the proxy's own error answers.
+``routing`` maps host names to sandboxes (cached, waking paused ones), ``http1`` parses HTTP/1.1
+with llhttp and re-frames bodies, ``proxy`` serves the listeners, ``pages`` renders the proxy's own error answers.
 """
 
 from __future__ import annotations

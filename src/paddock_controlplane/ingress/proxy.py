@@ -2,8 +2,9 @@
 
 One client connection is served by one loop: read a request head, route it by ``Host``
 (``routing.Router``), dial ``<sandbox ip>:<port>`` (kept open for the next request on the same client
-connection while it goes to the same place), write the head, copy the body while the response is read,
-copy the response back. Bodies are streamed, never buffered whole. A ``101 Switching Protocols``
+connection while it goes to the same place), write the head, send the body while the response is read,
+send the response back. Every message is parsed by llhttp (``http1``) and re-framed on the way out;
+bodies are streamed, never buffered whole. A ``101 Switching Protocols``
 answer (WebSocket) turns the connection into a byte splice in both directions.
 
 A sweep every ``SWEEP_S`` cuts open connections to sandboxes that were destroyed or whose ingress was
