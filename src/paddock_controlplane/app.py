@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy import event
@@ -74,11 +75,11 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         )
         app.state.services = services
 
-        async def on_heartbeat(beat: dict[str, object]) -> None:
+        async def on_heartbeat(beat: dict[str, Any]) -> None:
             hostlink.forget_if_moved(services, str(beat["id"]), str(beat["url"]))
             await upkeep.apply_host_report(services, beat)
 
-        services.extras["on_heartbeat"] = on_heartbeat
+        services.on_heartbeat = on_heartbeat
         loop = reconciler.Reconciler(services, [reconciler.host_liveness_pass, *upkeep.PASSES])
         await loop.run_once()
         loop.start()

@@ -69,15 +69,14 @@ def merged_env(services: Services, sandbox: Sandbox, overrides: dict[str, str] |
 
 def touch(services: Services, sandbox_id: str) -> None:
     """Record activity for idle auto-pause (read by the reconciler)."""
-    activity: dict[str, float] = services.extras.setdefault("activity", {})  # type: ignore[assignment]
-    activity[sandbox_id] = services.clock().timestamp()
+    services.activity.last_seen_s[sandbox_id] = services.clock().timestamp()
 
 
 class Inflight:
     """Counts commands and transfers in flight per sandbox; a running command is activity."""
 
     def __init__(self, services: Services, sandbox_id: str) -> None:
-        self.counts: dict[str, int] = services.extras.setdefault("inflight", {})  # type: ignore[assignment]
+        self.counts = services.activity.inflight
         self.services = services
         self.sandbox_id = sandbox_id
 

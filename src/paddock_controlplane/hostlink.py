@@ -177,7 +177,7 @@ class HostLink:
 async def for_host(services: Services, host_id: str | None) -> HostLink:
     if host_id is None:
         raise HostError("sandbox has no host")
-    links: dict[str, HostLink] = services.extras.setdefault("hostlinks", {})  # type: ignore[assignment]
+    links = services.hostlinks
     link = links.get(host_id)
     if link is None:
         async with services.sessions() as session:
@@ -193,13 +193,13 @@ async def for_host(services: Services, host_id: str | None) -> HostLink:
 
 def forget_if_moved(services: Services, host_id: str, url: str) -> None:
     """A host that re-registers at another address gets a fresh client."""
-    links: dict[str, HostLink] = services.extras.setdefault("hostlinks", {})  # type: ignore[assignment]
+    links = services.hostlinks
     link = links.get(host_id)
     if link is not None and link.url != url:
         links.pop(host_id, None)
 
 
 async def close_all(services: Services) -> None:
-    links: dict[str, HostLink] = services.extras.pop("hostlinks", {})  # type: ignore[assignment]
+    links, services.hostlinks = services.hostlinks, {}
     for link in links.values():
         await link.client.aclose()

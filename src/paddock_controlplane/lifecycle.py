@@ -377,14 +377,14 @@ async def boot(
     started = time.perf_counter()
     try:
         async with asyncio.timeout(services.settings.boot_timeout_s):
+            memberships = await networks.boot_memberships(services, sandbox.id)
             if fork_of is None:
                 try:
-                    booted = await link.create(sandbox, start_paused=start_paused)
+                    booted = await link.create(sandbox, start_paused=start_paused, networks=memberships)
                 except hostlink.CapacityError as exc:
                     raise HostFullError(str(sandbox.host_id), str(exc)) from None
             else:
-                booted = await link.fork(fork_of, sandbox, start_paused=start_paused)
-            await networks.program_at_boot(services, link, sandbox.id)
+                booted = await link.fork(fork_of, sandbox, start_paused=start_paused, networks=memberships)
     except (hostlink.HostError, TimeoutError) as exc:
         reason = "boot deadline exceeded" if isinstance(exc, TimeoutError) else str(exc)
         if isinstance(exc, hostlink.CapacityError):
@@ -395,8 +395,7 @@ async def boot(
             if row is not None:
                 row.status, row.status_reason = "failed", reason[:300]
             await networks.drop_memberships(session, sandbox.id)
-        with_cleanup = asyncio.create_task(_forget_on_host(services, sandbox))
-        services.extras.setdefault("tasks", set()).add(with_cleanup)  # type: ignore[union-attr]
+        services.tasks.spawn(_forget_on_host(services, sandbox), name=f"forget {sandbox.id}")
         raise errors.ServerError(f"sandbox failed to boot: {reason}") from None
     spawn_ms = round((time.perf_counter() - started) * 1000, 3)
     async with transaction(services.sessions) as session:
@@ -495,10 +494,7 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
         await webhooks.emit(
             session, user_id=user_id, action="sandbox.fork", data=event_data(child, source_id=source.id)
         )
-    task = asyncio.create_task(_boot_fork(services, source, child, start_paused))
-    tasks: set[asyncio.Task[Any]] = services.extras.setdefault("tasks", set())  # type: ignore[assignment]
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+    services.tasks.spawn(_boot_fork(services, source, child, start_paused), name=f"boot fork {child.id}")
     return child
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -21,13 +18,6 @@ log = get_logger("paddock.power")
 DESTROY_INLINE = ("paused", "error")
 DESTROY_NOOP = ("destroyed", "failed")
 CANCELLABLE = ("creating", "pausing", "resuming", "forking")
-
-
-def spawn_task(services: Services, coro: Any) -> None:
-    task = asyncio.create_task(coro)
-    tasks: set[asyncio.Task[Any]] = services.extras.setdefault("tasks", set())  # type: ignore[assignment]
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
 
 
 async def destroy(
@@ -59,7 +49,7 @@ def spawn_reclaim(
     services: Services, sandbox_id: str, *, reason: str = "api", label: str | None = None
 ) -> None:
     """Reclaim in the background, at most once at a time per sandbox in this process."""
-    inflight: set[str] = services.extras.setdefault("reclaiming", set())  # type: ignore[assignment]
+    inflight = services.reclaiming
     if sandbox_id in inflight:
         return
     inflight.add(sandbox_id)
@@ -70,7 +60,7 @@ def spawn_reclaim(
         finally:
             inflight.discard(sandbox_id)
 
-    spawn_task(services, run())
+    services.tasks.spawn(run(), name=f"reclaim {sandbox_id}")
 
 
 async def reclaim(

@@ -26,7 +26,9 @@ Pass = Callable[[AsyncSession, Services], Awaitable[None]]
 async def host_liveness_pass(session: AsyncSession, services: Services) -> None:
     # Hosts could not heartbeat while this process was down: give them one full period after start
     # before judging, or a control-plane restart would kill every host (and error every sandbox).
-    since: float = services.extras.setdefault("liveness_since", time.monotonic())  # type: ignore[assignment]
+    if services.liveness_since is None:
+        services.liveness_since = time.monotonic()
+    since = services.liveness_since
     if time.monotonic() - since < services.settings.host_dead_after_s:
         return
     died = await hosts.mark_silent_hosts_dead(session, services.clock(), services.settings.host_dead_after_s)

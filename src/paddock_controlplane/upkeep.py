@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ from paddock_controlplane import billing, hostlink, power
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
 from paddock_core import errors
+from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import as_utc
 
@@ -39,9 +39,7 @@ async def dead_host_pass(session: AsyncSession, services: Services) -> None:
 async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
     """Fold a heartbeat's per-sandbox report into the rows: OOM kills, activity, vanished sandboxes."""
     reports = {str(r.get("id")): r for r in beat.get("sandboxes", []) if r.get("id")}
-    activity: dict[str, float] = services.extras.setdefault("activity", {})  # type: ignore[assignment]
-    from paddock_core.db import transaction
-
+    activity = services.activity.last_seen_s
     async with transaction(services.sessions) as session:
         rows = (
             await session.scalars(
@@ -91,7 +89,7 @@ def _fold_usage(services: Services, sandbox: Sandbox, report: dict[str, Any]) ->
     rules, quota = list(sandbox.egress or []), int(sandbox.bandwidth_quota_bytes)
     if report.get("egress") == rules and report.get("quota_bytes") == quota:
         return
-    pushing: set[str] = services.extras.setdefault("egress_pushing", set())  # type: ignore[assignment]
+    pushing = services.egress_pushing
     if sandbox.id in pushing:
         return
     pushing.add(sandbox.id)
@@ -108,14 +106,13 @@ def _fold_usage(services: Services, sandbox: Sandbox, report: dict[str, Any]) ->
         finally:
             pushing.discard(sandbox_id)
 
-    power.spawn_task(services, push())
+    services.tasks.spawn(push(), name=f"egress resync {sandbox_id}")
 
 
 async def billing_pass(session: AsyncSession, services: Services) -> None:
-    last: float = services.extras.get("billing_last", 0.0)  # type: ignore[assignment]
-    if time.monotonic() - last < services.settings.billing_interval_s:
+    if time.monotonic() - services.billing_last < services.settings.billing_interval_s:
         return
-    services.extras["billing_last"] = time.monotonic()
+    services.billing_last = time.monotonic()
     exhausted = await billing.billing_pass(session, services.clock())
     if exhausted:
         running = (
@@ -129,8 +126,8 @@ async def billing_pass(session: AsyncSession, services: Services) -> None:
 
 async def idle_pass(session: AsyncSession, services: Services) -> None:
     now = services.clock()
-    activity: dict[str, float] = services.extras.setdefault("activity", {})  # type: ignore[assignment]
-    inflight: dict[str, int] = services.extras.setdefault("inflight", {})  # type: ignore[assignment]
+    activity = services.activity.last_seen_s
+    inflight = services.activity.inflight
     rows = (
         await session.scalars(
             select(Sandbox).where(Sandbox.status == "running", Sandbox.auto_pause_after_seconds.is_not(None))
@@ -181,11 +178,11 @@ def _destroy_later(services: Services, sandbox: Sandbox, label: str | None) -> N
         except Exception as exc:
             log.warning("self_destroy_failed", sandbox_id=sandbox.id, error=str(exc))
 
-    power.spawn_task(services, run())
+    services.tasks.spawn(run(), name=f"self destroy {sandbox.id}")
 
 
 def _pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: str | None = None) -> None:
-    pausing: set[str] = services.extras.setdefault("auto_pausing", set())  # type: ignore[assignment]
+    pausing = services.auto_pausing
     if sandbox.id in pausing:
         return
     pausing.add(sandbox.id)
@@ -201,10 +198,7 @@ def _pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: st
         finally:
             pausing.discard(sandbox.id)
 
-    task = asyncio.create_task(run())
-    tasks: set[asyncio.Task[Any]] = services.extras.setdefault("tasks", set())  # type: ignore[assignment]
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+    services.tasks.spawn(run(), name=f"{reason} pause {sandbox.id}")
 
 
 PASSES = [dead_host_pass, billing_pass, idle_pass, power.settle_stuck]

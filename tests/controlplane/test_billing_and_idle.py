@@ -49,8 +49,8 @@ class Clocked:
         """One reconciler pass now (the background loop also runs them; the outcome is the same), and
         what it set off (an auto-pause runs as a task) carried out before this returns: what a test reads
         next is the pass's whole outcome, with no sleep to guess how long that takes."""
-        self.services.extras["billing_last"] = 0.0
-        tasks: set[asyncio.Task[Any]] = self.services.extras.setdefault("tasks", set())  # type: ignore[assignment]
+        self.services.billing_last = 0.0
+        tasks = self.services.tasks.running
         before = set(tasks)
         async with transaction(self.services.sessions) as session:
             await step(session, self.services)

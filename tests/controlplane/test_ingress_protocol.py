@@ -16,6 +16,7 @@ import pytest
 
 from paddock_controlplane.ingress.proxy import IngressProxy
 from paddock_controlplane.ingress.routing import IngressError, Route, parse_host
+from paddock_controlplane.services import Activity
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.timeutil import utcnow
 
@@ -42,7 +43,7 @@ async def proxy_port() -> AsyncIterator[int]:
     settings = ControlPlaneSettings(
         ingress_port=0, ingress_domain=DOMAIN, data_dir="/tmp/unused", ingress_idle_timeout_s=5
     )
-    services = SimpleNamespace(settings=settings, extras={}, clock=utcnow)
+    services = SimpleNamespace(settings=settings, activity=Activity(), clock=utcnow)
     proxy = IngressProxy(services, LoopbackRouter())  # type: ignore[arg-type]
     server = await asyncio.start_server(proxy._plain, "127.0.0.1", 0)
     proxy.servers.append(server)

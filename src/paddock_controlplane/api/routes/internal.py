@@ -32,7 +32,6 @@ class Heartbeat(BaseModel):
 async def heartbeat(beat: Heartbeat, _: HostAuthDep, services: ServicesDep) -> dict[str, Any]:
     async with transaction(services.sessions) as session:
         await hosts.record_heartbeat(session, beat.model_dump(), services.clock())
-    hook = services.extras.get("on_heartbeat")
-    if callable(hook):
-        await hook(beat.model_dump())
+    if services.on_heartbeat is not None:
+        await services.on_heartbeat(beat.model_dump())
     return {"ok": True}
