@@ -289,6 +289,23 @@ async def test_sandboxes_have_no_ipv6_and_cannot_turn_it_on(probes: Probes) -> N
         assert host_side == "1\n", f"{box.label}: the host end of the veth has IPv6"
 
 
+async def test_a_private_network_interface_has_no_ipv6_either(probes: Probes) -> None:
+    first, second = await probes.pair()
+    network_id = f"net_probe{secrets.token_hex(3)}"
+    for index, box in enumerate((first, second)):
+        joined = await probes.host.attach_network(
+            box.id, network_id=network_id, ip=f"10.96.250.{2 + index}", prefixlen=24
+        )
+        assert joined["ifname"] == "eth1"
+        addresses = await probes.sh(box, "ip -6 -o addr show; ip -4 -o addr show dev eth1")
+        lines = addresses["stdout"].splitlines()
+        assert [line.split()[1] for line in lines] == ["lo", "eth1"], addresses
+    reach = await probes.sh(first, "ping -c 1 -W 3 10.96.250.3")
+    assert reach["exit_code"] == 0, reach  # members still meet, over IPv4
+    for box in (first, second):
+        await probes.host.detach_network(box.id, network_id)
+
+
 async def test_ipv6_from_a_sandbox_to_the_host_is_dropped_even_if_the_sandbox_had_it(
     probes: Probes, listeners: dict[str, HostListener]
 ) -> None:
