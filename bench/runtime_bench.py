@@ -36,6 +36,7 @@ import httpx
 
 from paddock_hostagent.client import HostAgentClient
 from paddock_hostagent.images import ImageStore
+from paddock_hostagent.schemas import CreateSandboxBody, ForkBody
 
 TOKEN = "bench-host-token-0123456789"
 DISK_MIB = 2048
@@ -143,7 +144,7 @@ def start_agent(
 
 async def wait_pool(host: HostAgentClient, pool_size: int) -> None:
     for _ in range(600):
-        if (await host.info())["warm_slots"] >= pool_size:
+        if (await host.info()).warm_slots >= pool_size:
             return
         await asyncio.sleep(0.05)
 
@@ -161,12 +162,14 @@ async def agent_rounds(
         return result
 
     async with HostAgentClient(url, TOKEN) as host:
-        runtime = (await host.info())["runtime"]
+        runtime = (await host.info()).runtime
         spec = {"rootfs": "debian:13", "vcpu": 1, "mem_mib": 512, "cpu_quota_pct": None, "disk_mib": DISK_MIB}
         for index in range(rounds):
             parent, child = f"sb-bench-{index}", f"sb-bench-{index}-fork"
             await wait_pool(host, pool_size)
-            await timed("create", host.create_sandbox(id=parent, name=f"bench-{index}", **spec))
+            await timed(
+                "create", host.create_sandbox(CreateSandboxBody(id=parent, name=f"bench-{index}", **spec))
+            )
             try:
                 await wait_pool(host, pool_size)  # measure the rest on a quiet host, not during a refill
                 for _ in range(execs):
@@ -175,7 +178,9 @@ async def agent_rounds(
                 await timed("pause", host.pause_sandbox(parent))
                 await timed("resume", host.resume_sandbox(parent))
                 await wait_pool(host, pool_size)
-                await timed("fork", host.fork_sandbox(parent, new_id=child, name="fork", start_paused=False))
+                await timed(
+                    "fork", host.fork_sandbox(parent, ForkBody(new_id=child, name="fork", start_paused=False))
+                )
             finally:
                 await timed("destroy", host.destroy_sandbox(child))
                 await timed("destroy", host.destroy_sandbox(parent))

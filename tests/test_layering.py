@@ -11,7 +11,13 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 ALLOWED: dict[str, set[str]] = {
     "paddock": {"paddock"},
     "paddock_core": {"paddock_core"},
-    "paddock_controlplane": {"paddock_controlplane", "paddock_core", "paddock_hostagent.client"},
+    # The host agent's client and the contract it shares with the host agent's routes, nothing else.
+    "paddock_controlplane": {
+        "paddock_controlplane",
+        "paddock_core",
+        "paddock_hostagent.client",
+        "paddock_hostagent.schemas",
+    },
     "paddock_hostagent": {"paddock_hostagent", "paddock_core"},
     "paddock_gateway": {"paddock_gateway", "paddock_core", "paddock"},
 }
@@ -52,3 +58,23 @@ def test_sdk_has_no_server_imports() -> None:
             elif isinstance(node, ast.Import):
                 third_party.update(a.name.split(".")[0] for a in node.names)
     assert not third_party & {"fastapi", "sqlalchemy", "uvicorn", "structlog", "pydantic_settings", "alembic"}
+
+
+def test_host_contract_needs_no_server() -> None:
+    """The control plane imports the host agent's contract and client: they import pydantic and the
+    HTTP clients, never the host agent's server side (drivers, FastAPI, the guest)."""
+    allowed_roots = {"__future__", "collections", "contextlib", "ipaddress", "json", "typing", "urllib"}
+    allowed_roots |= {"pydantic", "aiohttp", "httpx"}
+    for name in ("client.py", "schemas.py"):
+        tree = ast.parse((SRC / "paddock_hostagent" / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = {node.module}
+            elif isinstance(node, ast.Import):
+                modules = {alias.name for alias in node.names}
+            else:
+                continue
+            for module in modules:
+                assert module.split(".")[0] in allowed_roots or module == "paddock_hostagent.schemas", (
+                    f"paddock_hostagent/{name} imports {module}"
+                )

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from paddock_controlplane import accounts, hostlink, validation, webhooks
-from paddock_controlplane.accounts import check_credit
+from paddock_controlplane.lifecycle import check_credit, check_list, event_data, get_owned, validate_egress
 from paddock_controlplane.models import Sandbox
-from paddock_controlplane.queries import get_owned
 from paddock_controlplane.schemas import MAX_BANDWIDTH_QUOTA_BYTES, PatchSandboxRequest
 from paddock_controlplane.services import Services
-from paddock_controlplane.views import bandwidth_view, event_data
+from paddock_controlplane.views import bandwidth_view
 from paddock_core import errors
 from paddock_core.db import transaction
 
@@ -91,7 +90,7 @@ async def add_ssh_keys(
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         if not keys:
             raise errors.ValidationFailed.field("keys", "at least one key is required")
-        added = validation.ssh_pubkeys(keys, "keys")
+        added = check_list("keys", keys, validation.ssh_pubkey)
         _require_open(sandbox, TERMINAL)
         merged = list(dict.fromkeys([*(sandbox.ssh_pubkeys or []), *added]))
         sandbox.ssh_pubkeys = merged
@@ -115,7 +114,7 @@ async def set_egress(
 ) -> dict[str, Any]:
     async with transaction(services.sessions) as session:
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
-        normalised = validation.egress_rules(rules)
+        normalised = validate_egress(rules)
         _require_open(sandbox, TERMINAL)
         sandbox.egress = normalised
         await webhooks.emit(

@@ -1,20 +1,24 @@
 """The control plane's only door to host agents: :class:`paddock_hostagent.client.HostAgentClient`.
 
-This module adapts that client to what the domain needs and maps its errors to ours:
-transport failures become :class:`HostError`, a host without room :class:`CapacityError`; guest file
-errors become 404/400 domain errors.
+This module adapts that client to what the domain needs and maps its errors to ours by one table
+(``DOMAIN_ERRORS``): a sandbox the host does not know :class:`SandboxGoneError`, a host without room
+:class:`CapacityError`, guest file errors 404/400 domain errors, anything else (transport failures
+included) :class:`HostError`. Every call carries the current request's id to the host agent's log.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
 from paddock_core import errors
+from paddock_core.http import current_request_id
 from paddock_hostagent import client as hostclient
+from paddock_hostagent.schemas import BandwidthResult, CreateSandboxBody, ForkBody, NetworkAttachBody
 
 
 class HostError(Exception):
@@ -44,8 +48,8 @@ class Usage:
     capped: bool
 
     @classmethod
-    def of(cls, data: dict[str, Any]) -> Usage:
-        return cls(int(data["egress_bytes"]), int(data["ingress_bytes"]), bool(data["capped"]))
+    def of(cls, counted: BandwidthResult) -> Usage:
+        return cls(counted.egress_bytes, counted.ingress_bytes, counted.capped)
 
 
 @dataclass
@@ -54,123 +58,195 @@ class Download:
     chunks: AsyncIterator[bytes]
 
 
-def _file_error(exc: Exception) -> errors.PaddockError | None:
-    if isinstance(exc, hostclient.GuestFileNotFoundError):
-        return errors.NotFound("file not found")
-    if isinstance(exc, hostclient.ParentNotFoundError):
-        return errors.NotFound("parent directory not found")
-    if isinstance(exc, hostclient.IsDirectoryError):
-        return errors.ValidationFailed.field("path", "is a directory")
-    if isinstance(exc, hostclient.BadPathError):  # the guest's reason: read-only, special file, too long …
-        return errors.ValidationFailed.field("path", str(exc) or "cannot be written")
-    return None
+#: The client's errors (``paddock_hostagent.client``) to ours; the most specific class listed wins.
+DOMAIN_ERRORS: dict[type[hostclient.HostAgentError], Callable[[hostclient.HostAgentError], Exception]] = {
+    hostclient.SandboxMissingError: lambda exc: SandboxGoneError(str(exc) or "sandbox is gone from its host"),
+    hostclient.InsufficientCapacityError: lambda exc: CapacityError(
+        str(exc) or "no capacity left on the host"
+    ),
+    hostclient.GuestFileNotFoundError: lambda exc: errors.NotFound("file not found"),
+    hostclient.ParentNotFoundError: lambda exc: errors.NotFound("parent directory not found"),
+    hostclient.IsDirectoryError: lambda exc: errors.ValidationFailed.field("path", "is a directory"),
+    # The guest's reason: read-only, special file, too long …
+    hostclient.BadPathError: lambda exc: errors.ValidationFailed.field(
+        "path", str(exc) or "cannot be written"
+    ),
+    hostclient.HostAgentError: lambda exc: HostError(str(exc) or type(exc).__name__),
+}
 
 
-class HostLink:
+def domain_error(exc: hostclient.HostAgentError) -> Exception:
+    for cls in type(exc).__mro__:
+        make = DOMAIN_ERRORS.get(cls)
+        if make is not None:
+            return make(exc)
+    raise AssertionError("HostAgentError is in the table")  # pragma: no cover
+
+
+@contextlib.contextmanager
+def _mapped() -> Iterator[None]:
+    try:
+        yield
+    except hostclient.HostAgentError as exc:
+        raise domain_error(exc) from None
+
+
+class HostLinkAPI(Protocol):
+    """What the domain may ask of a sandbox's host. :class:`HostLink` implements it over the host
+    agent's client; the control plane's unit tests implement it with a fake (tests/controlplane/
+    fakehost.py), which mypy holds to this declaration."""
+
+    async def create(
+        self, sandbox: Sandbox, *, start_paused: bool, networks: Sequence[NetworkAttachBody] = ()
+    ) -> Booted: ...
+
+    async def fork(
+        self,
+        source: Sandbox,
+        child: Sandbox,
+        *,
+        start_paused: bool,
+        networks: Sequence[NetworkAttachBody] = (),
+    ) -> Booted: ...
+
+    async def destroy(self, sandbox_id: str) -> None: ...
+
+    async def pause(self, sandbox_id: str) -> None: ...
+
+    async def resume(self, sandbox_id: str, *, disk_mib: int) -> None: ...
+
+    async def resize(self, sandbox_id: str, disk_mib: int) -> None: ...
+
+    async def attach_network(self, sandbox_id: str, *, network_id: str, ip: str, prefixlen: int) -> None: ...
+
+    async def detach_network(self, sandbox_id: str, network_id: str) -> None: ...
+
+    async def set_egress(self, sandbox_id: str, rules: list[str]) -> None: ...
+
+    async def bandwidth(self, sandbox_id: str) -> Usage: ...
+
+    async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> Usage: ...
+
+    async def exec(
+        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+    ) -> dict[str, Any]: ...
+
+    def exec_stream(
+        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+    ) -> AsyncIterator[dict[str, Any]]: ...
+
+    async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]: ...
+
+    async def download(self, sandbox_id: str, path: str) -> Download: ...
+
+
+class HostLink(HostLinkAPI):
     def __init__(self, url: str, client: hostclient.HostAgentClient) -> None:
         self.url = url
         self.client = client
 
-    async def _call(self, coro: Any) -> Any:
-        try:
-            return await coro
-        except hostclient.SandboxMissingError as exc:
-            raise SandboxGoneError(str(exc) or "sandbox is gone from its host") from None
-        except hostclient.InsufficientCapacityError as exc:
-            raise CapacityError(str(exc) or "no capacity left on the host") from None
-        except hostclient.HostAgentError as exc:
-            mapped = _file_error(exc)
-            if mapped is not None:
-                raise mapped from None
-            raise HostError(str(exc) or type(exc).__name__) from None
-
-    async def create(self, sandbox: Sandbox, *, start_paused: bool) -> Booted:
-        out = await self._call(
-            self.client.create_sandbox(
-                id=sandbox.id,
-                name=sandbox.name,
-                rootfs=sandbox.rootfs,
-                vcpu=sandbox.vcpu,
-                mem_mib=sandbox.mem_mib,
-                cpu_quota_pct=sandbox.cpu_quota_pct,
-                disk_mib=sandbox.disk_mib,
-                start_paused=start_paused,
-                egress=list(sandbox.egress or []),
-                bandwidth_quota_bytes=int(sandbox.bandwidth_quota_bytes),
+    async def create(
+        self, sandbox: Sandbox, *, start_paused: bool, networks: Sequence[NetworkAttachBody] = ()
+    ) -> Booted:
+        with _mapped():
+            out = await self.client.create_sandbox(
+                CreateSandboxBody(
+                    id=sandbox.id,
+                    name=sandbox.name,
+                    rootfs=sandbox.rootfs,
+                    vcpu=sandbox.vcpu,
+                    mem_mib=sandbox.mem_mib,
+                    cpu_quota_pct=sandbox.cpu_quota_pct,
+                    disk_mib=sandbox.disk_mib,
+                    start_paused=start_paused,
+                    egress=list(sandbox.egress or []),
+                    bandwidth_quota_bytes=int(sandbox.bandwidth_quota_bytes),
+                    networks=list(networks),
+                )
             )
-        )
-        return Booted(ip=str(out["ip"]), spawn_ms=float(out.get("spawn_ms", 0.0)))
+        return Booted(ip=out.ip, spawn_ms=out.spawn_ms)
 
-    async def fork(self, source: Sandbox, child: Sandbox, *, start_paused: bool) -> Booted:
-        out = await self._call(
-            self.client.fork_sandbox(
+    async def fork(
+        self,
+        source: Sandbox,
+        child: Sandbox,
+        *,
+        start_paused: bool,
+        networks: Sequence[NetworkAttachBody] = (),
+    ) -> Booted:
+        with _mapped():
+            out = await self.client.fork_sandbox(
                 source.id,
-                new_id=child.id,
-                name=child.name,
-                start_paused=start_paused,
-                egress=list(child.egress or []),
-                bandwidth_quota_bytes=int(child.bandwidth_quota_bytes),
+                ForkBody(
+                    new_id=child.id,
+                    name=child.name,
+                    start_paused=start_paused,
+                    egress=list(child.egress or []),
+                    bandwidth_quota_bytes=int(child.bandwidth_quota_bytes),
+                    networks=list(networks),
+                ),
             )
-        )
-        return Booted(ip=str(out["ip"]), spawn_ms=float(out.get("spawn_ms", 0.0)))
+        return Booted(ip=out.ip, spawn_ms=out.spawn_ms)
 
     async def destroy(self, sandbox_id: str) -> None:
-        try:
-            await self._call(self.client.destroy_sandbox(sandbox_id))
-        except SandboxGoneError:
-            return
+        with contextlib.suppress(SandboxGoneError), _mapped():
+            await self.client.destroy_sandbox(sandbox_id)
 
     async def pause(self, sandbox_id: str) -> None:
-        await self._call(self.client.pause_sandbox(sandbox_id))
+        with _mapped():
+            await self.client.pause_sandbox(sandbox_id)
 
     async def resume(self, sandbox_id: str, *, disk_mib: int) -> None:
-        await self._call(self.client.resume_sandbox(sandbox_id))
+        with _mapped():
+            await self.client.resume_sandbox(sandbox_id)
 
     async def resize(self, sandbox_id: str, disk_mib: int) -> None:
-        await self._call(self.client.resize_sandbox(sandbox_id, disk_mib))
+        with _mapped():
+            await self.client.resize_sandbox(sandbox_id, disk_mib)
 
     async def attach_network(self, sandbox_id: str, *, network_id: str, ip: str, prefixlen: int) -> None:
-        await self._call(
-            self.client.attach_network(sandbox_id, network_id=network_id, ip=ip, prefixlen=prefixlen)
-        )
+        with _mapped():
+            await self.client.attach_network(sandbox_id, network_id=network_id, ip=ip, prefixlen=prefixlen)
 
     async def detach_network(self, sandbox_id: str, network_id: str) -> None:
-        await self._call(self.client.detach_network(sandbox_id, network_id))
+        with _mapped():
+            await self.client.detach_network(sandbox_id, network_id)
 
     async def set_egress(self, sandbox_id: str, rules: list[str]) -> None:
-        await self._call(self.client.set_egress(sandbox_id, rules))
+        with _mapped():
+            await self.client.set_egress(sandbox_id, rules)
 
     async def bandwidth(self, sandbox_id: str) -> Usage:
-        return Usage.of(await self._call(self.client.get_bandwidth(sandbox_id)))
+        with _mapped():
+            return Usage.of(await self.client.get_bandwidth(sandbox_id))
 
     async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> Usage:
-        return Usage.of(await self._call(self.client.set_bandwidth(sandbox_id, quota_bytes)))
+        with _mapped():
+            return Usage.of(await self.client.set_bandwidth(sandbox_id, quota_bytes))
 
     async def exec(
         self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
     ) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call(
-            self.client.exec(sandbox_id, cmd=cmd, args=args, env=env, stdin=stdin)
-        )
-        return result
+        """The host's answer as its wire document (``{stdout, stderr, exit_code, error?, …}``)."""
+        with _mapped():
+            result = await self.client.exec(sandbox_id, cmd=cmd, args=args, env=env, stdin=stdin)
+        return result.model_dump(exclude_none=True)
 
     async def exec_stream(
         self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
     ) -> AsyncIterator[dict[str, Any]]:
-        try:
+        with _mapped():
             async for frame in self.client.exec_stream(sandbox_id, cmd=cmd, args=args, env=env, stdin=stdin):
                 yield frame
-        except hostclient.SandboxMissingError as exc:
-            raise SandboxGoneError(str(exc) or "sandbox is gone") from None
-        except hostclient.HostAgentError as exc:
-            raise HostError(str(exc) or type(exc).__name__) from None
 
     async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call(self.client.upload(sandbox_id, path, chunks))
-        return result
+        with _mapped():
+            written = await self.client.upload(sandbox_id, path, chunks)
+        return written.model_dump()
 
     async def download(self, sandbox_id: str, path: str) -> Download:
-        size, chunks = await self._call(self.client.download(sandbox_id, path))
+        with _mapped():
+            size, chunks = await self.client.download(sandbox_id, path)
         return Download(size=size, chunks=chunks)
 
 
@@ -185,7 +261,10 @@ async def for_host(services: Services, host_id: str | None) -> HostLink:
         if host is None:
             raise HostError(f"unknown host {host_id}")
         link = HostLink(
-            host.url, hostclient.HostAgentClient(host.url, services.settings.host_token.get_secret_value())
+            host.url,
+            hostclient.HostAgentClient(
+                host.url, services.settings.host_token.get_secret_value(), request_id=current_request_id
+            ),
         )
         links[host_id] = link
     return link

@@ -9,29 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
+from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import (
-    accounts,
-    catalog,
-    envs,
-    hostlink,
-    hosts,
-    names,
-    networks,
-    queries,
-    scheduler,
-    validation,
-    webhooks,
-)
-from paddock_controlplane.models import Host, Sandbox
+from paddock_controlplane import accounts, catalog, hostlink, names, scheduler, validation, webhooks
+from paddock_controlplane.models import Host, NetworkMember, Plan, Sandbox
 from paddock_controlplane.schemas import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.services import Services
-from paddock_controlplane.views import event_data
 from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.ids import new_id
@@ -40,6 +30,9 @@ from paddock_core.logging import get_logger
 log = get_logger("paddock.lifecycle")
 
 DEFAULT_BANDWIDTH_QUOTA_BYTES = 5 * 1024**3
+#: Statuses that will be running without a further resume; they count toward the concurrent cap.
+TOWARD_RUNNING = ("creating", "running", "resuming", "forking")
+TERMINAL = ("destroyed", "failed")
 
 
 class HostFullError(Exception):
@@ -79,21 +72,61 @@ class CreatePlan:
     start_paused: bool
 
 
+def _field_error(name: str, exc: ValueError) -> errors.ValidationFailed:
+    if isinstance(exc, validation.EgressRuleError):
+        return errors.ValidationFailed.field(f"{name}[{exc.index}]", exc.reason)
+    return errors.ValidationFailed.field(name, str(exc))
+
+
+def check_list(name: str, values: list[str] | None, rule: Any) -> list[Any]:
+    out = []
+    for index, value in enumerate(values or []):
+        try:
+            out.append(rule(value))
+        except ValueError as exc:
+            raise errors.ValidationFailed.field(f"{name}[{index}]", str(exc)) from None
+    return list(dict.fromkeys(out))
+
+
+def validate_envs(values: dict[str, str] | None) -> dict[str, str]:
+    try:
+        return validation.envs(values)
+    except ValueError as exc:
+        raise _field_error("envs", exc) from None
+
+
+def validate_egress(values: list[str] | None, field: str = "egress") -> list[str]:
+    try:
+        return validation.egress_rules(values)
+    except ValueError as exc:
+        raise _field_error(field, exc) from None
+
+
 def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
     shape = catalog.SHAPES_BY_ID.get(req.shape)
     if shape is None:
         raise errors.ValidationFailed.field("shape", f"unknown shape {req.shape!r}")
-    name = validation.sandbox_name(req.name) if req.name else None
+    name = None
+    if req.name:
+        try:
+            name = validation.sandbox_name(req.name)
+        except ValueError as exc:
+            raise _field_error("name", exc) from None
     disk_mib = req.disk_mib or shape.default_disk_mib
     if disk_mib < validation.MIN_DISK_MIB:
         raise errors.ValidationFailed.field("disk_mib", f"must be 0 or at least {validation.MIN_DISK_MIB}")
-    auto_pause = validation.auto_pause_seconds(req.auto_pause_after_seconds)
+    try:
+        auto_pause = validation.auto_pause_seconds(req.auto_pause_after_seconds)
+    except ValueError as exc:
+        raise _field_error("auto_pause_after_seconds", exc) from None
     for index, disk in enumerate(req.disks or []):
         if not disk.disk_id:
             raise errors.ValidationFailed.field(f"disks[{index}].disk_id", "must not be empty")
-        # Both rules name mount_path, as they always have: the pair is one mount.
-        validation.mount_path(disk.mount_path, f"disks[{index}].mount_path")
-        validation.sub_path(disk.sub_path, f"disks[{index}].mount_path")
+        try:
+            validation.mount_path(disk.mount_path)
+            validation.sub_path(disk.sub_path)
+        except ValueError as exc:
+            raise _field_error(f"disks[{index}].mount_path", exc) from None
     for index, net in enumerate(req.networks or []):
         if not net.id:
             raise errors.ValidationFailed.field(f"networks[{index}].id", "must not be empty")
@@ -108,9 +141,9 @@ def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
         rootfs=req.rootfs or "",
         name=name,
         disk_mib=disk_mib,
-        egress=validation.egress_rules(req.egress),
-        envs=validation.envs(req.envs),
-        ssh_pubkeys=validation.ssh_pubkeys(req.ssh_pubkeys),
+        egress=validate_egress(req.egress),
+        envs=validate_envs(req.envs),
+        ssh_pubkeys=check_list("ssh_pubkeys", req.ssh_pubkeys, validation.ssh_pubkey),
         host_id=req.host_id or None,
         node_selector=dict(req.node_selector or {}),
         ingress_enabled=bool(req.ingress_enabled),
@@ -122,7 +155,59 @@ def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
     return plan
 
 
+def check_plan_limits(plan: Plan, *, vcpu: int, mem_mib: int, disk_mib: int, wants_disks: bool) -> None:
+    if vcpu > plan.max_vcpu or mem_mib > plan.max_mem_mib:
+        raise errors.PlanLimit(
+            f"shape exceeds the {plan.name} plan's largest shape ({plan.max_vcpu} vCPU / "
+            f"{plan.max_mem_mib // 1024} GB)"
+        )
+    if disk_mib > plan.max_disk_mib:
+        raise errors.PlanLimit(
+            f"disk_mib {disk_mib} exceeds the {plan.name} plan's max disk {plan.max_disk_mib}"
+        )
+    if wants_disks and plan.disks_concurrent == 0:
+        raise errors.PlanLimit(f"the {plan.name} plan includes no disks")
+
+
+async def check_quotas(
+    session: AsyncSession,
+    services: Services,
+    plan: Plan,
+    user_id: str,
+    *,
+    needs_slot: bool,
+    new_sandbox: bool,
+) -> None:
+    """Concurrent and daily caps; the caller holds the user lock (§14.2)."""
+    if needs_slot:
+        live = await session.scalar(
+            select(func.count()).where(Sandbox.user_id == user_id, Sandbox.status.in_(TOWARD_RUNNING))
+        )
+        if int(live or 0) >= plan.concurrent_sandboxes:
+            raise errors.QuotaExceeded(f"concurrent sandbox cap reached: limit {plan.concurrent_sandboxes}")
+    if new_sandbox:
+        today = await session.scalar(
+            select(func.count()).where(
+                Sandbox.user_id == user_id, Sandbox.created_at >= accounts.day_start(services.clock())
+            )
+        )
+        if int(today or 0) >= plan.sandboxes_per_day:
+            raise errors.QuotaExceeded(f"daily sandbox cap reached: limit {plan.sandboxes_per_day} per day")
+
+
+async def check_credit(session: AsyncSession, user_id: str) -> None:
+    if await accounts.balance_micro(session, user_id) <= 0:
+        raise errors.InsufficientCredit("no credit left on this account")
+
+
+def require_credit(account: accounts.LockedUser) -> None:
+    if account.credits_micro <= 0:
+        raise errors.InsufficientCredit("no credit left on this account")
+
+
 async def resolve_rootfs(session: AsyncSession, services: Services, requested: str) -> str:
+    from paddock_controlplane import hosts
+
     available = await hosts.available_images(session)
     default = catalog.rootfs_view(available, services.settings.default_rootfs)["default"]
     name = requested or default
@@ -131,9 +216,45 @@ async def resolve_rootfs(session: AsyncSession, services: Services, requested: s
     raise errors.ValidationFailed.field("rootfs", f"unknown image {requested!r}; see GET /v1/rootfs")
 
 
+def seal_envs(services: Services, envs: dict[str, str]) -> str | None:
+    return services.secret_box.seal(json.dumps(envs)) if envs else None
+
+
+def open_envs(services: Services, sandbox: Sandbox) -> dict[str, str]:
+    if not sandbox.envs_sealed:
+        return {}
+    return dict(json.loads(services.secret_box.open(sandbox.envs_sealed)))
+
+
+async def get_owned(
+    session: AsyncSession, user_id: str, sandbox_id: str, *, for_update: bool = False
+) -> Sandbox:
+    query = select(Sandbox).where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id)
+    if for_update:
+        query = query.with_for_update()
+    sandbox = (await session.scalars(query)).first()
+    if sandbox is None:
+        raise errors.NotFound("sandbox not found")
+    return sandbox
+
+
+def event_data(sandbox: Sandbox, **extra: Any) -> dict[str, Any]:
+    return {
+        "sandbox_id": sandbox.id,
+        "user_id": sandbox.user_id,
+        "name": sandbox.name,
+        "shape": sandbox.shape,
+        "disk_mib": sandbox.disk_mib,
+        "region": sandbox.region,
+        **extra,
+    }
+
+
 async def create(services: Services, user_id: str, req: CreateSandboxRequest) -> Sandbox:
     settings = services.settings
     spec = validate_create(req, settings.region)
+    from paddock_controlplane import networks
+
     async with transaction(services.sessions) as session:
         account = await accounts.lock_user(session, user_id)
         joined = await networks.resolve_refs(session, user_id, req.networks)
@@ -141,13 +262,13 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             # Disks are resources of their own; none can be owned before the disks API exists.
             raise errors.NotFound("disks[0].disk_id: not found", fields={"disks[0].disk_id": "not found"})
         plan = await accounts.cached_plan(session, account.plan_id)
-        accounts.check_plan_limits(
+        check_plan_limits(
             plan, vcpu=spec.shape.vcpu, mem_mib=spec.shape.mem_mib, disk_mib=spec.disk_mib, wants_disks=False
         )
-        await accounts.check_quotas(
-            session, plan, user_id, now=services.clock(), needs_slot=not spec.start_paused, new_sandbox=True
+        await check_quotas(
+            session, services, plan, user_id, needs_slot=not spec.start_paused, new_sandbox=True
         )
-        accounts.require_credit(account)
+        require_credit(account)
         rootfs = await resolve_rootfs(session, services, spec.rootfs)
         name = spec.name or await names.generate(session, user_id)
         if spec.name and await names.taken(session, user_id, spec.name):
@@ -173,7 +294,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             disk_mib=spec.disk_mib,
             region=settings.region,
             egress=spec.egress,
-            envs_sealed=envs.seal(services, spec.envs),
+            envs_sealed=seal_envs(services, spec.envs),
             env_keys=sorted(spec.envs),
             ssh_pubkeys=spec.ssh_pubkeys,
             node_selector=spec.node_selector,
@@ -234,7 +355,8 @@ async def _place_elsewhere(
                 row.host_id = host.id
                 return row
         # Also when destroyed meanwhile (``destroying``): it never existed, so no destroy is owed either.
-        await networks.drop_memberships(session, sandbox.id)
+        # networks.drop_memberships, written out: networks imports this module.
+        await session.execute(delete(NetworkMember).where(NetworkMember.sandbox_id == sandbox.id))
         if row is not None:
             await session.delete(row)
     raise scheduler.no_capacity("; ".join(f"host {host_id}: {reason}" for host_id, reason in refused.items()))
@@ -249,6 +371,8 @@ async def boot(
     nothing, so the create can go elsewhere. A fork has no elsewhere (it copies its source's disk on
     that host) and was already answered, so its child ends ``failed`` saying why.
     """
+    from paddock_controlplane import networks
+
     link = await hostlink.for_host(services, sandbox.host_id)
     started = time.perf_counter()
     try:
@@ -312,20 +436,22 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
     """Answer with the child in ``forking`` at once; it boots from a copy of the source's disk (§11.9)."""
     if req.bandwidth_quota_bytes is not None:
         raise errors.ValidationFailed.field("bandwidth_quota_bytes", "cannot be set on fork")
-    egress = validation.egress_rules(req.egress) if req.egress is not None else None
-    env = validation.envs(req.envs) if req.envs is not None else None
-    ssh = validation.ssh_pubkeys(req.ssh_pubkeys) if req.ssh_pubkeys is not None else None
+    egress = validate_egress(req.egress) if req.egress is not None else None
+    envs = validate_envs(req.envs) if req.envs is not None else None
+    ssh = (
+        check_list("ssh_pubkeys", req.ssh_pubkeys, validation.ssh_pubkey)
+        if req.ssh_pubkeys is not None
+        else None
+    )
     start_paused = bool(req.start_paused)
     async with transaction(services.sessions) as session:
         account = await accounts.lock_user(session, user_id)
-        source = await queries.get_owned(session, user_id, source_id, for_update=True)
+        source = await get_owned(session, user_id, source_id, for_update=True)
         if source.status not in ("running", "paused"):
             raise errors.InvalidState(f"sandbox is {source.status}; fork needs a running or paused source")
         plan = await accounts.cached_plan(session, account.plan_id)
-        await accounts.check_quotas(
-            session, plan, user_id, now=services.clock(), needs_slot=not start_paused, new_sandbox=True
-        )
-        accounts.require_credit(account)
+        await check_quotas(session, services, plan, user_id, needs_slot=not start_paused, new_sandbox=True)
+        require_credit(account)
         if source.host_id is None:
             raise errors.InvalidState("sandbox has no host to fork on")
         # The child runs where its source's disk is: no other host can take it, so a full host is a 503
@@ -351,8 +477,8 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
             disk_mib=source.disk_mib,
             region=source.region,
             egress=egress if egress is not None else list(source.egress or []),
-            envs_sealed=envs.seal(services, env) if env is not None else source.envs_sealed,
-            env_keys=sorted(env) if env is not None else list(source.env_keys or []),
+            envs_sealed=seal_envs(services, envs) if envs is not None else source.envs_sealed,
+            env_keys=sorted(envs) if envs is not None else list(source.env_keys or []),
             ssh_pubkeys=ssh if ssh is not None else list(source.ssh_pubkeys or []),
             node_selector=dict(source.node_selector or {}),
             ingress_enabled=source.ingress_enabled if req.ingress_enabled is None else req.ingress_enabled,

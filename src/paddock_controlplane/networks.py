@@ -18,22 +18,24 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import accounts, hostlink, queries, webhooks
-from paddock_controlplane.accounts import require_credit
+from paddock_controlplane import accounts, execution, hostlink, webhooks
+from paddock_controlplane.lifecycle import get_owned, require_credit
 from paddock_controlplane.models import Network, NetworkMember, Sandbox
-from paddock_controlplane.queries import get_owned
 from paddock_controlplane.schemas import NetworkRef
 from paddock_controlplane.services import Services
-from paddock_controlplane.states import CLOSED, TERMINAL
 from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.ids import new_id
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import rfc3339
+from paddock_hostagent.schemas import NetworkAttachBody
 
 log = get_logger("paddock.networks")
 
 MAX_NAME = 63
+TERMINAL = ("destroyed", "failed")
+#: Sandbox states in which the host no longer holds (or never held) the sandbox's interfaces.
+CLOSED = ("destroying", "destroyed", "failed")
 
 
 # --- views ---------------------------------------------------------------------------------------
@@ -322,7 +324,7 @@ async def attach(services: Services, user_id: str, sandbox_id: str, network_id: 
     async with services.sessions() as session:
         await get_owned(session, user_id, sandbox_id)
         await get_owned_network(session, user_id, network_id)
-    await queries.running_sandbox(services, user_id, sandbox_id)  # waits out creating/resuming (W)
+    await execution.running_sandbox(services, user_id, sandbox_id)  # waits out creating/resuming (W)
     async with transaction(services.sessions) as session:
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         if sandbox.status != "running":
@@ -402,12 +404,9 @@ async def detach(services: Services, user_id: str, sandbox_id: str, network_id: 
         )
 
 
-async def program_at_boot(services: Services, link: hostlink.HostLink, sandbox_id: str) -> None:
-    """Creates the interfaces of memberships joined at create (called inside boot's deadline)."""
+async def boot_memberships(services: Services, sandbox_id: str) -> list[NetworkAttachBody]:
+    """The memberships joined at create, sent inside the create/fork call: the host programs them
+    during the boot, so a boot is one host call."""
     async with services.sessions() as session:
         specs = await host_specs(session, sandbox_id)
-    for spec in specs:
-        try:
-            await link.attach_network(sandbox_id, **spec)
-        except hostlink.SandboxGoneError as exc:
-            raise hostlink.HostError(f"sandbox vanished while joining its networks: {exc}") from None
+    return [NetworkAttachBody.model_validate(spec) for spec in specs]

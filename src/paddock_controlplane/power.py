@@ -6,10 +6,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts, billing, hostlink, networks, scheduler, webhooks
+from paddock_controlplane.lifecycle import check_quotas, event_data, get_owned, require_credit
 from paddock_controlplane.models import Sandbox
-from paddock_controlplane.queries import get_owned
 from paddock_controlplane.services import Services
-from paddock_controlplane.views import event_data
 from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
@@ -140,11 +139,9 @@ async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         if sandbox.status != "paused":
             raise errors.InvalidState(f"sandbox is {sandbox.status}; only a paused sandbox can be resumed")
-        accounts.require_credit(account)
+        require_credit(account)
         plan = await accounts.cached_plan(session, account.plan_id)
-        await accounts.check_quotas(
-            session, plan, user_id, now=services.clock(), needs_slot=True, new_sandbox=False
-        )
+        await check_quotas(session, services, plan, user_id, needs_slot=True, new_sandbox=False)
         sandbox.status = "resuming"
     try:
         link = await hostlink.for_host(services, sandbox.host_id)

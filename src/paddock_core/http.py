@@ -72,6 +72,13 @@ class RequestContextMiddleware:
             structlog.contextvars.clear_contextvars()
 
 
+def current_request_id() -> str | None:
+    """The id of the request this task serves (bound above), for the calls it makes onward: the host
+    agent logs a control-plane call under the control plane's id."""
+    request_id = structlog.contextvars.get_contextvars().get("request_id")
+    return str(request_id) if request_id else None
+
+
 async def serve_guarded(app: Any, scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Runs ``app``; an exception that escapes it before the response has started is answered with the
     app's ``Exception`` handler and not re-raised (the connection stays open). One that escapes after

@@ -1,8 +1,11 @@
 """``HostAgentClient``: the one way the control plane talks to a host agent (internal HTTP API).
 
-Imports nothing but aiohttp and httpx, so the control plane can use it without the host agent's other
-dependencies. Request/response calls (exec included: the hot path) go over aiohttp, which costs about
-half of httpx's CPU per request here; streams, uploads and downloads use httpx.
+Requests and answers are the models of ``schemas.py``, the contract the host agent's routes use too.
+Imports nothing of the host agent but that module (pydantic), so the control plane can use it without
+the host agent's other dependencies. Request/response calls (exec included: the hot path) go over
+aiohttp, which costs about half of httpx's CPU per request here; streams, uploads and downloads use
+httpx. ``request_id`` (a callable) names the caller's request: it is sent as ``X-Request-Id`` and the
+host agent logs its line for the call under that id.
 
     HostAgentError                .status, .code (the agent's ``error`` field)
     ├── HostUnavailableError      no answer (connection refused, timeout, dropped stream)
@@ -15,19 +18,46 @@ half of httpx's CPU per request here; streams, uploads and downloads use httpx.
     ├── BadStateError             409 (the sandbox is not in a state for this; or the id already exists)
     └── InsufficientCapacityError 507 (no memory, addresses or disk left on that host)
 
-Any other answer (400 bad_request, 401, 500 sandbox_failed …) is a plain ``HostAgentError`` with its
-``status`` and ``code``.
+Any other answer (400 bad_request, 401, 500 sandbox_failed, an answer that is not the contract's …) is
+a plain ``HostAgentError`` with its ``status`` and ``code``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from ipaddress import IPv4Address
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
 import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from paddock_hostagent.schemas import (
+    BandwidthBody,
+    BandwidthResult,
+    CreateSandboxBody,
+    CreateSandboxResult,
+    DestroyResult,
+    DetachResult,
+    EgressBody,
+    EgressResult,
+    ExecBody,
+    ExecResult,
+    FileWritten,
+    ForkBody,
+    HostInfo,
+    NetworkAttachBody,
+    NetworkAttachment,
+    ResizeBody,
+    ResizeResult,
+    SandboxView,
+    StatusResult,
+)
+
+Answer = TypeVar("Answer")
 
 
 class HostAgentError(Exception):
@@ -73,6 +103,10 @@ class InsufficientCapacityError(HostAgentError):
     pass
 
 
+#: The agent's error codes, then its statuses, to our classes: one table (errors.py is the other side).
+#: 507 is capacity whatever the body says: callers place elsewhere or answer 503 on it, so it must not
+#: depend on the agent's wording or code.
+_BY_STATUS_FIRST: dict[int, type[HostAgentError]] = {507: InsufficientCapacityError}
 _BY_CODE: dict[str, type[HostAgentError]] = {
     "file_not_found": GuestFileNotFoundError,
     "parent_not_found": ParentNotFoundError,
@@ -81,30 +115,41 @@ _BY_CODE: dict[str, type[HostAgentError]] = {
     "bad_path": BadPathError,
     "unknown_image": UnknownImageError,
 }
+_BY_STATUS: dict[int, type[HostAgentError]] = {404: SandboxMissingError, 409: BadStateError}
+#: What the transports raise when the agent does not answer.
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, aiohttp.ClientError, httpx.TransportError)
 # Creating or forking may first build the image (minutes for devbox:1); the agent answers when booted.
 _CREATE_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
+# A command may run for as long as it likes; only connecting is bounded.
+_EXEC_TIMEOUT = httpx.Timeout(None, connect=5.0)
+_VIEWS = TypeAdapter(list[SandboxView])
 
 
-def _error_for(resp: httpx.Response, body: bytes) -> HostAgentError:
-    return _error_from(resp.status_code, body)
-
-
-def _error_from(status: int, body: bytes) -> HostAgentError:
+def error_from(status: int, body: bytes) -> HostAgentError:
+    """The exception for an error answer (``{"error": code, "message": ...}``)."""
     code, message = None, f"host agent answered {status}"
-    try:
+    with contextlib.suppress(ValueError, AttributeError):
         doc = json.loads(body)
         code = doc.get("error")
         message = str(doc.get("message") or message)
-    except (ValueError, AttributeError):
-        pass
-    # 507 is capacity whatever the body says: callers place elsewhere or answer 503 on it, so it must
-    # not depend on the agent's wording or code.
-    cls = InsufficientCapacityError if status == 507 else _BY_CODE.get(code or "")
-    if cls is None:
-        cls = {404: SandboxMissingError, 409: BadStateError, 507: InsufficientCapacityError}.get(
-            status, HostAgentError
-        )
+    cls = _BY_STATUS_FIRST.get(status) or _BY_CODE.get(code or "") or _BY_STATUS.get(status, HostAgentError)
     return cls(message, status=status, code=code)
+
+
+@contextlib.contextmanager
+def _answered() -> Iterator[None]:
+    """No answer at all becomes :class:`HostUnavailableError` (httpx's ``map_exceptions``, one place)."""
+    try:
+        yield
+    except _TRANSPORT_ERRORS as exc:
+        raise HostUnavailableError(str(exc) or type(exc).__name__) from exc
+
+
+def _parse(parse: Callable[[bytes], Answer], status: int, body: bytes) -> Answer:
+    try:
+        return parse(body)
+    except ValidationError as exc:
+        raise HostAgentError(f"host agent answered outside the contract: {exc}", status=status) from None
 
 
 def _aiohttp_timeout(timeout: httpx.Timeout | float | None, default: httpx.Timeout) -> aiohttp.ClientTimeout:
@@ -113,15 +158,19 @@ def _aiohttp_timeout(timeout: httpx.Timeout | float | None, default: httpx.Timeo
     return aiohttp.ClientTimeout(total=None, connect=timeout.connect, sock_read=timeout.read)
 
 
-def _loads(body: bytes) -> Any:
-    return json.loads(body)
-
-
 class HostAgentClient:
-    def __init__(self, base_url: str, token: str, *, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout_s: float = 60.0,
+        request_id: Callable[[], str | None] | None = None,
+    ) -> None:
         self._base = base_url.rstrip("/") + "/internal/v1/"
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = httpx.Timeout(timeout_s, connect=5.0)
+        self._request_id = request_id
         self._http = httpx.AsyncClient(
             base_url=self._base,
             headers=self._headers,
@@ -150,117 +199,123 @@ class HostAgentClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _json(
+    def _call_headers(self) -> dict[str, str]:
+        request_id = self._request_id() if self._request_id is not None else None
+        return {"X-Request-Id": request_id} if request_id else {}
+
+    async def _call(
         self,
         method: str,
         path: str,
+        parse: Callable[[bytes], Answer],
         *,
-        json: Any = None,
+        body: BaseModel | None = None,
         params: dict[str, str] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-        content: AsyncIterator[bytes] | bytes | None = None,
-    ) -> Any:
+        timeout: httpx.Timeout | None = None,
+        content: AsyncIterator[bytes] | None = None,
+    ) -> Answer:
+        headers = self._call_headers()
         if content is not None:  # streamed request bodies go through httpx
-            try:
-                resp = await self._http.request(method, path, params=params, content=content)
-            except httpx.TransportError as exc:
-                raise HostUnavailableError(str(exc) or type(exc).__name__) from exc
+            with _answered():
+                resp = await self._http.request(method, path, params=params, content=content, headers=headers)
             if resp.status_code >= 400:
-                raise _error_for(resp, resp.content)
-            return resp.json()
-        try:
+                raise error_from(resp.status_code, resp.content)
+            return _parse(parse, resp.status_code, resp.content)
+        with _answered():
             async with self._aiohttp().request(
                 method,
                 self._base + path,
-                json=json,
+                json=body.model_dump(mode="json") if body is not None else None,
                 params=params,
+                headers=headers,
                 timeout=_aiohttp_timeout(timeout, self._timeout),
-            ) as resp:
-                body = await resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise HostUnavailableError(str(exc) or type(exc).__name__) from exc
-        if resp.status >= 400:
-            raise _error_from(resp.status, body)
-        return _loads(body)
+            ) as answer:
+                raw = await answer.read()
+        if answer.status >= 400:
+            raise error_from(answer.status, raw)
+        return _parse(parse, answer.status, raw)
 
     @staticmethod
     def _sb(sandbox_id: str, *rest: str) -> str:
         return "/".join(["sandboxes", quote(sandbox_id, safe=""), *rest])
 
-    async def info(self) -> dict[str, Any]:
-        return dict(await self._json("GET", "info"))
+    async def info(self) -> HostInfo:
+        return await self._call("GET", "info", HostInfo.model_validate_json)
 
-    async def create_sandbox(self, **spec: Any) -> dict[str, Any]:
-        """``spec``: id, name, rootfs, vcpu, mem_mib, cpu_quota_pct, disk_mib, start_paused, egress
-        (normalised rules; empty: open), bandwidth_quota_bytes (-1: unmetered).
-
-        Returns ``{id, ip, spawn_ms, status}`` once the sandbox's guest agent answers."""
-        return dict(await self._json("POST", "sandboxes", json=spec, timeout=_CREATE_TIMEOUT))
-
-    async def list_sandboxes(self) -> list[dict[str, Any]]:
-        return list(await self._json("GET", "sandboxes"))
-
-    async def get_sandbox(self, sandbox_id: str) -> dict[str, Any]:
-        return dict(await self._json("GET", self._sb(sandbox_id)))
-
-    async def pause_sandbox(self, sandbox_id: str) -> dict[str, Any]:
-        return dict(await self._json("POST", self._sb(sandbox_id, "pause")))
-
-    async def resume_sandbox(self, sandbox_id: str) -> dict[str, Any]:
-        return dict(await self._json("POST", self._sb(sandbox_id, "resume")))
-
-    async def fork_sandbox(
-        self,
-        sandbox_id: str,
-        *,
-        new_id: str,
-        name: str,
-        start_paused: bool,
-        egress: list[str] | None = None,
-        bandwidth_quota_bytes: int = -1,
-    ) -> dict[str, Any]:
-        body = {
-            "new_id": new_id,
-            "name": name,
-            "start_paused": start_paused,
-            "egress": list(egress or []),
-            "bandwidth_quota_bytes": bandwidth_quota_bytes,
-        }
-        return dict(
-            await self._json("POST", self._sb(sandbox_id, "fork"), json=body, timeout=_CREATE_TIMEOUT)
+    async def create_sandbox(self, body: CreateSandboxBody) -> CreateSandboxResult:
+        """Answers once the sandbox's guest agent answers (and its ``networks`` are joined)."""
+        return await self._call(
+            "POST", "sandboxes", CreateSandboxResult.model_validate_json, body=body, timeout=_CREATE_TIMEOUT
         )
 
-    async def set_egress(self, sandbox_id: str, rules: list[str]) -> dict[str, Any]:
-        """Replaces the allowlist of a running or paused sandbox; returns ``{id, egress}``."""
-        return dict(await self._json("PUT", self._sb(sandbox_id, "egress"), json={"egress": rules}))
+    async def list_sandboxes(self) -> list[SandboxView]:
+        return await self._call("GET", "sandboxes", _VIEWS.validate_json)
 
-    async def get_bandwidth(self, sandbox_id: str) -> dict[str, Any]:
-        """``{id, quota_bytes, egress_bytes, ingress_bytes, capped}`` counted in the kernel right now."""
-        return dict(await self._json("GET", self._sb(sandbox_id, "bandwidth")))
+    async def get_sandbox(self, sandbox_id: str) -> SandboxView:
+        return await self._call("GET", self._sb(sandbox_id), SandboxView.model_validate_json)
 
-    async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> dict[str, Any]:
-        """A new total egress budget (-1: unmetered); returns the counters like ``get_bandwidth``."""
-        body = {"quota_bytes": quota_bytes}
-        return dict(await self._json("PUT", self._sb(sandbox_id, "bandwidth"), json=body))
+    async def pause_sandbox(self, sandbox_id: str) -> StatusResult:
+        return await self._call("POST", self._sb(sandbox_id, "pause"), StatusResult.model_validate_json)
 
-    async def resize_sandbox(self, sandbox_id: str, disk_mib: int) -> dict[str, Any]:
-        return dict(await self._json("POST", self._sb(sandbox_id, "resize"), json={"disk_mib": disk_mib}))
+    async def resume_sandbox(self, sandbox_id: str) -> StatusResult:
+        return await self._call("POST", self._sb(sandbox_id, "resume"), StatusResult.model_validate_json)
 
-    async def destroy_sandbox(self, sandbox_id: str) -> dict[str, Any]:
-        return dict(await self._json("DELETE", self._sb(sandbox_id)))
+    async def fork_sandbox(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
+        return await self._call(
+            "POST",
+            self._sb(sandbox_id, "fork"),
+            CreateSandboxResult.model_validate_json,
+            body=body,
+            timeout=_CREATE_TIMEOUT,
+        )
+
+    async def set_egress(self, sandbox_id: str, rules: list[str]) -> EgressResult:
+        """Replaces the allowlist of a running or paused sandbox."""
+        return await self._call(
+            "PUT",
+            self._sb(sandbox_id, "egress"),
+            EgressResult.model_validate_json,
+            body=EgressBody(egress=rules),
+        )
+
+    async def get_bandwidth(self, sandbox_id: str) -> BandwidthResult:
+        """The counters as the kernel has them right now."""
+        return await self._call("GET", self._sb(sandbox_id, "bandwidth"), BandwidthResult.model_validate_json)
+
+    async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> BandwidthResult:
+        """A new total egress budget (-1: unmetered); answers the counters like ``get_bandwidth``."""
+        return await self._call(
+            "PUT",
+            self._sb(sandbox_id, "bandwidth"),
+            BandwidthResult.model_validate_json,
+            body=BandwidthBody(quota_bytes=quota_bytes),
+        )
+
+    async def resize_sandbox(self, sandbox_id: str, disk_mib: int) -> ResizeResult:
+        return await self._call(
+            "POST",
+            self._sb(sandbox_id, "resize"),
+            ResizeResult.model_validate_json,
+            body=ResizeBody(disk_mib=disk_mib),
+        )
+
+    async def destroy_sandbox(self, sandbox_id: str) -> DestroyResult:
+        return await self._call("DELETE", self._sb(sandbox_id), DestroyResult.model_validate_json)
 
     async def attach_network(
         self, sandbox_id: str, *, network_id: str, ip: str, prefixlen: int
-    ) -> dict[str, Any]:
-        """Puts the sandbox on the network's bridge with ``ip/prefixlen``; idempotent.
+    ) -> NetworkAttachment:
+        """Puts the sandbox on the network's bridge with ``ip/prefixlen``; idempotent. The answer's
+        ``ifname`` is the interface inside the sandbox."""
+        body = NetworkAttachBody(network_id=network_id, ip=IPv4Address(ip), prefixlen=prefixlen)
+        return await self._call(
+            "POST", self._sb(sandbox_id, "networks"), NetworkAttachment.model_validate_json, body=body
+        )
 
-        Returns ``{network_id, ip, prefixlen, ifname}`` (``ifname`` is the interface inside the sandbox)."""
-        body = {"network_id": network_id, "ip": ip, "prefixlen": prefixlen}
-        return dict(await self._json("POST", self._sb(sandbox_id, "networks"), json=body))
-
-    async def detach_network(self, sandbox_id: str, network_id: str) -> dict[str, Any]:
+    async def detach_network(self, sandbox_id: str, network_id: str) -> DetachResult:
         """Removes the sandbox's interface on that network; idempotent."""
-        return dict(await self._json("DELETE", self._sb(sandbox_id, "networks", quote(network_id, safe=""))))
+        path = self._sb(sandbox_id, "networks", quote(network_id, safe=""))
+        return await self._call("DELETE", path, DetachResult.model_validate_json)
 
     async def exec(
         self,
@@ -271,11 +326,15 @@ class HostAgentClient:
         env: dict[str, str],
         stdin: str | None = None,
         cwd: str | None = None,
-    ) -> dict[str, Any]:
-        body = {"cmd": cmd, "args": args, "env": env, "stdin": stdin, "cwd": cwd, "stream": False}
-        # A command may run for as long as it likes; only connecting is bounded.
-        timeout = httpx.Timeout(None, connect=5.0)
-        return dict(await self._json("POST", self._sb(sandbox_id, "exec"), json=body, timeout=timeout))
+    ) -> ExecResult:
+        body = ExecBody(cmd=cmd, args=args, env=env, stdin=stdin, cwd=cwd, stream=False)
+        return await self._call(
+            "POST",
+            self._sb(sandbox_id, "exec"),
+            ExecResult.model_validate_json,
+            body=body,
+            timeout=_EXEC_TIMEOUT,
+        )
 
     async def exec_stream(
         self,
@@ -287,36 +346,43 @@ class HostAgentClient:
         stdin: str | None = None,
         cwd: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Frames as the command produces them; leaving the iteration early kills the command."""
-        body = {"cmd": cmd, "args": args, "env": env, "stdin": stdin, "cwd": cwd, "stream": True}
-        try:
+        """Frames (``{"stdout"|"stderr"|"error": str}``, a last ``{"exit_code": int}``) as the command
+        produces them; leaving the iteration early kills the command."""
+        body = ExecBody(cmd=cmd, args=args, env=env, stdin=stdin, cwd=cwd, stream=True)
+        with _answered():
             async with self._http.stream(
-                "POST", self._sb(sandbox_id, "exec"), json=body, timeout=httpx.Timeout(None, connect=5.0)
+                "POST",
+                self._sb(sandbox_id, "exec"),
+                json=body.model_dump(mode="json"),
+                headers=self._call_headers(),
+                timeout=_EXEC_TIMEOUT,
             ) as resp:
                 if resp.status_code >= 400:
-                    raise _error_for(resp, await resp.aread())
+                    raise error_from(resp.status_code, await resp.aread())
                 async for line in resp.aiter_lines():
                     if line.strip():
                         yield json.loads(line)
-        except httpx.TransportError as exc:
-            raise HostUnavailableError(str(exc) or type(exc).__name__) from exc
 
-    async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:
-        return dict(
-            await self._json("PUT", self._sb(sandbox_id, "files"), params={"path": path}, content=chunks)
+    async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> FileWritten:
+        return await self._call(
+            "PUT",
+            self._sb(sandbox_id, "files"),
+            FileWritten.model_validate_json,
+            params={"path": path},
+            content=chunks,
         )
 
     async def download(self, sandbox_id: str, path: str) -> tuple[int | None, AsyncIterator[bytes]]:
         """Open a download: returns (size, chunks). Errors are raised before any byte is returned."""
-        request = self._http.build_request("GET", self._sb(sandbox_id, "files"), params={"path": path})
-        try:
+        request = self._http.build_request(
+            "GET", self._sb(sandbox_id, "files"), params={"path": path}, headers=self._call_headers()
+        )
+        with _answered():
             resp = await self._http.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise HostUnavailableError(str(exc) or type(exc).__name__) from exc
         if resp.status_code >= 400:
             body = await resp.aread()
             await resp.aclose()
-            raise _error_for(resp, body)
+            raise error_from(resp.status_code, body)
         length = resp.headers.get("content-length")
 
         async def chunks() -> AsyncIterator[bytes]:

@@ -264,6 +264,7 @@ class SandboxManager:
             with _driver_errors():
                 record = await self.runtime.create(spec, start_paused=body.start_paused)
             await self._guard(record, body.egress, body.bandwidth_quota_bytes)
+            await self._join_at_boot(record, body.networks)
             record.spawn_ms = round((time.monotonic() - started) * 1000, 3)
             self.records.save(record)
             self._entries[record.id] = _Entry(record)
@@ -288,6 +289,7 @@ class SandboxManager:
                 with _driver_errors():
                     record = await self.runtime.fork(source.record, spec, start_paused=body.start_paused)
                 await self._guard(record, body.egress, body.bandwidth_quota_bytes)
+                await self._join_at_boot(record, body.networks)
                 record.spawn_ms = round((time.monotonic() - started) * 1000, 3)
             self.records.save(record)
             self._entries[record.id] = _Entry(record)
@@ -403,6 +405,41 @@ class SandboxManager:
             self.records.save(record)
         log.info("network_attached", sandbox_id=sandbox_id, network_id=body.network_id, ifname=member.ifname)
         return NetworkAttachment(**_public(member.to_json()))
+
+    async def _join_at_boot(self, record: SandboxRecord, memberships: list[NetworkAttachBody]) -> None:
+        """Joins a new sandbox to the networks its create or fork named (one host call per boot); a
+        sandbox that cannot join them all is undone, like one that cannot be guarded."""
+        if not memberships:
+            return
+        joined: list[Membership] = []
+        try:
+            bridges = self._require_bridges()
+            netns = self.runtime.network_namespace(record)
+            for body in memberships:
+                with _driver_errors():
+                    member = await asyncio.to_thread(
+                        bridges.attach,
+                        netns,
+                        record.id,
+                        body.network_id,
+                        str(body.ip),
+                        body.prefixlen,
+                        {m.ifname for m in joined},
+                    )
+                joined.append(member)
+        except BaseException:
+            for member in joined:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(bridges.detach, member)
+            attachment = self._attachment(record)
+            if self.egress is not None and attachment is not None:
+                with contextlib.suppress(Exception):
+                    await self.egress.detach(record.id, attachment.veth)
+            with contextlib.suppress(Exception):
+                await self.runtime.destroy(record)
+            raise
+        record.networks = [m.to_json() for m in joined]
+        log.info("networks_joined", sandbox_id=record.id, networks=[m.network_id for m in joined])
 
     async def detach_network(self, sandbox_id: str, network_id: str) -> None:
         """Removes the sandbox's interface on the network; not a member is a no-op."""

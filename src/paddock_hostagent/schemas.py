@@ -1,4 +1,10 @@
-"""Bodies of the host agent's internal API (``/internal/v1``)."""
+"""The host agent's internal API (``/internal/v1``) on the wire: the one contract both sides import.
+
+The routes (``routes.py``) parse requests into these models and answer with them; the control plane's
+client (``client.py``) builds the same request models and parses the answers into the same response
+models. So this module imports nothing but pydantic and the standard library: the control plane may
+import it (tests/test_layering.py) without the host agent's server dependencies.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,12 @@ SANDBOX_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 SandboxStatus = Literal["running", "paused", "stopped"]
 
 
+class NetworkAttachBody(BaseModel):
+    network_id: str = Field(pattern=SANDBOX_ID_PATTERN)
+    ip: IPv4Address
+    prefixlen: int = Field(ge=8, le=30)
+
+
 class CreateSandboxBody(BaseModel):
     id: str = Field(pattern=SANDBOX_ID_PATTERN)
     name: str = Field(pattern=SANDBOX_NAME_PATTERN)
@@ -25,6 +37,8 @@ class CreateSandboxBody(BaseModel):
     # Egress allowlist as the control plane normalised it (empty: open) and budget (-1: unmetered).
     egress: list[str] = Field(default_factory=list, max_length=1000)
     bandwidth_quota_bytes: int = Field(default=-1, ge=-1)
+    # Private-network memberships joined before the boot: programmed during it, so a boot is one call.
+    networks: list[NetworkAttachBody] = Field(default_factory=list)
 
 
 class CreateSandboxResult(BaseModel):
@@ -50,12 +64,6 @@ class SandboxView(BaseModel):
     forked_from: str | None = None
     self_request: dict[str, Any] | None = None
     networks: list[NetworkAttachment] = Field(default_factory=list)
-
-
-class NetworkAttachBody(BaseModel):
-    network_id: str = Field(pattern=SANDBOX_ID_PATTERN)
-    ip: IPv4Address
-    prefixlen: int = Field(ge=8, le=30)
 
 
 class NetworkAttachment(BaseModel):
@@ -91,6 +99,8 @@ class ForkBody(BaseModel):
     start_paused: bool = False
     egress: list[str] = Field(default_factory=list, max_length=1000)
     bandwidth_quota_bytes: int = Field(default=-1, ge=-1)
+    # Private-network memberships joined before the boot: programmed during it, so a boot is one call.
+    networks: list[NetworkAttachBody] = Field(default_factory=list)
 
 
 class EgressBody(BaseModel):

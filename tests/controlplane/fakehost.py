@@ -1,16 +1,21 @@
 """A unit-test seam for the control plane's host link: records calls, boots instantly.
 
-Only the control plane's own rules are tested with it; tests/integration drives real hosts.
+It implements ``hostlink.HostLinkAPI``, the interface :class:`hostlink.HostLink` implements over a real
+host agent; the line at the end has mypy hold it to that declaration. Only the control plane's own
+rules are tested with it; tests/integration drives real hosts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from paddock_controlplane import hostlink
+from paddock_controlplane.models import Sandbox
+from paddock_core import errors
+from paddock_hostagent.schemas import NetworkAttachBody
 
 HOST_BEAT = {
     "id": "host-test-1",
@@ -36,16 +41,36 @@ class FakeHostLink:
         self.quotas: dict[str, int] = {}
         self.usage: dict[str, hostlink.Usage] = {}
         self.fail_egress = False
+        # The memberships each create or fork asked the host to join during its boot.
+        self.boot_networks: dict[str, list[str]] = {}
 
-    async def create(self, sandbox: Any, *, start_paused: bool) -> hostlink.Booted:
+    def _joins(self, sandbox_id: str, networks: Sequence[NetworkAttachBody]) -> None:
+        """A create or fork joins its networks during the boot; the real host fails the boot (and undoes
+        the sandbox) when one cannot be joined."""
+        if networks and self.fail_network:
+            raise hostlink.HostError("bridge exploded")
+        self.boot_networks[sandbox_id] = [f"{n.network_id} {n.ip}/{n.prefixlen}" for n in networks]
+
+    async def create(
+        self, sandbox: Sandbox, *, start_paused: bool, networks: Sequence[NetworkAttachBody] = ()
+    ) -> hostlink.Booted:
         self.calls.append(("create", sandbox.id))
+        self._joins(sandbox.id, networks)
         await asyncio.sleep(self.boot_delay_s)
         if self.fail_boot:
             raise hostlink.HostError("runtime exploded")
         return hostlink.Booted(ip=next(self.ips), spawn_ms=1.0)
 
-    async def fork(self, source: Any, child: Any, *, start_paused: bool) -> hostlink.Booted:
+    async def fork(
+        self,
+        source: Sandbox,
+        child: Sandbox,
+        *,
+        start_paused: bool,
+        networks: Sequence[NetworkAttachBody] = (),
+    ) -> hostlink.Booted:
         self.calls.append(("fork", child.id))
+        self._joins(child.id, networks)
         await asyncio.sleep(self.boot_delay_s)
         return hostlink.Booted(ip=next(self.ips), spawn_ms=1.0)
 
@@ -112,8 +137,6 @@ class FakeHostLink:
         return {"size": len(data)}
 
     async def download(self, sandbox_id: str, path: str) -> hostlink.Download:
-        from paddock_core import errors
-
         if (sandbox_id, path) not in self.files:
             raise errors.NotFound("file not found")
         data = self.files[(sandbox_id, path)]
@@ -122,3 +145,6 @@ class FakeHostLink:
             yield data
 
         return hostlink.Download(size=len(data), chunks=chunks())
+
+
+_: hostlink.HostLinkAPI = FakeHostLink()  # mypy: the fake keeps the interface's signatures

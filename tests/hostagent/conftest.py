@@ -31,6 +31,7 @@ import pytest
 from paddock_hostagent.client import HostAgentClient
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.images import ImageStore
+from paddock_hostagent.schemas import CreateSandboxBody
 
 TOKEN = "test-host-agent-token-0123456789"
 DISK_MIB = 2048
@@ -283,6 +284,8 @@ class Sandboxes:
         self.created: list[str] = []
 
     async def create(self, **overrides: Any) -> dict[str, Any]:
+        """Creates a sandbox (``overrides``: fields of ``CreateSandboxBody``); returns the answer as its
+        wire document, which the tests index like the control plane's JSON."""
         sandbox_id = overrides.pop("id", f"sb-{secrets.token_hex(5)}")
         spec = {
             "id": sandbox_id,
@@ -296,7 +299,7 @@ class Sandboxes:
         }
         spec.update(overrides)
         self.track(sandbox_id)
-        return await self.host.create_sandbox(**spec)
+        return (await self.host.create_sandbox(CreateSandboxBody(**spec))).model_dump()
 
     def track(self, sandbox_id: str) -> None:
         self.created.append(sandbox_id)
@@ -331,7 +334,9 @@ async def sandbox(sandboxes: Sandboxes) -> dict[str, Any]:
 
 
 async def run(host: HostAgentClient, sandbox_id: str, cmd: str, *args: str, **kwargs: Any) -> dict[str, Any]:
-    return await host.exec(sandbox_id, cmd=cmd, args=list(args), env=kwargs.pop("env", {}), **kwargs)
+    """The command's result as its wire document (``error`` and the truncation flags only when set)."""
+    result = await host.exec(sandbox_id, cmd=cmd, args=list(args), env=kwargs.pop("env", {}), **kwargs)
+    return result.model_dump(exclude_none=True)
 
 
 async def sh(host: HostAgentClient, sandbox_id: str, script: str) -> dict[str, Any]:

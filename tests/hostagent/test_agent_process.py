@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from paddock_hostagent.client import HostAgentClient, UnknownImageError
 from paddock_hostagent.host import prepare_host
+from paddock_hostagent.schemas import CreateSandboxBody, ForkBody
 from paddock_hostagent.settings import HostAgentSettings
 from tests.conftest import LiveServer
 from tests.hostagent.conftest import TOKEN, AgentProcess, Sandboxes, run, sh
@@ -43,10 +44,10 @@ async def test_a_restarted_agent_readopts_running_and_paused_sandboxes(make_agen
 
     async with agent.client() as host:
         tracker.host = host
-        views = {view["id"]: view for view in await host.list_sandboxes()}
-        assert views[running["id"]]["status"] == "running"
-        assert views[paused["id"]]["status"] == "paused"
-        assert views[running["id"]]["ip"] == running["ip"]
+        views = {view.id: view for view in await host.list_sandboxes()}
+        assert views[running["id"]].status == "running"
+        assert views[paused["id"]].status == "paused"
+        assert views[running["id"]].ip == running["ip"]
         result = await sh(host, running["id"], "cat /root/state; pgrep -c sleep; cut -d' ' -f22 /proc/1/stat")
         lines = result["stdout"].splitlines()
         assert lines[:2] == ["persisted", "1"]  # same files, same processes
@@ -64,7 +65,7 @@ async def test_each_oci_runtime_runs_the_full_lifecycle(make_agent: Any, runtime
     agent: AgentProcess = make_agent(runtime=runtime, pool_size=1)
     agent.start()
     async with agent.client() as host:
-        assert (await host.info())["runtime"] == runtime
+        assert (await host.info()).runtime == runtime
         tracker = Sandboxes(host, agent)
         try:
             created = await tracker.create(name=f"on-{runtime}")
@@ -73,7 +74,9 @@ async def test_each_oci_runtime_runs_the_full_lifecycle(make_agent: Any, runtime
             await host.resume_sandbox(created["id"])
             child_id = created["id"] + "-f"
             tracker.track(child_id)
-            await host.fork_sandbox(created["id"], new_id=child_id, name="child", start_paused=False)
+            await host.fork_sandbox(
+                created["id"], ForkBody(new_id=child_id, name="child", start_paused=False)
+            )
             assert (await run(host, child_id, "hostname"))["stdout"] == "child\n"
         finally:
             await tracker.destroy_all()
@@ -97,10 +100,12 @@ async def test_bad_requests_get_the_error_envelope(agent: AgentProcess, host: Ho
         assert response.status_code == 400 and response.json()["error"] == "bad_request"
     with pytest.raises(UnknownImageError):
         await host.create_sandbox(
-            id="sb-alpine", name="a", rootfs="alpine:3.20", vcpu=1, mem_mib=256, disk_mib=2048
+            CreateSandboxBody(
+                id="sb-alpine", name="a", rootfs="alpine:3.20", vcpu=1, mem_mib=256, disk_mib=2048
+            )
         )
     info = await host.info()
-    assert "alpine:3.20" not in info["buildable"]  # no mirror configured
+    assert "alpine:3.20" not in info.buildable  # no mirror configured
 
 
 @pytest.fixture
@@ -148,7 +153,7 @@ async def test_the_agent_serves_while_the_controlplane_is_down(make_agent: Any) 
     agent.start()
     await asyncio.sleep(0.5)
     async with agent.client() as host:
-        assert (await host.info())["vm_count"] == 0
+        assert (await host.info()).vm_count == 0
 
 
 def test_prepare_host_is_idempotent(tmp_path: Path) -> None:
@@ -191,12 +196,12 @@ async def test_an_image_from_a_mirror_is_built_on_first_demand(make_agent: Any, 
     agent.start()
     async with agent.client() as host:
         info = await host.info()
-        assert "alpine:3.20" in info["buildable"] and "alpine:3.20" not in info["rootfses"]
+        assert "alpine:3.20" in info.buildable and "alpine:3.20" not in info.rootfses
         tracker = Sandboxes(host, agent)
         try:
             created = await tracker.create(rootfs="alpine:3.20")
             result = await run(host, created["id"], "/bin/hello")
             assert result["stdout"] == "hello from a mirrored image\n"
-            assert "alpine:3.20" in (await host.info())["rootfses"]
+            assert "alpine:3.20" in (await host.info()).rootfses
         finally:
             await tracker.destroy_all()

@@ -132,7 +132,7 @@ async def chunks_of(data: bytes, size: int = 1 << 16) -> AsyncIterator[bytes]:
 async def test_binary_file_round_trip(host: HostAgentClient, sandbox: dict[str, Any]) -> None:
     data = os.urandom(1 << 20) + bytes(range(256))
     written = await host.upload(sandbox["id"], "/root/blob.bin", chunks_of(data))
-    assert written == {"path": "/root/blob.bin", "size": len(data)}
+    assert (written.path, written.size) == ("/root/blob.bin", len(data))
     size, chunks = await host.download(sandbox["id"], "/root/blob.bin")
     assert size == len(data)
     assert b"".join([chunk async for chunk in chunks]) == data
@@ -151,7 +151,7 @@ async def test_100_mib_file_round_trips_byte_exact(host: HostAgentClient, sandbo
     async for chunk in hundred_mib():
         expected.update(chunk)
     written = await host.upload(sandbox["id"], "/root/big.bin", hundred_mib())
-    assert written["size"] == 100 << 20
+    assert written.size == 100 << 20
     inside = await run(host, sandbox["id"], "sha256sum", "/root/big.bin")
     assert inside["stdout"].split()[0] == expected.hexdigest()
     size, chunks = await host.download(sandbox["id"], "/root/big.bin")

@@ -76,8 +76,8 @@ async def test_memory_limit_kills_the_hog_and_is_reported(
     result = await sh(host, created["id"], "head -c 400000000 /dev/zero | tail > /dev/null")
     assert result["exit_code"] == 137
     view = await host.get_sandbox(created["id"])
-    assert view["oom_kills"] >= 1
-    assert view["status"] == "running"
+    assert view.oom_kills >= 1
+    assert view.status == "running"
     assert (await run(host, created["id"], "echo", "still here"))["stdout"] == "still here\n"
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from paddock_hostagent.client import BadStateError, HostAgentClient, HostAgentError, SandboxMissingError
+from paddock_hostagent.schemas import CreateSandboxBody, ForkBody
 from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sandbox_cgroup_dirs, sh
 
 pytestmark = pytest.mark.root
@@ -37,10 +38,10 @@ async def test_pause_freezes_everything_and_resume_continues(
 ) -> None:
     await start_counter(host, sandbox["id"])
     before = await read_counter(host, sandbox["id"])
-    assert (await host.pause_sandbox(sandbox["id"])) == {"status": "paused"}
-    assert (await host.get_sandbox(sandbox["id"]))["status"] == "paused"
+    assert (await host.pause_sandbox(sandbox["id"])).status == "paused"
+    assert (await host.get_sandbox(sandbox["id"])).status == "paused"
     await asyncio.sleep(1.0)  # ~50 increments if it were running
-    assert (await host.resume_sandbox(sandbox["id"])) == {"status": "running"}
+    assert (await host.resume_sandbox(sandbox["id"])).status == "running"
     after_resume = await read_counter(host, sandbox["id"])
     assert after_resume - before < 15, (before, after_resume)
     await asyncio.sleep(0.5)
@@ -61,7 +62,7 @@ async def test_pause_ends_a_running_stream_with_an_error(
 async def test_start_paused(host: HostAgentClient, sandboxes: Sandboxes) -> None:
     created = await sandboxes.create(start_paused=True)
     assert created["status"] == "paused" and created["ip"]
-    assert (await host.get_sandbox(created["id"]))["status"] == "paused"
+    assert (await host.get_sandbox(created["id"])).status == "paused"
     await host.resume_sandbox(created["id"])
     assert (await run(host, created["id"], "echo", "awake"))["stdout"] == "awake\n"
 
@@ -75,15 +76,17 @@ async def test_fork_sees_the_files_then_diverges(host: HostAgentClient, sandboxe
     )
     child_id = f"{source['id']}-fork"
     sandboxes.track(child_id)
-    child = await host.fork_sandbox(source["id"], new_id=child_id, name="offshoot", start_paused=False)
-    assert child["status"] == "running" and child["ip"] != source["ip"]
+    child = await host.fork_sandbox(
+        source["id"], ForkBody(new_id=child_id, name="offshoot", start_paused=False)
+    )
+    assert child.status == "running" and child.ip != source["ip"]
     result = await sh(host, child_id, "cat /root/shared.txt /opt/work/y; hostname")
     assert result["stdout"] == "from-source\nx\noffshoot\n"
     await sh(host, child_id, "echo child > /root/shared.txt")
     await sh(host, source["id"], "echo source-later > /root/shared.txt")
     assert (await run(host, child_id, "cat", "/root/shared.txt"))["stdout"] == "child\n"
     assert (await run(host, source["id"], "cat", "/root/shared.txt"))["stdout"] == "source-later\n"
-    assert (await host.get_sandbox(child_id))["forked_from"] == source["id"]
+    assert (await host.get_sandbox(child_id)).forked_from == source["id"]
 
 
 async def test_fork_of_a_paused_sandbox_leaves_it_paused(host: HostAgentClient, sandboxes: Sandboxes) -> None:
@@ -92,9 +95,11 @@ async def test_fork_of_a_paused_sandbox_leaves_it_paused(host: HostAgentClient, 
     await host.pause_sandbox(source["id"])
     child_id = f"{source['id']}-fork"
     sandboxes.track(child_id)
-    child = await host.fork_sandbox(source["id"], new_id=child_id, name="paused-child", start_paused=True)
-    assert child["status"] == "paused"
-    assert (await host.get_sandbox(source["id"]))["status"] == "paused"
+    child = await host.fork_sandbox(
+        source["id"], ForkBody(new_id=child_id, name="paused-child", start_paused=True)
+    )
+    assert child.status == "paused"
+    assert (await host.get_sandbox(source["id"])).status == "paused"
     await host.resume_sandbox(child_id)
     assert (await run(host, child_id, "cat", "/root/note"))["stdout"] == "kept\n"
 
@@ -109,16 +114,16 @@ async def test_resize_grows_the_filesystem_live(host: HostAgentClient, sandboxes
 
     before = await size_mib()
     assert 1800 <= before <= 2048
-    assert (await host.resize_sandbox(created["id"], 4096)) == {"disk_mib": 4096}
+    assert (await host.resize_sandbox(created["id"], 4096)).disk_mib == 4096
     after = await size_mib()
     assert after >= before + 1900, (before, after)
     # the extra space is usable, and nothing was lost
     result = await sh(host, created["id"], "fallocate -l 2500M /root/big && cat /root/file && rm /root/big")
     assert result["stdout"] == "before\n", result
-    assert (await host.get_sandbox(created["id"]))["disk_mib"] == 4096
+    assert (await host.get_sandbox(created["id"])).disk_mib == 4096
     # a paused sandbox can be grown too; it sees the new size when it resumes
     await host.pause_sandbox(created["id"])
-    assert (await host.resize_sandbox(created["id"], 6144)) == {"disk_mib": 6144}
+    assert (await host.resize_sandbox(created["id"], 6144)).disk_mib == 6144
     await host.resume_sandbox(created["id"])
     assert await size_mib() >= after + 1900
     with pytest.raises(HostAgentError) as shrink:
@@ -129,14 +134,18 @@ async def test_resize_grows_the_filesystem_live(host: HostAgentClient, sandboxes
 async def test_destroy_removes_everything_and_is_idempotent(
     agent: AgentProcess, host: HostAgentClient
 ) -> None:
-    created = await host.create_sandbox(
-        id="sb-destroy-me", name="doomed", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048
-    )
+    created = (
+        await host.create_sandbox(
+            CreateSandboxBody(
+                id="sb-destroy-me", name="doomed", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048
+            )
+        )
+    ).model_dump()
     agent.created_ids.append(created["id"])
     slot = agent.record(created["id"])["driver_state"]["slot"]
     assert sandbox_cgroup_dirs([created["id"]])
     await host.destroy_sandbox(created["id"])
-    assert await host.destroy_sandbox(created["id"]) == {"destroyed": True}
+    assert (await host.destroy_sandbox(created["id"])).destroyed
     with pytest.raises(SandboxMissingError):
         await host.get_sandbox(created["id"])
     assert sandbox_cgroup_dirs([created["id"]]) == []
@@ -168,17 +177,19 @@ async def test_info_accounts_for_placed_memory(host: HostAgentClient, sandboxes:
     before = await host.info()
     created = await sandboxes.create(mem_mib=768)
     after = await host.info()
-    assert after["free_mib"] == before["free_mib"] - 768
-    assert after["vm_count"] == before["vm_count"] + 1
-    assert "debian:13" in after["rootfses"]
+    assert after.free_mib == before.free_mib - 768
+    assert after.vm_count == before.vm_count + 1
+    assert "debian:13" in after.rootfses
     await host.destroy_sandbox(created["id"])
-    assert (await host.info())["free_mib"] == before["free_mib"]
+    assert (await host.info()).free_mib == before.free_mib
 
 
 async def test_duplicate_ids_are_refused(host: HostAgentClient, sandbox: dict[str, Any]) -> None:
     with pytest.raises(BadStateError):
         await host.create_sandbox(
-            id=sandbox["id"], name="again", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048
+            CreateSandboxBody(
+                id=sandbox["id"], name="again", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048
+            )
         )
 
 
@@ -196,11 +207,13 @@ async def test_a_destroy_that_overtakes_its_create_still_destroys(
     agent.created_ids.append(sandbox_id)
     create = asyncio.create_task(
         host.create_sandbox(
-            id=sandbox_id, name="racer", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=4096
+            CreateSandboxBody(
+                id=sandbox_id, name="racer", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=4096
+            )
         )
     )
     await asyncio.sleep(0.005)
-    assert await host.destroy_sandbox(sandbox_id) == {"destroyed": True}
+    assert (await host.destroy_sandbox(sandbox_id)).destroyed
     await asyncio.gather(create, return_exceptions=True)
     with pytest.raises(SandboxMissingError):
         await host.get_sandbox(sandbox_id)
@@ -214,10 +227,10 @@ async def test_a_sandbox_whose_init_dies_is_reported_stopped_and_still_destroyab
     init_pid = agent.record(created["id"])["driver_state"]["init_pid"]
     os.kill(init_pid, 9)  # e.g. the host's OOM killer, or an operator
     for _ in range(100):
-        if (await host.get_sandbox(created["id"]))["status"] == "stopped":
+        if (await host.get_sandbox(created["id"])).status == "stopped":
             break
         await asyncio.sleep(0.02)
-    assert (await host.get_sandbox(created["id"]))["status"] == "stopped"
+    assert (await host.get_sandbox(created["id"])).status == "stopped"
     with pytest.raises(BadStateError):
         await run(host, created["id"], "true")
     with pytest.raises(BadStateError):
@@ -230,7 +243,7 @@ async def test_a_sandbox_whose_init_dies_is_reported_stopped_and_still_destroyab
 
 async def wait_self_request(host: HostAgentClient, sandbox_id: str) -> dict[str, Any] | None:
     for _ in range(60):
-        request = (await host.get_sandbox(sandbox_id)).get("self_request")
+        request = (await host.get_sandbox(sandbox_id)).self_request
         if request:
             return dict(request)
         await asyncio.sleep(0.1)
@@ -246,7 +259,7 @@ async def test_code_inside_can_ask_for_its_own_pause(host: HostAgentClient, sand
     request = await wait_self_request(host, sandbox["id"])
     assert request is not None and request["action"] == "pause" and request["reason"] == "batch done"
     await host.pause_sandbox(sandbox["id"])  # what the control plane does with it
-    assert (await host.get_sandbox(sandbox["id"])).get("self_request") is None
+    assert (await host.get_sandbox(sandbox["id"])).self_request is None
     await host.resume_sandbox(sandbox["id"])
     other = await run(
         host,

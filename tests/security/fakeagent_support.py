@@ -1,5 +1,6 @@
 """A stand-in host agent over real HTTP on 127.0.0.1: the control plane registers it by heartbeat and
-talks to it through the real ``HostAgentClient``; each call answers 200, or the agent's 507 on demand."""
+talks to it through the real ``HostAgentClient``; each call answers 200, or the agent's 507 on demand.
+Answers are built from the contract's models (``paddock_hostagent.schemas``), which the client parses."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from paddock_hostagent.schemas import CreateSandboxResult, DestroyResult, ExecResult, FileWritten
 
 FULL = {"error": "insufficient_capacity", "message": "256 MiB requested, 41 MiB free"}
 
@@ -41,15 +44,18 @@ class FakeAgent:
 
         async def destroy(request: Request) -> JSONResponse:
             self.calls.append(("destroy", request.path_params["sid"]))
-            return JSONResponse({})
+            return JSONResponse(DestroyResult().model_dump())
 
         async def upload(request: Request) -> JSONResponse:
             self.calls.append(("upload", request.path_params["sid"]))
-            return JSONResponse({"size": len(await request.body())})
+            written = FileWritten(path=request.query_params["path"], size=len(await request.body()))
+            return JSONResponse(written.model_dump())
 
         async def run(request: Request) -> JSONResponse:
             self.calls.append(("exec", request.path_params["sid"]))
-            return JSONResponse({"stdout": "", "stderr": "", "exit_code": 0})
+            return JSONResponse(
+                ExecResult(stdout="", stderr="", exit_code=0, exec_ms=0.1).model_dump(exclude_none=True)
+            )
 
         return Starlette(
             routes=[
@@ -67,7 +73,8 @@ class FakeAgent:
         self.calls.append((call, sandbox_id))
         if call in self.refuse:
             return JSONResponse(FULL, status_code=507)
-        return JSONResponse({"id": sandbox_id, "ip": "10.88.0.2", "spawn_ms": 1.0, "status": "running"})
+        booted = CreateSandboxResult(id=sandbox_id, ip="10.88.0.2", spawn_ms=1.0, status="running")
+        return JSONResponse(booted.model_dump())
 
     def created(self) -> list[str]:
         return [sid for call, sid in self.calls if call == "create"]

@@ -296,7 +296,7 @@ async def test_a_private_network_interface_has_no_ipv6_either(probes: Probes) ->
         joined = await probes.host.attach_network(
             box.id, network_id=network_id, ip=f"10.96.250.{2 + index}", prefixlen=24
         )
-        assert joined["ifname"] == "eth1"
+        assert joined.ifname == "eth1"
         addresses = await probes.sh(box, "ip -6 -o addr show; ip -4 -o addr show dev eth1")
         lines = addresses["stdout"].splitlines()
         assert [line.split()[1] for line in lines] == ["lo", "eth1"], addresses

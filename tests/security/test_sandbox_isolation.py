@@ -78,7 +78,7 @@ def limited_agent(
 async def host(limited_agent: AgentProcess) -> AsyncIterator[HostAgentClient]:
     async with limited_agent.client() as client:
         info = await client.info()
-        assert info["runtime"] == limited_agent.runtime, info
+        assert info.runtime == limited_agent.runtime, info
         yield client
 
 
@@ -114,9 +114,9 @@ def host_free_bytes(state_dir: Path) -> int:
 
 async def pool_refilled(host: HostAgentClient, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
-    while (await host.info())["warm_slots"] < 1 and time.monotonic() < deadline:
+    while (await host.info()).warm_slots < 1 and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert (await host.info())["warm_slots"] >= 1, "the warm pool did not refill"
+    assert (await host.info()).warm_slots >= 1, "the warm pool did not refill"
 
 
 def agent_pids_group(agent: AgentProcess, sandbox_id: str) -> Path:
@@ -284,7 +284,7 @@ async def test_create_beyond_host_memory_is_refused_with_the_numbers(
     assert match, str(refused.value)
     assert int(match[1]) == requested
     assert int(match[2]) < mem_available_mib()
-    assert sandbox_id not in {item["id"] for item in await host.list_sandboxes()}
+    assert sandbox_id not in {item.id for item in await host.list_sandboxes()}
     # What the host can give, it still gives.
     created = await boxes.create(mem_mib=256)
     assert created["status"] == "running"
@@ -303,7 +303,7 @@ async def test_disk_beyond_host_free_space_is_refused(
     with pytest.raises(InsufficientCapacityError) as refused:
         await host.resize_sandbox(sandbox["id"], too_big_mib)
     assert "MiB free (disk: " in str(refused.value)
-    assert (await host.get_sandbox(sandbox["id"]))["disk_mib"] == DISK_MIB
+    assert (await host.get_sandbox(sandbox["id"])).disk_mib == DISK_MIB
 
 
 # -- 6. disk I/O throttle -----------------------------------------------------------------------

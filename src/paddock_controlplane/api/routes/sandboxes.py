@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import QueryParams
 
-from paddock_controlplane import configuration, lifecycle, power, queries, views
+from paddock_controlplane import configuration, lifecycle, lookup, power, views
 from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
 from paddock_controlplane.api.routes import optional
@@ -59,7 +59,7 @@ async def list_sandboxes(
     request: Request, principal: PrincipalDep, services: ServicesDep, page: PageDep
 ) -> dict[str, Any]:
     async with services.sessions() as session:
-        rows, total = await queries.page(
+        rows, total = await lookup.page(
             session,
             principal.user_id,
             status=request.query_params.get("status") or None,
@@ -74,7 +74,7 @@ async def list_sandboxes(
 @router.get("/by-ip/{ip}")
 async def by_ip(ip: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
     async with services.sessions() as session:
-        return envelope.success(view(services, await queries.by_ip(session, principal.user_id, ip)))
+        return envelope.success(view(services, await lookup.by_ip(session, principal.user_id, ip)))
 
 
 @router.get("/{sandbox_id}")
@@ -87,8 +87,8 @@ async def get(
 
 
 async def _read(services: Services, user_id: str, sandbox_id: str, query: QueryParams) -> dict[str, Any]:
-    wait = queries.wait_params(query.get("wait_for"), query.get("wait_ms"))
-    sandbox = await queries.get_when(services, user_id, sandbox_id, cutoff(services), wait)
+    wait = lookup.wait_params(query.get("wait_for"), query.get("wait_ms"))
+    sandbox = await lookup.get_when(services, user_id, sandbox_id, cutoff(services), wait)
     return envelope.success(view(services, sandbox))
 
 
@@ -197,7 +197,7 @@ async def recharge(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     async with services.sessions() as session:
-        await queries.get_owned(session, principal.user_id, sandbox_id)  # 404 before 400 (§11.7)
+        await lifecycle.get_owned(session, principal.user_id, sandbox_id)  # 404 before 400 (§11.7)
     body = await optional_body(request, RechargeRequest)
     return envelope.success(
         await configuration.recharge(services, principal.user_id, sandbox_id, body.add_bytes)
