@@ -323,6 +323,20 @@ async def test_nul_never_reaches_the_database(controlplane: ControlPlane) -> Non
         await athen_ok(http, bad, "/v1/whoami", headers=headers)
     listed = await http.get("/v1/webhook-endpoints", headers=headers)
     assert listed.json()["data"]["pagination"]["total"] == 0  # nothing half-written
+    # path and query parameters too (GET /v1/sandboxes/{id} is the fast lane's; it hands NUL on)
+    for method, path, field in (
+        ("GET", "/v1/sandboxes/sb-%00", "sandbox_id"),
+        ("POST", "/v1/sandboxes/sb-%00/exec", "sandbox_id"),
+        ("GET", "/v1/sandboxes?status=run%00", "status"),
+        ("GET", "/v1/networks/n%00", "network_id"),
+        ("DELETE", "/v1/webhook-endpoints/w%00", "endpoint_id"),
+    ):
+        bad = await http.request(
+            method, path, headers=headers, json={"cmd": "true"} if method == "POST" else None
+        )
+        assert bad.status_code == 400, (path, bad.text)
+        assert bad.json()["data"]["code"] == "VALIDATION_FAILED" and field in bad.json()["data"], bad.text
+        await athen_ok(http, bad, "/v1/whoami", headers=headers)
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """JSON request bodies: one parser for every route (``paddock_core.jsonbody``: NUL, NaN/Infinity and
 deep nesting are refused with a 400 naming the field), and bodies that may be absent.
 
-Routes that declare a body model to FastAPI use ``JsonRoute`` (``APIRouter(route_class=JsonRoute)``),
-which parses the body with that parser before FastAPI reads it; routes whose body is optional call
-``optional_body``.
+Routers use ``BoundaryRoute`` (``APIRouter(route_class=BoundaryRoute)``): it refuses NUL in path and
+query parameters and parses a declared body with that parser before FastAPI reads it; routes whose
+body is optional call ``optional_body``.
 """
 
 from __future__ import annotations
@@ -29,24 +29,34 @@ def parse_json(raw: bytes, nul_allowed: frozenset[str] = frozenset()) -> Any:
         raise errors.ValidationFailed.field(exc.field, exc.reason) from None
 
 
-class JsonRoute(APIRoute):
-    """A route whose declared JSON body goes through ``parse_json`` first.
+class BoundaryRoute(APIRoute):
+    """A route whose input passes the boundary rules before FastAPI sees it.
 
-    FastAPI parses bodies with Starlette's ``Request.json()`` (plain ``json.loads``), which caches its
-    result on the request; the value parsed here is put in that cache, so the body is parsed once."""
+    - A path or query parameter holding NUL is a 400 naming it: such a value cannot name anything, and
+      PostgreSQL refuses it in a query (a 500 otherwise).
+    - A declared JSON body goes through ``parse_json``. FastAPI parses bodies with Starlette's
+      ``Request.json()`` (plain ``json.loads``), which caches its result on the request; the value
+      parsed here is put in that cache, so the body is parsed once."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handler = super().get_route_handler()
-        if self.body_field is None:
-            return handler
+        has_body = self.body_field is not None
 
-        async def parse_then_handle(request: Request) -> Response:
-            raw = await request.body()
-            if raw.strip():
-                request._json = parse_json(raw)  # Starlette's cache of request.json()
+        async def checked(request: Request) -> Response:
+            check_parameters(request)
+            if has_body:
+                raw = await request.body()
+                if raw.strip():
+                    request._json = parse_json(raw)  # Starlette's cache of request.json()
             return await handler(request)
 
-        return parse_then_handle
+        return checked
+
+
+def check_parameters(request: Request) -> None:
+    for name, value in [*request.path_params.items(), *request.query_params.multi_items()]:
+        if "\x00" in name or "\x00" in str(value):
+            raise errors.ValidationFailed.field(name.replace("\x00", ""), "must not contain NUL (%00)")
 
 
 async def optional_body(request: Request, model: type[M], nul_allowed: frozenset[str] = frozenset()) -> M:

@@ -8,9 +8,10 @@ from fastapi import APIRouter
 
 from paddock_controlplane import catalog, hosts, usage
 from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, SessionDep
+from paddock_controlplane.api.routes.bodies import BoundaryRoute
 from paddock_core import envelope
 
-router = APIRouter(tags=["catalog"])
+router = APIRouter(tags=["catalog"], route_class=BoundaryRoute)
 
 
 @router.get("/v1/whoami")

@@ -8,12 +8,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from paddock_controlplane import execution, validation
 from paddock_controlplane.api.deps import PrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
-from paddock_controlplane.api.routes.bodies import JsonRoute, optional_body
+from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.schemas import ExecRequest
 from paddock_controlplane.services import Services
 from paddock_core import envelope, errors, fastlane, jsonbody
 
-router = APIRouter(prefix="/v1/sandboxes", tags=["exec and files"], route_class=JsonRoute)
+router = APIRouter(prefix="/v1/sandboxes", tags=["exec and files"], route_class=BoundaryRoute)
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # stdin is bytes for the command, streamed to it and never stored: a NUL there is data. Everywhere
 # else (cmd, args, env) the kernel would cut the string at it.
@@ -60,8 +60,8 @@ async def _fast_exec(
     scope: fastlane.Scope, params: dict[str, str], raw: bytes, receive: fastlane.Receive
 ) -> JSONResponse | None:
     """The fast lane's buffered exec; streams and bodies that do not validate go to the route above."""
-    if b"stream" in scope.get("query_string", b""):
-        return None
+    if b"stream" in scope.get("query_string", b"") or "\x00" in params["sandbox_id"]:
+        return None  # the route serves streams and renders the 400 for a NUL
     try:
         # The same parser as the route (NUL, NaN, depth); a body it refuses goes on to the route,
         # which renders the 400.

@@ -9,10 +9,12 @@ from pydantic import BaseModel, Field
 
 from paddock_controlplane import hosts
 from paddock_controlplane.api.deps import HostAuthDep, ServicesDep
-from paddock_controlplane.api.routes.bodies import JsonRoute
+from paddock_controlplane.api.routes.bodies import BoundaryRoute
 from paddock_core.db import transaction
 
-router = APIRouter(prefix="/internal/v1", tags=["internal"], include_in_schema=False, route_class=JsonRoute)
+router = APIRouter(
+    prefix="/internal/v1", tags=["internal"], include_in_schema=False, route_class=BoundaryRoute
+)
 
 
 class Heartbeat(BaseModel):

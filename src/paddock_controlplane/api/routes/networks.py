@@ -8,11 +8,11 @@ from fastapi import APIRouter, Request
 
 from paddock_controlplane import networks
 from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, SessionDep
-from paddock_controlplane.api.routes.bodies import JsonRoute, optional_body
+from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.schemas import NetworkAttachRequest, NetworkCreateRequest
 from paddock_core import envelope
 
-router = APIRouter(tags=["networks"], route_class=JsonRoute)
+router = APIRouter(tags=["networks"], route_class=BoundaryRoute)
 
 
 def mark(request: Request, resource_id: str) -> None:

@@ -13,7 +13,7 @@ from paddock_controlplane import configuration, lifecycle, lookup, power, views
 from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
 from paddock_controlplane.api.routes import optional
-from paddock_controlplane.api.routes.bodies import JsonRoute, optional_body
+from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.schemas import (
     CreateSandboxRequest,
@@ -27,7 +27,7 @@ from paddock_controlplane.schemas import (
 from paddock_controlplane.services import Services
 from paddock_core import envelope, errors, fastlane
 
-router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"], route_class=JsonRoute)
+router = APIRouter(prefix="/v1/sandboxes", tags=["sandboxes"], route_class=BoundaryRoute)
 
 
 def view(services: Services, sandbox: Sandbox) -> dict[str, Any]:
@@ -94,8 +94,10 @@ async def _read(services: Services, user_id: str, sandbox_id: str, query: QueryP
 
 async def _fast_get(
     scope: fastlane.Scope, params: dict[str, str], _: bytes, __: fastlane.Receive
-) -> JSONResponse:
+) -> JSONResponse | None:
     """``GET /v1/sandboxes/{id}`` in the fast lane: clients poll it hard (§7.2); same answers as above."""
+    if "\x00" in params["sandbox_id"] or b"%00" in scope.get("query_string", b""):
+        return None  # the route renders the 400 (``BoundaryRoute``)
     scope.setdefault("state", {})["resource_id"] = params["sandbox_id"]
     try:
         services, principal = await scope_principal(scope)

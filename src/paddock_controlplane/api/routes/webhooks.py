@@ -9,10 +9,10 @@ from pydantic import BaseModel
 
 from paddock_controlplane import webhooks
 from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, SessionDep
-from paddock_controlplane.api.routes.bodies import JsonRoute
+from paddock_controlplane.api.routes.bodies import BoundaryRoute
 from paddock_core import envelope
 
-router = APIRouter(prefix="/v1/webhook-endpoints", tags=["webhooks"], route_class=JsonRoute)
+router = APIRouter(prefix="/v1/webhook-endpoints", tags=["webhooks"], route_class=BoundaryRoute)
 
 
 class CreateEndpointRequest(BaseModel):
