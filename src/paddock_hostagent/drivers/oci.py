@@ -45,7 +45,7 @@ from paddock_hostagent.drivers.commands import run
 from paddock_hostagent.drivers.network import NetworkManager
 from paddock_hostagent.drivers.ocispec import BundleSpec, IoLimits, runtime_config, write_identity_files
 from paddock_hostagent.drivers.pool import Slot, SlotFactory, WarmPool
-from paddock_hostagent.guest import GuestClient, GuestError
+from paddock_hostagent.guest import GuestClient, GuestError, GuestVersionError
 
 log = get_logger(__name__)
 
@@ -252,6 +252,8 @@ class OciRuntime(SandboxRuntime):
             record.driver_state = handle.to_json()
             try:
                 await self.guest(record).wait_ready(self.options.boot_timeout_s)
+            except GuestVersionError as exc:
+                raise BootError(f"guest agent of {spec.id} refused: {exc}") from exc
             except GuestError as exc:
                 raise BootError(f"guest agent of {spec.id} did not answer: {exc}{boot_log.suffix()}") from exc
         finally:

@@ -22,6 +22,7 @@ from paddock_hostagent.guest.protocol import (
     GuestParentNotFoundError,
     GuestProtocolError,
     GuestUnavailableError,
+    GuestVersionError,
 )
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "GuestParentNotFoundError",
     "GuestProtocolError",
     "GuestUnavailableError",
+    "GuestVersionError",
     "Output",
     "SpawnFailed",
 ]

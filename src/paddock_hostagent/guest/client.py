@@ -30,6 +30,7 @@ from paddock_hostagent.guest.protocol import (
     Frame,
     GuestProtocolError,
     GuestUnavailableError,
+    check_version,
     chunked_frames,
     decode_error,
     encode_exec,
@@ -184,12 +185,15 @@ class GuestClient:
             conn.close()
 
     async def wait_ready(self, timeout_s: float) -> GuestInfo:
-        """Polls until the agent answers INFO; raises GuestUnavailableError after ``timeout_s``."""
+        """Polls until the agent answers INFO (its hello); raises GuestUnavailableError after
+        ``timeout_s``, and GuestVersionError at once for a guest of another protocol version."""
         deadline = time.monotonic() + timeout_s
         delay_s = 0.0005
         while True:
             try:
-                return await self.info()
+                info = await self.info()
+                check_version(info.version)
+                return info
             except GuestUnavailableError:
                 if time.monotonic() >= deadline:
                     raise

@@ -1,11 +1,15 @@
 """The guest agent's wire format, host side: frame types, encoders and the error tree.
 
 A frame is ``u8 type | u32 little-endian length | payload``; strings inside payloads are ``u32 length |
-bytes``. The C side is ``agent.c``; the two tables must agree (``PROTOCOL_VERSION`` guards them).
+bytes``. The C side is ``agent.c``; the two tables must agree. ``PROTOCOL_VERSION`` guards them: the
+guest reports its version in every INFO reply, and a booting sandbox whose guest reports another one
+is refused (``check_version``), so a stale guest binary fails its boot saying so instead of
+misreading frames.
 
     GuestError
     ├── GuestUnavailableError     the socket does not answer (sandbox gone, paused, or agent dead)
     ├── GuestProtocolError        a malformed or unexpected frame
+    │   └── GuestVersionError     the guest speaks another protocol version
     └── GuestFileError            a file request failed inside the guest
         ├── GuestFileNotFoundError
         ├── GuestParentNotFoundError
@@ -66,6 +70,19 @@ class GuestUnavailableError(GuestError):
 
 class GuestProtocolError(GuestError):
     pass
+
+
+class GuestVersionError(GuestProtocolError):
+    pass
+
+
+def check_version(version: int) -> None:
+    """Refuses a guest agent built from another protocol version than this host agent's."""
+    if version != PROTOCOL_VERSION:
+        raise GuestVersionError(
+            f"guest agent speaks protocol version {version}, this host agent {PROTOCOL_VERSION}; "
+            "rebuild the guest agent (python -m paddock_hostagent.guest.build)"
+        )
 
 
 class GuestFileError(GuestError):
