@@ -68,6 +68,10 @@ class ExecResult:
     exit_code: int
     exec_ms: float
     error: str | None = None
+    #: A buffered exec keeps at most 4 MiB of each stream; the command still ran to its end.
+    #: Use ``Sandbox.stream`` for the whole output.
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -82,6 +86,8 @@ class ExecResult:
             exit_code=int(result.get("exit_code", -1)),
             exec_ms=float(data.get("exec_ms", 0.0)),
             error=result.get("error"),
+            stdout_truncated=bool(result.get("stdout_truncated", False)),
+            stderr_truncated=bool(result.get("stderr_truncated", False)),
         )
 
 
