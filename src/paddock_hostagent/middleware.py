@@ -1,6 +1,8 @@
 """One structured log line per request (pure ASGI, so NDJSON streams and uploads are not buffered).
 
-The control plane's ``X-Request-Id`` is kept when it sends one, so both services' lines correlate.
+The control plane's ``X-Request-Id`` is kept when it sends one (``HostAgentClient`` sends the id of the
+control-plane request it serves), so both services' lines correlate; it is bound for the request's
+duration, so the domain's own lines (``sandbox_created`` …) carry it too.
 Reads and commands log at debug level (they are frequent); lifecycle changes and errors at info.
 An unexpected exception is answered here with the app's 500 handler and the kept-alive connection
 stays open for the control plane's next call (``paddock_core.http.serve_guarded``).
@@ -11,6 +13,8 @@ from __future__ import annotations
 import secrets
 import time
 from typing import Any
+
+import structlog
 
 from paddock_core.http import serve_guarded
 from paddock_core.logging import get_logger
@@ -46,7 +50,8 @@ class RequestLogMiddleware:
             await send(message)
 
         try:
-            await serve_guarded(self.app, scope, receive, send_logged)
+            with structlog.contextvars.bound_contextvars(request_id=request_id):
+                await serve_guarded(self.app, scope, receive, send_logged)
         finally:
             method, path = scope["method"], scope["path"]
             quiet = status < 400 and (method == "GET" or path.endswith("/exec"))

@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from paddock_core.http import current_request_id
 from paddock_hostagent.client import HostAgentClient, UnknownImageError
 from paddock_hostagent.host import prepare_host
 from paddock_hostagent.schemas import CreateSandboxBody, ForkBody
@@ -92,6 +96,23 @@ async def test_requests_need_the_bearer_token(agent: AgentProcess) -> None:
         assert wrong.status_code == 401
         right = await http.get("/internal/v1/info", headers={"Authorization": f"Bearer {TOKEN}"})
         assert right.status_code == 200
+
+
+async def test_a_call_is_logged_under_the_callers_request_id(agent: AgentProcess) -> None:
+    """The control plane's client sends the id of the request it serves; the agent logs under it."""
+    request_id = "req_" + secrets.token_hex(8)
+    path = "/internal/v1/sandboxes/sb-never-created"
+    with structlog.contextvars.bound_contextvars(request_id=request_id):  # as the control plane's middleware
+        async with HostAgentClient(agent.url, TOKEN, request_id=current_request_id) as host:
+            assert (await host.destroy_sandbox("sb-never-created")).destroyed
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [json.loads(line) for line in agent.log_path.read_text().splitlines() if request_id in line]
+        logged = [line for line in lines if line.get("event") == "request" and line.get("path") == path]
+        if logged or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert logged and logged[0]["request_id"] == request_id and logged[0]["method"] == "DELETE", lines
 
 
 async def test_bad_requests_get_the_error_envelope(agent: AgentProcess, host: HostAgentClient) -> None:
