@@ -94,6 +94,8 @@ class EgressPolicy:
             wildcard = host.startswith("*.")
             name = host[2:] if wildcard else host
             _check_hostname(raw, name)
+            if wildcard and "." not in name.rstrip("."):  # as the control plane's validation: no "*.com"
+                raise EgressRuleError(raw, "'*.' needs a domain with at least two labels")
             names.append(NameRule(name, wildcard, port))
         return cls(
             networks=tuple(ipaddress.collapse_addresses(networks)),
