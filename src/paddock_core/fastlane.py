@@ -18,14 +18,17 @@ import contextlib
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from starlette import types
 
 T = TypeVar("T")
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# Starlette's own ASGI types, so its Request.receive and Response instances type-check as they are.
+Scope = types.Scope
+Message = types.Message
+Receive = types.Receive
+Send = types.Send
+ASGIApp = types.ASGIApp
 # (scope, path parameters, body, receive) -> an ASGI response to send, or None to fall through.
 Handler = Callable[[Scope, dict[str, str], bytes, Receive], Awaitable[ASGIApp | None]]
 

@@ -29,6 +29,7 @@ import contextlib
 import ipaddress
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from paddock_hostagent.drivers.base import CommandFailedError
 from paddock_hostagent.drivers.nftlib import Nft
@@ -36,6 +37,8 @@ from paddock_hostagent.drivers.nftlib import Nft
 #: Addresses admitted from a DNS answer stay at least this long (a TTL of 0 would be useless).
 MIN_ANSWER_TTL_S = 30
 MAX_ANSWER_TTL_S = 86400
+#: One object of ``nft -j`` output (a counter, a quota …), fields as nft names them.
+NftObject = dict[str, Any]
 
 
 class EgressRuleError(ValueError):
@@ -384,7 +387,7 @@ delete set {t} guarded
             item["name"][3:] for item in await self._list("counters") if item.get("name", "")[:3] == "co_"
         }
 
-    async def _list(self, kind: str) -> list[dict[str, object]]:
+    async def _list(self, kind: str) -> list[NftObject]:
         try:
             out = await self.nft.run(f"list {kind} table {self._t}", json_output=True)
         except CommandFailedError:
@@ -396,9 +399,9 @@ delete set {t} guarded
         await self.nft.run(batch)
 
 
-def _objects_of(output: str) -> list[dict[str, dict[str, object]]]:
+def _objects_of(output: str) -> list[dict[str, NftObject]]:
     """nft -j prints one JSON document per listed command."""
-    items: list[dict[str, dict[str, object]]] = []
+    items: list[dict[str, NftObject]] = []
     decoder = json.JSONDecoder()
     text, pos = output.strip(), 0
     while pos < len(text):
