@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import time
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from paddock_hostagent.client import BadStateError, HostAgentClient, HostAgentError, SandboxMissingError
-from paddock_hostagent.schemas import CreateSandboxBody, ForkBody
+from paddock_hostagent.schemas import CreateSandboxBody, ForkBody, NetworkAttachBody
 from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sandbox_cgroup_dirs, sh
 
 pytestmark = pytest.mark.root
@@ -129,6 +131,26 @@ async def test_resize_grows_the_filesystem_live(host: HostAgentClient, sandboxes
     with pytest.raises(HostAgentError) as shrink:
         await host.resize_sandbox(created["id"], 4096)
     assert shrink.value.status == 400
+
+
+async def test_create_and_fork_join_the_networks_they_name(
+    host: HostAgentClient, sandboxes: Sandboxes
+) -> None:
+    network_id = f"net_boot{secrets.token_hex(3)}"
+    created = await sandboxes.create(
+        networks=[{"network_id": network_id, "ip": "10.96.251.2", "prefixlen": 24}]
+    )
+    view = await host.get_sandbox(created["id"])
+    assert [(n.network_id, n.ip, n.prefixlen, n.ifname) for n in view.networks] == [
+        (network_id, "10.96.251.2", 24, "eth1")
+    ]
+    assert "10.96.251.2/24" in (await sh(host, created["id"], "ip -4 -o addr show dev eth1"))["stdout"]
+    child_id = f"{created['id']}-fork"
+    sandboxes.track(child_id)
+    joined = NetworkAttachBody(network_id=network_id, ip=IPv4Address("10.96.251.3"), prefixlen=24)
+    await host.fork_sandbox(created["id"], ForkBody(new_id=child_id, name="joined-child", networks=[joined]))
+    assert [n.ip for n in (await host.get_sandbox(child_id)).networks] == ["10.96.251.3"]
+    assert (await sh(host, child_id, "ping -c1 -W2 10.96.251.2"))["exit_code"] == 0  # on one bridge
 
 
 async def test_destroy_removes_everything_and_is_idempotent(

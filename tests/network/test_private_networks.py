@@ -8,6 +8,7 @@ IO::Socket, in the debian:13 image) answers with its hostname, a client dials it
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import signal
 import subprocess
@@ -161,6 +162,29 @@ def test_members_talk_both_ways_and_a_non_member_cannot(user: User) -> None:
     assert user.dial(a["id"], c["ip"]) == ""
     members = user.ok(user.http.get(f"/v1/networks/{net['id']}"))["members"]
     assert sorted(m["ip"] for m in members) == sorted([ip_a, ip_b])
+
+
+def test_a_create_joins_its_networks_in_its_one_boot_call(platform: LivePlatform, user: User) -> None:
+    first, second = user.network("one"), user.network("two")
+    body = {"shape": SHAPE, "disk_mib": DISK_MIB, "networks": [{"id": first["id"]}, {"id": second["id"]}]}
+    response = user.http.post("/v1/sandboxes", json=body)
+    sandbox = user.ok(response)
+    user.created.append(sandbox["id"])
+    shown = user.sh(sandbox["id"], "ip -4 -o addr show dev eth1; ip -4 -o addr show dev eth2")["stdout"]
+    assert (
+        f"{overlay_ip(sandbox, first['id'])}/24" in shown
+        and f"{overlay_ip(sandbox, second['id'])}/24" in shown
+    )
+    # the host agent logs its calls under the create's request id: one create, no separate attach
+    request_id = response.headers["x-request-id"]
+    lines = [
+        json.loads(raw)
+        for agent in platform.agents
+        for raw in agent.log_path.read_text(errors="replace").splitlines()
+        if request_id in raw
+    ]
+    calls = [(line["method"], line["path"]) for line in lines if line.get("event") == "request"]
+    assert calls == [("POST", "/internal/v1/sandboxes")], calls
 
 
 def test_an_egress_allowlist_does_not_cut_the_private_network(user: User) -> None:
