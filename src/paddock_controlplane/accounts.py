@@ -10,10 +10,11 @@ import datetime as dt
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane.models import ApiKey, CreditEntry, Plan, User
+from paddock_controlplane.models import ApiKey, CreditEntry, Plan, Sandbox, User
+from paddock_controlplane.states import TOWARD_RUNNING
 from paddock_core import errors
 from paddock_core.crypto import random_token, sha256_hex
 from paddock_core.ids import new_id
@@ -171,6 +172,55 @@ async def balance_micro(session: AsyncSession, user_id: str) -> int:
     if value is None:
         raise errors.NotFound("user not found")
     return int(value)
+
+
+async def check_credit(session: AsyncSession, user_id: str) -> None:
+    if await balance_micro(session, user_id) <= 0:
+        raise errors.InsufficientCredit("no credit left on this account")
+
+
+def require_credit(account: LockedUser) -> None:
+    """The balance read when the user's row was locked must be positive."""
+    if account.credits_micro <= 0:
+        raise errors.InsufficientCredit("no credit left on this account")
+
+
+def check_plan_limits(plan: Plan, *, vcpu: int, mem_mib: int, disk_mib: int, wants_disks: bool) -> None:
+    if vcpu > plan.max_vcpu or mem_mib > plan.max_mem_mib:
+        raise errors.PlanLimit(
+            f"shape exceeds the {plan.name} plan's largest shape ({plan.max_vcpu} vCPU / "
+            f"{plan.max_mem_mib // 1024} GB)"
+        )
+    if disk_mib > plan.max_disk_mib:
+        raise errors.PlanLimit(
+            f"disk_mib {disk_mib} exceeds the {plan.name} plan's max disk {plan.max_disk_mib}"
+        )
+    if wants_disks and plan.disks_concurrent == 0:
+        raise errors.PlanLimit(f"the {plan.name} plan includes no disks")
+
+
+async def check_quotas(
+    session: AsyncSession,
+    plan: Plan,
+    user_id: str,
+    *,
+    now: dt.datetime,
+    needs_slot: bool,
+    new_sandbox: bool,
+) -> None:
+    """Concurrent and daily sandbox caps; the caller holds the user lock (§14.2)."""
+    if needs_slot:
+        live = await session.scalar(
+            select(func.count()).where(Sandbox.user_id == user_id, Sandbox.status.in_(TOWARD_RUNNING))
+        )
+        if int(live or 0) >= plan.concurrent_sandboxes:
+            raise errors.QuotaExceeded(f"concurrent sandbox cap reached: limit {plan.concurrent_sandboxes}")
+    if new_sandbox:
+        today = await session.scalar(
+            select(func.count()).where(Sandbox.user_id == user_id, Sandbox.created_at >= day_start(now))
+        )
+        if int(today or 0) >= plan.sandboxes_per_day:
+            raise errors.QuotaExceeded(f"daily sandbox cap reached: limit {plan.sandboxes_per_day} per day")
 
 
 def day_start(now: dt.datetime | None = None) -> dt.datetime:

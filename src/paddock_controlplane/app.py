@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from paddock_controlplane import contract, hostlink, ingress, reconciler, upkeep
+from paddock_controlplane import contract, host_reports, hostlink, ingress, reconciler
 from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.api.routes import networks as network_routes
@@ -77,10 +77,10 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
 
         async def on_heartbeat(beat: dict[str, Any]) -> None:
             hostlink.forget_if_moved(services, str(beat["id"]), str(beat["url"]))
-            await upkeep.apply_host_report(services, beat)
+            await host_reports.apply_host_report(services, beat)
 
         services.on_heartbeat = on_heartbeat
-        loop = reconciler.Reconciler(services, [reconciler.host_liveness_pass, *upkeep.PASSES])
+        loop = reconciler.Reconciler(services, reconciler.PASSES)
         await loop.run_once()
         loop.start()
         deliveries = DeliveryWorker.from_services(services) if settings.webhook_worker_enabled else None

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts
 from paddock_controlplane.models import Sandbox
+from paddock_controlplane.states import SandboxStatus
 from paddock_core.timeutil import as_utc
 
 MICRO_PER_VCPU_SECOND = 1400  # 0.0504 USD/h × 100 credits/USD × 1e6 / 3600
@@ -49,7 +50,7 @@ async def settle(session: AsyncSession, sandbox: Sandbox, now: dt.datetime) -> i
 async def billing_pass(session: AsyncSession, now: dt.datetime) -> set[str]:
     """Settle every running sandbox; returns the users whose balance is now used up."""
     exhausted: set[str] = set()
-    running = (await session.scalars(select(Sandbox).where(Sandbox.status == "running"))).all()
+    running = (await session.scalars(select(Sandbox).where(Sandbox.status == SandboxStatus.RUNNING))).all()
     for sandbox in running:
         await settle(session, sandbox, now)
     for user_id in {s.user_id for s in running}:

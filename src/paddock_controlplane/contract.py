@@ -6,7 +6,7 @@ and query parameters (with the models that validate them), and each operation's 
 
 from __future__ import annotations
 
-from paddock_controlplane.lookup import MAX_WAIT_MS, STATUSES
+from paddock_controlplane.queries import MAX_WAIT_MS, STATUSES
 from paddock_controlplane.schemas import (
     EgressRequest,
     ExecRequest,

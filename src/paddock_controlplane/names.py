@@ -8,6 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.models import Sandbox
+from paddock_controlplane.states import TERMINAL
 
 ADJECTIVES = [
     "brave",
@@ -72,13 +73,12 @@ ANIMALS = [
     "moose",
     "puffin",
 ]
-LIVE = ("destroyed", "failed")
 
 
 async def taken(session: AsyncSession, user_id: str, name: str) -> bool:
     found = await session.scalar(
         select(Sandbox.id).where(
-            Sandbox.user_id == user_id, Sandbox.name == name, Sandbox.status.not_in(LIVE)
+            Sandbox.user_id == user_id, Sandbox.name == name, Sandbox.status.not_in(TERMINAL)
         )
     )
     return found is not None

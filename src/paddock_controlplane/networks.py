@@ -18,11 +18,13 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import accounts, execution, hostlink, webhooks
-from paddock_controlplane.lifecycle import get_owned, require_credit
+from paddock_controlplane import accounts, hostlink, queries, webhooks
+from paddock_controlplane.accounts import require_credit
 from paddock_controlplane.models import Network, NetworkMember, Sandbox
+from paddock_controlplane.queries import get_owned
 from paddock_controlplane.schemas import NetworkRef
 from paddock_controlplane.services import Services
+from paddock_controlplane.states import CLOSED, TERMINAL, SandboxStatus
 from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.ids import new_id
@@ -33,9 +35,6 @@ from paddock_hostagent.schemas import NetworkAttachBody
 log = get_logger("paddock.networks")
 
 MAX_NAME = 63
-TERMINAL = ("destroyed", "failed")
-#: Sandbox states in which the host no longer holds (or never held) the sandbox's interfaces.
-CLOSED = ("destroying", "destroyed", "failed")
 
 
 # --- views ---------------------------------------------------------------------------------------
@@ -324,10 +323,10 @@ async def attach(services: Services, user_id: str, sandbox_id: str, network_id: 
     async with services.sessions() as session:
         await get_owned(session, user_id, sandbox_id)
         await get_owned_network(session, user_id, network_id)
-    await execution.running_sandbox(services, user_id, sandbox_id)  # waits out creating/resuming (W)
+    await queries.running_sandbox(services, user_id, sandbox_id)  # waits out creating/resuming (W)
     async with transaction(services.sessions) as session:
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
-        if sandbox.status != "running":
+        if sandbox.status != SandboxStatus.RUNNING:
             raise errors.InvalidState(f"sandbox is {sandbox.status}; attach needs a running sandbox")
         network = await get_owned_network(session, user_id, network_id, for_update=True)
         member = await session.get(NetworkMember, (network.id, sandbox.id))
@@ -386,7 +385,7 @@ async def detach(services: Services, user_id: str, sandbox_id: str, network_id: 
         ).first()
         if member is None:
             raise errors.NotFound("sandbox is not a member of this network")
-    if sandbox.status != "error":
+    if sandbox.status != SandboxStatus.ERROR:
         try:
             link = await hostlink.for_host(services, sandbox.host_id)
             await link.detach_network(sandbox.id, network_id)

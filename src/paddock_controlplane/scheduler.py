@@ -24,11 +24,10 @@ from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.models import Host, Sandbox
+from paddock_controlplane.states import HOLDING_MEMORY
 from paddock_core import errors
 from paddock_core.timeutil import as_utc
 
-#: Statuses whose sandboxes hold memory on their host (a frozen sandbox keeps its memory).
-HOLDING_MEMORY = ("creating", "running", "pausing", "paused", "resuming", "forking", "destroying")
 NO_CAPACITY = "no host with capacity"
 #: Seconds a client should wait before retrying a create refused for capacity (heartbeats are ~2 s).
 RETRY_AFTER_S = 2

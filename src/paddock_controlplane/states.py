@@ -57,6 +57,10 @@ ON_HOST: tuple[S, ...] = (S.CREATING, S.RUNNING, S.PAUSING, S.PAUSED, S.RESUMING
 BOOTED: tuple[S, ...] = (S.RUNNING, S.PAUSING, S.PAUSED, S.RESUMING)
 #: What a heartbeat's report is folded into (``error`` may come back when its host does).
 REPORTED: tuple[S, ...] = (S.RUNNING, S.PAUSED, S.ERROR)
+#: On its way to ``running`` or ``paused`` by itself: an ingress request waits for it.
+SETTLING: tuple[S, ...] = (S.CREATING, S.RESUMING, S.PAUSING, S.FORKING)
+#: Holding memory on its host (a frozen sandbox keeps its memory; a destroy frees it when done).
+HOLDING_MEMORY: tuple[S, ...] = (*ON_HOST, S.DESTROYING)
 #: A fork copies a source in one of these.
 FORKABLE: tuple[S, ...] = (S.RUNNING, S.PAUSED)
 #: ``status_reason`` is shown only in these.

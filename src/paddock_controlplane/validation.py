@@ -1,7 +1,8 @@
 """Field rules shared by create, fork, PATCH and the per-resource endpoints (§11.3).
 
-Each function returns the normalised value or raises ``ValueError`` with a reason; pydantic attaches
-the wire path (``egress[2]``, ``envs.FOO``) and the error handler renders a 400 naming it.
+Each function returns the normalised value or raises :class:`paddock_core.errors.ValidationFailed`
+naming the wire field (``egress[2]``, ``ssh_pubkeys[0]``); the caller passes the field's name when it is
+not the usual one, and the error handler renders the 400.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import base64
 import binascii
 import ipaddress
 import re
+
+from paddock_core.errors import ValidationFailed
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -39,43 +42,44 @@ SSH_KEY_TYPES = frozenset(
 )
 
 
-def sandbox_name(value: str) -> str:
+def sandbox_name(value: str, field: str = "name") -> str:
     if not NAME_RE.match(value):
-        raise ValueError("must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+        raise ValidationFailed.field(field, "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     if value.startswith("sb-"):
-        raise ValueError("must not start with 'sb-' (reserved for sandbox ids)")
+        raise ValidationFailed.field(field, "must not start with 'sb-' (reserved for sandbox ids)")
     return value
 
 
-def _port(text: str) -> int:
+def _port(text: str, field: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise ValueError(f"port {text!r} must be 1-65535")
+        raise ValidationFailed.field(field, f"port {text!r} must be 1-65535")
     return int(text)
 
 
-def _hostname(text: str) -> str:
+def _hostname(text: str, field: str) -> str:
     host = text.lower().rstrip(".")
     labels = host.split(".")
     if len(host) > 253 or len(labels) < 1 or not all(HOST_LABEL_RE.match(label) for label in labels):
-        raise ValueError(f"{text!r} is not a valid host name")
+        raise ValidationFailed.field(field, f"{text!r} is not a valid host name")
     return host
 
 
-def egress_rule(raw: str) -> str:
+def egress_rule(raw: str, field: str) -> str:
     """One allowlist rule: host, host:port, *.host, ip, ip:port, cidr, cidr:port, [v6]:port."""
     rule = raw.strip()
     if not rule:
-        raise ValueError("empty rule")
+        raise ValidationFailed.field(field, "empty rule")
     if rule == "*":
         return rule
     if rule.startswith("["):
         addr, sep, port = rule[1:].partition("]:")
         if not sep:
-            raise ValueError("IPv6 with a port is written [addr]:port")
+            raise ValidationFailed.field(field, "IPv6 with a port is written [addr]:port")
         try:
-            return f"[{ipaddress.IPv6Address(addr).compressed}]:{_port(port)}"
+            address = ipaddress.IPv6Address(addr).compressed
         except ipaddress.AddressValueError:
-            raise ValueError(f"{addr!r} is not an IPv6 address") from None
+            raise ValidationFailed.field(field, f"{addr!r} is not an IPv6 address") from None
+        return f"[{address}]:{_port(port, field)}"
     if "/" in rule:
         network, port = rule, ""
         if rule.count(":") == 1 or (rule.count(":") > 1 and rule.rsplit(":", 1)[1].isdigit() and "." in rule):
@@ -83,8 +87,8 @@ def egress_rule(raw: str) -> str:
         try:
             net = ipaddress.ip_network(network, strict=False)
         except ValueError:
-            raise ValueError(f"{rule!r} is not a valid CIDR") from None
-        return f"{net.with_prefixlen}:{_port(port)}" if port else net.with_prefixlen
+            raise ValidationFailed.field(field, f"{rule!r} is not a valid CIDR") from None
+        return f"{net.with_prefixlen}:{_port(port, field)}" if port else net.with_prefixlen
     try:
         return ipaddress.ip_address(rule).compressed
     except ValueError:
@@ -93,100 +97,95 @@ def egress_rule(raw: str) -> str:
     if ":" in rule:
         host, _, port = rule.rpartition(":")
         try:
-            return f"{ipaddress.IPv4Address(host).compressed}:{_port(port)}"
+            address = ipaddress.IPv4Address(host).compressed
         except ipaddress.AddressValueError:
             pass
+        else:
+            return f"{address}:{_port(port, field)}"
     wildcard = host.startswith("*.")
-    name = _hostname(host[2:] if wildcard else host)
+    name = _hostname(host[2:] if wildcard else host, field)
     if "*" in name:
-        raise ValueError("'*' is allowed only as a leading '*.' label")
+        raise ValidationFailed.field(field, "'*' is allowed only as a leading '*.' label")
     if wildcard and "." not in name:
-        raise ValueError("'*.' needs a domain with at least two labels")
+        raise ValidationFailed.field(field, "'*.' needs a domain with at least two labels")
     out = ("*." if wildcard else "") + name
-    return f"{out}:{_port(port)}" if port else out
+    return f"{out}:{_port(port, field)}" if port else out
 
 
-def egress_rules(rules: list[str] | None) -> list[str]:
+def egress_rules(rules: list[str] | None, field: str = "egress") -> list[str]:
     """Normalise a list: trimmed, lowercased, de-duplicated; ``["*"]`` and ``[]`` mean allow all."""
     out: list[str] = []
     for index, raw in enumerate(rules or []):
-        try:
-            rule = egress_rule(raw)
-        except ValueError as exc:
-            raise EgressRuleError(index, str(exc)) from None
+        rule = egress_rule(raw, f"{field}[{index}]")
         if rule not in out:
             out.append(rule)
     if "*" in out:
         if len(out) > 1:
-            raise EgressRuleError(out.index("*"), "'*' is allowed only as the sole entry")
+            raise ValidationFailed.field(
+                f"{field}[{out.index('*')}]", "'*' is allowed only as the sole entry"
+            )
         return []
     return out
 
 
-class EgressRuleError(ValueError):
-    def __init__(self, index: int, reason: str) -> None:
-        super().__init__(reason)
-        self.index = index
-        self.reason = reason
-
-
-def envs(values: dict[str, str] | None) -> dict[str, str]:
+def envs(values: dict[str, str] | None, field: str = "envs") -> dict[str, str]:
     values = values or {}
     if len(values) > MAX_ENV_KEYS:
-        raise ValueError(f"at most {MAX_ENV_KEYS} keys")
+        raise ValidationFailed.field(field, f"at most {MAX_ENV_KEYS} keys")
     total = 0
     for key, value in values.items():
         if not ENV_KEY_RE.match(key):
-            raise ValueError(f"key {key!r} must match ^[A-Za-z_][A-Za-z0-9_]*$")
+            raise ValidationFailed.field(field, f"key {key!r} must match ^[A-Za-z_][A-Za-z0-9_]*$")
         size = len(value.encode())
         if size > MAX_ENV_VALUE_BYTES:
-            raise ValueError(f"value of {key} is over {MAX_ENV_VALUE_BYTES} bytes")
+            raise ValidationFailed.field(field, f"value of {key} is over {MAX_ENV_VALUE_BYTES} bytes")
         total += len(key.encode()) + size
     if total > MAX_ENV_TOTAL_BYTES:
-        raise ValueError(f"keys plus values are over {MAX_ENV_TOTAL_BYTES} bytes in total")
+        raise ValidationFailed.field(field, f"keys plus values are over {MAX_ENV_TOTAL_BYTES} bytes in total")
     return dict(values)
 
 
-def ssh_pubkey(raw: str) -> str:
+def ssh_pubkey(raw: str, field: str) -> str:
     parts = raw.strip().split(None, 2)
     if len(parts) < 2 or parts[0] not in SSH_KEY_TYPES:
-        raise ValueError("must be '<type> <base64> [comment]' with a supported key type")
+        raise ValidationFailed.field(field, "must be '<type> <base64> [comment]' with a supported key type")
     try:
         base64.b64decode(parts[1], validate=True)
     except (binascii.Error, ValueError):
-        raise ValueError("key blob is not valid base64") from None
+        raise ValidationFailed.field(field, "key blob is not valid base64") from None
     return " ".join(parts)
 
 
-def ssh_pubkeys(keys: list[str] | None) -> list[str]:
+def ssh_pubkeys(keys: list[str] | None, field: str = "ssh_pubkeys") -> list[str]:
+    """Each key normalised (400 naming ``<field>[<index>]``), duplicates dropped, order kept."""
     out: list[str] = []
-    for key in keys or []:
-        normalised = ssh_pubkey(key)
+    for index, key in enumerate(keys or []):
+        normalised = ssh_pubkey(key, f"{field}[{index}]")
         if normalised not in out:
             out.append(normalised)
     return out
 
 
-def auto_pause_seconds(value: int | None) -> int | None:
+def auto_pause_seconds(value: int | None, field: str = "auto_pause_after_seconds") -> int | None:
     if not value:
         return None
     low, high = AUTO_PAUSE_RANGE
     if not low <= value <= high:
-        raise ValueError(f"must be between {low} and {high}")
+        raise ValidationFailed.field(field, f"must be between {low} and {high}")
     return value
 
 
-def guest_path(value: str | None) -> str:
+def guest_path(value: str | None, field: str = "path") -> str:
     if not value:
-        raise ValueError("path is required")
+        raise ValidationFailed.field(field, "path is required")
     if "\x00" in value:
-        raise ValueError("path must not contain NUL")
+        raise ValidationFailed.field(field, "path must not contain NUL")
     if not value.startswith("/"):
-        raise ValueError("path must be absolute")
+        raise ValidationFailed.field(field, "path must be absolute")
     if len(value.encode()) >= PATH_MAX_BYTES:
-        raise ValueError(f"path must be shorter than {PATH_MAX_BYTES} bytes")
+        raise ValidationFailed.field(field, f"path must be shorter than {PATH_MAX_BYTES} bytes")
     if any(len(part.encode()) > NAME_MAX_BYTES for part in value.split("/")):
-        raise ValueError(f"each path component must be at most {NAME_MAX_BYTES} bytes")
+        raise ValidationFailed.field(field, f"each path component must be at most {NAME_MAX_BYTES} bytes")
     return value
 
 
@@ -199,17 +198,17 @@ def exec_command_bytes(cmd: str, args: list[str], env: dict[str, str]) -> dict[s
     }
 
 
-def mount_path(value: str) -> str:
+def mount_path(value: str, field: str) -> str:
     if not value or not value.startswith("/"):
-        raise ValueError("must be an absolute path")
+        raise ValidationFailed.field(field, "must be an absolute path")
     if value.rstrip("/") == "":
-        raise ValueError("must not be /")
+        raise ValidationFailed.field(field, "must not be /")
     return value
 
 
-def sub_path(value: str | None) -> str | None:
+def sub_path(value: str | None, field: str) -> str | None:
     if value is None or value == "":
         return None
     if value.startswith("/") or ".." in value.split("/"):
-        raise ValueError("must be relative and contain no '..' segment")
+        raise ValidationFailed.field(field, "must be relative and contain no '..' segment")
     return value

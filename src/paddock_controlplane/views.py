@@ -8,9 +8,8 @@ from sqlalchemy import inspect
 from sqlalchemy.orm.base import NO_VALUE
 
 from paddock_controlplane.models import Sandbox
+from paddock_controlplane.states import TERMINAL, WITH_REASON
 from paddock_core.timeutil import rfc3339
-
-TERMINAL = frozenset({"destroyed", "failed"})
 
 
 def ingress_url_template(sandbox: Sandbox, scheme: str, domain: str) -> str:
@@ -46,7 +45,7 @@ def sandbox_view(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, Any
         "forked_from": sandbox.forked_from,
         "auto_pause_after_seconds": sandbox.auto_pause_after_seconds,
         "oom_kills": int(sandbox.oom_kills or 0) or None,
-        "status_reason": sandbox.status_reason if sandbox.status in ("error", "failed") else None,
+        "status_reason": sandbox.status_reason if sandbox.status in WITH_REASON else None,
     }
     out.update({key: value for key, value in optional.items() if value is not None})
     networks = network_refs(sandbox)
@@ -95,6 +94,19 @@ def create_response(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, 
     if networks:
         out["networks"] = networks
     return out
+
+
+def event_data(sandbox: Sandbox, **extra: Any) -> dict[str, Any]:
+    """``data`` of a ``sandbox.*`` webhook event (§11.15), with the action's own fields."""
+    return {
+        "sandbox_id": sandbox.id,
+        "user_id": sandbox.user_id,
+        "name": sandbox.name,
+        "shape": sandbox.shape,
+        "disk_mib": sandbox.disk_mib,
+        "region": sandbox.region,
+        **extra,
+    }
 
 
 def bandwidth_view(sandbox: Sandbox, *, capped: bool | None = None) -> dict[str, Any]:

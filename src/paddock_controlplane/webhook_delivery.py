@@ -35,8 +35,8 @@ from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.webhooks import TargetRefused, resolve_public
 from paddock_core.crypto import SecretBox
-from paddock_core.db import transaction
-from paddock_core.logging import get_logger
+from paddock_core.db import make_engine, make_sessionmaker, transaction
+from paddock_core.logging import configure_logging, get_logger
 from paddock_core.timeutil import Clock, utcnow
 
 log = get_logger("paddock.webhooks")
@@ -478,8 +478,6 @@ class DeliveryWorker:
 
 async def serve(settings: ControlPlaneSettings) -> None:
     """Run a worker alone against the configured database until cancelled."""
-    from paddock_core.db import make_engine, make_sessionmaker
-
     engine = make_engine(settings.database_url)
     box = SecretBox(settings.secret_key.get_secret_value() or "paddock-dev-insecure-key")
     worker = DeliveryWorker(make_sessionmaker(engine), box, settings)
@@ -492,8 +490,6 @@ async def serve(settings: ControlPlaneSettings) -> None:
 
 
 def main() -> None:
-    from paddock_core.logging import configure_logging
-
     settings = ControlPlaneSettings()
     configure_logging(settings.log_level, json=settings.log_json)
     with contextlib.suppress(KeyboardInterrupt):

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from paddock_controlplane import accounts, hostlink, upkeep
+from paddock_controlplane import accounts, hostlink, reconciler
 from paddock_controlplane.app import create_app
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
@@ -103,11 +103,11 @@ async def test_running_time_is_billed_per_second_and_paused_time_is_free(clocked
         # One hour of 1 vCPU + 1 GiB: 0.0666 USD = 6.66 credits, to the micro-credit.
         assert start - await clocked.balance(user_id) == 6_660_000
         clocked.clock.advance(1000)
-        await clocked.reconcile(upkeep.billing_pass)
+        await clocked.reconcile(reconciler.billing_pass)
         assert start - await clocked.balance(user_id) == 6_660_000, "nothing is charged while paused"
         assert (await http.post(f"/v1/sandboxes/{sid}/resume")).status_code == 200
         clocked.clock.advance(10)
-        await clocked.reconcile(upkeep.billing_pass)
+        await clocked.reconcile(reconciler.billing_pass)
         assert start - await clocked.balance(user_id) == 6_660_000 + 10 * PER_SECOND_MICRO
         clocked.clock.advance(5)
         await http.delete(f"/v1/sandboxes/{sid}")
@@ -131,11 +131,11 @@ async def test_running_out_of_credit_pauses_sandboxes_and_blocks_resume(clocked:
     async with http:
         sid = (await http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
         clocked.clock.advance(500)
-        await clocked.reconcile(upkeep.billing_pass)
+        await clocked.reconcile(reconciler.billing_pass)
         assert (await http.get(f"/v1/sandboxes/{sid}")).json()["data"]["status"] == "running"
         assert ("pause", sid) not in clocked.host.calls
         clocked.clock.advance(100)
-        await clocked.reconcile(upkeep.billing_pass)
+        await clocked.reconcile(reconciler.billing_pass)
         await clocked.status(http, sid, "paused")
         refused = await http.post(f"/v1/sandboxes/{sid}/resume")
         assert refused.status_code == 402, refused.text
@@ -152,12 +152,12 @@ async def test_an_idle_sandbox_pauses_itself_and_activity_postpones_it(clocked: 
         clocked.clock.advance(50)
         assert (await http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})).status_code == 200
         clocked.clock.advance(30)  # 80 s after creation, 30 s after the last command
-        await clocked.reconcile(upkeep.idle_pass)
+        await clocked.reconcile(reconciler.idle_pass)
         # the clock stands still until the next advance, so no pass (ours or the loop's) pauses it now
         assert (await http.get(f"/v1/sandboxes/{sid}")).json()["data"]["status"] == "running"
         assert ("pause", sid) not in clocked.host.calls
         clocked.clock.advance(31)
-        await clocked.reconcile(upkeep.idle_pass)
+        await clocked.reconcile(reconciler.idle_pass)
         await clocked.status(http, sid, "paused")
         assert (await http.get(f"/v1/sandboxes/{busy}")).json()["data"]["status"] == "running", (
             "no timeout set: never auto-paused"

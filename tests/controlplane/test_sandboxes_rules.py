@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from paddock_controlplane import hostlink, lookup
+from paddock_controlplane import hostlink, queries
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
 
@@ -406,7 +406,7 @@ async def test_get_with_wait_for_answers_when_the_state_changes(
     api: httpx.AsyncClient, fake_host: FakeHostLink, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``?wait_for=running`` on a forking child answers the moment the fork lands, not on a poll tick."""
-    monkeypatch.setattr(lookup, "REREAD_S", 30.0)  # only the commit's wake-up can end the wait early
+    monkeypatch.setattr(queries, "REREAD_S", 30.0)  # only the commit's wake-up can end the wait early
     src = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
     fake_host.boot_delay_s = 0.6
     child = (await api.post(f"/v1/sandboxes/{src}/fork", json={})).json()["data"]["id"]

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from paddock_controlplane.execution import Inflight, touch
+from paddock_controlplane.activity import Inflight, touch
 from paddock_controlplane.ingress import http1, pages
 from paddock_controlplane.ingress.routing import IngressError, Router, Target, parse_host
 from paddock_controlplane.services import Services

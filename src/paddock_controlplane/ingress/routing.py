@@ -5,7 +5,7 @@ Routes are read from the database and kept in a short-lived in-process cache (``
 process's own writes to a sandbox row evict its route at once (``hotcache.drop_changed_sandboxes``);
 changes made by another control-plane process are seen within the TTL.
 
-A paused sandbox is resumed through ``power.resume`` (the API's own path: quota and credit checks,
+A paused sandbox is resumed through ``suspension.resume`` (the API's own path: quota and credit checks,
 billing, state and the ``sandbox.resume`` webhook stay right); concurrent first requests share one
 resume.
 """
@@ -20,18 +20,18 @@ from typing import Any
 
 from sqlalchemy import select
 
-from paddock_controlplane import power
+from paddock_controlplane import suspension
 from paddock_controlplane.hotcache import TTLCache
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
+from paddock_controlplane.states import CLOSED, SETTLING, SandboxStatus
 from paddock_core import errors
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.ingress")
 
 _SANDBOX_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-GONE = ("destroying", "destroyed", "failed")
-SETTLING = ("creating", "resuming", "pausing", "forking")
+GONE = CLOSED
 
 
 class IngressError(Exception):
@@ -101,7 +101,7 @@ class Router:
             ready = _check(route)
             if ready is not None:
                 return ready
-            if route.status == "paused":
+            if route.status == SandboxStatus.PAUSED:
                 await self._resume(route)
                 continue
             if time.monotonic() >= deadline:
@@ -131,14 +131,14 @@ class Router:
             route = Route(sandbox_id, "", "missing", None, False)
         else:
             route = Route(row[0], row[1], row[2], row[3], bool(row[4]))
-        if route.status not in (*SETTLING, "paused"):
+        if route.status not in (*SETTLING, SandboxStatus.PAUSED):
             self.cache.put(sandbox_id, route)
         return route
 
     async def _resume(self, route: Route) -> None:
         task = self._resumes.get(route.sandbox_id)
         if task is None:
-            task = asyncio.create_task(power.resume(self.services, route.user_id, route.sandbox_id))
+            task = asyncio.create_task(suspension.resume(self.services, route.user_id, route.sandbox_id))
             self._resumes[route.sandbox_id] = task
             task.add_done_callback(lambda _: self._resumes.pop(route.sandbox_id, None))
             log.info("ingress_resume", sandbox_id=route.sandbox_id)
@@ -150,7 +150,7 @@ class Router:
             raise IngressError(
                 503, "SANDBOX_PAUSED", f"sandbox is paused and could not resume: {exc}"
             ) from None
-        if row.status == "error":
+        if row.status == SandboxStatus.ERROR:
             raise IngressError(502, "SANDBOX_ERROR", "sandbox failed to resume")
 
 
@@ -160,8 +160,8 @@ def _check(route: Route) -> Route | None:
         raise IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {route.sandbox_id}")
     if not route.ingress_enabled:
         raise IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
-    if route.status == "error":
+    if route.status == SandboxStatus.ERROR:
         raise IngressError(502, "SANDBOX_ERROR", "the sandbox is in error state")
-    if route.status == "running" and route.ip:
+    if route.status == SandboxStatus.RUNNING and route.ip:
         return route
     return None

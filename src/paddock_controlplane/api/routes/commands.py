@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from paddock_controlplane import execution, validation
+from paddock_controlplane import commands, validation
 from paddock_controlplane.api.deps import PrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
 from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
@@ -33,9 +33,9 @@ async def exec_command(
 ) -> JSONResponse | StreamingResponse:
     body = await optional_body(request, ExecRequest, EXEC_NUL_ALLOWED)
     if request.query_params.get("stream", "").lower() == "true" or body.stream:
-        sandbox, env = await execution.prepare_exec(services, principal.user_id, sandbox_id, body)
+        sandbox, env = await commands.prepare_exec(services, principal.user_id, sandbox_id, body)
         return StreamingResponse(
-            execution.exec_stream(services, sandbox, body, env),
+            commands.exec_stream(services, sandbox, body, env),
             media_type="application/x-ndjson",
             headers=STREAM_HEADERS,
         )
@@ -46,10 +46,8 @@ async def _buffered(
     services: Services, sandbox_id: str, user_id: str, body: ExecRequest, receive: fastlane.Receive
 ) -> JSONResponse:
     """A buffered exec whose client disconnects is killed too."""
-    sandbox, env = await execution.prepare_exec(services, user_id, sandbox_id, body)
-    result = await fastlane.unless_disconnected(
-        receive, execution.exec_buffered(services, sandbox, body, env)
-    )
+    sandbox, env = await commands.prepare_exec(services, user_id, sandbox_id, body)
+    result = await fastlane.unless_disconnected(receive, commands.exec_buffered(services, sandbox, body, env))
     if result is None:
         result = {"result": {"stdout": "", "stderr": "", "exit_code": -1, "error": "client gone"}}
     # A JSONResponse of plain data skips FastAPI's jsonable_encoder walk (~0.4 ms of CPU per exec).
@@ -87,7 +85,7 @@ async def put_file(
 ) -> JSONResponse:
     path = _path(request)
     length = request.headers.get("content-length")
-    result = await execution.upload(
+    result = await commands.upload(
         services,
         principal.user_id,
         sandbox_id,
@@ -103,6 +101,6 @@ async def get_file(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> StreamingResponse:
     path = _path(request)
-    download = await execution.download(services, principal.user_id, sandbox_id, path)
+    download = await commands.download(services, principal.user_id, sandbox_id, path)
     headers = {"Content-Length": str(download.size)} if download.size is not None else {}
     return StreamingResponse(download.chunks, media_type="application/octet-stream", headers=headers)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import QueryParams
 
-from paddock_controlplane import configuration, lifecycle, lookup, power, views
+from paddock_controlplane import destruction, lifecycle, patching, queries, suspension, traffic, views
 from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
 from paddock_controlplane.api.routes import optional
@@ -59,7 +59,7 @@ async def list_sandboxes(
     request: Request, principal: PrincipalDep, services: ServicesDep, page: PageDep
 ) -> dict[str, Any]:
     async with services.sessions() as session:
-        rows, total = await lookup.page(
+        rows, total = await queries.page(
             session,
             principal.user_id,
             status=request.query_params.get("status") or None,
@@ -74,7 +74,7 @@ async def list_sandboxes(
 @router.get("/by-ip/{ip}")
 async def by_ip(ip: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
     async with services.sessions() as session:
-        return envelope.success(view(services, await lookup.by_ip(session, principal.user_id, ip)))
+        return envelope.success(view(services, await queries.by_ip(session, principal.user_id, ip)))
 
 
 @router.get("/{sandbox_id}")
@@ -87,8 +87,8 @@ async def get(
 
 
 async def _read(services: Services, user_id: str, sandbox_id: str, query: QueryParams) -> dict[str, Any]:
-    wait = lookup.wait_params(query.get("wait_for"), query.get("wait_ms"))
-    sandbox = await lookup.get_when(services, user_id, sandbox_id, cutoff(services), wait)
+    wait = queries.wait_params(query.get("wait_for"), query.get("wait_ms"))
+    sandbox = await queries.get_when(services, user_id, sandbox_id, cutoff(services), wait)
     return envelope.success(view(services, sandbox))
 
 
@@ -116,7 +116,7 @@ async def patch(
 ) -> dict[str, Any]:
     body = await optional_body(request, PatchSandboxRequest)
     return envelope.success(
-        view(services, await configuration.patch(services, principal.user_id, sandbox_id, body))
+        view(services, await patching.patch(services, principal.user_id, sandbox_id, body))
     )
 
 
@@ -125,7 +125,7 @@ async def destroy(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     mark(request, sandbox_id)
-    return envelope.success(await power.destroy(services, principal.user_id, sandbox_id))
+    return envelope.success(await destruction.destroy(services, principal.user_id, sandbox_id))
 
 
 @router.post("/{sandbox_id}/pause")
@@ -133,7 +133,7 @@ async def pause(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     mark(request, sandbox_id)
-    return envelope.success(view(services, await power.pause(services, principal.user_id, sandbox_id)))
+    return envelope.success(view(services, await suspension.pause(services, principal.user_id, sandbox_id)))
 
 
 @router.post("/{sandbox_id}/resume")
@@ -141,7 +141,7 @@ async def resume(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     mark(request, sandbox_id)
-    return envelope.success(view(services, await power.resume(services, principal.user_id, sandbox_id)))
+    return envelope.success(view(services, await suspension.resume(services, principal.user_id, sandbox_id)))
 
 
 @router.post("/{sandbox_id}/fork")
@@ -159,9 +159,7 @@ async def fork(
 async def resize(
     sandbox_id: str, body: ResizeRequest, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
-    return envelope.success(
-        await configuration.resize(services, principal.user_id, sandbox_id, body.disk_mib)
-    )
+    return envelope.success(await patching.resize(services, principal.user_id, sandbox_id, body.disk_mib))
 
 
 @router.post("/{sandbox_id}/ssh-pubkeys")
@@ -169,14 +167,12 @@ async def ssh_pubkeys(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     body = await optional_body(request, SshKeysRequest)
-    return envelope.success(
-        await configuration.add_ssh_keys(services, principal.user_id, sandbox_id, body.keys)
-    )
+    return envelope.success(await patching.add_ssh_keys(services, principal.user_id, sandbox_id, body.keys))
 
 
 @router.get("/{sandbox_id}/egress")
 async def get_egress(sandbox_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
-    return envelope.success(await configuration.get_egress(services, principal.user_id, sandbox_id))
+    return envelope.success(await traffic.get_egress(services, principal.user_id, sandbox_id))
 
 
 @router.put("/{sandbox_id}/egress")
@@ -184,14 +180,12 @@ async def put_egress(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     body = await optional_body(request, EgressRequest)
-    return envelope.success(
-        await configuration.set_egress(services, principal.user_id, sandbox_id, body.egress)
-    )
+    return envelope.success(await traffic.set_egress(services, principal.user_id, sandbox_id, body.egress))
 
 
 @router.get("/{sandbox_id}/bandwidth")
 async def get_bandwidth(sandbox_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
-    return envelope.success(await configuration.get_bandwidth(services, principal.user_id, sandbox_id))
+    return envelope.success(await traffic.get_bandwidth(services, principal.user_id, sandbox_id))
 
 
 @router.post("/{sandbox_id}/bandwidth/recharge")
@@ -199,11 +193,9 @@ async def recharge(
     sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     async with services.sessions() as session:
-        await lifecycle.get_owned(session, principal.user_id, sandbox_id)  # 404 before 400 (§11.7)
+        await queries.get_owned(session, principal.user_id, sandbox_id)  # 404 before 400 (§11.7)
     body = await optional_body(request, RechargeRequest)
-    return envelope.success(
-        await configuration.recharge(services, principal.user_id, sandbox_id, body.add_bytes)
-    )
+    return envelope.success(await traffic.recharge(services, principal.user_id, sandbox_id, body.add_bytes))
 
 
 # §12's optional routes share this prefix; included here so they come with the sandbox routes.

@@ -1,7 +1,9 @@
-"""Reading sandboxes: one, by private IP, and pages of them (§11.4)."""
+"""Reading sandboxes: the caller's own (to change it, or once it runs), one as the API shows it, by
+private IP, and pages of them (§11.4); ``?wait_for=`` long polls."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import ipaddress
 import time
@@ -10,30 +12,58 @@ from dataclasses import dataclass
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import joinedload
+from sqlalchemy.sql.elements import ColumnElement
 
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
+from paddock_controlplane.states import ALL, BECOMING_RUNNING, TERMINAL, TRANSITIONAL, SandboxStatus
 from paddock_core import errors
 
-STATUSES = (
-    "creating",
-    "running",
-    "pausing",
-    "paused",
-    "resuming",
-    "forking",
-    "error",
-    "destroying",
-    "destroyed",
-    "failed",
-)
-
-
-#: States a sandbox leaves on its own; a wait goes on only while the sandbox is in one of them.
-TRANSITIONAL = ("creating", "pausing", "resuming", "forking", "destroying")
+#: The statuses ``?status=`` and ``?wait_for=`` accept (the wire strings).
+STATUSES = ALL
 MAX_WAIT_MS = 30_000
 #: A waiter re-reads at least this often: changes made by another control-plane process wake nobody here.
 REREAD_S = 0.25
+#: How long a command or transfer waits for a sandbox on its way to ``running``.
+WAIT_FOR_RUNNING_S = 30.0
+
+
+async def get_owned(
+    session: AsyncSession, user_id: str, sandbox_id: str, *, for_update: bool = False
+) -> Sandbox:
+    """The caller's sandbox row in any status (destroyed ones too), to change it; 404 if not theirs."""
+    query = select(Sandbox).where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id)
+    if for_update:
+        query = query.with_for_update()
+    sandbox = (await session.scalars(query)).first()
+    if sandbox is None:
+        raise errors.NotFound("sandbox not found")
+    return sandbox
+
+
+async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
+    """The sandbox once it is ``running``; on its way there it waits up to 30 s, others get 409."""
+    cached = services.running.get(sandbox_id)
+    if isinstance(cached, Sandbox) and cached.user_id == user_id:
+        return cached
+    deadline = time.monotonic() + WAIT_FOR_RUNNING_S
+    delay = 0.05
+    while True:
+        async with services.sessions() as session:
+            sandbox = (
+                await session.scalars(
+                    select(Sandbox).where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id)
+                )
+            ).first()
+        if sandbox is None:
+            raise errors.NotFound("sandbox not found")
+        if sandbox.status == SandboxStatus.RUNNING:
+            services.running.put(sandbox_id, sandbox)
+            return sandbox
+        if sandbox.status not in BECOMING_RUNNING or time.monotonic() >= deadline:
+            raise errors.InvalidState("sandbox is not running")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
 
 
 @dataclass(frozen=True)
@@ -76,9 +106,13 @@ async def get_when(
         await services.status_watch.wait(sandbox_id, min(remaining_s, REREAD_S))
 
 
-def _retained(cutoff: dt.datetime) -> object:
+def _retained(cutoff: dt.datetime) -> ColumnElement[bool]:
     """Destroyed rows stay readable for the retention window, then read as missing."""
-    return or_(Sandbox.status != "destroyed", Sandbox.destroyed_at.is_(None), Sandbox.destroyed_at >= cutoff)
+    return or_(
+        Sandbox.status != SandboxStatus.DESTROYED,
+        Sandbox.destroyed_at.is_(None),
+        Sandbox.destroyed_at >= cutoff,
+    )
 
 
 async def get(session: AsyncSession, user_id: str, sandbox_id: str, cutoff: dt.datetime) -> Sandbox:
@@ -110,7 +144,7 @@ async def by_ip(session: AsyncSession, user_id: str, ip: str) -> Sandbox:
             .where(
                 Sandbox.user_id == user_id,
                 Sandbox.ip == address,
-                Sandbox.status.not_in(("destroyed", "failed")),
+                Sandbox.status.not_in(TERMINAL),
             )
             .order_by(Sandbox.created_at.desc())
         )

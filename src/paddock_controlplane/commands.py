@@ -14,81 +14,18 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import select
-
-from paddock_controlplane import hostlink, validation
-from paddock_controlplane.lifecycle import open_envs, validate_envs
+from paddock_controlplane import envs, hostlink, validation
+from paddock_controlplane.activity import Inflight, touch
 from paddock_controlplane.models import Sandbox
+from paddock_controlplane.queries import running_sandbox
 from paddock_controlplane.schemas import ExecRequest
 from paddock_controlplane.services import Services
 from paddock_core import errors
 
-WAITABLE = ("creating", "resuming", "forking")
-WAIT_FOR_RUNNING_S = 30.0
 HEARTBEAT_S = 5.0
 # Set by the host agent when a buffered stream was cut at its cap (4 MiB each): the command ran to its
 # end, the rest of its output was dropped. ``stream: true`` returns everything.
 TRUNCATION_FLAGS = ("stdout_truncated", "stderr_truncated")
-
-
-async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
-    """The sandbox once it is ``running``; transitional states wait up to 30 s, others get 409."""
-    cached = services.running.get(sandbox_id)
-    if isinstance(cached, Sandbox) and cached.user_id == user_id:
-        return cached
-    deadline = time.monotonic() + WAIT_FOR_RUNNING_S
-    delay = 0.05
-    while True:
-        async with services.sessions() as session:
-            sandbox = (
-                await session.scalars(
-                    select(Sandbox).where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id)
-                )
-            ).first()
-        if sandbox is None:
-            raise errors.NotFound("sandbox not found")
-        if sandbox.status == "running":
-            services.running.put(sandbox_id, sandbox)
-            return sandbox
-        if sandbox.status not in WAITABLE or time.monotonic() >= deadline:
-            raise errors.InvalidState("sandbox is not running")
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
-
-
-def merged_env(services: Services, sandbox: Sandbox, overrides: dict[str, str] | None) -> dict[str, str]:
-    env = open_envs(services, sandbox)
-    if overrides:
-        for key in overrides:
-            if key not in env:
-                raise errors.ValidationFailed.field(f"env.{key}", "not declared on the sandbox")
-        validate_envs({**env, **overrides})
-        env.update(overrides)
-    return env
-
-
-def touch(services: Services, sandbox_id: str) -> None:
-    """Record activity for idle auto-pause (read by the reconciler)."""
-    services.activity.last_seen_s[sandbox_id] = services.clock().timestamp()
-
-
-class Inflight:
-    """Counts commands and transfers in flight per sandbox; a running command is activity."""
-
-    def __init__(self, services: Services, sandbox_id: str) -> None:
-        self.counts = services.activity.inflight
-        self.services = services
-        self.sandbox_id = sandbox_id
-
-    def __enter__(self) -> None:
-        self.counts[self.sandbox_id] = self.counts.get(self.sandbox_id, 0) + 1
-        touch(self.services, self.sandbox_id)
-
-    def __exit__(self, *_: object) -> None:
-        self.counts[self.sandbox_id] -= 1
-        if not self.counts[self.sandbox_id]:
-            del self.counts[self.sandbox_id]
-        touch(self.services, self.sandbox_id)
 
 
 async def prepare_exec(
@@ -97,7 +34,7 @@ async def prepare_exec(
     if not req.cmd:
         raise errors.ValidationFailed.field("cmd", "is required")
     sandbox = await running_sandbox(services, user_id, sandbox_id)
-    env = merged_env(services, sandbox, req.env)
+    env = envs.merged(services, sandbox, req.env)
     check_command_size(req, env)
     return sandbox, env
 

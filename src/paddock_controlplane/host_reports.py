@@ -1,0 +1,117 @@
+"""A heartbeat's per-sandbox report folded into the rows: OOM kills, activity, bandwidth counted, sandboxes
+that stopped or vanished, a dead host's sandboxes coming back, and guests' self-pause/self-delete wishes
+(spec §12.4), which become the same pause or destroy an API call makes, with ``reason: "self"``."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import select
+
+from paddock_controlplane import billing, destruction, hostlink, suspension
+from paddock_controlplane.models import Sandbox
+from paddock_controlplane.services import Services
+from paddock_controlplane.states import REPORTED, SandboxStatus
+from paddock_core.db import transaction
+from paddock_core.logging import get_logger
+from paddock_core.timeutil import as_utc
+
+log = get_logger("paddock.host_reports")
+
+REPORT_GRACE_S = 10.0
+#: ``status_reason`` of sandboxes on a dead host; only these come back when their host does.
+HOST_DEAD_REASON = "host stopped responding"
+
+
+async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
+    """Fold a heartbeat's per-sandbox report into the rows: OOM kills, activity, vanished sandboxes."""
+    reports = {str(r.get("id")): r for r in beat.get("sandboxes", []) if r.get("id")}
+    activity = services.activity.last_seen_s
+    async with transaction(services.sessions) as session:
+        rows = (
+            await session.scalars(
+                select(Sandbox).where(Sandbox.host_id == beat["id"], Sandbox.status.in_(REPORTED))
+            )
+        ).all()
+        now = services.clock()
+        for sandbox in rows:
+            report = reports.get(sandbox.id)
+            if sandbox.status == SandboxStatus.ERROR:
+                _revive(sandbox, report, now)
+                continue
+            changed_at = [
+                t
+                for t in (sandbox.created_at, sandbox.running_at, sandbox.paused_at, sandbox.last_resumed_at)
+                if t
+            ]
+            if changed_at and (now - as_utc(max(changed_at, key=as_utc))).total_seconds() < REPORT_GRACE_S:
+                continue  # the report may predate this sandbox's latest transition
+            if report is None or report.get("status") == "stopped":
+                if sandbox.status == SandboxStatus.RUNNING:
+                    await billing.settle(session, sandbox, services.clock())
+                sandbox.status = SandboxStatus.ERROR
+                sandbox.status_reason = "sandbox stopped unexpectedly on its host"
+                continue
+            kills = int(report.get("oom_kills") or 0)
+            if kills > (sandbox.oom_kills or 0):
+                sandbox.oom_kills = kills
+            seen = report.get("last_activity_at")
+            if seen:
+                activity[sandbox.id] = max(activity.get(sandbox.id, 0.0), float(seen))
+            wish = report.get("self_request")
+            if isinstance(wish, dict) and sandbox.status == SandboxStatus.RUNNING:
+                _act_on_self_request(services, sandbox, wish)
+            if "egress_bytes" in report:
+                _fold_usage(services, sandbox, report)
+
+
+def _fold_usage(services: Services, sandbox: Sandbox, report: dict[str, Any]) -> None:
+    """Bandwidth counted by the host; an allowlist or budget the host does not hold yet is pushed again
+    (a PUT egress or recharge whose push failed, or that raced a boot)."""
+    sandbox.bandwidth_used_bytes = max(int(sandbox.bandwidth_used_bytes or 0), int(report["egress_bytes"]))
+    ingress = int(report.get("ingress_bytes") or 0)
+    sandbox.bandwidth_ingress_bytes = max(int(sandbox.bandwidth_ingress_bytes or 0), ingress)
+    rules, quota = list(sandbox.egress or []), int(sandbox.bandwidth_quota_bytes)
+    if report.get("egress") == rules and report.get("quota_bytes") == quota:
+        return
+    pushing = services.egress_pushing
+    if sandbox.id in pushing:
+        return
+    pushing.add(sandbox.id)
+    sandbox_id, host_id = sandbox.id, sandbox.host_id
+
+    async def push() -> None:
+        try:
+            link = await hostlink.for_host(services, host_id)
+            await link.set_egress(sandbox_id, rules)
+            await link.set_bandwidth(sandbox_id, quota)
+            log.info("sandbox_egress_resynced", sandbox_id=sandbox_id)
+        except Exception as exc:
+            log.warning("egress_resync_failed", sandbox_id=sandbox_id, error=str(exc))
+        finally:
+            pushing.discard(sandbox_id)
+
+    services.tasks.spawn(push(), name=f"egress resync {sandbox_id}")
+
+
+def _revive(sandbox: Sandbox, report: dict[str, Any] | None, now: dt.datetime) -> None:
+    """A host declared dead came back with this sandbox intact: it is running (or paused) again."""
+    if sandbox.status_reason != HOST_DEAD_REASON or report is None:
+        return
+    if report.get("status") == SandboxStatus.RUNNING:
+        sandbox.status, sandbox.status_reason, sandbox.billed_until = SandboxStatus.RUNNING, None, now
+    elif report.get("status") == SandboxStatus.PAUSED:
+        sandbox.status, sandbox.status_reason = SandboxStatus.PAUSED, None
+    else:
+        return
+    log.info("sandbox_revived", sandbox_id=sandbox.id, status=sandbox.status)
+
+
+def _act_on_self_request(services: Services, sandbox: Sandbox, wish: dict[str, Any]) -> None:
+    """A guest asked to pause or delete its own sandbox (spec 12.4): act as the API would, reason "self"."""
+    label = str(wish.get("reason") or "")[:128] or None
+    if wish.get("action") == "pause":
+        suspension.pause_later(services, sandbox, "self", label=label)
+    elif wish.get("action") == "delete":
+        destruction.destroy_later(services, sandbox, reason="self", label=label)

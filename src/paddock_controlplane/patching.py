@@ -1,0 +1,100 @@
+"""Changing a sandbox's settings that need no restart (§11.7): PATCH (ingress, auto-pause), disk resize
+and SSH keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paddock_controlplane import accounts, hostlink, validation, webhooks
+from paddock_controlplane.models import Sandbox
+from paddock_controlplane.queries import get_owned
+from paddock_controlplane.schemas import PatchSandboxRequest
+from paddock_controlplane.services import Services
+from paddock_controlplane.states import CLOSED, TERMINAL, SandboxStatus
+from paddock_controlplane.views import event_data
+from paddock_core import errors
+from paddock_core.db import transaction
+
+
+def _require_open(sandbox: Sandbox, states: tuple[str, ...] = CLOSED) -> None:
+    if sandbox.status in states:
+        raise errors.InvalidState(f"sandbox is {sandbox.status}")
+
+
+async def patch(services: Services, user_id: str, sandbox_id: str, req: PatchSandboxRequest) -> Sandbox:
+    if req.auto_pause_after_seconds is not None and req.disable_auto_pause:
+        raise errors.ValidationFailed.field(
+            "auto_pause_after_seconds", "cannot be combined with disable_auto_pause: true"
+        )
+    auto_pause = None
+    if req.auto_pause_after_seconds is not None:
+        low, high = validation.AUTO_PAUSE_RANGE
+        if not low <= req.auto_pause_after_seconds <= high:
+            raise errors.ValidationFailed.field(
+                "auto_pause_after_seconds", f"must be between {low} and {high}"
+            )
+        auto_pause = req.auto_pause_after_seconds
+    async with transaction(services.sessions) as session:
+        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
+        _require_open(sandbox)
+        changed: dict[str, Any] = {}
+        if req.ingress_enabled is not None and req.ingress_enabled != sandbox.ingress_enabled:
+            sandbox.ingress_enabled = changed["ingress_enabled"] = req.ingress_enabled
+        if auto_pause is not None:
+            sandbox.auto_pause_after_seconds = changed["auto_pause_after_seconds"] = auto_pause
+            sandbox.last_activity_at = services.clock()
+        if req.disable_auto_pause and sandbox.auto_pause_after_seconds is not None:
+            sandbox.auto_pause_after_seconds = None
+            changed["auto_pause_after_seconds"] = None
+        if changed:
+            await webhooks.emit(
+                session, user_id=user_id, action="sandbox.patch", data=event_data(sandbox, **changed)
+            )
+    return sandbox
+
+
+async def resize(services: Services, user_id: str, sandbox_id: str, disk_mib: int) -> dict[str, Any]:
+    async with transaction(services.sessions) as session:
+        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
+        if disk_mib <= sandbox.disk_mib:
+            raise errors.ValidationFailed.field(
+                "disk_mib", f"must be larger than the current size ({sandbox.disk_mib} MiB); disks only grow"
+            )
+        plan = await accounts.get_plan(session, (await accounts.require_user(session, user_id)).plan_id)
+        if disk_mib > plan.max_disk_mib:
+            raise errors.PlanLimit(
+                f"disk_mib {disk_mib} exceeds the {plan.name} plan's max disk {plan.max_disk_mib}"
+            )
+        if sandbox.status not in (SandboxStatus.RUNNING, SandboxStatus.PAUSED):
+            raise errors.InvalidState(f"sandbox is {sandbox.status}; resize needs running or paused")
+        status = sandbox.status
+    if status == SandboxStatus.RUNNING:
+        try:
+            await (await hostlink.for_host(services, sandbox.host_id)).resize(sandbox_id, disk_mib)
+        except hostlink.HostError as exc:
+            raise errors.ServerError(f"resize failed on the host: {exc}") from None
+    async with transaction(services.sessions) as session:
+        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
+        sandbox.disk_mib = max(sandbox.disk_mib, disk_mib)
+        await webhooks.emit(session, user_id=user_id, action="sandbox.resize", data=event_data(sandbox))
+    return {"id": sandbox_id, "disk_mib": disk_mib}
+
+
+async def add_ssh_keys(
+    services: Services, user_id: str, sandbox_id: str, keys: list[str] | None
+) -> dict[str, int]:
+    async with transaction(services.sessions) as session:
+        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
+        if not keys:
+            raise errors.ValidationFailed.field("keys", "at least one key is required")
+        added = validation.ssh_pubkeys(keys, "keys")
+        _require_open(sandbox, TERMINAL)
+        merged = list(dict.fromkeys([*(sandbox.ssh_pubkeys or []), *added]))
+        sandbox.ssh_pubkeys = merged
+        await webhooks.emit(
+            session,
+            user_id=user_id,
+            action="sandbox.ssh_pubkey.update",
+            data=event_data(sandbox, count=len(merged)),
+        )
+    return {"count": len(merged)}
