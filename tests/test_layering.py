@@ -78,3 +78,124 @@ def test_host_contract_needs_no_server() -> None:
                 assert module.split(".")[0] in allowed_roots or module == "paddock_hostagent.schemas", (
                     f"paddock_hostagent/{name} imports {module}"
                 )
+
+
+# --- inside the control plane -------------------------------------------------------------------
+
+CONTROL_PLANE = SRC / "paddock_controlplane"
+
+#: file (relative to src/) → modules it may import inside a function: optional dependencies, loaded
+#: only when the feature that needs them runs. An import inside a function to dodge a cycle is not
+#: one of these; break the cycle instead.
+LAZY_IMPORTS: dict[str, set[str]] = {}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The module-level imports that run when the module is imported (``if TYPE_CHECKING:`` ones do not)."""
+    out: list[ast.Import | ast.ImportFrom] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            out.append(node)
+        elif isinstance(node, ast.If | ast.Try) and not (
+            isinstance(node, ast.If) and _is_type_checking(node)
+        ):
+            out.extend(n for n in ast.walk(node) if isinstance(n, ast.Import | ast.ImportFrom))
+    return out
+
+
+def control_plane_graph() -> dict[str, set[str]]:
+    """Module → the control-plane modules it imports at import time (``from pkg import mod`` is ``pkg.mod``
+    when ``mod`` is a module; importing ``a.b.c`` also runs ``a.b``'s ``__init__``, which is left out:
+    it is the package, not a dependency the code chose)."""
+    modules = {_module_name(path): path for path in CONTROL_PLANE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in modules)
+            elif node.module and node.level == 0:
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}"
+                    if submodule in modules:
+                        edges.add(submodule)
+                    elif node.module in modules:
+                        edges.add(node.module)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path ``[a, b, …, a]``, or ``None``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start)
+            if found:
+                return found
+    return None
+
+
+def test_the_control_plane_has_no_import_cycle() -> None:
+    graph = control_plane_graph()
+    # The graph is real: the modules that used to form the cycle are in it, with their edges.
+    assert "paddock_controlplane.networks" in graph["paddock_controlplane.lifecycle"]
+    assert "paddock_controlplane.queries" in graph["paddock_controlplane.networks"]
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_find_cycle_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_inside_a_function_in_the_control_plane() -> None:
+    offences = []
+    for path in CONTROL_PLANE.rglob("*.py"):
+        relative = str(path.relative_to(SRC))
+        tree = ast.parse(path.read_text(), str(path))
+        module_level = {id(node) for node in _runtime_imports(tree)}
+        for node in tree.body:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                module_level.update(id(n) for n in ast.walk(node))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in module_level:
+                if isinstance(node, ast.Import):
+                    names = {alias.name for alias in node.names}
+                else:
+                    names = {f"{node.module}.{alias.name}" for alias in node.names}
+                if not all(allowed(name, LAZY_IMPORTS.get(relative, set())) for name in names):
+                    offences.append(f"{relative}:{node.lineno} imports {', '.join(sorted(names))}")
+    assert not offences, "\n".join(offences)
