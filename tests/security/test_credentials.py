@@ -11,6 +11,7 @@ the payment made meanwhile is still good once the key works again.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import signal
@@ -20,6 +21,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -50,6 +52,7 @@ from tests.gateway.conftest import (
     static_site,
     unique_name,
 )
+from tests.gateway.test_live_deploy import through_ingress
 from tests.hostagent.conftest import debian_image, image_cache, private_subnet
 from tests.security.fakeagent_support import FakeAgent
 
@@ -225,6 +228,28 @@ async def balance(gw: Gateway, wallet: Wallet) -> int:
         return await credits.balance_micro(session, wallet.address.lower())
 
 
+def serve_chain(data_dir: Path, name: str) -> Chain:
+    """The chain ``paddock serve`` started for its gateway (``<data dir>/devchain/devchain.json``)."""
+    info = json.loads((data_dir / "devchain" / "devchain.json").read_text())["chains"][name]
+    return Chain(name=name, chain_id=info["chain_id"], rpc_url=info["rpc_url"], tokens=info["tokens"])
+
+
+async def deployment_outcome(
+    http: httpx.AsyncClient, gw_url: str, wallet: Wallet, started: dict[str, Any], *, timeout_s: float
+) -> dict[str, Any]:
+    """The deployment's status once it is no longer ``deploying``; fails the test if it never gets there."""
+    url = f"{gw_url}/agent/deploy/{started['projectId']}/{started['deploymentId']}/status"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        resp = await http.get(url, headers=wallet.auth(int(time.time() * 1000)))
+        assert resp.status_code == 200, resp.text
+        body = dict(resp.json())
+        if body["status"] != "deploying":
+            return body
+        assert time.monotonic() < deadline, f"still deploying after {timeout_s} s: {body}"
+        await asyncio.sleep(0.5)
+
+
 def start_serve(env: dict[str, str], out_path: Path) -> subprocess.Popen[bytes]:
     with open(out_path, "wb") as out:
         process = subprocess.Popen(
@@ -297,12 +322,28 @@ async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_
                     # The gateway runs (it would have refused to start on a key the control plane
                     # refuses), and a deploy gets its quote rather than a 502 before payment.
                     wallet = new_wallet()
+                    site = static_site(unique_name("switch"), "<h1>switched</h1>", port=3000)
                     deploy = await http.post(
-                        f"{gw_url}/agent/deploy",
-                        json=static_site(unique_name("switch"), "<h1>hi</h1>", port=3000),
-                        headers=wallet.auth(int(time.time() * 1000)),
+                        f"{gw_url}/agent/deploy", json=site, headers=wallet.auth(int(time.time() * 1000))
                     )
                     assert deploy.status_code == 402, deploy.text
+                    # What the issue found broken: a paid deploy, end to end, on the switched databases.
+                    quote = deploy.json()
+                    chain = serve_chain(tmp_path / "data", quote["payment_chain"])
+                    await wallet.fund(chain)
+                    tx_hash = await wallet.transfer(
+                        chain, "usdc", int(quote["amount_token"]), to=quote["pay_to"]
+                    )
+                    paid = await http.post(
+                        f"{gw_url}/agent/deploy",
+                        json=site,
+                        headers={**wallet.auth(int(time.time() * 1000)), "X-Payment-Tx": tx_hash},
+                    )
+                    assert paid.status_code == 200, paid.text
+                    final = await deployment_outcome(http, gw_url, wallet, paid.json(), timeout_s=180)
+                    assert final["status"] == "ready", final
+                    served = await asyncio.to_thread(through_ingress, final["endpoint"], "/index.html")
+                    assert (served.status_code, served.text) == (200, "<h1>switched</h1>")
             finally:
                 await asyncio.to_thread(stop_serve, second)
     finally:
