@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from paddock_controlplane.models import ApiKey, CreditEntry, Plan, Sandbox, User
 from paddock_controlplane.states import TOWARD_RUNNING
@@ -147,7 +147,9 @@ _plans: dict[tuple[str, str], tuple[float, Plan]] = {}
 
 async def cached_plan(session: AsyncSession, plan_id: str) -> Plan:
     """A plan's limits, re-read at most every few seconds: plans are data that changes rarely."""
-    key = (str(session.bind.url) if session.bind is not None else "", plan_id)
+    bind = session.bind  # an engine, or a connection (tests bind sessions to one)
+    url = "" if bind is None else str(bind.url if isinstance(bind, AsyncEngine) else bind.engine.url)
+    key = (url, plan_id)
     hit = _plans.get(key)
     if hit is not None and time.monotonic() - hit[0] < _PLAN_TTL_S:
         return hit[1]

@@ -92,18 +92,18 @@ async def transfer(
     chain_id = int(await rpc(http, rpc_url, "eth_chainId", []), 16)
     nonce = int(await rpc(http, rpc_url, "eth_getTransactionCount", [wallet.address, "pending"]), 16)
     gas_price = int(await rpc(http, rpc_url, "eth_gasPrice", []), 16)
-    signed = wallet.account.sign_transaction(
-        {
-            "to": token,
-            "data": encode_call(TRANSFER_SELECTOR, to, amount_raw),
-            "value": 0,
-            "gas": 120_000,
-            "maxFeePerGas": gas_price * 2 + 1,
-            "maxPriorityFeePerGas": 1,
-            "nonce": nonce,
-            "chainId": chain_id,
-        }
-    )
+    # A plain dict: eth-account takes one, and its TxParams wants checksummed/hex-typed strings.
+    transaction: dict[str, Any] = {
+        "to": token,
+        "data": encode_call(TRANSFER_SELECTOR, to, amount_raw),
+        "value": 0,
+        "gas": 120_000,
+        "maxFeePerGas": gas_price * 2 + 1,
+        "maxPriorityFeePerGas": 1,
+        "nonce": nonce,
+        "chainId": chain_id,
+    }
+    signed = wallet.account.sign_transaction(transaction)
     tx_hash = str(
         await rpc(http, rpc_url, "eth_sendRawTransaction", ["0x" + bytes(signed.raw_transaction).hex()])
     )

@@ -8,7 +8,7 @@ body is optional call ``optional_body``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import Request, Response
@@ -38,7 +38,7 @@ class BoundaryRoute(APIRoute):
       ``Request.json()`` (plain ``json.loads``), which caches its result on the request; the value
       parsed here is put in that cache, so the body is parsed once."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         has_body = self.body_field is not None
 
