@@ -155,7 +155,7 @@ def create_app(
             clock=clock,
             started_at=clock(),
         )
-        services.metering = Metering(services)
+        services.metering = Metering(sessions, clock, settings, services.hosting)
         app.state.services = services
         try:
             await check_chains(registry, chains)

@@ -18,14 +18,15 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
-from paddock_core.timeutil import as_utc
+from paddock_core.timeutil import Clock, as_utc
 from paddock_gateway import auth, credits
-from paddock_gateway.adapters.hosting import HostingError
+from paddock_gateway.adapters.hosting import HostingError, HostingPlatform
 from paddock_gateway.models import Project
-from paddock_gateway.services import Services
+from paddock_gateway.settings import GatewaySettings
 
 log = get_logger("paddock.gateway.metering")
 HOUR = dt.timedelta(hours=1)
@@ -48,8 +49,19 @@ def hour_cost_micro(monthly_raw: int, hour_index: int, hours_per_month: int) -> 
 
 
 class Metering:
-    def __init__(self, services: Services) -> None:
-        self.services = services
+    """The hourly worker: it needs the database, the clock, its settings and the hosting platform only."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        clock: Clock,
+        settings: GatewaySettings,
+        hosting: HostingPlatform,
+    ) -> None:
+        self.sessions = sessions
+        self.clock = clock
+        self.settings = settings
+        self.hosting = hosting
         self.event = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.lock = asyncio.Lock()
@@ -69,19 +81,17 @@ class Metering:
         while True:
             try:
                 await self.run_once()
-                await auth.prune_nonces(
-                    self.services.sessions, self.services.clock(), self.services.settings.nonce_retention_s
-                )
+                await auth.prune_nonces(self.sessions, self.clock(), self.settings.nonce_retention_s)
             except Exception as exc:  # keep the worker alive; the next pass retries
                 log.error("metering_pass_failed", exc_info=exc)
             self.event.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.event.wait(), timeout=self.services.settings.metering_interval_s)
+                await asyncio.wait_for(self.event.wait(), timeout=self.settings.metering_interval_s)
 
     async def run_once(self) -> MeteringReport:
         async with self.lock:
             report = MeteringReport()
-            now = self.services.clock()
+            now = self.clock()
             for project_id in await self._project_ids("live"):
                 await self._bill(project_id, now, report)
             await self._pause_exhausted(report)
@@ -97,26 +107,26 @@ class Metering:
             return report
 
     async def _project_ids(self, state: str) -> list[str]:
-        async with self.services.sessions() as session:
+        async with self.sessions() as session:
             return list(await session.scalars(select(Project.id).where(Project.state == state)))
 
     async def _failed(self, project: Project) -> bool:
         if project.latest_deployment_id is None:
             return False
         try:
-            state = await self.services.hosting.deployment_status(project.id, project.latest_deployment_id)
+            state = await self.hosting.deployment_status(project.id, project.latest_deployment_id)
         except HostingError:
             return False
         return state.status in ("failed", "deleted")
 
     async def _bill(self, project_id: str, now: dt.datetime, report: MeteringReport) -> None:
-        async with self.services.sessions() as session:
+        async with self.sessions() as session:
             project = await session.get(Project, project_id)
         if project is None or project.state != "live" or as_utc(project.metered_until) + HOUR > now:
             return
         failed = await self._failed(project)
-        hours_per_month = self.services.settings.hours_per_month
-        async with transaction(self.services.sessions) as session:
+        hours_per_month = self.settings.hours_per_month
+        async with transaction(self.sessions) as session:
             project = await session.get(Project, project_id)
             if project is None or project.state != "live":
                 return
@@ -141,7 +151,7 @@ class Metering:
 
     async def _pause_exhausted(self, report: MeteringReport) -> None:
         for project_id in await self._project_ids("live"):
-            async with self.services.sessions() as session:
+            async with self.sessions() as session:
                 project = await session.get(Project, project_id)
                 if project is None:
                     continue
@@ -149,7 +159,7 @@ class Metering:
             if balance > 0:
                 continue
             try:
-                await self.services.hosting.pause_project(project_id)
+                await self.hosting.pause_project(project_id)
             except HostingError as exc:
                 log.warning("pause_failed", project_id=project_id, error=str(exc))
                 continue
@@ -161,7 +171,7 @@ class Metering:
 
     async def _resume_funded(self, now: dt.datetime, report: MeteringReport) -> None:
         for project_id in await self._project_ids("paused"):
-            async with self.services.sessions() as session:
+            async with self.sessions() as session:
                 project = await session.get(Project, project_id)
                 if project is None:
                     continue
@@ -169,7 +179,7 @@ class Metering:
             if balance <= 0:
                 continue
             try:
-                await self.services.hosting.resume_project(project_id)
+                await self.hosting.resume_project(project_id)
             except HostingError as exc:
                 log.warning("resume_failed", project_id=project_id, error=str(exc))
                 continue
@@ -178,7 +188,7 @@ class Metering:
             log.info("project_resumed", project_id=project_id, wallet=project.wallet)
 
     async def _set_state(self, project_id: str, expected: str, **values: object) -> None:
-        async with transaction(self.services.sessions) as session:
+        async with transaction(self.sessions) as session:
             await session.execute(
                 update(Project).where(Project.id == project_id, Project.state == expected).values(**values)
             )

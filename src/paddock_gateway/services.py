@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from paddock_core.timeutil import Clock
 from paddock_gateway.adapters.chain import ChainClient
 from paddock_gateway.adapters.hosting import HostingPlatform
+from paddock_gateway.metering import Metering
 from paddock_gateway.pricing import PriceCache
 from paddock_gateway.ratelimit import RateLimiter
 from paddock_gateway.registry import Registry
 from paddock_gateway.settings import GatewaySettings
-
-if TYPE_CHECKING:
-    from paddock_gateway.metering import Metering
 
 
 @dataclass
