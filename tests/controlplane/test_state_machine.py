@@ -1,0 +1,111 @@
+"""The sandbox state machine: statuses on the wire, outcomes recorded only where a transition left the
+row, and background work that is let go of once it ends (issue #13)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from paddock_controlplane import hostlink, states
+from paddock_controlplane.app import create_app
+from paddock_controlplane.services import BackgroundTasks, Services
+from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_controlplane.states import SandboxStatus
+from tests.conftest import LiveServer
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
+from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
+
+SHAPE = "s-1vcpu-1gb"
+
+
+@dataclass
+class Plane:
+    api: httpx.AsyncClient
+    services: Services
+    host: FakeHostLink
+
+
+@pytest.fixture
+async def plane(cp_settings: ControlPlaneSettings, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Plane]:
+    link = FakeHostLink()
+
+    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
+        return link
+
+    monkeypatch.setattr(hostlink, "for_host", for_host)
+    app = create_app(cp_settings)
+    async with LiveServer(app) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        beat = await http.post(
+            "/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
+        )
+        assert beat.status_code == 200
+        _, key = await ControlPlane(url=server.url, settings=cp_settings, http=http).new_user("pro")
+        http.headers["X-Api-Key"] = key
+        yield Plane(http, app.state.services, link)
+
+
+def test_statuses_are_the_wire_strings() -> None:
+    assert json.dumps({"status": SandboxStatus.RUNNING}) == '{"status": "running"}'
+    assert f"sandbox is {SandboxStatus.PAUSED}" == "sandbox is paused"
+    assert SandboxStatus.DESTROYED == "destroyed" and "destroyed" in states.TERMINAL
+    named = (states.TERMINAL, states.CLOSED, states.TRANSITIONAL, states.ON_HOST, states.BOOTED)
+    assert all(set(group) <= set(states.ALL) for group in named)
+    assert not set(states.TERMINAL) & set(states.TRANSITIONAL)
+
+
+async def test_a_task_is_let_go_of_when_it_ends_whatever_the_outcome() -> None:
+    tasks = BackgroundTasks()
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async def succeeds() -> None:
+        await asyncio.sleep(0)
+
+    failing, passing = tasks.spawn(fails(), name="fails"), tasks.spawn(succeeds(), name="succeeds")
+    assert tasks.running == {failing, passing}
+    await tasks.drain()
+    assert tasks.running == set()
+    assert isinstance(failing.exception(), RuntimeError)
+
+
+@pytest.mark.db
+async def test_a_failed_boot_leaves_no_task_behind(plane: Plane) -> None:
+    plane.host.fail_boot = True
+    resp = await plane.api.post("/v1/sandboxes", json={"shape": SHAPE})
+    assert resp.status_code == 500, resp.text
+    await plane.services.tasks.drain()
+    failed = (await plane.api.get("/v1/sandboxes", params={"status": "failed"})).json()["data"]["data"]
+    assert len(failed) == 1
+    # The cleanup ran (the host was asked to forget the sandbox) and its task is gone with it.
+    assert ("destroy", failed[0]["id"]) in plane.host.calls
+    assert plane.services.tasks.running == set()
+
+
+@pytest.mark.db
+async def test_a_destroy_that_overtakes_a_pause_wins(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    sid = (await plane.api.post("/v1/sandboxes", json={"shape": SHAPE})).json()["data"]["id"]
+    at_host, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_pause(sandbox_id: str) -> None:
+        plane.host.calls.append(("pause", sandbox_id))
+        at_host.set()
+        await release.wait()
+
+    monkeypatch.setattr(plane.host, "pause", slow_pause)
+    pausing = asyncio.create_task(plane.api.post(f"/v1/sandboxes/{sid}/pause"))
+    await asyncio.wait_for(at_host.wait(), 10)
+    assert (await plane.api.get(f"/v1/sandboxes/{sid}")).json()["data"]["status"] == "pausing"
+    assert (await plane.api.delete(f"/v1/sandboxes/{sid}")).json()["data"]["status"] == "destroying"
+    release.set()
+    paused = (await pausing).json()["data"]
+    # The pause's outcome is not written over the destroy: no paused_at, never "paused" again.
+    assert paused["status"] in ("destroying", "destroyed") and "paused_at" not in paused
+    await plane.services.tasks.drain()
+    final = (await plane.api.get(f"/v1/sandboxes/{sid}")).json()["data"]
+    assert final["status"] == "destroyed" and "paused_at" not in final
