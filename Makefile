@@ -52,6 +52,7 @@ devchain-deps:
 lint: venv
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy src
 	$(PY) scripts/unasync.py --check
 
 # Benchmarks never fail on a time; they fail only when a section cannot run. Results: bench/results/.

@@ -24,6 +24,8 @@ from paddock_cli.output import (
 
 app = typer.Typer(no_args_is_help=True, help="Create, use and destroy sandboxes.")
 
+# The control plane's states.TERMINAL, restated: the CLI talks to the API through the SDK and imports no
+# server package at module level (the wire strings are the contract's, so they cannot drift apart).
 TERMINAL = ("destroyed", "failed")
 
 
