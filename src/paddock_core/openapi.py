@@ -19,6 +19,7 @@ on it. Each service describes itself with a ``Contract``; the app's ``create_app
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -228,7 +229,9 @@ def install(app: FastAPI, contract: Contract) -> None:
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
         # The service's own rendering of the 405 body, plus the router's ``Allow`` it leaves out.
-        response = await render(request, exc) if render is not None else Response(status_code=405)
+        rendered = render(request, exc) if render is not None else Response(status_code=405)
+        # Starlette types handlers as sync or async; the services' own are async.
+        response = await rendered if inspect.isawaitable(rendered) else rendered
         for name, value in (getattr(exc, "headers", None) or {}).items():
             response.headers[name] = value
         return response

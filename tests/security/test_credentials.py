@@ -228,6 +228,25 @@ async def balance(gw: Gateway, wallet: Wallet) -> int:
         return await credits.balance_micro(session, wallet.address.lower())
 
 
+async def destroy_all(cp_url: str, key: str, timeout_s: float = 60) -> None:
+    """Destroy every sandbox of ``key``'s user and wait until each is ``destroyed``."""
+    async with httpx.AsyncClient(base_url=cp_url, headers={"X-Api-Key": key}, timeout=30) as http:
+        listed = await http.get("/v1/sandboxes", params={"limit": 100})
+        assert listed.status_code == 200, listed.text
+        ids = [sb["id"] for sb in listed.json()["data"]["data"] if sb["status"] != "destroyed"]
+        for sandbox_id in ids:
+            gone = await http.delete(f"/v1/sandboxes/{sandbox_id}")
+            assert gone.status_code in (200, 202, 404), gone.text
+        deadline = time.monotonic() + timeout_s
+        for sandbox_id in ids:
+            while True:
+                view = await http.get(f"/v1/sandboxes/{sandbox_id}")
+                if view.status_code == 404 or view.json()["data"]["status"] == "destroyed":
+                    break
+                assert time.monotonic() < deadline, f"{sandbox_id} not destroyed: {view.text}"
+                await asyncio.sleep(0.2)
+
+
 def serve_chain(data_dir: Path, name: str) -> Chain:
     """The chain ``paddock serve`` started for its gateway (``<data dir>/devchain/devchain.json``)."""
     info = json.loads((data_dir / "devchain" / "devchain.json").read_text())["chains"][name]
@@ -345,6 +364,8 @@ async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_
                     served = await asyncio.to_thread(through_ingress, final["endpoint"], "/index.html")
                     assert (served.status_code, served.text) == (200, "<h1>switched</h1>")
             finally:
+                # Sandboxes outlive serve by design (a restarted agent adopts them): end the deploy's.
+                await destroy_all(cp_url, key_file.read_text().strip())
                 await asyncio.to_thread(stop_serve, second)
     finally:
         subprocess.run(["nft", "delete", "table", "ip", nft_table], check=False, capture_output=True)
