@@ -42,6 +42,7 @@ images: venv
 	@if $(PY) -c 'import paddock_hostagent.images' 2>/dev/null; then \
 	  $(PY) -m paddock_hostagent.images build debian:13; \
 	  $(PY) -m paddock_hostagent.images build devbox:1; \
+	  $(PY) -m paddock_hostagent.images build code-interpreter:1; \
 	fi
 
 devchain-deps:

@@ -88,6 +88,22 @@ DESKTOP_CONTENTS = (
     Content("Python 3", ("python3",), "python3 --version"),
 )
 
+# What ``sandbox.run_code`` needs: a Jupyter kernel (ipykernel) and jupyter_client to drive it, with the
+# usual data and plotting libraries, all from Debian packages (sandboxes cannot reach PyPI).
+CODE_INTERPRETER_CONTENTS = (
+    BASE_TOOLS,
+    Content(
+        "Python 3 with an IPython kernel (ipykernel) and jupyter_client",
+        ("python3", "python3-ipykernel", "python3-jupyter-client"),
+        "python3 -c 'import ipykernel, jupyter_client'",
+    ),
+    Content(
+        "matplotlib, numpy and pandas for Python",
+        ("python3-matplotlib", "python3-numpy", "python3-pandas"),
+        "python3 -c 'import matplotlib, numpy, pandas'",
+    ),
+)
+
 ROOT_IMAGES: tuple[RootImage, ...] = (
     RootImage(
         "devbox:1",
@@ -96,6 +112,12 @@ ROOT_IMAGES: tuple[RootImage, ...] = (
         "No container engine and no SSH server",
     ),
     RootImage("desktop:1", "Debian 13 graphical desktop", DESKTOP_CONTENTS),
+    RootImage(
+        "code-interpreter:1",
+        "Debian 13 code interpreter for sandbox.run_code",
+        CODE_INTERPRETER_CONTENTS,
+        "Kernels start on the first run_code of each context",
+    ),
     RootImage("ubuntu:26.04", "Minimal Ubuntu 26.04", (BASE_TOOLS,)),
     RootImage("debian:13", "Minimal Debian 13", (BASE_TOOLS,)),
     RootImage(

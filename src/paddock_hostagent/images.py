@@ -7,7 +7,7 @@ Layout: ``<image_dir>/<name with ':' as '_'>/rootfs`` plus ``image.json``. A bui
 directory next to it and is renamed into place, under an exclusive lock, so concurrent builders (two
 processes, or two requests) build once and nobody sees a half-built tree.
 
-``debian:13`` and ``devbox:1`` come from the Debian archive. ``ubuntu:26.04``, ``alpine:3.20`` and
+``debian:13``, ``devbox:1`` and ``code-interpreter:1`` come from the Debian archive. ``ubuntu:26.04``, ``alpine:3.20`` and
 ``desktop:1`` are offered only when ``image_mirrors`` names a mirror for them: an apt mirror (Ubuntu,
 desktop), or the URL of a root filesystem tarball (any image; required for Alpine).
 """
@@ -37,6 +37,7 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 _BASE_PACKAGES = ROOT_IMAGES_BY_NAME["debian:13"].packages
 _DEVBOX_PACKAGES = ROOT_IMAGES_BY_NAME["devbox:1"].packages
 _DESKTOP_PACKAGES = ROOT_IMAGES_BY_NAME["desktop:1"].packages
+_CODE_INTERPRETER_PACKAGES = ROOT_IMAGES_BY_NAME["code-interpreter:1"].packages
 _TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.zst", ".tar.bz2")
 _SLIM_DPKG_OPTIONS = (
     "path-exclude=/usr/share/man/*",
@@ -72,6 +73,7 @@ CATALOG: dict[str, ImageRecipe] = {
     for recipe in (
         ImageRecipe("debian:13", "trixie", _BASE_PACKAGES, DEBIAN_MIRROR),
         ImageRecipe("devbox:1", "trixie", _DEVBOX_PACKAGES, DEBIAN_MIRROR),
+        ImageRecipe("code-interpreter:1", "trixie", _CODE_INTERPRETER_PACKAGES, DEBIAN_MIRROR),
         ImageRecipe(
             "ubuntu:26.04",
             "resolute",
