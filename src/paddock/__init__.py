@@ -10,6 +10,7 @@ from paddock._async_client import AsyncClient
 from paddock._async_sandbox import AsyncFiles, AsyncSandbox, AsyncSandboxes
 from paddock._base import RetryPolicy
 from paddock._client import Client
+from paddock._code import CodeInterpreterError, Execution, ExecutionError, Result
 from paddock._errors import (
     APIError,
     AuthenticationError,
@@ -66,10 +67,13 @@ __all__ = [
     "AuthenticationError",
     "Bandwidth",
     "Client",
+    "CodeInterpreterError",
     "ConflictError",
     "Deployment",
     "DeploymentFailedError",
     "ExecResult",
+    "Execution",
+    "ExecutionError",
     "Files",
     "GatewayClient",
     "InsufficientFundsError",
@@ -84,6 +88,7 @@ __all__ = [
     "PermissionDeniedError",
     "ProtocolError",
     "RateLimitedError",
+    "Result",
     "RetryPolicy",
     "Sandbox",
     "SandboxInfo",

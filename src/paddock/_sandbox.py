@@ -5,13 +5,15 @@
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
-from paddock import _base, _blocking
+from paddock import _base, _blocking, _code
+from paddock._code import Execution, OutputCallback
 from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
 from paddock._models import Bandwidth, ExecResult, SandboxInfo
 
@@ -218,6 +220,58 @@ class Sandbox:
                     yield frame
         finally:
             resp.close()
+
+    def run_code(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        context: str = "default",
+        timeout_s: float = 300.0,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> Execution:
+        """Run a cell in the sandbox's Jupyter kernel for ``context`` (code-interpreter:1, or any image
+        with python3-ipykernel) and return its output, rich results and error.
+
+        Variables persist between calls to one context; each context is its own kernel, started on its
+        first call. A cell running past ``timeout_s`` is interrupted (KeyboardInterrupt) and returned
+        with ``timed_out`` and a TimeoutError; the kernel and the sandbox keep running. An exception in
+        the cell is ``Execution.error``, not raised; ``CodeInterpreterError`` means no kernel could run.
+        ``on_stdout``/``on_stderr`` receive output as the cell prints it.
+        """
+        _code.check_arguments(language, context, timeout_s)
+        execution = self._run_cell(code, context, timeout_s, on_stdout, on_stderr)
+        if execution is None:  # first run_code in this sandbox: ship the driver, then run again
+            # Written beside its place and renamed into it, so a concurrent first call never runs a
+            # half-written copy.
+            partial = f"{_code.DRIVER_PATH}.{secrets.token_hex(4)}"
+            self.files.write(partial, _code.DRIVER_SOURCE)
+            moved = self.run("mv", ["-f", partial, _code.DRIVER_PATH])
+            if not moved.ok:
+                raise _code.CodeInterpreterError(
+                    f"installing the driver failed: {moved.stderr or moved.error}"
+                )
+            execution = self._run_cell(code, context, timeout_s, on_stdout, on_stderr)
+        if execution is None:
+            raise _code.CodeInterpreterError(f"the driver is missing from sandbox {self.id} after upload")
+        return execution
+
+    def _run_cell(
+        self,
+        code: str,
+        context: str,
+        timeout_s: float,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> Execution | None:
+        """One exec of the driver; None when the sandbox has no copy of it yet."""
+        reader = _code.CellReader(on_stdout, on_stderr)
+        for frame in self.stream("python3", _code.driver_args(context, timeout_s), stdin=code):
+            reader.feed(frame)
+        if reader.driver_missing:
+            return None
+        return reader.finish(timeout_s)
 
     # files (kept for callers of the first release; ``files`` is the full interface) --------------
 

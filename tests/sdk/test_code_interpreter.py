@@ -1,0 +1,161 @@
+"""``sandbox.run_code`` against the real platform: a Jupyter kernel in a ``code-interpreter:1`` sandbox.
+
+Each test asserts what an agent relies on: state kept between calls, a matplotlib chart as a real PNG,
+an exception's name and traceback, a timeout that interrupts the cell but keeps the kernel and the
+sandbox, independent contexts, output delivered while the cell still runs. The sync client's
+``run_code`` is generated from the async one; both are exercised here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import paddock
+from tests.hostagent.conftest import image_cache
+from tests.live import LivePlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+ROOTFS = "code-interpreter:1"
+SHAPE = "s-1vcpu-1gb"  # a kernel with numpy, pandas and matplotlib loaded takes ~150 MB
+
+
+@pytest.fixture(scope="session")
+def code_interpreter_image() -> Path:
+    from paddock_hostagent.images import ImageStore
+
+    return ImageStore(image_cache()).build(ROOTFS)  # cached after the first build (~75 s)
+
+
+@pytest.fixture(scope="module")
+def api_key(code_interpreter_image: Path, live: LivePlatform) -> str:
+    return live.api_key()
+
+
+@pytest.fixture(scope="module")
+def sandbox(live: LivePlatform, api_key: str) -> Iterator[paddock.Sandbox]:
+    with paddock.Client(live.url, api_key) as client, client.sandboxes.create(SHAPE, rootfs=ROOTFS) as sb:
+        yield sb
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk; fails on anything that is not a PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:16]
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert data.endswith(b"IEND\xaeB`\x82")
+    return width, height
+
+
+def test_a_variable_set_in_one_call_is_read_in_the_next(sandbox: paddock.Sandbox) -> None:
+    first = sandbox.run_code("x = 41\nprint('set')", context="state")
+    assert first.ok and first.stdout == "set\n" and first.kernel_started
+    second = sandbox.run_code("x + 1", context="state")
+    assert second.ok and second.text == "42" and not second.kernel_started
+    assert second.execution_count == first.execution_count + 1  # type: ignore[operator]
+
+
+def test_a_matplotlib_plot_returns_a_decodable_png(sandbox: paddock.Sandbox) -> None:
+    execution = sandbox.run_code(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.title('squares')\nplt.show()",
+        context="charts",
+    )
+    assert execution.ok, execution.error
+    images = [result.png for result in execution.results if result.png is not None]
+    assert len(images) == 1
+    width, height = png_size(images[0])
+    assert width > 100 and height > 100
+
+
+def test_a_dataframe_returns_html_and_text(sandbox: paddock.Sandbox) -> None:
+    execution = sandbox.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]})", context="charts")
+    assert execution.ok, execution.error
+    [main] = [result for result in execution.results if result.is_main_result]
+    assert "<table" in (main.html or "") and "a" in (main.text or "")
+    assert {"text/plain", "text/html"} <= set(main.formats)
+
+
+def test_an_exception_returns_its_name_value_and_traceback(sandbox: paddock.Sandbox) -> None:
+    execution = sandbox.run_code("def f():\n    return 1 / 0\nf()", context="errors")
+    assert execution.error is not None and not execution.ok
+    assert execution.error.name == "ZeroDivisionError"
+    assert execution.error.value == "division by zero"
+    assert "return 1 / 0" in execution.error.traceback_text
+    assert "\x1b[" not in execution.error.traceback_text  # no terminal colours for a model to read
+    assert sandbox.run_code("print('still here')", context="errors").stdout == "still here\n"
+
+
+def test_a_timeout_interrupts_the_cell_and_the_next_call_still_works(sandbox: paddock.Sandbox) -> None:
+    sandbox.run_code("kept = 'yes'", context="loop")
+    started = time.monotonic()
+    execution = sandbox.run_code("while True:\n    pass", context="loop", timeout_s=2)
+    elapsed_s = time.monotonic() - started
+    assert execution.timed_out and not execution.kernel_restarted
+    assert execution.error is not None and execution.error.name == "TimeoutError"
+    assert "KeyboardInterrupt" in execution.error.traceback_text
+    assert 2 <= elapsed_s < 10, elapsed_s
+    after = sandbox.run_code("kept", context="loop")
+    assert after.ok and after.text == "'yes'" and not after.kernel_started
+    assert sandbox.refresh().status == "running"
+
+
+def test_two_contexts_do_not_share_state(sandbox: paddock.Sandbox) -> None:
+    sandbox.run_code("secret = 1", context="ctx-a")
+    other = sandbox.run_code("secret", context="ctx-b")
+    assert other.error is not None and other.error.name == "NameError"
+    assert sandbox.run_code("secret", context="ctx-a").text == "1"
+
+
+def test_output_arrives_while_the_cell_runs(sandbox: paddock.Sandbox) -> None:
+    arrivals: list[tuple[str, str, float]] = []
+    started = time.monotonic()
+    execution = sandbox.run_code(
+        "import sys, time\nprint('first', flush=True)\nprint('warn', file=sys.stderr, flush=True)\n"
+        "time.sleep(1.5)\nprint('last')",
+        context="stream",
+        on_stdout=lambda text: arrivals.append(("out", text, time.monotonic() - started)),
+        on_stderr=lambda text: arrivals.append(("err", text, time.monotonic() - started)),
+    )
+    finished_s = time.monotonic() - started
+    assert (execution.stdout, execution.stderr) == ("first\nlast\n", "warn\n")
+    assert [(kind, text) for kind, text, _ in arrivals] == [
+        ("out", "first\n"),
+        ("err", "warn\n"),
+        ("out", "last\n"),
+    ]
+    assert finished_s - arrivals[0][2] >= 1.0  # 'first' came a whole sleep before the call returned
+
+
+def test_bad_arguments_are_refused_before_any_request(sandbox: paddock.Sandbox) -> None:
+    with pytest.raises(ValueError, match="language 'r'"):
+        sandbox.run_code("1", language="r")
+    with pytest.raises(ValueError, match="context"):
+        sandbox.run_code("1", context="../etc")
+
+
+def test_an_image_without_a_kernel_is_a_clear_error(live: LivePlatform, api_key: str) -> None:
+    with (
+        paddock.Client(live.url, api_key) as client,
+        client.sandboxes.create("s-1vcpu-256mb") as sb,
+        pytest.raises(paddock.CodeInterpreterError, match="code-interpreter:1"),
+    ):
+        sb.run_code("1 + 1")  # debian:13 has no python3
+
+
+async def test_the_async_client_runs_contexts_side_by_side(live: LivePlatform, api_key: str) -> None:
+    async with (
+        paddock.AsyncClient(live.url, api_key) as client,
+        await client.sandboxes.create(SHAPE, rootfs=ROOTFS) as sb,
+    ):
+        one, two = await asyncio.gather(
+            sb.run_code("import os\nvalue = 'one'\nvalue", context="one"),
+            sb.run_code("value = 'two'\nvalue", context="two"),
+        )
+        assert (one.text, two.text) == ("'one'", "'two'")
+        assert (await sb.run_code("value", context="one")).text == "'one'"
