@@ -41,6 +41,37 @@ def configure(
 
 
 @app.command()
+def mcp(
+    transport: str = typer.Option(
+        "stdio", "--transport", "-t", help="stdio (for a client that starts this process) or http."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="http: the address to listen on."),
+    port: int = typer.Option(8765, "--port", help="http: the port; the endpoint is /mcp."),
+) -> None:
+    """Serve Paddock's sandboxes as MCP tools (needs the mcp extra of the paddock package).
+
+    Configured like the other client commands: PADDOCK_BASE_URL and PADDOCK_API_KEY (or --url and
+    --api-key before `mcp`). Over http every client acts with this key: keep it on 127.0.0.1.
+    """
+    if transport not in ("stdio", "http"):
+        raise output.fail(f"--transport must be stdio or http, not {transport!r}", output.ExitCode.USAGE)
+    try:
+        # Lazy: the mcp extra is optional, and the other commands work without it.
+        import paddock_mcp
+    except ImportError as exc:
+        raise output.fail(
+            f"paddock mcp needs the mcp extra: pip install 'paddock[mcp]' ({exc})", output.ExitCode.USAGE
+        ) from None
+    paddock_mcp.run(
+        "stdio" if transport == "stdio" else "http",
+        host=host,
+        port=port,
+        base_url=output.CONFIG.url,
+        api_key=output.CONFIG.api_key,
+    )
+
+
+@app.command()
 def serve() -> None:
     """Run everything on embedded defaults: control plane, a host agent, the gateway, the workers."""
     from paddock_cli.serve import serve_embedded
