@@ -39,11 +39,17 @@ from paddock_gateway.registry import KNOWN_CHAINS
 REPO_DEVCHAIN_DIR = Path(__file__).resolve().parents[2] / "devchain"
 ANVIL_RELATIVE = Path("node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil")
 ARTIFACT_RELATIVE = Path("build/TestToken.json")
+#: Which compiled contract goes at which token's address: USDC carries USDC's EIP-712 domain.
+TOKEN_ARTIFACTS = {"usdc": Path("build/TestUSDC.json"), "usdt": ARTIFACT_RELATIVE}
 
 #: anvil's default accounts 0 and 1 (mnemonic "test test … junk"): public test keys.
 DEMO_ADDRESS = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"
 DEMO_PRIVATE_KEY = "0xac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80"
 RECIPIENT_ADDRESS = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
+#: anvil's default account 2: the gateway's x402 settlement key on the dev chain (public test key).
+SETTLEMENT_ADDRESS = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
+SETTLEMENT_PRIVATE_KEY = "0x5de4111afa1a4b94908f83103eb1f1706367c2e68ca870fc3fb9a804cdab365a"
+SETTLEMENT_GAS_WEI = 100 * 10**18
 DEMO_TOKENS_RAW = 1_000_000 * 10**6
 OWNER_SLOT = "0x0"
 MINT_SELECTOR = keccak(text="mint(address,uint256)")[:4].hex()
@@ -68,8 +74,8 @@ def anvil_binary() -> Path:
     return path
 
 
-def token_runtime_code() -> str:
-    artifact = json.loads((devchain_dir() / ARTIFACT_RELATIVE).read_text())
+def token_runtime_code(token: str = "usdt") -> str:
+    artifact = json.loads((devchain_dir() / TOKEN_ARTIFACTS.get(token, ARTIFACT_RELATIVE)).read_text())
     return str(artifact["deployedBytecode"])
 
 
@@ -121,6 +127,11 @@ def mint(url: str, token: str, to: str, amount_raw: int, *, owner: str = DEMO_AD
     return tx_hash
 
 
+def fund_gas(url: str, address: str, wei: int) -> None:
+    """Native currency for gas: the settlement account pays for every x402 settlement it submits."""
+    rpc(url, "anvil_setBalance", [address, hex(wei)])
+
+
 @dataclass
 class AnvilNode:
     name: str
@@ -161,16 +172,17 @@ def start_anvil(name: str, chain_id: int, state_dir: Path, *, timeout_s: float =
 def up(state_dir: Path, *, chain_ids: dict[str, int] | None = None) -> dict[str, Any]:
     """Start the nodes, install the tokens, fund the demo wallet; returns (and writes) the info JSON."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    code = token_runtime_code()
+    codes = {token: token_runtime_code(token) for token in TOKEN_ARTIFACTS}
     nodes: list[AnvilNode] = []
     try:
         for name, default_id, tokens in KNOWN_CHAINS:
             node = start_anvil(name, (chain_ids or {}).get(name, default_id), state_dir)
             nodes.append(node)
             for token, (_, address) in tokens.items():
-                install_token(node.rpc_url, address, code, DEMO_ADDRESS)
+                install_token(node.rpc_url, address, codes[token], DEMO_ADDRESS)
                 mint(node.rpc_url, address, DEMO_ADDRESS, DEMO_TOKENS_RAW)
                 node.tokens[token] = address
+            fund_gas(node.rpc_url, SETTLEMENT_ADDRESS, SETTLEMENT_GAS_WEI)
     except BaseException:
         for node in nodes:
             stop_pid(node.pid)
@@ -203,6 +215,11 @@ def describe(nodes: list[AnvilNode]) -> dict[str, Any]:
             "tokens_raw": str(DEMO_TOKENS_RAW),
         },
         "recipient": RECIPIENT_ADDRESS,
+        "settlement": {
+            "address": SETTLEMENT_ADDRESS,
+            "private_key": SETTLEMENT_PRIVATE_KEY,
+            "note": "anvil default account #2 (public test key): the gateway's x402 settlement key",
+        },
         "env": env,
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 from decimal import Decimal
 from pathlib import Path
@@ -47,6 +48,12 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
     #: A dev-chain file written by ``python -m paddock_gateway.devchain up``; fills the RPC URLs.
     devchain_file: Path | None = None
     rpc_timeout_s: float = 10.0
+    #: x402 (Appendix B): the key that submits ``transferWithAuthorization`` settlements and pays their
+    #: gas. Empty: the gateway neither offers nor accepts x402 payments.
+    settlement_private_key: SecretStr = SecretStr("")
+    settlement_receipt_timeout_s: float = 30.0
+    #: The public base URL (e.g. ``https://gateway.example``) for x402's ``resource.url``.
+    public_url: str = ""
 
     #: Pricing: a static monthly price, unless ``pricing_url`` names an upstream that answers
     #: ``{"<pricing_field>": <credits per month>}``.
@@ -95,6 +102,17 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
             return cls.reject_placeholder(value, "secret_key")
         return value
 
+    @field_validator("settlement_private_key")
+    @classmethod
+    def _settlement_key(cls, value: SecretStr) -> SecretStr:
+        key = value.get_secret_value()
+        if key:
+            cls.reject_placeholder(value, "settlement_private_key")
+            if not re.fullmatch(r"(0x)?[0-9a-fA-F]{64}", key):
+                # Never echo the value: it is meant to be a private key.
+                raise ValueError("settlement_private_key must be 32 bytes of hex")
+        return value
+
     @field_validator("recipient", "recipient_base", "recipient_arbitrum")
     @classmethod
     def _address(cls, value: str) -> str:
@@ -119,6 +137,9 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
                     setattr(self, f"token_{name}_{token}", address)
         if not self.recipient and info.get("recipient"):
             self.recipient = checksum(info["recipient"])
+        settlement = info.get("settlement") or {}
+        if not self.settlement_private_key.get_secret_value() and settlement.get("private_key"):
+            self.settlement_private_key = SecretStr(settlement["private_key"])
 
     def secret_box(self) -> SecretBox:
         """The at-rest box: the configured key, else one generated once into the data dir."""

@@ -9,12 +9,23 @@ from pathlib import Path
 
 import httpx
 import pytest
+from eth_utils.crypto import keccak
 
 from paddock_gateway import devchain
 from paddock_gateway.registry import KNOWN_CHAINS
 from paddock_gateway.settings import GatewaySettings
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
+
+
+NAME = "0x" + keccak(text="name()")[:4].hex()
+VERSION = "0x" + keccak(text="version()")[:4].hex()
+
+
+def abi_string(text: str) -> str:
+    """The ABI encoding of a returned ``string`` (offset, length, padded bytes)."""
+    data = text.encode()
+    return "0x" + f"{32:064x}" + f"{len(data):064x}" + data.hex().ljust(64, "0")
 
 
 def call(url: str, to: str, data: str) -> int:
@@ -38,7 +49,19 @@ def test_up_writes_a_usable_file_and_down_stops_the_nodes(tmp_path: Path) -> Non
                 assert call(chain["rpc_url"], address, "0x313ce567") == 6  # decimals()
                 holder = devchain.DEMO_ADDRESS.lower()[2:].rjust(64, "0")
                 assert call(chain["rpc_url"], address, "0x70a08231" + holder) == devchain.DEMO_TOKENS_RAW
+            usdc = chain["tokens"]["usdc"]
+            assert devchain.rpc(
+                chain["rpc_url"], "eth_call", [{"to": usdc, "data": NAME}, "latest"]
+            ) == abi_string("USD Coin")
+            assert devchain.rpc(
+                chain["rpc_url"], "eth_call", [{"to": usdc, "data": VERSION}, "latest"]
+            ) == abi_string("2")
+            gas = int(
+                devchain.rpc(chain["rpc_url"], "eth_getBalance", [devchain.SETTLEMENT_ADDRESS, "latest"]), 16
+            )
+            assert gas == devchain.SETTLEMENT_GAS_WEI
         settings = GatewaySettings(devchain_file=tmp_path / "devchain.json")
+        assert settings.settlement_private_key.get_secret_value() == devchain.SETTLEMENT_PRIVATE_KEY
         assert settings.rpc_url_base == info["chains"]["base"]["rpc_url"]
         assert settings.registry().chain("arbitrum").recipient == devchain.RECIPIENT_ADDRESS
     finally:
