@@ -39,6 +39,7 @@ from paddock_gateway.registry import Registry
 from paddock_gateway.sandbox_hosting import SandboxHosting
 from paddock_gateway.services import Services
 from paddock_gateway.settings import GatewaySettings
+from paddock_gateway.settlement import Settler
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 API_VERSION = "1.0.0"
@@ -154,6 +155,9 @@ def create_app(
             limiter=limiter,
             clock=clock,
             started_at=clock(),
+            settler=Settler(
+                settings.settlement_private_key, receipt_timeout_s=settings.settlement_receipt_timeout_s
+            ),
         )
         services.metering = Metering(sessions, clock, settings, services.hosting)
         app.state.services = services
@@ -165,7 +169,10 @@ def create_app(
             if run_workers:
                 services.metering.start()
             log.info(
-                "gateway_started", database=engine.dialect.name, recipient=registry.chain("base").recipient
+                "gateway_started",
+                database=engine.dialect.name,
+                recipient=registry.chain("base").recipient,
+                x402_settler=services.settler.address or None,  # the address only, never the key
             )
             yield
         finally:

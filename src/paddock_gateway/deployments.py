@@ -1,16 +1,18 @@
 """``POST /agent/deploy`` after authentication (§5.3.3 steps 4–8): validation, payment headers, name
-availability, price, then the paid path (§7–§8) or the credit path with the decision table (§6).
+availability, price, then the paid path (§7–§8), the x402 path (Appendix B.4) or the credit path with
+the decision table (§6). Both paid paths end the same way: a ledger row in state ``verified``, then
+``credit_and_start``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from paddock_core.logging import get_logger
-from paddock_gateway import credits, payments, projects
+from paddock_gateway import credits, payments, projects, settlement, x402
 from paddock_gateway.adapters.hosting import (
     AccessCheck,
     DeploymentHandle,
@@ -24,6 +26,8 @@ from paddock_gateway.errors import (
     DeployFailed,
     DeployFailedAfterTopup,
     InvalidHeader,
+    InvalidPaymentSignature,
+    MixedPaymentMethods,
     NameTaken,
     PaymentRequired,
     UnsupportedChain,
@@ -48,6 +52,15 @@ class PaymentHeaders:
     chain: str
     token: str
     use_existing_credits: bool
+    x402: x402.SignedPayment | None = None
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """The 200 body and the response headers that go with it (``PAYMENT-RESPONSE`` after x402)."""
+
+    body: DeployAccepted
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def payment_headers(headers: Mapping[str, str], default_chain: str) -> PaymentHeaders:
@@ -63,21 +76,31 @@ def payment_headers(headers: Mapping[str, str], default_chain: str) -> PaymentHe
     opt_in = headers.get("x-use-existing-credits", "false").strip().lower()
     if opt_in not in ("true", "false"):
         raise InvalidHeader()
-    return PaymentHeaders(tx_hash=tx_hash, chain=chain, token=token, use_existing_credits=opt_in == "true")
+    raw_x402 = headers.get("payment-signature")
+    if raw_x402 is not None and tx_hash is not None:
+        raise MixedPaymentMethods()
+    signed = x402.parse_payment_signature(raw_x402) if raw_x402 is not None else None
+    return PaymentHeaders(
+        tx_hash=tx_hash, chain=chain, token=token, use_existing_credits=opt_in == "true", x402=signed
+    )
 
 
 async def deploy(
     services: Services, caller: Caller, body: bytes, content_type: str | None, headers: Mapping[str, str]
-) -> DeployAccepted:
+) -> Deployed:
     request = deploy_input(body, content_type)
     pay = payment_headers(headers, services.registry.default_chain)
+    if pay.x402 is not None and not services.settler.configured:
+        raise InvalidPaymentSignature("header", "x402 payments are not enabled on this gateway")
     if await projects.name_taken(services, request.request.uniqueName):
         raise NameTaken()
     price = await services.prices.price(request.request.months)
     await ensure_can_deploy(services)
     if pay.tx_hash is not None:
-        return await deploy_paid(services, caller, request, price, pay, pay.tx_hash)
-    return await deploy_on_credits(services, caller, request, price, pay.use_existing_credits)
+        return Deployed(await deploy_paid(services, caller, request, price, pay, pay.tx_hash))
+    if pay.x402 is not None:
+        return await deploy_settled(services, caller, request, price, pay.x402)
+    return Deployed(await deploy_on_credits(services, caller, request, price, pay.use_existing_credits))
 
 
 async def ensure_can_deploy(services: Services) -> None:
@@ -126,7 +149,19 @@ def quote(
             "existing credits instead (this reduces the other projects' runtime), retry with header "
             "X-Use-Existing-Credits: true"
         )
-    return PaymentRequired(**fields)
+    required = PaymentRequired(**fields)
+    if services.settler.configured:  # offer x402 only when the gateway can settle it
+        offer = x402.payment_required(registry, price.amount_raw, resource_url(services))
+        required.headers[x402.PAYMENT_REQUIRED] = x402.encode_header(offer)
+        required.headers.update(x402.EXPOSE_HEADERS)
+    return required
+
+
+def resource_url(services: Services) -> str:
+    """The absolute URL of ``/agent/deploy`` from configuration, never from the request (B.4)."""
+    settings = services.settings
+    base = settings.public_url or f"http://127.0.0.1:{settings.port}"
+    return base.rstrip("/") + "/agent/deploy"
 
 
 async def deploy_on_credits(
@@ -178,6 +213,63 @@ async def deploy_paid(
             chain=pay.chain,
             amount_raw=verified.amount_raw,
         )
+    return await credit_and_start(services, caller, request, price, tx_hash)
+
+
+async def deploy_settled(
+    services: Services, caller: Caller, request: DeployInput, price: Price, signed: x402.SignedPayment
+) -> Deployed:
+    """Appendix B.4: check, claim, settle on chain, then the same ledger, top-up and deploy as §7–§8.
+
+    The claim is released on every failure before a successful receipt (nothing moved, nothing
+    credited, the authorization may be tried again); a settlement sent but not mined in time keeps it,
+    since the transaction may still land."""
+    now_s = int(services.clock().timestamp())
+    offer = settlement.check(services.registry, signed, caller.wallet, price.amount_raw, now_s)
+    taken = await settlement.claim(services.sessions, signed, services.clock())
+    try:
+        tx_hash = await services.settler.settle(
+            services.chain_client(offer.chain.name), offer, signed, price.amount_raw
+        )
+    except UpstreamUnavailable as exc:
+        if "tx_hash" in exc.extra:
+            await settlement.mark(
+                services.sessions, taken, "submitted", exc.extra["tx_hash"], services.clock()
+            )
+        else:
+            await settlement.release(services.sessions, taken)
+        raise
+    except Exception:
+        await settlement.release(services.sessions, taken)
+        raise
+    await settlement.mark(services.sessions, taken, "settled", tx_hash, services.clock())
+    verified = payments.VerifiedPayment(
+        tx_hash=tx_hash,
+        wallet=caller.wallet,
+        chain=offer.chain.name,
+        token=offer.token.name,
+        amount_raw=signed.authorization.value,
+    )
+    await payments.record_verified(services.sessions, verified, services.clock())
+    log.info(
+        "payment_settled",
+        wallet=caller.wallet,
+        tx_hash=tx_hash,
+        chain=offer.chain.name,
+        amount_raw=verified.amount_raw,
+        method="x402",
+    )
+    accepted = await credit_and_start(services, caller, request, price, tx_hash)
+    headers = x402.settlement_response(
+        success=True, network=offer.network, payer=caller.address, transaction=tx_hash
+    )
+    return Deployed(accepted, headers)
+
+
+async def credit_and_start(
+    services: Services, caller: Caller, request: DeployInput, price: Price, tx_hash: str
+) -> DeployAccepted:
+    """§8: ``verified → credited`` with the top-up, then the deploy (a failure after it is §8.4)."""
     credited_raw = await payments.credit(services.sessions, tx_hash, caller.wallet, services.clock())
     if services.metering is not None:
         services.metering.wake()

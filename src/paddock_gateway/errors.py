@@ -9,6 +9,8 @@
     ├── UnsupportedToken            400 unsupported_token
     ├── InvalidHeader               400 invalid_header
     ├── InvalidAddress              400 invalid_address
+    ├── InvalidPaymentSignature     400 invalid_payment_signature (field: the malformed part)
+    ├── MixedPaymentMethods         400 mixed_payment_methods
     ├── AuthError                   401 auth_missing | auth_malformed | auth_expired | …
     ├── PaymentRequired             402 payment_required (the quote)
     ├── PaymentVerificationFailed   402 payment_verification_failed (reason, tx_hash …)
@@ -82,6 +84,19 @@ class InvalidHeader(GatewayError):
 
 class InvalidAddress(GatewayError):
     status, code, message = 400, "invalid_address", "Invalid EVM address"
+
+
+class InvalidPaymentSignature(GatewayError):
+    status, code = 400, "invalid_payment_signature"
+    message = "PAYMENT-SIGNATURE is not a valid x402 v2 exact EIP-3009 payment payload"
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"PAYMENT-SIGNATURE: {field}: {reason}", field=field)
+
+
+class MixedPaymentMethods(GatewayError):
+    status, code = 400, "mixed_payment_methods"
+    message = "Send either X-Payment-Tx or PAYMENT-SIGNATURE, not both"
 
 
 class AuthError(GatewayError):

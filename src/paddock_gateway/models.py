@@ -44,6 +44,22 @@ class Payment(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(TS)
 
 
+class X402Authorization(Base):
+    """An x402 EIP-3009 authorization the gateway has taken on: the primary key (network, token, payer,
+    nonce) is what the token contract itself makes single-use, so inserting it first lets exactly one of
+    any number of concurrent requests carrying the same authorization go on to settle it."""
+
+    __tablename__ = "gw_x402_authorizations"
+    network: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    asset: Mapped[str] = mapped_column(sa.String(42), primary_key=True)
+    payer: Mapped[str] = mapped_column(sa.String(42), primary_key=True)
+    nonce: Mapped[str] = mapped_column(sa.String(66), primary_key=True)
+    state: Mapped[str] = mapped_column(sa.String(16))  # settling → submitted → settled
+    tx_hash: Mapped[str | None] = mapped_column(sa.String(66))
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
 class Wallet(Base):
     """The running credit balance of a wallet; the sum of its ``CreditEntry`` rows."""
 

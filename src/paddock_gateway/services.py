@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
+from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from paddock_core.timeutil import Clock
@@ -15,6 +16,7 @@ from paddock_gateway.pricing import PriceCache
 from paddock_gateway.ratelimit import RateLimiter
 from paddock_gateway.registry import Registry
 from paddock_gateway.settings import GatewaySettings
+from paddock_gateway.settlement import Settler
 
 
 @dataclass
@@ -29,6 +31,7 @@ class Services:
     limiter: RateLimiter
     clock: Clock
     started_at: dt.datetime
+    settler: Settler = field(default_factory=lambda: Settler(SecretStr("")))
     metering: Metering | None = field(default=None)
 
     def chain_client(self, chain: str) -> ChainClient:

@@ -22,6 +22,7 @@ TABLES = {
     "gw_projects",
     "gw_deployments",
     "gw_sandbox_deployments",
+    "gw_x402_authorizations",
 }
 
 

@@ -1,7 +1,10 @@
-"""``ChainClient``: the few JSON-RPC reads payment verification and balances need, over web3.py.
+"""``ChainClient``: the few JSON-RPC calls payment verification, balances and x402 settlement need,
+over web3.py.
 
 Every failure below (connection refused, timeout, JSON-RPC error, malformed answer) becomes
-``ChainError`` here, so the domain never sees a web3 or aiohttp exception.
+``ChainError`` here, so the domain never sees a web3 or aiohttp exception. A call or gas estimate that
+the contract itself reverts is ``CallReverted`` instead: that is an answer about the payment, not an
+unreachable chain.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 import aiohttp
 from web3 import AsyncWeb3
-from web3.exceptions import TransactionNotFound, Web3Exception
+from web3.exceptions import ContractLogicError, TransactionNotFound, Web3Exception
 from web3.providers.rpc import AsyncHTTPProvider
 
 BALANCE_OF_SELECTOR = "0x70a08231"
@@ -20,6 +23,10 @@ BALANCE_OF_SELECTOR = "0x70a08231"
 
 class ChainError(Exception):
     """The chain's RPC could not be reached or gave an unusable answer."""
+
+
+class CallReverted(Exception):
+    """The contract reverted an ``eth_call`` or ``eth_estimateGas``; the message is its reason."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class ChainClient:
             return await coro
         except TransactionNotFound:
             raise
+        except ContractLogicError as exc:
+            raise CallReverted(str(exc.message or exc)) from exc
         except (TimeoutError, Web3Exception, aiohttp.ClientError, OSError, ValueError) as exc:
             raise ChainError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -108,6 +117,32 @@ class ChainClient:
         call = {"to": AsyncWeb3.to_checksum_address(token), "data": data}
         result = await self._call(self.w3.eth.call(call))  # type: ignore[arg-type]
         return int.from_bytes(bytes(result), "big") if len(bytes(result)) else 0
+
+    async def call(self, to: str, data: str, *, sender: str | None = None) -> bytes:
+        """``eth_call`` at the latest block; ``CallReverted`` if the contract reverts."""
+        tx: dict[str, Any] = {"to": AsyncWeb3.to_checksum_address(to), "data": data}
+        if sender is not None:
+            tx["from"] = AsyncWeb3.to_checksum_address(sender)
+        return bytes(await self._call(self.w3.eth.call(tx)))  # type: ignore[arg-type]
+
+    async def estimate_gas(self, sender: str, to: str, data: str) -> int:
+        """A full simulation of the call from ``sender``; ``CallReverted`` if it would revert."""
+        tx = {
+            "from": AsyncWeb3.to_checksum_address(sender),
+            "to": AsyncWeb3.to_checksum_address(to),
+            "data": data,
+        }
+        return int(await self._call(self.w3.eth.estimate_gas(tx)))  # type: ignore[arg-type]
+
+    async def pending_nonce(self, address: str) -> int:
+        count = self.w3.eth.get_transaction_count(AsyncWeb3.to_checksum_address(address), "pending")
+        return int(await self._call(count))
+
+    async def gas_price(self) -> int:
+        return int(await self._call(self.w3.eth.gas_price))
+
+    async def send_raw_transaction(self, raw: bytes) -> str:
+        return _hex(await self._call(self.w3.eth.send_raw_transaction(raw)))
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):  # closing is best-effort

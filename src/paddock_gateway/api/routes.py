@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
 from paddock_core import jsonbody
 from paddock_gateway import deployments, lookups, projects
@@ -36,7 +36,13 @@ WALLET_HEADERS = [
 ]
 DEPLOY_HEADERS = [
     {"name": name, "in": "header", "required": False, "schema": {"type": "string"}}
-    for name in ("X-Payment-Tx", "X-Payment-Chain", "X-Payment-Token", "X-Use-Existing-Credits")
+    for name in (
+        "X-Payment-Tx",
+        "X-Payment-Chain",
+        "X-Payment-Token",
+        "X-Use-Existing-Credits",
+        "PAYMENT-SIGNATURE",
+    )
 ]
 
 
@@ -57,12 +63,16 @@ async def health() -> Health:
         },
     },
 )
-async def deploy(request: Request, services: ServicesDep, caller: CallerDep) -> DeployAccepted:
+async def deploy(
+    request: Request, response: Response, services: ServicesDep, caller: CallerDep
+) -> DeployAccepted:
     body = await request.body()
     check_json_body(body, request.headers.get("content-type"))
-    return await deployments.deploy(
+    deployed = await deployments.deploy(
         services, caller, body, request.headers.get("content-type"), request.headers
     )
+    response.headers.update(deployed.headers)  # PAYMENT-RESPONSE after an x402 settlement
+    return deployed.body
 
 
 def check_json_body(raw: bytes, content_type: str | None) -> None:

@@ -1,0 +1,361 @@
+"""x402 ``exact`` EIP-3009 payments: verification, the single-use claim and settlement on chain.
+
+The gateway is its own facilitator (Appendix B.3), in this order:
+
+1. ``check``: the signed payment answers one of this gateway's offers (scheme, network, asset, payTo),
+   ``from`` is the request's own wallet, ``to`` the recipient, ``value`` ≥ the price, the time window
+   is open, and the EIP-712 signature recovers to ``from``. Nothing is read from a chain yet.
+2. ``claim``: insert (network, asset, payer, nonce); a duplicate is 409, so of any number of requests
+   carrying one authorization exactly one goes on.
+3. ``Settler.settle``: the nonce is unused on chain, the payer holds ``value``, a gas estimate of
+   ``transferWithAuthorization`` from the settlement key succeeds (a full simulation), then the
+   transaction is signed with that key, sent and its receipt awaited.
+
+Any failure before a successful receipt releases the claim and credits nothing (a 402 names the x402
+reason). Only a mined, successful settlement reaches the payment ledger and the top-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from dataclasses import dataclass
+
+from eth_abi.abi import encode as abi_encode
+from eth_account import Account
+from eth_account.messages import encode_typed_data
+from eth_utils.address import to_checksum_address
+from eth_utils.crypto import keccak
+from pydantic import SecretStr
+from sqlalchemy import ColumnElement, and_, delete, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from paddock_core.db import transaction
+from paddock_core.logging import get_logger
+from paddock_gateway.adapters.chain import CallReverted, ChainClient, ChainError
+from paddock_gateway.errors import GatewayError, PaymentAlreadyProcessed, UpstreamUnavailable
+from paddock_gateway.models import X402Authorization
+from paddock_gateway.registry import Registry
+from paddock_gateway.x402 import Offer, SignedPayment, offers, settlement_response
+
+log = get_logger("paddock.gateway.settlement")
+
+#: x402's own reasons (coinbase/x402 ``mechanisms/evm/constants.py``), so x402 clients can match them.
+INVALID_SCHEME = "unsupported_scheme"
+NETWORK_MISMATCH = "network_mismatch"
+ASSET_MISMATCH = "invalid_exact_evm_failed_to_get_asset_info"
+RECIPIENT_MISMATCH = "invalid_exact_evm_payload_recipient_mismatch"
+VALUE_MISMATCH = "invalid_exact_evm_payload_authorization_value_mismatch"
+VALID_BEFORE = "invalid_exact_evm_payload_authorization_valid_before"
+VALID_AFTER = "invalid_exact_evm_payload_authorization_valid_after"
+INVALID_SIGNATURE = "invalid_exact_evm_payload_signature"
+NONCE_USED = "invalid_exact_evm_nonce_already_used"
+INSUFFICIENT_BALANCE = "invalid_exact_evm_insufficient_balance"
+SIMULATION_FAILED = "invalid_exact_evm_transaction_simulation_failed"
+TRANSACTION_FAILED = "transaction_failed"
+#: x402 has no reason for "signed by a wallet other than the caller's"; §7.2's own name for that rule.
+SENDER_MISMATCH = "sender_mismatch"
+
+#: validBefore must leave this much time for the settlement to be mined (the reference facilitator's 6 s).
+VALID_BEFORE_MARGIN_S = 6
+RECEIPT_TIMEOUT_S = 30.0
+SETTLE_GAS_MARGIN = 1.25
+
+TRANSFER_WITH_AUTHORIZATION = keccak(
+    text="transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)"
+)[:4]
+AUTHORIZATION_STATE = keccak(text="authorizationState(address,bytes32)")[:4]
+BALANCE_OF = keccak(text="balanceOf(address)")[:4]
+EIP712_TYPES = {
+    "EIP712Domain": [
+        {"name": "name", "type": "string"},
+        {"name": "version", "type": "string"},
+        {"name": "chainId", "type": "uint256"},
+        {"name": "verifyingContract", "type": "address"},
+    ],
+    "TransferWithAuthorization": [
+        {"name": "from", "type": "address"},
+        {"name": "to", "type": "address"},
+        {"name": "value", "type": "uint256"},
+        {"name": "validAfter", "type": "uint256"},
+        {"name": "validBefore", "type": "uint256"},
+        {"name": "nonce", "type": "bytes32"},
+    ],
+}
+
+
+class X402PaymentFailed(GatewayError):
+    """402 ``payment_verification_failed`` with the x402 reason and a failed ``PAYMENT-RESPONSE``."""
+
+    status, code, message = 402, "payment_verification_failed", "Payment verification failed"
+
+    def __init__(self, reason: str, payment: SignedPayment, required_raw: int) -> None:
+        super().__init__(
+            reason=reason,
+            network=payment.network,
+            payer=payment.authorization.payer,
+            required_amount_token=str(required_raw),
+            authorized_amount_token=str(payment.authorization.value),
+        )
+        self.headers.update(
+            settlement_response(
+                success=False,
+                network=payment.network,
+                payer=payment.authorization.payer,
+                error_reason=reason,
+            )
+        )
+
+
+def recover_payer(offer: Offer, payment: SignedPayment) -> str | None:
+    """The lowercase address that signed the EIP-712 ``TransferWithAuthorization``, or None."""
+    auth = payment.authorization
+    typed = {
+        "types": EIP712_TYPES,
+        "primaryType": "TransferWithAuthorization",
+        "domain": {
+            "name": offer.domain_name,
+            "version": offer.domain_version,
+            "chainId": offer.chain.chain_id,
+            "verifyingContract": offer.token.address,
+        },
+        "message": {
+            "from": to_checksum_address(auth.payer),
+            "to": to_checksum_address(auth.to),
+            "value": auth.value,
+            "validAfter": auth.valid_after,
+            "validBefore": auth.valid_before,
+            "nonce": bytes.fromhex(auth.nonce[2:]),
+        },
+    }
+    signature = bytearray(payment.signature)
+    if signature[64] in (0, 1):  # some signers emit v as 0/1 (App. A.2)
+        signature[64] += 27
+    try:
+        return str(
+            Account.recover_message(encode_typed_data(full_message=typed), signature=bytes(signature))
+        ).lower()
+    except Exception:  # eth_keys raises several types for an r/s/v that is not a curve point
+        return None
+
+
+def check(registry: Registry, payment: SignedPayment, wallet: str, required_raw: int, now_s: int) -> Offer:
+    """Step 1: everything that needs no chain and no database; returns the offer the payment answers."""
+
+    def failed(reason: str) -> X402PaymentFailed:
+        return X402PaymentFailed(reason, payment, required_raw)
+
+    if payment.scheme != "exact":
+        raise failed(INVALID_SCHEME)
+    by_network = {offer.network: offer for offer in offers(registry)}
+    offer = by_network.get(payment.network)
+    if offer is None:
+        raise failed(NETWORK_MISMATCH)
+    if payment.asset != offer.token.address.lower():
+        raise failed(ASSET_MISMATCH)
+    recipient = offer.chain.recipient.lower()
+    auth = payment.authorization
+    if payment.pay_to != recipient or auth.to != recipient:
+        raise failed(RECIPIENT_MISMATCH)
+    if auth.payer != wallet:
+        raise failed(SENDER_MISMATCH)
+    if auth.value < required_raw:
+        raise failed(VALUE_MISMATCH)
+    if auth.valid_before < now_s + VALID_BEFORE_MARGIN_S:
+        raise failed(VALID_BEFORE)
+    if auth.valid_after > now_s:
+        raise failed(VALID_AFTER)
+    if recover_payer(offer, payment) != auth.payer:
+        raise failed(INVALID_SIGNATURE)
+    return offer
+
+
+@dataclass(frozen=True)
+class Claim:
+    network: str
+    asset: str
+    payer: str
+    nonce: str
+
+
+def claim_of(payment: SignedPayment) -> Claim:
+    auth = payment.authorization
+    return Claim(network=payment.network, asset=payment.asset, payer=auth.payer, nonce=auth.nonce)
+
+
+def _where(claim: Claim) -> ColumnElement[bool]:
+    return and_(
+        X402Authorization.network == claim.network,
+        X402Authorization.asset == claim.asset,
+        X402Authorization.payer == claim.payer,
+        X402Authorization.nonce == claim.nonce,
+    )
+
+
+async def claim(
+    sessions: async_sessionmaker[AsyncSession], payment: SignedPayment, now: dt.datetime
+) -> Claim:
+    """Step 2: take the authorization on; 409 if any request (this one's twin or an earlier one) has."""
+    taken = claim_of(payment)
+    try:
+        async with transaction(sessions) as session:
+            session.add(
+                X402Authorization(
+                    network=taken.network,
+                    asset=taken.asset,
+                    payer=taken.payer,
+                    nonce=taken.nonce,
+                    state="settling",
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    except IntegrityError as exc:
+        existing = await find(sessions, taken)
+        raise PaymentAlreadyProcessed(tx_hash=existing.tx_hash if existing else None) from exc
+    return taken
+
+
+async def find(sessions: async_sessionmaker[AsyncSession], taken: Claim) -> X402Authorization | None:
+    async with sessions() as session:
+        return await session.get(X402Authorization, (taken.network, taken.asset, taken.payer, taken.nonce))
+
+
+async def release(sessions: async_sessionmaker[AsyncSession], taken: Claim) -> None:
+    """Nothing moved on chain: forget the claim, so the same authorization may be tried again."""
+    async with transaction(sessions) as session:
+        await session.execute(delete(X402Authorization).where(_where(taken)))
+
+
+async def mark(
+    sessions: async_sessionmaker[AsyncSession], taken: Claim, state: str, tx_hash: str, now: dt.datetime
+) -> None:
+    async with transaction(sessions) as session:
+        await session.execute(
+            update(X402Authorization)
+            .where(_where(taken))
+            .values(state=state, tx_hash=tx_hash, updated_at=now)
+        )
+
+
+def _address_word(address: str) -> bytes:
+    return bytes.fromhex(address.lower().removeprefix("0x").rjust(64, "0"))
+
+
+def settle_calldata(payment: SignedPayment) -> str:
+    """``transferWithAuthorization(from, to, value, validAfter, validBefore, nonce, v, r, s)``."""
+    auth, sig = payment.authorization, payment.signature
+    v = sig[64] + 27 if sig[64] in (0, 1) else sig[64]
+    args = abi_encode(
+        ["address", "address", "uint256", "uint256", "uint256", "bytes32", "uint8", "bytes32", "bytes32"],
+        [
+            to_checksum_address(auth.payer),
+            to_checksum_address(auth.to),
+            auth.value,
+            auth.valid_after,
+            auth.valid_before,
+            bytes.fromhex(auth.nonce[2:]),
+            v,
+            sig[:32],
+            sig[32:64],
+        ],
+    )
+    return "0x" + (TRANSFER_WITH_AUTHORIZATION + args).hex()
+
+
+class Settler:
+    """Submits settlements from the gateway's own key, which pays their gas.
+
+    The key is held as a ``SecretStr`` and used only to sign; it never enters a log line, an error or
+    a response. Transactions from one key must carry consecutive nonces, so signing and sending are
+    serialised per chain; waiting for receipts is not.
+    """
+
+    def __init__(self, private_key: SecretStr, *, receipt_timeout_s: float = RECEIPT_TIMEOUT_S) -> None:
+        self._key = private_key
+        self.address = (
+            str(Account.from_key(private_key.get_secret_value()).address) if self.configured else ""
+        )
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.receipt_timeout_s = receipt_timeout_s
+
+    @property
+    def configured(self) -> bool:
+        return bool(self._key.get_secret_value())
+
+    async def settle(
+        self, client: ChainClient, offer: Offer, payment: SignedPayment, required_raw: int
+    ) -> str:
+        """Step 3: returns the hash of a mined, successful settlement, or raises (nothing moved)."""
+
+        def failed(reason: str) -> X402PaymentFailed:
+            return X402PaymentFailed(reason, payment, required_raw)
+
+        auth, token = payment.authorization, offer.token.address
+        data = settle_calldata(payment)
+        try:
+            if await client.chain_id() != offer.chain.chain_id:
+                raise UpstreamUnavailable(
+                    f"the RPC for {offer.chain.name} is not chain {offer.chain.chain_id}"
+                )
+            used = await client.call(
+                token, "0x" + (AUTHORIZATION_STATE + _address_word(auth.payer)).hex() + auth.nonce[2:]
+            )
+            if int.from_bytes(used or b"\0", "big"):
+                raise failed(NONCE_USED)
+            balance = await client.call(token, "0x" + (BALANCE_OF + _address_word(auth.payer)).hex())
+            if int.from_bytes(balance or b"\0", "big") < auth.value:
+                raise failed(INSUFFICIENT_BALANCE)
+            lock = self._locks.setdefault(offer.chain.name, asyncio.Lock())
+            async with lock:
+                try:
+                    gas = await client.estimate_gas(self.address, token, data)
+                except CallReverted as exc:
+                    log.info("x402_simulation_reverted", payer=auth.payer, reason=str(exc))
+                    raise failed(SIMULATION_FAILED) from exc
+                tx = {
+                    "chainId": offer.chain.chain_id,
+                    "nonce": await client.pending_nonce(self.address),
+                    "to": to_checksum_address(token),
+                    "data": data,
+                    "value": 0,
+                    "gas": int(gas * SETTLE_GAS_MARGIN),
+                    "gasPrice": await client.gas_price(),
+                }
+                signed = Account.sign_transaction(tx, self._key.get_secret_value())
+                try:
+                    tx_hash = await client.send_raw_transaction(bytes(signed.raw_transaction))
+                except ChainError as exc:  # e.g. the settlement key is out of gas: nothing was sent
+                    log.warning("x402_settlement_refused", chain=offer.chain.name, error=str(exc))
+                    raise UpstreamUnavailable(
+                        f"the {offer.chain.name} RPC did not accept the settlement transaction"
+                    ) from exc
+            receipt = await self._receipt(client, tx_hash)
+        except CallReverted as exc:  # a read reverted: not a token this gateway can settle
+            raise failed(SIMULATION_FAILED) from exc
+        except ChainError as exc:
+            raise UpstreamUnavailable(f"the {offer.chain.name} RPC is unavailable") from exc
+        if receipt is None:
+            # Sent but not mined in time: it may still land. The hash is a real Transfer from the payer,
+            # so resubmitting it as X-Payment-Tx credits it once it is mined (the ledger is shared).
+            raise UpstreamUnavailable(
+                "settlement sent but not yet mined; resubmit tx_hash as X-Payment-Tx", tx_hash=tx_hash
+            )
+        if receipt != 1:
+            raise failed(TRANSACTION_FAILED)
+        return tx_hash
+
+    async def _receipt(self, client: ChainClient, tx_hash: str) -> int | None:
+        """The receipt's status once mined, or None after ``receipt_timeout_s``."""
+        deadline = time.monotonic() + self.receipt_timeout_s
+        delay = 0.02
+        while True:
+            receipt = await client.get_receipt(tx_hash)
+            if receipt is not None:
+                return receipt.status
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)

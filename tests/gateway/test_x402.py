@@ -1,0 +1,455 @@
+"""x402 v2 (Appendix B) against real anvil chains: the PAYMENT-REQUIRED offer, PAYMENT-SIGNATURE paid
+and settled by the gateway's own key, every rejection, and one authorization settled once however often
+it is sent. The payer here signs with eth-account's own EIP-712 code (independent of the gateway's), and
+the PyPI ``x402`` client pays unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from eth_account import Account
+from eth_utils.crypto import keccak
+from x402 import x402Client
+from x402.http.clients.httpx import x402AsyncTransport
+from x402.mechanisms.evm.exact.register import register_exact_evm_client
+
+from paddock_gateway import credits, devchain
+from paddock_gateway.settings import GatewaySettings
+from tests.gateway.conftest import (
+    RECIPIENT,
+    Chain,
+    Clock,
+    Gateway,
+    Wallet,
+    chain_overrides,
+    free_port,
+    gateway_settings,
+    new_wallet,
+    rpc,
+    running_gateway,
+    static_site,
+    unique_name,
+)
+
+pytestmark = [pytest.mark.chain, pytest.mark.slow]
+
+PRICE_RAW = 1_813_947
+SETTLER = devchain.SETTLEMENT_ADDRESS
+TRANSFER_WITH_AUTHORIZATION = keccak(
+    text="transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)"
+)[:4].hex()
+
+
+@pytest.fixture
+async def x402_gateway(tmp_path: Path, devchains: dict[str, Chain]) -> AsyncIterator[Gateway]:
+    settings = gateway_settings(
+        tmp_path,
+        settlement_private_key=devchain.SETTLEMENT_PRIVATE_KEY,
+        public_url="https://gateway.example",
+        rate_limit_requests=1_000,  # these tests send many requests from one wallet on purpose
+        **chain_overrides(devchains),
+    )
+    async with running_gateway(settings, tmp_path, chains=devchains) as gw:
+        yield gw
+
+
+def decode(value: str) -> dict[str, Any]:
+    return dict(json.loads(base64.b64decode(value, validate=True)))
+
+
+def encode(value: dict[str, Any]) -> str:
+    return base64.b64encode(json.dumps(value).encode()).decode()
+
+
+def sign_authorization(
+    wallet: Wallet,
+    requirement: dict[str, Any],
+    chain_id: int,
+    *,
+    to: str | None = None,
+    value: int | None = None,
+    valid_after: int = 0,
+    valid_before: int | None = None,
+    nonce: str | None = None,
+    signer: Wallet | None = None,
+) -> dict[str, Any]:
+    """A ``PaymentPayload`` for ``requirement``, signed with eth-account's EIP-712 implementation."""
+    message = {
+        "from": wallet.address,
+        "to": to or requirement["payTo"],
+        "value": int(requirement["amount"]) if value is None else value,
+        "validAfter": valid_after,
+        "validBefore": valid_before if valid_before is not None else int(time.time()) + 300,
+        "nonce": bytes.fromhex((nonce or "0x" + os.urandom(32).hex())[2:]),
+    }
+    typed = {
+        "types": {
+            "EIP712Domain": [
+                {"name": "name", "type": "string"},
+                {"name": "version", "type": "string"},
+                {"name": "chainId", "type": "uint256"},
+                {"name": "verifyingContract", "type": "address"},
+            ],
+            "TransferWithAuthorization": [
+                {"name": "from", "type": "address"},
+                {"name": "to", "type": "address"},
+                {"name": "value", "type": "uint256"},
+                {"name": "validAfter", "type": "uint256"},
+                {"name": "validBefore", "type": "uint256"},
+                {"name": "nonce", "type": "bytes32"},
+            ],
+        },
+        "primaryType": "TransferWithAuthorization",
+        "domain": {
+            "name": requirement["extra"]["name"],
+            "version": requirement["extra"]["version"],
+            "chainId": chain_id,
+            "verifyingContract": requirement["asset"],
+        },
+        "message": message,
+    }
+    signature = (signer or wallet).account.sign_typed_data(full_message=typed).signature
+    return {
+        "x402Version": 2,
+        "accepted": requirement,
+        "payload": {
+            "signature": "0x" + bytes(signature).hex(),
+            "authorization": {
+                **{k: str(v) for k, v in message.items() if k != "nonce"},
+                "nonce": "0x" + message["nonce"].hex(),
+            },
+        },
+    }
+
+
+async def offer_for(gw: Gateway, wallet: Wallet, body: dict[str, Any], network: str) -> dict[str, Any]:
+    quote = await gw.deploy(wallet, body)
+    assert quote.status_code == 402, quote.text
+    offered = decode(quote.headers["PAYMENT-REQUIRED"])
+    return next(item for item in offered["accepts"] if item["network"] == network)
+
+
+async def credit_balance(gw: Gateway, wallet: Wallet) -> int:
+    async with gw.services.sessions() as session:
+        return await credits.balance_micro(session, wallet.address.lower())
+
+
+async def nonce_of(chain: Chain, address: str) -> int:
+    return int(await rpc(chain.rpc_url, "eth_getTransactionCount", [address, "latest"]), 16)
+
+
+async def eth_balance(chain: Chain, address: str) -> int:
+    return int(await rpc(chain.rpc_url, "eth_getBalance", [address, "latest"]), 16)
+
+
+async def test_the_quote_offers_usdc_on_both_chains_in_payment_required(
+    x402_gateway: Gateway, devchains: dict[str, Chain]
+) -> None:
+    response = await x402_gateway.deploy(new_wallet(), static_site(unique_name(), "x", port=free_port()))
+    assert response.status_code == 402
+    assert response.json()["amount_token"] == str(PRICE_RAW)  # the JSON quote is unchanged
+    exposed = {h.strip().upper() for h in response.headers["Access-Control-Expose-Headers"].split(",")}
+    assert {"PAYMENT-REQUIRED", "PAYMENT-RESPONSE"} <= exposed
+    required = decode(response.headers["PAYMENT-REQUIRED"])
+    assert required["x402Version"] == 2
+    assert required["resource"]["url"] == "https://gateway.example/agent/deploy"
+    extra = {"name": "USD Coin", "version": "2", "assetTransferMethod": "eip3009"}
+    assert required["accepts"] == [
+        {
+            "scheme": "exact",
+            "network": "eip155:8453",
+            "amount": str(PRICE_RAW),
+            "asset": devchains["base"].tokens["usdc"],
+            "payTo": RECIPIENT,
+            "maxTimeoutSeconds": 300,
+            "extra": extra,
+        },
+        {
+            "scheme": "exact",
+            "network": "eip155:42161",
+            "amount": str(PRICE_RAW),
+            "asset": devchains["arbitrum"].tokens["usdc"],
+            "payTo": RECIPIENT,
+            "maxTimeoutSeconds": 300,
+            "extra": extra,
+        },
+    ]
+
+
+async def test_no_settlement_key_means_no_x402_offer(chain_gateway: Gateway) -> None:
+    response = await chain_gateway.deploy(new_wallet(), static_site(unique_name(), "x", port=free_port()))
+    assert response.status_code == 402 and "PAYMENT-REQUIRED" not in response.headers
+
+
+class WalletAuth(httpx.AsyncBaseTransport):
+    """Signs every request afresh (the gateway's EIP-191 auth, one nonce per request). The x402 transport
+    wraps this one, so its paying retry carries new auth headers and the x402 client stays unchanged."""
+
+    def __init__(self, wallet: Wallet, clock: Clock) -> None:
+        self.wallet, self.clock = wallet, clock
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.headers.update(self.wallet.auth(self.clock.now_ms()))
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_the_pypi_x402_client_pays_a_deploy_end_to_end(
+    x402_gateway: Gateway, paying_wallet: Wallet, devchains: dict[str, Chain]
+) -> None:
+    gw, base = x402_gateway, devchains["base"]
+    port = free_port()
+    body = static_site(unique_name("x402"), "<h1>paid by signature</h1>", port=port)
+    recipient_before = await base.token_balance("usdc", RECIPIENT)
+    payer_tokens_before = await base.token_balance("usdc", paying_wallet.address)
+    payer_eth_before = await eth_balance(base, paying_wallet.address)
+    settler_nonce_before = await nonce_of(base, SETTLER)
+
+    client = x402Client().set_spend_controls({"max_amount_per_payment": "$5"})  # its default cap is $1
+    register_exact_evm_client(client, paying_wallet.account, networks="eip155:8453")
+    transport = x402AsyncTransport(client, transport=WalletAuth(paying_wallet, gw.clock))
+    async with httpx.AsyncClient(base_url=gw.url, transport=transport, timeout=60) as http:
+        response = await http.post("/agent/deploy", json=body)
+
+    assert response.status_code == 200, response.text
+    accepted = response.json()
+    assert accepted["status"] == "deploying"
+    settled = decode(response.headers["PAYMENT-RESPONSE"])
+    assert settled["success"] is True and settled["network"] == "eip155:8453"
+    assert settled["payer"] == paying_wallet.address
+    receipt = await base.receipt(settled["transaction"])
+    assert receipt is not None and receipt["status"] == "0x1"
+    assert receipt["from"].lower() == SETTLER.lower()  # the gateway's key sent it, and paid its gas
+
+    assert await base.token_balance("usdc", RECIPIENT) == recipient_before + PRICE_RAW
+    assert await base.token_balance("usdc", paying_wallet.address) == payer_tokens_before - PRICE_RAW
+    assert await eth_balance(base, paying_wallet.address) == payer_eth_before  # no gas spent
+    assert await nonce_of(base, paying_wallet.address) == 0  # the payer never sent a transaction
+    assert await nonce_of(base, SETTLER) == settler_nonce_before + 1
+
+    final = await gw.wait_terminal(paying_wallet, accepted["projectId"], accepted["deploymentId"])
+    assert final["status"] == "ready", final
+    async with httpx.AsyncClient() as http:
+        page = await http.get(final["endpoint"] + "/index.html")
+    assert "paid by signature" in page.text
+
+    # The settlement is an ordinary Transfer from the payer: the shared ledger credits it once only.
+    again = await gw.deploy(
+        paying_wallet,
+        static_site(unique_name(), "x", port=free_port()),
+        **{"X-Payment-Tx": settled["transaction"]},
+    )
+    assert again.status_code == 409
+
+
+async def test_the_same_authorization_twice_settles_once(
+    x402_gateway: Gateway, paying_wallet: Wallet, devchains: dict[str, Chain]
+) -> None:
+    gw, base = x402_gateway, devchains["base"]
+    body = static_site(unique_name(), "x", port=free_port())
+    requirement = await offer_for(gw, paying_wallet, body, "eip155:8453")
+    header = encode(sign_authorization(paying_wallet, requirement, base.chain_id))
+    before = await base.token_balance("usdc", RECIPIENT)
+
+    first = await gw.deploy(paying_wallet, body, **{"PAYMENT-SIGNATURE": header})
+    assert first.status_code == 200, first.text
+    tx_hash = decode(first.headers["PAYMENT-RESPONSE"])["transaction"]
+    second = await gw.deploy(
+        paying_wallet, static_site(unique_name(), "x", port=free_port()), **{"PAYMENT-SIGNATURE": header}
+    )
+    assert second.status_code == 409
+    assert second.json() == {
+        "error": "Payment already processed",
+        "code": "payment_already_processed",
+        "tx_hash": tx_hash,
+    }
+    assert await base.token_balance("usdc", RECIPIENT) == before + PRICE_RAW
+    assert await credit_balance(gw, paying_wallet) <= PRICE_RAW * 100  # credited once, not twice
+
+
+async def test_twenty_concurrent_requests_with_one_authorization_settle_exactly_once(
+    x402_gateway: Gateway, paying_wallet: Wallet, devchains: dict[str, Chain]
+) -> None:
+    gw, arbitrum = x402_gateway, devchains["arbitrum"]
+    body = static_site(unique_name(), "x", port=free_port())
+    requirement = await offer_for(gw, paying_wallet, body, "eip155:42161")
+    header = encode(sign_authorization(paying_wallet, requirement, arbitrum.chain_id))
+    before = await arbitrum.token_balance("usdc", RECIPIENT)
+    settler_nonce = await nonce_of(arbitrum, SETTLER)
+
+    bodies = [static_site(unique_name(), "x", port=free_port()) for _ in range(20)]
+    responses = await asyncio.gather(
+        *(gw.deploy(paying_wallet, each, **{"PAYMENT-SIGNATURE": header}) for each in bodies)
+    )
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200] + [409] * 19, [r.text for r in responses if r.status_code not in (200, 409)]
+    assert await arbitrum.token_balance("usdc", RECIPIENT) == before + PRICE_RAW
+    assert await nonce_of(arbitrum, SETTLER) == settler_nonce + 1  # one settlement transaction
+
+
+async def rejected(gw: Gateway, wallet: Wallet, body: dict[str, Any], payload: dict[str, Any]) -> str:
+    """The x402 reason of a 402, after checking that nothing was credited and nothing deployed."""
+    response = await gw.deploy(wallet, body, **{"PAYMENT-SIGNATURE": encode(payload)})
+    assert response.status_code == 402, response.text
+    error = response.json()
+    assert error["code"] == "payment_verification_failed"
+    settled = decode(response.headers["PAYMENT-RESPONSE"])
+    assert settled["success"] is False and settled["transaction"] == ""
+    assert settled["errorReason"] == error["reason"]
+    assert await credit_balance(gw, wallet) == 0
+    return str(error["reason"])
+
+
+async def test_every_rejection_is_a_402_with_the_x402_reason_and_credits_nothing(
+    x402_gateway: Gateway, paying_wallet: Wallet, devchains: dict[str, Chain]
+) -> None:
+    gw, base = x402_gateway, devchains["base"]
+    body = static_site(unique_name(), "x", port=free_port())
+    requirement = await offer_for(gw, paying_wallet, body, "eip155:8453")
+    recipient_before = await base.token_balance("usdc", RECIPIENT)
+    now = int(time.time())
+
+    def signed(**kwargs: Any) -> dict[str, Any]:
+        return sign_authorization(paying_wallet, requirement, base.chain_id, **kwargs)
+
+    async def reason(payload: dict[str, Any], wallet: Wallet = paying_wallet) -> str:
+        return await rejected(gw, wallet, body, payload)
+
+    assert await reason(signed(signer=new_wallet())) == "invalid_exact_evm_payload_signature"
+    tampered = signed()
+    tampered["payload"]["authorization"]["value"] = str(PRICE_RAW * 2)
+    assert await reason(tampered) == "invalid_exact_evm_payload_signature"
+    assert (
+        await reason(signed(valid_before=now - 1)) == "invalid_exact_evm_payload_authorization_valid_before"
+    )
+    assert (
+        await reason(signed(valid_after=now + 600)) == "invalid_exact_evm_payload_authorization_valid_after"
+    )
+    other = new_wallet().address
+    assert await reason(signed(to=other)) == "invalid_exact_evm_payload_recipient_mismatch"
+    assert (
+        await reason(signed(value=PRICE_RAW - 1)) == "invalid_exact_evm_payload_authorization_value_mismatch"
+    )
+    assert await reason({**signed(), "accepted": {**requirement, "scheme": "upto"}}) == "unsupported_scheme"
+    assert (
+        await reason({**signed(), "accepted": {**requirement, "network": "eip155:1"}}) == "network_mismatch"
+    )
+    # Signed by its own key, but for another wallet than the request's authenticated one.
+    stranger = new_wallet()
+    assert await reason(sign_authorization(stranger, requirement, base.chain_id)) == "sender_mismatch"
+    # A wallet that holds no USDC.
+    broke = new_wallet()
+    payload = sign_authorization(broke, requirement, base.chain_id)
+    assert await reason(payload, broke) == "invalid_exact_evm_insufficient_balance"
+
+    # A nonce already used on chain (here: the payer's authorization settled by someone else first).
+    nonce = "0x" + os.urandom(32).hex()
+    used = signed(nonce=nonce)
+    auth, sig = used["payload"]["authorization"], bytes.fromhex(used["payload"]["signature"][2:])
+    outsider = new_wallet()
+    await rpc(base.rpc_url, "anvil_setBalance", [outsider.address, hex(10**18)])
+    call = (
+        "0x"
+        + TRANSFER_WITH_AUTHORIZATION
+        + "".join(
+            word.rjust(64, "0")
+            for word in (
+                auth["from"][2:].lower(),
+                auth["to"][2:].lower(),
+                f"{int(auth['value']):x}",
+                f"{int(auth['validAfter']):x}",
+                f"{int(auth['validBefore']):x}",
+                nonce[2:],
+                f"{sig[64]:x}",
+                sig[:32].hex(),
+                sig[32:64].hex(),
+            )
+        )
+    )
+    tx = await outsider.send(base, requirement["asset"], call)
+    for _ in range(200):
+        if await base.receipt(tx):
+            break
+    assert (await base.receipt(tx) or {}).get("status") == "0x1"
+    recipient_before += PRICE_RAW
+    assert await reason(used) == "invalid_exact_evm_nonce_already_used"
+
+    assert await base.token_balance("usdc", RECIPIENT) == recipient_before  # nothing else moved
+
+
+async def test_malformed_and_mixed_headers_are_400_naming_the_field(
+    x402_gateway: Gateway, paying_wallet: Wallet, devchains: dict[str, Chain]
+) -> None:
+    gw = x402_gateway
+    body = static_site(unique_name(), "x", port=free_port())
+    requirement = await offer_for(gw, paying_wallet, body, "eip155:8453")
+    good = sign_authorization(paying_wallet, requirement, devchains["base"].chain_id)
+
+    async def error(value: str, **extra: str) -> dict[str, Any]:
+        response = await gw.deploy(paying_wallet, body, **{"PAYMENT-SIGNATURE": value}, **extra)
+        assert response.status_code == 400, response.text
+        return dict(response.json())
+
+    assert (await error("not base64!"))["field"] == "header"
+    assert (await error(base64.b64encode(b"[1]").decode()))["field"] == "header"
+    assert (await error(encode({**good, "x402Version": 1})))["field"] == "x402Version"
+    broken = json.loads(json.dumps(good))
+    broken["payload"]["authorization"]["nonce"] = "0x1234"
+    wrong = await error(encode(broken))
+    assert wrong["code"] == "invalid_payment_signature"
+    assert wrong["field"] == "payload.authorization.nonce"
+    assert "payload.authorization.nonce" in wrong["error"]
+    del broken["payload"]["signature"]
+    assert (await error(encode(broken)))["field"] == "payload.signature"
+    mixed = await error(encode(good), **{"X-Payment-Tx": "0x" + "ab" * 32})
+    assert mixed["code"] == "mixed_payment_methods"
+    assert await credit_balance(gw, paying_wallet) == 0
+
+
+async def test_a_failed_settlement_credits_nothing_and_the_authorization_can_be_retried(
+    x402_gateway: Gateway, paying_wallet: Wallet, devchains: dict[str, Chain]
+) -> None:
+    gw, base = x402_gateway, devchains["base"]
+    body = static_site(unique_name(), "x", port=free_port())
+    requirement = await offer_for(gw, paying_wallet, body, "eip155:8453")
+    header = encode(sign_authorization(paying_wallet, requirement, base.chain_id))
+    recipient_before = await base.token_balance("usdc", RECIPIENT)
+    gas = await eth_balance(base, SETTLER)
+    await rpc(base.rpc_url, "anvil_setBalance", [SETTLER, "0x0"])  # the settlement key cannot pay gas
+    try:
+        failed = await gw.deploy(paying_wallet, body, **{"PAYMENT-SIGNATURE": header})
+    finally:
+        await rpc(base.rpc_url, "anvil_setBalance", [SETTLER, hex(gas)])
+    assert failed.status_code == 502, failed.text
+    assert failed.json()["error"] == "the base RPC did not accept the settlement transaction"
+    assert "private" not in failed.text.lower() and devchain.SETTLEMENT_PRIVATE_KEY[2:] not in failed.text
+    assert await credit_balance(gw, paying_wallet) == 0
+    assert await base.token_balance("usdc", RECIPIENT) == recipient_before
+
+    retried = await gw.deploy(paying_wallet, body, **{"PAYMENT-SIGNATURE": header})
+    assert retried.status_code == 200, retried.text
+    assert await base.token_balance("usdc", RECIPIENT) == recipient_before + PRICE_RAW
+
+
+def test_the_settlement_key_never_shows_in_settings_output() -> None:
+    settings = GatewaySettings(recipient=RECIPIENT, settlement_private_key=devchain.SETTLEMENT_PRIVATE_KEY)
+    assert devchain.SETTLEMENT_PRIVATE_KEY[2:] not in repr(settings) + str(settings.model_dump())
+    with pytest.raises(ValueError) as raised:
+        GatewaySettings(recipient=RECIPIENT, settlement_private_key="0x" + "zz" * 32)
+    assert "zz" * 32 not in str(raised.value)
+
+
+def test_account_helper_matches_the_devchain_settlement_address() -> None:
+    assert Account.from_key(devchain.SETTLEMENT_PRIVATE_KEY).address == SETTLER
