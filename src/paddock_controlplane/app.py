@@ -23,6 +23,7 @@ from paddock_controlplane.hotcache import (
     forget_changes,
     wake_watchers,
 )
+from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.webhook_delivery import DeliveryWorker
@@ -52,7 +53,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await migrate(settings)
         engine = make_engine(settings.database_url)
-        running_cache: TTLCache[object] = TTLCache(settings.hot_cache_ttl_s)
+        running_cache: TTLCache[Sandbox] = TTLCache(settings.hot_cache_ttl_s)
         ingress_cache: TTLCache[object] = TTLCache(settings.hot_cache_ttl_s)
         sessions = make_sessionmaker(engine)
         status_watch = StatusWatch()

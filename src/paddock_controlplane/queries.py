@@ -44,7 +44,7 @@ async def get_owned(
 async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
     """The sandbox once it is ``running``; on its way there it waits up to 30 s, others get 409."""
     cached = services.running.get(sandbox_id)
-    if isinstance(cached, Sandbox) and cached.user_id == user_id:
+    if cached is not None and cached.user_id == user_id:
         return cached
     deadline = time.monotonic() + WAIT_FOR_RUNNING_S
     delay = 0.05

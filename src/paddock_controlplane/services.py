@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from paddock_controlplane.accounts import Principal
 from paddock_controlplane.hotcache import StatusWatch, TTLCache
+from paddock_controlplane.models import Sandbox
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.logging import get_logger
@@ -71,8 +73,8 @@ class Services:
     #: Monotonic time of the last healthy reconciler pass, for ``/readyz``.
     reconciler_last_ok: float | None = None
     #: Principals by key hash, and running sandboxes by id, for the exec hot path.
-    principals: TTLCache[object] = field(default_factory=lambda: TTLCache(1.0))
-    running: TTLCache[object] = field(default_factory=lambda: TTLCache(1.0))
+    principals: TTLCache[Principal] = field(default_factory=lambda: TTLCache(1.0))
+    running: TTLCache[Sandbox] = field(default_factory=lambda: TTLCache(1.0))
     #: Wakes ``GET /v1/sandboxes/{id}?wait_for=`` when this process commits a change to the sandbox.
     status_watch: StatusWatch = field(default_factory=StatusWatch)
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)

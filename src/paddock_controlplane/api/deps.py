@@ -39,7 +39,7 @@ async def principal_for_key(services: Services, presented: str) -> accounts.Prin
     """The caller behind an ``X-Api-Key`` value (1 s cache); 401 for a missing, unknown or revoked key."""
     cache_key = sha256_hex(presented)
     principal = services.principals.get(cache_key)
-    if not isinstance(principal, accounts.Principal):
+    if principal is None:
         async with services.sessions() as session:
             principal = await accounts.authenticate(session, presented)
         services.principals.put(cache_key, principal)
