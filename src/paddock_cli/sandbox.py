@@ -1,4 +1,4 @@
-"""``paddock sandbox …``: create, list, inspect, run commands in, copy files to and from, pause,
+"""``paddock sandbox …``: create, list, inspect, run commands and code in, copy files to and from, pause,
 resume, fork and destroy sandboxes through the SDK. A sandbox is named by its id (``sb-…``) or name."""
 
 from __future__ import annotations
@@ -307,3 +307,66 @@ def rm(
 ) -> None:
     """Destroy sandboxes (idempotent)."""
     _each(refs, json_out, lambda sb: {"id": sb.id, "status": sb.destroy(wait=wait)})
+
+
+@app.command("run-code")
+def run_code(
+    ref: str,
+    source: str = typer.Argument(..., help="A Python file, or `-` for stdin."),
+    context: str = typer.Option("default", "--context", "-c", help="The kernel to run in (state is kept)."),
+    timeout_s: float = typer.Option(300.0, "--timeout", help="Interrupt the cell after this many seconds."),
+    images: Path = typer.Option(None, "--images", help="Save PNG results (charts) into this directory."),
+    json_out: bool = typer.Option(False, "--json", help="Print the whole Execution as JSON."),
+) -> None:
+    """Run Python in the sandbox's Jupyter kernel (rootfs code-interpreter:1), as a notebook cell.
+
+    Output streams here; the last expression's value is printed after it, an exception's traceback
+    goes to stderr and the exit code is 1 (2 for a bad file, 5 when the cell timed out).
+    """
+    if source == "-":
+        code = sys.stdin.read()
+    elif Path(source).is_file():
+        code = Path(source).read_text()
+    else:
+        raise fail(f"{source}: no such file", ExitCode.USAGE)
+
+    def echo(stream: Any) -> Any:
+        def write(text: str) -> None:
+            stream.write(text)
+            stream.flush()
+
+        return None if json_out else write
+
+    with api_errors(), client() as sdk:
+        execution = resolve(sdk, ref).run_code(
+            code, context=context, timeout_s=timeout_s, on_stdout=echo(sys.stdout), on_stderr=echo(sys.stderr)
+        )
+    saved = save_images(execution, images) if images else []
+    if json_out:
+        emit(execution, True, print)
+    else:
+        if execution.text is not None:
+            typer.echo(execution.text)
+        for path in saved:
+            typer.echo(f"saved {path}", err=True)
+        if execution.error is not None:
+            error = execution.error
+            # IPython's traceback already ends with "Name: value"; a timeout's has no such line.
+            if error.traceback:
+                typer.echo(error.traceback_text, err=True)
+            if not error.traceback or error.name == "TimeoutError":
+                typer.echo(f"{error.name}: {error.value}", err=True)
+    if execution.timed_out:
+        raise typer.Exit(int(ExitCode.FAILED))
+    raise typer.Exit(0 if execution.error is None else 1)
+
+
+def save_images(execution: Any, directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = []
+    for index, result in enumerate(execution.results, start=1):
+        if result.png is not None:
+            path = directory / f"result-{execution.execution_count or 0}-{index}.png"
+            path.write_bytes(result.png)
+            saved.append(path)
+    return saved

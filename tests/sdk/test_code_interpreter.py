@@ -9,7 +9,10 @@ sandbox, independent contexts, output delivered while the cell still runs. The s
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +162,35 @@ async def test_the_async_client_runs_contexts_side_by_side(live: LivePlatform, a
         )
         assert (one.text, two.text) == ("'one'", "'two'")
         assert (await sb.run_code("value", context="one")).text == "'one'"
+
+
+def test_the_cli_runs_a_file_as_a_cell(
+    live: LivePlatform, api_key: str, sandbox: paddock.Sandbox, tmp_path: Path
+) -> None:
+    script = tmp_path / "plot.py"
+    script.write_text(
+        "import matplotlib.pyplot as plt\nprint('plotting')\nplt.plot([3, 1, 2])\nplt.show()\ntotal = 40 + 2\ntotal"
+    )
+    env = {**os.environ, "PADDOCK_BASE_URL": live.url, "PADDOCK_API_KEY": api_key}
+    paddock_cli = [sys.executable, "-m", "paddock_cli.main", "sandbox", "run-code"]
+    ran = subprocess.run(
+        [*paddock_cli, sandbox.id, str(script), "--context", "cli", "--images", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "plotting\n42\n"
+    [image] = (tmp_path / "out").glob("*.png")
+    assert png_size(image.read_bytes())[0] > 100
+    again = subprocess.run(
+        [*paddock_cli, sandbox.id, "-", "--context", "cli"],
+        input="total / 0",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 1 and again.stdout == ""
+    assert again.stderr.rstrip().endswith("ZeroDivisionError: division by zero"), again.stderr
