@@ -33,6 +33,7 @@ from paddock_hostagent.drivers.egress import EgressFirewall
 from paddock_hostagent.drivers.network import NetworkManager
 from paddock_hostagent.drivers.oci import OciOptions, OciRuntime
 from paddock_hostagent.drivers.ocispec import IoLimits
+from paddock_hostagent.drivers.s3mounts import S3Mounter
 from paddock_hostagent.egress import EgressService
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.host import prepare_machine
@@ -60,6 +61,16 @@ def lock_state_dir(settings: HostAgentSettings) -> IO[str]:
         handle.close()
         raise StateDirBusyError(f"another host agent is using {settings.state_dir}") from exc
     return handle
+
+
+def _disk_mounter(settings: HostAgentSettings) -> S3Mounter | None:
+    """S3 disks need s3fs and /dev/fuse; without them the host still runs sandboxes, and says why it
+    cannot mount when asked."""
+    mounter = S3Mounter(settings.state_dir / "disks")
+    if not mounter.available():
+        log.warning("disks_unavailable", reason="s3fs or /dev/fuse missing")
+        return None
+    return mounter
 
 
 async def build_manager(settings: HostAgentSettings) -> SandboxManager:
@@ -108,6 +119,7 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
         RecordStore(settings.state_dir / "sandboxes"),
         bridges=bridges,
         egress=egress,
+        disks=_disk_mounter(settings),
     )
     manager.runtime_label = facts.runtime
     await manager.start()

@@ -42,6 +42,8 @@ from paddock_hostagent.schemas import (
     CreateSandboxResult,
     DestroyResult,
     DetachResult,
+    DiskMountBody,
+    DiskMountView,
     EgressBody,
     EgressResult,
     ExecBody,
@@ -316,6 +318,27 @@ class HostAgentClient:
         """Removes the sandbox's interface on that network; idempotent."""
         path = self._sb(sandbox_id, "networks", quote(network_id, safe=""))
         return await self._call("DELETE", path, DetachResult.model_validate_json)
+
+    async def attach_disk(self, sandbox_id: str, body: DiskMountBody) -> DiskMountView:
+        """Mounts an S3 disk into the sandbox; answers once it is ``mounted`` or ``error`` (the host
+        bounds the wait), so the timeout is longer than a call's default."""
+        return await self._call(
+            "POST",
+            self._sb(sandbox_id, "disks"),
+            DiskMountView.model_validate_json,
+            body=body,
+            timeout=httpx.Timeout(60.0, connect=5.0),
+        )
+
+    async def detach_disk(self, sandbox_id: str, mount_path: str) -> DetachResult:
+        """Unmounts the disk at ``mount_path``; idempotent."""
+        return await self._call(
+            "DELETE",
+            self._sb(sandbox_id, "disks"),
+            DetachResult.model_validate_json,
+            params={"mount_path": mount_path},
+            timeout=httpx.Timeout(60.0, connect=5.0),
+        )
 
     async def exec(
         self,

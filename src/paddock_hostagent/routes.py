@@ -22,6 +22,8 @@ from paddock_hostagent.schemas import (
     CreateSandboxResult,
     DestroyResult,
     DetachResult,
+    DiskMountBody,
+    DiskMountView,
     EgressBody,
     EgressResult,
     ExecBody,
@@ -146,6 +148,17 @@ async def attach_network(sandbox_id: str, body: NetworkAttachBody, manager: Mana
 @router.delete("/sandboxes/{sandbox_id}/networks/{network_id}")
 async def detach_network(sandbox_id: str, network_id: str, manager: Manager) -> DetachResult:
     await manager.detach_network(sandbox_id, network_id)
+    return DetachResult()
+
+
+@router.post("/sandboxes/{sandbox_id}/disks")
+async def attach_disk(sandbox_id: str, body: DiskMountBody, manager: Manager) -> DiskMountView:
+    return await manager.attach_disk(sandbox_id, body)
+
+
+@router.delete("/sandboxes/{sandbox_id}/disks")
+async def detach_disk(sandbox_id: str, mount_path: Annotated[str, Query()], manager: Manager) -> DetachResult:
+    await manager.detach_disk(sandbox_id, mount_path)
     return DetachResult()
 
 

@@ -34,6 +34,7 @@ from paddock_hostagent.drivers.base import (
 from paddock_hostagent.drivers.bridges import BridgeNetworks, Membership
 from paddock_hostagent.drivers.egress import EgressPolicy, EgressRuleError, Usage
 from paddock_hostagent.drivers.ocispec import DEFAULT_PATH
+from paddock_hostagent.drivers.s3mounts import S3Mount, S3Mounter
 from paddock_hostagent.egress import Attachment, EgressService
 from paddock_hostagent.execution import DESTROYED_MESSAGE, PAUSED_MESSAGE, ExecStream
 from paddock_hostagent.guest import (
@@ -50,6 +51,8 @@ from paddock_hostagent.schemas import (
     BandwidthResult,
     CreateSandboxBody,
     CreateSandboxResult,
+    DiskMountBody,
+    DiskMountView,
     ExecBody,
     ForkBody,
     HostInfo,
@@ -90,8 +93,10 @@ class SandboxManager:
         records: RecordStore,
         bridges: BridgeNetworks | None = None,
         egress: EgressService | None = None,
+        disks: S3Mounter | None = None,
     ) -> None:
         self.settings = settings
+        self.disks = disks
         self.bridges = bridges
         self.egress = egress
         self._usage: dict[str, Usage] = {}  # the last counters read for the heartbeat
@@ -121,12 +126,15 @@ class SandboxManager:
             log.info("sandbox_adopted", sandbox_id=record.id, state=state.value)
             if state != RuntimeState.STOPPED:
                 await self._restore_networks(record)
+                await self._restore_disks(record)
         if self.bridges is not None:
             keep = {str(m["bridge"]) for record in records for m in record.networks}
             for bridge in await asyncio.to_thread(self.bridges.prune, keep):
                 log.info("removed_orphan_bridge", bridge=bridge)
         if self.egress is not None:
             await self.egress.start([a for a in map(self._attachment, records) if a is not None])
+        if self.disks is not None:
+            await self.disks.prune({record.id for record in records})
         self._watcher = asyncio.create_task(self._watch_guests(), name="guest-watcher")
 
     async def close(self) -> None:
@@ -165,6 +173,7 @@ class SandboxManager:
             forked_from=record.forked_from,
             self_request=record.self_request,
             networks=[NetworkAttachment(**_public(m)) for m in record.networks],
+            disks=[_disk_view(S3Mount.from_json(d)) for d in record.disks],
         )
 
     def get(self, sandbox_id: str) -> SandboxView:
@@ -361,6 +370,8 @@ class SandboxManager:
             if self.egress is not None:
                 with _driver_errors():
                     await self.egress.detach(sandbox_id, self.runtime.host_interface(entry.record))
+            if self.disks is not None:  # after the sandbox: nothing in it holds the mounts any more
+                await self.disks.release(sandbox_id, [S3Mount.from_json(d) for d in entry.record.disks])
             self._usage.pop(sandbox_id, None)
             self.records.delete(sandbox_id)
             del self._entries[sandbox_id]
@@ -476,6 +487,82 @@ class SandboxManager:
                     log.info("network_restored", sandbox_id=record.id, network_id=member.network_id)
             except DriverError as exc:
                 log.warning("network_restore_failed", sandbox_id=record.id, error=str(exc))
+
+    # -- S3 disks (drivers/s3mounts.py) ---------------------------------------------------------
+
+    def _require_disks(self) -> S3Mounter:
+        if self.disks is None:
+            raise errors.BadRequest("disks are not enabled on this host (s3fs or /dev/fuse missing)")
+        return self.disks
+
+    async def attach_disk(self, sandbox_id: str, body: DiskMountBody) -> DiskMountView:
+        """Mounts an S3 disk into a running or paused sandbox and answers once it is ``mounted`` or
+        ``error`` (bounded by the mounter's timeout). The same disk and path again is a no-op."""
+        mounter = self._require_disks()
+        entry = self._entry(sandbox_id)
+        async with entry.lock:
+            if self.status(entry) == RuntimeState.STOPPED.value:
+                raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
+            record = entry.record
+            current = [S3Mount.from_json(d) for d in record.disks]
+            existing = next((m for m in current if m.mount_path == body.mount_path), None)
+            if existing is not None:
+                if existing.disk_id == body.disk_id and existing.status == "mounted":
+                    return _disk_view(existing)
+                raise errors.AlreadyExists(f"{body.mount_path} already holds disk {existing.disk_id}")
+            mount = S3Mount(
+                disk_id=body.disk_id,
+                mount_path=body.mount_path,
+                sub_path=body.sub_path,
+                bucket=body.bucket,
+                endpoint=body.endpoint,
+                region=body.region,
+                use_path_style=body.use_path_style,
+            )
+            with _driver_errors():
+                pid = self.runtime.mount_namespace_pid(record)
+            await mounter.mount(
+                sandbox_id, mount, access_key=body.access_key, secret_key=body.secret_key, ns_pid=pid
+            )
+            if mount.status == "mounted":  # a failed mount leaves nothing behind to record
+                record.disks = [m.to_json() for m in current] + [mount.to_json()]
+                self.records.save(record)
+        return _disk_view(mount)
+
+    async def detach_disk(self, sandbox_id: str, mount_path: str) -> None:
+        """Unmounts the disk at ``mount_path``; nothing mounted there is a no-op."""
+        entry = self._entry(sandbox_id)
+        async with entry.lock:
+            record = entry.record
+            current = [S3Mount.from_json(d) for d in record.disks]
+            leaving = [m for m in current if m.mount_path == mount_path]
+            if not leaving:
+                return
+            mounter = self._require_disks()
+            pid: int | None = None
+            with contextlib.suppress(DriverError):
+                pid = self.runtime.mount_namespace_pid(record)
+            for mount in leaving:
+                await mounter.unmount(sandbox_id, mount, ns_pid=pid)
+            record.disks = [m.to_json() for m in current if m.mount_path != mount_path]
+            self.records.save(record)
+        log.info("disk_detached", sandbox_id=sandbox_id, mount_path=mount_path)
+
+    async def _restore_disks(self, record: SandboxRecord) -> None:
+        """After an agent restart: every recorded mount is live in its sandbox again."""
+        if self.disks is None or not record.disks:
+            return
+        try:
+            pid = self.runtime.mount_namespace_pid(record)
+        except DriverError:
+            return
+        restored = []
+        for data in record.disks:
+            mount = S3Mount.from_json(data)
+            await self.disks.restore(record.id, mount, ns_pid=pid)
+            restored.append(mount.to_json())
+        record.disks = restored
+        self.records.save(record)
 
     async def _end_exchanges(self, entry: _Entry, reason: str) -> None:
         for stream in list(entry.streams):
@@ -664,6 +751,16 @@ class SandboxManager:
                 await self.poll_self_signals()
             except Exception as exc:  # the watcher must outlive any one bad sandbox
                 log.warning("self_signal_poll_failed", error=repr(exc))
+
+
+def _disk_view(mount: S3Mount) -> DiskMountView:
+    return DiskMountView(
+        disk_id=mount.disk_id,
+        mount_path=mount.mount_path,
+        sub_path=mount.sub_path,
+        status=mount.status,  # type: ignore[arg-type]
+        error=mount.error,
+    )
 
 
 def _public(member: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,32 @@ class NetworkAttachBody(BaseModel):
     prefixlen: int = Field(ge=8, le=30)
 
 
+class DiskMountBody(BaseModel):
+    """An S3 disk to mount into a sandbox (``drivers/s3mounts.py``). The credentials go only into a
+    0600 file on the host; ``repr=False`` keeps them out of any logged or printed model."""
+
+    disk_id: str = Field(pattern=SANDBOX_ID_PATTERN)
+    mount_path: str = Field(pattern=r"^/.", max_length=4096)
+    sub_path: str | None = Field(default=None, max_length=1024)
+    bucket: str = Field(min_length=1, max_length=255)
+    endpoint: str = Field(pattern=r"^https?://", max_length=2048)
+    region: str | None = Field(default=None, max_length=64)
+    use_path_style: bool = False
+    access_key: str = Field(min_length=1, repr=False)
+    secret_key: str = Field(min_length=1, repr=False)
+
+
+DiskMountStatus = Literal["pending", "mounted", "error"]
+
+
+class DiskMountView(BaseModel):
+    disk_id: str
+    mount_path: str
+    sub_path: str | None = None
+    status: DiskMountStatus
+    error: str | None = None
+
+
 class CreateSandboxBody(BaseModel):
     id: str = Field(pattern=SANDBOX_ID_PATTERN)
     name: str = Field(pattern=SANDBOX_NAME_PATTERN)
@@ -64,6 +90,7 @@ class SandboxView(BaseModel):
     forked_from: str | None = None
     self_request: dict[str, Any] | None = None
     networks: list[NetworkAttachment] = Field(default_factory=list)
+    disks: list[DiskMountView] = Field(default_factory=list)
 
 
 class NetworkAttachment(BaseModel):

@@ -103,6 +103,8 @@ class SandboxRecord:
     self_request: dict[str, Any] | None = None
     # Private network memberships (drivers/bridges.py ``Membership.to_json()``), re-programmed on adoption.
     networks: list[dict[str, Any]] = field(default_factory=list)
+    # S3 disk attachments (drivers/s3mounts.py ``S3Mount.to_json()``, no credentials), restored on adoption.
+    disks: list[dict[str, Any]] = field(default_factory=list)
     # Egress allowlist (normalised rules; empty = open) and total egress budget (-1 = unmetered).
     egress: list[str] = field(default_factory=list)
     bandwidth_quota_bytes: int = -1
@@ -177,6 +179,10 @@ class SandboxRuntime(ABC):
     def network_namespace(self, record: SandboxRecord) -> str:
         """The name of the sandbox's network namespace (under /run/netns), for extra interfaces."""
         raise UnsupportedError(f"{self.name} sandboxes cannot join private networks")
+
+    def mount_namespace_pid(self, record: SandboxRecord) -> int:
+        """A process whose mount namespace is the sandbox's (its init), for mounting disks into it."""
+        raise UnsupportedError(f"{self.name} sandboxes cannot mount disks")
 
     def host_interface(self, record: SandboxRecord) -> str | None:
         """The host-side network interface the sandbox's traffic arrives on (None: no network)."""

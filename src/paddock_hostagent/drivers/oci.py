@@ -373,6 +373,12 @@ class OciRuntime(SandboxRuntime):
     def network_namespace(self, record: SandboxRecord) -> str:
         return _Handle.of(record).slot.network.netns
 
+    def mount_namespace_pid(self, record: SandboxRecord) -> int:
+        handle = _Handle.of(record)
+        if not processes.is_same_process(handle.init_pid, handle.init_ticks):
+            raise NotRunningError(f"sandbox {record.id} has stopped")
+        return handle.init_pid
+
     def host_interface(self, record: SandboxRecord) -> str | None:
         return _Handle.of(record).slot.network.host_veth
 

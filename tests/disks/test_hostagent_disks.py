@@ -1,0 +1,141 @@
+"""The host agent mounts S3 disks with s3fs outside the sandbox and moves them in (real sandboxes,
+real s3fs from Debian, a real moto S3 server)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+from typing import Any
+
+import pytest
+
+from paddock_hostagent.client import HostAgentClient
+from paddock_hostagent.schemas import DiskMountBody
+from tests.disks.s3server import S3Server
+from tests.hostagent.conftest import Sandboxes, sh
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def mount_body(server: S3Server, bucket: str, mount_path: str, **overrides: Any) -> DiskMountBody:
+    values: dict[str, Any] = {
+        "disk_id": "disk_" + secrets.token_hex(6),
+        "mount_path": mount_path,
+        "bucket": bucket,
+        "endpoint": server.endpoint,
+        "region": "us-east-1",
+        "use_path_style": True,
+        "access_key": server.access_key,
+        "secret_key": server.secret_key,
+    }
+    values.update(overrides)
+    return DiskMountBody(**values)
+
+
+async def test_a_file_written_through_the_mount_is_in_the_bucket_and_detach_empties_the_path(
+    host: HostAgentClient, sandboxes: Sandboxes, s3: S3Server
+) -> None:
+    bucket = s3.bucket("hostagent-" + secrets.token_hex(4))
+    sandbox = await sandboxes.create()
+    view = await host.attach_disk(sandbox["id"], mount_body(s3, bucket, "/mnt/data"))
+    assert (view.status, view.error) == ("mounted", None)
+    payload = secrets.token_hex(2000)
+    written = await sh(host, sandbox["id"], f"printf %s {payload} > /mnt/data/hello.txt && ls /mnt/data")
+    assert written["stdout"] == "hello.txt\n", written
+    assert s3.s3().get_object(Bucket=bucket, Key="hello.txt")["Body"].read().decode() == payload
+    # The sandbox sees neither the credentials nor the host's paths.
+    mountinfo = await sh(host, sandbox["id"], "cat /proc/self/mountinfo; ps -ef || true")
+    assert s3.secret_key not in mountinfo["stdout"] and "passwd" not in mountinfo["stdout"]
+    listed = (await host.get_sandbox(sandbox["id"])).disks
+    assert [(d.mount_path, d.status) for d in listed] == [("/mnt/data", "mounted")]
+
+    await host.detach_disk(sandbox["id"], "/mnt/data")
+    after = await sh(
+        host, sandbox["id"], "ls -A /mnt/data | wc -l; grep -c fuse /proc/self/mountinfo || true"
+    )
+    assert after["stdout"].split() == ["0", "0"], after
+    assert (await host.get_sandbox(sandbox["id"])).disks == []
+
+
+async def test_sub_path_confines_the_view(host: HostAgentClient, sandboxes: Sandboxes, s3: S3Server) -> None:
+    bucket = s3.bucket("subpath-" + secrets.token_hex(4))
+    client = s3.s3()
+    client.put_object(Bucket=bucket, Key="team-a/inside.txt", Body=b"a")
+    client.put_object(Bucket=bucket, Key="team-b/outside.txt", Body=b"b")
+    client.put_object(Bucket=bucket, Key="top.txt", Body=b"t")
+    sandbox = await sandboxes.create()
+    view = await host.attach_disk(sandbox["id"], mount_body(s3, bucket, "/work", sub_path="team-a"))
+    assert view.status == "mounted", view.error
+    seen = await sh(
+        host, sandbox["id"], "ls -A /work; ls /work/../team-b 2>&1 | head -1; echo x > /work/new.txt"
+    )
+    assert seen["stdout"].splitlines()[0] == "inside.txt", seen
+    assert "outside.txt" not in seen["stdout"] and "top.txt" not in seen["stdout"]
+    assert client.get_object(Bucket=bucket, Key="team-a/new.txt")["Body"].read() == b"x\n"
+
+
+async def test_wrong_key_bucket_or_endpoint_fail_with_the_reason_not_a_hang(
+    host: HostAgentClient, sandboxes: Sandboxes, s3_checked: S3Server
+) -> None:
+    bucket = s3_checked.bucket("checked-" + secrets.token_hex(4))
+    sandbox = await sandboxes.create()
+    cases = {
+        "/mnt/badkey": ({"secret_key": "not-the-secret-0123456789"}, "SignatureDoesNotMatch"),
+        "/mnt/badbucket": ({"bucket": "no-such-bucket-" + secrets.token_hex(3)}, "NoSuchBucket"),
+        "/mnt/badendpoint": ({"endpoint": "http://127.0.0.1:9"}, "connection refused"),
+    }
+    for path, (overrides, reason) in cases.items():
+        body = mount_body(s3_checked, str(overrides.pop("bucket", bucket)), path, **overrides)
+        view = await host.attach_disk(sandbox["id"], body)
+        assert view.status == "error", (path, view)
+        assert reason in (view.error or ""), (path, view.error)
+        assert s3_checked.secret_key not in (view.error or "")
+    # Nothing half-attached: the sandbox runs, records no disk, and the paths hold no mount.
+    assert (await host.get_sandbox(sandbox["id"])).disks == []
+    left = await sh(host, sandbox["id"], "grep -c fuse /proc/self/mountinfo || true")
+    assert left["stdout"].strip() == "0"
+
+
+async def test_pause_resume_keeps_the_mount_and_destroy_unmounts(
+    host: HostAgentClient, sandboxes: Sandboxes, s3: S3Server
+) -> None:
+    bucket = s3.bucket("pause-" + secrets.token_hex(4))
+    sandbox = await sandboxes.create()
+    assert (await host.attach_disk(sandbox["id"], mount_body(s3, bucket, "/data"))).status == "mounted"
+    await host.pause_sandbox(sandbox["id"])
+    s3.s3().put_object(Bucket=bucket, Key="while-paused.txt", Body=b"p")
+    await host.resume_sandbox(sandbox["id"])
+    seen = await sh(host, sandbox["id"], "cat /data/while-paused.txt")
+    assert seen["stdout"] == "p", seen
+    await host.destroy_sandbox(sandbox["id"])
+    assert _s3fs_for(sandbox["id"]) == []
+
+
+async def test_a_restarted_agent_restores_a_mount_whose_s3fs_died(make_agent: Any, s3: S3Server) -> None:
+    agent = make_agent()
+    agent.start()
+    bucket = s3.bucket("restart-" + secrets.token_hex(4))
+    async with agent.client() as host:
+        tracker = Sandboxes(host, agent)
+        sandbox = await tracker.create()
+        assert (await host.attach_disk(sandbox["id"], mount_body(s3, bucket, "/data"))).status == "mounted"
+    agent.stop(signal.SIGKILL)
+    for pid in _s3fs_for(sandbox["id"]):  # the mount dies with the agent: only a restore brings it back
+        os.kill(pid, signal.SIGKILL)
+    agent.start()
+    async with agent.client() as host:
+        assert [d.status for d in (await host.get_sandbox(sandbox["id"])).disks] == ["mounted"]
+        done = await sh(
+            host, sandbox["id"], "echo again > /data/after-restart.txt && cat /data/after-restart.txt"
+        )
+        assert done["stdout"] == "again\n", done
+        assert s3.s3().get_object(Bucket=bucket, Key="after-restart.txt")["Body"].read() == b"again\n"
+        await host.destroy_sandbox(sandbox["id"])
+    assert _s3fs_for(sandbox["id"]) == []
+
+
+def _s3fs_for(sandbox_id: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-f", f"s3fs .*/disks/{sandbox_id}/"], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
