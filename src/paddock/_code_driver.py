@@ -1,15 +1,22 @@
-"""The in-sandbox half of ``sandbox.run_code``: runs one cell in a context's Jupyter kernel.
+"""The in-sandbox half of ``sandbox.run_code``: a kernel server and the per-call client that feeds it.
 
 The SDK uploads this file into the sandbox (it is not imported on the client side) and runs it per call
 through exec, with the cell on stdin:
 
     python3 /tmp/.paddock-code-<hash>.py --context NAME --timeout-s SECONDS < cell.py
 
-Each context has its own IPython kernel, started here on first use and left running in its own session
-(so the exec's process-group kill at exit does not reach it); its connection file, pid and lock live in
-``/tmp/.paddock-kernels``. The kernel talks over ZeroMQ IPC sockets in that directory, so it needs no
-network interface and no egress rule. Calls to one context are serialised by a lock on its file; calls to
-different contexts run side by side.
+That call is the *client*: it imports nothing heavy (python3 starts in ~15 ms; importing jupyter_client
+takes ~200 ms, which a first version paid on every call), connects to the kernel server's unix socket
+``/tmp/.paddock-kernels/server.sock`` (starting the server if none answers), sends the cell and copies
+the server's lines to stdout until the last one.
+
+The *server* (``--serve``) runs in its own session, so the exec's process-group kill at exit does not
+reach it, and lives as long as the sandbox's processes do. It keeps one IPython kernel per context,
+started on the context's first cell, and one jupyter_client connection to each, so a cell costs one
+execute round trip. Kernels talk over ZeroMQ IPC sockets in ``/tmp/.paddock-kernels``: no network
+interface or egress rule is involved. Cells of one context run one at a time (a lock per context);
+different contexts run side by side. After a pause and resume the processes are gone: the next call
+starts a new server, whose kernels start fresh (``kernel_started`` tells the SDK).
 
 Everything the SDK reads is one JSON object a line on stdout, flushed as it happens so output streams:
 ``{"type": "stdout"|"stderr", "text"}``, ``{"type": "result", "data": {mime: value}, "is_main_result"}``,
@@ -30,49 +37,117 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from queue import Empty
 from typing import Any
 
 STATE_DIR = Path("/tmp/.paddock-kernels")
+SERVER_SOCKET = STATE_DIR / "server.sock"
+SERVER_LOG = STATE_DIR / "server.log"
 CONTEXT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+SERVER_START_TIMEOUT_S = 30.0
 KERNEL_START_TIMEOUT_S = 60.0
 #: After an interrupt, how long the kernel gets to go idle before it is killed and restarted.
 INTERRUPT_GRACE_S = 10.0
 #: Where the inline backend sends figures: PNG in display_data, which becomes an image/png result.
 KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline", "MPLCONFIGDIR": "/tmp/.paddock-mpl"}
 
-
-def emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+Emit = Callable[[dict[str, Any]], None]
 
 
 class DriverError(Exception):
-    """The driver could not run the cell (no kernel, bad arguments); reported as driver_error."""
+    """The cell could not be run (no kernel, bad arguments, no server); reported as driver_error."""
+
+
+# the client: one per call ---------------------------------------------------------------------------
+
+
+def emit_line(line: str) -> None:
+    sys.stdout.write(line if line.endswith("\n") else line + "\n")
+    sys.stdout.flush()
+
+
+def connect_server() -> socket.socket | None:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(SERVER_SOCKET))
+    except OSError:  # no socket yet, or a stale one left by a server that is gone
+        conn.close()
+        return None
+    return conn
+
+
+def server_connection() -> socket.socket:
+    """A connection to the kernel server, started first if none answers (once, under a lock)."""
+    conn = connect_server()
+    if conn is not None:
+        return conn
+    STATE_DIR.mkdir(mode=0o700, exist_ok=True)
+    with open(STATE_DIR / "server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conn = connect_server()
+        if conn is not None:
+            return conn
+        with open(SERVER_LOG, "ab") as log:
+            server = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--serve"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # outlives this exec, whose process group is killed at its end
+            )
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            conn = connect_server()
+            if conn is not None:
+                return conn
+            if server.poll() is not None:
+                tail = SERVER_LOG.read_text(errors="replace")[-1500:]
+                raise DriverError(f"the kernel server exited at start (exit {server.returncode}):\n{tail}")
+            time.sleep(0.01)
+    raise DriverError(f"the kernel server did not listen within {SERVER_START_TIMEOUT_S}s")
+
+
+def run_client(context: str, timeout_s: float) -> int:
+    code = sys.stdin.read()
+    with server_connection() as conn:
+        request = {"context": context, "code": code, "timeout_s": timeout_s}
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        for raw in conn.makefile("rb"):
+            line = raw.decode()
+            emit_line(line)
+            if json.loads(line).get("type") in ("end", "driver_error"):
+                return 0
+    raise DriverError(f"the kernel server stopped during the cell (its log: {SERVER_LOG})")
+
+
+# the server: one per sandbox ------------------------------------------------------------------------
 
 
 class Kernel:
-    """One context's kernel: its files under STATE_DIR, started when missing or dead."""
+    """One context's kernel process: its files under STATE_DIR, started when missing or dead."""
 
     def __init__(self, context: str) -> None:
         self.context = context
         self.connection_file = STATE_DIR / f"{context}.json"
         self.pid_file = STATE_DIR / f"{context}.pid"
         self.log_file = STATE_DIR / f"{context}.log"
+        self.process: subprocess.Popen[bytes] | None = None
 
     def pid(self) -> int | None:
+        if self.process is not None:
+            self.process.poll()  # reaps our child if it died, so it is not mistaken for a live zombie
         try:
             pid = int(self.pid_file.read_text())
         except (OSError, ValueError):
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
             return None
         # A zombie or a recycled pid is not our kernel: /proc/<pid>/cmdline names the connection file.
         try:
@@ -81,32 +156,32 @@ class Kernel:
             return None
         return pid if str(self.connection_file).encode() in cmdline else None
 
-    def start(self) -> None:
-        from jupyter_client.connect import write_connection_file  # the sandbox's package, not the SDK's
-
+    def start(self, write_connection_file: Callable[..., Any]) -> None:
         self.stop()
-        STATE_DIR.mkdir(mode=0o700, exist_ok=True)
         write_connection_file(
             str(self.connection_file), transport="ipc", ip=str(STATE_DIR / f"{self.context}-ipc")
         )
-        env = {**os.environ, **KERNEL_ENV}
         with open(self.log_file, "ab") as log:
-            process = subprocess.Popen(
+            self.process = subprocess.Popen(
                 [sys.executable, "-m", "ipykernel_launcher", "-f", str(self.connection_file)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                env=env,
+                env={**os.environ, **KERNEL_ENV},
                 cwd=os.environ.get("HOME", "/root"),
-                start_new_session=True,  # outlives this exec, whose process group is killed at its end
+                start_new_session=True,  # an interrupt or a kill of the kernel reaches it alone
             )
-        self.pid_file.write_text(str(process.pid))
+        self.pid_file.write_text(str(self.process.pid))
 
     def stop(self) -> None:
         pid = self.pid()
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
+            self.process = None
         for path in (self.connection_file, self.pid_file):
             path.unlink(missing_ok=True)
         for ipc in STATE_DIR.glob(f"{self.context}-ipc-*"):
@@ -117,20 +192,46 @@ class Kernel:
         if pid is not None:
             os.kill(pid, signal.SIGINT)  # ipykernel's interrupt_mode "signal": KeyboardInterrupt in the cell
 
+    def log_tail(self) -> str:
+        return self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
 
-def connect(kernel: Kernel) -> tuple[Any, bool]:
-    """A ready client for the context's kernel, and whether the kernel was started for this call."""
-    from jupyter_client import BlockingKernelClient  # the sandbox's package, imported lazily as above
 
-    started = False
-    if kernel.pid() is None:
-        kernel.start()
-        started = True
-    client = BlockingKernelClient()
-    client.load_connection_file(str(kernel.connection_file))
-    client.start_channels()
-    wait_ready(client, kernel)
-    return client, started
+class Context:
+    """A context's kernel and the server's connection to it, used by one cell at a time."""
+
+    def __init__(self, name: str, jupyter: Any) -> None:
+        self.kernel = Kernel(name)
+        self.lock = threading.Lock()
+        self.client: Any = None
+        self._jupyter = jupyter  # the jupyter_client module
+
+    def ensure(self) -> bool:
+        """Starts the kernel if it is not running and connects to it; True when it was started."""
+        started = False
+        if self.kernel.pid() is None:
+            self.disconnect()
+            self.kernel.start(self._jupyter.connect.write_connection_file)
+            started = True
+        if self.client is None:
+            client = self._jupyter.BlockingKernelClient()
+            client.load_connection_file(str(self.kernel.connection_file))
+            client.start_channels()
+            try:
+                wait_ready(client, self.kernel)
+            except DriverError:
+                client.stop_channels()
+                raise
+            self.client = client
+        return started
+
+    def disconnect(self) -> None:
+        if self.client is not None:
+            self.client.stop_channels()
+            self.client = None
+
+    def restart(self) -> None:
+        self.disconnect()
+        self.kernel.stop()
 
 
 def wait_ready(client: Any, kernel: Kernel) -> None:
@@ -142,9 +243,9 @@ def wait_ready(client: Any, kernel: Kernel) -> None:
     deadline = time.monotonic() + KERNEL_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if kernel.pid() is None:
-            log_tail = kernel.log_file.read_text(errors="replace")[-2000:] if kernel.log_file.exists() else ""
+            tail = kernel.log_tail()
             kernel.stop()
-            raise DriverError(f"the kernel for context {kernel.context!r} exited while starting:\n{log_tail}")
+            raise DriverError(f"the kernel for context {kernel.context!r} exited while starting:\n{tail}")
         msg_id = client.kernel_info()
         try:
             while client.get_shell_msg(timeout=1.0)["parent_header"].get("msg_id") != msg_id:
@@ -160,7 +261,7 @@ def wait_ready(client: Any, kernel: Kernel) -> None:
     )
 
 
-def forward(message: dict[str, Any]) -> None:
+def forward(message: dict[str, Any], emit: Emit) -> None:
     """One iopub message of our cell → the line the SDK reads (other kinds are dropped)."""
     kind = message["msg_type"]
     content = message["content"]
@@ -180,78 +281,126 @@ def forward(message: dict[str, Any]) -> None:
         )
 
 
-def run_cell(kernel: Kernel, code: str, timeout_s: float) -> dict[str, Any]:
-    client, started = connect(kernel)
-    try:
-        msg_id = client.execute(code, store_history=True, allow_stdin=False)
-        deadline = time.monotonic() + timeout_s
-        timed_out = restarted = False
+def run_cell(context: Context, code: str, timeout_s: float, emit: Emit) -> dict[str, Any]:
+    started = context.ensure()
+    client = context.client
+    msg_id = client.execute(code, store_history=True, allow_stdin=False)
+    deadline = time.monotonic() + timeout_s
+    timed_out = restarted = False
+    while True:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0 and not timed_out:
+            timed_out = True
+            context.kernel.interrupt()
+            deadline = time.monotonic() + INTERRUPT_GRACE_S
+            continue
+        if remaining_s <= 0:
+            # The cell ignored the interrupt (a C loop holding the GIL, a signal handler): only a fresh
+            # kernel frees the context, and its state is gone.
+            context.restart()
+            restarted = True
+            break
+        try:
+            message = client.get_iopub_msg(timeout=remaining_s)
+        except Empty:  # the deadline passed with nothing to read
+            continue
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            break
+        forward(message, emit)
+    count = None
+    while not restarted:
+        try:
+            reply = client.get_shell_msg(timeout=5)
+        except Empty:  # no reply: the count is unknown
+            break
+        if reply["parent_header"].get("msg_id") == msg_id:
+            count = reply["content"].get("execution_count")
+            break
+    return {
+        "type": "end",
+        "execution_count": count,
+        "timed_out": timed_out,
+        "kernel_started": started,
+        "kernel_restarted": restarted,
+    }
+
+
+class KernelServer:
+    def __init__(self, jupyter: Any) -> None:
+        self._jupyter = jupyter
+        self._contexts: dict[str, Context] = {}
+        self._lock = threading.Lock()
+
+    def context(self, name: str) -> Context:
+        with self._lock:
+            if name not in self._contexts:
+                self._contexts[name] = Context(name, self._jupyter)
+            return self._contexts[name]
+
+    def handle(self, conn: socket.socket) -> None:
+        """One call: read the request line, run the cell, stream its lines back."""
+
+        def send(message: dict[str, Any]) -> None:
+            # A client that went away (its exec was cut off) must not stop the cell mid-way: the
+            # kernel would be left busy with output nobody reads.
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps(message).encode() + b"\n")
+
+        with conn:
+            try:
+                request = json.loads(conn.makefile("rb").readline())
+                name = str(request["context"])
+                if not CONTEXT_RE.match(name):
+                    raise DriverError(f"context {name!r} must be 1-64 of A-Z a-z 0-9 _ . -")
+                context = self.context(name)
+                with context.lock:  # one cell at a time per context, as in a notebook
+                    send(run_cell(context, str(request["code"]), float(request["timeout_s"]), send))
+            except DriverError as exc:
+                send({"type": "driver_error", "message": str(exc)})
+            except Exception as exc:  # the boundary: any other failure is reported, logged, survived
+                traceback.print_exc()
+                send({"type": "driver_error", "message": f"the kernel server failed: {exc!r}"})
+
+    def serve(self) -> None:
+        SERVER_SOCKET.unlink(missing_ok=True)  # a stale socket of a server that is gone
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(SERVER_SOCKET))
+        listener.listen(64)
         while True:
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0 and not timed_out:
-                timed_out = True
-                kernel.interrupt()
-                deadline = time.monotonic() + INTERRUPT_GRACE_S
-                continue
-            if remaining_s <= 0:
-                # The cell ignored the interrupt (a C loop holding the GIL, a signal handler): only a
-                # fresh kernel frees the context, and its state is gone.
-                kernel.stop()
-                restarted = True
-                break
-            try:
-                message = client.get_iopub_msg(timeout=remaining_s)
-            except Empty:  # the deadline passed with nothing to read
-                continue
-            if message["parent_header"].get("msg_id") != msg_id:
-                continue
-            if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
-                break
-            forward(message)
-        count = None
-        if not restarted:
-            try:
-                reply = client.get_shell_msg(timeout=5)
-                count = reply["content"].get("execution_count")
-            except Empty:  # no reply: the count is unknown
-                pass
-        return {
-            "type": "end",
-            "execution_count": count,
-            "timed_out": timed_out,
-            "kernel_started": started,
-            "kernel_restarted": restarted,
-        }
-    finally:
-        client.stop_channels()
+            conn, _ = listener.accept()
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+
+def run_server() -> int:
+    try:
+        # Only the server pays for jupyter_client's import (~200 ms): the per-call client must not.
+        import jupyter_client
+        import jupyter_client.connect
+    except ImportError as exc:
+        print(f"this image has no Jupyter kernel ({exc}); use rootfs code-interpreter:1", file=sys.stderr)
+        return 3
+    STATE_DIR.mkdir(mode=0o700, exist_ok=True)
+    KernelServer(jupyter_client).serve()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Run a cell in a sandbox's Jupyter kernel.")
     parser.add_argument("--context", default="default")
     parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--serve", action="store_true", help="run the kernel server (started on demand)")
     args = parser.parse_args(argv)
+    if args.serve:
+        return run_server()
     try:
         if not CONTEXT_RE.match(args.context):
             raise DriverError(f"context {args.context!r} must be 1-64 of A-Z a-z 0-9 _ . -")
-        code = sys.stdin.read()
-        STATE_DIR.mkdir(mode=0o700, exist_ok=True)
-        kernel = Kernel(args.context)
-        with open(STATE_DIR / f"{args.context}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one cell at a time per context, as in a notebook
-            emit(run_cell(kernel, code, args.timeout_s))
-    except ImportError as exc:
-        emit(
-            {
-                "type": "driver_error",
-                "message": f"this image has no Jupyter kernel ({exc}); use code-interpreter:1",
-            }
-        )
-        return 3
+        return run_client(args.context, args.timeout_s)
     except DriverError as exc:
-        emit({"type": "driver_error", "message": str(exc)})
+        emit_line(json.dumps({"type": "driver_error", "message": str(exc)}))
         return 3
-    return 0
 
 
 if __name__ == "__main__":
