@@ -1,5 +1,7 @@
 """``GatewayClient``: deploy a project through the pay-per-deploy gateway (``/agent/…``), paying with an
-ERC-20 transfer. Needs the ``wallet`` extra (``pip install paddock[wallet]``: eth-account, web3).
+ERC-20 transfer or, with ``pay_with="x402"``, an x402 v2 signature that the gateway settles (no gas,
+no RPC, no transaction of the wallet's own). Needs the ``wallet`` extra (``pip install
+paddock[wallet]``: eth-account, web3).
 
     from paddock import GatewayClient
 
@@ -12,6 +14,12 @@ asks for a quote (402), checks the token balance, sends the transfer with web3, 
 polls until ``ready`` or ``failed``. It never pays twice: the signed transfer is recorded before it is
 broadcast (:mod:`paddock._payments`) and every later attempt — after a 500, a lost answer, a crash —
 resubmits that hash; 409 and ``deploy_failed_after_topup`` go on with the credits already bought.
+
+With x402 the wallet signs one EIP-3009 ``TransferWithAuthorization`` for the offer in the quote's
+``PAYMENT-REQUIRED`` header and every retry within the call sends that same authorization: the
+gateway settles an authorization once at most (409 afterwards), so a lost answer never pays twice.
+Nothing needs to survive a crash: an unsettled authorization moves nothing and expires, and a
+settled one left credits on the gateway that the next deploy uses.
 """
 
 from __future__ import annotations
@@ -52,6 +60,27 @@ DEFAULT_GATEWAY_URL = "http://127.0.0.1:8082"
 SKIPPED_DIRS = frozenset({".git", "node_modules", ".venv", "__pycache__"})
 #: Verification reasons that mean "not yet": the same hash is submitted again a little later.
 NOT_YET = frozenset({"tx_pending", "insufficient_confirmations", "tx_not_found"})
+#: x402 v2 headers and the reason the gateway gives when the payer holds too little.
+PAYMENT_REQUIRED = "PAYMENT-REQUIRED"
+PAYMENT_SIGNATURE = "PAYMENT-SIGNATURE"
+PAYMENT_RESPONSE = "PAYMENT-RESPONSE"
+X402_INSUFFICIENT = "invalid_exact_evm_insufficient_balance"
+EIP3009_TYPES = {
+    "EIP712Domain": [
+        {"name": "name", "type": "string"},
+        {"name": "version", "type": "string"},
+        {"name": "chainId", "type": "uint256"},
+        {"name": "verifyingContract", "type": "address"},
+    ],
+    "TransferWithAuthorization": [
+        {"name": "from", "type": "address"},
+        {"name": "to", "type": "address"},
+        {"name": "value", "type": "uint256"},
+        {"name": "validAfter", "type": "uint256"},
+        {"name": "validBefore", "type": "uint256"},
+        {"name": "nonce", "type": "bytes32"},
+    ],
+}
 ERC20_ABI = [
     {
         "name": "transfer",
@@ -79,7 +108,7 @@ class Deployment:
     deployment_id: str | None
     status: str  # deploying, ready, failed
     url: str | None = None
-    tx_hash: str | None = None  # None when it ran on credits already held
+    tx_hash: str | None = None  # the transfer or x402 settlement; None when it ran on credits already held
     amount_usd: float | None = None
     last_status: dict[str, Any] = field(default_factory=dict)
 
@@ -233,17 +262,23 @@ class GatewayClient:
         chain: str = "base",
         token: str = "usdc",
         use_existing_credits: bool = False,
+        pay_with: str = "transfer",
         wait: bool = True,
         timeout_s: float = 600.0,
         on_progress: Progress | None = None,
     ) -> Deployment:
         """Deploy ``source`` (a directory, a ``.zip`` or ``{path: content}``), paying if quoted.
 
+        ``pay_with``: ``"transfer"`` sends an ERC-20 transfer (needs an RPC URL and gas);
+        ``"x402"`` signs an EIP-3009 authorization the gateway settles (USDC only).
+
         Returns once the deployment is ``ready`` (``wait=False``: once accepted). Raises
         ``InsufficientFundsError`` before paying when the wallet is short, ``PaymentVerificationError``
         when the gateway refuses a transfer, ``DeploymentFailedError`` when the build fails,
         ``WaitTimeoutError`` after ``timeout_s``.
         """
+        if pay_with not in ("transfer", "x402"):
+            raise ValueError(f"pay_with must be 'transfer' or 'x402', not {pay_with!r}")
         report = on_progress or (lambda stage, detail: None)
         upload = upload_of(source)
         body = _base.drop_none(
@@ -271,9 +306,13 @@ class GatewayClient:
                 quote = first.json()
                 amount_usd = quote.get("amount_usd")
                 report("quote", quote)
-                payment = self._pay(quote, chain, token, report)
-                tx_hash = payment.tx_hash
-                accepted = self._submit(payment, body, report)
+                if pay_with == "x402":
+                    header = self._sign_x402(first, quote, chain, token, report)
+                    accepted, tx_hash = self._submit_x402(header, body, report)
+                else:
+                    payment = self._pay(quote, chain, token, report)
+                    tx_hash = payment.tx_hash
+                    accepted = self._submit(payment, body, report)
             else:
                 accepted = self._accepted_or_raise(first, body)
         deployment = Deployment(
@@ -462,6 +501,129 @@ class GatewayClient:
             tx_hash=payment.tx_hash,
         )
 
+    # paying by signature (x402) ---------------------------------------------------------------------
+
+    def _sign_x402(
+        self, quote_response: httpx.Response, quote: dict[str, Any], chain: str, token: str, report: Progress
+    ) -> str:
+        """A ``PAYMENT-SIGNATURE`` for the quote's ``exact`` offer on ``chain``: an EIP-3009
+        authorization of exactly the quoted amount to the quoted recipient, valid for the offer's
+        timeout. The offer must agree with the JSON quote, so a header cannot redirect the payment."""
+        if token != "usdc":
+            raise PaymentError("x402 payments are offered for USDC only; pay USDT with a transfer")
+        raw = quote_response.headers.get(PAYMENT_REQUIRED)
+        if not raw:
+            raise PaymentError("the gateway offers no x402 payment (no PAYMENT-REQUIRED header)")
+        try:
+            required = json.loads(base64.b64decode(raw, validate=True))
+            chain_ids = {c["chain"]: int(c["chain_id"]) for c in quote["supported_chains"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PaymentError(f"unreadable x402 offer: {exc}") from None
+        if chain not in chain_ids:
+            raise PaymentError(f"the gateway does not accept chain {chain!r}")
+        network = f"eip155:{chain_ids[chain]}"
+        offer = next(
+            (
+                item
+                for item in required.get("accepts", [])
+                if item.get("scheme") == "exact"
+                and item.get("network") == network
+                and (item.get("extra") or {}).get("assetTransferMethod", "eip3009") == "eip3009"
+            ),
+            None,
+        )
+        if offer is None:
+            raise PaymentError(f"the gateway offers no x402 payment on {chain}")
+        if (
+            str(offer.get("amount")) != str(quote["amount_token"])
+            or str(offer.get("payTo", "")).lower() != str(quote["pay_to"]).lower()
+        ):
+            raise PaymentError("the x402 offer does not match the quote (amount or recipient); not signing")
+        nonce = os.urandom(32)
+        message = {
+            "from": self.address,
+            "to": offer["payTo"],
+            "value": int(offer["amount"]),
+            "validAfter": 0,
+            "validBefore": int(time.time()) + int(offer.get("maxTimeoutSeconds") or 300),
+            "nonce": nonce,
+        }
+        typed = {
+            "types": EIP3009_TYPES,
+            "primaryType": "TransferWithAuthorization",
+            "domain": {
+                "name": offer["extra"]["name"],
+                "version": offer["extra"]["version"],
+                "chainId": chain_ids[chain],
+                "verifyingContract": offer["asset"],
+            },
+            "message": message,
+        }
+        signature = bytes(self.account.sign_typed_data(full_message=typed).signature)
+        payload = {
+            "x402Version": 2,
+            "resource": required.get("resource"),
+            "accepted": offer,
+            "payload": {
+                "signature": "0x" + signature.hex(),
+                "authorization": {
+                    "from": self.address,
+                    "to": offer["payTo"],
+                    "value": str(message["value"]),
+                    "validAfter": "0",
+                    "validBefore": str(message["validBefore"]),
+                    "nonce": "0x" + nonce.hex(),
+                },
+            },
+        }
+        report("payment", {"method": "x402", "nonce": "0x" + nonce.hex(), "amount_token": offer["amount"]})
+        return base64.b64encode(json.dumps(payload).encode()).decode()
+
+    def _submit_x402(
+        self, header: str, body: dict[str, Any], report: Progress
+    ) -> tuple[dict[str, Any], str | None]:
+        """The paying call with one authorization, repeated (never re-signed) until it is settled."""
+        problem = "no answer"
+        for attempt in range(self.max_submits):
+            if attempt:
+                time.sleep(min(30.0, 0.5 * 2**attempt))
+            try:
+                resp = self._post_deploy(body, {PAYMENT_SIGNATURE: header})
+            except TransportError as exc:
+                problem = f"no answer ({exc})"
+                continue
+            code = _code(resp)
+            if resp.status_code == 200:
+                tx_hash = _settlement(resp).get("transaction") or None
+                report("confirmation", {"tx_hash": tx_hash, "method": "x402"})
+                return dict(resp.json()), tx_hash
+            if resp.status_code == 409 or code == "deploy_failed_after_topup":
+                # settled by an earlier attempt whose answer was lost: the credits exist, use them
+                tx_hash = resp.json().get("tx_hash")
+                report("confirmation", {"tx_hash": tx_hash, "credited": True, "method": "x402"})
+                return self._accepted_or_raise(
+                    self._post_deploy(body, {"X-Use-Existing-Credits": "true"}), body
+                ), tx_hash
+            if resp.status_code == 402 and code == "payment_verification_failed":
+                reason = resp.json().get("reason")
+                if reason == X402_INSUFFICIENT:
+                    raise InsufficientFundsError(
+                        f"{self.address} holds less USDC than the quote; nothing was paid"
+                    )
+                raise PaymentVerificationError(
+                    f"the gateway refused the x402 authorization: {reason}", tx_hash=None, reason=reason
+                )
+            if code == "name_taken":
+                adopted = self._adopt(body["uniqueName"])
+                if adopted is not None:
+                    return adopted, None
+                raise PaymentError(f"{body['uniqueName']!r} was taken after the quote; nothing was paid")
+            if code == "topup_failed" or resp.status_code in (500, 502, 503):
+                problem = f"{resp.status_code} {code}"
+                continue
+            _base.raise_for_error(resp)
+        raise PaymentError(f"the gateway did not settle the x402 authorization ({problem})")
+
     # waiting -----------------------------------------------------------------------------------------
 
     def _wait(self, deployment: Deployment, unique_name: str, timeout_s: float, report: Progress) -> None:
@@ -496,6 +658,18 @@ class GatewayClient:
                     return {"status": "failed", "reason": f"project {project['status']}"}
                 return {"status": "deploying", "deployment_status": project.get("status")}
         return {"status": "failed", "reason": "project not found"}
+
+
+def _settlement(resp: httpx.Response) -> dict[str, Any]:
+    """The ``PAYMENT-RESPONSE`` header (an x402 ``SettlementResponse``), or {} if absent or unreadable."""
+    raw = resp.headers.get(PAYMENT_RESPONSE)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(base64.b64decode(raw, validate=True))
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _code(resp: httpx.Response) -> str | None:

@@ -3,7 +3,8 @@
 Progress (upload, quote, payment, confirmation, build) goes to stderr; the URL (or ``--json``) to
 stdout. The wallet key comes from ``PADDOCK_WALLET_KEY``, ``--key-file`` or a dev chain's
 ``devchain.json`` (its public demo wallet); the chain's JSON-RPC URL from ``--rpc-url``,
-``PADDOCK_RPC_URL_<CHAIN>`` or ``devchain.json``.
+``PADDOCK_RPC_URL_<CHAIN>`` or ``devchain.json``. ``--x402`` pays by signature instead: the wallet
+signs an EIP-3009 authorization and the gateway settles it, so no RPC URL and no gas are needed.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def deploy(
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the running app (repeat)."),
     chain: str = typer.Option("base", "--chain", help="base or arbitrum."),
     token: str = typer.Option("usdc", "--token", help="usdc or usdt."),
+    x402: bool = typer.Option(
+        False, "--x402", help="Pay by x402 signature (USDC): the gateway settles it; no gas, no RPC URL."
+    ),
     use_existing_credits: bool = typer.Option(
         False, "--use-existing-credits", help="Deploy on credits shared with your active projects."
     ),
@@ -107,6 +111,10 @@ def deploy(
                 f"[bold]quote[/]         {detail['amount_usd']} USD = {detail['amount_token']} raw {token} "
                 f"to {detail['pay_to']} on {chain}"
             )
+        elif stage == "payment" and detail.get("method") == "x402":
+            console.print(f"[bold]payment[/]       x402 authorization signed (nonce {detail['nonce']})")
+        elif stage == "confirmation" and detail.get("method") == "x402":
+            console.print(f"[bold]confirmation[/]  the gateway settled it in {detail.get('tx_hash')}")
         elif stage == "payment":
             resumed = " (resubmitting an earlier payment)" if detail.get("resumed") else ""
             console.print(f"[bold]payment[/]       {detail['tx_hash']}{resumed}")
@@ -139,6 +147,7 @@ def deploy(
                     chain=chain,
                     token=token,
                     use_existing_credits=use_existing_credits,
+                    pay_with="x402" if x402 else "transfer",
                     timeout_s=timeout,
                     on_progress=progress,
                 )

@@ -7,12 +7,25 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.gateway.conftest import RECIPIENT, Gateway, Wallet, free_port, new_wallet, rpc, unique_name
+from paddock_gateway import devchain
+from tests.gateway.conftest import (
+    RECIPIENT,
+    Chain,
+    Gateway,
+    Wallet,
+    free_port,
+    new_wallet,
+    rpc,
+    running_gateway,
+    unique_name,
+    x402_settings,
+)
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 
@@ -131,3 +144,43 @@ async def test_the_readme_gateway_examples_run(
         assert ran.stdout.startswith(f"http://127.0.0.1:{port}")
         async with httpx.AsyncClient() as http:
             assert "from the README" in (await http.get(f"http://127.0.0.1:{port}/index.html")).text
+
+
+@pytest.fixture
+async def x402_gateway(tmp_path: Path, devchains: dict[str, Chain]) -> AsyncIterator[Gateway]:
+    async with running_gateway(x402_settings(tmp_path, devchains), tmp_path, chains=devchains) as gw:
+        yield gw
+
+
+async def test_deploy_x402_pays_by_signature_without_an_rpc_url_or_gas(
+    x402_gateway: Gateway, paying_wallet: Wallet, tmp_path: Path
+) -> None:
+    base = x402_gateway.chains["base"]
+    app = tmp_path / "signed-site"
+    app.mkdir()
+    (app / "index.html").write_text("<p>paid with x402 from the CLI</p>")
+    port = free_port()
+    before = await base.token_balance("usdc", RECIPIENT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env.update(
+        {
+            "PADDOCK_WALLET_KEY": key_of(paying_wallet),
+            "PADDOCK_GATEWAY_URL": x402_gateway.url,
+            "PADDOCK_PAYMENTS_FILE": str(tmp_path / "payments.json"),
+        }
+    )  # no PADDOCK_RPC_URL_*: x402 needs none
+    command = [sys.executable, "-m", "paddock_cli.main", "deploy", str(app), "--port", str(port), "--x402",
+               "--poll-interval", "0.3", "--json"]  # fmt: skip
+    ran = await asyncio.to_thread(
+        subprocess.run, command, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert out["url"] == f"http://127.0.0.1:{port}" and out["status"] == "ready"
+    assert "x402 authorization signed" in ran.stderr and f"settled it in {out['tx_hash']}" in ran.stderr
+    receipt = await base.receipt(out["tx_hash"])
+    assert receipt is not None and receipt["from"].lower() == devchain.SETTLEMENT_ADDRESS.lower()
+    assert await base.token_balance("usdc", RECIPIENT) == before + 1_813_947
+    assert int(await rpc(base.rpc_url, "eth_getTransactionCount", [paying_wallet.address, "latest"]), 16) == 0
+    async with httpx.AsyncClient() as http:
+        assert "paid with x402" in (await http.get(f"http://127.0.0.1:{port}/index.html")).text

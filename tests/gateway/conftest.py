@@ -316,3 +316,20 @@ async def paying_wallet(devchains: dict[str, Chain]) -> Wallet:
     for chain in devchains.values():
         await wallet.fund(chain)
     return wallet
+
+
+def x402_settings(tmp_path: Path, chains: dict[str, Chain]) -> GatewaySettings:
+    """A gateway on the local anvil chains that offers and settles x402 with the dev chain's key."""
+    return gateway_settings(
+        tmp_path,
+        settlement_private_key=devchain.SETTLEMENT_PRIVATE_KEY,
+        public_url="https://gateway.example",
+        rate_limit_requests=1_000,  # x402 tests send many requests from one wallet on purpose
+        **chain_overrides(chains),
+    )
+
+
+@pytest.fixture
+async def x402_gateway(tmp_path: Path, devchains: dict[str, Chain]) -> AsyncIterator[Gateway]:
+    async with running_gateway(x402_settings(tmp_path, devchains), tmp_path, chains=devchains) as gw:
+        yield gw

@@ -10,8 +10,6 @@ import base64
 import json
 import os
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,12 +28,9 @@ from tests.gateway.conftest import (
     Clock,
     Gateway,
     Wallet,
-    chain_overrides,
     free_port,
-    gateway_settings,
     new_wallet,
     rpc,
-    running_gateway,
     static_site,
     unique_name,
 )
@@ -47,19 +42,6 @@ SETTLER = devchain.SETTLEMENT_ADDRESS
 TRANSFER_WITH_AUTHORIZATION = keccak(
     text="transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)"
 )[:4].hex()
-
-
-@pytest.fixture
-async def x402_gateway(tmp_path: Path, devchains: dict[str, Chain]) -> AsyncIterator[Gateway]:
-    settings = gateway_settings(
-        tmp_path,
-        settlement_private_key=devchain.SETTLEMENT_PRIVATE_KEY,
-        public_url="https://gateway.example",
-        rate_limit_requests=1_000,  # these tests send many requests from one wallet on purpose
-        **chain_overrides(devchains),
-    )
-    async with running_gateway(settings, tmp_path, chains=devchains) as gw:
-        yield gw
 
 
 def decode(value: str) -> dict[str, Any]:
