@@ -222,15 +222,20 @@ async def deploy_settled(
     """Appendix B.4: check, claim, settle on chain, then the same ledger, top-up and deploy as §7–§8.
 
     The claim is released on every failure before a successful receipt (nothing moved, nothing
-    credited, the authorization may be tried again); a settlement sent but not mined in time keeps it,
-    since the transaction may still land."""
+    credited, the authorization may be tried again). A settlement sent but not mined in time keeps it
+    as ``submitted`` (502 naming the hash), since the transaction may still land: the same
+    authorization sent again waits for that transaction instead of sending another."""
     now_s = int(services.clock().timestamp())
     offer = settlement.check(services.registry, signed, caller.wallet, price.amount_raw, now_s)
     taken = await settlement.claim(services.sessions, signed, services.clock())
+    client = services.chain_client(offer.chain.name)
     try:
-        tx_hash = await services.settler.settle(
-            services.chain_client(offer.chain.name), offer, signed, price.amount_raw
-        )
+        if taken.submitted_tx is not None:  # an earlier request sent it: wait for that one
+            tx_hash = await services.settler.await_settlement(
+                client, offer, signed, price.amount_raw, taken.submitted_tx
+            )
+        else:
+            tx_hash = await services.settler.settle(client, offer, signed, price.amount_raw)
     except UpstreamUnavailable as exc:
         if "tx_hash" in exc.extra:
             await settlement.mark(

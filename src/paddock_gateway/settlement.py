@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eth_abi.abi import encode as abi_encode
 from eth_account import Account
@@ -178,6 +178,8 @@ class Claim:
     asset: str
     payer: str
     nonce: str
+    #: Set when this request took over a settlement an earlier one sent but did not see mined.
+    submitted_tx: str | None = None
 
 
 def claim_of(payment: SignedPayment) -> Claim:
@@ -214,6 +216,17 @@ async def claim(
             )
     except IntegrityError as exc:
         existing = await find(sessions, taken)
+        if existing is not None and existing.state == "submitted" and existing.tx_hash:
+            # An earlier request sent the settlement and gave up waiting (502): whoever moves the row
+            # out of "submitted" first waits for that same transaction; nothing is sent again.
+            async with transaction(sessions) as session:
+                result = await session.execute(
+                    update(X402Authorization)
+                    .where(_where(taken), X402Authorization.state == "submitted")
+                    .values(state="settling", updated_at=now)
+                )
+            if getattr(result, "rowcount", 0) == 1:
+                return replace(taken, submitted_tx=existing.tx_hash)
         raise PaymentAlreadyProcessed(tx_hash=existing.tx_hash if existing else None) from exc
     return taken
 
@@ -332,11 +345,21 @@ class Settler:
                     raise UpstreamUnavailable(
                         f"the {offer.chain.name} RPC did not accept the settlement transaction"
                     ) from exc
-            receipt = await self._receipt(client, tx_hash)
         except CallReverted as exc:  # a read reverted: not a token this gateway can settle
             raise failed(SIMULATION_FAILED) from exc
         except ChainError as exc:
             raise UpstreamUnavailable(f"the {offer.chain.name} RPC is unavailable") from exc
+        return await self.await_settlement(client, offer, payment, required_raw, tx_hash)
+
+    async def await_settlement(
+        self, client: ChainClient, offer: Offer, payment: SignedPayment, required_raw: int, tx_hash: str
+    ) -> str:
+        """The receipt of a sent settlement: its hash once mined successfully, 402 if it reverted, 502
+        (naming the hash) if it is not mined within ``receipt_timeout_s``."""
+        try:
+            receipt = await self._receipt(client, tx_hash)
+        except ChainError:
+            receipt = None  # unknown, as with a timeout: the transaction may still land
         if receipt is None:
             # Sent but not mined in time: it may still land. The hash is a real Transfer from the payer,
             # so resubmitting it as X-Payment-Tx credits it once it is mined (the ledger is shared).
@@ -344,7 +367,7 @@ class Settler:
                 "settlement sent but not yet mined; resubmit tx_hash as X-Payment-Tx", tx_hash=tx_hash
             )
         if receipt != 1:
-            raise failed(TRANSACTION_FAILED)
+            raise X402PaymentFailed(TRANSACTION_FAILED, payment, required_raw)
         return tx_hash
 
     async def _receipt(self, client: ChainClient, tx_hash: str) -> int | None:

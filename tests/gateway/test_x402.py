@@ -435,3 +435,41 @@ def test_the_settlement_key_never_shows_in_settings_output() -> None:
 
 def test_account_helper_matches_the_devchain_settlement_address() -> None:
     assert Account.from_key(devchain.SETTLEMENT_PRIVATE_KEY).address == SETTLER
+
+
+async def test_a_settlement_not_mined_in_time_is_awaited_by_the_retry_and_credited_once(
+    x402_gateway: Gateway,
+    paying_wallet: Wallet,
+    devchains: dict[str, Chain],
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The gateway sends the settlement but the chain does not mine it in time: 502 naming the hash,
+    nothing credited. The same authorization sent again waits for that same transaction (no second
+    one), and once it is mined the deploy goes on and the payment is credited exactly once."""
+    gw, base = x402_gateway, devchains["base"]
+    body = static_site(unique_name(), "x", port=free_port())
+    requirement = await offer_for(gw, paying_wallet, body, "eip155:8453")
+    header = encode(sign_authorization(paying_wallet, requirement, base.chain_id))
+    before = await base.token_balance("usdc", RECIPIENT)
+    settler_nonce = await nonce_of(base, SETTLER)
+    gw.services.settler.receipt_timeout_s = 0.5
+    await base.set_automine(False)
+    try:
+        pending = await gw.deploy(paying_wallet, body, **{"PAYMENT-SIGNATURE": header})
+        assert pending.status_code == 502, pending.text
+        tx_hash = pending.json()["tx_hash"]
+        assert await credit_balance(gw, paying_wallet) == 0
+        still = await gw.deploy(paying_wallet, body, **{"PAYMENT-SIGNATURE": header})
+        assert still.status_code == 502 and still.json()["tx_hash"] == tx_hash  # the same one, not resent
+        await base.mine()
+    finally:
+        await base.set_automine(True)
+    resumed = await gw.deploy(paying_wallet, body, **{"PAYMENT-SIGNATURE": header})
+    assert resumed.status_code == 200, resumed.text
+    assert decode(resumed.headers["PAYMENT-RESPONSE"])["transaction"] == tx_hash
+    assert await base.token_balance("usdc", RECIPIENT) == before + PRICE_RAW
+    assert await nonce_of(base, SETTLER) == settler_nonce + 1
+    again = await gw.deploy(paying_wallet, body, **{"PAYMENT-SIGNATURE": header})
+    assert again.status_code in (400, 409)  # the name is now taken, and the authorization is spent
+    logged = capfd.readouterr()
+    assert devchain.SETTLEMENT_PRIVATE_KEY[2:].lower() not in (logged.out + logged.err).lower()
