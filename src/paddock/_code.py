@@ -92,7 +92,8 @@ class Execution:
     execution_count: int | None = None
     timed_out: bool = False
     #: The context's kernel was started by this call: variables from earlier calls are gone (first use,
-    #: or the sandbox was paused and resumed, which stops processes).
+    #: a fork, whose child copies the disk but not the processes, or a kernel that died). A pause
+    #: freezes processes, so a resumed sandbox keeps its kernels.
     kernel_started: bool = False
     #: The kernel ignored the interrupt and was killed; the next call starts a fresh one.
     kernel_restarted: bool = False

@@ -15,8 +15,10 @@ reach it, and lives as long as the sandbox's processes do. It keeps one IPython 
 started on the context's first cell, and one jupyter_client connection to each, so a cell costs one
 execute round trip. Kernels talk over ZeroMQ IPC sockets in ``/tmp/.paddock-kernels``: no network
 interface or egress rule is involved. Cells of one context run one at a time (a lock per context);
-different contexts run side by side. After a pause and resume the processes are gone: the next call
-starts a new server, whose kernels start fresh (``kernel_started`` tells the SDK).
+different contexts run side by side. A pause freezes these processes and a resume thaws them, state
+and all. A fork copies the disk but not the processes: the child's first call finds the parent's files
+stale (no process listens, or the pid is not a kernel of that connection file), starts its own server
+and kernels, and says so (``kernel_started``).
 
 Everything the SDK reads is one JSON object a line on stdout, flushed as it happens so output streams:
 ``{"type": "stdout"|"stderr", "text"}``, ``{"type": "result", "data": {mime: value}, "is_main_result"}``,

@@ -237,7 +237,7 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
 
     @server.tool(annotations=CHANGES)
     async def pause_sandbox(sandbox_id: str) -> str:
-        """Pause a sandbox: its disk is kept and compute released; running processes stop."""
+        """Pause a sandbox: its processes are frozen (run_code kernels included) until resume_sandbox."""
         with tool_errors("pause_sandbox"):
             info = await (await sandbox(sandbox_id)).pause()
         return f"{sandbox_id}: {info.status}"

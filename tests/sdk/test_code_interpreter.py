@@ -194,3 +194,19 @@ def test_the_cli_runs_a_file_as_a_cell(
     )
     assert again.returncode == 1 and again.stdout == ""
     assert again.stderr.rstrip().endswith("ZeroDivisionError: division by zero"), again.stderr
+
+
+def test_a_pause_keeps_the_kernel_and_a_fork_starts_its_own(sandbox: paddock.Sandbox) -> None:
+    """A pause freezes the sandbox's processes, so the kernel and its variables survive it. A fork
+    copies the disk, not the processes: its first cell says its kernel is new (the parent's kernel
+    files copied with the disk are recognised as stale), and the parent is untouched."""
+    sandbox.run_code("before_pause = 1", context="paused")
+    sandbox.pause()
+    sandbox.resume()
+    after = sandbox.run_code("before_pause", context="paused")
+    assert after.ok and after.text == "1" and not after.kernel_started
+    with sandbox.fork() as child:
+        forked = child.run_code("'before_pause' in dir()", context="paused")
+        assert forked.ok, forked.error
+        assert forked.kernel_started and forked.text == "False"
+    assert sandbox.run_code("before_pause + 1", context="paused").text == "2"
