@@ -21,6 +21,7 @@ import asyncio
 import datetime as dt
 import time
 from dataclasses import dataclass, replace
+from typing import cast
 
 from eth_abi.abi import encode as abi_encode
 from eth_account import Account
@@ -313,21 +314,30 @@ class Settler:
                 raise UpstreamUnavailable(
                     f"the RPC for {offer.chain.name} is not chain {offer.chain.chain_id}"
                 )
-            used = await client.call(
-                token, "0x" + (AUTHORIZATION_STATE + _address_word(auth.payer)).hex() + auth.nonce[2:]
+            # Independent reads, in one round trip's time; judged in the order x402 reports them.
+            used, balance, gas, gas_price = await asyncio.gather(
+                client.call(
+                    token, "0x" + (AUTHORIZATION_STATE + _address_word(auth.payer)).hex() + auth.nonce[2:]
+                ),
+                client.call(token, "0x" + (BALANCE_OF + _address_word(auth.payer)).hex()),
+                client.estimate_gas(self.address, token, data),
+                client.gas_price(),
+                return_exceptions=True,
             )
-            if int.from_bytes(used or b"\0", "big"):
+            for result in (used, balance, gas_price):
+                if isinstance(result, BaseException):
+                    raise result
+            if int.from_bytes(cast(bytes, used) or b"\0", "big"):
                 raise failed(NONCE_USED)
-            balance = await client.call(token, "0x" + (BALANCE_OF + _address_word(auth.payer)).hex())
-            if int.from_bytes(balance or b"\0", "big") < auth.value:
+            if int.from_bytes(cast(bytes, balance) or b"\0", "big") < auth.value:
                 raise failed(INSUFFICIENT_BALANCE)
+            if isinstance(gas, CallReverted):
+                log.info("x402_simulation_reverted", payer=auth.payer, reason=str(gas))
+                raise failed(SIMULATION_FAILED) from gas
+            if isinstance(gas, BaseException):
+                raise gas
             lock = self._locks.setdefault(offer.chain.name, asyncio.Lock())
-            async with lock:
-                try:
-                    gas = await client.estimate_gas(self.address, token, data)
-                except CallReverted as exc:
-                    log.info("x402_simulation_reverted", payer=auth.payer, reason=str(exc))
-                    raise failed(SIMULATION_FAILED) from exc
+            async with lock:  # one key's nonces must be consecutive: take one and send, one at a time
                 tx = {
                     "chainId": offer.chain.chain_id,
                     "nonce": await client.pending_nonce(self.address),
@@ -335,7 +345,7 @@ class Settler:
                     "data": data,
                     "value": 0,
                     "gas": int(gas * SETTLE_GAS_MARGIN),
-                    "gasPrice": await client.gas_price(),
+                    "gasPrice": gas_price,
                 }
                 signed = Account.sign_transaction(tx, self._key.get_secret_value())
                 try:
