@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,8 +32,10 @@ from tests.gateway.conftest import (
     free_port,
     new_wallet,
     rpc,
+    running_gateway,
     static_site,
     unique_name,
+    x402_settings,
 )
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
@@ -261,24 +264,29 @@ async def test_the_same_authorization_twice_settles_once(
     assert await credit_balance(gw, paying_wallet) <= PRICE_RAW * 100  # credited once, not twice
 
 
+@pytest.mark.db
 async def test_twenty_concurrent_requests_with_one_authorization_settle_exactly_once(
-    x402_gateway: Gateway, paying_wallet: Wallet, devchains: dict[str, Chain]
+    tmp_path: Path, database_url: str, paying_wallet: Wallet, devchains: dict[str, Chain]
 ) -> None:
-    gw, arbitrum = x402_gateway, devchains["arbitrum"]
-    body = static_site(unique_name(), "x", port=free_port())
-    requirement = await offer_for(gw, paying_wallet, body, "eip155:42161")
-    header = encode(sign_authorization(paying_wallet, requirement, arbitrum.chain_id))
-    before = await arbitrum.token_balance("usdc", RECIPIENT)
-    settler_nonce = await nonce_of(arbitrum, SETTLER)
+    """On SQLite and on PostgreSQL: the claim's primary key decides, not timing."""
+    arbitrum = devchains["arbitrum"]
+    settings = x402_settings(tmp_path, devchains).model_copy(update={"database_url": database_url})
+    async with running_gateway(settings, tmp_path, chains=devchains) as gw:
+        body = static_site(unique_name(), "x", port=free_port())
+        requirement = await offer_for(gw, paying_wallet, body, "eip155:42161")
+        header = encode(sign_authorization(paying_wallet, requirement, arbitrum.chain_id))
+        before = await arbitrum.token_balance("usdc", RECIPIENT)
+        settler_nonce = await nonce_of(arbitrum, SETTLER)
 
-    bodies = [static_site(unique_name(), "x", port=free_port()) for _ in range(20)]
-    responses = await asyncio.gather(
-        *(gw.deploy(paying_wallet, each, **{"PAYMENT-SIGNATURE": header}) for each in bodies)
-    )
-    statuses = sorted(r.status_code for r in responses)
-    assert statuses == [200] + [409] * 19, [r.text for r in responses if r.status_code not in (200, 409)]
-    assert await arbitrum.token_balance("usdc", RECIPIENT) == before + PRICE_RAW
-    assert await nonce_of(arbitrum, SETTLER) == settler_nonce + 1  # one settlement transaction
+        bodies = [static_site(unique_name(), "x", port=free_port()) for _ in range(20)]
+        responses = await asyncio.gather(
+            *(gw.deploy(paying_wallet, each, **{"PAYMENT-SIGNATURE": header}) for each in bodies)
+        )
+        statuses = sorted(r.status_code for r in responses)
+        assert statuses == [200] + [409] * 19, [r.text for r in responses if r.status_code not in (200, 409)]
+        assert await arbitrum.token_balance("usdc", RECIPIENT) == before + PRICE_RAW
+        assert await nonce_of(arbitrum, SETTLER) == settler_nonce + 1  # one settlement transaction
+        assert await credit_balance(gw, paying_wallet) <= PRICE_RAW * 100  # one top-up
 
 
 async def rejected(gw: Gateway, wallet: Wallet, body: dict[str, Any], payload: dict[str, Any]) -> str:
