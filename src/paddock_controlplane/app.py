@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from paddock_controlplane import contract, host_reports, hostlink, ingress, reconciler
 from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
+from paddock_controlplane.api.routes import disks as disk_routes
 from paddock_controlplane.api.routes import networks as network_routes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
 from paddock_controlplane.hotcache import (
@@ -109,7 +110,16 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         redoc_url=None,
     )
     install_error_handlers(app)
-    for module in (probes, catalog, internal, sandboxes, commands, network_routes, webhook_routes):
+    for module in (
+        probes,
+        catalog,
+        internal,
+        sandboxes,
+        commands,
+        network_routes,
+        disk_routes,
+        webhook_routes,
+    ):
         app.include_router(module.router)
     openapi.install(app, contract.CONTRACT)  # the document as served: real statuses, envelopes, bodies
     # Added before the request log, so it runs inside it: every fast-lane request is logged too.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import billing, hostlink, networks, webhooks
+from paddock_controlplane import billing, disks, hostlink, networks, webhooks
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.queries import get_owned
 from paddock_controlplane.services import Services
@@ -95,6 +95,7 @@ async def reclaim(
         row.status = SandboxStatus.DESTROYED
         row.destroyed_at = services.clock()
         await networks.drop_memberships(session, sandbox_id)
+        await disks.drop_attachments(session, sandbox_id)
         await webhooks.emit(
             session,
             user_id=row.user_id,

@@ -18,7 +18,14 @@ from paddock_controlplane.services import Services
 from paddock_core import errors
 from paddock_core.http import current_request_id
 from paddock_hostagent import client as hostclient
-from paddock_hostagent.schemas import BandwidthResult, CreateSandboxBody, ForkBody, NetworkAttachBody
+from paddock_hostagent.schemas import (
+    BandwidthResult,
+    CreateSandboxBody,
+    DiskMountBody,
+    DiskMountView,
+    ForkBody,
+    NetworkAttachBody,
+)
 
 
 class HostError(Exception):
@@ -121,6 +128,10 @@ class HostLinkAPI(Protocol):
 
     async def detach_network(self, sandbox_id: str, network_id: str) -> None: ...
 
+    async def attach_disk(self, sandbox_id: str, body: DiskMountBody) -> DiskMountView: ...
+
+    async def detach_disk(self, sandbox_id: str, mount_path: str) -> None: ...
+
     async def set_egress(self, sandbox_id: str, rules: list[str]) -> None: ...
 
     async def bandwidth(self, sandbox_id: str) -> Usage: ...
@@ -211,6 +222,14 @@ class HostLink(HostLinkAPI):
     async def detach_network(self, sandbox_id: str, network_id: str) -> None:
         with _mapped():
             await self.client.detach_network(sandbox_id, network_id)
+
+    async def attach_disk(self, sandbox_id: str, body: DiskMountBody) -> DiskMountView:
+        with _mapped():
+            return await self.client.attach_disk(sandbox_id, body)
+
+    async def detach_disk(self, sandbox_id: str, mount_path: str) -> None:
+        with _mapped():
+            await self.client.detach_disk(sandbox_id, mount_path)
 
     async def set_egress(self, sandbox_id: str, rules: list[str]) -> None:
         with _mapped():

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from paddock_controlplane import (
     accounts,
     catalog,
+    disks,
     envs,
     hostlink,
     hosts,
@@ -90,12 +91,7 @@ def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
     if disk_mib < validation.MIN_DISK_MIB:
         raise errors.ValidationFailed.field("disk_mib", f"must be 0 or at least {validation.MIN_DISK_MIB}")
     auto_pause = validation.auto_pause_seconds(req.auto_pause_after_seconds)
-    for index, disk in enumerate(req.disks or []):
-        if not disk.disk_id:
-            raise errors.ValidationFailed.field(f"disks[{index}].disk_id", "must not be empty")
-        # Both rules name mount_path, as they always have: the pair is one mount.
-        validation.mount_path(disk.mount_path, f"disks[{index}].mount_path")
-        validation.sub_path(disk.sub_path, f"disks[{index}].mount_path")
+    disks.validate_attachments(req.disks)
     for index, net in enumerate(req.networks or []):
         if not net.id:
             raise errors.ValidationFailed.field(f"networks[{index}].id", "must not be empty")
@@ -139,12 +135,14 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
     async with transaction(services.sessions) as session:
         account = await accounts.lock_user(session, user_id)
         joined = await networks.resolve_refs(session, user_id, req.networks)
-        if req.disks:
-            # Disks are resources of their own; none can be owned before the disks API exists.
-            raise errors.NotFound("disks[0].disk_id: not found", fields={"disks[0].disk_id": "not found"})
+        attached = await disks.resolve_attachments(session, user_id, req.disks)
         plan = await accounts.cached_plan(session, account.plan_id)
         accounts.check_plan_limits(
-            plan, vcpu=spec.shape.vcpu, mem_mib=spec.shape.mem_mib, disk_mib=spec.disk_mib, wants_disks=False
+            plan,
+            vcpu=spec.shape.vcpu,
+            mem_mib=spec.shape.mem_mib,
+            disk_mib=spec.disk_mib,
+            wants_disks=bool(attached),
         )
         await accounts.check_quotas(
             session, plan, user_id, now=services.clock(), needs_slot=not spec.start_paused, new_sandbox=True
@@ -191,14 +189,20 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         await session.flush()
         for network in joined:
             await networks.join(session, network, sandbox.id)
+        session.add_all(disks.attach_rows(sandbox.id, attached, services.clock()))
     refused: dict[str, str] = {}
     while True:  # ends: every refusal excludes one more host
         try:
-            return await boot(services, sandbox, start_paused=spec.start_paused)
+            booted = await boot(services, sandbox, start_paused=spec.start_paused)
         except HostFullError as full:
             log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
             refused[full.host_id] = full.reason
             sandbox = await _place_elsewhere(services, sandbox, placement, refused)
+            continue
+        # The disks it named are mounted once it runs, before the answer; a failed mount is reported
+        # on its attachment (``mount_status``) and never fails the create.
+        await disks.mount_all(services, booted)
+        return booted
 
 
 async def _pick(
@@ -237,6 +241,7 @@ async def _place_elsewhere(
                 return row
         # Also when destroyed meanwhile (``destroying``): it never existed, so no destroy is owed either.
         await networks.drop_memberships(session, sandbox.id)
+        await disks.drop_attachments(session, sandbox.id)
         if row is not None:
             await session.delete(row)
     raise scheduler.no_capacity("; ".join(f"host {host_id}: {reason}" for host_id, reason in refused.items()))
@@ -287,6 +292,7 @@ async def boot(
     async def failed(session: AsyncSession, row: Sandbox, exc: Exception) -> None:
         row.status, row.status_reason = SandboxStatus.FAILED, _boot_failure(sandbox, exc)[:300]
         await networks.drop_memberships(session, sandbox.id)
+        await disks.drop_attachments(session, sandbox.id)
 
     # Whatever the row's status now (a destroy, or a dead host's ``error``, may have come meanwhile), the
     # boot's outcome is recorded. HostFullError is no outcome: it goes to create, which places elsewhere.

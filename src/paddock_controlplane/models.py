@@ -247,3 +247,101 @@ class NetworkMember(Base):
     #: ``pending`` until the host has programmed the interface, then ``active`` (§10.14).
     status: Mapped[str] = mapped_column(String(16), default="pending")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Disk(Base):
+    """An S3 disk (§10.13). Deleting one keeps the row (``deleted_at``) for the daily cap."""
+
+    __tablename__ = "disks"
+    __table_args__ = (
+        Index("ix_disks_user_created", "user_id", "created_at", "id"),
+        Index(
+            "uq_disks_live_name",
+            "user_id",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    kind: Mapped[str] = mapped_column(String(16))
+    #: bucket, endpoint, region, use_path_style: shown as the disk's ``config``.
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    #: ``{"access_key", "secret_key"}`` sealed with the server key; never shown.
+    credentials_sealed: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class SandboxDisk(Base):
+    """A disk mounted in a sandbox at one path; one disk may be mounted at several (§11.10)."""
+
+    __tablename__ = "sandbox_disks"
+    __table_args__ = (Index("ix_sandbox_disks_disk", "disk_id"),)
+
+    sandbox_id: Mapped[str] = mapped_column(ForeignKey("sandboxes.id"), primary_key=True)
+    mount_path: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    disk_id: Mapped[str] = mapped_column(ForeignKey("disks.id"))
+    sub_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    #: ``pending`` until the host answers, then ``mounted`` or ``error`` (§10.1 DiskMountStatus).
+    mount_status: Mapped[str] = mapped_column(String(16), default="pending")
+    mount_error: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Template(Base):
+    """A Dockerfile and the image built from it (§10.12). Deleting one keeps the row (``deleted_at``)
+    for the daily cap; its name is free again at once."""
+
+    __tablename__ = "templates"
+    __table_args__ = (
+        Index("ix_templates_user_created", "user_id", "created_at", "id"),
+        Index(
+            "uq_templates_live_name",
+            "user_id",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+        Index("ix_templates_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    #: The request's ``base`` after defaulting (what ``FROM base`` means).
+    base: Mapped[str] = mapped_column(String(128))
+    #: What ``FROM`` resolved to at submit: a catalog name or the id of the user's ready template.
+    from_image: Mapped[str] = mapped_column(String(128))
+    dockerfile: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    #: The attempt running or last run (0 before the first).
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    #: The host that builds it and then holds its image.
+    host_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    ext4_size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: A builder owns the build until then and renews it while it runs; a lapsed lease is claimed again.
+    lease_until: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    built_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class TemplateLogLine(Base):
+    """One line of a template's build log (§10.12 frame), in arrival order (``id``)."""
+
+    __tablename__ = "template_log_lines"
+    __table_args__ = (Index("ix_template_log_lines_template", "template_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    template_id: Mapped[str] = mapped_column(ForeignKey("templates.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[dt.datetime] = mapped_column()
+    level: Mapped[str] = mapped_column(String(16))
+    line: Mapped[str] = mapped_column(Text)

@@ -15,7 +15,7 @@ from typing import Any
 from paddock_controlplane import hostlink
 from paddock_controlplane.models import Sandbox
 from paddock_core import errors
-from paddock_hostagent.schemas import NetworkAttachBody
+from paddock_hostagent.schemas import DiskMountBody, DiskMountView, NetworkAttachBody
 
 HOST_BEAT = {
     "id": "host-test-1",
@@ -43,6 +43,9 @@ class FakeHostLink:
         self.fail_egress = False
         # The memberships each create or fork asked the host to join during its boot.
         self.boot_networks: dict[str, list[str]] = {}
+        # Mounts by (sandbox id, mount path); a disk whose bucket is named here fails with this error.
+        self.disks: dict[tuple[str, str], DiskMountBody] = {}
+        self.failing_buckets: dict[str, str] = {}
 
     def _joins(self, sandbox_id: str, networks: Sequence[NetworkAttachBody]) -> None:
         """A create or fork joins its networks during the boot; the real host fails the boot (and undoes
@@ -95,6 +98,21 @@ class FakeHostLink:
         self.calls.append(("detach_network", f"{sandbox_id} {network_id}"))
         if self.fail_network:
             raise hostlink.HostError("bridge exploded")
+
+    async def attach_disk(self, sandbox_id: str, body: DiskMountBody) -> DiskMountView:
+        self.calls.append(("attach_disk", f"{sandbox_id} {body.disk_id} {body.mount_path}"))
+        error = self.failing_buckets.get(body.bucket)
+        if error is None:
+            self.disks[(sandbox_id, body.mount_path)] = body
+        if error:
+            return DiskMountView(
+                disk_id=body.disk_id, mount_path=body.mount_path, status="error", error=error
+            )
+        return DiskMountView(disk_id=body.disk_id, mount_path=body.mount_path, status="mounted")
+
+    async def detach_disk(self, sandbox_id: str, mount_path: str) -> None:
+        self.calls.append(("detach_disk", f"{sandbox_id} {mount_path}"))
+        self.disks.pop((sandbox_id, mount_path), None)
 
     async def set_egress(self, sandbox_id: str, rules: list[str]) -> None:
         self.calls.append(("set_egress", sandbox_id))

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.controlplane.conftest import controlplane, cp_settings
 from tests.disks.s3server import S3Server
 from tests.hostagent.conftest import (
     agent,
@@ -20,6 +21,8 @@ from tests.hostagent.conftest import (
 
 __all__ = [
     "agent",
+    "controlplane",
+    "cp_settings",
     "debian_image",
     "guest_binary_dir",
     "host",
