@@ -13,7 +13,7 @@
     ├── MixedPaymentMethods         400 mixed_payment_methods
     ├── AuthError                   401 auth_missing | auth_malformed | auth_expired | …
     ├── PaymentRequired             402 payment_required (the quote)
-    ├── PaymentVerificationFailed   402 payment_verification_failed (reason, tx_hash …)
+    ├── PaymentVerificationFailed   402 payment_verification_failed (reason, tx_hash …; x402: PAYMENT-RESPONSE)
     ├── NotOwner                    403 not_owner
     ├── NotFound                    404 not_found
     ├── MethodNotAllowed            405 method_not_allowed

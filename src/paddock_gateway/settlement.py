@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 from paddock_gateway.adapters.chain import CallReverted, ChainClient, ChainError
-from paddock_gateway.errors import GatewayError, PaymentAlreadyProcessed, UpstreamUnavailable
+from paddock_gateway.errors import PaymentAlreadyProcessed, PaymentVerificationFailed, UpstreamUnavailable
 from paddock_gateway.models import X402Authorization
 from paddock_gateway.registry import Registry
 from paddock_gateway.x402 import Offer, SignedPayment, offers, settlement_response
@@ -87,27 +87,22 @@ EIP712_TYPES = {
 }
 
 
-class X402PaymentFailed(GatewayError):
-    """402 ``payment_verification_failed`` with the x402 reason and a failed ``PAYMENT-RESPONSE``."""
-
-    status, code, message = 402, "payment_verification_failed", "Payment verification failed"
-
-    def __init__(self, reason: str, payment: SignedPayment, required_raw: int) -> None:
-        super().__init__(
-            reason=reason,
-            network=payment.network,
-            payer=payment.authorization.payer,
-            required_amount_token=str(required_raw),
-            authorized_amount_token=str(payment.authorization.value),
+def rejected(reason: str, payment: SignedPayment, required_raw: int) -> PaymentVerificationFailed:
+    """The §7 402 ``payment_verification_failed`` with the x402 ``reason``, plus a failed
+    ``PAYMENT-RESPONSE`` (x402 clients read the header, the gateway's own clients the body)."""
+    error = PaymentVerificationFailed(
+        reason=reason,
+        network=payment.network,
+        payer=payment.authorization.payer,
+        required_amount_token=str(required_raw),
+        authorized_amount_token=str(payment.authorization.value),
+    )
+    error.headers.update(
+        settlement_response(
+            success=False, network=payment.network, payer=payment.authorization.payer, error_reason=reason
         )
-        self.headers.update(
-            settlement_response(
-                success=False,
-                network=payment.network,
-                payer=payment.authorization.payer,
-                error_reason=reason,
-            )
-        )
+    )
+    return error
 
 
 def recover_payer(offer: Offer, payment: SignedPayment) -> str | None:
@@ -145,8 +140,8 @@ def recover_payer(offer: Offer, payment: SignedPayment) -> str | None:
 def check(registry: Registry, payment: SignedPayment, wallet: str, required_raw: int, now_s: int) -> Offer:
     """Step 1: everything that needs no chain and no database; returns the offer the payment answers."""
 
-    def failed(reason: str) -> X402PaymentFailed:
-        return X402PaymentFailed(reason, payment, required_raw)
+    def failed(reason: str) -> PaymentVerificationFailed:
+        return rejected(reason, payment, required_raw)
 
     if payment.scheme != "exact":
         raise failed(INVALID_SCHEME)
@@ -304,8 +299,8 @@ class Settler:
     ) -> str:
         """Step 3: returns the hash of a mined, successful settlement, or raises (nothing moved)."""
 
-        def failed(reason: str) -> X402PaymentFailed:
-            return X402PaymentFailed(reason, payment, required_raw)
+        def failed(reason: str) -> PaymentVerificationFailed:
+            return rejected(reason, payment, required_raw)
 
         auth, token = payment.authorization, offer.token.address
         data = settle_calldata(payment)
@@ -377,7 +372,7 @@ class Settler:
                 "settlement sent but not yet mined; resubmit tx_hash as X-Payment-Tx", tx_hash=tx_hash
             )
         if receipt != 1:
-            raise X402PaymentFailed(TRANSACTION_FAILED, payment, required_raw)
+            raise rejected(TRANSACTION_FAILED, payment, required_raw)
         return tx_hash
 
     async def _receipt(self, client: ChainClient, tx_hash: str) -> int | None:
