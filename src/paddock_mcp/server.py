@@ -43,20 +43,21 @@ DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_
 
 
 @contextmanager
-def tool_errors(action: str) -> Iterator[None]:
-    """The SDK's exceptions (and bad arguments) as a ToolError the model reads: what failed and why."""
+def tool_errors() -> Iterator[None]:
+    """The SDK's exceptions (and bad arguments) as a ToolError the model reads: what failed and why.
+    The mcp SDK puts "Error executing tool <name>: " before the text, so it does not name the tool."""
     try:
         yield
     except paddock.NotFoundError as exc:
-        raise ToolError(f"{action} failed: {exc.message} (list_sandboxes shows your sandboxes)") from exc
+        raise ToolError(f"{exc.message} (list_sandboxes shows your sandboxes)") from exc
     except paddock.APIError as exc:
         details = "; ".join(f"{name}: {problem}" for name, problem in exc.fields.items())
         suffix = f" ({details})" if details else ""
-        raise ToolError(f"{action} failed: {exc.status} {exc.code or ''} {exc.message}{suffix}") from exc
+        raise ToolError(f"{exc.status} {exc.code or ''} {exc.message}{suffix}") from exc
     except paddock.TransportError as exc:
-        raise ToolError(f"{action} failed: cannot reach the Paddock control plane ({exc})") from exc
+        raise ToolError(f"cannot reach the Paddock control plane ({exc})") from exc
     except (paddock.PaddockError, ValueError) as exc:
-        raise ToolError(f"{action} failed: {exc}") from exc
+        raise ToolError(str(exc)) from exc
 
 
 def clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:
@@ -139,7 +140,7 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
         run_code), 'devbox:1' (Python, Node.js, git, gcc), 'debian:13' (minimal); default: the
         server's. shape: CPU and memory, e.g. 's-1vcpu-1gb'. ingress: give it public URLs (see
         expose_port)."""
-        with tool_errors("create_sandbox"):
+        with tool_errors():
             created = await client.sandboxes.create(
                 shape, rootfs=rootfs, name=name, ingress_enabled=ingress or None
             )
@@ -148,7 +149,7 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
     @server.tool(annotations=READ_ONLY)
     async def list_sandboxes(include_destroyed: bool = False) -> str:
         """List your sandboxes (id, status, name, rootfs), oldest first; live ones unless asked."""
-        with tool_errors("list_sandboxes"):
+        with tool_errors():
             rows = [
                 info async for info in client.sandboxes.iter() if include_destroyed or info.status not in GONE
             ]
@@ -158,13 +159,13 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
     @server.tool(annotations=READ_ONLY)
     async def get_sandbox(sandbox_id: str) -> str:
         """Show one sandbox: status, image, shape, IP, ingress URL template."""
-        with tool_errors("get_sandbox"):
+        with tool_errors():
             return describe((await sandbox(sandbox_id)).info)
 
     @server.tool(annotations=DESTRUCTIVE)
     async def destroy_sandbox(sandbox_id: str) -> str:
         """Destroy a sandbox and everything in it (idempotent)."""
-        with tool_errors("destroy_sandbox"):
+        with tool_errors():
             status = await (await sandbox(sandbox_id)).destroy()
         return f"{sandbox_id}: {status}"
 
@@ -179,7 +180,7 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
         exit_code: int | None = None
         error: str | None = None
         chunks = 0
-        with tool_errors("run_command"):
+        with tool_errors():
             target = await sandbox(sandbox_id)
             with anyio.move_on_after(timeout_s) as scope:
                 # Leaving this loop early closes the stream, which kills the command in the sandbox.
@@ -205,7 +206,7 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
     @server.tool(annotations=READ_ONLY)
     async def read_file(sandbox_id: str, path: str) -> str:
         """Read a file from the sandbox (absolute path); text comes back as is, binary as a note."""
-        with tool_errors("read_file"):
+        with tool_errors():
             data = await (await sandbox(sandbox_id)).files.read(path)
         try:
             return clip(data.decode())
@@ -216,43 +217,43 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
     async def write_file(sandbox_id: str, path: str, content: str) -> str:
         """Create or replace a text file (absolute path, UTF-8) in the sandbox; parent directories
         are created."""
-        with tool_errors("write_file"):
+        with tool_errors():
             target = await sandbox(sandbox_id)
             parent = posixpath.dirname(path)
             if path.startswith("/") and parent != "/":
                 made = await target.run("mkdir", ["-p", "--", parent])
                 if not made.ok:
-                    raise ToolError(f"write_file failed: cannot create {parent}: {made.stderr or made.error}")
+                    raise ToolError(f"cannot create {parent}: {made.stderr or made.error}")
             size = await target.files.write(path, content)
         return f"wrote {size} bytes to {path}"
 
     @server.tool(annotations=READ_ONLY)
     async def list_files(sandbox_id: str, path: str = "/root") -> str:
         """List a directory in the sandbox (ls -la): names, sizes, permissions, times."""
-        with tool_errors("list_files"):
+        with tool_errors():
             listing = await (await sandbox(sandbox_id)).run("ls", ["-la", "--", path])
         if not listing.ok:
-            raise ToolError(f"list_files failed: {(listing.stderr or listing.error or '').strip()}")
+            raise ToolError(f"{(listing.stderr or listing.error or '').strip()}")
         return clip(listing.stdout)
 
     @server.tool(annotations=CHANGES)
     async def pause_sandbox(sandbox_id: str) -> str:
         """Pause a sandbox: its processes are frozen (run_code kernels included) until resume_sandbox."""
-        with tool_errors("pause_sandbox"):
+        with tool_errors():
             info = await (await sandbox(sandbox_id)).pause()
         return f"{sandbox_id}: {info.status}"
 
     @server.tool(annotations=CHANGES)
     async def resume_sandbox(sandbox_id: str) -> str:
         """Resume a paused sandbox; returns once it runs."""
-        with tool_errors("resume_sandbox"):
+        with tool_errors():
             info = await (await sandbox(sandbox_id)).resume()
         return f"{sandbox_id}: {info.status}"
 
     @server.tool(annotations=CHANGES)
     async def fork_sandbox(sandbox_id: str) -> str:
         """Fork a running or paused sandbox into a new one with a copy of its disk; returns the child."""
-        with tool_errors("fork_sandbox"):
+        with tool_errors():
             child = await (await sandbox(sandbox_id)).fork()
         return describe(child.info)
 
@@ -260,7 +261,7 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
     async def expose_port(sandbox_id: str, port: int) -> str:
         """Turn on ingress for the sandbox and return the public URL of a port. The server in the
         sandbox must listen on 0.0.0.0:<port>."""
-        with tool_errors("expose_port"):
+        with tool_errors():
             target = await sandbox(sandbox_id)
             if not target.info.ingress_enabled or not target.info.ingress_url_template:
                 await target.patch(ingress_enabled=True)
@@ -276,7 +277,7 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
         kernels. Returns stdout, stderr, the last expression's value, HTML tables, matplotlib charts
         as images, and exceptions with their traceback. A cell running past timeout_s is
         interrupted; the kernel keeps its state."""
-        with tool_errors("run_code"):
+        with tool_errors():
             execution = await (await sandbox(sandbox_id)).run_code(code, context=context, timeout_s=timeout_s)
         images: list[str | Image] = [
             Image(data=result.png, format="png") for result in execution.results if result.png is not None

@@ -140,11 +140,15 @@ async def test_over_http_a_client_lists_creates_writes_runs_and_destroys(http_se
 async def test_errors_come_back_as_text_the_model_can_act_on(http_server: str) -> None:
     async with http_session(http_server) as session:
         missing = await call(session, "run_command", sandbox_id="sb-doesnotexist", command="true")
-        assert (
-            missing.is_error and "run_command failed" in text(missing) and "list_sandboxes" in text(missing)
+        assert missing.is_error
+        assert text(missing) == (
+            "Error executing tool run_command: sandbox not found (list_sandboxes shows your sandboxes)"
         )
         bad_shape = await call(session, "create_sandbox", shape="no-such-shape")
-        assert bad_shape.is_error and "create_sandbox failed: 4" in text(bad_shape), text(bad_shape)
+        assert bad_shape.is_error and text(bad_shape).startswith(
+            "Error executing tool create_sandbox: 400 VALIDATION_FAILED"
+        )
+        assert "unknown shape 'no-such-shape'" in text(bad_shape), text(bad_shape)
         assert "Traceback" not in text(missing) + text(bad_shape)
 
 

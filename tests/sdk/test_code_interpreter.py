@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -210,3 +211,21 @@ def test_a_pause_keeps_the_kernel_and_a_fork_starts_its_own(sandbox: paddock.San
         assert forked.ok, forked.error
         assert forked.kernel_started and forked.text == "False"
     assert sandbox.run_code("before_pause + 1", context="paused").text == "2"
+
+
+def test_the_docs_example_runs_as_written(live: LivePlatform, api_key: str, tmp_path: Path) -> None:
+    """docs/code-interpreter.md's example, run as written (env supplies URL and key)."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "code-interpreter.md"
+    [example] = re.findall(r"^```python\n(.*?)^```", docs.read_text(), flags=re.S | re.M)
+    env = {**os.environ, "PADDOCK_BASE_URL": live.url, "PADDOCK_API_KEY": api_key}
+    ran = subprocess.run(
+        [sys.executable, "-c", example], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert (
+        lines[0] == "14"
+        and lines[1].startswith("AttributeError ")
+        and lines[2:] == ["True TimeoutError", "3"]
+    )
+    assert png_size((tmp_path / "chart.png").read_bytes())[0] > 100
