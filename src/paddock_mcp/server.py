@@ -11,11 +11,12 @@ HTTP every MCP session shares it, so whoever reaches the port acts with that key
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
 import anyio
+import anyio.abc
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -270,15 +271,36 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
 
     @server.tool(annotations=CHANGES)
     async def run_code(
-        sandbox_id: str, code: str, context: str = "default", timeout_s: float = 60
+        sandbox_id: str, code: str, ctx: Context, context: str = "default", timeout_s: float = 60
     ) -> list[str | Image]:
         """Run Python in the sandbox's Jupyter kernel (rootfs code-interpreter:1). Variables, imports
         and functions persist between calls with the same context; other contexts are separate
         kernels. Returns stdout, stderr, the last expression's value, HTML tables, matplotlib charts
         as images, and exceptions with their traceback. A cell running past timeout_s is
-        interrupted; the kernel keeps its state."""
+        interrupted; the kernel keeps its state. Printed output is also sent as progress
+        notifications while the cell runs, when the client asks for progress."""
+        chunks = 0
+
+        def progress(tasks: anyio.abc.TaskGroup, stream: str) -> Callable[[str], None]:
+            # The SDK calls this synchronously as output arrives; the notification is sent by a task
+            # of the group, which the tool waits for before it answers.
+            def report(text: str) -> None:
+                nonlocal chunks
+                chunks += 1
+                tasks.start_soon(ctx.report_progress, chunks, None, f"{stream}: {text[-MAX_PROGRESS_CHARS:]}")
+
+            return report
+
         with tool_errors():
-            execution = await (await sandbox(sandbox_id)).run_code(code, context=context, timeout_s=timeout_s)
+            target = await sandbox(sandbox_id)
+            async with anyio.create_task_group() as tasks:
+                execution = await target.run_code(
+                    code,
+                    context=context,
+                    timeout_s=timeout_s,
+                    on_stdout=progress(tasks, "stdout"),
+                    on_stderr=progress(tasks, "stderr"),
+                )
         images: list[str | Image] = [
             Image(data=result.png, format="png") for result in execution.results if result.png is not None
         ]

@@ -194,6 +194,19 @@ async def test_code_lifecycle_and_ingress_over_stdio(live: LivePlatform) -> None
             [image] = [block for block in chart.content if isinstance(block, types.ImageContent)]
             assert image.mime_type == "image/png"
             assert base64.b64decode(image.data).startswith(b"\x89PNG\r\n\x1a\n")
+            streamed: list[str | None] = []
+
+            async def on_progress(value: float, total: float | None, message: str | None) -> None:
+                streamed.append(message)
+
+            printed = await session.call_tool(
+                "run_code",
+                {"sandbox_id": sb, "code": "import sys\nprint('out')\nprint('err', file=sys.stderr)"},
+                progress_callback=on_progress,
+            )
+            assert isinstance(printed, types.CallToolResult) and not printed.is_error
+            assert streamed == ["stdout: out\n", "stderr: err\n"]
+            assert text(printed) == "[stdout]\nout\n\n\n[stderr]\nerr\n"
             failed = await ok(session, "run_code", sandbox_id=sb, code="int('x')")
             assert "[error] ValueError: invalid literal" in failed and "Cell In[" in failed
 
