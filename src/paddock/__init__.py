@@ -35,9 +35,11 @@ from paddock._errors import (
 )
 from paddock._models import (
     Bandwidth,
+    Disk,
     ExecResult,
     Network,
     NetworkMember,
+    SandboxDisk,
     SandboxInfo,
     WebhookDelivery,
     WebhookEndpoint,
@@ -71,6 +73,7 @@ __all__ = [
     "ConflictError",
     "Deployment",
     "DeploymentFailedError",
+    "Disk",
     "ExecResult",
     "Execution",
     "ExecutionError",
@@ -91,6 +94,7 @@ __all__ = [
     "Result",
     "RetryPolicy",
     "Sandbox",
+    "SandboxDisk",
     "SandboxInfo",
     "SandboxStateError",
     "Sandboxes",

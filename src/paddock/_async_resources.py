@@ -1,12 +1,14 @@
-"""Webhook endpoints (§11.14) and networks (§11.12)."""
+"""Webhook endpoints (§11.14), networks (§11.12) and disks (§11.10, §11.11)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from paddock import _base
-from paddock._models import Network, WebhookEndpoint
+from paddock import _base, _blocking
+from paddock._errors import WaitTimeoutError
+from paddock._models import Disk, Network, SandboxDisk, WebhookEndpoint
 
 if TYPE_CHECKING:
     from paddock._async_client import AsyncClient
@@ -67,3 +69,105 @@ class AsyncNetworks:
     async def delete(self, network_id: str) -> None:
         """Delete; ``ConflictError`` (``IN_USE``) while a member sandbox is not terminal."""
         await self._client.request("DELETE", _base.path("networks", network_id))
+
+
+class AsyncDisks:
+    """``client.disks``: S3 buckets registered once and mounted into sandboxes (``sandbox.disks``).
+
+    The credentials are sent on create and on ``rotate_credentials`` only; the API never returns them.
+    """
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        name: str,
+        *,
+        bucket: str,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        region: str | None = None,
+        use_path_style: bool | None = None,
+    ) -> Disk:
+        config: dict[str, Any] = {"bucket": bucket, "endpoint": endpoint}
+        if region is not None:
+            config["region"] = region
+        if use_path_style is not None:
+            config["use_path_style"] = use_path_style
+        body = {
+            "name": name,
+            "kind": "s3",
+            "config": config,
+            "credentials": {"access_key": access_key, "secret_key": secret_key},
+        }
+        return Disk.from_api(await self._client.request("POST", "v1/disks", json=body))
+
+    async def list(self) -> list[Disk]:
+        return [Disk.from_api(d) async for d in self._client.paginate("v1/disks")]
+
+    async def get(self, disk: str) -> Disk:
+        """By ``disk_<ulid>`` id or by name."""
+        return Disk.from_api(await self._client.request("GET", _base.path("disks", disk)))
+
+    async def rotate_credentials(self, disk: str, *, access_key: str, secret_key: str) -> Disk:
+        """New credentials for later mounts; mounts made before keep theirs until remounted."""
+        body = {"credentials": {"access_key": access_key, "secret_key": secret_key}}
+        return Disk.from_api(await self._client.request("PATCH", _base.path("disks", disk), json=body))
+
+    async def delete(self, disk: str) -> None:
+        """Refused (``ConflictError``, ``IN_USE``) while a sandbox that is not destroyed holds it."""
+        await self._client.request("DELETE", _base.path("disks", disk))
+
+
+class AsyncSandboxDisks:
+    """``sandbox.disks``: the sandbox's mounted disks."""
+
+    def __init__(self, client: AsyncClient, sandbox_id: str) -> None:
+        self._client = client
+        self._sandbox_id = sandbox_id
+
+    def _path(self, *rest: str) -> str:
+        return _base.path("sandboxes", self._sandbox_id, "disks", *rest)
+
+    async def list(self) -> list[SandboxDisk]:
+        return [SandboxDisk.from_api(d) async for d in self._client.paginate(self._path())]
+
+    async def attach(
+        self,
+        disk: str,
+        mount_path: str,
+        *,
+        sub_path: str | None = None,
+        wait: bool = True,
+        timeout_s: float = 60.0,
+    ) -> SandboxDisk:
+        """Mount ``disk`` (id or name) at ``mount_path``. With ``wait`` (the default) this returns once
+        the mount is ``mounted`` or ``error``; a failed mount is returned, not raised (``mount_error``)."""
+        body: dict[str, Any] = {"disk_id": disk, "mount_path": mount_path}
+        if sub_path:
+            body["sub_path"] = sub_path
+        data = await self._client.request("POST", self._path(), json=body)
+        if data.get("id") != self._sandbox_id:
+            raise ValueError(f"attach answered for sandbox {data.get('id')!r}, not {self._sandbox_id!r}")
+        if not wait:
+            return SandboxDisk.from_api(data)
+        return await self.wait(str(data.get("mount_path", mount_path)), timeout_s=timeout_s)
+
+    async def wait(self, mount_path: str, *, timeout_s: float = 60.0) -> SandboxDisk:
+        """The attachment at ``mount_path`` once it is no longer ``pending``."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.1
+        while True:
+            found = [d for d in await self.list() if d.mount_path == mount_path]
+            if found and found[0].mount_status != "pending":
+                return found[0]
+            if time.monotonic() + delay > deadline:
+                raise WaitTimeoutError(f"the disk at {mount_path} is still pending after {timeout_s}s")
+            await _blocking.asleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def detach(self, disk_id: str, mount_path: str) -> None:
+        """Unmount the disk (its ``disk_<ulid>`` id) from ``mount_path``; the bucket is not touched."""
+        await self._client.request("DELETE", self._path(disk_id), params={"mount_path": mount_path})

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from paddock import _base, _blocking, _code
+from paddock._async_resources import AsyncSandboxDisks
 from paddock._code import Execution, OutputCallback
 from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
 from paddock._models import Bandwidth, ExecResult, SandboxInfo
@@ -136,6 +137,7 @@ class AsyncSandbox:
         self._client = client
         self.info = info
         self.files = AsyncFiles(self)
+        self.disks = AsyncSandboxDisks(client, info.id)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.status}>"

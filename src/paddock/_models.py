@@ -193,3 +193,39 @@ class Network:
         if isinstance(data.get("members"), list):
             network.members = [NetworkMember.from_api(m) for m in data["members"]]
         return network
+
+
+@dataclass
+class Disk:
+    """DiskView (§10.13): an S3 bucket registered once; its credentials are never returned."""
+
+    id: str
+    name: str
+    kind: str = "s3"
+    config: dict[str, Any] = field(default_factory=dict)
+    created_at: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Disk:
+        return _build(cls, data)
+
+
+@dataclass
+class SandboxDisk:
+    """SandboxDiskView (§10.13): a disk mounted in a sandbox. ``mount_status`` is ``pending``,
+    ``mounted`` or ``error`` (then ``mount_error`` says why)."""
+
+    disk_id: str
+    mount_path: str
+    mount_status: str
+    name: str | None = None
+    kind: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    sub_path: str | None = None
+    mount_error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> SandboxDisk:
+        return _build(cls, data)

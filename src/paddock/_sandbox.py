@@ -16,6 +16,7 @@ from paddock import _base, _blocking, _code
 from paddock._code import Execution, OutputCallback
 from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
 from paddock._models import Bandwidth, ExecResult, SandboxInfo
+from paddock._resources import SandboxDisks
 
 if TYPE_CHECKING:
     from paddock._client import Client
@@ -135,6 +136,7 @@ class Sandbox:
         self._client = client
         self.info = info
         self.files = Files(self)
+        self.disks = SandboxDisks(client, info.id)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.status}>"
