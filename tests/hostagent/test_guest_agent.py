@@ -29,6 +29,7 @@ from paddock_hostagent.guest import (
     SpawnFailed,
 )
 from paddock_hostagent.guest.build import BINARY_NAME
+from paddock_hostagent.guest.protocol import PROTOCOL_VERSION
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
@@ -252,7 +253,7 @@ async def test_activity_is_recorded(guest: tuple[GuestClient, object]) -> None:
     await run(client, ExecRequest("true", [], ENV))
     after = await client.info()
     assert after.last_activity_at > before.last_activity_at
-    assert after.active_requests == 0 and after.version == 1
+    assert after.active_requests == 0 and after.version == PROTOCOL_VERSION
 
 
 async def test_a_dead_agent_is_reported_as_unavailable(

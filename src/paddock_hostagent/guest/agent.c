@@ -22,8 +22,11 @@
  *
  * Closing the connection while a command runs kills the command's process group.
  *
- * Sources: agent.c (PID 1 loop, connection dispatch), wire.c (framing), exec.c, files.c, selfsignal.c
- * (the in-sandbox self-signal API on 127.0.0.1:1029 and /run/self), guest.h.
+ *   PROC u32 op, ...                             a managed process request (process.c): the connection
+ *                                                is passed to the process manager, which answers it
+ *
+ * Sources: agent.c (PID 1 loop, connection dispatch), wire.c (framing), exec.c, files.c, process.c (managed
+ * processes), selfsignal.c (the in-sandbox self-signal API on 127.0.0.1:1029 and /run/self), guest.h.
  */
 #include "guest.h"
 
@@ -38,14 +41,45 @@ struct shared_state *shared;
 
 /* ---------- connection handler and PID 1 loop ---------- */
 
-static void handle_connection(int sock) {
+/* The process manager's end of a datagram socketpair: PROC connections are passed to it (process.c). */
+static int proc_manager_fd = -1;
+
+/* Passes the connection, unread, to the process manager. Returns 0 when it took it. */
+static int hand_to_manager(int sock) {
+    char byte = 0;
+    char control[CMSG_SPACE(sizeof(int))];
+    memset(control, 0, sizeof control);
+    struct iovec iov = {&byte, 1};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &sock, sizeof sock);
+    return sendmsg(proc_manager_fd, &msg, MSG_NOSIGNAL) == 1 ? 0 : -1;
+}
+
+/* Returns 1 when the connection now belongs to the process manager (do not shut it down). */
+static int handle_connection(int sock) {
+    unsigned char peek;
+    ssize_t peeked;
+    do peeked = recv(sock, &peek, 1, MSG_PEEK); while (peeked < 0 && errno == EINTR);
+    if (peeked == 1 && peek == FR_PROC) {
+        if (proc_manager_fd >= 0 && hand_to_manager(sock) == 0) return 1;
+        send_error(sock, E_PROTOCOL, "the process manager is not running");
+        return 0;
+    }
     uint32_t len;
     int type = read_header(sock, &len);
-    if (type < 0) return;
+    if (type < 0) return 0;
     unsigned char *payload = read_payload(sock, len, MAX_CONTROL_PAYLOAD);
     if (!payload) {
         send_error(sock, E_PROTOCOL, "request too large or truncated");
-        return;
+        return 0;
     }
     if (type == FR_INFO) {
         unsigned char reply[24 + SELF_REASON_MAX];
@@ -57,7 +91,7 @@ static void handle_connection(int sock) {
         size_t reason_len = strnlen(shared->self_reason, SELF_REASON_MAX);
         memcpy(reply + 24, shared->self_reason, reason_len);
         send_frame(sock, FR_INFO_REPLY, reply, (uint32_t)(24 + reason_len));
-        return;
+        return 0;
     }
     __sync_fetch_and_add(&shared->active, 1);
     touch_activity();
@@ -69,6 +103,7 @@ static void handle_connection(int sock) {
     }
     touch_activity();
     __sync_fetch_and_sub(&shared->active, 1);
+    return 0;
 }
 
 static int listen_on(const char *path) {
@@ -121,6 +156,24 @@ int main(int argc, char **argv) {
     int notify[2];
     if (pipe2(notify, O_CLOEXEC) < 0) { perror("pipe"); return 1; }
     fcntl(notify[0], F_SETFL, O_NONBLOCK);
+    /* The process manager: forked once, before any handler, so every handler inherits its socket. */
+    int manager_pair[2];
+    if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, manager_pair) == 0) {
+        pid_t manager = fork();
+        if (manager == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* it dies with the agent, as the handlers do */
+            close(manager_pair[1]);
+            close(listen_fd);
+            close(sfd);
+            close(notify[0]);
+            close(notify[1]);
+            proc_manager_run(manager_pair[0]);
+            _exit(0);
+        }
+        close(manager_pair[0]);
+        if (manager > 0) proc_manager_fd = manager_pair[1];
+        else close(manager_pair[1]);
+    }
     int self_http = self_signal ? self_http_listen() : -1;
     int self_fifo = self_signal ? self_fifo_open() : -1;
     /* Set-up is done, and with it everything this agent ever writes to stderr. The stdio it inherited
@@ -155,10 +208,7 @@ int main(int argc, char **argv) {
                 (void)!write(notify[1], &me, sizeof me);
                 close(notify[1]);
                 close(listen_fd);
-                if (conn >= 0) {
-                    handle_connection(conn);
-                    shutdown(conn, SHUT_RDWR);
-                }
+                if (conn >= 0 && !handle_connection(conn)) shutdown(conn, SHUT_RDWR);
                 _exit(0);
             }
             if (pid > 0) idle[i] = pid;

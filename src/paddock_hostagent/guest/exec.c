@@ -40,7 +40,7 @@ static int parse_exec(const unsigned char *payload, uint32_t len, struct exec_re
 
 /* Finds the executable the way execvp would, but on the *request's* PATH (the agent's own environment
  * is not the command's). Returns 0 and fills ``out``, or -1 with errno set. */
-static int resolve_command(const char *cmd, char *const envp[], char *out, size_t out_len) {
+int resolve_command(const char *cmd, char *const envp[], char *out, size_t out_len) {
     if (strchr(cmd, '/')) {
         if ((size_t)snprintf(out, out_len, "%s", cmd) >= out_len) { errno = ENAMETOOLONG; return -1; }
         return 0;

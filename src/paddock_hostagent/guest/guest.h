@@ -17,17 +17,24 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 1u
+#define PROTOCOL_VERSION 2u
 
 enum frame_type {
     FR_EXEC = 1, FR_STDIN = 2, FR_STDIN_EOF = 3, FR_WRITE = 4, FR_READ = 5, FR_DATA = 6, FR_DATA_END = 7,
     FR_INFO = 8,
+    FR_PROC = 16, /* managed processes (process.c): handed to the process manager */
     FR_STDOUT = 32, FR_STDERR = 33, FR_EXIT = 34, FR_ERROR = 35, FR_OK = 36, FR_SIZE = 37, FR_INFO_REPLY = 38,
+    FR_PROC_REPLY = 40, FR_PROC_OUTPUT = 41, FR_PROC_EXIT = 42,
 };
 
 enum error_code {
     E_SPAWN = 1, E_FILE_NOT_FOUND = 2, E_PARENT_NOT_FOUND = 3, E_IS_DIRECTORY = 4, E_BAD_PATH = 5,
-    E_IO = 6, E_PROTOCOL = 7,
+    E_IO = 6, E_PROTOCOL = 7, E_PROC_NOT_FOUND = 8, E_PROC_STATE = 9,
+};
+
+enum proc_op {
+    PROC_OP_START = 1, PROC_OP_LIST = 2, PROC_OP_GET = 3, PROC_OP_KILL = 4, PROC_OP_INPUT = 5,
+    PROC_OP_STDIN_CLOSE = 6, PROC_OP_RESIZE = 7, PROC_OP_SIGNAL = 8, PROC_OP_WAIT = 9, PROC_OP_CONNECT = 10,
 };
 
 /* What code inside the sandbox asked for through the self-signal API (spec 12.4). */
@@ -80,6 +87,10 @@ char *cur_str(struct cursor *c);
 int handle_exec(int sock, const unsigned char *payload, uint32_t len);
 int handle_write(int sock, const unsigned char *payload, uint32_t len);
 int handle_read(int sock, const unsigned char *payload, uint32_t len);
+int resolve_command(const char *cmd, char *const envp[], char *out, size_t out_len);
+
+/* process.c: the process manager's event loop (never returns); connections arrive on `ctl` */
+void proc_manager_run(int ctl);
 
 /* selfsignal.c: http://127.0.0.1:1029/self/{pause,delete} and the /run/self FIFO */
 int self_http_listen(void);

@@ -10,6 +10,10 @@ misreading frames.
     ├── GuestUnavailableError     the socket does not answer (sandbox gone, paused, or agent dead)
     ├── GuestProtocolError        a malformed or unexpected frame
     │   └── GuestVersionError     the guest speaks another protocol version
+    ├── GuestProcessError         a managed-process request failed inside the guest (processes.py)
+    │   ├── GuestProcessNotFoundError
+    │   ├── GuestProcessStateError    the process cannot do that now (no PTY, exited, limits)
+    │   └── GuestSpawnError           the command did not start
     └── GuestFileError            a file request failed inside the guest
         ├── GuestFileNotFoundError
         ├── GuestParentNotFoundError
@@ -22,7 +26,7 @@ from __future__ import annotations
 import struct
 from enum import IntEnum
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 HEADER = struct.Struct("<BI")
 MAX_DATA_PAYLOAD_BYTES = 1 << 20
 # MAX_CONTROL_PAYLOAD in guest.h: an EXEC frame (cmd, args, env, cwd) larger than this is refused by
@@ -41,6 +45,7 @@ class Frame(IntEnum):
     DATA = 6
     DATA_END = 7
     INFO = 8
+    PROC = 16
     STDOUT = 32
     STDERR = 33
     EXIT = 34
@@ -48,6 +53,9 @@ class Frame(IntEnum):
     OK = 36
     SIZE = 37
     INFO_REPLY = 38
+    PROC_REPLY = 40
+    PROC_OUTPUT = 41
+    PROC_EXIT = 42
 
 
 class ErrorCode(IntEnum):
@@ -58,6 +66,8 @@ class ErrorCode(IntEnum):
     BAD_PATH = 5
     IO = 6
     PROTOCOL = 7
+    PROC_NOT_FOUND = 8
+    PROC_STATE = 9
 
 
 class GuestError(Exception):

@@ -1,0 +1,235 @@
+"""Managed processes in the guest agent (spec §12.2), host side: ``process.c`` is the other half.
+
+    procs = GuestProcesses(guest_client)
+    info = await procs.start(StartRequest("bash", pty=(24, 80)))   # the process as the guest's JSON
+    await procs.input(info["process_id"], b"ls\\n")
+    async with procs.connect(info["process_id"], after=0) as stream:
+        async for event in stream:          # ProcessOutput(...) ..., then at most one ProcessExit(...)
+            ...
+
+Every request is one connection, which the guest's connection handler passes to its process manager;
+leaving a ``connect`` stream only closes that connection, never the process.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+from types import TracebackType
+from typing import Any, Literal
+
+from paddock_hostagent.guest.client import GuestClient, _Connection
+from paddock_hostagent.guest.protocol import (
+    ErrorCode,
+    Frame,
+    GuestError,
+    GuestProtocolError,
+    _string,
+    decode_error,
+    frame,
+)
+
+StreamName = Literal["stdout", "stderr", "pty"]
+STREAMS: dict[int, StreamName] = {1: "stdout", 2: "stderr", 3: "pty"}
+
+
+class ProcessOp(IntEnum):
+    START = 1
+    LIST = 2
+    GET = 3
+    KILL = 4
+    INPUT = 5
+    STDIN_CLOSE = 6
+    RESIZE = 7
+    SIGNAL = 8
+    WAIT = 9
+    CONNECT = 10
+
+
+class GuestProcessError(GuestError):
+    """A managed-process request the guest refused."""
+
+
+class GuestProcessNotFoundError(GuestProcessError):
+    pass
+
+
+class GuestProcessStateError(GuestProcessError):
+    pass
+
+
+class GuestSpawnError(GuestProcessError):
+    pass
+
+
+_ERRORS: dict[int, type[GuestError]] = {
+    ErrorCode.PROC_NOT_FOUND: GuestProcessNotFoundError,
+    ErrorCode.PROC_STATE: GuestProcessStateError,
+    ErrorCode.SPAWN: GuestSpawnError,
+    ErrorCode.PROTOCOL: GuestProtocolError,
+}
+
+
+def _error(payload: bytes) -> GuestError:
+    code, message = decode_error(payload)
+    return _ERRORS.get(code, GuestProcessError)(message)
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    cmd: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = "/"
+    pty: tuple[int, int] | None = None  # (rows, cols)
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    seq: int
+    stream: StreamName
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    exit_code: int
+    signal: int
+
+
+ProcessEvent = ProcessOutput | ProcessExit
+
+
+def _request(op: ProcessOp, body: bytes = b"") -> bytes:
+    return frame(Frame.PROC, struct.pack("<I", op) + body)
+
+
+def encode_start(request: StartRequest) -> bytes:
+    rows, cols = request.pty or (0, 0)
+    head = struct.pack("<IIIII", 1 if request.pty else 0, rows, cols, len(request.args), len(request.env))
+    parts = [head, _string(request.cmd), *(_string(arg) for arg in request.args)]
+    parts += [_string(f"{key}={value}") for key, value in request.env.items()]
+    parts.append(_string(request.cwd))
+    return _request(ProcessOp.START, b"".join(parts))
+
+
+def _parse_json(payload: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(payload.decode("utf-8", "replace"))
+    except ValueError as exc:
+        raise GuestProtocolError(f"malformed process reply: {exc}") from exc
+    if not isinstance(value, dict):
+        raise GuestProtocolError("process reply is not an object")
+    return value
+
+
+class GuestProcesses:
+    """The managed-process operations of one guest agent."""
+
+    def __init__(self, client: GuestClient) -> None:
+        self._client = client
+
+    async def _call(self, request: bytes) -> dict[str, Any]:
+        conn = await self._client._connect()
+        try:
+            await conn.send(request)
+            return await _read_reply(conn)
+        finally:
+            conn.close()
+
+    async def start(self, request: StartRequest) -> dict[str, Any]:
+        return await self._call(encode_start(request))
+
+    async def list(self) -> dict[str, Any]:
+        return await self._call(_request(ProcessOp.LIST))
+
+    async def get(self, process_id: str) -> dict[str, Any]:
+        return await self._call(_request(ProcessOp.GET, _string(process_id)))
+
+    async def kill(self, process_id: str, grace_ms: int) -> dict[str, Any]:
+        return await self._call(_request(ProcessOp.KILL, _string(process_id) + struct.pack("<I", grace_ms)))
+
+    async def input(self, process_id: str, data: bytes) -> dict[str, Any]:
+        body = _string(process_id) + struct.pack("<I", len(data)) + data
+        return await self._call(_request(ProcessOp.INPUT, body))
+
+    async def stdin_close(self, process_id: str) -> dict[str, Any]:
+        return await self._call(_request(ProcessOp.STDIN_CLOSE, _string(process_id)))
+
+    async def resize(self, process_id: str, rows: int, cols: int) -> dict[str, Any]:
+        body = _string(process_id) + struct.pack("<II", rows, cols)
+        return await self._call(_request(ProcessOp.RESIZE, body))
+
+    async def signal(self, process_id: str, signo: int) -> dict[str, Any]:
+        return await self._call(_request(ProcessOp.SIGNAL, _string(process_id) + struct.pack("<I", signo)))
+
+    async def wait(self, process_id: str, *, tree: bool, timeout_ms: int) -> dict[str, Any]:
+        body = _string(process_id) + struct.pack("<II", 1 if tree else 0, timeout_ms)
+        return await self._call(_request(ProcessOp.WAIT, body))
+
+    def connect(self, process_id: str, after: int) -> ProcessStream:
+        return ProcessStream(self._client, process_id, after)
+
+
+async def _read_reply(conn: _Connection) -> dict[str, Any]:
+    frame_type, payload = await conn.read_frame()
+    if frame_type == Frame.ERROR:
+        raise _error(payload)
+    if frame_type != Frame.PROC_REPLY:
+        raise GuestProtocolError(f"unexpected frame {frame_type} to a process request")
+    return _parse_json(payload)
+
+
+class ProcessStream:
+    """A process's retained output after ``after``, then its live output, then its exit."""
+
+    def __init__(self, client: GuestClient, process_id: str, after: int) -> None:
+        self._client = client
+        self._process_id = process_id
+        self._after = after
+        self._conn: _Connection | None = None
+        self.process: dict[str, Any] = {}
+
+    async def __aenter__(self) -> ProcessStream:
+        conn = await self._client._connect()
+        try:
+            await conn.send(
+                _request(ProcessOp.CONNECT, _string(self._process_id) + struct.pack("<Q", self._after))
+            )
+            self.process = await _read_reply(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __aiter__(self) -> AsyncIterator[ProcessEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[ProcessEvent]:
+        if self._conn is None:
+            raise RuntimeError("ProcessStream used outside 'async with'")
+        while True:
+            frame_type, payload = await self._conn.read_frame()
+            if frame_type == Frame.PROC_OUTPUT and len(payload) >= 12:
+                seq, stream = struct.unpack_from("<QI", payload)
+                yield ProcessOutput(seq, STREAMS.get(stream, "stdout"), payload[12:])
+            elif frame_type == Frame.PROC_EXIT and len(payload) == 8:
+                code, signo = struct.unpack("<ii", payload)
+                yield ProcessExit(code, signo)
+                return
+            else:
+                raise GuestProtocolError(f"unexpected frame {frame_type} in a process stream")
