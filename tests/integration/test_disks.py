@@ -8,9 +8,12 @@ the agent's logs, checked at the end for the credentials.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,6 +215,45 @@ def test_pause_resume_keeps_the_mount_and_a_restarted_agent_restores_it(
     assert done["stdout"] == "one\ntwo\n", done
     assert server.s3().get_object(Bucket=bucket, Key="two.txt")["Body"].read() == b"two\n"
     assert [m["mount_status"] for m in user.mounts(sandbox["id"])] == ["mounted"]
+
+
+def test_the_cli_registers_mounts_lists_detaches_and_deletes(
+    live: tuple[LivePlatform, S3Server, S3Server, list[str]], user: Disks
+) -> None:
+    platform, server = live[0], live[1]
+    bucket = server.bucket("cli-" + secrets.token_hex(4))
+    server.s3().put_object(Bucket=bucket, Key="hello.txt", Body=b"from s3")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDOCK_", "AWS_"))}
+    env.update({"PADDOCK_BASE_URL": platform.url, "PADDOCK_API_KEY": user.http.headers["X-API-Key"]})
+
+    def cli(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "paddock_cli.main", "disk", *args],
+            env={**env, **extra_env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    made = cli(
+        "create", "cli-disk", "--bucket", bucket, "--endpoint", server.endpoint, "--path-style", "--json",
+        AWS_ACCESS_KEY_ID=server.access_key, AWS_SECRET_ACCESS_KEY=server.secret_key,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    disk = json.loads(made.stdout)
+    assert server.secret_key not in made.stdout + made.stderr
+    sandbox = user.create()
+    attached = cli("attach", sandbox["id"], "cli-disk", "/mnt/cli", "--json")
+    assert attached.returncode == 0, attached.stderr
+    assert json.loads(attached.stdout)["mount_status"] == "mounted"
+    assert user.sh(sandbox["id"], "cat /mnt/cli/hello.txt")["stdout"] == "from s3"
+    listed = cli("mounts", sandbox["id"])
+    assert listed.returncode == 0 and "/mnt/cli" in listed.stdout and "mounted" in listed.stdout
+    assert cli("rm", "cli-disk").returncode == 1  # in use
+    assert cli("detach", sandbox["id"], disk["id"], "/mnt/cli").returncode == 0
+    assert user.sh(sandbox["id"], "ls -A /mnt/cli | wc -l")["stdout"].strip() == "0"
+    assert cli("rm", "cli-disk").returncode == 0
+    assert cli("get", "cli-disk").returncode == 4  # not found
 
 
 def test_credentials_appear_in_no_response_and_no_log_line(
