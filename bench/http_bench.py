@@ -164,7 +164,9 @@ def deploy_body() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def gateway_process() -> Iterator[str]:
+def gateway_process(controlplane_url: str, api_key: str) -> Iterator[str]:
+    """A gateway whose chains are unreachable (a quote needs none) on a real control plane: it checks
+    its key there at start and before every quote, so the quote's cost includes that round trip."""
     work = Path(tempfile.mkdtemp(prefix="pdkbench-gw-"))
     port = free_port()
     env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
@@ -177,8 +179,8 @@ def gateway_process() -> Iterator[str]:
             "PADDOCK_GW_RECIPIENT": "0x000000000000000000000000000000000000dEaD",
             "PADDOCK_GW_RPC_URL_BASE": "http://127.0.0.1:9",
             "PADDOCK_GW_RPC_URL_ARBITRUM": "http://127.0.0.1:9",
-            "PADDOCK_GW_CONTROLPLANE_URL": "http://127.0.0.1:9",
-            "PADDOCK_GW_API_KEY": "bench-unused-key",
+            "PADDOCK_GW_CONTROLPLANE_URL": controlplane_url,
+            "PADDOCK_GW_API_KEY": api_key,
             "PADDOCK_GW_STATIC_MONTHLY_USD": "1.813947",
             "PADDOCK_GW_RATE_LIMIT_REQUESTS": "100000000",
             "PADDOCK_GW_METERING_INTERVAL_S": "3600",
@@ -203,7 +205,7 @@ def gateway_process() -> Iterator[str]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def quote_latency(requests: int, warmup: int) -> dict[str, Any]:
+def quote_latency(requests: int, warmup: int, controlplane_url: str, api_key: str) -> dict[str, Any]:
     from eth_account import Account
 
     account = Account.create()
@@ -220,7 +222,7 @@ def quote_latency(requests: int, warmup: int) -> dict[str, Any]:
                     raise RuntimeError(f"gateway quote: {response.status_code} {response.text[:300]}")
         return samples
 
-    with gateway_process() as gateway_url:
+    with gateway_process(controlplane_url, api_key) as gateway_url:
         with httpx.Client(timeout=30) as http:
             real = http.post(
                 gateway_url + "/agent/deploy", json=deploy_body(), headers=signed_headers(account)

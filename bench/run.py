@@ -24,6 +24,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -239,10 +240,18 @@ class Run:
 
     def gateway(self) -> dict[str, Any]:
         warmup = 2 if self.args.smoke else 20
-        return {
-            "quote": http_bench.quote_latency(self.args.quote_requests, warmup),
-            "verify": http_bench.verifications(self.args.verify_seconds),
-        }
+        from tests.live import start_platform  # lazily, as with_platform does: the test helpers are heavy
+
+        # The gateway refuses to quote without a control plane that accepts its key; no host is needed.
+        guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
+        platform = start_platform(guest_dir, agents=0)
+        try:
+            key = platform.api_key(plan="enterprise", credits=1_000_000)
+            quote = http_bench.quote_latency(self.args.quote_requests, warmup, platform.url, key)
+        finally:
+            platform.stop()
+            shutil.rmtree(guest_dir, ignore_errors=True)
+        return {"quote": quote, "verify": http_bench.verifications(self.args.verify_seconds)}
 
     # -- the whole run ---------------------------------------------------------------------------------
 
