@@ -1,7 +1,8 @@
 """``sandbox.run_code``'s models and the reader of the in-sandbox driver's output (no I/O here).
 
-The driver (``_code_driver.py``) runs in the sandbox, once per call, through exec; it prints one JSON
-object a line. ``CellReader`` turns the exec's stdout frames (which may cut a line anywhere) into those
+The driver runs in the sandbox: a light client (``_code_client.py``) run once per call through exec,
+which hands the cell to a kernel server (``_code_server.py``) and prints its JSON lines, one object a
+line. ``CellReader`` turns the exec's stdout frames (which may cut a line anywhere) into those
 objects, calls the caller's ``on_stdout``/``on_stderr`` as output arrives and builds the ``Execution``.
 Both the async and the generated sync sandbox use it, so the parsing exists once.
 """
@@ -20,10 +21,14 @@ from typing import Any
 
 from paddock._errors import PaddockError
 
-#: The driver's source, shipped into a sandbox on its first run_code (see ``driver_path``).
-DRIVER_SOURCE = (Path(__file__).parent / "_code_driver.py").read_bytes()
-#: Named after its content, so an SDK with another driver never runs a stale copy left in the sandbox.
-DRIVER_PATH = f"/tmp/.paddock-code-{hashlib.sha256(DRIVER_SOURCE).hexdigest()[:12]}.py"
+#: The driver's two files, shipped into a sandbox on its first run_code.
+CLIENT_SOURCE = (Path(__file__).parent / "_code_client.py").read_bytes()
+SERVER_SOURCE = (Path(__file__).parent / "_code_server.py").read_bytes()
+#: Named after their content, so an SDK with another driver never runs a stale copy left in the sandbox
+#: (nor talks to a server of another version: the socket is named after the client).
+_DRIVER_HASH = hashlib.sha256(CLIENT_SOURCE + b"\0" + SERVER_SOURCE).hexdigest()[:12]
+CLIENT_PATH = f"/tmp/.paddock-code-{_DRIVER_HASH}.py"
+SERVER_PATH = f"/tmp/.paddock-code-{_DRIVER_HASH}-server.py"
 CONTEXT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 LANGUAGES = ("python",)
 #: Added to the cell's timeout for the exec itself: kernel start-up and the interrupt's grace period.
@@ -121,7 +126,17 @@ def check_arguments(language: str, context: str, timeout_s: float) -> None:
 
 
 def driver_args(context: str, timeout_s: float) -> list[str]:
-    return [DRIVER_PATH, "--context", context, "--timeout-s", str(timeout_s)]
+    """``python3`` arguments for one call; ``-S`` skips site, which the client does not need."""
+    return ["-S", CLIENT_PATH, context, str(timeout_s)]
+
+
+#: ``sh -c`` arguments that move the uploaded files into place, the server first: a client in place
+#: means its server is too.
+INSTALL_SCRIPT = 'mv -f "$1" "$2" && mv -f "$3" "$4"'
+
+
+def install_args(partial_server: str, partial_client: str) -> list[str]:
+    return ["-c", INSTALL_SCRIPT, "sh", partial_server, SERVER_PATH, partial_client, CLIENT_PATH]
 
 
 class CellReader:

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 from paddock import _base, _blocking, _code
 from paddock._code import Execution, OutputCallback
 from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
-from paddock._models import Bandwidth, ExecResult, SandboxInfo
+from paddock._models import AccessToken, Bandwidth, ExecResult, SandboxInfo
 from paddock._resources import SandboxDisks
 
 if TYPE_CHECKING:
@@ -245,11 +245,14 @@ class Sandbox:
         _code.check_arguments(language, context, timeout_s)
         execution = self._run_cell(code, context, timeout_s, on_stdout, on_stderr)
         if execution is None:  # first run_code in this sandbox: ship the driver, then run again
-            # Written beside its place and renamed into it, so a concurrent first call never runs a
-            # half-written copy.
-            partial = f"{_code.DRIVER_PATH}.{secrets.token_hex(4)}"
-            self.files.write(partial, _code.DRIVER_SOURCE)
-            moved = self.run("mv", ["-f", partial, _code.DRIVER_PATH])
+            # Written beside their places and renamed into them, so a concurrent first call never runs
+            # a half-written copy.
+            token = secrets.token_hex(4)
+            partial_server = f"{_code.SERVER_PATH}.{token}"
+            partial_client = f"{_code.CLIENT_PATH}.{token}"
+            self.files.write(partial_server, _code.SERVER_SOURCE)
+            self.files.write(partial_client, _code.CLIENT_SOURCE)
+            moved = self.run("sh", _code.install_args(partial_server, partial_client))
             if not moved.ok:
                 raise _code.CodeInterpreterError(
                     f"installing the driver failed: {moved.stderr or moved.error}"
@@ -375,6 +378,34 @@ class Sandbox:
     def leave_network(self, network_id: str) -> None:
         self._client.request("DELETE", self._path("networks", network_id))
 
+    def create_access_token(self, *, expires_in_seconds: int | None = None) -> AccessToken:
+        """Issue this sandbox's delegated access token (§12.1); its ``token`` is shown only now.
+
+        Whoever holds it passes it as the API key (``Client(api_key=token)``) and can then run
+        commands, move files, pause, resume and destroy this one sandbox — nothing else of the
+        account. ``expires_in_seconds`` (this server's extension) limits its life. A sandbox has at
+        most one enabled token: a second create is a ``ConflictError``; rotate instead."""
+        return AccessToken.from_api(
+            self._client.request("POST", self._path("access-token"), **_token_body(expires_in_seconds))
+        )
+
+    def access_token(self) -> AccessToken:
+        """Whether the sandbox has an enabled token, with its hint and times (never the secret)."""
+        return AccessToken.from_api(self._client.request("GET", self._path("access-token")))
+
+    def rotate_access_token(self, *, expires_in_seconds: int | None = None) -> AccessToken:
+        """Replace the enabled token with a new one (the old one stops working at once); without
+        ``expires_in_seconds`` the new token keeps the old one's lifetime."""
+        return AccessToken.from_api(
+            self._client.request(
+                "POST", self._path("access-token", "rotate"), **_token_body(expires_in_seconds)
+            )
+        )
+
+    def disable_access_token(self) -> AccessToken:
+        """Revoke the token at once; idempotent."""
+        return AccessToken.from_api(self._client.request("DELETE", self._path("access-token")))
+
     def __enter__(self) -> Sandbox:
         return self
 
@@ -389,3 +420,8 @@ class Sandbox:
             self.destroy()
         except PaddockError as failed:
             exc.add_note(f"destroying sandbox {self.id} on the way out also failed: {failed}")
+
+
+def _token_body(expires_in_seconds: int | None) -> dict[str, Any]:
+    """Create and rotate send no body at all unless a lifetime is asked for (§2.2)."""
+    return {} if expires_in_seconds is None else {"json": {"expires_in_seconds": expires_in_seconds}}

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import paddock
+from paddock_hostagent.images import ImageStore
 from tests.hostagent.conftest import image_cache
 from tests.live import LivePlatform
 
@@ -32,8 +33,6 @@ SHAPE = "s-1vcpu-1gb"  # a kernel with numpy, pandas and matplotlib loaded takes
 
 @pytest.fixture(scope="session")
 def code_interpreter_image() -> Path:
-    from paddock_hostagent.images import ImageStore
-
     return ImageStore(image_cache()).build(ROOTFS)  # cached after the first build (~75 s)
 
 
@@ -150,6 +149,17 @@ def test_an_image_without_a_kernel_is_a_clear_error(live: LivePlatform, api_key:
         pytest.raises(paddock.CodeInterpreterError, match="code-interpreter:1"),
     ):
         sb.run_code("1 + 1")  # debian:13 has no python3
+
+
+def test_an_image_with_python_but_no_kernel_says_so(live: LivePlatform, api_key: str) -> None:
+    ImageStore(image_cache()).build("devbox:1")  # python3 without ipykernel; cached by make images
+    with (
+        paddock.Client(live.url, api_key) as client,
+        client.sandboxes.create(SHAPE, rootfs="devbox:1") as sb,
+        pytest.raises(paddock.CodeInterpreterError, match="no Jupyter kernel") as refused,
+    ):
+        sb.run_code("1 + 1")
+    assert "code-interpreter:1" in str(refused.value)
 
 
 async def test_the_async_client_runs_contexts_side_by_side(live: LivePlatform, api_key: str) -> None:

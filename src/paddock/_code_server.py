@@ -1,30 +1,24 @@
-"""The in-sandbox half of ``sandbox.run_code``: a kernel server and the per-call client that feeds it.
+"""The in-sandbox kernel server of ``sandbox.run_code``: one per sandbox, one IPython kernel per context.
 
-The SDK uploads this file into the sandbox (it is not imported on the client side) and runs it per call
-through exec, with the cell on stdin:
+The SDK uploads it as ``/tmp/.paddock-code-<hash>-server.py`` beside the per-call client
+(``_code_client.py``), which starts it on the first call (``python3 <server> SOCKET``) in its own
+session, so the end of that exec does not kill it. It listens on a unix socket in
+``/tmp/.paddock-kernels`` named after the driver's version. A request is ``CONTEXT\tTIMEOUT_S\n`` and the
+cell's source, up to the client's end of writing; the answer is the cell's JSON lines, then the server
+closes the connection.
 
-    python3 /tmp/.paddock-code-<hash>.py --context NAME --timeout-s SECONDS < cell.py
+It keeps one IPython kernel per context, started on the context's first cell, and one jupyter_client
+connection to each, so a cell costs one execute round trip. Kernels talk over ZeroMQ IPC sockets in
+``/tmp/.paddock-kernels``: no network interface or egress rule is involved. Cells of one context run one
+at a time (a lock per context); different contexts run side by side. A pause freezes these processes
+and a resume thaws them, state and all. A fork copies the disk but not the processes: the child's first
+call finds the parent's files stale (no process listens, or the pid is not a kernel of that connection
+file), starts its own server and kernels, and says so (``kernel_started``).
 
-That call is the *client*: it imports nothing heavy (python3 starts in ~15 ms; importing jupyter_client
-takes ~200 ms, which a first version paid on every call), connects to the kernel server's unix socket
-``/tmp/.paddock-kernels/server.sock`` (starting the server if none answers), sends the cell and copies
-the server's lines to stdout until the last one.
-
-The *server* (``--serve``) runs in its own session, so the exec's process-group kill at exit does not
-reach it, and lives as long as the sandbox's processes do. It keeps one IPython kernel per context,
-started on the context's first cell, and one jupyter_client connection to each, so a cell costs one
-execute round trip. Kernels talk over ZeroMQ IPC sockets in ``/tmp/.paddock-kernels``: no network
-interface or egress rule is involved. Cells of one context run one at a time (a lock per context);
-different contexts run side by side. A pause freezes these processes and a resume thaws them, state
-and all. A fork copies the disk but not the processes: the child's first call finds the parent's files
-stale (no process listens, or the pid is not a kernel of that connection file), starts its own server
-and kernels, and says so (``kernel_started``).
-
-Everything the SDK reads is one JSON object a line on stdout, flushed as it happens so output streams:
-``{"type": "stdout"|"stderr", "text"}``, ``{"type": "result", "data": {mime: value}, "is_main_result"}``,
-``{"type": "error", "name", "value", "traceback"}``, and last ``{"type": "end", "execution_count",
-"timed_out", "kernel_started", "kernel_restarted"}``; a failure of the driver itself is
-``{"type": "driver_error", "message"}`` (exit code 3).
+The lines, flushed as they happen so output streams: ``{"type": "stdout"|"stderr", "text"}``,
+``{"type": "result", "data": {mime: value}, "is_main_result"}``, ``{"type": "error", "name", "value",
+"traceback"}``, and last ``{"type": "end", "execution_count", "timed_out", "kernel_started",
+"kernel_restarted"}``, or ``{"type": "driver_error", "message"}`` when the cell could not run.
 
 It runs on the sandbox's Debian Python with python3-ipykernel and python3-jupyter-client, and needs
 nothing from Paddock.
@@ -32,9 +26,7 @@ nothing from Paddock.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -51,11 +43,8 @@ from queue import Empty
 from typing import Any
 
 STATE_DIR = Path("/tmp/.paddock-kernels")
-SERVER_SOCKET = STATE_DIR / "server.sock"
-SERVER_LOG = STATE_DIR / "server.log"
 CONTEXT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-SERVER_START_TIMEOUT_S = 30.0
 KERNEL_START_TIMEOUT_S = 60.0
 #: After an interrupt, how long the kernel gets to go idle before it is killed and restarted.
 INTERRUPT_GRACE_S = 10.0
@@ -67,68 +56,6 @@ Emit = Callable[[dict[str, Any]], None]
 
 class DriverError(Exception):
     """The cell could not be run (no kernel, bad arguments, no server); reported as driver_error."""
-
-
-# the client: one per call ---------------------------------------------------------------------------
-
-
-def emit_line(line: str) -> None:
-    sys.stdout.write(line if line.endswith("\n") else line + "\n")
-    sys.stdout.flush()
-
-
-def connect_server() -> socket.socket | None:
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(str(SERVER_SOCKET))
-    except OSError:  # no socket yet, or a stale one left by a server that is gone
-        conn.close()
-        return None
-    return conn
-
-
-def server_connection() -> socket.socket:
-    """A connection to the kernel server, started first if none answers (once, under a lock)."""
-    conn = connect_server()
-    if conn is not None:
-        return conn
-    STATE_DIR.mkdir(mode=0o700, exist_ok=True)
-    with open(STATE_DIR / "server.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        conn = connect_server()
-        if conn is not None:
-            return conn
-        with open(SERVER_LOG, "ab") as log:
-            server = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--serve"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,  # outlives this exec, whose process group is killed at its end
-            )
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            conn = connect_server()
-            if conn is not None:
-                return conn
-            if server.poll() is not None:
-                tail = SERVER_LOG.read_text(errors="replace")[-1500:]
-                raise DriverError(f"the kernel server exited at start (exit {server.returncode}):\n{tail}")
-            time.sleep(0.01)
-    raise DriverError(f"the kernel server did not listen within {SERVER_START_TIMEOUT_S}s")
-
-
-def run_client(context: str, timeout_s: float) -> int:
-    code = sys.stdin.read()
-    with server_connection() as conn:
-        request = {"context": context, "code": code, "timeout_s": timeout_s}
-        conn.sendall(json.dumps(request).encode() + b"\n")
-        for raw in conn.makefile("rb"):
-            line = raw.decode()
-            emit_line(line)
-            if json.loads(line).get("type") in ("end", "driver_error"):
-                return 0
-    raise DriverError(f"the kernel server stopped during the cell (its log: {SERVER_LOG})")
 
 
 # the server: one per sandbox ------------------------------------------------------------------------
@@ -342,7 +269,7 @@ class KernelServer:
             return self._contexts[name]
 
     def handle(self, conn: socket.socket) -> None:
-        """One call: read the request line, run the cell, stream its lines back."""
+        """One call: read the request (header line, then the cell), run the cell, stream its lines back."""
 
         def send(message: dict[str, Any]) -> None:
             # A client that went away (its exec was cut off) must not stop the cell mid-way: the
@@ -352,58 +279,44 @@ class KernelServer:
 
         with conn:
             try:
-                request = json.loads(conn.makefile("rb").readline())
-                name = str(request["context"])
+                header, _, code = conn.makefile("rb").read().partition(b"\n")
+                name, _, timeout = header.decode().partition("\t")
                 if not CONTEXT_RE.match(name):
                     raise DriverError(f"context {name!r} must be 1-64 of A-Z a-z 0-9 _ . -")
                 context = self.context(name)
                 with context.lock:  # one cell at a time per context, as in a notebook
-                    send(run_cell(context, str(request["code"]), float(request["timeout_s"]), send))
+                    send(run_cell(context, code.decode(), float(timeout), send))
             except DriverError as exc:
                 send({"type": "driver_error", "message": str(exc)})
             except Exception as exc:  # the boundary: any other failure is reported, logged, survived
                 traceback.print_exc()
                 send({"type": "driver_error", "message": f"the kernel server failed: {exc!r}"})
 
-    def serve(self) -> None:
-        SERVER_SOCKET.unlink(missing_ok=True)  # a stale socket of a server that is gone
+    def serve(self, path: Path) -> None:
+        path.unlink(missing_ok=True)  # a stale socket of a server that is gone (the client holds a lock)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(SERVER_SOCKET))
+        listener.bind(str(path))
         listener.listen(64)
         while True:
             conn, _ = listener.accept()
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
 
 
-def run_server() -> int:
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python3 <server> SOCKET_PATH (started by the run_code client)", file=sys.stderr)
+        return 2
     try:
-        # Only the server pays for jupyter_client's import (~200 ms): the per-call client must not.
+        # Lazy, and named so: an image without a kernel gets this message in the log the client shows.
         import jupyter_client
         import jupyter_client.connect
     except ImportError as exc:
         print(f"this image has no Jupyter kernel ({exc}); use rootfs code-interpreter:1", file=sys.stderr)
         return 3
     STATE_DIR.mkdir(mode=0o700, exist_ok=True)
-    KernelServer(jupyter_client).serve()
+    KernelServer(jupyter_client).serve(Path(argv[0]))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a cell in a sandbox's Jupyter kernel.")
-    parser.add_argument("--context", default="default")
-    parser.add_argument("--timeout-s", type=float, default=300.0)
-    parser.add_argument("--serve", action="store_true", help="run the kernel server (started on demand)")
-    args = parser.parse_args(argv)
-    if args.serve:
-        return run_server()
-    try:
-        if not CONTEXT_RE.match(args.context):
-            raise DriverError(f"context {args.context!r} must be 1-64 of A-Z a-z 0-9 _ . -")
-        return run_client(args.context, args.timeout_s)
-    except DriverError as exc:
-        emit_line(json.dumps({"type": "driver_error", "message": str(exc)}))
-        return 3
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
