@@ -8,8 +8,9 @@ the three operations alternated round by round so they see the same load:
 
 - ``exec true`` — the floor: one exec round trip (SDK → control plane → host agent → guest) and back;
 - ``exec python3 -c 'print(1+1)'`` — a fresh interpreter per call, no state kept;
-- ``run_code('1+1')`` on a warm kernel — one exec of the driver (python3 + jupyter_client import), a
-  kernel_info round trip to check the kernel is there, the cell, its reply; state kept.
+- ``run_code('1+1')`` on a warm kernel — one exec of the driver's client (``python3 -S``, built-in
+  modules only), which hands the cell to the sandbox's kernel server over a unix socket: one execute
+  round trip to the kernel, its output streamed back; state kept.
 
 Then ``--kernel-starts`` first calls to fresh contexts (each starts its IPython kernel). Prints a
 Markdown table with p50/p90 per operation in ms. Needs root and the code-interpreter:1 image (built on
