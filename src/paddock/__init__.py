@@ -34,6 +34,7 @@ from paddock._errors import (
     WebhookVerificationError,
 )
 from paddock._models import (
+    AccessToken,
     Bandwidth,
     Disk,
     ExecResult,
@@ -62,6 +63,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 __all__ = [
     "APIError",
+    "AccessToken",
     "AsyncClient",
     "AsyncFiles",
     "AsyncSandbox",

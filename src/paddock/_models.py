@@ -109,6 +109,32 @@ class Bandwidth:
 
 
 @dataclass
+class AccessToken:
+    """A sandbox's delegated access token (§12.1). ``token`` — the secret — is set only on the object
+    ``create_access_token``/``rotate_access_token`` return; reads show ``token_hint``."""
+
+    enabled: bool
+    token: str | None = None
+    token_hint: str | None = None
+    created_at: str | None = None
+    rotated_at: str | None = None
+    #: This server's extension: when the token stops working, if it was given a lifetime.
+    expires_at: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        # The secret stays out of logs and tracebacks that print the object.
+        return (
+            f"AccessToken(enabled={self.enabled}, token_hint={self.token_hint!r}, "
+            f"created_at={self.created_at!r}, rotated_at={self.rotated_at!r}, expires_at={self.expires_at!r})"
+        )
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> AccessToken:
+        return _build(cls, data)
+
+
+@dataclass
 class WebhookEndpoint:
     """WebhookEndpoint (§10.16). ``secret`` is set only on the object ``create`` returns."""
 
