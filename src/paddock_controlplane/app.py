@@ -16,6 +16,7 @@ from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.api.routes import disks as disk_routes
 from paddock_controlplane.api.routes import networks as network_routes
+from paddock_controlplane.api.routes import processes as process_routes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
 from paddock_controlplane.hotcache import (
     StatusWatch,
@@ -117,6 +118,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         sandboxes,
         commands,
         network_routes,
+        process_routes,
         disk_routes,
         webhook_routes,
     ):

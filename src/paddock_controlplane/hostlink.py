@@ -9,7 +9,7 @@ included) :class:`HostError`. Every call carries the current request's id to the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +25,13 @@ from paddock_hostagent.schemas import (
     DiskMountView,
     ForkBody,
     NetworkAttachBody,
+    ProcessFrame,
+    ProcessInputResult,
+    ProcessList,
+    ProcessResizeBody,
+    ProcessSignalBody,
+    ProcessStartBody,
+    ProcessView,
 )
 
 
@@ -77,6 +84,14 @@ DOMAIN_ERRORS: dict[type[hostclient.HostAgentError], Callable[[hostclient.HostAg
     # The guest's reason: read-only, special file, too long …
     hostclient.BadPathError: lambda exc: errors.ValidationFailed.field(
         "path", str(exc) or "cannot be written"
+    ),
+    # Managed processes (§12.2): the guest's refusals, in the words of the guest.
+    hostclient.ProcessMissingError: lambda exc: errors.NotFound("process not found"),
+    hostclient.ProcessStateError: lambda exc: errors.InvalidState(
+        str(exc) or "the process cannot do that now"
+    ),
+    hostclient.SpawnFailedError: lambda exc: errors.ValidationFailed.field(
+        "cmd", str(exc) or "did not start"
     ),
     hostclient.HostAgentError: lambda exc: HostError(str(exc) or type(exc).__name__),
 }
@@ -149,6 +164,38 @@ class HostLinkAPI(Protocol):
     async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]: ...
 
     async def download(self, sandbox_id: str, path: str) -> Download: ...
+
+    # -- managed processes (§12.2) --
+
+    async def start_process(self, sandbox_id: str, body: ProcessStartBody) -> ProcessView: ...
+
+    async def list_processes(self, sandbox_id: str) -> ProcessList: ...
+
+    async def get_process(self, sandbox_id: str, process_id: str) -> ProcessView: ...
+
+    async def kill_process(self, sandbox_id: str, process_id: str, grace_ms: int) -> ProcessView: ...
+
+    async def process_input(
+        self, sandbox_id: str, process_id: str, data_base64: str
+    ) -> ProcessInputResult: ...
+
+    async def close_process_stdin(self, sandbox_id: str, process_id: str) -> None: ...
+
+    async def resize_process(
+        self, sandbox_id: str, process_id: str, body: ProcessResizeBody
+    ) -> ProcessView: ...
+
+    async def signal_process(
+        self, sandbox_id: str, process_id: str, body: ProcessSignalBody
+    ) -> ProcessView: ...
+
+    async def wait_process(
+        self, sandbox_id: str, process_id: str, *, scope: str, timeout_ms: int
+    ) -> ProcessView: ...
+
+    async def connect_process(
+        self, sandbox_id: str, process_id: str, after: int
+    ) -> AsyncGenerator[ProcessFrame, None]: ...
 
 
 class HostLink(HostLinkAPI):
@@ -267,6 +314,64 @@ class HostLink(HostLinkAPI):
         with _mapped():
             size, chunks = await self.client.download(sandbox_id, path)
         return Download(size=size, chunks=chunks)
+
+    # -- managed processes (§12.2) --
+
+    async def start_process(self, sandbox_id: str, body: ProcessStartBody) -> ProcessView:
+        with _mapped():
+            return await self.client.start_process(sandbox_id, body)
+
+    async def list_processes(self, sandbox_id: str) -> ProcessList:
+        with _mapped():
+            return await self.client.list_processes(sandbox_id)
+
+    async def get_process(self, sandbox_id: str, process_id: str) -> ProcessView:
+        with _mapped():
+            return await self.client.get_process(sandbox_id, process_id)
+
+    async def kill_process(self, sandbox_id: str, process_id: str, grace_ms: int) -> ProcessView:
+        with _mapped():
+            return await self.client.kill_process(sandbox_id, process_id, grace_ms)
+
+    async def process_input(self, sandbox_id: str, process_id: str, data_base64: str) -> ProcessInputResult:
+        with _mapped():
+            return await self.client.process_input(sandbox_id, process_id, data_base64)
+
+    async def close_process_stdin(self, sandbox_id: str, process_id: str) -> None:
+        with _mapped():
+            await self.client.close_process_stdin(sandbox_id, process_id)
+
+    async def resize_process(self, sandbox_id: str, process_id: str, body: ProcessResizeBody) -> ProcessView:
+        with _mapped():
+            return await self.client.resize_process(sandbox_id, process_id, body)
+
+    async def signal_process(self, sandbox_id: str, process_id: str, body: ProcessSignalBody) -> ProcessView:
+        with _mapped():
+            return await self.client.signal_process(sandbox_id, process_id, body)
+
+    async def wait_process(
+        self, sandbox_id: str, process_id: str, *, scope: str, timeout_ms: int
+    ) -> ProcessView:
+        with _mapped():
+            return await self.client.wait_process(sandbox_id, process_id, scope=scope, timeout_ms=timeout_ms)
+
+    async def connect_process(
+        self, sandbox_id: str, process_id: str, after: int
+    ) -> AsyncGenerator[ProcessFrame, None]:
+        """Errors opening the stream are domain errors; one later is raised by the iteration as
+        :class:`HostError`."""
+        with _mapped():
+            frames = await self.client.connect_process(sandbox_id, process_id, after)
+        return _mapped_frames(frames)
+
+
+async def _mapped_frames(frames: AsyncGenerator[ProcessFrame, None]) -> AsyncGenerator[ProcessFrame, None]:
+    try:
+        with _mapped():
+            async for frame in frames:
+                yield frame
+    finally:
+        await frames.aclose()
 
 
 async def for_host(services: Services, host_id: str | None) -> HostLink:

@@ -39,6 +39,7 @@ from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.host import prepare_machine
 from paddock_hostagent.images import ImageStore
 from paddock_hostagent.middleware import RequestLogMiddleware
+from paddock_hostagent.processes import router as process_router
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.registrar import Registrar
 from paddock_hostagent.routes import error_response, fast_routes, router
@@ -162,6 +163,7 @@ def create_app(settings: HostAgentSettings) -> FastAPI:
 
     app = FastAPI(title="Paddock host agent", version="1", lifespan=lifespan)
     app.include_router(router, dependencies=[Depends(require_token)])
+    app.include_router(process_router, dependencies=[Depends(require_token)])
     app.add_middleware(FastLane, routes=fast_routes(authorized))  # inside the request log
     app.add_middleware(RequestLogMiddleware)
 

@@ -16,6 +16,9 @@ host agent logs its line for the call under that id.
     ├── BadPathError              400 bad_path
     ├── UnknownImageError         400 unknown_image (not in the catalog, or not buildable on that host)
     ├── BadStateError             409 (the sandbox is not in a state for this; or the id already exists)
+    ├── ProcessMissingError       404 process_not_found (managed processes, spec §12.2)
+    ├── ProcessStateError         409 process_state (no terminal to resize, the process has exited …)
+    ├── SpawnFailedError          400 spawn_failed (a managed process's command did not start)
     └── InsufficientCapacityError 507 (no memory, addresses or disk left on that host)
 
 Any other answer (400 bad_request, 401, 500 sandbox_failed, an answer that is not the contract's …) is
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from ipaddress import IPv4Address
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -53,6 +56,15 @@ from paddock_hostagent.schemas import (
     HostInfo,
     NetworkAttachBody,
     NetworkAttachment,
+    OkResult,
+    ProcessFrame,
+    ProcessInputBody,
+    ProcessInputResult,
+    ProcessList,
+    ProcessResizeBody,
+    ProcessSignalBody,
+    ProcessStartBody,
+    ProcessView,
     ResizeBody,
     ResizeResult,
     SandboxView,
@@ -105,6 +117,18 @@ class InsufficientCapacityError(HostAgentError):
     pass
 
 
+class ProcessMissingError(HostAgentError):
+    pass
+
+
+class ProcessStateError(HostAgentError):
+    pass
+
+
+class SpawnFailedError(HostAgentError):
+    pass
+
+
 #: The agent's error codes, then its statuses, to our classes: one table (errors.py is the other side).
 #: 507 is capacity whatever the body says: callers place elsewhere or answer 503 on it, so it must not
 #: depend on the agent's wording or code.
@@ -116,6 +140,9 @@ _BY_CODE: dict[str, type[HostAgentError]] = {
     "sandbox_not_found": SandboxMissingError,
     "bad_path": BadPathError,
     "unknown_image": UnknownImageError,
+    "process_not_found": ProcessMissingError,
+    "process_state": ProcessStateError,
+    "spawn_failed": SpawnFailedError,
 }
 _BY_STATUS: dict[int, type[HostAgentError]] = {404: SandboxMissingError, 409: BadStateError}
 #: What the transports raise when the agent does not answer.
@@ -416,3 +443,87 @@ class HostAgentClient:
                 await resp.aclose()
 
         return (int(length) if length and length.isdigit() else None), chunks()
+
+    # -- managed processes (spec §12.2; the host agent's ``processes.py``) ----------------------------
+
+    def _proc(self, sandbox_id: str, *rest: str) -> str:
+        return self._sb(sandbox_id, "processes", *(quote(part, safe="") for part in rest))
+
+    async def start_process(self, sandbox_id: str, body: ProcessStartBody) -> ProcessView:
+        return await self._call("POST", self._proc(sandbox_id), ProcessView.model_validate_json, body=body)
+
+    async def list_processes(self, sandbox_id: str) -> ProcessList:
+        return await self._call("GET", self._proc(sandbox_id), ProcessList.model_validate_json)
+
+    async def get_process(self, sandbox_id: str, process_id: str) -> ProcessView:
+        return await self._call("GET", self._proc(sandbox_id, process_id), ProcessView.model_validate_json)
+
+    async def kill_process(self, sandbox_id: str, process_id: str, grace_ms: int) -> ProcessView:
+        return await self._call(
+            "DELETE",
+            self._proc(sandbox_id, process_id),
+            ProcessView.model_validate_json,
+            params={"grace_ms": str(grace_ms)},
+        )
+
+    async def process_input(self, sandbox_id: str, process_id: str, data_base64: str) -> ProcessInputResult:
+        return await self._call(
+            "POST",
+            self._proc(sandbox_id, process_id) + "/input",
+            ProcessInputResult.model_validate_json,
+            body=ProcessInputBody(data_base64=data_base64),
+        )
+
+    async def close_process_stdin(self, sandbox_id: str, process_id: str) -> OkResult:
+        path = self._proc(sandbox_id, process_id) + "/stdin/close"
+        return await self._call("POST", path, OkResult.model_validate_json)
+
+    async def resize_process(self, sandbox_id: str, process_id: str, body: ProcessResizeBody) -> ProcessView:
+        path = self._proc(sandbox_id, process_id) + "/resize"
+        return await self._call("POST", path, ProcessView.model_validate_json, body=body)
+
+    async def signal_process(self, sandbox_id: str, process_id: str, body: ProcessSignalBody) -> ProcessView:
+        path = self._proc(sandbox_id, process_id) + "/signal"
+        return await self._call("POST", path, ProcessView.model_validate_json, body=body)
+
+    async def wait_process(
+        self, sandbox_id: str, process_id: str, *, scope: str, timeout_ms: int
+    ) -> ProcessView:
+        """Long-polls on the host until the scope has exited or ``timeout_ms`` passed."""
+        return await self._call(
+            "GET",
+            self._proc(sandbox_id, process_id) + "/wait",
+            ProcessView.model_validate_json,
+            params={"scope": scope, "timeout_ms": str(timeout_ms)},
+            timeout=httpx.Timeout(timeout_ms / 1000 + 30.0, connect=5.0),
+        )
+
+    async def connect_process(
+        self, sandbox_id: str, process_id: str, after: int
+    ) -> AsyncGenerator[ProcessFrame, None]:
+        """Opens a connect stream: errors (404, 409) are raised here, before any frame. The frames
+        follow until ``exit``; closing the iterator leaves the process running."""
+        request = self._http.build_request(
+            "GET",
+            self._proc(sandbox_id, process_id) + "/connect",
+            params={"after": str(after)},
+            headers=self._call_headers(),
+            timeout=_EXEC_TIMEOUT,
+        )
+        with _answered():
+            resp = await self._http.send(request, stream=True)
+        if resp.status_code >= 400:
+            body = await resp.aread()
+            await resp.aclose()
+            raise error_from(resp.status_code, body)
+
+        async def frames() -> AsyncGenerator[ProcessFrame, None]:
+            try:
+                with _answered():
+                    async for line in resp.aiter_lines():
+                        if line.strip():
+                            yield _parse(ProcessFrame.model_validate_json, resp.status_code, line.encode())
+            finally:
+                await resp.aclose()
+
+        return frames()

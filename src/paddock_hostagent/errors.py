@@ -8,12 +8,15 @@ codes back to its own exception classes.
     ├── UnknownImage          400 unknown_image
     ├── BadPath               400 bad_path
     ├── IsDirectory           400 is_directory
+    ├── SpawnFailed           400 spawn_failed (a managed process's command did not start)
     ├── Unauthorized          401 unauthorized
     ├── SandboxNotFound       404 sandbox_not_found
     ├── FileNotFound          404 file_not_found
     ├── ParentNotFound        404 parent_not_found
+    ├── ProcessNotFound       404 process_not_found
     ├── AlreadyExists         409 already_exists
     ├── InvalidState          409 invalid_state
+    ├── ProcessState          409 process_state (the process cannot do that: no terminal, exited)
     ├── PayloadTooLarge       413 payload_too_large
     ├── SandboxFailed         500 sandbox_failed (boot, runtime or host tool failure)
     └── InsufficientCapacity  507 insufficient_capacity
@@ -47,6 +50,10 @@ class IsDirectory(HostAgentServerError):
     status, code = 400, "is_directory"
 
 
+class SpawnFailed(HostAgentServerError):
+    status, code = 400, "spawn_failed"
+
+
 class Unauthorized(HostAgentServerError):
     status, code = 401, "unauthorized"
 
@@ -63,12 +70,20 @@ class ParentNotFound(HostAgentServerError):
     status, code = 404, "parent_not_found"
 
 
+class ProcessNotFound(HostAgentServerError):
+    status, code = 404, "process_not_found"
+
+
 class AlreadyExists(HostAgentServerError):
     status, code = 409, "already_exists"
 
 
 class InvalidState(HostAgentServerError):
     status, code = 409, "invalid_state"
+
+
+class ProcessState(HostAgentServerError):
+    status, code = 409, "process_state"
 
 
 class PayloadTooLarge(HostAgentServerError):

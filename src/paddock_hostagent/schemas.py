@@ -189,3 +189,95 @@ class HostInfo(BaseModel):
     labels: dict[str, str]
     runtime: str
     warm_slots: int = 0  # prepared slots waiting in the pool
+
+
+# -- managed processes (``processes.py``, spec §12.2) ----------------------------------------------
+
+ProcessSignal = Literal["SIGHUP", "SIGINT", "SIGQUIT", "SIGKILL", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGWINCH"]
+# A terminal's rows and columns: what a real screen can hold, well inside the kernel's 16 bits.
+MAX_TERMINAL_SIDE = 10000
+
+
+class ProcessPty(BaseModel):
+    rows: int = Field(default=24, ge=1, le=MAX_TERMINAL_SIDE)
+    cols: int = Field(default=80, ge=1, le=MAX_TERMINAL_SIDE)
+
+
+class ProcessStartBody(BaseModel):
+    """Without ``cmd`` a PTY gets a login-like shell (``bash -l``), a plain process is refused."""
+
+    cmd: str | None = Field(default=None, min_length=1, max_length=65536)
+    args: list[str] = Field(default_factory=list, max_length=65536)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = Field(default=None, min_length=1, max_length=4096)
+    pty: ProcessPty | None = None
+
+
+class ProcessForeground(BaseModel):
+    pid: int
+    cmd: str
+    args: list[str] = Field(default_factory=list)
+
+
+class ProcessOutputRange(BaseModel):
+    oldest_seq: int
+    newest_seq: int
+    bytes: int
+
+
+class ProcessView(BaseModel):
+    """The ManagedProcess object of spec §12.2."""
+
+    process_id: str
+    kind: Literal["process", "pty"]
+    pid: int
+    state: Literal["starting", "running", "terminating", "exited", "failed"]
+    leader_exited: bool
+    tree_exited: bool
+    created_at: str
+    finished_at: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    cmd: str
+    args: list[str]
+    cwd: str
+    foreground: ProcessForeground | None = None
+    output: ProcessOutputRange
+
+
+class ProcessList(BaseModel):
+    processes: list[ProcessView]
+
+
+class ProcessInputBody(BaseModel):
+    data_base64: str = Field(max_length=(1 << 20) * 4 // 3 + 4)
+
+
+class ProcessInputResult(BaseModel):
+    input_seq: int
+
+
+class ProcessResizeBody(BaseModel):
+    rows: int | None = Field(default=None, ge=1, le=MAX_TERMINAL_SIDE)
+    cols: int | None = Field(default=None, ge=1, le=MAX_TERMINAL_SIDE)
+
+
+class ProcessSignalBody(BaseModel):
+    signal: ProcessSignal
+
+
+class OkResult(BaseModel):
+    ok: bool = True
+
+
+class ProcessFrame(BaseModel):
+    """One line of a connect stream (spec §12.2): ``data``, ``exit``, ``heartbeat`` or ``error``."""
+
+    type: Literal["data", "exit", "heartbeat", "error"]
+    seq: int | None = None
+    stream: Literal["stdout", "stderr", "pty"] | None = None
+    data_base64: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    error: str | None = None
+    oldest_available_seq: int | None = None

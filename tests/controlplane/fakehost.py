@@ -16,6 +16,7 @@ from paddock_controlplane import hostlink
 from paddock_controlplane.models import Sandbox
 from paddock_core import errors
 from paddock_hostagent.schemas import DiskMountBody, DiskMountView, NetworkAttachBody
+from tests.controlplane.fakeprocesses import FakeProcesses
 
 HOST_BEAT = {
     "id": "host-test-1",
@@ -29,8 +30,9 @@ HOST_BEAT = {
 }
 
 
-class FakeHostLink:
+class FakeHostLink(FakeProcesses):
     def __init__(self) -> None:
+        super().__init__()
         self.calls: list[tuple[str, str]] = []
         self.ips = (f"10.88.0.{n}" for n in itertools.count(2))
         self.fail_boot = False

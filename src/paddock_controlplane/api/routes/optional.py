@@ -16,18 +16,10 @@ from paddock_core import errors
 
 router = APIRouter(include_in_schema=False)
 
-# (methods, path under /v1/sandboxes/{sandbox_id}) as listed in §12.1–§12.3.
+# (methods, path under /v1/sandboxes/{sandbox_id}) as listed in §12.1 and §12.3 (§12.2: processes.py).
 ROUTES: list[tuple[tuple[str, ...], str]] = [
     (("POST", "GET", "DELETE"), "/access-token"),
     (("POST",), "/access-token/rotate"),
-    (("POST", "GET"), "/processes"),
-    (("GET", "DELETE"), "/processes/{process_id}"),
-    (("GET",), "/processes/{process_id}/connect"),
-    (("POST",), "/processes/{process_id}/input"),
-    (("POST",), "/processes/{process_id}/stdin/close"),
-    (("POST",), "/processes/{process_id}/resize"),
-    (("POST",), "/processes/{process_id}/signal"),
-    (("GET",), "/processes/{process_id}/wait"),
     (("GET",), "/computer/screenshot"),
     (("GET",), "/computer/screen"),
     (("GET",), "/computer/cursor"),
