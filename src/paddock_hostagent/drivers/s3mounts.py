@@ -155,6 +155,9 @@ class S3Mounter:
             "connect_timeout=5",
             "readwrite_timeout=60",
             "mp_umask=0022",
+            # 128 KiB FUSE writes instead of 4 KiB: +20% sequential write measured (33 → 40 MB/s, host).
+            "big_writes",
+            "max_write=131072",
         ]
         if mount.use_path_style:
             options.append("use_path_request_style")
