@@ -6,7 +6,8 @@
 set -euo pipefail
 
 want=(python3 python3-venv python3-dev gcc libc6-dev make runc crun mmdebstrap nftables iproute2
-      e2fsprogs xfsprogs util-linux kmod procps curl ca-certificates fuse3 s3fs)
+      e2fsprogs xfsprogs util-linux kmod procps curl ca-certificates fuse3 s3fs
+      buildah)  # template builds (Dockerfile → image); RUN steps under crun
 if [[ "${1:-}" == "--test" ]]; then
   want+=(postgresql podman wrk)  # the bench smoke run (tests/bench) drives podman and wrk
 elif [[ "${1:-}" == "--bench" ]]; then

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import hmac
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,8 +27,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from paddock_core.fastlane import FastLane
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
+from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.drivers import storage
 from paddock_hostagent.drivers.bridges import BridgeNetworks
+from paddock_hostagent.drivers.buildah import Buildah
 from paddock_hostagent.drivers.dns import Upstream
 from paddock_hostagent.drivers.egress import EgressFirewall
 from paddock_hostagent.drivers.network import NetworkManager
@@ -123,6 +126,15 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
         disks=_disk_mounter(settings),
     )
     manager.runtime_label = facts.runtime
+    if Buildah.available():  # templates need buildah (scripts/setup-host.sh installs it)
+        manager.builds = BuildManager(
+            manager.images,
+            Buildah(settings.state_dir / "buildah", shutil.which(facts.runtime) or facts.runtime),
+            settings.image_dir / ".builds",  # next to the images: the result is renamed into place
+            network=network,
+            egress=egress,
+            in_use=manager.uses_image,
+        )
     await manager.start()
     return manager
 

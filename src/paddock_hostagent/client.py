@@ -41,6 +41,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from paddock_hostagent.schemas import (
     BandwidthBody,
     BandwidthResult,
+    BuildBody,
+    BuildView,
     CreateSandboxBody,
     CreateSandboxResult,
     DestroyResult,
@@ -345,6 +347,21 @@ class HostAgentClient:
         """Removes the sandbox's interface on that network; idempotent."""
         path = self._sb(sandbox_id, "networks", quote(network_id, safe=""))
         return await self._call("DELETE", path, DetachResult.model_validate_json)
+
+    async def start_build(self, body: BuildBody) -> BuildView:
+        """Starts one template build attempt in the background (the same attempt again is a no-op)."""
+        return await self._call("POST", "builds", BuildView.model_validate_json, body=body)
+
+    async def get_build(self, build_id: str, *, after: int = 0) -> BuildView:
+        """The attempt's status and its log lines from ``after`` on (an unknown build: 404)."""
+        path = "builds/" + quote(build_id, safe="")
+        return await self._call("GET", path, BuildView.model_validate_json, params={"after": str(after)})
+
+    async def delete_build(self, build_id: str) -> DestroyResult:
+        """Cancels a running attempt and removes the template's image once no sandbox uses it."""
+        return await self._call(
+            "DELETE", "builds/" + quote(build_id, safe=""), DestroyResult.model_validate_json
+        )
 
     async def attach_disk(self, sandbox_id: str, body: DiskMountBody) -> DiskMountView:
         """Mounts an S3 disk into the sandbox; answers once it is ``mounted`` or ``error`` (the host

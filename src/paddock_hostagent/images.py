@@ -58,6 +58,18 @@ class ImageBuildError(ImageError):
     """The build tool failed; the message carries the tail of its output."""
 
 
+TEMPLATE_PREFIX = "tpl_"
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """The part of an OCI image config that applies to ``exec`` (see docs/templates.md)."""
+
+    env: dict[str, str]
+    workdir: str
+    user: str
+
+
 @dataclass(frozen=True)
 class ImageRecipe:
     name: str
@@ -97,6 +109,7 @@ class ImageStore:
         self.image_dir = image_dir
         self.mirrors = dict(mirrors or {})
         self._locks: dict[str, asyncio.Lock] = {}
+        self._configs: dict[str, ImageConfig] = {}
 
     @classmethod
     def from_settings(cls, settings: HostAgentSettings) -> ImageStore:
@@ -113,7 +126,61 @@ class ImageStore:
         return (self.image_dir / slug(name) / "image.json").is_file() and self.rootfs_path(name).is_dir()
 
     def cached(self) -> list[str]:
-        return [name for name in CATALOG if self.is_cached(name)]
+        """Catalog images and templates built here: the names this host boots without building."""
+        return [name for name in CATALOG if self.is_cached(name)] + self.templates()
+
+    # -- templates: images built from a Dockerfile (``builds.py``), booted exactly like catalog ones --
+
+    def templates(self) -> list[str]:
+        if not self.image_dir.is_dir():
+            return []
+        return sorted(
+            entry.name
+            for entry in self.image_dir.iterdir()
+            if entry.name.startswith(TEMPLATE_PREFIX) and self.is_cached(entry.name)
+        )
+
+    def config(self, name: str) -> ImageConfig:
+        """What an image asks of the commands run in it (a template's ENV, WORKDIR, USER)."""
+        cached = self._configs.get(name)
+        if cached is None:
+            try:
+                meta = json.loads((self.image_dir / slug(name) / "image.json").read_text())
+            except (OSError, ValueError):
+                meta = {}
+            raw = meta.get("config") or {}
+            cached = ImageConfig(
+                env=dict(raw.get("env") or {}),
+                workdir=str(raw.get("workdir") or ""),
+                user=str(raw.get("user") or ""),
+            )
+            self._configs[name] = cached
+        return cached
+
+    def install_template(self, name: str, tree: Path, meta: dict[str, object]) -> Path:
+        """Moves a finished tree into place as image ``name`` (``tree`` must be on the same filesystem);
+        ``image.json`` is written last, so a half-installed template is never offered."""
+        image_root = self.image_dir / slug(name)
+        image_root.mkdir(parents=True, exist_ok=True)
+        (image_root / "image.json").unlink(missing_ok=True)
+        final = image_root / "rootfs"
+        if final.exists():
+            shutil.rmtree(final)
+        _finish_rootfs(tree)
+        tree.rename(final)
+        meta_tmp = image_root / "image.json.tmp"
+        meta_tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        meta_tmp.rename(image_root / "image.json")
+        self._configs.pop(name, None)
+        return final
+
+    def remove_template(self, name: str) -> None:
+        if not name.startswith(TEMPLATE_PREFIX):
+            raise UnknownImageError(f"{name!r} is not a template image")
+        self._configs.pop(name, None)
+        image_root = self.image_dir / slug(name)
+        (image_root / "image.json").unlink(missing_ok=True)
+        shutil.rmtree(image_root, ignore_errors=True)
 
     def _source(self, name: str) -> str | None:
         recipe = CATALOG.get(name)

@@ -13,11 +13,14 @@ from starlette.background import BackgroundTask
 
 from paddock_core import fastlane
 from paddock_hostagent import errors
+from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.guest.protocol import MAX_CONTROL_PAYLOAD_BYTES, exec_payload_bytes
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import (
     BandwidthBody,
     BandwidthResult,
+    BuildBody,
+    BuildView,
     CreateSandboxBody,
     CreateSandboxResult,
     DestroyResult,
@@ -209,6 +212,32 @@ def check_exec_size(body: ExecBody) -> None:
             f"cmd, args and env are {size} bytes; the limit is "
             f"{MAX_CONTROL_PAYLOAD_BYTES - _EXEC_HEADROOM_BYTES} (send bulk input as stdin or a file)"
         )
+
+
+# -- template builds (builds.py) -------------------------------------------------------------------
+
+
+def builds_of(manager: SandboxManager) -> BuildManager:
+    if manager.builds is None:
+        raise errors.BadRequest("template builds are not enabled on this host (buildah is missing)")
+    return manager.builds
+
+
+@router.post("/builds")
+async def start_build(body: BuildBody, manager: Manager) -> BuildView:
+    return builds_of(manager).start(body)
+
+
+@router.get("/builds/{build_id}")
+async def get_build(build_id: str, manager: Manager, after: Annotated[int, Query(ge=0)] = 0) -> BuildView:
+    return builds_of(manager).view(build_id, after)
+
+
+@router.delete("/builds/{build_id}")
+async def delete_build(build_id: str, manager: Manager) -> DestroyResult:
+    """Cancels a running attempt and removes the template's image (once no sandbox boots from it)."""
+    await builds_of(manager).delete(build_id)
+    return DestroyResult()
 
 
 def fast_routes(authorized: Callable[[str], bool]) -> list[fastlane.FastRoute]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
+from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.capacity import MIB, DiskView, MemoryView, Promise, available_memory_mib
 from paddock_hostagent.drivers.base import (
     CapacityError,
@@ -109,6 +110,7 @@ class SandboxManager:
         self._pending: dict[str, tuple[int, int]] = {}  # ids being created -> (mem_mib, disk_mib)
         self._born: dict[str, asyncio.Event] = {}  # ids being created -> set when the attempt ends
         self._watcher: asyncio.Task[None] | None = None
+        self.builds: BuildManager | None = None  # template builds; set by the app when buildah is there
 
     # -- start-up and shutdown ------------------------------------------------------------------
 
@@ -145,6 +147,8 @@ class SandboxManager:
         for entry in self._entries.values():
             with contextlib.suppress(OSError):
                 self.records.save(entry.record)
+        if self.builds is not None:  # before the network and egress they borrow go
+            await self.builds.close()
         await self.runtime.close()
         if self.egress is not None:
             await self.egress.close()
@@ -178,6 +182,10 @@ class SandboxManager:
 
     def get(self, sandbox_id: str) -> SandboxView:
         return self.view(self._entry(sandbox_id))
+
+    def uses_image(self, image: str) -> bool:
+        """Whether a sandbox here boots from ``image`` (its overlay's lower layer must stay)."""
+        return any(entry.record.image == image for entry in self._entries.values())
 
     def views(self) -> list[SandboxView]:
         return [self.view(entry) for entry in list(self._entries.values())]
@@ -375,6 +383,8 @@ class SandboxManager:
             self._usage.pop(sandbox_id, None)
             self.records.delete(sandbox_id)
             del self._entries[sandbox_id]
+        if self.builds is not None:  # a deleted template's image goes with its last sandbox
+            await self.builds.collect()
         log.info("sandbox_destroyed", sandbox_id=sandbox_id)
 
     # -- private networks (drivers/bridges.py) --------------------------------------------------
@@ -574,15 +584,26 @@ class SandboxManager:
         """Starts a command; raises (404/409) before anything runs if the sandbox cannot take it."""
         entry = self._running_entry(sandbox_id)
         env = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": entry.record.name, "LANG": "C.UTF-8"}
+        # A template's ENV and WORKDIR apply to every command, under what the caller sets; its USER
+        # runs the command through setpriv (util-linux, in every Debian image), as docker exec would.
+        image = self.images.config(entry.record.image)
+        env.update(image.env)
         env.update(body.env)
+        cmd, args = body.cmd, body.args
+        if image.user and image.user not in ("root", "0", "0:0"):
+            user, _, group = image.user.partition(":")
+            cmd, args = (
+                "setpriv",
+                [f"--reuid={user}", f"--regid={group or user}", "--init-groups", cmd, *args],
+            )
         request = ExecRequest(
-            cmd=body.cmd,
-            args=body.args,
+            cmd=cmd,
+            args=args,
             env=env,
-            cwd=body.cwd or self.settings.default_cwd,
+            cwd=body.cwd or image.workdir or self.settings.default_cwd,
             stdin=body.stdin.encode() if body.stdin is not None else None,
         )
-        _check_no_nul([body.cmd, *body.args, *env, *env.values(), request.cwd])
+        _check_no_nul([cmd, *args, *env, *env.values(), request.cwd])
         session = self.runtime.guest(entry.record).exec(request)
         try:
             await session.__aenter__()

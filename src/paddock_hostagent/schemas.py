@@ -191,6 +191,41 @@ class HostInfo(BaseModel):
     warm_slots: int = 0  # prepared slots waiting in the pool
 
 
+# -- template builds (``builds.py``) ------------------------------------------------------------------
+
+BuildStatus = Literal["building", "ready", "failed"]
+
+
+class BuildBody(BaseModel):
+    """One build attempt. ``base`` is what the Dockerfile's ``FROM`` resolved to on the control plane:
+    a catalog image name or the id of a ready template; the host rewrites ``FROM`` to its local copy."""
+
+    id: str = Field(pattern=SANDBOX_ID_PATTERN)
+    dockerfile: str = Field(min_length=1, max_length=65536)
+    base: str = Field(min_length=1, max_length=128)
+    attempt: int = Field(ge=1)
+    timeout_s: float = Field(gt=0, le=86400)
+    vcpu: int = Field(default=1, ge=1, le=64)
+    mem_mib: int = Field(default=1024, ge=128)
+    egress: list[str] = Field(default_factory=list, max_length=1000)
+
+
+class BuildLine(BaseModel):
+    ts: float
+    level: str
+    line: str
+
+
+class BuildView(BaseModel):
+    id: str
+    attempt: int
+    status: BuildStatus
+    lines: list[BuildLine] = Field(default_factory=list)
+    next: int = 0  # pass back as ``after`` to read only the lines that follow
+    ext4_size_bytes: int = 0
+    error: str | None = None
+
+
 # -- managed processes (``processes.py``, spec §12.2) ----------------------------------------------
 
 ProcessSignal = Literal["SIGHUP", "SIGINT", "SIGQUIT", "SIGKILL", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGWINCH"]

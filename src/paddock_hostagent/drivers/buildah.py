@@ -1,0 +1,249 @@
+"""buildah (from Debian) as the template builder: a small interface over its command line.
+
+Paddock does not interpret Dockerfiles: buildah does (``buildah bud``). This driver only gives it what
+it cannot fetch itself, since no public registry is reachable: base images made locally from a root
+filesystem (``from scratch`` + copy + ``commit``), and it exports a built image back to a plain tree
+the host agent boots like a catalog image.
+
+buildah keeps its own storage under the agent's state directory (``--root``/``--runroot``), apart from
+any podman or buildah the operator uses, so a build never sees or changes their images. RUN steps run
+under crun (``--isolation oci``: namespaces, seccomp, cgroup limits), never chroot, and in the network
+namespace the caller prepared (``--network ns:…``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from paddock_core.logging import get_logger
+from paddock_hostagent.drivers.base import DriverError
+
+log = get_logger(__name__)
+
+LineSink = Callable[[str], None]
+
+
+class BuildahError(DriverError):
+    """buildah is missing, or a step that is not the user's (base import, export) failed."""
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """What one build's RUN steps may use, as buildah passes it to the OCI runtime's cgroup."""
+
+    mem_mib: int
+    vcpu: int
+    nproc: int = 4096
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """The Dockerfile's ENV, WORKDIR, USER, ENTRYPOINT and CMD as buildah recorded them."""
+
+    env: dict[str, str]
+    workdir: str
+    user: str
+    entrypoint: list[str]
+    cmd: list[str]
+
+
+class Buildah:
+    def __init__(self, root: Path, runtime: str = "/usr/bin/crun") -> None:
+        self.root = root
+        self.runtime = runtime
+        self._base_lock = asyncio.Lock()
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("buildah") is not None
+
+    def _argv(self, *args: str) -> list[str]:
+        return [
+            "buildah",
+            "--root",
+            str(self.root / "storage"),
+            "--runroot",
+            str(self.root / "run"),
+            "--storage-driver",
+            "overlay",
+            *args,
+        ]
+
+    async def _run(self, *args: str, on_line: LineSink | None = None) -> tuple[int, list[str]]:
+        """Runs buildah in its own session (so a cancel kills RUN steps too); returns (rc, last lines)."""
+        process = await asyncio.create_subprocess_exec(
+            *self._argv(*args),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        tail: list[str] = []
+        try:
+            assert process.stdout is not None
+            async for raw in process.stdout:
+                line = raw.decode(errors="replace").rstrip("\r\n")
+                tail = [*tail[-19:], line]
+                if on_line is not None:
+                    on_line(line)
+            return await process.wait(), tail
+        except BaseException:
+            # Cancelled (delete, time limit): the whole group, RUN step included, goes.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(process.wait())
+            raise
+
+    async def _check(self, *args: str) -> list[str]:
+        rc, tail = await self._run(*args)
+        if rc != 0:
+            raise BuildahError(f"buildah {args[0]} exited with {rc}: " + " | ".join(tail[-5:]))
+        return tail
+
+    async def has_image(self, tag: str) -> bool:
+        rc, _ = await self._run("inspect", "--type", "image", tag)
+        return rc == 0
+
+    async def import_tree(self, tag: str, tree: Path) -> None:
+        """Makes ``tag`` a one-layer image holding ``tree`` (a catalog rootfs, or a template built on
+        another host), unless it exists. About 3-10 s for debian:13; done once per tag."""
+        async with self._base_lock:
+            if await self.has_image(tag):
+                return
+            container = (await self._check("from", "--pull-never", "scratch"))[-1].strip()
+            try:
+                mountpoint = Path((await self._check("mount", container))[-1].strip())
+                await _copy_tree(tree, mountpoint)
+                await self._check("umount", container)
+                await self._check("commit", "--quiet", container, tag)
+            finally:
+                await self._run("rm", container)
+            log.info("buildah_base_imported", tag=tag, tree=str(tree))
+
+    async def build(
+        self,
+        dockerfile: Path,
+        tag: str,
+        *,
+        netns: Path,
+        dns: str,
+        limits: BuildLimits,
+        cgroup_parent: str,
+        on_line: LineSink,
+    ) -> int:
+        """``buildah bud`` with the layer cache; RUN steps under crun in ``netns``. Returns its exit code."""
+        context = dockerfile.parent  # holds only the Dockerfile: COPY/ADD are refused upstream
+        rc, _ = await self._run(
+            "bud",
+            "--isolation",
+            "oci",
+            "--runtime",
+            self.runtime,
+            "--network",
+            f"ns:{netns}",
+            "--dns",
+            dns,
+            "--layers",
+            "--pull-never",
+            "--memory",
+            f"{limits.mem_mib}m",
+            "--memory-swap",
+            f"{limits.mem_mib}m",
+            "--cpu-period",
+            "100000",
+            "--cpu-quota",
+            str(100000 * limits.vcpu),
+            "--ulimit",
+            f"nproc={limits.nproc}:{limits.nproc}",
+            "--cgroup-parent",
+            cgroup_parent,  # RUN steps land here: the caller limits pids and kills what is left
+            "--cap-drop",
+            "NET_RAW",
+            "--format",
+            "oci",
+            "-t",
+            tag,
+            "-f",
+            str(dockerfile),
+            str(context),
+            on_line=on_line,
+        )
+        return rc
+
+    async def export(self, tag: str, dest: Path) -> ImageSettings:
+        """Copies the image's filesystem to ``dest`` and returns its settings."""
+        container = (await self._check("from", "--pull-never", tag))[-1].strip()
+        try:
+            mountpoint = Path((await self._check("mount", container))[-1].strip())
+            await _copy_tree(mountpoint, dest)
+            await self._check("umount", container)
+        finally:
+            await self._run("rm", container)
+        return await self.settings(tag)
+
+    async def settings(self, tag: str) -> ImageSettings:
+        # inspect prints one JSON document: read it whole (``_run`` keeps only the last lines).
+        process = await asyncio.create_subprocess_exec(
+            *self._argv("inspect", "--type", "image", tag),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await process.communicate()
+        if process.returncode != 0:
+            raise BuildahError(f"buildah inspect {tag} exited with {process.returncode}")
+        config = (json.loads(out).get("OCIv1") or {}).get("config") or {}
+        env: dict[str, str] = {}
+        for item in config.get("Env") or []:
+            key, _, value = str(item).partition("=")
+            env[key] = value
+        return ImageSettings(
+            env=env,
+            workdir=str(config.get("WorkingDir") or ""),
+            user=str(config.get("User") or ""),
+            entrypoint=[str(part) for part in config.get("Entrypoint") or []],
+            cmd=[str(part) for part in config.get("Cmd") or []],
+        )
+
+    async def release(self) -> None:
+        """Removes working containers (a killed build leaves its RUN container) and unmounts what
+        containers/storage keeps mounted, so a stopped agent leaves no mounts; images stay cached."""
+        await self._run("rm", "--all")
+        storage = str(self.root / "storage")
+        mounted = [
+            line.split()[4]
+            for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4].startswith(storage)
+        ]
+        for point in sorted(mounted, key=len, reverse=True):  # deepest first
+            process = await asyncio.create_subprocess_exec(
+                "umount", "-l", point, stderr=asyncio.subprocess.DEVNULL
+            )
+            await process.wait()
+
+    async def remove(self, tag: str) -> None:
+        """Drops the tag (its cached layers stay until no other image shares them)."""
+        await self._run("rmi", tag)
+
+
+async def _copy_tree(source: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    process = await asyncio.create_subprocess_exec(
+        "cp",
+        "-a",
+        "--reflink=auto",
+        f"{source}/.",
+        str(dest),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await process.communicate()
+    if process.returncode != 0:
+        raise BuildahError(f"copying {source} to {dest}: {err.decode(errors='replace').strip()[-300:]}")
