@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from paddock_controlplane.queries import MAX_WAIT_MS, STATUSES
 from paddock_controlplane.schemas import (
+    AccessTokenRequest,
     EgressRequest,
     ExecRequest,
     ForkSandboxRequest,
@@ -93,6 +94,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", SANDBOX + "/files"): Operation(
         statuses=ON_A_SANDBOX, query=(GUEST_PATH,), media=("application/octet-stream",), unwrapped=True
     ),
+    # §12.1: the owner's key only (a token gets 403); create with an enabled token and rotate without
+    # one are 409; a destroyed sandbox takes no new token (409).
+    ("POST", SANDBOX + "/access-token"): Operation(statuses=(403, 409), body=AccessTokenRequest),
+    ("GET", SANDBOX + "/access-token"): Operation(statuses=(403,)),
+    ("POST", SANDBOX + "/access-token/rotate"): Operation(statuses=(403, 409), body=AccessTokenRequest),
+    ("DELETE", SANDBOX + "/access-token"): Operation(statuses=(403,)),
     ("POST", "/v1/networks"): Operation(statuses=(403, 409), body=NetworkCreateRequest),
     ("DELETE", "/v1/networks/{network_id}"): Operation(statuses=(409,)),
     ("POST", SANDBOX + "/networks"): Operation(

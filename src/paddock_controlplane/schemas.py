@@ -100,3 +100,9 @@ class NetworkCreateRequest(Body):
 
 class NetworkAttachRequest(Body):
     id: StrictStr | None = None
+
+
+class AccessTokenRequest(Body):
+    """Create and rotate take no body (§2.2); ``expires_in_seconds`` is this server's extension."""
+
+    expires_in_seconds: StrictInt | None = Field(default=None, ge=1, le=365 * 24 * 3600)

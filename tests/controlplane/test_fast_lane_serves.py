@@ -51,7 +51,7 @@ async def test_exec_and_get_are_served_with_every_route_switched_off(
     created = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
     assert created.status_code == 200, created.text
     sid = created.json()["data"]["id"]
-    cp_app.dependency_overrides[deps.get_principal] = routes_are_off
+    cp_app.dependency_overrides[deps.get_caller] = routes_are_off
     try:
         # the switch bites: a request that reaches a route is refused
         via_route = await api.post(

@@ -269,11 +269,8 @@ def test_put_creates_missing_parent_directories(http: httpx.Client, sandbox_id: 
     then_ok(http, bad)
 
 
+# §12.1 (access tokens) is implemented: tests/controlplane/test_access_tokens.py.
 SECTION_12 = [
-    ("POST", "access-token"),
-    ("GET", "access-token"),
-    ("DELETE", "access-token"),
-    ("POST", "access-token/rotate"),
     ("POST", "processes"),
     ("GET", "processes"),
     ("GET", "processes/p1"),

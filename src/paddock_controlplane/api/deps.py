@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import accounts
+from paddock_controlplane import access_tokens, accounts
 from paddock_controlplane.services import Services
 from paddock_core import errors, fastlane
 from paddock_core.crypto import constant_time_equals, sha256_hex
@@ -36,30 +36,68 @@ SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
 async def principal_for_key(services: Services, presented: str) -> accounts.Principal:
-    """The caller behind an ``X-Api-Key`` value (1 s cache); 401 for a missing, unknown or revoked key."""
+    """The caller behind an ``X-Api-Key`` value — an account key or a delegated sandbox access token
+    (§3, §12.1) — from a 1 s cache; 401 for a missing, unknown, revoked or expired one."""
     cache_key = sha256_hex(presented)
     principal = services.principals.get(cache_key)
     if principal is None:
         async with services.sessions() as session:
-            principal = await accounts.authenticate(session, presented)
+            if presented.startswith(access_tokens.TOKEN_PREFIX):
+                principal = await access_tokens.authenticate(session, presented, services.clock())
+            else:
+                principal = await accounts.authenticate(session, presented)
         services.principals.put(cache_key, principal)
+    # Checked on every use, so a cached token is not honoured past its expiry even for a moment.
+    if principal.expires_at is not None and principal.expires_at <= services.clock():
+        services.principals.drop(cache_key)
+        raise errors.Unauthorized("missing, invalid, expired or revoked API key or access token")
     return principal
 
 
-async def scope_principal(scope: fastlane.Scope) -> tuple[Services, accounts.Principal]:
-    """The services and the caller of a request, from its ASGI scope (the dependency below and the fast
-    lane's handlers share it); the user id goes into the request's log line."""
+async def scope_caller(scope: fastlane.Scope) -> tuple[Services, accounts.Principal]:
+    """The services and the caller of a request, from its ASGI scope, *before* any scope check; the
+    user id goes into the request's log line. Routes use the aliases below, which check."""
     services: Services = scope["app"].state.services
     principal = await principal_for_key(services, fastlane.header(scope, b"x-api-key"))
     scope.setdefault("state", {})["user_id"] = principal.user_id
     return services, principal
 
 
-async def get_principal(request: Request) -> accounts.Principal:
-    return (await scope_principal(request.scope))[1]
+async def scope_principal(
+    scope: fastlane.Scope, sandbox_id: str | None
+) -> tuple[Services, accounts.Principal]:
+    """The caller, allowed to act on ``sandbox_id`` (``None``: an account-level operation). The fast
+    lane's handlers and the dependencies below share it, so both lanes scope tokens alike."""
+    services, principal = await scope_caller(scope)
+    principal.require_scope(sandbox_id)
+    return services, principal
 
 
+async def get_caller(request: Request) -> accounts.Principal:
+    return (await scope_caller(request.scope))[1]
+
+
+CallerDep = Annotated[accounts.Principal, Depends(get_caller)]
+
+
+async def get_principal(caller: CallerDep) -> accounts.Principal:
+    """An account-level caller: every account key; a delegated access token gets 403."""
+    caller.require_scope(None)
+    return caller
+
+
+async def get_sandbox_principal(sandbox_id: str, caller: CallerDep) -> accounts.Principal:
+    """A caller acting on the sandbox of the path's ``{sandbox_id}``: the owner's key, or that
+    sandbox's access token (§12.1; any other sandbox is 404 to it). Only the operations §12.1 opens to
+    tokens take this one; everything else takes ``PrincipalDep`` and so refuses tokens by default."""
+    caller.require_scope(sandbox_id)
+    return caller
+
+
+#: The default: account keys only (tokens get 403).
 PrincipalDep = Annotated[accounts.Principal, Depends(get_principal)]
+#: Sandbox operations a delegated token may call on its own sandbox (§12.1's allowed list).
+SandboxPrincipalDep = Annotated[accounts.Principal, Depends(get_sandbox_principal)]
 
 
 async def require_host_token(request: Request, services: ServicesDep) -> None:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from paddock_controlplane import commands, validation
-from paddock_controlplane.api.deps import PrincipalDep, ServicesDep, scope_principal
+from paddock_controlplane.api.deps import SandboxPrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
 from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.schemas import ExecRequest
@@ -26,7 +26,7 @@ def _path(request: Request) -> str:
 
 @router.post("/{sandbox_id}/exec", response_model=None)
 async def exec_command(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse | StreamingResponse:
     body = await optional_body(request, ExecRequest, EXEC_NUL_ALLOWED)
     if request.query_params.get("stream", "").lower() == "true" or body.stream:
@@ -67,7 +67,7 @@ async def _fast_exec(
     if body.stream:
         return None
     try:
-        services, principal = await scope_principal(scope)
+        services, principal = await scope_principal(scope, params["sandbox_id"])
         return await _buffered(services, params["sandbox_id"], principal.user_id, body, receive)
     except errors.PaddockError as exc:
         return error_response(exc)
@@ -78,7 +78,7 @@ FAST_ROUTES = [fastlane.FastRoute("POST", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/
 
 @router.put("/{sandbox_id}/files")
 async def put_file(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
     path = _path(request)
     length = request.headers.get("content-length")
@@ -95,7 +95,7 @@ async def put_file(
 
 @router.get("/{sandbox_id}/files", response_model=None)
 async def get_file(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> StreamingResponse:
     path = _path(request)
     download = await commands.download(services, principal.user_id, sandbox_id, path)

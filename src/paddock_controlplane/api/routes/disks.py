@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from paddock_controlplane import disks
-from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, SessionDep
+from paddock_controlplane.api.deps import PageDep, PrincipalDep, SandboxPrincipalDep, ServicesDep, SessionDep
 from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.schemas import DiskAttachment
 from paddock_core import envelope
@@ -59,7 +59,11 @@ async def delete(
 
 @router.get("/v1/sandboxes/{sandbox_id}/disks")
 async def list_attached(
-    sandbox_id: str, request: Request, principal: PrincipalDep, session: SessionDep, page: PageDep
+    sandbox_id: str,
+    request: Request,
+    principal: SandboxPrincipalDep,  # a delegated token may read its own sandbox's disks (§12.1)
+    session: SessionDep,
+    page: PageDep,
 ) -> dict[str, Any]:
     mark(request, sandbox_id)
     items, total = await disks.sandbox_page(

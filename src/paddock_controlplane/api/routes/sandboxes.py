@@ -10,9 +10,15 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import QueryParams
 
 from paddock_controlplane import destruction, lifecycle, patching, queries, suspension, traffic, views
-from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, scope_principal
+from paddock_controlplane.api.deps import (
+    PageDep,
+    PrincipalDep,
+    SandboxPrincipalDep,
+    ServicesDep,
+    scope_principal,
+)
 from paddock_controlplane.api.errors import error_response
-from paddock_controlplane.api.routes import optional
+from paddock_controlplane.api.routes import access_tokens, optional
 from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.schemas import (
@@ -79,7 +85,7 @@ async def by_ip(ip: str, principal: PrincipalDep, services: ServicesDep) -> dict
 
 @router.get("/{sandbox_id}")
 async def get(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     # Served by ``_fast_get`` below in the fast lane; this route is its OpenAPI entry and the same call.
     mark(request, sandbox_id)
@@ -100,7 +106,7 @@ async def _fast_get(
         return None  # the route renders the 400 (``BoundaryRoute``)
     scope.setdefault("state", {})["resource_id"] = params["sandbox_id"]
     try:
-        services, principal = await scope_principal(scope)
+        services, principal = await scope_principal(scope, params["sandbox_id"])
         query = QueryParams(scope.get("query_string", b""))
         return JSONResponse(await _read(services, principal.user_id, params["sandbox_id"], query))
     except errors.PaddockError as exc:
@@ -112,7 +118,7 @@ FAST_ROUTES = [fastlane.FastRoute("GET", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)",
 
 @router.patch("/{sandbox_id}")
 async def patch(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     body = await optional_body(request, PatchSandboxRequest)
     return envelope.success(
@@ -122,7 +128,7 @@ async def patch(
 
 @router.delete("/{sandbox_id}")
 async def destroy(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     mark(request, sandbox_id)
     return envelope.success(await destruction.destroy(services, principal.user_id, sandbox_id))
@@ -130,7 +136,7 @@ async def destroy(
 
 @router.post("/{sandbox_id}/pause")
 async def pause(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     mark(request, sandbox_id)
     return envelope.success(view(services, await suspension.pause(services, principal.user_id, sandbox_id)))
@@ -138,7 +144,7 @@ async def pause(
 
 @router.post("/{sandbox_id}/resume")
 async def resume(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     mark(request, sandbox_id)
     return envelope.success(view(services, await suspension.resume(services, principal.user_id, sandbox_id)))
@@ -157,34 +163,38 @@ async def fork(
 
 @router.post("/{sandbox_id}/resize")
 async def resize(
-    sandbox_id: str, body: ResizeRequest, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, body: ResizeRequest, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     return envelope.success(await patching.resize(services, principal.user_id, sandbox_id, body.disk_mib))
 
 
 @router.post("/{sandbox_id}/ssh-pubkeys")
 async def ssh_pubkeys(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     body = await optional_body(request, SshKeysRequest)
     return envelope.success(await patching.add_ssh_keys(services, principal.user_id, sandbox_id, body.keys))
 
 
 @router.get("/{sandbox_id}/egress")
-async def get_egress(sandbox_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+async def get_egress(
+    sandbox_id: str, principal: SandboxPrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
     return envelope.success(await traffic.get_egress(services, principal.user_id, sandbox_id))
 
 
 @router.put("/{sandbox_id}/egress")
 async def put_egress(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     body = await optional_body(request, EgressRequest)
     return envelope.success(await traffic.set_egress(services, principal.user_id, sandbox_id, body.egress))
 
 
 @router.get("/{sandbox_id}/bandwidth")
-async def get_bandwidth(sandbox_id: str, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
+async def get_bandwidth(
+    sandbox_id: str, principal: SandboxPrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
     return envelope.success(await traffic.get_bandwidth(services, principal.user_id, sandbox_id))
 
 
@@ -198,5 +208,6 @@ async def recharge(
     return envelope.success(await traffic.recharge(services, principal.user_id, sandbox_id, body.add_bytes))
 
 
-# §12's optional routes share this prefix; included here so they come with the sandbox routes.
+# §12's routes share this prefix; included here so they come with the sandbox routes.
+router.include_router(access_tokens.router)
 router.include_router(optional.router)
