@@ -17,6 +17,7 @@ from paddock_controlplane.api.routes import catalog, commands, internal, probes,
 from paddock_controlplane.api.routes import disks as disk_routes
 from paddock_controlplane.api.routes import networks as network_routes
 from paddock_controlplane.api.routes import processes as process_routes
+from paddock_controlplane.api.routes import shell as shell_routes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
 from paddock_controlplane.hotcache import (
     StatusWatch,
@@ -119,6 +120,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         commands,
         network_routes,
         process_routes,
+        shell_routes,
         disk_routes,
         webhook_routes,
     ):
