@@ -172,9 +172,12 @@ def wait_ready(client: Any, kernel: Kernel) -> None:
     deadline = time.monotonic() + KERNEL_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if kernel.pid() is None:
+            status = kernel.process.poll() if kernel.process is not None else None
             tail = kernel.log_tail()
             kernel.stop()
-            raise DriverError(f"the kernel for context {kernel.context!r} exited while starting:\n{tail}")
+            raise DriverError(
+                f"the kernel for context {kernel.context!r} exited while starting (status {status}):\n{tail}"
+            )
         msg_id = client.kernel_info()
         try:
             while client.get_shell_msg(timeout=1.0)["parent_header"].get("msg_id") != msg_id:

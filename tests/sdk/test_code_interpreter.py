@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import paddock
+from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_hostagent.images import ImageStore
 from tests.hostagent.conftest import image_cache
 from tests.live import LivePlatform
@@ -45,6 +46,18 @@ def api_key(code_interpreter_image: Path, live: LivePlatform) -> str:
 def sandbox(live: LivePlatform, api_key: str) -> Iterator[paddock.Sandbox]:
     with paddock.Client(live.url, api_key) as client, client.sandboxes.create(SHAPE, rootfs=ROOTFS) as sb:
         yield sb
+
+
+def test_the_image_holds_everything_its_description_names(sandbox: paddock.Sandbox) -> None:
+    """``GET /v1/rootfs`` describes code-interpreter:1 by these contents: each one's probe must pass."""
+    image = ROOT_IMAGES_BY_NAME[ROOTFS]
+    missing = {}
+    for content in image.contents:
+        assert content.label in image.description
+        probe = sandbox.run("sh", ["-c", content.probe])
+        if probe.exit_code != 0:
+            missing[content.label] = (probe.stdout + probe.stderr)[-300:]
+    assert not missing, missing
 
 
 def png_size(data: bytes) -> tuple[int, int]:
