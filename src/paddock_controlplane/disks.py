@@ -5,9 +5,10 @@ secrets are), sent only to the host agent that mounts it, and never shown or log
 (``SandboxDisk``) is one disk at one path of one sandbox: ``pending`` when written, then ``mounted`` or
 ``error`` with the host's reason. A failed mount never fails its sandbox.
 
-Choices the contract leaves open: a disk is not deleted while any live sandbox holds it (409
-``IN_USE``; destroying a sandbox removes its attachments); a fork does not inherit attachments (§11.9);
-the bucket is not checked at registration (the mount says what is wrong, with the S3 error).
+Choices: a disk is not deleted while any live sandbox holds it (409 ``IN_USE``; destroying a sandbox
+removes its attachments); a fork inherits its source's attachments, mounted afresh for the child (issue
+#15 asks for it; it departs from the contract's §11.9 default and breaks no client); the bucket is not
+checked at registration (the mount says what is wrong, with the S3 error).
 """
 
 from __future__ import annotations
@@ -488,6 +489,29 @@ async def detach(
             return  # a concurrent detach or destroy got there first
         await session.delete(current)
         await webhooks.emit(session, user_id=user_id, action="disk.detach", data=_event(current, sandbox))
+
+
+async def inherit(session: AsyncSession, source: Sandbox, child: Sandbox) -> None:
+    """A fork's child gets its source's attachments as ``pending`` rows (the caller holds both rows);
+    a mount the source could not make is not repeated."""
+    rows = (
+        await session.scalars(
+            select(SandboxDisk).where(
+                SandboxDisk.sandbox_id == source.id, SandboxDisk.mount_status != "error"
+            )
+        )
+    ).all()
+    for row in rows:
+        copy = SandboxDisk(
+            sandbox_id=child.id,
+            mount_path=row.mount_path,
+            disk_id=row.disk_id,
+            sub_path=row.sub_path,
+            mount_status="pending",
+            created_at=child.created_at,
+        )
+        session.add(copy)
+        await webhooks.emit(session, user_id=child.user_id, action="disk.attach", data=_event(copy, child))
 
 
 async def drop_attachments(session: AsyncSession, sandbox_id: str) -> None:

@@ -399,6 +399,9 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
             created_at=services.clock(),
         )
         session.add(child)
+        await session.flush()
+        # The child inherits the source's mounts (issue #15): mounted again for it once it runs.
+        await disks.inherit(session, source, child)
         await webhooks.emit(
             session, user_id=user_id, action="sandbox.fork", data=event_data(child, source_id=source.id)
         )
@@ -408,4 +411,5 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
 
 async def _boot_fork(services: Services, source: Sandbox, child: Sandbox, start_paused: bool) -> None:
     with contextlib.suppress(errors.PaddockError):  # recorded as failed by boot()
-        await boot(services, child, start_paused=start_paused, fork_of=source)
+        booted = await boot(services, child, start_paused=start_paused, fork_of=source)
+        await disks.mount_all(services, booted)

@@ -317,3 +317,23 @@ async def test_disk_actions_are_announced_without_credentials(api: httpx.AsyncCl
         "disk.detach",
     ]
     assert SECRET not in str(deliveries) and ACCESS not in str(deliveries)
+
+
+async def test_a_fork_inherits_the_mounts_of_its_source(
+    api: httpx.AsyncClient, fake_host: FakeHostLink
+) -> None:
+    disk = await new_disk(api, "data")
+    source = await new_sandbox(api, disks=[{"disk_id": "data", "mount_path": "/mnt/a", "sub_path": "s"}])
+    child = ok(await api.post(f"/v1/sandboxes/{source['id']}/fork", json={}))
+    for _ in range(200):
+        if ok(await api.get(f"/v1/sandboxes/{child['id']}"))["status"] == "running":
+            break
+        await asyncio.sleep(0.05)
+    items = await settled(api, child["id"])
+    assert [(d["disk_id"], d["mount_path"], d["sub_path"], d["mount_status"]) for d in items] == [
+        (disk["id"], "/mnt/a", "s", "mounted")
+    ]
+    assert fake_host.disks[(child["id"], "/mnt/a")].sub_path == "s"
+    # The source keeps its own mount; detaching the child's leaves it.
+    ok(await api.delete(f"/v1/sandboxes/{child['id']}/disks/{disk['id']}", params={"mount_path": "/mnt/a"}))
+    assert [d["mount_path"] for d in await settled(api, source["id"])] == ["/mnt/a"]

@@ -217,6 +217,29 @@ def test_pause_resume_keeps_the_mount_and_a_restarted_agent_restores_it(
     assert [m["mount_status"] for m in user.mounts(sandbox["id"])] == ["mounted"]
 
 
+def test_a_fork_inherits_the_mount(
+    live: tuple[LivePlatform, S3Server, S3Server, list[str]], user: Disks
+) -> None:
+    server = live[1]
+    bucket = server.bucket("fork-" + secrets.token_hex(4))
+    user.disk(server, "forked", bucket)
+    source = user.create(disks=[{"disk_id": "forked", "mount_path": "/shared"}])
+    assert user.sh(source["id"], "echo before > /shared/before.txt")["exit_code"] == 0
+    child = user.ok(user.http.post(f"/v1/sandboxes/{source['id']}/fork", json={}))
+    user.created.append(child["id"])
+    deadline = time.monotonic() + 60
+    while user.ok(user.http.get(f"/v1/sandboxes/{child['id']}"))["status"] != "running":
+        assert time.monotonic() < deadline, "the fork did not come up"
+        time.sleep(0.2)
+    assert [(m["mount_path"], m["mount_status"]) for m in user.mounts(child["id"])] == [
+        ("/shared", "mounted")
+    ]
+    assert (
+        user.sh(child["id"], "cat /shared/before.txt; echo child > /shared/child.txt")["stdout"] == "before\n"
+    )
+    assert user.sh(source["id"], "cat /shared/child.txt")["stdout"] == "child\n"
+
+
 def test_the_cli_registers_mounts_lists_detaches_and_deletes(
     live: tuple[LivePlatform, S3Server, S3Server, list[str]], user: Disks
 ) -> None:
