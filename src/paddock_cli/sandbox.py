@@ -370,3 +370,58 @@ def save_images(execution: Any, directory: Path) -> list[Path]:
             path.write_bytes(result.png)
             saved.append(path)
     return saved
+
+
+token_app = typer.Typer(
+    no_args_is_help=True,
+    help="A sandbox's delegated access token: used as PADDOCK_API_KEY, it acts on that sandbox only.",
+)
+app.add_typer(token_app, name="token")
+EXPIRES_IN_OPTION = typer.Option(
+    None, "--expires-in", min=1, help="Seconds until the token stops working (default: never)."
+)
+
+
+def show_token(token: Any) -> None:
+    print_fields(
+        [
+            ("enabled", str(token.enabled).lower()),
+            ("token_hint", token.token_hint),
+            ("created_at", token.created_at),
+            ("rotated_at", token.rotated_at),
+            ("expires_at", token.expires_at),
+        ]
+    )
+
+
+@token_app.command("create")
+def token_create(ref: str, expires_in: int = EXPIRES_IN_OPTION, json_out: bool = JSON_OPTION) -> None:
+    """Issue the sandbox's token. Prints only the token, which is shown this once, for
+    `token=$(paddock sandbox token create NAME)` (everything with --json)."""
+    with api_errors(), client() as sdk:
+        issued = resolve(sdk, ref).create_access_token(expires_in_seconds=expires_in)
+    emit(issued, json_out, lambda token: typer.echo(token.token))
+
+
+@token_app.command("rotate")
+def token_rotate(ref: str, expires_in: int = EXPIRES_IN_OPTION, json_out: bool = JSON_OPTION) -> None:
+    """Replace the token (the old one stops working at once); prints only the new one."""
+    with api_errors(), client() as sdk:
+        issued = resolve(sdk, ref).rotate_access_token(expires_in_seconds=expires_in)
+    emit(issued, json_out, lambda token: typer.echo(token.token))
+
+
+@token_app.command("show")
+def token_show(ref: str, json_out: bool = JSON_OPTION) -> None:
+    """Whether the sandbox has an enabled token, its hint and times (never the token itself)."""
+    with api_errors(), client() as sdk:
+        shown = resolve(sdk, ref).access_token()
+    emit(shown, json_out, show_token)
+
+
+@token_app.command("disable")
+def token_disable(ref: str, json_out: bool = JSON_OPTION) -> None:
+    """Revoke the token at once (idempotent)."""
+    with api_errors(), client() as sdk:
+        shown = resolve(sdk, ref).disable_access_token()
+    emit(shown, json_out, show_token)
