@@ -16,10 +16,9 @@ from paddock_core import errors
 
 router = APIRouter(include_in_schema=False)
 
-# (methods, path under /v1/sandboxes/{sandbox_id}) as listed in §12.1 and §12.3 (§12.2: processes.py).
+# (methods, path under /v1/sandboxes/{sandbox_id}) as listed in §12.3 (§12.1: access_tokens.py,
+# §12.2: processes.py).
 ROUTES: list[tuple[tuple[str, ...], str]] = [
-    (("POST", "GET", "DELETE"), "/access-token"),
-    (("POST",), "/access-token/rotate"),
     (("GET",), "/computer/screenshot"),
     (("GET",), "/computer/screen"),
     (("GET",), "/computer/cursor"),
