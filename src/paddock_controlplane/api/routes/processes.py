@@ -1,4 +1,7 @@
-"""Managed processes (§12.2): ``/v1/sandboxes/{id}/processes…``. The connect stream is NDJSON."""
+"""Managed processes (§12.2): ``/v1/sandboxes/{id}/processes…``. The connect stream is NDJSON.
+
+Every route takes ``SandboxPrincipalDep``: §12.1 lets a sandbox's delegated access token drive its
+processes (and answers 404 for any other sandbox's)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from paddock_controlplane import processes
-from paddock_controlplane.api.deps import PrincipalDep, ServicesDep
+from paddock_controlplane.api.deps import SandboxPrincipalDep, ServicesDep
 from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_core import envelope
 
@@ -22,7 +25,7 @@ def _ok(data: object) -> JSONResponse:
 
 @router.post("/{sandbox_id}/processes")
 async def start_process(
-    sandbox_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
     body = await optional_body(request, processes.ProcessStartRequest)
     started = await processes.start(services, principal.user_id, sandbox_id, body)
@@ -30,14 +33,16 @@ async def start_process(
 
 
 @router.get("/{sandbox_id}/processes")
-async def list_processes(sandbox_id: str, principal: PrincipalDep, services: ServicesDep) -> JSONResponse:
+async def list_processes(
+    sandbox_id: str, principal: SandboxPrincipalDep, services: ServicesDep
+) -> JSONResponse:
     found = await processes.list_all(services, principal.user_id, sandbox_id)
     return _ok({"processes": [processes.view(process) for process in found]})
 
 
 @router.get("/{sandbox_id}/processes/{process_id}")
 async def get_process(
-    sandbox_id: str, process_id: str, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, process_id: str, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
     return _ok(processes.view(await processes.get(services, principal.user_id, sandbox_id, process_id)))
 
@@ -46,7 +51,7 @@ async def get_process(
 async def kill_process(
     sandbox_id: str,
     process_id: str,
-    principal: PrincipalDep,
+    principal: SandboxPrincipalDep,
     services: ServicesDep,
     grace_ms: Annotated[int, Query(ge=0, le=processes.MAX_GRACE_MS)] = 5000,
 ) -> JSONResponse:
@@ -58,7 +63,7 @@ async def kill_process(
 async def connect_process(
     sandbox_id: str,
     process_id: str,
-    principal: PrincipalDep,
+    principal: SandboxPrincipalDep,
     services: ServicesDep,
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> StreamingResponse:
@@ -68,7 +73,7 @@ async def connect_process(
 
 @router.post("/{sandbox_id}/processes/{process_id}/input")
 async def process_input(
-    sandbox_id: str, process_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, process_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
     body = await optional_body(request, processes.ProcessInputRequest)
     seq = await processes.send_input(services, principal.user_id, sandbox_id, process_id, body)
@@ -77,7 +82,7 @@ async def process_input(
 
 @router.post("/{sandbox_id}/processes/{process_id}/stdin/close")
 async def close_stdin(
-    sandbox_id: str, process_id: str, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, process_id: str, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
     await processes.close_stdin(services, principal.user_id, sandbox_id, process_id)
     return _ok({"ok": True})
@@ -85,7 +90,7 @@ async def close_stdin(
 
 @router.post("/{sandbox_id}/processes/{process_id}/resize")
 async def resize_pty(
-    sandbox_id: str, process_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, process_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
     body = await optional_body(request, processes.ProcessResizeRequest)
     resized = await processes.resize(services, principal.user_id, sandbox_id, process_id, body)
@@ -94,7 +99,7 @@ async def resize_pty(
 
 @router.post("/{sandbox_id}/processes/{process_id}/signal")
 async def signal_process(
-    sandbox_id: str, process_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
+    sandbox_id: str, process_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
     body = await optional_body(request, processes.ProcessSignalRequest)
     signalled = await processes.send_signal(services, principal.user_id, sandbox_id, process_id, body)
@@ -105,7 +110,7 @@ async def signal_process(
 async def wait_process(
     sandbox_id: str,
     process_id: str,
-    principal: PrincipalDep,
+    principal: SandboxPrincipalDep,
     services: ServicesDep,
     scope: Annotated[Literal["leader", "tree"], Query()] = "leader",
     timeout_ms: Annotated[int, Query(ge=0, le=processes.MAX_WAIT_MS)] = 30000,
