@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from paddock_controlplane import contract, host_reports, hostlink, ingress, reconciler
+from paddock_controlplane import contract, host_reports, hostlink, ingress, reconciler, sshgate
 from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.api.routes import disks as disk_routes
@@ -91,10 +91,16 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         if deliveries:
             deliveries.start()
         proxy = await ingress.start(services, ingress_cache)
+        ssh = None
+        if settings.ssh_port:
+            key_file = settings.ssh_host_key_file or settings.data_dir / "ssh_host_key"
+            ssh = await sshgate.start(services, settings.ssh_host or settings.host, settings.ssh_port, key_file)
         log.info("controlplane_started", region=settings.region, database=engine.dialect.name)
         try:
             yield
         finally:
+            if ssh:
+                await ssh.stop()
             if proxy:
                 await proxy.stop()
             if deliveries:

@@ -38,6 +38,11 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     ingress_public_port: int | None = None
     #: Address the ingress listeners bind (the API's ``host`` when empty).
     ingress_host: str = ""
+    #: The SSH gateway's port in this process (0: none; ``paddock serve`` uses 2222), its address (the
+    #: API's ``host`` when empty) and its host key (generated once; default ``<data_dir>/ssh_host_key``).
+    ssh_port: int = 0
+    ssh_host: str = ""
+    ssh_host_key_file: Path | None = None
     #: How long a request waits for a paused, creating or resuming sandbox to be running.
     ingress_wake_timeout_s: float = 30.0
     #: Dialling a sandbox port fails after this long (-> 502).

@@ -1,0 +1,255 @@
+"""The SSH gateway: ``ssh -p 2222 <sandbox id or name>@<host>`` lands in that sandbox.
+
+An asyncssh server inside the control-plane process (like the ingress proxy: it needs the database and
+``suspension.resume``). The SSH user name names the sandbox; a client key is accepted when it is one
+of *that sandbox's* ``ssh_pubkeys`` (read from the database on every connection, so a key added with
+the API works on the next one; never the account's keys). Each session is a ``terminals.Terminal``:
+
+- ``ssh host`` with a PTY: a login shell on a PTY; window changes resize it.
+- ``ssh host cmd``: ``bash -lc cmd`` with separate stdout/stderr; stdin's EOF closes its stdin; the
+  command's exit status is the session's.
+- ``-L local:target:port``: forwarded from this process to ``<sandbox ip>:port`` (``localhost``,
+  ``127.0.0.1``, the sandbox's id or name and its own address all mean the sandbox).
+
+A paused sandbox is resumed by the connection. The host key is generated once (ed25519) into
+``ssh_host_key_file``, mode 0600.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import asyncssh
+from sqlalchemy import or_, select
+
+from paddock_controlplane import terminals
+from paddock_controlplane.models import Sandbox
+from paddock_controlplane.services import Services
+from paddock_controlplane.states import SandboxStatus
+from paddock_core import errors
+from paddock_core.logging import get_logger
+from paddock_hostagent.schemas import ProcessPty
+
+log = get_logger(__name__)
+LIVE = (SandboxStatus.RUNNING, SandboxStatus.PAUSED, SandboxStatus.RESUMING, SandboxStatus.PAUSING)
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def host_key(path: Path) -> asyncssh.SSHKey:
+    """The gateway's host key, generated on first start (0600) so clients see the same key later."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        tmp = path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_bytes(key.export_private_key())
+        tmp.replace(path)
+    return asyncssh.read_private_key(str(path))
+
+
+class _Target:
+    """The sandbox a connection authenticated into."""
+
+    def __init__(self, sandbox_id: str, user_id: str, name: str) -> None:
+        self.sandbox_id = sandbox_id
+        self.user_id = user_id
+        self.name = name
+
+
+class GatewayServer(asyncssh.SSHServer):
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.target: _Target | None = None
+        self.conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
+
+    def begin_auth(self, username: str) -> bool:
+        return True  # always ask for a key: an unknown sandbox fails like a wrong key
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        """Is ``key`` one of the keys of the sandbox named ``username`` (id, else name)?"""
+        async with self.services.sessions() as session:
+            candidates = (
+                await session.scalars(
+                    select(Sandbox).where(
+                        or_(Sandbox.id == username, Sandbox.name == username), Sandbox.status.in_(LIVE)
+                    )
+                )
+            ).all()
+        presented = key.public_data
+        for sandbox in sorted(candidates, key=lambda s: s.id != username):  # an exact id first
+            for line in sandbox.ssh_pubkeys or []:
+                with contextlib.suppress(asyncssh.KeyImportError, ValueError, TypeError):
+                    if asyncssh.import_public_key(str(line)).public_data == presented:
+                        self.target = _Target(sandbox.id, sandbox.user_id, sandbox.name)
+                        return True
+        return False
+
+    def connection_requested(
+        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+    ) -> asyncssh.SSHTCPSession[bytes] | bool:
+        """``-L``: only into this connection's sandbox, reached at its private address."""
+        target = self.target
+        if target is None or self.conn is None:
+            return False
+        if dest_host not in (*LOCAL_NAMES, target.sandbox_id, target.name):
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, "only the sandbox itself can be reached"
+            )
+        return _SandboxTunnel(self.services, target, dest_port)
+
+    def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        return False  # -R would listen on the gateway's machine: refused
+
+
+class _SandboxTunnel(asyncssh.SSHTCPSession[bytes]):
+    """One ``-L`` connection: bytes spliced to ``<sandbox ip>:port`` (a paused sandbox is woken)."""
+
+    def __init__(self, services: Services, target: _Target, port: int) -> None:
+        self.services = services
+        self.target = target
+        self.port = port
+        self.chan: asyncssh.SSHTCPChannel[bytes] | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.pending: list[bytes] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, chan: asyncssh.SSHTCPChannel[bytes]) -> None:
+        self.chan = chan
+        self.task = asyncio.create_task(self._dial())
+
+    async def _dial(self) -> None:
+        assert self.chan is not None
+        try:
+            sandbox = await terminals.wake(self.services, self.target.user_id, self.target.sandbox_id)
+            if not sandbox.ip:
+                raise errors.InvalidState("sandbox has no address")
+            reader, self.writer = await asyncio.open_connection(sandbox.ip, self.port)
+        except (OSError, errors.PaddockError) as exc:
+            log.info("ssh_forward_failed", sandbox_id=self.target.sandbox_id, port=self.port, error=str(exc))
+            self.chan.close()
+            return
+        for chunk in self.pending:
+            self.writer.write(chunk)
+        self.pending.clear()
+        try:
+            while chunk := await reader.read(65536):
+                self.chan.write(chunk)
+            self.chan.write_eof()
+        except (OSError, asyncssh.Error):
+            self.chan.close()
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if self.writer is None:
+            self.pending.append(data)
+        else:
+            self.writer.write(data)
+
+    def eof_received(self) -> bool:
+        if self.writer is not None and self.writer.can_write_eof():
+            self.writer.write_eof()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+async def _session(process: asyncssh.SSHServerProcess[bytes]) -> None:
+    server = process.channel.get_connection().get_owner()
+    assert isinstance(server, GatewayServer) and server.target is not None
+    target = server.target
+    if process.subsystem:
+        process.stderr.write(f"paddock: subsystem {process.subsystem} is not available\r\n".encode())
+        process.exit(1)
+        return
+    pty = None
+    if process.get_terminal_type():
+        cols, rows, _, _ = process.get_terminal_size()
+        pty = ProcessPty(rows=max(1, min(rows or 24, 10000)), cols=max(1, min(cols or 80, 10000)))
+    try:
+        terminal = await terminals.Terminal.open(
+            server.services, target.user_id, target.sandbox_id, pty=pty, command=process.command
+        )
+    except errors.PaddockError as exc:
+        process.stderr.write(f"paddock: {exc.message}\r\n".encode())
+        process.exit(255)
+        return
+    feeder = asyncio.create_task(_feed(process, terminal))
+    code = 255
+    try:
+        async for frame in terminal.frames():
+            if frame.type == "data":
+                sink = process.stderr if frame.stream == "stderr" else process.stdout
+                sink.write(terminals.decode(frame))
+            elif frame.type == "exit":
+                code = frame.exit_code if frame.exit_code is not None else 255
+            else:
+                process.stderr.write(f"paddock: {frame.error}\r\n".encode())
+    except (errors.PaddockError, asyncssh.Error, OSError) as exc:
+        log.info("ssh_session_lost", sandbox_id=target.sandbox_id, error=str(exc))
+    finally:
+        feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await feeder
+        await terminal.close()
+    process.exit(code)
+
+
+async def _feed(process: asyncssh.SSHServerProcess[bytes], terminal: terminals.Terminal) -> None:
+    """The client's keystrokes and window changes; EOF closes a command's stdin."""
+    while True:
+        try:
+            data = await process.stdin.read(65536)
+        except asyncssh.TerminalSizeChanged as change:
+            await terminal.resize(change.height, change.width)
+            continue
+        except (asyncssh.BreakReceived, asyncssh.SignalReceived):
+            continue
+        if not data:
+            if process.get_terminal_type() is None:
+                await terminal.close_stdin()
+            return
+        await terminal.write(data)
+
+
+class SshGateway:
+    def __init__(self, server: asyncssh.SSHAcceptor) -> None:
+        self.server = server
+
+    @property
+    def port(self) -> int:
+        return int(self.server.get_port())
+
+    async def stop(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def start(services: Services, host: str, port: int, key_file: Path) -> SshGateway:
+    acceptor = await asyncssh.create_server(
+        lambda: GatewayServer(services),
+        host,
+        port,
+        server_host_keys=[host_key(key_file)],
+        process_factory=_session,
+        encoding=None,  # bytes both ways: terminals carry any byte
+        allow_scp=False,
+        sftp_factory=None,
+        agent_forwarding=False,
+        x11_forwarding=False,
+    )
+    log.info("ssh_gateway_started", host=host, port=acceptor.get_port())
+    return SshGateway(acceptor)
