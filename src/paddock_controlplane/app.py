@@ -94,7 +94,9 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         ssh = None
         if settings.ssh_port:
             key_file = settings.ssh_host_key_file or settings.data_dir / "ssh_host_key"
-            ssh = await sshgate.start(services, settings.ssh_host or settings.host, settings.ssh_port, key_file)
+            ssh = await sshgate.start(
+                services, settings.ssh_host or settings.host, settings.ssh_port, key_file
+            )
         log.info("controlplane_started", region=settings.region, database=engine.dialect.name)
         try:
             yield
