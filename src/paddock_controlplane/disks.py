@@ -14,6 +14,7 @@ checked at registration (the mount says what is wrong, with the S3 error).
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import re
 from collections.abc import Sequence
@@ -42,6 +43,11 @@ log = get_logger("paddock.disks")
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_PATH = 1024
 DETACHABLE = (SandboxStatus.RUNNING, SandboxStatus.PAUSED)
+#: A mount still ``pending`` this long after its attachment was written lost its driver (a control
+#: plane that stopped mid-mount): the reconciler asks the host again. Longer than any bounded mount.
+PENDING_STALE_S = 120.0
+#: Mounts this process re-drives now, so a reconciler round does not start one twice.
+_redriving: set[tuple[str, str]] = set()
 
 
 class DiskConfigBody(Body):
@@ -489,6 +495,39 @@ async def detach(
             return  # a concurrent detach or destroy got there first
         await session.delete(current)
         await webhooks.emit(session, user_id=user_id, action="disk.detach", data=_event(current, sandbox))
+
+
+async def settle_pending(session: AsyncSession, services: Services) -> None:
+    """Reconciler pass: attachments left ``pending`` by a process that stopped are mounted again (the
+    host's attach is idempotent for the same disk and path)."""
+    cutoff = services.clock() - dt.timedelta(seconds=PENDING_STALE_S)
+    rows = (
+        await session.execute(
+            select(SandboxDisk.sandbox_id, SandboxDisk.mount_path)
+            .join(Sandbox, Sandbox.id == SandboxDisk.sandbox_id)
+            .where(
+                SandboxDisk.mount_status == "pending",
+                SandboxDisk.created_at < cutoff,
+                Sandbox.status.in_(DETACHABLE),
+            )
+        )
+    ).all()
+    for sandbox_id, mount_path in rows:
+        key = (sandbox_id, mount_path)
+        if key in _redriving:
+            continue
+        _redriving.add(key)
+        services.tasks.spawn(
+            _redrive(services, sandbox_id, mount_path), name=f"remount {sandbox_id} {mount_path}"
+        )
+
+
+async def _redrive(services: Services, sandbox_id: str, mount_path: str) -> None:
+    try:
+        log.info("disk_mount_redriven", sandbox_id=sandbox_id, mount_path=mount_path)
+        await mount(services, sandbox_id, mount_path)
+    finally:
+        _redriving.discard((sandbox_id, mount_path))
 
 
 async def inherit(session: AsyncSession, source: Sandbox, child: Sandbox) -> None:

@@ -1,5 +1,5 @@
 """The reconciler: its loop and its passes — host liveness, sandboxes of dead hosts, billing, idle
-auto-pause, and destroys a dead process left unfinished.
+auto-pause, and destroys and disk mounts a dead process left unfinished.
 
 Runs inside the control-plane process; every pass is a short transaction, so several control-plane
 processes on PostgreSQL can run it side by side.
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import billing, destruction, hosts, suspension
+from paddock_controlplane import billing, destruction, disks, hosts, suspension
 from paddock_controlplane.host_reports import HOST_DEAD_REASON
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
@@ -97,7 +97,14 @@ async def idle_pass(session: AsyncSession, services: Services) -> None:
 
 
 #: Every pass, in the order a round runs them.
-PASSES: list[Pass] = [host_liveness_pass, dead_host_pass, billing_pass, idle_pass, destruction.settle_stuck]
+PASSES: list[Pass] = [
+    host_liveness_pass,
+    dead_host_pass,
+    billing_pass,
+    idle_pass,
+    destruction.settle_stuck,
+    disks.settle_pending,
+]
 
 
 class Reconciler:

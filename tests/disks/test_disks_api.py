@@ -7,6 +7,7 @@ tests/integration/test_disks.py drives the same paths on real sandboxes, s3fs an
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,9 +15,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from paddock_controlplane.models import Disk
+from paddock_controlplane import disks
+from paddock_controlplane.models import Disk, SandboxDisk
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import make_engine, make_sessionmaker
+from paddock_core.timeutil import utcnow
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
 from tests.controlplane.test_networks import client_for, fail, new_sandbox, ok
@@ -337,3 +340,32 @@ async def test_a_fork_inherits_the_mounts_of_its_source(
     # The source keeps its own mount; detaching the child's leaves it.
     ok(await api.delete(f"/v1/sandboxes/{child['id']}/disks/{disk['id']}", params={"mount_path": "/mnt/a"}))
     assert [d["mount_path"] for d in await settled(api, source["id"])] == ["/mnt/a"]
+
+
+async def test_a_mount_left_pending_by_a_stopped_process_is_driven_again(
+    api: httpx.AsyncClient, controlplane: ControlPlane, fake_host: FakeHostLink
+) -> None:
+    disk = await new_disk(api, "data")
+    sandbox = await new_sandbox(api)
+    engine = make_engine(controlplane.settings.database_url)
+    try:
+        async with make_sessionmaker(engine)() as session, session.begin():
+            # What a control plane that died between writing the attachment and the host's answer leaves.
+            session.add(
+                SandboxDisk(
+                    sandbox_id=sandbox["id"],
+                    mount_path="/left",
+                    disk_id=disk["id"],
+                    mount_status="pending",
+                    created_at=utcnow() - dt.timedelta(seconds=disks.PENDING_STALE_S + 5),
+                )
+            )
+    finally:
+        await engine.dispose()
+    for _ in range(100):  # the reconciler runs every 0.2 s here
+        items = ok(await api.get(f"/v1/sandboxes/{sandbox['id']}/disks"))["data"]
+        if items[0]["mount_status"] != "pending":
+            break
+        await asyncio.sleep(0.05)
+    assert items[0]["mount_status"] == "mounted", items
+    assert (sandbox["id"], "/left") in fake_host.disks
