@@ -117,4 +117,6 @@ CONTRACT = Contract(
     operations=OPERATIONS,
     security_scheme=("ApiKey", {"type": "apiKey", "in": "header", "name": "X-Api-Key"}),
     public=frozenset({"/healthz", "/readyz", "/v1/shapes", "/v1/rootfs"}),
+    # A delegated sandbox access token (§12.1) is refused with 403 FORBIDDEN wherever it may not act.
+    authenticated_statuses=(401, 403),
 )

@@ -37,7 +37,7 @@ REASONS = {
     400: "The request is malformed or a field is invalid; the body names each invalid field.",
     401: "Missing or invalid credentials.",
     402: "Payment required: no credit left, or the quote to pay.",
-    403: "A plan or quota limit, or a resource of another owner.",
+    403: "A plan or quota limit, a resource of another owner, or an operation the credential may not call.",
     404: "Not found (or not yours).",
     405: "Method not allowed on this path; `Allow` lists the methods that are.",
     409: "Not allowed in the resource's current state, or a name or payment already taken.",
@@ -121,6 +121,8 @@ class Contract:
     operations: Mapping[tuple[str, str], Operation] = field(default_factory=dict)
     security_scheme: tuple[str, JsonSchema] | None = None  # (name, scheme object)
     public: frozenset[str] = frozenset()  # paths that need no credentials
+    #: What any operation that needs credentials may answer besides its own statuses.
+    authenticated_statuses: tuple[int, ...] = (401,)
     retry_after: frozenset[int] = frozenset({429, 503})
 
 
@@ -182,7 +184,7 @@ def _rewrite(
         statuses.add(404)
     public = path in contract.public or contract.security_scheme is None
     if not public:
-        statuses.add(401)
+        statuses.update(contract.authenticated_statuses)
         operation["security"] = [{contract.security_scheme[0]: []}] if contract.security_scheme else []
     for status in sorted(statuses | set(extras.bodies)):
         responses.setdefault(str(status), _error_response(status, contract))
