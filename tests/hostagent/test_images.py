@@ -31,7 +31,7 @@ def make_tarball(tmp_path: Path) -> Path:
 
 def test_without_mirrors_only_the_debian_images_are_offered(tmp_path: Path) -> None:
     store = ImageStore(tmp_path)
-    assert store.offered() == ["debian:13", "devbox:1"]
+    assert store.offered() == ["debian:13", "devbox:1", "code-interpreter:1"]
     assert store.cached() == []
     with pytest.raises(UnknownImageError):
         store.build("alpine:3.20")
@@ -106,7 +106,11 @@ def test_cli_lists_images(tmp_path: Path) -> None:
         text=True,
         check=True,
     )
-    assert result.stdout.splitlines() == ["debian:13\tbuildable", "devbox:1\tbuildable"]
+    assert result.stdout.splitlines() == [
+        "debian:13\tbuildable",
+        "devbox:1\tbuildable",
+        "code-interpreter:1\tbuildable",
+    ]
 
 
 @pytest.mark.root
