@@ -18,6 +18,7 @@ from paddock_controlplane.api.routes import disks as disk_routes
 from paddock_controlplane.api.routes import networks as network_routes
 from paddock_controlplane.api.routes import processes as process_routes
 from paddock_controlplane.api.routes import shell as shell_routes
+from paddock_controlplane.api.routes import templates as template_routes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
 from paddock_controlplane.hotcache import (
     StatusWatch,
@@ -29,6 +30,7 @@ from paddock_controlplane.hotcache import (
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_controlplane.template_builds import TemplateBuilder
 from paddock_controlplane.webhook_delivery import DeliveryWorker
 from paddock_core import openapi
 from paddock_core.crypto import SecretBox
@@ -90,6 +92,9 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         deliveries = DeliveryWorker.from_services(services) if settings.webhook_worker_enabled else None
         if deliveries:
             deliveries.start()
+        builder = TemplateBuilder(services) if settings.template_worker_enabled else None
+        if builder:
+            builder.start()
         proxy = await ingress.start(services, ingress_cache)
         ssh = None
         if settings.ssh_port:
@@ -105,6 +110,8 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
                 await ssh.stop()
             if proxy:
                 await proxy.stop()
+            if builder:
+                await builder.stop()
             if deliveries:
                 await deliveries.stop()
             await loop.stop()
@@ -130,6 +137,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         process_routes,
         shell_routes,
         disk_routes,
+        template_routes,
         webhook_routes,
     ):
         app.include_router(module.router)

@@ -20,6 +20,8 @@ from paddock_core.http import current_request_id
 from paddock_hostagent import client as hostclient
 from paddock_hostagent.schemas import (
     BandwidthResult,
+    BuildBody,
+    BuildView,
     CreateSandboxBody,
     DiskMountBody,
     DiskMountView,
@@ -164,6 +166,12 @@ class HostLinkAPI(Protocol):
     async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]: ...
 
     async def download(self, sandbox_id: str, path: str) -> Download: ...
+
+    async def start_build(self, body: BuildBody) -> BuildView: ...
+
+    async def get_build(self, build_id: str, *, after: int) -> BuildView: ...
+
+    async def delete_build(self, build_id: str) -> None: ...
 
     # -- managed processes (§12.2) --
 
@@ -314,6 +322,19 @@ class HostLink(HostLinkAPI):
         with _mapped():
             size, chunks = await self.client.download(sandbox_id, path)
         return Download(size=size, chunks=chunks)
+
+    async def start_build(self, body: BuildBody) -> BuildView:
+        with _mapped():
+            return await self.client.start_build(body)
+
+    async def get_build(self, build_id: str, *, after: int) -> BuildView:
+        """An attempt the host no longer knows (restarted) is :class:`SandboxGoneError`."""
+        with _mapped():
+            return await self.client.get_build(build_id, after=after)
+
+    async def delete_build(self, build_id: str) -> None:
+        with _mapped():
+            await self.client.delete_build(build_id)
 
     # -- managed processes (§12.2) --
 

@@ -26,6 +26,7 @@ from paddock_controlplane import (
     networks,
     queries,
     scheduler,
+    templates,
     validation,
     webhooks,
 )
@@ -39,6 +40,7 @@ from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.ids import new_id
 from paddock_core.logging import get_logger
+from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 
 log = get_logger("paddock.lifecycle")
 
@@ -120,12 +122,19 @@ def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
     return plan
 
 
-async def resolve_rootfs(session: AsyncSession, services: Services, requested: str) -> str:
+async def resolve_rootfs(
+    session: AsyncSession, services: Services, user_id: str, requested: str
+) -> tuple[str, str | None]:
+    """The image to boot and, for a template, the host that holds it (§11.1 order: a catalog name,
+    then the caller's template by id, then by name; a template not ``ready`` is 409)."""
     available = await hosts.available_images(session)
     default = catalog.rootfs_view(available, services.settings.default_rootfs)["default"]
     name = requested or default
-    if name in available or (not requested and name == default):
-        return name
+    if name in ROOT_IMAGES_BY_NAME and (name in available or (not requested and name == default)):
+        return name, None
+    template = await templates.resolve(session, user_id, requested) if requested else None
+    if template is not None:
+        return template.id, template.host_id
     raise errors.ValidationFailed.field("rootfs", f"unknown image {requested!r}; see GET /v1/rootfs")
 
 
@@ -148,14 +157,14 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             session, plan, user_id, now=services.clock(), needs_slot=not spec.start_paused, new_sandbox=True
         )
         accounts.require_credit(account)
-        rootfs = await resolve_rootfs(session, services, spec.rootfs)
+        rootfs, image_host = await resolve_rootfs(session, services, user_id, spec.rootfs)
         name = spec.name or await names.generate(session, user_id)
         if spec.name and await names.taken(session, user_id, spec.name):
             raise errors.AlreadyExists(f"a sandbox named {spec.name!r} already exists")
         placement = Placement(
             mem_mib=spec.shape.mem_mib,
             rootfs=rootfs,
-            host_id=await networks.placement(session, joined, spec.host_id),
+            host_id=await networks.placement(session, joined, spec.host_id or image_host),
             node_selector=spec.node_selector,
         )
         host = await _pick(session, services, placement, refused=())

@@ -90,6 +90,8 @@ class Services:
     billing_last: float = 0.0
     #: Monotonic time this process started judging host liveness (set by the first pass).
     liveness_since: float | None = None
+    #: Set by a template submit: the build worker (``template_builds.py``) claims it at once.
+    template_wake: asyncio.Event = field(default_factory=asyncio.Event)
     #: Called with every heartbeat after it is recorded (set by the app).
     on_heartbeat: HeartbeatHook | None = None
 

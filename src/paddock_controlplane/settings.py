@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from paddock_core.settings import DEFAULT_DATA_DIR, DatabaseSettingsMixin, ServiceSettings, sqlite_url
@@ -73,6 +73,17 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     retention_destroyed_h: int = 24
     #: Deliver webhooks to loopback, private and link-local addresses (off: refused as SSRF).
     webhook_allow_private_targets: bool = False
+    #: Run the template build worker in this process (it drives builds on the hosts).
+    template_worker_enabled: bool = True
+    #: One build attempt's time limit; past it the attempt fails saying so.
+    template_build_timeout_s: float = 1800.0
+    #: Attempts per build (a failed one is retried until this many have run).
+    template_build_attempts: int = 2
+    #: What a build's RUN steps may use (cgroup limits set by buildah through the OCI runtime).
+    template_build_vcpu: int = 2
+    template_build_mem_mib: int = 2048
+    #: The egress allowlist of RUN steps, in the sandbox rule syntax (empty: open, as a new sandbox's).
+    template_build_egress: list[str] = Field(default_factory=list)
     #: Run the webhook delivery worker in this process (API-only processes may turn it off).
     webhook_worker_enabled: bool = True
     #: Webhook deliveries in flight at once per process.

@@ -15,7 +15,14 @@ from typing import Any
 from paddock_controlplane import hostlink
 from paddock_controlplane.models import Sandbox
 from paddock_core import errors
-from paddock_hostagent.schemas import DiskMountBody, DiskMountView, NetworkAttachBody
+from paddock_hostagent.schemas import (
+    BuildBody,
+    BuildLine,
+    BuildView,
+    DiskMountBody,
+    DiskMountView,
+    NetworkAttachBody,
+)
 from tests.controlplane.fakeprocesses import FakeProcesses
 
 HOST_BEAT = {
@@ -48,6 +55,8 @@ class FakeHostLink(FakeProcesses):
         # Mounts by (sandbox id, mount path); a disk whose bucket is named here fails with this error.
         self.disks: dict[tuple[str, str], DiskMountBody] = {}
         self.failing_buckets: dict[str, str] = {}
+        self.mount_delay_s = 0.0
+        self.builds: dict[str, BuildView] = {}
 
     def _joins(self, sandbox_id: str, networks: Sequence[NetworkAttachBody]) -> None:
         """A create or fork joins its networks during the boot; the real host fails the boot (and undoes
@@ -103,6 +112,7 @@ class FakeHostLink(FakeProcesses):
 
     async def attach_disk(self, sandbox_id: str, body: DiskMountBody) -> DiskMountView:
         self.calls.append(("attach_disk", f"{sandbox_id} {body.disk_id} {body.mount_path}"))
+        await asyncio.sleep(self.mount_delay_s)
         error = self.failing_buckets.get(body.bucket)
         if error is None:
             self.disks[(sandbox_id, body.mount_path)] = body
@@ -165,6 +175,34 @@ class FakeHostLink(FakeProcesses):
             yield data
 
         return hostlink.Download(size=len(data), chunks=chunks())
+
+    # Template builds: an attempt ends ``ready`` at once unless its Dockerfile contains "FAIL".
+    async def start_build(self, body: BuildBody) -> BuildView:
+        self.calls.append(("start_build", body.id))
+        failed = "FAIL" in body.dockerfile
+        lines = [BuildLine(ts=0.0, level="info", line=f"STEP 1/1: attempt {body.attempt}")]
+        if failed:
+            lines.append(BuildLine(ts=0.0, level="error", line="RUN FAIL: exit status 1"))
+        self.builds[body.id] = BuildView(
+            id=body.id,
+            attempt=body.attempt,
+            status="failed" if failed else "ready",
+            lines=lines,
+            next=len(lines),
+            ext4_size_bytes=0 if failed else 4096,
+            error="exit status 1" if failed else None,
+        )
+        return self.builds[body.id]
+
+    async def get_build(self, build_id: str, *, after: int) -> BuildView:
+        view = self.builds.get(build_id)
+        if view is None:
+            raise hostlink.SandboxGoneError("no build")
+        return view.model_copy(update={"lines": view.lines[after:]})
+
+    async def delete_build(self, build_id: str) -> None:
+        self.calls.append(("delete_build", build_id))
+        self.builds.pop(build_id, None)
 
 
 _: hostlink.HostLinkAPI = FakeHostLink()  # mypy: the fake keeps the interface's signatures

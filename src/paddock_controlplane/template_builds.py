@@ -1,0 +1,326 @@
+"""The template build worker: claims pending builds from the database and drives them on a host.
+
+A build is claimed with a lease (``Template.lease_until``), renewed while it runs, so several
+control-plane processes can run this worker side by side and a build whose process died is claimed
+again once the lease lapses (a new attempt). Each attempt:
+
+1. picks a live host that can offer the ``FROM`` image (a template base: the host holding it), records
+   ``building``, the attempt number and its host, and emits ``template.build.start``;
+2. starts the attempt on the host (``POST /internal/v1/builds``) and polls it every
+   ``POLL_S`` for new log lines, appended here as they come, so the log is followable;
+3. ends ``ready`` (the image is on that host; the host's image list gains it at once, so the
+   scheduler places sandboxes of this template there), or ``failed``: retried up to
+   ``template_build_attempts`` attempts, then ``failed`` with ``template.build.complete``.
+
+A template deleted while it builds is noticed at the next poll: the host cancels the attempt (its
+RUN step is killed) and drops what it made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import time
+from typing import Any
+
+from sqlalchemy import or_, select, update
+
+from paddock_controlplane import hostlink, scheduler, webhooks
+from paddock_controlplane.models import Host, Template, TemplateLogLine
+from paddock_controlplane.services import Services
+from paddock_core import errors
+from paddock_core.db import transaction
+from paddock_core.logging import get_logger
+from paddock_hostagent.schemas import BuildBody, BuildView
+
+log = get_logger("paddock.template_builds")
+
+POLL_S = 0.3
+LEASE_S = 30.0
+IDLE_POLL_S = 1.0
+#: The host enforces the attempt's time limit; the worker gives up this much later on its own (a host
+#: that stopped answering).
+GRACE_S = 60.0
+
+
+class _Deleted(Exception):
+    """The template was deleted while its build ran."""
+
+
+class TemplateBuilder:
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._task: asyncio.Task[None] | None = None
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="template-builder")
+
+    async def stop(self) -> None:
+        tasks = [task for task in (self._task, *self._running.values()) if task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _loop(self) -> None:
+        wake = self.services.template_wake
+        while True:
+            try:
+                claimed = await self.claim()
+            except Exception:  # a database hiccup must not end the worker
+                log.exception("template_claim_failed")
+                claimed = None
+            if claimed is not None:
+                task = asyncio.create_task(self.run(claimed), name=f"template-build-{claimed}")
+                self._running[claimed] = task
+                task.add_done_callback(self._forget_task)
+                continue
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), IDLE_POLL_S)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        for key, running in list(self._running.items()):
+            if running is task:
+                del self._running[key]
+
+    def _now(self) -> dt.datetime:
+        return self.services.clock()
+
+    async def claim(self) -> str | None:
+        """One template to build: pending, or building under a lapsed lease. Conditional update, so
+        two workers never both win a row (SQLite and PostgreSQL alike)."""
+        now = self._now()
+        async with transaction(self.services.sessions) as session:
+            candidate = await session.scalar(
+                select(Template.id)
+                .where(
+                    Template.deleted_at.is_(None),
+                    or_(
+                        Template.status == "pending",
+                        (Template.status == "building") & (Template.lease_until < now),
+                    ),
+                    Template.id.not_in(list(self._running)),
+                )
+                .order_by(Template.created_at)
+                .limit(1)
+            )
+            if candidate is None:
+                return None
+            won = await session.execute(
+                update(Template)
+                .where(
+                    Template.id == candidate,
+                    or_(Template.lease_until.is_(None), Template.lease_until < now),
+                )
+                .values(lease_until=now + dt.timedelta(seconds=LEASE_S))
+            )
+            return candidate if won.rowcount == 1 else None  # type: ignore[attr-defined]
+
+    # -- one build, its attempts -------------------------------------------------------------------
+
+    async def run(self, template_id: str) -> None:
+        settings = self.services.settings
+        try:
+            while True:  # ends: every pass is one more attempt, bounded below
+                attempt, host_id = await self._begin_attempt(template_id)
+                if attempt is None:
+                    return
+                try:
+                    view = await self._attempt(template_id, attempt, host_id)
+                except _Deleted:
+                    await self._cancel(template_id, host_id)
+                    return
+                except (hostlink.HostError, hostlink.SandboxGoneError, errors.PaddockError) as exc:
+                    view = None
+                    await self._say(template_id, attempt, f"the build host failed: {exc}", "error")
+                if view is not None and view.status == "ready":
+                    await self._finish(template_id, attempt, host_id, view)
+                    return
+                reason = (view.error if view is not None else None) or "the build failed"
+                if attempt >= settings.template_build_attempts:
+                    await self._finish(template_id, attempt, host_id, view, reason=reason)
+                    return
+                await self._say(
+                    template_id, attempt, f"attempt {attempt} failed ({reason}); retrying", "warn"
+                )
+        except Exception:
+            log.exception("template_build_crashed", template_id=template_id)
+
+    async def _begin_attempt(self, template_id: str) -> tuple[int | None, str]:
+        async with transaction(self.services.sessions) as session:
+            template = await session.get(Template, template_id, with_for_update=True)
+            if template is None or template.deleted_at is not None:
+                return None, ""
+            try:
+                host = await self._pick_host(session, template)
+            except errors.PaddockError as exc:
+                template.attempt += 1
+                await self._end(session, template, "failed", reason=f"no host can build it: {exc}")
+                return None, ""
+            template.attempt += 1
+            template.status = "building"
+            template.host_id = host.id
+            template.error = None
+            template.lease_until = self._now() + dt.timedelta(seconds=LEASE_S)
+            await webhooks.emit(
+                session,
+                user_id=template.user_id,
+                action="template.build.start",
+                data={"template_id": template.id, "user_id": template.user_id, "attempt": template.attempt},
+            )
+            return template.attempt, host.id
+
+    async def _pick_host(self, session: Any, template: Template) -> Host:
+        if template.from_image.startswith("tpl_"):
+            base = await session.get(Template, template.from_image)
+            host_id = base.host_id if base is not None else None
+        else:
+            host_id = None
+        return await scheduler.pick_host(
+            session,
+            mem_mib=0,  # a build's memory is its own cgroup's, not a sandbox's reservation
+            rootfs=template.from_image,
+            now=self._now(),
+            dead_after_s=self.services.settings.host_dead_after_s,
+            host_id=host_id,
+        )
+
+    async def _attempt(self, template_id: str, attempt: int, host_id: str) -> BuildView:
+        settings = self.services.settings
+        async with self.services.sessions() as session:
+            template = await session.get(Template, template_id)
+        assert template is not None
+        link = await hostlink.for_host(self.services, host_id)
+        view = await link.start_build(
+            BuildBody(
+                id=template_id,
+                dockerfile=template.dockerfile,
+                base=template.from_image,
+                attempt=attempt,
+                timeout_s=settings.template_build_timeout_s,
+                vcpu=settings.template_build_vcpu,
+                mem_mib=settings.template_build_mem_mib,
+                egress=list(settings.template_build_egress),
+            )
+        )
+        deadline = time.monotonic() + settings.template_build_timeout_s + GRACE_S
+        after = 0
+        while True:
+            view = await link.get_build(template_id, after=after)
+            after = view.next
+            done = view.status != "building"
+            if not await self._record(template_id, attempt, view):
+                raise _Deleted
+            if done:
+                return view
+            if time.monotonic() > deadline:
+                await self._cancel(template_id, host_id)
+                return view.model_copy(
+                    update={"status": "failed", "error": "the build host stopped reporting", "lines": []}
+                )
+            await asyncio.sleep(POLL_S)
+
+    async def _record(self, template_id: str, attempt: int, view: BuildView) -> bool:
+        """Appends the new lines and renews the lease; False once the template is deleted."""
+        async with transaction(self.services.sessions) as session:
+            template = await session.get(Template, template_id, with_for_update=True)
+            if template is None or template.deleted_at is not None:
+                return False
+            template.lease_until = self._now() + dt.timedelta(seconds=LEASE_S)
+            session.add_all(
+                TemplateLogLine(
+                    template_id=template_id,
+                    attempt=attempt,
+                    ts=dt.datetime.fromtimestamp(line.ts, dt.UTC),
+                    level=line.level,
+                    line=line.line[:8192],
+                )
+                for line in view.lines
+            )
+        return True
+
+    async def _say(self, template_id: str, attempt: int, text: str, level: str = "info") -> None:
+        async with transaction(self.services.sessions) as session:
+            session.add(
+                TemplateLogLine(
+                    template_id=template_id, attempt=attempt, ts=self._now(), level=level, line=text
+                )
+            )
+
+    async def _finish(
+        self,
+        template_id: str,
+        attempt: int,
+        host_id: str,
+        view: BuildView | None,
+        *,
+        reason: str | None = None,
+    ) -> None:
+        async with transaction(self.services.sessions) as session:
+            template = await session.get(Template, template_id, with_for_update=True)
+            if template is None:
+                return
+            if template.deleted_at is not None:
+                deleted = True
+            else:
+                deleted = False
+                if reason is None and view is not None:
+                    template.ext4_size_bytes = view.ext4_size_bytes
+                    template.built_at = self._now()
+                    host = await session.get(Host, host_id, with_for_update=True)
+                    if host is not None and template_id not in (host.rootfses or []):
+                        # The scheduler places by the host's image list; the next heartbeat says the
+                        # same, this makes the template bootable at once.
+                        host.rootfses = [*(host.rootfses or []), template_id]
+                    await self._end(session, template, "ready")
+                else:
+                    await self._end(session, template, "failed", reason=reason)
+        if deleted:
+            await self._cancel(template_id, host_id)
+
+    async def _end(self, session: Any, template: Template, status: str, *, reason: str | None = None) -> None:
+        template.status = status
+        template.lease_until = None
+        template.error = reason
+        if reason:
+            session.add(
+                TemplateLogLine(
+                    template_id=template.id,
+                    attempt=max(template.attempt, 1),
+                    ts=self._now(),
+                    level="error",
+                    line=f"build failed after {template.attempt} attempt(s): {reason}",
+                )
+            )
+        await webhooks.emit(
+            session,
+            user_id=template.user_id,
+            action="template.build.complete",
+            data={
+                "template_id": template.id,
+                "user_id": template.user_id,
+                "status": status,
+                "attempt": template.attempt,
+            },
+        )
+        log.info("template_build_complete", template_id=template.id, status=status, attempt=template.attempt)
+
+    async def _cancel(self, template_id: str, host_id: str | None) -> None:
+        if host_id is None:
+            return
+        with contextlib.suppress(hostlink.HostError, hostlink.SandboxGoneError):
+            link = await hostlink.for_host(self.services, host_id)
+            await link.delete_build(template_id)
+
+
+async def forget(services: Services, template: Template) -> None:
+    """After a delete: the host cancels a running attempt at once and drops the image (when unused)."""
+    if template.host_id is None:
+        return
+    with contextlib.suppress(hostlink.HostError, hostlink.SandboxGoneError):
+        link = await hostlink.for_host(services, template.host_id)
+        await link.delete_build(template.id)

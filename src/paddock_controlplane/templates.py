@@ -1,0 +1,398 @@
+"""Templates (§10.12, §11.13): a Dockerfile a user submits, built into an image sandboxes boot.
+
+Submitting validates the request once and records a ``pending`` row (plan caps under the user's row
+lock, like sandboxes); the build worker (``template_builds.py``) drives the build on a host and
+appends its log lines here. ``POST /v1/sandboxes`` with ``rootfs`` = a ready template's id or name
+boots its image (``resolve``).
+
+The Dockerfile is not interpreted here — buildah does that on the host — but it is read once at the
+boundary so that bad input is a 400 naming ``dockerfile`` with nothing recorded: instructions are
+split as the Dockerfile reference defines them (comments, ``\\`` continuations), every keyword must be
+one buildah knows, there is exactly one ``FROM`` and it comes first, and ``COPY``/``ADD`` are refused
+(§11.13: a template has no build context). ``FROM`` must name an image that can be built from:
+``base`` (the request's ``base``), a catalog image some host offers, or a ready template of the same
+user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import StrictStr
+from sqlalchemy import func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane import accounts, hosts, webhooks
+from paddock_controlplane.models import Template, TemplateLogLine
+from paddock_controlplane.schemas import Body
+from paddock_controlplane.services import Services
+from paddock_core import errors
+from paddock_core.db import transaction
+from paddock_core.ids import new_id
+from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
+from paddock_core.timeutil import rfc3339
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+MAX_DOCKERFILE_BYTES = 65536
+#: Instructions buildah accepts; COPY and ADD are refused (no build context), ONBUILD too (it would
+#: smuggle them into a later template).
+INSTRUCTIONS = frozenset(
+    {
+        "FROM",
+        "RUN",
+        "CMD",
+        "LABEL",
+        "EXPOSE",
+        "ENV",
+        "ENTRYPOINT",
+        "VOLUME",
+        "USER",
+        "WORKDIR",
+        "ARG",
+        "STOPSIGNAL",
+        "HEALTHCHECK",
+        "SHELL",
+        "MAINTAINER",
+    }
+)
+REFUSED = {
+    "COPY": "COPY is not supported: a template has no build context (write files with RUN)",
+    "ADD": "ADD is not supported: a template has no build context (fetch files with RUN)",
+    "ONBUILD": "ONBUILD is not supported",
+}
+TERMINAL = ("ready", "failed")
+KEEPALIVE_S = 15.0
+FOLLOW_POLL_S = 0.25
+
+
+class TemplateCreateRequest(Body):
+    name: StrictStr | None = None
+    dockerfile: StrictStr | None = None
+    base: StrictStr | None = None
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    arguments: str
+    line: int  # 1-based line where it starts
+
+
+# --- views ---------------------------------------------------------------------------------------
+
+
+def template_view(template: Template, *, include_dockerfile: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": template.id,
+        "name": template.name,
+        "base": template.base,
+        "status": template.status,
+        "ext4_size_bytes": int(template.ext4_size_bytes or 0),
+        "created_at": rfc3339(template.created_at),
+    }
+    if template.built_at is not None and template.status == "ready":
+        out["built_at"] = rfc3339(template.built_at)
+    if include_dockerfile:
+        out["dockerfile"] = template.dockerfile
+    return out
+
+
+# --- reading the Dockerfile ----------------------------------------------------------------------
+
+
+def parse_dockerfile(text: str) -> list[Instruction]:
+    """Splits ``text`` into instructions (400 naming ``dockerfile`` when it is not a Dockerfile)."""
+    out: list[Instruction] = []
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue  # blank lines and comments between instructions
+        if pending and stripped.startswith("#"):
+            continue  # comment lines inside a continued instruction are dropped, as Docker does
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending.append(stripped[:-1])
+            continue
+        pending.append(stripped)
+        out.append(_instruction(" ".join(part for part in pending if part), start))
+        pending = []
+    if pending:
+        out.append(_instruction(" ".join(pending), start))
+    if not out:
+        raise errors.ValidationFailed.field("dockerfile", "has no instructions")
+    froms = [item for item in out if item.keyword == "FROM"]
+    if len(froms) != 1:
+        raise errors.ValidationFailed.field("dockerfile", f"must have exactly one FROM (has {len(froms)})")
+    if out[0].keyword != "FROM":
+        raise errors.ValidationFailed.field(
+            "dockerfile", f"line {out[0].line}: the first instruction must be FROM"
+        )
+    return out
+
+
+def _instruction(text: str, line: int) -> Instruction:
+    keyword, _, arguments = text.partition(" ")
+    upper = keyword.upper()
+    if upper in REFUSED:
+        raise errors.ValidationFailed.field("dockerfile", f"line {line}: {REFUSED[upper]}")
+    if upper not in INSTRUCTIONS:
+        raise errors.ValidationFailed.field("dockerfile", f"line {line}: unknown instruction {keyword!r}")
+    if not arguments.strip():
+        raise errors.ValidationFailed.field("dockerfile", f"line {line}: {upper} needs arguments")
+    if upper in ("CMD", "ENTRYPOINT", "RUN", "SHELL") and arguments.lstrip().startswith("["):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, list) or not all(isinstance(part, str) for part in parsed):
+            raise errors.ValidationFailed.field(
+                "dockerfile", f"line {line}: {upper} [...] must be a JSON array of strings"
+            )
+    return Instruction(upper, arguments.strip(), line)
+
+
+def from_reference(instructions: list[Instruction]) -> tuple[str, int]:
+    """The image ``FROM`` names, and its line. ``FROM image [AS name]``; flags are refused."""
+    item = instructions[0]
+    words = item.arguments.split()
+    if words[0].startswith("--"):
+        raise errors.ValidationFailed.field("dockerfile", f"line {item.line}: FROM flags are not supported")
+    if len(words) not in (1, 3) or (len(words) == 3 and words[1].upper() != "AS"):
+        raise errors.ValidationFailed.field("dockerfile", f"line {item.line}: FROM takes one image [AS name]")
+    return words[0], item.line
+
+
+# --- submit, read, delete ------------------------------------------------------------------------
+
+
+def _validate(services: Services, req: TemplateCreateRequest) -> tuple[str, str, str, str, int]:
+    name = (req.name or "").strip()
+    if not NAME.fullmatch(name):
+        raise errors.ValidationFailed.field("name", "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    dockerfile = req.dockerfile or ""
+    if not dockerfile.strip():
+        raise errors.ValidationFailed.field("dockerfile", "must not be empty")
+    if len(dockerfile.encode()) > MAX_DOCKERFILE_BYTES:
+        raise errors.ValidationFailed.field("dockerfile", f"must be at most {MAX_DOCKERFILE_BYTES} bytes")
+    base = (req.base or "").strip() or services.settings.default_rootfs
+    if base not in ROOT_IMAGES_BY_NAME:
+        raise errors.ValidationFailed.field("base", "must be a catalog image name; see GET /v1/rootfs")
+    reference, line = from_reference(parse_dockerfile(dockerfile))
+    return name, dockerfile, base, reference, line
+
+
+async def _resolve_from(session: AsyncSession, user_id: str, reference: str, line: int, base: str) -> str:
+    """A catalog name some host offers, or the id of one of the user's ready templates."""
+    name = base if reference == "base" else reference
+    if name in ROOT_IMAGES_BY_NAME:
+        if name in await hosts.available_images(session):
+            return name
+        raise errors.ValidationFailed.field(
+            "base" if reference == "base" else "dockerfile",
+            f"line {line}: image {name!r} is not available on any host; see GET /v1/rootfs",
+        )
+    template = await find(session, user_id, name)
+    if template is None or template.status != "ready":
+        state = "is not ready" if template is not None else "is neither a catalog image nor your template"
+        raise errors.ValidationFailed.field("dockerfile", f"line {line}: FROM {name!r} {state}")
+    return template.id
+
+
+async def find(session: AsyncSession, user_id: str, ref: str, *, for_update: bool = False) -> Template | None:
+    """The user's live template with this id or, failing that, this name."""
+    query = (
+        select(Template)
+        .where(Template.user_id == user_id, Template.deleted_at.is_(None))
+        .where(or_(Template.id == ref, Template.name == ref))
+        .order_by((Template.id == ref).desc())
+        .limit(1)
+    )
+    if for_update:
+        query = query.with_for_update()
+    return (await session.scalars(query)).first()
+
+
+async def get_owned(session: AsyncSession, user_id: str, ref: str, *, for_update: bool = False) -> Template:
+    template = await find(session, user_id, ref, for_update=for_update)
+    if template is None:
+        raise errors.NotFound("template not found")
+    return template
+
+
+async def create(services: Services, user_id: str, req: TemplateCreateRequest) -> dict[str, Any]:
+    name, dockerfile, base, reference, line = _validate(services, req)
+    async with transaction(services.sessions) as session:
+        account = await accounts.lock_user(session, user_id)
+        plan = await accounts.cached_plan(session, account.plan_id)
+        if plan.templates_concurrent <= 0:
+            raise errors.PlanLimit(f"the {plan.name} plan includes no templates")
+        live = await session.scalar(
+            select(func.count()).where(Template.user_id == user_id, Template.deleted_at.is_(None))
+        )
+        if int(live or 0) >= plan.templates_concurrent:
+            raise errors.QuotaExceeded(f"concurrent template cap reached: limit {plan.templates_concurrent}")
+        today = await session.scalar(
+            select(func.count()).where(
+                Template.user_id == user_id, Template.created_at >= accounts.day_start(services.clock())
+            )
+        )
+        if int(today or 0) >= plan.templates_per_day:
+            raise errors.QuotaExceeded(f"daily template cap reached: limit {plan.templates_per_day} per day")
+        accounts.require_credit(account)
+        if await find(session, user_id, name) is not None:
+            raise errors.AlreadyExists(f"name: a template named {name!r} already exists")
+        template = Template(
+            id=new_id("tpl_"),
+            user_id=user_id,
+            name=name,
+            base=base,
+            from_image=await _resolve_from(session, user_id, reference, line, base),
+            dockerfile=dockerfile,
+            status="pending",
+            attempt=0,
+            ext4_size_bytes=0,
+            created_at=services.clock(),
+        )
+        session.add(template)
+        await session.flush()
+        await webhooks.emit(
+            session,
+            user_id=user_id,
+            action="template.submit",
+            data={"template_id": template.id, "user_id": user_id, "name": name, "base": base},
+        )
+    services.template_wake.set()
+    return template_view(template)
+
+
+async def page(
+    session: AsyncSession, user_id: str, *, limit: int, offset: int
+) -> tuple[list[dict[str, Any]], int]:
+    where = (Template.user_id == user_id, Template.deleted_at.is_(None))
+    total = await session.scalar(select(func.count()).select_from(Template).where(*where))
+    rows = (
+        await session.scalars(
+            select(Template)
+            .where(*where)
+            .order_by(Template.created_at, Template.id)
+            .limit(limit)
+            .offset(offset)
+        )
+    ).all()
+    return [template_view(row) for row in rows], int(total or 0)
+
+
+async def delete_template(services: Services, user_id: str, ref: str) -> Template:
+    """Marks it deleted (its name is free at once); the worker cancels a running build, and the host
+    drops the image once no sandbox boots from it (§13.2: never blocked by sandboxes)."""
+    async with transaction(services.sessions) as session:
+        template = await get_owned(session, user_id, ref, for_update=True)
+        template.deleted_at = services.clock()
+        await webhooks.emit(
+            session,
+            user_id=user_id,
+            action="template.delete",
+            data={"template_id": template.id, "user_id": user_id, "name": template.name},
+        )
+    return template
+
+
+async def resolve(session: AsyncSession, user_id: str, ref: str) -> Template | None:
+    """For ``POST /v1/sandboxes``: the user's template named by ``rootfs`` (409 unless ready)."""
+    template = await find(session, user_id, ref)
+    if template is not None and template.status != "ready":
+        raise errors.InvalidState(f"template {template.name!r} is {template.status}, not ready")
+    return template
+
+
+# --- the build log -------------------------------------------------------------------------------
+
+
+def _frame(line: TemplateLogLine) -> dict[str, Any]:
+    return {"ts": rfc3339(line.ts), "level": line.level, "line": line.line, "attempt": line.attempt}
+
+
+def final_frame(template: Template, now: dt.datetime, attempt: int | None = None) -> dict[str, Any]:
+    """The terminal frame; for one earlier attempt (``?attempt=``) it says how that one ended, and an
+    attempt that was followed by another has failed."""
+    status = "failed" if attempt is not None and attempt < template.attempt else template.status
+    return {"ts": rfc3339(now), "attempt": attempt or template.attempt, "final": True, "status": status}
+
+
+def check_attempt(template: Template, attempt: int | None) -> None:
+    if attempt is not None and (attempt < 1 or attempt > template.attempt):
+        raise errors.NotFound(f"template {template.id} has no attempt {attempt}")
+
+
+async def _lines(
+    session: AsyncSession, template_id: str, attempt: int | None, after_id: int
+) -> list[TemplateLogLine]:
+    query = select(TemplateLogLine).where(
+        TemplateLogLine.template_id == template_id, TemplateLogLine.id > after_id
+    )
+    if attempt is not None:
+        query = query.where(TemplateLogLine.attempt == attempt)
+    return list((await session.scalars(query.order_by(TemplateLogLine.id).limit(2000))).all())
+
+
+async def open_log(services: Services, user_id: str, ref: str, attempt: int | None) -> Template:
+    """The template whose log is asked for (404 for another user's, or for an attempt never run)."""
+    async with services.sessions() as session:
+        template = await get_owned(session, user_id, ref)
+    check_attempt(template, attempt)
+    return template
+
+
+async def log_text(services: Services, template_id: str, attempt: int | None) -> str:
+    """Every frame recorded so far, then the terminal frame if the build has ended."""
+    out: list[str] = []
+    after = 0
+    async with services.sessions() as session:
+        template = await session.get(Template, template_id)
+        assert template is not None
+        while True:
+            lines = await _lines(session, template_id, attempt, after)
+            if not lines:
+                break
+            out.extend(json.dumps(_frame(line)) for line in lines)
+            after = lines[-1].id
+    if template.status in TERMINAL:
+        out.append(json.dumps(final_frame(template, services.clock(), attempt)))
+    return "".join(item + "\n" for item in out)
+
+
+async def follow(services: Services, template_id: str, attempt: int | None) -> AsyncIterator[bytes]:
+    """Replays, then streams new frames until the build ends (terminal frame) or the template is
+    deleted; a blank line every ``KEEPALIVE_S`` while nothing happens (§11.13)."""
+    after = 0
+    loop = asyncio.get_running_loop()
+    last_sent = loop.time()
+    while True:
+        async with services.sessions() as session:
+            # Status first, then lines: a build's last lines commit with (or before) its end, so a
+            # terminal status read here means the lines read next are all there are.
+            template = await session.get(Template, template_id)
+            lines = await _lines(session, template_id, attempt, after)
+        if lines:
+            after = lines[-1].id
+            yield "".join(json.dumps(_frame(line)) + "\n" for line in lines).encode()
+            last_sent = loop.time()
+            continue
+        if template is None or template.deleted_at is not None:
+            return
+        if template.status in TERMINAL:
+            yield (json.dumps(final_frame(template, services.clock(), attempt)) + "\n").encode()
+            return
+        if loop.time() - last_sent >= KEEPALIVE_S:
+            yield b"\n"
+            last_sent = loop.time()
+        await asyncio.sleep(FOLLOW_POLL_S)

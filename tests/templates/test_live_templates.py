@@ -1,0 +1,261 @@
+"""Templates built by the real builder (buildah on the host agent, RUN steps under crun in a sandbox-like
+network namespace) and booted as real sandboxes. RUN steps reach only the Debian archive (apt-get) and
+addresses these tests create."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import paddock
+from tests.live import LivePlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+DOCKERFILE = """\
+FROM debian:13
+ENV GREETING="hello from the template"
+RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/*
+WORKDIR /srv/app
+RUN echo built > /srv/app/marker.txt
+CMD ["sleep", "infinity"]
+"""
+
+
+def wait_done(http: httpx.Client, template_id: str, timeout_s: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    data: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        data = http.get(f"/v1/templates/{template_id}").json()["data"]
+        if data["status"] in ("ready", "failed"):
+            return data
+        time.sleep(0.5)
+    raise AssertionError(f"template {template_id} did not finish in {timeout_s} s: {data}")
+
+
+def frames_of(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def sh(http: httpx.Client, sandbox_id: str, script: str) -> dict[str, Any]:
+    resp = http.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "sh", "args": ["-c", script]})
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json()["data"]["result"])
+
+
+@pytest.fixture(scope="module")
+def http(live: LivePlatform) -> Iterator[httpx.Client]:
+    with live.http(live.api_key("pro"), timeout=600) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def built(http: httpx.Client) -> Iterator[dict[str, Any]]:
+    """One template built from DOCKERFILE, its log as followed while it built, and when each frame came."""
+    created = http.post("/v1/templates", json={"name": "jq-box", "dockerfile": DOCKERFILE})
+    assert created.status_code == 200, created.text
+    template = created.json()["data"]
+    arrivals: list[tuple[float, dict[str, Any], str]] = []
+    with http.stream("GET", f"/v1/templates/{template['id']}/logs", params={"follow": "true"}) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.strip():
+                frame = json.loads(line)
+                status = (
+                    ""
+                    if frame.get("final")
+                    else http.get(f"/v1/templates/{template['id']}").json()["data"]["status"]
+                )
+                arrivals.append((time.monotonic(), frame, status))
+    yield {"template": wait_done(http, template["id"]), "arrivals": arrivals}
+    http.delete(f"/v1/templates/{template['id']}")
+
+
+def test_the_log_streams_while_building_and_ends_with_the_final_frame(built: dict[str, Any]) -> None:
+    arrivals = built["arrivals"]
+    assert arrivals[-1][1]["final"] is True and arrivals[-1][1]["status"] == "ready"
+    # Lines arrived while the template was still building, not all at the end.
+    assert any(status == "building" for _, frame, status in arrivals[:-1])
+    lines = [frame["line"] for _, frame, _ in arrivals[:-1]]
+    assert any("apt-get install" in line for line in lines) and any("jq" in line for line in lines)
+    assert all(frame["attempt"] == 1 and isinstance(frame["ts"], str) for _, frame, _ in arrivals)
+
+
+def test_a_sandbox_from_the_template_has_the_package_the_file_env_and_workdir(
+    http: httpx.Client, built: dict[str, Any]
+) -> None:
+    template = built["template"]
+    assert template["status"] == "ready" and template["ext4_size_bytes"] > 50_000_000 and template["built_at"]
+    created = http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": "jq-box", "disk_mib": 2048})
+    assert created.status_code == 200, created.text
+    sandbox = created.json()["data"]
+    try:
+        assert sandbox["rootfs"] == template["id"] and sandbox["status"] == "running"
+        out = sh(http, sandbox["id"], 'echo "$GREETING"; pwd; cat marker.txt; echo \'{"a": 7}\' | jq .a')
+        assert out["exit_code"] == 0, out
+        assert out["stdout"].splitlines() == ["hello from the template", "/srv/app", "built", "7"]
+    finally:
+        http.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def test_the_same_dockerfile_again_hits_the_layer_cache(http: httpx.Client, built: dict[str, Any]) -> None:
+    started = time.monotonic()
+    created = http.post("/v1/templates", json={"name": "jq-box-again", "dockerfile": DOCKERFILE}).json()[
+        "data"
+    ]
+    done = wait_done(http, created["id"])
+    took_s = time.monotonic() - started
+    try:
+        assert done["status"] == "ready"
+        lines = [
+            frame.get("line", "") for frame in frames_of(http.get(f"/v1/templates/{created['id']}/logs").text)
+        ]
+        assert sum("Using cache" in line for line in lines) >= 4, lines
+        assert not any("Get:" in line for line in lines)  # apt-get did not run again
+        assert took_s < 60, took_s
+    finally:
+        http.delete(f"/v1/templates/{created['id']}")
+
+
+def test_a_failing_run_fails_with_the_line_and_the_attempt_count(
+    http: httpx.Client, live: LivePlatform
+) -> None:
+    dockerfile = "FROM debian:13\nRUN echo about to fail && exit 3\n"
+    created = http.post("/v1/templates", json={"name": "fails", "dockerfile": dockerfile}).json()["data"]
+    try:
+        assert wait_done(http, created["id"])["status"] == "failed"
+        frames = frames_of(http.get(f"/v1/templates/{created['id']}/logs").text)
+        assert frames[-1]["final"] is True and frames[-1]["status"] == "failed" and frames[-1]["attempt"] == 2
+        assert {frame["attempt"] for frame in frames} == {1, 2}
+        for attempt in (1, 2):
+            lines = [frame["line"] for frame in frames if frame["attempt"] == attempt and "line" in frame]
+            assert any("RUN echo about to fail && exit 3" in line for line in lines), lines
+            assert any(line == "about to fail" for line in lines), lines
+        assert any("after 2 attempt(s)" in frame.get("line", "") for frame in frames)
+        refused = http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": "fails"})
+        assert refused.status_code == 409
+    finally:
+        http.delete(f"/v1/templates/{created['id']}")
+
+
+def test_deleting_a_building_template_cancels_its_run_step(http: httpx.Client) -> None:
+    dockerfile = "FROM debian:13\nRUN echo started && sleep 347\n"
+    created = http.post("/v1/templates", json={"name": "slow", "dockerfile": dockerfile}).json()["data"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not _running("sleep 347"):
+        time.sleep(0.3)
+    assert _running("sleep 347"), "the RUN step never started"
+    assert http.get(f"/v1/templates/{created['id']}").json()["data"]["status"] == "building"
+    assert http.delete(f"/v1/templates/{created['id']}").json()["data"] == {"ok": True}
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _running("sleep 347"):
+        time.sleep(0.2)
+    assert not _running("sleep 347"), "the RUN step survived the delete"
+    assert http.get(f"/v1/templates/{created['id']}").status_code == 404
+
+
+def test_run_steps_cannot_reach_the_host(http: httpx.Client) -> None:
+    """A server on every host address; a RUN step that reaches it would print REACHED and fail."""
+    server = http_server()
+    host_ip = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()[0]
+    port = server.server_address[1]
+    dockerfile = (
+        "FROM debian:13\n"
+        f"RUN if curl -s -m 3 http://{host_ip}:{port}/; then echo REACHED; exit 1; fi; "
+        "gw=$(ip route | awk '/default/ {print $3}'); "
+        f'if curl -s -m 3 "http://$gw:{port}/"; then echo REACHED; exit 1; fi; echo BLOCKED\n'
+    )
+    try:
+        created = http.post("/v1/templates", json={"name": "probe", "dockerfile": dockerfile}).json()["data"]
+        done = wait_done(http, created["id"])
+        lines = [
+            frame.get("line", "") for frame in frames_of(http.get(f"/v1/templates/{created['id']}/logs").text)
+        ]
+        assert done["status"] == "ready", lines
+        assert "BLOCKED" in lines and "REACHED" not in lines
+        assert server.hits == 0
+        http.delete(f"/v1/templates/{created['id']}")
+    finally:
+        server.shutdown()
+
+
+class _CountingServer(ThreadingHTTPServer):
+    hits = 0
+
+
+def http_server() -> _CountingServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.server.hits += 1  # type: ignore[attr-defined]
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"host\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = _CountingServer(("0.0.0.0", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _running(command: str) -> bool:
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return any(re.fullmatch(rf"(/usr/bin/)?{command}", line.strip()) for line in listing.splitlines())
+
+
+def test_sdk_and_cli_build_list_follow_and_remove(
+    live: LivePlatform, built: dict[str, Any], tmp_path: Path
+) -> None:
+    """The SDK (sync twin of the async source) and ``paddock template`` as a user runs them; the
+    Dockerfile is the module's, so buildah answers from its layer cache."""
+    key = live.api_key("pro")
+    with paddock.Client(live.url, key) as sdk:
+        created = sdk.templates.create("sdk-box", DOCKERFILE)
+        assert created.status == "pending"
+        frames = list(sdk.templates.logs("sdk-box", follow=True))
+        assert frames[-1].final and frames[-1].status == "ready" and frames[-1].attempt == 1
+        assert any("Using cache" in (frame.line or "") for frame in frames)
+        assert sdk.templates.get("sdk-box", include_dockerfile=True).dockerfile == DOCKERFILE
+        assert [t.name for t in sdk.templates.list()] == ["sdk-box"]
+        assert '"final": true' in sdk.templates.log_text(created.id)
+        sdk.templates.delete("sdk-box")
+        with pytest.raises(paddock.NotFoundError):
+            sdk.templates.get(created.id)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env.update({"PADDOCK_BASE_URL": live.url, "PADDOCK_API_KEY": key})
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(DOCKERFILE)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "paddock_cli.main", "template", *args],
+            env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    ran = cli("build", "-f", str(dockerfile), "--name", "cli-box")
+    assert ran.returncode == 0, ran.stderr
+    assert "Using cache" in ran.stdout and "cli-box: ready" in ran.stderr
+    listed = json.loads(cli("ls", "--json").stdout)
+    assert [item["name"] for item in listed] == ["cli-box"] and listed[0]["status"] == "ready"
+    assert "#1 " in cli("logs", "cli-box").stdout
+    assert cli("rm", "cli-box").returncode == 0
+    assert cli("get", "cli-box").returncode == 4
+    bad = tmp_path / "Bad"
+    bad.write_text("FROM debian:13\nRUN exit 9\n")
+    failed = cli("build", "-f", str(bad), "--name", "cli-bad")
+    assert failed.returncode == 5 and "cli-bad: failed" in failed.stderr
+    cli("rm", "cli-bad")

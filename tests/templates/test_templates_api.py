@@ -1,0 +1,207 @@
+"""The template rules of the control plane (§11.13, §14) over real HTTP on both engines.
+
+The host is the unit-test seam (``FakeHostLink``: an attempt ends ``ready`` at once, or ``failed`` when
+its Dockerfile says FAIL); tests/templates/test_live_templates.py builds with buildah for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.controlplane.conftest import ControlPlane
+from tests.controlplane.fakehost import FakeHostLink
+
+pytestmark = pytest.mark.db
+
+DOCKERFILE = "FROM debian:13\nENV A=1\nRUN echo hi\n"
+
+
+@pytest.fixture
+async def api(controlplane: ControlPlane, fake_host: FakeHostLink) -> httpx.AsyncClient:
+    _, key = await controlplane.new_user("pro")
+    controlplane.http.headers["X-Api-Key"] = key
+    return controlplane.http
+
+
+def fail_data(resp: httpx.Response) -> dict[str, Any]:
+    body = resp.json()
+    assert body["status"] == "fail", body
+    return dict(body["data"])
+
+
+async def wait_done(api: httpx.AsyncClient, template_id: str) -> dict[str, Any]:
+    for _ in range(200):
+        data = (await api.get(f"/v1/templates/{template_id}")).json()["data"]
+        if data["status"] in ("ready", "failed"):
+            return dict(data)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"template {template_id} never finished: {data}")
+
+
+async def test_submit_builds_to_ready_and_reads_back(api: httpx.AsyncClient, fake_host: FakeHostLink) -> None:
+    resp = await api.post("/v1/templates", json={"name": "py-env", "dockerfile": DOCKERFILE})
+    assert resp.status_code == 200, resp.text
+    created = resp.json()["data"]
+    assert created["status"] == "pending" and created["id"].startswith("tpl_")
+    assert created["base"] == "debian:13" and created["ext4_size_bytes"] == 0 and "built_at" not in created
+    done = await wait_done(api, created["id"])
+    assert done["status"] == "ready" and done["ext4_size_bytes"] == 4096 and done["built_at"]
+    assert "dockerfile" not in done
+    by_name = (await api.get("/v1/templates/py-env?include=dockerfile")).json()["data"]
+    assert by_name["id"] == created["id"] and by_name["dockerfile"] == DOCKERFILE
+    listed = (await api.get("/v1/templates")).json()["data"]
+    assert [item["id"] for item in listed["data"]] == [created["id"]] and listed["pagination"]["total"] == 1
+    assert "dockerfile" not in listed["data"][0]
+    text = (await api.get(f"/v1/templates/{created['id']}/logs")).text
+    frames = [json.loads(line) for line in text.splitlines()]
+    assert frames[-1]["final"] is True and frames[-1]["status"] == "ready" and frames[-1]["attempt"] == 1
+    assert any(frame.get("line") == "STEP 1/1: attempt 1" for frame in frames)
+    assert all(isinstance(frame["ts"], str) for frame in frames)
+
+
+async def test_a_sandbox_boots_from_a_ready_template_by_name_or_id(api: httpx.AsyncClient) -> None:
+    created = (await api.post("/v1/templates", json={"name": "tools", "dockerfile": DOCKERFILE})).json()[
+        "data"
+    ]
+    await wait_done(api, created["id"])
+    by_name = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": "tools"})
+    assert by_name.status_code == 200, by_name.text
+    assert by_name.json()["data"]["rootfs"] == created["id"]
+    by_id = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": created["id"]})
+    assert by_id.status_code == 200 and by_id.json()["data"]["rootfs"] == created["id"]
+
+
+async def test_a_failing_build_is_retried_then_failed_with_both_attempts_logged(
+    api: httpx.AsyncClient,
+) -> None:
+    created = (
+        await api.post("/v1/templates", json={"name": "broken", "dockerfile": "FROM debian:13\nRUN FAIL\n"})
+    ).json()["data"]
+    assert (await wait_done(api, created["id"]))["status"] == "failed"
+    frames = [
+        json.loads(line) for line in (await api.get(f"/v1/templates/{created['id']}/logs")).text.splitlines()
+    ]
+    assert {frame["attempt"] for frame in frames} == {1, 2}
+    assert frames[-1] == {**frames[-1], "final": True, "status": "failed", "attempt": 2}
+    assert any("RUN FAIL" in frame.get("line", "") for frame in frames)
+    only_first = (await api.get(f"/v1/templates/{created['id']}/logs?attempt=1")).text.splitlines()
+    assert {json.loads(line)["attempt"] for line in only_first} == {1}
+    assert (await api.get(f"/v1/templates/{created['id']}/logs?attempt=3")).status_code == 404
+    assert "attempt" in fail_data(await api.get(f"/v1/templates/{created['id']}/logs?attempt=0"))
+    refused = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": "broken"})
+    assert refused.status_code == 409, refused.text
+
+
+async def test_follow_streams_until_the_final_frame(api: httpx.AsyncClient) -> None:
+    created = (await api.post("/v1/templates", json={"name": "follow", "dockerfile": DOCKERFILE})).json()[
+        "data"
+    ]
+    async with api.stream("GET", f"/v1/templates/{created['id']}/logs?follow=true") as resp:
+        assert resp.headers["content-type"].startswith("application/x-ndjson")
+        frames = [json.loads(line) async for line in resp.aiter_lines() if line.strip()]
+    assert frames[-1]["final"] is True and frames[-1]["status"] == "ready"
+    assert len(frames) >= 2
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"dockerfile": DOCKERFILE}, "name"),
+        ({"name": "a:b", "dockerfile": DOCKERFILE}, "name"),
+        ({"name": "x"}, "dockerfile"),
+        ({"name": "x", "dockerfile": "RUN echo no from\n"}, "dockerfile"),
+        ({"name": "x", "dockerfile": "FROM debian:13\nFROM debian:13\n"}, "dockerfile"),
+        ({"name": "x", "dockerfile": "FROM debian:13\nCOPY . /app\n"}, "dockerfile"),
+        ({"name": "x", "dockerfile": "FROM debian:13\nFROBNICATE yes\n"}, "dockerfile"),
+        ({"name": "x", "dockerfile": 'FROM debian:13\nCMD ["unterminated\n'}, "dockerfile"),
+        ({"name": "x", "dockerfile": "FROM ubuntu:22.04\nRUN true\n"}, "dockerfile"),
+        ({"name": "x", "dockerfile": "FROM someone-elses\nRUN true\n"}, "dockerfile"),
+        ({"name": "x", "dockerfile": "FROM debian:13\n" + "RUN true\n" * 10000}, "dockerfile"),
+        ({"name": "x", "dockerfile": DOCKERFILE, "base": "nope:1"}, "base"),
+    ],
+)
+async def test_bad_input_is_400_naming_the_field_and_records_nothing(
+    api: httpx.AsyncClient, body: dict[str, Any], field: str
+) -> None:
+    resp = await api.post("/v1/templates", json=body)
+    assert resp.status_code == 400, resp.text
+    data = fail_data(resp)
+    assert data["code"] == "VALIDATION_FAILED" and field in data, data
+    assert (await api.get("/v1/templates")).json()["data"]["pagination"]["total"] == 0
+
+
+async def test_duplicate_name_is_409_and_a_deleted_name_is_free_again(
+    api: httpx.AsyncClient, fake_host: FakeHostLink
+) -> None:
+    first = (await api.post("/v1/templates", json={"name": "dup", "dockerfile": DOCKERFILE})).json()["data"]
+    again = await api.post("/v1/templates", json={"name": "dup", "dockerfile": DOCKERFILE})
+    assert again.status_code == 409 and "name" in fail_data(again)["message"]
+    await wait_done(api, first["id"])
+    assert (await api.delete(f"/v1/templates/{first['id']}")).json()["data"] == {"ok": True}
+    assert ("delete_build", first["id"]) in fake_host.calls
+    assert (await api.get(f"/v1/templates/{first['id']}")).status_code == 404
+    assert (
+        await api.post("/v1/templates", json={"name": "dup", "dockerfile": DOCKERFILE})
+    ).status_code == 200
+
+
+async def test_another_users_template_is_a_404_everywhere(
+    api: httpx.AsyncClient, controlplane: ControlPlane
+) -> None:
+    mine = (await api.post("/v1/templates", json={"name": "private", "dockerfile": DOCKERFILE})).json()[
+        "data"
+    ]
+    await wait_done(api, mine["id"])
+    _, other_key = await controlplane.new_user("pro")
+    headers = {"X-Api-Key": other_key}
+    for path in (f"/v1/templates/{mine['id']}", "/v1/templates/private", f"/v1/templates/{mine['id']}/logs"):
+        assert (await api.get(path, headers=headers)).status_code == 404, path
+    assert (await api.delete(f"/v1/templates/{mine['id']}", headers=headers)).status_code == 404
+    boot = await api.post(
+        "/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": mine["id"]}, headers=headers
+    )
+    assert boot.status_code == 400 and "rootfs" in fail_data(boot)
+    built_on = await api.post(
+        "/v1/templates", json={"name": "x", "dockerfile": f"FROM {mine['id']}\n"}, headers=headers
+    )
+    assert built_on.status_code == 400
+
+
+async def test_plan_caps(controlplane: ControlPlane, fake_host: FakeHostLink) -> None:
+    _, free_key = await controlplane.new_user("free")
+    refused = await controlplane.http.post(
+        "/v1/templates", json={"name": "x", "dockerfile": DOCKERFILE}, headers={"X-Api-Key": free_key}
+    )
+    assert refused.status_code == 403 and fail_data(refused)["code"] == "PLAN_LIMIT"
+    _, key = await controlplane.new_user("beginner")  # 5 concurrent
+    headers = {"X-Api-Key": key}
+    results = await asyncio.gather(
+        *(
+            controlplane.http.post(
+                "/v1/templates", json={"name": f"t{n}", "dockerfile": DOCKERFILE}, headers=headers
+            )
+            for n in range(7)
+        )
+    )
+    codes = sorted(resp.status_code for resp in results)
+    assert codes == [200] * 5 + [403] * 2, [resp.text for resp in results]
+    assert all(fail_data(r)["code"] == "QUOTA_EXCEEDED" for r in results if r.status_code == 403)
+
+
+async def test_a_template_built_from_another_ready_template(
+    api: httpx.AsyncClient, fake_host: FakeHostLink
+) -> None:
+    base = (await api.post("/v1/templates", json={"name": "layer1", "dockerfile": DOCKERFILE})).json()["data"]
+    pending_base = await api.post("/v1/templates", json={"name": "layer2", "dockerfile": "FROM layer1\n"})
+    if (await wait_done(api, base["id"]))["status"] != "ready":
+        raise AssertionError("base failed")
+    if pending_base.status_code == 200:  # raced the base's build: allowed only once it is ready
+        await wait_done(api, pending_base.json()["data"]["id"])
+    child = await api.post("/v1/templates", json={"name": "layer3", "dockerfile": "FROM layer1\nRUN true\n"})
+    assert child.status_code == 200, child.text
+    assert (await wait_done(api, child.json()["data"]["id"]))["status"] == "ready"
