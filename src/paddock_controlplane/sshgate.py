@@ -8,6 +8,9 @@ the API works on the next one; never the account's keys). Each session is a ``te
 - ``ssh host`` with a PTY: a login shell on a PTY; window changes resize it.
 - ``ssh host cmd``: ``bash -lc cmd`` with separate stdout/stderr; stdin's EOF closes its stdin; the
   command's exit status is the session's.
+- the ``sftp`` subsystem (``sftp``, and ``scp``, which speaks SFTP since OpenSSH 9): OpenSSH's
+  ``sftp-server`` run in the sandbox — the image's own, else the gateway machine's copy
+  (``LOCAL_SFTP_SERVER``, Debian's openssh-sftp-server, needs only libc) put into the sandbox once.
 - ``-L local:target:port``: forwarded from this process to ``<sandbox ip>:port`` (``localhost``,
   ``127.0.0.1``, the sandbox's id or name and its own address all mean the sandbox).
 
@@ -19,12 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncssh
+from asyncssh.constants import EXTENDED_DATA_STDERR
+from asyncssh.sftp import MIN_SFTP_VERSION
+from asyncssh.stream import SSHReader, SSHWriter
 from sqlalchemy import or_, select
 
-from paddock_controlplane import terminals
+from paddock_controlplane import hostlink, terminals
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import SandboxStatus
@@ -35,6 +43,9 @@ from paddock_hostagent.schemas import ProcessPty
 log = get_logger(__name__)
 LIVE = (SandboxStatus.RUNNING, SandboxStatus.PAUSED, SandboxStatus.RESUMING, SandboxStatus.PAUSING)
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+IMAGE_SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+SHIPPED_SFTP_SERVER = "/usr/local/lib/paddock/sftp-server"
+LOCAL_SFTP_SERVER = Path("/usr/lib/openssh/sftp-server")
 
 
 def host_key(path: Path) -> asyncssh.SSHKey:
@@ -111,6 +122,28 @@ class GatewayServer(asyncssh.SSHServer):
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # -R would listen on the gateway's machine: refused
 
+    def session_requested(self) -> asyncssh.SSHServerSession[bytes]:
+        return _GatewayProcess(_session, None, MIN_SFTP_VERSION, False)
+
+
+class _GatewayProcess(asyncssh.SSHServerProcess[bytes]):
+    """asyncssh's server process, except that the ``sftp`` subsystem is ours to run (an sftp-server
+    in the sandbox), not asyncssh's own SFTP server on this machine's files."""
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return subsystem == "sftp"
+
+    def session_started(self) -> None:
+        # asyncssh's version sends the sftp subsystem to its own server; every session here, sftp
+        # included, goes to ``_session`` (this is the rest of that method).
+        stdin = SSHReader[bytes](self, self._chan)
+        stdout = SSHWriter[bytes](self, self._chan)
+        stderr = SSHWriter[bytes](self, self._chan, EXTENDED_DATA_STDERR)
+        assert self._session_factory is not None and self._conn is not None
+        handler = self._session_factory(stdin, stdout, stderr)
+        if inspect.isawaitable(handler):
+            self._conn.create_task(handler, stdin.logger)
+
 
 class _SandboxTunnel(asyncssh.SSHTCPSession[bytes]):
     """One ``-L`` connection: bytes spliced to ``<sandbox ip>:port`` (a paused sandbox is woken)."""
@@ -171,20 +204,23 @@ async def _session(process: asyncssh.SSHServerProcess[bytes]) -> None:
     server = process.channel.get_connection().get_owner()
     assert isinstance(server, GatewayServer) and server.target is not None
     target = server.target
-    if process.subsystem:
+    if process.subsystem and process.subsystem != "sftp":
         process.stderr.write(f"paddock: subsystem {process.subsystem} is not available\r\n".encode())
         process.exit(1)
         return
     pty = None
-    if process.get_terminal_type():
+    if process.get_terminal_type() and not process.subsystem:
         cols, rows, _, _ = process.get_terminal_size()
         pty = ProcessPty(rows=max(1, min(rows or 24, 10000)), cols=max(1, min(cols or 80, 10000)))
     try:
+        argv: tuple[str, list[str]] | None = None
+        if process.subsystem:
+            argv = (await _sftp_server(server.services, target), [])
         terminal = await terminals.Terminal.open(
-            server.services, target.user_id, target.sandbox_id, pty=pty, command=process.command
+            server.services, target.user_id, target.sandbox_id, pty=pty, command=process.command, argv=argv
         )
-    except errors.PaddockError as exc:
-        process.stderr.write(f"paddock: {exc.message}\r\n".encode())
+    except (errors.PaddockError, hostlink.HostError, hostlink.SandboxGoneError, OSError) as exc:
+        process.stderr.write(f"paddock: {getattr(exc, 'message', exc)}\r\n".encode())
         process.exit(255)
         return
     feeder = asyncio.create_task(_feed(process, terminal))
@@ -206,6 +242,25 @@ async def _session(process: asyncssh.SSHServerProcess[bytes]) -> None:
             await feeder
         await terminal.close()
     process.exit(code)
+
+
+async def _sftp_server(services: Services, target: _Target) -> str:
+    """The path of an sftp-server in the sandbox: the image's, else ours, copied in on first use."""
+    sandbox = await terminals.wake(services, target.user_id, target.sandbox_id)
+    link = await hostlink.for_host(services, sandbox.host_id)
+    probe = f"for p in {IMAGE_SFTP_SERVER} {SHIPPED_SFTP_SERVER}; do test -x $p && echo $p && break; done"
+    found = (await link.exec(sandbox.id, "sh", ["-c", probe], {}, None)).get("stdout", "").strip()
+    if found:
+        return str(found)
+    if not LOCAL_SFTP_SERVER.is_file():
+        raise errors.InvalidState("no sftp-server in the sandbox, and none on the gateway to copy in")
+
+    async def binary() -> AsyncIterator[bytes]:
+        yield LOCAL_SFTP_SERVER.read_bytes()
+
+    await link.upload(sandbox.id, SHIPPED_SFTP_SERVER, binary())
+    await link.exec(sandbox.id, "chmod", ["755", SHIPPED_SFTP_SERVER], {}, None)
+    return SHIPPED_SFTP_SERVER
 
 
 async def _feed(process: asyncssh.SSHServerProcess[bytes], terminal: terminals.Terminal) -> None:
@@ -244,7 +299,6 @@ async def start(services: Services, host: str, port: int, key_file: Path) -> Ssh
         host,
         port,
         server_host_keys=[host_key(key_file)],
-        process_factory=_session,
         encoding=None,  # bytes both ways: terminals carry any byte
         allow_scp=False,
         sftp_factory=None,

@@ -79,14 +79,19 @@ class Terminal:
         *,
         pty: ProcessPty | None,
         command: str | None = None,
+        argv: tuple[str, list[str]] | None = None,
         attach_to: str | None = None,
     ) -> Terminal:
-        """Starts ``command`` under ``bash -lc`` (a login shell when None), or attaches to a process."""
+        """Starts ``command`` under ``bash -lc`` (a login shell when None), or ``argv`` as it is (no
+        shell: nothing a profile prints may mix into a binary protocol), or attaches to a process."""
         sandbox = await wake(services, user_id, sandbox_id)
         link = await hostlink.for_host(services, sandbox.host_id)
         if attach_to is not None:
             return cls(services, sandbox, link, await link.get_process(sandbox.id, attach_to), owned=False)
-        cmd, args = LOGIN_SHELL if command is None else ("bash", ["-lc", command])
+        if argv is not None:
+            cmd, args = argv
+        else:
+            cmd, args = LOGIN_SHELL if command is None else ("bash", ["-lc", command])
         env = envs.merged(services, sandbox, None)
         body = ProcessStartBody(cmd=cmd, args=args, env=env, cwd=None, pty=pty)
         return cls(services, sandbox, link, await link.start_process(sandbox.id, body), owned=True)

@@ -8,6 +8,7 @@ sandbox is resumed by the connection.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import select
 import socket
@@ -216,3 +217,43 @@ def test_a_paused_sandbox_is_resumed_by_the_connection(
     done = ssh(ssh_port, keys["good"], sandbox["id"], "echo awake")
     assert done.returncode == 0 and done.stdout == b"awake\n", done
     assert api.get(f"/v1/sandboxes/{sandbox['id']}").json()["data"]["status"] == "running"
+
+
+def test_scp_both_ways_byte_exact_and_sftp(
+    tmp_path: Path, ssh_port: int, keys: dict[str, Path], sandbox: dict[str, str]
+) -> None:
+    options = [
+        "-P", str(ssh_port), "-i", str(keys["good"]), "-o", "StrictHostKeyChecking=no",
+        "-o", "UserKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+        "-o", "LogLevel=ERROR",
+    ]  # fmt: skip
+    payload = os.urandom(3 << 20) + bytes(range(256))
+    (tmp_path / "up.bin").write_bytes(payload)
+    remote = f"{sandbox['id']}@127.0.0.1"
+    up = subprocess.run(
+        ["/usr/bin/scp", *options, str(tmp_path / "up.bin"), f"{remote}:/root/up.bin"],
+        capture_output=True,
+        timeout=120,
+    )
+    assert up.returncode == 0, up.stderr
+    summed = ssh(ssh_port, keys["good"], sandbox["id"], "sha256sum /root/up.bin")
+    assert summed.stdout.split()[0].decode() == hashlib.sha256(payload).hexdigest()
+    down = subprocess.run(
+        ["/usr/bin/scp", *options, f"{remote}:/root/up.bin", str(tmp_path / "down.bin")],
+        capture_output=True,
+        timeout=120,
+    )
+    assert down.returncode == 0, down.stderr
+    assert (tmp_path / "down.bin").read_bytes() == payload
+    batch = "mkdir /root/viasftp\ncd /root/viasftp\nput " + str(tmp_path / "up.bin") + " copy.bin\nls -l\n"
+    sftp_options = [o if o != "-P" else "-P" for o in options]
+    listed = subprocess.run(
+        ["/usr/bin/sftp", *sftp_options, "-b", "-", remote],
+        input=batch.encode(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert b"copy.bin" in listed.stdout
+    size = ssh(ssh_port, keys["good"], sandbox["id"], "stat -c %s /root/viasftp/copy.bin")
+    assert int(size.stdout) == len(payload)
