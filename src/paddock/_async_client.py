@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from paddock import _base, _blocking
-from paddock._async_resources import AsyncDisks, AsyncNetworks, AsyncWebhooks
+from paddock._async_resources import AsyncDisks, AsyncNetworks, AsyncTemplates, AsyncWebhooks
 from paddock._async_sandbox import AsyncSandbox, AsyncSandboxes
 from paddock._errors import TransportError
 
@@ -43,6 +43,7 @@ class AsyncClient:
         self.webhooks = AsyncWebhooks(self)
         self.networks = AsyncNetworks(self)
         self.disks = AsyncDisks(self)
+        self.templates = AsyncTemplates(self)
 
     async def request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         """One API call under the retry policy (``retry=False`` for one-shot bodies); returns JSend ``data``."""

@@ -1,14 +1,14 @@
-"""Webhook endpoints (§11.14), networks (§11.12) and disks (§11.10, §11.11)."""
+"""Webhook endpoints (§11.14), networks (§11.12), disks (§11.10, §11.11) and templates (§11.13)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 from paddock import _base, _blocking
 from paddock._errors import WaitTimeoutError
-from paddock._models import Disk, Network, SandboxDisk, WebhookEndpoint
+from paddock._models import BuildLogFrame, Disk, Network, SandboxDisk, Template, WebhookEndpoint
 
 if TYPE_CHECKING:
     from paddock._async_client import AsyncClient
@@ -171,3 +171,70 @@ class AsyncSandboxDisks:
     async def detach(self, disk_id: str, mount_path: str) -> None:
         """Unmount the disk (its ``disk_<ulid>`` id) from ``mount_path``; the bucket is not touched."""
         await self._client.request("DELETE", self._path(disk_id), params={"mount_path": mount_path})
+
+
+class AsyncTemplates:
+    """``client.templates``: Dockerfiles built into images that sandboxes boot (``rootfs=`` the
+    template's id or name). A build runs on the server; follow it with ``logs(..., follow=True)``."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(self, name: str, dockerfile: str, *, base: str | None = None) -> Template:
+        """Submit a build; the template comes back ``pending``. ``base`` is what ``FROM base`` means."""
+        body = _base.drop_none({"name": name, "dockerfile": dockerfile, "base": base})
+        return Template.from_api(await self._client.request("POST", "v1/templates", json=body))
+
+    async def list(self) -> list[Template]:
+        return [Template.from_api(t) async for t in self._client.paginate("v1/templates")]
+
+    async def get(self, template: str, *, include_dockerfile: bool = False) -> Template:
+        """By ``tpl_<ulid>`` id or by name."""
+        params = {"include": "dockerfile"} if include_dockerfile else None
+        return Template.from_api(
+            await self._client.request("GET", _base.path("templates", template), params=params)
+        )
+
+    async def delete(self, template: str) -> None:
+        """Delete; a build in progress is cancelled. Sandboxes booted from it keep running."""
+        await self._client.request("DELETE", _base.path("templates", template))
+
+    async def log_text(self, template: str, *, attempt: int | None = None) -> str:
+        """The build log recorded so far as the server sends it (NDJSON text)."""
+        params = {"attempt": attempt} if attempt is not None else None
+        resp = await self._client.open_stream("GET", _base.path("templates", template, "logs"), params=params)
+        try:
+            body: bytes = await resp.aread()
+            return body.decode()
+        finally:
+            await resp.aclose()
+
+    async def logs(
+        self, template: str, *, attempt: int | None = None, follow: bool = False
+    ) -> AsyncIterator[BuildLogFrame]:
+        """The build log's frames; with ``follow`` it streams new ones until the terminal frame
+        (``frame.final``, ``frame.status``) of a finished build."""
+        params: dict[str, Any] = {"follow": "true"} if follow else {}
+        if attempt is not None:
+            params["attempt"] = attempt
+        resp = await self._client.open_stream("GET", _base.path("templates", template, "logs"), params=params)
+        try:
+            async for line in resp.aiter_lines():
+                frame = _base.ndjson_frame(line)
+                if frame is not None:
+                    yield BuildLogFrame.from_api(frame)
+        finally:
+            await resp.aclose()
+
+    async def wait(self, template: str, *, timeout_s: float = 1800.0) -> Template:
+        """The template once its build has ended (``ready`` or ``failed``)."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.2
+        while True:
+            found = await self.get(template)
+            if found.status in ("ready", "failed"):
+                return found
+            if time.monotonic() + delay > deadline:
+                raise WaitTimeoutError(f"template {template} is still {found.status} after {timeout_s}s")
+            await _blocking.asleep(delay)
+            delay = min(delay * 2, 2.0)

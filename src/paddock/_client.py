@@ -11,7 +11,7 @@ import httpx
 
 from paddock import _base, _blocking
 from paddock._errors import TransportError
-from paddock._resources import Disks, Networks, Webhooks
+from paddock._resources import Disks, Networks, Templates, Webhooks
 from paddock._sandbox import Sandbox, Sandboxes
 
 
@@ -45,6 +45,7 @@ class Client:
         self.webhooks = Webhooks(self)
         self.networks = Networks(self)
         self.disks = Disks(self)
+        self.templates = Templates(self)
 
     def request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         """One API call under the retry policy (``retry=False`` for one-shot bodies); returns JSend ``data``."""

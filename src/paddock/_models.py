@@ -255,3 +255,41 @@ class SandboxDisk:
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> SandboxDisk:
         return _build(cls, data)
+
+
+@dataclass
+class Template:
+    """TemplateView (§10.12): a Dockerfile and the image built from it. ``status`` goes ``pending`` →
+    ``building`` → ``ready`` | ``failed``; ``dockerfile`` only when asked for (``get(include_dockerfile=True)``)."""
+
+    id: str
+    name: str
+    status: str
+    base: str | None = None
+    ext4_size_bytes: int = 0
+    created_at: str | None = None
+    built_at: str | None = None
+    dockerfile: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Template:
+        return _build(cls, data)
+
+
+@dataclass
+class BuildLogFrame:
+    """One build log frame (§10.12): a ``line`` of an ``attempt``, or the terminal frame (``final``
+    with ``status``)."""
+
+    ts: str | None = None
+    level: str | None = None
+    line: str | None = None
+    attempt: int | None = None
+    final: bool = False
+    status: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> BuildLogFrame:
+        return _build(cls, data)
