@@ -444,9 +444,16 @@ async def mount(services: Services, sandbox_id: str, mount_path: str) -> str:
         ]
     async with transaction(services.sessions) as session:
         current = await session.get(SandboxDisk, (sandbox_id, mount_path), with_for_update=True)
-        if current is None or current.disk_id != disk.id:
-            return "gone"  # detached or destroyed meanwhile: the host's copy goes with its detach
-        current.mount_status, current.mount_error = status, error
+        if current is not None and current.disk_id == disk.id:
+            current.mount_status, current.mount_error = status, error
+    if current is None or current.disk_id != disk.id:
+        # Detached while the host was mounting (the detach found nothing to unmount yet): undo it.
+        if status == "mounted":
+            try:
+                await (await hostlink.for_host(services, sandbox.host_id)).detach_disk(sandbox_id, mount_path)
+            except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
+                log.warning("disk_undo_failed", sandbox_id=sandbox_id, mount_path=mount_path, error=str(exc))
+        return "gone"
     log.info("disk_mount_settled", sandbox_id=sandbox_id, disk_id=disk.id, mount_status=status)
     return status
 

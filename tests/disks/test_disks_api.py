@@ -369,3 +369,21 @@ async def test_a_mount_left_pending_by_a_stopped_process_is_driven_again(
         await asyncio.sleep(0.05)
     assert items[0]["mount_status"] == "mounted", items
     assert (sandbox["id"], "/left") in fake_host.disks
+
+
+async def test_a_detach_during_the_mount_leaves_nothing_mounted(
+    api: httpx.AsyncClient, fake_host: FakeHostLink
+) -> None:
+    disk = await new_disk(api, "data")
+    sandbox = await new_sandbox(api)
+    fake_host.mount_delay_s = 0.5
+    ok(await api.post(f"/v1/sandboxes/{sandbox['id']}/disks", json={"disk_id": "data", "mount_path": "/m"}))
+    ok(await api.delete(f"/v1/sandboxes/{sandbox['id']}/disks/{disk['id']}", params={"mount_path": "/m"}))
+    for _ in range(100):  # the host answers the mount after the detach; the control plane undoes it
+        if [c for c in fake_host.calls if c[0] == "detach_disk"] == [
+            ("detach_disk", f"{sandbox['id']} /m")
+        ] * 2:
+            break
+        await asyncio.sleep(0.05)
+    assert (sandbox["id"], "/m") not in fake_host.disks, fake_host.calls
+    assert ok(await api.get(f"/v1/sandboxes/{sandbox['id']}/disks"))["data"] == []
