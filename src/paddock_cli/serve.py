@@ -1,7 +1,7 @@
 """``paddock serve``: the whole platform on embedded defaults, as one supervised process tree.
 
     paddock serve
-    ├── paddock controlplane   (API :8080, ingress proxy :8088, reconciler and workers in-process)
+    ├── paddock controlplane   (API :8080, ingress proxy :8088, SSH gateway :2222, reconciler and workers)
     ├── paddock hostagent      (internal API :8081, runs sandboxes under the OCI runtime)
     └── paddock gateway        (API :8082, with a local dev chain)
 
@@ -37,6 +37,7 @@ GW_PORT = int(os.environ.get("PADDOCK_GW_PORT", "8082"))
 #: The ingress proxy runs inside the control plane; plain HTTP on loopback unless TLS is configured.
 INGRESS_PORT = int(os.environ.get("PADDOCK_CP_INGRESS_PORT", "8088"))
 INGRESS_DOMAIN = os.environ.get("PADDOCK_CP_INGRESS_DOMAIN", "sandbox.localhost")
+SSH_PORT = int(os.environ.get("PADDOCK_CP_SSH_PORT", "2222"))
 PRIVATE_UMASK = 0o077
 
 
@@ -187,6 +188,7 @@ def children(
         "PADDOCK_CP_SECRET_KEY": shared["SECRET_KEY"],
     }
     cp_env.update(ingress_env(base))
+    cp_env["PADDOCK_CP_SSH_PORT"] = str(SSH_PORT)  # the SSH gateway into sandboxes (sshgate.py)
     host_env = base | {
         "PADDOCK_HOST_PORT": str(HOST_PORT),
         "PADDOCK_HOST_TOKEN": shared["HOST_TOKEN"],
@@ -256,6 +258,7 @@ Paddock is running.
   host agent     http://127.0.0.1:{HOST_PORT}   (internal)
   gateway        http://127.0.0.1:{GW_PORT}   (OpenAPI: http://127.0.0.1:{GW_PORT}/openapi.json)
   ingress        http://<port>-<sandbox id>.{INGRESS_DOMAIN}:{INGRESS_PORT}   (sandboxes with ingress_enabled)
+  ssh            ssh -p {SSH_PORT} <sandbox id or name>@127.0.0.1   (keys: the sandbox's ssh_pubkeys)
   bootstrap API key: {key}
 
 Try it:
