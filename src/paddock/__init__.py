@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from paddock import webhooks
 from paddock._async_client import AsyncClient
+from paddock._async_processes import AsyncProcesses
 from paddock._async_sandbox import AsyncFiles, AsyncSandbox, AsyncSandboxes
 from paddock._base import RetryPolicy
 from paddock._client import Client
@@ -39,6 +40,7 @@ from paddock._models import (
     BuildLogFrame,
     Disk,
     ExecResult,
+    ManagedProcess,
     Network,
     NetworkMember,
     SandboxDisk,
@@ -47,6 +49,7 @@ from paddock._models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from paddock._processes import Processes
 from paddock._sandbox import Files, Sandbox, Sandboxes
 
 if TYPE_CHECKING:
@@ -68,6 +71,7 @@ __all__ = [
     "AccessToken",
     "AsyncClient",
     "AsyncFiles",
+    "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSandboxes",
     "AuthenticationError",
@@ -85,6 +89,7 @@ __all__ = [
     "Files",
     "GatewayClient",
     "InsufficientFundsError",
+    "ManagedProcess",
     "Network",
     "NetworkMember",
     "NotFoundError",
@@ -94,6 +99,7 @@ __all__ = [
     "PaymentRequiredError",
     "PaymentVerificationError",
     "PermissionDeniedError",
+    "Processes",
     "ProtocolError",
     "RateLimitedError",
     "Result",

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from paddock import _base, _blocking, _code
+from paddock._async_processes import AsyncProcesses
 from paddock._async_resources import AsyncSandboxDisks
 from paddock._code import Execution, OutputCallback
 from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
@@ -138,6 +139,7 @@ class AsyncSandbox:
         self.info = info
         self.files = AsyncFiles(self)
         self.disks = AsyncSandboxDisks(client, info.id)
+        self.processes = AsyncProcesses(self)  # managed processes (§12.2)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.status}>"

@@ -293,3 +293,30 @@ class BuildLogFrame:
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> BuildLogFrame:
         return _build(cls, data)
+
+
+@dataclass
+class ManagedProcess:
+    """A managed process (§12.2): ``kind`` is ``process`` or ``pty``; ``output`` is
+    ``{oldest_seq, newest_seq, bytes}`` of the output the sandbox still holds."""
+
+    process_id: str
+    kind: str
+    pid: int
+    state: str
+    leader_exited: bool
+    tree_exited: bool
+    created_at: str
+    output: dict[str, int]
+    finished_at: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    cmd: str = ""
+    args: list[str] = field(default_factory=list)
+    cwd: str = ""
+    foreground: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> ManagedProcess:
+        return _build(cls, data)

@@ -16,6 +16,7 @@ from paddock import _base, _blocking, _code
 from paddock._code import Execution, OutputCallback
 from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
 from paddock._models import AccessToken, Bandwidth, ExecResult, SandboxInfo
+from paddock._processes import Processes
 from paddock._resources import SandboxDisks
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ class Sandbox:
         self.info = info
         self.files = Files(self)
         self.disks = SandboxDisks(client, info.id)
+        self.processes = Processes(self)  # managed processes (§12.2)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.status}>"
