@@ -21,6 +21,7 @@ from paddock_cli.output import (
     print_fields,
     print_table,
 )
+from paddock_cli.shell import run_shell
 
 app = typer.Typer(no_args_is_help=True, help="Create, use and destroy sandboxes.")
 
@@ -219,6 +220,23 @@ def exit_status(code: int, error: str | None) -> int:
     if error is not None or code < 0:
         return int(ExitCode.COMMAND_ERROR)
     return code if code <= 255 else 255
+
+
+@app.command()
+def shell(
+    ref: str,
+    command: str = typer.Option(
+        None, "--command", "-c", help="Run this under bash -lc instead of a login shell."
+    ),
+) -> None:
+    """Open an interactive terminal (a login shell on a PTY) in the sandbox; exits with the shell's code.
+
+    Keystrokes go to the sandbox as typed (raw mode), the window size follows this terminal, and the
+    shell ends when you leave it (exit or Ctrl-D).
+    """
+    with api_errors(), client() as sdk:
+        code = run_shell(resolve(sdk, ref), command)
+    raise typer.Exit(code)
 
 
 @app.command()
