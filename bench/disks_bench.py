@@ -77,7 +77,7 @@ def run(size_mib: int, rounds: int) -> dict[str, list[float]]:
     platform: LivePlatform | None = None
     out: dict[str, list[float]] = {"write": [], "read": [], "boto3_write": [], "boto3_read": [], "attach": []}
     try:
-        platform = start_platform(guest)
+        platform = start_platform(guest, cp_env={"PADDOCK_CP_DISK_ALLOW_PRIVATE_ENDPOINTS": "true"})
         bucket = server.bucket("bench-" + secrets.token_hex(4))
         s3 = server.s3()
         with platform.http(platform.api_key()) as http:

@@ -141,6 +141,15 @@ def _credentials(credentials: DiskCredentialsBody | None) -> dict[str, str]:
     return {"access_key": str(credentials.access_key), "secret_key": str(credentials.secret_key)}
 
 
+async def check_endpoint(services: Services, endpoint: str, field: str) -> None:
+    """The endpoint must resolve to public addresses only, unless the operator allows private ones:
+    s3fs runs on the host's network, where a private address would reach the host's own services."""
+    try:
+        await webhooks.check_target(endpoint, allow_private=services.settings.disk_allow_private_endpoints)
+    except webhooks.TargetRefused as exc:
+        raise errors.ValidationFailed.field(field, str(exc)) from None
+
+
 def _seal(services: Services, credentials: dict[str, str]) -> str:
     return services.secret_box.seal(json.dumps(credentials))
 
@@ -256,6 +265,7 @@ async def create(services: Services, user_id: str, body: DiskCreateRequest) -> d
         raise errors.ValidationFailed.field("kind", "must be s3")
     config = _config(body.config)
     credentials = _credentials(body.credentials)
+    await check_endpoint(services, config["endpoint"], "config.endpoint")
     async with transaction(services.sessions) as session:
         account = await accounts.lock_user(session, user_id)
         plan = await accounts.cached_plan(session, account.plan_id)
@@ -418,6 +428,10 @@ async def mount(services: Services, sandbox_id: str, mount_path: str) -> str:
         return "gone"
     attachment, disk, sandbox = row
     credentials = _open(services, disk)
+    try:  # again at mount time: a name may resolve elsewhere now than at registration
+        await check_endpoint(services, disk.config["endpoint"], "config.endpoint")
+    except errors.ValidationFailed as exc:
+        return await _record(services, sandbox_id, mount_path, disk.id, "error", f"endpoint refused: {exc}")
     body = DiskMountBody(
         disk_id=disk.id,
         mount_path=attachment.mount_path,
@@ -442,19 +456,26 @@ async def mount(services: Services, sandbox_id: str, mount_path: str) -> str:
         error = error.replace(credentials["secret_key"], "***").replace(credentials["access_key"], "***")[
             :500
         ]
+    recorded = await _record(services, sandbox_id, mount_path, disk.id, status, error)
+    if recorded == "gone" and status == "mounted":
+        # Detached while the host was mounting (the detach found nothing to unmount yet): undo it.
+        try:
+            await (await hostlink.for_host(services, sandbox.host_id)).detach_disk(sandbox_id, mount_path)
+        except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
+            log.warning("disk_undo_failed", sandbox_id=sandbox_id, mount_path=mount_path, error=str(exc))
+    return recorded
+
+
+async def _record(
+    services: Services, sandbox_id: str, mount_path: str, disk_id: str, status: str, error: str | None
+) -> str:
+    """Write a mount's outcome on its attachment; ``gone`` when it was detached or destroyed meanwhile."""
     async with transaction(services.sessions) as session:
         current = await session.get(SandboxDisk, (sandbox_id, mount_path), with_for_update=True)
-        if current is not None and current.disk_id == disk.id:
-            current.mount_status, current.mount_error = status, error
-    if current is None or current.disk_id != disk.id:
-        # Detached while the host was mounting (the detach found nothing to unmount yet): undo it.
-        if status == "mounted":
-            try:
-                await (await hostlink.for_host(services, sandbox.host_id)).detach_disk(sandbox_id, mount_path)
-            except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
-                log.warning("disk_undo_failed", sandbox_id=sandbox_id, mount_path=mount_path, error=str(exc))
-        return "gone"
-    log.info("disk_mount_settled", sandbox_id=sandbox_id, disk_id=disk.id, mount_status=status)
+        if current is None or current.disk_id != disk_id:
+            return "gone"
+        current.mount_status, current.mount_error = status, error
+    log.info("disk_mount_settled", sandbox_id=sandbox_id, disk_id=disk_id, mount_status=status)
     return status
 
 

@@ -73,6 +73,9 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     retention_destroyed_h: int = 24
     #: Deliver webhooks to loopback, private and link-local addresses (off: refused as SSRF).
     webhook_allow_private_targets: bool = False
+    #: Let disks use S3 endpoints on loopback, private and link-local addresses (off: refused, since s3fs
+    #: runs on the host's network and would reach the host's own services for a user).
+    disk_allow_private_endpoints: bool = False
     #: Run the template build worker in this process (it drives builds on the hosts).
     template_worker_enabled: bool = True
     #: One build attempt's time limit; past it the attempt fails saying so.

@@ -33,7 +33,11 @@ ACCESS = "AKIAPADDOCKTEST00001"
 
 @pytest.fixture
 def cp_settings(cp_settings: ControlPlaneSettings) -> ControlPlaneSettings:
-    return cp_settings.model_copy(update={"webhook_allow_private_targets": True})
+    # The S3 endpoints here are on loopback, which a production control plane refuses
+    # (tests/disks/test_disk_endpoints.py).
+    return cp_settings.model_copy(
+        update={"webhook_allow_private_targets": True, "disk_allow_private_endpoints": True}
+    )
 
 
 @pytest.fixture

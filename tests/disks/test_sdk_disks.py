@@ -8,11 +8,17 @@ import asyncio
 import pytest
 
 import paddock
+from paddock_controlplane.settings import ControlPlaneSettings
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
 from tests.controlplane.test_networks import fake_host as fake_host
 
 pytestmark = pytest.mark.db
+
+
+@pytest.fixture
+def cp_settings(cp_settings: ControlPlaneSettings) -> ControlPlaneSettings:
+    return cp_settings.model_copy(update={"disk_allow_private_endpoints": True})
 
 
 async def test_async_sdk_round_trip(controlplane: ControlPlane, fake_host: FakeHostLink) -> None:

@@ -100,7 +100,8 @@ def live(
     debian_image: Path, guest_binary_dir: Path
 ) -> Iterator[tuple[LivePlatform, S3Server, S3Server, list[str]]]:
     server, checked = S3Server.start(), S3Server.start(auth=True)
-    platform = start_platform(guest_binary_dir)
+    # moto listens on loopback, which the control plane refuses as a disk endpoint unless allowed.
+    platform = start_platform(guest_binary_dir, cp_env={"PADDOCK_CP_DISK_ALLOW_PRIVATE_ENDPOINTS": "true"})
     bodies: list[str] = []
     try:
         yield platform, server, checked, bodies
