@@ -18,6 +18,7 @@ from paddock_controlplane.schemas import (
     RechargeRequest,
     SshKeysRequest,
 )
+from paddock_controlplane.templates import TemplateCreateRequest
 from paddock_core.openapi import JSEND_ERROR, JSEND_FAIL, JSEND_SUCCESS, Contract, JsonSchema, Operation
 
 SANDBOX = "/v1/sandboxes/{sandbox_id}"
@@ -107,6 +108,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("DELETE", SANDBOX + "/networks/{network_id}"): Operation(statuses=ON_A_SANDBOX),
     ("POST", "/v1/webhook-endpoints"): Operation(statuses=(403,)),
+    # Templates (§11.13): plan and credit on create, a duplicate name 409; the log is NDJSON only.
+    ("POST", "/v1/templates"): Operation(
+        statuses=(402, 403, 409), body=TemplateCreateRequest, body_required=True
+    ),
+    ("GET", "/v1/templates/{ref}/logs"): Operation(media=("application/x-ndjson",), unwrapped=True),
 }
 
 CONTRACT = Contract(

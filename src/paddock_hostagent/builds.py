@@ -162,6 +162,7 @@ class BuildManager:
         work = self.work_dir / f"{body.id}-{body.attempt}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
+        (work / "rootfs").mkdir()
         net: SandboxNetwork | None = None
         guard_id = f"build-{body.id}"
         cgroup = SandboxCgroup(f"/paddock-builds/{body.id}-{body.attempt}")
@@ -246,15 +247,32 @@ class BuildManager:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.network.destroy, net)
 
+    def _twin(self, image_id: str, exclude: str) -> str | None:
+        """A template on this host built to the same image, not being deleted."""
+        for name in self.images.templates():
+            if name != exclude and name not in self._doomed and self.images.image_id(name) == image_id:
+                return name
+        return None
+
     async def _export(self, build: Build, tree: Path) -> None:
         body = build.body
-        settings = await self.buildah.export(local_tag(body.id), tree)
+        image_id = await self.buildah.image_id(local_tag(body.id))
+        twin = self._twin(image_id, body.id)
+        if twin is not None:
+            # The same image as a template already here (every step came from the cache): its tree is
+            # identical and read-only, so hard links make this one at once.
+            build.say(f"same image as {twin}: reusing its tree")
+            await _link_tree(self.images.rootfs_path(twin), tree)
+            settings = await self.buildah.settings(local_tag(body.id))
+        else:
+            settings = await self.buildah.export(local_tag(body.id), tree)
         size = await asyncio.to_thread(_tree_bytes, tree)
         meta = {
             "name": body.id,
             "source": f"template from {body.base}",
             "built_at": time.time(),
             "ext4_size_bytes": size,
+            "image_id": image_id,
             "config": {
                 "env": settings.env,
                 "workdir": settings.workdir,
@@ -293,6 +311,15 @@ async def _end_cgroup(cgroup: SandboxCgroup) -> None:
         await asyncio.sleep(0.05)
     with contextlib.suppress(OSError):
         cgroup.remove()
+
+
+async def _link_tree(source: Path, dest: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        "cp", "-al", f"{source}/.", str(dest), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await process.communicate()
+    if process.returncode != 0:
+        raise _BuildFailed(f"linking {source}: {err.decode(errors='replace').strip()[-300:]}")
 
 
 class _BuildFailed(Exception):

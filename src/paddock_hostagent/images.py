@@ -157,6 +157,15 @@ class ImageStore:
             self._configs[name] = cached
         return cached
 
+    def image_id(self, name: str) -> str:
+        """The buildah image id a template was exported from ('' if unknown)."""
+        try:
+            return str(
+                json.loads((self.image_dir / slug(name) / "image.json").read_text()).get("image_id") or ""
+            )
+        except (OSError, ValueError):
+            return ""
+
     def install_template(self, name: str, tree: Path, meta: dict[str, object]) -> Path:
         """Moves a finished tree into place as image ``name`` (``tree`` must be on the same filesystem);
         ``image.json`` is written last, so a half-installed template is never offered."""

@@ -213,6 +213,13 @@ class Buildah:
             cmd=[str(part) for part in config.get("Cmd") or []],
         )
 
+    async def image_id(self, tag: str) -> str:
+        """The image's content id: two builds that hit the cache for every step get the same one."""
+        rc, lines = await self._run("images", "--noheading", "--no-trunc", "--format", "{{.ID}}", tag)
+        if rc != 0 or not lines:
+            raise BuildahError(f"buildah images {tag} exited with {rc}")
+        return lines[-1].strip()
+
     async def release(self) -> None:
         """Removes working containers (a killed build leaves its RUN container) and unmounts what
         containers/storage keeps mounted, so a stopped agent leaves no mounts; images stay cached."""

@@ -1,0 +1,172 @@
+"""What templates cost: a Dockerfile build through the API against ``podman build`` of the same
+Dockerfile in the same run, the cached rebuild, and create → running from a template against debian:13.
+
+    .venv/bin/python -m bench.templates_bench [--rounds 2] [--boots 5]
+
+One ``tests.live`` platform (control plane + one host agent with buildah), started here. Per round:
+
+- build: ``POST /v1/templates`` until ``ready`` (wall time through the API: submit, the worker's claim,
+  buildah bud with RUN steps under crun in the build netns, the export to a rootfs, the log records).
+  Each round's Dockerfile starts with a fresh ``RUN echo <nonce>``, so nothing is cached;
+- floor: ``podman build`` (from Debian, storage in a temporary root) of the same Dockerfile from the
+  same debian:13 tree imported once, ``--network host`` (no namespace to prepare: a lower bound);
+- cached: the round's Dockerfile submitted again under another name (every step from the layer cache);
+- create → running: ``POST /v1/sandboxes`` with ``rootfs`` = the template, and with ``debian:13``.
+
+RUN steps fetch from the Debian archive (apt-get). Needs root, buildah, podman and the debian:13 image.
+Never fails on a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tests.hostagent.conftest import image_cache
+from tests.live import start_platform
+
+from bench.stats import summarize
+from paddock_hostagent.guest.build import ensure_agent_binary
+
+SHAPE = "s-1vcpu-1gb"
+BODY = (
+    "RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/*\n"
+    "WORKDIR /srv/app\n"
+    "RUN echo built > /srv/app/marker.txt\n"
+)
+
+
+def dockerfile(base: str, nonce: str) -> str:
+    return f"FROM {base}\nRUN echo {nonce}\n{BODY}"
+
+
+def _ok(response: httpx.Response) -> Any:
+    assert response.status_code == 200, response.text
+    return response.json()["data"]
+
+
+def _build(http: httpx.Client, name: str, text: str) -> tuple[float, str]:
+    started = time.perf_counter()
+    template = _ok(http.post("/v1/templates", json={"name": name, "dockerfile": text}))
+    deadline = time.monotonic() + 900
+    while True:  # ends: ready, or the assertions
+        status = _ok(http.get(f"/v1/templates/{template['id']}"))["status"]
+        if status != "pending" and status != "building":
+            assert status == "ready", http.get(f"/v1/templates/{template['id']}/logs").text[-3000:]
+            return time.perf_counter() - started, str(template["id"])
+        assert time.monotonic() < deadline, "build still running after 900 s"
+        time.sleep(0.05)
+
+
+def _boot_ms(http: httpx.Client, rootfs: str) -> float:
+    started = time.perf_counter()
+    sandbox = _ok(http.post("/v1/sandboxes", json={"shape": SHAPE, "rootfs": rootfs, "disk_mib": 2048}))
+    took = (time.perf_counter() - started) * 1000
+    assert sandbox["status"] == "running", sandbox
+    _ok(http.delete(f"/v1/sandboxes/{sandbox['id']}"))
+    return took
+
+
+class Podman:
+    """``podman`` with its own storage under a temporary root, removed afterwards."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="pdkbench-podman-"))
+
+    def __call__(self, *args: str, stdin: bytes | None = None) -> None:
+        argv = ["podman", "--root", str(self.root / "storage"), "--runroot", str(self.root / "run"), *args]
+        done = subprocess.run(argv, input=stdin, capture_output=True, check=False)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+
+    def import_tree(self, tree: Path, tag: str) -> None:
+        tar = subprocess.run(["tar", "-C", str(tree), "-c", "."], capture_output=True, check=True).stdout
+        self("import", "-", tag, stdin=tar)
+
+    def build(self, text: str) -> float:
+        context = Path(tempfile.mkdtemp(prefix="pdkbench-ctx-"))
+        (context / "Dockerfile").write_text(text)
+        started = time.perf_counter()
+        self("build", "--isolation", "oci", "--network", "host", "--pull-never", "-q", str(context))
+        took = time.perf_counter() - started
+        shutil.rmtree(context, ignore_errors=True)
+        return took
+
+    def close(self) -> None:
+        with contextlib.suppress(AssertionError):
+            self("rmi", "--all", "--force")
+        storage = str(self.root)
+        mounted = [
+            line.split()[4]
+            for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4].startswith(storage)
+        ]
+        for point in sorted(mounted, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def run(rounds: int, boots: int) -> dict[str, list[float]]:
+    guest = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
+    ensure_agent_binary(guest)
+    out: dict[str, list[float]] = {"build": [], "podman": [], "cached": [], "boot_tpl": [], "boot_debian": []}
+    podman = Podman()
+    platform = start_platform(guest)
+    try:
+        podman.import_tree(image_cache() / "debian_13" / "rootfs", "localhost/bench/debian13:latest")
+        with platform.http(platform.api_key("pro"), timeout=900) as http:
+            template_id = ""
+            for index in range(rounds):
+                nonce = secrets.token_hex(6)
+                took, template_id = _build(http, f"bench-{index}", dockerfile("debian:13", nonce))
+                out["build"].append(took)
+                out["podman"].append(podman.build(dockerfile("localhost/bench/debian13:latest", nonce)))
+                took, again = _build(http, f"bench-{index}-again", dockerfile("debian:13", nonce))
+                out["cached"].append(took)
+                _ok(http.delete(f"/v1/templates/{again}"))
+            _boot_ms(http, template_id)  # first boots pay the page cache; not counted
+            _boot_ms(http, "debian:13")
+            for _ in range(boots):  # interleaved, so drift hits both alike
+                out["boot_tpl"].append(_boot_ms(http, template_id))
+                out["boot_debian"].append(_boot_ms(http, "debian:13"))
+            for item in _ok(http.get("/v1/templates"))["data"]:
+                _ok(http.delete(f"/v1/templates/{item['id']}"))
+    finally:
+        platform.stop()
+        podman.close()
+        shutil.rmtree(guest, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--boots", type=int, default=5)
+    args = parser.parse_args(argv)
+    results = run(args.rounds, args.boots)
+    print(f"{'operation':40s} {'p50':>9s} {'min':>9s} {'max':>9s} {'unit':>5s} {'n':>3s}")
+
+    def row(label: str, values: list[float], unit: str) -> None:
+        stats = summarize(values)
+        print(
+            f"{label:40s} {stats['p50']:9.2f} {stats['min']:9.2f} {stats['max']:9.2f} {unit:>5s} {stats['n']:3d}"
+        )
+
+    row("template build via API (no cache)", results["build"], "s")
+    row("floor: podman build, same Dockerfile", results["podman"], "s")
+    row("template rebuild via API (cached)", results["cached"], "s")
+    row("create -> running from the template", results["boot_tpl"], "ms")
+    row("create -> running from debian:13", results["boot_debian"], "ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
