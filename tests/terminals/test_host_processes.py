@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import signal
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from paddock_hostagent.schemas import (
     ProcessSignalBody,
     ProcessStartBody,
 )
+from tests.hostagent.conftest import AgentProcess, Sandboxes
 
 pytestmark = pytest.mark.root
 
@@ -79,3 +81,28 @@ async def test_errors_are_the_contracts(host: HostAgentClient, sandbox: dict[str
 
 async def test_heartbeat_frame_shape() -> None:
     assert ProcessFrame(type="heartbeat").model_dump(exclude_none=True) == {"type": "heartbeat"}
+
+
+async def test_processes_survive_a_host_agent_restart(make_agent: Any) -> None:
+    agent: AgentProcess = make_agent()
+    agent.start()
+    async with agent.client() as host:
+        tracker = Sandboxes(host, agent)
+        sandbox = await tracker.create(name="keeps-procs")
+        script = "echo before-restart; while sleep 0.2; do echo tick; done"
+        proc = await host.start_process(sandbox["id"], ProcessStartBody(cmd="bash", args=["-c", script]))
+        await output_until(host, sandbox["id"], proc.process_id, b"tick")
+
+    agent.stop(signal.SIGKILL)  # a crash of the host agent; the sandbox and its guest keep running
+    agent.start()
+
+    async with agent.client() as host:
+        tracker.host = host
+        again = await host.get_process(sandbox["id"], proc.process_id)
+        assert again.state == "running" and again.pid == proc.pid
+        replayed = await output_until(host, sandbox["id"], proc.process_id, b"tick\ntick\n")
+        assert replayed.startswith(b"before-restart\n")
+        await host.kill_process(sandbox["id"], proc.process_id, 0)
+        done = await host.wait_process(sandbox["id"], proc.process_id, scope="tree", timeout_ms=10000)
+        assert done.signal == "SIGKILL"
+        await tracker.destroy_all()
