@@ -109,3 +109,30 @@ async def test_leaving_ends_the_shell_and_errors_are_http(live: LivePlatform, ke
         ):
             pass
     assert missing.value.response.status_code == 404
+
+
+async def test_a_sandbox_access_token_opens_its_own_shell_only(
+    live: LivePlatform, key: str, sid: str
+) -> None:
+    async with httpx.AsyncClient(base_url=live.url, headers={"X-Api-Key": key}, timeout=60) as api:
+        issued = await api.post(f"/v1/sandboxes/{sid}/access-token")
+        assert issued.status_code == 200, issued.text
+        token = issued.json()["data"]["token"]
+        other = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": "debian:13"})
+        other_id = other.json()["data"]["id"]
+        try:
+            async with connect(
+                ws_url(live, f"/v1/sandboxes/{sid}/shell-ws"), additional_headers={"X-Api-Key": token}
+            ) as ws:
+                await ws.send(b"echo token-$((7*6))\n")
+                await read_until(ws, b"token-42")
+            with pytest.raises(InvalidStatus) as elsewhere:
+                async with connect(
+                    ws_url(live, f"/v1/sandboxes/{other_id}/shell-ws"),
+                    additional_headers={"X-Api-Key": token},
+                ):
+                    pass
+            assert elsewhere.value.response.status_code == 404
+        finally:
+            await api.delete(f"/v1/sandboxes/{other_id}")
+            await api.delete(f"/v1/sandboxes/{sid}/access-token")

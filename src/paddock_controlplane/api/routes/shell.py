@@ -42,10 +42,9 @@ def _side(websocket: WebSocket, name: str, default: int) -> int:
 async def _open(websocket: WebSocket, sandbox_id: str) -> terminals.Terminal:
     services: Services = websocket.app.state.services
     principal = await principal_for_key(services, websocket.headers.get("x-api-key", ""))
-    # A delegated access token (§12.1) carries the one sandbox it may act on.
-    bound = getattr(principal, "sandbox_id", None)
-    if bound is not None and bound != sandbox_id:
-        raise errors.NotFound("sandbox not found")
+    # A delegated access token (§12.1) may open a shell in its own sandbox only, as it may drive its
+    # processes (a shell is one); any other sandbox is 404 to it.
+    principal.require_scope(sandbox_id)
     pty = ProcessPty(rows=_side(websocket, "rows", 24), cols=_side(websocket, "cols", 80))
     attach_to = websocket.query_params.get("process_id") or None
     return await terminals.Terminal.open(
