@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.models import Host
+from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_core.timeutil import as_utc
 
 HOST_STATUSES = ("active", "draining", "dead")
@@ -21,8 +22,10 @@ def host_view(host: Host) -> dict[str, Any]:
         "free_mib": int(host.free_mib),
         "vm_count": int(host.vm_count),
     }
-    if host.rootfses:
-        out["rootfses"] = sorted(host.rootfses)
+    # Catalog images only: the templates a host holds belong to their users (their ids are private).
+    catalog = sorted(name for name in host.rootfses or [] if name in ROOT_IMAGES_BY_NAME)
+    if catalog:
+        out["rootfses"] = catalog
     return out
 
 

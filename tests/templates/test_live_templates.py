@@ -110,6 +110,23 @@ def test_a_sandbox_from_the_template_has_the_package_the_file_env_and_workdir(
         http.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
+def test_user_applies_to_exec_and_template_ids_stay_private(http: httpx.Client, live: LivePlatform) -> None:
+    dockerfile = "FROM debian:13\nRUN useradd --create-home --uid 1234 app\nUSER app\nWORKDIR /home/app\n"
+    created = http.post("/v1/templates", json={"name": "as-app", "dockerfile": dockerfile}).json()["data"]
+    try:
+        assert wait_done(http, created["id"])["status"] == "ready"
+        hosts = http.get("/v1/hosts").json()["data"]["data"]
+        assert all(not name.startswith("tpl_") for host in hosts for name in host.get("rootfses", []))
+        sandbox = http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": "as-app"}).json()["data"]
+        try:
+            out = sh(http, sandbox["id"], "id -un; id -u; pwd; touch /root/x 2>/dev/null || echo denied")
+            assert out["stdout"].splitlines() == ["app", "1234", "/home/app", "denied"], out
+        finally:
+            http.delete(f"/v1/sandboxes/{sandbox['id']}")
+    finally:
+        http.delete(f"/v1/templates/{created['id']}")
+
+
 def test_the_same_dockerfile_again_hits_the_layer_cache(http: httpx.Client, built: dict[str, Any]) -> None:
     started = time.monotonic()
     created = http.post("/v1/templates", json={"name": "jq-box-again", "dockerfile": DOCKERFILE}).json()[
