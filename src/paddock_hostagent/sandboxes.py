@@ -65,6 +65,9 @@ from paddock_hostagent.settings import HostAgentSettings
 
 log = get_logger(__name__)
 
+#: How often the agent checks that every mounted disk's s3fs still serves it.
+DISK_CHECK_INTERVAL_S = 10.0
+
 
 @dataclass
 class _Entry:
@@ -571,8 +574,9 @@ class SandboxManager:
             mount = S3Mount.from_json(data)
             await self.disks.restore(record.id, mount, ns_pid=pid)
             restored.append(mount.to_json())
-        record.disks = restored
-        self.records.save(record)
+        if restored != record.disks:
+            record.disks = restored
+            self.records.save(record)
 
     async def _end_exchanges(self, entry: _Entry, reason: str) -> None:
         for stream in list(entry.streams):
@@ -766,12 +770,29 @@ class SandboxManager:
                 log.info("sandbox_self_signal", sandbox_id=record.id, action=info.self_action)
 
     async def _watch_guests(self) -> None:
+        disks_checked = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.guest_poll_interval_s)
             try:
                 await self.poll_self_signals()
             except Exception as exc:  # the watcher must outlive any one bad sandbox
                 log.warning("self_signal_poll_failed", error=repr(exc))
+            if time.monotonic() - disks_checked >= DISK_CHECK_INTERVAL_S:
+                disks_checked = time.monotonic()
+                try:
+                    await self.check_disks()
+                except Exception as exc:  # likewise for any one bad mount
+                    log.warning("disk_check_failed", error=repr(exc))
+
+    async def check_disks(self) -> None:
+        """A mount whose s3fs died (crashed, killed, out of memory) is mounted again, as after an agent
+        restart; sandboxes busy with a lifecycle operation are checked next time."""
+        for entry in list(self._entries.values()):
+            if not entry.record.disks or entry.lock.locked():
+                continue
+            async with entry.lock:
+                if self._entries.get(entry.record.id) is entry and self.status(entry) != "stopped":
+                    await self._restore_disks(entry.record)
 
 
 def _disk_view(mount: S3Mount) -> DiskMountView:

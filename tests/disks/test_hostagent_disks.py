@@ -3,15 +3,18 @@ real s3fs from Debian, a real moto S3 server)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
 import subprocess
+import time
 from typing import Any
 
 import pytest
 
 from paddock_hostagent.client import HostAgentClient
+from paddock_hostagent.sandboxes import DISK_CHECK_INTERVAL_S
 from paddock_hostagent.schemas import DiskMountBody
 from tests.disks.s3server import S3Server
 from tests.hostagent.conftest import Sandboxes, sh
@@ -139,3 +142,28 @@ async def test_a_restarted_agent_restores_a_mount_whose_s3fs_died(make_agent: An
 def _s3fs_for(sandbox_id: str) -> list[int]:
     found = subprocess.run(["pgrep", "-f", f"s3fs .*/disks/{sandbox_id}/"], capture_output=True, text=True)
     return [int(pid) for pid in found.stdout.split()]
+
+
+async def test_a_mount_whose_s3fs_dies_comes_back_while_the_agent_runs(
+    host: HostAgentClient, sandboxes: Sandboxes, s3: S3Server
+) -> None:
+    bucket = s3.bucket("watch-" + secrets.token_hex(4))
+    sandbox = await sandboxes.create()
+    assert (await host.attach_disk(sandbox["id"], mount_body(s3, bucket, "/data"))).status == "mounted"
+    (pid,) = _s3fs_for(sandbox["id"])
+    os.kill(pid, signal.SIGKILL)
+    broken = await sh(host, sandbox["id"], "ls /data")
+    assert broken["exit_code"] != 0, broken  # the mount is dead now
+    deadline = time.monotonic() + DISK_CHECK_INTERVAL_S + 20
+    while True:  # ends: the agent's check mounted it again, or the assertion
+        done = await sh(host, sandbox["id"], "echo back > /data/back.txt && cat /data/back.txt")
+        if done["stdout"] == "back\n" or time.monotonic() > deadline:
+            assert done["stdout"] == "back\n", done
+            break
+        await asyncio.sleep(1)
+    assert s3.s3().get_object(Bucket=bucket, Key="back.txt")["Body"].read() == b"back\n"
+    assert _s3fs_for(sandbox["id"]) not in ([], [pid])
+    # A detach removes the new mount and the dead one it covers: the path is the sandbox's own again.
+    await host.detach_disk(sandbox["id"], "/data")
+    after = await sh(host, sandbox["id"], "ls -A /data | wc -l; grep -c fuse /proc/self/mountinfo || true")
+    assert after["stdout"].split() == ["0", "0"], after

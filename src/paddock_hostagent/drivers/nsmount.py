@@ -65,6 +65,8 @@ def move_into(pid: int, source: str, target: str) -> None:
     _enter(pid)
     try:
         os.makedirs(target, exist_ok=True)
+    except FileExistsError:
+        pass  # a dead FUSE mount (ENOTCONN on stat) is there: the new mount goes on top of it
     except OSError as exc:
         raise NsMountError(f"cannot create {target} in the sandbox: {exc.strerror}") from None
     _check(

@@ -281,16 +281,9 @@ class S3Mounter:
                 )
             return
         log.info("disk_remounting", sandbox_id=sandbox_id, disk_id=mount.disk_id, mount_path=mount.mount_path)
-        await _run(
-            [
-                sys.executable,
-                "-m",
-                "paddock_hostagent.drivers.nsmount",
-                "umount",
-                str(ns_pid),
-                mount.mount_path,
-            ]
-        )
+        # The sandbox's dead copy stays until the new mount covers it: were it removed first, a write in
+        # between would land in the sandbox's own directory, and vanish under the new mount. Dead, it
+        # fails loudly (ENOTCONN); a detach later removes both layers.
         await self._stop_host(point)
         if not self._passwd(sandbox_id, mount).exists():
             mount.status, mount.error = ERROR, "credentials lost on the host; attach the disk again"
