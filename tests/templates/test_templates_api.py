@@ -13,12 +13,19 @@ from typing import Any
 import httpx
 import pytest
 
+from paddock_controlplane.settings import ControlPlaneSettings
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
 
 pytestmark = pytest.mark.db
 
 DOCKERFILE = "FROM debian:13\nENV A=1\nRUN echo hi\n"
+
+
+@pytest.fixture
+def cp_settings(cp_settings: ControlPlaneSettings) -> ControlPlaneSettings:
+    # The webhook endpoint of test_template_actions_are_announced is on loopback (nothing listens).
+    return cp_settings.model_copy(update={"webhook_allow_private_targets": True})
 
 
 @pytest.fixture
@@ -205,3 +212,34 @@ async def test_a_template_built_from_another_ready_template(
     child = await api.post("/v1/templates", json={"name": "layer3", "dockerfile": "FROM layer1\nRUN true\n"})
     assert child.status_code == 200, child.text
     assert (await wait_done(api, child.json()["data"]["id"]))["status"] == "ready"
+
+
+async def test_template_actions_are_announced(api: httpx.AsyncClient) -> None:
+    endpoint = await api.post(
+        "/v1/webhook-endpoints",
+        json={
+            "url": "http://127.0.0.1:9/hook",
+            "events": [
+                "template.submit",
+                "template.build.start",
+                "template.build.complete",
+                "template.delete",
+            ],
+        },
+    )
+    assert endpoint.status_code == 200, endpoint.text
+    endpoint_id = endpoint.json()["data"]["id"]
+    created = (await api.post("/v1/templates", json={"name": "hooked", "dockerfile": DOCKERFILE})).json()[
+        "data"
+    ]
+    await wait_done(api, created["id"])
+    assert (await api.delete(f"/v1/templates/{created['id']}")).status_code == 200
+    failing = (
+        await api.post("/v1/templates", json={"name": "hooked-2", "dockerfile": "FROM debian:13\nRUN FAIL\n"})
+    ).json()["data"]
+    await wait_done(api, failing["id"])
+    deliveries = (await api.get(f"/v1/webhook-endpoints/{endpoint_id}")).json()["data"]["deliveries"]
+    first = ["template.submit", "template.build.start", "template.build.complete", "template.delete"]
+    retried = ["template.submit", "template.build.start", "template.build.start", "template.build.complete"]
+    assert sorted(d["eventAction"] for d in deliveries) == sorted([*first, *retried])
+    assert created["id"] in str(deliveries) and failing["id"] in str(deliveries)
