@@ -7,13 +7,18 @@ its Dockerfile says FAIL); tests/templates/test_live_templates.py builds with bu
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import update
 
+from paddock_controlplane.models import Template
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_core.db import make_engine, make_sessionmaker, transaction
+from paddock_core.timeutil import utcnow
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
 
@@ -243,3 +248,34 @@ async def test_template_actions_are_announced(api: httpx.AsyncClient) -> None:
     retried = ["template.submit", "template.build.start", "template.build.start", "template.build.complete"]
     assert sorted(d["eventAction"] for d in deliveries) == sorted([*first, *retried])
     assert created["id"] in str(deliveries) and failing["id"] in str(deliveries)
+
+
+async def test_a_build_whose_worker_died_is_claimed_again_as_a_new_attempt(
+    api: httpx.AsyncClient, controlplane: ControlPlane, fake_host: FakeHostLink
+) -> None:
+    """A worker that died mid-build leaves ``building`` under a lease; once the lease lapses another
+    worker (here: this process's) claims it and runs attempt 2."""
+    created = (await api.post("/v1/templates", json={"name": "orphan", "dockerfile": DOCKERFILE})).json()[
+        "data"
+    ]
+    await wait_done(api, created["id"])
+    engine = make_engine(controlplane.settings.database_url)
+    try:
+        async with transaction(make_sessionmaker(engine)) as session:
+            await session.execute(
+                update(Template)
+                .where(Template.id == created["id"])
+                .values(status="building", built_at=None, lease_until=utcnow() - dt.timedelta(seconds=1))
+            )
+    finally:
+        await engine.dispose()
+    for _ in range(100):  # the idle worker looks again within a second
+        data = (await api.get(f"/v1/templates/{created['id']}")).json()["data"]
+        if data["status"] == "ready":
+            break
+        await asyncio.sleep(0.1)
+    assert data["status"] == "ready", data
+    frames = [
+        json.loads(line) for line in (await api.get(f"/v1/templates/{created['id']}/logs")).text.splitlines()
+    ]
+    assert frames[-1]["attempt"] == 2 and {frame["attempt"] for frame in frames} == {1, 2}
