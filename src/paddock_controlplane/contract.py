@@ -6,6 +6,12 @@ and query parameters (with the models that validate them), and each operation's 
 
 from __future__ import annotations
 
+from paddock_controlplane.processes import (
+    ProcessInputRequest,
+    ProcessResizeRequest,
+    ProcessSignalRequest,
+    ProcessStartRequest,
+)
 from paddock_controlplane.queries import MAX_WAIT_MS, STATUSES
 from paddock_controlplane.schemas import (
     AccessTokenRequest,
@@ -101,6 +107,25 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", SANDBOX + "/access-token"): Operation(statuses=(403,)),
     ("POST", SANDBOX + "/access-token/rotate"): Operation(statuses=(403, 409), body=AccessTokenRequest),
     ("DELETE", SANDBOX + "/access-token"): Operation(statuses=(403,)),
+    # §12.2: the sandbox must be running (409); a process that cannot do it now (no PTY, exited) 409.
+    ("POST", SANDBOX + "/processes"): Operation(statuses=(403, *ON_A_SANDBOX), body=ProcessStartRequest),
+    ("GET", SANDBOX + "/processes"): Operation(statuses=(403, *ON_A_SANDBOX)),
+    ("GET", SANDBOX + "/processes/{process_id}"): Operation(statuses=(403, *ON_A_SANDBOX)),
+    ("DELETE", SANDBOX + "/processes/{process_id}"): Operation(statuses=(403, *ON_A_SANDBOX)),
+    ("GET", SANDBOX + "/processes/{process_id}/connect"): Operation(
+        statuses=(403, *ON_A_SANDBOX), media=("application/x-ndjson",), unwrapped=True
+    ),
+    ("POST", SANDBOX + "/processes/{process_id}/input"): Operation(
+        statuses=(403, *ON_A_SANDBOX), body=ProcessInputRequest, body_required=True
+    ),
+    ("POST", SANDBOX + "/processes/{process_id}/stdin/close"): Operation(statuses=(403, *ON_A_SANDBOX)),
+    ("POST", SANDBOX + "/processes/{process_id}/resize"): Operation(
+        statuses=(403, *ON_A_SANDBOX), body=ProcessResizeRequest
+    ),
+    ("POST", SANDBOX + "/processes/{process_id}/signal"): Operation(
+        statuses=(403, *ON_A_SANDBOX), body=ProcessSignalRequest, body_required=True
+    ),
+    ("GET", SANDBOX + "/processes/{process_id}/wait"): Operation(statuses=(403, *ON_A_SANDBOX)),
     ("POST", "/v1/networks"): Operation(statuses=(403, 409), body=NetworkCreateRequest),
     ("DELETE", "/v1/networks/{network_id}"): Operation(statuses=(409,)),
     ("POST", SANDBOX + "/networks"): Operation(

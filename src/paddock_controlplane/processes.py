@@ -10,11 +10,13 @@ busy (no idle auto-pause) while a client is attached.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from paddock_controlplane import envs, hostlink
 from paddock_controlplane.activity import Inflight, touch
@@ -50,6 +52,15 @@ class ProcessStartRequest(BaseModel):
 class ProcessInputRequest(BaseModel):
     data_base64: str = Field(max_length=(1 << 20) * 4 // 3 + 4)
 
+    @field_validator("data_base64")
+    @classmethod
+    def strict_base64(cls, value: str) -> str:
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("must be strict base64") from None
+        return value
+
 
 class ProcessResizeRequest(BaseModel):
     rows: int | None = Field(default=None, ge=1, le=10000)
@@ -65,6 +76,17 @@ def view(process: ProcessView) -> dict[str, Any]:
     return process.model_dump(exclude_none=True)
 
 
+@contextlib.contextmanager
+def host_errors() -> Iterator[None]:
+    """The host's failures as the API's: unreachable 503 (retried by clients), sandbox gone 409."""
+    try:
+        yield
+    except hostlink.SandboxGoneError as exc:
+        raise errors.InvalidState(f"the sandbox is no longer running on its host: {exc}") from None
+    except hostlink.HostError as exc:
+        raise errors.Unavailable(f"the sandbox's host did not answer: {exc}") from None
+
+
 async def _target(services: Services, user_id: str, sandbox_id: str) -> tuple[Sandbox, hostlink.HostLinkAPI]:
     sandbox = await running_sandbox(services, user_id, sandbox_id)  # 404 / 409 as for exec
     touch(services, sandbox.id)
@@ -77,57 +99,67 @@ async def start(services: Services, user_id: str, sandbox_id: str, req: ProcessS
     sandbox, link = await _target(services, user_id, sandbox_id)
     env = envs.merged(services, sandbox, req.env)
     body = ProcessStartBody(cmd=req.cmd, args=req.args or [], env=env, cwd=req.cwd, pty=req.pty)
-    return await link.start_process(sandbox.id, body)
+    with host_errors():
+        return await link.start_process(sandbox.id, body)
 
 
 async def list_all(services: Services, user_id: str, sandbox_id: str) -> list[ProcessView]:
     sandbox, link = await _target(services, user_id, sandbox_id)
-    return (await link.list_processes(sandbox.id)).processes
+    with host_errors():
+        return (await link.list_processes(sandbox.id)).processes
 
 
 async def get(services: Services, user_id: str, sandbox_id: str, process_id: str) -> ProcessView:
     sandbox, link = await _target(services, user_id, sandbox_id)
-    return await link.get_process(sandbox.id, process_id)
+    with host_errors():
+        return await link.get_process(sandbox.id, process_id)
 
 
 async def kill(
     services: Services, user_id: str, sandbox_id: str, process_id: str, grace_ms: int
 ) -> ProcessView:
     sandbox, link = await _target(services, user_id, sandbox_id)
-    return await link.kill_process(sandbox.id, process_id, grace_ms)
+    with host_errors():
+        return await link.kill_process(sandbox.id, process_id, grace_ms)
 
 
 async def send_input(
     services: Services, user_id: str, sandbox_id: str, process_id: str, req: ProcessInputRequest
 ) -> int:
     sandbox, link = await _target(services, user_id, sandbox_id)
-    return (await link.process_input(sandbox.id, process_id, req.data_base64)).input_seq
+    with host_errors():
+        return (await link.process_input(sandbox.id, process_id, req.data_base64)).input_seq
 
 
 async def close_stdin(services: Services, user_id: str, sandbox_id: str, process_id: str) -> None:
     sandbox, link = await _target(services, user_id, sandbox_id)
-    await link.close_process_stdin(sandbox.id, process_id)
+    with host_errors():
+        await link.close_process_stdin(sandbox.id, process_id)
 
 
 async def resize(
     services: Services, user_id: str, sandbox_id: str, process_id: str, req: ProcessResizeRequest
 ) -> ProcessView:
     sandbox, link = await _target(services, user_id, sandbox_id)
-    return await link.resize_process(sandbox.id, process_id, ProcessResizeBody(rows=req.rows, cols=req.cols))
+    with host_errors():
+        return await link.resize_process(
+            sandbox.id, process_id, ProcessResizeBody(rows=req.rows, cols=req.cols)
+        )
 
 
 async def send_signal(
     services: Services, user_id: str, sandbox_id: str, process_id: str, req: ProcessSignalRequest
 ) -> ProcessView:
     sandbox, link = await _target(services, user_id, sandbox_id)
-    return await link.signal_process(sandbox.id, process_id, ProcessSignalBody(signal=req.signal))
+    with host_errors():
+        return await link.signal_process(sandbox.id, process_id, ProcessSignalBody(signal=req.signal))
 
 
 async def wait(
     services: Services, user_id: str, sandbox_id: str, process_id: str, *, scope: str, timeout_ms: int
 ) -> ProcessView:
     sandbox, link = await _target(services, user_id, sandbox_id)
-    with Inflight(services, sandbox.id):
+    with Inflight(services, sandbox.id), host_errors():
         return await link.wait_process(sandbox.id, process_id, scope=scope, timeout_ms=timeout_ms)
 
 
@@ -136,7 +168,8 @@ async def connect(
 ) -> AsyncIterator[bytes]:
     """Opens the stream (404/409 raised here, before the response starts) and returns its NDJSON."""
     sandbox, link = await _target(services, user_id, sandbox_id)
-    frames = await link.connect_process(sandbox.id, process_id, after)
+    with host_errors():
+        frames = await link.connect_process(sandbox.id, process_id, after)
     return _ndjson(services, sandbox.id, frames)
 
 

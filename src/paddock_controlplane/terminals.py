@@ -19,6 +19,7 @@ from sqlalchemy import select
 from paddock_controlplane import envs, hostlink, suspension
 from paddock_controlplane.activity import Inflight, touch
 from paddock_controlplane.models import Sandbox
+from paddock_controlplane.processes import host_errors
 from paddock_controlplane.queries import running_sandbox
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import SandboxStatus
@@ -87,18 +88,23 @@ class Terminal:
         sandbox = await wake(services, user_id, sandbox_id)
         link = await hostlink.for_host(services, sandbox.host_id)
         if attach_to is not None:
-            return cls(services, sandbox, link, await link.get_process(sandbox.id, attach_to), owned=False)
+            with host_errors():
+                attached = await link.get_process(sandbox.id, attach_to)
+            return cls(services, sandbox, link, attached, owned=False)
         if argv is not None:
             cmd, args = argv
         else:
             cmd, args = LOGIN_SHELL if command is None else ("bash", ["-lc", command])
         env = envs.merged(services, sandbox, None)
         body = ProcessStartBody(cmd=cmd, args=args, env=env, cwd=None, pty=pty)
-        return cls(services, sandbox, link, await link.start_process(sandbox.id, body), owned=True)
+        with host_errors():
+            started = await link.start_process(sandbox.id, body)
+        return cls(services, sandbox, link, started, owned=True)
 
     async def frames(self, after: int = 0) -> AsyncGenerator[ProcessFrame, None]:
         """Output frames (``data``), then one ``exit`` or ``error``; activity while attached."""
-        stream = await self.link.connect_process(self.sandbox.id, self.process.process_id, after)
+        with host_errors():
+            stream = await self.link.connect_process(self.sandbox.id, self.process.process_id, after)
         with Inflight(self.services, self.sandbox.id):
             try:
                 async for frame in stream:
@@ -115,16 +121,18 @@ class Terminal:
     async def write(self, data: bytes) -> None:
         if data:
             touch(self.services, self.sandbox.id)
-            await self.link.process_input(
-                self.sandbox.id, self.process.process_id, base64.b64encode(data).decode()
-            )
+            encoded = base64.b64encode(data).decode()
+            with host_errors():
+                await self.link.process_input(self.sandbox.id, self.process.process_id, encoded)
 
     async def close_stdin(self) -> None:
-        await self.link.close_process_stdin(self.sandbox.id, self.process.process_id)
+        with host_errors():
+            await self.link.close_process_stdin(self.sandbox.id, self.process.process_id)
 
     async def resize(self, rows: int, cols: int) -> None:
         body = ProcessResizeBody(rows=max(1, min(rows, 10000)), cols=max(1, min(cols, 10000)))
-        await self.link.resize_process(self.sandbox.id, self.process.process_id, body)
+        with host_errors():
+            await self.link.resize_process(self.sandbox.id, self.process.process_id, body)
 
     async def close(self) -> None:
         """Ends a process this terminal started (a hang-up); leaves an attached one running."""

@@ -10,6 +10,7 @@ import itertools
 import signal
 from collections.abc import AsyncGenerator
 
+from paddock_controlplane import hostlink
 from paddock_core import errors
 from paddock_hostagent.schemas import (
     ProcessFrame,
@@ -28,8 +29,11 @@ class FakeProcesses:
         self.processes: dict[str, dict[str, ProcessView]] = {}
         self.inputs: dict[str, bytes] = {}
         self._pids = itertools.count(100)
+        self.processes_host_down = False  # every process call fails as an unreachable host does
 
     def _find(self, sandbox_id: str, process_id: str) -> ProcessView:
+        if self.processes_host_down:
+            raise hostlink.HostError("connection refused")
         found = self.processes.get(sandbox_id, {}).get(process_id)
         if found is None:
             raise errors.NotFound("process not found")
@@ -50,6 +54,8 @@ class FakeProcesses:
         return view
 
     async def start_process(self, sandbox_id: str, body: ProcessStartBody) -> ProcessView:
+        if self.processes_host_down:
+            raise hostlink.HostError("connection refused")
         pid = next(self._pids)
         view = ProcessView(
             process_id=f"proc_{pid:016x}",

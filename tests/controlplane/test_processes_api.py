@@ -109,3 +109,16 @@ async def test_input_stdin_close_signal_kill_and_the_stream(api: httpx.AsyncClie
     assert lines[0]["data_base64"] == "aGkK"
     killed = (await api.delete(f"{base}/{proc}", params={"grace_ms": 0})).json()["data"]
     assert killed["signal"] == "SIGKILL"
+
+
+async def test_bad_base64_is_400_and_an_unreachable_host_503(
+    api: httpx.AsyncClient, sid: str, fake_host: FakeHostLink
+) -> None:
+    base = f"/v1/sandboxes/{sid}/processes"
+    proc = (await api.post(base, json={"cmd": "cat"})).json()["data"]["process_id"]
+    bad = await api.post(f"{base}/{proc}/input", json={"data_base64": "not base64!"})
+    assert bad.status_code == 400 and "data_base64" in bad.text
+    fake_host.processes_host_down = True
+    down = await api.post(base, json={"cmd": "cat"})
+    assert down.status_code == 503 and down.headers.get("Retry-After"), down.text
+    assert (await api.get(f"{base}/{proc}")).status_code == 503
