@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 http.delete(f"/v1/sandboxes/{sandbox_id}")
     finally:
         platform.stop()
+        shutil.rmtree(guest, ignore_errors=True)
     print(render(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
