@@ -7,7 +7,11 @@ set -euo pipefail
 
 want=(python3 python3-venv python3-dev gcc libc6-dev make runc crun mmdebstrap nftables iproute2
       e2fsprogs xfsprogs util-linux kmod procps curl ca-certificates fuse3 s3fs
-      buildah)  # template builds (Dockerfile → image); RUN steps under crun
+      buildah      # template builds (Dockerfile → image); RUN steps under crun
+      openssh-sftp-server)  # the SSH gateway serves sftp/scp with it when an image has none
+if [[ "${1:-}" == "--test" || "${1:-}" == "--bench" ]]; then
+  want+=(openssh-client)  # the SSH gateway is tested, and benched, with the real OpenSSH client
+fi
 if [[ "${1:-}" == "--test" ]]; then
   want+=(postgresql podman wrk)  # the bench smoke run (tests/bench) drives podman and wrk
 elif [[ "${1:-}" == "--bench" ]]; then
