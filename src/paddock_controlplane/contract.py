@@ -6,6 +6,7 @@ and query parameters (with the models that validate them), and each operation's 
 
 from __future__ import annotations
 
+from paddock_controlplane.disks import DiskCreateRequest, DiskPatchRequest
 from paddock_controlplane.processes import (
     ProcessInputRequest,
     ProcessResizeRequest,
@@ -15,6 +16,7 @@ from paddock_controlplane.processes import (
 from paddock_controlplane.queries import MAX_WAIT_MS, STATUSES
 from paddock_controlplane.schemas import (
     AccessTokenRequest,
+    DiskAttachment,
     EgressRequest,
     ExecRequest,
     ForkSandboxRequest,
@@ -133,6 +135,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("DELETE", SANDBOX + "/networks/{network_id}"): Operation(statuses=ON_A_SANDBOX),
     ("POST", "/v1/webhook-endpoints"): Operation(statuses=(403,)),
+    # Disks (§11.10, §11.11): plan and credit on create, a duplicate name 409, delete while mounted 409;
+    # attach meets the plan, the sandbox's state and its host.
+    ("POST", "/v1/disks"): Operation(statuses=(402, 403, 409), body=DiskCreateRequest, body_required=True),
+    ("PATCH", "/v1/disks/{ref}"): Operation(body=DiskPatchRequest, body_required=True),
+    ("DELETE", "/v1/disks/{ref}"): Operation(statuses=(409,)),
+    ("POST", SANDBOX + "/disks"): Operation(
+        statuses=(403, *ON_A_SANDBOX), body=DiskAttachment, body_required=True
+    ),
+    ("DELETE", SANDBOX + "/disks/{disk_id}"): Operation(statuses=ON_A_SANDBOX),
     # Templates (§11.13): plan and credit on create, a duplicate name 409; the log is NDJSON only.
     ("POST", "/v1/templates"): Operation(
         statuses=(402, 403, 409), body=TemplateCreateRequest, body_required=True
