@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from paddock_hostagent.schemas import BandwidthResult
 from tests.live import LivePlatform
 from tests.network.conftest import QUOTA_BYTES, create, fetch, sh
 from tests.network.internet import SINK_PORT, SOURCE_BYTES, SOURCE_PORT, FakeInternet
@@ -114,21 +115,21 @@ def test_unmetered_sandboxes_are_counted_but_never_capped(
 ) -> None:
     sid = create(api)["id"]
 
-    async def unmeter() -> dict[str, Any]:
+    async def unmeter() -> BandwidthResult:
         async with net_platform.agents[0].client() as host:  # -1 is an operator's choice, not an API one
             return await host.set_bandwidth(sid, -1)
 
-    assert asyncio.run(unmeter())["quota_bytes"] == -1
+    assert asyncio.run(unmeter()).quota_bytes == -1
     before = internet.sink_bytes()
     send(api, sid, internet, 2 * QUOTA_BYTES, wait_s=10)
     assert internet.sink_bytes() - before == 2 * QUOTA_BYTES
 
-    async def usage() -> dict[str, Any]:
+    async def usage() -> BandwidthResult:
         async with net_platform.agents[0].client() as host:
             return await host.get_bandwidth(sid)
 
     counted = asyncio.run(usage())
-    assert counted["egress_bytes"] > 2 * QUOTA_BYTES and counted["capped"] is False, counted
+    assert counted.egress_bytes > 2 * QUOTA_BYTES and counted.capped is False, counted
 
 
 def test_rules_and_counters_survive_a_host_agent_restart(
