@@ -269,16 +269,9 @@ def test_put_creates_missing_parent_directories(http: httpx.Client, sandbox_id: 
     then_ok(http, bad)
 
 
-# §12.1 (access tokens) is implemented: tests/controlplane/test_access_tokens.py.
+# §12.1 (access tokens) and §12.2 (processes) are implemented: tests/controlplane/test_access_tokens.py,
+# tests/terminals/. §12.3 (computer use) waits for the desktop issue.
 SECTION_12 = [
-    ("POST", "processes"),
-    ("GET", "processes"),
-    ("GET", "processes/p1"),
-    ("DELETE", "processes/p1"),
-    ("GET", "processes/p1/connect"),
-    ("POST", "processes/p1/input"),
-    ("POST", "processes/p1/signal"),
-    ("GET", "processes/p1/wait"),
     ("GET", "computer/screenshot"),
     ("PUT", "computer/clipboard"),
     ("POST", "computer/mouse/click"),
@@ -296,7 +289,7 @@ def test_section_12_routes_answer_501_not_404(http: httpx.Client, sandbox_id: st
         assert answer.status_code == 501, (method, suffix, answer.text)
         assert answer.json() == {"status": "error", "message": "not implemented", "code": 501}
     # a method §12 does not list on such a path is a 405, as anywhere else
-    wrong = http.request("PATCH", f"/v1/sandboxes/{sandbox_id}/processes")
+    wrong = http.request("PATCH", f"/v1/sandboxes/{sandbox_id}/computer/screenshot")
     assert_fail(wrong, 405, "METHOD_NOT_ALLOWED", "code")
     then_ok(http, wrong)
 
