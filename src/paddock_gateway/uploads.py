@@ -9,13 +9,13 @@ compression ratio typical of zip bombs. Sizes are counted while reading, never t
 from __future__ import annotations
 
 import io
-import json
 import stat
 import zipfile
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from paddock_core import jsonbody
 from paddock_gateway.adapters.hosting import DeployOptions, UploadedFile
 from paddock_gateway.errors import InvalidBody, InvalidJson
 from paddock_gateway.schemas import MAX_FILES, DeployRequest, FilesUpload, check_relative_path, error_field
@@ -39,10 +39,14 @@ def is_json_content_type(value: str | None) -> bool:
 def parse_body(raw: bytes, content_type: str | None) -> DeployRequest:
     if not is_json_content_type(content_type):
         raise InvalidJson("Content-Type must be application/json")
+    # One parse, with the boundary rule shared with the control plane: NUL in a string, NaN/Infinity
+    # and nesting deeper than 32 levels are a 400 naming the field.
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidJson() from exc
+        data = jsonbody.parse(raw)
+    except jsonbody.JsonSyntaxError:
+        raise InvalidJson() from None
+    except jsonbody.JsonBodyError as exc:
+        raise InvalidBody([{"field": exc.field, "message": exc.reason}]) from None
     if not isinstance(data, dict):
         raise InvalidBody([{"field": "body", "message": "must be a JSON object"}])
     try:

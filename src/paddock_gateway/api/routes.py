@@ -6,10 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from paddock_core import jsonbody
 from paddock_gateway import deployments, lookups, projects
 from paddock_gateway.api.deps import CallerDep, ServicesDep
-from paddock_gateway.errors import InvalidBody, InvalidJson
 from paddock_gateway.schemas import (
     BalanceBody,
     ChainsBody,
@@ -67,27 +65,11 @@ async def deploy(
     request: Request, response: Response, services: ServicesDep, caller: CallerDep
 ) -> DeployAccepted:
     body = await request.body()
-    check_json_body(body, request.headers.get("content-type"))
     deployed = await deployments.deploy(
         services, caller, body, request.headers.get("content-type"), request.headers
     )
     response.headers.update(deployed.headers)  # PAYMENT-RESPONSE after an x402 settlement
     return deployed.body
-
-
-def check_json_body(raw: bytes, content_type: str | None) -> None:
-    """The boundary rule shared with the control plane (``paddock_core.jsonbody``): NUL in a string,
-    NaN/Infinity, and nesting deeper than 32 levels are a 400 naming the field, before the deploy's own
-    parsing (which takes the same bytes again and checks the contract's fields). Bodies that are not
-    declared as JSON are left to it: it refuses them with its own message."""
-    if (content_type or "").split(";", 1)[0].strip().lower() != "application/json":
-        return
-    try:
-        jsonbody.parse(raw)
-    except jsonbody.JsonSyntaxError:
-        raise InvalidJson() from None
-    except jsonbody.JsonBodyError as exc:
-        raise InvalidBody([{"field": exc.field, "message": exc.reason}]) from None
 
 
 @router.get(
