@@ -17,29 +17,10 @@ import paddock
 from paddock._errors import InsufficientFundsError
 from paddock_gateway import devchain
 from tests.gateway.conftest import RECIPIENT, Gateway, Wallet, free_port, new_wallet, rpc, unique_name
+from tests.sdk.test_gateway_client import PRICE_RAW, Tap
+from tests.sdk.test_gateway_client import client as sdk_client
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
-
-PRICE_RAW = 1_813_947
-
-
-class Tap(httpx.BaseTransport):
-    """The real transport, with a hook that may change what happens to each request."""
-
-    def __init__(self, hook: Callable[[httpx.Request, Callable[[], httpx.Response]], httpx.Response]) -> None:
-        self.inner = httpx.HTTPTransport()
-        self.hook = hook
-        self.requests: list[httpx.Request] = []
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-
-        def forward() -> httpx.Response:
-            response = self.inner.handle_request(request)
-            response.read()
-            return response
-
-        return self.hook(request, forward)
 
 
 def site(tmp_path: Path, text: str) -> Path:
@@ -52,14 +33,7 @@ def site(tmp_path: Path, text: str) -> Path:
 def client(
     gw: Gateway, wallet: Wallet, tmp_path: Path, transport: httpx.BaseTransport
 ) -> paddock.GatewayClient:
-    return paddock.GatewayClient(
-        gw.url,
-        "0x" + bytes(wallet.account.key).hex(),
-        rpc_urls={},  # x402 needs no RPC: the gateway settles
-        payments_file=tmp_path / "payments.json",
-        poll_interval_s=0.3,
-        transport=transport,
-    )
+    return sdk_client(gw, wallet, tmp_path, rpc_urls={}, transport=transport)  # x402 needs no RPC
 
 
 async def sent_transactions(url: str, address: str) -> int:
