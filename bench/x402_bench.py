@@ -40,6 +40,7 @@ from eth_account.messages import encode_defunct
 from eth_account.signers.local import LocalAccount
 
 from bench.stats import summarize
+from paddock import eip3009
 from paddock_core.logging import configure_logging
 from paddock_gateway import devchain
 from paddock_gateway.adapters.hosting import (
@@ -53,22 +54,6 @@ from paddock_gateway.app import create_app
 from paddock_gateway.settings import GatewaySettings
 
 TRANSFER = devchain.TRANSFER_SELECTOR
-EIP3009_TYPES = {
-    "EIP712Domain": [
-        {"name": "name", "type": "string"},
-        {"name": "version", "type": "string"},
-        {"name": "chainId", "type": "uint256"},
-        {"name": "verifyingContract", "type": "address"},
-    ],
-    "TransferWithAuthorization": [
-        {"name": "from", "type": "address"},
-        {"name": "to", "type": "address"},
-        {"name": "value", "type": "uint256"},
-        {"name": "validAfter", "type": "uint256"},
-        {"name": "validBefore", "type": "uint256"},
-        {"name": "nonce", "type": "bytes32"},
-    ],
-}
 
 
 class AcceptingHosting:
@@ -126,25 +111,19 @@ def body() -> dict[str, Any]:
 
 def sign_x402(account: LocalAccount, offer: dict[str, Any], chain_id: int) -> str:
     nonce = os.urandom(32)
-    message = {
-        "from": account.address,
-        "to": offer["payTo"],
-        "value": int(offer["amount"]),
-        "validAfter": 0,
-        "validBefore": int(time.time()) + int(offer["maxTimeoutSeconds"]),
-        "nonce": nonce,
-    }
-    typed = {
-        "types": EIP3009_TYPES,
-        "primaryType": "TransferWithAuthorization",
-        "domain": {
-            "name": offer["extra"]["name"],
-            "version": offer["extra"]["version"],
-            "chainId": chain_id,
-            "verifyingContract": offer["asset"],
-        },
-        "message": message,
-    }
+    typed = eip3009.transfer_with_authorization(
+        name=offer["extra"]["name"],
+        version=offer["extra"]["version"],
+        chain_id=chain_id,
+        verifying_contract=offer["asset"],
+        sender=account.address,
+        to=offer["payTo"],
+        value=int(offer["amount"]),
+        valid_after=0,
+        valid_before=int(time.time()) + int(offer["maxTimeoutSeconds"]),
+        nonce=nonce,
+    )
+    message = typed["message"]
     signature = bytes(account.sign_typed_data(full_message=typed).signature)
     authorization = {k: str(v) for k, v in message.items() if k != "nonce"} | {"nonce": "0x" + nonce.hex()}
     payload = {

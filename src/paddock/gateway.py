@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from paddock import _base
+from paddock import _base, eip3009
 from paddock._errors import (
     APIError,
     DeploymentFailedError,
@@ -65,22 +65,6 @@ PAYMENT_REQUIRED = "PAYMENT-REQUIRED"
 PAYMENT_SIGNATURE = "PAYMENT-SIGNATURE"
 PAYMENT_RESPONSE = "PAYMENT-RESPONSE"
 X402_INSUFFICIENT = "invalid_exact_evm_insufficient_balance"
-EIP3009_TYPES = {
-    "EIP712Domain": [
-        {"name": "name", "type": "string"},
-        {"name": "version", "type": "string"},
-        {"name": "chainId", "type": "uint256"},
-        {"name": "verifyingContract", "type": "address"},
-    ],
-    "TransferWithAuthorization": [
-        {"name": "from", "type": "address"},
-        {"name": "to", "type": "address"},
-        {"name": "value", "type": "uint256"},
-        {"name": "validAfter", "type": "uint256"},
-        {"name": "validBefore", "type": "uint256"},
-        {"name": "nonce", "type": "bytes32"},
-    ],
-}
 ERC20_ABI = [
     {
         "name": "transfer",
@@ -540,25 +524,19 @@ class GatewayClient:
         ):
             raise PaymentError("the x402 offer does not match the quote (amount or recipient); not signing")
         nonce = os.urandom(32)
-        message = {
-            "from": self.address,
-            "to": offer["payTo"],
-            "value": int(offer["amount"]),
-            "validAfter": 0,
-            "validBefore": int(time.time()) + int(offer.get("maxTimeoutSeconds") or 300),
-            "nonce": nonce,
-        }
-        typed = {
-            "types": EIP3009_TYPES,
-            "primaryType": "TransferWithAuthorization",
-            "domain": {
-                "name": offer["extra"]["name"],
-                "version": offer["extra"]["version"],
-                "chainId": chain_ids[chain],
-                "verifyingContract": offer["asset"],
-            },
-            "message": message,
-        }
+        typed = eip3009.transfer_with_authorization(
+            name=offer["extra"]["name"],
+            version=offer["extra"]["version"],
+            chain_id=chain_ids[chain],
+            verifying_contract=offer["asset"],
+            sender=self.address,
+            to=offer["payTo"],
+            value=int(offer["amount"]),
+            valid_after=0,
+            valid_before=int(time.time()) + int(offer.get("maxTimeoutSeconds") or 300),
+            nonce=nonce,
+        )
+        message = typed["message"]
         signature = bytes(self.account.sign_typed_data(full_message=typed).signature)
         payload = {
             "x402Version": 2,

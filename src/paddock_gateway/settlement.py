@@ -33,6 +33,7 @@ from sqlalchemy import ColumnElement, and_, delete, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from paddock import eip3009
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 from paddock_gateway.adapters.chain import CallReverted, ChainClient, ChainError
@@ -69,22 +70,6 @@ TRANSFER_WITH_AUTHORIZATION = keccak(
 )[:4]
 AUTHORIZATION_STATE = keccak(text="authorizationState(address,bytes32)")[:4]
 BALANCE_OF = keccak(text="balanceOf(address)")[:4]
-EIP712_TYPES = {
-    "EIP712Domain": [
-        {"name": "name", "type": "string"},
-        {"name": "version", "type": "string"},
-        {"name": "chainId", "type": "uint256"},
-        {"name": "verifyingContract", "type": "address"},
-    ],
-    "TransferWithAuthorization": [
-        {"name": "from", "type": "address"},
-        {"name": "to", "type": "address"},
-        {"name": "value", "type": "uint256"},
-        {"name": "validAfter", "type": "uint256"},
-        {"name": "validBefore", "type": "uint256"},
-        {"name": "nonce", "type": "bytes32"},
-    ],
-}
 
 
 def rejected(reason: str, payment: SignedPayment, required_raw: int) -> PaymentVerificationFailed:
@@ -108,24 +93,18 @@ def rejected(reason: str, payment: SignedPayment, required_raw: int) -> PaymentV
 def recover_payer(offer: Offer, payment: SignedPayment) -> str | None:
     """The lowercase address that signed the EIP-712 ``TransferWithAuthorization``, or None."""
     auth = payment.authorization
-    typed = {
-        "types": EIP712_TYPES,
-        "primaryType": "TransferWithAuthorization",
-        "domain": {
-            "name": offer.domain_name,
-            "version": offer.domain_version,
-            "chainId": offer.chain.chain_id,
-            "verifyingContract": offer.token.address,
-        },
-        "message": {
-            "from": to_checksum_address(auth.payer),
-            "to": to_checksum_address(auth.to),
-            "value": auth.value,
-            "validAfter": auth.valid_after,
-            "validBefore": auth.valid_before,
-            "nonce": bytes.fromhex(auth.nonce[2:]),
-        },
-    }
+    typed = eip3009.transfer_with_authorization(
+        name=offer.domain_name,
+        version=offer.domain_version,
+        chain_id=offer.chain.chain_id,
+        verifying_contract=offer.token.address,
+        sender=to_checksum_address(auth.payer),
+        to=to_checksum_address(auth.to),
+        value=auth.value,
+        valid_after=auth.valid_after,
+        valid_before=auth.valid_before,
+        nonce=bytes.fromhex(auth.nonce[2:]),
+    )
     signature = bytearray(payment.signature)
     if signature[64] in (0, 1):  # some signers emit v as 0/1 (App. A.2)
         signature[64] += 27

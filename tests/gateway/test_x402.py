@@ -21,6 +21,7 @@ from x402 import x402Client
 from x402.http.clients.httpx import x402AsyncTransport
 from x402.mechanisms.evm.exact.register import register_exact_evm_client
 
+from paddock import eip3009
 from paddock_gateway import credits, devchain
 from paddock_gateway.settings import GatewaySettings
 from tests.gateway.conftest import (
@@ -68,40 +69,19 @@ def sign_authorization(
     signer: Wallet | None = None,
 ) -> dict[str, Any]:
     """A ``PaymentPayload`` for ``requirement``, signed with eth-account's EIP-712 implementation."""
-    message = {
-        "from": wallet.address,
-        "to": to or requirement["payTo"],
-        "value": int(requirement["amount"]) if value is None else value,
-        "validAfter": valid_after,
-        "validBefore": valid_before if valid_before is not None else int(time.time()) + 300,
-        "nonce": bytes.fromhex((nonce or "0x" + os.urandom(32).hex())[2:]),
-    }
-    typed = {
-        "types": {
-            "EIP712Domain": [
-                {"name": "name", "type": "string"},
-                {"name": "version", "type": "string"},
-                {"name": "chainId", "type": "uint256"},
-                {"name": "verifyingContract", "type": "address"},
-            ],
-            "TransferWithAuthorization": [
-                {"name": "from", "type": "address"},
-                {"name": "to", "type": "address"},
-                {"name": "value", "type": "uint256"},
-                {"name": "validAfter", "type": "uint256"},
-                {"name": "validBefore", "type": "uint256"},
-                {"name": "nonce", "type": "bytes32"},
-            ],
-        },
-        "primaryType": "TransferWithAuthorization",
-        "domain": {
-            "name": requirement["extra"]["name"],
-            "version": requirement["extra"]["version"],
-            "chainId": chain_id,
-            "verifyingContract": requirement["asset"],
-        },
-        "message": message,
-    }
+    typed = eip3009.transfer_with_authorization(
+        name=requirement["extra"]["name"],
+        version=requirement["extra"]["version"],
+        chain_id=chain_id,
+        verifying_contract=requirement["asset"],
+        sender=wallet.address,
+        to=to or requirement["payTo"],
+        value=int(requirement["amount"]) if value is None else value,
+        valid_after=valid_after,
+        valid_before=valid_before if valid_before is not None else int(time.time()) + 300,
+        nonce=bytes.fromhex((nonce or "0x" + os.urandom(32).hex())[2:]),
+    )
+    message = typed["message"]
     signature = (signer or wallet).account.sign_typed_data(full_message=typed).signature
     return {
         "x402Version": 2,
