@@ -13,10 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from paddock_controlplane import hostlink
 from paddock_controlplane.settings import ControlPlaneSettings
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
+from tests.controlplane.test_sandboxes_rules import fake_host
+
+__all__ = ["fake_host"]
 
 pytestmark = pytest.mark.db
 
@@ -27,23 +29,6 @@ SHAPE = "s-1vcpu-1gb"
 def cp_settings(cp_settings: ControlPlaneSettings) -> ControlPlaneSettings:
     # Webhook deliveries go to a closed loopback port; the tests read the outbox, not the receiver.
     return cp_settings.model_copy(update={"webhook_allow_private_targets": True})
-
-
-@pytest.fixture
-async def fake_host(
-    controlplane: ControlPlane, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[FakeHostLink]:
-    link = FakeHostLink()
-
-    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
-        return link
-
-    monkeypatch.setattr(hostlink, "for_host", for_host)
-    resp = await controlplane.http.post(
-        "/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
-    )
-    assert resp.status_code == 200
-    yield link
 
 
 async def client_for(controlplane: ControlPlane, plan: str = "pro", credits: int = 500) -> httpx.AsyncClient:

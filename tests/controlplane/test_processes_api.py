@@ -7,40 +7,16 @@ sandboxes and a real guest agent.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
-from paddock_controlplane import hostlink
-from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
-from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
+from tests.controlplane.fakehost import FakeHostLink
+from tests.controlplane.test_sandboxes_rules import api, fake_host
+
+__all__ = ["api", "fake_host"]
 
 pytestmark = pytest.mark.db
-
-
-@pytest.fixture
-async def fake_host(
-    controlplane: ControlPlane, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[FakeHostLink]:
-    link = FakeHostLink()
-
-    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
-        return link
-
-    monkeypatch.setattr(hostlink, "for_host", for_host)
-    beat = await controlplane.http.post(
-        "/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
-    )
-    assert beat.status_code == 200
-    yield link
-
-
-@pytest.fixture
-async def api(controlplane: ControlPlane, fake_host: FakeHostLink) -> httpx.AsyncClient:
-    _, key = await controlplane.new_user("pro")
-    controlplane.http.headers["X-Api-Key"] = key
-    return controlplane.http
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,9 +27,10 @@ from tests.conftest import LiveServer
 from tests.controlplane.conftest import ControlPlane, controlplane, cp_settings
 from tests.gateway.conftest import Gateway, gateway, new_wallet
 from tests.hostagent.conftest import debian_image, guest_binary_dir
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform
+from tests.terminals.conftest import live
 
-__all__ = ["controlplane", "cp_settings", "debian_image", "gateway", "guest_binary_dir"]
+__all__ = ["controlplane", "cp_settings", "debian_image", "gateway", "guest_binary_dir", "live"]
 
 SHAPE = "s-1vcpu-256mb"
 DISK_MIB = 2048  # the warm pool's size
@@ -72,15 +72,6 @@ async def athen_ok(http: httpx.AsyncClient, bad: httpx.Response, path: str, **kw
 
 
 # -- the live platform ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    platform = start_platform(guest_binary_dir)
-    try:
-        yield platform
-    finally:
-        platform.stop()
 
 
 @pytest.fixture(scope="module")

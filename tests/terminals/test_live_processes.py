@@ -10,24 +10,14 @@ import base64
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture(scope="module")
-def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    platform = start_platform(guest_binary_dir)
-    try:
-        yield platform
-    finally:
-        platform.stop()
 
 
 @pytest.fixture(scope="module")

@@ -5,25 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture(scope="module")
-def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    platform = start_platform(guest_binary_dir)
-    try:
-        yield platform
-    finally:
-        platform.stop()
 
 
 @pytest.fixture(scope="module")
