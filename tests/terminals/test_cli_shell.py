@@ -12,24 +12,13 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture(scope="module")
-def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    platform = start_platform(guest_binary_dir)
-    try:
-        yield platform
-    finally:
-        platform.stop()
 
 
 def test_shell_types_resizes_and_passes_the_exit_code(live: LivePlatform) -> None:

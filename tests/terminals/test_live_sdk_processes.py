@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import paddock
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform
 
 pytestmark = pytest.mark.root
 SHAPE = "s-1vcpu-1gb"
-
-
-@pytest.fixture(scope="module")
-def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    platform = start_platform(guest_binary_dir)
-    try:
-        yield platform
-    finally:
-        platform.stop()
 
 
 async def test_async_processes_pty_input_resize_reconnect_and_wait(live: LivePlatform) -> None:
