@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     text,
@@ -319,6 +320,9 @@ class Template(Base):
     #: What ``FROM`` resolved to at submit: a catalog name or the id of the user's ready template.
     from_image: Mapped[str] = mapped_column(String(128))
     dockerfile: Mapped[str] = mapped_column(Text)
+    #: The build context (a tar, maybe gzip-compressed) COPY/ADD read from, while the build needs it;
+    #: deferred: only the build worker loads it.
+    context: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
     status: Mapped[str] = mapped_column(String(16))
     #: The attempt running or last run (0 before the first).
     attempt: Mapped[int] = mapped_column(Integer, default=0)
