@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
@@ -180,9 +181,19 @@ class AsyncTemplates:
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
 
-    async def create(self, name: str, dockerfile: str, *, base: str | None = None) -> Template:
-        """Submit a build; the template comes back ``pending``. ``base`` is what ``FROM base`` means."""
-        body = _base.drop_none({"name": name, "dockerfile": dockerfile, "base": base})
+    async def create(
+        self, name: str, dockerfile: str, *, base: str | None = None, context: bytes | None = None
+    ) -> Template:
+        """Submit a build; the template comes back ``pending``. ``base`` is what ``FROM base`` means;
+        ``context`` is a tar archive (gzip-compressed or not) of the files ``COPY``/``ADD`` read."""
+        body = _base.drop_none(
+            {
+                "name": name,
+                "dockerfile": dockerfile,
+                "base": base,
+                "context": base64.b64encode(context).decode() if context is not None else None,
+            }
+        )
         return Template.from_api(await self._client.request("POST", "v1/templates", json=body))
 
     async def list(self) -> list[Template]:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -182,9 +183,19 @@ class Templates:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    def create(self, name: str, dockerfile: str, *, base: str | None = None) -> Template:
-        """Submit a build; the template comes back ``pending``. ``base`` is what ``FROM base`` means."""
-        body = _base.drop_none({"name": name, "dockerfile": dockerfile, "base": base})
+    def create(
+        self, name: str, dockerfile: str, *, base: str | None = None, context: bytes | None = None
+    ) -> Template:
+        """Submit a build; the template comes back ``pending``. ``base`` is what ``FROM base`` means;
+        ``context`` is a tar archive (gzip-compressed or not) of the files ``COPY``/``ADD`` read."""
+        body = _base.drop_none(
+            {
+                "name": name,
+                "dockerfile": dockerfile,
+                "base": base,
+                "context": base64.b64encode(context).decode() if context is not None else None,
+            }
+        )
         return Template.from_api(self._client.request("POST", "v1/templates", json=body))
 
     def list(self) -> list[Template]:

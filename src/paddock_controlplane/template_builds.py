@@ -19,12 +19,14 @@ RUN step is killed) and drops what it made.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime as dt
 import time
 from typing import Any
 
 from sqlalchemy import or_, select, update
+from sqlalchemy.orm import undefer
 
 from paddock_controlplane import hostlink, scheduler, webhooks
 from paddock_controlplane.models import Host, Template, TemplateLogLine
@@ -192,8 +194,9 @@ class TemplateBuilder:
     async def _attempt(self, template_id: str, attempt: int, host_id: str) -> BuildView:
         settings = self.services.settings
         async with self.services.sessions() as session:
-            template = await session.get(Template, template_id)
+            template = await session.get(Template, template_id, options=[undefer(Template.context)])
         assert template is not None
+        context = base64.b64encode(template.context).decode() if template.context else None
         link = await hostlink.for_host(self.services, host_id)
         view = await link.start_build(
             BuildBody(
@@ -205,6 +208,7 @@ class TemplateBuilder:
                 vcpu=settings.template_build_vcpu,
                 mem_mib=settings.template_build_mem_mib,
                 egress=list(settings.template_build_egress),
+                context_b64=context,
             )
         )
         deadline = time.monotonic() + settings.template_build_timeout_s + GRACE_S
@@ -286,6 +290,7 @@ class TemplateBuilder:
         template.status = status
         template.lease_until = None
         template.error = reason
+        template.context = None  # the build is over: its files are in the image or not needed
         if reason:
             session.add(
                 TemplateLogLine(

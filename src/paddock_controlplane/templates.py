@@ -8,18 +8,30 @@ boots its image (``resolve``).
 The Dockerfile is not interpreted here — buildah does that on the host — but it is read once at the
 boundary so that bad input is a 400 naming ``dockerfile`` with nothing recorded: instructions are
 split as the Dockerfile reference defines them (comments, ``\\`` continuations), every keyword must be
-one buildah knows, there is exactly one ``FROM`` and it comes first, and ``COPY``/``ADD`` are refused
-(§11.13: a template has no build context). ``FROM`` must name an image that can be built from:
-``base`` (the request's ``base``), a catalog image some host offers, or a ready template of the same
-user.
+one buildah knows, there is exactly one ``FROM`` and it comes first. ``FROM`` must name an image that
+can be built from: ``base`` (the request's ``base``), a catalog image some host offers, or a ready
+template of the same user.
+
+``COPY``/``ADD`` need files to copy: §11.13 has no build context, so they are refused unless the request
+carries the optional ``context`` (an extension: standard base64 of a tar archive, gzip-compressed or
+not, of regular files and directories). The archive is checked here once (size, entry types, relative
+paths), kept with the template while its build needs it, and unpacked on the build host as the build's
+context directory. ``COPY --from`` (multi-stage) and ``ADD`` of a URL are refused: an URL would be
+fetched by the builder on the host's network, outside the build's network namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import datetime as dt
+import io
 import json
+import posixpath
 import re
+import tarfile
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,8 +52,12 @@ from paddock_core.timeutil import rfc3339
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 MAX_DOCKERFILE_BYTES = 65536
-#: Instructions buildah accepts; COPY and ADD are refused (no build context), ONBUILD too (it would
-#: smuggle them into a later template).
+#: The build context: its archive as sent (decoded), what it unpacks to, and how many entries.
+MAX_CONTEXT_BYTES = 32 * 1024 * 1024
+MAX_CONTEXT_UNPACKED_BYTES = 256 * 1024 * 1024
+MAX_CONTEXT_ENTRIES = 10000
+#: Instructions buildah accepts; ONBUILD is refused (it would run in a later template unseen), COPY and
+#: ADD need a ``context``.
 INSTRUCTIONS = frozenset(
     {
         "FROM",
@@ -61,11 +77,11 @@ INSTRUCTIONS = frozenset(
         "MAINTAINER",
     }
 )
-REFUSED = {
-    "COPY": "COPY is not supported: a template has no build context (write files with RUN)",
-    "ADD": "ADD is not supported: a template has no build context (fetch files with RUN)",
-    "ONBUILD": "ONBUILD is not supported",
-}
+REFUSED = {"ONBUILD": "ONBUILD is not supported"}
+#: COPY/ADD flags that only change owner or mode; ``--from`` (another stage or image), ``--link`` …
+#: are refused.
+COPY_FLAGS = ("--chown=", "--chmod=")
+NO_CONTEXT = "{keyword} needs a build context: send context (a tar of the files) or write files with RUN"
 TERMINAL = ("ready", "failed")
 KEEPALIVE_S = 15.0
 FOLLOW_POLL_S = 0.25
@@ -75,6 +91,8 @@ class TemplateCreateRequest(Body):
     name: StrictStr | None = None
     dockerfile: StrictStr | None = None
     base: StrictStr | None = None
+    #: Extension: standard base64 of a tar (optionally gzip) archive, the files COPY/ADD read.
+    context: StrictStr | None = None
 
 
 @dataclass(frozen=True)
@@ -106,8 +124,9 @@ def template_view(template: Template, *, include_dockerfile: bool = False) -> di
 # --- reading the Dockerfile ----------------------------------------------------------------------
 
 
-def parse_dockerfile(text: str) -> list[Instruction]:
-    """Splits ``text`` into instructions (400 naming ``dockerfile`` when it is not a Dockerfile)."""
+def parse_dockerfile(text: str, *, has_context: bool = False) -> list[Instruction]:
+    """Splits ``text`` into instructions (400 naming ``dockerfile`` when it is not a Dockerfile).
+    ``COPY``/``ADD`` are accepted only with a build context."""
     out: list[Instruction] = []
     pending: list[str] = []
     start = 0
@@ -123,10 +142,10 @@ def parse_dockerfile(text: str) -> list[Instruction]:
             pending.append(stripped[:-1])
             continue
         pending.append(stripped)
-        out.append(_instruction(" ".join(part for part in pending if part), start))
+        out.append(_instruction(" ".join(part for part in pending if part), start, has_context))
         pending = []
     if pending:
-        out.append(_instruction(" ".join(pending), start))
+        out.append(_instruction(" ".join(pending), start, has_context))
     if not out:
         raise errors.ValidationFailed.field("dockerfile", "has no instructions")
     froms = [item for item in out if item.keyword == "FROM"]
@@ -139,12 +158,14 @@ def parse_dockerfile(text: str) -> list[Instruction]:
     return out
 
 
-def _instruction(text: str, line: int) -> Instruction:
+def _instruction(text: str, line: int, has_context: bool) -> Instruction:
     keyword, _, arguments = text.partition(" ")
     upper = keyword.upper()
+    if upper in ("COPY", "ADD"):
+        _check_copy(upper, arguments, line, has_context)
     if upper in REFUSED:
         raise errors.ValidationFailed.field("dockerfile", f"line {line}: {REFUSED[upper]}")
-    if upper not in INSTRUCTIONS:
+    if upper not in INSTRUCTIONS and upper not in ("COPY", "ADD"):
         raise errors.ValidationFailed.field("dockerfile", f"line {line}: unknown instruction {keyword!r}")
     if not arguments.strip():
         raise errors.ValidationFailed.field("dockerfile", f"line {line}: {upper} needs arguments")
@@ -158,6 +179,85 @@ def _instruction(text: str, line: int) -> Instruction:
                 "dockerfile", f"line {line}: {upper} [...] must be a JSON array of strings"
             )
     return Instruction(upper, arguments.strip(), line)
+
+
+def _check_copy(keyword: str, arguments: str, line: int, has_context: bool) -> None:
+    """``COPY``/``ADD [--chown=…] [--chmod=…] src… dest`` from the context: no other flag, no URL."""
+    if not has_context:
+        raise errors.ValidationFailed.field(
+            "dockerfile", f"line {line}: {NO_CONTEXT.format(keyword=keyword)}"
+        )
+    words = arguments.split()
+    while words and words[0].startswith("--"):
+        flag = words.pop(0)
+        if not flag.startswith(COPY_FLAGS):
+            raise errors.ValidationFailed.field(
+                "dockerfile", f"line {line}: {keyword} {flag.partition('=')[0]} is not supported"
+            )
+    rest = " ".join(words)
+    sources: list[str] = []
+    if rest.startswith("["):
+        try:
+            parsed = json.loads(rest)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, list) or not all(isinstance(part, str) for part in parsed):
+            raise errors.ValidationFailed.field(
+                "dockerfile", f"line {line}: {keyword} [...] must be a JSON array of strings"
+            )
+        sources = parsed[:-1]
+    else:
+        sources = words[:-1]
+    if not sources:
+        raise errors.ValidationFailed.field(
+            "dockerfile", f"line {line}: {keyword} needs a source and a destination"
+        )
+    for source in sources:
+        if "://" in source or source.startswith("git@"):
+            raise errors.ValidationFailed.field(
+                "dockerfile", f"line {line}: {keyword} from a URL is not supported (fetch it with RUN)"
+            )
+
+
+def decode_context(encoded: str) -> bytes:
+    """The archive ``context`` carries, checked: standard base64 of a tar (gzip allowed) of at most
+    ``MAX_CONTEXT_BYTES``, holding only regular files and directories under relative paths, unpacking
+    to at most ``MAX_CONTEXT_UNPACKED_BYTES`` in at most ``MAX_CONTEXT_ENTRIES`` entries."""
+    if len(encoded) > (MAX_CONTEXT_BYTES + 2) // 3 * 4:
+        raise errors.ValidationFailed.field("context", f"must be at most {MAX_CONTEXT_BYTES} bytes (decoded)")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise errors.ValidationFailed.field("context", "must be standard base64 (RFC 4648)") from None
+    if not data:
+        raise errors.ValidationFailed.field("context", "must not be empty")
+    total = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+            for count, member in enumerate(archive, start=1):
+                if count > MAX_CONTEXT_ENTRIES:
+                    raise errors.ValidationFailed.field(
+                        "context", f"has more than {MAX_CONTEXT_ENTRIES} entries"
+                    )
+                name = posixpath.normpath(member.name)
+                if name.startswith(("/", "../")) or name == ".." or member.name.startswith("/"):
+                    raise errors.ValidationFailed.field(
+                        "context", f"entry {member.name!r}: paths must be relative, inside the context"
+                    )
+                if not (member.isfile() or member.isdir()):
+                    raise errors.ValidationFailed.field(
+                        "context", f"entry {member.name!r}: only regular files and directories are allowed"
+                    )
+                total += member.size
+                if total > MAX_CONTEXT_UNPACKED_BYTES:
+                    raise errors.ValidationFailed.field(
+                        "context", f"unpacks to more than {MAX_CONTEXT_UNPACKED_BYTES >> 20} MiB"
+                    )
+    except (tarfile.TarError, EOFError, OSError, zlib.error):
+        raise errors.ValidationFailed.field(
+            "context", "must be a tar archive (gzip-compressed or not)"
+        ) from None
+    return data
 
 
 def from_reference(instructions: list[Instruction]) -> tuple[str, int]:
@@ -174,7 +274,7 @@ def from_reference(instructions: list[Instruction]) -> tuple[str, int]:
 # --- submit, read, delete ------------------------------------------------------------------------
 
 
-def _validate(services: Services, req: TemplateCreateRequest) -> tuple[str, str, str, str, int]:
+def _validate(services: Services, req: TemplateCreateRequest) -> tuple[str, str, str, str, int, bytes | None]:
     name = (req.name or "").strip()
     if not NAME.fullmatch(name):
         raise errors.ValidationFailed.field("name", "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -186,8 +286,9 @@ def _validate(services: Services, req: TemplateCreateRequest) -> tuple[str, str,
     base = (req.base or "").strip() or services.settings.default_rootfs
     if base not in ROOT_IMAGES_BY_NAME:
         raise errors.ValidationFailed.field("base", "must be a catalog image name; see GET /v1/rootfs")
-    reference, line = from_reference(parse_dockerfile(dockerfile))
-    return name, dockerfile, base, reference, line
+    reference, line = from_reference(parse_dockerfile(dockerfile, has_context=req.context is not None))
+    context = decode_context(req.context) if req.context is not None else None
+    return name, dockerfile, base, reference, line, context
 
 
 async def _resolve_from(session: AsyncSession, user_id: str, reference: str, line: int, base: str) -> str:
@@ -229,7 +330,7 @@ async def get_owned(session: AsyncSession, user_id: str, ref: str, *, for_update
 
 
 async def create(services: Services, user_id: str, req: TemplateCreateRequest) -> dict[str, Any]:
-    name, dockerfile, base, reference, line = _validate(services, req)
+    name, dockerfile, base, reference, line, context = await asyncio.to_thread(_validate, services, req)
     async with transaction(services.sessions) as session:
         account = await accounts.lock_user(session, user_id)
         plan = await accounts.cached_plan(session, account.plan_id)
@@ -257,6 +358,7 @@ async def create(services: Services, user_id: str, req: TemplateCreateRequest) -
             base=base,
             from_image=await _resolve_from(session, user_id, reference, line, base),
             dockerfile=dockerfile,
+            context=context,
             status="pending",
             attempt=0,
             ext4_size_bytes=0,
@@ -297,6 +399,7 @@ async def delete_template(services: Services, user_id: str, ref: str) -> Templat
     async with transaction(services.sessions) as session:
         template = await get_owned(session, user_id, ref, for_update=True)
         template.deleted_at = services.clock()
+        template.context = None
         await webhooks.emit(
             session,
             user_id=user_id,

@@ -5,11 +5,13 @@ One attempt (``POST /internal/v1/builds``) runs in the background:
 1. the base the control plane resolved (``debian:13`` … or a ready template) is offered to buildah as
    a local image (``drivers/buildah.py`` imports the image tree once per tag), and ``FROM`` is rewritten
    to that tag — no registry is ever contacted;
-2. ``buildah bud --layers`` runs with RUN steps under crun, with cgroup limits, inside a network
+2. the request's build context (a tar the control plane checked) is unpacked into the attempt's own
+   context directory, which is all ``COPY``/``ADD`` can read (the Dockerfile itself sits outside it);
+3. ``buildah bud --layers`` runs with RUN steps under crun, with cgroup limits, inside a network
    namespace built like a sandbox's (``NetworkManager.create``: its own veth and address, the host's
    nftables guard that refuses the host, link-local and other sandboxes, the egress allowlist and the
    DNS resolver of ``EgressService``) — RUN steps are untrusted code;
-3. the image is copied out to ``<image_dir>/<template id>/rootfs`` with ``image.json`` (ENV, WORKDIR,
+4. the image is copied out to ``<image_dir>/<template id>/rootfs`` with ``image.json`` (ENV, WORKDIR,
    USER, ENTRYPOINT, CMD), written last, so nothing half-built is bootable.
 
 The control plane polls the attempt (``GET …/builds/{id}?after=N``) for new log lines and its end, and
@@ -20,12 +22,15 @@ plane's lease runs out and it starts a new attempt.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import os
 import re
 import secrets
 import shutil
 import signal
+import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,6 +168,8 @@ class BuildManager:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         (work / "rootfs").mkdir()
+        context = work / "context"
+        context.mkdir()
         net: SandboxNetwork | None = None
         guard_id = f"build-{body.id}"
         cgroup = SandboxCgroup(f"/paddock-builds/{body.id}-{body.attempt}")
@@ -171,12 +178,15 @@ class BuildManager:
         try:
             async with asyncio.timeout(body.timeout_s):
                 await self._offer_base(build)
+                if body.context_b64:
+                    await asyncio.to_thread(_unpack_context, body.context_b64, context)
                 dockerfile = work / "Dockerfile"
                 dockerfile.write_text(FROM_LINE.sub(rf"\g<1>{local_tag(body.base)}\g<3>", body.dockerfile, 1))
                 net = await self._network(guard_id, body.egress)
                 _limit_pids(cgroup, body)
                 rc = await self.buildah.build(
                     dockerfile,
+                    context,
                     local_tag(body.id),
                     netns=net.netns_path,
                     dns=net.gateway,
@@ -289,6 +299,19 @@ class BuildManager:
         await asyncio.to_thread(shutil.move, str(tree), str(target))
         await asyncio.to_thread(self.images.install_template, body.id, target, meta)
         build.ext4_size_bytes = size
+
+
+def _unpack_context(encoded: str, dest: Path) -> None:
+    """Unpacks the build context: regular files and directories only, inside ``dest`` (the ``data``
+    filter refuses absolute paths, ``..``, links and devices, and drops set-id bits)."""
+    try:
+        with tarfile.open(
+            fileobj=io.BytesIO(base64.b64decode(encoded, validate=True)), mode="r:*"
+        ) as archive:
+            members = [member for member in archive.getmembers() if member.isfile() or member.isdir()]
+            archive.extractall(dest, members=members, filter="data")
+    except (tarfile.TarError, ValueError, EOFError) as exc:
+        raise _BuildFailed(f"the build context cannot be unpacked: {exc}") from exc
 
 
 def _limit_pids(cgroup: SandboxCgroup, body: BuildBody) -> None:

@@ -208,6 +208,9 @@ class BuildBody(BaseModel):
     vcpu: int = Field(default=1, ge=1, le=64)
     mem_mib: int = Field(default=1024, ge=128)
     egress: list[str] = Field(default_factory=list, max_length=1000)
+    #: The build context COPY/ADD read: standard base64 of a tar (gzip allowed) the control plane has
+    #: checked (regular files and directories, relative paths); absent: an empty context.
+    context_b64: str | None = Field(default=None, max_length=48 * 1024 * 1024)
 
 
 class BuildLine(BaseModel):

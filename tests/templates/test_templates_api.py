@@ -7,8 +7,11 @@ its Dockerfile says FAIL); tests/templates/test_live_templates.py builds with bu
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
+import io
 import json
+import tarfile
 from typing import Any
 
 import httpx
@@ -19,6 +22,7 @@ from paddock_controlplane.models import Template
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 from paddock_core.timeutil import utcnow
+from paddock_hostagent.schemas import BuildBody, BuildView
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
 
@@ -129,6 +133,7 @@ async def test_follow_streams_until_the_final_frame(api: httpx.AsyncClient) -> N
         ({"name": "x", "dockerfile": "RUN echo no from\n"}, "dockerfile"),
         ({"name": "x", "dockerfile": "FROM debian:13\nFROM debian:13\n"}, "dockerfile"),
         ({"name": "x", "dockerfile": "FROM debian:13\nCOPY . /app\n"}, "dockerfile"),
+        ({"name": "x", "dockerfile": DOCKERFILE, "context": 7}, "context"),
         ({"name": "x", "dockerfile": "FROM debian:13\nFROBNICATE yes\n"}, "dockerfile"),
         ({"name": "x", "dockerfile": 'FROM debian:13\nCMD ["unterminated\n'}, "dockerfile"),
         ({"name": "x", "dockerfile": "FROM ubuntu:22.04\nRUN true\n"}, "dockerfile"),
@@ -279,3 +284,67 @@ async def test_a_build_whose_worker_died_is_claimed_again_as_a_new_attempt(
         json.loads(line) for line in (await api.get(f"/v1/templates/{created['id']}/logs")).text.splitlines()
     ]
     assert frames[-1]["attempt"] == 2 and {frame["attempt"] for frame in frames} == {1, 2}
+
+
+def tar_b64(entries: dict[str, bytes], *, gzip: bool = True, kind: bytes = tarfile.REGTYPE) -> str:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz" if gzip else "w") as archive:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.size = len(data) if kind == tarfile.REGTYPE else 0
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "/etc/shadow"
+            archive.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+COPYING = 'FROM debian:13\nCOPY --chown=1000:1000 app/ /srv/app/\nADD ["notes.txt", "/srv/"]\n'
+
+
+async def test_copy_and_add_build_from_the_context_sent_with_the_dockerfile(
+    api: httpx.AsyncClient, fake_host: FakeHostLink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[BuildBody] = []
+    start_build = fake_host.start_build
+
+    async def recording(body: BuildBody) -> BuildView:
+        seen.append(body)
+        return await start_build(body)
+
+    monkeypatch.setattr(fake_host, "start_build", recording)
+    context = tar_b64({"app/server.py": b"print('hi')\n", "notes.txt": b"n\n"})
+    resp = await api.post("/v1/templates", json={"name": "copier", "dockerfile": COPYING, "context": context})
+    assert resp.status_code == 200, resp.text
+    assert (await wait_done(api, resp.json()["data"]["id"]))["status"] == "ready"
+    assert [body.context_b64 for body in seen] == [context]
+    # Without a context the same Dockerfile is refused, as before (existing clients send none).
+    refused = await api.post("/v1/templates", json={"name": "copier2", "dockerfile": COPYING})
+    assert refused.status_code == 400 and "needs a build context" in fail_data(refused)["dockerfile"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({"context": "not base64!"}, "context", "base64"),
+        ({"context": base64.b64encode(b"plain text, not a tar").decode()}, "context", "tar archive"),
+        ({"context": ""}, "context", "empty"),
+        ({"context": tar_b64({"../escape": b"x"})}, "context", "relative"),
+        ({"context": tar_b64({"/etc/passwd": b"x"}, gzip=False)}, "context", "relative"),
+        ({"context": tar_b64({"link": b""}, kind=tarfile.SYMTYPE)}, "context", "regular files"),
+        ({"context": "A" * (48 * 1024 * 1024)}, "context", "at most"),
+        ({"dockerfile": "FROM debian:13\nCOPY --from=debian:13 /etc /etc\n"}, "dockerfile", "--from"),
+        ({"dockerfile": "FROM debian:13\nADD http://127.0.0.1:1/x /x\n"}, "dockerfile", "URL"),
+        ({"dockerfile": "FROM debian:13\nADD git@github.com:a/b /b\n"}, "dockerfile", "URL"),
+        ({"dockerfile": "FROM debian:13\nCOPY onlyone\n"}, "dockerfile", "destination"),
+    ],
+)
+async def test_a_bad_context_or_copy_is_400_naming_the_field(
+    api: httpx.AsyncClient, body: dict[str, Any], field: str, says: str
+) -> None:
+    full = {"name": "ctx", "dockerfile": COPYING, "context": tar_b64({"notes.txt": b"n"}), **body}
+    resp = await api.post("/v1/templates", json=full)
+    assert resp.status_code == 400, resp.text
+    data = fail_data(resp)
+    assert data["code"] == "VALIDATION_FAILED" and says in data[field], data
+    assert (await api.get("/v1/templates")).json()["data"]["pagination"]["total"] == 0

@@ -132,6 +132,7 @@ class Buildah:
     async def build(
         self,
         dockerfile: Path,
+        context: Path,
         tag: str,
         *,
         netns: Path,
@@ -140,8 +141,8 @@ class Buildah:
         cgroup_parent: str,
         on_line: LineSink,
     ) -> int:
-        """``buildah bud`` with the layer cache; RUN steps under crun in ``netns``. Returns its exit code."""
-        context = dockerfile.parent  # holds only the Dockerfile: COPY/ADD are refused upstream
+        """``buildah bud`` with the layer cache; RUN steps under crun in ``netns``; ``context`` is the
+        directory COPY/ADD read. Returns its exit code."""
         rc, _ = await self._run(
             "bud",
             "--isolation",
