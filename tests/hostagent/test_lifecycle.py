@@ -91,6 +91,44 @@ async def test_fork_sees_the_files_then_diverges(host: HostAgentClient, sandboxe
     assert (await host.get_sandbox(child_id)).forked_from == source["id"]
 
 
+def used_mib(directory: Path) -> int:
+    stats = os.statvfs(directory)
+    return (stats.f_blocks - stats.f_bfree) * stats.f_frsize >> 20
+
+
+async def test_fork_shares_the_source_data_keeps_writes_private_and_outlives_it(
+    host: HostAgentClient, sandboxes: Sandboxes, agent: AgentProcess
+) -> None:
+    source = await sandboxes.create(name="holder")
+    # 192 MiB of incompressible data, synced: a copying fork would write all of it again.
+    await sh(host, source["id"], "head -c 192M /dev/urandom > /root/big && sync")
+    digest = (await sh(host, source["id"], "sha256sum < /root/big"))["stdout"]
+    store = agent.state_dir / "disks"
+    before_mib = used_mib(store)
+    child_id = f"{source['id']}-fork"
+    sandboxes.track(child_id)
+    await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="sharer", start_paused=False))
+    grown_mib = used_mib(store) - before_mib
+    assert grown_mib < 64, f"the fork took {grown_mib} MiB of host disk for a 192 MiB source"
+    assert (await sh(host, child_id, "sha256sum < /root/big"))["stdout"] == digest
+
+    # Writes after the fork stay on their own side, both ways, in the shared file and in new ones.
+    await sh(
+        host, child_id, "head -c 1M /dev/zero | dd of=/root/big conv=notrunc status=none; echo c > /root/mine"
+    )
+    await sh(host, source["id"], "echo s > /root/mine; sync")
+    assert (await sh(host, source["id"], "sha256sum < /root/big; cat /root/mine"))["stdout"] == digest + "s\n"
+    child_digest = (await sh(host, child_id, "sha256sum < /root/big; cat /root/mine"))["stdout"]
+    assert child_digest != digest + "c\n" and child_digest.endswith("c\n")
+
+    # The source's end frees nothing the fork still reads (read again from disk, not from cache).
+    tail = "tail -c +1048577 /root/big | sha256sum"
+    source_tail = (await sh(host, source["id"], tail))["stdout"]
+    await host.destroy_sandbox(source["id"])
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    assert (await sh(host, child_id, tail))["stdout"] == source_tail
+
+
 async def test_fork_of_a_paused_sandbox_leaves_it_paused(host: HostAgentClient, sandboxes: Sandboxes) -> None:
     source = await sandboxes.create()
     await sh(host, source["id"], "echo kept > /root/note")

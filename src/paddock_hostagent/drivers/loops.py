@@ -23,16 +23,22 @@ LOOP_SET_CAPACITY = 0x4C07
 LOOP_CONFIGURE = 0x4C0A
 LOOP_CTL_GET_FREE = 0x4C82
 _INFO64_BYTES = 232  # struct loop_info64
+_FLAGS_OFFSET = 52  # lo_flags inside it
 _FILE_NAME_OFFSET = 56  # lo_file_name[64] inside it
+LO_FLAGS_DIRECT_IO = 16
 _ATTEMPTS = 16
 
 
-async def attach(image_path: Path) -> str:
-    """Binds ``image_path`` to a free loop device; returns the device's path."""
+async def attach(image_path: Path, *, direct_io: bool = False) -> str:
+    """Binds ``image_path`` to a free loop device; returns the device's path.
+
+    ``direct_io`` reads and writes the file with O_DIRECT, bypassing the page cache of the filesystem
+    that holds it (for a file whose filesystem above keeps its own cache, such as the disk store)."""
     try:
-        return _attach_ioctl(image_path)
+        return _attach_ioctl(image_path, LO_FLAGS_DIRECT_IO if direct_io else 0)
     except _NoConfigureError:
-        out = await run(["losetup", "--find", "--show", str(image_path)])
+        argv = ["losetup", "--find", "--show", *(["--direct-io=on"] if direct_io else []), str(image_path)]
+        out = await run(argv)
         return out.strip()
 
 
@@ -66,10 +72,11 @@ class _NoConfigureError(Exception):
     """The kernel has no LOOP_CONFIGURE."""
 
 
-def _attach_ioctl(image_path: Path) -> str:
+def _attach_ioctl(image_path: Path, flags: int = 0) -> str:
     backing = os.open(image_path, os.O_RDWR | os.O_CLOEXEC)
     try:
         info = bytearray(_INFO64_BYTES)
+        struct.pack_into("I", info, _FLAGS_OFFSET, flags)
         name = os.fsencode(image_path)[:63]
         info[_FILE_NAME_OFFSET : _FILE_NAME_OFFSET + len(name)] = name
         config = struct.pack("II", backing, 0) + bytes(info) + bytes(64)

@@ -96,12 +96,38 @@ class SlotFactory:
         self.network = network
         self.fs = fs
         self.guest_binary = guest_binary  # copied onto each new disk (storage.install_guest)
+        # Where new disk images go: the disk store once opened (storage.open_store), else the slot's dir.
+        self._images_dir: Path | None = None
+        self._store_opened = False
+        self._store_lock = asyncio.Lock()
+
+    async def images_dir(self) -> Path | None:
+        """The disk store (opened on first use, once); None when this host has none."""
+        async with self._store_lock:
+            if not self._store_opened:
+                self._images_dir = await storage.open_store(self.slots_dir)
+                self._store_opened = True
+                log.info("disk_store", directory=str(self._images_dir) if self._images_dir else None)
+        return self._images_dir
+
+    def _image_path(self, slot_id: str, images_dir: Path | None) -> Path:
+        if images_dir is None:
+            return self.slots_dir / slot_id / "disk.img"
+        return images_dir / f"{slot_id}.img"
+
+    async def close(self) -> None:
+        """Takes the disk store down if no image is left in it."""
+        async with self._store_lock:
+            if self._store_opened:
+                await storage.close_store(self.slots_dir)
+                self._store_opened, self._images_dir = False, None
 
     async def build(self, disk_mib: int, *, with_disk: bool = True) -> Slot:
+        images_dir = await self.images_dir()
         slot_id = secrets.token_hex(4)
         slot_dir = self.slots_dir / slot_id
         slot_dir.mkdir(parents=True)
-        disk = Disk(slot_dir / "disk.img", slot_dir / "disk", self.fs)
+        disk = Disk(self._image_path(slot_id, images_dir), slot_dir / "disk", self.fs)
         network = SandboxNetwork(slot=slot_id, ip="", gateway=self.network.gateway)
         slot = Slot(slot_id, slot_dir, network, disk, disk_mib)
         try:
@@ -123,6 +149,7 @@ class SlotFactory:
         mounts.unmount(slot.rootfs_dir)
         await storage.detach(slot.disk)
         await asyncio.to_thread(self.network.destroy, slot.network)
+        slot.disk.image_path.unlink(missing_ok=True)  # in the disk store, outside the slot's directory
         shutil.rmtree(slot.dir, ignore_errors=True)
 
     def load_all(self) -> list[Slot]:
@@ -134,7 +161,8 @@ class SlotFactory:
                 slots.append(Slot.from_json(json.loads((entry / "slot.json").read_text())))
             except (OSError, ValueError, KeyError):
                 # A slot whose build was interrupted before it saved: clean what can be found.
-                disk = Disk(entry / "disk.img", entry / "disk", self.fs)
+                image = storage.store_dir(self.slots_dir) / f"{entry.name}.img"
+                disk = Disk(image if image.exists() else entry / "disk.img", entry / "disk", self.fs)
                 slots.append(
                     Slot(entry.name, entry, SandboxNetwork(entry.name, "", self.network.gateway), disk, 0)
                 )
@@ -224,3 +252,4 @@ class WarmPool:
             self._task = None
         while self._free:
             await self.factory.destroy(self._free.pop())
+        await self.factory.close()

@@ -5,11 +5,26 @@ The filesystem is ext4 where the agent may grow it online (``resize2fs`` needs C
 mounted filesystem) and XFS otherwise (``xfs_growfs`` needs only CAP_SYS_ADMIN). ``choose_filesystem``
 decides once at start-up; each disk records its own type, so a later change of choice leaves existing
 sandboxes working.
+
+**The disk store.** Disk images live where a fork can *clone* them (``FICLONE``: the copy shares every
+block with its source, and a block is copied only when one side later writes it), so a fork's cost does
+not depend on how much its source holds. Where the state directory's own filesystem clones (XFS with
+reflink, btrfs) the images sit in ``<state>/disks`` on it; otherwise (ext4, as on the dev box) the
+agent makes a sparse XFS filesystem with reflink in ``<state>/disks.xfs``, the size of the host
+filesystem, on a loop device with direct I/O (so the host's page cache does not hold the same data a
+second time) and mounts it at ``<state>/disks`` (``open_store``). Sharing is the filesystem's own
+reference counting: destroying a source leaves its forks' blocks alone. The store's mount and loop
+outlive an agent restart, and each image's path is in its slot's record; an agent that stops with no
+image left takes the store down (``close_store``). Without ``mkfs.xfs`` images stay in their slot's
+directory and a fork copies (sparse-aware), as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
+import fcntl
 import os
 import shutil
 from dataclasses import dataclass
@@ -23,6 +38,9 @@ from paddock_hostagent.drivers.commands import run
 Filesystem = Literal["ext4", "xfs"]
 _CAP_SYS_RESOURCE = 24
 MIB = 1 << 20
+FICLONE = 0x40049409
+# Errors meaning "these two files cannot share blocks": fall back to copying.
+_NO_CLONE = {errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EPERM}
 
 
 def has_capability(bit: int) -> bool:
@@ -147,9 +165,116 @@ async def grow(disk: Disk, size_mib: int) -> None:
 
 
 async def copy_image(source: Path, target: Path) -> None:
-    """Sparse-aware copy (holes stay holes; reflinks where the host filesystem can)."""
+    """A clone of ``source`` at ``target`` when both are in a store that clones (constant time: no data
+    is read or written, only the file's extent map is shared); a sparse-aware copy otherwise (an image
+    made before the store, or a host without one).
+
+    The clone writes back the source's dirty pages first (the filesystem shares blocks, not page cache),
+    so what costs time is what the source wrote and the kernel has not yet written back."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        await asyncio.to_thread(clone_file, source, target)
+        return
+    except OSError as exc:
+        if exc.errno not in _NO_CLONE:
+            raise DriverError(f"cloning {source.name}: {exc}") from exc
+        target.unlink(missing_ok=True)
     await run(["cp", "--sparse=always", "--reflink=auto", str(source), str(target)])
+
+
+def clone_file(source: Path, target: Path) -> None:
+    """``target`` becomes a clone of ``source`` sharing all its blocks (``FICLONE``); OSError if the
+    filesystem cannot."""
+    source_fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        target_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.ioctl(target_fd, FICLONE, source_fd)
+        finally:
+            os.close(target_fd)
+    finally:
+        os.close(source_fd)
+
+
+def clones(directory: Path) -> bool:
+    """Whether files in ``directory`` can share blocks (a probe clone of one block)."""
+    source, target = directory / ".clone-probe", directory / ".clone-probe.copy"
+    try:
+        source.write_bytes(b"\0" * 4096)
+        clone_file(source, target)
+        return True
+    except OSError:
+        return False
+    finally:
+        source.unlink(missing_ok=True)
+        target.unlink(missing_ok=True)
+
+
+# -- the disk store -----------------------------------------------------------------------------------
+
+
+def store_dir(slots_dir: Path) -> Path:
+    """Where the disk images of the slots in ``slots_dir`` live when there is a store."""
+    return slots_dir.parent / "disks"
+
+
+def _store_backing(slots_dir: Path) -> Path:
+    return slots_dir.parent / "disks.xfs"
+
+
+async def open_store(slots_dir: Path) -> Path | None:
+    """The directory where new disk images go (mounting the store if it is not mounted yet), or None
+    when this host has no way to clone (images then stay in their slot's directory)."""
+    directory, backing = store_dir(slots_dir), _store_backing(slots_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    if mounts.is_mountpoint(directory):
+        _remove_orphan_images(directory, slots_dir)
+        return directory
+    if clones(directory):  # the state directory's own filesystem clones: no store needed
+        return directory
+    if shutil.which("mkfs.xfs") is None:
+        return None
+    if not backing.exists():
+        stats = os.statvfs(backing.parent)
+        partial = backing.with_suffix(".partial")
+        with open(partial, "wb") as image:
+            image.truncate(stats.f_blocks * stats.f_frsize // MIB * MIB)
+        await run(
+            ["mkfs.xfs", "-q", "-f", "-m", "reflink=1", "-l", "size=64m", "-L", "pdk-disks", str(partial)]
+        )
+        partial.replace(backing)
+    devices = loops_backing(backing)
+    device = devices[0] if devices else await loops.attach(backing, direct_io=True)
+    mounts.mount(device, directory, "xfs")
+    if not clones(directory):
+        await close_store(slots_dir)
+        return None
+    _remove_orphan_images(directory, slots_dir)
+    return directory
+
+
+async def close_store(slots_dir: Path) -> None:
+    """Takes the store down when no disk image is left in it (an agent that stops with sandboxes keeps
+    it, and the next agent finds it mounted)."""
+    directory, backing = store_dir(slots_dir), _store_backing(slots_dir)
+    if not directory.is_dir() or any(directory.glob("*.img")):
+        return
+    mounts.unmount(directory)
+    for device in loops_backing(backing):
+        with contextlib.suppress(DriverError):
+            await loops.detach(device)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+    if not loops_backing(backing):
+        backing.unlink(missing_ok=True)
+
+
+def _remove_orphan_images(directory: Path, slots_dir: Path) -> None:
+    """Images whose slot is gone (an agent that died between removing a slot and its image)."""
+    attached = set(attached_loops().values())
+    for image in directory.glob("*.img"):
+        if not (slots_dir / image.stem).is_dir() and str(image) not in attached:
+            image.unlink(missing_ok=True)
 
 
 def _loop_backs(device: str, image_path: Path) -> bool:
@@ -181,10 +306,11 @@ def loops_backing(image_path: Path) -> list[str]:
 
 
 async def detach_stray_loops(directory: Path, keep: set[str]) -> list[str]:
-    """Detaches loop devices backed by files under ``directory`` other than ``keep`` (left by an agent
-    that died half-way through building a slot); returns the devices it freed."""
-    prefix = str(directory).rstrip("/") + "/"
-    stray = [d for d, path in attached_loops().items() if path.startswith(prefix) and path not in keep]
+    """Detaches loop devices backed by files under ``directory`` (slots) or its disk store other than
+    ``keep`` (left by an agent that died half-way through building a slot); returns the devices it
+    freed."""
+    prefixes = tuple(str(path).rstrip("/") + "/" for path in (directory, store_dir(directory)))
+    stray = [d for d, path in attached_loops().items() if path.startswith(prefixes) and path not in keep]
     for device in stray:
         with contextlib.suppress(DriverError):
             await loops.detach(device)
