@@ -3,6 +3,10 @@
 ``POST {controlplane_url}/internal/v1/hosts/heartbeat`` with the shared bearer token and the host's
 capacity, images and sandboxes. A control plane that is down or answers an error is logged (once per
 outage) and retried on the next beat; the agent keeps serving.
+
+``controlplane_url`` may list several control planes, comma-separated (N control planes on one
+database with no load balancer in front): a beat goes to the one that took the last beat, and on
+failure to the next in the list within the same beat, so a dead control plane costs no beat.
 """
 
 from __future__ import annotations
@@ -55,12 +59,21 @@ class Registrar:
                 await self._task
             self._task = None
 
+    def heartbeat_urls(self) -> list[str]:
+        bases = [part.strip().rstrip("/") for part in self.settings.controlplane_url.split(",")]
+        return [base + "/internal/v1/hosts/heartbeat" for base in bases if base]
+
     async def _run(self) -> None:
-        url = self.settings.controlplane_url.rstrip("/") + "/internal/v1/hosts/heartbeat"
+        urls = self.heartbeat_urls()
         headers = {"Authorization": f"Bearer {self.settings.token.get_secret_value()}"}
+        current = 0
         async with httpx.AsyncClient(timeout=5.0, headers=headers) as http:
             while True:
-                await self.beat(http, url)
+                for attempt in range(len(urls)):
+                    index = (current + attempt) % len(urls)
+                    if await self.beat(http, urls[index]):
+                        current = index
+                        break
                 await asyncio.sleep(self.settings.heartbeat_interval_s)
 
     async def beat(self, http: httpx.AsyncClient, url: str) -> bool:

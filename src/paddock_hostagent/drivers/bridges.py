@@ -86,6 +86,12 @@ def _link_index(ipr: Any, name: str) -> int | None:
     return int(found[0]) if found else None
 
 
+def _ports(ipr: Any, bridge_index: int) -> list[int]:
+    """The bridge's ports, asked of netlink: ``/sys/class/net`` shows the namespace sysfs was mounted
+    in, not necessarily this agent's (agents in their own namespaces, tests/multihost)."""
+    return [int(index) for index in ipr.link_lookup(master=bridge_index)]
+
+
 class BridgeNetworks:
     """Bridges and member ports of this agent; every method blocks (call it from a thread)."""
 
@@ -154,10 +160,7 @@ add rule {table} pnet_input iifname {bridges} drop
     def ensure(self, netns: str, member: Membership) -> bool:
         """Re-creates a recorded membership whose port has gone (idempotent); True if it had to."""
         with self._lock:
-            if (
-                Path(f"/sys/class/net/{member.port}").exists()
-                and Path(f"/sys/class/net/{member.bridge}/brif/{member.port}").exists()
-            ):
+            if self._port_on_bridge(member):
                 return False
             try:
                 self._plug(netns, member)
@@ -215,24 +218,34 @@ add rule {table} pnet_input iifname {bridges} drop
                     ipr.link("del", index=port)
             self._drop_if_empty(ipr, member.bridge)
 
+    @staticmethod
+    def _port_on_bridge(member: Membership) -> bool:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            bridge = _link_index(ipr, member.bridge)
+            port = _link_index(ipr, member.port)
+            return bridge is not None and port is not None and port in _ports(ipr, bridge)
+
     def _drop_if_empty(self, ipr: Any, bridge: str) -> None:
-        ports = Path(f"/sys/class/net/{bridge}/brif")
-        if ports.is_dir() and not any(ports.iterdir()):
-            index = _link_index(ipr, bridge)
-            if index is not None:
-                with contextlib.suppress(Exception):
-                    ipr.link("del", index=index)
+        index = _link_index(ipr, bridge)
+        if index is not None and not _ports(ipr, index):
+            with contextlib.suppress(Exception):
+                ipr.link("del", index=index)
 
     # -- start-up ---------------------------------------------------------------------------------
 
     def bridges(self) -> list[str]:
-        """This agent's bridges that exist now."""
-        root = Path("/sys/class/net")
-        return sorted(
-            path.name
-            for path in root.iterdir()
-            if path.name.startswith(self.bridge_prefix) and (path / "bridge").is_dir()
-        )
+        """This agent's bridges that exist now (in this process's network namespace)."""
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            return sorted(
+                str(link.get("ifname"))
+                for link in ipr.get_links()
+                if str(link.get("ifname")).startswith(self.bridge_prefix)
+                and link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") == "bridge"
+            )
 
     def prune(self, keep: set[str]) -> list[str]:
         """Removes this agent's bridges that no recorded membership uses; returns their names."""
@@ -243,12 +256,10 @@ add rule {table} pnet_input iifname {bridges} drop
             for bridge in self.bridges():
                 if bridge in keep:
                     continue
-                for port in list(Path(f"/sys/class/net/{bridge}/brif").iterdir()):
-                    index = _link_index(ipr, port.name)
-                    if index is not None:
-                        with contextlib.suppress(Exception):
-                            ipr.link("del", index=index)
                 index = _link_index(ipr, bridge)
+                for port in _ports(ipr, index) if index is not None else []:
+                    with contextlib.suppress(Exception):
+                        ipr.link("del", index=port)
                 if index is not None:
                     with contextlib.suppress(Exception):
                         ipr.link("del", index=index)

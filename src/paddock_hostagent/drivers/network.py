@@ -38,6 +38,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -237,7 +238,7 @@ flush set ip {self.nft_table} sources
         for slot in sorted(set(owners.values())):
             net = SandboxNetwork(slot=slot, ip="", gateway=self.gateway)
             with contextlib.suppress(OSError, DriverError):  # a slot whose pieces are gone
-                if Path(f"/sys/class/net/{net.host_veth}").exists():
+                if interface_exists(net.host_veth):
                     disable_host_ipv6(net.host_veth)
                 if net.netns_path.exists():
                     netns_sysctl(net.netns_path, {**SANDBOX_SYSCTLS, "ipv6/conf/eth0/disable_ipv6": "1"})
@@ -323,7 +324,7 @@ flush set ip {self.nft_table} sources
         self.addresses.release_owner(net.slot)
 
     def exists(self, net: SandboxNetwork) -> bool:
-        return net.netns_path.exists() and Path(f"/sys/class/net/{net.host_veth}").exists()
+        return net.netns_path.exists() and interface_exists(net.host_veth)
 
     def resolv_conf(self) -> str:
         """Sandboxes resolve through the host agent's resolver on the gateway (drivers/dns.py)."""
@@ -349,4 +350,11 @@ def host_nameservers(path: Path = Path("/etc/resolv.conf"), *, include_loopback:
 
 
 def interface_exists(name: str) -> bool:
-    return os.path.exists(f"/sys/class/net/{name}")
+    """Whether this process's network namespace has the interface. Asked of the kernel, not of
+    ``/sys/class/net``, which shows the namespace sysfs was mounted in: an agent started in its own
+    namespace (one of several "machines" on one box, tests/multihost) would see the wrong one."""
+    try:
+        socket.if_nametoindex(name)
+    except OSError:
+        return False
+    return True
