@@ -1,4 +1,4 @@
-"""``paddock admin …``: users, plans and API keys, straight against the control plane's database."""
+"""``paddock admin …``: users, plans, API keys and hosts, straight against the control plane's database."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ app = typer.Typer(no_args_is_help=True)
 user_app = typer.Typer(no_args_is_help=True, help="Create users and change their plan.")
 key_app = typer.Typer(no_args_is_help=True, help="Create, revoke and list API keys.")
 app.add_typer(user_app, name="user")
+host_app = typer.Typer(no_args_is_help=True, help="List hosts; drain one or put it back in service.")
 app.add_typer(key_app, name="key")
+app.add_typer(host_app, name="host")
 
 T = TypeVar("T")
 
@@ -134,3 +136,45 @@ def key_list(
     for row in rows:
         state = "revoked" if row["revoked"] else "active"
         typer.echo(f"{row['id']}  {row['user_id']}  {row['prefix']}…  {state}  {row['created_at']}")
+
+
+@host_app.command("list")
+def host_list(json_out: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Every host: status (active, draining, dead), free memory, sandboxes, address and labels."""
+    from paddock_controlplane import hosts
+
+    async def work(session: Any, _: Any) -> list[dict[str, Any]]:
+        rows, _total = await hosts.list_hosts(session, limit=10_000, offset=0)
+        return [{**hosts.host_view(h), "url": h.url, "labels": dict(h.labels or {})} for h in rows]
+
+    rows = _run(work)
+    if json_out:
+        typer.echo(json.dumps(rows))
+        return
+    for row in rows:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(row["labels"].items()))
+        typer.echo(
+            f"{row['id']}  {row['status']}  {row['free_mib']} MiB free  {row['vm_count']} sandboxes"
+            f"  {row['url']}  {labels}"
+        )
+
+
+def _set_drained(host_id: str, drained: bool) -> str:
+    from paddock_controlplane import hosts
+
+    async def work(session: Any, _: Any) -> str:
+        return str((await hosts.set_drained(session, host_id, drained)).status)
+
+    return _run(work)
+
+
+@host_app.command("drain")
+def host_drain(host_id: str) -> None:
+    """No new sandboxes on this host (creates go elsewhere); the ones it runs keep running."""
+    typer.echo(f"host {host_id} is now {_set_drained(host_id, True)}")
+
+
+@host_app.command("undrain")
+def host_undrain(host_id: str) -> None:
+    """Put a drained host back in service."""
+    typer.echo(f"host {host_id} is now {_set_drained(host_id, False)}")

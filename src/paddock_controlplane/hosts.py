@@ -9,6 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.models import Host
+from paddock_core import errors
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_core.timeutil import as_utc
 
@@ -35,10 +36,10 @@ async def record_heartbeat(session: AsyncSession, beat: dict[str, Any], now: dt.
     if status not in HOST_STATUSES:
         status = "active"
     if host is None:
-        host = Host(id=beat["id"], created_at=now)
+        host = Host(id=beat["id"], created_at=now, drained=False)
         session.add(host)
     host.url = beat["url"]
-    host.status = status
+    host.status = "draining" if host.drained and status == "active" else status
     host.free_mib = int(beat.get("free_mib", 0))
     host.total_mib = int(beat.get("total_mib", 0))
     host.vm_count = int(beat.get("vm_count", 0))
@@ -71,3 +72,17 @@ async def available_images(session: AsyncSession) -> set[str]:
         images.update(host.rootfses or [])
         images.update(host.buildable or [])
     return images
+
+
+async def set_drained(session: AsyncSession, host_id: str, drained: bool) -> Host:
+    """Drains a host (no new placements; its sandboxes keep running) or puts it back in service.
+
+    Takes effect at once for placement; a dead host keeps the mark and returns ``draining``.
+    """
+    host = await session.get(Host, host_id, with_for_update=True)
+    if host is None:
+        raise errors.NotFound(f"no host {host_id!r}")
+    host.drained = drained
+    if host.status != "dead":
+        host.status = "draining" if drained else "active"
+    return host

@@ -101,6 +101,9 @@ class Host(Base):
     rootfses: Mapped[list[Any]] = mapped_column(default=list)
     buildable: Mapped[list[Any]] = mapped_column(default=list)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # Set by an operator (``paddock admin host drain``): the host reports ``draining`` and gets no new
+    # placements; its sandboxes keep running. Survives heartbeats and the host dying and returning.
+    drained: Mapped[bool] = mapped_column(Boolean, default=False)
     last_heartbeat_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 

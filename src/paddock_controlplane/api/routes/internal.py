@@ -1,4 +1,5 @@
-"""Routes host agents call: heartbeat registration. Authenticated by the shared host token."""
+"""Routes host agents and operators call, authenticated by the shared host token: heartbeat
+registration, and draining a host (``paddock admin host drain`` does the same against the database)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,18 @@ async def heartbeat(beat: Heartbeat, _: HostAuthDep, services: ServicesDep) -> d
     if services.on_heartbeat is not None:
         await services.on_heartbeat(beat.model_dump())
     return {"ok": True}
+
+
+@router.post("/hosts/{host_id}/drain")
+async def drain_host(host_id: str, _: HostAuthDep, services: ServicesDep) -> dict[str, Any]:
+    """No new placements on the host; its sandboxes keep running. ``DELETE`` puts it back in service."""
+    async with transaction(services.sessions) as session:
+        host = await hosts.set_drained(session, host_id, True)
+        return hosts.host_view(host)
+
+
+@router.delete("/hosts/{host_id}/drain")
+async def undrain_host(host_id: str, _: HostAuthDep, services: ServicesDep) -> dict[str, Any]:
+    async with transaction(services.sessions) as session:
+        host = await hosts.set_drained(session, host_id, False)
+        return hosts.host_view(host)
