@@ -8,7 +8,8 @@ set -euo pipefail
 want=(python3 python3-venv python3-dev gcc libc6-dev make runc crun mmdebstrap nftables iproute2
       e2fsprogs xfsprogs util-linux kmod procps curl ca-certificates fuse3 s3fs
       buildah      # template builds (Dockerfile → image); RUN steps under crun
-      openssh-sftp-server)  # the SSH gateway serves sftp/scp with it when an image has none
+      openssh-sftp-server  # the SSH gateway serves sftp/scp with it when an image has none
+      qemu-system-x86 qemu-utils busybox-static)  # the VM tier (drivers/qemu.py): QEMU, qcow2, initramfs
 if [[ "${1:-}" == "--test" || "${1:-}" == "--bench" ]]; then
   want+=(openssh-client)  # the SSH gateway is tested, and benched, with the real OpenSSH client
 fi
@@ -28,6 +29,19 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The VM tier's guest kernel: Debian's cloud kernel, unpacked (not installed) under /var/lib/paddock/vm-kernel,
+# with `current` pointing at the newest one. drivers/vmimage.py builds the initramfs from its modules.
+kernel_root=/var/lib/paddock/vm-kernel
+kernel_pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
+if [[ -n "$kernel_pkg" && ! -e "$kernel_root/$kernel_pkg/.unpacked" ]]; then
+  echo "setup-host: unpacking $kernel_pkg for the VM tier"
+  mkdir -p "$kernel_root/$kernel_pkg"
+  (cd "$kernel_root" && rm -f ./"$kernel_pkg"_*.deb && apt-get download -qq -o APT::Sandbox::User=root "$kernel_pkg" \
+     && dpkg-deb -x ./"$kernel_pkg"_*.deb "$kernel_pkg" && rm -f ./"$kernel_pkg"_*.deb)
+  touch "$kernel_root/$kernel_pkg/.unpacked"
+  ln -sfn "$kernel_pkg" "$kernel_root/current"
 fi
 
 python3 - <<'PY'

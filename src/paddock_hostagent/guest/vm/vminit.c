@@ -1,0 +1,290 @@
+/*
+ * paddock-vminit: the first program of a Paddock VM after the initramfs switched root.
+ *
+ * It forks the channel multiplexer, then execs the guest agent (paddock-guest --listen) as PID 1, so
+ * the VM runs the same agent, with the same protocol, as a container. The host reaches the agent over
+ * one virtio-serial port ("paddock.0"); the agent's protocol needs one connection per request, so both
+ * ends multiplex connections over the port (the host side is drivers/vmchannel.py):
+ *
+ *   frame: u32 channel, u8 kind, u32 length (little endian), payload
+ *   host -> guest   HELLO (magic)   reset: every channel is closed, the guest answers READY
+ *                   OPEN            connect a new channel to the agent's unix socket
+ *                   DATA bytes      to that channel's connection
+ *                   CLOSE           the host closed its end: close ours (the agent kills the command)
+ *                   CONFIG text     "ip gateway hostname": re-address eth0 (a forked VM's new identity)
+ *   guest -> host   READY (magic)   the multiplexer is up (at start, and after every HELLO)
+ *                   DATA, CLOSE     from the agent's side of a channel
+ *
+ * A HELLO is recognised by its magic anywhere in the stream while the guest is (re)synchronising (at
+ * start, after a malformed frame or after the host end hung up), so a VM restored from a memory
+ * snapshot with half a frame in flight finds the frame boundary again.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define AGENT "/run/paddock/paddock-guest"
+#define AGENT_SOCKET "/run/paddock/guest.sock"
+#define BUSYBOX "/run/paddock/busybox"
+#define PORT_NAME "paddock.0"
+#define MAX_CHANNELS 512
+#define MAX_PAYLOAD (1u << 20)
+#define HEADER 9
+
+enum { K_HELLO = 1, K_OPEN = 2, K_DATA = 3, K_CLOSE = 4, K_CONFIG = 5, K_READY = 6 };
+static const unsigned char MAGIC[16] = "paddock-vmchan-1";
+
+struct channel {
+    uint32_t id;
+    int fd;
+    unsigned char *out;
+    size_t out_len, out_cap;
+};
+
+static struct channel channels[MAX_CHANNELS];
+static int port = -1;
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int write_all(int fd, const unsigned char *data, size_t len) {
+    while (len) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) { struct pollfd p = {fd, POLLOUT, 0}; poll(&p, 1, 100); continue; }
+        if (n <= 0) return -1;
+        data += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void send_frame(uint32_t id, int kind, const unsigned char *payload, uint32_t len) {
+    unsigned char header[HEADER];
+    put_u32(header, id);
+    header[4] = (unsigned char)kind;
+    put_u32(header + 5, len);
+    if (write_all(port, header, HEADER) == 0 && len) write_all(port, payload, len);
+}
+
+static struct channel *find(uint32_t id) {
+    for (int i = 0; i < MAX_CHANNELS; i++)
+        if (channels[i].fd >= 0 && channels[i].id == id) return &channels[i];
+    return NULL;
+}
+
+static void drop(struct channel *ch) {
+    shutdown(ch->fd, SHUT_RDWR);
+    close(ch->fd);
+    ch->fd = -1;
+    free(ch->out);
+    ch->out = NULL;
+    ch->out_len = ch->out_cap = 0;
+}
+
+static void drop_all(void) {
+    for (int i = 0; i < MAX_CHANNELS; i++)
+        if (channels[i].fd >= 0) drop(&channels[i]);
+}
+
+static void open_channel(uint32_t id) {
+    struct channel *slot = NULL;
+    for (int i = 0; i < MAX_CHANNELS && !slot; i++)
+        if (channels[i].fd < 0) slot = &channels[i];
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    strcpy(addr.sun_path, AGENT_SOCKET);
+    if (!slot || fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        if (fd >= 0) close(fd);
+        send_frame(id, K_CLOSE, NULL, 0); /* the agent is not listening yet: the host retries */
+        return;
+    }
+    slot->id = id;
+    slot->fd = fd;
+}
+
+static void flush_channel(struct channel *ch) {
+    while (ch->out_len) {
+        ssize_t n = write(ch->fd, ch->out, ch->out_len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) return;
+        if (n <= 0) { send_frame(ch->id, K_CLOSE, NULL, 0); drop(ch); return; }
+        memmove(ch->out, ch->out + n, ch->out_len - (size_t)n);
+        ch->out_len -= (size_t)n;
+    }
+}
+
+static void queue(struct channel *ch, const unsigned char *data, uint32_t len) {
+    if (ch->out_len + len > ch->out_cap) {
+        size_t cap = (ch->out_len + len) * 2;
+        unsigned char *grown = realloc(ch->out, cap);
+        if (!grown) { send_frame(ch->id, K_CLOSE, NULL, 0); drop(ch); return; }
+        ch->out = grown;
+        ch->out_cap = cap;
+    }
+    memcpy(ch->out + ch->out_len, data, len);
+    ch->out_len += len;
+    flush_channel(ch);
+}
+
+static void run_busybox(char *const argv[]) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null_fd = open("/dev/null", O_RDWR);
+        if (null_fd >= 0) { dup2(null_fd, 1); dup2(null_fd, 2); }
+        execv(BUSYBOX, argv);
+        _exit(127);
+    }
+    if (pid > 0) waitpid(pid, NULL, 0);
+}
+
+/* CONFIG "ip gateway hostname": a fork restored from its source's memory takes its own address. */
+static void configure(const unsigned char *payload, uint32_t len) {
+    char text[512], ip[64], gw[64], host[256], cidr[80], onlink[80];
+    if (len >= sizeof text) return;
+    memcpy(text, payload, len);
+    text[len] = 0;
+    if (sscanf(text, "%63s %63s %255s", ip, gw, host) != 3) return;
+    snprintf(cidr, sizeof cidr, "%s/32", ip);
+    snprintf(onlink, sizeof onlink, "%s/32", gw);
+    /* down/up flushes the neighbour cache: the gateway's MAC is the new veth's */
+    run_busybox((char *const[]){"ip", "link", "set", "eth0", "down", NULL});
+    run_busybox((char *const[]){"ip", "addr", "flush", "dev", "eth0", NULL});
+    run_busybox((char *const[]){"ip", "addr", "add", cidr, "dev", "eth0", NULL});
+    run_busybox((char *const[]){"ip", "link", "set", "eth0", "up", NULL});
+    run_busybox((char *const[]){"ip", "route", "add", onlink, "dev", "eth0", NULL});
+    run_busybox((char *const[]){"ip", "route", "add", "default", "via", gw, "dev", "eth0", NULL});
+    run_busybox((char *const[]){"hostname", host, NULL});
+    FILE *f = fopen("/etc/hostname", "w");
+    if (f) { fprintf(f, "%s\n", host); fclose(f); }
+}
+
+static int find_port(void) {
+    for (int attempt = 0; attempt < 500; attempt++) {
+        DIR *dir = opendir("/sys/class/virtio-ports");
+        struct dirent *entry;
+        while (dir && (entry = readdir(dir))) {
+            if (entry->d_name[0] == '.') continue;
+            char path[300], name[64] = {0};
+            snprintf(path, sizeof path, "/sys/class/virtio-ports/%s/name", entry->d_name);
+            FILE *f = fopen(path, "r");
+            if (!f) continue;
+            if (fgets(name, sizeof name, f)) name[strcspn(name, "\n")] = 0;
+            fclose(f);
+            if (!strcmp(name, PORT_NAME)) {
+                snprintf(path, sizeof path, "/dev/%s", entry->d_name);
+                closedir(dir);
+                return open(path, O_RDWR | O_CLOEXEC);
+            }
+        }
+        if (dir) closedir(dir);
+        usleep(10000);
+    }
+    return -1;
+}
+
+static void multiplex(void) {
+    static unsigned char in[HEADER + MAX_PAYLOAD];
+    size_t in_len = 0;
+    int syncing = 1;
+    for (int i = 0; i < MAX_CHANNELS; i++) channels[i].fd = -1;
+    port = find_port();
+    if (port < 0) _exit(1);
+    send_frame(0, K_READY, MAGIC, sizeof MAGIC);
+    struct pollfd fds[MAX_CHANNELS + 1];
+    struct channel *owners[MAX_CHANNELS + 1];
+    for (;;) {
+        int n = 0;
+        fds[n++] = (struct pollfd){port, POLLIN, 0};
+        for (int i = 0; i < MAX_CHANNELS; i++) {
+            if (channels[i].fd < 0) continue;
+            owners[n] = &channels[i];
+            fds[n++] = (struct pollfd){channels[i].fd, (short)(POLLIN | (channels[i].out_len ? POLLOUT : 0)), 0};
+        }
+        if (poll(fds, (nfds_t)n, -1) < 0) continue;
+        for (int i = 1; i < n; i++) {
+            struct channel *ch = owners[i];
+            if (ch->fd != fds[i].fd) continue;
+            if (fds[i].revents & POLLOUT) flush_channel(ch);
+            if (ch->fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            static unsigned char buf[65536];
+            ssize_t got = read(ch->fd, buf, sizeof buf);
+            if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            if (got <= 0) { send_frame(ch->id, K_CLOSE, NULL, 0); drop(ch); continue; }
+            send_frame(ch->id, K_DATA, buf, (uint32_t)got);
+        }
+        if (fds[0].revents & POLLHUP && !(fds[0].revents & POLLIN)) {
+            /* the host end hung up (agent restart, or a fork not yet connected): wait for its HELLO */
+            drop_all();
+            in_len = 0;
+            syncing = 1;
+            usleep(20000);
+            continue;
+        }
+        if (!(fds[0].revents & POLLIN)) continue;
+        ssize_t got = read(port, in + in_len, sizeof in - in_len);
+        if (got <= 0) { usleep(10000); continue; }
+        in_len += (size_t)got;
+        for (;;) {
+            if (syncing) {
+                size_t i = 0, found = 0;
+                for (; i + HEADER + sizeof MAGIC <= in_len; i++)
+                    if (in[i + 4] == K_HELLO && get_u32(in + i + 5) == sizeof MAGIC &&
+                        !memcmp(in + i + HEADER, MAGIC, sizeof MAGIC)) { found = 1; break; }
+                if (!found) {
+                    size_t keep = in_len < HEADER + sizeof MAGIC ? in_len : HEADER + sizeof MAGIC - 1;
+                    memmove(in, in + in_len - keep, keep);
+                    in_len = keep;
+                    break;
+                }
+                memmove(in, in + i, in_len - i);
+                in_len -= i;
+                syncing = 0;
+            }
+            if (in_len < HEADER) break;
+            uint32_t id = get_u32(in), len = get_u32(in + 5);
+            int kind = in[4];
+            if (len > MAX_PAYLOAD || kind < K_HELLO || kind > K_CONFIG) { drop_all(); syncing = 1; continue; }
+            if (in_len < HEADER + len) break;
+            unsigned char *payload = in + HEADER;
+            struct channel *ch = find(id);
+            switch (kind) {
+            case K_HELLO: drop_all(); send_frame(0, K_READY, MAGIC, sizeof MAGIC); break;
+            case K_OPEN: if (ch) drop(ch); open_channel(id); break;
+            case K_DATA: if (ch) queue(ch, payload, len); break;
+            case K_CLOSE: if (ch) drop(ch); break;
+            case K_CONFIG: configure(payload, len); break;
+            }
+            memmove(in, in + HEADER + len, in_len - HEADER - len);
+            in_len -= HEADER + len;
+        }
+    }
+}
+
+int main(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGPIPE, SIG_IGN);
+        multiplex();
+        _exit(0);
+    }
+    execl(AGENT, "paddock-guest", "--listen", AGENT_SOCKET, "--self-signal", (char *)NULL);
+    perror("exec " AGENT);
+    return 1;
+}
