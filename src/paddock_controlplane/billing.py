@@ -48,9 +48,22 @@ async def settle(session: AsyncSession, sandbox: Sandbox, now: dt.datetime) -> i
 
 
 async def billing_pass(session: AsyncSession, now: dt.datetime) -> set[str]:
-    """Settle every running sandbox; returns the users whose balance is now used up."""
+    """Settle every running sandbox; returns the users whose balance is now used up.
+
+    Several control planes run this side by side on PostgreSQL. The running rows are locked first
+    (``SKIP LOCKED``: a row another pass or a pause/destroy holds is settled by that transaction, and
+    this pass charges it next time from the ``billed_until`` it left), so no second is charged twice;
+    users are then charged in id order, so two passes never wait on each other's users. Every other
+    writer takes a sandbox's row before its user's, as this pass does.
+    """
     exhausted: set[str] = set()
-    running = (await session.scalars(select(Sandbox).where(Sandbox.status == SandboxStatus.RUNNING))).all()
+    query = (
+        select(Sandbox)
+        .where(Sandbox.status == SandboxStatus.RUNNING)
+        .order_by(Sandbox.user_id, Sandbox.id)
+        .with_for_update(skip_locked=True)
+    )
+    running = (await session.scalars(query)).all()
     for sandbox in running:
         await settle(session, sandbox, now)
     for user_id in {s.user_id for s in running}:
