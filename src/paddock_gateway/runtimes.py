@@ -11,8 +11,12 @@ default) the rest is inferred:
   under uvicorn, Flask apps under ``flask run``, Django under ``manage.py runserver``, anything else as
   ``python <entry>``.
 - **Static** (``index.html``): served with ``python3 -m http.server``.
-- **Dockerfile** (``hasDockerfile: true``, or a ``Dockerfile`` and nothing else to run) is **not supported
-  until templates exist**: the deployment fails with that reason.
+- **Dockerfile** (``hasDockerfile: true``, or a ``Dockerfile`` and nothing else to run): the platform
+  builds a template from the ``Dockerfile`` at the root (of ``directoryPath`` when set), with that
+  directory's files as the build context, and the sandbox boots from it. The app is started with
+  ``runCommand`` when set, else the Dockerfile's ``ENTRYPOINT``/``CMD`` combined as Docker does; the
+  image's ``ENV``, ``WORKDIR`` and ``USER`` apply. ``installCommand``/``buildCommand`` are not run (the
+  Dockerfile is the build) and ``buildVars`` do not reach it (templates take no build arguments).
 
 Every process gets ``PORT`` and ``HOST=0.0.0.0``. ``buildVars`` reach install and build, ``runEnvs``
 reach the running app.
@@ -20,6 +24,7 @@ reach the running app.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import shlex
@@ -28,11 +33,8 @@ from dataclasses import asdict, dataclass
 
 from paddock_gateway.adapters.hosting import DeployOptions, UploadedFile
 
-DOCKERFILE_UNSUPPORTED = (
-    "Dockerfile builds are unsupported until sandbox templates exist on this platform; deploy without "
-    "hasDockerfile (the runtime is inferred from package.json, requirements.txt/pyproject.toml or "
-    "index.html, or set settings.runCommand)"
-)
+NO_DOCKERFILE = "hasDockerfile is set but the upload has no Dockerfile at {where}"
+NO_COMMAND = "the Dockerfile has no CMD or ENTRYPOINT: add one, or set settings.runCommand"
 PYTHON_ENTRIES = ("app.py", "main.py", "server.py", "wsgi.py", "asgi.py")
 NODE_ENTRIES = ("index.js", "server.js", "app.js", "main.js")
 
@@ -43,7 +45,7 @@ class PlanError(Exception):
 
 @dataclass(frozen=True)
 class BuildPlan:
-    kind: str  # node | python | static | custom
+    kind: str  # node | python | static | custom | dockerfile
     workdir: str  # relative to the upload root ("" for the root)
     install: str | None
     build: str | None
@@ -51,6 +53,8 @@ class BuildPlan:
     port: int
     build_env: dict[str, str]
     run_env: dict[str, str]
+    #: ``dockerfile`` plans: the template the platform builds from the upload (set once submitted).
+    template: str | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -128,13 +132,80 @@ def _python(files: dict[str, bytes], options: DeployOptions) -> tuple[str | None
     return install, None, f"{python} {entry}"
 
 
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(KEYWORD, arguments) of each instruction: comments dropped, ``\\`` continuations joined."""
+    out: list[tuple[str, str]] = []
+    pending: list[str] = []
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if stripped.startswith("#") or (not pending and not stripped):
+            continue
+        pending.append(stripped.removesuffix("\\").strip())
+        if not stripped.endswith("\\"):
+            keyword, _, arguments = " ".join(pending).partition(" ")
+            out.append((keyword.upper(), arguments.strip()))
+            pending = []
+    return out
+
+
+def _argv(arguments: str) -> list[str] | None:
+    """The exec form's argv (``["a", "b"]``), or None for the shell form."""
+    if arguments.startswith("["):
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(arguments)
+            if isinstance(parsed, list) and all(isinstance(part, str) for part in parsed):
+                return parsed
+    return None
+
+
+def dockerfile_command(text: str) -> str | None:
+    """What ``docker run`` would start, as one shell command: the last ENTRYPOINT and CMD combined as
+    Docker does (an exec-form ENTRYPOINT takes CMD as arguments; a shell-form one ignores CMD)."""
+    entrypoint: str | None = None
+    cmd: str | None = None
+    for keyword, arguments in _instructions(text):
+        if keyword == "ENTRYPOINT":
+            entrypoint, cmd = arguments, None  # Docker: a later ENTRYPOINT resets an earlier CMD
+        elif keyword == "CMD":
+            cmd = arguments
+    if entrypoint:
+        entry_argv = _argv(entrypoint)
+        if entry_argv is None:
+            return entrypoint
+        cmd_argv = (_argv(cmd) or ["/bin/sh", "-c", cmd]) if cmd else []
+        return shlex.join(entry_argv + cmd_argv) if entry_argv + cmd_argv else None
+    if cmd:
+        exec_form = _argv(cmd)
+        return cmd if exec_form is None else (shlex.join(exec_form) if exec_form else None)
+    return None
+
+
+def _dockerfile_plan(files: dict[str, bytes], options: DeployOptions, workdir: str) -> BuildPlan:
+    if "Dockerfile" not in files:
+        raise PlanError(NO_DOCKERFILE.format(where=f"{workdir}/" if workdir else "the upload root"))
+    run = options.run_command or dockerfile_command(files["Dockerfile"].decode("utf-8", "replace"))
+    if not run:
+        raise PlanError(NO_COMMAND)
+    base_env = {"PORT": str(options.port), "HOST": "0.0.0.0"}
+    return BuildPlan(
+        kind="dockerfile",
+        workdir=workdir,
+        install=None,
+        build=None,
+        run=_with_flag(run, options.run_flag) or run,
+        port=options.port,
+        build_env={**base_env, **options.build_vars},
+        run_env={**base_env, **options.run_envs},
+    )
+
+
 def infer_plan(uploaded: Sequence[UploadedFile], options: DeployOptions) -> BuildPlan:
     """The commands for this upload; raises ``PlanError`` with a user-facing reason."""
-    if options.has_dockerfile:
-        raise PlanError(DOCKERFILE_UNSUPPORTED)
     workdir = (options.directory_path or "").strip("/")
     prefix = f"{workdir}/" if workdir else ""
     files = {f.path[len(prefix) :]: f.data for f in uploaded if f.path.startswith(prefix)}
+    if options.has_dockerfile:
+        return _dockerfile_plan(files, options, workdir)
     install, build, run, kind = None, None, None, "custom"
     if options.use_build_ai:
         if "package.json" in files:
@@ -153,7 +224,7 @@ def infer_plan(uploaded: Sequence[UploadedFile], options: DeployOptions) -> Buil
     build = _with_flag(options.build_command or build, options.build_flag)
     run = _with_flag(options.run_command or run, options.run_flag)
     if not run and "Dockerfile" in files:
-        raise PlanError(DOCKERFILE_UNSUPPORTED)
+        return _dockerfile_plan(files, options, workdir)
     if not run:
         raise PlanError(
             "cannot tell how to run this upload: add a start script to package.json, a Python entry "

@@ -2,6 +2,9 @@
 
 A deployment is one sandbox with ingress enabled. ``create_deployment`` creates the sandbox and writes
 the upload into ``<workspace>/app`` (one tar archive, unpacked in the sandbox), records the deployment as ``queued`` and wakes the build worker;
+an upload with a Dockerfile instead submits a template build (the Dockerfile, the upload's directory as
+its build context) and the worker waits for it, then boots the sandbox from the template (and deletes
+the template: the sandbox keeps its image) before it starts the app the same way;
 the worker (fed from the ``gw_sandbox_deployments`` table) runs install and build, starts the app in the
 background, and waits until something accepts connections on the port:
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import gzip
 import io
 import json
 import shlex
@@ -54,6 +59,8 @@ from paddock_gateway.adapters.hosting import (
     SandboxError,
     SandboxProvider,
     SandboxUnavailable,
+    TemplateProvider,
+    TemplateRefused,
     UploadedFile,
     ingress_url,
 )
@@ -64,6 +71,8 @@ from paddock_gateway.runtimes import BuildPlan, PlanError, infer_plan
 log = get_logger("paddock.gateway.hosting")
 LOG_TAIL_CHARS = 2000
 RUNNING = ("building", "deploying")
+#: Where a Dockerfile deployment's run log goes: the image's USER may not write to the workspace.
+IMAGE_LOGS = "/tmp/.paddock-deploy"
 
 
 def tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
@@ -143,7 +152,9 @@ class SandboxHosting:
         except PlanError as exc:
             plan, failure = None, str(exc)
         sandbox_id = None
-        if plan is not None:
+        if plan is not None and plan.kind == "dockerfile":
+            plan, failure = await self._submit_template(handle, files, plan)
+        elif plan is not None:
             sandbox = await self._create_sandbox(project, files)
             sandbox_id = sandbox.id
         await self._insert(handle, sandbox_id, plan, failure)
@@ -187,6 +198,10 @@ class SandboxHosting:
 
     async def delete_project(self, project_id: str) -> None:
         for row in await self._rows(project_id):
+            template = row.plan.get("template") if row.status != "deleted" else None
+            if template and isinstance(self.provider, TemplateProvider):
+                with contextlib.suppress(SandboxError):  # a build still running is cancelled
+                    await self.provider.delete_template(str(template))
             if row.sandbox_id and row.status != "deleted":
                 await self._sandbox_call(row.sandbox_id, "destroy")
             await self._set(row.deployment_id, status="deleted")
@@ -248,7 +263,7 @@ class SandboxHosting:
         async with self.slots:
             async with self.sessions() as session:
                 row = await session.get(SandboxDeployment, deployment_id)
-            if row is None or row.sandbox_id is None:
+            if row is None:
                 return
             try:
                 plan = open_plan(self.secret_box, row.plan)
@@ -259,8 +274,13 @@ class SandboxHosting:
                     "deployment_plan_unreadable", deployment_id=deployment_id, error=type(exc).__name__
                 )
                 return
+            if row.sandbox_id is None and plan.template is None:
+                return
             try:
-                sandbox = await self.provider.get(row.sandbox_id)
+                if row.sandbox_id is None:
+                    sandbox = await self._boot_template(deployment_id, plan)
+                else:
+                    sandbox = await self.provider.get(row.sandbox_id)
                 url = await self._build_and_start(deployment_id, sandbox, plan)
             except BuildFailed as exc:
                 await self._set(deployment_id, status="failed", reason=str(exc), only_if=RUNNING)
@@ -275,9 +295,63 @@ class SandboxHosting:
             await self._set(deployment_id, status="active", url=url, only_if=RUNNING)
             log.info("deployment_ready", deployment_id=deployment_id)
 
+    async def _boot_template(self, deployment_id: str, plan: BuildPlan) -> Sandbox:
+        """Waits for the deployment's template, boots its sandbox and deletes the template (the sandbox
+        keeps the image; a deleted template frees the platform's template caps)."""
+        assert plan.template is not None
+        if not isinstance(self.provider, TemplateProvider):
+            raise BuildFailed("this hosting platform cannot build Dockerfiles")
+        outcome = await self.provider.wait_template(
+            plan.template, timeout_s=self.install_timeout_s + self.build_timeout_s
+        )
+        if outcome.status != "ready":
+            with contextlib.suppress(SandboxError):
+                await self.provider.delete_template(plan.template)
+            raise BuildFailed(f"the image build failed: {tail(outcome.log_tail)}")
+        try:
+            sandbox = await self.provider.create(
+                name=f"gw-{deployment_id[:8]}", ingress_enabled=True, rootfs=plan.template
+            )
+        except SandboxError as exc:
+            raise BuildFailed(f"the sandbox did not boot from the built image: {exc}") from exc
+        await self._set(deployment_id, sandbox_id=sandbox.id)
+        with contextlib.suppress(SandboxError):
+            await self.provider.delete_template(plan.template)
+        return sandbox
+
+    async def _submit_template(
+        self, handle: DeploymentHandle, files: Sequence[UploadedFile], plan: BuildPlan
+    ) -> tuple[BuildPlan | None, str | None]:
+        """Submits the upload's Dockerfile with its directory as the build context: the plan with its
+        template, or the reason the deployment fails (the platform refused the Dockerfile)."""
+        if not isinstance(self.provider, TemplateProvider):
+            return None, "Dockerfile builds need a hosting platform with templates; this one has none"
+        prefix = f"{plan.workdir}/" if plan.workdir else ""
+        context = [
+            UploadedFile(path=f.path[len(prefix) :], data=f.data) for f in files if f.path.startswith(prefix)
+        ]
+        dockerfile = next(f.data for f in context if f.path == "Dockerfile").decode("utf-8", "replace")
+        try:
+            template = await self.provider.submit_template(
+                name=f"gw-{handle.deployment_id.replace('-', '')}",
+                dockerfile=dockerfile,
+                context=await asyncio.to_thread(lambda: gzip.compress(tar_of(context), 6)),
+            )
+        except TemplateRefused as exc:
+            return None, f"the platform refused the Dockerfile: {exc}"
+        except SandboxUnavailable as exc:
+            raise HostingUnavailable(str(exc)) from exc
+        except SandboxError as exc:
+            raise HostingError(str(exc)) from exc
+        return dataclasses.replace(plan, template=template), None
+
     async def _build_and_start(self, deployment_id: str, sandbox: Sandbox, plan: BuildPlan) -> str:
-        app_dir = f"{sandbox.workspace}/app" + (f"/{plan.workdir}" if plan.workdir else "")
-        logs = f"{sandbox.workspace}/logs"
+        # A Dockerfile's image runs from its own WORKDIR, as its USER, logging where any user may.
+        from_image = plan.kind == "dockerfile"
+        app_dir = (
+            None if from_image else f"{sandbox.workspace}/app" + (f"/{plan.workdir}" if plan.workdir else "")
+        )
+        logs = IMAGE_LOGS if from_image else f"{sandbox.workspace}/logs"
         await sandbox.run("mkdir", ["-p", logs])
         for step, command, timeout_s in (
             ("install", plan.install, self.install_timeout_s),
@@ -312,8 +386,11 @@ class SandboxHosting:
             await asyncio.sleep(0.5)
 
     async def _wait_for_port(self, sandbox: Sandbox, plan: BuildPlan, logs: str) -> None:
+        # curl where the image has it; bash's /dev/tcp where it does not (a Dockerfile's minimal image).
         probe = (
-            f"curl -s -o /dev/null --max-time 2 http://127.0.0.1:{plan.port}/ && exit 0; "
+            f"if command -v curl >/dev/null; then curl -s -o /dev/null --max-time 2 http://127.0.0.1:{plan.port}/"
+            f" && exit 0; else (exec 3<>/dev/tcp/127.0.0.1/{plan.port} && printf 'GET / HTTP/1.0\\r\\n\\r\\n'"
+            " >&3 && timeout 2 head -c 5 <&3 | grep -q '^HTTP/') 2>/dev/null && exit 0; fi; "
             f'kill -0 "$(cat {logs}/run.pid)" 2>/dev/null && exit 1; exit 2'
         )
         deadline = time.monotonic() + self.ready_timeout_s

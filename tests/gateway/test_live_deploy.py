@@ -306,11 +306,7 @@ async def test_a_failing_build_fails_with_the_log_tail(
     assert final["status"] == "failed", final
     assert "exited on port 3000" in final["reason"] and "crash-marker" in final["reason"]
 
-    docker = project(unique_name("docker"), {"Dockerfile": "FROM scratch"}, hasDockerfile=True)
-    started = (await gw.deploy(wallet, docker, **{"X-Use-Existing-Credits": "true"})).json()
-    final = await gw.wait_terminal(wallet, started["projectId"], started["deploymentId"], 30)
-    assert final["status"] == "failed"
-    assert "unsupported until sandbox templates exist" in final["reason"]
+    # Dockerfile deployments (built into templates): tests/gateway/test_live_dockerfile_deploy.py.
 
 
 async def test_credits_run_out_pause_the_sandbox_topup_resumes_delete_destroys(

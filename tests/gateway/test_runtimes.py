@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from paddock_gateway.adapters.hosting import DeployOptions, UploadedFile
-from paddock_gateway.runtimes import DOCKERFILE_UNSUPPORTED, PlanError, infer_plan
+from paddock_gateway.runtimes import NO_COMMAND, PlanError, infer_plan
 from tests.gateway.conftest import Gateway, Wallet, b64, free_port, new_wallet, unique_name
 
 NODE_SERVER = """
@@ -127,10 +127,10 @@ async def test_failing_build_reports_the_step(gateway: Gateway, funded: Wallet) 
     assert final["reason"].startswith("build failed") and "compiling" in final["reason"]
 
 
-async def test_dockerfile_is_refused_clearly(gateway: Gateway, funded: Wallet) -> None:
-    body = request({"Dockerfile": "FROM scratch"}, free_port(), hasDockerfile=True)
+async def test_a_dockerfile_needs_a_platform_with_templates(gateway: Gateway, funded: Wallet) -> None:
+    body = request({"Dockerfile": 'FROM debian:13\nCMD ["x"]'}, free_port(), hasDockerfile=True)
     final = await deploy_and_wait(gateway, funded, body)
-    assert final["status"] == "failed" and "unsupported until sandbox templates exist" in final["reason"]
+    assert final["status"] == "failed" and "need a hosting platform with templates" in final["reason"]
 
 
 @pytest.mark.slow
@@ -178,9 +178,40 @@ def test_inference_rules() -> None:
     assert custom.run == "./serve -v"
     with pytest.raises(PlanError, match="cannot tell how to run"):
         infer_plan(files(**{"notes.txt": ""}), DeployOptions())
-    with pytest.raises(PlanError) as refused:
-        infer_plan(files(**{"Dockerfile": ""}), DeployOptions(has_dockerfile=True))
-    assert str(refused.value) == DOCKERFILE_UNSUPPORTED
-    with pytest.raises(PlanError) as dockerfile_only:  # a Dockerfile and nothing else to run
-        infer_plan(files(**{"Dockerfile": "FROM scratch"}), DeployOptions())
-    assert str(dockerfile_only.value) == DOCKERFILE_UNSUPPORTED
+    with pytest.raises(PlanError, match="no Dockerfile at web/"):
+        infer_plan(
+            files(**{"Dockerfile": "", "web__index.html": ""}),
+            DeployOptions(has_dockerfile=True, directory_path="web"),
+        )
+    with pytest.raises(PlanError) as no_command:
+        infer_plan(files(**{"Dockerfile": "FROM debian:13"}), DeployOptions(has_dockerfile=True))
+    assert str(no_command.value) == NO_COMMAND
+    # A Dockerfile and nothing else to run: the Dockerfile is the build.
+    docker = infer_plan(
+        files(**{"Dockerfile": 'FROM debian:13\nCMD ["python3", "-m", "http.server"]'}), DeployOptions()
+    )
+    assert (docker.kind, docker.install, docker.build, docker.run) == (
+        "dockerfile",
+        None,
+        None,
+        "python3 -m http.server",
+    )
+    combined = infer_plan(
+        files(
+            **{
+                "web__Dockerfile": 'FROM x\nENTRYPOINT ["node"]\nCMD ["srv.js", "--port", "$PORT"]',
+                "package.json": "{}",
+            }
+        ),
+        DeployOptions(has_dockerfile=True, directory_path="web", run_flag="-v"),
+    )
+    assert combined.kind == "dockerfile" and combined.workdir == "web"
+    assert combined.run == "node srv.js --port '$PORT' -v"
+    shell_form = infer_plan(
+        files(**{"Dockerfile": "FROM x\nCMD ./serve \\\n  --fast"}), DeployOptions(has_dockerfile=True)
+    )
+    assert shell_form.run == "./serve --fast"
+    overridden = infer_plan(
+        files(**{"Dockerfile": "FROM x"}), DeployOptions(has_dockerfile=True, run_command="./go")
+    )
+    assert overridden.run == "./go"

@@ -12,6 +12,13 @@ The sandbox surface mirrors the Paddock SDK's names so the SDK-backed provider i
     sandbox.run(cmd, args)                          Sandbox.run(cmd, args, env=…, cwd=…, timeout_s=…)
     sandbox.pause() / resume() / destroy()          the same
     sandbox.ingress_url_template ("…<port>…")       Sandbox.ingress_url_template
+    client.templates.create(name, dockerfile,       TemplateProvider.submit_template(name=…, dockerfile=…,
+                            context=tar)                                             context=…)
+    client.templates.wait(id) + log_text(id)        TemplateProvider.wait_template(id, timeout_s=…)
+    client.templates.delete(id)                     TemplateProvider.delete_template(id)
+
+A provider that builds Dockerfiles also implements ``TemplateProvider``, and its ``create`` takes
+``rootfs=`` (the template's id) for the sandbox booted from the result.
 
 Errors below this line are the provider's business: it raises ``SandboxUnavailable`` when the control
 plane cannot be reached, ``SandboxAccessDenied`` when it refuses the gateway's key and ``SandboxError``
@@ -49,6 +56,11 @@ class SandboxUnavailable(SandboxError):
 
 class SandboxAccessDenied(SandboxError):
     """The control plane refuses the gateway's API key (401)."""
+
+
+class TemplateRefused(SandboxError):
+    """The platform refused the Dockerfile or its context (4xx): the user's upload is at fault, and the
+    message says why."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +174,10 @@ class Sandbox(Protocol):
 
 
 class SandboxProvider(Protocol):
-    async def create(self, *, name: str, ingress_enabled: bool = True) -> Sandbox: ...
+    async def create(self, *, name: str, ingress_enabled: bool = True, rootfs: str | None = None) -> Sandbox:
+        """A running sandbox; ``rootfs`` (a template id from ``TemplateProvider``) overrides the
+        provider's image."""
+        ...
 
     async def get(self, sandbox_id: str) -> Sandbox: ...
 
@@ -171,3 +186,22 @@ class SandboxProvider(Protocol):
 
 def ingress_url(sandbox: Sandbox, port: int) -> str:
     return sandbox.ingress_url_template.replace("<port>", str(port))
+
+
+@dataclass(frozen=True)
+class TemplateOutcome:
+    """How a template build ended: ``ready`` or ``failed`` (with the tail of its build log)."""
+
+    status: str
+    log_tail: str = ""
+
+
+@runtime_checkable
+class TemplateProvider(Protocol):
+    """Builds a Dockerfile (with its build context, a tar) into an image sandboxes boot."""
+
+    async def submit_template(self, *, name: str, dockerfile: str, context: bytes) -> str: ...
+
+    async def wait_template(self, template_id: str, *, timeout_s: float) -> TemplateOutcome: ...
+
+    async def delete_template(self, template_id: str) -> None: ...

@@ -24,6 +24,8 @@ Exercised against a live control plane and host agent by ``tests/gateway/test_li
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import secrets
 import shlex
 from collections.abc import Awaitable, Mapping, Sequence
@@ -39,6 +41,8 @@ from paddock_gateway.adapters.hosting import (
     SandboxError,
     SandboxFiles,
     SandboxUnavailable,
+    TemplateOutcome,
+    TemplateRefused,
 )
 
 log = get_logger("paddock.gateway.sandboxes")
@@ -165,7 +169,9 @@ class PaddockSandboxProvider:
         self.rootfs = rootfs
         self.create_attempts = max(1, create_attempts)
 
-    async def create(self, *, name: str, ingress_enabled: bool = True) -> PaddockSandbox:
+    async def create(
+        self, *, name: str, ingress_enabled: bool = True, rootfs: str | None = None
+    ) -> PaddockSandbox:
         """A running sandbox. A create the platform answers with a 5xx (a boot that failed on a host;
         the control plane has already cleaned that sandbox up) is tried again, up to
         ``create_attempts`` times in all: the paid deploy call should not fail on one bad boot."""
@@ -174,7 +180,7 @@ class PaddockSandboxProvider:
         for attempt in range(1, self.create_attempts + 1):
             try:
                 sandbox = await self.client.sandboxes.create(
-                    self.shape, rootfs=self.rootfs, ingress_enabled=ingress_enabled
+                    self.shape, rootfs=rootfs or self.rootfs, ingress_enabled=ingress_enabled
                 )
                 return PaddockSandbox(sandbox)
             except paddock.ServerError as exc:
@@ -197,6 +203,51 @@ class PaddockSandboxProvider:
             raise SandboxAccessDenied(
                 f"the control plane at {self.base_url} refuses the gateway's API key (PADDOCK_GW_API_KEY)"
             ) from exc
+        except paddock.TransportError as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        except paddock.PaddockError as exc:
+            raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def submit_template(self, *, name: str, dockerfile: str, context: bytes) -> str:
+        """Submits the build (``context``: a tar of the files COPY/ADD read); its id. A 4xx (the
+        Dockerfile or context refused, the plan's template caps) is ``TemplateRefused``."""
+        try:
+            template = await self.client.templates.create(name, dockerfile, context=context)
+        except paddock.TransportError as exc:
+            raise SandboxUnavailable(str(exc)) from exc
+        except paddock.APIError as exc:
+            if 400 <= exc.status < 500:
+                details = "; ".join(f"{key}: {value}" for key, value in exc.fields.items())
+                raise TemplateRefused(f"{exc}" + (f" ({details})" if details else "")) from exc
+            raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
+        except paddock.PaddockError as exc:
+            raise SandboxError(f"{type(exc).__name__}: {exc}") from exc
+        return template.id
+
+    async def wait_template(self, template_id: str, *, timeout_s: float) -> TemplateOutcome:
+        """Waits for the build to end; a failed one comes with the last lines of its log."""
+        try:
+            template = await _mapped(self.client.templates.wait(template_id, timeout_s=timeout_s))
+        except SandboxError as exc:
+            if not isinstance(exc.__cause__, paddock.WaitTimeoutError):
+                raise
+            return TemplateOutcome("failed", f"the image build did not finish within {timeout_s:.0f} s")
+        if template.status == "ready":
+            return TemplateOutcome("ready")
+        text = await _mapped(self.client.templates.log_text(template_id))
+        lines = []
+        for raw in text.splitlines():
+            with contextlib.suppress(ValueError):
+                frame = json.loads(raw)
+                if isinstance(frame, dict) and isinstance(frame.get("line"), str):
+                    lines.append(frame["line"])
+        return TemplateOutcome("failed", "\n".join(lines[-40:]))
+
+    async def delete_template(self, template_id: str) -> None:
+        try:
+            await self.client.templates.delete(template_id)
+        except paddock.NotFoundError:
+            return
         except paddock.TransportError as exc:
             raise SandboxUnavailable(str(exc)) from exc
         except paddock.PaddockError as exc:
