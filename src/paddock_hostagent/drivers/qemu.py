@@ -341,7 +341,7 @@ class QemuRuntime(SandboxRuntime):
         assert self._kernel is not None and self._initramfs is not None
         net = handle.network
         append = (
-            f"console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable paddock.ip={net.ip}"
+            f"console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable ipv6.disable=1 paddock.ip={net.ip}"
             f" paddock.gw={net.gateway} paddock.host={boot.hostname}"
         )
         accel = ["-accel", "kvm", "-cpu", "host"] if handle.accel == "kvm" else ["-accel", "tcg,thread=multi"]
