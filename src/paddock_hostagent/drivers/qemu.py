@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -151,6 +152,8 @@ class QemuRuntime(SandboxRuntime):
         self.options = options
         self.vm_dir = options.state_dir / "vm"
         self.run_root = options.runtime_root / "vm"
+        # Names this agent's private-network bridges (drivers/bridges.py), as the OCI driver's tag does.
+        self.layout_tag = hashlib.sha256(str(options.state_dir.resolve()).encode()).hexdigest()[:8]
         self._channels: dict[str, GuestChannel] = {}
         self._kernel: vmimage.Kernel | None = None
         self._initramfs: Path | None = None
@@ -175,6 +178,16 @@ class QemuRuntime(SandboxRuntime):
     @property
     def accel(self) -> str:
         return self._accel or "tcg"
+
+    def boot_files(self) -> tuple[Path, Path]:
+        """The kernel and initramfs VMs boot (after ``prepare``)."""
+        if self._kernel is None or self._initramfs is None:
+            raise DriverError("the QEMU driver is not prepared")
+        return self._kernel.vmlinuz, self._initramfs
+
+    async def qmp(self, record: SandboxRecord, command: str) -> Any:
+        """One raw QMP command to a sandbox's QEMU (bench and diagnostics)."""
+        return await qmp.execute(self._alive(record).qmp_socket, command)
 
     async def start(self, records: list[SandboxRecord]) -> dict[str, RuntimeState]:
         await self.prepare()

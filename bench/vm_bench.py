@@ -1,0 +1,175 @@
+"""The VM tier (drivers/qemu.py): create, exec, pause/resume and fork, beside the raw QEMU floor, in one run.
+
+    sudo .venv/bin/python -m bench.vm_bench                 # 3 creates, 3 forks, 30 execs/pauses
+    sudo .venv/bin/python -m bench.vm_bench --rounds 1 --execs 5
+
+Rows (milliseconds, p50 / p90 / max):
+- qemu boot (floor): QEMU with the same kernel and initramfs in probe mode, from exec to the initramfs
+  writing its marker on the serial console (kernel + initramfs to userspace; no disk, network or agent).
+- qmp stop / cont (floor): one QMP round trip each on the running VM, as the driver does them.
+- create → running: the driver's create — netns + veth + tap, qcow2 overlay on the cached ext4, QEMU
+  boot, switch_root, guest agent answering over the virtio-serial channel.
+- exec `true`: a buffered exec round trip through GuestClient and the channel multiplexer.
+- pause / resume: the driver's pause and resume (QMP + its paused marker).
+- fork → running: the source running a counter; memory snapshot, overlay copy, restore, re-address,
+  guest agent answering in the fork.
+
+The accelerator (KVM or TCG) is printed: under TCG these are correctness numbers, not a product's.
+Needs root and the debian:13 image. Writes bench/results/vm-<time>.json; never fails on a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.stats import Samples
+from paddock_hostagent.drivers.base import SandboxSpec, Shape
+from paddock_hostagent.drivers.network import NetworkManager
+from paddock_hostagent.drivers.qemu import QemuOptions, QemuRuntime
+from paddock_hostagent.drivers.vmimage import PROBE_MARKER, qemu_binary
+from paddock_hostagent.guest import ExecRequest
+from paddock_hostagent.guest.build import ensure_agent_binary
+from paddock_hostagent.images import ImageStore
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAPE = Shape(vcpu=1, mem_mib=512, disk_mib=2048)
+
+
+async def qemu_boot_ms(runtime: QemuRuntime) -> float:
+    """The floor: QEMU to the initramfs's first line of userspace, nothing else."""
+    kernel, initramfs = runtime.boot_files()
+    accel = "kvm" if runtime.accel == "kvm" else "tcg,thread=multi"
+    argv = [
+        *(qemu_binary(), "-M", "q35", "-accel", accel, "-m", str(SHAPE.mem_mib), "-nodefaults"),
+        *("-no-user-config", "-display", "none", "-no-reboot", "-serial", "stdio"),
+        *("-kernel", str(kernel), "-initrd", str(initramfs)),
+        *("-append", "console=ttyS0 quiet panic=-1 paddock.probe=1"),
+    ]
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    seen = b""
+    async with asyncio.timeout(120):
+        while PROBE_MARKER.encode() not in seen:
+            chunk = await process.stdout.read(4096)
+            if not chunk:
+                break
+            seen += chunk
+    elapsed = (time.perf_counter() - started) * 1000
+    await process.wait()
+    return elapsed
+
+
+async def exec_true(runtime: QemuRuntime, record: Any) -> None:
+    async with runtime.guest(record).exec(ExecRequest("true", [], {"PATH": "/usr/bin:/bin"})) as session:
+        async for _ in session:
+            pass
+
+
+async def run(rounds: int, execs: int, work_dir: Path) -> dict[str, Any]:
+    rootfs = ImageStore(Path("/var/lib/paddock/images")).build("debian:13")
+    table = f"pdkvb{secrets.token_hex(2)}"
+    network = NetworkManager("10.253.77.0/24", work_dir / "network", table, [])
+    network.setup_host()
+    runtime = QemuRuntime(
+        QemuOptions(
+            state_dir=work_dir,
+            guest_binary=ensure_agent_binary(work_dir / "guest"),
+            network=network,
+            runtime_root=Path(f"/run/{table}"),
+        )
+    )
+    samples = Samples()
+    await runtime.start([])
+    records = []
+    try:
+        for _ in range(rounds):
+            samples.add("qemu boot (floor)", await qemu_boot_ms(runtime))
+        # the base ext4 is built once per image and size: made here, untimed, as a warm host has it
+        warm = await runtime.create(SandboxSpec("sb_vbwarm", "warm", "debian:13", rootfs, SHAPE))
+        await runtime.destroy(warm)
+        for index in range(rounds):
+            spec = SandboxSpec(f"sb_vb{index}", f"vb{index}", "debian:13", rootfs, SHAPE)
+            with samples.time("create → running"):
+                records.append(await runtime.create(spec))
+        source = records[0]
+        for _ in range(execs):
+            with samples.time("exec `true`"):
+                await exec_true(runtime, source)
+        for _ in range(execs):
+            with samples.time("pause"):
+                await runtime.pause(source)
+            with samples.time("resume"):
+                await runtime.resume(source)
+        for _ in range(execs):
+            with samples.time("qmp stop (floor)"):
+                await runtime.qmp(source, "stop")
+            with samples.time("qmp cont (floor)"):
+                await runtime.qmp(source, "cont")
+        counter = "i=0; while true; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done"
+        request = ExecRequest(
+            "bash", ["-c", f"nohup bash -c '{counter}' >/dev/null 2>&1 &"], {"PATH": "/usr/bin:/bin"}
+        )
+        async with runtime.guest(source).exec(request) as session:
+            async for _ in session:
+                pass
+        for index in range(rounds):
+            spec = SandboxSpec(f"sb_vbf{index}", f"vbf{index}", "debian:13", rootfs, SHAPE)
+            with samples.time("fork → running"):
+                records.append(await runtime.fork(source, spec))
+    finally:
+        for record in records:
+            await runtime.destroy(record)
+        await runtime.close()
+        network.teardown_host()
+        shutil.rmtree(f"/run/{table}", ignore_errors=True)
+    return {"accel": runtime.accel, "shape": SHAPE.__dict__, "ops": samples.summary()}
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        f"VM tier ({result['accel']}; {result['shape']['vcpu']} vCPU, {result['shape']['mem_mib']} MiB)",
+        "",
+        "| operation | n | p50 ms | p90 ms | max ms |",
+        "|---|---|---|---|---|",
+    ]
+    for op, stats in result["ops"].items():
+        lines.append(
+            f"| {op} | {stats['n']} | {stats['p50']:.1f} | {stats['p90']:.1f} | {stats['max']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="creates, forks and floor boots (default 3)")
+    parser.add_argument("--execs", type=int, default=30, help="exec and pause/resume rounds (default 30)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    work_dir = Path(f"/var/tmp/paddock-vm-bench-{secrets.token_hex(3)}")
+    work_dir.mkdir(parents=True)
+    try:
+        result = asyncio.run(run(args.rounds, args.execs, work_dir))
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    print(render(result))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    (args.out / f"vm-{stamp}.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
