@@ -6,8 +6,10 @@ Dockerfile in the same run, the cached rebuild, and create → running from a te
 One ``tests.live`` platform (control plane + one host agent with buildah), started here. Per round:
 
 - build: ``POST /v1/templates`` until ``ready`` (wall time through the API: submit, the worker's claim,
-  buildah bud with RUN steps under crun in the build netns, the export to a rootfs, the log records).
-  Each round's Dockerfile starts with a fresh ``RUN echo <nonce>``, so nothing is cached;
+  buildah bud with RUN steps under crun in the build netns, the export to a rootfs, the log records),
+  split into phases by the build log's timestamps (``PHASES``). Each round's Dockerfile starts with a
+  fresh ``RUN echo <nonce>``, so nothing is cached; one uncounted warm-up build first imports the base
+  into buildah (once per host), as podman's import is outside its timings;
 - floor: ``podman build`` (from Debian, storage in a temporary root) of the same Dockerfile from the
   same debian:13 tree imported once, ``--network host`` (no namespace to prepare: a lower bound);
 - cached: the round's Dockerfile submitted again under another name (every step from the layer cache);
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
+import json
 import secrets
 import shutil
 import subprocess
@@ -54,15 +58,42 @@ def _ok(response: httpx.Response) -> Any:
     return response.json()["data"]
 
 
-def _build(http: httpx.Client, name: str, text: str) -> tuple[float, str]:
+#: Where a build's time goes, from its log frames' timestamps: (phase, line that starts it). A phase
+#: ends where the next one starts; ``record`` ends when the API first answers ``ready``.
+PHASES = (
+    ("queue", None),  # submit → the worker's attempt starts on the host
+    ("base+netns", "attempt "),  # the FROM image offered to buildah (imported once per host), netns
+    ("buildah bud", "buildah bud:"),
+    ("export", "exporting the image"),
+    ("record", "ready in "),
+)
+
+
+def _ts(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _phases(http: httpx.Client, template_id: str, submitted: float, ended: float) -> dict[str, float]:
+    frames = [json.loads(line) for line in http.get(f"/v1/templates/{template_id}/logs").text.splitlines()]
+    marks = [submitted]
+    for _, prefix in PHASES[1:]:
+        hit = next((f for f in frames if str(f.get("line", "")).startswith(prefix or "")), None)
+        marks.append(_ts(hit["ts"]) if hit else marks[-1])
+    marks.append(ended)
+    return {name: max(marks[i + 1] - marks[i], 0.0) for i, (name, _) in enumerate(PHASES)}
+
+
+def _build(http: httpx.Client, name: str, text: str) -> tuple[float, str, dict[str, float]]:
     started = time.perf_counter()
+    submitted = time.time()
     template = _ok(http.post("/v1/templates", json={"name": name, "dockerfile": text}))
     deadline = time.monotonic() + 900
     while True:  # ends: ready, or the assertions
         status = _ok(http.get(f"/v1/templates/{template['id']}"))["status"]
         if status != "pending" and status != "building":
             assert status == "ready", http.get(f"/v1/templates/{template['id']}/logs").text[-3000:]
-            return time.perf_counter() - started, str(template["id"])
+            took, ended = time.perf_counter() - started, time.time()
+            return took, str(template["id"]), _phases(http, str(template["id"]), submitted, ended)
         assert time.monotonic() < deadline, "build still running after 900 s"
         time.sleep(0.05)
 
@@ -118,19 +149,29 @@ def run(rounds: int, boots: int) -> dict[str, list[float]]:
     guest = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
     ensure_agent_binary(guest)
     out: dict[str, list[float]] = {"build": [], "podman": [], "cached": [], "boot_tpl": [], "boot_debian": []}
+    out.update({f"phase {name}": [] for name, _ in PHASES})
+    out.update({f"cached phase {name}": [] for name, _ in PHASES})
     podman = Podman()
     platform = start_platform(guest)
     try:
         podman.import_tree(image_cache() / "debian_13" / "rootfs", "localhost/bench/debian13:latest")
         with platform.http(platform.api_key("pro"), timeout=900) as http:
+            # Warm-up, not counted: the base goes into buildah once per host, as podman's import above
+            # is once per run and outside its timings.
+            _, warm, _ = _build(http, "bench-warm-up", "FROM debian:13\nRUN true\n")
+            _ok(http.delete(f"/v1/templates/{warm}"))
             template_id = ""
             for index in range(rounds):
                 nonce = secrets.token_hex(6)
-                took, template_id = _build(http, f"bench-{index}", dockerfile("debian:13", nonce))
+                took, template_id, phases = _build(http, f"bench-{index}", dockerfile("debian:13", nonce))
                 out["build"].append(took)
+                for name, value in phases.items():
+                    out[f"phase {name}"].append(value)
                 out["podman"].append(podman.build(dockerfile("localhost/bench/debian13:latest", nonce)))
-                took, again = _build(http, f"bench-{index}-again", dockerfile("debian:13", nonce))
+                took, again, phases = _build(http, f"bench-{index}-again", dockerfile("debian:13", nonce))
                 out["cached"].append(took)
+                for name, value in phases.items():
+                    out[f"cached phase {name}"].append(value)
                 _ok(http.delete(f"/v1/templates/{again}"))
             _boot_ms(http, template_id)  # first boots pay the page cache; not counted
             _boot_ms(http, "debian:13")
@@ -161,8 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     row("template build via API (no cache)", results["build"], "s")
+    for name, _ in PHASES:
+        row(f"  {name}", results[f"phase {name}"], "s")
     row("floor: podman build, same Dockerfile", results["podman"], "s")
     row("template rebuild via API (cached)", results["cached"], "s")
+    for name, _ in PHASES:
+        row(f"  {name}", results[f"cached phase {name}"], "s")
     row("create -> running from the template", results["boot_tpl"], "ms")
     row("create -> running from debian:13", results["boot_debian"], "ms")
     return 0

@@ -25,6 +25,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import json
 import os
 import re
 import secrets
@@ -184,6 +185,7 @@ class BuildManager:
                 dockerfile.write_text(FROM_LINE.sub(rf"\g<1>{local_tag(body.base)}\g<3>", body.dockerfile, 1))
                 net = await self._network(guard_id, body.egress)
                 _limit_pids(cgroup, body)
+                build.say("buildah bud: RUN steps under crun, in the build's own network namespace")
                 rc = await self.buildah.build(
                     dockerfile,
                     context,
@@ -264,6 +266,14 @@ class BuildManager:
                 return name
         return None
 
+    def _recorded_size(self, name: str) -> int:
+        """The ext4 size a template here recorded at its build (0 if unknown): a twin's tree is the
+        same, so walking it again would only cost time."""
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            meta = json.loads((self.images.image_dir / slug(name) / "image.json").read_text())
+            return int(meta.get("ext4_size_bytes") or 0)
+        return 0
+
     async def _export(self, build: Build, tree: Path) -> None:
         body = build.body
         image_id = await self.buildah.image_id(local_tag(body.id))
@@ -274,9 +284,10 @@ class BuildManager:
             build.say(f"same image as {twin}: reusing its tree")
             await _link_tree(self.images.rootfs_path(twin), tree)
             settings = await self.buildah.settings(local_tag(body.id))
+            size = self._recorded_size(twin) or await asyncio.to_thread(_tree_bytes, tree)
         else:
             settings = await self.buildah.export(local_tag(body.id), tree)
-        size = await asyncio.to_thread(_tree_bytes, tree)
+            size = await asyncio.to_thread(_tree_bytes, tree)
         meta = {
             "name": body.id,
             "source": f"template from {body.base}",
