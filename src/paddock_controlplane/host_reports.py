@@ -47,15 +47,21 @@ async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
             ]
             if changed_at and (now - as_utc(max(changed_at, key=as_utc))).total_seconds() < REPORT_GRACE_S:
                 continue  # the report may predate this sandbox's latest transition
+            kills = int((report or {}).get("oom_kills") or 0)
+            out_of_memory = kills > (sandbox.oom_kills or 0)
+            if out_of_memory:
+                sandbox.oom_kills = kills
             if report is None or report.get("status") == "stopped":
                 if sandbox.status == SandboxStatus.RUNNING:
                     await billing.settle(session, sandbox, services.clock())
                 sandbox.status = SandboxStatus.ERROR
-                sandbox.status_reason = "sandbox stopped unexpectedly on its host"
+                # On gVisor the memory limit's OOM kill takes the whole sandbox (docs/isolation.md).
+                sandbox.status_reason = (
+                    "sandbox ran out of memory and was stopped on its host"
+                    if out_of_memory
+                    else "sandbox stopped unexpectedly on its host"
+                )
                 continue
-            kills = int(report.get("oom_kills") or 0)
-            if kills > (sandbox.oom_kills or 0):
-                sandbox.oom_kills = kills
             seen = report.get("last_activity_at")
             if seen:
                 activity[sandbox.id] = max(activity.get(sandbox.id, 0.0), float(seen))

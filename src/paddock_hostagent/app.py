@@ -85,7 +85,7 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
         settings.dns_servers,
         settings.egress_gso_max_segs,
     )
-    facts = await asyncio.to_thread(prepare_machine, settings.runtime, network)
+    facts = await asyncio.to_thread(prepare_machine, settings.runtime, network, settings.runsc_platform)
     firewall = EgressFirewall(settings.nft_table, settings.subnet, network.gateway)
     await asyncio.to_thread(firewall.setup_host)
     upstreams = [item for item in settings.dns_upstream.split(",") if item.strip()]
@@ -97,6 +97,7 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
         OciOptions(
             state_dir=settings.state_dir,
             runtime=facts.runtime,
+            runsc_platform=facts.runsc_platform or "ptrace",
             guest_binary=guest_binary,
             network=network,
             filesystem=storage.choose_filesystem(settings.disk_fs),
@@ -129,7 +130,7 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
     if Buildah.available():  # templates need buildah (scripts/setup-host.sh installs it)
         manager.builds = BuildManager(
             manager.images,
-            Buildah(settings.state_dir / "buildah", shutil.which(facts.runtime) or facts.runtime),
+            Buildah(settings.state_dir / "buildah", shutil.which(facts.build_runtime) or facts.build_runtime),
             settings.image_dir / ".builds",  # next to the images: the result is renamed into place
             network=network,
             egress=egress,

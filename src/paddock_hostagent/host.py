@@ -11,14 +11,18 @@ The same steps as a shell snippet, for an operator preparing a machine by hand::
     nft add table ip paddock        # the agent then writes its chains into it
     nft add table ip paddock_egress # allowlists and bandwidth counters (drivers/egress.py)
 
-Packages: runc and/or crun, nftables, iproute2, util-linux (losetup), e2fsprogs, xfsprogs, gcc and
+Packages: runc and/or crun (and runsc for the gVisor tier), nftables, iproute2, util-linux (losetup), e2fsprogs, xfsprogs, gcc and
 libc6-dev (to build the guest agent), mmdebstrap (to build images).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +38,32 @@ log = get_logger(__name__)
 
 HUGETLB_DIR = Path("/sys/fs/cgroup/hugetlb")
 
+#: The isolation tier each sandbox runtime gives, advertised as ``paddock.io/isolation`` (next to
+#: ``paddock.io/runtime``) so ``node_selector`` can place by it. A new driver adds its runtime here.
+ISOLATION = {"crun": "container", "runc": "container", "runsc": "gvisor"}
+ISOLATION_LABEL = "paddock.io/isolation"
+RUNTIME_LABEL = "paddock.io/runtime"
+KVM_PROBE_TIMEOUT_S = 3.0
+
 
 @dataclass(frozen=True)
 class HostFacts:
-    runtime: str  # "crun" or "runc"
+    runtime: str  # "crun", "runc" or "runsc"
     hugetlb_mounted: bool
+    # gVisor's platform ("ptrace" or "kvm"); empty for other runtimes.
+    runsc_platform: str = ""
+
+    @property
+    def build_runtime(self) -> str:
+        """The OCI runtime template builds (buildah) run their steps under: never runsc."""
+        if self.runtime in ("crun", "runc"):
+            return self.runtime
+        return "crun" if shutil.which("crun") and mount_hugetlb() else "runc"
+
+
+def tier_labels(runtime: str) -> dict[str, str]:
+    """The labels a host advertises for its runtime (docs/isolation.md)."""
+    return {ISOLATION_LABEL: ISOLATION.get(runtime, runtime), RUNTIME_LABEL: runtime}
 
 
 def mount_hugetlb() -> bool:
@@ -55,8 +80,9 @@ def mount_hugetlb() -> bool:
 
 
 def choose_runtime(preference: str) -> str:
-    """``auto``: crun when installed and usable here (it starts and deletes faster), else runc."""
-    if preference in ("crun", "runc"):
+    """``auto``: crun when installed and usable here (it starts and deletes faster), else runc.
+    ``runsc`` (gVisor) is only ever chosen explicitly."""
+    if preference in ("crun", "runc", "runsc"):
         if shutil.which(preference) is None:
             raise DriverError(f"{preference} is not installed")
         if preference == "crun" and not mount_hugetlb():
@@ -69,6 +95,41 @@ def choose_runtime(preference: str) -> str:
     raise DriverError("neither crun nor runc is installed")
 
 
+def kvm_usable() -> bool:
+    """Whether gVisor's kvm platform runs a sandbox here: /dev/kvm opens and a ``runsc do true`` on it
+    exits within a few seconds (on some nested VMs /dev/kvm exists but a guest hangs at its start)."""
+    try:
+        os.close(os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC))
+    except OSError:
+        return False
+    with tempfile.TemporaryDirectory(prefix="paddock-kvm-probe-") as root:
+        argv = ["runsc", "--root", root, "--platform=kvm", "--network=none", "--ignore-cgroups"]
+        process = subprocess.Popen(
+            [*argv, "do", "/bin/true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            return process.wait(KVM_PROBE_TIMEOUT_S) == 0
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return False
+
+
+def choose_runsc_platform(preference: str) -> str:
+    """``auto``: kvm where it works (much cheaper syscalls and faults), else ptrace, which works on any
+    x86 Linux (the 2022 Debian build has no systrap)."""
+    if preference in ("ptrace", "kvm"):
+        return preference
+    platform = "kvm" if kvm_usable() else "ptrace"
+    log.info("runsc_platform_chosen", platform=platform)
+    return platform
+
+
 def _load_kernel_support() -> None:
     if "overlay" not in Path("/proc/filesystems").read_text():
         run_sync(["modprobe", "overlay"], check=False)
@@ -76,18 +137,21 @@ def _load_kernel_support() -> None:
         run_sync(["modprobe", "loop"], check=False)
 
 
-def prepare_machine(runtime_preference: str, network: NetworkManager | None = None) -> HostFacts:
+def prepare_machine(
+    runtime_preference: str, network: NetworkManager | None = None, runsc_platform: str = "auto"
+) -> HostFacts:
     """Kernel support, the OCI runtime's needs, /run/netns, forwarding and (with ``network``) the
     nftables table; idempotent."""
     _load_kernel_support()
     runtime = choose_runtime(runtime_preference)
+    platform = choose_runsc_platform(runsc_platform) if runtime == "runsc" else ""
     Path("/run/netns").mkdir(parents=True, exist_ok=True)
     if network is not None:
         network.setup_host()
     else:
         with contextlib.suppress(OSError):
             Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
-    return HostFacts(runtime=runtime, hugetlb_mounted=is_mountpoint(HUGETLB_DIR))
+    return HostFacts(runtime=runtime, hugetlb_mounted=is_mountpoint(HUGETLB_DIR), runsc_platform=platform)
 
 
 def prepare_host(settings: HostAgentSettings | None = None) -> HostFacts:
@@ -101,6 +165,6 @@ def prepare_host(settings: HostAgentSettings | None = None) -> HostFacts:
         settings.dns_servers,
         settings.egress_gso_max_segs,
     )
-    facts = prepare_machine(settings.runtime, network)
+    facts = prepare_machine(settings.runtime, network, settings.runsc_platform)
     EgressFirewall(settings.nft_table, settings.subnet, network.gateway).setup_host()
     return facts

@@ -12,7 +12,10 @@ from pydantic_settings import SettingsConfigDict
 
 from paddock_core.settings import DEFAULT_DATA_DIR, ServiceSettings
 
-RuntimeName = Literal["auto", "crun", "runc"]
+# The sandbox runtime of this agent: an OCI runtime (drivers/oci.py). ``auto`` picks crun, else runc
+# (the container tier); ``runsc`` is gVisor (docs/isolation.md). host.choose_runtime resolves it and
+# host.ISOLATION maps it to the tier advertised as the ``paddock.io/isolation`` label.
+RuntimeName = Literal["auto", "crun", "runc", "runsc"]
 
 
 def _default_host_id() -> str:
@@ -38,6 +41,8 @@ class HostAgentSettings(ServiceSettings):
     image_mirrors: dict[str, str] = Field(default_factory=dict)
 
     runtime: RuntimeName = "auto"
+    # gVisor's platform: ``auto`` uses kvm when a short probe sandbox runs on it, else ptrace.
+    runsc_platform: Literal["auto", "ptrace", "kvm"] = "auto"
     labels: dict[str, str] = Field(default_factory=dict)
     subnet: str = "10.88.0.0/16"
     nft_table: str = "paddock"

@@ -1,4 +1,5 @@
-"""The OCI driver: sandboxes as crun or runc containers on an overlay of the image and a loop disk.
+"""The OCI driver: sandboxes as crun, runc or runsc (gVisor) containers on an overlay of the image and a
+loop disk.
 
 Create: take a warm slot (disk + netns), write /etc identity files into the upper layer, mount the
 overlay, write ``config.json``, bind the guest agent's socket and start the runtime with that socket as
@@ -12,6 +13,14 @@ this kernel); a paused source stays paused.
 Destroy kills the container's init (its pid namespace dies with it), deletes the runtime state,
 unmounts, detaches the loop device and removes the netns, veth, cgroups and files. Every step tolerates
 having been done before, so destroy is idempotent and also cleans up half-created sandboxes.
+
+gVisor (``runsc``) runs the same bundle with its own user-space kernel (docs/isolation.md): the sandbox
+joins its prepared netns with ``--network=host`` (gVisor's netstack cannot run from the root netns in
+the Debian build), so the veth, nft rules, counters and ingress are the same; the guest agent binds its
+socket itself on a directory bound from the host (``--host-uds=create`` lets the sandbox create a
+host unix socket), since runsc passes no extra fds. The cgroup (freezer, memory, cpu, pids, blkio)
+holds the sentry and gofer, so pause/resume and limits are the same code. A fork first asks the guest
+to ``sync`` so that the sentry's cached writes reach the disk before it is copied.
 """
 
 from __future__ import annotations
@@ -38,14 +47,21 @@ from paddock_hostagent.drivers.base import (
     SandboxRecord,
     SandboxRuntime,
     SandboxSpec,
+    UnsupportedError,
 )
 from paddock_hostagent.drivers.bootlog import BootLog
 from paddock_hostagent.drivers.cgroups import CgroupLayout, SandboxCgroup, pids_budget
 from paddock_hostagent.drivers.commands import run
 from paddock_hostagent.drivers.network import NetworkManager
-from paddock_hostagent.drivers.ocispec import BundleSpec, IoLimits, runtime_config, write_identity_files
+from paddock_hostagent.drivers.ocispec import (
+    GUEST_SOCKET_NAME,
+    BundleSpec,
+    IoLimits,
+    runtime_config,
+    write_identity_files,
+)
 from paddock_hostagent.drivers.pool import Slot, SlotFactory, WarmPool
-from paddock_hostagent.guest import GuestClient, GuestError, GuestVersionError
+from paddock_hostagent.guest import ExecRequest, GuestClient, GuestError, GuestVersionError
 
 log = get_logger(__name__)
 
@@ -53,7 +69,7 @@ log = get_logger(__name__)
 @dataclass(frozen=True)
 class OciOptions:
     state_dir: Path
-    runtime: str  # "crun" or "runc"
+    runtime: str  # "crun", "runc" or "runsc"
     guest_binary: Path
     network: NetworkManager
     filesystem: storage.Filesystem
@@ -65,6 +81,20 @@ class OciOptions:
     sandbox_pids_max: int = 4096
     pids_budget: int = 0
     io: IoLimits = field(default_factory=IoLimits)
+    # gVisor's platform ("ptrace" or "kvm", host.choose_runsc_platform); only read for runsc.
+    runsc_platform: str = "ptrace"
+
+
+GVISOR_SOCKET_DIR = "guest"  # under the slot's directory, bound at ocispec.GUEST_SOCKET_DIR
+RUNSC_SYNC_TIMEOUT_S = 10.0
+
+
+def guest_socket_path(slot: Slot, runtime: str) -> Path:
+    """Where the host reaches a sandbox's guest agent: a socket the agent made for crun/runc (handed
+    over as fd 3), one the guest binds in a directory shared with the host for runsc."""
+    if runtime == "runsc":
+        return slot.dir / GVISOR_SOCKET_DIR / GUEST_SOCKET_NAME
+    return slot.socket_path
 
 
 @dataclass
@@ -122,7 +152,7 @@ class OciRuntime(SandboxRuntime):
             options.state_dir / "slots", options.network, options.filesystem, options.guest_binary
         )
         self.pool = WarmPool(self.factory, options.pool_size, options.pool_disk_mib)
-        self._binaries = {name: shutil.which(name) or name for name in ("crun", "runc")}
+        self._binaries = {name: shutil.which(name) or name for name in ("crun", "runc", "runsc")}
 
     # -- lifecycle of the driver ----------------------------------------------------------------
 
@@ -194,6 +224,8 @@ class OciRuntime(SandboxRuntime):
     async def _copy_disk(self, source: _Handle, slot: Slot) -> None:
         cgroup = SandboxCgroup(source.cgroups_path)
         was_frozen = cgroup.is_frozen()
+        if source.runtime == "runsc" and not was_frozen:
+            await _sync_guest(GuestClient(guest_socket_path(source.slot, source.runtime)))
         if not was_frozen:
             await _freeze(cgroup)
         try:
@@ -242,6 +274,7 @@ class OciRuntime(SandboxRuntime):
             cgroups_path=handle.cgroups_path,
             netns_path=slot.network.netns_path,
             guest_binary=guest_binary,
+            guest_socket_dir=slot.dir / GVISOR_SOCKET_DIR if handle.runtime == "runsc" else None,
             pids_limit=self.sandbox_pids_max,
             disk_device=_device_numbers(slot.disk.loop_device),
             io=self.options.io,
@@ -272,16 +305,31 @@ class OciRuntime(SandboxRuntime):
         agent moves its own stdio to /dev/null once it serves, so later writes go nowhere on the host.
         """
         slot = handle.slot
-        slot.socket_path.unlink(missing_ok=True)
+        gvisor = handle.runtime == "runsc"
+        socket_path = guest_socket_path(slot, handle.runtime)
+        socket_path.unlink(missing_ok=True)
+        socket_path.parent.mkdir(mode=0o700, exist_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         boot_log = BootLog(slot.dir / "runtime.log")
         try:
-            listener.bind(str(slot.socket_path))
-            listener.listen(128)
+            if not gvisor:  # runsc passes no extra fds: its guest binds the socket itself
+                listener.bind(str(socket_path))
+                listener.listen(128)
             pid_file = slot.dir / "init.pid"
             pid_file.unlink(missing_ok=True)
-            argv = [*self._runtime_argv(handle.runtime), "run", "-d", "--pid-file", str(pid_file)]
-            argv += ["--preserve-fds", "1", "-b", str(slot.bundle_dir), sandbox_id]
+            argv = [*self._runtime_argv(handle.runtime), "run"]
+            if gvisor:
+                argv += [
+                    "--detach",
+                    "--pid-file",
+                    str(pid_file),
+                    "--bundle",
+                    str(slot.bundle_dir),
+                    sandbox_id,
+                ]
+            else:
+                argv += ["-d", "--pid-file", str(pid_file), "--preserve-fds", "1"]
+                argv += ["-b", str(slot.bundle_dir), sandbox_id]
             pid = processes.spawn(argv, stderr_fd=boot_log.write_fd, pass_fd_as_3=listener.fileno())
             boot_log.start()
             try:
@@ -308,6 +356,10 @@ class OciRuntime(SandboxRuntime):
         argv = [self._binaries[runtime], "--root", str(self.options.runtime_root / runtime)]
         if runtime == "crun":
             argv.append("--cgroup-manager=cgroupfs")
+        elif runtime == "runsc":
+            # The sandbox's own netns (the spec's network namespace) with the host kernel's stack;
+            # the guest agent's socket is a host unix socket the sandbox creates.
+            argv += [f"--platform={self.options.runsc_platform}", "--network=host", "--host-uds=create"]
         return argv
 
     # -- pause, resume, resize ------------------------------------------------------------------
@@ -368,13 +420,17 @@ class OciRuntime(SandboxRuntime):
         return RuntimeState.RUNNING
 
     def guest(self, record: SandboxRecord) -> GuestClient:
-        return GuestClient(_Handle.of(record).slot.socket_path)
+        handle = _Handle.of(record)
+        return GuestClient(guest_socket_path(handle.slot, handle.runtime))
 
     def network_namespace(self, record: SandboxRecord) -> str:
         return _Handle.of(record).slot.network.netns
 
     def mount_namespace_pid(self, record: SandboxRecord) -> int:
         handle = _Handle.of(record)
+        if handle.runtime == "runsc":
+            # The sentry's mount namespace is not what the guest sees: its mounts live in gVisor.
+            raise UnsupportedError("mounting into a running sandbox is not supported on gVisor")
         if not processes.is_same_process(handle.init_pid, handle.init_ticks):
             raise NotRunningError(f"sandbox {record.id} has stopped")
         return handle.init_pid
@@ -413,6 +469,16 @@ def _device_numbers(device: str) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return os.major(rdev), os.minor(rdev)
+
+
+async def _sync_guest(guest: GuestClient) -> None:
+    """``sync`` inside a gVisor sandbox: the sentry writes back what it caches of the disk's files."""
+    try:
+        async with asyncio.timeout(RUNSC_SYNC_TIMEOUT_S), guest.exec(ExecRequest(cmd="/bin/sync")) as session:
+            async for _ in session:
+                pass
+    except (GuestError, TimeoutError) as exc:
+        raise DriverError(f"could not sync the source's files before the fork: {exc}") from exc
 
 
 async def _freeze(cgroup: SandboxCgroup) -> None:

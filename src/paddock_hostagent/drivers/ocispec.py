@@ -12,6 +12,9 @@ from paddock_hostagent.drivers.seccomp import default_profile
 
 GUEST_AGENT_PATH = "/run/paddock-guest"
 GUEST_LISTEN_FD = 3
+# gVisor: the guest binds its socket in this directory, bound from the host (drivers/oci.py).
+GUEST_SOCKET_DIR = "/run/paddock-host"
+GUEST_SOCKET_NAME = "guest.sock"
 CPU_PERIOD_US = 100_000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -71,6 +74,8 @@ class BundleSpec:
     cgroups_path: str
     netns_path: Path
     guest_binary: Path
+    # Set for runsc: the host directory the guest binds its socket in (runsc hands over no fds).
+    guest_socket_dir: Path | None = None
     pids_limit: int = 4096
     # The sandbox's own disk (its loop device) and the I/O it may do on it; 0 is unthrottled.
     disk_device: tuple[int, int] | None = None
@@ -101,6 +106,26 @@ def block_io(spec: BundleSpec) -> dict[str, Any]:
     return {"blockIO": block} if block else {}
 
 
+def guest_listen_args(spec: BundleSpec) -> list[str]:
+    if spec.guest_socket_dir is None:
+        return ["--fd", str(GUEST_LISTEN_FD)]
+    return ["--listen", f"{GUEST_SOCKET_DIR}/{GUEST_SOCKET_NAME}"]
+
+
+def guest_socket_mounts(spec: BundleSpec) -> list[dict[str, Any]]:
+    if spec.guest_socket_dir is None:
+        return []
+    options = ["bind", "rw", "nosuid", "nodev", "noexec"]
+    return [
+        {
+            "destination": GUEST_SOCKET_DIR,
+            "type": "bind",
+            "source": str(spec.guest_socket_dir),
+            "options": options,
+        }
+    ]
+
+
 def runtime_config(spec: BundleSpec) -> dict[str, Any]:
     memory_bytes = spec.shape.mem_mib << 20
     capabilities = list(DEFAULT_CAPABILITIES)
@@ -109,7 +134,7 @@ def runtime_config(spec: BundleSpec) -> dict[str, Any]:
         "process": {
             "terminal": False,
             "user": {"uid": 0, "gid": 0},
-            "args": [GUEST_AGENT_PATH, "--fd", str(GUEST_LISTEN_FD)],
+            "args": [GUEST_AGENT_PATH, *guest_listen_args(spec)],
             "env": [f"PATH={DEFAULT_PATH}", "HOME=/root", "container=paddock"],
             "cwd": "/",
             "capabilities": {
@@ -159,6 +184,7 @@ def runtime_config(spec: BundleSpec) -> dict[str, Any]:
                 "source": str(spec.guest_binary),
                 "options": ["bind", "ro", "nosuid", "nodev"],
             },
+            *guest_socket_mounts(spec),
         ],
         "linux": {
             "cgroupsPath": spec.cgroups_path,

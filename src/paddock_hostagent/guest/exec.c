@@ -198,7 +198,9 @@ int handle_exec(int sock, const unsigned char *payload, uint32_t len) {
         struct pollfd pfd[5];
         int nfds = 0, i_sock = -1, i_out = -1, i_err = -1, i_in = -1, i_pid = -1;
         short sock_events = POLLRDHUP;
-        if (!sin.eof_seen && sin.off >= sin.len) sock_events |= POLLIN;
+        /* After stdin's EOF the socket is still read: under gVisor a host socket whose peer closed
+         * reports only POLLIN (no POLLRDHUP/POLLHUP), and the read of EOF is what says the client left. */
+        if (sin.eof_seen || sin.off >= sin.len) sock_events |= POLLIN;
         pfd[nfds] = (struct pollfd){sock, sock_events, 0}; i_sock = nfds++;
         if (out_fd >= 0) { pfd[nfds] = (struct pollfd){out_fd, POLLIN, 0}; i_out = nfds++; }
         if (err_fd >= 0) { pfd[nfds] = (struct pollfd){err_fd, POLLIN, 0}; i_err = nfds++; }
