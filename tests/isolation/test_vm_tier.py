@@ -10,6 +10,7 @@ manager and egress firewall, a fake internet in its own namespace):
 - pause/resume (QMP stop/cont): a counter stops while paused and goes on after
 - egress: an allowlisted address answers, any other is refused; the veth's counters count it
 - ingress: the host reaches a server inside the VM at the sandbox's address (as the ingress proxy does)
+- a restarted host agent re-adopts the running VM and reaches its agent again (channel reset)
 - fork: the fork continues a process started before the fork (a counter keeps counting from where it
   was), with its own address and hostname; the source goes on too
 - destroy leaves no QEMU, namespace, socket or file behind
@@ -230,6 +231,19 @@ async def test_ingress_reaches_a_server_in_the_vm(tier: Tier, vm: SandboxRecord)
             body = await asyncio.to_thread(_http_get, vm.ip, 8000)
         await asyncio.sleep(0.2)
     assert b"hello-from-vm" in body
+
+
+async def test_a_restarted_host_agent_adopts_the_running_vm(tier: Tier, vm: SandboxRecord) -> None:
+    await tier.start_counter(vm)
+    await tier.runtime.close()  # the agent goes away; the VM keeps running
+    assert tier.runtime.probe(vm) == RuntimeState.RUNNING
+    successor = QemuRuntime(tier.runtime.options)
+    states = await successor.start([vm])
+    tier.runtime = successor
+    assert states == {vm.id: RuntimeState.RUNNING}
+    before = await tier.counter(vm)
+    await asyncio.sleep(0.5)
+    assert await tier.counter(vm) > before, "the VM's processes did not survive the agent restart"
 
 
 async def test_a_fork_continues_the_processes_of_its_source(
