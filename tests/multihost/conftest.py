@@ -1,0 +1,32 @@
+"""One cluster for the module's tests: two control planes on PostgreSQL and three host "machines".
+
+Host 1 offers twice the memory of hosts 2 and 3 (so placement by free memory is visible), and the
+hosts carry labels for ``node_selector``: ``zone`` a/b/b and ``disk`` ssd on host 3 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.hostagent.conftest import debian_image, guest_binary_dir, pytest_collection_modifyitems
+from tests.multihost.harness import Cluster, start_cluster
+
+__all__ = ["debian_image", "guest_binary_dir", "pytest_collection_modifyitems"]
+
+HOSTS = [
+    {"total_mib": 6144, "labels": {"zone": "a"}},
+    {"total_mib": 3072, "labels": {"zone": "b"}},
+    {"total_mib": 3072, "labels": {"zone": "b", "disk": "ssd"}},
+]
+
+
+@pytest.fixture(scope="package")
+def cluster(debian_image: Path, guest_binary_dir: Path) -> Iterator[Cluster]:
+    live = start_cluster(guest_binary_dir, HOSTS)
+    try:
+        yield live
+    finally:
+        live.stop()
