@@ -3,13 +3,16 @@
 ``build`` submits the Dockerfile and follows the build log as it runs: buildah's own lines, each
 prefixed by its attempt, and a one-line progress display (``STEP n/m``) on a terminal. It exits 0 when
 the template is ready and 5 when the build failed, so scripts can chain ``paddock sandbox create
---rootfs NAME``.
+--rootfs NAME``. ``--context DIR`` sends DIR's regular files (a gzip'd tar) for ``COPY``/``ADD``.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import re
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +73,29 @@ def _follow(sdk: Any, ref: str, attempt: int | None, json_out: bool) -> str | No
     return final
 
 
+def context_tar(directory: Path) -> bytes:
+    """``directory``'s regular files and directories as a gzip'd tar, paths relative to it (links and
+    special files are left out: the platform accepts neither)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for root, dirs, files in os.walk(directory):  # never follows links into other directories
+            dirs.sort()
+            for entry in [*dirs, *sorted(files)]:
+                path = Path(root) / entry
+                if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                    continue
+                archive.add(path, arcname=path.relative_to(directory).as_posix(), recursive=False)
+    return buffer.getvalue()
+
+
 @app.command()
 def build(
     file: Path = typer.Option(Path("Dockerfile"), "-f", "--file", help="The Dockerfile ('-' reads stdin)."),
     name: str = typer.Option(..., "--name", help="The template's name (sandboxes boot it by this name)."),
     base: str | None = typer.Option(None, "--base", help="The catalog image FROM base means."),
+    context: Path | None = typer.Option(
+        None, "--context", help="A directory whose files COPY/ADD read (sent as a tar).", file_okay=False
+    ),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Stream the build log until it ends."),
     json_out: bool = JSON_OPTION,
 ) -> None:
@@ -83,8 +104,12 @@ def build(
         dockerfile = sys.stdin.read() if str(file) == "-" else file.read_text()
     except OSError as exc:
         raise fail(f"cannot read {file}: {exc.strerror}", ExitCode.USAGE) from exc
+    try:
+        archive = context_tar(context) if context is not None else None
+    except OSError as exc:
+        raise fail(f"cannot read {context}: {exc.strerror}", ExitCode.USAGE) from exc
     with api_errors(), client() as sdk:
-        template = sdk.templates.create(name, dockerfile, base=base)
+        template = sdk.templates.create(name, dockerfile, base=base, context=archive)
         if not follow:
             emit(template, json_out, show)
             return

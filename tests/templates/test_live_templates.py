@@ -276,3 +276,50 @@ def test_sdk_and_cli_build_list_follow_and_remove(
     failed = cli("build", "-f", str(bad), "--name", "cli-bad")
     assert failed.returncode == 5 and "cli-bad: failed" in failed.stderr
     cli("rm", "cli-bad")
+
+
+def test_copy_and_add_read_the_context_the_cli_sends(
+    live: LivePlatform, http: httpx.Client, tmp_path: Path
+) -> None:
+    """``paddock template build --context DIR``: COPY (with --chown) and ADD of a local tar land in the
+    image; the link in DIR is left out, so nothing outside DIR can be copied."""
+    context = tmp_path / "ctx"
+    (context / "app").mkdir(parents=True)
+    (context / "app" / "hello.txt").write_text("hello from the context\n")
+    (context / "outside").symlink_to("/etc/shadow")
+    subprocess.run(
+        ["tar", "-C", str(context / "app"), "-cf", str(context / "bundle.tar"), "hello.txt"], check=True
+    )
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(
+        "FROM debian:13\n"
+        "RUN useradd --uid 1500 app\n"
+        "COPY --chown=app:app app/ /srv/app/\n"
+        "ADD bundle.tar /srv/unpacked/\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env.update({"PADDOCK_BASE_URL": live.url, "PADDOCK_API_KEY": str(http.headers["X-Api-Key"])})
+    ran = subprocess.run(
+        [sys.executable, "-m", "paddock_cli.main", "template", "build", "-f", str(dockerfile),
+         "--name", "from-context", "--context", str(context)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    sandbox = http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": "from-context"}).json()[
+        "data"
+    ]
+    try:
+        out = sh(
+            http,
+            sandbox["id"],
+            "cat /srv/app/hello.txt; stat -c %U /srv/app/hello.txt; cat /srv/unpacked/hello.txt; ls /srv/app",
+        )
+        assert out["stdout"].splitlines() == [
+            "hello from the context",
+            "app",
+            "hello from the context",
+            "hello.txt",
+        ], out
+    finally:
+        http.delete(f"/v1/sandboxes/{sandbox['id']}")
+        http.delete("/v1/templates/from-context")
