@@ -103,6 +103,7 @@ async def attach(disk: Disk) -> None:
     """Puts the image on a free loop device and mounts it at ``disk.mount_dir``."""
     if not disk.loop_device:
         disk.loop_device = await loops.attach(disk.image_path)
+        loops.write_through(disk.loop_device)
     disk.mount_dir.mkdir(parents=True, exist_ok=True)
     if not mounts.is_mountpoint(disk.mount_dir):
         # nouuid: a fork's copy carries its source's filesystem UUID, which XFS would refuse.
