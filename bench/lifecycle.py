@@ -162,6 +162,78 @@ class PaddockLifecycle:
         self.agent.close()
 
 
+# -- fork against what the source holds --------------------------------------------------------------
+
+FORK_SIZES_MIB = (100, 2048)
+FRESH_MIB = 100
+
+
+def fork_scale(
+    base_url: str,
+    api_key: str,
+    agent_url: str,
+    agent_token: str,
+    pool_size: int,
+    runs: int,
+    sizes_mib: tuple[int, ...] = FORK_SIZES_MIB,
+    fresh_mib: int = FRESH_MIB,
+) -> dict[str, Any]:
+    """Fork → running through the API of a source that holds ``size`` MiB of random data, for each size:
+
+    - ``fork_settled_<size>``: the data was written and synced (untimed) before the forks, as it is
+      once the kernel has written it back (≤ 30 s after it was written);
+    - ``fork_fresh_<fresh_mib>`` (on the first size's source): a new ``fresh_mib`` MiB file written right
+      before each fork, still dirty in the page cache, so the fork pays its writeback to the host disk.
+
+    Each fork is checked to hold the source's data (size) and destroyed, untimed; the pool refills
+    untimed before each fork, as in the lifecycle round."""
+    driver = PaddockLifecycle(base_url, api_key, agent_url, agent_token, pool_size)
+    try:
+        for size in sizes_mib:
+            driver.wait_pool()
+            sandbox = driver.running(
+                driver.client.sandboxes.create(
+                    SHAPE, name=f"bench-hold-{size}", rootfs="debian:13", disk_mib=max(DISK_MIB, size + 1024)
+                )
+            )
+            try:
+                fill = f"head -c {size}M /dev/urandom > /root/fill && sync"
+                if sandbox.run("sh", ["-c", fill], timeout_s=600).exit_code != 0:
+                    raise BenchError(f"paddock: could not write {size} MiB into the source")
+                for _ in range(runs):
+                    _timed_fork(driver, sandbox, f"fork_settled_{size}", "/root/fill", size << 20)
+                if size != sizes_mib[0]:
+                    continue
+                for index in range(runs):
+                    fresh = f"head -c {fresh_mib}M /dev/urandom > /root/fresh-{index}"
+                    if sandbox.run("sh", ["-c", fresh], timeout_s=600).exit_code != 0:
+                        raise BenchError("paddock: could not write the fresh file")
+                    _timed_fork(
+                        driver, sandbox, f"fork_fresh_{FRESH_MIB}", f"/root/fresh-{index}", FRESH_MIB << 20
+                    )
+            finally:
+                driver.destroy(sandbox)
+        summary = driver.samples.summary()
+        summary.pop("destroy", None)
+        summary.pop("destroy_answer", None)
+        return {"sizes_mib": list(sizes_mib), "fresh_mib": fresh_mib, **summary}
+    finally:
+        driver.close()
+
+
+def _timed_fork(driver: PaddockLifecycle, sandbox: Any, label: str, path: str, size_bytes: int) -> None:
+    driver.wait_pool()
+    started = time.perf_counter()
+    child = driver.running(sandbox.fork(name=f"bench-fork-{len(driver.samples.values.get(label, []))}"))
+    driver.samples.add(label, (time.perf_counter() - started) * 1000)
+    try:
+        held = child.run("stat", ["-c", "%s", path]).stdout.strip()
+        if held != str(size_bytes):
+            raise BenchError(f"paddock: the fork holds {held!r} bytes of {path}, not {size_bytes}")
+    finally:
+        driver.destroy(child)
+
+
 # -- the host agent alone: the same round on its internal API, no control plane ----------------------
 
 

@@ -44,6 +44,19 @@ def p50(stats: dict[str, Any] | None) -> float | None:
     return stats.get("p50") if stats and stats.get("n") else None
 
 
+def fork_labels(forks: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The fork section's rows in order: settled sources by size, then the fresh-write one."""
+    if not forks:
+        return []
+    rows = [
+        (f"fork_settled_{size}", f"fork, source holds {size:,} MB (settled)") for size in forks["sizes_mib"]
+    ]
+    rows.append(
+        (f"fork_fresh_{forks['fresh_mib']}", f"fork right after writing {forks['fresh_mib']} MB (fresh)")
+    )
+    return [(op, label) for op, label in rows if forks.get(op)]
+
+
 def first_stop(dens: dict[str, Any]) -> str:
     memory, scheduler = dens.get("fit_by_memory_extrapolated"), dens.get("fit_by_scheduler")
     if not memory or not scheduler:
@@ -124,6 +137,14 @@ def markdown(results: dict[str, Any]) -> str:
             f"| signed-request verifications per core | {num(a)} /s | {num(b)} /s (raw ecrecover, "
             f"{gw['verify']['backend']}) | {ratio(b, a)} |"
         )
+    forks = sections.get("fork")
+    boot_floor = p50(floor_life.get("create"))
+    for op, label in fork_labels(forks):
+        a = p50(forks.get(op))
+        out.append(
+            f"| {label} (p50) | {num(a)} ms | {num(boot_floor)} ms (raw {floor_name} create, no copy) | "
+            f"{ratio(a, boot_floor)} |"
+        )
     dens = sections.get("density")
     if dens:
         out.append(
@@ -173,6 +194,24 @@ def markdown(results: dict[str, Any]) -> str:
             "`delete -f`; files via `exec sh -c 'cat > F'` / `exec cat F`; fork = pause, copy the upper dir, "
             "resume, mount and `run -d` the copy. podman: `run -d --rootfs IMAGE:O --network none`; no live fork "
             "without CRIU. Destroy rows count both the sandbox and its fork.",
+        ]
+    if forks:
+        out += [
+            "",
+            "## Fork against what the source holds (ms, p50 / p90 / p99)",
+            "",
+            f"| fork → running through the API | Paddock | floor: raw {floor_name} create → running | × floor |",
+            "|---|---|---|---|",
+        ]
+        for op, label in fork_labels(forks):
+            a = p50(forks.get(op))
+            out.append(f"| {label} | {spread(forks.get(op))} | {num(boot_floor)} | {ratio(a, boot_floor)} |")
+        out += [
+            "",
+            "Settled: the source's data was written and synced (untimed) before the forks, as the kernel "
+            "does by itself within ~30 s of a write. Fresh: a new file written right before each fork, still "
+            "dirty in the page cache, so that fork also pays writing it to the host disk. The disk image is "
+            "cloned (FICLONE), never copied; the floor is what booting any new container costs here.",
         ]
     if dens:
         out += [

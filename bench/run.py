@@ -6,6 +6,7 @@
 
 Sections (each module's docstring says exactly what is timed):
   lifecycle   Paddock through its API vs raw runc/crun with an overlay mount vs podman --rootfs
+  fork        fork → running of a source holding 100 MB and 2 GB (settled), and right after a fresh 100 MB
   density     idle sandboxes until a cap/limit/memory stops creation; host memory per sandbox
   throughput  GET /v1/sandboxes/{id} req/s with wrk vs a bare Starlette endpoint
   webhooks    deliveries/s and event→2xx latency vs bare POSTs (bench/webhooks_bench.py)
@@ -35,7 +36,7 @@ from typing import Any
 
 from bench import density, http_bench, lifecycle, machine, report
 
-SECTIONS = ("lifecycle", "density", "throughput", "webhooks", "gateway")
+SECTIONS = ("lifecycle", "fork", "density", "throughput", "webhooks", "gateway")
 RESULTS = Path(__file__).resolve().parent / "results"
 POOL_SIZE = 2
 
@@ -62,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.warmup = args.warmup if args.warmup is not None else (0 if smoke else 3)
     args.density_cap = args.density_cap or (3 if smoke else 50)
     args.big_file_mib = 8 if smoke else 100
+    args.fork_sizes_mib = (8, 32) if smoke else lifecycle.FORK_SIZES_MIB
+    args.fork_fresh_mib = 8 if smoke else lifecycle.FRESH_MIB
     args.wrk_seconds = 1 if smoke else 10
     args.wrk_connections = 8
     args.webhook_burst = 50 if smoke else 2000
@@ -143,6 +146,21 @@ class Run:
 
             if "lifecycle" in self.args.sections:
                 self.lifecycle(platform.url, new_key(), agent.url, TOKEN, rootfs)
+            if "fork" in self.args.sections:
+                a = self.args
+                self.section(
+                    "fork",
+                    lambda: lifecycle.fork_scale(
+                        platform.url,
+                        new_key(),
+                        agent.url,
+                        TOKEN,
+                        POOL_SIZE,
+                        a.runs,
+                        a.fork_sizes_mib,
+                        a.fork_fresh_mib,
+                    ),
+                )
             if "throughput" in self.args.sections:
                 self.section("throughput", lambda: self.throughput(platform.url, new_key()))
             if "density" in self.args.sections:
@@ -259,7 +277,7 @@ class Run:
         if os.geteuid() != 0:
             print("bench needs root (namespaces, cgroups, mounts)", file=sys.stderr)
             return 2
-        if {"lifecycle", "density", "throughput"} & set(self.args.sections):
+        if {"lifecycle", "fork", "density", "throughput"} & set(self.args.sections):
             self.section("platform", self.with_platform)
             self.results.get("sections", {}).pop("platform", None)
         if "webhooks" in self.args.sections:
