@@ -56,6 +56,8 @@ from paddock_hostagent.schemas import (
     FileWritten,
     ForkBody,
     HostInfo,
+    ImageFetchBody,
+    ImageFetched,
     NetworkAttachBody,
     NetworkAttachment,
     OkResult,
@@ -361,6 +363,17 @@ class HostAgentClient:
         """Cancels a running attempt and removes the template's image once no sandbox uses it."""
         return await self._call(
             "DELETE", "builds/" + quote(build_id, safe=""), DestroyResult.model_validate_json
+        )
+
+    async def fetch_image(self, image: str, source_url: str) -> ImageFetched:
+        """Has this host pull a template's image from the host agent at ``source_url`` (which holds
+        it); answers once it is installed, so the timeout is a long one."""
+        return await self._call(
+            "POST",
+            "images/" + quote(image, safe="") + "/fetch",
+            ImageFetched.model_validate_json,
+            body=ImageFetchBody(source_url=source_url),
+            timeout=httpx.Timeout(1800.0, connect=10.0),
         )
 
     async def attach_disk(self, sandbox_id: str, body: DiskMountBody) -> DiskMountView:

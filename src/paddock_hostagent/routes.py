@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from paddock_core import fastlane
-from paddock_hostagent import errors
+from paddock_hostagent import errors, image_transfer
 from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.guest.protocol import MAX_CONTROL_PAYLOAD_BYTES, exec_payload_bytes
 from paddock_hostagent.sandboxes import SandboxManager
@@ -34,6 +34,8 @@ from paddock_hostagent.schemas import (
     FileWritten,
     ForkBody,
     HostInfo,
+    ImageFetchBody,
+    ImageFetched,
     NetworkAttachBody,
     NetworkAttachment,
     ResizeBody,
@@ -238,6 +240,27 @@ async def delete_build(build_id: str, manager: Manager) -> DestroyResult:
     """Cancels a running attempt and removes the template's image (once no sandbox boots from it)."""
     await builds_of(manager).delete(build_id)
     return DestroyResult()
+
+
+# -- template images between hosts (image_transfer.py) ---------------------------------------------
+
+
+@router.get("/images/{image}")
+async def get_image(image: str, manager: Manager) -> StreamingResponse:
+    """A template's image as a tar stream, for a host that lacks it."""
+    return StreamingResponse(
+        await image_transfer.stream(manager.images, image), media_type="application/x-tar"
+    )
+
+
+@router.post("/images/{image}/fetch")
+async def fetch_image(image: str, body: ImageFetchBody, request: Request, manager: Manager) -> ImageFetched:
+    """Pulls a template's image from ``source_url`` (the host that holds it) with this call's own token."""
+    fetcher = getattr(request.app.state, "image_fetcher", None)
+    if fetcher is None:
+        fetcher = request.app.state.image_fetcher = image_transfer.ImageFetcher(manager.images)
+    await fetcher.fetch(image, body.source_url, request.headers.get("authorization", ""))
+    return ImageFetched(image=image, ext4_size_bytes=image_transfer.recorded_size(manager.images, image))
 
 
 def fast_routes(authorized: Callable[[str], bool]) -> list[fastlane.FastRoute]:

@@ -213,6 +213,18 @@ class BuildBody(BaseModel):
     context_b64: str | None = Field(default=None, max_length=48 * 1024 * 1024)
 
 
+class ImageFetchBody(BaseModel):
+    """Fetch a template's image from the host that holds it (``image_transfer.py``): that host agent's
+    base URL, e.g. ``http://10.0.0.2:8090``."""
+
+    source_url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://")
+
+
+class ImageFetched(BaseModel):
+    image: str
+    ext4_size_bytes: int = 0
+
+
 class BuildLine(BaseModel):
     ts: float
     level: str
