@@ -4,6 +4,7 @@ debian:13 (hard links to the cache), so it really lacks the template until it fe
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import subprocess
 import time
@@ -42,7 +43,8 @@ def two_hosts(
         own_images.mkdir()
         subprocess.run(["cp", "-al", str(debian_image.parent), str(own_images)], check=True)
         second = AgentProcess(
-            state_dir=Path(f"{platform.agents[0].state_dir}-second"),
+            # Not a prefix of the first agent's dir: teardown looks for leftovers by path prefix.
+            state_dir=Path(f"/tmp/pdkt2-{secrets.token_hex(3)}"),
             guest_dir=guest_binary_dir,
             extra_env={"PADDOCK_HOST_IMAGE_DIR": str(own_images)},
         )
