@@ -27,6 +27,10 @@ def host_view(host: Host) -> dict[str, Any]:
     catalog = sorted(name for name in host.rootfses or [] if name in ROOT_IMAGES_BY_NAME)
     if catalog:
         out["rootfses"] = catalog
+    # Additive to §10.4: the labels ``node_selector`` matches, among them the isolation tier the host
+    # gives (``paddock.io/isolation``: container, gvisor or vm; docs/isolation.md).
+    if host.labels:
+        out["labels"] = {str(key): str(value) for key, value in dict(host.labels).items()}
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from paddock_core.logging import get_logger
+from paddock_hostagent.host import tier_labels
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.settings import HostAgentSettings
 
@@ -42,7 +43,8 @@ class Registrar:
             "vm_count": info.vm_count,
             "rootfses": info.rootfses,
             "buildable": info.buildable,
-            "labels": info.labels,
+            # The tier labels come last: an operator's labels cannot claim another isolation tier.
+            "labels": {**info.labels, **tier_labels(info.runtime)},
             "runtime": info.runtime,
             "status": "active",
             "sandboxes": self.manager.heartbeat_sandboxes(),

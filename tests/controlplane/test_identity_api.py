@@ -119,7 +119,14 @@ async def test_heartbeat_registers_host_and_offers_its_images(controlplane: Cont
     assert ok.status_code == 200
     hosts = (await controlplane.http.get("/v1/hosts", headers={"X-Api-Key": key})).json()["data"]
     assert hosts["data"] == [
-        {"id": "host-eu-1", "status": "active", "free_mib": 20000, "vm_count": 0, "rootfses": ["debian:13"]}
+        {
+            "id": "host-eu-1",
+            "status": "active",
+            "free_mib": 20000,
+            "vm_count": 0,
+            "rootfses": ["debian:13"],
+            "labels": {"zone": "a"},  # additive: what node_selector matches
+        }
     ]
     rootfs = (await controlplane.http.get("/v1/rootfs")).json()["data"]
     assert rootfs["rootfs"] == ["devbox:1", "debian:13"]
