@@ -8,6 +8,7 @@ set -euo pipefail
 want=(python3 python3-venv python3-dev gcc libc6-dev make runc crun mmdebstrap nftables iproute2
       e2fsprogs xfsprogs util-linux kmod procps curl ca-certificates fuse3 s3fs
       buildah      # template builds (Dockerfile → image); RUN steps under crun
+      runsc        # the gVisor tier (PADDOCK_HOST_RUNTIME=runsc, docs/isolation.md)
       openssh-sftp-server  # the SSH gateway serves sftp/scp with it when an image has none
       qemu-system-x86 qemu-utils busybox-static)  # the VM tier (drivers/qemu.py): QEMU, qcow2, initramfs
 if [[ "${1:-}" == "--test" || "${1:-}" == "--bench" ]]; then
