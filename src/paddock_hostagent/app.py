@@ -17,6 +17,7 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import IO
 
 from fastapi import Depends, FastAPI, Request
@@ -36,6 +37,7 @@ from paddock_hostagent.drivers.egress import EgressFirewall
 from paddock_hostagent.drivers.network import NetworkManager
 from paddock_hostagent.drivers.oci import OciOptions, OciRuntime
 from paddock_hostagent.drivers.ocispec import IoLimits
+from paddock_hostagent.drivers.qemu import QemuOptions, QemuRuntime
 from paddock_hostagent.drivers.s3mounts import S3Mounter
 from paddock_hostagent.egress import EgressService
 from paddock_hostagent.guest.build import ensure_agent_binary
@@ -77,27 +79,19 @@ def _disk_mounter(settings: HostAgentSettings) -> S3Mounter | None:
     return mounter
 
 
-async def build_manager(settings: HostAgentSettings) -> SandboxManager:
-    network = NetworkManager(
-        settings.subnet,
-        settings.state_dir / "network",
-        settings.nft_table,
-        settings.dns_servers,
-        settings.egress_gso_max_segs,
-    )
-    facts = await asyncio.to_thread(prepare_machine, settings.runtime, network, settings.runsc_platform)
-    firewall = EgressFirewall(settings.nft_table, settings.subnet, network.gateway)
-    await asyncio.to_thread(firewall.setup_host)
-    upstreams = [item for item in settings.dns_upstream.split(",") if item.strip()]
-    egress = EgressService(
-        firewall, network.gateway, [Upstream.parse(item) for item in upstreams or network.upstream_servers()]
-    )
-    guest_binary = await asyncio.to_thread(ensure_agent_binary, settings.state_dir / "guest")
-    runtime = OciRuntime(
+def _oci_runtime(
+    settings: HostAgentSettings,
+    runtime_name: str,
+    runsc_platform: str,
+    guest_binary: Path,
+    network: NetworkManager,
+) -> OciRuntime:
+    """The container and gVisor tiers: crun, runc or runsc under the OCI driver."""
+    return OciRuntime(
         OciOptions(
             state_dir=settings.state_dir,
-            runtime=facts.runtime,
-            runsc_platform=facts.runsc_platform or "ptrace",
+            runtime=runtime_name,
+            runsc_platform=runsc_platform or "ptrace",
             guest_binary=guest_binary,
             network=network,
             filesystem=storage.choose_filesystem(settings.disk_fs),
@@ -115,6 +109,38 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
             ),
         )
     )
+
+
+async def build_manager(settings: HostAgentSettings) -> SandboxManager:
+    network = NetworkManager(
+        settings.subnet,
+        settings.state_dir / "network",
+        settings.nft_table,
+        settings.dns_servers,
+        settings.egress_gso_max_segs,
+    )
+    facts = await asyncio.to_thread(prepare_machine, settings.runtime, network, settings.runsc_platform)
+    firewall = EgressFirewall(settings.nft_table, settings.subnet, network.gateway)
+    await asyncio.to_thread(firewall.setup_host)
+    upstreams = [item for item in settings.dns_upstream.split(",") if item.strip()]
+    egress = EgressService(
+        firewall, network.gateway, [Upstream.parse(item) for item in upstreams or network.upstream_servers()]
+    )
+    guest_binary = await asyncio.to_thread(ensure_agent_binary, settings.state_dir / "guest")
+    runtime: OciRuntime | QemuRuntime
+    if facts.runtime == "qemu":  # the VM tier (docs/isolation-vm.md)
+        runtime = QemuRuntime(
+            QemuOptions(
+                state_dir=settings.state_dir,
+                guest_binary=guest_binary,
+                network=network,
+                boot_timeout_s=max(settings.boot_timeout_s, settings.vm_boot_timeout_s),
+                runtime_root=settings.runtime_root,
+                accel=settings.vm_accel,
+            )
+        )
+    else:
+        runtime = _oci_runtime(settings, facts.runtime, facts.runsc_platform, guest_binary, network)
     bridges = BridgeNetworks(runtime.layout_tag, settings.nft_table, settings.private_network_pool)
     await asyncio.to_thread(bridges.setup_host)
     manager = SandboxManager(

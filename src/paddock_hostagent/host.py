@@ -40,7 +40,7 @@ HUGETLB_DIR = Path("/sys/fs/cgroup/hugetlb")
 
 #: The isolation tier each sandbox runtime gives, advertised as ``paddock.io/isolation`` (next to
 #: ``paddock.io/runtime``) so ``node_selector`` can place by it. A new driver adds its runtime here.
-ISOLATION = {"crun": "container", "runc": "container", "runsc": "gvisor"}
+ISOLATION = {"crun": "container", "runc": "container", "runsc": "gvisor", "qemu": "vm"}
 ISOLATION_LABEL = "paddock.io/isolation"
 RUNTIME_LABEL = "paddock.io/runtime"
 KVM_PROBE_TIMEOUT_S = 3.0
@@ -48,7 +48,7 @@ KVM_PROBE_TIMEOUT_S = 3.0
 
 @dataclass(frozen=True)
 class HostFacts:
-    runtime: str  # "crun", "runc" or "runsc"
+    runtime: str  # "crun", "runc", "runsc" or "qemu"
     hugetlb_mounted: bool
     # gVisor's platform ("ptrace" or "kvm"); empty for other runtimes.
     runsc_platform: str = ""
@@ -81,7 +81,11 @@ def mount_hugetlb() -> bool:
 
 def choose_runtime(preference: str) -> str:
     """``auto``: crun when installed and usable here (it starts and deletes faster), else runc.
-    ``runsc`` (gVisor) is only ever chosen explicitly."""
+    ``runsc`` (gVisor) and ``qemu`` (VMs) are only ever chosen explicitly."""
+    if preference == "qemu":
+        if shutil.which("qemu-system-x86_64") is None:
+            raise DriverError("qemu-system-x86_64 is not installed (scripts/setup-host.sh)")
+        return preference
     if preference in ("crun", "runc", "runsc"):
         if shutil.which(preference) is None:
             raise DriverError(f"{preference} is not installed")

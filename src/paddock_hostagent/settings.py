@@ -15,7 +15,8 @@ from paddock_core.settings import DEFAULT_DATA_DIR, ServiceSettings
 # The sandbox runtime of this agent: an OCI runtime (drivers/oci.py). ``auto`` picks crun, else runc
 # (the container tier); ``runsc`` is gVisor (docs/isolation.md). host.choose_runtime resolves it and
 # host.ISOLATION maps it to the tier advertised as the ``paddock.io/isolation`` label.
-RuntimeName = Literal["auto", "crun", "runc", "runsc"]
+# ``qemu`` runs each sandbox as a virtual machine (the vm tier, drivers/qemu.py, docs/isolation-vm.md).
+RuntimeName = Literal["auto", "crun", "runc", "runsc", "qemu"]
 
 
 def _default_host_id() -> str:
@@ -43,6 +44,9 @@ class HostAgentSettings(ServiceSettings):
     runtime: RuntimeName = "auto"
     # gVisor's platform: ``auto`` uses kvm when a short probe sandbox runs on it, else ptrace.
     runsc_platform: Literal["auto", "ptrace", "kvm"] = "auto"
+    # The vm tier: KVM where a probe boot works (``auto``), else TCG; TCG boots take seconds.
+    vm_accel: Literal["auto", "kvm", "tcg"] = "auto"
+    vm_boot_timeout_s: float = 60.0
     labels: dict[str, str] = Field(default_factory=dict)
     subnet: str = "10.88.0.0/16"
     nft_table: str = "paddock"

@@ -39,6 +39,7 @@ from paddock_core.logging import get_logger
 from paddock_hostagent.drivers import processes, qmp, vmimage
 from paddock_hostagent.drivers.base import (
     BootError,
+    CommandFailedError,
     DriverError,
     NotRunningError,
     RuntimeState,
@@ -377,7 +378,7 @@ class QemuRuntime(SandboxRuntime):
         ]
         if boot.incoming is not None:
             argv += ["-S", "-incoming", f"exec:cat {boot.incoming}"]
-        await run(argv + boot.extra, timeout_s=30)
+        await _daemonize([*argv, *boot.extra], handle.dir / "qemu.log")
         handle.pid = int((handle.dir / "qemu.pid").read_text().strip())
         handle.ticks = processes.start_ticks(handle.pid) or 0
 
@@ -496,6 +497,33 @@ class QemuRuntime(SandboxRuntime):
     def disk_free_bytes(self) -> int:
         stats = os.statvfs(self.vm_dir if self.vm_dir.exists() else self.options.state_dir)
         return stats.f_bavail * stats.f_frsize
+
+
+async def _daemonize(argv: list[str], log_path: Path, timeout_s: float = 30.0) -> None:
+    """Runs QEMU with ``-daemonize`` until its foreground process exits (the VM is then set up).
+
+    Its output goes to a file, not a pipe: the daemon keeps the inherited descriptors while it sets
+    up, and a pipe would also stay open as long as any other process happened to inherit it."""
+    with open(log_path, "ab") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file
+        )
+    try:
+        async with asyncio.timeout(timeout_s):
+            code = await process.wait()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        raise BootError(f"QEMU did not start in {timeout_s:.0f}s: {_tail(log_path)}") from None
+    if code != 0:
+        raise CommandFailedError(argv, code, _tail(log_path))
+
+
+def _tail(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text(errors="replace")[-1500:]
+    return ""
 
 
 async def _join_tap(net: SandboxNetwork) -> None:

@@ -1,0 +1,103 @@
+"""The VM tier as users meet it: a control plane and a host agent with ``runtime=qemu``, over the public API.
+
+One platform, one source VM and one fork (TCG boots take seconds). Checked here: the host advertises
+``paddock.io/isolation=vm``; create → running; exec; pause/resume through the API; and a fork, through
+``POST /v1/sandboxes/{id}/fork``, continues a counter its source started. The rest of the tier is
+checked at the driver in test_vm_tier.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from paddock_hostagent.drivers.vmimage import KERNEL_ROOT
+from tests.hostagent.conftest import TOKEN, debian_image, guest_binary_dir
+from tests.live import LivePlatform, start_platform
+
+__all__ = ["debian_image", "guest_binary_dir"]
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"),
+]
+
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.1; done"
+
+
+@pytest.fixture(scope="module")
+def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+    live = start_platform(guest_binary_dir, agent_options={"runtime": "qemu"})
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+@pytest.fixture
+def api(platform: LivePlatform) -> Iterator[httpx.Client]:
+    with platform.http(platform.api_key()) as http:
+        yield http
+        listed = http.get("/v1/sandboxes", params={"limit": 100}).json()["data"]
+        for item in listed.get("data", listed if isinstance(listed, list) else []):
+            if item["status"] not in ("destroyed", "failed"):
+                http.delete(f"/v1/sandboxes/{item['id']}")
+
+
+def sh(api: httpx.Client, sandbox_id: str, script: str) -> dict[str, Any]:
+    response = api.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "bash", "args": ["-c", script]})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()["data"]["result"]
+    return result
+
+
+def wait_status(api: httpx.Client, sandbox_id: str, wanted: str) -> dict[str, Any]:
+    response = api.get(f"/v1/sandboxes/{sandbox_id}", params={"wait_for": wanted, "wait_ms": 30000})
+    sandbox: dict[str, Any] = response.json()["data"]
+    assert sandbox["status"] == wanted, sandbox
+    return sandbox
+
+
+def test_a_vm_sandbox_runs_pauses_and_forks_with_its_processes(
+    platform: LivePlatform, api: httpx.Client
+) -> None:
+    info = httpx.get(
+        platform.agents[0].url + "/internal/v1/info", headers={"Authorization": f"Bearer {TOKEN}"}
+    ).json()
+    assert info["runtime"] == "qemu"
+    assert info.get("labels", {}).get("paddock.io/isolation", "vm") == "vm"
+
+    created = api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "disk_mib": 2048})
+    assert created.status_code == 200, created.text
+    source = created.json()["data"]
+    assert source["status"] == "running", source
+    sid = source["id"]
+    result = sh(api, sid, "uname -r; hostname")
+    assert result["exit_code"] == 0 and result["stdout"].split()[1] == source["name"]
+    assert "cloud-amd64" in result["stdout"]
+
+    sh(api, sid, f"nohup bash -c '{COUNTER}' >/dev/null 2>&1 &")
+    time.sleep(1.0)
+    assert api.post(f"/v1/sandboxes/{sid}/pause").status_code == 200
+    wait_status(api, sid, "paused")
+    time.sleep(1.0)
+    assert api.post(f"/v1/sandboxes/{sid}/resume").status_code == 200
+    wait_status(api, sid, "running")
+    before_fork = int(sh(api, sid, "cat /root/counter")["stdout"])
+    assert 5 <= before_fork <= 25, "the counter ran on while paused, or never ran"
+
+    forked = api.post(f"/v1/sandboxes/{sid}/fork")
+    assert forked.status_code == 200, forked.text
+    child = wait_status(api, forked.json()["data"]["id"], "running")
+    assert child["forked_from"] == sid and child["ip"] != source["ip"]
+    first = int(sh(api, child["id"], "cat /root/counter")["stdout"])
+    assert first >= before_fork, "the fork did not start from its source's memory"
+    time.sleep(1.5)
+    assert int(sh(api, child["id"], "cat /root/counter")["stdout"]) > first + 3, "the fork's counter stopped"
+    assert sh(api, child["id"], "hostname")["stdout"].strip() == child["name"]
