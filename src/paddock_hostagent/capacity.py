@@ -1,13 +1,20 @@
 """Admission: what this host can still promise a new sandbox, in memory and in disk.
 
 A sandbox's ``mem_mib`` and ``disk_mib`` are limits it may grow into at any time, not what it uses
-now, so a promise is kept only if the machine can still give every sandbox the rest of its limit.
-Memory free for a new sandbox is the smaller of
+now. With an overcommit ratio ``r`` (``PADDOCK_HOST_MEMORY_OVERCOMMIT``, 1 by default) the host
+expects its sandboxes together to use at most ``1/r`` of what was promised to them, so memory free for
+a new sandbox (in limit MiB) is the smaller of
 
-- the agent's own budget: ``total_mib`` (the machine's total less ``reserved_mib``, or as configured)
-  less every limit already promised, and
-- the machine now: ``MemAvailable`` less ``reserved_mib`` less what the sandboxes may still take
-  (each one's limit less its current use); this catches memory taken by anything else on the machine.
+- the agent's own budget: ``r × total_mib`` (the machine's total less ``reserved_mib``, or as
+  configured) less every limit already promised, and
+- the machine now: ``r ×`` (``MemAvailable`` less ``reserved_mib`` less what the sandboxes are still
+  expected to grow into: ``promised / r`` less what they use now); this catches memory taken by
+  anything else on the machine.
+
+At ``r = 1`` both are exactly "every sandbox can use its whole limit at once". Above 1 they may not, and
+the agent caps all its sandboxes together at ``total_mib`` (``SandboxRuntime.cap_memory``): under
+pressure the kernel reclaims, then kills inside the sandboxes, never the agent or the host
+(docs/performance.md).
 
 Disk free is the host filesystem's free space less ``disk_reserved_mib`` less what the sandboxes'
 sparse disks may still take (each one's size less the blocks its image holds now).
@@ -52,22 +59,33 @@ class MemoryView:
     reserved_mib: int
     available_mib: int
     promises: list[Promise]
+    overcommit: float = 1.0
 
     @property
     def promised_mib(self) -> int:
         return sum(promise.limit_mib for promise in self.promises)
 
     @property
+    def schedulable_mib(self) -> int:
+        """What the host offers the scheduler: its budget times the overcommit ratio."""
+        return int(self.total_mib * self.overcommit)
+
+    @property
     def unused_mib(self) -> int:
-        return sum(promise.unused_mib for promise in self.promises)
+        """What the sandboxes are still expected to grow into: at ratio 1 every limit less its use;
+        above, the share ``promised / r`` less what they use now."""
+        if self.overcommit == 1.0:
+            return sum(promise.unused_mib for promise in self.promises)
+        used_mib = sum(min(promise.used_bytes // MIB, promise.limit_mib) for promise in self.promises)
+        return max(int(self.promised_mib / self.overcommit) - used_mib, 0)
 
     @property
     def budget_free_mib(self) -> int:
-        return self.total_mib - self.promised_mib
+        return self.schedulable_mib - self.promised_mib
 
     @property
     def machine_free_mib(self) -> int:
-        return self.available_mib - self.reserved_mib - self.unused_mib
+        return int((self.available_mib - self.reserved_mib - self.unused_mib) * self.overcommit)
 
     @property
     def free_mib(self) -> int:
@@ -83,7 +101,12 @@ class MemoryView:
                 f"promised to {count} sandboxes and {self.reserved_mib} MiB kept for the host"
             )
         else:
-            why = f"memory: {self.promised_mib} of this host's {self.total_mib} MiB promised to {count} sandboxes"
+            why = (
+                f"memory: {self.promised_mib} of this host's {self.schedulable_mib} MiB promised to {count} "
+                "sandboxes"
+            )
+        if self.overcommit != 1.0:
+            why += f", overcommitted {self.overcommit:g}×"
         raise errors.InsufficientCapacity(f"{requested_mib} MiB requested, {self.free_mib} MiB free ({why})")
 
 

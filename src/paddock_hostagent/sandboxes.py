@@ -119,6 +119,8 @@ class SandboxManager:
 
     async def start(self) -> None:
         records = self.records.load_all()
+        # All sandboxes together stay within the budget whatever the overcommit (capacity.py).
+        self.runtime.cap_memory(self.total_mib)
         states = await self.runtime.start(records)
         for record in records:
             entry = _Entry(record)
@@ -193,6 +195,11 @@ class SandboxManager:
     def views(self) -> list[SandboxView]:
         return [self.view(entry) for entry in list(self._entries.values())]
 
+    @property
+    def schedulable_mib(self) -> int:
+        """The memory this host offers for placement: its budget times the overcommit ratio."""
+        return int(self.total_mib * self.settings.memory_overcommit)
+
     def placed_mib(self) -> int:
         return self.memory_view().promised_mib
 
@@ -204,7 +211,13 @@ class SandboxManager:
             for entry in list(self._entries.values())
         ]
         promises += [Promise(mem_mib, 0) for mem_mib, _ in self._pending.values()]
-        return MemoryView(self.total_mib, self.settings.reserved_mib, available_memory_mib(), promises)
+        return MemoryView(
+            self.total_mib,
+            self.settings.reserved_mib,
+            available_memory_mib(),
+            promises,
+            self.settings.memory_overcommit,
+        )
 
     def disk_view(self) -> DiskView | None:
         free_bytes = self.runtime.disk_free_bytes()
@@ -222,8 +235,8 @@ class SandboxManager:
             id=self.settings.id,
             # The promise accounting, exact and stable for the scheduler; what the machine has right now
             # is checked at admission (a stale placement gets a 507 that says why).
-            free_mib=max(self.total_mib - self.placed_mib(), 0),
-            total_mib=self.total_mib,
+            free_mib=max(self.schedulable_mib - self.placed_mib(), 0),
+            total_mib=self.schedulable_mib,
             vm_count=len(self._entries),
             rootfses=self.images.cached(),
             buildable=self.images.offered(),

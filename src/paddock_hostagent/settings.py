@@ -70,6 +70,11 @@ class HostAgentSettings(ServiceSettings):
     total_mib: int = 0
     # Memory kept for the host: out of the scheduler's total, and out of what is available right now.
     reserved_mib: int = 1024
+    # Memory overcommit for placement: limits may add up to this many times the budget above (an idle
+    # sandbox uses a few MiB of its limit). All sandboxes together stay capped at the budget, so under
+    # pressure the kernel kills inside a sandbox (reported as its OOM kill), never the agent or the host
+    # (capacity.py, docs/performance.md).
+    memory_overcommit: float = Field(default=1.0, ge=1.0, le=64.0)
     # Host disk (under state_dir) kept free: sandboxes' sparse disks are admitted only within the rest.
     disk_reserved_mib: int = Field(default=4096, ge=0)
     # Tasks one sandbox may hold (its pids.max), and all this agent's sandboxes together; 0 means the

@@ -201,6 +201,12 @@ class SandboxRuntime(ABC):
         0 (the default) counts the whole limit."""
         return 0
 
+    def cap_memory(self, total_mib: int) -> None:
+        """Caps the memory of all this driver's sandboxes together at ``total_mib`` (0: no cap), so
+        that when overcommitted sandboxes really use their limits the kernel reclaims and kills inside
+        them, never the agent or the host. The default does nothing."""
+        return None
+
     def disk_usage_bytes(self, record: SandboxRecord) -> int:
         """Host disk the sandbox's disk occupies now (its sparse image's allocated blocks)."""
         return 0

@@ -80,6 +80,19 @@ class CgroupLayout:
         group.mkdir(parents=True, exist_ok=True)
         (group / "pids.max").write_text(str(budget))
 
+    def limit_memory(self, limit_bytes: int) -> None:
+        """Caps the memory of all this agent's sandboxes together (cgroup v1 is hierarchical): past it
+        the kernel reclaims their page cache, then kills a process of theirs — the one with the most
+        memory among all sandboxes — and counts the kill in that sandbox's own ``oom_control``. The
+        agent, the control plane and the host sit outside the group. Re-applied on every boot, like
+        ``limit_pids``."""
+        if limit_bytes <= 0 or not (self.root / "memory").is_dir():
+            return
+        group = self.root / "memory" / self.agent_group.lstrip("/")
+        group.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # EBUSY: already above a lower new limit; kept as it was
+            (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+
     def pids_in_use(self) -> int:
         """Tasks in all this agent's sandboxes (the pids controller's count for the agent's group)."""
         try:

@@ -148,6 +148,7 @@ class OciRuntime(SandboxRuntime):
         self._booting = 0  # creates and forks in flight: their runtime may be creating cgroup parents
         self.pids_budget = pids_budget(options.pids_budget)
         self.sandbox_pids_max = min(options.sandbox_pids_max, self.pids_budget)
+        self.memory_cap_mib = 0  # all sandboxes together (cap_memory); 0: none
         self.factory = SlotFactory(
             options.state_dir / "slots", options.network, options.filesystem, options.guest_binary
         )
@@ -268,6 +269,7 @@ class OciRuntime(SandboxRuntime):
         # A fork's disk already holds the binary; a disk from an older agent may hold another one.
         guest_binary = await asyncio.to_thread(storage.install_guest, slot.disk, self.options.guest_binary)
         self.layout.limit_pids(self.pids_budget)
+        self.layout.limit_memory(self.memory_cap_mib << 20)
         bundle = BundleSpec(
             hostname=spec.name,
             shape=spec.shape,
@@ -452,6 +454,10 @@ class OciRuntime(SandboxRuntime):
             return os.stat(_Handle.of(record).slot.disk.image_path).st_blocks * 512
         except FileNotFoundError:
             return 0
+
+    def cap_memory(self, total_mib: int) -> None:
+        self.memory_cap_mib = total_mib
+        self.layout.limit_memory(total_mib << 20)
 
     def disk_free_bytes(self) -> int:
         stats = os.statvfs(

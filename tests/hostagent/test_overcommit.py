@@ -1,0 +1,76 @@
+"""Memory overcommit: a host offers more than its memory for placement, and all its sandboxes together
+stay capped at that memory, so a sandbox that really uses what was overcommitted is what the kernel
+kills — reported as that sandbox's OOM kill — while the agent and the other sandboxes go on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from paddock_hostagent.capacity import MIB, MemoryView, Promise
+from paddock_hostagent.client import HostAgentError
+from paddock_hostagent.errors import InsufficientCapacity
+from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sh
+
+pytestmark = pytest.mark.root
+
+
+def idle(count: int, limit_mib: int = 256, used_mib: int = 2) -> list[Promise]:
+    return [Promise(limit_mib, used_mib * MIB) for _ in range(count)]
+
+
+def test_ratio_one_promises_every_limit_in_full() -> None:
+    view = MemoryView(total_mib=1024, reserved_mib=100, available_mib=2000, promises=idle(3))
+    assert view.budget_free_mib == 1024 - 768
+    assert view.machine_free_mib == 2000 - 100 - 3 * 254
+    assert view.free_mib == 256
+
+
+def test_an_overcommitted_host_places_idle_sandboxes_by_the_ratio() -> None:
+    # 23 GiB offered 12x: a thousand idle 256 MiB sandboxes fit, as the field's dense hosts pack them.
+    view = MemoryView(
+        total_mib=23_000, reserved_mib=1024, available_mib=22_000, promises=idle(1000), overcommit=12
+    )
+    assert view.schedulable_mib == 276_000
+    assert view.budget_free_mib == 276_000 - 256_000
+    # expected growth: 256,000 / 12 promised share less 2,000 used
+    assert view.unused_mib == 21_333 - 2000
+    assert view.free_mib >= 256
+
+
+def test_memory_really_in_use_stops_placement_whatever_the_ratio() -> None:
+    busy = [Promise(256, 200 * MIB) for _ in range(100)]  # 20,000 MiB really in use
+    view = MemoryView(total_mib=23_000, reserved_mib=1024, available_mib=1100, promises=busy, overcommit=12)
+    assert view.budget_free_mib > 200_000  # the promise accounting alone would go on
+    assert view.free_mib == (1100 - 1024) * 12  # what is really left, times the ratio
+    view.admit(512)
+    with pytest.raises(InsufficientCapacity) as refused:
+        view.admit(2048)
+    assert str(refused.value).startswith("2048 MiB requested, 912 MiB free (memory: the machine has 1100 MiB")
+
+
+async def test_overcommitted_host_admits_past_its_memory_and_kills_inside_the_cap(make_agent: Any) -> None:
+    agent: AgentProcess = make_agent(
+        pool_size=1, extra_env={"PADDOCK_HOST_MEMORY_OVERCOMMIT": "4", "PADDOCK_HOST_TOTAL_MIB": "384"}
+    )
+    agent.start()
+    async with agent.client() as host:
+        tracker = Sandboxes(host, agent)
+        try:
+            info = await host.info()
+            assert info.total_mib == 4 * 384 and info.free_mib == 4 * 384
+            made = [await tracker.create(mem_mib=512) for _ in range(3)]  # 1,536 MiB on a 384 MiB host
+            with pytest.raises(HostAgentError) as refused:
+                await tracker.create(mem_mib=512)
+            assert refused.value.status == 507 and "overcommitted 4×" in str(refused.value)
+
+            # 450 MB fits the sandbox's own 512 MiB limit but not the host's 384 MiB for all sandboxes.
+            hog = await sh(host, made[0]["id"], "head -c 450000000 /dev/zero | tail > /dev/null")
+            assert hog["exit_code"] == 137, hog
+            assert (await host.get_sandbox(made[0]["id"])).oom_kills >= 1
+            for sandbox in made:
+                assert (await run(host, sandbox["id"], "echo", "alive"))["stdout"] == "alive\n"
+            assert (await host.info()).id == info.id  # the agent itself was not touched
+        finally:
+            await tracker.destroy_all()
