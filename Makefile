@@ -37,12 +37,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $(STAMP)
 
-# debian:13 (~10 s) for sandboxes; devbox:1 (~60-100 s once: python3, node, build tools) for gateway deployments.
+# debian:13 (~10 s) for sandboxes; devbox:1 (~60-100 s once: python3, node, build tools) for gateway deployments;
+# desktop:1 (~55 s once: Xvfb, Openbox, Chromium, noVNC) for computer use.
 images: venv
 	@if $(PY) -c 'import paddock_hostagent.images' 2>/dev/null; then \
 	  $(PY) -m paddock_hostagent.images build debian:13; \
 	  $(PY) -m paddock_hostagent.images build devbox:1; \
 	  $(PY) -m paddock_hostagent.images build code-interpreter:1; \
+	  $(PY) -m paddock_hostagent.images build desktop:1; \
 	fi
 
 devchain-deps:

@@ -16,6 +16,7 @@ if [[ "${1:-}" == "--test" || "${1:-}" == "--bench" ]]; then
 fi
 if [[ "${1:-}" == "--test" ]]; then
   want+=(postgresql podman wrk)  # the bench smoke run (tests/bench) drives podman and wrk
+  want+=(chromium)  # tests/desktop load a desktop's noVNC live view in headless Chromium
 elif [[ "${1:-}" == "--bench" ]]; then
   want+=(podman wrk)
 fi

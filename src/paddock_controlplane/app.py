@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from paddock_controlplane import contract, host_reports, hostlink, ingress, reconciler, sshgate
 from paddock_controlplane.api.errors import install_error_handlers
 from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
+from paddock_controlplane.api.routes import computer as computer_routes
 from paddock_controlplane.api.routes import disks as disk_routes
 from paddock_controlplane.api.routes import networks as network_routes
 from paddock_controlplane.api.routes import processes as process_routes
@@ -135,6 +136,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         commands,
         network_routes,
         process_routes,
+        computer_routes,
         shell_routes,
         disk_routes,
         template_routes,

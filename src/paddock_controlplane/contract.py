@@ -6,6 +6,9 @@ and query parameters (with the models that validate them), and each operation's 
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
+from paddock_controlplane import computer
 from paddock_controlplane.disks import DiskCreateRequest, DiskPatchRequest
 from paddock_controlplane.processes import (
     ProcessInputRequest,
@@ -61,6 +64,43 @@ WAIT = (
 )
 STATUS_FILTER = query("status", {"type": "string", "enum": sorted(STATUSES)}, "only sandboxes in this status")
 STREAM = query("stream", {"type": "string", "enum": ["true", "false"]}, "answer with NDJSON frames")
+
+#: §12.3 routes besides the screenshot: (method, suffix, body model, whether a body must be sent).
+COMPUTER_OPERATIONS: tuple[tuple[str, str, type[BaseModel] | None, bool], ...] = (
+    ("GET", "/screen", None, False),
+    ("GET", "/cursor", None, False),
+    ("GET", "/clipboard", None, False),
+    ("PUT", "/clipboard", computer.ClipboardRequest, True),
+    ("POST", "/open", computer.OpenRequest, True),
+    ("POST", "/launch", computer.LaunchRequest, True),
+    ("POST", "/mouse/move", computer.MouseMoveRequest, True),
+    ("POST", "/mouse/click", computer.MouseClickRequest, False),
+    ("POST", "/mouse/scroll", computer.MouseScrollRequest, False),
+    ("POST", "/mouse/drag", computer.MouseDragRequest, True),
+    ("POST", "/mouse/down", computer.MouseButtonRequest, False),
+    ("POST", "/mouse/up", computer.MouseButtonRequest, False),
+    ("POST", "/keyboard/type", computer.TypeRequest, True),
+    ("POST", "/keyboard/press", computer.KeysRequest, True),
+    ("POST", "/keyboard/down", computer.KeysRequest, True),
+    ("POST", "/keyboard/up", computer.KeysRequest, True),
+    ("GET", "/windows", None, False),
+    ("GET", "/windows/current", None, False),
+    ("GET", "/windows/{window_id}", None, False),
+    ("DELETE", "/windows/{window_id}", None, False),
+    ("GET", "/windows/{window_id}/geometry", None, False),
+    ("POST", "/windows/{window_id}/focus", None, False),
+    ("POST", "/windows/{window_id}/maximize", None, False),
+    ("POST", "/windows/{window_id}/minimize", None, False),
+    ("POST", "/windows/{window_id}/restore", None, False),
+    ("POST", "/windows/{window_id}/move", computer.WindowMoveRequest, True),
+    ("POST", "/windows/{window_id}/resize", computer.WindowSizeRequest, True),
+    ("GET", "/screens", None, False),
+    ("POST", "/screens", computer.ScreenSizeRequest, False),
+    ("GET", "/screens/{screen_id}", None, False),
+    ("DELETE", "/screens/{screen_id}", None, False),
+    ("GET", "/screens/{screen_id}/connect", None, False),
+    ("POST", "/screens/{screen_id}/resize", computer.ScreenSizeRequest, False),
+)
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
     # Not ready is the one 5xx in a fail envelope: ``data`` says which dependency is down (§11.1).
@@ -128,6 +168,17 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         statuses=(403, *ON_A_SANDBOX), body=ProcessSignalRequest, body_required=True
     ),
     ("GET", SANDBOX + "/processes/{process_id}/wait"): Operation(statuses=(403, *ON_A_SANDBOX)),
+    # §12.3: a desktop sandbox only (409 otherwise, or when not running); a window or screen that does not
+    # exist 404; a refused action on one (screen-0 delete, screens full) 409.
+    ("GET", SANDBOX + "/computer/screenshot"): Operation(
+        statuses=(403, 404, *ON_A_SANDBOX), media=("image/png",), unwrapped=True
+    ),
+    **{
+        (method, SANDBOX + "/computer" + suffix): Operation(
+            statuses=(403, 404, *ON_A_SANDBOX), body=model, body_required=model is not None and required
+        )
+        for method, suffix, model, required in COMPUTER_OPERATIONS
+    },
     ("POST", "/v1/networks"): Operation(statuses=(403, 409), body=NetworkCreateRequest),
     ("DELETE", "/v1/networks/{network_id}"): Operation(statuses=(409,)),
     ("POST", SANDBOX + "/networks"): Operation(

@@ -101,6 +101,8 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     network_pool: str = "10.96.0.0/11"
     #: Size of each private network's block; members get addresses from it.
     network_prefixlen: int = 24
+    #: How long a desktop live-view link from ``GET …/computer/screens/{id}/connect`` opens the viewer.
+    desktop_connect_ttl_s: int = Field(default=300, ge=5, le=86400)
 
     @field_validator("host_token", "secret_key")
     @classmethod

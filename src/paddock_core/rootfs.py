@@ -76,16 +76,27 @@ DEVBOX_CONTENTS = (
 DESKTOP_CONTENTS = (
     BASE_TOOLS,
     Content(
-        "an Xvfb display with the Xfce desktop",
-        ("xvfb", "xfce4"),
-        "command -v Xvfb && command -v xfce4-session",
+        "an Xvfb display per screen with the Openbox window manager",
+        ("xvfb", "openbox", "x11-utils", "fonts-dejavu-core"),
+        "command -v Xvfb && command -v openbox && command -v xwininfo",
     ),
     Content(
-        "VNC and noVNC remote desktop", ("x11vnc", "novnc"), "command -v x11vnc && test -d /usr/share/novnc"
+        "x11vnc and noVNC (websockify) for the live view",
+        ("x11vnc", "novnc", "python3-websockify"),
+        "command -v x11vnc && test -f /usr/share/novnc/vnc.html && python3 -c 'import websockify'",
     ),
     Content("Chromium", ("chromium",), "chromium --version"),
-    Content("xdotool and scrot for computer use", ("xdotool", "scrot"), "xdotool version && scrot --version"),
-    Content("Python 3", ("python3",), "python3 --version"),
+    Content("the Mousepad text editor", ("mousepad",), "command -v mousepad"),
+    Content(
+        "xdotool, wmctrl and xclip for computer use",
+        ("xdotool", "wmctrl", "xclip"),
+        "xdotool version && command -v wmctrl && command -v xclip",
+    ),
+    Content(
+        "Python 3 with Pillow for screenshots",
+        ("python3", "python3-pil"),
+        "python3 -c 'import PIL.ImageGrab'",
+    ),
 )
 
 # What ``sandbox.run_code`` needs: a Jupyter kernel (ipykernel) and jupyter_client to drive it, with the

@@ -7,9 +7,9 @@ Layout: ``<image_dir>/<name with ':' as '_'>/rootfs`` plus ``image.json``. A bui
 directory next to it and is renamed into place, under an exclusive lock, so concurrent builders (two
 processes, or two requests) build once and nobody sees a half-built tree.
 
-``debian:13``, ``devbox:1`` and ``code-interpreter:1`` come from the Debian archive. ``ubuntu:26.04``, ``alpine:3.20`` and
-``desktop:1`` are offered only when ``image_mirrors`` names a mirror for them: an apt mirror (Ubuntu,
-desktop), or the URL of a root filesystem tarball (any image; required for Alpine).
+``debian:13``, ``devbox:1``, ``code-interpreter:1`` and ``desktop:1`` come from the Debian archive.
+``ubuntu:26.04`` and ``alpine:3.20`` are offered only when ``image_mirrors`` names a mirror for them: an
+apt mirror (Ubuntu), or the URL of a root filesystem tarball (any image; required for Alpine).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ CATALOG: dict[str, ImageRecipe] = {
             "/usr/share/keyrings/ubuntu-archive-keyring.gpg",
         ),
         ImageRecipe("alpine:3.20", "", (), None),
-        ImageRecipe("desktop:1", "trixie", _DESKTOP_PACKAGES, None),
+        ImageRecipe("desktop:1", "trixie", _DESKTOP_PACKAGES, DEBIAN_MIRROR),
     )
 }
 

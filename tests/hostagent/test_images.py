@@ -31,7 +31,7 @@ def make_tarball(tmp_path: Path) -> Path:
 
 def test_without_mirrors_only_the_debian_images_are_offered(tmp_path: Path) -> None:
     store = ImageStore(tmp_path)
-    assert store.offered() == ["debian:13", "devbox:1", "code-interpreter:1"]
+    assert store.offered() == ["debian:13", "devbox:1", "code-interpreter:1", "desktop:1"]
     assert store.cached() == []
     with pytest.raises(UnknownImageError):
         store.build("alpine:3.20")

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from paddock_controlplane import desktop_access
 from paddock_controlplane.activity import Inflight, touch
 from paddock_controlplane.ingress import http1, pages
 from paddock_controlplane.ingress.routing import IngressError, Router, Target, parse_host
@@ -257,8 +258,15 @@ class _Connection:
             self.head_only = request.method == "HEAD"
             try:
                 target = self._target(request)
-                route = await self.proxy.router.resolve(target.sandbox_id)
-                self.proxy.serving(self.task, target.sandbox_id)
+                live_view = self._live_view(request, target)
+                route = await self.proxy.router.resolve(target.sandbox_id, live_view=live_view)
+                if route.desktop and target.port in desktop_access.NOVNC_PORTS and not live_view:
+                    raise IngressError(
+                        401,
+                        "LIVE_VIEW_TOKEN_REQUIRED",
+                        "the live view of a desktop opens only through a link from its connect call",
+                    )
+                self.proxy.serving(self.task, target.sandbox_id + ("#live" if live_view else ""))
                 await self._dial(target, str(route.ip))
             except IngressError as exc:
                 return await self.fail(exc.status, exc.code, exc.message)
@@ -283,6 +291,19 @@ class _Connection:
                 f"{authority} is not a sandbox address; use <port>-<sandbox id>.{self.settings.ingress_domain}",
             )
         return target
+
+    def _live_view(self, request: http1.Request, target: Target) -> bool:
+        """A request under ``/paddock-vnc/<token>/`` (desktop_access): checks the token and strips the
+        prefix, or refuses it with 403. False for any other request."""
+        split = desktop_access.split_path(request.target)
+        if split is None:
+            return False
+        token, request.target = split
+        try:
+            desktop_access.check(self.settings, token, target.sandbox_id, target.port)
+        except desktop_access.TokenRefusedError as exc:
+            raise IngressError(403, "LIVE_VIEW_TOKEN_REFUSED", str(exc)) from None
+        return True
 
     async def _dial(self, target: Target, address: str) -> None:
         if self.upstream and (

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from paddock_controlplane import suspension
+from paddock_controlplane import computer, suspension
 from paddock_controlplane.hotcache import TTLCache
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
@@ -57,6 +57,8 @@ class Route:
     status: str
     ip: str | None
     ingress_enabled: bool
+    #: Booted from a desktop image: its noVNC ports open only with a live-view token (desktop_access).
+    desktop: bool = False
 
 
 def parse_host(authority: str, domain: str) -> Target | None:
@@ -87,18 +89,19 @@ class Router:
         self.cache = cache
         self._resumes: dict[str, asyncio.Task[Sandbox]] = {}
 
-    async def resolve(self, sandbox_id: str) -> Route:
-        """The route of a running sandbox with ingress on, or IngressError (404, 502, 503, 504)."""
+    async def resolve(self, sandbox_id: str, *, live_view: bool = False) -> Route:
+        """The route of a running sandbox with ingress on (or, for a request carrying a valid live-view
+        token, ``live_view``, with ingress off too), or IngressError (404, 502, 503, 504)."""
         cached = self.cache.get(sandbox_id)
         if isinstance(cached, Route):
-            ready = _check(cached)
+            ready = _check(cached, live_view)
             if ready is not None:
                 return ready
         deadline = time.monotonic() + self.services.settings.ingress_wake_timeout_s
         delay = 0.05
         while True:
             route = await self.load(sandbox_id)
-            ready = _check(route)
+            ready = _check(route, live_view)
             if ready is not None:
                 return ready
             if route.status == SandboxStatus.PAUSED:
@@ -111,26 +114,34 @@ class Router:
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.5)
 
-    async def still_open(self, sandbox_id: str) -> bool:
-        """For open tunnels: False once the sandbox is gone or its ingress was turned off."""
+    async def still_open(self, key: str) -> bool:
+        """For open tunnels: False once the sandbox is gone or its ingress was turned off. ``key`` is a
+        sandbox id, or ``<sandbox id>#live`` for a live view opened with a token (ingress may be off)."""
+        sandbox_id, _, via = key.partition("#")
         route = self.cache.get(sandbox_id)
         if not isinstance(route, Route):
             route = await self.load(sandbox_id)
-        return route.status not in (*GONE, "missing") and route.ingress_enabled
+        return route.status not in (*GONE, "missing") and (route.ingress_enabled or via == "live")
 
     async def load(self, sandbox_id: str) -> Route:
         async with self.services.sessions() as session:
             row = (
                 await session.execute(
                     select(
-                        Sandbox.id, Sandbox.user_id, Sandbox.status, Sandbox.ip, Sandbox.ingress_enabled
+                        Sandbox.id,
+                        Sandbox.user_id,
+                        Sandbox.status,
+                        Sandbox.ip,
+                        Sandbox.ingress_enabled,
+                        Sandbox.rootfs,
                     ).where(Sandbox.id == sandbox_id)
                 )
             ).first()
         if row is None:
             route = Route(sandbox_id, "", "missing", None, False)
         else:
-            route = Route(row[0], row[1], row[2], row[3], bool(row[4]))
+            desktop = await computer.is_desktop_image(self.services, str(row[5]))
+            route = Route(row[0], row[1], row[2], row[3], bool(row[4]), desktop)
         if route.status not in (*SETTLING, SandboxStatus.PAUSED):
             self.cache.put(sandbox_id, route)
         return route
@@ -154,11 +165,11 @@ class Router:
             raise IngressError(502, "SANDBOX_ERROR", "sandbox failed to resume")
 
 
-def _check(route: Route) -> Route | None:
+def _check(route: Route, live_view: bool = False) -> Route | None:
     """The route if requests may go through now; None if it needs waiting or waking; else IngressError."""
     if route.status in (*GONE, "missing"):
         raise IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {route.sandbox_id}")
-    if not route.ingress_enabled:
+    if not route.ingress_enabled and not live_view:
         raise IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
     if route.status == SandboxStatus.ERROR:
         raise IngressError(502, "SANDBOX_ERROR", "the sandbox is in error state")

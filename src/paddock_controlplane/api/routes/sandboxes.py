@@ -18,7 +18,7 @@ from paddock_controlplane.api.deps import (
     scope_principal,
 )
 from paddock_controlplane.api.errors import error_response
-from paddock_controlplane.api.routes import access_tokens, optional
+from paddock_controlplane.api.routes import access_tokens
 from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.schemas import (
@@ -210,4 +210,3 @@ async def recharge(
 
 # §12's routes share this prefix; included here so they come with the sandbox routes.
 router.include_router(access_tokens.router)
-router.include_router(optional.router)

@@ -1,0 +1,778 @@
+"""The program that performs computer-use operations inside a ``desktop:1`` sandbox (spec §12.3).
+
+Never imported by the control plane: ``computer.py`` reads this file's text and runs it in the sandbox
+through the ordinary exec path, as ``python3 -c <this source> <operation> <JSON arguments>``, so the
+helper always matches the control plane that sends it (no version skew with an image built earlier).
+It prints one JSON document: ``{"data": …}`` on success, ``{"error": {"status", "code", "message",
+"field"?}}`` for a request the desktop refuses (exit status 3). A screenshot's PNG travels base64 in
+``data.png``, since exec output is text.
+
+The X session is started lazily, per screen, on first use: ``Xvfb :N`` and Openbox for ``screen-N``;
+``x11vnc`` (loopback only) and ``websockify`` serving noVNC on ``6080+N`` start on the first ``connect``.
+Every process is started in its own session, so it outlives this exec. State lives in
+``/run/paddock-desktop`` (one JSON file per screen), guarded by one lock.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from PIL import ImageGrab
+
+STATE_DIR = Path("/run/paddock-desktop")
+MAX_SCREENS = 8
+DEFAULT_SIZE = (1280, 800)
+MIN_SIZE = (320, 240)
+MAX_SIZE = (3840, 2160)
+VNC_BASE_PORT = 5900
+NOVNC_BASE_PORT = 6080
+NOVNC_WEB = "/usr/share/novnc"
+BUTTONS = {"left": "1", "middle": "2", "right": "3"}
+KEY_NAMES = {
+    "enter": "Return",
+    "return": "Return",
+    "ctrl": "ctrl",
+    "control": "ctrl",
+    "alt": "alt",
+    "shift": "shift",
+    "cmd": "super",
+    "command": "super",
+    "meta": "super",
+    "super": "super",
+    "win": "super",
+    "esc": "Escape",
+    "escape": "Escape",
+    "tab": "Tab",
+    "backspace": "BackSpace",
+    "delete": "Delete",
+    "del": "Delete",
+    "insert": "Insert",
+    "up": "Up",
+    "down": "Down",
+    "left": "Left",
+    "right": "Right",
+    "pageup": "Prior",
+    "page_up": "Prior",
+    "pagedown": "Next",
+    "page_down": "Next",
+    "home": "Home",
+    "end": "End",
+    "space": "space",
+    "capslock": "Caps_Lock",
+}
+BROWSERS = {"chromium", "chrome", "google-chrome", "browser", "firefox", "web-browser"}
+EDITORS = {"mousepad", "editor", "text-editor", "texteditor", "gedit", "notepad"}
+
+
+class Refused(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+def bad(field: str, message: str) -> Refused:
+    return Refused(400, "VALIDATION_ERROR", f"{field}: {message}", field)
+
+
+# -- screens -------------------------------------------------------------------------------------
+
+
+def screen_index(screen_id: str) -> int:
+    match = re.fullmatch(r"screen-([0-7])", screen_id)
+    if match is None:
+        raise bad("screen_id", "must be one of screen-0 … screen-7")
+    return int(match.group(1))
+
+
+def state_path(index: int) -> Path:
+    return STATE_DIR / f"screen-{index}.json"
+
+
+def alive(pid: int, name: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return name.encode() in cmdline
+
+
+def read_state(index: int) -> dict[str, Any] | None:
+    try:
+        state: dict[str, Any] = json.loads(state_path(index).read_text())
+    except (OSError, ValueError):
+        return None
+    if not alive(int(state.get("xvfb_pid", 0)), "Xvfb"):
+        return None
+    return state
+
+
+def write_state(index: int, state: dict[str, Any]) -> None:
+    tmp = state_path(index).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(state_path(index))
+
+
+def spawn(
+    argv: list[str], display: str | None = None, log_name: str | None = None
+) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.setdefault("HOME", "/root")
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    if display:
+        env["DISPLAY"] = display
+    out: Any = subprocess.DEVNULL
+    if log_name:
+        out = open(STATE_DIR / log_name, "ab")  # noqa: SIM115 - handed to the child
+    process = subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+    )
+    if log_name:
+        out.close()
+    return process
+
+
+def display_of(index: int) -> str:
+    return f":{index}"
+
+
+def wait_for_display(index: int, xvfb: subprocess.Popen[bytes]) -> None:
+    socket = Path(f"/tmp/.X11-unix/X{index}")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if socket.exists() and run(["xdotool", "getdisplaygeometry"], index, check=False).returncode == 0:
+            return
+        if xvfb.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise Refused(500, "DESKTOP_FAILED", f"the X server of screen-{index} did not start")
+
+
+def start_screen(index: int, width: int, height: int) -> dict[str, Any]:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    Path("/tmp/.X11-unix").mkdir(mode=0o1777, exist_ok=True)
+    with contextlib.suppress(OSError):
+        os.chmod("/tmp/.X11-unix", 0o1777)
+    display = display_of(index)
+    xvfb = spawn(
+        ["Xvfb", display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-ac"],
+        log_name=f"xvfb-{index}.log",
+    )
+    wait_for_display(index, xvfb)
+    wm = spawn(["openbox", "--sm-disable"], display, f"openbox-{index}.log")
+    state = {
+        "index": index,
+        "width": width,
+        "height": height,
+        "xvfb_pid": xvfb.pid,
+        "wm_pid": wm.pid,
+        "vnc_pid": 0,
+        "novnc_pid": 0,
+    }
+    write_state(index, state)
+    deadline = time.monotonic() + 5  # windows opened before the WM manages the root get no frame
+    while time.monotonic() < deadline:
+        if run(["wmctrl", "-m"], index, check=False).returncode == 0:
+            break
+        time.sleep(0.05)
+    return state
+
+
+def stop_screen(state: dict[str, Any]) -> None:
+    for key in ("novnc_pid", "vnc_pid", "wm_pid", "xvfb_pid"):
+        pid = int(state.get(key) or 0)
+        if pid > 0:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and alive(int(state["xvfb_pid"]), "Xvfb"):
+        time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        os.killpg(int(state["xvfb_pid"]), signal.SIGKILL)
+    state_path(int(state["index"])).unlink(missing_ok=True)
+
+
+class Lock:
+    def __enter__(self) -> Lock:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        self.file = open(STATE_DIR / "lock", "w")
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+
+def ensure_screen(index: int) -> dict[str, Any]:
+    """The running screen; screen-0 is started on first use, others must have been created."""
+    state = read_state(index)
+    if state is not None:
+        return state
+    if index != 0:
+        raise Refused(404, "NOT_FOUND", f"screen-{index} does not exist; create it with POST /screens")
+    with Lock():
+        return read_state(0) or start_screen(0, *DEFAULT_SIZE)
+
+
+def screen_view(state: dict[str, Any]) -> dict[str, Any]:
+    index = int(state["index"])
+    return {
+        "screen_id": f"screen-{index}",
+        "display": display_of(index),
+        "width": int(state["width"]),
+        "height": int(state["height"]),
+        "vnc_port": VNC_BASE_PORT + index,
+        "novnc_port": NOVNC_BASE_PORT + index,
+    }
+
+
+def size_from(args: dict[str, Any], default: tuple[int, int]) -> tuple[int, int]:
+    width = args.get("width", default[0])
+    height = args.get("height", default[1])
+    for field, value, low, high in (
+        ("width", width, MIN_SIZE[0], MAX_SIZE[0]),
+        ("height", height, MIN_SIZE[1], MAX_SIZE[1]),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise bad(field, f"must be an integer from {low} to {high}")
+    return int(width), int(height)
+
+
+# -- running X tools -----------------------------------------------------------------------------
+
+
+def run(argv: list[str], index: int, *, check: bool = True, stdin: bytes | None = None) -> Any:
+    env = dict(os.environ, DISPLAY=display_of(index))
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    result = subprocess.run(argv, env=env, input=stdin, capture_output=True, timeout=30, check=False)
+    if check and result.returncode != 0:
+        message = result.stderr.decode(errors="replace").strip()[-300:]
+        raise Refused(500, "DESKTOP_FAILED", f"{argv[0]} failed: {message}")
+    return result
+
+
+def shell_values(output: bytes) -> dict[str, str]:
+    values = {}
+    for line in output.decode(errors="replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values
+
+
+def window_id(raw: Any) -> int:
+    try:
+        value = int(str(raw), 0)
+    except ValueError:
+        raise bad("window_id", "must be a window id (decimal or 0x hex)") from None
+    if not 0 < value < 2**32:
+        raise bad("window_id", "must be a window id (decimal or 0x hex)")
+    return value
+
+
+def managed_windows(index: int) -> list[dict[str, Any]]:
+    """Top-level windows the window manager manages (minimized ones too), oldest first."""
+    result = run(["wmctrl", "-lx"], index, check=False)
+    windows = []
+    for line in result.stdout.decode(errors="replace").splitlines():
+        parts = line.split(None, 4)
+        if len(parts) < 4:
+            continue
+        title = parts[4] if len(parts) == 5 else ""
+        windows.append({"id": str(int(parts[0], 16)), "wm_class": parts[2], "title": title})
+    return windows
+
+
+def existing_window(index: int, raw: Any) -> int:
+    wid = window_id(raw)
+    if run(["xdotool", "getwindowname", str(wid)], index, check=False).returncode != 0:
+        raise Refused(404, "NOT_FOUND", f"no window {raw} on screen-{index}")
+    return wid
+
+
+def window_title(index: int, wid: int) -> str:
+    result = run(["xdotool", "getwindowname", str(wid)], index)
+    return str(result.stdout.decode(errors="replace").rstrip("\n"))
+
+
+def geometry(index: int, wid: int) -> dict[str, int]:
+    values = shell_values(run(["xdotool", "getwindowgeometry", "--shell", str(wid)], index).stdout)
+    return {key: int(values[key.upper()]) for key in ("x", "y", "width", "height")}
+
+
+def point(args: dict[str, Any], prefix: str = "") -> tuple[int, int]:
+    coords = []
+    for axis in ("x", "y"):
+        value = args.get(axis)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100_000:
+            raise bad(prefix + axis, "must be a non-negative integer")
+        coords.append(value)
+    return coords[0], coords[1]
+
+
+def button_of(args: dict[str, Any]) -> str:
+    button = args.get("button", "left")
+    if button not in BUTTONS:
+        raise bad("button", "must be one of left, middle, right")
+    return BUTTONS[button]
+
+
+def keysym(key: Any) -> str:
+    if not isinstance(key, str) or not key or len(key) > 64 or not key.isprintable():
+        raise bad("keys", "each key must be a non-empty key name")
+    lowered = key.lower()
+    if lowered in KEY_NAMES:
+        return KEY_NAMES[lowered]
+    if re.fullmatch(r"f([1-9]|1[0-9]|2[0-4])", lowered):
+        return lowered.upper()
+    return key
+
+
+def keys_of(args: dict[str, Any]) -> list[str]:
+    keys = args.get("keys")
+    if isinstance(keys, str):
+        keys = [keys]
+    if not isinstance(keys, list) or not keys or len(keys) > 16:
+        raise bad("keys", "must be a list of 1 to 16 key names")
+    return [keysym(key) for key in keys]
+
+
+def text_of(args: dict[str, Any], field: str) -> str:
+    text = args.get(field)
+    if not isinstance(text, str):
+        raise bad(field, "must be a string")
+    return text
+
+
+def launch_argv(application: str, uri: str | None, index: int) -> list[str]:
+    name = application.strip().lower()
+    if name in BROWSERS:
+        argv = [
+            "chromium",
+            "--no-sandbox",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--password-store=basic",
+            f"--user-data-dir=/root/.config/chromium-screen-{index}",
+        ]
+        return [*argv, uri] if uri else [*argv, "--new-window"]
+    if name in EDITORS:
+        return ["mousepad"] + ([uri] if uri else [])
+    if re.fullmatch(r"[A-Za-z0-9._+-]{1,64}", application) and shutil.which(application):
+        return [application] + ([uri] if uri else [])
+    raise bad("application", f"{application!r} is not installed (try chromium or mousepad)")
+
+
+# -- operations ----------------------------------------------------------------------------------
+
+
+def op_screenshot(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    state = ensure_screen(index)
+    width, height = int(state["width"]), int(state["height"])
+    if args.get("window_id") is not None:
+        wid = existing_window(index, args["window_id"])
+        box = geometry(index, wid)
+        left, top = max(box["x"], 0), max(box["y"], 0)
+        right, bottom = min(box["x"] + box["width"], width), min(box["y"] + box["height"], height)
+        if right <= left or bottom <= top:
+            raise Refused(409, "INVALID_STATE", "the window is not on the screen (minimized?)")
+    else:
+        region = {key: args.get(key) for key in ("x", "y", "width", "height")}
+        left, top = int(region["x"] or 0), int(region["y"] or 0)
+        right = left + int(region["width"] if region["width"] is not None else width - left)
+        bottom = top + int(region["height"] if region["height"] is not None else height - top)
+        if not (0 <= left < right <= width):
+            raise bad(
+                "width" if region["width"] is not None else "x", f"the region must lie within 0…{width}"
+            )
+        if not (0 <= top < bottom <= height):
+            raise bad(
+                "height" if region["height"] is not None else "y", f"the region must lie within 0…{height}"
+            )
+    image = ImageGrab.grab(bbox=(left, top, right, bottom), xdisplay=display_of(index))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG", compress_level=1)
+    return {"png": base64.b64encode(buffer.getvalue()).decode()}
+
+
+def op_screen(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    ensure_screen(index)
+    values = run(["xdotool", "getdisplaygeometry"], index, check=True)
+    width, height = values.stdout.split()
+    return {"width": int(width), "height": int(height)}
+
+
+def op_cursor(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    ensure_screen(index)
+    values = shell_values(run(["xdotool", "getmouselocation", "--shell"], index).stdout)
+    return {"x": int(values["X"]), "y": int(values["Y"])}
+
+
+def op_clipboard_get(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    ensure_screen(index)
+    result = run(["xclip", "-selection", "clipboard", "-o"], index, check=False)
+    return {"text": result.stdout.decode(errors="replace") if result.returncode == 0 else ""}
+
+
+def op_clipboard_set(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    text = text_of(args, "text")
+    ensure_screen(index)
+    # xclip stays in the background to serve the selection; it must not hold this exec's pipes.
+    env = dict(os.environ, DISPLAY=display_of(index))
+    process = subprocess.Popen(
+        ["xclip", "-selection", "clipboard", "-i"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    process.communicate(text.encode(), timeout=10)
+    return {"ok": True}
+
+
+def op_launch(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    application = text_of(args, "application")
+    uri = args.get("uri")
+    if uri is not None and (not isinstance(uri, str) or uri.startswith("-")):
+        raise bad("uri", "must be a string that does not start with '-'")
+    ensure_screen(index)
+    spawn(launch_argv(application, uri, index), display_of(index))
+    return {"ok": True}
+
+
+def op_open(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    target = text_of(args, "target")
+    if not target or target.startswith("-"):
+        raise bad("target", "must be a URL or a path")
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", target):
+        return op_launch(index, {"application": "chromium", "uri": target})
+    path = Path(target)
+    if not path.exists():
+        raise bad("target", f"{target} does not exist in the sandbox")
+    text_like = path.suffix.lower() not in {".html", ".htm", ".pdf", ".png", ".jpg", ".jpeg", ".gif", ".svg"}
+    if text_like and path.is_file():
+        return op_launch(index, {"application": "mousepad", "uri": str(path)})
+    return op_launch(index, {"application": "chromium", "uri": path.resolve().as_uri()})
+
+
+def op_mouse_move(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    x, y = point(args)
+    ensure_screen(index)
+    run(["xdotool", "mousemove", "--sync", str(x), str(y)], index)
+    return {"ok": True}
+
+
+def op_mouse_click(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    button = button_of(args)
+    count = args.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 10:
+        raise bad("count", "must be an integer from 1 to 10")
+    argv = ["xdotool"]
+    if args.get("x") is not None or args.get("y") is not None:
+        x, y = point(args)
+        argv += ["mousemove", "--sync", str(x), str(y)]
+    ensure_screen(index)
+    run([*argv, "click", "--repeat", str(count), "--delay", "80", button], index)
+    return {"ok": True}
+
+
+def op_mouse_scroll(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    direction = args.get("direction", "down")
+    if direction not in ("up", "down", "left", "right"):
+        raise bad("direction", "must be up or down")
+    amount = args.get("amount", 1)
+    if not isinstance(amount, int) or isinstance(amount, bool) or not 1 <= amount <= 100:
+        raise bad("amount", "must be an integer from 1 to 100")
+    button = {"up": "4", "down": "5", "left": "6", "right": "7"}[direction]
+    ensure_screen(index)
+    run(["xdotool", "click", "--repeat", str(amount), "--delay", "20", button], index)
+    return {"ok": True}
+
+
+def op_mouse_drag(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    start, end = args.get("from"), args.get("to")
+    if not isinstance(start, dict):
+        raise bad("from", "must be an object {x, y}")
+    if not isinstance(end, dict):
+        raise bad("to", "must be an object {x, y}")
+    x0, y0 = point(start, "from.")
+    x1, y1 = point(end, "to.")
+    ensure_screen(index)
+    steps = [(x0 + (x1 - x0) * i // 8, y0 + (y1 - y0) * i // 8) for i in range(1, 9)]
+    argv = ["xdotool", "mousemove", "--sync", str(x0), str(y0), "mousedown", "1"]
+    for x, y in steps:
+        argv += ["sleep", "0.02", "mousemove", "--sync", str(x), str(y)]
+    run([*argv, "mouseup", "1"], index)
+    return {"ok": True}
+
+
+def op_mouse_down(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    button = button_of(args)
+    ensure_screen(index)
+    run(["xdotool", "mousedown", button], index)
+    return {"ok": True}
+
+
+def op_mouse_up(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    button = button_of(args)
+    ensure_screen(index)
+    run(["xdotool", "mouseup", button], index)
+    return {"ok": True}
+
+
+def op_keyboard_type(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    text = text_of(args, "text")
+    delay = args.get("delay_in_ms", 12)
+    if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= 1000:
+        raise bad("delay_in_ms", "must be an integer from 0 to 1000")
+    ensure_screen(index)
+    if text:
+        run(["xdotool", "type", "--delay", str(delay), "--", text], index)
+    return {"ok": True}
+
+
+def op_keyboard_press(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    keys = keys_of(args)
+    ensure_screen(index)
+    run(["xdotool", "key", "--clearmodifiers", "--", "+".join(keys)], index)
+    return {"ok": True}
+
+
+def op_keyboard_down(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    keys = keys_of(args)
+    ensure_screen(index)
+    run(["xdotool", "keydown", "--", *keys], index)
+    return {"ok": True}
+
+
+def op_keyboard_up(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    keys = keys_of(args)
+    ensure_screen(index)
+    run(["xdotool", "keyup", "--", *keys], index)
+    return {"ok": True}
+
+
+def op_windows(index: int, args: dict[str, Any]) -> list[dict[str, Any]]:
+    ensure_screen(index)
+    application = args.get("application")
+    windows = managed_windows(index)
+    if application:
+        wanted = str(application).lower()
+        windows = [w for w in windows if wanted in w["wm_class"].lower()]
+    return [{"id": w["id"], "title": w["title"]} for w in windows]
+
+
+def op_window_current(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    ensure_screen(index)
+    result = run(["xdotool", "getactivewindow"], index, check=False)
+    if result.returncode != 0 or not result.stdout.strip():
+        raise Refused(404, "NOT_FOUND", f"no window has the focus on screen-{index}")
+    wid = int(result.stdout.split()[0])
+    return {"id": str(wid), "title": window_title(index, wid)}
+
+
+def op_window_get(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    ensure_screen(index)
+    wid = existing_window(index, args.get("window_id"))
+    return {"id": str(wid), "title": window_title(index, wid)}
+
+
+def op_window_geometry(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    ensure_screen(index)
+    wid = existing_window(index, args.get("window_id"))
+    return {"id": str(wid), **geometry(index, wid), "screen": f"screen-{index}"}
+
+
+def window_action(index: int, args: dict[str, Any], *commands: list[str]) -> dict[str, Any]:
+    ensure_screen(index)
+    wid = str(existing_window(index, args.get("window_id")))
+    for command in commands:
+        run([part.replace("{id}", wid) for part in command], index)
+    return {"ok": True}
+
+
+def op_window_focus(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    return window_action(index, args, ["wmctrl", "-i", "-a", "{id}"])
+
+
+def op_window_maximize(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    return window_action(
+        index, args, ["wmctrl", "-i", "-r", "{id}", "-b", "add,maximized_vert,maximized_horz"]
+    )
+
+
+def op_window_minimize(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    return window_action(index, args, ["xdotool", "windowminimize", "--sync", "{id}"])
+
+
+def op_window_restore(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    return window_action(
+        index,
+        args,
+        ["wmctrl", "-i", "-r", "{id}", "-b", "remove,maximized_vert,maximized_horz"],
+        ["wmctrl", "-i", "-a", "{id}"],
+    )
+
+
+def op_window_move(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    x, y = point(args)
+    return window_action(index, args, ["xdotool", "windowmove", "--sync", "{id}", str(x), str(y)])
+
+
+def op_window_resize(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    width, height = size_from(args, (-1, -1))
+    return window_action(index, args, ["xdotool", "windowsize", "--sync", "{id}", str(width), str(height)])
+
+
+def op_window_close(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    return window_action(index, args, ["wmctrl", "-i", "-c", "{id}"])
+
+
+def op_screens(index: int, args: dict[str, Any]) -> list[dict[str, Any]]:
+    ensure_screen(0)
+    return [screen_view(state) for i in range(MAX_SCREENS) if (state := read_state(i)) is not None]
+
+
+def op_screen_create(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    width, height = size_from(args, DEFAULT_SIZE)
+    ensure_screen(0)
+    with Lock():
+        for candidate in range(1, MAX_SCREENS):
+            if read_state(candidate) is None:
+                return screen_view(start_screen(candidate, width, height))
+    raise Refused(409, "LIMIT_EXCEEDED", f"a sandbox has at most {MAX_SCREENS} screens")
+
+
+def op_screen_get(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    return screen_view(ensure_screen(index))
+
+
+def op_screen_resize(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    state = ensure_screen(index)
+    width, height = size_from(args, (int(state["width"]), int(state["height"])))
+    with Lock():
+        # Xvfb cannot grow its framebuffer: the screen's X server is started again at the new size, so
+        # the windows that were on it are closed.
+        vnc_was_on = bool(state.get("novnc_pid"))
+        stop_screen(state)
+        state = start_screen(index, width, height)
+        if vnc_was_on:
+            state = start_vnc(state)
+    return screen_view(state)
+
+
+def op_screen_delete(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    if index == 0:
+        raise Refused(409, "INVALID_STATE", "screen-0 is the sandbox's main screen and cannot be deleted")
+    state = read_state(index)
+    if state is None:
+        raise Refused(404, "NOT_FOUND", f"screen-{index} does not exist")
+    with Lock():
+        stop_screen(state)
+    return {"ok": True}
+
+
+def start_vnc(state: dict[str, Any]) -> dict[str, Any]:
+    index = int(state["index"])
+    display = display_of(index)
+    if not alive(int(state.get("vnc_pid") or 0), "x11vnc"):
+        state["vnc_pid"] = spawn(
+            [
+                "x11vnc",
+                "-display",
+                display,
+                "-rfbport",
+                str(VNC_BASE_PORT + index),
+                "-localhost",
+                "-forever",
+                "-shared",
+                "-nopw",
+                "-noxdamage",
+                "-quiet",
+            ],
+            log_name=f"x11vnc-{index}.log",
+        ).pid
+    if not alive(int(state.get("novnc_pid") or 0), "websockify"):
+        state["novnc_pid"] = spawn(
+            [
+                "python3",
+                "-m",
+                "websockify",
+                "--web",
+                NOVNC_WEB,
+                f"0.0.0.0:{NOVNC_BASE_PORT + index}",
+                f"127.0.0.1:{VNC_BASE_PORT + index}",
+            ],
+            log_name=f"websockify-{index}.log",
+        ).pid
+    write_state(index, state)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if listening(VNC_BASE_PORT + index) and listening(NOVNC_BASE_PORT + index):
+            return state
+        time.sleep(0.05)
+    raise Refused(500, "DESKTOP_FAILED", f"the VNC server of screen-{index} did not start")
+
+
+def listening(port: int) -> bool:
+    wanted = f"{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[1].rsplit(":", 1)[-1] == wanted and fields[3] == "0A":
+                    return True
+    return False
+
+
+def op_connect(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    state = ensure_screen(index)
+    with Lock():
+        state = start_vnc(read_state(index) or state)
+    return screen_view(state)
+
+
+OPERATIONS = {name.removeprefix("op_"): fn for name, fn in dict(globals()).items() if name.startswith("op_")}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if len(argv) != 3 or argv[1] not in OPERATIONS:
+            raise Refused(500, "DESKTOP_FAILED", f"unknown operation {argv[1:2]}")
+        args = json.loads(argv[2])
+        index = screen_index(str(args.pop("screen_id", None) or "screen-0"))
+        data = OPERATIONS[argv[1]](index, args)
+    except Refused as exc:
+        error = {"status": exc.status, "code": exc.code, "message": exc.message}
+        if exc.field:
+            error["field"] = exc.field
+        print(json.dumps({"error": error}))
+        return 3
+    except subprocess.TimeoutExpired as exc:
+        print(
+            json.dumps(
+                {"error": {"status": 500, "code": "DESKTOP_FAILED", "message": f"{exc.cmd[0]} timed out"}}
+            )
+        )
+        return 3
+    print(json.dumps({"data": data}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
