@@ -17,7 +17,10 @@ pressure the kernel reclaims, then kills inside the sandboxes, never the agent o
 (docs/performance.md).
 
 Disk free is the host filesystem's free space less ``disk_reserved_mib`` less what the sandboxes'
-sparse disks may still take (each one's size less the blocks its image holds now).
+sparse disks may still take (each one's size less the blocks its image holds now), with the same
+model for ``PADDOCK_HOST_DISK_OVERCOMMIT`` (1 by default). There is no kernel cap behind a disk
+overcommit: a host whose filesystem fills fails the writes of every sandbox (ENOSPC, or the sandbox's
+filesystem turning read-only), so it is for hosts whose sandboxes are known to write little.
 
 A refusal is ``InsufficientCapacity`` (507) whose message starts ``"<N> MiB requested, <M> MiB free"``
 and says which of these ran out.
@@ -115,14 +118,21 @@ class DiskView:
     fs_free_mib: int
     reserved_mib: int
     promises: list[Promise]
+    overcommit: float = 1.0
 
     @property
     def unused_mib(self) -> int:
-        return sum(promise.unused_mib for promise in self.promises)
+        """What the sparse disks are still expected to grow into (as for memory: at ratio 1 every size
+        less what its image holds; above, the share ``promised / r`` less what they hold)."""
+        if self.overcommit == 1.0:
+            return sum(promise.unused_mib for promise in self.promises)
+        promised_mib = sum(promise.limit_mib for promise in self.promises)
+        used_mib = sum(min(promise.used_bytes // MIB, promise.limit_mib) for promise in self.promises)
+        return max(int(promised_mib / self.overcommit) - used_mib, 0)
 
     @property
     def free_mib(self) -> int:
-        return max(self.fs_free_mib - self.reserved_mib - self.unused_mib, 0)
+        return max(int((self.fs_free_mib - self.reserved_mib - self.unused_mib) * self.overcommit), 0)
 
     def admit(self, requested_mib: int) -> None:
         if requested_mib <= self.free_mib:
@@ -131,4 +141,6 @@ class DiskView:
             f"disk: the host's filesystem has {self.fs_free_mib} MiB free, {self.unused_mib} MiB of it "
             f"promised to {len(self.promises)} sandbox disks and {self.reserved_mib} MiB kept for the host"
         )
+        if self.overcommit != 1.0:
+            why += f", overcommitted {self.overcommit:g}×"
         raise errors.InsufficientCapacity(f"{requested_mib} MiB requested, {self.free_mib} MiB free ({why})")

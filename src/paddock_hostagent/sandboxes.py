@@ -228,7 +228,9 @@ class SandboxManager:
             for entry in list(self._entries.values())
         ]
         promises += [Promise(disk_mib, 0) for _, disk_mib in self._pending.values()]
-        return DiskView(free_bytes // MIB, self.settings.disk_reserved_mib, promises)
+        return DiskView(
+            free_bytes // MIB, self.settings.disk_reserved_mib, promises, self.settings.disk_overcommit
+        )
 
     def info(self) -> HostInfo:
         return HostInfo(

@@ -77,6 +77,10 @@ class HostAgentSettings(ServiceSettings):
     memory_overcommit: float = Field(default=1.0, ge=1.0, le=64.0)
     # Host disk (under state_dir) kept free: sandboxes' sparse disks are admitted only within the rest.
     disk_reserved_mib: int = Field(default=4096, ge=0)
+    # Disk overcommit for admission: sparse disk sizes may add up to this many times the room above
+    # (an idle sandbox's disk holds a few MiB). Nothing caps their real use: a full host filesystem
+    # fails every sandbox's writes (capacity.py).
+    disk_overcommit: float = Field(default=1.0, ge=1.0, le=256.0)
     # Tasks one sandbox may hold (its pids.max), and all this agent's sandboxes together; 0 means the
     # kernel's limit (pid_max or threads-max) less a quarter kept for the host.
     sandbox_pids_max: int = Field(default=4096, ge=16)

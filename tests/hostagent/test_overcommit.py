@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from paddock_hostagent.capacity import MIB, MemoryView, Promise
+from paddock_hostagent.capacity import MIB, DiskView, MemoryView, Promise
 from paddock_hostagent.client import HostAgentError
 from paddock_hostagent.errors import InsufficientCapacity
 from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sh
@@ -48,6 +48,19 @@ def test_memory_really_in_use_stops_placement_whatever_the_ratio() -> None:
     with pytest.raises(InsufficientCapacity) as refused:
         view.admit(2048)
     assert str(refused.value).startswith("2048 MiB requested, 912 MiB free (memory: the machine has 1100 MiB")
+
+
+def test_disk_overcommit_admits_sparse_disks_by_the_ratio_and_refuses_by_real_use() -> None:
+    disks = [Promise(2048, 20 * MIB) for _ in range(500)]  # 1,000 GiB promised, 10 GiB held
+    assert DiskView(70_000, 4096, disks).free_mib == 0
+    view = DiskView(70_000, 4096, disks, overcommit=32)
+    assert view.unused_mib == 1_024_000 // 32 - 10_000
+    assert view.free_mib == (70_000 - 4096 - view.unused_mib) * 32
+    view.admit(2048)
+    full = DiskView(4200, 4096, disks, overcommit=32)
+    with pytest.raises(InsufficientCapacity) as refused:
+        full.admit(2048)
+    assert "overcommitted 32×" in str(refused.value)
 
 
 async def test_overcommitted_host_admits_past_its_memory_and_kills_inside_the_cap(make_agent: Any) -> None:
