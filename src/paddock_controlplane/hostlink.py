@@ -173,6 +173,8 @@ class HostLinkAPI(Protocol):
 
     async def delete_build(self, build_id: str) -> None: ...
 
+    async def fetch_image(self, image: str, source_url: str) -> None: ...
+
     # -- managed processes (§12.2) --
 
     async def start_process(self, sandbox_id: str, body: ProcessStartBody) -> ProcessView: ...
@@ -335,6 +337,11 @@ class HostLink(HostLinkAPI):
     async def delete_build(self, build_id: str) -> None:
         with _mapped():
             await self.client.delete_build(build_id)
+
+    async def fetch_image(self, image: str, source_url: str) -> None:
+        """The host pulls a template's image from the host agent at ``source_url``, which holds it."""
+        with _mapped():
+            await self.client.fetch_image(image, source_url)
 
     # -- managed processes (§12.2) --
 

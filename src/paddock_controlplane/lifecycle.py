@@ -64,6 +64,8 @@ class Placement:
     rootfs: str
     host_id: str | None
     node_selector: dict[str, str]
+    #: A template's image: a host without it fetches it from one that has it (holders first).
+    fetchable: bool = False
 
 
 @dataclass
@@ -164,8 +166,9 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         placement = Placement(
             mem_mib=spec.shape.mem_mib,
             rootfs=rootfs,
-            host_id=await networks.placement(session, joined, spec.host_id or image_host),
+            host_id=await networks.placement(session, joined, spec.host_id),
             node_selector=spec.node_selector,
+            fetchable=image_host is not None,
         )
         host = await _pick(session, services, placement, refused=())
         sandbox = Sandbox(
@@ -226,6 +229,7 @@ async def _pick(
         host_id=placement.host_id,
         node_selector=placement.node_selector,
         exclude=refused,
+        fetchable=placement.fetchable,
     )
 
 
@@ -269,6 +273,8 @@ async def boot(
     started = time.perf_counter()
 
     async def start_on_host() -> tuple[hostlink.Booted, float]:
+        if fork_of is None:  # a template's image this host lacks comes first (not within the boot time)
+            await templates.ensure_image(services, link, str(sandbox.host_id), sandbox.rootfs)
         async with asyncio.timeout(services.settings.boot_timeout_s):
             memberships = await networks.boot_memberships(services, sandbox.id)
             if fork_of is None:

@@ -79,8 +79,12 @@ async def pick_host(
     host_id: str | None = None,
     node_selector: dict[str, str] | None = None,
     exclude: Collection[str] = (),
+    fetchable: bool = False,
 ) -> Host:
     """The qualifying host with the most free memory; 503 saying why when there is none.
+
+    ``fetchable``: the image (a template's) can be fetched from a host that holds it, so a host
+    without it qualifies too, after every holder (a holder with room is always preferred).
 
     ``host_id`` naming no host at all is the caller's mistake (400 naming the field); a known host that
     is dead, draining or full is a capacity answer (503), as the contract says. ``exclude`` lists hosts
@@ -103,18 +107,22 @@ async def pick_host(
         selector = json.dumps(node_selector, sort_keys=True)
         raise no_capacity(f"no active host matches node_selector {selector}")
     serving = [h for h in matching if rootfs in (h.rootfses or []) or rootfs in (h.buildable or [])]
-    if not serving:
+    tiers = [serving, [h for h in matching if h not in serving]] if fetchable else [serving]
+    if not any(tiers):
         raise no_capacity(f"no active host can run image {rootfs!r}")
-    held = await held_by_host(session, [host.id for host in serving])
+    held = await held_by_host(session, [host.id for tier in tiers for host in tier])
     best: tuple[int, Host] | None = None
     largest = 0
-    for host in serving:
-        if host.id in exclude:
-            continue
-        free = free_mib(host, held.get(host.id))
-        largest = max(largest, free)
-        if free >= mem_mib and (best is None or free > best[0]):
-            best = (free, host)
+    for tier in tiers:
+        for host in tier:
+            if host.id in exclude:
+                continue
+            free = free_mib(host, held.get(host.id))
+            largest = max(largest, free)
+            if free >= mem_mib and (best is None or free > best[0]):
+                best = (free, host)
+        if best is not None:
+            break
     if best is None:
         if host_id:
             raise no_capacity(f"host {host_id} has {largest} MiB free, {mem_mib} MiB requested")

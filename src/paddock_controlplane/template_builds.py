@@ -323,9 +323,15 @@ class TemplateBuilder:
 
 
 async def forget(services: Services, template: Template) -> None:
-    """After a delete: the host cancels a running attempt at once and drops the image (when unused)."""
-    if template.host_id is None:
-        return
-    with contextlib.suppress(hostlink.HostError, hostlink.SandboxGoneError):
-        link = await hostlink.for_host(services, template.host_id)
-        await link.delete_build(template.id)
+    """After a delete: the building host cancels a running attempt at once, and every host holding the
+    image (its builder, and hosts that fetched it) drops it once no sandbox of theirs boots from it."""
+    async with services.sessions() as session:
+        holders = [
+            host.id
+            for host in (await session.scalars(select(Host))).all()
+            if host.id == template.host_id or template.id in (host.rootfses or [])
+        ]
+    for host_id in holders:
+        with contextlib.suppress(hostlink.HostError, hostlink.SandboxGoneError):
+            link = await hostlink.for_host(services, host_id)
+            await link.delete_build(template.id)

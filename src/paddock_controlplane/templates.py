@@ -40,15 +40,18 @@ from pydantic import StrictStr
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import accounts, hosts, webhooks
-from paddock_controlplane.models import Template, TemplateLogLine
+from paddock_controlplane import accounts, hostlink, hosts, webhooks
+from paddock_controlplane.models import Host, Template, TemplateLogLine
 from paddock_controlplane.schemas import Body
 from paddock_controlplane.services import Services
 from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.ids import new_id
+from paddock_core.logging import get_logger
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_core.timeutil import rfc3339
+
+log = get_logger("paddock.templates")
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 MAX_DOCKERFILE_BYTES = 65536
@@ -415,6 +418,21 @@ async def resolve(session: AsyncSession, user_id: str, ref: str) -> Template | N
     if template is not None and template.status != "ready":
         raise errors.InvalidState(f"template {template.name!r} is {template.status}, not ready")
     return template
+
+
+async def ensure_image(services: Services, link: hostlink.HostLink, host_id: str, image: str) -> None:
+    """Before a sandbox of a template boots on a host that lacks its image, that host fetches it from
+    the host that built it (``paddock_hostagent.image_transfer``). Catalog images: nothing to do."""
+    if not image.startswith("tpl_"):
+        return
+    async with services.sessions() as session:
+        host = await session.get(Host, host_id)
+        template = await session.get(Template, image)
+        source = await session.get(Host, template.host_id) if template and template.host_id else None
+    if host is None or image in (host.rootfses or []) or source is None or source.id == host_id:
+        return
+    await link.fetch_image(image, source.url)
+    log.info("template_image_fetched", template_id=image, host_id=host_id, source_host_id=source.id)
 
 
 # --- the build log -------------------------------------------------------------------------------

@@ -204,5 +204,8 @@ class FakeHostLink(FakeProcesses):
         self.calls.append(("delete_build", build_id))
         self.builds.pop(build_id, None)
 
+    async def fetch_image(self, image: str, source_url: str) -> None:
+        self.calls.append(("fetch_image", image))
+
 
 _: hostlink.HostLinkAPI = FakeHostLink()  # mypy: the fake keeps the interface's signatures

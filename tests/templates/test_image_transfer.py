@@ -56,44 +56,43 @@ def two_hosts(
         shutil.rmtree(own_images, ignore_errors=True)
 
 
-async def test_a_host_fetches_a_template_it_lacks_and_boots_it(
+async def test_a_sandbox_placed_on_a_host_without_the_image_boots_there(
     two_hosts: tuple[LivePlatform, dict[str, Any], str],
 ) -> None:
+    """The control plane places the sandbox on the second host (``host_id``): that host fetches the
+    template's image from the builder first, then boots its own copy."""
     platform, template, key = two_hosts
-    builder, second = platform.agents
+    second = platform.agents[1]
     own_images = Path(second.extra_env["PADDOCK_HOST_IMAGE_DIR"])
     assert not (own_images / template["id"]).exists()
-
-    client = HostAgentClient(second.url, TOKEN)
-    try:
-        with pytest.raises(HostAgentError):  # only templates travel, and only from a host that has them
-            await client.fetch_image("debian:13", builder.url)
-        with pytest.raises(HostAgentError):
-            await client.fetch_image("tpl_00000000000000000000000000", builder.url)
-        fetched = await client.fetch_image(template["id"], builder.url)
-        assert fetched.image == template["id"] and fetched.ext4_size_bytes == template["ext4_size_bytes"]
-        again = await client.fetch_image(template["id"], builder.url)  # already here: at once
-        assert again.image == template["id"]
-    finally:
-        await client.aclose()
-    assert (own_images / template["id"] / "image.json").is_file()
-
-    # The public API places a sandbox of the template on the second host, which boots its own copy.
     with platform.http(key) as http:
-        host_id = f"test-{second.nft_table}"
-        deadline = time.monotonic() + 15
-        while True:  # the second host lists the image from its next heartbeat on
-            created = http.post(
-                "/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": template["id"], "host_id": host_id}
-            )
-            if created.status_code != 503 or time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
+        created = http.post(
+            "/v1/sandboxes",
+            json={"shape": "s-1vcpu-1gb", "rootfs": "carried", "host_id": f"test-{second.nft_table}"},
+        )
         assert created.status_code == 200, created.text
         sandbox = created.json()["data"]
         try:
             assert second.record(sandbox["id"])["image"] == template["id"]  # on the second host
+            assert (own_images / template["id"] / "image.json").is_file()
             out = sh(http, sandbox["id"], 'cat /marker.txt; echo "$CARRIED"')
             assert out["stdout"].splitlines() == ["carried-between-hosts", "yes"], out
         finally:
             http.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+async def test_the_fetch_call_takes_only_templates_a_source_holds(
+    two_hosts: tuple[LivePlatform, dict[str, Any], str],
+) -> None:
+    platform, template, _ = two_hosts
+    builder, second = platform.agents
+    client = HostAgentClient(second.url, TOKEN)
+    try:
+        with pytest.raises(HostAgentError, match="only templates"):
+            await client.fetch_image("debian:13", builder.url)
+        with pytest.raises(HostAgentError, match="404"):
+            await client.fetch_image("tpl_00000000000000000000000000", builder.url)
+        fetched = await client.fetch_image(template["id"], builder.url)  # already here: at once
+        assert fetched.image == template["id"] and fetched.ext4_size_bytes == template["ext4_size_bytes"]
+    finally:
+        await client.aclose()
