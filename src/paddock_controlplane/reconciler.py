@@ -1,5 +1,5 @@
 """The reconciler: its loop and its passes — host liveness, sandboxes of dead hosts, billing, idle
-auto-pause, and destroys and disk mounts a dead process left unfinished.
+auto-pause, and destroys, pauses, resumes and disk mounts a dead process left unfinished.
 
 Runs inside the control-plane process; every pass is a short transaction, so several control-plane
 processes on PostgreSQL can run it side by side.
@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import time
 from collections.abc import Awaitable, Callable
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import billing, destruction, disks, hosts, suspension
+from paddock_controlplane import billing, destruction, disks, hostlink, hosts, suspension, webhooks
 from paddock_controlplane.host_reports import HOST_DEAD_REASON
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import ON_HOST, SandboxStatus
+from paddock_controlplane.transition import settle
+from paddock_controlplane.views import event_data
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import as_utc
@@ -96,6 +99,93 @@ async def idle_pass(session: AsyncSession, services: Services) -> None:
             suspension.pause_later(services, sandbox, "idle")
 
 
+#: Seconds a row may stay ``pausing``/``resuming`` before it counts as left by a dead process: a live
+#: pause or resume takes milliseconds, and its host call times out well before this.
+ORPHAN_AFTER_S = 20.0
+
+
+class OrphanedTransitions:
+    """Reconciler pass: a pause or resume whose control-plane process died between its two
+    transactions (killed, or a machine lost) leaves the row ``pausing``/``resuming``, which no request
+    can move on. Once this process has seen a row there for ``ORPHAN_AFTER_S``, it drives the host to
+    the state the operation wanted (pause and resume are idempotent there: a host that already did it
+    answers "is paused, not running" / "is running, not paused") and records the outcome with its
+    event, exactly as the operation would have. Two control planes may both try; ``settle`` records
+    only while the row is still in that status, so one outcome and one event are written. The pause's
+    original reason is not stored, so the event says ``api``; billing stops at the moment the row was
+    first seen orphaned, not later.
+    """
+
+    def __init__(self) -> None:
+        self.first_seen: dict[str, tuple[str, dt.datetime]] = {}
+        self.driving: set[str] = set()
+
+    async def __call__(self, session: AsyncSession, services: Services) -> None:
+        now = services.clock()
+        rows = (
+            await session.scalars(
+                select(Sandbox).where(Sandbox.status.in_((SandboxStatus.PAUSING, SandboxStatus.RESUMING)))
+            )
+        ).all()
+        seen: dict[str, tuple[str, dt.datetime]] = {}
+        for sandbox in rows:
+            status, since = self.first_seen.get(sandbox.id, (sandbox.status, now))
+            if status != sandbox.status:
+                since = now
+            seen[sandbox.id] = (sandbox.status, since)
+            orphaned = (now - since).total_seconds() >= ORPHAN_AFTER_S
+            if orphaned and sandbox.id not in self.driving and sandbox.host_id:
+                self.driving.add(sandbox.id)
+                services.tasks.spawn(
+                    self._drive(services, sandbox, sandbox.host_id, since),
+                    name=f"orphaned {sandbox.status} {sandbox.id}",
+                )
+        self.first_seen = seen
+
+    async def _drive(self, services: Services, sandbox: Sandbox, host_id: str, since: dt.datetime) -> None:
+        sandbox_id, status, disk_mib = sandbox.id, sandbox.status, sandbox.disk_mib
+        pausing = status == SandboxStatus.PAUSING
+        done_already = "is paused, not running" if pausing else "is running, not paused"
+
+        async def drive_host() -> None:
+            link = await hostlink.for_host(services, host_id)
+            try:
+                if pausing:
+                    await link.pause(sandbox_id)
+                else:
+                    await link.resume(sandbox_id, disk_mib=disk_mib)
+            except hostlink.HostError as exc:
+                if not str(exc).endswith(done_already):
+                    raise
+
+        async def paused(session: AsyncSession, row: Sandbox, _: None) -> None:
+            await billing.settle(session, row, since)
+            row.status, row.paused_at = SandboxStatus.PAUSED, since
+            data = event_data(row, reason="api")
+            await webhooks.emit(session, user_id=row.user_id, action="sandbox.pause", data=data)
+
+        async def running(session: AsyncSession, row: Sandbox, _: None) -> None:
+            now = services.clock()
+            row.status, row.running_at, row.last_resumed_at = SandboxStatus.RUNNING, now, now
+            row.billed_until, row.last_activity_at = now, now
+            await webhooks.emit(session, user_id=row.user_id, action="sandbox.resume", data=event_data(row))
+
+        try:
+            outcome = await settle(
+                services,
+                sandbox_id,
+                drive_host,
+                expect=(status,),
+                on_success=paused if pausing else running,
+            )
+            if outcome.recorded:
+                log.warning("orphaned_transition_settled", sandbox_id=sandbox_id, status=status)
+        except Exception as exc:  # tried again on a later pass
+            log.warning("orphaned_transition_failed", sandbox_id=sandbox_id, error=str(exc))
+        finally:
+            self.driving.discard(sandbox_id)
+
+
 #: Every pass, in the order a round runs them.
 PASSES: list[Pass] = [
     host_liveness_pass,
@@ -104,6 +194,7 @@ PASSES: list[Pass] = [
     idle_pass,
     destruction.settle_stuck,
     disks.settle_pending,
+    OrphanedTransitions(),
 ]
 
 
