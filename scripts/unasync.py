@@ -28,6 +28,7 @@ FILES = {
     "src/paddock/_async_resources.py": "src/paddock/_resources.py",
     "src/paddock/_async_sandbox.py": "src/paddock/_sandbox.py",
     "src/paddock/_async_processes.py": "src/paddock/_processes.py",
+    "src/paddock/_async_computer.py": "src/paddock/_computer.py",
     "tests/sdk/test_live_sandbox_async.py": "tests/sdk/test_live_sandbox.py",
     "tests/sdk/test_live_networks_async.py": "tests/sdk/test_live_networks.py",
 }

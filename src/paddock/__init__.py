@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from paddock import webhooks
 from paddock._async_client import AsyncClient
+from paddock._async_computer import AsyncComputer
 from paddock._async_processes import AsyncProcesses
 from paddock._async_sandbox import AsyncFiles, AsyncSandbox, AsyncSandboxes
 from paddock._base import RetryPolicy
 from paddock._client import Client
 from paddock._code import CodeInterpreterError, Execution, ExecutionError, Result
+from paddock._computer import Computer
 from paddock._errors import (
     APIError,
     AuthenticationError,
@@ -40,14 +42,18 @@ from paddock._models import (
     BuildLogFrame,
     Disk,
     ExecResult,
+    LiveView,
     ManagedProcess,
     Network,
     NetworkMember,
     SandboxDisk,
     SandboxInfo,
+    Screen,
     Template,
     WebhookDelivery,
     WebhookEndpoint,
+    Window,
+    WindowGeometry,
 )
 from paddock._processes import Processes
 from paddock._sandbox import Files, Sandbox, Sandboxes
@@ -70,6 +76,7 @@ __all__ = [
     "APIError",
     "AccessToken",
     "AsyncClient",
+    "AsyncComputer",
     "AsyncFiles",
     "AsyncProcesses",
     "AsyncSandbox",
@@ -79,6 +86,7 @@ __all__ = [
     "BuildLogFrame",
     "Client",
     "CodeInterpreterError",
+    "Computer",
     "ConflictError",
     "Deployment",
     "DeploymentFailedError",
@@ -89,6 +97,7 @@ __all__ = [
     "Files",
     "GatewayClient",
     "InsufficientFundsError",
+    "LiveView",
     "ManagedProcess",
     "Network",
     "NetworkMember",
@@ -109,6 +118,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxStateError",
     "Sandboxes",
+    "Screen",
     "ServerError",
     "Template",
     "TransportError",
@@ -117,5 +127,7 @@ __all__ = [
     "WebhookDelivery",
     "WebhookEndpoint",
     "WebhookVerificationError",
+    "Window",
+    "WindowGeometry",
     "webhooks",
 ]

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from paddock import _base, _blocking, _code
+from paddock._async_computer import AsyncComputer
 from paddock._async_processes import AsyncProcesses
 from paddock._async_resources import AsyncSandboxDisks
 from paddock._code import Execution, OutputCallback
@@ -140,6 +141,7 @@ class AsyncSandbox:
         self.files = AsyncFiles(self)
         self.disks = AsyncSandboxDisks(client, info.id)
         self.processes = AsyncProcesses(self)  # managed processes (§12.2)
+        self.computer = AsyncComputer(self)  # computer use on desktop:1 (§12.3)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.status}>"

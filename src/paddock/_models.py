@@ -320,3 +320,86 @@ class ManagedProcess:
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> ManagedProcess:
         return _build(cls, data)
+
+
+# -- computer use (§12.3) ---------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """A top-level window of a desktop sandbox's screen; ``id`` is the X window id (decimal)."""
+
+    id: str
+    title: str
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Window:
+        return cls(id=str(data["id"]), title=str(data.get("title") or ""))
+
+
+@dataclass
+class WindowGeometry:
+    id: str
+    x: int
+    y: int
+    width: int
+    height: int
+    screen: str
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> WindowGeometry:
+        return cls(
+            id=str(data["id"]),
+            x=int(data["x"]),
+            y=int(data["y"]),
+            width=int(data["width"]),
+            height=int(data["height"]),
+            screen=str(data.get("screen") or ""),
+        )
+
+
+@dataclass
+class Screen:
+    """One X screen of a desktop sandbox (``screen-0`` … ``screen-7``)."""
+
+    screen_id: str
+    display: str
+    width: int
+    height: int
+    vnc_port: int
+    novnc_port: int
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Screen:
+        return cls(
+            screen_id=str(data["screen_id"]),
+            display=str(data.get("display") or ""),
+            width=int(data["width"]),
+            height=int(data["height"]),
+            vnc_port=int(data.get("vnc_port") or 0),
+            novnc_port=int(data.get("novnc_port") or 0),
+        )
+
+
+@dataclass
+class LiveView:
+    """A short-lived noVNC link to a screen (``connect``): open ``url`` in a browser before
+    ``expires_at``."""
+
+    screen_id: str
+    port: int
+    path: str
+    token: str
+    expires_at: str
+    url: str | None = None
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> LiveView:
+        return cls(
+            screen_id=str(data["screen_id"]),
+            port=int(data["port"]),
+            path=str(data.get("path") or ""),
+            token=str(data.get("token") or ""),
+            expires_at=str(data.get("expires_at") or ""),
+            url=str(data["url"]) if data.get("url") else None,
+        )

@@ -14,6 +14,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from paddock import _base, _blocking, _code
 from paddock._code import Execution, OutputCallback
+from paddock._computer import Computer
 from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
 from paddock._models import AccessToken, Bandwidth, ExecResult, SandboxInfo
 from paddock._processes import Processes
@@ -139,6 +140,7 @@ class Sandbox:
         self.files = Files(self)
         self.disks = SandboxDisks(client, info.id)
         self.processes = Processes(self)  # managed processes (§12.2)
+        self.computer = Computer(self)  # computer use on desktop:1 (§12.3)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.status}>"

@@ -390,6 +390,37 @@ def save_images(execution: Any, directory: Path) -> list[Path]:
     return saved
 
 
+@app.command()
+def screenshot(
+    ref: str,
+    out: Path = typer.Argument(..., help="Where to write the PNG (`-` for stdout)."),
+    screen: str = typer.Option(None, "--screen", help="screen-0 … screen-7 (default screen-0)."),
+    window: str = typer.Option(None, "--window", help="Only this window (an id from the windows list)."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Save a PNG screenshot of a desktop sandbox (rootfs desktop:1)."""
+    with api_errors(), client() as sdk:
+        png = resolve(sdk, ref).computer.screenshot(screen_id=screen, window_id=window)
+    if str(out) == "-":
+        sys.stdout.buffer.write(png)
+        sys.stdout.buffer.flush()
+        return
+    out.write_bytes(png)
+    emit({"path": str(out), "bytes": len(png)}, json_out, lambda saved: typer.echo(saved["path"]))
+
+
+@app.command()
+def view(
+    ref: str,
+    screen: str = typer.Option("screen-0", "--screen", help="screen-0 … screen-7."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Print a short-lived link to watch and drive a desktop sandbox's screen in a browser (noVNC)."""
+    with api_errors(), client() as sdk:
+        live = resolve(sdk, ref).computer.connect(screen)
+    emit(live, json_out, lambda shown: typer.echo(shown.url))
+
+
 token_app = typer.Typer(
     no_args_is_help=True,
     help="A sandbox's delegated access token: used as PADDOCK_API_KEY, it acts on that sandbox only.",

@@ -90,7 +90,7 @@ DESKTOP_CONTENTS = (
     Content(
         "xdotool, wmctrl and xclip for computer use",
         ("xdotool", "wmctrl", "xclip"),
-        "xdotool version && command -v wmctrl && command -v xclip",
+        "command -v xdotool && command -v wmctrl && command -v xclip",
     ),
     Content(
         "Python 3 with Pillow for screenshots",

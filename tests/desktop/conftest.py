@@ -39,8 +39,13 @@ def live(desktop_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
 
 
 @pytest.fixture(scope="module")
-def client(live: LivePlatform) -> Iterator[paddock.Client]:
-    with paddock.Client(live.url, live.api_key()) as sdk:
+def api_key(live: LivePlatform) -> str:
+    return live.api_key()
+
+
+@pytest.fixture(scope="module")
+def client(live: LivePlatform, api_key: str) -> Iterator[paddock.Client]:
+    with paddock.Client(live.url, api_key) as sdk:
         yield sdk
 
 

@@ -1,0 +1,211 @@
+"""Computer use (§12.3) on a real ``desktop:1`` sandbox, through the SDK as an agent would drive it.
+
+One desktop sandbox serves the module: the tests build on what a screen shows (an editor window, a page
+in Chromium), and each asserts what a user of the screen would notice — the pixels, the window titles,
+the page's own record of a click, the clipboard's content.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+import paddock
+from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
+from tests.desktop.browser import decode_png, png_size
+from tests.desktop.conftest import ROOTFS
+from tests.live import LivePlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+T = TypeVar("T")
+
+PAGE_PORT = 8000
+# A page whose one big button records each click twice: in the page (its title) and on the sandbox's own
+# server (POST /click, appended to /tmp/clicks), so the test reads the page's state back both ways.
+PAGE_SERVER = r"""
+import http.server, pathlib
+PAGE = b'''<!doctype html><html><head><title>ready</title></head>
+<body style="margin:0"><button id="b" style="width:100vw;height:100vh;font-size:40px"
+onclick="n=(window.n||0)+1;window.n=n;document.title='clicked '+n;fetch('/click',{method:'POST'})">
+press me</button></body></html>'''
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header('Content-Type', 'text/html')
+        self.send_header('Content-Length', str(len(PAGE))); self.end_headers(); self.wfile.write(PAGE)
+    def do_POST(self):
+        with open('/tmp/clicks', 'a') as f: f.write('click\n')
+        self.send_response(204); self.end_headers()
+    def log_message(self, *args): pass
+http.server.ThreadingHTTPServer(('127.0.0.1', PORT), Handler).serve_forever()
+"""
+
+
+def eventually(probe: Callable[[], T | None], what: str, timeout_s: float = 30.0) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
+
+
+def window_titled(
+    sandbox: paddock.Sandbox, fragment: str, screen_id: str | None = None
+) -> paddock.Window | None:
+    return next((w for w in sandbox.computer.windows(screen_id=screen_id) if fragment in w.title), None)
+
+
+@pytest.fixture(scope="module")
+def editor(desktop: paddock.Sandbox) -> paddock.Window:
+    """A Mousepad window on screen-0, focused."""
+    desktop.computer.launch("mousepad")
+    window = eventually(lambda: window_titled(desktop, "Mousepad"), "the Mousepad window")
+    desktop.computer.focus_window(window.id)
+    return window
+
+
+def test_the_image_holds_everything_its_description_names(desktop: paddock.Sandbox) -> None:
+    image = ROOT_IMAGES_BY_NAME[ROOTFS]
+    missing = {}
+    for content in image.contents:
+        assert content.label in image.description
+        probe = desktop.run("sh", ["-c", content.probe])
+        if probe.exit_code != 0:
+            missing[content.label] = (probe.stdout + probe.stderr)[-300:]
+    assert not missing, missing
+
+
+def test_a_screenshot_is_a_png_of_the_screen_size(desktop: paddock.Sandbox) -> None:
+    width, height = desktop.computer.screen_size()
+    assert (width, height) == (1280, 800)
+    assert png_size(desktop.computer.screenshot()) == (width, height)
+    assert png_size(desktop.computer.screenshot(region=(10, 20, 300, 200))) == (300, 200)
+
+
+def test_typing_into_an_editor_changes_the_screen_and_its_title(
+    desktop: paddock.Sandbox, editor: paddock.Window
+) -> None:
+    geometry = desktop.computer.window_geometry(editor.id)
+    assert geometry.width > 100 and geometry.height > 100 and geometry.screen == "screen-0"
+    window_shot = desktop.computer.screenshot(window_id=editor.id)
+    assert png_size(window_shot) == (geometry.width, geometry.height)
+    before = desktop.computer.screenshot()
+    desktop.computer.click(geometry.x + geometry.width // 2, geometry.y + geometry.height // 2)
+    desktop.computer.type("Hello from the agent")
+    after = eventually(
+        lambda: shot if (shot := desktop.computer.screenshot()) != before else None, "the text on screen"
+    )
+    assert decode_png(after)[2] != decode_png(before)[2]
+    # Mousepad marks a modified document in its title: the windows list shows it.
+    modified = eventually(lambda: window_titled(desktop, "*"), "the modified title")
+    assert modified.id == editor.id and "Mousepad" in modified.title
+    assert desktop.computer.current_window().id == editor.id
+
+
+def test_the_clipboard_round_trips_and_reaches_applications(
+    desktop: paddock.Sandbox, editor: paddock.Window
+) -> None:
+    desktop.computer.set_clipboard("naïve ✓ clipboard")
+    assert desktop.computer.get_clipboard() == "naïve ✓ clipboard"
+    # What the editor holds, copied with the keyboard, is what the clipboard then reads.
+    desktop.computer.focus_window(editor.id)
+    desktop.computer.press("ctrl", "a")
+    desktop.computer.press("ctrl", "c")
+    assert eventually(lambda: desktop.computer.get_clipboard() == "Hello from the agent", "the copied text")
+
+
+def test_windows_move_resize_minimize_restore_and_close(
+    desktop: paddock.Sandbox, editor: paddock.Window
+) -> None:
+    desktop.computer.move_window(editor.id, 40, 60)
+    desktop.computer.resize_window(editor.id, 500, 400)
+    moved = desktop.computer.window_geometry(editor.id)
+    assert (moved.width, moved.height) == (500, 400)
+    assert abs(moved.x - 40) <= 10 and abs(moved.y - 60) <= 40  # the frame's border and title bar
+    desktop.computer.maximize_window(editor.id)
+    big = eventually(
+        lambda: g if (g := desktop.computer.window_geometry(editor.id)).width > 1200 else None, "maximized"
+    )
+    assert big.height > 600
+    desktop.computer.minimize_window(editor.id)
+    assert editor.id in [w.id for w in desktop.computer.windows()]  # still listed
+    desktop.computer.restore_window(editor.id)
+    assert eventually(lambda: desktop.computer.current_window().id == editor.id, "the restored window")
+    assert desktop.computer.window(editor.id).title.endswith("Mousepad")
+
+
+def test_clicking_a_button_in_chromium_changes_the_page(desktop: paddock.Sandbox) -> None:
+    desktop.files.write("/srv/page_server.py", PAGE_SERVER.replace("PORT", str(PAGE_PORT)).encode())
+    desktop.run("bash", ["-c", "setsid python3 /srv/page_server.py >/tmp/page.log 2>&1 </dev/null &"])
+    eventually(
+        lambda: desktop.run("curl", ["-sf", f"http://127.0.0.1:{PAGE_PORT}/"]).exit_code == 0,
+        "the page server",
+    )
+    desktop.computer.open(f"http://127.0.0.1:{PAGE_PORT}/")
+    page = eventually(lambda: window_titled(desktop, "ready"), "Chromium showing the page", timeout_s=90)
+    assert "Chromium" in page.title
+    desktop.computer.maximize_window(page.id)
+    eventually(lambda: desktop.computer.window_geometry(page.id).width > 1200, "the maximized browser")
+    before = desktop.computer.screenshot()
+    desktop.computer.click(640, 500)
+    clicked = eventually(lambda: window_titled(desktop, "clicked 1"), "the page's title after the click")
+    assert clicked.id == page.id
+    assert desktop.files.read("/tmp/clicks") == b"click\n"  # the page told its server
+    assert desktop.computer.screenshot() != before
+    assert [w.title for w in desktop.computer.windows("chromium")] == [clicked.title]
+    desktop.computer.close_window(page.id)
+    eventually(lambda: page.id not in [w.id for w in desktop.computer.windows()], "the closed browser")
+
+
+def test_a_second_screen_works_independently(desktop: paddock.Sandbox, editor: paddock.Window) -> None:
+    screen = desktop.computer.create_screen(800, 600)
+    try:
+        assert screen.screen_id != "screen-0" and (screen.width, screen.height) == (800, 600)
+        assert screen.screen_id in [s.screen_id for s in desktop.computer.screens()]
+        second = screen.screen_id
+        assert png_size(desktop.computer.screenshot(screen_id=second)) == (800, 600)
+        first_before = desktop.computer.screenshot()
+        desktop.computer.launch("mousepad", screen_id=second)
+        other = eventually(
+            lambda: window_titled(desktop, "Mousepad", second), "Mousepad on the second screen"
+        )
+        assert other.id not in [w.id for w in desktop.computer.windows()]
+        desktop.computer.focus_window(other.id, screen_id=second)
+        desktop.computer.type("second screen", screen_id=second)
+        eventually(lambda: window_titled(desktop, "*", second), "typing on the second screen")
+        assert desktop.computer.screenshot() == first_before  # screen-0 did not change
+        desktop.computer.move_mouse(100, 50, screen_id=second)
+        assert desktop.computer.cursor(screen_id=second) == (100, 50)
+        resized = desktop.computer.resize_screen(second, 1024, 700)
+        assert (resized.width, resized.height) == (1024, 700)
+        assert png_size(desktop.computer.screenshot(screen_id=second)) == (1024, 700)
+    finally:
+        desktop.computer.delete_screen(screen.screen_id)
+    with pytest.raises(paddock.NotFoundError):
+        desktop.computer.get_screen(screen.screen_id)
+
+
+def test_bad_input_is_a_400_naming_the_field(
+    live: LivePlatform, api_key: str, desktop: paddock.Sandbox
+) -> None:
+    http = live.http(api_key)
+    base = f"/v1/sandboxes/{desktop.id}/computer"
+    for method, path, body, params, field in (
+        ("POST", "/mouse/click", {"button": "sideways"}, {}, "button"),
+        ("POST", "/mouse/move", {"x": -1, "y": 0}, {}, "x"),
+        ("POST", "/keyboard/press", {"keys": []}, {}, "keys"),
+        ("GET", "/screen", None, {"screen_id": "screen-9"}, "screen_id"),
+        ("GET", "/windows/not-a-window", None, {}, "window_id"),
+        ("GET", "/screenshot", None, {"x": 1270, "width": 100}, "width"),
+        ("POST", "/launch", {"application": "no-such-app"}, {}, "application"),
+    ):
+        answer = http.request(method, base + path, json=body, params=params)
+        assert answer.status_code == 400, (path, answer.text)
+        assert field in answer.json()["data"], (path, answer.text)
+    missing = http.get(base + "/windows/99999999")
+    assert missing.status_code == 404, missing.text
+    assert http.delete(base + "/screens/screen-0").status_code == 409
