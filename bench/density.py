@@ -10,7 +10,11 @@ sandbox idle:
 - as a cross-check, the fall of MemAvailable per sandbox (noisy: every other process on the machine
   moves it); the guest agent's RSS (PID 1 of the sandbox) is shown too;
 - how many would fit: MemAvailable at the start ÷ accounted memory per sandbox (extrapolated), and
-  the host's schedulable memory ÷ the shape's memory (the scheduler's own stop).
+  the host's schedulable memory ÷ the shape's memory (the scheduler's own stop; the bench's agent
+  overcommits memory ``OVERCOMMIT``×, ``PADDOCK_HOST_MEMORY_OVERCOMMIT``);
+- how it scales: create time around 1, 100, 500 and 1,000 live sandboxes (the creates just before each
+  mark), exec ``true`` p50 on a live sandbox at 1 live and at the end, and the host agent's open file
+  descriptors and the host's loop devices at the start and the end.
 Per-user caps (plans) are avoided by spreading the sandboxes over enterprise users.
 """
 
@@ -28,6 +32,28 @@ from bench.machine import meminfo_kib
 from bench.stats import Samples, summarize
 
 PER_USER = 25
+OVERCOMMIT = 12  # the bench agent's memory overcommit: 1,000 × 256 MiB on a 24 GiB host
+DISK_OVERCOMMIT = 40  # and disk: 1,000 sparse 2 GiB disks on ~70 GiB free (idle ones hold a few MiB)
+MARKS = (1, 100, 500, 1000)  # live counts at which create time is reported
+MARK_WINDOW = 10  # creates just before each mark
+EXECS = 30
+
+
+def open_fds(pid: int) -> int:
+    try:
+        return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    except OSError:
+        return 0
+
+
+def loop_devices() -> int:
+    return sum(1 for _ in Path("/sys/block").glob("loop*/loop/backing_file"))
+
+
+def exec_p50(sandbox: Any, samples: Samples, label: str) -> None:
+    for _ in range(EXECS):
+        with samples.time(label):
+            sandbox.run("true")
 
 
 def rss_kib(pid: int) -> int:
@@ -102,8 +128,10 @@ def run(
     start_available = meminfo_kib("MemAvailable")
     start_kernel = kernel_kib()
     start_cp, start_agent = rss_kib(cp_pid), rss_kib(agent_pid)
+    start_fds, start_loops = open_fds(agent_pid), loop_devices()
     host_info = agent.get("/internal/v1/info").json()
     samples = Samples()
+    creates: list[float] = []
     clients: list[Any] = []
     made: list[Any] = []
     stop_reason = f"cap of {cap} reached (time budget)"
@@ -115,17 +143,27 @@ def run(
                 stop_reason = "MemAvailable under 10 %"
                 break
             try:
-                with samples.time("create (back to back)"):
-                    sandbox = clients[-1].sandboxes.create(
-                        SHAPE, name=f"dense-{len(made)}", rootfs="debian:13", disk_mib=DISK_MIB
-                    )
+                started = time.perf_counter()
+                sandbox = clients[-1].sandboxes.create(
+                    SHAPE, name=f"dense-{len(made)}", rootfs="debian:13", disk_mib=DISK_MIB
+                )
+                creates.append((time.perf_counter() - started) * 1000)
+                samples.add("create (back to back)", creates[-1])
             except APIError as exc:
                 stop_reason = f"create refused: {exc.status} {exc.code}: {exc}"
                 break
+            except Exception as exc:  # the harness or the product broke: report how far it got
+                stop_reason = f"create failed: {type(exc).__name__}: {exc}"
+                break
             made.append(sandbox)
+            if len(made) == 1:
+                exec_p50(sandbox, samples, "exec `true` at 1 live")
         wait_pool()
         time.sleep(2)  # let page cache and lazily started helpers settle
         count = len(made)
+        if made:
+            exec_p50(made[len(made) // 2], samples, f"exec `true` at {count} live")
+        end_fds, end_loops = open_fds(agent_pid), loop_devices()
         end_available = meminfo_kib("MemAvailable")
         end_kernel = kernel_kib()
         end_cp, end_agent = rss_kib(cp_pid), rss_kib(agent_pid)
@@ -165,6 +203,15 @@ def run(
             "fit_by_memory_extrapolated": int(start_available / 1024 / accounted) if accounted > 0 else None,
             "fit_by_scheduler": int(host_info.get("total_mib", 0) // SHAPE_MIB),
             "timings": samples.summary(),
+            "create_at_live": {
+                str(mark): summarize(creates[max(mark - MARK_WINDOW, 0) : mark])
+                for mark in MARKS
+                if len(creates) >= mark
+            },
+            "hostagent_fds": {"start": start_fds, "end": end_fds},
+            "loop_devices": {"start": start_loops, "end": end_loops},
+            "overcommit": OVERCOMMIT,
+            "disk_overcommit": DISK_OVERCOMMIT,
         }
         destroy = Samples()
         for sandbox in made:

@@ -243,6 +243,19 @@ def markdown(results: dict[str, Any]) -> str:
             f"| destroy, until the API answers (reclaim goes on in the background) | "
             f"{spread(dens['timings'].get('destroy'))} ms |",
         ]
+        for mark, stats in dens.get("create_at_live", {}).items():
+            out.append(f"| create at {int(mark):,} live (the creates just before) | {spread(stats)} ms |")
+        for label, stats in dens["timings"].items():
+            if label.startswith("exec"):
+                out.append(f"| {label} | {spread(stats)} ms |")
+        if "hostagent_fds" in dens:
+            fds, loops = dens["hostagent_fds"], dens["loop_devices"]
+            out.append(f"| host agent open fds, start → end | {fds['start']:,} → {fds['end']:,} |")
+            out.append(f"| loop devices on the host, start → end | {loops['start']:,} → {loops['end']:,} |")
+            out.append(
+                f"| overcommit of the bench's host agent, memory / disk | {dens.get('overcommit', 1)}× / "
+                f"{dens.get('disk_overcommit', 1)}× |"
+            )
     if thr:
         out += [
             "",

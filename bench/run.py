@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, help="recorded rounds per system (default 30, smoke 3)")
     parser.add_argument("--warmup", type=int, help="unrecorded rounds first (default 3, smoke 0)")
     parser.add_argument(
-        "--density-cap", type=int, help="stop density at this many sandboxes (default 50, smoke 3)"
+        "--density-cap", type=int, help="stop density at this many sandboxes (default 1000, smoke 3)"
     )
     parser.add_argument("--only", help="comma-separated sections: " + ",".join(SECTIONS))
     parser.add_argument(
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     smoke = args.smoke
     args.runs = args.runs or (3 if smoke else 30)
     args.warmup = args.warmup if args.warmup is not None else (0 if smoke else 3)
-    args.density_cap = args.density_cap or (3 if smoke else 50)
+    args.density_cap = args.density_cap or (3 if smoke else 1000)
     args.big_file_mib = 8 if smoke else 100
     args.fork_sizes_mib = (8, 32) if smoke else lifecycle.FORK_SIZES_MIB
     args.fork_fresh_mib = 8 if smoke else lifecycle.FRESH_MIB
@@ -129,7 +129,17 @@ class Run:
             guest_dir,
             agents=1,
             cp_env={"PADDOCK_CP_RECONCILE_INTERVAL_S": "1.0", "PADDOCK_CP_HOST_DEAD_AFTER_S": "15"},
-            agent_options={"pool_size": POOL_SIZE, "extra_env": {"PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "2.0"}},
+            agent_options={
+                "pool_size": POOL_SIZE,
+                # Room for a thousand sandboxes: a /21 of addresses and memory overcommitted as dense
+                # hosts run it (density.py).
+                "subnet": f"10.{200 + os.getpid() % 40}.{os.getpid() // 40 % 32 * 8}.0/21",
+                "extra_env": {
+                    "PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "2.0",
+                    "PADDOCK_HOST_MEMORY_OVERCOMMIT": str(density.OVERCOMMIT),
+                    "PADDOCK_HOST_DISK_OVERCOMMIT": str(density.DISK_OVERCOMMIT),
+                },
+            },
         )
         try:
             agent = platform.agents[0]
