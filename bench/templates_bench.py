@@ -181,7 +181,10 @@ def run(rounds: int, boots: int) -> dict[str, list[float]]:
             for item in _ok(http.get("/v1/templates"))["data"]:
                 _ok(http.delete(f"/v1/templates/{item['id']}"))
     finally:
-        platform.stop()
+        try:
+            platform.stop()
+        except AssertionError as leftover:  # reported, and the numbers are still printed
+            print(f"warning: teardown: {leftover}", file=sys.stderr)
         podman.close()
         shutil.rmtree(guest, ignore_errors=True)
     return out
