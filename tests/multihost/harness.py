@@ -191,10 +191,11 @@ class ClusterControlPlane(ControlPlaneProcess):
                 "PADDOCK_CP_INGRESS_PORT": str(self.ingress_port),
                 "PADDOCK_CP_INGRESS_SCHEME": "http",
                 "PADDOCK_CP_INGRESS_DOMAIN": DOMAIN,
-                "PADDOCK_CP_HOST_DEAD_AFTER_S": "6",
+                "PADDOCK_CP_HOST_DEAD_AFTER_S": "10",
                 "PADDOCK_CP_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
             }
         )
+        env.update(self.extra_env)  # the caller's settings win
         return env
 
     def start(self, timeout_s: float = 60.0) -> None:
