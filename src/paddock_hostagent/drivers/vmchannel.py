@@ -28,7 +28,7 @@ log = get_logger(__name__)
 
 HEADER = struct.Struct("<IBI")
 MAGIC = b"paddock-vmchan-1"
-HELLO, OPEN, DATA, CLOSE, CONFIG, READY = 1, 2, 3, 4, 5, 6
+HELLO, OPEN, DATA, CLOSE, CONFIG, READY, OOM = 1, 2, 3, 4, 5, 6, 7
 _CHUNK = 64 * 1024
 
 
@@ -44,6 +44,8 @@ class GuestChannel:
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_id = 1
         self.closed = asyncio.Event()
+        # The guest kernel's OOM kill count, as the guest last reported it (OOM frames).
+        self.oom_kills = 0
 
     async def start(self, *, connect_timeout_s: float = 10.0) -> None:
         """Connects to QEMU's end of the port (retrying while QEMU starts) and starts listening."""
@@ -135,6 +137,9 @@ class GuestChannel:
                 if kind == READY:
                     self._drop_clients()
                     self.ready.set()
+                    continue
+                if kind == OOM and length == 4:
+                    self.oom_kills = struct.unpack("<I", payload)[0]
                     continue
                 writer = self._clients.get(channel)
                 if writer is None:

@@ -14,6 +14,8 @@
  *                   CONFIG text     "ip gateway hostname": re-address eth0 (a forked VM's new identity)
  *   guest -> host   READY (magic)   the multiplexer is up (at start, and after every HELLO)
  *                   DATA, CLOSE     from the agent's side of a channel
+ *                   OOM u32         the guest kernel's OOM kill count (/proc/vmstat oom_kill), sent
+ *                                   after READY and whenever it changes (checked once a second)
  *
  * A HELLO is recognised by its magic anywhere in the stream while the guest is (re)synchronising (at
  * start, after a malformed frame or after the host end hung up), so a VM restored from a memory
@@ -32,6 +34,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define AGENT "/run/paddock/paddock-guest"
@@ -42,7 +45,7 @@
 #define MAX_PAYLOAD (1u << 20)
 #define HEADER 9
 
-enum { K_HELLO = 1, K_OPEN = 2, K_DATA = 3, K_CLOSE = 4, K_CONFIG = 5, K_READY = 6 };
+enum { K_HELLO = 1, K_OPEN = 2, K_DATA = 3, K_CLOSE = 4, K_CONFIG = 5, K_READY = 6, K_OOM = 7 };
 static const unsigned char MAGIC[16] = "paddock-vmchan-1";
 
 struct channel {
@@ -175,6 +178,29 @@ static void configure(const unsigned char *payload, uint32_t len) {
     if (f) { fprintf(f, "%s\n", host); fclose(f); }
 }
 
+static long oom_reported = -1;
+static time_t oom_checked;
+
+/* Sends the OOM kill count when it changed (or when ``force``), at most one check a second. */
+static void report_oom(int force) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (!force && now.tv_sec == oom_checked) return;
+    oom_checked = now.tv_sec;
+    FILE *f = fopen("/proc/vmstat", "r");
+    if (!f) return;
+    char line[128];
+    long count = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "oom_kill %ld", &count) == 1) break;
+    fclose(f);
+    if (count < 0 || (!force && count == oom_reported)) return;
+    unsigned char payload[4];
+    put_u32(payload, (uint32_t)count);
+    send_frame(0, K_OOM, payload, sizeof payload);
+    oom_reported = count;
+}
+
 static int find_port(void) {
     for (int attempt = 0; attempt < 500; attempt++) {
         DIR *dir = opendir("/sys/class/virtio-ports");
@@ -207,6 +233,7 @@ static void multiplex(void) {
     port = find_port();
     if (port < 0) _exit(1);
     send_frame(0, K_READY, MAGIC, sizeof MAGIC);
+    report_oom(1);
     struct pollfd fds[MAX_CHANNELS + 1];
     struct channel *owners[MAX_CHANNELS + 1];
     for (;;) {
@@ -217,7 +244,9 @@ static void multiplex(void) {
             owners[n] = &channels[i];
             fds[n++] = (struct pollfd){channels[i].fd, (short)(POLLIN | (channels[i].out_len ? POLLOUT : 0)), 0};
         }
-        if (poll(fds, (nfds_t)n, -1) < 0) continue;
+        int ready = poll(fds, (nfds_t)n, 1000);
+        report_oom(0);
+        if (ready <= 0) continue;
         for (int i = 1; i < n; i++) {
             struct channel *ch = owners[i];
             if (ch->fd != fds[i].fd) continue;
@@ -265,7 +294,7 @@ static void multiplex(void) {
             unsigned char *payload = in + HEADER;
             struct channel *ch = find(id);
             switch (kind) {
-            case K_HELLO: drop_all(); send_frame(0, K_READY, MAGIC, sizeof MAGIC); break;
+            case K_HELLO: drop_all(); send_frame(0, K_READY, MAGIC, sizeof MAGIC); report_oom(1); break;
             case K_OPEN: if (ch) drop(ch); open_channel(id); break;
             case K_DATA: if (ch) queue(ch, payload, len); break;
             case K_CLOSE: if (ch) drop(ch); break;
@@ -281,6 +310,8 @@ int main(void) {
     pid_t pid = fork();
     if (pid == 0) {
         signal(SIGPIPE, SIG_IGN);
+        FILE *adj = fopen("/proc/self/oom_score_adj", "w"); /* the channel outlives any memory hog */
+        if (adj) { fputs("-1000", adj); fclose(adj); }
         multiplex();
         _exit(0);
     }
