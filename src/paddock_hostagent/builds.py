@@ -197,6 +197,7 @@ class BuildManager:
                     on_line=build.say,
                 )
                 if rc != 0:
+                    self.buildah.forget(local_tag(body.base))  # checked again by the next attempt
                     raise _BuildFailed(f"buildah bud exited with {rc}")
                 build.say("exporting the image")
                 await self._export(build, work / "rootfs")

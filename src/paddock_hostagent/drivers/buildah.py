@@ -60,6 +60,9 @@ class Buildah:
         self.root = root
         self.runtime = runtime
         self._base_lock = asyncio.Lock()
+        #: Tags known to be in storage: ``has_image`` spawns buildah (1-2 s on a loaded host) only for
+        #: the others. ``forget`` drops one whose build failed, in case storage lost it.
+        self._present: set[str] = set()
 
     @staticmethod
     def available() -> bool:
@@ -110,8 +113,15 @@ class Buildah:
         return tail
 
     async def has_image(self, tag: str) -> bool:
+        if tag in self._present:
+            return True
         rc, _ = await self._run("inspect", "--type", "image", tag)
+        if rc == 0:
+            self._present.add(tag)
         return rc == 0
+
+    def forget(self, tag: str) -> None:
+        self._present.discard(tag)
 
     async def import_tree(self, tag: str, tree: Path) -> None:
         """Makes ``tag`` a one-layer image holding ``tree`` (a catalog rootfs, or a template built on
@@ -127,6 +137,7 @@ class Buildah:
                 await self._check("commit", "--quiet", container, tag)
             finally:
                 await self._run("rm", container)
+            self._present.add(tag)
             log.info("buildah_base_imported", tag=tag, tree=str(tree))
 
     async def build(
@@ -239,6 +250,7 @@ class Buildah:
 
     async def remove(self, tag: str) -> None:
         """Drops the tag (its cached layers stay until no other image shares them)."""
+        self._present.discard(tag)
         await self._run("rmi", tag)
 
 
