@@ -319,6 +319,17 @@ def markdown(results: dict[str, Any]) -> str:
             f"`verify_headers` (syntax, window, EIP-191 recover) against recovering the key from the same hash; "
             f"eth_keys backend: {v['backend']}.",
         ]
+    vm = sections.get("vm")
+    if vm:  # bench/vm_bench.py: floors and the tier's operations, one table
+        out += [
+            "",
+            f"## VM tier (QEMU, {vm['accel']}; {vm['shape']['vcpu']} vCPU, {vm['shape']['mem_mib']} MiB)",
+            "",
+            "| operation | n | p50 ms | p90 ms | max ms |",
+            "|---|---|---|---|---|",
+        ]
+        for op, row in vm["ops"].items():
+            out.append(f"| {op} | {row['n']} | {num(row['p50'])} | {num(row['p90'])} | {num(row['max'])} |")
     if results.get("errors"):
         out += ["", "## Sections that failed", ""]
         for name, text in results["errors"].items():

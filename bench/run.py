@@ -11,6 +11,8 @@ Sections (each module's docstring says exactly what is timed):
   throughput  GET /v1/sandboxes/{id} req/s with wrk vs a bare Starlette endpoint
   webhooks    deliveries/s and event→2xx latency vs bare POSTs (bench/webhooks_bench.py)
   gateway     quote latency vs a bare endpoint; signed-request verifications/s per core vs raw ecrecover
+  vm          the VM tier (QEMU): create, exec, pause/resume, fork vs the raw QEMU boot and QMP floors
+              (bench/vm_bench.py; not in --smoke unless asked with --only vm: TCG boots take seconds)
 
 Needs root (sandboxes), the debian:13 image, and podman + wrk (``make bench-deps``). Never fails on a
 time: the exit status is non-zero only when a section could not run (the harness or the product broke).
@@ -34,9 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import density, http_bench, lifecycle, machine, report
+from bench import density, http_bench, lifecycle, machine, report, vm_bench
 
-SECTIONS = ("lifecycle", "fork", "density", "throughput", "webhooks", "gateway")
+SECTIONS = ("lifecycle", "fork", "density", "throughput", "webhooks", "gateway", "vm")
 RESULTS = Path(__file__).resolve().parent / "results"
 POOL_SIZE = 2
 
@@ -74,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.quote_requests = 10 if smoke else 300
     args.verify_seconds = 0.3 if smoke else 3.0
     args.sections = [s.strip() for s in args.only.split(",")] if args.only else list(SECTIONS)
+    if smoke and not args.only:
+        args.sections.remove("vm")
+    args.vm_rounds = 1 if smoke else 3
+    args.vm_execs = 3 if smoke else 30
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
@@ -294,6 +300,8 @@ class Run:
             self.section("webhooks", self.webhooks)
         if "gateway" in self.args.sections:
             self.section("gateway", self.gateway)
+        if "vm" in self.args.sections:
+            self.section("vm", lambda: vm_bench.measure(self.args.vm_rounds, self.args.vm_execs))
         self.results["machine"]["load_average_end"] = machine.load_average()
         self.results["finished_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return self.write()

@@ -150,6 +150,16 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def measure(rounds: int, execs: int) -> dict[str, Any]:
+    """One VM-tier run in a scratch state dir (bench/run.py's ``vm`` section calls this)."""
+    work_dir = Path(f"/var/tmp/paddock-vm-bench-{secrets.token_hex(3)}")
+    work_dir.mkdir(parents=True)
+    try:
+        return asyncio.run(run(rounds, execs, work_dir))
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -158,12 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--execs", type=int, default=30, help="exec and pause/resume rounds (default 30)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    work_dir = Path(f"/var/tmp/paddock-vm-bench-{secrets.token_hex(3)}")
-    work_dir.mkdir(parents=True)
-    try:
-        result = asyncio.run(run(args.rounds, args.execs, work_dir))
-    finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+    result = measure(args.rounds, args.execs)
     print(render(result))
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
