@@ -81,7 +81,8 @@ class AgentProcess:
 
     state_dir: Path
     guest_dir: Path
-    runtime: str = "auto"
+    # PADDOCK_TEST_RUNTIME runs every test agent on one runtime (``runsc``: tests/network on gVisor).
+    runtime: str = field(default_factory=lambda: os.environ.get("PADDOCK_TEST_RUNTIME", "auto"))
     pool_size: int = 2
     controlplane_url: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)

@@ -52,7 +52,7 @@ from paddock_hostagent.drivers.base import (
 from paddock_hostagent.drivers.bootlog import BootLog
 from paddock_hostagent.drivers.cgroups import CgroupLayout, SandboxCgroup, pids_budget
 from paddock_hostagent.drivers.commands import run
-from paddock_hostagent.drivers.network import NetworkManager
+from paddock_hostagent.drivers.network import NetworkManager, netns_sysctl
 from paddock_hostagent.drivers.ocispec import (
     GUEST_SOCKET_NAME,
     BundleSpec,
@@ -87,6 +87,7 @@ class OciOptions:
 
 GVISOR_SOCKET_DIR = "guest"  # under the slot's directory, bound at ocispec.GUEST_SOCKET_DIR
 RUNSC_SYNC_TIMEOUT_S = 10.0
+RUNSC_TCP_WMEM = {"ipv4/tcp_wmem": f"4096 {16 << 20} {32 << 20}"}
 
 
 def guest_socket_path(slot: Slot, runtime: str) -> Path:
@@ -282,6 +283,11 @@ class OciRuntime(SandboxRuntime):
             io=self.options.io,
         )
         (slot.bundle_dir / "config.json").write_text(json.dumps(runtime_config(bundle)))
+        if handle.runtime == "runsc":
+            # Debian's runsc (2022) hands a blocking write on a host socket EAGAIN once the host's send
+            # buffer is full; a large default buffer keeps that out of reach of ordinary writes
+            # (docs/isolation.md). The netns is the sandbox's own.
+            await asyncio.to_thread(netns_sysctl, slot.network.netns_path, RUNSC_TCP_WMEM)
         boot_log = await self._run_container(spec.id, handle)
         try:
             record.driver_state = handle.to_json()
