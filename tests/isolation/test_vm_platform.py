@@ -1,13 +1,17 @@
 """The VM tier as users meet it: a control plane and a host agent with ``runtime=qemu``, over the public API.
 
 One platform, one source VM and one fork (TCG boots take seconds). Checked here: the host advertises
-``paddock.io/isolation=vm``; create → running; exec; pause/resume through the API; and a fork, through
-``POST /v1/sandboxes/{id}/fork``, continues a counter its source started. The rest of the tier is
+``paddock.io/isolation=vm``; create → running; exec, a streamed exec and a 20 MiB file upload and
+download through the API; pause/resume; and a fork, through ``POST /v1/sandboxes/{id}/fork``,
+continues a counter its source started. The rest of the tier is
 checked at the driver in test_vm_tier.py.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +32,9 @@ pytestmark = [
     pytest.mark.skipif(not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"),
 ]
 
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.1; done"
+COUNTER = (
+    "i=0; while true; do i=$((i+1)); echo $i > /root/c.tmp; mv /root/c.tmp /root/counter; sleep 0.1; done"
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +87,24 @@ def test_a_vm_sandbox_runs_pauses_and_forks_with_its_processes(
     result = sh(api, sid, "uname -r; hostname")
     assert result["exit_code"] == 0 and result["stdout"].split()[1] == source["name"]
     assert "cloud-amd64" in result["stdout"]
+
+    body = {"cmd": "bash", "args": ["-c", "echo one; sleep 1; echo two >&2; exit 3"], "stream": True}
+    with api.stream("POST", f"/v1/sandboxes/{sid}/exec", params={"stream": "true"}, json=body) as response:
+        assert response.status_code == 200
+        frames = [json.loads(line) for line in response.iter_lines() if line.strip()]
+    assert [f for f in frames if "hb" not in f] == [
+        {"stdout": "one\n"},
+        {"stderr": "two\n"},
+        {"exit_code": 3},
+    ]
+
+    payload = os.urandom(20 << 20)
+    put = api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/root/blob.bin"}, content=payload)
+    assert put.status_code == 200, put.text
+    inside = sh(api, sid, "sha256sum /root/blob.bin")["stdout"].split()[0]
+    assert inside == hashlib.sha256(payload).hexdigest()
+    back = api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/blob.bin"})
+    assert back.status_code == 200 and back.content == payload
 
     sh(api, sid, f"nohup bash -c '{COUNTER}' >/dev/null 2>&1 &")
     time.sleep(1.0)

@@ -56,7 +56,7 @@ pytestmark = [
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHAPE = Shape(vcpu=1, mem_mib=512, disk_mib=2048)
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done"
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/c.tmp; mv /tmp/c.tmp /tmp/counter; sleep 0.1; done"
 
 
 class Tier:
@@ -305,7 +305,9 @@ async def test_a_memory_hog_is_killed_inside_and_reported(tier: Tier, debian_ima
     try:
         assert tier.runtime.oom_kills(record) == 0
         # tail keeps a newline-free stream whole until the guest kernel kills the allocating task
-        script = "echo 1 > /proc/sys/vm/oom_kill_allocating_task; head -c 400M /dev/zero | tail -n 1 >/dev/null"
+        script = (
+            "echo 1 > /proc/sys/vm/oom_kill_allocating_task; head -c 400M /dev/zero | tail -n 1 >/dev/null"
+        )
         await tier.sh(record, script)
         deadline = time.monotonic() + 10
         while tier.runtime.oom_kills(record) == 0 and time.monotonic() < deadline:
