@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane.models import Host
+from paddock_controlplane.models import Host, NetworkMember, Sandbox
+from paddock_controlplane.states import TERMINAL
 from paddock_core import errors
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_core.timeutil import as_utc
@@ -90,3 +92,26 @@ async def set_drained(session: AsyncSession, host_id: str, drained: bool) -> Hos
     if host.status != "dead":
         host.status = "draining" if drained else "active"
     return host
+
+
+async def overlay_peers(session: AsyncSession, host_id: str) -> dict[str, list[str]]:
+    """For each private network with a live member on ``host_id``: the addresses of the other hosts
+    that run its live members (from their registered URLs). The host programs its VXLAN ports from
+    this, which the control plane sends back in answer to every heartbeat."""
+    live = Sandbox.status.not_in(list(TERMINAL))
+    local = select(NetworkMember.network_id).join(Sandbox, Sandbox.id == NetworkMember.sandbox_id)
+    local = local.where(Sandbox.host_id == host_id, live)
+    rows = await session.execute(
+        select(NetworkMember.network_id, Host.url)
+        .join(Sandbox, Sandbox.id == NetworkMember.sandbox_id)
+        .join(Host, Host.id == Sandbox.host_id)
+        .where(NetworkMember.network_id.in_(local), Host.id != host_id, live)
+    )
+    peers: dict[str, set[str]] = {}
+    for network_id in (await session.scalars(local)).all():
+        peers.setdefault(str(network_id), set())
+    for network_id, url in rows.all():
+        address = urlsplit(str(url)).hostname
+        if address:
+            peers.setdefault(str(network_id), set()).add(address)
+    return {network_id: sorted(addresses) for network_id, addresses in peers.items()}

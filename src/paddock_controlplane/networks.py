@@ -241,15 +241,9 @@ async def member_hosts(session: AsyncSession, network_ids: Sequence[str], *, bes
 
 
 async def placement(session: AsyncSession, joined: Sequence[Network], host_id: str | None) -> str | None:
-    """Where a new sandbox joining ``joined`` must run: with their current members, on one host."""
-    hosts = await member_hosts(session, [network.id for network in joined])
-    if not hosts:
-        return host_id
-    if len(hosts) > 1 or (host_id and host_id not in hosts):
-        raise errors.InvalidState(
-            "the requested networks' members run on another host; a network does not span hosts yet"
-        )
-    return hosts.pop()
+    """Where a new sandbox joining ``joined`` must run: anywhere placement picks, since networks span
+    hosts (a VXLAN port per network bridge, peers sent to the hosts with their heartbeats)."""
+    return host_id
 
 
 async def _allocate_ip(session: AsyncSession, network: Network) -> str:
@@ -333,11 +327,6 @@ async def attach(services: Services, user_id: str, sandbox_id: str, network_id: 
         if member is not None and member.status == "active":
             return
         if member is None:
-            elsewhere = await member_hosts(session, [network.id], besides=sandbox.id) - {sandbox.host_id}
-            if elsewhere:
-                raise errors.InvalidState(
-                    "the network's members run on another host; a network does not span hosts yet"
-                )
             member = await join(session, network, sandbox.id)
         spec = host_spec(member, network)
     link = await hostlink.for_host(services, sandbox.host_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -61,6 +62,20 @@ class Registrar:
                 await self._task
             self._task = None
 
+    async def apply_answer(self, answer: Any) -> None:
+        """The control plane answers a beat with this host's private-network peers: for every network
+        with members here, the addresses of the other hosts that run members (drivers/bridges.py)."""
+        overlay = answer.get("overlay") if isinstance(answer, dict) else None
+        bridges = self.manager.bridges
+        if not isinstance(overlay, dict) or bridges is None:
+            return
+        peers = {str(network): [str(a) for a in addresses] for network, addresses in overlay.items()}
+        local = urlsplit(self.settings.advertised_url).hostname or self.settings.host
+        try:
+            await asyncio.to_thread(bridges.sync_overlay, peers, local)
+        except Exception as exc:  # tried again on the next beat
+            log.warning("overlay_sync_failed", error=str(exc))
+
     def heartbeat_urls(self) -> list[str]:
         bases = [part.strip().rstrip("/") for part in self.settings.controlplane_url.split(",")]
         return [base + "/internal/v1/hosts/heartbeat" for base in bases if base]
@@ -87,6 +102,8 @@ class Registrar:
             response = await http.post(url, json=self.payload())
             ok = response.status_code < 300
             problem = f"HTTP {response.status_code}"
+            if ok:
+                await self.apply_answer(response.json())
         except httpx.HTTPError as exc:
             ok, problem = False, type(exc).__name__
         except Exception as exc:  # never let the loop die

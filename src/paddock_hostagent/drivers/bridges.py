@@ -22,9 +22,15 @@ Names are ≤ 15 characters: ``pb`` + 4 hex of the agent's tag + 8 hex of the ne
 bridge (so two agents on one machine never share a bridge), ``pv`` + 12 hex of the hash of
 (sandbox id, network id) for the host end of a member's veth.
 
-To span hosts later, each bridge gets one more port: a VXLAN device (VNI derived from the network id,
-remote VTEPs = the other hosts that hold members, learned from the control plane); the addressing
-does not change because it never depended on the host.
+Across hosts, each bridge whose network has members on other hosts gets one more port: a VXLAN
+device ``px`` + tag + 8 hex of the network id's hash, VNI = 24 bits of that hash, UDP 4789 from this
+host's address, and one all-zeros FDB entry per peer host (head-end replication of broadcast and
+unknown frames; unicast MACs are learned). The peers come from the control plane in its answer to
+every heartbeat (``sync_overlay``), so a member joining on another host is reachable within a beat.
+Members' interfaces have MTU 1450, which leaves room for the 50 bytes of VXLAN encapsulation on a
+1500-byte underlay. Two networks whose VNIs collide cannot both have a port on one host (the kernel
+refuses the second device), so a collision fails closed, never joins two networks. The addressing
+does not change across hosts because it never depended on the host.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import ipaddress
+import json
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +50,10 @@ from paddock_hostagent.drivers.network import NETNS_DIR, VETH_PREFIX, netns_sysc
 
 BRIDGE_PREFIX = "pb"
 PORT_PREFIX = "pv"
+OVERLAY_PREFIX = "px"
+VXLAN_PORT = 4789
+MEMBER_MTU = 1450
+ZERO_MAC = "00:00:00:00:00:00"
 FIRST_IFNAME_INDEX = 1  # eth0 is the default network
 
 
@@ -86,6 +97,20 @@ def _link_index(ipr: Any, name: str) -> int | None:
     return int(found[0]) if found else None
 
 
+def _link_exists(name: str) -> bool:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return _link_index(ipr, name) is not None
+
+
+def _flood_list(overlay: str) -> set[str]:
+    """The peers a VXLAN port floods to: its all-zeros FDB entries' destinations."""
+    out = run_sync(["bridge", "-j", "fdb", "show", "dev", overlay], check=False)
+    entries = json.loads(out or "[]")
+    return {str(e["dst"]) for e in entries if e.get("mac") == ZERO_MAC and e.get("dst")}
+
+
 def _ports(ipr: Any, bridge_index: int) -> list[int]:
     """The bridge's ports, asked of netlink: ``/sys/class/net`` shows the namespace sysfs was mounted
     in, not necessarily this agent's (agents in their own namespaces, tests/multihost)."""
@@ -107,6 +132,13 @@ class BridgeNetworks:
 
     def bridge_name(self, network_id: str) -> str:
         return f"{self.bridge_prefix}{_digest(network_id, 8)}"
+
+    def overlay_name(self, network_id: str) -> str:
+        return f"{OVERLAY_PREFIX}{self.tag}{_digest(network_id, 8)}"
+
+    @staticmethod
+    def vni(network_id: str) -> int:
+        return int(_digest(network_id, 6), 16) or 1
 
     @staticmethod
     def port_name(sandbox_id: str, network_id: str) -> str:
@@ -203,6 +235,7 @@ add rule {table} pnet_input iifname {bridges} drop
             [
                 f"addr flush dev {member.ifname}",
                 f"addr add {member.ip}/{member.prefixlen} dev {member.ifname}",
+                f"link set {member.ifname} mtu {MEMBER_MTU}",
                 f"link set {member.ifname} up",
             ]
         )
@@ -228,10 +261,45 @@ add rule {table} pnet_input iifname {bridges} drop
             return bridge is not None and port is not None and port in _ports(ipr, bridge)
 
     def _drop_if_empty(self, ipr: Any, bridge: str) -> None:
+        """Removes the bridge (and its overlay port) once no member's port is left on it."""
         index = _link_index(ipr, bridge)
-        if index is not None and not _ports(ipr, index):
-            with contextlib.suppress(Exception):
-                ipr.link("del", index=index)
+        if index is None:
+            return
+        overlay = _link_index(ipr, OVERLAY_PREFIX + bridge[len(BRIDGE_PREFIX) :])
+        if [port for port in _ports(ipr, index) if port != overlay]:
+            return
+        for link in (overlay, index):
+            if link is not None:
+                with contextlib.suppress(Exception):
+                    ipr.link("del", index=link)
+
+    # -- across hosts -----------------------------------------------------------------------------
+
+    def sync_overlay(self, peers: dict[str, list[str]], local: str) -> None:
+        """Makes each of this agent's bridges reach exactly ``peers[network id]`` (host addresses)
+        through its VXLAN port: adds the port where a network gained a peer, rewrites the flood list,
+        removes the port where no peer is left. Networks without a bridge here are ignored."""
+        with self._lock:
+            wanted = {self.bridge_name(nid): (nid, sorted(set(addrs))) for nid, addrs in peers.items()}
+            for bridge in self.bridges():
+                network_id, addresses = wanted.get(bridge, ("", []))
+                overlay = OVERLAY_PREFIX + bridge[len(BRIDGE_PREFIX) :]
+                if not addresses:
+                    run_sync(["ip", "link", "del", overlay], check=False)
+                    continue
+                if not _link_exists(overlay):
+                    # nolearning: remote MACs are never learned from what arrives (anyone can send a
+                    # UDP packet); frames go to every peer of the network, which holds its members.
+                    vni, port = str(self.vni(network_id)), str(VXLAN_PORT)
+                    add = ["ip", "link", "add", overlay, "type", "vxlan", "id", vni, "local", local]
+                    run_sync([*add, "dstport", port, "nolearning"])
+                    _sysctl(f"/proc/sys/net/ipv6/conf/{overlay}/disable_ipv6", "1")
+                    run_sync(["ip", "link", "set", overlay, "mtu", str(MEMBER_MTU), "master", bridge, "up"])
+                current = _flood_list(overlay)
+                for address in sorted(current - set(addresses)):
+                    run_sync(["bridge", "fdb", "del", ZERO_MAC, "dev", overlay, "dst", address], check=False)
+                for address in sorted(set(addresses) - current):
+                    run_sync(["bridge", "fdb", "append", ZERO_MAC, "dev", overlay, "dst", address])
 
     # -- start-up ---------------------------------------------------------------------------------
 

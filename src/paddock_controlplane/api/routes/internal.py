@@ -35,9 +35,10 @@ class Heartbeat(BaseModel):
 async def heartbeat(beat: Heartbeat, _: HostAuthDep, services: ServicesDep) -> dict[str, Any]:
     async with transaction(services.sessions) as session:
         await hosts.record_heartbeat(session, beat.model_dump(), services.clock())
+        overlay = await hosts.overlay_peers(session, beat.id)
     if services.on_heartbeat is not None:
         await services.on_heartbeat(beat.model_dump())
-    return {"ok": True}
+    return {"ok": True, "overlay": overlay}
 
 
 @router.post("/hosts/{host_id}/drain")
