@@ -277,17 +277,17 @@ class BuildManager:
 
     async def _export(self, build: Build, tree: Path) -> None:
         body = build.body
-        image_id = await self.buildah.image_id(local_tag(body.id))
+        settings = await self.buildah.settings(local_tag(body.id))  # one spawn: config and image id
+        image_id = settings.image_id or await self.buildah.image_id(local_tag(body.id))
         twin = self._twin(image_id, body.id)
         if twin is not None:
             # The same image as a template already here (every step came from the cache): its tree is
             # identical and read-only, so hard links make this one at once.
             build.say(f"same image as {twin}: reusing its tree")
             await _link_tree(self.images.rootfs_path(twin), tree)
-            settings = await self.buildah.settings(local_tag(body.id))
             size = self._recorded_size(twin) or await _tree_bytes(tree)
         else:
-            settings = await self.buildah.export(local_tag(body.id), tree)
+            await self.buildah.export(local_tag(body.id), tree)
             size = await _tree_bytes(tree)
         meta = {
             "name": body.id,

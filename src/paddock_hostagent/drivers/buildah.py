@@ -46,8 +46,10 @@ class BuildLimits:
 
 @dataclass(frozen=True)
 class ImageSettings:
-    """The Dockerfile's ENV, WORKDIR, USER, ENTRYPOINT and CMD as buildah recorded them."""
+    """The Dockerfile's ENV, WORKDIR, USER, ENTRYPOINT and CMD as buildah recorded them, and the image's
+    content id (``sha256:…``; two builds that hit the cache for every step get the same one)."""
 
+    image_id: str
     env: dict[str, str]
     workdir: str
     user: str
@@ -191,8 +193,8 @@ class Buildah:
         )
         return rc
 
-    async def export(self, tag: str, dest: Path) -> ImageSettings:
-        """Copies the image's filesystem to ``dest`` and returns its settings."""
+    async def export(self, tag: str, dest: Path) -> None:
+        """Copies the image's filesystem to ``dest``."""
         container = (await self._check("from", "--pull-never", tag))[-1].strip()
         try:
             mountpoint = Path((await self._check("mount", container))[-1].strip())
@@ -200,7 +202,6 @@ class Buildah:
             await self._check("umount", container)
         finally:
             await self._run("rm", container)
-        return await self.settings(tag)
 
     async def settings(self, tag: str) -> ImageSettings:
         # inspect prints one JSON document: read it whole (``_run`` keeps only the last lines).
@@ -212,12 +213,15 @@ class Buildah:
         out, _ = await process.communicate()
         if process.returncode != 0:
             raise BuildahError(f"buildah inspect {tag} exited with {process.returncode}")
-        config = (json.loads(out).get("OCIv1") or {}).get("config") or {}
+        info = json.loads(out)
+        config = (info.get("OCIv1") or {}).get("config") or {}
+        image_id = str(info.get("FromImageID") or "")
         env: dict[str, str] = {}
         for item in config.get("Env") or []:
             key, _, value = str(item).partition("=")
             env[key] = value
         return ImageSettings(
+            image_id=image_id if image_id.startswith("sha256:") or not image_id else f"sha256:{image_id}",
             env=env,
             workdir=str(config.get("WorkingDir") or ""),
             user=str(config.get("User") or ""),
