@@ -235,11 +235,12 @@ async def connect(services: Services, user_id: str, sandbox_id: str, screen_id: 
     base = f"{settings.ingress_scheme}://{port}-{sandbox_id}.{settings.ingress_url_domain}"
     prefix = f"{desktop_access.PREFIX}{grant.token}"
     websocket_path = f"{prefix.lstrip('/')}/websockify"
+    # noVNC resolves its ``path`` against the page's own URL, which already carries the token.
     return {
         "screen_id": screen["screen_id"],
         "port": port,
         "path": "/" + websocket_path,
         "token": grant.token,
         "expires_at": rfc3339(dt.datetime.fromtimestamp(grant.expires_at_s, dt.UTC)),
-        "url": f"{base}{prefix}/vnc.html?autoconnect=1&resize=scale&reconnect=1&path={websocket_path}",
+        "url": f"{base}{prefix}/vnc.html?autoconnect=1&resize=scale&reconnect=1&path=websockify",
     }

@@ -168,14 +168,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         statuses=(403, *ON_A_SANDBOX), body=ProcessSignalRequest, body_required=True
     ),
     ("GET", SANDBOX + "/processes/{process_id}/wait"): Operation(statuses=(403, *ON_A_SANDBOX)),
-    # §12.3: a desktop sandbox only (409 otherwise, or when not running); a window or screen that does not
-    # exist 404; a refused action on one (screen-0 delete, screens full) 409.
+    # §12.3: a desktop sandbox only (409 otherwise, or when not running); a bad screen or window id 400;
+    # a window or screen that does not exist 404; a refused action on one (screen-0 delete, screens full)
+    # 409.
     ("GET", SANDBOX + "/computer/screenshot"): Operation(
-        statuses=(403, 404, *ON_A_SANDBOX), media=("image/png",), unwrapped=True
+        statuses=(400, 403, 404, *ON_A_SANDBOX), media=("image/png",), unwrapped=True
     ),
     **{
         (method, SANDBOX + "/computer" + suffix): Operation(
-            statuses=(403, 404, *ON_A_SANDBOX), body=model, body_required=model is not None and required
+            statuses=(400, 403, 404, *ON_A_SANDBOX), body=model, body_required=model is not None and required
         )
         for method, suffix, model, required in COMPUTER_OPERATIONS
     },

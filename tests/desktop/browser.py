@@ -31,6 +31,7 @@ class Page:
     def __init__(self, socket: ClientConnection) -> None:
         self.socket = socket
         self.ids = itertools.count(1)
+        self.events: list[dict[str, Any]] = []  # what the browser reported meanwhile (enabled domains)
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         call_id = next(self.ids)
@@ -41,6 +42,19 @@ class Page:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")
                 return dict(message.get("result") or {})
+            if "method" in message and len(self.events) < 10_000:
+                self.events.append(message)
+
+    def pending_requests(self) -> list[str]:
+        """URLs the page asked for that neither finished nor failed (needs ``Network.enable``)."""
+        started: dict[str, str] = {}
+        for event in self.events:
+            params = event.get("params") or {}
+            if event["method"] == "Network.requestWillBeSent":
+                started[params["requestId"]] = params["request"]["url"]
+            elif event["method"] in ("Network.loadingFinished", "Network.loadingFailed"):
+                started.pop(params["requestId"], None)
+        return list(started.values())
 
     def evaluate(self, expression: str) -> Any:
         result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
@@ -87,6 +101,8 @@ def headless_chromium(width: int, height: int) -> Iterator[Page]:
         with connect(page_url, max_size=64 << 20, open_timeout=10) as socket:
             page = Page(socket)
             page.call("Page.enable")
+            page.call("Network.enable")
+            page.call("Runtime.enable")
             page.call(
                 "Emulation.setDeviceMetricsOverride",
                 width=width,

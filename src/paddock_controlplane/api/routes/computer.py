@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
@@ -25,6 +25,10 @@ ScreenQuery = Annotated[
     str | None, Query(description="screen-0 … screen-7 (default screen-0)", pattern=r"^screen-[0-7]$")
 ]
 Coordinate = Annotated[int | None, Query(ge=0, le=100_000)]
+ScreenPath = Annotated[str, Path(description="screen-0 … screen-7", pattern=r"^screen-[0-7]$")]
+WindowPath = Annotated[
+    str, Path(description="an X window id, decimal or 0x hex", pattern=computer.WINDOW_ID.pattern)
+]
 Endpoint = Callable[..., Awaitable[Response]]
 
 
@@ -54,7 +58,7 @@ def _sandbox_operation(operation: str, model: type[BaseModel] | None) -> Endpoin
 def _window_operation(operation: str, model: type[BaseModel] | None) -> Endpoint:
     async def endpoint(
         sandbox_id: str,
-        window_id: str,
+        window_id: WindowPath,
         request: Request,
         principal: SandboxPrincipalDep,
         services: ServicesDep,
@@ -70,7 +74,7 @@ def _window_operation(operation: str, model: type[BaseModel] | None) -> Endpoint
 def _screen_operation(operation: str, model: type[BaseModel] | None) -> Endpoint:
     async def endpoint(
         sandbox_id: str,
-        screen_id: str,
+        screen_id: ScreenPath,
         request: Request,
         principal: SandboxPrincipalDep,
         services: ServicesDep,
@@ -124,7 +128,7 @@ async def list_windows(
 
 @router.get(BASE + "/screens/{screen_id}/connect")
 async def connect(
-    sandbox_id: str, screen_id: str, principal: SandboxPrincipalDep, services: ServicesDep
+    sandbox_id: str, screen_id: ScreenPath, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
     screen = computer.check_screen_id(screen_id)
     return _ok(await computer.connect(services, principal.user_id, sandbox_id, screen))
