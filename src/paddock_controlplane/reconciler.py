@@ -21,6 +21,7 @@ from paddock_controlplane.host_reports import HOST_DEAD_REASON
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import ON_HOST, SandboxStatus
+from paddock_controlplane.status_notify import StatusListener
 from paddock_controlplane.transition import settle
 from paddock_controlplane.views import event_data
 from paddock_core.db import transaction
@@ -199,10 +200,14 @@ PASSES: list[Pass] = [
 
 
 class Reconciler:
+    """The passes' loop. It also runs the status listener (status_notify.py), which folds other
+    control planes' committed status changes into this process's long polls."""
+
     def __init__(self, services: Services, passes: list[Pass]) -> None:
         self.services = services
         self.passes = passes
         self._task: asyncio.Task[None] | None = None
+        self.listener = StatusListener(services.settings.database_url, services.status_watch)
 
     async def run_once(self) -> None:
         for step in self.passes:
@@ -220,8 +225,10 @@ class Reconciler:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="reconciler")
+        self.listener.start()
 
     async def stop(self) -> None:
+        await self.listener.stop()
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

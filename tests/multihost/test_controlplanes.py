@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import statistics
 import threading
 import time
 from collections import defaultdict
@@ -194,3 +195,38 @@ def test_both_control_planes_serve_one_sandbox(cluster: Cluster) -> None:
         assert a.post(f"/v1/sandboxes/{sandbox_id}/resume").status_code == 200
         wait_status(b, sandbox_id, "running", timeout_s=10)
         assert b.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 200
+
+
+def test_a_long_poll_on_one_control_plane_wakes_for_a_change_made_on_the_other(cluster: Cluster) -> None:
+    """A running sandbox is destroyed through B (B answers ``destroying`` and reclaims it in the
+    background); long polls for ``destroyed`` wait on both control planes. B's is woken by its own
+    commit; A's by PostgreSQL NOTIFY, within milliseconds of B's, not at its next 250 ms re-read."""
+    key = cluster.api_key()
+    lag_ms: list[float] = []
+    with cluster.http(key, cp=1) as b:
+        for _ in range(5):
+            made = create(b)
+            assert made.status_code == 200, made.text
+            sandbox_id = made.json()["data"]["id"]
+            answered: dict[int, tuple[str, float]] = {}
+
+            def wait(
+                cp: int, sandbox_id: str = sandbox_id, answered: dict[int, tuple[str, float]] = answered
+            ) -> None:
+                with cluster.http(key, cp=cp) as http:
+                    params = {"wait_for": "destroyed", "wait_ms": 20000}
+                    view = http.get(f"/v1/sandboxes/{sandbox_id}", params=params).json()["data"]
+                answered[cp] = (view["status"], time.perf_counter())
+
+            destroyed = b.delete(f"/v1/sandboxes/{sandbox_id}")
+            assert destroyed.status_code == 200, destroyed.text
+            waiters = [threading.Thread(target=wait, args=(cp,)) for cp in (0, 1)]
+            for waiter in waiters:
+                waiter.start()
+            for waiter in waiters:
+                waiter.join(25)
+            assert [answered[cp][0] for cp in (0, 1)] == ["destroyed", "destroyed"], answered
+            if destroyed.json()["data"]["status"] == "destroying":
+                lag_ms.append((answered[0][1] - answered[1][1]) * 1000)
+    print(f"A answered after B by {sorted(round(d) for d in lag_ms)} ms")
+    assert len(lag_ms) >= 3 and statistics.median(lag_ms) < 100, lag_ms
