@@ -199,9 +199,8 @@ class Buildah:
         try:
             mountpoint = Path((await self._check("mount", container))[-1].strip())
             await _copy_tree(mountpoint, dest)
-            await self._check("umount", container)
         finally:
-            await self._run("rm", container)
+            await self._run("rm", container)  # unmounts it too: one spawn fewer than umount + rm
 
     async def settings(self, tag: str) -> ImageSettings:
         # inspect prints one JSON document: read it whole (``_run`` keeps only the last lines).
