@@ -209,7 +209,7 @@ def fork_scale(
                     if sandbox.run("sh", ["-c", fresh], timeout_s=600).exit_code != 0:
                         raise BenchError("paddock: could not write the fresh file")
                     _timed_fork(
-                        driver, sandbox, f"fork_fresh_{FRESH_MIB}", f"/root/fresh-{index}", FRESH_MIB << 20
+                        driver, sandbox, f"fork_fresh_{fresh_mib}", f"/root/fresh-{index}", fresh_mib << 20
                     )
             finally:
                 driver.destroy(sandbox)
