@@ -409,7 +409,8 @@ class OciRuntime(SandboxRuntime):
         for pid in cgroup.pids():  # stragglers that escaped the pid namespace's teardown
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        await run([*self._runtime_argv(handle.runtime), "delete", "-f", sandbox_id], check=False)
+        force = "--force" if handle.runtime == "runsc" else "-f"  # runsc's flags have no short forms
+        await run([*self._runtime_argv(handle.runtime), "delete", force, sandbox_id], check=False)
         with contextlib.suppress(OSError):
             cgroup.remove()
         if not self._booting:  # a runtime starting a sandbox may be creating these parents right now
