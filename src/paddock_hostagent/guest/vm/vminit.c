@@ -31,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -314,6 +316,18 @@ int main(void) {
         if (adj) { fputs("-1000", adj); fclose(adj); }
         multiplex();
         _exit(0);
+    }
+    /* The agent and every command it starts keep the container tier's capabilities (Docker's default
+     * set less NET_RAW, and less MKNOD): no mount, raw sockets, modules, raw memory or device nodes,
+     * sysctls or network configuration inside the VM. The multiplexer, forked above, keeps all (it
+     * re-addresses a fork's eth0). */
+    static const int keep[] = {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_KILL, CAP_SETGID,
+                               CAP_SETUID, CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_AUDIT_WRITE,
+                               CAP_SETFCAP};
+    for (int cap = 0; cap <= 63; cap++) {
+        int kept = 0;
+        for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) kept |= keep[i] == cap;
+        if (!kept && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) perror("PR_CAPBSET_DROP");
     }
     execl(AGENT, "paddock-guest", "--listen", AGENT_SOCKET, "--self-signal", (char *)NULL);
     perror("exec " AGENT);
