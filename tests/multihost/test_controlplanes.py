@@ -135,7 +135,7 @@ def test_a_control_plane_killed_during_200_operations(cluster: Cluster) -> None:
                 json={"url": f"http://127.0.0.1:{server.server_port}/hook", "events": ["sandbox.create"]},
             )
             assert endpoint.status_code == 200, endpoint.text
-            with ThreadPoolExecutor(6) as pool:
+            with ThreadPoolExecutor(8) as pool:
                 results = list(pool.map(ops.lifecycle, range(LIFECYCLES)))
             assert ops.killed_at is not None and ops.failovers > 0
 

@@ -92,7 +92,6 @@ def test_a_drained_host_gets_no_new_sandboxes_and_keeps_its_own(cluster: Cluster
             resident = create_ok(http, host_id=first)["id"]
             made.append(resident)
             assert f"host {first} is now draining" in admin_cli(cluster, "host", "drain", first)
-            assert "draining" in admin_cli(cluster, "host", "list")
             time.sleep(1)  # heartbeats keep coming; the host stays draining
             assert cluster.host_statuses(key, cp=0)[first] == "draining"
             for _ in range(4):  # host 1 has the most free memory, yet gets none
