@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -96,6 +97,7 @@ def main() -> None:
                 destroy(cluster, key, made)
     finally:
         cluster.stop()
+        shutil.rmtree(guest_dir, ignore_errors=True)
     print(f"\ncreates at concurrency {args.concurrency}, {args.creates} per phase, {args.rounds} rounds")
     print(f"{'phase':<10} {'creates/s (per round)':<28} {'p50 ms':>8} {'p90 ms':>8}")
     for phase in rates:

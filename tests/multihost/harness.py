@@ -258,6 +258,8 @@ class Cluster(LivePlatform):
         if self.pg_name:
             asyncio.run(_pg_execute(self.pg_admin, f"DROP DATABASE IF EXISTS {self.pg_name} WITH (FORCE)"))
         assert not problems, f"the cluster left these behind: {problems}"
+        for controlplane in self.controlplanes:  # their logs stay only when something was left behind
+            sh("rm", "-rf", str(controlplane.state_dir), check=False)
 
 
 def start_cluster(
