@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bench import isolation_bench
+
 OP_LABELS = {
     "create": "create → running",
     "first_exec": "first exec `true` of a new sandbox",
@@ -330,6 +332,9 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         for op, row in vm["ops"].items():
             out.append(f"| {op} | {row['n']} | {num(row['p50'])} | {num(row['p90'])} | {num(row['max'])} |")
+    isolation = sections.get("isolation")
+    if isolation:  # bench/isolation_bench.py: each tier against its raw runtime
+        out += ["", *isolation_bench.markdown(isolation).rstrip("\n").splitlines()]
     if results.get("errors"):
         out += ["", "## Sections that failed", ""]
         for name, text in results["errors"].items():

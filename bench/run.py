@@ -13,6 +13,8 @@ Sections (each module's docstring says exactly what is timed):
   gateway     quote latency vs a bare endpoint; signed-request verifications/s per core vs raw ecrecover
   vm          the VM tier (QEMU): create, exec, pause/resume, fork vs the raw QEMU boot and QMP floors
               (bench/vm_bench.py; not in --smoke unless asked with --only vm: TCG boots take seconds)
+  isolation   each tier (crun, runc, gVisor) through the SDK vs its raw runtime: create, exec, pause/resume,
+              fork (bench/isolation_bench.py; not in --smoke unless asked: tests/bench has its own smoke test)
 
 Needs root (sandboxes), the debian:13 image, and podman + wrk (``make bench-deps``). Never fails on a
 time: the exit status is non-zero only when a section could not run (the harness or the product broke).
@@ -36,9 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import density, http_bench, lifecycle, machine, report, vm_bench
+from bench import density, http_bench, isolation_bench, lifecycle, machine, report, vm_bench
 
-SECTIONS = ("lifecycle", "fork", "density", "throughput", "webhooks", "gateway", "vm")
+SECTIONS = ("lifecycle", "fork", "density", "throughput", "webhooks", "gateway", "vm", "isolation")
 RESULTS = Path(__file__).resolve().parent / "results"
 POOL_SIZE = 2
 
@@ -78,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.sections = [s.strip() for s in args.only.split(",")] if args.only else list(SECTIONS)
     if smoke and not args.only:
         args.sections.remove("vm")
+        args.sections.remove("isolation")
     args.vm_rounds = 1 if smoke else 3
     args.vm_execs = 3 if smoke else 30
     unknown = set(args.sections) - set(SECTIONS)
@@ -302,6 +305,9 @@ class Run:
             self.section("gateway", self.gateway)
         if "vm" in self.args.sections:
             self.section("vm", lambda: vm_bench.measure(self.args.vm_rounds, self.args.vm_execs))
+        if "isolation" in self.args.sections:
+            runs = 2 if self.args.smoke else 10
+            self.section("isolation", lambda: isolation_bench.measure(runs, 0 if self.args.smoke else 1))
         self.results["machine"]["load_average_end"] = machine.load_average()
         self.results["finished_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return self.write()
