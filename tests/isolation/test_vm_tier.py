@@ -183,7 +183,8 @@ async def test_commands_hold_the_container_tiers_capabilities(tier: Tier, vm: Sa
     attempts = {
         "mount": "mount -t tmpfs none /mnt",
         "sysctl": "echo 1 > /proc/sys/net/ipv4/ip_forward",
-        "sysrq": "echo h > /proc/sysrq-trigger && grep -q . /proc/sysrq-trigger",
+        "hostname sysctl": "echo other > /proc/sys/kernel/hostname",
+        "sysrq": "echo h > /proc/sysrq-trigger",
         "mknod": "mknod /tmp/disk b 254 0",
         "raw memory": "head -c1 /dev/mem >/dev/null",
     }

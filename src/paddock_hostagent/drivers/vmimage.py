@@ -85,11 +85,7 @@ mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /newroot/dev/pts
 mount -t tmpfs -o nosuid,nodev tmpfs /newroot/dev/shm
 mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 /newroot/sys/fs/cgroup
-# as a container's: sysctls read-only, no sysrq trigger, no node for the VM's own disk
-mount --bind /newroot/proc/sys /newroot/proc/sys
-mount -o remount,bind,ro /newroot/proc/sys
-mount --bind /newroot/dev/null /newroot/proc/sysrq-trigger
-rm -f /newroot/dev/vda
+rm -f /newroot/dev/vda  # as a container's: no node for the disk (paddock-vminit makes /proc/sys read-only)
 exec switch_root /newroot /run/paddock/paddock-vminit
 """
 

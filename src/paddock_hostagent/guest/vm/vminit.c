@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/capability.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -317,6 +318,13 @@ int main(void) {
         multiplex();
         _exit(0);
     }
+    /* As a container's runtime does: kernel settings and the sysrq trigger read-only. */
+    static const char *const readonly[] = {"/proc/sys", "/proc/sysrq-trigger"};
+    for (size_t i = 0; i < sizeof readonly / sizeof readonly[0]; i++)
+        if (mount(readonly[i], readonly[i], NULL, MS_BIND | MS_REC, NULL) < 0 ||
+            mount(NULL, readonly[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  NULL) < 0)
+            perror(readonly[i]);
     /* The agent and every command it starts keep the container tier's capabilities (Docker's default
      * set less NET_RAW, and less MKNOD): no mount, raw sockets, modules, raw memory or device nodes,
      * sysctls or network configuration inside the VM. The multiplexer, forked above, keeps all (it
