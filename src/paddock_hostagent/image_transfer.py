@@ -107,6 +107,8 @@ class ImageFetcher:
                 await asyncio.to_thread(self.images.install_template, name, incoming / "rootfs", meta)
             finally:
                 await asyncio.to_thread(shutil.rmtree, incoming, True)
+                with contextlib.suppress(OSError):
+                    image_root.rmdir()  # a failed fetch leaves no empty image directory behind
         log.info("template_image_fetched", template_id=name, source=source_url)
 
     async def _receive(self, name: str, source_url: str, authorization: str, dest: Path) -> None:

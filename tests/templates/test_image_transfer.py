@@ -52,8 +52,10 @@ def two_hosts(
         platform.wait_for_hosts(2)
         yield platform, template, key
     finally:
-        platform.stop()
-        shutil.rmtree(own_images, ignore_errors=True)
+        try:
+            platform.stop()
+        finally:
+            shutil.rmtree(own_images, ignore_errors=True)
 
 
 async def test_a_sandbox_placed_on_a_host_without_the_image_boots_there(
@@ -92,6 +94,9 @@ async def test_the_fetch_call_takes_only_templates_a_source_holds(
             await client.fetch_image("debian:13", builder.url)
         with pytest.raises(HostAgentError, match="404"):
             await client.fetch_image("tpl_00000000000000000000000000", builder.url)
+        assert not (
+            Path(second.extra_env["PADDOCK_HOST_IMAGE_DIR"]) / "tpl_00000000000000000000000000"
+        ).exists()
         fetched = await client.fetch_image(template["id"], builder.url)  # already here: at once
         assert fetched.image == template["id"] and fetched.ext4_size_bytes == template["ext4_size_bytes"]
     finally:
