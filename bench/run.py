@@ -69,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.big_file_mib = 8 if smoke else 100
     args.fork_sizes_mib = (8, 32) if smoke else lifecycle.FORK_SIZES_MIB
     args.fork_fresh_mib = 8 if smoke else lifecycle.FRESH_MIB
+    args.fork_runs = 1 if smoke else args.runs  # the smoke run proves the section works, quickly
     args.wrk_seconds = 1 if smoke else 10
     args.wrk_connections = 8
     args.webhook_burst = 50 if smoke else 2000
@@ -175,7 +176,7 @@ class Run:
                         agent.url,
                         TOKEN,
                         POOL_SIZE,
-                        a.runs,
+                        a.fork_runs,
                         a.fork_sizes_mib,
                         a.fork_fresh_mib,
                     ),

@@ -45,6 +45,10 @@ def test_smoke_run_measures_every_section_against_its_floor(tmp_path: Path) -> N
     for system in ("paddock", "hostagent", "runc", "crun"):  # podman has no live fork
         assert life[system]["fork"]["n"] == 3
 
+    forks = results["sections"]["fork"]
+    for op in ("fork_settled_8", "fork_settled_32", "fork_fresh_8"):
+        assert forks[op]["n"] == 1 and forks[op]["p50"] > 0, (op, forks)
+
     density = results["sections"]["density"]
     assert density["created"] == 3 and density["guest_agent_rss_mib"]["n"] == 3
     throughput = results["sections"]["throughput"]
