@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tests.controlplane.conftest import ControlPlane
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
+from tests.controlplane.fakehost import HOST_BEAT
 
 pytestmark = pytest.mark.db
 
@@ -44,3 +45,29 @@ async def test_user_create_key_list_revoke_set_plan(controlplane: ControlPlane) 
     assert moved.returncode == 0 and "enterprise" in moved.stdout
     wrong = await asyncio.to_thread(admin, controlplane, "user", "set-plan", user["user_id"], "platinum")
     assert wrong.returncode == 2 and "unknown plan" in wrong.stderr
+
+
+async def test_host_list_drain_undrain(controlplane: ControlPlane) -> None:
+    """An operator drains a host from the CLI: it lists as draining (heartbeats do not undo it) and
+    ``/v1/hosts`` shows it; undrain puts it back; an unknown host is exit 2."""
+    headers = {"Authorization": f"Bearer {HOST_TOKEN}"}
+    beat = await controlplane.http.post("/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers=headers)
+    assert beat.status_code == 200
+    host_id = HOST_BEAT["id"]
+
+    async def keep_beating() -> None:  # the host stays alive however slowly the CLI starts
+        while True:
+            await asyncio.sleep(0.5)
+            await controlplane.http.post("/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers=headers)
+
+    beating = asyncio.create_task(keep_beating())
+    drained = await asyncio.to_thread(admin, controlplane, "host", "drain", host_id)
+    assert drained.returncode == 0 and f"host {host_id} is now draining" in drained.stdout, drained.stderr
+    await controlplane.http.post("/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers=headers)
+    listed = json.loads((await asyncio.to_thread(admin, controlplane, "host", "list", "--json")).stdout)
+    assert [(h["id"], h["status"], h["url"]) for h in listed] == [(host_id, "draining", HOST_BEAT["url"])]
+    back = await asyncio.to_thread(admin, controlplane, "host", "undrain", host_id)
+    beating.cancel()
+    assert back.returncode == 0 and "is now active" in back.stdout, back.stdout
+    unknown = await asyncio.to_thread(admin, controlplane, "host", "drain", "no-such-host")
+    assert unknown.returncode == 2 and "no host" in unknown.stderr
