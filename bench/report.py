@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench import isolation_bench
+from bench import desktop_bench, isolation_bench
 
 OP_LABELS = {
     "create": "create → running",
@@ -335,6 +335,9 @@ def markdown(results: dict[str, Any]) -> str:
     isolation = sections.get("isolation")
     if isolation:  # bench/isolation_bench.py: each tier against its raw runtime
         out += ["", *isolation_bench.markdown(isolation).rstrip("\n").splitlines()]
+    desktop = sections.get("desktop")
+    if desktop:  # bench/desktop_bench.py: computer use against its exec and in-sandbox floors
+        out += ["", *desktop_bench.table(desktop).splitlines()]
     if results.get("errors"):
         out += ["", "## Sections that failed", ""]
         for name, text in results["errors"].items():

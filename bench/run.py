@@ -15,6 +15,8 @@ Sections (each module's docstring says exactly what is timed):
               (bench/vm_bench.py; not in --smoke unless asked with --only vm: TCG boots take seconds)
   isolation   each tier (crun, runc, gVisor) through the SDK vs its raw runtime: create, exec, pause/resume,
               fork (bench/isolation_bench.py; not in --smoke unless asked: tests/bench has its own smoke test)
+  desktop     computer use on desktop:1: screenshot and click → screenshot-changed latency vs exec and an
+              in-sandbox grab (bench/desktop_bench.py; not in --smoke unless asked: its own smoke test)
 
 Needs root (sandboxes), the debian:13 image, and podman + wrk (``make bench-deps``). Never fails on a
 time: the exit status is non-zero only when a section could not run (the harness or the product broke).
@@ -38,9 +40,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import density, http_bench, isolation_bench, lifecycle, machine, report, vm_bench
+from bench import density, desktop_bench, http_bench, isolation_bench, lifecycle, machine, report, vm_bench
 
-SECTIONS = ("lifecycle", "fork", "density", "throughput", "webhooks", "gateway", "vm", "isolation")
+SECTIONS = ("lifecycle", "fork", "density", "throughput", "webhooks", "gateway", "vm", "isolation", "desktop")
 RESULTS = Path(__file__).resolve().parent / "results"
 POOL_SIZE = 2
 
@@ -82,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if smoke and not args.only:
         args.sections.remove("vm")
         args.sections.remove("isolation")
+        args.sections.remove("desktop")
     args.vm_rounds = 1 if smoke else 3
     args.vm_execs = 3 if smoke else 30
     unknown = set(args.sections) - set(SECTIONS)
@@ -309,6 +312,8 @@ class Run:
         if "isolation" in self.args.sections:
             runs = 2 if self.args.smoke else 10
             self.section("isolation", lambda: isolation_bench.measure(runs, 0 if self.args.smoke else 1))
+        if "desktop" in self.args.sections:
+            self.section("desktop", lambda: desktop_bench.measure(3 if self.args.smoke else 30))
         self.results["machine"]["load_average_end"] = machine.load_average()
         self.results["finished_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return self.write()
