@@ -367,6 +367,9 @@ def launch_argv(application: str, uri: str | None, index: int) -> list[str]:
             "--disable-gpu",
             "--disable-dev-shm-usage",
             "--password-store=basic",
+            # Xvfb has no compositor: without these Chromium may think its window hidden and stop painting.
+            "--disable-backgrounding-occluded-windows",
+            "--disable-renderer-backgrounding",
             f"--user-data-dir=/root/.config/chromium-screen-{index}",
         ]
         return [*argv, uri] if uri else [*argv, "--new-window"]
@@ -451,7 +454,8 @@ def op_launch(index: int, args: dict[str, Any]) -> dict[str, Any]:
     if uri is not None and (not isinstance(uri, str) or uri.startswith("-")):
         raise bad("uri", "must be a string that does not start with '-'")
     ensure_screen(index)
-    spawn(launch_argv(application, uri, index), display_of(index))
+    argv = launch_argv(application, uri, index)
+    spawn(argv, display_of(index), f"{Path(argv[0]).name}-{index}.log")
     return {"ok": True}
 
 
@@ -473,7 +477,7 @@ def op_open(index: int, args: dict[str, Any]) -> dict[str, Any]:
 def op_mouse_move(index: int, args: dict[str, Any]) -> dict[str, Any]:
     x, y = point(args)
     ensure_screen(index)
-    run(["xdotool", "mousemove", "--sync", str(x), str(y)], index)
+    run(["xdotool", "mousemove", str(x), str(y)], index)
     return {"ok": True}
 
 
@@ -485,7 +489,7 @@ def op_mouse_click(index: int, args: dict[str, Any]) -> dict[str, Any]:
     argv = ["xdotool"]
     if args.get("x") is not None or args.get("y") is not None:
         x, y = point(args)
-        argv += ["mousemove", "--sync", str(x), str(y)]
+        argv += ["mousemove", str(x), str(y)]
     ensure_screen(index)
     run([*argv, "click", "--repeat", str(count), "--delay", "80", button], index)
     return {"ok": True}
@@ -514,9 +518,9 @@ def op_mouse_drag(index: int, args: dict[str, Any]) -> dict[str, Any]:
     x1, y1 = point(end, "to.")
     ensure_screen(index)
     steps = [(x0 + (x1 - x0) * i // 8, y0 + (y1 - y0) * i // 8) for i in range(1, 9)]
-    argv = ["xdotool", "mousemove", "--sync", str(x0), str(y0), "mousedown", "1"]
+    argv = ["xdotool", "mousemove", str(x0), str(y0), "mousedown", "1"]
     for x, y in steps:
-        argv += ["sleep", "0.02", "mousemove", "--sync", str(x), str(y)]
+        argv += ["sleep", "0.02", "mousemove", str(x), str(y)]
     run([*argv, "mouseup", "1"], index)
     return {"ok": True}
 

@@ -169,11 +169,12 @@ def test_a_second_screen_works_independently(desktop: paddock.Sandbox, editor: p
         second = screen.screen_id
         assert png_size(desktop.computer.screenshot(screen_id=second)) == (800, 600)
         first_before = desktop.computer.screenshot()
+        first_windows = desktop.computer.windows()
         desktop.computer.launch("mousepad", screen_id=second)
         other = eventually(
             lambda: window_titled(desktop, "Mousepad", second), "Mousepad on the second screen"
         )
-        assert other.id not in [w.id for w in desktop.computer.windows()]
+        assert desktop.computer.windows() == first_windows  # window ids are per screen: compare lists
         desktop.computer.focus_window(other.id, screen_id=second)
         desktop.computer.type("second screen", screen_id=second)
         eventually(lambda: window_titled(desktop, "*", second), "typing on the second screen")
