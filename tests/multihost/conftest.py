@@ -11,16 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostagent.conftest import debian_image, guest_binary_dir, pytest_collection_modifyitems
+from tests.hostagent import conftest as hostagent_conftest
+from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.multihost.harness import Cluster, start_cluster
 
-__all__ = ["debian_image", "guest_binary_dir", "pytest_collection_modifyitems"]
+__all__ = ["debian_image", "guest_binary_dir"]
 
 HOSTS = [
     {"total_mib": 6144, "labels": {"zone": "a"}},
     {"total_mib": 3072, "labels": {"zone": "b"}},
     {"total_mib": 3072, "labels": {"zone": "b", "disk": "ssd"}},
 ]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The whole harness takes minutes (three agents, two control planes): out of the fast subset.
+    hostagent_conftest.pytest_collection_modifyitems(config, items)
+    for item in items:
+        if "multihost" in str(item.fspath):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="package")
