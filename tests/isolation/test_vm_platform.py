@@ -29,6 +29,7 @@ __all__ = ["debian_image", "guest_binary_dir"]
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
+    pytest.mark.qemu,
     pytest.mark.skipif(not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"),
 ]
 
