@@ -29,7 +29,7 @@ App = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 class LoopbackRouter:
     """Every sandbox is running, ingress on, at 127.0.0.1 — except ``sb-off…`` (ingress off)."""
 
-    async def resolve(self, sandbox_id: str) -> Route:
+    async def resolve(self, sandbox_id: str, *, live_view: bool = False) -> Route:
         if sandbox_id.startswith("sb-off"):
             raise IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
         return Route(sandbox_id, "u", "running", "127.0.0.1", True)
