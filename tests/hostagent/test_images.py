@@ -110,6 +110,7 @@ def test_cli_lists_images(tmp_path: Path) -> None:
         "debian:13\tbuildable",
         "devbox:1\tbuildable",
         "code-interpreter:1\tbuildable",
+        "desktop:1\tbuildable",
     ]
 
 
