@@ -116,11 +116,12 @@ class SlotFactory:
         return images_dir / f"{slot_id}.img"
 
     async def close(self) -> None:
-        """Takes the disk store down if no image is left in it."""
+        """Takes the disk store down if no image is left in it — also when this agent never opened it:
+        an agent restarted after a crash adopts its sandboxes from the store a previous agent mounted,
+        and is the one that must take it down once they are gone."""
         async with self._store_lock:
-            if self._store_opened:
-                await storage.close_store(self.slots_dir)
-                self._store_opened, self._images_dir = False, None
+            await storage.close_store(self.slots_dir)
+            self._store_opened, self._images_dir = False, None
 
     async def build(self, disk_mib: int, *, with_disk: bool = True) -> Slot:
         images_dir = await self.images_dir()
