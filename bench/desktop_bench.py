@@ -72,15 +72,23 @@ def _prepare(sandbox: paddock.Sandbox) -> None:
     )  # fmt: skip
     _wait(lambda: sandbox.run("curl", ["-sf", f"http://127.0.0.1:{PAGE_PORT}/"]).exit_code == 0, "the page")
     sandbox.computer.screen_size()  # the X session is up before the browser starts
-    sandbox.computer.open(f"http://127.0.0.1:{PAGE_PORT}/")
-    try:
-        window = _wait(
-            lambda: next((w for w in sandbox.computer.windows() if "flip" in w.title), None),
-            "Chromium",
-        )
-    except TimeoutError:
-        log = sandbox.run("tail", ["-5", "/run/paddock-desktop/chromium-0.log"]).stdout
-        raise TimeoutError(f"Chromium showed no page: windows {sandbox.computer.windows()}\n{log}") from None
+    window = None
+    for attempt in (1, 2):  # opened again once if the first shows nothing (seen once in CI, under load)
+        sandbox.computer.open(f"http://127.0.0.1:{PAGE_PORT}/")
+        try:
+            window = _wait(
+                lambda: next((w for w in sandbox.computer.windows() if "flip" in w.title), None),
+                "Chromium",
+                timeout_s=45.0,
+            )
+            break
+        except TimeoutError:
+            if attempt == 2:
+                log = sandbox.run("bash", ["-c", "tail -5 /run/paddock-desktop/*.log"]).stdout
+                raise TimeoutError(
+                    f"Chromium showed no page: windows {sandbox.computer.windows()}\n{log}"
+                ) from None
+    assert window is not None
     sandbox.computer.maximize_window(window.id)
     _wait(lambda: sandbox.computer.window_geometry(window.id).width > 1200, "the maximized window")
     time.sleep(1.0)

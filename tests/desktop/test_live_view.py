@@ -29,11 +29,19 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 def desktop(client: paddock.Client) -> Iterator[paddock.Sandbox]:
     """This module's desktop has ingress on, to show that the noVNC port still needs a token."""
     with client.sandboxes.create(SHAPE, rootfs=ROOTFS, disk_mib=4096, ingress_enabled=True) as sandbox:
-        sandbox.computer.launch("mousepad")  # a white window on the black desktop: something to see
-        deadline = time.monotonic() + 30
-        while not any("Mousepad" in w.title for w in sandbox.computer.windows()):
-            assert time.monotonic() < deadline, "Mousepad did not open"
-            time.sleep(0.25)
+        # A white window on the black desktop: something to see. Launched a second time if the first
+        # shows no window in 45 s (seen once in CI on a loaded box, cause not found; the log is kept).
+        for attempt in (1, 2):
+            sandbox.computer.launch("mousepad")
+            deadline = time.monotonic() + 45
+            while not any("Mousepad" in w.title for w in sandbox.computer.windows()):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.25)
+            else:
+                break
+            log = sandbox.run("bash", ["-c", "tail -5 /run/paddock-desktop/*.log"]).stdout
+            assert attempt == 1, f"Mousepad did not open: windows {sandbox.computer.windows()}\n{log}"
         yield sandbox
 
 
