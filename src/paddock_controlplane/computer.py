@@ -131,9 +131,14 @@ def check_screen_id(screen_id: str | None) -> str:
 
 
 def check_window_id(window_id: str) -> str:
-    if not WINDOW_ID.match(window_id) or not 0 < int(window_id, 0) < 2**32:
+    """The id in canonical decimal: "0x1a00003" and "027262979" name the same window (an explicit base,
+    since ``int(s, 0)`` refuses a decimal with a leading zero)."""
+    if not WINDOW_ID.match(window_id):
         raise errors.ValidationFailed.field("window_id", "must be a window id (decimal, or 0x hex)")
-    return window_id
+    value = int(window_id, 16) if window_id.lower().startswith("0x") else int(window_id, 10)
+    if not 0 < value < 2**32:
+        raise errors.ValidationFailed.field("window_id", "must be a window id (decimal, or 0x hex)")
+    return str(value)
 
 
 def dump(body: BaseModel | None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paddock_controlplane import computer
 from paddock_controlplane.api.deps import SandboxPrincipalDep, ServicesDep
@@ -169,6 +170,21 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("POST", "/screens/{screen_id}/resize", "screen_resize", computer.ScreenSizeRequest, "screen"),
 ]
 FACTORIES = {"sandbox": _sandbox_operation, "window": _window_operation, "screen": _screen_operation}
+
+
+async def _current_window_is_get_only() -> Response:
+    raise StarletteHTTPException(405, headers={"Allow": "GET"})
+
+
+# /windows/current is GET only; without this, DELETE /windows/{window_id} would take "current" as an id
+# and answer 400 where the path's other methods must be a 405. Registered first, so it matches first.
+router.add_api_route(
+    BASE + "/windows/current",
+    _current_window_is_get_only,
+    methods=["DELETE"],
+    name="computer_window_current_not_allowed",
+    include_in_schema=False,
+)
 
 for method, suffix, operation, model, kind in ROUTES:
     router.add_api_route(
