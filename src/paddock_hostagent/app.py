@@ -41,7 +41,7 @@ from paddock_hostagent.drivers.qemu import QemuOptions, QemuRuntime
 from paddock_hostagent.drivers.s3mounts import S3Mounter
 from paddock_hostagent.egress import EgressService
 from paddock_hostagent.guest.build import ensure_agent_binary
-from paddock_hostagent.host import prepare_machine
+from paddock_hostagent.host import network_manager, prepare_machine
 from paddock_hostagent.images import ImageStore
 from paddock_hostagent.middleware import RequestLogMiddleware
 from paddock_hostagent.processes import router as process_router
@@ -112,13 +112,7 @@ def _oci_runtime(
 
 
 async def build_manager(settings: HostAgentSettings) -> SandboxManager:
-    network = NetworkManager(
-        settings.subnet,
-        settings.state_dir / "network",
-        settings.nft_table,
-        settings.dns_servers,
-        settings.egress_gso_max_segs,
-    )
+    network = network_manager(settings)
     facts = await asyncio.to_thread(prepare_machine, settings.runtime, network, settings.runsc_platform)
     firewall = EgressFirewall(settings.nft_table, settings.subnet, network.gateway)
     await asyncio.to_thread(firewall.setup_host)

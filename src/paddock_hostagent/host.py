@@ -158,17 +158,22 @@ def prepare_machine(
     return HostFacts(runtime=runtime, hugetlb_mounted=is_mountpoint(HUGETLB_DIR), runsc_platform=platform)
 
 
-def prepare_host(settings: HostAgentSettings | None = None) -> HostFacts:
-    """Everything the host agent needs from the machine before it starts sandboxes (see the module
-    docstring for the same steps as shell commands); idempotent. Settings default to the environment."""
-    settings = settings or HostAgentSettings()
-    network = NetworkManager(
+def network_manager(settings: HostAgentSettings) -> NetworkManager:
+    """The agent's network manager, as its settings describe it (prepare_host and the app share it)."""
+    return NetworkManager(
         settings.subnet,
         settings.state_dir / "network",
         settings.nft_table,
         settings.dns_servers,
         settings.egress_gso_max_segs,
     )
+
+
+def prepare_host(settings: HostAgentSettings | None = None) -> HostFacts:
+    """Everything the host agent needs from the machine before it starts sandboxes (see the module
+    docstring for the same steps as shell commands); idempotent. Settings default to the environment."""
+    settings = settings or HostAgentSettings()
+    network = network_manager(settings)
     facts = prepare_machine(settings.runtime, network, settings.runsc_platform)
     EgressFirewall(settings.nft_table, settings.subnet, network.gateway).setup_host()
     return facts
