@@ -109,6 +109,26 @@ class SandboxRecord:
     egress: list[str] = field(default_factory=list)
     bandwidth_quota_bytes: int = -1
 
+    @classmethod
+    def running(
+        cls, spec: SandboxSpec, *, ip: str, driver: str, driver_state: dict[str, Any]
+    ) -> SandboxRecord:
+        """The record of a sandbox a driver has just started from ``spec``."""
+        shape = spec.shape
+        return cls(
+            id=spec.id,
+            name=spec.name,
+            image=spec.image,
+            vcpu=shape.vcpu,
+            mem_mib=shape.mem_mib,
+            disk_mib=shape.disk_mib,
+            cpu_quota_pct=shape.cpu_quota_pct,
+            ip=ip,
+            state=RuntimeState.RUNNING,
+            driver=driver,
+            driver_state=driver_state,
+        )
+
     @property
     def shape(self) -> Shape:
         return Shape(self.vcpu, self.mem_mib, self.disk_mib, self.cpu_quota_pct)

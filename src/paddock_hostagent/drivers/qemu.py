@@ -337,19 +337,8 @@ class QemuRuntime(SandboxRuntime):
         return handle
 
     def _record(self, spec: SandboxSpec, handle: _Handle) -> SandboxRecord:
-        shape = spec.shape
-        return SandboxRecord(
-            id=spec.id,
-            name=spec.name,
-            image=spec.image,
-            vcpu=shape.vcpu,
-            mem_mib=shape.mem_mib,
-            disk_mib=shape.disk_mib,
-            cpu_quota_pct=shape.cpu_quota_pct,
-            ip=handle.network.ip,
-            state=RuntimeState.RUNNING,
-            driver=self.name,
-            driver_state=handle.to_json(),
+        return SandboxRecord.running(
+            spec, ip=handle.network.ip, driver=self.name, driver_state=handle.to_json()
         )
 
     async def _launch(self, handle: _Handle, boot: _Boot) -> None:
