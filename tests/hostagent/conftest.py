@@ -123,6 +123,10 @@ class AgentProcess:
         env.update(self.extra_env)
         return env
 
+    def argv(self) -> list[str]:
+        """The agent's command line (tests/multihost runs it inside a machine's network namespace)."""
+        return [sys.executable, "-m", "paddock_hostagent.main"]
+
     def start(self, timeout_s: float = 60.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         guest_dir = self.state_dir / "guest"
@@ -130,9 +134,7 @@ class AgentProcess:
             shutil.copytree(self.guest_dir, guest_dir)
         self.port = self.port or free_port()
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "paddock_hostagent.main"], env=self.env(), stdout=log, stderr=log
-        )
+        self.process = subprocess.Popen(self.argv(), env=self.env(), stdout=log, stderr=log)
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

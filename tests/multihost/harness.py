@@ -19,12 +19,10 @@ nftables table, mount, loop device or cgroup of the cluster is left.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,25 +135,12 @@ class HostMachine(AgentProcess):
         )
         return env
 
+    def argv(self) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.netns}", *super().argv()]
+
     def start(self, timeout_s: float = 60.0) -> None:
         self.port = AGENT_PORT  # every machine has its own port space
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        guest_dir = self.state_dir / "guest"
-        if not guest_dir.exists():
-            subprocess.run(["cp", "-a", str(self.guest_dir), str(guest_dir)], check=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        argv = ["nsenter", f"--net=/run/netns/{self.netns}", sys.executable, "-m", "paddock_hostagent.main"]
-        self.process = subprocess.Popen(argv, env=self.env(), stdout=log, stderr=log)
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"host agent exited with {self.process.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"host agent did not start:\n{self.log_tail()}")
+        super().start(timeout_s)
 
     def kill(self) -> None:
         """SIGKILL, as a machine losing power looks to the control plane (its sandboxes live on)."""
