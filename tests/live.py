@@ -189,6 +189,16 @@ def _run_in_thread(factory: Any) -> Any:
         return pool.submit(lambda: asyncio.run(factory())).result()
 
 
+def plain_http_ingress() -> dict[str, str]:
+    """Control-plane settings for an ingress proxy on plain HTTP at 127.0.0.1:<free port>, with URLs
+    ``http://<port>-<sandbox id>.sandbox.localhost:<ingress port>`` as ``paddock serve`` makes them."""
+    return {
+        "PADDOCK_CP_INGRESS_PORT": str(free_port()),
+        "PADDOCK_CP_INGRESS_SCHEME": "http",
+        "PADDOCK_CP_INGRESS_DOMAIN": "sandbox.localhost",
+    }
+
+
 def start_platform(
     guest_dir: Path,
     *,

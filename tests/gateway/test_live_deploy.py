@@ -35,14 +35,13 @@ from tests.gateway.conftest import (
     Wallet,
     b64,
     chain_overrides,
-    free_port,
     gateway_settings,
     new_wallet,
     running_gateway,
     unique_name,
 )
 from tests.hostagent.conftest import guest_binary_dir, image_cache
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform, plain_http_ingress, start_platform
 
 __all__ = ["guest_binary_dir"]
 
@@ -61,12 +60,7 @@ def devbox_image() -> Path:
 def live(devbox_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
     """The platform with its ingress proxy on plain HTTP at 127.0.0.1:<free port>, URLs
     ``http://<port>-<sandbox id>.sandbox.localhost:<ingress port>`` as ``paddock serve`` makes them."""
-    ingress = {
-        "PADDOCK_CP_INGRESS_PORT": str(free_port()),
-        "PADDOCK_CP_INGRESS_SCHEME": "http",
-        "PADDOCK_CP_INGRESS_DOMAIN": "sandbox.localhost",
-    }
-    platform = start_platform(guest_binary_dir, cp_env=ingress)
+    platform = start_platform(guest_binary_dir, cp_env=plain_http_ingress())
     try:
         yield platform
     finally:

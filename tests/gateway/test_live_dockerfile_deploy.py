@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import Gateway, Wallet, free_port, new_wallet, unique_name
+from tests.gateway.conftest import Gateway, Wallet, new_wallet, unique_name
 from tests.gateway.test_live_deploy import (
     cp_key,
     fetch,
@@ -26,7 +26,7 @@ from tests.gateway.test_live_deploy import (
     sandbox_view,
 )
 from tests.hostagent.conftest import debian_image, guest_binary_dir
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform, plain_http_ingress, start_platform
 
 __all__ = ["cp_key", "debian_image", "guest_binary_dir", "live_gateway"]
 
@@ -63,12 +63,7 @@ def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
     test_live_deploy."""
     if shutil.which("buildah") is None:
         pytest.fail("buildah is not installed: scripts/setup-host.sh installs it")
-    ingress = {
-        "PADDOCK_CP_INGRESS_PORT": str(free_port()),
-        "PADDOCK_CP_INGRESS_SCHEME": "http",
-        "PADDOCK_CP_INGRESS_DOMAIN": "sandbox.localhost",
-    }
-    platform = start_platform(guest_binary_dir, cp_env=ingress)
+    platform = start_platform(guest_binary_dir, cp_env=plain_http_ingress())
     try:
         yield platform
     finally:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from paddock_hostagent.images import ImageStore
-from tests.hostagent.conftest import free_port, guest_binary_dir, image_cache
-from tests.live import LivePlatform, start_platform
+from tests.hostagent.conftest import guest_binary_dir, image_cache
+from tests.live import LivePlatform, plain_http_ingress, start_platform
 
 __all__ = ["guest_binary_dir"]
 
@@ -22,12 +22,7 @@ def code_interpreter_image() -> Path:
 
 @pytest.fixture(scope="module")
 def live(code_interpreter_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    ingress = {
-        "PADDOCK_CP_INGRESS_PORT": str(free_port()),
-        "PADDOCK_CP_INGRESS_SCHEME": "http",
-        "PADDOCK_CP_INGRESS_DOMAIN": "sandbox.localhost",
-    }
-    platform = start_platform(guest_binary_dir, cp_env=ingress)
+    platform = start_platform(guest_binary_dir, cp_env=plain_http_ingress())
     try:
         yield platform
     finally:
