@@ -171,23 +171,48 @@ def start_screen(index: int, width: int, height: int) -> dict[str, Any]:
         log_name=f"xvfb-{index}.log",
     )
     wait_for_display(index, xvfb)
-    wm = spawn(["openbox", "--sm-disable"], display, f"openbox-{index}.log")
     state = {
         "index": index,
         "width": width,
         "height": height,
         "xvfb_pid": xvfb.pid,
-        "wm_pid": wm.pid,
+        "wm_pid": start_window_manager(index),
         "vnc_pid": 0,
         "novnc_pid": 0,
     }
     write_state(index, state)
-    deadline = time.monotonic() + 5  # windows opened before the WM manages the root get no frame
+    return state
+
+
+def start_window_manager(index: int) -> int:
+    """Starts openbox on the screen and waits until it manages the root window: a window mapped before
+    that gets no frame and never shows in ``wmctrl -l``, so an app launched too early is invisible to the
+    window operations. The wait used to end after 5 s regardless; a CI run on a loaded 2-core box then
+    showed no window for 90 s, which a late or dead window manager explains."""
+    wm = spawn(["openbox", "--sm-disable"], display_of(index), f"openbox-{index}.log")
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if run(["wmctrl", "-m"], index, check=False).returncode == 0:
+            return wm.pid
+        if wm.poll() is not None:
             break
         time.sleep(0.05)
-    return state
+    raise Refused(500, "DESKTOP_FAILED", f"the window manager of screen-{index} did not start")
+
+
+def with_window_manager(state: dict[str, Any]) -> dict[str, Any]:
+    """The screen's state with its window manager running: one that died is started again (its
+    windows are adopted by the new one), since without it no window is listed or can be moved."""
+    index = int(state["index"])
+    if alive(int(state.get("wm_pid") or 0), "openbox"):
+        return state
+    with Lock():
+        current = read_state(index)
+        if current is None or alive(int(current.get("wm_pid") or 0), "openbox"):
+            return current or state
+        current["wm_pid"] = start_window_manager(index)
+        write_state(index, current)
+        return current
 
 
 def stop_screen(state: dict[str, Any]) -> None:
@@ -219,7 +244,7 @@ def ensure_screen(index: int) -> dict[str, Any]:
     """The running screen; screen-0 is started on first use, others must have been created."""
     state = read_state(index)
     if state is not None:
-        return state
+        return with_window_manager(state)
     if index != 0:
         raise Refused(404, "NOT_FOUND", f"screen-{index} does not exist; create it with POST /screens")
     with Lock():

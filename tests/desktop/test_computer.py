@@ -138,6 +138,19 @@ def test_windows_move_resize_minimize_restore_and_close(
     assert desktop.computer.window(editor.id).title.endswith("Mousepad")
 
 
+def test_a_window_manager_that_died_is_started_again(
+    desktop: paddock.Sandbox, editor: paddock.Window
+) -> None:
+    # Without a window manager no window is listed or can be moved; the next operation brings one back,
+    # and it adopts the windows already open.
+    killed = desktop.run("sh", ["-c", "pkill -KILL -x openbox && sleep 0.5 && ! pgrep -x openbox"])
+    assert killed.exit_code == 0, killed.stderr
+    assert editor.id in [w.id for w in desktop.computer.windows()]
+    assert desktop.run("pgrep", ["-x", "openbox"]).exit_code == 0
+    desktop.computer.move_window(editor.id, 80, 90)
+    assert abs(desktop.computer.window_geometry(editor.id).x - 80) <= 10
+
+
 def test_clicking_a_button_in_chromium_changes_the_page(desktop: paddock.Sandbox) -> None:
     desktop.files.write("/srv/page_server.py", PAGE_SERVER.replace("PORT", str(PAGE_PORT)).encode())
     desktop.run("bash", ["-c", "setsid python3 /srv/page_server.py >/tmp/page.log 2>&1 </dev/null &"])

@@ -30,7 +30,8 @@ def desktop(client: paddock.Client) -> Iterator[paddock.Sandbox]:
     """This module's desktop has ingress on, to show that the noVNC port still needs a token."""
     with client.sandboxes.create(SHAPE, rootfs=ROOTFS, disk_mib=4096, ingress_enabled=True) as sandbox:
         # A white window on the black desktop: something to see. Launched a second time if the first
-        # shows no window in 45 s (seen once in CI on a loaded box, cause not found; the log is kept).
+        # shows no window in 45 s (seen in CI on a loaded box; the desktop's logs and processes are
+        # printed if the second fails too).
         for attempt in (1, 2):
             sandbox.computer.launch("mousepad")
             deadline = time.monotonic() + 45
@@ -40,7 +41,9 @@ def desktop(client: paddock.Client) -> Iterator[paddock.Sandbox]:
                 time.sleep(0.25)
             else:
                 break
-            log = sandbox.run("bash", ["-c", "tail -5 /run/paddock-desktop/*.log"]).stdout
+            log = sandbox.run(
+                "bash", ["-c", "tail -n 5 /run/paddock-desktop/*.log; ps axo pid,stat,etime,args"]
+            ).stdout
             assert attempt == 1, f"Mousepad did not open: windows {sandbox.computer.windows()}\n{log}"
         yield sandbox
 
