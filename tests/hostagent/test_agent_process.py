@@ -42,6 +42,9 @@ async def test_a_restarted_agent_readopts_running_and_paused_sandboxes(make_agen
         await sh(host, running["id"], "echo persisted > /root/state; nohup sleep 1000 >/dev/null 2>&1 &")
         init_before = (await run(host, running["id"], "cut", "-d", " ", "-f", "22", "/proc/1/stat"))["stdout"]
         await host.pause_sandbox(paused["id"])
+        forked_id = running["id"] + "-fork"
+        tracker.track(forked_id)
+        await host.fork_sandbox(running["id"], ForkBody(new_id=forked_id, name="offspring"))
 
     agent.stop(signal.SIGKILL)  # a crash: no graceful shutdown
     agent.start()
@@ -56,6 +59,8 @@ async def test_a_restarted_agent_readopts_running_and_paused_sandboxes(make_agen
         lines = result["stdout"].splitlines()
         assert lines[:2] == ["persisted", "1"]  # same files, same processes
         assert lines[2] + "\n" == init_before  # the very same init process
+        assert views[forked_id].status == "running"
+        assert (await sh(host, forked_id, "cat /root/state; hostname"))["stdout"] == "persisted\noffspring\n"
         await host.resume_sandbox(paused["id"])
         assert (await run(host, paused["id"], "hostname"))["stdout"] == "sleeper\n"
         fresh = await tracker.create(name="newcomer")

@@ -129,6 +129,31 @@ async def test_fork_shares_the_source_data_keeps_writes_private_and_outlives_it(
     assert (await sh(host, child_id, tail))["stdout"] == source_tail
 
 
+@pytest.mark.parametrize("disk_mib", [1024, 3072])
+async def test_a_fork_holds_writes_never_synced_on_a_disk_of_another_size(
+    host: HostAgentClient, sandboxes: Sandboxes, disk_mib: int
+) -> None:
+    """The warm slot a fork takes (2 GiB) keeps its loop device while its image becomes the clone: a
+    smaller or larger source disk, 100 MiB written and never synced (more than a disk may hold dirty),
+    and a fork of that fork (whose journal was replayed at its mount) all come out whole."""
+    source = await sandboxes.create(name="unsynced", disk_mib=disk_mib)
+    digest = (await sh(host, source["id"], "head -c 100M /dev/urandom | tee /root/fresh | sha256sum"))[
+        "stdout"
+    ]
+    size = "stat -f -c '%b %S' /root"
+    source_blocks = (await sh(host, source["id"], size))["stdout"]
+    parent = source["id"]
+    for generation in ("child", "grandchild"):
+        child_id = f"{source['id']}-{generation}"
+        sandboxes.track(child_id)
+        await host.fork_sandbox(parent, ForkBody(new_id=child_id, name=generation, start_paused=False))
+        assert (await sh(host, child_id, "sha256sum < /root/fresh"))["stdout"] == digest
+        assert (await sh(host, child_id, size))["stdout"] == source_blocks
+        parent = child_id
+    await sh(host, parent, "echo mine > /root/fresh")
+    assert (await sh(host, source["id"], "sha256sum < /root/fresh"))["stdout"] == digest
+
+
 async def test_fork_of_a_paused_sandbox_leaves_it_paused(host: HostAgentClient, sandboxes: Sandboxes) -> None:
     source = await sandboxes.create()
     await sh(host, source["id"], "echo kept > /root/note")

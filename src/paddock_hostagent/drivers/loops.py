@@ -22,6 +22,7 @@ LOOP_CLR_FD = 0x4C01
 LOOP_SET_CAPACITY = 0x4C07
 LOOP_CONFIGURE = 0x4C0A
 LOOP_CTL_GET_FREE = 0x4C82
+BLKFLSBUF = 0x1261
 _INFO64_BYTES = 232  # struct loop_info64
 _FLAGS_OFFSET = 52  # lo_flags inside it
 _FILE_NAME_OFFSET = 56  # lo_file_name[64] inside it
@@ -70,6 +71,24 @@ def write_through(device: str) -> None:
         Path(f"/sys/block/{name}/queue/write_cache").write_text("write through")
     except OSError as exc:
         raise CommandFailedError(["write_cache", device], exc.errno or 1, str(exc)) from exc
+
+
+def size_bytes(device: str) -> int:
+    """The device's size as the kernel sees it now."""
+    name = os.path.basename(device)
+    return int(Path(f"/sys/block/{name}/size").read_text()) * 512
+
+
+def drop_cache(device: str) -> None:
+    """Forgets whatever the device's own page cache holds (``BLKFLSBUF``): after its file was replaced
+    underneath it, nothing read before may be served again."""
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, BLKFLSBUF, 0)
+    except OSError as exc:
+        raise CommandFailedError(["ioctl", device, "BLKFLSBUF"], exc.errno or 1, str(exc)) from exc
+    finally:
+        os.close(fd)
 
 
 def refresh_capacity(device: str) -> None:

@@ -6,9 +6,10 @@ overlay, write ``config.json``, bind the guest agent's socket and start the runt
 fd 3; return once the guest agent answers.
 
 Pause and resume freeze the cgroup v1 freezer directly (well under a millisecond). Fork freezes the
-source, freezes its filesystem (FIFREEZE) for a consistent image, copies the disk image sparsely and
-boots a new container from the copy: **files carry over, processes do not** (CRIU does not work on
-this kernel); a paused source stays paused.
+source in its cgroup, syncs its filesystem and clones its disk image onto the loop device of a warm
+slot (``storage.replace_image``), then boots a new container from the clone: **files carry over,
+processes do not** (CRIU does not work on this kernel); a paused source stays paused. Each fork logs
+``fork_phases``, the milliseconds of each step.
 
 Destroy kills the container's init (its pid namespace dies with it), deletes the runtime state,
 unmounts, detaches the loop device and removes the netns, veth, cgroups and files. Every step tolerates
@@ -33,6 +34,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,6 +140,19 @@ class _Handle:
 _PARSED: dict[str, tuple[dict[str, object], _Handle]] = {}
 
 
+class _Phases:
+    """Milliseconds spent in each step of a boot, for the log line that tells where a fork's time goes."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.ms[f"{name}_ms"] = round((now - self._last) * 1000, 2)
+        self._last = now
+
+
 class OciRuntime(SandboxRuntime):
     name = "oci"
 
@@ -204,18 +219,23 @@ class OciRuntime(SandboxRuntime):
         source_handle = _Handle.of(source)
         if self.probe(source) == RuntimeState.STOPPED:
             raise NotRunningError(f"sandbox {source.id} is not running")
-        slot = await self.pool.take_without_disk()
+        phases = _Phases()
+        slot = await self.pool.take_for_fork()
+        phases.mark("slot")
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
         record = self._record(spec, handle)
         record.forked_from = source.id
         self._booting += 1
         try:
             await self._copy_disk(source_handle, slot)
+            phases.mark("clone")
             slot.disk_mib = source.disk_mib
             slot.disk.fs = source_handle.slot.disk.fs
             await storage.attach(slot.disk)
             slot.save()
-            await self._boot(spec, handle, record, start_paused=start_paused)
+            phases.mark("mount")
+            await self._boot(spec, handle, record, start_paused=start_paused, phases=phases)
+            log.info("fork_phases", sandbox_id=spec.id, **phases.ms)
         except BaseException:
             self._booting -= 1
             await self._destroy_handle(spec.id, handle)
@@ -231,11 +251,7 @@ class OciRuntime(SandboxRuntime):
         if not was_frozen:
             await _freeze(cgroup)
         try:
-            mounts.freeze_filesystem(source.slot.disk.mount_dir)
-            try:
-                await storage.copy_image(source.slot.disk.image_path, slot.disk.image_path)
-            finally:
-                mounts.thaw_filesystem(source.slot.disk.mount_dir)
+            await storage.replace_image(source.slot.disk.image_path, source.slot.disk.mount_dir, slot.disk)
         finally:
             if not was_frozen:
                 cgroup.thaw()
@@ -246,8 +262,15 @@ class OciRuntime(SandboxRuntime):
         )
 
     async def _boot(
-        self, spec: SandboxSpec, handle: _Handle, record: SandboxRecord, *, start_paused: bool
+        self,
+        spec: SandboxSpec,
+        handle: _Handle,
+        record: SandboxRecord,
+        *,
+        start_paused: bool,
+        phases: _Phases | None = None,
     ) -> None:
+        phases = phases or _Phases()
         slot = handle.slot
         write_identity_files(
             slot.disk.upper_dir,
@@ -256,6 +279,7 @@ class OciRuntime(SandboxRuntime):
             resolv_conf=self.options.network.resolv_conf(),
         )
         mounts.mount_overlay(spec.rootfs, slot.disk.upper_dir, slot.disk.work_dir, slot.rootfs_dir)
+        phases.mark("overlay")
         # A fork's disk already holds the binary; a disk from an older agent may hold another one.
         guest_binary = await asyncio.to_thread(storage.install_guest, slot.disk, self.options.guest_binary)
         self.layout.limit_pids(self.pids_budget)
@@ -272,16 +296,19 @@ class OciRuntime(SandboxRuntime):
             io=self.options.io,
         )
         (slot.bundle_dir / "config.json").write_text(json.dumps(runtime_config(bundle)))
+        phases.mark("bundle")
         if handle.runtime == "runsc":
             # Debian's runsc (2022) hands a blocking write on a host socket EAGAIN once the host's send
             # buffer is full; a large default buffer keeps that out of reach of ordinary writes
             # (docs/isolation.md). The netns is the sandbox's own.
             await asyncio.to_thread(netns_sysctl, slot.network.netns_path, RUNSC_TCP_WMEM)
         boot_log = await self._run_container(spec.id, handle)
+        phases.mark("runtime")
         try:
             record.driver_state = handle.to_json()
             try:
                 await self.guest(record).wait_ready(self.options.boot_timeout_s)
+                phases.mark("guest")
             except GuestVersionError as exc:
                 raise BootError(f"guest agent of {spec.id} refused: {exc}") from exc
             except GuestError as exc:

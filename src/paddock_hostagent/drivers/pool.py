@@ -206,13 +206,14 @@ class WarmPool:
         self._wake.set()
         return await self.factory.build(disk_mib), False
 
-    async def take_without_disk(self) -> Slot:
-        """A slot for a fork: its network only (the disk will be a copy of the source's)."""
+    async def take_for_fork(self) -> Slot:
+        """A slot for a fork, its disk unmounted: the fork replaces the image under the slot's loop
+        device with a clone of its source's (``storage.replace_image``). Without a free slot, one with a
+        network and no disk (the clone is then attached as any disk)."""
         if self._free:
             slot = self._free.pop(0)
             self._wake.set()
-            await storage.detach(slot.disk)
-            slot.disk.image_path.unlink(missing_ok=True)
+            mounts.unmount(slot.disk.mount_dir)
             return slot
         return await self.factory.build(0, with_disk=False)
 
