@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import aiohttp.abc
+import asyncpg
 from sqlalchemy import Table, bindparam, case, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
@@ -36,6 +37,7 @@ from paddock_controlplane import webhooks
 from paddock_controlplane.models import WebhookDelivery, WebhookEndpoint
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_controlplane.status_notify import listener_dsn
 from paddock_controlplane.webhooks import TargetRefused, is_public_address, resolve_public
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, transaction
@@ -56,6 +58,7 @@ CLEANUP_INTERVAL_S = 60.0
 MAX_DRAINED_BYTES = 64 * 1024
 MAX_CACHED_SECRETS = 1024
 MAX_CACHED_ENDPOINTS = 4096
+LISTENER_RECONNECT_S = 1.0
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
@@ -173,6 +176,52 @@ class HttpTransport:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class WakeListener:
+    """PostgreSQL: LISTENs on :data:`webhooks.NOTIFY_CHANNEL` and calls ``wake`` for every commit, in any
+    process, that made deliveries due; without it a worker saw another process's events only at its next
+    poll. A dropped connection is re-opened after a second (the poll covers the gap). SQLite: nothing."""
+
+    def __init__(self, database_url: str, wake: Callable[[], None]) -> None:
+        self.dsn = listener_dsn(database_url)
+        self._wake = wake
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.dsn is not None and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="webhook listener")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _notified(self, *_: object) -> None:
+        self._wake()
+
+    async def _run(self) -> None:
+        while True:
+            connection = None
+            try:
+                connection = await asyncpg.connect(self.dsn)
+                lost = asyncio.Event()
+                connection.add_termination_listener(lambda _conn, event=lost: event.set())
+                await connection.add_listener(webhooks.NOTIFY_CHANNEL, self._notified)
+                self._wake()  # events committed while not listening
+                await lost.wait()
+                log.warning("webhook_listener_lost")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database is down: the worker polls meanwhile
+                log.warning("webhook_listener_failed", error=str(exc))
+            finally:
+                if connection is not None and not connection.is_closed():
+                    with contextlib.suppress(Exception):
+                        await connection.close()
+            await asyncio.sleep(LISTENER_RECONNECT_S)
 
 
 # --- the worker ---------------------------------------------------------------------------------------
@@ -305,6 +354,7 @@ class DeliveryWorker:
         self._writing = asyncio.Lock()
         self._inflight: dict[asyncio.Task[None], Claim] = {}
         self._wake = asyncio.Event()
+        self._listener = WakeListener(settings.database_url, self.wake)
         self._task: asyncio.Task[None] | None = None
         self._last_cleanup: dt.datetime | None = None
         #: The last claim filled its limit: more is probably due, so the next one skips the idle check.
@@ -553,11 +603,13 @@ class DeliveryWorker:
 
     def start(self) -> None:
         webhooks.add_waker(self.wake)
+        self._listener.start()
         self._task = asyncio.create_task(self._loop(), name="webhook-worker")
 
     async def stop(self) -> None:
         """Stop claiming; interrupted attempts are handed back at once (sent again by any worker)."""
         webhooks.remove_waker(self.wake)
+        await self._listener.stop()
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

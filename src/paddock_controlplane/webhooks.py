@@ -106,7 +106,7 @@ async def emit(
     targets = [row.id for row in rows if subscribed(row.events, action)]
     if not targets:
         return
-    session.info[_WAKE_FLAG] = True
+    await _announce(session)
     payload = render_payload(action, data, when)
     await session.execute(
         insert(WebhookDelivery),
@@ -131,6 +131,19 @@ async def emit(
 
 _WAKE_FLAG = "paddock_webhook_emitted"
 _wakers: set[Callable[[], None]] = set()
+#: PostgreSQL: NOTIFYed (once) by every transaction that makes deliveries due, so workers in other
+#: processes wake when it commits (NOTIFY is transactional: a rollback sends nothing).
+NOTIFY_CHANNEL = "paddock_webhooks"
+
+
+async def _announce(session: AsyncSession) -> None:
+    """Wake delivery workers when the caller's transaction commits: this process's at once (an
+    ``after_commit`` hook), and on PostgreSQL every other process's too (``pg_notify``)."""
+    if session.info.get(_WAKE_FLAG):
+        return
+    session.info[_WAKE_FLAG] = True
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(select(func.pg_notify(NOTIFY_CHANNEL, "")))
 
 
 def add_waker(callback: Callable[[], None]) -> None:
@@ -330,7 +343,7 @@ async def set_active(sessions: Sessions, user_id: str, endpoint_id: str, *, acti
         values: dict[str, Any] = {"active": active}
         if active:
             values["failure_count"] = 0
-            session.info[_WAKE_FLAG] = True  # held deliveries are due again
+            await _announce(session)  # held deliveries are due again
         await session.execute(
             update(WebhookEndpoint).where(WebhookEndpoint.id == endpoint.id).values(**values)
         )

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -403,3 +405,45 @@ async def test_a_stopping_worker_hands_interrupted_deliveries_back_at_once(datab
         [row] = await db.deliveries()
         assert (row.status, row.attempts) == ("delivered", 1)
         assert len(receiver.received) == 2
+
+
+EMIT_ELSEWHERE = """
+import asyncio, sys
+from paddock_controlplane import webhooks
+from paddock_core.db import make_engine, make_sessionmaker, transaction
+
+async def main(url, user_id):
+    engine = make_engine(url)
+    async with transaction(make_sessionmaker(engine)) as session:
+        await webhooks.emit(session, user_id=user_id, action="sandbox.resume", data={"sandbox_id": "sb-1"})
+    await engine.dispose()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_an_event_committed_by_another_process_wakes_the_worker_on_postgresql(
+    database_url: str,
+) -> None:
+    """Several control planes share one PostgreSQL: the one that commits an event need not deliver it."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite has one control plane; its commits wake its own worker in process")
+    async with webhook_db(database_url) as db, running_receiver() as receiver:
+        await db.endpoint(receiver.url + "/hook")
+        worker = DeliveryWorker(db.sessions, db.box, worker_settings(db.url, webhook_poll_interval_s=30.0))
+        worker.start()
+        try:
+            await asyncio.sleep(0.5)  # the first (empty) poll passes; the listener connects
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+            emitter = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", EMIT_ELSEWHERE, db.url, db.user_id, env=env
+            )
+            assert await emitter.wait() == 0
+            committed = time.monotonic()
+            async with asyncio.timeout(10):
+                await receiver.arrived.wait()
+            waited_s = time.monotonic() - committed
+        finally:
+            await worker.stop()
+        assert waited_s < 5  # not the 30 s poll
+        assert receiver.events() == ["sandbox.resume"]
