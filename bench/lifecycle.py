@@ -211,6 +211,8 @@ def fork_scale(
                     _timed_fork(
                         driver, sandbox, f"fork_fresh_{fresh_mib}", f"/root/fresh-{index}", fresh_mib << 20
                     )
+                    # 20 fresh files of 100 MiB would fill the source's 2 GiB disk (ENOSPC at the 19th).
+                    sandbox.run("rm", ["-f", f"/root/fresh-{index}"])
             finally:
                 driver.destroy(sandbox)
         summary = driver.samples.summary()
