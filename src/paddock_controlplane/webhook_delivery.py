@@ -283,12 +283,40 @@ class GroupCommit:
                         done.set_result(None)
 
 
-def _due(now: dt.datetime) -> tuple[ColumnElement[bool], ...]:
+_DELIVERIES = cast(Table, WebhookDelivery.__table__)
+_ENDPOINTS = cast(Table, WebhookEndpoint.__table__)
+
+
+def _due() -> tuple[ColumnElement[bool], ...]:
+    """Pending, its time has come (``b_now``), and no live lease."""
     return (
-        WebhookDelivery.status == "pending",
-        WebhookDelivery.next_attempt_at <= now,
-        or_(WebhookDelivery.lease_until.is_(None), WebhookDelivery.lease_until < now),
+        _DELIVERIES.c.status == "pending",
+        _DELIVERIES.c.next_attempt_at <= bindparam("b_now"),
+        or_(_DELIVERIES.c.lease_until.is_(None), _DELIVERIES.c.lease_until < bindparam("b_now")),
     )
+
+
+# Claim statements, built once (their construction cost more than SQLite running them).
+_CANDIDATES = (
+    select(_DELIVERIES.c.id)
+    .join(_ENDPOINTS, _ENDPOINTS.c.id == _DELIVERIES.c.endpoint_id)
+    .where(*_due(), _ENDPOINTS.c.active.is_(True))
+    .order_by(_DELIVERIES.c.next_attempt_at, _DELIVERIES.c.id)
+    .limit(bindparam("b_limit"))
+)
+_CANDIDATES_LOCKED = _CANDIDATES.with_for_update(of=_DELIVERIES, skip_locked=True)
+_LEASE = (
+    update(_DELIVERIES)
+    .where(_DELIVERIES.c.id.in_(bindparam("b_ids", expanding=True)), *_due())
+    .values(lease_until=bindparam("b_until"), lease_token=bindparam("b_token"))
+    .returning(
+        _DELIVERIES.c.id,
+        _DELIVERIES.c.endpoint_id,
+        _DELIVERIES.c.payload,
+        _DELIVERIES.c.attempts,
+        _DELIVERIES.c.next_attempt_at,
+    )
+)
 
 
 def _result_values(claim: Claim, outcome: Outcome) -> dict[str, object]:
@@ -304,7 +332,6 @@ def _result_values(claim: Claim, outcome: Outcome) -> dict[str, object]:
     return values
 
 
-_DELIVERIES = cast(Table, WebhookDelivery.__table__)
 _MINE = (_DELIVERIES.c.id == bindparam("b_id"), _DELIVERIES.c.lease_token == bindparam("b_token"))
 _RELEASED: dict[str, Any] = {"lease_until": None, "lease_token": None, "attempts": bindparam("b_attempts")}
 #: Batched result writes (one ``executemany`` per kind), each row only under this worker's lease.
@@ -357,8 +384,9 @@ class DeliveryWorker:
         self._listener = WakeListener(settings.database_url, self.wake)
         self._task: asyncio.Task[None] | None = None
         self._last_cleanup: dt.datetime | None = None
-        #: The last claim filled its limit: more is probably due, so the next one skips the idle check.
-        self._backlog = False
+        #: A commit announced deliveries, or the last claim filled its limit: the next claim skips the
+        #: idle check (a read that spares the write lock when nothing is due).
+        self._likely_due = False
         #: Endpoint id → (url, sealed secret): both are fixed when the endpoint is created.
         self._endpoints: dict[str, tuple[str, str]] = {}
         #: Opened endpoint secrets by their sealed form (a Fernet decrypt per attempt is wasted work).
@@ -380,43 +408,19 @@ class DeliveryWorker:
         endpoints' URLs and secrets (fixed at creation) are read once and kept.
         """
         now = self.clock()
-        candidates = (
-            select(WebhookDelivery.id)
-            .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
-            .where(*_due(now), WebhookEndpoint.active.is_(True))
-            .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
-            .limit(limit)
-        )
-        if not self._backlog:  # a cheap read first: no write lock when idle
+        picked = {"b_now": now, "b_limit": limit}
+        if not self._likely_due:  # a cheap read first: no write lock when idle
             async with self.sessions() as session:
-                if not (await session.scalars(candidates)).first():
+                if not (await session.scalars(_CANDIDATES, picked)).first():
                     return []
         token = secrets.token_hex(16)
         async with self._writing, transaction(self.sessions) as session:
-            if session.get_bind().dialect.name == "postgresql":
-                candidates = candidates.with_for_update(of=WebhookDelivery, skip_locked=True)
-            ids = list((await session.scalars(candidates)).all())
-            leased = (
-                list(
-                    await session.execute(
-                        update(WebhookDelivery)
-                        .where(WebhookDelivery.id.in_(ids), *_due(now))
-                        .values(lease_until=now + self.lease, lease_token=token)
-                        .returning(
-                            WebhookDelivery.id,
-                            WebhookDelivery.endpoint_id,
-                            WebhookDelivery.payload,
-                            WebhookDelivery.attempts,
-                            WebhookDelivery.next_attempt_at,
-                        )
-                        .execution_options(synchronize_session=False)
-                    )
-                )
-                if ids
-                else []
-            )
+            locked = session.get_bind().dialect.name == "postgresql"
+            ids = list((await session.scalars(_CANDIDATES_LOCKED if locked else _CANDIDATES, picked)).all())
+            lease = {"b_ids": ids, "b_now": now, "b_until": now + self.lease, "b_token": token}
+            leased = list(await session.execute(_LEASE, lease)) if ids else []
             if not leased:
-                self._backlog = False
+                self._likely_due = False
                 return []
             endpoints = self._endpoints
             unknown = {row.endpoint_id for row in leased} - endpoints.keys()
@@ -430,7 +434,7 @@ class DeliveryWorker:
                     )
                 )
                 endpoints.update((row.id, (row.url, row.secret_sealed)) for row in found)
-        self._backlog = len(leased) >= limit  # more may be due: skip the read next time
+        self._likely_due = len(leased) >= limit  # more may be due: skip the read next time
         leased.sort(key=lambda row: (row.next_attempt_at, row.id))  # RETURNING has no order
         return [
             Claim(row.id, row.endpoint_id, *endpoints[row.endpoint_id], row.payload, row.attempts, token)
@@ -568,6 +572,8 @@ class DeliveryWorker:
     # the loop ------------------------------------------------------------------------------------
 
     def wake(self) -> None:
+        """A commit made deliveries due (this process's, or on PostgreSQL any process's)."""
+        self._likely_due = True
         self._wake.set()
 
     async def _loop(self) -> None:
