@@ -291,8 +291,8 @@ def markdown(results: dict[str, Any]) -> str:
             "|---|---|---|---|---|",
         ]
         for name, row in (
-            ("floor: bare httpx POST, 1 lane", hooks["floor_1_lane"]),
-            (f"floor: bare httpx POST, {hooks['concurrency']} lanes", hooks["floor_lanes"]),
+            ("floor: bare aiohttp POST, 1 lane", hooks["floor_1_lane"]),
+            (f"floor: bare aiohttp POST, {hooks['concurrency']} lanes", hooks["floor_lanes"]),
             ("Paddock burst (emitted first, then drained)", hooks["burst"]),
             (
                 f"Paddock steady {num(hooks['steady_rate'])}/s (event committed → 2xx recorded)",
