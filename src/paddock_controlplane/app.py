@@ -35,7 +35,7 @@ from paddock_controlplane.template_builds import TemplateBuilder
 from paddock_controlplane.webhook_delivery import DeliveryWorker
 from paddock_core import openapi
 from paddock_core.crypto import SecretBox
-from paddock_core.db import make_engine, make_sessionmaker, upgrade
+from paddock_core.db import PointReads, make_engine, make_sessionmaker, upgrade
 from paddock_core.fastlane import FastLane
 from paddock_core.http import RequestContextMiddleware
 from paddock_core.logging import get_logger
@@ -74,6 +74,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
             settings=settings,
             engine=engine,
             sessions=sessions,
+            reads=PointReads(settings.database_url, sessions),
             principals=TTLCache(settings.hot_cache_ttl_s),
             running=running_cache,
             secret_box=SecretBox(settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"),
@@ -117,6 +118,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
                 await deliveries.stop()
             await loop.stop()
             await hostlink.close_all(services)
+            services.reads.dispose()
             await engine.dispose()
 
     app = FastAPI(

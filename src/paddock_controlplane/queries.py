@@ -3,13 +3,12 @@ private IP, and pages of them (§11.4); ``?wait_for=`` long polls."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import ipaddress
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import bindparam, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import joinedload
 from sqlalchemy.sql.elements import ColumnElement
@@ -18,6 +17,7 @@ from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import ALL, BECOMING_RUNNING, TERMINAL, TRANSITIONAL, SandboxStatus
 from paddock_core import errors
+from paddock_core.timeutil import as_utc
 
 #: The statuses ``?status=`` and ``?wait_for=`` accept (the wire strings).
 STATUSES = ALL
@@ -41,6 +41,9 @@ async def get_owned(
     return sandbox
 
 
+_OWNED = select(Sandbox).where(Sandbox.id == bindparam("sandbox_id"), Sandbox.user_id == bindparam("user_id"))
+
+
 async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
     """The sandbox once it is ``running``; on its way there it waits up to 30 s, others get 409."""
     cached = services.running.get(sandbox_id)
@@ -49,12 +52,7 @@ async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> 
     deadline = time.monotonic() + WAIT_FOR_RUNNING_S
     delay = 0.05
     while True:
-        async with services.sessions() as session:
-            sandbox = (
-                await session.scalars(
-                    select(Sandbox).where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id)
-                )
-            ).first()
+        sandbox = await services.reads.first(_OWNED, {"sandbox_id": sandbox_id, "user_id": user_id})
         if sandbox is None:
             raise errors.NotFound("sandbox not found")
         if sandbox.status == SandboxStatus.RUNNING:
@@ -62,7 +60,9 @@ async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> 
             return sandbox
         if sandbox.status not in BECOMING_RUNNING or time.monotonic() >= deadline:
             raise errors.InvalidState("sandbox is not running")
-        await asyncio.sleep(delay)
+        # Woken at once by a change this process commits (or, across processes, the status
+        # notification); the growing delay bounds the re-reads otherwise.
+        await services.status_watch.wait(sandbox_id, delay)
         delay = min(delay * 1.5, 0.5)
 
 
@@ -96,8 +96,9 @@ async def get_when(
     own (so the caller can decide), or when the wait is over — whichever comes first."""
     deadline = time.monotonic() + (wait.timeout_s if wait else 0)
     while True:
-        async with services.sessions() as session:
-            sandbox = await get(session, user_id, sandbox_id, cutoff)
+        sandbox = await services.reads.first(_GET, {"sandbox_id": sandbox_id, "user_id": user_id})
+        if sandbox is None or not _is_retained(sandbox, cutoff):
+            raise errors.NotFound("sandbox not found")
         remaining_s = deadline - time.monotonic()
         if wait is None or sandbox.status == wait.status or sandbox.status not in TRANSITIONAL:
             return sandbox
@@ -115,20 +116,28 @@ def _retained(cutoff: dt.datetime) -> ColumnElement[bool]:
     )
 
 
+# Built once, with the values bound per call: building the statement cost more than running it, and
+# GET is polled hard. One statement with its memberships joined: one trip to the database, not two.
+# The retention window is checked on the row (``_is_retained``), so the statement's parameters stay
+# the same from one poll to the next and ``PointReads`` can keep its result.
+_GET = (
+    select(Sandbox)
+    .options(joinedload(Sandbox.memberships))
+    .where(Sandbox.id == bindparam("sandbox_id"), Sandbox.user_id == bindparam("user_id"))
+)
+
+
+def _is_retained(sandbox: Sandbox, cutoff: dt.datetime) -> bool:
+    """``_retained`` for a row in hand."""
+    if sandbox.status != SandboxStatus.DESTROYED or sandbox.destroyed_at is None:
+        return True
+    return as_utc(sandbox.destroyed_at) >= cutoff
+
+
 async def get(session: AsyncSession, user_id: str, sandbox_id: str, cutoff: dt.datetime) -> Sandbox:
-    # One statement with its memberships joined (one trip to the database, not two): GET is polled hard.
-    sandbox = (
-        (
-            await session.scalars(
-                select(Sandbox)
-                .options(joinedload(Sandbox.memberships))
-                .where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id, _retained(cutoff))
-            )
-        )
-        .unique()
-        .first()
-    )
-    if sandbox is None:
+    params = {"sandbox_id": sandbox_id, "user_id": user_id}
+    sandbox = (await session.scalars(_GET, params)).unique().first()
+    if sandbox is None or not _is_retained(sandbox, cutoff):
         raise errors.NotFound("sandbox not found")
     return sandbox
 

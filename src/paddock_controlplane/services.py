@@ -15,6 +15,7 @@ from paddock_controlplane.hotcache import StatusWatch, TTLCache
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
+from paddock_core.db import PointReads
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
 
@@ -68,6 +69,8 @@ class Services:
     settings: ControlPlaneSettings
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
+    #: Lookups by key on the hot paths (``db.PointReads``: on the loop for a SQLite file).
+    reads: PointReads
     secret_box: SecretBox
     clock: Clock = utcnow
     #: Monotonic time of the last healthy reconciler pass, for ``/readyz``.
