@@ -197,7 +197,9 @@ class OciRuntime(SandboxRuntime):
     # -- create, fork ---------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec, *, start_paused: bool = False) -> SandboxRecord:
-        slot, _ = await self.pool.take(spec.shape.disk_mib)
+        phases = _Phases()
+        slot, warm = await self.pool.take(spec.shape.disk_mib)
+        phases.mark("slot")
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
         record = self._record(spec, handle)
         self._booting += 1
@@ -205,7 +207,8 @@ class OciRuntime(SandboxRuntime):
             if slot.disk_mib < spec.shape.disk_mib:
                 await storage.grow(slot.disk, spec.shape.disk_mib)
                 slot.disk_mib = spec.shape.disk_mib
-            await self._boot(spec, handle, record, start_paused=start_paused)
+            await self._boot(spec, handle, record, start_paused=start_paused, phases=phases)
+            log.info("create_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
         except BaseException:
             self._booting -= 1
             await self._destroy_handle(spec.id, handle)

@@ -133,7 +133,10 @@ class SlotFactory:
         slot = Slot(slot_id, slot_dir, network, disk, disk_mib)
         try:
             if with_disk:
-                await storage.format_image(disk.image_path, disk_mib, self.fs)
+                if images_dir is None:
+                    await storage.format_image(disk.image_path, disk_mib, self.fs)
+                else:
+                    await storage.format_from_blank(disk.image_path, disk_mib, self.fs, images_dir)
                 await storage.attach(disk)
                 if self.guest_binary is not None:
                     await asyncio.to_thread(storage.install_guest, disk, self.guest_binary)

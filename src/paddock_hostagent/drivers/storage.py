@@ -99,6 +99,29 @@ async def format_image(image_path: Path, size_mib: int, fs: Filesystem) -> None:
         await run(["mkfs.ext4", "-q", "-F", "-m", "0", "-J", "size=16", "-L", "paddock", str(image_path)])
 
 
+async def format_from_blank(image_path: Path, size_mib: int, fs: Filesystem, store: Path) -> None:
+    """A new empty disk as a clone of a blank image formatted once per size and filesystem in the
+    ``store`` (``.blank-<fs>-<size>``): ~1 ms, where ``mkfs`` costs ~30-60 ms of CPU per disk and a
+    warm pool refilling during a burst of creates competes with them for it. Clones of the blank share
+    its UUID, as forks share their source's (XFS disks mount with ``nouuid``). The blank is made in a
+    thread-safe way (a temporary name renamed into place), and a failed clone falls back to ``mkfs``."""
+    blank = store / f".blank-{fs}-{size_mib}"
+    if not blank.exists():
+        partial = store / f".blank-{fs}-{size_mib}.{os.getpid()}.{id(image_path)}.partial"
+        try:
+            await format_image(partial, size_mib, fs)
+            partial.replace(blank)
+        finally:
+            partial.unlink(missing_ok=True)
+    try:
+        await asyncio.to_thread(clone_file, blank, image_path)
+    except OSError as exc:
+        if exc.errno not in _NO_CLONE:
+            raise DriverError(f"cloning a blank disk: {exc}") from exc
+        image_path.unlink(missing_ok=True)
+        await format_image(image_path, size_mib, fs)
+
+
 async def attach(disk: Disk) -> None:
     """Puts the image on a free loop device (unless it is on one) and mounts it at ``disk.mount_dir``."""
     if not disk.loop_device:
