@@ -605,7 +605,8 @@ class DeliveryWorker:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._inflight.pop(task, None)
-        self._wake.set()
+        if self._likely_due:  # a slot for what is waiting; otherwise nothing new is due (the poll looks)
+            self._wake.set()
 
     def start(self) -> None:
         webhooks.add_waker(self.wake)
