@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -113,7 +114,36 @@ async def _fast_get(
         return error_response(exc)
 
 
-FAST_ROUTES = [fastlane.FastRoute("GET", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)", _fast_get)]
+def _fast_transition(operation: Callable[[Services, str, str], Awaitable[Sandbox]]) -> fastlane.Handler:
+    """A bodiless state change (pause, resume) in the fast lane: same answers as its route below,
+    without FastAPI's routing and dependency solving (a third of the control plane's CPU per pause)."""
+
+    async def handle(
+        scope: fastlane.Scope, params: dict[str, str], _: bytes, __: fastlane.Receive
+    ) -> JSONResponse | None:
+        sandbox_id = params["sandbox_id"]
+        if "\x00" in sandbox_id or b"%00" in scope.get("query_string", b""):
+            return None  # the route renders the 400 (``BoundaryRoute``)
+        scope.setdefault("state", {})["resource_id"] = sandbox_id
+        try:
+            services, principal = await scope_principal(scope, sandbox_id)
+            sandbox = await operation(services, principal.user_id, sandbox_id)
+            return JSONResponse(envelope.success(view(services, sandbox)))
+        except errors.PaddockError as exc:
+            return error_response(exc)
+
+    return handle
+
+
+FAST_ROUTES = [
+    fastlane.FastRoute("GET", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)", _fast_get),
+    fastlane.FastRoute(
+        "POST", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/pause", _fast_transition(suspension.pause)
+    ),
+    fastlane.FastRoute(
+        "POST", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/resume", _fast_transition(suspension.resume)
+    ),
+]
 
 
 @router.patch("/{sandbox_id}")
@@ -138,6 +168,7 @@ async def destroy(
 async def pause(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
+    # Served by ``_fast_transition`` in the fast lane; this route is its OpenAPI entry and the same call.
     mark(request, sandbox_id)
     return envelope.success(view(services, await suspension.pause(services, principal.user_id, sandbox_id)))
 
@@ -146,6 +177,7 @@ async def pause(
 async def resume(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
+    # Served by ``_fast_transition`` in the fast lane; this route is its OpenAPI entry and the same call.
     mark(request, sandbox_id)
     return envelope.success(view(services, await suspension.resume(services, principal.user_id, sandbox_id)))
 
