@@ -21,7 +21,7 @@ from paddock_controlplane.host_reports import HOST_DEAD_REASON
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import ON_HOST, SandboxStatus
-from paddock_controlplane.status_notify import StatusListener
+from paddock_controlplane.status_notify import status_listener
 from paddock_controlplane.transition import settle
 from paddock_controlplane.views import event_data
 from paddock_core.db import transaction
@@ -207,7 +207,7 @@ class Reconciler:
         self.services = services
         self.passes = passes
         self._task: asyncio.Task[None] | None = None
-        self.listener = StatusListener(services.settings.database_url, services.status_watch)
+        self.listener = status_listener(services.settings.database_url, services.status_watch)
 
     async def run_once(self) -> None:
         for step in self.passes:

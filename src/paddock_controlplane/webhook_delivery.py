@@ -28,7 +28,6 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import aiohttp.abc
-import asyncpg
 from sqlalchemy import Table, bindparam, case, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.sql.elements import ColumnElement
@@ -37,7 +36,7 @@ from paddock_controlplane import webhooks
 from paddock_controlplane.models import WebhookDelivery, WebhookEndpoint
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_controlplane.status_notify import listener_dsn
+from paddock_controlplane.status_notify import ChannelListener
 from paddock_controlplane.webhooks import TargetRefused, is_public_address, resolve_public
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, transaction
@@ -58,7 +57,6 @@ CLEANUP_INTERVAL_S = 60.0
 MAX_DRAINED_BYTES = 64 * 1024
 MAX_CACHED_SECRETS = 1024
 MAX_CACHED_ENDPOINTS = 4096
-LISTENER_RECONNECT_S = 1.0
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
@@ -176,52 +174,6 @@ class HttpTransport:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-class WakeListener:
-    """PostgreSQL: LISTENs on :data:`webhooks.NOTIFY_CHANNEL` and calls ``wake`` for every commit, in any
-    process, that made deliveries due; without it a worker saw another process's events only at its next
-    poll. A dropped connection is re-opened after a second (the poll covers the gap). SQLite: nothing."""
-
-    def __init__(self, database_url: str, wake: Callable[[], None]) -> None:
-        self.dsn = listener_dsn(database_url)
-        self._wake = wake
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self.dsn is not None and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="webhook listener")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    def _notified(self, *_: object) -> None:
-        self._wake()
-
-    async def _run(self) -> None:
-        while True:
-            connection = None
-            try:
-                connection = await asyncpg.connect(self.dsn)
-                lost = asyncio.Event()
-                connection.add_termination_listener(lambda _conn, event=lost: event.set())
-                await connection.add_listener(webhooks.NOTIFY_CHANNEL, self._notified)
-                self._wake()  # events committed while not listening
-                await lost.wait()
-                log.warning("webhook_listener_lost")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the database is down: the worker polls meanwhile
-                log.warning("webhook_listener_failed", error=str(exc))
-            finally:
-                if connection is not None and not connection.is_closed():
-                    with contextlib.suppress(Exception):
-                        await connection.close()
-            await asyncio.sleep(LISTENER_RECONNECT_S)
 
 
 # --- the worker ---------------------------------------------------------------------------------------
@@ -381,7 +333,11 @@ class DeliveryWorker:
         self._writing = asyncio.Lock()
         self._inflight: dict[asyncio.Task[None], Claim] = {}
         self._wake = asyncio.Event()
-        self._listener = WakeListener(settings.database_url, self.wake)
+        # PostgreSQL: woken by every process's commits that make deliveries due (and once on each
+        # (re)connect, for those committed while nobody listened); SQLite: nothing to listen to.
+        self._listener = ChannelListener(
+            settings.database_url, webhooks.NOTIFY_CHANNEL, lambda _: self.wake(), catch_up=True
+        )
         self._task: asyncio.Task[None] | None = None
         self._last_cleanup: dt.datetime | None = None
         #: A commit announced deliveries, or the last claim filled its limit: the next claim skips the
