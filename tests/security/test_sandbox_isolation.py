@@ -150,7 +150,13 @@ async def test_writing_into_pid1_fds_lands_nothing_on_the_host(
     os.sync()
     after = host_file_bytes(limited_agent.state_dir)
     grown = {path: after[path] - before.get(path, 0) for path in after if after[path] > before.get(path, 0)}
-    assert sum(grown.values()) < MIB, f"host files grew: {grown}"
+    # The disk store's image holds every sandbox's disk: the sandbox's own filesystem writes its journal
+    # and superblock on sync, and each first write to a block still shared with the blank image it
+    # was cloned from takes a new one (~1.6 MiB seen). Far less than one 50 MB write of the probe.
+    store = {path: size for path, size in grown.items() if Path(path).name == "disks.xfs"}
+    elsewhere = {path: size for path, size in grown.items() if path not in store}
+    assert sum(elsewhere.values()) < MIB, f"host files grew: {grown}"
+    assert sum(store.values()) < 16 * MIB, f"the disk store grew: {grown}"
     # Anywhere else on the host's filesystem: other tests on this machine write too, so the bound is
     # half of what the probe wrote, which its landing anywhere would exceed.
     probe_bytes = int(written) * 50 * MIB
