@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import QueryParams
 
 from paddock_controlplane import destruction, lifecycle, patching, queries, suspension, traffic, views
@@ -93,15 +94,32 @@ async def get(
     return await _read(services, principal.user_id, sandbox_id, request.query_params)
 
 
-async def _read(services: Services, user_id: str, sandbox_id: str, query: QueryParams) -> dict[str, Any]:
+async def _read_row(services: Services, user_id: str, sandbox_id: str, query: QueryParams) -> Sandbox:
     wait = queries.wait_params(query.get("wait_for"), query.get("wait_ms"))
-    sandbox = await queries.get_when(services, user_id, sandbox_id, cutoff(services), wait)
-    return envelope.success(view(services, sandbox))
+    return await queries.get_when(services, user_id, sandbox_id, cutoff(services), wait)
+
+
+async def _read(services: Services, user_id: str, sandbox_id: str, query: QueryParams) -> dict[str, Any]:
+    return envelope.success(view(services, await _read_row(services, user_id, sandbox_id, query)))
+
+
+#: GET's answer per sandbox row. ``PointReads`` hands out the same row object until something is
+#: committed, so a polled sandbox is rendered once per change rather than once per poll (the view and
+#: its JSON were a fifth of a cached GET's cost); the entry goes with the row.
+_RENDERED: weakref.WeakKeyDictionary[Sandbox, bytes] = weakref.WeakKeyDictionary()
+
+
+def _rendered(services: Services, sandbox: Sandbox) -> bytes:
+    body = _RENDERED.get(sandbox)
+    if body is None:
+        body = bytes(JSONResponse(envelope.success(view(services, sandbox))).body)
+        _RENDERED[sandbox] = body
+    return body
 
 
 async def _fast_get(
     scope: fastlane.Scope, params: dict[str, str], _: bytes, __: fastlane.Receive
-) -> JSONResponse | None:
+) -> Response | None:
     """``GET /v1/sandboxes/{id}`` in the fast lane: clients poll it hard (§7.2); same answers as above."""
     if "\x00" in params["sandbox_id"] or b"%00" in scope.get("query_string", b""):
         return None  # the route renders the 400 (``BoundaryRoute``)
@@ -109,7 +127,8 @@ async def _fast_get(
     try:
         services, principal = await scope_principal(scope, params["sandbox_id"])
         query = QueryParams(scope.get("query_string", b""))
-        return JSONResponse(await _read(services, principal.user_id, params["sandbox_id"], query))
+        sandbox = await _read_row(services, principal.user_id, params["sandbox_id"], query)
+        return Response(_rendered(services, sandbox), media_type="application/json")
     except errors.PaddockError as exc:
         return error_response(exc)
 
