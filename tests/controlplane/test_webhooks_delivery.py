@@ -17,6 +17,7 @@ import pytest
 from paddock_controlplane import webhooks
 from paddock_controlplane.webhook_delivery import RETRY_DELAYS_S, DeliveryWorker, HttpTransport
 from paddock_core.timeutil import utcnow
+from tests.conftest import fresh_database
 from tests.controlplane.webhook_support import (
     FakeClock,
     Received,
@@ -423,12 +424,15 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 async def test_an_event_committed_by_another_process_wakes_the_worker_on_postgresql(
-    database_url: str,
+    tmp_path: Path,
 ) -> None:
-    """Several control planes share one PostgreSQL: the one that commits an event need not deliver it."""
-    if not database_url.startswith("postgresql"):
-        pytest.skip("SQLite has one control plane; its commits wake its own worker in process")
-    async with webhook_db(database_url) as db, running_receiver() as receiver:
+    """Several control planes share one PostgreSQL: the one that commits an event need not deliver it.
+    (PostgreSQL only: SQLite has one control plane, whose commits wake its own worker in process.)"""
+    async with (
+        fresh_database("postgresql", tmp_path) as database_url,
+        webhook_db(database_url) as db,
+        running_receiver() as receiver,
+    ):
         await db.endpoint(receiver.url + "/hook")
         worker = DeliveryWorker(db.sessions, db.box, worker_settings(db.url, webhook_poll_interval_s=30.0))
         worker.start()
