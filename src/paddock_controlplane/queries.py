@@ -28,20 +28,21 @@ REREAD_S = 0.25
 WAIT_FOR_RUNNING_S = 30.0
 
 
+# The caller's sandbox by id, built once with the values bound per call (``get_owned`` and the
+# running-sandbox lookup are on every pause, resume and command).
+_OWNED = select(Sandbox).where(Sandbox.id == bindparam("sandbox_id"), Sandbox.user_id == bindparam("user_id"))
+_OWNED_FOR_UPDATE = _OWNED.with_for_update()
+
+
 async def get_owned(
     session: AsyncSession, user_id: str, sandbox_id: str, *, for_update: bool = False
 ) -> Sandbox:
     """The caller's sandbox row in any status (destroyed ones too), to change it; 404 if not theirs."""
-    query = select(Sandbox).where(Sandbox.id == sandbox_id, Sandbox.user_id == user_id)
-    if for_update:
-        query = query.with_for_update()
-    sandbox = (await session.scalars(query)).first()
+    query = _OWNED_FOR_UPDATE if for_update else _OWNED
+    sandbox = (await session.scalars(query, {"sandbox_id": sandbox_id, "user_id": user_id})).first()
     if sandbox is None:
         raise errors.NotFound("sandbox not found")
     return sandbox
-
-
-_OWNED = select(Sandbox).where(Sandbox.id == bindparam("sandbox_id"), Sandbox.user_id == bindparam("user_id"))
 
 
 async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
@@ -132,14 +133,6 @@ def _is_retained(sandbox: Sandbox, cutoff: dt.datetime) -> bool:
     if sandbox.status != SandboxStatus.DESTROYED or sandbox.destroyed_at is None:
         return True
     return as_utc(sandbox.destroyed_at) >= cutoff
-
-
-async def get(session: AsyncSession, user_id: str, sandbox_id: str, cutoff: dt.datetime) -> Sandbox:
-    params = {"sandbox_id": sandbox_id, "user_id": user_id}
-    sandbox = (await session.scalars(_GET, params)).unique().first()
-    if sandbox is None or not _is_retained(sandbox, cutoff):
-        raise errors.NotFound("sandbox not found")
-    return sandbox
 
 
 async def by_ip(session: AsyncSession, user_id: str, ip: str) -> Sandbox:
