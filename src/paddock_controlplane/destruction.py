@@ -47,6 +47,17 @@ async def destroy(
     return {"id": sandbox_id, "status": SandboxStatus.DESTROYING}
 
 
+async def forget_on_host(services: Services, host_id: str, sandbox_id: str) -> None:
+    """Destroy on its host a sandbox the control plane has already given up on (a failed or orphaned
+    boot). Best effort: nothing retries it, so a host that cannot be reached keeps the sandbox until an
+    operator removes it; the warning names it."""
+    try:
+        link = await hostlink.for_host(services, host_id)
+        await link.destroy(sandbox_id)
+    except Exception as exc:
+        log.warning("cleanup_failed", sandbox_id=sandbox_id, error=str(exc))
+
+
 def destroy_later(services: Services, sandbox: Sandbox, *, reason: str, label: str | None) -> None:
     """Destroy in the background as the API would (a guest asked to delete its own sandbox)."""
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import billing, destruction, disks, hostlink, hosts, suspension, webhooks
+from paddock_controlplane import billing, destruction, disks, hostlink, hosts, networks, suspension, webhooks
 from paddock_controlplane.host_reports import HOST_DEAD_REASON
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
@@ -187,6 +187,48 @@ class OrphanedTransitions:
             self.driving.discard(sandbox_id)
 
 
+#: Seconds a template's image may take to reach a host before its boot starts: the host agent client's
+#: timeout for an image fetch (``HostAgentClient.fetch_image``), which runs outside the boot deadline.
+IMAGE_FETCH_BOUND_S = 1800.0
+#: Why a boot its control plane never finished ends ``failed``; the user reads it in ``status_reason``.
+ORPHANED_BOOT_REASON = "the control plane handling this create stopped before the sandbox booted"
+
+
+async def orphaned_boots_pass(session: AsyncSession, services: Services) -> None:
+    """A create (``creating``) or a fork child (``forking``) whose control-plane process died before
+    the host answered stays there: the boot's outcome is only ever recorded by the process that asked.
+    A live process ends every boot within its deadline (``boot_timeout_s``; a template's image fetch
+    comes first and has its own bound), so a row older than that plus ``ORPHAN_AFTER_S`` has no one
+    left to record it. It ends ``failed`` with its reason, as a failed boot does (no ``sandbox.create``
+    event was written, nothing was billed), and whatever the host started is destroyed there. Two
+    control planes may both see it: the row lock and the status check let one of them do it.
+    """
+    now = services.clock()
+    deadline_s = services.settings.boot_timeout_s + ORPHAN_AFTER_S
+    rows = (
+        await session.scalars(
+            select(Sandbox)
+            .where(Sandbox.status.in_((SandboxStatus.CREATING, SandboxStatus.FORKING)))
+            .with_for_update(skip_locked=True)
+        )
+    ).all()
+    for sandbox in rows:
+        bound_s = deadline_s
+        if sandbox.status == SandboxStatus.CREATING and sandbox.rootfs.startswith("tpl_"):
+            bound_s += IMAGE_FETCH_BOUND_S
+        if (now - as_utc(sandbox.created_at)).total_seconds() < bound_s:
+            continue
+        sandbox.status, sandbox.status_reason = SandboxStatus.FAILED, ORPHANED_BOOT_REASON
+        await networks.drop_memberships(session, sandbox.id)
+        await disks.drop_attachments(session, sandbox.id)
+        log.warning("orphaned_boot_failed", sandbox_id=sandbox.id, host_id=sandbox.host_id)
+        if sandbox.host_id:
+            services.tasks.spawn(
+                destruction.forget_on_host(services, sandbox.host_id, sandbox.id),
+                name=f"forget orphaned boot {sandbox.id}",
+            )
+
+
 #: Every pass, in the order a round runs them.
 PASSES: list[Pass] = [
     host_liveness_pass,
@@ -196,6 +238,7 @@ PASSES: list[Pass] = [
     destruction.settle_stuck,
     disks.settle_pending,
     OrphanedTransitions(),
+    orphaned_boots_pass,
 ]
 
 

@@ -6,90 +6,15 @@ lifecycle on real sandboxes.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
-
-import httpx
 import pytest
 
-from paddock_controlplane import accounts, hostlink, reconciler
-from paddock_controlplane.app import create_app
-from paddock_controlplane.services import Services
-from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_core.db import make_engine, make_sessionmaker, transaction
-from tests.conftest import LiveServer
-from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
-from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
-from tests.controlplane.webhook_support import FakeClock
+from paddock_controlplane import accounts, reconciler
+from tests.controlplane.conftest import Clocked, user_client
 
 pytestmark = pytest.mark.db
 
 # s-1vcpu-1gb: 1 vCPU at 0.0504 USD/h + 1 GiB at 0.0162 USD/h, 100 credits per USD.
 PER_SECOND_MICRO = 1400 + 450
-
-
-@dataclass
-class Clocked:
-    cp: ControlPlane
-    clock: FakeClock
-    services: Services
-    host: FakeHostLink
-
-    async def balance(self, user_id: str) -> int:
-        engine = make_engine(self.cp.settings.database_url)
-        try:
-            async with make_sessionmaker(engine)() as session:
-                return await accounts.balance_micro(session, user_id)
-        finally:
-            await engine.dispose()
-
-    async def reconcile(self, step: Any) -> None:
-        """One reconciler pass now (the background loop also runs them; the outcome is the same), and
-        what it set off (an auto-pause runs as a task) carried out before this returns: what a test reads
-        next is the pass's whole outcome, with no sleep to guess how long that takes."""
-        self.services.billing_last = 0.0
-        tasks = self.services.tasks.running
-        before = set(tasks)
-        async with transaction(self.services.sessions) as session:
-            await step(session, self.services)
-        await asyncio.gather(*(set(tasks) - before))
-
-    async def status(self, http: httpx.AsyncClient, sandbox_id: str, wanted: str) -> dict[str, Any]:
-        for _ in range(100):
-            view = (await http.get(f"/v1/sandboxes/{sandbox_id}")).json()["data"]
-            if view["status"] == wanted:
-                return dict(view)
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"{sandbox_id} is {view['status']}, wanted {wanted}")
-
-
-@pytest.fixture
-async def clocked(
-    cp_settings: ControlPlaneSettings, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Clocked]:
-    link = FakeHostLink()
-
-    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
-        return link
-
-    monkeypatch.setattr(hostlink, "for_host", for_host)
-    clock = FakeClock(start=None)
-    settings = cp_settings.model_copy(update={"host_dead_after_s": 10**9})
-    app = create_app(settings, clock=clock)
-    async with LiveServer(app) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        beat = await http.post(
-            "/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
-        )
-        assert beat.status_code == 200
-        cp = ControlPlane(url=server.url, settings=settings, http=http)
-        yield Clocked(cp, clock, app.state.services, link)
-
-
-async def user_client(clocked: Clocked, credits: int = 500) -> tuple[str, httpx.AsyncClient]:
-    user_id, key = await clocked.cp.new_user("pro", credits=credits)
-    return user_id, httpx.AsyncClient(base_url=clocked.cp.url, headers={"X-API-Key": key}, timeout=30)
 
 
 async def test_running_time_is_billed_per_second_and_paused_time_is_free(clocked: Clocked) -> None:

@@ -35,7 +35,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="package")
 def cluster(debian_image: Path, guest_binary_dir: Path) -> Iterator[Cluster]:
     # Billing passes every 0.5 s in both control planes, so they meet on the same rows.
-    live = start_cluster(guest_binary_dir, HOSTS, cp_env={"PADDOCK_CP_BILLING_INTERVAL_S": "0.5"})
+    live = start_cluster(
+        guest_binary_dir,
+        HOSTS,
+        cp_env={
+            "PADDOCK_CP_BILLING_INTERVAL_S": "0.5",
+            # A create orphaned by a killed control plane is failed after this plus ORPHAN_AFTER_S.
+            "PADDOCK_CP_BOOT_TIMEOUT_S": "20",
+        },
+    )
     try:
         yield live
     finally:
