@@ -86,8 +86,13 @@ class AsyncFiles:
         headers = {"Content-Type": "application/octet-stream"}
         if isinstance(source, bytes | str):
             body = source.encode() if isinstance(source, str) else source
+            headers["Content-Length"] = str(len(body))
             data = await self._client.request(
-                "PUT", self._url, params={"path": path}, content=body, headers=headers
+                "PUT",
+                self._url,
+                params={"path": path},
+                content=_blocking.AsyncBytesBody(body),
+                headers=headers,
             )
             return int(data["size"])
         if isinstance(source, os.PathLike):

@@ -4,7 +4,7 @@
 ``scripts/unasync.py``, which substitutes tokens. The few places where the two clients truly differ —
 sleeping, preparing an upload body, writing a download to a local file — live here as pairs whose names
 that script maps one onto the other (``asleep`` → ``sleep``, ``aupload_body`` → ``upload_body``,
-``AsyncFileSink`` → ``FileSink``, ``AsyncSource`` → ``Source``), so the generated code calls the sync form.
+``AsyncFileSink`` → ``FileSink``, ``AsyncBytesBody`` → ``BytesBody``, ``AsyncSource`` → ``Source``), so the generated code calls the sync form.
 """
 
 from __future__ import annotations
@@ -48,6 +48,34 @@ def upload_body(source: Any, headers: dict[str, str]) -> Any:
     """The streamed body of an upload: httpx streams a regular file itself, with its Content-Length;
     pipes and other iterables go out chunked. ``headers`` is left as it is."""
     return source if _regular_file(source) else _chunks(source)
+
+
+class AsyncBytesBody:
+    """An upload held in memory, sent as ``CHUNK_BYTES`` slices under its own Content-Length, and
+    iterable again when the request is retried."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    async def __aiter__(self) -> AsyncIterator[memoryview]:
+        view = memoryview(self._data)
+        for start in range(0, len(view), CHUNK_BYTES):
+            yield view[start : start + CHUNK_BYTES]
+
+
+class BytesBody:
+    """An upload held in memory, sent as ``CHUNK_BYTES`` slices under its own Content-Length, and
+    iterable again when the request is retried. Handing httpx's sync transport the whole body instead
+    costs time quadratic in its size (it copies what is left after every ``send``: ~0.5 s of CPU for
+    100 MB)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __iter__(self) -> Iterator[memoryview]:
+        view = memoryview(self._data)
+        for start in range(0, len(view), CHUNK_BYTES):
+            yield view[start : start + CHUNK_BYTES]
 
 
 class AsyncFileSink:

@@ -86,8 +86,13 @@ class Files:
         headers = {"Content-Type": "application/octet-stream"}
         if isinstance(source, bytes | str):
             body = source.encode() if isinstance(source, str) else source
+            headers["Content-Length"] = str(len(body))
             data = self._client.request(
-                "PUT", self._url, params={"path": path}, content=body, headers=headers
+                "PUT",
+                self._url,
+                params={"path": path},
+                content=_blocking.BytesBody(body),
+                headers=headers,
             )
             return int(data["size"])
         if isinstance(source, os.PathLike):

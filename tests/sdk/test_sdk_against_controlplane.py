@@ -94,6 +94,41 @@ def test_retries_honour_retry_after_on_503_and_never_retry_400() -> None:
     assert calls == ["POST"]
 
 
+class _ChunkRecorder(httpx.BaseTransport):
+    """Records each request's headers and body chunks as the transport receives them (httpx's
+    MockTransport joins the chunks before its handler sees them)."""
+
+    def __init__(self, answers: list[httpx.Response]) -> None:
+        self.answers = answers
+        self.seen: list[tuple[str | None, str | None, list[bytes]]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        chunks = [bytes(chunk) for chunk in request.stream]  # type: ignore[union-attr]
+        headers = request.headers
+        self.seen.append((headers.get("content-length"), headers.get("transfer-encoding"), chunks))
+        return self.answers.pop(0)
+
+
+def test_a_bytes_upload_goes_out_with_its_length_in_slices_and_again_when_retried() -> None:
+    """Bytes are sent in 1 MiB slices (httpx's sync transport copies what is left of one big body
+    after every send: about half a second of CPU for 100 MB) under their Content-Length, and a retried
+    PUT sends them whole again."""
+    data = bytes(range(256)) * (3 * 4096 + 7)  # a little over 3 MiB
+    transport = _ChunkRecorder(
+        [
+            httpx.Response(503, headers={"Retry-After": "0"}, json={"status": "error", "message": "busy"}),
+            httpx.Response(200, json={"status": "success", "data": {"path": "/x", "size": len(data)}}),
+        ]
+    )
+    with paddock.Client("http://test", "k", transport=transport) as client:
+        sandbox = paddock.Sandbox(client, paddock.SandboxInfo.from_api({"id": "sb-1", "status": "running"}))
+        assert sandbox.files.write("/x", data) == len(data)
+    seen = transport.seen
+    assert [(length, chunked) for length, chunked, _ in seen] == [(str(len(data)), None)] * 2
+    assert all(b"".join(chunks) == data for _, _, chunks in seen)
+    assert all(max(map(len, chunks)) <= 1 << 20 for _, _, chunks in seen)
+
+
 def test_wait_until_long_polls_and_still_polls_a_server_that_answers_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
