@@ -3,9 +3,9 @@
 Requests and answers are the models of ``schemas.py``, the contract the host agent's routes use too.
 Imports nothing of the host agent but that module (pydantic), so the control plane can use it without
 the host agent's other dependencies. Request/response calls (exec included: the hot path) go over
-aiohttp, which costs about half of httpx's CPU per request here; streams, uploads and downloads use
-httpx. ``request_id`` (a callable) names the caller's request: it is sent as ``X-Request-Id`` and the
-host agent logs its line for the call under that id.
+aiohttp, which costs about half of httpx's CPU per request here, and so do downloads; streams and
+uploads use httpx. ``request_id`` (a callable) names the caller's request: it is sent as
+``X-Request-Id`` and the host agent logs its line for the call under that id.
 
     HostAgentError                .status, .code (the agent's ``error`` field)
     ├── HostUnavailableError      no answer (connection refused, timeout, dropped stream)
@@ -156,6 +156,9 @@ _CREATE_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
 # A command may run for as long as it likes; only connecting is bounded.
 _EXEC_TIMEOUT = httpx.Timeout(None, connect=5.0)
 _VIEWS = TypeAdapter(list[SandboxView])
+# How much of an answer aiohttp buffers before it stops reading the socket; downloads arrive in
+# chunks of about this size.
+_READ_BUFFER_BYTES = 1 << 20
 
 
 def error_from(status: int, body: bytes) -> HostAgentError:
@@ -217,6 +220,7 @@ class HostAgentClient:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
                 connector=aiohttp.TCPConnector(limit=256, limit_per_host=256, keepalive_timeout=30),
+                read_bufsize=_READ_BUFFER_BYTES,
                 json_serialize=lambda doc: json.dumps(doc, separators=(",", ":")),
             )
         return self._session
@@ -453,24 +457,40 @@ class HostAgentClient:
         )
 
     async def download(self, sandbox_id: str, path: str) -> tuple[int | None, AsyncIterator[bytes]]:
-        """Open a download: returns (size, chunks). Errors are raised before any byte is returned."""
-        request = self._http.build_request(
-            "GET", self._sb(sandbox_id, "files"), params={"path": path}, headers=self._call_headers()
-        )
+        """Open a download: returns (size, chunks). Errors are raised before any byte is returned.
+
+        Over aiohttp, whose chunks are whatever has arrived (up to ``_READ_BUFFER_BYTES`` or so): httpx
+        hands over 64 KiB at a time through its Python HTTP parser, which cost the control plane ~1.5 ms
+        of CPU per MB passed through."""
         with _answered():
-            resp = await self._http.send(request, stream=True)
-        if resp.status_code >= 400:
-            body = await resp.aread()
-            await resp.aclose()
-            raise error_from(resp.status_code, body)
-        length = resp.headers.get("content-length")
+            answer = await self._aiohttp().get(
+                self._base + self._sb(sandbox_id, "files"),
+                params={"path": path},
+                headers=self._call_headers(),
+                timeout=_aiohttp_timeout(None, self._timeout),
+            )
+        if answer.status >= 400:
+            try:
+                with _answered():
+                    body = await answer.read()
+            finally:
+                answer.close()
+            raise error_from(answer.status, body)
+        length = answer.headers.get("content-length")
 
         async def chunks() -> AsyncIterator[bytes]:
+            complete = False
             try:
-                async for chunk in resp.aiter_bytes():
-                    yield chunk
+                with _answered():
+                    async for chunk in answer.content.iter_any():
+                        yield chunk
+                complete = True
             finally:
-                await resp.aclose()
+                # A download left half-read must not go back to the pool with its rest unread.
+                if complete:
+                    answer.release()
+                else:
+                    answer.close()
 
         return (int(length) if length and length.isdigit() else None), chunks()
 

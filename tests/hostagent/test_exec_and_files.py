@@ -162,6 +162,22 @@ async def test_100_mib_file_round_trips_byte_exact(host: HostAgentClient, sandbo
     assert received.hexdigest() == expected.hexdigest()
 
 
+async def test_a_download_left_half_read_does_not_spoil_the_next_calls(
+    host: HostAgentClient, sandbox: dict[str, Any]
+) -> None:
+    """Its connection is closed, not put back in the pool with the rest of the file still to come."""
+    data = os.urandom(8 << 20)
+    await host.upload(sandbox["id"], "/root/half.bin", chunks_of(data))
+    for _ in range(3):
+        size, chunks = await host.download(sandbox["id"], "/root/half.bin")
+        first = await anext(aiter(chunks))
+        assert size == len(data) and data.startswith(first) and len(first) < len(data)
+        await chunks.aclose()  # type: ignore[attr-defined]
+        assert (await run(host, sandbox["id"], "echo", "next"))["stdout"] == "next\n"
+    size, chunks = await host.download(sandbox["id"], "/root/half.bin")
+    assert b"".join([chunk async for chunk in chunks]) == data
+
+
 async def test_upload_keeps_an_existing_files_mode(host: HostAgentClient, sandbox: dict[str, Any]) -> None:
     await sh(host, sandbox["id"], "printf old > /root/tool.sh && chmod 750 /root/tool.sh")
     await host.upload(sandbox["id"], "/root/tool.sh", chunks_of(b"#!/bin/sh\necho fresh\n"))
