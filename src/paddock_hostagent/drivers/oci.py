@@ -258,6 +258,7 @@ class OciRuntime(SandboxRuntime):
         finally:
             if not was_frozen:
                 cgroup.thaw()
+        storage.forget_old_image(slot.disk)  # the source runs again meanwhile
 
     def _record(self, spec: SandboxSpec, handle: _Handle) -> SandboxRecord:
         return SandboxRecord.running(

@@ -210,13 +210,13 @@ class WarmPool:
         return await self.factory.build(disk_mib), False
 
     async def take_for_fork(self) -> Slot:
-        """A slot for a fork, its disk unmounted: the fork replaces the image under the slot's loop
-        device with a clone of its source's (``storage.replace_image``). Without a free slot, one with a
-        network and no disk (the clone is then attached as any disk)."""
+        """A slot for a fork: the fork replaces the image under the slot's loop device with a clone of
+        its source's (``storage.replace_image``, which unmounts the slot's empty disk while the source
+        syncs). Without a free slot, one with a network and no disk (the clone is then attached as any
+        disk)."""
         if self._free:
             slot = self._free.pop(0)
             self._wake.set()
-            mounts.unmount(slot.disk.mount_dir)
             return slot
         return await self.factory.build(0, with_disk=False)
 

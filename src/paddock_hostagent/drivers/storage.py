@@ -123,10 +123,18 @@ async def format_from_blank(image_path: Path, size_mib: int, fs: Filesystem, sto
 
 
 async def attach(disk: Disk) -> None:
-    """Puts the image on a free loop device (unless it is on one) and mounts it at ``disk.mount_dir``."""
+    """Puts the image on a free loop device (unless it is on one) and mounts it at ``disk.mount_dir``.
+
+    The blocking steps run in a thread: declaring a device write-through waits for its queue to freeze
+    (~14 ms, an RCU grace period) and mounting an XFS disk reads its metadata (~10 ms, more with a
+    journal to replay), time in which the event loop keeps serving other creates, forks and commands."""
     if not disk.loop_device:
         disk.loop_device = await loops.attach(disk.image_path)
-        loops.write_through(disk.loop_device)
+        await asyncio.to_thread(loops.write_through, disk.loop_device)
+    await asyncio.to_thread(_mount_disk, disk)
+
+
+def _mount_disk(disk: Disk) -> None:
     disk.mount_dir.mkdir(parents=True, exist_ok=True)
     if not mounts.is_mountpoint(disk.mount_dir):
         # nouuid: a fork's copy carries its source's filesystem UUID, which XFS would refuse.
@@ -189,8 +197,9 @@ async def grow(disk: Disk, size_mib: int) -> None:
 
 
 async def replace_image(source: Path, source_mount: Path, disk: Disk) -> None:
-    """Makes ``disk``'s image (unmounted, possibly still on its loop device) a copy of ``source``, whose
-    filesystem is mounted at ``source_mount`` and whose writers are stopped (the sandbox is frozen).
+    """Makes ``disk``'s image (possibly still mounted and on its loop device: it is unmounted here) a
+    copy of ``source``, whose filesystem is mounted at ``source_mount`` and whose writers are stopped
+    (the sandbox is frozen). The caller then calls ``forget_old_image`` once the source may run again.
 
     Where the store clones: ``syncfs`` of the source's filesystem, then ``FICLONE``. The sync writes
     back what the filesystem holds dirty, data and journal; the clone writes back what of that the
@@ -201,12 +210,14 @@ async def replace_image(source: Path, source_mount: Path, disk: Disk) -> None:
     Elsewhere a sparse-aware copy, under ``FIFREEZE``, since a copy takes long enough for the
     filesystem's own background writes to tear it.
 
-    A loop device that stays attached is told the new size and forgets what it cached of the old
-    image: a fork reuses its warm slot's device instead of binding a new one (declaring a device
-    write-through alone costs ~14 ms: it freezes the device's queue)."""
+    The target's unmount (a warm slot's empty disk: its log written, ~2-10 ms) runs in a thread while
+    the source syncs: the two filesystems are unrelated, and only the clone needs both done."""
     target = disk.image_path
     target.parent.mkdir(parents=True, exist_ok=True)
-    await asyncio.to_thread(mounts.sync_filesystem, source_mount)
+    await asyncio.gather(
+        asyncio.to_thread(mounts.unmount, disk.mount_dir),
+        asyncio.to_thread(mounts.sync_filesystem, source_mount),
+    )
     try:
         await asyncio.to_thread(clone_file, source, target)
     except OSError as exc:
@@ -217,8 +228,15 @@ async def replace_image(source: Path, source_mount: Path, disk: Disk) -> None:
             await run(["cp", "--sparse=always", "--reflink=auto", str(source), str(target)])
         finally:
             mounts.thaw_filesystem(source_mount)
+
+
+def forget_old_image(disk: Disk) -> None:
+    """After ``replace_image``: a loop device that stayed attached is told the new size and forgets
+    what it cached of the old image (a fork reuses its warm slot's device instead of binding a new
+    one: declaring a device write-through alone costs ~14 ms, it freezes the device's queue). Not
+    needed while the source is frozen, so the fork does it after letting the source run again."""
     if disk.loop_device:
-        if loops.size_bytes(disk.loop_device) != os.stat(target).st_size:
+        if loops.size_bytes(disk.loop_device) != os.stat(disk.image_path).st_size:
             loops.refresh_capacity(disk.loop_device)
         loops.drop_cache(disk.loop_device)
 
