@@ -135,7 +135,8 @@ def test_unmetered_sandboxes_are_counted_but_never_capped(
 def test_rules_and_counters_survive_a_host_agent_restart(
     api: httpx.Client, internet: FakeInternet, net_platform: LivePlatform
 ) -> None:
-    sid = create(api, egress=["sink.example.test", "api.example.test:80"])["id"]
+    inside = internet.address("cidr-in-1")
+    sid = create(api, egress=["sink.example.test", "api.example.test:80", inside])["id"]
     assert sh(api, sid, "getent hosts sink.example.test")["exit_code"] == 0  # admits its address
     send(api, sid, internet, 300_000)
     used = bandwidth(api, sid)["used_bytes"]
@@ -152,3 +153,12 @@ def test_rules_and_counters_survive_a_host_agent_restart(
     assert bandwidth(api, sid)["used_bytes"] == used, "the kernel kept counting across the restart"
     assert fetch(api, sid, "api.example.test") == "api.example.test:80"
     assert fetch(api, sid, "other.example.test").startswith("error"), "the allowlist is still enforced"
+    assert fetch(api, sid, inside) == "cidr-in-1:80"
+
+    # A new allowlist replaces what the agent before the restart installed: its address rule and the
+    # address a DNS answer admitted then are both gone.
+    api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": ["api.example.test:80"]}).raise_for_status()
+    assert fetch(api, sid, "api.example.test") == "api.example.test:80"
+    assert fetch(api, sid, inside).startswith("error"), "the address rule from before the restart is gone"
+    sink = internet.address("sink.example.test")
+    assert fetch(api, sid, sink).startswith("error"), "the answer admitted before the restart is forgotten"
