@@ -15,6 +15,8 @@ Sections (each module's docstring says exactly what is timed):
               (bench/vm_bench.py; not in --smoke unless asked with --only vm: TCG boots take seconds)
   isolation   each tier (crun, runc, gVisor) through the SDK vs its raw runtime: create, exec, pause/resume,
               fork (bench/isolation_bench.py; not in --smoke unless asked: tests/bench has its own smoke test)
+  creates     creates/s at concurrency 20 through the API and on the host agent alone, create → first command
+              p50/p99, vs raw `crun run` at the same concurrency (bench/creates.py)
   desktop     computer use on desktop:1: screenshot and click → screenshot-changed latency vs exec and an
               in-sandbox grab (bench/desktop_bench.py; not in --smoke unless asked: its own smoke test)
 
@@ -40,9 +42,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import density, desktop_bench, http_bench, isolation_bench, lifecycle, machine, report, vm_bench
+from bench import (
+    creates,
+    density,
+    desktop_bench,
+    http_bench,
+    isolation_bench,
+    lifecycle,
+    machine,
+    report,
+    vm_bench,
+)
 
-SECTIONS = ("lifecycle", "fork", "density", "throughput", "webhooks", "gateway", "vm", "isolation", "desktop")
+SECTIONS = (
+    "lifecycle",
+    "fork",
+    "creates",
+    "density",
+    "throughput",
+    "webhooks",
+    "gateway",
+    "vm",
+    "isolation",
+    "desktop",
+)
 RESULTS = Path(__file__).resolve().parent / "results"
 POOL_SIZE = 2
 
@@ -72,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.fork_sizes_mib = (8, 32) if smoke else lifecycle.FORK_SIZES_MIB
     args.fork_fresh_mib = 8 if smoke else lifecycle.FRESH_MIB
     args.fork_runs = 1 if smoke else args.runs  # the smoke run proves the section works, quickly
+    args.creates_total = 6 if smoke else creates.TOTAL
+    args.creates_concurrency = 3 if smoke else creates.CONCURRENCY
     args.wrk_seconds = 1 if smoke else 10
     args.wrk_connections = 8
     args.webhook_burst = 50 if smoke else 2000
@@ -182,6 +207,23 @@ class Run:
                         a.fork_runs,
                         a.fork_sizes_mib,
                         a.fork_fresh_mib,
+                    ),
+                )
+            if "creates" in self.args.sections:
+                a = self.args
+                self.section(
+                    "creates",
+                    lambda: creates.measure(
+                        platform.url,
+                        new_key(),
+                        agent.url,
+                        TOKEN,
+                        POOL_SIZE,
+                        rootfs,
+                        agent.log_path,
+                        rounds=2,
+                        total=a.creates_total,
+                        concurrency=a.creates_concurrency,
                     ),
                 )
             if "throughput" in self.args.sections:
@@ -300,7 +342,7 @@ class Run:
         if os.geteuid() != 0:
             print("bench needs root (namespaces, cgroups, mounts)", file=sys.stderr)
             return 2
-        if {"lifecycle", "fork", "density", "throughput"} & set(self.args.sections):
+        if {"lifecycle", "fork", "creates", "density", "throughput"} & set(self.args.sections):
             self.section("platform", self.with_platform)
             self.results.get("sections", {}).pop("platform", None)
         if "webhooks" in self.args.sections:
@@ -323,6 +365,8 @@ class Run:
         stamp = self.results["started_at"].replace(":", "").replace("-", "")
         stem = f"{stamp}-{self.results['mode']}-{secrets.token_hex(2)}" if self.args.smoke else f"{stamp}"
         markdown = report.markdown(self.results)
+        if self.results.get("sections", {}).get("creates"):  # its own table (bench/creates.py)
+            markdown += "\n" + creates.markdown(self.results["sections"]["creates"])
         (self.args.out / f"{stem}.json").write_text(
             json.dumps(_clean(self.results), indent=2, default=str) + "\n"
         )

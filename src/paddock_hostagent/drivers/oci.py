@@ -168,7 +168,9 @@ class OciRuntime(SandboxRuntime):
         self.factory = SlotFactory(
             options.state_dir / "slots", options.network, options.filesystem, options.guest_binary
         )
-        self.pool = WarmPool(self.factory, options.pool_size, options.pool_disk_mib)
+        self.pool = WarmPool(
+            self.factory, options.pool_size, options.pool_disk_mib, busy=lambda: self._booting > 0
+        )
         self._binaries = {name: shutil.which(name) or name for name in ("crun", "runc", "runsc")}
 
     # -- lifecycle of the driver ----------------------------------------------------------------

@@ -16,7 +16,7 @@ import contextlib
 import json
 import secrets
 import shutil
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -174,12 +174,24 @@ class SlotFactory:
 
 
 class WarmPool:
-    refill_delay_s = 0.15
+    """Free slots of ``disk_mib``, refilled in the background up to ``size``.
 
-    def __init__(self, factory: SlotFactory, size: int, disk_mib: int) -> None:
+    The refill builds between bursts: while ``busy()`` (creates and forks booting) it holds off, up
+    to ``busy_wait_s`` per slot, so that a burst's boots get the CPU instead of slots for later
+    requests (a burst that empties the pool builds its own slots on demand anyway); a steady stream
+    of creates still gets its slots once that wait has passed."""
+
+    refill_delay_s = 0.15
+    busy_poll_s = 0.02
+    busy_wait_s = 1.0
+
+    def __init__(
+        self, factory: SlotFactory, size: int, disk_mib: int, busy: Callable[[], bool] = lambda: False
+    ) -> None:
         self.factory = factory
         self.size = size
         self.disk_mib = disk_mib
+        self.busy = busy
         self._free: list[Slot] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -234,6 +246,7 @@ class WarmPool:
             await asyncio.sleep(self.refill_delay_s)
             self._wake.clear()
             while len(self._free) < self.size and not self._closing:
+                await self._wait_quiet()
                 try:
                     self._free.append(await self.factory.build(self.disk_mib))
                     self.last_error = None
@@ -242,6 +255,12 @@ class WarmPool:
                     log.warning("warm_pool_refill_failed", error=str(exc))
                     await asyncio.sleep(5)
                     break
+
+    async def _wait_quiet(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.busy_wait_s
+        while self.busy() and not self._closing and loop.time() < deadline:
+            await asyncio.sleep(self.busy_poll_s)
 
     async def close(self) -> None:
         """Lets a slot being built finish (so nothing is half made), then removes the free slots."""

@@ -1,0 +1,74 @@
+"""The warm pool's refill: slots are built between bursts of boots, not during them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from paddock_hostagent.drivers.pool import SlotFactory, WarmPool
+
+
+class _Factory:
+    """Builds stand-in slots and records when."""
+
+    def __init__(self) -> None:
+        self.built: list[float] = []
+        self.destroyed = 0
+
+    async def build(self, disk_mib: int, *, with_disk: bool = True) -> Any:
+        await asyncio.sleep(0)
+        self.built.append(asyncio.get_running_loop().time())
+        return _StandIn(disk_mib)
+
+    async def destroy(self, slot: Any) -> None:
+        self.destroyed += 1
+
+    async def close(self) -> None:
+        pass
+
+
+class _StandIn:
+    def __init__(self, disk_mib: int) -> None:
+        self.disk_mib = disk_mib
+
+
+def _pool(factory: _Factory, size: int, busy: list[bool]) -> WarmPool:
+    pool = WarmPool(cast(SlotFactory, factory), size, 1024, busy=lambda: busy[0])
+    pool.refill_delay_s = 0.0
+    pool.busy_poll_s = 0.01
+    return pool
+
+
+async def test_the_pool_refills_once_the_boots_in_flight_are_done() -> None:
+    factory, busy = _Factory(), [True]
+    pool = _pool(factory, 3, busy)
+    pool.busy_wait_s = 30.0
+    pool.start()
+    await asyncio.sleep(0.2)
+    assert factory.built == []  # boots in flight: the refill holds off
+    busy[0] = False
+    await pool.wait_full(timeout_s=5)
+    assert pool.free_count == 3
+    slot, warm = await pool.take(1024)
+    assert warm and slot.disk_mib == 1024
+    await pool.close()
+    assert factory.destroyed == 3 - 1  # the free slots; the taken one is its sandbox's
+
+
+async def test_a_steady_stream_of_boots_still_gets_its_slots() -> None:
+    factory, busy = _Factory(), [True]
+    pool = _pool(factory, 2, busy)
+    pool.busy_wait_s = 0.1
+    started = asyncio.get_running_loop().time()
+    pool.start()
+    await pool.wait_full(timeout_s=5)
+    assert pool.free_count == 2
+    assert factory.built[0] - started >= 0.1  # it waited for a pause first, then built anyway
+    await pool.close()
+
+
+async def test_an_empty_pool_builds_on_demand() -> None:
+    factory = _Factory()
+    pool = _pool(factory, 0, [False])
+    slot, warm = await pool.take(2048)
+    assert not warm and slot.disk_mib == 2048
