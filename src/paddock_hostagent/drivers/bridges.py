@@ -46,6 +46,7 @@ from typing import Any
 
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.commands import run_sync
+from paddock_hostagent.drivers.linkdump import links_of_kind
 from paddock_hostagent.drivers.network import NETNS_DIR, VETH_PREFIX, netns_sysctl
 
 BRIDGE_PREFIX = "pb"
@@ -305,15 +306,7 @@ add rule {table} pnet_input iifname {bridges} drop
 
     def bridges(self) -> list[str]:
         """This agent's bridges that exist now (in this process's network namespace)."""
-        from pyroute2 import IPRoute
-
-        with IPRoute() as ipr:
-            return sorted(
-                str(link.get("ifname"))
-                for link in ipr.get_links()
-                if str(link.get("ifname")).startswith(self.bridge_prefix)
-                and link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") == "bridge"
-            )
+        return [name for name in links_of_kind("bridge") if name.startswith(self.bridge_prefix)]
 
     def prune(self, keep: set[str]) -> list[str]:
         """Removes this agent's bridges that no recorded membership uses; returns their names."""
