@@ -287,7 +287,12 @@ class OciRuntime(SandboxRuntime):
         mounts.mount_overlay(spec.rootfs, slot.disk.upper_dir, slot.disk.work_dir, slot.rootfs_dir)
         phases.mark("overlay")
         # A fork's disk already holds the binary; a disk from an older agent may hold another one.
-        guest_binary = await asyncio.to_thread(storage.install_guest, slot.disk, self.options.guest_binary)
+        if storage.guest_is_current(slot.disk, self.options.guest_binary):
+            guest_binary = slot.disk.guest_binary  # the warm slot's build or the source put it there
+        else:
+            guest_binary = await asyncio.to_thread(
+                storage.install_guest, slot.disk, self.options.guest_binary
+            )
         self.layout.limit_pids(self.pids_budget)
         self.layout.limit_memory(self.memory_cap_mib << 20)
         bundle = BundleSpec(

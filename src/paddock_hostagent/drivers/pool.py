@@ -17,6 +17,7 @@ import json
 import secrets
 import shutil
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +30,8 @@ from paddock_hostagent.drivers.storage import Disk, Filesystem
 
 log = get_logger(__name__)
 T = TypeVar("T")
+A = TypeVar("A")
+NETWORK_THREADS = 16
 
 
 @dataclass
@@ -100,6 +103,13 @@ class SlotFactory:
         self._images_dir: Path | None = None
         self._store_opened = False
         self._store_lock = asyncio.Lock()
+        # Network builds and teardowns wait on `ip` commands (tens of ms each): threads of their own, so
+        # that a burst of slots built on demand does not hold every thread of the loop's default
+        # executor, behind which each create's short blocking steps (mounts, clones) would queue.
+        self._network_threads = ThreadPoolExecutor(NETWORK_THREADS, thread_name_prefix="slot-network")
+
+    async def _in_network_thread(self, work: Callable[[A], T], argument: A) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._network_threads, work, argument)
 
     async def images_dir(self) -> Path | None:
         """The disk store (opened on first use, once); None when this host has none."""
@@ -132,15 +142,18 @@ class SlotFactory:
         network = SandboxNetwork(slot=slot_id, ip="", gateway=self.network.gateway)
         slot = Slot(slot_id, slot_dir, network, disk, disk_mib)
         try:
-            if with_disk:
-                if images_dir is None:
-                    await storage.format_image(disk.image_path, disk_mib, self.fs)
-                else:
-                    await storage.format_from_blank(disk.image_path, disk_mib, self.fs, images_dir)
-                await storage.attach(disk)
-                if self.guest_binary is not None:
-                    await asyncio.to_thread(storage.install_guest, disk, self.guest_binary)
-            slot.network = await _finish_even_if_cancelled(asyncio.to_thread(self.network.create, slot_id))
+            # The disk and the network are independent: built side by side, the disk's waits (the
+            # write-through queue freeze, the mount's reads) overlap the network's commands.
+            outcomes = await asyncio.gather(
+                _finish_even_if_cancelled(self._build_disk(disk, disk_mib, images_dir, with_disk=with_disk)),
+                _finish_even_if_cancelled(self._in_network_thread(self.network.create, slot_id)),
+                return_exceptions=True,
+            )
+            if not isinstance(outcomes[1], BaseException):
+                slot.network = outcomes[1]
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
             slot.rootfs_dir.mkdir()
             slot.save()
         except BaseException:
@@ -148,11 +161,24 @@ class SlotFactory:
             raise
         return slot
 
+    async def _build_disk(
+        self, disk: Disk, disk_mib: int, images_dir: Path | None, *, with_disk: bool
+    ) -> None:
+        if not with_disk:
+            return
+        if images_dir is None:
+            await storage.format_image(disk.image_path, disk_mib, self.fs)
+        else:
+            await storage.format_from_blank(disk.image_path, disk_mib, self.fs, images_dir)
+        await storage.attach(disk)
+        if self.guest_binary is not None:
+            await asyncio.to_thread(storage.install_guest, disk, self.guest_binary)
+
     async def destroy(self, slot: Slot) -> None:
         """Removes every part of the slot; parts already gone are skipped."""
         mounts.unmount(slot.rootfs_dir)
         await storage.detach(slot.disk)
-        await asyncio.to_thread(self.network.destroy, slot.network)
+        await self._in_network_thread(self.network.destroy, slot.network)
         slot.disk.image_path.unlink(missing_ok=True)  # in the disk store, outside the slot's directory
         shutil.rmtree(slot.dir, ignore_errors=True)
 

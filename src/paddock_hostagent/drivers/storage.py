@@ -151,20 +151,22 @@ def install_guest(disk: Disk, binary: Path) -> Path:
     bound from this disk it shows ``/paddock-guest``. Cost: ~0.8 MB per disk, copied when the warm
     pool builds the slot (a fork's copied disk already holds it)."""
     target = disk.guest_binary
-    source_stat = os.stat(binary)
-    try:
-        target_stat = os.stat(target)
-    except FileNotFoundError:
-        target_stat = None
-    if (
-        target_stat is None
-        or target_stat.st_size != source_stat.st_size
-        or target_stat.st_mtime_ns != source_stat.st_mtime_ns
-    ):
+    if not guest_is_current(disk, binary):
         tmp = disk.mount_dir / ".paddock-guest.tmp"
         shutil.copy2(binary, tmp)
         tmp.replace(target)
     return target
+
+
+def guest_is_current(disk: Disk, binary: Path) -> bool:
+    """Whether the disk's copy of the guest agent is ``binary`` (same size and mtime): two ``stat``
+    calls, cheap enough for the event loop, where ``install_guest`` may copy and belongs in a thread."""
+    source_stat = os.stat(binary)
+    try:
+        target_stat = os.stat(disk.guest_binary)
+    except FileNotFoundError:
+        return False
+    return target_stat.st_size == source_stat.st_size and target_stat.st_mtime_ns == source_stat.st_mtime_ns
 
 
 async def detach(disk: Disk) -> None:
