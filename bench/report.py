@@ -246,7 +246,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"{spread(dens['timings'].get('destroy'))} ms |",
         ]
         for mark, stats in dens.get("create_at_live", {}).items():
-            out.append(f"| create at {int(mark):,} live (the creates just before) | {spread(stats)} ms |")
+            how = "created and destroyed beside the first" if int(mark) == 1 else "the creates just before"
+            out.append(f"| create at {int(mark):,} live ({how}) | {spread(stats)} ms |")
         for label, stats in dens["timings"].items():
             if label.startswith("exec"):
                 out.append(f"| {label} | {spread(stats)} ms |")
