@@ -8,13 +8,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from paddock_controlplane import accounts, billing, hostlink, scheduler, webhooks
 from paddock_controlplane.destruction import reason_data
 from paddock_controlplane.models import Sandbox
-from paddock_controlplane.queries import get_owned
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import SandboxStatus
-from paddock_controlplane.transition import settle
+from paddock_controlplane.transition import changing, claim, owned, require_status, settle
 from paddock_controlplane.views import event_data
 from paddock_core import errors
-from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.suspension")
@@ -23,12 +21,16 @@ log = get_logger("paddock.suspension")
 async def pause(
     services: Services, user_id: str, sandbox_id: str, *, reason: str = "api", label: str | None = None
 ) -> Sandbox:
-    async with transaction(services.sessions) as session:
-        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
-        if sandbox.status != SandboxStatus.RUNNING:
-            raise errors.InvalidState(f"sandbox is {sandbox.status}; only a running sandbox can be paused")
-        sandbox.status = SandboxStatus.PAUSING
-        host_id = sandbox.host_id
+    async with changing(services, sandbox_id) as session:
+        claimed = await claim(
+            session,
+            user_id,
+            sandbox_id,
+            expect=SandboxStatus.RUNNING,
+            to=SandboxStatus.PAUSING,
+            verb="paused",
+        )
+    host_id = claimed.host_id
 
     async def pause_on_host() -> None:
         await (await hostlink.for_host(services, host_id)).pause(sandbox_id)
@@ -56,6 +58,7 @@ async def pause(
         expect=(SandboxStatus.PAUSING,),
         on_success=paused,
         on_failure=failed,
+        plain=True,
     )
     assert outcome.row is not None  # a row is deleted only while ``creating``
     return outcome.row
@@ -83,18 +86,23 @@ def pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: str
 
 
 async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
-    async with transaction(services.sessions) as session:
+    async with changing(services, sandbox_id) as session:
         account = await accounts.lock_user(session, user_id)
-        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
-        if sandbox.status != SandboxStatus.PAUSED:
-            raise errors.InvalidState(f"sandbox is {sandbox.status}; only a paused sandbox can be resumed")
+        require_status(await owned(session, user_id, sandbox_id), SandboxStatus.PAUSED, "resumed")
         accounts.require_credit(account)
         plan = await accounts.cached_plan(session, account.plan_id)
         await accounts.check_quotas(
             session, plan, user_id, now=services.clock(), needs_slot=True, new_sandbox=False
         )
-        sandbox.status = SandboxStatus.RESUMING
-    host_id, disk_mib = sandbox.host_id, sandbox.disk_mib
+        claimed = await claim(
+            session,
+            user_id,
+            sandbox_id,
+            expect=SandboxStatus.PAUSED,
+            to=SandboxStatus.RESUMING,
+            verb="resumed",
+        )
+    host_id, disk_mib = claimed.host_id, claimed.disk_mib
 
     async def resume_on_host() -> None:
         await (await hostlink.for_host(services, host_id)).resume(sandbox_id, disk_mib=disk_mib)
@@ -122,6 +130,7 @@ async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
         expect=(SandboxStatus.RESUMING,),
         on_success=running,
         on_failure=failed,
+        plain=True,
     )
     if isinstance(outcome.error, hostlink.CapacityError):
         raise scheduler.no_capacity(f"host {host_id}: {outcome.error}") from None

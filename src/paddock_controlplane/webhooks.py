@@ -16,10 +16,10 @@ import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
-from sqlalchemy import delete, event, func, insert, select, update
+from sqlalchemy import Table, bindparam, delete, event, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
 
@@ -77,6 +77,17 @@ def subscribed(events: list[Any] | None, action: str) -> bool:
     return not events or action in events
 
 
+_ENDPOINTS = cast(Table, WebhookEndpoint.__table__)
+# Built once (every state change emits): the user's active endpoints. FOR KEY SHARE (PostgreSQL): an
+# endpoint deleted concurrently is either seen gone or waits for this transaction, so the new
+# deliveries never reference a vanished endpoint.
+_SUBSCRIBERS = (
+    select(_ENDPOINTS.c.id, _ENDPOINTS.c.events)
+    .where(_ENDPOINTS.c.user_id == bindparam("user_id"), _ENDPOINTS.c.active.is_(True))
+    .with_for_update(read=True, key_share=True)
+)
+
+
 async def emit(
     session: AsyncSession,
     *,
@@ -94,15 +105,8 @@ async def emit(
     if action not in ACTION_SET:
         raise ValueError(f"unknown webhook action {action!r}")
     when = as_utc(occurred_at) if occurred_at is not None else utcnow()
-    # FOR KEY SHARE (PostgreSQL): an endpoint deleted concurrently is either seen gone or waits for
-    # this transaction, so the new deliveries never reference a vanished endpoint.
-    rows = (
-        await session.execute(
-            select(WebhookEndpoint.id, WebhookEndpoint.events)
-            .where(WebhookEndpoint.user_id == user_id, WebhookEndpoint.active.is_(True))
-            .with_for_update(read=True, key_share=True)
-        )
-    ).all()
+    # Through the session, not its connection: the caller's pending ORM changes are flushed first.
+    rows = (await session.execute(_SUBSCRIBERS, {"user_id": user_id})).all()
     targets = [row.id for row in rows if subscribed(row.events, action)]
     if not targets:
         return

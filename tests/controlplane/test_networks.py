@@ -191,6 +191,21 @@ async def test_attach_later_and_detach(api: httpx.AsyncClient, fake_host: FakeHo
     fail(await api.delete(f"{path}/{net['id']}"), 404, "NOT_FOUND")  # no longer a member
 
 
+async def test_pause_and_resume_answer_with_the_memberships(api: httpx.AsyncClient) -> None:
+    # Pause and resume read the row and its memberships in one statement of their own (transition.py),
+    # not through the ORM's relationship: their answers must still list the networks, in join order.
+    net_a, net_b = await new_network(api, "a"), await new_network(api, "b")
+    sandbox = await new_sandbox(api, networks=[{"id": net_a["id"]}, {"id": net_b["id"]}])
+    assert [n["id"] for n in sandbox["networks"]] == [net_a["id"], net_b["id"]]
+    paused = ok(await api.post(f"/v1/sandboxes/{sandbox['id']}/pause"))
+    assert paused["status"] == "paused" and paused["networks"] == sandbox["networks"]
+    resumed = ok(await api.post(f"/v1/sandboxes/{sandbox['id']}/resume"))
+    assert resumed["status"] == "running" and resumed["networks"] == sandbox["networks"]
+    assert ok(await api.get(f"/v1/sandboxes/{sandbox['id']}"))["networks"] == sandbox["networks"]
+    alone = await new_sandbox(api, name="alone")
+    assert "networks" not in ok(await api.post(f"/v1/sandboxes/{alone['id']}/pause"))
+
+
 async def test_attach_needs_running_detach_works_while_paused(api: httpx.AsyncClient) -> None:
     net, other = await new_network(api, "a"), await new_network(api, "b")
     sandbox = await new_sandbox(api, networks=[{"id": net["id"]}])
