@@ -109,3 +109,31 @@ async def test_a_destroy_that_overtakes_a_pause_wins(plane: Plane, monkeypatch: 
     await plane.services.tasks.drain()
     final = (await plane.api.get(f"/v1/sandboxes/{sid}")).json()["data"]
     assert final["status"] == "destroyed" and "paused_at" not in final
+
+
+@pytest.mark.db
+async def test_concurrent_pauses_call_the_host_once(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pause claims the row with one conditional UPDATE (transition.claim): of pauses racing for one
+    # running sandbox exactly one gets it and calls the host; the others are told what it is now.
+    sid = (await plane.api.post("/v1/sandboxes", json={"shape": SHAPE})).json()["data"]["id"]
+    at_host, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_pause(sandbox_id: str) -> None:
+        plane.host.calls.append(("pause", sandbox_id))
+        at_host.set()
+        await release.wait()
+
+    monkeypatch.setattr(plane.host, "pause", slow_pause)
+    first = asyncio.create_task(plane.api.post(f"/v1/sandboxes/{sid}/pause"))
+    await asyncio.wait_for(at_host.wait(), 10)
+    others = await asyncio.gather(*(plane.api.post(f"/v1/sandboxes/{sid}/pause") for _ in range(3)))
+    assert [r.status_code for r in others] == [409, 409, 409]
+    assert {r.json()["data"]["message"] for r in others} == {
+        "sandbox is pausing; only a running sandbox can be paused"
+    }
+    release.set()
+    assert (await first).json()["data"]["status"] == "paused"
+    assert plane.host.calls.count(("pause", sid)) == 1
+    resumed = await asyncio.gather(*(plane.api.post(f"/v1/sandboxes/{sid}/resume") for _ in range(3)))
+    assert sorted(r.status_code for r in resumed) == [200, 409, 409]
+    assert plane.host.calls.count(("resume", sid)) == 1
