@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -39,13 +40,22 @@ def guest(guest_binary_dir: Path, tmp_path: Path) -> Iterator[tuple[GuestClient,
     socket_path = tmp_path / "g.sock"
     process = subprocess.Popen([str(guest_binary_dir / BINARY_NAME), "--listen", str(socket_path)])
     deadline = time.monotonic() + 5
-    while not socket_path.exists() and time.monotonic() < deadline:
-        time.sleep(0.005)
+    while not _listening(socket_path) and time.monotonic() < deadline:
+        time.sleep(0.005)  # the socket's file exists from bind(), before listen() takes connections
     try:
         yield GuestClient(socket_path), process
     finally:
         process.kill()
         process.wait()
+
+
+def _listening(socket_path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(socket_path))
+        except OSError:
+            return False
+    return True
 
 
 async def run(client: GuestClient, request: ExecRequest) -> tuple[bytes, bytes, list[object]]:
@@ -186,8 +196,17 @@ async def test_files_round_trip_byte_exact(guest: tuple[GuestClient, object], tm
     assert await client.write_file(target, chunks_of(data)) == len(data)
     async with client.read_file(target) as download:
         assert download.size == len(data)
-        assert b"".join([chunk async for chunk in download]) == data
+        chunks = [chunk async for chunk in download]
+    assert b"".join(chunks) == data
+    # in frames of the protocol's largest size, each handled once by the host agent
+    assert [len(chunk) for chunk in chunks] == [1 << 20] * 3 + [2000]
     assert (tmp_path / "blob.bin").stat().st_mode & 0o777 == 0o644
+
+    async def one_chunk() -> AsyncIterator[bytes]:
+        yield data  # over the largest frame: split into several on the way
+
+    assert await client.write_file(target, one_chunk()) == len(data)
+    assert (tmp_path / "blob.bin").read_bytes() == data
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".paddock-upload")]
 
 

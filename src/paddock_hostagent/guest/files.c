@@ -194,10 +194,13 @@ int handle_read(int sock, const unsigned char *payload, uint32_t len) {
     unsigned char sz[8];
     put_u64(sz, size);
     if (send_frame(sock, FR_SIZE, sz, sizeof sz) < 0) { close(fd); return -1; }
-    unsigned char *buf = malloc(IO_CHUNK);
+    /* Frames as large as the protocol allows: the host handles each frame in Python, so four times
+     * fewer of them cost it a quarter of the per-frame work. */
+    unsigned char *buf = malloc(MAX_DATA_PAYLOAD);
+    if (!buf) { close(fd); return send_error(sock, E_IO, "read %s: out of memory", path); }
     uint64_t sent = 0;
     for (;;) {
-        size_t want = IO_CHUNK;
+        size_t want = MAX_DATA_PAYLOAD;
         if (size != UINT64_MAX) {
             if (sent >= size) break;
             if (size - sent < want) want = (size_t)(size - sent);

@@ -165,7 +165,13 @@ def encode_path_request(frame_type: Frame, path: str) -> bytes:
     return frame(frame_type, _string(path))
 
 
-def chunked_frames(frame_type: Frame, chunk: bytes) -> bytes:
-    """Splits a chunk into DATA or STDIN frames no larger than the guest accepts."""
+def chunked_frames(frame_type: Frame, chunk: bytes) -> list[bytes | memoryview]:
+    """A chunk as DATA or STDIN frames no larger than the guest accepts: headers and views of the
+    chunk, to be written as they are (``writelines``), so its bytes are never copied into frames."""
     step = MAX_DATA_PAYLOAD_BYTES
-    return b"".join(frame(frame_type, chunk[i : i + step]) for i in range(0, len(chunk), step))
+    view = memoryview(chunk)
+    parts: list[bytes | memoryview] = []
+    for start in range(0, len(view), step):
+        piece = view[start : start + step]
+        parts += (HEADER.pack(frame_type, len(piece)), piece)
+    return parts

@@ -3,6 +3,7 @@
 
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 
 int64_t now_ms(void) {
@@ -32,6 +33,31 @@ int write_all(int fd, const void *buf, size_t len) {
         }
         p += n;
         len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Sends every byte of ``iov`` (it is consumed), as ``write_all`` does for one buffer. */
+static int writev_all(int fd, struct iovec *iov, int count) {
+    while (count > 0) {
+        struct msghdr msg = {0};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)count;
+        ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (n < 0 && errno == ENOTSOCK) n = writev(fd, iov, count);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        while (count > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++;
+            count--;
+        }
+        if (count > 0) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
     }
     return 0;
 }
@@ -74,8 +100,9 @@ int send_frame(int fd, uint8_t type, const void *payload, uint32_t len) {
         memcpy(buf + 5, payload, len);
         return write_all(fd, buf, 5 + len);
     }
-    if (write_all(fd, hdr, 5) < 0) return -1;
-    return len ? write_all(fd, payload, len) : 0;
+    /* Header and payload in one system call: a DATA frame of a download is one send, not two. */
+    struct iovec iov[2] = {{hdr, 5}, {(void *)payload, len}};
+    return writev_all(fd, iov, len ? 2 : 1);
 }
 
 int send_error(int fd, uint32_t code, const char *fmt, ...) {
