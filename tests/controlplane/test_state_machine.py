@@ -137,3 +137,32 @@ async def test_concurrent_pauses_call_the_host_once(plane: Plane, monkeypatch: p
     resumed = await asyncio.gather(*(plane.api.post(f"/v1/sandboxes/{sid}/resume") for _ in range(3)))
     assert sorted(r.status_code for r in resumed) == [200, 409, 409]
     assert plane.host.calls.count(("resume", sid)) == 1
+
+
+@pytest.mark.db
+async def test_a_host_failure_is_recorded_with_its_reason(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = (await plane.api.post("/v1/sandboxes", json={"shape": SHAPE})).json()["data"]["id"]
+
+    async def no_room(sandbox_id: str, *, disk_mib: int) -> None:
+        raise hostlink.CapacityError("host is full")
+
+    async def broken(sandbox_id: str, *, disk_mib: int = 0) -> None:
+        raise hostlink.HostError("runtime exploded")
+
+    # Resume refused for capacity: 503, and the sandbox stays paused, intact.
+    assert (await plane.api.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+    monkeypatch.setattr(plane.host, "resume", no_room)
+    refused = await plane.api.post(f"/v1/sandboxes/{sid}/resume")
+    assert refused.status_code == 503, refused.text
+    assert (await plane.api.get(f"/v1/sandboxes/{sid}")).json()["data"]["status"] == "paused"
+    # Any other failure of the host: the sandbox is in error, and says why.
+    monkeypatch.setattr(plane.host, "resume", broken)
+    failed = (await plane.api.post(f"/v1/sandboxes/{sid}/resume")).json()["data"]
+    assert failed["status"] == "error" and failed["status_reason"] == "resume failed on the host"
+    other = (await plane.api.post("/v1/sandboxes", json={"shape": SHAPE})).json()["data"]["id"]
+    monkeypatch.setattr(plane.host, "pause", broken)
+    failed = (await plane.api.post(f"/v1/sandboxes/{other}/pause")).json()["data"]
+    assert failed["status"] == "error" and failed["status_reason"] == "pause failed on the host"
+    assert (await plane.api.get(f"/v1/sandboxes/{other}")).json()["data"]["status"] == "error"
