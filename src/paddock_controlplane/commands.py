@@ -26,6 +26,7 @@ HEARTBEAT_S = 5.0
 # Set by the host agent when a buffered stream was cut at its cap (4 MiB each): the command ran to its
 # end, the rest of its output was dropped. ``stream: true`` returns everything.
 TRUNCATION_FLAGS = ("stdout_truncated", "stderr_truncated")
+UPLOAD_PIECE_BYTES = 1 << 20
 
 
 async def prepare_exec(
@@ -133,12 +134,22 @@ async def upload(
     received = 0
 
     async def capped() -> AsyncIterator[bytes]:
+        """The body in pieces of at least ``UPLOAD_PIECE_BYTES`` (the server hands it over as read
+        from the socket, often 64 KiB): each piece costs the host client a chunk's framing and a send."""
         nonlocal received
+        pending: list[bytes] = []
+        pending_bytes = 0
         async for chunk in body:
             received += len(chunk)
             if received > limit:
                 raise errors.PayloadTooLarge(f"upload is over the {limit}-byte limit")
-            yield chunk
+            pending.append(chunk)
+            pending_bytes += len(chunk)
+            if pending_bytes >= UPLOAD_PIECE_BYTES:
+                yield b"".join(pending)
+                pending, pending_bytes = [], 0
+        if pending_bytes:
+            yield b"".join(pending)
 
     with Inflight(services, sandbox.id):
         result = await link.upload(sandbox.id, path, capped())
