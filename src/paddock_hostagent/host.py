@@ -166,6 +166,7 @@ def network_manager(settings: HostAgentSettings) -> NetworkManager:
         settings.nft_table,
         settings.dns_servers,
         settings.egress_gso_max_segs,
+        settings.egress_deny_cidrs,
     )
 
 

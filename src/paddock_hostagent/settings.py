@@ -12,6 +12,18 @@ from pydantic_settings import SettingsConfigDict
 
 from paddock_core.settings import DEFAULT_DATA_DIR, ServiceSettings
 
+#: Where sandboxes may never open connections unless the operator says otherwise: the address space a
+#: host's own network, its peers and the operator's services live in (RFC 1918, CGNAT), and what is
+#: never a destination (0/8, multicast and reserved).
+DEFAULT_EGRESS_DENY = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/3",
+)
+
 # The sandbox runtime of this agent: an OCI runtime (drivers/oci.py). ``auto`` picks crun, else runc
 # (the container tier); ``runsc`` is gVisor (docs/isolation.md). host.choose_runtime resolves it and
 # host.ISOLATION maps it to the tier advertised as the ``paddock.io/isolation`` label.
@@ -52,6 +64,10 @@ class HostAgentSettings(ServiceSettings):
     nft_table: str = "paddock"
     # The control plane's private-network pool: routed traffic into it is dropped (members use bridges).
     private_network_pool: str = "10.96.0.0/11"
+    # Where no sandbox may open a connection, whatever its allowlist: comma-separated IPv4 CIDRs; empty
+    # allows all. The default is private address space (RFC 1918, CGNAT), where the hosts, the control
+    # planes and the operator's other services are (drivers/network.py, docs/egress.md).
+    egress_deny: str = ",".join(DEFAULT_EGRESS_DENY)
     dns_servers: list[str] = Field(default_factory=list)
     # Where the sandboxes' resolver forwards allowed queries: comma-separated ``ip`` or ``ip:port``;
     # empty means DNS_SERVERS, else the host's /etc/resolv.conf.
@@ -105,6 +121,18 @@ class HostAgentSettings(ServiceSettings):
         if network.prefixlen > 29:
             raise ValueError("subnet must leave room for sandboxes (/29 or larger)")
         return str(network)
+
+    @field_validator("egress_deny")
+    @classmethod
+    def _valid_deny(cls, value: str) -> str:
+        networks = [
+            ipaddress.IPv4Network(part.strip(), strict=False) for part in value.split(",") if part.strip()
+        ]
+        return ",".join(str(network) for network in ipaddress.collapse_addresses(networks))
+
+    @property
+    def egress_deny_cidrs(self) -> tuple[str, ...]:
+        return tuple(part for part in self.egress_deny.split(",") if part)
 
     @field_validator("nft_table")
     @classmethod

@@ -6,8 +6,12 @@ rules that cannot be bypassed by dialling an address, and inbound connections th
 
 from __future__ import annotations
 
+import random
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -185,3 +189,78 @@ def test_the_resolver_answers_over_tcp_too(api: httpx.Client, internet: FakeInte
     assert resolved["stdout"].split()[0] == internet.address("api.example.test")
     assert fetch(api, sid, "api.example.test") == "api.example.test:80"
     assert fetch(api, sid, "other.example.test") == CURL_DNS_FAILED
+
+
+@pytest.fixture
+def private_server(internet: FakeInternet) -> Iterator[str]:
+    """An HTTP server at a private (RFC 1918) address beyond the host, as another machine of the
+    operator's network would be: in the fake internet's namespace, routed from the host like it."""
+    address = f"10.253.{random.randrange(1, 255)}.{random.randrange(2, 255)}"
+    inside = str(internet.subnet.network_address + 2)
+    subprocess.run(["ip", "-n", internet.netns, "addr", "add", f"{address}/32", "dev", "eth0"], check=True)
+    subprocess.run(["ip", "route", "add", f"{address}/32", "via", inside], check=True)
+    server = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            internet.netns,
+            sys.executable,
+            "-m",
+            "http.server",
+            "8000",
+            "--bind",
+            address,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # the host itself reaches it: what refuses a sandbox below is the sandbox's guard
+            try:
+                socket.create_connection((address, 8000), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the private server never listened"
+                time.sleep(0.1)
+        yield address
+    finally:
+        server.kill()
+        server.wait()
+        subprocess.run(["ip", "route", "del", f"{address}/32"], check=False)
+        subprocess.run(
+            ["ip", "-n", internet.netns, "addr", "del", f"{address}/32", "dev", "eth0"], check=False
+        )
+
+
+CURL_CONNECTION_REFUSED = "error 7"
+
+
+def test_private_addresses_beyond_the_host_are_refused_whatever_the_allowlist(
+    api: httpx.Client, internet: FakeInternet, private_server: str
+) -> None:
+    sid = create(api)["id"]
+    assert fetch(api, sid, "api.example.test") == "api.example.test:80", (
+        "an open sandbox reaches the internet"
+    )
+    # Refused at once by the host (a TCP reset: curl's 7), not lost on the way (a timeout would be 28).
+    assert fetch(api, sid, private_server, 8000) == CURL_CONNECTION_REFUSED
+    api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": [private_server]}).raise_for_status()
+    assert fetch(api, sid, private_server, 8000) == CURL_CONNECTION_REFUSED, (
+        "no allowlist opens the operator's ranges"
+    )
+
+
+def test_no_sandbox_can_send_to_a_vxlan_port(api: httpx.Client, internet: FakeInternet) -> None:
+    """Other hosts take VXLAN from this host's address, which a sandbox's packets leave with: one sent to
+    4789 could inject frames into a private network there. The host refuses it (ICMP admin-prohibited,
+    which the sandbox reads as "no route to host"); the next port goes through to the far end, which
+    has nothing there (port unreachable: "connection refused")."""
+    sid = create(api)["id"]
+    target = internet.address("raw-a")
+    script = "exec 3<>/dev/udp/{target}/{port}; echo x >&3; sleep 0.5; echo x >&3 && echo delivered"
+    vxlan = sh(api, sid, script.format(target=target, port=4789))
+    assert "No route to host" in vxlan["stderr"], vxlan
+    other = sh(api, sid, script.format(target=target, port=4790))
+    assert "Connection refused" in other["stderr"], other

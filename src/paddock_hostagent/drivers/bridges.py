@@ -47,12 +47,11 @@ from typing import Any
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.commands import run_sync
 from paddock_hostagent.drivers.linkdump import links_of_kind
-from paddock_hostagent.drivers.network import NETNS_DIR, VETH_PREFIX, netns_sysctl
+from paddock_hostagent.drivers.network import NETNS_DIR, VETH_PREFIX, VXLAN_PORT, netns_sysctl
 
 BRIDGE_PREFIX = "pb"
 PORT_PREFIX = "pv"
 OVERLAY_PREFIX = "px"
-VXLAN_PORT = 4789
 MEMBER_MTU = 1450
 ZERO_MAC = "00:00:00:00:00:00"
 FIRST_IFNAME_INDEX = 1  # eth0 is the default network

@@ -17,7 +17,9 @@ sandboxes — whatever their egress rules::
                    the host opened (ingress proxy); everything else is refused — every host address,
                    on any interface, 127.0.0.0/8 under route_localnet, 169.254.169.254 if local
     sandbox_forward (forward) link-local (cloud metadata) and flows something on the host DNATs
-                   (published ports of the host's own services): refused, allowlist or not
+                   (published ports of the host's own services): refused, allowlist or not; new
+                   connections to the operator's denied ranges (``egress_deny``; settings.py's
+                   default is private address space) and to any VXLAN port: refused, allowlist or not
 
 A veth and its address enter the sets before the link exists, so no sandbox ever sends unguarded.
 IPv6 is off for sandboxes: ``default.disable_ipv6`` in the namespace before its interfaces exist
@@ -51,6 +53,10 @@ from paddock_hostagent.drivers.nftlib import Nft
 NETNS_DIR = Path("/run/netns")
 VETH_PREFIX = "pdk"
 LINK_LOCAL = "169.254.0.0/16"
+#: Private networks' VXLAN between hosts (bridges.py). A sandbox's packets leave masqueraded as its
+#: host, which other hosts accept VXLAN from: one sent to this port could inject frames into another
+#: tenant's private network there, so no sandbox may send to it, wherever it points.
+VXLAN_PORT = 4789
 CLONE_NEWNET = 0x40000000
 
 #: Written in every sandbox's namespace before its interfaces exist (relative to /proc/sys/net).
@@ -171,10 +177,17 @@ def disable_host_ipv6(ifname: str) -> None:
 
 class NetworkManager:
     def __init__(
-        self, subnet: str, state_dir: Path, nft_table: str, dns_servers: list[str], gso_max_segs: int = 1
+        self,
+        subnet: str,
+        state_dir: Path,
+        nft_table: str,
+        dns_servers: list[str],
+        gso_max_segs: int = 1,
+        egress_deny: tuple[str, ...] = (),
     ) -> None:
         self.addresses = AddressAllocator(subnet, state_dir)
         self.gso_max_segs = gso_max_segs
+        self.egress_deny = egress_deny
         self.subnet = subnet
         self.nft_table = nft_table
         self.dns_servers = dns_servers
@@ -194,12 +207,14 @@ class NetworkManager:
         owners = self.addresses.owners()
         table = f"table ip {self.nft_table}"
         refuse = "meta l4proto tcp reject with tcp reset\n        reject with icmp type admin-prohibited"
+        denied = f"elements = {{ {', '.join(self.egress_deny)} }}" if self.egress_deny else ""
         ruleset = f"""
 add {table}
 flush {table}
 {table} {{
     set veths {{ type ifname; }}
     set sources {{ type ifname . ipv4_addr; }}
+    set denied {{ type ipv4_addr; flags interval; {denied} }}
     chain postrouting {{
         type nat hook postrouting priority srcnat; policy accept;
         ip saddr {self.subnet} oifname != "{VETH_PREFIX}*" masquerade
@@ -225,6 +240,8 @@ flush {table}
         iifname != @veths accept
         ip daddr {LINK_LOCAL} goto refuse
         ct status dnat goto refuse
+        udp dport {VXLAN_PORT} goto refuse
+        ct state new ip daddr @denied goto refuse
     }}
     chain refuse {{
         {refuse}
