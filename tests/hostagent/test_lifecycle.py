@@ -169,6 +169,35 @@ async def test_fork_of_a_paused_sandbox_leaves_it_paused(host: HostAgentClient, 
     assert (await run(host, child_id, "cat", "/root/note"))["stdout"] == "kept\n"
 
 
+async def test_a_fork_sees_its_source_while_another_mount_namespace_holds_the_warm_slots_disk(
+    host: HostAgentClient, sandboxes: Sandboxes
+) -> None:
+    """A container starting on this host (any agent's) copies the host's mounts, the warm slots' empty
+    disks among them, and holds them until it has switched roots. A fork that reuses such a slot's
+    loop device would mount that still-living empty filesystem instead of its clone; it must see its
+    source's files whatever holds the old mount."""
+    source = await sandboxes.create()
+    await sh(host, source["id"], "echo kept > /root/note")
+    deadline = time.monotonic() + 30
+    while (await host.info()).warm_slots < 1:
+        assert time.monotonic() < deadline, "the warm pool did not refill"
+        await asyncio.sleep(0.05)
+    holder = await asyncio.create_subprocess_exec(
+        "unshare", "--mount", "--propagation", "private", "sleep", "60"
+    )
+    try:
+        await asyncio.sleep(0.3)  # the namespace holds its copy of every mount by now
+        child_id = f"{source['id']}-fork"
+        sandboxes.track(child_id)
+        await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="held", start_paused=False))
+        assert (await run(host, child_id, "cat", "/root/note"))["stdout"] == "kept\n"
+        await sh(host, child_id, "echo mine > /root/note")
+        assert (await run(host, source["id"], "cat", "/root/note"))["stdout"] == "kept\n"
+    finally:
+        holder.kill()
+        await holder.wait()
+
+
 async def test_resize_grows_the_filesystem_live(host: HostAgentClient, sandboxes: Sandboxes) -> None:
     created = await sandboxes.create(disk_mib=2048)
     await sh(host, created["id"], "echo before > /root/file")

@@ -220,6 +220,15 @@ async def replace_image(source: Path, source_mount: Path, disk: Disk) -> None:
         asyncio.to_thread(mounts.unmount, disk.mount_dir),
         asyncio.to_thread(mounts.sync_filesystem, source_mount),
     )
+    if disk.loop_device and not await _released(disk.loop_device):
+        # Another mount namespace still holds the slot's old filesystem: a container that started
+        # while it was mounted copied the host's mounts and has not dropped them yet. Its superblock
+        # would be found again by the fork's mount (the fork would see the empty disk), and its last
+        # writes would land in the clone. The clone gets a file and a loop device of its own; the old
+        # device lets go of the old file when that namespace does.
+        await loops.detach(disk.loop_device)
+        disk.loop_device = ""
+        target.unlink(missing_ok=True)
     try:
         await asyncio.to_thread(clone_file, source, target)
     except OSError as exc:
@@ -230,6 +239,23 @@ async def replace_image(source: Path, source_mount: Path, disk: Disk) -> None:
             await run(["cp", "--sparse=always", "--reflink=auto", str(source), str(target)])
         finally:
             mounts.thaw_filesystem(source_mount)
+
+
+async def _released(device: str, wait_s: float = 0.05) -> bool:
+    """Whether nothing holds ``device`` any more (no filesystem on it in any mount namespace: an
+    exclusive open succeeds), waiting up to ``wait_s`` for it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        try:
+            os.close(os.open(device, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC))
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise DriverError(f"opening {device}: {exc}") from exc
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.005)
 
 
 def forget_old_image(disk: Disk) -> None:
