@@ -28,8 +28,8 @@ REREAD_S = 0.25
 WAIT_FOR_RUNNING_S = 30.0
 
 
-# The caller's sandbox by id, built once with the values bound per call (``get_owned`` and the
-# running-sandbox lookup are on every pause, resume and command).
+# The caller's sandbox by id, built once with the values bound per call (the running-sandbox lookup
+# is on every command; pause and resume read theirs with plain statements, ``transition.py``).
 _OWNED = select(Sandbox).where(Sandbox.id == bindparam("sandbox_id"), Sandbox.user_id == bindparam("user_id"))
 _OWNED_FOR_UPDATE = _OWNED.with_for_update()
 
