@@ -2,8 +2,9 @@
 
 A slot is a directory (``<state>/slots/<slot id>``) with a formatted disk image attached to a loop
 device and mounted, plus a network namespace with its veth pair and address. Preparing one takes
-~100 ms (mkfs, loop, mount, netns); a create that finds one ready only mounts the overlay and starts
-the runtime. The pool refills in the background, one slot at a time.
+~100 ms (a clone of a blank disk, loop, mount; the netns and veth built beside them); a create that
+finds one ready only mounts the overlay and starts the runtime. The pool refills in the background,
+one slot at a time, between bursts of boots (``WarmPool``).
 
 A slot's ``slot.json`` records its parts, so an agent restart can find and remove slots that no
 sandbox owns.
