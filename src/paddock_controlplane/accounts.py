@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import time
 from dataclasses import dataclass
+from typing import cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from paddock_controlplane.models import ApiKey, CreditEntry, Plan, Sandbox, User
@@ -141,6 +142,30 @@ class LockedUser:
     credits_micro: int
 
 
+# The per-request account statements, built once and on the table rather than the mapped class: an ORM
+# ``update(User)`` also re-synchronises the session's User objects on every call, which cost more than
+# the statement itself (~0.7 ms against ~0.25 ms on SQLite, in every create, resume and billed pause).
+# Nothing holds a User object across these, so there is nothing to synchronise.
+_USERS = cast(Table, User.__table__)
+_LOCK_USER = (
+    update(_USERS)
+    .where(_USERS.c.id == bindparam("user_id"))
+    .values(lock_version=_USERS.c.lock_version + 1)
+    .returning(_USERS.c.plan_id, _USERS.c.credits_micro)
+)
+_ADD_CREDITS = (
+    update(_USERS)
+    .where(_USERS.c.id == bindparam("user_id"))
+    .values(credits_micro=_USERS.c.credits_micro + bindparam("amount_micro"))
+)
+_LIVE_COUNT = select(func.count()).where(
+    Sandbox.user_id == bindparam("user_id"), Sandbox.status.in_(TOWARD_RUNNING)
+)
+_CREATED_SINCE = select(func.count()).where(
+    Sandbox.user_id == bindparam("user_id"), Sandbox.created_at >= bindparam("since")
+)
+
+
 async def lock_user(session: AsyncSession, user_id: str) -> LockedUser:
     """Serialise quota checks per user on both engines; returns the user's plan and balance.
 
@@ -148,14 +173,7 @@ async def lock_user(session: AsyncSession, user_id: str) -> LockedUser:
     write lock, so two concurrent creates cannot both read the same count and both pass. RETURNING
     (PostgreSQL, SQLite >= 3.35) saves the reads that used to follow.
     """
-    row = (
-        await session.execute(
-            update(User)
-            .where(User.id == user_id)
-            .values(lock_version=User.lock_version + 1)
-            .returning(User.plan_id, User.credits_micro)
-        )
-    ).first()
+    row = (await session.execute(_LOCK_USER, {"user_id": user_id})).first()
     if row is None:
         raise errors.NotFound(f"user {user_id} not found")
     return LockedUser(plan_id=str(row.plan_id), credits_micro=int(row.credits_micro))
@@ -184,9 +202,7 @@ async def add_credits(
     session: AsyncSession, user_id: str, amount_micro: int, *, kind: str, ref: str | None = None
 ) -> None:
     session.add(CreditEntry(user_id=user_id, amount_micro=amount_micro, kind=kind, ref=ref))
-    await session.execute(
-        update(User).where(User.id == user_id).values(credits_micro=User.credits_micro + amount_micro)
-    )
+    await session.execute(_ADD_CREDITS, {"user_id": user_id, "amount_micro": amount_micro})
 
 
 async def balance_micro(session: AsyncSession, user_id: str) -> int:
@@ -232,15 +248,11 @@ async def check_quotas(
 ) -> None:
     """Concurrent and daily sandbox caps; the caller holds the user lock (§14.2)."""
     if needs_slot:
-        live = await session.scalar(
-            select(func.count()).where(Sandbox.user_id == user_id, Sandbox.status.in_(TOWARD_RUNNING))
-        )
+        live = await session.scalar(_LIVE_COUNT, {"user_id": user_id})
         if int(live or 0) >= plan.concurrent_sandboxes:
             raise errors.QuotaExceeded(f"concurrent sandbox cap reached: limit {plan.concurrent_sandboxes}")
     if new_sandbox:
-        today = await session.scalar(
-            select(func.count()).where(Sandbox.user_id == user_id, Sandbox.created_at >= day_start(now))
-        )
+        today = await session.scalar(_CREATED_SINCE, {"user_id": user_id, "since": day_start(now)})
         if int(today or 0) >= plan.sandboxes_per_day:
             raise errors.QuotaExceeded(f"daily sandbox cap reached: limit {plan.sandboxes_per_day} per day")
 
