@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from bench.stats import Samples
+from paddock._blocking import BytesBody
 
 EXECS_PER_ROUND = 10  # after the first command of a new sandbox, which is its own row
 SHAPE = "s-1vcpu-256mb"
@@ -274,7 +275,15 @@ class HostAgentLifecycle:
     def files(self, sandbox_id: str, label: str, path: str, data: bytes) -> None:
         with self.samples.time(label):
             with self.samples.time(label + "_write"):
-                self.call("PUT", f"sandboxes/{sandbox_id}/files", params={"path": path}, content=data)
+                # As the SDK sends it (slices under a Content-Length): httpx's sync transport handed one
+                # 100 MB bytes object copies what is left after every send, which measured the client.
+                self.call(
+                    "PUT",
+                    f"sandboxes/{sandbox_id}/files",
+                    params={"path": path},
+                    content=BytesBody(data),
+                    headers={"Content-Length": str(len(data))},
+                )
             with self.samples.time(label + "_read"):
                 back = self.http.get(f"sandboxes/{sandbox_id}/files", params={"path": path}).content
         if back != data:
