@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from bench.lifecycle import DISK_MIB, SHAPE, SHAPE_MIB, BenchError, RawRuntimeLifecycle
+from bench.lifecycle import AGENT_SPEC, DISK_MIB, SHAPE, BenchError, RawRuntimeLifecycle
 from bench.stats import summarize
 
 # A burst stays under the bench key's cap of 30 live sandboxes (its plan's quota): every sandbox of a
@@ -124,15 +124,8 @@ class _AgentBurst:
 
     def one(self, index: int) -> None:
         sandbox_id = f"{self.tag}-{index}"
-        spec = {
-            "rootfs": "debian:13",
-            "vcpu": 1,
-            "mem_mib": SHAPE_MIB,
-            "cpu_quota_pct": None,
-            "disk_mib": DISK_MIB,
-        }
         self.live.append(sandbox_id)
-        self.call("POST", "sandboxes", json={"id": sandbox_id, "name": f"burst-{index}", **spec})
+        self.call("POST", "sandboxes", json={"id": sandbox_id, "name": f"burst-{index}", **AGENT_SPEC})
         body = {"cmd": "true", "args": [], "env": {}, "stream": False}
         if self.call("POST", f"sandboxes/{sandbox_id}/exec", json=body)["exit_code"] != 0:
             raise BenchError("host agent: `true` failed")

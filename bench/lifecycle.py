@@ -39,6 +39,14 @@ EXECS_PER_ROUND = 10  # after the first command of a new sandbox, which is its o
 SHAPE = "s-1vcpu-256mb"
 SHAPE_MIB = 256
 DISK_MIB = 2048  # the bench agent's warm-pool disk size: creates of this size take a warm slot
+#: The same sandbox as ``SHAPE`` asked of the host agent's internal API (what the control plane sends).
+AGENT_SPEC = {
+    "rootfs": "debian:13",
+    "vcpu": 1,
+    "mem_mib": SHAPE_MIB,
+    "cpu_quota_pct": None,
+    "disk_mib": DISK_MIB,
+}
 SMALL = os.urandom(1 << 20)
 BIG_MIB = 100
 BIG = os.urandom(BIG_MIB << 20)
@@ -292,13 +300,7 @@ class HostAgentLifecycle:
     def round(self, index: int) -> None:
         s = self.samples
         parent, child = f"sb-bench-agent-{os.getpid()}-{index}", f"sb-bench-agent-{os.getpid()}-{index}-fork"
-        spec = {
-            "rootfs": "debian:13",
-            "vcpu": 1,
-            "mem_mib": SHAPE_MIB,
-            "cpu_quota_pct": None,
-            "disk_mib": DISK_MIB,
-        }
+        spec = AGENT_SPEC
         self.wait_pool()
         try:
             with s.time("create"):
