@@ -245,6 +245,10 @@ def markdown(results: dict[str, Any]) -> str:
             f"| destroy, until the API answers (reclaim goes on in the background) | "
             f"{spread(dens['timings'].get('destroy'))} ms |",
         ]
+        if "reclaim_all_s" in dens:
+            out.append(
+                f"| all {dens['created']:,} destroyed, until the host holds none | {dens['reclaim_all_s']:.1f} s |"
+            )
         for mark, stats in dens.get("create_at_live", {}).items():
             how = "created and destroyed beside the first" if int(mark) == 1 else "the creates just before"
             out.append(f"| create at {int(mark):,} live ({how}) | {spread(stats)} ms |")

@@ -229,11 +229,12 @@ def teardown_agent(agent: AgentProcess) -> None:
     report_agent_errors(agent)
     sandbox_ids = [path.stem for path in (agent.state_dir / "sandboxes").glob("*.json")]
     if agent.process is not None and agent.process.poll() is None:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        held: list[dict[str, Any]] = []
         with contextlib.suppress(httpx.HTTPError):
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            for sandbox in httpx.get(
-                agent.url + "/internal/v1/sandboxes", headers=headers, timeout=30
-            ).json():
+            held = httpx.get(agent.url + "/internal/v1/sandboxes", headers=headers, timeout=30).json()
+        for sandbox in held:  # one that fails to go is reported below with what it left
+            with contextlib.suppress(httpx.HTTPError):
                 httpx.delete(
                     f"{agent.url}/internal/v1/sandboxes/{sandbox['id']}", headers=headers, timeout=60
                 )
