@@ -205,15 +205,17 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
     refused: dict[str, str] = {}
     while True:  # ends: every refusal excludes one more host
         try:
-            booted = await boot(services, sandbox, start_paused=spec.start_paused)
+            booted = await boot(services, sandbox, start_paused=spec.start_paused, joined=bool(joined))
         except HostFullError as full:
             log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
             refused[full.host_id] = full.reason
             sandbox = await _place_elsewhere(services, sandbox, placement, refused)
             continue
         # The disks it named are mounted once it runs, before the answer; a failed mount is reported
-        # on its attachment (``mount_status``) and never fails the create.
-        await disks.mount_all(services, booted)
+        # on its attachment (``mount_status``) and never fails the create. A create that named none
+        # has none (a disk is attached later only to a running sandbox): no read to find out.
+        if attached:
+            await disks.mount_all(services, booted)
         return booted
 
 
@@ -261,9 +263,19 @@ async def _place_elsewhere(
 
 
 async def boot(
-    services: Services, sandbox: Sandbox, *, start_paused: bool, fork_of: Sandbox | None = None
+    services: Services,
+    sandbox: Sandbox,
+    *,
+    start_paused: bool,
+    fork_of: Sandbox | None = None,
+    joined: bool = True,
 ) -> Sandbox:
     """Start ``sandbox`` on its host and record the outcome; a failure leaves it ``failed`` (500).
+
+    ``joined=False`` says the sandbox joined no network (a create that named none: a network is
+    attached later only to a running sandbox), so its memberships are not read before the host call,
+    and the outcome, which then changes the sandbox's own columns only (and the webhook outbox), is
+    recorded with plain statements (``settle(plain=True)``), as a pause's is.
 
     A host without room for a new (not forked) sandbox raises :class:`HostFullError` and records
     nothing, so the create can go elsewhere. A fork has no elsewhere (it copies its source's disk on
@@ -276,7 +288,7 @@ async def boot(
         if fork_of is None:  # a template's image this host lacks comes first (not within the boot time)
             await templates.ensure_image(services, link, str(sandbox.host_id), sandbox.rootfs)
         async with asyncio.timeout(services.settings.boot_timeout_s):
-            memberships = await networks.boot_memberships(services, sandbox.id)
+            memberships = await networks.boot_memberships(services, sandbox.id) if joined else []
             if fork_of is None:
                 try:
                     booted = await link.create(sandbox, start_paused=start_paused, networks=memberships)
@@ -293,7 +305,7 @@ async def boot(
         now = services.clock()
         row.ip = booted.ip
         row.spawn_ms = spawn_ms
-        await networks.activate_all(session, row.id)
+        networks.activate_all(row)  # none when not ``joined``: a plain row's would not be written
         if row.status == SandboxStatus.DESTROYING:  # destroyed while booting
             return
         if start_paused:
@@ -319,6 +331,7 @@ async def boot(
         on_success=started_on_host,
         on_failure=failed,
         failures=(hostlink.HostError, TimeoutError),
+        plain=not joined,
     )
     if outcome.error is not None:
         reason = _boot_failure(sandbox, outcome.error)

@@ -293,11 +293,11 @@ async def host_specs(session: AsyncSession, sandbox_id: str) -> list[dict[str, A
     return [host_spec(member, network) for member, network in rows]
 
 
-async def activate_all(session: AsyncSession, sandbox_id: str) -> None:
-    members = (
-        await session.scalars(select(NetworkMember).where(NetworkMember.sandbox_id == sandbox_id))
-    ).all()
-    for member in members:
+def activate_all(sandbox: Sandbox) -> None:
+    """The booted sandbox's memberships become active. ``sandbox`` is its session's row: its
+    memberships were loaded with it (selectin) as the session's own objects, so the change is flushed
+    with the transaction, and no second read of them is needed."""
+    for member in sandbox.memberships:
         member.status = "active"
 
 
