@@ -20,7 +20,7 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, select
+from sqlalchemy import bindparam, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.models import Host, Sandbox
@@ -50,16 +50,23 @@ class Held:
     since_report_mib: int
 
 
+# Every create runs these: built once (building and keying a statement costs about what SQLite takes
+# to run it), the host ids an expanding parameter.
+_SINCE_REPORT = case((Sandbox.created_at > Host.last_heartbeat_at, Sandbox.mem_mib), else_=0)
+_HELD = (
+    select(Sandbox.host_id, func.sum(Sandbox.mem_mib), func.sum(_SINCE_REPORT))
+    .join(Host, Host.id == Sandbox.host_id)
+    .where(Sandbox.host_id.in_(bindparam("host_ids", expanding=True)), Sandbox.status.in_(HOLDING_MEMORY))
+    .group_by(Sandbox.host_id)
+)
+_ACTIVE_HOSTS = select(Host).where(Host.status == "active").order_by(Host.id).with_for_update()
+_ACTIVE_HOST = _ACTIVE_HOSTS.where(Host.id == bindparam("host_id"))
+
+
 async def held_by_host(session: AsyncSession, host_ids: Collection[str]) -> dict[str, Held]:
     if not host_ids:
         return {}
-    since_report = case((Sandbox.created_at > Host.last_heartbeat_at, Sandbox.mem_mib), else_=0)
-    rows = await session.execute(
-        select(Sandbox.host_id, func.sum(Sandbox.mem_mib), func.sum(since_report))
-        .join(Host, Host.id == Sandbox.host_id)
-        .where(Sandbox.host_id.in_(list(host_ids)), Sandbox.status.in_(HOLDING_MEMORY))
-        .group_by(Sandbox.host_id)
-    )
+    rows = await session.execute(_HELD, {"host_ids": list(host_ids)})
     return {str(host_id): Held(int(placed or 0), int(since or 0)) for host_id, placed, since in rows.all()}
 
 
@@ -92,12 +99,10 @@ async def pick_host(
     """
     if host_id and await session.get(Host, host_id) is None:
         raise errors.ValidationFailed.field("host_id", f"no host {host_id!r}; see GET /v1/hosts")
-    query = select(Host).where(Host.status == "active").order_by(Host.id).with_for_update()
-    if host_id:
-        query = query.where(Host.id == host_id)
+    query, params = (_ACTIVE_HOST, {"host_id": host_id}) if host_id else (_ACTIVE_HOSTS, {})
     alive = [
         host
-        for host in (await session.scalars(query)).all()
+        for host in (await session.scalars(query, params)).all()
         if (now - as_utc(host.last_heartbeat_at)).total_seconds() <= dead_after_s
     ]
     if not alive:
