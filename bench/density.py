@@ -235,7 +235,12 @@ def run(
         # The API answers a destroy at once and the host reclaims in the background: the run ends when
         # the host holds none of them, or the next section (and the teardown) would race the reclaims.
         deadline = time.monotonic() + 900
-        while agent.get("/internal/v1/info").json()["vm_count"] > 0:
+        while True:
+            try:
+                if agent.get("/internal/v1/info").json()["vm_count"] == 0:
+                    break
+            except httpx.TimeoutException:
+                pass  # an agent reclaiming a thousand sandboxes may answer slowly: ask again
             if time.monotonic() > deadline:
                 raise RuntimeError("the host still held sandboxes 15 minutes after their destroys")
             time.sleep(0.5)

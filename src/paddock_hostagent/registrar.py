@@ -25,12 +25,19 @@ from paddock_hostagent.settings import HostAgentSettings
 
 log = get_logger(__name__)
 
+#: How long a heartbeat waits for the sandboxes' counters before it goes with the last ones read. The
+#: read queues on the agent's one libnftables context, behind whatever else is changing the ruleset: a
+#: thousand destroys at once kept it busy for tens of seconds, longer than the control plane waits
+#: before it declares a silent host dead (and errors all its sandboxes).
+USAGE_WAIT_S = 1.0
+
 
 class Registrar:
     def __init__(self, settings: HostAgentSettings, manager: SandboxManager) -> None:
         self.settings = settings
         self.manager = manager
         self._task: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Task[None] | None = None  # the counters being read, maybe for a past beat
         self._healthy = True
         self.beats_sent = 0
 
@@ -56,6 +63,8 @@ class Registrar:
             self._task = asyncio.create_task(self._run(), name="heartbeat")
 
     async def stop(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -93,11 +102,17 @@ class Registrar:
                         break
                 await asyncio.sleep(self.settings.heartbeat_interval_s)
 
-    async def beat(self, http: httpx.AsyncClient, url: str) -> bool:
+    async def _refresh_usage(self) -> None:
         try:
             await self.manager.refresh_usage()
         except Exception as exc:  # counters are reported on a later beat
             log.warning("usage_read_failed", error=repr(exc))
+
+    async def beat(self, http: httpx.AsyncClient, url: str) -> bool:
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.create_task(self._refresh_usage(), name="usage-read")
+        with contextlib.suppress(TimeoutError):  # still reading: this beat reports the last counters
+            await asyncio.wait_for(asyncio.shield(self._refresh), USAGE_WAIT_S)
         try:
             response = await http.post(url, json=self.payload())
             ok = response.status_code < 300

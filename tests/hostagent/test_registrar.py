@@ -1,0 +1,63 @@
+"""The heartbeat (registrar.py) keeps its cadence when reading the sandboxes' counters is slow."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, cast
+
+import httpx
+from pydantic import SecretStr
+
+from paddock_hostagent import registrar
+from paddock_hostagent.registrar import Registrar
+from paddock_hostagent.sandboxes import SandboxManager
+from paddock_hostagent.schemas import HostInfo
+from paddock_hostagent.settings import HostAgentSettings
+
+
+class StuckCounters:
+    """A manager whose counter read never ends, as one queued behind a thousand nftables changes."""
+
+    bridges = None
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.release = asyncio.Event()
+
+    async def refresh_usage(self) -> None:
+        self.reads += 1
+        await self.release.wait()
+
+    def info(self) -> HostInfo:
+        return HostInfo(
+            id="h1", free_mib=1, total_mib=1, vm_count=0, rootfses=[], buildable=[], labels={}, runtime="crun"
+        )
+
+    def heartbeat_sandboxes(self) -> list[dict[str, Any]]:
+        return []
+
+
+async def test_a_beat_does_not_wait_for_a_slow_counter_read_and_one_read_runs_at_a_time() -> None:
+    beats: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        beats.append(json.loads(request.content))
+        return httpx.Response(200, json={})
+
+    manager = StuckCounters()
+    settings = HostAgentSettings(token=SecretStr("t" * 24), controlplane_url="http://cp.test")
+    beat = Registrar(settings, cast(SandboxManager, manager))
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        url = "http://cp.test/internal/v1/hosts/heartbeat"
+        started = time.monotonic()
+        # Bounded, so a beat that waits for the read fails here instead of hanging the suite.
+        assert await asyncio.wait_for(beat.beat(http, url), 10)
+        assert await asyncio.wait_for(beat.beat(http, url), 10)
+        took = time.monotonic() - started
+        assert len(beats) == 2 and beats[0]["id"] == "h1"
+        assert took < 2 * registrar.USAGE_WAIT_S + 1.0, took
+        assert manager.reads == 1, "the second beat waits on the read still running, not a new one"
+        manager.release.set()
+        await beat.stop()
