@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import inspect
 from sqlalchemy.orm import Session
@@ -67,18 +67,25 @@ SANDBOX_CACHES = ("running_cache", "ingress_cache")
 _CHANGED = "changed_sandboxes"
 
 
+def drop_sandbox(info: dict[Any, Any], sandbox_id: str) -> None:
+    """The sandbox leaves this process's sandbox caches (those its sessions carry in ``info``): what a
+    change to its row does, whether the ORM flushed it or a plain statement wrote it."""
+    for name in SANDBOX_CACHES:
+        cache = info.get(name)
+        if isinstance(cache, TTLCache):
+            cache.drop(sandbox_id)
+
+
 def drop_changed_sandboxes(session: Session, _: object) -> None:
     """``after_flush`` hook: any sandbox row this process changes leaves the sandbox caches at once,
     and is noted for the status watch, woken once the transaction commits."""
-    caches = [session.info[name] for name in SANDBOX_CACHES if session.info.get(name) is not None]
     watch = session.info.get("status_watch")
-    if not caches and watch is None:
+    if watch is None and not any(session.info.get(name) is not None for name in SANDBOX_CACHES):
         return
     for obj in (*session.dirty, *session.deleted):
         sandbox_id = getattr(obj, "__tablename__", None) == "sandboxes" and getattr(obj, "id", None)
         if sandbox_id and (obj in session.deleted or _changes_what_is_cached(obj)):
-            for cache in caches:
-                cache.drop(sandbox_id)
+            drop_sandbox(session.info, sandbox_id)
             if watch is not None:
                 session.info.setdefault(_CHANGED, set()).add(sandbox_id)
 

@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
 from paddock_controlplane import hostlink
-from paddock_controlplane.hotcache import SANDBOX_CACHES, TTLCache
+from paddock_controlplane.hotcache import drop_sandbox
 from paddock_controlplane.models import NetworkMember, Sandbox
 from paddock_controlplane.services import Services
 from paddock_core import errors
@@ -170,12 +170,9 @@ def _update_of(names: frozenset[str]) -> Update:
 
 
 def _changed(session: AsyncSession, sandbox_id: str) -> None:
-    """What ``hotcache.drop_changed_sandboxes`` does when the ORM flushes a sandbox: the row leaves the
-    hot caches at once (its waiters are woken by :func:`changing` once the change commits)."""
-    for name in SANDBOX_CACHES:
-        cache = session.info.get(name)
-        if isinstance(cache, TTLCache):
-            cache.drop(sandbox_id)
+    """The row leaves the hot caches at once, as an ORM flush of it would do (its waiters are woken by
+    :func:`changing` once the change commits)."""
+    drop_sandbox(session.info, sandbox_id)
 
 
 @asynccontextmanager
