@@ -64,6 +64,17 @@ async def controlplane(cp_settings: ControlPlaneSettings) -> AsyncIterator[Contr
         yield ControlPlane(url=server.url, settings=cp_settings, http=http)
 
 
+def fake_hosts(monkeypatch: pytest.MonkeyPatch) -> FakeHostLink:
+    """Every host the control plane links to is this one fake host (the unit-test seam), for the test."""
+    link = FakeHostLink()
+
+    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
+        return link
+
+    monkeypatch.setattr(hostlink, "for_host", for_host)
+    return link
+
+
 # --- a control plane whose clock a test moves by hand, on the fake host ----------------------------
 
 
@@ -106,12 +117,7 @@ class Clocked:
 async def clocked(
     cp_settings: ControlPlaneSettings, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Clocked]:
-    link = FakeHostLink()
-
-    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
-        return link
-
-    monkeypatch.setattr(hostlink, "for_host", for_host)
+    link = fake_hosts(monkeypatch)
     clock = FakeClock(start=None)
     settings = cp_settings.model_copy(update={"host_dead_after_s": 10**9})
     app = create_app(settings, clock=clock)

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from paddock_controlplane import hostlink, queries
-from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
+from paddock_controlplane import queries
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
 
 pytestmark = pytest.mark.db
@@ -23,12 +23,7 @@ pytestmark = pytest.mark.db
 async def fake_host(
     controlplane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[FakeHostLink]:
-    link = FakeHostLink()
-
-    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
-        return link
-
-    monkeypatch.setattr(hostlink, "for_host", for_host)
+    link = fake_hosts(monkeypatch)
     resp = await controlplane.http.post(
         "/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
     )

@@ -17,7 +17,7 @@ from paddock_controlplane.services import BackgroundTasks, Services
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.states import SandboxStatus
 from tests.conftest import LiveServer
-from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
 
 SHAPE = "s-1vcpu-1gb"
@@ -32,12 +32,7 @@ class Plane:
 
 @pytest.fixture
 async def plane(cp_settings: ControlPlaneSettings, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Plane]:
-    link = FakeHostLink()
-
-    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
-        return link
-
-    monkeypatch.setattr(hostlink, "for_host", for_host)
+    link = fake_hosts(monkeypatch)
     app = create_app(cp_settings)
     async with LiveServer(app) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
         beat = await http.post(

@@ -11,12 +11,12 @@ import asyncio
 import pytest
 from sqlalchemy import text
 
-from paddock_controlplane import hostlink, webhooks
+from paddock_controlplane import webhooks
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, transaction
-from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
-from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts
+from tests.controlplane.fakehost import HOST_BEAT
 from tests.controlplane.webhook_support import SECRET_KEY, Receiver, running_receiver, verify
 
 pytestmark = pytest.mark.db
@@ -145,12 +145,7 @@ async def test_delete_removes_the_endpoints_deliveries_at_once(controlplane: Con
 async def test_sandbox_lifecycle_through_the_api_announces_each_action(
     controlplane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    link = FakeHostLink()
-
-    async def for_host(services: object, host_id: str | None) -> FakeHostLink:
-        return link
-
-    monkeypatch.setattr(hostlink, "for_host", for_host)
+    fake_hosts(monkeypatch)
     beat = await controlplane.http.post(
         "/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
     )
