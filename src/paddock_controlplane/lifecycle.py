@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from paddock_controlplane import (
     accounts,
     catalog,
+    destruction,
     disks,
     envs,
     hostlink,
@@ -336,7 +337,8 @@ async def boot(
     if outcome.error is not None:
         reason = _boot_failure(sandbox, outcome.error)
         log.warning("sandbox_boot_failed", sandbox_id=sandbox.id, reason=reason)
-        services.tasks.spawn(_forget_on_host(services, sandbox), name=f"forget {sandbox.id}")
+        forget = destruction.forget_on_host(services, str(sandbox.host_id), sandbox.id)
+        services.tasks.spawn(forget, name=f"forget {sandbox.id}")
         raise errors.ServerError(f"sandbox failed to boot: {reason}") from None
     row = outcome.row
     assert row is not None  # only a create refused for capacity deletes its row, and it records nothing
@@ -360,14 +362,6 @@ def _boot_failure(sandbox: Sandbox, exc: Exception) -> str:
     if isinstance(exc, hostlink.CapacityError):
         return f"no capacity on host {sandbox.host_id}: {exc}"
     return str(exc)
-
-
-async def _forget_on_host(services: Services, sandbox: Sandbox) -> None:
-    try:
-        link = await hostlink.for_host(services, sandbox.host_id)
-        await link.destroy(sandbox.id)
-    except Exception as exc:  # best effort; the host's own reconciliation removes leftovers
-        log.warning("cleanup_failed", sandbox_id=sandbox.id, error=str(exc))
 
 
 async def fork(services: Services, user_id: str, source_id: str, req: ForkSandboxRequest) -> Sandbox:
