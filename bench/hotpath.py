@@ -5,7 +5,7 @@
 Starts a control plane and a host agent (``tests.live``), creates one sandbox and times, after a
 warm-up, the same request at each layer: the guest agent's socket (what the host agent calls), the
 host agent's internal API (what the control plane calls), the public API with plain httpx, and the
-SDK; plus ``GET /v1/sandboxes/{id}`` and ``/healthz`` for the cost of an HTTP hop. ``make bench``
+SDK; a pause + resume pair on the host agent and through the API; plus ``GET /v1/sandboxes/{id}`` and ``/healthz`` for the cost of an HTTP hop. ``make bench``
 measures exec inside a full lifecycle round (after a 100 MB write, a fork and two destroys); this is
 the number a long-running agent sees. Prints p50 / p90 in ms; never fails on a time.
 """
@@ -33,6 +33,12 @@ def timed(call: Callable[[], object], requests: int, warmup: int = 50) -> str:
         samples.append((time.perf_counter() - started) * 1000)
     samples.sort()
     return f"{samples[len(samples) // 2]:6.2f} / {samples[int(len(samples) * 0.9)]:6.2f}"
+
+
+def pause_resume(http: httpx.Client, sandbox_path: str) -> None:
+    """One pause and one resume; raises when either is refused, so a broken layer cannot look fast."""
+    for action in ("pause", "resume"):
+        http.post(f"{sandbox_path}/{action}").raise_for_status()
 
 
 def guest_exec_ms(socket_path: Path, requests: int) -> str:
@@ -87,6 +93,7 @@ def main() -> None:
                 record = json.loads((agent.state_dir / "sandboxes" / f"{sandbox.id}.json").read_text())
                 socket_path = Path(record["driver_state"]["slot"]["dir"]) / "guest.sock"
                 body = {"cmd": "true", "args": [], "env": {}, "stream": False}
+                pairs = max(args.requests // 5, 20)
                 rows = [
                     ("exec `true`: guest agent socket", guest_exec_ms(socket_path, args.requests)),
                     (
@@ -104,6 +111,14 @@ def main() -> None:
                         ),
                     ),
                     ("exec `true`: SDK `sandbox.run`", timed(lambda: sandbox.run("true"), args.requests)),
+                    (
+                        "pause + resume: host agent internal API",
+                        timed(lambda: pause_resume(internal, f"/internal/v1/sandboxes/{sandbox.id}"), pairs),
+                    ),
+                    (
+                        "pause + resume: public API, httpx",
+                        timed(lambda: pause_resume(api, f"/v1/sandboxes/{sandbox.id}"), pairs),
+                    ),
                     (
                         "GET /v1/sandboxes/{id}",
                         timed(lambda: api.get(f"/v1/sandboxes/{sandbox.id}"), args.requests),

@@ -64,6 +64,8 @@ from paddock_hostagent.schemas import (
 from paddock_hostagent.settings import HostAgentSettings
 
 log = get_logger(__name__)
+#: How long after a pause or resume its record is saved; several in a row are saved once.
+SAVE_DELAY_S = 0.02
 
 #: How often the agent checks that every mounted disk's s3fs still serves it.
 DISK_CHECK_INTERVAL_S = 10.0
@@ -83,6 +85,12 @@ class _Entry:
 
     def touch(self) -> None:
         self.record.last_activity_at = time.time()
+
+
+def _pause_satisfies_self_request(record: SandboxRecord) -> None:
+    """A paused sandbox's own request to pause is done (else a resume would be followed by a pause)."""
+    if record.self_request and record.self_request["action"] == "pause":
+        record.self_request = None
 
 
 def machine_memory_mib() -> int:
@@ -118,6 +126,8 @@ class SandboxManager:
         self._pending: dict[str, tuple[int, int]] = {}  # ids being created -> (mem_mib, disk_mib)
         self._born: dict[str, asyncio.Event] = {}  # ids being created -> set when the attempt ends
         self._watcher: asyncio.Task[None] | None = None
+        self._unsaved: set[str] = set()  # records that pause/resume changed, saved by _save_unsaved
+        self._save_timer: asyncio.TimerHandle | None = None
         self.builds: BuildManager | None = None  # template builds; set by the app when buildah is there
 
     # -- start-up and shutdown ------------------------------------------------------------------
@@ -131,6 +141,12 @@ class SandboxManager:
             entry = _Entry(record)
             self._entries[record.id] = entry
             state = states.get(record.id, RuntimeState.STOPPED)
+            if state != RuntimeState.STOPPED:
+                # The runtime's probe is the truth (the freezer, the VM's marker): a pause or resume
+                # answered just before a crash may not have reached the record (``_save_soon``).
+                record.state = state
+            if state == RuntimeState.PAUSED:
+                _pause_satisfies_self_request(record)
             if state == RuntimeState.RUNNING:
                 with contextlib.suppress(GuestError, TimeoutError):
                     guest_info = await asyncio.wait_for(self.runtime.guest(record).info(), 1.0)
@@ -150,6 +166,8 @@ class SandboxManager:
         self._watcher = asyncio.create_task(self._watch_guests(), name="guest-watcher")
 
     async def close(self) -> None:
+        if self._save_timer is not None:
+            self._save_timer.cancel()  # every record is saved just below
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -348,9 +366,8 @@ class SandboxManager:
             with _driver_errors():
                 await self.runtime.pause(entry.record)
             entry.record.state = RuntimeState.PAUSED
-            if entry.record.self_request and entry.record.self_request["action"] == "pause":
-                entry.record.self_request = None  # satisfied
-            self.records.save(entry.record)
+            _pause_satisfies_self_request(entry.record)
+            self._save_soon(entry)
         await self._end_exchanges(entry, PAUSED_MESSAGE)
         return RuntimeState.PAUSED.value
 
@@ -364,8 +381,39 @@ class SandboxManager:
                 await self.runtime.resume(entry.record)
             entry.record.state = RuntimeState.RUNNING
             entry.touch()
-            self.records.save(entry.record)
+            self._save_soon(entry)
         return RuntimeState.RUNNING.value
+
+    def _save_soon(self, entry: _Entry) -> None:
+        """Saves the record of a pause or resume shortly after the answer, not before it.
+
+        Writing and renaming the record file was a third of the agent's cost of a pause or a resume.
+        Nothing is lost when the agent dies before the save: the state is read back from the runtime
+        (the freezer, the VM's marker) at start, and with it whether a self-pause request was met;
+        the last activity may be older, which only brings an idle pause closer."""
+        self._unsaved.add(entry.record.id)
+        if self._save_timer is None:
+            self._save_timer = asyncio.get_running_loop().call_later(SAVE_DELAY_S, self._save_unsaved)
+
+    def _save_unsaved(self) -> None:
+        # On the event loop, like every other save: a destroy deletes the file and the entry with no
+        # await in between, so a record that is gone is never written back.
+        self._save_timer = None
+        busy: set[str] = set()
+        for sandbox_id in self._unsaved:
+            entry = self._entries.get(sandbox_id)
+            if entry is None:
+                continue
+            if entry.lock.locked():  # mid-operation: its record is changing; try again later
+                busy.add(sandbox_id)
+                continue
+            try:
+                self.records.save(entry.record)
+            except OSError as exc:
+                log.error("sandbox_record_not_saved", sandbox_id=sandbox_id, error=str(exc))
+        self._unsaved = busy
+        if busy:
+            self._save_timer = asyncio.get_running_loop().call_later(SAVE_DELAY_S, self._save_unsaved)
 
     async def resize(self, sandbox_id: str, disk_mib: int) -> int:
         entry = self._entry(sandbox_id)

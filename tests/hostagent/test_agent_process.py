@@ -69,6 +69,38 @@ async def test_a_restarted_agent_readopts_running_and_paused_sandboxes(make_agen
         assert await host.list_sandboxes() == []
 
 
+async def test_a_pause_or_resume_answered_right_before_a_crash_holds_after_the_restart(
+    make_agent: Any,
+) -> None:
+    """The agent saves a pause's or resume's record after its answer; a crash in between loses nothing
+    a client sees: the restarted agent reads the state back from the freezer."""
+    agent: AgentProcess = make_agent()
+    agent.start()
+    async with agent.client() as host:
+        tracker = Sandboxes(host, agent)
+        was_running = await tracker.create(name="frozen")
+        was_paused = await tracker.create(name="thawed")
+        await host.pause_sandbox(was_paused["id"])
+        await asyncio.sleep(0.3)  # that pause's record is on disk
+        await host.pause_sandbox(was_running["id"])
+        await host.resume_sandbox(was_paused["id"])
+        agent.stop(signal.SIGKILL)  # at once: the records still say the opposite
+    records = {
+        sandbox_id: json.loads((agent.state_dir / "sandboxes" / f"{sandbox_id}.json").read_text())["state"]
+        for sandbox_id in (was_running["id"], was_paused["id"])
+    }
+    agent.start()
+    async with agent.client() as host:
+        tracker.host = host
+        views = {view.id: view for view in await host.list_sandboxes()}
+        assert views[was_running["id"]].status == "paused", records
+        assert views[was_paused["id"]].status == "running", records
+        assert (await run(host, was_paused["id"], "hostname"))["stdout"] == "thawed\n"
+        await host.resume_sandbox(was_running["id"])
+        assert (await run(host, was_running["id"], "hostname"))["stdout"] == "frozen\n"
+        await tracker.destroy_all()
+
+
 @pytest.mark.parametrize("runtime", ["runc", "crun"])
 async def test_each_oci_runtime_runs_the_full_lifecycle(make_agent: Any, runtime: str) -> None:
     agent: AgentProcess = make_agent(runtime=runtime, pool_size=1)
