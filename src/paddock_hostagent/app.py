@@ -22,13 +22,14 @@ from typing import IO
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paddock_core.fastlane import FastLane
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.builds import BuildManager
+from paddock_hostagent.channelserver import ChannelEndpoint
 from paddock_hostagent.drivers import storage
 from paddock_hostagent.drivers.bridges import BridgeNetworks
 from paddock_hostagent.drivers.buildah import Buildah
@@ -47,7 +48,7 @@ from paddock_hostagent.middleware import RequestLogMiddleware
 from paddock_hostagent.processes import router as process_router
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.registrar import Registrar
-from paddock_hostagent.routes import error_response, fast_routes, router
+from paddock_hostagent.routes import error_response, fast_routes, router, validation_reasons
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.settings import HostAgentSettings
 
@@ -199,27 +200,27 @@ def create_app(settings: HostAgentSettings) -> FastAPI:
     app.include_router(process_router, dependencies=[Depends(require_token)])
     app.add_middleware(FastLane, routes=fast_routes(authorized))  # inside the request log
     app.add_middleware(RequestLogMiddleware)
+    app.add_middleware(ChannelEndpoint, authorized=authorized)  # one WebSocket, logged by itself
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.exception_handler(errors.HostAgentServerError)
-    async def domain_error(request: Request, exc: errors.HostAgentServerError) -> JSONResponse:
+    async def domain_error(request: Request, exc: errors.HostAgentServerError) -> Response:
         return error_response(exc.status, exc.code, exc.message)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        reasons = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return error_response(400, "bad_request", reasons or "invalid request")
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(400, "bad_request", validation_reasons(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
         request_id = uuid.uuid4().hex[:12]
         log.error("unhandled_error", request_id=request_id, path=request.url.path, exc_info=exc)
         return error_response(500, "internal", f"internal error (request {request_id})")

@@ -1,14 +1,17 @@
 """``HostAgentClient``: the one way the control plane talks to a host agent (internal HTTP API).
 
 Requests and answers are the models of ``schemas.py``, the contract the host agent's routes use too.
-Imports nothing of the host agent but that module (pydantic), so the control plane can use it without
-the host agent's other dependencies. Request/response calls (exec included: the hot path) go over
-aiohttp, which costs about half of httpx's CPU per request here, and so do downloads; streams and
-uploads use httpx. ``request_id`` (a callable) names the caller's request: it is sent as
+Imports nothing of the host agent but that module (pydantic) and the kept channel's two
+(``channelwire``, ``channelclient``: the standard library and aiohttp), so the control plane can use it
+without the host agent's other dependencies. The buffered exec (the hot path) goes over the kept
+channel, one WebSocket to the agent that carries many calls at once, and over HTTP when the channel
+cannot carry it (down, refused, an agent without it); other request/response calls go over aiohttp,
+which costs about half of httpx's CPU per request here, and so do downloads; streams and uploads use
+httpx. ``request_id`` (a callable) names the caller's request: it is sent as
 ``X-Request-Id`` and the host agent logs its line for the call under that id.
 
     HostAgentError                .status, .code (the agent's ``error`` field)
-    ├── HostUnavailableError      no answer (connection refused, timeout, dropped stream)
+    ├── HostUnavailableError      no answer (connection refused, timeout, dropped stream or channel)
     ├── SandboxMissingError       404 unknown sandbox
     ├── GuestFileNotFoundError    404 file_not_found
     ├── ParentNotFoundError       404 parent_not_found
@@ -38,6 +41,8 @@ import aiohttp
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from paddock_hostagent import channelwire
+from paddock_hostagent.channelclient import AgentChannel, ChannelLostError
 from paddock_hostagent.schemas import (
     BandwidthBody,
     BandwidthResult,
@@ -150,7 +155,12 @@ _BY_CODE: dict[str, type[HostAgentError]] = {
 }
 _BY_STATUS: dict[int, type[HostAgentError]] = {404: SandboxMissingError, 409: BadStateError}
 #: What the transports raise when the agent does not answer.
-_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, aiohttp.ClientError, httpx.TransportError)
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    aiohttp.ClientError,
+    httpx.TransportError,
+    ChannelLostError,
+)
 # Creating or forking may first build the image (minutes for devbox:1); the agent answers when booted.
 _CREATE_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
 # A command may run for as long as it likes; only connecting is bounded.
@@ -202,7 +212,10 @@ class HostAgentClient:
         *,
         timeout_s: float = 60.0,
         request_id: Callable[[], str | None] | None = None,
+        channel: bool = True,
     ) -> None:
+        """``channel=False``: every call over HTTP (the kept channel is for the control plane's hot
+        calls; tools and tests that want the HTTP routes themselves turn it off)."""
         self._base = base_url.rstrip("/") + "/internal/v1/"
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = httpx.Timeout(timeout_s, connect=5.0)
@@ -214,6 +227,7 @@ class HostAgentClient:
             limits=httpx.Limits(max_keepalive_connections=64, max_connections=256),
         )
         self._session: aiohttp.ClientSession | None = None  # made on first use, inside the event loop
+        self.channel = AgentChannel(base_url, self._headers, self._aiohttp) if channel else None
 
     def _aiohttp(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -226,6 +240,8 @@ class HostAgentClient:
         return self._session
 
     async def aclose(self) -> None:
+        if self.channel is not None:
+            await self.channel.aclose()
         await self._http.aclose()
         if self._session is not None:
             await self._session.close()
@@ -412,6 +428,17 @@ class HostAgentClient:
         cwd: str | None = None,
     ) -> ExecResult:
         body = ExecBody(cmd=cmd, args=args, env=env, stdin=stdin, cwd=cwd, stream=False)
+        if self.channel is not None:
+            request_id = self._request_id() if self._request_id is not None else None
+            with _answered():
+                answer = await self.channel.call(
+                    channelwire.OP_EXEC, sandbox_id, request_id or "", body.model_dump_json().encode()
+                )
+            if answer is not None:
+                status, raw = answer
+                if status >= 400:
+                    raise error_from(status, raw)
+                return _parse(ExecResult.model_validate_json, status, raw)
         return await self._call(
             "POST",
             self._sb(sandbox_id, "exec"),

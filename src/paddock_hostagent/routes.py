@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -188,17 +188,23 @@ async def destroy_sandbox(sandbox_id: str, manager: Manager) -> DestroyResult:
     return DestroyResult()
 
 
+async def buffered_exec(manager: SandboxManager, sandbox_id: str, body: ExecBody) -> ExecResult:
+    """Runs a command to its end; cancelling the call kills the command (the guest kills the process
+    group of an exchange that closes early). Served by the HTTP routes and the kept channel alike."""
+    stream = await manager.open_exec(sandbox_id, body)
+    try:
+        return ExecResult(**await stream.collect())
+    finally:
+        await stream.close()
+
+
 async def _buffered(
     manager: SandboxManager, sandbox_id: str, body: ExecBody, receive: fastlane.Receive
 ) -> Response:
-    stream = await manager.open_exec(sandbox_id, body)
-    try:
-        result = await fastlane.unless_disconnected(receive, stream.collect())
-    finally:
-        await stream.close()  # the guest kills a command whose caller left
+    result = await fastlane.unless_disconnected(receive, buffered_exec(manager, sandbox_id, body))
     if result is None:
         return Response(status_code=499)  # nobody is listening any more
-    return JSONResponse(ExecResult(**result).model_dump(exclude_none=True))
+    return JSONResponse(result.model_dump(exclude_none=True))
 
 
 # Room for what the manager adds to the environment (PATH, HOME, HOSTNAME, LANG) and the cwd.
@@ -288,6 +294,16 @@ def fast_routes(authorized: Callable[[str], bool]) -> list[fastlane.FastRoute]:
     return [fastlane.FastRoute("POST", r"/internal/v1/sandboxes/(?P<sandbox_id>[^/]+)/exec", fast_exec)]
 
 
-def error_response(status: int, code: str, message: str) -> JSONResponse:
+def error_body(code: str, message: str) -> bytes:
     """The internal API's error body: ``{"error": code, "message": ...}``."""
-    return JSONResponse({"error": code, "message": message}, status_code=status)
+    return json.dumps({"error": code, "message": message}, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def error_response(status: int, code: str, message: str) -> Response:
+    return Response(error_body(code, message), status_code=status, media_type="application/json")
+
+
+def validation_reasons(problems: Sequence[Any]) -> str:
+    """One line naming each invalid field, for a 400 ``bad_request`` (pydantic's ``errors()``)."""
+    reasons = "; ".join(f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in problems)
+    return reasons or "invalid request"

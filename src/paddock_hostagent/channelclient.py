@@ -1,0 +1,182 @@
+"""The control plane's end of the kept channel to one host agent (``channelwire.py``).
+
+``AgentChannel.call`` sends a call over the channel and waits for its answer; calls share the one
+WebSocket, told apart by ids. It returns ``None`` when the channel cannot carry the call (it is down and
+could not be opened, the agent refused or does not know it, the call is too big): the caller then makes
+the same call over HTTP, which stays the contract. After a failed open the channel is not tried again
+for ``retry_after_s``, so a host without it costs one attempt, not one per call.
+
+The channel is opened through the caller's ``aiohttp.ClientSession`` at the agent's own URL
+(``https://`` → ``wss://``), so it verifies the agent's certificate exactly as the HTTP calls do.
+A channel that drops fails the calls in flight with :class:`ChannelLostError` (their commands are
+killed on the agent, as they would be when an HTTP connection drops); the next call opens a new one.
+A cancelled call sends a cancel frame, so the agent stops its command at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from paddock_hostagent import channelwire
+
+# As long as an HTTP call may take to connect: past it, HTTP carries the call.
+_OPEN_TIMEOUT_S = 5.0
+
+
+class ChannelLostError(ConnectionError):
+    """The channel closed before the call's answer arrived (the call may or may not have run)."""
+
+
+@dataclass(eq=False)
+class _Link:
+    """One open WebSocket and the calls waiting for an answer on it."""
+
+    ws: aiohttp.ClientWebSocketResponse
+    pending: dict[int, asyncio.Future[tuple[int, bytes]]] = field(default_factory=dict)
+    reader: asyncio.Task[None] | None = None
+
+    @property
+    def up(self) -> bool:
+        return not self.ws.closed
+
+
+class AgentChannel:
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        session: Callable[[], aiohttp.ClientSession],
+        *,
+        retry_after_s: float = 5.0,
+    ) -> None:
+        self._url = base_url.rstrip("/") + channelwire.PATH
+        self._headers = headers
+        self._session = session
+        self._retry_after_s = retry_after_s
+        self._link: _Link | None = None
+        self._opening: asyncio.Lock | None = None
+        self._closed_until = 0.0
+        self._ids = itertools.count(1)
+        self._background: set[asyncio.Task[Any]] = set()
+        #: Why the last open failed, for logs and tests (``None`` once one succeeds).
+        self.last_failure: str | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._link is not None and self._link.up
+
+    async def call(self, op: int, sandbox_id: str, request_id: str, body: bytes) -> tuple[int, bytes] | None:
+        """(status, answer body), or ``None`` when HTTP should carry this call instead."""
+        call_id = next(self._ids) & 0xFFFFFFFF
+        frame = channelwire.encode_call(call_id, op, request_id, sandbox_id, body)
+        if len(frame) > channelwire.MAX_CALL_BYTES:
+            return None
+        link = await self._open()
+        if link is None:
+            return None
+        answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        link.pending[call_id] = answer
+        try:
+            try:
+                await link.ws.send_bytes(frame)
+            except (ConnectionError, aiohttp.ClientError):
+                # Nothing reached the agent whole (it acts on whole messages only): HTTP can carry it.
+                self._lost(link)
+                return None
+            try:
+                return await answer
+            except asyncio.CancelledError:
+                # (cancelling this task cancelled ``answer`` too: an answer that arrived is a result)
+                answered = answer.done() and not answer.cancelled()
+                if not answered and link.up:
+                    self._spawn(self._cancel(link, call_id))
+                raise
+        finally:
+            link.pending.pop(call_id, None)
+
+    async def aclose(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            await link.ws.close()
+            if link.reader is not None:
+                link.reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await link.reader
+        for task in list(self._background):
+            task.cancel()
+
+    async def _open(self) -> _Link | None:
+        if self._link is not None and self._link.up:
+            return self._link
+        if time.monotonic() < self._closed_until:
+            return None
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:  # one open at a time; the others use what it opened
+            if self._link is not None and self._link.up:
+                return self._link
+            if time.monotonic() < self._closed_until:
+                return None
+            try:
+                async with asyncio.timeout(_OPEN_TIMEOUT_S):
+                    ws = await self._session().ws_connect(
+                        self._url,
+                        headers=self._headers,
+                        max_msg_size=0,  # answers are as large as the HTTP route's (output is capped there)
+                        timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+                        compress=0,
+                    )
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                # 403 (a token the agent refuses), 404 (an agent without the channel), no answer:
+                # HTTP carries the calls, and says what is wrong when it is wrong there too.
+                self.last_failure = str(exc) or type(exc).__name__
+                self._closed_until = time.monotonic() + self._retry_after_s
+                return None
+            self.last_failure = None
+            link = self._link = _Link(ws)
+            link.reader = asyncio.create_task(self._read(link))
+            return link
+
+    async def _read(self, link: _Link) -> None:
+        try:
+            async for message in link.ws:
+                if message.type != aiohttp.WSMsgType.BINARY:
+                    break
+                try:
+                    call_id, status, body = channelwire.decode_answer(message.data)
+                except channelwire.FrameError:
+                    break
+                answer = link.pending.get(call_id)
+                if answer is not None and not answer.done():
+                    answer.set_result((status, body))
+        except (aiohttp.ClientError, ConnectionError):
+            pass
+        finally:
+            self._lost(link)
+            if not link.ws.closed:
+                self._spawn(link.ws.close())
+
+    def _lost(self, link: _Link) -> None:
+        """The link is gone: its calls in flight fail, the next call opens a new one."""
+        if self._link is link:
+            self._link = None
+        for answer in link.pending.values():
+            if not answer.done():
+                answer.set_exception(ChannelLostError("the channel to the host agent closed"))
+
+    async def _cancel(self, link: _Link, call_id: int) -> None:
+        with contextlib.suppress(ConnectionError, aiohttp.ClientError):
+            await link.ws.send_bytes(channelwire.encode_cancel(call_id))
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

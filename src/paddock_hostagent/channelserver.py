@@ -1,0 +1,147 @@
+"""The host agent's end of the kept channel (``channelwire.py``): hot calls from the control plane
+without an HTTP request each.
+
+A buffered exec over HTTP costs the agent uvicorn's parsing, the middleware stack and a response in two
+sends on top of the command itself; here the connection, its authentication and the request log's
+context are paid once per channel, and an answer is one WebSocket message. Each call runs in a task of
+its own (calls on one channel do not wait for each other); a cancel frame, or the channel closing,
+cancels the call the way a closed HTTP connection does (the command is killed).
+
+``ChannelEndpoint`` is pure ASGI middleware that takes the WebSocket upgrade at ``channelwire.PATH``
+and passes everything else on. An upgrade without the agent's bearer token is refused (403) before
+it is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Callable
+
+import structlog
+from pydantic import ValidationError
+
+from paddock_core import fastlane
+from paddock_core.logging import get_logger
+from paddock_hostagent import channelwire, errors
+from paddock_hostagent.routes import buffered_exec, check_exec_size, error_body, validation_reasons
+from paddock_hostagent.sandboxes import SandboxManager
+from paddock_hostagent.schemas import ExecBody
+
+log = get_logger("paddock.hostagent.channel")
+# WebSocket close codes (RFC 6455 §7.4.1).
+_UNSUPPORTED_DATA = 1003
+_POLICY_VIOLATION = 1008
+_PROTOCOL_ERROR = 1002
+
+
+class ChannelEndpoint:
+    def __init__(self, app: fastlane.ASGIApp, authorized: Callable[[str], bool]) -> None:
+        self.app = app
+        self.authorized = authorized
+
+    async def __call__(self, scope: fastlane.Scope, receive: fastlane.Receive, send: fastlane.Send) -> None:
+        if scope["type"] != "websocket" or scope["path"] != channelwire.PATH:
+            await self.app(scope, receive, send)
+            return
+        if (await receive())["type"] != "websocket.connect":
+            return
+        if not self.authorized(fastlane.header(scope, b"authorization")):
+            log.info("channel_refused", reason="missing or invalid bearer token")
+            await send({"type": "websocket.close", "code": _POLICY_VIOLATION})  # before accept: 403
+            return
+        await send({"type": "websocket.accept"})
+        log.info("channel_opened", client=str(scope.get("client")))
+        await Channel(scope["app"].state.manager, send).serve(receive)
+
+
+class Channel:
+    """One accepted channel: reads frames, runs each call in its own task, answers as they finish."""
+
+    def __init__(self, manager: SandboxManager, send: fastlane.Send) -> None:
+        self._manager = manager
+        self._send = send
+        self._calls: dict[int, asyncio.Task[None]] = {}
+
+    async def serve(self, receive: fastlane.Receive) -> None:
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "websocket.receive":
+                    return  # websocket.disconnect
+                frame = message.get("bytes")
+                if frame is None:
+                    await self._close(_UNSUPPORTED_DATA)
+                    return
+                try:
+                    call = channelwire.decode_call(frame)
+                except channelwire.FrameError as exc:
+                    log.warning("channel_bad_frame", error=str(exc))
+                    await self._close(_PROTOCOL_ERROR)
+                    return
+                if call.op == channelwire.OP_CANCEL:
+                    task = self._calls.get(call.id)
+                    if task is not None:
+                        task.cancel()
+                    continue
+                self._calls[call.id] = asyncio.create_task(self._answer(call))
+        finally:
+            # The control plane is gone: its calls die with it (their commands are killed).
+            calls = list(self._calls.values())
+            for task in calls:
+                task.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            log.info("channel_closed")
+
+    async def _close(self, code: int) -> None:
+        with contextlib.suppress(OSError):  # already gone
+            await self._send({"type": "websocket.close", "code": code})
+
+    async def _answer(self, call: channelwire.Call) -> None:
+        try:
+            await self._answer_logged(call)
+        finally:
+            self._calls.pop(call.id, None)
+
+    async def _answer_logged(self, call: channelwire.Call) -> None:
+        request_id = call.request_id or "req_" + secrets.token_hex(8)
+        started = time.perf_counter()
+        with structlog.contextvars.bound_contextvars(request_id=request_id):
+            status, body = await self._serve(call)
+            try:
+                await self._send(
+                    {"type": "websocket.send", "bytes": channelwire.encode_answer(call.id, status, body)}
+                )
+            except OSError:
+                return  # the channel closed under the call: serve() cancels the rest
+            (log.debug if status < 400 else log.info)(
+                "channel_call",
+                request_id=request_id,
+                op=call.op,
+                sandbox_id=call.sandbox_id,
+                status=status,
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            )
+
+    async def _serve(self, call: channelwire.Call) -> tuple[int, bytes]:
+        """(status, body) exactly as the HTTP route would answer."""
+        if call.op != channelwire.OP_EXEC:
+            return 400, error_body("bad_request", f"unknown channel call {call.op}")
+        try:
+            body = ExecBody.model_validate_json(call.body)
+        except ValidationError as exc:
+            return 400, error_body("bad_request", validation_reasons(exc.errors()))
+        if body.stream:
+            return 400, error_body("bad_request", "a streamed exec goes over HTTP")
+        try:
+            check_exec_size(body)
+            result = await buffered_exec(self._manager, call.sandbox_id, body)
+        except errors.HostAgentServerError as exc:
+            return exc.status, error_body(exc.code, exc.message)
+        except Exception as exc:  # the app's 500; the channel's other calls go on
+            request_id = secrets.token_hex(6)
+            log.error("unhandled_error", request_id=request_id, op=call.op, exc_info=exc)
+            return 500, error_body("internal", f"internal error (request {request_id})")
+        return 200, result.model_dump_json(exclude_none=True).encode()

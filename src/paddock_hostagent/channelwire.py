@@ -1,0 +1,89 @@
+"""The frames of the kept channel between the control plane and a host agent (``channelclient.py``,
+``channelserver.py``).
+
+The channel is one WebSocket per agent at ``/internal/v1/channel``, on the internal API's own listener
+(so behind the same TLS and proxy as its HTTP routes), authenticated once by the bearer token of its
+upgrade request. Each binary message is one frame; WebSocket carries the length. Many calls share the
+channel at once, told apart by a request id the caller picks:
+
+    call    >I id  >B op  >B len  request id (X-Request-Id, UTF-8)  >H len  sandbox id  body (JSON)
+    cancel  >I id  >B OP_CANCEL                                      (the caller left: stop that call)
+    answer  >I id  >H status  body (exactly the HTTP route's answer body for that status)
+
+An answer's body is what the HTTP route answers, so the client parses both the same way; the HTTP
+routes stay the contract, and the channel only carries a few hot calls.
+Imports nothing but the standard library: the control plane uses it through ``client.py``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+PATH = "/internal/v1/channel"
+#: A buffered exec (``POST /sandboxes/{id}/exec`` with ``stream: false``); body: ``ExecBody``.
+OP_EXEC = 1
+#: The caller of call ``id`` went away (the call is cancelled, as a closed HTTP connection would).
+OP_CANCEL = 2
+#: Calls larger than this go over HTTP: the agent's WebSocket server drops the whole channel (every
+#: call on it) on a message above its limit (uvicorn's 16 MiB), and big bodies gain nothing here.
+MAX_CALL_BYTES = 1 << 20
+
+_CALL_HEAD = struct.Struct(">IBB")
+_CANCEL = struct.Struct(">IB")
+_U16 = struct.Struct(">H")
+_ANSWER_HEAD = struct.Struct(">IH")
+
+
+class FrameError(ValueError):
+    """A frame that does not parse (the peer is not speaking this protocol)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    id: int
+    op: int
+    request_id: str
+    sandbox_id: str
+    body: bytes
+
+
+def encode_call(call_id: int, op: int, request_id: str, sandbox_id: str, body: bytes) -> bytes:
+    rid = request_id.encode()[:255]
+    sid = sandbox_id.encode()
+    return b"".join((_CALL_HEAD.pack(call_id, op, len(rid)), rid, _U16.pack(len(sid)), sid, body))
+
+
+def encode_cancel(call_id: int) -> bytes:
+    return _CANCEL.pack(call_id, OP_CANCEL)
+
+
+def decode_call(frame: bytes) -> Call:
+    """A call or a cancel (``op == OP_CANCEL``, other fields empty)."""
+    try:
+        if len(frame) == _CANCEL.size:
+            call_id, op = _CANCEL.unpack(frame)
+            return Call(call_id, op, "", "", b"")
+        call_id, op, rid_len = _CALL_HEAD.unpack_from(frame)
+        at = _CALL_HEAD.size
+        rid = frame[at : at + rid_len].decode()
+        (sid_len,) = _U16.unpack_from(frame, at + rid_len)
+        at += rid_len + _U16.size
+        if at + sid_len > len(frame):
+            raise FrameError("bad channel frame: truncated sandbox id")
+        return Call(call_id, op, rid, frame[at : at + sid_len].decode(), frame[at + sid_len :])
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise FrameError(f"bad channel frame: {exc}") from None
+
+
+def encode_answer(call_id: int, status: int, body: bytes) -> bytes:
+    return _ANSWER_HEAD.pack(call_id, status) + body
+
+
+def decode_answer(frame: bytes) -> tuple[int, int, bytes]:
+    """(call id, status, body)."""
+    try:
+        call_id, status = _ANSWER_HEAD.unpack_from(frame)
+    except struct.error as exc:
+        raise FrameError(f"bad channel answer: {exc}") from None
+    return call_id, status, frame[_ANSWER_HEAD.size :]

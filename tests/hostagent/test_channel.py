@@ -1,0 +1,232 @@
+"""The kept channel from the control plane to a host agent (``channelclient``/``channelserver``).
+
+Most tests serve the agent's real ASGI pieces (``ChannelEndpoint`` in front of the fast lane) with
+uvicorn on a loopback port, in front of a fake sandbox manager, and call them with the real
+``HostAgentClient``: what the channel answers, when it gives way to HTTP, what a drop or a departed
+caller does. The last test runs commands in a real sandbox both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+
+from paddock_core.fastlane import FastLane
+from paddock_hostagent import errors
+from paddock_hostagent.channelserver import ChannelEndpoint
+from paddock_hostagent.client import (
+    HostAgentClient,
+    HostAgentError,
+    HostUnavailableError,
+    SandboxMissingError,
+)
+from paddock_hostagent.routes import fast_routes
+from paddock_hostagent.schemas import ExecBody
+from tests.hostagent.conftest import TOKEN as AGENT_TOKEN
+from tests.hostagent.conftest import AgentProcess, free_port, run, sh
+
+TOKEN = "t0ken"
+
+
+class FakeExec:
+    """A command: answers at once, or only once ``release`` is set."""
+
+    def __init__(self, body: ExecBody, release: asyncio.Event | None) -> None:
+        self.body = body
+        self.release = release
+        self.closed = asyncio.Event()
+
+    async def collect(self) -> dict[str, Any]:
+        if self.release is not None:
+            await self.release.wait()
+        out = " ".join([self.body.cmd, *self.body.args])
+        return {"stdout": f"{out} ✓\n", "stderr": "warn\n", "exit_code": 3, "exec_ms": 1.25}
+
+    async def close(self) -> None:
+        self.closed.set()
+
+
+class FakeManager:
+    """``SandboxManager.open_exec``, the one call a buffered exec makes."""
+
+    def __init__(self) -> None:
+        self.streams: list[FakeExec] = []
+        self.hold: dict[str, asyncio.Event] = {}  # cmd -> released when set
+
+    async def open_exec(self, sandbox_id: str, body: ExecBody) -> FakeExec:
+        if sandbox_id == "sb-gone":
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found on this host")
+        self.streams.append(FakeExec(body, self.hold.get(body.cmd)))
+        return self.streams[-1]
+
+
+class Agent:
+    """The channel endpoint and the fast lane, served by uvicorn; ``restart`` drops every channel."""
+
+    def __init__(self) -> None:
+        self.manager = FakeManager()
+        self.port = free_port()
+        self.server: uvicorn.Server | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        def authorized(header: str) -> bool:
+            return header == f"Bearer {TOKEN}"
+
+        app = Starlette()
+        app.state.manager = self.manager
+        app.add_middleware(FastLane, routes=fast_routes(authorized))
+        app.add_middleware(ChannelEndpoint, authorized=authorized)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        assert self.server is not None and self.task is not None
+        self.server.should_exit = True
+        await self.task
+
+
+@pytest.fixture
+async def fake_agent() -> AsyncIterator[Agent]:
+    agent = Agent()
+    await agent.start()
+    try:
+        yield agent
+    finally:
+        await agent.stop()
+
+
+async def exec_true(client: HostAgentClient, sandbox_id: str = "sb-1", cmd: str = "echo") -> dict[str, Any]:
+    result = await client.exec(sandbox_id, cmd=cmd, args=["hé"], env={})
+    return result.model_dump()
+
+
+async def test_exec_over_the_channel_answers_what_http_answers(fake_agent: Agent) -> None:
+    agent = fake_agent
+    async with (
+        HostAgentClient(agent.url, TOKEN) as kept,
+        HostAgentClient(agent.url, TOKEN, channel=False) as http,
+    ):
+        assert (
+            await exec_true(kept)
+            == await exec_true(http)
+            == {
+                "stdout": "echo hé ✓\n",
+                "stderr": "warn\n",
+                "exit_code": 3,
+                "error": None,
+                "exec_ms": 1.25,
+                "stdout_truncated": None,
+                "stderr_truncated": None,
+            }
+        )
+        assert kept.channel is not None and kept.channel.is_open, "the first call went over the channel"
+        failures = []
+        for client in (kept, http):
+            with pytest.raises(SandboxMissingError) as caught:
+                await exec_true(client, "sb-gone")
+            failures.append((caught.value.status, caught.value.code, str(caught.value)))
+        assert (
+            failures[0] == failures[1] == (404, "sandbox_not_found", "sandbox sb-gone not found on this host")
+        )
+        assert all(stream.closed.is_set() for stream in agent.manager.streams)
+
+
+async def test_calls_share_one_channel_and_are_answered_as_they_finish(fake_agent: Agent) -> None:
+    agent = fake_agent
+    agent.manager.hold["slow"] = release = asyncio.Event()
+    async with HostAgentClient(agent.url, TOKEN) as client:
+        slow = asyncio.create_task(exec_true(client, cmd="slow"))
+        await asyncio.sleep(0.05)
+        assert (await exec_true(client, cmd="fast"))["stdout"] == "fast hé ✓\n"  # not queued behind slow
+        release.set()
+        assert (await slow)["stdout"] == "slow hé ✓\n"
+
+
+async def test_a_bad_token_is_refused_and_nothing_runs(fake_agent: Agent) -> None:
+    agent = fake_agent
+    async with HostAgentClient(agent.url, "wrong") as client:
+        with pytest.raises(HostAgentError):
+            await exec_true(client)
+        assert client.channel is not None and not client.channel.is_open
+        assert "403" in (client.channel.last_failure or "")
+    assert agent.manager.streams == []
+
+
+async def test_a_caller_that_leaves_stops_its_command(fake_agent: Agent) -> None:
+    agent = fake_agent
+    agent.manager.hold["sleep"] = asyncio.Event()  # never released
+    async with HostAgentClient(agent.url, TOKEN) as client:
+        call = asyncio.create_task(exec_true(client, cmd="sleep"))
+        while not agent.manager.streams:
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        await asyncio.wait_for(agent.manager.streams[0].closed.wait(), 5)
+        assert (await exec_true(client))["exit_code"] == 3, "the channel serves on"
+
+
+async def test_a_dropped_channel_fails_its_calls_and_the_next_call_opens_another(fake_agent: Agent) -> None:
+    agent = fake_agent
+    agent.manager.hold["sleep"] = asyncio.Event()
+    async with HostAgentClient(agent.url, TOKEN) as client:
+        call = asyncio.create_task(exec_true(client, cmd="sleep"))
+        while not agent.manager.streams:
+            await asyncio.sleep(0.01)
+        await agent.stop()  # the agent goes away with a call in flight
+        with pytest.raises(HostUnavailableError):
+            await call
+        assert agent.manager.streams[0].closed.is_set(), "the agent stopped the command of the lost call"
+        await agent.start()
+        assert (await exec_true(client))["exit_code"] == 3
+        assert client.channel is not None and client.channel.is_open
+
+
+async def test_an_agent_without_the_channel_is_served_over_http() -> None:
+    agent = Agent()
+    app = Starlette()
+    app.state.manager = agent.manager
+    app.add_middleware(FastLane, routes=fast_routes(lambda header: header == f"Bearer {TOKEN}"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=agent.port, log_config=None, lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        async with HostAgentClient(agent.url, TOKEN) as client:
+            assert (await exec_true(client))["stdout"] == "echo hé ✓\n"
+            assert (await exec_true(client))["exit_code"] == 3
+            assert client.channel is not None and not client.channel.is_open
+            assert client.channel.last_failure  # the upgrade was refused: a WebSocket route is not there
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.mark.root
+async def test_a_real_command_gives_the_same_result_over_the_channel_and_http(
+    host: HostAgentClient, sandbox: dict[str, Any], agent: AgentProcess
+) -> None:
+    script = "printf 'out ✓\\n'; printf '\\377\\n'; echo err >&2; exit 7"
+    async with HostAgentClient(agent.url, AGENT_TOKEN, channel=False) as http:
+        over_channel, over_http = await sh(host, sandbox["id"], script), await sh(http, sandbox["id"], script)
+    assert host.channel is not None and host.channel.is_open
+    for result in (over_channel, over_http):
+        assert result.pop("exec_ms") >= 0
+    assert over_channel == over_http == {"stdout": "out ✓\n\ufffd\n", "stderr": "err\n", "exit_code": 7}
+    assert (await run(host, sandbox["id"], "cat", stdin="fed\n"))["stdout"] == "fed\n"
