@@ -1,28 +1,37 @@
-"""Egress allowlists and bandwidth quotas in the kernel (nftables), one chain per sandbox.
+"""Egress allowlists and bandwidth quotas in the kernel (nftables): shared chains, per-sandbox elements.
 
 Everything lives in ``table ip <nft_table>_egress``, apart from the NAT table ``network.py`` owns, so
-each can be rebuilt without touching the other. Per sandbox, keyed on its host veth ``pdk<slot>``::
+each can be rebuilt without touching the other. A sandbox is only elements, keyed on its host veth
+``pdk<slot>``, of sets and maps every sandbox shares::
 
-    forward (hook)   iifname vmap @out_chains ── goto sb_<veth>
+    forward (hook)   iifname vmap @out_chains ── goto allowlist     (a sandbox with rules)
+                                               └ goto budget        (open: no rules)
                      iifname "pdk*" ip saddr <subnet> drop        (a veth without a policy: fail closed)
-    sb_<veth>        ip saddr != <sandbox ip> drop                (no spoofing)
-                     ct state established,related goto m_<veth>   (replies and flows already admitted)
+    allowlist        ct state established,related goto budget     (replies and flows already admitted)
                      iifname . ip daddr @allow_net / iifname . ip daddr . port @allow_netport
-                                                                   -> m_<veth>   (ip, cidr rules)
+                                                                   -> budget   (ip, cidr rules)
                      iifname . ip daddr @answers / iifname . ip daddr . port @answer_ports
-                                                                   -> m_<veth>   (answers of the
+                                                                   -> budget   (answers of the
                                                                     sandbox's resolver, with their TTL)
-                     reject                                       (only when the allowlist has rules)
-    m_<veth>         quota name q_<veth> drop                     (metered: the budget is used up)
-                     counter name co_<veth> accept                (egress bytes, exact)
-    postrouting      counter name oifname map @in_counters        (ingress bytes, observed only)
+                     reject
+    budget           quota name iifname map @budgets drop         (metered: quota q_<veth> used up)
+                     iifname @egress_bytes accept                 (egress bytes, exact: the element's
+                                                                   own counter)
+    post (hook)      oifname @ingress_bytes                       (ingress bytes, observed only)
 
-The four address sets are shared by every sandbox, each element prefixed by its veth, rather than four
-sets per sandbox: libnftables reads every set's elements (one netlink dump per set) before it runs any
-command, so per-sandbox sets made each create, remove and counter read cost more with every sandbox on
-the host (an install took 0.5 ms beside 10 sandboxes and 700 ms beside 1,000). Which elements belong to
-a veth is kept here (``_held``) and read back from the sets when the agent starts, so a new allowlist
-replaces exactly the old one.
+libnftables reads the chains and the named objects (counters, quotas) of every table in the network
+namespace before it runs any command, and the elements of every set before a listing: a chain pair and
+three named objects per sandbox made each create, destroy and counter read cost more with every sandbox
+on the host (an install took 0.6 ms beside one sandbox and 16 ms beside 1,000, and ``network.py``'s
+guard elements 25 ms), as four sets per sandbox had before. Byte counts are therefore counters *of set
+elements*, which are not read unless listed; the quota stays a named object, as only those can be given
+per sandbox, and only a metered sandbox has one. The spoofing check is ``network.py``'s: its
+``sandbox_pre`` drops whatever a veth sends from another address than its sandbox's before it is routed.
+
+Which elements belong to a veth, and which chain its ``out_chains`` element points to (a map element
+is replaced by deleting it, and only a present one can be deleted), are kept here and read back from
+the table when the agent starts, so a new allowlist replaces exactly the old one. A table of the
+earlier chain-per-sandbox layout is converted then, keeping each sandbox's policy, counts and budget.
 
 Only forwarded traffic is egress: what a sandbox sends to the host itself (DNS, replies to the
 ingress proxy) is neither filtered by the allowlist nor counted. What every sandbox may send to the
@@ -33,15 +42,17 @@ are ``network.py``'s, in the table that exists from the moment a veth does. Ever
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import CommandFailedError
 from paddock_hostagent.drivers.nftlib import Nft
+
+log = get_logger(__name__)
 
 #: Addresses admitted from a DNS answer stay at least this long (a TTL of 0 would be useless).
 MIN_ANSWER_TTL_S = 30
@@ -201,10 +212,18 @@ ADDRESS_SETS = {
 }
 #: Sets whose elements expire by themselves: an element may be gone before it is deleted.
 EXPIRING = ("answers", "answer_ports")
+#: The two chains a veth's forwarded packets go to (its element of ``out_chains``).
+ALLOWLIST, BUDGET = "allowlist", "budget"
+#: Per-veth byte counters: elements of these sets, each with its own counter.
+EGRESS_BYTES, INGRESS_BYTES = "egress_bytes", "ingress_bytes"
 
 
 class EgressFirewall:
-    """The nftables side: installs, updates and removes per-sandbox policy and reads its counters."""
+    """The nftables side: installs, updates and removes per-sandbox policy and reads its counters.
+
+    Once ``installed()`` has read the table back, this object is its only writer: it knows which
+    chain each veth's ``out_chains`` element points to (a map element can only be replaced by
+    deleting it first, and deleting needs it present)."""
 
     def __init__(self, nft_table: str, subnet: str, gateway: str) -> None:
         self.table = f"{nft_table}_egress"
@@ -214,71 +233,133 @@ class EgressFirewall:
         self.nft = Nft()
         # veth → shared set → the element keys (nft text, without the veth) it holds there.
         self._held: dict[str, dict[str, set[str]]] = {}
+        # veth → the chain its element of ``out_chains`` points to (ALLOWLIST or BUDGET).
+        self._routed: dict[str, str] = {}
 
     # -- host-wide --------------------------------------------------------------------------------
 
     def setup_host(self) -> None:
-        """Creates the table, its base chains and shared sets, keeping installed sandboxes
-        (idempotent)."""
+        """Creates the table, its chains, sets and maps, keeping installed sandboxes (idempotent).
+
+        A table of the chain-per-sandbox layout (agents before this one) is left as it is, its
+        sandboxes still guarded by their chains: ``installed()`` converts it when the agent starts."""
+        try:
+            self.nft.run_sync(f"list chain {self._t} {BUDGET}")
+        except CommandFailedError:  # no table yet, or one of the earlier layout
+            with contextlib.suppress(CommandFailedError):
+                self.nft.run_sync(f"list chain {self._t} forward")
+                return
+        self.nft.run_sync(self._layout())
+
+    def _layout(self) -> str:
+        """The batch creating the table's shared chains, sets and maps (or refreshing their rules)."""
         t = self._t
         sets = "\n".join(f"add set {t} {name} {{ {kind} }}" for name, kind in ADDRESS_SETS.items())
-        self.nft.run_sync(
-            f"""
+        ports = "meta l4proto { tcp, udp }"
+        return f"""
 add table {t}
 add map {t} out_chains {{ type ifname : verdict; }}
-add map {t} in_counters {{ type ifname : counter; }}
+add set {t} {EGRESS_BYTES} {{ type ifname; counter; }}
+add set {t} {INGRESS_BYTES} {{ type ifname; counter; }}
+add map {t} budgets {{ type ifname : quota; }}
 {sets}
 add chain {t} forward {{ type filter hook forward priority filter - 5; policy accept; }}
 add chain {t} post {{ type filter hook postrouting priority filter; policy accept; }}
+add chain {t} {ALLOWLIST}
+add chain {t} {BUDGET}
 flush chain {t} forward
 flush chain {t} post
+flush chain {t} {ALLOWLIST}
+flush chain {t} {BUDGET}
 add rule {t} forward iifname vmap @out_chains
 add rule {t} forward iifname "pdk*" ip saddr {self.subnet} drop
-add rule {t} post counter name oifname map @in_counters
+add rule {t} {ALLOWLIST} ct state established,related goto {BUDGET}
+add rule {t} {ALLOWLIST} iifname . ip daddr @allow_net goto {BUDGET}
+add rule {t} {ALLOWLIST} {ports} iifname . ip daddr . th dport @allow_netport goto {BUDGET}
+add rule {t} {ALLOWLIST} iifname . ip daddr @answers goto {BUDGET}
+add rule {t} {ALLOWLIST} {ports} iifname . ip daddr . th dport @answer_ports goto {BUDGET}
+add rule {t} {ALLOWLIST} meta l4proto tcp reject with tcp reset
+add rule {t} {ALLOWLIST} reject with icmp type admin-prohibited
+add rule {t} {BUDGET} quota name iifname map @budgets drop
+add rule {t} {BUDGET} iifname @{EGRESS_BYTES} accept
+add rule {t} post oifname @{INGRESS_BYTES}
 """
-        )
-        # Agents before the host guard moved to network.py kept an input chain here that guarded only
-        # sandboxes with rules, keyed on a set of them: both go (created first so the delete is safe).
-        self.nft.run_sync(
-            f"""
-add chain {t} input {{ type filter hook input priority filter - 5; policy accept; }}
-add set {t} guarded {{ type ifname; }}
-flush chain {t} input
-delete chain {t} input
-delete set {t} guarded
-"""
-        )
+
+    async def _convert(self) -> None:
+        """Replaces a table of the chain-per-sandbox layout, in one atomic batch, by this layout with
+        the same sandboxes in it: each veth's policy (open or allowlist), byte counts, budget and
+        spending, allowlist elements and admitted answers (with the time they had left)."""
+        try:
+            listing = await self.nft.run(f"list table {self._t}", json_output=True)
+        except CommandFailedError:
+            return  # no table at all: nothing is installed
+        items = _objects_of(listing)
+        counters = {c.get("name"): c for c in (item["counter"] for item in items if "counter" in item)}
+        quotas = {q.get("name"): q for q in (item["quota"] for item in items if "quota" in item)}
+        rules: dict[str, str] = {}  # chain → its rules' expressions, as JSON text
+        for rule in (item["rule"] for item in items if "rule" in item):
+            rules[rule.get("chain", "")] = rules.get(rule.get("chain", ""), "") + json.dumps(rule.get("expr"))
+        routed = {
+            element[0]
+            for item in items
+            if item.get("map", {}).get("name") == "out_chains"
+            for element in item["map"].get("elem", [])
+            if isinstance(element, list) and isinstance(element[0], str)
+        }
+        t = self._t
+        lines = [f"delete table {t}", self._layout()]
+        for veth in sorted(routed):
+            v, chain = _q(veth), ALLOWLIST if '"reject"' in rules.get(f"sb_{veth}", "") else BUDGET
+            for name, prefix in ((EGRESS_BYTES, "co"), (INGRESS_BYTES, "ci")):
+                counted = counters.get(f"{prefix}_{veth}", {})
+                packets, count = int(counted.get("packets", 0)), int(counted.get("bytes", 0))
+                lines.append(f"add element {t} {name} {{ {v} counter packets {packets} bytes {count} }}")
+            quota = quotas.get(f"q_{veth}")
+            if quota is not None and '"quota"' in rules.get(f"m_{veth}", ""):
+                lines += self._budget(veth, int(quota.get("bytes", 1)), int(quota.get("used", 0)))
+            lines.append(f"add element {t} out_chains {{ {v} : goto {chain} }}")
+        for item in items:
+            held = item.get("set", {}).get("name")
+            for element in item["set"].get("elem", []) if held in ADDRESS_SETS else []:
+                parsed, left = _element_key(element), _expires(element)
+                if parsed is not None and parsed[0] in routed and (held not in EXPIRING or left):
+                    timeout = f" timeout {left}s" if held in EXPIRING else ""
+                    lines.append(f"add element {t} {held} {{ {_q(parsed[0])} . {parsed[1]}{timeout} }}")
+        await self._nft("\n".join(lines))
+        log.info("egress_table_converted", table=self.table, sandboxes=len(routed))
 
     def teardown_host(self) -> None:
         with contextlib.suppress(CommandFailedError):  # already gone
             self.nft.run_sync(f"delete table {self._t}")
         self._held.clear()
+        self._routed.clear()
 
     # -- per sandbox ----------------------------------------------------------------------------
 
-    def _objects(self, veth: str) -> str:
-        t = self._t
-        return "\n".join(
-            [
-                f"add chain {t} sb_{veth}",
-                f"add chain {t} m_{veth}",
-                f"add counter {t} co_{veth}",
-                f"add counter {t} ci_{veth}",
-                f"add quota {t} q_{veth} {{ over 1 bytes }}",
-            ]
-        )
-
-    def _meter(self, veth: str, quota_bytes: int, used_bytes: int) -> list[str]:
-        t = self._t
-        lines = [
-            f"flush chain {t} m_{veth}",
-            f"delete quota {t} q_{veth}",
-            f"add quota {t} q_{veth} {{ over {max(quota_bytes, 1)} bytes used {max(used_bytes, 0)} bytes }}",
+    def _unbudget(self, veth: str) -> list[str]:
+        """Lines deleting the veth's quota; adding it first makes the deletes safe if it is absent."""
+        t, v, name = self._t, _q(veth), f"q_{veth}"
+        return [
+            f"add quota {t} {name} {{ over 1 bytes }}",
+            f"add element {t} budgets {{ {v} : {_q(name)} }}",
+            f"delete element {t} budgets {{ {v} }}",
+            f"delete quota {t} {name}",
         ]
-        if quota_bytes >= 0:
-            lines.append(f'add rule {t} m_{veth} quota name "q_{veth}" drop')
-        lines.append(f'add rule {t} m_{veth} counter name "co_{veth}" accept')
-        return lines
+
+    def _budget(self, veth: str, quota_bytes: int, used_bytes: int) -> list[str]:
+        """Lines giving the veth (which has none) its quota: ``used_bytes`` of ``quota_bytes`` spent,
+        or none at all when ``quota_bytes`` is -1 (unmetered)."""
+        if quota_bytes < 0:
+            return []
+        t, name = self._t, f"q_{veth}"
+        return [
+            f"add quota {t} {name} {{ over {max(quota_bytes, 1)} bytes used {max(used_bytes, 0)} bytes }}",
+            f"add element {t} budgets {{ {_q(veth)} : {_q(name)} }}",
+        ]
+
+    def _unroute(self, veth: str) -> list[str]:
+        """The line deleting the veth's element of ``out_chains``, if it has one."""
+        return [f"delete element {self._t} out_chains {{ {_q(veth)} }}"] if veth in self._routed else []
 
     def _forget(self, veth: str, sets: tuple[str, ...] = tuple(ADDRESS_SETS)) -> list[str]:
         """Lines deleting what ``veth`` holds in ``sets``. An expiring element is added again first (with
@@ -296,48 +377,36 @@ delete set {t} guarded
     async def install(
         self, veth: str, ip: str, policy: EgressPolicy, *, quota_bytes: int, used_bytes: int = 0
     ) -> None:
-        """Installs or replaces the sandbox's allowlist and budget in one atomic batch.
+        """Installs or replaces the sandbox's allowlist and budget in one atomic batch; its byte
+        counters keep counting (they start at zero for a veth that had none).
 
         Addresses admitted by earlier DNS answers are forgotten (the rules they came from may be
-        gone); flows already established keep going."""
-        t = self._t
-        g = f"{t} sb_{veth}"
-        lines = [self._objects(veth), *self._forget(veth)]
+        gone); flows already established keep going. ``ip`` is not needed here: ``network.py``'s
+        ``sandbox_pre`` drops whatever a veth sends from another address before it is routed."""
+        del ip
+        t, v = self._t, _q(veth)
+        lines = [*self._forget(veth), *self._unroute(veth)]
         networks = {str(net) for net in policy.networks}
         network_ports = {f"{net} . {port}" for net, port in policy.network_ports}
         for name, keys in (("allow_net", networks), ("allow_netport", network_ports)):
             if keys:
-                items = ", ".join(f"{_q(veth)} . {key}" for key in sorted(keys))
+                items = ", ".join(f"{v} . {key}" for key in sorted(keys))
                 lines.append(f"add element {t} {name} {{ {items} }}")
-        lines += self._meter(veth, quota_bytes, used_bytes)
+        chain = BUDGET if policy.open else ALLOWLIST
         lines += [
-            f"flush chain {g}",
-            f"add rule {g} ip saddr != {ip} drop",
-        ]
-        if policy.open:
-            lines.append(f"add rule {g} goto m_{veth}")
-        else:
-            lines += [
-                f"add rule {g} ct state established,related goto m_{veth}",
-                f"add rule {g} iifname . ip daddr @allow_net goto m_{veth}",
-                f"add rule {g} meta l4proto {{ tcp, udp }} iifname . ip daddr . th dport @allow_netport"
-                f" goto m_{veth}",
-                f"add rule {g} iifname . ip daddr @answers goto m_{veth}",
-                f"add rule {g} meta l4proto {{ tcp, udp }} iifname . ip daddr . th dport @answer_ports"
-                f" goto m_{veth}",
-                f"add rule {g} meta l4proto tcp reject with tcp reset",
-                f"add rule {g} reject with icmp type admin-prohibited",
-            ]
-        lines += [
-            f"add element {t} out_chains {{ {_q(veth)} : goto sb_{veth} }}",
-            f"add element {t} in_counters {{ {_q(veth)} : {_q('ci_' + veth)} }}",
+            *self._unbudget(veth),
+            *self._budget(veth, quota_bytes, used_bytes),
+            f"add element {t} {EGRESS_BYTES} {{ {v} }}",  # an existing element keeps its counter
+            f"add element {t} {INGRESS_BYTES} {{ {v} }}",
+            f"add element {t} out_chains {{ {v} : goto {chain} }}",
         ]
         await self._nft("\n".join(lines))
         self._held[veth] = {"allow_net": networks, "allow_netport": network_ports}
+        self._routed[veth] = chain
 
     async def set_quota(self, veth: str, *, quota_bytes: int, used_bytes: int) -> None:
         """A new budget (-1: unmetered) counted from ``used_bytes`` already spent."""
-        await self._nft("\n".join([self._objects(veth), *self._meter(veth, quota_bytes, used_bytes)]))
+        await self._nft("\n".join([*self._unbudget(veth), *self._budget(veth, quota_bytes, used_bytes)]))
 
     async def admit(self, veth: str, admissions: list[Admission]) -> None:
         """Adds resolved addresses with their TTL; an address already present gets the new timeout."""
@@ -364,95 +433,91 @@ delete set {t} guarded
                 held.setdefault(target, set()).add(key)
 
     async def remove(self, veth: str) -> None:
-        """Removes everything the sandbox had in the table; safe on a half-installed or absent one."""
-        t = self._t
+        """Removes everything the sandbox had in the table; safe on an absent one."""
+        t, v = self._t, _q(veth)
         lines = [
-            self._objects(veth),
             *self._forget(veth),
-            f"add element {t} out_chains {{ {_q(veth)} : goto sb_{veth} }}",
-            f"add element {t} in_counters {{ {_q(veth)} : {_q('ci_' + veth)} }}",
-            f"delete element {t} out_chains {{ {_q(veth)} }}",
-            f"delete element {t} in_counters {{ {_q(veth)} }}",
-            f"flush chain {t} sb_{veth}",
-            f"flush chain {t} m_{veth}",
-            f"delete chain {t} sb_{veth}",
-            f"delete chain {t} m_{veth}",
-            f"delete counter {t} co_{veth}",
-            f"delete counter {t} ci_{veth}",
-            f"delete quota {t} q_{veth}",
+            *self._unroute(veth),
+            *self._unbudget(veth),
+            *(
+                line
+                for name in (EGRESS_BYTES, INGRESS_BYTES)
+                for line in (f"add element {t} {name} {{ {v} }}", f"delete element {t} {name} {{ {v} }}")
+            ),
         ]
         await self._nft("\n".join(lines))
         self._held.pop(veth, None)
+        self._routed.pop(veth, None)
 
     # -- counters ---------------------------------------------------------------------------------
 
     async def snapshot(self) -> Snapshot:
-        """Egress and ingress bytes and the cap of every installed sandbox (two ``nft -j`` reads)."""
-        counters, quotas = await asyncio.gather(
-            self._list("counters"),
-            self._list("quotas"),
-        )
-        snap = Snapshot()
-        for item in counters:
-            name, value = item.get("name", ""), int(item.get("bytes", 0))
-            if name.startswith("co_"):
-                snap.usage.setdefault(name[3:], Usage()).egress_bytes = value
-            elif name.startswith("ci_"):
-                snap.usage.setdefault(name[3:], Usage()).ingress_bytes = value
-        for item in quotas:
-            name = item.get("name", "")
-            if name.startswith("q_") and name[2:] in snap.usage:
-                snap.usage[name[2:]].capped = int(item.get("used", 0)) >= int(item.get("bytes", 0))
+        """Egress and ingress bytes and the cap of every installed sandbox (three ``nft -j`` reads:
+        nft 1.0 cannot list two sets in one command)."""
+        egress, ingress = await self._counters(EGRESS_BYTES), await self._counters(INGRESS_BYTES)
+        snap = Snapshot({veth: Usage(value, ingress.get(veth, 0)) for veth, value in egress.items()})
+        for quota in await self._quotas(f"quotas table {self._t}"):
+            usage = snap.usage.get(quota.get("name", "")[2:])
+            if usage is not None:
+                usage.capped = _capped(quota)
         return snap
 
     async def usage(self, veth: str, *, metered: bool) -> Usage | None:
-        """One sandbox's counters (None when it has no policy installed)."""
-        try:
-            outputs = [
-                await self.nft.run(f"list {kind} {self._t} {prefix}_{veth}", json_output=True)
-                for kind, prefix in (("counter", "co"), ("counter", "ci"), ("quota", "q"))
-            ]
-        except CommandFailedError:
+        """One sandbox's counters (None when it has no policy installed).
+
+        The sets are listed whole: ``get element`` and ``list quota`` read every element of every
+        set on the host first, a listed set only its own."""
+        egress = await self._counters(EGRESS_BYTES)
+        if veth not in egress:
             return None
-        out = "\n".join(outputs)
-        usage = Usage()
-        for item in _objects_of(out):
-            if "counter" in item:
-                name, value = item["counter"].get("name", ""), int(item["counter"].get("bytes", 0))
-                if name.startswith("co_"):
-                    usage.egress_bytes = value
-                else:
-                    usage.ingress_bytes = value
-            elif "quota" in item and metered:
-                usage.capped = int(item["quota"].get("used", 0)) >= int(item["quota"].get("bytes", 0))
+        usage = Usage(egress[veth], (await self._counters(INGRESS_BYTES)).get(veth, 0))
+        usage.capped = metered and any(map(_capped, await self._quotas(f"quota {self._t} q_{veth}")))
         return usage
 
+    async def _counters(self, name: str) -> dict[str, int]:
+        """Bytes by veth counted in one of the counted sets."""
+        return dict(map(_counted, await self._elements(name)))
+
+    async def _quotas(self, what: str) -> list[NftObject]:
+        """The quota objects ``list <what>`` prints (none when they are gone)."""
+        try:
+            out = await self.nft.run(f"list {what}", json_output=True)
+        except CommandFailedError:
+            return []
+        return [dict(item["quota"]) for item in _objects_of(out) if "quota" in item]
+
     async def installed(self) -> set[str]:
-        """Host veths that have a policy installed. Also reads back which elements of the shared sets
-        each one holds (what an earlier agent process installed), so a later change replaces them."""
-        self._held = {}
+        """Host veths that have a policy installed. Also reads back which chain each one goes to and
+        which elements of the shared sets it holds (what an earlier agent process installed), so a
+        later change replaces them."""
+        try:
+            await self.nft.run(f"list chain {self._t} {BUDGET}")
+        except CommandFailedError:  # no table yet, or one of the chain-per-sandbox layout
+            await self._convert()
+        return await self._read_back()
+
+    async def _read_back(self) -> set[str]:
+        self._held, self._routed = {}, {}
         for name in ADDRESS_SETS:
-            try:
-                out = await self.nft.run(f"list set {self._t} {name}", json_output=True)
-            except CommandFailedError:
-                continue  # no table yet
-            elements = [e for item in _objects_of(out) if "set" in item for e in item["set"].get("elem", [])]
-            for element in elements:
+            for element in await self._elements(name):
                 parsed = _element_key(element)
                 if parsed is not None:
                     veth, key = parsed
                     self._held.setdefault(veth, {}).setdefault(name, set()).add(key)
-        return {
-            item["name"][3:] for item in await self._list("counters") if item.get("name", "")[:3] == "co_"
-        }
+        for element in await self._elements("out_chains"):
+            veth, verdict = element
+            if isinstance(veth, str) and isinstance(verdict, dict) and "goto" in verdict:
+                self._routed[veth] = verdict["goto"]["target"]
+        return set(self._routed)
 
-    async def _list(self, kind: str) -> list[NftObject]:
+    async def _elements(self, name: str) -> list[Any]:
+        """The elements of a set or map as ``nft -j`` prints them (none when there is no table)."""
+        kind = "map" if name == "out_chains" else "set"
         try:
-            out = await self.nft.run(f"list {kind} table {self._t}", json_output=True)
+            out = await self.nft.run(f"list {kind} {self._t} {name}", json_output=True)
         except CommandFailedError:
             return []
-        key = kind[:-1]
-        return [dict(item[key]) for item in _objects_of(out) if key in item]
+        return [e for item in _objects_of(out) if kind in item for e in item[kind].get("elem", [])]
 
     async def _nft(self, batch: str) -> None:
         await self.nft.run(batch)
@@ -493,3 +558,19 @@ def _element_key(element: Any) -> tuple[str, str] | None:
         else:
             rendered.append(str(part))
     return parts[0], " . ".join(rendered)
+
+
+def _counted(element: Any) -> tuple[str, int]:
+    """(veth, bytes) of an element of a counted set as ``nft -j`` prints it."""
+    elem = element.get("elem", {}) if isinstance(element, dict) else {}
+    return str(elem.get("val", element)), int(elem.get("counter", {}).get("bytes", 0))
+
+
+def _capped(quota: NftObject) -> bool:
+    return int(quota.get("used", 0)) >= int(quota.get("bytes", 0))
+
+
+def _expires(element: Any) -> int:
+    """Whole seconds an element of a timeout set has left (0: none, or no timeout)."""
+    elem = element.get("elem", {}) if isinstance(element, dict) else {}
+    return int(elem.get("expires", 0))
