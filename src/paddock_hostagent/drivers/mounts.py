@@ -8,6 +8,7 @@ import ctypes.util
 import errno
 import fcntl
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -17,15 +18,46 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 _libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
 _libc.syncfs.argtypes = (ctypes.c_int,)
+# statx(2) (glibc 2.28+): None where libc lacks it, and is_mountpoint scans mountinfo instead.
+_statx = getattr(_libc, "statx", None)
+if _statx is not None:
+    _statx.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MNT_DETACH = 0x2
 _FIFREEZE = 0xC0045877
 _FITHAW = 0xC0045878
+_AT_FDCWD = -100
+# The path itself, no automount, and cached attributes only: a FUSE mount's daemon is not asked.
+_STATX_FLAGS = 0x100 | 0x800 | 0x4000  # AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC
+_STATX_ATTR_MOUNT_ROOT = 0x2000
+_STATX_BYTES = 256  # struct statx
+_STATX_ATTRIBUTES_OFFSET = 8  # stx_attributes (u64)
+_STATX_ATTRIBUTES_MASK_OFFSET = 56  # stx_attributes_mask (u64): which of them the kernel reports
 
 
 def is_mountpoint(path: Path) -> bool:
+    """Whether a mount's root is at ``path``.
+
+    The kernel says so in ``statx`` (STATX_ATTR_MOUNT_ROOT, Linux 5.8+): a few microseconds. Scanning
+    ``/proc/self/mountinfo`` costs ~3 µs per mount on the host, every sandbox holding three or four
+    (~5 ms with 1,700 mounts, on every fork's mount of its disk); it stays the answer where statx
+    cannot give one (no statx, an older kernel, an error other than a missing path)."""
+    if _statx is not None:
+        buffer = ctypes.create_string_buffer(_STATX_BYTES)
+        if _statx(_AT_FDCWD, os.fsencode(path), _STATX_FLAGS, 0, buffer) == 0:
+            (mask,) = struct.unpack_from("Q", buffer, _STATX_ATTRIBUTES_MASK_OFFSET)
+            if mask & _STATX_ATTR_MOUNT_ROOT:
+                (attributes,) = struct.unpack_from("Q", buffer, _STATX_ATTRIBUTES_OFFSET)
+                return bool(attributes & _STATX_ATTR_MOUNT_ROOT)
+        elif ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):
+            return False
+    return in_mountinfo(path)
+
+
+def in_mountinfo(path: Path) -> bool:
+    """Whether ``/proc/self/mountinfo`` lists a mount at ``path`` (is_mountpoint's slow way)."""
     target = str(path)
     try:
         with open("/proc/self/mountinfo") as mountinfo:
