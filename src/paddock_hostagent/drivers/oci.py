@@ -226,21 +226,21 @@ class OciRuntime(SandboxRuntime):
             raise NotRunningError(f"sandbox {source.id} is not running")
         phases = _Phases()
         slot = await self.pool.take_for_fork()
+        warm = bool(slot.disk.loop_device)  # a slot built on demand has no disk of its own
         phases.mark("slot")
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
         record = self._record(spec, handle)
         record.forked_from = source.id
         self._booting += 1
         try:
-            await self._copy_disk(source_handle, slot)
-            phases.mark("clone")
+            await self._copy_disk(source_handle, slot, phases)
             slot.disk_mib = source.disk_mib
             slot.disk.fs = source_handle.slot.disk.fs
             await storage.attach(slot.disk)
             slot.save()
             phases.mark("mount")
             await self._boot(spec, handle, record, start_paused=start_paused, phases=phases)
-            log.info("fork_phases", sandbox_id=spec.id, **phases.ms)
+            log.info("fork_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
         except BaseException:
             self._booting -= 1
             await self._destroy_handle(spec.id, handle)
@@ -248,19 +248,23 @@ class OciRuntime(SandboxRuntime):
         self._booting -= 1
         return record
 
-    async def _copy_disk(self, source: _Handle, slot: Slot) -> None:
+    async def _copy_disk(self, source: _Handle, slot: Slot, phases: _Phases) -> None:
         cgroup = SandboxCgroup(source.cgroups_path)
         was_frozen = cgroup.is_frozen()
         if source.runtime == "runsc" and not was_frozen:
             await _sync_guest(GuestClient(guest_socket_path(source.slot, source.runtime)))
         if not was_frozen:
             await _freeze(cgroup)
+        phases.mark("freeze")
         try:
-            await storage.replace_image(source.slot.disk.image_path, source.slot.disk.mount_dir, slot.disk)
+            await storage.replace_image(
+                source.slot.disk.image_path, source.slot.disk.mount_dir, slot.disk, phases.mark
+            )
         finally:
             if not was_frozen:
                 cgroup.thaw()
         storage.forget_old_image(slot.disk)  # the source runs again meanwhile
+        phases.mark("loop")
 
     def _record(self, spec: SandboxSpec, handle: _Handle) -> SandboxRecord:
         return SandboxRecord.running(

@@ -27,6 +27,7 @@ import errno
 import fcntl
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -198,7 +199,9 @@ async def grow(disk: Disk, size_mib: int) -> None:
         await run(["resize2fs", disk.loop_device])
 
 
-async def replace_image(source: Path, source_mount: Path, disk: Disk) -> None:
+async def replace_image(
+    source: Path, source_mount: Path, disk: Disk, step: Callable[[str], None] = lambda _name: None
+) -> None:
     """Makes ``disk``'s image (possibly still mounted and on its loop device: it is unmounted here) a
     copy of ``source``, whose filesystem is mounted at ``source_mount`` and whose writers are stopped
     (the sandbox is frozen). The caller then calls ``forget_old_image`` once the source may run again.
@@ -213,13 +216,15 @@ async def replace_image(source: Path, source_mount: Path, disk: Disk) -> None:
     filesystem's own background writes to tear it.
 
     The target's unmount (a warm slot's empty disk: its log written, ~2-10 ms) runs in a thread while
-    the source syncs: the two filesystems are unrelated, and only the clone needs both done."""
+    the source syncs: the two filesystems are unrelated, and only the clone needs both done. ``step``
+    is called with the name of each step as it ends (``sync``, ``clone``), for the fork's phases."""
     target = disk.image_path
     target.parent.mkdir(parents=True, exist_ok=True)
     await asyncio.gather(
         asyncio.to_thread(mounts.unmount, disk.mount_dir),
         asyncio.to_thread(mounts.sync_filesystem, source_mount),
     )
+    step("sync")
     if disk.loop_device and not await _released(disk.loop_device):
         # Another mount namespace still holds the slot's old filesystem: a container that started
         # while it was mounted copied the host's mounts and has not dropped them yet. Its superblock
@@ -239,6 +244,7 @@ async def replace_image(source: Path, source_mount: Path, disk: Disk) -> None:
             await run(["cp", "--sparse=always", "--reflink=auto", str(source), str(target)])
         finally:
             mounts.thaw_filesystem(source_mount)
+    step("clone")
 
 
 async def _released(device: str, wait_s: float = 0.05) -> bool:
