@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import time
@@ -89,6 +90,29 @@ async def test_fork_sees_the_files_then_diverges(host: HostAgentClient, sandboxe
     assert (await run(host, child_id, "cat", "/root/shared.txt"))["stdout"] == "child\n"
     assert (await run(host, source["id"], "cat", "/root/shared.txt"))["stdout"] == "source-later\n"
     assert (await host.get_sandbox(child_id)).forked_from == source["id"]
+
+
+FORK_STEPS = ("slot", "freeze", "sync", "clone", "loop", "mount", "overlay", "bundle", "runtime", "guest")
+
+
+async def test_each_fork_logs_where_its_time_went(
+    host: HostAgentClient, sandboxes: Sandboxes, agent: AgentProcess
+) -> None:
+    """``fork_phases``: the milliseconds of each step, in order, and whether the slot was a warm one
+    (docs/performance.md reads its numbers from this line)."""
+    source = await sandboxes.create(name="timed")
+    deadline = time.monotonic() + 30
+    while (await host.info()).warm_slots < 1:
+        assert time.monotonic() < deadline, "the warm pool did not refill"
+        await asyncio.sleep(0.05)
+    child_id = f"{source['id']}-fork"
+    sandboxes.track(child_id)
+    await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="timed-fork", start_paused=False))
+    lines = [line for line in agent.log_path.read_text().splitlines() if '"fork_phases"' in line]
+    phases = json.loads(next(line for line in lines if f'"{child_id}"' in line))
+    assert [key.removesuffix("_ms") for key in phases if key.endswith("_ms")] == list(FORK_STEPS)
+    assert all(phases[f"{step}_ms"] >= 0 for step in FORK_STEPS)
+    assert phases["warm_slot"] is True
 
 
 def used_mib(directory: Path) -> int:
