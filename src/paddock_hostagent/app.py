@@ -15,7 +15,7 @@ import fcntl
 import hmac
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO
@@ -24,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Lifespan
 
 from paddock_core.fastlane import FastLane
 from paddock_core.logging import get_logger
@@ -190,6 +191,13 @@ def create_app(settings: HostAgentSettings) -> FastAPI:
     def authorized(header: str) -> bool:
         scheme, _, presented = header.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token)
+
+    return api_app(authorized, lifespan)
+
+
+def api_app(authorized: Callable[[str], bool], lifespan: Lifespan[FastAPI] | None = None) -> FastAPI:
+    """The internal API (routes, fast lane, kept channel, request log, error handlers) over
+    ``app.state.manager``, which ``lifespan`` sets (tests set it themselves)."""
 
     async def require_token(request: Request) -> None:
         if not authorized(request.headers.get("authorization", "")):

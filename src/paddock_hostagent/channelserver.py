@@ -2,10 +2,12 @@
 without an HTTP request each.
 
 A buffered exec over HTTP costs the agent uvicorn's parsing, the middleware stack and a response in two
-sends on top of the command itself; here the connection, its authentication and the request log's
-context are paid once per channel, and an answer is one WebSocket message. Each call runs in a task of
-its own (calls on one channel do not wait for each other); a cancel frame, or the channel closing,
-cancels the call the way a closed HTTP connection does (the command is killed).
+sends on top of the command itself (a pause or resume, FastAPI's routing and dependencies too); here
+the connection, its authentication and the request log's context are paid once per channel, and an
+answer is one WebSocket message. Each call runs in a task of its own (calls on one channel do not wait
+for each other). A cancel frame, or the channel closing, cancels an exec the way a closed HTTP
+connection does (the command is killed); a pause or resume runs to its end either way, as over HTTP
+(stopping one halfway would leave the sandbox frozen with its record saying otherwise).
 
 ``ChannelEndpoint`` is pure ASGI middleware that takes the WebSocket upgrade at ``channelwire.PATH``
 and passes everything else on. An upgrade without the agent's bearer token is refused (403) before
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 from pydantic import ValidationError
@@ -26,7 +28,14 @@ from pydantic import ValidationError
 from paddock_core import fastlane
 from paddock_core.logging import get_logger
 from paddock_hostagent import channelwire, errors
-from paddock_hostagent.routes import buffered_exec, check_exec_size, error_body, validation_reasons
+from paddock_hostagent.routes import (
+    buffered_exec,
+    check_exec_size,
+    error_body,
+    pause_sandbox,
+    resume_sandbox,
+    validation_reasons,
+)
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import ExecBody
 
@@ -63,7 +72,8 @@ class Channel:
     def __init__(self, manager: SandboxManager, send: fastlane.Send) -> None:
         self._manager = manager
         self._send = send
-        self._calls: dict[int, asyncio.Task[None]] = {}
+        self._calls: dict[int, asyncio.Task[None]] = {}  # the cancellable ones, by id
+        self._running: set[asyncio.Task[None]] = set()  # all of them (the loop keeps weak references)
 
     async def serve(self, receive: fastlane.Receive) -> None:
         try:
@@ -86,9 +96,13 @@ class Channel:
                     if task is not None:
                         task.cancel()
                     continue
-                self._calls[call.id] = asyncio.create_task(self._answer(call))
+                task = asyncio.create_task(self._answer(call))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+                if call.op in _CANCELLABLE:
+                    self._calls[call.id] = task
         finally:
-            # The control plane is gone: its calls die with it (their commands are killed).
+            # The control plane is gone: its commands die with it.
             calls = list(self._calls.values())
             for task in calls:
                 task.cancel()
@@ -127,21 +141,44 @@ class Channel:
 
     async def _serve(self, call: channelwire.Call) -> tuple[int, bytes]:
         """(status, body) exactly as the HTTP route would answer."""
-        if call.op != channelwire.OP_EXEC:
+        serve = _OPS.get(call.op)
+        if serve is None:
             return 400, error_body("bad_request", f"unknown channel call {call.op}")
         try:
-            body = ExecBody.model_validate_json(call.body)
-        except ValidationError as exc:
-            return 400, error_body("bad_request", validation_reasons(exc.errors()))
-        if body.stream:
-            return 400, error_body("bad_request", "a streamed exec goes over HTTP")
-        try:
-            check_exec_size(body)
-            result = await buffered_exec(self._manager, call.sandbox_id, body)
+            return 200, await serve(self._manager, call)
         except errors.HostAgentServerError as exc:
             return exc.status, error_body(exc.code, exc.message)
         except Exception as exc:  # the app's 500; the channel's other calls go on
             request_id = secrets.token_hex(6)
             log.error("unhandled_error", request_id=request_id, op=call.op, exc_info=exc)
             return 500, error_body("internal", f"internal error (request {request_id})")
-        return 200, result.model_dump_json(exclude_none=True).encode()
+
+
+async def _exec(manager: SandboxManager, call: channelwire.Call) -> bytes:
+    try:
+        body = ExecBody.model_validate_json(call.body)
+    except ValidationError as exc:
+        raise errors.BadRequest(validation_reasons(exc.errors())) from None
+    if body.stream:
+        raise errors.BadRequest("a streamed exec goes over HTTP")
+    check_exec_size(body)
+    result = await buffered_exec(manager, call.sandbox_id, body)
+    return result.model_dump_json(exclude_none=True).encode()
+
+
+async def _pause(manager: SandboxManager, call: channelwire.Call) -> bytes:
+    return (await pause_sandbox(call.sandbox_id, manager)).model_dump_json().encode()
+
+
+async def _resume(manager: SandboxManager, call: channelwire.Call) -> bytes:
+    return (await resume_sandbox(call.sandbox_id, manager)).model_dump_json().encode()
+
+
+# The calls a departed caller stops (the others run to their end; their answers go nowhere).
+_CANCELLABLE = frozenset({channelwire.OP_EXEC})
+# Each op's answer body on success; the HTTP routes' own functions where they are plain calls.
+_OPS: dict[int, Callable[[SandboxManager, channelwire.Call], Awaitable[bytes]]] = {
+    channelwire.OP_EXEC: _exec,
+    channelwire.OP_PAUSE: _pause,
+    channelwire.OP_RESUME: _resume,
+}

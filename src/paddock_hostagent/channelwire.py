@@ -3,7 +3,7 @@
 
 The channel is one WebSocket per agent at ``/internal/v1/channel``, on the internal API's own listener
 (so behind the same TLS and proxy as its HTTP routes), authenticated once by the bearer token of its
-upgrade request. Each binary message is one frame; WebSocket carries the length. Many calls share the
+upgrade request. It carries the buffered exec, pause and resume. Each binary message is one frame; WebSocket carries the length. Many calls share the
 channel at once, told apart by a request id the caller picks:
 
     call    >I id  >B op  >B len  request id (X-Request-Id, UTF-8)  >H len  sandbox id  body (JSON)
@@ -25,6 +25,9 @@ PATH = "/internal/v1/channel"
 OP_EXEC = 1
 #: The caller of call ``id`` went away (the call is cancelled, as a closed HTTP connection would).
 OP_CANCEL = 2
+#: ``POST /sandboxes/{id}/pause`` and ``/resume``; no body.
+OP_PAUSE = 3
+OP_RESUME = 4
 #: Calls larger than this go over HTTP: the agent's WebSocket server drops the whole channel (every
 #: call on it) on a message above its limit (uvicorn's 16 MiB), and big bodies gain nothing here.
 MAX_CALL_BYTES = 1 << 20

@@ -3,11 +3,11 @@
 Requests and answers are the models of ``schemas.py``, the contract the host agent's routes use too.
 Imports nothing of the host agent but that module (pydantic) and the kept channel's two
 (``channelwire``, ``channelclient``: the standard library and aiohttp), so the control plane can use it
-without the host agent's other dependencies. The buffered exec (the hot path) goes over the kept
-channel, one WebSocket to the agent that carries many calls at once, and over HTTP when the channel
-cannot carry it (down, refused, an agent without it); other request/response calls go over aiohttp,
-which costs about half of httpx's CPU per request here, and so do downloads; streams and uploads use
-httpx. ``request_id`` (a callable) names the caller's request: it is sent as
+without the host agent's other dependencies. The buffered exec (the hot path), pause and resume go
+over the kept channel, one WebSocket to the agent that carries many calls at once, and over HTTP when
+the channel cannot carry it (down, refused, an agent without it); other request/response calls go
+over aiohttp, which costs about half of httpx's CPU per request here, and so do downloads; streams and
+uploads use httpx. ``request_id`` (a callable) names the caller's request: it is sent as
 ``X-Request-Id`` and the host agent logs its line for the call under that id.
 
     HostAgentError                .status, .code (the agent's ``error`` field)
@@ -30,6 +30,7 @@ a plain ``HostAgentError`` with its ``status`` and ``code``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
@@ -288,6 +289,29 @@ class HostAgentClient:
             raise error_from(answer.status, raw)
         return _parse(parse, answer.status, raw)
 
+    async def _over_channel(
+        self,
+        op: int,
+        sandbox_id: str,
+        body: bytes,
+        parse: Callable[[bytes], Answer],
+        timeout_s: float | None = None,
+    ) -> Answer | None:
+        """The call's answer over the kept channel, or ``None`` when HTTP must carry it. Errors are
+        raised as over HTTP; ``timeout_s`` bounds the wait as the HTTP call's read timeout would."""
+        if self.channel is None:
+            return None
+        request_id = self._request_id() if self._request_id is not None else None
+        with _answered():
+            async with asyncio.timeout(timeout_s):
+                answer = await self.channel.call(op, sandbox_id, request_id or "", body)
+        if answer is None:
+            return None
+        status, raw = answer
+        if status >= 400:
+            raise error_from(status, raw)
+        return _parse(parse, status, raw)
+
     @staticmethod
     def _sb(sandbox_id: str, *rest: str) -> str:
         return "/".join(["sandboxes", quote(sandbox_id, safe=""), *rest])
@@ -308,9 +332,19 @@ class HostAgentClient:
         return await self._call("GET", self._sb(sandbox_id), SandboxView.model_validate_json)
 
     async def pause_sandbox(self, sandbox_id: str) -> StatusResult:
+        kept = await self._over_channel(
+            channelwire.OP_PAUSE, sandbox_id, b"", StatusResult.model_validate_json, self._timeout.read
+        )
+        if kept is not None:
+            return kept
         return await self._call("POST", self._sb(sandbox_id, "pause"), StatusResult.model_validate_json)
 
     async def resume_sandbox(self, sandbox_id: str) -> StatusResult:
+        kept = await self._over_channel(
+            channelwire.OP_RESUME, sandbox_id, b"", StatusResult.model_validate_json, self._timeout.read
+        )
+        if kept is not None:
+            return kept
         return await self._call("POST", self._sb(sandbox_id, "resume"), StatusResult.model_validate_json)
 
     async def fork_sandbox(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
@@ -428,17 +462,11 @@ class HostAgentClient:
         cwd: str | None = None,
     ) -> ExecResult:
         body = ExecBody(cmd=cmd, args=args, env=env, stdin=stdin, cwd=cwd, stream=False)
-        if self.channel is not None:
-            request_id = self._request_id() if self._request_id is not None else None
-            with _answered():
-                answer = await self.channel.call(
-                    channelwire.OP_EXEC, sandbox_id, request_id or "", body.model_dump_json().encode()
-                )
-            if answer is not None:
-                status, raw = answer
-                if status >= 400:
-                    raise error_from(status, raw)
-                return _parse(ExecResult.model_validate_json, status, raw)
+        kept = await self._over_channel(
+            channelwire.OP_EXEC, sandbox_id, body.model_dump_json().encode(), ExecResult.model_validate_json
+        )
+        if kept is not None:
+            return kept
         return await self._call(
             "POST",
             self._sb(sandbox_id, "exec"),

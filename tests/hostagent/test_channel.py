@@ -1,7 +1,7 @@
 """The kept channel from the control plane to a host agent (``channelclient``/``channelserver``).
 
-Most tests serve the agent's real ASGI pieces (``ChannelEndpoint`` in front of the fast lane) with
-uvicorn on a loopback port, in front of a fake sandbox manager, and call them with the real
+Most tests serve the agent's real internal API (``app.api_app``: routes, fast lane, channel) with
+uvicorn on a loopback port, over a fake sandbox manager, and call them with the real
 ``HostAgentClient``: what the channel answers, when it gives way to HTTP, what a drop or a departed
 caller does. The last test runs commands in a real sandbox both ways.
 """
@@ -19,8 +19,9 @@ from starlette.applications import Starlette
 
 from paddock_core.fastlane import FastLane
 from paddock_hostagent import errors
-from paddock_hostagent.channelserver import ChannelEndpoint
+from paddock_hostagent.app import api_app
 from paddock_hostagent.client import (
+    BadStateError,
     HostAgentClient,
     HostAgentError,
     HostUnavailableError,
@@ -53,11 +54,26 @@ class FakeExec:
 
 
 class FakeManager:
-    """``SandboxManager.open_exec``, the one call a buffered exec makes."""
+    """``SandboxManager.open_exec`` (the one call a buffered exec makes), ``pause`` and ``resume``."""
 
     def __init__(self) -> None:
         self.streams: list[FakeExec] = []
-        self.hold: dict[str, asyncio.Event] = {}  # cmd -> released when set
+        self.hold: dict[str, asyncio.Event] = {}  # cmd (or "pause") -> released when set
+        self.paused: set[str] = set()
+
+    async def pause(self, sandbox_id: str) -> str:
+        if sandbox_id in self.paused:
+            raise errors.InvalidState(f"sandbox {sandbox_id} is paused, not running")
+        if "pause" in self.hold:
+            await self.hold["pause"].wait()
+        self.paused.add(sandbox_id)
+        return "paused"
+
+    async def resume(self, sandbox_id: str) -> str:
+        if sandbox_id not in self.paused:
+            raise errors.InvalidState(f"sandbox {sandbox_id} is running, not paused")
+        self.paused.discard(sandbox_id)
+        return "running"
 
     async def open_exec(self, sandbox_id: str, body: ExecBody) -> FakeExec:
         if sandbox_id == "sb-gone":
@@ -83,10 +99,8 @@ class Agent:
         def authorized(header: str) -> bool:
             return header == f"Bearer {TOKEN}"
 
-        app = Starlette()
+        app = api_app(authorized)
         app.state.manager = self.manager
-        app.add_middleware(FastLane, routes=fast_routes(authorized))
-        app.add_middleware(ChannelEndpoint, authorized=authorized)
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, lifespan="off")
         self.server = uvicorn.Server(config)
         self.task = asyncio.create_task(self.server.serve())
@@ -145,6 +159,43 @@ async def test_exec_over_the_channel_answers_what_http_answers(fake_agent: Agent
         assert all(stream.closed.is_set() for stream in agent.manager.streams)
 
 
+async def test_pause_and_resume_over_the_channel_answer_what_http_answers(fake_agent: Agent) -> None:
+    agent = fake_agent
+    async with (
+        HostAgentClient(agent.url, TOKEN) as kept,
+        HostAgentClient(agent.url, TOKEN, channel=False) as http,
+    ):
+        refusals = []
+        for client, sandbox_id in ((kept, "sb-a"), (http, "sb-b")):
+            assert (await client.pause_sandbox(sandbox_id)).status == "paused"
+            with pytest.raises(BadStateError) as caught:
+                await client.pause_sandbox(sandbox_id)
+            refusals.append(
+                (caught.value.status, caught.value.code, str(caught.value).replace(sandbox_id, "X"))
+            )
+            assert (await client.resume_sandbox(sandbox_id)).status == "running"
+        assert refusals[0] == refusals[1] == (409, "invalid_state", "sandbox X is paused, not running")
+        assert kept.channel is not None and kept.channel.is_open
+
+
+async def test_a_pause_whose_caller_leaves_still_completes(fake_agent: Agent) -> None:
+    agent = fake_agent
+    agent.manager.hold["pause"] = release = asyncio.Event()
+    async with HostAgentClient(agent.url, TOKEN) as client:
+        call = asyncio.create_task(client.pause_sandbox("sb-1"))
+        await asyncio.sleep(0.1)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        await asyncio.sleep(0.05)  # the cancel frame has arrived
+        release.set()
+        for _ in range(100):
+            if "sb-1" in agent.manager.paused:
+                break
+            await asyncio.sleep(0.01)
+        assert agent.manager.paused == {"sb-1"}, "a pause is never stopped halfway"
+
+
 async def test_calls_share_one_channel_and_are_answered_as_they_finish(fake_agent: Agent) -> None:
     agent = fake_agent
     agent.manager.hold["slow"] = release = asyncio.Event()
@@ -159,8 +210,9 @@ async def test_calls_share_one_channel_and_are_answered_as_they_finish(fake_agen
 async def test_a_bad_token_is_refused_and_nothing_runs(fake_agent: Agent) -> None:
     agent = fake_agent
     async with HostAgentClient(agent.url, "wrong") as client:
-        with pytest.raises(HostAgentError):
+        with pytest.raises(HostAgentError) as caught:
             await exec_true(client)
+        assert (caught.value.status, caught.value.code) == (401, "unauthorized")  # HTTP's answer
         assert client.channel is not None and not client.channel.is_open
         assert "403" in (client.channel.last_failure or "")
     assert agent.manager.streams == []
@@ -219,7 +271,7 @@ async def test_an_agent_without_the_channel_is_served_over_http() -> None:
 
 
 @pytest.mark.root
-async def test_a_real_command_gives_the_same_result_over_the_channel_and_http(
+async def test_a_real_sandbox_over_the_channel_answers_as_over_http(
     host: HostAgentClient, sandbox: dict[str, Any], agent: AgentProcess
 ) -> None:
     script = "printf 'out ✓\\n'; printf '\\377\\n'; echo err >&2; exit 7"
@@ -230,3 +282,9 @@ async def test_a_real_command_gives_the_same_result_over_the_channel_and_http(
         assert result.pop("exec_ms") >= 0
     assert over_channel == over_http == {"stdout": "out ✓\n\ufffd\n", "stderr": "err\n", "exit_code": 7}
     assert (await run(host, sandbox["id"], "cat", stdin="fed\n"))["stdout"] == "fed\n"
+    assert (await host.pause_sandbox(sandbox["id"])).status == "paused"
+    assert (await host.get_sandbox(sandbox["id"])).status == "paused"
+    with pytest.raises(BadStateError):
+        await run(host, sandbox["id"], "true")
+    assert (await host.resume_sandbox(sandbox["id"])).status == "running"
+    assert (await run(host, sandbox["id"], "echo", "back"))["stdout"] == "back\n"
