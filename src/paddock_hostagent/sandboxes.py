@@ -653,7 +653,11 @@ class SandboxManager:
 
     async def open_exec(self, sandbox_id: str, body: ExecBody) -> ExecStream:
         """Starts a command; raises (404/409) before anything runs if the sandbox cannot take it."""
-        entry = self._running_entry(sandbox_id)
+        entry = self._entry(sandbox_id)
+        # The recorded state, not the runtime's probe (a /proc and a cgroup read per command): a
+        # sandbox whose init has died refuses the guest's connection, and is probed then (below).
+        if entry.record.state != RuntimeState.RUNNING:
+            self._running_entry(sandbox_id)  # the 409, with the state the probe finds
         env = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": entry.record.name, "LANG": "C.UTF-8"}
         # A template's ENV and WORKDIR apply to every command, under what the caller sets; its USER
         # runs the command through setpriv (util-linux, in every Debian image), as docker exec would.
@@ -679,6 +683,7 @@ class SandboxManager:
         try:
             await session.__aenter__()
         except GuestError as exc:
+            self._running_entry(sandbox_id)  # one that stopped is a 409, as above
             raise errors.SandboxFailed(f"guest agent of {sandbox_id} unreachable: {exc}") from exc
         entry.active += 1
         entry.touch()
