@@ -281,6 +281,8 @@ async def test_a_real_sandbox_over_the_channel_answers_as_over_http(
     for result in (over_channel, over_http):
         assert result.pop("exec_ms") >= 0
     assert over_channel == over_http == {"stdout": "out ✓\n\ufffd\n", "stderr": "err\n", "exit_code": 7}
+    big = await sh(host, sandbox["id"], "head -c 6000000 /dev/zero | tr '\\0' a")  # past the 4 MiB cap
+    assert big["stdout_truncated"] and len(big["stdout"].encode()) == 4 << 20
     assert (await run(host, sandbox["id"], "cat", stdin="fed\n"))["stdout"] == "fed\n"
     assert (await host.pause_sandbox(sandbox["id"])).status == "paused"
     assert (await host.get_sandbox(sandbox["id"])).status == "paused"
