@@ -29,6 +29,7 @@ from paddock_hostagent import channelwire
 
 # As long as an HTTP call may take to connect: past it, HTTP carries the call.
 _OPEN_TIMEOUT_S = 5.0
+_HEARTBEAT_S = 20.0
 
 
 class ChannelLostError(ConnectionError):
@@ -132,6 +133,9 @@ class AgentChannel:
                         headers=self._headers,
                         max_msg_size=0,  # answers are as large as the HTTP route's (output is capped there)
                         timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+                        # A link that dies silently (a host gone from the network) is closed within
+                        # ~1.5 heartbeats, failing its calls, instead of leaving them waiting.
+                        heartbeat=_HEARTBEAT_S,
                         compress=0,
                     )
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
