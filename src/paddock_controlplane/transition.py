@@ -29,7 +29,8 @@ from typing import Any, Generic, TypeVar, cast
 
 from sqlalchemy import Row, Table, Update, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm import configure_mappers
+from sqlalchemy.orm.attributes import instance_state, manager_of_class, set_committed_value
 
 from paddock_controlplane import hostlink
 from paddock_controlplane.hotcache import drop_sandbox
@@ -44,6 +45,7 @@ _SANDBOXES = cast(Table, Sandbox.__table__)
 _MEMBERS = cast(Table, NetworkMember.__table__)
 #: The sandbox's columns by attribute name (the same as the column names).
 _COLUMNS: tuple[str, ...] = tuple(column.key for column in _SANDBOXES.columns)
+_COLUMN_SET = frozenset(_COLUMNS)
 
 # Built once, with the values bound per call.
 #: Step (1) in one statement: the caller's sandbox moves from one status to another if it is in the
@@ -133,13 +135,16 @@ async def locked_row(session: AsyncSession, sandbox_id: str) -> Sandbox | None:
 
 def _sandbox(rows: Sequence[Row[Any]]) -> Sandbox:
     first = rows[0]._mapping
-    sandbox = Sandbox(**{key: first[key] for key in _COLUMNS})
+    sandbox = _loaded(Sandbox, {key: first[key] for key in _COLUMNS})
     members = [
-        NetworkMember(
-            network_id=row.member_network_id,
-            sandbox_id=sandbox.id,
-            ip=row.member_ip,
-            status=row.member_status,
+        _loaded(
+            NetworkMember,
+            {
+                "network_id": row.member_network_id,
+                "sandbox_id": sandbox.id,
+                "ip": row.member_ip,
+                "status": row.member_status,
+            },
         )
         for row in rows
         if row.member_network_id is not None
@@ -148,13 +153,31 @@ def _sandbox(rows: Sequence[Row[Any]]) -> Sandbox:
     return sandbox
 
 
-def _snapshot(sandbox: Sandbox) -> dict[str, Any]:
-    return {key: getattr(sandbox, key) for key in _COLUMNS}
+_M = TypeVar("_M", Sandbox, NetworkMember)
 
 
-async def write_back(session: AsyncSession, sandbox: Sandbox, before: dict[str, Any]) -> None:
-    """One UPDATE of the columns that differ from ``before`` (nothing when none do)."""
-    values = {"v_" + key: value for key, value in _snapshot(sandbox).items() if value != before[key]}
+def _loaded(model: type[_M], values: dict[str, Any]) -> _M:
+    """An instance holding ``values`` as its loaded state, as the ORM's loader fills one: the mapped
+    constructor records each keyword as a change (events, history), which was most of building the
+    row here. Changes made afterwards are tracked as usual."""
+    if not model.__mapper__.configured:  # setting attributes needs the mapping complete
+        configure_mappers()
+    instance: _M = manager_of_class(model).new_instance()
+    instance.__dict__.update(values)
+    return instance
+
+
+async def write_back(session: AsyncSession, sandbox: Sandbox) -> None:
+    """One UPDATE of the columns set since :func:`locked_row` read them to a value other than the one
+    read (nothing when none was). The instance's own change tracking says which were set, and what
+    they held before, so no copy of the row is taken or compared."""
+    state = instance_state(sandbox)
+    current = state.dict
+    values = {
+        "v_" + key: current[key]
+        for key, old in state.committed_state.items()
+        if key in _COLUMN_SET and current[key] != old
+    }
     if values:
         values["b_sandbox_id"] = sandbox.id
         await (await session.connection()).execute(_update_of(frozenset(values)), values)
@@ -260,7 +283,6 @@ async def _record(
         row = await locked_row(session, sandbox_id)
         recorded = row is not None and row.status in expect
         if row is not None and recorded:
-            before = _snapshot(row)
             await outcome(session, row)
-            await write_back(session, row, before)
+            await write_back(session, row)
     return row, recorded
