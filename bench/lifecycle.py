@@ -194,49 +194,58 @@ def fork_scale(
     - ``fork_fresh_<fresh_mib>`` (on the first size's source): a new ``fresh_mib`` MiB file written right
       before each fork, still dirty in the page cache, so the fork pays its writeback to the host disk.
 
-    Each fork is checked to hold the source's data (size) and destroyed, untimed; the pool refills
-    untimed before each fork, as in the lifecycle round."""
+    What differs between the sizes is only what the source holds: every source has the same disk size,
+    each is forked once untimed first (a sync inside the sandbox stops at the image's page cache, since
+    the loop device writes through it, so the first fork would pay the writeback the host has not done
+    yet), and the timed forks alternate between the sources, so a change of load on a shared box does
+    not pass for a difference of size. Each fork is checked to hold the source's data (size) and
+    destroyed, untimed; the pool refills untimed before each fork, as in the lifecycle round."""
     driver = PaddockLifecycle(base_url, api_key, agent_url, agent_token, pool_size)
+    disk_mib = max(DISK_MIB, max(sizes_mib) + 1024)
+    sources: dict[int, Any] = {}
     try:
         for size in sizes_mib:
             driver.wait_pool()
             sandbox = driver.running(
                 driver.client.sandboxes.create(
-                    SHAPE, name=f"bench-hold-{size}", rootfs="debian:13", disk_mib=max(DISK_MIB, size + 1024)
+                    SHAPE, name=f"bench-hold-{size}", rootfs="debian:13", disk_mib=disk_mib
                 )
             )
-            try:
-                fill = f"head -c {size}M /dev/urandom > /root/fill && sync"
-                if sandbox.run("sh", ["-c", fill], timeout_s=600).exit_code != 0:
-                    raise BenchError(f"paddock: could not write {size} MiB into the source")
-                for _ in range(runs):
-                    _timed_fork(driver, sandbox, f"fork_settled_{size}", "/root/fill", size << 20)
-                if size != sizes_mib[0]:
-                    continue
-                for index in range(runs):
-                    fresh = f"head -c {fresh_mib}M /dev/urandom > /root/fresh-{index}"
-                    if sandbox.run("sh", ["-c", fresh], timeout_s=600).exit_code != 0:
-                        raise BenchError("paddock: could not write the fresh file")
-                    _timed_fork(
-                        driver, sandbox, f"fork_fresh_{fresh_mib}", f"/root/fresh-{index}", fresh_mib << 20
-                    )
-                    # 20 fresh files of 100 MiB would fill the source's 2 GiB disk (ENOSPC at the 19th).
-                    sandbox.run("rm", ["-f", f"/root/fresh-{index}"])
-            finally:
-                driver.destroy(sandbox)
+            sources[size] = sandbox
+            fill = f"head -c {size}M /dev/urandom > /root/fill && sync"
+            if sandbox.run("sh", ["-c", fill], timeout_s=600).exit_code != 0:
+                raise BenchError(f"paddock: could not write {size} MiB into the source")
+            _timed_fork(driver, sandbox, None, "/root/fill", size << 20)
+        for _ in range(runs):
+            for size in sizes_mib:
+                _timed_fork(driver, sources[size], f"fork_settled_{size}", "/root/fill", size << 20)
+        first = sources[sizes_mib[0]]
+        for index in range(runs):
+            fresh = f"head -c {fresh_mib}M /dev/urandom > /root/fresh-{index}"
+            if first.run("sh", ["-c", fresh], timeout_s=600).exit_code != 0:
+                raise BenchError("paddock: could not write the fresh file")
+            _timed_fork(driver, first, f"fork_fresh_{fresh_mib}", f"/root/fresh-{index}", fresh_mib << 20)
+            # 20 fresh files of 100 MiB would fill a 2 GiB disk (ENOSPC at the 19th).
+            first.run("rm", ["-f", f"/root/fresh-{index}"])
         summary = driver.samples.summary()
         summary.pop("destroy", None)
         summary.pop("destroy_answer", None)
-        return {"sizes_mib": list(sizes_mib), "fresh_mib": fresh_mib, **summary}
+        return {"sizes_mib": list(sizes_mib), "fresh_mib": fresh_mib, "disk_mib": disk_mib, **summary}
     finally:
+        for sandbox in sources.values():
+            driver.destroy(sandbox)
         driver.close()
 
 
-def _timed_fork(driver: PaddockLifecycle, sandbox: Any, label: str, path: str, size_bytes: int) -> None:
+def _timed_fork(
+    driver: PaddockLifecycle, sandbox: Any, label: str | None, path: str, size_bytes: int
+) -> None:
+    """One fork → running, recorded under ``label`` (``None``: untimed), checked and destroyed."""
     driver.wait_pool()
     started = time.perf_counter()
-    child = driver.running(sandbox.fork(name=f"bench-fork-{len(driver.samples.values.get(label, []))}"))
-    driver.samples.add(label, (time.perf_counter() - started) * 1000)
+    child = driver.running(sandbox.fork(name=f"bench-fork-{len(driver.samples.values.get(label or '', []))}"))
+    if label is not None:
+        driver.samples.add(label, (time.perf_counter() - started) * 1000)
     try:
         held = child.run("stat", ["-c", "%s", path]).stdout.strip()
         if held != str(size_bytes):

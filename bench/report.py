@@ -210,8 +210,10 @@ def markdown(results: dict[str, Any]) -> str:
             out.append(f"| {label} | {spread(forks.get(op))} | {num(boot_floor)} | {ratio(a, boot_floor)} |")
         out += [
             "",
-            "Settled: the source's data was written and synced (untimed) before the forks, as the kernel "
-            "does by itself within ~30 s of a write. Fresh: a new file written right before each fork, still "
+            "Settled: the source's data was written, synced and the source forked once, all untimed, so "
+            "the host had written it back, as the kernel does by itself within ~30 s of a write. Every "
+            f"source has the same disk ({forks.get('disk_mib', '?')} MiB) and the timed forks alternate "
+            "between them. Fresh: a new file written right before each fork, still "
             "dirty in the page cache, so that fork also pays writing it to the host disk. The disk image is "
             "cloned (FICLONE), never copied; the floor is what booting any new container costs here.",
         ]
