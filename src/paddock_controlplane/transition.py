@@ -37,7 +37,7 @@ from paddock_controlplane.hotcache import drop_sandbox
 from paddock_controlplane.models import NetworkMember, Sandbox
 from paddock_controlplane.services import Services
 from paddock_core import errors
-from paddock_core.db import transaction
+from paddock_core.db import transaction, transaction_connection
 
 T = TypeVar("T")
 
@@ -94,7 +94,7 @@ class Owned:
 async def owned(session: AsyncSession, user_id: str, sandbox_id: str) -> Owned:
     """The caller's sandbox (any status), its row locked until the transaction ends; 404 if not theirs."""
     params = {"sandbox_id": sandbox_id, "user_id": user_id}
-    row = (await (await session.connection()).execute(_OWNED, params)).first()
+    row = (await (await transaction_connection(session)).execute(_OWNED, params)).first()
     if row is None:
         raise errors.NotFound("sandbox not found")
     return Owned(status=row.status, host_id=row.host_id, disk_mib=int(row.disk_mib))
@@ -113,7 +113,7 @@ async def claim(
     <status>; only a <expect> sandbox can be <verb>`` (:func:`require_status`)."""
     # (An UPDATE's parameters may not be named like its columns.)
     params = {"b_sandbox_id": sandbox_id, "b_user_id": user_id, "from_status": expect, "to_status": to}
-    connection = await session.connection()
+    connection = await transaction_connection(session)
     while True:
         row = (await connection.execute(_CLAIM, params)).first()
         if row is not None:
@@ -129,7 +129,9 @@ async def locked_row(session: AsyncSession, sandbox_id: str) -> Sandbox | None:
     """The sandbox with its memberships, its row locked until the transaction ends; ``None`` if gone.
 
     The object belongs to no session: change it, then :func:`write_back` what changed."""
-    rows = (await (await session.connection()).execute(_LOCKED_ROW, {"sandbox_id": sandbox_id})).all()
+    rows = (
+        await (await transaction_connection(session)).execute(_LOCKED_ROW, {"sandbox_id": sandbox_id})
+    ).all()
     return _sandbox(rows) if rows else None
 
 
@@ -180,7 +182,7 @@ async def write_back(session: AsyncSession, sandbox: Sandbox) -> None:
     }
     if values:
         values["b_sandbox_id"] = sandbox.id
-        await (await session.connection()).execute(_update_of(frozenset(values)), values)
+        await (await transaction_connection(session)).execute(_update_of(frozenset(values)), values)
         _changed(session, sandbox.id)
 
 
