@@ -25,7 +25,6 @@ from paddock_controlplane import (
     hosts,
     names,
     networks,
-    queries,
     scheduler,
     templates,
     validation,
@@ -35,7 +34,7 @@ from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.schemas import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import ALL, FORKABLE, SandboxStatus
-from paddock_controlplane.transition import settle
+from paddock_controlplane.transition import locked_row, settle
 from paddock_controlplane.views import event_data
 from paddock_core import errors
 from paddock_core.db import transaction
@@ -273,10 +272,11 @@ async def boot(
 ) -> Sandbox:
     """Start ``sandbox`` on its host and record the outcome; a failure leaves it ``failed`` (500).
 
-    ``joined=False`` says the sandbox joined no network (a create that named none: a network is
-    attached later only to a running sandbox), so its memberships are not read before the host call,
-    and the outcome, which then changes the sandbox's own columns only (and the webhook outbox), is
-    recorded with plain statements (``settle(plain=True)``), as a pause's is.
+    ``joined=False`` says the sandbox joined no network (a create that named none, or any fork's child,
+    which never joins one: §11.9; a network is attached later only to a running sandbox), so its
+    memberships are not read before the host call, and the outcome, which then changes the sandbox's
+    own columns only (and the webhook outbox), is recorded with plain statements
+    (``settle(plain=True)``), as a pause's is.
 
     A host without room for a new (not forked) sandbox raises :class:`HostFullError` and records
     nothing, so the create can go elsewhere. A fork has no elsewhere (it copies its source's disk on
@@ -374,7 +374,11 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
     start_paused = bool(req.start_paused)
     async with transaction(services.sessions) as session:
         account = await accounts.lock_user(session, user_id)
-        source = await queries.get_owned(session, user_id, source_id, for_update=True)
+        # Read with one plain statement, its row locked (``transition.locked_row``): the child only
+        # copies its columns, and the ORM's load of the row and then of its memberships was ~1 ms.
+        source = await locked_row(session, source_id)
+        if source is None or source.user_id != user_id:
+            raise errors.NotFound("sandbox not found")
         if source.status not in FORKABLE:
             raise errors.InvalidState(f"sandbox is {source.status}; fork needs a running or paused source")
         plan = await accounts.cached_plan(session, account.plan_id)
@@ -433,5 +437,5 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
 
 async def _boot_fork(services: Services, source: Sandbox, child: Sandbox, start_paused: bool) -> None:
     with contextlib.suppress(errors.PaddockError):  # recorded as failed by boot()
-        booted = await boot(services, child, start_paused=start_paused, fork_of=source)
+        booted = await boot(services, child, start_paused=start_paused, fork_of=source, joined=False)
         await disks.mount_all(services, booted)

@@ -267,6 +267,21 @@ async def test_fork_inherits_settings_and_settles_running(api: httpx.AsyncClient
     assert (await api.get(f"/v1/sandboxes/{src['id']}")).json()["data"]["status"] == "running"
 
 
+async def test_fork_of_a_sandbox_not_the_callers_is_404_and_forks_nothing(
+    api: httpx.AsyncClient, controlplane: ControlPlane, fake_host: FakeHostLink
+) -> None:
+    src = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
+    _, stranger = await controlplane.new_user("pro")
+    theirs = await api.post(f"/v1/sandboxes/{src}/fork", json={}, headers={"X-Api-Key": stranger})
+    assert theirs.status_code == 404 and fail_data(theirs)["message"] == "sandbox not found"
+    missing = await api.post("/v1/sandboxes/sb-01m8gvxxys6pbnxsbjgz4jy000/fork", json={})
+    assert missing.status_code == 404 and fail_data(missing)["message"] == "sandbox not found"
+    await asyncio.sleep(0.05)  # a fork's boot would have reached the host by now
+    assert not [call for call in fake_host.calls if call[0] == "fork"]
+    listed = (await api.get("/v1/sandboxes")).json()["data"]["data"]
+    assert [sandbox["id"] for sandbox in listed] == [src]
+
+
 async def test_exec_env_overrides_only_for_declared_keys(api: httpx.AsyncClient) -> None:
     sid = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "envs": {"MODE": "a"}})).json()[
         "data"
