@@ -423,11 +423,14 @@ async def for_host(services: Services, host_id: str | None) -> HostLink:
 
 
 def forget_if_moved(services: Services, host_id: str, url: str) -> None:
-    """A host that re-registers at another address gets a fresh client."""
+    """A host that re-registers at another address gets a fresh client; the old one is closed (its
+    HTTP sessions and its kept channel, which would otherwise stay open until the far end or the
+    channel's ping gave up). Calls still in flight to the old address fail as the move made them."""
     links = services.hostlinks
     link = links.get(host_id)
     if link is not None and link.url != url:
         links.pop(host_id, None)
+        services.tasks.spawn(link.client.aclose(), name=f"close the old link to {host_id}")
 
 
 async def close_all(services: Services) -> None:
