@@ -60,23 +60,32 @@ def test_sdk_has_no_server_imports() -> None:
     assert not third_party & {"fastapi", "sqlalchemy", "uvicorn", "structlog", "pydantic_settings", "alembic"}
 
 
+#: The host agent's modules the control plane loads: the client, the contract, the kept channel.
+HOST_CLIENT_SIDE = ("client", "schemas", "channelclient", "channelwire")
+
+
 def test_host_contract_needs_no_server() -> None:
-    """The control plane imports the host agent's contract and client: they import pydantic and the
-    HTTP clients, never the host agent's server side (drivers, FastAPI, the guest)."""
-    allowed_roots = {"__future__", "collections", "contextlib", "ipaddress", "json", "typing", "urllib"}
+    """The control plane imports the host agent's contract and client: they (and the kept channel's
+    client and frames) import pydantic, the HTTP clients and the standard library, never the host
+    agent's server side (drivers, FastAPI, the guest)."""
+    allowed_roots = {"__future__", "asyncio", "collections", "contextlib", "dataclasses", "ipaddress"}
+    allowed_roots |= {"itertools", "json", "struct", "time", "typing", "urllib"}
     allowed_roots |= {"pydantic", "aiohttp", "httpx"}
-    for name in ("client.py", "schemas.py"):
-        tree = ast.parse((SRC / "paddock_hostagent" / name).read_text())
+    own = {f"paddock_hostagent.{name}" for name in HOST_CLIENT_SIDE}
+    for name in HOST_CLIENT_SIDE:
+        tree = ast.parse((SRC / "paddock_hostagent" / f"{name}.py").read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
+            if isinstance(node, ast.ImportFrom) and node.module == "paddock_hostagent":
+                modules = {f"paddock_hostagent.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
                 modules = {node.module}
             elif isinstance(node, ast.Import):
                 modules = {alias.name for alias in node.names}
             else:
                 continue
             for module in modules:
-                assert module.split(".")[0] in allowed_roots or module == "paddock_hostagent.schemas", (
-                    f"paddock_hostagent/{name} imports {module}"
+                assert module.split(".")[0] in allowed_roots or module in own, (
+                    f"paddock_hostagent/{name}.py imports {module}"
                 )
 
 
