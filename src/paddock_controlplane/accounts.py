@@ -164,6 +164,8 @@ _LIVE_COUNT = select(func.count()).where(
 _CREATED_SINCE = select(func.count()).where(
     Sandbox.user_id == bindparam("user_id"), Sandbox.created_at >= bindparam("since")
 )
+#: Both counts in one statement, for what needs both caps (create, fork): one trip, not two.
+_LIVE_AND_CREATED_SINCE = select(_LIVE_COUNT.scalar_subquery(), _CREATED_SINCE.scalar_subquery())
 
 
 async def lock_user(session: AsyncSession, user_id: str) -> LockedUser:
@@ -247,14 +249,18 @@ async def check_quotas(
     new_sandbox: bool,
 ) -> None:
     """Concurrent and daily sandbox caps; the caller holds the user lock (§14.2)."""
-    if needs_slot:
+    live = today = None
+    if needs_slot and new_sandbox:
+        params = {"user_id": user_id, "since": day_start(now)}
+        live, today = (await session.execute(_LIVE_AND_CREATED_SINCE, params)).one()
+    elif needs_slot:
         live = await session.scalar(_LIVE_COUNT, {"user_id": user_id})
-        if int(live or 0) >= plan.concurrent_sandboxes:
-            raise errors.QuotaExceeded(f"concurrent sandbox cap reached: limit {plan.concurrent_sandboxes}")
-    if new_sandbox:
+    elif new_sandbox:
         today = await session.scalar(_CREATED_SINCE, {"user_id": user_id, "since": day_start(now)})
-        if int(today or 0) >= plan.sandboxes_per_day:
-            raise errors.QuotaExceeded(f"daily sandbox cap reached: limit {plan.sandboxes_per_day} per day")
+    if needs_slot and int(live or 0) >= plan.concurrent_sandboxes:
+        raise errors.QuotaExceeded(f"concurrent sandbox cap reached: limit {plan.concurrent_sandboxes}")
+    if new_sandbox and int(today or 0) >= plan.sandboxes_per_day:
+        raise errors.QuotaExceeded(f"daily sandbox cap reached: limit {plan.sandboxes_per_day} per day")
 
 
 def day_start(now: dt.datetime | None = None) -> dt.datetime:

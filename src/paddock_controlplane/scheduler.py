@@ -61,6 +61,15 @@ _HELD = (
 )
 _ACTIVE_HOSTS = select(Host).where(Host.status == "active").order_by(Host.id).with_for_update()
 _ACTIVE_HOST = _ACTIVE_HOSTS.where(Host.id == bindparam("host_id"))
+#: What a fork's room check needs of its host, the row locked. Plain columns: loading the whole host
+#: (its JSON lists too) through the ORM cost as much as the statement. The memory held there is read
+#: by a second statement once the lock is held: in one statement PostgreSQL would count from a
+#: snapshot taken before waiting for the lock, missing what its holder placed.
+_HOST_ROOM = (
+    select(Host.status, Host.last_heartbeat_at, Host.free_mib, Host.total_mib)
+    .where(Host.id == bindparam("host_id"))
+    .with_for_update()
+)
 
 
 async def held_by_host(session: AsyncSession, host_ids: Collection[str]) -> dict[str, Held]:
@@ -70,10 +79,11 @@ async def held_by_host(session: AsyncSession, host_ids: Collection[str]) -> dict
     return {str(host_id): Held(int(placed or 0), int(since or 0)) for host_id, placed, since in rows.all()}
 
 
-def free_mib(host: Host, held: Held | None) -> int:
+def free_mib(reported_free_mib: int, total_mib: int, held: Held | None) -> int:
+    """A host's free memory from what it reported and its total (the module's two views)."""
     held = held or Held(0, 0)
-    reported = int(host.free_mib) - held.since_report_mib
-    return max(min(reported, int(host.total_mib) - held.placed_mib), 0)
+    reported = int(reported_free_mib) - held.since_report_mib
+    return max(min(reported, int(total_mib) - held.placed_mib), 0)
 
 
 async def pick_host(
@@ -122,7 +132,7 @@ async def pick_host(
         for host in tier:
             if host.id in exclude:
                 continue
-            free = free_mib(host, held.get(host.id))
+            free = free_mib(host.free_mib, host.total_mib, held.get(host.id))
             largest = max(largest, free)
             if free >= mem_mib and (best is None or free > best[0]):
                 best = (free, host)
@@ -139,11 +149,12 @@ async def check_room(
     session: AsyncSession, host_id: str, *, mem_mib: int, now: dt.datetime, dead_after_s: float
 ) -> None:
     """For a fork, which must run on its source's host: 503 unless that host can take ``mem_mib`` more."""
-    host = await session.get(Host, host_id, with_for_update=True)
+    host = (await session.execute(_HOST_ROOM, {"host_id": host_id})).first()
     if host is None or host.status != "active":
         raise no_capacity(f"host {host_id} is not active")
     if (now - as_utc(host.last_heartbeat_at)).total_seconds() > dead_after_s:
         raise no_capacity(f"host {host_id} is not active")
-    free = free_mib(host, (await held_by_host(session, [host_id])).get(host_id))
+    held = (await held_by_host(session, [host_id])).get(host_id)
+    free = free_mib(host.free_mib, host.total_mib, held)
     if free < mem_mib:
         raise no_capacity(f"host {host_id} has {free} MiB free, {mem_mib} MiB requested")

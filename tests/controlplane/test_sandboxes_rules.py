@@ -183,6 +183,28 @@ async def test_start_paused_skips_the_cap_and_daily_cap_counts_all(
     assert eleventh.status_code == 403 and "daily" in fail_data(eleventh)["message"]
 
 
+async def test_running_create_and_fork_past_the_daily_cap_are_refused_under_the_concurrent_cap(
+    api: httpx.AsyncClient, controlplane: ControlPlane, fake_host: FakeHostLink
+) -> None:
+    _, key = await controlplane.new_user("free")  # cap 1, 10 per day
+    h = {"X-Api-Key": key}
+    paused = [
+        (
+            await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "start_paused": True}, headers=h)
+        ).json()["data"]["id"]
+        for _ in range(10)
+    ]
+    # Nothing runs, so only the daily cap can refuse these.
+    create = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"}, headers=h)
+    fork = await api.post(f"/v1/sandboxes/{paused[0]}/fork", json={}, headers=h)
+    for refused in (create, fork):
+        assert refused.status_code == 403 and fail_data(refused)["code"] == "QUOTA_EXCEEDED"
+        assert "daily sandbox cap reached: limit 10 per day" in fail_data(refused)["message"]
+    assert not [call for call in fake_host.calls if call[0] == "fork"]
+    stats = (await api.get("/v1/whoami", headers=h)).json()["data"]["stats"]
+    assert stats["running"] == 0 and stats["paused"] == 10
+
+
 async def test_names_are_unique_among_live_sandboxes(api: httpx.AsyncClient) -> None:
     first = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "name": "worker"})).json()["data"]
     dup = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "name": "worker"})
