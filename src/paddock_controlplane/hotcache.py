@@ -51,11 +51,17 @@ class StatusWatch:
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
 
-    async def wait(self, sandbox_id: str, timeout_s: float) -> None:
-        """Returns at the next committed change to ``sandbox_id``, or after ``timeout_s``."""
-        event = self._events.setdefault(sandbox_id, asyncio.Event())
+    def watch(self, sandbox_id: str) -> asyncio.Event:
+        """The event the next committed change to ``sandbox_id`` sets. Take it *before* reading the row:
+        a change committed while the read is in flight (PostgreSQL's reads suspend) then still wakes
+        the waiter, where an event taken after the read would wait for the one after."""
+        return self._events.setdefault(sandbox_id, asyncio.Event())
+
+    @staticmethod
+    async def wait(changed: asyncio.Event, timeout_s: float) -> None:
+        """Returns once ``changed`` (from :meth:`watch`) is set, or after ``timeout_s``."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
+            await asyncio.wait_for(changed.wait(), timeout_s)
 
     def changed(self, sandbox_id: str) -> None:
         event = self._events.pop(sandbox_id, None)

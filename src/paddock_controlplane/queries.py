@@ -53,6 +53,7 @@ async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> 
     deadline = time.monotonic() + WAIT_FOR_RUNNING_S
     delay = 0.05
     while True:
+        changed = services.status_watch.watch(sandbox_id)
         sandbox = await services.reads.first(_OWNED, {"sandbox_id": sandbox_id, "user_id": user_id})
         if sandbox is None:
             raise errors.NotFound("sandbox not found")
@@ -63,7 +64,7 @@ async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> 
             raise errors.InvalidState("sandbox is not running")
         # Woken at once by a change this process commits (or, across processes, the status
         # notification); the growing delay bounds the re-reads otherwise.
-        await services.status_watch.wait(sandbox_id, delay)
+        await services.status_watch.wait(changed, delay)
         delay = min(delay * 1.5, 0.5)
 
 
@@ -97,15 +98,21 @@ async def get_when(
     own (so the caller can decide), or when the wait is over — whichever comes first."""
     deadline = time.monotonic() + (wait.timeout_s if wait else 0)
     while True:
+        changed = services.status_watch.watch(sandbox_id) if wait is not None else None
         sandbox = await services.reads.first(_GET, {"sandbox_id": sandbox_id, "user_id": user_id})
         if sandbox is None or not _is_retained(sandbox, cutoff):
             raise errors.NotFound("sandbox not found")
         remaining_s = deadline - time.monotonic()
-        if wait is None or sandbox.status == wait.status or sandbox.status not in TRANSITIONAL:
+        if (
+            changed is None
+            or wait is None
+            or sandbox.status == wait.status
+            or sandbox.status not in TRANSITIONAL
+        ):
             return sandbox
         if remaining_s <= 0:
             return sandbox
-        await services.status_watch.wait(sandbox_id, min(remaining_s, REREAD_S))
+        await services.status_watch.wait(changed, min(remaining_s, REREAD_S))
 
 
 def _retained(cutoff: dt.datetime) -> ColumnElement[bool]:
