@@ -558,9 +558,9 @@ async def _redrive(services: Services, sandbox_id: str, mount_path: str) -> None
         _redriving.discard((sandbox_id, mount_path))
 
 
-async def inherit(session: AsyncSession, source: Sandbox, child: Sandbox) -> None:
+async def inherit(session: AsyncSession, source: Sandbox, child: Sandbox) -> int:
     """A fork's child gets its source's attachments as ``pending`` rows (the caller holds both rows);
-    a mount the source could not make is not repeated."""
+    a mount the source could not make is not repeated. Returns how many it got."""
     rows = (
         await session.scalars(
             select(SandboxDisk).where(
@@ -579,6 +579,7 @@ async def inherit(session: AsyncSession, source: Sandbox, child: Sandbox) -> Non
         )
         session.add(copy)
         await webhooks.emit(session, user_id=child.user_id, action="disk.attach", data=_event(copy, child))
+    return len(rows)
 
 
 async def drop_attachments(session: AsyncSession, sandbox_id: str) -> None:

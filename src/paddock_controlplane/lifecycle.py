@@ -427,15 +427,21 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
         session.add(child)
         await session.flush()
         # The child inherits the source's mounts (issue #15): mounted again for it once it runs.
-        await disks.inherit(session, source, child)
+        inherited = await disks.inherit(session, source, child)
         await webhooks.emit(
             session, user_id=user_id, action="sandbox.fork", data=event_data(child, source_id=source.id)
         )
-    services.tasks.spawn(_boot_fork(services, source, child, start_paused), name=f"boot fork {child.id}")
+    services.tasks.spawn(
+        _boot_fork(services, source, child, start_paused, mounts=inherited > 0), name=f"boot fork {child.id}"
+    )
     return child
 
 
-async def _boot_fork(services: Services, source: Sandbox, child: Sandbox, start_paused: bool) -> None:
+async def _boot_fork(
+    services: Services, source: Sandbox, child: Sandbox, start_paused: bool, *, mounts: bool
+) -> None:
     with contextlib.suppress(errors.PaddockError):  # recorded as failed by boot()
         booted = await boot(services, child, start_paused=start_paused, fork_of=source, joined=False)
-        await disks.mount_all(services, booted)
+        # A child that inherited no disk has none to mount: no read to find out (as create does).
+        if mounts:
+            await disks.mount_all(services, booted)
