@@ -9,24 +9,23 @@ send real traffic through the same table.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import statistics
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
 from paddock_hostagent.drivers.egress import Admission, EgressFirewall, EgressPolicy, Usage
 from paddock_hostagent.drivers.nftlib import Nft
+from tests.security import network_support
 
 pytestmark = [pytest.mark.root]
 
 T = TypeVar("T")
-CLONE_NEWNET = 0x40000000
 NFT_TABLE = "pdkt"
 EGRESS_TABLE = f"ip {NFT_TABLE}_egress"
 SUBNET = "10.254.80.0/20"
@@ -50,30 +49,9 @@ def netns() -> Iterator[str]:
 
 
 def made_in(netns: str, make: Callable[[], T]) -> T:
-    """``make()`` called by a thread inside ``netns``: a libnftables context it opens keeps its netlink
-    socket there, so every command it runs afterwards, from any thread, acts on that namespace."""
-    made: list[T | BaseException] = []
-
-    def enter_and_make() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns {netns}")
-            finally:
-                os.close(fd)
-            made.append(make())
-        except BaseException as exc:
-            made.append(exc)
-
-    worker = threading.Thread(target=enter_and_make)
-    worker.start()
-    worker.join()
-    result = made[0]
-    if isinstance(result, BaseException):
-        raise result
-    return result
+    """``make()`` inside ``netns``: a libnftables context it opens keeps its netlink socket there, so
+    every command it runs afterwards, from any thread, acts on that namespace."""
+    return network_support.made_in(Path(f"/run/netns/{netns}"), make)
 
 
 def firewall(netns: str) -> EgressFirewall:

@@ -1,8 +1,9 @@
 """What the network probes need on the host side: listeners, a local link-local address, sockets opened
 inside a sandbox's namespace, and hand-made IPv4 packets. Nothing here sends traffic off this machine.
 
-``socket_in`` opens a socket inside a network namespace without a subprocess: a short-lived thread enters
-the namespace (setns) and creates the socket, which stays in that namespace after the thread ends. The
+``socket_in`` (through ``made_in``) opens a socket inside a network namespace without a subprocess: a
+short-lived thread enters the namespace (setns) and creates the socket, which stays in that namespace
+after the thread ends. The
 test process is root, so it can do in a sandbox's namespace what the sandbox itself may not (raw
 sockets, sysctls): that is how the probes show the host still refuses what a sandbox could do if it
 had those powers.
@@ -20,11 +21,12 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
 METADATA_ADDRESS = "169.254.169.254"
 HELLO = b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\nhello host"
@@ -36,10 +38,13 @@ def sandbox_netns(record: dict[str, Any]) -> tuple[Path, str]:
     return Path(f"/run/netns/pdk-{slot}"), f"pdk{slot}"
 
 
-def socket_in(netns_path: Path, family: int, kind: int, proto: int = 0) -> socket.socket:
-    made: list[socket.socket | BaseException] = []
+def made_in(netns_path: Path, make: Callable[[], T]) -> T:
+    """``make()`` called by a short-lived thread inside the network namespace at ``netns_path``: what it
+    opens there (a socket, a libnftables context's netlink socket) stays in that namespace, and acts on
+    it from any thread afterwards."""
+    made: list[T | BaseException] = []
 
-    def enter_and_open() -> None:
+    def enter_and_make() -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
@@ -48,17 +53,21 @@ def socket_in(netns_path: Path, family: int, kind: int, proto: int = 0) -> socke
                     raise OSError(ctypes.get_errno(), f"setns {netns_path}")
             finally:
                 os.close(fd)
-            made.append(socket.socket(family, kind, proto))
+            made.append(make())
         except BaseException as exc:
             made.append(exc)
 
-    worker = threading.Thread(target=enter_and_open)
+    worker = threading.Thread(target=enter_and_make)
     worker.start()
     worker.join()
     result = made[0]
     if isinstance(result, BaseException):
         raise result
     return result
+
+
+def socket_in(netns_path: Path, family: int, kind: int, proto: int = 0) -> socket.socket:
+    return made_in(netns_path, lambda: socket.socket(family, kind, proto))
 
 
 def sysctl_in(netns: str, key: str, value: str) -> None:
