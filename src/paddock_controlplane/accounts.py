@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import cast
 
-from sqlalchemy import Table, bindparam, func, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from paddock_controlplane.models import ApiKey, CreditEntry, Plan, Sandbox, User
@@ -147,6 +147,7 @@ class LockedUser:
 # the statement itself (~0.7 ms against ~0.25 ms on SQLite, in every create, resume and billed pause).
 # Nothing holds a User object across these, so there is nothing to synchronise.
 _USERS = cast(Table, User.__table__)
+_CREDIT_ENTRIES = cast(Table, CreditEntry.__table__)
 _LOCK_USER = (
     update(_USERS)
     .where(_USERS.c.id == bindparam("user_id"))
@@ -158,6 +159,8 @@ _ADD_CREDITS = (
     .where(_USERS.c.id == bindparam("user_id"))
     .values(credits_micro=_USERS.c.credits_micro + bindparam("amount_micro"))
 )
+#: The ledger line of a balance change (its id and time from the columns' defaults).
+_RECORD_CREDIT = insert(_CREDIT_ENTRIES)
 _LIVE_COUNT = select(func.count()).where(
     Sandbox.user_id == bindparam("user_id"), Sandbox.status.in_(TOWARD_RUNNING)
 )
@@ -203,7 +206,10 @@ async def cached_plan(session: AsyncSession, plan_id: str) -> Plan:
 async def add_credits(
     session: AsyncSession, user_id: str, amount_micro: int, *, kind: str, ref: str | None = None
 ) -> None:
-    session.add(CreditEntry(user_id=user_id, amount_micro=amount_micro, kind=kind, ref=ref))
+    # Two plain statements: an ORM object for the ledger line, flushed at commit, cost each charged
+    # pause or resume ~0.35 ms more of CPU than one that charged nothing.
+    entry = {"user_id": user_id, "amount_micro": amount_micro, "kind": kind, "ref": ref}
+    await session.execute(_RECORD_CREDIT, entry)
     await session.execute(_ADD_CREDITS, {"user_id": user_id, "amount_micro": amount_micro})
 
 

@@ -7,8 +7,11 @@ lifecycle on real sandboxes.
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 
 from paddock_controlplane import accounts, reconciler
+from paddock_controlplane.models import CreditEntry
+from paddock_core.db import make_engine, make_sessionmaker
 from tests.controlplane.conftest import Clocked, user_client
 
 pytestmark = pytest.mark.db
@@ -38,6 +41,17 @@ async def test_running_time_is_billed_per_second_and_paused_time_is_free(clocked
         await http.delete(f"/v1/sandboxes/{sid}")
         assert start - await clocked.balance(user_id) == 6_660_000 + 15 * PER_SECOND_MICRO
         assert (await http.get("/v1/whoami")).json()["data"]["stats"]["running"] == 0
+    # Every charge is a line of the ledger, named after the sandbox: they add up to the balance's fall.
+    engine = make_engine(clocked.cp.settings.database_url)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            lines = (await session.scalars(select(CreditEntry).where(CreditEntry.user_id == user_id))).all()
+    finally:
+        await engine.dispose()
+    charges = [line for line in lines if line.kind == "compute"]
+    assert len(charges) >= 3 and {line.ref for line in charges} == {sid}
+    assert -sum(line.amount_micro for line in charges) == 6_660_000 + 15 * PER_SECOND_MICRO
+    assert all(line.created_at is not None for line in charges)
 
 
 async def test_a_quota_shape_pays_for_its_share_of_a_cpu(clocked: Clocked) -> None:
