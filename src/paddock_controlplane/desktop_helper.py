@@ -195,8 +195,15 @@ def start_window_manager(index: int) -> int:
         if run(["wmctrl", "-m"], index, check=False).returncode == 0:
             return wm.pid
         if wm.poll() is not None:
-            break
+            # Started while the screen's previous X server or window manager was still going away (a
+            # resize restarts both; on a loaded box that takes seconds), openbox can give up at once:
+            # start it again until the deadline rather than fail the request.
+            time.sleep(0.2)
+            wm = spawn(["openbox", "--sm-disable"], display_of(index), f"openbox-{index}.log")
+            continue
         time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        os.killpg(wm.pid, signal.SIGKILL)
     raise Refused(500, "DESKTOP_FAILED", f"the window manager of screen-{index} did not start")
 
 
@@ -226,6 +233,14 @@ def stop_screen(state: dict[str, Any]) -> None:
         time.sleep(0.05)
     with contextlib.suppress(OSError):
         os.killpg(int(state["xvfb_pid"]), signal.SIGKILL)
+    # Gone, not just signalled: a screen started again on the same display (a resize) must not meet the
+    # old server or window manager still holding it.
+    names = {"xvfb_pid": "Xvfb", "wm_pid": "openbox", "vnc_pid": "x11vnc", "novnc_pid": "websockify"}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        alive(int(state.get(key) or 0), name) for key, name in names.items()
+    ):
+        time.sleep(0.05)
     state_path(int(state["index"])).unlink(missing_ok=True)
 
 
