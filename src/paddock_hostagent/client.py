@@ -289,28 +289,31 @@ class HostAgentClient:
             raise error_from(answer.status, raw)
         return _parse(parse, answer.status, raw)
 
-    async def _over_channel(
+    async def _hot_call(
         self,
         op: int,
         sandbox_id: str,
-        body: bytes,
+        action: str,
         parse: Callable[[bytes], Answer],
-        timeout_s: float | None = None,
-    ) -> Answer | None:
-        """The call's answer over the kept channel, or ``None`` when HTTP must carry it. Errors are
-        raised as over HTTP; ``timeout_s`` bounds the wait as the HTTP call's read timeout would."""
-        if self.channel is None:
-            return None
-        request_id = self._request_id() if self._request_id is not None else None
-        with _answered():
-            async with asyncio.timeout(timeout_s):
-                answer = await self.channel.call(op, sandbox_id, request_id or "", body)
-        if answer is None:
-            return None
-        status, raw = answer
-        if status >= 400:
-            raise error_from(status, raw)
-        return _parse(parse, status, raw)
+        *,
+        body: BaseModel | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> Answer:
+        """``POST sandboxes/<id>/<action>`` over the kept channel, or over HTTP when the channel cannot
+        carry it (down, refused, an agent without it, a body too big). Errors are raised alike either
+        way, and the HTTP call's read timeout bounds the wait on the channel too."""
+        if self.channel is not None:
+            raw_body = body.model_dump_json().encode() if body is not None else b""
+            request_id = self._request_id() if self._request_id is not None else None
+            with _answered():
+                async with asyncio.timeout((timeout or self._timeout).read):
+                    answer = await self.channel.call(op, sandbox_id, request_id or "", raw_body)
+            if answer is not None:
+                status, raw = answer
+                if status >= 400:
+                    raise error_from(status, raw)
+                return _parse(parse, status, raw)
+        return await self._call("POST", self._sb(sandbox_id, action), parse, body=body, timeout=timeout)
 
     @staticmethod
     def _sb(sandbox_id: str, *rest: str) -> str:
@@ -332,20 +335,14 @@ class HostAgentClient:
         return await self._call("GET", self._sb(sandbox_id), SandboxView.model_validate_json)
 
     async def pause_sandbox(self, sandbox_id: str) -> StatusResult:
-        kept = await self._over_channel(
-            channelwire.OP_PAUSE, sandbox_id, b"", StatusResult.model_validate_json, self._timeout.read
+        return await self._hot_call(
+            channelwire.OP_PAUSE, sandbox_id, "pause", StatusResult.model_validate_json
         )
-        if kept is not None:
-            return kept
-        return await self._call("POST", self._sb(sandbox_id, "pause"), StatusResult.model_validate_json)
 
     async def resume_sandbox(self, sandbox_id: str) -> StatusResult:
-        kept = await self._over_channel(
-            channelwire.OP_RESUME, sandbox_id, b"", StatusResult.model_validate_json, self._timeout.read
+        return await self._hot_call(
+            channelwire.OP_RESUME, sandbox_id, "resume", StatusResult.model_validate_json
         )
-        if kept is not None:
-            return kept
-        return await self._call("POST", self._sb(sandbox_id, "resume"), StatusResult.model_validate_json)
 
     async def fork_sandbox(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
         return await self._call(
@@ -462,14 +459,10 @@ class HostAgentClient:
         cwd: str | None = None,
     ) -> ExecResult:
         body = ExecBody(cmd=cmd, args=args, env=env, stdin=stdin, cwd=cwd, stream=False)
-        kept = await self._over_channel(
-            channelwire.OP_EXEC, sandbox_id, body.model_dump_json().encode(), ExecResult.model_validate_json
-        )
-        if kept is not None:
-            return kept
-        return await self._call(
-            "POST",
-            self._sb(sandbox_id, "exec"),
+        return await self._hot_call(
+            channelwire.OP_EXEC,
+            sandbox_id,
+            "exec",
             ExecResult.model_validate_json,
             body=body,
             timeout=_EXEC_TIMEOUT,
