@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
 
+from tests.security.network_support import scratch_netns
+
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    name = f"pdkld-{secrets.token_hex(3)}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with scratch_netns("pdkld") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def _in(netns: str, *argv: str) -> str:

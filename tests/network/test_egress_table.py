@@ -9,7 +9,6 @@ send real traffic through the same table.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import subprocess
 import time
@@ -40,12 +39,8 @@ def ip(i: int) -> str:
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    name = f"pdkt-egress-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with network_support.scratch_netns("pdkt-egress") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], check=True)
 
 
 def made_in(netns: str, make: Callable[[], T]) -> T:

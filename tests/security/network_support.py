@@ -38,6 +38,17 @@ def sandbox_netns(record: dict[str, Any]) -> tuple[Path, str]:
     return Path(f"/run/netns/pdk-{slot}"), f"pdk{slot}"
 
 
+@contextlib.contextmanager
+def scratch_netns(prefix: str) -> Iterator[str]:
+    """A network namespace of the test's own (``/run/netns/<name>``), deleted afterwards."""
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
 def made_in(netns_path: Path, make: Callable[[], T]) -> T:
     """``make()`` called by a short-lived thread inside the network namespace at ``netns_path``: what it
     opens there (a socket, a libnftables context's netlink socket) stays in that namespace, and acts on
