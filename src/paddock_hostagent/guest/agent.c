@@ -5,15 +5,17 @@
  * that the host agent created and handed over as an inherited file descriptor (`--fd N`), or that it
  * binds itself (`--listen PATH`, for tests outside a container).
  *
- * One connection carries one request. PID 1 accepts and forks a handler process per connection; the
- * handler speaks the protocol with blocking I/O and exits when the request is done. Commands run in
+ * PID 1 keeps handler processes waiting in accept(); each serves one connection with blocking I/O, one
+ * request after another while they leave the connection clean (an EXEC without stdin, an INFO), and
+ * exits when the client closes it or after any other request. Commands run in
  * their own session (so their whole process group can be killed) as children of the handler.
  *
  * Framing (both directions): u8 type, u32 little-endian payload length, payload. Strings inside a
  * payload are u32 length + bytes (no NUL). See protocol.py for the host side of the same table.
  *
  *   client -> guest                              guest -> client
- *   EXEC  flags,argc,envc,cmd,args..,env..,cwd   STDOUT bytes / STDERR bytes ... EXIT i32 code, i32 signal
+ *   EXEC  flags,argc,envc,cmd,args..,env..,cwd   STDOUT bytes / STDERR bytes ... EXIT i32 code, i32 signal,
+ *                                                     u32 flags (EXIT_KEPT: the connection takes another request)
  *   STDIN bytes ... STDIN_EOF                    or ERROR u32 code + message (the command did not start)
  *   WRITE path; DATA bytes ...; DATA_END         OK (ready) ... OK u64 size, or ERROR
  *   READ path                                    SIZE u64 (UINT64_MAX: unknown), DATA ..., DATA_END, or ERROR
@@ -63,25 +65,29 @@ static int hand_to_manager(int sock) {
     return sendmsg(proc_manager_fd, &msg, MSG_NOSIGNAL) == 1 ? 0 : -1;
 }
 
-/* Returns 1 when the connection now belongs to the process manager (do not shut it down). */
-static int handle_connection(int sock) {
+/* Serves one request. Returns CONN_NEXT when the connection may carry another (a finished EXEC, an
+ * INFO), CONN_DONE when it is to be shut down, CONN_HANDED_OFF when the process manager now has it. */
+enum { CONN_DONE = 0, CONN_NEXT = 1, CONN_HANDED_OFF = 2 };
+
+static int serve_request(int sock) {
     unsigned char peek;
     ssize_t peeked;
     do peeked = recv(sock, &peek, 1, MSG_PEEK); while (peeked < 0 && errno == EINTR);
     if (peeked == 1 && peek == FR_PROC) {
-        if (proc_manager_fd >= 0 && hand_to_manager(sock) == 0) return 1;
+        if (proc_manager_fd >= 0 && hand_to_manager(sock) == 0) return CONN_HANDED_OFF;
         send_error(sock, E_PROTOCOL, "the process manager is not running");
-        return 0;
+        return CONN_DONE;
     }
     uint32_t len;
     int type = read_header(sock, &len);
-    if (type < 0) return 0;
+    if (type < 0) return CONN_DONE;
     unsigned char *payload = read_payload(sock, len, MAX_CONTROL_PAYLOAD);
     if (!payload) {
         send_error(sock, E_PROTOCOL, "request too large or truncated");
-        return 0;
+        return CONN_DONE;
     }
     if (type == FR_INFO) {
+        free(payload);
         unsigned char reply[24 + SELF_REASON_MAX];
         put_u64(reply, (uint64_t)shared->last_activity_ms);
         put_u32(reply + 8, (uint32_t)shared->active);
@@ -90,20 +96,30 @@ static int handle_connection(int sock) {
         put_u32(reply + 20, shared->self_action);
         size_t reason_len = strnlen(shared->self_reason, SELF_REASON_MAX);
         memcpy(reply + 24, shared->self_reason, reason_len);
-        send_frame(sock, FR_INFO_REPLY, reply, (uint32_t)(24 + reason_len));
-        return 0;
+        return send_frame(sock, FR_INFO_REPLY, reply, (uint32_t)(24 + reason_len)) < 0 ? CONN_DONE : CONN_NEXT;
     }
+    int next = CONN_DONE;
     __sync_fetch_and_add(&shared->active, 1);
     touch_activity();
     switch (type) {
-    case FR_EXEC: handle_exec(sock, payload, len); break;
+    case FR_EXEC: next = handle_exec(sock, payload, len) == EXEC_KEPT ? CONN_NEXT : CONN_DONE; break;
     case FR_WRITE: handle_write(sock, payload, len); break;
     case FR_READ: handle_read(sock, payload, len); break;
     default: send_error(sock, E_PROTOCOL, "unknown request type %d", type); break;
     }
     touch_activity();
     __sync_fetch_and_sub(&shared->active, 1);
-    return 0;
+    free(payload);
+    return next;
+}
+
+/* A connection carries requests one after another until the client closes it (a host keeps one per
+ * sandbox, so an exec skips the connect and this agent's fork of a replacement handler) or a request
+ * leaves it mid-frame (a file transfer, an exec given stdin, an error). */
+static void handle_connection(int sock) {
+    int next;
+    while ((next = serve_request(sock)) == CONN_NEXT) {}
+    if (next == CONN_DONE) shutdown(sock, SHUT_RDWR);
 }
 
 static int listen_on(const char *path) {
@@ -153,6 +169,7 @@ int main(int argc, char **argv) {
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     signal(SIGPIPE, SIG_IGN);
+    note_ignored_signals();
     int notify[2];
     if (pipe2(notify, O_CLOEXEC) < 0) { perror("pipe"); return 1; }
     fcntl(notify[0], F_SETFL, O_NONBLOCK);
@@ -208,7 +225,7 @@ int main(int argc, char **argv) {
                 (void)!write(notify[1], &me, sizeof me);
                 close(notify[1]);
                 close(listen_fd);
-                if (conn >= 0 && !handle_connection(conn)) shutdown(conn, SHUT_RDWR);
+                if (conn >= 0) handle_connection(conn);
                 _exit(0);
             }
             if (pid > 0) idle[i] = pid;

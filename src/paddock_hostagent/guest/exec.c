@@ -20,6 +20,18 @@ struct exec_request {
 
 #define EXEC_HAS_STDIN 1u
 
+/* A handler serves one request after another on a kept connection, so it gives back what it took. */
+static void free_exec(struct exec_request *req) {
+    free(req->cmd);
+    if (req->argv)
+        for (char **arg = req->argv + 1; *arg; arg++) free(*arg); /* argv[0] is cmd */
+    if (req->envp)
+        for (char **var = req->envp; *var; var++) free(*var);
+    free(req->argv);
+    free(req->envp);
+    free(req->cwd);
+}
+
 static int parse_exec(const unsigned char *payload, uint32_t len, struct exec_request *req) {
     struct cursor c = {payload, len, 0};
     req->flags = cur_u32(&c);
@@ -152,11 +164,12 @@ static void kill_group(pid_t pid) {
     kill(pid, SIGKILL);
 }
 
-int handle_exec(int sock, const unsigned char *payload, uint32_t len) {
-    struct exec_request req;
-    memset(&req, 0, sizeof req);
-    if (parse_exec(payload, len, &req) < 0) return send_error(sock, E_PROTOCOL, "malformed exec request");
+/* Output is read into one buffer per handler (it serves one request at a time): no allocation, and no
+ * mmap + munmap of 256 KiB, per command. */
+static unsigned char output_buf[IO_CHUNK];
 
+/* Returns EXEC_KEPT when the connection may carry another request, 0 when it must be closed. */
+static int run_exec(int sock, struct exec_request req) {
     char program[PATH_MAX];
     if (resolve_command(req.cmd, req.envp, program, sizeof program) < 0)
         return send_error(sock, E_SPAWN, "%s: %s", req.cmd, strerror(errno));
@@ -188,7 +201,7 @@ int handle_exec(int sock, const unsigned char *payload, uint32_t len) {
     struct stdin_buffer sin = {NULL, 0, 0, has_stdin ? in[1] : -1, !has_stdin};
     if (sin.fd >= 0) set_nonblock(sin.fd);
     int out_fd = out[0], err_fd = err[0];
-    unsigned char *buf = malloc(IO_CHUNK);
+    unsigned char *buf = output_buf;
     int status = 0, exited = 0, client_gone = 0;
     int64_t drain_deadline = 0;
 
@@ -248,7 +261,6 @@ int handle_exec(int sock, const unsigned char *payload, uint32_t len) {
             }
         }
     }
-    free(buf);
     free(sin.data);
     if (sin.fd >= 0) close(sin.fd);
     if (out_fd >= 0) close(out_fd);
@@ -262,11 +274,26 @@ int handle_exec(int sock, const unsigned char *payload, uint32_t len) {
     if (!exited) {
         waitpid(pid, &status, 0);
     }
-    unsigned char reply[8];
+    unsigned char reply[12];
     int32_t code = 0, sig = 0;
     if (WIFEXITED(status)) code = WEXITSTATUS(status);
     else if (WIFSIGNALED(status)) { sig = WTERMSIG(status); code = 128 + sig; }
+    /* A command given stdin may have left STDIN frames unread on the socket: such a connection is not
+     * kept, so what follows on a kept connection is always the start of a new request. */
+    uint32_t flags = has_stdin ? 0 : EXIT_KEPT;
     put_u32(reply, (uint32_t)code);
     put_u32(reply + 4, (uint32_t)sig);
-    return send_frame(sock, FR_EXIT, reply, sizeof reply);
+    put_u32(reply + 8, flags);
+    if (send_frame(sock, FR_EXIT, reply, sizeof reply) < 0) return 0;
+    return flags & EXIT_KEPT ? EXEC_KEPT : 0;
+}
+
+int handle_exec(int sock, const unsigned char *payload, uint32_t len) {
+    struct exec_request req;
+    memset(&req, 0, sizeof req);
+    int kept = 0;
+    if (parse_exec(payload, len, &req) < 0) send_error(sock, E_PROTOCOL, "malformed exec request");
+    else kept = run_exec(sock, req);
+    free_exec(&req);
+    return kept;
 }

@@ -73,6 +73,7 @@ int send_frame(int fd, uint8_t type, const void *payload, uint32_t len);
 int send_error(int fd, uint32_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int read_header(int fd, uint32_t *len);
 unsigned char *read_payload(int fd, uint32_t len, uint32_t max);
+void note_ignored_signals(void); /* PID 1, before it forks: what reset_signals resets */
 void reset_signals(void);
 
 struct cursor {
@@ -83,7 +84,10 @@ struct cursor {
 uint32_t cur_u32(struct cursor *c);
 char *cur_str(struct cursor *c);
 
-/* exec.c, files.c: one request each, on a connected socket */
+/* exec.c, files.c: one request each, on a connected socket. handle_exec returns EXEC_KEPT when the
+ * connection may carry another request (its EXIT frame then says EXIT_KEPT to the client). */
+#define EXEC_KEPT 1
+#define EXIT_KEPT 1u /* flags word of an EXIT frame */
 int handle_exec(int sock, const unsigned char *payload, uint32_t len);
 int handle_write(int sock, const unsigned char *payload, uint32_t len);
 int handle_read(int sock, const unsigned char *payload, uint32_t len);

@@ -157,15 +157,27 @@ unsigned char *read_payload(int fd, uint32_t len, uint32_t max) {
     return buf;
 }
 
+/* The signals this agent's processes ignore (bit n-1 for signal n): what the runtime left ignored, and
+ * SIGPIPE. Noted once by PID 1 before it forks anything; no process of the agent changes a disposition
+ * after that, and execve resets every caught signal by itself, so only these need resetting in a child. */
+static uint64_t ignored_signals;
+
+void note_ignored_signals(void) {
+    struct { void *handler; unsigned long flags; void *restorer; uint64_t mask; } old;
+    for (int sig = 1; sig < 65; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        /* The raw syscall also reaches the signals libc reserves (32, 33), which a runtime may have left
+         * ignored; ignored dispositions would otherwise survive exec into every command. */
+        if (syscall(SYS_rt_sigaction, sig, NULL, &old, sizeof old.mask) == 0 && old.handler == (void *)SIG_IGN)
+            ignored_signals |= 1ull << (sig - 1);
+    }
+}
+
 void reset_signals(void) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    /* The raw syscall also reaches the signals libc reserves (32, 33), which a runtime may have left
-     * ignored; ignored dispositions would otherwise survive exec into every command. */
     struct { void *handler; unsigned long flags; void *restorer; uint64_t mask; } dfl = {0, 0, 0, 0};
-    for (int sig = 1; sig < 65; sig++) {
-        if (sig == SIGKILL || sig == SIGSTOP) continue;
-        syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof dfl.mask);
-    }
+    for (int sig = 1; sig < 65; sig++)
+        if (ignored_signals & (1ull << (sig - 1))) syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof dfl.mask);
 }
