@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -283,3 +284,115 @@ async def test_a_dead_agent_is_reported_as_unavailable(
     process.wait()
     with pytest.raises(GuestUnavailableError):
         await client.info()
+
+
+# -- kept connections: one handler serves an exec after another ---------------------------------------
+
+PARENT = ExecRequest("sh", ["-c", "echo $PPID"], ENV)  # the guest handler that ran the command
+
+
+async def _parent_of_next_exec(client: GuestClient) -> int:
+    stdout, _, events = await run(client, PARENT)
+    assert events[-1] == Exited(exit_code=0, signal=0)
+    return int(stdout)
+
+
+async def test_execs_in_a_row_share_one_kept_connection(guest: tuple[GuestClient, object]) -> None:
+    client, _ = guest
+    handlers = {await _parent_of_next_exec(client) for _ in range(5)}
+    assert len(handlers) == 1
+    one_shot = GuestClient(client.socket_path, kept=None)
+    assert len({await _parent_of_next_exec(one_shot) for _ in range(3)}) == 3
+
+
+async def test_a_kept_connection_never_carries_an_earlier_exec_s_output(
+    guest: tuple[GuestClient, object],
+) -> None:
+    client, _ = guest
+    # The background job outlives its shell and writes on after the guest stopped draining the pipes
+    # (DRAIN_AFTER_EXIT_MS after the shell's exit): what it wrote until then is the first exec's.
+    script = "(for i in 1 2 3 4 5 6; do echo late$i; sleep 0.05; done) & echo first"
+    stdout, _, events = await run(client, ExecRequest("sh", ["-c", script], ENV))
+    assert stdout.startswith(b"first\n") and events[-1] == Exited(exit_code=0, signal=0)
+    for _ in range(5):
+        stdout, stderr, events = await run(client, ExecRequest("echo", ["next"], ENV))
+        assert (stdout, stderr, events[-1]) == (b"next\n", b"", Exited(exit_code=0, signal=0))
+        await asyncio.sleep(0.05)
+
+
+async def test_an_exec_given_stdin_or_left_early_does_not_keep_its_connection(
+    guest: tuple[GuestClient, object],
+) -> None:
+    client, _ = guest
+    before = await _parent_of_next_exec(client)
+    # The command exits without reading its stdin: STDIN frames may still be on the way to the guest.
+    stdout, _, _ = await run(client, ExecRequest("sh", ["-c", "echo $PPID"], ENV, stdin=b"x" * 100_000))
+    after_stdin = await _parent_of_next_exec(client)
+    assert int(stdout) == before and after_stdin != before
+    async with client.exec(ExecRequest("sh", ["-c", "echo $PPID; sleep 30"], ENV)) as session:
+        async for event in session:
+            assert isinstance(event, Output) and int(event.data) == after_stdin
+            break
+    assert await _parent_of_next_exec(client) != after_stdin
+
+
+async def test_a_kept_connection_whose_guest_went_away_is_replaced(
+    guest_binary_dir: Path, guest: tuple[GuestClient, subprocess.Popen[bytes]]
+) -> None:
+    client, process = guest
+    handler = await _parent_of_next_exec(client)
+    os.kill(handler, 9)  # the handler holding the kept connection dies (as in an OOM kill)
+    assert await _parent_of_next_exec(client) != handler
+    # The whole agent restarts on the same socket (a guest restart): its kept connection is dead too.
+    process.kill()
+    process.wait()
+    assert client.socket_path is not None
+    restarted = subprocess.Popen([str(guest_binary_dir / BINARY_NAME), "--listen", str(client.socket_path)])
+    try:
+        deadline = time.monotonic() + 5
+        while not _listening(client.socket_path) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stdout, _, events = await run(client, ExecRequest("echo", ["back"], ENV))
+        assert (stdout, events[-1]) == (b"back\n", Exited(exit_code=0, signal=0))
+    finally:
+        restarted.kill()
+        restarted.wait()
+
+
+async def test_a_kept_connection_found_closed_when_sending_is_replaced(
+    guest: tuple[GuestClient, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, _ = guest
+    handler = await _parent_of_next_exec(client)
+    os.kill(handler, 9)
+    await asyncio.sleep(0.05)
+    # As if the handler died between the idle check and the send: the send fails, nothing ran.
+    monkeypatch.setattr("paddock_hostagent.guest.client._Connection.idle_and_open", lambda self: True)
+    assert await _parent_of_next_exec(client) != handler
+
+
+def test_commands_do_not_inherit_signals_the_agent_was_started_ignoring(
+    guest_binary_dir: Path, tmp_path: Path
+) -> None:
+    socket_path = tmp_path / "g.sock"
+
+    def ignore_some() -> None:
+        for signo in (signal.SIGINT, signal.SIGQUIT, signal.SIGUSR2):
+            signal.signal(signo, signal.SIG_IGN)
+
+    process = subprocess.Popen(
+        [str(guest_binary_dir / BINARY_NAME), "--listen", str(socket_path)], preexec_fn=ignore_some
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while not _listening(socket_path) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        assert "SigIgn:\t0000000000000000" not in status  # the test's premise
+        request = ExecRequest("sh", ["-c", "grep SigIgn /proc/self/status"], ENV)
+        for _ in range(2):  # a fresh handler, then the kept one
+            stdout, _, _ = asyncio.run(run(GuestClient(socket_path), request))
+            assert stdout == b"SigIgn:\t0000000000000000\n"
+    finally:
+        process.kill()
+        process.wait()

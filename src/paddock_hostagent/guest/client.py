@@ -1,4 +1,4 @@
-"""Asyncio client for the guest agent's unix socket: one connection per request.
+"""Asyncio client for the guest agent's unix socket: a connection per request, or a kept one for exec.
 
     client = GuestClient(Path(".../guest.sock"))
     async with client.exec(ExecRequest("ls", ["-l"], env)) as session:
@@ -10,6 +10,13 @@
 
 Leaving an ``exec`` session early closes the connection, and the guest then kills the command's whole
 process group.
+
+An exec that ran to its end without stdin leaves its connection clean (the guest's EXIT frame says
+so), and the connection is kept (``KeptConnections``, one idle per guest socket) for the next exec on
+that guest: it skips the connect and the guest's fork of a replacement handler. A kept connection is
+taken only if nothing arrived on it while idle (a restarted, destroyed or reset guest closes it) and
+only after its previous exec's EXIT, so no exec ever reads another's output; one found closed when its
+request is sent (nothing delivered) is replaced by a new connection.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import struct
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -41,6 +49,9 @@ from paddock_hostagent.guest.protocol import (
 
 _MAX_SUN_PATH = 100
 _STREAM_LIMIT_BYTES = 4 << 20
+# EXIT frame flags (guest.h): the guest takes another request on this connection.
+_EXIT_KEPT = 1
+_IDLE_EVENTS = select.POLLIN | select.POLLRDHUP | select.POLLHUP | select.POLLERR
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,20 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.loop = asyncio.get_running_loop()
+
+    def idle_and_open(self) -> bool:
+        """True when this idle connection can carry a request: still open, on the running loop, and
+        with nothing to read (the guest sends nothing between requests, so readable means it hung up)."""
+        if self.loop is not asyncio.get_running_loop() or self.writer.is_closing() or self.reader.at_eof():
+            return False
+        sock = self.writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        # The kernel's view now, not the event loop's: a guest that just died may not have been read yet.
+        poller = select.poll()
+        poller.register(sock.fileno(), _IDLE_EVENTS)
+        return not poller.poll(0)
 
     async def read_frame(self) -> tuple[int, bytes]:
         try:
@@ -118,6 +143,65 @@ class _Connection:
 
 
 Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
+class KeptConnections:
+    """Idle connections whose last exec ended clean, by guest socket path: at most ``per_guest`` each.
+
+    A destroyed sandbox's entry holds a closed connection until the path is used again or the next
+    sweep (run whenever the number of paths has doubled since the last one) drops it."""
+
+    def __init__(self, per_guest: int = 1) -> None:
+        self.per_guest = per_guest
+        self._idle: dict[str, list[_Connection]] = {}
+        self._sweep_at = 64
+
+    def take(self, key: str) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.idle_and_open():
+                return conn
+            _close_quietly(conn)
+        return None
+
+    def give_back(self, key: str, conn: _Connection) -> None:
+        idle = self._idle.setdefault(key, [])
+        if len(idle) >= self.per_guest:
+            _close_quietly(conn)
+            return
+        idle.append(conn)
+        if len(self._idle) >= self._sweep_at:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        for key, idle in list(self._idle.items()):
+            open_ones = []
+            for conn in idle:
+                if conn.loop.is_closed() or conn.writer.is_closing() or conn.reader.at_eof():
+                    _close_quietly(conn)
+                else:
+                    open_ones.append(conn)
+            if open_ones:
+                self._idle[key] = open_ones
+            else:
+                del self._idle[key]
+        self._sweep_at = max(64, 2 * len(self._idle))
+
+    def close_all(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                _close_quietly(conn)
+        self._idle.clear()
+
+
+def _close_quietly(conn: _Connection) -> None:
+    with contextlib.suppress(RuntimeError):  # its event loop is closed: the socket went with it
+        conn.close()
+
+
+# The host agent's: one process, one event loop, and a new GuestClient per request.
+KEPT_CONNECTIONS = KeptConnections()
 
 
 def unix_connector(socket_path: Path) -> Connector:
@@ -149,14 +233,28 @@ class GuestClient:
         *,
         connector: Connector | None = None,
         connect_timeout_s: float = 5.0,
+        kept: KeptConnections | None = KEPT_CONNECTIONS,
     ) -> None:
         if connector is None:
             if socket_path is None:
                 raise ValueError("GuestClient needs a socket path or a connector")
             connector = unix_connector(socket_path)
+        elif socket_path is None:
+            kept = None  # no key to keep connections under
         self.socket_path = socket_path
         self._connector = connector
         self.connect_timeout_s = connect_timeout_s
+        self._kept = kept
+        self._kept_key = str(socket_path)
+
+    def _take_kept(self) -> _Connection | None:
+        return self._kept.take(self._kept_key) if self._kept is not None else None
+
+    def _keep(self, conn: _Connection) -> None:
+        if self._kept is not None:
+            self._kept.give_back(self._kept_key, conn)
+        else:
+            conn.close()
 
     async def _connect(self) -> _Connection:
         try:
@@ -246,21 +344,31 @@ class ExecSession:
         self._conn: _Connection | None = None
         self._stdin_task: asyncio.Task[None] | None = None
         self.finished = False
+        self._clean = False  # the guest said the connection takes another request
 
     async def __aenter__(self) -> ExecSession:
-        conn = await self._client._connect()
-        self._conn = conn
         request = self._request
         head = encode_exec(
             request.cmd, request.args, request.env, request.cwd, has_stdin=request.stdin is not None
         )
-        if request.stdin is None:
-            await conn.send(head)
-        else:
-            stdin = request.stdin
-            conn.writer.write(head)
+        conn = self._client._take_kept()
+        if conn is not None:
+            try:
+                await conn.send(head)
+            except GuestUnavailableError:  # closed under us: the guest got nothing, so send it anew
+                conn.close()
+                conn = None
+        if conn is None:
+            conn = await self._client._connect()
+            try:
+                await conn.send(head)
+            except BaseException:
+                conn.close()
+                raise
+        self._conn = conn
+        if request.stdin is not None:
             # Stdin is fed in the background: a command may produce output before it reads its input.
-            self._stdin_task = asyncio.create_task(self._feed_stdin(conn, stdin))
+            self._stdin_task = asyncio.create_task(self._feed_stdin(conn, request.stdin))
         return self
 
     @staticmethod
@@ -280,8 +388,11 @@ class ExecSession:
                 await self._stdin_task
             self._stdin_task = None
         if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+            conn, self._conn = self._conn, None
+            if self._clean:
+                self._client._keep(conn)
+            else:
+                conn.close()
 
     def __aiter__(self) -> AsyncIterator[ExecEvent]:
         return self._events()
@@ -296,7 +407,10 @@ class ExecSession:
             elif frame_type == Frame.STDERR:
                 yield Output("stderr", payload)
             elif frame_type == Frame.EXIT:
-                code, signal = struct.unpack("<ii", payload[:8])
+                code, signal = struct.unpack_from("<ii", payload)
+                # The EXIT frame is the guest's last word on this exec: nothing of it can follow.
+                flags = struct.unpack_from("<I", payload, 8)[0] if len(payload) >= 12 else 0
+                self._clean = bool(flags & _EXIT_KEPT) and self._request.stdin is None
                 self.finished = True
                 yield Exited(code, signal)
                 return
