@@ -396,3 +396,20 @@ def test_commands_do_not_inherit_signals_the_agent_was_started_ignoring(
     finally:
         process.kill()
         process.wait()
+
+
+def _anonymous_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("RssAnon:")).split()[1])
+
+
+async def test_a_kept_handler_gives_back_the_memory_a_large_output_took(
+    guest: tuple[GuestClient, object],
+) -> None:
+    client, _ = guest
+    handler = await _parent_of_next_exec(client)
+    before = _anonymous_kib(handler)
+    stdout, _, _ = await run(client, ExecRequest("head", ["-c", "10000000", "/dev/zero"], ENV))
+    assert len(stdout) == 10_000_000
+    assert await _parent_of_next_exec(client) == handler
+    assert _anonymous_kib(handler) <= before + 16  # not the pipe-sized reads of the output (64 KiB)

@@ -1,6 +1,7 @@
 /* EXEC: run one command, stream its output, report how it ended; hang-up kills its process group. */
 #include "guest.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -150,8 +151,16 @@ static int handle_client_frame(int sock, struct stdin_buffer *in) {
     return -1; /* anything else is a protocol violation: treat it as a hang-up */
 }
 
+/* Output is read into one buffer per handler (it serves one request at a time): no allocation per
+ * command. A handler on a kept connection lives on, so what a large output dirtied of it is given back
+ * after that command (OUTPUT_PAGES_KEPT: a few pages stay, for the small outputs most commands make). */
+static unsigned char output_buf[IO_CHUNK] __attribute__((aligned(4096)));
+static size_t output_used;
+#define OUTPUT_PAGES_KEPT (16u << 10)
+
 static int forward_output(int sock, int *fd, uint8_t type, unsigned char *buf) {
     ssize_t n = read(*fd, buf, IO_CHUNK);
+    if (n > 0 && (size_t)n > output_used) output_used = (size_t)n;
     if (n > 0) return send_frame(sock, type, buf, (uint32_t)n) < 0 ? -1 : 1;
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return 1;
     close(*fd);
@@ -163,10 +172,6 @@ static void kill_group(pid_t pid) {
     kill(-pid, SIGKILL);
     kill(pid, SIGKILL);
 }
-
-/* Output is read into one buffer per handler (it serves one request at a time): no allocation, and no
- * mmap + munmap of 256 KiB, per command. */
-static unsigned char output_buf[IO_CHUNK];
 
 /* Returns EXEC_KEPT when the connection may carry another request, 0 when it must be closed. */
 static int run_exec(int sock, struct exec_request req) {
@@ -262,6 +267,8 @@ static int run_exec(int sock, struct exec_request req) {
         }
     }
     free(sin.data);
+    if (output_used > OUTPUT_PAGES_KEPT) madvise(output_buf, IO_CHUNK, MADV_DONTNEED);
+    output_used = 0;
     if (sin.fd >= 0) close(sin.fd);
     if (out_fd >= 0) close(out_fd);
     if (err_fd >= 0) close(err_fd);
