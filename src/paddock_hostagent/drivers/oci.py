@@ -257,9 +257,7 @@ class OciRuntime(SandboxRuntime):
             await _freeze(cgroup)
         phases.mark("freeze")
         try:
-            await storage.replace_image(
-                source.slot.disk.image_path, source.slot.disk.mount_dir, slot.disk, phases.mark
-            )
+            await storage.replace_image(source.slot.disk, slot.disk, phases.mark)
         finally:
             if not was_frozen:
                 cgroup.thaw()

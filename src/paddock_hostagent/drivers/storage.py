@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from paddock_hostagent.drivers import loops, mounts
+from paddock_hostagent.drivers import loops, mounts, xfsreadahead
 from paddock_hostagent.drivers.base import DriverError, UnsupportedError
 from paddock_hostagent.drivers.commands import run
 
@@ -199,12 +199,10 @@ async def grow(disk: Disk, size_mib: int) -> None:
         await run(["resize2fs", disk.loop_device])
 
 
-async def replace_image(
-    source: Path, source_mount: Path, disk: Disk, step: Callable[[str], None] = lambda _name: None
-) -> None:
+async def replace_image(source: Disk, disk: Disk, step: Callable[[str], None] = lambda _name: None) -> None:
     """Makes ``disk``'s image (possibly still mounted and on its loop device: it is unmounted here) a
-    copy of ``source``, whose filesystem is mounted at ``source_mount`` and whose writers are stopped
-    (the sandbox is frozen). The caller then calls ``forget_old_image`` once the source may run again.
+    copy of ``source``'s, whose filesystem is mounted and whose writers are stopped (the sandbox is
+    frozen). The caller then calls ``forget_old_image`` once the source may run again.
 
     Where the store clones: ``syncfs`` of the source's filesystem, then ``FICLONE``. The sync writes
     back what the filesystem holds dirty, data and journal; the clone writes back what of that the
@@ -216,13 +214,14 @@ async def replace_image(
     filesystem's own background writes to tear it.
 
     The target's unmount (a warm slot's empty disk: its log written, ~2-10 ms) runs in a thread while
-    the source syncs: the two filesystems are unrelated, and only the clone needs both done. ``step``
+    the source syncs: the two filesystems are unrelated, and only the clone needs both done. Right
+    after the clone, the blocks an XFS mount of it will read are read ahead (``xfsreadahead``). ``step``
     is called with the name of each step as it ends (``sync``, ``clone``), for the fork's phases."""
     target = disk.image_path
     target.parent.mkdir(parents=True, exist_ok=True)
     await asyncio.gather(
         asyncio.to_thread(mounts.unmount, disk.mount_dir),
-        asyncio.to_thread(mounts.sync_filesystem, source_mount),
+        asyncio.to_thread(mounts.sync_filesystem, source.mount_dir),
     )
     step("sync")
     if disk.loop_device and not await _released(disk.loop_device):
@@ -235,16 +234,24 @@ async def replace_image(
         disk.loop_device = ""
         target.unlink(missing_ok=True)
     try:
-        await asyncio.to_thread(clone_file, source, target)
+        await asyncio.to_thread(_clone_for_mount, source, target)
     except OSError as exc:
         if exc.errno not in _NO_CLONE:
-            raise DriverError(f"cloning {source.name}: {exc}") from exc
-        mounts.freeze_filesystem(source_mount)
+            raise DriverError(f"cloning {source.image_path.name}: {exc}") from exc
+        mounts.freeze_filesystem(source.mount_dir)
         try:
-            await run(["cp", "--sparse=always", "--reflink=auto", str(source), str(target)])
+            await run(["cp", "--sparse=always", "--reflink=auto", str(source.image_path), str(target)])
         finally:
-            mounts.thaw_filesystem(source_mount)
+            mounts.thaw_filesystem(source.mount_dir)
     step("clone")
+
+
+def _clone_for_mount(source: Disk, target: Path) -> None:
+    """Clones ``source``'s image to ``target`` and starts reading what a mount of it will read."""
+    reads = xfsreadahead.mount_reads_of(source.mount_dir, source.loop_device) if source.fs == "xfs" else []
+    clone_file(source.image_path, target)
+    if reads:
+        xfsreadahead.read_ahead(target, reads)
 
 
 async def _released(device: str, wait_s: float = 0.05) -> bool:
