@@ -413,3 +413,21 @@ async def test_a_kept_handler_gives_back_the_memory_a_large_output_took(
     assert len(stdout) == 10_000_000
     assert await _parent_of_next_exec(client) == handler
     assert _anonymous_kib(handler) <= before + 16  # not the pipe-sized reads of the output (64 KiB)
+
+
+async def test_info_requests_share_a_kept_connection_and_fork_no_handler(
+    guest: tuple[GuestClient, subprocess.Popen[bytes]],
+) -> None:
+    client, process = guest
+    await client.info()  # a spare handler takes the connection, and the agent forks its replacement
+    await asyncio.sleep(0.05)
+    handlers = _descendants(process.pid)
+    for _ in range(10):  # the host agent's guest watcher asks each guest every second
+        assert (await client.info()).version == PROTOCOL_VERSION
+    await asyncio.sleep(0.05)
+    assert _descendants(process.pid) == handlers
+    # The exec after them runs on the same connection, and an INFO after that too.
+    handler = await _parent_of_next_exec(client)
+    assert handler in handlers
+    await client.info()
+    assert await _parent_of_next_exec(client) == handler

@@ -12,8 +12,9 @@ Leaving an ``exec`` session early closes the connection, and the guest then kill
 process group.
 
 An exec that ran to its end without stdin leaves its connection clean (the guest's EXIT frame says
-so), and the connection is kept (``KeptConnections``, one idle per guest socket) for the next exec on
-that guest: it skips the connect and the guest's fork of a replacement handler. A kept connection is
+so), as does an INFO, and the connection is kept (``KeptConnections``, one idle per guest socket) for
+the next exec or INFO on that guest: it skips the connect and the guest's fork of a replacement
+handler. A kept connection is
 taken only if nothing arrived on it while idle (a restarted, destroyed or reset guest closes it) and
 only after its previous exec's EXIT, so no exec ever reads another's output; one found closed when its
 request is sent (nothing delivered) is replaced by a new connection.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import select
 import struct
 import time
@@ -146,52 +148,45 @@ Connector = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWri
 
 
 class KeptConnections:
-    """Idle connections whose last exec ended clean, by guest socket path: at most ``per_guest`` each.
+    """Idle connections whose last request left them clean, one per guest socket path.
 
-    A destroyed sandbox's entry holds a closed connection until the path is used again or the next
-    sweep (run whenever the number of paths has doubled since the last one) drops it."""
+    A destroyed sandbox's entry holds a closed connection until its path is used again or the next
+    sweep (whenever the number of entries has doubled since the last one) drops it. At most
+    ``max_idle`` are kept (a quarter of the process's file limit by default), so kept connections
+    never take the descriptors that new ones need."""
 
-    def __init__(self, per_guest: int = 1) -> None:
-        self.per_guest = per_guest
-        self._idle: dict[str, list[_Connection]] = {}
+    def __init__(self, max_idle: int | None = None) -> None:
+        if max_idle is None:
+            max_idle = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4
+        self.max_idle = max_idle
+        self._idle: dict[str, _Connection] = {}
         self._sweep_at = 64
 
     def take(self, key: str) -> _Connection | None:
-        idle = self._idle.get(key)
-        while idle:
-            conn = idle.pop()
-            if conn.idle_and_open():
-                return conn
-            _close_quietly(conn)
+        conn = self._idle.pop(key, None)
+        if conn is None or conn.idle_and_open():
+            return conn
+        _close_quietly(conn)
         return None
 
     def give_back(self, key: str, conn: _Connection) -> None:
-        idle = self._idle.setdefault(key, [])
-        if len(idle) >= self.per_guest:
-            _close_quietly(conn)
-            return
-        idle.append(conn)
         if len(self._idle) >= self._sweep_at:
             self._sweep()
+        if key in self._idle or len(self._idle) >= self.max_idle:
+            _close_quietly(conn)
+        else:
+            self._idle[key] = conn
 
     def _sweep(self) -> None:
-        for key, idle in list(self._idle.items()):
-            open_ones = []
-            for conn in idle:
-                if conn.loop.is_closed() or conn.writer.is_closing() or conn.reader.at_eof():
-                    _close_quietly(conn)
-                else:
-                    open_ones.append(conn)
-            if open_ones:
-                self._idle[key] = open_ones
-            else:
+        for key, conn in list(self._idle.items()):
+            if conn.loop.is_closed() or conn.writer.is_closing() or conn.reader.at_eof():
                 del self._idle[key]
+                _close_quietly(conn)
         self._sweep_at = max(64, 2 * len(self._idle))
 
     def close_all(self) -> None:
-        for idle in self._idle.values():
-            for conn in idle:
-                _close_quietly(conn)
+        for conn in self._idle.values():
+            _close_quietly(conn)
         self._idle.clear()
 
 
@@ -266,24 +261,35 @@ class GuestClient:
         return _Connection(reader, writer)
 
     async def info(self) -> GuestInfo:
-        conn = await self._connect()
+        """The guest's INFO, on a kept connection when there is one (the host agent asks every guest
+        each second: a new connection each time made each guest fork a handler each second)."""
+        conn = self._take_kept()
+        if conn is not None:
+            with contextlib.suppress(GuestUnavailableError):  # closed under us: INFO is safe to repeat
+                return await self._info_on(conn)
+        return await self._info_on(await self._connect())
+
+    async def _info_on(self, conn: _Connection) -> GuestInfo:
         try:
             await conn.send(frame(Frame.INFO))
             frame_type, payload = await conn.read_frame()
-            if frame_type != Frame.INFO_REPLY or len(payload) < 16:
-                raise GuestProtocolError(f"unexpected reply {frame_type} to INFO")
-            last_ms, active, version = struct.unpack_from("<QII", payload)
-            self_seq, action = struct.unpack_from("<II", payload, 16) if len(payload) >= 24 else (0, 0)
-            return GuestInfo(
-                last_activity_at=last_ms / 1000,
-                active_requests=active,
-                version=version,
-                self_seq=self_seq,
-                self_action=SELF_ACTIONS.get(action),
-                self_reason=payload[24:].decode("utf-8", "replace"),
-            )
-        finally:
+        except BaseException:  # a timeout may cut the exchange short: that connection is not clean
             conn.close()
+            raise
+        if frame_type != Frame.INFO_REPLY or len(payload) < 16:
+            conn.close()
+            raise GuestProtocolError(f"unexpected reply {frame_type} to INFO")
+        self._keep(conn)
+        last_ms, active, version = struct.unpack_from("<QII", payload)
+        self_seq, action = struct.unpack_from("<II", payload, 16) if len(payload) >= 24 else (0, 0)
+        return GuestInfo(
+            last_activity_at=last_ms / 1000,
+            active_requests=active,
+            version=version,
+            self_seq=self_seq,
+            self_action=SELF_ACTIONS.get(action),
+            self_reason=payload[24:].decode("utf-8", "replace"),
+        )
 
     async def wait_ready(self, timeout_s: float) -> GuestInfo:
         """Polls until the agent answers INFO (its hello); raises GuestUnavailableError after
