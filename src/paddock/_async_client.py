@@ -1,4 +1,4 @@
-"""``AsyncClient``: the control-plane API over httpx."""
+"""``AsyncClient``: the control-plane API over httpx, its plain JSON calls on ``paddock._wire``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from paddock import _base, _blocking
+from paddock import _base, _blocking, _wire
 from paddock._async_resources import AsyncDisks, AsyncNetworks, AsyncTemplates, AsyncWebhooks
 from paddock._async_sandbox import AsyncSandbox, AsyncSandboxes
 from paddock._errors import TransportError
@@ -38,6 +38,10 @@ class AsyncClient:
             transport=transport,
             follow_redirects=False,
         )
+        # Plain JSON calls skip httpx (~0.45 ms of CPU each) where nothing httpx does is needed: an
+        # ``http://`` base URL with no proxy, and no transport of the caller's own (see ``_wire``).
+        origin = None if transport is not None else _wire.origin_for(url)
+        self._wire = None if origin is None else _wire.AsyncWire(origin, _base.headers(key), timeout)
         self.retry = retry or _base.RetryPolicy()
         self.sandboxes = AsyncSandboxes(self)
         self.webhooks = AsyncWebhooks(self)
@@ -50,7 +54,10 @@ class AsyncClient:
         attempt = 0
         while True:
             try:
-                resp = await self._http.request(method, path.lstrip("/"), **kwargs)
+                if self._wire is not None and _wire.accepts(kwargs):
+                    resp = await self._wire.request(method, path, kwargs)
+                else:
+                    resp = await self._http.request(method, path.lstrip("/"), **kwargs)
             except httpx.TransportError as exc:
                 if not (retry and self.retry.should_retry(method, None, attempt)):
                     raise TransportError(str(exc) or type(exc).__name__) from exc
@@ -109,6 +116,8 @@ class AsyncClient:
         return [h async for h in self.paginate("v1/hosts")]
 
     async def aclose(self) -> None:
+        if self._wire is not None:
+            await self._wire.aclose()
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncClient:

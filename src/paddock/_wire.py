@@ -1,0 +1,444 @@
+"""The SDK's direct HTTP/1.1 path for plain JSON calls to an ``http://`` control plane.
+
+httpx spends ~0.45 ms of CPU on each request (its request and response models, httpcore's pool, h11's
+state machine); a command round trip through the API takes ~1.5 ms, so a third of what an SDK user
+waited for an ``exec`` was the SDK itself. Here a call is one ``send`` of the request and a read of a
+``Content-Length`` (or chunked) answer on a kept-alive connection: ~0.05 ms.
+
+It serves what nearly every SDK call is: a JSON body (or none), query parameters, a response read whole.
+Everything else goes through httpx, which the clients keep for it: streams, uploads and downloads,
+``https://`` (TLS, certificates and their configuration stay httpx's), a proxy from the environment, and
+any client given its own ``transport``. Failures raise httpx's own exception classes, so the clients
+retry and report them exactly as they do httpx's; the answer is an ``httpx.Response``, so everything
+that reads one is shared.
+
+``Wire`` (sockets) and ``AsyncWire`` (asyncio streams) are written by hand, as the pairs in
+``paddock._blocking`` are: ``scripts/unasync.py`` maps the one onto the other in the generated client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import select
+import socket
+import threading
+import urllib.request
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import httpx
+
+#: The keyword arguments a direct call understands; a call with any other goes through httpx.
+DIRECT_KWARGS = frozenset({"json", "params", "timeout"})
+#: The most idle connections kept per client (more are opened under concurrency, then closed).
+MAX_IDLE = 8
+#: Caps on what an answer may hold before it is taken for a broken peer, not an answer.
+MAX_HEAD_BYTES = 64 << 10
+MAX_BODY_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Origin:
+    host: str
+    port: int
+    #: ``/prefix/`` of the base URL, so ``v1/...`` is sent as ``/prefix/v1/...``.
+    prefix: str
+    #: The ``Host`` header: the base URL's authority as written.
+    authority: str
+
+
+def origin_for(base_url: str) -> Origin | None:
+    """The base URL's origin when a direct call may serve it: ``http://`` and no proxy for its host."""
+    parts = urlsplit(base_url)
+    if parts.scheme != "http" or not parts.hostname or parts.username or parts.password:
+        return None
+    proxies = urllib.request.getproxies()
+    if ("http" in proxies or "all" in proxies) and not urllib.request.proxy_bypass(parts.hostname):
+        return None  # httpx honours the environment's proxy; so must every call
+    host = parts.hostname
+    return Origin(
+        host=host,
+        port=parts.port or 80,
+        prefix=parts.path if parts.path.endswith("/") else parts.path + "/",
+        authority=parts.netloc,
+    )
+
+
+def accepts(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call's keyword arguments are ones a direct call sends exactly as httpx would."""
+    if not DIRECT_KWARGS.issuperset(kwargs):
+        return False
+    params = kwargs.get("params")
+    if params is not None and not (
+        isinstance(params, Mapping)
+        and all(
+            isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in params.values()
+        )
+    ):
+        return False  # httpx's rendering of other values (True → "true", lists) is left to httpx
+    timeout = kwargs.get("timeout")
+    return timeout is None or (isinstance(timeout, int | float) and not isinstance(timeout, bool))
+
+
+def encode_request(
+    origin: Origin, headers: Mapping[str, str], method: str, path: str, kwargs: Mapping[str, Any]
+) -> bytes:
+    """The request's bytes, head and body in one piece (one ``send``, one segment on the wire)."""
+    target = origin.prefix + path
+    params = kwargs.get("params")
+    if params:
+        target += "?" + urlencode({k: str(v) for k, v in params.items()})  # as httpx renders them
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {origin.authority}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines.append("Accept-Encoding: gzip")
+    body = b""
+    if "json" in kwargs:
+        # As httpx 0.28 renders ``json=``: compact, UTF-8, no NaN.
+        body = json.dumps(kwargs["json"], ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        lines.append("Content-Type: application/json")
+    if body or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+@dataclass
+class Head:
+    status: int
+    headers: list[tuple[str, str]]
+    length: int | None
+    chunked: bool
+    close: bool
+
+
+def parse_head(raw: bytes) -> Head:
+    """The status line and headers (``raw`` ends with the blank line)."""
+    lines = raw.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise httpx.RemoteProtocolError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
+    headers: list[tuple[str, str]] = []
+    length: int | None = None
+    chunked = False
+    close = version == "HTTP/1.0"
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise httpx.RemoteProtocolError(f"malformed header line: {line[:80]!r}")
+        value = value.strip()
+        headers.append((name, value))
+        lowered = name.lower()
+        if lowered == "content-length":
+            if not value.isdigit():
+                raise httpx.RemoteProtocolError(f"bad Content-Length: {value[:40]!r}")
+            length = int(value)
+        elif lowered == "transfer-encoding":
+            chunked = "chunked" in value.lower()
+        elif lowered == "connection":
+            close = "close" in value.lower() or (close and "keep-alive" not in value.lower())
+    if length is not None and length > MAX_BODY_BYTES:
+        raise httpx.RemoteProtocolError(f"an answer of {length} bytes is over the direct path's cap")
+    return Head(int(code), headers, length, chunked, close)
+
+
+def response(head: Head, body: bytes) -> httpx.Response:
+    """The answer as httpx's ``Response``, its body decoded as httpx would (gzip). It carries no
+    ``request``: building one parses the URL again (~40 µs), and the clients only read the answer."""
+    encoding = next((v.lower() for k, v in head.headers if k.lower() == "content-encoding"), "")
+    if encoding == "gzip":
+        try:
+            body = zlib.decompress(body, 16 + zlib.MAX_WBITS)
+        except zlib.error as exc:
+            raise httpx.DecodingError(f"gzip body does not decode: {exc}") from None
+    headers = [(k, v) for k, v in head.headers if k.lower() not in ("content-encoding", "transfer-encoding")]
+    return httpx.Response(head.status, headers=headers, content=body)
+
+
+# -- blocking ---------------------------------------------------------------------------------------
+
+
+class _Conn:
+    """One kept-alive socket and what was read past the last answer."""
+
+    def __init__(self, origin: Origin, timeout: float) -> None:
+        try:
+            self.sock = socket.create_connection((origin.host, origin.port), timeout=timeout)
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(str(exc) or "connect timed out") from None
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc)) from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = b""
+        self.used = False
+
+    def stale(self) -> bool:
+        """A kept connection the server closed (or wrote to unasked) while it sat idle."""
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        return bool(readable)
+
+    def _more(self) -> bytes:
+        try:
+            data = self.sock.recv(1 << 20)
+        except TimeoutError:
+            raise httpx.ReadTimeout("timed out waiting for the answer") from None
+        except OSError as exc:
+            raise httpx.ReadError(str(exc)) from None
+        if not data:
+            raise httpx.RemoteProtocolError("server disconnected without sending a complete answer")
+        return data
+
+    def read_until(self, marker: bytes, cap: int) -> bytes:
+        while (end := self.buffer.find(marker)) < 0:
+            if len(self.buffer) > cap:
+                raise httpx.RemoteProtocolError("answer head is over the direct path's cap")
+            self.buffer += self._more()
+        out, self.buffer = self.buffer[: end + len(marker)], self.buffer[end + len(marker) :]
+        return out
+
+    def read_exactly(self, count: int) -> bytes:
+        parts, have = [self.buffer], len(self.buffer)
+        while have < count:
+            data = self._more()
+            parts.append(data)
+            have += len(data)
+        joined = b"".join(parts)
+        out, self.buffer = joined[:count], joined[count:]
+        return out
+
+    def exchange(self, request: bytes, method: str, timeout: float) -> tuple[Head, bytes]:
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.sendall(request)
+        except TimeoutError:
+            raise httpx.WriteTimeout("timed out sending the request") from None
+        except OSError as exc:
+            raise httpx.WriteError(str(exc)) from None
+        head = parse_head(self.read_until(b"\r\n\r\n", MAX_HEAD_BYTES))
+        while 100 <= head.status < 200:  # interim answers (100 Continue) precede the real one
+            head = parse_head(self.read_until(b"\r\n\r\n", MAX_HEAD_BYTES))
+        if method == "HEAD" or head.status in (204, 304):
+            return head, b""
+        if head.chunked:
+            return head, self._chunked()
+        if head.length is None:
+            raise httpx.RemoteProtocolError("answer has neither Content-Length nor chunked encoding")
+        return head, self.read_exactly(head.length)
+
+    def _chunked(self) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            size_line = self.read_until(b"\r\n", 1024)
+            size_text = size_line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"bad chunk size {size_text[:20]!r}") from None
+            if size == 0:
+                while self.read_until(b"\r\n", MAX_HEAD_BYTES) != b"\r\n":
+                    pass  # trailers: read and dropped, as httpx does
+                return b"".join(parts)
+            total += size
+            if total > MAX_BODY_BYTES:
+                raise httpx.RemoteProtocolError("chunked answer is over the direct path's cap")
+            parts.append(self.read_exactly(size))
+            if self.read_exactly(2) != b"\r\n":
+                raise httpx.RemoteProtocolError("chunk not followed by CRLF")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class Wire:
+    """Direct calls on kept-alive connections, safe to share between threads (each call holds one)."""
+
+    def __init__(self, origin: Origin, headers: Mapping[str, str], timeout: float) -> None:
+        self.origin = origin
+        self.headers = dict(headers)
+        self.timeout = timeout
+        self._idle: list[_Conn] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def request(self, method: str, path: str, kwargs: Mapping[str, Any]) -> httpx.Response:
+        path = path.lstrip("/")
+        request = encode_request(self.origin, self.headers, method, path, kwargs)
+        timeout = kwargs.get("timeout") or self.timeout
+        conn = self._take(timeout)
+        try:
+            head, body = conn.exchange(request, method, timeout)
+        except BaseException:
+            conn.close()  # a connection that failed mid-call is never reused
+            raise
+        if head.close:
+            conn.close()
+        else:
+            self._give_back(conn)
+        return response(head, body)
+
+    def _take(self, timeout: float) -> _Conn:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("Cannot send a request, as the client has been closed.")
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.stale():
+                    return conn
+                conn.close()
+        return _Conn(self.origin, timeout)
+
+    def _give_back(self, conn: _Conn) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+# -- asyncio ----------------------------------------------------------------------------------------
+
+
+class _AsyncConn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, origin: Origin, timeout: float) -> _AsyncConn:
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(origin.host, origin.port, limit=MAX_HEAD_BYTES)
+        except TimeoutError:
+            raise httpx.ConnectTimeout("connect timed out") from None
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc)) from None
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(reader, writer)
+
+    def stale(self) -> bool:
+        return self.reader.at_eof() or self.writer.is_closing()
+
+    async def exchange(self, request: bytes, method: str, timeout: float) -> tuple[Head, bytes]:
+        try:
+            async with asyncio.timeout(timeout):
+                self.writer.write(request)
+                await self.writer.drain()
+        except TimeoutError:
+            raise httpx.WriteTimeout("timed out sending the request") from None
+        except OSError as exc:
+            raise httpx.WriteError(str(exc)) from None
+        try:
+            async with asyncio.timeout(timeout):
+                head = parse_head(await self._until(b"\r\n\r\n"))
+                while 100 <= head.status < 200:
+                    head = parse_head(await self._until(b"\r\n\r\n"))
+                if method == "HEAD" or head.status in (204, 304):
+                    return head, b""
+                if head.chunked:
+                    return head, await self._chunked()
+                if head.length is None:
+                    raise httpx.RemoteProtocolError("answer has neither Content-Length nor chunked encoding")
+                return head, await self._exactly(head.length)
+        except TimeoutError:
+            raise httpx.ReadTimeout("timed out waiting for the answer") from None
+
+    async def _until(self, marker: bytes) -> bytes:
+        try:
+            return await self.reader.readuntil(marker)
+        except asyncio.IncompleteReadError:
+            raise httpx.RemoteProtocolError("server disconnected without sending a complete answer") from None
+        except asyncio.LimitOverrunError:
+            raise httpx.RemoteProtocolError("answer head is over the direct path's cap") from None
+        except OSError as exc:
+            raise httpx.ReadError(str(exc)) from None
+
+    async def _exactly(self, count: int) -> bytes:
+        try:
+            return await self.reader.readexactly(count)
+        except asyncio.IncompleteReadError:
+            raise httpx.RemoteProtocolError("server disconnected without sending a complete answer") from None
+        except OSError as exc:
+            raise httpx.ReadError(str(exc)) from None
+
+    async def _chunked(self) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            size_text = (await self._until(b"\r\n")).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"bad chunk size {size_text[:20]!r}") from None
+            if size == 0:
+                while await self._until(b"\r\n") != b"\r\n":
+                    pass
+                return b"".join(parts)
+            total += size
+            if total > MAX_BODY_BYTES:
+                raise httpx.RemoteProtocolError("chunked answer is over the direct path's cap")
+            parts.append(await self._exactly(size))
+            if await self._exactly(2) != b"\r\n":
+                raise httpx.RemoteProtocolError("chunk not followed by CRLF")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class AsyncWire:
+    """Direct calls on kept-alive connections for one event loop (each call holds one connection)."""
+
+    def __init__(self, origin: Origin, headers: Mapping[str, str], timeout: float) -> None:
+        self.origin = origin
+        self.headers = dict(headers)
+        self.timeout = timeout
+        self._idle: list[_AsyncConn] = []
+        self._closed = False
+
+    async def request(self, method: str, path: str, kwargs: Mapping[str, Any]) -> httpx.Response:
+        path = path.lstrip("/")
+        request = encode_request(self.origin, self.headers, method, path, kwargs)
+        timeout = kwargs.get("timeout") or self.timeout
+        conn = await self._take(timeout)
+        try:
+            head, body = await conn.exchange(request, method, timeout)
+        except BaseException:
+            conn.close()
+            raise
+        if head.close or self._closed or len(self._idle) >= MAX_IDLE:
+            conn.close()
+        else:
+            self._idle.append(conn)
+        return response(head, body)
+
+    async def _take(self, timeout: float) -> _AsyncConn:
+        if self._closed:
+            raise RuntimeError("Cannot send a request, as the client has been closed.")
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.stale():
+                return conn
+            conn.close()
+        return await _AsyncConn.open(self.origin, timeout)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
