@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from paddock_hostagent.capacity import MIB, DiskView, MemoryView, Promise, avail
 from paddock_hostagent.drivers.base import (
     CapacityError,
     DriverError,
+    NetworkHook,
     NotRunningError,
     RuntimeState,
     SandboxRecord,
@@ -318,9 +319,14 @@ class SandboxManager:
             shape = Shape(body.vcpu, body.mem_mib, body.disk_mib, body.cpu_quota_pct)
             spec = SandboxSpec(body.id, body.name, body.rootfs, rootfs, shape)
             started = time.monotonic()
-            with _driver_errors():
-                record = await self.runtime.create(spec, start_paused=body.start_paused)
-            await self._guard(record, body.egress, body.bandwidth_quota_bytes)
+            record = await self._booted(
+                body.id,
+                self.runtime.create(
+                    spec,
+                    start_paused=body.start_paused,
+                    on_network=self._guarding(body.egress, body.bandwidth_quota_bytes),
+                ),
+            )
             await self._join_at_boot(record, body.networks)
             record.spawn_ms = round((time.monotonic() - started) * 1000, 3)
             self.records.save(record)
@@ -343,9 +349,15 @@ class SandboxManager:
                 rootfs = await self._rootfs(source.record.image)
                 spec = SandboxSpec(body.new_id, body.name, source.record.image, rootfs, source.record.shape)
                 started = time.monotonic()
-                with _driver_errors():
-                    record = await self.runtime.fork(source.record, spec, start_paused=body.start_paused)
-                await self._guard(record, body.egress, body.bandwidth_quota_bytes)
+                record = await self._booted(
+                    body.new_id,
+                    self.runtime.fork(
+                        source.record,
+                        spec,
+                        start_paused=body.start_paused,
+                        on_network=self._guarding(body.egress, body.bandwidth_quota_bytes),
+                    ),
+                )
                 await self._join_at_boot(record, body.networks)
                 record.spawn_ms = round((time.monotonic() - started) * 1000, 3)
             self.records.save(record)
@@ -758,20 +770,35 @@ class SandboxManager:
             return None
         return Attachment(record.id, veth, record.ip, list(record.egress), record.bandwidth_quota_bytes)
 
-    async def _guard(self, record: SandboxRecord, rules: list[str], quota_bytes: int) -> None:
-        """Installs a new sandbox's allowlist and budget; a sandbox that cannot be guarded is undone."""
-        record.egress, record.bandwidth_quota_bytes = list(rules), quota_bytes
-        attachment = self._attachment(record)
-        if self.egress is None or attachment is None:
-            return
+    def _guarding(self, rules: list[str], quota_bytes: int) -> NetworkHook:
+        """The hook that installs a new sandbox's allowlist and budget, which the driver runs beside
+        the boot (a sandbox that cannot be guarded is undone: the driver fails its boot); one that
+        fails half-way removes what it installed."""
+
+        async def guard(record: SandboxRecord) -> None:
+            record.egress, record.bandwidth_quota_bytes = list(rules), quota_bytes
+            attachment = self._attachment(record)
+            if self.egress is None or attachment is None:
+                return
+            try:
+                await self.egress.attach(attachment)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self.egress.detach(record.id, attachment.veth)
+                raise
+
+        return guard
+
+    async def _booted(self, sandbox_id: str, boot: Awaitable[SandboxRecord]) -> SandboxRecord:
+        """The record of a create's or fork's boot; when the boot fails, the egress rules its hook
+        installed go (the driver has removed the sandbox and let the hook end)."""
         try:
             with _driver_errors():
-                await self.egress.attach(attachment)
+                return await boot
         except BaseException:
-            with contextlib.suppress(Exception):
-                await self.egress.detach(record.id, attachment.veth)
-            with contextlib.suppress(Exception):
-                await self.runtime.destroy(record)
+            if self.egress is not None:
+                with contextlib.suppress(Exception):
+                    await self.egress.detach(sandbox_id)
             raise
 
     async def _egress_entry(self, sandbox_id: str) -> tuple[_Entry, EgressService]:

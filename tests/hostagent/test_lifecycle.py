@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import secrets
+import subprocess
 import time
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -220,6 +221,59 @@ async def test_a_fork_sees_its_source_while_another_mount_namespace_holds_the_wa
     finally:
         holder.kill()
         await holder.wait()
+
+
+def _egress_listing(agent: AgentProcess, kind: str, name: str) -> str:
+    listed = subprocess.run(
+        ["nft", "list", kind, "ip", f"{agent.nft_table}_egress", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout
+
+
+async def test_a_fork_answers_guarded_and_one_whose_boot_fails_leaves_no_rules(make_agent: Any) -> None:
+    """A fork's egress rules go in beside its boot, from the moment its slot is taken: installed when
+    it answers, and removed again when the boot fails after they went in."""
+    agent = make_agent(extra_env={"PADDOCK_HOST_BOOT_TIMEOUT_S": "2"})
+    agent.start()
+    async with agent.client() as host:
+        sandboxes = Sandboxes(host, agent)
+        try:
+            source = await sandboxes.create()
+            guarded_id = f"{source['id']}-guarded"
+            sandboxes.track(guarded_id)
+            await host.fork_sandbox(
+                source["id"], ForkBody(new_id=guarded_id, name="guarded", egress=["192.0.2.7"])
+            )
+            assert "192.0.2.7" in _egress_listing(agent, "set", "allow_net")
+            assert _egress_listing(agent, "map", "out_chains").count("goto") == 2  # the source and its fork
+            # A guest agent that never answers: the next fork's boot fails once its rules are in.
+            guest = agent.state_dir / "guest" / "paddock-guest"
+            guest.unlink()
+            guest.write_text("#!/bin/sh\nexit 3\n")
+            guest.chmod(0o755)
+            failed_id = f"{source['id']}-failed"
+            sandboxes.track(failed_id)
+            failing = asyncio.create_task(
+                host.fork_sandbox(
+                    source["id"], ForkBody(new_id=failed_id, name="failed", egress=["192.0.2.8"])
+                )
+            )
+            seen = False
+            while not failing.done() and not seen:  # its boot waits 2 s for the guest
+                await asyncio.sleep(0.05)
+                seen = "192.0.2.8" in await asyncio.to_thread(_egress_listing, agent, "set", "allow_net")
+            assert seen, "the fork's rules were not in while it booted"
+            with pytest.raises(HostAgentError):
+                await failing
+            assert "192.0.2.8" not in _egress_listing(agent, "set", "allow_net")
+            assert _egress_listing(agent, "map", "out_chains").count("goto") == 2
+            with pytest.raises(SandboxMissingError):
+                await host.get_sandbox(failed_id)
+        finally:
+            await sandboxes.destroy_all()
 
 
 async def test_resize_grows_the_filesystem_live(host: HostAgentClient, sandboxes: Sandboxes) -> None:

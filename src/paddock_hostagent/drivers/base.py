@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -146,6 +147,14 @@ class SandboxRecord:
         return cls(**values)
 
 
+# What the caller needs done on a new sandbox's network (its egress rules), given the sandbox's record
+# once its host interface exists. A driver runs it beside the boot, so that the sandbox is answered for
+# no later than the boot and the longer of the two; a hook that fails fails the boot (the driver
+# removes what it made; the hook undoes its own part), and the driver lets it end before it removes
+# the network it works on.
+NetworkHook = Callable[[SandboxRecord], Awaitable[None]]
+
+
 class SandboxRuntime(ABC):
     """One way of running sandboxes on this machine (OCI containers today, microVMs later)."""
 
@@ -164,14 +173,23 @@ class SandboxRuntime(ABC):
         """Stops background work. Sandboxes keep running and are re-adopted by the next agent."""
 
     @abstractmethod
-    async def create(self, spec: SandboxSpec, *, start_paused: bool = False) -> SandboxRecord:
-        """Boots a sandbox; returns once its guest agent answers (and it is frozen, if asked)."""
+    async def create(
+        self, spec: SandboxSpec, *, start_paused: bool = False, on_network: NetworkHook | None = None
+    ) -> SandboxRecord:
+        """Boots a sandbox; returns once its guest agent answers (and it is frozen, if asked) and
+        ``on_network`` has ended."""
 
     @abstractmethod
     async def fork(
-        self, source: SandboxRecord, spec: SandboxSpec, *, start_paused: bool = False
+        self,
+        source: SandboxRecord,
+        spec: SandboxSpec,
+        *,
+        start_paused: bool = False,
+        on_network: NetworkHook | None = None,
     ) -> SandboxRecord:
-        """Boots a new sandbox from a copy of ``source``'s disk; the source keeps its state."""
+        """Boots a new sandbox from a copy of ``source``'s disk; the source keeps its state. Returns
+        as ``create`` does."""
 
     @abstractmethod
     async def pause(self, record: SandboxRecord) -> None:

@@ -44,6 +44,7 @@ from paddock_hostagent.drivers.base import (
     BootError,
     CommandFailedError,
     DriverError,
+    NetworkHook,
     NotRunningError,
     RuntimeState,
     SandboxRecord,
@@ -198,28 +199,38 @@ class OciRuntime(SandboxRuntime):
 
     # -- create, fork ---------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec, *, start_paused: bool = False) -> SandboxRecord:
+    async def create(
+        self, spec: SandboxSpec, *, start_paused: bool = False, on_network: NetworkHook | None = None
+    ) -> SandboxRecord:
         phases = _Phases()
         slot, warm = await self.pool.take(spec.shape.disk_mib)
         phases.mark("slot")
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
         record = self._record(spec, handle)
+        beside = _Beside(on_network, record)  # the slot's veth exists: its egress rules go in now
         self._booting += 1
         try:
             if slot.disk_mib < spec.shape.disk_mib:
                 await storage.grow(slot.disk, spec.shape.disk_mib)
                 slot.disk_mib = spec.shape.disk_mib
             await self._boot(spec, handle, record, start_paused=start_paused, phases=phases)
+            await beside.result()
             log.info("create_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
         except BaseException:
             self._booting -= 1
+            await beside.settle()
             await self._destroy_handle(spec.id, handle)
             raise
         self._booting -= 1
         return record
 
     async def fork(
-        self, source: SandboxRecord, spec: SandboxSpec, *, start_paused: bool = False
+        self,
+        source: SandboxRecord,
+        spec: SandboxSpec,
+        *,
+        start_paused: bool = False,
+        on_network: NetworkHook | None = None,
     ) -> SandboxRecord:
         source_handle = _Handle.of(source)
         if self.probe(source) == RuntimeState.STOPPED:
@@ -231,6 +242,7 @@ class OciRuntime(SandboxRuntime):
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
         record = self._record(spec, handle)
         record.forked_from = source.id
+        beside = _Beside(on_network, record)
         self._booting += 1
         try:
             await self._copy_disk(source_handle, slot, phases)
@@ -240,9 +252,11 @@ class OciRuntime(SandboxRuntime):
             slot.save()
             phases.mark("mount")
             await self._boot(spec, handle, record, start_paused=start_paused, phases=phases)
+            await beside.result()
             log.info("fork_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
         except BaseException:
             self._booting -= 1
+            await beside.settle()
             await self._destroy_handle(spec.id, handle)
             raise
         self._booting -= 1
@@ -521,6 +535,28 @@ async def _sync_guest(guest: GuestClient) -> None:
                 pass
     except (GuestError, TimeoutError) as exc:
         raise DriverError(f"could not sync the source's files before the fork: {exc}") from exc
+
+
+class _Beside:
+    """A create's or fork's ``NetworkHook``, running beside its boot from the moment the slot is taken
+    (its egress rules no longer wait for the boot: ~3 ms of a create or fork)."""
+
+    def __init__(self, hook: NetworkHook | None, record: SandboxRecord) -> None:
+        self._task = asyncio.ensure_future(hook(record)) if hook is not None else None
+
+    async def result(self) -> None:
+        """Waits for the hook; raises what it raised."""
+        if self._task is not None:
+            await self._task
+
+    async def settle(self) -> None:
+        """After a failed boot: lets the hook end (never cancelled: a rule it is installing would land
+        after its caller removed them) and drops its outcome, the boot's error being the one raised."""
+        if self._task is None:
+            return
+        await asyncio.wait([self._task])
+        if not self._task.cancelled():
+            self._task.exception()
 
 
 async def _freeze(cgroup: SandboxCgroup) -> None:

@@ -42,6 +42,7 @@ from paddock_hostagent.drivers.base import (
     BootError,
     CommandFailedError,
     DriverError,
+    NetworkHook,
     NotRunningError,
     RuntimeState,
     SandboxRecord,
@@ -229,7 +230,9 @@ class QemuRuntime(SandboxRuntime):
 
     # -- create, fork ---------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec, *, start_paused: bool = False) -> SandboxRecord:
+    async def create(
+        self, spec: SandboxSpec, *, start_paused: bool = False, on_network: NetworkHook | None = None
+    ) -> SandboxRecord:
         await self.prepare()
         handle = await self._new_handle(spec, None)
         try:
@@ -240,6 +243,8 @@ class QemuRuntime(SandboxRuntime):
             await run([*qemu_img, str(handle.overlay), f"{spec.shape.disk_mib}M"])
             await self._launch(handle, _Boot(spec.shape.vcpu, spec.shape.mem_mib, spec.name))
             record = self._record(spec, handle)
+            if on_network is not None:
+                await on_network(record)
             await self._await_guest(spec.id, handle)
             if start_paused:
                 await self.pause(record)
@@ -250,7 +255,12 @@ class QemuRuntime(SandboxRuntime):
         return record
 
     async def fork(
-        self, source: SandboxRecord, spec: SandboxSpec, *, start_paused: bool = False
+        self,
+        source: SandboxRecord,
+        spec: SandboxSpec,
+        *,
+        start_paused: bool = False,
+        on_network: NetworkHook | None = None,
     ) -> SandboxRecord:
         source_handle = _Handle.of(source)
         if self.probe(source) == RuntimeState.STOPPED:
@@ -270,6 +280,8 @@ class QemuRuntime(SandboxRuntime):
             record = self._record(spec, handle)
             record.vcpu, record.mem_mib, record.disk_mib = source.vcpu, source.mem_mib, source.disk_mib
             record.forked_from = source.id
+            if on_network is not None:
+                await on_network(record)
             await self._await_guest(spec.id, handle)
             if start_paused:
                 await self.pause(record)
