@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import uvicorn
-
 from paddock_core.logging import configure_logging
+from paddock_core.serving import serve
 from paddock_gateway.app import create_app
 from paddock_gateway.settings import GatewaySettings
 
@@ -13,7 +12,7 @@ def main() -> None:
     settings = GatewaySettings()
     configure_logging(settings.log_level, json=settings.log_json)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+    serve(app, settings.host, settings.port)
 
 
 if __name__ == "__main__":

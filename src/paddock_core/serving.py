@@ -1,0 +1,30 @@
+"""Serving a Paddock service's ASGI app with uvicorn: the one entry the control plane, the host agent
+and the gateway share."""
+
+from __future__ import annotations
+
+import gc
+import socket
+
+import uvicorn
+from starlette.types import ASGIApp
+
+
+class FrozenHeapServer(uvicorn.Server):
+    """uvicorn's server, which once the app has started takes its heap out of the full collections."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # Everything alive once the app has started (modules, SQLAlchemy's and pydantic's tables, the
+        # routes: ~200,000 objects) lives as long as the process. Left to the collector, each full
+        # collection walks all of it again: 50–125 ms on the dev box, during which the event loop
+        # answers nothing, so it shows as the p99 of every request. Frozen, a collection walks only
+        # what came after.
+        gc.collect()
+        gc.freeze()
+
+
+def serve(app: ASGIApp, host: str, port: int) -> None:
+    """Run ``app`` until the process is told to stop (uvicorn's own logging and access log off: the
+    services log each request themselves)."""
+    FrozenHeapServer(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)).run()
