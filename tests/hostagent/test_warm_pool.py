@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
+from paddock_hostagent.drivers import mounts, storage
 from paddock_hostagent.drivers.pool import SlotFactory, WarmPool
 
 
@@ -30,6 +36,8 @@ class _Factory:
 class _StandIn:
     def __init__(self, disk_mib: int) -> None:
         self.disk_mib = disk_mib
+        self.id = secrets.token_hex(4)
+        self.disk = SimpleNamespace(mount_dir=Path("/nonexistent") / self.id)  # nothing to unmount
 
 
 def _pool(factory: _Factory, size: int, busy: list[bool]) -> WarmPool:
@@ -72,3 +80,39 @@ async def test_an_empty_pool_builds_on_demand() -> None:
     pool = _pool(factory, 0, [False])
     slot, warm = await pool.take(2048)
     assert not warm and slot.disk_mib == 2048
+
+
+async def test_a_full_pool_readies_one_slot_for_a_fork_and_creates_take_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork no longer waits for its warm slot's disk to unmount: the pool did it ahead, on one slot.
+    A create takes a mounted slot while there is one, and mounts the readied one again otherwise."""
+    unmounted: list[Path] = []
+    mounted: list[Path] = []
+
+    async def attach(disk: Any) -> None:
+        mounted.append(disk.mount_dir)
+
+    monkeypatch.setattr(mounts, "unmount", unmounted.append)
+    monkeypatch.setattr(storage, "attach", attach)
+    factory = _Factory()
+    pool = _pool(factory, 3, [False])
+    pool.start()
+    deadline = asyncio.get_running_loop().time() + 5
+    while not (unmounted and pool.free_count == 3):
+        assert asyncio.get_running_loop().time() < deadline, "the pool readied no slot for a fork"
+        await asyncio.sleep(0.01)
+    assert len(unmounted) == 1
+    created, _ = await pool.take(1024)
+    assert created.disk.mount_dir not in unmounted and mounted == []
+    forked = await pool.take_for_fork()
+    assert forked.disk.mount_dir == unmounted[0]
+    # Refilled and readied again; then creates take every free slot, the readied one last.
+    deadline = asyncio.get_running_loop().time() + 5
+    while not (len(unmounted) == 2 and pool.free_count == 3):
+        assert asyncio.get_running_loop().time() < deadline, "the pool did not ready another slot"
+        await asyncio.sleep(0.01)
+    taken = [(await pool.take(1024))[0] for _ in range(3)]
+    assert [slot.disk.mount_dir for slot in taken][-1] == unmounted[1]
+    assert mounted == [unmounted[1]]
+    await pool.close()

@@ -206,7 +206,12 @@ class WarmPool:
     The refill builds between bursts: while ``busy()`` (creates and forks booting) it holds off, up
     to ``busy_wait_s`` per slot, so that a burst's boots get the CPU instead of slots for later
     requests (a burst that empties the pool builds its own slots on demand anyway); a steady stream
-    of creates still gets its slots once that wait has passed."""
+    of creates still gets its slots once that wait has passed.
+
+    Once full, a pool of two or more also readies one slot for a fork: it unmounts that slot's disk
+    (the fork replaces its image with a clone of its source's, and unmounting an XFS disk that had
+    the guest binary written to it cost the fork 2-5 ms). Creates take the mounted slots first, and
+    mount that one again only when no other is free (a clean mount of cached metadata)."""
 
     refill_delay_s = 0.15
     busy_poll_s = 0.02
@@ -220,6 +225,7 @@ class WarmPool:
         self.disk_mib = disk_mib
         self.busy = busy
         self._free: list[Slot] = []
+        self._unmounted: set[str] = set()  # free slots readied for a fork: their disk is not mounted
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -241,20 +247,31 @@ class WarmPool:
         """
         candidates = [slot for slot in self._free if slot.disk_mib <= disk_mib]
         if candidates:
-            slot = max(candidates, key=lambda candidate: candidate.disk_mib)
+            slot = max(
+                candidates, key=lambda candidate: (candidate.id not in self._unmounted, candidate.disk_mib)
+            )
             self._free.remove(slot)
             self._wake.set()
+            if slot.id in self._unmounted:  # the only free slot that fits was readied for a fork
+                self._unmounted.discard(slot.id)
+                try:
+                    await storage.attach(slot.disk)
+                except BaseException:
+                    await self.factory.destroy(slot)
+                    raise
             return slot, True
         self._wake.set()
         return await self.factory.build(disk_mib), False
 
     async def take_for_fork(self) -> Slot:
-        """A slot for a fork: the fork replaces the image under the slot's loop device with a clone of
-        its source's (``storage.replace_image``, which unmounts the slot's empty disk while the source
-        syncs). Without a free slot, one with a network and no disk (the clone is then attached as any
-        disk)."""
+        """A slot for a fork, the one readied for it first: the fork replaces the image under the
+        slot's loop device with a clone of its source's (``storage.replace_image``, which unmounts the
+        slot's disk, if mounted, while the source syncs). Without a free slot, one with a network and
+        no disk (the clone is then attached as any disk)."""
         if self._free:
-            slot = self._free.pop(0)
+            slot = next((slot for slot in self._free if slot.id in self._unmounted), self._free[0])
+            self._free.remove(slot)
+            self._unmounted.discard(slot.id)
             self._wake.set()
             return slot
         return await self.factory.build(0, with_disk=False)
@@ -282,6 +299,26 @@ class WarmPool:
                     log.warning("warm_pool_refill_failed", error=str(exc))
                     await asyncio.sleep(5)
                     break
+            else:
+                await self._ready_one_for_fork()
+
+    async def _ready_one_for_fork(self) -> None:
+        """Unmounts the disk of one free slot when two or more are free and none is readied yet. The
+        slot leaves the free list meanwhile, so that no create takes a disk being unmounted."""
+        if len(self._free) < 2 or self._unmounted or self._closing:
+            return
+        await self._wait_quiet()
+        if len(self._free) < 2:
+            return
+        slot = self._free.pop()
+        try:
+            await asyncio.to_thread(mounts.unmount, slot.disk.mount_dir)
+        except DriverError as exc:
+            log.warning("warm_pool_ready_for_fork_failed", slot=slot.id, error=str(exc))
+            self._free.append(slot)  # still mounted: an ordinary warm slot
+            return
+        self._unmounted.add(slot.id)
+        self._free.append(slot)
 
     async def _wait_quiet(self) -> None:
         loop = asyncio.get_running_loop()
@@ -303,4 +340,5 @@ class WarmPool:
             self._task = None
         while self._free:
             await self.factory.destroy(self._free.pop())
+        self._unmounted.clear()
         await self.factory.close()

@@ -213,16 +213,19 @@ async def replace_image(source: Disk, disk: Disk, step: Callable[[str], None] = 
     Elsewhere a sparse-aware copy, under ``FIFREEZE``, since a copy takes long enough for the
     filesystem's own background writes to tear it.
 
-    The target's unmount (a warm slot's empty disk: its log written, ~2-10 ms) runs in a thread while
-    the source syncs: the two filesystems are unrelated, and only the clone needs both done. Right
+    The target's unmount, where the pool has not done it ahead (a warm slot's empty disk: its log
+    written, ~2-10 ms), runs in a thread while the source syncs: the two filesystems are unrelated, and only the clone needs both done. Right
     after the clone, the blocks an XFS mount of it will read are read ahead (``xfsreadahead``). ``step``
     is called with the name of each step as it ends (``sync``, ``clone``), for the fork's phases."""
     target = disk.image_path
     target.parent.mkdir(parents=True, exist_ok=True)
-    await asyncio.gather(
-        asyncio.to_thread(mounts.unmount, disk.mount_dir),
-        asyncio.to_thread(mounts.sync_filesystem, source.mount_dir),
-    )
+    if mounts.is_mountpoint(disk.mount_dir):
+        await asyncio.gather(
+            asyncio.to_thread(mounts.unmount, disk.mount_dir),
+            asyncio.to_thread(mounts.sync_filesystem, source.mount_dir),
+        )
+    else:  # a slot the pool readied for a fork (or one built without a disk)
+        await asyncio.to_thread(mounts.sync_filesystem, source.mount_dir)
     step("sync")
     if disk.loop_device and not await _released(disk.loop_device):
         # Another mount namespace still holds the slot's old filesystem: a container that started
