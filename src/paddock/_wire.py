@@ -161,11 +161,112 @@ def response(head: Head, body: bytes) -> httpx.Response:
     return httpx.Response(head.status, headers=headers, content=body)
 
 
+class AnswerReader:
+    """One answer, read from bytes as they arrive. It does no I/O: each connection below feeds it what
+    its socket gives, so both read an answer the same way."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.buffer = bytearray()
+        self.head: Head | None = None
+        self.parts: list[bytes] = []
+        self.received = 0
+        #: What the next bytes are: the ``head``, the ``body`` (of a Content-Length), a chunk's
+        #: ``size`` line, its ``data``, the CRLF that ``ends`` it, ``trailers``, or ``done``.
+        self.stage = "head"
+        self.remaining = 0
+
+    def feed(self, data: bytes) -> bool:
+        """Takes ``data``; whether the answer is whole."""
+        self.buffer += data
+        while self.stage != "done":
+            if not self._step():
+                return False
+        return True
+
+    def answer(self) -> tuple[Head, bytes]:
+        """The whole answer's head and body (after ``feed`` said it was whole)."""
+        assert self.head is not None and self.stage == "done"
+        return self.head, b"".join(self.parts)
+
+    def clean(self) -> bool:
+        """Whether the connection holds nothing past the answer, so it can carry the next request."""
+        return not self.buffer and not (self.head is not None and self.head.close)
+
+    def _line(self, marker: bytes, cap: int) -> bytes | None:
+        end = self.buffer.find(marker)
+        if end < 0:
+            if len(self.buffer) > cap:
+                raise httpx.RemoteProtocolError("answer head or chunk line is over the direct path's cap")
+            return None
+        line = bytes(self.buffer[: end + len(marker)])
+        del self.buffer[: end + len(marker)]
+        return line
+
+    def _take_body(self) -> bool:
+        """Moves up to ``remaining`` bytes of body out of the buffer; whether all of it has come."""
+        taken = min(self.remaining, len(self.buffer))
+        if taken:
+            self.parts.append(bytes(self.buffer[:taken]))
+            del self.buffer[:taken]
+            self.remaining -= taken
+        return self.remaining == 0
+
+    def _step(self) -> bool:
+        """Advances one stage; False when it needs more bytes."""
+        if self.stage == "head":
+            raw = self._line(b"\r\n\r\n", MAX_HEAD_BYTES)
+            if raw is None:
+                return False
+            head = self.head = parse_head(raw)
+            if 100 <= head.status < 200:
+                return True  # an interim answer (100 Continue): the real one follows
+            if self.method == "HEAD" or head.status in (204, 304):
+                self.stage = "done"
+            elif head.chunked:
+                self.stage = "size"
+            elif head.length is None:
+                raise httpx.RemoteProtocolError("answer has neither Content-Length nor chunked encoding")
+            else:
+                self.stage, self.remaining = "body", head.length
+            return True
+        if self.stage in ("body", "data"):
+            if not self._take_body():
+                return False
+            self.stage = "done" if self.stage == "body" else "ends"
+            return True
+        if self.stage == "ends":
+            if len(self.buffer) < 2:
+                return False
+            if self.buffer[:2] != b"\r\n":
+                raise httpx.RemoteProtocolError("chunk not followed by CRLF")
+            del self.buffer[:2]
+            self.stage = "size"
+            return True
+        line = self._line(b"\r\n", MAX_HEAD_BYTES)
+        if line is None:
+            return False
+        if self.stage == "trailers":  # read and dropped, as httpx does
+            if line == b"\r\n":
+                self.stage = "done"
+            return True
+        size_text = line.split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise httpx.RemoteProtocolError(f"bad chunk size {size_text[:20]!r}") from None
+        self.received += size
+        if self.received > MAX_BODY_BYTES:
+            raise httpx.RemoteProtocolError("chunked answer is over the direct path's cap")
+        self.stage, self.remaining = ("data", size) if size else ("trailers", 0)
+        return True
+
+
 # -- blocking ---------------------------------------------------------------------------------------
 
 
 class _Conn:
-    """One kept-alive socket and what was read past the last answer."""
+    """One kept-alive socket."""
 
     def __init__(self, origin: Origin, timeout: float) -> None:
         try:
@@ -175,13 +276,24 @@ class _Conn:
         except OSError as exc:
             raise httpx.ConnectError(str(exc)) from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buffer = b""
-        self.used = False
 
     def stale(self) -> bool:
         """A kept connection the server closed (or wrote to unasked) while it sat idle."""
         readable, _, _ = select.select([self.sock], [], [], 0)
         return bool(readable)
+
+    def exchange(self, request: bytes, method: str, timeout: float) -> AnswerReader:
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.sendall(request)
+        except TimeoutError:
+            raise httpx.WriteTimeout("timed out sending the request") from None
+        except OSError as exc:
+            raise httpx.WriteError(str(exc)) from None
+        reader = AnswerReader(method)
+        while not reader.feed(self._more()):
+            pass
+        return reader
 
     def _more(self) -> bytes:
         try:
@@ -193,64 +305,6 @@ class _Conn:
         if not data:
             raise httpx.RemoteProtocolError("server disconnected without sending a complete answer")
         return data
-
-    def read_until(self, marker: bytes, cap: int) -> bytes:
-        while (end := self.buffer.find(marker)) < 0:
-            if len(self.buffer) > cap:
-                raise httpx.RemoteProtocolError("answer head is over the direct path's cap")
-            self.buffer += self._more()
-        out, self.buffer = self.buffer[: end + len(marker)], self.buffer[end + len(marker) :]
-        return out
-
-    def read_exactly(self, count: int) -> bytes:
-        parts, have = [self.buffer], len(self.buffer)
-        while have < count:
-            data = self._more()
-            parts.append(data)
-            have += len(data)
-        joined = b"".join(parts)
-        out, self.buffer = joined[:count], joined[count:]
-        return out
-
-    def exchange(self, request: bytes, method: str, timeout: float) -> tuple[Head, bytes]:
-        self.sock.settimeout(timeout)
-        try:
-            self.sock.sendall(request)
-        except TimeoutError:
-            raise httpx.WriteTimeout("timed out sending the request") from None
-        except OSError as exc:
-            raise httpx.WriteError(str(exc)) from None
-        head = parse_head(self.read_until(b"\r\n\r\n", MAX_HEAD_BYTES))
-        while 100 <= head.status < 200:  # interim answers (100 Continue) precede the real one
-            head = parse_head(self.read_until(b"\r\n\r\n", MAX_HEAD_BYTES))
-        if method == "HEAD" or head.status in (204, 304):
-            return head, b""
-        if head.chunked:
-            return head, self._chunked()
-        if head.length is None:
-            raise httpx.RemoteProtocolError("answer has neither Content-Length nor chunked encoding")
-        return head, self.read_exactly(head.length)
-
-    def _chunked(self) -> bytes:
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            size_line = self.read_until(b"\r\n", 1024)
-            size_text = size_line.split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise httpx.RemoteProtocolError(f"bad chunk size {size_text[:20]!r}") from None
-            if size == 0:
-                while self.read_until(b"\r\n", MAX_HEAD_BYTES) != b"\r\n":
-                    pass  # trailers: read and dropped, as httpx does
-                return b"".join(parts)
-            total += size
-            if total > MAX_BODY_BYTES:
-                raise httpx.RemoteProtocolError("chunked answer is over the direct path's cap")
-            parts.append(self.read_exactly(size))
-            if self.read_exactly(2) != b"\r\n":
-                raise httpx.RemoteProtocolError("chunk not followed by CRLF")
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -269,20 +323,19 @@ class Wire:
         self._closed = False
 
     def request(self, method: str, path: str, kwargs: Mapping[str, Any]) -> httpx.Response:
-        path = path.lstrip("/")
-        request = encode_request(self.origin, self.headers, method, path, kwargs)
+        request = encode_request(self.origin, self.headers, method, path.lstrip("/"), kwargs)
         timeout = kwargs.get("timeout") or self.timeout
         conn = self._take(timeout)
         try:
-            head, body = conn.exchange(request, method, timeout)
+            reader = conn.exchange(request, method, timeout)
         except BaseException:
             conn.close()  # a connection that failed mid-call is never reused
             raise
-        if head.close:
-            conn.close()
-        else:
+        if reader.clean():
             self._give_back(conn)
-        return response(head, body)
+        else:
+            conn.close()
+        return response(*reader.answer())
 
     def _take(self, timeout: float) -> _Conn:
         with self._lock:
@@ -322,7 +375,7 @@ class _AsyncConn:
     async def open(cls, origin: Origin, timeout: float) -> _AsyncConn:
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(origin.host, origin.port, limit=MAX_HEAD_BYTES)
+                reader, writer = await asyncio.open_connection(origin.host, origin.port)
         except TimeoutError:
             raise httpx.ConnectTimeout("connect timed out") from None
         except OSError as exc:
@@ -335,7 +388,7 @@ class _AsyncConn:
     def stale(self) -> bool:
         return self.reader.at_eof() or self.writer.is_closing()
 
-    async def exchange(self, request: bytes, method: str, timeout: float) -> tuple[Head, bytes]:
+    async def exchange(self, request: bytes, method: str, timeout: float) -> AnswerReader:
         try:
             async with asyncio.timeout(timeout):
                 self.writer.write(request)
@@ -344,58 +397,23 @@ class _AsyncConn:
             raise httpx.WriteTimeout("timed out sending the request") from None
         except OSError as exc:
             raise httpx.WriteError(str(exc)) from None
+        answer = AnswerReader(method)
         try:
             async with asyncio.timeout(timeout):
-                head = parse_head(await self._until(b"\r\n\r\n"))
-                while 100 <= head.status < 200:
-                    head = parse_head(await self._until(b"\r\n\r\n"))
-                if method == "HEAD" or head.status in (204, 304):
-                    return head, b""
-                if head.chunked:
-                    return head, await self._chunked()
-                if head.length is None:
-                    raise httpx.RemoteProtocolError("answer has neither Content-Length nor chunked encoding")
-                return head, await self._exactly(head.length)
+                while not answer.feed(await self._more()):
+                    pass
         except TimeoutError:
             raise httpx.ReadTimeout("timed out waiting for the answer") from None
+        return answer
 
-    async def _until(self, marker: bytes) -> bytes:
+    async def _more(self) -> bytes:
         try:
-            return await self.reader.readuntil(marker)
-        except asyncio.IncompleteReadError:
-            raise httpx.RemoteProtocolError("server disconnected without sending a complete answer") from None
-        except asyncio.LimitOverrunError:
-            raise httpx.RemoteProtocolError("answer head is over the direct path's cap") from None
+            data = await self.reader.read(1 << 20)
         except OSError as exc:
             raise httpx.ReadError(str(exc)) from None
-
-    async def _exactly(self, count: int) -> bytes:
-        try:
-            return await self.reader.readexactly(count)
-        except asyncio.IncompleteReadError:
-            raise httpx.RemoteProtocolError("server disconnected without sending a complete answer") from None
-        except OSError as exc:
-            raise httpx.ReadError(str(exc)) from None
-
-    async def _chunked(self) -> bytes:
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            size_text = (await self._until(b"\r\n")).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise httpx.RemoteProtocolError(f"bad chunk size {size_text[:20]!r}") from None
-            if size == 0:
-                while await self._until(b"\r\n") != b"\r\n":
-                    pass
-                return b"".join(parts)
-            total += size
-            if total > MAX_BODY_BYTES:
-                raise httpx.RemoteProtocolError("chunked answer is over the direct path's cap")
-            parts.append(await self._exactly(size))
-            if await self._exactly(2) != b"\r\n":
-                raise httpx.RemoteProtocolError("chunk not followed by CRLF")
+        if not data:
+            raise httpx.RemoteProtocolError("server disconnected without sending a complete answer")
+        return data
 
     def close(self) -> None:
         self.writer.close()
@@ -412,20 +430,19 @@ class AsyncWire:
         self._closed = False
 
     async def request(self, method: str, path: str, kwargs: Mapping[str, Any]) -> httpx.Response:
-        path = path.lstrip("/")
-        request = encode_request(self.origin, self.headers, method, path, kwargs)
+        request = encode_request(self.origin, self.headers, method, path.lstrip("/"), kwargs)
         timeout = kwargs.get("timeout") or self.timeout
         conn = await self._take(timeout)
         try:
-            head, body = await conn.exchange(request, method, timeout)
+            answer = await conn.exchange(request, method, timeout)
         except BaseException:
             conn.close()
             raise
-        if head.close or self._closed or len(self._idle) >= MAX_IDLE:
-            conn.close()
-        else:
+        if answer.clean() and not self._closed and len(self._idle) < MAX_IDLE:
             self._idle.append(conn)
-        return response(head, body)
+        else:
+            conn.close()
+        return response(*answer.answer())
 
     async def _take(self, timeout: float) -> _AsyncConn:
         if self._closed:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 import paddock
-from paddock import RetryPolicy
+from paddock import RetryPolicy, _wire
 
 
 @dataclass
@@ -296,3 +296,27 @@ async def test_the_async_client_keeps_its_connection_and_replaces_a_closed_one(s
         with pytest.raises(paddock.TransportError):
             await c.request("GET", "v1/late", timeout=0.1)
         assert await c.request("GET", "v1/late", timeout=2) == "late"
+
+
+@pytest.mark.parametrize("piece", [1, 3, 4096])
+def test_an_answer_split_anywhere_reads_the_same(piece: int) -> None:
+    """The socket may hand an answer over in any pieces: one byte at a time reads as one read does."""
+    raw = envelope({"k": "v" * 300})
+    chunked = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Request-Id: r1\r\n\r\n"
+        + b"".join(
+            f"{len(raw[i : i + 100]):x}\r\n".encode() + raw[i : i + 100] + b"\r\n"
+            for i in range(0, len(raw), 100)
+        )
+        + b"0\r\nX-Trailer: t\r\n\r\n"
+    )
+    for wire_bytes in (chunked, answer(201, raw, "X-Request-Id: r1")):
+        reader = _wire.AnswerReader("POST")
+        done = [reader.feed(wire_bytes[i : i + piece]) for i in range(0, len(wire_bytes), piece)]
+        assert done[-1] and not any(done[:-1])
+        head, body = reader.answer()
+        assert body == raw and dict(head.headers)["X-Request-Id"] == "r1" and reader.clean()
+    extra = _wire.AnswerReader("GET")
+    assert extra.feed(answer(200, raw) + b"HTTP/1.1 200 OK\r\n")
+    assert not extra.clean()  # bytes nobody asked for: the connection is not reused
