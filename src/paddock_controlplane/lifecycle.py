@@ -434,6 +434,10 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
     services.tasks.spawn(
         _boot_fork(services, source, child, start_paused, mounts=inherited > 0), name=f"boot fork {child.id}"
     )
+    # One turn of the loop lets the boot send its request to the host before this answer is rendered
+    # and written: the host's fork, not the answer (the client waits for ``running`` anyway), is what
+    # fork → running waits on. Without it the request left ~1 ms later, after the answer.
+    await asyncio.sleep(0)
     return child
 
 
