@@ -248,10 +248,16 @@ class OciRuntime(SandboxRuntime):
             await self._copy_disk(source_handle, slot, phases)
             slot.disk_mib = source.disk_mib
             slot.disk.fs = source_handle.slot.disk.fs
-            await storage.attach(slot.disk)
+            bundled = bool(slot.disk.loop_device)  # the device's numbers go into the bundle
+            mounting = asyncio.ensure_future(storage.attach(slot.disk))
+            try:
+                if bundled:  # while the mount reads the disk in a thread
+                    self._write_bundle(spec, handle)
+            finally:
+                await mounting
             slot.save()
             phases.mark("mount")
-            await self._boot(spec, handle, record, start_paused=start_paused, phases=phases)
+            await self._boot(spec, handle, record, start_paused=start_paused, phases=phases, bundled=bundled)
             await beside.result()
             log.info("fork_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
         except BaseException:
@@ -291,7 +297,10 @@ class OciRuntime(SandboxRuntime):
         *,
         start_paused: bool,
         phases: _Phases | None = None,
+        bundled: bool = False,
     ) -> None:
+        """Mounts the overlay, writes the bundle (unless ``bundled``: a fork writes it while its disk
+        mounts), starts the runtime and waits for the guest agent."""
         phases = phases or _Phases()
         slot = handle.slot
         write_identity_files(
@@ -303,26 +312,10 @@ class OciRuntime(SandboxRuntime):
         mounts.mount_overlay(spec.rootfs, slot.disk.upper_dir, slot.disk.work_dir, slot.rootfs_dir)
         phases.mark("overlay")
         # A fork's disk already holds the binary; a disk from an older agent may hold another one.
-        if storage.guest_is_current(slot.disk, self.options.guest_binary):
-            guest_binary = slot.disk.guest_binary  # the warm slot's build or the source put it there
-        else:
-            guest_binary = await asyncio.to_thread(
-                storage.install_guest, slot.disk, self.options.guest_binary
-            )
-        self.layout.limit_pids(self.pids_budget)
-        self.layout.limit_memory(self.memory_cap_mib << 20)
-        bundle = BundleSpec(
-            hostname=spec.name,
-            shape=spec.shape,
-            cgroups_path=handle.cgroups_path,
-            netns_path=slot.network.netns_path,
-            guest_binary=guest_binary,
-            guest_socket_dir=slot.dir / GVISOR_SOCKET_DIR if handle.runtime == "runsc" else None,
-            pids_limit=self.sandbox_pids_max,
-            disk_device=_device_numbers(slot.disk.loop_device),
-            io=self.options.io,
-        )
-        (slot.bundle_dir / "config.json").write_text(json.dumps(runtime_config(bundle)))
+        if not storage.guest_is_current(slot.disk, self.options.guest_binary):
+            await asyncio.to_thread(storage.install_guest, slot.disk, self.options.guest_binary)
+        if not bundled:
+            self._write_bundle(spec, handle)
         phases.mark("bundle")
         if handle.runtime == "runsc":
             # Debian's runsc (2022) hands a blocking write on a host socket EAGAIN once the host's send
@@ -345,6 +338,24 @@ class OciRuntime(SandboxRuntime):
         if start_paused:
             await _freeze(SandboxCgroup(handle.cgroups_path))
             record.state = RuntimeState.PAUSED
+
+    def _write_bundle(self, spec: SandboxSpec, handle: _Handle) -> None:
+        """The runtime's ``config.json`` (and the limits of the sandboxes' parent cgroups)."""
+        slot = handle.slot
+        self.layout.limit_pids(self.pids_budget)
+        self.layout.limit_memory(self.memory_cap_mib << 20)
+        bundle = BundleSpec(
+            hostname=spec.name,
+            shape=spec.shape,
+            cgroups_path=handle.cgroups_path,
+            netns_path=slot.network.netns_path,
+            guest_binary=slot.disk.guest_binary,  # where install_guest puts it, or the source did
+            guest_socket_dir=slot.dir / GVISOR_SOCKET_DIR if handle.runtime == "runsc" else None,
+            pids_limit=self.sandbox_pids_max,
+            disk_device=_device_numbers(slot.disk.loop_device),
+            io=self.options.io,
+        )
+        (slot.bundle_dir / "config.json").write_text(json.dumps(runtime_config(bundle)))
 
     async def _run_container(self, sandbox_id: str, handle: _Handle) -> BootLog:
         """Starts the container; returns the log of its boot, still reading, for the caller to close
