@@ -35,6 +35,7 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,18 +246,14 @@ class OciRuntime(SandboxRuntime):
         beside = _Beside(on_network, record)
         self._booting += 1
         try:
-            await self._copy_disk(source_handle, slot, phases)
             slot.disk_mib = source.disk_mib
             slot.disk.fs = source_handle.slot.disk.fs
-            bundled = bool(slot.disk.loop_device)  # the device's numbers go into the bundle
-            mounting = asyncio.ensure_future(storage.attach(slot.disk))
-            try:
-                if bundled:  # while the mount reads the disk in a thread
-                    self._write_bundle(spec, handle)
-            finally:
-                await mounting
+            device = slot.disk.loop_device  # its numbers go into the bundle
+            await self._copy_disk(
+                source_handle, slot, phases, meanwhile=lambda: self._write_bundle(spec, handle)
+            )
+            bundled = bool(device) and slot.disk.loop_device == device
             slot.save()
-            phases.mark("mount")
             await self._boot(spec, handle, record, start_paused=start_paused, phases=phases, bundled=bundled)
             await beside.result()
             log.info("fork_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
@@ -268,7 +265,12 @@ class OciRuntime(SandboxRuntime):
         self._booting -= 1
         return record
 
-    async def _copy_disk(self, source: _Handle, slot: Slot, phases: _Phases) -> None:
+    async def _copy_disk(
+        self, source: _Handle, slot: Slot, phases: _Phases, *, meanwhile: Callable[[], None]
+    ) -> None:
+        """Freezes the source (unless paused), clones its disk onto the slot's and mounts the clone,
+        letting the source run again as soon as the clone is made; ``meanwhile`` runs on the event
+        loop while the disk work is in its thread (the fork writes its bundle there)."""
         cgroup = SandboxCgroup(source.cgroups_path)
         was_frozen = cgroup.is_frozen()
         if source.runtime == "runsc" and not was_frozen:
@@ -276,13 +278,13 @@ class OciRuntime(SandboxRuntime):
         if not was_frozen:
             await _freeze(cgroup)
         phases.mark("freeze")
-        try:
-            await storage.replace_image(source.slot.disk, slot.disk, phases.mark)
-        finally:
-            if not was_frozen:
-                cgroup.thaw()
-        storage.forget_old_image(slot.disk)  # the source runs again meanwhile
-        phases.mark("loop")
+        await storage.clone_disk(
+            source.slot.disk,
+            slot.disk,
+            release=(lambda: None) if was_frozen else cgroup.thaw,
+            step=phases.mark,
+            meanwhile=meanwhile,
+        )
 
     def _record(self, spec: SandboxSpec, handle: _Handle) -> SandboxRecord:
         return SandboxRecord.running(

@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from paddock_hostagent.drivers import loops, mounts, xfsreadahead
 from paddock_hostagent.drivers.base import DriverError, UnsupportedError
@@ -199,10 +199,20 @@ async def grow(disk: Disk, size_mib: int) -> None:
         await run(["resize2fs", disk.loop_device])
 
 
-async def replace_image(source: Disk, disk: Disk, step: Callable[[str], None] = lambda _name: None) -> None:
-    """Makes ``disk``'s image (possibly still mounted and on its loop device: it is unmounted here) a
-    copy of ``source``'s, whose filesystem is mounted and whose writers are stopped (the sandbox is
-    frozen). The caller then calls ``forget_old_image`` once the source may run again.
+async def clone_disk(
+    source: Disk,
+    disk: Disk,
+    *,
+    release: Callable[[], None] = lambda: None,
+    step: Callable[[str], None] = lambda _name: None,
+    meanwhile: Callable[[], None] = lambda: None,
+) -> None:
+    """Makes ``disk``'s image a copy of ``source``'s, whose filesystem is mounted and whose writers are
+    stopped (the sandbox is frozen), and mounts it at ``disk.mount_dir``. ``release`` is called as soon
+    as the copy is made (the fork lets its source run again there), also when this fails; ``step`` with
+    the name of each step as it ends (``sync``, ``clone``, ``loop``, ``mount``), for the fork's phases;
+    ``meanwhile`` once, on the event loop, while the first of that work runs in its thread (before it
+    where there is no disk to reuse).
 
     Where the store clones: ``syncfs`` of the source's filesystem, then ``FICLONE``. The sync writes
     back what the filesystem holds dirty, data and journal; the clone writes back what of that the
@@ -211,22 +221,87 @@ async def replace_image(source: Disk, disk: Disk, step: Callable[[str], None] = 
     ``FIFREEZE``: freezing a filesystem waits for RCU grace periods (25-45 ms on the dev box, whatever
     the filesystem holds), and nothing writes to the source while it is frozen in its cgroup.
     Elsewhere a sparse-aware copy, under ``FIFREEZE``, since a copy takes long enough for the
-    filesystem's own background writes to tear it.
+    filesystem's own background writes to tear it. Right after the clone, the blocks an XFS mount of
+    it will read are read ahead (``xfsreadahead``).
 
-    The target's unmount, where the pool has not done it ahead (a warm slot's empty disk: its log
-    written, ~2-10 ms), runs in a thread while the source syncs: the two filesystems are unrelated, and only the clone needs both done. Right
-    after the clone, the blocks an XFS mount of it will read are read ahead (``xfsreadahead``). ``step``
-    is called with the name of each step as it ends (``sync``, ``clone``), for the fork's phases."""
-    target = disk.image_path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if mounts.is_mountpoint(disk.mount_dir):
-        await asyncio.gather(
-            asyncio.to_thread(mounts.unmount, disk.mount_dir),
-            asyncio.to_thread(mounts.sync_filesystem, source.mount_dir),
-        )
-    else:  # a slot the pool readied for a fork (or one built without a disk)
-        await asyncio.to_thread(mounts.sync_filesystem, source.mount_dir)
+    ``disk`` may still be mounted and on its loop device (a warm slot's empty disk): it is unmounted
+    in a thread while the source syncs (~2-10 ms: its log is written), the two filesystems being
+    unrelated. A slot the pool readied for a fork (``WarmPool``) is not mounted, and then the whole
+    of it, sync to mount, runs in one thread: each hand-over between the event loop and a thread cost
+    ~1-3 ms on a loaded host."""
+    disk.image_path.parent.mkdir(parents=True, exist_ok=True)
+    released = False
+
+    def release_once() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            release()
+
+    loop = asyncio.get_running_loop()
+    try:
+        if not mounts.is_mountpoint(disk.mount_dir) and disk.loop_device:
+            # run_in_executor submits at once (the thread starts), then ``meanwhile`` runs here.
+            work = loop.run_in_executor(None, _clone_and_mount, source, disk, release_once, step)
+            await _while_running(meanwhile, work)
+            if await work:
+                return
+        elif mounts.is_mountpoint(disk.mount_dir):
+            unmounting = loop.run_in_executor(None, mounts.unmount, disk.mount_dir)
+            syncing = loop.run_in_executor(None, mounts.sync_filesystem, source.mount_dir)
+            await _while_running(meanwhile, unmounting, syncing)
+            await asyncio.gather(unmounting, syncing)
+            step("sync")
+        else:  # a slot built without a disk
+            meanwhile()
+            await asyncio.to_thread(mounts.sync_filesystem, source.mount_dir)
+            step("sync")
+        await _replace_image(source, disk)
+        step("clone")
+    finally:
+        release_once()
+    forget_old_image(disk)
+    step("loop")
+    await attach(disk)
+    step("mount")
+
+
+async def _while_running(work: Callable[[], None], *running: asyncio.Future[Any]) -> None:
+    """Runs ``work`` while ``running`` go on in threads; if it fails, lets them end before raising
+    (the caller then undoes what they made)."""
+    try:
+        work()
+    except BaseException:
+        await asyncio.wait(running)
+        raise
+
+
+def _clone_and_mount(
+    source: Disk, disk: Disk, release: Callable[[], None], step: Callable[[str], None]
+) -> bool:
+    """``clone_disk`` in one thread, for a disk whose loop device is free: sync, clone, release, mount.
+    False (nothing done but the sync) when something still holds the device or the store cannot clone:
+    ``clone_disk`` then takes the long way."""
+    mounts.sync_filesystem(source.mount_dir)
     step("sync")
+    if not _device_free(disk.loop_device):
+        return False
+    try:
+        _clone_for_mount(source, disk.image_path)
+    except OSError:
+        return False
+    step("clone")
+    release()
+    forget_old_image(disk)
+    step("loop")
+    _mount_disk(disk)
+    step("mount")
+    return True
+
+
+async def _replace_image(source: Disk, disk: Disk) -> None:
+    """The clone (or copy) of ``clone_disk`` where the disk's loop device may be held or there is none."""
+    target = disk.image_path
     if disk.loop_device and not await _released(disk.loop_device):
         # Another mount namespace still holds the slot's old filesystem: a container that started
         # while it was mounted copied the host's mounts and has not dropped them yet. Its superblock
@@ -238,47 +313,56 @@ async def replace_image(source: Disk, disk: Disk, step: Callable[[str], None] = 
         target.unlink(missing_ok=True)
     try:
         await asyncio.to_thread(_clone_for_mount, source, target)
-    except OSError as exc:
-        if exc.errno not in _NO_CLONE:
-            raise DriverError(f"cloning {source.image_path.name}: {exc}") from exc
+    except OSError:  # the files cannot share blocks here
         mounts.freeze_filesystem(source.mount_dir)
         try:
             await run(["cp", "--sparse=always", "--reflink=auto", str(source.image_path), str(target)])
         finally:
             mounts.thaw_filesystem(source.mount_dir)
-    step("clone")
 
 
 def _clone_for_mount(source: Disk, target: Path) -> None:
-    """Clones ``source``'s image to ``target`` and starts reading what a mount of it will read."""
+    """Clones ``source``'s image to ``target`` and starts reading what a mount of it will read. OSError
+    when the two files cannot share blocks; DriverError for any other failure."""
     reads = xfsreadahead.mount_reads_of(source.mount_dir, source.loop_device) if source.fs == "xfs" else []
-    clone_file(source.image_path, target)
+    try:
+        clone_file(source.image_path, target)
+    except OSError as exc:
+        if exc.errno not in _NO_CLONE:
+            raise DriverError(f"cloning {source.image_path.name}: {exc}") from exc
+        raise
     if reads:
         xfsreadahead.read_ahead(target, reads)
 
 
+def _device_free(device: str) -> bool:
+    """Whether nothing holds ``device`` (no filesystem on it in any mount namespace: an exclusive open
+    succeeds)."""
+    try:
+        os.close(os.open(device, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC))
+        return True
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise DriverError(f"opening {device}: {exc}") from exc
+        return False
+
+
 async def _released(device: str, wait_s: float = 0.05) -> bool:
-    """Whether nothing holds ``device`` any more (no filesystem on it in any mount namespace: an
-    exclusive open succeeds), waiting up to ``wait_s`` for it."""
+    """Whether ``device`` is free (``_device_free``), waiting up to ``wait_s`` for it."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    while True:
-        try:
-            os.close(os.open(device, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC))
-            return True
-        except OSError as exc:
-            if exc.errno != errno.EBUSY:
-                raise DriverError(f"opening {device}: {exc}") from exc
+    while not _device_free(device):
         if loop.time() >= deadline:
             return False
         await asyncio.sleep(0.005)
+    return True
 
 
 def forget_old_image(disk: Disk) -> None:
-    """After ``replace_image``: a loop device that stayed attached is told the new size and forgets
-    what it cached of the old image (a fork reuses its warm slot's device instead of binding a new
-    one: declaring a device write-through alone costs ~14 ms, it freezes the device's queue). Not
-    needed while the source is frozen, so the fork does it after letting the source run again."""
+    """After the clone: a loop device that stayed attached is told the new size and forgets what it
+    cached of the old image (a fork reuses its warm slot's device instead of binding a new one:
+    declaring a device write-through alone costs ~14 ms, it freezes the device's queue). Not needed
+    while the source is frozen, so it is done after letting the source run again."""
     if disk.loop_device:
         if loops.size_bytes(disk.loop_device) != os.stat(disk.image_path).st_size:
             loops.refresh_capacity(disk.loop_device)
