@@ -7,7 +7,7 @@ fd 3; return once the guest agent answers.
 
 Pause and resume freeze the cgroup v1 freezer directly (well under a millisecond). Fork freezes the
 source in its cgroup, syncs its filesystem and clones its disk image onto the loop device of a warm
-slot (``storage.replace_image``), then boots a new container from the clone: **files carry over,
+slot (``storage.clone_disk``), then boots a new container from the clone: **files carry over,
 processes do not** (CRIU does not work on this kernel); a paused source stays paused. Each fork logs
 ``fork_phases``, the milliseconds of each step.
 

@@ -265,7 +265,7 @@ class WarmPool:
 
     async def take_for_fork(self) -> Slot:
         """A slot for a fork, the one readied for it first: the fork replaces the image under the
-        slot's loop device with a clone of its source's (``storage.replace_image``, which unmounts the
+        slot's loop device with a clone of its source's (``storage.clone_disk``, which unmounts the
         slot's disk, if mounted, while the source syncs). Without a free slot, one with a network and
         no disk (the clone is then attached as any disk)."""
         if self._free:
