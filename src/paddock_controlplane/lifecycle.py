@@ -12,7 +12,9 @@ import contextlib
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any, cast
 
+from sqlalchemy import Table, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import (
@@ -37,7 +39,7 @@ from paddock_controlplane.states import ALL, FORKABLE, SandboxStatus
 from paddock_controlplane.transition import locked_row, settle
 from paddock_controlplane.views import event_data
 from paddock_core import errors
-from paddock_core.db import transaction
+from paddock_core.db import transaction, transaction_connection
 from paddock_core.ids import new_id
 from paddock_core.logging import get_logger
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
@@ -45,6 +47,9 @@ from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 log = get_logger("paddock.lifecycle")
 
 DEFAULT_BANDWIDTH_QUOTA_BYTES = 5 * 1024**3
+
+#: A fork's child row (built once: building and keying a statement costs about what SQLite takes to run it).
+_INSERT_SANDBOX = insert(cast(Table, Sandbox.__table__))
 
 
 class HostFullError(Exception):
@@ -397,35 +402,39 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
             now=services.clock(),
             dead_after_s=services.settings.host_dead_after_s,
         )
-        child = Sandbox(
-            id=new_id("sb-"),
-            user_id=user_id,
-            name=await names.generate(session, user_id),
-            status=SandboxStatus.FORKING,
-            host_id=source.host_id,
-            shape=source.shape,
-            rootfs=source.rootfs,
-            vcpu=source.vcpu,
-            mem_mib=source.mem_mib,
-            cpu_quota_pct=source.cpu_quota_pct,
-            disk_mib=source.disk_mib,
-            region=source.region,
-            egress=egress if egress is not None else list(source.egress or []),
-            envs_sealed=envs.seal(services, env) if env is not None else source.envs_sealed,
-            env_keys=sorted(env) if env is not None else list(source.env_keys or []),
-            ssh_pubkeys=ssh if ssh is not None else list(source.ssh_pubkeys or []),
-            node_selector=dict(source.node_selector or {}),
-            ingress_enabled=source.ingress_enabled if req.ingress_enabled is None else req.ingress_enabled,
-            bandwidth_quota_bytes=services.settings.default_bandwidth_quota_bytes,
-            bandwidth_used_bytes=0,
-            bandwidth_ingress_bytes=0,
-            forked_from=source.id,
-            auto_pause_after_seconds=source.auto_pause_after_seconds,
-            oom_kills=0,
-            created_at=services.clock(),
-        )
-        session.add(child)
-        await session.flush()
+        columns: dict[str, Any] = {
+            "id": new_id("sb-"),
+            "user_id": user_id,
+            "name": await names.generate(session, user_id),
+            "status": SandboxStatus.FORKING,
+            "host_id": source.host_id,
+            "shape": source.shape,
+            "rootfs": source.rootfs,
+            "vcpu": source.vcpu,
+            "mem_mib": source.mem_mib,
+            "cpu_quota_pct": source.cpu_quota_pct,
+            "disk_mib": source.disk_mib,
+            "region": source.region,
+            "egress": egress if egress is not None else list(source.egress or []),
+            "envs_sealed": envs.seal(services, env) if env is not None else source.envs_sealed,
+            "env_keys": sorted(env) if env is not None else list(source.env_keys or []),
+            "ssh_pubkeys": ssh if ssh is not None else list(source.ssh_pubkeys or []),
+            "node_selector": dict(source.node_selector or {}),
+            "ingress_enabled": source.ingress_enabled if req.ingress_enabled is None else req.ingress_enabled,
+            "bandwidth_quota_bytes": services.settings.default_bandwidth_quota_bytes,
+            "bandwidth_used_bytes": 0,
+            "bandwidth_ingress_bytes": 0,
+            "forked_from": source.id,
+            "auto_pause_after_seconds": source.auto_pause_after_seconds,
+            "oom_kills": 0,
+            "created_at": services.clock(),
+        }
+        # Written with one plain INSERT, not through the session: nothing reads the new row back in this
+        # transaction, and the ORM's unit of work for a row of ~30 columns cost ~0.13 ms more CPU per
+        # fork (0.42 against 0.29 ms on SQLite). ``child``, which no session holds, is what the answer,
+        # the event and the boot read.
+        await (await transaction_connection(session)).execute(_INSERT_SANDBOX, columns)
+        child = Sandbox(**columns)
         # The child inherits the source's mounts (issue #15): mounted again for it once it runs.
         inherited = await disks.inherit(session, source, child)
         await webhooks.emit(
