@@ -431,3 +431,16 @@ async def test_info_requests_share_a_kept_connection_and_fork_no_handler(
     assert handler in handlers
     await client.info()
     assert await _parent_of_next_exec(client) == handler
+
+
+async def test_a_guest_with_a_kept_connection_runs_as_few_processes_as_before(
+    guest: tuple[GuestClient, subprocess.Popen[bytes]],
+) -> None:
+    client, process = guest
+    await _parent_of_next_exec(client)
+    await asyncio.sleep(0.05)
+    # The process manager, one spare handler and the kept one: each is memory of every sandbox.
+    assert len(_descendants(process.pid)) == 3
+    # Requests side by side still all run (the spare, then handlers forked for them).
+    results = await asyncio.gather(*(run(client, ExecRequest("echo", [str(n)], ENV)) for n in range(4)))
+    assert sorted(stdout for stdout, _, _ in results) == [b"0\n", b"1\n", b"2\n", b"3\n"]

@@ -44,7 +44,9 @@ enum self_action { SELF_NONE = 0, SELF_PAUSE = 1, SELF_DELETE = 2 };
 #define MAX_DATA_PAYLOAD (1u << 20)
 #define IO_CHUNK (256u << 10)
 #define DRAIN_AFTER_EXIT_MS 100
-#define SPARE_HANDLERS 2
+/* One spare: the host keeps a connection (and so a handler) per guest for its execs and INFOs, and the
+ * spare takes what comes while that one is busy. Each handler is ~80 KiB of a sandbox's memory. */
+#define SPARE_HANDLERS 1
 #define SELF_REASON_MAX 128
 #define SELF_HTTP_PORT 1029
 #define SELF_FIFO_PATH "/run/self"
