@@ -371,6 +371,31 @@ async def test_a_kept_connection_found_closed_when_sending_is_replaced(
     assert await _parent_of_next_exec(client) != handler
 
 
+async def test_an_exec_the_kept_handler_died_without_reading_is_sent_again(
+    guest: tuple[GuestClient, object],
+) -> None:
+    client, _ = guest
+    handler = await _parent_of_next_exec(client)
+    os.kill(handler, signal.SIGSTOP)  # alive (the connection looks idle and open) but not reading
+    pending = asyncio.create_task(_parent_of_next_exec(client))
+    await asyncio.sleep(0.1)
+    os.kill(handler, signal.SIGKILL)  # dies with the request unread: that command never started
+    assert await pending != handler
+
+
+async def test_an_exec_with_stdin_is_not_sent_again(guest: tuple[GuestClient, object]) -> None:
+    client, _ = guest
+    handler = await _parent_of_next_exec(client)
+    os.kill(handler, signal.SIGSTOP)
+    request = ExecRequest("sh", ["-c", "cat; echo $PPID"], ENV, stdin=b"input")
+    pending = asyncio.create_task(run(client, request))
+    await asyncio.sleep(0.1)
+    os.kill(handler, signal.SIGKILL)
+    # A guest could have started it before its stdin went unread: it is reported lost, not run twice.
+    with pytest.raises(GuestUnavailableError):
+        await pending
+
+
 def test_commands_do_not_inherit_signals_the_agent_was_started_ignoring(
     guest_binary_dir: Path, tmp_path: Path
 ) -> None:

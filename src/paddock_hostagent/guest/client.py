@@ -100,6 +100,11 @@ class GuestInfo:
     self_reason: str = ""
 
 
+class _UnreadError(GuestUnavailableError):
+    """The guest's end closed with bytes we sent still unread (a unix socket then says ECONNRESET, where
+    it says EOF once everything was read): that guest never had the whole of what followed its read."""
+
+
 class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
@@ -126,6 +131,8 @@ class _Connection:
             payload = await self.reader.readexactly(length) if length else b""
         except asyncio.IncompleteReadError as exc:
             raise GuestUnavailableError("guest agent closed the connection") from exc
+        except ConnectionResetError as exc:
+            raise _UnreadError(f"guest agent connection failed: {exc}") from exc
         except OSError as exc:
             raise GuestUnavailableError(f"guest agent connection failed: {exc}") from exc
         return frame_type, payload
@@ -351,31 +358,43 @@ class ExecSession:
         self._stdin_task: asyncio.Task[None] | None = None
         self.finished = False
         self._clean = False  # the guest said the connection takes another request
+        self._head = b""
+        # Sent on a kept connection and nothing answered yet: if the guest's end turns out to have gone
+        # with the request unread, it is sent again on a new connection (the command never started).
+        self._resend_if_unread = False
+        self._closed = False
 
     async def __aenter__(self) -> ExecSession:
         request = self._request
-        head = encode_exec(
+        self._head = encode_exec(
             request.cmd, request.args, request.env, request.cwd, has_stdin=request.stdin is not None
         )
         conn = self._client._take_kept()
         if conn is not None:
             try:
-                await conn.send(head)
+                await conn.send(self._head)
             except GuestUnavailableError:  # closed under us: the guest got nothing, so send it anew
                 conn.close()
                 conn = None
         if conn is None:
-            conn = await self._client._connect()
-            try:
-                await conn.send(head)
-            except BaseException:
-                conn.close()
-                raise
+            conn = await self._new_connection()
+        else:
+            # With stdin, the guest may have read the request and started the command before it went.
+            self._resend_if_unread = request.stdin is None
         self._conn = conn
         if request.stdin is not None:
             # Stdin is fed in the background: a command may produce output before it reads its input.
             self._stdin_task = asyncio.create_task(self._feed_stdin(conn, request.stdin))
         return self
+
+    async def _new_connection(self) -> _Connection:
+        conn = await self._client._connect()
+        try:
+            await conn.send(self._head)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     @staticmethod
     async def _feed_stdin(conn: _Connection, stdin: bytes) -> None:
@@ -388,6 +407,7 @@ class ExecSession:
         await self.aclose()
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._stdin_task is not None:
             self._stdin_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -407,7 +427,20 @@ class ExecSession:
         assert self._conn is not None, "use `async with client.exec(...)`"
         conn = self._conn
         while True:
-            frame_type, payload = await conn.read_frame()
+            try:
+                frame_type, payload = await conn.read_frame()
+            except _UnreadError:
+                if not self._resend_if_unread:
+                    raise
+                self._resend_if_unread = False
+                conn.close()
+                conn = await self._new_connection()
+                if self._closed:  # left (aborted) while it connected: the guest then kills the command
+                    conn.close()
+                    raise
+                self._conn = conn
+                continue
+            self._resend_if_unread = False
             if frame_type == Frame.STDOUT:
                 yield Output("stdout", payload)
             elif frame_type == Frame.STDERR:
