@@ -208,10 +208,11 @@ class WarmPool:
     requests (a burst that empties the pool builds its own slots on demand anyway); a steady stream
     of creates still gets its slots once that wait has passed.
 
-    Once full, a pool of two or more also readies one slot for a fork: it unmounts that slot's disk
-    (the fork replaces its image with a clone of its source's, and unmounting an XFS disk that had
-    the guest binary written to it cost the fork 2-5 ms). Creates take the mounted slots first, and
-    mount that one again only when no other is free (a clean mount of cached metadata)."""
+    A pool of two or more also keeps one slot ready for a fork: a slot built while another is free
+    and none is ready has its disk unmounted before it is offered (the fork replaces its image with a
+    clone of its source's, and unmounting an XFS disk that had the guest binary written to it cost the
+    fork 2-5 ms). Creates take the mounted slots first, and mount that one again only when no other
+    is free (a clean mount of cached metadata)."""
 
     refill_delay_s = 0.15
     busy_poll_s = 0.02
@@ -292,33 +293,26 @@ class WarmPool:
             while len(self._free) < self.size and not self._closing:
                 await self._wait_quiet()
                 try:
-                    self._free.append(await self.factory.build(self.disk_mib))
+                    slot = await self.factory.build(self.disk_mib)
                     self.last_error = None
                 except DriverError as exc:
                     self.last_error = str(exc)
                     log.warning("warm_pool_refill_failed", error=str(exc))
                     await asyncio.sleep(5)
                     break
-            else:
-                await self._ready_one_for_fork()
+                if self._free and not self._unmounted:
+                    await self._ready_for_fork(slot)
+                self._free.append(slot)
 
-    async def _ready_one_for_fork(self) -> None:
-        """Unmounts the disk of one free slot when two or more are free and none is readied yet. The
-        slot leaves the free list meanwhile, so that no create takes a disk being unmounted."""
-        if len(self._free) < 2 or self._unmounted or self._closing:
-            return
-        await self._wait_quiet()
-        if len(self._free) < 2:
-            return
-        slot = self._free.pop()
+    async def _ready_for_fork(self, slot: Slot) -> None:
+        """Unmounts the disk of a slot about to join the free ones, so that a fork taking it has no
+        unmount to wait for; done before the slot is offered, so that no boot races it."""
         try:
             await asyncio.to_thread(mounts.unmount, slot.disk.mount_dir)
-        except DriverError as exc:
+        except DriverError as exc:  # still mounted: an ordinary warm slot
             log.warning("warm_pool_ready_for_fork_failed", slot=slot.id, error=str(exc))
-            self._free.append(slot)  # still mounted: an ordinary warm slot
             return
         self._unmounted.add(slot.id)
-        self._free.append(slot)
 
     async def _wait_quiet(self) -> None:
         loop = asyncio.get_running_loop()
