@@ -208,7 +208,8 @@ class OciRuntime(SandboxRuntime):
         phases.mark("slot")
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
         record = self._record(spec, handle)
-        beside = _Beside(on_network, record)  # the slot's veth exists: its egress rules go in now
+        beside = _Beside(on_network, record)
+        beside.start()  # the slot's veth exists: its egress rules go in now
         self._booting += 1
         try:
             if slot.disk_mib < spec.shape.disk_mib:
@@ -249,9 +250,16 @@ class OciRuntime(SandboxRuntime):
             slot.disk_mib = source.disk_mib
             slot.disk.fs = source_handle.slot.disk.fs
             device = slot.disk.loop_device  # its numbers go into the bundle
-            await self._copy_disk(
-                source_handle, slot, phases, meanwhile=lambda: self._write_bundle(spec, handle)
-            )
+
+            def meanwhile() -> None:
+                # Started here, not before the source's freeze: the hook's own work on the event
+                # loop would delay the freeze's polls.
+                beside.start()
+                if device:
+                    self._write_bundle(spec, handle)
+
+            await self._copy_disk(source_handle, slot, phases, meanwhile=meanwhile)
+            beside.start()  # (a no-op once started)
             bundled = bool(device) and slot.disk.loop_device == device
             slot.save()
             await self._boot(spec, handle, record, start_paused=start_paused, phases=phases, bundled=bundled)
@@ -555,7 +563,13 @@ class _Beside:
     (its egress rules no longer wait for the boot: ~3 ms of a create or fork)."""
 
     def __init__(self, hook: NetworkHook | None, record: SandboxRecord) -> None:
-        self._task = asyncio.ensure_future(hook(record)) if hook is not None else None
+        self._hook, self._record = hook, record
+        self._task: asyncio.Future[None] | None = None
+
+    def start(self) -> None:
+        """Starts the hook, once."""
+        if self._hook is not None and self._task is None:
+            self._task = asyncio.ensure_future(self._hook(self._record))
 
     async def result(self) -> None:
         """Waits for the hook; raises what it raised."""
