@@ -2,7 +2,7 @@
 
 ``AgentChannel.call`` sends a call over the channel and waits for its answer; calls share the one
 WebSocket, told apart by ids. It returns ``None`` when the channel cannot carry the call (it is down and
-could not be opened, the agent refused or does not know it, the call is too big): the caller then makes
+could not be opened, the agent refused or does not know it or that call, the call is too big): the caller then makes
 the same call over HTTP, which stays the contract. After a failed open the channel is not tried again
 for ``retry_after_s``, so a host without it costs one attempt, not one per call.
 
@@ -41,6 +41,8 @@ class _Link:
     """One open WebSocket and the calls waiting for an answer on it."""
 
     ws: aiohttp.ClientWebSocketResponse
+    #: The calls the agent takes (``channelwire.ops_of`` its answer to the upgrade).
+    ops: frozenset[int]
     pending: dict[int, asyncio.Future[tuple[int, bytes]]] = field(default_factory=dict)
     reader: asyncio.Task[None] | None = None
 
@@ -81,7 +83,7 @@ class AgentChannel:
         if len(frame) > channelwire.MAX_CALL_BYTES:
             return None
         link = await self._open()
-        if link is None:
+        if link is None or op not in link.ops:
             return None
         answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
         link.pending[call_id] = answer
@@ -137,6 +139,7 @@ class AgentChannel:
                         # ~1.5 heartbeats, failing its calls, instead of leaving them waiting.
                         heartbeat=_HEARTBEAT_S,
                         compress=0,
+                        protocols=(channelwire.PROTOCOL,),
                     )
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 # 403 (a token the agent refuses), 404 (an agent without the channel), no answer:
@@ -145,7 +148,7 @@ class AgentChannel:
                 self._closed_until = time.monotonic() + self._retry_after_s
                 return None
             self.last_failure = None
-            link = self._link = _Link(ws)
+            link = self._link = _Link(ws, channelwire.ops_of(ws.protocol))
             link.reader = asyncio.create_task(self._read(link))
             return link
 

@@ -21,9 +21,10 @@ import contextlib
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import structlog
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from paddock_core import fastlane
 from paddock_core.logging import get_logger
@@ -37,7 +38,7 @@ from paddock_hostagent.routes import (
     validation_reasons,
 )
 from paddock_hostagent.sandboxes import SandboxManager
-from paddock_hostagent.schemas import ExecBody
+from paddock_hostagent.schemas import CreateSandboxBody, ExecBody, ForkBody
 
 log = get_logger("paddock.hostagent.channel")
 # WebSocket close codes (RFC 6455 §7.4.1).
@@ -61,7 +62,10 @@ class ChannelEndpoint:
             log.info("channel_refused", reason="missing or invalid bearer token")
             await send({"type": "websocket.close", "code": _POLICY_VIOLATION})  # before accept: 403
             return
-        await send({"type": "websocket.accept"})
+        # Naming the subprotocol tells the client this agent takes create and fork too; a client that
+        # did not offer it (an older control plane) sends only what it knows.
+        offered = channelwire.PROTOCOL in scope.get("subprotocols", ())
+        await send({"type": "websocket.accept", "subprotocol": channelwire.PROTOCOL if offered else None})
         log.info("channel_opened", client=str(scope.get("client")))
         await Channel(scope["app"].state.manager, send).serve(receive)
 
@@ -154,11 +158,19 @@ class Channel:
             return 500, error_body("internal", f"internal error (request {request_id})")
 
 
-async def _exec(manager: SandboxManager, call: channelwire.Call) -> bytes:
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _body(model: type[_Body], call: channelwire.Call) -> _Body:
+    """The call's JSON body as the HTTP route would validate it (a 400 naming the fields otherwise)."""
     try:
-        body = ExecBody.model_validate_json(call.body)
+        return model.model_validate_json(call.body)
     except ValidationError as exc:
         raise errors.BadRequest(validation_reasons(exc.errors())) from None
+
+
+async def _exec(manager: SandboxManager, call: channelwire.Call) -> bytes:
+    body = _body(ExecBody, call)
     if body.stream:
         raise errors.BadRequest("a streamed exec goes over HTTP")
     check_exec_size(body)
@@ -174,6 +186,14 @@ async def _resume(manager: SandboxManager, call: channelwire.Call) -> bytes:
     return (await resume_sandbox(call.sandbox_id, manager)).model_dump_json().encode()
 
 
+async def _fork(manager: SandboxManager, call: channelwire.Call) -> bytes:
+    return (await manager.fork(call.sandbox_id, _body(ForkBody, call))).model_dump_json().encode()
+
+
+async def _create(manager: SandboxManager, call: channelwire.Call) -> bytes:
+    return (await manager.create(_body(CreateSandboxBody, call))).model_dump_json().encode()
+
+
 # The calls a departed caller stops (the others run to their end; their answers go nowhere).
 _CANCELLABLE = frozenset({channelwire.OP_EXEC})
 # Each op's answer body on success; the HTTP routes' own functions where they are plain calls.
@@ -181,4 +201,6 @@ _OPS: dict[int, Callable[[SandboxManager, channelwire.Call], Awaitable[bytes]]] 
     channelwire.OP_EXEC: _exec,
     channelwire.OP_PAUSE: _pause,
     channelwire.OP_RESUME: _resume,
+    channelwire.OP_FORK: _fork,
+    channelwire.OP_CREATE: _create,
 }

@@ -3,8 +3,9 @@
 
 The channel is one WebSocket per agent at ``/internal/v1/channel``, on the internal API's own listener
 (so behind the same TLS and proxy as its HTTP routes), authenticated once by the bearer token of its
-upgrade request. It carries the buffered exec, pause and resume. Each binary message is one frame; WebSocket carries the length. Many calls share the
-channel at once, told apart by a request id the caller picks:
+upgrade request. It carries the buffered exec, pause and resume, and (``PROTOCOL``) create and fork.
+Each binary message is one frame; WebSocket carries the length. Many calls share the channel at once,
+told apart by a request id the caller picks:
 
     call    >I id  >B op  >B len  request id (X-Request-Id, UTF-8)  >H len  sandbox id  body (JSON)
     cancel  >I id  >B OP_CANCEL                                      (the caller left: stop that call)
@@ -12,6 +13,10 @@ channel at once, told apart by a request id the caller picks:
 
 An answer's body is what the HTTP route answers, so the client parses both the same way; the HTTP
 routes stay the contract, and the channel only carries a few hot calls.
+
+Which calls an agent takes is said at the upgrade, as WebSocket subprotocols are meant to: the client
+offers ``PROTOCOL``, an agent that knows it names it in its answer, and an agent from before it (which
+names none) takes ``FIRST_OPS`` only; the client sends the rest over HTTP.
 Imports nothing but the standard library: the control plane uses it through ``client.py``.
 """
 
@@ -28,6 +33,15 @@ OP_CANCEL = 2
 #: ``POST /sandboxes/{id}/pause`` and ``/resume``; no body.
 OP_PAUSE = 3
 OP_RESUME = 4
+#: ``POST /sandboxes/{id}/fork`` (body: ``ForkBody``) and ``POST /sandboxes`` (body:
+#: ``CreateSandboxBody``, no sandbox id): they run to their end whatever the caller does, as over HTTP.
+OP_FORK = 5
+OP_CREATE = 6
+#: What the channel's first version carried: an agent that names no subprotocol takes these only.
+FIRST_OPS = frozenset({OP_EXEC, OP_PAUSE, OP_RESUME})
+#: The subprotocol of a channel that also carries create and fork.
+PROTOCOL = "paddock.channel.2"
+PROTOCOL_OPS = FIRST_OPS | {OP_FORK, OP_CREATE}
 #: Calls larger than this go over HTTP: the agent's WebSocket server drops the whole channel (every
 #: call on it) on a message above its limit (uvicorn's 16 MiB), and big bodies gain nothing here.
 MAX_CALL_BYTES = 1 << 20
@@ -77,6 +91,11 @@ def decode_call(frame: bytes) -> Call:
         return Call(call_id, op, rid, frame[at : at + sid_len].decode(), frame[at + sid_len :])
     except (struct.error, UnicodeDecodeError) as exc:
         raise FrameError(f"bad channel frame: {exc}") from None
+
+
+def ops_of(protocol: str | None) -> frozenset[int]:
+    """The calls an agent takes, from the subprotocol it answered the upgrade with."""
+    return PROTOCOL_OPS if protocol == PROTOCOL else FIRST_OPS
 
 
 def encode_answer(call_id: int, status: int, body: bytes) -> bytes:

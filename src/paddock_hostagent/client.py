@@ -293,15 +293,15 @@ class HostAgentClient:
         self,
         op: int,
         sandbox_id: str,
-        action: str,
+        path: str,
         parse: Callable[[bytes], Answer],
         *,
         body: BaseModel | None = None,
         timeout: httpx.Timeout | None = None,
     ) -> Answer:
-        """``POST sandboxes/<id>/<action>`` over the kept channel, or over HTTP when the channel cannot
-        carry it (down, refused, an agent without it, a body too big). Errors are raised alike either
-        way, and the HTTP call's read timeout bounds the wait on the channel too."""
+        """``POST <path>`` over the kept channel, or over HTTP when the channel cannot carry it (down,
+        refused, an agent without it or without that call, a body too big). Errors are raised alike
+        either way, and the HTTP call's read timeout bounds the wait on the channel too."""
         if self.channel is not None:
             raw_body = body.model_dump_json().encode() if body is not None else b""
             request_id = self._request_id() if self._request_id is not None else None
@@ -313,7 +313,7 @@ class HostAgentClient:
                 if status >= 400:
                     raise error_from(status, raw)
                 return _parse(parse, status, raw)
-        return await self._call("POST", self._sb(sandbox_id, action), parse, body=body, timeout=timeout)
+        return await self._call("POST", path, parse, body=body, timeout=timeout)
 
     @staticmethod
     def _sb(sandbox_id: str, *rest: str) -> str:
@@ -324,8 +324,13 @@ class HostAgentClient:
 
     async def create_sandbox(self, body: CreateSandboxBody) -> CreateSandboxResult:
         """Answers once the sandbox's guest agent answers (and its ``networks`` are joined)."""
-        return await self._call(
-            "POST", "sandboxes", CreateSandboxResult.model_validate_json, body=body, timeout=_CREATE_TIMEOUT
+        return await self._hot_call(
+            channelwire.OP_CREATE,
+            "",
+            "sandboxes",
+            CreateSandboxResult.model_validate_json,
+            body=body,
+            timeout=_CREATE_TIMEOUT,
         )
 
     async def list_sandboxes(self) -> list[SandboxView]:
@@ -336,17 +341,21 @@ class HostAgentClient:
 
     async def pause_sandbox(self, sandbox_id: str) -> StatusResult:
         return await self._hot_call(
-            channelwire.OP_PAUSE, sandbox_id, "pause", StatusResult.model_validate_json
+            channelwire.OP_PAUSE, sandbox_id, self._sb(sandbox_id, "pause"), StatusResult.model_validate_json
         )
 
     async def resume_sandbox(self, sandbox_id: str) -> StatusResult:
         return await self._hot_call(
-            channelwire.OP_RESUME, sandbox_id, "resume", StatusResult.model_validate_json
+            channelwire.OP_RESUME,
+            sandbox_id,
+            self._sb(sandbox_id, "resume"),
+            StatusResult.model_validate_json,
         )
 
     async def fork_sandbox(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
-        return await self._call(
-            "POST",
+        return await self._hot_call(
+            channelwire.OP_FORK,
+            sandbox_id,
             self._sb(sandbox_id, "fork"),
             CreateSandboxResult.model_validate_json,
             body=body,
@@ -462,7 +471,7 @@ class HostAgentClient:
         return await self._hot_call(
             channelwire.OP_EXEC,
             sandbox_id,
-            "exec",
+            self._sb(sandbox_id, "exec"),
             ExecResult.model_validate_json,
             body=body,
             timeout=_EXEC_TIMEOUT,

@@ -17,6 +17,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 
+from paddock_core import fastlane
 from paddock_core.fastlane import FastLane
 from paddock_hostagent import errors
 from paddock_hostagent.app import api_app
@@ -28,7 +29,7 @@ from paddock_hostagent.client import (
     SandboxMissingError,
 )
 from paddock_hostagent.routes import fast_routes
-from paddock_hostagent.schemas import ExecBody
+from paddock_hostagent.schemas import CreateSandboxBody, CreateSandboxResult, ExecBody, ForkBody
 from tests.hostagent.conftest import TOKEN as AGENT_TOKEN
 from tests.hostagent.conftest import AgentProcess, free_port, run, sh
 
@@ -54,12 +55,25 @@ class FakeExec:
 
 
 class FakeManager:
-    """``SandboxManager.open_exec`` (the one call a buffered exec makes), ``pause`` and ``resume``."""
+    """``SandboxManager.open_exec`` (the one call a buffered exec makes), ``pause``, ``resume``,
+    ``create`` and ``fork``."""
 
     def __init__(self) -> None:
         self.streams: list[FakeExec] = []
         self.hold: dict[str, asyncio.Event] = {}  # cmd (or "pause") -> released when set
         self.paused: set[str] = set()
+        self.booted: list[str] = []
+
+    async def create(self, body: CreateSandboxBody) -> CreateSandboxResult:
+        self.booted.append(body.id)
+        return CreateSandboxResult(id=body.id, ip="10.0.0.2", spawn_ms=12.5, status="running")
+
+    async def fork(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
+        if sandbox_id == "sb-gone":
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found on this host")
+        self.booted.append(body.new_id)
+        status = "paused" if body.start_paused else "running"
+        return CreateSandboxResult(id=body.new_id, ip="10.0.0.3", spawn_ms=7.5, status=status)
 
     async def pause(self, sandbox_id: str) -> str:
         if sandbox_id in self.paused:
@@ -82,14 +96,44 @@ class FakeManager:
         return self.streams[-1]
 
 
+class CountsHTTP:
+    """Counts the HTTP requests that reach the app (a call the channel carried is not one)."""
+
+    def __init__(self, app: fastlane.ASGIApp) -> None:
+        self.app = app
+        self.requests = 0
+
+    async def __call__(self, scope: fastlane.Scope, receive: fastlane.Receive, send: fastlane.Send) -> None:
+        if scope["type"] == "http":
+            self.requests += 1
+        await self.app(scope, receive, send)
+
+
+class FirstChannelOnly:
+    """An agent of the channel's first version: it accepts the channel without naming a subprotocol."""
+
+    def __init__(self, app: fastlane.ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: fastlane.Scope, receive: fastlane.Receive, send: fastlane.Send) -> None:
+        async def unnamed(message: dict[str, Any]) -> None:
+            if message["type"] == "websocket.accept":
+                message = {**message, "subprotocol": None}
+            await send(message)
+
+        await self.app(scope, receive, unnamed if scope["type"] == "websocket" else send)
+
+
 class Agent:
     """The channel endpoint and the fast lane, served by uvicorn; ``restart`` drops every channel."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_channel_only: bool = False) -> None:
         self.manager = FakeManager()
         self.port = free_port()
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task[None] | None = None
+        self.first_channel_only = first_channel_only
+        self.http: CountsHTTP | None = None
 
     @property
     def url(self) -> str:
@@ -101,7 +145,8 @@ class Agent:
 
         app = api_app(authorized)
         app.state.manager = self.manager
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, lifespan="off")
+        self.http = CountsHTTP(FirstChannelOnly(app) if self.first_channel_only else app)
+        config = uvicorn.Config(self.http, host="127.0.0.1", port=self.port, log_config=None, lifespan="off")
         self.server = uvicorn.Server(config)
         self.task = asyncio.create_task(self.server.serve())
         while not self.server.started:
@@ -176,6 +221,62 @@ async def test_pause_and_resume_over_the_channel_answer_what_http_answers(fake_a
             assert (await client.resume_sandbox(sandbox_id)).status == "running"
         assert refusals[0] == refusals[1] == (409, "invalid_state", "sandbox X is paused, not running")
         assert kept.channel is not None and kept.channel.is_open
+
+
+def create_body(sandbox_id: str) -> CreateSandboxBody:
+    return CreateSandboxBody(
+        id=sandbox_id, name="n", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048, egress=["10.0.0.0/8"]
+    )
+
+
+async def test_create_and_fork_go_over_the_channel_and_answer_what_http_answers(fake_agent: Agent) -> None:
+    agent = fake_agent
+    assert agent.http is not None
+    async with (
+        HostAgentClient(agent.url, TOKEN) as kept,
+        HostAgentClient(agent.url, TOKEN, channel=False) as http,
+    ):
+        answers = []
+        for client, suffix in ((kept, "k"), (http, "h")):
+            before = agent.http.requests
+            created = await client.create_sandbox(create_body(f"sb-new{suffix}"))
+            forked = await client.fork_sandbox(
+                f"sb-new{suffix}", ForkBody(new_id=f"sb-fork{suffix}", name="f", start_paused=True)
+            )
+            with pytest.raises(SandboxMissingError) as caught:
+                await client.fork_sandbox("sb-gone", ForkBody(new_id=f"sb-x{suffix}", name="f"))
+            answers.append(
+                (
+                    created.model_dump(exclude={"id"}),
+                    forked.model_dump(exclude={"id"}),
+                    (caught.value.status, caught.value.code, str(caught.value)),
+                    agent.http.requests - before,
+                )
+            )
+        over_channel, over_http = answers
+        assert over_channel[:3] == over_http[:3]
+        assert over_channel[1]["status"] == "paused" and over_channel[2][0] == 404
+        assert (over_channel[3], over_http[3]) == (0, 3), "the channel carried all three; HTTP made three"
+    assert agent.manager.booted == ["sb-newk", "sb-forkk", "sb-newh", "sb-forkh"]
+
+
+async def test_an_agent_of_the_first_channel_gets_create_and_fork_over_http() -> None:
+    agent = Agent(first_channel_only=True)
+    await agent.start()
+    try:
+        assert agent.http is not None
+        async with HostAgentClient(agent.url, TOKEN) as client:
+            assert (await exec_true(client))["exit_code"] == 3
+            assert agent.http.requests == 0, "exec went over the channel it knows"
+            assert (await client.create_sandbox(create_body("sb-old"))).status == "running"
+            assert (
+                await client.fork_sandbox("sb-old", ForkBody(new_id="sb-oldf", name="f"))
+            ).ip == "10.0.0.3"
+            assert agent.http.requests == 2, "create and fork went over HTTP, not to an agent that lacks them"
+            assert client.channel is not None and client.channel.is_open
+        assert agent.manager.booted == ["sb-old", "sb-oldf"]
+    finally:
+        await agent.stop()
 
 
 async def test_a_pause_whose_caller_leaves_still_completes(fake_agent: Agent) -> None:
