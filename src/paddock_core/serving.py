@@ -4,6 +4,7 @@ and the gateway share."""
 from __future__ import annotations
 
 import gc
+import resource
 import socket
 
 import uvicorn
@@ -24,7 +25,20 @@ class FrozenHeapServer(uvicorn.Server):
         gc.freeze()
 
 
+def raise_open_file_limit() -> int:
+    """Raises the soft limit on open files to the hard one and returns it. Every kept connection is a
+    descriptor (a host agent keeps one to each sandbox's guest, and the clients' connections to each
+    service stay open), and systemd's default soft limit of 1,024 would cap a host at a few hundred
+    sandboxes long before its memory does; the hard limit is the operator's."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft
+
+
 def serve(app: ASGIApp, host: str, port: int) -> None:
     """Run ``app`` until the process is told to stop (uvicorn's own logging and access log off: the
     services log each request themselves)."""
+    raise_open_file_limit()
     FrozenHeapServer(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)).run()

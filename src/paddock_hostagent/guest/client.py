@@ -163,11 +163,16 @@ class KeptConnections:
     never take the descriptors that new ones need."""
 
     def __init__(self, max_idle: int | None = None) -> None:
-        if max_idle is None:
-            max_idle = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4
-        self.max_idle = max_idle
+        self._max_idle = max_idle
         self._idle: dict[str, _Connection] = {}
         self._sweep_at = 64
+
+    @property
+    def max_idle(self) -> int:
+        # Asked when used, not when this module is imported: the service raises its file limit at start.
+        if self._max_idle is not None:
+            return self._max_idle
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4
 
     def take(self, key: str) -> _Connection | None:
         conn = self._idle.pop(key, None)
