@@ -4,7 +4,8 @@ QEMU exposes the VM's ``paddock.0`` port as a unix socket (``chan.sock``, QEMU i
 module connects to it and listens on ``guest.sock``: every connection a ``GuestClient`` opens there
 becomes a channel, multiplexed over the port to ``paddock-vminit`` inside the VM, which opens a
 connection to the guest agent for it (the frame table is in ``guest/vm/vminit.c``). So callers keep
-the agent's one-connection-per-request protocol unchanged, whatever the tier.
+the agent's protocol unchanged, whatever the tier: a connection per caller, which carries one request
+after another while each leaves it clean (the host agent's kept connections).
 
 On connect the host sends HELLO; the guest drops every channel and answers READY. The host skips any
 bytes before READY, so a VM restored from a memory snapshot with half a frame in flight, or a host
