@@ -28,7 +28,7 @@ import urllib.request
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 import httpx
@@ -262,6 +262,70 @@ class AnswerReader:
         return True
 
 
+def _not_at_end(data: bytes) -> bytes:
+    """What a read gave, which must be more of the answer: nothing means the server hung up on it."""
+    if not data:
+        raise httpx.RemoteProtocolError("server disconnected without sending a complete answer")
+    return data
+
+
+class _Connection(Protocol):
+    def stale(self) -> bool: ...
+    def close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Connection)
+
+
+class _Pool(Generic[_C]):
+    """What both clients' direct paths share: the origin, the headers, idle connections and closing.
+    Only opening a connection and the exchange on it differ (blocking or awaited). The lock is held
+    for list operations only, never across I/O: the blocking client is shared between threads."""
+
+    def __init__(self, origin: Origin, headers: Mapping[str, str], timeout: float) -> None:
+        self.origin = origin
+        self.headers = dict(headers)
+        self.timeout = timeout
+        self._idle: list[_C] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _prepare(self, method: str, path: str, kwargs: Mapping[str, Any]) -> tuple[bytes, float]:
+        """The request's bytes and the call's timeout."""
+        request = encode_request(self.origin, self.headers, method, path.lstrip("/"), kwargs)
+        return request, kwargs.get("timeout") or self.timeout
+
+    def _idle_one(self) -> _C | None:
+        """A kept connection the server has not closed meanwhile, if there is one."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("Cannot send a request, as the client has been closed.")
+                if not self._idle:
+                    return None
+                conn = self._idle.pop()
+            if not conn.stale():
+                return conn
+            conn.close()
+
+    def _finish(self, conn: _C, answer: AnswerReader) -> httpx.Response:
+        """Keeps the connection for the next call if the answer left it clean, and returns the answer."""
+        with self._lock:
+            kept = answer.clean() and not self._closed and len(self._idle) < MAX_IDLE
+            if kept:
+                self._idle.append(conn)
+        if not kept:
+            conn.close()
+        return response(*answer.answer())
+
+    def _close_idle(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
 # -- blocking ---------------------------------------------------------------------------------------
 
 
@@ -302,65 +366,28 @@ class _Conn:
             raise httpx.ReadTimeout("timed out waiting for the answer") from None
         except OSError as exc:
             raise httpx.ReadError(str(exc)) from None
-        if not data:
-            raise httpx.RemoteProtocolError("server disconnected without sending a complete answer")
-        return data
+        return _not_at_end(data)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
 
 
-class Wire:
+class Wire(_Pool[_Conn]):
     """Direct calls on kept-alive connections, safe to share between threads (each call holds one)."""
 
-    def __init__(self, origin: Origin, headers: Mapping[str, str], timeout: float) -> None:
-        self.origin = origin
-        self.headers = dict(headers)
-        self.timeout = timeout
-        self._idle: list[_Conn] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
     def request(self, method: str, path: str, kwargs: Mapping[str, Any]) -> httpx.Response:
-        request = encode_request(self.origin, self.headers, method, path.lstrip("/"), kwargs)
-        timeout = kwargs.get("timeout") or self.timeout
-        conn = self._take(timeout)
+        request, timeout = self._prepare(method, path, kwargs)
+        conn = self._idle_one() or _Conn(self.origin, timeout)
         try:
-            reader = conn.exchange(request, method, timeout)
+            answer = conn.exchange(request, method, timeout)
         except BaseException:
             conn.close()  # a connection that failed mid-call is never reused
             raise
-        if reader.clean():
-            self._give_back(conn)
-        else:
-            conn.close()
-        return response(*reader.answer())
-
-    def _take(self, timeout: float) -> _Conn:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("Cannot send a request, as the client has been closed.")
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.stale():
-                    return conn
-                conn.close()
-        return _Conn(self.origin, timeout)
-
-    def _give_back(self, conn: _Conn) -> None:
-        with self._lock:
-            if not self._closed and len(self._idle) < MAX_IDLE:
-                self._idle.append(conn)
-                return
-        conn.close()
+        return self._finish(conn, answer)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        self._close_idle()
 
 
 # -- asyncio ----------------------------------------------------------------------------------------
@@ -411,51 +438,24 @@ class _AsyncConn:
             data = await self.reader.read(1 << 20)
         except OSError as exc:
             raise httpx.ReadError(str(exc)) from None
-        if not data:
-            raise httpx.RemoteProtocolError("server disconnected without sending a complete answer")
-        return data
+        return _not_at_end(data)
 
     def close(self) -> None:
         self.writer.close()
 
 
-class AsyncWire:
+class AsyncWire(_Pool[_AsyncConn]):
     """Direct calls on kept-alive connections for one event loop (each call holds one connection)."""
 
-    def __init__(self, origin: Origin, headers: Mapping[str, str], timeout: float) -> None:
-        self.origin = origin
-        self.headers = dict(headers)
-        self.timeout = timeout
-        self._idle: list[_AsyncConn] = []
-        self._closed = False
-
     async def request(self, method: str, path: str, kwargs: Mapping[str, Any]) -> httpx.Response:
-        request = encode_request(self.origin, self.headers, method, path.lstrip("/"), kwargs)
-        timeout = kwargs.get("timeout") or self.timeout
-        conn = await self._take(timeout)
+        request, timeout = self._prepare(method, path, kwargs)
+        conn = self._idle_one() or await _AsyncConn.open(self.origin, timeout)
         try:
             answer = await conn.exchange(request, method, timeout)
         except BaseException:
             conn.close()
             raise
-        if answer.clean() and not self._closed and len(self._idle) < MAX_IDLE:
-            self._idle.append(conn)
-        else:
-            conn.close()
-        return response(*answer.answer())
-
-    async def _take(self, timeout: float) -> _AsyncConn:
-        if self._closed:
-            raise RuntimeError("Cannot send a request, as the client has been closed.")
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn.stale():
-                return conn
-            conn.close()
-        return await _AsyncConn.open(self.origin, timeout)
+        return self._finish(conn, answer)
 
     async def aclose(self) -> None:
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        self._close_idle()
