@@ -37,8 +37,27 @@ def raise_open_file_limit() -> int:
     return soft
 
 
+#: How long a service told to stop waits for the requests still open (streams, long polls, the kept
+#: channel) before it cancels them and shuts down. uvicorn waits for ever by default, so one open
+#: stream (an exec's output followed, a download) kept a host agent from stopping, or from taking its
+#: warm pool down, until it was killed.
+GRACEFUL_SHUTDOWN_S = 10
+
+
+def config(app: ASGIApp, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings for a service: its own logging and access log off (the services log each
+    request themselves), and a bounded graceful shutdown."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+
+
 def serve(app: ASGIApp, host: str, port: int) -> None:
-    """Run ``app`` until the process is told to stop (uvicorn's own logging and access log off: the
-    services log each request themselves)."""
+    """Run ``app`` until the process is told to stop."""
     raise_open_file_limit()
-    FrozenHeapServer(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)).run()
+    FrozenHeapServer(config(app, host, port)).run()

@@ -4,6 +4,8 @@ event loop, on every full collection), and its open file limit is raised to the 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import resource
 import socket
@@ -11,14 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from paddock_core import serving
@@ -42,7 +43,9 @@ def test_the_heap_at_startup_is_frozen_and_the_app_answers(unfrozen: None) -> No
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = serving.FrozenHeapServer(uvicorn.Config(Starlette(routes=[Route("/", probe)]), port=port))
+    server = serving.FrozenHeapServer(
+        serving.config(Starlette(routes=[Route("/", probe)]), "127.0.0.1", port)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -83,3 +86,57 @@ def test_a_service_starts_with_its_open_file_limit_raised_to_the_hard_one() -> N
     assert (before, kept_before) == (256, 64)
     assert soft == hard > 256
     assert kept_after == hard // 4  # the host agent's cap on kept guest connections follows the new limit
+
+
+def test_a_service_told_to_stop_does_not_wait_for_ever_on_an_open_stream(
+    unfrozen: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client following a stream that never ends (an exec's output, a download) must not keep the
+    service from stopping, nor from running its shutdown (where a host agent takes its warm pool down)."""
+    monkeypatch.setattr(serving, "GRACEFUL_SHUTDOWN_S", 1)
+    shut_down = threading.Event()
+
+    async def endless(request: Request) -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            while True:
+                yield b"x"
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(chunks())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        shut_down.set()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = Starlette(routes=[Route("/follow", endless)], lifespan=lifespan)
+    server = serving.FrozenHeapServer(serving.config(app, "127.0.0.1", port))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "uvicorn did not start within 10 s"
+    received = threading.Event()
+
+    def follow() -> None:
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.stream("GET", f"http://127.0.0.1:{port}/follow") as response,
+        ):
+            for _ in response.iter_bytes():
+                received.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    assert received.wait(5), "the stream never started"
+    told = time.monotonic()
+    server.should_exit = True  # what SIGTERM does
+    thread.join(10)
+    assert not thread.is_alive(), (
+        "the service was still waiting for the stream 10 s after it was told to stop"
+    )
+    assert time.monotonic() - told < 5
+    assert shut_down.is_set(), "the app's shutdown never ran"
