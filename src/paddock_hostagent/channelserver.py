@@ -134,10 +134,11 @@ class Channel:
                 )
             except OSError:
                 return  # the channel closed under the call: serve() cancels the rest
-            (log.debug if status < 400 else log.info)(
+            # A create or fork is logged as its HTTP request was; the hot calls only when they fail.
+            (log.debug if status < 400 and call.op in _HOT else log.info)(
                 "channel_call",
                 request_id=request_id,
-                op=call.op,
+                op=channelwire.OP_NAMES.get(call.op, str(call.op)),
                 sandbox_id=call.sandbox_id,
                 status=status,
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
@@ -196,6 +197,8 @@ async def _create(manager: SandboxManager, call: channelwire.Call) -> bytes:
 
 # The calls a departed caller stops (the others run to their end; their answers go nowhere).
 _CANCELLABLE = frozenset({channelwire.OP_EXEC})
+# The calls made many times a second, logged at debug level when they succeed.
+_HOT = channelwire.FIRST_OPS
 # Each op's answer body on success; the HTTP routes' own functions where they are plain calls.
 _OPS: dict[int, Callable[[SandboxManager, channelwire.Call], Awaitable[bytes]]] = {
     channelwire.OP_EXEC: _exec,

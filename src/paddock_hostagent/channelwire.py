@@ -37,6 +37,8 @@ OP_RESUME = 4
 #: ``CreateSandboxBody``, no sandbox id): they run to their end whatever the caller does, as over HTTP.
 OP_FORK = 5
 OP_CREATE = 6
+#: The ops by name, for the agent's log.
+OP_NAMES = {OP_EXEC: "exec", OP_PAUSE: "pause", OP_RESUME: "resume", OP_FORK: "fork", OP_CREATE: "create"}
 #: What the channel's first version carried: an agent that names no subprotocol takes these only.
 FIRST_OPS = frozenset({OP_EXEC, OP_PAUSE, OP_RESUME})
 #: The subprotocol of a channel that also carries create and fork.
