@@ -239,14 +239,15 @@ async def clone_disk(
             release()
 
     loop = asyncio.get_running_loop()
+    mounted = mounts.is_mountpoint(disk.mount_dir)
     try:
-        if not mounts.is_mountpoint(disk.mount_dir) and disk.loop_device:
+        if not mounted and disk.loop_device:
             # run_in_executor submits at once (the thread starts), then ``meanwhile`` runs here.
             work = loop.run_in_executor(None, _clone_and_mount, source, disk, release_once, step)
             await _while_running(meanwhile, work)
             if await work:
                 return
-        elif mounts.is_mountpoint(disk.mount_dir):
+        elif mounted:
             unmounting = loop.run_in_executor(None, mounts.unmount, disk.mount_dir)
             syncing = loop.run_in_executor(None, mounts.sync_filesystem, source.mount_dir)
             await _while_running(meanwhile, unmounting, syncing)
