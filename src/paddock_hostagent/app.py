@@ -87,8 +87,16 @@ def _oci_runtime(
     runsc_platform: str,
     guest_binary: Path,
     network: NetworkManager,
+    images: ImageStore,
 ) -> OciRuntime:
     """The container and gVisor tiers: crun, runc or runsc under the OCI driver."""
+
+    def pool_rootfs() -> Path | None:
+        """The pool image's root filesystem once it is on this host (never built for the pool)."""
+        if settings.pool_image and images.is_cached(settings.pool_image):
+            return images.rootfs_path(settings.pool_image)
+        return None
+
     return OciRuntime(
         OciOptions(
             state_dir=settings.state_dir,
@@ -101,6 +109,7 @@ def _oci_runtime(
             pool_disk_mib=settings.pool_disk_mib,
             boot_timeout_s=settings.boot_timeout_s,
             runtime_root=settings.runtime_root,
+            pool_rootfs=pool_rootfs,
             sandbox_pids_max=settings.sandbox_pids_max,
             pids_budget=settings.pids_budget,
             io=IoLimits(
@@ -123,6 +132,7 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
         firewall, network.gateway, [Upstream.parse(item) for item in upstreams or network.upstream_servers()]
     )
     guest_binary = await asyncio.to_thread(ensure_agent_binary, settings.state_dir / "guest")
+    images = ImageStore.from_settings(settings)
     runtime: OciRuntime | QemuRuntime
     if facts.runtime == "qemu":  # the VM tier (docs/isolation-vm.md)
         runtime = QemuRuntime(
@@ -136,13 +146,13 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
             )
         )
     else:
-        runtime = _oci_runtime(settings, facts.runtime, facts.runsc_platform, guest_binary, network)
+        runtime = _oci_runtime(settings, facts.runtime, facts.runsc_platform, guest_binary, network, images)
     bridges = BridgeNetworks(runtime.layout_tag, settings.nft_table, settings.private_network_pool)
     await asyncio.to_thread(bridges.setup_host)
     manager = SandboxManager(
         settings,
         runtime,
-        ImageStore.from_settings(settings),
+        images,
         RecordStore(settings.state_dir / "sandboxes"),
         bridges=bridges,
         egress=egress,

@@ -268,6 +268,7 @@ class SandboxManager:
             labels=self.settings.labels,
             runtime=self.runtime_label,
             warm_slots=self.runtime.warm_slots(),
+            parked_slots=self.runtime.parked_slots(),
         )
 
     def _entry(self, sandbox_id: str) -> _Entry:

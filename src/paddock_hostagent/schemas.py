@@ -189,6 +189,7 @@ class HostInfo(BaseModel):
     labels: dict[str, str]
     runtime: str
     warm_slots: int = 0  # prepared slots waiting in the pool
+    parked_slots: int = 0  # of those, slots with a sandbox of the pool image booted in them
 
 
 # -- template builds (``builds.py``) ------------------------------------------------------------------

@@ -77,6 +77,9 @@ class HostAgentSettings(ServiceSettings):
     # TCP flow: ~35 MB/s at 1, ~140 at 8, ~240 at 65535, where a packet may be up to 64 KiB).
     egress_gso_max_segs: int = Field(default=1, ge=1, le=65535)
     pool_size: int = 2
+    # The image the warm pool boots sandboxes of, ahead of the creates that claim them (crun and runc;
+    # drivers/pool.py). Empty: the pool holds plain slots only. Parked only once the image is on the host.
+    pool_image: str = "debian:13"
     # Disk size the warm pool formats slots at; a create asking for more grows a pooled slot.
     pool_disk_mib: int = 10240
     # Filesystem of sandbox disks: ext4 needs CAP_SYS_RESOURCE to grow online, XFS does not.

@@ -179,6 +179,16 @@ def sandbox_cgroup_dirs(sandbox_ids: list[str]) -> list[Path]:
     return found
 
 
+def cgroup_dirs(cgroups_path: str) -> list[Path]:
+    """The directories of one sandbox's cgroup (its record's ``cgroups_path``) that exist, in any
+    hierarchy: a sandbox claimed from the warm pool keeps its slot's cgroup, not one named after it."""
+    return [
+        path
+        for hierarchy in Path("/sys/fs/cgroup").iterdir()
+        if (path := hierarchy / cgroups_path.lstrip("/")).is_dir()
+    ]
+
+
 def _glob(directory: Path, pattern: str) -> list[Path]:
     """``directory.glob`` that tolerates other tests' cgroups vanishing while it walks the tree."""
     for _ in range(10):

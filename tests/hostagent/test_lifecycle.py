@@ -16,7 +16,7 @@ import pytest
 
 from paddock_hostagent.client import BadStateError, HostAgentClient, HostAgentError, SandboxMissingError
 from paddock_hostagent.schemas import CreateSandboxBody, ForkBody, NetworkAttachBody
-from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sandbox_cgroup_dirs, sh
+from tests.hostagent.conftest import AgentProcess, Sandboxes, cgroup_dirs, run, sandbox_cgroup_dirs, sh
 
 pytestmark = pytest.mark.root
 
@@ -334,12 +334,14 @@ async def test_destroy_removes_everything_and_is_idempotent(
         )
     ).model_dump()
     agent.created_ids.append(created["id"])
-    slot = agent.record(created["id"])["driver_state"]["slot"]
-    assert sandbox_cgroup_dirs([created["id"]])
+    driver_state = agent.record(created["id"])["driver_state"]
+    slot = driver_state["slot"]
+    assert cgroup_dirs(driver_state["cgroups_path"])
     await host.destroy_sandbox(created["id"])
     assert (await host.destroy_sandbox(created["id"])).destroyed
     with pytest.raises(SandboxMissingError):
         await host.get_sandbox(created["id"])
+    assert cgroup_dirs(driver_state["cgroups_path"]) == []
     assert sandbox_cgroup_dirs([created["id"]]) == []
     assert not Path(f"/run/netns/pdk-{slot['id']}").exists()
     assert not Path(f"/sys/class/net/pdk{slot['id']}").exists()
@@ -416,7 +418,8 @@ async def test_a_sandbox_whose_init_dies_is_reported_stopped_and_still_destroyab
     agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes
 ) -> None:
     created = await sandboxes.create()
-    init_pid = agent.record(created["id"])["driver_state"]["init_pid"]
+    driver_state = agent.record(created["id"])["driver_state"]
+    init_pid = driver_state["init_pid"]
     os.kill(init_pid, 9)  # e.g. the host's OOM killer, or an operator
     for _ in range(100):
         if (await host.get_sandbox(created["id"])).status == "stopped":
@@ -430,7 +433,7 @@ async def test_a_sandbox_whose_init_dies_is_reported_stopped_and_still_destroyab
     await host.destroy_sandbox(created["id"])
     with pytest.raises(SandboxMissingError):
         await host.get_sandbox(created["id"])
-    assert sandbox_cgroup_dirs([created["id"]]) == []
+    assert cgroup_dirs(driver_state["cgroups_path"]) == []
 
 
 async def wait_self_request(host: HostAgentClient, sandbox_id: str) -> dict[str, Any] | None:

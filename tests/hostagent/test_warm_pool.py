@@ -38,10 +38,11 @@ class _StandIn:
         self.disk_mib = disk_mib
         self.id = secrets.token_hex(4)
         self.disk = SimpleNamespace(mount_dir=Path("/nonexistent") / self.id)  # nothing to unmount
+        self.parked: Any = None
 
 
-def _pool(factory: _Factory, size: int, busy: list[bool]) -> WarmPool:
-    pool = WarmPool(cast(SlotFactory, factory), size, 1024, busy=lambda: busy[0])
+def _pool(factory: _Factory, size: int, busy: list[bool], parker: Any = None) -> WarmPool:
+    pool = WarmPool(cast(SlotFactory, factory), size, 1024, busy=lambda: busy[0], parker=parker)
     pool.refill_delay_s = 0.0
     pool.busy_poll_s = 0.01
     return pool
@@ -115,4 +116,84 @@ async def test_a_full_pool_readies_one_slot_for_a_fork_and_creates_take_the_othe
     taken = [(await pool.take(1024))[0] for _ in range(3)]
     assert [slot.disk.mount_dir for slot in taken][-1] == unmounted[1]
     assert mounted == [unmounted[1]]
+    await pool.close()
+
+
+class _Parker:
+    """Parks stand-in sandboxes of ``rootfs`` once it is set (as the host agent does once its pool
+    image is on the host); ``failing`` makes the next park raise."""
+
+    def __init__(self, rootfs: str | None) -> None:
+        self.rootfs = rootfs
+        self.failing = False
+        self.discarded: list[str] = []
+
+    async def park(self, slot: Any) -> bool:
+        await asyncio.sleep(0)
+        if self.failing:
+            self.failing = False
+            raise RuntimeError("crun failed")
+        if self.rootfs is None:
+            return False
+        slot.parked = SimpleNamespace(rootfs=self.rootfs)
+        return True
+
+    async def discard(self, slot: Any) -> None:
+        self.discarded.append(slot.id)
+
+
+async def _until(condition: Any, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 5
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def no_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def attach(disk: Any) -> None:
+        pass
+
+    monkeypatch.setattr(mounts, "unmount", lambda path: None)
+    monkeypatch.setattr(storage, "attach", attach)
+
+
+async def test_creates_of_the_pool_image_claim_parked_slots_and_nothing_else_does(no_mounts: None) -> None:
+    parker = _Parker("/images/debian/rootfs")
+    pool = _pool(_Factory(), 3, [False], parker)
+    pool.start()
+    await _until(lambda: pool.free_count == 3 and pool.parked_count == 2, "the pool parked no sandboxes")
+    other, _ = await pool.take(1024, "/images/template/rootfs")
+    assert other.parked is None  # another image: the plain slot (the one readied for a fork)
+    await _until(lambda: pool.free_count == 3, "the pool did not refill")
+    forked = await pool.take_for_fork()
+    assert forked.parked is None  # a fork never gets a parked slot: its disk holds what that one wrote
+    claimed, warm = await pool.take(1024, "/images/debian/rootfs")
+    assert warm and claimed.parked is not None and claimed.parked.rootfs == "/images/debian/rootfs"
+    await pool.close()
+    assert len(parker.discarded) == pool.size - 1 - 1  # what was left parked is stopped, not just dropped
+
+
+async def test_slots_built_before_the_pool_image_arrived_are_parked_later(no_mounts: None) -> None:
+    parker = _Parker(None)
+    pool = _pool(_Factory(), 3, [False], parker)
+    pool.start()
+    await _until(lambda: pool.free_count == 3, "the pool did not fill")
+    assert pool.parked_count == 0
+    parker.rootfs = "/images/debian/rootfs"
+    await pool.take(1024, "/images/debian/rootfs")  # any take wakes the refill
+    await _until(lambda: pool.parked_count == 2, "the plain slots were not parked once the image was there")
+    await pool.close()
+
+
+async def test_a_slot_whose_parking_failed_is_destroyed_and_the_pool_goes_on(no_mounts: None) -> None:
+    parker = _Parker("/images/debian/rootfs")
+    parker.failing = True
+    factory = _Factory()
+    pool = _pool(factory, 3, [False], parker)
+    pool.park_retry_s = 0.0
+    pool.start()
+    await _until(lambda: pool.free_count == 3 and pool.parked_count == 2, "the pool did not recover")
+    assert factory.destroyed == 1 and len(factory.built) == 4
+    assert pool.last_error is None or "crun failed" in pool.last_error
     await pool.close()

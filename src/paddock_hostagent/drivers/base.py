@@ -230,6 +230,10 @@ class SandboxRuntime(ABC):
         """Prepared sandbox slots waiting to be used (0 for a driver without a pool)."""
         return 0
 
+    def parked_slots(self) -> int:
+        """Of those, the slots with a booted sandbox waiting to be claimed (``drivers/pool.py``)."""
+        return 0
+
     @abstractmethod
     def oom_kills(self, record: SandboxRecord) -> int:
         """How many processes the sandbox's memory limit has killed so far."""

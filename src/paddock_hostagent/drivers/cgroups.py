@@ -179,6 +179,21 @@ class SandboxCgroup:
             return False
         return state.strip() in ("FROZEN", "FREEZING")
 
+    # -- limits ---------------------------------------------------------------------------------
+
+    def set_limits(self, memory_bytes: int, cpu_quota_us: int) -> None:
+        """Gives a running group the memory (and memory+swap, as the runtime does) and CPU quota a
+        sandbox's shape asks for: what a parked sandbox gets when a create claims it."""
+        memory = self.dir("memory")
+        limit, memsw = memory / "memory.limit_in_bytes", memory / "memory.memsw.limit_in_bytes"
+        # memory+swap may never be below memory: raise it first, lower it last.
+        current = int(read_small(limit))
+        order = [memsw, limit] if memory_bytes > current else [limit, memsw]
+        for path in order:
+            if path is limit or path.exists():
+                path.write_text(str(memory_bytes))
+        (self.dir("cpu") / "cpu.cfs_quota_us").write_text(str(cpu_quota_us))
+
     # -- accounting -----------------------------------------------------------------------------
 
     def oom_kills(self) -> int:

@@ -3,7 +3,11 @@ loop disk.
 
 Create: take a warm slot (disk + netns), write /etc identity files into the upper layer, mount the
 overlay, write ``config.json``, bind the guest agent's socket and start the runtime with that socket as
-fd 3; return once the guest agent answers.
+fd 3; return once the guest agent answers. A create of the pool image that finds a sandbox parked in a
+warm slot (``drivers/pool.py``; crun and runc) *claims* it instead: it writes the sandbox's memory and
+CPU limits into the parked cgroup, its identity files through the mounted overlay and its hostname
+into the running UTS namespace (``drivers/hostname.py``), and is done in about a millisecond of the
+agent's time. A claimed sandbox keeps the slot's container id and cgroup path (``_Handle``).
 
 Pause and resume freeze the cgroup v1 freezer directly (well under a millisecond). Fork freezes the
 source in its cgroup, syncs its filesystem and clones its disk image onto the loop device of a warm
@@ -51,20 +55,23 @@ from paddock_hostagent.drivers.base import (
     SandboxRecord,
     SandboxRuntime,
     SandboxSpec,
+    Shape,
     UnsupportedError,
 )
 from paddock_hostagent.drivers.bootlog import BootLog
 from paddock_hostagent.drivers.cgroups import CgroupLayout, SandboxCgroup, pids_budget
 from paddock_hostagent.drivers.commands import run
+from paddock_hostagent.drivers.hostname import set_hostname
 from paddock_hostagent.drivers.network import NetworkManager, netns_sysctl
 from paddock_hostagent.drivers.ocispec import (
     GUEST_SOCKET_NAME,
     BundleSpec,
     IoLimits,
+    cpu_quota_us,
     runtime_config,
     write_identity_files,
 )
-from paddock_hostagent.drivers.pool import Slot, SlotFactory, WarmPool
+from paddock_hostagent.drivers.pool import Parked, Slot, SlotFactory, WarmPool
 from paddock_hostagent.guest import ExecRequest, GuestClient, GuestError, GuestVersionError
 
 log = get_logger(__name__)
@@ -87,6 +94,14 @@ class OciOptions:
     io: IoLimits = field(default_factory=IoLimits)
     # gVisor's platform ("ptrace" or "kvm", host.choose_runsc_platform); only read for runsc.
     runsc_platform: str = "ptrace"
+    # The root filesystem of the image the warm pool parks sandboxes of, when it is on this host now;
+    # None (or no callable) parks nothing. Only crun and runc park.
+    pool_rootfs: Callable[[], Path | None] | None = None
+
+
+PARKING_RUNTIMES = ("crun", "runc")
+# A parked sandbox's limits until a create claims it (its guest agent uses ~1 MiB).
+PARKED_SHAPE_MEM_MIB = 256
 
 
 GVISOR_SOCKET_DIR = "guest"  # under the slot's directory, bound at ocispec.GUEST_SOCKET_DIR
@@ -104,11 +119,13 @@ def guest_socket_path(slot: Slot, runtime: str) -> Path:
 
 @dataclass
 class _Handle:
-    """The OCI part of a record's ``driver_state``."""
+    """The OCI part of a record's ``driver_state``. The runtime knows the container as
+    ``container_id``: the sandbox's id, or the slot's for a sandbox claimed from the pool."""
 
     slot: Slot
     runtime: str
     cgroups_path: str
+    container_id: str
     init_pid: int = 0
     init_ticks: int = 0
 
@@ -117,6 +134,7 @@ class _Handle:
             "slot": self.slot.to_json(),
             "runtime": self.runtime,
             "cgroups_path": self.cgroups_path,
+            "container_id": self.container_id,
             "init_pid": self.init_pid,
             "init_ticks": self.init_ticks,
         }
@@ -132,6 +150,7 @@ class _Handle:
             Slot.from_json(data["slot"]),
             data["runtime"],
             data["cgroups_path"],
+            data.get("container_id") or record.id,  # records of older agents: the sandbox's id
             data["init_pid"],
             data["init_ticks"],
         )
@@ -170,8 +189,13 @@ class OciRuntime(SandboxRuntime):
         self.factory = SlotFactory(
             options.state_dir / "slots", options.network, options.filesystem, options.guest_binary
         )
+        parks = options.runtime in PARKING_RUNTIMES and options.pool_rootfs is not None
         self.pool = WarmPool(
-            self.factory, options.pool_size, options.pool_disk_mib, busy=lambda: self._booting > 0
+            self.factory,
+            options.pool_size,
+            options.pool_disk_mib,
+            busy=lambda: self._booting > 0,
+            parker=self if parks else None,
         )
         self._binaries = {name: shutil.which(name) or name for name in ("crun", "runc", "runsc")}
 
@@ -182,8 +206,8 @@ class OciRuntime(SandboxRuntime):
         owned = {_Handle.of(record).slot.id for record in records if record.driver == self.name}
         for slot in self.factory.load_all():
             if slot.id not in owned:
-                log.info("reclaiming_orphan_slot", slot=slot.id)
-                await self.factory.destroy(slot)
+                log.info("reclaiming_orphan_slot", slot=slot.id, parked=slot.parked is not None)
+                await self.discard(slot)
         self.options.network.addresses.retain_owners(owned)
         kept = {
             str(_Handle.of(record).slot.disk.image_path) for record in records if record.driver == self.name
@@ -204,9 +228,21 @@ class OciRuntime(SandboxRuntime):
         self, spec: SandboxSpec, *, start_paused: bool = False, on_network: NetworkHook | None = None
     ) -> SandboxRecord:
         phases = _Phases()
-        slot, warm = await self.pool.take(spec.shape.disk_mib)
+        rootfs = str(spec.rootfs) if self.options.runtime in PARKING_RUNTIMES else None
+        slot, warm = await self.pool.take(spec.shape.disk_mib, rootfs)
         phases.mark("slot")
-        handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
+        parked, slot.parked = slot.parked, None
+        if parked is not None:
+            handle = _Handle(
+                slot,
+                self.options.runtime,
+                parked.cgroups_path,
+                parked.container_id,
+                parked.init_pid,
+                parked.init_ticks,
+            )
+        else:
+            handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id), spec.id)
         record = self._record(spec, handle)
         beside = _Beside(on_network, record)
         beside.start()  # the slot's veth exists: its egress rules go in now
@@ -215,13 +251,23 @@ class OciRuntime(SandboxRuntime):
             if slot.disk_mib < spec.shape.disk_mib:
                 await storage.grow(slot.disk, spec.shape.disk_mib)
                 slot.disk_mib = spec.shape.disk_mib
-            await self._boot(spec, handle, record, start_paused=start_paused, phases=phases)
+            if parked is not None:
+                self._claim(spec, handle)
+                phases.mark("claim")
+            else:
+                await self._boot(spec, handle, phases=phases)
+            record.driver_state = handle.to_json()
+            if start_paused:
+                await _freeze(SandboxCgroup(handle.cgroups_path))
+                record.state = RuntimeState.PAUSED
             await beside.result()
-            log.info("create_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
+            log.info(
+                "create_phases", sandbox_id=spec.id, warm_slot=warm, parked=parked is not None, **phases.ms
+            )
         except BaseException:
             self._booting -= 1
             await beside.settle()
-            await self._destroy_handle(spec.id, handle)
+            await self._destroy_handle(handle)
             raise
         self._booting -= 1
         return record
@@ -241,7 +287,7 @@ class OciRuntime(SandboxRuntime):
         slot = await self.pool.take_for_fork()
         warm = bool(slot.disk.loop_device)  # a slot built on demand has no disk of its own
         phases.mark("slot")
-        handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id))
+        handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id), spec.id)
         record = self._record(spec, handle)
         record.forked_from = source.id
         beside = _Beside(on_network, record)
@@ -262,13 +308,17 @@ class OciRuntime(SandboxRuntime):
             beside.start()  # (a no-op once started)
             bundled = bool(device) and slot.disk.loop_device == device
             slot.save()
-            await self._boot(spec, handle, record, start_paused=start_paused, phases=phases, bundled=bundled)
+            await self._boot(spec, handle, phases=phases, bundled=bundled)
+            record.driver_state = handle.to_json()
+            if start_paused:
+                await _freeze(SandboxCgroup(handle.cgroups_path))
+                record.state = RuntimeState.PAUSED
             await beside.result()
             log.info("fork_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
         except BaseException:
             self._booting -= 1
             await beside.settle()
-            await self._destroy_handle(spec.id, handle)
+            await self._destroy_handle(handle)
             raise
         self._booting -= 1
         return record
@@ -300,14 +350,7 @@ class OciRuntime(SandboxRuntime):
         )
 
     async def _boot(
-        self,
-        spec: SandboxSpec,
-        handle: _Handle,
-        record: SandboxRecord,
-        *,
-        start_paused: bool,
-        phases: _Phases | None = None,
-        bundled: bool = False,
+        self, spec: SandboxSpec, handle: _Handle, *, phases: _Phases | None = None, bundled: bool = False
     ) -> None:
         """Mounts the overlay, writes the bundle (unless ``bundled``: a fork writes it while its disk
         mounts), starts the runtime and waits for the guest agent."""
@@ -332,12 +375,13 @@ class OciRuntime(SandboxRuntime):
             # buffer is full; a large default buffer keeps that out of reach of ordinary writes
             # (docs/isolation.md). The netns is the sandbox's own.
             await asyncio.to_thread(netns_sysctl, slot.network.netns_path, RUNSC_TCP_WMEM)
-        boot_log = await self._run_container(spec.id, handle)
+        boot_log = await self._run_container(handle)
         phases.mark("runtime")
         try:
-            record.driver_state = handle.to_json()
             try:
-                await self.guest(record).wait_ready(self.options.boot_timeout_s)
+                await GuestClient(guest_socket_path(slot, handle.runtime)).wait_ready(
+                    self.options.boot_timeout_s
+                )
                 phases.mark("guest")
             except GuestVersionError as exc:
                 raise BootError(f"guest agent of {spec.id} refused: {exc}") from exc
@@ -345,9 +389,60 @@ class OciRuntime(SandboxRuntime):
                 raise BootError(f"guest agent of {spec.id} did not answer: {exc}{boot_log.suffix()}") from exc
         finally:
             boot_log.close()
-        if start_paused:
-            await _freeze(SandboxCgroup(handle.cgroups_path))
-            record.state = RuntimeState.PAUSED
+
+    def _claim(self, spec: SandboxSpec, handle: _Handle) -> None:
+        """Makes a parked sandbox this one: its limits, identity files and hostname."""
+        if not processes.is_same_process(handle.init_pid, handle.init_ticks):
+            raise BootError(f"the sandbox parked for {spec.id} has stopped")
+        SandboxCgroup(handle.cgroups_path).set_limits(spec.shape.mem_mib << 20, cpu_quota_us(spec.shape))
+        # Through the mounted overlay (the parked sandbox may have looked these files up already).
+        write_identity_files(
+            handle.slot.rootfs_dir,
+            hostname=spec.name,
+            ip=handle.slot.network.ip,
+            resolv_conf=self.options.network.resolv_conf(),
+        )
+        set_hostname(handle.init_pid, spec.name)
+
+    # -- parking (drivers/pool.py's Parker) -----------------------------------------------------
+
+    async def park(self, slot: Slot) -> bool:
+        rootfs = self.options.pool_rootfs() if self.options.pool_rootfs is not None else None
+        if rootfs is None:
+            return False
+        container_id = f"parked-{slot.id}"
+        handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(container_id), container_id)
+        spec = SandboxSpec(
+            container_id, container_id, "", rootfs, Shape(1, PARKED_SHAPE_MEM_MIB, slot.disk_mib)
+        )
+        self._booting += 1
+        try:
+            await self._boot(spec, handle)
+        except BaseException:
+            await self._stop_container(handle)
+            raise
+        finally:
+            self._booting -= 1
+        slot.parked = Parked(
+            container_id, handle.cgroups_path, str(rootfs), handle.init_pid, handle.init_ticks
+        )
+        slot.save()
+        return True
+
+    async def discard(self, slot: Slot) -> None:
+        if slot.parked is None:
+            await self.factory.destroy(slot)
+            return
+        parked = slot.parked
+        handle = _Handle(
+            slot,
+            self.options.runtime,
+            parked.cgroups_path,
+            parked.container_id,
+            parked.init_pid,
+            parked.init_ticks,
+        )
+        await self._destroy_handle(handle)
 
     def _write_bundle(self, spec: SandboxSpec, handle: _Handle) -> None:
         """The runtime's ``config.json`` (and the limits of the sandboxes' parent cgroups)."""
@@ -367,7 +462,7 @@ class OciRuntime(SandboxRuntime):
         )
         (slot.bundle_dir / "config.json").write_text(json.dumps(runtime_config(bundle)))
 
-    async def _run_container(self, sandbox_id: str, handle: _Handle) -> BootLog:
+    async def _run_container(self, handle: _Handle) -> BootLog:
         """Starts the container; returns the log of its boot, still reading, for the caller to close
         once the guest agent has answered.
 
@@ -397,11 +492,11 @@ class OciRuntime(SandboxRuntime):
                     str(pid_file),
                     "--bundle",
                     str(slot.bundle_dir),
-                    sandbox_id,
+                    handle.container_id,
                 ]
             else:
                 argv += ["-d", "--pid-file", str(pid_file), "--preserve-fds", "1"]
-                argv += ["-b", str(slot.bundle_dir), sandbox_id]
+                argv += ["-b", str(slot.bundle_dir), handle.container_id]
             pid = processes.spawn(argv, stderr_fd=boot_log.write_fd, pass_fd_as_3=listener.fileno())
             boot_log.start()
             try:
@@ -410,7 +505,7 @@ class OciRuntime(SandboxRuntime):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 raise BootError(
-                    f"{handle.runtime} did not start {sandbox_id} in {self.options.boot_timeout_s:.0f}s"
+                    f"{handle.runtime} did not start {handle.container_id} in {self.options.boot_timeout_s:.0f}s"
                     f"{boot_log.suffix()}"
                 ) from None
             if code != 0:
@@ -459,10 +554,16 @@ class OciRuntime(SandboxRuntime):
     # -- destroy --------------------------------------------------------------------------------
 
     async def destroy(self, record: SandboxRecord) -> None:
-        await self._destroy_handle(record.id, _Handle.of(record))
+        await self._destroy_handle(_Handle.of(record))
         _PARSED.pop(record.id, None)
 
-    async def _destroy_handle(self, sandbox_id: str, handle: _Handle) -> None:
+    async def _destroy_handle(self, handle: _Handle) -> None:
+        await self._stop_container(handle)
+        mounts.unmount(handle.slot.rootfs_dir)
+        await self.factory.destroy(handle.slot)
+
+    async def _stop_container(self, handle: _Handle) -> None:
+        """Kills the container and removes its runtime state and cgroup; the slot stays."""
         cgroup = SandboxCgroup(handle.cgroups_path)
         if processes.is_same_process(handle.init_pid, handle.init_ticks):
             with contextlib.suppress(ProcessLookupError):
@@ -474,13 +575,11 @@ class OciRuntime(SandboxRuntime):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         force = "--force" if handle.runtime == "runsc" else "-f"  # runsc's flags have no short forms
-        await run([*self._runtime_argv(handle.runtime), "delete", force, sandbox_id], check=False)
+        await run([*self._runtime_argv(handle.runtime), "delete", force, handle.container_id], check=False)
         with contextlib.suppress(OSError):
             cgroup.remove()
         if not self._booting:  # a runtime starting a sandbox may be creating these parents right now
             self.layout.prune()
-        mounts.unmount(handle.slot.rootfs_dir)
-        await self.factory.destroy(handle.slot)
 
     # -- observation ----------------------------------------------------------------------------
 
@@ -513,6 +612,9 @@ class OciRuntime(SandboxRuntime):
 
     def warm_slots(self) -> int:
         return self.pool.free_count
+
+    def parked_slots(self) -> int:
+        return self.pool.parked_count
 
     def oom_kills(self, record: SandboxRecord) -> int:
         return SandboxCgroup(_Handle.of(record).cgroups_path).oom_kills()

@@ -8,6 +8,14 @@ one slot at a time, between bursts of boots (``WarmPool``).
 
 A slot's ``slot.json`` records its parts, so an agent restart can find and remove slots that no
 sandbox owns.
+
+**Parked sandboxes.** Where the runtime can (``Parker``: crun and runc), the pool also boots a sandbox
+of the host's pool image in each free slot (but the one readied for a fork): its container and guest
+agent run, with a placeholder name and the pool's limits. A create of that image *claims* one: the
+driver gives it the sandbox's limits, name and identity files, and the boot (``crun run`` and the
+guest's start, ~70 % of a create's CPU) is out of the create's way, as in E2B's and CubeSandbox's
+snapshot pools. The parked sandbox's container id and cgroup are the slot's (``Parked``), recorded in
+``slot.json``; a restarted agent stops those no sandbox claimed.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers import mounts, storage
@@ -36,12 +44,40 @@ NETWORK_THREADS = 16
 
 
 @dataclass
+class Parked:
+    """A sandbox booted in a free slot, waiting to be claimed: the runtime's container id and cgroup
+    path (both the slot's, not a sandbox's), the image it runs and its init process."""
+
+    container_id: str
+    cgroups_path: str
+    rootfs: str
+    init_pid: int
+    init_ticks: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "container_id": self.container_id,
+            "cgroups_path": self.cgroups_path,
+            "rootfs": self.rootfs,
+            "init_pid": self.init_pid,
+            "init_ticks": self.init_ticks,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Parked:
+        return cls(
+            data["container_id"], data["cgroups_path"], data["rootfs"], data["init_pid"], data["init_ticks"]
+        )
+
+
+@dataclass
 class Slot:
     id: str
     dir: Path
     network: SandboxNetwork
     disk: Disk
     disk_mib: int
+    parked: Parked | None = None
 
     @property
     def bundle_dir(self) -> Path:
@@ -66,13 +102,15 @@ class Slot:
             "fs": self.disk.fs,
             "loop_device": self.disk.loop_device,
             "disk_mib": self.disk_mib,
+            **({"parked": self.parked.to_json()} if self.parked is not None else {}),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Slot:
         network = SandboxNetwork(slot=data["id"], ip=data["ip"], gateway=data["gateway"])
         disk = Disk(Path(data["disk_image"]), Path(data["disk_mount"]), data["fs"], data["loop_device"])
-        return cls(data["id"], Path(data["dir"]), network, disk, int(data["disk_mib"]))
+        parked = Parked.from_json(data["parked"]) if "parked" in data else None
+        return cls(data["id"], Path(data["dir"]), network, disk, int(data["disk_mib"]), parked)
 
     def save(self) -> None:
         tmp = self.dir / "slot.json.tmp"
@@ -90,6 +128,18 @@ async def _finish_even_if_cancelled(work: Coroutine[Any, Any, T]) -> T:
         with contextlib.suppress(Exception):
             await task
         raise
+
+
+class Parker(Protocol):
+    """What the pool needs of a runtime that can park sandboxes in its free slots."""
+
+    async def park(self, slot: Slot) -> bool:
+        """Boots a parked sandbox in ``slot`` (sets ``slot.parked``); False when there is nothing to
+        park now (no pool image on this host). On failure it raises, having stopped what it started;
+        the slot is then no longer clean and the pool destroys it."""
+
+    async def discard(self, slot: Slot) -> None:
+        """Stops the slot's parked sandbox and destroys the slot."""
 
 
 class SlotFactory:
@@ -212,24 +262,38 @@ class WarmPool:
     and none is ready has its disk unmounted before it is offered (the fork replaces its image with a
     clone of its source's, and unmounting an XFS disk that had the guest binary written to it cost the
     fork 2-5 ms). Creates take the mounted slots first, and mount that one again only when no other
-    is free (a clean mount of cached metadata)."""
+    is free (a clean mount of cached metadata).
+
+    With a ``parker`` every other free slot gets a parked sandbox (module docstring) once built, and
+    slots built before the pool image was on the host are parked when the refill next runs. A create
+    of the parked image claims a parked slot first; any other create, and every fork, takes a plain
+    one, and never a parked one (its disk holds what the parked sandbox wrote)."""
 
     refill_delay_s = 0.15
     busy_poll_s = 0.02
     busy_wait_s = 1.0
+    park_retry_s = 5.0
 
     def __init__(
-        self, factory: SlotFactory, size: int, disk_mib: int, busy: Callable[[], bool] = lambda: False
+        self,
+        factory: SlotFactory,
+        size: int,
+        disk_mib: int,
+        busy: Callable[[], bool] = lambda: False,
+        parker: Parker | None = None,
     ) -> None:
         self.factory = factory
         self.size = size
         self.disk_mib = disk_mib
         self.busy = busy
+        self.parker = parker
         self._free: list[Slot] = []
+        self._parking = 0  # free slots taken out of ``_free`` while a sandbox is parked in them
         self._unmounted: set[str] = set()  # free slots readied for a fork: their disk is not mounted
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._park_failed_at = -float("inf")
         self.last_error: str | None = None
 
     def start(self) -> None:
@@ -241,12 +305,24 @@ class WarmPool:
     def free_count(self) -> int:
         return len(self._free)
 
-    async def take(self, disk_mib: int) -> tuple[Slot, bool]:
-        """A slot whose disk is ``disk_mib`` or smaller (to be grown); builds one if none is ready.
+    @property
+    def parked_count(self) -> int:
+        return sum(1 for slot in self._free if slot.parked is not None)
+
+    async def take(self, disk_mib: int, rootfs: str | None = None) -> tuple[Slot, bool]:
+        """A slot whose disk is ``disk_mib`` or smaller (to be grown): one with a sandbox of ``rootfs``
+        parked in it if there is one, else a plain one; builds one if none is ready.
 
         Returns the slot and whether it came from the pool.
         """
-        candidates = [slot for slot in self._free if slot.disk_mib <= disk_mib]
+        fitting = [slot for slot in self._free if slot.disk_mib <= disk_mib]
+        parked = [slot for slot in fitting if slot.parked is not None and slot.parked.rootfs == rootfs]
+        if parked:
+            slot = max(parked, key=lambda candidate: candidate.disk_mib)
+            self._free.remove(slot)
+            self._wake.set()
+            return slot, True
+        candidates = [slot for slot in fitting if slot.parked is None]
         if candidates:
             slot = max(
                 candidates, key=lambda candidate: (candidate.id not in self._unmounted, candidate.disk_mib)
@@ -267,14 +343,16 @@ class WarmPool:
     async def take_for_fork(self) -> Slot:
         """A slot for a fork, the one readied for it first: the fork replaces the image under the
         slot's loop device with a clone of its source's (``storage.clone_disk``, which unmounts the
-        slot's disk, if mounted, while the source syncs). Without a free slot, one with a network and
-        no disk (the clone is then attached as any disk)."""
-        if self._free:
-            slot = next((slot for slot in self._free if slot.id in self._unmounted), self._free[0])
+        slot's disk, if mounted, while the source syncs). Without a free plain slot, one with a
+        network and no disk (the clone is then attached as any disk)."""
+        plain = [slot for slot in self._free if slot.parked is None]
+        if plain:
+            slot = next((slot for slot in plain if slot.id in self._unmounted), plain[0])
             self._free.remove(slot)
             self._unmounted.discard(slot.id)
             self._wake.set()
             return slot
+        self._wake.set()
         return await self.factory.build(0, with_disk=False)
 
     async def wait_full(self, timeout_s: float = 30.0) -> None:
@@ -290,7 +368,7 @@ class WarmPool:
             # Let the create that took a slot finish before competing with it for the CPU.
             await asyncio.sleep(self.refill_delay_s)
             self._wake.clear()
-            while len(self._free) < self.size and not self._closing:
+            while len(self._free) + self._parking < self.size and not self._closing:
                 await self._wait_quiet()
                 try:
                     slot = await self.factory.build(self.disk_mib)
@@ -302,7 +380,48 @@ class WarmPool:
                     break
                 if self._free and not self._unmounted:
                     await self._ready_for_fork(slot)
-                self._free.append(slot)
+                    self._free.append(slot)
+                else:
+                    await self._park(slot)
+            await self._park_plain_slots()
+
+    async def _park(self, slot: Slot) -> None:
+        """Parks a sandbox in a slot that is not in ``_free`` (no create may take it half booted),
+        then offers it; a slot whose parking failed is destroyed, and parking rests a while."""
+        loop = asyncio.get_running_loop()
+        if self.parker is None or loop.time() - self._park_failed_at < self.park_retry_s:
+            self._free.append(slot)
+            return
+        self._parking += 1
+        try:
+            await self.parker.park(slot)
+        except Exception as exc:  # any failure: the slot goes, the pool goes on
+            self._park_failed_at = loop.time()
+            self.last_error = f"parking a sandbox failed: {exc}"
+            log.warning("warm_pool_park_failed", slot=slot.id, error=str(exc))
+            await self.factory.destroy(slot)
+            return
+        finally:
+            self._parking -= 1
+        self._free.append(slot)
+
+    async def _park_plain_slots(self) -> None:
+        """Parks sandboxes in the free plain slots (not the one readied for a fork): those built
+        before the pool image was on the host, or while parking was failing."""
+        if self.parker is None:
+            return
+        for slot in list(self._free):
+            if self._closing:
+                return
+            if slot.parked is not None or slot.id in self._unmounted or slot not in self._free:
+                continue
+            await self._wait_quiet()
+            if slot not in self._free:  # a create took it meanwhile
+                continue
+            self._free.remove(slot)
+            await self._park(slot)
+            if slot.parked is None:  # nothing to park (no pool image yet), or it failed
+                return
 
     async def _ready_for_fork(self, slot: Slot) -> None:
         """Unmounts the disk of a slot about to join the free ones, so that a fork taking it has no
@@ -333,6 +452,10 @@ class WarmPool:
                 await self._task
             self._task = None
         while self._free:
-            await self.factory.destroy(self._free.pop())
+            slot = self._free.pop()
+            if slot.parked is not None and self.parker is not None:
+                await self.parker.discard(slot)
+            else:
+                await self.factory.destroy(slot)
         self._unmounted.clear()
         await self.factory.close()

@@ -1,0 +1,129 @@
+"""Sandboxes parked in the warm pool (drivers/pool.py): a create of the pool image claims a booted one
+and gets exactly what a cold boot gives — its name, addresses, limits and a clean teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from paddock_hostagent.client import HostAgentClient
+from paddock_hostagent.schemas import ForkBody
+from tests.hostagent.conftest import AgentProcess, Sandboxes, cgroup_dirs, run, sh
+
+pytestmark = pytest.mark.root
+
+
+async def wait_parked(host: HostAgentClient, count: int) -> None:
+    for _ in range(300):
+        if (await host.info()).parked_slots >= count:
+            break
+        await asyncio.sleep(0.05)
+    assert (await host.info()).parked_slots >= count, "the warm pool parked no sandbox"
+
+
+def create_phases(agent: AgentProcess, sandbox_id: str) -> dict[str, Any]:
+    for line in agent.log_path.read_text(errors="replace").splitlines():
+        if '"create_phases"' in line and sandbox_id in line:
+            return dict(json.loads(line))
+    raise AssertionError(f"no create_phases line for {sandbox_id}")
+
+
+def cgroup_value(cgroups_path: str, hierarchy: str, name: str) -> int:
+    return int(Path(f"/sys/fs/cgroup/{hierarchy}{cgroups_path}/{name}").read_text())
+
+
+async def test_a_claimed_sandbox_has_its_own_name_limits_and_identity(
+    agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes
+) -> None:
+    await wait_parked(host, 1)
+    created = await sandboxes.create(name="claimed-box", mem_mib=768, cpu_quota_pct=50)
+    assert create_phases(agent, created["id"])["parked"] is True
+    driver_state = agent.record(created["id"])["driver_state"]
+    assert driver_state["container_id"].startswith("parked-")  # the slot's container, claimed
+    result = await sh(host, created["id"], "hostname; cat /etc/hostname; grep claimed-box /etc/hosts")
+    assert result["stdout"] == f"claimed-box\nclaimed-box\n{created['ip']}\tclaimed-box\n"
+    cgroups_path = driver_state["cgroups_path"]
+    assert cgroup_value(cgroups_path, "memory", "memory.limit_in_bytes") == 768 << 20
+    assert cgroup_value(cgroups_path, "memory", "memory.memsw.limit_in_bytes") == 768 << 20
+    assert cgroup_value(cgroups_path, "cpu", "cpu.cfs_quota_us") == 50_000
+    # The limit holds: a process past it is killed inside the sandbox, and the sandbox says so.
+    oom = await sh(host, created["id"], "head -c 900m /dev/zero | tail > /dev/null; echo $?")
+    assert oom["stdout"].strip() != "0"
+    assert (await host.get_sandbox(created["id"])).oom_kills >= 1
+
+    await host.destroy_sandbox(created["id"])
+    assert cgroup_dirs(cgroups_path) == []
+    assert not Path(f"/run/paddock/crun/{driver_state['container_id']}").exists()
+
+
+async def test_a_claimed_sandbox_can_start_paused_and_be_forked(
+    agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes
+) -> None:
+    await wait_parked(host, 1)
+    created = await sandboxes.create(name="sleeper", start_paused=True)
+    assert create_phases(agent, created["id"])["parked"] is True
+    assert created["status"] == "paused"
+    await host.resume_sandbox(created["id"])
+    await sh(host, created["id"], "echo kept > /root/note")
+    fork_id = created["id"] + "-fork"
+    sandboxes.track(fork_id)
+    await host.fork_sandbox(created["id"], ForkBody(new_id=fork_id, name="offspring"))
+    assert (await sh(host, fork_id, "cat /root/note; hostname"))["stdout"] == "kept\noffspring\n"
+    assert (await run(host, created["id"], "hostname"))["stdout"] == "sleeper\n"
+
+
+async def test_a_restarted_agent_stops_the_sandboxes_parked_by_the_one_before(make_agent: Any) -> None:
+    agent: AgentProcess = make_agent(pool_size=3)
+    agent.start()
+    async with agent.client() as host:
+        await wait_parked(host, 2)
+        tracker = Sandboxes(host, agent)
+        claimed = await tracker.create(name="keeper")
+        await wait_parked(host, 2)
+    parked_inits = []
+    for slot_file in (agent.state_dir / "slots").glob("*/slot.json"):
+        parked = json.loads(slot_file.read_text()).get("parked")
+        if parked and slot_file.parent.name != agent.record(claimed["id"])["driver_state"]["slot"]["id"]:
+            parked_inits.append(parked["init_pid"])
+    assert len(parked_inits) >= 2
+
+    agent.stop(signal.SIGKILL)  # a crash: the parked sandboxes are left running
+    assert all(Path(f"/proc/{pid}").exists() for pid in parked_inits)
+    agent.process = None
+    agent.start()
+    async with agent.client() as host:
+        tracker.host = host
+        for pid in parked_inits:  # the old agent's parked sandboxes are stopped at start
+            assert not Path(f"/proc/{pid}").exists() or _is_zombie_or_other(pid)
+        assert (await run(host, claimed["id"], "hostname"))["stdout"] == "keeper\n"  # the claimed one stays
+        await tracker.destroy_all()
+
+
+def _is_zombie_or_other(pid: int) -> bool:
+    """The pid is gone, or now names another process (recycled) that is not a parked guest agent."""
+    try:
+        return "paddock-guest" not in Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return True
+
+
+async def test_pool_image_empty_parks_nothing(make_agent: Any) -> None:
+    agent: AgentProcess = make_agent(extra_env={"PADDOCK_HOST_POOL_IMAGE": ""})
+    agent.start()
+    async with agent.client() as host:
+        for _ in range(100):
+            if (await host.info()).warm_slots >= agent.pool_size:
+                break
+            await asyncio.sleep(0.05)
+        info = await host.info()
+        assert info.warm_slots == agent.pool_size and info.parked_slots == 0
+        tracker = Sandboxes(host, agent)
+        created = await tracker.create(name="cold")
+        assert create_phases(agent, created["id"])["parked"] is False
+        assert (await run(host, created["id"], "hostname"))["stdout"] == "cold\n"
+        await tracker.destroy_all()
