@@ -13,7 +13,8 @@ new sandbox's first command.
 
 Sandboxes are destroyed after each burst (untimed) and the pool is let refill before the next. The
 agent's ``create_phases`` log lines of the Paddock bursts are summarised per step (p50 ms), with how
-many creates found a warm slot. The bursts run twice: on the bench's host agent (a warm pool of 2,
+many creates found a warm slot and how many of those claimed a sandbox parked in it (the pool boots
+sandboxes of the pool image ahead: drivers/pool.py). The bursts run twice: on the bench's host agent (a warm pool of 2,
 emptied at once, the rest of each burst building its slots on demand) and on a second platform whose
 agent keeps a pool as large as a burst, refilled between bursts.
 """
@@ -137,8 +138,16 @@ class _AgentBurst:
             raise BenchError("host agent: `true` failed")
 
     def wait_pool(self, pool_size: int, timeout_s: float = 120) -> None:
+        """Waits for the pool to be full, and for its slots to have their sandboxes parked (all but
+        the one readied for a fork; an agent that parks nothing stops this wait at the deadline)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.call("GET", "info").get("warm_slots", 0) < pool_size:
+            time.sleep(0.1)
+        parked_deadline = min(deadline, time.monotonic() + 30)
+        while (
+            time.monotonic() < parked_deadline
+            and self.call("GET", "info").get("parked_slots", 0) < pool_size - 1
+        ):
             time.sleep(0.1)
 
     def clean(self, concurrency: int) -> None:
@@ -158,9 +167,9 @@ def _floor_one(raw: RawRuntimeLifecycle) -> Callable[[int], None]:
 
 def create_phases(log_text: str) -> dict[str, Any]:
     """p50 of each step of the agent's ``create_phases`` log lines (JSON, one per line) in ``log_text``,
-    and how many creates found a warm slot."""
+    and how many creates found a warm slot (and of those, how many claimed a parked sandbox)."""
     steps: dict[str, list[float]] = {}
-    warm = cold = 0
+    warm = cold = parked = 0
     for line in log_text.splitlines():
         if '"create_phases"' not in line:
             continue
@@ -172,9 +181,11 @@ def create_phases(log_text: str) -> dict[str, Any]:
             if name.endswith("_ms") and isinstance(value, int | float):
                 steps.setdefault(name.removesuffix("_ms"), []).append(float(value))
         warm, cold = (warm + 1, cold) if event.get("warm_slot") else (warm, cold + 1)
+        parked += 1 if event.get("parked") else 0
     return {
         "warm": warm,
         "cold": cold,
+        "parked": parked,
         "p50_ms": {name: summarize(values)["p50"] for name, values in steps.items()},
     }
 
@@ -332,7 +343,8 @@ def markdown(section: dict[str, Any]) -> str:
             steps = ", ".join(f"{name} {value:.0f}" for name, value in phases["p50_ms"].items())
             lines += [
                 "",
-                f"Host agent's create phases in a Paddock burst (p50 ms): {steps}; "
-                f"warm slot {phases['warm']}, built on demand {phases['cold']}.",
+                f"Host agent's create phases in a Paddock burst (p50 ms of the creates that ran "
+                f"each step): {steps}; warm slot {phases['warm']} (a parked sandbox claimed: "
+                f"{phases.get('parked', 0)}), built on demand {phases['cold']}.",
             ]
     return "\n".join(lines) + "\n"
