@@ -21,6 +21,7 @@ Per-user caps (plans) are avoided by spreading the sandboxes over enterprise use
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,19 @@ def kernel_kib() -> int:
     return sum(meminfo_kib(field) for field in ("SUnreclaim", "PageTables", "KernelStack"))
 
 
-def memory_cgroup(sandbox_id: str) -> Path | None:
+def memory_cgroup(sandbox_id: str, agent_state_dir: Path) -> Path | None:
+    """The sandbox's memory cgroup: the path its host agent recorded (a sandbox claimed from the warm
+    pool keeps its slot's cgroup), else one named after it."""
     root = Path("/sys/fs/cgroup/memory")
     if not root.is_dir():  # a pure cgroup2 machine
         root = Path("/sys/fs/cgroup")
+    try:
+        record = json.loads((agent_state_dir / "sandboxes" / f"{sandbox_id}.json").read_text())
+        recorded = root / record["driver_state"]["cgroups_path"].lstrip("/")
+        if recorded.is_dir():
+            return recorded
+    except (OSError, ValueError, KeyError):
+        pass
     for found in root.glob(f"**/paddock*/{sandbox_id}"):
         if found.is_dir():
             return found
@@ -114,6 +124,7 @@ def run(
     agent_pid: int,
     agent_url: str,
     agent_token: str,
+    agent_state_dir: Path,
     pool_size: int,
     cap: int,
 ) -> dict[str, Any]:
@@ -182,7 +193,7 @@ def run(
         end_cp, end_agent = rss_kib(cp_pid), rss_kib(agent_pid)
         usages, rsses, guests = [], [], []
         for sandbox in made:
-            group = memory_cgroup(sandbox.id)
+            group = memory_cgroup(sandbox.id, agent_state_dir)
             if group is None:
                 continue
             usage, rss = cgroup_usage(group)

@@ -238,6 +238,7 @@ class Run:
                         agent.process.pid,  # type: ignore[union-attr]
                         agent.url,
                         TOKEN,
+                        agent.state_dir,
                         POOL_SIZE,
                         self.args.density_cap,
                     ),

@@ -62,25 +62,34 @@ def _pty_until(fd: int, needle: bytes, timeout_s: float = 10.0) -> None:
             seen += os.read(fd, 4096)
 
 
-def _container_id(sandbox_id: str) -> str:
+def _container_id(sandbox_id: str, agent_state_dir: Path) -> str:
+    """The sandbox's crun container, as its host agent recorded it (a sandbox claimed from the warm
+    pool runs in its slot's container, ``parked-<slot>``)."""
+    record = json.loads((agent_state_dir / "sandboxes" / f"{sandbox_id}.json").read_text())
+    container_id = str(record["driver_state"].get("container_id") or sandbox_id)
     listed = subprocess.run(
         ["crun", "--root", str(RUNTIME_ROOT), "list", "-q"], capture_output=True, text=True, check=True
     ).stdout.split()
-    matches = [name for name in listed if sandbox_id in name]
-    if not matches:
-        raise RuntimeError(f"no crun container for {sandbox_id} under {RUNTIME_ROOT}: {listed}")
-    return matches[0]
+    if container_id not in listed:
+        raise RuntimeError(f"no crun container {container_id} under {RUNTIME_ROOT}: {listed}")
+    return container_id
 
 
 async def measure(
-    url: str, api_key: str, ssh_port: int, key: asyncssh.SSHKey, sandbox_id: str, n: int
+    url: str,
+    api_key: str,
+    ssh_port: int,
+    key: asyncssh.SSHKey,
+    sandbox_id: str,
+    n: int,
+    agent_state_dir: Path,
 ) -> dict[str, Any]:
     samples: dict[str, list[float]] = {"shell-ws": [], "ssh": [], "crun exec -t": []}
     ws_url = url.replace("http://", "ws://") + f"/v1/sandboxes/{sandbox_id}/shell-ws"
     leader, follower = os.openpty()
     tty.setraw(follower)  # only the container's PTY echoes, not this one
     crun = subprocess.Popen(
-        ["crun", "--root", str(RUNTIME_ROOT), "exec", "-t", _container_id(sandbox_id), "cat"],
+        ["crun", "--root", str(RUNTIME_ROOT), "exec", "-t", _container_id(sandbox_id, agent_state_dir), "cat"],
         stdin=follower, stdout=follower, stderr=follower, start_new_session=True,
     )  # fmt: skip
     os.close(follower)
@@ -168,7 +177,15 @@ def main(argv: list[str] | None = None) -> int:
             sandbox_id = created.json()["data"]["id"]
             try:
                 results = asyncio.run(
-                    measure(platform.url, api_key, ssh_port, key, sandbox_id, args.keystrokes)
+                    measure(
+                        platform.url,
+                        api_key,
+                        ssh_port,
+                        key,
+                        sandbox_id,
+                        args.keystrokes,
+                        platform.agents[0].state_dir,
+                    )
                 )
             finally:
                 http.delete(f"/v1/sandboxes/{sandbox_id}")

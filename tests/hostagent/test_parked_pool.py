@@ -61,6 +61,19 @@ async def test_a_claimed_sandbox_has_its_own_name_limits_and_identity(
     assert not Path(f"/run/paddock/crun/{driver_state['container_id']}").exists()
 
 
+async def test_a_claimed_sandbox_smaller_than_the_parked_limits_gets_its_own(
+    agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes
+) -> None:
+    """Lowering the limits goes memory first, memory+swap second (the kernel refuses the other order)."""
+    await wait_parked(host, 1)
+    created = await sandboxes.create(name="small-box", mem_mib=128, vcpu=2)
+    assert create_phases(agent, created["id"])["parked"] is True
+    cgroups_path = agent.record(created["id"])["driver_state"]["cgroups_path"]
+    assert cgroup_value(cgroups_path, "memory", "memory.limit_in_bytes") == 128 << 20
+    assert cgroup_value(cgroups_path, "memory", "memory.memsw.limit_in_bytes") == 128 << 20
+    assert cgroup_value(cgroups_path, "cpu", "cpu.cfs_quota_us") == 200_000  # two whole CPUs
+
+
 async def test_a_claimed_sandbox_can_start_paused_and_be_forked(
     agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes
 ) -> None:

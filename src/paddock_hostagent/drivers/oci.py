@@ -228,8 +228,8 @@ class OciRuntime(SandboxRuntime):
         self, spec: SandboxSpec, *, start_paused: bool = False, on_network: NetworkHook | None = None
     ) -> SandboxRecord:
         phases = _Phases()
-        rootfs = str(spec.rootfs) if self.options.runtime in PARKING_RUNTIMES else None
-        slot, warm = await self.pool.take(spec.shape.disk_mib, rootfs)
+        parkable = self.options.runtime in PARKING_RUNTIMES and self.pool.parked_count > 0
+        slot, warm = await self.pool.take(spec.shape.disk_mib, _image_key(spec.rootfs) if parkable else None)
         phases.mark("slot")
         parked, slot.parked = slot.parked, None
         if parked is not None:
@@ -424,7 +424,7 @@ class OciRuntime(SandboxRuntime):
         finally:
             self._booting -= 1
         slot.parked = Parked(
-            container_id, handle.cgroups_path, str(rootfs), handle.init_pid, handle.init_ticks
+            container_id, handle.cgroups_path, _image_key(rootfs), handle.init_pid, handle.init_ticks
         )
         slot.save()
         return True
@@ -637,6 +637,15 @@ class OciRuntime(SandboxRuntime):
             self.factory.slots_dir if self.factory.slots_dir.exists() else self.options.state_dir
         )
         return stats.f_bavail * stats.f_frsize
+
+
+def _image_key(rootfs: Path) -> str:
+    """What a parked sandbox must match to be claimed: the image's root filesystem, that very
+    directory (an image rebuilt since is renamed into place: another inode)."""
+    try:
+        return f"{rootfs}@{os.stat(rootfs).st_ino}"
+    except FileNotFoundError:
+        return str(rootfs)
 
 
 def _device_numbers(device: str) -> tuple[int, int] | None:

@@ -46,7 +46,8 @@ NETWORK_THREADS = 16
 @dataclass
 class Parked:
     """A sandbox booted in a free slot, waiting to be claimed: the runtime's container id and cgroup
-    path (both the slot's, not a sandbox's), the image it runs and its init process."""
+    path (both the slot's, not a sandbox's), the image it runs (a key the driver makes of its root
+    filesystem) and its init process."""
 
     container_id: str
     cgroups_path: str
