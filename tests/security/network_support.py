@@ -12,9 +12,7 @@ had those powers.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
-import os
 import secrets
 import socket
 import struct
@@ -26,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from paddock_hostagent.drivers.nsthread import CLONE_NEWNET, in_namespace
+
 T = TypeVar("T")
-CLONE_NEWNET = 0x40000000
 METADATA_ADDRESS = "169.254.169.254"
 HELLO = b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\nhello host"
 
@@ -53,28 +52,7 @@ def made_in(netns_path: Path, make: Callable[[], T]) -> T:
     """``make()`` called by a short-lived thread inside the network namespace at ``netns_path``: what it
     opens there (a socket, a libnftables context's netlink socket) stays in that namespace, and acts on
     it from any thread afterwards."""
-    made: list[T | BaseException] = []
-
-    def enter_and_make() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns {netns_path}")
-            finally:
-                os.close(fd)
-            made.append(make())
-        except BaseException as exc:
-            made.append(exc)
-
-    worker = threading.Thread(target=enter_and_make)
-    worker.start()
-    worker.join()
-    result = made[0]
-    if isinstance(result, BaseException):
-        raise result
-    return result
+    return in_namespace(netns_path, CLONE_NEWNET, make, f"making {make!r} in {netns_path}")
 
 
 def socket_in(netns_path: Path, family: int, kind: int, proto: int = 0) -> socket.socket:

@@ -35,13 +35,10 @@ the agent's threaded event loop.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import ipaddress
 import json
-import os
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +46,7 @@ from pathlib import Path
 from paddock_hostagent.drivers.base import CapacityError, CommandFailedError, DriverError
 from paddock_hostagent.drivers.commands import run_sync
 from paddock_hostagent.drivers.nftlib import Nft
+from paddock_hostagent.drivers.nsthread import CLONE_NEWNET, in_namespace
 
 NETNS_DIR = Path("/run/netns")
 VETH_PREFIX = "pdk"
@@ -57,7 +55,6 @@ LINK_LOCAL = "169.254.0.0/16"
 #: host, which other hosts accept VXLAN from: one sent to this port could inject frames into another
 #: tenant's private network there, so no sandbox may send to it, wherever it points.
 VXLAN_PORT = 4789
-CLONE_NEWNET = 0x40000000
 
 #: Written in every sandbox's namespace before its interfaces exist (relative to /proc/sys/net).
 SANDBOX_SYSCTLS = {
@@ -141,33 +138,14 @@ class AddressAllocator:
 
 
 def netns_sysctl(netns_path: Path, values: dict[str, str]) -> None:
-    """Writes ``/proc/sys/net/<key>`` inside a network namespace, in process.
-
-    ``/proc/sys/net`` shows the namespace of the thread that opens it, so a short-lived thread enters
-    the namespace (setns), writes and ends: no fork of the agent (unsafe in its threaded loop), and no
-    other thread ever runs in the sandbox's namespace. About 0.7 ms, where ``ip netns exec sysctl``
-    costs a process."""
-    failures: list[BaseException] = []
+    """Writes ``/proc/sys/net/<key>`` inside a network namespace, in process (``drivers/nsthread.py``;
+    about 0.7 ms, where ``ip netns exec sysctl`` costs a process)."""
 
     def write() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns {netns_path}")
-            finally:
-                os.close(fd)
-            for key, value in values.items():
-                Path("/proc/sys/net", key).write_text(value + "\n")
-        except BaseException as exc:
-            failures.append(exc)
+        for key, value in values.items():
+            Path("/proc/sys/net", key).write_text(value + "\n")
 
-    worker = threading.Thread(target=write, name="netns-sysctl")
-    worker.start()
-    worker.join()
-    if failures:
-        raise DriverError(f"configuring {netns_path} failed: {failures[0]}") from failures[0]
+    in_namespace(netns_path, CLONE_NEWNET, write, f"configuring {netns_path}")
 
 
 def disable_host_ipv6(ifname: str) -> None:

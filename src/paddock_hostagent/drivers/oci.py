@@ -140,6 +140,13 @@ class _Handle:
         }
 
     @classmethod
+    def of_parked(cls, slot: Slot, runtime: str, parked: Parked) -> _Handle:
+        """The handle of the sandbox parked in ``slot`` (its container and cgroup are the slot's)."""
+        return cls(
+            slot, runtime, parked.cgroups_path, parked.container_id, parked.init_pid, parked.init_ticks
+        )
+
+    @classmethod
     def of(cls, record: SandboxRecord) -> _Handle:
         """Parses ``driver_state`` once per dict object (hot paths call this on every request)."""
         cached = _PARSED.get(record.id)
@@ -233,14 +240,7 @@ class OciRuntime(SandboxRuntime):
         phases.mark("slot")
         parked, slot.parked = slot.parked, None
         if parked is not None:
-            handle = _Handle(
-                slot,
-                self.options.runtime,
-                parked.cgroups_path,
-                parked.container_id,
-                parked.init_pid,
-                parked.init_ticks,
-            )
+            handle = _Handle.of_parked(slot, self.options.runtime, parked)
         else:
             handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id), spec.id)
         record = self._record(spec, handle)
@@ -433,16 +433,7 @@ class OciRuntime(SandboxRuntime):
         if slot.parked is None:
             await self.factory.destroy(slot)
             return
-        parked = slot.parked
-        handle = _Handle(
-            slot,
-            self.options.runtime,
-            parked.cgroups_path,
-            parked.container_id,
-            parked.init_pid,
-            parked.init_ticks,
-        )
-        await self._destroy_handle(handle)
+        await self._destroy_handle(_Handle.of_parked(slot, self.options.runtime, slot.parked))
 
     def _write_bundle(self, spec: SandboxSpec, handle: _Handle) -> None:
         """The runtime's ``config.json`` (and the limits of the sandboxes' parent cgroups)."""
