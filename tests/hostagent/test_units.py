@@ -9,7 +9,7 @@ from pydantic import SecretStr, ValidationError
 
 from paddock_hostagent.app import create_app
 from paddock_hostagent.drivers.base import CapacityError, RuntimeState, SandboxRecord, Shape
-from paddock_hostagent.drivers.cgroups import CgroupLayout
+from paddock_hostagent.drivers.cgroups import CgroupLayout, SandboxCgroup
 from paddock_hostagent.drivers.network import AddressAllocator, host_nameservers
 from paddock_hostagent.drivers.ocispec import BundleSpec, cpu_quota_us, runtime_config
 from paddock_hostagent.settings import HostAgentSettings
@@ -47,6 +47,24 @@ def test_prune_removes_only_empty_groups_the_runtime_fabricated(tmp_path: Path) 
     assert (root / "memory" / "process_api" / "abc").is_dir()  # the agent's own group stays
     assert not (root / "pids" / "process_api" / "abc").exists()  # fabricated by the runtime: gone
     assert (root / "pids" / "process_api" / "other").is_dir()  # not ours, and /process_api not empty
+
+
+def test_a_group_being_removed_reads_as_empty(tmp_path: Path) -> None:
+    """While a destroy removes a sandbox's group, its files can fail to open with ENODEV; a listing of
+    the host's sandboxes reads them and answered 500. A file that fails to open with another error than
+    "missing" stands in for one here (a directory where the file was)."""
+    group = SandboxCgroup("/paddock-t1/sb-1", root=tmp_path)
+    for hierarchy, name in (
+        ("memory", "memory.oom_control"),
+        ("memory", "memory.usage_in_bytes"),
+        ("pids", "cgroup.procs"),
+        ("freezer", "freezer.state"),
+    ):
+        (group.dir(hierarchy) / name).mkdir(parents=True)
+    assert group.oom_kills() == 0
+    assert group.memory_usage_bytes() == 0
+    assert group.pids() == []
+    assert not group.is_frozen()
 
 
 def test_cpu_quota_is_a_percent_of_one_cpu_or_whole_vcpus() -> None:

@@ -145,7 +145,11 @@ def _hierarchies(root: Path) -> list[str]:
 
 
 class SandboxCgroup:
-    """One sandbox's groups, addressed by the absolute ``cgroupsPath`` the runtime was given."""
+    """One sandbox's groups, addressed by the absolute ``cgroupsPath`` the runtime was given.
+
+    The readers answer "nothing" for a group that is gone *or going*: while a destroy removes it, a
+    file of the group can still be found and fail to open with ENODEV (kernfs has deactivated it), and
+    a listing of sandboxes that reads it then must not fail."""
 
     def __init__(self, path: str, root: Path = CGROUP_ROOT) -> None:
         self.path = path
@@ -175,7 +179,7 @@ class SandboxCgroup:
     def is_frozen(self) -> bool:
         try:
             state = read_small(self.dir("freezer") / "freezer.state")
-        except FileNotFoundError:
+        except OSError:
             return False
         return state.strip() in ("FROZEN", "FREEZING")
 
@@ -200,7 +204,7 @@ class SandboxCgroup:
         """Processes killed by this group's memory limit (``oom_kill`` in memory.oom_control)."""
         try:
             text = (self.dir("memory") / "memory.oom_control").read_text()
-        except FileNotFoundError:
+        except OSError:
             return 0
         for line in text.splitlines():
             key, _, value = line.partition(" ")
@@ -211,13 +215,13 @@ class SandboxCgroup:
     def memory_usage_bytes(self) -> int:
         try:
             return int((self.dir("memory") / "memory.usage_in_bytes").read_text())
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):
             return 0
 
     def pids(self) -> list[int]:
         try:
             text = (self.dir("pids") / "cgroup.procs").read_text()
-        except FileNotFoundError:
+        except OSError:
             return []
         return [int(pid) for pid in text.split()]
 
