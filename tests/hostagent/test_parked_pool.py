@@ -140,3 +140,44 @@ async def test_pool_image_empty_parks_nothing(make_agent: Any) -> None:
         assert create_phases(agent, created["id"])["parked"] is False
         assert (await run(host, created["id"], "hostname"))["stdout"] == "cold\n"
         await tracker.destroy_all()
+
+
+def half_parked_slots(agent: AgentProcess) -> list[str]:
+    """The agent's slots with a parked container that the runtime has started to create but whose
+    init the slot's record does not know yet (the parking is half-way)."""
+    found = []
+    for slot_dir in (agent.state_dir / "slots").glob("*"):
+        if not Path(f"/run/paddock/crun/parked-{slot_dir.name}").exists():
+            continue
+        try:
+            parked = json.loads((slot_dir / "slot.json").read_text()).get("parked")
+        except (OSError, ValueError):
+            continue
+        if not parked or not parked["init_pid"]:
+            found.append(slot_dir.name)
+    return found
+
+
+async def test_an_agent_killed_while_parking_leaves_nothing_running(make_agent: Any) -> None:
+    """The parked container's id and cgroup are recorded before it boots, so the next agent stops a
+    sandbox whose parking a crash cut short (the teardown also checks that nothing of the agent is
+    left: such a container would keep its cgroup)."""
+    agent: AgentProcess = make_agent(pool_size=3)
+    agent.start()
+    for _ in range(20_000):
+        if half_parked_slots(agent):
+            break
+        await asyncio.sleep(0.0005)
+    cut_short = half_parked_slots(agent)
+    assert cut_short, "no parking was seen half-way"
+    agent.stop(signal.SIGKILL)
+    agent.process = None
+    agent.start()
+    async with agent.client() as host:
+        await wait_parked(host, 2)
+        created = await Sandboxes(host, agent).create(name="after-a-crash")
+        assert (await run(host, created["id"], "hostname"))["stdout"] == "after-a-crash\n"
+        await host.destroy_sandbox(created["id"])
+    for slot in cut_short:  # the restarted agent stopped the container and removed the slot
+        assert not Path(f"/run/paddock/crun/parked-{slot}").exists()
+        assert not (agent.state_dir / "slots" / slot).exists()

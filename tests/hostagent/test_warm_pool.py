@@ -197,3 +197,29 @@ async def test_a_slot_whose_parking_failed_is_destroyed_and_the_pool_goes_on(no_
     assert factory.destroyed == 1 and len(factory.built) == 4
     assert pool.last_error is None or "crun failed" in pool.last_error
     await pool.close()
+
+
+async def test_a_drained_pool_with_a_parker_readies_a_slot_for_forks_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork can use no parked slot: once a burst has drained the pool, the first slot refilled is the
+    one readied for forks, and the next ones are parked for creates."""
+    unmounted: list[Path] = []
+
+    async def attach(disk: Any) -> None:
+        pass
+
+    monkeypatch.setattr(mounts, "unmount", unmounted.append)
+    monkeypatch.setattr(storage, "attach", attach)
+    factory = _Factory()
+    pool = _pool(factory, 3, [False], _Parker("/images/debian/rootfs"))
+    pool.start()
+    await _until(lambda: pool.free_count == 3 and pool.parked_count == 2, "the pool did not fill")
+    for _ in range(3):
+        await pool.take(1024, "/images/debian/rootfs")
+    await _until(lambda: pool.free_count >= 1, "the pool did not refill")
+    first = pool._free[0]
+    assert first.parked is None and first.disk.mount_dir == unmounted[-1]
+    forked = await pool.take_for_fork()
+    assert forked is first  # the fork took the readied slot, not one built on demand
+    await pool.close()

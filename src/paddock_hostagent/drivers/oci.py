@@ -415,17 +415,20 @@ class OciRuntime(SandboxRuntime):
         spec = SandboxSpec(
             container_id, container_id, "", rootfs, Shape(1, PARKED_SHAPE_MEM_MIB, slot.disk_mib)
         )
+        # Recorded before the boot: an agent killed half-way through leaves a slot whose container
+        # the next agent finds and stops (by its id and cgroup) instead of one it cannot know about.
+        slot.parked = Parked(container_id, handle.cgroups_path, _image_key(rootfs), 0, 0)
+        slot.save()
         self._booting += 1
         try:
             await self._boot(spec, handle)
         except BaseException:
             await self._stop_container(handle)
+            slot.parked = None
             raise
         finally:
             self._booting -= 1
-        slot.parked = Parked(
-            container_id, handle.cgroups_path, _image_key(rootfs), handle.init_pid, handle.init_ticks
-        )
+        slot.parked.init_pid, slot.parked.init_ticks = handle.init_pid, handle.init_ticks
         slot.save()
         return True
 

@@ -379,12 +379,20 @@ class WarmPool:
                     log.warning("warm_pool_refill_failed", error=str(exc))
                     await asyncio.sleep(5)
                     break
-                if self._free and not self._unmounted:
+                if self._wants_fork_slot():
                     await self._ready_for_fork(slot)
                     self._free.append(slot)
                 else:
                     await self._park(slot)
             await self._park_plain_slots()
+
+    def _wants_fork_slot(self) -> bool:
+        """Whether the slot just built should be readied for forks: a pool of two or more keeps one.
+        Without a parker it comes second, so that the first free slot is a mounted one for creates;
+        with one it comes first, since a fork can use no parked slot and creates claim the others."""
+        if self._unmounted or self.size < 2:
+            return False
+        return bool(self._free) or self.parker is not None
 
     async def _park(self, slot: Slot) -> None:
         """Parks a sandbox in a slot that is not in ``_free`` (no create may take it half booted),
