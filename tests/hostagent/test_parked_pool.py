@@ -37,20 +37,36 @@ def cgroup_value(cgroups_path: str, hierarchy: str, name: str) -> int:
     return int(Path(f"/sys/fs/cgroup/{hierarchy}{cgroups_path}/{name}").read_text())
 
 
+def limits(cgroups_path: str) -> tuple[int, int, int]:
+    """The group's memory limit, memory+swap limit and CPU quota."""
+    return (
+        cgroup_value(cgroups_path, "memory", "memory.limit_in_bytes"),
+        cgroup_value(cgroups_path, "memory", "memory.memsw.limit_in_bytes"),
+        cgroup_value(cgroups_path, "cpu", "cpu.cfs_quota_us"),
+    )
+
+
+async def claim(
+    agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes, **overrides: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A create once a sandbox is parked, which claimed it: the answer and the record's driver state."""
+    await wait_parked(host, 1)
+    created = await sandboxes.create(**overrides)
+    assert create_phases(agent, created["id"])["parked"] is True
+    return created, agent.record(created["id"])["driver_state"]
+
+
 async def test_a_claimed_sandbox_has_its_own_name_limits_and_identity(
     agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes
 ) -> None:
-    await wait_parked(host, 1)
-    created = await sandboxes.create(name="claimed-box", mem_mib=768, cpu_quota_pct=50)
-    assert create_phases(agent, created["id"])["parked"] is True
-    driver_state = agent.record(created["id"])["driver_state"]
+    created, driver_state = await claim(
+        agent, host, sandboxes, name="claimed-box", mem_mib=768, cpu_quota_pct=50
+    )
     assert driver_state["container_id"].startswith("parked-")  # the slot's container, claimed
     result = await sh(host, created["id"], "hostname; cat /etc/hostname; grep claimed-box /etc/hosts")
     assert result["stdout"] == f"claimed-box\nclaimed-box\n{created['ip']}\tclaimed-box\n"
     cgroups_path = driver_state["cgroups_path"]
-    assert cgroup_value(cgroups_path, "memory", "memory.limit_in_bytes") == 768 << 20
-    assert cgroup_value(cgroups_path, "memory", "memory.memsw.limit_in_bytes") == 768 << 20
-    assert cgroup_value(cgroups_path, "cpu", "cpu.cfs_quota_us") == 50_000
+    assert limits(cgroups_path) == (768 << 20, 768 << 20, 50_000)
     # The limit holds: a process past it is killed inside the sandbox, and the sandbox says so.
     oom = await sh(host, created["id"], "head -c 900m /dev/zero | tail > /dev/null; echo $?")
     assert oom["stdout"].strip() != "0"
@@ -65,21 +81,14 @@ async def test_a_claimed_sandbox_smaller_than_the_parked_limits_gets_its_own(
     agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes
 ) -> None:
     """Lowering the limits goes memory first, memory+swap second (the kernel refuses the other order)."""
-    await wait_parked(host, 1)
-    created = await sandboxes.create(name="small-box", mem_mib=128, vcpu=2)
-    assert create_phases(agent, created["id"])["parked"] is True
-    cgroups_path = agent.record(created["id"])["driver_state"]["cgroups_path"]
-    assert cgroup_value(cgroups_path, "memory", "memory.limit_in_bytes") == 128 << 20
-    assert cgroup_value(cgroups_path, "memory", "memory.memsw.limit_in_bytes") == 128 << 20
-    assert cgroup_value(cgroups_path, "cpu", "cpu.cfs_quota_us") == 200_000  # two whole CPUs
+    _, driver_state = await claim(agent, host, sandboxes, name="small-box", mem_mib=128, vcpu=2)
+    assert limits(driver_state["cgroups_path"]) == (128 << 20, 128 << 20, 200_000)  # two whole CPUs
 
 
 async def test_a_claimed_sandbox_can_start_paused_and_be_forked(
     agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes
 ) -> None:
-    await wait_parked(host, 1)
-    created = await sandboxes.create(name="sleeper", start_paused=True)
-    assert create_phases(agent, created["id"])["parked"] is True
+    created, _ = await claim(agent, host, sandboxes, name="sleeper", start_paused=True)
     assert created["status"] == "paused"
     await host.resume_sandbox(created["id"])
     await sh(host, created["id"], "echo kept > /root/note")

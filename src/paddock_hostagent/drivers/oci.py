@@ -235,8 +235,9 @@ class OciRuntime(SandboxRuntime):
         self, spec: SandboxSpec, *, start_paused: bool = False, on_network: NetworkHook | None = None
     ) -> SandboxRecord:
         phases = _Phases()
-        parkable = self.options.runtime in PARKING_RUNTIMES and self.pool.parked_count > 0
-        slot, warm = await self.pool.take(spec.shape.disk_mib, _image_key(spec.rootfs) if parkable else None)
+        # The image's key costs a stat: only asked for when a parked sandbox could match it.
+        key = _image_key(spec.rootfs) if self.pool.parked_count else None
+        slot, warm = await self.pool.take(spec.shape.disk_mib, key)
         phases.mark("slot")
         parked, slot.parked = slot.parked, None
         if parked is not None:
@@ -256,10 +257,7 @@ class OciRuntime(SandboxRuntime):
                 phases.mark("claim")
             else:
                 await self._boot(spec, handle, phases=phases)
-            record.driver_state = handle.to_json()
-            if start_paused:
-                await _freeze(SandboxCgroup(handle.cgroups_path))
-                record.state = RuntimeState.PAUSED
+            await self._started(record, handle, start_paused=start_paused)
             await beside.result()
             log.info(
                 "create_phases", sandbox_id=spec.id, warm_slot=warm, parked=parked is not None, **phases.ms
@@ -309,10 +307,7 @@ class OciRuntime(SandboxRuntime):
             bundled = bool(device) and slot.disk.loop_device == device
             slot.save()
             await self._boot(spec, handle, phases=phases, bundled=bundled)
-            record.driver_state = handle.to_json()
-            if start_paused:
-                await _freeze(SandboxCgroup(handle.cgroups_path))
-                record.state = RuntimeState.PAUSED
+            await self._started(record, handle, start_paused=start_paused)
             await beside.result()
             log.info("fork_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
         except BaseException:
@@ -344,6 +339,19 @@ class OciRuntime(SandboxRuntime):
             meanwhile=meanwhile,
         )
 
+    async def _started(self, record: SandboxRecord, handle: _Handle, *, start_paused: bool) -> None:
+        """Records the running container (its init) and freezes it if the caller asked to start paused."""
+        record.driver_state = handle.to_json()
+        if start_paused:
+            await _freeze(SandboxCgroup(handle.cgroups_path))
+            record.state = RuntimeState.PAUSED
+
+    def _write_identity(self, spec: SandboxSpec, slot: Slot, etc_root: Path) -> None:
+        """The sandbox's /etc/hostname, /etc/hosts and /etc/resolv.conf under ``etc_root``."""
+        write_identity_files(
+            etc_root, hostname=spec.name, ip=slot.network.ip, resolv_conf=self.options.network.resolv_conf()
+        )
+
     def _record(self, spec: SandboxSpec, handle: _Handle) -> SandboxRecord:
         return SandboxRecord.running(
             spec, ip=handle.slot.network.ip, driver=self.name, driver_state=handle.to_json()
@@ -356,12 +364,7 @@ class OciRuntime(SandboxRuntime):
         mounts), starts the runtime and waits for the guest agent."""
         phases = phases or _Phases()
         slot = handle.slot
-        write_identity_files(
-            slot.disk.upper_dir,
-            hostname=spec.name,
-            ip=slot.network.ip,
-            resolv_conf=self.options.network.resolv_conf(),
-        )
+        self._write_identity(spec, slot, slot.disk.upper_dir)
         mounts.mount_overlay(spec.rootfs, slot.disk.upper_dir, slot.disk.work_dir, slot.rootfs_dir)
         phases.mark("overlay")
         # A fork's disk already holds the binary; a disk from an older agent may hold another one.
@@ -396,12 +399,7 @@ class OciRuntime(SandboxRuntime):
             raise BootError(f"the sandbox parked for {spec.id} has stopped")
         SandboxCgroup(handle.cgroups_path).set_limits(spec.shape.mem_mib << 20, cpu_quota_us(spec.shape))
         # Through the mounted overlay (the parked sandbox may have looked these files up already).
-        write_identity_files(
-            handle.slot.rootfs_dir,
-            hostname=spec.name,
-            ip=handle.slot.network.ip,
-            resolv_conf=self.options.network.resolv_conf(),
-        )
+        self._write_identity(spec, handle.slot, handle.slot.rootfs_dir)
         set_hostname(handle.init_pid, spec.name)
 
     # -- parking (drivers/pool.py's Parker) -----------------------------------------------------

@@ -211,12 +211,12 @@ def runtime_config(spec: BundleSpec) -> dict[str, Any]:
     }
 
 
-def write_identity_files(upper_dir: Path, *, hostname: str, ip: str, resolv_conf: str) -> None:
-    """Writes /etc/hostname, /etc/hosts and /etc/resolv.conf into the overlay's upper layer.
-
-    Only while the overlay is not mounted; the sandbox may edit them afterwards like any other file.
+def write_identity_files(root: Path, *, hostname: str, ip: str, resolv_conf: str) -> None:
+    """Writes /etc/hostname, /etc/hosts and /etc/resolv.conf under ``root``: the overlay's upper layer
+    while the overlay is not mounted, else its mounted root (writing into the upper layer of a mounted
+    overlay is undefined). The sandbox may edit them afterwards like any other file.
     """
-    etc = upper_dir / "etc"
+    etc = root / "etc"
     etc.mkdir(mode=0o755, exist_ok=True)
     hosts = (
         "127.0.0.1\tlocalhost\n"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import secrets
 import shutil
@@ -56,19 +57,11 @@ class Parked:
     init_ticks: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "container_id": self.container_id,
-            "cgroups_path": self.cgroups_path,
-            "rootfs": self.rootfs,
-            "init_pid": self.init_pid,
-            "init_ticks": self.init_ticks,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Parked:
-        return cls(
-            data["container_id"], data["cgroups_path"], data["rootfs"], data["init_pid"], data["init_ticks"]
-        )
+        return cls(**data)
 
 
 @dataclass
@@ -463,7 +456,7 @@ class WarmPool:
         while self._free:
             slot = self._free.pop()
             if slot.parked is not None and self.parker is not None:
-                await self.parker.discard(slot)
+                await self.parker.discard(slot)  # its sandbox is stopped with the slot
             else:
                 await self.factory.destroy(slot)
         self._unmounted.clear()
