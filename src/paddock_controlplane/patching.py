@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paddock_controlplane import accounts, hostlink, validation, webhooks
+from paddock_controlplane import accounts, hostlink, scheduler, validation, webhooks
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.queries import get_owned
 from paddock_controlplane.schemas import PatchSandboxRequest
@@ -71,6 +71,11 @@ async def resize(services: Services, user_id: str, sandbox_id: str, disk_mib: in
     if status == SandboxStatus.RUNNING:
         try:
             await (await hostlink.for_host(services, sandbox.host_id)).resize(sandbox_id, disk_mib)
+        except hostlink.CapacityError as exc:
+            # The host admits the growth before touching the disk, so its refusal changed nothing: a
+            # retryable 503, as for a resume the host has no room for. The sandbox cannot move hosts,
+            # so the room comes back only as other sandboxes on that host go.
+            raise scheduler.no_capacity(f"host {sandbox.host_id}: {exc}") from None
         except hostlink.HostError as exc:
             raise errors.ServerError(f"resize failed on the host: {exc}") from None
     async with transaction(services.sessions) as session:

@@ -161,3 +161,22 @@ async def test_a_host_failure_is_recorded_with_its_reason(
     failed = (await plane.api.post(f"/v1/sandboxes/{other}/pause")).json()["data"]
     assert failed["status"] == "error" and failed["status_reason"] == "pause failed on the host"
     assert (await plane.api.get(f"/v1/sandboxes/{other}")).json()["data"]["status"] == "error"
+
+
+@pytest.mark.db
+async def test_a_resize_the_host_has_no_disk_for_is_a_retryable_503_that_changes_nothing(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = (await plane.api.post("/v1/sandboxes", json={"shape": SHAPE})).json()["data"]["id"]
+    before = (await plane.api.get(f"/v1/sandboxes/{sid}")).json()["data"]["disk_mib"]
+
+    async def no_disk(sandbox_id: str, disk_mib: int) -> None:
+        raise hostlink.CapacityError("1596 MiB requested, 1382 MiB free (disk: ...)")
+
+    monkeypatch.setattr(plane.host, "resize", no_disk)
+    refused = await plane.api.post(f"/v1/sandboxes/{sid}/resize", json={"disk_mib": before + 1024})
+    assert refused.status_code == 503, refused.text
+    assert refused.headers.get("retry-after"), refused.headers
+    assert "1382 MiB free" in refused.json()["message"]
+    view = (await plane.api.get(f"/v1/sandboxes/{sid}")).json()["data"]
+    assert view["status"] == "running" and view["disk_mib"] == before

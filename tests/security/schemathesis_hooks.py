@@ -4,7 +4,8 @@ Three of four generated cases get real ids for their path parameters (from ``PDK
 requests reach the code behind the 404; the fourth keeps schemathesis' own value to fuzz the lookup.
 Operations that end or stop a sandbox get a sandbox of their own, so the rest keep a running one.
 Gateway requests are signed per case with the test wallet (``PDK_ST_WALLET_KEY``), as a client does
-(gateway spec §3), except the fourth, whose generated auth headers test the 401 path.
+(gateway spec §3), except the fourth, whose generated auth headers test the 401 path. One check of
+its own holds every 503 to the contract's single meaning of it (schemathesis.toml).
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
     if wallet_key and set(AUTH_HEADERS) <= declared and not fuzzed(case.headers):
         case.headers = {**(case.headers or {}), **signed_headers(wallet_key)}
     return case
+
+
+@schemathesis.check
+def a_503_is_the_retryable_no_capacity_answer(
+    ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case
+) -> None:
+    """The one 503 the contract has (schemathesis.toml lets it past ``not_a_server_error``): the control
+    plane's "no host with capacity" in the error envelope, with a ``Retry-After`` the SDKs sleep for."""
+    if response.status_code != 503:
+        return
+    body = response.json()
+    assert isinstance(body, dict) and body.get("status") == "error", f"503 outside the error envelope: {body}"
+    assert str(body.get("message", "")).startswith("no host with capacity"), (
+        f"a 503 that is not capacity: {body}"
+    )
+    assert response.headers.get("retry-after"), "a capacity 503 without Retry-After"
 
 
 def signed_headers(private_key: str) -> dict[str, str]:

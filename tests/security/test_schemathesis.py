@@ -1,6 +1,6 @@
 """schemathesis (v4, the CLI a user would run) against both services' served OpenAPI documents.
 
-Each run fails the build on any 5xx, a status or content type the document does not list, a body or
+Each run fails the build on any 5xx but the contract's capacity 503 (schemathesis.toml), a status or content type the document does not list, a body or
 header that violates the documented schema, or a wrong method answered without 405 + ``Allow``. The
 requests carry real ids (a sandbox on a real host agent, a network, a webhook endpoint; a project and
 deployment on the gateway) through ``schemathesis_hooks.py``, which also signs gateway requests.
@@ -15,11 +15,15 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
+from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import pytest
+import requests
+import schemathesis
 from eth_account import Account
 from fastapi import FastAPI
 
@@ -39,6 +43,7 @@ from tests.gateway.conftest import (
 from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform
 from tests.sdk.conftest import live
+from tests.security import schemathesis_hooks
 
 __all__ = ["debian_image", "devchains", "guest_binary_dir", "live"]
 
@@ -50,8 +55,11 @@ CHECKS = ",".join(
         "response_headers_conformance",
         "response_schema_conformance",
         "unsupported_method",
+        "a_503_is_the_retryable_no_capacity_answer",  # schemathesis_hooks.py
     )
 )
+#: Lets the contract's capacity 503 past ``not_a_server_error``; the check above holds it to that.
+CONFIG = Path(__file__).with_name("schemathesis.toml")
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,6 +105,46 @@ async def test_documents_list_the_statuses_sent_each_in_its_envelope(tmp_path: P
     assert "security" not in cp["paths"]["/v1/shapes"]["get"]
 
 
+def test_the_fuzz_runs_let_past_only_the_contracts_capacity_503() -> None:
+    """schemathesis.toml stops counting 503 as a server error; the hooks' check must then refuse every
+    503 but the control plane's retryable "no host with capacity"."""
+
+    def answer(
+        status: int, body: Mapping[str, object], headers: dict[str, list[str]]
+    ) -> schemathesis.Response:
+        request = requests.Request("POST", "http://test/v1/sandboxes/x/resize").prepare()
+        content = json.dumps(body).encode()
+        return schemathesis.Response(
+            status, {"content-type": ["application/json"], **headers}, content, request, 0.01, True
+        )
+
+    def judged(response: schemathesis.Response) -> str:
+        try:
+            schemathesis_hooks.a_503_is_the_retryable_no_capacity_answer(None, response, None)  # type: ignore[arg-type]
+        except AssertionError as exc:
+            return f"refused: {exc}"
+        return "passed"
+
+    capacity = {
+        "status": "error",
+        "message": "no host with capacity: host h1: 1596 MiB requested",
+        "code": 503,
+    }
+    assert judged(answer(503, capacity, {"retry-after": ["2"]})) == "passed"
+    assert judged(answer(503, capacity, {})).startswith("refused: a capacity 503 without Retry-After")
+    other = {"status": "error", "message": "database unavailable", "code": 503}
+    assert judged(answer(503, other, {"retry-after": ["2"]})).startswith(
+        "refused: a 503 that is not capacity"
+    )
+    gateway = {"error": "rpc unavailable"}
+    assert judged(answer(503, gateway, {"retry-after": ["2"]})).startswith(
+        "refused: 503 outside the error envelope"
+    )
+    assert judged(answer(500, other, {})) == "passed", "a 500 is not_a_server_error's to refuse"
+    config = tomllib.loads(CONFIG.read_text())
+    assert config["checks"]["not_a_server_error"]["expected-statuses"] == ["2xx", "3xx", "4xx", "503"]
+
+
 async def test_a_wrong_method_gets_405_with_allow(tmp_path: Path) -> None:
     services = apps(tmp_path)
     async with client(services["controlplane"]) as http:
@@ -114,6 +162,8 @@ def schemathesis_command(
 ) -> list[str]:
     argv = [
         str(SCHEMATHESIS),
+        "--config-file",
+        str(CONFIG),
         "run",
         f"{url}/openapi.json",
         "--checks",
