@@ -36,6 +36,7 @@ from tests.network.conftest import QUOTA_BYTES, api, internet
 from tests.network.ingress_support import start_ingress_platform
 from tests.network.internet import FakeInternet
 from tests.network.test_bandwidth import (
+    test_a_connection_over_the_budget_is_reset_and_leaves_nothing_to_spend_a_recharge,
     test_a_fork_starts_with_a_fresh_budget,
     test_egress_is_counted_exactly_and_at_once,
     test_the_quota_caps_egress_at_the_budget_and_recharge_restores_it,
@@ -60,6 +61,7 @@ __all__ = [
     "api",
     "app_sandbox",
     "internet",
+    "test_a_connection_over_the_budget_is_reset_and_leaves_nothing_to_spend_a_recharge",
     "test_a_fork_starts_with_a_fresh_budget",
     "test_a_name_rule_cannot_be_bypassed_by_dialling_an_address",
     "test_an_open_sandbox_reaches_any_host_and_port",

@@ -98,6 +98,30 @@ def test_the_quota_caps_egress_at_the_budget_and_recharge_restores_it(
     assert QUOTA_BYTES + 500_000 - PACKET_BYTES <= view["used_bytes"] <= QUOTA_BYTES + 500_000, view
 
 
+def test_a_connection_over_the_budget_is_reset_and_leaves_nothing_to_spend_a_recharge(
+    api: httpx.Client, internet: FakeInternet
+) -> None:
+    """A program still sending when the cap hits is told at once, and what it had buffered dies with its
+    connection: a dropped segment would wait in the sandbox's send buffer and leave the moment a
+    recharge opened the budget, spending it before the user's next command ran."""
+    sid = create(api)["id"]
+    target = f"/dev/tcp/{internet.address('sink.example.test')}/{SINK_PORT}"
+    started = time.monotonic()
+    # More than any send buffer holds (gVisor's is 16 MiB), so the writer is still writing at the cap.
+    size = 40 * QUOTA_BYTES
+    out = sh(api, sid, f"timeout 20 bash -c 'head -c {size} /dev/zero > {target}'; echo rc=$?")
+    took_s = time.monotonic() - started
+    assert out["stdout"].strip() != "rc=124" and took_s < 10, ("the writer waited for the timeout", out)
+    assert "reset" in out["stderr"].lower() or "broken pipe" in out["stderr"].lower(), out
+    spent = settled_use(api, sid)
+    assert bandwidth(api, sid)["capped"] is True
+
+    assert api.post(f"/v1/sandboxes/{sid}/bandwidth/recharge", json={"add_bytes": 500_000}).status_code == 200
+    time.sleep(2)  # a dropped segment's retransmit timer (0.2 s doubling) fires several times in this
+    assert bandwidth(api, sid)["used_bytes"] == spent, "nothing left over spent the recharge"
+    assert fetch(api, sid, "api.example.test") == "api.example.test:80"
+
+
 def test_ingress_is_observed_and_never_enforced(api: httpx.Client, internet: FakeInternet) -> None:
     sid = create(api)["id"]
     source = f"/dev/tcp/{internet.address('sink.example.test')}/{SOURCE_PORT}"

@@ -1,5 +1,5 @@
 """The egress table itself (drivers/egress.py), in a scratch network namespace: what a restarted agent
-reads back, what an upgrade over the chain-per-sandbox layout does, the budget's cap, and what one
+reads back, what an upgrade over an earlier layout does, the budget's cap, and what one
 create costs beside a thousand sandboxes.
 
 No packet flows here (the veths are names only); tests/network/test_egress.py and test_bandwidth.py
@@ -212,6 +212,32 @@ def test_the_cap_follows_the_budget_and_unmetered_is_never_capped(netns: str) ->
         assert await fw.usage("pdkt1", metered=True) == Usage(0, 0, False), "recharged"
         await fw.set_quota("pdkt1", quota_bytes=-1, used_bytes=1000)
         assert await fw.usage("pdkt1", metered=False) == Usage(0, 0, False)
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_started_over_a_table_that_dropped_past_the_budget_refuses_instead(netns: str) -> None:
+    """Agents before this one dropped what went past a budget, which left it to be retransmitted after a
+    recharge (test_bandwidth.py); the next agent's start rewrites the shared chain, keeping the budgets."""
+
+    async def scenario() -> None:
+        fw = firewall(netns)
+        fw.setup_host()
+        await fw.install("pdkt1", ip(1), OPEN, quota_bytes=1000, used_bytes=1000)
+        made_in(netns, Nft).run_sync(
+            f"flush chain {EGRESS_TABLE} budget\n"
+            f"delete chain {EGRESS_TABLE} over_budget\n"
+            f"add rule {EGRESS_TABLE} budget quota name iifname map @budgets drop\n"
+            f"add rule {EGRESS_TABLE} budget iifname @egress_bytes accept"
+        )
+        assert "@budgets drop" in table(netns)
+        upgraded = firewall(netns)
+        upgraded.setup_host()
+        assert await upgraded.installed() == {"pdkt1"}
+        listed = table(netns)
+        assert "quota name iifname map @budgets goto over_budget" in listed and "@budgets drop" not in listed
+        assert "reject with tcp reset" in listed, listed
+        assert (await upgraded.usage("pdkt1", metered=True)) == Usage(0, 0, True), "the budget is kept"
 
     asyncio.run(scenario())
 

@@ -14,9 +14,10 @@ each can be rebuilt without touching the other. A sandbox is only elements, keye
                                                                    -> budget   (answers of the
                                                                     sandbox's resolver, with their TTL)
                      reject
-    budget           quota name iifname map @budgets drop         (metered: quota q_<veth> used up)
+    budget           quota name iifname map @budgets goto over_budget   (metered: quota used up)
                      iifname @egress_bytes accept                 (egress bytes, exact: the element's
                                                                    own counter)
+    over_budget      tcp: reject with tcp reset; else icmp admin-prohibited
     post (hook)      oifname @ingress_bytes                       (ingress bytes, observed only)
 
 libnftables reads the chains and the named objects (counters, quotas) of every table in the network
@@ -214,6 +215,12 @@ ADDRESS_SETS = {
 EXPIRING = ("answers", "answer_ports")
 #: The two chains a veth's forwarded packets go to (its element of ``out_chains``).
 ALLOWLIST, BUDGET = "allowlist", "budget"
+#: Where a metered sandbox's packets go once its quota is used up. They are refused, not dropped: a
+#: dropped segment stays in the sender's buffer and is retransmitted, so the data a killed program
+#: left behind would leave the moment a recharge opened the budget and spend it before anything the
+#: user runs next (a 16 MiB gVisor send buffer spent a 500 kB recharge in under 0.5 s). A reset ends
+#: the connection and frees its buffer, and the program learns at once instead of timing out.
+OVER_BUDGET = "over_budget"
 #: Per-veth byte counters: elements of these sets, each with its own counter.
 EGRESS_BYTES, INGRESS_BYTES = "egress_bytes", "ingress_bytes"
 
@@ -267,10 +274,12 @@ add chain {t} forward {{ type filter hook forward priority filter - 5; policy ac
 add chain {t} post {{ type filter hook postrouting priority filter; policy accept; }}
 add chain {t} {ALLOWLIST}
 add chain {t} {BUDGET}
+add chain {t} {OVER_BUDGET}
 flush chain {t} forward
 flush chain {t} post
 flush chain {t} {ALLOWLIST}
 flush chain {t} {BUDGET}
+flush chain {t} {OVER_BUDGET}
 add rule {t} forward iifname vmap @out_chains
 add rule {t} forward iifname "pdk*" ip saddr {self.subnet} drop
 add rule {t} {ALLOWLIST} ct state established,related goto {BUDGET}
@@ -280,8 +289,10 @@ add rule {t} {ALLOWLIST} iifname . ip daddr @answers goto {BUDGET}
 add rule {t} {ALLOWLIST} {ports} iifname . ip daddr . th dport @answer_ports goto {BUDGET}
 add rule {t} {ALLOWLIST} meta l4proto tcp reject with tcp reset
 add rule {t} {ALLOWLIST} reject with icmp type admin-prohibited
-add rule {t} {BUDGET} quota name iifname map @budgets drop
+add rule {t} {BUDGET} quota name iifname map @budgets goto {OVER_BUDGET}
 add rule {t} {BUDGET} iifname @{EGRESS_BYTES} accept
+add rule {t} {OVER_BUDGET} meta l4proto tcp reject with tcp reset
+add rule {t} {OVER_BUDGET} reject with icmp type admin-prohibited
 add rule {t} post oifname @{INGRESS_BYTES}
 """
 
