@@ -191,6 +191,37 @@ async def test_a_get_that_meets_a_closing_keep_alive_connection_is_sent_again(pr
     assert len(connections) == 2
 
 
+async def test_a_get_an_app_drops_unanswered_on_a_fresh_connection_is_sent_once_more(proxy_port: int) -> None:
+    """An app that closes a new connection without answering (gVisor 2022's blocking read, which fails
+    before the request arrives) is asked again once for an idempotent request, never for a POST."""
+    connections: list[str] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await read_head(reader)
+        connections.append(head.split(" ", 1)[0])
+        if len(connections) % 2 == 1:  # every other connection is dropped unanswered
+            writer.close()
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server, app_port = await start_app(handle)
+    async with server:
+        reader, writer = await talk(proxy_port, app_port, b"GET / HTTP/1.1\r\nHost: HOST\r\n\r\n")
+        assert (await asyncio.wait_for(read_head(reader), 5)).startswith("HTTP/1.1 200 OK")
+        assert await reader.readexactly(2) == b"ok"
+        writer.close()
+        assert connections == ["GET", "GET"]
+        reader, writer = await talk(
+            proxy_port, app_port, b"POST / HTTP/1.1\r\nHost: HOST\r\nContent-Length: 2\r\n\r\nhi"
+        )
+        data = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    assert data.startswith(b"HTTP/1.1 502 Bad Gateway"), data
+    assert connections == ["GET", "GET", "POST"], "a POST is never sent twice"
+
+
 async def test_absolute_form_targets_and_forwarded_headers(proxy_port: int) -> None:
     seen: list[str] = []
     server, app_port = await start_app(handler_from([b"HTTP/1.1 204 No Content\r\n\r\n"], seen))

@@ -348,18 +348,18 @@ class _Connection:
         forwarded = self._forwarded_head(request)
         upstream.responses.begin(request.method)
         first: http1.Response | None = None
-        if not request.has_body and upstream.reused and request.method in IDEMPOTENT:
-            first = await self._send_retrying(upstream, forwarded, request.method)
-            if self.upstream is None:
-                return False
-            upstream = self.upstream
-        else:
-            upstream.writer.write(forwarded)
         body: asyncio.Task[bool] | None = None
-        if request.has_body:
-            body = asyncio.create_task(self._send_body(request, upstream))
         status = 0
         try:
+            if not request.has_body and request.method in IDEMPOTENT:
+                first = await self._send_retrying(upstream, forwarded, request.method)
+                if self.upstream is None:
+                    return False
+                upstream = self.upstream
+            else:
+                upstream.writer.write(forwarded)
+            if request.has_body:
+                body = asyncio.create_task(self._send_body(request, upstream))
             response = await self._final_response(upstream, first, body)
             if response is None:
                 return False
@@ -441,8 +441,14 @@ class _Connection:
     async def _send_retrying(
         self, upstream: Upstream, forwarded: bytes, method: str
     ) -> http1.Response | None:
-        """Sends a bodiless request on a reused connection; if the app had closed it while idle, sends
-        it once more on a fresh one. Returns the response head if it was already read."""
+        """Sends a bodiless idempotent request; if the app closes the connection without a byte of answer,
+        sends it once more on a fresh one (RFC 9110 §9.2.2 allows it). Returns the response head if it
+        was already read.
+
+        On a reused connection that is the app's keep-alive timer firing as the request arrives. On a
+        fresh one it is an app that dropped the request unread: under gVisor (Debian's 2022 runsc) a
+        blocking read that comes before the request's bytes fails with EAGAIN, and an app that reads as
+        soon as it accepts closes. A second failure is the client's 502."""
         try:
             upstream.writer.write(forwarded)
             head = await upstream.responses.read_head()
