@@ -369,7 +369,8 @@ class RawRuntimeLifecycle:
         self.config = json.loads((self.work / "config.json").read_text())
         self.config["process"]["terminal"] = False
         self.config["process"]["args"] = ["sleep", "infinity"]
-        self.base = [binary, "--root", f"/run/pdkbench-{os.getpid()}-{runtime}"]
+        self.state_root = f"/run/pdkbench-{os.getpid()}-{runtime}"
+        self.base = [binary, "--root", self.state_root]
         if runtime == "crun":
             self.base.append("--cgroup-manager=cgroupfs")
         self.samples = Samples()
@@ -477,6 +478,7 @@ class RawRuntimeLifecycle:
         for name in list(self.live):
             self.stop(name)
         shutil.rmtree(self.work, ignore_errors=True)
+        shutil.rmtree(self.state_root, ignore_errors=True)  # the runtime's state dir, empty by now
 
 
 # -- the peer: podman --rootfs ---------------------------------------------------------------------------
