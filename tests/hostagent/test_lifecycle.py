@@ -116,6 +116,29 @@ async def test_each_fork_logs_where_its_time_went(
     assert phases["warm_slot"] is True
 
 
+async def test_a_fork_of_a_source_with_a_long_log_freezes_its_filesystem_for_the_clone(
+    host: HostAgentClient, sandboxes: Sandboxes, agent: AgentProcess
+) -> None:
+    """20,000 files just created leave ~13,000 blocks of XFS log that a clone's mount would replay
+    (~140 ms and more): the fork freezes the source's filesystem for the clone instead (a ``quiesce``
+    phase), the fork holds every file, and the source writes again at once afterwards (thawed)."""
+    source = await sandboxes.create(name="many")
+    made = await sh(host, source["id"], "mkdir /root/many && cd /root/many && seq -f f%g 20000 | xargs touch")
+    assert made["exit_code"] == 0, made
+    child_id = f"{source['id']}-fork"
+    sandboxes.track(child_id)
+    await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="many-fork", start_paused=False))
+    assert (await sh(host, child_id, "ls /root/many | wc -l"))["stdout"].strip() == "20000"
+    lines = [line for line in agent.log_path.read_text().splitlines() if '"fork_phases"' in line]
+    phases = json.loads(next(line for line in lines if f'"{child_id}"' in line))
+    steps = [key.removesuffix("_ms") for key in phases if key.endswith("_ms")]
+    assert steps[:5] == ["slot", "freeze", "sync", "quiesce", "clone"], steps
+    wrote = await asyncio.wait_for(sh(host, source["id"], "echo after > /root/after && cat /root/after"), 10)
+    assert wrote["stdout"] == "after\n", "the source's filesystem is thawed"
+    await sh(host, child_id, "touch /root/many/child-only")
+    assert (await run(host, source["id"], "test", "-e", "/root/many/child-only"))["exit_code"] == 1
+
+
 def used_mib(directory: Path) -> int:
     stats = os.statvfs(directory)
     return (stats.f_blocks - stats.f_bfree) * stats.f_frsize >> 20

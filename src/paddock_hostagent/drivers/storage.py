@@ -42,6 +42,14 @@ MIB = 1 << 20
 FICLONE = 0x40049409
 # Errors meaning "these two files cannot share blocks": fall back to copying.
 _NO_CLONE = {errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EPERM}
+#: A source whose XFS log holds more than this to replay (basic blocks: 4 MiB) is frozen (``FIFREEZE``)
+#: for its clone. XFS moves a log's tail only about every 30 s, so the clone's mount replays all the
+#: source logged since: measured on this box, 633 / 3,224 / 12,933 blocks (1,000 / 5,000 / 20,000 new
+#: files) made the mount take 24 / 47 / 140 ms, against 8 ms for a clean log. A freeze writes the
+#: logged metadata home and covers the log, so the clone mounts clean; it costs 56-68 ms whatever the
+#: backlog, so it pays from about 6,000 blocks on. The source's tasks are already frozen (its cgroup)
+#: and the freeze lasts only the clone.
+QUIESCE_REPLAY_BB = 8192
 
 
 def has_capability(bit: int) -> bool:
@@ -257,7 +265,7 @@ async def clone_disk(
             meanwhile()
             await asyncio.to_thread(mounts.sync_filesystem, source.mount_dir)
             step("sync")
-        await _replace_image(source, disk)
+        await _replace_image(source, disk, step)
         step("clone")
     finally:
         release_once()
@@ -288,7 +296,7 @@ def _clone_and_mount(
     if not _device_free(disk.loop_device):
         return False
     try:
-        _clone_for_mount(source, disk.image_path)
+        _clone_for_mount(source, disk.image_path, step)
     except OSError:
         return False
     step("clone")
@@ -300,7 +308,7 @@ def _clone_and_mount(
     return True
 
 
-async def _replace_image(source: Disk, disk: Disk) -> None:
+async def _replace_image(source: Disk, disk: Disk, step: Callable[[str], None]) -> None:
     """The clone (or copy) of ``clone_disk`` where the disk's loop device may be held or there is none."""
     target = disk.image_path
     if disk.loop_device and not await _released(disk.loop_device):
@@ -313,7 +321,7 @@ async def _replace_image(source: Disk, disk: Disk) -> None:
         disk.loop_device = ""
         target.unlink(missing_ok=True)
     try:
-        await asyncio.to_thread(_clone_for_mount, source, target)
+        await asyncio.to_thread(_clone_for_mount, source, target, step)
     except OSError:  # the files cannot share blocks here
         mounts.freeze_filesystem(source.mount_dir)
         try:
@@ -322,16 +330,25 @@ async def _replace_image(source: Disk, disk: Disk) -> None:
             mounts.thaw_filesystem(source.mount_dir)
 
 
-def _clone_for_mount(source: Disk, target: Path) -> None:
+def _clone_for_mount(source: Disk, target: Path, step: Callable[[str], None]) -> None:
     """Clones ``source``'s image to ``target`` and starts reading what a mount of it will read. OSError
-    when the two files cannot share blocks; DriverError for any other failure."""
-    reads = xfsreadahead.mount_reads_of(source.mount_dir, source.loop_device) if source.fs == "xfs" else []
+    when the two files cannot share blocks; DriverError for any other failure. A source with a long log
+    to replay is frozen for the clone (``QUIESCE_REPLAY_BB``)."""
+    xfs = source.fs == "xfs"
+    quiesce = xfs and xfsreadahead.replay_backlog(source.mount_dir, source.loop_device) > QUIESCE_REPLAY_BB
+    if quiesce:
+        mounts.freeze_filesystem(source.mount_dir)
+        step("quiesce")
     try:
+        reads = xfsreadahead.mount_reads_of(source.mount_dir, source.loop_device) if xfs else []
         clone_file(source.image_path, target)
     except OSError as exc:
         if exc.errno not in _NO_CLONE:
             raise DriverError(f"cloning {source.image_path.name}: {exc}") from exc
         raise
+    finally:
+        if quiesce:
+            mounts.thaw_filesystem(source.mount_dir)
     if reads:
         xfsreadahead.read_ahead(target, reads)
 
