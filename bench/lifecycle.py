@@ -175,6 +175,9 @@ class PaddockLifecycle:
 
 FORK_SIZES_MIB = (100, 2048)
 FRESH_MIB = 100
+#: Empty files created right before a fork (``fork_files_<n>``): a metadata-heavy source, whose XFS log
+#: a clone's mount would replay unless the fork quiesces it (drivers/storage.py).
+FRESH_FILES = 20_000
 
 
 def fork_scale(
@@ -186,13 +189,16 @@ def fork_scale(
     runs: int,
     sizes_mib: tuple[int, ...] = FORK_SIZES_MIB,
     fresh_mib: int = FRESH_MIB,
+    fresh_files: int = FRESH_FILES,
 ) -> dict[str, Any]:
     """Fork → running through the API of a source that holds ``size`` MiB of random data, for each size:
 
     - ``fork_settled_<size>``: the data was written and synced (untimed) before the forks, as it is
       once the kernel has written it back (≤ 30 s after it was written);
     - ``fork_fresh_<fresh_mib>`` (on the first size's source): a new ``fresh_mib`` MiB file written right
-      before each fork, still dirty in the page cache, so the fork pays its writeback to the host disk.
+      before each fork, still dirty in the page cache, so the fork pays its writeback to the host disk;
+    - ``fork_files_<fresh_files>`` (same source): ``fresh_files`` empty files created in a new directory
+      right before each fork, so the source's log holds their metadata.
 
     What differs between the sizes is only what the source holds: every source has the same disk size,
     each is forked once untimed first (a sync inside the sandbox stops at the image's page cache, since
@@ -227,10 +233,22 @@ def fork_scale(
             _timed_fork(driver, first, f"fork_fresh_{fresh_mib}", f"/root/fresh-{index}", fresh_mib << 20)
             # 20 fresh files of 100 MiB would fill a 2 GiB disk (ENOSPC at the 19th).
             first.run("rm", ["-f", f"/root/fresh-{index}"])
+        for index in range(runs):
+            where = f"/root/files-{index}"
+            touch = f"mkdir {where} && cd {where} && seq -f f%g {fresh_files} | xargs touch"
+            if first.run("sh", ["-c", touch], timeout_s=600).exit_code != 0:
+                raise BenchError("paddock: could not create the fresh files")
+            _timed_fork(driver, first, f"fork_files_{fresh_files}", f"{where}/f{fresh_files}", 0)
         summary = driver.samples.summary()
         summary.pop("destroy", None)
         summary.pop("destroy_answer", None)
-        return {"sizes_mib": list(sizes_mib), "fresh_mib": fresh_mib, "disk_mib": disk_mib, **summary}
+        return {
+            "sizes_mib": list(sizes_mib),
+            "fresh_mib": fresh_mib,
+            "fresh_files": fresh_files,
+            "disk_mib": disk_mib,
+            **summary,
+        }
     finally:
         for sandbox in sources.values():
             driver.destroy(sandbox)

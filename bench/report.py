@@ -47,7 +47,8 @@ def p50(stats: dict[str, Any] | None) -> float | None:
 
 
 def fork_labels(forks: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """The fork section's rows in order: settled sources by size, then the fresh-write one."""
+    """The fork section's rows in order: settled sources by size, then the fresh-write and fresh-files
+    ones."""
     if not forks:
         return []
     rows = [
@@ -56,6 +57,9 @@ def fork_labels(forks: dict[str, Any] | None) -> list[tuple[str, str]]:
     rows.append(
         (f"fork_fresh_{forks['fresh_mib']}", f"fork right after writing {forks['fresh_mib']} MB (fresh)")
     )
+    if forks.get("fresh_files"):
+        files = forks["fresh_files"]
+        rows.append((f"fork_files_{files}", f"fork right after creating {files:,} files (fresh)"))
     return [(op, label) for op, label in rows if forks.get(op)]
 
 

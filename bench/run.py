@@ -94,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.big_file_mib = 8 if smoke else 100
     args.fork_sizes_mib = (8, 32) if smoke else lifecycle.FORK_SIZES_MIB
     args.fork_fresh_mib = 8 if smoke else lifecycle.FRESH_MIB
+    args.fork_fresh_files = 500 if smoke else lifecycle.FRESH_FILES
     args.fork_runs = 1 if smoke else args.runs  # the smoke run proves the section works, quickly
     args.creates_total = 6 if smoke else creates.TOTAL
     args.creates_concurrency = 3 if smoke else creates.CONCURRENCY
@@ -207,6 +208,7 @@ class Run:
                         a.fork_runs,
                         a.fork_sizes_mib,
                         a.fork_fresh_mib,
+                        a.fork_fresh_files,
                     ),
                 )
             if "creates" in self.args.sections:

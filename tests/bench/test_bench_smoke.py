@@ -46,7 +46,7 @@ def test_smoke_run_measures_every_section_against_its_floor(tmp_path: Path) -> N
         assert life[system]["fork"]["n"] == 3
 
     forks = results["sections"]["fork"]
-    for op in ("fork_settled_8", "fork_settled_32", "fork_fresh_8"):
+    for op in ("fork_settled_8", "fork_settled_32", "fork_fresh_8", "fork_files_500"):
         assert forks[op]["n"] == 1 and forks[op]["p50"] > 0, (op, forks)
 
     density = results["sections"]["density"]
@@ -63,3 +63,4 @@ def test_smoke_run_measures_every_section_against_its_floor(tmp_path: Path) -> N
     table = result_md.read_text()
     assert "## Headline: Paddock against the floor, same run" in table
     assert "| create → running (p50) |" in table and "Sections that failed" not in table
+    assert "fork right after creating 500 files (fresh)" in table
