@@ -156,6 +156,13 @@ class AgentProcess:
             self.process.kill()
             self.process.wait()
 
+    def logged(self, event: str, sandbox_id: str) -> dict[str, Any]:
+        """The agent's first log line for ``event`` about ``sandbox_id`` (``create_phases`` …), parsed."""
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if f'"{event}"' in line and f'"{sandbox_id}"' in line:
+                return dict(json.loads(line))
+        raise AssertionError(f"no {event} line for {sandbox_id}")
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

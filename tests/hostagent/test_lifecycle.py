@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import subprocess
@@ -109,8 +108,7 @@ async def test_each_fork_logs_where_its_time_went(
     child_id = f"{source['id']}-fork"
     sandboxes.track(child_id)
     await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="timed-fork", start_paused=False))
-    lines = [line for line in agent.log_path.read_text().splitlines() if '"fork_phases"' in line]
-    phases = json.loads(next(line for line in lines if f'"{child_id}"' in line))
+    phases = agent.logged("fork_phases", child_id)
     assert [key.removesuffix("_ms") for key in phases if key.endswith("_ms")] == list(FORK_STEPS)
     assert all(phases[f"{step}_ms"] >= 0 for step in FORK_STEPS)
     assert phases["warm_slot"] is True
@@ -129,8 +127,7 @@ async def test_a_fork_of_a_source_with_a_long_log_freezes_its_filesystem_for_the
     sandboxes.track(child_id)
     await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="many-fork", start_paused=False))
     assert (await sh(host, child_id, "ls /root/many | wc -l"))["stdout"].strip() == "20000"
-    lines = [line for line in agent.log_path.read_text().splitlines() if '"fork_phases"' in line]
-    phases = json.loads(next(line for line in lines if f'"{child_id}"' in line))
+    phases = agent.logged("fork_phases", child_id)
     steps = [key.removesuffix("_ms") for key in phases if key.endswith("_ms")]
     assert steps[:5] == ["slot", "freeze", "sync", "quiesce", "clone"], steps
     wrote = await asyncio.wait_for(sh(host, source["id"], "echo after > /root/after && cat /root/after"), 10)

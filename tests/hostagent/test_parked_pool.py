@@ -26,13 +26,6 @@ async def wait_parked(host: HostAgentClient, count: int) -> None:
     assert (await host.info()).parked_slots >= count, "the warm pool parked no sandbox"
 
 
-def create_phases(agent: AgentProcess, sandbox_id: str) -> dict[str, Any]:
-    for line in agent.log_path.read_text(errors="replace").splitlines():
-        if '"create_phases"' in line and sandbox_id in line:
-            return dict(json.loads(line))
-    raise AssertionError(f"no create_phases line for {sandbox_id}")
-
-
 def cgroup_value(cgroups_path: str, hierarchy: str, name: str) -> int:
     return int(Path(f"/sys/fs/cgroup/{hierarchy}{cgroups_path}/{name}").read_text())
 
@@ -52,7 +45,7 @@ async def claim(
     """A create once a sandbox is parked, which claimed it: the answer and the record's driver state."""
     await wait_parked(host, 1)
     created = await sandboxes.create(**overrides)
-    assert create_phases(agent, created["id"])["parked"] is True
+    assert agent.logged("create_phases", created["id"])["parked"] is True
     return created, agent.record(created["id"])["driver_state"]
 
 
@@ -146,7 +139,7 @@ async def test_pool_image_empty_parks_nothing(make_agent: Any) -> None:
         assert info.warm_slots == agent.pool_size and info.parked_slots == 0
         tracker = Sandboxes(host, agent)
         created = await tracker.create(name="cold")
-        assert create_phases(agent, created["id"])["parked"] is False
+        assert agent.logged("create_phases", created["id"])["parked"] is False
         assert (await run(host, created["id"], "hostname"))["stdout"] == "cold\n"
         await tracker.destroy_all()
 

@@ -25,10 +25,13 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 PACKET_BYTES = 1500
 
 
-def send(api: httpx.Client, sandbox_id: str, internet: FakeInternet, size: int, *, wait_s: int = 4) -> None:
-    """Streams ``size`` bytes to the fake internet's sink; gives up after ``wait_s`` (a capped sandbox)."""
+def send(
+    api: httpx.Client, sandbox_id: str, internet: FakeInternet, size: int, *, wait_s: int = 4
+) -> dict[str, Any]:
+    """Streams ``size`` bytes to the fake internet's sink; gives up after ``wait_s`` (exit code 124).
+    What the command printed and its exit code."""
     target = f"/dev/tcp/{internet.address('sink.example.test')}/{SINK_PORT}"
-    sh(api, sandbox_id, f"timeout {wait_s} bash -c 'head -c {size} /dev/zero > {target}'")
+    return sh(api, sandbox_id, f"timeout {wait_s} bash -c 'head -c {size} /dev/zero > {target}'")
 
 
 def bandwidth(api: httpx.Client, sandbox_id: str) -> dict[str, Any]:
@@ -105,13 +108,11 @@ def test_a_connection_over_the_budget_is_reset_and_leaves_nothing_to_spend_a_rec
     connection: a dropped segment would wait in the sandbox's send buffer and leave the moment a
     recharge opened the budget, spending it before the user's next command ran."""
     sid = create(api)["id"]
-    target = f"/dev/tcp/{internet.address('sink.example.test')}/{SINK_PORT}"
     started = time.monotonic()
     # More than any send buffer holds (gVisor's is 16 MiB), so the writer is still writing at the cap.
-    size = 40 * QUOTA_BYTES
-    out = sh(api, sid, f"timeout 20 bash -c 'head -c {size} /dev/zero > {target}'; echo rc=$?")
+    out = send(api, sid, internet, 40 * QUOTA_BYTES, wait_s=20)
     took_s = time.monotonic() - started
-    assert out["stdout"].strip() != "rc=124" and took_s < 10, ("the writer waited for the timeout", out)
+    assert out["exit_code"] != 124 and took_s < 10, ("the writer waited for the timeout", out)
     assert "reset" in out["stderr"].lower() or "broken pipe" in out["stderr"].lower(), out
     spent = settled_use(api, sid)
     assert bandwidth(api, sid)["capped"] is True

@@ -21,6 +21,8 @@ import schemathesis
 from eth_account import Account
 from eth_account.messages import encode_defunct
 
+from paddock_controlplane.scheduler import NO_CAPACITY
+
 #: Operations that would leave the shared sandbox destroyed or paused for the others.
 STOPPING = {
     ("DELETE", "/v1/sandboxes/{sandbox_id}"),
@@ -64,9 +66,7 @@ def a_503_is_the_retryable_no_capacity_answer(
         return
     body = response.json()
     assert isinstance(body, dict) and body.get("status") == "error", f"503 outside the error envelope: {body}"
-    assert str(body.get("message", "")).startswith("no host with capacity"), (
-        f"a 503 that is not capacity: {body}"
-    )
+    assert str(body.get("message", "")).startswith(NO_CAPACITY), f"a 503 that is not capacity: {body}"
     assert response.headers.get("retry-after"), "a capacity 503 without Retry-After"
 
 

@@ -334,13 +334,17 @@ def _clone_for_mount(source: Disk, target: Path, step: Callable[[str], None]) ->
     """Clones ``source``'s image to ``target`` and starts reading what a mount of it will read. OSError
     when the two files cannot share blocks; DriverError for any other failure. A source with a long log
     to replay is frozen for the clone (``QUIESCE_REPLAY_BB``)."""
-    xfs = source.fs == "xfs"
-    quiesce = xfs and xfsreadahead.replay_backlog(source.mount_dir, source.loop_device) > QUIESCE_REPLAY_BB
+    shape = xfsreadahead.geometry(source.mount_dir) if source.fs == "xfs" else None
+    log = xfsreadahead.log_position(source.loop_device) if shape is not None and source.loop_device else None
+    quiesce = (
+        shape is not None and log is not None and xfsreadahead.replay_backlog(shape, log) > QUIESCE_REPLAY_BB
+    )
     if quiesce:
         mounts.freeze_filesystem(source.mount_dir)
         step("quiesce")
+        log = xfsreadahead.log_position(source.loop_device)  # the freeze moved the tail up to the head
     try:
-        reads = xfsreadahead.mount_reads_of(source.mount_dir, source.loop_device) if xfs else []
+        reads = xfsreadahead.mount_reads(shape, log) if shape is not None and log is not None else []
         clone_file(source.image_path, target)
     except OSError as exc:
         if exc.errno not in _NO_CLONE:

@@ -145,12 +145,9 @@ def read_ahead(image: Path, reads: list[tuple[int, int]]) -> None:
         os.close(fd)
 
 
-def replay_backlog(mount_dir: Path, device: str) -> int:
-    """How much of its log (basic blocks) a mount of a clone of the XFS filesystem mounted at
-    ``mount_dir`` on ``device`` would replay now: from the log's tail to its head. 0 when unknown."""
-    shape = geometry(mount_dir)
-    log = log_position(device) if device else None
-    if shape is None or log is None or shape.log_basic_blocks <= 1:
+def replay_backlog(shape: XfsGeometry, log: LogPosition) -> int:
+    """How much of its log (basic blocks) a mount of a clone would replay: from the tail to the head."""
+    if shape.log_basic_blocks <= 1:
         return 0
     return (log.head - log.tail) % shape.log_basic_blocks
 
