@@ -27,6 +27,7 @@ from pathlib import Path
 
 from paddock_core.logging import get_logger
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
+from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
 from paddock_hostagent.settings import HostAgentSettings
 
 log = get_logger(__name__)
@@ -59,6 +60,8 @@ class ImageBuildError(ImageError):
 
 
 TEMPLATE_PREFIX = "tpl_"
+# Directories a sandbox needs in every image (``_finish_rootfs``).
+SANDBOX_DIRS = ("root", "tmp", "run", "etc")
 
 
 @dataclass(frozen=True)
@@ -294,15 +297,23 @@ def _run_logged(argv: list[str], log_path: Path) -> None:
 
 
 def _finish_rootfs(root: Path) -> None:
-    """Leaves what every sandbox rewrites per boot out of the image, and the dirs it needs in."""
-    for relative in ("root", "tmp", "run", "etc"):
-        (root / relative).mkdir(exist_ok=True)
-    os.chmod(root / "tmp", 0o1777)
-    for relative in ("etc/hostname", "etc/resolv.conf"):
-        path = root / relative
-        if path.is_symlink() or path.exists():
-            path.unlink()
-    os.chmod(root, 0o755)
+    """Leaves what every sandbox rewrites per boot out of the image, and the dirs it needs in.
+
+    The tree may be a tenant's (a template): every path is resolved inside it (drivers/safepaths.py),
+    so a ``/tmp`` or ``/etc`` that is a symlink leads where it leads inside the image, as in a sandbox,
+    never to the host's directories; one that leads nowhere inside it is replaced by an empty directory.
+    """
+    with Tree.open(root) as tree:
+        for relative in SANDBOX_DIRS:
+            try:
+                tree.makedirs(relative)
+            except TenantPathError:  # a symlink leading nowhere inside the image, or a file
+                tree.unlink(relative)
+                tree.makedirs(relative)
+        tree.chmod("tmp", 0o1777)
+        for relative in ("etc/hostname", "etc/resolv.conf"):
+            tree.unlink(relative)
+        os.fchmod(tree.fd, 0o755)
 
 
 def build_image(name: str, settings: HostAgentSettings) -> Path:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from paddock_hostagent.drivers.base import Shape
+from paddock_hostagent.drivers.safepaths import Tree
 from paddock_hostagent.drivers.seccomp import default_profile
 
 GUEST_AGENT_PATH = "/run/paddock-guest"
@@ -76,6 +76,9 @@ class BundleSpec:
     guest_binary: Path
     # Set for runsc: the host directory the guest binds its socket in (runsc hands over no fds).
     guest_socket_dir: Path | None = None
+    # Set for runsc: a directory on the sandbox's disk bound at /tmp. Without a /tmp in the spec runsc
+    # mounts a tmpfs inside its sentry there, which a fork or a restart loses (drivers/oci.py).
+    tmp_dir: Path | None = None
     pids_limit: int = 4096
     # The sandbox's own disk (its loop device) and the I/O it may do on it; 0 is unthrottled.
     disk_device: tuple[int, int] | None = None
@@ -124,6 +127,13 @@ def guest_socket_mounts(spec: BundleSpec) -> list[dict[str, Any]]:
             "options": options,
         }
     ]
+
+
+def tmp_mounts(spec: BundleSpec) -> list[dict[str, Any]]:
+    if spec.tmp_dir is None:
+        return []
+    options = ["bind", "rw", "nosuid", "nodev"]
+    return [{"destination": "/tmp", "type": "bind", "source": str(spec.tmp_dir), "options": options}]
 
 
 def runtime_config(spec: BundleSpec) -> dict[str, Any]:
@@ -185,6 +195,7 @@ def runtime_config(spec: BundleSpec) -> dict[str, Any]:
                 "options": ["bind", "ro", "nosuid", "nodev"],
             },
             *guest_socket_mounts(spec),
+            *tmp_mounts(spec),
         ],
         "linux": {
             "cgroupsPath": spec.cgroups_path,
@@ -215,9 +226,12 @@ def write_identity_files(root: Path, *, hostname: str, ip: str, resolv_conf: str
     """Writes /etc/hostname, /etc/hosts and /etc/resolv.conf under ``root``: the overlay's upper layer
     while the overlay is not mounted, else its mounted root (writing into the upper layer of a mounted
     overlay is undefined). The sandbox may edit them afterwards like any other file.
+
+    The tenant controls /etc there (a fork's disk holds whatever its source made of it): the paths are
+    resolved inside ``root`` (drivers/safepaths.py), so a symlinked /etc leads where it leads inside the
+    sandbox's tree, never to the host's files, and a symlink in a file's place is replaced, not followed.
+    An /etc that leads nowhere inside ``root`` refuses the boot (``TenantPathError``, naming it).
     """
-    etc = root / "etc"
-    etc.mkdir(mode=0o755, exist_ok=True)
     hosts = (
         "127.0.0.1\tlocalhost\n"
         "::1\tlocalhost ip6-localhost ip6-loopback\n"
@@ -225,11 +239,7 @@ def write_identity_files(root: Path, *, hostname: str, ip: str, resolv_conf: str
         "ff02::2\tip6-allrouters\n"
         f"{ip}\t{hostname}\n"
     )
-    for name, content in (("hostname", hostname + "\n"), ("hosts", hosts), ("resolv.conf", resolv_conf)):
-        path = etc / name
-        if path.is_symlink():
-            path.unlink()
-        tmp = etc / f".{name}.paddock"
-        tmp.write_text(content)
-        os.chmod(tmp, 0o644)
-        tmp.replace(path)
+    with Tree.open(root) as tree:
+        tree.makedirs("etc", 0o755)
+        for name, content in (("hostname", hostname + "\n"), ("hosts", hosts), ("resolv.conf", resolv_conf)):
+            tree.write_file(f"etc/{name}", content.encode(), 0o644)
