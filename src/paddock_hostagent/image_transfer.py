@@ -10,6 +10,13 @@ built it (docs/templates.md, "More than one host").
   — ``image.json`` written last, so a fetch that stops half-way leaves nothing bootable. Fetches of one
   image are serialized; one already here answers at once.
 
+The tree is a tenant's (a template it built), and the receiving agent is root: ``unpack`` writes each
+member through ``drivers/safepaths.py`` rather than with ``tar -x``. A member's name must lie under
+``rootfs/`` (no absolute name, no ``..``) and no member is written beneath a symlink; a hard link must
+name a member inside the image; symlinks are created as they are (they are followed only inside a
+sandbox, or inside the tree by root); device nodes are dropped (a sandbox's /dev is a tmpfs of the
+runtime's, and a node for a host disk in an image directory would be a way in for any local user).
+
 Only templates travel: catalog images are built by each host from the Debian archive.
 """
 
@@ -17,21 +24,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
+import os
 import secrets
 import shutil
-from collections.abc import AsyncIterator
+import stat
+import tarfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import httpx
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
+from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
 from paddock_hostagent.images import TEMPLATE_PREFIX, ImageStore, slug
 
 log = get_logger(__name__)
 
 CHUNK_BYTES = 1 << 20
+MAX_META_BYTES = 1 << 20  # image.json: a name, a config, sizes
 FETCH_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=60.0, pool=10.0)
 
 
@@ -91,18 +105,10 @@ class ImageFetcher:
             incoming = image_root / f"fetch-{secrets.token_hex(4)}.incoming"
             incoming.mkdir(parents=True)
             try:
-                await self._receive(name, source_url.rstrip("/"), authorization, incoming)
-                try:
-                    meta = json.loads((incoming / "image.json").read_text())
-                except (OSError, ValueError) as exc:
-                    raise errors.BadRequest(
-                        f"the image from {source_url} has no readable image.json"
-                    ) from exc
-                if (
-                    not isinstance(meta, dict)
-                    or meta.get("name") != name
-                    or not (incoming / "rootfs").is_dir()
-                ):
+                url = f"{source_url.rstrip('/')}/internal/v1/images/{name}"
+                await asyncio.to_thread(_receive, name, url, authorization, incoming)
+                meta = _read_meta(incoming, source_url)
+                if not isinstance(meta, dict) or meta.get("name") != name:
                     raise errors.BadRequest(f"{source_url} sent an image that is not {name}")
                 await asyncio.to_thread(self.images.install_template, name, incoming / "rootfs", meta)
             finally:
@@ -111,33 +117,149 @@ class ImageFetcher:
                     image_root.rmdir()  # a failed fetch leaves no empty image directory behind
         log.info("template_image_fetched", template_id=name, source=source_url)
 
-    async def _receive(self, name: str, source_url: str, authorization: str, dest: Path) -> None:
-        process = await asyncio.create_subprocess_exec(
-            "tar", "-C", str(dest), "--numeric-owner", "-xf", "-",
-            stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert process.stdin is not None
-        try:
-            async with (
-                httpx.AsyncClient(timeout=FETCH_TIMEOUT) as http,
-                http.stream(
-                    "GET", f"{source_url}/internal/v1/images/{name}", headers={"Authorization": authorization}
-                ) as response,
-            ):
-                if response.status_code != 200:
-                    body = (await response.aread()).decode(errors="replace")[:300]
-                    raise errors.BadRequest(f"{source_url} answered {response.status_code}: {body}")
-                async for chunk in response.aiter_bytes(CHUNK_BYTES):
-                    process.stdin.write(chunk)
-                    await process.stdin.drain()
-            process.stdin.close()
-            _, err = await process.communicate()
-            if process.returncode != 0:
-                raise errors.BadRequest(f"unpacking {name}: {err.decode(errors='replace').strip()[-300:]}")
-        except httpx.HTTPError as exc:
-            raise errors.BadRequest(f"fetching {name} from {source_url}: {exc}") from exc
-        finally:
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+
+def _read_meta(incoming: Path, source_url: str) -> Any:
+    """The unpacked ``image.json`` (a regular file: ``unpack`` makes nothing else of that name)."""
+    try:
+        rootfs = os.lstat(incoming / "rootfs")
+        with open(incoming / "image.json", "rb", opener=_no_follow) as meta:
+            raw = meta.read(MAX_META_BYTES + 1)
+        if len(raw) > MAX_META_BYTES or not stat.S_ISDIR(rootfs.st_mode):
+            raise ValueError("not an image directory")
+        return json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise errors.BadRequest(f"the image from {source_url} has no readable image.json and rootfs") from exc
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _receive(name: str, url: str, authorization: str, dest: Path) -> None:
+    """Streams the source's tar of the image into ``unpack`` (in a thread: the unpacking blocks)."""
+    try:
+        with (
+            httpx.Client(timeout=FETCH_TIMEOUT) as http,
+            http.stream("GET", url, headers={"Authorization": authorization}) as response,
+        ):
+            if response.status_code != 200:
+                body = response.read().decode(errors="replace")[:300]
+                raise errors.BadRequest(f"{url} answered {response.status_code}: {body}")
+            unpack(io.BufferedReader(_ChunkReader(response.iter_bytes(CHUNK_BYTES)), CHUNK_BYTES), dest)
+    except httpx.HTTPError as exc:
+        raise errors.BadRequest(f"fetching {name} from {url}: {exc}") from exc
+    except (tarfile.TarError, TenantPathError, UnpackError, OSError) as exc:
+        raise errors.BadRequest(f"unpacking {name} from {url}: {exc}") from exc
+
+
+class _ChunkReader(io.RawIOBase):
+    """A readable stream over an iterator of byte chunks (an HTTP body), for ``tarfile``."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._chunk = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._chunk:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._chunk = memoryview(chunk)
+        size = min(len(buffer), len(self._chunk))
+        buffer[:size] = self._chunk[:size]
+        self._chunk = self._chunk[size:]
+        return size
+
+
+class UnpackError(ValueError):
+    """A member the image's tar may not hold; the fetch is refused with its name."""
+
+
+def _member_path(name: str) -> str:
+    """The member's path inside the image directory: ``image.json`` or under ``rootfs``."""
+    parts = [part for part in name.split("/") if part and part != "."]
+    if name.startswith("/") or ".." in parts or not parts:
+        raise UnpackError(f"member {name!r} lies outside the image")
+    if parts[0] != "rootfs" and parts != ["image.json"]:
+        raise UnpackError(f"member {name!r} is neither image.json nor under rootfs/")
+    return "/".join(parts)
+
+
+def unpack(stream: IO[bytes], dest: Path) -> int:
+    """Unpacks an image's tar into the empty directory ``dest`` as ``tar -xp --numeric-owner`` would
+    (owners, modes with their set-id bits, times), writing every member through ``drivers/safepaths``
+    (module docstring); directories get their owner, mode and times last. Returns how many device
+    nodes were dropped."""
+    directories: list[tuple[str, tarfile.TarInfo]] = []
+    dropped = 0
+    with Tree.open(dest, follow_symlinks=False) as tree, tarfile.open(fileobj=stream, mode="r|") as archive:
+        for member in archive:
+            path = _member_path(member.name)
+            if path == "image.json" and not member.isreg():
+                raise UnpackError("image.json is not a regular file")
+            if path == "rootfs" and not member.isdir():
+                raise UnpackError("rootfs is not a directory")
+            if member.isdir():
+                with tree.parent(path) as (fd, leaf), contextlib.suppress(FileExistsError):
+                    os.mkdir(leaf, 0o700, dir_fd=fd)
+                directories.append((path, member))
+            elif member.isreg():
+                data = archive.extractfile(member)
+                assert data is not None
+                with tree.parent(path) as (fd, leaf):
+                    _clear(fd, leaf)
+                    out = os.open(
+                        leaf,
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o600,
+                        dir_fd=fd,
+                    )
+                    try:
+                        while chunk := data.read(CHUNK_BYTES):
+                            os.write(out, chunk)
+                        _own(out, member)
+                    finally:
+                        os.close(out)
+            elif member.issym():
+                with tree.parent(path) as (fd, leaf):
+                    _clear(fd, leaf)
+                    os.symlink(member.linkname, leaf, dir_fd=fd)
+                    os.chown(leaf, member.uid, member.gid, dir_fd=fd, follow_symlinks=False)
+                    os.utime(leaf, ns=_times(member), dir_fd=fd, follow_symlinks=False)
+            elif member.islnk():
+                target = _member_path(member.linkname)
+                with tree.parent(target) as (source_fd, source_leaf), tree.parent(path) as (fd, leaf):
+                    _clear(fd, leaf)
+                    os.link(source_leaf, leaf, src_dir_fd=source_fd, dst_dir_fd=fd, follow_symlinks=False)
+            elif member.isfifo():
+                with tree.parent(path) as (fd, leaf):
+                    _clear(fd, leaf)
+                    os.mkfifo(leaf, 0o600, dir_fd=fd)
+                    os.chown(leaf, member.uid, member.gid, dir_fd=fd, follow_symlinks=False)
+                    os.chmod(leaf, member.mode & 0o777, dir_fd=fd)  # a FIFO is not a symlink
+            else:  # character and block devices
+                dropped += 1
+        for path, member in reversed(directories):  # children before parents: their times stay
+            with tree.directory(path) as fd:
+                _own(fd, member)
+    return dropped
+
+
+def _clear(dir_fd: int, leaf: str) -> None:
+    """Makes room for a member given again (a later one replaces it, as with ``tar -x``)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(leaf, dir_fd=dir_fd)
+
+
+def _own(fd: int, member: tarfile.TarInfo) -> None:
+    os.fchown(fd, member.uid, member.gid)
+    os.fchmod(fd, member.mode & 0o7777)  # after the chown, which clears set-id bits
+    os.utime(fd, ns=_times(member))
+
+
+def _times(member: tarfile.TarInfo) -> tuple[int, int]:
+    mtime_ns = int(member.mtime * 1_000_000_000)
+    return mtime_ns, mtime_ns

@@ -8,19 +8,24 @@ untouched afterwards: its mode, its files and their contents."""
 
 from __future__ import annotations
 
+import http.server
 import io
+import json
 import os
 import secrets
 import stat
 import tarfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from paddock_hostagent import errors
 from paddock_hostagent.drivers import safepaths
 from paddock_hostagent.drivers.ocispec import write_identity_files
 from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
+from paddock_hostagent.image_transfer import ImageFetcher
 from paddock_hostagent.images import ImageStore
 
 PROBE_FILES = {"hostname": "the-host\n", "resolv.conf": "nameserver 192.0.2.53\n", "passwd": "root:x:0:0\n"}
@@ -165,3 +170,194 @@ def test_without_following_a_symlink_on_the_way_is_refused(tmp_path: Path, resol
             pass
         with pytest.raises(TenantPathError), tree.directory("link"):
             pass
+
+
+# -- a template fetched from another host (image_transfer.py): the tar is a tenant's tree ----------
+
+
+class ImageSource:
+    """A stand-in for the host that holds the template: answers ``GET /internal/v1/images/{id}`` with
+    the tar it is given, on 127.0.0.1."""
+
+    def __init__(self, tar_bytes: bytes) -> None:
+        body = tar_bytes
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-tar")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def image_tar(name: str, members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    """An image directory's tar as a host agent streams it: ``image.json`` and ``rootfs/…``."""
+    meta = json.dumps({"name": name, "source": "template"}).encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("image.json")
+        info.size = len(meta)
+        tar.addfile(info, io.BytesIO(meta))
+        for member, data in members:
+            member.size = len(data) if member.isreg() else 0
+            tar.addfile(member, io.BytesIO(data) if member.isreg() else None)
+    return buffer.getvalue()
+
+
+def member(
+    name: str, kind: bytes = tarfile.REGTYPE, *, link: str = "", mode: int = 0o644, **attrs: int
+) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    info.mode = mode
+    for key, value in attrs.items():
+        setattr(info, key, value)
+    return info
+
+
+async def fetch(tmp_path: Path, name: str, tar_bytes: bytes) -> tuple[ImageStore, Exception | None]:
+    store = ImageStore(tmp_path / "images")
+    source = ImageSource(tar_bytes)
+    try:
+        await ImageFetcher(store).fetch(name, source.url, "Bearer probe")
+    except errors.BadRequest as exc:
+        return store, exc
+    finally:
+        source.close()
+    return store, None
+
+
+def template_name() -> str:
+    return f"tpl_probe{secrets.token_hex(6)}"
+
+
+async def test_a_fetched_image_whose_rootfs_is_a_symlink_to_a_host_dir_is_refused(tmp_path: Path) -> None:
+    """The old ``tar -x`` made the symlink, the agent finished the host directory it pointed at as an
+    image (tmp/ 1777, root/, run/, etc/ inside it) and installed the symlink as the image's rootfs:
+    sandboxes of that template would have booted on the host's directory."""
+    host_dir = probe_dir(tmp_path / "host-dir")
+    name = template_name()
+    tar_bytes = image_tar(name, [(member("rootfs", tarfile.SYMTYPE, link=str(host_dir)), b"")])
+
+    store, refused = await fetch(tmp_path, name, tar_bytes)
+
+    assert isinstance(refused, errors.BadRequest) and "rootfs" in refused.message
+    assert not store.is_cached(name) and not (store.image_dir / name).exists()
+    assert_untouched(host_dir)
+
+
+async def test_a_fetched_image_brings_no_device_node_onto_the_host(tmp_path: Path) -> None:
+    """A block device node for a host disk, 0666, in the image directory would open that disk to any
+    user of the host who can reach the directory."""
+    name = template_name()
+    tar_bytes = image_tar(
+        name,
+        [
+            (member("rootfs", tarfile.DIRTYPE, mode=0o755), b""),
+            (member("rootfs/dev", tarfile.DIRTYPE, mode=0o755), b""),
+            (member("rootfs/dev/null", tarfile.CHRTYPE, mode=0o666, devmajor=1, devminor=3), b""),
+            (member("rootfs/root", tarfile.DIRTYPE, mode=0o700), b""),
+            (member("rootfs/root/disk", tarfile.BLKTYPE, mode=0o666, devmajor=7, devminor=0), b""),
+            (member("rootfs/etc", tarfile.DIRTYPE, mode=0o755), b""),
+            (member("rootfs/etc/os-release"), b"ID=probe\n"),
+        ],
+    )
+
+    store, refused = await fetch(tmp_path, name, tar_bytes)
+
+    assert refused is None and store.is_cached(name)
+    rootfs = store.rootfs_path(name)
+    nodes = [
+        path
+        for path in rootfs.rglob("*")
+        if stat.S_ISCHR(path.lstat().st_mode) or stat.S_ISBLK(path.lstat().st_mode)
+    ]
+    assert nodes == []
+    assert (rootfs / "etc" / "os-release").read_bytes() == b"ID=probe\n"
+
+
+async def test_a_fetched_image_keeps_owners_modes_and_links(tmp_path: Path) -> None:
+    """What a root filesystem needs survives the unpack: set-id bits, owners, symlinks (absolute ones
+    too: they lead inside the sandbox), hard links, times."""
+    name = template_name()
+    tool = b"#!/bin/sh\necho tool\n"
+    tar_bytes = image_tar(
+        name,
+        [
+            (member("rootfs", tarfile.DIRTYPE, mode=0o755), b""),
+            (member("rootfs/usr", tarfile.DIRTYPE, mode=0o755, mtime=1_600_000_000), b""),
+            (member("rootfs/usr/bin", tarfile.DIRTYPE, mode=0o755), b""),
+            (member("rootfs/usr/bin/su", mode=0o4755), tool),
+            (member("rootfs/usr/bin/su-again", tarfile.LNKTYPE, link="rootfs/usr/bin/su"), b""),
+            (member("rootfs/home", tarfile.DIRTYPE, mode=0o755), b""),
+            (member("rootfs/home/user", tarfile.DIRTYPE, mode=0o750, uid=1000, gid=1000), b""),
+            (
+                member("rootfs/home/user/notes", mode=0o600, uid=1000, gid=1000, mtime=1_500_000_000),
+                b"mine\n",
+            ),
+            (member("rootfs/bin", tarfile.SYMTYPE, link="/usr/bin"), b""),
+        ],
+    )
+
+    store, refused = await fetch(tmp_path, name, tar_bytes)
+
+    assert refused is None, refused
+    rootfs = store.rootfs_path(name)
+    su = (rootfs / "usr" / "bin" / "su").stat()
+    assert stat.S_IMODE(su.st_mode) == 0o4755 and su.st_nlink == 2
+    assert (rootfs / "usr" / "bin" / "su-again").read_bytes() == tool
+    notes = (rootfs / "home" / "user" / "notes").stat()
+    assert (notes.st_uid, notes.st_gid, stat.S_IMODE(notes.st_mode), notes.st_mtime) == (
+        1000,
+        1000,
+        0o600,
+        1.5e9,
+    )
+    home = (rootfs / "home" / "user").stat()
+    assert (home.st_uid, stat.S_IMODE(home.st_mode)) == (1000, 0o750)
+    assert (rootfs / "usr").stat().st_mtime == 1.6e9
+    assert os.readlink(rootfs / "bin") == "/usr/bin"
+    assert stat.S_IMODE((rootfs / "tmp").stat().st_mode) == 0o1777  # finished like any template
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        [(member("/rootfs/x"), b"x")],
+        [(member("rootfs/../../escaped"), b"x")],
+        [(member("elsewhere/x"), b"x")],
+        [
+            (member("rootfs", tarfile.DIRTYPE), b""),
+            (member("rootfs/l", tarfile.LNKTYPE, link="../outside"), b""),
+        ],
+        [
+            (member("rootfs", tarfile.DIRTYPE), b""),
+            (member("rootfs/etc", tarfile.SYMTYPE, link="/tmp"), b""),
+            (member("rootfs/etc/written-through"), b"x"),
+        ],
+    ],
+    ids=["absolute", "dot-dot", "outside-rootfs", "hard-link-out", "beneath-a-symlink"],
+)
+async def test_members_outside_the_image_are_refused(
+    tmp_path: Path, hostile: list[tuple[tarfile.TarInfo, bytes]]
+) -> None:
+    name = template_name()
+    store, refused = await fetch(tmp_path, name, image_tar(name, hostile))
+    assert isinstance(refused, errors.BadRequest), refused
+    assert not store.is_cached(name) and not (store.image_dir / name).exists()
+    assert not Path("/tmp/written-through").exists() and not (tmp_path / "escaped").exists()
