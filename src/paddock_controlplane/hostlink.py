@@ -56,6 +56,14 @@ class Booted:
 
 
 @dataclass(frozen=True)
+class Held:
+    """A sandbox as its host holds it now (``status``: running, paused or stopped)."""
+
+    status: str
+    ip: str
+
+
+@dataclass(frozen=True)
 class Usage:
     """A sandbox's bandwidth as its host counts it in the kernel."""
 
@@ -134,6 +142,10 @@ class HostLinkAPI(Protocol):
     ) -> Booted: ...
 
     async def destroy(self, sandbox_id: str) -> None: ...
+
+    async def inspect(self, sandbox_id: str) -> Held | None:
+        """The sandbox as the host holds it, ``None`` when the host has no such sandbox."""
+        ...
 
     async def pause(self, sandbox_id: str) -> None: ...
 
@@ -259,6 +271,14 @@ class HostLink(HostLinkAPI):
     async def destroy(self, sandbox_id: str) -> None:
         with contextlib.suppress(SandboxGoneError), _mapped():
             await self.client.destroy_sandbox(sandbox_id)
+
+    async def inspect(self, sandbox_id: str) -> Held | None:
+        try:
+            with _mapped():
+                view = await self.client.get_sandbox(sandbox_id)
+        except SandboxGoneError:
+            return None
+        return Held(status=view.status, ip=view.ip)
 
     async def pause(self, sandbox_id: str) -> None:
         with _mapped():

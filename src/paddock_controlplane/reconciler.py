@@ -194,39 +194,116 @@ IMAGE_FETCH_BOUND_S = 1800.0
 ORPHANED_BOOT_REASON = "the control plane handling this create stopped before the sandbox booted"
 
 
-async def orphaned_boots_pass(session: AsyncSession, services: Services) -> None:
-    """A create (``creating``) or a fork child (``forking``) whose control-plane process died before
-    the host answered stays there: the boot's outcome is only ever recorded by the process that asked.
-    A live process ends every boot within its deadline (``boot_timeout_s``; a template's image fetch
-    comes first and has its own bound), so a row older than that plus ``ORPHAN_AFTER_S`` has no one
-    left to record it. It ends ``failed`` with its reason, as a failed boot does (no ``sandbox.create``
-    event was written, nothing was billed), and whatever the host started is destroyed there. Two
-    control planes may both see it: the row lock and the status check let one of them do it.
+class OrphanedBoots:
+    """Reconciler pass: a create (``creating``) or a fork child (``forking``) whose control-plane
+    process died before the host answered stays there, since a boot's outcome is only ever recorded
+    by the process that asked. A live process ends every boot within its deadline (``boot_timeout_s``;
+    a template's image fetch comes first and has its own bound), so a row older than that plus
+    ``ORPHAN_AFTER_S`` (from its ``created_at``, so a control plane started since sees it too) has no
+    one left to record it. Its host is asked what became of it:
+
+    - it holds the sandbox running or paused (the host finished the boot after the asker died): the
+      sandbox is adopted in that status, as the boot would have recorded it (its address, its
+      memberships active, billing from now; a create's ``sandbox.create`` event, since a fork's child
+      had its ``sandbox.fork`` when it was answered), and its egress rules are sent again, since a PUT
+      during the boot was only stored;
+    - it does not hold it, or holds it stopped: it ends ``failed`` with :data:`ORPHANED_BOOT_REASON`, as
+      a failed boot does (no event, nothing billed; ``failed`` counts toward no concurrent cap), and
+      whatever the host still has of it is destroyed there;
+    - the host does not answer: the row is left for a later pass (a host that stays silent is marked
+      dead, and its sandboxes ``error``, by the liveness passes).
+
+    Two control planes may both ask: the outcome is recorded only while the row is still in the status
+    seen (``settle``), so one outcome and at most one event are written.
     """
-    now = services.clock()
-    deadline_s = services.settings.boot_timeout_s + ORPHAN_AFTER_S
-    rows = (
-        await session.scalars(
-            select(Sandbox)
-            .where(Sandbox.status.in_((SandboxStatus.CREATING, SandboxStatus.FORKING)))
-            .with_for_update(skip_locked=True)
-        )
-    ).all()
-    for sandbox in rows:
-        bound_s = deadline_s
-        if sandbox.status == SandboxStatus.CREATING and sandbox.rootfs.startswith("tpl_"):
-            bound_s += IMAGE_FETCH_BOUND_S
-        if (now - as_utc(sandbox.created_at)).total_seconds() < bound_s:
-            continue
-        sandbox.status, sandbox.status_reason = SandboxStatus.FAILED, ORPHANED_BOOT_REASON
-        await networks.drop_memberships(session, sandbox.id)
-        await disks.drop_attachments(session, sandbox.id)
-        log.warning("orphaned_boot_failed", sandbox_id=sandbox.id, host_id=sandbox.host_id)
-        if sandbox.host_id:
-            services.tasks.spawn(
-                destruction.forget_on_host(services, sandbox.host_id, sandbox.id),
-                name=f"forget orphaned boot {sandbox.id}",
+
+    def __init__(self) -> None:
+        self.asking: set[str] = set()
+
+    async def __call__(self, session: AsyncSession, services: Services) -> None:
+        now = services.clock()
+        deadline_s = services.settings.boot_timeout_s + ORPHAN_AFTER_S
+        rows = (
+            await session.scalars(
+                select(Sandbox).where(Sandbox.status.in_((SandboxStatus.CREATING, SandboxStatus.FORKING)))
             )
+        ).all()
+        for sandbox in rows:
+            bound_s = deadline_s
+            if sandbox.status == SandboxStatus.CREATING and sandbox.rootfs.startswith("tpl_"):
+                bound_s += IMAGE_FETCH_BOUND_S
+            if (now - as_utc(sandbox.created_at)).total_seconds() < bound_s or sandbox.id in self.asking:
+                continue
+            self.asking.add(sandbox.id)
+            services.tasks.spawn(
+                self._settle(services, sandbox.id, sandbox.status, sandbox.host_id),
+                name=f"orphaned {sandbox.status} {sandbox.id}",
+            )
+
+    async def _settle(self, services: Services, sandbox_id: str, status: str, host_id: str | None) -> None:
+        try:
+            held = await self._ask(services, sandbox_id, host_id)
+            if held is not None and held.status in ("running", "paused"):
+                await self._adopt(services, sandbox_id, status, held)
+            else:
+                await self._fail(services, sandbox_id, status, host_id)
+        except hostlink.HostError as exc:  # asked again on a later pass
+            log.warning("orphaned_boot_unanswered", sandbox_id=sandbox_id, host_id=host_id, error=str(exc))
+        except Exception as exc:
+            log.error("orphaned_boot_failed_to_settle", sandbox_id=sandbox_id, exc_info=exc)
+        finally:
+            self.asking.discard(sandbox_id)
+
+    @staticmethod
+    async def _ask(services: Services, sandbox_id: str, host_id: str | None) -> hostlink.Held | None:
+        if host_id is None:
+            return None
+        return await (await hostlink.for_host(services, host_id)).inspect(sandbox_id)
+
+    @staticmethod
+    async def _adopt(services: Services, sandbox_id: str, status: str, held: hostlink.Held) -> None:
+        async def booted(session: AsyncSession, row: Sandbox, _: None) -> None:
+            now = services.clock()
+            row.ip = held.ip
+            networks.activate_all(row)
+            if held.status == "paused":
+                row.status, row.paused_at = SandboxStatus.PAUSED, now
+            else:
+                row.status, row.running_at = SandboxStatus.RUNNING, now
+                row.billed_until, row.last_activity_at = now, now
+            if status == SandboxStatus.CREATING:
+                await webhooks.emit(
+                    session, user_id=row.user_id, action="sandbox.create", data=event_data(row)
+                )
+
+        outcome = await settle(services, sandbox_id, _nothing, expect=(status,), on_success=booted)
+        if not outcome.recorded or outcome.row is None:
+            return
+        row = outcome.row
+        log.warning("orphaned_boot_adopted", sandbox_id=sandbox_id, host_id=row.host_id, status=row.status)
+        if row.egress and row.host_id:
+            try:
+                await (await hostlink.for_host(services, row.host_id)).set_egress(row.id, list(row.egress))
+            except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
+                log.warning("egress_resend_failed", sandbox_id=row.id, error=str(exc))
+
+    @staticmethod
+    async def _fail(services: Services, sandbox_id: str, status: str, host_id: str | None) -> None:
+        async def failed(session: AsyncSession, row: Sandbox, _: None) -> None:
+            row.status, row.status_reason = SandboxStatus.FAILED, ORPHANED_BOOT_REASON
+            await networks.drop_memberships(session, sandbox_id)
+            await disks.drop_attachments(session, sandbox_id)
+
+        outcome = await settle(services, sandbox_id, _nothing, expect=(status,), on_success=failed)
+        if not outcome.recorded:
+            return
+        log.warning("orphaned_boot_failed", sandbox_id=sandbox_id, host_id=host_id)
+        if host_id:
+            await destruction.forget_on_host(services, host_id, sandbox_id)
+
+
+async def _nothing() -> None:
+    """The host call of an outcome already learnt (``settle`` records it in its second transaction)."""
 
 
 #: Every pass, in the order a round runs them.
@@ -238,7 +315,7 @@ PASSES: list[Pass] = [
     destruction.settle_stuck,
     disks.settle_pending,
     OrphanedTransitions(),
-    orphaned_boots_pass,
+    OrphanedBoots(),
 ]
 
 

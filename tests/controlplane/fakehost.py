@@ -57,6 +57,8 @@ class FakeHostLink(FakeProcesses):
         self.failing_buckets: dict[str, str] = {}
         self.mount_delay_s = 0.0
         self.builds: dict[str, BuildView] = {}
+        # What the host holds, as ``inspect`` answers: booted by create or fork, gone with destroy.
+        self.held: dict[str, hostlink.Held] = {}
 
     def _joins(self, sandbox_id: str, networks: Sequence[NetworkAttachBody]) -> None:
         """A create or fork joins its networks during the boot; the real host fails the boot (and undoes
@@ -73,7 +75,12 @@ class FakeHostLink(FakeProcesses):
         await asyncio.sleep(self.boot_delay_s)
         if self.fail_boot:
             raise hostlink.HostError("runtime exploded")
-        return hostlink.Booted(ip=next(self.ips), spawn_ms=1.0)
+        return self._booted(sandbox.id, start_paused)
+
+    def _booted(self, sandbox_id: str, start_paused: bool) -> hostlink.Booted:
+        ip = next(self.ips)
+        self.held[sandbox_id] = hostlink.Held(status="paused" if start_paused else "running", ip=ip)
+        return hostlink.Booted(ip=ip, spawn_ms=1.0)
 
     async def fork(
         self,
@@ -86,10 +93,15 @@ class FakeHostLink(FakeProcesses):
         self.calls.append(("fork", child.id))
         self._joins(child.id, networks)
         await asyncio.sleep(self.boot_delay_s)
-        return hostlink.Booted(ip=next(self.ips), spawn_ms=1.0)
+        return self._booted(child.id, start_paused)
 
     async def destroy(self, sandbox_id: str) -> None:
         self.calls.append(("destroy", sandbox_id))
+        self.held.pop(sandbox_id, None)
+
+    async def inspect(self, sandbox_id: str) -> hostlink.Held | None:
+        self.calls.append(("inspect", sandbox_id))
+        return self.held.get(sandbox_id)
 
     async def pause(self, sandbox_id: str) -> None:
         self.calls.append(("pause", sandbox_id))
