@@ -16,11 +16,16 @@ the agent caps all its sandboxes together at ``total_mib`` (``SandboxRuntime.cap
 pressure the kernel reclaims, then kills inside the sandboxes, never the agent or the host
 (docs/performance.md).
 
-Disk free is the host filesystem's free space less ``disk_reserved_mib`` less what the sandboxes'
-sparse disks may still take (each one's size less the blocks its image holds now), with the same
-model for ``PADDOCK_HOST_DISK_OVERCOMMIT`` (1 by default). There is no kernel cap behind a disk
-overcommit: a host whose filesystem fills fails the writes of every sandbox (ENOSPC, or the sandbox's
-filesystem turning read-only), so it is for hosts whose sandboxes are known to write little.
+Disk free is what the disk store can really still take (``diskwatch.Room``: the smaller of the host
+filesystem's and the store's own free space, less the dirty data on its way to them) less
+``disk_reserved_mib`` less what the sandboxes' sparse disks are still expected to grow into, with the
+same model for ``PADDOCK_HOST_DISK_OVERCOMMIT``. Disks are thin-provisioned by default (ratio 20: a
+default 10 GiB disk counts as 512 MiB of real room, where an idle sandbox's disk holds a few MiB), so
+a host with ~70 GiB free holds some 130 default sandboxes instead of 7. What backs the promise is the
+watermark (``diskwatch.py``): when real free space falls below the low watermark the agent freezes
+the sandboxes that are growing their disks until it is back above the high one, and while it holds
+any, no create, fork or disk growth is admitted. A sandbox that fills its own disk gets ENOSPC inside
+it, its own filesystem being the size it was promised.
 
 A refusal is ``InsufficientCapacity`` (507) whose message starts ``"<N> MiB requested, <M> MiB free"``
 and says which of these ran out.
@@ -119,6 +124,9 @@ class DiskView:
     reserved_mib: int
     promises: list[Promise]
     overcommit: float = 1.0
+    # Sandboxes the low watermark holds now (``diskwatch.py``) and the free space that releases them.
+    held: int = 0
+    release_mib: int = 0
 
     @property
     def unused_mib(self) -> int:
@@ -135,6 +143,12 @@ class DiskView:
         return max(int((self.fs_free_mib - self.reserved_mib - self.unused_mib) * self.overcommit), 0)
 
     def admit(self, requested_mib: int) -> None:
+        if self.held:
+            raise errors.InsufficientCapacity(
+                f"{requested_mib} MiB requested, 0 MiB free (disk: the host's disk store is low, "
+                f"{self.fs_free_mib} MiB free; the writes of {self.held} sandboxes are held until it has "
+                f"{self.release_mib} MiB free)"
+            )
         if requested_mib <= self.free_mib:
             return
         why = (

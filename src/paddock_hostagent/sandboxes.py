@@ -20,7 +20,8 @@ from typing import Any
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.builds import BuildManager
-from paddock_hostagent.capacity import MIB, DiskView, MemoryView, Promise, available_memory_mib
+from paddock_hostagent.capacity import DiskView, MemoryView, Promise, available_memory_mib
+from paddock_hostagent.diskwatch import DiskWatch
 from paddock_hostagent.drivers.base import (
     CapacityError,
     DriverError,
@@ -130,6 +131,16 @@ class SandboxManager:
         self._unsaved: set[str] = set()  # records that pause/resume changed, saved by _save_unsaved
         self._save_timer: asyncio.TimerHandle | None = None
         self.builds: BuildManager | None = None  # template builds; set by the app when buildah is there
+        # The disk store's watermarks: holds the sandboxes filling a host that runs low (diskwatch.py).
+        self.diskwatch = DiskWatch(
+            runtime,
+            lambda: [entry.record for entry in list(self._entries.values())],
+            store_dir=settings.state_dir / "disks",
+            holds_path=settings.state_dir / "disk-holds.json",
+            low_mib=settings.disk_low_watermark_mib,
+            high_mib=settings.disk_high_watermark_mib,
+            interval_s=settings.disk_watch_interval_s,
+        )
 
     # -- start-up and shutdown ------------------------------------------------------------------
 
@@ -142,6 +153,9 @@ class SandboxManager:
             entry = _Entry(record)
             self._entries[record.id] = entry
             state = states.get(record.id, RuntimeState.STOPPED)
+            on_hold = record.state == RuntimeState.RUNNING and record.id in self.diskwatch.held
+            if state == RuntimeState.PAUSED and on_hold:  # frozen by the disk's watermark, not its user
+                state = RuntimeState.RUNNING
             if state != RuntimeState.STOPPED:
                 # The runtime's probe is the truth (the freezer, the VM's marker): a pause or resume
                 # answered just before a crash may not have reached the record (``_save_soon``).
@@ -165,10 +179,12 @@ class SandboxManager:
         if self.disks is not None:
             await self.disks.prune({record.id for record in records})
         self._watcher = asyncio.create_task(self._watch_guests(), name="guest-watcher")
+        self.diskwatch.start()
 
     async def close(self) -> None:
         if self._save_timer is not None:
             self._save_timer.cancel()  # every record is saved just below
+        await self.diskwatch.close()
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -244,15 +260,20 @@ class SandboxManager:
         )
 
     def disk_view(self) -> DiskView | None:
-        free_bytes = self.runtime.disk_free_bytes()
-        if free_bytes is None:
+        room = self.diskwatch.measure()
+        if room is None:
             return None
         promises = [
             Promise(entry.record.disk_mib, entry.disk_used_bytes) for entry in list(self._entries.values())
         ]
         promises += [Promise(disk_mib, 0) for _, disk_mib in self._pending.values()]
         return DiskView(
-            free_bytes // MIB, self.settings.disk_reserved_mib, promises, self.settings.disk_overcommit
+            room.free_mib,
+            self.settings.disk_reserved_mib,
+            promises,
+            self.settings.disk_overcommit,
+            held=len(self.diskwatch.held),
+            release_mib=self.settings.disk_high_watermark_mib,
         )
 
     def info(self) -> HostInfo:
@@ -269,6 +290,7 @@ class SandboxManager:
             runtime=self.runtime_label,
             warm_slots=self.runtime.warm_slots(),
             parked_slots=self.runtime.parked_slots(),
+            disk_held=sorted(self.diskwatch.held),
         )
 
     def _entry(self, sandbox_id: str) -> _Entry:

@@ -190,6 +190,7 @@ class HostInfo(BaseModel):
     runtime: str
     warm_slots: int = 0  # prepared slots waiting in the pool
     parked_slots: int = 0  # of those, slots with a sandbox of the pool image booted in them
+    disk_held: list[str] = Field(default_factory=list)  # sandboxes the disk's low watermark holds
 
 
 # -- template builds (``builds.py``) ------------------------------------------------------------------

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from paddock_core.settings import DEFAULT_DATA_DIR, ServiceSettings
@@ -97,9 +97,15 @@ class HostAgentSettings(ServiceSettings):
     # Host disk (under state_dir) kept free: sandboxes' sparse disks are admitted only within the rest.
     disk_reserved_mib: int = Field(default=4096, ge=0)
     # Disk overcommit for admission: sparse disk sizes may add up to this many times the room above
-    # (an idle sandbox's disk holds a few MiB). Nothing caps their real use: a full host filesystem
-    # fails every sandbox's writes (capacity.py).
-    disk_overcommit: float = Field(default=1.0, ge=1.0, le=256.0)
+    # (an idle sandbox's disk holds a few MiB). 20: a default 10 GiB disk counts as 512 MiB of real
+    # room, so ~70 GiB free holds some 130 default sandboxes (capacity.py, docs/capacity.md).
+    disk_overcommit: float = Field(default=20.0, ge=1.0, le=256.0)
+    # The watermarks behind it (diskwatch.py): below LOW MiB of real free space in the disk store
+    # (less dirty data on its way there) the sandboxes growing their disks are frozen until it is back
+    # above HIGH; meanwhile creates, forks and disk growth answer 507. Checked every interval.
+    disk_low_watermark_mib: int = Field(default=2048, ge=0)
+    disk_high_watermark_mib: int = Field(default=3072, ge=0)
+    disk_watch_interval_s: float = Field(default=0.25, gt=0, le=60)
     # Tasks one sandbox may hold (its pids.max), and all this agent's sandboxes together; 0 means the
     # kernel's limit (pid_max or threads-max) less a quarter kept for the host.
     sandbox_pids_max: int = Field(default=4096, ge=16)
@@ -116,6 +122,12 @@ class HostAgentSettings(ServiceSettings):
     # How often running sandboxes' guest agents are asked for self-signals (pause/delete requests).
     guest_poll_interval_s: float = 1.0
     default_cwd: str = "/root"
+
+    @model_validator(mode="after")
+    def _watermarks_in_order(self) -> HostAgentSettings:
+        if self.disk_high_watermark_mib <= self.disk_low_watermark_mib:
+            raise ValueError("disk_high_watermark_mib must be above disk_low_watermark_mib")
+        return self
 
     @field_validator("subnet")
     @classmethod

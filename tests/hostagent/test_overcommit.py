@@ -1,6 +1,10 @@
 """Memory overcommit: a host offers more than its memory for placement, and all its sandboxes together
 stay capped at that memory, so a sandbox that really uses what was overcommitted is what the kernel
-kills — reported as that sandbox's OOM kill — while the agent and the other sandboxes go on."""
+kills — reported as that sandbox's OOM kill — while the agent and the other sandboxes go on.
+
+Disk overcommit: sparse disks are thin-provisioned by default, so a hundred sandboxes with the default
+10 GiB disk run at once on the dev box (~70 GiB free), where promising each disk in full stopped at 7;
+what backs it is the watermark (tests/hostagent/test_disk_fill.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import pytest
 from paddock_hostagent.capacity import MIB, DiskView, MemoryView, Promise
 from paddock_hostagent.client import HostAgentError
 from paddock_hostagent.errors import InsufficientCapacity
+from paddock_hostagent.settings import HostAgentSettings
 from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sh
 
 pytestmark = pytest.mark.root
@@ -63,6 +68,34 @@ def test_disk_overcommit_admits_sparse_disks_by_the_ratio_and_refuses_by_real_us
     assert "overcommitted 32×" in str(refused.value)
 
 
+def test_the_default_disk_overcommit_fits_a_hundred_default_sandboxes_on_this_host() -> None:
+    # The dev box: ~70 GiB free. Promising every 10 GiB disk in full refused the eighth sandbox; thin
+    # provisioning by default counts each as 512 MiB of real room, so the hundredth fits.
+    defaults = HostAgentSettings()
+    assert defaults.disk_overcommit == 20
+    idle_disks = [Promise(10240, 20 * MIB) for _ in range(99)]
+    DiskView(70_000, defaults.disk_reserved_mib, idle_disks, defaults.disk_overcommit).admit(10240)
+    with pytest.raises(InsufficientCapacity):
+        DiskView(70_000, defaults.disk_reserved_mib, idle_disks[:7]).admit(10240)
+    # Real use still stops it: 99 disks really holding 700 MiB each leave 700 MiB, less than the reserve.
+    busy = [Promise(10240, 700 * MIB) for _ in range(99)]
+    with pytest.raises(InsufficientCapacity) as refused:
+        DiskView(70_000 - 99 * 700, defaults.disk_reserved_mib, busy, defaults.disk_overcommit).admit(10240)
+    assert str(refused.value).startswith(
+        "10240 MiB requested, 0 MiB free (disk: the host's filesystem has 700"
+    )
+
+
+def test_a_host_whose_writers_are_held_admits_no_disk_and_says_why() -> None:
+    view = DiskView(400, 256, [Promise(10240, 0)], 20, held=2, release_mib=3072)
+    with pytest.raises(InsufficientCapacity) as refused:
+        view.admit(512)
+    assert str(refused.value) == (
+        "512 MiB requested, 0 MiB free (disk: the host's disk store is low, 400 MiB free; the writes of 2 "
+        "sandboxes are held until it has 3072 MiB free)"
+    )
+
+
 async def test_overcommitted_host_admits_past_its_memory_and_kills_inside_the_cap(make_agent: Any) -> None:
     agent: AgentProcess = make_agent(
         pool_size=1, extra_env={"PADDOCK_HOST_MEMORY_OVERCOMMIT": "4", "PADDOCK_HOST_TOTAL_MIB": "384"}
@@ -87,3 +120,4 @@ async def test_overcommitted_host_admits_past_its_memory_and_kills_inside_the_ca
             assert (await host.info()).id == info.id  # the agent itself was not touched
         finally:
             await tracker.destroy_all()
+

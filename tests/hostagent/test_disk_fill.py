@@ -1,0 +1,161 @@
+"""Full disks: a sandbox that fills its own disk gets ENOSPC inside it and its neighbours go on writing;
+a host whose disk store runs low holds the sandboxes filling it (the low watermark, ``diskwatch.py``)
+before its filesystem fills, refuses creates saying why, and lets them go on when room comes back.
+
+The watermark test runs its agent on a 4 GiB ext4 made for the test (a loop-mounted file, as the
+host's own filesystem is ext4), so the agent's disk store is an XFS inside a file on it, as on the
+host, and the test fills that small filesystem instead of the host's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from paddock_hostagent.client import HostAgentError
+from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sh, teardown_agent
+
+pytestmark = pytest.mark.root
+
+MIB = 1 << 20
+
+
+def free_mib(path: Path) -> int:
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize // MIB
+
+
+async def test_a_sandbox_that_fills_its_disk_gets_enospc_and_its_neighbour_keeps_writing(
+    sandboxes: Sandboxes, host: Any
+) -> None:
+    small = await sandboxes.create(disk_mib=512)
+    neighbour = await sandboxes.create()
+    fill = asyncio.create_task(
+        sh(host, small["id"], "dd if=/dev/zero of=/fill bs=1M count=1024 conv=fsync 2>&1; echo rc=$?")
+    )
+    # The neighbour writes and syncs 256 MiB, with a checksum, while the other fills its disk.
+    write = asyncio.create_task(
+        sh(
+            host,
+            neighbour["id"],
+            "head -c 268435456 /dev/urandom > /data && sync /data && md5sum /data | cut -c1-32",
+        )
+    )
+    filled, written = await asyncio.gather(fill, write)
+    assert "No space left on device" in filled["stdout"] and "rc=1" in filled["stdout"], filled
+    assert written["exit_code"] == 0, written
+    reread = await sh(host, neighbour["id"], "echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; md5sum /data")
+    assert reread["stdout"][:32] == written["stdout"].strip(), reread
+    # The full disk is still a working filesystem: room freed inside it can be written again.
+    again = await sh(host, small["id"], "rm /fill && echo kept > /after && sync && cat /after")
+    assert again["exit_code"] == 0 and again["stdout"] == "kept\n", again
+    assert (await run(host, neighbour["id"], "echo", "alive"))["stdout"] == "alive\n"
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A 4 GiB ext4 (no root reserve) on a loop device, mounted for the test; gone afterwards."""
+    image = Path(f"/tmp/pdkfs-{secrets.token_hex(3)}.img")
+    mount_dir = Path(f"/tmp/pdkfs-{secrets.token_hex(3)}")
+    with open(image, "wb") as handle:
+        handle.truncate(4096 * MIB)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
+    mount_dir.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount_dir)], check=True)
+    try:
+        yield mount_dir
+    finally:
+        for _ in range(50):
+            if subprocess.run(["umount", str(mount_dir)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        with contextlib.suppress(OSError):
+            mount_dir.rmdir()
+        image.unlink(missing_ok=True)
+        assert not os.path.ismount(mount_dir), f"{mount_dir} is still mounted"
+
+
+async def wait_for(condition: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await condition()
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@pytest.mark.slow
+async def test_a_host_running_low_holds_the_sandbox_filling_it_and_releases_it_with_room(
+    small_filesystem: Path, debian_image: Path, guest_binary_dir: Path
+) -> None:
+    agent = AgentProcess(
+        state_dir=small_filesystem / "state",
+        guest_dir=guest_binary_dir,
+        pool_size=1,
+        extra_env={
+            "PADDOCK_HOST_DISK_RESERVED_MIB": "256",
+            "PADDOCK_HOST_DISK_LOW_WATERMARK_MIB": "512",
+            "PADDOCK_HOST_DISK_HIGH_WATERMARK_MIB": "768",
+        },
+    )
+    try:
+        agent.start()
+        async with agent.client() as host:
+            tracker = Sandboxes(host, agent)
+            try:
+                writer = await tracker.create(mem_mib=256)
+                other = await tracker.create(mem_mib=256)
+                # Something else on the host takes all but 1,400 MiB; the sandbox then writes 1,400 MiB,
+                # more than is left once the filesystems' own overhead is counted.
+                ballast = small_filesystem / "ballast"
+                ballast_mib = free_mib(small_filesystem) - 1400
+                assert ballast_mib >= 1024, free_mib(small_filesystem)
+                subprocess.run(["fallocate", "-l", f"{ballast_mib}M", str(ballast)], check=True)
+                lowest = [free_mib(small_filesystem)]
+                write = asyncio.create_task(
+                    sh(host, writer["id"], "dd if=/dev/zero of=/big bs=1M count=1400 conv=fsync 2>&1")
+                )
+
+                async def held() -> list[str]:
+                    lowest.append(free_mib(small_filesystem))
+                    return list((await host.info()).disk_held)
+
+                assert await wait_for(held, 120, "the writer to be held") == [writer["id"]]
+                assert not write.done(), write.result() if write.done() else None
+                # While it is held: no create, saying why; the other sandbox runs commands.
+                with pytest.raises(HostAgentError) as refused:
+                    await tracker.create(mem_mib=256)
+                assert refused.value.status == 507, refused.value
+                assert "disk store is low" in str(refused.value), refused.value
+                assert "held until it has 768 MiB free" in str(refused.value), refused.value
+                assert (await run(host, other["id"], "echo", "alive"))["stdout"] == "alive\n"
+                await asyncio.sleep(2)  # it stays held, and the host filesystem never fills
+                lowest.append(free_mib(small_filesystem))
+                assert (await host.info()).disk_held == [writer["id"]]
+                assert (await host.get_sandbox(writer["id"])).status == "running"
+                assert min(lowest) >= 128, lowest
+                # Room comes back: the writer goes on, and its file is whole.
+                ballast.unlink()
+                done = await asyncio.wait_for(write, 120)
+                assert "1468006400 bytes" in done["stdout"], done
+                assert (await host.info()).disk_held == []
+                size = await sh(host, writer["id"], "stat -c %s /big && rm /big && sync && echo ok")
+                assert size["stdout"] == "1468006400\nok\n", size
+                created = await tracker.create(mem_mib=256)
+                assert (await run(host, created["id"], "echo", "alive"))["stdout"] == "alive\n"
+                log = agent.log_path.read_text()
+                assert '"disk_low_hold"' in log and '"disk_low_release"' in log
+            finally:
+                await tracker.destroy_all()
+    finally:
+        teardown_agent(agent)
