@@ -13,20 +13,35 @@ import io
 import json
 import os
 import secrets
+import shutil
 import stat
+import subprocess
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from paddock_hostagent import errors
+from paddock_hostagent.client import HostAgentError
 from paddock_hostagent.drivers import safepaths
 from paddock_hostagent.drivers.ocispec import write_identity_files
 from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
 from paddock_hostagent.image_transfer import ImageFetcher
 from paddock_hostagent.images import ImageStore
+from paddock_hostagent.schemas import ForkBody
+from tests.hostagent.conftest import (
+    AgentProcess,
+    Sandboxes,
+    debian_image,
+    guest_binary_dir,
+    image_cache,
+    sh,
+    teardown_agent,
+)
+
+__all__ = ["debian_image", "guest_binary_dir"]  # session fixtures, shared with tests/hostagent
 
 PROBE_FILES = {"hostname": "the-host\n", "resolv.conf": "nameserver 192.0.2.53\n", "passwd": "root:x:0:0\n"}
 
@@ -361,3 +376,86 @@ async def test_members_outside_the_image_are_refused(
     assert isinstance(refused, errors.BadRequest), refused
     assert not store.is_cached(name) and not (store.image_dir / name).exists()
     assert not Path("/tmp/written-through").exists() and not (tmp_path / "escaped").exists()
+
+
+# -- live: a sandbox booted from such an image, and a fork of a sandbox that made /etc a symlink ------
+
+
+@pytest.fixture(scope="module")
+def tenant_agent(debian_image: Path, guest_binary_dir: Path) -> Iterator[AgentProcess]:
+    agent = AgentProcess(
+        state_dir=Path(f"/tmp/pdkt-{secrets.token_hex(3)}"), guest_dir=guest_binary_dir, pool_size=1
+    )
+    agent.start()
+    try:
+        yield agent
+    finally:
+        teardown_agent(agent)
+
+
+@pytest.fixture
+async def boxes(tenant_agent: AgentProcess) -> AsyncIterator[Sandboxes]:
+    async with tenant_agent.client() as host:
+        tracker = Sandboxes(host, tenant_agent)
+        try:
+            yield tracker
+        finally:
+            await tracker.destroy_all()
+
+
+@pytest.fixture
+def host_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    return probe_dir(tmp_path / "host-tmp"), probe_dir(tmp_path / "host-etc")
+
+
+@pytest.fixture
+def tenant_template(debian_image: Path, host_dirs: tuple[Path, Path]) -> Iterator[str]:
+    """A template (as a tenant's build leaves it) of debian:13 whose /tmp and /etc are symlinks to the
+    probe's host directories, installed as the builder installs one."""
+    host_tmp, host_etc = host_dirs
+    store = ImageStore(image_cache())
+    name = template_name()
+    tree = store.image_dir / name / "rootfs.incoming"
+    tree.parent.mkdir()
+    try:
+        subprocess.run(["cp", "-al", str(debian_image), str(tree)], check=True)  # hard links: instant
+        shutil.rmtree(tree / "tmp")
+        (tree / "tmp").symlink_to(host_tmp)
+        os.rename(tree / "etc", tree.parent / "etc.moved")  # the links stay apart, removed below
+        (tree / "etc").symlink_to(host_etc)
+        store.install_template(name, tree, {"name": name, "source": "probe"})
+        yield name
+    finally:
+        shutil.rmtree(store.image_dir / name, ignore_errors=True)
+
+
+@pytest.mark.root
+async def test_a_sandbox_of_an_image_with_symlinked_tmp_and_etc_leaves_the_host_dirs_alone(
+    tenant_template: str, host_dirs: tuple[Path, Path], boxes: Sandboxes
+) -> None:
+    # (the template's fixture first: its image is removed after the sandboxes that boot from it)
+    created = await boxes.create(rootfs=tenant_template, name="probe-box")
+    out = await sh(
+        boxes.host, created["id"], "cat /etc/hostname; stat -c %a /tmp; echo x > /tmp/t && echo ok"
+    )
+    assert out["stdout"] == "probe-box\n1777\nok\n", out
+    for directory in host_dirs:
+        assert_untouched(directory)
+
+
+@pytest.mark.root
+async def test_a_fork_of_a_sandbox_whose_etc_is_a_symlink_to_a_host_dir_writes_nothing_there(
+    boxes: Sandboxes, host_dirs: tuple[Path, Path]
+) -> None:
+    """The tenant replaces its /etc with a symlink to an absolute path; its disk's upper layer then
+    holds that symlink, and the fork's boot writes /etc/hostname, hosts and resolv.conf into that layer."""
+    _, host_etc = host_dirs
+    source = await boxes.create(name="source-box")
+    out = await sh(boxes.host, source["id"], f"rm -rf /etc && ln -s {host_etc} /etc && sync && echo done")
+    assert out["stdout"] == "done\n", out
+    fork_id = f"{source['id']}-fork"
+    boxes.track(fork_id)
+    with pytest.raises(HostAgentError, match="/etc"):
+        await boxes.host.fork_sandbox(source["id"], ForkBody(new_id=fork_id, name="fork-box"))
+    assert_untouched(host_etc)
+    assert (await sh(boxes.host, source["id"], "echo alive"))["stdout"] == "alive\n"  # the source runs on

@@ -157,7 +157,7 @@ class Tree:
             fd = os.open(root, _DIR_FLAGS | os.O_NOFOLLOW)
             return cls(root, fd, follow_symlinks=follow_symlinks)
         except OSError as exc:
-            raise TenantPathError(f"{root} is not a directory: {exc.strerror}") from exc
+            raise TenantPathError(f"the root of the tree is not a directory: {exc.strerror}") from exc
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -173,7 +173,8 @@ class Tree:
         self.close()
 
     def _refuse(self, path: str, exc: OSError) -> TenantPathError:
-        return TenantPathError(f"/{path.lstrip('/')} in {self.root}: {exc.strerror}")
+        """Names the path as the tenant sees it, not where its tree lies on the host."""
+        return TenantPathError(f"/{path.lstrip('/')} in the sandbox's or image's tree: {exc.strerror}")
 
     @contextlib.contextmanager
     def directory(self, path: str) -> Iterator[int]:
