@@ -24,6 +24,7 @@ from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import make_engine, make_sessionmaker
 from tests.conftest import LiveServer
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, controlplane
+from tests.security import fakeagent_support
 from tests.security.fakeagent_support import FakeAgent
 
 __all__ = ["controlplane"]
@@ -222,3 +223,19 @@ async def test_resume_the_host_has_no_room_for_is_503_and_stays_paused(controlpl
         resumed = await r.api.post(f"/v1/sandboxes/{sid}/resume")
         assert resumed.status_code == 200 and resumed.json()["data"]["status"] == "running"
         assert await r.events("sandbox.resume") == 1
+
+
+async def test_a_host_holding_its_disk_writers_refuses_with_503_naming_the_disk(
+    controlplane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent's words when its disk store's low watermark holds sandboxes (capacity.DiskView).
+    held = (
+        "10240 MiB requested, 0 MiB free (disk: the host's disk store is low, 1800 MiB free; the writes "
+        "of 2 sandboxes are held until it has 3072 MiB free)"
+    )
+    monkeypatch.setattr(fakeagent_support, "FULL", {"error": "insufficient_capacity", "message": held})
+    agent = FakeAgent("host-a", refuse={"create"})
+    async with rig(controlplane, agent) as r:
+        resp = await r.api.post("/v1/sandboxes", json={"shape": SHAPE})
+        assert_no_capacity(resp, "host-a", "disk store is low", "held until it has 3072 MiB free")
+        assert await r.rows() == 0 and await r.events("sandbox.create") == 0
