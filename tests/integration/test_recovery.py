@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import signal
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from tests.hostagent.conftest import TOKEN
 from tests.integration.test_sandboxes import User
 from tests.live import LivePlatform, start_platform
 
@@ -104,4 +107,41 @@ def test_a_silent_host_goes_dead_its_sandboxes_error_and_come_back_with_it(
     user.wait_status(sandbox["id"], "running", timeout_s=20)
     assert user.run(sandbox["id"], "true")["exit_code"] == 0
     assert [host["status"] for host in user.http.get("/v1/hosts").json()["data"]["data"]] == ["active"]
+    user.close()
+
+
+@pytest.mark.parametrize("own_platform", [{"PADDOCK_CP_BOOT_TIMEOUT_S": "2"}], indirect=True)
+def test_creates_a_killed_control_plane_left_unrecorded_are_settled_by_the_next(
+    own_platform: LivePlatform,
+) -> None:
+    """A control plane SIGKILLed between a create's two transactions leaves the row ``creating`` with
+    nothing of the boot recorded. The one started next asks the host once the boot deadline (2 s here)
+    plus 20 s has passed: the sandbox the host booted is adopted and works; the one it does not hold
+    ends ``failed`` saying why."""
+    user = User(own_platform)
+    booted, lost = user.create(), user.create()
+    key = user.http.headers["X-API-Key"]
+    user.http.close()
+    controlplane, agent = own_platform.controlplane, own_platform.agents[0]
+    controlplane.stop(signal.SIGKILL)
+    with sqlite3.connect(controlplane.database_url.split("///", 1)[1]) as db:
+        db.executemany(
+            "UPDATE sandboxes SET status = 'creating', ip = NULL, running_at = NULL, billed_until = NULL "
+            "WHERE id = ?",
+            [(booted["id"],), (lost["id"],)],
+        )
+    gone = httpx.delete(
+        f"{agent.url}/internal/v1/sandboxes/{lost['id']}", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert gone.status_code == 200, gone.text  # the host never finished this one
+    controlplane.start()
+
+    user.http = own_platform.http(key)
+    adopted = user.wait_status(booted["id"], "running", timeout_s=60)
+    assert adopted["ip"] == booted["ip"]
+    assert user.run(booted["id"], "echo", "adopted")["stdout"] == "adopted\n"
+    failed = user.wait_status(lost["id"], "failed", timeout_s=30)
+    assert (
+        failed["status_reason"] == "the control plane handling this create stopped before the sandbox booted"
+    )
     user.close()
