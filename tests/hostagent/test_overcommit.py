@@ -8,6 +8,7 @@ what backs it is the watermark (tests/hostagent/test_disk_fill.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -121,3 +122,32 @@ async def test_overcommitted_host_admits_past_its_memory_and_kills_inside_the_ca
         finally:
             await tracker.destroy_all()
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+async def test_a_hundred_sandboxes_with_the_default_disk_run_at_once(make_agent: Any) -> None:
+    # The agent's own disk defaults (overcommit, reserve, watermarks); 10 GiB disks as the API's default.
+    agent: AgentProcess = make_agent(pool_size=2, extra_env={"PADDOCK_HOST_POOL_DISK_MIB": "10240"})
+    agent.start()
+    async with agent.client() as host:
+        tracker = Sandboxes(host, agent)
+        try:
+            made = []
+            for _ in range(100):  # one after another, as a burst of users would get them placed
+                made.append(await tracker.create(mem_mib=128, disk_mib=10240))
+            views = {view.id: view for view in await host.list_sandboxes()}
+            assert len(views) == 100
+            assert all(views[sandbox["id"]].status == "running" for sandbox in made)
+            assert {views[sandbox["id"]].disk_mib for sandbox in made} == {10240}
+
+            async def echo(sandbox_id: str) -> str:
+                return str((await run(host, sandbox_id, "echo", sandbox_id))["stdout"])
+
+            answers: list[str] = []
+            for start in range(0, 100, 20):
+                batch = [sandbox["id"] for sandbox in made[start : start + 20]]
+                answers += await asyncio.gather(*map(echo, batch))
+            assert answers == [f"{sandbox['id']}\n" for sandbox in made]
+            assert (await host.info()).disk_held == []
+        finally:
+            await tracker.destroy_all()
