@@ -56,15 +56,17 @@ async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
             out_of_memory = kills > (sandbox.oom_kills or 0)
             if out_of_memory:
                 sandbox.oom_kills = kills
-            if report is None or report.get("status") == "stopped":
+            if report is None or report.get("status") in ("stopped", "error"):
                 if sandbox.status == SandboxStatus.RUNNING:
                     await billing.settle(session, sandbox, services.clock())
                 sandbox.status = SandboxStatus.ERROR
                 # On gVisor the memory limit's OOM kill takes the whole sandbox (docs/isolation.md).
+                # "error": the host holds it but cannot run it (restarted on another tier), and says why.
                 sandbox.status_reason = (
                     "sandbox ran out of memory and was stopped on its host"
                     if out_of_memory
-                    else "sandbox stopped unexpectedly on its host"
+                    else str((report or {}).get("status_reason") or "")[:300]
+                    or "sandbox stopped unexpectedly on its host"
                 )
                 continue
             seen = report.get("last_activity_at")

@@ -32,6 +32,7 @@ from paddock_hostagent import errors
 from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.channelserver import ChannelEndpoint
 from paddock_hostagent.drivers import storage
+from paddock_hostagent.drivers.base import SandboxRuntime
 from paddock_hostagent.drivers.bridges import BridgeNetworks
 from paddock_hostagent.drivers.buildah import Buildah
 from paddock_hostagent.drivers.dns import Upstream
@@ -88,6 +89,8 @@ def _oci_runtime(
     guest_binary: Path,
     network: NetworkManager,
     images: ImageStore,
+    *,
+    pool_size: int | None = None,
 ) -> OciRuntime:
     """The container and gVisor tiers: crun, runc or runsc under the OCI driver."""
 
@@ -105,7 +108,7 @@ def _oci_runtime(
             guest_binary=guest_binary,
             network=network,
             filesystem=storage.choose_filesystem(settings.disk_fs),
-            pool_size=settings.pool_size,
+            pool_size=settings.pool_size if pool_size is None else pool_size,
             pool_disk_mib=settings.pool_disk_mib,
             boot_timeout_s=settings.boot_timeout_s,
             runtime_root=settings.runtime_root,
@@ -134,19 +137,26 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
     guest_binary = await asyncio.to_thread(ensure_agent_binary, settings.state_dir / "guest")
     images = ImageStore.from_settings(settings)
     runtime: OciRuntime | QemuRuntime
-    if facts.runtime == "qemu":  # the VM tier (docs/isolation-vm.md)
-        runtime = QemuRuntime(
-            QemuOptions(
-                state_dir=settings.state_dir,
-                guest_binary=guest_binary,
-                network=network,
-                boot_timeout_s=max(settings.boot_timeout_s, settings.vm_boot_timeout_s),
-                runtime_root=settings.runtime_root,
-                accel=settings.vm_accel,
-            )
+    vm = QemuRuntime(
+        QemuOptions(
+            state_dir=settings.state_dir,
+            guest_binary=guest_binary,
+            network=network,
+            boot_timeout_s=max(settings.boot_timeout_s, settings.vm_boot_timeout_s),
+            runtime_root=settings.runtime_root,
+            accel=settings.vm_accel,
         )
+    )
+    # The driver of the other tier stops and destroys the sandboxes it made before the host switched
+    # (docs/isolation.md); it never starts one. The OCI one serves runsc's and crun's records alike.
+    retired: dict[str, SandboxRuntime]
+    if facts.runtime == "qemu":  # the VM tier (docs/isolation-vm.md)
+        runtime = vm
+        oci = _oci_runtime(settings, "runc", "", guest_binary, network, images, pool_size=0)
+        retired = {oci.name: oci}
     else:
         runtime = _oci_runtime(settings, facts.runtime, facts.runsc_platform, guest_binary, network, images)
+        retired = {vm.name: vm}
     bridges = BridgeNetworks(runtime.layout_tag, settings.nft_table, settings.private_network_pool)
     await asyncio.to_thread(bridges.setup_host)
     manager = SandboxManager(
@@ -157,6 +167,7 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
         bridges=bridges,
         egress=egress,
         disks=_disk_mounter(settings),
+        retired=retired,
     )
     manager.runtime_label = facts.runtime
     if Buildah.available():  # templates need buildah (scripts/setup-host.sh installs it)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from paddock_hostagent.guest import (
     GuestIsDirectoryError,
     GuestParentNotFoundError,
 )
+from paddock_hostagent.host import ISOLATION
 from paddock_hostagent.images import ImageError, ImageStore, UnknownImageError
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.schemas import (
@@ -113,8 +114,13 @@ class SandboxManager:
         bridges: BridgeNetworks | None = None,
         egress: EgressService | None = None,
         disks: S3Mounter | None = None,
+        retired: Mapping[str, SandboxRuntime] | None = None,
     ) -> None:
         self.settings = settings
+        # The other drivers, by name: what a record of one of them (made before the host switched tier)
+        # is stopped and destroyed with. Such a sandbox is held apart in ``_stopped`` with its reason.
+        self.retired = dict(retired or {})
+        self._stopped: dict[str, tuple[_Entry, str]] = {}
         self.disks = disks
         self.bridges = bridges
         self.egress = egress
@@ -148,7 +154,9 @@ class SandboxManager:
         records = self.records.load_all()
         # All sandboxes together stay within the budget whatever the overcommit (capacity.py).
         self.runtime.cap_memory(self.total_mib)
-        states = await self.runtime.start(records)
+        await self._stop_other_tiers(records)
+        states = await self.runtime.start(records)  # all: a driver keeps the others' addresses
+        records = [record for record in records if record.id not in self._stopped]
         for record in records:
             entry = _Entry(record)
             self._entries[record.id] = entry
@@ -171,15 +179,45 @@ class SandboxManager:
                 await self._restore_networks(record)
                 await self._restore_disks(record)
         if self.bridges is not None:
-            keep = {str(m["bridge"]) for record in records for m in record.networks}
+            held = records + [entry.record for entry, _ in self._stopped.values()]
+            keep = {str(m["bridge"]) for record in held for m in record.networks}
             for bridge in await asyncio.to_thread(self.bridges.prune, keep):
                 log.info("removed_orphan_bridge", bridge=bridge)
         if self.egress is not None:
             await self.egress.start([a for a in map(self._attachment, records) if a is not None])
         if self.disks is not None:
-            await self.disks.prune({record.id for record in records})
+            await self.disks.prune({record.id for record in records} | set(self._stopped))
         self._watcher = asyncio.create_task(self._watch_guests(), name="guest-watcher")
         self.diskwatch.start()
+
+    async def _stop_other_tiers(self, records: list[SandboxRecord]) -> None:
+        """Sandboxes recorded by another driver than this agent's (the host was restarted on another
+        tier: a VM among containers, or the reverse) cannot be served: each is stopped by its own
+        driver and held, reported ``error`` with the reason, until it is destroyed. Whatever goes
+        wrong with one, the agent starts."""
+        here = f"the {ISOLATION.get(self.runtime_label, self.runtime_label)} tier ({self.runtime_label})"
+        others = [record for record in records if record.driver != self.runtime.name]
+        for driver_name in sorted({record.driver for record in others}):
+            driver = self.retired.get(driver_name)
+            theirs = [record for record in others if record.driver == driver_name]
+            try:
+                if driver is None:
+                    raise DriverError(f"this agent has no {driver_name} driver")
+                await driver.retire(theirs)
+                outcome = "stopped"
+            except Exception as exc:  # the agent starts whatever one old sandbox does
+                log.error("retiring_sandboxes_failed", driver=driver_name, error=repr(exc))
+                outcome = f"could not be stopped ({exc})"
+            for record in theirs:
+                runtime = str(record.driver_state.get("runtime") or record.driver)
+                tier = f"the {ISOLATION.get(runtime, runtime)} tier ({runtime})"
+                reason = (
+                    f"sandbox ran on {tier}; its host now runs {here}, so it {outcome}: destroy it, or"
+                    f" restart the host on {tier} to keep its disk"
+                )
+                record.state = RuntimeState.STOPPED
+                self._stopped[record.id] = (_Entry(record), reason)
+                log.warning("sandbox_of_another_tier", sandbox_id=record.id, tier=runtime, outcome=outcome)
 
     async def close(self) -> None:
         if self._save_timer is not None:
@@ -195,6 +233,8 @@ class SandboxManager:
         if self.builds is not None:  # before the network and egress they borrow go
             await self.builds.close()
         await self.runtime.close()
+        for driver in self.retired.values():  # what they opened to stop or destroy (the disk store)
+            await driver.close()
         if self.egress is not None:
             await self.egress.close()
 
@@ -225,15 +265,42 @@ class SandboxManager:
             disks=[_disk_view(S3Mount.from_json(d)) for d in record.disks],
         )
 
+    def _stopped_view(self, entry: _Entry, reason: str) -> SandboxView:
+        """A sandbox of another tier's driver, stopped at start (``_stop_other_tiers``)."""
+        record = entry.record
+        return SandboxView(
+            id=record.id,
+            name=record.name,
+            rootfs=record.image,
+            status="error",
+            status_reason=reason,
+            ip=record.ip,
+            vcpu=record.vcpu,
+            mem_mib=record.mem_mib,
+            cpu_quota_pct=record.cpu_quota_pct,
+            disk_mib=record.disk_mib,
+            created_at=record.created_at,
+            last_activity_at=record.last_activity_at,
+            oom_kills=0,
+            forked_from=record.forked_from,
+            networks=[NetworkAttachment(**_public(m)) for m in record.networks],
+            disks=[_disk_view(S3Mount.from_json(d)) for d in record.disks],
+        )
+
     def get(self, sandbox_id: str) -> SandboxView:
+        stopped = self._stopped.get(sandbox_id)
+        if stopped is not None:
+            return self._stopped_view(*stopped)
         return self.view(self._entry(sandbox_id))
 
     def uses_image(self, image: str) -> bool:
         """Whether a sandbox here boots from ``image`` (its overlay's lower layer must stay)."""
-        return any(entry.record.image == image for entry in self._entries.values())
+        held = [*self._entries.values(), *(entry for entry, _ in self._stopped.values())]
+        return any(entry.record.image == image for entry in held)
 
     def views(self) -> list[SandboxView]:
-        return [self.view(entry) for entry in list(self._entries.values())]
+        views = [self.view(entry) for entry in list(self._entries.values())]
+        return views + [self._stopped_view(*stopped) for stopped in list(self._stopped.values())]
 
     @property
     def schedulable_mib(self) -> int:
@@ -296,6 +363,9 @@ class SandboxManager:
     def _entry(self, sandbox_id: str) -> _Entry:
         entry = self._entries.get(sandbox_id)
         if entry is None:
+            stopped = self._stopped.get(sandbox_id)
+            if stopped is not None:
+                raise errors.InvalidState(f"sandbox {sandbox_id} cannot run here: {stopped[1]}")
             raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found on this host")
         return entry
 
@@ -470,6 +540,9 @@ class SandboxManager:
         born = self._born.get(sandbox_id)
         if born is not None:
             await born.wait()  # a destroy that overtakes its create waits for it, then undoes it
+        if sandbox_id in self._stopped:
+            await self._destroy_stopped(sandbox_id)
+            return
         entry = self._entries.get(sandbox_id)
         if entry is None:
             return  # idempotent: already gone
@@ -491,6 +564,30 @@ class SandboxManager:
         if self.builds is not None:  # a deleted template's image goes with its last sandbox
             await self.builds.collect()
         log.info("sandbox_destroyed", sandbox_id=sandbox_id)
+
+    async def _destroy_stopped(self, sandbox_id: str) -> None:
+        """Destroys a sandbox of another tier's driver with that driver."""
+        entry, _ = self._stopped[sandbox_id]
+        record = entry.record
+        async with entry.lock:
+            if sandbox_id not in self._stopped:
+                return
+            await self._leave_all_networks(record)
+            driver = self.retired.get(record.driver)
+            if driver is None:
+                raise errors.SandboxFailed(
+                    f"this agent has no {record.driver} driver to destroy {sandbox_id}"
+                )
+            with _driver_errors():
+                await driver.destroy(record)
+            if self.egress is not None:
+                with _driver_errors():
+                    await self.egress.detach(sandbox_id, driver.host_interface(record))
+            if self.disks is not None:
+                await self.disks.release(sandbox_id, [S3Mount.from_json(d) for d in record.disks])
+            self.records.delete(sandbox_id)
+            del self._stopped[sandbox_id]
+        log.info("sandbox_destroyed", sandbox_id=sandbox_id, driver=record.driver)
 
     # -- private networks (drivers/bridges.py) --------------------------------------------------
 
@@ -773,10 +870,12 @@ class SandboxManager:
                 "oom_kills": view.oom_kills,
                 "last_activity_at": view.last_activity_at,
             }
+            if view.status_reason is not None:
+                report["status_reason"] = view.status_reason
             if view.self_request is not None:
                 report["self_request"] = view.self_request
             usage = self._usage.get(view.id)
-            if usage is not None:
+            if usage is not None and view.id in self._entries:
                 report["egress_bytes"] = usage.egress_bytes
                 report["ingress_bytes"] = usage.ingress_bytes
                 report["capped"] = usage.capped

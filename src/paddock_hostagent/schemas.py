@@ -16,7 +16,9 @@ from pydantic import BaseModel, Field
 SANDBOX_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 SANDBOX_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
-SandboxStatus = Literal["running", "paused", "stopped"]
+#: ``error``: a sandbox this agent holds but cannot run (it was made under another tier's driver, and
+#: stopped when the agent started on this one); ``status_reason`` says why.
+SandboxStatus = Literal["running", "paused", "stopped", "error"]
 
 
 class NetworkAttachBody(BaseModel):
@@ -79,6 +81,7 @@ class SandboxView(BaseModel):
     name: str
     rootfs: str
     status: SandboxStatus
+    status_reason: str | None = None
     ip: str
     vcpu: int
     mem_mib: int

@@ -191,6 +191,12 @@ class SandboxRuntime(ABC):
         """Boots a new sandbox from a copy of ``source``'s disk; the source keeps its state. Returns
         as ``create`` does."""
 
+    async def retire(self, records: list[SandboxRecord]) -> None:
+        """For a host agent that now runs another driver: stops each of ``records`` (this driver's
+        sandboxes from before; their disks, networks and records stay until ``destroy``) and removes
+        what belongs to none of them (warm slots). The default has nothing to stop."""
+        return None
+
     @abstractmethod
     async def pause(self, record: SandboxRecord) -> None:
         """Freezes every process; memory and disk are kept."""

@@ -209,20 +209,39 @@ class OciRuntime(SandboxRuntime):
     # -- lifecycle of the driver ----------------------------------------------------------------
 
     async def start(self, records: list[SandboxRecord]) -> dict[str, RuntimeState]:
-        states = {record.id: self.probe(record) for record in records if record.driver == self.name}
-        owned = {_Handle.of(record).slot.id for record in records if record.driver == self.name}
+        mine = [record for record in records if record.driver == self.name]
+        states = {record.id: self.probe(record) for record in mine}
+        owned = await self._reclaim(mine)
+        # Sandboxes of another driver (a host switched from the VM tier) keep their addresses until
+        # they are destroyed: a new sandbox must not take one.
+        addresses = self.options.network.addresses.owners()
+        owned |= {
+            addresses[record.ip]
+            for record in records
+            if record.driver != self.name and record.ip in addresses
+        }
+        self.options.network.addresses.retain_owners(owned)
+        self.pool.start()
+        return states
+
+    async def retire(self, records: list[SandboxRecord]) -> None:
+        mine = [record for record in records if record.driver == self.name]
+        for record in mine:
+            await self._stop_container(_Handle.of(record))
+        await self._reclaim(mine)
+
+    async def _reclaim(self, mine: list[SandboxRecord]) -> set[str]:
+        """Removes the slots (warm, parked or half-made) and loop devices no record of ``mine`` owns;
+        returns the ids of the slots that are owned."""
+        owned = {_Handle.of(record).slot.id for record in mine}
         for slot in self.factory.load_all():
             if slot.id not in owned:
                 log.info("reclaiming_orphan_slot", slot=slot.id, parked=slot.parked is not None)
                 await self.discard(slot)
-        self.options.network.addresses.retain_owners(owned)
-        kept = {
-            str(_Handle.of(record).slot.disk.image_path) for record in records if record.driver == self.name
-        }
+        kept = {str(_Handle.of(record).slot.disk.image_path) for record in mine}
         for device in await storage.detach_stray_loops(self.factory.slots_dir, kept):
             log.info("detached_stray_loop", device=device)
-        self.pool.start()
-        return states
+        return owned
 
     async def close(self) -> None:
         await self.pool.close()

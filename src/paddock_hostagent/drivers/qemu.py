@@ -201,13 +201,27 @@ class QemuRuntime(SandboxRuntime):
             if states[record.id] != RuntimeState.STOPPED:
                 with contextlib.suppress(Exception):
                     await self._open_channel(record.id, _Handle.of(record))
+        await self._reclaim(mine)
+        return states
+
+    async def retire(self, records: list[SandboxRecord]) -> None:
+        mine = [record for record in records if record.driver == self.name]
+        for record in mine:
+            handle = _Handle.of(record)
+            if processes.is_same_process(handle.pid, handle.ticks):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(handle.pid, signal.SIGKILL)
+                await processes.wait_gone(handle.pid, handle.ticks, timeout_s=10)
+        await self._reclaim(mine)
+
+    async def _reclaim(self, mine: list[SandboxRecord]) -> None:
+        """Removes the VM slots no record of ``mine`` owns (a QEMU still running in one is killed)."""
         owned = {_Handle.of(record).slot for record in mine}
         slots_dir = self.vm_dir / "slots"
         for leftover in sorted(slots_dir.iterdir()) if slots_dir.is_dir() else []:
             if leftover.name not in owned:
                 log.info("reclaiming_orphan_vm_slot", slot=leftover.name)
                 await self._remove_slot(leftover.name)
-        return states
 
     async def close(self) -> None:
         for channel in list(self._channels.values()):
