@@ -105,8 +105,17 @@ PARKED_SHAPE_MEM_MIB = 256
 
 
 GVISOR_SOCKET_DIR = "guest"  # under the slot's directory, bound at ocispec.GUEST_SOCKET_DIR
+GVISOR_TMP_DIR = "tmp"  # on the sandbox's disk beside the overlay's layers, bound at /tmp under runsc
 RUNSC_SYNC_TIMEOUT_S = 10.0
 RUNSC_TCP_WMEM = {"ipv4/tcp_wmem": f"4096 {16 << 20} {32 << 20}"}
+
+
+def gvisor_tmp_dir(slot: Slot) -> Path:
+    """A gVisor sandbox's /tmp: a directory on its own disk (so a fork's copy and a restart keep it,
+    as the overlay's /tmp on the container tier), outside the overlay's layers, made by the agent. It
+    is the root of a bind mount inside, which the sandbox cannot replace with a symlink, so the runtime
+    (root on the host) follows no path the sandbox wrote."""
+    return slot.disk.mount_dir / GVISOR_TMP_DIR
 
 
 def guest_socket_path(slot: Slot, runtime: str) -> Path:
@@ -389,6 +398,8 @@ class OciRuntime(SandboxRuntime):
         # A fork's disk already holds the binary; a disk from an older agent may hold another one.
         if not storage.guest_is_current(slot.disk, self.options.guest_binary):
             await asyncio.to_thread(storage.install_guest, slot.disk, self.options.guest_binary)
+        if handle.runtime == "runsc":
+            await asyncio.to_thread(_make_tmp_dir, gvisor_tmp_dir(slot))
         if not bundled:
             self._write_bundle(spec, handle)
         phases.mark("bundle")
@@ -467,6 +478,7 @@ class OciRuntime(SandboxRuntime):
             netns_path=slot.network.netns_path,
             guest_binary=slot.disk.guest_binary,  # where install_guest puts it, or the source did
             guest_socket_dir=slot.dir / GVISOR_SOCKET_DIR if handle.runtime == "runsc" else None,
+            tmp_dir=gvisor_tmp_dir(slot) if handle.runtime == "runsc" else None,
             pids_limit=self.sandbox_pids_max,
             disk_device=_device_numbers(slot.disk.loop_device),
             io=self.options.io,
@@ -648,6 +660,12 @@ class OciRuntime(SandboxRuntime):
             self.factory.slots_dir if self.factory.slots_dir.exists() else self.options.state_dir
         )
         return stats.f_bavail * stats.f_frsize
+
+
+def _make_tmp_dir(path: Path) -> None:
+    """``path`` as a directory with /tmp's mode (1777); a fork's copied disk already has it."""
+    path.mkdir(exist_ok=True)
+    os.chmod(path, 0o1777)
 
 
 def _image_key(rootfs: Path) -> str:

@@ -435,7 +435,11 @@ static void op_start(struct client *c, struct cursor *cur) {
         reset_signals();
         setsid();
         if (is_pty) {
-            int slave = open(slave_path, O_RDWR); /* the session's first terminal: its controlling tty */
+            /* O_NOCTTY, then TIOCSCTTY: the terminal becomes the session's controlling tty by the ioctl
+             * alone. Without O_NOCTTY the open already makes it so, and gVisor (unlike Linux) then fails
+             * the ioctl with EINVAL ("already has a controlling terminal"): every PTY process failed to
+             * start there with "Invalid argument". */
+            int slave = open(slave_path, O_RDWR | O_NOCTTY);
             if (slave < 0 || ioctl(slave, TIOCSCTTY, 0) < 0) stage = 1;
             if (!stage && (dup2(slave, 0) < 0 || dup2(slave, 1) < 0 || dup2(slave, 2) < 0)) stage = 1;
             if (slave > 2) close(slave);
