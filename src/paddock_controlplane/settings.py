@@ -85,6 +85,9 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     #: What a build's RUN steps may use (cgroup limits set by buildah through the OCI runtime).
     template_build_vcpu: int = 2
     template_build_mem_mib: int = 2048
+    #: The size of each account's builder filesystem on a host (its images and layer cache): what a
+    #: RUN step sees as its disk; writing past it fails with "No space left on device".
+    template_build_disk_mib: int = Field(default=10240, ge=1024)
     #: The egress allowlist of RUN steps, in the sandbox rule syntax (empty: open, as a new sandbox's).
     template_build_egress: list[str] = Field(default_factory=list)
     #: Run the webhook delivery worker in this process (API-only processes may turn it off).

@@ -14,12 +14,22 @@ again once the lease lapses (a new attempt). Each attempt:
 
 A template deleted while it builds is noticed at the next poll: the host cancels the attempt (its
 RUN step is killed) and drops what it made.
+
+Never a state the host does not have: an attempt the worker gives up on (the host stopped answering
+past the time limit, a start or poll that failed) is cancelled on the host before it is recorded
+failed; a cancel that fails is retried, the template staying ``building`` (its lease renewed) until the
+host confirms.
+
+The log of one attempt is capped as it is recorded (``LogCap``): its first ``LOG_HEAD_LINES`` lines
+(``LOG_HEAD_BYTES``) as they come, then only the last ``LOG_TAIL_LINES`` (``LOG_TAIL_BYTES``), written
+when the attempt ends after a line saying how many were cut. Log rows go with the template.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import datetime as dt
 import time
@@ -34,7 +44,7 @@ from paddock_controlplane.services import Services
 from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
-from paddock_hostagent.schemas import BuildBody, BuildView
+from paddock_hostagent.schemas import BuildBody, BuildLine, BuildView
 
 log = get_logger("paddock.template_builds")
 
@@ -44,6 +54,64 @@ IDLE_POLL_S = 1.0
 #: The host enforces the attempt's time limit; the worker gives up this much later on its own (a host
 #: that stopped answering).
 GRACE_S = 60.0
+#: A cancel the host did not confirm is tried again after this long, doubling up to the maximum.
+CANCEL_RETRY_S = 1.0
+CANCEL_RETRY_MAX_S = 30.0
+#: Per attempt, what the database keeps of a build's log (lines are cut to MAX_LINE_CHARS first).
+LOG_HEAD_LINES = 2000
+LOG_HEAD_BYTES = 1024 * 1024
+LOG_TAIL_LINES = 1000
+LOG_TAIL_BYTES = 512 * 1024
+MAX_LINE_CHARS = 8192
+
+
+class LogCap:
+    """One attempt's log on its way to the database: the head is written as it comes, the tail is held
+    here (bounded) and written at the end with a line saying what was cut between them."""
+
+    def __init__(self) -> None:
+        self.head_lines = 0
+        self.head_bytes = 0
+        self.tail: collections.deque[tuple[float, str, str]] = collections.deque()
+        self.tail_bytes = 0
+        self.cut_lines = 0
+        self.cut_bytes = 0
+
+    def take(self, ts: float, level: str, line: str) -> bool:
+        """True: write this line now (the head); False: it is held in the tail (or cut)."""
+        line = line[:MAX_LINE_CHARS]
+        size = len(line.encode())
+        if not self.tail and self.head_lines < LOG_HEAD_LINES and self.head_bytes + size <= LOG_HEAD_BYTES:
+            self.head_lines += 1
+            self.head_bytes += size
+            return True
+        self.tail.append((ts, level, line))
+        self.tail_bytes += size
+        while len(self.tail) > LOG_TAIL_LINES or self.tail_bytes > LOG_TAIL_BYTES:
+            _, _, gone = self.tail.popleft()
+            size = len(gone.encode())
+            self.tail_bytes -= size
+            self.cut_lines += 1
+            self.cut_bytes += size
+        return False
+
+    def drain(self) -> list[tuple[float, str, str]]:
+        """What is left to write at the end: the cut note, then the tail."""
+        out: list[tuple[float, str, str]] = []
+        if self.cut_lines:
+            out.append(
+                (
+                    time.time(),
+                    "warn",
+                    f"[log cut: {self.cut_lines} lines ({self.cut_bytes} bytes) between the first "
+                    f"{self.head_lines} and the last {len(self.tail)} were not kept]",
+                )
+            )
+        out.extend(self.tail)
+        self.tail.clear()
+        self.tail_bytes = 0
+        self.cut_lines = self.cut_bytes = 0
+        return out
 
 
 class _Deleted(Exception):
@@ -136,8 +204,13 @@ class TemplateBuilder:
                 except _Deleted:
                     await self._cancel(template_id, host_id)
                     return
-                except (hostlink.HostError, hostlink.SandboxGoneError, errors.PaddockError) as exc:
+                except hostlink.SandboxGoneError as exc:  # the host no longer has the attempt
                     view = None
+                    await self._say(template_id, attempt, f"the build host lost the build: {exc}", "error")
+                except (hostlink.HostError, errors.PaddockError) as exc:
+                    # It may still run there: cancelled first, so failed is what the host has too.
+                    view = None
+                    await self._cancel(template_id, host_id)
                     await self._say(template_id, attempt, f"the build host failed: {exc}", "error")
                 if view is not None and view.status == "ready":
                     await self._finish(template_id, attempt, host_id, view)
@@ -209,27 +282,45 @@ class TemplateBuilder:
                 mem_mib=settings.template_build_mem_mib,
                 egress=list(settings.template_build_egress),
                 context_b64=context,
+                owner=template.user_id,
+                disk_mib=settings.template_build_disk_mib,
             )
         )
         deadline = time.monotonic() + settings.template_build_timeout_s + GRACE_S
+        cap = LogCap()
         after = 0
-        while True:
-            view = await link.get_build(template_id, after=after)
-            after = view.next
-            done = view.status != "building"
-            if not await self._record(template_id, attempt, view):
-                raise _Deleted
-            if done:
-                return view
-            if time.monotonic() > deadline:
-                await self._cancel(template_id, host_id)
-                return view.model_copy(
-                    update={"status": "failed", "error": "the build host stopped reporting", "lines": []}
-                )
-            await asyncio.sleep(POLL_S)
+        try:
+            while True:
+                try:
+                    view = await link.get_build(template_id, after=after)
+                except hostlink.HostError as exc:
+                    # One poll that failed (a slow or restarting host): the build goes on there.
+                    if time.monotonic() > deadline:
+                        raise
+                    log.warning("template_build_poll_failed", template_id=template_id, error=str(exc))
+                    if not await self._record(template_id, attempt, [], cap):
+                        raise _Deleted from None
+                    await asyncio.sleep(POLL_S)
+                    continue
+                after = view.next
+                done = view.status != "building"
+                if not await self._record(template_id, attempt, view.lines, cap):
+                    raise _Deleted
+                if done:
+                    return view
+                if time.monotonic() > deadline:
+                    await self._cancel(template_id, host_id)
+                    return view.model_copy(
+                        update={"status": "failed", "error": "the build host stopped reporting", "lines": []}
+                    )
+                await asyncio.sleep(POLL_S)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._write_tail(template_id, attempt, cap)
 
-    async def _record(self, template_id: str, attempt: int, view: BuildView) -> bool:
-        """Appends the new lines and renews the lease; False once the template is deleted."""
+    async def _record(self, template_id: str, attempt: int, lines: list[BuildLine], cap: LogCap) -> bool:
+        """Appends the new lines (the head of the attempt's log; the rest waits in ``cap``) and renews
+        the lease; False once the template is deleted."""
         async with transaction(self.services.sessions) as session:
             template = await session.get(Template, template_id, with_for_update=True)
             if template is None or template.deleted_at is not None:
@@ -241,14 +332,38 @@ class TemplateBuilder:
                     attempt=attempt,
                     ts=dt.datetime.fromtimestamp(line.ts, dt.UTC),
                     level=line.level,
-                    line=line.line[:8192],
+                    line=line.line[:MAX_LINE_CHARS],
                 )
-                for line in view.lines
+                for line in lines
+                if cap.take(line.ts, line.level, line.line)
             )
         return True
 
+    async def _write_tail(self, template_id: str, attempt: int, cap: LogCap) -> None:
+        """The end of an attempt's log: what was cut, then its last lines (unless it was deleted)."""
+        held = cap.drain()
+        if not held:
+            return
+        async with transaction(self.services.sessions) as session:
+            template = await session.get(Template, template_id, with_for_update=True)
+            if template is None or template.deleted_at is not None:
+                return
+            session.add_all(
+                TemplateLogLine(
+                    template_id=template_id,
+                    attempt=attempt,
+                    ts=dt.datetime.fromtimestamp(ts, dt.UTC),
+                    level=level,
+                    line=line,
+                )
+                for ts, level, line in held
+            )
+
     async def _say(self, template_id: str, attempt: int, text: str, level: str = "info") -> None:
         async with transaction(self.services.sessions) as session:
+            template = await session.get(Template, template_id, with_for_update=True)
+            if template is None or template.deleted_at is not None:
+                return  # its log went with it
             session.add(
                 TemplateLogLine(
                     template_id=template_id, attempt=attempt, ts=self._now(), level=level, line=text
@@ -315,11 +430,33 @@ class TemplateBuilder:
         log.info("template_build_complete", template_id=template.id, status=status, attempt=template.attempt)
 
     async def _cancel(self, template_id: str, host_id: str | None) -> None:
+        """Cancels the attempt on its host, until the host confirms: a cancel that fails is tried again
+        (the lease renewed meanwhile, so no other worker starts an attempt and the template stays as
+        it is), since recording a build failed that the host still runs would be a lie."""
         if host_id is None:
             return
-        with contextlib.suppress(hostlink.HostError, hostlink.SandboxGoneError):
-            link = await hostlink.for_host(self.services, host_id)
-            await link.delete_build(template_id)
+        delay = CANCEL_RETRY_S
+        while True:  # ends when the host answers; a host that never does keeps the build building
+            try:
+                link = await hostlink.for_host(self.services, host_id)
+                await link.delete_build(template_id)
+                return
+            except hostlink.SandboxGoneError:
+                return
+            except (hostlink.HostError, errors.PaddockError) as exc:
+                log.warning("template_build_cancel_failed", template_id=template_id, error=str(exc))
+            await self._renew(template_id)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, CANCEL_RETRY_MAX_S)
+
+    async def _renew(self, template_id: str) -> None:
+        with contextlib.suppress(Exception):
+            async with transaction(self.services.sessions) as session:
+                await session.execute(
+                    update(Template)
+                    .where(Template.id == template_id)
+                    .values(lease_until=self._now() + dt.timedelta(seconds=LEASE_S))
+                )
 
 
 async def forget(services: Services, template: Template) -> None:

@@ -16,8 +16,14 @@ template of the same user.
 carries the optional ``context`` (an extension: standard base64 of a tar archive, gzip-compressed or
 not, of regular files and directories). The archive is checked here once (size, entry types, relative
 paths), kept with the template while its build needs it, and unpacked on the build host as the build's
-context directory. ``COPY --from`` (multi-stage) and ``ADD`` of a URL are refused: an URL would be
-fetched by the builder on the host's network, outside the build's network namespace.
+context directory. ``COPY --from`` (multi-stage) and ``ADD`` of a URL are refused.
+
+This check is a convenience (a clear 400 early), never the boundary: buildah parses the Dockerfile its
+own way (``# escape=``, ARG/ENV substitution), so whatever slips past here is held by the host instead —
+buildah runs inside the build's network namespace (a URL leaves from there, under the egress rules), in
+the account's own builder storage (no other account's image to name), on a size-capped filesystem.
+
+A template's log lines are deleted with it.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import StrictStr
-from sqlalchemy import func, or_, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts, hostlink, hosts, webhooks
@@ -403,6 +409,7 @@ async def delete_template(services: Services, user_id: str, ref: str) -> Templat
         template = await get_owned(session, user_id, ref, for_update=True)
         template.deleted_at = services.clock()
         template.context = None
+        await session.execute(delete(TemplateLogLine).where(TemplateLogLine.template_id == template.id))
         await webhooks.emit(
             session,
             user_id=user_id,

@@ -216,6 +216,12 @@ class BuildBody(BaseModel):
     #: The build context COPY/ADD read: standard base64 of a tar (gzip allowed) the control plane has
     #: checked (regular files and directories, relative paths); absent: an empty context.
     context_b64: str | None = Field(default=None, max_length=48 * 1024 * 1024)
+    #: The account the build is for: its builder storage (images, layer cache) is that account's own;
+    #: absent (an older control plane), the template's own.
+    owner: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    #: The size of the owner's builder filesystem: what RUN steps see as their disk, and the cap of its
+    #: images and cache together.
+    disk_mib: int = Field(default=10240, ge=1024, le=1048576)
 
 
 class ImageFetchBody(BaseModel):

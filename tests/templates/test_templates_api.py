@@ -16,13 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 
-from paddock_controlplane.models import Template
+from paddock_controlplane import hostlink, template_builds
+from paddock_controlplane.models import Template, TemplateLogLine
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 from paddock_core.timeutil import utcnow
-from paddock_hostagent.schemas import BuildBody, BuildView
+from paddock_hostagent.schemas import BuildBody, BuildLine, BuildView
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
 
@@ -348,3 +349,95 @@ async def test_a_bad_context_or_copy_is_400_naming_the_field(
     data = fail_data(resp)
     assert data["code"] == "VALIDATION_FAILED" and says in data[field], data
     assert (await api.get("/v1/templates")).json()["data"]["pagination"]["total"] == 0
+
+
+async def test_a_build_the_worker_gives_up_on_is_cancelled_on_its_host_before_it_is_failed(
+    api: httpx.AsyncClient,
+    controlplane: ControlPlane,
+    fake_host: FakeHostLink,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's polls of a busy host time out past the attempt's limit: it cancels the attempt on the
+    host before recording it failed, and while the host does not confirm the cancel the template stays
+    ``building`` (the host still runs it) instead of ``failed``."""
+    monkeypatch.setattr(template_builds, "GRACE_S", 0.0)
+    monkeypatch.setattr(template_builds, "CANCEL_RETRY_S", 0.05, raising=False)
+    monkeypatch.setattr(template_builds, "CANCEL_RETRY_MAX_S", 0.1, raising=False)
+    monkeypatch.setattr(controlplane.settings, "template_build_timeout_s", 0.5)
+    running: set[str] = set()
+    cancels_answered = False
+
+    async def start_build(body: BuildBody) -> BuildView:
+        running.add(body.id)
+        return BuildView(id=body.id, attempt=body.attempt, status="building")
+
+    async def get_build(build_id: str, *, after: int) -> BuildView:
+        raise hostlink.HostError("timed out")
+
+    async def delete_build(build_id: str) -> None:
+        if not cancels_answered:
+            raise hostlink.HostError("timed out")
+        running.discard(build_id)
+
+    monkeypatch.setattr(fake_host, "start_build", start_build)
+    monkeypatch.setattr(fake_host, "get_build", get_build)
+    monkeypatch.setattr(fake_host, "delete_build", delete_build)
+    created = (await api.post("/v1/templates", json={"name": "stuck", "dockerfile": DOCKERFILE})).json()[
+        "data"
+    ]
+    for _ in range(30):  # 3 s: well past the attempt's limit, the host still has it
+        data = (await api.get(f"/v1/templates/{created['id']}")).json()["data"]
+        assert data["status"] in ("pending", "building"), data
+        await asyncio.sleep(0.1)
+    assert data["status"] == "building" and running == {created["id"]}
+    cancels_answered = True
+    assert (await wait_done(api, created["id"]))["status"] == "failed"
+    assert running == set(), "recorded failed while the host still builds it"
+
+
+async def test_a_build_log_keeps_its_head_and_tail_and_says_how_much_was_cut(
+    api: httpx.AsyncClient, fake_host: FakeHostLink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build that prints 30,000 lines (3 MB) is recorded as its first and last lines and one line
+    saying how many were cut between them."""
+    total = 30000
+
+    async def start_build(body: BuildBody) -> BuildView:
+        lines = [BuildLine(ts=1.0, level="info", line=f"line {n} " + "x" * 90) for n in range(total)]
+        fake_host.builds[body.id] = BuildView(
+            id=body.id, attempt=body.attempt, status="ready", lines=lines, next=total, ext4_size_bytes=4096
+        )
+        return fake_host.builds[body.id]
+
+    monkeypatch.setattr(fake_host, "start_build", start_build)
+    created = (await api.post("/v1/templates", json={"name": "chatty", "dockerfile": DOCKERFILE})).json()[
+        "data"
+    ]
+    assert (await wait_done(api, created["id"]))["status"] == "ready"
+    text = (await api.get(f"/v1/templates/{created['id']}/logs")).text
+    lines = [frame.get("line", "") for frame in map(json.loads, text.splitlines())]
+    head, tail = 2000, 1000  # per attempt, as docs/templates.md says
+    assert len(lines) <= head + tail + 2, len(lines)
+    assert len(text) < 2 * 1024 * 1024
+    assert lines[0].startswith("line 0 ") and lines[head - 1].startswith(f"line {head - 1} ")
+    assert f"[log cut: {total - head - tail} lines" in lines[head], lines[head]
+    assert lines[head + 1].startswith(f"line {total - tail} ") and lines[-2].startswith(f"line {total - 1} ")
+
+
+async def test_a_deleted_templates_log_is_gone_from_the_database(
+    api: httpx.AsyncClient, controlplane: ControlPlane
+) -> None:
+    created = (await api.post("/v1/templates", json={"name": "logged", "dockerfile": DOCKERFILE})).json()[
+        "data"
+    ]
+    await wait_done(api, created["id"])
+    engine = make_engine(controlplane.settings.database_url)
+    try:
+        count = select(func.count()).where(TemplateLogLine.template_id == created["id"])
+        async with make_sessionmaker(engine)() as session:
+            assert await session.scalar(count)
+        assert (await api.delete(f"/v1/templates/{created['id']}")).status_code == 200
+        async with make_sessionmaker(engine)() as session:
+            assert await session.scalar(count) == 0
+    finally:
+        await engine.dispose()
