@@ -13,7 +13,7 @@ import pytest
 
 from paddock_hostagent.client import HostAgentClient
 from paddock_hostagent.schemas import ForkBody
-from tests.hostagent.conftest import AgentProcess, Sandboxes, cgroup_dirs, run, sh
+from tests.hostagent.conftest import AgentProcess, Sandboxes, cgroup_dirs, leftovers, run, sh
 
 pytestmark = pytest.mark.root
 
@@ -183,3 +183,53 @@ async def test_an_agent_killed_while_parking_leaves_nothing_running(make_agent: 
     for slot in cut_short:  # the restarted agent stopped the container and removed the slot
         assert not Path(f"/run/paddock/crun/parked-{slot}").exists()
         assert not (agent.state_dir / "slots" / slot).exists()
+
+
+def freeze_a_parking(agent: AgentProcess) -> str | None:
+    """Freezes the container of a parking under way (its cgroup is there, its init not yet recorded),
+    so that its guest agent never answers and the parking does not end; the slot's id."""
+    for slot_dir in (agent.state_dir / "slots").glob("*"):
+        try:
+            parked = json.loads((slot_dir / "slot.json").read_text()).get("parked")
+        except (OSError, ValueError):
+            continue
+        if not parked or parked["init_pid"]:
+            continue
+        freezer = Path(f"/sys/fs/cgroup/freezer{parked['cgroups_path']}")
+        try:
+            if (freezer / "cgroup.procs").read_text().split():
+                (freezer / "freezer.state").write_text("FROZEN")
+                return slot_dir.name
+        except OSError:
+            continue
+    return None
+
+
+async def test_an_agent_stopped_while_parking_leaves_no_slot_behind(make_agent: Any) -> None:
+    """An agent told to stop (SIGTERM) while a parking does not end (its sandbox's guest never answers:
+    frozen here, a loaded host in CI): the pool waits for it a while, then cancels it, and the slot it
+    was parking in goes with the others: nothing of the agent's is left after the stop, nor after the
+    next start."""
+    agent: AgentProcess = make_agent(pool_size=3, extra_env={"PADDOCK_HOST_BOOT_TIMEOUT_S": "120"})
+    agent.start()
+    stuck = None
+    for _ in range(40_000):
+        stuck = freeze_a_parking(agent)
+        if stuck:
+            break
+        await asyncio.sleep(0.0005)
+    assert stuck, "no parking was caught half-way"
+    await asyncio.sleep(1.0)
+    parked = json.loads((agent.state_dir / "slots" / stuck / "slot.json").read_text())["parked"]
+    assert parked["init_pid"] == 0, "the parking ended before its container was frozen"
+
+    agent.stop()
+    assert leftovers(agent.state_dir) == []  # the stopping agent removed the slot it was parking in
+    assert not Path(f"/run/paddock/crun/parked-{stuck}").exists()
+
+    agent.process = None
+    agent.start()
+    async with agent.client() as host:
+        await wait_parked(host, 2)
+    assert not (agent.state_dir / "slots" / stuck).exists()
+    assert not Path(f"/run/netns/pdk-{stuck}").exists()

@@ -19,15 +19,19 @@ class _Factory:
 
     def __init__(self) -> None:
         self.built: list[float] = []
+        self.slots: list[_StandIn] = []
         self.destroyed = 0
+        self.destroyed_ids: list[str] = []
 
     async def build(self, disk_mib: int, *, with_disk: bool = True) -> Any:
         await asyncio.sleep(0)
         self.built.append(asyncio.get_running_loop().time())
-        return _StandIn(disk_mib)
+        self.slots.append(_StandIn(disk_mib))
+        return self.slots[-1]
 
     async def destroy(self, slot: Any) -> None:
         self.destroyed += 1
+        self.destroyed_ids.append(slot.id)
 
     async def close(self) -> None:
         pass
@@ -223,3 +227,36 @@ async def test_a_drained_pool_with_a_parker_readies_a_slot_for_forks_first(
     forked = await pool.take_for_fork()
     assert forked is first  # the fork took the readied slot, not one built on demand
     await pool.close()
+
+
+class _EndlessParker(_Parker):
+    """A parking whose boot does not end (a guest agent that never answers, a host too loaded)."""
+
+    def __init__(self) -> None:
+        super().__init__("/images/debian/rootfs")
+        self.parking: list[Any] = []
+
+    async def park(self, slot: Any) -> bool:
+        self.parking.append(slot)
+        slot.parked = SimpleNamespace(rootfs=self.rootfs)  # recorded before the boot, as the driver does
+        try:
+            await asyncio.Event().wait()
+        except BaseException:
+            slot.parked = None  # the driver stops the half-booted container on the way out
+            raise
+        return True
+
+
+async def test_a_stop_that_outlasts_a_parking_removes_the_slot_being_parked(no_mounts: None) -> None:
+    """An agent stopped while a sandbox is being parked: its pool's close waits ``close_wait_s`` for the
+    parking, then cancels it; the slot it was parking in is removed with the others, not left behind."""
+    factory = _Factory()
+    parker = _EndlessParker()
+    pool = _pool(factory, 3, [False], parker)
+    pool.close_wait_s = 0.2
+    pool.start()
+    await _until(lambda: parker.parking, "no parking began")
+    await pool.close()
+    assert pool.free_count == 0
+    assert sorted(factory.destroyed_ids + parker.discarded) == sorted(slot.id for slot in factory.slots)
+    assert parker.parking[0].id in factory.destroyed_ids

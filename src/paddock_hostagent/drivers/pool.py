@@ -267,6 +267,7 @@ class WarmPool:
     busy_poll_s = 0.02
     busy_wait_s = 1.0
     park_retry_s = 5.0
+    close_wait_s = 30.0  # how long ``close`` lets a slot being built or parked finish before cancelling
 
     def __init__(
         self,
@@ -372,12 +373,32 @@ class WarmPool:
                     log.warning("warm_pool_refill_failed", error=str(exc))
                     await asyncio.sleep(5)
                     break
-                if self._wants_fork_slot():
-                    await self._ready_for_fork(slot)
-                    self._free.append(slot)
-                else:
-                    await self._park(slot)
+                await self._offer(slot)
             await self._park_plain_slots()
+
+    async def _offer(self, slot: Slot, *, park: bool = False) -> None:
+        """Makes a slot free: readied for a fork (unless ``park``), parked, or as it is once the pool is
+        closing (a stop does not wait for a boot). A slot this is cancelled on, half readied or half
+        parked (a stop that outlasted ``close_wait_s``), is removed, not left behind."""
+        try:
+            if self._closing:
+                self._free.append(slot)
+            elif not park and self._wants_fork_slot():
+                await self._ready_for_fork(slot)
+                self._free.append(slot)
+            else:
+                await self._park(slot)
+        except BaseException:
+            if slot not in self._free:
+                await _finish_even_if_cancelled(self._remove(slot))
+            raise
+
+    async def _remove(self, slot: Slot) -> None:
+        """Stops the slot's parked sandbox, if any, and destroys the slot."""
+        if slot.parked is not None and self.parker is not None:
+            await self.parker.discard(slot)
+        else:
+            await self.factory.destroy(slot)
 
     def _wants_fork_slot(self) -> bool:
         """Whether the slot just built should be readied for forks: a pool of two or more keeps one.
@@ -421,7 +442,7 @@ class WarmPool:
             if slot not in self._free:  # a create took it meanwhile
                 continue
             self._free.remove(slot)
-            await self._park(slot)
+            await self._offer(slot, park=True)
             if slot.parked is None:  # nothing to park (no pool image yet), or it failed
                 return
 
@@ -447,17 +468,13 @@ class WarmPool:
             self._closing = True
             self._wake.set()
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), 30)
+                await asyncio.wait_for(asyncio.shield(self._task), self.close_wait_s)
             except TimeoutError:
                 self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
         while self._free:
-            slot = self._free.pop()
-            if slot.parked is not None and self.parker is not None:
-                await self.parker.discard(slot)  # its sandbox is stopped with the slot
-            else:
-                await self.factory.destroy(slot)
+            await self._remove(self._free.pop())  # a parked sandbox is stopped with its slot
         self._unmounted.clear()
         await self.factory.close()
