@@ -60,6 +60,7 @@ class ImageBuildError(ImageError):
 
 
 TEMPLATE_PREFIX = "tpl_"
+DELETED_MARK = "deleted"  # in a template's image directory: its template is gone (``mark_deleted``)
 # Directories a sandbox needs in every image (``_finish_rootfs``).
 SANDBOX_DIRS = ("root", "tmp", "run", "etc")
 
@@ -135,6 +136,10 @@ class ImageStore:
     # -- templates: images built from a Dockerfile (``builds.py``), booted exactly like catalog ones --
 
     def templates(self) -> list[str]:
+        """Templates this host offers: built or fetched here, and not deleted."""
+        return [name for name in self._template_dirs() if not self.is_deleted(name)]
+
+    def _template_dirs(self) -> list[str]:
         if not self.image_dir.is_dir():
             return []
         return sorted(
@@ -142,6 +147,24 @@ class ImageStore:
             for entry in self.image_dir.iterdir()
             if entry.name.startswith(TEMPLATE_PREFIX) and self.is_cached(entry.name)
         )
+
+    # A deleted template's image stays while a sandbox here boots from it (its overlay's lower layer),
+    # and its sandboxes can still be forked; it is no longer offered. The mark is a file in the image's
+    # directory, so an agent restarted meanwhile still drops it once its last sandbox is gone.
+
+    def mark_deleted(self, name: str) -> bool:
+        """Marks a template here as deleted (False when it is not here, or not a template)."""
+        if not name.startswith(TEMPLATE_PREFIX) or not self.is_cached(name):
+            return False
+        (self.image_dir / slug(name) / DELETED_MARK).touch()
+        return True
+
+    def is_deleted(self, name: str) -> bool:
+        return (self.image_dir / slug(name) / DELETED_MARK).exists()
+
+    def deleted_templates(self) -> list[str]:
+        """Deleted templates whose image is still here (``remove_template`` once no sandbox uses it)."""
+        return [name for name in self._template_dirs() if self.is_deleted(name)]
 
     def config(self, name: str) -> ImageConfig:
         """What an image asks of the commands run in it (a template's ENV, WORKDIR, USER)."""
@@ -175,6 +198,7 @@ class ImageStore:
         image_root = self.image_dir / slug(name)
         image_root.mkdir(parents=True, exist_ok=True)
         (image_root / "image.json").unlink(missing_ok=True)
+        (image_root / DELETED_MARK).unlink(missing_ok=True)
         final = image_root / "rootfs"
         if final.exists():
             shutil.rmtree(final)

@@ -187,6 +187,7 @@ class SandboxManager:
             await self.egress.start([a for a in map(self._attachment, records) if a is not None])
         if self.disks is not None:
             await self.disks.prune({record.id for record in records} | set(self._stopped))
+        await self.drop_deleted_images()  # those whose last sandbox went while the agent was down
         self._watcher = asyncio.create_task(self._watch_guests(), name="guest-watcher")
         self.diskwatch.start()
 
@@ -297,6 +298,14 @@ class SandboxManager:
         """Whether a sandbox here boots from ``image`` (its overlay's lower layer must stay)."""
         held = [*self._entries.values(), *(entry for entry, _ in self._stopped.values())]
         return any(entry.record.image == image for entry in held)
+
+    async def drop_deleted_images(self) -> None:
+        """Removes the images of deleted templates no sandbox here boots from any more, those marked
+        before a restart too (``ImageStore.mark_deleted``), on a host with or without builds."""
+        for name in self.images.deleted_templates():
+            if not self.uses_image(name):
+                await asyncio.to_thread(self.images.remove_template, name)
+                log.info("template_image_removed", template_id=name)
 
     def views(self) -> list[SandboxView]:
         views = [self.view(entry) for entry in list(self._entries.values())]
@@ -563,6 +572,7 @@ class SandboxManager:
             del self._entries[sandbox_id]
         if self.builds is not None:  # a deleted template's image goes with its last sandbox
             await self.builds.collect()
+        await self.drop_deleted_images()
         log.info("sandbox_destroyed", sandbox_id=sandbox_id)
 
     async def _destroy_stopped(self, sandbox_id: str) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
+import shutil
 import subprocess
 import sys
 import tarfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +136,69 @@ async def test_an_image_holds_everything_its_description_names(
     # Neither image offers a container engine or an SSH server (devbox:1 once claimed both).
     absent = await sh(host, created["id"], "command -v docker podman containerd sshd; ls /usr/sbin/sshd")
     assert absent["stdout"] == "", absent
+
+
+# -- a deleted template's image: kept while a sandbox boots from it, then dropped, across restarts ---
+
+
+def install_template(store: ImageStore, debian_image: Path) -> str:
+    """A template image as a build or a fetch leaves it (a hard-linked copy of debian:13)."""
+    name = f"tpl_kept{secrets.token_hex(6)}"
+    tree = store.image_dir / name / "rootfs.incoming"
+    tree.parent.mkdir()
+    subprocess.run(["cp", "-al", str(debian_image), str(tree)], check=True)
+    store.install_template(name, tree, {"name": name, "source": "fetched"})
+    return name
+
+
+def test_a_deleted_template_is_no_longer_offered_but_still_boots_its_sandboxes(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path)
+    image = store.image_dir / "tpl_gone" / "rootfs"
+    image.mkdir(parents=True)
+    (image.parent / "image.json").write_text('{"name": "tpl_gone"}')
+    assert store.templates() == ["tpl_gone"]
+    assert store.mark_deleted("tpl_gone") and not store.mark_deleted("debian:13")
+    assert store.templates() == [] and "tpl_gone" not in store.cached()  # not offered any more
+    assert store.is_cached("tpl_gone")  # a fork of one of its sandboxes still finds it
+    assert ImageStore(tmp_path).deleted_templates() == ["tpl_gone"]  # the mark is on disk
+
+
+@pytest.mark.root
+async def test_a_deleted_templates_image_goes_with_its_last_sandbox_after_a_restart(
+    make_agent: Any, debian_image: Path
+) -> None:
+    """The delete reaches the host while a sandbox boots from the image; the agent restarts; the image
+    goes when that sandbox does (it stayed for ever: the mark was only in the old agent's memory)."""
+    store = ImageStore(image_cache())
+    name = install_template(store, debian_image)
+    agent = make_agent(pool_size=0)
+    try:
+        agent.start()
+        async with agent.client() as host:
+            created = await Sandboxes(host, agent).create(rootfs=name)
+            await host.delete_build(name)
+            assert store.is_cached(name) and name not in (await host.info()).rootfses
+        agent.stop()
+        agent.process = None
+        agent.start()
+        async with agent.client() as host:
+            assert (await sh(host, created["id"], "echo still-here"))["stdout"] == "still-here\n"
+            await host.destroy_sandbox(created["id"])
+        assert not (store.image_dir / name).exists()
+    finally:
+        shutil.rmtree(store.image_dir / name, ignore_errors=True)
+
+
+@pytest.mark.root
+async def test_a_template_deleted_while_its_last_sandbox_went_with_the_agent_down_is_dropped_at_start(
+    make_agent: Any, debian_image: Path
+) -> None:
+    store = ImageStore(image_cache())
+    name = install_template(store, debian_image)
+    try:
+        store.mark_deleted(name)  # as a delete received before a crash leaves it
+        agent = make_agent(pool_size=0)
+        agent.start()
+        assert not (store.image_dir / name).exists()
+    finally:
+        shutil.rmtree(store.image_dir / name, ignore_errors=True)
