@@ -27,6 +27,11 @@ from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sh, teardown_
 pytestmark = pytest.mark.root
 
 MIB = 1 << 20
+#: 1,600 MiB of a pattern (not zeros, which a lost block would read back as), synced, then its checksum.
+WRITE_1600_MIB = (
+    "yes paddock-disk-watermark | head -c 1677721600 | dd of=/big bs=1M iflag=fullblock conv=fsync 2>&1 "
+    "&& md5sum /big"
+)
 
 
 def free_mib(path: Path) -> int:
@@ -115,16 +120,14 @@ async def test_a_host_running_low_holds_the_sandbox_filling_it_and_releases_it_w
             try:
                 writer = await tracker.create(mem_mib=256)
                 other = await tracker.create(mem_mib=256)
-                # Something else on the host takes all but 1,400 MiB; the sandbox then writes 1,400 MiB,
-                # more than is left once the filesystems' own overhead is counted.
+                # Something else on the host takes all but 1,400 MiB; the sandbox then writes 1,600 MiB.
+                # Without the watermark the host filesystem fills under the disk store (EIO inside).
                 ballast = small_filesystem / "ballast"
                 ballast_mib = free_mib(small_filesystem) - 1400
                 assert ballast_mib >= 1024, free_mib(small_filesystem)
                 subprocess.run(["fallocate", "-l", f"{ballast_mib}M", str(ballast)], check=True)
                 lowest = [free_mib(small_filesystem)]
-                write = asyncio.create_task(
-                    sh(host, writer["id"], "dd if=/dev/zero of=/big bs=1M count=1400 conv=fsync 2>&1")
-                )
+                write = asyncio.create_task(sh(host, writer["id"], WRITE_1600_MIB))
 
                 async def held() -> list[str]:
                     lowest.append(free_mib(small_filesystem))
@@ -147,10 +150,14 @@ async def test_a_host_running_low_holds_the_sandbox_filling_it_and_releases_it_w
                 # Room comes back: the writer goes on, and its file is whole.
                 ballast.unlink()
                 done = await asyncio.wait_for(write, 120)
-                assert "1468006400 bytes" in done["stdout"], done
+                assert "1677721600 bytes" in done["stdout"], done
                 assert (await host.info()).disk_held == []
-                size = await sh(host, writer["id"], "stat -c %s /big && rm /big && sync && echo ok")
-                assert size["stdout"] == "1468006400\nok\n", size
+                # Whole on disk, not only in the page cache: without the watermark the same write also
+                # "succeeds", then reads back different once the cache is dropped (the store lost blocks).
+                subprocess.run(["sync", "-f", str(small_filesystem)], check=True)
+                Path("/proc/sys/vm/drop_caches").write_text("3")
+                reread = await sh(host, writer["id"], "md5sum /big && rm /big && sync && echo ok")
+                assert reread["stdout"] == done["stdout"].splitlines()[-1] + "\nok\n", (reread, done)
                 created = await tracker.create(mem_mib=256)
                 assert (await run(host, created["id"], "echo", "alive"))["stdout"] == "alive\n"
                 log = agent.log_path.read_text()
