@@ -17,21 +17,20 @@ import asyncio
 import datetime as dt
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import StrictBool, StrictStr
 from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import accounts, hostlink, queries, validation, webhooks
+from paddock_controlplane import accounts, hostlink, queries, webhooks
 from paddock_controlplane.models import Disk, Sandbox, SandboxDisk
 from paddock_controlplane.queries import get_owned
 from paddock_controlplane.schemas import Body, DiskAttachment
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import TERMINAL, SandboxStatus
-from paddock_core import errors
+from paddock_core import errors, s3config
 from paddock_core.db import transaction
 from paddock_core.ids import new_id
 from paddock_core.logging import get_logger
@@ -41,7 +40,6 @@ from paddock_hostagent.schemas import DiskMountBody
 log = get_logger("paddock.disks")
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-MAX_PATH = 1024
 DETACHABLE = (SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 #: A mount still ``pending`` this long after its attachment was written lost its driver (a control
 #: plane that stopped mid-mount): the reconciler asks the host again. Longer than any bounded mount.
@@ -106,24 +104,27 @@ def attachment_view(attachment: SandboxDisk, disk: Disk) -> dict[str, Any]:
 
 
 def _config(config: DiskConfigBody | None) -> dict[str, Any]:
+    """The disk's settings, parsed and re-serialised (``paddock_core.s3config``): s3fs gets its options
+    as one comma-separated string, so no value may carry a comma or anything else s3fs would read."""
     if config is None:
         raise errors.ValidationFailed.field("config", "required: {bucket, endpoint, region, use_path_style}")
-    bucket = (config.bucket or "").strip()
-    if not bucket:
+    if not config.bucket:
         raise errors.ValidationFailed.field("config.bucket", "must not be empty")
-    if len(bucket) > 255 or "/" in bucket or any(ch.isspace() for ch in bucket):
-        raise errors.ValidationFailed.field("config.bucket", "must be a bucket name")
-    endpoint = (config.endpoint or "").strip()
-    parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname or len(endpoint) > 2048:
-        raise errors.ValidationFailed.field("config.endpoint", "must be an absolute http or https URL")
-    out: dict[str, Any] = {"bucket": bucket, "endpoint": endpoint.rstrip("/")}
+    out: dict[str, Any] = {
+        "bucket": _parsed("config.bucket", s3config.bucket, config.bucket),
+        "endpoint": _parsed("config.endpoint", s3config.endpoint, config.endpoint or ""),
+    }
     if config.region:
-        if len(config.region) > 64 or not re.fullmatch(r"[A-Za-z0-9-]+", config.region):
-            raise errors.ValidationFailed.field("config.region", "must be a region name")
-        out["region"] = config.region
+        out["region"] = _parsed("config.region", s3config.region, config.region)
     out["use_path_style"] = bool(config.use_path_style)
     return out
+
+
+def _parsed(field: str, parse: Callable[[str], Any], value: str) -> Any:
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise errors.ValidationFailed.field(field, str(exc)) from None
 
 
 def _credentials(credentials: DiskCredentialsBody | None) -> dict[str, str]:
@@ -172,16 +173,12 @@ def validate_attachments(attachments: Sequence[DiskAttachment] | None, prefix: s
 
 
 def check_attachment(item: DiskAttachment, where: str = "") -> None:
+    """A disk id, a clean absolute mount path that is not ``/`` and not under /proc, /dev or /sys (a
+    detach there would unmount the sandbox's own procfs or devtmpfs), and a relative sub-folder."""
     if not item.disk_id:
         raise errors.ValidationFailed.field(f"{where}disk_id", "must not be empty")
-    validation.mount_path(item.mount_path, f"{where}mount_path")
-    if len(item.mount_path) > MAX_PATH or "\0" in item.mount_path or "//" in item.mount_path.rstrip("/"):
-        raise errors.ValidationFailed.field(f"{where}mount_path", "must be a normal absolute path")
-    if ".." in item.mount_path.split("/") or "." in item.mount_path.split("/"):
-        raise errors.ValidationFailed.field(f"{where}mount_path", "must not contain '.' or '..' segments")
-    validation.sub_path(item.sub_path, f"{where}sub_path")
-    if item.sub_path and len(item.sub_path) > MAX_PATH:
-        raise errors.ValidationFailed.field(f"{where}sub_path", f"must be at most {MAX_PATH} characters")
+    _parsed(f"{where}mount_path", s3config.mount_path, item.mount_path or "")
+    _parsed(f"{where}sub_path", s3config.sub_path, item.sub_path or "")
 
 
 def normal_path(path: str) -> str:
@@ -361,7 +358,7 @@ def attach_rows(
             sandbox_id=sandbox_id,
             mount_path=normal_path(item.mount_path),
             disk_id=disk.id,
-            sub_path=validation.sub_path(item.sub_path, "sub_path"),
+            sub_path=s3config.sub_path(item.sub_path),
             mount_status="pending",
             created_at=now,
         )
@@ -396,6 +393,7 @@ async def attach(services: Services, user_id: str, sandbox_id: str, item: DiskAt
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         if sandbox.status != SandboxStatus.RUNNING:
             raise errors.InvalidState(f"sandbox is {sandbox.status}; attach needs a running sandbox")
+        await hostlink.check_tier(session, sandbox.host_id, hostlink.S3_DISKS)  # mounted after the answer
         disk = await get_owned_disk(session, user_id, item.disk_id)
         present = (
             await session.scalars(select(SandboxDisk.mount_path).where(SandboxDisk.sandbox_id == sandbox.id))
@@ -428,17 +426,20 @@ async def mount(services: Services, sandbox_id: str, mount_path: str) -> str:
         return "gone"
     attachment, disk, sandbox = row
     credentials = _open(services, disk)
-    try:  # again at mount time: a name may resolve elsewhere now than at registration
-        await check_endpoint(services, disk.config["endpoint"], "config.endpoint")
+    try:  # again at mount time: a disk registered before today's rules may hold a bad field, and a
+        # name may resolve elsewhere now than at registration
+        config = _config(DiskConfigBody.model_validate(disk.config))
+        _parsed("mount_path", s3config.mount_path, attachment.mount_path)
+        await check_endpoint(services, config["endpoint"], "config.endpoint")
     except errors.ValidationFailed as exc:
-        return await _record(services, sandbox_id, mount_path, disk.id, "error", f"endpoint refused: {exc}")
+        return await _record(services, sandbox_id, mount_path, disk.id, "error", f"disk refused: {exc}")
     body = DiskMountBody(
         disk_id=disk.id,
         mount_path=attachment.mount_path,
         sub_path=attachment.sub_path,
-        bucket=disk.config["bucket"],
-        endpoint=disk.config["endpoint"],
-        region=disk.config.get("region"),
+        bucket=config["bucket"],
+        endpoint=config["endpoint"],
+        region=config.get("region"),
         use_path_style=bool(disk.config.get("use_path_style")),
         access_key=credentials["access_key"],
         secret_key=credentials["secret_key"],
@@ -500,7 +501,7 @@ async def detach(
     """Detach by ``disk_<ulid>`` and mount path (§11.10); running or paused; the bucket is untouched."""
     if not mount_path:
         raise errors.ValidationFailed.field("mount_path", "required: the path the disk is mounted at")
-    path = normal_path(mount_path)
+    path = _parsed("mount_path", s3config.mount_path, mount_path)
     async with services.sessions() as session:
         sandbox = await get_owned(session, user_id, sandbox_id)
         attachment = await session.get(SandboxDisk, (sandbox.id, path))

@@ -8,10 +8,11 @@ import datetime as dt
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import raiseload
 
 from paddock_controlplane import billing, destruction, hostlink, suspension
-from paddock_controlplane.models import Sandbox
+from paddock_controlplane.models import Sandbox, SandboxDisk
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import REPORTED, SandboxStatus
 from paddock_core.db import transaction
@@ -50,6 +51,8 @@ async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
                 for t in (sandbox.created_at, sandbox.running_at, sandbox.paused_at, sandbox.last_resumed_at)
                 if t
             ]
+            if report is not None and isinstance(report.get("disk_errors"), dict):  # whatever its state
+                await _fold_disk_errors(session, sandbox.id, report["disk_errors"])
             if changed_at and (now - as_utc(max(changed_at, key=as_utc))).total_seconds() < REPORT_GRACE_S:
                 continue  # the report may predate this sandbox's latest transition
             kills = int((report or {}).get("oom_kills") or 0)
@@ -77,6 +80,24 @@ async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
                 _act_on_self_request(services, sandbox, wish)
             if "egress_bytes" in report:
                 _fold_usage(services, sandbox, report)
+
+
+async def _fold_disk_errors(session: AsyncSession, sandbox_id: str, failed: dict[str, Any]) -> None:
+    """Mounts the host holds as failed (one it could not restore after its restart or an s3fs crash)
+    are ``error`` here too, with the host's reason, instead of ``mounted``."""
+    rows = (
+        await session.scalars(
+            select(SandboxDisk).where(
+                SandboxDisk.sandbox_id == sandbox_id,
+                SandboxDisk.mount_status == "mounted",
+                SandboxDisk.mount_path.in_([str(path) for path in failed]),
+            )
+        )
+    ).all()
+    for row in rows:
+        reason = str(failed.get(row.mount_path) or "the host could not mount the disk again")
+        row.mount_status, row.mount_error = "error", reason[:500]
+        log.warning("disk_mount_lost", sandbox_id=sandbox_id, mount_path=row.mount_path)
 
 
 def _fold_usage(services: Services, sandbox: Sandbox, report: dict[str, Any]) -> None:

@@ -72,10 +72,10 @@ def lock_state_dir(settings: HostAgentSettings) -> IO[str]:
     return handle
 
 
-def _disk_mounter(settings: HostAgentSettings) -> S3Mounter | None:
+def _disk_mounter(settings: HostAgentSettings, network: NetworkManager) -> S3Mounter | None:
     """S3 disks need s3fs and /dev/fuse; without them the host still runs sandboxes, and says why it
-    cannot mount when asked."""
-    mounter = S3Mounter(settings.state_dir / "disks")
+    cannot mount when asked. s3fs resolves through the sandboxes' resolver, from their namespaces."""
+    mounter = S3Mounter(settings.state_dir / "disks", resolv_conf=network.resolv_conf())
     if not mounter.available():
         log.warning("disks_unavailable", reason="s3fs or /dev/fuse missing")
         return None
@@ -166,7 +166,7 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
         RecordStore(settings.state_dir / "sandboxes"),
         bridges=bridges,
         egress=egress,
-        disks=_disk_mounter(settings),
+        disks=_disk_mounter(settings, network),
         retired=retired,
     )
     manager.runtime_label = facts.runtime

@@ -744,7 +744,12 @@ class SandboxManager:
             with _driver_errors():
                 pid = self.runtime.mount_namespace_pid(record)
             await mounter.mount(
-                sandbox_id, mount, access_key=body.access_key, secret_key=body.secret_key, ns_pid=pid
+                sandbox_id,
+                mount,
+                access_key=body.access_key,
+                secret_key=body.secret_key,
+                ns_pid=pid,
+                netns=netns,
             )
             if mount.status == "mounted":  # a failed mount leaves nothing behind to record
                 record.disks = [m.to_json() for m in current] + [mount.to_json()]
@@ -759,6 +764,7 @@ class SandboxManager:
             current = [S3Mount.from_json(d) for d in record.disks]
             leaving = [m for m in current if m.mount_path == mount_path]
             if not leaving:
+                netns = self.runtime.network_namespace(record)  # where s3fs's connections leave from
                 return
             mounter = self._require_disks()
             pid: int | None = None
@@ -781,7 +787,7 @@ class SandboxManager:
         restored = []
         for data in record.disks:
             mount = S3Mount.from_json(data)
-            await self.disks.restore(record.id, mount, ns_pid=pid)
+            await self.disks.restore(record.id, mount, ns_pid=pid, netns=netns)
             restored.append(mount.to_json())
         if restored != record.disks:
             record.disks = restored
@@ -792,6 +798,7 @@ class SandboxManager:
             await stream.abort(reason)
 
     # -- commands and files ---------------------------------------------------------------------
+            netns = self.runtime.network_namespace(record)
 
     async def open_exec(self, sandbox_id: str, body: ExecBody) -> ExecStream:
         """Starts a command; raises (404/409) before anything runs if the sandbox cannot take it."""
@@ -902,6 +909,9 @@ class SandboxManager:
             return None
         return Attachment(record.id, veth, record.ip, list(record.egress), record.bandwidth_quota_bytes)
 
+            failed = {d.mount_path: d.error for d in view.disks if d.status == "error"}
+            if failed:  # a mount this host could not restore: the control plane shows it as it is
+                report["disk_errors"] = failed
     def _guarding(self, rules: list[str], quota_bytes: int) -> NetworkHook:
         """The hook that installs a new sandbox's allowlist and budget, which the driver runs beside
         the boot (a sandbox that cannot be guarded is undone: the driver fails its boot); one that

@@ -8,10 +8,13 @@ import it (tests/test_layering.py) without the host agent's server dependencies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from ipaddress import IPv4Address
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from paddock_core import s3config
 
 SANDBOX_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 SANDBOX_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -27,6 +30,13 @@ class NetworkAttachBody(BaseModel):
     prefixlen: int = Field(ge=8, le=30)
 
 
+def _s3(parse: Callable[[str], Any]) -> Callable[[Any, str | None], Any]:
+    def check(cls: Any, value: str | None) -> Any:
+        return None if value is None else parse(value)
+
+    return classmethod(check)  # type: ignore[return-value]
+
+
 class DiskMountBody(BaseModel):
     """An S3 disk to mount into a sandbox (``drivers/s3mounts.py``). The credentials go only into a
     0600 file on the host; ``repr=False`` keeps them out of any logged or printed model."""
@@ -40,6 +50,14 @@ class DiskMountBody(BaseModel):
     use_path_style: bool = False
     access_key: str = Field(min_length=1, repr=False)
     secret_key: str = Field(min_length=1, repr=False)
+
+    # The control plane's rules again (paddock_core.s3config, standard library only): s3fs's options
+    # are built from these fields, and a comma in one would be another option.
+    _endpoint = field_validator("endpoint")(_s3(s3config.endpoint))
+    _bucket = field_validator("bucket")(_s3(s3config.bucket))
+    _region = field_validator("region")(_s3(s3config.region))
+    _sub_path = field_validator("sub_path")(_s3(s3config.sub_path))
+    _mount_path = field_validator("mount_path")(_s3(s3config.mount_path))
 
 
 DiskMountStatus = Literal["pending", "mounted", "error"]

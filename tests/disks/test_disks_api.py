@@ -20,8 +20,8 @@ from paddock_controlplane.models import Disk, SandboxDisk
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import make_engine, make_sessionmaker
 from paddock_core.timeutil import utcnow
-from tests.controlplane.conftest import ControlPlane
-from tests.controlplane.fakehost import FakeHostLink
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
+from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
 from tests.controlplane.test_networks import client_for, fail, new_sandbox, ok
 from tests.controlplane.test_networks import fake_host as fake_host
 
@@ -129,6 +129,22 @@ async def test_crud_round_trip_credentials_sealed_and_never_shown(
         (disk_body(credentials={"access_key": "a", "secret_key": ""}), "credentials.secret_key"),
         (disk_body(credentials={"secret_key": "s"}), "credentials.access_key"),
         ({"name": "flat", "kind": "s3", "bucket": "b", "access_key_id": "a"}, "config"),
+        # A comma is another s3fs option: a second url (the host's loopback), or a cache directory on
+        # the host that s3fs, as root, would fill with the bucket's objects (tests/security/
+        # test_s3_probes.py runs them against a real agent).
+        (
+            disk_body(config={"bucket": "b", "endpoint": "https://8.8.8.8/,url=http://127.0.0.1:9"}),
+            "config.endpoint",
+        ),
+        (disk_body(config={"bucket": "b", "endpoint": "http://8.8.8.8,use_cache=/root"}), "config.endpoint"),
+        (disk_body(config={"bucket": "b", "endpoint": "http://u:p@8.8.8.8"}), "config.endpoint"),
+        (disk_body(config={"bucket": "b", "endpoint": "http://8.8.8.8/?x=1"}), "config.endpoint"),
+        (disk_body(config={"bucket": "b", "endpoint": "http://8.8.8.8/#x"}), "config.endpoint"),
+        (disk_body(config={"bucket": "b", "endpoint": "http://8.8.8.8/a b"}), "config.endpoint"),
+        (disk_body(config={"bucket": "b", "endpoint": "http://8.8.8.8/\nx"}), "config.endpoint"),
+        (disk_body(config={"bucket": "b", "endpoint": "http://8.8.8.8:70000"}), "config.endpoint"),
+        (disk_body(config={"bucket": "b,use_cache=/root", "endpoint": "http://8.8.8.8"}), "config.bucket"),
+        (disk_body(config={"bucket": "b:c", "endpoint": "http://8.8.8.8"}), "config.bucket"),
     ],
 )
 async def test_bad_input_is_400_naming_the_field_and_creates_nothing(
@@ -391,3 +407,59 @@ async def test_a_detach_during_the_mount_leaves_nothing_mounted(
         await asyncio.sleep(0.05)
     assert (sandbox["id"], "/m") not in fake_host.disks, fake_host.calls
     assert ok(await api.get(f"/v1/sandboxes/{sandbox['id']}/disks"))["data"] == []
+
+
+async def test_an_endpoint_is_stored_re_serialised(api: httpx.AsyncClient) -> None:
+    config = {"bucket": "b", "endpoint": "HTTP://127.0.0.1:09000/", "region": "eu-west-1"}
+    created = await new_disk(api, "canon", config=config)
+    assert created["config"]["endpoint"] == "http://127.0.0.1:9000"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/proc", "/proc/self", "/dev", "/dev/shm", "/sys/fs", "/", "//", "/a//b", "/a/./b", "/a b", "/a\tb"],
+)
+async def test_mount_paths_on_the_sandboxs_kernel_filesystems_or_not_clean_are_400(
+    api: httpx.AsyncClient, fake_host: FakeHostLink, path: str
+) -> None:
+    """A disk over /proc or /dev hides the sandbox's own, and its detach unmounted them with it."""
+    await new_disk(api, "data")
+    sandbox = await new_sandbox(api)
+    attach = await api.post(
+        f"/v1/sandboxes/{sandbox['id']}/disks", json={"disk_id": "data", "mount_path": path}
+    )
+    assert "mount_path" in fail(attach, 400, "VALIDATION_FAILED")
+    create = await api.post(
+        "/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "disks": [{"disk_id": "data", "mount_path": path}]}
+    )
+    assert "disks[0].mount_path" in fail(create, 400, "VALIDATION_FAILED")
+    detach = await api.delete(f"/v1/sandboxes/{sandbox['id']}/disks/data", params={"mount_path": path})
+    assert "mount_path" in fail(detach, 400, "VALIDATION_FAILED")
+    assert ok(await api.get(f"/v1/sandboxes/{sandbox['id']}/disks"))["data"] == []
+    assert not fake_host.disks
+
+
+async def test_a_mount_its_host_could_not_restore_is_shown_as_error(
+    api: httpx.AsyncClient, controlplane: ControlPlane, fake_host: FakeHostLink
+) -> None:
+    """The host's heartbeat names the mounts it holds as failed (after its restart, say): the API
+    shows them ``error`` with the host's reason, no longer ``mounted``."""
+    await new_disk(api, "data")
+    sandbox = await new_sandbox(
+        api,
+        disks=[{"disk_id": "data", "mount_path": "/mnt/a"}, {"disk_id": "data", "mount_path": "/mnt/b"}],
+    )
+    assert [d["mount_status"] for d in await settled(api, sandbox["id"])] == ["mounted", "mounted"]
+    reason = "credentials lost on the host; attach the disk again"
+    report = {"id": sandbox["id"], "status": "running", "oom_kills": 0, "disk_errors": {"/mnt/b": reason}}
+    beat = await controlplane.http.post(
+        "/internal/v1/hosts/heartbeat",
+        json={**HOST_BEAT, "sandboxes": [report]},
+        headers={"Authorization": f"Bearer {HOST_TOKEN}"},
+    )
+    assert beat.status_code == 200, beat.text
+    items = ok(await api.get(f"/v1/sandboxes/{sandbox['id']}/disks"))["data"]
+    assert [(d["mount_path"], d["mount_status"], d.get("mount_error")) for d in items] == [
+        ("/mnt/a", "mounted", None),
+        ("/mnt/b", "error", reason),
+    ]

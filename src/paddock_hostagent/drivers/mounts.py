@@ -25,6 +25,11 @@ if _statx is not None:
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MS_SHARED = 1 << 20
 MNT_DETACH = 0x2
 _FIFREEZE = 0xC0045877
 _FITHAW = 0xC0045878
@@ -64,6 +69,20 @@ def in_mountinfo(path: Path) -> bool:
             return any(line.split()[4] == target for line in mountinfo)
     except OSError:
         return os.path.ismount(target)
+
+
+def top_fstype(path: Path) -> str | None:
+    """The type of the topmost mount at ``path`` in this mount namespace (``fuse.s3fs``, ``none`` for
+    a bind of a directory onto itself shows its filesystem's type), or None when nothing is mounted
+    there. Read from ``/proc/self/mountinfo``, so a FUSE daemon is never asked."""
+    target = str(path)
+    found = None
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split()
+            if fields[4] == target:
+                found = fields[fields.index("-") + 1]
+    return found
 
 
 def mount(source: str, target: Path, fstype: str, options: str = "", flags: int = 0) -> None:

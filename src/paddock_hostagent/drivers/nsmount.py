@@ -8,7 +8,17 @@ sandbox sees neither the host path nor the credentials.
 
 ``setns`` into a mount namespace refuses a multi-threaded caller, and the agent has threads, so this
 runs as its own short process: ``python -m paddock_hostagent.drivers.nsmount move|umount …``. Paths
-after ``setns`` resolve inside the sandbox (the kernel resets root and cwd to the namespace's root).
+after ``setns`` resolve inside the sandbox (the kernel resets root and cwd to the namespace's root),
+and none of them through a symbolic link (``openat2`` with RESOLVE_NO_SYMLINKS): a link the sandbox
+made cannot steer the mount onto its own /proc or anywhere else it does not name. The placed copy is
+private, so nothing mounted under it in the sandbox propagates back to the host's mount; a removal
+takes only FUSE mounts off the path, never what the sandbox had there before (its procfs, say).
+
+``nsmount s3fs NETNS RESOLV HOSTS -- s3fs …`` starts s3fs itself: in the sandbox's network namespace
+(its connections leave through the sandbox's veth, under its egress rules, like the sandbox's own), in
+a mount namespace of its own where only ``/etc/resolv.conf`` and ``/etc/hosts`` differ from the host's
+(they name the sandbox's resolver, which applies the sandbox's name rules), and otherwise as on the
+host: the FUSE mount point is a shared mount, so s3fs's mount lands there in the host's namespace.
 """
 
 from __future__ import annotations
@@ -23,16 +33,44 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _libc.syscall.restype = ctypes.c_long
 _libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
 _libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+_libc.unshare.argtypes = (ctypes.c_int,)
+_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 
 # Same numbers on every architecture (the unified syscall table, Linux >= 5.2).
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
+_SYS_OPENAT2 = 437
+_SYS_MOUNT_SETATTR = 442
 _OPEN_TREE_CLONE = 1
 _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOVE_MOUNT_T_EMPTY_PATH = 0x40
 _AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWNET = 0x40000000
 _MNT_DETACH = 0x2
+_UMOUNT_NOFOLLOW = 0x8
+_MS_BIND = 0x1000
+_MS_PRIVATE = 1 << 18
+_MS_SLAVE = 1 << 19
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 class NsMountError(Exception):
@@ -62,6 +100,19 @@ def move_into(pid: int, source: str, target: str) -> None:
         ),
         f"open_tree {source}",
     )
+    # The copy joins no peer group (the host's mount is shared with s3fs's own namespace).
+    attr = _MountAttr(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, _MS_PRIVATE, 0)
+    _check(
+        _libc.syscall(
+            _SYS_MOUNT_SETATTR,
+            ctypes.c_int(tree),
+            b"",
+            ctypes.c_uint(_AT_EMPTY_PATH),
+            ctypes.byref(attr),
+            ctypes.c_size_t(ctypes.sizeof(attr)),
+        ),
+        "mount_setattr",
+    )
     _enter(pid)
     try:
         os.makedirs(target, exist_ok=True)
@@ -69,27 +120,103 @@ def move_into(pid: int, source: str, target: str) -> None:
         pass  # a dead FUSE mount (ENOTCONN on stat) is there: the new mount goes on top of it
     except OSError as exc:
         raise NsMountError(f"cannot create {target} in the sandbox: {exc.strerror}") from None
-    _check(
-        _libc.syscall(
+    how = _OpenHow(
+        os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+    )
+    result = _libc.syscall(
+        _SYS_OPENAT2, ctypes.c_int(_AT_FDCWD), target.encode(), ctypes.byref(how), ctypes.c_size_t(24)
+    )
+    if result < 0:
+        err = ctypes.get_errno()
+        if err == errno.ELOOP:
+            raise NsMountError(f"{target} passes through a symbolic link in the sandbox")
+        if err != errno.ENOTCONN:
+            raise NsMountError(f"open {target}: {os.strerror(err)}")
+        placed = _libc.syscall(  # a dead FUSE mount cannot be opened: place the new one over its path
             _SYS_MOVE_MOUNT,
             ctypes.c_int(tree),
             b"",
             ctypes.c_int(_AT_FDCWD),
             target.encode(),
             ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
-        ),
-        f"move_mount to {target}",
-    )
+        )
+    else:
+        try:
+            placed = _libc.syscall(
+                _SYS_MOVE_MOUNT,
+                ctypes.c_int(tree),
+                b"",
+                ctypes.c_int(result),
+                b"",
+                ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH),
+            )
+        finally:
+            os.close(result)
+    _check(placed, f"move_mount to {target}")
 
 
 def unmount_in(pid: int, target: str) -> None:
-    """Detach whatever is mounted at ``target`` in ``pid``'s namespace (lazily: a shell may sit in it)."""
-    _enter(pid)
-    while _libc.umount2(target.encode(), _MNT_DETACH) == 0:
-        pass  # a path mounted twice (an earlier, stale copy below) is emptied entirely
-    err = ctypes.get_errno()
-    if err not in (errno.EINVAL, errno.ENOENT):
-        raise NsMountError(f"umount {target}: {os.strerror(err)}")
+    """Detach the FUSE mounts at ``target`` in ``pid``'s namespace (lazily: a shell may sit in one),
+    and nothing else: what the sandbox had at that path before stays (a path mounted twice, an
+    earlier, stale copy below, is emptied of both)."""
+    # Opened before entering: the sandbox's /proc has no entry for this process.
+    fd = os.open(f"/proc/{pid}/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _enter(pid)
+        while _top_fstype(fd, target).startswith("fuse"):
+            if _libc.umount2(target.encode(), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0:
+                err = ctypes.get_errno()
+                if err in (errno.EINVAL, errno.ENOENT):
+                    return
+                raise NsMountError(f"umount {target}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def _top_fstype(fd: int, target: str) -> str:
+    """The type of the topmost mount at ``target`` in the mountinfo open at ``fd`` ("" for none)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    found = ""
+    for line in b"".join(chunks).decode(errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) > 4 and fields[4] == target:
+            found = fields[fields.index("-") + 1]
+    return found
+
+
+def start_s3fs(netns: str, resolv_conf: str, hosts: str, argv: list[str]) -> None:
+    """Becomes s3fs (``argv``) in the network namespace at ``netns``, resolving through the files
+    ``resolv_conf`` and ``hosts`` (the sandbox's resolver), in the host's mount namespace otherwise."""
+    fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc.setns(fd, _CLONE_NEWNET), "setns net")
+    finally:
+        os.close(fd)
+    # A copy of the host's mount namespace: the FUSE mount point, shared, stays a peer of the host's.
+    _check(_libc.unshare(_CLONE_NEWNS), "unshare")
+    for source, target in ((resolv_conf, "/etc/resolv.conf"), (hosts, "/etc/hosts")):
+        real = os.path.realpath(target)
+        if not os.path.isfile(real):
+            continue  # the host has none: nothing of the host's to hide
+        # The mount that holds the file stops sending to the host's copy, so the bind stays here.
+        _check(_libc.mount(None, _mount_root(real).encode(), None, _MS_SLAVE, None), f"slave {target}")
+        _check(_libc.mount(source.encode(), real.encode(), None, _MS_BIND, None), f"bind {target}")
+    os.execv(argv[0], argv)
+
+
+def _mount_root(path: str) -> str:
+    """Where the mount that holds ``path`` is mounted (this namespace's longest mount point above)."""
+    best = "/"
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            point = line.split()[4]
+            inside = path == point or path.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best = point
+    return best
 
 
 def main(argv: list[str]) -> int:
@@ -98,8 +225,14 @@ def main(argv: list[str]) -> int:
             move_into(int(argv[1]), argv[2], argv[3])
         elif len(argv) == 3 and argv[0] == "umount":
             unmount_in(int(argv[1]), argv[2])
+        elif len(argv) > 5 and argv[0] == "s3fs" and argv[4] == "--":
+            start_s3fs(argv[1], argv[2], argv[3], argv[5:])
         else:
-            print("usage: nsmount move PID SOURCE TARGET | umount PID TARGET", file=sys.stderr)
+            print(
+                "usage: nsmount move PID SOURCE TARGET | umount PID TARGET"
+                " | s3fs NETNS RESOLV HOSTS -- S3FS ARGS…",
+                file=sys.stderr,
+            )
             return 2
     except (NsMountError, OSError) as exc:
         print(str(exc), file=sys.stderr)

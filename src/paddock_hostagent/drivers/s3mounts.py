@@ -1,12 +1,21 @@
 """S3 disks: an s3fs FUSE mount per attachment, made on the host and moved into the sandbox.
 
 s3fs (Debian's ``s3fs`` package) runs as a host process in its own session, outside every sandbox
-namespace and cgroup: the credentials stay in a 0600 file in the agent's state directory, a sandbox
-pause freezes none of it, and an agent restart leaves it running. The mount is cloned into the
-sandbox's mount namespace at the requested path (``drivers/nsmount.py``).
+cgroup and mount namespace: the credentials stay in a 0600 file in the agent's state directory, a
+sandbox pause freezes none of it, and an agent restart leaves it running. But it runs in the
+sandbox's *network* namespace (``drivers/nsmount.py``'s ``s3fs`` command): the endpoint is the
+tenant's to choose, so s3fs's connections, and its DNS queries (to the sandbox's resolver), leave
+through the sandbox's veth under its egress rules, as the sandbox's own would; the host's loopback and
+services are out of its reach. The mount is cloned into the sandbox's mount namespace at the requested
+path (``drivers/nsmount.py``).
 
-Layout, per attachment: ``<state>/disks/<sandbox id>/<key>/mnt`` (the host mount point),
-``<key>.passwd`` (``access:secret``, 0600) and ``<key>.log`` (s3fs's own stderr).
+Every s3fs option is built here from parsed fields (``paddock_core.s3config``), never from text a
+user wrote: s3fs reads ``-o a=b,c=d``, so a comma in an endpoint would be another option.
+
+Layout, per attachment: ``<state>/disks/<sandbox id>/<key>/mnt`` (the host mount point, a shared bind
+of itself while mounted, so that s3fs's mount, made in its own mount namespace, lands there),
+``<key>.passwd`` (``access:secret``, 0600) and ``<key>.log`` (s3fs's own stderr); ``<state>/disks/
+resolv.conf`` and ``hosts`` are what s3fs resolves with (the sandboxes' resolver).
 
 A mount is ``pending`` until s3fs has answered a directory listing of the bucket (or sub-folder),
 ``mounted`` then, or ``error`` with the reason s3fs gave: s3fs checks the bucket in its FUSE init, so a
@@ -29,9 +38,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from paddock_core import statefiles
+from paddock_core import s3config, statefiles
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers import mounts
+from paddock_hostagent.drivers.base import CommandFailedError
+from paddock_hostagent.drivers.network import NETNS_DIR
 
 log = get_logger(__name__)
 
@@ -71,10 +82,14 @@ class S3Mount:
 class S3Mounter:
     """Mounts S3 disks for sandboxes (the ``Mounter`` of the host agent)."""
 
-    def __init__(self, state_dir: Path, *, timeout_s: float = 20.0, binary: str = "s3fs") -> None:
+    def __init__(
+        self, state_dir: Path, *, resolv_conf: str, timeout_s: float = 20.0, binary: str = "s3fs"
+    ) -> None:
+        """``resolv_conf``: the sandboxes' ``/etc/resolv.conf`` (their resolver on the gateway)."""
         self.base = state_dir
+        self.resolv_conf = resolv_conf
         self.timeout_s = timeout_s
-        self.binary = binary
+        self.binary = shutil.which(binary) or binary
         self._processes: dict[Path, subprocess.Popen[bytes]] = {}
 
     def available(self) -> bool:
@@ -95,7 +110,7 @@ class S3Mounter:
     # -- mounting -------------------------------------------------------------------------------
 
     async def mount(
-        self, sandbox_id: str, mount: S3Mount, *, access_key: str, secret_key: str, ns_pid: int
+        self, sandbox_id: str, mount: S3Mount, *, access_key: str, secret_key: str, ns_pid: int, netns: str
     ) -> None:
         """Mounts ``mount`` into the sandbox whose init is ``ns_pid``; sets its status and error.
 
@@ -108,7 +123,7 @@ class S3Mounter:
         with os.fdopen(fd, "w") as handle:
             handle.write(f"{access_key}:{secret_key}\n")
         os.chmod(passwd, statefiles.FILE_MODE)  # s3fs refuses a passwd file others can read
-        error = await self._mount(sandbox_id, mount, ns_pid)
+        error = await self._mount(sandbox_id, mount, ns_pid, netns)
         if error is not None:
             passwd.unlink(missing_ok=True)
             mount.status, mount.error = ERROR, _scrub(error, access_key, secret_key)
@@ -117,12 +132,20 @@ class S3Mounter:
         mount.status, mount.error = MOUNTED, None
         log.info("disk_mounted", sandbox_id=sandbox_id, disk_id=mount.disk_id, mount_path=mount.mount_path)
 
-    async def _mount(self, sandbox_id: str, mount: S3Mount, ns_pid: int) -> str | None:
+    async def _mount(self, sandbox_id: str, mount: S3Mount, ns_pid: int, netns: str) -> str | None:
         """The host mount, its probe and the move into the sandbox; the reason when any fails."""
+        try:
+            argv = self._s3fs_argv(sandbox_id, mount)
+        except ValueError as exc:  # a record from before these rules, or a caller that skipped them
+            return f"disk refused: {exc}"
         point = self._mount_point(sandbox_id, mount)
         point.mkdir(parents=True, exist_ok=True)
         log_path = self._log(sandbox_id, mount)
-        error = await self._start_s3fs(sandbox_id, mount, point, log_path)
+        try:
+            self._share(point)
+        except (OSError, CommandFailedError) as exc:
+            return f"cannot prepare the mount point: {exc}"
+        error = await self._start_s3fs(mount, argv, point, log_path, NETNS_DIR / netns)
         if error is not None:
             await self._stop_host(point)
             return error
@@ -142,11 +165,25 @@ class S3Mounter:
             return f"cannot mount at {mount.mount_path} in the sandbox: {output.strip()}"
         return None
 
-    async def _start_s3fs(self, sandbox_id: str, mount: S3Mount, point: Path, log_path: Path) -> str | None:
-        source = mount.bucket + (f":/{mount.sub_path.strip('/')}" if mount.sub_path else "")
-        argv = [self.binary, source, str(point), "-f"]
+    def _s3fs_argv(self, sandbox_id: str, mount: S3Mount) -> list[str]:
+        """s3fs's command line from the parsed fields; ValueError naming the field that fails."""
+        fields: dict[str, Any] = {}
+        for name, parse in (
+            ("bucket", s3config.bucket),
+            ("endpoint", s3config.endpoint),
+            ("region", s3config.region),
+            ("sub_path", s3config.sub_path),
+            ("mount_path", s3config.mount_path),  # not s3fs's, but nsmount's
+        ):
+            value = getattr(mount, name)
+            try:
+                fields[name] = parse(value) if value is not None else None
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        source = fields["bucket"] + (f":/{fields['sub_path']}" if fields["sub_path"] else "")
+        argv = [self.binary, source, str(self._mount_point(sandbox_id, mount)), "-f"]
         options = [
-            f"url={mount.endpoint}",
+            f"url={fields['endpoint']}",
             f"passwd_file={self._passwd(sandbox_id, mount)}",
             "allow_other",
             "dbglevel=err",
@@ -161,10 +198,48 @@ class S3Mounter:
         ]
         if mount.use_path_style:
             options.append("use_path_request_style")
-        if mount.region:
-            options.append(f"endpoint={mount.region}")
+        if fields["region"]:
+            options.append(f"endpoint={fields['region']}")
         for option in options:
             argv += ["-o", option]
+        return argv
+
+    def _resolver_files(self) -> tuple[Path, Path]:
+        """The resolv.conf and hosts s3fs resolves with: the sandboxes' resolver, and localhost only."""
+        statefiles.private_dir(self.base)
+        resolv, hosts = self.base / "resolv.conf", self.base / "hosts"
+        for path, text in ((resolv, self.resolv_conf), (hosts, "127.0.0.1 localhost\n")):
+            if not path.exists() or path.read_text() != text:
+                staged = path.with_suffix(".new")
+                staged.write_text(text)
+                os.chmod(staged, 0o644)  # s3fs reads them as root; nothing secret
+                os.replace(staged, path)
+        return resolv, hosts
+
+    @staticmethod
+    def _share(point: Path) -> None:
+        """``point`` becomes a shared bind of itself: s3fs mounts in a copy of the host's mount
+        namespace (its own resolver files), and a mount on a shared mount appears in its peers."""
+        while mounts.top_fstype(point) is not None:  # a dead mount or bind left by an earlier agent
+            mounts.unmount(point)
+        mounts.mount(str(point), point, "", flags=mounts.MS_BIND)
+        mounts.mount("none", point, "", flags=mounts.MS_SHARED)
+
+    async def _start_s3fs(
+        self, mount: S3Mount, s3fs_argv: list[str], point: Path, log_path: Path, netns: Path
+    ) -> str | None:
+        resolv, hosts = self._resolver_files()
+        argv = [
+            sys.executable,
+            "-m",
+            "paddock_hostagent.drivers.nsmount",
+            "s3fs",
+            str(netns),
+            str(resolv),
+            str(hosts),
+            "--",
+            *s3fs_argv,
+        ]
         with open(log_path, "wb") as log_file:
             try:
                 process = subprocess.Popen(
@@ -179,7 +254,7 @@ class S3Mounter:
                 return f"cannot start s3fs: {exc}"
         self._processes[point] = process
         deadline = time.monotonic() + self.timeout_s
-        while not mounts.is_mountpoint(point):  # ends: s3fs exits, or the deadline passes
+        while not _fuse_at(point):  # ends: s3fs exits, or the deadline passes
             if process.poll() is not None:
                 return _reason(mount, log_path, f"s3fs exited with {process.returncode}")
             if time.monotonic() > deadline:
@@ -226,9 +301,10 @@ class S3Mounter:
             self._dir(sandbox_id, mount).rmdir()
 
     async def _stop_host(self, point: Path) -> None:
-        """Unmounts the host mount point; s3fs exits when its mount goes, and is killed if it lingers."""
+        """Unmounts the host mount point (s3fs's mount, then the shared bind under it); s3fs exits when
+        its mount goes, and is killed if it lingers."""
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(mounts.unmount, point)
+            await asyncio.to_thread(_unmount_all, point)
         process = self._processes.pop(point, None)
         pids = [process.pid] if process is not None else _s3fs_pids(point)
         for pid in pids:
@@ -260,13 +336,13 @@ class S3Mounter:
                 log.info("removing_orphan_disk_mounts", sandbox_id=directory.name)
                 await self.prune_sandbox(directory.name)
 
-    async def restore(self, sandbox_id: str, mount: S3Mount, *, ns_pid: int) -> None:
+    async def restore(self, sandbox_id: str, mount: S3Mount, *, ns_pid: int, netns: str) -> None:
         """After an agent restart: a live s3fs is kept; a dead one is mounted again from the kept
         passwd file (the sandbox's stale copy is replaced)."""
         if mount.status != MOUNTED:
             return
         point = self._mount_point(sandbox_id, mount)
-        if mounts.is_mountpoint(point) and await _answers(point):
+        if _fuse_at(point) and await _answers(point):
             if not _mounted_in(ns_pid, mount.mount_path):
                 await _run(
                     [
@@ -288,12 +364,24 @@ class S3Mounter:
         if not self._passwd(sandbox_id, mount).exists():
             mount.status, mount.error = ERROR, "credentials lost on the host; attach the disk again"
             return
-        error = await self._mount(sandbox_id, mount, ns_pid)
+        error = await self._mount(sandbox_id, mount, ns_pid, netns)
         if error is not None:
             mount.status, mount.error = ERROR, error
             log.warning("disk_restore_failed", sandbox_id=sandbox_id, disk_id=mount.disk_id, error=error)
         else:
             log.info("disk_restored", sandbox_id=sandbox_id, disk_id=mount.disk_id)
+
+
+def _fuse_at(point: Path) -> bool:
+    fstype = mounts.top_fstype(point)
+    return fstype is not None and fstype.startswith("fuse")
+
+
+def _unmount_all(point: Path) -> None:
+    for _ in range(8):  # a dead FUSE mount, a live one, the bind: a few layers at most
+        if mounts.top_fstype(point) is None:
+            return
+        mounts.unmount(point)
 
 
 def _reason(mount: S3Mount, log_path: Path, fallback: str) -> str:
