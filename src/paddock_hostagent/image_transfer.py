@@ -40,7 +40,7 @@ import httpx
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
-from paddock_hostagent.images import TEMPLATE_PREFIX, ImageStore, slug
+from paddock_hostagent.images import TEMPLATE_DIR_MODE, TEMPLATE_PREFIX, ImageStore, slug
 
 log = get_logger(__name__)
 
@@ -103,7 +103,9 @@ class ImageFetcher:
                 return
             image_root = self.images.image_dir / slug(name)
             incoming = image_root / f"fetch-{secrets.token_hex(4)}.incoming"
-            incoming.mkdir(parents=True)
+            image_root.mkdir(mode=TEMPLATE_DIR_MODE, parents=True, exist_ok=True)
+            image_root.chmod(TEMPLATE_DIR_MODE)  # a tenant's tree: root's alone from the first byte
+            incoming.mkdir()
             try:
                 url = f"{source_url.rstrip('/')}/internal/v1/images/{name}"
                 await asyncio.to_thread(_receive, name, url, authorization, incoming)

@@ -60,6 +60,7 @@ class ImageBuildError(ImageError):
 
 
 TEMPLATE_PREFIX = "tpl_"
+TEMPLATE_DIR_MODE = 0o700  # a template's image directory (``install_template``)
 DELETED_MARK = "deleted"  # in a template's image directory: its template is gone (``mark_deleted``)
 # Directories a sandbox needs in every image (``_finish_rootfs``).
 SANDBOX_DIRS = ("root", "tmp", "run", "etc")
@@ -194,9 +195,14 @@ class ImageStore:
 
     def install_template(self, name: str, tree: Path, meta: dict[str, object]) -> Path:
         """Moves a finished tree into place as image ``name`` (``tree`` must be on the same filesystem);
-        ``image.json`` is written last, so a half-installed template is never offered."""
+        ``image.json`` is written last, so a half-installed template is never offered.
+
+        The image's directory is root's alone (0700): the tree is a tenant's, and may hold set-user-id
+        programs or device nodes that only its sandboxes (root inside them) may use, never a local
+        user of the host."""
         image_root = self.image_dir / slug(name)
         image_root.mkdir(parents=True, exist_ok=True)
+        image_root.chmod(TEMPLATE_DIR_MODE)
         (image_root / "image.json").unlink(missing_ok=True)
         (image_root / DELETED_MARK).unlink(missing_ok=True)
         final = image_root / "rootfs"

@@ -459,3 +459,39 @@ async def test_a_fork_of_a_sandbox_whose_etc_is_a_symlink_to_a_host_dir_writes_n
         await boxes.host.fork_sandbox(source["id"], ForkBody(new_id=fork_id, name="fork-box"))
     assert_untouched(host_etc)
     assert (await sh(boxes.host, source["id"], "echo alive"))["stdout"] == "alive\n"  # the source runs on
+
+
+@pytest.fixture
+def searchable_image_dir() -> Iterator[Path]:
+    """An image directory every user of the host may search, as /var/lib/paddock/images is (pytest's
+    own temporary directories are root's alone)."""
+    directory = Path(f"/tmp/pdk-images-{secrets.token_hex(4)}")
+    directory.mkdir(mode=0o755)
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_templates_set_user_id_programs_are_out_of_reach_of_the_hosts_users(
+    searchable_image_dir: Path,
+) -> None:
+    """A template may hold a set-user-id root program of the tenant's making (a RUN step's chmod u+s):
+    under an image directory others may search, any local user of the host could run it as root."""
+    store = ImageStore(searchable_image_dir)
+    name = template_name()
+    tree = store.image_dir / name / "rootfs.incoming"
+    (tree / "usr" / "bin").mkdir(parents=True)
+    program = tree / "usr" / "bin" / "rootshell"
+    program.write_text("#!/bin/sh\nid -u\n")
+    program.chmod(0o4755)
+    store.install_template(name, tree, {"name": name})
+    installed = store.rootfs_path(name) / "usr" / "bin" / "rootshell"
+    assert stat.S_IMODE(installed.stat().st_mode) == 0o4755  # root in the sandbox still has it
+    as_nobody = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "stat", str(installed)],
+        capture_output=True,
+        text=True,
+    )
+    assert as_nobody.returncode != 0 and "Permission denied" in as_nobody.stderr
