@@ -7,7 +7,9 @@ lookup stays one indexed read.
 
 A token is valid while its row is not revoked, not past ``expires_at``, and its sandbox is not
 ``destroyed`` or ``failed`` — so destroying a sandbox revokes its token without the destroy path having to know
-about tokens. Principals are cached for 1 s (``hotcache.TTLCache``): a disable or rotate evicts the
+about tokens. SSH keys added through a token belong to it (``ssh_pubkeys`` on its row, not the
+sandbox's): the SSH gateway accepts them only while the token that added them is enabled, so they stop
+with it. Principals are cached for 1 s (``hotcache.TTLCache``): a disable or rotate evicts the
 old token from this process's cache at once; other control-plane processes stop honouring it within
 that second. What a token may do is decided by ``accounts.Principal.require_scope``.
 
@@ -20,7 +22,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import DateTime, ForeignKey, Integer, String, select
+from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -59,6 +61,9 @@ class SandboxAccessToken(Base):
     expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     #: The lifetime asked for at create, kept so a rotate without a body keeps it.
     ttl_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: SSH keys added through this token generation (``POST …/ssh-pubkeys`` with the token): accepted by
+    #: the SSH gateway only while the token is enabled; a new generation (create, rotate) starts with none.
+    ssh_pubkeys: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ def view(row: SandboxAccessToken | None, now: dt.datetime, plaintext: str | None
         out["rotated_at"] = rfc3339(as_utc(row.rotated_at))
     if row.expires_at is not None:
         out["expires_at"] = rfc3339(as_utc(row.expires_at))
+    if row.ssh_pubkeys:
+        out["ssh_pubkeys"] = list(row.ssh_pubkeys)
     return out
 
 
@@ -114,6 +121,7 @@ def _new_secret(row: SandboxAccessToken, now: dt.datetime, ttl_s: int | None) ->
     row.revoked_at = None
     row.ttl_s = ttl_s
     row.expires_at = None if ttl_s is None else now + dt.timedelta(seconds=ttl_s)
+    row.ssh_pubkeys = None
     return plaintext
 
 
@@ -210,3 +218,32 @@ async def authenticate(session: AsyncSession, presented: str, now: dt.datetime) 
         sandbox_id=row.sandbox_id,
         expires_at=expires_at,
     )
+
+
+async def add_ssh_keys(
+    session: AsyncSession, sandbox_id: str, token_id: str, keys: list[str], now: dt.datetime
+) -> list[str]:
+    """Keys added through the token generation ``token_id`` join that token's own list (returned). A
+    token disabled, expired or rotated since the caller's principal was cached is refused (401), so a
+    stale principal cannot add keys to the token that replaced it."""
+    row = await session.get(SandboxAccessToken, sandbox_id, with_for_update=True)
+    if row is None or row.id != token_id or not _enabled(row, now):
+        raise errors.Unauthorized("missing, invalid, expired or revoked API key or access token")
+    row.ssh_pubkeys = list(dict.fromkeys([*(row.ssh_pubkeys or []), *keys]))
+    return list(row.ssh_pubkeys)
+
+
+async def enabled_ssh_keys(
+    session: AsyncSession, sandbox_ids: list[str], now: dt.datetime
+) -> dict[str, list[str]]:
+    """The keys added through each sandbox's token, for the sandboxes whose token is enabled now."""
+    if not sandbox_ids:
+        return {}
+    rows = (
+        await session.scalars(
+            select(SandboxAccessToken).where(SandboxAccessToken.sandbox_id.in_(sandbox_ids))
+        )
+    ).all()
+    return {
+        row.sandbox_id: list(row.ssh_pubkeys or []) for row in rows if _enabled(row, now) and row.ssh_pubkeys
+    }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paddock_controlplane import accounts, hostlink, scheduler, validation, webhooks
+from paddock_controlplane import access_tokens, accounts, hostlink, scheduler, validation, webhooks
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.queries import get_owned
 from paddock_controlplane.schemas import PatchSandboxRequest
@@ -68,6 +68,8 @@ async def resize(services: Services, user_id: str, sandbox_id: str, disk_mib: in
         if sandbox.status not in (SandboxStatus.RUNNING, SandboxStatus.PAUSED):
             raise errors.InvalidState(f"sandbox is {sandbox.status}; resize needs running or paused")
         status = sandbox.status
+        if status == SandboxStatus.PAUSED:  # a running one's host refuses it itself (409)
+            await hostlink.check_tier(session, sandbox.host_id, hostlink.DISK_RESIZE)
     if status == SandboxStatus.RUNNING:
         try:
             await (await hostlink.for_host(services, sandbox.host_id)).resize(sandbox_id, disk_mib)
@@ -85,21 +87,47 @@ async def resize(services: Services, user_id: str, sandbox_id: str, disk_mib: in
     return {"id": sandbox_id, "disk_mib": disk_mib}
 
 
+#: Keys a sandbox may hold, each list (the account's, and its token's) counted on its own: every key is
+#: tried at each SSH connection, and the list is the tenant's to grow.
+MAX_SSH_PUBKEYS = 100
+
+
 async def add_ssh_keys(
-    services: Services, user_id: str, sandbox_id: str, keys: list[str] | None
+    services: Services, user_id: str, sandbox_id: str, keys: list[str] | None, *, token_id: str | None = None
 ) -> dict[str, int]:
+    """Keys added with the account's key join the sandbox's own list (shown in its view, copied by a
+    fork). Keys added through the sandbox's access token (``token_id``, that token generation's id)
+    belong to that token: the SSH gateway accepts them only while it is enabled (access_tokens.py).
+    ``count`` is how many distinct keys open the sandbox now."""
     async with transaction(services.sessions) as session:
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         if not keys:
             raise errors.ValidationFailed.field("keys", "at least one key is required")
         added = validation.ssh_pubkeys(keys, "keys")
         _require_open(sandbox, TERMINAL)
-        merged = list(dict.fromkeys([*(sandbox.ssh_pubkeys or []), *added]))
-        sandbox.ssh_pubkeys = merged
+        now = services.clock()
+        owned = list(sandbox.ssh_pubkeys or [])
+        if token_id is None:
+            owned = _bounded([*owned, *added])
+            sandbox.ssh_pubkeys = owned
+            token_keys = (await access_tokens.enabled_ssh_keys(session, [sandbox_id], now)).get(
+                sandbox_id, []
+            )
+        else:
+            token_keys = await access_tokens.add_ssh_keys(session, sandbox_id, token_id, added, now)
+            _bounded(token_keys)
+        count = len(set(owned) | set(token_keys))
         await webhooks.emit(
             session,
             user_id=user_id,
             action="sandbox.ssh_pubkey.update",
-            data=event_data(sandbox, count=len(merged)),
+            data=event_data(sandbox, count=count),
         )
-    return {"count": len(merged)}
+    return {"count": count}
+
+
+def _bounded(keys: list[str]) -> list[str]:
+    merged = list(dict.fromkeys(keys))
+    if len(merged) > MAX_SSH_PUBKEYS:
+        raise errors.ValidationFailed.field("keys", f"a sandbox holds at most {MAX_SSH_PUBKEYS} keys")
+    return merged

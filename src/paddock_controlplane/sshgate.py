@@ -3,7 +3,8 @@
 An asyncssh server inside the control-plane process (like the ingress proxy: it needs the database and
 ``suspension.resume``). The SSH user name names the sandbox; a client key is accepted when it is one
 of *that sandbox's* ``ssh_pubkeys`` (read from the database on every connection, so a key added with
-the API works on the next one; never the account's keys). Each session is a ``terminals.Terminal``:
+the API works on the next one; never the account's keys), or one added through the sandbox's access
+token while that token is enabled (a disabled, rotated or expired token's keys open nothing). Each session is a ``terminals.Terminal``:
 
 - ``ssh host`` with a PTY: a login shell on a PTY; window changes resize it.
 - ``ssh host cmd``: ``bash -lc cmd`` with separate stdout/stderr; stdin's EOF closes its stdin; the
@@ -32,7 +33,7 @@ from asyncssh.sftp import MIN_SFTP_VERSION
 from asyncssh.stream import SSHReader, SSHWriter
 from sqlalchemy import or_, select
 
-from paddock_controlplane import hostlink, terminals
+from paddock_controlplane import access_tokens, hostlink, terminals
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import SandboxStatus
@@ -97,9 +98,12 @@ class GatewayServer(asyncssh.SSHServer):
                     )
                 )
             ).all()
+            granted = await access_tokens.enabled_ssh_keys(
+                session, [c.id for c in candidates], self.services.clock()
+            )
         presented = key.public_data
         for sandbox in sorted(candidates, key=lambda s: s.id != username):  # an exact id first
-            for line in sandbox.ssh_pubkeys or []:
+            for line in [*(sandbox.ssh_pubkeys or []), *granted.get(sandbox.id, [])]:
                 with contextlib.suppress(asyncssh.KeyImportError, ValueError, TypeError):
                     if asyncssh.import_public_key(str(line)).public_data == presented:
                         self.target = _Target(sandbox.id, sandbox.user_id, sandbox.name)

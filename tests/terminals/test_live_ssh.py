@@ -69,7 +69,7 @@ def live(debian_image: Path, guest_binary_dir: Path, ssh_port: int) -> Iterator[
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     directory = tmp_path_factory.mktemp("sshkeys")
     made = {}
-    for name in ("good", "wrong", "later"):
+    for name in ("good", "wrong", "later", "agent", "owner", "rotated"):
         path = directory / name
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
         made[name] = path
@@ -133,6 +133,54 @@ def test_a_wrong_key_or_sandbox_is_refused_and_a_key_added_later_works(
     added = api.post(f"/v1/sandboxes/{sandbox['id']}/ssh-pubkeys", json={"keys": [pub]})
     assert added.status_code == 200, added.text
     assert ssh(ssh_port, keys["later"], sandbox["id"], "true").returncode == 0
+
+
+def test_a_key_added_through_an_access_token_stops_with_the_token(
+    live: LivePlatform, api: httpx.Client, ssh_port: int, keys: dict[str, Path], sandbox: dict[str, str]
+) -> None:
+    """Keys added with a sandbox's access token belong to it: disabling or rotating the token stops them
+    at the gateway (OpenSSH sees "Permission denied"); keys added with the account's key stay."""
+    sandbox_id = sandbox["id"]
+
+    def pub(name: str) -> str:
+        return keys[name].with_suffix(".pub").read_text().strip()
+
+    def add_keys(key: str, name: str) -> None:
+        with live.http(key) as client:
+            added = client.post(f"/v1/sandboxes/{sandbox_id}/ssh-pubkeys", json={"keys": [pub(name)]})
+        assert added.status_code == 200, added.text
+
+    def refused(name: str) -> bool:
+        done = ssh(ssh_port, keys[name], sandbox_id, "true")
+        return done.returncode == 255 and b"Permission denied" in done.stderr
+
+    token = api.post(f"/v1/sandboxes/{sandbox_id}/access-token").json()["data"]["token"]
+    try:
+        add_keys(token, "agent")
+        add_keys(api.headers["X-API-Key"], "owner")
+        assert not refused("agent") and not refused("owner")
+        in_sandbox = ssh(ssh_port, keys["agent"], sandbox_id, "echo agent in")
+        assert in_sandbox.stdout == b"agent in\n", in_sandbox
+
+        assert api.delete(f"/v1/sandboxes/{sandbox_id}/access-token").status_code == 200
+        assert refused("agent")
+        assert not refused("owner") and not refused("good")  # the account's keys are the account's
+        # The owner still sees which keys the disabled token had added; the sandbox's list lacks them.
+        shown = api.get(f"/v1/sandboxes/{sandbox_id}/access-token").json()["data"]
+        assert shown["ssh_pubkeys"] == [pub("agent")]
+        assert pub("agent") not in (
+            api.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]["ssh_pubkeys"] or []
+        )
+
+        token = api.post(f"/v1/sandboxes/{sandbox_id}/access-token").json()["data"]["token"]
+        assert refused("agent")  # a new token starts with no keys
+        add_keys(token, "rotated")
+        assert not refused("rotated")
+        rotated = api.post(f"/v1/sandboxes/{sandbox_id}/access-token/rotate")
+        assert rotated.status_code == 200, rotated.text
+        assert refused("rotated")
+    finally:
+        api.delete(f"/v1/sandboxes/{sandbox_id}/access-token")
 
 
 def test_an_interactive_session_runs_under_a_pty(

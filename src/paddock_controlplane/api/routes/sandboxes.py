@@ -231,7 +231,10 @@ async def ssh_pubkeys(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     body = await optional_body(request, SshKeysRequest)
-    return envelope.success(await patching.add_ssh_keys(services, principal.user_id, sandbox_id, body.keys))
+    # Keys added through the sandbox's access token belong to that token (docs/access-tokens.md).
+    token_id = principal.key_id if principal.sandbox_id is not None else None
+    added = await patching.add_ssh_keys(services, principal.user_id, sandbox_id, body.keys, token_id=token_id)
+    return envelope.success(added)
 
 
 @router.get("/{sandbox_id}/egress")
