@@ -3,12 +3,14 @@ and the gateway share."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import resource
 import socket
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class FrozenHeapServer(uvicorn.Server):
@@ -44,15 +46,66 @@ def raise_open_file_limit() -> int:
 GRACEFUL_SHUTDOWN_S = 10
 
 
+#: How long a connection may take to send a request's line and headers, counted from the moment it
+#: opens or from the first byte of each further request on it. uvicorn bounds only the wait between
+#: two requests (its keep-alive), so a connection that opened and sent nothing, or half a request
+#: line, was kept for ever: 200 of them held 200 descriptors of the control plane for as long as
+#: the peer liked (slow-loris). Over this, the connection is closed without an answer.
+HEADER_TIMEOUT_S = 10.0
+#: How long a connection may stay idle after an answer before it is closed (uvicorn's keep-alive; its
+#: default, said here so that it is documented and tested).
+KEEP_ALIVE_S = 5
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline on each request's head (``HEADER_TIMEOUT_S``)."""
+
+    header_timeout_s = HEADER_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._header_deadline: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._arm_header_deadline()  # a connection that sends nothing at all is dropped as well
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_deadline is None:
+            self._arm_header_deadline()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_deadline()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_deadline()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        self._header_deadline = self.loop.call_later(self.header_timeout_s, self._header_timed_out)
+
+    def _disarm_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _header_timed_out(self) -> None:
+        self._header_deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
 def config(app: ASGIApp, host: str, port: int) -> uvicorn.Config:
     """uvicorn's settings for a service: its own logging and access log off (the services log each
-    request themselves), and a bounded graceful shutdown."""
+    request themselves), a bounded graceful shutdown, and bounded waits for a request's head
+    (``HEADER_TIMEOUT_S``) and between requests (``KEEP_ALIVE_S``)."""
     return uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=BoundedHttpProtocol,
         log_config=None,
         access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
 
