@@ -32,6 +32,8 @@ WRITE_1600_MIB = (
     "yes paddock-disk-watermark | head -c 1677721600 | dd of=/big bs=1M iflag=fullblock conv=fsync 2>&1 "
     "&& md5sum /big"
 )
+#: A command left running after its exec answers (its output in /done when it ends).
+IN_BACKGROUND = "setsid sh -c '{{ {}; }} > /done.tmp 2>&1; mv /done.tmp /done' </dev/null >/dev/null 2>&1 &"
 
 
 def free_mib(path: Path) -> int:
@@ -89,6 +91,14 @@ def small_filesystem(tmp_path: Path) -> Iterator[Path]:
         assert not os.path.ismount(mount_dir), f"{mount_dir} is still mounted"
 
 
+async def assert_refused(tracker: Sandboxes) -> None:
+    with pytest.raises(HostAgentError) as refused:
+        await tracker.create(mem_mib=256)
+    assert refused.value.status == 507, refused.value
+    assert "disk store is low" in str(refused.value), refused.value
+    assert "held until it has 768 MiB free" in str(refused.value), refused.value
+
+
 async def wait_for(condition: Any, timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -117,52 +127,59 @@ async def test_a_host_running_low_holds_the_sandbox_filling_it_and_releases_it_w
         agent.start()
         async with agent.client() as host:
             tracker = Sandboxes(host, agent)
-            try:
-                writer = await tracker.create(mem_mib=256)
-                other = await tracker.create(mem_mib=256)
-                # Something else on the host takes all but 1,400 MiB; the sandbox then writes 1,600 MiB.
-                # Without the watermark the host filesystem fills under the disk store (EIO inside).
-                ballast = small_filesystem / "ballast"
-                ballast_mib = free_mib(small_filesystem) - 1400
-                assert ballast_mib >= 1024, free_mib(small_filesystem)
-                subprocess.run(["fallocate", "-l", f"{ballast_mib}M", str(ballast)], check=True)
-                lowest = [free_mib(small_filesystem)]
-                write = asyncio.create_task(sh(host, writer["id"], WRITE_1600_MIB))
+            writer = await tracker.create(mem_mib=256)
+            other = await tracker.create(mem_mib=256)
+            # Something else on the host takes all but 1,400 MiB; the sandbox then writes 1,600 MiB.
+            # Without the watermark the host filesystem fills under the disk store (EIO inside).
+            ballast = small_filesystem / "ballast"
+            ballast_mib = free_mib(small_filesystem) - 1400
+            assert ballast_mib >= 1024, free_mib(small_filesystem)
+            subprocess.run(["fallocate", "-l", f"{ballast_mib}M", str(ballast)], check=True)
+            lowest = [free_mib(small_filesystem)]
+            started = await sh(host, writer["id"], IN_BACKGROUND.format(WRITE_1600_MIB))
+            assert started["exit_code"] == 0, started
 
-                async def held() -> list[str]:
-                    lowest.append(free_mib(small_filesystem))
-                    return list((await host.info()).disk_held)
-
-                assert await wait_for(held, 120, "the writer to be held") == [writer["id"]]
-                assert not write.done(), write.result() if write.done() else None
-                # While it is held: no create, saying why; the other sandbox runs commands.
-                with pytest.raises(HostAgentError) as refused:
-                    await tracker.create(mem_mib=256)
-                assert refused.value.status == 507, refused.value
-                assert "disk store is low" in str(refused.value), refused.value
-                assert "held until it has 768 MiB free" in str(refused.value), refused.value
-                assert (await run(host, other["id"], "echo", "alive"))["stdout"] == "alive\n"
-                await asyncio.sleep(2)  # it stays held, and the host filesystem never fills
+            async def held() -> list[str]:
                 lowest.append(free_mib(small_filesystem))
-                assert (await host.info()).disk_held == [writer["id"]]
-                assert (await host.get_sandbox(writer["id"])).status == "running"
-                assert min(lowest) >= 128, lowest
-                # Room comes back: the writer goes on, and its file is whole.
-                ballast.unlink()
-                done = await asyncio.wait_for(write, 120)
-                assert "1677721600 bytes" in done["stdout"], done
-                assert (await host.info()).disk_held == []
-                # Whole on disk, not only in the page cache: without the watermark the same write also
-                # "succeeds", then reads back different once the cache is dropped (the store lost blocks).
-                subprocess.run(["sync", "-f", str(small_filesystem)], check=True)
-                Path("/proc/sys/vm/drop_caches").write_text("3")
-                reread = await sh(host, writer["id"], "md5sum /big && rm /big && sync && echo ok")
-                assert reread["stdout"] == done["stdout"].splitlines()[-1] + "\nok\n", (reread, done)
-                created = await tracker.create(mem_mib=256)
-                assert (await run(host, created["id"], "echo", "alive"))["stdout"] == "alive\n"
-                log = agent.log_path.read_text()
-                assert '"disk_low_hold"' in log and '"disk_low_release"' in log
-            finally:
-                await tracker.destroy_all()
+                return list((await host.info()).disk_held)
+
+            assert await wait_for(held, 120, "the writer to be held") == [writer["id"]]
+            # While it is held: no create, saying why; the other sandbox runs commands.
+            await assert_refused(tracker)
+            assert (await run(host, other["id"], "echo", "alive"))["stdout"] == "alive\n"
+            await asyncio.sleep(2)  # it stays held, and the host filesystem never fills
+            lowest.append(free_mib(small_filesystem))
+            assert (await host.info()).disk_held == [writer["id"]]
+            assert (await host.get_sandbox(writer["id"])).status == "running"
+        # A restarted agent knows the frozen sandbox for a hold, not a pause.
+        agent.stop()
+        agent.start()
+        async with agent.client() as host:
+            tracker = Sandboxes(host, agent)
+            assert (await host.info()).disk_held == [writer["id"]]
+            assert (await host.get_sandbox(writer["id"])).status == "running"
+            await assert_refused(tracker)
+            lowest.append(free_mib(small_filesystem))
+            assert min(lowest) >= 128, lowest
+            # Room comes back: the writer goes on, and its file is whole.
+            ballast.unlink()
+
+            async def finished() -> dict[str, Any] | None:
+                done = await sh(host, writer["id"], "cat /done")
+                return done if done["exit_code"] == 0 else None
+
+            done = await wait_for(finished, 120, "the write to finish")
+            assert "1677721600 bytes" in done["stdout"], done
+            assert (await host.info()).disk_held == []
+            # Whole on disk, not only in the page cache: without the watermark the same write also
+            # "succeeds", then reads back different once the cache is dropped (the store lost blocks).
+            subprocess.run(["sync", "-f", str(small_filesystem)], check=True)
+            Path("/proc/sys/vm/drop_caches").write_text("3")
+            reread = await sh(host, writer["id"], "md5sum /big && rm /big && sync && echo ok")
+            assert reread["stdout"] == done["stdout"].splitlines()[-1] + "\nok\n", (reread, done)
+            created = await tracker.create(mem_mib=256)
+            assert (await run(host, created["id"], "echo", "alive"))["stdout"] == "alive\n"
+            log = agent.log_path.read_text()
+            assert '"disk_low_hold"' in log and '"disk_low_release"' in log
     finally:
         teardown_agent(agent)
