@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from paddock_controlplane import contract, host_reports, hostlink, ingress, reconciler, sshgate
 from paddock_controlplane.api.errors import install_error_handlers
-from paddock_controlplane.api.routes import catalog, commands, internal, probes, sandboxes
+from paddock_controlplane.api.routes import bodies, catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.api.routes import computer as computer_routes
 from paddock_controlplane.api.routes import disks as disk_routes
 from paddock_controlplane.api.routes import networks as network_routes
@@ -34,6 +34,7 @@ from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.template_builds import TemplateBuilder
 from paddock_controlplane.webhook_delivery import DeliveryWorker
 from paddock_core import openapi
+from paddock_core.bodylimit import BodyLimit
 from paddock_core.crypto import SecretBox
 from paddock_core.db import PointReads, make_engine, make_sessionmaker, upgrade
 from paddock_core.fastlane import FastLane
@@ -148,6 +149,14 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
     openapi.install(app, contract.CONTRACT)  # the document as served: real statuses, envelopes, bodies
     # Added before the request log, so it runs inside it: every fast-lane request is logged too.
     app.add_middleware(FastLane, routes=[*commands.FAST_ROUTES, *sandboxes.FAST_ROUTES])
+    # Outside the fast lane, which reads bodies too: every body is bounded before it is buffered.
+    app.add_middleware(
+        BodyLimit,
+        default_bytes=bodies.MAX_BODY_BYTES,
+        routes=bodies.BODY_ROUTES,
+        refuse=bodies.body_too_large,
+        render=bodies.render_refusal,
+    )
     app.add_middleware(
         RequestContextMiddleware,
         service="controlplane",

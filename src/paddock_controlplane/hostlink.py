@@ -134,6 +134,13 @@ class HostLinkAPI(Protocol):
 
     async def fork(
         self,
+    # Overload of one sandbox (its guest takes no more connections now): the caller may retry.
+    hostclient.HostBusyError: lambda exc: errors.Unavailable(
+        "the sandbox is busy with other requests; retry", retry_after_s=1
+    ),
+    hostclient.SandboxDiskFullError: lambda exc: errors.InsufficientStorage(
+        "the sandbox's disk is full: nothing was written; free space in the sandbox or resize its disk"
+    ),
         source: Sandbox,
         child: Sandbox,
         *,

@@ -21,7 +21,8 @@ status codes.
     ├── RateLimited           429 RATE_LIMITED (carries retry_after_s)
     ├── ServerError           500 (error envelope)
     ├── NotImplementedYet     501 (error envelope)
-    └── Unavailable           503 (error envelope, carries retry_after_s)
+    ├── Unavailable           503 (error envelope, carries retry_after_s)
+    └── InsufficientStorage   507 (error envelope: the sandbox's own disk is full)
 """
 
 from __future__ import annotations
@@ -118,3 +119,7 @@ class Unavailable(PaddockError):
     def __init__(self, message: str | None = None, *, retry_after_s: int = 2) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class InsufficientStorage(PaddockError):
+    status, code, default_message = 507, "INSUFFICIENT_STORAGE", "the sandbox's disk is full"

@@ -26,6 +26,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Lifespan
 
+from paddock_core.bodylimit import BodyLimit
 from paddock_core.fastlane import FastLane
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
@@ -50,7 +51,16 @@ from paddock_hostagent.middleware import RequestLogMiddleware
 from paddock_hostagent.processes import router as process_router
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.registrar import Registrar
-from paddock_hostagent.routes import error_response, fast_routes, router, validation_reasons
+from paddock_hostagent.routes import (
+    BODY_ROUTES,
+    MAX_BODY_BYTES,
+    body_too_large,
+    error_response,
+    fast_routes,
+    render_refusal,
+    router,
+    validation_reasons,
+)
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.settings import HostAgentSettings
 
@@ -228,6 +238,13 @@ def api_app(authorized: Callable[[str], bool], lifespan: Lifespan[FastAPI] | Non
     app.include_router(router, dependencies=[Depends(require_token)])
     app.include_router(process_router, dependencies=[Depends(require_token)])
     app.add_middleware(FastLane, routes=fast_routes(authorized))  # inside the request log
+    app.add_middleware(  # outside the fast lane, which reads bodies too
+        BodyLimit,
+        default_bytes=MAX_BODY_BYTES,
+        routes=BODY_ROUTES,
+        refuse=body_too_large,
+        render=render_refusal,
+    )
     app.add_middleware(RequestLogMiddleware)
     app.add_middleware(ChannelEndpoint, authorized=authorized)  # one WebSocket, logged by itself
 

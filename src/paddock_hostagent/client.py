@@ -23,6 +23,8 @@ uploads use httpx. ``request_id`` (a callable) names the caller's request: it is
     ├── ProcessStateError         409 process_state (no terminal to resize, the process has exited …)
     ├── SpawnFailedError          400 spawn_failed (a managed process's command did not start)
     └── InsufficientCapacityError 507 (no memory, addresses or disk left on that host)
+    ├── HostBusyError             503 busy (the sandbox takes no more requests now; retry after a second)
+    ├── SandboxDiskFullError      507 sandbox_disk_full (the sandbox's own disk is full: not the host's)
 
 Any other answer (400 bad_request, 401, 500 sandbox_failed, an answer that is not the contract's …) is
 a plain ``HostAgentError`` with its ``status`` and ``code``.
@@ -144,11 +146,22 @@ class SpawnFailedError(HostAgentError):
 #: depend on the agent's wording or code.
 _BY_STATUS_FIRST: dict[int, type[HostAgentError]] = {507: InsufficientCapacityError}
 _BY_CODE: dict[str, type[HostAgentError]] = {
+class HostBusyError(HostAgentError):
+    pass
+
+
+class SandboxDiskFullError(HostAgentError):
+    pass
+
+
     "file_not_found": GuestFileNotFoundError,
     "parent_not_found": ParentNotFoundError,
     "is_directory": IsDirectoryError,
+#: The one exception: a sandbox whose own disk is full (an upload met ENOSPC) says so by its code.
+_BY_CODE_FIRST: dict[str, type[HostAgentError]] = {"sandbox_disk_full": SandboxDiskFullError}
     "sandbox_not_found": SandboxMissingError,
     "bad_path": BadPathError,
+    "busy": HostBusyError,
     "unknown_image": UnknownImageError,
     "process_not_found": ProcessMissingError,
     "process_state": ProcessStateError,
@@ -179,7 +192,12 @@ def error_from(status: int, body: bytes) -> HostAgentError:
         doc = json.loads(body)
         code = doc.get("error")
         message = str(doc.get("message") or message)
-    cls = _BY_STATUS_FIRST.get(status) or _BY_CODE.get(code or "") or _BY_STATUS.get(status, HostAgentError)
+    cls = (
+        _BY_CODE_FIRST.get(code or "")
+        or _BY_STATUS_FIRST.get(status)
+        or _BY_CODE.get(code or "")
+        or _BY_STATUS.get(status, HostAgentError)
+    )
     return cls(message, status=status, code=code)
 
 

@@ -20,6 +20,8 @@ codes back to its own exception classes.
     ├── PayloadTooLarge       413 payload_too_large
     ├── SandboxFailed         500 sandbox_failed (boot, runtime or host tool failure)
     └── InsufficientCapacity  507 insufficient_capacity
+    ├── Busy                  503 busy (the sandbox's guest takes no more connections now; Retry-After)
+    ├── SandboxDiskFull       507 sandbox_disk_full (an upload met the sandbox's full disk; nothing kept)
 """
 
 from __future__ import annotations
@@ -96,3 +98,17 @@ class SandboxFailed(HostAgentServerError):
 
 class InsufficientCapacity(HostAgentServerError):
     status, code = 507, "insufficient_capacity"
+class Busy(HostAgentServerError):
+    """Overload, not failure: the request never reached the guest, and the same one may be sent again
+    after ``retry_after_s`` (sent as ``Retry-After``)."""
+
+    status, code = 503, "busy"
+    retry_after_s = 1
+
+
+class SandboxDiskFull(HostAgentServerError):
+    """The sandbox's own disk (or quota) is full: its user's to free, not the host's capacity."""
+
+    status, code = 507, "sandbox_disk_full"
+
+

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from paddock_core import fastlane
+from paddock_core.bodylimit import BodyRoute
 from paddock_hostagent import errors, image_transfer
 from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.guest.protocol import MAX_CONTROL_PAYLOAD_BYTES, exec_payload_bytes
@@ -211,9 +212,37 @@ async def _buffered(
 _EXEC_HEADROOM_BYTES = 8192
 
 
+#: Request bodies, refused as they are read past their cap (``paddock_core.bodylimit``), so no caller
+#: makes the agent buffer more: an exec's stdin (the control plane holds it to 8 MiB, JSON's escapes
+#: may make that 6 times bigger), a build's base64 context (``BuildBody``), anything else. An upload
+#: streams to the guest and is bounded by the control plane.
+MAX_EXEC_STDIN_BYTES = 8 << 20
+MAX_BODY_BYTES = 8 << 20
+BODY_ROUTES = (
+    BodyRoute("PUT", r"/internal/v1/sandboxes/[^/]+/files", None),
+    BodyRoute("POST", r"/internal/v1/sandboxes/[^/]+/exec", 6 * MAX_EXEC_STDIN_BYTES + (4 << 20), "stdin"),
+    BodyRoute("POST", r"/internal/v1/builds", 64 << 20),
+)
+
+
+def body_too_large(limit_bytes: int, field: str) -> errors.HostAgentServerError:
+    return errors.PayloadTooLarge(f"{field}: the request body is over the {limit_bytes}-byte limit")
+
+
+def render_refusal(exc: Exception) -> Response:
+    assert isinstance(exc, errors.HostAgentServerError)
+    return error_response(exc.status, exc.code, exc.message)
+
+
 def check_exec_size(body: ExecBody) -> None:
-    """413 for a command the guest would refuse (it hangs up on an oversized EXEC frame); stdin is
-    streamed apart and does not count."""
+    """413 for a command the guest would refuse (it hangs up on an oversized EXEC frame), and for a
+    stdin over ``MAX_EXEC_STDIN_BYTES``."""
+    if body.stdin is not None and len(body.stdin) > MAX_EXEC_STDIN_BYTES // 4:
+        stdin_bytes = len(body.stdin.encode("utf-8", "surrogatepass"))
+        if stdin_bytes > MAX_EXEC_STDIN_BYTES:
+            raise errors.PayloadTooLarge(
+                f"stdin: {stdin_bytes} bytes, over the {MAX_EXEC_STDIN_BYTES}-byte limit"
+            )
     size = exec_payload_bytes(body.cmd, body.args, body.env, body.cwd or "")
     if size > MAX_CONTROL_PAYLOAD_BYTES - _EXEC_HEADROOM_BYTES:
         raise errors.PayloadTooLarge(
@@ -304,7 +333,11 @@ def error_body(code: str, message: str) -> bytes:
 
 
 def error_response(status: int, code: str, message: str) -> Response:
-    return Response(error_body(code, message), status_code=status, media_type="application/json")
+    """An error answer; an overload (429, 503) says when to try again (``Retry-After``)."""
+    headers = {"Retry-After": str(errors.Busy.retry_after_s)} if status in (429, 503) else None
+    return Response(
+        error_body(code, message), status_code=status, media_type="application/json", headers=headers
+    )
 
 
 def validation_reasons(problems: Sequence[Any]) -> str:

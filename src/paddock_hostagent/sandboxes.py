@@ -52,6 +52,7 @@ from paddock_hostagent.host import ISOLATION
 from paddock_hostagent.images import ImageError, ImageStore, UnknownImageError
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.schemas import (
+from paddock_hostagent.guest.client import GuestBusyError, GuestNoSpaceError
     BandwidthResult,
     CreateSandboxBody,
     CreateSandboxResult,
@@ -846,6 +847,8 @@ class SandboxManager:
         entry.streams.add(stream)
         return stream
 
+        except GuestBusyError as exc:
+            raise errors.Busy(f"sandbox {sandbox_id} is busy: {exc}; retry") from exc
     async def write_file(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes]) -> int:
         entry = self._running_entry(sandbox_id)
         _check_path(path)
@@ -1122,3 +1125,9 @@ async def _guest_file_errors(sandbox_id: str) -> AsyncIterator[None]:
         raise errors.BadPath(str(exc)) from exc
     except GuestError as exc:
         raise errors.SandboxFailed(f"file transfer with {sandbox_id} failed: {exc}") from exc
+    except GuestNoSpaceError as exc:
+        raise errors.SandboxDiskFull(
+            f"the disk of sandbox {sandbox_id} is full; nothing was written ({exc})"
+        ) from exc
+    except GuestBusyError as exc:
+        raise errors.Busy(f"sandbox {sandbox_id} is busy: {exc}; retry") from exc

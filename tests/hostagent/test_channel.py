@@ -312,9 +312,9 @@ async def test_a_call_too_big_for_the_channel_goes_over_http_and_the_channel_sta
     agent = fake_agent
     async with HostAgentClient(agent.url, TOKEN) as client:
         assert (await exec_true(client))["exit_code"] == 3  # opens the channel
-        result = await client.exec("sb-1", cmd="cat", args=[], env={}, stdin="x" * (17 << 20))
+        result = await client.exec("sb-1", cmd="cat", args=[], env={}, stdin="x" * (2 << 20))
         assert result.stdout == "cat ✓\n"
-        assert agent.manager.streams[-1].body.stdin == "x" * (17 << 20), "the whole stdin arrived"
+        assert agent.manager.streams[-1].body.stdin == "x" * (2 << 20), "the whole stdin arrived"
         assert client.channel is not None and client.channel.is_open, "the channel was not closed by it"
         assert (await exec_true(client))["exit_code"] == 3
 

@@ -18,12 +18,22 @@ handler. A kept connection is
 taken only if nothing arrived on it while idle (a restarted, destroyed or reset guest closes it) and
 only after its previous exec's EXIT, so no exec ever reads another's output; one found closed when its
 request is sent (nothing delivered) is replaced by a new connection.
+
+Many requests at once to one guest take turns to connect (``ConnectGates``): at most
+``MAX_CONNECTING_PER_GUEST`` connects are under way to a guest at a time, and a connect the guest's
+full listen backlog refuses (a unix socket says EAGAIN) is tried again with a growing pause until the
+connect timeout. Past ``MAX_WAITING_PER_GUEST`` callers waiting, no turn within ``MAX_TURN_WAIT_S``, or
+no connection within the connect timeout, a request is refused with ``GuestBusyError``: the caller
+answers 503 with Retry-After.
+Before, 300 parallel execs on one sandbox overflowed the guest's backlog of 128 and 31 of them
+answered 500.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import resource
 import select
@@ -38,6 +48,7 @@ from paddock_hostagent.guest.protocol import (
     HEADER,
     UNKNOWN_SIZE,
     Frame,
+    GuestFileError,
     GuestProtocolError,
     GuestUnavailableError,
     check_version,
@@ -54,6 +65,30 @@ _STREAM_LIMIT_BYTES = 4 << 20
 # EXIT frame flags (guest.h): the guest takes another request on this connection.
 _EXIT_KEPT = 1
 _IDLE_EVENTS = select.POLLIN | select.POLLRDHUP | select.POLLHUP | select.POLLERR
+#: Connects under way to one guest at once (its listen backlog holds 128, agent.c).
+MAX_CONNECTING_PER_GUEST = 32
+#: Callers waiting for their turn to connect to one guest; the next one is refused as busy at once.
+MAX_WAITING_PER_GUEST = 2048
+#: How long a caller waits for its turn before it is refused as busy.
+MAX_TURN_WAIT_S = 15.0
+#: The pauses between connects a full backlog refused: from the first to at most the last, doubling.
+_BACKLOG_RETRY_S = (0.001, 0.05)
+#: What an overloaded guest's refusal tells the caller to wait before trying again.
+BUSY_RETRY_AFTER_S = 1
+
+
+#: How the guest (glibc, static) words a write that met a full disk or quota: ``strerror``'s text,
+#: which its E_IO error carries.
+_NO_SPACE_REASONS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+class GuestNoSpaceError(GuestFileError):
+    """A write met a full disk (ENOSPC) or quota in the sandbox; the guest removed what it had written."""
+
+
+class GuestBusyError(GuestUnavailableError):
+    """The guest takes no more connections now (too many callers waiting, or its backlog stayed full
+    for the connect timeout): the request never reached it; try again in ``BUSY_RETRY_AFTER_S``."""
 
 
 @dataclass(frozen=True)
@@ -207,8 +242,56 @@ def _close_quietly(conn: _Connection) -> None:
         conn.close()
 
 
+class _Gate:
+    __slots__ = ("semaphore", "users")
+
+    def __init__(self, slots: int) -> None:
+        self.semaphore = asyncio.Semaphore(slots)
+        self.users = 0
+
+
+class ConnectGates:
+    """Turns to connect, per guest socket: ``MAX_CONNECTING_PER_GUEST`` at once, ``MAX_WAITING_PER_GUEST``
+    queued behind them, anyone past that refused. A guest's gate lives while someone uses it."""
+
+    def __init__(
+        self, slots: int = MAX_CONNECTING_PER_GUEST, max_waiting: int = MAX_WAITING_PER_GUEST
+    ) -> None:
+        self.slots = slots
+        self.max_waiting = max_waiting
+        self._gates: dict[str, _Gate] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, key: str, wait_s: float) -> AsyncIterator[None]:
+        """Holds one of the guest's connect slots; ``GuestBusyError`` when the queue is full or no
+        slot came free within ``wait_s``."""
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate(self.slots)
+        if gate.users >= self.slots + self.max_waiting:
+            raise GuestBusyError(f"guest agent at {key} is busy: {gate.users} connections waiting")
+        gate.users += 1
+        try:
+            try:
+                async with asyncio.timeout(wait_s):
+                    await gate.semaphore.acquire()
+            except TimeoutError:
+                raise GuestBusyError(
+                    f"guest agent at {key} is busy: no turn to connect within {wait_s} s"
+                ) from None
+            try:
+                yield
+            finally:
+                gate.semaphore.release()
+        finally:
+            gate.users -= 1
+            if gate.users == 0 and self._gates.get(key) is gate:
+                del self._gates[key]
+
+
 # The host agent's: one process, one event loop, and a new GuestClient per request.
 KEPT_CONNECTIONS = KeptConnections()
+CONNECT_GATES = ConnectGates()
 
 
 def unix_connector(socket_path: Path) -> Connector:
@@ -241,6 +324,8 @@ class GuestClient:
         connector: Connector | None = None,
         connect_timeout_s: float = 5.0,
         kept: KeptConnections | None = KEPT_CONNECTIONS,
+        gates: ConnectGates = CONNECT_GATES,
+        turn_timeout_s: float = MAX_TURN_WAIT_S,
     ) -> None:
         if connector is None:
             if socket_path is None:
@@ -253,6 +338,9 @@ class GuestClient:
         self.connect_timeout_s = connect_timeout_s
         self._kept = kept
         self._kept_key = str(socket_path)
+        self._gates = gates
+        self.turn_timeout_s = turn_timeout_s
+        self._gate_key = str(socket_path) if socket_path is not None else f"connector-{id(connector)}"
 
     def _take_kept(self) -> _Connection | None:
         return self._kept.take(self._kept_key) if self._kept is not None else None
@@ -264,12 +352,30 @@ class GuestClient:
             conn.close()
 
     async def _connect(self) -> _Connection:
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):  # no extra task, unlike wait_for
-                reader, writer = await self._connector()
-        except (OSError, TimeoutError) as exc:
-            where = self.socket_path or "its transport"
-            raise GuestUnavailableError(f"guest agent at {where} does not answer: {exc}") from exc
+        """A new connection, once this guest's turn to connect comes (``ConnectGates``). A connect the
+        guest's full backlog refuses (EAGAIN) is tried again; one that does not complete within
+        ``connect_timeout_s`` meets a guest that accepts nothing now: busy, as a refused turn is (a
+        guest that is gone refuses at once)."""
+        where = self.socket_path or "its transport"
+        async with self._gates.turn(self._gate_key, self.turn_timeout_s):
+            try:
+                async with asyncio.timeout(self.connect_timeout_s):  # no extra task, unlike wait_for
+                    pause_s = _BACKLOG_RETRY_S[0]
+                    while True:
+                        try:
+                            reader, writer = await self._connector()
+                            break
+                        except OSError as exc:
+                            if exc.errno != errno.EAGAIN:
+                                raise
+                        await asyncio.sleep(pause_s)
+                        pause_s = min(pause_s * 2, _BACKLOG_RETRY_S[1])
+            except TimeoutError as exc:
+                raise GuestBusyError(
+                    f"guest agent at {where} is busy: no connection within {self.connect_timeout_s} s"
+                ) from exc
+            except OSError as exc:
+                raise GuestUnavailableError(f"guest agent at {where} does not answer: {exc}") from exc
         return _Connection(reader, writer)
 
     async def info(self) -> GuestInfo:
@@ -323,7 +429,8 @@ class GuestClient:
         return ExecSession(self, request)
 
     async def write_file(self, path: str, chunks: AsyncIterable[bytes]) -> int:
-        """Streams ``chunks`` into ``path`` atomically; returns the size written."""
+        """Streams ``chunks`` into ``path`` atomically; returns the size written. A full disk in the
+        sandbox is ``GuestNoSpaceError`` (the guest wrote to a temporary file, and removed it)."""
         conn = await self._connect()
         try:
             await conn.send(encode_path_request(Frame.WRITE, path))
@@ -337,6 +444,10 @@ class GuestClient:
                 raise GuestProtocolError("short write acknowledgement")
             (size,) = struct.unpack("<Q", payload)
             return int(size)
+        except GuestFileError as exc:
+            if type(exc) is GuestFileError and str(exc).endswith(_NO_SPACE_REASONS):
+                raise GuestNoSpaceError(str(exc)) from exc
+            raise
         finally:
             conn.close()
 

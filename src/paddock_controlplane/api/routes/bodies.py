@@ -16,9 +16,43 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
+from paddock_controlplane import commands, templates
+from paddock_controlplane.api.errors import error_response
 from paddock_core import errors, jsonbody
+from paddock_core.bodylimit import BodyRoute
 
 M = TypeVar("M", bound=BaseModel)
+
+#: Any other request body, refused as it is read past this (``paddock_core.bodylimit``): no other body
+#: of the contract comes near it.
+MAX_BODY_BYTES = 8 << 20
+#: A template's build context travels as base64 in its JSON (4 bytes for 3), with its Dockerfile.
+MAX_TEMPLATE_BODY_BYTES = templates.MAX_CONTEXT_BYTES * 4 // 3 + (1 << 20)
+#: Bodies with their own cap: an upload streams and is counted against ``max_upload_bytes`` as it goes;
+#: an exec's refusal names ``stdin``, its one field without a bound of its own.
+BODY_ROUTES = (
+    BodyRoute("PUT", r"/v1/sandboxes/[^/]+/files", None),
+    BodyRoute("POST", r"/v1/sandboxes/[^/]+/exec", commands.MAX_EXEC_BODY_BYTES, "stdin"),
+    BodyRoute("POST", r"/v1/templates", MAX_TEMPLATE_BODY_BYTES),
+)
+
+
+def render_refusal(exc: Exception) -> Response:
+    """``body_too_large``'s error as the contract's envelope (``BodyLimit``'s ``render``)."""
+    assert isinstance(exc, errors.PaddockError)
+    return error_response(exc)
+
+
+def body_too_large(limit_bytes: int, field: str) -> errors.PaddockError:
+    """The 413 for a body refused while it was read, naming the field it is charged to."""
+    if field == "stdin":
+        reason = (
+            f"the exec's body is over {limit_bytes} bytes (stdin may hold {commands.MAX_EXEC_STDIN_BYTES});"
+            " upload bulk input as a file (PUT /files) and read it"
+        )
+    else:
+        reason = f"is over the {limit_bytes}-byte limit"
+    return errors.PayloadTooLarge(f"{field}: {reason}", fields={field: reason})
 
 
 def parse_json(raw: bytes, nul_allowed: frozenset[str] = frozenset()) -> Any:
