@@ -8,7 +8,7 @@ export PADDOCK_DATA_DIR ?= /var/lib/paddock
 export PADDOCK_HOST_IMAGE_DIR ?= $(PADDOCK_DATA_DIR)/images
 export PADDOCK_TEST_IMAGE_CACHE ?= $(PADDOCK_HOST_IMAGE_DIR)
 
-.PHONY: run test setup setup-test venv images devchain-deps lint bench bench-smoke bench-deps clean
+.PHONY: run test setup setup-test venv images devchain-deps lint bench bench-smoke bench-deps clean soak
 
 run: setup images devchain-deps
 	$(VENV)/bin/paddock serve
@@ -51,6 +51,11 @@ devchain-deps:
 	@if [ -f devchain/package.json ]; then \
 	  (cd devchain && { [ -d node_modules ] && [ node_modules -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }); \
 	fi
+
+# The long fork torture (200 seeded sequences; PADDOCK_TORTURE_SEED / PADDOCK_TORTURE_ITERATIONS to change).
+soak: setup-test images
+	@export PADDOCK_TEST_PG_URL="$$(scripts/ensure-postgres.sh)"; \
+	PADDOCK_SOAK=1 $(PY) -m pytest -p no:cacheprovider -s -m slow tests/hostagent/test_fork_torture.py $(PYTEST_ARGS)
 
 # The sync SDK (and the sync twins of the live SDK tests) are generated from the async sources.
 lint: venv

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from paddock_hostagent.drivers import loops, mounts, xfsreadahead
-from paddock_hostagent.drivers.base import DriverError, UnsupportedError
+from paddock_hostagent.drivers.base import CommandFailedError, DriverError, UnsupportedError
 from paddock_hostagent.drivers.commands import run
 
 Filesystem = Literal["ext4", "xfs"]
@@ -70,6 +70,15 @@ def choose_filesystem(preference: str = "auto") -> Filesystem:
 
 def can_grow_online(fs: Filesystem) -> bool:
     return fs == "xfs" or has_capability(_CAP_SYS_RESOURCE)
+
+
+class DiskNotCleanError(DriverError):
+    """A fork's copy of its source's disk is not a clean filesystem: its mount failed as a corrupt one
+    would, or it mounted with another geometry than its source's. Nothing was booted from it."""
+
+
+# What a mount answers for a filesystem whose structures are damaged (EFSCORRUPTED, EFSBADCRC).
+_NOT_CLEAN = {errno.EUCLEAN, errno.EBADMSG}
 
 
 @dataclass
@@ -203,8 +212,20 @@ async def grow(disk: Disk, size_mib: int) -> None:
     loops.refresh_capacity(disk.loop_device)
     if disk.fs == "xfs":
         await run(["xfs_growfs", str(disk.mount_dir)])
+        # The grown superblock is only logged: the image keeps the old size in its primary superblock
+        # until the log moves on, and a copy taken meanwhile (a fork's clone) must replay the growth.
+        # This kernel cannot: the log's checkpoint holds buffers of the new allocation groups before
+        # the superblock that adds them, so recovery reads them against the old size and fails
+        # (EFSCORRUPTED, "Structure needs cleaning"). A freeze writes the superblock home and covers
+        # the log (~50-70 ms, once per resize).
+        await asyncio.to_thread(_write_superblock_home, disk.mount_dir)
     else:
         await run(["resize2fs", disk.loop_device])
+
+
+def _write_superblock_home(mount_dir: Path) -> None:
+    mounts.freeze_filesystem(mount_dir)
+    mounts.thaw_filesystem(mount_dir)
 
 
 async def clone_disk(
@@ -265,13 +286,16 @@ async def clone_disk(
             meanwhile()
             await asyncio.to_thread(mounts.sync_filesystem, source.mount_dir)
             step("sync")
-        await _replace_image(source, disk, step)
+        shape = await _replace_image(source, disk, step)
         step("clone")
     finally:
         release_once()
     forget_old_image(disk)
     step("loop")
-    await attach(disk)
+    if not disk.loop_device:
+        disk.loop_device = await loops.attach(disk.image_path)
+        await asyncio.to_thread(loops.write_through, disk.loop_device)
+    await asyncio.to_thread(_mount_copy, source, disk, shape)
     step("mount")
 
 
@@ -296,20 +320,23 @@ def _clone_and_mount(
     if not _device_free(disk.loop_device):
         return False
     try:
-        _clone_for_mount(source, disk.image_path, step)
+        shape = _clone_for_mount(source, disk.image_path, step)
     except OSError:
         return False
     step("clone")
     release()
     forget_old_image(disk)
     step("loop")
-    _mount_disk(disk)
+    _mount_copy(source, disk, shape)
     step("mount")
     return True
 
 
-async def _replace_image(source: Disk, disk: Disk, step: Callable[[str], None]) -> None:
-    """The clone (or copy) of ``clone_disk`` where the disk's loop device may be held or there is none."""
+async def _replace_image(
+    source: Disk, disk: Disk, step: Callable[[str], None]
+) -> xfsreadahead.XfsGeometry | None:
+    """The clone (or copy) of ``clone_disk`` where the disk's loop device may be held or there is none;
+    the source's XFS geometry, when known."""
     target = disk.image_path
     if disk.loop_device and not await _released(disk.loop_device):
         # Another mount namespace still holds the slot's old filesystem: a container that started
@@ -321,23 +348,30 @@ async def _replace_image(source: Disk, disk: Disk, step: Callable[[str], None]) 
         disk.loop_device = ""
         target.unlink(missing_ok=True)
     try:
-        await asyncio.to_thread(_clone_for_mount, source, target, step)
+        return await asyncio.to_thread(_clone_for_mount, source, target, step)
     except OSError:  # the files cannot share blocks here
         mounts.freeze_filesystem(source.mount_dir)
         try:
             await run(["cp", "--sparse=always", "--reflink=auto", str(source.image_path), str(target)])
         finally:
             mounts.thaw_filesystem(source.mount_dir)
+        return xfsreadahead.geometry(source.mount_dir) if source.fs == "xfs" else None
 
 
-def _clone_for_mount(source: Disk, target: Path, step: Callable[[str], None]) -> None:
-    """Clones ``source``'s image to ``target`` and starts reading what a mount of it will read. OSError
-    when the two files cannot share blocks; DriverError for any other failure. A source with a long log
-    to replay is frozen for the clone (``QUIESCE_REPLAY_BB``)."""
+def _clone_for_mount(
+    source: Disk, target: Path, step: Callable[[str], None]
+) -> xfsreadahead.XfsGeometry | None:
+    """Clones ``source``'s image to ``target`` and starts reading what a mount of it will read; returns
+    the source's XFS geometry (None for ext4). OSError when the two files cannot share blocks;
+    DriverError for any other failure. A source with a long log to replay is frozen for the clone
+    (``QUIESCE_REPLAY_BB``), as is one whose grown superblock is not yet written home."""
     shape = xfsreadahead.geometry(source.mount_dir) if source.fs == "xfs" else None
     log = xfsreadahead.log_position(source.loop_device) if shape is not None and source.loop_device else None
-    quiesce = (
-        shape is not None and log is not None and xfsreadahead.replay_backlog(shape, log) > QUIESCE_REPLAY_BB
+    quiesce = shape is not None and (
+        (log is not None and xfsreadahead.replay_backlog(shape, log) > QUIESCE_REPLAY_BB)
+        # Grown, and the grown superblock not yet home (a disk grown by an agent before ``grow``
+        # wrote it home): a clone would have to replay the growth, which fails (see ``grow``).
+        or xfsreadahead.superblock_blocks(source.image_path) != shape.data_blocks
     )
     if quiesce:
         mounts.freeze_filesystem(source.mount_dir)
@@ -355,6 +389,32 @@ def _clone_for_mount(source: Disk, target: Path, step: Callable[[str], None]) ->
             mounts.thaw_filesystem(source.mount_dir)
     if reads:
         xfsreadahead.read_ahead(target, reads)
+    return shape
+
+
+def _mount_copy(source: Disk, disk: Disk, shape: xfsreadahead.XfsGeometry | None) -> None:
+    """Mounts a fork's copy of ``source``'s disk and checks, before anything boots from it, that it is
+    a clean filesystem: a mount that fails as a damaged one does (its log cannot be replayed, a
+    checksum fails), or a copy whose size or allocation groups differ from its source's, is
+    ``DiskNotCleanError``; the copy is left unmounted then (the caller removes it)."""
+    try:
+        _mount_disk(disk)
+    except CommandFailedError as exc:
+        if exc.returncode in _NOT_CLEAN:
+            raise DiskNotCleanError(
+                f"the fork's copy of the disk of its source is not a clean filesystem ({exc}); "
+                "nothing was booted from it and the source is unchanged"
+            ) from exc
+        raise
+    if shape is None:
+        return
+    copy = xfsreadahead.geometry(disk.mount_dir)
+    if copy is None or (copy.data_blocks, copy.ag_count) != (shape.data_blocks, shape.ag_count):
+        mounts.unmount(disk.mount_dir)
+        raise DiskNotCleanError(
+            f"the fork's copy of the disk of its source mounted as another filesystem ({copy} where "
+            f"its source is {shape}); nothing was booted from it and the source is unchanged"
+        )
 
 
 def _device_free(device: str) -> bool:

@@ -82,6 +82,21 @@ def geometry(mount_dir: Path) -> XfsGeometry | None:
     )
 
 
+def superblock_blocks(image: Path) -> int | None:
+    """The data blocks the primary superblock written in the XFS ``image`` says the filesystem has
+    (``sb_dblocks``); None when the image does not start with one. Read from the image file (its page
+    cache, where the loop device's writes land), not from the mounted filesystem's memory: after a
+    grow they differ until the grown superblock is written home."""
+    try:
+        with open(image, "rb") as file:
+            raw = file.read(16)
+    except OSError:
+        return None
+    if len(raw) < 16 or raw[:4] != b"XFSB":
+        return None
+    return int(struct.unpack(">Q", raw[8:16])[0])
+
+
 def log_position(device: str) -> LogPosition | None:
     """Where the log of the XFS filesystem on ``device`` has its head and tail now; None when the
     kernel does not say."""

@@ -1,0 +1,383 @@
+"""A fork boots only a clean copy of its source's disk, whatever the source went through before.
+
+The torture runs random sequences of what a client does to a real sandbox that touches its disk (file
+writes across many directories, uploads, large files, deletes, resizes, pause and resume, forks of forks)
+and then forks it. Every fork must boot, hold the files its source had, and its disk, like its source's,
+must pass ``xfs_repair -n``: each is checked through a copy taken while it is paused and synced (a crash
+image, as a fork's clone is), mounted once so that its log is replayed, then unmounted and repaired
+read-only.
+
+Every iteration has its own seed, printed, and a failure names it: ``PADDOCK_TORTURE_SEED=<seed>
+PADDOCK_TORTURE_ITERATIONS=1`` runs that sequence again. The short run (20 iterations) is part of the
+suite; ``make soak`` runs the long one (200 iterations, ``PADDOCK_TORTURE_ITERATIONS`` to change it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import secrets
+import struct
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from paddock_hostagent.client import HostAgentClient
+from paddock_hostagent.drivers import loops, mounts, storage
+from paddock_hostagent.drivers.commands import run_sync
+from paddock_hostagent.drivers.storage import Disk, DiskNotCleanError
+from paddock_hostagent.schemas import ForkBody
+from tests.hostagent.conftest import DISK_MIB, AgentProcess, Sandboxes, run, sh
+
+pytestmark = pytest.mark.root
+
+SHORT_ITERATIONS = 20
+SOAK_ITERATIONS = 200
+MAX_DISK_MIB = 12288
+
+
+def _seeds(default_iterations: int) -> list[int]:
+    first = int(os.environ.get("PADDOCK_TORTURE_SEED") or secrets.randbelow(1 << 31))
+    count = int(os.environ.get("PADDOCK_TORTURE_ITERATIONS") or default_iterations)
+    return [first + index for index in range(count)]
+
+
+# -- checking a disk ----------------------------------------------------------------------------
+
+
+def superblock_blocks(image: Path) -> int:
+    """The data blocks the primary superblock of the XFS image says it has (on disk, not in memory)."""
+    with open(image, "rb") as file:
+        raw = file.read(16)
+    assert raw[:4] == b"XFSB", f"{image} holds no XFS superblock"
+    return int(struct.unpack(">Q", raw[8:16])[0])
+
+
+async def repair_check(host: HostAgentClient, agent: AgentProcess, sandbox_id: str, label: str) -> str:
+    """Problems ``xfs_repair -n`` finds in a crash image of the sandbox's disk ('' when clean): the
+    sandbox is paused and its disk synced, its image cloned, then resumed; the copy is mounted once
+    (its log replayed, as a fork's mount does), unmounted and checked."""
+    slot = agent.record(sandbox_id)["driver_state"]["slot"]
+    image, mount_dir = Path(slot["disk_image"]), Path(slot["disk_mount"])
+    was_paused = (await host.get_sandbox(sandbox_id)).status == "paused"
+    name = f"check-{secrets.token_hex(4)}"
+    copy = Disk(image.parent / f"{name}.img", image.parent.parent / name, "xfs")
+    if not was_paused:
+        await host.pause_sandbox(sandbox_id)
+    try:
+        mounts.sync_filesystem(mount_dir)
+        storage.clone_file(image, copy.image_path)
+    finally:
+        if not was_paused:
+            await host.resume_sandbox(sandbox_id)
+    try:
+        try:
+            await storage.attach(copy)
+        except Exception as exc:
+            return f"{label}: a crash image of its disk does not mount: {exc}"
+        await storage.detach(copy)
+        checked = subprocess.run(
+            ["xfs_repair", "-n", "-f", str(copy.image_path)], capture_output=True, text=True, check=False
+        )
+        if checked.returncode != 0:
+            return f"{label}: xfs_repair -n exited {checked.returncode}:\n{checked.stdout[-2000:]}{checked.stderr[-500:]}"
+        return ""
+    finally:
+        await storage.detach(copy)
+        copy.image_path.unlink(missing_ok=True)
+        copy.mount_dir.rmdir()
+
+
+# -- the sequences --------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One seeded sequence on one sandbox: what was done, and the files the sandbox must hold."""
+
+    seed: int
+    host: HostAgentClient
+    sandboxes: Sandboxes
+    agent: AgentProcess
+    rnd: random.Random
+    sandbox_id: str = ""
+    disk_mib: int = DISK_MIB
+    done: list[str] = field(default_factory=list)
+    expected_files: int = 0
+    step: int = 0
+
+    def fail(self, message: str) -> None:
+        pytest.fail(
+            f"fork torture seed={self.seed} after {self.done}: {message}\n"
+            f"reproduce with PADDOCK_TORTURE_SEED={self.seed} PADDOCK_TORTURE_ITERATIONS=1",
+            pytrace=False,
+        )
+
+    async def ok(self, command: str) -> dict[str, Any]:
+        result = await sh(self.host, self.sandbox_id, command)
+        if result["exit_code"] != 0:
+            self.fail(f"{command!r} failed: {result}")
+        return result
+
+    # Each operation touches the sandbox's disk (egress is there because a real client's run does it).
+
+    async def files(self) -> None:
+        """Files in many new directories: XFS spreads directories over allocation groups, the new ones
+        a resize added included."""
+        dirs, per_dir = self.rnd.randint(4, 64), self.rnd.randint(5, 60)
+        self.step += 1
+        await self.ok(
+            f"for d in $(seq {dirs}); do mkdir -p /root/t/s{self.step}-$d && cd /root/t/s{self.step}-$d && "
+            f"seq -f f%g {per_dir} | xargs touch && echo data > f1; done"
+        )
+        self.expected_files += dirs * per_dir
+
+    async def upload(self) -> None:
+        data = self.rnd.randbytes(self.rnd.randint(1, 2 << 20))
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield data
+
+        self.step += 1
+        await self.host.upload(self.sandbox_id, f"/root/up{self.step}", chunks())
+
+    async def big(self) -> None:
+        self.step += 1
+        await self.ok(f"head -c {self.rnd.randint(1, 48)}M /dev/urandom > /root/big{self.step}")
+
+    async def delete(self) -> None:
+        await self.ok("ls -d /root/t/* 2>/dev/null | head -n 3 | while read d; do rm -rf $d; done; true")
+        self.expected_files = int((await self.ok("find /root/t -type f | wc -l"))["stdout"])
+
+    async def resize(self) -> None:
+        if self.disk_mib >= MAX_DISK_MIB:
+            return
+        self.disk_mib = min(MAX_DISK_MIB, self.disk_mib + self.rnd.choice([256, 1024, 2048, 8192]))
+        await self.host.resize_sandbox(self.sandbox_id, self.disk_mib)
+
+    async def pause(self) -> None:
+        await self.host.pause_sandbox(self.sandbox_id)
+        if self.rnd.random() < 0.5:
+            await asyncio.sleep(self.rnd.uniform(0, 0.3))
+        await self.host.resume_sandbox(self.sandbox_id)
+
+    async def egress(self) -> None:
+        await self.host.set_egress(self.sandbox_id, ["203.0.113.0/24"])
+        await self.host.set_egress(self.sandbox_id, [])
+
+    async def fork(self, *, paused: bool) -> str:
+        """Forks the sandbox (paused first when ``paused``): the fork must boot and hold every file."""
+        if paused:
+            await self.host.pause_sandbox(self.sandbox_id)
+        child_id = f"sb-{secrets.token_hex(5)}"
+        self.sandboxes.track(child_id)
+        try:
+            await self.host.fork_sandbox(
+                self.sandbox_id,
+                ForkBody(new_id=child_id, name="torture", start_paused=self.rnd.random() < 0.2),
+            )
+        except Exception as exc:
+            self.fail(f"the fork of {self.sandbox_id} failed: {exc}")
+        finally:
+            if paused:
+                await self.host.resume_sandbox(self.sandbox_id)
+        if (await self.host.get_sandbox(child_id)).status == "paused":
+            await self.host.resume_sandbox(child_id)
+        counted = await run(self.host, child_id, "bash", "-c", "find /root/t -type f 2>/dev/null | wc -l")
+        if int(counted["stdout"] or 0) != self.expected_files:
+            self.fail(f"the fork holds {counted['stdout'].strip()} files, its source {self.expected_files}")
+        problem = await repair_check(self.host, self.agent, child_id, f"fork {child_id}")
+        if problem:
+            self.fail(problem)
+        return child_id
+
+    def operations(self) -> list[Callable[[], Any]]:
+        return [self.files, self.files, self.upload, self.big, self.delete, self.resize, self.resize]
+
+    async def sequence(self) -> None:
+        self.disk_mib = self.rnd.choice([DISK_MIB, DISK_MIB, 4096, 10240])
+        created = await self.sandboxes.create(disk_mib=self.disk_mib, name="torture")
+        self.sandbox_id = created["id"]
+        await self.ok("mkdir -p /root/t")
+        for _ in range(self.rnd.randint(3, 9)):
+            choice = self.rnd.random()
+            if choice < 0.12:
+                name = "pause"
+                await self.pause()
+            elif choice < 0.17:
+                name = "egress"
+                await self.egress()
+            elif choice < 0.25:
+                name = "fork"
+                child_id = await self.fork(paused=self.rnd.random() < 0.3)
+                if self.rnd.random() < 0.5:  # go on with the fork: a fork of a fork next
+                    self.sandbox_id = child_id
+                    name = "fork-and-continue"
+            else:
+                operation = self.rnd.choice(self.operations())
+                name = operation.__name__
+                await operation()
+            self.done.append(name)
+        self.done.append("fork")
+        await self.fork(paused=self.rnd.random() < 0.3)
+        problem = await repair_check(self.host, self.agent, self.sandbox_id, f"source {self.sandbox_id}")
+        if problem:
+            self.fail(problem)
+
+
+async def torture(make_agent: Any, seeds: list[int]) -> None:
+    agent: AgentProcess = make_agent()
+    agent.start()
+    started = time.monotonic()
+    async with agent.client() as host:
+        for seed in seeds:
+            print(f"fork torture seed={seed}", flush=True)
+            sandboxes = Sandboxes(host, agent)
+            attempt = Run(seed, host, sandboxes, agent, random.Random(seed))
+            try:
+                await attempt.sequence()
+            finally:
+                await sandboxes.destroy_all()
+    print(f"fork torture: {len(seeds)} sequences in {time.monotonic() - started:.0f} s")
+
+
+async def test_fork_torture(make_agent: Any) -> None:
+    await torture(make_agent, _seeds(SHORT_ITERATIONS))
+
+
+@pytest.mark.slow
+async def test_fork_torture_soak(make_agent: Any) -> None:
+    if os.environ.get("PADDOCK_SOAK") != "1":
+        pytest.skip("the long run is `make soak` (PADDOCK_SOAK=1)")
+    await torture(make_agent, _seeds(SOAK_ITERATIONS))
+
+
+# -- the case the torture found -------------------------------------------------------------------
+
+
+async def test_a_fork_after_the_disk_grew_mounts_without_quiescing(
+    host: HostAgentClient, sandboxes: Sandboxes, agent: AgentProcess
+) -> None:
+    """A disk grown at its create (the warm slot's 2 GiB to 10 GiB) and by a resize, then written in
+    many directories (some in the new allocation groups): the fork's clone, taken without a freeze (a
+    short log), mounts and holds every file. Before, the grown superblock was only in the log, whose
+    first checkpoint held buffers of the new allocation groups before it: the clone's log recovery read
+    them against the old size and the fork failed with "mount exited with 117: Structure needs
+    cleaning"."""
+    source = await sandboxes.create(disk_mib=10240, name="grown")
+    spread = "for d in $(seq 64); do mkdir -p /root/t/$d && touch /root/t/$d/a /root/t/$d/b; done"
+    assert (await sh(host, source["id"], spread))["exit_code"] == 0
+    await host.resize_sandbox(source["id"], 12288)
+    more = "for d in $(seq 64); do mkdir -p /root/u/$d && touch /root/u/$d/c; done"
+    assert (await sh(host, source["id"], more))["exit_code"] == 0
+
+    child_id = f"{source['id']}-fork"
+    sandboxes.track(child_id)
+    await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="grown-fork", start_paused=False))
+    counted = await sh(host, child_id, "find /root/t /root/u -type f | wc -l")
+    assert counted["stdout"].strip() == str(64 * 3)
+    phases = agent.logged("fork_phases", child_id)
+    assert "quiesce_ms" not in phases, "the plain clone (no freeze) is what this checks"
+    slot = agent.record(source["id"])["driver_state"]["slot"]
+    assert superblock_blocks(Path(slot["disk_image"])) == 12288 << 8, "the grown size is on disk"
+    assert await repair_check(host, agent, child_id, "fork") == ""
+    assert await repair_check(host, agent, source["id"], "source") == ""
+
+
+# -- the clone itself (drivers/storage.py), on a store as the agent makes one ---------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Path]:
+    """An XFS store with reflink on a direct-I/O loop device, as ``storage.open_store`` makes one."""
+    backing = tmp_path / "disks.xfs"
+    with open(backing, "wb") as image:
+        image.truncate(32 << 30)
+    run_sync(["mkfs.xfs", "-q", "-f", "-m", "reflink=1", str(backing)])
+    device = asyncio.run(loops.attach(backing, direct_io=True))
+    directory = tmp_path / "disks"
+    directory.mkdir()
+    try:
+        mounts.mount(device, directory, "xfs")
+        try:
+            yield directory
+        finally:
+            mounts.unmount(directory)
+    finally:
+        asyncio.run(loops.detach(device))
+
+
+async def _disk(store: Path, name: str, mib: int, *, mounted: bool = True) -> Disk:
+    disk = Disk(store / f"{name}.img", store.parent / name, "xfs")
+    await storage.format_from_blank(disk.image_path, mib, "xfs", store)
+    await storage.attach(disk)
+    if not mounted:  # a warm slot readied for a fork: its loop device, no mount
+        mounts.unmount(disk.mount_dir)
+    return disk
+
+
+def _repair(image: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["xfs_repair", "-n", "-f", str(image)], capture_output=True, text=True, check=False)
+
+
+async def test_a_disk_grown_by_an_older_agent_is_frozen_for_its_clone(store: Path) -> None:
+    """An agent before this one grew a disk with ``xfs_growfs`` alone, leaving the grown superblock in
+    the log only: a fork of such a disk freezes it for the clone (which writes the superblock home), so
+    the clone has nothing of the growth to replay; it mounts, holds every file and repairs clean."""
+    source = await _disk(store, "source", 2048)
+    slot = await _disk(store, "slot", 2048, mounted=False)
+    try:
+        with open(source.image_path, "r+b") as image:
+            image.truncate(10240 << 20)
+        loops.refresh_capacity(source.loop_device)
+        run_sync(["xfs_growfs", str(source.mount_dir)])  # the old grow: nothing written home
+        for index in range(64):  # directories spread over allocation groups, the new ones included
+            (source.upper_dir / str(index)).mkdir()
+            (source.upper_dir / str(index) / "file").write_bytes(b"x")
+        assert superblock_blocks(source.image_path) == 2048 << 8
+
+        steps: list[str] = []
+        await storage.clone_disk(source, slot, step=steps.append)
+        assert steps == ["sync", "quiesce", "clone", "loop", "mount"], steps
+        assert len(list(slot.upper_dir.glob("*/file"))) == 64
+        assert superblock_blocks(source.image_path) == 10240 << 8
+        (source.upper_dir / "after").write_bytes(b"the source writes on")
+        await storage.detach(slot)
+        checked = _repair(slot.image_path)
+        assert checked.returncode == 0, checked.stdout[-2000:]
+    finally:
+        await storage.detach(slot)
+        await storage.detach(source)
+    checked = _repair(source.image_path)
+    assert checked.returncode == 0, checked.stdout[-2000:]
+
+
+async def test_a_copy_that_does_not_mount_clean_is_refused_unmounted(store: Path) -> None:
+    """A copy whose mount fails as a damaged filesystem does (here its superblock's checksum, broken in
+    the source's image under the live source) is ``DiskNotCleanError`` saying so, and is left
+    unmounted; the source, whose superblock is in its memory, is untouched and writes it home again."""
+    source = await _disk(store, "source", 2048)
+    slot = await _disk(store, "slot", 2048, mounted=False)
+    try:
+        (source.upper_dir / "kept").write_bytes(b"x")
+        mounts.sync_filesystem(source.mount_dir)
+        with open(source.image_path, "r+b") as image:  # sb_crc, at byte 224 of the primary superblock
+            image.seek(224)
+            image.write(b"\xde\xad\xbe\xef")
+        with pytest.raises(DiskNotCleanError, match=r"not a clean filesystem.*nothing was booted"):
+            await storage.clone_disk(source, slot)
+        assert not mounts.is_mountpoint(slot.mount_dir)
+        assert (source.upper_dir / "kept").read_bytes() == b"x"
+        mounts.freeze_filesystem(source.mount_dir)  # writes the superblock home
+        mounts.thaw_filesystem(source.mount_dir)
+    finally:
+        await storage.detach(slot)
+        await storage.detach(source)
+    checked = _repair(source.image_path)
+    assert checked.returncode == 0, checked.stdout[-2000:]
