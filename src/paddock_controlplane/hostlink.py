@@ -13,6 +13,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, S
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
 from paddock_core import errors
@@ -43,6 +45,32 @@ class HostError(Exception):
 
 class CapacityError(HostError):
     """The host has no room for this sandbox now (its 507): place it elsewhere, or answer 503."""
+
+
+class TierRefusedError(errors.InvalidState):
+    """The host's isolation tier does not offer what was asked (its 409 ``unsupported_on_tier``, in its
+    words, naming the tier and the operation); nothing changed there. A 409 ``INVALID_STATE``."""
+
+
+#: What the VM tier does not offer, in its host's words (drivers/qemu.py; docs/isolation.md). A host
+#: refuses these itself; the control plane asks a host's labels first only where it would not call the
+#: host at once: a paused sandbox's resize (recorded, not sent), a disk mounted in the background.
+DISK_RESIZE = "growing a sandbox's disk"
+S3_DISKS = "mounting an S3 disk"
+_NOT_ON_VMS = {
+    DISK_RESIZE: "the VM's kernel sees its disk's size at boot",
+    S3_DISKS: "the VM has its own kernel, and the host cannot mount into it",
+}
+
+
+async def check_tier(session: AsyncSession, host_id: str | None, operation: str) -> None:
+    """Raises :class:`TierRefusedError` when the sandbox's host runs the VM tier, which does not offer
+    ``operation``."""
+    host = await session.get(Host, host_id) if host_id else None
+    if host is not None and (host.labels or {}).get("paddock.io/isolation") == "vm":
+        why = _NOT_ON_VMS.get(operation)
+        if why is not None:
+            raise TierRefusedError(f"{operation} is not supported on the vm isolation tier: {why}")
 
 
 class SandboxGoneError(Exception):
@@ -100,8 +128,18 @@ DOMAIN_ERRORS: dict[type[hostclient.HostAgentError], Callable[[hostclient.HostAg
     hostclient.ProcessStateError: lambda exc: errors.InvalidState(
         str(exc) or "the process cannot do that now"
     ),
+    # An operation the sandbox's isolation tier does not offer (the host's words name both): nothing
+    # changed there, so a 409 the caller can act on, not a 500.
+    hostclient.UnsupportedOnTierError: lambda exc: TierRefusedError(str(exc)),
     hostclient.SpawnFailedError: lambda exc: errors.ValidationFailed.field(
         "cmd", str(exc) or "did not start"
+    ),
+    # Overload of one sandbox (its guest takes no more connections now): the caller may retry.
+    hostclient.HostBusyError: lambda exc: errors.Unavailable(
+        "the sandbox is busy with other requests; retry", retry_after_s=1
+    ),
+    hostclient.SandboxDiskFullError: lambda exc: errors.InsufficientStorage(
+        "the sandbox's disk is full: nothing was written; free space in the sandbox or resize its disk"
     ),
     hostclient.HostAgentError: lambda exc: HostError(str(exc) or type(exc).__name__),
 }
@@ -134,13 +172,6 @@ class HostLinkAPI(Protocol):
 
     async def fork(
         self,
-    # Overload of one sandbox (its guest takes no more connections now): the caller may retry.
-    hostclient.HostBusyError: lambda exc: errors.Unavailable(
-        "the sandbox is busy with other requests; retry", retry_after_s=1
-    ),
-    hostclient.SandboxDiskFullError: lambda exc: errors.InsufficientStorage(
-        "the sandbox's disk is full: nothing was written; free space in the sandbox or resize its disk"
-    ),
         source: Sandbox,
         child: Sandbox,
         *,

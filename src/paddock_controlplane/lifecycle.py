@@ -53,12 +53,15 @@ _INSERT_SANDBOX = insert(cast(Table, Sandbox.__table__))
 
 
 class HostFullError(Exception):
-    """A host refused a new sandbox for lack of room (its 507); nothing of the sandbox exists there."""
+    """A host refused a new sandbox for lack of room (its 507), or, ``unsupported``, because its
+    isolation tier does not offer what the create asked (private networks on a VM host); nothing of
+    the sandbox exists there."""
 
-    def __init__(self, host_id: str, reason: str) -> None:
+    def __init__(self, host_id: str, reason: str, *, unsupported: bool = False) -> None:
         super().__init__(reason)
         self.host_id = host_id
         self.reason = reason
+        self.unsupported = unsupported
 
 
 @dataclass(frozen=True)
@@ -208,13 +211,16 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             await networks.join(session, network, sandbox.id)
         session.add_all(disks.attach_rows(sandbox.id, attached, services.clock()))
     refused: dict[str, str] = {}
+    unsupported: set[str] = set()  # hosts whose tier cannot do what the create asked
     while True:  # ends: every refusal excludes one more host
         try:
             booted = await boot(services, sandbox, start_paused=spec.start_paused, joined=bool(joined))
         except HostFullError as full:
             log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
             refused[full.host_id] = full.reason
-            sandbox = await _place_elsewhere(services, sandbox, placement, refused)
+            if full.unsupported:
+                unsupported.add(full.host_id)
+            sandbox = await _place_elsewhere(services, sandbox, placement, refused, unsupported)
             continue
         # The disks it named are mounted once it runs, before the answer; a failed mount is reported
         # on its attachment (``mount_status``) and never fails the create. A create that named none
@@ -241,7 +247,11 @@ async def _pick(
 
 
 async def _place_elsewhere(
-    services: Services, sandbox: Sandbox, placement: Placement, refused: dict[str, str]
+    services: Services,
+    sandbox: Sandbox,
+    placement: Placement,
+    refused: dict[str, str],
+    unsupported: Collection[str] = (),
 ) -> Sandbox:
     """Move a ``creating`` sandbox that its host refused to another host; with none left, remove it.
 
@@ -264,7 +274,10 @@ async def _place_elsewhere(
         await disks.drop_attachments(session, sandbox.id)
         if row is not None:
             await session.delete(row)
-    raise scheduler.no_capacity("; ".join(f"host {host_id}: {reason}" for host_id, reason in refused.items()))
+    reasons = "; ".join(f"host {host_id}: {reason}" for host_id, reason in refused.items())
+    if set(refused) <= set(unsupported):  # no room would change it: a 409, not a 503 to retry
+        raise errors.InvalidState(reasons)
+    raise scheduler.no_capacity(reasons)
 
 
 async def boot(
@@ -300,6 +313,8 @@ async def boot(
                     booted = await link.create(sandbox, start_paused=start_paused, networks=memberships)
                 except hostlink.CapacityError as exc:
                     raise HostFullError(str(sandbox.host_id), str(exc)) from None
+                except hostlink.TierRefusedError as exc:
+                    raise HostFullError(str(sandbox.host_id), str(exc), unsupported=True) from None
             else:
                 booted = await link.fork(fork_of, sandbox, start_paused=start_paused, networks=memberships)
         return booted, round((time.perf_counter() - started) * 1000, 3)

@@ -332,7 +332,7 @@ async def attach(services: Services, user_id: str, sandbox_id: str, network_id: 
     link = await hostlink.for_host(services, sandbox.host_id)
     try:
         await link.attach_network(sandbox.id, **spec)
-    except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
+    except (hostlink.HostError, hostlink.SandboxGoneError, hostlink.TierRefusedError) as exc:
         log.warning("network_attach_failed", sandbox_id=sandbox.id, network_id=network_id, error=str(exc))
         async with transaction(services.sessions) as session:
             await session.execute(
@@ -344,6 +344,8 @@ async def attach(services: Services, user_id: str, sandbox_id: str, network_id: 
             )
         if isinstance(exc, hostlink.SandboxGoneError):
             raise errors.InvalidState("sandbox is not running") from None
+        if isinstance(exc, hostlink.TierRefusedError):  # the 409 as the host said it
+            raise exc from None
         raise errors.ServerError(f"attaching the network failed on the host: {exc}") from None
     async with transaction(services.sessions) as session:
         member = await session.get(NetworkMember, (network_id, sandbox.id), with_for_update=True)

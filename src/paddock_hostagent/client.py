@@ -19,12 +19,13 @@ uploads use httpx. ``request_id`` (a callable) names the caller's request: it is
     ├── BadPathError              400 bad_path
     ├── UnknownImageError         400 unknown_image (not in the catalog, or not buildable on that host)
     ├── BadStateError             409 (the sandbox is not in a state for this; or the id already exists)
+    │   └── UnsupportedOnTierError 409 unsupported_on_tier (the sandbox's isolation tier does not offer it)
     ├── ProcessMissingError       404 process_not_found (managed processes, spec §12.2)
     ├── ProcessStateError         409 process_state (no terminal to resize, the process has exited …)
     ├── SpawnFailedError          400 spawn_failed (a managed process's command did not start)
-    └── InsufficientCapacityError 507 (no memory, addresses or disk left on that host)
     ├── HostBusyError             503 busy (the sandbox takes no more requests now; retry after a second)
     ├── SandboxDiskFullError      507 sandbox_disk_full (the sandbox's own disk is full: not the host's)
+    └── InsufficientCapacityError 507 (no memory, addresses or disk left on that host)
 
 Any other answer (400 bad_request, 401, 500 sandbox_failed, an answer that is not the contract's …) is
 a plain ``HostAgentError`` with its ``status`` and ``code``.
@@ -117,6 +118,10 @@ class BadStateError(HostAgentError):
     pass
 
 
+class UnsupportedOnTierError(BadStateError):
+    pass
+
+
 class BadPathError(HostAgentError):
     pass
 
@@ -141,11 +146,6 @@ class SpawnFailedError(HostAgentError):
     pass
 
 
-#: The agent's error codes, then its statuses, to our classes: one table (errors.py is the other side).
-#: 507 is capacity whatever the body says: callers place elsewhere or answer 503 on it, so it must not
-#: depend on the agent's wording or code.
-_BY_STATUS_FIRST: dict[int, type[HostAgentError]] = {507: InsufficientCapacityError}
-_BY_CODE: dict[str, type[HostAgentError]] = {
 class HostBusyError(HostAgentError):
     pass
 
@@ -154,18 +154,24 @@ class SandboxDiskFullError(HostAgentError):
     pass
 
 
+#: The agent's error codes, then its statuses, to our classes: one table (errors.py is the other side).
+#: 507 is capacity whatever the body says: callers place elsewhere or answer 503 on it, so it must not
+#: depend on the agent's wording or code.
+#: The one exception: a sandbox whose own disk is full (an upload met ENOSPC) says so by its code.
+_BY_CODE_FIRST: dict[str, type[HostAgentError]] = {"sandbox_disk_full": SandboxDiskFullError}
+_BY_STATUS_FIRST: dict[int, type[HostAgentError]] = {507: InsufficientCapacityError}
+_BY_CODE: dict[str, type[HostAgentError]] = {
+    "busy": HostBusyError,
     "file_not_found": GuestFileNotFoundError,
     "parent_not_found": ParentNotFoundError,
     "is_directory": IsDirectoryError,
-#: The one exception: a sandbox whose own disk is full (an upload met ENOSPC) says so by its code.
-_BY_CODE_FIRST: dict[str, type[HostAgentError]] = {"sandbox_disk_full": SandboxDiskFullError}
     "sandbox_not_found": SandboxMissingError,
     "bad_path": BadPathError,
-    "busy": HostBusyError,
     "unknown_image": UnknownImageError,
     "process_not_found": ProcessMissingError,
     "process_state": ProcessStateError,
     "spawn_failed": SpawnFailedError,
+    "unsupported_on_tier": UnsupportedOnTierError,
 }
 _BY_STATUS: dict[int, type[HostAgentError]] = {404: SandboxMissingError, 409: BadStateError}
 #: What the transports raise when the agent does not answer.

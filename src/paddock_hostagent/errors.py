@@ -17,11 +17,12 @@ codes back to its own exception classes.
     ├── AlreadyExists         409 already_exists
     ├── InvalidState          409 invalid_state
     ├── ProcessState          409 process_state (the process cannot do that: no terminal, exited)
+    ├── UnsupportedOnTier     409 unsupported_on_tier (the sandbox's isolation tier does not offer it)
     ├── PayloadTooLarge       413 payload_too_large
     ├── SandboxFailed         500 sandbox_failed (boot, runtime or host tool failure)
-    └── InsufficientCapacity  507 insufficient_capacity
     ├── Busy                  503 busy (the sandbox's guest takes no more connections now; Retry-After)
     ├── SandboxDiskFull       507 sandbox_disk_full (an upload met the sandbox's full disk; nothing kept)
+    └── InsufficientCapacity  507 insufficient_capacity
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ class ProcessState(HostAgentServerError):
     status, code = 409, "process_state"
 
 
+class UnsupportedOnTier(HostAgentServerError):
+    """The operation is not offered on the sandbox's isolation tier (docs/isolation.md); nothing changed."""
+
+    status, code = 409, "unsupported_on_tier"
+
+
 class PayloadTooLarge(HostAgentServerError):
     status, code = 413, "payload_too_large"
 
@@ -96,8 +103,6 @@ class SandboxFailed(HostAgentServerError):
     status, code = 500, "sandbox_failed"
 
 
-class InsufficientCapacity(HostAgentServerError):
-    status, code = 507, "insufficient_capacity"
 class Busy(HostAgentServerError):
     """Overload, not failure: the request never reached the guest, and the same one may be sent again
     after ``retry_after_s`` (sent as ``Retry-After``)."""
@@ -112,3 +117,5 @@ class SandboxDiskFull(HostAgentServerError):
     status, code = 507, "sandbox_disk_full"
 
 
+class InsufficientCapacity(HostAgentServerError):
+    status, code = 507, "insufficient_capacity"

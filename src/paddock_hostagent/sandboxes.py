@@ -23,6 +23,9 @@ from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.capacity import DiskView, MemoryView, Promise, available_memory_mib
 from paddock_hostagent.diskwatch import DiskWatch
 from paddock_hostagent.drivers.base import (
+    DISK_RESIZE,
+    PRIVATE_NETWORKS,
+    S3_DISKS,
     CapacityError,
     DriverError,
     NetworkHook,
@@ -32,6 +35,7 @@ from paddock_hostagent.drivers.base import (
     SandboxRuntime,
     SandboxSpec,
     Shape,
+    TierUnsupportedError,
     UnsupportedError,
 )
 from paddock_hostagent.drivers.bridges import BridgeNetworks, Membership
@@ -48,11 +52,11 @@ from paddock_hostagent.guest import (
     GuestIsDirectoryError,
     GuestParentNotFoundError,
 )
+from paddock_hostagent.guest.client import GuestBusyError, GuestNoSpaceError
 from paddock_hostagent.host import ISOLATION
 from paddock_hostagent.images import ImageError, ImageStore, UnknownImageError
 from paddock_hostagent.records import RecordStore
 from paddock_hostagent.schemas import (
-from paddock_hostagent.guest.client import GuestBusyError, GuestNoSpaceError
     BandwidthResult,
     CreateSandboxBody,
     CreateSandboxResult,
@@ -171,7 +175,7 @@ class SandboxManager:
                 record.state = state
             if state == RuntimeState.PAUSED:
                 _pause_satisfies_self_request(record)
-            if state == RuntimeState.RUNNING and not on_hold:  # a held sandbox's guest is frozen
+            if state == RuntimeState.RUNNING:
                 with contextlib.suppress(GuestError, TimeoutError):
                     guest_info = await asyncio.wait_for(self.runtime.guest(record).info(), 1.0)
                     record.last_activity_at = max(record.last_activity_at, guest_info.last_activity_at)
@@ -416,6 +420,9 @@ class SandboxManager:
 
     async def create(self, body: CreateSandboxBody) -> CreateSandboxResult:
         _check_rules(body.egress)
+        if body.networks:  # refused before anything is made (a VM would boot for nothing)
+            with _driver_errors():
+                self.runtime.refuse(PRIVATE_NETWORKS)
         self._reserve(body.id, body.mem_mib, body.disk_mib)
         try:
             rootfs = await self._rootfs(body.rootfs)
@@ -537,6 +544,8 @@ class SandboxManager:
                 raise errors.BadRequest(f"disk_mib must be larger than the current {entry.record.disk_mib}")
             if self.status(entry) == RuntimeState.STOPPED.value:
                 raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
+            with _driver_errors():
+                self.runtime.refuse(DISK_RESIZE, entry.record)
             disk = self.disk_view()
             if disk is not None:
                 disk.admit(disk_mib - entry.record.disk_mib)
@@ -615,6 +624,8 @@ class SandboxManager:
             if self.status(entry) == RuntimeState.STOPPED.value:
                 raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
             record = entry.record
+            with _driver_errors():
+                self.runtime.refuse(PRIVATE_NETWORKS, record)
             ip = str(body.ip)
             current = [Membership.from_json(m) for m in record.networks]
             existing = next((m for m in current if m.network_id == body.network_id), None)
@@ -648,7 +659,9 @@ class SandboxManager:
         joined: list[Membership] = []
         try:
             bridges = self._require_bridges()
-            netns = self.runtime.network_namespace(record)
+            with _driver_errors():
+                self.runtime.refuse(PRIVATE_NETWORKS, record)
+                netns = self.runtime.network_namespace(record)
             for body in memberships:
                 with _driver_errors():
                     member = await asyncio.to_thread(
@@ -727,6 +740,8 @@ class SandboxManager:
             if self.status(entry) == RuntimeState.STOPPED.value:
                 raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
             record = entry.record
+            with _driver_errors():
+                self.runtime.refuse(S3_DISKS, record)
             current = [S3Mount.from_json(d) for d in record.disks]
             existing = next((m for m in current if m.mount_path == body.mount_path), None)
             if existing is not None:
@@ -744,6 +759,7 @@ class SandboxManager:
             )
             with _driver_errors():
                 pid = self.runtime.mount_namespace_pid(record)
+                netns = self.runtime.network_namespace(record)  # where s3fs's connections leave from
             await mounter.mount(
                 sandbox_id,
                 mount,
@@ -765,7 +781,6 @@ class SandboxManager:
             current = [S3Mount.from_json(d) for d in record.disks]
             leaving = [m for m in current if m.mount_path == mount_path]
             if not leaving:
-                netns = self.runtime.network_namespace(record)  # where s3fs's connections leave from
                 return
             mounter = self._require_disks()
             pid: int | None = None
@@ -783,6 +798,7 @@ class SandboxManager:
             return
         try:
             pid = self.runtime.mount_namespace_pid(record)
+            netns = self.runtime.network_namespace(record)
         except DriverError:
             return
         restored = []
@@ -799,7 +815,6 @@ class SandboxManager:
             await stream.abort(reason)
 
     # -- commands and files ---------------------------------------------------------------------
-            netns = self.runtime.network_namespace(record)
 
     async def open_exec(self, sandbox_id: str, body: ExecBody) -> ExecStream:
         """Starts a command; raises (404/409) before anything runs if the sandbox cannot take it."""
@@ -832,6 +847,8 @@ class SandboxManager:
         session = self.runtime.guest(entry.record).exec(request)
         try:
             await session.__aenter__()
+        except GuestBusyError as exc:
+            raise errors.Busy(f"sandbox {sandbox_id} is busy: {exc}; retry") from exc
         except GuestError as exc:
             self._running_entry(sandbox_id)  # one that stopped is a 409, as above
             raise errors.SandboxFailed(f"guest agent of {sandbox_id} unreachable: {exc}") from exc
@@ -847,8 +864,6 @@ class SandboxManager:
         entry.streams.add(stream)
         return stream
 
-        except GuestBusyError as exc:
-            raise errors.Busy(f"sandbox {sandbox_id} is busy: {exc}; retry") from exc
     async def write_file(self, sandbox_id: str, path: str, chunks: AsyncIterable[bytes]) -> int:
         entry = self._running_entry(sandbox_id)
         _check_path(path)
@@ -894,6 +909,9 @@ class SandboxManager:
                 report["status_reason"] = view.status_reason
             if view.self_request is not None:
                 report["self_request"] = view.self_request
+            failed = {d.mount_path: d.error for d in view.disks if d.status == "error"}
+            if failed:  # a mount this host could not restore: the control plane shows it as it is
+                report["disk_errors"] = failed
             usage = self._usage.get(view.id)
             if usage is not None and view.id in self._entries:
                 report["egress_bytes"] = usage.egress_bytes
@@ -912,9 +930,6 @@ class SandboxManager:
             return None
         return Attachment(record.id, veth, record.ip, list(record.egress), record.bandwidth_quota_bytes)
 
-            failed = {d.mount_path: d.error for d in view.disks if d.status == "error"}
-            if failed:  # a mount this host could not restore: the control plane shows it as it is
-                report["disk_errors"] = failed
     def _guarding(self, rules: list[str], quota_bytes: int) -> NetworkHook:
         """The hook that installs a new sandbox's allowlist and budget, which the driver runs beside
         the boot (a sandbox that cannot be guarded is undone: the driver fails its boot); one that
@@ -1003,8 +1018,6 @@ class SandboxManager:
         the sandbox's pending ``self_request`` until a pause or destroy satisfies it."""
         for entry in list(self._entries.values()):
             if entry.record.state != RuntimeState.RUNNING or entry.lock.locked():
-                continue
-            if entry.record.id in self.diskwatch.held:  # frozen: it would only time out
                 continue
             try:
                 async with asyncio.timeout(0.5):
@@ -1105,6 +1118,8 @@ def _driver_errors() -> Any:
         raise errors.InsufficientCapacity(str(exc)) from exc
     except NotRunningError as exc:
         raise errors.InvalidState(str(exc)) from exc
+    except TierUnsupportedError as exc:
+        raise errors.UnsupportedOnTier(str(exc)) from exc
     except UnsupportedError as exc:
         raise errors.BadRequest(str(exc)) from exc
     except DriverError as exc:

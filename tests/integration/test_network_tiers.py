@@ -19,7 +19,8 @@ strict xfail so that it is seen the day it passes:
   connection when that happens (proxy.py ``_send_retrying``), so plain requests, and four racing a
   resume, get through (that test failed in 1 of 6 runs before the retry, 0 of 16 after).
 - The sentry reads the namespace's interfaces once, at its start: a private network attached to a
-  running sandbox (``eth1``) is not seen inside, so members do not reach each other.
+  running sandbox (``eth1``) is not seen inside, so members would not reach each other. Joining one is
+  refused (409 ``INVALID_STATE`` naming the tier), at create and live.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import pytest
 
 from tests.hostagent.conftest import free_port
 from tests.live import LivePlatform, start_platform
-from tests.network import test_egress, test_ingress, test_private_networks
+from tests.network import test_egress, test_ingress
 from tests.network.conftest import QUOTA_BYTES, api, internet
 from tests.network.ingress_support import start_ingress_platform
 from tests.network.internet import FakeInternet
@@ -58,7 +59,7 @@ from tests.network.test_ingress import (
     test_nothing_listening_gets_a_502_page,
     test_the_ingress_url_works_with_curl,
 )
-from tests.network.test_private_networks import User, user
+from tests.network.test_private_networks import DISK_MIB, SHAPE, User, user
 
 __all__ = [
     "api",
@@ -169,6 +170,20 @@ def test_the_resolver_answers_over_tcp_too(api: httpx.Client, internet: FakeInte
     test_egress.test_the_resolver_answers_over_tcp_too(api, internet)
 
 
-@pytest.mark.xfail(strict=True, reason=LATE_INTERFACE)
-def test_members_talk_both_ways_and_a_non_member_cannot(user: User) -> None:
-    test_private_networks.test_members_talk_both_ways_and_a_non_member_cannot(user)
+def test_private_networks_are_refused_with_a_409_naming_the_tier(user: User) -> None:
+    """gVisor's sentry does not see interfaces added once it runs (LATE_INTERFACE): members would not
+    reach each other, so joining one is refused, at create (before anything boots) and live, and
+    nothing is left joined."""
+    net = user.network()
+    body = {"shape": SHAPE, "disk_mib": DISK_MIB, "networks": [{"id": net["id"]}]}
+    refused = user.http.post("/v1/sandboxes", json=body)
+    assert refused.status_code == 409, refused.text
+    data = refused.json()["data"]
+    assert data["code"] == "INVALID_STATE", data
+    assert "joining a private network is not supported on the gvisor isolation tier" in data["message"], data
+    plain = user.create("plain")
+    live = user.http.post(f"/v1/sandboxes/{plain['id']}/networks", json={"id": net["id"]})
+    assert live.status_code == 409, live.text
+    assert "gvisor isolation tier" in live.json()["data"]["message"]
+    assert user.ok(user.http.get(f"/v1/networks/{net['id']}"))["members"] == []
+    assert user.sh(plain["id"], "echo up")["stdout"] == "up\n"

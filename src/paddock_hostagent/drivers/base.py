@@ -13,6 +13,7 @@ caller stores it.
     ├── BootError                the sandbox started but its guest agent never answered
     ├── NotRunningError          the operation needs a live sandbox and this one has stopped
     └── UnsupportedError         the host cannot do this (for example grow a disk online)
+        └── TierUnsupportedError the sandbox's isolation tier does not offer this operation
 """
 
 from __future__ import annotations
@@ -54,6 +55,21 @@ class NotRunningError(DriverError):
 
 class UnsupportedError(DriverError):
     pass
+
+
+#: Operations a tier may not offer (docs/isolation.md's table): ``SandboxRuntime.refuse`` names them.
+PRIVATE_NETWORKS = "joining a private network"
+S3_DISKS = "mounting an S3 disk"
+DISK_RESIZE = "growing a sandbox's disk"
+
+
+class TierUnsupportedError(UnsupportedError):
+    """The sandbox's isolation tier does not offer ``operation``: refused before anything changes,
+    with a message naming both (the host agent's 409 ``unsupported_on_tier``)."""
+
+    def __init__(self, tier: str, operation: str, why: str) -> None:
+        self.tier, self.operation = tier, operation
+        super().__init__(f"{operation} is not supported on the {tier} isolation tier: {why}")
 
 
 class RuntimeState(StrEnum):
@@ -219,6 +235,12 @@ class SandboxRuntime(ABC):
     @abstractmethod
     def guest(self, record: SandboxRecord) -> GuestClient:
         """The channel to the sandbox's guest agent (exec, files, activity)."""
+
+    def refuse(self, operation: str, record: SandboxRecord | None = None) -> None:
+        """Raises :class:`TierUnsupportedError` when ``operation`` (``PRIVATE_NETWORKS`` …) is not
+        offered to ``record`` (or, without one, to a new sandbox) on this driver's tier; the default
+        offers everything."""
+        return None
 
     def network_namespace(self, record: SandboxRecord) -> str:
         """The name of the sandbox's network namespace (under /run/netns), for extra interfaces."""

@@ -46,6 +46,7 @@ from pathlib import Path
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers import mounts, processes, storage
 from paddock_hostagent.drivers.base import (
+    PRIVATE_NETWORKS,
     BootError,
     CommandFailedError,
     DriverError,
@@ -56,6 +57,7 @@ from paddock_hostagent.drivers.base import (
     SandboxRuntime,
     SandboxSpec,
     Shape,
+    TierUnsupportedError,
     UnsupportedError,
 )
 from paddock_hostagent.drivers.bootlog import BootLog
@@ -617,6 +619,14 @@ class OciRuntime(SandboxRuntime):
     def guest(self, record: SandboxRecord) -> GuestClient:
         handle = _Handle.of(record)
         return GuestClient(guest_socket_path(handle.slot, handle.runtime))
+
+    def refuse(self, operation: str, record: SandboxRecord | None = None) -> None:
+        runtime = _Handle.of(record).runtime if record is not None else self.options.runtime
+        if runtime == "runsc" and operation == PRIVATE_NETWORKS:
+            # The sentry reads the namespace's interfaces once, at its start: a later eth1 is unseen.
+            raise TierUnsupportedError(
+                "gvisor", operation, "gVisor's sentry (runsc 2022) does not see interfaces added once it runs"
+            )
 
     def network_namespace(self, record: SandboxRecord) -> str:
         return _Handle.of(record).slot.network.netns

@@ -39,6 +39,9 @@ from typing import Any
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers import processes, qmp, vmimage
 from paddock_hostagent.drivers.base import (
+    DISK_RESIZE,
+    PRIVATE_NETWORKS,
+    S3_DISKS,
     BootError,
     CommandFailedError,
     DriverError,
@@ -48,7 +51,7 @@ from paddock_hostagent.drivers.base import (
     SandboxRecord,
     SandboxRuntime,
     SandboxSpec,
-    UnsupportedError,
+    TierUnsupportedError,
 )
 from paddock_hostagent.drivers.commands import run
 from paddock_hostagent.drivers.network import NetworkManager, SandboxNetwork
@@ -58,6 +61,12 @@ from paddock_hostagent.guest import GuestClient, GuestError, GuestVersionError
 log = get_logger(__name__)
 
 TAP = "tap0"
+#: What the VM tier does not offer, and why (docs/isolation.md).
+_NOT_ON_VMS = {
+    PRIVATE_NETWORKS: "the VM's only interface is its tap, joined to the namespace's eth0",
+    S3_DISKS: "the VM has its own kernel, and the host cannot mount into it",
+    DISK_RESIZE: "the VM's kernel sees its disk's size at boot",
+}
 KVM_PROBE_TIMEOUT_S = 8.0
 
 
@@ -440,7 +449,20 @@ class QemuRuntime(SandboxRuntime):
         handle.paused_marker.unlink(missing_ok=True)
 
     async def resize(self, record: SandboxRecord, disk_mib: int) -> None:
-        raise UnsupportedError("a VM sandbox's disk cannot grow while it runs")
+        self.refuse(DISK_RESIZE, record)
+
+    def refuse(self, operation: str, record: SandboxRecord | None = None) -> None:
+        why = _NOT_ON_VMS.get(operation)
+        if why is not None:
+            raise TierUnsupportedError("vm", operation, why)
+
+    def network_namespace(self, record: SandboxRecord) -> str:
+        self.refuse(PRIVATE_NETWORKS, record)
+        raise AssertionError("refused above")  # pragma: no cover
+
+    def mount_namespace_pid(self, record: SandboxRecord) -> int:
+        self.refuse(S3_DISKS, record)
+        raise AssertionError("refused above")  # pragma: no cover
 
     def _alive(self, record: SandboxRecord) -> _Handle:
         handle = _Handle.of(record)
