@@ -1138,11 +1138,11 @@ async def _guest_file_errors(sandbox_id: str) -> AsyncIterator[None]:
         raise errors.IsDirectory(str(exc)) from exc
     except GuestBadPathError as exc:
         raise errors.BadPath(str(exc)) from exc
-    except GuestError as exc:
-        raise errors.SandboxFailed(f"file transfer with {sandbox_id} failed: {exc}") from exc
     except GuestNoSpaceError as exc:
         raise errors.SandboxDiskFull(
             f"the disk of sandbox {sandbox_id} is full; nothing was written ({exc})"
         ) from exc
     except GuestBusyError as exc:
         raise errors.Busy(f"sandbox {sandbox_id} is busy: {exc}; retry") from exc
+    except GuestError as exc:
+        raise errors.SandboxFailed(f"file transfer with {sandbox_id} failed: {exc}") from exc
