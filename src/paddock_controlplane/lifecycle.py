@@ -8,7 +8,6 @@ between leaves a transitional status that the reconciler settles.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -296,9 +295,9 @@ async def boot(
     own columns only (and the webhook outbox), is recorded with plain statements
     (``settle(plain=True)``), as a pause's is.
 
-    A host without room for a new (not forked) sandbox raises :class:`HostFullError` and records
-    nothing, so the create can go elsewhere. A fork has no elsewhere (it copies its source's disk on
-    that host) and was already answered, so its child ends ``failed`` saying why.
+    A host without room for the new sandbox raises :class:`HostFullError` and records nothing: a
+    create goes elsewhere, a fork (which has no elsewhere: it copies its source's disk on that host)
+    removes its child and answers 503.
     """
     link = await hostlink.for_host(services, sandbox.host_id)
     started = time.perf_counter()
@@ -316,7 +315,12 @@ async def boot(
                 except hostlink.TierRefusedError as exc:
                     raise HostFullError(str(sandbox.host_id), str(exc), unsupported=True) from None
             else:
-                booted = await link.fork(fork_of, sandbox, start_paused=start_paused, networks=memberships)
+                try:
+                    booted = await link.fork(
+                        fork_of, sandbox, start_paused=start_paused, networks=memberships
+                    )
+                except hostlink.CapacityError as exc:
+                    raise HostFullError(str(sandbox.host_id), str(exc)) from None
         return booted, round((time.perf_counter() - started) * 1000, 3)
 
     async def started_on_host(
@@ -385,7 +389,14 @@ def _boot_failure(sandbox: Sandbox, exc: Exception) -> str:
 
 
 async def fork(services: Services, user_id: str, source_id: str, req: ForkSandboxRequest) -> Sandbox:
-    """Answer with the child in ``forking`` at once; it boots from a copy of the source's disk (§11.9)."""
+    """Answer with the child in ``forking`` once its host has the fork in hand; it boots from a copy of
+    the source's disk (§11.9).
+
+    The host's fork answers only when it is done, and its refusal for room is known only then: the
+    answer waits for it, so that a fork the host has no room for answers as a create does, 503 with
+    ``Retry-After`` and nothing recorded (no child, no event), instead of a child that ends ``failed``.
+    The boot itself runs in the background (it goes on if the client leaves) and emits ``sandbox.fork``
+    once the child exists, whether it then runs or failed."""
     if req.bandwidth_quota_bytes is not None:
         raise errors.ValidationFailed.field("bandwidth_quota_bytes", "cannot be set on fork")
     egress = validation.egress_rules(req.egress) if req.egress is not None else None
@@ -452,24 +463,58 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
         child = Sandbox(**columns)
         # The child inherits the source's mounts (issue #15): mounted again for it once it runs.
         inherited = await disks.inherit(session, source, child)
-        await webhooks.emit(
-            session, user_id=user_id, action="sandbox.fork", data=event_data(child, source_id=source.id)
-        )
+    taken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    taken.add_done_callback(_retrieved)  # a client that left never reads the outcome
     services.tasks.spawn(
-        _boot_fork(services, source, child, start_paused, mounts=inherited > 0), name=f"boot fork {child.id}"
+        _boot_fork(services, source, child, start_paused, mounts=inherited > 0, taken=taken),
+        name=f"boot fork {child.id}",
     )
-    # One turn of the loop lets the boot send its request to the host before this answer is rendered
-    # and written: the host's fork, not the answer (the client waits for ``running`` anyway), is what
-    # fork → running waits on. Without it the request left ~1 ms later, after the answer.
-    await asyncio.sleep(0)
+    # Shielded: a client that leaves does not stop the boot, which records its own outcome.
+    await asyncio.shield(taken)
     return child
 
 
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def _boot_fork(
-    services: Services, source: Sandbox, child: Sandbox, start_paused: bool, *, mounts: bool
+    services: Services,
+    source: Sandbox,
+    child: Sandbox,
+    start_paused: bool,
+    *,
+    mounts: bool,
+    taken: asyncio.Future[None],
 ) -> None:
-    with contextlib.suppress(errors.PaddockError):  # recorded as failed by boot()
+    """Boots the child; ``taken`` ends when the host has answered: with the 503 of a refusal for room
+    (the child and what it inherited are removed), else with nothing (the child exists, running or
+    ``failed``, and its ``sandbox.fork`` is written)."""
+    try:
         booted = await boot(services, child, start_paused=start_paused, fork_of=source, joined=False)
-        # A child that inherited no disk has none to mount: no read to find out (as create does).
-        if mounts:
-            await disks.mount_all(services, booted)
+    except HostFullError as full:
+        log.info("sandbox_host_full", sandbox_id=child.id, host_id=full.host_id, reason=full.reason)
+        async with transaction(services.sessions) as session:
+            await disks.drop_attachments(session, child.id)
+            row = await session.get(Sandbox, child.id, with_for_update=True)
+            if row is not None:  # also when destroyed meanwhile: it never existed
+                await session.delete(row)
+        taken.set_exception(scheduler.no_capacity(f"host {full.host_id}: {full.reason}"))
+        return
+    except errors.PaddockError:  # recorded as failed by boot()
+        booted = None
+    except asyncio.CancelledError:
+        taken.cancel()
+        raise
+    except Exception as exc:
+        taken.set_exception(exc)
+        raise
+    async with transaction(services.sessions) as session:
+        await webhooks.emit(
+            session, user_id=child.user_id, action="sandbox.fork", data=event_data(child, source_id=source.id)
+        )
+    taken.set_result(None)
+    # A child that inherited no disk has none to mount: no read to find out (as create does).
+    if booted is not None and mounts:
+        await disks.mount_all(services, booted)
