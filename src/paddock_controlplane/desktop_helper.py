@@ -347,9 +347,30 @@ def window_title(index: int, wid: int) -> str:
     return str(result.stdout.decode(errors="replace").rstrip("\n"))
 
 
+def window_info(index: int, wid: int) -> dict[str, str]:
+    """``xwininfo -id``'s fields (``Absolute upper-left X``, ``Width``, ``Map State`` …)."""
+    values = {}
+    for line in run(["xwininfo", "-id", str(wid)], index).stdout.decode(errors="replace").splitlines():
+        key, sep, value = line.strip().partition(":")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values
+
+
 def geometry(index: int, wid: int) -> dict[str, int]:
-    values = shell_values(run(["xdotool", "getwindowgeometry", "--shell", str(wid)], index).stdout)
-    return {key: int(values[key.upper()]) for key in ("x", "y", "width", "height")}
+    """The window's own area, without the window manager's frame (border and title bar), in screen
+    coordinates: what the application draws, what a window screenshot holds, and what a move places and
+    a resize sizes. ``xwininfo`` translates the window's origin to the root window. (``xdotool
+    getwindowgeometry`` translated the window's offset inside its frame from the window's own origin,
+    so it counted that offset twice: a maximised window read y=38 and height 781 on an 800-pixel screen,
+    and a window moved to (60, 80) read (62, 120).)"""
+    values = window_info(index, wid)
+    return {
+        "x": int(values["Absolute upper-left X"]),
+        "y": int(values["Absolute upper-left Y"]),
+        "width": int(values["Width"]),
+        "height": int(values["Height"]),
+    }
 
 
 def point(args: dict[str, Any], prefix: str = "") -> tuple[int, int]:
@@ -428,6 +449,8 @@ def op_screenshot(index: int, args: dict[str, Any]) -> dict[str, Any]:
     width, height = int(state["width"]), int(state["height"])
     if args.get("window_id") is not None:
         wid = existing_window(index, args["window_id"])
+        if window_info(index, wid).get("Map State") != "IsViewable":
+            raise Refused(409, "INVALID_STATE", "the window is not on the screen (minimized?)")
         box = geometry(index, wid)
         left, top = max(box["x"], 0), max(box["y"], 0)
         right, bottom = min(box["x"] + box["width"], width), min(box["y"] + box["height"], height)
@@ -674,13 +697,36 @@ def op_window_restore(index: int, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_window_move(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    """The window's own area goes to (x, y), as ``geometry`` reads it back: asked of the window manager
+    with static gravity (EWMH ``_NET_MOVERESIZE_WINDOW``, gravity 10), which places the window itself
+    there and its frame around it. (A plain move places the frame's corner there, the window a border
+    and a title bar further in; and ``wmctrl -e`` reads -1 as "unchanged", so a frame's corner cannot be
+    asked for left of or above the screen's edge.) A maximised window stays where it is."""
     x, y = point(args)
-    return window_action(index, args, ["xdotool", "windowmove", "--sync", "{id}", str(x), str(y)])
+    ensure_screen(index)
+    wid = existing_window(index, args.get("window_id"))
+    run(["wmctrl", "-i", "-r", str(wid), "-e", f"10,{x},{y},-1,-1"], index)
+    deadline = time.monotonic() + 2
+    while (box := geometry(index, wid))["x"] != x or box["y"] != y:
+        if time.monotonic() > deadline:  # the window manager keeps it elsewhere (maximised)
+            break
+        time.sleep(0.02)
+    return {"ok": True}
 
 
 def op_window_resize(index: int, args: dict[str, Any]) -> dict[str, Any]:
+    """The window's own area gets the size asked, its corner staying where it is (static gravity, as a
+    move; ``xdotool windowsize`` had the window manager shift the window by its frame's offset)."""
     width, height = size_from(args, (-1, -1))
-    return window_action(index, args, ["xdotool", "windowsize", "--sync", "{id}", str(width), str(height)])
+    ensure_screen(index)
+    wid = existing_window(index, args.get("window_id"))
+    run(["wmctrl", "-i", "-r", str(wid), "-e", f"10,-1,-1,{width},{height}"], index)
+    deadline = time.monotonic() + 2
+    while (box := geometry(index, wid))["width"] != width or box["height"] != height:
+        if time.monotonic() > deadline:  # the application's size hints, or maximised, keep another size
+            break
+        time.sleep(0.02)
+    return {"ok": True}
 
 
 def op_window_close(index: int, args: dict[str, Any]) -> dict[str, Any]:

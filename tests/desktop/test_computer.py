@@ -121,18 +121,30 @@ def test_the_clipboard_round_trips_and_reaches_applications(
 def test_windows_move_resize_minimize_restore_and_close(
     desktop: paddock.Sandbox, editor: paddock.Window
 ) -> None:
-    desktop.computer.move_window(editor.id, 40, 60)
+    # Geometry is the window's own area, without the window manager's frame (its border and title bar
+    # lie outside it): a move puts that area's corner where asked, a resize sizes it, a window
+    # screenshot holds it. (xdotool's reading counted the frame's offset twice: (62, 120) here.)
+    desktop.computer.move_window(editor.id, 60, 80)
     desktop.computer.resize_window(editor.id, 500, 400)
     moved = desktop.computer.window_geometry(editor.id)
-    assert (moved.width, moved.height) == (500, 400)
-    assert abs(moved.x - 40) <= 10 and abs(moved.y - 60) <= 40  # the frame's border and title bar
+    assert (moved.x, moved.y, moved.width, moved.height) == (60, 80, 500, 400)
+    assert png_size(desktop.computer.screenshot(window_id=editor.id)) == (500, 400)
+    desktop.computer.move_window(editor.id, 0, 0)  # its frame now reaches past the screen's edge
+    corner = desktop.computer.window_geometry(editor.id)
+    assert (corner.x, corner.y) == (0, 0)
     desktop.computer.maximize_window(editor.id)
     big = eventually(
         lambda: g if (g := desktop.computer.window_geometry(editor.id)).width > 1200 else None, "maximized"
     )
-    assert big.height > 600
+    # Maximised, it fills the screen below its title bar: within the screen, down to its bottom edge
+    # (xdotool's reading had it from y=38, 781 high, 19 pixels past an 800-pixel screen).
+    width, height = desktop.computer.screen_size()
+    assert (big.x, big.width) == (0, width) and 0 < big.y < 60 and big.y + big.height == height, big
+    assert png_size(desktop.computer.screenshot(window_id=editor.id)) == (big.width, big.height)
     desktop.computer.minimize_window(editor.id)
     assert editor.id in [w.id for w in desktop.computer.windows()]  # still listed
+    with pytest.raises(paddock.ConflictError):  # not on the screen: no pixels of its own to show
+        desktop.computer.screenshot(window_id=editor.id)
     desktop.computer.restore_window(editor.id)
     assert eventually(lambda: desktop.computer.current_window().id == editor.id, "the restored window")
     assert desktop.computer.window(editor.id).title.endswith("Mousepad")
@@ -148,7 +160,8 @@ def test_a_window_manager_that_died_is_started_again(
     assert editor.id in [w.id for w in desktop.computer.windows()]
     assert desktop.run("pgrep", ["-x", "openbox"]).exit_code == 0
     desktop.computer.move_window(editor.id, 80, 90)
-    assert abs(desktop.computer.window_geometry(editor.id).x - 80) <= 10
+    moved = desktop.computer.window_geometry(editor.id)
+    assert (moved.x, moved.y) == (80, 90)
 
 
 def test_clicking_a_button_in_chromium_changes_the_page(desktop: paddock.Sandbox) -> None:
