@@ -40,7 +40,7 @@ def cluster(debian_image: Path, guest_binary_dir: Path) -> Iterator[Cluster]:
         HOSTS,
         cp_env={
             "PADDOCK_CP_BILLING_INTERVAL_S": "0.5",
-            # A create orphaned by a killed control plane is failed after this plus ORPHAN_AFTER_S.
+            # A create orphaned by a killed control plane is settled after this plus ORPHAN_AFTER_S.
             "PADDOCK_CP_BOOT_TIMEOUT_S": "20",
         },
     )

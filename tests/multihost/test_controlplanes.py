@@ -154,8 +154,9 @@ def test_a_control_plane_killed_during_200_operations(cluster: Cluster) -> None:
                     status = http.get(f"/v1/sandboxes/{result['id']}").json()["data"]["status"]
                 assert status == "destroyed", (result["id"], status)
             listed = http.get("/v1/sandboxes", params={"limit": 100}).json()["data"]["data"]
-            # A create whose control plane died before its host answered is failed by B's reconciler
-            # once its boot deadline (20 s here) and ORPHAN_AFTER_S have passed.
+            # A create whose control plane died before its host answered is settled by B's reconciler
+            # once its boot deadline (20 s here) and ORPHAN_AFTER_S have passed: adopted if its host
+            # booted it (then destroyed here), failed if not.
             for orphan in [s for s in listed if s["id"] not in created]:
                 deadline = time.monotonic() + 60
                 while orphan["status"] in TRANSITIONAL and time.monotonic() < deadline:
