@@ -3,7 +3,8 @@
 
     .venv/bin/python -m bench.disks_bench [--size-mib 100] [--rounds 3]
 
-One ``tests.live`` platform (control plane + one host agent) and one moto S3 server on 127.0.0.1, both
+One ``tests.live`` platform (control plane + one host agent) and one moto S3 server in a network namespace
+of its own (``tests/disks/s3server.py``: s3fs connects from the sandbox's network, as the sandbox would), both
 started here. Each round, through the public API:
 
 - write: a sandbox copies ``size`` MiB of random bytes from its own disk into the mounted bucket

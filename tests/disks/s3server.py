@@ -63,6 +63,7 @@ class S3Server:
         if internet is not None:
             namespace, address = internet.netns, internet.address("api.example.test")
             named = f"http://api.example.test:{port}"
+            env["MOTO_S3_CUSTOM_ENDPOINTS"] = named  # else moto reads "api" as a virtual-hosted bucket
         else:
             netns, host_if, address = _namespace()
             namespace = netns

@@ -18,6 +18,7 @@ from paddock_hostagent.sandboxes import DISK_CHECK_INTERVAL_S
 from paddock_hostagent.schemas import DiskMountBody
 from tests.disks.s3server import S3Server
 from tests.hostagent.conftest import Sandboxes, sh
+from tests.network.internet import FakeInternet
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -167,3 +168,43 @@ async def test_a_mount_whose_s3fs_dies_comes_back_while_the_agent_runs(
     await host.detach_disk(sandbox["id"], "/data")
     after = await sh(host, sandbox["id"], "ls -A /data | wc -l; grep -c fuse /proc/self/mountinfo || true")
     assert after["stdout"].split() == ["0", "0"], after
+
+
+async def test_s3fs_resolves_and_connects_under_the_sandboxs_egress_rules(make_agent: Any) -> None:
+    """s3fs runs in the sandbox's network namespace: the endpoint's name goes to the sandbox's resolver
+    and the connection through its allowlist. An open sandbox and one that allows the endpoint's name
+    mount it; one whose rules leave it out cannot, and says so."""
+    with FakeInternet() as internet:
+        server = S3Server.start(internet=internet)
+        try:
+            bucket = server.bucket("egress-" + secrets.token_hex(4))
+            agent = make_agent(extra_env={"PADDOCK_HOST_DNS_UPSTREAM": internet.dns_upstream})
+            agent.start()
+            async with agent.client() as host:
+                tracker = Sandboxes(host, agent)
+                try:
+                    outcomes = {}
+                    for label, rules in (
+                        ("open", []),
+                        ("allowed", ["api.example.test"]),
+                        ("left out", ["other.example.test"]),
+                    ):
+                        sandbox = await tracker.create(egress=rules)
+                        body = mount_body(server, bucket, "/data", endpoint=server.named_endpoint)
+                        view = await host.attach_disk(sandbox["id"], body)
+                        if view.status == "mounted":
+                            done = await sh(
+                                host, sandbox["id"], f"echo {label} > /data/{label[0]}.txt && echo ok"
+                            )
+                            assert done["stdout"] == "ok\n", (label, done)
+                        outcomes[label] = (view.status, view.error or "")
+                    assert outcomes["open"] == ("mounted", ""), outcomes
+                    assert outcomes["allowed"] == ("mounted", ""), outcomes
+                    status, error = outcomes["left out"]
+                    assert status == "error" and "api.example.test" in error, outcomes
+                    keys = {o["Key"] for o in server.s3().list_objects_v2(Bucket=bucket).get("Contents", [])}
+                    assert keys == {"o.txt", "a.txt"}, keys
+                finally:
+                    await tracker.destroy_all()
+        finally:
+            server.stop()
