@@ -1,5 +1,6 @@
-"""A disk's endpoint may not point at the host's own network (SSRF): s3fs runs on the host, where a
-loopback, private or link-local address would reach the host's services for a user."""
+"""A disk's endpoint may not point at private address space (SSRF) unless the operator allows it. s3fs
+connects from the sandbox's network namespace, where the host's loopback is the sandbox's own
+(tests/security/test_s3_probes.py); this check refuses such endpoints early, with a 400."""
 
 from __future__ import annotations
 
