@@ -90,6 +90,10 @@ class _Entry:
     # a sandbox: 100 ms a create beside 1,000 of them.
     mem_used_bytes: int = 0
     disk_used_bytes: int = 0
+    # Its processes are gone (its init died: on gVisor a memory overrun kills the whole sandbox), seen by
+    # a probe; for good, as no sandbox is started again. It then holds no memory: admission and the
+    # free memory reported to the scheduler stop counting its limit (its disk stays until destroyed).
+    stopped: bool = False
 
     def touch(self) -> None:
         self.record.last_activity_at = time.time()
@@ -166,6 +170,7 @@ class SandboxManager:
             entry = _Entry(record)
             self._entries[record.id] = entry
             state = states.get(record.id, RuntimeState.STOPPED)
+            entry.stopped = state == RuntimeState.STOPPED
             on_hold = record.state == RuntimeState.RUNNING and record.id in self.diskwatch.held
             if state == RuntimeState.PAUSED and on_hold:  # frozen by the disk's watermark, not its user
                 state = RuntimeState.RUNNING
@@ -248,7 +253,10 @@ class SandboxManager:
 
     def status(self, entry: _Entry) -> str:
         live = self.runtime.probe(entry.record)
-        return RuntimeState.STOPPED.value if live == RuntimeState.STOPPED else entry.record.state.value
+        if live == RuntimeState.STOPPED:
+            entry.stopped = True
+            return RuntimeState.STOPPED.value
+        return entry.record.state.value
 
     def view(self, entry: _Entry) -> SandboxView:
         record = entry.record
@@ -322,14 +330,16 @@ class SandboxManager:
         return int(self.total_mib * self.settings.memory_overcommit)
 
     def placed_mib(self) -> int:
-        placed = sum(entry.record.mem_mib for entry in self._entries.values())
+        placed = sum(entry.record.mem_mib for entry in self._entries.values() if not entry.stopped)
         return placed + sum(mem_mib for mem_mib, _ in self._pending.values())
 
     def memory_view(self) -> MemoryView:
         """Every memory limit promised on this host (pending creates as wholly unused) with what each
         sandbox used at the last read, and the machine's memory now; ``capacity.py`` decides from it."""
         promises = [
-            Promise(entry.record.mem_mib, entry.mem_used_bytes) for entry in list(self._entries.values())
+            Promise(entry.record.mem_mib, entry.mem_used_bytes)
+            for entry in list(self._entries.values())
+            if not entry.stopped
         ]
         promises += [Promise(mem_mib, 0) for mem_mib, _ in self._pending.values()]
         return MemoryView(
