@@ -151,21 +151,32 @@ class ImageStore:
 
     # A deleted template's image stays while a sandbox here boots from it (its overlay's lower layer),
     # and its sandboxes can still be forked; it is no longer offered. The mark is a file in the image's
-    # directory, so an agent restarted meanwhile still drops it once its last sandbox is gone.
+    # directory naming the host agent that received the delete (agents on one machine may share an
+    # image directory, each with sandboxes of its own), so that agent still drops the image once its
+    # last sandbox is gone, also after a restart.
 
-    def mark_deleted(self, name: str) -> bool:
-        """Marks a template here as deleted (False when it is not here, or not a template)."""
+    def mark_deleted(self, name: str, owner: str) -> bool:
+        """Marks a template here as deleted by ``owner`` (False when it is not here, or no template)."""
         if not name.startswith(TEMPLATE_PREFIX) or not self.is_cached(name):
             return False
-        (self.image_dir / slug(name) / DELETED_MARK).touch()
+        (self.image_dir / slug(name) / DELETED_MARK).write_text(owner + "\n")
         return True
 
     def is_deleted(self, name: str) -> bool:
         return (self.image_dir / slug(name) / DELETED_MARK).exists()
 
-    def deleted_templates(self) -> list[str]:
-        """Deleted templates whose image is still here (``remove_template`` once no sandbox uses it)."""
-        return [name for name in self._template_dirs() if self.is_deleted(name)]
+    def deleted_templates(self, owner: str) -> list[str]:
+        """Templates ``owner`` marked deleted whose image is still here (``remove_template`` once no
+        sandbox of the owner's uses it)."""
+        found = []
+        for name in self._template_dirs():
+            try:
+                marked_by = (self.image_dir / slug(name) / DELETED_MARK).read_text().strip()
+            except OSError:
+                continue
+            if marked_by == owner:
+                found.append(name)
+        return found
 
     def config(self, name: str) -> ImageConfig:
         """What an image asks of the commands run in it (a template's ENV, WORKDIR, USER)."""

@@ -274,7 +274,7 @@ async def get_build(build_id: str, manager: Manager, after: Annotated[int, Query
 async def delete_build(build_id: str, manager: Manager) -> DestroyResult:
     """Cancels a running attempt and removes the template's image once no sandbox boots from it (the
     mark is kept on disk across restarts; a host without builds that fetched the image drops it too)."""
-    manager.images.mark_deleted(build_id)
+    manager.images.mark_deleted(build_id, manager.settings.id)
     if manager.builds is not None:
         await manager.builds.delete(build_id)
     await manager.drop_deleted_images()

@@ -315,7 +315,7 @@ class SandboxManager:
     async def drop_deleted_images(self) -> None:
         """Removes the images of deleted templates no sandbox here boots from any more, those marked
         before a restart too (``ImageStore.mark_deleted``), on a host with or without builds."""
-        for name in self.images.deleted_templates():
+        for name in self.images.deleted_templates(self.settings.id):
             if not self.uses_image(name):
                 await asyncio.to_thread(self.images.remove_template, name)
                 log.info("template_image_removed", template_id=name)

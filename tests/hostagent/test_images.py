@@ -157,10 +157,12 @@ def test_a_deleted_template_is_no_longer_offered_but_still_boots_its_sandboxes(t
     image.mkdir(parents=True)
     (image.parent / "image.json").write_text('{"name": "tpl_gone"}')
     assert store.templates() == ["tpl_gone"]
-    assert store.mark_deleted("tpl_gone") and not store.mark_deleted("debian:13")
+    assert store.mark_deleted("tpl_gone", "host-a") and not store.mark_deleted("debian:13", "host-a")
     assert store.templates() == [] and "tpl_gone" not in store.cached()  # not offered any more
     assert store.is_cached("tpl_gone")  # a fork of one of its sandboxes still finds it
-    assert ImageStore(tmp_path).deleted_templates() == ["tpl_gone"]  # the mark is on disk
+    assert ImageStore(tmp_path).deleted_templates("host-a") == ["tpl_gone"]  # the mark is on disk
+    # Another agent sharing the image directory leaves it to the one whose sandboxes may use it.
+    assert ImageStore(tmp_path).deleted_templates("host-b") == []
 
 
 @pytest.mark.root
@@ -182,7 +184,8 @@ async def test_a_deleted_templates_image_goes_with_its_last_sandbox_after_a_rest
         agent.process = None
         agent.start()
         async with agent.client() as host:
-            assert (await sh(host, created["id"], "echo still-here"))["stdout"] == "still-here\n"
+            still = await sh(host, created["id"], "echo still-here")
+            assert still["stdout"] == "still-here\n", still
             await host.destroy_sandbox(created["id"])
         assert not (store.image_dir / name).exists()
     finally:
@@ -196,8 +199,8 @@ async def test_a_template_deleted_while_its_last_sandbox_went_with_the_agent_dow
     store = ImageStore(image_cache())
     name = install_template(store, debian_image)
     try:
-        store.mark_deleted(name)  # as a delete received before a crash leaves it
         agent = make_agent(pool_size=0)
+        store.mark_deleted(name, f"test-{agent.nft_table}")  # as a delete received before a crash leaves it
         agent.start()
         assert not (store.image_dir / name).exists()
     finally:
