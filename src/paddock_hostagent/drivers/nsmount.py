@@ -235,7 +235,7 @@ def main(argv: list[str]) -> int:
             )
             return 2
     except (NsMountError, OSError) as exc:
-        print(str(exc), file=sys.stderr)
+        print(f"nsmount: {exc}", file=sys.stderr)
         return 1
     return 0
 

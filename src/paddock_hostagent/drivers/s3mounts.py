@@ -162,7 +162,7 @@ class S3Mounter:
         )
         if code != 0:
             await self._stop_host(point)
-            return f"cannot mount at {mount.mount_path} in the sandbox: {output.strip()}"
+            return f"cannot mount at {mount.mount_path} in the sandbox: {output.strip().removeprefix('nsmount: ')}"
         return None
 
     def _s3fs_argv(self, sandbox_id: str, mount: S3Mount) -> list[str]:
@@ -399,6 +399,8 @@ def _reason(mount: S3Mount, log_path: Path, fallback: str) -> str:
         parts.append(verdict.group(1).strip())
     if "CURLE_COULDNT_CONNECT" in text and not s3_error:
         parts.insert(0, "connection refused")
+    if not parts:  # s3fs never started: what nsmount's s3fs command said (entering the sandbox's netns)
+        parts = [line.strip() for line in text.splitlines() if line.startswith("nsmount: ")][-1:]
     detail = "; ".join(parts) or fallback
     return f"mounting bucket {mount.bucket!r} from {mount.endpoint} failed: {detail}"
 
