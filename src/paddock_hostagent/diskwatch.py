@@ -198,9 +198,7 @@ class DiskWatch:
                 await self._release(records, room)
             if self._ticks % SAMPLE_EVERY_TICKS:
                 return
-        running = [
-            r for r in records.values() if r.state == RuntimeState.RUNNING and r.id not in self.held
-        ]
+        running = [r for r in records.values() if r.state == RuntimeState.RUNNING and r.id not in self.held]
         usage = await asyncio.to_thread(self._read_usage, running)
         growing = [r for r in running if r.id in self._usage and usage[r.id] > self._usage[r.id]]
         self._usage = usage
@@ -222,6 +220,7 @@ class DiskWatch:
             and self.runtime.probe(records[sandbox_id]) == RuntimeState.PAUSED
         }
         if kept != self.held:
+            log.info("disk_low_hold_dropped", sandbox_ids=sorted(self.held - kept))
             self.held = kept
             self._save()
 

@@ -2,7 +2,7 @@
 a host whose disk store runs low holds the sandboxes filling it (the low watermark, ``diskwatch.py``)
 before its filesystem fills, refuses creates saying why, and lets them go on when room comes back.
 
-The watermark test runs its agent on a 4 GiB ext4 made for the test (a loop-mounted file, as the
+The watermark test runs its agent on a 5 GiB ext4 made for the test (a loop-mounted file, as the
 host's own filesystem is ext4), so the agent's disk store is an XFS inside a file on it, as on the
 host, and the test fills that small filesystem instead of the host's.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import subprocess
@@ -27,9 +28,9 @@ from tests.hostagent.conftest import AgentProcess, Sandboxes, run, sh, teardown_
 pytestmark = pytest.mark.root
 
 MIB = 1 << 20
-#: 1,600 MiB of a pattern (not zeros, which a lost block would read back as), synced, then its checksum.
-WRITE_1600_MIB = (
-    "yes paddock-disk-watermark | head -c 1677721600 | dd of=/big bs=1M iflag=fullblock conv=fsync 2>&1 "
+#: 800 MiB of a pattern (not zeros, which a lost block would read back as), synced, then its checksum.
+WRITE_800_MIB = (
+    "yes paddock-disk-watermark | head -c 838860800 | dd of=/big bs=1M iflag=fullblock conv=fsync 2>&1 "
     "&& md5sum /big"
 )
 #: A command left running after its exec answers (its output in /done when it ends).
@@ -70,11 +71,11 @@ async def test_a_sandbox_that_fills_its_disk_gets_enospc_and_its_neighbour_keeps
 
 @pytest.fixture
 def small_filesystem(tmp_path: Path) -> Iterator[Path]:
-    """A 4 GiB ext4 (no root reserve) on a loop device, mounted for the test; gone afterwards."""
+    """A 5 GiB ext4 (no root reserve) on a loop device, mounted for the test; gone afterwards."""
     image = Path(f"/tmp/pdkfs-{secrets.token_hex(3)}.img")
     mount_dir = Path(f"/tmp/pdkfs-{secrets.token_hex(3)}")
     with open(image, "wb") as handle:
-        handle.truncate(4096 * MIB)
+        handle.truncate(5120 * MIB)
     subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
     mount_dir.mkdir()
     subprocess.run(["mount", "-o", "loop", str(image), str(mount_dir)], check=True)
@@ -91,12 +92,26 @@ def small_filesystem(tmp_path: Path) -> Iterator[Path]:
         assert not os.path.ismount(mount_dir), f"{mount_dir} is still mounted"
 
 
+def disk_log(agent: AgentProcess) -> list[str]:
+    """The watermark's lines of the agent's log, to show with a failed assertion."""
+    return [line for line in agent.log_path.read_text().splitlines() if '"disk_' in line]
+
+
+async def held_now(host: Any, sandbox_ids: list[str]) -> bool:
+    return list((await host.info()).disk_held) == sandbox_ids
+
+
+async def finished(host: Any, sandbox_id: str) -> dict[str, Any] | None:
+    done = await sh(host, sandbox_id, "cat /done")
+    return done if done["exit_code"] == 0 else None
+
+
 async def assert_refused(tracker: Sandboxes) -> None:
     with pytest.raises(HostAgentError) as refused:
         await tracker.create(mem_mib=256)
     assert refused.value.status == 507, refused.value
     assert "disk store is low" in str(refused.value), refused.value
-    assert "held until it has 768 MiB free" in str(refused.value), refused.value
+    assert "held until it has 1536 MiB free" in str(refused.value), refused.value
 
 
 async def wait_for(condition: Any, timeout_s: float, what: str) -> Any:
@@ -110,7 +125,7 @@ async def wait_for(condition: Any, timeout_s: float, what: str) -> Any:
 
 
 @pytest.mark.slow
-async def test_a_host_running_low_holds_the_sandbox_filling_it_and_releases_it_with_room(
+async def test_a_host_running_low_holds_the_sandboxes_filling_it_and_releases_them_with_room(
     small_filesystem: Path, debian_image: Path, guest_binary_dir: Path
 ) -> None:
     agent = AgentProcess(
@@ -120,66 +135,68 @@ async def test_a_host_running_low_holds_the_sandbox_filling_it_and_releases_it_w
         extra_env={
             "PADDOCK_HOST_DISK_RESERVED_MIB": "256",
             "PADDOCK_HOST_DISK_LOW_WATERMARK_MIB": "512",
-            "PADDOCK_HOST_DISK_HIGH_WATERMARK_MIB": "768",
+            "PADDOCK_HOST_DISK_HIGH_WATERMARK_MIB": "1536",
         },
     )
     try:
         agent.start()
         async with agent.client() as host:
             tracker = Sandboxes(host, agent)
-            writer = await tracker.create(mem_mib=256)
+            writers = sorted([(await tracker.create(mem_mib=256))["id"] for _ in range(2)])
             other = await tracker.create(mem_mib=256)
-            # Something else on the host takes all but 1,400 MiB; the sandbox then writes 1,600 MiB.
+            # Something else on the host takes all but 1,400 MiB; two sandboxes then write 800 MiB each.
+            # The high watermark (1,536 MiB) is above what is left: only the ballast going releases them.
             # Without the watermark the host filesystem fills under the disk store (EIO inside).
             ballast = small_filesystem / "ballast"
             ballast_mib = free_mib(small_filesystem) - 1400
-            assert ballast_mib >= 1024, free_mib(small_filesystem)
+            assert ballast_mib >= 2048, free_mib(small_filesystem)
             subprocess.run(["fallocate", "-l", f"{ballast_mib}M", str(ballast)], check=True)
             lowest = [free_mib(small_filesystem)]
-            started = await sh(host, writer["id"], IN_BACKGROUND.format(WRITE_1600_MIB))
-            assert started["exit_code"] == 0, started
+            for writer in writers:
+                started = await sh(host, writer, IN_BACKGROUND.format(WRITE_800_MIB))
+                assert started["exit_code"] == 0, started
 
-            async def held() -> list[str]:
+            async def both_held() -> bool:
                 lowest.append(free_mib(small_filesystem))
-                return list((await host.info()).disk_held)
+                return (await host.info()).disk_held == writers
 
-            assert await wait_for(held, 120, "the writer to be held") == [writer["id"]]
-            # While it is held: no create, saying why; the other sandbox runs commands.
+            await wait_for(both_held, 120, "the writers to be held")
+            # While they are held: no create, saying why; the other sandbox runs commands.
             await assert_refused(tracker)
             assert (await run(host, other["id"], "echo", "alive"))["stdout"] == "alive\n"
-            await asyncio.sleep(2)  # it stays held, and the host filesystem never fills
+            await asyncio.sleep(2)  # they stay held, and the host filesystem never fills
             lowest.append(free_mib(small_filesystem))
-            assert (await host.info()).disk_held == [writer["id"]]
-            assert (await host.get_sandbox(writer["id"])).status == "running"
-        # A restarted agent knows the frozen sandbox for a hold, not a pause.
+            assert (await host.info()).disk_held == writers, disk_log(agent)
+            assert {(await host.get_sandbox(writer)).status for writer in writers} == {"running"}
+        # A restarted agent knows the frozen sandboxes for holds, not pauses.
         agent.stop()
         agent.start()
         async with agent.client() as host:
             tracker = Sandboxes(host, agent)
-            assert (await host.info()).disk_held == [writer["id"]]
-            assert (await host.get_sandbox(writer["id"])).status == "running"
+            assert (await host.info()).disk_held == writers, disk_log(agent)
+            assert {(await host.get_sandbox(writer)).status for writer in writers} == {"running"}
             await assert_refused(tracker)
             lowest.append(free_mib(small_filesystem))
             assert min(lowest) >= 128, lowest
-            # Room comes back: the writer goes on, and its file is whole.
+            # The second one's user pauses it: it is theirs again, and room coming back leaves it paused.
+            assert (await host.pause_sandbox(writers[1])).status == "paused"
+            await wait_for(lambda: held_now(host, writers[:1]), 5, "the paused one's hold to be dropped")
+            # Room comes back: the first goes on; the second, once resumed.
             ballast.unlink()
-
-            async def finished() -> dict[str, Any] | None:
-                done = await sh(host, writer["id"], "cat /done")
-                return done if done["exit_code"] == 0 else None
-
-            done = await wait_for(finished, 120, "the write to finish")
-            assert "1677721600 bytes" in done["stdout"], done
-            assert (await host.info()).disk_held == []
-            # Whole on disk, not only in the page cache: without the watermark the same write also
-            # "succeeds", then reads back different once the cache is dropped (the store lost blocks).
-            subprocess.run(["sync", "-f", str(small_filesystem)], check=True)
-            Path("/proc/sys/vm/drop_caches").write_text("3")
-            reread = await sh(host, writer["id"], "md5sum /big && rm /big && sync && echo ok")
-            assert reread["stdout"] == done["stdout"].splitlines()[-1] + "\nok\n", (reread, done)
+            await wait_for(lambda: held_now(host, []), 10, "the hold to be released")
+            assert (await host.get_sandbox(writers[1])).status == "paused"
+            assert (await host.resume_sandbox(writers[1])).status == "running"
+            for writer in writers:
+                done = await wait_for(functools.partial(finished, host, writer), 120, "the write to finish")
+                assert "838860800 bytes" in done["stdout"], done
+                # Whole on disk, not only in the page cache: without the watermark such a write also
+                # "succeeds", then reads back different once the cache is dropped (the store lost blocks).
+                subprocess.run(["sync", "-f", str(small_filesystem)], check=True)
+                Path("/proc/sys/vm/drop_caches").write_text("3")
+                reread = await sh(host, writer, "md5sum /big && rm /big && sync && echo ok")
+                assert reread["stdout"] == done["stdout"].splitlines()[-1] + "\nok\n", (reread, done)
             created = await tracker.create(mem_mib=256)
             assert (await run(host, created["id"], "echo", "alive"))["stdout"] == "alive\n"
-            log = agent.log_path.read_text()
-            assert '"disk_low_hold"' in log and '"disk_low_release"' in log
+            assert [line for line in disk_log(agent) if '"disk_low_release"' in line], disk_log(agent)
     finally:
         teardown_agent(agent)
