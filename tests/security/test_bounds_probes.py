@@ -285,9 +285,17 @@ def burst_of_execs(tenant: Tenant, parallel: int) -> None:
     sandbox_id = tenant.create()
     # The sandbox is busy computing, as a tenant's often is, so its guest agent accepts connections
     # slower than a burst makes them (this burst met a full backlog 239 times out of 400 before).
-    hogs = tenant.sh(sandbox_id, "for i in 1 2; do setsid sh -c 'while :; do :; done' >/dev/null 2>&1 & done")
+    hogs = tenant.sh(
+        sandbox_id, "for i in 1 2; do setsid sh -c 'while :; do :; done' >/dev/null 2>&1 & echo $!; done"
+    )
     assert hogs["exit_code"] == 0, hogs
+    try:
+        burst_on(tenant, sandbox_id, parallel)
+    finally:
+        tenant.sh(sandbox_id, "kill -9 " + " ".join(hogs["stdout"].split()))
 
+
+def burst_on(tenant: Tenant, sandbox_id: str, parallel: int) -> None:
     async def burst() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
         async with httpx.AsyncClient(

@@ -37,6 +37,7 @@ import errno
 import os
 import resource
 import select
+import socket
 import struct
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -304,11 +305,19 @@ def unix_connector(socket_path: Path) -> Connector:
             # sun_path holds ~107 bytes; reach long paths through the directory's /proc/self/fd entry.
             dir_fd = os.open(socket_path.parent, os.O_PATH | os.O_DIRECTORY)
             path = f"/proc/self/fd/{dir_fd}/{socket_path.name}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         try:
-            return await asyncio.open_unix_connection(path, limit=_STREAM_LIMIT_BYTES)
+            # A unix socket connects at once or fails: EAGAIN when the guest's listen backlog is full.
+            # Done here, not by the event loop: asyncio's own loop takes EAGAIN for a connect in
+            # progress and hands back a socket that never connected.
+            sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
         finally:
             if dir_fd is not None:
                 os.close(dir_fd)
+        return await asyncio.open_unix_connection(sock=sock, limit=_STREAM_LIMIT_BYTES)
 
     return connect
 
