@@ -29,12 +29,12 @@ from typing import Any
 
 import pytest
 
-from paddock_hostagent.client import HostAgentClient
+from paddock_hostagent.client import HostAgentClient, HostAgentError
 from paddock_hostagent.drivers import loops, mounts, storage
 from paddock_hostagent.drivers.commands import run_sync
 from paddock_hostagent.drivers.storage import Disk, DiskNotCleanError
 from paddock_hostagent.schemas import ForkBody
-from tests.hostagent.conftest import DISK_MIB, AgentProcess, Sandboxes, run, sh
+from tests.hostagent.conftest import DISK_MIB, AgentProcess, Sandboxes, run, sandbox_cgroup_dirs, sh
 
 pytestmark = pytest.mark.root
 
@@ -399,3 +399,34 @@ async def test_a_copy_that_does_not_mount_clean_is_refused_unmounted(store: Path
         await storage.detach(source)
     checked = _repair(source.image_path)
     assert checked.returncode == 0, checked.stdout[-2000:]
+
+
+async def test_a_fork_whose_copy_is_not_clean_is_refused_and_leaves_nothing(
+    host: HostAgentClient, sandboxes: Sandboxes, agent: AgentProcess
+) -> None:
+    """A fork whose copy of the disk does not mount clean (here: the superblock checksum broken in the
+    source's image under the live source, whose superblock is in its memory) is refused with an error
+    that says so, before anything boots: no sandbox, record or cgroup of it is left, and the source
+    runs on untouched; once its superblock is written home again, the same fork works."""
+    source = await sandboxes.create(name="damaged")
+    assert (await sh(host, source["id"], "echo kept > /root/kept && sync"))["exit_code"] == 0
+    slot = agent.record(source["id"])["driver_state"]["slot"]
+    with open(slot["disk_image"], "r+b") as image:  # sb_crc, at byte 224 of the primary superblock
+        image.seek(224)
+        image.write(b"\xde\xad\xbe\xef")
+    child_id = f"{source['id']}-fork"
+    sandboxes.track(child_id)
+    with pytest.raises(HostAgentError, match="not a clean filesystem") as refused:
+        await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="refused", start_paused=False))
+    assert refused.value.status == 500 and "nothing was booted" in str(refused.value)
+    assert child_id not in [view.id for view in await host.list_sandboxes()]
+    assert not (agent.state_dir / "sandboxes" / f"{child_id}.json").exists()
+    assert sandbox_cgroup_dirs([child_id]) == []
+    assert (await sh(host, source["id"], "cat /root/kept"))["stdout"] == "kept\n"
+
+    await host.pause_sandbox(source["id"])
+    mounts.freeze_filesystem(Path(slot["disk_mount"]))  # writes the superblock home
+    mounts.thaw_filesystem(Path(slot["disk_mount"]))
+    await host.resume_sandbox(source["id"])
+    await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="healed", start_paused=False))
+    assert (await sh(host, child_id, "cat /root/kept"))["stdout"] == "kept\n"
