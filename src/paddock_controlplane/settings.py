@@ -43,6 +43,15 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     ssh_port: int = 0
     ssh_host: str = ""
     ssh_host_key_file: Path | None = None
+    #: The E2B-compatible control API's listener in this process (0: none; ``paddock serve`` uses 3000),
+    #: its address (the API's ``host`` when empty) and the ``domain`` it tells the SDK (the ingress's
+    #: when empty). See docs/e2b.md.
+    e2b_port: int = 0
+    e2b_host: str = ""
+    e2b_domain: str = ""
+    #: The E2B sandbox edge's listener (envd, the code interpreter, user ports; 0: none; ``paddock
+    #: serve`` uses 49983), reached by the SDK through ``E2B_SANDBOX_URL``.
+    e2b_edge_port: int = 0
     #: How long a request waits for a paused, creating or resuming sandbox to be running.
     ingress_wake_timeout_s: float = 30.0
     #: Dialling a sandbox port fails after this long (-> 502).
