@@ -1,7 +1,8 @@
 """``paddock serve``: the whole platform on embedded defaults, as one supervised process tree.
 
     paddock serve
-    ├── paddock controlplane   (API :8080, ingress proxy :8088, SSH gateway :2222, reconciler and workers)
+    ├── paddock controlplane   (API :8080, ingress proxy :8088, SSH gateway :2222, E2B API :3000 and
+    │                           sandbox edge :49983, reconciler and workers)
     ├── paddock hostagent      (internal API :8081, runs sandboxes under the OCI runtime)
     └── paddock gateway        (API :8082, with a local dev chain)
 
@@ -38,6 +39,9 @@ GW_PORT = int(os.environ.get("PADDOCK_GW_PORT", "8082"))
 INGRESS_PORT = int(os.environ.get("PADDOCK_CP_INGRESS_PORT", "8088"))
 INGRESS_DOMAIN = os.environ.get("PADDOCK_CP_INGRESS_DOMAIN", "sandbox.localhost")
 SSH_PORT = int(os.environ.get("PADDOCK_CP_SSH_PORT", "2222"))
+#: The E2B-compatible API and the E2B sandbox edge, both inside the control plane (docs/e2b.md).
+E2B_PORT = int(os.environ.get("PADDOCK_CP_E2B_PORT", "3000"))
+E2B_EDGE_PORT = int(os.environ.get("PADDOCK_CP_E2B_EDGE_PORT", "49983"))
 PRIVATE_UMASK = 0o077
 
 
@@ -189,6 +193,8 @@ def children(
     }
     cp_env.update(ingress_env(base))
     cp_env["PADDOCK_CP_SSH_PORT"] = str(SSH_PORT)  # the SSH gateway into sandboxes (sshgate.py)
+    cp_env["PADDOCK_CP_E2B_PORT"] = str(E2B_PORT)  # the E2B-compatible API (e2b/)
+    cp_env["PADDOCK_CP_E2B_EDGE_PORT"] = str(E2B_EDGE_PORT)
     host_env = base | {
         "PADDOCK_HOST_PORT": str(HOST_PORT),
         "PADDOCK_HOST_TOKEN": shared["HOST_TOKEN"],
@@ -259,6 +265,8 @@ Paddock is running.
   gateway        http://127.0.0.1:{GW_PORT}   (OpenAPI: http://127.0.0.1:{GW_PORT}/openapi.json)
   ingress        http://<port>-<sandbox id>.{INGRESS_DOMAIN}:{INGRESS_PORT}   (sandboxes with ingress_enabled)
   ssh            ssh -p {SSH_PORT} <sandbox id or name>@127.0.0.1   (keys: the sandbox's ssh_pubkeys)
+  E2B API        http://127.0.0.1:{E2B_PORT}   (E2B_API_URL; docs/e2b.md)
+  E2B sandboxes  http://127.0.0.1:{E2B_EDGE_PORT}  (E2B_SANDBOX_URL; E2B_API_KEY is the API key below)
   bootstrap API key: {key}
 
 Try it:

@@ -21,6 +21,7 @@ from paddock_controlplane.api.routes import processes as process_routes
 from paddock_controlplane.api.routes import shell as shell_routes
 from paddock_controlplane.api.routes import templates as template_routes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
+from paddock_controlplane.e2b import listener as e2b_listener
 from paddock_controlplane.hotcache import (
     StatusWatch,
     TTLCache,
@@ -99,6 +100,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         if builder:
             builder.start()
         proxy = await ingress.start(services, ingress_cache)
+        e2b = await e2b_listener.start(services)
         ssh = None
         if settings.ssh_port:
             key_file = settings.ssh_host_key_file or settings.data_dir / "ssh_host_key"
@@ -111,6 +113,8 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         finally:
             if ssh:
                 await ssh.stop()
+            if e2b:
+                await e2b.stop()
             if proxy:
                 await proxy.stop()
             if builder:

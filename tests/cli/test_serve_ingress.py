@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def test_serve_prints_a_working_ingress_url(debian_image: Path, tmp_path: Path) -> None:
-    ports = {name: free_port() for name in ("CP", "HOST", "GW", "CP_INGRESS", "CP_SSH")}
+    ports = {name: free_port() for name in ("CP", "HOST", "GW", "CP_INGRESS", "CP_SSH", "CP_E2B", "CP_E2B_EDGE")}
     nft_table = f"pdkserve{secrets.token_hex(3)}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
     env.update({f"PADDOCK_{name}_PORT": str(port) for name, port in ports.items()})
@@ -55,6 +55,7 @@ def test_serve_prints_a_working_ingress_url(debian_image: Path, tmp_path: Path) 
         ingress_port = ports["CP_INGRESS"]
         assert f"ingress        http://<port>-<sandbox id>.sandbox.localhost:{ingress_port}" in banner
         assert f"ssh -p {ports['CP_SSH']} <sandbox id or name>@127.0.0.1" in banner
+        assert f"E2B API        http://127.0.0.1:{ports['CP_E2B']}" in banner
         with socket.create_connection(("127.0.0.1", ports["CP_SSH"]), timeout=10) as ssh_gateway:
             assert ssh_gateway.recv(64).startswith(b"SSH-2.0-")  # serve started the SSH gateway
         key = (tmp_path / "bootstrap-api-key").read_text().strip()

@@ -297,7 +297,7 @@ def stop_serve(process: subprocess.Popen[bytes]) -> None:
 async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_database_knows(
     debian_image: Path, tmp_path: Path
 ) -> None:
-    ports = {name: free_port() for name in ("CP", "HOST", "GW", "CP_INGRESS")}
+    ports = {name: free_port() for name in ("CP", "HOST", "GW", "CP_INGRESS", "CP_E2B", "CP_E2B_EDGE")}
     nft_table = f"pdkcred{secrets.token_hex(3)}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
     env.update({f"PADDOCK_{name}_PORT": str(port) for name, port in ports.items()})

@@ -1,0 +1,68 @@
+"""The E2B suites' platform: a live Paddock (control plane and host agent processes, real sandboxes) with
+its E2B API and sandbox edge listening on free loopback ports, and the three environment variables an
+E2B user sets to switch to it. The SDKs under test (``e2b``, ``e2b-code-interpreter``: pyproject's test
+extra) run unmodified and are configured only by these variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.hostagent.conftest import debian_image, free_port, guest_binary_dir
+from tests.live import LivePlatform, plain_http_ingress, start_platform
+
+__all__ = ["debian_image", "guest_binary_dir"]
+
+
+@dataclass(frozen=True)
+class E2bPlatform:
+    platform: LivePlatform
+    api_url: str
+    sandbox_url: str
+    api_key: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a user exports to point an existing E2B program at Paddock (docs/e2b.md)."""
+        return {"E2B_API_URL": self.api_url, "E2B_SANDBOX_URL": self.sandbox_url, "E2B_API_KEY": self.api_key}
+
+
+@pytest.fixture(scope="session")
+def e2b_platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[E2bPlatform]:
+    api_port, edge_port = free_port(), free_port()
+    cp_env = {
+        **plain_http_ingress(),
+        "PADDOCK_CP_E2B_PORT": str(api_port),
+        "PADDOCK_CP_E2B_EDGE_PORT": str(edge_port),
+    }
+    platform = start_platform(guest_binary_dir, cp_env=cp_env)
+    try:
+        yield E2bPlatform(
+            platform=platform,
+            api_url=f"http://127.0.0.1:{api_port}",
+            sandbox_url=f"http://127.0.0.1:{edge_port}",
+            api_key=platform.api_key(),
+        )
+    finally:
+        platform.stop()
+
+
+@pytest.fixture(scope="session")
+def e2b_env(e2b_platform: E2bPlatform) -> Iterator[E2bPlatform]:
+    """The three variables exported for the session (and nothing else of E2B's: no E2B_DOMAIN)."""
+    saved = {key: os.environ.get(key) for key in (*e2b_platform.env, "E2B_DOMAIN", "E2B_DEBUG")}
+    os.environ.pop("E2B_DOMAIN", None)
+    os.environ.pop("E2B_DEBUG", None)
+    os.environ.update(e2b_platform.env)
+    try:
+        yield e2b_platform
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

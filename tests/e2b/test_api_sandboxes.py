@@ -1,0 +1,148 @@
+"""The unmodified ``e2b`` SDK (sync), configured only by E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY,
+drives Paddock's E2B API against a live platform: create, get_info, list with metadata and state
+filters, set_timeout (a short one makes the sandbox go), pause and connect (resume), kill, and the
+errors the SDK decides on. Every test fails on the code before the E2B API (nothing listened)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import time
+
+import httpx
+import pytest
+
+from e2b import (
+    AuthenticationException,
+    NotFoundException,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+)
+from tests.e2b.conftest import E2bPlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def paddock_status(env: E2bPlatform, sandbox_id: str) -> str:
+    """The sandbox as Paddock's own API sees it."""
+    with env.platform.http(env.api_key) as http:
+        return str(http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]["status"])
+
+
+def test_create_get_info_list_by_metadata_and_kill(e2b_env: E2bPlatform) -> None:
+    tag = secrets.token_hex(4)
+    sandbox = Sandbox.create(metadata={"suite": tag, "role": "one"}, timeout=120)
+    other = Sandbox.create(metadata={"suite": tag, "role": "two"})
+    try:
+        assert paddock_status(e2b_env, sandbox.sandbox_id) == "running"  # a real Paddock sandbox
+        info = sandbox.get_info()
+        assert info.sandbox_id == sandbox.sandbox_id
+        assert info.template_id == "base"
+        assert info.metadata == {"suite": tag, "role": "one"}
+        assert info.state == SandboxState.RUNNING
+        left = (info.end_at - dt.datetime.now(dt.UTC)).total_seconds()
+        assert 90 < left <= 121, left  # E2B's timeout: seconds until the sandbox is killed
+
+        listed = Sandbox.list(query=SandboxQuery(metadata={"suite": tag, "role": "one"})).next_items()
+        assert [item.sandbox_id for item in listed] == [sandbox.sandbox_id]
+        both = Sandbox.list(query=SandboxQuery(metadata={"suite": tag})).next_items()
+        assert {item.sandbox_id for item in both} == {sandbox.sandbox_id, other.sandbox_id}
+        assert Sandbox.list(query=SandboxQuery(metadata={"suite": "nobody"})).next_items() == []
+
+        assert sandbox.kill() is True
+        with pytest.raises(NotFoundException):
+            Sandbox.get_info(sandbox.sandbox_id)
+        assert Sandbox.kill(sandbox.sandbox_id) is False  # a second kill: the SDK's "not found"
+        assert paddock_status(e2b_env, sandbox.sandbox_id) in ("destroying", "destroyed")
+        assert [
+            item.sandbox_id for item in Sandbox.list(query=SandboxQuery(metadata={"suite": tag})).next_items()
+        ] == [other.sandbox_id]
+    finally:
+        Sandbox.kill(sandbox.sandbox_id)
+        Sandbox.kill(other.sandbox_id)
+
+
+def test_list_pages_with_next_token(e2b_env: E2bPlatform) -> None:
+    tag = secrets.token_hex(4)
+    made = [Sandbox.create(metadata={"pages": tag}) for _ in range(3)]
+    try:
+        paginator = Sandbox.list(query=SandboxQuery(metadata={"pages": tag}), limit=2)
+        first = paginator.next_items()
+        assert len(first) == 2 and paginator.has_next  # x-next-token came with a full page
+        second = paginator.next_items()
+        assert len(second) == 1 and not paginator.has_next
+        assert {item.sandbox_id for item in first + second} == {sandbox.sandbox_id for sandbox in made}
+    finally:
+        for sandbox in made:
+            sandbox.kill()
+
+
+def test_set_timeout_makes_the_sandbox_go(e2b_env: E2bPlatform) -> None:
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        sandbox.set_timeout(2)
+        left = (sandbox.get_info().end_at - dt.datetime.now(dt.UTC)).total_seconds()
+        assert left <= 3, left
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                Sandbox.get_info(sandbox.sandbox_id)
+            except NotFoundException:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the sandbox outlived its timeout by 30 s")
+        assert paddock_status(e2b_env, sandbox.sandbox_id) in ("destroying", "destroyed")
+    finally:
+        Sandbox.kill(sandbox.sandbox_id)
+
+
+def test_pause_then_connect_resumes(e2b_env: E2bPlatform) -> None:
+    tag = secrets.token_hex(4)
+    sandbox = Sandbox.create(metadata={"pause": tag}, timeout=120)
+    try:
+        assert sandbox.pause() is True
+        assert paddock_status(e2b_env, sandbox.sandbox_id) == "paused"
+        info = Sandbox.get_info(sandbox.sandbox_id)
+        assert info.state == SandboxState.PAUSED
+        paused = Sandbox.list(
+            query=SandboxQuery(metadata={"pause": tag}, state=[SandboxState.PAUSED])
+        ).next_items()
+        assert [item.sandbox_id for item in paused] == [sandbox.sandbox_id]
+        running = Sandbox.list(query=SandboxQuery(metadata={"pause": tag}, state=[SandboxState.RUNNING]))
+        assert running.next_items() == []
+        assert Sandbox.pause(sandbox.sandbox_id) is False  # already paused: the SDK's 409
+
+        resumed = Sandbox.connect(sandbox.sandbox_id, timeout=60)
+        assert resumed.sandbox_id == sandbox.sandbox_id
+        assert paddock_status(e2b_env, sandbox.sandbox_id) == "running"
+        info = Sandbox.get_info(sandbox.sandbox_id)
+        assert info.state == SandboxState.RUNNING
+        left = (info.end_at - dt.datetime.now(dt.UTC)).total_seconds()
+        assert 30 < left <= 61, left  # the lifetime starts again from the connect
+    finally:
+        Sandbox.kill(sandbox.sandbox_id)
+
+
+def test_errors_are_the_sdks_own(e2b_env: E2bPlatform) -> None:
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info("sb-01jnosuchsandbox000000000000")
+    with pytest.raises(NotFoundException):
+        Sandbox.connect("sb-01jnosuchsandbox000000000000")
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="pk_not_a_key")
+    with pytest.raises(Exception, match="no-such-template"):
+        Sandbox.create("no-such-template")
+    with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+        for method, path in (("POST", "/volumes"), ("GET", "/snapshots"), ("POST", "/sandboxes/x/snapshots")):
+            answer = http.request(method, path)
+            assert answer.status_code == 501, (path, answer.text)
+            assert answer.json()["code"] == 501 and path in answer.json()["message"]
+        bad = http.get("/v2/sandboxes", params={"state": "sleeping"})
+        assert bad.status_code == 400 and bad.json() == {"code": 400, "message": bad.json()["message"]}
+        assert "state" in bad.json()["message"]
+        bad = http.post("/v2/sandboxes", json={"templateID": "base", "timeout": "soon"})
+        assert bad.status_code == 400 and "timeout" in bad.json()["message"]
+        bad = http.post("/v2/sandboxes", json={"templateID": "base", "metadata": {"k": "v" * 5000}})
+        assert bad.status_code == 400 and "metadata.k" in bad.json()["message"]
