@@ -25,13 +25,13 @@ async def test_a_fork_has_asked_its_host_by_the_time_it_answers_forking(clocked:
     user_id, http = await user_client(clocked)
     async with http:
         source = (await http.post("/v1/sandboxes", json={"shape": "s-1vcpu-256mb"})).json()["data"]["id"]
-        clocked.host.boot_delay_s = 0.2  # the host's fork is still under way when the answer is made
+        clocked.host.boot_delay_s = 0.2
         clocked.host.calls.clear()
 
         child = await lifecycle.fork(clocked.services, user_id, source, ForkSandboxRequest())
 
-        # The answer is still ``forking`` (the contract's answer), but the host was asked before it was
-        # made, not after it was rendered and sent.
+        # The answer is ``forking`` (the contract's answer); it is made once the host has answered the
+        # fork, so that a host without room makes it a 503 (below).
         assert child.status == "forking"
         assert clocked.host.calls == [("fork", child.id)]
         view = await clocked.status(http, child.id, "running")

@@ -441,12 +441,15 @@ async def test_get_with_wait_for_answers_when_the_state_changes(
     monkeypatch.setattr(queries, "REREAD_S", 30.0)  # only the commit's wake-up can end the wait early
     src = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
     fake_host.boot_delay_s = 0.6
-    child = (await api.post(f"/v1/sandboxes/{src}/fork", json={})).json()["data"]["id"]
+    # The fork answers once its host has (a refusal for room is a 503): its child is read while forking.
+    forking = asyncio.create_task(api.post(f"/v1/sandboxes/{src}/fork", json={}))
+    child = await _forking_child(api)
     started = asyncio.get_running_loop().time()
     resp = await api.get(f"/v1/sandboxes/{child}", params={"wait_for": "running", "wait_ms": "5000"})
     waited_s = asyncio.get_running_loop().time() - started
     assert resp.status_code == 200 and resp.json()["data"]["status"] == "running"
-    assert 0.4 < waited_s < 1.5, waited_s
+    assert 0.3 < waited_s < 1.5, waited_s
+    assert (await forking).status_code == 200
 
     # A state the sandbox will not leave on its own answers at once, whatever was asked.
     started = asyncio.get_running_loop().time()
@@ -456,11 +459,24 @@ async def test_get_with_wait_for_answers_when_the_state_changes(
 
     # The wait ends at wait_ms with the sandbox as it is then.
     fake_host.boot_delay_s = 3.0
-    slow = (await api.post(f"/v1/sandboxes/{src}/fork", json={})).json()["data"]["id"]
+    forking = asyncio.create_task(api.post(f"/v1/sandboxes/{src}/fork", json={}))
+    slow = await _forking_child(api)
     started = asyncio.get_running_loop().time()
     held = await api.get(f"/v1/sandboxes/{slow}", params={"wait_for": "running", "wait_ms": "300"})
     assert held.json()["data"]["status"] == "forking"
     assert 0.25 < asyncio.get_running_loop().time() - started < 1.5
+    assert (await forking).status_code == 200
+
+
+async def _forking_child(api: httpx.AsyncClient) -> str:
+    """The id of the child a fork in flight is booting (listed ``forking`` once its row is written)."""
+    for _ in range(100):
+        listed = (await api.get("/v1/sandboxes", params={"limit": 100})).json()["data"]["data"]
+        forking = [view["id"] for view in listed if view["status"] == "forking"]
+        if forking:
+            return str(forking[0])
+        await asyncio.sleep(0.01)
+    raise AssertionError("no child is forking")
 
 
 @pytest.mark.parametrize(
