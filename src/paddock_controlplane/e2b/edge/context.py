@@ -1,0 +1,57 @@
+"""What every envd call carries once the router has checked it: the sandbox (running, its owner's), its
+host link, and the E2B user the SDK named by Basic auth."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from paddock_controlplane import hostlink
+from paddock_controlplane.e2b.edge.connect import ConnectError
+from paddock_controlplane.models import Sandbox
+from paddock_controlplane.services import Services
+from paddock_core import errors
+
+
+@dataclass
+class Call:
+    services: Services
+    sandbox: Sandbox
+    link: hostlink.HostLinkAPI
+    #: ``user`` or ``root`` (E2B's users; docs/e2b.md: Paddock runs both as the image's user).
+    user: str
+
+
+#: Paddock's errors in Connect's codes (the SDK maps those to its exceptions).
+CODES: dict[int, str] = {
+    400: "invalid_argument",
+    401: "unauthenticated",
+    403: "permission_denied",
+    404: "not_found",
+    409: "failed_precondition",
+    413: "resource_exhausted",
+    429: "resource_exhausted",
+    501: "unimplemented",
+    503: "unavailable",
+    507: "resource_exhausted",
+}
+
+
+def as_connect(exc: errors.PaddockError) -> ConnectError:
+    return ConnectError(CODES.get(exc.status, "internal"), exc.message)
+
+
+@contextlib.contextmanager
+def mapped() -> Iterator[None]:
+    """The domain's and the host's failures as Connect errors."""
+    try:
+        yield
+    except ConnectError:
+        raise
+    except hostlink.SandboxGoneError as exc:
+        raise ConnectError("unavailable", f"the sandbox is no longer running: {exc}") from None
+    except hostlink.HostError as exc:
+        raise ConnectError("unavailable", f"the sandbox's host did not answer: {exc}") from None
+    except errors.PaddockError as exc:
+        raise as_connect(exc) from None

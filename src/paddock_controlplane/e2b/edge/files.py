@@ -1,0 +1,137 @@
+"""envd's ``/files``: ``GET`` downloads a file, ``POST`` writes one (``multipart/form-data``, one part per
+file named by ``path`` or by the part's filename; or ``application/octet-stream`` with ``path``), through
+the same host calls as Paddock's ``/v1/…/files``. A write makes the file's missing parent directories, as
+envd does. Errors are envd's ``{"code", "message"}`` with its statuses (404 missing, 400 bad path, 507 full)."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from paddock_controlplane import hostlink
+from paddock_controlplane.activity import Inflight, touch
+from paddock_controlplane.e2b.edge.context import Call
+from paddock_core import errors
+
+#: Parts of one multipart upload (the SDK sends one per file).
+MAX_FILES = 100
+PIECE_BYTES = 1 << 20
+
+
+def envd_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def _path(request: Request, given: str | None) -> str:
+    path = given if given is not None else request.query_params.get("path", "")
+    if not path:
+        raise errors.ValidationFailed.field("path", "is required")
+    if "\0" in path or len(path) > 4096:
+        raise errors.ValidationFailed.field("path", "must be under 4096 bytes, without NUL")
+    if not path.startswith("/"):
+        # envd resolves a relative path in the user's home; Paddock's images run as root.
+        path = posixpath.join("/root" if _user(request) == "root" else "/home/user", path)
+    return posixpath.normpath(path)
+
+
+def _user(request: Request) -> str:
+    return request.query_params.get("username", "") or "user"
+
+
+def _failure(exc: Exception) -> JSONResponse:
+    if isinstance(exc, errors.PaddockError):
+        status = 400 if exc.status == 409 else exc.status
+        return envd_error(status, exc.message)
+    if isinstance(exc, hostlink.SandboxGoneError):
+        return envd_error(502, f"sandbox {exc} was not found")
+    return envd_error(503, f"the sandbox's host did not answer: {exc}")
+
+
+async def download(call: Call, request: Request) -> Response:
+    try:
+        path = _path(request, None)
+        touch(call.services, call.sandbox.id)
+        got = await call.link.download(call.sandbox.id, path)
+    except (errors.PaddockError, hostlink.HostError, hostlink.SandboxGoneError) as exc:
+        if isinstance(exc, errors.NotFound):
+            return envd_error(404, f"path '{request.query_params.get('path', '')}' does not exist")
+        return _failure(exc)
+    headers = {"Content-Disposition": f'attachment; filename="{posixpath.basename(path)}"'}
+    if got.size is not None:
+        headers["Content-Length"] = str(got.size)
+    return StreamingResponse(got.chunks, media_type="application/octet-stream", headers=headers)
+
+
+async def _mkdirs(call: Call, path: str) -> None:
+    parent = posixpath.dirname(path)
+    if parent in ("", "/"):
+        return
+    result = await call.link.exec(call.sandbox.id, "mkdir", ["-p", "--", parent], {}, None)
+    if int(result.get("exit_code", -1)) != 0:
+        reason = str(result.get("stderr") or result.get("error") or "mkdir failed").strip()[:500]
+        raise errors.ValidationFailed.field("path", f"its directory could not be made: {reason}")
+
+
+async def _write(call: Call, path: str, chunks: AsyncIterator[bytes], limit: int) -> dict[str, Any]:
+    received = 0
+
+    async def capped() -> AsyncIterator[bytes]:
+        nonlocal received
+        pending, size = [], 0
+        async for chunk in chunks:
+            received += len(chunk)
+            if received > limit:
+                raise errors.PayloadTooLarge(f"upload is over the {limit}-byte limit")
+            pending.append(chunk)
+            size += len(chunk)
+            if size >= PIECE_BYTES:
+                yield b"".join(pending)
+                pending, size = [], 0
+        if size:
+            yield b"".join(pending)
+
+    await _mkdirs(call, path)
+    with Inflight(call.services, call.sandbox.id):
+        await call.link.upload(call.sandbox.id, path, capped())
+    return {"name": posixpath.basename(path), "type": "file", "path": path}
+
+
+async def _file_chunks(upload: UploadFile) -> AsyncIterator[bytes]:
+    while chunk := await upload.read(PIECE_BYTES):
+        yield chunk
+
+
+async def upload(call: Call, request: Request) -> Response:
+    limit = call.services.settings.max_upload_bytes
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit:
+        return envd_error(413, f"upload is over the {limit}-byte limit")
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if request.headers.get("content-encoding", "identity") not in ("", "identity"):
+        return envd_error(400, "Content-Encoding: only identity is accepted")
+    written: list[dict[str, Any]] = []
+    try:
+        if content_type == "multipart/form-data":
+            async with request.form(max_files=MAX_FILES, max_fields=MAX_FILES) as form:
+                parts = [part for _, part in form.multi_items() if isinstance(part, UploadFile)]
+                if not parts:
+                    return envd_error(400, "file: no file part in the multipart body")
+                given = request.query_params.get("path")
+                for part in parts:
+                    path = _path(request, given if given and len(parts) == 1 else part.filename)
+                    written.append(await _write(call, path, _file_chunks(part), limit))
+        elif content_type in ("application/octet-stream", ""):
+            path = _path(request, None)
+            written.append(await _write(call, path, request.stream(), limit))
+        else:
+            return envd_error(
+                400, f"Content-Type: {content_type} is not multipart/form-data or application/octet-stream"
+            )
+    except (errors.PaddockError, hostlink.HostError, hostlink.SandboxGoneError) as exc:
+        return _failure(exc)
+    return JSONResponse(written)
