@@ -21,13 +21,14 @@ from paddock_controlplane.api.deps import scope_caller
 from paddock_controlplane.api.routes.bodies import MAX_BODY_BYTES
 from paddock_controlplane.e2b import errors as e2b_errors
 from paddock_controlplane.e2b import identity, schemas, store
+from paddock_controlplane.e2b import templates as e2b_templates
 from paddock_controlplane.e2b.store import E2bMetadata, E2bSandbox
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.schemas import CreateSandboxRequest
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import SandboxStatus
 from paddock_core import errors
-from paddock_core.bodylimit import BodyLimit
+from paddock_core.bodylimit import BodyLimit, BodyRoute
 from paddock_core.db import transaction
 from paddock_core.http import RequestContextMiddleware
 from paddock_core.timeutil import as_utc
@@ -390,6 +391,7 @@ def create_app(services: Services) -> FastAPI:
     app.state.services = services
     e2b_errors.install(app)
     app.include_router(router)
+    app.include_router(e2b_templates.router)
 
     def too_large(limit_bytes: int, field: str) -> errors.PaddockError:
         return errors.PayloadTooLarge(f"{field} is over the {limit_bytes}-byte limit")
@@ -398,6 +400,9 @@ def create_app(services: Services) -> FastAPI:
         assert isinstance(exc, errors.PaddockError)
         return e2b_errors.from_paddock(exc)
 
-    app.add_middleware(BodyLimit, default_bytes=MAX_BODY_BYTES, refuse=too_large, render=render)
+    uploads = BodyRoute("PUT", r"/e2b-uploads/[^/]+", e2b_templates.MAX_UPLOAD_BYTES)
+    app.add_middleware(
+        BodyLimit, default_bytes=MAX_BODY_BYTES, refuse=too_large, render=render, routes=[uploads]
+    )
     app.add_middleware(RequestContextMiddleware, service="e2b")
     return app

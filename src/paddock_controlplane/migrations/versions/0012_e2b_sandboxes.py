@@ -4,6 +4,8 @@
 lifetime (``end_at``: E2B's ``timeout`` is seconds until the sandbox is killed, or paused with
 ``autoPause``; the E2B listener's expiry worker acts on it) and its metadata, one row per key in
 ``e2b_sandbox_metadata`` so that list filters are indexed reads on either database.
+``e2b_template_builds`` names the builds ``POST /v3/templates`` hands out before their steps are known;
+the Paddock template is made (``template_id``) when the build is started.
 
 Revision ID: 0012
 Revises: 0011
@@ -41,8 +43,18 @@ def upgrade() -> None:
         sa.Column("value", sa.Text, nullable=False),
     )
     op.create_index("ix_e2b_sandbox_metadata_key_value", "e2b_sandbox_metadata", ["key", "value"])
+    op.create_table(
+        "e2b_template_builds",
+        sa.Column("build_id", sa.String(40), primary_key=True),
+        sa.Column("user_id", sa.String(40), sa.ForeignKey("users.id"), nullable=False),
+        sa.Column("name", sa.String(63), nullable=False),
+        sa.Column("template_id", sa.String(40), nullable=True),
+        sa.Column("created_at", TS, nullable=False),
+    )
+    op.create_index("ix_e2b_template_builds_user_name", "e2b_template_builds", ["user_id", "name"])
 
 
 def downgrade() -> None:
+    op.drop_table("e2b_template_builds")
     op.drop_table("e2b_sandbox_metadata")
     op.drop_table("e2b_sandboxes")

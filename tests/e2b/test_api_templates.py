@@ -1,0 +1,70 @@
+"""E2B's build system v2 through the unmodified SDK (``Template.build``): a template with a COPY step
+(its files uploaded to the URL the API hands out, which authorises itself), an ENV and a RUN is built
+on Paddock's template builds, its logs arrive, and ``Sandbox.create(<name>)`` boots it with the file and
+the variable in place (read through Paddock's own exec). Fails on the old code: nothing listened."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import httpx
+import pytest
+
+from e2b import Sandbox, Template
+from tests.e2b.conftest import E2bPlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def run(env: E2bPlatform, sandbox_id: str, script: str) -> dict[str, object]:
+    with env.platform.http(env.api_key) as http:
+        answer = http.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "sh", "args": ["-c", script]})
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json()["data"]["result"])
+
+
+def test_a_template_with_a_copy_step_builds_and_boots(e2b_env: E2bPlatform, tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "hello.txt").write_text("copied by the E2B SDK\n")
+    name = f"e2b-copy-{secrets.token_hex(3)}"
+    template = (
+        Template(file_context_path=str(tmp_path))
+        .from_base_image()
+        .copy("app/hello.txt", "/srv/hello.txt")
+        .set_envs({"GREETING": "hi from e2b"})
+        .run_cmd("cp /srv/hello.txt /srv/again.txt")
+    )
+    logs: list[str] = []
+    Template.build(template, name, on_build_logs=lambda entry: logs.append(entry.message))
+    assert any("RUN" in line or "again.txt" in line or "COPY" in line for line in logs), logs
+
+    sandbox = Sandbox.create(name)
+    try:
+        assert sandbox.get_info().template_id == name
+        out = run(e2b_env, sandbox.sandbox_id, 'cat /srv/hello.txt /srv/again.txt; echo "$GREETING"')
+        assert out["exit_code"] == 0, out
+        assert out["stdout"] == "copied by the E2B SDK\ncopied by the E2B SDK\nhi from e2b\n"
+    finally:
+        sandbox.kill()
+    with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+        assert http.delete(f"/templates/{name}").status_code == 204
+        assert http.get(f"/templates/aliases/{name}").status_code == 404
+
+
+def test_the_upload_url_authorises_only_itself(e2b_env: E2bPlatform) -> None:
+    with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+        files_hash = "ab" * 32
+        link = http.get(f"/templates/anything/files/{files_hash}").json()
+        assert link["present"] is False
+        url = link["url"]
+        forged = url.replace(files_hash, "cd" * 32)
+        assert httpx.put(forged, content=b"x").status_code == 403
+        assert httpx.put(url + "0", content=b"x").status_code == 403
+        assert httpx.put(url, content=b"not even a tar").status_code == 201  # no key sent: the URL is it
+        assert http.get(f"/templates/anything/files/{files_hash}").json()["present"] is True
+        other_key = e2b_env.platform.api_key()
+        other = http.get(f"/templates/anything/files/{files_hash}", headers={"X-API-Key": other_key}).json()
+        assert other["present"] is False  # another account's uploads are its own
+        bad = http.get("/templates/anything/files/not-a-hash")
+        assert bad.status_code == 400 and "hash" in bad.json()["message"]
