@@ -97,6 +97,12 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
         raise e2b_errors.NotBuilt("mcp: MCP gateways are not served by Paddock")
     if body.volume_mounts:
         raise e2b_errors.NotBuilt("volumeMounts: volumes are not served by Paddock's E2B API yet")
+    if body.network:
+        raise e2b_errors.NotBuilt(
+            "network: E2B's network rules are not served yet; use Paddock's egress rules"
+        )
+    if body.iam:
+        raise e2b_errors.NotBuilt("iam: workload identity is not served by Paddock")
     if body.allow_internet_access is False:
         raise e2b_errors.NotBuilt(
             "allow_internet_access: false is not served yet; use Paddock's egress rules"

@@ -30,6 +30,8 @@ class NewSandbox(Body):
     env_vars: dict[StrictStr, StrictStr] | None = Field(default=None, alias="envVars")
     mcp: dict[str, Any] | None = None
     volume_mounts: list[Any] | None = Field(default=None, alias="volumeMounts")
+    network: dict[str, Any] | None = None
+    iam: dict[str, Any] | None = None
 
 
 class Timeout(Body):
