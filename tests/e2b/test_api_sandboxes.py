@@ -148,6 +148,40 @@ def test_errors_are_the_sdks_own(e2b_env: E2bPlatform) -> None:
         assert bad.status_code == 400 and "metadata.k" in bad.json()["message"]
         # A rule the sandbox would not obey is refused, not ignored, and nothing is made.
         before = Sandbox.list().next_items()
-        refused = http.post("/v2/sandboxes", json={"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"]}})
+        refused = http.post(
+            "/v2/sandboxes", json={"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"]}}
+        )
         assert refused.status_code == 501 and "network" in refused.json()["message"]
         assert len(Sandbox.list().next_items()) == len(before)
+
+
+def test_fork_copies_the_disk_and_the_metadata(e2b_env: E2bPlatform) -> None:
+    tag = secrets.token_hex(4)
+    source = Sandbox.create(metadata={"fork": tag}, timeout=120)
+    children: list[Sandbox] = []
+    try:
+        with e2b_env.platform.http(e2b_env.api_key) as http:
+            wrote = http.post(
+                f"/v1/sandboxes/{source.sandbox_id}/exec",
+                json={"cmd": "sh", "args": ["-c", "echo from-the-source > /root/mark; sync"]},
+            )
+            assert wrote.status_code == 200, wrote.text
+        made = Sandbox.fork(source.sandbox_id, count=2, timeout=60)
+        children = [child for child in made if isinstance(child, Sandbox)]
+        assert len(children) == 2, made
+        listed = Sandbox.list(query=SandboxQuery(metadata={"fork": tag})).next_items()
+        assert {item.sandbox_id for item in listed} == {source.sandbox_id, *(c.sandbox_id for c in children)}
+        with e2b_env.platform.http(e2b_env.api_key) as http:
+            for child in children:
+                info = child.get_info()
+                assert info.state == SandboxState.RUNNING and info.template_id == "base"
+                assert (info.end_at - dt.datetime.now(dt.UTC)).total_seconds() <= 61
+                read = http.post(
+                    f"/v1/sandboxes/{child.sandbox_id}/exec", json={"cmd": "cat", "args": ["/root/mark"]}
+                )
+                assert read.json()["data"]["result"]["stdout"] == "from-the-source\n"
+        with pytest.raises(NotFoundException):
+            Sandbox.fork("sb-01jnosuchsandbox000000000000")
+    finally:
+        for sandbox in (source, *children):
+            Sandbox.kill(sandbox.sandbox_id)

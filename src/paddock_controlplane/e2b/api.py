@@ -24,7 +24,7 @@ from paddock_controlplane.e2b import identity, schemas, store
 from paddock_controlplane.e2b import templates as e2b_templates
 from paddock_controlplane.e2b.store import E2bMetadata, E2bSandbox
 from paddock_controlplane.models import Sandbox
-from paddock_controlplane.schemas import CreateSandboxRequest
+from paddock_controlplane.schemas import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.services import Services
 from paddock_controlplane.states import SandboxStatus
 from paddock_core import errors
@@ -234,6 +234,53 @@ async def list_v2(request: Request) -> JSONResponse:
 async def list_running(request: Request) -> JSONResponse:
     """The first list (``GET /sandboxes``): running sandboxes only."""
     return await _list(request, ["running"])
+
+
+#: Forks per request (the SDK's ``MAX_FORK_COUNT``); they are made one after another.
+MAX_FORKS = 20
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
+    """Paddock's fork, ``count`` times: each child boots from a copy of the source's disk (its processes
+    start afresh; E2B's keeps memory) with the source's template, metadata and a lifetime of its own.
+    A child that cannot be made is an ``error`` entry; a missing source is 404 for the whole request."""
+    services, principal = await _caller(request, None)
+    raw = await request.body()
+    body = schemas.Fork.model_validate_json(raw) if raw.strip() else schemas.Fork()
+    count = 1 if body.count is None else body.count
+    if not 1 <= count <= MAX_FORKS:
+        raise errors.ValidationFailed.field("count", f"must be between 1 and {MAX_FORKS}")
+    source = await _visible(services, principal.user_id, sandbox_id)
+    async with services.sessions() as session:
+        row = await store.get(session, sandbox_id)
+        tags = (await store.metadata_of(session, [sandbox_id]))[sandbox_id]
+    timeout_s = store.check_timeout(
+        body.timeout if body.timeout is not None else (row.timeout_s if row else None)
+    )
+    template_id = _template_of(source, row)
+    results: list[dict[str, Any]] = []
+    for _ in range(count):
+        try:
+            child = await lifecycle.fork(services, principal.user_id, sandbox_id, ForkSandboxRequest())
+            child = await _visible(services, principal.user_id, child.id, wait=SandboxStatus.RUNNING)
+            if child.status != SandboxStatus.RUNNING:
+                raise errors.InvalidState(f"the fork {child.id} is {child.status}, not running")
+            async with transaction(services.sessions) as session:
+                await store.record(
+                    session,
+                    sandbox_id=child.id,
+                    user_id=principal.user_id,
+                    template_id=template_id,
+                    timeout_s=timeout_s,
+                    auto_pause=bool(row and row.auto_pause),
+                    metadata=tags,
+                    now=services.clock(),
+                )
+            results.append({"sandbox": schemas.created(child, template_id, services.settings)})
+        except errors.PaddockError as exc:
+            results.append({"error": e2b_errors.error_body(exc.status, exc.message)})
+    return results
 
 
 @router.get("/sandboxes/metrics")

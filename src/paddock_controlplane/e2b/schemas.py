@@ -53,6 +53,13 @@ class Connect(Body):
     auto_pause: StrictBool | None = Field(default=None, alias="autoPause")
 
 
+class Fork(Body):
+    """``POST /sandboxes/{id}/fork``."""
+
+    timeout: StrictInt | None = None
+    count: StrictInt | None = None
+
+
 #: Paddock statuses as E2B's two states; any other status is not shown (E2B lists only these two).
 STATES: dict[str, str] = {
     "creating": "running",
