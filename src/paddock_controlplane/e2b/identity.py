@@ -23,7 +23,8 @@ from paddock_core.crypto import constant_time_equals
 #: features by it (``e2b.envd.versions``): 0.3.0 stdin for commands, 0.4.0 the default user, 0.5.2
 #: ``envd`` close, 0.5.7 octet-stream uploads, 0.6.2 file metadata, 0.6.3 entry info in watch events,
 #: 0.6.4 watching network mounts. Never claim a version whose features the edge does not serve.
-ENVD_VERSION = "0.4.0"
+#: The edge serves up to 0.5.7 (close stdin, octet-stream uploads); not 0.6.2's file metadata (xattrs).
+ENVD_VERSION = "0.5.7"
 
 #: What ``clientID`` says (E2B's names the node; no client reads it).
 CLIENT_ID = "paddock"
