@@ -22,6 +22,7 @@ from paddock_controlplane.api.routes import shell as shell_routes
 from paddock_controlplane.api.routes import templates as template_routes
 from paddock_controlplane.api.routes import webhooks as webhook_routes
 from paddock_controlplane.e2b import listener as e2b_listener
+from paddock_controlplane.e2b.edge import listener as edge_listener
 from paddock_controlplane.hotcache import (
     StatusWatch,
     TTLCache,
@@ -101,6 +102,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
             builder.start()
         proxy = await ingress.start(services, ingress_cache)
         e2b = await e2b_listener.start(services)
+        edge = await edge_listener.start(services)
         ssh = None
         if settings.ssh_port:
             key_file = settings.ssh_host_key_file or settings.data_dir / "ssh_host_key"
@@ -113,6 +115,8 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         finally:
             if ssh:
                 await ssh.stop()
+            if edge:
+                await edge.stop()
             if e2b:
                 await e2b.stop()
             if proxy:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
-from paddock_controlplane import envs
+from paddock_controlplane import envs, validation
 from paddock_controlplane.activity import Inflight
 from paddock_controlplane.e2b.edge.connect import ConnectError
 from paddock_controlplane.e2b.edge.context import Call, mapped
@@ -127,6 +127,12 @@ async def _events(call: Call, process_id: str, pid: int, after: int) -> AsyncIte
     raise ConnectError("unavailable", "the process stream ended before the process did")
 
 
+def command_env(call: Call, given: dict[str, str]) -> dict[str, str]:
+    """The sandbox's env with the command's over it. E2B lets a command set any variable (Paddock's
+    ``/v1`` exec only overrides declared ones); the whole is bounded as a sandbox's env is."""
+    return validation.envs({**envs.open_sealed(call.services, call.sandbox), **given}, "process.envs")
+
+
 async def start(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     config = req.get("process")
     if not isinstance(config, dict):
@@ -144,9 +150,7 @@ async def start(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]
     tag = _str(req.get("tag"), "tag", optional=True)
     pty = _size(req.get("pty"))
     with mapped():
-        body = ProcessStartBody(
-            cmd=cmd, args=args, env=envs.merged(call.services, call.sandbox, env), cwd=cwd, pty=pty
-        )
+        body = ProcessStartBody(cmd=cmd, args=args, env=command_env(call, env), cwd=cwd, pty=pty)
         view = await call.link.start_process(call.sandbox.id, body)
         if pty is None and req.get("stdin") is not True:
             await call.link.close_process_stdin(call.sandbox.id, view.process_id)
