@@ -24,6 +24,8 @@ from paddock_core.crypto import constant_time_equals
 #: ``envd`` close, 0.5.7 octet-stream uploads, 0.6.2 file metadata, 0.6.3 entry info in watch events,
 #: 0.6.4 watching network mounts. Never claim a version whose features the edge does not serve.
 #: The edge serves up to 0.5.7 (close stdin, octet-stream uploads); not 0.6.2's file metadata (xattrs).
+#: 0.5.7 is the lowest version that turns on everything it serves below that; the versions are
+#: cumulative, so entry info in watch events (0.6.3) waits for file metadata.
 ENVD_VERSION = "0.5.7"
 
 #: What ``clientID`` says (E2B's names the node; no client reads it).
