@@ -57,15 +57,68 @@ HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5
 
 
+#: How long a connection closed after an answer while its client was still sending the request's body
+#: (a 413 for a body past its cap, ``paddock_core.bodylimit``) drops what still arrives before it is
+#: closed (nginx's lingering_time). Closed at once, the socket is reset with the answer unsent, and a
+#: client still writing never reads it. Half-closed first, the answer goes out, and what the client
+#: still sends is dropped unparsed (no memory, no app); the connection closes when the client stops
+#: sending or after this, whichever comes first.
+LINGER_S = 30.0
+
+
+class _LingeringTransport:
+    """The protocol's transport, whose ``close`` lingers (``LINGER_S``) while the request's body is
+    still coming; everything else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: BoundedHttpProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        cycle = self._protocol.cycle
+        if (
+            not self.lingering
+            and cycle is not None
+            and cycle.more_body
+            and not self._transport.is_closing()
+            and self._transport.can_write_eof()
+        ):
+            self.lingering = True
+            self._transport.write_eof()  # the answer, then our FIN; the client's rest is dropped
+            self._protocol.flow.resume_reading()
+            self._protocol.loop.call_later(self._protocol.linger_s, self._transport.close)
+            return
+        self._transport.close()
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on each request's head (``HEADER_TIMEOUT_S``)."""
+    """uvicorn's httptools protocol with a deadline on each request's head (``HEADER_TIMEOUT_S``) and
+    a lingering close (``LINGER_S``)."""
 
     header_timeout_s = HEADER_TIMEOUT_S
+    linger_s = LINGER_S
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._header_deadline: asyncio.TimerHandle | None = None
-        super().connection_made(transport)
+        self._lingering = _LingeringTransport(transport, self)
+        super().connection_made(self._lingering)  # type: ignore[arg-type]
         self._arm_header_deadline()  # a connection that sends nothing at all is dropped as well
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering.lingering:
+            return  # the rest of a refused body: dropped unparsed
+        super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self._lingering.lingering:
+            self._lingering._transport.close()  # the client is done sending: no need to wait
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

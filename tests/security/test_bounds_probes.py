@@ -127,13 +127,16 @@ class Latencies:
         return f"{len(ordered)} execs, p50 {p50 * 1000:.1f} ms, max {max(ordered, default=0) * 1000:.1f} ms"
 
 
+STDIN_HEAD, STDIN_TAIL = b'{"cmd":"wc","args":["-c"],"stdin":"', b'"}'
+
+
 def stdin_body(stdin_bytes: int) -> Iterator[bytes]:
     """An exec's JSON body with ``stdin_bytes`` of stdin, produced a MiB at a time (never held whole)."""
-    yield b'{"cmd":"wc","args":["-c"],"stdin":"'
+    yield STDIN_HEAD
     piece = b"a" * MIB
     for _ in range(stdin_bytes // MIB):
         yield piece
-    yield b'"}'
+    yield STDIN_TAIL
 
 
 # -- item 5: stdin and request bodies ----------------------------------------------------------------
@@ -174,7 +177,7 @@ def test_a_1_gib_stdin_is_refused_unread_and_another_tenants_exec_stays_fast(
             time.sleep(0.3)
             headers = {"Content-Type": "application/json"}
             if declared:
-                headers["Content-Length"] = str(size + 34)
+                headers["Content-Length"] = str(len(STDIN_HEAD) + size + len(STDIN_TAIL))
             started = time.monotonic()
             answer = tenant.http.post(
                 f"/v1/sandboxes/{sandbox_id}/exec", content=stdin_body(size), headers=headers
