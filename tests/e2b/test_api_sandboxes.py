@@ -185,3 +185,40 @@ def test_fork_copies_the_disk_and_the_metadata(e2b_env: E2bPlatform) -> None:
     finally:
         for sandbox in (source, *children):
             Sandbox.kill(sandbox.sandbox_id)
+
+
+def test_bad_input_is_a_4xx_naming_the_field_never_a_500(e2b_env: E2bPlatform) -> None:
+    missing = "sb-01jnosuchsandbox000000000000"
+    cases: list[tuple[str, str, dict[str, object], str]] = [
+        ("POST", "/v2/sandboxes", {"content": b"{not json"}, "body"),
+        ("POST", "/v2/sandboxes", {"json": {"templateID": ""}}, "templateID"),
+        ("POST", "/v2/sandboxes", {"json": {"templateID": "base", "timeout": 999999}}, "timeout"),
+        ("POST", "/v2/sandboxes", {"json": {"templateID": "base", "envVars": {"1x": "y"}}}, "envVars"),
+        ("POST", f"/sandboxes/{missing}/timeout", {"json": {"timeout": -5}}, "timeout"),
+        ("POST", f"/sandboxes/{missing}/timeout", {"json": {}}, "timeout"),
+        ("POST", f"/sandboxes/{missing}/refreshes", {"content": b"nope"}, "body"),
+        ("POST", f"/sandboxes/{missing}/connect", {"json": {"timeout": "soon"}}, "timeout"),
+        ("POST", f"/sandboxes/{missing}/fork", {"json": {"count": 0}}, "count"),
+        ("GET", "/v2/sandboxes", {"params": {"limit": "many"}}, "limit"),
+        ("GET", "/v2/sandboxes", {"params": {"nextToken": "../../etc"}}, "nextToken"),
+        ("GET", "/v2/sandboxes", {"params": {"startedAfter": "yesterday"}}, "startedAfter"),
+        ("GET", "/v2/sandboxes", {"params": {"order": "sideways"}}, "order"),
+        ("POST", "/v3/templates", {"json": {"name": "../x"}}, "name"),
+    ]
+    with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+        for method, path, options, field in cases:
+            answer = http.request(method, path, **options)  # type: ignore[arg-type]
+            assert answer.status_code == 400, (path, options, answer.status_code, answer.text)
+            body = answer.json()
+            assert body["code"] == 400 and field in body["message"], (path, options, body)
+        assert http.get(f"/sandboxes/{missing}").status_code == 404
+        assert http.get("/sandboxes/has%20a%20space").status_code == 404
+        built = http.post("/v3/templates", json={"name": f"bad-steps-{secrets.token_hex(3)}"}).json()
+        steps = {"fromTemplate": "base", "steps": [{"type": "EXPOSE", "args": ["80"]}]}
+        start = http.post(f"/v2/templates/{built['templateID']}/builds/{built['buildID']}", json=steps)
+        assert start.status_code == 501 and "EXPOSE" in start.json()["message"]
+        status = http.get(
+            f"/templates/{built['templateID']}/builds/{built['buildID']}/status", params={"logsOffset": "-1"}
+        )
+        assert status.status_code == 400 and "logsOffset" in status.json()["message"]
+        assert http.get("/v2/sandboxes", headers={"X-API-Key": "pk_wrong"}).status_code == 401

@@ -18,7 +18,7 @@ from sqlalchemy import exists, select
 from paddock_controlplane import destruction, lifecycle, queries, suspension
 from paddock_controlplane.accounts import Principal
 from paddock_controlplane.api.deps import scope_caller
-from paddock_controlplane.api.routes.bodies import MAX_BODY_BYTES
+from paddock_controlplane.api.routes.bodies import MAX_BODY_BYTES, optional_body
 from paddock_controlplane.e2b import errors as e2b_errors
 from paddock_controlplane.e2b import identity, schemas, store
 from paddock_controlplane.e2b import templates as e2b_templates
@@ -246,8 +246,7 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
     start afresh; E2B's keeps memory) with the source's template, metadata and a lifetime of its own.
     A child that cannot be made is an ``error`` entry; a missing source is 404 for the whole request."""
     services, principal = await _caller(request, None)
-    raw = await request.body()
-    body = schemas.Fork.model_validate_json(raw) if raw.strip() else schemas.Fork()
+    body = await optional_body(request, schemas.Fork)
     count = 1 if body.count is None else body.count
     if not 1 <= count <= MAX_FORKS:
         raise errors.ValidationFailed.field("count", f"must be between 1 and {MAX_FORKS}")
@@ -339,8 +338,7 @@ async def set_timeout(sandbox_id: str, body: schemas.Timeout, request: Request) 
 @router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
 async def refresh(sandbox_id: str, request: Request) -> Response:
     services, principal = await _caller(request, sandbox_id)
-    raw = await request.body()
-    body = schemas.Refresh.model_validate_json(raw) if raw.strip() else schemas.Refresh()
+    body = await optional_body(request, schemas.Refresh)
     duration = store.check_timeout(body.duration, "duration")
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     async with services.sessions() as session:
@@ -369,8 +367,7 @@ async def pause(sandbox_id: str, request: Request) -> Response:
 
 async def _resume_or_connect(request: Request, sandbox_id: str, *, only_paused: bool) -> JSONResponse:
     services, principal = await _caller(request, sandbox_id)
-    raw = await request.body()
-    body = schemas.Connect.model_validate_json(raw) if raw.strip() else schemas.Connect()
+    body = await optional_body(request, schemas.Connect)
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     if sandbox.status == SandboxStatus.PAUSING:
         sandbox = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.PAUSED)
