@@ -7,15 +7,21 @@ One attempt (``POST /internal/v1/builds``) runs in the background:
    to that tag — no registry is ever contacted;
 2. the request's build context (a tar the control plane checked) is unpacked into the attempt's own
    context directory, which is all ``COPY``/``ADD`` can read (the Dockerfile itself sits outside it);
-3. ``buildah bud --layers`` runs with RUN steps under crun, with cgroup limits, inside a network
-   namespace built like a sandbox's (``NetworkManager.create``: its own veth and address, the host's
-   nftables guard that refuses the host, link-local and other sandboxes, the egress allowlist and the
-   DNS resolver of ``EgressService``) — RUN steps are untrusted code;
+3. ``buildah bud --layers`` runs in the owner's own builder storage, on a filesystem of its own capped
+   at ``disk_mib`` (``drivers/buildstore.py``), and runs *itself* inside a network namespace built like
+   a sandbox's (``NetworkManager.create``: its own veth and address, the host's nftables guard that
+   refuses the host, link-local and other sandboxes, the egress allowlist and the DNS resolver of
+   ``EgressService``), with RUN steps under crun with cgroup limits in the same namespace. RUN steps are
+   untrusted code, and so is everything buildah does for the Dockerfile (``ADD <url>``, ``COPY --from``):
+   the control plane's Dockerfile check is a convenience, not the boundary;
 4. the image is copied out to ``<image_dir>/<template id>/rootfs`` with ``image.json`` (ENV, WORKDIR,
    USER, ENTRYPOINT, CMD), written last, so nothing half-built is bootable.
 
 The control plane polls the attempt (``GET …/builds/{id}?after=N``) for new log lines and its end, and
-retries failed attempts itself. Builds live in memory: a restarted agent forgets them, and the control
+retries failed attempts itself. An attempt keeps the first ``HEAD_LINES`` lines of its log and the last
+``TAIL_LINES`` (each line at most ``MAX_LINE_CHARS``), and says how many it cut between them. A failed or
+cancelled attempt leaves nothing in the store but its layer cache: working containers are removed and
+the store is unmounted when its last build ends. Builds live in memory: a restarted agent forgets them, and the control
 plane's lease runs out and it starts a new attempt.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import io
 import json
@@ -41,6 +48,7 @@ from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.buildah import Buildah, BuildLimits
+from paddock_hostagent.drivers.buildstore import BuildStores
 from paddock_hostagent.drivers.cgroups import SandboxCgroup
 from paddock_hostagent.drivers.network import NetworkManager, SandboxNetwork
 from paddock_hostagent.egress import Attachment, EgressService
@@ -51,7 +59,12 @@ log = get_logger(__name__)
 
 FROM_LINE = re.compile(r"^(\s*FROM\s+)(\S+)(.*)$", re.IGNORECASE | re.MULTILINE)
 BUILD_PIDS_MAX = 4096
-MAX_KEPT_LINES = 20000  # per attempt; a build that prints more keeps its last lines
+#: Per attempt: the first lines kept, then the last ones; what falls between is counted, not kept.
+HEAD_LINES = 2000
+TAIL_LINES = 2000
+HEAD_BYTES = 1024 * 1024
+TAIL_BYTES = 1024 * 1024
+MAX_LINE_CHARS = 8192
 
 
 def local_tag(image: str) -> str:
@@ -63,28 +76,64 @@ def local_tag(image: str) -> str:
 
 @dataclass
 class Build:
+    """One attempt and its log: lines are numbered from 0 as said; the first ``HEAD_LINES`` are kept,
+    then only the last ``TAIL_LINES``."""
+
     body: BuildBody
     status: str = "building"
-    lines: list[BuildLine] = field(default_factory=list)
-    dropped: int = 0  # lines cut from the front past MAX_KEPT_LINES
+    head: list[BuildLine] = field(default_factory=list)
+    head_bytes: int = 0
+    tail: collections.deque[BuildLine] = field(default_factory=collections.deque)
+    tail_bytes: int = 0
+    cut_lines: int = 0
+    cut_bytes: int = 0
     ext4_size_bytes: int = 0
     error: str | None = None
     task: asyncio.Task[None] | None = None
 
+    @property
+    def said(self) -> int:
+        return len(self.head) + self.cut_lines + len(self.tail)
+
     def say(self, line: str, level: str = "info") -> None:
-        self.lines.append(BuildLine(ts=time.time(), level=level, line=line))
-        if len(self.lines) > MAX_KEPT_LINES:
-            self.lines.pop(0)
-            self.dropped += 1
+        line = line[:MAX_LINE_CHARS]
+        size = len(line)
+        entry = BuildLine(ts=time.time(), level=level, line=line)
+        if not self.tail and len(self.head) < HEAD_LINES and self.head_bytes + size <= HEAD_BYTES:
+            self.head.append(entry)
+            self.head_bytes += size
+            return
+        self.tail.append(entry)
+        self.tail_bytes += size
+        while len(self.tail) > TAIL_LINES or self.tail_bytes > TAIL_BYTES:
+            gone = self.tail.popleft()
+            self.tail_bytes -= len(gone.line)
+            self.cut_lines += 1
+            self.cut_bytes += len(gone.line)
+
+    def end(self, status: str, error: str | None = None) -> None:
+        """Records the end (after saying how much of the log was cut, so a poll that sees the end has
+        every line)."""
+        if self.cut_lines:
+            self.say(
+                f"[log cut: {self.cut_lines} lines ({self.cut_bytes} bytes) between the first "
+                f"{len(self.head)} and the last {len(self.tail)} were not kept]",
+                "warn",
+            )
+        if error is not None:
+            self.error = error
+            self.say(error, "error")
+        self.status = status
 
     def view(self, after: int) -> BuildView:
-        start = max(after - self.dropped, 0)
+        tail_start = len(self.head) + self.cut_lines  # the number of the first line kept in the tail
+        lines = self.head[after:] + list(self.tail)[max(after - tail_start, 0) :]
         return BuildView(
             id=self.body.id,
             attempt=self.body.attempt,
             status=self.status,  # type: ignore[arg-type]
-            lines=self.lines[start:],
-            next=self.dropped + len(self.lines),
+            lines=lines,
+            next=self.said,
             ext4_size_bytes=self.ext4_size_bytes,
             error=self.error,
         )
@@ -102,13 +151,15 @@ class BuildManager:
         in_use: Callable[[str], bool] = lambda image: False,
     ) -> None:
         self.images = images
-        self.buildah = buildah
+        self.buildah = buildah  # the builder root; the stores are under it, one per owner
+        self.stores = BuildStores(buildah.root, buildah.runtime)
         self.work_dir = work_dir
         self.network = network
         self.egress = egress
         self.in_use = in_use
         self._builds: dict[str, Build] = {}
         self._doomed: set[str] = set()  # deleted templates whose image waits for its last sandbox
+        self._shared_retired = False
 
     def start(self, body: BuildBody) -> BuildView:
         if not Buildah.available():
@@ -151,15 +202,30 @@ class BuildManager:
             if self.in_use(image):
                 continue
             self._doomed.discard(image)
+            owner = self._owner_of(image)
             with contextlib.suppress(ImageError):
                 self.images.remove_template(image)
-            await self.buildah.remove(local_tag(image))
+            if owner == image:
+                await self.stores.remove(owner)  # a store of its own: nothing else in it
+            elif self.stores.exists(owner):
+                with contextlib.suppress(DriverError):
+                    async with self.stores.open(owner) as buildah:
+                        await buildah.remove(local_tag(image))
             log.info("template_image_removed", template_id=image)
+
+    def _owner_of(self, image: str) -> str:
+        build = self._builds.get(image)
+        if build is not None:
+            return build.body.owner or image
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            meta = json.loads((self.images.image_dir / slug(image) / "image.json").read_text())
+            return str(meta.get("owner") or image)
+        return image
 
     async def close(self) -> None:
         for build_id in list(self._builds):
             await self.cancel(build_id)
-        await self.buildah.release()
+        await self.stores.close()
 
     # -- one attempt -------------------------------------------------------------------------------
 
@@ -176,58 +242,79 @@ class BuildManager:
         cgroup = SandboxCgroup(f"/paddock-builds/{body.id}-{body.attempt}")
         started = time.monotonic()
         build.say(f"attempt {body.attempt}: FROM {body.base}")
+        await self._retire_shared_store()
         try:
-            async with asyncio.timeout(body.timeout_s):
-                await self._offer_base(build)
-                if body.context_b64:
-                    await asyncio.to_thread(_unpack_context, body.context_b64, context)
-                dockerfile = work / "Dockerfile"
-                dockerfile.write_text(FROM_LINE.sub(rf"\g<1>{local_tag(body.base)}\g<3>", body.dockerfile, 1))
-                net = await self._network(guard_id, body.egress)
-                _limit_pids(cgroup, body)
-                build.say("buildah bud: RUN steps under crun, in the build's own network namespace")
-                rc = await self.buildah.build(
-                    dockerfile,
-                    context,
-                    local_tag(body.id),
-                    netns=net.netns_path,
-                    dns=net.gateway,
-                    limits=BuildLimits(mem_mib=body.mem_mib, vcpu=body.vcpu),
-                    cgroup_parent=cgroup.path,
-                    on_line=build.say,
-                )
-                if rc != 0:
-                    self.buildah.forget(local_tag(body.base))  # checked again by the next attempt
-                    raise _BuildFailed(f"buildah bud exited with {rc}")
-                build.say("exporting the image")
-                await self._export(build, work / "rootfs")
-            build.status = "ready"
+            async with (
+                asyncio.timeout(body.timeout_s),
+                self.stores.open(body.owner or body.id, body.disk_mib) as buildah,
+            ):
+                try:
+                    await self._offer_base(build, buildah)
+                    if body.context_b64:
+                        await asyncio.to_thread(_unpack_context, body.context_b64, context)
+                    dockerfile = work / "Dockerfile"
+                    dockerfile.write_text(
+                        FROM_LINE.sub(rf"\g<1>{local_tag(body.base)}\g<3>", body.dockerfile, 1)
+                    )
+                    net = await self._network(guard_id, body.egress)
+                    _limit_pids(cgroup, body)
+                    build.say(
+                        f"buildah bud: in the build's own network namespace, on a {body.disk_mib} MiB "
+                        "filesystem of this account's own"
+                    )
+                    rc = await buildah.build(
+                        dockerfile,
+                        context,
+                        local_tag(body.id),
+                        netns=net.netns_path,
+                        dns=net.gateway,
+                        limits=BuildLimits(mem_mib=body.mem_mib, vcpu=body.vcpu),
+                        cgroup_parent=cgroup.path,
+                        on_line=build.say,
+                    )
+                    if rc != 0:
+                        buildah.forget(local_tag(body.base))  # checked again by the next attempt
+                        raise _BuildFailed(f"buildah bud exited with {rc}")
+                    build.say("exporting the image")
+                    await self._export(build, buildah, work / "rootfs")
+                finally:
+                    # RUN steps live in their own session inside the container: they go with the
+                    # build's cgroup, before the store they write to is taken down.
+                    await _end_cgroup(cgroup)
             build.say(f"ready in {time.monotonic() - started:.1f} s, {build.ext4_size_bytes} bytes")
+            build.end("ready")
         except TimeoutError:
-            self._fail(build, f"the build ran past its limit of {body.timeout_s:g} s")
+            build.end("failed", f"the build ran past its limit of {body.timeout_s:g} s")
         except _BuildFailed as exc:
-            self._fail(build, str(exc))
+            build.end("failed", str(exc))
         except (DriverError, ImageError, OSError) as exc:
-            self._fail(build, f"build error: {exc}")
+            build.end("failed", f"build error: {exc}")
         finally:
-            # A cancel or time limit killed buildah's session, but RUN steps live in their own
-            # session inside the container: they go with the build's cgroup.
+            # The store's last user removed the working containers and unmounted it on the way out
+            # of the block above.
             await _end_cgroup(cgroup)
             if net is not None:
                 await self._release_network(guard_id, net)
             shutil.rmtree(work, ignore_errors=True)
         log.info("template_built", template_id=body.id, attempt=body.attempt, status=build.status)
 
-    def _fail(self, build: Build, reason: str) -> None:
-        build.status = "failed"
-        build.error = reason
-        build.say(reason, "error")
+    async def _retire_shared_store(self) -> None:
+        """An older agent kept every account's images in one store (``<root>/storage``): it is emptied
+        and removed once, before the first build of this agent."""
+        if self._shared_retired:
+            return
+        self._shared_retired = True
+        if self.buildah.storage.exists():
+            with contextlib.suppress(DriverError, OSError):
+                await self.buildah.release()
+                await asyncio.to_thread(shutil.rmtree, self.buildah.storage, True)
+                log.info("shared_builder_store_removed", path=str(self.buildah.storage))
 
-    async def _offer_base(self, build: Build) -> None:
+    async def _offer_base(self, build: Build, buildah: Buildah) -> None:
         base = build.body.base
         tag = local_tag(base)
         if base.startswith(TEMPLATE_PREFIX):
-            if await self.buildah.has_image(tag):
+            if await buildah.has_image(tag):
                 return
             # Built on another host and copied here, or storage was reset: import its tree.
             if not self.images.is_cached(base):
@@ -235,10 +322,10 @@ class BuildManager:
             tree = self.images.rootfs_path(base)
         else:
             tree = await self.images.ensure(base)
-            if await self.buildah.has_image(tag):
+            if await buildah.has_image(tag):
                 return
-        build.say(f"importing base image {base} (once per host)")
-        await self.buildah.import_tree(tag, tree)
+        build.say(f"importing base image {base} (once per account's builder storage)")
+        await buildah.import_tree(tag, tree)
 
     async def _network(self, guard_id: str, rules: list[str]) -> SandboxNetwork:
         if self.network is None:
@@ -275,10 +362,10 @@ class BuildManager:
             return int(meta.get("ext4_size_bytes") or 0)
         return 0
 
-    async def _export(self, build: Build, tree: Path) -> None:
+    async def _export(self, build: Build, buildah: Buildah, tree: Path) -> None:
         body = build.body
-        settings = await self.buildah.settings(local_tag(body.id))  # one spawn: config and image id
-        image_id = settings.image_id or await self.buildah.image_id(local_tag(body.id))
+        settings = await buildah.settings(local_tag(body.id))  # one spawn: config and image id
+        image_id = settings.image_id or await buildah.image_id(local_tag(body.id))
         twin = self._twin(image_id, body.id)
         if twin is not None:
             # The same image as a template already here (every step came from the cache): its tree is
@@ -287,7 +374,7 @@ class BuildManager:
             await _link_tree(self.images.rootfs_path(twin), tree)
             size = self._recorded_size(twin) or await _tree_bytes(tree)
         else:
-            await self.buildah.export(local_tag(body.id), tree)
+            await buildah.export(local_tag(body.id), tree)
             size = await _tree_bytes(tree)
         meta = {
             "name": body.id,
@@ -295,6 +382,7 @@ class BuildManager:
             "built_at": time.time(),
             "ext4_size_bytes": size,
             "image_id": image_id,
+            "owner": body.owner or body.id,
             "config": {
                 "env": settings.env,
                 "workdir": settings.workdir,

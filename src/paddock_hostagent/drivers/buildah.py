@@ -5,10 +5,12 @@ it cannot fetch itself, since no public registry is reachable: base images made 
 filesystem (``from scratch`` + copy + ``commit``), and it exports a built image back to a plain tree
 the host agent boots like a catalog image.
 
-buildah keeps its own storage under the agent's state directory (``--root``/``--runroot``), apart from
-any podman or buildah the operator uses, so a build never sees or changes their images. RUN steps run
-under crun (``--isolation oci``: namespaces, seccomp, cgroup limits), never chroot, and in the network
-namespace the caller prepared (``--network ns:…``).
+Each ``Buildah`` works on one storage (``--root``/``--runroot``): the host agent gives every owner a
+store of its own on its own size-capped filesystem (``drivers/buildstore.py``), apart from any podman or
+buildah the operator uses. RUN steps run under crun (``--isolation oci``: namespaces, seccomp, cgroup
+limits), never chroot, and ``bud`` itself runs inside the build's network namespace (``nsenter --net``),
+so what buildah fetches for a Dockerfile (``ADD <url>``) leaves from there, under the build's egress
+rules, never from the host's network.
 """
 
 from __future__ import annotations
@@ -58,9 +60,13 @@ class ImageSettings:
 
 
 class Buildah:
-    def __init__(self, root: Path, runtime: str = "/usr/bin/crun") -> None:
+    def __init__(self, root: Path, runtime: str = "/usr/bin/crun", *, runroot: Path | None = None) -> None:
+        """``root``: the storage directory's parent (``<root>/storage``), unless ``runroot`` is given:
+        then ``root`` is the storage directory itself."""
         self.root = root
         self.runtime = runtime
+        self.storage = root if runroot is not None else root / "storage"
+        self.runroot = runroot if runroot is not None else root / "run"
         self._base_lock = asyncio.Lock()
         #: Tags known to be in storage: ``has_image`` spawns buildah (1-2 s on a loaded host) only for
         #: the others. ``forget`` drops one whose build failed, in case storage lost it.
@@ -70,22 +76,27 @@ class Buildah:
     def available() -> bool:
         return shutil.which("buildah") is not None
 
-    def _argv(self, *args: str) -> list[str]:
+    def _argv(self, *args: str, netns: Path | None = None) -> list[str]:
+        enter = ["nsenter", f"--net={netns}", "--"] if netns is not None else []
         return [
+            *enter,
             "buildah",
             "--root",
-            str(self.root / "storage"),
+            str(self.storage),
             "--runroot",
-            str(self.root / "run"),
+            str(self.runroot),
             "--storage-driver",
             "overlay",
             *args,
         ]
 
-    async def _run(self, *args: str, on_line: LineSink | None = None) -> tuple[int, list[str]]:
-        """Runs buildah in its own session (so a cancel kills RUN steps too); returns (rc, last lines)."""
+    async def _run(
+        self, *args: str, on_line: LineSink | None = None, netns: Path | None = None
+    ) -> tuple[int, list[str]]:
+        """Runs buildah in its own session (so a cancel kills RUN steps too), inside ``netns`` if given;
+        returns (rc, last lines)."""
         process = await asyncio.create_subprocess_exec(
-            *self._argv(*args),
+            *self._argv(*args, netns=netns),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -154,10 +165,12 @@ class Buildah:
         cgroup_parent: str,
         on_line: LineSink,
     ) -> int:
-        """``buildah bud`` with the layer cache; RUN steps under crun in ``netns``; ``context`` is the
-        directory COPY/ADD read. Returns its exit code."""
+        """``buildah bud`` with the layer cache, itself inside ``netns`` and its RUN steps under crun in
+        the same namespace; ``context`` is the directory COPY/ADD read. Intermediate containers are
+        removed even when the build fails. Returns its exit code."""
         rc, _ = await self._run(
             "bud",
+            "--force-rm",
             "--isolation",
             "oci",
             "--runtime",
@@ -190,6 +203,7 @@ class Buildah:
             str(dockerfile),
             str(context),
             on_line=on_line,
+            netns=netns,
         )
         return rc
 
@@ -239,11 +253,11 @@ class Buildah:
         """Removes working containers (a killed build leaves its RUN container) and unmounts what
         containers/storage keeps mounted, so a stopped agent leaves no mounts; images stay cached."""
         await self._run("rm", "--all")
-        storage = str(self.root / "storage")
+        prefixes = (f"{self.storage}/", f"{self.runroot}/")
         mounted = [
             line.split()[4]
             for line in Path("/proc/self/mountinfo").read_text().splitlines()
-            if line.split()[4].startswith(storage)
+            if line.split()[4].startswith(prefixes)
         ]
         for point in sorted(mounted, key=len, reverse=True):  # deepest first
             process = await asyncio.create_subprocess_exec(
@@ -252,9 +266,17 @@ class Buildah:
             await process.wait()
 
     async def remove(self, tag: str) -> None:
-        """Drops the tag (its cached layers stay until no other image shares them)."""
+        """Drops the tag with the cache images only it used (buildah removes untagged parents), and any
+        other dangling image (the partial chain of a failed build)."""
         self._present.discard(tag)
         await self._run("rmi", tag)
+        await self._run("rmi", "--prune")
+
+    async def remove_all_images(self) -> None:
+        """Empties the store's images and cache (bases are imported again when needed)."""
+        self._present.clear()
+        await self._run("rm", "--all")
+        await self._run("rmi", "--all", "--force")
 
 
 async def _copy_tree(source: Path, dest: Path) -> None:
