@@ -137,8 +137,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         query=(STREAM,),
         media=("application/x-ndjson",),
     ),
+    # 507: the sandbox's own disk is full (nothing was written).
     ("PUT", SANDBOX + "/files"): Operation(
-        statuses=(413, *ON_A_SANDBOX), raw_body="application/octet-stream", query=(GUEST_PATH,)
+        statuses=(413, 507, *ON_A_SANDBOX), raw_body="application/octet-stream", query=(GUEST_PATH,)
     ),
     ("GET", SANDBOX + "/files"): Operation(
         statuses=ON_A_SANDBOX, query=(GUEST_PATH,), media=("application/octet-stream",), unwrapped=True

@@ -46,7 +46,9 @@ REASONS = {
     500: "Internal error (a bug); the body carries the request id.",
     501: "Not implemented by this server.",
     502: "An upstream service could not be reached.",
-    503: "No capacity or a dependency is unavailable; `Retry-After` says when to retry.",
+    503: "No capacity or a dependency is unavailable, or the sandbox is too busy to take more requests"
+    " now; `Retry-After` says when to retry.",
+    507: "The sandbox's disk is full: nothing was written.",
 }
 
 #: JSend, control-plane contract §4.
