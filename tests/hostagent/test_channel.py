@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -25,6 +26,7 @@ from paddock_hostagent.client import (
     BadStateError,
     HostAgentClient,
     HostAgentError,
+    HostBusyError,
     HostUnavailableError,
     SandboxMissingError,
 )
@@ -92,6 +94,8 @@ class FakeManager:
     async def open_exec(self, sandbox_id: str, body: ExecBody) -> FakeExec:
         if sandbox_id == "sb-gone":
             raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found on this host")
+        if sandbox_id == "sb-busy":  # what a guest that takes no more connections makes it say
+            raise errors.Busy(f"sandbox {sandbox_id} is busy: no connection within 5 s; retry")
         self.streams.append(FakeExec(body, self.hold.get(body.cmd)))
         return self.streams[-1]
 
@@ -402,3 +406,31 @@ async def test_a_real_sandbox_over_the_channel_answers_as_over_http(
         await run(host, sandbox["id"], "true")
     assert (await host.resume_sandbox(sandbox["id"])).status == "running"
     assert (await run(host, sandbox["id"], "echo", "back"))["stdout"] == "back\n"
+
+
+async def test_a_busy_sandbox_is_503_busy_over_the_channel_and_over_http(fake_agent: Agent) -> None:
+    """Overload is not failure: the control plane maps ``HostBusyError`` to its 503 with Retry-After."""
+    async with (
+        HostAgentClient(fake_agent.url, TOKEN) as kept,
+        HostAgentClient(fake_agent.url, TOKEN, channel=False) as http,
+    ):
+        for client in (kept, http):
+            with pytest.raises(HostBusyError) as caught:
+                await exec_true(client, "sb-busy")
+            assert (caught.value.status, caught.value.code) == (503, "busy")
+    async with httpx.AsyncClient() as raw:
+        answer = await raw.post(
+            fake_agent.url + "/internal/v1/sandboxes/sb-busy/exec",
+            json={"cmd": "true"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.headers
+
+
+async def test_stdin_over_its_limit_is_413_at_the_agent_too(fake_agent: Agent) -> None:
+    async with HostAgentClient(fake_agent.url, TOKEN) as client:
+        with pytest.raises(HostAgentError) as caught:
+            await client.exec("sb-1", cmd="cat", args=[], env={}, stdin="x" * ((8 << 20) + 1))
+        assert (caught.value.status, caught.value.code) == (413, "payload_too_large")
+        assert str(caught.value).startswith("stdin: ")
+    assert fake_agent.manager.streams == [], "nothing ran"
