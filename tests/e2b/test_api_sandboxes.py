@@ -222,3 +222,19 @@ def test_bad_input_is_a_4xx_naming_the_field_never_a_500(e2b_env: E2bPlatform) -
         )
         assert status.status_code == 400 and "logsOffset" in status.json()["message"]
         assert http.get("/v2/sandboxes", headers={"X-API-Key": "pk_wrong"}).status_code == 401
+
+
+def test_on_timeout_pause_pauses_instead_of_killing(e2b_env: E2bPlatform) -> None:
+    sandbox = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+    try:
+        deadline = time.monotonic() + 30
+        while Sandbox.get_info(sandbox.sandbox_id).state != SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "the sandbox was not paused 30 s after its timeout"
+            time.sleep(0.5)
+        assert paddock_status(e2b_env, sandbox.sandbox_id) == "paused"
+        time.sleep(3)  # paused, its clock has stopped: nothing kills it
+        assert paddock_status(e2b_env, sandbox.sandbox_id) == "paused"
+        Sandbox.connect(sandbox.sandbox_id, timeout=120)
+        assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.RUNNING
+    finally:
+        Sandbox.kill(sandbox.sandbox_id)
