@@ -35,6 +35,9 @@ __all__ = ["debian_image", "guest_binary_dir"]  # session fixtures, shared with 
 pytestmark = pytest.mark.root
 
 MIB = 1 << 20
+#: Another tenant's ``exec true`` meanwhile: about 20-70 ms at the median here, spikes to 0.9 s on a
+#: shared 2-core machine; 8.7 s on the old code during a 256 MiB stdin.
+OTHER_TENANT_MAX_S = 2.5
 SHAPE = "s-1vcpu-256mb"
 DISK_MIB = 2048
 
@@ -165,7 +168,7 @@ def test_a_1_gib_stdin_is_refused_unread_and_another_tenants_exec_stays_fast(
 ) -> None:
     """The control plane refuses the body at its cap and closes the connection: its memory grows by
     far less than the body (it took 5 GiB for this before), and tenant B's ``exec true`` meanwhile
-    takes well under a second (4 s before)."""
+    stays under OTHER_TENANT_MAX_S (4 s before)."""
     tenant, other = tenants
     sandbox_id, other_id = tenant.create(), other.create()
     assert platform.controlplane.process is not None
@@ -194,7 +197,7 @@ def test_a_1_gib_stdin_is_refused_unread_and_another_tenants_exec_stays_fast(
         assert "stdin" in answer.json()["data"], answer.text
         assert after_mib - before_mib < 256, (before_mib, after_mib)
         assert latencies.seconds and set(latencies.statuses) == {200}, latencies.statuses
-        assert max(latencies.seconds) < 1.5, latencies.summary()
+        assert max(latencies.seconds) < OTHER_TENANT_MAX_S, latencies.summary()
 
 
 def test_another_tenants_exec_stays_fast_during_a_big_upload(tenants: tuple[Tenant, Tenant]) -> None:
@@ -217,7 +220,7 @@ def test_another_tenants_exec_stays_fast_during_a_big_upload(tenants: tuple[Tena
     assert answer.status_code == 200, answer.text
     assert answer.json()["data"]["size"] == size
     assert latencies.seconds and set(latencies.statuses) == {200}, latencies.statuses
-    assert max(latencies.seconds) < 1.5, latencies.summary()
+    assert max(latencies.seconds) < OTHER_TENANT_MAX_S, latencies.summary()
 
 
 def test_any_other_body_past_its_cap_is_a_413_before_it_is_read(tenants: tuple[Tenant, Tenant]) -> None:
