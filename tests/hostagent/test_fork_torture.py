@@ -265,11 +265,13 @@ async def torture(make_agent: Any, seeds: list[int]) -> None:
     print(f"fork torture: {len(seeds)} sequences in {time.monotonic() - started:.0f} s")
 
 
+@pytest.mark.timeout(900)  # 20 sequences: 79 s here alone, 190 s beside other suites
 async def test_fork_torture(make_agent: Any) -> None:
     await torture(make_agent, _seeds(SHORT_ITERATIONS))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(4 * 3600)  # ~4-15 s a sequence on a loaded 2-core box
 async def test_fork_torture_soak(make_agent: Any) -> None:
     if os.environ.get("PADDOCK_SOAK") != "1":
         pytest.skip("the long run is `make soak` (PADDOCK_SOAK=1)")
