@@ -62,9 +62,18 @@ def test_the_upload_url_authorises_only_itself(e2b_env: E2bPlatform) -> None:
         assert httpx.put(forged, content=b"x").status_code == 403
         assert httpx.put(url + "0", content=b"x").status_code == 403
         assert httpx.put(url, content=b"not even a tar").status_code == 201  # no key sent: the URL is it
+        assert httpx.put(url.partition("?")[0], content=b"x").status_code == 403
+        mac = url.rpartition(".")[2]
+        assert (
+            len(mac) == 64 and mac not in e2b_env.platform.controlplane.log_path.read_text()
+        )  # a credential
         assert http.get(f"/templates/anything/files/{files_hash}").json()["present"] is True
         other_key = e2b_env.platform.api_key()
         other = http.get(f"/templates/anything/files/{files_hash}", headers={"X-API-Key": other_key}).json()
         assert other["present"] is False  # another account's uploads are its own
         bad = http.get("/templates/anything/files/not-a-hash")
         assert bad.status_code == 400 and "hash" in bad.json()["message"]
+    # The URL is a credential: the request log (written after each answer, so checked last) leaves it out.
+    mac = url.rpartition(".")[2]
+    log = e2b_env.platform.controlplane.log_path.read_text()
+    assert len(mac) == 64 and "/e2b-uploads" in log and mac not in log

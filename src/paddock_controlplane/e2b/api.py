@@ -450,7 +450,7 @@ def create_app(services: Services) -> FastAPI:
         assert isinstance(exc, errors.PaddockError)
         return e2b_errors.from_paddock(exc)
 
-    uploads = BodyRoute("PUT", r"/e2b-uploads/[^/]+", e2b_templates.MAX_UPLOAD_BYTES)
+    uploads = BodyRoute("PUT", r"/e2b-uploads", e2b_templates.MAX_UPLOAD_BYTES)
     app.add_middleware(
         BodyLimit, default_bytes=MAX_BODY_BYTES, refuse=too_large, render=render, routes=[uploads]
     )

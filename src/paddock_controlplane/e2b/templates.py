@@ -21,6 +21,7 @@ import json
 import os
 import re
 import tarfile
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -187,14 +188,16 @@ async def file_link(template_id: str, files_hash: str, request: Request) -> dict
     present = (_files_dir(services, user_id) / files_hash).is_file()
     expires = int(services.clock().timestamp()) + UPLOAD_TTL_S
     token = upload_token(services, user_id, files_hash, expires)
-    url = str(request.base_url).rstrip("/") + f"/e2b-uploads/{token}"
+    # The token rides in the query, which the request log leaves out (it logs the path): it is a credential.
+    url = str(request.base_url).rstrip("/") + "/e2b-uploads?" + urllib.parse.urlencode({"token": token})
     return {"present": present, "url": url}
 
 
-@router.put("/e2b-uploads/{token}", status_code=201)
-async def upload(token: str, request: Request) -> Response:
+@router.put("/e2b-uploads", status_code=201)
+async def upload(request: Request) -> Response:
     """The upload URL ``file_link`` gave: its token is its authority (no key is sent)."""
     services: Services = request.app.state.services
+    token = request.query_params.get("token", "")
     user_id, files_hash = check_upload_token(services, token)
     directory = _files_dir(services, user_id)
     partial = directory / f".{files_hash}.{os.getpid()}.{id(request)}"
