@@ -47,6 +47,10 @@ class CapacityError(HostError):
     """The host has no room for this sandbox now (its 507): place it elsewhere, or answer 503."""
 
 
+#: The one message of the busy 503 (a sandbox's guest takes no more connections now; Retry-After 1).
+SANDBOX_BUSY = "the sandbox is busy with other requests; retry"
+
+
 class TierRefusedError(errors.InvalidState):
     """The host's isolation tier does not offer what was asked (its 409 ``unsupported_on_tier``, in its
     words, naming the tier and the operation); nothing changed there. A 409 ``INVALID_STATE``."""
@@ -135,9 +139,7 @@ DOMAIN_ERRORS: dict[type[hostclient.HostAgentError], Callable[[hostclient.HostAg
         "cmd", str(exc) or "did not start"
     ),
     # Overload of one sandbox (its guest takes no more connections now): the caller may retry.
-    hostclient.HostBusyError: lambda exc: errors.Unavailable(
-        "the sandbox is busy with other requests; retry", retry_after_s=1
-    ),
+    hostclient.HostBusyError: lambda exc: errors.Unavailable(SANDBOX_BUSY, retry_after_s=1),
     hostclient.SandboxDiskFullError: lambda exc: errors.InsufficientStorage(
         "the sandbox's disk is full: nothing was written; free space in the sandbox or resize its disk"
     ),

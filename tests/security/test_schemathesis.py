@@ -1,6 +1,6 @@
 """schemathesis (v4, the CLI a user would run) against both services' served OpenAPI documents.
 
-Each run fails the build on any 5xx but the contract's capacity 503 (schemathesis.toml), a status or content type the document does not list, a body or
+Each run fails the build on any 5xx but the contract's capacity and busy 503s (schemathesis.toml), a status or content type the document does not list, a body or
 header that violates the documented schema, or a wrong method answered without 405 + ``Allow``. The
 requests carry real ids (a sandbox on a real host agent, a network, a webhook endpoint; a project and
 deployment on the gateway) through ``schemathesis_hooks.py``, which also signs gateway requests.
@@ -27,9 +27,12 @@ import schemathesis
 from eth_account import Account
 from fastapi import FastAPI
 
+from paddock_controlplane import hostlink
 from paddock_controlplane.app import create_app as create_controlplane
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_core import errors
 from paddock_gateway.app import create_app as create_gateway
+from paddock_hostagent import client as hostclient
 from tests.gateway.conftest import (
     Chain,
     chain_overrides,
@@ -55,10 +58,10 @@ CHECKS = ",".join(
         "response_headers_conformance",
         "response_schema_conformance",
         "unsupported_method",
-        "a_503_is_the_retryable_no_capacity_answer",  # schemathesis_hooks.py
+        "a_503_is_a_retryable_capacity_or_busy_answer",  # schemathesis_hooks.py
     )
 )
-#: Lets the contract's capacity 503 past ``not_a_server_error``; the check above holds it to that.
+#: Lets the contract's capacity and busy 503s past ``not_a_server_error``; the check above holds them to that.
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 REPO = Path(__file__).resolve().parents[2]
@@ -105,9 +108,10 @@ async def test_documents_list_the_statuses_sent_each_in_its_envelope(tmp_path: P
     assert "security" not in cp["paths"]["/v1/shapes"]["get"]
 
 
-def test_the_fuzz_runs_let_past_only_the_contracts_capacity_503() -> None:
+def test_the_fuzz_runs_let_past_only_the_contracts_capacity_and_busy_503s() -> None:
     """schemathesis.toml stops counting 503 as a server error; the hooks' check must then refuse every
-    503 but the control plane's retryable "no host with capacity"."""
+    503 but the control plane's retryable "no host with capacity" and its busy sandbox, each with
+    Retry-After."""
 
     def answer(
         status: int, body: Mapping[str, object], headers: dict[str, list[str]]
@@ -120,7 +124,7 @@ def test_the_fuzz_runs_let_past_only_the_contracts_capacity_503() -> None:
 
     def judged(response: schemathesis.Response) -> str:
         try:
-            schemathesis_hooks.a_503_is_the_retryable_no_capacity_answer(None, response, None)  # type: ignore[arg-type]
+            schemathesis_hooks.a_503_is_a_retryable_capacity_or_busy_answer(None, response, None)  # type: ignore[arg-type]
         except AssertionError as exc:
             return f"refused: {exc}"
         return "passed"
@@ -131,11 +135,18 @@ def test_the_fuzz_runs_let_past_only_the_contracts_capacity_503() -> None:
         "code": 503,
     }
     assert judged(answer(503, capacity, {"retry-after": ["2"]})) == "passed"
-    assert judged(answer(503, capacity, {})).startswith("refused: a capacity 503 without Retry-After")
-    other = {"status": "error", "message": "database unavailable", "code": 503}
-    assert judged(answer(503, other, {"retry-after": ["2"]})).startswith(
-        "refused: a 503 that is not capacity"
-    )
+    assert judged(answer(503, capacity, {})).startswith("refused: a capacity or busy 503 without Retry-After")
+    # The busy sandbox as the control plane renders it (hostlink's mapping of the host's 503 busy).
+    busy_error = hostlink.domain_error(hostclient.HostBusyError("busy"))
+    assert isinstance(busy_error, errors.Unavailable) and busy_error.retry_after_s
+    busy = {"status": "error", "message": busy_error.message, "code": 503}
+    assert judged(answer(503, busy, {"retry-after": ["1"]})) == "passed"
+    assert judged(answer(503, busy, {})).startswith("refused: a capacity or busy 503 without Retry-After")
+    for message in ("database unavailable", f"{busy_error.message} later", "the sandbox is busy"):
+        other = {"status": "error", "message": message, "code": 503}
+        assert judged(answer(503, other, {"retry-after": ["2"]})).startswith(
+            "refused: a 503 that is neither capacity nor busy"
+        ), message
     gateway = {"error": "rpc unavailable"}
     assert judged(answer(503, gateway, {"retry-after": ["2"]})).startswith(
         "refused: 503 outside the error envelope"
