@@ -61,9 +61,10 @@ def _target(request: Request, services: Services) -> tuple[str, int] | None:
             return None
         return sandbox_id, int(port_text)
     host = request.headers.get("host", "")
-    target = (
-        parse_host(host, identity.domain(services.settings)) if identity.domain(services.settings) else None
-    )
+    domain = identity.domain(services.settings)
+    name, sep, port = domain.rpartition(":")  # the ingress's URL domain may carry its port
+    domain = name if sep and port.isdigit() else domain
+    target = parse_host(host, domain) if domain else None
     return (target.sandbox_id, target.port) if target else None
 
 

@@ -66,7 +66,7 @@ def _port_closed(sandbox_id: str, port: int, reason: str) -> Response:
     return JSONResponse(
         {
             "code": 502,
-            "message": f"The sandbox {sandbox_id} is running but port {port} is not open ({reason})",
+            "message": f"The sandbox {sandbox_id} is running but port is not open: port {port} ({reason})",
             "sandboxId": sandbox_id,
             "port": port,
         },
@@ -77,13 +77,10 @@ def _port_closed(sandbox_id: str, port: int, reason: str) -> Response:
 async def forward(services: Services, sandbox: Sandbox, port: int, request: Request) -> Response:
     if not sandbox.ip:
         return _port_closed(sandbox.id, port, "the sandbox has no address")
-    url = httpx.URL(
-        scheme="http",
-        host=str(sandbox.ip),
-        port=port,
-        path=request.url.path,
-        query=request.url.query.encode(),
-    )
+    query = request.url.query
+    url = httpx.URL(scheme="http", host=str(sandbox.ip), port=port, path=request.url.path)
+    if query:
+        url = url.copy_with(query=query.encode())
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
     headers.append(("host", request.headers.get("host", f"{sandbox.ip}:{port}")))
     has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
