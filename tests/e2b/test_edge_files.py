@@ -117,7 +117,9 @@ def test_watch_dir_reports_create_write_remove(sandbox: Sandbox) -> None:
 def test_user_port_and_sandbox_gone(e2b_env: E2bPlatform, sandbox: Sandbox) -> None:
     sandbox.files.write("/srv/app.pl", APP.read_bytes())
     server = sandbox.commands.run("exec perl /srv/app.pl 8080", background=True)
-    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8080"}
+    plain = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8080"}
+    token = {"X-Access-Token": sandbox._envd_access_token or ""}
+    headers = {**plain, **token}
     deadline = time.monotonic() + 30
     answer = httpx.get(f"{e2b_env.sandbox_url}/hello", headers=headers)
     while answer.status_code != 200 and time.monotonic() < deadline:
@@ -126,8 +128,12 @@ def test_user_port_and_sandbox_gone(e2b_env: E2bPlatform, sandbox: Sandbox) -> N
     assert answer.status_code == 200, answer.text
     assert answer.text.startswith("hello from ")  # the app in the sandbox answered
     host = f"8080-{sandbox.sandbox_id}.{sandbox.sandbox_domain}"  # the ingress's name, no E2B headers
-    by_host = httpx.get(f"{e2b_env.sandbox_url}/hello", headers={"Host": host})
+    by_host = httpx.get(f"{e2b_env.sandbox_url}/hello", headers={"Host": host, **token})
     assert by_host.status_code == 200 and by_host.text.startswith("hello from "), (host, by_host.text)
+    # Paddock's ingress is off for this sandbox: without its token nobody reaches the port
+    refused_port = httpx.get(f"{e2b_env.sandbox_url}/hello", headers=plain)
+    assert refused_port.status_code == 403 and "ingress is off" in refused_port.json()["message"]
+    assert httpx.get(f"{e2b_env.sandbox_url}/hello", headers={"Host": host}).status_code == 403
     closed = httpx.get(f"{e2b_env.sandbox_url}/", headers={**headers, "E2b-Sandbox-Port": "8099"})
     assert closed.status_code == 502 and "port is not open" in closed.json()["message"]
     server.kill()

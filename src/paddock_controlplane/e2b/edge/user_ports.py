@@ -1,7 +1,12 @@
 """Any port other than envd's and the interpreter's: the request goes to that port of the sandbox, as the
 ingress sends it (to the sandbox's address, from the control plane; never anywhere a tenant names). The
 URL is rebuilt from the parsed path and query; hop-by-hop headers are dropped; the body streams both
-ways. A port nothing listens on answers 502 "… port is not open", which the SDK reads as such."""
+ways. A port nothing listens on answers 502 "… port is not open", which the SDK reads as such.
+
+Who may reach a port: the ingress's rule (the sandbox's ``ingress_enabled``; a desktop's noVNC ports never
+without a token), or a caller holding the sandbox's ``envdAccessToken`` in ``X-Access-Token`` or
+``e2b-traffic-access-token`` (what the sandbox's creator got). Without either: 403, as no sandbox's port
+is opened to the network by the edge alone."""
 
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from paddock_controlplane import computer, desktop_access
+from paddock_controlplane.e2b import identity
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
 
@@ -37,6 +44,7 @@ HOP_BY_HOP = frozenset(
         "e2b-sandbox-id",
         "e2b-sandbox-port",
         "x-access-token",
+        "e2b-traffic-access-token",
     }
 )
 CONNECT_TIMEOUT_S = 5.0
@@ -74,7 +82,27 @@ def _port_closed(sandbox_id: str, port: int, reason: str) -> Response:
     )
 
 
+async def allowed(services: Services, sandbox: Sandbox, port: int, request: Request) -> bool:
+    for header in ("x-access-token", "e2b-traffic-access-token"):
+        if identity.check_envd_access_token(services.settings, sandbox.id, request.headers.get(header, "")):
+            return True
+    if not sandbox.ingress_enabled:
+        return False
+    return not (
+        port in desktop_access.NOVNC_PORTS and await computer.is_desktop_image(services, sandbox.rootfs)
+    )
+
+
 async def forward(services: Services, sandbox: Sandbox, port: int, request: Request) -> Response:
+    if not await allowed(services, sandbox, port, request):
+        return JSONResponse(
+            {
+                "code": 403,
+                "message": f"port {port} of sandbox {sandbox.id}: ingress is off for this sandbox; "
+                "send its envdAccessToken in X-Access-Token or e2b-traffic-access-token",
+            },
+            status_code=403,
+        )
     if not sandbox.ip:
         return _port_closed(sandbox.id, port, "the sandbox has no address")
     query = request.url.query
