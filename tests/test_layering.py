@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -64,6 +65,25 @@ def test_sdk_has_no_server_imports() -> None:
 HOST_CLIENT_SIDE = ("client", "schemas", "channelclient", "channelwire")
 
 
+#: paddock_core modules the host contract may import: each imports the standard library only (checked below).
+PURE_CORE = {"paddock_core.s3config"}
+
+
+def test_pure_core_modules_import_only_the_standard_library() -> None:
+    for module in PURE_CORE:
+        tree = ast.parse((SRC / "paddock_core" / f"{module.rsplit('.', 1)[1]}.py").read_text())
+        for node in ast.walk(tree):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                assert name.split(".")[0] in sys.stdlib_module_names, f"{module} imports {name}"
+
+
 def test_host_contract_needs_no_server() -> None:
     """The control plane imports the host agent's contract and client: they (and the kept channel's
     client and frames) import pydantic, the HTTP clients and the standard library, never the host
@@ -72,11 +92,13 @@ def test_host_contract_needs_no_server() -> None:
     allowed_roots |= {"itertools", "json", "struct", "time", "typing", "urllib"}
     allowed_roots |= {"pydantic", "aiohttp", "httpx"}
     own = {f"paddock_hostagent.{name}" for name in HOST_CLIENT_SIDE}
+    # Pure standard-library modules of paddock_core that both sides of the contract check input with.
+    own |= PURE_CORE
     for name in HOST_CLIENT_SIDE:
         tree = ast.parse((SRC / "paddock_hostagent" / f"{name}.py").read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == "paddock_hostagent":
-                modules = {f"paddock_hostagent.{alias.name}" for alias in node.names}
+            if isinstance(node, ast.ImportFrom) and node.module in ("paddock_hostagent", "paddock_core"):
+                modules = {f"{node.module}.{alias.name}" for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module:
                 modules = {node.module}
             elif isinstance(node, ast.Import):
