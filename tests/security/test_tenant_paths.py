@@ -8,25 +8,29 @@ untouched afterwards: its mode, its files and their contents."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import io
 import json
 import os
 import secrets
 import shutil
+import socket
 import stat
 import subprocess
 import tarfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from paddock_hostagent import errors
 from paddock_hostagent.client import HostAgentError
 from paddock_hostagent.drivers import safepaths
-from paddock_hostagent.drivers.ocispec import write_identity_files
+from paddock_hostagent.drivers.oci import GVISOR_SOCKET_DIR
+from paddock_hostagent.drivers.ocispec import GUEST_SOCKET_DIR, GUEST_SOCKET_NAME, write_identity_files
 from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
 from paddock_hostagent.image_transfer import ImageFetcher
 from paddock_hostagent.images import ImageStore
@@ -37,11 +41,12 @@ from tests.hostagent.conftest import (
     debian_image,
     guest_binary_dir,
     image_cache,
+    make_agent,
     sh,
     teardown_agent,
 )
 
-__all__ = ["debian_image", "guest_binary_dir"]  # session fixtures, shared with tests/hostagent
+__all__ = ["debian_image", "guest_binary_dir", "make_agent"]  # session fixtures, shared with tests/hostagent
 
 PROBE_FILES = {"hostname": "the-host\n", "resolv.conf": "nameserver 192.0.2.53\n", "passwd": "root:x:0:0\n"}
 
@@ -495,3 +500,88 @@ def test_a_templates_set_user_id_programs_are_out_of_reach_of_the_hosts_users(
         text=True,
     )
     assert as_nobody.returncode != 0 and "Permission denied" in as_nobody.stderr
+
+
+# -- live, gVisor: the guest's socket is in a directory the sandbox shares read-write with the host ----
+
+
+@pytest.fixture
+def host_listener() -> Iterator[tuple[Path, list[int]]]:
+    """A probe-owned unix listener on the host, standing for any host service on a unix socket (the
+    agent's own API, a container runtime's): it counts the connections it accepts."""
+    directory = Path(f"/tmp/pdk-probe-{secrets.token_hex(4)}")
+    directory.mkdir(mode=0o755)
+    path = directory / "host.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    accepted: list[int] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            accepted.append(1)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path, accepted
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed")
+async def test_a_gvisor_guest_socket_replaced_by_a_symlink_to_a_host_socket_is_not_followed(
+    make_agent: Any, host_listener: tuple[Path, list[int]]
+) -> None:
+    """On gVisor the guest agent binds its socket in a host directory bound read-write into the
+    sandbox (ocispec.GUEST_SOCKET_DIR), and the root agent connects to it by name. A tenant's symlink
+    in that directory lands in the host's directory as a symlink. runsc 2022 refuses the sandbox an
+    unlink or a rename over the bound socket (EPERM), so where it does, the test moves the tenant's own
+    symlink over the socket's name on the host, the one step that runsc keeps from the tenant. The
+    agent's next connects must refuse the symlink, not reach the listener (on the old code they
+    connected there)."""
+    probe_socket, accepted = host_listener
+    agent = make_agent(runtime="runsc", pool_size=0)
+    agent.start()
+    async with agent.client() as host:
+        boxes = Sandboxes(host, agent)
+        try:
+            box = await boxes.create()
+            swap = (
+                f"cd {GUEST_SOCKET_DIR} && ln -s {probe_socket} planted && "
+                f"(perl -e 'rename(q(planted), q({GUEST_SOCKET_NAME})) or die qq(refused: $!)' 2>&1; true)"
+            )
+            out = await sh(host, box["id"], swap)
+            assert out["exit_code"] == 0, out
+            shared = next(agent.state_dir.glob(f"slots/*/{GVISOR_SOCKET_DIR}"))
+            socket_path = shared / GUEST_SOCKET_NAME
+            if not socket_path.is_symlink():  # the sandbox's rename was refused (runsc 2022)
+                assert "refused" in out["stdout"], out
+                planted = shared / "planted"
+                assert planted.is_symlink() and os.readlink(planted) == str(probe_socket), (
+                    "the tenant's symlink did not land in the host's directory"
+                )
+                os.rename(planted, socket_path)
+            assert os.readlink(socket_path) == str(probe_socket)
+            # Several at once: one may take the kept connection, the rest must connect anew.
+            results = await asyncio.gather(
+                *(host.exec(box["id"], cmd="true", args=[], env={}) for _ in range(4)), return_exceptions=True
+            )
+            assert accepted == [], (
+                f"the root agent connected to a host socket through a tenant's symlink: {results}"
+            )
+            refused = [r for r in results if isinstance(r, HostAgentError)]
+            assert refused and all("not a socket" in str(r) for r in refused), results
+        finally:
+            await boxes.destroy_all()

@@ -38,6 +38,7 @@ import os
 import resource
 import select
 import socket
+import stat
 import struct
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -61,7 +62,6 @@ from paddock_hostagent.guest.protocol import (
     frame,
 )
 
-_MAX_SUN_PATH = 100
 _STREAM_LIMIT_BYTES = 4 << 20
 # EXIT frame flags (guest.h): the guest takes another request on this connection.
 _EXIT_KEPT = 1
@@ -296,27 +296,36 @@ CONNECT_GATES = ConnectGates()
 
 
 def unix_connector(socket_path: Path) -> Connector:
-    """Opens a new connection to the agent's unix socket (one per request)."""
+    """Opens a new connection to the agent's unix socket (one per request).
+
+    The socket's directory is the host's, but the socket's name in it may be the sandbox's to change
+    (gVisor's guest binds it in a directory shared read-write with the sandbox), so the name is never
+    resolved by a connect: it is opened ``O_PATH|O_NOFOLLOW`` in the directory, must be a socket, and is
+    connected through ``/proc/self/fd/N``. A symlink a tenant put there (to a host listener) or any
+    other file is refused (ENOTSOCK) and nothing is connected."""
 
     async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        path = str(socket_path)
-        dir_fd: int | None = None
-        if len(path) > _MAX_SUN_PATH:
-            # sun_path holds ~107 bytes; reach long paths through the directory's /proc/self/fd entry.
-            dir_fd = os.open(socket_path.parent, os.O_PATH | os.O_DIRECTORY)
-            path = f"/proc/self/fd/{dir_fd}/{socket_path.name}"
+        dir_fd = os.open(socket_path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = os.open(socket_path.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                raise OSError(
+                    errno.ENOTSOCK, f"{socket_path.name} is not a socket (a symlink is not followed)"
+                )
             # A unix socket connects at once or fails: EAGAIN when the guest's listen backlog is full.
             # Done here, not by the event loop: asyncio's own loop takes EAGAIN for a connect in
-            # progress and hands back a socket that never connected.
-            sock.connect(path)
+            # progress and hands back a socket that never connected. The magic link names the inode
+            # opened above, whatever the name now holds (and keeps sun_path short for long paths).
+            sock.connect(f"/proc/self/fd/{fd}")
         except BaseException:
             sock.close()
             raise
         finally:
-            if dir_fd is not None:
-                os.close(dir_fd)
+            os.close(fd)
         return await asyncio.open_unix_connection(sock=sock, limit=_STREAM_LIMIT_BYTES)
 
     return connect
