@@ -79,6 +79,9 @@ def created(sandbox: Sandbox, template_id: str, settings: Any) -> dict[str, Any]
         "clientID": identity.CLIENT_ID,
         "envdVersion": identity.ENVD_VERSION,
         "envdAccessToken": identity.envd_access_token(settings, sandbox.id),
+        # The edge opens the sandbox's other ports (49999 too) to this token when its ingress is off,
+        # as E2B does for a sandbox without public traffic; the SDK sends it to every port.
+        "trafficAccessToken": identity.envd_access_token(settings, sandbox.id),
         "domain": identity.domain(settings),
         "alias": template_id,
     }
@@ -111,6 +114,9 @@ def detail(
     return {
         **listed(sandbox, template_id, end_at, metadata),
         "envdAccessToken": identity.envd_access_token(settings, sandbox.id),
+        # The edge opens the sandbox's other ports (49999 too) to this token when its ingress is off,
+        # as E2B does for a sandbox without public traffic; the SDK sends it to every port.
+        "trafficAccessToken": identity.envd_access_token(settings, sandbox.id),
         "domain": identity.domain(settings),
         "allowInternetAccess": not sandbox.egress,
     }
