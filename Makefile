@@ -8,7 +8,7 @@ export PADDOCK_DATA_DIR ?= /var/lib/paddock
 export PADDOCK_HOST_IMAGE_DIR ?= $(PADDOCK_DATA_DIR)/images
 export PADDOCK_TEST_IMAGE_CACHE ?= $(PADDOCK_HOST_IMAGE_DIR)
 
-.PHONY: run test setup setup-test venv images devchain-deps lint bench bench-smoke bench-deps clean soak
+.PHONY: run test setup setup-test venv images devchain-deps e2b-js-deps lint bench bench-smoke bench-deps clean soak
 
 run: setup images devchain-deps
 	$(VENV)/bin/paddock serve
@@ -28,6 +28,13 @@ setup:
 setup-test:
 	scripts/setup-host.sh --test
 	@$(MAKE) --no-print-directory venv
+	@$(MAKE) --no-print-directory e2b-js-deps
+
+# The E2B JS SDKs the tests run unmodified (tests/e2b/test_edge_js.py), as pinned by their lock file.
+e2b-js-deps:
+	@if [ -f tests/e2b/js/package.json ] && command -v npm >/dev/null; then \
+	  (cd tests/e2b/js && { [ -d node_modules ] && [ node_modules -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }); \
+	fi
 
 # Reinstall only when the dependency list changes.
 venv: $(STAMP)
