@@ -31,6 +31,7 @@ FILES = {
     "src/paddock/_async_computer.py": "src/paddock/_computer.py",
     "tests/sdk/test_live_sandbox_async.py": "tests/sdk/test_live_sandbox.py",
     "tests/sdk/test_live_networks_async.py": "tests/sdk/test_live_networks.py",
+    "tests/sdk/test_live_files_async.py": "tests/sdk/test_live_files.py",
 }
 
 #: Regexes applied in order; see COMPILED for how they are bounded.

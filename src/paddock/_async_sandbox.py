@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
+import tarfile
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -15,8 +18,8 @@ from paddock._async_computer import AsyncComputer
 from paddock._async_processes import AsyncProcesses
 from paddock._async_resources import AsyncSandboxDisks
 from paddock._code import Execution, OutputCallback
-from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
-from paddock._models import AccessToken, Bandwidth, ExecResult, SandboxInfo
+from paddock._errors import NotFoundError, PaddockError, SandboxStateError, WaitTimeoutError
+from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo
 
 if TYPE_CHECKING:
     from paddock._async_client import AsyncClient
@@ -131,6 +134,132 @@ class AsyncFiles:
             await sink.write(chunk)
         await sink.finish()
         return size
+
+    # beyond one file's bytes: each runs inside the sandbox ------------------------------------------
+
+    async def list(self, path: str, *, depth: int = 1) -> list[FileEntry]:
+        """The entries under the directory ``path`` (``depth`` levels, 1 = its children)."""
+        data = await self._client.request(
+            "GET", self._url + "/list", params={"path": path, "depth": str(depth)}
+        )
+        return [FileEntry.from_api(entry) for entry in data["entries"]]
+
+    async def stat(self, path: str) -> FileEntry:
+        """``path``'s type, size, mode, owner and time (a symlink itself, not its target)."""
+        return FileEntry.from_api(
+            await self._client.request("GET", self._url + "/stat", params={"path": path})
+        )
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.stat(path)
+        except NotFoundError:
+            return False
+        return True
+
+    async def remove(self, path: str) -> None:
+        """Remove a file or a whole directory; a missing path raises ``NotFoundError``."""
+        await self._client.request("DELETE", self._url, params={"path": path})
+
+    async def make_dir(self, path: str) -> bool:
+        """Make the directory and its parents; ``False`` when it was already there."""
+        data = await self._client.request("POST", self._url + "/mkdir", params={"path": path})
+        return bool(data["created"])
+
+    async def rename(self, source: str, destination: str) -> FileEntry:
+        """Move ``source`` to ``destination`` (parents made; an existing file there is replaced)."""
+        params = {"source": source, "destination": destination}
+        return FileEntry.from_api(await self._client.request("POST", self._url + "/rename", params=params))
+
+    async def write_files(self, files: dict[str, bytes | str]) -> int:
+        """Write many files in one request (a tar unpacked in the sandbox); parents are made.
+        Returns how many were written."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for path, content in files.items():
+                if not path.startswith("/"):
+                    raise ValueError(f"{path!r}: paths must be absolute")
+                data = content.encode() if isinstance(content, str) else content
+                member = tarfile.TarInfo(path.lstrip("/"))
+                member.size, member.mode, member.mtime = len(data), 0o644, int(time.time())
+                tar.addfile(member, io.BytesIO(data))
+        await self._put_tar("/", buffer.getvalue())
+        return len(files)
+
+    async def upload_dir(self, local_dir: str | os.PathLike[str], path: str) -> int:
+        """Copy the local directory's contents into ``path`` in the sandbox (made if missing), as one
+        tar stream; returns the tar's size in bytes."""
+        with tempfile.TemporaryFile() as spool:
+            with tarfile.open(fileobj=spool, mode="w") as tar:
+                tar.add(os.fspath(local_dir), arcname=".")
+            spool.seek(0)
+            return await self._put_tar(path, spool)
+
+    async def _put_tar(self, path: str, source: Source) -> int:
+        headers = {"Content-Type": "application/x-tar"}
+        if isinstance(source, bytes):
+            headers["Content-Length"] = str(len(source))
+            data = await self._client.request(
+                "PUT",
+                self._url + "/tar",
+                params={"path": path},
+                content=_blocking.AsyncBytesBody(source),
+                headers=headers,
+            )
+            return int(data["size"])
+        content = _blocking.aupload_body(source, headers)
+        data = await self._client.request(
+            "PUT", self._url + "/tar", params={"path": path}, content=content, headers=headers, retry=False
+        )
+        return int(data["size"])
+
+    async def download_dir(self, path: str, local_dir: str | os.PathLike[str]) -> int:
+        """Copy the sandbox's directory ``path`` into ``local_dir`` (made if missing) from one tar
+        stream, unpacked with tarfile's ``data`` filter (no absolute names, no links out, no devices);
+        returns the tar's size in bytes."""
+        with tempfile.TemporaryFile() as spool:
+            size = 0
+            resp = await self._client.open_stream("GET", self._url + "/tar", params={"path": path})
+            try:
+                async for chunk in resp.aiter_bytes():
+                    size += len(chunk)
+                    spool.write(chunk)
+            finally:
+                await resp.aclose()
+            spool.seek(0)
+            os.makedirs(local_dir, exist_ok=True)
+            with tarfile.open(fileobj=spool, mode="r") as tar:
+                tar.extractall(local_dir, filter="data")
+        return size
+
+    async def watch(self, path: str, *, recursive: bool = False) -> AsyncIterator[FileEvent]:
+        """Watch the directory ``path``: returns once the watch has read the starting state, so a change
+        made after this returns is reported. Iterate the result for ``FileEvent``s (``create``,
+        ``modify``, ``delete``); close it (``aclose``) to stop. The sandbox's tree is looked at every
+        half second; a rename shows as a delete and a create."""
+        params = {"path": path, "recursive": "true" if recursive else "false"}
+        resp = await self._client.open_stream("GET", self._url + "/watch", params=params)
+        lines = resp.aiter_lines()
+        try:
+            async for line in lines:
+                if _base.ndjson_frame(line) is not None:
+                    break  # ``{"watching": path}``: the starting state is read
+        except BaseException:
+            await resp.aclose()
+            raise
+        return self._events(resp, lines)
+
+    async def _events(self, resp: Any, lines: AsyncIterator[str]) -> AsyncIterator[FileEvent]:
+        try:
+            async for line in lines:
+                frame = _base.ndjson_frame(line)
+                if frame is None or "event" not in frame:
+                    if frame is not None and "error" in frame:
+                        raise PaddockError(str(frame["error"]))
+                    continue
+                yield FileEvent(frame["event"], frame["path"], frame.get("type", ""))
+        finally:
+            await resp.aclose()
 
     @property
     def _client(self) -> AsyncClient:

@@ -62,6 +62,36 @@ class SandboxInfo:
 
 
 @dataclass
+class FileEntry:
+    """One entry of ``files.list``/``files.stat``: ``type`` is ``file``, ``dir``, ``symlink`` or ``other``."""
+
+    name: str
+    path: str
+    type: str
+    size: int = 0
+    mode: int = 0
+    permissions: str = ""
+    owner: str = ""
+    group: str = ""
+    modified_at: str | None = None
+    symlink_target: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> FileEntry:
+        return _build(cls, data)
+
+
+@dataclass
+class FileEvent:
+    """What ``files.watch`` yields: ``event`` is ``create``, ``modify`` or ``delete``."""
+
+    event: str
+    path: str
+    type: str = ""
+
+
+@dataclass
 class ExecResult:
     stdout: str
     stderr: str

@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
+import tarfile
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -15,8 +18,8 @@ from typing import IO, TYPE_CHECKING, Any
 from paddock import _base, _blocking, _code
 from paddock._code import Execution, OutputCallback
 from paddock._computer import Computer
-from paddock._errors import PaddockError, SandboxStateError, WaitTimeoutError
-from paddock._models import AccessToken, Bandwidth, ExecResult, SandboxInfo
+from paddock._errors import NotFoundError, PaddockError, SandboxStateError, WaitTimeoutError
+from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo
 from paddock._processes import Processes
 from paddock._resources import SandboxDisks
 
@@ -130,6 +133,128 @@ class Files:
             sink.write(chunk)
         sink.finish()
         return size
+
+    # beyond one file's bytes: each runs inside the sandbox ------------------------------------------
+
+    def list(self, path: str, *, depth: int = 1) -> list[FileEntry]:
+        """The entries under the directory ``path`` (``depth`` levels, 1 = its children)."""
+        data = self._client.request("GET", self._url + "/list", params={"path": path, "depth": str(depth)})
+        return [FileEntry.from_api(entry) for entry in data["entries"]]
+
+    def stat(self, path: str) -> FileEntry:
+        """``path``'s type, size, mode, owner and time (a symlink itself, not its target)."""
+        return FileEntry.from_api(self._client.request("GET", self._url + "/stat", params={"path": path}))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except NotFoundError:
+            return False
+        return True
+
+    def remove(self, path: str) -> None:
+        """Remove a file or a whole directory; a missing path raises ``NotFoundError``."""
+        self._client.request("DELETE", self._url, params={"path": path})
+
+    def make_dir(self, path: str) -> bool:
+        """Make the directory and its parents; ``False`` when it was already there."""
+        data = self._client.request("POST", self._url + "/mkdir", params={"path": path})
+        return bool(data["created"])
+
+    def rename(self, source: str, destination: str) -> FileEntry:
+        """Move ``source`` to ``destination`` (parents made; an existing file there is replaced)."""
+        params = {"source": source, "destination": destination}
+        return FileEntry.from_api(self._client.request("POST", self._url + "/rename", params=params))
+
+    def write_files(self, files: dict[str, bytes | str]) -> int:
+        """Write many files in one request (a tar unpacked in the sandbox); parents are made.
+        Returns how many were written."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for path, content in files.items():
+                if not path.startswith("/"):
+                    raise ValueError(f"{path!r}: paths must be absolute")
+                data = content.encode() if isinstance(content, str) else content
+                member = tarfile.TarInfo(path.lstrip("/"))
+                member.size, member.mode, member.mtime = len(data), 0o644, int(time.time())
+                tar.addfile(member, io.BytesIO(data))
+        self._put_tar("/", buffer.getvalue())
+        return len(files)
+
+    def upload_dir(self, local_dir: str | os.PathLike[str], path: str) -> int:
+        """Copy the local directory's contents into ``path`` in the sandbox (made if missing), as one
+        tar stream; returns the tar's size in bytes."""
+        with tempfile.TemporaryFile() as spool:
+            with tarfile.open(fileobj=spool, mode="w") as tar:
+                tar.add(os.fspath(local_dir), arcname=".")
+            spool.seek(0)
+            return self._put_tar(path, spool)
+
+    def _put_tar(self, path: str, source: Source) -> int:
+        headers = {"Content-Type": "application/x-tar"}
+        if isinstance(source, bytes):
+            headers["Content-Length"] = str(len(source))
+            data = self._client.request(
+                "PUT",
+                self._url + "/tar",
+                params={"path": path},
+                content=_blocking.BytesBody(source),
+                headers=headers,
+            )
+            return int(data["size"])
+        content = _blocking.upload_body(source, headers)
+        data = self._client.request(
+            "PUT", self._url + "/tar", params={"path": path}, content=content, headers=headers, retry=False
+        )
+        return int(data["size"])
+
+    def download_dir(self, path: str, local_dir: str | os.PathLike[str]) -> int:
+        """Copy the sandbox's directory ``path`` into ``local_dir`` (made if missing) from one tar
+        stream, unpacked with tarfile's ``data`` filter (no absolute names, no links out, no devices);
+        returns the tar's size in bytes."""
+        with tempfile.TemporaryFile() as spool:
+            size = 0
+            resp = self._client.open_stream("GET", self._url + "/tar", params={"path": path})
+            try:
+                for chunk in resp.iter_bytes():
+                    size += len(chunk)
+                    spool.write(chunk)
+            finally:
+                resp.close()
+            spool.seek(0)
+            os.makedirs(local_dir, exist_ok=True)
+            with tarfile.open(fileobj=spool, mode="r") as tar:
+                tar.extractall(local_dir, filter="data")
+        return size
+
+    def watch(self, path: str, *, recursive: bool = False) -> Iterator[FileEvent]:
+        """Watch the directory ``path``: returns once the watch has read the starting state, so a change
+        made after this returns is reported. Iterate the result for ``FileEvent``s (``create``,
+        ``modify``, ``delete``); close it (``close``) to stop. The sandbox's tree is looked at every
+        half second; a rename shows as a delete and a create."""
+        params = {"path": path, "recursive": "true" if recursive else "false"}
+        resp = self._client.open_stream("GET", self._url + "/watch", params=params)
+        lines = resp.iter_lines()
+        try:
+            for line in lines:
+                if _base.ndjson_frame(line) is not None:
+                    break  # ``{"watching": path}``: the starting state is read
+        except BaseException:
+            resp.close()
+            raise
+        return self._events(resp, lines)
+
+    def _events(self, resp: Any, lines: Iterator[str]) -> Iterator[FileEvent]:
+        try:
+            for line in lines:
+                frame = _base.ndjson_frame(line)
+                if frame is None or "event" not in frame:
+                    if frame is not None and "error" in frame:
+                        raise PaddockError(str(frame["error"]))
+                    continue
+                yield FileEvent(frame["event"], frame["path"], frame.get("type", ""))
+        finally:
+            resp.close()
 
     @property
     def _client(self) -> Client:

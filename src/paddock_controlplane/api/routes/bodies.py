@@ -32,6 +32,7 @@ MAX_TEMPLATE_BODY_BYTES = templates.MAX_CONTEXT_BYTES * 4 // 3 + (1 << 20)
 #: an exec's refusal names ``stdin``, its one field without a bound of its own.
 BODY_ROUTES = (
     BodyRoute("PUT", r"/v1/sandboxes/[^/]+/files", None),
+    BodyRoute("PUT", r"/v1/sandboxes/[^/]+/files/tar", None),
     BodyRoute("POST", r"/v1/sandboxes/[^/]+/exec", commands.MAX_EXEC_BODY_BYTES, "stdin"),
     BodyRoute("POST", r"/v1/templates", MAX_TEMPLATE_BODY_BYTES),
 )

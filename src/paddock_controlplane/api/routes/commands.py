@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from paddock_controlplane import commands, validation
+from paddock_controlplane import commands, fileops, validation
 from paddock_controlplane.api.deps import SandboxPrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
 from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
@@ -74,6 +74,94 @@ async def _fast_exec(
 
 
 FAST_ROUTES = [fastlane.FastRoute("POST", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/exec", _fast_exec)]
+
+
+# Files beyond one file's bytes (fileops: run inside the sandbox). Declared before ``/files`` so that
+# the fixed paths win.
+
+
+def _depth(request: Request) -> int:
+    raw = request.query_params.get("depth", "1")
+    if not raw.isdigit():
+        raise errors.ValidationFailed.field("depth", f"must be an integer 1..{fileops.MAX_DEPTH}")
+    return int(raw)
+
+
+@router.get("/{sandbox_id}/files/list")
+async def list_files(
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    result = await fileops.list_dir(services, principal.user_id, sandbox_id, _path(request), _depth(request))
+    return JSONResponse(envelope.success(result))
+
+
+@router.get("/{sandbox_id}/files/stat")
+async def stat_file(
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    result = await fileops.stat(services, principal.user_id, sandbox_id, _path(request))
+    return JSONResponse(envelope.success(result))
+
+
+@router.post("/{sandbox_id}/files/mkdir")
+async def make_dir(
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    result = await fileops.make_dir(services, principal.user_id, sandbox_id, _path(request))
+    return JSONResponse(envelope.success(result), status_code=201 if result["created"] else 200)
+
+
+@router.post("/{sandbox_id}/files/rename")
+async def rename_file(
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    source = validation.guest_path(request.query_params.get("source"), "source")
+    destination = validation.guest_path(request.query_params.get("destination"), "destination")
+    result = await fileops.rename(services, principal.user_id, sandbox_id, source, destination)
+    return JSONResponse(envelope.success(result))
+
+
+@router.delete("/{sandbox_id}/files")
+async def remove_file(
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    path = _path(request)
+    await fileops.remove(services, principal.user_id, sandbox_id, path)
+    return JSONResponse(envelope.success({"path": path, "removed": True}))
+
+
+@router.put("/{sandbox_id}/files/tar")
+async def put_tar(
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+) -> JSONResponse:
+    length = request.headers.get("content-length")
+    result = await fileops.upload_tar(
+        services,
+        principal.user_id,
+        sandbox_id,
+        _path(request),
+        request.stream(),
+        int(length) if length and length.isdigit() else None,
+    )
+    return JSONResponse(envelope.success(result))
+
+
+@router.get("/{sandbox_id}/files/tar", response_model=None)
+async def get_tar(
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+) -> StreamingResponse:
+    download = await fileops.download_tar(services, principal.user_id, sandbox_id, _path(request))
+    headers = {"Content-Length": str(download.size)} if download.size is not None else {}
+    return StreamingResponse(download.chunks, media_type="application/x-tar", headers=headers)
+
+
+@router.get("/{sandbox_id}/files/watch", response_model=None)
+async def watch_dir(
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+) -> StreamingResponse:
+    recursive = request.query_params.get("recursive", "").lower() == "true"
+    lines = await fileops.watch(services, principal.user_id, sandbox_id, _path(request), recursive)
+    return StreamingResponse(lines, media_type="application/x-ndjson", headers=STREAM_HEADERS)
 
 
 @router.put("/{sandbox_id}/files")

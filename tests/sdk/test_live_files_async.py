@@ -1,0 +1,140 @@
+"""Files beyond one file's bytes, through the SDK against the real platform (control plane and host
+agent processes, runc sandboxes): list, stat, exists, remove, make_dir, rename, many files in one call,
+a directory up and down as a tar stream, and a watch that sees a file created after it started.
+
+Written once for the async client; ``scripts/unasync.py`` generates ``test_live_files.py``, the same
+tests through the sync client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+import paddock
+from tests.live import LivePlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+SHAPE = "s-1vcpu-256mb"
+DISK_MIB = 2048  # the warm pool's size
+
+
+async def test_listing_stat_make_rename_remove_and_many_files(live: LivePlatform) -> None:
+    async with (
+        paddock.AsyncClient(live.url, live.api_key()) as client,
+        await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB) as sb,
+    ):
+        # many files in one request, parents made, bytes and text
+        assert (
+            await sb.files.write_files({"/root/proj/a.txt": "héllo", "/root/proj/sub/b.bin": b"\x00\xff"})
+            == 2
+        )
+        assert await sb.files.read("/root/proj/a.txt") == "héllo".encode()
+        assert await sb.files.read("/root/proj/sub/b.bin") == b"\x00\xff"
+
+        top = {e.name: e for e in await sb.files.list("/root/proj")}
+        assert set(top) == {"a.txt", "sub"}
+        assert (top["a.txt"].type, top["a.txt"].size, top["a.txt"].path) == (
+            "file",
+            6,
+            "/root/proj/a.txt",
+        )
+        assert top["sub"].type == "dir"
+        deep = {e.path for e in await sb.files.list("/root/proj", depth=2)}
+        assert deep == {"/root/proj/a.txt", "/root/proj/sub", "/root/proj/sub/b.bin"}
+
+        entry = await sb.files.stat("/root/proj/sub/b.bin")
+        assert (entry.type, entry.size, entry.permissions) == ("file", 2, "-rw-r--r--")
+        await sb.run("ln", ["-s", "/etc/hostname", "/root/proj/link"])
+        link = await sb.files.stat("/root/proj/link")
+        assert (link.type, link.symlink_target) == ("symlink", "/etc/hostname")
+        assert await sb.files.exists("/root/proj/a.txt")
+        assert not await sb.files.exists("/root/proj/absent")
+        with pytest.raises(paddock.NotFoundError):
+            await sb.files.stat("/root/proj/absent")
+        with pytest.raises(paddock.ValidationError) as not_dir:
+            await sb.files.list("/root/proj/a.txt")
+        assert "path" in not_dir.value.fields
+
+        assert await sb.files.make_dir("/root/proj/new/deep") is True
+        assert await sb.files.make_dir("/root/proj/new/deep") is False  # already there
+        moved = await sb.files.rename("/root/proj/a.txt", "/root/proj/new/deep/a2.txt")
+        assert (moved.path, moved.size) == ("/root/proj/new/deep/a2.txt", 6)
+        assert not await sb.files.exists("/root/proj/a.txt")
+
+        await sb.files.remove("/root/proj/sub")  # a whole directory
+        assert not await sb.files.exists("/root/proj/sub")
+        with pytest.raises(paddock.NotFoundError):
+            await sb.files.remove("/root/proj/sub")
+
+        # a path full of shell syntax is a name, never a command
+        odd = "/root/proj/$(touch /root/pwned); x"
+        assert await sb.files.write_files({odd: "odd"}) == 1
+        assert await sb.files.exists(odd)
+        await sb.files.remove(odd)
+        assert not await sb.files.exists("/root/pwned")
+
+
+async def test_a_directory_up_and_down_as_one_tar(live: LivePlatform, tmp_path: Path) -> None:
+    local = tmp_path / "src"
+    (local / "nested" / "deeper").mkdir(parents=True)
+    blob = os.urandom(3 * 1024 * 1024 + 7)
+    (local / "blob.bin").write_bytes(blob)
+    (local / "nested" / "deeper" / "note.txt").write_text("deep\n")
+    (local / "empty").mkdir()
+    async with (
+        paddock.AsyncClient(live.url, live.api_key()) as client,
+        await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB) as sb,
+    ):
+        assert await sb.files.upload_dir(local, "/root/app") > len(blob)
+        sums = (
+            await sb.run("sh", ["-c", "cd /root/app && sha256sum blob.bin nested/deeper/note.txt"])
+        ).stdout
+        assert hashlib.sha256(blob).hexdigest() in sums
+        assert hashlib.sha256(b"deep\n").hexdigest() in sums
+        assert (await sb.files.stat("/root/app/empty")).type == "dir"
+        assert not await sb.files.exists("/tmp/.paddock-tar")  # scratch removed
+        assert (await sb.run("sh", ["-c", "ls -A /tmp | grep -c paddock-tar || true"])).stdout == "0\n"
+
+        await sb.run("sh", ["-c", "echo made-inside > /root/app/nested/inside.txt"])
+        back = tmp_path / "back"
+        assert await sb.files.download_dir("/root/app", back) > len(blob)
+        assert (back / "blob.bin").read_bytes() == blob
+        assert (back / "nested" / "deeper" / "note.txt").read_text() == "deep\n"
+        assert (back / "nested" / "inside.txt").read_text() == "made-inside\n"
+        assert (back / "empty").is_dir()
+        assert (await sb.run("sh", ["-c", "ls -A /tmp | grep -c paddock-tar || true"])).stdout == "0\n"
+        with pytest.raises(paddock.NotFoundError):
+            await sb.files.download_dir("/root/absent", tmp_path / "none")
+
+
+async def test_a_watch_sees_what_changes_after_it_started(live: LivePlatform) -> None:
+    async with (
+        paddock.AsyncClient(live.url, live.api_key()) as client,
+        await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB) as sb,
+    ):
+        await sb.files.write_files({"/root/w/before.txt": "old"})
+        events = await sb.files.watch("/root/w")
+        try:
+            await sb.files.write("/root/w/new.txt", "x")
+            seen = []
+            async for event in events:
+                seen.append(event)
+                if event.event == "create":
+                    break
+            assert paddock.FileEvent("create", "/root/w/new.txt", "file") in seen
+            assert all(e.path != "/root/w/before.txt" for e in seen)  # what was there is no event
+
+            await sb.files.remove("/root/w/before.txt")
+            async for event in events:
+                if event.event == "delete":
+                    break
+            assert event == paddock.FileEvent("delete", "/root/w/before.txt", "file")
+        finally:
+            await events.aclose()
+        with pytest.raises(paddock.NotFoundError):
+            await sb.files.watch("/root/absent")
