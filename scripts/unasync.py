@@ -32,6 +32,7 @@ FILES = {
     "tests/sdk/test_live_sandbox_async.py": "tests/sdk/test_live_sandbox.py",
     "tests/sdk/test_live_networks_async.py": "tests/sdk/test_live_networks.py",
     "tests/sdk/test_live_files_async.py": "tests/sdk/test_live_files.py",
+    "tests/sdk/test_live_handles_async.py": "tests/sdk/test_live_handles.py",
 }
 
 #: Regexes applied in order; see COMPILED for how they are bounded.

@@ -52,8 +52,13 @@ class AsyncSandboxes:
                 raise
         return sandbox
 
-    async def get(self, sandbox_id: str) -> AsyncSandbox:
-        data = await self._client.request("GET", _base.path("sandboxes", sandbox_id))
+    async def get(self, id_or_name: str) -> AsyncSandbox:
+        """A sandbox by its id (``sb-…``) or by the name of a live one (the newest of that name).
+        A sandbox access token may name its own sandbox either way."""
+        if id_or_name.startswith("sb-"):
+            data = await self._client.request("GET", _base.path("sandboxes", id_or_name))
+        else:
+            data = await self._client.request("GET", _base.path("sandboxes", "by-name", id_or_name))
         return AsyncSandbox(self._client, SandboxInfo.from_api(data))
 
     async def by_ip(self, ip: str) -> AsyncSandbox:
@@ -284,6 +289,15 @@ class AsyncSandbox:
     def id(self) -> str:
         return self.info.id
 
+    @property
+    def name(self) -> str | None:
+        return self.info.name
+
+    @property
+    def status(self) -> str:
+        """The status as last seen (``refresh()`` asks again)."""
+        return self.info.status
+
     def _path(self, *rest: str) -> str:
         return _base.path("sandboxes", self.id, *rest)
 
@@ -481,6 +495,12 @@ class AsyncSandbox:
             }
         )
         return self._set(await self._client.request("PATCH", self._path(), json=body))
+
+    async def url(self, port: int) -> str:
+        """The sandbox's ingress URL for ``port``; turns ingress on first if it is off."""
+        if not self.info.ingress_enabled or not self.info.ingress_url_template:
+            await self.patch(ingress_enabled=True)
+        return self.info.ingress_url(port)
 
     async def resize(self, disk_mib: int) -> int:
         """Grow the disk (strictly larger than now); returns the new size in MiB."""

@@ -32,14 +32,7 @@ TERMINAL = ("destroyed", "failed")
 
 def resolve(sdk: Any, ref: str) -> Any:
     """A handle for ``ref``: an id when it starts with ``sb-``, otherwise a live sandbox's name."""
-    import paddock
-
-    if ref.startswith("sb-"):
-        return sdk.sandboxes.get(ref)
-    for info in sdk.sandboxes.iter():
-        if info.name == ref and info.status not in TERMINAL:
-            return paddock.Sandbox(sdk, info)
-    raise paddock.NotFoundError(404, f"no sandbox named {ref!r}", code="NOT_FOUND")
+    return sdk.sandboxes.get(ref)  # by name too, for a sandbox access token as for a key
 
 
 def show(info: Any) -> None:
@@ -243,21 +236,41 @@ def shell(
 def cp(
     source: str = typer.Argument(..., help="A local path, `-` for stdin, or SANDBOX:/path."),
     dest: str = typer.Argument(..., help="A local path, `-` for stdout, or SANDBOX:/path."),
+    recursive: bool = typer.Option(False, "--recursive", "-r", help="Copy a directory (one tar stream)."),
 ) -> None:
-    """Copy one file into or out of a sandbox, streamed (e.g. `cp ./data.csv my-box:/root/data.csv`)."""
+    """Copy a file (or with -r a directory) into or out of a sandbox, streamed, as `cp` does: a
+    destination that is a directory (or ends in `/`) receives the source under its own name
+    (e.g. `cp ./data.csv my-box:/root/`, `cp -r ./src my-box:/root/app`)."""
+    import paddock
+
     src_ref, src_path = split_remote(source)
     dst_ref, dst_path = split_remote(dest)
     if (src_ref is None) == (dst_ref is None):
         raise fail("exactly one side must be SANDBOX:/path", ExitCode.USAGE)
+    if recursive and "-" in (src_path, dst_path):
+        raise fail("-r copies a directory; `-` is one file's stream", ExitCode.USAGE)
     with api_errors(), client() as sdk:
         if dst_ref is not None:
             sandbox = resolve(sdk, dst_ref)
             if src_path == "-":
                 size = sandbox.files.write(dst_path, sys.stdin.buffer)
+                typer.echo(f"{size} bytes", err=True)
+                return
+            local = Path(src_path)
+            if recursive != local.is_dir() or not local.exists():
+                wanted = "directory" if recursive else "file (use -r for a directory)"
+                raise fail(f"{src_path}: no such {wanted}", ExitCode.USAGE)
+            into = dst_path.endswith("/")
+            if not into:
+                try:
+                    into = sandbox.files.stat(dst_path).type == "dir"
+                except paddock.NotFoundError:
+                    into = False
+            if into:
+                dst_path = dst_path.rstrip("/") + "/" + local.resolve().name
+            if recursive:
+                size = sandbox.files.upload_dir(local, dst_path)
             else:
-                local = Path(src_path)
-                if not local.is_file():
-                    raise fail(f"{src_path}: no such file", ExitCode.USAGE)
                 size = sandbox.files.upload(local, dst_path)
         else:
             sandbox = resolve(sdk, src_ref or "")
@@ -267,8 +280,11 @@ def cp(
                 return
             target = Path(dst_path)
             if target.is_dir():
-                target = target / Path(src_path).name
-            size = sandbox.files.download(src_path, target)
+                target = target / Path(src_path.rstrip("/")).name
+            if recursive:
+                size = sandbox.files.download_dir(src_path, target)
+            else:
+                size = sandbox.files.download(src_path, target)
     typer.echo(f"{size} bytes", err=True)
 
 
