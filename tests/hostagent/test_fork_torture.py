@@ -60,6 +60,12 @@ def superblock_blocks(image: Path) -> int:
     return int(struct.unpack(">Q", raw[8:16])[0])
 
 
+# Mounts the copy once and unmounts it in a mount namespace of its own: a container started meanwhile (the
+# warm pool parks sandboxes in the background) copies the host's mounts, and would keep the copy's
+# filesystem alive past the host's unmount, its log never closed, for xfs_repair to find dirty.
+_MOUNT_ONCE = 'mkdir -p "$2" && mount -t xfs -o loop,nouuid "$1" "$2" && umount "$2"'
+
+
 async def repair_check(host: HostAgentClient, agent: AgentProcess, sandbox_id: str, label: str) -> str:
     """Problems ``xfs_repair -n`` finds in a crash image of the sandbox's disk ('' when clean): the
     sandbox is paused and its disk synced, its image cloned, then resumed; the copy is mounted once
@@ -68,31 +74,50 @@ async def repair_check(host: HostAgentClient, agent: AgentProcess, sandbox_id: s
     image, mount_dir = Path(slot["disk_image"]), Path(slot["disk_mount"])
     was_paused = (await host.get_sandbox(sandbox_id)).status == "paused"
     name = f"check-{secrets.token_hex(4)}"
-    copy = Disk(image.parent / f"{name}.img", image.parent.parent / name, "xfs")
+    copy, copy_mount = image.parent / f"{name}.img", image.parent.parent / name
     if not was_paused:
         await host.pause_sandbox(sandbox_id)
     try:
         mounts.sync_filesystem(mount_dir)
-        storage.clone_file(image, copy.image_path)
+        storage.clone_file(image, copy)
     finally:
         if not was_paused:
             await host.resume_sandbox(sandbox_id)
     try:
-        try:
-            await storage.attach(copy)
-        except Exception as exc:
-            return f"{label}: a crash image of its disk does not mount: {exc}"
-        await storage.detach(copy)
+        replayed = subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                _MOUNT_ONCE,
+                "sh",
+                str(copy),
+                str(copy_mount),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if replayed.returncode != 0:
+            return f"{label}: a crash image of its disk does not mount: {replayed.stderr.strip()[-500:]}"
         checked = subprocess.run(
-            ["xfs_repair", "-n", "-f", str(copy.image_path)], capture_output=True, text=True, check=False
+            ["xfs_repair", "-n", "-f", str(copy)], capture_output=True, text=True, check=False
         )
         if checked.returncode != 0:
-            return f"{label}: xfs_repair -n exited {checked.returncode}:\n{checked.stdout[-2000:]}{checked.stderr[-500:]}"
+            said = [
+                line
+                for line in (checked.stdout + checked.stderr).splitlines()
+                if not line.lstrip().startswith(("- agno", "Phase", "- "))
+            ]
+            return f"{label}: xfs_repair -n exited {checked.returncode}:\n" + "\n".join(said[:60])
         return ""
     finally:
-        await storage.detach(copy)
-        copy.image_path.unlink(missing_ok=True)
-        copy.mount_dir.rmdir()
+        copy.unlink(missing_ok=True)
+        if copy_mount.is_dir():
+            copy_mount.rmdir()
 
 
 # -- the sequences --------------------------------------------------------------------------------
