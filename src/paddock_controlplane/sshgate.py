@@ -297,6 +297,12 @@ class SshGateway:
         await self.server.wait_closed()
 
 
+#: How long a connection may take from its opening to a successful login (key exchange and
+#: authentication) before it is closed. asyncssh's default is 120 s (OpenSSH's LoginGraceTime), so a
+#: client that connected and sent nothing held a descriptor and a task for two minutes (slow-loris).
+LOGIN_TIMEOUT_S = 30
+
+
 async def start(services: Services, host: str, port: int, key_file: Path) -> SshGateway:
     acceptor = await asyncssh.create_server(
         lambda: GatewayServer(services),
@@ -308,6 +314,7 @@ async def start(services: Services, host: str, port: int, key_file: Path) -> Ssh
         sftp_factory=None,
         agent_forwarding=False,
         x11_forwarding=False,
+        login_timeout=LOGIN_TIMEOUT_S,
     )
     log.info("ssh_gateway_started", host=host, port=acceptor.get_port())
     return SshGateway(acceptor)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from paddock_controlplane.ingress import proxy as proxy_module
 from paddock_controlplane.ingress.proxy import IngressProxy
 from paddock_controlplane.ingress.routing import IngressError, Route, parse_host
 from paddock_controlplane.services import Activity
@@ -300,3 +301,58 @@ async def test_an_http_1_0_client_is_closed_on_unless_the_app_keeps_it(proxy_por
         data = await asyncio.wait_for(reader.read(), 5)  # ends: the proxy closed after the answer
         writer.close()
     assert data.startswith(b"HTTP/1.1 200 OK") and data.endswith(b"ok")
+
+
+async def closed_after(reader: asyncio.StreamReader, limit_s: float) -> float:
+    """Seconds until the proxy closes the connection (fails past ``limit_s``)."""
+    started = asyncio.get_running_loop().time()
+    async with asyncio.timeout(limit_s):
+        assert await reader.read() == b"", "the proxy answered a request that never arrived whole"
+    return asyncio.get_running_loop().time() - started
+
+
+async def test_a_request_head_must_arrive_within_the_head_bound_an_idle_connection_may_stay_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request's head has serving.HEADER_TIMEOUT_S (here 1 s) from its first byte, or from the
+    connection's start for its first request; between requests a connection may stay idle for
+    ingress_idle_timeout_s (here 4 s). The old code gave a half-sent head the whole idle time."""
+    monkeypatch.setattr(proxy_module, "HEADER_TIMEOUT_S", 1.0)
+    settings = ControlPlaneSettings(
+        ingress_port=0, ingress_domain=DOMAIN, data_dir="/tmp/unused", ingress_idle_timeout_s=4
+    )
+    services = SimpleNamespace(settings=settings, activity=Activity(), clock=utcnow)
+    proxy = IngressProxy(services, LoopbackRouter())  # type: ignore[arg-type]
+    server = await asyncio.start_server(proxy._plain, "127.0.0.1", 0)
+    proxy.servers.append(server)
+    port = server.sockets[0].getsockname()[1]
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    app, app_port = await start_app(handler_from([answer] * 3))
+    try:
+        async with app:
+            half = b"GET / HT"
+            reader, writer = await talk(port, app_port, half)  # a new connection's half request line
+            assert await closed_after(reader, 3) < 2
+            writer.close()
+            silent, silent_writer = await asyncio.open_connection("127.0.0.1", port)  # nothing sent
+            assert await closed_after(silent, 3) < 2
+            silent_writer.close()
+
+            reader, writer = await talk(port, app_port, b"GET / HTTP/1.1\r\nHost: HOST\r\n\r\n")
+            assert (await read_head(reader)).startswith("HTTP/1.1 200 OK")
+            assert await reader.readexactly(2) == b"ok"
+            await asyncio.sleep(2)  # idle past the head bound, within the idle one: kept
+            writer.write(f"GET / HTTP/1.1\r\nHost: {app_port}-{SANDBOX}.{DOMAIN}\r\n\r\n".encode())
+            assert (await read_head(reader)).startswith("HTTP/1.1 200 OK")
+            assert await reader.readexactly(2) == b"ok"
+            writer.write(half)  # then half of a third request: the head bound, not the idle one
+            assert await closed_after(reader, 3.5) < 2
+            writer.close()
+
+            idle, idle_writer = await talk(port, app_port, b"GET / HTTP/1.1\r\nHost: HOST\r\n\r\n")
+            assert (await read_head(idle)).startswith("HTTP/1.1 200 OK")
+            assert await idle.readexactly(2) == b"ok"
+            assert 3 < await closed_after(idle, 8) < 6  # idle after an answer: ingress_idle_timeout_s
+            idle_writer.close()
+    finally:
+        await proxy.stop()

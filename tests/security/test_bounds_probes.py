@@ -8,7 +8,8 @@ Against a live control plane and host agent (crun), over HTTP on 127.0.0.1:
 - An upload that fills the sandbox's disk is a 507 saying the disk is full, and leaves nothing behind.
 - Hundreds of parallel execs on one sandbox answer 200, or 503 with Retry-After, never 500.
 - A connection that sends half a request line is closed within ``serving.HEADER_TIMEOUT_S``, on the
-  control plane's listener and the host agent's, while other requests are served.
+  control plane's listener, the host agent's and the ingress proxy's, while other requests are served;
+  one to the SSH gateway that does not log in is closed within ``sshgate.LOGIN_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from typing import Any
 import httpx
 import pytest
 
-from paddock_controlplane import commands
+from paddock_controlplane import commands, sshgate
 from paddock_core import serving
-from tests.hostagent.conftest import debian_image, guest_binary_dir
-from tests.live import LivePlatform, start_platform
+from tests.hostagent.conftest import debian_image, free_port, guest_binary_dir
+from tests.live import LivePlatform, plain_http_ingress, start_platform
 
 __all__ = ["debian_image", "guest_binary_dir"]  # session fixtures, shared with tests/hostagent
 
@@ -44,7 +45,8 @@ DISK_MIB = 2048
 
 @pytest.fixture(scope="module")
 def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    live = start_platform(guest_binary_dir, agent_options={"runtime": "crun"})
+    cp_env = {**plain_http_ingress(), "PADDOCK_CP_SSH_PORT": str(free_port())}
+    live = start_platform(guest_binary_dir, cp_env=cp_env, agent_options={"runtime": "crun"})
     try:
         yield live
     finally:
@@ -361,12 +363,19 @@ def _closed_within(held: list[socket.socket], deadline_s: float) -> list[float]:
     return closed_at
 
 
-@pytest.mark.parametrize("listener", ["controlplane", "hostagent"])
+@pytest.mark.parametrize("listener", ["controlplane", "hostagent", "ingress"])
 def test_a_half_sent_request_is_closed_within_the_header_timeout(
     platform: LivePlatform, listener: str
 ) -> None:
+    expected = 200
     if listener == "controlplane":
         port, probe_url, headers = platform.controlplane.port, platform.url + "/readyz", {}
+    elif listener == "ingress":  # the ingress proxy's own HTTP/1.1 (it had kept such a connection ~75 s)
+        port = int(platform.controlplane.extra_env["PADDOCK_CP_INGRESS_PORT"])
+        probe_url, expected = f"http://127.0.0.1:{port}/", 404  # answered by the proxy: no such sandbox
+        headers = {
+            "host": f"8000-sb-nosuchsandboxnosuchsandbox.{platform.controlplane.extra_env['PADDOCK_CP_INGRESS_DOMAIN']}"
+        }
     else:
         agent = platform.agents[0]
         port = int(agent.url.rsplit(":", 1)[1])
@@ -377,7 +386,7 @@ def test_a_half_sent_request_is_closed_within_the_header_timeout(
         with httpx.Client(timeout=10) as http:
             for _ in range(3):
                 started = time.monotonic()
-                assert http.get(probe_url, headers=headers).status_code == 200
+                assert http.get(probe_url, headers=headers).status_code == expected
                 served_s.append(time.monotonic() - started)
         closed_after = _closed_within(held, serving.HEADER_TIMEOUT_S + 5)
     finally:
@@ -388,3 +397,37 @@ def test_a_half_sent_request_is_closed_within_the_header_timeout(
     )
     assert max(served_s) < 2, served_s
     assert max(closed_after) <= serving.HEADER_TIMEOUT_S + 5, closed_after
+
+
+def test_a_connection_that_never_logs_in_to_the_ssh_gateway_is_closed_within_its_login_timeout(
+    platform: LivePlatform,
+) -> None:
+    """asyncssh's own default kept such a connection 120 s."""
+    port = int(platform.controlplane.extra_env["PADDOCK_CP_SSH_PORT"])
+    held = []
+    for index in range(20):
+        conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+        if index == 0:
+            conn.sendall(b"SSH-2.0-probe\r\n")  # a version line, then nothing
+        held.append(conn)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as fresh:
+            assert fresh.recv(64).startswith(b"SSH-2.0-"), "the gateway stopped answering new connections"
+        started, deadline_s = time.monotonic(), sshgate.LOGIN_TIMEOUT_S + 5
+        closed_after = []
+        for conn in held:  # the gateway speaks first (its version line, its key exchange offer): read on
+            conn.settimeout(max(0.1, deadline_s - (time.monotonic() - started)))
+            try:
+                while conn.recv(65536):
+                    pass
+            except TimeoutError:
+                closed_after.append(float("inf"))  # still open at the deadline
+                continue
+            except ConnectionResetError:
+                pass
+            closed_after.append(time.monotonic() - started)
+    finally:
+        for conn in held:
+            conn.close()
+    print(f"ssh gateway: closed after up to {max(closed_after):.1f} s")
+    assert max(closed_after) <= sshgate.LOGIN_TIMEOUT_S + 5, closed_after

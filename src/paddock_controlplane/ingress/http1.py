@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,6 +176,8 @@ class _Reader:
         #: Bytes read since a chunk-size line without chunk data after it: the last chunk's trailers
         #: (httptools gathers a header in memory until it ends, so they need a bound as heads do).
         self._chunk_head_bytes: int | None = None
+        #: Called at each read from the socket while set (``RequestReader.read_request``'s deadlines).
+        self._on_bytes: Callable[[], None] | None = None
 
     def _new_parser(self) -> httptools.HttpRequestParser | httptools.HttpResponseParser:
         raise NotImplementedError
@@ -242,6 +245,8 @@ class _Reader:
     # -- feeding -----------------------------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
+        if self._on_bytes is not None:
+            self._on_bytes()
         if self.awaiting_head:
             self._unfinished_head_bytes += len(data)
         elif self._chunk_head_bytes is not None:
@@ -341,11 +346,33 @@ class RequestReader(_Reader):
             self._target.decode("latin-1"),
         )
 
-    async def read_request(self) -> Request | None:
+    async def read_request(self, idle_s: float | None = None, head_s: float | None = None) -> Request | None:
         """The next request head; None at a clean end of the connection between requests.
 
         A request whose rest is already known to be malformed (a bad chunk in the same read) is
-        refused here, before anything of it is sent to the app."""
+        refused here, before anything of it is sent to the app. Deadlines (``TimeoutError`` past
+        either): the request's first byte must come within ``idle_s``, and its whole head within
+        ``head_s`` of that first byte (of now, if it is already here), so a client that sends half a
+        request line and then nothing is not kept for longer than ``head_s``."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout_at(None if idle_s is None else loop.time() + idle_s) as scope:
+
+            def head_begun() -> None:
+                self._on_bytes = None
+                if head_s is not None:
+                    deadline, current = loop.time() + head_s, scope.when()
+                    scope.reschedule(deadline if current is None else min(current, deadline))
+
+            if self.in_message or any(kind == _HEAD for kind, _ in self.events):
+                head_begun()
+            else:
+                self._on_bytes = head_begun
+            try:
+                return await self._read_request()
+            finally:
+                self._on_bytes = None
+
+    async def _read_request(self) -> Request | None:
         while True:
             kind, value = await self.next_event()
             if kind == _HEAD:

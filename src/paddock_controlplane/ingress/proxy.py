@@ -26,6 +26,7 @@ from paddock_controlplane.ingress import http1, pages
 from paddock_controlplane.ingress.routing import IngressError, Router, Target, parse_host
 from paddock_controlplane.services import Services
 from paddock_core.logging import get_logger
+from paddock_core.serving import HEADER_TIMEOUT_S
 
 log = get_logger("paddock.ingress")
 
@@ -243,12 +244,16 @@ class _Connection:
                     budget -= len(data)
 
     async def run(self) -> None:
+        # A new connection's first request must arrive whole within the head bound, as on the
+        # services' listeners (serving.HEADER_TIMEOUT_S); between requests a connection may stay idle
+        # for ingress_idle_timeout_s, and each further head again has the head bound from its first
+        # byte. Past either the connection is closed without an answer (TimeoutError, in _serve).
+        idle_s = HEADER_TIMEOUT_S
         while True:
             self.responded = False
             try:
-                request = await asyncio.wait_for(
-                    self.requests.read_request(), self.settings.ingress_idle_timeout_s
-                )
+                request = await self.requests.read_request(idle_s=idle_s, head_s=HEADER_TIMEOUT_S)
+                idle_s = self.settings.ingress_idle_timeout_s
             except http1.ProtocolError as exc:
                 await self.fail(exc.status, exc.code, str(exc))
                 return await self.linger()
