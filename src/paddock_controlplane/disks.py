@@ -25,7 +25,7 @@ from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane import accounts, hostlink, queries, webhooks
-from paddock_controlplane.models import Disk, Sandbox, SandboxDisk
+from paddock_controlplane.models import Disk, Host, Sandbox, SandboxDisk
 from paddock_controlplane.queries import get_owned
 from paddock_controlplane.schemas import Body, DiskAttachment
 from paddock_controlplane.services import Services
@@ -394,6 +394,8 @@ async def attach(services: Services, user_id: str, sandbox_id: str, item: DiskAt
         if sandbox.status != SandboxStatus.RUNNING:
             raise errors.InvalidState(f"sandbox is {sandbox.status}; attach needs a running sandbox")
         await hostlink.check_tier(session, sandbox.host_id, hostlink.S3_DISKS)  # mounted after the answer
+        if await _isolation(session, sandbox.host_id) == "gvisor":
+            raise hostlink.TierRefusedError(GVISOR_LIVE)
         disk = await get_owned_disk(session, user_id, item.disk_id)
         present = (
             await session.scalars(select(SandboxDisk.mount_path).where(SandboxDisk.sandbox_id == sandbox.id))
@@ -426,24 +428,9 @@ async def mount(services: Services, sandbox_id: str, mount_path: str) -> str:
         return "gone"
     attachment, disk, sandbox = row
     credentials = _open(services, disk)
-    try:  # again at mount time: a disk registered before today's rules may hold a bad field, and a
-        # name may resolve elsewhere now than at registration
-        config = _config(DiskConfigBody.model_validate(disk.config))
-        _parsed("mount_path", s3config.mount_path, attachment.mount_path)
-        await check_endpoint(services, config["endpoint"], "config.endpoint")
-    except errors.ValidationFailed as exc:
-        return await _record(services, sandbox_id, mount_path, disk.id, "error", f"disk refused: {exc}")
-    body = DiskMountBody(
-        disk_id=disk.id,
-        mount_path=attachment.mount_path,
-        sub_path=attachment.sub_path,
-        bucket=config["bucket"],
-        endpoint=config["endpoint"],
-        region=config.get("region"),
-        use_path_style=bool(disk.config.get("use_path_style")),
-        access_key=credentials["access_key"],
-        secret_key=credentials["secret_key"],
-    )
+    body = await _mount_body(services, attachment, disk, credentials)
+    if isinstance(body, str):
+        return await _record(services, sandbox_id, mount_path, disk.id, "error", body)
     status, error = "error", None
     try:
         link = await hostlink.for_host(services, sandbox.host_id)
@@ -465,6 +452,65 @@ async def mount(services: Services, sandbox_id: str, mount_path: str) -> str:
         except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
             log.warning("disk_undo_failed", sandbox_id=sandbox_id, mount_path=mount_path, error=str(exc))
     return recorded
+
+
+async def _mount_body(
+    services: Services, attachment: SandboxDisk, disk: Disk, credentials: dict[str, str]
+) -> DiskMountBody | str:
+    """What the host is sent to mount ``attachment``; the reason when the disk is refused."""
+    try:  # again at mount time: a disk registered before today's rules may hold a bad field, and a
+        # name may resolve elsewhere now than at registration
+        config = _config(DiskConfigBody.model_validate(disk.config))
+        _parsed("mount_path", s3config.mount_path, attachment.mount_path)
+        await check_endpoint(services, config["endpoint"], "config.endpoint")
+    except errors.ValidationFailed as exc:
+        return f"disk refused: {exc}"
+    return DiskMountBody(
+        disk_id=disk.id,
+        mount_path=attachment.mount_path,
+        sub_path=attachment.sub_path,
+        bucket=config["bucket"],
+        endpoint=config["endpoint"],
+        region=config.get("region"),
+        use_path_style=bool(disk.config.get("use_path_style")),
+        access_key=credentials["access_key"],
+        secret_key=credentials["secret_key"],
+    )
+
+
+#: gVisor's refusal of a live attach (its host's 409 says the same).
+GVISOR_LIVE = (
+    "mounting an S3 disk into a running sandbox is not supported on the gvisor isolation tier: gVisor "
+    "binds host directories only when the sandbox starts; name the disk in the sandbox's create"
+)
+
+
+async def _isolation(session: AsyncSession, host_id: str | None) -> str | None:
+    host = await session.get(Host, host_id) if host_id else None
+    return (host.labels or {}).get("paddock.io/isolation") if host is not None else None
+
+
+async def boot_mounts(services: Services, sandbox: Sandbox) -> list[DiskMountBody]:
+    """The disks a create named, with their credentials, for its host's create call when the host's
+    tier binds disks only at the sandbox's start (gVisor; empty elsewhere: they are mounted once it
+    runs). ``mount_all`` then records each outcome the host reached at the boot. A disk refused here is
+    left out, and refused again by ``mount`` with its reason."""
+    async with services.sessions() as session:
+        if await _isolation(session, sandbox.host_id) != "gvisor":
+            return []
+        rows = (
+            await session.execute(
+                select(SandboxDisk, Disk)
+                .join(Disk, Disk.id == SandboxDisk.disk_id)
+                .where(SandboxDisk.sandbox_id == sandbox.id, SandboxDisk.mount_status == "pending")
+            )
+        ).all()
+    bodies = []
+    for attachment, disk in rows:
+        body = await _mount_body(services, attachment, disk, _open(services, disk))
+        if not isinstance(body, str):
+            bodies.append(body)
+    return bodies
 
 
 async def _record(

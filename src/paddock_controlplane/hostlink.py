@@ -169,7 +169,12 @@ class HostLinkAPI(Protocol):
     fakehost.py), which mypy holds to this declaration."""
 
     async def create(
-        self, sandbox: Sandbox, *, start_paused: bool, networks: Sequence[NetworkAttachBody] = ()
+        self,
+        sandbox: Sandbox,
+        *,
+        start_paused: bool,
+        networks: Sequence[NetworkAttachBody] = (),
+        disks: Sequence[DiskMountBody] = (),
     ) -> Booted: ...
 
     async def fork(
@@ -266,7 +271,12 @@ class HostLink(HostLinkAPI):
         self.client = client
 
     async def create(
-        self, sandbox: Sandbox, *, start_paused: bool, networks: Sequence[NetworkAttachBody] = ()
+        self,
+        sandbox: Sandbox,
+        *,
+        start_paused: bool,
+        networks: Sequence[NetworkAttachBody] = (),
+        disks: Sequence[DiskMountBody] = (),
     ) -> Booted:
         with _mapped():
             out = await self.client.create_sandbox(
@@ -282,6 +292,7 @@ class HostLink(HostLinkAPI):
                     egress=list(sandbox.egress or []),
                     bandwidth_quota_bytes=int(sandbox.bandwidth_quota_bytes),
                     networks=list(networks),
+                    disks=list(disks),
                 )
             )
         return Booted(ip=out.ip, spawn_ms=out.spawn_ms)

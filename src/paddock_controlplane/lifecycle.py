@@ -213,7 +213,13 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
     unsupported: set[str] = set()  # hosts whose tier cannot do what the create asked
     while True:  # ends: every refusal excludes one more host
         try:
-            booted = await boot(services, sandbox, start_paused=spec.start_paused, joined=bool(joined))
+            booted = await boot(
+                services,
+                sandbox,
+                start_paused=spec.start_paused,
+                joined=bool(joined),
+                with_disks=bool(attached),
+            )
         except HostFullError as full:
             log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
             refused[full.host_id] = full.reason
@@ -286,6 +292,7 @@ async def boot(
     start_paused: bool,
     fork_of: Sandbox | None = None,
     joined: bool = True,
+    with_disks: bool = False,
 ) -> Sandbox:
     """Start ``sandbox`` on its host and record the outcome; a failure leaves it ``failed`` (500).
 
@@ -294,6 +301,9 @@ async def boot(
     memberships are not read before the host call, and the outcome, which then changes the sandbox's
     own columns only (and the webhook outbox), is recorded with plain statements
     (``settle(plain=True)``), as a pause's is.
+
+    ``with_disks``: the create named disks; a host whose tier binds them only at the start (gVisor) is
+    sent them in its create call (``disks.boot_mounts``), and ``disks.mount_all`` records the outcomes.
 
     A host without room for the new sandbox raises :class:`HostFullError` and records nothing: a
     create goes elsewhere, a fork (which has no elsewhere: it copies its source's disk on that host)
@@ -308,8 +318,11 @@ async def boot(
         async with asyncio.timeout(services.settings.boot_timeout_s):
             memberships = await networks.boot_memberships(services, sandbox.id) if joined else []
             if fork_of is None:
+                mounts = await disks.boot_mounts(services, sandbox) if with_disks else []
                 try:
-                    booted = await link.create(sandbox, start_paused=start_paused, networks=memberships)
+                    booted = await link.create(
+                        sandbox, start_paused=start_paused, networks=memberships, disks=mounts
+                    )
                 except hostlink.CapacityError as exc:
                     raise HostFullError(str(sandbox.host_id), str(exc)) from None
                 except hostlink.TierRefusedError as exc:

@@ -40,6 +40,7 @@ from paddock_hostagent.drivers.base import (
 )
 from paddock_hostagent.drivers.bridges import BridgeNetworks, Membership
 from paddock_hostagent.drivers.egress import EgressPolicy, EgressRuleError, Usage
+from paddock_hostagent.drivers.oci import OciRuntime
 from paddock_hostagent.drivers.ocispec import DEFAULT_PATH
 from paddock_hostagent.drivers.s3mounts import S3Mount, S3Mounter
 from paddock_hostagent.egress import Attachment, EgressService
@@ -433,30 +434,82 @@ class SandboxManager:
         if body.networks:  # refused before anything is made (a VM would boot for nothing)
             with _driver_errors():
                 self.runtime.refuse(PRIVATE_NETWORKS)
+        bound: list[S3Mount] = []  # disks bound at the start (gVisor), whatever their outcome
+        at_start = self._disks_at_start(body, bound)
         self._reserve(body.id, body.mem_mib, body.disk_mib)
         try:
             rootfs = await self._rootfs(body.rootfs)
             shape = Shape(body.vcpu, body.mem_mib, body.disk_mib, body.cpu_quota_pct)
             spec = SandboxSpec(body.id, body.name, body.rootfs, rootfs, shape)
             started = time.monotonic()
-            record = await self._booted(
-                body.id,
-                self.runtime.create(
-                    spec,
-                    start_paused=body.start_paused,
-                    on_network=self._guarding(body.egress, body.bandwidth_quota_bytes),
-                ),
-            )
+            try:
+                record = await self._booted(
+                    body.id,
+                    self.runtime.create(
+                        spec,
+                        start_paused=body.start_paused,
+                        on_network=self._guarding(body.egress, body.bandwidth_quota_bytes),
+                        **at_start,
+                    ),
+                )
+            except BaseException:
+                if bound and self.disks is not None:
+                    await self.disks.release(body.id, bound)
+                raise
+            record.disks = [mount.to_json() for mount in bound]
             await self._join_at_boot(record, body.networks)
             record.spawn_ms = round((time.monotonic() - started) * 1000, 3)
             self.records.save(record)
             self._entries[record.id] = _Entry(record)
         finally:
             self._release(body.id)
+        if body.disks and not at_start:  # tiers that mount into a running sandbox: as attaches do
+            for disk in body.disks:
+                await self.attach_disk(record.id, disk)
         log.info("sandbox_created", sandbox_id=record.id, spawn_ms=record.spawn_ms, image=record.image)
         return CreateSandboxResult(
             id=record.id, ip=record.ip, spawn_ms=record.spawn_ms, status=record.state.value
         )
+
+    def _disks_at_start(self, body: CreateSandboxBody, bound: list[S3Mount]) -> dict[str, Any]:
+        """The runtime's ``before_start`` for a create's S3 disks where the tier binds them only at the
+        sandbox's start (gVisor: drivers/oci.py), filling ``bound``; no arguments elsewhere (they are
+        attached once it runs). A tier that mounts none refuses the create before anything is made."""
+        if not body.disks:
+            return {}
+        if len({disk.mount_path for disk in body.disks}) != len(body.disks):
+            raise errors.BadRequest("disks: each mount_path may appear once")
+        mounter = self._require_disks()
+        with _driver_errors():
+            self.runtime.refuse(S3_DISKS)  # the VM tier: 409 naming it
+        if not (isinstance(self.runtime, OciRuntime) and self.runtime.options.runtime == "runsc"):
+            return {}
+
+        async def mount_one(record: SandboxRecord, disk: DiskMountBody) -> tuple[S3Mount, Path | None]:
+            mount = S3Mount(
+                disk_id=disk.disk_id,
+                mount_path=disk.mount_path,
+                sub_path=disk.sub_path,
+                bucket=disk.bucket,
+                endpoint=disk.endpoint,
+                region=disk.region,
+                use_path_style=disk.use_path_style,
+            )
+            point = await mounter.mount_at_boot(
+                record.id,
+                mount,
+                access_key=disk.access_key,
+                secret_key=disk.secret_key,
+                netns=self.runtime.network_namespace(record),
+            )
+            return mount, point
+
+        async def before_start(record: SandboxRecord) -> list[tuple[Path, str]]:
+            outcomes = await asyncio.gather(*(mount_one(record, disk) for disk in body.disks))
+            bound.extend(mount for mount, _ in outcomes)
+            return [(point, mount.mount_path) for mount, point in outcomes if point is not None]
+
+        return {"before_start": before_start}
 
     async def fork(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
         _check_rules(body.egress)
@@ -750,14 +803,15 @@ class SandboxManager:
             if self.status(entry) == RuntimeState.STOPPED.value:
                 raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
             record = entry.record
-            with _driver_errors():
-                self.runtime.refuse(S3_DISKS, record)
             current = [S3Mount.from_json(d) for d in record.disks]
             existing = next((m for m in current if m.mount_path == body.mount_path), None)
             if existing is not None:
-                if existing.disk_id == body.disk_id and existing.status == "mounted":
+                # A disk bound at the start (gVisor) answers with its outcome there, mounted or not.
+                if existing.disk_id == body.disk_id and (existing.status == "mounted" or existing.at_boot):
                     return _disk_view(existing)
                 raise errors.AlreadyExists(f"{body.mount_path} already holds disk {existing.disk_id}")
+            with _driver_errors():
+                self.runtime.refuse(S3_DISKS, record)
             mount = S3Mount(
                 disk_id=body.disk_id,
                 mount_path=body.mount_path,
@@ -805,6 +859,16 @@ class SandboxManager:
     async def _restore_disks(self, record: SandboxRecord) -> None:
         """After an agent restart: every recorded mount is live in its sandbox again."""
         if self.disks is None or not record.disks:
+            return
+        if any(S3Mount.from_json(data).at_boot for data in record.disks):  # gVisor: bound at its start
+            checked = []
+            for data in record.disks:
+                mount = S3Mount.from_json(data)
+                await self.disks.check_bound(record.id, mount)
+                checked.append(mount.to_json())
+            if checked != record.disks:
+                record.disks = checked
+                self.records.save(record)
             return
         try:
             pid = self.runtime.mount_namespace_pid(record)

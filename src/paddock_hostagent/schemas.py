@@ -85,6 +85,11 @@ class CreateSandboxBody(BaseModel):
     bandwidth_quota_bytes: int = Field(default=-1, ge=-1)
     # Private-network memberships joined before the boot: programmed during it, so a boot is one call.
     networks: list[NetworkAttachBody] = Field(default_factory=list)
+    # S3 disks mounted before the sandbox starts: the gVisor tier cannot mount into a running sandbox,
+    # so its disks are bound into the container at its start (drivers/oci.py); on other tiers they are
+    # mounted right after the boot, as an attach would. Each ends ``mounted`` or ``error`` (the
+    # sandbox's ``disks``); a disk that fails never fails the create.
+    disks: list[DiskMountBody] = Field(default_factory=list, max_length=16)
 
 
 class CreateSandboxResult(BaseModel):

@@ -68,7 +68,12 @@ class FakeHostLink(FakeProcesses):
         self.boot_networks[sandbox_id] = [f"{n.network_id} {n.ip}/{n.prefixlen}" for n in networks]
 
     async def create(
-        self, sandbox: Sandbox, *, start_paused: bool, networks: Sequence[NetworkAttachBody] = ()
+        self,
+        sandbox: Sandbox,
+        *,
+        start_paused: bool,
+        networks: Sequence[NetworkAttachBody] = (),
+        disks: Sequence[DiskMountBody] = (),
     ) -> hostlink.Booted:
         self.calls.append(("create", sandbox.id))
         self._joins(sandbox.id, networks)

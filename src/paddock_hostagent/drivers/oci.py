@@ -39,7 +39,7 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +47,7 @@ from paddock_core.logging import get_logger
 from paddock_hostagent.drivers import mounts, processes, storage
 from paddock_hostagent.drivers.base import (
     PRIVATE_NETWORKS,
+    S3_DISKS,
     BootError,
     CommandFailedError,
     DriverError,
@@ -262,8 +263,15 @@ class OciRuntime(SandboxRuntime):
     # -- create, fork ---------------------------------------------------------------------------
 
     async def create(
-        self, spec: SandboxSpec, *, start_paused: bool = False, on_network: NetworkHook | None = None
+        self,
+        spec: SandboxSpec,
+        *,
+        start_paused: bool = False,
+        on_network: NetworkHook | None = None,
+        before_start: BeforeStart | None = None,
     ) -> SandboxRecord:
+        """``before_start`` (gVisor's S3 disks): called with the record once the slot's netns exists and
+        before the container starts; the host directories it returns are bound into the container."""
         phases = _Phases()
         # The image's key costs a stat: only asked for when a parked sandbox could match it.
         key = _image_key(spec.rootfs) if self.pool.parked_count else None
@@ -282,11 +290,19 @@ class OciRuntime(SandboxRuntime):
             if slot.disk_mib < spec.shape.disk_mib:
                 await storage.grow(slot.disk, spec.shape.disk_mib)
                 slot.disk_mib = spec.shape.disk_mib
+            if parked is not None and before_start is not None:  # runsc parks none (PARKING_RUNTIMES)
+                raise BootError("disks bound at the start need a container not started yet")
             if parked is not None:
                 self._claim(spec, handle)
                 phases.mark("claim")
             else:
-                await self._boot(spec, handle, phases=phases)
+                binds: tuple[tuple[Path, str], ...] = ()
+                if before_start is not None:
+                    # s3fs connects from the sandbox's netns: only once its egress rules are in.
+                    await beside.result()
+                    binds = tuple(await before_start(record))
+                    phases.mark("disks")
+                await self._boot(spec, handle, phases=phases, disk_binds=binds)
             await self._started(record, handle, start_paused=start_paused)
             await beside.result()
             log.info(
@@ -388,7 +404,13 @@ class OciRuntime(SandboxRuntime):
         )
 
     async def _boot(
-        self, spec: SandboxSpec, handle: _Handle, *, phases: _Phases | None = None, bundled: bool = False
+        self,
+        spec: SandboxSpec,
+        handle: _Handle,
+        *,
+        phases: _Phases | None = None,
+        bundled: bool = False,
+        disk_binds: tuple[tuple[Path, str], ...] = (),
     ) -> None:
         """Mounts the overlay, writes the bundle (unless ``bundled``: a fork writes it while its disk
         mounts), starts the runtime and waits for the guest agent."""
@@ -403,7 +425,7 @@ class OciRuntime(SandboxRuntime):
         if handle.runtime == "runsc":
             await asyncio.to_thread(_make_tmp_dir, gvisor_tmp_dir(slot))
         if not bundled:
-            self._write_bundle(spec, handle)
+            self._write_bundle(spec, handle, disk_binds)
         phases.mark("bundle")
         if handle.runtime == "runsc":
             # Debian's runsc (2022) hands a blocking write on a host socket EAGAIN once the host's send
@@ -468,7 +490,9 @@ class OciRuntime(SandboxRuntime):
             return
         await self._destroy_handle(_Handle.of_parked(slot, self.options.runtime, slot.parked))
 
-    def _write_bundle(self, spec: SandboxSpec, handle: _Handle) -> None:
+    def _write_bundle(
+        self, spec: SandboxSpec, handle: _Handle, disk_binds: tuple[tuple[Path, str], ...] = ()
+    ) -> None:
         """The runtime's ``config.json`` (and the limits of the sandboxes' parent cgroups)."""
         slot = handle.slot
         self.layout.limit_pids(self.pids_budget)
@@ -481,6 +505,7 @@ class OciRuntime(SandboxRuntime):
             guest_binary=slot.disk.guest_binary,  # where install_guest puts it, or the source did
             guest_socket_dir=slot.dir / GVISOR_SOCKET_DIR if handle.runtime == "runsc" else None,
             tmp_dir=gvisor_tmp_dir(slot) if handle.runtime == "runsc" else None,
+            disk_binds=disk_binds,
             pids_limit=self.sandbox_pids_max,
             disk_device=_device_numbers(slot.disk.loop_device),
             io=self.options.io,
@@ -627,6 +652,13 @@ class OciRuntime(SandboxRuntime):
             raise TierUnsupportedError(
                 "gvisor", operation, "gVisor's sentry (runsc 2022) does not see interfaces added once it runs"
             )
+        if runtime == "runsc" and operation == S3_DISKS and record is not None:
+            # A running sandbox's mounts live in its sentry; the host's are bound only at its start.
+            raise TierUnsupportedError(
+                "gvisor",
+                f"{operation} into a running sandbox",
+                "gVisor binds host directories only when the sandbox starts; name the disk in the create",
+            )
 
     def network_namespace(self, record: SandboxRecord) -> str:
         return _Handle.of(record).slot.network.netns
@@ -706,6 +738,10 @@ async def _sync_guest(guest: GuestClient) -> None:
                 pass
     except (GuestError, TimeoutError) as exc:
         raise DriverError(f"could not sync the source's files before the fork: {exc}") from exc
+
+
+#: ``create``'s ``before_start``: the host directories to bind, as (source, path in the sandbox).
+BeforeStart = Callable[[SandboxRecord], Awaitable[list[tuple[Path, str]]]]
 
 
 class _Beside:

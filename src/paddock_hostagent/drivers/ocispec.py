@@ -79,6 +79,8 @@ class BundleSpec:
     # Set for runsc: a directory on the sandbox's disk bound at /tmp. Without a /tmp in the spec runsc
     # mounts a tmpfs inside its sentry there, which a fork or a restart loses (drivers/oci.py).
     tmp_dir: Path | None = None
+    # S3 disks bound at the start (gVisor): (host directory s3fs serves, path in the sandbox).
+    disk_binds: tuple[tuple[Path, str], ...] = ()
     pids_limit: int = 4096
     # The sandbox's own disk (its loop device) and the I/O it may do on it; 0 is unthrottled.
     disk_device: tuple[int, int] | None = None
@@ -134,6 +136,15 @@ def tmp_mounts(spec: BundleSpec) -> list[dict[str, Any]]:
         return []
     options = ["bind", "rw", "nosuid", "nodev"]
     return [{"destination": "/tmp", "type": "bind", "source": str(spec.tmp_dir), "options": options}]
+
+
+def disk_mounts(spec: BundleSpec) -> list[dict[str, Any]]:
+    """The S3 disks' host directories, bound where the sandbox asked (runsc's gofer serves them)."""
+    options = ["rbind", "rw", "nosuid", "nodev"]
+    return [
+        {"destination": destination, "type": "bind", "source": str(source), "options": options}
+        for source, destination in spec.disk_binds
+    ]
 
 
 def runtime_config(spec: BundleSpec) -> dict[str, Any]:
@@ -196,6 +207,7 @@ def runtime_config(spec: BundleSpec) -> dict[str, Any]:
             },
             *guest_socket_mounts(spec),
             *tmp_mounts(spec),
+            *disk_mounts(spec),
         ],
         "linux": {
             "cgroupsPath": spec.cgroups_path,

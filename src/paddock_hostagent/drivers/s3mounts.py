@@ -64,6 +64,8 @@ class S3Mount:
     use_path_style: bool
     status: str = PENDING
     error: str | None = None
+    # Bound into the container at its start (gVisor: ``mount_at_boot``), not moved into a running one.
+    at_boot: bool = False
 
     @property
     def key(self) -> str:
@@ -117,23 +119,43 @@ class S3Mounter:
         Never raises for a mount that fails: a disk that cannot be mounted is reported, and the
         sandbox goes on. The secret is written only to the passwd file.
         """
+        self._write_passwd(sandbox_id, mount, access_key, secret_key)
+        error = await self._mount(sandbox_id, mount, ns_pid, netns)
+        self._settle(sandbox_id, mount, error, access_key, secret_key)
+
+    async def mount_at_boot(
+        self, sandbox_id: str, mount: S3Mount, *, access_key: str, secret_key: str, netns: str
+    ) -> Path | None:
+        """For a sandbox not started yet (gVisor): s3fs mounts the bucket on the host, from the sandbox's
+        network namespace, and the container binds that directory at its start. Returns the directory
+        when mounted (``mount`` then ``mounted``), else None with ``mount`` in ``error``."""
+        mount.at_boot = True
+        self._write_passwd(sandbox_id, mount, access_key, secret_key)
+        error = await self._mount_on_host(sandbox_id, mount, netns)
+        self._settle(sandbox_id, mount, error, access_key, secret_key)
+        return self._mount_point(sandbox_id, mount) if error is None else None
+
+    def _write_passwd(self, sandbox_id: str, mount: S3Mount, access_key: str, secret_key: str) -> None:
         statefiles.private_dir(self.base / sandbox_id)
         passwd = self._passwd(sandbox_id, mount)
         fd = os.open(passwd, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, statefiles.FILE_MODE)
         with os.fdopen(fd, "w") as handle:
             handle.write(f"{access_key}:{secret_key}\n")
         os.chmod(passwd, statefiles.FILE_MODE)  # s3fs refuses a passwd file others can read
-        error = await self._mount(sandbox_id, mount, ns_pid, netns)
+
+    def _settle(
+        self, sandbox_id: str, mount: S3Mount, error: str | None, access_key: str, secret_key: str
+    ) -> None:
         if error is not None:
-            passwd.unlink(missing_ok=True)
+            self._passwd(sandbox_id, mount).unlink(missing_ok=True)
             mount.status, mount.error = ERROR, _scrub(error, access_key, secret_key)
             log.warning("disk_mount_failed", sandbox_id=sandbox_id, disk_id=mount.disk_id, error=mount.error)
             return
         mount.status, mount.error = MOUNTED, None
         log.info("disk_mounted", sandbox_id=sandbox_id, disk_id=mount.disk_id, mount_path=mount.mount_path)
 
-    async def _mount(self, sandbox_id: str, mount: S3Mount, ns_pid: int, netns: str) -> str | None:
-        """The host mount, its probe and the move into the sandbox; the reason when any fails."""
+    async def _mount_on_host(self, sandbox_id: str, mount: S3Mount, netns: str) -> str | None:
+        """s3fs's mount on the host mount point, and its probe; the reason when either fails."""
         try:
             argv = self._s3fs_argv(sandbox_id, mount)
         except ValueError as exc:  # a record from before these rules, or a caller that skipped them
@@ -148,7 +170,14 @@ class S3Mounter:
         error = await self._start_s3fs(mount, argv, point, log_path, NETNS_DIR / netns)
         if error is not None:
             await self._stop_host(point)
+        return error
+
+    async def _mount(self, sandbox_id: str, mount: S3Mount, ns_pid: int, netns: str) -> str | None:
+        """The host mount, its probe and the move into the sandbox; the reason when any fails."""
+        error = await self._mount_on_host(sandbox_id, mount, netns)
+        if error is not None:
             return error
+        point = self._mount_point(sandbox_id, mount)
         code, output = await _run(
             [
                 sys.executable,
@@ -335,6 +364,23 @@ class S3Mounter:
             if directory.is_dir() and directory.name not in keep:
                 log.info("removing_orphan_disk_mounts", sandbox_id=directory.name)
                 await self.prune_sandbox(directory.name)
+
+    async def check_bound(self, sandbox_id: str, mount: S3Mount) -> None:
+        """A mount bound at the container's start (gVisor), after an agent restart or on the periodic
+        check: the container keeps its bind of the host directory, which only that s3fs serves. A dead
+        s3fs cannot be replaced under it (the sandbox's gofer holds the dead mount), so the mount is
+        reported ``error`` saying so, as a failed restore is on the other tiers."""
+        if mount.status != MOUNTED:
+            return
+        point = self._mount_point(sandbox_id, mount)
+        if _fuse_at(point) and await _answers(point):
+            return
+        mount.status = ERROR
+        mount.error = (
+            "s3fs serving this disk stopped; on the gvisor isolation tier a disk is bound at the "
+            "sandbox's start only: create the sandbox again to mount it"
+        )
+        log.warning("disk_bound_lost", sandbox_id=sandbox_id, disk_id=mount.disk_id)
 
     async def restore(self, sandbox_id: str, mount: S3Mount, *, ns_pid: int, netns: str) -> None:
         """After an agent restart: a live s3fs is kept; a dead one is mounted again from the kept
