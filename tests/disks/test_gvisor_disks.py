@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ def test_through_the_api_a_gvisor_sandbox_mounts_its_disk_at_create_and_a_live_a
     try:
         bucket = s3.bucket("gvapi-" + secrets.token_hex(4))
         s3.s3().put_object(Bucket=bucket, Key="seed.txt", Body=b"seeded by boto3\n")
-        user.disk(s3, "gvdisk", bucket)
+        disk = user.disk(s3, "gvdisk", bucket)
         sandbox = user.create(disks=[{"disk_id": "gvdisk", "mount_path": "/mnt/s3"}])
         assert [(m["mount_path"], m["mount_status"]) for m in user.mounts(sandbox["id"])] == [
             ("/mnt/s3", "mounted")
@@ -136,6 +137,26 @@ def test_through_the_api_a_gvisor_sandbox_mounts_its_disk_at_create_and_a_live_a
         assert refused.status_code == 409, refused.text
         assert "gvisor isolation tier" in refused.text, refused.text
         assert [m["mount_path"] for m in user.mounts(sandbox["id"])] == ["/mnt/s3"]
+
+        # A fork's child has started before its inherited disk could be bound: error, naming the tier.
+        child = user.ok(user.http.post(f"/v1/sandboxes/{sandbox['id']}/fork", json={}))
+        user.created.append(child["id"])
+        deadline = time.monotonic() + 90
+        while user.ok(user.http.get(f"/v1/sandboxes/{child['id']}"))["status"] != "running":
+            assert time.monotonic() < deadline, "the fork did not come up"
+            time.sleep(0.2)
+        (inherited,) = user.mounts(child["id"], timeout_s=60)
+        assert (inherited["mount_path"], inherited["mount_status"]) == ("/mnt/s3", "error"), inherited
+        assert "gvisor isolation tier" in inherited["mount_error"], inherited
+
+        # A detach stops s3fs: the sandbox's path no longer reaches the bucket.
+        detached = user.http.delete(
+            f"/v1/sandboxes/{sandbox['id']}/disks/{disk['id']}", params={"mount_path": "/mnt/s3"}
+        )
+        assert user.ok(detached) == {"detached": True}
+        gone = user.sh(sandbox["id"], "cat /mnt/s3/seed.txt")
+        assert gone["exit_code"] != 0 and "seeded" not in gone["stdout"], gone
+        assert _s3fs_for(sandbox["id"]) == []
         assert not any(s3.secret_key in body for body in bodies)
     finally:
         try:
