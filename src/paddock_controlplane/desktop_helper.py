@@ -148,11 +148,21 @@ def display_of(index: int) -> str:
     return f":{index}"
 
 
+def socket_made(path: Path) -> bool:
+    """Whether the X server's socket file is there. On gVisor ``/tmp`` is a directory of the host's
+    (runsc's gofer), where a socket is the host's own (``--host-uds=create``) and stat() on it answers
+    EPERM: the name exists, and clients reach the server by its abstract socket anyway."""
+    try:
+        return path.exists()
+    except PermissionError:
+        return True
+
+
 def wait_for_display(index: int, xvfb: subprocess.Popen[bytes]) -> None:
     socket = Path(f"/tmp/.X11-unix/X{index}")
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        if socket.exists() and run(["xdotool", "getdisplaygeometry"], index, check=False).returncode == 0:
+        if socket_made(socket) and run(["xdotool", "getdisplaygeometry"], index, check=False).returncode == 0:
             return
         if xvfb.poll() is not None:
             break
@@ -207,6 +217,9 @@ def start_window_manager(index: int) -> int:
     raise Refused(500, "DESKTOP_FAILED", f"the window manager of screen-{index} did not start")
 
 
+ADOPT_TIMEOUT_S = 10.0
+
+
 def with_window_manager(state: dict[str, Any]) -> dict[str, Any]:
     """The screen's state with its window manager running: one that died is started again (its
     windows are adopted by the new one), since without it no window is listed or can be moved."""
@@ -217,9 +230,30 @@ def with_window_manager(state: dict[str, Any]) -> dict[str, Any]:
         current = read_state(index)
         if current is None or alive(int(current.get("wm_pid") or 0), "openbox"):
             return current or state
+        orphans = orphaned_clients(index)
         current["wm_pid"] = start_window_manager(index)
         write_state(index, current)
+        # Openbox answers wmctrl -m before it has adopted the windows already open (a second later on
+        # gVisor, where the list came back empty; the dead one's list stays on the root window until
+        # the new one clears it): wait, bounded, until it has framed them all and lists them.
+        deadline = time.monotonic() + ADOPT_TIMEOUT_S
+        while time.monotonic() < deadline and (
+            orphaned_clients(index) > 0 or len(managed_windows(index)) < orphans
+        ):
+            time.sleep(0.1)
         return current
+
+
+def orphaned_clients(index: int) -> int:
+    """How many windows a dead window manager had managed and none has framed again: the X server
+    hands them back to the root window (its save-set), and they keep the WM_STATE property it gave
+    them."""
+    tree = run(["xwininfo", "-root", "-children"], index, check=False).stdout.decode(errors="replace")
+    count = 0
+    for match in re.finditer(r"^\s+(0x[0-9a-f]+) ", tree, re.MULTILINE):
+        state = run(["xprop", "-id", match.group(1), "WM_STATE"], index, check=False).stdout
+        count += b"window state:" in state
+    return count
 
 
 def stop_screen(state: dict[str, Any]) -> None:
