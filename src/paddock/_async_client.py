@@ -60,7 +60,9 @@ class AsyncClient:
                     resp = await self._http.request(method, path.lstrip("/"), **kwargs)
             except httpx.TransportError as exc:
                 if not (retry and self.retry.should_retry(method, None, attempt)):
-                    raise TransportError(str(exc) or type(exc).__name__) from exc
+                    raise TransportError(
+                        f"cannot reach the server at {self.base_url}: {str(exc) or type(exc).__name__}"
+                    ) from exc
                 await _blocking.asleep(self.retry.delay_s(attempt))
                 attempt += 1
                 continue
@@ -79,7 +81,9 @@ class AsyncClient:
         try:
             resp = await self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
         except httpx.TransportError as exc:
-            raise TransportError(str(exc) or type(exc).__name__) from exc
+            raise TransportError(
+                f"cannot reach the server at {self.base_url}: {str(exc) or type(exc).__name__}"
+            ) from exc
         if resp.status_code >= 400:
             try:
                 _base.raise_for_error(resp, await resp.aread())

@@ -7,13 +7,14 @@ import json
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from paddock._errors import APIError, ProtocolError, RateLimitedError, error_class
+from paddock._errors import APIError, PaddockWarning, ProtocolError, RateLimitedError, error_class
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
 ENV_BASE_URL = "PADDOCK_BASE_URL"
@@ -105,6 +106,9 @@ def raise_for_error(resp: httpx.Response, body: bytes | None = None) -> None:
 def unwrap(resp: httpx.Response) -> Any:
     """The ``data`` of a JSend success; raise the typed error otherwise."""
     raise_for_error(resp)
+    warning = resp.headers.get("warning")
+    if warning:
+        warnings.warn(PaddockWarning(warning), stacklevel=4)
     if 300 <= resp.status_code < 400:
         raise ProtocolError(f"unexpected redirect ({resp.status_code}) to {resp.headers.get('location')!r}")
     if resp.status_code in (204, 205) or not resp.content:
@@ -116,6 +120,16 @@ def unwrap(resp: httpx.Response) -> Any:
     if not isinstance(doc, dict) or doc.get("status") != "success":
         raise ProtocolError("response is not a JSend success envelope")
     return doc.get("data")
+
+
+def no_read_timeout(timeout: httpx.Timeout) -> httpx.Timeout:
+    """The client's connect, write and pool limits with no limit on the wait for the answer (a
+    buffered command's run: the server sends nothing until the command ends)."""
+    return httpx.Timeout(timeout.connect, read=None, write=timeout.write, pool=timeout.pool)
+
+
+def timed_out(exc: BaseException) -> bool:
+    return isinstance(exc.__cause__, httpx.TimeoutException)
 
 
 def drop_none(values: dict[str, Any]) -> dict[str, Any]:

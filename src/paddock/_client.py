@@ -62,7 +62,9 @@ class Client:
                     resp = self._http.request(method, path.lstrip("/"), **kwargs)
             except httpx.TransportError as exc:
                 if not (retry and self.retry.should_retry(method, None, attempt)):
-                    raise TransportError(str(exc) or type(exc).__name__) from exc
+                    raise TransportError(
+                        f"cannot reach the server at {self.base_url}: {str(exc) or type(exc).__name__}"
+                    ) from exc
                 _blocking.sleep(self.retry.delay_s(attempt))
                 attempt += 1
                 continue
@@ -81,7 +83,9 @@ class Client:
         try:
             resp = self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
         except httpx.TransportError as exc:
-            raise TransportError(str(exc) or type(exc).__name__) from exc
+            raise TransportError(
+                f"cannot reach the server at {self.base_url}: {str(exc) or type(exc).__name__}"
+            ) from exc
         if resp.status_code >= 400:
             try:
                 _base.raise_for_error(resp, resp.read())

@@ -30,7 +30,26 @@ class PaddockError(Exception):
 
 
 class TransportError(PaddockError):
-    """The request got no answer: connection refused, reset, or timed out."""
+    """The request got no answer: connection refused, reset, or timed out (the message names the URL)."""
+
+
+class CommandTimeoutError(TransportError, TimeoutError):
+    """``run(..., timeout_s=N)`` got no answer in N seconds. The command may still be running in the
+    sandbox; ``run`` has no limit of its own unless given one (raise ``timeout_s`` or leave it unset)."""
+
+
+class CommandStartError(PaddockError):
+    """The command could not be started in the sandbox (no such program, not executable, bad ``cwd``);
+    ``run`` raises it instead of returning ``exit_code=-1``. The CLI exits 127 for it, as a shell does."""
+
+    def __init__(self, message: str, *, cmd: str) -> None:
+        super().__init__(message)
+        self.cmd = cmd
+
+
+class PaddockWarning(UserWarning):
+    """The server did what was asked but said something about it (its ``Warning`` header), such as a
+    body field it does not know and ignored (a typo like ``envz``)."""
 
 
 class ProtocolError(PaddockError):

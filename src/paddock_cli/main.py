@@ -38,6 +38,7 @@ def configure(
     ),
 ) -> None:
     """Where the client commands find the control plane (flags win over the environment)."""
+    output.show_server_warnings()
     output.CONFIG.url = url
     output.CONFIG.api_key = api_key
 

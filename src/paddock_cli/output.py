@@ -43,6 +43,25 @@ def client() -> Any:
     return paddock.Client(CONFIG.url, CONFIG.api_key)
 
 
+def show_server_warnings() -> None:
+    """The server's ``Warning`` headers (``paddock.PaddockWarning``, e.g. an unknown body field it
+    ignored) as ``warning: …`` lines on stderr, every time; other warnings as Python shows them."""
+    import warnings
+
+    import paddock
+
+    shown = warnings.showwarning
+
+    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, paddock.PaddockWarning):
+            typer.echo(f"warning: {message}", err=True)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    warnings.simplefilter("always", paddock.PaddockWarning)
+
+
 def fail(message: str, code: ExitCode) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(int(code))
@@ -58,13 +77,14 @@ def api_errors() -> Iterator[None]:
     except paddock.NotFoundError as exc:
         raise fail(exc.message, ExitCode.NOT_FOUND) from None
     except paddock.APIError as exc:
-        details = "; ".join(f"{k}: {v}" for k, v in exc.fields.items())
+        # a field's reason the message already states is not said twice
+        details = "; ".join(f"{k}: {v}" for k, v in exc.fields.items() if f"{k}: {v}" not in exc.message)
         suffix = f" ({details})" if details else ""
         raise fail(
             f"{exc.status} {exc.code or ''} {exc.message}{suffix}".replace("  ", " "), ExitCode.API_ERROR
         ) from None
     except paddock.TransportError as exc:
-        raise fail(f"cannot reach the server: {exc}", ExitCode.UNREACHABLE) from None
+        raise fail(str(exc), ExitCode.UNREACHABLE) from None  # names the URL tried
     except (paddock.SandboxStateError, paddock.WaitTimeoutError, paddock.DeploymentFailedError) as exc:
         raise fail(str(exc), ExitCode.FAILED) from None
     except paddock.PaymentError as exc:

@@ -35,9 +35,15 @@ async def get_session(services: ServicesDep) -> AsyncIterator[AsyncSession]:
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
 
 
+#: The 401 for a request without a key says where a client takes it from.
+NO_KEY = "no API key was sent: set PADDOCK_API_KEY (the SDK and CLI read it) or send the X-Api-Key header"
+
+
 async def principal_for_key(services: Services, presented: str) -> accounts.Principal:
     """The caller behind an ``X-Api-Key`` value — an account key or a delegated sandbox access token
     (§3, §12.1) — from a 1 s cache; 401 for a missing, unknown, revoked or expired one."""
+    if not presented:
+        raise errors.Unauthorized(NO_KEY)
     cache_key = sha256_hex(presented)
     principal = services.principals.get(cache_key)
     if principal is None:

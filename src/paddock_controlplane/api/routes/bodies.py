@@ -77,13 +77,20 @@ class BoundaryRoute(APIRoute):
         handler = super().get_route_handler()
         has_body = self.body_field is not None
 
+        model = self.body_field.field_info.annotation if self.body_field is not None else None
+
         async def checked(request: Request) -> Response:
             check_parameters(request)
             if has_body:
                 raw = await request.body()
                 if raw.strip():
                     request._json = parse_json(raw)  # Starlette's cache of request.json()
-            return await handler(request)
+                    note_unknown_fields(request, request._json, model)
+            response = await handler(request)
+            unknown = request.scope.get("state", {}).get(UNKNOWN_FIELDS)
+            if unknown:
+                response.headers["Warning"] = warning_header(unknown)
+            return response
 
         return checked
 
@@ -94,11 +101,50 @@ def check_parameters(request: Request) -> None:
             raise errors.ValidationFailed.field(name.replace("\x00", ""), "must not contain NUL (%00)")
 
 
+#: Where a request's ignored body fields wait for its response's ``Warning`` header.
+UNKNOWN_FIELDS = "unknown_body_fields"
+#: Names shown in one ``Warning`` header, and characters of each (the rest is cut: rule 5).
+MAX_WARNED_FIELDS = 10
+MAX_WARNED_NAME = 64
+
+
+def unknown_fields(data: object, model: Any) -> list[str]:
+    """The top-level keys of ``data`` that ``model`` does not declare (by name or alias)."""
+    if not isinstance(data, dict) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return []
+    known = set(model.model_fields)
+    known.update(f.alias for f in model.model_fields.values() if f.alias)
+    return [key for key in data if key not in known]
+
+
+def note_unknown_fields(request: Request, data: object, model: Any) -> None:
+    """The contract ignores unknown body fields (§2.2, forward compatibility); they are named in the
+    answer's ``Warning`` header so a typo (``envz``) does not vanish silently."""
+    unknown = unknown_fields(data, model)
+    if unknown:
+        request.scope.setdefault("state", {})[UNKNOWN_FIELDS] = unknown
+
+
+def warning_header(names: list[str]) -> str:
+    """``299 - "unknown field 'envz' ignored"`` per name (RFC 9111 §5.5's form), header-safe."""
+
+    def safe(name: str) -> str:
+        cut = name[:MAX_WARNED_NAME] + ("..." if len(name) > MAX_WARNED_NAME else "")
+        text = cut.encode("ascii", "backslashreplace").decode()
+        return "".join(c if 32 <= ord(c) < 127 and c not in '"\\' else "?" for c in text)
+
+    shown = [f"299 - \"unknown field '{safe(n)}' ignored\"" for n in names[:MAX_WARNED_FIELDS]]
+    if len(names) > MAX_WARNED_FIELDS:
+        shown.append(f'299 - "{len(names) - MAX_WARNED_FIELDS} more unknown fields ignored"')
+    return ", ".join(shown)
+
+
 async def optional_body(request: Request, model: type[M], nul_allowed: frozenset[str] = frozenset()) -> M:
     """Parse a JSON object body into ``model``; an empty body means ``{}``. Content-Type is not required.
     ``nul_allowed``: fields whose strings may hold NUL (``paddock_core.jsonbody``)."""
     raw = await request.body()
     data: object = parse_json(raw, nul_allowed) if raw.strip() else {}
+    note_unknown_fields(request, data, model)
     return validate_body(data, model)
 
 

@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from paddock_controlplane import commands, fileops, validation
 from paddock_controlplane.api.deps import SandboxPrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.api.errors import error_response
-from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
+from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body, unknown_fields
 from paddock_controlplane.schemas import ExecRequest
 from paddock_controlplane.services import Services
 from paddock_core import envelope, errors, fastlane, jsonbody
@@ -61,6 +61,8 @@ async def _fast_exec(
         # The same parser as the route (NUL, NaN, depth); a body it refuses goes on to the route,
         # which renders the 400.
         data = jsonbody.parse(raw, nul_allowed=EXEC_NUL_ALLOWED) if raw.strip() else {}
+        if unknown_fields(data, ExecRequest):
+            return None  # the route names them in its Warning header
         body = ExecRequest.model_validate(data)
     except ValueError:
         return None
