@@ -4,8 +4,10 @@ a real moto S3 server in a network namespace of its own (tests/disks/s3server.py
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -163,3 +165,34 @@ def test_through_the_api_a_gvisor_sandbox_mounts_its_disk_at_create_and_a_live_a
             user.close()
         finally:
             platform.stop()
+
+
+async def test_a_restarted_agent_keeps_a_live_bound_disk_and_reports_one_whose_s3fs_died(
+    make_agent: Any, s3: S3Server
+) -> None:
+    """After an agent restart the runsc container keeps its bind: a disk whose s3fs lives still serves;
+    one whose s3fs died cannot be replaced under the running sandbox, and is reported error saying so."""
+    bucket = s3.bucket("gvrestart-" + secrets.token_hex(4))
+    agent = make_agent(runtime="runsc", pool_size=0)
+    agent.start()
+    async with agent.client() as host:
+        tracker = Sandboxes(host, agent)
+        kept = await tracker.create(disks=[mount_body(s3, bucket, "/data")])
+        lost = await tracker.create(disks=[mount_body(s3, bucket, "/data")])
+    agent.stop(signal.SIGKILL)
+    for pid in _s3fs_for(lost["id"]):
+        os.kill(pid, signal.SIGKILL)
+    agent.start()
+    async with agent.client() as host:
+        try:
+            assert [d.status for d in (await host.get_sandbox(kept["id"])).disks] == ["mounted"]
+            done = await sh(host, kept["id"], "echo after > /data/after.txt && sync && cat /data/after.txt")
+            assert done["stdout"] == "after\n", done
+            assert s3.s3().get_object(Bucket=bucket, Key="after.txt")["Body"].read() == b"after\n"
+            (reported,) = (await host.get_sandbox(lost["id"])).disks
+            assert reported.status == "error" and "s3fs serving this disk stopped" in (reported.error or "")
+            for sandbox_id in (kept["id"], lost["id"]):
+                await host.destroy_sandbox(sandbox_id)
+                assert _s3fs_for(sandbox_id) == []
+        finally:
+            await Sandboxes(host, agent).destroy_all()
