@@ -159,6 +159,14 @@ class Sandbox(Base):
     last_activity_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
     #: Compute is billed up to this instant; advanced by the billing pass while running.
     billed_until: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    #: The lifetime asked at create or fork (``timeout_s``): at ``end_at`` the reconciler's expiry pass
+    #: destroys the sandbox, or pauses it when ``on_timeout`` is ``pause`` (then ``end_at`` is cleared).
+    #: The E2B API's ``timeout`` is this same lifetime.
+    timeout_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    on_timeout: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    end_at: Mapped[dt.datetime | None] = mapped_column(nullable=True, index=True)
+    #: The caller's labels (``metadata`` on the wire: a bounded string map), filtered on by list.
+    labels: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, key="labels", nullable=True)
     #: Private network memberships (read-only here; ``networks.py`` writes them). Loaded with the row.
     memberships: Mapped[list[NetworkMember]] = relationship(
         "NetworkMember", lazy="selectin", viewonly=True, order_by="NetworkMember.created_at"

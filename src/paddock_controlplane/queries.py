@@ -164,13 +164,23 @@ async def by_ip(session: AsyncSession, user_id: str, ip: str) -> Sandbox:
 
 
 async def page(
-    session: AsyncSession, user_id: str, *, status: str | None, limit: int, offset: int, cutoff: dt.datetime
+    session: AsyncSession,
+    user_id: str,
+    *,
+    status: str | None,
+    limit: int,
+    offset: int,
+    cutoff: dt.datetime,
+    metadata: dict[str, str] | None = None,
 ) -> tuple[list[Sandbox], int]:
+    """A page of the caller's sandboxes; ``metadata`` keeps those whose labels hold every pair."""
     if status is not None and status not in STATUSES:
         raise errors.ValidationFailed.field("status", f"unknown status {status!r}")
     where = [Sandbox.user_id == user_id, _retained(cutoff)]
     if status:
         where.append(Sandbox.status == status)
+    for key, value in (metadata or {}).items():
+        where.append(Sandbox.labels[key].as_string() == value)
     total = await session.scalar(select(func.count()).select_from(Sandbox).where(*where))
     rows = await session.scalars(
         select(Sandbox).where(*where).order_by(Sandbox.created_at, Sandbox.id).limit(limit).offset(offset)

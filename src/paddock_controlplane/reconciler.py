@@ -16,7 +16,17 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane import billing, destruction, disks, hostlink, hosts, networks, suspension, webhooks
+from paddock_controlplane import (
+    billing,
+    destruction,
+    disks,
+    hostlink,
+    hosts,
+    lifecycle,
+    networks,
+    suspension,
+    webhooks,
+)
 from paddock_controlplane.host_reports import HOST_DEAD_REASON
 from paddock_controlplane.models import Host, Sandbox
 from paddock_controlplane.services import Services
@@ -312,6 +322,7 @@ PASSES: list[Pass] = [
     dead_host_pass,
     billing_pass,
     idle_pass,
+    lifecycle.expire_pass,
     destruction.settle_stuck,
     disks.settle_pending,
     OrphanedTransitions(),

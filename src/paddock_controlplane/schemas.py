@@ -53,6 +53,9 @@ class CreateSandboxRequest(Body):
     auto_pause_after_seconds: Int32 | None = None
     start_paused: StrictBool | None = None
     bandwidth_quota_bytes: Int64 | None = None
+    timeout_s: Int32 | None = None
+    on_timeout: StrictStr | None = None
+    metadata: dict[str, StrictStr] | None = None
 
 
 class ForkSandboxRequest(Body):
@@ -62,6 +65,16 @@ class ForkSandboxRequest(Body):
     ingress_enabled: StrictBool | None = None
     envs: dict[str, StrictStr] | None = None
     bandwidth_quota_bytes: Int64 | None = None
+    timeout_s: Int32 | None = None
+    on_timeout: StrictStr | None = None
+    metadata: dict[str, StrictStr] | None = None
+
+
+class TimeoutRequest(Body):
+    """``POST /v1/sandboxes/{id}/timeout``: the lifetime from now (0 or ``null``: none)."""
+
+    timeout_s: Int32 | None = None
+    on_timeout: StrictStr | None = None
 
 
 class PatchSandboxRequest(Body):

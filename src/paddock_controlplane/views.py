@@ -46,6 +46,10 @@ def sandbox_view(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, Any
         "auto_pause_after_seconds": sandbox.auto_pause_after_seconds,
         "oom_kills": int(sandbox.oom_kills or 0) or None,
         "status_reason": sandbox.status_reason if sandbox.status in WITH_REASON else None,
+        "timeout_s": sandbox.timeout_s,
+        "on_timeout": sandbox.on_timeout,
+        "end_at": (sandbox.end_at and sandbox.status not in TERMINAL and rfc3339(sandbox.end_at)) or None,
+        "metadata": dict(sandbox.labels) if sandbox.labels else None,
     }
     out.update({key: value for key, value in optional.items() if value is not None})
     networks = network_refs(sandbox)
@@ -93,6 +97,13 @@ def create_response(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, 
     networks = network_refs(sandbox)
     if networks:
         out["networks"] = networks
+    if sandbox.timeout_s:
+        out["timeout_s"] = sandbox.timeout_s
+        out["on_timeout"] = sandbox.on_timeout
+    if sandbox.end_at:
+        out["end_at"] = rfc3339(sandbox.end_at)
+    if sandbox.labels:
+        out["metadata"] = dict(sandbox.labels)
     return out
 
 

@@ -55,6 +55,7 @@ ACTIONS: tuple[str, ...] = (
     "template.delete",
     "template.build.start",
     "template.build.complete",
+    "sandbox.timeout",
 )
 ACTION_SET = frozenset(ACTIONS)
 

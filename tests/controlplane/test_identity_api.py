@@ -52,7 +52,12 @@ async def test_whoami_with_key_and_401_without(controlplane: ControlPlane) -> No
     assert resp.status_code == 200
     assert resp.json() == {
         "status": "success",
-        "data": {"user_id": user_id, "stats": {"running": 0, "paused": 0, "other": 0, "total": 0}},
+        "data": {
+            "user_id": user_id,
+            "stats": {"running": 0, "paused": 0, "other": 0, "total": 0},
+            # This server's extension (issue #32): credits left and spent so far.
+            "credits": {"balance": 500.0, "spent": 0.0},
+        },
     }
     assert resp.headers["content-type"].startswith("application/json")
     assert resp.headers["x-request-id"].startswith("req_")

@@ -36,6 +36,8 @@ ALL_ACTIONS = [
     "template.delete",
     "template.build.start",
     "template.build.complete",
+    # This server's extension, after the contract's list (issue #32): a sandbox's lifetime ran out.
+    "sandbox.timeout",
 ]
 
 

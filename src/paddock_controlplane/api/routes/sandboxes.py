@@ -31,6 +31,7 @@ from paddock_controlplane.schemas import (
     RechargeRequest,
     ResizeRequest,
     SshKeysRequest,
+    TimeoutRequest,
 )
 from paddock_controlplane.services import Services
 from paddock_core import envelope, errors, fastlane
@@ -74,6 +75,7 @@ async def list_sandboxes(
             limit=page.limit,
             offset=page.offset,
             cutoff=cutoff(services),
+            metadata=lifecycle.metadata_filter(request.query_params.multi_items()),
         )
     items = [view(services, row) for row in rows]
     return envelope.success(envelope.page(items, total=total, limit=page.limit, offset=page.offset))
@@ -217,6 +219,17 @@ async def fork(
     return envelope.success(
         view(services, await lifecycle.fork(services, principal.user_id, sandbox_id, body))
     )
+
+
+@router.post("/{sandbox_id}/timeout")
+async def set_timeout(
+    sandbox_id: str, body: TimeoutRequest, principal: SandboxPrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    """A new lifetime from now (extend or shorten; 0 or ``null``: none). An extension of the contract."""
+    sandbox = await lifecycle.set_timeout(
+        services, principal.user_id, sandbox_id, body.timeout_s, body.on_timeout
+    )
+    return envelope.success(view(services, sandbox))
 
 
 @router.post("/{sandbox_id}/resize")
