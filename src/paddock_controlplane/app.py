@@ -35,7 +35,7 @@ from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.template_builds import TemplateBuilder
 from paddock_controlplane.webhook_delivery import DeliveryWorker
-from paddock_core import openapi
+from paddock_core import errors, openapi
 from paddock_core.bodylimit import BodyLimit
 from paddock_core.crypto import SecretBox
 from paddock_core.db import PointReads, make_engine, make_sessionmaker, upgrade
@@ -164,6 +164,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         routes=bodies.BODY_ROUTES,
         refuse=bodies.body_too_large,
         render=bodies.render_refusal,
+        too_slow=errors.RequestTimeout,
     )
     app.add_middleware(
         RequestContextMiddleware,

@@ -9,12 +9,21 @@ and the read that passes the cap raises instead of returning. Either way the ans
 own 413 (``refuse`` builds the exception, ``render`` the response when it reaches this middleware)
 and the connection is closed, so the rest of the body is never read.
 
+A body must also keep coming (``BODY_GRACE_S``, ``BODY_MIN_BYTES_PER_S``): by ``t`` seconds after its
+request's head it must have sent ``(t - BODY_GRACE_S) * BODY_MIN_BYTES_PER_S`` bytes, on every route,
+uploads included. A client that sent its head and then trickled its body (a byte now and then, or
+nothing) held a connection and the request's handler for as long as it liked; now the read that
+would wait past that is refused with the service's 408 (``too_slow``) and the connection closed.
+An honest upload at 1 MiB/s is 64 times over the rate.
+
     app.add_middleware(BodyLimit, default_bytes=8 << 20, routes=[BodyRoute("PUT", r"/files", None)],
-                       refuse=lambda limit, field: PayloadTooLarge(...), render=error_response)
+                       refuse=lambda limit, field: PayloadTooLarge(...), render=error_response,
+                       too_slow=lambda reason: RequestTimeout(reason))
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +39,15 @@ ASGIApp = types.ASGIApp
 Refuse = Callable[[int, str], Exception]
 #: That exception -> the service's response (an ASGI app).
 Render = Callable[[Exception], ASGIApp]
+#: (the reason, naming the rate) -> the service's 408 for a body that stopped coming.
+TooSlow = Callable[[str], Exception]
+
+#: How long a body may take before it must keep up ``BODY_MIN_BYTES_PER_S`` (counted from its
+#: request's head): Apache's mod_reqtimeout's body=20.
+BODY_GRACE_S = 20.0
+#: The least average rate a body must keep after its grace (16 KiB/s, 128 kbit/s): a body of
+#: ``n`` bytes may take ``BODY_GRACE_S + n / BODY_MIN_BYTES_PER_S`` seconds.
+BODY_MIN_BYTES_PER_S = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,10 @@ class BodyTooLargeError(Exception):
         self.error = error
 
 
+class BodyTooSlowError(BodyTooLargeError):
+    """Raised by the wrapped ``receive`` when the body falls behind its rate (carries the 408)."""
+
+
 class BodyLimit:
     def __init__(
         self,
@@ -64,12 +86,17 @@ class BodyLimit:
         refuse: Refuse,
         render: Render,
         routes: Sequence[BodyRoute] = (),
+        too_slow: TooSlow | None = None,
     ) -> None:
         self.app = app
         self.default_bytes = default_bytes
         self.routes = tuple(routes)
         self.refuse = refuse
         self.render = render
+        #: None: a body that stops coming is answered a bare 408 and its connection closed.
+        self.too_slow = too_slow
+        self.grace_s = BODY_GRACE_S
+        self.min_bytes_per_s = BODY_MIN_BYTES_PER_S
 
     def limit_for(self, scope: Scope) -> tuple[int | None, str]:
         for route in self.routes:
@@ -82,23 +109,33 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit, charged_to = self.limit_for(scope)
-        if limit is None:
-            await self.app(scope, receive, send)
-            return
         declared = _content_length(scope)
-        if declared is not None and declared > limit:
+        if limit is not None and declared is not None and declared > limit:
             await self._refuse(self.refuse(limit, charged_to), scope, receive, send)
             return
         received = 0
         started = False
+        body_done = declared == 0 or (declared is None and not _chunked(scope))
+        loop = asyncio.get_running_loop()
+        head_at = loop.time()
 
         async def counted() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # what follows is the wait for a disconnect, which has no deadline
+                return await receive()
+            deadline = head_at + self.grace_s + received / self.min_bytes_per_s
+            try:
+                async with asyncio.timeout_at(deadline):  # no task per read, unlike wait_for
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTooSlowError(self._too_slow_error()) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > limit:
+                body_done = not message.get("more_body", False)
+                if limit is not None and received > limit:
                     raise BodyTooLargeError(self.refuse(limit, charged_to))
+            else:
+                body_done = True
             return message
 
         async def watched(message: Message) -> None:
@@ -111,7 +148,20 @@ class BodyLimit:
         except BodyTooLargeError as exc:
             if started:
                 raise
+            if isinstance(exc, BodyTooSlowError) and self.too_slow is None:
+                await send(
+                    {"type": "http.response.start", "status": 408, "headers": [(b"connection", b"close")]}
+                )
+                await send({"type": "http.response.body", "body": b""})
+                return
             await self._refuse(exc.error, scope, receive, send)
+
+    def _too_slow_error(self) -> Exception:
+        message = (
+            f"the request's body came slower than {self.min_bytes_per_s} bytes/s after its first"
+            f" {self.grace_s:.0f} s"
+        )
+        return self.too_slow(message) if self.too_slow is not None else TimeoutError(message)
 
     async def _refuse(self, error: Exception, scope: Scope, receive: Receive, send: Send) -> None:
         """The service's 413, with ``Connection: close``: the server then closes the connection instead
@@ -124,6 +174,10 @@ class BodyLimit:
             await send(message)
 
         await self.render(error)(scope, receive, closing)
+
+
+def _chunked(scope: Scope) -> bool:
+    return any(key == b"transfer-encoding" for key, _ in scope["headers"])
 
 
 def _content_length(scope: Scope) -> int | None:

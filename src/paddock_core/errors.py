@@ -93,6 +93,12 @@ class InUse(PaddockError):
     status, code, default_message = 409, "IN_USE", "resource in use"
 
 
+class RequestTimeout(PaddockError):
+    """A request's body stopped coming (``paddock_core.bodylimit``'s minimum rate): nothing was done."""
+
+    status, code, default_message = 408, "REQUEST_TIMEOUT", "the request's body came too slowly"
+
+
 class PayloadTooLarge(PaddockError):
     status, code, default_message = 413, "PAYLOAD_TOO_LARGE", "payload too large"
 

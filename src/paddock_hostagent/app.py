@@ -244,6 +244,7 @@ def api_app(authorized: Callable[[str], bool], lifespan: Lifespan[FastAPI] | Non
         routes=BODY_ROUTES,
         refuse=body_too_large,
         render=render_refusal,
+        too_slow=errors.RequestTimeout,
     )
     app.add_middleware(RequestLogMiddleware)
     app.add_middleware(ChannelEndpoint, authorized=authorized)  # one WebSocket, logged by itself

@@ -18,6 +18,7 @@ codes back to its own exception classes.
     ├── InvalidState          409 invalid_state
     ├── ProcessState          409 process_state (the process cannot do that: no terminal, exited)
     ├── UnsupportedOnTier     409 unsupported_on_tier (the sandbox's isolation tier does not offer it)
+    ├── RequestTimeout        408 request_timeout (a body that stopped coming; paddock_core.bodylimit)
     ├── PayloadTooLarge       413 payload_too_large
     ├── SandboxFailed         500 sandbox_failed (boot, runtime or host tool failure)
     ├── Busy                  503 busy (the sandbox's guest takes no more connections now; Retry-After)
@@ -93,6 +94,10 @@ class UnsupportedOnTier(HostAgentServerError):
     """The operation is not offered on the sandbox's isolation tier (docs/isolation.md); nothing changed."""
 
     status, code = 409, "unsupported_on_tier"
+
+
+class RequestTimeout(HostAgentServerError):
+    status, code = 408, "request_timeout"
 
 
 class PayloadTooLarge(HostAgentServerError):

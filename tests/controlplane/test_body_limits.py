@@ -7,6 +7,7 @@ field, and closes the connection, lingering so that a client still sending reads
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import httpx
@@ -17,7 +18,7 @@ from paddock_controlplane import commands
 from paddock_controlplane.api.routes import bodies
 from paddock_controlplane.app import create_app, migrate
 from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_core import serving
+from paddock_core import bodylimit, serving
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
 from tests.controlplane.test_sandboxes_rules import api, fail_data, fake_host
@@ -94,3 +95,58 @@ async def test_stdin_over_its_limit_within_the_body_cap_is_413_naming_stdin(
     answer = await api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "cat", "stdin": over})
     assert answer.status_code == 413, answer.text
     assert fail_data(answer)["stdin"].startswith(f"is over {commands.MAX_EXEC_STDIN_BYTES} bytes")
+
+
+async def test_a_body_that_stops_coming_is_408_and_a_slow_honest_upload_goes_through(
+    controlplane: ControlPlane, api: httpx.AsyncClient
+) -> None:
+    """A client sends a request's head and then its body a byte at a time: past the grace
+    (``bodylimit.BODY_GRACE_S``, 20 s) it must keep ``BODY_MIN_BYTES_PER_S`` (16 KiB/s), so it gets a
+    408 in the envelope and the connection closes (on the old code nothing ended it). Meanwhile an
+    upload streamed at three times that rate for longer than the grace is stored whole."""
+    sid = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
+    port = int(controlplane.url.rsplit(":", 1)[1])
+    rate, seconds = 3 * bodylimit.BODY_MIN_BYTES_PER_S, bodylimit.BODY_GRACE_S + 6
+
+    async def trickle() -> tuple[float, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = (
+            f"PUT /v1/sandboxes/{sid}/files?path=/root/trickled HTTP/1.1\r\nHost: cp\r\n"
+            f"X-Api-Key: {api.headers['X-Api-Key']}\r\nContent-Length: 100000\r\n\r\n"
+        )
+        writer.write(head.encode())
+        started = asyncio.get_running_loop().time()
+
+        async def drip() -> None:
+            with contextlib.suppress(ConnectionError):
+                while True:
+                    writer.write(b"x")
+                    await writer.drain()
+                    await asyncio.sleep(1)
+
+        dripping = asyncio.create_task(drip())
+        try:
+            async with asyncio.timeout(bodylimit.BODY_GRACE_S + 10):
+                answer = await reader.read()  # the whole answer, up to the server's close
+        finally:
+            dripping.cancel()
+            writer.close()
+        return asyncio.get_running_loop().time() - started, answer
+
+    async def slow_upload() -> AsyncIterator[bytes]:
+        for _ in range(int(seconds * 4)):
+            yield b"u" * (rate // 4)
+            await asyncio.sleep(0.25)
+
+    async def upload() -> httpx.Response:
+        return await api.put(
+            f"/v1/sandboxes/{sid}/files", params={"path": "/root/slow"}, content=slow_upload(), timeout=90
+        )
+
+    (took_s, answer), uploaded = await asyncio.gather(trickle(), upload())
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 408 Request Timeout", answer[:300]
+    assert b'"REQUEST_TIMEOUT"' in rest and b"bytes/s" in rest, rest
+    assert bodylimit.BODY_GRACE_S - 1 < took_s < bodylimit.BODY_GRACE_S + 5, took_s
+    assert uploaded.status_code == 200, uploaded.text
+    assert uploaded.json()["data"]["size"] == int(seconds * 4) * (rate // 4)
