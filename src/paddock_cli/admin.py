@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -20,6 +22,15 @@ app.add_typer(host_app, name="host")
 T = TypeVar("T")
 
 
+def data_dir_override() -> dict[str, Path]:
+    """``paddock serve`` keeps the control plane's state in ``PADDOCK_DATA_DIR`` (its children get it
+    as ``PADDOCK_CP_DATA_DIR``); an admin command run with the same environment reads the same database.
+    An explicit ``PADDOCK_CP_DATA_DIR`` (or ``PADDOCK_CP_DATABASE_URL``) still wins."""
+    if os.environ.get("PADDOCK_CP_DATA_DIR") or not os.environ.get("PADDOCK_DATA_DIR"):
+        return {}
+    return {"data_dir": Path(os.environ["PADDOCK_DATA_DIR"])}
+
+
 def _run(work: Callable[[Any, Any], Awaitable[T]]) -> T:
     """Run ``work(session, settings)`` in one transaction on a migrated database."""
     from paddock_controlplane.app import migrate
@@ -27,7 +38,7 @@ def _run(work: Callable[[Any, Any], Awaitable[T]]) -> T:
     from paddock_core.db import make_engine, make_sessionmaker, transaction
     from paddock_core.errors import PaddockError
 
-    settings = ControlPlaneSettings()
+    settings = ControlPlaneSettings(**data_dir_override())
 
     async def go() -> T:
         await migrate(settings)

@@ -71,3 +71,33 @@ async def test_host_list_drain_undrain(controlplane: ControlPlane) -> None:
     assert back.returncode == 0 and "is now active" in back.stdout, back.stdout
     unknown = await asyncio.to_thread(admin, controlplane, "host", "drain", "no-such-host")
     assert unknown.returncode == 2 and "no host" in unknown.stderr
+
+
+def test_admin_reads_the_data_dir_serve_uses(tmp_path: object) -> None:
+    """``PADDOCK_DATA_DIR=X paddock admin user create`` writes where ``paddock serve`` (which hands X to
+    its control plane) reads: X/controlplane.db. It had written the default /var/lib/paddock's database,
+    so the operator's new key was refused."""
+    from pathlib import Path
+
+    data = Path(str(tmp_path)) / "data"
+    data.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env["PADDOCK_DATA_DIR"] = str(data)
+    made = subprocess.run(
+        [sys.executable, "-m", "paddock_cli.main", "admin", "user", "create", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    user = json.loads(made.stdout)
+    listed = subprocess.run(
+        [sys.executable, "-m", "paddock_cli.main", "admin", "key", "list", "--json"],
+        env={**env, "PADDOCK_CP_DATABASE_URL": f"sqlite+aiosqlite:///{data / 'controlplane.db'}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert [k["id"] for k in json.loads(listed.stdout)] == [user["key_id"]]
