@@ -22,13 +22,13 @@ app.add_typer(host_app, name="host")
 T = TypeVar("T")
 
 
-def data_dir_override() -> dict[str, Path]:
+def data_dir_override() -> Path | None:
     """``paddock serve`` keeps the control plane's state in ``PADDOCK_DATA_DIR`` (its children get it
     as ``PADDOCK_CP_DATA_DIR``); an admin command run with the same environment reads the same database.
     An explicit ``PADDOCK_CP_DATA_DIR`` (or ``PADDOCK_CP_DATABASE_URL``) still wins."""
     if os.environ.get("PADDOCK_CP_DATA_DIR") or not os.environ.get("PADDOCK_DATA_DIR"):
-        return {}
-    return {"data_dir": Path(os.environ["PADDOCK_DATA_DIR"])}
+        return None
+    return Path(os.environ["PADDOCK_DATA_DIR"])
 
 
 def _run(work: Callable[[Any, Any], Awaitable[T]]) -> T:
@@ -38,7 +38,8 @@ def _run(work: Callable[[Any, Any], Awaitable[T]]) -> T:
     from paddock_core.db import make_engine, make_sessionmaker, transaction
     from paddock_core.errors import PaddockError
 
-    settings = ControlPlaneSettings(**data_dir_override())
+    data_dir = data_dir_override()
+    settings = ControlPlaneSettings(data_dir=data_dir) if data_dir else ControlPlaneSettings()
 
     async def go() -> T:
         await migrate(settings)
