@@ -230,7 +230,7 @@ class HostLinkAPI(Protocol):
 
     async def delete_build(self, build_id: str) -> None: ...
 
-    async def fetch_image(self, image: str, source_url: str) -> None: ...
+    async def fetch_image(self, image: str, source_url: str, limit_bytes: int | None = None) -> None: ...
 
     # -- managed processes (§12.2) --
 
@@ -409,10 +409,11 @@ class HostLink(HostLinkAPI):
         with _mapped():
             await self.client.delete_build(build_id)
 
-    async def fetch_image(self, image: str, source_url: str) -> None:
-        """The host pulls a template's image from the host agent at ``source_url``, which holds it."""
+    async def fetch_image(self, image: str, source_url: str, limit_bytes: int | None = None) -> None:
+        """The host pulls a template's image from the host agent at ``source_url``, which holds it,
+        refusing more than ``limit_bytes`` of it."""
         with _mapped():
-            await self.client.fetch_image(image, source_url)
+            await self.client.fetch_image(image, source_url, limit_bytes)
 
     # -- managed processes (§12.2) --
 

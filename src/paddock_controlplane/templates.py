@@ -56,6 +56,7 @@ from paddock_core.ids import new_id
 from paddock_core.logging import get_logger
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_core.timeutil import rfc3339
+from paddock_hostagent import schemas as hostschemas
 
 log = get_logger("paddock.templates")
 
@@ -438,7 +439,9 @@ async def ensure_image(services: Services, link: hostlink.HostLink, host_id: str
         source = await session.get(Host, template.host_id) if template and template.host_id else None
     if host is None or image in (host.rootfses or []) or source is None or source.id == host_id:
         return
-    await link.fetch_image(image, source.url)
+    # Bounded by what the build recorded (the host's own setting bounds it too).
+    recorded = template.ext4_size_bytes if template else 0
+    await link.fetch_image(image, source.url, hostschemas.fetch_limit(recorded) if recorded else None)
     log.info("template_image_fetched", template_id=image, host_id=host_id, source_host_id=source.id)
 
 

@@ -449,14 +449,14 @@ class HostAgentClient:
             "DELETE", "builds/" + quote(build_id, safe=""), DestroyResult.model_validate_json
         )
 
-    async def fetch_image(self, image: str, source_url: str) -> ImageFetched:
+    async def fetch_image(self, image: str, source_url: str, limit_bytes: int | None = None) -> ImageFetched:
         """Has this host pull a template's image from the host agent at ``source_url`` (which holds
         it); answers once it is installed, so the timeout is a long one."""
         return await self._call(
             "POST",
             "images/" + quote(image, safe="") + "/fetch",
             ImageFetched.model_validate_json,
-            body=ImageFetchBody(source_url=source_url),
+            body=ImageFetchBody(source_url=source_url, limit_bytes=limit_bytes),
             timeout=httpx.Timeout(1800.0, connect=10.0),
         )
 

@@ -17,6 +17,12 @@ name a member inside the image; symlinks are created as they are (they are follo
 sandbox, or inside the tree by root); device nodes are dropped (a sandbox's /dev is a tmpfs of the
 runtime's, and a node for a host disk in an image directory would be a way in for any local user).
 
+A fetch is bounded (``limit_bytes``): by the template's recorded ext4 size with a margin
+(``fetch_limit``) when the control plane sends it, and never past the host's
+``PADDOCK_HOST_IMAGE_FETCH_MAX_MIB``. The stream and the members' declared sizes (a sparse member's
+too) are counted as they arrive; past the bound the fetch is refused with 413 naming it, and what was
+unpacked is removed. Before, a fetch took whatever the source sent, up to the host's disk.
+
 Only templates travel: catalog images are built by each host from the Debian archive.
 """
 
@@ -91,12 +97,19 @@ def recorded_size(images: ImageStore, name: str) -> int:
 
 
 class ImageFetcher:
-    def __init__(self, images: ImageStore) -> None:
+    def __init__(self, images: ImageStore, max_bytes: int) -> None:
         self.images = images
+        #: The host's own bound on any fetch (``image_fetch_max_mib``).
+        self.max_bytes = max_bytes
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def fetch(self, name: str, source_url: str, authorization: str) -> None:
+    async def fetch(
+        self, name: str, source_url: str, authorization: str, limit_bytes: int | None = None
+    ) -> None:
+        """``limit_bytes``: the caller's bound (``fetch_limit`` of the template's recorded size); the
+        host's ``max_bytes`` bounds it."""
         _check(self.images, name)
+        limit = min(self.max_bytes, limit_bytes or self.max_bytes)
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             if self.images.is_cached(name):
@@ -108,7 +121,7 @@ class ImageFetcher:
             incoming.mkdir()
             try:
                 url = f"{source_url.rstrip('/')}/internal/v1/images/{name}"
-                await asyncio.to_thread(_receive, name, url, authorization, incoming)
+                await asyncio.to_thread(_receive, name, url, authorization, incoming, limit)
                 meta = _read_meta(incoming, source_url)
                 if not isinstance(meta, dict) or meta.get("name") != name:
                     raise errors.BadRequest(f"{source_url} sent an image that is not {name}")
@@ -137,8 +150,9 @@ def _no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def _receive(name: str, url: str, authorization: str, dest: Path) -> None:
-    """Streams the source's tar of the image into ``unpack`` (in a thread: the unpacking blocks)."""
+def _receive(name: str, url: str, authorization: str, dest: Path, limit_bytes: int) -> None:
+    """Streams the source's tar of the image into ``unpack`` (in a thread: the unpacking blocks), at
+    most ``limit_bytes`` of it."""
     try:
         with (
             httpx.Client(timeout=FETCH_TIMEOUT) as http,
@@ -147,7 +161,13 @@ def _receive(name: str, url: str, authorization: str, dest: Path) -> None:
             if response.status_code != 200:
                 body = response.read().decode(errors="replace")[:300]
                 raise errors.BadRequest(f"{url} answered {response.status_code}: {body}")
-            unpack(io.BufferedReader(_ChunkReader(response.iter_bytes(CHUNK_BYTES)), CHUNK_BYTES), dest)
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit_bytes:
+                raise ImageTooLargeError(limit_bytes)
+            chunks = _ChunkReader(response.iter_bytes(CHUNK_BYTES), limit_bytes)
+            unpack(io.BufferedReader(chunks, CHUNK_BYTES), dest, limit_bytes)
+    except ImageTooLargeError as exc:
+        raise errors.PayloadTooLarge(f"fetching {name} from {url}: {exc}") from exc
     except httpx.HTTPError as exc:
         raise errors.BadRequest(f"fetching {name} from {url}: {exc}") from exc
     except (tarfile.TarError, TenantPathError, UnpackError, OSError) as exc:
@@ -157,9 +177,10 @@ def _receive(name: str, url: str, authorization: str, dest: Path) -> None:
 class _ChunkReader(io.RawIOBase):
     """A readable stream over an iterator of byte chunks (an HTTP body), for ``tarfile``."""
 
-    def __init__(self, chunks: Iterator[bytes]) -> None:
+    def __init__(self, chunks: Iterator[bytes], limit_bytes: int) -> None:
         self._chunks = chunks
         self._chunk = memoryview(b"")
+        self._left = limit_bytes
 
     def readable(self) -> bool:
         return True
@@ -170,6 +191,9 @@ class _ChunkReader(io.RawIOBase):
             if chunk is None:
                 return 0
             self._chunk = memoryview(chunk)
+            self._left -= len(chunk)
+            if self._left < 0:
+                raise ImageTooLargeError(None)
         size = min(len(buffer), len(self._chunk))
         buffer[:size] = self._chunk[:size]
         self._chunk = self._chunk[size:]
@@ -178,6 +202,15 @@ class _ChunkReader(io.RawIOBase):
 
 class UnpackError(ValueError):
     """A member the image's tar may not hold; the fetch is refused with its name."""
+
+
+class ImageTooLargeError(UnpackError):
+    """The image passed the fetch's bound (413)."""
+
+    def __init__(self, limit_bytes: int | None) -> None:
+        super().__init__(
+            "the image is over the fetch's limit" + (f" of {limit_bytes} bytes" if limit_bytes else "")
+        )
 
 
 def _member_path(name: str) -> str:
@@ -190,15 +223,21 @@ def _member_path(name: str) -> str:
     return "/".join(parts)
 
 
-def unpack(stream: IO[bytes], dest: Path) -> int:
+def unpack(stream: IO[bytes], dest: Path, limit_bytes: int | None = None) -> int:
     """Unpacks an image's tar into the empty directory ``dest`` as ``tar -xp --numeric-owner`` would
     (owners, modes with their set-id bits, times), writing every member through ``drivers/safepaths``
     (module docstring); directories get their owner, mode and times last. Returns how many device
-    nodes were dropped."""
+    nodes were dropped. Past ``limit_bytes`` of members (their declared sizes, and a block for each
+    one's header) it stops with ``ImageTooLargeError``."""
     directories: list[tuple[str, tarfile.TarInfo]] = []
     dropped = 0
+    left = limit_bytes
     with Tree.open(dest, follow_symlinks=False) as tree, tarfile.open(fileobj=stream, mode="r|") as archive:
         for member in archive:
+            if left is not None:
+                left -= tarfile.BLOCKSIZE + (member.size if member.isreg() else 0)
+                if left < 0:
+                    raise ImageTooLargeError(limit_bytes)
             path = _member_path(member.name)
             if path == "image.json" and not member.isreg():
                 raise UnpackError("image.json is not a regular file")

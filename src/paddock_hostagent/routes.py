@@ -297,8 +297,10 @@ async def fetch_image(image: str, body: ImageFetchBody, request: Request, manage
     """Pulls a template's image from ``source_url`` (the host that holds it) with this call's own token."""
     fetcher = getattr(request.app.state, "image_fetcher", None)
     if fetcher is None:
-        fetcher = request.app.state.image_fetcher = image_transfer.ImageFetcher(manager.images)
-    await fetcher.fetch(image, body.source_url, request.headers.get("authorization", ""))
+        fetcher = request.app.state.image_fetcher = image_transfer.ImageFetcher(
+            manager.images, manager.settings.image_fetch_max_mib << 20
+        )
+    await fetcher.fetch(image, body.source_url, request.headers.get("authorization", ""), body.limit_bytes)
     return ImageFetched(image=image, ext4_size_bytes=image_transfer.recorded_size(manager.images, image))
 
 

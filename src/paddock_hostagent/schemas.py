@@ -247,11 +247,25 @@ class BuildBody(BaseModel):
     disk_mib: int = Field(default=10240, ge=1024, le=1048576)
 
 
+#: The margin over a template's recorded ext4 size a fetch of its image may use.
+FETCH_MARGIN_BYTES = 16 << 20
+
+
+def fetch_limit(ext4_size_bytes: int) -> int:
+    """The most a fetch of an image of that recorded ext4 size may bring (``image_transfer``): an
+    image's tree fits in its ext4 image, so its tar does too, but for a margin (a header per member,
+    512-byte rounding)."""
+    return ext4_size_bytes + ext4_size_bytes // 4 + FETCH_MARGIN_BYTES
+
+
 class ImageFetchBody(BaseModel):
     """Fetch a template's image from the host that holds it (``image_transfer.py``): that host agent's
     base URL, e.g. ``http://10.0.0.2:8090``."""
 
     source_url: str = Field(min_length=8, max_length=2048, pattern=r"^https?://")
+    #: The most the image may bring (``fetch_limit`` of the template's recorded size); the
+    #: host's ``image_fetch_max_mib`` bounds it. A fetch past it is a 413 and leaves nothing.
+    limit_bytes: int | None = Field(default=None, ge=1, le=1 << 50)
 
 
 class ImageFetched(BaseModel):

@@ -49,6 +49,9 @@ class HostAgentSettings(ServiceSettings):
 
     state_dir: Path = DEFAULT_DATA_DIR / "host"
     image_dir: Path = DEFAULT_DATA_DIR / "images"
+    # The most a template image fetched from another host may bring (image_transfer.py); a fetch is
+    # also bounded by the template's recorded size with a margin when the control plane sends it.
+    image_fetch_max_mib: int = Field(default=32768, ge=1)
     # Image name -> mirror URL, for images that are only buildable with one (ubuntu:26.04, alpine:3.20,
     # desktop:1); also overrides the Debian mirror for debian:13 and devbox:1.
     image_mirrors: dict[str, str] = Field(default_factory=dict)

@@ -221,7 +221,7 @@ class FakeHostLink(FakeProcesses):
         self.calls.append(("delete_build", build_id))
         self.builds.pop(build_id, None)
 
-    async def fetch_image(self, image: str, source_url: str) -> None:
+    async def fetch_image(self, image: str, source_url: str, limit_bytes: int | None = None) -> None:
         self.calls.append(("fetch_image", image))
 
 

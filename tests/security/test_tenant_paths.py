@@ -9,6 +9,7 @@ untouched afterwards: its mode, its files and their contents."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import io
 import json
@@ -34,7 +35,7 @@ from paddock_hostagent.drivers.ocispec import GUEST_SOCKET_DIR, GUEST_SOCKET_NAM
 from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
 from paddock_hostagent.image_transfer import ImageFetcher
 from paddock_hostagent.images import ImageStore
-from paddock_hostagent.schemas import ForkBody
+from paddock_hostagent.schemas import ForkBody, fetch_limit
 from tests.hostagent.conftest import (
     AgentProcess,
     Sandboxes,
@@ -199,16 +200,20 @@ class ImageSource:
     """A stand-in for the host that holds the template: answers ``GET /internal/v1/images/{id}`` with
     the tar it is given, on 127.0.0.1."""
 
-    def __init__(self, tar_bytes: bytes) -> None:
+    def __init__(self, tar_bytes: bytes, *, declare_length: bool = True) -> None:
         body = tar_bytes
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"  # without a length the body ends with the connection
+
             def do_GET(self) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-tar")
-                self.send_header("Content-Length", str(len(body)))
+                if declare_length:
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                with contextlib.suppress(ConnectionError):
+                    self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -254,12 +259,46 @@ async def fetch(tmp_path: Path, name: str, tar_bytes: bytes) -> tuple[ImageStore
     store = ImageStore(tmp_path / "images")
     source = ImageSource(tar_bytes)
     try:
-        await ImageFetcher(store).fetch(name, source.url, "Bearer probe")
+        await ImageFetcher(store, HOST_FETCH_MAX_BYTES).fetch(name, source.url, "Bearer probe")
     except errors.BadRequest as exc:
         return store, exc
     finally:
         source.close()
     return store, None
+
+
+#: The fetching host's own bound in these probes (``image_fetch_max_mib``).
+HOST_FETCH_MAX_BYTES = 24 << 20
+
+
+@pytest.mark.parametrize("by", ["template's recorded size", "host's setting", "declared length"])
+async def test_a_fetched_image_past_its_bound_is_refused_and_leaves_nothing(tmp_path: Path, by: str) -> None:
+    """A fetch is bounded by the template's recorded size with a margin (what the control plane sends)
+    and by the host's setting; past it, a 413 naming the limit, and nothing unpacked stays (the old
+    code took whatever the source sent, up to the host's disk)."""
+    name = template_name()
+    big = b"z" * (40 << 20)
+    tar_bytes = image_tar(
+        name, [(member("rootfs", tarfile.DIRTYPE, mode=0o755), b""), (member("rootfs/big"), big)]
+    )
+    limit = {"template's recorded size": fetch_limit(1 << 20), "host's setting": None}.get(by)
+    store = ImageStore(tmp_path / "images")
+    source = ImageSource(tar_bytes, declare_length=by == "declared length")
+    try:
+        with pytest.raises(errors.PayloadTooLarge, match="over the fetch's limit") as refused:
+            await ImageFetcher(store, HOST_FETCH_MAX_BYTES).fetch(name, source.url, "Bearer probe", limit)
+    finally:
+        source.close()
+    assert str(limit or HOST_FETCH_MAX_BYTES) in refused.value.message
+    assert not store.is_cached(name) and not (store.image_dir / name).exists()
+    assert limit is None or limit < HOST_FETCH_MAX_BYTES  # the recorded size's bound is the tighter one
+    # Within its bound the same image is fetched (40 MiB of tar against a template of 40 MiB of ext4).
+    source = ImageSource(tar_bytes)
+    try:
+        await ImageFetcher(store, 128 << 20).fetch(name, source.url, "Bearer probe", fetch_limit(40 << 20))
+    finally:
+        source.close()
+    assert (store.rootfs_path(name) / "big").stat().st_size == len(big)
 
 
 def template_name() -> str:
