@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from paddock_cli import localca
 from paddock_core import statefiles
 
 DATA_DIR = Path(os.environ.get("PADDOCK_DATA_DIR", "/var/lib/paddock"))
@@ -38,6 +39,8 @@ GW_PORT = int(os.environ.get("PADDOCK_GW_PORT", "8082"))
 #: The ingress proxy runs inside the control plane; plain HTTP on loopback unless TLS is configured.
 INGRESS_PORT = int(os.environ.get("PADDOCK_CP_INGRESS_PORT", "8088"))
 INGRESS_DOMAIN = os.environ.get("PADDOCK_CP_INGRESS_DOMAIN", "sandbox.localhost")
+#: The ingress's HTTPS listener (0: none); its certificate is the operator's or the local CA's.
+INGRESS_TLS_PORT = int(os.environ.get("PADDOCK_CP_INGRESS_TLS_PORT", "8443"))
 SSH_PORT = int(os.environ.get("PADDOCK_CP_SSH_PORT", "2222"))
 #: The E2B-compatible API and the E2B sandbox edge, both inside the control plane (docs/e2b.md).
 E2B_PORT = int(os.environ.get("PADDOCK_CP_E2B_PORT", "3000"))
@@ -170,14 +173,31 @@ def start_devchain(data_dir: Path) -> Path | None:
     return state / "devchain.json"
 
 
-def ingress_env(base: dict[str, str]) -> dict[str, str]:
-    """Embedded ingress: listen on INGRESS_PORT, URLs in plain http unless the operator set TLS up."""
-    tls = bool(base.get("PADDOCK_CP_INGRESS_TLS_PORT"))
-    return {
-        "PADDOCK_CP_INGRESS_PORT": str(INGRESS_PORT),
-        "PADDOCK_CP_INGRESS_DOMAIN": INGRESS_DOMAIN,
-        "PADDOCK_CP_INGRESS_SCHEME": base.get("PADDOCK_CP_INGRESS_SCHEME", "https" if tls else "http"),
-    }
+def ingress_env(base: dict[str, str], data_dir: Path | None = None) -> dict[str, str]:
+    """Embedded ingress: plain HTTP on INGRESS_PORT (loopback) and HTTPS on INGRESS_TLS_PORT, with the
+    operator's certificate and key (``PADDOCK_CP_INGRESS_TLS_CERT_FILE``/``_KEY_FILE``, a wildcard for
+    the domain) or else the local CA's (``localca``, made once in the data dir); URLs are https.
+    ``PADDOCK_CP_INGRESS_TLS_PORT=0`` keeps the ingress on plain HTTP only."""
+    env = {"PADDOCK_CP_INGRESS_PORT": str(INGRESS_PORT), "PADDOCK_CP_INGRESS_DOMAIN": INGRESS_DOMAIN}
+    operator = bool(
+        base.get("PADDOCK_CP_INGRESS_TLS_CERT_FILE") and base.get("PADDOCK_CP_INGRESS_TLS_KEY_FILE")
+    )
+    if INGRESS_TLS_PORT and not operator and data_dir is not None:
+        local = localca.ensure_local_ca(data_dir, INGRESS_DOMAIN)
+        env["PADDOCK_CP_INGRESS_TLS_CERT_FILE"] = str(local.cert_file)
+        env["PADDOCK_CP_INGRESS_TLS_KEY_FILE"] = str(local.key_file)
+    tls = bool(INGRESS_TLS_PORT) and (operator or data_dir is not None)
+    if tls:
+        env["PADDOCK_CP_INGRESS_TLS_PORT"] = str(INGRESS_TLS_PORT)
+    env["PADDOCK_CP_INGRESS_SCHEME"] = base.get("PADDOCK_CP_INGRESS_SCHEME", "https" if tls else "http")
+    return env
+
+
+def local_ca_file(data_dir: Path) -> Path | None:
+    """The CA clients should trust for the ingress, when serve made it (not with an operator's cert)."""
+    operator = os.environ.get("PADDOCK_CP_INGRESS_TLS_CERT_FILE")
+    path = data_dir / "tls" / "ca.pem"
+    return path if INGRESS_TLS_PORT and not operator and path.is_file() else None
 
 
 def children(
@@ -191,7 +211,7 @@ def children(
         "PADDOCK_CP_HOST_TOKEN": shared["HOST_TOKEN"],
         "PADDOCK_CP_SECRET_KEY": shared["SECRET_KEY"],
     }
-    cp_env.update(ingress_env(base))
+    cp_env.update(ingress_env(base, data_dir))
     cp_env["PADDOCK_CP_SSH_PORT"] = str(SSH_PORT)  # the SSH gateway into sandboxes (sshgate.py)
     cp_env["PADDOCK_CP_E2B_PORT"] = str(E2B_PORT)  # the E2B-compatible API (e2b/)
     cp_env["PADDOCK_CP_E2B_EDGE_PORT"] = str(E2B_EDGE_PORT)
@@ -256,14 +276,19 @@ def stop_all(procs: list[Child]) -> None:
                 child.process.kill()
 
 
-def banner(key: str) -> str:
+def banner(key: str, ca_file: Path | None = None) -> str:
     cp = f"http://127.0.0.1:{CP_PORT}"
+    https = ""
+    if INGRESS_TLS_PORT:
+        https = f"\n  ingress TLS    https://<port>-<sandbox id>.{INGRESS_DOMAIN}:{INGRESS_TLS_PORT}   (HTTP/1.1 over TLS)"
+        if ca_file is not None:
+            https += f"\n  ingress CA     {ca_file}   (trust it: curl --cacert, SSL_CERT_FILE, verify=)"
     return f"""
 Paddock is running.
   control plane  {cp}        (OpenAPI: {cp}/docs)
   host agent     http://127.0.0.1:{HOST_PORT}   (internal)
   gateway        http://127.0.0.1:{GW_PORT}   (OpenAPI: http://127.0.0.1:{GW_PORT}/openapi.json)
-  ingress        http://<port>-<sandbox id>.{INGRESS_DOMAIN}:{INGRESS_PORT}   (sandboxes with ingress_enabled)
+  ingress        http://<port>-<sandbox id>.{INGRESS_DOMAIN}:{INGRESS_PORT}   (sandboxes with ingress_enabled){https}
   ssh            ssh -p {SSH_PORT} <sandbox id or name>@127.0.0.1   (keys: the sandbox's ssh_pubkeys)
   E2B API        http://127.0.0.1:{E2B_PORT}   (E2B_API_URL; docs/e2b.md)
   E2B sandboxes  http://127.0.0.1:{E2B_EDGE_PORT}  (E2B_SANDBOX_URL; E2B_API_KEY is the API key below)
@@ -307,7 +332,7 @@ def serve_embedded() -> int:
             asyncio.run(wait_healthy(child))
             if child.name == "controlplane":
                 key = bootstrap_key(DATA_DIR, child.env, f"http://127.0.0.1:{CP_PORT}")
-        print(banner(key), flush=True)
+        print(banner(key, local_ca_file(DATA_DIR)), flush=True)
         while not stopping:
             for child in procs:
                 assert child.process is not None

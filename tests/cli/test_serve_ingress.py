@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -27,7 +28,8 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def test_serve_prints_a_working_ingress_url(debian_image: Path, tmp_path: Path) -> None:
-    ports = {name: free_port() for name in ("CP", "HOST", "GW", "CP_INGRESS", "CP_SSH", "CP_E2B", "CP_E2B_EDGE")}
+    names = ("CP", "HOST", "GW", "CP_INGRESS", "CP_INGRESS_TLS", "CP_SSH", "CP_E2B", "CP_E2B_EDGE")
+    ports = {name: free_port() for name in names}
     nft_table = f"pdkserve{secrets.token_hex(3)}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
     env.update({f"PADDOCK_{name}_PORT": str(port) for name, port in ports.items()})
@@ -54,6 +56,11 @@ def test_serve_prints_a_working_ingress_url(debian_image: Path, tmp_path: Path) 
         banner = out_path.read_text()
         ingress_port = ports["CP_INGRESS"]
         assert f"ingress        http://<port>-<sandbox id>.sandbox.localhost:{ingress_port}" in banner
+        tls_port = ports["CP_INGRESS_TLS"]
+        assert f"ingress TLS    https://<port>-<sandbox id>.sandbox.localhost:{tls_port}" in banner
+        ca_file = tmp_path / "tls" / "ca.pem"
+        assert f"ingress CA     {ca_file}" in banner and ca_file.is_file()
+        assert (tmp_path / "tls" / "ingress-key.pem").stat().st_mode & 0o077 == 0
         assert f"ssh -p {ports['CP_SSH']} <sandbox id or name>@127.0.0.1" in banner
         assert f"E2B API        http://127.0.0.1:{ports['CP_E2B']}" in banner
         with socket.create_connection(("127.0.0.1", ports["CP_SSH"]), timeout=10) as ssh_gateway:
@@ -68,14 +75,49 @@ def test_serve_prints_a_working_ingress_url(debian_image: Path, tmp_path: Path) 
             assert created.status_code == 200, created.text
             sandbox = created.json()["data"]
             template = sandbox["ingress_url_template"]
-            assert template == f"http://<port>-{sandbox['id']}.sandbox.localhost:{ingress_port}"
+            assert template == f"https://<port>-{sandbox['id']}.sandbox.localhost:{tls_port}"
             start_app(http, sandbox["id"], port=3000)
+            url = template.replace("<port>", "3000") + "/hello"
+            host = f"3000-{sandbox['id']}.sandbox.localhost"
+            # HTTPS with verification on against the generated CA: curl, then httpx
             curl = subprocess.run(
-                ["curl", "-s", "--max-time", "20", template.replace("<port>", "3000") + "/hello"],
+                ["curl", "-sS", "--max-time", "20", "--cacert", str(ca_file),
+                 "--resolve", f"{host}:{tls_port}:127.0.0.1", "-w", "%{http_version}", url],
+                capture_output=True,
+                text=True,
+            )  # fmt: skip
+            assert curl.stdout.startswith("hello from ") and curl.stdout.endswith("1.1"), (
+                curl.stdout,
+                curl.stderr,
+            )
+            untrusted = subprocess.run(
+                ["curl", "-sS", "--max-time", "20", "--resolve", f"{host}:{tls_port}:127.0.0.1", url],
                 capture_output=True,
                 text=True,
             )
-            assert curl.stdout.startswith("hello from "), (curl.stdout, curl.stderr)
+            assert untrusted.returncode == 60, untrusted.stderr  # without the CA: not trusted
+            context = ssl.create_default_context(cafile=str(ca_file))
+            with httpx.Client(verify=context, timeout=20) as tls_client:
+                fetched = tls_client.get(
+                    f"https://127.0.0.1:{tls_port}/hello",
+                    headers={"Host": host},
+                    extensions={"sni_hostname": host},
+                )
+            assert fetched.status_code == 200 and fetched.text.startswith("hello from ")
+            alpn = ssl.create_default_context(cafile=str(ca_file))
+            alpn.set_alpn_protocols(["h2", "http/1.1"])
+            with (
+                socket.create_connection(("127.0.0.1", tls_port), timeout=10) as raw,
+                alpn.wrap_socket(raw, server_hostname=host) as tls_socket,
+            ):
+                assert tls_socket.selected_alpn_protocol() == "http/1.1"  # h2 is not served (yet)
+            # plain HTTP stays on loopback
+            plain = subprocess.run(
+                ["curl", "-s", "--max-time", "20", f"http://{host}:{ingress_port}/hello"],
+                capture_output=True,
+                text=True,
+            )
+            assert plain.stdout.startswith("hello from "), (plain.stdout, plain.stderr)
             assert http.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 200
             deadline = time.monotonic() + 60
             while http.get(f"/v1/sandboxes/{sandbox['id']}").json()["data"]["status"] != "destroyed":
