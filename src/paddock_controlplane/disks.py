@@ -148,7 +148,8 @@ async def check_endpoint(services: Services, endpoint: str, field: str) -> None:
     try:
         await webhooks.check_target(endpoint, allow_private=services.settings.disk_allow_private_endpoints)
     except webhooks.TargetRefused as exc:
-        raise errors.ValidationFailed.field(field, str(exc)) from None
+        reason = webhooks.refusal(exc, "PADDOCK_CP_DISK_ALLOW_PRIVATE_ENDPOINTS")
+        raise errors.ValidationFailed.field(field, reason) from None
 
 
 def _seal(services: Services, credentials: dict[str, str]) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import difflib
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -144,7 +145,8 @@ class CreatePlan:
 def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
     shape = catalog.SHAPES_BY_ID.get(req.shape)
     if shape is None:
-        raise errors.ValidationFailed.field("shape", f"unknown shape {req.shape!r}")
+        hint = suggestion(req.shape, catalog.SHAPES_BY_ID)
+        raise errors.ValidationFailed.field("shape", f"unknown shape {req.shape!r}{hint}; see GET /v1/shapes")
     name = validation.sandbox_name(req.name) if req.name else None
     disk_mib = req.disk_mib or shape.default_disk_mib
     if disk_mib < validation.MIN_DISK_MIB:
@@ -196,7 +198,14 @@ async def resolve_rootfs(
     template = await templates.resolve(session, user_id, requested) if requested else None
     if template is not None:
         return template.id, template.host_id
-    raise errors.ValidationFailed.field("rootfs", f"unknown image {requested!r}; see GET /v1/rootfs")
+    hint = suggestion(requested, [n for n in ROOT_IMAGES_BY_NAME if n in available])
+    raise errors.ValidationFailed.field("rootfs", f"unknown image {requested!r}{hint}; see GET /v1/rootfs")
+
+
+def suggestion(given: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 's-1vcpu-1gb'?)"`` for the closest choice, or ``""``."""
+    close = difflib.get_close_matches(given[:200], list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 async def create(services: Services, user_id: str, req: CreateSandboxRequest) -> Sandbox:

@@ -208,6 +208,14 @@ async def resolve_public(host: str, port: int, *, timeout_s: float = 5.0) -> lis
     return addresses
 
 
+def refusal(exc: TargetRefused, setting: str) -> str:
+    """The refusal, naming the operator's setting that allows private addresses when that was why."""
+    reason = str(exc)
+    if "private" in reason:
+        reason += f" (an operator who means it allows private addresses with {setting}=true)"
+    return reason
+
+
 async def check_target(url: str, *, allow_private: bool) -> None:
     """Create-time check of an endpoint URL (syntax is checked by the caller)."""
     if allow_private:
@@ -279,7 +287,9 @@ async def create_endpoint(
     try:
         await check_target(url, allow_private=allow_private)
     except TargetRefused as exc:
-        raise errors.ValidationFailed.field("url", str(exc)) from None
+        raise errors.ValidationFailed.field(
+            "url", refusal(exc, "PADDOCK_CP_WEBHOOK_ALLOW_PRIVATE_TARGETS")
+        ) from None
     secret = SECRET_PREFIX + secrets.token_hex(32)
     async with transaction(sessions) as session:
         account = await accounts.lock_user(session, user_id)

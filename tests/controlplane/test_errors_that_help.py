@@ -106,3 +106,16 @@ async def test_a_400_no_key_and_a_server_down_say_what_to_do(
     async with paddock.AsyncClient(down, key, retry=paddock.RetryPolicy(max_retries=0)) as client:
         with pytest.raises(paddock.TransportError, match=down.replace(".", r"\.")):
             await client.sandboxes.list()
+
+
+async def test_did_you_mean_and_the_setting_that_allows_a_private_target(api: httpx.AsyncClient) -> None:
+    shape = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1bg"})).json()["data"]
+    assert shape["shape"] == "unknown shape 's-1vcpu-1bg' (did you mean 's-1vcpu-1gb'?); see GET /v1/shapes"
+    image = (await api.post("/v1/sandboxes", json={"shape": SHAPE, "rootfs": "debian:31"})).json()["data"]
+    assert "unknown image 'debian:31' (did you mean 'debian:13'?)" in image["rootfs"]
+    far = (await api.post("/v1/sandboxes", json={"shape": "zzzz"})).json()["data"]
+    assert "did you mean" not in far["shape"]
+
+    hook = await api.post("/v1/webhook-endpoints", json={"url": "http://127.0.0.1:9/hook"})
+    assert hook.status_code == 400
+    assert "PADDOCK_CP_WEBHOOK_ALLOW_PRIVATE_TARGETS=true" in hook.json()["data"]["url"]
