@@ -33,6 +33,7 @@ FILES = {
     "tests/sdk/test_live_networks_async.py": "tests/sdk/test_live_networks.py",
     "tests/sdk/test_live_files_async.py": "tests/sdk/test_live_files.py",
     "tests/sdk/test_live_handles_async.py": "tests/sdk/test_live_handles.py",
+    "tests/sdk/test_live_ergonomics_async.py": "tests/sdk/test_live_ergonomics.py",
 }
 
 #: Regexes applied in order; see COMPILED for how they are bounded.

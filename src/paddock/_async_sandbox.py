@@ -18,7 +18,15 @@ from paddock._async_computer import AsyncComputer
 from paddock._async_processes import AsyncProcesses
 from paddock._async_resources import AsyncSandboxDisks
 from paddock._code import Execution, OutputCallback
-from paddock._errors import NotFoundError, PaddockError, SandboxStateError, WaitTimeoutError
+from paddock._errors import (
+    CommandStartError,
+    CommandTimeoutError,
+    NotFoundError,
+    PaddockError,
+    SandboxStateError,
+    TransportError,
+    WaitTimeoutError,
+)
 from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo
 
 if TYPE_CHECKING:
@@ -65,14 +73,20 @@ class AsyncSandboxes:
         data = await self._client.request("GET", _base.path("sandboxes", "by-ip", ip))
         return AsyncSandbox(self._client, SandboxInfo.from_api(data))
 
-    async def iter(self, status: str | None = None) -> AsyncIterator[SandboxInfo]:
-        """Every sandbox (destroyed ones within retention too), oldest first, page by page."""
-        params = {"status": status} if status else None
-        async for item in self._client.paginate("v1/sandboxes", params):
+    async def iter(
+        self, status: str | None = None, *, metadata: dict[str, str] | None = None
+    ) -> AsyncIterator[SandboxInfo]:
+        """Every sandbox (destroyed ones within retention too), oldest first, page by page; with
+        ``metadata``, only those whose labels hold every given pair."""
+        params: dict[str, str] = {"status": status} if status else {}
+        params.update({f"metadata.{key}": value for key, value in (metadata or {}).items()})
+        async for item in self._client.paginate("v1/sandboxes", params or None):
             yield SandboxInfo.from_api(item)
 
-    async def list(self, status: str | None = None) -> list[SandboxInfo]:
-        return [info async for info in self.iter(status)]
+    async def list(
+        self, status: str | None = None, *, metadata: dict[str, str] | None = None
+    ) -> list[SandboxInfo]:
+        return [info async for info in self.iter(status, metadata=metadata)]
 
 
 class AsyncFiles:
@@ -350,11 +364,43 @@ class AsyncSandbox:
         env: dict[str, str] | None = None,
         stdin: str | None = None,
         timeout_s: float | None = None,
+        shell: bool = False,
     ) -> ExecResult:
-        """Run ``cmd`` (no shell) and wait for it; a non-zero exit is a result, not an exception."""
+        """Run ``cmd`` and wait for it; a non-zero exit is a result, not an exception.
+
+        No shell unless ``shell=True`` (then ``cmd`` is a ``/bin/sh -c`` script and ``args`` its ``$1``…).
+        The wait has no limit of its own: a command runs as long as it needs (the server sets none).
+        With ``timeout_s`` a call with no answer by then raises :class:`CommandTimeoutError`. A command
+        that cannot start raises :class:`CommandStartError`."""
+        if shell:
+            cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
         body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin})
-        extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
-        return ExecResult.from_api(await self._client.request("POST", self._path("exec"), json=body, **extra))
+        # No read limit by default: the client's own (60 s) had cut a long buffered command.
+        wait: Any = timeout_s if timeout_s is not None else _base.no_read_timeout(self._client._http.timeout)
+        try:
+            data = await self._client.request("POST", self._path("exec"), json=body, timeout=wait)
+        except TransportError as exc:
+            if timeout_s is None or not _base.timed_out(exc):
+                raise
+            raise CommandTimeoutError(
+                f"{cmd!r} got no answer within run(timeout_s={timeout_s}); it may still be running."
+                " Raise timeout_s, or leave it unset: run has no limit of its own"
+            ) from exc
+        result = ExecResult.from_api(data)
+        if result.exit_code == -1 and result.error:
+            raise CommandStartError(f"{cmd!r} could not start: {result.error}", cmd=cmd)
+        return result
+
+    async def run_shell(
+        self,
+        script: str,
+        *,
+        env: dict[str, str] | None = None,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
+        """``run(script, shell=True)``: ``/bin/sh -c script`` (pipes, ``&&``, globs)."""
+        return await self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True)
 
     async def stream(
         self,
@@ -501,6 +547,12 @@ class AsyncSandbox:
         if not self.info.ingress_enabled or not self.info.ingress_url_template:
             await self.patch(ingress_enabled=True)
         return self.info.ingress_url(port)
+
+    async def set_timeout(self, timeout_s: int, *, on_timeout: str | None = None) -> SandboxInfo:
+        """A new lifetime from now (extend or shorten; 0: none): at its end the sandbox is destroyed,
+        or paused with ``on_timeout="pause"``."""
+        body = _base.drop_none({"timeout_s": timeout_s, "on_timeout": on_timeout})
+        return self._set(await self._client.request("POST", self._path("timeout"), json=body))
 
     async def resize(self, disk_mib: int) -> int:
         """Grow the disk (strictly larger than now); returns the new size in MiB."""

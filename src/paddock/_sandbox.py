@@ -18,7 +18,15 @@ from typing import IO, TYPE_CHECKING, Any
 from paddock import _base, _blocking, _code
 from paddock._code import Execution, OutputCallback
 from paddock._computer import Computer
-from paddock._errors import NotFoundError, PaddockError, SandboxStateError, WaitTimeoutError
+from paddock._errors import (
+    CommandStartError,
+    CommandTimeoutError,
+    NotFoundError,
+    PaddockError,
+    SandboxStateError,
+    TransportError,
+    WaitTimeoutError,
+)
 from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo
 from paddock._processes import Processes
 from paddock._resources import SandboxDisks
@@ -65,14 +73,18 @@ class Sandboxes:
         data = self._client.request("GET", _base.path("sandboxes", "by-ip", ip))
         return Sandbox(self._client, SandboxInfo.from_api(data))
 
-    def iter(self, status: str | None = None) -> Iterator[SandboxInfo]:
-        """Every sandbox (destroyed ones within retention too), oldest first, page by page."""
-        params = {"status": status} if status else None
-        for item in self._client.paginate("v1/sandboxes", params):
+    def iter(
+        self, status: str | None = None, *, metadata: dict[str, str] | None = None
+    ) -> Iterator[SandboxInfo]:
+        """Every sandbox (destroyed ones within retention too), oldest first, page by page; with
+        ``metadata``, only those whose labels hold every given pair."""
+        params: dict[str, str] = {"status": status} if status else {}
+        params.update({f"metadata.{key}": value for key, value in (metadata or {}).items()})
+        for item in self._client.paginate("v1/sandboxes", params or None):
             yield SandboxInfo.from_api(item)
 
-    def list(self, status: str | None = None) -> list[SandboxInfo]:
-        return [info for info in self.iter(status)]
+    def list(self, status: str | None = None, *, metadata: dict[str, str] | None = None) -> list[SandboxInfo]:
+        return [info for info in self.iter(status, metadata=metadata)]
 
 
 class Files:
@@ -345,11 +357,43 @@ class Sandbox:
         env: dict[str, str] | None = None,
         stdin: str | None = None,
         timeout_s: float | None = None,
+        shell: bool = False,
     ) -> ExecResult:
-        """Run ``cmd`` (no shell) and wait for it; a non-zero exit is a result, not an exception."""
+        """Run ``cmd`` and wait for it; a non-zero exit is a result, not an exception.
+
+        No shell unless ``shell=True`` (then ``cmd`` is a ``/bin/sh -c`` script and ``args`` its ``$1``…).
+        The wait has no limit of its own: a command runs as long as it needs (the server sets none).
+        With ``timeout_s`` a call with no answer by then raises :class:`CommandTimeoutError`. A command
+        that cannot start raises :class:`CommandStartError`."""
+        if shell:
+            cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
         body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin})
-        extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
-        return ExecResult.from_api(self._client.request("POST", self._path("exec"), json=body, **extra))
+        # No read limit by default: the client's own (60 s) had cut a long buffered command.
+        wait: Any = timeout_s if timeout_s is not None else _base.no_read_timeout(self._client._http.timeout)
+        try:
+            data = self._client.request("POST", self._path("exec"), json=body, timeout=wait)
+        except TransportError as exc:
+            if timeout_s is None or not _base.timed_out(exc):
+                raise
+            raise CommandTimeoutError(
+                f"{cmd!r} got no answer within run(timeout_s={timeout_s}); it may still be running."
+                " Raise timeout_s, or leave it unset: run has no limit of its own"
+            ) from exc
+        result = ExecResult.from_api(data)
+        if result.exit_code == -1 and result.error:
+            raise CommandStartError(f"{cmd!r} could not start: {result.error}", cmd=cmd)
+        return result
+
+    def run_shell(
+        self,
+        script: str,
+        *,
+        env: dict[str, str] | None = None,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
+        """``run(script, shell=True)``: ``/bin/sh -c script`` (pipes, ``&&``, globs)."""
+        return self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True)
 
     def stream(
         self,
@@ -494,6 +538,12 @@ class Sandbox:
         if not self.info.ingress_enabled or not self.info.ingress_url_template:
             self.patch(ingress_enabled=True)
         return self.info.ingress_url(port)
+
+    def set_timeout(self, timeout_s: int, *, on_timeout: str | None = None) -> SandboxInfo:
+        """A new lifetime from now (extend or shorten; 0: none): at its end the sandbox is destroyed,
+        or paused with ``on_timeout="pause"``."""
+        body = _base.drop_none({"timeout_s": timeout_s, "on_timeout": on_timeout})
+        return self._set(self._client.request("POST", self._path("timeout"), json=body))
 
     def resize(self, disk_mib: int) -> int:
         """Grow the disk (strictly larger than now); returns the new size in MiB."""

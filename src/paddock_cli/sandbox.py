@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+import paddock
 from paddock_cli.output import (
     JSON_OPTION,
     ExitCode,
@@ -143,7 +144,10 @@ def exec_command(
     with api_errors(), client() as sdk:
         sandbox = resolve(sdk, ref)
         if json_out:
-            result = sandbox.run(cmd, args, env=overrides, stdin=text, timeout_s=3600)
+            try:
+                result = sandbox.run(cmd, args, env=overrides, stdin=text)
+            except paddock.CommandStartError as exc:  # exits 127, as a shell does
+                result = paddock.ExecResult(stdout="", stderr="", exit_code=-1, exec_ms=0.0, error=str(exc))
             emit(result, True, print)
             raise typer.Exit(exit_status(result.exit_code, result.error))
         code, error = -1, None

@@ -42,8 +42,8 @@ def test_a_sandbox_through_its_whole_life(live: LivePlatform, tmp_path: Path) ->
             )
             assert sb.run("sh", ["-c", "echo $MODE"], env={"MODE": "override"}).stdout == "override\n"
             assert sb.run("cat", stdin="from stdin").stdout == "from stdin"
-            missing = sb.run("no-such-binary")
-            assert missing.exit_code == -1 and missing.error
+            with pytest.raises(paddock.CommandStartError):
+                sb.run("no-such-binary")
             with pytest.raises(paddock.ValidationError) as undeclared:
                 sb.run("true", env={"NEW": "x"})
             assert "env.NEW" in undeclared.value.fields

@@ -1,0 +1,89 @@
+"""Everyday ergonomics (issue #32) through the SDK against the real platform: a sandbox's lifetime,
+metadata labels, the shell form, a command that cannot start, and a long command through ``run``.
+
+Written once, in ``test_live_ergonomics_async.py`` for the async client; ``scripts/unasync.py``
+generates ``test_live_ergonomics.py``, the same tests through the sync client.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+
+import paddock
+from tests.live import LivePlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+SHAPE = "s-1vcpu-256mb"
+DISK_MIB = 2048  # the warm pool's size
+
+
+async def test_a_sandbox_with_timeout_s_is_gone_after_it_and_an_extended_one_is_not(
+    live: LivePlatform,
+) -> None:
+    async with paddock.AsyncClient(live.url, live.api_key()) as client:
+        short = await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB, timeout_s=5)
+        kept = await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB, timeout_s=5)
+        try:
+            assert short.info.timeout_s == 5 and short.info.on_timeout == "destroy" and short.info.end_at
+            extended = await kept.set_timeout(300)
+            assert extended.end_at and extended.end_at > (short.info.end_at or "")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if (await short.refresh()).status in ("destroying", "destroyed"):
+                    break
+                await paddock._blocking.asleep(0.5)
+            assert short.info.status in ("destroying", "destroyed"), short.info.status
+            assert (await kept.refresh()).status == "running"
+            assert (await kept.run("true")).ok
+        finally:
+            await kept.destroy()
+            await short.destroy()
+
+
+async def test_metadata_is_returned_and_filtered_on(live: LivePlatform) -> None:
+    run_id = secrets.token_hex(4)
+    async with paddock.AsyncClient(live.url, live.api_key()) as client:
+        a = await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB, metadata={"run": run_id, "role": "a"})
+        b = await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB, metadata={"run": run_id, "role": "b"})
+        try:
+            assert (await client.sandboxes.get(a.id)).info.metadata == {"run": run_id, "role": "a"}
+            both = await client.sandboxes.list(metadata={"run": run_id})
+            assert {info.id for info in both} == {a.id, b.id}
+            only_b = await client.sandboxes.list(metadata={"run": run_id, "role": "b"})
+            assert [info.id for info in only_b] == [b.id]
+            assert await client.sandboxes.list(metadata={"run": "x" + run_id}) == []
+        finally:
+            await a.destroy()
+            await b.destroy()
+
+
+async def test_shell_form_and_a_command_that_cannot_start(live: LivePlatform) -> None:
+    async with (
+        paddock.AsyncClient(live.url, live.api_key()) as client,
+        await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB) as sb,
+    ):
+        shell = await sb.run_shell("echo hi && echo there | tr a-z A-Z")
+        assert shell.stdout == "hi\nTHERE\n" and shell.exit_code == 0
+        assert (await sb.run("echo $0 $1", ["one"], shell=True)).stdout == "sh one\n"
+        with pytest.raises(paddock.CommandStartError) as missing:
+            await sb.run("no-such-binary")
+        assert "no-such-binary" in str(missing.value)
+
+
+async def test_a_70_s_command_through_run_with_defaults(live: LivePlatform) -> None:
+    """The client's 60 s read timeout had cut it (TransportError timed out); run has no limit of its own."""
+    async with (
+        paddock.AsyncClient(live.url, live.api_key()) as client,
+        await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB) as sb,
+    ):
+        started = time.monotonic()
+        result = await sb.run_shell("sleep 70; echo done")
+        assert result.stdout == "done\n" and result.exit_code == 0
+        assert time.monotonic() - started >= 70
+        with pytest.raises(paddock.CommandTimeoutError) as cut:
+            await sb.run("sleep", ["5"], timeout_s=1)
+        assert "timeout_s" in str(cut.value) and isinstance(cut.value, TimeoutError)
