@@ -9,9 +9,10 @@ and the read that passes the cap raises instead of returning. Either way the ans
 own 413 (``refuse`` builds the exception, ``render`` the response when it reaches this middleware)
 and the connection is closed, so the rest of the body is never read.
 
-A body must also keep coming (``BODY_GRACE_S``, ``BODY_MIN_BYTES_PER_S``): by ``t`` seconds after its
-request's head it must have sent ``(t - BODY_GRACE_S) * BODY_MIN_BYTES_PER_S`` bytes, on every route,
-uploads included. A client that sent its head and then trickled its body (a byte now and then, or
+A body must also keep coming (``BODY_GRACE_S``, ``BODY_MIN_BYTES_PER_S``): once the app has waited
+``t`` seconds in all for its pieces, it must have sent ``(t - BODY_GRACE_S) * BODY_MIN_BYTES_PER_S``
+bytes, on every route, uploads included. Only the waits count, so an app that works before it reads
+(a paused sandbox resumed first) does not make its client slow. A client that sent its head and then trickled its body (a byte now and then, or
 nothing) held a connection and the request's handler for as long as it liked; now the read that
 would wait past that is refused with the service's 408 (``too_slow``) and the connection closed.
 An honest upload at 1 MiB/s is 64 times over the rate.
@@ -117,18 +118,21 @@ class BodyLimit:
         started = False
         body_done = declared == 0 or (declared is None and not _chunked(scope))
         loop = asyncio.get_running_loop()
-        head_at = loop.time()
+        waited_s = 0.0  # only the time spent waiting for the client counts, not the app's own work
 
         async def counted() -> Message:
-            nonlocal received, body_done
+            nonlocal received, body_done, waited_s
             if body_done:  # what follows is the wait for a disconnect, which has no deadline
                 return await receive()
-            deadline = head_at + self.grace_s + received / self.min_bytes_per_s
+            budget_s = self.grace_s + received / self.min_bytes_per_s - waited_s
+            asked_at = loop.time()
             try:
-                async with asyncio.timeout_at(deadline):  # no task per read, unlike wait_for
+                async with asyncio.timeout(max(0.0, budget_s)):  # no task per read, unlike wait_for
                     message = await receive()
             except TimeoutError:
                 raise BodyTooSlowError(self._too_slow_error()) from None
+            finally:
+                waited_s += loop.time() - asked_at
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 body_done = not message.get("more_body", False)

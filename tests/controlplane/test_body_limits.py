@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -150,3 +151,40 @@ async def test_a_body_that_stops_coming_is_408_and_a_slow_honest_upload_goes_thr
     assert bodylimit.BODY_GRACE_S - 1 < took_s < bodylimit.BODY_GRACE_S + 5, took_s
     assert uploaded.status_code == 200, uploaded.text
     assert uploaded.json()["data"]["size"] == int(seconds * 4) * (rate // 4)
+
+
+async def test_only_the_wait_for_the_client_counts_against_its_body_rate() -> None:
+    """An app that works before it reads the body (a paused sandbox resumed before an upload) does not
+    make its client slow: here the grace is 1 s and the rate 1 MiB/s, the app starts reading after 6 s,
+    and a body sent at once is read whole (counted from the head instead, the first read that had to
+    wait for the socket was past its deadline: a 408)."""
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:  # type: ignore[type-arg]
+        await asyncio.sleep(6)
+        size, more = 0, True
+        while more:
+            message = await receive()
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(size).encode()})
+
+    limited = bodylimit.BodyLimit(
+        app,
+        default_bytes=64 * MIB,
+        refuse=lambda limit, field: ValueError(field),
+        render=lambda exc: app,  # never reached: nothing is over its cap
+    )
+    limited.grace_s, limited.min_bytes_per_s = 1.0, MIB  # loopback sends far faster than 1 MiB/s
+    server = uvicorn.Server(serving.config(limited, "127.0.0.1", 0))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        async with httpx.AsyncClient(timeout=30) as http:
+            answer = await http.put(url + "/upload", content=b"b" * (4 * MIB))
+        assert answer.status_code == 200 and answer.text == str(4 * MIB), answer.text
+    finally:
+        server.should_exit = True
+        await task
