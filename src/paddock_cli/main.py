@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from paddock_cli import admin, deploy, disk, output, sandbox, template, webhook
+from paddock_cli import admin, deploy, disk, more, output, sandbox, template, webhook
 
 app = typer.Typer(
     help="Paddock: a self-hostable sandbox cloud for AI agents.",
@@ -26,6 +26,7 @@ app.add_typer(disk.app, name="disk")
 app.add_typer(template.app, name="template")
 app.command("deploy")(deploy.deploy)
 app.add_typer(admin.app, name="admin", help="Accounts and API keys (talks to the database directly).")
+more.register(app)
 
 
 @app.callback()

@@ -74,3 +74,34 @@ def test_the_readme_token_example_names_the_sandbox(live: LivePlatform, cli: Cli
         assert agent("sandbox", "get", "no-such").returncode == 4  # not found
     finally:
         cli("sandbox", "rm", "demo")
+
+
+def test_account_and_sandbox_settings_commands_with_json_after_the_name(cli: Cli) -> None:
+    who = cli.json("whoami")
+    assert isinstance(who, dict) and who["user_id"].startswith("usr_")
+    shapes = cli.json("shapes")
+    assert isinstance(shapes, list) and "s-1vcpu-256mb" in [s["id"] for s in shapes]
+    table = cli("shapes")
+    assert table.returncode == 0 and b"s-1vcpu-256mb" in table.stdout
+    images = cli.json("rootfs")
+    assert isinstance(images, dict) and images["default"]
+
+    made = cli.json(
+        "sandbox", "create", "--shape", "s-1vcpu-256mb", "--disk-mib", "2048", "--name", "set-box"
+    )
+    assert isinstance(made, dict)
+    try:
+        # options after the sandbox's name, --json on each
+        assert cli.json("sandbox", "egress", "set-box") == []
+        ran = cli("sandbox", "egress", "set-box", "example.com", "10.0.0.0/8:443", "--json")
+        assert ran.returncode == 0, ran.stderr
+        assert cli.json("sandbox", "egress", "set-box") == ["example.com", "10.0.0.0/8:443"]
+        assert cli.json("sandbox", "egress", "set-box", "--clear") == []
+
+        patched = cli.json("sandbox", "set", "set-box", "--ingress", "--auto-pause", "600")
+        assert isinstance(patched, dict)
+        assert patched["ingress_enabled"] is True and patched["auto_pause_after_seconds"] == 600
+        assert cli.json("sandbox", "resize", "set-box", "3072") == {"disk_mib": 3072}
+        assert cli.json("sandbox", "ps", "set-box") == []
+    finally:
+        cli("sandbox", "rm", "set-box")
