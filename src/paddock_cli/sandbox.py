@@ -67,6 +67,9 @@ def create(
     ingress: bool = typer.Option(False, "--ingress", help="Give the sandbox an HTTPS ingress URL."),
     auto_pause: int = typer.Option(None, "--auto-pause", help="Pause after this many idle seconds."),
     start_paused: bool = typer.Option(False, "--start-paused", help="Boot straight into paused."),
+    timeout: int = typer.Option(None, "--timeout", help="Lifetime in seconds: then destroyed (or paused)."),
+    on_timeout: str = typer.Option(None, "--on-timeout", help="destroy (default) or pause."),
+    metadata: list[str] = typer.Option([], "--metadata", "-m", help="KEY=VALUE label (repeat)."),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Create a sandbox and wait until it runs; prints only its id, for `id=$(paddock sandbox create)`
@@ -81,6 +84,9 @@ def create(
         "ingress_enabled": ingress or None,
         "auto_pause_after_seconds": auto_pause,
         "start_paused": start_paused or None,
+        "timeout_s": timeout,
+        "on_timeout": on_timeout,
+        "metadata": key_values(metadata, "--metadata") or None,
     }
     with api_errors(), client() as sdk:
         sandbox = sdk.sandboxes.create(shape, **fields)
@@ -91,11 +97,19 @@ def create(
 def list_sandboxes(
     status: str = typer.Option(None, "--status", help="Only this status (running, paused, destroyed …)."),
     all_: bool = typer.Option(False, "--all", "-a", help="Include destroyed and failed sandboxes."),
+    metadata: list[str] = typer.Option(
+        [], "--metadata", "-m", help="Only those labelled KEY=VALUE (repeat)."
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """List your sandboxes, oldest first (live ones only unless --all or --status); ids are never cut."""
+    labels = key_values(metadata, "--metadata") or None
     with api_errors(), client() as sdk:
-        rows = [s for s in sdk.sandboxes.iter(status) if status or all_ or s.status not in TERMINAL]
+        rows = [
+            s
+            for s in sdk.sandboxes.iter(status, metadata=labels)
+            if status or all_ or s.status not in TERMINAL
+        ]
     emit(
         rows,
         json_out,
@@ -104,6 +118,19 @@ def list_sandboxes(
             [[s.id, s.name, s.status, s.shape, s.ip, s.created_at] for s in items],
         ),
     )
+
+
+@app.command("timeout")
+def set_timeout(
+    ref: str,
+    seconds: int = typer.Argument(..., help="The new lifetime from now; 0 removes it."),
+    on_timeout: str = typer.Option(None, "--on-timeout", help="destroy or pause."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Extend or shorten a sandbox's lifetime (from now)."""
+    with api_errors(), client() as sdk:
+        info = resolve(sdk, ref).set_timeout(seconds, on_timeout=on_timeout)
+    emit(info, json_out, lambda i: typer.echo(i.end_at or "no lifetime"))
 
 
 @app.command()

@@ -30,7 +30,10 @@ def merged(services: Services, sandbox: Sandbox, overrides: dict[str, str] | Non
     if overrides:
         for key in overrides:
             if key not in env:
-                raise errors.ValidationFailed.field(f"env.{key}", "not declared on the sandbox")
+                raise errors.ValidationFailed.field(
+                    f"env.{key}",
+                    "not declared on the sandbox; declare it at create (envs: {KEY: default}) to override it per exec",
+                )
         validation.envs({**env, **overrides})
         env.update(overrides)
     return env

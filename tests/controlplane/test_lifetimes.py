@@ -172,3 +172,14 @@ async def test_whoami_shows_credits_left_and_spent(clocked: Clocked) -> None:
         assert (await http.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
         after = (await http.get("/v1/whoami")).json()["data"]
         assert after["credits"] == {"balance": 500.0 - 6.66, "spent": 6.66}
+
+
+async def test_an_undeclared_exec_env_key_is_a_400_that_says_how_to_declare_it(clocked: Clocked) -> None:
+    _, http = await user_client(clocked)
+    async with http:
+        body = {"shape": "s-1vcpu-1gb", "envs": {"MODE": "demo"}}
+        sid = (await http.post("/v1/sandboxes", json=body)).json()["data"]["id"]
+        refused = await http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "env": {"NEW": "x"}})
+        assert refused.status_code == 400, refused.text
+        data = refused.json()["data"]
+        assert "declare it at create" in data["env.NEW"] and "envs" in data["env.NEW"], data
