@@ -306,6 +306,8 @@ class Template:
     created_at: str | None = None
     built_at: str | None = None
     dockerfile: str | None = None
+    #: Why a ``failed`` template failed (its last attempt's error; the logs hold the rest).
+    error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -34,6 +34,19 @@ app = typer.Typer(no_args_is_help=True, help="Templates: build a Dockerfile into
 STEP = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
 
 
+def mib(size_bytes: int) -> str:
+    """A size in MiB, one decimal (``1536.0``): bytes were unreadable at a glance."""
+    return f"{size_bytes / 1048576:.1f}" if size_bytes else "-"
+
+
+def _short(error: str | None) -> str:
+    """A failure on one line of a table: its first line, at most 80 characters (``get`` shows it whole)."""
+    if not error:
+        return ""
+    line = error.strip().splitlines()[0] if error.strip() else ""
+    return line[:77] + "..." if len(line) > 80 else line
+
+
 def show(template: Any) -> None:
     print_fields(
         [
@@ -41,9 +54,10 @@ def show(template: Any) -> None:
             ("name", template.name),
             ("base", template.base),
             ("status", template.status),
-            ("ext4_size_bytes", template.ext4_size_bytes),
+            ("size_mib", mib(template.ext4_size_bytes)),
             ("created_at", template.created_at),
             ("built_at", template.built_at),
+            ("error", template.error),
         ]
     )
     if template.dockerfile:
@@ -132,8 +146,11 @@ def list_templates(json_out: bool = JSON_OPTION) -> None:
         items,
         json_out,
         lambda rows: print_table(
-            ["ID", "NAME", "BASE", "STATUS", "SIZE", "BUILT"],
-            [[t.id, t.name, t.base, t.status, t.ext4_size_bytes, t.built_at] for t in rows],
+            ["ID", "NAME", "BASE", "STATUS", "SIZE_MIB", "BUILT", "ERROR"],
+            [
+                [t.id, t.name, t.base, t.status, mib(t.ext4_size_bytes), t.built_at, _short(t.error)]
+                for t in rows
+            ],
         ),
     )
 

@@ -115,6 +115,10 @@ class Instruction:
 # --- views ---------------------------------------------------------------------------------------
 
 
+#: A failed template's ``error`` in its view, in characters (the logs hold the rest).
+MAX_VIEW_ERROR = 1000
+
+
 def template_view(template: Template, *, include_dockerfile: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": template.id,
@@ -126,6 +130,8 @@ def template_view(template: Template, *, include_dockerfile: bool = False) -> di
     }
     if template.built_at is not None and template.status == "ready":
         out["built_at"] = rfc3339(template.built_at)
+    if template.status == "failed" and template.error:
+        out["error"] = template.error[:MAX_VIEW_ERROR]  # why, as the last attempt ended (an extension)
     if include_dockerfile:
         out["dockerfile"] = template.dockerfile
     return out

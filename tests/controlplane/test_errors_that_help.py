@@ -119,3 +119,33 @@ async def test_did_you_mean_and_the_setting_that_allows_a_private_target(api: ht
     hook = await api.post("/v1/webhook-endpoints", json={"url": "http://127.0.0.1:9/hook"})
     assert hook.status_code == 400
     assert "PADDOCK_CP_WEBHOOK_ALLOW_PRIVATE_TARGETS=true" in hook.json()["data"]["url"]
+
+
+async def test_a_failed_template_says_why_and_sizes_read_in_mib(
+    controlplane: ControlPlane, fake_host: FakeHostLink
+) -> None:
+    _, key = await controlplane.new_user()
+    headers = {"X-Api-Key": key}
+    body = {"name": "broken", "dockerfile": "FROM debian:13\nRUN FAIL\n"}
+    created = (await controlplane.http.post("/v1/templates", json=body, headers=headers)).json()["data"]
+    good = {"name": "fine", "dockerfile": "FROM debian:13\nENV A=1\n"}
+    await controlplane.http.post("/v1/templates", json=good, headers=headers)
+    for _ in range(200):
+        views = (await controlplane.http.get("/v1/templates", headers=headers)).json()["data"]["data"]
+        if {v["status"] for v in views} <= {"ready", "failed"} and len(views) == 2:
+            break
+        await asyncio.sleep(0.05)
+    view = (await controlplane.http.get(f"/v1/templates/{created['id']}", headers=headers)).json()["data"]
+    assert view["status"] == "failed" and view["error"]  # why, in the view itself
+
+    cli = Cli(controlplane.url, key)
+    listed = await asyncio.to_thread(cli, "template", "ls")
+    out = listed.stdout.decode()
+    assert listed.returncode == 0 and "SIZE_MIB" in out and "ERROR" in out, listed.stderr
+    broken_row = next(line for line in out.splitlines() if "broken" in line)
+    assert view["error"].strip().splitlines()[0][:40] in broken_row
+    shown = (await asyncio.to_thread(cli, "template", "get", "broken")).stdout.decode()
+    assert "error" in shown and view["error"].strip().splitlines()[0][:40] in shown
+    fine = next(v for v in views if v["name"] == "fine")
+    fine_row = next(line for line in out.splitlines() if " fine " in line)
+    assert fine["ext4_size_bytes"] == 4096 and " 0.0 " in fine_row  # the fake host's 4 KiB, in MiB
