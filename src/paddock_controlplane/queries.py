@@ -61,11 +61,21 @@ async def running_sandbox(services: Services, user_id: str, sandbox_id: str) -> 
             services.running.put(sandbox_id, sandbox)
             return sandbox
         if sandbox.status not in BECOMING_RUNNING or time.monotonic() >= deadline:
-            raise errors.InvalidState("sandbox is not running")
+            raise errors.InvalidState(not_running(sandbox.id, sandbox.status))
         # Woken at once by a change this process commits (or, across processes, the status
         # notification); the growing delay bounds the re-reads otherwise.
         await services.status_watch.wait(changed, delay)
         delay = min(delay * 1.5, 0.5)
+
+
+def not_running(sandbox_id: str, status: str) -> str:
+    """The 409's message: the contract's words (§11.5), then the status and, when paused, how to resume."""
+    if status == SandboxStatus.PAUSED:
+        return (
+            f"sandbox is not running: it is paused; resume it with POST /v1/sandboxes/{sandbox_id}/resume"
+            " (sb.resume(), paddock sandbox resume)"
+        )
+    return f"sandbox is not running: it is {status}"
 
 
 @dataclass(frozen=True)

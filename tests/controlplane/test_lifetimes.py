@@ -183,3 +183,17 @@ async def test_an_undeclared_exec_env_key_is_a_400_that_says_how_to_declare_it(c
         assert refused.status_code == 400, refused.text
         data = refused.json()["data"]
         assert "declare it at create" in data["env.NEW"] and "envs" in data["env.NEW"], data
+
+
+async def test_exec_on_a_paused_sandbox_is_a_409_that_says_paused_and_how_to_resume(clocked: Clocked) -> None:
+    """The documented choice (docs/limits.md): the API does not wake a paused sandbox for exec; the 409
+    keeps the contract's words and says how to resume."""
+    _, http = await user_client(clocked)
+    async with http:
+        sid = (await http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
+        assert (await http.post(f"/v1/sandboxes/{sid}/pause")).status_code == 200
+        refused = await http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"})
+        assert refused.status_code == 409, refused.text
+        message = refused.json()["data"]["message"]
+        assert message.startswith("sandbox is not running") and "paused" in message
+        assert f"/v1/sandboxes/{sid}/resume" in message
