@@ -365,6 +365,7 @@ class AsyncSandbox:
         stdin: str | None = None,
         timeout_s: float | None = None,
         shell: bool = False,
+        cwd: str | None = None,
     ) -> ExecResult:
         """Run ``cmd`` and wait for it; a non-zero exit is a result, not an exception.
 
@@ -374,7 +375,7 @@ class AsyncSandbox:
         that cannot start raises :class:`CommandStartError`."""
         if shell:
             cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
-        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin})
+        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "cwd": cwd})
         # No read limit by default: the client's own (60 s) had cut a long buffered command.
         wait: Any = timeout_s if timeout_s is not None else _base.no_read_timeout(self._client._http.timeout)
         try:
@@ -398,9 +399,10 @@ class AsyncSandbox:
         env: dict[str, str] | None = None,
         stdin: str | None = None,
         timeout_s: float | None = None,
+        cwd: str | None = None,
     ) -> ExecResult:
         """``run(script, shell=True)``: ``/bin/sh -c script`` (pipes, ``&&``, globs)."""
-        return await self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True)
+        return await self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True, cwd=cwd)
 
     async def stream(
         self,

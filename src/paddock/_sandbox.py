@@ -358,6 +358,7 @@ class Sandbox:
         stdin: str | None = None,
         timeout_s: float | None = None,
         shell: bool = False,
+        cwd: str | None = None,
     ) -> ExecResult:
         """Run ``cmd`` and wait for it; a non-zero exit is a result, not an exception.
 
@@ -367,7 +368,7 @@ class Sandbox:
         that cannot start raises :class:`CommandStartError`."""
         if shell:
             cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
-        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin})
+        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "cwd": cwd})
         # No read limit by default: the client's own (60 s) had cut a long buffered command.
         wait: Any = timeout_s if timeout_s is not None else _base.no_read_timeout(self._client._http.timeout)
         try:
@@ -391,9 +392,10 @@ class Sandbox:
         env: dict[str, str] | None = None,
         stdin: str | None = None,
         timeout_s: float | None = None,
+        cwd: str | None = None,
     ) -> ExecResult:
         """``run(script, shell=True)``: ``/bin/sh -c script`` (pipes, ``&&``, globs)."""
-        return self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True)
+        return self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True, cwd=cwd)
 
     def stream(
         self,

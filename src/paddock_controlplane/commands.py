@@ -42,11 +42,32 @@ async def prepare_exec(
 ) -> tuple[Sandbox, dict[str, str]]:
     if not req.cmd:
         raise errors.ValidationFailed.field("cmd", "is required")
+    if req.cwd is not None:
+        in_directory(req)
     check_stdin_size(req)
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     env = envs.merged(services, sandbox, req.env)
     check_command_size(req, env)
     return sandbox, env
+
+
+#: An exec's ``cwd``: the command runs through the sandbox's ``/bin/sh``, which changes to it and then
+#: execs the command; the directory and the command are its positional arguments, never part of the
+#: script, so no character of theirs is shell syntax. A directory that is not there exits 127.
+CWD_SCRIPT = 'cd -- "$1" || exit 127; shift; exec "$@"'
+MAX_CWD_BYTES = 4096
+
+
+def in_directory(req: ExecRequest) -> None:
+    """Rewrites ``req`` to run in ``req.cwd``; a 400 names ``cwd`` when it is not an absolute path."""
+    cwd = req.cwd or ""
+    if not cwd.startswith("/") or "\x00" in cwd or len(cwd.encode("utf-8", "surrogatepass")) > MAX_CWD_BYTES:
+        raise errors.ValidationFailed.field(
+            "cwd", f"must be an absolute path of at most {MAX_CWD_BYTES} bytes"
+        )
+    req.args = ["-c", CWD_SCRIPT, "sh", cwd, req.cmd, *(req.args or [])]
+    req.cmd = "/bin/sh"
+    req.cwd = None
 
 
 def check_stdin_size(req: ExecRequest) -> None:

@@ -105,6 +105,7 @@ class ExecRequest(Body):
     stream: StrictBool | None = None
     env: dict[str, StrictStr] | None = None
     stdin: StrictStr | None = None
+    cwd: StrictStr | None = None
 
 
 class NetworkCreateRequest(Body):

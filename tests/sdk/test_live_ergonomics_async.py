@@ -87,3 +87,21 @@ async def test_a_70_s_command_through_run_with_defaults(live: LivePlatform) -> N
         with pytest.raises(paddock.CommandTimeoutError) as cut:
             await sb.run("sleep", ["5"], timeout_s=1)
         assert "timeout_s" in str(cut.value) and isinstance(cut.value, TimeoutError)
+
+
+async def test_run_in_a_directory(live: LivePlatform) -> None:
+    async with (
+        paddock.AsyncClient(live.url, live.api_key()) as client,
+        await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB) as sb,
+    ):
+        odd = "/tmp/a b;$(touch /tmp/pwned)"
+        assert (await sb.run("mkdir", ["-p", odd])).ok
+        assert (await sb.run("pwd", cwd="/tmp")).stdout == "/tmp\n"
+        assert (await sb.run("pwd", cwd=odd)).stdout == odd + "\n"
+        assert (await sb.run_shell("pwd && ls", cwd=odd)).stdout == odd + "\n"
+        assert not (await sb.run("test", ["-e", "/tmp/pwned"])).ok, "the directory's name stays a name"
+        missing = await sb.run("pwd", cwd="/no/such/dir")
+        assert missing.exit_code == 127 and "/no/such/dir" in missing.stderr
+        with pytest.raises(paddock.ValidationError) as relative:
+            await sb.run("pwd", cwd="relative")
+        assert "cwd" in relative.value.fields
