@@ -170,14 +170,40 @@ def wait_for_display(index: int, xvfb: subprocess.Popen[bytes]) -> None:
     raise Refused(500, "DESKTOP_FAILED", f"the X server of screen-{index} did not start")
 
 
+def clear_stale_display(index: int) -> list[str]:
+    """Removes the lock and socket a screen's X server left when it is not running, and says which
+    listeners Xvfb may not open. A fork's copy of the disk (or a restart) carries ``/tmp/.X<N>-lock``
+    naming a pid that some other process of the new sandbox may hold, and Xvfb then refused to start
+    ("Server is already active for display 0"). On gVisor the old socket is the host's own (``/tmp`` is
+    bound from the sandbox's disk, ``--host-uds=create``) and cannot be removed from inside (EPERM):
+    that Xvfb listens on its abstract socket alone (``-nolisten unix``), which X clients try first."""
+    lock = Path(f"/tmp/.X{index}-lock")
+    try:
+        pid = int(lock.read_text().strip() or "0")
+    except (OSError, ValueError):
+        pid = 0
+    if pid and alive(pid, "Xvfb"):
+        return []
+    with contextlib.suppress(OSError):
+        lock.unlink()
+    try:
+        Path(f"/tmp/.X11-unix/X{index}").unlink()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return ["-nolisten", "unix"]
+    return []
+
+
 def start_screen(index: int, width: int, height: int) -> dict[str, Any]:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     Path("/tmp/.X11-unix").mkdir(mode=0o1777, exist_ok=True)
     with contextlib.suppress(OSError):
         os.chmod("/tmp/.X11-unix", 0o1777)
+    listeners = clear_stale_display(index)
     display = display_of(index)
     xvfb = spawn(
-        ["Xvfb", display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-ac"],
+        ["Xvfb", display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", *listeners, "-ac"],
         log_name=f"xvfb-{index}.log",
     )
     wait_for_display(index, xvfb)

@@ -216,6 +216,22 @@ def test_a_second_screen_works_independently(desktop: paddock.Sandbox, editor: p
         desktop.computer.get_screen(screen.screen_id)
 
 
+def test_a_fork_of_a_desktop_gets_a_screen_of_its_own(
+    desktop: paddock.Sandbox, editor: paddock.Window
+) -> None:
+    # The fork's disk carries the source's X lock (/tmp/.X0-lock, naming a pid that another process of
+    # the child may hold): Xvfb refused to start there, and every call on the child answered 500.
+    child = desktop.fork()
+    try:
+        assert png_size(child.computer.screenshot()) == (1280, 800)
+        assert child.computer.windows() == []  # files carry over, processes (and windows) do not
+        child.computer.launch("mousepad")
+        eventually(lambda: window_titled(child, "Mousepad"), "Mousepad on the fork's screen")
+        assert editor.id in [w.id for w in desktop.computer.windows()]  # the source's screen is its own
+    finally:
+        child.destroy()
+
+
 def test_bad_input_is_a_400_naming_the_field(
     live: LivePlatform, api_key: str, desktop: paddock.Sandbox
 ) -> None:
