@@ -34,6 +34,7 @@ FILES = {
     "tests/sdk/test_live_files_async.py": "tests/sdk/test_live_files.py",
     "tests/sdk/test_live_handles_async.py": "tests/sdk/test_live_handles.py",
     "tests/sdk/test_live_ergonomics_async.py": "tests/sdk/test_live_ergonomics.py",
+    "tests/sdk/test_live_background_async.py": "tests/sdk/test_live_background.py",
 }
 
 #: Regexes applied in order; see COMPILED for how they are bounded.
@@ -56,6 +57,9 @@ SUBSTITUTIONS = [
     # the hand-written pairs in paddock._blocking
     (r"asleep", "sleep"),
     (r"aupload_body", "upload_body"),
+    (r"abackground", "background"),
+    (r"ajoin", "join"),
+    (r"acallback", "callback"),
     # the standard library, for the tests
     (r"asyncio\.sleep", "time.sleep"),
     (r"import asyncio", "import time"),

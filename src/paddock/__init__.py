@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from paddock import webhooks
 from paddock._async_client import AsyncClient
 from paddock._async_computer import AsyncComputer
-from paddock._async_processes import AsyncProcesses
+from paddock._async_processes import AsyncCommandHandle, AsyncProcesses
 from paddock._async_sandbox import AsyncFiles, AsyncSandbox, AsyncSandboxes
 from paddock._base import RetryPolicy
 from paddock._client import Client
@@ -60,7 +60,7 @@ from paddock._models import (
     Window,
     WindowGeometry,
 )
-from paddock._processes import Processes
+from paddock._processes import CommandHandle, Processes
 from paddock._sandbox import Files, Sandbox, Sandboxes
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ __all__ = [
     "APIError",
     "AccessToken",
     "AsyncClient",
+    "AsyncCommandHandle",
     "AsyncComputer",
     "AsyncFiles",
     "AsyncProcesses",
@@ -91,6 +92,7 @@ __all__ = [
     "BuildLogFrame",
     "Client",
     "CodeInterpreterError",
+    "CommandHandle",
     "CommandStartError",
     "CommandTimeoutError",
     "Computer",

@@ -15,7 +15,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from paddock import _base, _blocking, _code
 from paddock._async_computer import AsyncComputer
-from paddock._async_processes import AsyncProcesses
+from paddock._async_processes import AsyncCommandHandle, AsyncProcesses
+from paddock._async_processes import OutputCallback as OutputLineCallback
 from paddock._async_resources import AsyncSandboxDisks
 from paddock._code import Execution, OutputCallback
 from paddock._errors import (
@@ -403,6 +404,25 @@ class AsyncSandbox:
     ) -> ExecResult:
         """``run(script, shell=True)``: ``/bin/sh -c script`` (pipes, ``&&``, globs)."""
         return await self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True, cwd=cwd)
+
+    async def run_background(
+        self,
+        cmd: str,
+        args: Iterable[str] = (),
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        shell: bool = False,
+        on_stdout: OutputLineCallback | None = None,
+        on_stderr: OutputLineCallback | None = None,
+    ) -> AsyncCommandHandle:
+        """Start ``cmd`` as a managed process and return at once with a handle: each line it prints goes
+        to ``on_stdout``/``on_stderr`` as it comes, ``await handle.wait()`` returns the exit code,
+        ``await handle.kill()`` ends it. The command outlives the handle and the client."""
+        if shell:
+            cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
+        process = await self.processes.start(cmd, args, cwd=cwd, env=env)
+        return self.processes.attach(process.process_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
     async def stream(
         self,

@@ -5,16 +5,20 @@
 sleeping, preparing an upload body, writing a download to a local file — live here as pairs whose names
 that script maps one onto the other (``asleep`` → ``sleep``, ``aupload_body`` → ``upload_body``,
 ``AsyncFileSink`` → ``FileSink``, ``AsyncBytesBody`` → ``BytesBody``, ``AsyncSource`` → ``Source``), so the generated code calls the sync form.
+A background command's output is read by a task (``abackground``) in the async client and by a thread
+(``background``) in the sync one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import stat
+import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import IO, Any
 
 #: Uploads are read, and downloads written, about this much at a time.
@@ -32,6 +36,42 @@ async def asleep(seconds: float) -> None:
 
 def sleep(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def abackground(work: Callable[[], Coroutine[Any, Any, None]]) -> asyncio.Task[None]:
+    """Runs ``work`` beside the caller: a task on the running event loop."""
+    return asyncio.get_running_loop().create_task(work())
+
+
+def background(work: Callable[[], None]) -> threading.Thread:
+    """Runs ``work`` beside the caller: a daemon thread."""
+    thread = threading.Thread(target=work, name="paddock-output", daemon=True)
+    thread.start()
+    return thread
+
+
+async def ajoin(worker: asyncio.Task[None], timeout_s: float | None) -> bool:
+    """Waits for what ``abackground`` started; False when ``timeout_s`` passed first."""
+    done, _ = await asyncio.wait({worker}, timeout=timeout_s)
+    return bool(done)
+
+
+def join(worker: threading.Thread, timeout_s: float | None) -> bool:
+    """Waits for what ``background`` started; False when ``timeout_s`` passed first."""
+    worker.join(timeout_s)
+    return not worker.is_alive()
+
+
+async def acallback(callback: Callable[[str], Any], text: str) -> None:
+    """Calls an output callback, a plain function or a coroutine function."""
+    result = callback(text)
+    if inspect.isawaitable(result):
+        await result
+
+
+def callback(callback: Callable[[str], Any], text: str) -> None:
+    """Calls an output callback (in the thread that reads the output)."""
+    callback(text)
 
 
 def aupload_body(source: Any, headers: dict[str, str]) -> AsyncIterator[bytes]:

@@ -9,15 +9,20 @@
 
 A process outlives every client: leaving ``connect`` only closes the stream, and a later ``connect``
 with ``after=<seq>`` gets what was printed since.
+
+``sandbox.run_background(cmd, on_stdout=cb, on_stderr=cb)`` (or ``processes.attach(process_id, …)``)
+gives an ``CommandHandle`` whose output reaches the callbacks line by line as it is printed, with
+``wait()``, ``kill()`` and ``exit_code``.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from paddock import _base
+from paddock import _base, _blocking
+from paddock._errors import PaddockError, WaitTimeoutError
 from paddock._models import ManagedProcess
 
 if TYPE_CHECKING:
@@ -91,6 +96,17 @@ class Processes:
             "GET", self._path(process_id, "wait"), params=params, timeout=timeout_ms / 1000 + 30
         )
 
+    def attach(
+        self,
+        process_id: str,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        after: int = 0,
+    ) -> CommandHandle:
+        """A handle on a running process whose output (from ``after``) goes to the callbacks."""
+        return CommandHandle(self, process_id, on_stdout=on_stdout, on_stderr=on_stderr, after=after)
+
     def connect(self, process_id: str, *, after: int = 0) -> Iterator[dict[str, Any]]:
         """The output after ``after`` then live: ``{"type": "data", "seq", "stream", "data": bytes}``,
         heartbeats, and a last ``exit`` (or ``error``) frame. Leaving early leaves the process running."""
@@ -107,3 +123,113 @@ class Processes:
                 yield frame
         finally:
             resp.close()
+
+
+#: An output callback: called with each line (its newline taken off), a plain function or, in the
+#: async client, a coroutine function.
+OutputCallback = Callable[[str], Any]
+
+#: A line longer than this is handed over in pieces of this size, so the held part stays bounded.
+MAX_LINE_BYTES = 64 * 1024
+
+
+class CommandHandle:
+    """A command running in the sandbox as a managed process, its output read in the background.
+
+    Each line of stdout (a terminal's output too) goes to ``on_stdout`` and each line of stderr to
+    ``on_stderr`` as it arrives, without its newline; a last line without one comes when the command ends.
+    The callbacks run in the client's event loop (async client) or in a reading thread (sync client). A
+    callback that raises stops the reading, and ``wait()`` raises its exception; the command runs on.
+    The command outlives the handle and the client: ``kill()`` ends it."""
+
+    def __init__(
+        self,
+        processes: Processes,
+        process_id: str,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        after: int = 0,
+    ) -> None:
+        self._processes = processes
+        self.process_id = process_id
+        self._callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        self._held = {"stdout": b"", "stderr": b""}
+        self._seq = after
+        self._exit: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._worker = _blocking.background(self._read)
+
+    def __repr__(self) -> str:
+        return f"<CommandHandle {self.process_id} exit_code={self.exit_code}>"
+
+    @property
+    def exit_code(self) -> int | None:
+        """The command's exit code once it has ended (-1 when a signal ended it), otherwise None."""
+        if self._exit is None:
+            return None
+        code = self._exit.get("exit_code")
+        return int(code) if code is not None else -1
+
+    @property
+    def signal(self) -> str | None:
+        """The signal that ended the command, if one did."""
+        return None if self._exit is None else self._exit.get("signal")
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Waits until the command has ended and its output has reached the callbacks; returns its exit
+        code. Raises :class:`WaitTimeoutError` after ``timeout_s`` (the command runs on)."""
+        if not _blocking.join(self._worker, timeout_s):
+            raise WaitTimeoutError(
+                f"process {self.process_id} still running after wait(timeout_s={timeout_s})"
+            )
+        if self._error is not None:
+            raise self._error
+        return self.exit_code if self.exit_code is not None else -1
+
+    def kill(self, *, grace_ms: int = 5000) -> int:
+        """SIGTERM to the command's process tree, SIGKILL after ``grace_ms``; returns ``wait()``."""
+        self._processes.kill(self.process_id, grace_ms=grace_ms)
+        return self.wait(timeout_s=grace_ms / 1000 + 60)
+
+    def send_stdin(self, data: bytes | str) -> int:
+        return self._processes.send_input(self.process_id, data)
+
+    def close_stdin(self) -> None:
+        self._processes.close_stdin(self.process_id)
+
+    def _read(self) -> None:
+        try:
+            while self._exit is None:
+                for frame in self._processes.connect(self.process_id, after=self._seq):
+                    kind = frame.get("type")
+                    if kind == "data":
+                        self._seq = max(self._seq, int(frame.get("seq", self._seq)))
+                        stream = "stderr" if frame.get("stream") == "stderr" else "stdout"
+                        self._take(stream, frame["data"])
+                    elif kind == "exit":
+                        self._exit = frame
+                    elif kind == "error":
+                        raise PaddockError(f"process {self.process_id}: {frame.get('error')}")
+                if self._exit is None:  # the stream ended early: connect again after what was seen
+                    _blocking.sleep(0.2)
+            for stream in ("stdout", "stderr"):
+                if self._held[stream]:
+                    self._deliver(stream, self._held[stream])
+        except BaseException as exc:  # handed to wait()
+            self._error = exc
+
+    def _take(self, stream: str, data: bytes) -> None:
+        held = self._held[stream] + data
+        *lines, rest = held.split(b"\n")
+        for line in lines:
+            self._deliver(stream, line)
+        while len(rest) >= MAX_LINE_BYTES:
+            self._deliver(stream, rest[:MAX_LINE_BYTES])
+            rest = rest[MAX_LINE_BYTES:]
+        self._held[stream] = rest
+
+    def _deliver(self, stream: str, line: bytes) -> None:
+        callback = self._callbacks[stream]
+        if callback is not None:
+            _blocking.callback(callback, line.decode("utf-8", errors="replace"))

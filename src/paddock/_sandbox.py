@@ -28,7 +28,8 @@ from paddock._errors import (
     WaitTimeoutError,
 )
 from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo
-from paddock._processes import Processes
+from paddock._processes import CommandHandle, Processes
+from paddock._processes import OutputCallback as OutputLineCallback
 from paddock._resources import SandboxDisks
 
 if TYPE_CHECKING:
@@ -396,6 +397,25 @@ class Sandbox:
     ) -> ExecResult:
         """``run(script, shell=True)``: ``/bin/sh -c script`` (pipes, ``&&``, globs)."""
         return self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True, cwd=cwd)
+
+    def run_background(
+        self,
+        cmd: str,
+        args: Iterable[str] = (),
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        shell: bool = False,
+        on_stdout: OutputLineCallback | None = None,
+        on_stderr: OutputLineCallback | None = None,
+    ) -> CommandHandle:
+        """Start ``cmd`` as a managed process and return at once with a handle: each line it prints goes
+        to ``on_stdout``/``on_stderr`` as it comes, ``handle.wait()`` returns the exit code,
+        ``handle.kill()`` ends it. The command outlives the handle and the client."""
+        if shell:
+            cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
+        process = self.processes.start(cmd, args, cwd=cwd, env=env)
+        return self.processes.attach(process.process_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
     def stream(
         self,
