@@ -23,21 +23,41 @@ def code_blocks(language: str) -> list[str]:
 
 
 def test_the_readme_sdk_quickstart_runs(live: LivePlatform, tmp_path: Path) -> None:
+    """Both Python blocks: the fifteen-line quickstart (lifetime and labels, run_shell, files, get by
+    name, a background command's callback, the ingress URL) and the longer tour (stream, pause, fork)."""
     blocks = [block for block in code_blocks("python") if "paddock.Client(" in block]
-    assert blocks, "the README lost its SDK example"
+    assert len(blocks) == 2, "the README's SDK examples moved"
+    quickstart, tour = blocks
+    assert len(quickstart.splitlines()) <= 15
     key = live.api_key()
     env = {**os.environ, "PADDOCK_BASE_URL": live.url, "PADDOCK_API_KEY": key}
-    for block in blocks:
+
+    def run(block: str) -> str:
         ran = subprocess.run(
             [sys.executable, "-c", block], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180
         )
         assert ran.returncode == 0, ran.stderr
-        assert "Linux" in ran.stdout and "{'exit_code': 0}" in ran.stdout and "b'hi'" in ran.stdout
-        assert [line for line in ran.stdout.splitlines() if line.startswith("{'stdout'")] == [
-            "{'stdout': '1\\n'}",
-            "{'stdout': '2\\n'}",
-            "{'stdout': '3\\n'}",
-        ]
+        return ran.stdout
+
+    lines = run(quickstart).splitlines()
+    assert lines[:7] == [
+        "42",
+        "",
+        "['app.py', 'index.html']",
+        "True {'team': 'docs'}",
+        "tick",
+        "tock",
+        "exit 0",
+    ], lines
+    assert len(lines) == 8 and lines[7].startswith(("http://8000-", "https://8000-")), lines
+
+    out = run(tour)
+    assert "Linux" in out and "{'exit_code': 0}" in out and "b'hi'" in out
+    assert [line for line in out.splitlines() if line.startswith("{'stdout'")] == [
+        "{'stdout': '1\\n'}",
+        "{'stdout': '2\\n'}",
+        "{'stdout': '3\\n'}",
+    ]
     with paddock.Client(live.url, key) as client:  # the context managers cleaned up
         assert {s.status for s in client.sandboxes.list()} <= {"destroying", "destroyed"}
 
