@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy import exists, select
+from sqlalchemy import select
 
 from paddock_controlplane import destruction, lifecycle, queries, suspension
 from paddock_controlplane.accounts import Principal
@@ -22,7 +22,7 @@ from paddock_controlplane.api.routes.bodies import MAX_BODY_BYTES, optional_body
 from paddock_controlplane.e2b import errors as e2b_errors
 from paddock_controlplane.e2b import identity, schemas, store
 from paddock_controlplane.e2b import templates as e2b_templates
-from paddock_controlplane.e2b.store import E2bMetadata, E2bSandbox
+from paddock_controlplane.e2b.store import E2bSandbox
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.schemas import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.services import Services
@@ -78,12 +78,27 @@ def _template_of(sandbox: Sandbox, row: E2bSandbox | None) -> str:
     return row.template_id if row is not None else identity.template_for_rootfs(sandbox.rootfs)
 
 
-def _end_of(sandbox: Sandbox, row: E2bSandbox | None) -> dt.datetime:
-    if row is None:
-        return NEVER
-    if row.end_at is None:  # paused: its clock stopped when it paused
+def _end_of(sandbox: Sandbox) -> dt.datetime:
+    """E2B's ``endAt`` from the native lifetime: ``end_at``, when it paused (its clock stopped), or
+    never for a sandbox with no lifetime."""
+    if sandbox.end_at is not None:
+        return as_utc(sandbox.end_at)
+    if schemas.STATES.get(sandbox.status) == "paused" and sandbox.timeout_s:
         return as_utc(sandbox.paused_at or sandbox.created_at)
-    return as_utc(row.end_at)
+    return NEVER
+
+
+def _tags(sandbox: Sandbox) -> dict[str, str]:
+    return {str(key): str(value) for key, value in (sandbox.labels or {}).items()}
+
+
+def _field(exc: errors.ValidationFailed) -> errors.ValidationFailed:
+    """/v1's 400 under E2B's field names."""
+    names = {"timeout_s": "timeout", "envs": "envVars", "on_timeout": "autoPause"}
+    for native, e2b in names.items():
+        if native in exc.fields:
+            return errors.ValidationFailed.field(e2b, exc.fields[native])
+    return exc
 
 
 # --- sandboxes -----------------------------------------------------------------------------------
@@ -109,19 +124,23 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
         )
     timeout_s = store.check_timeout(body.timeout)
     metadata = store.check_metadata(body.metadata)
+    # One lifetime and one label set (issue #33): E2B's ``timeout`` and ``metadata`` are /v1's
+    # ``timeout_s`` and ``metadata``, ``autoPause`` its ``on_timeout: pause``; the reconciler's expiry
+    # pass enforces them. ``timeout`` 0 is no lifetime, as /v1's 0 is.
     request_body = CreateSandboxRequest(
         shape=DEFAULT_SHAPE,
         rootfs=identity.rootfs_for_template(body.template_id),
         envs=body.env_vars or None,
+        timeout_s=timeout_s or None,
+        on_timeout=("pause" if body.auto_pause else "destroy") if timeout_s else None,
+        metadata=metadata or None,
     )
     try:
         sandbox = await lifecycle.create(services, principal.user_id, request_body)
     except errors.ValidationFailed as exc:
         if "rootfs" in exc.fields:
             raise errors.NotFound(f"template {body.template_id!r} not found") from None
-        if "envs" in exc.fields:
-            raise errors.ValidationFailed.field("envVars", exc.fields["envs"]) from None
-        raise
+        raise _field(exc) from None
     try:
         async with transaction(services.sessions) as session:
             await store.record(
@@ -129,9 +148,6 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
                 sandbox_id=sandbox.id,
                 user_id=principal.user_id,
                 template_id=body.template_id,
-                timeout_s=timeout_s,
-                auto_pause=bool(body.auto_pause),
-                metadata=metadata,
                 now=services.clock(),
             )
     except BaseException:
@@ -191,12 +207,8 @@ async def _list(request: Request, states: list[str]) -> JSONResponse:
         .outerjoin(E2bSandbox, E2bSandbox.sandbox_id == Sandbox.id)
         .where(Sandbox.user_id == principal.user_id, Sandbox.status.in_(statuses))
     )
-    for key, value in metadata.items():
-        statement = statement.where(
-            exists().where(
-                E2bMetadata.sandbox_id == Sandbox.id, E2bMetadata.key == key, E2bMetadata.value == value
-            )
-        )
+    for key, value in metadata.items():  # /v1's own filter (queries.list_sandboxes)
+        statement = statement.where(Sandbox.labels[key].as_string() == value)
     template = query.get("template")
     if template:
         statement = statement.where(
@@ -216,9 +228,8 @@ async def _list(request: Request, states: list[str]) -> JSONResponse:
     async with services.sessions() as session:
         rows = list((await session.execute(statement)).tuples().all())
         page = rows[:limit]
-        tags = await store.metadata_of(session, [sandbox.id for sandbox, _ in page])
     items = [
-        schemas.listed(sandbox, _template_of(sandbox, row), _end_of(sandbox, row), tags[sandbox.id])
+        schemas.listed(sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox))
         for sandbox, row in page
     ]
     headers = {"x-next-token": page[-1][0].id} if len(rows) > limit else {}
@@ -253,15 +264,17 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
     source = await _visible(services, principal.user_id, sandbox_id)
     async with services.sessions() as session:
         row = await store.get(session, sandbox_id)
-        tags = (await store.metadata_of(session, [sandbox_id]))[sandbox_id]
-    timeout_s = store.check_timeout(
-        body.timeout if body.timeout is not None else (row.timeout_s if row else None)
-    )
+    timeout_s = store.check_timeout(body.timeout if body.timeout is not None else source.timeout_s)
     template_id = _template_of(source, row)
+    # The child's lifetime runs from its own start; its metadata is its source's (lifecycle.fork).
+    asked = ForkSandboxRequest(
+        timeout_s=timeout_s or None,
+        on_timeout=(source.on_timeout or "destroy") if timeout_s else None,
+    )
     results: list[dict[str, Any]] = []
     for _ in range(count):
         try:
-            child = await lifecycle.fork(services, principal.user_id, sandbox_id, ForkSandboxRequest())
+            child = await lifecycle.fork(services, principal.user_id, sandbox_id, asked)
             child = await _visible(services, principal.user_id, child.id, wait=SandboxStatus.RUNNING)
             if child.status != SandboxStatus.RUNNING:
                 raise errors.InvalidState(f"the fork {child.id} is {child.status}, not running")
@@ -271,9 +284,6 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
                     sandbox_id=child.id,
                     user_id=principal.user_id,
                     template_id=template_id,
-                    timeout_s=timeout_s,
-                    auto_pause=bool(row and row.auto_pause),
-                    metadata=tags,
                     now=services.clock(),
                 )
             results.append({"sandbox": schemas.created(child, template_id, services.settings)})
@@ -294,9 +304,8 @@ async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     async with services.sessions() as session:
         row = await store.get(session, sandbox_id)
-        tags = await store.metadata_of(session, [sandbox_id])
     return schemas.detail(
-        sandbox, _template_of(sandbox, row), _end_of(sandbox, row), tags[sandbox_id], services.settings
+        sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox), services.settings
     )
 
 
@@ -311,17 +320,20 @@ async def kill(sandbox_id: str, request: Request) -> Response:
 async def _set_end(
     services: Services, sandbox: Sandbox, end_at: dt.datetime | None, timeout_s: int | None
 ) -> None:
+    """Sets the native ``end_at`` (and ``timeout_s``), which ``/v1`` shows and the reconciler's expiry
+    pass acts on; a sandbox with no lifetime yet (made through ``/v1``) is destroyed when it passes."""
     async with transaction(services.sessions) as session:
-        row = await store.set_end(
-            session,
-            sandbox.id,
-            sandbox.user_id,
-            identity.template_for_rootfs(sandbox.rootfs),
-            end_at,
-            services.clock(),
-        )
+        row = await session.get(Sandbox, sandbox.id, with_for_update=True)
+        if row is None:
+            raise errors.NotFound(f"sandbox {sandbox.id!r} not found")
+        row.end_at = end_at
         if timeout_s is not None:
-            row.timeout_s = timeout_s
+            row.timeout_s = timeout_s or None
+        if row.timeout_s and row.on_timeout is None:
+            row.on_timeout = "destroy"
+        if end_at is not None and row.timeout_s is None:
+            row.timeout_s = max(1, int((end_at - services.clock()).total_seconds()))
+            row.on_timeout = row.on_timeout or "destroy"
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
@@ -341,10 +353,8 @@ async def refresh(sandbox_id: str, request: Request) -> Response:
     body = await optional_body(request, schemas.Refresh)
     duration = store.check_timeout(body.duration, "duration")
     sandbox = await _visible(services, principal.user_id, sandbox_id)
-    async with services.sessions() as session:
-        row = await store.get(session, sandbox_id)
     wanted = services.clock() + dt.timedelta(seconds=duration)
-    if row is not None and row.end_at is not None and as_utc(row.end_at) > wanted:
+    if sandbox.end_at is not None and as_utc(sandbox.end_at) > wanted:
         return Response(status_code=204)  # a refresh only ever extends
     if schemas.STATES[sandbox.status] == "running":
         await _set_end(services, sandbox, wanted, None)
@@ -373,9 +383,7 @@ async def _resume_or_connect(request: Request, sandbox_id: str, *, only_paused: 
         sandbox = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.PAUSED)
     async with services.sessions() as session:
         row = await store.get(session, sandbox_id)
-    timeout_s = store.check_timeout(
-        body.timeout if body.timeout is not None else (row.timeout_s if row else None)
-    )
+    timeout_s = store.check_timeout(body.timeout if body.timeout is not None else sandbox.timeout_s)
     now = services.clock()
     wanted = now + dt.timedelta(seconds=timeout_s)
     resumed = sandbox.status == SandboxStatus.PAUSED
@@ -386,7 +394,7 @@ async def _resume_or_connect(request: Request, sandbox_id: str, *, only_paused: 
     sandbox = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.RUNNING)
     if sandbox.status != SandboxStatus.RUNNING:
         raise errors.InvalidState(f"sandbox {sandbox_id!r} is {sandbox.status}, not running")
-    if resumed or row is None or row.end_at is None or as_utc(row.end_at) < wanted:
+    if resumed or sandbox.end_at is None or as_utc(sandbox.end_at) < wanted:
         await _set_end(services, sandbox, wanted, timeout_s)  # connect extends a running one, never shortens
     status = 201 if resumed else 200
     return JSONResponse(
