@@ -192,14 +192,27 @@ async def watch(
     ``{"watching": path}`` once the starting state is read (no events for what was already there)."""
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     depth = MAX_DEPTH if recursive else 1
+    # One limiter with the edge's WatchDir: a place per open watch, 429 with Retry-After past the cap.
+    slot = fs.watch_slots.take(user_id, sandbox.id)
 
     async def snapshot() -> dict[str, dict[str, Any]]:
         entries = await _listing(services, sandbox, path, depth)
         return {e["path"]: e for e in entries[:MAX_WATCH_ENTRIES]}
 
-    seen = await snapshot()  # errors (missing, not a directory) are the route's 404/400
+    try:
+        seen = await snapshot()  # errors (missing, not a directory) are the route's 404/400
+    except BaseException:
+        slot.release()
+        raise
 
     async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for line in poll():
+                yield line
+        finally:
+            slot.release()
+
+    async def poll() -> AsyncIterator[bytes]:
         nonlocal seen
         yield json.dumps({"watching": path}).encode() + b"\n"
         loop = asyncio.get_running_loop()
@@ -233,4 +246,6 @@ async def watch(
                 )
             seen = now
 
-    return lines()
+    stream = lines()
+    slot.hold_for(stream)  # a stream never iterated (its client left first) frees its place too
+    return stream

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import secrets
-from collections import OrderedDict
+import weakref
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from paddock_controlplane.activity import Inflight
 from paddock_controlplane.e2b.edge.connect import ConnectError
 from paddock_controlplane.e2b.edge.context import Call, mapped
+from paddock_core import errors
 
 #: One entry per ``\0``-separated record of 9 fields.
 _PRINTF = r"%y\0%s\0%m\0%M\0%u\0%g\0%T@\0%l\0%p\0"
@@ -166,6 +168,63 @@ class _Watcher:
 
 _watchers: OrderedDict[str, _Watcher] = OrderedDict()
 
+#: Open watch streams (this edge's ``WatchDir`` and ``/v1``'s ``GET …/files/watch``, one limiter for
+#: both) allowed per sandbox and per account: each one runs a listing in its sandbox every
+#: ``WATCH_INTERVAL_S`` (isolation rule 5). One more is a 429 with Retry-After (Connect's
+#: ``resource_exhausted`` on the edge) until one of them closes.
+MAX_WATCHES_PER_SANDBOX = 8
+MAX_WATCHES_PER_ACCOUNT = 32
+WATCH_RETRY_AFTER_S = 5
+
+
+class WatchSlot:
+    """One open watch's place; ``release`` is idempotent (the stream's ``finally``, or its collection
+    when it never started)."""
+
+    def __init__(self, slots: WatchSlots, user_id: str, sandbox_id: str) -> None:
+        self._slots, self.user_id, self.sandbox_id = slots, user_id, sandbox_id
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots.give_back(self)
+
+    def hold_for(self, stream: object) -> None:
+        """Frees the place when ``stream`` is collected, should it never be iterated to its end."""
+        weakref.finalize(stream, self.release)
+
+
+class WatchSlots:
+    def __init__(self, per_sandbox: int, per_account: int) -> None:
+        self.per_sandbox, self.per_account = per_sandbox, per_account
+        self.by_sandbox: Counter[str] = Counter()
+        self.by_account: Counter[str] = Counter()
+
+    def take(self, user_id: str, sandbox_id: str) -> WatchSlot:
+        if self.by_sandbox[sandbox_id] >= self.per_sandbox:
+            raise errors.RateLimited(
+                f"a sandbox has at most {self.per_sandbox} open watches; close one and retry",
+                retry_after_s=WATCH_RETRY_AFTER_S,
+            )
+        if self.by_account[user_id] >= self.per_account:
+            raise errors.RateLimited(
+                f"an account has at most {self.per_account} open watches; close one and retry",
+                retry_after_s=WATCH_RETRY_AFTER_S,
+            )
+        self.by_sandbox[sandbox_id] += 1
+        self.by_account[user_id] += 1
+        return WatchSlot(self, user_id, sandbox_id)
+
+    def give_back(self, slot: WatchSlot) -> None:
+        for counter, key in ((self.by_sandbox, slot.sandbox_id), (self.by_account, slot.user_id)):
+            counter[key] -= 1
+            if counter[key] <= 0:
+                del counter[key]
+
+
+watch_slots = WatchSlots(MAX_WATCHES_PER_SANDBOX, MAX_WATCHES_PER_ACCOUNT)
+
 
 async def _snapshot(call: Call, watcher: _Watcher) -> dict[str, dict[str, Any]]:
     entries = await _listing(call, watcher.path, watcher.depth)
@@ -234,20 +293,34 @@ async def remove_watcher(call: Call, req: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-async def watch_dir(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-    watcher = await _new_watcher(call, req)
-    include_entry = bool(req.get("includeEntry"))
-    yield {"start": {}}
-    quiet = 0.0
-    while True:
-        await asyncio.sleep(WATCH_INTERVAL_S)
-        events = await _diff_now(call, watcher, include_entry)
-        for event in events:
-            yield {"filesystem": event}
-        quiet = 0.0 if events else quiet + WATCH_INTERVAL_S
-        if quiet >= 5:
-            quiet = 0.0
-            yield {"keepalive": {}}
+def watch_dir(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """Takes the watch's place first (a refusal is the stream's ``resource_exhausted``), then streams."""
+    try:
+        slot = watch_slots.take(call.sandbox.user_id, call.sandbox.id)
+    except errors.RateLimited as exc:
+        raise ConnectError("resource_exhausted", exc.message) from None
+    stream = _watch_dir(call, req, slot)
+    slot.hold_for(stream)
+    return stream
+
+
+async def _watch_dir(call: Call, req: dict[str, Any], slot: WatchSlot) -> AsyncIterator[dict[str, Any]]:
+    try:
+        watcher = await _new_watcher(call, req)
+        include_entry = bool(req.get("includeEntry"))
+        yield {"start": {}}
+        quiet = 0.0
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            events = await _diff_now(call, watcher, include_entry)
+            for event in events:
+                yield {"filesystem": event}
+            quiet = 0.0 if events else quiet + WATCH_INTERVAL_S
+            if quiet >= 5:
+                quiet = 0.0
+                yield {"keepalive": {}}
+    finally:
+        slot.release()
 
 
 UNARY = {
