@@ -5,6 +5,11 @@ stdout. The wallet key comes from ``PADDOCK_WALLET_KEY``, ``--key-file`` or a de
 ``devchain.json`` (its public demo wallet); the chain's JSON-RPC URL from ``--rpc-url``,
 ``PADDOCK_RPC_URL_<CHAIN>`` or ``devchain.json``. ``--x402`` pays by signature instead: the wallet
 signs an EIP-3009 authorization and the gateway settles it, so no RPC URL and no gas are needed.
+
+``paddock deploy ls``, ``deploy status NAME [DEPLOYMENT_ID]`` and ``deploy rm NAME`` list, show and delete
+the wallet's projects (the gateway's ``GET /agent/projects``, ``GET /agent/deploy/{p}/{d}/status`` and
+``DELETE /agent/projects/{p}``), signed with the same wallet key; each takes ``--json``. Any other first
+argument is the directory to deploy (``./ls`` for a directory named ``ls``).
 """
 
 from __future__ import annotations
@@ -17,8 +22,134 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
-from paddock_cli.output import ExitCode, api_errors, emit, fail, key_values
+from paddock_cli.output import ExitCode, api_errors, emit, fail, key_values, print_fields, print_table
+
+SUBCOMMANDS = ("ls", "status", "rm")
+
+
+class DeployGroup(TyperGroup):
+    """``deploy ls|status|rm …`` are subcommands; anything else is ``deploy DIR [OPTIONS]``."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:  # typer's own vendored click types
+        if args and args[0] in SUBCOMMANDS:
+            return super().resolve_command(ctx, args)
+        return "dir", self.commands["dir"], args
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*SUBCOMMANDS, "dir"]
+
+
+app = typer.Typer(
+    cls=DeployGroup,
+    help="Deploy a directory through the payment gateway (deploy DIR), or list, show and delete the "
+    "wallet's projects (deploy ls | status NAME | rm NAME).",
+    no_args_is_help=True,
+    context_settings={"ignore_unknown_options": True},
+    epilog="deploy DIR takes the options listed by `paddock deploy dir --help`.",
+)
+
+KEY_FILE = typer.Option(None, "--key-file", help="A file holding the wallet's private key (hex).")
+DEVCHAIN = typer.Option(None, "--devchain", help="A dev chain's devchain.json: RPC URLs, demo wallet.")
+GATEWAY_URL = typer.Option(
+    None, "--gateway-url", envvar="PADDOCK_GATEWAY_URL", help="[default: http://127.0.0.1:8082]"
+)
+JSON_OUT = typer.Option(False, "--json", help="Print JSON.")
+
+
+def wallet_key(key_file: Path | None, devchain: Path | None, rpc_urls: dict[str, str] | None = None) -> str:
+    """PADDOCK_WALLET_KEY, a --key-file, or a dev chain's demo wallet (whose RPC URLs fill ``rpc_urls``)."""
+    private_key = os.environ.get("PADDOCK_WALLET_KEY")
+    if devchain is not None:
+        try:
+            info = json.loads(devchain.read_text())
+        except (OSError, ValueError) as exc:
+            raise fail(f"--devchain: {exc}", ExitCode.USAGE) from None
+        if rpc_urls is not None:
+            rpc_urls.update({n: c["rpc_url"] for n, c in info.get("chains", {}).items()})
+        private_key = private_key or info.get("demo_wallet", {}).get("private_key")
+    if key_file is not None:
+        try:
+            private_key = key_file.read_text().strip()
+        except OSError as exc:
+            raise fail(f"--key-file: {exc}", ExitCode.USAGE) from None
+    if not private_key:
+        raise fail("no wallet key: set PADDOCK_WALLET_KEY, or pass --key-file or --devchain", ExitCode.USAGE)
+    return private_key
+
+
+def gateway_client(gateway_url: str | None, key_file: Path | None, devchain: Path | None) -> Any:
+    try:
+        from paddock.gateway import GatewayClient
+    except ImportError as exc:
+        raise fail(str(exc), ExitCode.USAGE) from None
+    try:
+        return GatewayClient(gateway_url, wallet_key(key_file, devchain))
+    except ValueError as exc:
+        raise fail(str(exc), ExitCode.USAGE) from None
+
+
+def find_project(gateway: Any, name_or_id: str) -> dict[str, Any]:
+    """A project of this wallet by its name (uniqueName) or id."""
+    for project in gateway.projects():
+        if name_or_id in (project.get("id"), project.get("name")):
+            return dict(project)
+    raise fail(f"no project named {name_or_id!r} for wallet {gateway.address}", ExitCode.NOT_FOUND)
+
+
+@app.command("ls")
+def ls(
+    gateway_url: str = GATEWAY_URL,
+    key_file: Path = KEY_FILE,
+    devchain: Path = DEVCHAIN,
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The wallet's projects, newest first: name, id, status, URL."""
+    with api_errors(), gateway_client(gateway_url, key_file, devchain) as gateway:
+        projects = gateway.projects()
+    emit(
+        projects,
+        json_out,
+        lambda rows: print_table(
+            ["NAME", "ID", "STATUS", "URL", "CREATED"],
+            [[p.get("name"), p.get("id"), p.get("status"), p.get("url"), p.get("createdAt")] for p in rows],
+        ),
+    )
+
+
+@app.command("status")
+def status(
+    project: str = typer.Argument(..., help="The project's name or id."),
+    deployment_id: str = typer.Argument(
+        None, help="A deployment's id (as deploy --json printed it): that deployment's status."
+    ),
+    gateway_url: str = GATEWAY_URL,
+    key_file: Path = KEY_FILE,
+    devchain: Path = DEVCHAIN,
+    json_out: bool = JSON_OUT,
+) -> None:
+    """A project's status and URL; with DEPLOYMENT_ID, that deployment's (deploying, ready or failed)."""
+    with api_errors(), gateway_client(gateway_url, key_file, devchain) as gateway:
+        found = find_project(gateway, project)
+        if deployment_id:
+            found = {"project": found, **gateway.status(found["id"], deployment_id)}
+    emit(found, json_out, lambda d: print_fields([(str(k), v) for k, v in d.items() if k != "project"]))
+
+
+@app.command("rm")
+def rm(
+    project: str = typer.Argument(..., help="The project's name or id."),
+    gateway_url: str = GATEWAY_URL,
+    key_file: Path = KEY_FILE,
+    devchain: Path = DEVCHAIN,
+    json_out: bool = JSON_OUT,
+) -> None:
+    """Delete a project on the platform (irreversible); it shows as deleting until it is gone."""
+    with api_errors(), gateway_client(gateway_url, key_file, devchain) as gateway:
+        found = find_project(gateway, project)
+        answer = gateway.delete_project(found["id"])
+    emit(answer, json_out, lambda d: typer.echo(f"{found.get('name')} {d.get('status', 'deleted')}"))
 
 
 def default_name(source: Path) -> str:
@@ -26,6 +157,7 @@ def default_name(source: Path) -> str:
     return f"{stem[:25].strip('-')}-{secrets.token_hex(3)}"
 
 
+@app.command("dir", hidden=True)
 def deploy(
     source: Path = typer.Argument(..., help="A directory (every file in it) or a .zip archive."),
     name: str = typer.Option(
@@ -69,21 +201,7 @@ def deploy(
         raise fail(str(exc), ExitCode.USAGE) from None
 
     rpc_urls: dict[str, str] = {}
-    private_key = os.environ.get("PADDOCK_WALLET_KEY")
-    if devchain is not None:
-        try:
-            info = json.loads(devchain.read_text())
-        except (OSError, ValueError) as exc:
-            raise fail(f"--devchain: {exc}", ExitCode.USAGE) from None
-        rpc_urls.update({n: c["rpc_url"] for n, c in info.get("chains", {}).items()})
-        private_key = private_key or info.get("demo_wallet", {}).get("private_key")
-    if key_file is not None:
-        try:
-            private_key = key_file.read_text().strip()
-        except OSError as exc:
-            raise fail(f"--key-file: {exc}", ExitCode.USAGE) from None
-    if not private_key:
-        raise fail("no wallet key: set PADDOCK_WALLET_KEY, or pass --key-file or --devchain", ExitCode.USAGE)
+    private_key = wallet_key(key_file, devchain, rpc_urls)
     if rpc_url:
         rpc_urls[chain] = rpc_url
     if not source.exists():

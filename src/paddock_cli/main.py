@@ -24,7 +24,7 @@ app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(webhook.app, name="webhook")
 app.add_typer(disk.app, name="disk")
 app.add_typer(template.app, name="template")
-app.command("deploy")(deploy.deploy)
+app.add_typer(deploy.app, name="deploy")
 app.add_typer(admin.app, name="admin", help="Accounts and API keys (talks to the database directly).")
 more.register(app)
 

@@ -42,7 +42,9 @@ async def paddock_deploy(
             "PADDOCK_PAYMENTS_FILE": str(tmp_path / "payments.json"),
         }
     )
-    command = [sys.executable, "-m", "paddock_cli.main", "deploy", *args, "--poll-interval", "0.3"]
+    command = [sys.executable, "-m", "paddock_cli.main", "deploy", *args]
+    if args[0] not in ("ls", "status", "rm"):
+        command += ["--poll-interval", "0.3"]
     return await asyncio.to_thread(
         subprocess.run, command, env=env, capture_output=True, text=True, timeout=180
     )
@@ -94,6 +96,59 @@ async def test_deploy_exit_codes(chain_gateway: Gateway, tmp_path: Path) -> None
         chain_gateway, key_of(poor), tmp_path, str(tmp_path / "app"), "--name", "x"
     )
     assert bad_name.returncode == 1 and "invalid_body" in bad_name.stderr
+
+
+async def test_deploy_ls_status_rm_manage_the_wallets_projects(
+    chain_gateway: Gateway, paying_wallet: Wallet, tmp_path: Path
+) -> None:
+    """After a deploy, `deploy ls`, `deploy status NAME [DEPLOYMENT_ID]` and `deploy rm NAME` through
+    the gateway's own routes, signed by the wallet, in tables and in --json."""
+    key = key_of(paying_wallet)
+    app = tmp_path / "managed"
+    app.mkdir()
+    (app / "index.html").write_text("<p>to be listed and removed</p>")
+    name, port = unique_name("managed"), free_port()
+    made = await paddock_deploy(chain_gateway, key, tmp_path, str(app), "--name", name, "--port", str(port),
+                                "--json")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    deployment = json.loads(made.stdout)
+
+    listed = await paddock_deploy(chain_gateway, key, tmp_path, "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [project] = [p for p in json.loads(listed.stdout) if p["name"] == name]
+    assert project["id"] == deployment["project_id"] and project["status"] == "active"
+    assert project["url"] == f"http://127.0.0.1:{port}"
+    table = await paddock_deploy(chain_gateway, key, tmp_path, "ls")
+    assert table.stdout.splitlines()[0].split() == ["NAME", "ID", "STATUS", "URL", "CREATED"]
+    assert any(line.split()[:3] == [name, project["id"], "active"] for line in table.stdout.splitlines())
+
+    by_name = await paddock_deploy(chain_gateway, key, tmp_path, "status", name, "--json")
+    assert by_name.returncode == 0, by_name.stderr
+    assert json.loads(by_name.stdout)["url"] == f"http://127.0.0.1:{port}"
+    one = await paddock_deploy(chain_gateway, key, tmp_path, "status", project["id"],
+                               deployment["deployment_id"], "--json")  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    shown = json.loads(one.stdout)
+    assert shown["status"] == "ready" and shown["endpoint"] == f"http://127.0.0.1:{port}"
+    assert shown["deployment_id"] == deployment["deployment_id"] and shown["project"]["name"] == name
+    plain = await paddock_deploy(chain_gateway, key, tmp_path, "status", name, deployment["deployment_id"])
+    assert "status" in plain.stdout and "ready" in plain.stdout
+
+    # another wallet sees none of it and cannot remove it
+    stranger = key_of(new_wallet())
+    theirs = await paddock_deploy(chain_gateway, stranger, tmp_path, "ls", "--json")
+    assert theirs.returncode == 0 and json.loads(theirs.stdout) == []
+    refused = await paddock_deploy(chain_gateway, stranger, tmp_path, "rm", name)
+    assert refused.returncode == 4 and f"no project named '{name}'" in refused.stderr
+
+    removed = await paddock_deploy(chain_gateway, key, tmp_path, "rm", name, "--json")
+    assert removed.returncode == 0, removed.stderr
+    assert json.loads(removed.stdout) == {"projectId": project["id"], "status": "deleted"}
+    after = await paddock_deploy(chain_gateway, key, tmp_path, "ls", "--json")
+    left = [p for p in json.loads(after.stdout) if p["name"] == name]
+    assert left == [] or left[0]["status"] == "deleting", left
+    missing = await paddock_deploy(chain_gateway, key, tmp_path, "status", "no-such-project")
+    assert missing.returncode == 4 and "no project named 'no-such-project'" in missing.stderr
 
 
 README = Path(__file__).resolve().parents[2] / "README.md"
