@@ -1,0 +1,198 @@
+"""The E2B path against Paddock's own SDK, in one run (issue #33: the E2B path ≤ 1.2× for create, run
+and file write).
+
+    .venv/bin/python -m bench.e2b [--runs 20] [--creates 8]
+
+One ``tests.live`` platform (control plane with its E2B API and sandbox edge, one host agent, as
+processes). The unmodified ``e2b`` SDK (sync), configured only by E2B_API_URL, E2B_SANDBOX_URL and
+E2B_API_KEY, and Paddock's sync SDK drive the same image (``base`` is debian:13) and shape
+(s-2vcpu-2gb), the two alternated round by round so they see the same load:
+
+- ``create``: ``Sandbox.create()`` against ``client.sandboxes.create(...)``, each until the call
+  returns, then ``echo`` run once (``create → first echo``) and the sandbox killed (untimed);
+- ``run echo``: ``sandbox.commands.run("echo hi")`` against ``sandbox.run("echo", ["hi"])`` on a
+  running sandbox of each;
+- ``write 1 MiB``: ``sandbox.files.write(path, bytes)`` against ``sandbox.files.write(path, bytes)``.
+
+The floor is Paddock's own SDK (the E2B path's calls become the same domain calls plus its own hop:
+the edge for commands and files); ``× paddock`` is E2B's p50 over Paddock's. Writes
+``bench/results/e2b-<time>.json`` and ``.md``. Needs root and the debian:13 image. Never fails on a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.stats import summarize
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+SHAPE = "s-2vcpu-2gb"
+ROOTFS = "debian:13"
+PAYLOAD = os.urandom(1 << 20)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _timed(samples: list[float], operation: Callable[[], Any]) -> Any:
+    started = time.perf_counter()
+    outcome = operation()
+    samples.append((time.perf_counter() - started) * 1000)
+    return outcome
+
+
+def measure(client: Any, runs: int, creates: int) -> dict[str, dict[str, list[float]]]:
+    from e2b import Sandbox
+
+    samples: dict[str, dict[str, list[float]]] = {}
+
+    def record(operation: str, system: str) -> list[float]:
+        return samples.setdefault(operation, {}).setdefault(system, [])
+
+    for _ in range(creates):
+        sandbox = _timed(record("create", "e2b"), lambda: Sandbox.create("base"))
+        try:
+            _timed(
+                record("create → first echo", "e2b"), lambda sandbox=sandbox: sandbox.commands.run("echo hi")
+            )
+        finally:
+            sandbox.kill()
+        native = _timed(record("create", "paddock"), lambda: client.sandboxes.create(SHAPE, rootfs=ROOTFS))
+        try:
+            _timed(record("create → first echo", "paddock"), lambda native=native: native.run("echo", ["hi"]))
+        finally:
+            native.destroy()
+    for operation in ("create → first echo",):  # the first echo counts the create before it
+        for system in ("e2b", "paddock"):
+            values = samples[operation][system]
+            samples[operation][system] = [
+                c + e for c, e in zip(samples["create"][system], values, strict=True)
+            ]
+
+    e2b_box = Sandbox.create("base", timeout=1800)
+    native = client.sandboxes.create(SHAPE, rootfs=ROOTFS)
+    try:
+        assert e2b_box.commands.run("echo hi").stdout == "hi\n"
+        assert native.run("echo", ["hi"]).stdout == "hi\n"
+        for _ in range(2):  # warm-up, not recorded
+            e2b_box.files.write("/tmp/bench.bin", PAYLOAD)
+            native.files.write("/tmp/bench.bin", PAYLOAD)
+        for _ in range(runs):
+            outcome = _timed(record("run echo", "e2b"), lambda: e2b_box.commands.run("echo hi"))
+            assert outcome.exit_code == 0
+            outcome = _timed(record("run echo", "paddock"), lambda native=native: native.run("echo", ["hi"]))
+            assert outcome.exit_code == 0
+            _timed(record("write 1 MiB", "e2b"), lambda: e2b_box.files.write("/tmp/bench.bin", PAYLOAD))
+            _timed(record("write 1 MiB", "paddock"), lambda: native.files.write("/tmp/bench.bin", PAYLOAD))
+        size = e2b_box.commands.run("stat -c %s /tmp/bench.bin").stdout.strip()
+        assert size == str(len(PAYLOAD)), size
+    finally:
+        e2b_box.kill()
+        native.destroy()
+    return samples
+
+
+def render(results: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"# E2B SDK against Paddock's SDK, {meta['at']}",
+        "",
+        f"- Git: `{meta['git']}`. Load average at start {meta['load_start']}, at end {meta['load_end']}.",
+        f"- Same platform, image ({ROOTFS}) and shape ({SHAPE}); the two SDKs alternated round by round.",
+        "- **Absolute numbers are noisy** (a shared 2-vCPU VM); the ratio in the same run is the headline.",
+        "",
+        "| operation | E2B SDK p50 / p90 ms | Paddock SDK p50 / p90 ms | × paddock (p50) | n |",
+        "|---|---|---|---|---|",
+    ]
+    for operation, systems in results.items():
+        e2b, own = systems["e2b"], systems["paddock"]
+        lines.append(
+            f"| {operation} | {e2b['p50']:.1f} / {e2b['p90']:.1f} | {own['p50']:.1f} / {own['p90']:.1f} "
+            f"| {e2b['p50'] / own['p50']:.2f}× | {e2b['n']} |"
+        )
+    lines += [
+        "",
+        "The goal (issue #33) is ≤ 1.2× for create, run and file write. `create` ends when the SDK's",
+        "call returns; `create → first echo` adds the first command, so a create that answers before its",
+        "sandbox can run a command is not flattered.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=20, help="recorded rounds of run echo and write 1 MiB")
+    parser.add_argument("--creates", type=int, default=8, help="recorded creates per SDK")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    from tests.hostagent.conftest import image_cache
+    from tests.live import plain_http_ingress, start_platform
+
+    import paddock
+    from paddock_hostagent.guest.build import ensure_agent_binary
+    from paddock_hostagent.images import ImageStore
+
+    ImageStore(image_cache()).build(ROOTFS)
+    guest = Path(f"/tmp/pdkbench-guest-{os.getpid()}")
+    guest.mkdir(exist_ok=True)
+    ensure_agent_binary(guest)
+    api_port, edge_port = _free_port(), _free_port()
+    cp_env = {
+        **plain_http_ingress(),
+        "PADDOCK_CP_E2B_PORT": str(api_port),
+        "PADDOCK_CP_E2B_EDGE_PORT": str(edge_port),
+    }
+    git = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    meta: dict[str, Any] = {
+        "at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "git": git,
+        "load_start": [round(x, 2) for x in os.getloadavg()],
+    }
+    platform = start_platform(guest, cp_env=cp_env)
+    try:
+        api_key = platform.api_key()
+        os.environ.pop("E2B_DOMAIN", None)
+        os.environ.update(
+            {
+                "E2B_API_URL": f"http://127.0.0.1:{api_port}",
+                "E2B_SANDBOX_URL": f"http://127.0.0.1:{edge_port}",
+                "E2B_API_KEY": api_key,
+            }
+        )
+        with paddock.Client(platform.url, api_key) as client:
+            samples = measure(client, args.runs, args.creates)
+    finally:
+        platform.stop()
+    meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    results = {
+        operation: {system: summarize(values) for system, values in systems.items()}
+        for operation, systems in samples.items()
+    }
+    text = render(results, meta)
+    print(text)
+    stamp = meta["at"].replace("-", "").replace(":", "")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"e2b-{stamp}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    (RESULTS / f"e2b-{stamp}.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
