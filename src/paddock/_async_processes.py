@@ -45,9 +45,10 @@ class AsyncProcesses:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         pty: tuple[int, int] | None = None,
+        user: str | int | None = None,
     ) -> ManagedProcess:
         """Starts ``cmd`` (no shell); ``pty=(rows, cols)`` gives it a terminal (then ``cmd`` may be
-        left out for a login shell)."""
+        left out for a login shell); ``user`` (a name or uid of the sandbox) runs it as that user."""
         body = _base.drop_none(
             {
                 "cmd": cmd,
@@ -55,6 +56,7 @@ class AsyncProcesses:
                 "cwd": cwd,
                 "env": env,
                 "pty": {"rows": pty[0], "cols": pty[1]} if pty else None,
+                "user": user,
             }
         )
         return await self._process("POST", self._path(), json=body)

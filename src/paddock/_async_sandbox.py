@@ -367,8 +367,13 @@ class AsyncSandbox:
         timeout_s: float | None = None,
         shell: bool = False,
         cwd: str | None = None,
+        user: str | int | None = None,
     ) -> ExecResult:
         """Run ``cmd`` and wait for it; a non-zero exit is a result, not an exception.
+
+        ``cwd`` runs it in that directory; ``user`` (a name or uid of the sandbox's ``/etc/passwd``)
+        runs it as that user, with its groups and its HOME, USER and LOGNAME; an unknown one raises
+        :class:`ValidationError` naming ``user``.
 
         No shell unless ``shell=True`` (then ``cmd`` is a ``/bin/sh -c`` script and ``args`` its ``$1``…).
         The wait has no limit of its own: a command runs as long as it needs (the server sets none).
@@ -376,7 +381,9 @@ class AsyncSandbox:
         that cannot start raises :class:`CommandStartError`."""
         if shell:
             cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
-        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "cwd": cwd})
+        body = _base.drop_none(
+            {"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "cwd": cwd, "user": user}
+        )
         # No read limit by default: the client's own (60 s) had cut a long buffered command.
         wait: Any = timeout_s if timeout_s is not None else _base.no_read_timeout(self._client._http.timeout)
         try:
@@ -401,9 +408,12 @@ class AsyncSandbox:
         stdin: str | None = None,
         timeout_s: float | None = None,
         cwd: str | None = None,
+        user: str | int | None = None,
     ) -> ExecResult:
         """``run(script, shell=True)``: ``/bin/sh -c script`` (pipes, ``&&``, globs)."""
-        return await self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True, cwd=cwd)
+        return await self.run(
+            script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True, cwd=cwd, user=user
+        )
 
     async def run_background(
         self,
@@ -415,13 +425,14 @@ class AsyncSandbox:
         shell: bool = False,
         on_stdout: OutputLineCallback | None = None,
         on_stderr: OutputLineCallback | None = None,
+        user: str | int | None = None,
     ) -> AsyncCommandHandle:
         """Start ``cmd`` as a managed process and return at once with a handle: each line it prints goes
         to ``on_stdout``/``on_stderr`` as it comes, ``await handle.wait()`` returns the exit code,
         ``await handle.kill()`` ends it. The command outlives the handle and the client."""
         if shell:
             cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
-        process = await self.processes.start(cmd, args, cwd=cwd, env=env)
+        process = await self.processes.start(cmd, args, cwd=cwd, env=env, user=user)
         return self.processes.attach(process.process_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
     async def stream(
@@ -431,10 +442,14 @@ class AsyncSandbox:
         *,
         env: dict[str, str] | None = None,
         stdin: str | None = None,
+        user: str | int | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Yield the NDJSON frames: ``{"stdout"}``, ``{"stderr"}``, ``{"hb": True}``, ``{"error"}`` and a
-        last ``{"exit_code"}``. Closing the iterator early closes the stream, which kills the command."""
-        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "stream": True})
+        last ``{"exit_code"}``. Closing the iterator early closes the stream, which kills the command.
+        An unknown ``user`` is an ``{"error"}`` frame then exit_code -1 (the stream had begun)."""
+        body = _base.drop_none(
+            {"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "stream": True, "user": user}
+        )
         resp = await self._client.open_stream(
             "POST", self._path("exec"), params={"stream": "true"}, json=body
         )

@@ -360,8 +360,13 @@ class Sandbox:
         timeout_s: float | None = None,
         shell: bool = False,
         cwd: str | None = None,
+        user: str | int | None = None,
     ) -> ExecResult:
         """Run ``cmd`` and wait for it; a non-zero exit is a result, not an exception.
+
+        ``cwd`` runs it in that directory; ``user`` (a name or uid of the sandbox's ``/etc/passwd``)
+        runs it as that user, with its groups and its HOME, USER and LOGNAME; an unknown one raises
+        :class:`ValidationError` naming ``user``.
 
         No shell unless ``shell=True`` (then ``cmd`` is a ``/bin/sh -c`` script and ``args`` its ``$1``…).
         The wait has no limit of its own: a command runs as long as it needs (the server sets none).
@@ -369,7 +374,9 @@ class Sandbox:
         that cannot start raises :class:`CommandStartError`."""
         if shell:
             cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
-        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "cwd": cwd})
+        body = _base.drop_none(
+            {"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "cwd": cwd, "user": user}
+        )
         # No read limit by default: the client's own (60 s) had cut a long buffered command.
         wait: Any = timeout_s if timeout_s is not None else _base.no_read_timeout(self._client._http.timeout)
         try:
@@ -394,9 +401,10 @@ class Sandbox:
         stdin: str | None = None,
         timeout_s: float | None = None,
         cwd: str | None = None,
+        user: str | int | None = None,
     ) -> ExecResult:
         """``run(script, shell=True)``: ``/bin/sh -c script`` (pipes, ``&&``, globs)."""
-        return self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True, cwd=cwd)
+        return self.run(script, env=env, stdin=stdin, timeout_s=timeout_s, shell=True, cwd=cwd, user=user)
 
     def run_background(
         self,
@@ -408,13 +416,14 @@ class Sandbox:
         shell: bool = False,
         on_stdout: OutputLineCallback | None = None,
         on_stderr: OutputLineCallback | None = None,
+        user: str | int | None = None,
     ) -> CommandHandle:
         """Start ``cmd`` as a managed process and return at once with a handle: each line it prints goes
         to ``on_stdout``/``on_stderr`` as it comes, ``handle.wait()`` returns the exit code,
         ``handle.kill()`` ends it. The command outlives the handle and the client."""
         if shell:
             cmd, args = "/bin/sh", ["-c", cmd, "sh", *args]
-        process = self.processes.start(cmd, args, cwd=cwd, env=env)
+        process = self.processes.start(cmd, args, cwd=cwd, env=env, user=user)
         return self.processes.attach(process.process_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
     def stream(
@@ -424,10 +433,14 @@ class Sandbox:
         *,
         env: dict[str, str] | None = None,
         stdin: str | None = None,
+        user: str | int | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Yield the NDJSON frames: ``{"stdout"}``, ``{"stderr"}``, ``{"hb": True}``, ``{"error"}`` and a
-        last ``{"exit_code"}``. Closing the iterator early closes the stream, which kills the command."""
-        body = _base.drop_none({"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "stream": True})
+        last ``{"exit_code"}``. Closing the iterator early closes the stream, which kills the command.
+        An unknown ``user`` is an ``{"error"}`` frame then exit_code -1 (the stream had begun)."""
+        body = _base.drop_none(
+            {"cmd": cmd, "args": list(args), "env": env, "stdin": stdin, "stream": True, "user": user}
+        )
         resp = self._client.open_stream("POST", self._path("exec"), params={"stream": "true"}, json=body)
         try:
             for line in resp.iter_lines():

@@ -154,6 +154,9 @@ def exec_command(
     json_out: bool = typer.Option(
         False, "--json", help="Wait, then print {stdout, stderr, exit_code, error, exec_ms} as JSON."
     ),
+    user: str | None = typer.Option(
+        None, "--user", "-u", help="Run as this user of the sandbox (a name or a uid), as `docker exec -u`."
+    ),
 ) -> None:
     """Run a command; its output streams here and `paddock` exits with the command's exit code.
 
@@ -166,19 +169,20 @@ def exec_command(
     env = [*env, *options.env]
     stdin = stdin or options.stdin
     json_out = json_out or options.json_out
+    user = options.user if options.user is not None else user
     overrides = key_values(env, "--env") or None
     text = sys.stdin.read() if stdin else None
     with api_errors(), client() as sdk:
         sandbox = resolve(sdk, ref)
         if json_out:
             try:
-                result = sandbox.run(cmd, args, env=overrides, stdin=text)
+                result = sandbox.run(cmd, args, env=overrides, stdin=text, user=user)
             except paddock.CommandStartError as exc:  # exits 127, as a shell does
                 result = paddock.ExecResult(stdout="", stderr="", exit_code=-1, exec_ms=0.0, error=str(exc))
             emit(result, True, print)
             raise typer.Exit(exit_status(result.exit_code, result.error))
         code, error = -1, None
-        for frame in sandbox.stream(cmd, args, env=overrides, stdin=text):
+        for frame in sandbox.stream(cmd, args, env=overrides, stdin=text, user=user):
             if frame.get("stdout"):
                 sys.stdout.write(frame["stdout"])
                 sys.stdout.flush()
@@ -200,6 +204,7 @@ class ExecOptions:
     env: list[str] = field(default_factory=list)
     stdin: bool = False
     json_out: bool = False
+    user: str | None = None
 
 
 def split_command(tokens: list[str]) -> tuple[ExecOptions, str, list[str]]:
@@ -236,6 +241,12 @@ def parse_exec_options(head: list[str], options: ExecOptions) -> None:
                     raise fail(f"{name} takes KEY=VALUE", ExitCode.USAGE)
                 value = rest.pop(0)
             options.env.append(value)
+        elif name in ("-u", "--user"):
+            if not sep:
+                if not rest:
+                    raise fail(f"{name} takes a user name or uid", ExitCode.USAGE)
+                value = rest.pop(0)
+            options.user = value
         else:
             raise fail(f"unknown exec option {token!r} before `--`", ExitCode.USAGE)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -44,6 +45,7 @@ async def prepare_exec(
         raise errors.ValidationFailed.field("cmd", "is required")
     if req.cwd is not None:
         in_directory(req)
+    req.user = check_user(req.user)
     check_stdin_size(req)
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     env = envs.merged(services, sandbox, req.env)
@@ -70,6 +72,33 @@ def in_directory(req: ExecRequest) -> None:
     req.cwd = None
 
 
+#: An exec's or a process's ``user``: a name as the sandbox's /etc/passwd may spell it (POSIX's portable
+#: characters, not starting with '-', an optional trailing '$' as Samba's machine accounts have) or a
+#: numeric uid. The guest resolves it inside the sandbox; one it does not find is a 400 naming ``user``.
+MAX_USER_NAME_BYTES = 64
+MAX_UID = 2**31 - 1
+_USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
+
+
+def check_user(user: str | int | None) -> str | None:
+    """The ``user`` field as the host takes it (a string), or a 400 naming ``user``."""
+    if user is None:
+        return None
+    if isinstance(user, int):
+        user = str(user) if 0 <= user <= MAX_UID else "-"
+    if user.isdigit() and user.isascii():
+        if int(user) > MAX_UID:
+            raise errors.ValidationFailed.field("user", f"a uid must be between 0 and {MAX_UID}")
+        return str(int(user))
+    if len(user) > MAX_USER_NAME_BYTES or not _USER_NAME.fullmatch(user):
+        raise errors.ValidationFailed.field(
+            "user",
+            f"must be a user name (letters, digits, '_', '.', '-', not starting with '-', at most "
+            f"{MAX_USER_NAME_BYTES} characters) or a uid between 0 and {MAX_UID}",
+        )
+    return user
+
+
 def check_stdin_size(req: ExecRequest) -> None:
     """413 naming ``stdin`` when it is over ``MAX_EXEC_STDIN_BYTES`` of UTF-8."""
     stdin = req.stdin
@@ -92,6 +121,11 @@ def check_command_size(req: ExecRequest, env: dict[str, str]) -> None:
         raise errors.PayloadTooLarge(f"{biggest}: {reason}", fields={biggest: reason})
 
 
+def _as(req: ExecRequest) -> dict[str, Any]:
+    """The user to run as, for the host link, only when one was asked for."""
+    return {} if req.user is None else {"user": str(req.user)}
+
+
 async def exec_buffered(
     services: Services, sandbox: Sandbox, req: ExecRequest, env: dict[str, str]
 ) -> dict[str, Any]:
@@ -99,7 +133,7 @@ async def exec_buffered(
     started = time.perf_counter()
     with Inflight(services, sandbox.id):
         try:
-            result = await link.exec(sandbox.id, req.cmd, req.args or [], env, req.stdin)
+            result = await link.exec(sandbox.id, req.cmd, req.args or [], env, req.stdin, **_as(req))
         except hostlink.SandboxGoneError as exc:
             result = {"stdout": "", "stderr": "", "exit_code": -1, "error": str(exc)}
     exec_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -126,9 +160,18 @@ async def exec_stream(
 
     async def pump() -> None:
         try:
-            async for frame in link.exec_stream(sandbox.id, req.cmd, req.args or [], env, req.stdin):
+            async for frame in link.exec_stream(
+                sandbox.id, req.cmd, req.args or [], env, req.stdin, **_as(req)
+            ):
                 await queue.put(frame)
-        except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
+        except (
+            hostlink.HostError,
+            hostlink.SandboxGoneError,
+            errors.ValidationFailed,
+            errors.InvalidState,
+        ) as exc:
+            # The stream's 200 has gone: an unknown user (the guest's 400) or an old guest's 409 is its
+            # error frame.
             await queue.put({"error": str(exc)})
             await queue.put({"exit_code": -1})
         finally:

@@ -135,6 +135,10 @@ DOMAIN_ERRORS: dict[type[hostclient.HostAgentError], Callable[[hostclient.HostAg
     # An operation the sandbox's isolation tier does not offer (the host's words name both): nothing
     # changed there, so a 409 the caller can act on, not a 500.
     hostclient.UnsupportedOnTierError: lambda exc: TierRefusedError(str(exc)),
+    # The user to run as is not in the sandbox's /etc/passwd (the guest's words; nothing ran).
+    hostclient.UnknownUserError: lambda exc: errors.ValidationFailed.field(
+        "user", str(exc).removeprefix("user: ") or "no such user in the sandbox"
+    ),
     hostclient.SpawnFailedError: lambda exc: errors.ValidationFailed.field(
         "cmd", str(exc) or "did not start"
     ),
@@ -213,11 +217,25 @@ class HostLinkAPI(Protocol):
     async def set_bandwidth(self, sandbox_id: str, quota_bytes: int) -> Usage: ...
 
     async def exec(
-        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+        self,
+        sandbox_id: str,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        stdin: str | None,
+        *,
+        user: str | None = None,
     ) -> dict[str, Any]: ...
 
     def exec_stream(
-        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+        self,
+        sandbox_id: str,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        stdin: str | None,
+        *,
+        user: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]: ...
 
     async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]: ...
@@ -372,18 +390,35 @@ class HostLink(HostLinkAPI):
             return Usage.of(await self.client.set_bandwidth(sandbox_id, quota_bytes))
 
     async def exec(
-        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+        self,
+        sandbox_id: str,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        stdin: str | None,
+        *,
+        user: str | None = None,
     ) -> dict[str, Any]:
-        """The host's answer as its wire document (``{stdout, stderr, exit_code, error?, …}``)."""
+        """The host's answer as its wire document (``{stdout, stderr, exit_code, error?, …}``);
+        ``user`` (a name or uid of the sandbox's /etc/passwd) runs it as that user."""
         with _mapped():
-            result = await self.client.exec(sandbox_id, cmd=cmd, args=args, env=env, stdin=stdin)
+            result = await self.client.exec(sandbox_id, cmd=cmd, args=args, env=env, stdin=stdin, user=user)
         return result.model_dump(exclude_none=True)
 
     async def exec_stream(
-        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+        self,
+        sandbox_id: str,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        stdin: str | None,
+        *,
+        user: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         with _mapped():
-            async for frame in self.client.exec_stream(sandbox_id, cmd=cmd, args=args, env=env, stdin=stdin):
+            async for frame in self.client.exec_stream(
+                sandbox_id, cmd=cmd, args=args, env=env, stdin=stdin, user=user
+            ):
                 yield frame
 
     async def upload(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> dict[str, Any]:

@@ -16,9 +16,9 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
 
-from paddock_controlplane import envs, hostlink
+from paddock_controlplane import commands, envs, hostlink
 from paddock_controlplane.activity import Inflight, touch
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.queries import running_sandbox
@@ -47,6 +47,7 @@ class ProcessStartRequest(BaseModel):
     cwd: str | None = Field(default=None, min_length=1, max_length=4096)
     env: dict[str, str] | None = None
     pty: ProcessPty | None = None
+    user: StrictStr | StrictInt | None = None  # as exec's (commands.check_user)
 
 
 class ProcessInputRequest(BaseModel):
@@ -96,9 +97,10 @@ async def _target(services: Services, user_id: str, sandbox_id: str) -> tuple[Sa
 async def start(services: Services, user_id: str, sandbox_id: str, req: ProcessStartRequest) -> ProcessView:
     if req.cmd is None and req.pty is None:
         raise errors.ValidationFailed.field("cmd", "is required for a process without a pty")
+    run_as = commands.check_user(req.user)
     sandbox, link = await _target(services, user_id, sandbox_id)
     env = envs.merged(services, sandbox, req.env)
-    body = ProcessStartBody(cmd=req.cmd, args=req.args or [], env=env, cwd=req.cwd, pty=req.pty)
+    body = ProcessStartBody(cmd=req.cmd, args=req.args or [], env=env, cwd=req.cwd, pty=req.pty, user=run_as)
     with host_errors():
         return await link.start_process(sandbox.id, body)
 

@@ -106,6 +106,7 @@ class ExecRequest(Body):
     env: dict[str, StrictStr] | None = None
     stdin: StrictStr | None = None
     cwd: StrictStr | None = None
+    user: StrictStr | StrictInt | None = None  # commands.check_user: a user name or a uid
 
 
 class NetworkCreateRequest(Body):

@@ -23,6 +23,7 @@ uploads use httpx. ``request_id`` (a callable) names the caller's request: it is
     ├── ProcessMissingError       404 process_not_found (managed processes, spec §12.2)
     ├── ProcessStateError         409 process_state (no terminal to resize, the process has exited …)
     ├── SpawnFailedError          400 spawn_failed (a managed process's command did not start)
+    ├── UnknownUserError          400 unknown_user (no such user in the sandbox's /etc/passwd)
     ├── HostBusyError             503 busy (the sandbox takes no more requests now; retry after a second)
     ├── SandboxDiskFullError      507 sandbox_disk_full (the sandbox's own disk is full: not the host's)
     └── InsufficientCapacityError 507 (no memory, addresses or disk left on that host)
@@ -146,6 +147,10 @@ class SpawnFailedError(HostAgentError):
     pass
 
 
+class UnknownUserError(HostAgentError):
+    pass
+
+
 class HostBusyError(HostAgentError):
     pass
 
@@ -171,6 +176,7 @@ _BY_CODE: dict[str, type[HostAgentError]] = {
     "process_not_found": ProcessMissingError,
     "process_state": ProcessStateError,
     "spawn_failed": SpawnFailedError,
+    "unknown_user": UnknownUserError,
     "unsupported_on_tier": UnsupportedOnTierError,
 }
 _BY_STATUS: dict[int, type[HostAgentError]] = {404: SandboxMissingError, 409: BadStateError}
@@ -490,8 +496,9 @@ class HostAgentClient:
         env: dict[str, str],
         stdin: str | None = None,
         cwd: str | None = None,
+        user: str | None = None,
     ) -> ExecResult:
-        body = ExecBody(cmd=cmd, args=args, env=env, stdin=stdin, cwd=cwd, stream=False)
+        body = ExecBody(cmd=cmd, args=args, env=env, stdin=stdin, cwd=cwd, stream=False, user=user)
         return await self._hot_call(
             channelwire.OP_EXEC,
             sandbox_id,
@@ -510,10 +517,11 @@ class HostAgentClient:
         env: dict[str, str],
         stdin: str | None = None,
         cwd: str | None = None,
+        user: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Frames (``{"stdout"|"stderr"|"error": str}``, a last ``{"exit_code": int}``) as the command
         produces them; leaving the iteration early kills the command."""
-        body = ExecBody(cmd=cmd, args=args, env=env, stdin=stdin, cwd=cwd, stream=True)
+        body = ExecBody(cmd=cmd, args=args, env=env, stdin=stdin, cwd=cwd, stream=True, user=user)
         with _answered():
             async with self._http.stream(
                 "POST",

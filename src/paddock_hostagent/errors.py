@@ -54,6 +54,12 @@ class IsDirectory(HostAgentServerError):
     status, code = 400, "is_directory"
 
 
+class UnknownUser(HostAgentServerError):
+    """The user a command was to run as is not in the sandbox's /etc/passwd; nothing ran."""
+
+    status, code = 400, "unknown_user"
+
+
 class SpawnFailed(HostAgentServerError):
     status, code = 400, "spawn_failed"
 

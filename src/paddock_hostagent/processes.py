@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 
 from paddock_hostagent import errors
 from paddock_hostagent.drivers.ocispec import DEFAULT_PATH
-from paddock_hostagent.guest import GuestError
+from paddock_hostagent.guest import GuestError, GuestTooOldError, GuestUserError
 from paddock_hostagent.guest.processes import (
     GuestProcesses,
     GuestProcessNotFoundError,
@@ -103,6 +103,10 @@ def _guest_errors(sandbox_id: str, process_id: str = "") -> Iterator[None]:
         raise errors.ProcessState(str(exc)) from exc
     except GuestSpawnError as exc:
         raise errors.SpawnFailed(str(exc)) from exc
+    except GuestUserError as exc:
+        raise errors.UnknownUser(f"user: {exc}") from exc
+    except GuestTooOldError as exc:
+        raise errors.UnsupportedOnTier(f"user: {exc}") from exc
     except GuestError as exc:
         raise errors.SandboxFailed(f"guest agent of {sandbox_id} failed: {exc}") from exc
 
@@ -128,13 +132,14 @@ class ProcessService:
         if body.pty is not None:
             env["TERM"] = "xterm-256color"  # what every terminal emulator a client runs understands
         env.update(body.env)
-        cwd = body.cwd or self.manager.settings.default_cwd
-        strings = [cmd, *args, *env, *env.values(), cwd]
+        # As a user, without a directory: the user's home (the guest finds it), else / when it cannot.
+        cwd = body.cwd or ("" if body.user else self.manager.settings.default_cwd)
+        strings = [cmd, *args, *env, *env.values(), cwd, body.user or ""]
         if any("\0" in value for value in strings):
             raise errors.BadRequest("cmd, args, env and cwd may not contain NUL characters")
         pty = (body.pty.rows, body.pty.cols) if body.pty is not None else None
         with _guest_errors(sandbox_id):
-            return view_of(await guest.start(StartRequest(cmd, list(args), env, cwd, pty)))
+            return view_of(await guest.start(StartRequest(cmd, list(args), env, cwd, pty, body.user)))
 
     async def list(self, sandbox_id: str) -> ProcessList:
         with _guest_errors(sandbox_id):

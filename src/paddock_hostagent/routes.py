@@ -243,7 +243,7 @@ def check_exec_size(body: ExecBody) -> None:
             raise errors.PayloadTooLarge(
                 f"stdin: {stdin_bytes} bytes, over the {MAX_EXEC_STDIN_BYTES}-byte limit"
             )
-    size = exec_payload_bytes(body.cmd, body.args, body.env, body.cwd or "")
+    size = exec_payload_bytes(body.cmd, body.args, body.env, body.cwd or "") + len((body.user or "").encode())
     if size > MAX_CONTROL_PAYLOAD_BYTES - _EXEC_HEADROOM_BYTES:
         raise errors.PayloadTooLarge(
             f"cmd, args and env are {size} bytes; the limit is "

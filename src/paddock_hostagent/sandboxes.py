@@ -54,6 +54,7 @@ from paddock_hostagent.guest import (
     GuestParentNotFoundError,
 )
 from paddock_hostagent.guest.client import GuestBusyError, GuestNoSpaceError
+from paddock_hostagent.guest.protocol import GuestTooOldError, GuestUserError
 from paddock_hostagent.host import ISOLATION
 from paddock_hostagent.images import ImageError, ImageStore, UnknownImageError
 from paddock_hostagent.records import RecordStore
@@ -904,7 +905,8 @@ class SandboxManager:
         env.update(image.env)
         env.update(body.env)
         cmd, args = body.cmd, body.args
-        if image.user and image.user not in ("root", "0", "0:0"):
+        # An explicit user is the guest's to become (EXEC_AS); the template's USER only by default.
+        if body.user is None and image.user and image.user not in ("root", "0", "0:0"):
             user, _, group = image.user.partition(":")
             cmd, args = (
                 "setpriv",
@@ -914,15 +916,21 @@ class SandboxManager:
             cmd=cmd,
             args=args,
             env=env,
-            cwd=body.cwd or image.workdir or self.settings.default_cwd,
+            # As a user, without a directory: the template's WORKDIR, else the user's home (the guest's).
+            cwd=body.cwd or image.workdir or ("" if body.user else self.settings.default_cwd),
             stdin=body.stdin.encode() if body.stdin is not None else None,
+            user=body.user,
         )
-        _check_no_nul([cmd, *args, *env, *env.values(), request.cwd])
+        _check_no_nul([cmd, *args, *env, *env.values(), request.cwd, body.user or ""])
         session = self.runtime.guest(entry.record).exec(request)
         try:
             await session.__aenter__()
         except GuestBusyError as exc:
             raise errors.Busy(f"sandbox {sandbox_id} is busy: {exc}; retry") from exc
+        except GuestUserError as exc:
+            raise errors.UnknownUser(f"user: {exc}") from exc
+        except GuestTooOldError as exc:
+            raise errors.UnsupportedOnTier(f"user: {exc}") from exc
         except GuestError as exc:
             self._running_entry(sandbox_id)  # one that stopped is a 409, as above
             raise errors.SandboxFailed(f"guest agent of {sandbox_id} unreachable: {exc}") from exc

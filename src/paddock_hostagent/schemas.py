@@ -133,6 +133,8 @@ class ExecBody(BaseModel):
     cwd: str | None = None
     stdin: str | None = None
     stream: bool = False
+    # A name or uid of the sandbox's own /etc/passwd, resolved by the guest; None: the template's USER.
+    user: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class ExecResult(BaseModel):
@@ -309,6 +311,7 @@ class ProcessStartBody(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = Field(default=None, min_length=1, max_length=4096)
     pty: ProcessPty | None = None
+    user: str | None = Field(default=None, min_length=1, max_length=256)  # as ExecBody.user
 
 
 class ProcessForeground(BaseModel):

@@ -158,7 +158,14 @@ class FakeHostLink(FakeProcesses):
         return await self.bandwidth(sandbox_id)
 
     async def exec(
-        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+        self,
+        sandbox_id: str,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        stdin: str | None,
+        *,
+        user: str | None = None,
     ) -> dict[str, Any]:
         self.calls.append(("exec", sandbox_id))
         if cmd == "printenv":
@@ -172,7 +179,14 @@ class FakeHostLink(FakeProcesses):
         return {"stdout": " ".join([cmd, *args]) + "\n", "stderr": "", "exit_code": 0}
 
     async def exec_stream(
-        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+        self,
+        sandbox_id: str,
+        cmd: str,
+        args: list[str],
+        env: dict[str, str],
+        stdin: str | None,
+        *,
+        user: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         yield {"stdout": "one\n"}
         yield {"stderr": "two\n"}

@@ -21,7 +21,9 @@ from paddock_hostagent.guest.protocol import (
     GuestIsDirectoryError,
     GuestParentNotFoundError,
     GuestProtocolError,
+    GuestTooOldError,
     GuestUnavailableError,
+    GuestUserError,
     GuestVersionError,
 )
 
@@ -40,7 +42,9 @@ __all__ = [
     "GuestIsDirectoryError",
     "GuestParentNotFoundError",
     "GuestProtocolError",
+    "GuestTooOldError",
     "GuestUnavailableError",
+    "GuestUserError",
     "GuestVersionError",
     "Output",
     "SpawnFailed",

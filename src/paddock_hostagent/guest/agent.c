@@ -102,7 +102,8 @@ static int serve_request(int sock) {
     __sync_fetch_and_add(&shared->active, 1);
     touch_activity();
     switch (type) {
-    case FR_EXEC: next = handle_exec(sock, payload, len) == EXEC_KEPT ? CONN_NEXT : CONN_DONE; break;
+    case FR_EXEC: next = handle_exec(sock, payload, len, 0) == EXEC_KEPT ? CONN_NEXT : CONN_DONE; break;
+    case FR_EXEC_AS: next = handle_exec(sock, payload, len, 1) == EXEC_KEPT ? CONN_NEXT : CONN_DONE; break;
     case FR_WRITE: handle_write(sock, payload, len); break;
     case FR_READ: handle_read(sock, payload, len); break;
     default: send_error(sock, E_PROTOCOL, "unknown request type %d", type); break;

@@ -47,12 +47,16 @@ from pathlib import Path
 from types import TracebackType
 
 from paddock_hostagent.guest.protocol import (
+    GUEST_TOO_OLD_FOR_USER,
     HEADER,
     UNKNOWN_SIZE,
+    ErrorCode,
     Frame,
     GuestFileError,
     GuestProtocolError,
+    GuestTooOldError,
     GuestUnavailableError,
+    GuestUserError,
     check_version,
     chunked_frames,
     decode_error,
@@ -99,6 +103,7 @@ class ExecRequest:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str = "/"
     stdin: bytes | None = None
+    user: str | None = None  # a name or uid of the sandbox's /etc/passwd: EXEC_AS
 
 
 @dataclass(frozen=True)
@@ -501,8 +506,19 @@ class ExecSession:
     async def __aenter__(self) -> ExecSession:
         request = self._request
         self._head = encode_exec(
-            request.cmd, request.args, request.env, request.cwd, has_stdin=request.stdin is not None
+            request.cmd,
+            request.args,
+            request.env,
+            request.cwd,
+            has_stdin=request.stdin is not None,
+            user=request.user,
         )
+        if request.user is not None:
+            self._conn = await self._new_connection()
+            await self._await_user_accepted(self._conn)
+            if request.stdin is not None:
+                self._stdin_task = asyncio.create_task(self._feed_stdin(self._conn, request.stdin))
+            return self
         conn = self._client._take_kept()
         if conn is not None:
             try:
@@ -520,6 +536,27 @@ class ExecSession:
             # Stdin is fed in the background: a command may produce output before it reads its input.
             self._stdin_task = asyncio.create_task(self._feed_stdin(conn, request.stdin))
         return self
+
+    async def _await_user_accepted(self, conn: _Connection) -> None:
+        """EXEC_AS: the guest answers OK once it has found the user, or ERROR before running anything
+        (no such user: GuestUserError; a guest older than EXEC_AS: GuestTooOldError). Another refusal
+        (the command not found …) comes after OK, as for EXEC."""
+        try:
+            frame_type, payload = await conn.read_frame()
+        except BaseException:
+            await self.aclose()
+            raise
+        if frame_type == Frame.OK:
+            return
+        await self.aclose()
+        if frame_type != Frame.ERROR:
+            raise GuestProtocolError(f"unexpected frame {frame_type} answering an exec as a user")
+        code, message = decode_error(payload)
+        if code == ErrorCode.USER:
+            raise GuestUserError(message)
+        if code == ErrorCode.PROTOCOL and message.startswith("unknown request type"):
+            raise GuestTooOldError(GUEST_TOO_OLD_FOR_USER)
+        raise GuestProtocolError(message)
 
     async def _new_connection(self) -> _Connection:
         conn = await self._client._connect()

@@ -17,6 +17,10 @@ struct exec_request {
     char **argv; /* argv[0] = cmd */
     char **envp;
     char *cwd;
+    char *user; /* EXEC_AS: a name or a uid of the sandbox's /etc/passwd */
+    uint32_t envc;
+    int has_user;
+    struct run_as as;
 };
 
 #define EXEC_HAS_STDIN 1u
@@ -31,14 +35,20 @@ static void free_exec(struct exec_request *req) {
     free(req->argv);
     free(req->envp);
     free(req->cwd);
+    free(req->user);
 }
 
 static int parse_exec(const unsigned char *payload, uint32_t len, struct exec_request *req) {
     struct cursor c = {payload, len, 0};
+    if (req->has_user) {
+        req->user = cur_str(&c);
+        if (c.bad || !req->user[0] || strlen(req->user) > RUN_AS_MAX_NAME) return -1;
+    }
     req->flags = cur_u32(&c);
     uint32_t argc = cur_u32(&c);
     uint32_t envc = cur_u32(&c);
     if (c.bad || argc > 65536 || envc > 65536) return -1;
+    req->envc = envc;
     req->cmd = cur_str(&c);
     req->argv = calloc((size_t)argc + 2, sizeof(char *));
     req->envp = calloc((size_t)envc + 1, sizeof(char *));
@@ -82,12 +92,14 @@ int resolve_command(const char *cmd, char *const envp[], char *out, size_t out_l
 
 /* Written by a vfork()ed child before it gives up (it shares our memory until exec or _exit). */
 static volatile int spawn_errno, spawn_stage;
-enum { STAGE_DUP2 = 1, STAGE_CHDIR = 2, STAGE_EXEC = 3 };
+enum { STAGE_DUP2 = 1, STAGE_CHDIR = 2, STAGE_EXEC = 3, STAGE_USER = 4 };
 
 /* vfork: the handler is suspended until the child has exec'd, and no page tables are copied. The
  * child only makes system calls and writes the two shared ints above. */
 static pid_t spawn_command(struct exec_request *req, const char *program, int in_fd, int out_fd, int err_fd) {
-    const char *cwd = (req->cwd && req->cwd[0]) ? req->cwd : "/";
+    /* No directory asked for: a user's own home (or / when it cannot enter it), root's /. */
+    const char *cwd = (req->cwd && req->cwd[0]) ? req->cwd : req->has_user ? req->as.home : "/";
+    int cwd_fallback = !(req->cwd && req->cwd[0]);
     spawn_errno = 0;
     spawn_stage = 0;
     pid_t pid = vfork();
@@ -99,7 +111,12 @@ static pid_t spawn_command(struct exec_request *req, const char *program, int in
         spawn_stage = STAGE_DUP2;
         _exit(127);
     }
-    if (chdir(cwd) < 0) {
+    if (req->has_user && apply_user(&req->as) < 0) {
+        spawn_errno = errno;
+        spawn_stage = STAGE_USER;
+        _exit(127);
+    }
+    if (chdir(cwd) < 0 && !(cwd_fallback && chdir("/") == 0)) {
         spawn_errno = errno;
         spawn_stage = STAGE_CHDIR;
         _exit(127);
@@ -196,6 +213,8 @@ static int run_exec(int sock, struct exec_request req) {
     if (spawn_stage) {
         waitpid(pid, NULL, 0);
         if (spawn_stage == STAGE_CHDIR) return send_error(sock, E_SPAWN, "chdir %s: %s", req.cwd, strerror(spawn_errno));
+        if (spawn_stage == STAGE_USER)
+            return send_error(sock, E_SPAWN, "becoming user %s: %s", req.user, strerror(spawn_errno));
         if (spawn_stage == STAGE_DUP2) return send_error(sock, E_SPAWN, "dup2: %s", strerror(spawn_errno));
         return send_error(sock, E_SPAWN, "%s: %s", req.cmd, strerror(spawn_errno));
     }
@@ -295,11 +314,16 @@ static int run_exec(int sock, struct exec_request req) {
     return flags & EXIT_KEPT ? EXEC_KEPT : 0;
 }
 
-int handle_exec(int sock, const unsigned char *payload, uint32_t len) {
-    struct exec_request req;
+int handle_exec(int sock, const unsigned char *payload, uint32_t len, int as_user) {
+    static struct exec_request req; /* static: struct run_as is ~4 KiB, and a handler serves one at a time */
     memset(&req, 0, sizeof req);
+    req.has_user = as_user;
+    char why[512];
     int kept = 0;
     if (parse_exec(payload, len, &req) < 0) send_error(sock, E_PROTOCOL, "malformed exec request");
+    else if (req.has_user && resolve_user(req.user, &req.as, why, sizeof why) < 0) send_error(sock, E_USER, "%s", why);
+    else if (req.has_user && user_env(&req.envp, &req.envc, &req.as) < 0) send_error(sock, E_SPAWN, "out of memory");
+    else if (req.has_user && send_frame(sock, FR_OK, NULL, 0) < 0) kept = 0; /* EXEC_AS: the user is known */
     else kept = run_exec(sock, req);
     free_exec(&req);
     return kept;

@@ -21,7 +21,7 @@
 
 enum frame_type {
     FR_EXEC = 1, FR_STDIN = 2, FR_STDIN_EOF = 3, FR_WRITE = 4, FR_READ = 5, FR_DATA = 6, FR_DATA_END = 7,
-    FR_INFO = 8,
+    FR_INFO = 8, FR_EXEC_AS = 9, /* EXEC with a user first: an older guest answers 'unknown request type' */
     FR_PROC = 16, /* managed processes (process.c): handed to the process manager */
     FR_STDOUT = 32, FR_STDERR = 33, FR_EXIT = 34, FR_ERROR = 35, FR_OK = 36, FR_SIZE = 37, FR_INFO_REPLY = 38,
     FR_PROC_REPLY = 40, FR_PROC_OUTPUT = 41, FR_PROC_EXIT = 42,
@@ -29,12 +29,13 @@ enum frame_type {
 
 enum error_code {
     E_SPAWN = 1, E_FILE_NOT_FOUND = 2, E_PARENT_NOT_FOUND = 3, E_IS_DIRECTORY = 4, E_BAD_PATH = 5,
-    E_IO = 6, E_PROTOCOL = 7, E_PROC_NOT_FOUND = 8, E_PROC_STATE = 9,
+    E_IO = 6, E_PROTOCOL = 7, E_PROC_NOT_FOUND = 8, E_PROC_STATE = 9, E_USER = 10,
 };
 
 enum proc_op {
     PROC_OP_START = 1, PROC_OP_LIST = 2, PROC_OP_GET = 3, PROC_OP_KILL = 4, PROC_OP_INPUT = 5,
     PROC_OP_STDIN_CLOSE = 6, PROC_OP_RESIZE = 7, PROC_OP_SIGNAL = 8, PROC_OP_WAIT = 9, PROC_OP_CONNECT = 10,
+    PROC_OP_START_AS = 11, /* START with a user first */
 };
 
 /* What code inside the sandbox asked for through the self-signal API (spec 12.4). */
@@ -90,10 +91,25 @@ char *cur_str(struct cursor *c);
  * connection may carry another request (its EXIT frame then says EXIT_KEPT to the client). */
 #define EXEC_KEPT 1
 #define EXIT_KEPT 1u /* flags word of an EXIT frame */
-int handle_exec(int sock, const unsigned char *payload, uint32_t len);
+int handle_exec(int sock, const unsigned char *payload, uint32_t len, int as_user);
 int handle_write(int sock, const unsigned char *payload, uint32_t len);
 int handle_read(int sock, const unsigned char *payload, uint32_t len);
 int resolve_command(const char *cmd, char *const envp[], char *out, size_t out_len);
+
+/* user.c: a user of the sandbox's own /etc/passwd to run a command as */
+#define RUN_AS_MAX_GROUPS 64
+#define RUN_AS_MAX_NAME 256
+struct run_as {
+    uid_t uid;
+    gid_t gid;
+    int ngroups;
+    gid_t groups[RUN_AS_MAX_GROUPS];
+    char name[RUN_AS_MAX_NAME + 1];
+    char home[PATH_MAX];
+};
+int resolve_user(const char *spec, struct run_as *out, char *err, size_t err_len);
+int apply_user(const struct run_as *as);
+int user_env(char ***envp, uint32_t *envc, const struct run_as *as);
 
 /* process.c: the process manager's event loop (never returns); connections arrive on `ctl` */
 void proc_manager_run(int ctl);

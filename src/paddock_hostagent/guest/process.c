@@ -14,6 +14,7 @@
  *
  *   request  FR_PROC  u32 op, then per op (strings are u32 length + bytes)
  *     START       u32 flags (1: pty), u32 rows, u32 cols, u32 argc, u32 envc, cmd, args.., env.., cwd
+ *     START_AS    user (a name or uid of the sandbox's /etc/passwd), then START's fields (user.c)
  *     LIST        -
  *     GET         id                       STDIN_CLOSE id
  *     KILL        id, u32 grace_ms         RESIZE      id, u32 rows, u32 cols
@@ -21,7 +22,7 @@
  *     WAIT        id, u32 scope (0 leader, 1 tree), u32 timeout_ms
  *     CONNECT     id, u64 after
  *   reply    FR_PROC_REPLY JSON (the process, {"processes": [...]}, {"input_seq": n} or {"ok": true}),
- *            or FR_ERROR (E_PROC_NOT_FOUND, E_PROC_STATE, E_SPAWN, E_PROTOCOL)
+ *            or FR_ERROR (E_PROC_NOT_FOUND, E_PROC_STATE, E_SPAWN, E_USER, E_PROTOCOL)
  *   CONNECT  FR_PROC_REPLY (the process), then FR_PROC_OUTPUT u64 seq, u32 stream, bytes ...,
  *            and FR_PROC_EXIT i32 code, i32 signal once the leader has exited and its output drained.
  */
@@ -378,11 +379,20 @@ static void set_winsize(int fd, uint32_t rows, uint32_t cols) {
     ioctl(fd, TIOCSWINSZ, &ws);
 }
 
-static void op_start(struct client *c, struct cursor *cur) {
+static struct run_as start_as; /* the manager is single-threaded: one START at a time */
+
+static void op_start(struct client *c, struct cursor *cur, int as_user) {
+    char *user = as_user ? cur_str(cur) : NULL;
+    if (as_user && (cur->bad || !user[0] || strlen(user) > RUN_AS_MAX_NAME)) {
+        client_error(c, E_PROTOCOL, "malformed start request");
+        free(user);
+        return;
+    }
     uint32_t flags = cur_u32(cur), rows = cur_u32(cur), cols = cur_u32(cur);
     uint32_t argc = cur_u32(cur), envc = cur_u32(cur);
     if (cur->bad || argc > 65536 || envc > 65536 || rows > 65535 || cols > 65535) {
         client_error(c, E_PROTOCOL, "malformed start request");
+        free(user);
         return;
     }
     char *cmd = cur_str(cur);
@@ -399,6 +409,17 @@ static void op_start(struct client *c, struct cursor *cur) {
     if (cur->bad || !cmd || !cmd[0] || !cwd) {
         client_error(c, E_PROTOCOL, "malformed start request");
         goto done;
+    }
+    if (user) {
+        char why[512];
+        if (resolve_user(user, &start_as, why, sizeof why) < 0) {
+            client_error(c, E_USER, "%s", why);
+            goto done;
+        }
+        if (user_env(&envp, &envc, &start_as) < 0) {
+            client_error(c, E_SPAWN, "out of memory");
+            goto done;
+        }
     }
     if (resolve_command(cmd, envp, program, sizeof program) < 0) {
         client_error(c, E_SPAWN, "%s: %s", cmd, strerror(errno));
@@ -446,7 +467,12 @@ static void op_start(struct client *c, struct cursor *cur) {
         } else if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(err[1], 2) < 0) {
             stage = 1;
         }
-        if (!stage && chdir(cwd[0] ? cwd : "/") < 0) stage = 2;
+        if (!stage && user && apply_user(&start_as) < 0) stage = 4;
+        /* No directory asked for: a user's own home (or / when it cannot enter it), root's /. */
+        if (!stage && !cwd[0] && user && chdir(start_as.home) == 0) {
+        } else if (!stage && chdir(cwd[0] ? cwd : "/") < 0) {
+            stage = 2;
+        }
         if (!stage) {
             execve(program, argv, envp);
             stage = 3;
@@ -468,6 +494,7 @@ static void op_start(struct client *c, struct cursor *cur) {
     if (got == (ssize_t)sizeof report_body) { /* exec failed: the child exits 127 and PID 1 never sees it */
         waitpid(pid, NULL, 0);
         if (report_body[0] == 2) client_error(c, E_SPAWN, "chdir %s: %s", cwd, strerror(report_body[1]));
+        else if (report_body[0] == 4) client_error(c, E_SPAWN, "becoming user %s: %s", user, strerror(report_body[1]));
         else client_error(c, E_SPAWN, "%s: %s", cmd, strerror(report_body[1]));
         p = NULL;
         goto done;
@@ -516,6 +543,7 @@ done:
     free(envp);
     free(cmd);
     free(cwd);
+    free(user);
 }
 
 static int wait_satisfied(const struct proc *p, int tree) {
@@ -526,7 +554,7 @@ static void dispatch(struct client *c, const unsigned char *payload, uint32_t le
     struct cursor cur = {payload, len, 0};
     uint32_t op = cur_u32(&cur);
     touch_activity();
-    if (op == PROC_OP_START) { op_start(c, &cur); return; }
+    if (op == PROC_OP_START || op == PROC_OP_START_AS) { op_start(c, &cur, op == PROC_OP_START_AS); return; }
     if (op == PROC_OP_LIST) {
         struct sbuf b = {0};
         sb_put(&b, "{\"processes\":[", 14);

@@ -23,10 +23,13 @@ from typing import Any, Literal
 
 from paddock_hostagent.guest.client import GuestClient, _Connection
 from paddock_hostagent.guest.protocol import (
+    GUEST_TOO_OLD_FOR_USER,
     ErrorCode,
     Frame,
     GuestError,
     GuestProtocolError,
+    GuestTooOldError,
+    GuestUserError,
     _string,
     decode_error,
     frame,
@@ -47,6 +50,7 @@ class ProcessOp(IntEnum):
     SIGNAL = 8
     WAIT = 9
     CONNECT = 10
+    START_AS = 11  # a user first, then START's fields
 
 
 class GuestProcessError(GuestError):
@@ -70,6 +74,7 @@ _ERRORS: dict[int, type[GuestError]] = {
     ErrorCode.PROC_STATE: GuestProcessStateError,
     ErrorCode.SPAWN: GuestSpawnError,
     ErrorCode.PROTOCOL: GuestProtocolError,
+    ErrorCode.USER: GuestUserError,
 }
 
 
@@ -85,6 +90,7 @@ class StartRequest:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str = "/"
     pty: tuple[int, int] | None = None  # (rows, cols)
+    user: str | None = None  # a name or uid of the sandbox's /etc/passwd (START_AS)
 
 
 @dataclass(frozen=True)
@@ -110,10 +116,12 @@ def _request(op: ProcessOp, body: bytes = b"") -> bytes:
 def encode_start(request: StartRequest) -> bytes:
     rows, cols = request.pty or (0, 0)
     head = struct.pack("<IIIII", 1 if request.pty else 0, rows, cols, len(request.args), len(request.env))
-    parts = [head, _string(request.cmd), *(_string(arg) for arg in request.args)]
+    parts = [] if request.user is None else [_string(request.user)]
+    parts += [head, _string(request.cmd), *(_string(arg) for arg in request.args)]
     parts += [_string(f"{key}={value}") for key, value in request.env.items()]
     parts.append(_string(request.cwd))
-    return _request(ProcessOp.START, b"".join(parts))
+    op = ProcessOp.START if request.user is None else ProcessOp.START_AS
+    return _request(op, b"".join(parts))
 
 
 def _parse_json(payload: bytes) -> dict[str, Any]:
@@ -141,7 +149,13 @@ class GuestProcesses:
             conn.close()
 
     async def start(self, request: StartRequest) -> dict[str, Any]:
-        return await self._call(encode_start(request))
+        try:
+            return await self._call(encode_start(request))
+        except GuestProcessNotFoundError as exc:
+            # An older process manager reads START_AS as an operation on a process named by the user.
+            if request.user is None:
+                raise
+            raise GuestTooOldError(GUEST_TOO_OLD_FOR_USER) from exc
 
     async def list(self) -> dict[str, Any]:
         return await self._call(_request(ProcessOp.LIST))

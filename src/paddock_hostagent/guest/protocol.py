@@ -45,6 +45,7 @@ class Frame(IntEnum):
     DATA = 6
     DATA_END = 7
     INFO = 8
+    EXEC_AS = 9  # a user (name or uid) first, then EXEC's payload; the guest answers OK once it has them
     PROC = 16
     STDOUT = 32
     STDERR = 33
@@ -68,6 +69,7 @@ class ErrorCode(IntEnum):
     PROTOCOL = 7
     PROC_NOT_FOUND = 8
     PROC_STATE = 9
+    USER = 10  # no such user in the sandbox's /etc/passwd
 
 
 class GuestError(Exception):
@@ -93,6 +95,25 @@ def check_version(version: int) -> None:
             f"guest agent speaks protocol version {version}, this host agent {PROTOCOL_VERSION}; "
             "rebuild the guest agent (python -m paddock_hostagent.guest.build)"
         )
+
+
+class GuestUserError(GuestError):
+    """The user a command was to run as is not in the sandbox's ``/etc/passwd`` (the guest's words)."""
+
+
+class GuestTooOldError(GuestError):
+    """The sandbox's guest agent predates the request (it was started before the host agent that sent
+    it): it refused it without running anything."""
+
+
+#: A guest agent older than EXEC_AS and START_AS refuses them; the sandbox is to be created anew.
+GUEST_TOO_OLD_FOR_USER = (
+    "this sandbox's guest agent predates running a command as a user (it was started before this "
+    "host agent); create the sandbox anew to get one that can"
+)
+
+#: A user name or uid sent to the guest: at most RUN_AS_MAX_NAME bytes (guest.h).
+MAX_USER_BYTES = 256
 
 
 class GuestFileError(GuestError):
@@ -147,12 +168,16 @@ def _string(value: str) -> bytes:
     return struct.pack("<I", len(raw)) + raw
 
 
-def encode_exec(cmd: str, args: list[str], env: dict[str, str], cwd: str, *, has_stdin: bool) -> bytes:
-    parts = [struct.pack("<III", EXEC_HAS_STDIN if has_stdin else 0, len(args), len(env)), _string(cmd)]
+def encode_exec(
+    cmd: str, args: list[str], env: dict[str, str], cwd: str, *, has_stdin: bool, user: str | None = None
+) -> bytes:
+    """An EXEC frame, or with ``user`` an EXEC_AS one (an older guest refuses that, running nothing)."""
+    parts = [] if user is None else [_string(user)]
+    parts += [struct.pack("<III", EXEC_HAS_STDIN if has_stdin else 0, len(args), len(env)), _string(cmd)]
     parts += [_string(arg) for arg in args]
     parts += [_string(f"{key}={value}") for key, value in env.items()]
     parts.append(_string(cwd))
-    return frame(Frame.EXEC, b"".join(parts))
+    return frame(Frame.EXEC if user is None else Frame.EXEC_AS, b"".join(parts))
 
 
 def exec_payload_bytes(cmd: str, args: list[str], env: dict[str, str], cwd: str) -> int:

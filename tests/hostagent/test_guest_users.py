@@ -1,0 +1,139 @@
+"""The guest agent runs a command as another user (EXEC_AS, PROC START_AS), outside any container
+(``--listen PATH``, as root, so the users are this machine's /etc/passwd); and a guest agent built
+before those requests existed refuses them without running anything, while its plain EXEC still works
+(a sandbox started before the host agent was upgraded)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from paddock_hostagent.guest import (
+    ExecRequest,
+    Exited,
+    GuestClient,
+    GuestTooOldError,
+    GuestUserError,
+    Output,
+)
+from paddock_hostagent.guest.build import BINARY_NAME, CFLAGS, SOURCE_DIR
+from paddock_hostagent.guest.processes import GuestProcesses, ProcessExit, ProcessOutput, StartRequest
+from tests.hostagent.test_guest_agent import _listening
+
+pytestmark = pytest.mark.root  # setuid needs root
+
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root"}
+#: The last commit whose guest agent had no EXEC_AS or START_AS.
+OLD_GUEST_COMMIT = "da90f4a"
+
+
+def _serve(binary: Path, socket_path: Path) -> Iterator[GuestClient]:
+    process = subprocess.Popen([str(binary), "--listen", str(socket_path)])
+    deadline = time.monotonic() + 5
+    while not _listening(socket_path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _listening(socket_path), "the guest agent did not listen"
+    try:
+        yield GuestClient(socket_path)
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture
+def guest(guest_binary_dir: Path, tmp_path: Path) -> Iterator[GuestClient]:
+    yield from _serve(guest_binary_dir / BINARY_NAME, tmp_path / "g.sock")
+
+
+@pytest.fixture
+def old_guest(tmp_path: Path) -> Iterator[GuestClient]:
+    repo = SOURCE_DIR.parents[2]
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "--name-only", OLD_GUEST_COMMIT, "src/paddock_hostagent/guest/"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if listed.returncode != 0:
+        pytest.skip(f"git history without {OLD_GUEST_COMMIT}: {listed.stderr.strip()}")
+    sources = []
+    for name in listed.stdout.split():
+        if name.endswith((".c", ".h")):
+            target = tmp_path / Path(name).name
+            target.write_bytes(subprocess.run(["git", "-C", str(repo), "show", f"{OLD_GUEST_COMMIT}:{name}"],
+                                              capture_output=True, check=True).stdout)  # fmt: skip
+            sources.append(target)
+    binary = tmp_path / "old-guest"
+    subprocess.run(
+        ["gcc", *CFLAGS, "-o", str(binary), *(str(s) for s in sources if s.suffix == ".c")], check=True
+    )
+    yield from _serve(binary, tmp_path / "old.sock")
+
+
+async def _run(client: GuestClient, request: ExecRequest) -> tuple[bytes, bytes, int]:
+    stdout, stderr, code = b"", b"", None
+    async with client.exec(request) as session:
+        async for event in session:
+            if isinstance(event, Output):
+                if event.stream == "stdout":
+                    stdout += event.data
+                else:
+                    stderr += event.data
+            elif isinstance(event, Exited):
+                code = event.exit_code
+    assert code is not None, (stdout, stderr)
+    return stdout, stderr, code
+
+
+async def _output(processes: GuestProcesses, process_id: str) -> bytes:
+    data = b""
+    async with asyncio.timeout(10), processes.connect(process_id, after=0) as stream:
+        async for event in stream:
+            if isinstance(event, ProcessOutput):
+                data += event.data
+            elif isinstance(event, ProcessExit):
+                return data
+    raise AssertionError(f"no exit after {data!r}")
+
+
+async def test_exec_and_start_as_a_user(guest: GuestClient, tmp_path: Path) -> None:
+    script = 'id -un; id -u; id -G; echo "$HOME $USER $LOGNAME"; pwd'
+    out, _, code = await _run(guest, ExecRequest("/bin/sh", ["-c", script], ENV, "", user="nobody"))
+    assert code == 0
+    home = subprocess.run(["getent", "passwd", "nobody"], capture_output=True, text=True).stdout.split(":")[5]
+    lines = out.decode().splitlines()
+    assert lines[:3] == ["nobody", "65534", "65534"]
+    assert lines[3] == f"{home} nobody nobody"
+    assert lines[4] == (home if Path(home).is_dir() else "/")  # its home, or / when it has none
+    out, _, _ = await _run(guest, ExecRequest("/bin/sh", ["-c", "id -u; id -g"], ENV, "/", user="65534"))
+    assert out == b"65534\n65534\n"
+    with pytest.raises(GuestUserError, match="no-such-user"):
+        await _run(guest, ExecRequest("touch", [str(tmp_path / "ran")], ENV, "/", user="no-such-user"))
+    assert not (tmp_path / "ran").exists()
+    # The kept connection of a plain exec still runs as root after all that.
+    out, _, _ = await _run(guest, ExecRequest("id", ["-un"], ENV, "/"))
+    assert out == b"root\n"
+
+    processes = GuestProcesses(guest)
+    started = await processes.start(
+        StartRequest("/bin/sh", ["-c", "id -un; tty"], ENV, "/", (24, 80), "nobody")
+    )
+    assert (await _output(processes, started["process_id"])).startswith(b"nobody\r\n/dev/pts/")
+    with pytest.raises(GuestUserError, match="no-such-user"):
+        await processes.start(StartRequest("true", [], ENV, "/", None, "no-such-user"))
+
+
+async def test_an_old_guest_refuses_a_user_and_runs_nothing(old_guest: GuestClient, tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    with pytest.raises(GuestTooOldError, match="create the sandbox anew"):
+        await _run(old_guest, ExecRequest("touch", [str(ran)], ENV, "/", user="nobody"))
+    with pytest.raises(GuestTooOldError):
+        await GuestProcesses(old_guest).start(StartRequest("touch", [str(ran)], ENV, "/", None, "nobody"))
+    assert not ran.exists()
+    out, _, code = await _run(old_guest, ExecRequest("id", ["-un"], ENV, "/"))
+    assert (out, code) == (b"root\n", 0)
