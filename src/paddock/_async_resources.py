@@ -182,16 +182,25 @@ class AsyncTemplates:
         self._client = client
 
     async def create(
-        self, name: str, dockerfile: str, *, base: str | None = None, context: bytes | None = None
+        self,
+        name: str,
+        dockerfile: str,
+        *,
+        base: str | None = None,
+        context: bytes | None = None,
+        rebuild: bool = False,
     ) -> Template:
         """Submit a build; the template comes back ``pending``. ``base`` is what ``FROM base`` means;
-        ``context`` is a tar archive (gzip-compressed or not) of the files ``COPY``/``ADD`` read."""
+        ``context`` is a tar archive (gzip-compressed or not) of the files ``COPY``/``ADD`` read.
+        ``rebuild=True`` builds an existing name again (a new id): the name boots the old image until
+        the new one is ready, sandboxes booted from the old one keep it."""
         body = _base.drop_none(
             {
                 "name": name,
                 "dockerfile": dockerfile,
                 "base": base,
                 "context": base64.b64encode(context).decode() if context is not None else None,
+                "rebuild": True if rebuild else None,
             }
         )
         return Template.from_api(await self._client.request("POST", "v1/templates", json=body))

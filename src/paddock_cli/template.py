@@ -111,6 +111,9 @@ def build(
         None, "--context", help="A directory whose files COPY/ADD read (sent as a tar).", file_okay=False
     ),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="Stream the build log until it ends."),
+    rebuild: bool = typer.Option(
+        False, "--rebuild", help="Build an existing template's name again; the old image boots until ready."
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Submit a Dockerfile and follow its build; exit 0 once ready, 5 if it failed."""
@@ -123,7 +126,7 @@ def build(
     except OSError as exc:
         raise fail(f"cannot read {context}: {exc.strerror}", ExitCode.USAGE) from exc
     with api_errors(), client() as sdk:
-        template = sdk.templates.create(name, dockerfile, base=base, context=archive)
+        template = sdk.templates.create(name, dockerfile, base=base, context=archive, rebuild=rebuild)
         if not follow:
             emit(template, json_out, show)
             return

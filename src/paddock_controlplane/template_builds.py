@@ -38,7 +38,7 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import undefer
 
-from paddock_controlplane import hostlink, scheduler, webhooks
+from paddock_controlplane import hostlink, scheduler, templates, webhooks
 from paddock_controlplane.models import Host, Template, TemplateLogLine
 from paddock_controlplane.services import Services
 from paddock_core import errors
@@ -400,6 +400,8 @@ class TemplateBuilder:
                     await self._end(session, template, "failed", reason=reason)
         if deleted:
             await self._cancel(template_id, host_id)
+        elif reason is None and view is not None:  # a rebuild is ready: the template it replaced goes
+            await templates.retire_replaced(self.services, template)
 
     async def _end(self, session: Any, template: Template, status: str, *, reason: str | None = None) -> None:
         template.status = status

@@ -24,6 +24,15 @@ buildah runs inside the build's network namespace (a URL leaves from there, unde
 the account's own builder storage (no other account's image to name), on a size-capped filesystem.
 
 A template's log lines are deleted with it.
+
+Rebuilding (an extension): ``POST /v1/templates`` naming an existing template with ``"rebuild": true``
+starts a new build of that name, with an id of its own; the name then answers with the new build (its
+status, its log). Until it is ready, the image it replaces stays what the name boots (``rootfs``) and
+builds ``FROM``: that row is kept live under the hidden name ``~<new id>`` (``~`` cannot start a
+user's name), so the unique live name holds without a schema change. When the new build is ready, the
+replaced row is deleted like any template (hosts drop its image once no sandbox boots from it, so
+sandboxes booted from it keep it); when it fails, the name keeps booting the old image and a further
+rebuild replaces the failed one. A second rebuild while one is running is a 409.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import StrictStr
+from pydantic import StrictBool, StrictStr
 from sqlalchemy import delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -103,6 +112,8 @@ class TemplateCreateRequest(Body):
     base: StrictStr | None = None
     #: Extension: standard base64 of a tar (optionally gzip) archive, the files COPY/ADD read.
     context: StrictStr | None = None
+    #: Extension: build a template of this name again (see the module's docstring).
+    rebuild: StrictBool | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,12 @@ class Instruction:
 
 #: A failed template's ``error`` in its view, in characters (the logs hold the rest).
 MAX_VIEW_ERROR = 1000
+#: The hidden name of a template a rebuild replaces: ``~`` and the rebuild's id.
+REPLACED = "~"
+
+
+def replaced_name(rebuild_id: str) -> str:
+    return f"{REPLACED}{rebuild_id}"
 
 
 def template_view(template: Template, *, include_dockerfile: bool = False) -> dict[str, Any]:
@@ -132,6 +149,8 @@ def template_view(template: Template, *, include_dockerfile: bool = False) -> di
         out["built_at"] = rfc3339(template.built_at)
     if template.status == "failed" and template.error:
         out["error"] = template.error[:MAX_VIEW_ERROR]  # why, as the last attempt ended (an extension)
+    if template.name.startswith(REPLACED):  # booted by its name until its rebuild is ready (extension)
+        out["replaced_by"] = template.name[len(REPLACED) :]
     if include_dockerfile:
         out["dockerfile"] = template.dockerfile
     return out
@@ -317,7 +336,7 @@ async def _resolve_from(session: AsyncSession, user_id: str, reference: str, lin
             "base" if reference == "base" else "dockerfile",
             f"line {line}: image {name!r} is not available on any host; see GET /v1/rootfs",
         )
-    template = await find(session, user_id, name)
+    template = await bootable(session, user_id, name)
     if template is None or template.status != "ready":
         state = "is not ready" if template is not None else "is neither a catalog image nor your template"
         raise errors.ValidationFailed.field("dockerfile", f"line {line}: FROM {name!r} {state}")
@@ -345,15 +364,65 @@ async def get_owned(session: AsyncSession, user_id: str, ref: str, *, for_update
     return template
 
 
+async def bootable(session: AsyncSession, user_id: str, ref: str) -> Template | None:
+    """The template ``ref`` names, or, while its rebuild is not ready, the ready one it replaces."""
+    template = await find(session, user_id, ref)
+    if template is not None and template.status != "ready":
+        replaced = await _replaced(session, user_id, template.id, for_update=False)
+        if replaced is not None and replaced.status == "ready":
+            return replaced
+    return template
+
+
+async def _replaced(
+    session: AsyncSession, user_id: str, rebuild_id: str, *, for_update: bool = True
+) -> Template | None:
+    query = select(Template).where(
+        Template.user_id == user_id,
+        Template.deleted_at.is_(None),
+        Template.name == replaced_name(rebuild_id),
+    )
+    if for_update:
+        query = query.with_for_update()
+    return (await session.scalars(query)).first()
+
+
+def _retire(services: Services, session: AsyncSession, template: Template) -> None:
+    """Marks a template deleted (the caller's transaction); its image goes by ``forget``."""
+    template.deleted_at = services.clock()
+    template.context = None
+
+
+async def _make_room_for_rebuild(
+    session: AsyncSession, user_id: str, current: Template
+) -> tuple[Template | None, list[Template]]:
+    """Before a rebuild of ``current``'s name: the template the rebuild will replace (renamed later),
+    and the templates to retire now (a failed rebuild, or a failed first build)."""
+    if current.status not in TERMINAL:
+        raise errors.AlreadyExists(
+            f"name: template {current.name!r} is {current.status}; wait for it ({current.id}) or delete it"
+        )
+    previous = await _replaced(session, user_id, current.id)
+    if current.status == "ready":
+        return current, []
+    # current failed: it gives way; the image it would have replaced (if any) stays the one to replace
+    return previous, [current]
+
+
 async def create(services: Services, user_id: str, req: TemplateCreateRequest) -> dict[str, Any]:
     name, dockerfile, base, reference, line, context = await asyncio.to_thread(_validate, services, req)
+    retired: list[Template] = []
     async with transaction(services.sessions) as session:
         account = await accounts.lock_user(session, user_id)
         plan = await accounts.cached_plan(session, account.plan_id)
         if plan.templates_concurrent <= 0:
             raise errors.PlanLimit(f"the {plan.name} plan includes no templates")
         live = await session.scalar(
-            select(func.count()).where(Template.user_id == user_id, Template.deleted_at.is_(None))
+            select(func.count()).where(
+                Template.user_id == user_id,
+                Template.deleted_at.is_(None),
+                Template.name.not_like(f"{REPLACED}%"),  # a rebuild's predecessor is on its way out
+            )
         )
         if int(live or 0) >= plan.templates_concurrent:
             raise errors.QuotaExceeded(f"concurrent template cap reached: limit {plan.templates_concurrent}")
@@ -365,14 +434,31 @@ async def create(services: Services, user_id: str, req: TemplateCreateRequest) -
         if int(today or 0) >= plan.templates_per_day:
             raise errors.QuotaExceeded(f"daily template cap reached: limit {plan.templates_per_day} per day")
         accounts.require_credit(account)
-        if await find(session, user_id, name) is not None:
-            raise errors.AlreadyExists(f"name: a template named {name!r} already exists")
+        current = await find(session, user_id, name, for_update=True)
+        if current is not None and current.name != name:
+            current = None  # ``name`` is another template's id; names and ids never mix
+        replaced: Template | None = None
+        if current is not None:
+            if not req.rebuild:
+                raise errors.AlreadyExists(
+                    f"name: a template named {name!r} already exists; send rebuild: true to build it again"
+                    " (the current image stays bootable until the new one is ready)"
+                )
+            replaced, retired = await _make_room_for_rebuild(session, user_id, current)
+        from_image = await _resolve_from(session, user_id, reference, line, base)
+        new_template_id = new_id("tpl_")
+        for old in retired:
+            _retire(services, session, old)
+            await session.execute(delete(TemplateLogLine).where(TemplateLogLine.template_id == old.id))
+        if replaced is not None:
+            replaced.name = replaced_name(new_template_id)
+        await session.flush()  # the name is free before the new row takes it
         template = Template(
-            id=new_id("tpl_"),
+            id=new_template_id,
             user_id=user_id,
             name=name,
             base=base,
-            from_image=await _resolve_from(session, user_id, reference, line, base),
+            from_image=from_image,
             dockerfile=dockerfile,
             context=context,
             status="pending",
@@ -389,13 +475,20 @@ async def create(services: Services, user_id: str, req: TemplateCreateRequest) -
             data={"template_id": template.id, "user_id": user_id, "name": name, "base": base},
         )
     services.template_wake.set()
+    for old in retired:
+        await template_builds_forget(services, old)
     return template_view(template)
 
 
 async def page(
     session: AsyncSession, user_id: str, *, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], int]:
-    where = (Template.user_id == user_id, Template.deleted_at.is_(None))
+    # a template a rebuild replaces is listed by its id only while it boots the name: not in the list
+    where = (
+        Template.user_id == user_id,
+        Template.deleted_at.is_(None),
+        Template.name.not_like(f"{REPLACED}%"),
+    )
     total = await session.scalar(select(func.count()).select_from(Template).where(*where))
     rows = (
         await session.scalars(
@@ -411,24 +504,56 @@ async def page(
 
 async def delete_template(services: Services, user_id: str, ref: str) -> Template:
     """Marks it deleted (its name is free at once); the worker cancels a running build, and the host
-    drops the image once no sandbox boots from it (§13.2: never blocked by sandboxes)."""
+    drops the image once no sandbox boots from it (§13.2: never blocked by sandboxes). Deleting a
+    rebuild deletes the template it was replacing too (the name goes)."""
+    replaced: Template | None = None
     async with transaction(services.sessions) as session:
         template = await get_owned(session, user_id, ref, for_update=True)
-        template.deleted_at = services.clock()
-        template.context = None
+        _retire(services, session, template)
         await session.execute(delete(TemplateLogLine).where(TemplateLogLine.template_id == template.id))
+        replaced = await _replaced(session, user_id, template.id)
+        if replaced is not None:
+            _retire(services, session, replaced)
+            await session.execute(delete(TemplateLogLine).where(TemplateLogLine.template_id == replaced.id))
         await webhooks.emit(
             session,
             user_id=user_id,
             action="template.delete",
             data={"template_id": template.id, "user_id": user_id, "name": template.name},
         )
+    if replaced is not None:
+        await template_builds_forget(services, replaced)
     return template
 
 
+async def template_builds_forget(services: Services, template: Template) -> None:
+    from paddock_controlplane import template_builds  # it imports this module
+
+    await template_builds.forget(services, template)
+
+
+async def retire_replaced(services: Services, rebuild: Template) -> None:
+    """A rebuild is ready: the template it replaced goes (its image once no sandbox boots from it)."""
+    async with transaction(services.sessions) as session:
+        replaced = await _replaced(session, rebuild.user_id, rebuild.id)
+        if replaced is None:
+            return
+        _retire(services, session, replaced)
+        await session.execute(delete(TemplateLogLine).where(TemplateLogLine.template_id == replaced.id))
+        await webhooks.emit(
+            session,
+            user_id=rebuild.user_id,
+            action="template.delete",
+            data={"template_id": replaced.id, "user_id": rebuild.user_id, "name": rebuild.name},
+        )
+    log.info("template_replaced", template_id=replaced.id, rebuild_id=rebuild.id, name=rebuild.name)
+    await template_builds_forget(services, replaced)
+
+
 async def resolve(session: AsyncSession, user_id: str, ref: str) -> Template | None:
-    """For ``POST /v1/sandboxes``: the user's template named by ``rootfs`` (409 unless ready)."""
-    template = await find(session, user_id, ref)
+    """For ``POST /v1/sandboxes``: the user's template named by ``rootfs`` (409 unless ready); while a
+    rebuild of that name is not ready, the template it replaces."""
+    template = await bootable(session, user_id, ref)
     if template is not None and template.status != "ready":
         raise errors.InvalidState(f"template {template.name!r} is {template.status}, not ready")
     return template

@@ -207,23 +207,29 @@ class FakeHostLink(FakeProcesses):
 
         return hostlink.Download(size=len(data), chunks=chunks())
 
-    # Template builds: an attempt ends ``ready`` at once unless its Dockerfile contains "FAIL".
+    # Template builds: an attempt ends ``ready`` at once unless its Dockerfile contains "FAIL" (failed)
+    # or "HOLD" (building until ``release_build``).
     async def start_build(self, body: BuildBody) -> BuildView:
         self.calls.append(("start_build", body.id))
         failed = "FAIL" in body.dockerfile
+        held = "HOLD" in body.dockerfile
         lines = [BuildLine(ts=0.0, level="info", line=f"STEP 1/1: attempt {body.attempt}")]
         if failed:
             lines.append(BuildLine(ts=0.0, level="error", line="RUN FAIL: exit status 1"))
         self.builds[body.id] = BuildView(
             id=body.id,
             attempt=body.attempt,
-            status="failed" if failed else "ready",
+            status="failed" if failed else "building" if held else "ready",
             lines=lines,
             next=len(lines),
             ext4_size_bytes=0 if failed else 4096,
             error="exit status 1" if failed else None,
         )
         return self.builds[body.id]
+
+    def release_build(self, build_id: str) -> None:
+        """A held build ends ready."""
+        self.builds[build_id] = self.builds[build_id].model_copy(update={"status": "ready"})
 
     async def get_build(self, build_id: str, *, after: int) -> BuildView:
         view = self.builds.get(build_id)

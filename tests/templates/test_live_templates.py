@@ -4,6 +4,7 @@ addresses these tests create."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -326,3 +327,52 @@ def test_copy_and_add_read_the_context_the_cli_sends(
     finally:
         http.delete(f"/v1/sandboxes/{sandbox['id']}")
         http.delete("/v1/templates/from-context")
+
+
+def test_a_rebuild_replaces_the_image_and_a_sandbox_of_the_old_one_keeps_it(
+    live: LivePlatform, tmp_path: Path
+) -> None:
+    """The SDK builds v1, the CLI's ``template build --rebuild`` builds v2 under the same name with
+    buildah: while it builds the name still boots v1; once ready it boots v2, and the sandbox booted
+    from v1 still reads its files (its image is dropped only once no sandbox boots from it)."""
+    key = live.api_key("pro")
+    v1 = "FROM debian:13\nRUN echo v1 > /version\n"
+    v2 = "FROM debian:13\nRUN sleep 15 && echo v2 > /version\n"
+    with paddock.Client(live.url, key) as sdk:
+        first = sdk.templates.wait(sdk.templates.create("rebuilt", v1).id, timeout_s=600)
+        assert first.status == "ready", first
+        old = sdk.sandboxes.create("s-1vcpu-256mb", rootfs="rebuilt", disk_mib=2048)
+        try:
+            assert old.run("cat", ["/version"]).stdout == "v1\n"
+            with pytest.raises(paddock.ConflictError, match="rebuild: true"):
+                sdk.templates.create("rebuilt", v2)
+            dockerfile = tmp_path / "Dockerfile"
+            dockerfile.write_text(v2)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+            env.update({"PADDOCK_BASE_URL": live.url, "PADDOCK_API_KEY": key})
+            command = [sys.executable, "-m", "paddock_cli.main", "template", "build", "-f", str(dockerfile),
+                       "--name", "rebuilt", "--rebuild", "--no-follow", "--json"]  # fmt: skip
+            ran = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+            assert ran.returncode == 0, ran.stderr
+            second = json.loads(ran.stdout)
+            assert second["id"] != first.id and second["name"] == "rebuilt"
+            during = sdk.sandboxes.create("s-1vcpu-256mb", rootfs="rebuilt", disk_mib=2048)
+            try:
+                assert during.info.rootfs == first.id  # still building: the old image boots
+                assert during.run("cat", ["/version"]).stdout == "v1\n"
+            finally:
+                during.destroy()
+            assert sdk.templates.wait(second["id"], timeout_s=600).status == "ready"
+            new = sdk.sandboxes.create("s-1vcpu-256mb", rootfs="rebuilt", disk_mib=2048)
+            try:
+                assert new.info.rootfs == second["id"]
+                assert new.run("cat", ["/version"]).stdout == "v2\n"
+            finally:
+                new.destroy()
+            assert old.run("cat", ["/version"]).stdout == "v1\n"  # the running sandbox keeps its image
+            with pytest.raises(paddock.NotFoundError):
+                sdk.templates.get(first.id)
+        finally:
+            old.destroy()
+            with contextlib.suppress(paddock.NotFoundError):
+                sdk.templates.delete("rebuilt")

@@ -168,6 +168,79 @@ async def test_duplicate_name_is_409_and_a_deleted_name_is_free_again(
     ).status_code == 200
 
 
+async def test_a_template_is_rebuilt_under_its_name_and_the_old_image_boots_until_the_new_is_ready(
+    api: httpx.AsyncClient, fake_host: FakeHostLink
+) -> None:
+    async def boots(ref: str) -> str:
+        resp = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": ref})
+        assert resp.status_code == 200, resp.text
+        return str(resp.json()["data"]["rootfs"])
+
+    async def rebuild(dockerfile: str) -> httpx.Response:
+        return await api.post(
+            "/v1/templates", json={"name": "app", "dockerfile": dockerfile, "rebuild": True}
+        )
+
+    async def wait_building(template_id: str) -> None:
+        for _ in range(200):
+            if fake_host.builds.get(template_id) is not None:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{template_id} never started building")
+
+    first = (await api.post("/v1/templates", json={"name": "app", "dockerfile": DOCKERFILE})).json()["data"]
+    await wait_done(api, first["id"])
+    plain = await api.post("/v1/templates", json={"name": "app", "dockerfile": DOCKERFILE})
+    assert plain.status_code == 409 and "rebuild: true" in fail_data(plain)["message"]
+
+    resp = await rebuild("FROM debian:13\nRUN HOLD\n")
+    assert resp.status_code == 200, resp.text
+    second = resp.json()["data"]
+    assert second["id"] != first["id"] and second["name"] == "app" and second["status"] == "pending"
+    await wait_building(second["id"])
+    # the name shows the rebuild; it still boots (and builds FROM) the old image
+    assert (await api.get("/v1/templates/app")).json()["data"]["id"] == second["id"]
+    assert await boots("app") == first["id"]
+    old_view = (await api.get(f"/v1/templates/{first['id']}")).json()["data"]
+    assert old_view["status"] == "ready" and old_view["replaced_by"] == second["id"]
+    listed = (await api.get("/v1/templates")).json()["data"]
+    assert [item["id"] for item in listed["data"]] == [second["id"]]
+    child = await api.post("/v1/templates", json={"name": "child", "dockerfile": "FROM app\nRUN true\n"})
+    assert child.status_code == 200, child.text
+    busy = await rebuild(DOCKERFILE)
+    assert busy.status_code == 409 and second["id"] in fail_data(busy)["message"]
+
+    fake_host.release_build(second["id"])
+    assert (await wait_done(api, second["id"]))["status"] == "ready"
+    assert await boots("app") == second["id"]
+    for _ in range(100):
+        if ("delete_build", first["id"]) in fake_host.calls:
+            break
+        await asyncio.sleep(0.05)
+    assert ("delete_build", first["id"]) in fake_host.calls  # dropped once no sandbox boots from it
+    assert (await api.get(f"/v1/templates/{first['id']}")).status_code == 404
+
+    # a failed rebuild leaves the name booting the last good image; the next rebuild replaces it
+    failed = (await rebuild("FROM debian:13\nRUN FAIL\n")).json()["data"]
+    shown = await wait_done(api, failed["id"])
+    assert shown["status"] == "failed" and shown["error"]
+    assert (await api.get("/v1/templates/app")).json()["data"]["id"] == failed["id"]
+    assert await boots("app") == second["id"]
+    third = (await rebuild(DOCKERFILE)).json()["data"]
+    assert (await api.get(f"/v1/templates/{failed['id']}")).status_code == 404
+    assert (await wait_done(api, third["id"]))["status"] == "ready"
+    assert await boots("app") == third["id"]
+    assert (await api.get(f"/v1/templates/{second['id']}")).status_code == 404
+
+    # deleting a rebuild in flight deletes the template it was replacing: the name is free
+    fourth = (await rebuild("FROM debian:13\nRUN HOLD\n")).json()["data"]
+    assert (await api.delete("/v1/templates/app")).status_code == 200
+    assert (await api.get(f"/v1/templates/{fourth['id']}")).status_code == 404
+    assert (await api.get(f"/v1/templates/{third['id']}")).status_code == 404
+    again = await api.post("/v1/templates", json={"name": "app", "dockerfile": DOCKERFILE})
+    assert again.status_code == 200, again.text
+
+
 async def test_another_users_template_is_a_404_everywhere(
     api: httpx.AsyncClient, controlplane: ControlPlane
 ) -> None:
