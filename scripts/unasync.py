@@ -35,6 +35,7 @@ FILES = {
     "tests/sdk/test_live_handles_async.py": "tests/sdk/test_live_handles.py",
     "tests/sdk/test_live_ergonomics_async.py": "tests/sdk/test_live_ergonomics.py",
     "tests/sdk/test_live_background_async.py": "tests/sdk/test_live_background.py",
+    "tests/sdk/test_live_paused_async.py": "tests/sdk/test_live_paused.py",
     "tests/sdk/test_live_users_async.py": "tests/sdk/test_live_users.py",
 }
 

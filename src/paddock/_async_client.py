@@ -10,7 +10,8 @@ import httpx
 from paddock import _base, _blocking, _wire
 from paddock._async_resources import AsyncDisks, AsyncNetworks, AsyncTemplates, AsyncWebhooks
 from paddock._async_sandbox import AsyncSandbox, AsyncSandboxes
-from paddock._errors import TransportError
+from paddock._errors import ConflictError, TransportError
+from paddock._models import SandboxInfo
 
 
 class AsyncClient:
@@ -18,6 +19,10 @@ class AsyncClient:
 
     Base URL and key come from the arguments or ``PADDOCK_BASE_URL`` / ``PADDOCK_API_KEY``; the base URL
     defaults to ``http://127.0.0.1:8080``. ``timeout`` bounds connect, each read, write and pool wait.
+
+    A paused sandbox answers exec, files and processes with a 409 (the API never wakes it: §11.5).
+    With ``auto_resume=True`` such a 409 resumes the sandbox, waits until it runs, and sends the call
+    once more (a call whose body cannot be sent again, a streamed upload, still raises the 409).
     """
 
     def __init__(
@@ -28,8 +33,10 @@ class AsyncClient:
         timeout: float = 60.0,
         retry: _base.RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        auto_resume: bool = False,
     ) -> None:
         url, key = _base.resolve(base_url, api_key)
+        self.auto_resume = auto_resume
         self.base_url = url
         self._http = httpx.AsyncClient(
             base_url=url,
@@ -51,6 +58,25 @@ class AsyncClient:
 
     async def request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         """One API call under the retry policy (``retry=False`` for one-shot bodies); returns JSend ``data``."""
+        try:
+            return await self._request(method, path, retry=retry, **kwargs)
+        except ConflictError as exc:
+            sandbox_id = _base.paused_sandbox(path, exc) if self.auto_resume and retry else None
+            if sandbox_id is None:
+                raise
+        await self._resume(sandbox_id)
+        return await self._request(method, path, retry=retry, **kwargs)
+
+    async def _resume(self, sandbox_id: str) -> None:
+        """``auto_resume``: resume a paused sandbox and wait until it runs (resumed meanwhile: waited for)."""
+        info = await self._request("GET", _base.path("sandboxes", sandbox_id))
+        sandbox = AsyncSandbox(self, SandboxInfo.from_api(info))
+        try:
+            await sandbox.resume()
+        except ConflictError:  # someone else resumed it first
+            await sandbox.wait_until("running")
+
+    async def _request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         attempt = 0
         while True:
             try:
@@ -78,6 +104,17 @@ class AsyncClient:
 
     async def open_stream(self, method: str, path: str, **kwargs: Any) -> Any:
         """A streamed response (never retried); an error status raises the typed error at once."""
+        try:
+            return await self._open_stream(method, path, **kwargs)
+        except ConflictError as exc:
+            resendable = "content" not in kwargs  # a streamed upload's body is gone
+            sandbox_id = _base.paused_sandbox(path, exc) if self.auto_resume and resendable else None
+            if sandbox_id is None:
+                raise
+        await self._resume(sandbox_id)
+        return await self._open_stream(method, path, **kwargs)
+
+    async def _open_stream(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             resp = await self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
         except httpx.TransportError as exc:

@@ -6,11 +6,12 @@ import email.utils
 import json
 import os
 import random
+import re
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 
@@ -162,6 +163,21 @@ def wait_aborts(target: str, status: str) -> bool:
     if target == "destroyed":
         return status in ("error", "failed")
     return status in WAIT_ABORT
+
+
+#: A sandbox's own routes (exec, files, processes …), whose 409 may say it is paused.
+_SANDBOX_ROUTE = re.compile(r"^/?v1/sandboxes/(sb-[^/?]+)/([^?]+)")
+
+
+def paused_sandbox(path: str, exc: APIError) -> str | None:
+    """The id of the sandbox whose route ``path`` answered the contract's 409 because it is paused
+    (``AsyncClient(auto_resume=True)`` resumes it and tries once more); None for anything else."""
+    if exc.status != 409 or exc.code != "INVALID_STATE" or "it is paused" not in exc.message:
+        return None
+    match = _SANDBOX_ROUTE.match(path)
+    if match is None or match.group(2).rstrip("/") in ("resume", "pause"):
+        return None
+    return unquote(match.group(1))
 
 
 def path(*segments: str) -> str:

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 
 from paddock import _base, _blocking, _wire
-from paddock._errors import TransportError
+from paddock._errors import ConflictError, TransportError
+from paddock._models import SandboxInfo
 from paddock._resources import Disks, Networks, Templates, Webhooks
 from paddock._sandbox import Sandbox, Sandboxes
 
@@ -20,6 +21,10 @@ class Client:
 
     Base URL and key come from the arguments or ``PADDOCK_BASE_URL`` / ``PADDOCK_API_KEY``; the base URL
     defaults to ``http://127.0.0.1:8080``. ``timeout`` bounds connect, each read, write and pool wait.
+
+    A paused sandbox answers exec, files and processes with a 409 (the API never wakes it: §11.5).
+    With ``auto_resume=True`` such a 409 resumes the sandbox, waits until it runs, and sends the call
+    once more (a call whose body cannot be sent again, a streamed upload, still raises the 409).
     """
 
     def __init__(
@@ -30,8 +35,10 @@ class Client:
         timeout: float = 60.0,
         retry: _base.RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
+        auto_resume: bool = False,
     ) -> None:
         url, key = _base.resolve(base_url, api_key)
+        self.auto_resume = auto_resume
         self.base_url = url
         self._http = httpx.Client(
             base_url=url,
@@ -53,6 +60,25 @@ class Client:
 
     def request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         """One API call under the retry policy (``retry=False`` for one-shot bodies); returns JSend ``data``."""
+        try:
+            return self._request(method, path, retry=retry, **kwargs)
+        except ConflictError as exc:
+            sandbox_id = _base.paused_sandbox(path, exc) if self.auto_resume and retry else None
+            if sandbox_id is None:
+                raise
+        self._resume(sandbox_id)
+        return self._request(method, path, retry=retry, **kwargs)
+
+    def _resume(self, sandbox_id: str) -> None:
+        """``auto_resume``: resume a paused sandbox and wait until it runs (resumed meanwhile: waited for)."""
+        info = self._request("GET", _base.path("sandboxes", sandbox_id))
+        sandbox = Sandbox(self, SandboxInfo.from_api(info))
+        try:
+            sandbox.resume()
+        except ConflictError:  # someone else resumed it first
+            sandbox.wait_until("running")
+
+    def _request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         attempt = 0
         while True:
             try:
@@ -80,6 +106,17 @@ class Client:
 
     def open_stream(self, method: str, path: str, **kwargs: Any) -> Any:
         """A streamed response (never retried); an error status raises the typed error at once."""
+        try:
+            return self._open_stream(method, path, **kwargs)
+        except ConflictError as exc:
+            resendable = "content" not in kwargs  # a streamed upload's body is gone
+            sandbox_id = _base.paused_sandbox(path, exc) if self.auto_resume and resendable else None
+            if sandbox_id is None:
+                raise
+        self._resume(sandbox_id)
+        return self._open_stream(method, path, **kwargs)
+
+    def _open_stream(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             resp = self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
         except httpx.TransportError as exc:
