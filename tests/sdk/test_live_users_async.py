@@ -1,5 +1,5 @@
 """Exec and processes as another user of the sandbox (issue #32) through the SDK on the real platform,
-on the container tier (crun) and on gVisor: the guest resolves the name or uid in the sandbox's own
+on the container tier (crun), on gVisor and on the VM tier: the guest resolves the name or uid in the sandbox's own
 /etc/passwd and drops to it (groups, gid, uid) before the command starts.
 
 Written once, in ``test_live_users_async.py`` for the async client; ``scripts/unasync.py`` generates
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import paddock
+from paddock_hostagent.drivers.vmimage import KERNEL_ROOT
 from tests.integration.conftest import TIERS, tier_params
 from tests.live import LivePlatform, start_platform
 
@@ -23,11 +24,27 @@ SHAPE = "s-1vcpu-256mb"
 DISK_MIB = 2048  # the warm pool's size
 
 
-@pytest.fixture(scope="module", params=[param for param in tier_params() if param.id in ("crun", "gvisor")])
+#: The VM tier's guest is the same binary (in its initramfs), so it runs as a user the same way.
+VM_TIER = pytest.param(
+    "qemu",
+    id="vm",
+    marks=[
+        pytest.mark.qemu,
+        pytest.mark.skipif(
+            not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"
+        ),
+    ],
+)
+
+
+@pytest.fixture(
+    scope="module", params=[param for param in tier_params() if param.id in ("crun", "gvisor")] + [VM_TIER]
+)
 def tier_live(
     request: pytest.FixtureRequest, debian_image: Path, guest_binary_dir: Path
 ) -> Iterator[LivePlatform]:
-    platform = start_platform(guest_binary_dir, agent_options={"runtime": TIERS[request.param]})
+    runtime = TIERS.get(request.param, request.param)
+    platform = start_platform(guest_binary_dir, agent_options={"runtime": runtime})
     try:
         yield platform
     finally:
