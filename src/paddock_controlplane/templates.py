@@ -424,7 +424,12 @@ async def create(services: Services, user_id: str, req: TemplateCreateRequest) -
                 Template.name.not_like(f"{REPLACED}%"),  # a rebuild's predecessor is on its way out
             )
         )
-        if int(live or 0) >= plan.templates_concurrent:
+        current = await find(session, user_id, name, for_update=True)
+        if current is not None and current.name != name:
+            current = None  # ``name`` is another template's id; names and ids never mix
+        # a rebuild takes the place of the template of its name (hidden once it is replaced)
+        taking_place = 1 if current is not None and req.rebuild else 0
+        if int(live or 0) - taking_place >= plan.templates_concurrent:
             raise errors.QuotaExceeded(f"concurrent template cap reached: limit {plan.templates_concurrent}")
         today = await session.scalar(
             select(func.count()).where(
@@ -434,9 +439,6 @@ async def create(services: Services, user_id: str, req: TemplateCreateRequest) -
         if int(today or 0) >= plan.templates_per_day:
             raise errors.QuotaExceeded(f"daily template cap reached: limit {plan.templates_per_day} per day")
         accounts.require_credit(account)
-        current = await find(session, user_id, name, for_update=True)
-        if current is not None and current.name != name:
-            current = None  # ``name`` is another template's id; names and ids never mix
         replaced: Template | None = None
         if current is not None:
             if not req.rebuild:

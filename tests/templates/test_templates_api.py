@@ -282,6 +282,17 @@ async def test_plan_caps(controlplane: ControlPlane, fake_host: FakeHostLink) ->
     codes = sorted(resp.status_code for resp in results)
     assert codes == [200] * 5 + [403] * 2, [resp.text for resp in results]
     assert all(fail_data(r)["code"] == "QUOTA_EXCEEDED" for r in results if r.status_code == 403)
+    # at the cap, a rebuild takes its template's place; a new name is still refused
+    made = next(resp.json()["data"] for resp in results if resp.status_code == 200)
+    controlplane.http.headers["X-Api-Key"] = key
+    await wait_done(controlplane.http, made["id"])
+    body = {"name": made["name"], "dockerfile": DOCKERFILE, "rebuild": True}
+    rebuilt = await controlplane.http.post("/v1/templates", json=body, headers=headers)
+    assert rebuilt.status_code == 200, rebuilt.text
+    more = await controlplane.http.post(
+        "/v1/templates", json={"name": "t9", "dockerfile": DOCKERFILE}, headers=headers
+    )
+    assert more.status_code == 403 and fail_data(more)["code"] == "QUOTA_EXCEEDED"
 
 
 async def test_a_template_built_from_another_ready_template(
