@@ -182,7 +182,7 @@ class SandboxManager:
                 record.state = state
             if state == RuntimeState.PAUSED:
                 _pause_satisfies_self_request(record)
-            if state == RuntimeState.RUNNING:
+            if state == RuntimeState.RUNNING and not on_hold:  # a held sandbox's guest is frozen
                 with contextlib.suppress(GuestError, TimeoutError):
                     guest_info = await asyncio.wait_for(self.runtime.guest(record).info(), 1.0)
                     record.last_activity_at = max(record.last_activity_at, guest_info.last_activity_at)
@@ -1100,6 +1100,8 @@ class SandboxManager:
         the sandbox's pending ``self_request`` until a pause or destroy satisfies it."""
         for entry in list(self._entries.values()):
             if entry.record.state != RuntimeState.RUNNING or entry.lock.locked():
+                continue
+            if entry.record.id in self.diskwatch.held:  # frozen: it would only time out
                 continue
             try:
                 async with asyncio.timeout(0.5):
