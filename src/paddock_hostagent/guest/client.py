@@ -188,6 +188,26 @@ class _Connection:
         except OSError as exc:
             raise GuestUnavailableError(f"guest agent connection failed: {exc}") from exc
 
+    async def send_aside(self, parts: list[bytes | memoryview]) -> None:
+        """Sends through a duplicate of the socket rather than the stream's transport. A guest whose
+        command ended with its stdin unread closes the connection, and the next write fails with EPIPE;
+        a transport that meets a write error also closes its reading side, which would lose the EXIT
+        frame already received. A failure here leaves the reader as it was. Falls back to the
+        transport while it still holds unsent bytes of its own (they must go first)."""
+        sock = self.writer.get_extra_info("socket")
+        if sock is None or self.writer.transport.get_write_buffer_size():
+            await self.send_parts(parts)
+            return
+        aside = socket.socket(fileno=os.dup(sock.fileno()))
+        try:
+            aside.setblocking(False)
+            for part in parts:
+                await self.loop.sock_sendall(aside, part)
+        except OSError as exc:
+            raise GuestUnavailableError(f"guest agent connection failed: {exc}") from exc
+        finally:
+            aside.close()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -570,7 +590,7 @@ class ExecSession:
     @staticmethod
     async def _feed_stdin(conn: _Connection, stdin: bytes) -> None:
         with contextlib.suppress(GuestUnavailableError):
-            await conn.send_parts([*chunked_frames(Frame.STDIN, stdin), frame(Frame.STDIN_EOF)])
+            await conn.send_aside([*chunked_frames(Frame.STDIN, stdin), frame(Frame.STDIN_EOF)])
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
