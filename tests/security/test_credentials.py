@@ -261,6 +261,10 @@ async def deployment_outcome(
     deadline = time.monotonic() + timeout_s
     while True:
         resp = await http.get(url, headers=wallet.auth(int(time.time() * 1000)))
+        if resp.status_code == 429:  # the gateway's per-wallet rate limit: wait as it says, as a client would
+            assert time.monotonic() < deadline, f"still rate limited after {timeout_s} s: {resp.text}"
+            await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
+            continue
         assert resp.status_code == 200, resp.text
         body = dict(resp.json())
         if body["status"] != "deploying":

@@ -15,13 +15,16 @@ import httpx
 INGRESS_ERROR_HEADER = "x-paddock-ingress-error"
 
 
-def _target(url: str) -> tuple[str, dict[str, str]]:
+def _target(url: str) -> tuple[str, dict[str, str], bool]:
+    """The URL to dial, its headers, and whether it is a loopback ``.localhost`` name over HTTPS (then
+    the name goes in SNI, and the certificate, from ``paddock serve``'s local CA, is not checked: the
+    connection never leaves this machine)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
-    if parts.scheme == "http" and (host == "localhost" or host.endswith(".localhost")):
+    if parts.scheme in ("http", "https") and (host == "localhost" or host.endswith(".localhost")):
         netloc = "127.0.0.1" + (f":{parts.port}" if parts.port else "")
-        return parts._replace(netloc=netloc).geturl(), {"Host": parts.netloc}
-    return url, {}
+        return parts._replace(netloc=netloc).geturl(), {"Host": parts.netloc}, parts.scheme == "https"
+    return url, {}, False
 
 
 class IngressProbe:
@@ -30,10 +33,13 @@ class IngressProbe:
 
     async def check(self, url: str) -> str | None:
         """``None`` when the app answered through ``url``; otherwise why not."""
-        target, headers = _target(url.rstrip("/") + "/")
+        target, headers, loopback_tls = _target(url.rstrip("/") + "/")
+        sni = {"sni_hostname": urlsplit(url).hostname or ""} if loopback_tls else None
         try:
-            async with httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as http:
-                response = await http.get(target, headers=headers)
+            async with httpx.AsyncClient(
+                timeout=self.timeout_s, follow_redirects=False, verify=not loopback_tls
+            ) as http:
+                response = await http.get(target, headers=headers, extensions=sni)
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         proxy_error = response.headers.get(INGRESS_ERROR_HEADER)
