@@ -137,9 +137,16 @@ def through_ingress(endpoint: str, path: str = "/") -> httpx.Response:
     """GET ``endpoint + path`` as a visitor does: the ingress proxy on loopback, the name in ``Host``
     (curl resolves ``*.localhost`` to 127.0.0.1 itself; Python's resolver does not)."""
     parts = urlsplit(endpoint)
-    assert parts.scheme == "http" and parts.hostname and parts.hostname.endswith(".localhost"), endpoint
-    with httpx.Client(timeout=30) as http:
-        return http.get(f"http://127.0.0.1:{parts.port}{path}", headers={"Host": parts.netloc})
+    assert parts.scheme in ("http", "https") and parts.hostname and parts.hostname.endswith(".localhost"), (
+        endpoint
+    )
+    tls = parts.scheme == "https"  # paddock serve's local CA: loopback, so the name goes in SNI unverified
+    with httpx.Client(timeout=30, verify=not tls) as http:
+        return http.get(
+            f"{parts.scheme}://127.0.0.1:{parts.port}{path}",
+            headers={"Host": parts.netloc},
+            extensions={"sni_hostname": parts.hostname} if tls else None,
+        )
 
 
 def fetch(endpoint: str, path: str = "/") -> tuple[int, str]:
