@@ -262,45 +262,23 @@ class SandboxManager:
 
     def view(self, entry: _Entry) -> SandboxView:
         record = entry.record
-        return SandboxView(
-            id=record.id,
-            name=record.name,
-            rootfs=record.image,
-            status=self.status(entry),  # type: ignore[arg-type]
-            ip=record.ip,
-            vcpu=record.vcpu,
-            mem_mib=record.mem_mib,
-            cpu_quota_pct=record.cpu_quota_pct,
-            disk_mib=record.disk_mib,
-            created_at=record.created_at,
+        return _view_of(
+            record,
+            status=self.status(entry),
             last_activity_at=time.time() if entry.active else record.last_activity_at,
             oom_kills=self.runtime.oom_kills(record),
-            forked_from=record.forked_from,
             self_request=record.self_request,
-            networks=[NetworkAttachment(**_public(m)) for m in record.networks],
-            disks=[_disk_view(S3Mount.from_json(d)) for d in record.disks],
         )
 
     def _stopped_view(self, entry: _Entry, reason: str) -> SandboxView:
         """A sandbox of another tier's driver, stopped at start (``_stop_other_tiers``)."""
         record = entry.record
-        return SandboxView(
-            id=record.id,
-            name=record.name,
-            rootfs=record.image,
+        return _view_of(
+            record,
             status="error",
             status_reason=reason,
-            ip=record.ip,
-            vcpu=record.vcpu,
-            mem_mib=record.mem_mib,
-            cpu_quota_pct=record.cpu_quota_pct,
-            disk_mib=record.disk_mib,
-            created_at=record.created_at,
             last_activity_at=record.last_activity_at,
             oom_kills=0,
-            forked_from=record.forked_from,
-            networks=[NetworkAttachment(**_public(m)) for m in record.networks],
-            disks=[_disk_view(S3Mount.from_json(d)) for d in record.disks],
         )
 
     def get(self, sandbox_id: str) -> SandboxView:
@@ -1151,6 +1129,37 @@ class SandboxManager:
             async with entry.lock:
                 if self._entries.get(entry.record.id) is entry and self.status(entry) != "stopped":
                     await self._restore_disks(entry.record)
+
+
+def _view_of(
+    record: SandboxRecord,
+    *,
+    status: str,
+    last_activity_at: float,
+    oom_kills: int,
+    status_reason: str | None = None,
+    self_request: dict[str, Any] | None = None,
+) -> SandboxView:
+    """The view of ``record``: what it holds, with what its state now says (``view``, ``_stopped_view``)."""
+    return SandboxView(
+        id=record.id,
+        name=record.name,
+        rootfs=record.image,
+        status=status,  # type: ignore[arg-type]
+        status_reason=status_reason,
+        ip=record.ip,
+        vcpu=record.vcpu,
+        mem_mib=record.mem_mib,
+        cpu_quota_pct=record.cpu_quota_pct,
+        disk_mib=record.disk_mib,
+        created_at=record.created_at,
+        last_activity_at=last_activity_at,
+        oom_kills=oom_kills,
+        forked_from=record.forked_from,
+        self_request=self_request,
+        networks=[NetworkAttachment(**_public(m)) for m in record.networks],
+        disks=[_disk_view(S3Mount.from_json(d)) for d in record.disks],
+    )
 
 
 def _disk_view(mount: S3Mount) -> DiskMountView:
