@@ -32,7 +32,7 @@ from paddock_hostagent.drivers import loops, mounts
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.buildah import Buildah
 from paddock_hostagent.drivers.commands import run
-from paddock_hostagent.drivers.storage import loops_backing
+from paddock_hostagent.drivers.storage import loop_of, unmount_image
 
 log = get_logger(__name__)
 
@@ -113,8 +113,7 @@ class BuildStores:
                 ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard", "-L", "pdk-build", str(partial)]
             )
             partial.replace(image)
-        devices = loops_backing(image)
-        device = devices[0] if devices else await loops.attach(image)
+        device = await loop_of(image)
         if not mounts.is_mountpoint(directory):
             try:
                 mounts.mount(device, directory, "ext4", flags=MS_NOATIME)
@@ -144,10 +143,7 @@ class BuildStores:
     async def _unmount(self, owner: str, current: _Open) -> None:
         image, directory = self._paths(owner)
         await current.buildah.release()
-        mounts.unmount(directory)
-        for device in loops_backing(image):
-            with contextlib.suppress(DriverError):
-                await loops.detach(device)
+        await unmount_image(directory, image)
         with contextlib.suppress(OSError):
             directory.rmdir()
 
@@ -156,8 +152,5 @@ class BuildStores:
         image, directory = self._paths(owner)
         if owner in self._open:
             return
-        mounts.unmount(directory)
-        for device in loops_backing(image):
-            with contextlib.suppress(DriverError):
-                await loops.detach(device)
+        await unmount_image(directory, image)
         image.unlink(missing_ok=True)

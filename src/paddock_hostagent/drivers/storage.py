@@ -512,9 +512,7 @@ async def open_store(slots_dir: Path) -> Path | None:
             ["mkfs.xfs", "-q", "-f", "-m", "reflink=1", "-l", "size=64m", "-L", "pdk-disks", str(partial)]
         )
         partial.replace(backing)
-    devices = loops_backing(backing)
-    device = devices[0] if devices else await loops.attach(backing, direct_io=True)
-    mounts.mount(device, directory, "xfs")
+    mounts.mount(await loop_of(backing, direct_io=True), directory, "xfs")
     if not clones(directory):
         await close_store(slots_dir)
         return None
@@ -528,10 +526,7 @@ async def close_store(slots_dir: Path) -> None:
     directory, backing = store_dir(slots_dir), _store_backing(slots_dir)
     if not directory.is_dir() or any(directory.glob("*.img")):
         return
-    mounts.unmount(directory)
-    for device in loops_backing(backing):
-        with contextlib.suppress(DriverError):
-            await loops.detach(device)
+    await unmount_image(directory, backing)
     with contextlib.suppress(OSError):
         directory.rmdir()
     if not loops_backing(backing):
@@ -572,6 +567,21 @@ def attached_loops() -> dict[str, str]:
 def loops_backing(image_path: Path) -> list[str]:
     """Every loop device attached to ``image_path``."""
     return [device for device, path in attached_loops().items() if path == str(image_path)]
+
+
+async def loop_of(image_path: Path, *, direct_io: bool = False) -> str:
+    """The loop device ``image_path`` is attached to (an agent before this one attached it), else a new one."""
+    devices = loops_backing(image_path)
+    return devices[0] if devices else await loops.attach(image_path, direct_io=direct_io)
+
+
+async def unmount_image(directory: Path, image_path: Path) -> None:
+    """Unmounts the filesystem at ``directory`` and detaches every loop device ``image_path`` is on;
+    each step tolerates having been done already."""
+    mounts.unmount(directory)
+    for device in loops_backing(image_path):
+        with contextlib.suppress(DriverError):
+            await loops.detach(device)
 
 
 async def detach_stray_loops(directory: Path, keep: set[str]) -> list[str]:
