@@ -191,6 +191,8 @@ class DiskWatch:
         if room is None:
             return
         self._ticks += 1
+        if room.free_mib >= self.high_mib and not self.held and self._ticks % SAMPLE_EVERY_TICKS:
+            return  # most ticks: room enough, nothing held, no sample due (the sandboxes go unlisted)
         records = {record.id: record for record in self.records()}
         self._forget(records)
         if room.free_mib >= self.high_mib:
