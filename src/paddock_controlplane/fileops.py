@@ -3,8 +3,8 @@ stream both ways, and a watch.
 
 Every operation runs inside the sandbox through its exec (``sh -c SCRIPT sh PATH…``, the paths passed
 as arguments, never pasted into a command line), so a path, a symlink or ``..`` is resolved by the
-sandbox's own kernel view, never by a root process on the host (rule 3). The scripts are the E2B edge's
-(``e2b/edge/filesystem.py``), one source for both APIs. A tar goes through a file in the sandbox's
+sandbox's own kernel view, never by a root process on the host (rule 3). The scripts are
+``sandbox_fs``'s, one source for this API and the E2B edge's. A tar goes through a file in the sandbox's
 ``/tmp``: the upload is the contract's streamed, capped ``PUT /files`` and the extraction is ``tar`` run
 as the sandbox's user inside it; a download is packed there and streamed back, then removed.
 
@@ -22,17 +22,16 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
-from paddock_controlplane import commands, hostlink
+from paddock_controlplane import commands, hostlink, sandbox_fs
 from paddock_controlplane.activity import Inflight, touch
-from paddock_controlplane.e2b.edge import filesystem as fs
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.queries import running_sandbox
 from paddock_controlplane.services import Services
 from paddock_core import errors
 
-MAX_DEPTH = fs.MAX_DEPTH
-MAX_WATCH_ENTRIES = fs.MAX_WATCH_ENTRIES
-WATCH_INTERVAL_S = 0.5
+MAX_DEPTH = sandbox_fs.MAX_DEPTH
+MAX_WATCH_ENTRIES = sandbox_fs.MAX_WATCH_ENTRIES
+WATCH_INTERVAL_S = sandbox_fs.WATCH_INTERVAL_S
 #: A watch ends after this long; the client opens another to go on.
 MAX_WATCH_S = 3600.0
 HEARTBEAT_S = 15.0
@@ -69,19 +68,19 @@ async def _run(services: Services, sandbox: Sandbox, script: str, *args: str) ->
 
 
 def _fail(code: int, stderr: str, path: str, field: str = "path") -> errors.PaddockError:
-    if code == fs._MISSING:
+    if code == sandbox_fs.MISSING:
         return errors.NotFound(f"{path} does not exist in the sandbox")
-    if code == fs._NOT_DIR:
+    if code == sandbox_fs.NOT_DIR:
         return errors.ValidationFailed.field(field, f"{path} is not a directory")
-    if code == fs._EXISTS:
+    if code == sandbox_fs.EXISTS:
         return errors.AlreadyExists(f"{path} already exists")
     detail = (stderr.strip() or f"exit status {code}")[:1000]
     return errors.ValidationFailed.field(field, detail)
 
 
 async def _one(services: Services, sandbox: Sandbox, script: str, path: str, *more: str) -> dict[str, Any]:
-    code, out, err = await _run(services, sandbox, script, path, fs._PRINTF, *more)
-    entries = fs._entries(out) if code == 0 else []
+    code, out, err = await _run(services, sandbox, script, path, sandbox_fs.PRINTF, *more)
+    entries = sandbox_fs.entries(out) if code == 0 else []
     if not entries:
         raise _fail(code, err, path)
     return _entry(entries[0])
@@ -89,11 +88,17 @@ async def _one(services: Services, sandbox: Sandbox, script: str, path: str, *mo
 
 async def _listing(services: Services, sandbox: Sandbox, path: str, depth: int) -> list[dict[str, Any]]:
     code, out, err = await _run(
-        services, sandbox, fs._LIST, path, fs._PRINTF, str(depth), str(fs.MAX_LIST_BYTES)
+        services,
+        sandbox,
+        sandbox_fs.LIST,
+        path,
+        sandbox_fs.PRINTF,
+        str(depth),
+        str(sandbox_fs.MAX_LIST_BYTES),
     )
     if code != 0:
         raise _fail(code, err, path)
-    return [_entry(e) for e in fs._entries(out)]
+    return [_entry(e) for e in sandbox_fs.entries(out)]
 
 
 async def list_dir(
@@ -107,16 +112,16 @@ async def list_dir(
 
 async def stat(services: Services, user_id: str, sandbox_id: str, path: str) -> dict[str, Any]:
     sandbox = await running_sandbox(services, user_id, sandbox_id)
-    return await _one(services, sandbox, fs._STAT, path)
+    return await _one(services, sandbox, sandbox_fs.STAT, path)
 
 
 async def make_dir(services: Services, user_id: str, sandbox_id: str, path: str) -> dict[str, Any]:
     """The directory and its parents; ``created`` is false when it was already there."""
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     try:
-        return {**await _one(services, sandbox, fs._MKDIR, path), "created": True}
+        return {**await _one(services, sandbox, sandbox_fs.MKDIR, path), "created": True}
     except errors.AlreadyExists:
-        entry = await _one(services, sandbox, fs._STAT, path)
+        entry = await _one(services, sandbox, sandbox_fs.STAT, path)
         if entry["type"] != "dir":
             raise errors.AlreadyExists(f"{path} exists and is not a directory") from None
         return {**entry, "created": False}
@@ -126,12 +131,12 @@ async def rename(
     services: Services, user_id: str, sandbox_id: str, source: str, destination: str
 ) -> dict[str, Any]:
     sandbox = await running_sandbox(services, user_id, sandbox_id)
-    return await _one(services, sandbox, fs._MOVE, source, destination)
+    return await _one(services, sandbox, sandbox_fs.MOVE, source, destination)
 
 
 async def remove(services: Services, user_id: str, sandbox_id: str, path: str) -> None:
     sandbox = await running_sandbox(services, user_id, sandbox_id)
-    code, _, err = await _run(services, sandbox, fs._REMOVE, path)
+    code, _, err = await _run(services, sandbox, sandbox_fs.REMOVE, path)
     if code != 0:
         raise _fail(code, err, path)
 
@@ -193,7 +198,7 @@ async def watch(
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     depth = MAX_DEPTH if recursive else 1
     # One limiter with the edge's WatchDir: a place per open watch, 429 with Retry-After past the cap.
-    slot = fs.watch_slots.take(user_id, sandbox.id)
+    slot = sandbox_fs.watch_slots.take(user_id, sandbox.id)
 
     async def snapshot() -> dict[str, dict[str, Any]]:
         entries = await _listing(services, sandbox, path, depth)

@@ -17,7 +17,7 @@ import pytest
 
 from e2b import Sandbox
 from paddock_controlplane.e2b.edge import connect
-from paddock_controlplane.e2b.edge.filesystem import (
+from paddock_controlplane.sandbox_fs import (
     MAX_WATCHES_PER_SANDBOX,
     WatchSlots,
 )

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from paddock_controlplane.e2b.edge import filesystem
+from paddock_controlplane import sandbox_fs
 from tests.integration.conftest import platform_tier
 from tests.live import LivePlatform
 
@@ -106,10 +106,10 @@ def test_files_are_written_read_stated_and_listed_through_the_api(
         got = api.get(f"/v1/sandboxes/{sid}/files", params={"path": path})
         assert got.status_code == 200 and got.content == payload, got.status_code
         # What the E2B edge's Filesystem.Stat and ListDir run in the sandbox, parsed as the edge does.
-        stat = edge(api, sid, filesystem._STAT, path, filesystem._PRINTF)
+        stat = edge(api, sid, sandbox_fs.STAT, path, sandbox_fs.PRINTF)
         assert [(e["path"], e["type"], e["size"]) for e in stat] == [(path, "FILE_TYPE_FILE", "10240")]
         top = path.rsplit("/deep/", 1)[0]
-        listed = edge(api, sid, filesystem._LIST, top, filesystem._PRINTF, "2", "65536")
+        listed = edge(api, sid, sandbox_fs.LIST, top, sandbox_fs.PRINTF, "2", "65536")
         assert sorted((e["name"], e["type"]) for e in listed) == [
             ("a.bin", "FILE_TYPE_FILE"),
             ("deep", "FILE_TYPE_DIRECTORY"),
@@ -129,7 +129,7 @@ def edge(api: httpx.Client, sandbox_id: str, script: str, *args: str) -> list[di
     body = {"cmd": "/bin/sh", "args": ["-c", script, "sh", *args]}
     result = data(api.post(f"/v1/sandboxes/{sandbox_id}/exec", json=body))["result"]
     assert result["exit_code"] == 0, result
-    return list(filesystem._entries(result["stdout"].encode("utf-8", "surrogateescape")))
+    return list(sandbox_fs.entries(result["stdout"].encode("utf-8", "surrogateescape")))
 
 
 def wait_running(api: httpx.Client, sandbox_id: str) -> dict[str, Any]:

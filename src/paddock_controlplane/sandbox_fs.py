@@ -1,0 +1,133 @@
+"""File operations as they run inside a sandbox, one source for ``/v1``'s ``fileops`` and the E2B edge's
+``filesystem.Filesystem`` service (``e2b/edge/filesystem.py``).
+
+Each script runs through the sandbox's exec as ``sh -c SCRIPT sh PATH PRINTF …``, the paths passed as
+arguments, never pasted into a command line; ``find -printf PRINTF`` writes one ``\\0``-separated
+record per entry, which ``entries`` reads in envd's ``EntryInfo`` shape. A script's exit code says what
+stopped it: ``MISSING``, ``NOT_DIR``, ``EXISTS``.
+
+A watch polls a listing; ``watch_slots`` bounds the watches open at once, through either API.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import weakref
+from collections import Counter
+from typing import Any
+
+from paddock_core import errors
+
+#: One entry per ``\0``-separated record of ``FIELDS`` fields.
+PRINTF = r"%y\0%s\0%m\0%M\0%u\0%g\0%T@\0%l\0%p\0"
+FIELDS = 9
+#: Exit codes the scripts use for E2B's answers.
+MISSING, NOT_DIR, EXISTS = 3, 4, 5
+# ``$1`` is the path; a relative one is under the user's home, as envd resolves it.
+_PRELUDE = 'cd "${HOME:-/}" 2>/dev/null || cd /; '
+#: ``$1`` path, ``$2`` PRINTF.
+STAT = _PRELUDE + '[ -e "$1" ] || [ -L "$1" ] || exit 3; exec find "$1" -maxdepth 0 -printf "$2"'
+#: ``$1`` directory, ``$2`` PRINTF, ``$3`` depth, ``$4`` the most bytes of output.
+LIST = (
+    _PRELUDE + '[ -e "$1" ] || exit 3; [ -d "$1" ] || exit 4; '
+    'find "$1" -mindepth 1 -maxdepth "$3" -printf "$2" 2>/dev/null | head -c "$4"; exit 0'
+)
+#: ``$1`` path, ``$2`` PRINTF.
+MKDIR = _PRELUDE + '[ -e "$1" ] && exit 5; mkdir -p -- "$1" && exec find "$1" -maxdepth 0 -printf "$2"'
+#: ``$1`` source, ``$2`` PRINTF, ``$3`` destination.
+MOVE = (
+    _PRELUDE + '[ -e "$1" ] || [ -L "$1" ] || exit 3; mkdir -p -- "$(dirname -- "$3")" && mv -f -- "$1" "$3" '
+    '&& exec find "$3" -maxdepth 0 -printf "$2"'
+)
+#: ``$1`` path.
+REMOVE = _PRELUDE + '[ -e "$1" ] || [ -L "$1" ] || exit 3; exec rm -rf -- "$1"'
+_TYPES = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY", "l": "FILE_TYPE_SYMLINK"}
+MAX_DEPTH = 64
+#: A listing's output, in bytes (about 20,000 entries).
+MAX_LIST_BYTES = 4 << 20
+MAX_WATCH_ENTRIES = 20_000
+WATCH_INTERVAL_S = 0.5
+
+
+def entries(raw: bytes) -> list[dict[str, Any]]:
+    """The records of ``PRINTF``'s output as envd's ``EntryInfo`` (camelCase, ``size`` a string)."""
+    parts = raw.split(b"\0")
+    out = []
+    for i in range(0, len(parts) - FIELDS + 1, FIELDS):
+        kind, size, mode, perms, owner, group, mtime, target, path = (
+            p.decode("utf-8", "replace") for p in parts[i : i + FIELDS]
+        )
+        seconds = float(mtime or 0)
+        entry: dict[str, Any] = {
+            "name": path.rstrip("/").rsplit("/", 1)[-1] or "/",
+            "type": _TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
+            "path": path,
+            "size": str(int(size or 0)),
+            "mode": int(mode or "0", 8),
+            "permissions": perms,
+            "owner": owner,
+            "group": group,
+            "modifiedTime": dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat().replace("+00:00", "Z"),
+        }
+        if kind == "l":
+            entry["symlinkTarget"] = target
+        out.append(entry)
+    return out
+
+
+#: Open watch streams (the edge's ``WatchDir`` and ``/v1``'s ``GET …/files/watch``, one limiter for
+#: both) allowed per sandbox and per account: each one runs a listing in its sandbox every
+#: ``WATCH_INTERVAL_S`` (isolation rule 5). One more is a 429 with Retry-After (Connect's
+#: ``resource_exhausted`` on the edge) until one of them closes.
+MAX_WATCHES_PER_SANDBOX = 8
+MAX_WATCHES_PER_ACCOUNT = 32
+WATCH_RETRY_AFTER_S = 5
+
+
+class WatchSlot:
+    """One open watch's place; ``release`` is idempotent (the stream's ``finally``, or its collection
+    when it never started)."""
+
+    def __init__(self, slots: WatchSlots, user_id: str, sandbox_id: str) -> None:
+        self._slots, self.user_id, self.sandbox_id = slots, user_id, sandbox_id
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots.give_back(self)
+
+    def hold_for(self, stream: object) -> None:
+        """Frees the place when ``stream`` is collected, should it never be iterated to its end."""
+        weakref.finalize(stream, self.release)
+
+
+class WatchSlots:
+    def __init__(self, per_sandbox: int, per_account: int) -> None:
+        self.per_sandbox, self.per_account = per_sandbox, per_account
+        self.by_sandbox: Counter[str] = Counter()
+        self.by_account: Counter[str] = Counter()
+
+    def take(self, user_id: str, sandbox_id: str) -> WatchSlot:
+        if self.by_sandbox[sandbox_id] >= self.per_sandbox:
+            raise errors.RateLimited(
+                f"a sandbox has at most {self.per_sandbox} open watches; close one and retry",
+                retry_after_s=WATCH_RETRY_AFTER_S,
+            )
+        if self.by_account[user_id] >= self.per_account:
+            raise errors.RateLimited(
+                f"an account has at most {self.per_account} open watches; close one and retry",
+                retry_after_s=WATCH_RETRY_AFTER_S,
+            )
+        self.by_sandbox[sandbox_id] += 1
+        self.by_account[user_id] += 1
+        return WatchSlot(self, user_id, sandbox_id)
+
+    def give_back(self, slot: WatchSlot) -> None:
+        for counter, key in ((self.by_sandbox, slot.sandbox_id), (self.by_account, slot.user_id)):
+            counter[key] -= 1
+            if counter[key] <= 0:
+                del counter[key]
+
+
+watch_slots = WatchSlots(MAX_WATCHES_PER_SANDBOX, MAX_WATCHES_PER_ACCOUNT)
