@@ -298,13 +298,16 @@ class ConnectGates:
             raise GuestBusyError(f"guest agent at {key} is busy: {gate.users} connections waiting")
         gate.users += 1
         try:
-            try:
-                async with asyncio.timeout(wait_s):
-                    await gate.semaphore.acquire()
-            except TimeoutError:
-                raise GuestBusyError(
-                    f"guest agent at {key} is busy: no turn to connect within {wait_s} s"
-                ) from None
+            if not gate.semaphore.locked():  # a free slot is taken at once: no timer to arm
+                await gate.semaphore.acquire()
+            else:
+                try:
+                    async with asyncio.timeout(wait_s):
+                        await gate.semaphore.acquire()
+                except TimeoutError:
+                    raise GuestBusyError(
+                        f"guest agent at {key} is busy: no turn to connect within {wait_s} s"
+                    ) from None
             try:
                 yield
             finally:
