@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Generator
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from paddock_controlplane.e2b import api
 from paddock_controlplane.services import Services
@@ -26,29 +27,35 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
-class E2bListener:
-    def __init__(self, services: Services, host: str, port: int) -> None:
-        self.services = services
-        config = serving.config(api.create_app(services), host, port)
+class EmbeddedListener:
+    """An ASGI app on a port of its own inside the control-plane process (the E2B API, the sandbox
+    edge): ``start`` returns once it listens, or raises why it could not."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int, *, title: str, listening_event: str) -> None:
+        config = serving.config(app, host, port)
         config.lifespan = "off"
         self.server = _EmbeddedServer(config)
         self.host, self.port = host, port
+        self.title, self.listening_event = title, listening_event
         self._serving: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._serving = asyncio.create_task(self._serve(), name="e2b api")
+        self._serving = asyncio.create_task(self._serve(), name=self.title.lower())
         while not self.server.started:
             if self._serving.done():
                 self._serving.result()  # raises the bind failure
-                raise RuntimeError(f"the E2B API could not listen on {self.host}:{self.port}")
+                raise RuntimeError(self._cannot_listen())
             await asyncio.sleep(0.02)
-        log.info("e2b_api_listening", host=self.host, port=self.port)
+        log.info(self.listening_event, host=self.host, port=self.port)
+
+    def _cannot_listen(self) -> str:
+        return f"the {self.title} could not listen on {self.host}:{self.port}"
 
     async def _serve(self) -> None:
         try:
             await self.server.serve()
         except SystemExit as exc:  # uvicorn exits when it cannot bind; the control plane says why
-            raise RuntimeError(f"the E2B API could not listen on {self.host}:{self.port}") from exc
+            raise RuntimeError(self._cannot_listen()) from exc
 
     async def stop(self) -> None:
         self.server.should_exit = True
@@ -57,11 +64,17 @@ class E2bListener:
                 await self._serving
 
 
-async def start(services: Services) -> E2bListener | None:
+async def start(services: Services) -> EmbeddedListener | None:
     """Opens the E2B API's listener, if one is configured (``e2b_port``)."""
     settings = services.settings
     if not settings.e2b_port:
         return None
-    listener = E2bListener(services, settings.e2b_host or settings.host, settings.e2b_port)
+    listener = EmbeddedListener(
+        api.create_app(services),
+        settings.e2b_host or settings.host,
+        settings.e2b_port,
+        title="E2B API",
+        listening_event="e2b_api_listening",
+    )
     await listener.start()
     return listener

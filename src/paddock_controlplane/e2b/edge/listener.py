@@ -11,47 +11,20 @@ For the app's lifespan (``paddock_controlplane.app``)::
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 from paddock_controlplane.e2b.edge import user_ports
 from paddock_controlplane.e2b.edge.router import EdgeApp
-from paddock_controlplane.e2b.listener import _EmbeddedServer
+from paddock_controlplane.e2b.listener import EmbeddedListener
 from paddock_controlplane.services import Services
-from paddock_core import serving
-from paddock_core.logging import get_logger
-
-log = get_logger("paddock.e2b.edge")
 
 
-class EdgeListener:
+class EdgeListener(EmbeddedListener):
     def __init__(self, services: Services, host: str, port: int) -> None:
-        config = serving.config(EdgeApp(services), host, port)
-        config.lifespan = "off"
-        self.server = _EmbeddedServer(config)
-        self.host, self.port = host, port
-        self._serving: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._serving = asyncio.create_task(self._serve(), name="e2b edge")
-        while not self.server.started:
-            if self._serving.done():
-                self._serving.result()
-                raise RuntimeError(f"the E2B edge could not listen on {self.host}:{self.port}")
-            await asyncio.sleep(0.02)
-        log.info("e2b_edge_listening", host=self.host, port=self.port)
-
-    async def _serve(self) -> None:
-        try:
-            await self.server.serve()
-        except SystemExit as exc:
-            raise RuntimeError(f"the E2B edge could not listen on {self.host}:{self.port}") from exc
+        super().__init__(
+            EdgeApp(services), host, port, title="E2B edge", listening_event="e2b_edge_listening"
+        )
 
     async def stop(self) -> None:
-        self.server.should_exit = True
-        if self._serving is not None:
-            with contextlib.suppress(Exception):
-                await self._serving
+        await super().stop()
         await user_ports.close()
 
 
