@@ -216,6 +216,19 @@ async def upload(
         raise errors.PayloadTooLarge(f"upload is over the {limit}-byte limit")
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     link = await hostlink.for_host(services, sandbox.host_id)
+    return {"path": path, "size": await write_file(services, link, sandbox.id, path, body, limit)}
+
+
+async def write_file(
+    services: Services,
+    link: hostlink.HostLinkAPI,
+    sandbox_id: str,
+    path: str,
+    body: AsyncIterator[bytes],
+    limit: int,
+) -> int:
+    """Streams ``body`` to ``path`` in the sandbox, refused (413) as it passes ``limit`` bytes; the
+    size written. ``/v1``'s upload and the E2B edge's ``POST /files`` both write through it."""
     received = 0
 
     async def capped() -> AsyncIterator[bytes]:
@@ -236,9 +249,9 @@ async def upload(
         if pending_bytes:
             yield b"".join(pending)
 
-    with Inflight(services, sandbox.id):
-        result = await link.upload(sandbox.id, path, capped())
-    return {"path": path, "size": int(result.get("size", received))}
+    with Inflight(services, sandbox_id):
+        result = await link.upload(sandbox_id, path, capped())
+    return int(result.get("size", received))
 
 
 async def download(services: Services, user_id: str, sandbox_id: str, path: str) -> hostlink.Download:

@@ -13,14 +13,13 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from paddock_controlplane import hostlink
-from paddock_controlplane.activity import Inflight, touch
+from paddock_controlplane import commands, hostlink
+from paddock_controlplane.activity import touch
 from paddock_controlplane.e2b.edge.context import Call
 from paddock_core import errors
 
 #: Parts of one multipart upload (the SDK sends one per file).
 MAX_FILES = 100
-PIECE_BYTES = 1 << 20
 
 
 def envd_error(status: int, message: str) -> JSONResponse:
@@ -78,31 +77,13 @@ async def _mkdirs(call: Call, path: str) -> None:
 
 
 async def _write(call: Call, path: str, chunks: AsyncIterator[bytes], limit: int) -> dict[str, Any]:
-    received = 0
-
-    async def capped() -> AsyncIterator[bytes]:
-        nonlocal received
-        pending, size = [], 0
-        async for chunk in chunks:
-            received += len(chunk)
-            if received > limit:
-                raise errors.PayloadTooLarge(f"upload is over the {limit}-byte limit")
-            pending.append(chunk)
-            size += len(chunk)
-            if size >= PIECE_BYTES:
-                yield b"".join(pending)
-                pending, size = [], 0
-        if size:
-            yield b"".join(pending)
-
     await _mkdirs(call, path)
-    with Inflight(call.services, call.sandbox.id):
-        await call.link.upload(call.sandbox.id, path, capped())
+    await commands.write_file(call.services, call.link, call.sandbox.id, path, chunks, limit)
     return {"name": posixpath.basename(path), "type": "file", "path": path}
 
 
 async def _file_chunks(upload: UploadFile) -> AsyncIterator[bytes]:
-    while chunk := await upload.read(PIECE_BYTES):
+    while chunk := await upload.read(commands.UPLOAD_PIECE_BYTES):
         yield chunk
 
 
