@@ -459,18 +459,3 @@ class TemplateBuilder:
                     .where(Template.id == template_id)
                     .values(lease_until=self._now() + dt.timedelta(seconds=LEASE_S))
                 )
-
-
-async def forget(services: Services, template: Template) -> None:
-    """After a delete: the building host cancels a running attempt at once, and every host holding the
-    image (its builder, and hosts that fetched it) drops it once no sandbox of theirs boots from it."""
-    async with services.sessions() as session:
-        holders = [
-            host.id
-            for host in (await session.scalars(select(Host))).all()
-            if host.id == template.host_id or template.id in (host.rootfses or [])
-        ]
-    for host_id in holders:
-        with contextlib.suppress(hostlink.HostError, hostlink.SandboxGoneError):
-            link = await hostlink.for_host(services, host_id)
-            await link.delete_build(template.id)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import datetime as dt
 import io
 import json
@@ -478,7 +479,7 @@ async def create(services: Services, user_id: str, req: TemplateCreateRequest) -
         )
     services.template_wake.set()
     for old in retired:
-        await template_builds_forget(services, old)
+        await forget(services, old)
     return template_view(template)
 
 
@@ -524,14 +525,23 @@ async def delete_template(services: Services, user_id: str, ref: str) -> Templat
             data={"template_id": template.id, "user_id": user_id, "name": template.name},
         )
     if replaced is not None:
-        await template_builds_forget(services, replaced)
+        await forget(services, replaced)
     return template
 
 
-async def template_builds_forget(services: Services, template: Template) -> None:
-    from paddock_controlplane import template_builds  # it imports this module
-
-    await template_builds.forget(services, template)
+async def forget(services: Services, template: Template) -> None:
+    """After a delete: the building host cancels a running attempt at once, and every host holding the
+    image (its builder, and hosts that fetched it) drops it once no sandbox of theirs boots from it."""
+    async with services.sessions() as session:
+        holders = [
+            host.id
+            for host in (await session.scalars(select(Host))).all()
+            if host.id == template.host_id or template.id in (host.rootfses or [])
+        ]
+    for host_id in holders:
+        with contextlib.suppress(hostlink.HostError, hostlink.SandboxGoneError):
+            link = await hostlink.for_host(services, host_id)
+            await link.delete_build(template.id)
 
 
 async def retire_replaced(services: Services, rebuild: Template) -> None:
@@ -549,7 +559,7 @@ async def retire_replaced(services: Services, rebuild: Template) -> None:
             data={"template_id": replaced.id, "user_id": rebuild.user_id, "name": rebuild.name},
         )
     log.info("template_replaced", template_id=replaced.id, rebuild_id=rebuild.id, name=rebuild.name)
-    await template_builds_forget(services, replaced)
+    await forget(services, replaced)
 
 
 async def resolve(session: AsyncSession, user_id: str, ref: str) -> Template | None:

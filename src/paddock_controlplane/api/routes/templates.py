@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from paddock_controlplane import template_builds, templates
+from paddock_controlplane import templates
 from paddock_controlplane.api.deps import PageDep, PrincipalDep, ServicesDep, SessionDep
 from paddock_controlplane.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_core import envelope, errors
@@ -54,7 +54,7 @@ async def delete(
 ) -> dict[str, Any]:
     mark(request, ref)
     template = await templates.delete_template(services, principal.user_id, ref)
-    await template_builds.forget(services, template)
+    await templates.forget(services, template)
     return envelope.success({"ok": True})
 
 
