@@ -54,6 +54,7 @@ def test_stdin_background_list_and_kill(sandbox: Sandbox) -> None:
     assert sleeper.pid in listed
     assert listed[sleeper.pid].args[-1] == "sleep 600"
     assert sandbox.commands.kill(sleeper.pid) is True
+    assert sandbox.commands.kill(sleeper.pid) is False  # killed, maybe still draining: nothing to kill
     with pytest.raises(CommandExitException) as killed:
         sleeper.wait()
     assert killed.value.exit_code == -1

@@ -207,8 +207,15 @@ async def send_signal(call: Call, req: dict[str, Any]) -> dict[str, Any]:
     signal = SIGNALS.get(req.get("signal"))
     if signal is None:
         raise ConnectError("invalid_argument", "signal: must be SIGNAL_SIGTERM or SIGNAL_SIGKILL")
-    with mapped():
-        await call.link.signal_process(call.sandbox.id, process_id, ProcessSignalBody(signal=signal))  # type: ignore[arg-type]
+    try:
+        with mapped():
+            await call.link.signal_process(call.sandbox.id, process_id, ProcessSignalBody(signal=signal))  # type: ignore[arg-type]
+    except ConnectError as exc:
+        # A process that has exited but is still listed (its output draining) is gone to envd, which
+        # drops it at exit: the SDKs read not_found as "nothing to kill" (kill() returns false).
+        if exc.code != "failed_precondition":
+            raise
+        raise ConnectError("not_found", f"process {process_id}: has exited") from None
     return {}
 
 
