@@ -27,6 +27,11 @@ the sandboxes that are growing their disks until it is back above the high one, 
 any, no create, fork or disk growth is admitted. A sandbox that fills its own disk gets ENOSPC inside
 it, its own filesystem being the size it was promised.
 
+The overcommit applies to the sum of the promises only: one disk is never admitted larger than the
+host could hold of it now, real free space less ``disk_reserved_mib`` (plus what that disk already
+holds, for a resize), whatever the ratio: its sandbox could never fill it, only be held at the
+watermark trying.
+
 A refusal is ``InsufficientCapacity`` (507) whose message starts ``"<N> MiB requested, <M> MiB free"``
 and says which of these ran out.
 """
@@ -142,19 +147,39 @@ class DiskView:
     def free_mib(self) -> int:
         return max(int((self.fs_free_mib - self.reserved_mib - self.unused_mib) * self.overcommit), 0)
 
-    def admit(self, requested_mib: int) -> None:
+    def largest_disk_mib(self, holds_mib: int = 0) -> int:
+        """The largest one disk may be, whatever the overcommit: what the host could hold of it now (real
+        free space less the reserve) plus ``holds_mib``, what that disk already holds on the host."""
+        return max(self.fs_free_mib - self.reserved_mib + holds_mib, 0)
+
+    def admit(self, requested_mib: int, *, disk_mib: int | None = None, holds_mib: int = 0) -> None:
+        """Admits ``requested_mib`` more promised disk: a new disk's size, or a resize's growth with
+        ``disk_mib`` the disk's size after it and ``holds_mib`` what the disk already holds."""
         if self.held:
             raise errors.InsufficientCapacity(
                 f"{requested_mib} MiB requested, 0 MiB free (disk: the host's disk store is low, "
                 f"{self.fs_free_mib} MiB free; the writes of {self.held} sandboxes are held until it has "
                 f"{self.release_mib} MiB free)"
             )
-        if requested_mib <= self.free_mib:
-            return
-        why = (
-            f"disk: the host's filesystem has {self.fs_free_mib} MiB free, {self.unused_mib} MiB of it "
-            f"promised to {len(self.promises)} sandbox disks and {self.reserved_mib} MiB kept for the host"
-        )
-        if self.overcommit != 1.0:
-            why += f", overcommitted {self.overcommit:g}×"
-        raise errors.InsufficientCapacity(f"{requested_mib} MiB requested, {self.free_mib} MiB free ({why})")
+        size_mib = requested_mib if disk_mib is None else disk_mib
+        largest_mib = self.largest_disk_mib(holds_mib)
+        if requested_mib > self.free_mib:
+            why = (
+                f"disk: the host's filesystem has {self.fs_free_mib} MiB free, {self.unused_mib} MiB of it "
+                f"promised to {len(self.promises)} sandbox disks and {self.reserved_mib} MiB kept for the host"
+            )
+            if self.overcommit != 1.0:
+                why += f", overcommitted {self.overcommit:g}×"
+            raise errors.InsufficientCapacity(
+                f"{requested_mib} MiB requested, {self.free_mib} MiB free ({why})"
+            )
+        if size_mib > largest_mib:
+            # The overcommit is on the sum of the promises; one disk the host could never hold is refused.
+            free_mib = max(min(self.free_mib, largest_mib - (size_mib - requested_mib)), 0)
+            holds = f" besides the {holds_mib} MiB this disk holds" if holds_mib else ""
+            why = (
+                f"disk: one disk may be at most {largest_mib} MiB whatever the overcommit: the host's "
+                f"filesystem has {self.fs_free_mib} MiB free{holds}, {self.reserved_mib} MiB of it kept for "
+                "the host"
+            )
+            raise errors.InsufficientCapacity(f"{requested_mib} MiB requested, {free_mib} MiB free ({why})")

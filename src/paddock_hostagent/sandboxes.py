@@ -20,7 +20,7 @@ from typing import Any
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.builds import BuildManager
-from paddock_hostagent.capacity import DiskView, MemoryView, Promise, available_memory_mib
+from paddock_hostagent.capacity import MIB, DiskView, MemoryView, Promise, available_memory_mib
 from paddock_hostagent.diskwatch import DiskWatch
 from paddock_hostagent.drivers.base import (
     DISK_RESIZE,
@@ -590,7 +590,11 @@ class SandboxManager:
                 self.runtime.refuse(DISK_RESIZE, entry.record)
             disk = self.disk_view()
             if disk is not None:
-                disk.admit(disk_mib - entry.record.disk_mib)
+                disk.admit(
+                    disk_mib - entry.record.disk_mib,
+                    disk_mib=disk_mib,
+                    holds_mib=min(entry.disk_used_bytes // MIB, entry.record.disk_mib),
+                )
             with _driver_errors():
                 await self.runtime.resize(entry.record, disk_mib)
             entry.record.disk_mib = disk_mib
