@@ -17,6 +17,7 @@ test: setup-test images devchain-deps
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy src
+	$(VENV)/bin/mypy --strict src/paddock
 	$(PY) scripts/unasync.py --check
 	@export PADDOCK_TEST_PG_URL="$$(scripts/ensure-postgres.sh)"; \
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
