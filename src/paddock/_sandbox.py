@@ -10,7 +10,7 @@ import secrets
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
@@ -43,16 +43,68 @@ class Sandboxes:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    def create(self, shape: str, *, wait_timeout_s: float = 120.0, **fields: Any) -> Sandbox:
+    def create(
+        self,
+        shape: str,
+        *,
+        rootfs: str | None = None,
+        name: str | None = None,
+        networks: Iterable[Mapping[str, str]] | None = None,
+        disk_mib: int | None = None,
+        egress: Iterable[str] | None = None,
+        envs: Mapping[str, str] | None = None,
+        ssh_pubkeys: Iterable[str] | None = None,
+        host_id: str | None = None,
+        node_selector: Mapping[str, str] | None = None,
+        ingress_enabled: bool | None = None,
+        disks: Iterable[Mapping[str, str]] | None = None,
+        region: str | None = None,
+        auto_pause_after_seconds: int | None = None,
+        start_paused: bool | None = None,
+        timeout_s: int | None = None,
+        on_timeout: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        wait_timeout_s: float = 120.0,
+    ) -> Sandbox:
         """Create a sandbox; returns once it is ``running`` (``paused`` with ``start_paused=True``).
 
         The POST itself waits for boot; if it answers with a transitional state the handle polls
-        adaptively. A sandbox that then fails to get there is destroyed before the error is raised.
-        Fields are those of CreateSandboxRequest (§10.6); ``None`` values are left out.
+        adaptively (for at most ``wait_timeout_s``). A sandbox that then fails to get there is destroyed
+        before the error is raised.
+
+        The other keywords are CreateSandboxRequest's fields (§10.6), named as on the wire; ``None``
+        leaves a field out. ``rootfs``: a catalog image or a template's id or name. ``networks``:
+        ``[{"id": "net_…"}]``. ``disk_mib``: the overlay disk (0 or None: the shape's). ``egress``: the
+        allowlist (empty: all). ``envs``: set in every command. ``node_selector``: host labels to match.
+        ``disks``: ``[{"disk_id", "mount_path", "sub_path"?}]`` mounted at boot. ``timeout_s``: the
+        lifetime, after which it is destroyed (or paused: ``on_timeout="pause"``). ``metadata``: labels
+        that ``list(metadata=...)`` filters on. A misspelled keyword is a ``TypeError``.
         """
-        data = self._client.request("POST", "v1/sandboxes", json=_base.drop_none({"shape": shape, **fields}))
+        body = _base.drop_none(
+            {
+                "shape": shape,
+                "rootfs": rootfs,
+                "name": name,
+                "networks": None if networks is None else [dict(n) for n in networks],
+                "disk_mib": disk_mib,
+                "egress": None if egress is None else list(egress),
+                "envs": None if envs is None else dict(envs),
+                "ssh_pubkeys": None if ssh_pubkeys is None else list(ssh_pubkeys),
+                "host_id": host_id,
+                "node_selector": None if node_selector is None else dict(node_selector),
+                "ingress_enabled": ingress_enabled,
+                "disks": None if disks is None else [dict(d) for d in disks],
+                "region": region,
+                "auto_pause_after_seconds": auto_pause_after_seconds,
+                "start_paused": start_paused,
+                "timeout_s": timeout_s,
+                "on_timeout": on_timeout,
+                "metadata": None if metadata is None else dict(metadata),
+            }
+        )
+        data = self._client.request("POST", "v1/sandboxes", json=body)
         sandbox = Sandbox(self._client, SandboxInfo.from_api(data))
-        target = "paused" if fields.get("start_paused") else "running"
+        target = "paused" if start_paused else "running"
         if sandbox.info.status != target:
             try:
                 sandbox.wait_until(target, timeout_s=wait_timeout_s)
@@ -527,14 +579,42 @@ class Sandbox:
         self._set(self._client.request("POST", self._path("resume")))
         return self.wait_until("running", timeout_s) if wait else self.info
 
-    def fork(self, *, wait: bool = True, timeout_s: float = 120.0, **overrides: Any) -> Sandbox:
+    def fork(
+        self,
+        *,
+        start_paused: bool | None = None,
+        ssh_pubkeys: Iterable[str] | None = None,
+        egress: Iterable[str] | None = None,
+        ingress_enabled: bool | None = None,
+        envs: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        wait: bool = True,
+        timeout_s: float = 120.0,
+    ) -> Sandbox:
         """A child cut from this sandbox (running or paused); with ``wait`` returned once it runs
-        (``paused`` with ``start_paused=True``); a child that fails is destroyed and the error raised."""
-        data = self._client.request("POST", self._path("fork"), json=_base.drop_none(overrides))
+        (``paused`` with ``start_paused=True``), waiting at most ``timeout_s``; a child that fails is
+        destroyed and the error raised.
+
+        The child inherits the source's settings; ``start_paused``, ``ssh_pubkeys``, ``egress``,
+        ``ingress_enabled``, ``envs`` (replacing the inherited map) and ``metadata`` override them (the
+        fork body's fields, §11.9; ``None`` inherits). ``timeout_s`` here is the wait, as in ``pause``
+        and ``resume``: the child keeps the source's lifetime, and ``child.set_timeout(n)`` changes it.
+        A misspelled keyword is a ``TypeError``."""
+        body = _base.drop_none(
+            {
+                "start_paused": start_paused,
+                "ssh_pubkeys": None if ssh_pubkeys is None else list(ssh_pubkeys),
+                "egress": None if egress is None else list(egress),
+                "ingress_enabled": ingress_enabled,
+                "envs": None if envs is None else dict(envs),
+                "metadata": None if metadata is None else dict(metadata),
+            }
+        )
+        data = self._client.request("POST", self._path("fork"), json=body)
         child = Sandbox(self._client, SandboxInfo.from_api(data))
         if wait:
             try:
-                child.wait_until("paused" if overrides.get("start_paused") else "running", timeout_s)
+                child.wait_until("paused" if start_paused else "running", timeout_s)
             except PaddockError:
                 child.destroy()
                 raise
