@@ -11,7 +11,7 @@ from paddock import _base, _blocking, _wire
 from paddock._async_resources import AsyncDisks, AsyncNetworks, AsyncTemplates, AsyncWebhooks
 from paddock._async_sandbox import AsyncSandbox, AsyncSandboxes
 from paddock._errors import ConflictError, TransportError
-from paddock._models import SandboxInfo
+from paddock._models import HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
 
 
 class AsyncClient:
@@ -23,7 +23,27 @@ class AsyncClient:
     A paused sandbox answers exec, files and processes with a 409 (the API never wakes it: §11.5).
     With ``auto_resume=True`` such a 409 resumes the sandbox, waits until it runs, and sends the call
     once more (a call whose body cannot be sent again, a streamed upload, still raises the 409).
+
+    Resources, one attribute each:
+
+    - ``sandboxes`` (:class:`AsyncSandboxes`): ``create``, ``get``, ``list``, ``iter``, ``by_ip``; the
+      :class:`AsyncSandbox` handles they return run commands, move files, pause, fork and destroy.
+    - ``templates`` (:class:`AsyncTemplates`): Dockerfiles built into images that sandboxes boot.
+    - ``disks`` (:class:`AsyncDisks`): S3 buckets registered once, mounted into sandboxes.
+    - ``networks`` (:class:`AsyncNetworks`): private overlay networks between sandboxes.
+    - ``webhooks`` (:class:`AsyncWebhooks`): endpoints that receive signed events.
+
+    Account and catalog reads: ``whoami()``, ``shapes()``, ``rootfs()``, ``hosts()``.
     """
+
+    sandboxes: AsyncSandboxes
+    templates: AsyncTemplates
+    disks: AsyncDisks
+    networks: AsyncNetworks
+    webhooks: AsyncWebhooks
+    base_url: str
+    auto_resume: bool
+    retry: _base.RetryPolicy
 
     def __init__(
         self,
@@ -144,17 +164,21 @@ class AsyncClient:
             if not items or total is None or offset >= total:
                 return
 
-    async def whoami(self) -> dict[str, Any]:
-        return dict(await self.request("GET", "v1/whoami"))
+    async def whoami(self) -> WhoAmI:
+        """The key's user (``user_id``) and how many of its sandboxes run (``stats``)."""
+        return WhoAmI.from_api(await self.request("GET", "v1/whoami"))
 
-    async def shapes(self) -> list[dict[str, Any]]:
-        return [s async for s in self.paginate("v1/shapes")]
+    async def shapes(self) -> list[Shape]:
+        """The shapes a sandbox can have (``id`` is what ``create`` takes)."""
+        return [Shape.from_api(s) async for s in self.paginate("v1/shapes")]
 
-    async def rootfs(self) -> dict[str, Any]:
-        return dict(await self.request("GET", "v1/rootfs"))
+    async def rootfs(self) -> RootfsData:
+        """The catalog images a sandbox can boot and the default one."""
+        return RootfsData.from_api(await self.request("GET", "v1/rootfs"))
 
-    async def hosts(self) -> list[dict[str, Any]]:
-        return [h async for h in self.paginate("v1/hosts")]
+    async def hosts(self) -> list[HostInfo]:
+        """The hosts sandboxes are placed on, with their free memory and sandbox count."""
+        return [HostInfo.from_api(h) async for h in self.paginate("v1/hosts")]
 
     async def aclose(self) -> None:
         if self._wire is not None:

@@ -11,7 +11,7 @@ import httpx
 
 from paddock import _base, _blocking, _wire
 from paddock._errors import ConflictError, TransportError
-from paddock._models import SandboxInfo
+from paddock._models import HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
 from paddock._resources import Disks, Networks, Templates, Webhooks
 from paddock._sandbox import Sandbox, Sandboxes
 
@@ -25,7 +25,27 @@ class Client:
     A paused sandbox answers exec, files and processes with a 409 (the API never wakes it: §11.5).
     With ``auto_resume=True`` such a 409 resumes the sandbox, waits until it runs, and sends the call
     once more (a call whose body cannot be sent again, a streamed upload, still raises the 409).
+
+    Resources, one attribute each:
+
+    - ``sandboxes`` (:class:`Sandboxes`): ``create``, ``get``, ``list``, ``iter``, ``by_ip``; the
+      :class:`Sandbox` handles they return run commands, move files, pause, fork and destroy.
+    - ``templates`` (:class:`Templates`): Dockerfiles built into images that sandboxes boot.
+    - ``disks`` (:class:`Disks`): S3 buckets registered once, mounted into sandboxes.
+    - ``networks`` (:class:`Networks`): private overlay networks between sandboxes.
+    - ``webhooks`` (:class:`Webhooks`): endpoints that receive signed events.
+
+    Account and catalog reads: ``whoami()``, ``shapes()``, ``rootfs()``, ``hosts()``.
     """
+
+    sandboxes: Sandboxes
+    templates: Templates
+    disks: Disks
+    networks: Networks
+    webhooks: Webhooks
+    base_url: str
+    auto_resume: bool
+    retry: _base.RetryPolicy
 
     def __init__(
         self,
@@ -143,17 +163,21 @@ class Client:
             if not items or total is None or offset >= total:
                 return
 
-    def whoami(self) -> dict[str, Any]:
-        return dict(self.request("GET", "v1/whoami"))
+    def whoami(self) -> WhoAmI:
+        """The key's user (``user_id``) and how many of its sandboxes run (``stats``)."""
+        return WhoAmI.from_api(self.request("GET", "v1/whoami"))
 
-    def shapes(self) -> list[dict[str, Any]]:
-        return [s for s in self.paginate("v1/shapes")]
+    def shapes(self) -> list[Shape]:
+        """The shapes a sandbox can have (``id`` is what ``create`` takes)."""
+        return [Shape.from_api(s) for s in self.paginate("v1/shapes")]
 
-    def rootfs(self) -> dict[str, Any]:
-        return dict(self.request("GET", "v1/rootfs"))
+    def rootfs(self) -> RootfsData:
+        """The catalog images a sandbox can boot and the default one."""
+        return RootfsData.from_api(self.request("GET", "v1/rootfs"))
 
-    def hosts(self) -> list[dict[str, Any]]:
-        return [h for h in self.paginate("v1/hosts")]
+    def hosts(self) -> list[HostInfo]:
+        """The hosts sandboxes are placed on, with their free memory and sandbox count."""
+        return [HostInfo.from_api(h) for h in self.paginate("v1/hosts")]
 
     def close(self) -> None:
         if self._wire is not None:

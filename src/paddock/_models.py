@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+V = TypeVar("V", bound="WireView")
 
 
 def _build(cls: type[T], data: dict[str, Any], renames: dict[str, str] | None = None) -> T:
@@ -441,3 +443,294 @@ class LiveView:
             expires_at=str(data.get("expires_at") or ""),
             url=str(data["url"]) if data.get("url") else None,
         )
+
+
+# -- results that were plain dicts: identity and catalog (§10.2–§10.5), the gateway (gateway-api §5) --
+
+
+class WireView(Mapping[str, Any]):
+    """A typed result that can still be read as the JSON object it came from.
+
+    ``whoami``, ``shapes``, ``rootfs``, ``hosts`` and ``GatewayClient``'s reads returned plain dicts
+    before they returned these models. So that code written against the dicts keeps working, each model
+    is also a read-only mapping of the wire's fields, as they were sent: ``result["user_id"]``,
+    ``result.get("cpu_quota_pct")``, ``"entries" in result``, ``dict(result)``, ``{**result}``, and
+    ``result == {...}`` compares those fields. Nested values read this way are the wire's plain dicts;
+    read through attributes (named as the wire names them) they are models. ``to_dict()`` gives a copy.
+    """
+
+    #: The JSON object the model was read from (absent on a model built by hand: then its fields).
+    _wire: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._fields())
+
+    def _fields(self) -> Mapping[str, Any]:
+        wire = self.__dict__.get("_wire")
+        if wire is not None:
+            return wire  # type: ignore[no-any-return]
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.name == "extra":
+                out.update(value)
+            elif value is not None:
+                out[f.name] = _plain(value)
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        return self._fields()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields())
+
+    def __len__(self) -> int:
+        return len(self._fields())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, WireView):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _view(cls: type[V], data: Mapping[str, Any], nested: dict[str, Callable[[Any], Any]] | None = None) -> V:
+    """``cls`` read from ``data`` (``nested`` turns a field's JSON into its model), keeping ``data``."""
+    nested = nested or {}
+    converted = {k: nested[k](v) if k in nested and v is not None else v for k, v in data.items()}
+    view = _build(cls, converted)
+    view._wire = dict(data)
+    return view
+
+
+def _each(model: Callable[[dict[str, Any]], T]) -> Callable[[Any], list[T]]:
+    return lambda items: [model(item) for item in items]
+
+
+@dataclass(eq=False)
+class WhoAmIStats(WireView):
+    """How many of the caller's sandboxes are ``running``, ``paused``, in any ``other`` state, and in
+    all (``total``; destroyed ones are not counted)."""
+
+    running: int
+    paused: int
+    other: int
+    total: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> WhoAmIStats:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class Credits(WireView):
+    """The account's credits (this server's extension of §10.5): what is left and what was spent."""
+
+    balance: float
+    spent: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Credits:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class WhoAmI(WireView):
+    """WhoAmIView (§10.5): whose key this is and what it runs."""
+
+    user_id: str
+    stats: WhoAmIStats
+    credits: Credits | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> WhoAmI:
+        return _view(cls, data, {"stats": WhoAmIStats.from_api, "credits": Credits.from_api})
+
+
+@dataclass(eq=False)
+class Shape(WireView):
+    """Shape (§10.2): pass ``id`` as ``shape`` on create. ``cpu_quota_pct`` is None when unlimited."""
+
+    id: str
+    vcpu: int
+    mem_mib: int
+    default_disk_mib: int
+    cpu_quota_pct: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Shape:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class RootfsEntry(WireView):
+    """RootfsEntry (§10.3)."""
+
+    name: str
+    description: str | None = None
+    deprecated: bool = False
+    successor: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> RootfsEntry:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class RootfsData(WireView):
+    """RootfsData (§10.3): the catalog images a sandbox can boot (``rootfs``), the one used when create
+    names none (``default``), and their descriptions (``entries``; empty when the catalog is)."""
+
+    rootfs: list[str]
+    default: str
+    entries: list[RootfsEntry] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> RootfsData:
+        return _view(cls, data, {"entries": _each(RootfsEntry.from_api)})
+
+
+@dataclass(eq=False)
+class HostInfo(WireView):
+    """HostPublic (§10.4): ``free_mib`` of schedulable memory, ``vm_count`` sandboxes placed, the
+    catalog images it holds (``rootfses``) and the ``labels`` a create's ``node_selector`` matches."""
+
+    id: str
+    status: str
+    free_mib: int
+    vm_count: int
+    rootfses: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> HostInfo:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class Chain(WireView):
+    """One chain the gateway takes payments on (gateway-api §5.8)."""
+
+    chain: str
+    chain_id: int
+    tokens: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Chain:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class Recipient(WireView):
+    chain: str
+    address: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Recipient:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class Recipients(WireView):
+    """The gateway's payment address on each chain (gateway-api §5.9)."""
+
+    updated_at: str
+    recipients: list[Recipient]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Recipients:
+        return _view(cls, data, {"recipients": _each(Recipient.from_api)})
+
+
+@dataclass(eq=False)
+class TokenBalance(WireView):
+    """One token's balance: ``balance`` in decimal units, ``balance_raw`` in raw units (compare it with
+    a quote's ``amount_token``); ``address`` is the token contract's."""
+
+    token: str
+    symbol: str
+    address: str
+    balance: str
+    balance_raw: str
+    decimals: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> TokenBalance:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class WalletBalance(WireView):
+    """An address's balance of each accepted token on one chain (gateway-api §5.7)."""
+
+    address: str
+    chain: str
+    chain_id: int
+    balances: list[TokenBalance]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> WalletBalance:
+        return _view(cls, data, {"balances": _each(TokenBalance.from_api)})
+
+
+@dataclass(eq=False)
+class Project(WireView):
+    """One of the wallet's projects (gateway-api §5.5); the fields keep the wire's camelCase names.
+    ``url`` is None until a deployment has succeeded."""
+
+    id: str
+    name: str
+    displayName: str
+    status: str
+    url: str | None = None
+    createdAt: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Project:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class DeploymentStatus(WireView):
+    """A deployment's status (gateway-api §5.4): ``status`` is ``deploying``, ``ready`` (``endpoint``
+    is its URL) or ``failed`` (``reason`` says why)."""
+
+    status: str
+    deployment_id: str
+    deployment_status: str | None = None
+    message: str | None = None
+    endpoint: str | None = None
+    reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> DeploymentStatus:
+        return _view(cls, data)
+
+
+@dataclass(eq=False)
+class ProjectDeleted(WireView):
+    """The answer to ``delete_project`` (gateway-api §5.6)."""
+
+    projectId: str
+    status: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> ProjectDeleted:
+        return _view(cls, data)

@@ -46,6 +46,14 @@ from paddock._errors import (
     TransportError,
     WaitTimeoutError,
 )
+from paddock._models import (
+    Chain,
+    DeploymentStatus,
+    Project,
+    ProjectDeleted,
+    Recipients,
+    WalletBalance,
+)
 from paddock._payments import Payment, PaymentLedger
 
 try:
@@ -213,24 +221,35 @@ class GatewayClient:
         _base.raise_for_error(resp)
         return resp.json()
 
-    def chains(self) -> list[dict[str, Any]]:
-        return list(self._json(self.send("GET", "/agent/chains", signed=False))["chains"])
+    def chains(self) -> list[Chain]:
+        """The chains the gateway takes payments on, with their tokens."""
+        return [
+            Chain.from_api(c) for c in self._json(self.send("GET", "/agent/chains", signed=False))["chains"]
+        ]
 
-    def recipients(self) -> dict[str, Any]:
-        return dict(self._json(self.send("GET", "/agent/recipients", signed=False)))
+    def recipients(self) -> Recipients:
+        """Where payments go, per chain."""
+        return Recipients.from_api(self._json(self.send("GET", "/agent/recipients", signed=False)))
 
-    def balance(self, address: str | None = None, chain: str = "base") -> dict[str, Any]:
+    def balance(self, address: str | None = None, chain: str = "base") -> WalletBalance:
+        """``address``'s (default: this wallet's) balance of each accepted token on ``chain``."""
         path = f"/agent/balance/{address or self.address}"
-        return dict(self._json(self.send("GET", path, signed=False, params={"chain": chain})))
+        return WalletBalance.from_api(
+            self._json(self.send("GET", path, signed=False, params={"chain": chain}))
+        )
 
-    def projects(self) -> list[dict[str, Any]]:
-        return list(self._json(self.send("GET", "/agent/projects"))["projects"])
+    def projects(self) -> list[Project]:
+        """This wallet's projects, newest first."""
+        return [Project.from_api(p) for p in self._json(self.send("GET", "/agent/projects"))["projects"]]
 
-    def status(self, project_id: str, deployment_id: str) -> dict[str, Any]:
-        return dict(self._json(self.send("GET", f"/agent/deploy/{project_id}/{deployment_id}/status")))
+    def status(self, project_id: str, deployment_id: str) -> DeploymentStatus:
+        return DeploymentStatus.from_api(
+            self._json(self.send("GET", f"/agent/deploy/{project_id}/{deployment_id}/status"))
+        )
 
-    def delete_project(self, project_id: str) -> dict[str, Any]:
-        return dict(self._json(self.send("DELETE", f"/agent/projects/{project_id}")))
+    def delete_project(self, project_id: str) -> ProjectDeleted:
+        """Delete the project on the platform (irreversible); it lists as ``deleting`` until gone."""
+        return ProjectDeleted.from_api(self._json(self.send("DELETE", f"/agent/projects/{project_id}")))
 
     # deploy ------------------------------------------------------------------------------------------
 
@@ -331,8 +350,8 @@ class GatewayClient:
     def _adopt(self, unique_name: str) -> dict[str, Any] | None:
         """After a lost answer the deploy may already exist: this wallet's project of that name."""
         for project in self.projects():
-            if project.get("name", "").lower() == unique_name.lower():
-                return {"projectId": project["id"], "deploymentId": None, "status": "deploying"}
+            if project.name.lower() == unique_name.lower():
+                return {"projectId": project.id, "deploymentId": None, "status": "deploying"}
         return None
 
     # paying ------------------------------------------------------------------------------------------
@@ -608,7 +627,7 @@ class GatewayClient:
         deadline = time.monotonic() + timeout_s
         while True:
             if deployment.deployment_id:
-                status = self.status(deployment.project_id, deployment.deployment_id)
+                status = self.status(deployment.project_id, deployment.deployment_id).to_dict()
             else:  # adopted after a lost answer: only the project listing knows it
                 status = self._project_status(deployment.project_id)
             deployment.last_status = status
@@ -629,12 +648,12 @@ class GatewayClient:
 
     def _project_status(self, project_id: str) -> dict[str, Any]:
         for project in self.projects():
-            if project["id"] == project_id:
-                if project.get("status") == "active" and project.get("url"):
-                    return {"status": "ready", "endpoint": project["url"]}
-                if project.get("status") in ("failed", "deleting"):
-                    return {"status": "failed", "reason": f"project {project['status']}"}
-                return {"status": "deploying", "deployment_status": project.get("status")}
+            if project.id == project_id:
+                if project.status == "active" and project.url:
+                    return {"status": "ready", "endpoint": project.url}
+                if project.status in ("failed", "deleting"):
+                    return {"status": "failed", "reason": f"project {project.status}"}
+                return {"status": "deploying", "deployment_status": project.status}
         return {"status": "failed", "reason": "project not found"}
 
 
