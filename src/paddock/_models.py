@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from paddock._errors import ProtocolError
+
 T = TypeVar("T")
 V = TypeVar("V", bound="WireView")
 
@@ -500,6 +502,15 @@ def _view(cls: type[V], data: Mapping[str, Any], nested: dict[str, Callable[[Any
     """``cls`` read from ``data`` (``nested`` turns a field's JSON into its model), keeping ``data``."""
     nested = nested or {}
     converted = {k: nested[k](v) if k in nested and v is not None else v for k, v in data.items()}
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and f.name not in data
+    ]
+    if missing:
+        raise ProtocolError(f"the server's {cls.__name__} lacks {', '.join(missing)}")
     view = _build(cls, converted)
     view._wire = dict(data)
     return view
@@ -512,12 +523,12 @@ def _each(model: Callable[[dict[str, Any]], T]) -> Callable[[Any], list[T]]:
 @dataclass(eq=False)
 class WhoAmIStats(WireView):
     """How many of the caller's sandboxes are ``running``, ``paused``, in any ``other`` state, and in
-    all (``total``; destroyed ones are not counted)."""
+    all (``total``; destroyed ones are not counted). A count the server leaves out is 0."""
 
-    running: int
-    paused: int
-    other: int
-    total: int
+    running: int = 0
+    paused: int = 0
+    other: int = 0
+    total: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
