@@ -13,7 +13,28 @@ from typing import Any
 import pytest
 import uvicorn
 
+from tests import sweep
+
 ENGINES = ("sqlite", "postgresql")
+_SWEPT = pytest.StashKey[list[str]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Removes what earlier test runs that died part-way left in /tmp (host agents' and control planes'
+    state dirs, with their mounts, loop devices, netns and nft tables), and only when their owners are
+    provably gone: other runs on this machine may be going on right now (tests/sweep.py says how)."""
+    try:
+        swept = sweep.sweep()
+    except Exception as error:  # never stop a session over another run's leftovers
+        swept = [f"the sweep failed: {error!r}"]
+    session.config.stash[_SWEPT] = swept
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    swept = config.stash.get(_SWEPT, [])
+    if not swept:
+        return []
+    return [f"leftovers of dead test runs removed ({len(swept)}): " + ", ".join(swept)]
 
 
 def pg_admin_url() -> str:

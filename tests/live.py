@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,8 @@ from typing import Any
 
 import httpx
 
-from tests.hostagent.conftest import TOKEN, AgentProcess, free_port, teardown_agent
+from tests.hostagent.conftest import TOKEN, AgentProcess, free_port, restart_if_killed, teardown_agent
+from tests.sweep import KEEP_MARKER, OwnerLock
 
 
 @dataclass
@@ -34,6 +36,9 @@ class ControlPlaneProcess:
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    # Held from start() until remove(): this test process owns the state dir, even while the control
+    # plane is stopped (tests/sweep.py leaves it alone meanwhile, and removes it once this process is gone).
+    owner: OwnerLock | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -68,6 +73,15 @@ class ControlPlaneProcess:
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.owner is None:
+            self.owner = OwnerLock(self.state_dir, {})
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop(signal.SIGKILL)  # one that did not come up is not left running
+            raise
+
+    def _start(self, timeout_s: float) -> None:
         self.port = self.port or free_port()
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
         self.process = subprocess.Popen(
@@ -99,6 +113,21 @@ class ControlPlaneProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def remove(self) -> None:
+        """Removes the state dir this process made (database, log, E2B files), once stopped.
+
+        PADDOCK_TEST_KEEP=1 keeps it for debugging: it is marked ``KEPT`` (the session-start sweep then
+        leaves it alone too) and its path printed; removing it is then the developer's job."""
+        if self.owner is None:  # never started here: not ours to remove
+            return
+        if os.environ.get("PADDOCK_TEST_KEEP") == "1":
+            (self.state_dir / KEEP_MARKER).touch()
+            print(f"control plane state kept (PADDOCK_TEST_KEEP=1): {self.state_dir}")
+        else:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+        self.owner.release()
+        self.owner = None
 
 
 @dataclass
@@ -152,25 +181,29 @@ class LivePlatform:
 
     def add_agent(self, agent: AgentProcess) -> AgentProcess:
         agent.controlplane_url = self.url
+        self.agents.append(agent)  # before start(): stop() tears down one that failed to start, too
         agent.start()
-        self.agents.append(agent)
         return agent
 
     def stop(self) -> None:
-        """Destroys every sandbox the agents still run, then stops everything and checks for leftovers."""
+        """Destroys every sandbox the agents still run, then stops everything, checks for leftovers and
+        removes the state dirs; every agent and the control plane go even when one teardown fails."""
         problems: list[str] = []
-        for agent in self.agents:
-            try:
-                if agent.process is not None and agent.process.poll() is not None:
-                    with contextlib.suppress(RuntimeError):
-                        agent.start()  # a killed agent comes back to release what it adopted
-                teardown_agent(agent)
-            except AssertionError as leftover:
-                problems.append(str(leftover))
-        self.controlplane.stop()
-        for line in self.controlplane.log_tail(100_000).splitlines():
-            if '"level": "error"' in line or "Traceback" in line:
-                print(f"control plane: {line}")  # shown with a failing test; the log is kept on disk
+        try:
+            for agent in self.agents:
+                try:
+                    restart_if_killed(agent)  # a killed agent comes back to release what it adopted
+                    teardown_agent(agent)
+                except AssertionError as leftover:
+                    problems.append(str(leftover))
+                except Exception as error:
+                    problems.append(repr(error))
+        finally:
+            self.controlplane.stop()
+            for line in self.controlplane.log_tail(100_000).splitlines():
+                if '"level": "error"' in line or "Traceback" in line:
+                    print(f"control plane: {line}")  # shown with a failing test, before the log goes
+            self.controlplane.remove()
         assert not problems, problems
 
 
@@ -209,9 +242,9 @@ def start_platform(
     """Starts a control plane and ``agents`` host agents; the caller must call ``stop()``."""
     tag = secrets.token_hex(3)
     controlplane = ControlPlaneProcess(state_dir=Path(f"/tmp/pdkcp-{tag}"), extra_env=dict(cp_env or {}))
-    controlplane.start()
     platform = LivePlatform(controlplane=controlplane, agents=[])
     try:
+        controlplane.start()
         for index in range(agents):
             options = {"pool_size": 2, **(agent_options or {})}
             platform.add_agent(

@@ -32,6 +32,7 @@ from paddock_hostagent.client import HostAgentClient
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.images import ImageStore
 from paddock_hostagent.schemas import CreateSandboxBody
+from tests.sweep import OwnerLock, lock_free, remove_state
 
 TOKEN = "test-host-agent-token-0123456789"
 DISK_MIB = 2048
@@ -91,6 +92,10 @@ class AgentProcess:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     created_ids: list[str] = field(default_factory=list)
+    started: bool = False  # it answered /healthz once (a teardown restarts only such an agent)
+    # Held from start() until teardown_agent: this test process owns the state dir, even while the
+    # agent is down (tests/sweep.py leaves it alone meanwhile, and removes it once this process is gone).
+    owner: OwnerLock | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -99,6 +104,11 @@ class AgentProcess:
     @property
     def log_path(self) -> Path:
         return self.state_dir / "agent.log"
+
+    @property
+    def nft_tables(self) -> list[str]:
+        """The tables the agent makes (drivers/network.py, drivers/egress.py); they outlive it by design."""
+        return [self.nft_table, f"{self.nft_table}_egress"]
 
     def env(self) -> dict[str, str]:
         env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
@@ -128,7 +138,30 @@ class AgentProcess:
         return [sys.executable, "-m", "paddock_hostagent.main"]
 
     def start(self, timeout_s: float = 60.0) -> None:
+        """Starts the agent and waits until it answers. When it does not, the process is stopped, and
+        on a first start everything it made is removed too (a fixture that calls ``start()`` before its
+        ``try`` never reaches ``teardown_agent``)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.owner is None:
+            self.owner = OwnerLock(self.state_dir, {"nft_tables": self.nft_tables})
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()  # SIGTERM: the agent takes its warm pool (parked sandboxes too) down itself
+            # Not when another agent holds the dir (this one then refused to start, and made nothing).
+            if not self.started and lock_free(self.state_dir / "agent.lock"):
+                remove_state(self.state_dir, self.nft_tables)
+                self.release()
+            raise
+        self.started = True
+
+    def release(self) -> None:
+        """Gives up the state dir (removed by then, or left to the next session's sweep)."""
+        if self.owner is not None:
+            self.owner.release()
+            self.owner = None
+
+    def _start(self, timeout_s: float) -> None:
         guest_dir = self.state_dir / "guest"
         if not guest_dir.exists():  # skip compiling the guest agent again for every agent
             shutil.copytree(self.guest_dir, guest_dir)
@@ -242,7 +275,28 @@ def report_agent_errors(agent: AgentProcess) -> None:
 
 
 def teardown_agent(agent: AgentProcess) -> None:
-    """Destroys what the agent still holds, stops it, and removes its state, table and leftovers."""
+    """Destroys what the agent still holds, stops it, and removes its state, tables and leftovers;
+    whatever fails on the way (the agent died, a call raised), the tables and state dir go."""
+    try:
+        _destroy_and_check(agent)
+    finally:
+        agent.stop(signal.SIGKILL)  # nothing when it is already down
+        for table in agent.nft_tables:
+            subprocess.run(["nft", "delete", "table", "ip", table], capture_output=True)
+        if agent.owner is not None:  # only a state dir this process made, never someone else's
+            remove_state(agent.state_dir, agent.nft_tables)
+        agent.release()
+
+
+def restart_if_killed(agent: AgentProcess) -> None:
+    """Starts again an agent a test killed, so that it releases what it adopted (its sandboxes)
+    through its own teardown; one that never started, or does not come back, is taken down as it is."""
+    if agent.started and agent.process is not None and agent.process.poll() is not None:
+        with contextlib.suppress(RuntimeError):
+            agent.start()
+
+
+def _destroy_and_check(agent: AgentProcess) -> None:
     sandbox_ids = [path.stem for path in (agent.state_dir / "sandboxes").glob("*.json")]
     if agent.process is not None and agent.process.poll() is None:
         headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -262,9 +316,6 @@ def teardown_agent(agent: AgentProcess) -> None:
         agent.stop()
     report_agent_errors(agent)  # after the calls above, so that an error they met is shown too
     remaining = leftovers(agent.state_dir, sandbox_ids + agent.created_ids)
-    subprocess.run(["nft", "delete", "table", "ip", agent.nft_table], capture_output=True)
-    subprocess.run(["nft", "delete", "table", "ip", f"{agent.nft_table}_egress"], capture_output=True)
-    shutil.rmtree(agent.state_dir, ignore_errors=True)
     assert not remaining, f"host agent left these behind: {remaining}"
 
 
@@ -294,11 +345,15 @@ def make_agent(debian_image: Path, guest_binary_dir: Path) -> Iterator[Any]:
     try:
         yield make
     finally:
-        for process in made:
-            if process.process is not None and process.process.poll() is not None:
-                with contextlib.suppress(RuntimeError):
-                    process.start()  # restart a killed agent so it can destroy what it adopted
-            teardown_agent(process)
+        problems: list[BaseException] = []
+        for process in made:  # every one, even when an earlier one's teardown fails
+            try:
+                restart_if_killed(process)
+                teardown_agent(process)
+            except Exception as error:
+                problems.append(error)
+        if problems:
+            raise problems[0]
 
 
 class Sandboxes:

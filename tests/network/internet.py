@@ -152,6 +152,9 @@ class FakeInternet:
             self.process.wait()
         subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
         subprocess.run(["ip", "link", "delete", self.host_if], capture_output=True)
+        # After the namespace: a log without its namespace is one the session-start sweep may remove
+        # (tests/sweep.py), and start() makes the namespace before the log.
+        self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> FakeInternet:
         return self.start()

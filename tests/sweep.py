@@ -1,0 +1,255 @@
+"""What earlier, dead test runs left in /tmp, and how a session removes it (tests/conftest.py).
+
+A run that is killed part-way (a CI job cancelled, a developer's Ctrl-C twice, a session ended while
+its tests ran) never reaches its teardowns: a host agent's state dir ``/tmp/pdkt-<tag>`` keeps its disk
+store (xfs on a loop device), its slots' mounts, loop devices and network namespaces, and a control
+plane's ``/tmp/pdkcp-<tag>`` its database and log. The next session removes those, and only those:
+other runs on the same machine (a CI run, other developers' tests) are going on at the same time, so a
+directory is swept only when its owners are provably gone.
+
+**Who owns a directory.** The test process that made it holds ``test-owner.lock`` in it (``OwnerLock``,
+an ``flock`` the kernel drops when that process dies, however it dies) for as long as it owns it, across
+restarts of the agent or control plane it runs; a host agent also holds its own ``agent.lock``. The
+sweep takes each lock without blocking: if it gets every one, nobody holds them, and it keeps them
+while it removes the directory (an agent started there meanwhile would fail to lock its state dir).
+A directory made before owner locks existed (none in it) is swept only when no process on the machine
+names it (in its environment, command line or working directory) and nothing in it changed for
+``LEGACY_QUIET_S``: no test keeps an agent or control plane stopped that long (pytest's timeout is
+300 s a test). A directory with a ``KEPT`` marker (``PADDOCK_TEST_KEEP=1``) is never swept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Any
+
+OWNER_LOCK = "test-owner.lock"
+KEEP_MARKER = "KEPT"
+#: How long a directory without an owner lock must have been untouched (and unnamed by any process).
+LEGACY_QUIET_S = 6 * 3600
+#: State dirs of host agents (``pdkt2-``: a second agent's, tests/templates) and of control planes.
+PATTERNS = ("pdkt-*", "pdkt2-*", "pdkcp-*")
+NETNS_DIR = Path("/run/netns")
+
+
+class OwnerLock:
+    """The test process's claim on ``directory``: an exclusive ``flock`` on ``test-owner.lock`` (whose
+    content records what the sweep cannot find in the directory itself: the agent's nft tables).
+
+    The lock file is made and locked under a temporary name, then renamed into place, so no other
+    process can ever see it unlocked while its owner lives."""
+
+    def __init__(self, directory: Path, record: dict[str, Any]) -> None:
+        if not lock_free(directory / OWNER_LOCK):
+            raise RuntimeError(f"{directory} is owned by another live test process")
+        staging = directory / f".{OWNER_LOCK}.{os.getpid()}.{secrets.token_hex(3)}"
+        handle = open(staging, "w")  # noqa: SIM115 - held until release()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it
+            handle.write(json.dumps({"pid": os.getpid(), **record}))
+            handle.flush()
+            staging.replace(directory / OWNER_LOCK)
+        except BaseException:
+            handle.close()
+            staging.unlink(missing_ok=True)
+            raise
+        self._handle: IO[str] | None = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def _lock_free(path: Path, taken: list[int]) -> bool:
+    """Whether nobody holds ``path``'s flock (a missing file: nobody); a lock it gets joins ``taken``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    taken.append(fd)
+    return True
+
+
+def lock_free(path: Path) -> bool:
+    """Whether nobody holds ``path``'s flock right now (a missing file: nobody)."""
+    taken: list[int] = []
+    try:
+        return _lock_free(path, taken)
+    finally:
+        for fd in taken:
+            os.close(fd)
+
+
+def _newest_change(directory: Path) -> float:
+    newest = 0.0
+    for path in [directory, *directory.iterdir()]:
+        with contextlib.suppress(OSError):
+            stat = path.lstat()
+            newest = max(newest, stat.st_mtime)
+    return newest
+
+
+def _named_by_a_process(directory: Path) -> bool:
+    """Whether any process's environment, command line or working directory names ``directory``."""
+    name = os.fsencode(str(directory))
+    endings = (name + b"\0", name + b"/")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        for part in ("environ", "cmdline"):
+            with contextlib.suppress(OSError):
+                blob = (proc / part).read_bytes() + b"\0"
+                if any(ending in blob for ending in endings):
+                    return True
+        with contextlib.suppress(OSError):
+            cwd = os.readlink(proc / "cwd")
+            if cwd == str(directory) or cwd.startswith(str(directory) + "/"):
+                return True
+    return False
+
+
+def claim_if_dead(directory: Path, now: float | None = None) -> list[int] | None:
+    """The locks proving ``directory``'s owners dead, taken (the caller closes them once it has swept
+    it), or None when an owner may be alive, or the directory is kept."""
+    taken: list[int] = []
+    try:
+        owned = (directory / OWNER_LOCK).exists()
+        if (directory / KEEP_MARKER).exists():
+            return None
+        if not (_lock_free(directory / OWNER_LOCK, taken) and _lock_free(directory / "agent.lock", taken)):
+            return None
+        if not owned:  # made before owner locks: quiet for hours, and no process names it
+            quiet = (now or time.time()) - _newest_change(directory)
+            if quiet < LEGACY_QUIET_S or _named_by_a_process(directory):
+                return None
+        claimed, taken = taken, []
+        return claimed
+    except OSError:
+        return None
+    finally:
+        for fd in taken:
+            os.close(fd)
+
+
+# -- taking a state dir down ----------------------------------------------------------------------
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path (spaces and the like are written as octal escapes)."""
+    return field.encode().decode("unicode_escape").encode("latin-1").decode(errors="surrogateescape")
+
+
+def mounts_under(directory: Path) -> list[str]:
+    """Mount points at or under ``directory``, deepest first."""
+    prefix = str(directory).rstrip("/")
+    with open("/proc/self/mountinfo") as mountinfo:
+        points = [_unescape(line.split()[4]) for line in mountinfo]
+    under = {p for p in points if p == prefix or p.startswith(prefix + "/")}
+    return sorted(under, key=lambda p: (p.count("/"), len(p)), reverse=True)
+
+
+def loops_under(directory: Path) -> list[str]:
+    """Loop devices whose backing file is under ``directory``."""
+    prefix = str(directory).rstrip("/") + "/"
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if backing.read_text().strip().removesuffix(" (deleted)").startswith(prefix):
+                found.append(f"/dev/{backing.parent.parent.name}")
+    return sorted(found)
+
+
+def _run(*argv: str) -> bool:
+    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
+
+
+def _recorded(directory: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((directory / OWNER_LOCK).read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def remove_state(directory: Path, nft_tables: list[str] | None = None) -> list[str]:
+    """Takes down what a dead host agent or control plane left in ``directory``: the netns of its slots,
+    its mounts (deepest first; lazily when busy), the loop devices behind them, its nft tables
+    (``nft_tables``, else those its owner recorded), its empty cgroups, then the directory itself.
+    Returns what it removed, and what it could not (``left ...``)."""
+    done: list[str] = []
+    tables = _recorded(directory).get("nft_tables", []) if nft_tables is None else nft_tables
+    slots = directory / "slots"
+    if slots.is_dir():
+        for slot in sorted(slots.iterdir()):
+            netns = f"pdk-{slot.name}"
+            if (NETNS_DIR / netns).exists() and _run("ip", "netns", "delete", netns):
+                done.append(f"netns {netns}")
+    # Slots' mounts first (their loop devices back onto files in the disk store), then the loops, then
+    # whatever was busy (the store), lazily if it still is, then the loops that backed it.
+    for lazily in (False, False, True):  # a point with mounts stacked on it needs one pass for each
+        for point in mounts_under(directory):
+            if _run("umount", point) or (lazily and _run("umount", "-l", point)):
+                done.append(f"mount {point}")
+        for device in loops_under(directory):
+            if _run("losetup", "-d", device):
+                done.append(f"loop {device}")
+        if not mounts_under(directory):
+            break
+    for table in tables:
+        if isinstance(table, str) and _run("nft", "delete", "table", "ip", table):
+            done.append(f"nft table {table}")
+    tag = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]  # the agent's cgroup name
+    cgroup_root = Path("/sys/fs/cgroup")
+    if cgroup_root.is_dir():
+        for hierarchy in cgroup_root.iterdir():
+            with contextlib.suppress(OSError):
+                for group in hierarchy.glob(f"**/paddock-{tag}"):
+                    for sub in sorted(group.glob("**/"), key=lambda p: len(str(p)), reverse=True):
+                        with contextlib.suppress(OSError):
+                            sub.rmdir()
+    still = mounts_under(directory)
+    if still:  # never recurse into a mounted filesystem: rmtree would empty it
+        return [*done, *(f"left mount {point}" for point in still)]
+    shutil.rmtree(directory, ignore_errors=True)
+    done.append(f"dir {directory}")
+    return done
+
+
+def sweep(root: Path = Path("/tmp")) -> list[str]:
+    """Removes the state dirs under ``root`` whose owners are dead, and FakeInternet logs whose
+    namespace is gone (tests/network/internet.py makes the namespace before the log and deletes it
+    before the log); returns what it removed."""
+    done: list[str] = []
+    candidates = sorted({path for pattern in PATTERNS for path in root.glob(pattern)})
+    for directory in candidates:
+        if directory.is_symlink() or not directory.is_dir():
+            continue
+        claimed = claim_if_dead(directory)
+        if claimed is None:
+            continue
+        try:
+            done += remove_state(directory)
+        finally:
+            for fd in claimed:
+                os.close(fd)
+    for log in root.glob("pdkinet-*.log"):
+        if not (NETNS_DIR / log.name.removesuffix(".log")).exists():
+            with contextlib.suppress(OSError):
+                log.unlink()
+                done.append(f"log {log}")
+    return done

@@ -1,0 +1,267 @@
+"""The session-start sweep (tests/sweep.py) removes what dead test runs left, and nothing a live one
+holds; and the teardowns of a control plane, a host agent that never came up and the fake internet
+leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from paddock_hostagent.guest.build import ensure_agent_binary
+from tests import sweep
+from tests.hostagent.conftest import AgentProcess, leftovers
+from tests.live import start_platform
+from tests.network.internet import FakeInternet
+
+pytestmark = pytest.mark.root
+
+REPO = Path(__file__).resolve().parents[1]
+HOURS = 3600
+
+
+def _mounted(point: Path) -> bool:
+    return str(point) in sweep.mounts_under(point)
+
+
+def _loop_attached(device: str) -> bool:
+    return Path(f"/sys/block/{Path(device).name}/loop/backing_file").exists()
+
+
+def _netns_exists(name: str) -> bool:
+    return (sweep.NETNS_DIR / name).exists()
+
+
+def _nft_table_exists(table: str) -> bool:
+    return subprocess.run(["nft", "list", "table", "ip", table], capture_output=True).returncode == 0
+
+
+@dataclass
+class DeadRun:
+    """A host agent state dir as a run killed part-way leaves it: its slot's netns, a mount and a loop
+    device under it, an nft table its owner recorded."""
+
+    directory: Path
+    mount: Path
+    netns: str
+    loop: str
+    table: str
+
+    def everything_there(self) -> bool:
+        return (
+            self.directory.is_dir()
+            and _mounted(self.mount)
+            and _netns_exists(self.netns)
+            and _loop_attached(self.loop)
+            and _nft_table_exists(self.table)
+        )
+
+    def nothing_left(self) -> list[str]:
+        left = [f"mount {p}" for p in sweep.mounts_under(self.directory)]
+        left += [f"loop {self.loop}"] if _loop_attached(self.loop) else []
+        left += [f"netns {self.netns}"] if _netns_exists(self.netns) else []
+        left += [f"nft table {self.table}"] if _nft_table_exists(self.table) else []
+        left += [f"dir {self.directory}"] if self.directory.exists() else []
+        return left
+
+
+def _hold(path: Path, record: dict[str, object] | None = None) -> subprocess.Popen[bytes]:
+    """A live process holding ``path``'s lock (with ``record``: an owner lock through ``OwnerLock``,
+    else a plain flock as the host agent takes it) until its stdin closes; returns once it holds it."""
+    if record is not None:
+        take = f"from tests.sweep import OwnerLock; o = OwnerLock(Path({str(path.parent)!r}), {record!r})"
+    else:
+        take = f"f = open({str(path)!r}, 'w'); fcntl.flock(f, fcntl.LOCK_EX)"
+    code = f"import fcntl, sys; from pathlib import Path; {take}; print('held', flush=True); sys.stdin.read()"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+    return holder
+
+
+def _release(holder: subprocess.Popen[bytes]) -> None:
+    assert holder.stdin is not None
+    holder.stdin.close()
+    holder.wait(timeout=30)
+
+
+@pytest.fixture
+def dead_run(tmp_path: Path) -> Iterator[DeadRun]:
+    tag = secrets.token_hex(4)
+    directory = tmp_path / f"pdkt-{tag}"
+    slot = f"sw{tag}"
+    table = f"pdksweep{tag}"
+    mount = directory / "slots" / slot / "rootfs"
+    mount.mkdir(parents=True)
+    (directory / "agent.lock").touch()
+    # The owner recorded its tables, then died (a process that exits drops its lock).
+    _release(_hold(directory / sweep.OWNER_LOCK, {"nft_tables": [table]}))
+    assert json.loads((directory / sweep.OWNER_LOCK).read_text())["nft_tables"] == [table]
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "pdksweep", str(mount)], check=True)
+    subprocess.run(["ip", "netns", "add", f"pdk-{slot}"], check=True)
+    backing = directory / "disks.xfs"
+    backing.write_bytes(b"\0" * (1 << 20))
+    loop = subprocess.run(
+        ["losetup", "-f", "--show", str(backing)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    subprocess.run(["nft", "add", "table", "ip", table], check=True)
+    run = DeadRun(directory, mount, f"pdk-{slot}", loop, table)
+    try:
+        assert run.everything_there()
+        yield run
+    finally:  # whatever the test did, this run leaves nothing either
+        if directory.exists():
+            sweep.remove_state(directory, [table])
+        subprocess.run(["ip", "netns", "delete", run.netns], capture_output=True)
+        subprocess.run(["nft", "delete", "table", "ip", table], capture_output=True)
+        if _loop_attached(loop):
+            subprocess.run(["losetup", "-d", loop], capture_output=True)
+
+
+def test_a_dead_runs_state_dir_is_taken_down_with_its_mounts_loops_netns_and_tables(
+    dead_run: DeadRun, tmp_path: Path
+) -> None:
+    swept = sweep.sweep(tmp_path)
+    assert dead_run.nothing_left() == []
+    assert f"netns {dead_run.netns}" in swept and f"nft table {dead_run.table}" in swept, swept
+    assert f"mount {dead_run.mount}" in swept and f"dir {dead_run.directory}" in swept, swept
+
+
+@pytest.mark.parametrize("lock", [sweep.OWNER_LOCK, "agent.lock"])
+def test_a_held_lock_keeps_the_dir_until_its_holder_dies(
+    dead_run: DeadRun, tmp_path: Path, lock: str
+) -> None:
+    """The test process that owns the dir (even while its agent is down), or a running agent."""
+    owner = lock == sweep.OWNER_LOCK
+    holder = _hold(dead_run.directory / lock, {"nft_tables": [dead_run.table]} if owner else None)
+    try:
+        assert sweep.sweep(tmp_path) == []
+        assert dead_run.everything_there()
+    finally:
+        _release(holder)
+    assert f"dir {dead_run.directory}" in sweep.sweep(tmp_path)
+    assert dead_run.nothing_left() == []
+
+
+def test_a_dir_marked_kept_stays(dead_run: DeadRun, tmp_path: Path) -> None:
+    (dead_run.directory / sweep.KEEP_MARKER).touch()
+    assert sweep.sweep(tmp_path) == []
+    assert dead_run.everything_there()
+
+
+def _age(directory: Path, seconds: float) -> None:
+    when = time.time() - seconds
+    for path in [directory, *directory.iterdir()]:
+        os.utime(path, (when, when), follow_symlinks=False)
+
+
+def test_a_dir_without_an_owner_lock_goes_only_when_quiet_for_hours_and_named_by_no_process(
+    tmp_path: Path,
+) -> None:
+    """Made before owner locks existed: a running CI of that code restarts agents in such dirs."""
+    directory = tmp_path / f"pdkcp-{secrets.token_hex(3)}"
+    directory.mkdir()
+    (directory / "controlplane.log").write_text("{}\n")
+    assert sweep.sweep(tmp_path) == []  # just written
+    _age(directory, sweep.LEGACY_QUIET_S - HOURS)
+    assert sweep.sweep(tmp_path) == []  # quiet, but not for long enough
+    _age(directory, sweep.LEGACY_QUIET_S + HOURS)
+    env = dict(os.environ, PADDOCK_CP_DATA_DIR=str(directory))
+    control_plane = subprocess.Popen(["sleep", "600"], env=env)
+    try:
+        assert sweep.sweep(tmp_path) == []  # a process runs with it as its data dir
+    finally:
+        control_plane.kill()
+        control_plane.wait()
+    assert sweep.sweep(tmp_path) == [f"dir {directory}"]
+    assert not directory.exists()
+
+
+def test_a_fake_internet_log_goes_only_without_its_namespace(tmp_path: Path) -> None:
+    live, dead = f"pdkinet-{secrets.token_hex(3)}", f"pdkinet-{secrets.token_hex(3)}"
+    for name in (live, dead):
+        (tmp_path / f"{name}.log").write_text("serving\n")
+    subprocess.run(["ip", "netns", "add", live], check=True)
+    try:
+        assert sweep.sweep(tmp_path) == [f"log {tmp_path / dead}.log"]
+        assert (tmp_path / f"{live}.log").exists()
+    finally:
+        subprocess.run(["ip", "netns", "delete", live], check=True)
+
+
+def test_the_fake_internet_removes_its_log_and_namespace_when_stopped() -> None:
+    with FakeInternet() as internet:
+        assert internet.log_path.exists() and _netns_exists(internet.netns)
+    assert not internet.log_path.exists()
+    assert not _netns_exists(internet.netns)
+
+
+def test_an_agent_that_never_answers_leaves_nothing(tmp_path: Path) -> None:
+    """A fixture that calls ``start()`` before its ``try`` never reaches teardown_agent: an agent that
+    does not come up in time is stopped by ``start()`` itself, and what it made (its pool's slots, with
+    their netns, disk mounts and loop devices, and its nft tables) removed."""
+    ensure_agent_binary(tmp_path)
+    agent = AgentProcess(  # it listens on 127.0.0.2; start() waits for it on 127.0.0.1
+        state_dir=Path(f"/tmp/pdkt-{secrets.token_hex(3)}"),
+        guest_dir=tmp_path,
+        pool_size=1,
+        extra_env={"PADDOCK_HOST_HOST": "127.0.0.2"},
+    )
+    made: dict[str, set[str]] = {"slots": set(), "tables": set()}
+    done = threading.Event()
+
+    def watch() -> None:  # what the agent makes while start() waits for it
+        while not done.is_set():
+            made["slots"] |= {p.parent.name for p in (agent.state_dir / "slots").glob("*/slot.json")}
+            made["tables"] |= {t for t in agent.nft_tables if _nft_table_exists(t)}
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(RuntimeError, match="host agent did not start"):
+            agent.start(timeout_s=45)
+    finally:
+        done.set()
+        watcher.join()
+    assert made["slots"] and agent.nft_table in made["tables"], made
+    assert agent.process is not None and agent.process.poll() is not None
+    assert leftovers(agent.state_dir) == []
+    assert not agent.state_dir.exists()
+    assert not [f"netns pdk-{slot}" for slot in made["slots"] if _netns_exists(f"pdk-{slot}")]
+    assert not [table for table in agent.nft_tables if _nft_table_exists(table)]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_stopped_platform_removes_its_control_plane_state_unless_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: bool
+) -> None:
+    if keep:
+        monkeypatch.setenv("PADDOCK_TEST_KEEP", "1")
+    platform = start_platform(tmp_path, agents=0)
+    state_dir = platform.controlplane.state_dir
+    try:
+        assert (state_dir / "controlplane.db").exists()
+        assert sweep.claim_if_dead(state_dir) is None  # the sweep leaves a live platform's dir alone
+        platform.controlplane.stop()
+        assert sweep.claim_if_dead(state_dir) is None  # also while its control plane is down
+    finally:
+        platform.stop()
+    try:
+        assert state_dir.exists() == keep
+        if keep:
+            assert (state_dir / sweep.KEEP_MARKER).exists() and (state_dir / "controlplane.log").exists()
+            assert sweep.claim_if_dead(state_dir) is None  # nor does a later session remove it
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
