@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -92,16 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     ImageStore(image_cache()).build(ROOTFS)
     guest = Path(f"/tmp/pdkbench-guest-{os.getpid()}")
     guest.mkdir(exist_ok=True)
-    ensure_agent_binary(guest)
-    platform = start_platform(guest)
     try:
-        with (
-            paddock.Client(platform.url, platform.api_key()) as client,
-            client.sandboxes.create("s-1vcpu-1gb", rootfs=ROOTFS) as sandbox,
-        ):
-            results = measure(sandbox, args.runs, args.kernel_starts)
+        ensure_agent_binary(guest)
+        platform = start_platform(guest)
+        try:
+            with (
+                paddock.Client(platform.url, platform.api_key()) as client,
+                client.sandboxes.create("s-1vcpu-1gb", rootfs=ROOTFS) as sandbox,
+            ):
+                results = measure(sandbox, args.runs, args.kernel_starts)
+        finally:
+            platform.stop()
     finally:
-        platform.stop()
+        shutil.rmtree(guest, ignore_errors=True)
     print(render(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

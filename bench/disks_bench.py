@@ -73,11 +73,13 @@ def _detach(http: httpx.Client, sandbox_id: str, disk_id: str, path: str) -> Non
 
 def run(size_mib: int, rounds: int) -> dict[str, list[float]]:
     guest = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
-    ensure_agent_binary(guest)
-    server = S3Server.start()
+    data = Path(tempfile.mkdtemp(prefix="pdkbench-data-"))
+    server: S3Server | None = None
     platform: LivePlatform | None = None
     out: dict[str, list[float]] = {"write": [], "read": [], "boto3_write": [], "boto3_read": [], "attach": []}
     try:
+        ensure_agent_binary(guest)
+        server = S3Server.start()
         platform = start_platform(guest, cp_env={"PADDOCK_CP_DISK_ALLOW_PRIVATE_ENDPOINTS": "true"})
         bucket = server.bucket("bench-" + secrets.token_hex(4))
         s3 = server.s3()
@@ -97,7 +99,7 @@ def run(size_mib: int, rounds: int) -> dict[str, list[float]]:
             writer = _ok(http.post("/v1/sandboxes", json=body))["id"]
             reader = _ok(http.post("/v1/sandboxes", json=body))["id"]
             _sh(http, writer, f"head -c {size_mib}M /dev/urandom > /root/src.bin")
-            local = Path(tempfile.mkdtemp(prefix="pdkbench-data-")) / "src.bin"
+            local = data / "src.bin"
             local.write_bytes(os.urandom(size_mib << 20))
             for index in range(rounds):
                 out["attach"].append(_attach(http, writer, disk["id"], "/mnt/w"))
@@ -125,14 +127,19 @@ def run(size_mib: int, rounds: int) -> dict[str, list[float]]:
                 s3.download_fileobj(bucket, f"boto3-{key}", sink)
                 out["boto3_read"].append((time.perf_counter() - started) * 1000)
                 assert sink.tell() == size_mib << 20
-            shutil.rmtree(local.parent, ignore_errors=True)
             for sandbox_id in (writer, reader):
                 http.delete(f"/v1/sandboxes/{sandbox_id}")
     finally:
-        if platform is not None:
-            platform.stop()
-        server.stop()
-        shutil.rmtree(guest, ignore_errors=True)
+        try:
+            if platform is not None:
+                platform.stop()
+        finally:
+            try:
+                if server is not None:
+                    server.stop()
+            finally:
+                shutil.rmtree(guest, ignore_errors=True)
+                shutil.rmtree(data, ignore_errors=True)
     return out
 
 

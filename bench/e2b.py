@@ -25,6 +25,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -150,36 +151,39 @@ def main(argv: list[str] | None = None) -> int:
     ImageStore(image_cache()).build(ROOTFS)
     guest = Path(f"/tmp/pdkbench-guest-{os.getpid()}")
     guest.mkdir(exist_ok=True)
-    ensure_agent_binary(guest)
-    api_port, edge_port = _free_port(), _free_port()
-    cp_env = {
-        **plain_http_ingress(),
-        "PADDOCK_CP_E2B_PORT": str(api_port),
-        "PADDOCK_CP_E2B_EDGE_PORT": str(edge_port),
-    }
-    git = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
-    meta: dict[str, Any] = {
-        "at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "git": git,
-        "load_start": [round(x, 2) for x in os.getloadavg()],
-    }
-    platform = start_platform(guest, cp_env=cp_env)
     try:
-        api_key = platform.api_key()
-        os.environ.pop("E2B_DOMAIN", None)
-        os.environ.update(
-            {
-                "E2B_API_URL": f"http://127.0.0.1:{api_port}",
-                "E2B_SANDBOX_URL": f"http://127.0.0.1:{edge_port}",
-                "E2B_API_KEY": api_key,
-            }
-        )
-        with paddock.Client(platform.url, api_key) as client:
-            samples = measure(client, args.runs, args.creates)
+        ensure_agent_binary(guest)
+        api_port, edge_port = _free_port(), _free_port()
+        cp_env = {
+            **plain_http_ingress(),
+            "PADDOCK_CP_E2B_PORT": str(api_port),
+            "PADDOCK_CP_E2B_EDGE_PORT": str(edge_port),
+        }
+        git = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        meta: dict[str, Any] = {
+            "at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "git": git,
+            "load_start": [round(x, 2) for x in os.getloadavg()],
+        }
+        platform = start_platform(guest, cp_env=cp_env)
+        try:
+            api_key = platform.api_key()
+            os.environ.pop("E2B_DOMAIN", None)
+            os.environ.update(
+                {
+                    "E2B_API_URL": f"http://127.0.0.1:{api_port}",
+                    "E2B_SANDBOX_URL": f"http://127.0.0.1:{edge_port}",
+                    "E2B_API_KEY": api_key,
+                }
+            )
+            with paddock.Client(platform.url, api_key) as client:
+                samples = measure(client, args.runs, args.creates)
+        finally:
+            platform.stop()
     finally:
-        platform.stop()
+        shutil.rmtree(guest, ignore_errors=True)
     meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
     results = {
         operation: {system: summarize(values) for system, values in systems.items()}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -96,65 +97,70 @@ def main() -> None:
     from paddock_hostagent.guest.build import ensure_agent_binary
 
     guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
-    ensure_agent_binary(guest_dir)
-    platform = start_platform(
-        guest_dir,
-        cp_env={"PADDOCK_CP_RECONCILE_INTERVAL_S": "1.0"},
-        agent_options={"extra_env": {"PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "2.0"}},
-    )
     try:
-        key = platform.api_key()
-        agent = platform.agents[0]
-        with (
-            Client(platform.url, key, timeout=60, retry=RetryPolicy(max_retries=0)) as client,
-            httpx.Client(base_url=platform.url, headers={"X-Api-Key": key}) as api,
-            httpx.Client(base_url=agent.url, headers={"Authorization": f"Bearer {TOKEN}"}) as internal,
-        ):
-            sandbox = client.sandboxes.create("s-1vcpu-256mb", rootfs="debian:13")
-            try:
-                record = json.loads((agent.state_dir / "sandboxes" / f"{sandbox.id}.json").read_text())
-                socket_path = Path(record["driver_state"]["slot"]["dir"]) / "guest.sock"
-                body = {"cmd": "true", "args": [], "env": {}, "stream": False}
-                pairs = max(args.requests // 5, 20)
-                rows = [
-                    ("exec `true`: guest agent socket", guest_exec_ms(socket_path, args.requests)),
-                    (
-                        "exec `true`: host agent internal API",
-                        timed(
-                            lambda: internal.post(f"/internal/v1/sandboxes/{sandbox.id}/exec", json=body),
-                            args.requests,
+        ensure_agent_binary(guest_dir)
+        platform = start_platform(
+            guest_dir,
+            cp_env={"PADDOCK_CP_RECONCILE_INTERVAL_S": "1.0"},
+            agent_options={"extra_env": {"PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "2.0"}},
+        )
+        try:
+            key = platform.api_key()
+            agent = platform.agents[0]
+            with (
+                Client(platform.url, key, timeout=60, retry=RetryPolicy(max_retries=0)) as client,
+                httpx.Client(base_url=platform.url, headers={"X-Api-Key": key}) as api,
+                httpx.Client(base_url=agent.url, headers={"Authorization": f"Bearer {TOKEN}"}) as internal,
+            ):
+                sandbox = client.sandboxes.create("s-1vcpu-256mb", rootfs="debian:13")
+                try:
+                    record = json.loads((agent.state_dir / "sandboxes" / f"{sandbox.id}.json").read_text())
+                    socket_path = Path(record["driver_state"]["slot"]["dir"]) / "guest.sock"
+                    body = {"cmd": "true", "args": [], "env": {}, "stream": False}
+                    pairs = max(args.requests // 5, 20)
+                    rows = [
+                        ("exec `true`: guest agent socket", guest_exec_ms(socket_path, args.requests)),
+                        (
+                            "exec `true`: host agent internal API",
+                            timed(
+                                lambda: internal.post(f"/internal/v1/sandboxes/{sandbox.id}/exec", json=body),
+                                args.requests,
+                            ),
                         ),
-                    ),
-                    (
-                        "exec `true`: host agent kept channel",
-                        channel_exec_ms(agent.url, TOKEN, sandbox.id, args.requests),
-                    ),
-                    (
-                        "exec `true`: public API, httpx",
-                        timed(
-                            lambda: api.post(f"/v1/sandboxes/{sandbox.id}/exec", json={"cmd": "true"}),
-                            args.requests,
+                        (
+                            "exec `true`: host agent kept channel",
+                            channel_exec_ms(agent.url, TOKEN, sandbox.id, args.requests),
                         ),
-                    ),
-                    ("exec `true`: SDK `sandbox.run`", timed(lambda: sandbox.run("true"), args.requests)),
-                    (
-                        "pause + resume: host agent internal API",
-                        timed(lambda: pause_resume(internal, f"/internal/v1/sandboxes/{sandbox.id}"), pairs),
-                    ),
-                    (
-                        "pause + resume: public API, httpx",
-                        timed(lambda: pause_resume(api, f"/v1/sandboxes/{sandbox.id}"), pairs),
-                    ),
-                    (
-                        "GET /v1/sandboxes/{id}",
-                        timed(lambda: api.get(f"/v1/sandboxes/{sandbox.id}"), args.requests),
-                    ),
-                    ("GET /healthz (one HTTP hop)", timed(lambda: api.get("/healthz"), args.requests)),
-                ]
-            finally:
-                sandbox.destroy()
+                        (
+                            "exec `true`: public API, httpx",
+                            timed(
+                                lambda: api.post(f"/v1/sandboxes/{sandbox.id}/exec", json={"cmd": "true"}),
+                                args.requests,
+                            ),
+                        ),
+                        ("exec `true`: SDK `sandbox.run`", timed(lambda: sandbox.run("true"), args.requests)),
+                        (
+                            "pause + resume: host agent internal API",
+                            timed(
+                                lambda: pause_resume(internal, f"/internal/v1/sandboxes/{sandbox.id}"), pairs
+                            ),
+                        ),
+                        (
+                            "pause + resume: public API, httpx",
+                            timed(lambda: pause_resume(api, f"/v1/sandboxes/{sandbox.id}"), pairs),
+                        ),
+                        (
+                            "GET /v1/sandboxes/{id}",
+                            timed(lambda: api.get(f"/v1/sandboxes/{sandbox.id}"), args.requests),
+                        ),
+                        ("GET /healthz (one HTTP hop)", timed(lambda: api.get("/healthz"), args.requests)),
+                    ]
+                finally:
+                    sandbox.destroy()
+        finally:
+            platform.stop()
     finally:
-        platform.stop()
+        shutil.rmtree(guest_dir, ignore_errors=True)
     print(f"\n{'request':<40} p50 / p90 ms ({args.requests} each, after 50 warm-up)")
     for label, value in rows:
         print(f"{label:<40} {value}")

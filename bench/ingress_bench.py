@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -175,22 +176,25 @@ def main(argv: list[str] | None = None) -> int:
     ImageStore(image_cache()).build("debian:13")
     guest = Path(f"/tmp/pdkbench-guest-{os.getpid()}")
     guest.mkdir(exist_ok=True)
-    ensure_agent_binary(guest)
-    platform, proxy_port = start_ingress_platform(guest)  # default log level: one line per request
     try:
-        with platform.http(platform.api_key()) as http:
-            sandbox = create_sandbox(http, ingress_enabled=True)
-            start_app(http, sandbox["id"])
-            results = measure(
-                (sandbox["ip"], APP_PORT),
-                ("127.0.0.1", proxy_port),
-                f"{ingress_host(sandbox['id'])}:{proxy_port}",
-                args.requests,
-                args.transfer_mib,
-            )
-            http.delete(f"/v1/sandboxes/{sandbox['id']}")
+        ensure_agent_binary(guest)
+        platform, proxy_port = start_ingress_platform(guest)  # default log level: one line per request
+        try:
+            with platform.http(platform.api_key()) as http:
+                sandbox = create_sandbox(http, ingress_enabled=True)
+                start_app(http, sandbox["id"])
+                results = measure(
+                    (sandbox["ip"], APP_PORT),
+                    ("127.0.0.1", proxy_port),
+                    f"{ingress_host(sandbox['id'])}:{proxy_port}",
+                    args.requests,
+                    args.transfer_mib,
+                )
+                http.delete(f"/v1/sandboxes/{sandbox['id']}")
+        finally:
+            platform.stop()
     finally:
-        platform.stop()
+        shutil.rmtree(guest, ignore_errors=True)
     print(render(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

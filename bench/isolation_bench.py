@@ -58,8 +58,12 @@ def paddock_rounds(runtime: str, runs: int, warmup: int) -> tuple[dict[str, list
 
     ImageStore(image_cache()).build("debian:13")
     guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
-    ensure_agent_binary(guest_dir)
-    platform = start_platform(guest_dir, agent_options={"runtime": runtime, "pool_size": 2})
+    try:
+        ensure_agent_binary(guest_dir)
+        platform = start_platform(guest_dir, agent_options={"runtime": runtime, "pool_size": 2})
+    except BaseException:
+        shutil.rmtree(guest_dir, ignore_errors=True)
+        raise
     samples: dict[str, list[float]] = {}
     try:
         agent = platform.agents[0]
@@ -86,8 +90,10 @@ def paddock_rounds(runtime: str, runs: int, warmup: int) -> tuple[dict[str, list
                     timed(into, "destroy", lambda b=box: b.destroy(wait=True))
         return samples, {"runtime": info.get("runtime"), "labels": host_labels(platform.url, key)}
     finally:
-        platform.stop()
-        shutil.rmtree(guest_dir, ignore_errors=True)
+        try:
+            platform.stop()
+        finally:
+            shutil.rmtree(guest_dir, ignore_errors=True)
 
 
 def host_labels(url: str, key: str) -> dict[str, str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import tempfile
 import time
@@ -97,17 +98,20 @@ def main() -> None:
     args = parser.parse_args()
     ImageStore(image_cache()).build("debian:13")
     guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
-    ensure_agent_binary(guest_dir)
-    with FakeInternet() as internet:
-        rules = ["api.example.test:80", "*.foo.test", internet.cidr, f"{internet.address('raw-a')}:443"]
-        platform = start_platform(
-            guest_dir, agent_options={"extra_env": {"PADDOCK_HOST_DNS_UPSTREAM": internet.dns_upstream}}
-        )
-        try:
-            create_rounds(platform, rules, 1)  # warm-up: caches, first-use paths
-            timed = create_rounds(platform, rules, args.rounds)
-        finally:
-            platform.stop()
+    try:
+        ensure_agent_binary(guest_dir)
+        with FakeInternet() as internet:
+            rules = ["api.example.test:80", "*.foo.test", internet.cidr, f"{internet.address('raw-a')}:443"]
+            platform = start_platform(
+                guest_dir, agent_options={"extra_env": {"PADDOCK_HOST_DNS_UPSTREAM": internet.dns_upstream}}
+            )
+            try:
+                create_rounds(platform, rules, 1)  # warm-up: caches, first-use paths
+                timed = create_rounds(platform, rules, args.rounds)
+            finally:
+                platform.stop()
+    finally:
+        shutil.rmtree(guest_dir, ignore_errors=True)
     floor = asyncio.run(nft_floor(rules, args.rounds))
     print(f"\nnetwork bench, {args.rounds} rounds (ms, p50 / p90)")
     print(f"{'create, open':<28}{summary(timed['open'])}")

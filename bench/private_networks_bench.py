@@ -50,16 +50,17 @@ def floor(rounds: int) -> dict[str, list[float]]:
 
 
 def through_api(rounds: int) -> dict[str, list[float]]:
-    from tests.live import start_platform
+    from tests.live import LivePlatform, start_platform
 
     from paddock_hostagent.guest.build import ensure_agent_binary
 
     guest = Path(f"/tmp/pdkbench-guest-{secrets.token_hex(3)}")
     guest.mkdir()
-    ensure_agent_binary(guest)
-    platform = start_platform(guest, agent_options={"pool_size": 2})
     out: dict[str, list[float]] = {"create": [], "create_net": [], "attach": [], "detach": []}
+    platform: LivePlatform | None = None
     try:
+        ensure_agent_binary(guest)
+        platform = start_platform(guest, agent_options={"pool_size": 2})
         with platform.http(platform.api_key()) as http:
             network = http.post("/v1/networks", json={"name": "bench"}).json()["data"]
             body: dict[str, Any] = {"shape": "s-1vcpu-256mb", "disk_mib": 2048}
@@ -81,8 +82,11 @@ def through_api(rounds: int) -> dict[str, list[float]]:
                 http.delete(f"/v1/sandboxes/{joined.json()['data']['id']}")
                 time.sleep(1.0)
     finally:
-        platform.stop()
-        shutil.rmtree(guest, ignore_errors=True)
+        try:
+            if platform is not None:
+                platform.stop()
+        finally:
+            shutil.rmtree(guest, ignore_errors=True)
     return out
 
 

@@ -154,15 +154,23 @@ class Run:
     # -- sections that need the platform --------------------------------------------------------
 
     def with_platform(self) -> None:
-        from tests.hostagent.conftest import TOKEN, image_cache
-        from tests.live import start_platform
+        from tests.hostagent.conftest import image_cache
 
         from paddock_hostagent.guest.build import ensure_agent_binary
         from paddock_hostagent.images import ImageStore
 
         rootfs = ImageStore(image_cache()).build("debian:13")
         guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
-        ensure_agent_binary(guest_dir)
+        try:
+            ensure_agent_binary(guest_dir)
+            self._measure_platform(guest_dir, rootfs)
+        finally:
+            shutil.rmtree(guest_dir, ignore_errors=True)
+
+    def _measure_platform(self, guest_dir: Path, rootfs: Path) -> None:
+        from tests.hostagent.conftest import TOKEN
+        from tests.live import start_platform
+
         # Production intervals, not the test suite's fast ones (0.2 s), which load the control plane.
         platform = start_platform(
             guest_dir,
@@ -330,12 +338,14 @@ class Run:
 
         # The gateway refuses to quote without a control plane that accepts its key; no host is needed.
         guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
-        platform = start_platform(guest_dir, agents=0)
         try:
-            key = platform.api_key(plan="enterprise", credits=1_000_000)
-            quote = http_bench.quote_latency(self.args.quote_requests, warmup, platform.url, key)
+            platform = start_platform(guest_dir, agents=0)
+            try:
+                key = platform.api_key(plan="enterprise", credits=1_000_000)
+                quote = http_bench.quote_latency(self.args.quote_requests, warmup, platform.url, key)
+            finally:
+                platform.stop()
         finally:
-            platform.stop()
             shutil.rmtree(guest_dir, ignore_errors=True)
         return {"quote": quote, "verify": http_bench.verifications(self.args.verify_seconds)}
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 from tests.hostagent.conftest import image_cache
-from tests.live import start_platform
+from tests.live import LivePlatform, start_platform
 
 from bench.stats import summarize
 from paddock_hostagent.guest.build import ensure_agent_binary
@@ -124,12 +124,13 @@ class Podman:
 
     def build(self, text: str) -> float:
         context = Path(tempfile.mkdtemp(prefix="pdkbench-ctx-"))
-        (context / "Dockerfile").write_text(text)
-        started = time.perf_counter()
-        self("build", "--isolation", "oci", "--network", "host", "--pull-never", "-q", str(context))
-        took = time.perf_counter() - started
-        shutil.rmtree(context, ignore_errors=True)
-        return took
+        try:
+            (context / "Dockerfile").write_text(text)
+            started = time.perf_counter()
+            self("build", "--isolation", "oci", "--network", "host", "--pull-never", "-q", str(context))
+            return time.perf_counter() - started
+        finally:
+            shutil.rmtree(context, ignore_errors=True)
 
     def close(self) -> None:
         with contextlib.suppress(AssertionError):
@@ -147,13 +148,14 @@ class Podman:
 
 def run(rounds: int, boots: int) -> dict[str, list[float]]:
     guest = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
-    ensure_agent_binary(guest)
     out: dict[str, list[float]] = {"build": [], "podman": [], "cached": [], "boot_tpl": [], "boot_debian": []}
     out.update({f"phase {name}": [] for name, _ in PHASES})
     out.update({f"cached phase {name}": [] for name, _ in PHASES})
     podman = Podman()
-    platform = start_platform(guest)
+    platform: LivePlatform | None = None
     try:
+        ensure_agent_binary(guest)
+        platform = start_platform(guest)
         podman.import_tree(image_cache() / "debian_13" / "rootfs", "localhost/bench/debian13:latest")
         with platform.http(platform.api_key("pro"), timeout=900) as http:
             # Warm-up, not counted: the base goes into buildah once per host, as podman's import above
@@ -182,11 +184,15 @@ def run(rounds: int, boots: int) -> dict[str, list[float]]:
                 _ok(http.delete(f"/v1/templates/{item['id']}"))
     finally:
         try:
-            platform.stop()
+            if platform is not None:
+                platform.stop()
         except AssertionError as leftover:  # reported, and the numbers are still printed
             print(f"warning: teardown: {leftover}", file=sys.stderr)
-        podman.close()
-        shutil.rmtree(guest, ignore_errors=True)
+        finally:
+            try:
+                podman.close()
+            finally:
+                shutil.rmtree(guest, ignore_errors=True)
     return out
 
 

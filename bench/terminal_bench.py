@@ -158,39 +158,41 @@ def main(argv: list[str] | None = None) -> int:
     ImageStore(image_cache()).build("debian:13")
     guest = Path(f"/tmp/pdkbench-guest-{os.getpid()}")
     guest.mkdir(exist_ok=True)
-    ensure_agent_binary(guest)
-    ssh_port = free_port()
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    platform = start_platform(
-        guest, cp_env={"PADDOCK_CP_SSH_PORT": str(ssh_port)}, agent_options={"runtime": "crun"}
-    )
     try:
-        api_key = platform.api_key()
-        with platform.http(api_key, timeout=60) as http:
-            body = {
-                "shape": "s-1vcpu-1gb",
-                "rootfs": "debian:13",
-                "ssh_pubkeys": [key.export_public_key().decode().strip()],
-            }
-            created = http.post("/v1/sandboxes", json=body)
-            created.raise_for_status()
-            sandbox_id = created.json()["data"]["id"]
-            try:
-                results = asyncio.run(
-                    measure(
-                        platform.url,
-                        api_key,
-                        ssh_port,
-                        key,
-                        sandbox_id,
-                        args.keystrokes,
-                        platform.agents[0].state_dir,
+        ensure_agent_binary(guest)
+        ssh_port = free_port()
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        platform = start_platform(
+            guest, cp_env={"PADDOCK_CP_SSH_PORT": str(ssh_port)}, agent_options={"runtime": "crun"}
+        )
+        try:
+            api_key = platform.api_key()
+            with platform.http(api_key, timeout=60) as http:
+                body = {
+                    "shape": "s-1vcpu-1gb",
+                    "rootfs": "debian:13",
+                    "ssh_pubkeys": [key.export_public_key().decode().strip()],
+                }
+                created = http.post("/v1/sandboxes", json=body)
+                created.raise_for_status()
+                sandbox_id = created.json()["data"]["id"]
+                try:
+                    results = asyncio.run(
+                        measure(
+                            platform.url,
+                            api_key,
+                            ssh_port,
+                            key,
+                            sandbox_id,
+                            args.keystrokes,
+                            platform.agents[0].state_dir,
+                        )
                     )
-                )
-            finally:
-                http.delete(f"/v1/sandboxes/{sandbox_id}")
+                finally:
+                    http.delete(f"/v1/sandboxes/{sandbox_id}")
+        finally:
+            platform.stop()
     finally:
-        platform.stop()
         shutil.rmtree(guest, ignore_errors=True)
     print(render(results))
     if args.json:
