@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from paddock_controlplane import computer
+from paddock_controlplane import computer, sandbox_fs
 from paddock_controlplane.disks import DiskCreateRequest, DiskPatchRequest
 from paddock_controlplane.processes import (
     ProcessInputRequest,
@@ -43,13 +43,21 @@ def query(name: str, schema: JsonSchema, description: str) -> JsonSchema:
     return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
 
 
-GUEST_PATH = {
-    "name": "path",
-    "in": "query",
-    "required": True,
-    "schema": {"type": "string", "minLength": 1, "pattern": "^/"},
-    "description": "absolute path inside the sandbox",
-}
+def guest_path(name: str, description: str) -> JsonSchema:
+    """A required absolute path inside the sandbox (``validation.guest_path``: 400 naming ``name``)."""
+    schema = {"type": "string", "minLength": 1, "pattern": "^/"}
+    return {"name": name, "in": "query", "required": True, "schema": schema, "description": description}
+
+
+GUEST_PATH = guest_path("path", "absolute path inside the sandbox")
+DEPTH = query(
+    "depth",
+    {"type": "integer", "minimum": 1, "maximum": sandbox_fs.MAX_DEPTH},
+    "levels below path to list (default 1)",
+)
+RECURSIVE = query(
+    "recursive", {"type": "string", "enum": ["true", "false"]}, "watch the whole tree below path"
+)
 WAIT = (
     query(
         "wait_for",
@@ -130,8 +138,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", SANDBOX + "/bandwidth/recharge"): Operation(
         statuses=(402, *ON_A_SANDBOX), body=RechargeRequest, body_required=True
     ),
+    ("POST", SANDBOX + "/timeout"): Operation(statuses=(409,)),  # a destroyed sandbox has no lifetime
     ("POST", SANDBOX + "/exec"): Operation(
-        statuses=(413, *ON_A_SANDBOX),
+        statuses=ON_A_SANDBOX,
         body=ExecRequest,
         body_required=True,
         query=(STREAM,),
@@ -139,10 +148,34 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     # 507: the sandbox's own disk is full (nothing was written).
     ("PUT", SANDBOX + "/files"): Operation(
-        statuses=(413, 507, *ON_A_SANDBOX), raw_body="application/octet-stream", query=(GUEST_PATH,)
+        statuses=(507, *ON_A_SANDBOX), raw_body="application/octet-stream", query=(GUEST_PATH,)
     ),
     ("GET", SANDBOX + "/files"): Operation(
         statuses=ON_A_SANDBOX, query=(GUEST_PATH,), media=("application/octet-stream",), unwrapped=True
+    ),
+    # Files beyond one file's bytes, run inside the sandbox: a path that is missing 404, not a directory
+    # (list, tar) or refused by the sandbox 400, already there as another kind (mkdir) 409.
+    ("GET", SANDBOX + "/files/list"): Operation(statuses=ON_A_SANDBOX, query=(GUEST_PATH, DEPTH)),
+    ("GET", SANDBOX + "/files/stat"): Operation(statuses=ON_A_SANDBOX, query=(GUEST_PATH,)),
+    ("POST", SANDBOX + "/files/mkdir"): Operation(statuses=ON_A_SANDBOX, query=(GUEST_PATH,)),
+    ("POST", SANDBOX + "/files/rename"): Operation(
+        statuses=ON_A_SANDBOX,
+        query=(guest_path("source", "the path to move"), guest_path("destination", "its new path")),
+    ),
+    ("DELETE", SANDBOX + "/files"): Operation(statuses=ON_A_SANDBOX, query=(GUEST_PATH,)),
+    # The directory as one tar stream: up through the capped upload (507 as PUT /files), down as bytes.
+    ("PUT", SANDBOX + "/files/tar"): Operation(
+        statuses=(507, *ON_A_SANDBOX), raw_body="application/x-tar", query=(GUEST_PATH,)
+    ),
+    ("GET", SANDBOX + "/files/tar"): Operation(
+        statuses=ON_A_SANDBOX, query=(GUEST_PATH,), media=("application/x-tar",), unwrapped=True
+    ),
+    # 429: the open watches of a sandbox or an account are capped (Retry-After).
+    ("GET", SANDBOX + "/files/watch"): Operation(
+        statuses=(429, *ON_A_SANDBOX),
+        query=(GUEST_PATH, RECURSIVE),
+        media=("application/x-ndjson",),
+        unwrapped=True,
     ),
     # §12.1: the owner's key only (a token gets 403); create with an enabled token and rotate without
     # one are 409; a destroyed sandbox takes no new token (409).
@@ -214,4 +247,8 @@ CONTRACT = Contract(
     public=frozenset({"/healthz", "/readyz", "/v1/shapes", "/v1/rootfs"}),
     # A delegated sandbox access token (§12.1) is refused with 403 FORBIDDEN wherever it may not act.
     authenticated_statuses=(401, 403),
+    # Any body: over its cap 413 (an exec's names stdin; an upload's is max_upload_bytes), too slow 408.
+    body_statuses=(408, 413),
+    # A path parameter holding NUL is a 400 naming it (BoundaryRoute), before the lookup's 404.
+    path_statuses=(400,),
 )

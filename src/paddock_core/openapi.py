@@ -40,6 +40,7 @@ REASONS = {
     403: "A plan or quota limit, a resource of another owner, or an operation the credential may not call.",
     404: "Not found (or not yours).",
     405: "Method not allowed on this path; `Allow` lists the methods that are.",
+    408: "The body came too slowly (its rate after a grace period); the connection is closed.",
     409: "Not allowed in the resource's current state, or a name or payment already taken.",
     413: "The body is over the size limit.",
     429: "Rate limited; `Retry-After` says when to come back.",
@@ -125,6 +126,11 @@ class Contract:
     public: frozenset[str] = frozenset()  # paths that need no credentials
     #: What any operation that needs credentials may answer besides its own statuses.
     authenticated_statuses: tuple[int, ...] = (401,)
+    #: What any operation that takes a request body may answer (a body over its cap, or one that stopped
+    #: coming: ``paddock_core.bodylimit``), besides the 400 every body or query parameter may meet.
+    body_statuses: tuple[int, ...] = ()
+    #: What any operation with a path parameter may answer besides the 404 (a value the boundary refuses).
+    path_statuses: tuple[int, ...] = ()
     retry_after: frozenset[int] = frozenset({429, 503})
 
 
@@ -182,8 +188,11 @@ def _rewrite(
     statuses = set(contract.common_statuses) | set(extras.statuses)
     if "requestBody" in operation or any(p.get("in") == "query" for p in operation.get("parameters", [])):
         statuses.add(400)
+    if "requestBody" in operation:
+        statuses.update(contract.body_statuses)
     if "{" in path:
         statuses.add(404)
+        statuses.update(contract.path_statuses)
     public = path in contract.public or contract.security_scheme is None
     if not public:
         statuses.update(contract.authenticated_statuses)

@@ -2,7 +2,8 @@
 
 Three of four generated cases get real ids for their path parameters (from ``PDK_ST_IDS``, JSON), so
 requests reach the code behind the 404; the fourth keeps schemathesis' own value to fuzz the lookup.
-Operations that end or stop a sandbox get a sandbox of their own, so the rest keep a running one.
+Operations that end or stop a sandbox get a sandbox of their own, so the rest keep a running one;
+file operations work beneath a tree of the test's (``FILES_ROOT``).
 Gateway requests are signed per case with the test wallet (``PDK_ST_WALLET_KEY``), as a client does
 (gateway spec §3), except the fourth, whose generated auth headers test the 401 path. One check of
 its own holds every 503 to the contract's two meanings of it (schemathesis.toml).
@@ -31,6 +32,21 @@ STOPPING = {
     ("POST", "/v1/sandboxes/{sandbox_id}/resume"),
 }
 AUTH_HEADERS = ("X-Wallet-Address", "X-Signature", "X-Timestamp", "X-Nonce")
+#: A small tree the test makes in the shared sandbox. The file operations' generated absolute paths go
+#: under it, so a fuzzed remove, rename or tar meets that tree and not the sandbox's system (a tar of
+#: ``/`` packs the whole root file system; a rename of ``/usr`` would break every later operation);
+#: the generated text (NUL, length, components) still reaches the validation whole, and a value that
+#: is not absolute is sent as generated, for its 400.
+FILES_ROOT = "/tmp/st-files"
+#: A watch streams until its client leaves (up to an hour), which a check that reads the whole answer
+#: cannot end: its paths go under a directory that does not exist, so the sandbox looks and the answer
+#: is the 404. Its stream is tested in tests/sdk/test_live_files_async.py.
+ABSENT_ROOT = "/tmp/st-absent"
+WATCH = "/v1/sandboxes/{sandbox_id}/files/watch"
+PATH_QUERY = ("path", "source", "destination")
+
+#: ``PUT …/files/tar`` takes a tar as raw bytes; schemathesis sends it as it sends an octet stream.
+schemathesis.serializer.alias("application/x-tar", "application/octet-stream")
 
 
 def fuzzed(value: Any) -> bool:
@@ -47,6 +63,12 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
             real = ids["victim_sandbox_id"] if key in STOPPING and name == "sandbox_id" else ids[name]
             case.path_parameters[name] = real
     query = case.query or {}
+    if case.operation.path.startswith("/v1/sandboxes/{sandbox_id}/files"):
+        root = ABSENT_ROOT if case.operation.path == WATCH else FILES_ROOT
+        for name in PATH_QUERY:
+            value = query.get(name)
+            if isinstance(value, str) and value.startswith("/"):
+                query[name] = root + value
     if "wait_ms" in query or "wait_for" in query:
         # A long poll holds its answer up to 30 s by design; 0.2 s proves the same code paths.
         query["wait_ms"] = 200

@@ -109,8 +109,9 @@ async def stat_file(
 async def make_dir(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
+    # 200 either way, as every JSend success (spec §5.1); ``created`` says whether it was made now.
     result = await fileops.make_dir(services, principal.user_id, sandbox_id, _path(request))
-    return JSONResponse(envelope.success(result), status_code=201 if result["created"] else 200)
+    return JSONResponse(envelope.success(result))
 
 
 @router.post("/{sandbox_id}/files/rename")
