@@ -13,7 +13,10 @@ token while that token is enabled (a disabled, rotated or expired token's keys o
   ``sftp-server`` run in the sandbox — the image's own, else the gateway machine's copy
   (``LOCAL_SFTP_SERVER``, Debian's openssh-sftp-server, needs only libc) put into the sandbox once.
 - ``-L local:target:port``: forwarded from this process to ``<sandbox ip>:port`` (``localhost``,
-  ``127.0.0.1``, the sandbox's id or name and its own address all mean the sandbox).
+  ``127.0.0.1``, the sandbox's id or name and its own address all mean the sandbox). As with OpenSSH's
+  sshd, the channel is confirmed only once that connection is made: a refused or unanswered one
+  (``DIAL_TIMEOUT_S``) fails the channel open, which the client reports ("open failed: connect
+  failed: ...") and answers by closing the local connection.
 
 A paused sandbox is resumed by the connection. The host key is generated once (ed25519) into
 ``ssh_host_key_file``, mode 0600.
@@ -23,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import inspect
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import asyncssh
@@ -112,8 +117,9 @@ class GatewayServer(asyncssh.SSHServer):
 
     def connection_requested(
         self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
-    ) -> asyncssh.SSHTCPSession[bytes] | bool:
-        """``-L``: only into this connection's sandbox, reached at its private address."""
+    ) -> Awaitable[asyncssh.SSHTCPSession[bytes]] | bool:
+        """``-L``: only into this connection's sandbox, reached at its private address (asyncssh
+        confirms the channel once ``_dial`` has connected, and fails its open if that raises)."""
         target = self.target
         if target is None or self.conn is None:
             return False
@@ -121,7 +127,7 @@ class GatewayServer(asyncssh.SSHServer):
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, "only the sandbox itself can be reached"
             )
-        return _SandboxTunnel(self.services, target, dest_port)
+        return _dial(self.services, self.conn, target, dest_port)
 
     def server_requested(self, listen_host: str, listen_port: int) -> bool:
         return False  # -R would listen on the gateway's machine: refused
@@ -149,57 +155,70 @@ class _GatewayProcess(asyncssh.SSHServerProcess[bytes]):
             self._conn.create_task(handler, stdin.logger)
 
 
-class _SandboxTunnel(asyncssh.SSHTCPSession[bytes]):
-    """One ``-L`` connection: bytes spliced to ``<sandbox ip>:port`` (a paused sandbox is woken)."""
+#: How long opening a ``-L`` connection to the sandbox may take before the channel open fails. The
+#: kernel's own bound is minutes of SYN retries, all that time holding a channel that says nothing.
+DIAL_TIMEOUT_S = 10
 
-    def __init__(self, services: Services, target: _Target, port: int) -> None:
-        self.services = services
-        self.target = target
-        self.port = port
+
+async def _dial(
+    services: Services, conn: asyncssh.SSHServerConnection, target: _Target, port: int
+) -> _SandboxTunnel:
+    """The connection to ``<sandbox ip>:port`` (a paused sandbox is woken) for one ``-L`` channel,
+    made before the channel is confirmed; a failure is the channel open's failure."""
+    try:
+        sandbox = await terminals.wake(services, target.user_id, target.sandbox_id)
+        if not sandbox.ip:
+            raise errors.InvalidState("sandbox has no address")
+        async with asyncio.timeout(DIAL_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(sandbox.ip, port)
+    except (OSError, errors.PaddockError) as exc:
+        # The client shows "open failed: connect failed: <reason>" (OpenSSH's words for the code).
+        if isinstance(exc, TimeoutError):
+            reason = os.strerror(errno.ETIMEDOUT)
+        elif isinstance(exc, OSError):  # its str() names the sandbox's private address: not shown
+            reason = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+        else:
+            reason = str(exc)
+        log.info("ssh_forward_failed", sandbox_id=target.sandbox_id, port=port, error=reason)
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, reason) from None
+    if conn.is_closed():  # the client went away while this dialled: asyncssh drops the session
+        writer.close()
+        raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "SSH connection closed")
+    return _SandboxTunnel(reader, writer)
+
+
+class _SandboxTunnel(asyncssh.SSHTCPSession[bytes]):
+    """One ``-L`` connection: bytes spliced between the channel and the sandbox's ``reader``/``writer``."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
         self.chan: asyncssh.SSHTCPChannel[bytes] | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.pending: list[bytes] = []
         self.task: asyncio.Task[None] | None = None
 
     def connection_made(self, chan: asyncssh.SSHTCPChannel[bytes]) -> None:
         self.chan = chan
-        self.task = asyncio.create_task(self._dial())
+        self.task = asyncio.create_task(self._pump())
 
-    async def _dial(self) -> None:
+    async def _pump(self) -> None:
         assert self.chan is not None
         try:
-            sandbox = await terminals.wake(self.services, self.target.user_id, self.target.sandbox_id)
-            if not sandbox.ip:
-                raise errors.InvalidState("sandbox has no address")
-            reader, self.writer = await asyncio.open_connection(sandbox.ip, self.port)
-        except (OSError, errors.PaddockError) as exc:
-            log.info("ssh_forward_failed", sandbox_id=self.target.sandbox_id, port=self.port, error=str(exc))
-            self.chan.close()
-            return
-        for chunk in self.pending:
-            self.writer.write(chunk)
-        self.pending.clear()
-        try:
-            while chunk := await reader.read(65536):
+            while chunk := await self.reader.read(65536):
                 self.chan.write(chunk)
             self.chan.write_eof()
         except (OSError, asyncssh.Error):
             self.chan.close()
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
-        if self.writer is None:
-            self.pending.append(data)
-        else:
-            self.writer.write(data)
+        self.writer.write(data)
 
     def eof_received(self) -> bool:
-        if self.writer is not None and self.writer.can_write_eof():
+        if self.writer.can_write_eof():
             self.writer.write_eof()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        self.writer.close()
         if self.task is not None and not self.task.done():
             self.task.cancel()
 

@@ -7,8 +7,10 @@ sandbox is resumed by the connection.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import json
 import os
 import select
 import socket
@@ -214,9 +216,28 @@ def test_an_interactive_session_runs_under_a_pty(
         os.close(leader)
 
 
+def wait_for_output(api: httpx.Client, url: str, needle: bytes) -> None:
+    """Reads the process's output (``connect``, NDJSON, from its start) until ``needle`` shows up."""
+    seen = b""
+    deadline = time.monotonic() + 30
+    with api.stream("GET", f"{url}/connect", params={"after": 0}) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            frame = json.loads(line)
+            if frame["type"] == "data":
+                seen += base64.b64decode(frame["data_base64"])
+                if needle in seen:
+                    return
+            if frame["type"] == "exit" or time.monotonic() > deadline:
+                break
+    raise AssertionError(f"{needle!r} not in the process's output {seen!r}")
+
+
 def test_local_forwarding_reaches_a_server_in_the_sandbox(
     api: httpx.Client, tmp_path: Path, ssh_port: int, keys: dict[str, Path], sandbox: dict[str, str]
 ) -> None:
+    """A connection through ``ssh -L`` to a port nothing listens on is refused the way OpenSSH's sshd
+    refuses it (the client says why and closes it); once the server listens, the next one reaches it."""
     source = tmp_path / "server.c"
     source.write_text(SERVER_C)
     subprocess.run(["gcc", "-static", "-O2", "-o", str(tmp_path / "server"), str(source)], check=True)
@@ -227,29 +248,55 @@ def test_local_forwarding_reaches_a_server_in_the_sandbox(
     )
     assert put.status_code == 200, put.text
     assert ssh(ssh_port, keys["good"], sandbox["id"], "chmod +x /root/server").returncode == 0
-    started = api.post(f"/v1/sandboxes/{sandbox['id']}/processes", json={"cmd": "/root/server"})
-    assert started.status_code == 200, started.text
     local = free_port()
-    tunnel = subprocess.Popen(
-        ssh_args(ssh_port, keys["good"], sandbox["id"], "-N", "-L", f"127.0.0.1:{local}:localhost:8123"),
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 20
+    # LogLevel=INFO (OpenSSH takes an option's first value): a failed channel open is logged at INFO.
+    args = [
+        "LogLevel=INFO" if arg == "LogLevel=ERROR" else arg
+        for arg in ssh_args(
+            ssh_port, keys["good"], sandbox["id"], "-N", "-L", f"127.0.0.1:{local}:localhost:8123"
+        )
+    ]
+    stderr_path = tmp_path / "tunnel.stderr"
+    with stderr_path.open("wb") as stderr:
+        tunnel = subprocess.Popen(args, stderr=stderr)
+
+    def said() -> str:
+        return stderr_path.read_text(errors="replace")
+
+    def through_the_tunnel() -> socket.socket:
+        """A connection to the local end, once ssh listens there (it does after logging in)."""
+        deadline = time.monotonic() + 30
         while True:
+            assert tunnel.poll() is None, f"ssh exited with {tunnel.returncode}: {said()}"
             try:
-                with socket.create_connection(("127.0.0.1", local), timeout=5) as conn:
-                    conn.settimeout(10)
-                    greeting = conn.recv(100)
-                    if greeting:
-                        conn.sendall(b"ping\n")
-                        echoed = conn.recv(100)
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the tunnel never answered"
-            time.sleep(0.2)
-        assert greeting == b"hello from the sandbox\n" and echoed == b"ping\n"
+                conn = socket.create_connection(("127.0.0.1", local), timeout=5)
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, f"ssh never listened on {local}: {said()}"
+                time.sleep(0.1)
+                continue
+            conn.settimeout(30)
+            return conn
+
+    try:
+        with through_the_tunnel() as conn:  # nothing listens on 8123 yet
+            assert conn.recv(100) == b"", "a connection to a closed port was not closed"
+        deadline = time.monotonic() + 30
+        while "open failed: connect failed: Connection refused" not in said():
+            assert time.monotonic() < deadline, f"ssh did not say why: {said()!r}"
+            time.sleep(0.1)
+
+        started = api.post(f"/v1/sandboxes/{sandbox['id']}/processes", json={"cmd": "/root/server"})
+        assert started.status_code == 200, started.text
+        wait_for_output(
+            api,
+            f"/v1/sandboxes/{sandbox['id']}/processes/{started.json()['data']['process_id']}",
+            b"listening",
+        )
+        with through_the_tunnel() as conn:
+            greeting = conn.recv(100)
+            assert greeting == b"hello from the sandbox\n", f"{greeting!r}; ssh said: {said()}"
+            conn.sendall(b"ping\n")
+            assert conn.recv(100) == b"ping\n"
     finally:
         tunnel.terminate()
         tunnel.wait()
