@@ -140,7 +140,7 @@ class PaddockLifecycle:
                 sandbox.resume()
             self.wait_pool()
             with s.time("fork"):
-                child = self.running(sandbox.fork(name=f"bench-{index}-fork"))
+                child = self.running(sandbox.fork())
             if child.run("stat", ["-c", "%s", BIG_PATH]).stdout.strip() != str(len(BIG)):
                 raise BenchError("paddock: the fork does not hold the big file")
         finally:
@@ -261,7 +261,7 @@ def _timed_fork(
     """One fork → running, recorded under ``label`` (``None``: untimed), checked and destroyed."""
     driver.wait_pool()
     started = time.perf_counter()
-    child = driver.running(sandbox.fork(name=f"bench-fork-{len(driver.samples.values.get(label or '', []))}"))
+    child = driver.running(sandbox.fork())
     if label is not None:
         driver.samples.add(label, (time.perf_counter() - started) * 1000)
     try:

@@ -12,6 +12,8 @@ from typing import Any
 
 import typer
 
+from paddock._models import WireView
+
 
 class ExitCode(IntEnum):
     """Exit codes scripts can rely on (``paddock sandbox exec`` exits with the command's own code)."""
@@ -94,7 +96,11 @@ def api_errors() -> Iterator[None]:
 
 
 def plain(value: Any) -> Any:
-    """Dataclasses (with their ``extra`` folded back in) and containers as JSON-ready values."""
+    """Dataclasses (with their ``extra`` folded back in) and containers as JSON-ready values. A read the
+    SDK returns as a WireView (whoami, rootfs, a deployment …) prints the JSON it came from, as when the
+    SDK returned dicts, so ``--json`` output is unchanged (nulls included)."""
+    if isinstance(value, WireView):
+        return plain(value.to_dict())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         data = {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "extra"}
         data.update(plain(getattr(value, "extra", {})))

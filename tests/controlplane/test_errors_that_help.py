@@ -58,8 +58,11 @@ async def test_the_sdk_and_the_cli_show_the_warning(
 ) -> None:
     _, key = await controlplane.new_user()
     async with paddock.AsyncClient(controlplane.url, key) as client:
+        with pytest.raises(TypeError, match="envz"):  # the typed SDK refuses it before sending (issue 31)
+            await client.sandboxes.create(SHAPE, envz={"A": "b"})  # type: ignore[call-arg]
         with pytest.warns(paddock.PaddockWarning, match="unknown field 'envz' ignored"):
-            sb = await client.sandboxes.create(SHAPE, envz={"A": "b"})
+            made = await client.request("POST", "v1/sandboxes", json={"shape": SHAPE, "envz": {"A": "b"}})
+        sb = await client.sandboxes.get(made["id"])
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             await sb.refresh()  # no warning without a reason
