@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -59,9 +60,16 @@ def free_port() -> int:
 
 
 def private_subnet() -> str:
-    """A /24 unlikely to collide with another test run's agents on this machine."""
-    index = (os.getpid() * 7 + next(_subnet_counter)) % 250
-    return f"10.252.{index}.0/24"
+    """A /24 no agent on this machine routes yet (another test run's agents included): two agents on one
+    /24 each install a guard that drops the other's sandbox replies, and a connection to a sandbox then
+    hangs. The pid spreads concurrent runs apart; the routing table skips /24s already in use."""
+    routes = subprocess.run(["ip", "-4", "-o", "route", "show"], capture_output=True, text=True).stdout
+    taken = {int(m) for m in re.findall(r"\b10\.252\.(\d+)\.", routes)}
+    for _ in range(250):
+        index = (os.getpid() * 7 + next(_subnet_counter)) % 250
+        if index not in taken:
+            return f"10.252.{index}.0/24"
+    raise AssertionError(f"every 10.252.x.0/24 is routed already: {sorted(taken)}")
 
 
 @pytest.fixture(scope="session")
