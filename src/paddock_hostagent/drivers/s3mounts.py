@@ -37,6 +37,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from paddock_core import s3config, statefiles
 from paddock_core.logging import get_logger
@@ -49,6 +50,7 @@ log = get_logger(__name__)
 PENDING, MOUNTED, ERROR = "pending", "mounted", "error"
 _S3_ERROR = re.compile(r"<Code>([^<]*)</Code>\s*<Message>([^<]*)</Message>")
 _S3FS_REASON = re.compile(r"\[CRT\] s3fs\.cpp:s3fs_check_service\(\d+\): (.*)$", re.MULTILINE)
+_CURL_FAILURE = re.compile(r"### (CURLE_[A-Z_]+)")
 
 
 @dataclass
@@ -443,12 +445,26 @@ def _reason(mount: S3Mount, log_path: Path, fallback: str) -> str:
     verdict = _S3FS_REASON.search(text)
     if verdict:
         parts.append(verdict.group(1).strip())
-    if "CURLE_COULDNT_CONNECT" in text and not s3_error:
-        parts.insert(0, "connection refused")
+    if not s3_error:  # no S3 answer: what curl said on s3fs's last attempt, which its verdict leaves out
+        failures = _CURL_FAILURE.findall(text)
+        if failures:
+            parts.insert(0, _curl_failure(failures[-1], mount.endpoint))
     if not parts:  # s3fs never started: what nsmount's s3fs command said (entering the sandbox's netns)
         parts = [line.strip() for line in text.splitlines() if line.startswith("nsmount: ")][-1:]
     detail = "; ".join(parts) or fallback
     return f"mounting bucket {mount.bucket!r} from {mount.endpoint} failed: {detail}"
+
+
+def _curl_failure(code: str, endpoint: str) -> str:
+    """A curl error s3fs logged, in words; the name is the one the sandbox's resolver was asked for."""
+    host = urlsplit(endpoint).hostname or endpoint
+    if code == "CURLE_COULDNT_RESOLVE_HOST":
+        return f"{host} did not resolve in the sandbox (no such name, or its egress rules leave it out)"
+    if code == "CURLE_COULDNT_CONNECT":
+        return "connection refused"
+    if code == "CURLE_OPERATION_TIMEDOUT":
+        return f"{host} did not answer in time"
+    return code
 
 
 def _scrub(text: str, *secrets: str) -> str:
