@@ -17,6 +17,7 @@ fi
 if [[ "${1:-}" == "--test" ]]; then
   want+=(postgresql podman wrk)  # the bench smoke run (tests/bench) drives podman and wrk
   want+=(chromium)  # tests/desktop load a desktop's noVNC live view in headless Chromium
+  want+=(prometheus)  # tests/observability scrape every service with a real Prometheus server
 elif [[ "${1:-}" == "--bench" ]]; then
   want+=(podman wrk)
 fi
@@ -31,6 +32,12 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's prometheus package enables a server on :9090 that scrapes itself; the tests start their own
+# (own config, storage and port) and nothing here should run one.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled -q prometheus.service 2>/dev/null; then
+  systemctl disable -q prometheus.service
+  systemctl stop prometheus.service 2>/dev/null || true  # no-op where systemd is not running
 fi
 
 # The VM tier's guest kernel: Debian's cloud kernel, unpacked (not installed) under /var/lib/paddock/vm-kernel,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from sqlalchemy import event
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from paddock_controlplane import contract, host_reports, hostlink, ingress, reconciler, sshgate
@@ -30,12 +30,12 @@ from paddock_controlplane.hotcache import (
     forget_changes,
     wake_watchers,
 )
-from paddock_controlplane.models import Sandbox
+from paddock_controlplane.models import Sandbox, Template, WebhookDelivery
 from paddock_controlplane.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.template_builds import TemplateBuilder
 from paddock_controlplane.webhook_delivery import DeliveryWorker
-from paddock_core import errors, openapi
+from paddock_core import errors, metrics, openapi
 from paddock_core.bodylimit import BodyLimit
 from paddock_core.crypto import SecretBox
 from paddock_core.db import PointReads, make_engine, make_sessionmaker, upgrade
@@ -49,6 +49,46 @@ event.listen(Session, "after_flush", drop_changed_sandboxes)
 event.listen(Session, "after_commit", wake_watchers)
 event.listen(Session, "after_rollback", forget_changes)
 log = get_logger("paddock.controlplane")
+#: The sandbox operations timed from their API calls (``paddock_sandbox_operation_duration_seconds``).
+OPERATIONS = {
+    ("POST", "/v1/sandboxes"): "create",
+    ("POST", "/v1/sandboxes/{sandbox_id}/fork"): "fork",
+    ("POST", "/v1/sandboxes/{sandbox_id}/pause"): "pause",
+    ("POST", "/v1/sandboxes/{sandbox_id}/resume"): "resume",
+    ("DELETE", "/v1/sandboxes/{sandbox_id}"): "destroy",
+}
+
+
+def watch_state(app: FastAPI, telemetry: metrics.ServiceMetrics) -> None:
+    """The gauges read from the database at each scrape: sandboxes by state, the webhook outbox's
+    pending deliveries and templates by build status."""
+    by_state = telemetry.gauge("paddock_sandboxes", "Sandboxes by state.", ["state"])
+    outbox = telemetry.gauge("paddock_webhook_outbox_pending", "Webhook deliveries waiting to be sent.")
+    templates = telemetry.gauge("paddock_templates", "Templates by build status.", ["status"])
+
+    async def refresh() -> None:
+        services: Services | None = getattr(app.state, "services", None)
+        if services is None:
+            return
+        async with services.sessions() as session:
+            states = (
+                await session.execute(select(Sandbox.status, func.count()).group_by(Sandbox.status))
+            ).all()
+            pending = await session.scalar(
+                select(func.count()).select_from(WebhookDelivery).where(WebhookDelivery.status == "pending")
+            )
+            builds = (
+                await session.execute(select(Template.status, func.count()).group_by(Template.status))
+            ).all()
+        by_state.clear()
+        for state, count in states:
+            by_state.labels(state).set(count)
+        outbox.set(pending or 0)
+        templates.clear()
+        for status, count in builds:
+            templates.labels(status).set(count)
+
+    telemetry.add_refresher(refresh)
 
 
 async def migrate(settings: ControlPlaneSettings) -> None:
@@ -138,6 +178,9 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         docs_url="/docs",
         redoc_url=None,
     )
+    telemetry = metrics.from_env("controlplane", ops=OPERATIONS)  # None with PADDOCK_METRICS=0
+    if telemetry is not None:
+        watch_state(app, telemetry)
     install_error_handlers(app)
     for module in (
         probes,
@@ -156,7 +199,9 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         app.include_router(module.router)
     openapi.install(app, contract.CONTRACT)  # the document as served: real statuses, envelopes, bodies
     # Added before the request log, so it runs inside it: every fast-lane request is logged too.
-    app.add_middleware(FastLane, routes=[*commands.FAST_ROUTES, *sandboxes.FAST_ROUTES])
+    app.add_middleware(
+        FastLane, routes=metrics.tag_fast_routes(telemetry, [*commands.FAST_ROUTES, *sandboxes.FAST_ROUTES])
+    )
     # Outside the fast lane, which reads bodies too: every body is bounded before it is buffered.
     app.add_middleware(
         BodyLimit,
@@ -171,4 +216,5 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         service="controlplane",
         quiet_paths=frozenset({"/internal/v1/hosts/heartbeat"}),
     )
+    metrics.install(app, telemetry)  # outermost: counts and times every request; serves GET /metrics
     return app

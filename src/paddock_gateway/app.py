@@ -14,7 +14,9 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from sqlalchemy import func, select
 
+from paddock_core import metrics
 from paddock_core import openapi as contract_openapi
 from paddock_core.db import make_engine, make_sessionmaker, upgrade
 from paddock_core.http import RequestContextMiddleware
@@ -33,6 +35,7 @@ from paddock_gateway.api.middleware import GatewayGuard
 from paddock_gateway.api.routes import EXTRA_SCHEMAS, router
 from paddock_gateway.contract import CONTRACT
 from paddock_gateway.metering import Metering
+from paddock_gateway.models import Payment, X402Authorization
 from paddock_gateway.pricing import HttpPricing, PriceCache, PricingSource, StaticPricing
 from paddock_gateway.ratelimit import RateLimiter
 from paddock_gateway.registry import Registry
@@ -44,6 +47,31 @@ from paddock_gateway.settlement import Settler
 MIGRATIONS = Path(__file__).parent / "migrations"
 API_VERSION = "1.0.0"
 log = get_logger("paddock.gateway")
+
+
+def watch_payments(app: FastAPI, telemetry: metrics.ServiceMetrics) -> None:
+    """The payment ledger's gauges, counted in the database at each scrape: payments by state (verified,
+    credited, deployed) and x402 authorizations by state (settling, submitted, settled)."""
+    payments = telemetry.gauge("paddock_gateway_payments", "Payments in the ledger by state.", ["state"])
+    x402 = telemetry.gauge("paddock_gateway_x402_authorizations", "x402 authorizations by state.", ["state"])
+
+    async def refresh() -> None:
+        services: Services | None = getattr(app.state, "services", None)
+        if services is None:
+            return
+        async with services.sessions() as session:
+            paid = (await session.execute(select(Payment.state, func.count()).group_by(Payment.state))).all()
+            authorized = (
+                await session.execute(
+                    select(X402Authorization.state, func.count()).group_by(X402Authorization.state)
+                )
+            ).all()
+        for gauge, rows in ((payments, paid), (x402, authorized)):
+            gauge.clear()
+            for state, count in rows:
+                gauge.labels(state).set(count)
+
+    telemetry.add_refresher(refresh)
 
 
 async def migrate(settings: GatewaySettings) -> None:
@@ -190,6 +218,9 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
+    telemetry = metrics.from_env("gateway")  # None with PADDOCK_METRICS=0
+    if telemetry is not None:
+        watch_payments(app, telemetry)
     install_error_handlers(app)
     app.include_router(router)
 
@@ -213,5 +244,6 @@ def create_app(
     contract_openapi.install(app, CONTRACT)  # error bodies on every status, no 422, Allow on 405
 
     app.add_middleware(GatewayGuard, limiter=limiter, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(RequestContextMiddleware, service="gateway")  # outermost: ids and logs every request
+    app.add_middleware(RequestContextMiddleware, service="gateway")  # ids and logs every request
+    metrics.install(app, telemetry)  # outermost: counts and times every request; serves GET /metrics
     return app

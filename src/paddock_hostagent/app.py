@@ -26,6 +26,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Lifespan
 
+from paddock_core import metrics
 from paddock_core.bodylimit import BodyLimit
 from paddock_core.fastlane import FastLane
 from paddock_core.logging import get_logger
@@ -65,6 +66,38 @@ from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.settings import HostAgentSettings
 
 log = get_logger(__name__)
+MIB = 1 << 20
+
+
+def watch_capacity(app: FastAPI, telemetry: metrics.ServiceMetrics) -> None:
+    """The host's gauges, read from ``app.state.manager`` at each scrape (``capacity.py``'s accounting)."""
+    gauge = telemetry.gauge
+    memory_promised = gauge("paddock_host_memory_promised_bytes", "Memory limits promised to sandboxes.")
+    memory_free = gauge("paddock_host_memory_free_bytes", "Memory limit this host can still promise.")
+    disk_promised = gauge("paddock_host_disk_promised_bytes", "Disk sizes promised to sandboxes.")
+    disk_free = gauge("paddock_host_disk_free_bytes", "Disk this host can still promise.")
+    sandboxes = gauge("paddock_host_sandboxes", "Sandboxes on this host.")
+    pool = gauge(
+        "paddock_host_pool_slots", "Warm-pool slots ready (parked: with a sandbox booted).", ["kind"]
+    )
+
+    async def refresh() -> None:
+        manager: SandboxManager | None = getattr(app.state, "manager", None)
+        if manager is None:
+            return
+        memory = manager.memory_view()
+        memory_promised.set(memory.promised_mib * MIB)
+        memory_free.set(memory.free_mib * MIB)
+        disk = manager.disk_view()
+        if disk is not None:
+            disk_promised.set(sum(promise.limit_mib for promise in disk.promises) * MIB)
+            disk_free.set(disk.free_mib * MIB)
+        info = manager.info()
+        sandboxes.set(info.vm_count)
+        pool.labels("warm").set(info.warm_slots)
+        pool.labels("parked").set(info.parked_slots)
+
+    telemetry.add_refresher(refresh)
 
 
 class StateDirBusyError(RuntimeError):
@@ -235,9 +268,12 @@ def api_app(authorized: Callable[[str], bool], lifespan: Lifespan[FastAPI] | Non
             raise errors.Unauthorized("missing or invalid bearer token")
 
     app = FastAPI(title="Paddock host agent", version="1", lifespan=lifespan)
+    telemetry = metrics.from_env("hostagent")  # None with PADDOCK_METRICS=0
+    if telemetry is not None:
+        watch_capacity(app, telemetry)
     app.include_router(router, dependencies=[Depends(require_token)])
     app.include_router(process_router, dependencies=[Depends(require_token)])
-    app.add_middleware(FastLane, routes=fast_routes(authorized))  # inside the request log
+    app.add_middleware(FastLane, routes=metrics.tag_fast_routes(telemetry, fast_routes(authorized)))
     app.add_middleware(  # outside the fast lane, which reads bodies too
         BodyLimit,
         default_bytes=MAX_BODY_BYTES,
@@ -248,6 +284,7 @@ def api_app(authorized: Callable[[str], bool], lifespan: Lifespan[FastAPI] | Non
     )
     app.add_middleware(RequestLogMiddleware)
     app.add_middleware(ChannelEndpoint, authorized=authorized)  # one WebSocket, logged by itself
+    metrics.install(app, telemetry)  # outermost: counts and times every request; serves GET /metrics
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
