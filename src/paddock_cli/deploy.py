@@ -24,7 +24,16 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from paddock_cli.output import ExitCode, api_errors, emit, fail, key_values, print_fields, print_table
+from paddock_cli.output import (
+    ExitCode,
+    api_errors,
+    emit,
+    fail,
+    key_values,
+    print_fields,
+    print_table,
+    show_server_warnings,
+)
 
 SUBCOMMANDS = ("ls", "status", "rm")
 
@@ -84,6 +93,7 @@ def gateway_client(gateway_url: str | None, key_file: Path | None, devchain: Pat
         from paddock.gateway import GatewayClient
     except ImportError as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
+    show_server_warnings()
     try:
         return GatewayClient(gateway_url, wallet_key(key_file, devchain))
     except ValueError as exc:
@@ -199,6 +209,7 @@ def deploy(
         from paddock.gateway import GatewayClient
     except ImportError as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
+    show_server_warnings()
 
     rpc_urls: dict[str, str] = {}
     private_key = wallet_key(key_file, devchain, rpc_urls)

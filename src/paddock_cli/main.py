@@ -1,15 +1,99 @@
 """``paddock`` — one entry point for the services, the admin tasks and (with the SDK) the client.
 
-Server commands import their service lazily, so the client commands work on an SDK-only install.
+Server commands import their service lazily, so the client commands work on an SDK-only install. The
+client and admin commands live in their own modules, imported only when their command runs: ``paddock
+--help`` lists them from ``LAZY`` below and imports none of them (nor the SDK, httpx or SQLAlchemy), and
+``paddock admin …`` imports the admin module alone.
 """
 
 from __future__ import annotations
 
-import typer
+import importlib
+import operator
+from dataclasses import dataclass
+from typing import Any
 
-from paddock_cli import admin, deploy, disk, more, output, sandbox, template, webhook
+import typer
+import typer.main
+from typer.core import TyperCommand, TyperGroup
+
+from paddock_cli import output
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A command of ``paddock`` defined in another module, imported only when the command runs."""
+
+    target: str  # "module:attribute": a typer.Typer (a command group) or a command's function
+    help: str  # what ``paddock --help`` lists: the first paragraph of the command's own help
+
+
+#: The commands listed before the ones defined here, then the command groups listed after them (the order
+#: ``paddock --help`` has always shown). Each help is restated from the command's module (its docstring,
+#: or its Typer's help); tests/cli/test_cli_startup.py checks the two agree.
+LAZY_FIRST: dict[str, Lazy] = {
+    "whoami": Lazy("paddock_cli.more:whoami", "Who the API key belongs to, what runs, and the credits left."),
+    "shapes": Lazy("paddock_cli.more:shapes", "The sandbox shapes (vCPU, memory, default disk, price)."),
+    "rootfs": Lazy("paddock_cli.more:rootfs", "The root images a sandbox can boot, and the default."),
+}
+LAZY_GROUPS: dict[str, Lazy] = {
+    # more.py adds its sandbox commands (egress, resize, set, ps, kill) to sandbox.py's app on import.
+    "sandbox": Lazy("paddock_cli.more:sandbox.app", "Create, use and destroy sandboxes."),
+    "webhook": Lazy("paddock_cli.webhook:app", "Webhook endpoints: register, list, inspect, pause, delete."),
+    "disk": Lazy("paddock_cli.disk:app", "S3 disks: register, list, mount into sandboxes, detach, delete."),
+    "template": Lazy("paddock_cli.template:app", "Templates: build a Dockerfile into a bootable image."),
+    "deploy": Lazy(
+        "paddock_cli.deploy:app",
+        "Deploy a directory through the payment gateway (deploy DIR), or list, show and delete the "
+        "wallet's projects (deploy ls | status NAME | rm NAME).",
+    ),
+    "admin": Lazy("paddock_cli.admin:app", "Accounts and API keys (talks to the database directly)."),
+}
+LAZY: dict[str, Lazy] = {**LAZY_FIRST, **LAZY_GROUPS}
+
+
+class Listed(TyperCommand):
+    """A lazy command as ``--help`` and shell completion list it: its name and help, nothing imported.
+    ``PaddockGroup.resolve_command`` puts the real command in its place before it can run."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's own vendored click types
+        raise RuntimeError(f"paddock {self.name} was not loaded")  # pragma: no cover
+
+
+def load(name: str) -> Any:
+    """The real command ``name`` of ``LAZY``: its module imported, its Typer app or function made into a
+    command as ``add_typer``/``command`` on the root app would have (the same defaults)."""
+    module, _, attribute = LAZY[name].target.partition(":")
+    target = operator.attrgetter(attribute)(importlib.import_module(module))
+    wrapper = typer.Typer()
+    if isinstance(target, typer.Typer):
+        wrapper.add_typer(target, name=name)
+    else:
+        wrapper.command(name)(target)
+    return typer.main.get_group(wrapper).commands[name]
+
+
+class PaddockGroup(TyperGroup):
+    """The root command: lists every command, but imports a lazy one's module only to run it (or to
+    complete or show the help of anything under it)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        listed = {name: Listed(name, help=lazy.help) for name, lazy in LAZY.items()}
+        self.commands = {
+            **{name: listed[name] for name in LAZY_FIRST},
+            **self.commands,
+            **{name: listed[name] for name in LAZY_GROUPS},
+        }
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and isinstance(self.commands.get(args[0]), Listed):
+            self.commands[args[0]] = load(args[0])
+        return super().resolve_command(ctx, args)
+
 
 app = typer.Typer(
+    cls=PaddockGroup,
     help="Paddock: a self-hostable sandbox cloud for AI agents.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -20,13 +104,6 @@ app = typer.Typer(
         "the command's own code (127 if it could not run)."
     ),
 )
-app.add_typer(sandbox.app, name="sandbox")
-app.add_typer(webhook.app, name="webhook")
-app.add_typer(disk.app, name="disk")
-app.add_typer(template.app, name="template")
-app.add_typer(deploy.app, name="deploy")
-app.add_typer(admin.app, name="admin", help="Accounts and API keys (talks to the database directly).")
-more.register(app)
 
 
 @app.callback()
@@ -39,7 +116,6 @@ def configure(
     ),
 ) -> None:
     """Where the client commands find the control plane (flags win over the environment)."""
-    output.show_server_warnings()
     output.CONFIG.url = url
     output.CONFIG.api_key = api_key
 
@@ -66,6 +142,7 @@ def mcp(
         raise output.fail(
             f"paddock mcp needs the mcp extra: pip install 'paddock[mcp]' ({exc})", output.ExitCode.USAGE
         ) from None
+    output.show_server_warnings()
     paddock_mcp.run(
         "stdio" if transport == "stdio" else "http",
         host=host,

@@ -12,17 +12,6 @@ from paddock_cli import sandbox
 from paddock_cli.output import JSON_OPTION, api_errors, client, emit, print_fields, print_table
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(whoami)
-    app.command()(shapes)
-    app.command()(rootfs)
-    sandbox.app.command()(egress)
-    sandbox.app.command()(resize)
-    sandbox.app.command("set")(set_settings)
-    sandbox.app.command("ps")(processes)
-    sandbox.app.command("kill")(kill_process)
-
-
 def whoami(json_out: bool = JSON_OPTION) -> None:
     """Who the API key belongs to, what runs, and the credits left."""
     with api_errors(), client() as sdk:
@@ -110,3 +99,12 @@ def kill_process(ref: str, process_id: str, json_out: bool = JSON_OPTION) -> Non
     with api_errors(), client() as sdk:
         proc = sandbox.resolve(sdk, ref).processes.kill(process_id)
     emit(proc, json_out, lambda p: _process_rows([p]))
+
+
+# ``paddock sandbox``'s commands from this module, after sandbox.py's own: main.py imports this module to
+# run ``paddock sandbox …``, and ``whoami``, ``shapes`` and ``rootfs`` from here by name.
+sandbox.app.command()(egress)
+sandbox.app.command()(resize)
+sandbox.app.command("set")(set_settings)
+sandbox.app.command("ps")(processes)
+sandbox.app.command("kill")(kill_process)

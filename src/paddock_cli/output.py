@@ -12,8 +12,6 @@ from typing import Any
 
 import typer
 
-from paddock._models import WireView
-
 
 class ExitCode(IntEnum):
     """Exit codes scripts can rely on (``paddock sandbox exec`` exits with the command's own code)."""
@@ -40,14 +38,27 @@ CONFIG = Config()
 
 
 def client() -> Any:
+    """The SDK's client for the configured server. The SDK (and httpx under it) is imported here, by the
+    commands that talk to the server, not when ``paddock`` starts: ``--help`` and the server and admin
+    commands never need it."""
     import paddock
 
+    show_server_warnings()
     return paddock.Client(CONFIG.url, CONFIG.api_key)
+
+
+_warnings_shown = False
 
 
 def show_server_warnings() -> None:
     """The server's ``Warning`` headers (``paddock.PaddockWarning``, e.g. an unknown body field it
-    ignored) as ``warning: …`` lines on stderr, every time; other warnings as Python shows them."""
+    ignored) as ``warning: …`` lines on stderr, every time; other warnings as Python shows them.
+    Called where a command makes its SDK client (it imports the SDK); once per process."""
+    global _warnings_shown
+    if _warnings_shown:
+        return
+    _warnings_shown = True
+
     import warnings
 
     import paddock
@@ -99,6 +110,8 @@ def plain(value: Any) -> Any:
     """Dataclasses (with their ``extra`` folded back in) and containers as JSON-ready values. A read the
     SDK returns as a WireView (whoami, rootfs, a deployment …) prints the JSON it came from, as when the
     SDK returned dicts, so ``--json`` output is unchanged (nulls included)."""
+    from paddock._models import WireView  # the values printed come from the SDK: already imported
+
     if isinstance(value, WireView):
         return plain(value.to_dict())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

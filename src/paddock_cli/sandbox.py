@@ -10,7 +10,6 @@ from typing import Any
 
 import typer
 
-import paddock
 from paddock_cli.output import (
     JSON_OPTION,
     ExitCode,
@@ -165,6 +164,8 @@ def exec_command(
     command's own options may stand before SANDBOX or between it and `--`:
     `paddock sandbox exec my-box -e K=V -- sh -c 'echo $K'`.
     """
+    import paddock
+
     options, cmd, args = split_command(command)
     env = [*env, *options.env]
     stdin = stdin or options.stdin
