@@ -5,7 +5,9 @@
   an error ``{"code": "<connect code>", "message": …}`` with the code's HTTP status;
 - server stream: ``application/connect+json``; the request and every answer are enveloped (one flags
   byte, a 4-byte big-endian length, the JSON); the last envelope has flag 0x02 and holds ``{}`` or
-  ``{"error": {"code", "message"}}``; the HTTP status stays 200.
+  ``{"error": {"code", "message"}}``; the HTTP status stays 200;
+- client stream (``StreamInput``): the same content type and envelopes, the request a run of messages read
+  as they arrive (``stream_messages``), the answer one message and the end envelope.
 """
 
 from __future__ import annotations
@@ -102,6 +104,31 @@ def stream_request(body: bytes) -> dict[str, Any]:
     if length != len(body) - 5:
         raise ConnectError("invalid_argument", "the request must hold exactly one enveloped message")
     return _object(body[5:])
+
+
+async def stream_messages(
+    chunks: AsyncIterator[bytes], limit: int = MAX_MESSAGE_BYTES
+) -> AsyncIterator[dict[str, Any]]:
+    """A client stream's messages, each yielded as soon as its envelope is complete (the SDK keeps the
+    request open while its caller has input to send). Each message is bounded by ``limit``."""
+    buffer = bytearray()
+    async for chunk in chunks:
+        buffer += chunk
+        while len(buffer) >= 5:
+            flags, length = struct.unpack(">BI", buffer[:5])
+            if flags & COMPRESSED:
+                raise ConnectError("unimplemented", "compressed messages are not accepted")
+            if length > limit:
+                raise ConnectError("resource_exhausted", f"a request message is over {limit} bytes")
+            if len(buffer) < 5 + length:
+                break
+            data = bytes(buffer[5 : 5 + length])
+            del buffer[: 5 + length]
+            if flags & END_STREAM:
+                raise ConnectError("invalid_argument", "a request may not carry an end-of-stream envelope")
+            yield _object(data)
+    if buffer:
+        raise ConnectError("invalid_argument", "the request ends inside an enveloped message")
 
 
 def read_envelopes(data: bytes) -> list[tuple[int, dict[str, Any]]]:

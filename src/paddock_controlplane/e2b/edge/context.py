@@ -13,14 +13,22 @@ from paddock_controlplane.models import Sandbox
 from paddock_controlplane.services import Services
 from paddock_core import errors
 
+#: E2B's default user, the account its templates run as; Paddock's images need not have it.
+DEFAULT_USER = "user"
+#: The users the edge takes by Basic auth (E2B's two).
+USERS = (DEFAULT_USER, "root")
+
 
 @dataclass
 class Call:
     services: Services
     sandbox: Sandbox
     link: hostlink.HostLinkAPI
-    #: ``user`` or ``root`` (E2B's users; docs/e2b.md: Paddock runs both as the image's user).
-    user: str
+    #: The E2B user the SDK named by Basic auth (``user`` or ``root``), or None when it named nobody
+    #: (the SDK's default since envd 0.4.0): processes then run as the image's user. ``root`` runs as
+    #: root, ``user`` as the sandbox's ``user`` account, or as the image's user where it has none
+    #: (docs/e2b.md, Users).
+    user: str | None
 
 
 #: Paddock's errors in Connect's codes (the SDK maps those to its exceptions).

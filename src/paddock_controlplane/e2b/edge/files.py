@@ -1,7 +1,12 @@
 """envd's ``/files``: ``GET`` downloads a file, ``POST`` writes one (``multipart/form-data``, one part per
 file named by ``path`` or by the part's filename; or ``application/octet-stream`` with ``path``), through
 the same host calls as Paddock's ``/v1/…/files``. A write makes the file's missing parent directories, as
-envd does. Errors are envd's ``{"code", "message"}`` with its statuses (404 missing, 400 bad path, 507 full)."""
+envd does. Either direction may be gzip (``Content-Encoding`` on a write, ``Accept-Encoding`` on a read;
+``gzip_body``). Errors are envd's ``{"code", "message"}`` with its statuses (404 missing, 400 bad path,
+413 over the upload cap, 507 full).
+
+Files are read and written as root whatever E2B user the SDK names: Paddock's file calls take no user
+(docs/e2b.md, Users); the user only places a relative path (``/home/user``, ``/root`` for ``root``)."""
 
 from __future__ import annotations
 
@@ -12,9 +17,11 @@ from typing import Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Message
 
 from paddock_controlplane import commands, hostlink
 from paddock_controlplane.activity import touch
+from paddock_controlplane.e2b.edge import gzip_body
 from paddock_controlplane.e2b.edge.context import Call
 from paddock_core import errors
 
@@ -60,7 +67,14 @@ async def download(call: Call, request: Request) -> Response:
         if isinstance(exc, errors.NotFound):
             return envd_error(404, f"path '{request.query_params.get('path', '')}' does not exist")
         return _failure(exc)
-    headers = {"Content-Disposition": f'attachment; filename="{posixpath.basename(path)}"'}
+    headers = {
+        "Content-Disposition": f'attachment; filename="{posixpath.basename(path)}"',
+        "Vary": "Accept-Encoding",
+    }
+    if gzip_body.accepts_gzip(request.headers.get("accept-encoding", "")):
+        headers["Content-Encoding"] = "gzip"
+        body = gzip_body.compressed(got.chunks)
+        return StreamingResponse(body, media_type="application/octet-stream", headers=headers)
     if got.size is not None:
         headers["Content-Length"] = str(got.size)
     return StreamingResponse(got.chunks, media_type="application/octet-stream", headers=headers)
@@ -87,14 +101,40 @@ async def _file_chunks(upload: UploadFile) -> AsyncIterator[bytes]:
         yield chunk
 
 
+def _over(request: Request, chunks: AsyncIterator[bytes]) -> Request:
+    """``request`` with ``chunks`` as its body (an inflated gzip upload, read as a plain one)."""
+    pieces = aiter(chunks)
+
+    async def receive() -> Message:
+        piece = await anext(pieces, None)
+        return {"type": "http.request", "body": piece or b"", "more_body": piece is not None}
+
+    return Request(request.scope, receive)
+
+
 async def upload(call: Call, request: Request) -> Response:
     limit = call.services.settings.max_upload_bytes
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > limit:
         return envd_error(413, f"upload is over the {limit}-byte limit")
+    encoding = request.headers.get("content-encoding", "").split(";", 1)[0].strip().lower()
+    if encoding not in ("", "identity", "gzip"):
+        return envd_error(400, f"Content-Encoding: {encoding} is not gzip or identity")
+    inflated: gzip_body.Inflated | None = None
+    try:
+        if encoding == "gzip":
+            inflated = await gzip_body.inflate_checked(request.stream(), limit)
+            request = _over(request, inflated.chunks())
+        return await _upload(call, request, limit)
+    except errors.PaddockError as exc:
+        return _failure(exc)
+    finally:
+        if inflated is not None:
+            inflated.close()
+
+
+async def _upload(call: Call, request: Request, limit: int) -> Response:
     content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if request.headers.get("content-encoding", "identity") not in ("", "identity"):
-        return envd_error(400, "Content-Encoding: only identity is accepted")
     written: list[dict[str, Any]] = []
     try:
         if content_type == "multipart/form-data":

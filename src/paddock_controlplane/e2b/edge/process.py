@@ -18,7 +18,8 @@ from typing import Any
 from paddock_controlplane import envs, validation
 from paddock_controlplane.activity import Inflight
 from paddock_controlplane.e2b.edge.connect import ConnectError
-from paddock_controlplane.e2b.edge.context import Call, mapped
+from paddock_controlplane.e2b.edge.context import DEFAULT_USER, Call, mapped
+from paddock_core import errors
 from paddock_hostagent.schemas import (
     ProcessFrame,
     ProcessPty,
@@ -133,6 +134,18 @@ def command_env(call: Call, given: dict[str, str]) -> dict[str, str]:
     return validation.envs({**envs.open_sealed(call.services, call.sandbox), **given}, "process.envs")
 
 
+async def _start_as(call: Call, body: ProcessStartBody) -> ProcessView:
+    """Starts the process as the E2B user the SDK named (``context.Call.user``). E2B's ``user`` is an
+    account Paddock's images need not have: where the sandbox has none, the process runs as the image's
+    user, as it does when the SDK names nobody (docs/e2b.md, Users)."""
+    try:
+        return await call.link.start_process(call.sandbox.id, body)
+    except errors.ValidationFailed as exc:
+        if body.user != DEFAULT_USER or "user" not in exc.fields:
+            raise
+    return await call.link.start_process(call.sandbox.id, body.model_copy(update={"user": None}))
+
+
 async def start(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     config = req.get("process")
     if not isinstance(config, dict):
@@ -150,8 +163,10 @@ async def start(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]
     tag = _str(req.get("tag"), "tag", optional=True)
     pty = _size(req.get("pty"))
     with mapped():
-        body = ProcessStartBody(cmd=cmd, args=args, env=command_env(call, env), cwd=cwd, pty=pty)
-        view = await call.link.start_process(call.sandbox.id, body)
+        body = ProcessStartBody(
+            cmd=cmd, args=args, env=command_env(call, env), cwd=cwd, pty=pty, user=call.user
+        )
+        view = await _start_as(call, body)
         if pty is None and req.get("stdin") is not True:
             await call.link.close_process_stdin(call.sandbox.id, view.process_id)
     if tag:
@@ -188,17 +203,48 @@ async def list_(call: Call, req: dict[str, Any]) -> dict[str, Any]:
     return {"processes": out}
 
 
+def _input(data: Any, field: str = "input") -> str:
+    """A ``ProcessInput`` (``stdin`` or ``pty`` bytes) as the strict base64 the host takes, at most 1 MiB."""
+    if not isinstance(data, dict) or not ({"stdin", "pty"} & data.keys()):
+        raise ConnectError("invalid_argument", f"{field}: stdin or pty is required")
+    kind = "stdin" if "stdin" in data else "pty"
+    encoded = _bytes(data[kind], f"{field}.{kind}")
+    if len(encoded) > (1 << 20) * 4 // 3 + 4:
+        raise ConnectError("resource_exhausted", f"{field}.{kind}: is over 1 MiB")
+    return encoded
+
+
 async def send_input(call: Call, req: dict[str, Any]) -> dict[str, Any]:
     process_id, _ = await _process_id(call, req.get("process"))
-    data = req.get("input")
-    if not isinstance(data, dict) or not ({"stdin", "pty"} & data.keys()):
-        raise ConnectError("invalid_argument", "input: stdin or pty is required")
-    field = "stdin" if "stdin" in data else "pty"
-    encoded = _bytes(data[field], f"input.{field}")
-    if len(encoded) > (1 << 20) * 4 // 3 + 4:
-        raise ConnectError("resource_exhausted", f"input.{field}: is over 1 MiB")
+    encoded = _input(req.get("input"))
     with mapped():
         await call.link.process_input(call.sandbox.id, process_id, encoded)
+    return {}
+
+
+async def stream_input(call: Call, messages: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+    """envd's client stream: a ``start`` naming the process, then ``data`` (each written to the process's
+    stdin or PTY as it arrives, in order) and ``keepalive`` messages, until the client ends the request.
+    The answer, once it has, is the empty ``StreamInputResponse``."""
+    process_id: str | None = None
+    with Inflight(call.services, call.sandbox.id):
+        async for message in messages:
+            if "start" in message:
+                if process_id is not None:
+                    raise ConnectError("invalid_argument", "start: only the first message may be start")
+                start = message["start"]
+                process_id, _ = await _process_id(
+                    call, start.get("process") if isinstance(start, dict) else None
+                )
+            elif "data" in message:
+                if process_id is None:
+                    raise ConnectError("invalid_argument", "start: the first message must name the process")
+                data = message["data"]
+                encoded = _input(data.get("input") if isinstance(data, dict) else None, "data.input")
+                with mapped():
+                    await call.link.process_input(call.sandbox.id, process_id, encoded)
+            elif "keepalive" not in message:
+                raise ConnectError("invalid_argument", "event: one of start, data or keepalive is required")
     return {}
 
 
@@ -245,3 +291,4 @@ UNARY = {
     "Update": update,
 }
 STREAMS = {"Start": start, "Connect": connect}
+CLIENT_STREAMS = {"StreamInput": stream_input}

@@ -5,7 +5,7 @@
 - A sandbox that is missing, gone or not running answers 502 "… was not found": the SDK reads that as
   the sandbox not running (``SandboxNotRunningException``).
 - Port 49983 is envd, served here; it requires the sandbox's ``envdAccessToken`` in ``X-Access-Token``
-  (``identity.envd_access_token``). The user comes by Basic auth (``user``/``root``).
+  (``identity.envd_access_token``). The user comes by Basic auth (``user``/``root``; none: the image's).
 - Any other port goes to that port of the sandbox, as the ingress does (``user_ports``).
 """
 
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import bindparam, select
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -25,7 +25,7 @@ from paddock_controlplane import hostlink
 from paddock_controlplane.e2b import identity
 from paddock_controlplane.e2b.edge import connect, files, filesystem, interpreter, process, user_ports
 from paddock_controlplane.e2b.edge.connect import ConnectError
-from paddock_controlplane.e2b.edge.context import Call, mapped
+from paddock_controlplane.e2b.edge.context import USERS, Call, mapped
 from paddock_controlplane.ingress.routing import parse_host
 from paddock_controlplane.models import Sandbox
 from paddock_controlplane.queries import running_sandbox
@@ -38,10 +38,10 @@ log = get_logger("paddock.e2b.edge")
 
 ENVD_PORT = 49983
 INTERPRETER_PORT = 49999
-USERS = ("user", "root")
-SERVICES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "process.Process": (process.UNARY, process.STREAMS),
-    "filesystem.Filesystem": (filesystem.UNARY, filesystem.STREAMS),
+#: Each service's unary, server-streaming and client-streaming methods.
+SERVICES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
+    "process.Process": (process.UNARY, process.STREAMS, process.CLIENT_STREAMS),
+    "filesystem.Filesystem": (filesystem.UNARY, filesystem.STREAMS, {}),
 }
 _BY_ID = select(Sandbox).where(Sandbox.id == bindparam("sandbox_id"))
 
@@ -68,10 +68,11 @@ def _target(request: Request, services: Services) -> tuple[str, int] | None:
     return (target.sandbox_id, target.port) if target else None
 
 
-def _user(request: Request) -> str | Response:
+def _user(request: Request) -> str | Response | None:
+    """The E2B user named by Basic auth (``user:``), None when the SDK names nobody (its default)."""
     header = request.headers.get("authorization", "")
     if not header:
-        return "user"
+        return None
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "basic":
         return JSONResponse({"code": 401, "message": "Authorization: must be Basic <user>:"}, status_code=401)
@@ -165,9 +166,17 @@ class EdgeApp:
         )
 
     async def rpc(self, call: Call, request: Request, service: str, method: str) -> Response:
-        unary, streams = SERVICES[service]
+        unary, streams, client_streams = SERVICES[service]
         stream = connect.is_stream(request.headers.get("content-type", ""))
         try:
+            if stream and method in client_streams:
+                # Read as it arrives: each message acts before the next comes (input reaches the
+                # process while the SDK's stream stays open); the one answer follows the request's end.
+                with mapped():
+                    answer = await client_streams[method](call, connect.stream_messages(request.stream()))
+                return Response(
+                    connect.envelope(answer) + connect.end_of_stream(), media_type=connect.STREAM_CONTENT_TYPE
+                )
             body = await connect.read_body(request.stream())
             if stream and method in streams:
                 message = connect.stream_request(body)
@@ -179,6 +188,8 @@ class EdgeApp:
                     answer = await unary[method](call, connect.unary_request(body))
                 return JSONResponse(answer)
             raise ConnectError("unimplemented", f"{service}/{method} is not served by Paddock's envd")
+        except ClientDisconnect:
+            return Response(status_code=499)  # the client went away mid-request: nobody reads this
         except ConnectError as exc:
             if stream:
                 return Response(connect.end_of_stream(exc), media_type=connect.STREAM_CONTENT_TYPE)
