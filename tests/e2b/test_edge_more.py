@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from e2b import AsyncSandbox, NotFoundException, PtySize, Sandbox
-from paddock_controlplane.e2b.edge import connect
+from paddock_controlplane.e2b.edge import connect, gzip_body
 from paddock_controlplane.settings import ControlPlaneSettings
 from tests.e2b.conftest import E2bPlatform
 
@@ -237,3 +237,21 @@ def _zeros_member(size: int) -> bytes:
     compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     zeros = bytes(1 << 20)
     return b"".join(compressor.compress(zeros) for _ in range(size >> 20)) + compressor.flush()
+
+
+@pytest.mark.parametrize(
+    ("header", "gzipped"),
+    [
+        ("gzip", True),  # the SDKs' read(..., gzip=True)
+        ("gzip;q=1.0, identity;q=0.5", True),
+        ("identity;q=0, gzip", True),
+        ("gzip, deflate", False),  # httpx's default on every request: the bytes as they are
+        ("gzip, deflate, br, zstd", False),
+        ("*", False),
+        ("identity", False),
+        ("gzip;q=0", False),
+        ("", False),
+    ],
+)
+def test_a_read_is_gzipped_only_when_gzip_is_asked_for_alone(header: str, gzipped: bool) -> None:
+    assert gzip_body.accepts_gzip(header) is gzipped

@@ -1,5 +1,5 @@
 """gzip on envd's ``/files``, as envd serves it: ``POST`` takes ``Content-Encoding: gzip`` (what the SDKs send
-for ``write(..., gzip=True)``), ``GET`` answers gzip when ``Accept-Encoding`` prefers it.
+for ``write(..., gzip=True)``), ``GET`` answers gzip when the client asks for gzip alone (see ``accepts_gzip``).
 
 An upload is inflated under the same cap as a plain one (``max_upload_bytes``) and checked whole before
 anything is written: the compressed body is spooled (itself capped), inflated once in bounded pieces only
@@ -34,31 +34,33 @@ COMPRESS_LEVEL = 1
 
 
 def accepts_gzip(header: str) -> bool:
-    """Whether ``Accept-Encoding`` picks gzip: the highest-quality coding the edge serves (gzip or
-    identity, ``*`` being identity unless identity is refused), as envd decides (RFC 9110 §12.5.3)."""
-    codings: list[tuple[float, str]] = []
+    """Whether a read is answered gzip: when gzip is the only coding the client offers (what the SDKs send
+    for ``read(..., gzip=True)``: ``Accept-Encoding: gzip``), or when it refuses identity. A library's
+    default list (httpx's and fetch's ``gzip, deflate, br …`` on every request) reads as "any is fine"
+    and gets the bytes as they are: envd compresses those too, but here the compressing is the control
+    plane's CPU, ~30 ms a MiB of data that does not compress, on every SDK read."""
+    acceptable: set[str] = set()
+    identity_refused = False
     for item in header.split(","):
         name, _, params = item.partition(";")
+        name = name.strip().lower()
         quality = 1.0
         for param in params.split(";"):
             key, _, value = param.strip().partition("=")
-            if key.lower() == "q":
+            if key.strip().lower() == "q":
                 try:
                     quality = float(value)
                 except ValueError:
                     quality = 0.0
-        if name.strip():
-            codings.append((quality, name.strip().lower()))
-    codings.sort(key=lambda coding: -coding[0])  # stable: the client's order among equals
-    identity_refused = any(name == "identity" and quality <= 0 for quality, name in codings)
-    for quality, name in codings:
-        if quality <= 0:
+        if not name:
             continue
-        if name == "gzip":
-            return True
-        if name == "identity" or name == "*":
-            return name == "*" and identity_refused
-    return False
+        if quality > 0:
+            acceptable.add(name)
+        elif name in ("identity", "*"):
+            identity_refused = True
+    if "gzip" not in acceptable and "*" not in acceptable:
+        return False
+    return identity_refused or acceptable <= {"gzip", "identity"}
 
 
 async def compressed(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
