@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from paddock_hostagent.drivers.vmimage import KERNEL_ROOT
 from tests.controlplane.conftest import controlplane, cp_settings
 from tests.controlplane.test_sandboxes_rules import fake_host
 from tests.gateway.conftest import chain_gateway, devchains, paying_wallet
 from tests.hostagent.conftest import debian_image, guest_binary_dir
+from tests.integration.conftest import TIERS, tier_params
 from tests.live import LivePlatform, start_platform
 
 __all__ = [
@@ -35,6 +37,35 @@ LIVE_CP_ENV = {
 @pytest.fixture(scope="session")
 def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
     platform = start_platform(guest_binary_dir, cp_env=LIVE_CP_ENV)
+    try:
+        yield platform
+    finally:
+        platform.stop()
+
+
+# The tiers the run-as-a-user tests (test_live_users*.py) run on: one platform per tier for the session,
+# shared by the sync and async twins (each module had started its own three, two of them VMs).
+#: The VM tier's guest is the same binary (in its initramfs), so it runs as a user the same way.
+VM_TIER = pytest.param(
+    "qemu",
+    id="vm",
+    marks=[
+        pytest.mark.qemu,
+        pytest.mark.skipif(
+            not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"
+        ),
+    ],
+)
+
+
+@pytest.fixture(
+    scope="session", params=[param for param in tier_params() if param.id in ("crun", "gvisor")] + [VM_TIER]
+)
+def tier_live(
+    request: pytest.FixtureRequest, debian_image: Path, guest_binary_dir: Path
+) -> Iterator[LivePlatform]:
+    runtime = TIERS.get(request.param, request.param)
+    platform = start_platform(guest_binary_dir, agent_options={"runtime": runtime})
     try:
         yield platform
     finally:

@@ -8,47 +8,15 @@ Written once, in ``test_live_users_async.py`` for the async client; ``scripts/un
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 import paddock
-from paddock_hostagent.drivers.vmimage import KERNEL_ROOT
-from tests.integration.conftest import TIERS, tier_params
-from tests.live import LivePlatform, start_platform
+from tests.live import LivePlatform
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 SHAPE = "s-1vcpu-256mb"
 DISK_MIB = 2048  # the warm pool's size
-
-
-#: The VM tier's guest is the same binary (in its initramfs), so it runs as a user the same way.
-VM_TIER = pytest.param(
-    "qemu",
-    id="vm",
-    marks=[
-        pytest.mark.qemu,
-        pytest.mark.skipif(
-            not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"
-        ),
-    ],
-)
-
-
-@pytest.fixture(
-    scope="module", params=[param for param in tier_params() if param.id in ("crun", "gvisor")] + [VM_TIER]
-)
-def tier_live(
-    request: pytest.FixtureRequest, debian_image: Path, guest_binary_dir: Path
-) -> Iterator[LivePlatform]:
-    runtime = TIERS.get(request.param, request.param)
-    platform = start_platform(guest_binary_dir, agent_options={"runtime": runtime})
-    try:
-        yield platform
-    finally:
-        platform.stop()
 
 
 async def test_run_as_a_user_by_name_or_uid(tier_live: LivePlatform) -> None:
