@@ -80,6 +80,11 @@ SAVE_DELAY_S = 0.02
 #: How often the agent checks that every mounted disk's s3fs still serves it.
 DISK_CHECK_INTERVAL_S = 10.0
 
+#: How long a destroy of an id this host does not hold refuses a create of that id arriving later (a
+#: destroy that overtook its create: they come on different connections). As long as a client waits
+#: for a create (client.py's ``_CREATE_TIMEOUT``), so no create the destroy answered for can still come.
+DESTROYED_UNSEEN_S = 900.0
+
 
 @dataclass
 class _Entry:
@@ -144,6 +149,9 @@ class SandboxManager:
         self._entries: dict[str, _Entry] = {}
         self._pending: dict[str, tuple[int, int]] = {}  # ids being created -> (mem_mib, disk_mib)
         self._born: dict[str, asyncio.Event] = {}  # ids being created -> set when the attempt ends
+        # Ids destroyed while this host held no such sandbox nor a create of it -> when (monotonic),
+        # oldest first: a create or fork of one within DESTROYED_UNSEEN_S is refused (``_reserve``).
+        self._destroyed_unseen: dict[str, float] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._unsaved: set[str] = set()  # records that pause/resume changed, saved by _save_unsaved
         self._save_timer: asyncio.TimerHandle | None = None
@@ -384,15 +392,27 @@ class SandboxManager:
 
     def _reserve(self, sandbox_id: str, mem_mib: int, disk_mib: int) -> None:
         """Admits a new sandbox (``capacity.py``) and holds its memory and disk until it exists or fails;
-        no ``await`` between the check and the hold, so parallel creates cannot both pass."""
+        no ``await`` between the check and the hold, so parallel creates cannot both pass. An id a
+        destroy has already answered for is refused as gone: that destroy overtook this create."""
         if sandbox_id in self._entries or sandbox_id in self._pending:
             raise errors.AlreadyExists(f"sandbox {sandbox_id} already exists on this host")
+        self._forget_destroyed_unseen()
+        if sandbox_id in self._destroyed_unseen:
+            raise errors.SandboxNotFound(f"sandbox {sandbox_id} was destroyed before its create arrived")
         self.memory_view().admit(mem_mib)
         disk = self.disk_view()
         if disk is not None:
             disk.admit(disk_mib)
         self._pending[sandbox_id] = (mem_mib, disk_mib)
         self._born[sandbox_id] = asyncio.Event()
+
+    def _forget_destroyed_unseen(self) -> None:
+        expired = time.monotonic() - DESTROYED_UNSEEN_S
+        while self._destroyed_unseen:
+            oldest, at = next(iter(self._destroyed_unseen.items()))
+            if at > expired:
+                break
+            del self._destroyed_unseen[oldest]
 
     def _release(self, sandbox_id: str) -> None:
         self._pending.pop(sandbox_id, None)
@@ -602,15 +622,20 @@ class SandboxManager:
         return disk_mib
 
     async def destroy(self, sandbox_id: str) -> None:
-        born = self._born.get(sandbox_id)
-        if born is not None:
+        """Destroys the sandbox; idempotent. A create of this id in flight is waited for, then undone; one
+        that has not arrived yet (a destroy may overtake it: they come on different connections) is
+        refused when it does (``_reserve``), so whatever the order, nothing of the id is left."""
+        while (born := self._born.get(sandbox_id)) is not None:
             await born.wait()  # a destroy that overtakes its create waits for it, then undoes it
         if sandbox_id in self._stopped:
             await self._destroy_stopped(sandbox_id)
             return
         entry = self._entries.get(sandbox_id)
-        if entry is None:
-            return  # idempotent: already gone
+        if entry is None:  # already gone, or its create has not come (yet): it will be refused
+            self._forget_destroyed_unseen()
+            self._destroyed_unseen.pop(sandbox_id, None)  # re-inserted last: the dict stays oldest first
+            self._destroyed_unseen[sandbox_id] = time.monotonic()
+            return
         await self._end_exchanges(entry, DESTROYED_MESSAGE)
         async with entry.lock:
             if self._entries.get(sandbox_id) is not entry:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from paddock_hostagent.client import BadStateError, HostAgentClient, HostAgentError, SandboxMissingError
-from paddock_hostagent.schemas import CreateSandboxBody, ForkBody, NetworkAttachBody
+from paddock_hostagent.schemas import CreateSandboxBody, CreateSandboxResult, ForkBody, NetworkAttachBody
 from tests.hostagent.conftest import AgentProcess, Sandboxes, cgroup_dirs, run, sandbox_cgroup_dirs, sh
 
 pytestmark = pytest.mark.root
@@ -414,23 +414,36 @@ async def test_concurrent_creates_get_distinct_addresses(host: HostAgentClient, 
     assert [result["stdout"].strip() for result in results] == [sandbox["ip"] for sandbox in created]
 
 
+@pytest.mark.parametrize("delay_s", [None, 0.0, 0.005, 0.05], ids=["destroy-first", "0ms", "5ms", "50ms"])
 async def test_a_destroy_that_overtakes_its_create_still_destroys(
-    agent: AgentProcess, host: HostAgentClient
+    agent: AgentProcess, host: HostAgentClient, delay_s: float | None
 ) -> None:
-    sandbox_id = "sb-overtaken"
+    """Whatever the order the create and the destroy of one id reach the agent (they come on different
+    connections: under load the destroy, sent ``delay_s`` after the create, may arrive first; or it is
+    sent before it), a destroy that answers ``destroyed`` leaves no sandbox of that id, then or later."""
+    sandbox_id = f"sb-overtaken-{secrets.token_hex(4)}"
     agent.created_ids.append(sandbox_id)
-    create = asyncio.create_task(
-        host.create_sandbox(
-            CreateSandboxBody(
-                id=sandbox_id, name="racer", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=4096
-            )
-        )
+    body = CreateSandboxBody(
+        id=sandbox_id, name="racer", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=4096
     )
-    await asyncio.sleep(0.005)
-    assert (await host.destroy_sandbox(sandbox_id)).destroyed
-    await asyncio.gather(create, return_exceptions=True)
+    before = await host.info()
+    if delay_s is None:
+        assert (await host.destroy_sandbox(sandbox_id)).destroyed
+        with pytest.raises(SandboxMissingError):
+            await host.create_sandbox(body)
+    else:
+        create = asyncio.create_task(host.create_sandbox(body))
+        await asyncio.sleep(delay_s)
+        assert (await host.destroy_sandbox(sandbox_id)).destroyed
+        (created,) = await asyncio.gather(create, return_exceptions=True)
+        # Either the create came first (and was undone) or it was refused as destroyed; nothing else.
+        assert isinstance(created, CreateSandboxResult | SandboxMissingError), repr(created)
     with pytest.raises(SandboxMissingError):
         await host.get_sandbox(sandbox_id)
+    assert sandbox_id not in [view.id for view in await host.list_sandboxes()]
+    after = await host.info()
+    assert (after.vm_count, after.free_mib) == (before.vm_count, before.free_mib)  # no slot or memory held
+    assert not (agent.state_dir / "sandboxes" / f"{sandbox_id}.json").exists()
     assert sandbox_cgroup_dirs([sandbox_id]) == []
 
 
