@@ -105,8 +105,9 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     webhook_concurrency: int = 16
     #: Seconds between polls for due deliveries (local events wake the worker at once).
     webhook_poll_interval_s: float = 0.5
-    #: A claimed delivery belongs to its worker this long; then a dead worker's claim is taken over.
-    webhook_lease_s: float = 60.0
+    #: A claimed delivery belongs to its worker this long, renewed every third of it while the worker
+    #: lives; a dead worker's claims are taken over by another within this (plus one poll).
+    webhook_lease_s: float = Field(default=10.0, gt=0)
     #: Per-attempt limit, from resolving the host to the response status (§11.15).
     webhook_timeout_s: float = 10.0
     #: Private networks take their address blocks from this pool (host agents drop routed traffic to it).

@@ -4,8 +4,10 @@ Deliveries are rows written by :func:`paddock_controlplane.webhooks.emit`. A wor
 stamping them with a lease (its token and an expiry) in one short transaction — on PostgreSQL the
 candidates are picked ``FOR UPDATE SKIP LOCKED``, on SQLite the write lock serialises claims — and the
 update re-checks that no live lease exists, so two workers (or two processes) never send the same
-claimed attempt. The result is written back only under the same token. A worker that dies mid-attempt
-leaves its lease to expire; the row is then claimable again, so every event is sent at least once.
+claimed attempt. The result is written back only under the same token. A live worker renews the leases
+it holds every third of their length, so an attempt may take as long as it needs; a worker that dies
+(SIGKILL, a lost machine) stops renewing, its leases expire within ``webhook_lease_s`` (10 s) and another
+worker claims the rows at its next poll, so every event is sent at least once, and soon.
 
 The outside world sits behind :class:`Transport` (one method); :class:`HttpTransport` is the real one:
 10 s limit, no redirects, and the SSRF guard that connects only to an address it checked.
@@ -298,6 +300,15 @@ _RECORD_DELIVERED = (
         **_RELEASED,
     )
 )
+#: A live worker's leases, extended (only rows it still holds: a recorded result cleared the token).
+_RENEW = (
+    update(_DELIVERIES)
+    .where(
+        _DELIVERIES.c.id.in_(bindparam("b_ids", expanding=True)),
+        _DELIVERIES.c.lease_token.in_(bindparam("b_tokens", expanding=True)),
+    )
+    .values(lease_until=bindparam("b_until"))
+)
 _RECORD_RETRY = (
     update(_DELIVERIES)
     .where(*_MINE)
@@ -332,6 +343,9 @@ class DeliveryWorker:
         #: This worker's own writes (claims, results) take turns instead of racing for SQLite's lock.
         self._writing = asyncio.Lock()
         self._inflight: dict[asyncio.Task[None], Claim] = {}
+        #: Claims whose result is not written yet, by delivery id: their leases are renewed.
+        self._held: dict[str, Claim] = {}
+        self._renewer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         # PostgreSQL: woken by every process's commits that make deliveries due (and once on each
         # (re)connect, for those committed while nobody listened); SQLite: nothing to listen to.
@@ -392,10 +406,27 @@ class DeliveryWorker:
                 endpoints.update((row.id, (row.url, row.secret_sealed)) for row in found)
         self._likely_due = len(leased) >= limit  # more may be due: skip the read next time
         leased.sort(key=lambda row: (row.next_attempt_at, row.id))  # RETURNING has no order
-        return [
+        claims = [
             Claim(row.id, row.endpoint_id, *endpoints[row.endpoint_id], row.payload, row.attempts, token)
             for row in leased
         ]
+        self._held.update((claim.id, claim) for claim in claims)
+        return claims
+
+    async def renew(self) -> int:
+        """Extend the leases of the claims this worker still holds to a full lease from now; returns
+        how many rows were extended (a claim whose result was written meanwhile is no longer held)."""
+        held = list(self._held.values())
+        if not held:
+            return 0
+        values = {
+            "b_ids": [claim.id for claim in held],
+            "b_tokens": list({claim.token for claim in held}),
+            "b_until": self.clock() + self.lease,
+        }
+        async with self._writing, transaction(self.sessions) as session:
+            result = await session.execute(_RENEW, values)
+        return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
     async def record_many(self, results: list[tuple[Claim, Outcome]]) -> None:
         """Write attempt results in one transaction, each only while this worker still holds its lease.
@@ -488,11 +519,14 @@ class DeliveryWorker:
 
     async def _process(self, claim: Claim) -> None:
         try:
-            outcome = await self.attempt(claim)
-        except Exception as exc:  # a bug in a transport: count the attempt, keep the worker alive
-            log.error("webhook_attempt_crashed", delivery_id=claim.id, exc_info=exc)
-            outcome = Outcome(False, self.clock(), "internal error")
-        await self._results.submit(claim, outcome)
+            try:
+                outcome = await self.attempt(claim)
+            except Exception as exc:  # a bug in a transport: count the attempt, keep the worker alive
+                log.error("webhook_attempt_crashed", delivery_id=claim.id, exc_info=exc)
+                outcome = Outcome(False, self.clock(), "internal error")
+            await self._results.submit(claim, outcome)
+        finally:
+            self._held.pop(claim.id, None)  # recorded, or handed back by ``stop``: no longer renewed
 
     async def run_once(self) -> int:
         """Claim what is due now (up to ``concurrency``), send it, record it; returns how many."""
@@ -554,6 +588,19 @@ class DeliveryWorker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval_s)
 
+    async def _renew_loop(self) -> None:
+        """Every third of a lease, while anything is held: one missed renewal still leaves time for the
+        next, and a dead worker's leases lapse within one lease."""
+        interval_s = self.lease.total_seconds() / 3
+        while True:
+            await asyncio.sleep(interval_s)
+            if not self._held:
+                continue
+            try:
+                await self.renew()
+            except Exception as exc:  # the next one may get through; until the lease ends nobody else sends
+                log.warning("webhook_lease_renewal_failed", error=str(exc))
+
     def _cleanup_due(self) -> bool:
         if self._last_cleanup is None:
             return True
@@ -568,15 +615,17 @@ class DeliveryWorker:
         webhooks.add_waker(self.wake)
         self._listener.start()
         self._task = asyncio.create_task(self._loop(), name="webhook-worker")
+        self._renewer = asyncio.create_task(self._renew_loop(), name="webhook-lease-renewal")
 
     async def stop(self) -> None:
         """Stop claiming; interrupted attempts are handed back at once (sent again by any worker)."""
         webhooks.remove_waker(self.wake)
         await self._listener.stop()
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._renewer):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         interrupted = list(self._inflight.values())
         for task in list(self._inflight):
             task.cancel()

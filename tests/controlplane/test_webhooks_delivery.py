@@ -408,6 +408,36 @@ async def test_a_stopping_worker_hands_interrupted_deliveries_back_at_once(datab
         assert len(receiver.received) == 2
 
 
+async def test_a_live_worker_keeps_its_claim_while_an_attempt_outlasts_the_lease(database_url: str) -> None:
+    """A slow receiver (3 s) with 1 s leases: the sending worker renews its lease while it waits, so the
+    other worker polling the same queue never takes the delivery over and the receiver gets it once."""
+
+    async def slow(_: Received) -> int:
+        await asyncio.sleep(3)
+        return 200
+
+    async with webhook_db(database_url) as db, running_receiver(slow) as receiver:
+        await db.endpoint(receiver.url + "/hook")
+        await db.emit("sandbox.create", CREATE_DATA, utcnow())
+        settings = worker_settings(db.url, webhook_lease_s=1.0, webhook_poll_interval_s=0.1)
+        first = DeliveryWorker(db.sessions, db.box, settings)
+        first.start()
+        async with asyncio.timeout(10):
+            await receiver.arrived.wait()
+        second = DeliveryWorker(db.sessions, db.box, settings)
+        second.start()
+        try:
+            await asyncio.sleep(3.5)  # three leases pass while the first attempt waits
+            deadline = time.monotonic() + 10
+            while (await db.deliveries())[0].status != "delivered" and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            await second.stop()
+            await first.stop()
+        [row] = await db.deliveries()
+        assert (row.status, row.attempts, len(receiver.received)) == ("delivered", 1, 1)
+
+
 EMIT_ELSEWHERE = """
 import asyncio, sys
 from paddock_controlplane import webhooks
