@@ -251,7 +251,9 @@ def test_a_paused_sandbox_resumes_on_its_first_request(ingress: Ingress) -> None
 
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(fetch, range(4)))
-        assert [a.status_code for a in answers] == [200] * 4
+        assert [a.status_code for a in answers] == [200] * 4, [
+            (a.status_code, a.headers.get("x-paddock-ingress-error"), a.text[:200]) for a in answers
+        ]
         assert all(a.text.startswith("hello from ") for a in answers)
         view = http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]
         assert view["status"] == "running"

@@ -7,6 +7,11 @@ send the response back. Every message is parsed by llhttp (``http1``) and re-fra
 bodies are streamed, never buffered whole. A ``101 Switching Protocols``
 answer (WebSocket) turns the connection into a byte splice in both directions.
 
+Right after a wake (``Route.settle_until``, ``routing.WAKE_SETTLE_S``) a refused connect, and an
+idempotent bodiless request that the app drops unanswered, are tried again every ``SETTLE_RETRY_S`` or so
+until the window ends: a visitor does not get a 502 because the sandbox was paused. Outside that window
+a refused connect is the ``NOTHING_LISTENING`` 502 at once.
+
 A sweep every ``SWEEP_S`` cuts open connections to sandboxes that were destroyed or whose ingress was
 turned off, so a long WebSocket or keep-alive connection does not outlive the permission.
 """
@@ -41,6 +46,9 @@ LINGER_S = 1.0
 LINGER_BYTES = 1 << 20
 READ_DROP_BYTES = 64 * 1024
 FORWARDED_HEADERS = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
+#: Within a wake's settle window: the first and the longest pause between tries at the app.
+SETTLE_RETRY_S = 0.05
+SETTLE_RETRY_MAX_S = 0.5
 
 
 @dataclass
@@ -210,6 +218,8 @@ class _Connection:
         self.accept: str | None = None
         self.head_only = False
         self.responded = False  # a response head went out for the current request
+        #: Monotonic end of the target's wake settle window for the current request (0.0: none).
+        self.settle_until = 0.0
 
     def close(self) -> None:
         if self.upstream:
@@ -272,6 +282,7 @@ class _Connection:
                         "the live view of a desktop opens only through a link from its connect call",
                     )
                 self.proxy.serving(self.task, target.sandbox_id + ("#live" if live_view else ""))
+                self.settle_until = route.settle_until
                 await self._dial(target, str(route.ip))
             except IngressError as exc:
                 return await self.fail(exc.status, exc.code, exc.message)
@@ -318,20 +329,35 @@ class _Connection:
         if self.upstream:
             self.upstream.reused = True
             return
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(address, target.port, limit=http1.STREAM_LIMIT_BYTES),
-                self.settings.ingress_connect_timeout_s,
-            )
-        except ConnectionRefusedError:
-            raise IngressError(
-                502, "NOTHING_LISTENING", f"nothing is listening on port {target.port} in the sandbox"
-            ) from None
-        except (TimeoutError, OSError) as exc:
-            raise IngressError(
-                502, "SANDBOX_UNREACHABLE", f"could not reach port {target.port} in the sandbox ({exc!s})"
-            ) from None
+        delay = SETTLE_RETRY_S
+        while True:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(address, target.port, limit=http1.STREAM_LIMIT_BYTES),
+                    self.settings.ingress_connect_timeout_s,
+                )
+                break
+            except ConnectionRefusedError:
+                if await self._settle_pause(delay):  # a thawed app not listening again yet
+                    delay = min(delay * 2, SETTLE_RETRY_MAX_S)
+                    continue
+                raise IngressError(
+                    502, "NOTHING_LISTENING", f"nothing is listening on port {target.port} in the sandbox"
+                ) from None
+            except (TimeoutError, OSError) as exc:
+                raise IngressError(
+                    502, "SANDBOX_UNREACHABLE", f"could not reach port {target.port} in the sandbox ({exc!s})"
+                ) from None
         self.upstream = Upstream(target, address, reader, writer, http1.ResponseReader(reader))
+
+    async def _settle_pause(self, delay: float) -> bool:
+        """Within the current request's wake settle window: waits ``delay`` (never past the window's
+        end) and returns True, to try the app again. Outside it: False at once."""
+        left = self.settle_until - time.monotonic()
+        if left <= 0:
+            return False
+        await asyncio.sleep(min(delay, left))
+        return True
 
     def _forwarded_head(self, request: http1.Request) -> bytes:
         """The parsed head re-encoded, plus ``X-Forwarded-For/-Proto/-Host`` (client-sent ``-Proto/-Host``
@@ -358,7 +384,7 @@ class _Connection:
         try:
             if not request.has_body and request.method in IDEMPOTENT:
                 first = await self._send_retrying(upstream, forwarded, request.method)
-                if self.upstream is None:
+                if first is None:
                     return False
                 upstream = self.upstream
             else:
@@ -447,30 +473,43 @@ class _Connection:
         self, upstream: Upstream, forwarded: bytes, method: str
     ) -> http1.Response | None:
         """Sends a bodiless idempotent request; if the app closes the connection without a byte of answer,
-        sends it once more on a fresh one (RFC 9110 §9.2.2 allows it). Returns the response head if it
-        was already read.
+        sends it once more on a fresh one (RFC 9110 §9.2.2 allows it), and within a wake's settle window
+        again, with growing pauses, until the window ends. Returns the response head, or None once the
+        client has been answered with the proxy's 502 (the upstream is dropped then).
 
         On a reused connection that is the app's keep-alive timer firing as the request arrives. On a
         fresh one it is an app that dropped the request unread: under gVisor (Debian's 2022 runsc) a
         blocking read that comes before the request's bytes fails with EAGAIN, and an app that reads as
-        soon as it accepts closes. A second failure is the client's 502."""
-        try:
-            upstream.writer.write(forwarded)
-            head = await upstream.responses.read_head()
-        except ConnectionError:
-            head = None
-        if head is not None:
-            return head
-        self.drop_upstream()
-        try:
-            await self._dial(upstream.target, upstream.address)
-        except IngressError as exc:
-            await self.fail(exc.status, exc.code, exc.message)
-            return None
-        assert self.upstream is not None
-        self.upstream.responses.begin(method)
-        self.upstream.writer.write(forwarded)
-        return None
+        soon as it accepts closes. Right after a thaw, on a loaded host, that happens to several tries in
+        a row, so one retry is not enough there."""
+        tries = 0
+        delay = SETTLE_RETRY_S
+        while True:
+            tries += 1
+            try:
+                upstream.writer.write(forwarded)
+                head = await upstream.responses.read_head()
+            except ConnectionError:
+                head = None
+            if head is not None:
+                return head
+            self.drop_upstream()
+            log.info("ingress_retry_unanswered", sandbox_id=upstream.target.sandbox_id, tries=tries)
+            if tries >= 2:
+                if not await self._settle_pause(delay):
+                    await self.fail(
+                        502, "EMPTY_UPSTREAM_RESPONSE", "the sandbox closed the connection without a response"
+                    )
+                    return None
+                delay = min(delay * 2, SETTLE_RETRY_MAX_S)
+            try:
+                await self._dial(upstream.target, upstream.address)
+            except IngressError as exc:
+                await self.fail(exc.status, exc.code, exc.message)
+                return None
+            assert self.upstream is not None
+            upstream = self.upstream
+            upstream.responses.begin(method)
 
     async def _final_response(
         self, upstream: Upstream, first: http1.Response | None, body: asyncio.Task[bool] | None

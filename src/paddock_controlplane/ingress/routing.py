@@ -7,12 +7,15 @@ changes made by another control-plane process are seen within the TTL.
 
 A paused sandbox is resumed through ``suspension.resume`` (the API's own path: quota and credit checks,
 billing, state and the ``sandbox.resume`` webhook stay right); concurrent first requests share one
-resume.
+resume. For ``WAKE_SETTLE_S`` after a wake the routes it returns say so (``Route.settle_until``):
+its thawed app may still refuse or drop the first connections (under gVisor's ptrace platform on a
+loaded host it does), and the proxy tries those again within that window instead of answering 502.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from dataclasses import dataclass
@@ -32,6 +35,8 @@ log = get_logger("paddock.ingress")
 
 _SANDBOX_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 GONE = CLOSED
+#: How long after a wake the proxy keeps trying a connection the app refused or closed unanswered.
+WAKE_SETTLE_S = 5.0
 
 
 class IngressError(Exception):
@@ -59,6 +64,9 @@ class Route:
     ingress_enabled: bool
     #: Booted from a desktop image: its noVNC ports open only with a live-view token (desktop_access).
     desktop: bool = False
+    #: Woken by this router lately: until this monotonic time its app may still refuse or drop the first
+    #: connections, and the proxy tries again (0.0: not woken within ``WAKE_SETTLE_S``).
+    settle_until: float = 0.0
 
 
 def parse_host(authority: str, domain: str) -> Target | None:
@@ -88,6 +96,7 @@ class Router:
         self.services = services
         self.cache = cache
         self._resumes: dict[str, asyncio.Task[Sandbox]] = {}
+        self._settle_ends: dict[str, float] = {}  # sandbox id -> monotonic end of its wake's settle window
 
     async def resolve(self, sandbox_id: str, *, live_view: bool = False) -> Route:
         """The route of a running sandbox with ingress on (or, for a request carrying a valid live-view
@@ -96,14 +105,14 @@ class Router:
         if isinstance(cached, Route):
             ready = _check(cached, live_view)
             if ready is not None:
-                return ready
+                return self._with_settle(ready)
         deadline = time.monotonic() + self.services.settings.ingress_wake_timeout_s
         delay = 0.05
         while True:
             route = await self.load(sandbox_id)
             ready = _check(route, live_view)
             if ready is not None:
-                return ready
+                return self._with_settle(ready)
             if route.status == SandboxStatus.PAUSED:
                 await self._resume(route)
                 continue
@@ -113,6 +122,16 @@ class Router:
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.5)
+
+    def _with_settle(self, route: Route) -> Route:
+        """The route, with ``settle_until`` set while the sandbox's wake settle window is open."""
+        until = self._settle_ends.get(route.sandbox_id)
+        if until is None:
+            return route
+        if until <= time.monotonic():
+            del self._settle_ends[route.sandbox_id]
+            return route
+        return dataclasses.replace(route, settle_until=until)
 
     async def still_open(self, key: str) -> bool:
         """For open tunnels: False once the sandbox is gone or its ingress was turned off. ``key`` is a
@@ -149,7 +168,7 @@ class Router:
     async def _resume(self, route: Route) -> None:
         task = self._resumes.get(route.sandbox_id)
         if task is None:
-            task = asyncio.create_task(suspension.resume(self.services, route.user_id, route.sandbox_id))
+            task = asyncio.create_task(self._wake(route))
             self._resumes[route.sandbox_id] = task
             task.add_done_callback(lambda _: self._resumes.pop(route.sandbox_id, None))
             log.info("ingress_resume", sandbox_id=route.sandbox_id)
@@ -163,6 +182,17 @@ class Router:
             ) from None
         if row.status == SandboxStatus.ERROR:
             raise IngressError(502, "SANDBOX_ERROR", "sandbox failed to resume")
+
+    async def _wake(self, route: Route) -> Sandbox:
+        """One resume, shared by the requests that found the sandbox paused; opens its settle window."""
+        row = await suspension.resume(self.services, route.user_id, route.sandbox_id)
+        now = time.monotonic()
+        for sandbox_id, until in list(self._settle_ends.items()):
+            if until <= now:
+                del self._settle_ends[sandbox_id]
+        if row.status != SandboxStatus.ERROR:
+            self._settle_ends[route.sandbox_id] = now + WAKE_SETTLE_S
+        return row
 
 
 def _check(route: Route, live_view: bool = False) -> Route | None:
