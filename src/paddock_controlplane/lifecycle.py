@@ -420,6 +420,8 @@ async def boot(
             await webhooks.emit(session, user_id=row.user_id, action="sandbox.create", data=event_data(row))
 
     async def failed(session: AsyncSession, row: Sandbox, exc: Exception) -> None:
+        if row.status in _DESTROYED and isinstance(exc, hostlink.SandboxGoneError):
+            return  # destroyed while booting: the host refused the create its destroy overtook
         row.status, row.status_reason = SandboxStatus.FAILED, _boot_failure(sandbox, exc)[:300]
         await networks.drop_memberships(session, sandbox.id)
         await disks.drop_attachments(session, sandbox.id)
@@ -433,9 +435,17 @@ async def boot(
         expect=ALL,
         on_success=started_on_host,
         on_failure=failed,
-        failures=(hostlink.HostError, TimeoutError),
+        failures=(hostlink.HostError, TimeoutError, hostlink.SandboxGoneError),
         plain=not joined,
     )
+    if (
+        isinstance(outcome.error, hostlink.SandboxGoneError)
+        and outcome.row is not None
+        and outcome.row.status in _DESTROYED
+    ):
+        # A destroy reached the host before this create did, and the host refused the create (it
+        # remembers the id): the sandbox is being destroyed, as the caller who destroyed it asked.
+        return outcome.row
     if outcome.error is not None:
         reason = _boot_failure(sandbox, outcome.error)
         log.warning("sandbox_boot_failed", sandbox_id=sandbox.id, reason=reason)
@@ -455,6 +465,10 @@ async def boot(
         except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
             log.warning("egress_resend_failed", sandbox_id=row.id, error=str(exc))
     return row
+
+
+#: A row a destroy has taken (or finished) while its boot was in flight.
+_DESTROYED = (SandboxStatus.DESTROYING, SandboxStatus.DESTROYED)
 
 
 def _boot_failure(sandbox: Sandbox, exc: Exception) -> str:

@@ -45,6 +45,8 @@ class FakeHostLink(FakeProcesses):
         self.fail_boot = False
         self.fail_network = False
         self.boot_delay_s = 0.0
+        #: The host refuses creates as one does after a destroy of the id overtook the create.
+        self.boot_gone = False
         self.files: dict[tuple[str, str], bytes] = {}
         self.egress: dict[str, list[str]] = {}
         self.quotas: dict[str, int] = {}
@@ -80,6 +82,8 @@ class FakeHostLink(FakeProcesses):
         await asyncio.sleep(self.boot_delay_s)
         if self.fail_boot:
             raise hostlink.HostError("runtime exploded")
+        if self.boot_gone:
+            raise hostlink.SandboxGoneError(f"sandbox {sandbox.id} was destroyed before its create arrived")
         return self._booted(sandbox.id, start_paused)
 
     def _booted(self, sandbox_id: str, start_paused: bool) -> hostlink.Booted:

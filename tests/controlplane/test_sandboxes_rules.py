@@ -494,3 +494,29 @@ async def test_get_with_bad_wait_params_is_400_naming_the_field(
     sid = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
     resp = await api.get(f"/v1/sandboxes/{sid}", params=params)
     assert resp.status_code == 400 and field in fail_data(resp), resp.text
+
+
+async def test_a_create_its_destroy_overtook_on_the_host_ends_destroyed_not_500(
+    api: httpx.AsyncClient, fake_host: FakeHostLink
+) -> None:
+    """The destroy of a booting sandbox reached its host before the create did, so the host refused the
+    create (it remembers the destroyed id): the create answers the sandbox being destroyed, not a 500,
+    and it ends destroyed."""
+    fake_host.boot_delay_s, fake_host.boot_gone = 0.5, True
+    creating = asyncio.create_task(api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"}))
+    deadline = asyncio.get_running_loop().time() + 10
+    listed: list[dict[str, str]] = []
+    while not listed and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+        listed = (await api.get("/v1/sandboxes")).json()["data"]["data"]
+    assert listed, "the create never recorded its sandbox"
+    sandbox_id = listed[0]["id"]
+    assert (await api.delete(f"/v1/sandboxes/{sandbox_id}")).status_code == 200
+    created = await creating
+    assert created.status_code == 200, created.text
+    assert created.json()["data"]["status"] in ("destroying", "destroyed"), created.json()
+    status = ""
+    while status != "destroyed" and asyncio.get_running_loop().time() < deadline:
+        status = (await api.get(f"/v1/sandboxes/{sandbox_id}")).json()["data"]["status"]
+        await asyncio.sleep(0.05)
+    assert status == "destroyed"
