@@ -146,7 +146,9 @@ class HostMachine(AgentProcess):
         """SIGKILL, as a machine losing power looks to the control plane (its sandboxes live on)."""
         self.stop(signal.SIGKILL)
 
-    def nft_tables(self) -> list[str]:
+    def tables_in_netns(self) -> list[str]:
+        """The nft tables in the machine's own netns (the base's ``nft_tables`` names those an agent on
+        the host's netns makes, which the owner lock records)."""
         out = sh("ip", "netns", "exec", self.netns, "nft", "list", "tables", check=False).stdout
         return [line.split()[-1] for line in out.splitlines() if line.startswith("table")]
 
@@ -237,7 +239,7 @@ class Cluster(LivePlatform):
                 # uninstall removes them, as teardown_agent does on a single machine.
                 for table in (agent.nft_table, f"{agent.nft_table}_egress"):
                     sh("ip", "netns", "exec", agent.netns, "nft", "delete", "table", "ip", table, check=False)
-                problems += [f"nft table {t} in {agent.netns}" for t in agent.nft_tables()]
+                problems += [f"nft table {t} in {agent.netns}" for t in agent.tables_in_netns()]
                 sh("rm", "-rf", str(agent.runtime_root), check=False)
         self.fabric.down(self.machines)
         deadline = time.monotonic() + 10  # a deleted namespace's veths go a moment later
