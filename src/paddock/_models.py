@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from paddock._errors import ProtocolError
 
@@ -463,6 +463,12 @@ class WireView(Mapping[str, Any]):
 
     #: The JSON object the model was read from (absent on a model built by hand: then its fields).
     _wire: dict[str, Any]
+    #: The fields whose JSON is read as a model of their own (``_each(Model.from_api)`` for a list).
+    _nested: ClassVar[dict[str, Callable[[Any], Any]]] = {}
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Self:
+        return _view(cls, data, cls._nested)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self._fields())
@@ -531,10 +537,6 @@ class WhoAmIStats(WireView):
     total: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> WhoAmIStats:
-        return _view(cls, data)
-
 
 @dataclass(eq=False)
 class Credits(WireView):
@@ -543,10 +545,6 @@ class Credits(WireView):
     balance: float
     spent: float
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> Credits:
-        return _view(cls, data)
 
 
 @dataclass(eq=False)
@@ -558,9 +556,10 @@ class WhoAmI(WireView):
     credits: Credits | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> WhoAmI:
-        return _view(cls, data, {"stats": WhoAmIStats.from_api, "credits": Credits.from_api})
+    _nested: ClassVar[dict[str, Callable[[Any], Any]]] = {
+        "stats": WhoAmIStats.from_api,
+        "credits": Credits.from_api,
+    }
 
 
 @dataclass(eq=False)
@@ -574,10 +573,6 @@ class Shape(WireView):
     cpu_quota_pct: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> Shape:
-        return _view(cls, data)
-
 
 @dataclass(eq=False)
 class RootfsEntry(WireView):
@@ -588,10 +583,6 @@ class RootfsEntry(WireView):
     deprecated: bool = False
     successor: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> RootfsEntry:
-        return _view(cls, data)
 
 
 @dataclass(eq=False)
@@ -604,9 +595,7 @@ class RootfsData(WireView):
     entries: list[RootfsEntry] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> RootfsData:
-        return _view(cls, data, {"entries": _each(RootfsEntry.from_api)})
+    _nested: ClassVar[dict[str, Callable[[Any], Any]]] = {"entries": _each(RootfsEntry.from_api)}
 
 
 @dataclass(eq=False)
@@ -622,10 +611,6 @@ class HostInfo(WireView):
     labels: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> HostInfo:
-        return _view(cls, data)
-
 
 @dataclass(eq=False)
 class Chain(WireView):
@@ -636,20 +621,12 @@ class Chain(WireView):
     tokens: list[str]
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> Chain:
-        return _view(cls, data)
-
 
 @dataclass(eq=False)
 class Recipient(WireView):
     chain: str
     address: str
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> Recipient:
-        return _view(cls, data)
 
 
 @dataclass(eq=False)
@@ -660,9 +637,7 @@ class Recipients(WireView):
     recipients: list[Recipient]
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> Recipients:
-        return _view(cls, data, {"recipients": _each(Recipient.from_api)})
+    _nested: ClassVar[dict[str, Callable[[Any], Any]]] = {"recipients": _each(Recipient.from_api)}
 
 
 @dataclass(eq=False)
@@ -678,10 +653,6 @@ class TokenBalance(WireView):
     decimals: int
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> TokenBalance:
-        return _view(cls, data)
-
 
 @dataclass(eq=False)
 class WalletBalance(WireView):
@@ -693,9 +664,7 @@ class WalletBalance(WireView):
     balances: list[TokenBalance]
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> WalletBalance:
-        return _view(cls, data, {"balances": _each(TokenBalance.from_api)})
+    _nested: ClassVar[dict[str, Callable[[Any], Any]]] = {"balances": _each(TokenBalance.from_api)}
 
 
 @dataclass(eq=False)
@@ -711,10 +680,6 @@ class Project(WireView):
     createdAt: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> Project:
-        return _view(cls, data)
-
 
 @dataclass(eq=False)
 class DeploymentStatus(WireView):
@@ -729,10 +694,6 @@ class DeploymentStatus(WireView):
     reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> DeploymentStatus:
-        return _view(cls, data)
-
 
 @dataclass(eq=False)
 class ProjectDeleted(WireView):
@@ -741,7 +702,3 @@ class ProjectDeleted(WireView):
     projectId: str
     status: str
     extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_api(cls, data: dict[str, Any]) -> ProjectDeleted:
-        return _view(cls, data)
