@@ -10,7 +10,9 @@ from typing import Any, TypeVar
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, help="Accounts and API keys (talks to the database directly).")
+from paddock_cli.listing import LAZY_GROUPS
+
+app = typer.Typer(no_args_is_help=True, help=LAZY_GROUPS["admin"].help)
 user_app = typer.Typer(no_args_is_help=True, help="Create users and change their plan.")
 key_app = typer.Typer(no_args_is_help=True, help="Create, revoke and list API keys.")
 app.add_typer(user_app, name="user")

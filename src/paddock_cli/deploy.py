@@ -24,6 +24,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from paddock_cli.listing import LAZY_GROUPS
 from paddock_cli.output import (
     ExitCode,
     api_errors,
@@ -52,8 +53,7 @@ class DeployGroup(TyperGroup):
 
 app = typer.Typer(
     cls=DeployGroup,
-    help="Deploy a directory through the payment gateway (deploy DIR), or list, show and delete the "
-    "wallet's projects (deploy ls | status NAME | rm NAME).",
+    help=LAZY_GROUPS["deploy"].help,
     no_args_is_help=True,
     context_settings={"ignore_unknown_options": True},
     epilog="deploy DIR takes the options listed by `paddock deploy dir --help`.",

@@ -11,12 +11,11 @@ from typing import Any
 
 import typer
 
+from paddock_cli.listing import LAZY_GROUPS
 from paddock_cli.output import JSON_OPTION, api_errors, client, emit, print_fields, print_table
 from paddock_cli.sandbox import resolve
 
-app = typer.Typer(
-    no_args_is_help=True, help="S3 disks: register, list, mount into sandboxes, detach, delete."
-)
+app = typer.Typer(no_args_is_help=True, help=LAZY_GROUPS["disk"].help)
 
 ACCESS_KEY = typer.Option(
     ..., "--access-key", envvar="AWS_ACCESS_KEY_ID", prompt=True, hide_input=True, show_default=False

@@ -2,7 +2,7 @@
 
 Server commands import their service lazily, so the client commands work on an SDK-only install. The
 client and admin commands live in their own modules, imported only when their command runs: ``paddock
---help`` lists them from ``LAZY`` below and imports none of them (nor the SDK, httpx or SQLAlchemy), and
+--help`` lists them from ``listing.LAZY`` and imports none of them (nor the SDK, httpx or SQLAlchemy), and
 ``paddock admin …`` imports the admin module alone.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import operator
-from dataclasses import dataclass
 from typing import Any
 
 import typer
@@ -18,38 +17,7 @@ import typer.main
 from typer.core import TyperCommand, TyperGroup
 
 from paddock_cli import output
-
-
-@dataclass(frozen=True)
-class Lazy:
-    """A command of ``paddock`` defined in another module, imported only when the command runs."""
-
-    target: str  # "module:attribute": a typer.Typer (a command group) or a command's function
-    help: str  # what ``paddock --help`` lists: the first paragraph of the command's own help
-
-
-#: The commands listed before the ones defined here, then the command groups listed after them (the order
-#: ``paddock --help`` has always shown). Each help is restated from the command's module (its docstring,
-#: or its Typer's help); tests/cli/test_cli_startup.py checks the two agree.
-LAZY_FIRST: dict[str, Lazy] = {
-    "whoami": Lazy("paddock_cli.more:whoami", "Who the API key belongs to, what runs, and the credits left."),
-    "shapes": Lazy("paddock_cli.more:shapes", "The sandbox shapes (vCPU, memory, default disk, price)."),
-    "rootfs": Lazy("paddock_cli.more:rootfs", "The root images a sandbox can boot, and the default."),
-}
-LAZY_GROUPS: dict[str, Lazy] = {
-    # more.py adds its sandbox commands (egress, resize, set, ps, kill) to sandbox.py's app on import.
-    "sandbox": Lazy("paddock_cli.more:sandbox.app", "Create, use and destroy sandboxes."),
-    "webhook": Lazy("paddock_cli.webhook:app", "Webhook endpoints: register, list, inspect, pause, delete."),
-    "disk": Lazy("paddock_cli.disk:app", "S3 disks: register, list, mount into sandboxes, detach, delete."),
-    "template": Lazy("paddock_cli.template:app", "Templates: build a Dockerfile into a bootable image."),
-    "deploy": Lazy(
-        "paddock_cli.deploy:app",
-        "Deploy a directory through the payment gateway (deploy DIR), or list, show and delete the "
-        "wallet's projects (deploy ls | status NAME | rm NAME).",
-    ),
-    "admin": Lazy("paddock_cli.admin:app", "Accounts and API keys (talks to the database directly)."),
-}
-LAZY: dict[str, Lazy] = {**LAZY_FIRST, **LAZY_GROUPS}
+from paddock_cli.listing import LAZY, LAZY_FIRST, LAZY_GROUPS
 
 
 class Listed(TyperCommand):

@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from paddock_cli.listing import LAZY_GROUPS
 from paddock_cli.output import (
     JSON_OPTION,
     ExitCode,
@@ -23,7 +24,7 @@ from paddock_cli.output import (
 )
 from paddock_cli.shell import run_shell
 
-app = typer.Typer(no_args_is_help=True, help="Create, use and destroy sandboxes.")
+app = typer.Typer(no_args_is_help=True, help=LAZY_GROUPS["sandbox"].help)
 
 # The control plane's states.TERMINAL, restated: the CLI talks to the API through the SDK and imports no
 # server package at module level (the wire strings are the contract's, so they cannot drift apart).

@@ -18,6 +18,7 @@ from typing import Any
 
 import typer
 
+from paddock_cli.listing import LAZY_GROUPS
 from paddock_cli.output import (
     JSON_OPTION,
     ExitCode,
@@ -30,7 +31,7 @@ from paddock_cli.output import (
     print_table,
 )
 
-app = typer.Typer(no_args_is_help=True, help="Templates: build a Dockerfile into a bootable image.")
+app = typer.Typer(no_args_is_help=True, help=LAZY_GROUPS["template"].help)
 STEP = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
 
 

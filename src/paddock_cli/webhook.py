@@ -6,9 +6,10 @@ from typing import Any
 
 import typer
 
+from paddock_cli.listing import LAZY_GROUPS
 from paddock_cli.output import JSON_OPTION, api_errors, client, emit, print_fields, print_table
 
-app = typer.Typer(no_args_is_help=True, help="Webhook endpoints: register, list, inspect, pause, delete.")
+app = typer.Typer(no_args_is_help=True, help=LAZY_GROUPS["webhook"].help)
 
 
 def show(endpoint: Any) -> None:
