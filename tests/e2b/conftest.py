@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from e2b import Sandbox
 from tests.hostagent.conftest import debian_image, free_port, guest_binary_dir
 from tests.live import LivePlatform, plain_http_ingress, start_platform
 
@@ -66,3 +67,13 @@ def e2b_env(e2b_platform: E2bPlatform) -> Iterator[E2bPlatform]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def sandbox(e2b_env: E2bPlatform) -> Iterator[Sandbox]:
+    """A plain E2B sandbox each test module shares (test_edge_interpreter's is a code interpreter's)."""
+    made = Sandbox.create(timeout=600)
+    try:
+        yield made
+    finally:
+        made.kill()

@@ -5,23 +5,12 @@ fails on the code before the edge (nothing listened on E2B_SANDBOX_URL)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from e2b import CommandExitException, NotFoundException, PtySize, Sandbox, TimeoutException
-from tests.e2b.conftest import E2bPlatform
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def sandbox(e2b_env: E2bPlatform) -> Iterator[Sandbox]:
-    made = Sandbox.create(timeout=600)
-    try:
-        yield made
-    finally:
-        made.kill()
 
 
 def test_run_streams_output_and_exit_codes(sandbox: Sandbox) -> None:

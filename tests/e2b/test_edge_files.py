@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -25,15 +24,6 @@ from tests.e2b.conftest import E2bPlatform
 from tests.network.ingress_support import APP
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def sandbox(e2b_env: E2bPlatform) -> Iterator[Sandbox]:
-    made = Sandbox.create(timeout=600)
-    try:
-        yield made
-    finally:
-        made.kill()
 
 
 def test_write_and_read_5_mib_and_text(sandbox: Sandbox) -> None:

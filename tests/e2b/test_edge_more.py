@@ -35,15 +35,6 @@ STREAM = {"Content-Type": "application/connect+json"}
 
 
 @pytest.fixture(scope="module")
-def sandbox(e2b_env: E2bPlatform) -> Iterator[Sandbox]:
-    made = Sandbox.create(timeout=600)
-    try:
-        yield made
-    finally:
-        made.kill()
-
-
-@pytest.fixture(scope="module")
 def envd(e2b_env: E2bPlatform, sandbox: Sandbox) -> Iterator[httpx.Client]:
     """A raw client of the sandbox's envd through the edge (what the SDK sends, without the SDK)."""
     headers = {
