@@ -30,6 +30,7 @@ from paddock_gateway.adapters.hosting import (
     SandboxProvider,
 )
 from paddock_gateway.adapters.ingress import IngressProbe
+from paddock_gateway.adapters.sandbox_hosting import SandboxHosting
 from paddock_gateway.api.errors import install_error_handlers
 from paddock_gateway.api.middleware import GatewayGuard
 from paddock_gateway.api.routes import EXTRA_SCHEMAS, router
@@ -39,7 +40,6 @@ from paddock_gateway.models import Payment, X402Authorization
 from paddock_gateway.pricing import HttpPricing, PriceCache, PricingSource, StaticPricing
 from paddock_gateway.ratelimit import RateLimiter
 from paddock_gateway.registry import Registry
-from paddock_gateway.sandbox_hosting import SandboxHosting
 from paddock_gateway.services import Services
 from paddock_gateway.settings import GatewaySettings
 from paddock_gateway.settlement import Settler
