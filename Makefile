@@ -19,8 +19,7 @@ test: setup-test images devchain-deps
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/mypy --strict src/paddock
 	$(PY) scripts/unasync.py --check
-	@export PADDOCK_TEST_PG_URL="$$(scripts/ensure-postgres.sh)"; \
-	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	@export PADDOCK_TEST_PG_URL="$$(scripts/ensure-postgres.sh)"; scripts/run-tests.sh $(PYTEST_ARGS)
 
 setup:
 	scripts/setup-host.sh

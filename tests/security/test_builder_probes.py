@@ -39,7 +39,8 @@ from tests.templates.test_templates_api import tar_b64
 
 __all__ = ["guest_binary_dir", "listeners"]
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+# serial: the host's free space on / and every loop device are read (scripts/run-tests.sh).
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.serial]
 
 DISK_MIB = 2048
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from paddock_hostagent.client import HostAgentClient, InsufficientCapacityError
-from paddock_hostagent.drivers.bootlog import BootLog
-from paddock_hostagent.drivers.cgroups import kernel_task_limit, pids_budget
+from paddock_hostagent.drivers.runtime.bootlog import BootLog
+from paddock_hostagent.drivers.runtime.cgroups import kernel_task_limit, pids_budget
 from tests.hostagent.conftest import (
     DISK_MIB,
     AgentProcess,
@@ -40,7 +40,8 @@ from tests.hostagent.conftest import (
 
 __all__ = ["debian_image", "guest_binary_dir"]  # session fixtures, shared with tests/hostagent
 
-pytestmark = pytest.mark.root
+# serial: the host's MemAvailable and free disk are read (scripts/run-tests.sh).
+pytestmark = [pytest.mark.root, pytest.mark.serial]
 
 MIB = 1 << 20
 PIDS_BUDGET = 400
