@@ -14,7 +14,7 @@ new sandbox's first command.
 Sandboxes are destroyed after each burst (untimed) and the pool is let refill before the next. The
 agent's ``create_phases`` log lines of the Paddock bursts are summarised per step (p50 ms), with how
 many creates found a warm slot and how many of those claimed a sandbox parked in it (the pool boots
-sandboxes of the pool image ahead: drivers/pool.py). The bursts run twice: on the bench's host agent (a warm pool of 2,
+sandboxes of the pool image ahead: drivers/runtime/pool.py). The bursts run twice: on the bench's host agent (a warm pool of 2,
 emptied at once, the rest of each burst building its slots on demand) and on a second platform whose
 agent keeps a pool as large as a burst, refilled between bursts.
 """

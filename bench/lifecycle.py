@@ -176,7 +176,7 @@ class PaddockLifecycle:
 FORK_SIZES_MIB = (100, 2048)
 FRESH_MIB = 100
 #: Empty files created right before a fork (``fork_files_<n>``): a metadata-heavy source, whose XFS log
-#: a clone's mount would replay unless the fork quiesces it (drivers/storage.py).
+#: a clone's mount would replay unless the fork quiesces it (drivers/storage/rootdisks.py).
 FRESH_FILES = 20_000
 
 

@@ -32,7 +32,7 @@ from tests.hostagent.conftest import image_cache
 from tests.live import LivePlatform, start_platform
 from tests.network.internet import FakeInternet
 
-from paddock_hostagent.drivers.egress import EgressFirewall, EgressPolicy
+from paddock_hostagent.drivers.net.egress_rules import EgressFirewall, EgressPolicy
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.images import ImageStore
 

@@ -30,7 +30,7 @@ def _ms(since: float) -> float:
 
 
 def floor(rounds: int) -> dict[str, list[float]]:
-    from paddock_hostagent.drivers.bridges import BridgeNetworks
+    from paddock_hostagent.drivers.net.bridges import BridgeNetworks
 
     netns = f"pdkbench{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", netns], check=True)

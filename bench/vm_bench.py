@@ -1,4 +1,4 @@
-"""The VM tier (drivers/qemu.py): create, exec, pause/resume and fork, beside the raw QEMU floor, in one run.
+"""The VM tier (drivers/vm/qemu.py): create, exec, pause/resume and fork, beside the raw QEMU floor, in one run.
 
     sudo .venv/bin/python -m bench.vm_bench                 # 3 creates, 3 forks, 30 execs/pauses
     sudo .venv/bin/python -m bench.vm_bench --rounds 1 --execs 5
@@ -32,9 +32,9 @@ from typing import Any
 
 from bench.stats import Samples
 from paddock_hostagent.drivers.base import SandboxSpec, Shape
-from paddock_hostagent.drivers.network import NetworkManager
-from paddock_hostagent.drivers.qemu import QemuOptions, QemuRuntime
-from paddock_hostagent.drivers.vmimage import PROBE_MARKER, qemu_binary
+from paddock_hostagent.drivers.net.network import NetworkManager
+from paddock_hostagent.drivers.vm.qemu import QemuOptions, QemuRuntime
+from paddock_hostagent.drivers.vm.vmimage import PROBE_MARKER, qemu_binary
 from paddock_hostagent.guest import ExecRequest
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.images import ImageStore

@@ -10,7 +10,7 @@ want=(python3 python3-venv python3-dev gcc libc6-dev make runc crun mmdebstrap n
       buildah      # template builds (Dockerfile → image); RUN steps under crun
       runsc        # the gVisor tier (PADDOCK_HOST_RUNTIME=runsc, docs/isolation.md)
       openssh-sftp-server  # the SSH gateway serves sftp/scp with it when an image has none
-      qemu-system-x86 qemu-utils busybox-static)  # the VM tier (drivers/qemu.py): QEMU, qcow2, initramfs
+      qemu-system-x86 qemu-utils busybox-static)  # the VM tier (drivers/vm/qemu.py): QEMU, qcow2, initramfs
 if [[ "${1:-}" == "--test" || "${1:-}" == "--bench" ]]; then
   want+=(openssh-client)  # the SSH gateway is tested, and benched, with the real OpenSSH client
 fi
@@ -41,7 +41,7 @@ if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled -q prometheus.se
 fi
 
 # The VM tier's guest kernel: Debian's cloud kernel, unpacked (not installed) under /var/lib/paddock/vm-kernel,
-# with `current` pointing at the newest one. drivers/vmimage.py builds the initramfs from its modules.
+# with `current` pointing at the newest one. drivers/vm/vmimage.py builds the initramfs from its modules.
 kernel_root=/var/lib/paddock/vm-kernel
 kernel_pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
 if [[ -n "$kernel_pkg" && ! -e "$kernel_root/$kernel_pkg/.unpacked" ]]; then

@@ -2,7 +2,7 @@
 
 The control plane validates and normalises what users send (``paddock_controlplane.validation``); the
 host agent parses the normalised rules into its firewall and resolver policy
-(``paddock_hostagent.drivers.egress.EgressPolicy``). Every rule the control plane accepts must be one
+(``paddock_hostagent.drivers.net.egress_rules.EgressPolicy``). Every rule the control plane accepts must be one
 the host agent can install, and every rule it refuses the host agent refuses too, so neither side can
 drift from the other unnoticed. A new rule form is added here, for both.
 """
@@ -13,7 +13,7 @@ import pytest
 
 from paddock_controlplane import validation
 from paddock_core.errors import ValidationFailed
-from paddock_hostagent.drivers.egress import EgressPolicy, EgressRuleError
+from paddock_hostagent.drivers.net.egress_rules import EgressPolicy, EgressRuleError
 
 #: what a user writes → what the control plane sends the host (the normalised rule).
 ACCEPTED: dict[str, str] = {

@@ -33,17 +33,17 @@ from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.channelserver import ChannelEndpoint
-from paddock_hostagent.drivers import storage
 from paddock_hostagent.drivers.base import SandboxRuntime
-from paddock_hostagent.drivers.bridges import BridgeNetworks
-from paddock_hostagent.drivers.buildah import Buildah
-from paddock_hostagent.drivers.dns import Upstream
-from paddock_hostagent.drivers.egress import EgressFirewall
-from paddock_hostagent.drivers.network import NetworkManager
-from paddock_hostagent.drivers.oci import OciOptions, OciRuntime
-from paddock_hostagent.drivers.ocispec import IoLimits
-from paddock_hostagent.drivers.qemu import QemuOptions, QemuRuntime
-from paddock_hostagent.drivers.s3mounts import S3Mounter
+from paddock_hostagent.drivers.build.buildah import Buildah
+from paddock_hostagent.drivers.net.bridges import BridgeNetworks
+from paddock_hostagent.drivers.net.dns import Upstream
+from paddock_hostagent.drivers.net.egress_rules import EgressFirewall
+from paddock_hostagent.drivers.net.network import NetworkManager
+from paddock_hostagent.drivers.runtime.oci import OciOptions, OciRuntime
+from paddock_hostagent.drivers.runtime.ocispec import IoLimits
+from paddock_hostagent.drivers.storage import rootdisks
+from paddock_hostagent.drivers.storage.s3mounts import S3Mounter
+from paddock_hostagent.drivers.vm.qemu import QemuOptions, QemuRuntime
 from paddock_hostagent.egress import EgressService
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.host import network_manager, prepare_machine
@@ -150,7 +150,7 @@ def _oci_runtime(
             runsc_platform=runsc_platform or "ptrace",
             guest_binary=guest_binary,
             network=network,
-            filesystem=storage.choose_filesystem(settings.disk_fs),
+            filesystem=rootdisks.choose_filesystem(settings.disk_fs),
             pool_size=settings.pool_size if pool_size is None else pool_size,
             pool_disk_mib=settings.pool_disk_mib,
             boot_timeout_s=settings.boot_timeout_s,

@@ -3,12 +3,12 @@
 One attempt (``POST /internal/v1/builds``) runs in the background:
 
 1. the base the control plane resolved (``debian:13`` … or a ready template) is offered to buildah as
-   a local image (``drivers/buildah.py`` imports the image tree once per tag), and ``FROM`` is rewritten
+   a local image (``drivers/build/buildah.py`` imports the image tree once per tag), and ``FROM`` is rewritten
    to that tag — no registry is ever contacted;
 2. the request's build context (a tar the control plane checked) is unpacked into the attempt's own
    context directory, which is all ``COPY``/``ADD`` can read (the Dockerfile itself sits outside it);
 3. ``buildah bud --layers`` runs in the owner's own builder storage, on a filesystem of its own capped
-   at ``disk_mib`` (``drivers/buildstore.py``), and runs *itself* inside a network namespace built like
+   at ``disk_mib`` (``drivers/build/buildstore.py``), and runs *itself* inside a network namespace built like
    a sandbox's (``NetworkManager.create``: its own veth and address, the host's nftables guard that
    refuses the host, link-local and other sandboxes, the egress allowlist and the DNS resolver of
    ``EgressService``), with RUN steps under crun with cgroup limits in the same namespace. RUN steps are
@@ -47,10 +47,10 @@ from pathlib import Path
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.drivers.base import DriverError
-from paddock_hostagent.drivers.buildah import Buildah, BuildLimits
-from paddock_hostagent.drivers.buildstore import BuildStores
-from paddock_hostagent.drivers.cgroups import SandboxCgroup
-from paddock_hostagent.drivers.network import NetworkManager, SandboxNetwork
+from paddock_hostagent.drivers.build.buildah import Buildah, BuildLimits
+from paddock_hostagent.drivers.build.buildstore import BuildStores
+from paddock_hostagent.drivers.net.network import NetworkManager, SandboxNetwork
+from paddock_hostagent.drivers.runtime.cgroups import SandboxCgroup
 from paddock_hostagent.egress import Attachment, EgressService
 from paddock_hostagent.images import TEMPLATE_PREFIX, ImageError, ImageStore, slug
 from paddock_hostagent.schemas import BuildBody, BuildLine, BuildView

@@ -2,7 +2,7 @@
 
 Sandbox disks are sparse files, thin-provisioned (``capacity.py``): together they are promised far
 more than the host has, and an idle one holds a few MiB. Their blocks come from the disk store
-(``drivers/storage.py``), on a host whose filesystem does not clone an XFS inside a sparse file on the
+(``drivers/storage/rootdisks.py``), on a host whose filesystem does not clone an XFS inside a sparse file on the
 host's filesystem, sized like it. Were the host filesystem to fill, the store's loop device would fail
 its writes: every sandbox would get EIO, and the store's XFS would shut down. This watch keeps that
 from happening.

@@ -1,7 +1,7 @@
 """Egress of this host's sandboxes: allowlists, bandwidth budgets and the resolver that serves names.
 
 ``EgressService`` keeps each sandbox's policy (by id and by address), installs it in the kernel through
-``drivers.egress.EgressFirewall`` and answers the resolver (``drivers.dns.Resolver``): a name the
+``drivers.net.egress_rules.EgressFirewall`` and answers the resolver (``drivers.net.dns.Resolver``): a name the
 sandbox's rules allow is forwarded and its answers are admitted into the sandbox's sets before the
 sandbox sees them. Policy changes and admissions of one sandbox are serialised by its lock, so an
 answer to a query made under an old allowlist cannot land after the new one is installed.
@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 from paddock_core.logging import get_logger
-from paddock_hostagent.drivers.dns import Decision, Resolver, Upstream
-from paddock_hostagent.drivers.egress import (
+from paddock_hostagent.drivers.net.dns import Decision, Resolver, Upstream
+from paddock_hostagent.drivers.net.egress_rules import (
     MAX_ANSWER_TTL_S,
     MIN_ANSWER_TTL_S,
     Admission,

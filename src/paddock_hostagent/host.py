@@ -9,7 +9,7 @@ The same steps as a shell snippet, for an operator preparing a machine by hand::
     test -e /dev/loop-control || modprobe loop
     mkdir -p /run/netns
     nft add table ip paddock        # the agent then writes its chains into it
-    nft add table ip paddock_egress # allowlists and bandwidth counters (drivers/egress.py)
+    nft add table ip paddock_egress # allowlists and bandwidth counters (drivers/net/egress_rules.py)
 
 Packages: runc and/or crun (and runsc for the gVisor tier), nftables, iproute2, util-linux (losetup), e2fsprogs, xfsprogs, gcc and
 libc6-dev (to build the guest agent), mmdebstrap (to build images).
@@ -28,10 +28,10 @@ from pathlib import Path
 
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import DriverError
-from paddock_hostagent.drivers.commands import run_sync
-from paddock_hostagent.drivers.egress import EgressFirewall
-from paddock_hostagent.drivers.mounts import is_mountpoint
-from paddock_hostagent.drivers.network import NetworkManager
+from paddock_hostagent.drivers.net.egress_rules import EgressFirewall
+from paddock_hostagent.drivers.net.network import NetworkManager
+from paddock_hostagent.drivers.storage.mounts import is_mountpoint
+from paddock_hostagent.drivers.system.commands import run_sync
 from paddock_hostagent.settings import HostAgentSettings
 
 log = get_logger(__name__)

@@ -11,7 +11,7 @@ built it (docs/templates.md, "More than one host").
   image are serialized; one already here answers at once.
 
 The tree is a tenant's (a template it built), and the receiving agent is root: ``unpack`` writes each
-member through ``drivers/safepaths.py`` rather than with ``tar -x``. A member's name must lie under
+member through ``drivers/storage/safepaths.py`` rather than with ``tar -x``. A member's name must lie under
 ``rootfs/`` (no absolute name, no ``..``) and no member is written beneath a symlink; a hard link must
 name a member inside the image; symlinks are created as they are (they are followed only inside a
 sandbox, or inside the tree by root); device nodes are dropped (a sandbox's /dev is a tmpfs of the
@@ -45,7 +45,7 @@ import httpx
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
-from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
+from paddock_hostagent.drivers.storage.safepaths import TenantPathError, Tree
 from paddock_hostagent.images import TEMPLATE_DIR_MODE, TEMPLATE_PREFIX, ImageStore, slug
 
 log = get_logger(__name__)
@@ -225,7 +225,7 @@ def _member_path(name: str) -> str:
 
 def unpack(stream: IO[bytes], dest: Path, limit_bytes: int | None = None) -> int:
     """Unpacks an image's tar into the empty directory ``dest`` as ``tar -xp --numeric-owner`` would
-    (owners, modes with their set-id bits, times), writing every member through ``drivers/safepaths``
+    (owners, modes with their set-id bits, times), writing every member through ``drivers/storage/safepaths``
     (module docstring); directories get their owner, mode and times last. Returns how many device
     nodes were dropped. Past ``limit_bytes`` of members (their declared sizes, and a block for each
     one's header) it stops with ``ImageTooLargeError``."""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from paddock_core.logging import get_logger
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
-from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
+from paddock_hostagent.drivers.storage.safepaths import TenantPathError, Tree
 from paddock_hostagent.settings import HostAgentSettings
 
 log = get_logger(__name__)
@@ -340,7 +340,7 @@ def _run_logged(argv: list[str], log_path: Path) -> None:
 def _finish_rootfs(root: Path) -> None:
     """Leaves what every sandbox rewrites per boot out of the image, and the dirs it needs in.
 
-    The tree may be a tenant's (a template): every path is resolved inside it (drivers/safepaths.py),
+    The tree may be a tenant's (a template): every path is resolved inside it (drivers/storage/safepaths.py),
     so a ``/tmp`` or ``/etc`` that is a symlink leads where it leads inside the image, as in a sandbox,
     never to the host's directories; one that leads nowhere inside it is replaced by an empty directory.
     """

@@ -23,9 +23,9 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
 from paddock_hostagent import errors
-from paddock_hostagent.drivers.ocispec import DEFAULT_PATH
+from paddock_hostagent.drivers.runtime.ocispec import DEFAULT_PATH
 from paddock_hostagent.guest import GuestError, GuestTooOldError, GuestUserError
-from paddock_hostagent.guest.processes import (
+from paddock_hostagent.guest.process_client import (
     GuestProcesses,
     GuestProcessNotFoundError,
     GuestProcessStateError,

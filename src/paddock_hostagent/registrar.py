@@ -73,7 +73,7 @@ class Registrar:
 
     async def apply_answer(self, answer: Any) -> None:
         """The control plane answers a beat with this host's private-network peers: for every network
-        with members here, the addresses of the other hosts that run members (drivers/bridges.py)."""
+        with members here, the addresses of the other hosts that run members (drivers/net/bridges.py)."""
         overlay = answer.get("overlay") if isinstance(answer, dict) else None
         bridges = self.manager.bridges
         if not isinstance(overlay, dict) or bridges is None:

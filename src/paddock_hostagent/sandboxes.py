@@ -38,11 +38,11 @@ from paddock_hostagent.drivers.base import (
     TierUnsupportedError,
     UnsupportedError,
 )
-from paddock_hostagent.drivers.bridges import BridgeNetworks, Membership
-from paddock_hostagent.drivers.egress import EgressPolicy, EgressRuleError, Usage
-from paddock_hostagent.drivers.oci import OciRuntime
-from paddock_hostagent.drivers.ocispec import DEFAULT_PATH
-from paddock_hostagent.drivers.s3mounts import S3Mount, S3Mounter
+from paddock_hostagent.drivers.net.bridges import BridgeNetworks, Membership
+from paddock_hostagent.drivers.net.egress_rules import EgressPolicy, EgressRuleError, Usage
+from paddock_hostagent.drivers.runtime.oci import OciRuntime
+from paddock_hostagent.drivers.runtime.ocispec import DEFAULT_PATH
+from paddock_hostagent.drivers.storage.s3mounts import S3Mount, S3Mounter
 from paddock_hostagent.egress import Attachment, EgressService
 from paddock_hostagent.execution import DESTROYED_MESSAGE, PAUSED_MESSAGE, ExecStream
 from paddock_hostagent.guest import (
@@ -472,7 +472,7 @@ class SandboxManager:
 
     def _disks_at_start(self, body: CreateSandboxBody, bound: list[S3Mount]) -> dict[str, Any]:
         """The runtime's ``before_start`` for a create's S3 disks where the tier binds them only at the
-        sandbox's start (gVisor: drivers/oci.py), filling ``bound``; no arguments elsewhere (they are
+        sandbox's start (gVisor: drivers/runtime/oci.py), filling ``bound``; no arguments elsewhere (they are
         attached once it runs). A tier that mounts none refuses the create before anything is made."""
         if not body.disks:
             return {}
@@ -680,7 +680,7 @@ class SandboxManager:
             del self._stopped[sandbox_id]
         log.info("sandbox_destroyed", sandbox_id=sandbox_id, driver=record.driver)
 
-    # -- private networks (drivers/bridges.py) --------------------------------------------------
+    # -- private networks (drivers/net/bridges.py) --------------------------------------------------
 
     def _require_bridges(self) -> BridgeNetworks:
         if self.bridges is None:
@@ -795,7 +795,7 @@ class SandboxManager:
             except DriverError as exc:
                 log.warning("network_restore_failed", sandbox_id=record.id, error=str(exc))
 
-    # -- S3 disks (drivers/s3mounts.py) ---------------------------------------------------------
+    # -- S3 disks (drivers/storage/s3mounts.py) ---------------------------------------------------------
 
     def _require_disks(self) -> S3Mounter:
         if self.disks is None:

@@ -38,7 +38,7 @@ def _s3(parse: Callable[[str], Any]) -> Callable[[Any, str | None], Any]:
 
 
 class DiskMountBody(BaseModel):
-    """An S3 disk to mount into a sandbox (``drivers/s3mounts.py``). The credentials go only into a
+    """An S3 disk to mount into a sandbox (``drivers/storage/s3mounts.py``). The credentials go only into a
     0600 file on the host; ``repr=False`` keeps them out of any logged or printed model."""
 
     disk_id: str = Field(pattern=SANDBOX_ID_PATTERN)
@@ -86,7 +86,7 @@ class CreateSandboxBody(BaseModel):
     # Private-network memberships joined before the boot: programmed during it, so a boot is one call.
     networks: list[NetworkAttachBody] = Field(default_factory=list)
     # S3 disks mounted before the sandbox starts: the gVisor tier cannot mount into a running sandbox,
-    # so its disks are bound into the container at its start (drivers/oci.py); on other tiers they are
+    # so its disks are bound into the container at its start (drivers/runtime/oci.py); on other tiers they are
     # mounted right after the boot, as an attach would. Each ends ``mounted`` or ``error`` (the
     # sandbox's ``disks``); a disk that fails never fails the create.
     disks: list[DiskMountBody] = Field(default_factory=list, max_length=16)

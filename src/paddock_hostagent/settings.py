@@ -24,10 +24,10 @@ DEFAULT_EGRESS_DENY = (
     "224.0.0.0/3",
 )
 
-# The sandbox runtime of this agent: an OCI runtime (drivers/oci.py). ``auto`` picks crun, else runc
+# The sandbox runtime of this agent: an OCI runtime (drivers/runtime/oci.py). ``auto`` picks crun, else runc
 # (the container tier); ``runsc`` is gVisor (docs/isolation.md). host.choose_runtime resolves it and
 # host.ISOLATION maps it to the tier advertised as the ``paddock.io/isolation`` label.
-# ``qemu`` runs each sandbox as a virtual machine (the vm tier, drivers/qemu.py, docs/isolation-vm.md).
+# ``qemu`` runs each sandbox as a virtual machine (the vm tier, drivers/vm/qemu.py, docs/isolation-vm.md).
 RuntimeName = Literal["auto", "crun", "runc", "runsc", "qemu"]
 
 
@@ -69,7 +69,7 @@ class HostAgentSettings(ServiceSettings):
     private_network_pool: str = "10.96.0.0/11"
     # Where no sandbox may open a connection, whatever its allowlist: comma-separated IPv4 CIDRs; empty
     # allows all. The default is private address space (RFC 1918, CGNAT), where the hosts, the control
-    # planes and the operator's other services are (drivers/network.py, docs/egress.md).
+    # planes and the operator's other services are (drivers/net/network.py, docs/egress.md).
     egress_deny: str = ",".join(DEFAULT_EGRESS_DENY)
     dns_servers: list[str] = Field(default_factory=list)
     # Where the sandboxes' resolver forwards allowed queries: comma-separated ``ip`` or ``ip:port``;
@@ -81,7 +81,7 @@ class HostAgentSettings(ServiceSettings):
     egress_gso_max_segs: int = Field(default=1, ge=1, le=65535)
     pool_size: int = 2
     # The image the warm pool boots sandboxes of, ahead of the creates that claim them (crun and runc;
-    # drivers/pool.py). Empty: the pool holds plain slots only. Parked only once the image is on the host.
+    # drivers/runtime/pool.py). Empty: the pool holds plain slots only. Parked only once the image is on the host.
     pool_image: str = "debian:13"
     # Disk size the warm pool formats slots at; a create asking for more grows a pooled slot.
     pool_disk_mib: int = 10240

@@ -311,7 +311,7 @@ async def test_members_span_hosts_and_each_host_learns_its_peers(
 ) -> None:
     """A network spans hosts: members go wherever placement puts them (joining from another host is
     fine), and each host's heartbeat answer lists, per network with members there, the addresses of
-    the other hosts that run members: the peers its VXLAN port floods to (drivers/bridges.py)."""
+    the other hosts that run members: the peers its VXLAN port floods to (drivers/net/bridges.py)."""
     headers = {"Authorization": f"Bearer {HOST_TOKEN}"}
     second = {**HOST_BEAT, "id": "host-test-2", "url": "http://127.0.0.2:10"}
     assert (

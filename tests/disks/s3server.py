@@ -1,7 +1,7 @@
 """A real S3-protocol server for the disk tests: moto's server (PyPI ``moto[server]``) in a network
 namespace the test makes.
 
-s3fs runs in the sandbox's network namespace (``drivers/s3mounts.py``), so the host's loopback is out
+s3fs runs in the sandbox's network namespace (``drivers/storage/s3mounts.py``), so the host's loopback is out
 of its reach: the server listens where a sandbox reaches it, as it reaches the internet (routed and
 NATed by the host agent). By default each server has a namespace of its own (``pdks3-<tag>``, joined to
 the host by a veth on a free /24 of 198.18.0.0/15, the benchmarking range); ``start(internet=…)`` runs

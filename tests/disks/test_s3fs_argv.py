@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from paddock_hostagent.drivers.s3mounts import S3Mount, S3Mounter
+from paddock_hostagent.drivers.storage.s3mounts import S3Mount, S3Mounter
 
 
 def mount(**overrides: object) -> S3Mount:

@@ -115,7 +115,7 @@ class AgentProcess:
 
     @property
     def nft_tables(self) -> list[str]:
-        """The tables the agent makes (drivers/network.py, drivers/egress.py); they outlive it by design."""
+        """The tables the agent makes (drivers/net/network.py, drivers/net/egress_rules.py); they outlive it by design."""
         return [self.nft_table, f"{self.nft_table}_egress"]
 
     def env(self) -> dict[str, str]:

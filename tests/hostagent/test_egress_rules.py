@@ -1,4 +1,4 @@
-"""The host agent's reading of allowlist rules (drivers/egress.py) and what its resolver allows."""
+"""The host agent's reading of allowlist rules (drivers/net/egress_rules.py) and what its resolver allows."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from paddock_hostagent.drivers.egress import EgressPolicy, EgressRuleError
+from paddock_hostagent.drivers.net.egress_rules import EgressPolicy, EgressRuleError
 
 
 def test_every_rule_form_is_read() -> None:

@@ -1,4 +1,4 @@
-"""A fork's disk mount finds what it reads already read (drivers/xfsreadahead.py).
+"""A fork's disk mount finds what it reads already read (drivers/storage/xfsreadahead.py).
 
 The disk store reads the host's disk with direct I/O and a fork's image is a new file, so every block
 an XFS mount of the clone reads was a read of the host's disk, one after the other (~25-40 of them,
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from paddock_hostagent.drivers import loops, mounts, storage, xfsreadahead
-from paddock_hostagent.drivers.commands import run_sync
-from paddock_hostagent.drivers.storage import Disk
+from paddock_hostagent.drivers.storage import loops, mounts, rootdisks, xfsreadahead
+from paddock_hostagent.drivers.storage.rootdisks import Disk
+from paddock_hostagent.drivers.system.commands import run_sync
 
 pytestmark = pytest.mark.root
 
@@ -47,7 +47,7 @@ class Store:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    """An XFS store with reflink on a direct-I/O loop device, as ``storage.open_store`` makes one."""
+    """An XFS store with reflink on a direct-I/O loop device, as ``rootdisks.open_store`` makes one."""
     backing = tmp_path / "disks.xfs"
     with open(backing, "wb") as image:
         image.truncate(2 << 30)
@@ -73,31 +73,31 @@ def _disk(store: Store, tmp_path: Path, name: str) -> Disk:
 def source(store: Store, tmp_path: Path) -> Iterator[Disk]:
     """A sandbox disk holding a file, with its writes synced (as a frozen source's are before a fork)."""
     disk = _disk(store, tmp_path, "source")
-    asyncio.run(storage.format_image(disk.image_path, 1024, "xfs"))
-    asyncio.run(storage.attach(disk))
+    asyncio.run(rootdisks.format_image(disk.image_path, 1024, "xfs"))
+    asyncio.run(rootdisks.attach(disk))
     try:
         (disk.upper_dir / "data").write_bytes(os.urandom(8 << 20))
         mounts.sync_filesystem(disk.mount_dir)
         yield disk
     finally:
-        asyncio.run(storage.detach(disk))
+        asyncio.run(rootdisks.detach(disk))
 
 
 def _mount_reads(store: Store, source: Disk, clone: Disk, *, read_ahead: bool) -> int:
     """Clones ``source`` to ``clone`` (reading ahead or not), then mounts the clone: what the mount
     read from the store."""
     reads = xfsreadahead.mount_reads_of(source.mount_dir, source.loop_device)
-    storage.clone_file(source.image_path, clone.image_path)
+    rootdisks.clone_file(source.image_path, clone.image_path)
     if read_ahead:
         xfsreadahead.read_ahead(clone.image_path, reads)
     store.settle()
     before = store.reads()
-    asyncio.run(storage.attach(clone))
+    asyncio.run(rootdisks.attach(clone))
     try:
         assert (clone.upper_dir / "data").stat().st_size == 8 << 20
         return store.reads() - before
     finally:
-        asyncio.run(storage.detach(clone))
+        asyncio.run(rootdisks.detach(clone))
         clone.image_path.unlink()
 
 

@@ -30,9 +30,9 @@ from typing import Any
 import pytest
 
 from paddock_hostagent.client import HostAgentClient, HostAgentError
-from paddock_hostagent.drivers import loops, mounts, storage
-from paddock_hostagent.drivers.commands import run_sync
-from paddock_hostagent.drivers.storage import Disk, DiskNotCleanError
+from paddock_hostagent.drivers.storage import loops, mounts, rootdisks
+from paddock_hostagent.drivers.storage.rootdisks import Disk, DiskNotCleanError
+from paddock_hostagent.drivers.system.commands import run_sync
 from paddock_hostagent.schemas import ForkBody
 from tests.hostagent.conftest import DISK_MIB, AgentProcess, Sandboxes, run, sandbox_cgroup_dirs, sh
 
@@ -79,7 +79,7 @@ async def repair_check(host: HostAgentClient, agent: AgentProcess, sandbox_id: s
         await host.pause_sandbox(sandbox_id)
     try:
         mounts.sync_filesystem(mount_dir)
-        storage.clone_file(image, copy)
+        rootdisks.clone_file(image, copy)
     finally:
         if not was_paused:
             await host.resume_sandbox(sandbox_id)
@@ -335,12 +335,12 @@ async def test_a_fork_after_the_disk_grew_mounts_without_quiescing(
     assert await repair_check(host, agent, source["id"], "source") == ""
 
 
-# -- the clone itself (drivers/storage.py), on a store as the agent makes one ---------------------
+# -- the clone itself (drivers/rootdisks.py), on a store as the agent makes one ---------------------
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Path]:
-    """An XFS store with reflink on a direct-I/O loop device, as ``storage.open_store`` makes one."""
+    """An XFS store with reflink on a direct-I/O loop device, as ``rootdisks.open_store`` makes one."""
     backing = tmp_path / "disks.xfs"
     with open(backing, "wb") as image:
         image.truncate(32 << 30)
@@ -360,8 +360,8 @@ def store(tmp_path: Path) -> Iterator[Path]:
 
 async def _disk(store: Path, name: str, mib: int, *, mounted: bool = True) -> Disk:
     disk = Disk(store / f"{name}.img", store.parent / name, "xfs")
-    await storage.format_from_blank(disk.image_path, mib, "xfs", store)
-    await storage.attach(disk)
+    await rootdisks.format_from_blank(disk.image_path, mib, "xfs", store)
+    await rootdisks.attach(disk)
     if not mounted:  # a warm slot readied for a fork: its loop device, no mount
         mounts.unmount(disk.mount_dir)
     return disk
@@ -388,17 +388,17 @@ async def test_a_disk_grown_by_an_older_agent_is_frozen_for_its_clone(store: Pat
         assert superblock_blocks(source.image_path) == 2048 << 8
 
         steps: list[str] = []
-        await storage.clone_disk(source, slot, step=steps.append)
+        await rootdisks.clone_disk(source, slot, step=steps.append)
         assert steps == ["sync", "quiesce", "clone", "loop", "mount"], steps
         assert len(list(slot.upper_dir.glob("*/file"))) == 64
         assert superblock_blocks(source.image_path) == 10240 << 8
         (source.upper_dir / "after").write_bytes(b"the source writes on")
-        await storage.detach(slot)
+        await rootdisks.detach(slot)
         checked = _repair(slot.image_path)
         assert checked.returncode == 0, checked.stdout[-2000:]
     finally:
-        await storage.detach(slot)
-        await storage.detach(source)
+        await rootdisks.detach(slot)
+        await rootdisks.detach(source)
     checked = _repair(source.image_path)
     assert checked.returncode == 0, checked.stdout[-2000:]
 
@@ -416,14 +416,14 @@ async def test_a_copy_that_does_not_mount_clean_is_refused_unmounted(store: Path
             image.seek(224)
             image.write(b"\xde\xad\xbe\xef")
         with pytest.raises(DiskNotCleanError, match=r"not a clean filesystem.*nothing was booted"):
-            await storage.clone_disk(source, slot)
+            await rootdisks.clone_disk(source, slot)
         assert not mounts.is_mountpoint(slot.mount_dir)
         assert (source.upper_dir / "kept").read_bytes() == b"x"
         mounts.freeze_filesystem(source.mount_dir)  # writes the superblock home
         mounts.thaw_filesystem(source.mount_dir)
     finally:
-        await storage.detach(slot)
-        await storage.detach(source)
+        await rootdisks.detach(slot)
+        await rootdisks.detach(source)
     checked = _repair(source.image_path)
     assert checked.returncode == 0, checked.stdout[-2000:]
 

@@ -22,7 +22,7 @@ from paddock_hostagent.guest import (
     Output,
 )
 from paddock_hostagent.guest.build import BINARY_NAME, CFLAGS, SOURCE_DIR
-from paddock_hostagent.guest.processes import GuestProcesses, ProcessExit, ProcessOutput, StartRequest
+from paddock_hostagent.guest.process_client import GuestProcesses, ProcessExit, ProcessOutput, StartRequest
 from tests.hostagent.test_guest_agent import _listening
 
 pytestmark = pytest.mark.root  # setuid needs root

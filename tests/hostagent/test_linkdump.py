@@ -1,4 +1,4 @@
-"""drivers/linkdump.py against the kernel: a link dump filtered by kind, in a namespace of its own."""
+"""drivers/net/linkdump.py against the kernel: a link dump filtered by kind, in a namespace of its own."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_only_links_of_the_kind_asked_for_are_named_across_a_dump_of_many_parts(
     for bridge in ("pdkbtest1", "pdkbtest0"):
         subprocess.run(["ip", "-n", netns, "link", "add", bridge, "type", "bridge"], check=True)
     script = (
-        "import json; from paddock_hostagent.drivers.linkdump import links_of_kind; "
+        "import json; from paddock_hostagent.drivers.net.linkdump import links_of_kind; "
         "print(json.dumps([links_of_kind('bridge'), links_of_kind('veth'), links_of_kind('vxlan')]))"
     )
     bridges, veths, vxlans = json.loads(_in(netns, sys.executable, "-c", script))

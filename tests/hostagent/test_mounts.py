@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from paddock_hostagent.drivers import mounts
+from paddock_hostagent.drivers.storage import mounts
 
 pytestmark = pytest.mark.root
 MS_BIND = 0x1000

@@ -1,4 +1,4 @@
-"""Sandboxes parked in the warm pool (drivers/pool.py): a create of the pool image claims a booted one
+"""Sandboxes parked in the warm pool (drivers/runtime/pool.py): a create of the pool image claims a booted one
 and gets exactly what a cold boot gives — its name, addresses, limits and a clean teardown."""
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from pydantic import SecretStr, ValidationError
 
 from paddock_hostagent.app import create_app
 from paddock_hostagent.drivers.base import CapacityError, RuntimeState, SandboxRecord, Shape
-from paddock_hostagent.drivers.cgroups import CgroupLayout, SandboxCgroup
-from paddock_hostagent.drivers.network import AddressAllocator, host_nameservers
-from paddock_hostagent.drivers.ocispec import BundleSpec, cpu_quota_us, runtime_config
+from paddock_hostagent.drivers.net.network import AddressAllocator, host_nameservers
+from paddock_hostagent.drivers.runtime.cgroups import CgroupLayout, SandboxCgroup
+from paddock_hostagent.drivers.runtime.ocispec import BundleSpec, cpu_quota_us, runtime_config
 from paddock_hostagent.settings import HostAgentSettings
 
 PROC_CGROUP = """\

@@ -10,8 +10,8 @@ from typing import Any, cast
 
 import pytest
 
-from paddock_hostagent.drivers import mounts, storage
-from paddock_hostagent.drivers.pool import SlotFactory, WarmPool
+from paddock_hostagent.drivers.runtime.pool import SlotFactory, WarmPool
+from paddock_hostagent.drivers.storage import mounts, rootdisks
 
 
 class _Factory:
@@ -99,7 +99,7 @@ async def test_a_full_pool_readies_one_slot_for_a_fork_and_creates_take_the_othe
         mounted.append(disk.mount_dir)
 
     monkeypatch.setattr(mounts, "unmount", unmounted.append)
-    monkeypatch.setattr(storage, "attach", attach)
+    monkeypatch.setattr(rootdisks, "attach", attach)
     factory = _Factory()
     pool = _pool(factory, 3, [False])
     pool.start()
@@ -159,7 +159,7 @@ def no_mounts(monkeypatch: pytest.MonkeyPatch) -> None:
         pass
 
     monkeypatch.setattr(mounts, "unmount", lambda path: None)
-    monkeypatch.setattr(storage, "attach", attach)
+    monkeypatch.setattr(rootdisks, "attach", attach)
 
 
 async def test_creates_of_the_pool_image_claim_parked_slots_and_nothing_else_does(no_mounts: None) -> None:
@@ -214,7 +214,7 @@ async def test_a_drained_pool_with_a_parker_readies_a_slot_for_forks_first(
         pass
 
     monkeypatch.setattr(mounts, "unmount", unmounted.append)
-    monkeypatch.setattr(storage, "attach", attach)
+    monkeypatch.setattr(rootdisks, "attach", attach)
     factory = _Factory()
     pool = _pool(factory, 3, [False], _Parker("/images/debian/rootfs"))
     pool.start()

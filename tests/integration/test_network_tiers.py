@@ -10,7 +10,7 @@ What does not hold on gVisor (Debian's runsc 0.0~20221219, ``--network=host``), 
 strict xfail so that it is seen the day it passes:
 
 - A blocking ``read()`` on a socket gets ``EAGAIN`` instead of waiting when no data is there yet
-  (writes have the same bug; a 16 MiB send buffer keeps ordinary writes clear of it, drivers/oci.py).
+  (writes have the same bug; a 16 MiB send buffer keeps ordinary writes clear of it, drivers/runtime/oci.py).
   A server that waits for the next request on a kept-alive connection, or for the next chunk of a
   streamed body or websocket, sees an error and closes: ingress keep-alive, streamed uploads and
   websockets break, and so do the resolver's TCP answers read by ``getent``.

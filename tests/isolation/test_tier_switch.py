@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from paddock_hostagent.client import BadStateError
-from paddock_hostagent.drivers.vmimage import KERNEL_ROOT
+from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from tests.hostagent.conftest import Sandboxes, debian_image, guest_binary_dir, make_agent
 
 __all__ = ["debian_image", "guest_binary_dir", "make_agent"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from paddock_hostagent.drivers.vmimage import KERNEL_ROOT
+from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.isolation.test_escape_probes import report, scene, test_escape_probe_holds
 from tests.live import LivePlatform, start_platform

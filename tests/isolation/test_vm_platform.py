@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from paddock_hostagent.drivers.vmimage import KERNEL_ROOT
+from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from tests.hostagent.conftest import TOKEN, debian_image, guest_binary_dir
 from tests.live import LivePlatform, start_platform
 

@@ -1,4 +1,4 @@
-"""The VM tier (drivers/qemu.py) against a real QEMU: Debian's cloud kernel, our initramfs, the catalog image.
+"""The VM tier (drivers/vm/qemu.py) against a real QEMU: Debian's cloud kernel, our initramfs, the catalog image.
 
 Under TCG (this kind of machine: KVM hangs) a VM boots in seconds, so the module boots one VM and
 shares it; every test leaves it running. What runs here, driver-level (the runtime, the real network
@@ -40,10 +40,10 @@ import pytest
 import pytest_asyncio
 
 from paddock_hostagent.drivers.base import RuntimeState, SandboxRecord, SandboxSpec, Shape
-from paddock_hostagent.drivers.egress import EgressFirewall, EgressPolicy
-from paddock_hostagent.drivers.network import NetworkManager
-from paddock_hostagent.drivers.qemu import QemuOptions, QemuRuntime
-from paddock_hostagent.drivers.vmimage import KERNEL_ROOT
+from paddock_hostagent.drivers.net.egress_rules import EgressFirewall, EgressPolicy
+from paddock_hostagent.drivers.net.network import NetworkManager
+from paddock_hostagent.drivers.vm.qemu import QemuOptions, QemuRuntime
+from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from paddock_hostagent.guest import ExecRequest, Exited, GuestClient, Output
 from tests.hostagent.conftest import debian_image, guest_binary_dir, private_subnet
 from tests.network.internet import FakeInternet

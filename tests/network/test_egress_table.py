@@ -1,4 +1,4 @@
-"""The egress table itself (drivers/egress.py), in a scratch network namespace: what a restarted agent
+"""The egress table itself (drivers/net/egress_rules.py), in a scratch network namespace: what a restarted agent
 reads back, what an upgrade over an earlier layout does, the budget's cap, and what one
 create costs beside a thousand sandboxes.
 
@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import pytest
 
-from paddock_hostagent.drivers.egress import Admission, EgressFirewall, EgressPolicy, Usage
-from paddock_hostagent.drivers.nftlib import Nft
+from paddock_hostagent.drivers.net.egress_rules import Admission, EgressFirewall, EgressPolicy, Usage
+from paddock_hostagent.drivers.net.nftlib import Nft
 from tests.security import network_support
 
 pytestmark = [pytest.mark.root]

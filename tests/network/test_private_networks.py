@@ -312,7 +312,7 @@ def test_memberships_survive_an_agent_crash(platform: LivePlatform, user: User) 
 
 
 def test_interface_names_fit_the_kernel_limit() -> None:
-    from paddock_hostagent.drivers.bridges import BridgeNetworks
+    from paddock_hostagent.drivers.net.bridges import BridgeNetworks
 
     networks = BridgeNetworks("abcdef12", "paddock", "10.96.0.0/11")
     ids = [f"net_{secrets.token_hex(13)}" for _ in range(50)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from paddock_hostagent.drivers.vmimage import KERNEL_ROOT
+from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from tests.controlplane.conftest import controlplane, cp_settings
 from tests.controlplane.test_sandboxes_rules import fake_host
 from tests.gateway.conftest import chain_gateway, devchains, paying_wallet

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from paddock_hostagent.drivers.nsthread import CLONE_NEWNET, in_namespace
+from paddock_hostagent.drivers.system.nsthread import CLONE_NEWNET, in_namespace
 
 T = TypeVar("T")
 METADATA_ADDRESS = "169.254.169.254"

@@ -29,10 +29,14 @@ import pytest
 
 from paddock_hostagent import errors
 from paddock_hostagent.client import HostAgentError
-from paddock_hostagent.drivers import safepaths
-from paddock_hostagent.drivers.oci import GVISOR_SOCKET_DIR
-from paddock_hostagent.drivers.ocispec import GUEST_SOCKET_DIR, GUEST_SOCKET_NAME, write_identity_files
-from paddock_hostagent.drivers.safepaths import TenantPathError, Tree
+from paddock_hostagent.drivers.runtime.oci import GVISOR_SOCKET_DIR
+from paddock_hostagent.drivers.runtime.ocispec import (
+    GUEST_SOCKET_DIR,
+    GUEST_SOCKET_NAME,
+    write_identity_files,
+)
+from paddock_hostagent.drivers.storage import safepaths
+from paddock_hostagent.drivers.storage.safepaths import TenantPathError, Tree
 from paddock_hostagent.image_transfer import ImageFetcher
 from paddock_hostagent.images import ImageStore
 from paddock_hostagent.schemas import ForkBody, fetch_limit

@@ -18,7 +18,7 @@ import pytest
 
 from paddock_hostagent.guest import GuestClient
 from paddock_hostagent.guest.build import BINARY_NAME
-from paddock_hostagent.guest.processes import (
+from paddock_hostagent.guest.process_client import (
     GuestProcesses,
     GuestProcessNotFoundError,
     GuestProcessStateError,

@@ -118,9 +118,9 @@ class SandboxRecord:
     # waiting for the control plane to act on ({"action": "pause"|"delete", "reason": str, "seq": int}).
     self_seq_seen: int = 0
     self_request: dict[str, Any] | None = None
-    # Private network memberships (drivers/bridges.py ``Membership.to_json()``), re-programmed on adoption.
+    # Private network memberships (drivers/net/bridges.py ``Membership.to_json()``), re-programmed on adoption.
     networks: list[dict[str, Any]] = field(default_factory=list)
-    # S3 disk attachments (drivers/s3mounts.py ``S3Mount.to_json()``, no credentials), restored on adoption.
+    # S3 disk attachments (drivers/storage/s3mounts.py ``S3Mount.to_json()``, no credentials), restored on adoption.
     disks: list[dict[str, Any]] = field(default_factory=list)
     # Egress allowlist (normalised rules; empty = open) and total egress budget (-1 = unmetered).
     egress: list[str] = field(default_factory=list)
@@ -259,7 +259,7 @@ class SandboxRuntime(ABC):
         return 0
 
     def parked_slots(self) -> int:
-        """Of those, the slots with a booted sandbox waiting to be claimed (``drivers/pool.py``)."""
+        """Of those, the slots with a booted sandbox waiting to be claimed (``drivers/runtime/pool.py``)."""
         return 0
 
     @abstractmethod

@@ -4,7 +4,7 @@
  * It forks the channel multiplexer, then execs the guest agent (paddock-guest --listen) as PID 1, so
  * the VM runs the same agent, with the same protocol, as a container. The host reaches the agent over
  * one virtio-serial port ("paddock.0"); the agent's protocol needs one connection per request, so both
- * ends multiplex connections over the port (the host side is drivers/vmchannel.py):
+ * ends multiplex connections over the port (the host side is drivers/vm/vmchannel.py):
  *
  *   frame: u32 channel, u8 kind, u32 length (little endian), payload
  *   host -> guest   HELLO (magic)   reset: every channel is closed, the guest answers READY

@@ -28,7 +28,7 @@ from pathlib import Path
 from paddock_hostagent.drivers.base import DriverError
 
 KERNEL_ROOT = Path("/var/lib/paddock/vm-kernel/current")
-VMINIT_SOURCE = Path(__file__).parent.parent / "guest" / "vm" / "vminit.c"
+VMINIT_SOURCE = Path(__file__).parent.parent.parent / "guest" / "vm" / "vminit.c"
 BUSYBOX = Path("/bin/busybox")
 # Load order matters: each after what it depends on (modinfo -F depends; the package has no modules.dep).
 VIRTIO_MODULES = (

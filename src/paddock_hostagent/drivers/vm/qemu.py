@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from paddock_core.logging import get_logger
-from paddock_hostagent.drivers import processes, qmp, vmimage
 from paddock_hostagent.drivers.base import (
     DISK_RESIZE,
     PRIVATE_NETWORKS,
@@ -53,9 +52,11 @@ from paddock_hostagent.drivers.base import (
     SandboxSpec,
     TierUnsupportedError,
 )
-from paddock_hostagent.drivers.commands import run
-from paddock_hostagent.drivers.network import NetworkManager, SandboxNetwork
-from paddock_hostagent.drivers.vmchannel import GuestChannel
+from paddock_hostagent.drivers.net.network import NetworkManager, SandboxNetwork
+from paddock_hostagent.drivers.system import host_processes
+from paddock_hostagent.drivers.system.commands import run
+from paddock_hostagent.drivers.vm import qmp, vmimage
+from paddock_hostagent.drivers.vm.vmchannel import GuestChannel
 from paddock_hostagent.guest import GuestClient, GuestError, GuestVersionError
 
 log = get_logger(__name__)
@@ -164,7 +165,7 @@ class QemuRuntime(SandboxRuntime):
         self.options = options
         self.vm_dir = options.state_dir / "vm"
         self.run_root = options.runtime_root / "vm"
-        # Names this agent's private-network bridges (drivers/bridges.py), as the OCI driver's tag does.
+        # Names this agent's private-network bridges (drivers/net/bridges.py), as the OCI driver's tag does.
         self.layout_tag = hashlib.sha256(str(options.state_dir.resolve()).encode()).hexdigest()[:8]
         self._channels: dict[str, GuestChannel] = {}
         self._kernel: vmimage.Kernel | None = None
@@ -217,10 +218,10 @@ class QemuRuntime(SandboxRuntime):
         mine = [record for record in records if record.driver == self.name]
         for record in mine:
             handle = _Handle.of(record)
-            if processes.is_same_process(handle.pid, handle.ticks):
+            if host_processes.is_same_process(handle.pid, handle.ticks):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(handle.pid, signal.SIGKILL)
-                await processes.wait_gone(handle.pid, handle.ticks, timeout_s=10)
+                await host_processes.wait_gone(handle.pid, handle.ticks, timeout_s=10)
         await self._reclaim(mine)
 
     async def _reclaim(self, mine: list[SandboxRecord]) -> None:
@@ -405,7 +406,7 @@ class QemuRuntime(SandboxRuntime):
             argv += ["-S", "-incoming", f"exec:cat {boot.incoming}"]
         await _daemonize([*argv, *boot.extra], handle.dir / "qemu.log")
         handle.pid = int((handle.dir / "qemu.pid").read_text().strip())
-        handle.ticks = processes.start_ticks(handle.pid) or 0
+        handle.ticks = host_processes.start_ticks(handle.pid) or 0
 
     async def _await_guest(self, sandbox_id: str, handle: _Handle) -> None:
         channel = self._channels.get(sandbox_id) or await self._open_channel(sandbox_id, handle)
@@ -466,7 +467,7 @@ class QemuRuntime(SandboxRuntime):
 
     def _alive(self, record: SandboxRecord) -> _Handle:
         handle = _Handle.of(record)
-        if not processes.is_same_process(handle.pid, handle.ticks):
+        if not host_processes.is_same_process(handle.pid, handle.ticks):
             raise NotRunningError(f"sandbox {record.id} has stopped")
         return handle
 
@@ -481,11 +482,11 @@ class QemuRuntime(SandboxRuntime):
             await channel.close()
         if not handle.pid:  # a launch that failed half-way: QEMU may have written its pid file
             handle.pid = _qemu_pid(handle.dir, handle.slot)
-            handle.ticks = (processes.start_ticks(handle.pid) or 0) if handle.pid else 0
-        if processes.is_same_process(handle.pid, handle.ticks):
+            handle.ticks = (host_processes.start_ticks(handle.pid) or 0) if handle.pid else 0
+        if host_processes.is_same_process(handle.pid, handle.ticks):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(handle.pid, signal.SIGKILL)
-            await processes.wait_gone(handle.pid, handle.ticks, timeout_s=10)
+            await host_processes.wait_gone(handle.pid, handle.ticks, timeout_s=10)
         await asyncio.to_thread(self.options.network.destroy, handle.network)
         shutil.rmtree(handle.dir, ignore_errors=True)
         shutil.rmtree(handle.run_dir, ignore_errors=True)
@@ -506,7 +507,7 @@ class QemuRuntime(SandboxRuntime):
 
     def probe(self, record: SandboxRecord) -> RuntimeState:
         handle = _Handle.of(record)
-        if not processes.is_same_process(handle.pid, handle.ticks):
+        if not host_processes.is_same_process(handle.pid, handle.ticks):
             return RuntimeState.STOPPED
         if handle.paused_marker.exists():
             return RuntimeState.PAUSED
@@ -526,7 +527,7 @@ class QemuRuntime(SandboxRuntime):
     def memory_usage_bytes(self, record: SandboxRecord) -> int:
         handle = _Handle.of(record)
         with contextlib.suppress(OSError, ValueError):
-            for line in processes.read_small(f"/proc/{handle.pid}/status").splitlines():
+            for line in host_processes.read_small(f"/proc/{handle.pid}/status").splitlines():
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
         return 0
@@ -546,7 +547,7 @@ def _qemu_pid(slot_dir: Path, slot: str) -> int:
     """The pid in a slot's QEMU pid file if that process is this slot's QEMU, else 0."""
     with contextlib.suppress(OSError, ValueError):
         pid = int((slot_dir / "qemu.pid").read_text().strip())
-        if f"paddock-{slot}\0" in processes.read_small(f"/proc/{pid}/cmdline"):
+        if f"paddock-{slot}\0" in host_processes.read_small(f"/proc/{pid}/cmdline"):
             return pid
     return 0
 

@@ -6,7 +6,7 @@ filesystem (``from scratch`` + copy + ``commit``), and it exports a built image 
 the host agent boots like a catalog image.
 
 Each ``Buildah`` works on one storage (``--root``/``--runroot``): the host agent gives every owner a
-store of its own on its own size-capped filesystem (``drivers/buildstore.py``), apart from any podman or
+store of its own on its own size-capped filesystem (``drivers/build/buildstore.py``), apart from any podman or
 buildah the operator uses. RUN steps run under crun (``--isolation oci``: namespaces, seccomp, cgroup
 limits), never chroot, and ``bud`` itself runs inside the build's network namespace (``nsenter --net``),
 so what buildah fetches for a Dockerfile (``ADD <url>``) leaves from there, under the build's egress

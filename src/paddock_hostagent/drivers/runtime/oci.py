@@ -4,14 +4,14 @@ loop disk.
 Create: take a warm slot (disk + netns), write /etc identity files into the upper layer, mount the
 overlay, write ``config.json``, bind the guest agent's socket and start the runtime with that socket as
 fd 3; return once the guest agent answers. A create of the pool image that finds a sandbox parked in a
-warm slot (``drivers/pool.py``; crun and runc) *claims* it instead: it writes the sandbox's memory and
+warm slot (``drivers/runtime/pool.py``; crun and runc) *claims* it instead: it writes the sandbox's memory and
 CPU limits into the parked cgroup, its identity files through the mounted overlay and its hostname
-into the running UTS namespace (``drivers/hostname.py``), and is done in about a millisecond of the
+into the running UTS namespace (``drivers/runtime/hostname.py``), and is done in about a millisecond of the
 agent's time. A claimed sandbox keeps the slot's container id and cgroup path (``_Handle``).
 
 Pause and resume freeze the cgroup v1 freezer directly (well under a millisecond). Fork freezes the
 source in its cgroup, syncs its filesystem and clones its disk image onto the loop device of a warm
-slot (``storage.clone_disk``), then boots a new container from the clone: **files carry over,
+slot (``rootdisks.clone_disk``), then boots a new container from the clone: **files carry over,
 processes do not** (CRIU does not work on this kernel); a paused source stays paused. Each fork logs
 ``fork_phases``, the milliseconds of each step.
 
@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paddock_core.logging import get_logger
-from paddock_hostagent.drivers import mounts, processes, storage
 from paddock_hostagent.drivers.base import (
     PRIVATE_NETWORKS,
     S3_DISKS,
@@ -61,12 +60,11 @@ from paddock_hostagent.drivers.base import (
     TierUnsupportedError,
     UnsupportedError,
 )
-from paddock_hostagent.drivers.bootlog import BootLog
-from paddock_hostagent.drivers.cgroups import CgroupLayout, SandboxCgroup, pids_budget
-from paddock_hostagent.drivers.commands import run
-from paddock_hostagent.drivers.hostname import set_hostname
-from paddock_hostagent.drivers.network import NetworkManager, netns_sysctl
-from paddock_hostagent.drivers.ocispec import (
+from paddock_hostagent.drivers.net.network import NetworkManager, netns_sysctl
+from paddock_hostagent.drivers.runtime.bootlog import BootLog
+from paddock_hostagent.drivers.runtime.cgroups import CgroupLayout, SandboxCgroup, pids_budget
+from paddock_hostagent.drivers.runtime.hostname import set_hostname
+from paddock_hostagent.drivers.runtime.ocispec import (
     GUEST_SOCKET_NAME,
     BundleSpec,
     IoLimits,
@@ -74,7 +72,10 @@ from paddock_hostagent.drivers.ocispec import (
     runtime_config,
     write_identity_files,
 )
-from paddock_hostagent.drivers.pool import Parked, Slot, SlotFactory, WarmPool
+from paddock_hostagent.drivers.runtime.pool import Parked, Slot, SlotFactory, WarmPool
+from paddock_hostagent.drivers.storage import mounts, rootdisks
+from paddock_hostagent.drivers.system import host_processes
+from paddock_hostagent.drivers.system.commands import run
 from paddock_hostagent.guest import ExecRequest, GuestClient, GuestError, GuestVersionError
 
 log = get_logger(__name__)
@@ -86,7 +87,7 @@ class OciOptions:
     runtime: str  # "crun", "runc" or "runsc"
     guest_binary: Path
     network: NetworkManager
-    filesystem: storage.Filesystem
+    filesystem: rootdisks.Filesystem
     pool_size: int = 2
     pool_disk_mib: int = 10240
     boot_timeout_s: float = 10.0
@@ -251,7 +252,7 @@ class OciRuntime(SandboxRuntime):
                 log.info("reclaiming_orphan_slot", slot=slot.id, parked=slot.parked is not None)
                 await self.discard(slot)
         kept = {str(_Handle.of(record).slot.disk.image_path) for record in mine}
-        for device in await storage.detach_stray_loops(self.factory.slots_dir, kept):
+        for device in await rootdisks.detach_stray_loops(self.factory.slots_dir, kept):
             log.info("detached_stray_loop", device=device)
         return owned
 
@@ -288,7 +289,7 @@ class OciRuntime(SandboxRuntime):
         self._booting += 1
         try:
             if slot.disk_mib < spec.shape.disk_mib:
-                await storage.grow(slot.disk, spec.shape.disk_mib)
+                await rootdisks.grow(slot.disk, spec.shape.disk_mib)
                 slot.disk_mib = spec.shape.disk_mib
             if parked is not None and before_start is not None:  # runsc parks none (PARKING_RUNTIMES)
                 raise BootError("disks bound at the start need a container not started yet")
@@ -377,7 +378,7 @@ class OciRuntime(SandboxRuntime):
         if not was_frozen:
             await _freeze(cgroup)
         phases.mark("freeze")
-        await storage.clone_disk(
+        await rootdisks.clone_disk(
             source.slot.disk,
             slot.disk,
             release=(lambda: None) if was_frozen else cgroup.thaw,
@@ -420,8 +421,8 @@ class OciRuntime(SandboxRuntime):
         mounts.mount_overlay(spec.rootfs, slot.disk.upper_dir, slot.disk.work_dir, slot.rootfs_dir)
         phases.mark("overlay")
         # A fork's disk already holds the binary; a disk from an older agent may hold another one.
-        if not storage.guest_is_current(slot.disk, self.options.guest_binary):
-            await asyncio.to_thread(storage.install_guest, slot.disk, self.options.guest_binary)
+        if not rootdisks.guest_is_current(slot.disk, self.options.guest_binary):
+            await asyncio.to_thread(rootdisks.install_guest, slot.disk, self.options.guest_binary)
         if handle.runtime == "runsc":
             await asyncio.to_thread(_make_tmp_dir, gvisor_tmp_dir(slot))
         if not bundled:
@@ -449,14 +450,14 @@ class OciRuntime(SandboxRuntime):
 
     def _claim(self, spec: SandboxSpec, handle: _Handle) -> None:
         """Makes a parked sandbox this one: its limits, identity files and hostname."""
-        if not processes.is_same_process(handle.init_pid, handle.init_ticks):
+        if not host_processes.is_same_process(handle.init_pid, handle.init_ticks):
             raise BootError(f"the sandbox parked for {spec.id} has stopped")
         SandboxCgroup(handle.cgroups_path).set_limits(spec.shape.mem_mib << 20, cpu_quota_us(spec.shape))
         # Through the mounted overlay (the parked sandbox may have looked these files up already).
         self._write_identity(spec, handle.slot, handle.slot.rootfs_dir)
         set_hostname(handle.init_pid, spec.name)
 
-    # -- parking (drivers/pool.py's Parker) -----------------------------------------------------
+    # -- parking (drivers/runtime/pool.py's Parker) -----------------------------------------------------
 
     async def park(self, slot: Slot) -> bool:
         rootfs = self.options.pool_rootfs() if self.options.pool_rootfs is not None else None
@@ -547,10 +548,10 @@ class OciRuntime(SandboxRuntime):
             else:
                 argv += ["-d", "--pid-file", str(pid_file), "--preserve-fds", "1"]
                 argv += ["-b", str(slot.bundle_dir), handle.container_id]
-            pid = processes.spawn(argv, stderr_fd=boot_log.write_fd, pass_fd_as_3=listener.fileno())
+            pid = host_processes.spawn(argv, stderr_fd=boot_log.write_fd, pass_fd_as_3=listener.fileno())
             boot_log.start()
             try:
-                code = await asyncio.wait_for(processes.wait_child(pid), self.options.boot_timeout_s)
+                code = await asyncio.wait_for(host_processes.wait_child(pid), self.options.boot_timeout_s)
             except TimeoutError:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
@@ -561,7 +562,7 @@ class OciRuntime(SandboxRuntime):
             if code != 0:
                 raise CommandFailedError(argv, code, boot_log.text()[-2000:])
             handle.init_pid = int(pid_file.read_text().strip())
-            handle.init_ticks = processes.start_ticks(handle.init_pid) or 0
+            handle.init_ticks = host_processes.start_ticks(handle.init_pid) or 0
         except BaseException:
             boot_log.close()
             raise
@@ -592,7 +593,7 @@ class OciRuntime(SandboxRuntime):
     async def resize(self, record: SandboxRecord, disk_mib: int) -> None:
         handle = _Handle.of(record)
         self._require_alive(record)
-        await storage.grow(handle.slot.disk, disk_mib)
+        await rootdisks.grow(handle.slot.disk, disk_mib)
         handle.slot.disk_mib = disk_mib
         handle.slot.save()
         record.driver_state = handle.to_json()
@@ -615,12 +616,12 @@ class OciRuntime(SandboxRuntime):
     async def _stop_container(self, handle: _Handle) -> None:
         """Kills the container and removes its runtime state and cgroup; the slot stays."""
         cgroup = SandboxCgroup(handle.cgroups_path)
-        if processes.is_same_process(handle.init_pid, handle.init_ticks):
+        if host_processes.is_same_process(handle.init_pid, handle.init_ticks):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(handle.init_pid, signal.SIGKILL)
         cgroup.thaw()  # a frozen task cannot die
         if handle.init_pid:
-            await processes.wait_gone(handle.init_pid, handle.init_ticks, timeout_s=10)
+            await host_processes.wait_gone(handle.init_pid, handle.init_ticks, timeout_s=10)
         for pid in cgroup.pids():  # stragglers that escaped the pid namespace's teardown
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -635,7 +636,7 @@ class OciRuntime(SandboxRuntime):
 
     def probe(self, record: SandboxRecord) -> RuntimeState:
         handle = _Handle.of(record)
-        if not processes.is_same_process(handle.init_pid, handle.init_ticks):
+        if not host_processes.is_same_process(handle.init_pid, handle.init_ticks):
             return RuntimeState.STOPPED
         if SandboxCgroup(handle.cgroups_path).is_frozen():
             return RuntimeState.PAUSED
@@ -668,7 +669,7 @@ class OciRuntime(SandboxRuntime):
         if handle.runtime == "runsc":
             # The sentry's mount namespace is not what the guest sees: its mounts live in gVisor.
             raise UnsupportedError("mounting into a running sandbox is not supported on gVisor")
-        if not processes.is_same_process(handle.init_pid, handle.init_ticks):
+        if not host_processes.is_same_process(handle.init_pid, handle.init_ticks):
             raise NotRunningError(f"sandbox {record.id} has stopped")
         return handle.init_pid
 

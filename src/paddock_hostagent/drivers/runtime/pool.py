@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from paddock_core.logging import get_logger
-from paddock_hostagent.drivers import mounts, storage
 from paddock_hostagent.drivers.base import DriverError
-from paddock_hostagent.drivers.network import NetworkManager, SandboxNetwork
-from paddock_hostagent.drivers.storage import Disk, Filesystem
+from paddock_hostagent.drivers.net.network import NetworkManager, SandboxNetwork
+from paddock_hostagent.drivers.storage import mounts, rootdisks
+from paddock_hostagent.drivers.storage.rootdisks import Disk, Filesystem
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -143,8 +143,8 @@ class SlotFactory:
         self.slots_dir = slots_dir
         self.network = network
         self.fs = fs
-        self.guest_binary = guest_binary  # copied onto each new disk (storage.install_guest)
-        # Where new disk images go: the disk store once opened (storage.open_store), else the slot's dir.
+        self.guest_binary = guest_binary  # copied onto each new disk (rootdisks.install_guest)
+        # Where new disk images go: the disk store once opened (rootdisks.open_store), else the slot's dir.
         self._images_dir: Path | None = None
         self._store_opened = False
         self._store_lock = asyncio.Lock()
@@ -160,7 +160,7 @@ class SlotFactory:
         """The disk store (opened on first use, once); None when this host has none."""
         async with self._store_lock:
             if not self._store_opened:
-                self._images_dir = await storage.open_store(self.slots_dir)
+                self._images_dir = await rootdisks.open_store(self.slots_dir)
                 self._store_opened = True
                 log.info("disk_store", directory=str(self._images_dir) if self._images_dir else None)
         return self._images_dir
@@ -175,7 +175,7 @@ class SlotFactory:
         an agent restarted after a crash adopts its sandboxes from the store a previous agent mounted,
         and is the one that must take it down once they are gone."""
         async with self._store_lock:
-            await storage.close_store(self.slots_dir)
+            await rootdisks.close_store(self.slots_dir)
             self._store_opened, self._images_dir = False, None
 
     async def build(self, disk_mib: int, *, with_disk: bool = True) -> Slot:
@@ -212,17 +212,17 @@ class SlotFactory:
         if not with_disk:
             return
         if images_dir is None:
-            await storage.format_image(disk.image_path, disk_mib, self.fs)
+            await rootdisks.format_image(disk.image_path, disk_mib, self.fs)
         else:
-            await storage.format_from_blank(disk.image_path, disk_mib, self.fs, images_dir)
-        await storage.attach(disk)
+            await rootdisks.format_from_blank(disk.image_path, disk_mib, self.fs, images_dir)
+        await rootdisks.attach(disk)
         if self.guest_binary is not None:
-            await asyncio.to_thread(storage.install_guest, disk, self.guest_binary)
+            await asyncio.to_thread(rootdisks.install_guest, disk, self.guest_binary)
 
     async def destroy(self, slot: Slot) -> None:
         """Removes every part of the slot; parts already gone are skipped."""
         mounts.unmount(slot.rootfs_dir)
-        await storage.detach(slot.disk)
+        await rootdisks.detach(slot.disk)
         await self._in_network_thread(self.network.destroy, slot.network)
         slot.disk.image_path.unlink(missing_ok=True)  # in the disk store, outside the slot's directory
         shutil.rmtree(slot.dir, ignore_errors=True)
@@ -236,7 +236,7 @@ class SlotFactory:
                 slots.append(Slot.from_json(json.loads((entry / "slot.json").read_text())))
             except (OSError, ValueError, KeyError):
                 # A slot whose build was interrupted before it saved: clean what can be found.
-                image = storage.store_dir(self.slots_dir) / f"{entry.name}.img"
+                image = rootdisks.store_dir(self.slots_dir) / f"{entry.name}.img"
                 disk = Disk(image if image.exists() else entry / "disk.img", entry / "disk", self.fs)
                 slots.append(
                     Slot(entry.name, entry, SandboxNetwork(entry.name, "", self.network.gateway), disk, 0)
@@ -327,7 +327,7 @@ class WarmPool:
             if slot.id in self._unmounted:  # the only free slot that fits was readied for a fork
                 self._unmounted.discard(slot.id)
                 try:
-                    await storage.attach(slot.disk)
+                    await rootdisks.attach(slot.disk)
                 except BaseException:
                     await self.factory.destroy(slot)
                     raise
@@ -337,7 +337,7 @@ class WarmPool:
 
     async def take_for_fork(self) -> Slot:
         """A slot for a fork, the one readied for it first: the fork replaces the image under the
-        slot's loop device with a clone of its source's (``storage.clone_disk``, which unmounts the
+        slot's loop device with a clone of its source's (``rootdisks.clone_disk``, which unmounts the
         slot's disk, if mounted, while the source syncs). Without a free plain slot, one with a
         network and no disk (the clone is then attached as any disk)."""
         plain = [slot for slot in self._free if slot.parked is None]

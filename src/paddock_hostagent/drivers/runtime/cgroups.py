@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from paddock_hostagent.drivers.processes import read_small
+from paddock_hostagent.drivers.system.host_processes import read_small
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _PREFERRED_PARENTS = ("memory", "pids", "cpu")

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paddock_core.logging import get_logger
-from paddock_hostagent.drivers import loops, mounts
 from paddock_hostagent.drivers.base import DriverError
-from paddock_hostagent.drivers.buildah import Buildah
-from paddock_hostagent.drivers.commands import run
-from paddock_hostagent.drivers.storage import loop_of, unmount_image
+from paddock_hostagent.drivers.build.buildah import Buildah
+from paddock_hostagent.drivers.storage import loops, mounts
+from paddock_hostagent.drivers.storage.rootdisks import loop_of, unmount_image
+from paddock_hostagent.drivers.system.commands import run
 
 log = get_logger(__name__)
 

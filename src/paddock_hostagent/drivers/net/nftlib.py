@@ -12,7 +12,7 @@ import ctypes
 import threading
 
 from paddock_hostagent.drivers.base import CommandFailedError
-from paddock_hostagent.drivers.commands import run
+from paddock_hostagent.drivers.system.commands import run
 
 NFT_CTX_OUTPUT_JSON = 1 << 4
 
@@ -65,6 +65,6 @@ class Nft:
     def run_sync(self, commands: str) -> str:
         if self._lib is not None:
             return self._run_in_process(commands, False)
-        from paddock_hostagent.drivers.commands import run_sync
+        from paddock_hostagent.drivers.system.commands import run_sync
 
         return run_sync(["nft", "-f", "-"], input_text=commands + "\n")

@@ -3,11 +3,11 @@
 s3fs (Debian's ``s3fs`` package) runs as a host process in its own session, outside every sandbox
 cgroup and mount namespace: the credentials stay in a 0600 file in the agent's state directory, a
 sandbox pause freezes none of it, and an agent restart leaves it running. But it runs in the
-sandbox's *network* namespace (``drivers/nsmount.py``'s ``s3fs`` command): the endpoint is the
+sandbox's *network* namespace (``drivers/storage/nsmount.py``'s ``s3fs`` command): the endpoint is the
 tenant's to choose, so s3fs's connections, and its DNS queries (to the sandbox's resolver), leave
 through the sandbox's veth under its egress rules, as the sandbox's own would; the host's loopback and
 services are out of its reach. The mount is cloned into the sandbox's mount namespace at the requested
-path (``drivers/nsmount.py``).
+path (``drivers/storage/nsmount.py``).
 
 Every s3fs option is built here from parsed fields (``paddock_core.s3config``), never from text a
 user wrote: s3fs reads ``-o a=b,c=d``, so a comma in an endpoint would be another option.
@@ -41,9 +41,9 @@ from urllib.parse import urlsplit
 
 from paddock_core import s3config, statefiles
 from paddock_core.logging import get_logger
-from paddock_hostagent.drivers import mounts
 from paddock_hostagent.drivers.base import CommandFailedError
-from paddock_hostagent.drivers.network import NETNS_DIR
+from paddock_hostagent.drivers.net.network import NETNS_DIR
+from paddock_hostagent.drivers.storage import mounts
 
 log = get_logger(__name__)
 
@@ -184,7 +184,7 @@ class S3Mounter:
             [
                 sys.executable,
                 "-m",
-                "paddock_hostagent.drivers.nsmount",
+                "paddock_hostagent.drivers.storage.nsmount",
                 "move",
                 str(ns_pid),
                 str(point),
@@ -263,7 +263,7 @@ class S3Mounter:
         argv = [
             sys.executable,
             "-m",
-            "paddock_hostagent.drivers.nsmount",
+            "paddock_hostagent.drivers.storage.nsmount",
             "s3fs",
             str(netns),
             str(resolv),
@@ -316,7 +316,7 @@ class S3Mounter:
                 [
                     sys.executable,
                     "-m",
-                    "paddock_hostagent.drivers.nsmount",
+                    "paddock_hostagent.drivers.storage.nsmount",
                     "umount",
                     str(ns_pid),
                     mount.mount_path,
@@ -396,7 +396,7 @@ class S3Mounter:
                     [
                         sys.executable,
                         "-m",
-                        "paddock_hostagent.drivers.nsmount",
+                        "paddock_hostagent.drivers.storage.nsmount",
                         "move",
                         str(ns_pid),
                         str(point),

@@ -1,8 +1,8 @@
 """Sets the hostname of a running sandbox: ``sethostname`` inside its UTS namespace, in process.
 
-A sandbox claimed from the warm pool (``drivers/pool.py``) was booted under a placeholder name. The
+A sandbox claimed from the warm pool (``drivers/runtime/pool.py``) was booted under a placeholder name. The
 hostname belongs to the UTS namespace of the calling thread, so the call runs in a short-lived thread
-that entered the sandbox's (``drivers/nsthread.py``), where ``nsenter hostname`` would spawn a process.
+that entered the sandbox's (``drivers/system/nsthread.py``), where ``nsenter hostname`` would spawn a process.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from paddock_hostagent.drivers.nsthread import CLONE_NEWUTS, in_namespace
+from paddock_hostagent.drivers.system.nsthread import CLONE_NEWUTS, in_namespace
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.sethostname.argtypes = (ctypes.c_char_p, ctypes.c_size_t)

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from paddock_hostagent.drivers.base import Shape
-from paddock_hostagent.drivers.safepaths import Tree
-from paddock_hostagent.drivers.seccomp import default_profile
+from paddock_hostagent.drivers.runtime.seccomp import default_profile
+from paddock_hostagent.drivers.storage.safepaths import Tree
 
 GUEST_AGENT_PATH = "/run/paddock-guest"
 GUEST_LISTEN_FD = 3
-# gVisor: the guest binds its socket in this directory, bound from the host (drivers/oci.py).
+# gVisor: the guest binds its socket in this directory, bound from the host (drivers/runtime/oci.py).
 GUEST_SOCKET_DIR = "/run/paddock-host"
 GUEST_SOCKET_NAME = "guest.sock"
 CPU_PERIOD_US = 100_000
@@ -77,7 +77,7 @@ class BundleSpec:
     # Set for runsc: the host directory the guest binds its socket in (runsc hands over no fds).
     guest_socket_dir: Path | None = None
     # Set for runsc: a directory on the sandbox's disk bound at /tmp. Without a /tmp in the spec runsc
-    # mounts a tmpfs inside its sentry there, which a fork or a restart loses (drivers/oci.py).
+    # mounts a tmpfs inside its sentry there, which a fork or a restart loses (drivers/runtime/oci.py).
     tmp_dir: Path | None = None
     # S3 disks bound at the start (gVisor): (host directory s3fs serves, path in the sandbox).
     disk_binds: tuple[tuple[Path, str], ...] = ()
@@ -240,7 +240,7 @@ def write_identity_files(root: Path, *, hostname: str, ip: str, resolv_conf: str
     overlay is undefined). The sandbox may edit them afterwards like any other file.
 
     The tenant controls /etc there (a fork's disk holds whatever its source made of it): the paths are
-    resolved inside ``root`` (drivers/safepaths.py), so a symlinked /etc leads where it leads inside the
+    resolved inside ``root`` (drivers/storage/safepaths.py), so a symlinked /etc leads where it leads inside the
     sandbox's tree, never to the host's files, and a symlink in a file's place is replaced, not followed.
     An /etc that leads nowhere inside ``root`` refuses the boot (``TenantPathError``, naming it).
     """

@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paddock_hostagent.drivers.base import CapacityError, CommandFailedError, DriverError
-from paddock_hostagent.drivers.commands import run_sync
-from paddock_hostagent.drivers.nftlib import Nft
-from paddock_hostagent.drivers.nsthread import CLONE_NEWNET, in_namespace
+from paddock_hostagent.drivers.net.nftlib import Nft
+from paddock_hostagent.drivers.system.commands import run_sync
+from paddock_hostagent.drivers.system.nsthread import CLONE_NEWNET, in_namespace
 
 NETNS_DIR = Path("/run/netns")
 VETH_PREFIX = "pdk"
@@ -138,7 +138,7 @@ class AddressAllocator:
 
 
 def netns_sysctl(netns_path: Path, values: dict[str, str]) -> None:
-    """Writes ``/proc/sys/net/<key>`` inside a network namespace, in process (``drivers/nsthread.py``;
+    """Writes ``/proc/sys/net/<key>`` inside a network namespace, in process (``drivers/system/nsthread.py``;
     about 0.7 ms, where ``ip netns exec sysctl`` costs a process)."""
 
     def write() -> None:
@@ -294,7 +294,7 @@ flush set ip {self.nft_table} sources
                 "link set lo up",
                 f"addr add {net.ip}/32 dev eth0",
                 # 1: one MTU-sized segment per packet the sandbox sends, so the egress quota
-                # (drivers/egress.py) stops within one wire packet of the budget, not one 64 KiB GSO
+                # (drivers/net/egress_rules.py) stops within one wire packet of the budget, not one 64 KiB GSO
                 # burst; larger values trade that precision for throughput (settings.py).
                 f"link set dev eth0 gso_max_segs {self.gso_max_segs}",
                 "link set eth0 up",
@@ -322,7 +322,7 @@ flush set ip {self.nft_table} sources
         return net.netns_path.exists() and interface_exists(net.host_veth)
 
     def resolv_conf(self) -> str:
-        """Sandboxes resolve through the host agent's resolver on the gateway (drivers/dns.py)."""
+        """Sandboxes resolve through the host agent's resolver on the gateway (drivers/net/dns.py)."""
         return f"nameserver {self.gateway}\noptions timeout:2 attempts:2\n"
 
     def upstream_servers(self) -> list[str]:

@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 
 from paddock_hostagent.drivers.base import CommandFailedError
-from paddock_hostagent.drivers.commands import run
+from paddock_hostagent.drivers.system.commands import run
 
 LOOP_CLR_FD = 0x4C01
 LOOP_SET_CAPACITY = 0x4C07

@@ -51,7 +51,7 @@ from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import CommandFailedError
-from paddock_hostagent.drivers.nftlib import Nft
+from paddock_hostagent.drivers.net.nftlib import Nft
 
 log = get_logger(__name__)
 

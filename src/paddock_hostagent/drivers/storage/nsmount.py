@@ -1,13 +1,13 @@
 """Moving a host mount into a sandbox's mount namespace, and removing it there.
 
-The sandbox's disks are FUSE mounts made on the host (``drivers/s3mounts.py``), where their
+The sandbox's disks are FUSE mounts made on the host (``drivers/storage/s3mounts.py``), where their
 credentials stay. To show one at an arbitrary path inside a running sandbox, this clones the host
 mount with ``open_tree(OPEN_TREE_CLONE)``, enters the sandbox's mount namespace with ``setns`` and
 places the clone there with ``move_mount``. Nothing new is bound into every sandbox at boot, and the
 sandbox sees neither the host path nor the credentials.
 
 ``setns`` into a mount namespace refuses a multi-threaded caller, and the agent has threads, so this
-runs as its own short process: ``python -m paddock_hostagent.drivers.nsmount move|umount …``. Paths
+runs as its own short process: ``python -m paddock_hostagent.drivers.storage.nsmount move|umount …``. Paths
 after ``setns`` resolve inside the sandbox (the kernel resets root and cwd to the namespace's root),
 and none of them through a symbolic link (``openat2`` with RESOLVE_NO_SYMLINKS): a link the sandbox
 made cannot steer the mount onto its own /proc or anywhere else it does not name. The placed copy is

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from paddock_hostagent.drivers.base import DriverError
-from paddock_hostagent.drivers.commands import run_sync
-from paddock_hostagent.drivers.linkdump import links_of_kind
-from paddock_hostagent.drivers.network import NETNS_DIR, VETH_PREFIX, VXLAN_PORT, netns_sysctl
+from paddock_hostagent.drivers.net.linkdump import links_of_kind
+from paddock_hostagent.drivers.net.network import NETNS_DIR, VETH_PREFIX, VXLAN_PORT, netns_sysctl
+from paddock_hostagent.drivers.system.commands import run_sync
 
 BRIDGE_PREFIX = "pb"
 PORT_PREFIX = "pv"

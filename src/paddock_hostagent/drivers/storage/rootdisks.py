@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from paddock_hostagent.drivers import loops, mounts, xfsreadahead
 from paddock_hostagent.drivers.base import CommandFailedError, DriverError, UnsupportedError
-from paddock_hostagent.drivers.commands import run
+from paddock_hostagent.drivers.storage import loops, mounts, xfsreadahead
+from paddock_hostagent.drivers.system.commands import run
 
 Filesystem = Literal["ext4", "xfs"]
 _CAP_SYS_RESOURCE = 24

@@ -1,0 +1,1 @@
+"""Template builds: buildah and each owner's builder storage."""

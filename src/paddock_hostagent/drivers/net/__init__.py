@@ -1,0 +1,1 @@
+"""Sandbox networking: namespaces and veths, private bridges, DNS, egress rules in nftables."""

@@ -1,0 +1,1 @@
+"""What every driver uses to reach the host: running tools, host processes, entering namespaces."""
