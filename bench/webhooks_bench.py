@@ -39,16 +39,16 @@ from pydantic import SecretStr
 from sqlalchemy import delete, select
 
 import paddock_controlplane
-from paddock_controlplane import accounts, webhooks
-from paddock_controlplane.models import WebhookDelivery
+from paddock_controlplane.records.models import WebhookDelivery
+from paddock_controlplane.resources import accounts, webhooks
 from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_controlplane.webhook_delivery import DeliveryWorker, sign
+from paddock_controlplane.workers.webhook_delivery import DeliveryWorker, sign
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, transaction, upgrade
 from paddock_core.logging import configure_logging
 from paddock_core.timeutil import as_utc, utcnow
 
-MIGRATIONS = Path(paddock_controlplane.__file__).parent / "migrations"
+MIGRATIONS = Path(paddock_controlplane.__file__).parent / "records" / "migrations"
 KEY = "bench-secret-key-0123456789"
 DATA = {"sandbox_id": "sb-bench", "shape": "s-1vcpu-1gb", "disk_mib": 10240, "region": "eu"}
 

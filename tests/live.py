@@ -143,7 +143,7 @@ class LivePlatform:
 
     def new_user(self, plan: str = "pro", credits: int = 500) -> tuple[str, str]:
         """A user and an API key made through the domain, as ``paddock admin user create`` does."""
-        from paddock_controlplane import accounts
+        from paddock_controlplane.resources import accounts
         from paddock_core.db import make_engine, make_sessionmaker, transaction
 
         async def make() -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """The two readers of egress rules agree on one table of cases.
 
-The control plane validates and normalises what users send (``paddock_controlplane.validation``); the
+The control plane validates and normalises what users send (``paddock_controlplane.records.validation``); the
 host agent parses the normalised rules into its firewall and resolver policy
 (``paddock_hostagent.drivers.net.egress_rules.EgressPolicy``). Every rule the control plane accepts must be one
 the host agent can install, and every rule it refuses the host agent refuses too, so neither side can
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from paddock_controlplane import validation
+from paddock_controlplane.records import validation
 from paddock_core.errors import ValidationFailed
 from paddock_hostagent.drivers.net.egress_rules import EgressPolicy, EgressRuleError
 

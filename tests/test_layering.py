@@ -201,8 +201,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_control_plane_has_no_import_cycle() -> None:
     graph = control_plane_graph()
     # The graph is real: the modules that used to form the cycle are in it, with their edges.
-    assert "paddock_controlplane.networks" in graph["paddock_controlplane.lifecycle"]
-    assert "paddock_controlplane.queries" in graph["paddock_controlplane.networks"]
+    assert "paddock_controlplane.resources.networks" in graph["paddock_controlplane.sandboxes.lifecycle"]
+    assert "paddock_controlplane.records.queries" in graph["paddock_controlplane.resources.networks"]
     cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle or [])
 

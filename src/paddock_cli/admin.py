@@ -40,14 +40,14 @@ def _run(work: Callable[[Any, Any], Awaitable[T]]) -> T:
     route), over a second of an admin command's start on a loaded box, for one path."""
     import asyncio
 
-    import paddock_controlplane.migrations
+    import paddock_controlplane.records.migrations
     from paddock_controlplane.settings import ControlPlaneSettings
     from paddock_core.db import make_engine, make_sessionmaker, transaction, upgrade
     from paddock_core.errors import PaddockError
 
     data_dir = data_dir_override()
     settings = ControlPlaneSettings(data_dir=data_dir) if data_dir else ControlPlaneSettings()
-    migrations = Path(paddock_controlplane.migrations.__file__).parent
+    migrations = Path(paddock_controlplane.records.migrations.__file__).parent
 
     async def go() -> T:
         await upgrade(migrations, settings.database_url)
@@ -72,7 +72,7 @@ def user_create(
     json_out: bool = typer.Option(False, "--json", help="Print JSON"),
 ) -> None:
     """Create a user with the signup credits and print its first API key (shown once)."""
-    from paddock_controlplane import accounts
+    from paddock_controlplane.resources import accounts
 
     async def work(session: Any, settings: Any) -> dict[str, str]:
         user = await accounts.create_user(
@@ -95,7 +95,7 @@ def user_create(
 @user_app.command("set-plan")
 def user_set_plan(user_id: str, plan: str) -> None:
     """Move a user to another plan."""
-    from paddock_controlplane import accounts
+    from paddock_controlplane.resources import accounts
 
     async def work(session: Any, _: Any) -> str:
         return (await accounts.set_plan(session, user_id, plan)).plan_id
@@ -106,7 +106,7 @@ def user_set_plan(user_id: str, plan: str) -> None:
 @key_app.command("create")
 def key_create(user_id: str) -> None:
     """Issue another API key for a user (shown once)."""
-    from paddock_controlplane import accounts
+    from paddock_controlplane.resources import accounts
 
     async def work(session: Any, _: Any) -> Any:
         return await accounts.create_key(session, user_id)
@@ -119,7 +119,7 @@ def key_create(user_id: str) -> None:
 @key_app.command("revoke")
 def key_revoke(key_id: str) -> None:
     """Revoke a key; requests with it get 401 from then on."""
-    from paddock_controlplane import accounts
+    from paddock_controlplane.resources import accounts
 
     async def work(session: Any, _: Any) -> Any:
         return await accounts.revoke_key(session, key_id)
@@ -134,7 +134,7 @@ def key_list(
     json_out: bool = typer.Option(False, "--json", help="Print JSON"),
 ) -> None:
     """List keys (their id, owner, prefix and state; never the key itself)."""
-    from paddock_controlplane import accounts
+    from paddock_controlplane.resources import accounts
     from paddock_core.timeutil import rfc3339
 
     async def work(session: Any, _: Any) -> list[dict[str, Any]]:
@@ -161,7 +161,7 @@ def key_list(
 @host_app.command("list")
 def host_list(json_out: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Every host: status (active, draining, dead), free memory, sandboxes, address and labels."""
-    from paddock_controlplane import hosts
+    from paddock_controlplane.hosts import hosts
 
     async def work(session: Any, _: Any) -> list[dict[str, Any]]:
         rows, _total = await hosts.list_hosts(session, limit=10_000, offset=0)
@@ -180,7 +180,7 @@ def host_list(json_out: bool = typer.Option(False, "--json", help="Print JSON"))
 
 
 def _set_drained(host_id: str, drained: bool) -> str:
-    from paddock_controlplane import hosts
+    from paddock_controlplane.hosts import hosts
 
     async def work(session: Any, _: Any) -> str:
         return str((await hosts.set_drained(session, host_id, drained)).status)

@@ -11,30 +11,33 @@ from fastapi import FastAPI
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
-from paddock_controlplane import contract, host_reports, hostlink, ingress, reconciler, sshgate
-from paddock_controlplane.api.errors import install_error_handlers
-from paddock_controlplane.api.routes import bodies, catalog, commands, internal, probes, sandboxes
-from paddock_controlplane.api.routes import computer as computer_routes
-from paddock_controlplane.api.routes import disks as disk_routes
-from paddock_controlplane.api.routes import networks as network_routes
-from paddock_controlplane.api.routes import processes as process_routes
-from paddock_controlplane.api.routes import shell as shell_routes
-from paddock_controlplane.api.routes import templates as template_routes
-from paddock_controlplane.api.routes import webhooks as webhook_routes
-from paddock_controlplane.e2b import listener as e2b_listener
-from paddock_controlplane.e2b.edge import listener as edge_listener
-from paddock_controlplane.hotcache import (
+from paddock_controlplane.edge import contract, ingress, sshgate
+from paddock_controlplane.edge.api.errors import install_error_handlers
+from paddock_controlplane.edge.api.routes import bodies, catalog, commands, internal, probes, sandboxes
+from paddock_controlplane.edge.api.routes import computer as computer_routes
+from paddock_controlplane.edge.api.routes import disks as disk_routes
+from paddock_controlplane.edge.api.routes import networks as network_routes
+from paddock_controlplane.edge.api.routes import processes as process_routes
+from paddock_controlplane.edge.api.routes import shell as shell_routes
+from paddock_controlplane.edge.api.routes import templates as template_routes
+from paddock_controlplane.edge.api.routes import webhooks as webhook_routes
+from paddock_controlplane.edge.e2b import listener as e2b_listener
+from paddock_controlplane.edge.e2b.edge import listener as edge_listener
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records.hotcache import (
     StatusWatch,
     TTLCache,
     drop_changed_sandboxes,
     forget_changes,
     wake_watchers,
 )
-from paddock_controlplane.models import Sandbox, Template, WebhookDelivery
-from paddock_controlplane.services import Services
+from paddock_controlplane.records.models import Sandbox, Template, WebhookDelivery
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.sandboxes import host_reports
 from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_controlplane.template_builds import TemplateBuilder
-from paddock_controlplane.webhook_delivery import DeliveryWorker
+from paddock_controlplane.workers import reconciler
+from paddock_controlplane.workers.template_builds import TemplateBuilder
+from paddock_controlplane.workers.webhook_delivery import DeliveryWorker
 from paddock_core import errors, metrics, openapi
 from paddock_core.bodylimit import BodyLimit
 from paddock_core.crypto import SecretBox
@@ -44,7 +47,7 @@ from paddock_core.http import RequestContextMiddleware
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
 
-MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATIONS = Path(__file__).parent / "records" / "migrations"
 event.listen(Session, "after_flush", drop_changed_sandboxes)
 event.listen(Session, "after_commit", wake_watchers)
 event.listen(Session, "after_rollback", forget_changes)

@@ -13,9 +13,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from paddock_controlplane import accounts, hostlink
 from paddock_controlplane.app import create_app, migrate
-from paddock_controlplane.services import Services
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.resources import accounts
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 from tests.conftest import LiveServer

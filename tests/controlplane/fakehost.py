@@ -12,8 +12,8 @@ import itertools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from paddock_controlplane import hostlink
-from paddock_controlplane.models import Sandbox
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records.models import Sandbox
 from paddock_core import errors
 from paddock_hostagent.schemas import (
     BuildBody,

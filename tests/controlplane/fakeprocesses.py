@@ -10,7 +10,7 @@ import itertools
 import signal
 from collections.abc import AsyncGenerator
 
-from paddock_controlplane import hostlink
+from paddock_controlplane.hosts import hostlink
 from paddock_core import errors
 from paddock_hostagent.schemas import (
     ProcessFrame,

@@ -13,7 +13,7 @@ import asyncssh
 import httpx
 import pytest
 
-from paddock_controlplane import sshgate
+from paddock_controlplane.edge import sshgate
 from tests.controlplane.conftest import Clocked, user_client
 
 pytestmark = pytest.mark.db

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from paddock_controlplane import accounts, reconciler
-from paddock_controlplane.models import CreditEntry
+from paddock_controlplane.records.models import CreditEntry
+from paddock_controlplane.resources import accounts
+from paddock_controlplane.workers import reconciler
 from paddock_core.db import make_engine, make_sessionmaker
 from tests.controlplane.conftest import Clocked, user_client
 

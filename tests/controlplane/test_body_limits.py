@@ -15,9 +15,9 @@ import httpx
 import pytest
 import uvicorn
 
-from paddock_controlplane import commands
-from paddock_controlplane.api.routes import bodies
 from paddock_controlplane.app import create_app, migrate
+from paddock_controlplane.edge.api.routes import bodies
+from paddock_controlplane.sandboxes import commands
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core import bodylimit, serving
 from tests.controlplane.conftest import ControlPlane

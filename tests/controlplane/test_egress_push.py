@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from paddock_controlplane import hostlink
+from paddock_controlplane.hosts import hostlink
 from tests.controlplane.fakehost import FakeHostLink
 from tests.controlplane.test_sandboxes_rules import api, fake_host
 

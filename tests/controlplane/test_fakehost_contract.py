@@ -21,7 +21,7 @@ def test_fake_host_link_type_checks_against_the_host_link_interface() -> None:
             "-m",
             "mypy",
             "tests/controlplane/fakehost.py",
-            "src/paddock_controlplane/hostlink.py",
+            "src/paddock_controlplane/hosts/hostlink.py",
         ],
         cwd=ROOT,
         capture_output=True,

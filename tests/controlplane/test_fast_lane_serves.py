@@ -14,8 +14,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from paddock_controlplane.api import deps
 from paddock_controlplane.app import create_app, migrate
+from paddock_controlplane.edge.api import deps
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core import errors
 from tests.conftest import LiveServer

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from paddock_controlplane import hostlink, lifecycle
-from paddock_controlplane.models import Sandbox, WebhookDelivery
-from paddock_controlplane.schemas import ForkSandboxRequest
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records.models import Sandbox, WebhookDelivery
+from paddock_controlplane.records.schemas import ForkSandboxRequest
+from paddock_controlplane.sandboxes import lifecycle
 from paddock_controlplane.settings import ControlPlaneSettings
 from tests.controlplane.conftest import Clocked, user_client
 

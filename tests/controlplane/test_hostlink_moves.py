@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from paddock_controlplane import hostlink
+from paddock_controlplane.hosts import hostlink
 from paddock_hostagent.client import HostAgentClient
 from tests.controlplane.conftest import Clocked
 

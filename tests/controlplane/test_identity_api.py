@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from paddock_controlplane import accounts
+from paddock_controlplane.resources import accounts
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
 

@@ -18,9 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from paddock_controlplane.ingress.proxy import IngressProxy
-from paddock_controlplane.ingress.routing import Route
-from paddock_controlplane.services import Activity
+from paddock_controlplane.edge.ingress.proxy import IngressProxy
+from paddock_controlplane.edge.ingress.routing import Route
+from paddock_controlplane.records.services import Activity
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.timeutil import utcnow
 

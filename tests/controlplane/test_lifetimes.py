@@ -13,8 +13,9 @@ import json
 import pytest
 from sqlalchemy import select
 
-from paddock_controlplane import lifecycle, webhooks
-from paddock_controlplane.models import WebhookDelivery
+from paddock_controlplane.records.models import WebhookDelivery
+from paddock_controlplane.resources import webhooks
+from paddock_controlplane.sandboxes import lifecycle
 from paddock_core.db import make_engine, make_sessionmaker
 from tests.controlplane.conftest import Clocked, user_client
 

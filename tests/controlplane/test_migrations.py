@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from paddock_controlplane import accounts
 from paddock_controlplane.app import MIGRATIONS
+from paddock_controlplane.resources import accounts
 from paddock_core.db import make_engine, make_sessionmaker, transaction, upgrade
 
 pytestmark = pytest.mark.db

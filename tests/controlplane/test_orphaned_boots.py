@@ -16,9 +16,10 @@ import httpx
 import pytest
 from sqlalchemy import func, select, update
 
-from paddock_controlplane import hostlink, reconciler
-from paddock_controlplane.models import Sandbox, WebhookDelivery
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records.models import Sandbox, WebhookDelivery
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_controlplane.workers import reconciler
 from paddock_core.db import transaction
 from tests.controlplane.conftest import Clocked, user_client
 

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from paddock_controlplane import hostlink, states
 from paddock_controlplane.app import create_app
-from paddock_controlplane.services import BackgroundTasks, Services
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records import states
+from paddock_controlplane.records.services import BackgroundTasks, Services
+from paddock_controlplane.records.states import SandboxStatus
 from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_controlplane.states import SandboxStatus
 from tests.conftest import LiveServer
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink

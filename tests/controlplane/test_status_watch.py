@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from paddock_controlplane.hotcache import StatusWatch
+from paddock_controlplane.records.hotcache import StatusWatch
 
 
 async def test_a_change_committed_while_the_row_is_read_wakes_the_waiter_at_once() -> None:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from paddock_controlplane import webhooks
+from paddock_controlplane.resources import webhooks
 from tests.controlplane.conftest import ControlPlane
 
 pytestmark = pytest.mark.db

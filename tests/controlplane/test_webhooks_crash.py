@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from paddock_controlplane.models import CreditEntry
+from paddock_controlplane.records.models import CreditEntry
 from paddock_core.timeutil import utcnow
 from tests.controlplane.webhook_support import SECRET_KEY, Received, running_receiver, webhook_db
 
@@ -47,7 +47,10 @@ def start_worker(database_url: str, log: Path, *, lease_s: str | None = "2") -> 
         env.pop("PADDOCK_CP_WEBHOOK_POLL_INTERVAL_S", None)
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "paddock_controlplane.webhook_delivery"], env=env, stdout=out, stderr=out
+            [sys.executable, "-m", "paddock_controlplane.workers.webhook_delivery"],
+            env=env,
+            stdout=out,
+            stderr=out,
         )
 
 
@@ -147,7 +150,7 @@ async def test_a_killed_workers_claims_are_taken_over_within_seconds_with_the_de
 
 CHANGE_AND_EMIT = """
 import asyncio, sys
-from paddock_controlplane import accounts, webhooks
+from paddock_controlplane.resources import accounts, webhooks
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 
 async def main(url, user_id, hang):

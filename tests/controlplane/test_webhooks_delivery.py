@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from paddock_controlplane import webhooks
-from paddock_controlplane.webhook_delivery import RETRY_DELAYS_S, DeliveryWorker, HttpTransport
+from paddock_controlplane.resources import webhooks
+from paddock_controlplane.workers.webhook_delivery import RETRY_DELAYS_S, DeliveryWorker, HttpTransport
 from paddock_core.timeutil import utcnow
 from tests.conftest import fresh_database
 from tests.controlplane.webhook_support import (
@@ -440,7 +440,7 @@ async def test_a_live_worker_keeps_its_claim_while_an_attempt_outlasts_the_lease
 
 EMIT_ELSEWHERE = """
 import asyncio, sys
-from paddock_controlplane import webhooks
+from paddock_controlplane.resources import webhooks
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 
 async def main(url, user_id):

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from sqlalchemy import text
 
-from paddock_controlplane import webhooks
+from paddock_controlplane.resources import webhooks
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, transaction

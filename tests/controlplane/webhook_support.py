@@ -17,9 +17,9 @@ from pydantic import SecretStr
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from paddock_controlplane import accounts, webhooks
 from paddock_controlplane.app import MIGRATIONS
-from paddock_controlplane.models import WebhookDelivery, WebhookEndpoint
+from paddock_controlplane.records.models import WebhookDelivery, WebhookEndpoint
+from paddock_controlplane.resources import accounts, webhooks
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, transaction, upgrade

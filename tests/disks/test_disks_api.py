@@ -15,8 +15,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from paddock_controlplane import disks
-from paddock_controlplane.models import Disk, SandboxDisk
+from paddock_controlplane.records.models import Disk, SandboxDisk
+from paddock_controlplane.resources import disks
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import make_engine, make_sessionmaker
 from paddock_core.timeutil import utcnow

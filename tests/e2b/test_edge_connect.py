@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from e2b import Sandbox
-from paddock_controlplane.e2b.edge import connect
+from paddock_controlplane.edge.e2b.edge import connect
 from tests.e2b.conftest import E2bPlatform
 
 

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from e2b import AsyncSandbox, NotFoundException, PtySize, Sandbox
-from paddock_controlplane.e2b.edge import connect, gzip_body
+from paddock_controlplane.edge.e2b.edge import connect, gzip_body
 from paddock_controlplane.settings import ControlPlaneSettings
 from tests.e2b.conftest import E2bPlatform
 

@@ -10,9 +10,9 @@ import datetime as dt
 import pytest
 from sqlalchemy import inspect, text
 
-from paddock_controlplane import accounts
 from paddock_controlplane.app import MIGRATIONS
-from paddock_controlplane.models import Sandbox
+from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.resources import accounts
 from paddock_core.db import make_engine, make_sessionmaker, transaction, upgrade
 from paddock_core.timeutil import as_utc
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from e2b import Sandbox
-from paddock_controlplane.e2b.edge import connect
-from paddock_controlplane.sandbox_fs import (
+from paddock_controlplane.edge.e2b.edge import connect
+from paddock_controlplane.sandboxes.sandbox_fs import (
     MAX_WATCHES_PER_SANDBOX,
     WatchSlots,
 )

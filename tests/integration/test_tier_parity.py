@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from paddock_controlplane import sandbox_fs
+from paddock_controlplane.sandboxes import sandbox_fs
 from tests.integration.conftest import platform_tier
 from tests.live import LivePlatform
 

@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from paddock_controlplane.billing import cost_micro
+from paddock_controlplane.resources.billing import cost_micro
 from tests.multihost.harness import Cluster
 from tests.multihost.support import SHAPE, create, wait_status
 

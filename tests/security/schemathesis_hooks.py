@@ -22,8 +22,8 @@ import schemathesis
 from eth_account import Account
 from eth_account.messages import encode_defunct
 
-from paddock_controlplane.hostlink import SANDBOX_BUSY
-from paddock_controlplane.scheduler import NO_CAPACITY
+from paddock_controlplane.hosts.hostlink import SANDBOX_BUSY
+from paddock_controlplane.hosts.scheduler import NO_CAPACITY
 
 #: Operations that would leave the shared sandbox destroyed or paused for the others.
 STOPPING = {

@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from paddock_controlplane import commands, sshgate
+from paddock_controlplane.edge import sshgate
+from paddock_controlplane.sandboxes import commands
 from paddock_core import serving
 from tests.hostagent.conftest import debian_image, free_port, guest_binary_dir
 from tests.live import LivePlatform, plain_http_ingress, start_platform

@@ -19,7 +19,7 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import func, select
 
-from paddock_controlplane.models import Sandbox, User, WebhookDelivery
+from paddock_controlplane.records.models import Sandbox, User, WebhookDelivery
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import make_engine, make_sessionmaker
 from tests.conftest import LiveServer

@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import update
 
 from paddock_cli import serve
-from paddock_controlplane.models import ApiKey
+from paddock_controlplane.records.models import ApiKey
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 from paddock_core.timeutil import utcnow
 from paddock_gateway import credits

@@ -27,8 +27,8 @@ import schemathesis
 from eth_account import Account
 from fastapi import FastAPI
 
-from paddock_controlplane import hostlink
 from paddock_controlplane.app import create_app as create_controlplane
+from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core import errors
 from paddock_gateway.app import create_app as create_gateway

@@ -18,9 +18,11 @@ import httpx
 import pytest
 from sqlalchemy import func, select, update
 
-from paddock_controlplane import hostlink, template_builds, templates
-from paddock_controlplane.models import Template, TemplateLogLine
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records.models import Template, TemplateLogLine
+from paddock_controlplane.resources import templates
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_controlplane.workers import template_builds
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 from paddock_core.timeutil import utcnow
 from paddock_hostagent.schemas import BuildBody, BuildLine, BuildView

@@ -1,0 +1,467 @@
+"""E2B's control API (e2b-dev/infra ``spec/openapi.yml``) on Paddock: the routes the unmodified E2B SDKs
+call, each parsing E2B's request and calling the control plane's own domain functions (``lifecycle``,
+``suspension``, ``destruction``, ``queries``) exactly as the ``/v1`` routes do. Paddock API keys work
+unchanged in ``X-API-Key``. Errors are E2B's ``{"code", "message"}`` (``e2b.errors``); what is not built
+answers 501 (docs/e2b.md has the table)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import urllib.parse
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy import select
+
+from paddock_controlplane.edge.api.deps import scope_caller
+from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional_body
+from paddock_controlplane.edge.e2b import errors as e2b_errors
+from paddock_controlplane.edge.e2b import identity, schemas, store
+from paddock_controlplane.edge.e2b import templates as e2b_templates
+from paddock_controlplane.edge.e2b.store import E2bSandbox
+from paddock_controlplane.records import queries
+from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.records.schemas import CreateSandboxRequest, ForkSandboxRequest
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.records.states import SandboxStatus
+from paddock_controlplane.resources.accounts import Principal
+from paddock_controlplane.sandboxes import destruction, lifecycle, suspension
+from paddock_core import errors
+from paddock_core.bodylimit import BodyLimit, BodyRoute
+from paddock_core.db import transaction
+from paddock_core.http import RequestContextMiddleware
+from paddock_core.timeutil import as_utc
+
+router = APIRouter()
+
+#: The shape an E2B sandbox boots with: E2B's default sandbox has 2 vCPUs, and 2 GiB leaves the code
+#: interpreter's kernels room.
+DEFAULT_SHAPE = "s-2vcpu-2gb"
+#: How long a create, pause or resume waits for the sandbox to settle before answering.
+SETTLE_S = 60.0
+#: A list page is at most this long (E2B's own maximum).
+MAX_LIMIT = 100
+#: ``endAt`` of a sandbox with no E2B lifetime (created through ``/v1``): it lives until it is destroyed.
+NEVER = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
+_ID_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+async def _caller(request: Request, sandbox_id: str | None) -> tuple[Services, Principal]:
+    services, principal = await scope_caller(request.scope)
+    principal.require_scope(sandbox_id)
+    return services, principal
+
+
+def _cutoff(services: Services) -> dt.datetime:
+    return services.clock() - dt.timedelta(hours=services.settings.retention_destroyed_h)
+
+
+async def _visible(services: Services, user_id: str, sandbox_id: str, wait: str | None = None) -> Sandbox:
+    """The caller's sandbox while E2B would show it (running or paused); 404 otherwise, as E2B answers
+    for a killed one."""
+    if not _ID_RE.match(sandbox_id):
+        raise errors.NotFound(f"sandbox {sandbox_id!r} not found")
+    how = queries.Wait(wait, SETTLE_S) if wait else None
+    sandbox = await queries.get_when(services, user_id, sandbox_id, _cutoff(services), how)
+    if sandbox.status not in schemas.STATES:
+        raise errors.NotFound(f"sandbox {sandbox_id!r} not found")
+    return sandbox
+
+
+def _template_of(sandbox: Sandbox, row: E2bSandbox | None) -> str:
+    return row.template_id if row is not None else identity.template_for_rootfs(sandbox.rootfs)
+
+
+def _end_of(sandbox: Sandbox) -> dt.datetime:
+    """E2B's ``endAt`` from the native lifetime: ``end_at``, when it paused (its clock stopped), or
+    never for a sandbox with no lifetime."""
+    if sandbox.end_at is not None:
+        return as_utc(sandbox.end_at)
+    if schemas.STATES.get(sandbox.status) == "paused" and sandbox.timeout_s:
+        return as_utc(sandbox.paused_at or sandbox.created_at)
+    return NEVER
+
+
+def _tags(sandbox: Sandbox) -> dict[str, str]:
+    return {str(key): str(value) for key, value in (sandbox.labels or {}).items()}
+
+
+def _field(exc: errors.ValidationFailed) -> errors.ValidationFailed:
+    """/v1's 400 under E2B's field names."""
+    names = {"timeout_s": "timeout", "envs": "envVars", "on_timeout": "autoPause"}
+    for native, e2b in names.items():
+        if native in exc.fields:
+            return errors.ValidationFailed.field(e2b, exc.fields[native])
+    return exc
+
+
+# --- sandboxes -----------------------------------------------------------------------------------
+
+
+@router.post("/sandboxes", status_code=201)
+@router.post("/v2/sandboxes", status_code=201)
+async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
+    services, principal = await _caller(request, None)
+    if body.mcp:
+        raise e2b_errors.NotBuilt("mcp: MCP gateways are not served by Paddock")
+    if body.volume_mounts:
+        raise e2b_errors.NotBuilt("volumeMounts: volumes are not served by Paddock's E2B API yet")
+    if body.network:
+        raise e2b_errors.NotBuilt(
+            "network: E2B's network rules are not served yet; use Paddock's egress rules"
+        )
+    if body.iam:
+        raise e2b_errors.NotBuilt("iam: workload identity is not served by Paddock")
+    if body.allow_internet_access is False:
+        raise e2b_errors.NotBuilt(
+            "allow_internet_access: false is not served yet; use Paddock's egress rules"
+        )
+    timeout_s = store.check_timeout(body.timeout)
+    metadata = store.check_metadata(body.metadata)
+    # One lifetime and one label set (issue #33): E2B's ``timeout`` and ``metadata`` are /v1's
+    # ``timeout_s`` and ``metadata``, ``autoPause`` its ``on_timeout: pause``; the reconciler's expiry
+    # pass enforces them. ``timeout`` 0 is no lifetime, as /v1's 0 is.
+    request_body = CreateSandboxRequest(
+        shape=DEFAULT_SHAPE,
+        rootfs=identity.rootfs_for_template(body.template_id),
+        envs=body.env_vars or None,
+        timeout_s=timeout_s or None,
+        on_timeout=("pause" if body.auto_pause else "destroy") if timeout_s else None,
+        metadata=metadata or None,
+    )
+    try:
+        sandbox = await lifecycle.create(services, principal.user_id, request_body)
+    except errors.ValidationFailed as exc:
+        if "rootfs" in exc.fields:
+            raise errors.NotFound(f"template {body.template_id!r} not found") from None
+        raise _field(exc) from None
+    try:
+        async with transaction(services.sessions) as session:
+            await store.record(
+                session,
+                sandbox_id=sandbox.id,
+                user_id=principal.user_id,
+                template_id=body.template_id,
+                now=services.clock(),
+            )
+    except BaseException:
+        await destruction.destroy(services, principal.user_id, sandbox.id, reason="e2b_create_failed")
+        raise
+    return schemas.created(sandbox, body.template_id, services.settings)
+
+
+def _metadata_filter(raw: str | None) -> dict[str, str]:
+    """``metadata=k1%3Dv1%26k2%3Dv2``: the SDK urlencodes its ``quote``-d pairs into one parameter."""
+    if not raw:
+        return {}
+    if len(raw) > 16384:
+        raise errors.ValidationFailed.field("metadata", "at most 16384 characters")
+    pairs = urllib.parse.parse_qsl(raw, keep_blank_values=True)
+    if len(pairs) > store.MAX_METADATA_KEYS:
+        raise errors.ValidationFailed.field("metadata", f"at most {store.MAX_METADATA_KEYS} keys")
+    return {urllib.parse.unquote(key): urllib.parse.unquote(value) for key, value in pairs}
+
+
+def _states_filter(raw: str | None) -> list[str]:
+    if not raw:
+        return ["running", "paused"]
+    states = [part.strip() for part in raw.split(",") if part.strip()]
+    for state in states:
+        if state not in ("running", "paused"):
+            raise errors.ValidationFailed.field("state", f"unknown state {state!r}; running or paused")
+    return states
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None or raw == "":
+        return MAX_LIMIT
+    try:
+        value = int(raw)
+    except ValueError:
+        raise errors.ValidationFailed.field("limit", "must be an integer") from None
+    if value < 1:
+        raise errors.ValidationFailed.field("limit", "must be at least 1")
+    return min(value, MAX_LIMIT)
+
+
+async def _list(request: Request, states: list[str]) -> JSONResponse:
+    services, principal = await _caller(request, None)
+    query = request.query_params
+    metadata = _metadata_filter(query.get("metadata"))
+    limit = _limit(query.get("limit"))
+    order = query.get("order") or "asc"
+    if order not in ("asc", "desc"):
+        raise errors.ValidationFailed.field("order", "must be asc or desc")
+    token = query.get("nextToken") or ""
+    if token and not _ID_RE.match(token):
+        raise errors.ValidationFailed.field("nextToken", "is not a token this API gave")
+    statuses = [status for status, state in schemas.STATES.items() if state in states]
+    statement = (
+        select(Sandbox, E2bSandbox)
+        .outerjoin(E2bSandbox, E2bSandbox.sandbox_id == Sandbox.id)
+        .where(Sandbox.user_id == principal.user_id, Sandbox.status.in_(statuses))
+    )
+    for key, value in metadata.items():  # /v1's own filter (queries.list_sandboxes)
+        statement = statement.where(Sandbox.labels[key].as_string() == value)
+    template = query.get("template")
+    if template:
+        statement = statement.where(
+            (E2bSandbox.template_id == template) | (Sandbox.rootfs == identity.rootfs_for_template(template))
+        )
+    started_after = query.get("startedAfter")
+    if started_after:
+        try:
+            after = dt.datetime.fromisoformat(started_after.replace("Z", "+00:00"))
+        except ValueError:
+            raise errors.ValidationFailed.field("startedAfter", "must be an RFC 3339 time") from None
+        statement = statement.where(Sandbox.created_at >= as_utc(after))
+    if token:
+        statement = statement.where(Sandbox.id > token if order == "asc" else Sandbox.id < token)
+    # Ids are ULIDs: their order is their creation order, and the last one seen is the next token.
+    statement = statement.order_by(Sandbox.id if order == "asc" else Sandbox.id.desc()).limit(limit + 1)
+    async with services.sessions() as session:
+        rows = list((await session.execute(statement)).tuples().all())
+        page = rows[:limit]
+    items = [
+        schemas.listed(sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox))
+        for sandbox, row in page
+    ]
+    headers = {"x-next-token": page[-1][0].id} if len(rows) > limit else {}
+    return JSONResponse(items, headers=headers)
+
+
+@router.get("/v2/sandboxes")
+async def list_v2(request: Request) -> JSONResponse:
+    return await _list(request, _states_filter(request.query_params.get("state")))
+
+
+@router.get("/sandboxes")
+async def list_running(request: Request) -> JSONResponse:
+    """The first list (``GET /sandboxes``): running sandboxes only."""
+    return await _list(request, ["running"])
+
+
+#: Forks per request (the SDK's ``MAX_FORK_COUNT``); they are made one after another.
+MAX_FORKS = 20
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
+    """Paddock's fork, ``count`` times: each child boots from a copy of the source's disk (its processes
+    start afresh; E2B's keeps memory) with the source's template, metadata and a lifetime of its own.
+    A child that cannot be made is an ``error`` entry; a missing source is 404 for the whole request."""
+    services, principal = await _caller(request, None)
+    body = await optional_body(request, schemas.Fork)
+    count = 1 if body.count is None else body.count
+    if not 1 <= count <= MAX_FORKS:
+        raise errors.ValidationFailed.field("count", f"must be between 1 and {MAX_FORKS}")
+    source = await _visible(services, principal.user_id, sandbox_id)
+    async with services.sessions() as session:
+        row = await store.get(session, sandbox_id)
+    timeout_s = store.check_timeout(body.timeout if body.timeout is not None else source.timeout_s)
+    template_id = _template_of(source, row)
+    # The child's lifetime runs from its own start; its metadata is its source's (lifecycle.fork).
+    asked = ForkSandboxRequest(
+        timeout_s=timeout_s or None,
+        on_timeout=(source.on_timeout or "destroy") if timeout_s else None,
+    )
+    results: list[dict[str, Any]] = []
+    for _ in range(count):
+        try:
+            child = await lifecycle.fork(services, principal.user_id, sandbox_id, asked)
+            child = await _visible(services, principal.user_id, child.id, wait=SandboxStatus.RUNNING)
+            if child.status != SandboxStatus.RUNNING:
+                raise errors.InvalidState(f"the fork {child.id} is {child.status}, not running")
+            async with transaction(services.sessions) as session:
+                await store.record(
+                    session,
+                    sandbox_id=child.id,
+                    user_id=principal.user_id,
+                    template_id=template_id,
+                    now=services.clock(),
+                )
+            results.append({"sandbox": schemas.created(child, template_id, services.settings)})
+        except errors.PaddockError as exc:
+            results.append({"error": e2b_errors.error_body(exc.status, exc.message)})
+    return results
+
+
+@router.get("/sandboxes/metrics")
+async def many_metrics() -> None:
+    """Declared before ``/sandboxes/{id}`` so that it is a 501, not a sandbox called "metrics"."""
+    raise e2b_errors.NotBuilt("GET /sandboxes/metrics: Paddock keeps no per-sandbox resource series yet")
+
+
+@router.get("/sandboxes/{sandbox_id}")
+async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
+    services, principal = await _caller(request, sandbox_id)
+    sandbox = await _visible(services, principal.user_id, sandbox_id)
+    async with services.sessions() as session:
+        row = await store.get(session, sandbox_id)
+    return schemas.detail(
+        sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox), services.settings
+    )
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204)
+async def kill(sandbox_id: str, request: Request) -> Response:
+    services, principal = await _caller(request, sandbox_id)
+    sandbox = await _visible(services, principal.user_id, sandbox_id)
+    await destruction.destroy(services, principal.user_id, sandbox.id)
+    return Response(status_code=204)
+
+
+async def _set_end(
+    services: Services, sandbox: Sandbox, end_at: dt.datetime | None, timeout_s: int | None
+) -> None:
+    """Sets the native ``end_at`` (and ``timeout_s``), which ``/v1`` shows and the reconciler's expiry
+    pass acts on; a sandbox with no lifetime yet (made through ``/v1``) is destroyed when it passes."""
+    async with transaction(services.sessions) as session:
+        row = await session.get(Sandbox, sandbox.id, with_for_update=True)
+        if row is None:
+            raise errors.NotFound(f"sandbox {sandbox.id!r} not found")
+        row.end_at = end_at
+        if timeout_s is not None:
+            row.timeout_s = timeout_s or None
+        if row.timeout_s and row.on_timeout is None:
+            row.on_timeout = "destroy"
+        if end_at is not None and row.timeout_s is None:
+            row.timeout_s = max(1, int((end_at - services.clock()).total_seconds()))
+            row.on_timeout = row.on_timeout or "destroy"
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+async def set_timeout(sandbox_id: str, body: schemas.Timeout, request: Request) -> Response:
+    services, principal = await _caller(request, sandbox_id)
+    timeout_s = store.check_timeout(body.timeout)
+    sandbox = await _visible(services, principal.user_id, sandbox_id)
+    now = services.clock()
+    paused = schemas.STATES[sandbox.status] == "paused"
+    await _set_end(services, sandbox, None if paused else now + dt.timedelta(seconds=timeout_s), timeout_s)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
+async def refresh(sandbox_id: str, request: Request) -> Response:
+    services, principal = await _caller(request, sandbox_id)
+    body = await optional_body(request, schemas.Refresh)
+    duration = store.check_timeout(body.duration, "duration")
+    sandbox = await _visible(services, principal.user_id, sandbox_id)
+    wanted = services.clock() + dt.timedelta(seconds=duration)
+    if sandbox.end_at is not None and as_utc(sandbox.end_at) > wanted:
+        return Response(status_code=204)  # a refresh only ever extends
+    if schemas.STATES[sandbox.status] == "running":
+        await _set_end(services, sandbox, wanted, None)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+async def pause(sandbox_id: str, request: Request) -> Response:
+    services, principal = await _caller(request, sandbox_id)
+    sandbox = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.RUNNING)
+    if schemas.STATES[sandbox.status] == "paused":
+        raise errors.InvalidState(f"sandbox {sandbox_id!r} is already paused")
+    await suspension.pause(services, principal.user_id, sandbox_id)
+    settled = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.PAUSED)
+    if settled.status != SandboxStatus.PAUSED:
+        raise errors.InvalidState(f"sandbox {sandbox_id!r} did not pause: {settled.status}")
+    await _set_end(services, settled, None, None)
+    return Response(status_code=204)
+
+
+async def _resume_or_connect(request: Request, sandbox_id: str, *, only_paused: bool) -> JSONResponse:
+    services, principal = await _caller(request, sandbox_id)
+    body = await optional_body(request, schemas.Connect)
+    sandbox = await _visible(services, principal.user_id, sandbox_id)
+    if sandbox.status == SandboxStatus.PAUSING:
+        sandbox = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.PAUSED)
+    async with services.sessions() as session:
+        row = await store.get(session, sandbox_id)
+    timeout_s = store.check_timeout(body.timeout if body.timeout is not None else sandbox.timeout_s)
+    now = services.clock()
+    wanted = now + dt.timedelta(seconds=timeout_s)
+    resumed = sandbox.status == SandboxStatus.PAUSED
+    if only_paused and not resumed:
+        raise errors.InvalidState(f"sandbox {sandbox_id!r} is already running")
+    if resumed:
+        await suspension.resume(services, principal.user_id, sandbox_id)
+    sandbox = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.RUNNING)
+    if sandbox.status != SandboxStatus.RUNNING:
+        raise errors.InvalidState(f"sandbox {sandbox_id!r} is {sandbox.status}, not running")
+    if resumed or sandbox.end_at is None or as_utc(sandbox.end_at) < wanted:
+        await _set_end(services, sandbox, wanted, timeout_s)  # connect extends a running one, never shortens
+    status = 201 if resumed else 200
+    return JSONResponse(
+        schemas.created(sandbox, _template_of(sandbox, row), services.settings), status_code=status
+    )
+
+
+@router.post("/sandboxes/{sandbox_id}/connect")
+@router.post("/v2/sandboxes/{sandbox_id}/connect")
+async def connect(sandbox_id: str, request: Request) -> JSONResponse:
+    """Resumes a paused sandbox (201) or extends a running one's timeout (200)."""
+    return await _resume_or_connect(request, sandbox_id, only_paused=False)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
+async def resume(sandbox_id: str, request: Request) -> JSONResponse:
+    """The deprecated resume: 409 for a sandbox that is not paused."""
+    return await _resume_or_connect(request, sandbox_id, only_paused=True)
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+async def metrics(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
+    """Paddock keeps no per-sandbox resource series yet: an existing sandbox has none (docs/e2b.md)."""
+    services, principal = await _caller(request, sandbox_id)
+    await _visible(services, principal.user_id, sandbox_id)
+    return []
+
+
+@router.get("/sandboxes/{sandbox_id}/logs")
+async def logs(sandbox_id: str, request: Request) -> dict[str, Any]:
+    """E2B's logs are its envd's own; Paddock's guest keeps none a client could read (docs/e2b.md)."""
+    services, principal = await _caller(request, sandbox_id)
+    await _visible(services, principal.user_id, sandbox_id)
+    return {"logs": [], "logEntries": []}
+
+
+@router.get("/v2/sandboxes/{sandbox_id}/logs")
+async def logs_v2(sandbox_id: str, request: Request) -> dict[str, Any]:
+    services, principal = await _caller(request, sandbox_id)
+    await _visible(services, principal.user_id, sandbox_id)
+    return {"logs": []}
+
+
+@router.get("/health")
+async def health() -> Response:
+    return Response(status_code=204)
+
+
+def create_app(services: Services) -> FastAPI:
+    """The E2B API as its own ASGI app, sharing the control plane's services (one process, one state)."""
+    app = FastAPI(title="Paddock E2B-compatible API", openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.services = services
+    e2b_errors.install(app)
+    app.include_router(router)
+    app.include_router(e2b_templates.router)
+
+    def too_large(limit_bytes: int, field: str) -> errors.PaddockError:
+        return errors.PayloadTooLarge(f"{field} is over the {limit_bytes}-byte limit")
+
+    def render(exc: Exception) -> Response:
+        assert isinstance(exc, errors.PaddockError)
+        return e2b_errors.from_paddock(exc)
+
+    uploads = BodyRoute("PUT", r"/e2b-uploads", e2b_templates.MAX_UPLOAD_BYTES)
+    app.add_middleware(
+        BodyLimit, default_bytes=MAX_BODY_BYTES, refuse=too_large, render=render, routes=[uploads]
+    )
+    app.add_middleware(RequestContextMiddleware, service="e2b")
+    return app

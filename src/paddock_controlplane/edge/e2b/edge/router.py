@@ -1,0 +1,215 @@
+"""The edge's one ASGI app: which sandbox and port a request is for, and who may make it.
+
+- The sandbox and port come from ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` (what the SDK sends when
+  ``E2B_SANDBOX_URL`` is set) or from the host ``<port>-<sandbox id>.<domain>`` (the ingress's names).
+- A sandbox that is missing, gone or not running answers 502 "… was not found": the SDK reads that as
+  the sandbox not running (``SandboxNotRunningException``).
+- Port 49983 is envd, served here; it requires the sandbox's ``envdAccessToken`` in ``X-Access-Token``
+  (``identity.envd_access_token``). The user comes by Basic auth (``user``/``root``; none: the image's).
+- Any other port goes to that port of the sandbox, as the ingress does (``user_ports``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from sqlalchemy import bindparam, select
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.edge.e2b.edge import connect, files, filesystem, interpreter, process, user_ports
+from paddock_controlplane.edge.e2b.edge.connect import ConnectError
+from paddock_controlplane.edge.e2b.edge.context import USERS, Call, mapped
+from paddock_controlplane.edge.ingress.routing import parse_host
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.records.queries import running_sandbox
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.records.states import CLOSED, SandboxStatus
+from paddock_core import errors
+from paddock_core.logging import get_logger
+
+log = get_logger("paddock.e2b.edge")
+
+ENVD_PORT = 49983
+INTERPRETER_PORT = 49999
+#: Each service's unary, server-streaming and client-streaming methods.
+SERVICES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
+    "process.Process": (process.UNARY, process.STREAMS, process.CLIENT_STREAMS),
+    "filesystem.Filesystem": (filesystem.UNARY, filesystem.STREAMS, {}),
+}
+_BY_ID = select(Sandbox).where(Sandbox.id == bindparam("sandbox_id"))
+
+
+def not_found(sandbox_id: str) -> Response:
+    return JSONResponse(
+        {"code": 502, "message": f"The sandbox {sandbox_id} was not found", "sandboxId": sandbox_id},
+        status_code=502,
+    )
+
+
+def _target(request: Request, services: Services) -> tuple[str, int] | None:
+    sandbox_id = request.headers.get("e2b-sandbox-id", "")
+    port_text = request.headers.get("e2b-sandbox-port", "")
+    if sandbox_id:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            return None
+        return sandbox_id, int(port_text)
+    host = request.headers.get("host", "")
+    domain = identity.domain(services.settings)
+    name, sep, port = domain.rpartition(":")  # the ingress's URL domain may carry its port
+    domain = name if sep and port.isdigit() else domain
+    target = parse_host(host, domain) if domain else None
+    return (target.sandbox_id, target.port) if target else None
+
+
+def _user(request: Request) -> str | Response | None:
+    """The E2B user named by Basic auth (``user:``), None when the SDK names nobody (its default)."""
+    header = request.headers.get("authorization", "")
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic":
+        return JSONResponse({"code": 401, "message": "Authorization: must be Basic <user>:"}, status_code=401)
+    try:
+        user = base64.b64decode(value, validate=True).decode().partition(":")[0]
+    except (binascii.Error, UnicodeDecodeError):
+        return JSONResponse(
+            {"code": 401, "message": "Authorization: invalid Basic credentials"}, status_code=401
+        )
+    if user not in USERS:
+        return JSONResponse(
+            {"code": 400, "message": f"Authorization: user {user!r} is not one of {', '.join(USERS)}"},
+            status_code=400,
+        )
+    return user
+
+
+async def _sandbox(services: Services, sandbox_id: str) -> Sandbox | None:
+    if len(sandbox_id) > 64:
+        return None
+    row = await services.reads.first(_BY_ID, {"sandbox_id": sandbox_id})
+    if row is None or row.status in (*CLOSED, SandboxStatus.ERROR):
+        return None
+    try:
+        return await running_sandbox(services, row.user_id, sandbox_id)
+    except errors.PaddockError:
+        return None
+
+
+class EdgeApp:
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                return
+            await user_ports.websocket(self, scope, receive, send)
+            return
+        request = Request(scope, receive)
+        response = await self.handle(request)
+        await response(scope, receive, send)
+
+    async def handle(self, request: Request) -> Response:
+        target = _target(request, self.services)
+        if target is None:
+            return JSONResponse(
+                {
+                    "code": 400,
+                    "message": "E2b-Sandbox-Id and E2b-Sandbox-Port (1..65535) are required, "
+                    "or a host <port>-<sandbox id>.<domain>",
+                },
+                status_code=400,
+            )
+        sandbox_id, port = target
+        sandbox = await _sandbox(self.services, sandbox_id)
+        if sandbox is None:
+            return not_found(sandbox_id)
+        if port == ENVD_PORT:
+            return await self.envd(request, sandbox)
+        if port == INTERPRETER_PORT:
+            return await interpreter.handle(self.services, sandbox, request)
+        return await user_ports.forward(self.services, sandbox, port, request)
+
+    async def envd(self, request: Request, sandbox: Sandbox) -> Response:
+        path = request.url.path
+        if path == "/health":
+            return Response(status_code=204)
+        token = request.headers.get("x-access-token", "")
+        if not identity.check_envd_access_token(self.services.settings, sandbox.id, token):
+            return JSONResponse(
+                {"code": 401, "message": "X-Access-Token: missing or not this sandbox's"}, status_code=401
+            )
+        user = _user(request)
+        if isinstance(user, Response):
+            return user
+        call = Call(self.services, sandbox, await hostlink.for_host(self.services, sandbox.host_id), user)
+        if path == "/files":
+            if request.method == "GET":
+                return await files.download(call, request)
+            if request.method == "POST":
+                return await files.upload(call, request)
+            return JSONResponse(
+                {"code": 405, "message": f"{request.method} /files is not allowed"}, status_code=405
+            )
+        service, _, method = path.strip("/").partition("/")
+        if service in SERVICES and request.method == "POST":
+            return await self.rpc(call, request, service, method)
+        return JSONResponse(
+            {"code": 404, "message": f"{request.method} {path} is not served by envd"}, status_code=404
+        )
+
+    async def rpc(self, call: Call, request: Request, service: str, method: str) -> Response:
+        unary, streams, client_streams = SERVICES[service]
+        stream = connect.is_stream(request.headers.get("content-type", ""))
+        try:
+            if stream and method in client_streams:
+                # Read as it arrives: each message acts before the next comes (input reaches the
+                # process while the SDK's stream stays open); the one answer follows the request's end.
+                with mapped():
+                    answer = await client_streams[method](call, connect.stream_messages(request.stream()))
+                return Response(
+                    connect.envelope(answer) + connect.end_of_stream(), media_type=connect.STREAM_CONTENT_TYPE
+                )
+            body = await connect.read_body(request.stream())
+            if stream and method in streams:
+                message = connect.stream_request(body)
+                return StreamingResponse(
+                    _enveloped(streams[method](call, message)), media_type=connect.STREAM_CONTENT_TYPE
+                )
+            if not stream and method in unary:
+                with mapped():
+                    answer = await unary[method](call, connect.unary_request(body))
+                return JSONResponse(answer)
+            raise ConnectError("unimplemented", f"{service}/{method} is not served by Paddock's envd")
+        except ClientDisconnect:
+            return Response(status_code=499)  # the client went away mid-request: nobody reads this
+        except ConnectError as exc:
+            if stream:
+                return Response(connect.end_of_stream(exc), media_type=connect.STREAM_CONTENT_TYPE)
+            return JSONResponse(exc.wire(), status_code=connect.HTTP_STATUS[exc.code])
+
+
+async def _enveloped(messages: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """A server stream's envelopes: each message, then the end (with the error that ended it, if any)."""
+    error: ConnectError | None = None
+    try:
+        with mapped():
+            async for message in messages:
+                yield connect.envelope(message)
+    except ConnectError as exc:
+        error = exc
+    except Exception as exc:  # the stream is already 200: the error goes in its end envelope
+        log.exception("e2b_edge_stream_failed", error=str(exc))
+        error = ConnectError("internal", "internal error")
+    finally:
+        aclose: Callable[[], Awaitable[None]] | None = getattr(messages, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    yield connect.end_of_stream(error)

@@ -1,0 +1,146 @@
+"""Any port other than envd's and the interpreter's: the request goes to that port of the sandbox, as the
+ingress sends it (to the sandbox's address, from the control plane; never anywhere a tenant names). The
+URL is rebuilt from the parsed path and query; hop-by-hop headers are dropped; the body streams both
+ways. A port nothing listens on answers 502 "… port is not open", which the SDK reads as such.
+
+Who may reach a port: the ingress's rule (the sandbox's ``ingress_enabled``; a desktop's noVNC ports never
+without a token), or a caller holding the sandbox's ``envdAccessToken`` in ``X-Access-Token`` or
+``e2b-traffic-access-token`` (what the sandbox's creator got). Without either: 403, as no sandbox's port
+is opened to the network by the edge alone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.sandboxes import computer, desktop_access
+
+if TYPE_CHECKING:
+    from paddock_controlplane.edge.e2b.edge.router import EdgeApp
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "e2b-sandbox-id",
+        "e2b-sandbox-port",
+        "x-access-token",
+        "e2b-traffic-access-token",
+    }
+)
+CONNECT_TIMEOUT_S = 5.0
+_client: httpx.AsyncClient | None = None
+
+
+def client() -> httpx.AsyncClient:
+    global _client
+    if _client is None:
+        _client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
+            trust_env=False,
+            follow_redirects=False,
+        )
+    return _client
+
+
+async def close() -> None:
+    global _client
+    if _client is not None:
+        await _client.aclose()
+        _client = None
+
+
+def _port_closed(sandbox_id: str, port: int, reason: str) -> Response:
+    return JSONResponse(
+        {
+            "code": 502,
+            "message": f"The sandbox {sandbox_id} is running but port is not open: port {port} ({reason})",
+            "sandboxId": sandbox_id,
+            "port": port,
+        },
+        status_code=502,
+    )
+
+
+async def allowed(services: Services, sandbox: Sandbox, port: int, request: Request) -> bool:
+    for header in ("x-access-token", "e2b-traffic-access-token"):
+        if identity.check_envd_access_token(services.settings, sandbox.id, request.headers.get(header, "")):
+            return True
+    if not sandbox.ingress_enabled:
+        return False
+    return not (
+        port in desktop_access.NOVNC_PORTS and await computer.is_desktop_image(services, sandbox.rootfs)
+    )
+
+
+async def forward(services: Services, sandbox: Sandbox, port: int, request: Request) -> Response:
+    if not await allowed(services, sandbox, port, request):
+        return JSONResponse(
+            {
+                "code": 403,
+                "message": f"port {port} of sandbox {sandbox.id}: ingress is off for this sandbox; "
+                "send its envdAccessToken in X-Access-Token or e2b-traffic-access-token",
+            },
+            status_code=403,
+        )
+    if not sandbox.ip:
+        return _port_closed(sandbox.id, port, "the sandbox has no address")
+    query = request.url.query
+    url = httpx.URL(scheme="http", host=str(sandbox.ip), port=port, path=request.url.path)
+    if query:
+        url = url.copy_with(query=query.encode())
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+    headers.append(("host", request.headers.get("host", f"{sandbox.ip}:{port}")))
+    has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
+
+    async def body() -> AsyncIterator[bytes]:
+        async for chunk in request.stream():
+            if chunk:
+                yield chunk
+
+    upstream = client().build_request(
+        request.method, url, headers=headers, content=body() if has_body else None
+    )
+    try:
+        answer = await client().send(upstream, stream=True)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        return _port_closed(sandbox.id, port, type(exc).__name__)
+    except httpx.HTTPError as exc:
+        return JSONResponse(
+            {"code": 502, "message": f"port {port} of sandbox {sandbox.id}: {exc}"}, status_code=502
+        )
+    out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
+    return StreamingResponse(
+        answer.aiter_raw(),
+        status_code=answer.status_code,
+        headers=out_headers,
+        background=BackgroundTask(answer.aclose),
+    )
+
+
+async def websocket(app: EdgeApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """WebSockets through the edge are not served yet (docs/e2b.md): refused before the handshake."""
+    if scope["type"] == "websocket":
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(receive(), 5)
+            await send({"type": "websocket.close", "code": 1011, "reason": "not served by Paddock's edge"})

@@ -1,0 +1,76 @@
+"""How Paddock's sandboxes and images are named in E2B's dialect, shared by the control API (``api``) and
+the sandbox edge (``edge``), so the two agree on every value the SDK carries from one to the other.
+
+- ``sandboxID`` is Paddock's sandbox id unchanged (``sb-01j…``): the edge routes ``E2b-Sandbox-Id`` and
+  ``<port>-<id>.<domain>`` with it, and every ``/v1`` route takes it as is.
+- ``templateID`` is the E2B template name the caller asked for (``base``, ``code-interpreter-v1``) or a
+  Paddock image or template reference, which :func:`rootfs_for_template` maps to the image booted.
+- ``clientID`` is a constant: E2B's names the cluster node, which a client never uses.
+- ``envdVersion`` is what the edge serves (:data:`ENVD_VERSION`); the SDK switches features on by it.
+- ``envdAccessToken`` is derived from the server's secret key and the sandbox id (:func:`envd_access_token`),
+  so the edge checks ``X-Access-Token`` without a table and a restarted control plane hands out the same one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_core.crypto import constant_time_equals
+
+#: The envd protocol version the edge (``paddock_controlplane.edge.e2b.edge``) speaks. The SDK enables
+#: features by it (``e2b.envd.versions``): 0.3.0 stdin for commands, 0.4.0 the default user, 0.5.2
+#: ``envd`` close, 0.5.7 octet-stream uploads, 0.6.2 file metadata, 0.6.3 entry info in watch events,
+#: 0.6.4 watching network mounts. Never claim a version whose features the edge does not serve.
+#: The edge serves up to 0.5.7 (close stdin, octet-stream uploads); not 0.6.2's file metadata (xattrs).
+#: 0.5.7 is the lowest version that turns on everything it serves below that; the versions are
+#: cumulative, so entry info in watch events (0.6.3) waits for file metadata.
+ENVD_VERSION = "0.5.7"
+
+#: What ``clientID`` says (E2B's names the node; no client reads it).
+CLIENT_ID = "paddock"
+
+#: E2B's template names and the Paddock image each boots. Any other name is taken as a Paddock image or
+#: template reference (``lifecycle.resolve_rootfs`` decides, and answers 400 naming ``rootfs``).
+TEMPLATES: dict[str, str] = {
+    "base": "debian:13",
+    "code-interpreter-v1": "code-interpreter:1",
+    "code-interpreter": "code-interpreter:1",
+    "desktop": "desktop:1",
+}
+#: What a create without a template boots (E2B's default template).
+DEFAULT_TEMPLATE = "base"
+
+
+def rootfs_for_template(template_id: str) -> str:
+    """The Paddock image reference a ``templateID`` boots."""
+    return TEMPLATES.get(template_id, template_id)
+
+
+def template_for_rootfs(rootfs: str) -> str:
+    """The ``templateID`` shown for a sandbox booted from ``rootfs`` (created through ``/v1`` or E2B)."""
+    for name, image in TEMPLATES.items():
+        if image == rootfs:
+            return name
+    return rootfs
+
+
+def domain(settings: ControlPlaneSettings) -> str:
+    """The ``domain`` the SDK builds ``<port>-<sandboxID>.<domain>`` from when ``E2B_SANDBOX_URL`` is unset."""
+    return settings.e2b_domain or settings.ingress_url_domain
+
+
+def _key(settings: ControlPlaneSettings) -> bytes:
+    secret = settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"
+    return hashlib.sha256(b"paddock-e2b-envd-access-token\x00" + secret.encode()).digest()
+
+
+def envd_access_token(settings: ControlPlaneSettings, sandbox_id: str) -> str:
+    """The ``envdAccessToken`` of a sandbox: the edge requires it in ``X-Access-Token``."""
+    return "ea_" + hmac.new(_key(settings), sandbox_id.encode(), hashlib.sha256).hexdigest()
+
+
+def check_envd_access_token(settings: ControlPlaneSettings, sandbox_id: str, presented: str) -> bool:
+    """Whether ``presented`` is ``sandbox_id``'s token (constant time)."""
+    return bool(presented) and constant_time_equals(presented, envd_access_token(settings, sandbox_id))

@@ -1,0 +1,419 @@
+"""E2B's template build system v2 on Paddock's template builds (``templates``, ``template_builds``).
+
+``POST /v3/templates`` names a build; the SDK then asks, for each ``COPY`` step, whether the server
+holds the archive of its files (``GET /templates/{id}/files/{hash}``) and uploads it to the URL it is
+given, which authorises itself (an HMAC of the user, the hash and an expiry, so the upload needs no
+key); ``POST /v2/templates/{id}/builds/{buildID}`` turns the steps into a Dockerfile and the uploaded
+archives into one build context and submits it as ``POST /v1/templates`` would; the status route reads
+the template's state and build log from ``logsOffset``. The E2B ``templateID`` is the template's name,
+which is also what ``Sandbox.create("<name>")`` boots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import io
+import json
+import os
+import re
+import tarfile
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import Field, StrictBool, StrictStr
+from sqlalchemy import ForeignKey, String, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from paddock_controlplane.edge.api.deps import scope_caller
+from paddock_controlplane.edge.e2b import errors as e2b_errors
+from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.edge.e2b.schemas import Body
+from paddock_controlplane.records.models import Base, Template, TemplateLogLine
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.resources import templates
+from paddock_core import errors
+from paddock_core.db import transaction
+from paddock_core.ids import new_id
+from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
+from paddock_core.timeutil import rfc3339
+
+router = APIRouter()
+
+#: How long an upload URL stays valid.
+UPLOAD_TTL_S = 3600
+#: One COPY step's archive, as uploaded (the whole build context has the same cap, ``templates``).
+MAX_UPLOAD_BYTES = templates.MAX_CONTEXT_BYTES
+#: Archives kept per account; past it the least recently uploaded go (a later build re-uploads them).
+MAX_STORED_UPLOADS = 128
+#: Log entries per status answer (E2B's own page).
+LOG_PAGE = 100
+#: Steps per build (bounded input).
+MAX_STEPS = 512
+_HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+#: E2B's base images, as the SDK names them, and the catalog images they are built from.
+BASE_IMAGES = {
+    "e2bdev/base": "debian:13",
+    "e2bdev/base:latest": "debian:13",
+    "e2bdev/code-interpreter": "code-interpreter:1",
+    "e2bdev/code-interpreter:latest": "code-interpreter:1",
+}
+STATUS = {"pending": "waiting", "building": "building", "ready": "ready", "failed": "error"}
+
+
+class E2bTemplateBuild(Base):
+    __tablename__ = "e2b_template_builds"
+
+    build_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(40), ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    #: The Paddock template, once the build was started.
+    template_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column()
+
+
+class BuildRequest(Body):
+    """``POST /v3/templates`` (``TemplateBuildRequestV3``); the resources are the sandbox's, not the build's."""
+
+    name: StrictStr | None = Field(default=None, max_length=63)
+    alias: StrictStr | None = Field(default=None, max_length=63)
+    tags: list[StrictStr] | None = None
+
+
+class Step(Body):
+    type: StrictStr
+    args: list[StrictStr] = Field(default_factory=list, max_length=1024)
+    files_hash: StrictStr | None = Field(default=None, alias="filesHash")
+    force: StrictBool | None = None
+
+
+class BuildStart(Body):
+    """``POST /v2/templates/{id}/builds/{buildID}`` (``TemplateBuildStartV2``)."""
+
+    from_image: StrictStr | None = Field(default=None, alias="fromImage")
+    from_template: StrictStr | None = Field(default=None, alias="fromTemplate")
+    from_image_registry: dict[str, Any] | None = Field(default=None, alias="fromImageRegistry")
+    force: StrictBool | None = None
+    steps: list[Step] = Field(default_factory=list, max_length=MAX_STEPS)
+    start_cmd: StrictStr | None = Field(default=None, alias="startCmd")
+    ready_cmd: StrictStr | None = Field(default=None, alias="readyCmd")
+
+
+async def _caller(request: Request) -> tuple[Services, str]:
+    services, principal = await scope_caller(request.scope)
+    principal.require_scope(None)
+    return services, principal.user_id
+
+
+def _files_dir(services: Services, user_id: str) -> Path:
+    path = services.settings.data_dir / "e2b-files" / user_id
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def _upload_key(services: Services) -> bytes:
+    secret = services.settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"
+    return hashlib.sha256(b"paddock-e2b-upload\x00" + secret.encode()).digest()
+
+
+def upload_token(services: Services, user_id: str, files_hash: str, expires: int) -> str:
+    payload = f"{user_id}.{files_hash}.{expires}"
+    mac = hmac.new(_upload_key(services), payload.encode(), hashlib.sha256).hexdigest()
+    return f"{payload}.{mac}"
+
+
+def check_upload_token(services: Services, token: str) -> tuple[str, str]:
+    """The user and hash a token names, or 403 for a forged, altered or expired one."""
+    parts = token.split(".")
+    if len(parts) != 4 or not _HASH_RE.match(parts[1]) or not parts[2].isdigit():
+        raise errors.Forbidden("upload URL is not valid")
+    user_id, files_hash, expires, mac = parts
+    expected = hmac.new(_upload_key(services), f"{user_id}.{files_hash}.{expires}".encode(), hashlib.sha256)
+    if not hmac.compare_digest(mac, expected.hexdigest()):
+        raise errors.Forbidden("upload URL is not valid")
+    if int(expires) < services.clock().timestamp():
+        raise errors.Forbidden("upload URL has expired")
+    return user_id, files_hash
+
+
+def _check_name(raw: str | None) -> str:
+    name = (raw or "").strip()
+    if not templates.NAME.fullmatch(name):
+        raise errors.ValidationFailed.field("name", "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    if name in identity.TEMPLATES:
+        raise errors.AlreadyExists(f"name: {name!r} is one of E2B's own templates")
+    return name
+
+
+async def _build(services: Services, user_id: str, name: str, build_id: str) -> E2bTemplateBuild:
+    async with services.sessions() as session:
+        build = await session.get(E2bTemplateBuild, build_id)
+    if build is None or build.user_id != user_id or build.name != name:
+        raise errors.NotFound(f"build {build_id!r} of template {name!r} not found")
+    return build
+
+
+@router.post("/v3/templates", status_code=202)
+async def request_build(body: BuildRequest, request: Request) -> dict[str, Any]:
+    services, user_id = await _caller(request)
+    if body.tags:
+        raise e2b_errors.NotBuilt("tags: template tags are not served by Paddock yet")
+    name = _check_name(body.name or body.alias)
+    build_id = new_id("bld_")
+    async with transaction(services.sessions) as session:
+        session.add(
+            E2bTemplateBuild(build_id=build_id, user_id=user_id, name=name, created_at=services.clock())
+        )
+    return {
+        "templateID": name,
+        "buildID": build_id,
+        "public": False,
+        "names": [name],
+        "tags": [],
+        "aliases": [name],
+    }
+
+
+@router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
+async def file_link(template_id: str, files_hash: str, request: Request) -> dict[str, Any]:
+    services, user_id = await _caller(request)
+    if not _HASH_RE.match(files_hash):
+        raise errors.ValidationFailed.field("hash", "must be a SHA-256 in hex")
+    present = (_files_dir(services, user_id) / files_hash).is_file()
+    expires = int(services.clock().timestamp()) + UPLOAD_TTL_S
+    token = upload_token(services, user_id, files_hash, expires)
+    # The token rides in the query, which the request log leaves out (it logs the path): it is a credential.
+    url = str(request.base_url).rstrip("/") + "/e2b-uploads?" + urllib.parse.urlencode({"token": token})
+    return {"present": present, "url": url}
+
+
+@router.put("/e2b-uploads", status_code=201)
+async def upload(request: Request) -> Response:
+    """The upload URL ``file_link`` gave: its token is its authority (no key is sent)."""
+    services: Services = request.app.state.services
+    token = request.query_params.get("token", "")
+    user_id, files_hash = check_upload_token(services, token)
+    directory = _files_dir(services, user_id)
+    partial = directory / f".{files_hash}.{os.getpid()}.{id(request)}"
+    size = 0
+    try:
+        with open(partial, "wb") as out:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_UPLOAD_BYTES:
+                    raise errors.PayloadTooLarge(f"body is over the {MAX_UPLOAD_BYTES}-byte limit")
+                out.write(chunk)
+        os.replace(partial, directory / files_hash)
+    finally:
+        partial.unlink(missing_ok=True)
+    _evict(directory)
+    return Response(status_code=201)
+
+
+def _evict(directory: Path) -> None:
+    """Keeps an account's stored archives to ``MAX_STORED_UPLOADS`` (isolation rule 5: bounded)."""
+    stored = sorted(
+        (entry for entry in directory.iterdir() if _HASH_RE.match(entry.name)),
+        key=lambda entry: entry.stat().st_mtime,
+    )
+    for entry in stored[: max(0, len(stored) - MAX_STORED_UPLOADS)]:
+        entry.unlink(missing_ok=True)
+
+
+def _from_image(body: BuildStart) -> str:
+    if body.from_image_registry:
+        raise e2b_errors.NotBuilt("fromImageRegistry: private registries are not served by Paddock yet")
+    if body.from_template:
+        return identity.rootfs_for_template(body.from_template)
+    image = body.from_image or "e2bdev/base"
+    if image in BASE_IMAGES:
+        return BASE_IMAGES[image]
+    if image in ROOT_IMAGES_BY_NAME:
+        return image
+    raise e2b_errors.NotBuilt(
+        f"fromImage: Paddock builds from its catalog images ({', '.join(sorted(ROOT_IMAGES_BY_NAME))}) "
+        f"and E2B's base images, not from {image!r}"
+    )
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)
+
+
+def dockerfile_for(body: BuildStart) -> tuple[str, list[str]]:
+    """The Dockerfile the steps describe, and the archives (by hash) their COPY steps read."""
+    lines = [f"FROM {_from_image(body)}"]
+    hashes: list[str] = []
+    for index, step in enumerate(body.steps):
+        field = f"steps[{index}]"
+        kind, args = step.type.upper(), step.args
+        if any("\n" in arg or "\r" in arg for arg in args):
+            raise errors.ValidationFailed.field(f"{field}.args", "must not hold line breaks")
+        if kind == "COPY":
+            if len(args) < 2 or not step.files_hash or not _HASH_RE.match(step.files_hash):
+                raise errors.ValidationFailed.field(field, "COPY needs a source, a destination and filesHash")
+            flags = []
+            if len(args) > 2 and args[2]:
+                flags.append(f"--chown={args[2]}")
+            if len(args) > 3 and args[3]:
+                flags.append(f"--chmod={args[3]}")
+            lines.append(" ".join(["COPY", *flags, json.dumps([args[0], args[1]])]))
+            hashes.append(step.files_hash)
+        elif kind == "RUN":
+            if not args:
+                raise errors.ValidationFailed.field(f"{field}.args", "RUN needs a command")
+            user = args[1] if len(args) > 1 and args[1] else None
+            if user:
+                lines.append(f"USER {user}")
+            lines.append(f"RUN {args[0]}")
+            if user:
+                lines.append("USER root")
+        elif kind == "ENV":
+            if len(args) % 2:
+                raise errors.ValidationFailed.field(f"{field}.args", "ENV takes key, value pairs")
+            pairs = [f"{key}={_quote(value)}" for key, value in zip(args[::2], args[1::2], strict=True)]
+            if pairs:
+                lines.append("ENV " + " ".join(pairs))
+        elif kind in ("WORKDIR", "USER"):
+            if len(args) != 1 or not args[0]:
+                raise errors.ValidationFailed.field(f"{field}.args", f"{kind} takes one argument")
+            lines.append(f"{kind} {args[0]}")
+        else:
+            raise e2b_errors.NotBuilt(f"{field}: step type {step.type!r} is not served by Paddock")
+    return "\n".join(lines) + "\n", hashes
+
+
+def merge_context(directory: Path, hashes: list[str]) -> bytes | None:
+    """One tar of every COPY step's archive (each holds its files under paths relative to the context),
+    bounded as ``POST /v1/templates``'s context is (``templates.decode_context`` checks it again)."""
+    if not hashes:
+        return None
+    out = io.BytesIO()
+    seen: set[str] = set()
+    total = 0
+    with tarfile.open(fileobj=out, mode="w:gz") as merged:
+        for files_hash in dict.fromkeys(hashes):
+            path = directory / files_hash
+            if not path.is_file():
+                raise errors.ValidationFailed.field(
+                    "steps", f"the files of hash {files_hash} were not uploaded"
+                )
+            try:
+                with tarfile.open(path, mode="r:*") as archive:
+                    for member in archive:
+                        if member.name in seen or not (member.isfile() or member.isdir()):
+                            continue
+                        total += member.size
+                        if total > templates.MAX_CONTEXT_UNPACKED_BYTES:
+                            raise errors.ValidationFailed.field("steps", "the COPY files unpack to too much")
+                        seen.add(member.name)
+                        data = archive.extractfile(member) if member.isfile() else None
+                        merged.addfile(member, data)
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                raise errors.ValidationFailed.field(
+                    "steps", f"the files of hash {files_hash}: {exc}"
+                ) from None
+    if out.tell() > templates.MAX_CONTEXT_BYTES:
+        raise errors.ValidationFailed.field(
+            "steps", f"the COPY files are over {templates.MAX_CONTEXT_BYTES} bytes"
+        )
+    return out.getvalue()
+
+
+@router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
+async def start_build(template_id: str, build_id: str, body: BuildStart, request: Request) -> Response:
+    services, user_id = await _caller(request)
+    build = await _build(services, user_id, template_id, build_id)
+    if build.template_id is not None:
+        raise errors.InvalidState(f"build {build_id!r} has already started")
+    if body.start_cmd:
+        raise e2b_errors.NotBuilt("startCmd: Paddock templates do not start a process yet")
+    dockerfile, hashes = dockerfile_for(body)
+    context = await asyncio.to_thread(merge_context, _files_dir(services, user_id), hashes)
+    async with services.sessions() as session:
+        old = await templates.find(session, user_id, template_id)
+    if old is not None:  # a rebuild replaces the template; sandboxes booted from the old one keep it
+        if old.status not in templates.TERMINAL:
+            raise errors.InvalidState(f"template {template_id!r} is still building")
+        await templates.delete_template(services, user_id, old.id)
+    made = await templates.create(
+        services,
+        user_id,
+        templates.TemplateCreateRequest(
+            name=template_id,
+            dockerfile=dockerfile,
+            context=base64.b64encode(context).decode() if context is not None else None,
+        ),
+    )
+    async with transaction(services.sessions) as session:
+        row = await session.get(E2bTemplateBuild, build_id)
+        assert row is not None
+        row.template_id = str(made["id"])
+    return Response(status_code=202)
+
+
+@router.get("/templates/{template_id}/builds/{build_id}/status")
+async def build_status(template_id: str, build_id: str, request: Request) -> dict[str, Any]:
+    services, user_id = await _caller(request)
+    build = await _build(services, user_id, template_id, build_id)
+    offset_raw = request.query_params.get("logsOffset") or "0"
+    if not offset_raw.isdigit() or int(offset_raw) > 2**31:
+        raise errors.ValidationFailed.field("logsOffset", "must be a non-negative integer")
+    answer: dict[str, Any] = {"templateID": template_id, "buildID": build_id, "logs": [], "logEntries": []}
+    if build.template_id is None:
+        return {**answer, "status": "waiting"}
+    async with services.sessions() as session:
+        template = await session.get(Template, build.template_id)
+        if template is None:
+            raise errors.NotFound(f"build {build_id!r} not found")
+        lines = (
+            await session.scalars(
+                select(TemplateLogLine)
+                .where(TemplateLogLine.template_id == template.id)
+                .order_by(TemplateLogLine.id)
+                .offset(int(offset_raw))
+                .limit(LOG_PAGE)
+            )
+        ).all()
+    entries = [
+        {
+            "timestamp": rfc3339(line.ts),
+            "level": "error" if line.level == "error" else "info",
+            "message": line.line,
+        }
+        for line in lines
+    ]
+    answer.update(logs=[entry["message"] for entry in entries], logEntries=entries)
+    answer["status"] = "error" if template.deleted_at is not None else STATUS.get(template.status, "building")
+    if answer["status"] == "error":
+        answer["reason"] = {"message": template.error or "the build failed"}
+    return answer
+
+
+@router.get("/templates/aliases/{alias}")
+async def alias(alias: str, request: Request) -> dict[str, Any]:
+    services, user_id = await _caller(request)
+    if alias in identity.TEMPLATES:
+        return {"templateID": alias, "public": True}
+    async with services.sessions() as session:
+        template = await templates.find(session, user_id, alias)
+    if template is None:
+        raise errors.NotFound(f"template {alias!r} not found")
+    return {"templateID": template.name, "public": False}
+
+
+@router.delete("/templates/{template_id}", status_code=204)
+async def delete(template_id: str, request: Request) -> Response:
+    services, user_id = await _caller(request)
+    async with services.sessions() as session:
+        template = await templates.find(session, user_id, template_id)
+    if template is None:
+        raise errors.NotFound(f"template {template_id!r} not found")
+    await templates.delete_template(services, user_id, template.id)
+    return Response(status_code=204)

@@ -1,0 +1,3 @@
+"""The fleet: the hosts' inventory and heartbeats (``hosts``), placement (``scheduler``) and the link
+to each host agent (``hostlink``).
+"""

@@ -1,0 +1,117 @@
+"""Host inventory: heartbeats in, liveness out, and the images the fleet can serve."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane.records.models import Host, NetworkMember, Sandbox
+from paddock_controlplane.records.states import TERMINAL
+from paddock_core import errors
+from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
+from paddock_core.timeutil import as_utc
+
+HOST_STATUSES = ("active", "draining", "dead")
+
+
+def host_view(host: Host) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": host.id,
+        "status": host.status,
+        "free_mib": int(host.free_mib),
+        "vm_count": int(host.vm_count),
+    }
+    # Catalog images only: the templates a host holds belong to their users (their ids are private).
+    catalog = sorted(name for name in host.rootfses or [] if name in ROOT_IMAGES_BY_NAME)
+    if catalog:
+        out["rootfses"] = catalog
+    # Additive to §10.4: the labels ``node_selector`` matches, among them the isolation tier the host
+    # gives (``paddock.io/isolation``: container, gvisor or vm; docs/isolation.md).
+    if host.labels:
+        out["labels"] = {str(key): str(value) for key, value in dict(host.labels).items()}
+    return out
+
+
+async def record_heartbeat(session: AsyncSession, beat: dict[str, Any], now: dt.datetime) -> Host:
+    host = await session.get(Host, beat["id"])
+    status = beat.get("status", "active")
+    if status not in HOST_STATUSES:
+        status = "active"
+    if host is None:
+        host = Host(id=beat["id"], created_at=now, drained=False)
+        session.add(host)
+    host.url = beat["url"]
+    host.status = "draining" if host.drained and status == "active" else status
+    host.free_mib = int(beat.get("free_mib", 0))
+    host.total_mib = int(beat.get("total_mib", 0))
+    host.vm_count = int(beat.get("vm_count", 0))
+    host.rootfses = sorted(set(beat.get("rootfses", [])))
+    host.buildable = sorted(set(beat.get("buildable", [])))
+    host.labels = {str(k): str(v) for k, v in dict(beat.get("labels", {})).items()}
+    host.last_heartbeat_at = now
+    return host
+
+
+async def list_hosts(session: AsyncSession, *, limit: int, offset: int) -> tuple[list[Host], int]:
+    total = await session.scalar(select(func.count()).select_from(Host))
+    rows = await session.scalars(select(Host).order_by(Host.created_at, Host.id).limit(limit).offset(offset))
+    return list(rows.all()), int(total or 0)
+
+
+async def mark_silent_hosts_dead(session: AsyncSession, now: dt.datetime, dead_after_s: float) -> list[str]:
+    """Hosts whose last heartbeat is older than ``dead_after_s`` become ``dead``; returns their ids."""
+    died: list[str] = []
+    for host in (await session.scalars(select(Host).where(Host.status != "dead"))).all():
+        if (now - as_utc(host.last_heartbeat_at)).total_seconds() > dead_after_s:
+            host.status = "dead"
+            died.append(host.id)
+    return died
+
+
+async def available_images(session: AsyncSession) -> set[str]:
+    images: set[str] = set()
+    for host in (await session.scalars(select(Host).where(Host.status == "active"))).all():
+        images.update(host.rootfses or [])
+        images.update(host.buildable or [])
+    return images
+
+
+async def set_drained(session: AsyncSession, host_id: str, drained: bool) -> Host:
+    """Drains a host (no new placements; its sandboxes keep running) or puts it back in service.
+
+    Takes effect at once for placement; a dead host keeps the mark and returns ``draining``.
+    """
+    host = await session.get(Host, host_id, with_for_update=True)
+    if host is None:
+        raise errors.NotFound(f"no host {host_id!r}")
+    host.drained = drained
+    if host.status != "dead":
+        host.status = "draining" if drained else "active"
+    return host
+
+
+async def overlay_peers(session: AsyncSession, host_id: str) -> dict[str, list[str]]:
+    """For each private network with a live member on ``host_id``: the addresses of the other hosts
+    that run its live members (from their registered URLs). The host programs its VXLAN ports from
+    this, which the control plane sends back in answer to every heartbeat."""
+    live = Sandbox.status.not_in(list(TERMINAL))
+    local = select(NetworkMember.network_id).join(Sandbox, Sandbox.id == NetworkMember.sandbox_id)
+    local = local.where(Sandbox.host_id == host_id, live)
+    rows = await session.execute(
+        select(NetworkMember.network_id, Host.url)
+        .join(Sandbox, Sandbox.id == NetworkMember.sandbox_id)
+        .join(Host, Host.id == Sandbox.host_id)
+        .where(NetworkMember.network_id.in_(local), Host.id != host_id, live)
+    )
+    peers: dict[str, set[str]] = {}
+    for network_id in (await session.scalars(local)).all():
+        peers.setdefault(str(network_id), set())
+    for network_id, url in rows.all():
+        address = urlsplit(str(url)).hostname
+        if address:
+            peers.setdefault(str(network_id), set()).add(address)
+    return {network_id: sorted(addresses) for network_id, addresses in peers.items()}

@@ -1,0 +1,160 @@
+"""Placement: pick an active host with enough free memory, honouring ``host_id`` and ``node_selector``.
+
+A host's free memory is the smaller of two views, so neither can over-place it:
+
+- what the host itself last reported, minus what this database placed there since that report (the
+  report cannot include those yet). This is the only view that sees memory the database does not
+  know about: sandboxes left from another database, or from a process that died mid-create;
+- its total minus the memory of every sandbox the database has placed there and not yet released,
+  so two creates between heartbeats cannot both take the last slot.
+
+Hosts are locked (FOR UPDATE on PostgreSQL) while one placement decides. When nothing fits, the 503
+says why (``no host with capacity: no host has 1024 MiB free (largest: 297 MiB)``); the message keeps
+the contract's ``no host with capacity`` at its start for clients that look for it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sqlalchemy import bindparam, case, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane.records.models import Host, Sandbox
+from paddock_controlplane.records.states import HOLDING_MEMORY
+from paddock_core import errors
+from paddock_core.timeutil import as_utc
+
+NO_CAPACITY = "no host with capacity"
+#: Seconds a client should wait before retrying a create refused for capacity (heartbeats are ~2 s).
+RETRY_AFTER_S = 2
+
+
+def labels_match(labels: dict[str, str], selector: dict[str, str]) -> bool:
+    """Kubernetes node-selector semantics: every requested pair is among the host's labels."""
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def no_capacity(reason: str) -> errors.Unavailable:
+    return errors.Unavailable(f"{NO_CAPACITY}: {reason}", retry_after_s=RETRY_AFTER_S)
+
+
+@dataclass(frozen=True)
+class Held:
+    """Memory the database has placed on one host: all of it, and the part placed since its report."""
+
+    placed_mib: int
+    since_report_mib: int
+
+
+# Every create runs these: built once (building and keying a statement costs about what SQLite takes
+# to run it), the host ids an expanding parameter.
+_SINCE_REPORT = case((Sandbox.created_at > Host.last_heartbeat_at, Sandbox.mem_mib), else_=0)
+_HELD = (
+    select(Sandbox.host_id, func.sum(Sandbox.mem_mib), func.sum(_SINCE_REPORT))
+    .join(Host, Host.id == Sandbox.host_id)
+    .where(Sandbox.host_id.in_(bindparam("host_ids", expanding=True)), Sandbox.status.in_(HOLDING_MEMORY))
+    .group_by(Sandbox.host_id)
+)
+_ACTIVE_HOSTS = select(Host).where(Host.status == "active").order_by(Host.id).with_for_update()
+_ACTIVE_HOST = _ACTIVE_HOSTS.where(Host.id == bindparam("host_id"))
+#: What a fork's room check needs of its host, the row locked. Plain columns: loading the whole host
+#: (its JSON lists too) through the ORM cost as much as the statement. The memory held there is read
+#: by a second statement once the lock is held: in one statement PostgreSQL would count from a
+#: snapshot taken before waiting for the lock, missing what its holder placed.
+_HOST_ROOM = (
+    select(Host.status, Host.last_heartbeat_at, Host.free_mib, Host.total_mib)
+    .where(Host.id == bindparam("host_id"))
+    .with_for_update()
+)
+
+
+async def held_by_host(session: AsyncSession, host_ids: Collection[str]) -> dict[str, Held]:
+    if not host_ids:
+        return {}
+    rows = await session.execute(_HELD, {"host_ids": list(host_ids)})
+    return {str(host_id): Held(int(placed or 0), int(since or 0)) for host_id, placed, since in rows.all()}
+
+
+def free_mib(reported_free_mib: int, total_mib: int, held: Held | None) -> int:
+    """A host's free memory from what it reported and its total (the module's two views)."""
+    held = held or Held(0, 0)
+    reported = int(reported_free_mib) - held.since_report_mib
+    return max(min(reported, int(total_mib) - held.placed_mib), 0)
+
+
+async def pick_host(
+    session: AsyncSession,
+    *,
+    mem_mib: int,
+    rootfs: str,
+    now: dt.datetime,
+    dead_after_s: float,
+    host_id: str | None = None,
+    node_selector: dict[str, str] | None = None,
+    exclude: Collection[str] = (),
+    fetchable: bool = False,
+) -> Host:
+    """The qualifying host with the most free memory; 503 saying why when there is none.
+
+    ``fetchable``: the image (a template's) can be fetched from a host that holds it, so a host
+    without it qualifies too, after every holder (a holder with room is always preferred).
+
+    ``host_id`` naming no host at all is the caller's mistake (400 naming the field); a known host that
+    is dead, draining or full is a capacity answer (503), as the contract says. ``exclude`` lists hosts
+    that have just refused this sandbox for capacity.
+    """
+    if host_id and await session.get(Host, host_id) is None:
+        raise errors.ValidationFailed.field("host_id", f"no host {host_id!r}; see GET /v1/hosts")
+    query, params = (_ACTIVE_HOST, {"host_id": host_id}) if host_id else (_ACTIVE_HOSTS, {})
+    alive = [
+        host
+        for host in (await session.scalars(query, params)).all()
+        if (now - as_utc(host.last_heartbeat_at)).total_seconds() <= dead_after_s
+    ]
+    if not alive:
+        raise no_capacity(f"host {host_id} is not active" if host_id else "no active host")
+    matching = [h for h in alive if not node_selector or labels_match(h.labels or {}, node_selector)]
+    if not matching:
+        selector = json.dumps(node_selector, sort_keys=True)
+        raise no_capacity(f"no active host matches node_selector {selector}")
+    serving = [h for h in matching if rootfs in (h.rootfses or []) or rootfs in (h.buildable or [])]
+    tiers = [serving, [h for h in matching if h not in serving]] if fetchable else [serving]
+    if not any(tiers):
+        raise no_capacity(f"no active host can run image {rootfs!r}")
+    held = await held_by_host(session, [host.id for tier in tiers for host in tier])
+    best: tuple[int, Host] | None = None
+    largest = 0
+    for tier in tiers:
+        for host in tier:
+            if host.id in exclude:
+                continue
+            free = free_mib(host.free_mib, host.total_mib, held.get(host.id))
+            largest = max(largest, free)
+            if free >= mem_mib and (best is None or free > best[0]):
+                best = (free, host)
+        if best is not None:
+            break
+    if best is None:
+        if host_id:
+            raise no_capacity(f"host {host_id} has {largest} MiB free, {mem_mib} MiB requested")
+        raise no_capacity(f"no host has {mem_mib} MiB free (largest: {largest} MiB)")
+    return best[1]
+
+
+async def check_room(
+    session: AsyncSession, host_id: str, *, mem_mib: int, now: dt.datetime, dead_after_s: float
+) -> None:
+    """For a fork, which must run on its source's host: 503 unless that host can take ``mem_mib`` more."""
+    host = (await session.execute(_HOST_ROOM, {"host_id": host_id})).first()
+    if host is None or host.status != "active":
+        raise no_capacity(f"host {host_id} is not active")
+    if (now - as_utc(host.last_heartbeat_at)).total_seconds() > dead_after_s:
+        raise no_capacity(f"host {host_id} is not active")
+    held = (await held_by_host(session, [host_id])).get(host_id)
+    free = free_mib(host.free_mib, host.total_mib, held)
+    if free < mem_mib:
+        raise no_capacity(f"host {host_id} has {free} MiB free, {mem_mib} MiB requested")

@@ -1,0 +1,72 @@
+"""Per-second compute billing (§13.3): 0.0504 USD per vCPU-hour + 0.0162 USD per GiB-hour while running.
+
+At 100 credits per USD that is exactly 1400 micro-credits per vCPU-second and 450 per GiB-second,
+so balances stay integers. Shapes with a CPU quota are billed for the fraction of a vCPU they get
+(``s-0.25vcpu-512mb`` pays for 0.25 vCPU). Nothing is charged while paused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.records.states import SandboxStatus
+from paddock_controlplane.resources import accounts
+from paddock_core.timeutil import as_utc
+
+MICRO_PER_VCPU_SECOND = 1400  # 0.0504 USD/h × 100 credits/USD × 1e6 / 3600
+MICRO_PER_GIB_SECOND = 450  # 0.0162 USD/h × 100 credits/USD × 1e6 / 3600
+
+
+def cost_micro(*, vcpu: int, cpu_quota_pct: int | None, mem_mib: int, seconds: int) -> int:
+    """Micro-credits for ``seconds`` of running; exact for whole vCPUs and whole GiB."""
+    cpu_hundredths = cpu_quota_pct if cpu_quota_pct is not None else vcpu * 100
+    numerator = (
+        cpu_hundredths * MICRO_PER_VCPU_SECOND * 1024 + mem_mib * MICRO_PER_GIB_SECOND * 100
+    ) * seconds
+    return numerator // (100 * 1024)
+
+
+async def settle(session: AsyncSession, sandbox: Sandbox, now: dt.datetime) -> int:
+    """Charge whole seconds since ``billed_until``; returns the micro-credits charged."""
+    if sandbox.billed_until is None:
+        sandbox.billed_until = now
+        return 0
+    seconds = int((as_utc(now) - as_utc(sandbox.billed_until)).total_seconds())
+    if seconds <= 0:
+        return 0
+    charged = cost_micro(
+        vcpu=sandbox.vcpu, cpu_quota_pct=sandbox.cpu_quota_pct, mem_mib=sandbox.mem_mib, seconds=seconds
+    )
+    sandbox.billed_until = as_utc(sandbox.billed_until) + dt.timedelta(seconds=seconds)
+    if charged:
+        await accounts.add_credits(session, sandbox.user_id, -charged, kind="compute", ref=sandbox.id)
+    return charged
+
+
+async def billing_pass(session: AsyncSession, now: dt.datetime) -> set[str]:
+    """Settle every running sandbox; returns the users whose balance is now used up.
+
+    Several control planes run this side by side on PostgreSQL. The running rows are locked first
+    (``SKIP LOCKED``: a row another pass or a pause/destroy holds is settled by that transaction, and
+    this pass charges it next time from the ``billed_until`` it left), so no second is charged twice;
+    users are then charged in id order, so two passes never wait on each other's users. Every other
+    writer takes a sandbox's row before its user's, as this pass does.
+    """
+    exhausted: set[str] = set()
+    query = (
+        select(Sandbox)
+        .where(Sandbox.status == SandboxStatus.RUNNING)
+        .order_by(Sandbox.user_id, Sandbox.id)
+        .with_for_update(skip_locked=True)
+    )
+    running = (await session.scalars(query)).all()
+    for sandbox in running:
+        await settle(session, sandbox, now)
+    for user_id in {s.user_id for s in running}:
+        if await accounts.balance_micro(session, user_id) <= 0:
+            exhausted.add(user_id)
+    return exhausted

@@ -1,0 +1,252 @@
+"""Computer use on a desktop sandbox (spec §12.3): screenshots, mouse, keyboard, windows, screens.
+
+Every operation is one command in the sandbox through the ordinary exec path (control plane → host
+agent → guest agent): ``python3 -c <desktop_helper.py> <operation> <JSON arguments>``. The helper
+(``desktop_helper.py``, sent with each call, so it always matches this control plane) starts the
+screen's X session on first use and answers one JSON document; a screenshot's PNG comes back base64,
+since exec output is text. Bodies are validated here first (400 naming the field), and again by the
+helper. Only sandboxes booted from ``desktop:1`` — or from a template built ``FROM desktop:1`` — take
+these calls; any other gets 409 ``INVALID_STATE``. A call counts as activity for idle auto-pause.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records.models import Sandbox, Template
+from paddock_controlplane.records.queries import running_sandbox
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.sandboxes import desktop_access
+from paddock_controlplane.sandboxes.activity import Inflight
+from paddock_core import errors
+from paddock_core.timeutil import rfc3339
+
+HELPER_SOURCE = Path(__file__).with_name("desktop_helper.py").read_text()
+DESKTOP_IMAGES = frozenset({"desktop:1"})
+SCREEN_ID = re.compile(r"^screen-[0-7]$")
+WINDOW_ID = re.compile(r"^(0x[0-9a-fA-F]{1,8}|[0-9]{1,10})$")
+COORDINATE = Field(ge=0, le=100_000)
+MAX_TEXT = 1 << 16
+#: How far a template chain is followed to find the catalog image underneath.
+MAX_TEMPLATE_DEPTH = 16
+
+#: The helper's refusals, by status, as our domain errors.
+_REFUSALS: dict[int, type[errors.PaddockError]] = {
+    400: errors.ValidationFailed,
+    404: errors.NotFound,
+    409: errors.InvalidState,
+}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Point(_Body):
+    x: int = COORDINATE
+    y: int = COORDINATE
+
+
+class ClipboardRequest(_Body):
+    text: str = Field(max_length=MAX_TEXT)
+
+
+class OpenRequest(_Body):
+    target: str = Field(min_length=1, max_length=4096)
+
+
+class LaunchRequest(_Body):
+    application: str = Field(min_length=1, max_length=256)
+    uri: str | None = Field(default=None, max_length=4096)
+
+
+class MouseMoveRequest(Point):
+    pass
+
+
+class MouseClickRequest(_Body):
+    button: Literal["left", "middle", "right"] = "left"
+    x: int | None = Field(default=None, ge=0, le=100_000)
+    y: int | None = Field(default=None, ge=0, le=100_000)
+    count: int = Field(default=1, ge=1, le=10)
+
+
+class MouseScrollRequest(_Body):
+    direction: Literal["up", "down"] = "down"
+    amount: int = Field(default=1, ge=1, le=100)
+
+
+class MouseDragRequest(_Body):
+    from_: Point = Field(alias="from")
+    to: Point
+
+
+class MouseButtonRequest(_Body):
+    button: Literal["left", "middle", "right"] = "left"
+
+
+class TypeRequest(_Body):
+    text: str = Field(max_length=MAX_TEXT)
+    delay_in_ms: int = Field(default=12, ge=0, le=1000)
+
+
+class KeysRequest(_Body):
+    keys: list[str] = Field(min_length=1, max_length=16)
+
+
+class WindowMoveRequest(Point):
+    pass
+
+
+class SizeRequest(_Body):
+    width: int = Field(ge=320, le=3840)
+    height: int = Field(ge=240, le=2160)
+
+
+class ScreenSizeRequest(_Body):
+    width: int | None = Field(default=None, ge=320, le=3840)
+    height: int | None = Field(default=None, ge=240, le=2160)
+
+
+class WindowSizeRequest(_Body):
+    width: int = Field(ge=1, le=3840)
+    height: int = Field(ge=1, le=2160)
+
+
+def check_screen_id(screen_id: str | None) -> str:
+    if screen_id is None or screen_id == "":
+        return "screen-0"
+    if not SCREEN_ID.match(screen_id):
+        raise errors.ValidationFailed.field("screen_id", "must be one of screen-0 … screen-7")
+    return screen_id
+
+
+def check_window_id(window_id: str) -> str:
+    """The id in canonical decimal: "0x1a00003" and "027262979" name the same window (an explicit base,
+    since ``int(s, 0)`` refuses a decimal with a leading zero)."""
+    if not WINDOW_ID.match(window_id):
+        raise errors.ValidationFailed.field("window_id", "must be a window id (decimal, or 0x hex)")
+    value = int(window_id, 16) if window_id.lower().startswith("0x") else int(window_id, 10)
+    if not 0 < value < 2**32:
+        raise errors.ValidationFailed.field("window_id", "must be a window id (decimal, or 0x hex)")
+    return str(value)
+
+
+def dump(body: BaseModel | None) -> dict[str, Any]:
+    return body.model_dump(by_alias=True, exclude_none=True) if body is not None else {}
+
+
+async def is_desktop_image(services: Services, image: str) -> bool:
+    """A desktop catalog image, or a template built from one (directly or through other templates)."""
+    for _ in range(MAX_TEMPLATE_DEPTH):
+        if image in DESKTOP_IMAGES:
+            return True
+        if not image.startswith("tpl_"):
+            return False
+        async with services.sessions() as session:
+            parent = await session.scalar(select(Template.from_image).where(Template.id == image))
+        if parent is None:
+            return False
+        image = parent
+    return False
+
+
+async def desktop_sandbox(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
+    sandbox = await running_sandbox(services, user_id, sandbox_id)
+    if not await is_desktop_image(services, sandbox.rootfs):
+        raise errors.InvalidState(
+            f"sandbox {sandbox_id} was not booted from a desktop image (rootfs desktop:1); "
+            "computer use needs one"
+        )
+    return sandbox
+
+
+async def perform(
+    services: Services,
+    user_id: str,
+    sandbox_id: str,
+    operation: str,
+    args: dict[str, Any],
+    screen_id: str | None = None,
+) -> Any:
+    """Runs one helper operation in the sandbox and returns its ``data``."""
+    args = {**args, "screen_id": check_screen_id(screen_id)}
+    sandbox = await desktop_sandbox(services, user_id, sandbox_id)
+    link = await hostlink.for_host(services, sandbox.host_id)
+    argv = ["-c", HELPER_SOURCE, operation, json.dumps(args)]
+    with Inflight(services, sandbox.id):
+        try:
+            result = await link.exec(sandbox.id, "python3", argv, {}, None)
+        except hostlink.SandboxGoneError as exc:
+            raise errors.InvalidState(f"sandbox is gone: {exc}") from None
+    return _answer(result)
+
+
+def _answer(result: dict[str, Any]) -> Any:
+    stdout = str(result.get("stdout") or "")
+    last_line = stdout.strip().rsplit("\n", 1)[-1] if stdout.strip() else ""
+    try:
+        answer = json.loads(last_line) if last_line else None
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and "data" in answer:
+        return answer["data"]
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        refusal = answer["error"]
+        message = str(refusal.get("message") or "the desktop refused the request")
+        status = int(refusal.get("status") or 500)
+        field = refusal.get("field")
+        if status == 400 and isinstance(field, str):
+            raise errors.ValidationFailed(message, fields={field: message})
+        raise _REFUSALS.get(status, errors.ServerError)(message)
+    stderr = str(result.get("stderr") or result.get("error") or "")[-400:]
+    raise errors.ServerError(f"the desktop helper failed (exit {result.get('exit_code')}): {stderr}")
+
+
+async def screenshot(
+    services: Services,
+    user_id: str,
+    sandbox_id: str,
+    *,
+    screen_id: str | None,
+    window_id: str | None,
+    region: dict[str, int | None],
+) -> bytes:
+    args: dict[str, Any] = {key: value for key, value in region.items() if value is not None}
+    if window_id is not None:
+        args["window_id"] = check_window_id(window_id)
+    data = await perform(services, user_id, sandbox_id, "screenshot", args, screen_id)
+    try:
+        return base64.b64decode(str(data["png"]), validate=True)
+    except (KeyError, TypeError, binascii.Error, ValueError):
+        raise errors.ServerError("the desktop helper answered no screenshot") from None
+
+
+async def connect(services: Services, user_id: str, sandbox_id: str, screen_id: str) -> dict[str, Any]:
+    """Starts the screen's VNC server and noVNC, and hands out a short-lived live-view link."""
+    screen = await perform(services, user_id, sandbox_id, "connect", {}, screen_id)
+    port = int(screen["novnc_port"])
+    grant = desktop_access.issue(services.settings, sandbox_id, port)
+    settings = services.settings
+    base = f"{settings.ingress_scheme}://{port}-{sandbox_id}.{settings.ingress_url_domain}"
+    prefix = f"{desktop_access.PREFIX}{grant.token}"
+    websocket_path = f"{prefix.lstrip('/')}/websockify"
+    # noVNC resolves its ``path`` against the page's own URL, which already carries the token.
+    return {
+        "screen_id": screen["screen_id"],
+        "port": port,
+        "path": "/" + websocket_path,
+        "token": grant.token,
+        "expires_at": rfc3339(dt.datetime.fromtimestamp(grant.expires_at_s, dt.UTC)),
+        "url": f"{base}{prefix}/vnc.html?autoconnect=1&resize=scale&reconnect=1&path=websockify",
+    }

@@ -1,0 +1,358 @@
+"""The reconciler: its loop and its passes — host liveness, sandboxes of dead hosts, billing, idle
+auto-pause, and destroys, pauses, resumes and disk mounts a dead process left unfinished.
+
+Runs inside the control-plane process; every pass is a short transaction, so several control-plane
+processes on PostgreSQL can run it side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import time
+from collections.abc import Awaitable, Callable
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane.hosts import hostlink, hosts
+from paddock_controlplane.records.models import Host, Sandbox
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.records.states import ON_HOST, SandboxStatus
+from paddock_controlplane.records.views import event_data
+from paddock_controlplane.resources import billing, disks, networks, webhooks
+from paddock_controlplane.sandboxes import destruction, lifecycle, suspension
+from paddock_controlplane.sandboxes.host_reports import HOST_DEAD_REASON
+from paddock_controlplane.sandboxes.transition import settle
+from paddock_controlplane.workers.status_notify import status_listener
+from paddock_core.db import transaction
+from paddock_core.logging import get_logger
+from paddock_core.timeutil import as_utc
+
+log = get_logger("paddock.reconciler")
+
+Pass = Callable[[AsyncSession, Services], Awaitable[None]]
+
+
+async def host_liveness_pass(session: AsyncSession, services: Services) -> None:
+    # Hosts could not heartbeat while this process was down: give them one full period after start
+    # before judging, or a control-plane restart would kill every host (and error every sandbox).
+    if services.liveness_since is None:
+        services.liveness_since = time.monotonic()
+    since = services.liveness_since
+    if time.monotonic() - since < services.settings.host_dead_after_s:
+        return
+    died = await hosts.mark_silent_hosts_dead(session, services.clock(), services.settings.host_dead_after_s)
+    for host_id in died:
+        log.warning("host_dead", host_id=host_id)
+
+
+async def dead_host_pass(session: AsyncSession, services: Services) -> None:
+    """Sandboxes on a ``dead`` host become ``error`` (they can still be destroyed)."""
+    dead = select(Host.id).where(Host.status == "dead")
+    rows = (
+        await session.scalars(select(Sandbox).where(Sandbox.host_id.in_(dead), Sandbox.status.in_(ON_HOST)))
+    ).all()
+    for sandbox in rows:
+        if sandbox.status == SandboxStatus.RUNNING:
+            await billing.settle(session, sandbox, services.clock())
+        sandbox.status, sandbox.status_reason = SandboxStatus.ERROR, HOST_DEAD_REASON
+        log.warning("sandbox_error_host_dead", sandbox_id=sandbox.id, host_id=sandbox.host_id)
+
+
+async def billing_pass(session: AsyncSession, services: Services) -> None:
+    if time.monotonic() - services.billing_last < services.settings.billing_interval_s:
+        return
+    services.billing_last = time.monotonic()
+    exhausted = await billing.billing_pass(session, services.clock())
+    if exhausted:
+        running = (
+            await session.scalars(
+                select(Sandbox).where(Sandbox.user_id.in_(exhausted), Sandbox.status == SandboxStatus.RUNNING)
+            )
+        ).all()
+        for sandbox in running:
+            suspension.pause_later(services, sandbox, "credit")
+
+
+async def idle_pass(session: AsyncSession, services: Services) -> None:
+    now = services.clock()
+    activity = services.activity.last_seen_s
+    inflight = services.activity.inflight
+    rows = (
+        await session.scalars(
+            select(Sandbox).where(
+                Sandbox.status == SandboxStatus.RUNNING, Sandbox.auto_pause_after_seconds.is_not(None)
+            )
+        )
+    ).all()
+    for sandbox in rows:
+        if inflight.get(sandbox.id):
+            continue
+        marks = [
+            as_utc(t).timestamp()
+            for t in (sandbox.last_activity_at, sandbox.last_resumed_at, sandbox.running_at)
+            if t
+        ]
+        if sandbox.id in activity:
+            marks.append(activity[sandbox.id])
+        last = max(marks) if marks else now.timestamp()
+        if now.timestamp() - last >= int(sandbox.auto_pause_after_seconds or 0):
+            suspension.pause_later(services, sandbox, "idle")
+
+
+#: Seconds a row may stay ``pausing``/``resuming`` before it counts as left by a dead process: a live
+#: pause or resume takes milliseconds, and its host call times out well before this.
+ORPHAN_AFTER_S = 20.0
+
+
+class OrphanedTransitions:
+    """Reconciler pass: a pause or resume whose control-plane process died between its two
+    transactions (killed, or a machine lost) leaves the row ``pausing``/``resuming``, which no request
+    can move on. Once this process has seen a row there for ``ORPHAN_AFTER_S``, it drives the host to
+    the state the operation wanted (pause and resume are idempotent there: a host that already did it
+    answers "is paused, not running" / "is running, not paused") and records the outcome with its
+    event, exactly as the operation would have. Two control planes may both try; ``settle`` records
+    only while the row is still in that status, so one outcome and one event are written. The pause's
+    original reason is not stored, so the event says ``api``; billing stops at the moment the row was
+    first seen orphaned, not later.
+    """
+
+    def __init__(self) -> None:
+        self.first_seen: dict[str, tuple[str, dt.datetime]] = {}
+        self.driving: set[str] = set()
+
+    async def __call__(self, session: AsyncSession, services: Services) -> None:
+        now = services.clock()
+        rows = (
+            await session.scalars(
+                select(Sandbox).where(Sandbox.status.in_((SandboxStatus.PAUSING, SandboxStatus.RESUMING)))
+            )
+        ).all()
+        seen: dict[str, tuple[str, dt.datetime]] = {}
+        for sandbox in rows:
+            status, since = self.first_seen.get(sandbox.id, (sandbox.status, now))
+            if status != sandbox.status:
+                since = now
+            seen[sandbox.id] = (sandbox.status, since)
+            orphaned = (now - since).total_seconds() >= ORPHAN_AFTER_S
+            if orphaned and sandbox.id not in self.driving and sandbox.host_id:
+                self.driving.add(sandbox.id)
+                services.tasks.spawn(
+                    self._drive(services, sandbox, sandbox.host_id, since),
+                    name=f"orphaned {sandbox.status} {sandbox.id}",
+                )
+        self.first_seen = seen
+
+    async def _drive(self, services: Services, sandbox: Sandbox, host_id: str, since: dt.datetime) -> None:
+        sandbox_id, status, disk_mib = sandbox.id, sandbox.status, sandbox.disk_mib
+        pausing = status == SandboxStatus.PAUSING
+        done_already = "is paused, not running" if pausing else "is running, not paused"
+
+        async def drive_host() -> None:
+            link = await hostlink.for_host(services, host_id)
+            try:
+                if pausing:
+                    await link.pause(sandbox_id)
+                else:
+                    await link.resume(sandbox_id, disk_mib=disk_mib)
+            except hostlink.HostError as exc:
+                if not str(exc).endswith(done_already):
+                    raise
+
+        async def paused(session: AsyncSession, row: Sandbox, _: None) -> None:
+            await billing.settle(session, row, since)
+            row.status, row.paused_at = SandboxStatus.PAUSED, since
+            data = event_data(row, reason="api")
+            await webhooks.emit(session, user_id=row.user_id, action="sandbox.pause", data=data)
+
+        async def running(session: AsyncSession, row: Sandbox, _: None) -> None:
+            now = services.clock()
+            row.status, row.running_at, row.last_resumed_at = SandboxStatus.RUNNING, now, now
+            row.billed_until, row.last_activity_at = now, now
+            await webhooks.emit(session, user_id=row.user_id, action="sandbox.resume", data=event_data(row))
+
+        try:
+            outcome = await settle(
+                services,
+                sandbox_id,
+                drive_host,
+                expect=(status,),
+                on_success=paused if pausing else running,
+            )
+            if outcome.recorded:
+                log.warning("orphaned_transition_settled", sandbox_id=sandbox_id, status=status)
+        except Exception as exc:  # tried again on a later pass
+            log.warning("orphaned_transition_failed", sandbox_id=sandbox_id, error=str(exc))
+        finally:
+            self.driving.discard(sandbox_id)
+
+
+#: Seconds a template's image may take to reach a host before its boot starts: the host agent client's
+#: timeout for an image fetch (``HostAgentClient.fetch_image``), which runs outside the boot deadline.
+IMAGE_FETCH_BOUND_S = 1800.0
+#: Why a boot its control plane never finished ends ``failed``; the user reads it in ``status_reason``.
+ORPHANED_BOOT_REASON = "the control plane handling this create stopped before the sandbox booted"
+
+
+class OrphanedBoots:
+    """Reconciler pass: a create (``creating``) or a fork child (``forking``) whose control-plane
+    process died before the host answered stays there, since a boot's outcome is only ever recorded
+    by the process that asked. A live process ends every boot within its deadline (``boot_timeout_s``;
+    a template's image fetch comes first and has its own bound), so a row older than that plus
+    ``ORPHAN_AFTER_S`` (from its ``created_at``, so a control plane started since sees it too) has no
+    one left to record it. Its host is asked what became of it:
+
+    - it holds the sandbox running or paused (the host finished the boot after the asker died): the
+      sandbox is adopted in that status, as the boot would have recorded it (its address, its
+      memberships active, billing from now; a create's ``sandbox.create`` event, since a fork's child
+      had its ``sandbox.fork`` when it was answered), and its egress rules are sent again, since a PUT
+      during the boot was only stored;
+    - it does not hold it, or holds it stopped: it ends ``failed`` with :data:`ORPHANED_BOOT_REASON`, as
+      a failed boot does (no event, nothing billed; ``failed`` counts toward no concurrent cap), and
+      whatever the host still has of it is destroyed there;
+    - the host does not answer: the row is left for a later pass (a host that stays silent is marked
+      dead, and its sandboxes ``error``, by the liveness passes).
+
+    Two control planes may both ask: the outcome is recorded only while the row is still in the status
+    seen (``settle``), so one outcome and at most one event are written.
+    """
+
+    def __init__(self) -> None:
+        self.asking: set[str] = set()
+
+    async def __call__(self, session: AsyncSession, services: Services) -> None:
+        now = services.clock()
+        deadline_s = services.settings.boot_timeout_s + ORPHAN_AFTER_S
+        rows = (
+            await session.scalars(
+                select(Sandbox).where(Sandbox.status.in_((SandboxStatus.CREATING, SandboxStatus.FORKING)))
+            )
+        ).all()
+        for sandbox in rows:
+            bound_s = deadline_s
+            if sandbox.status == SandboxStatus.CREATING and sandbox.rootfs.startswith("tpl_"):
+                bound_s += IMAGE_FETCH_BOUND_S
+            if (now - as_utc(sandbox.created_at)).total_seconds() < bound_s or sandbox.id in self.asking:
+                continue
+            self.asking.add(sandbox.id)
+            services.tasks.spawn(
+                self._settle(services, sandbox.id, sandbox.status, sandbox.host_id),
+                name=f"orphaned {sandbox.status} {sandbox.id}",
+            )
+
+    async def _settle(self, services: Services, sandbox_id: str, status: str, host_id: str | None) -> None:
+        try:
+            held = await self._ask(services, sandbox_id, host_id)
+            if held is not None and held.status in ("running", "paused"):
+                await self._adopt(services, sandbox_id, status, held)
+            else:
+                await self._fail(services, sandbox_id, status, host_id)
+        except hostlink.HostError as exc:  # asked again on a later pass
+            log.warning("orphaned_boot_unanswered", sandbox_id=sandbox_id, host_id=host_id, error=str(exc))
+        except Exception as exc:
+            log.error("orphaned_boot_failed_to_settle", sandbox_id=sandbox_id, exc_info=exc)
+        finally:
+            self.asking.discard(sandbox_id)
+
+    @staticmethod
+    async def _ask(services: Services, sandbox_id: str, host_id: str | None) -> hostlink.Held | None:
+        if host_id is None:
+            return None
+        return await (await hostlink.for_host(services, host_id)).inspect(sandbox_id)
+
+    @staticmethod
+    async def _adopt(services: Services, sandbox_id: str, status: str, held: hostlink.Held) -> None:
+        async def booted(session: AsyncSession, row: Sandbox, _: None) -> None:
+            now = services.clock()
+            row.ip = held.ip
+            networks.activate_all(row)
+            if held.status == "paused":
+                row.status, row.paused_at = SandboxStatus.PAUSED, now
+            else:
+                row.status, row.running_at = SandboxStatus.RUNNING, now
+                row.billed_until, row.last_activity_at = now, now
+            if status == SandboxStatus.CREATING:
+                await webhooks.emit(
+                    session, user_id=row.user_id, action="sandbox.create", data=event_data(row)
+                )
+
+        outcome = await settle(services, sandbox_id, _nothing, expect=(status,), on_success=booted)
+        if not outcome.recorded or outcome.row is None:
+            return
+        row = outcome.row
+        log.warning("orphaned_boot_adopted", sandbox_id=sandbox_id, host_id=row.host_id, status=row.status)
+        if row.egress and row.host_id:
+            try:
+                await (await hostlink.for_host(services, row.host_id)).set_egress(row.id, list(row.egress))
+            except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
+                log.warning("egress_resend_failed", sandbox_id=row.id, error=str(exc))
+
+    @staticmethod
+    async def _fail(services: Services, sandbox_id: str, status: str, host_id: str | None) -> None:
+        async def failed(session: AsyncSession, row: Sandbox, _: None) -> None:
+            row.status, row.status_reason = SandboxStatus.FAILED, ORPHANED_BOOT_REASON
+            await networks.drop_memberships(session, sandbox_id)
+            await disks.drop_attachments(session, sandbox_id)
+
+        outcome = await settle(services, sandbox_id, _nothing, expect=(status,), on_success=failed)
+        if not outcome.recorded:
+            return
+        log.warning("orphaned_boot_failed", sandbox_id=sandbox_id, host_id=host_id)
+        if host_id:
+            await destruction.forget_on_host(services, host_id, sandbox_id)
+
+
+async def _nothing() -> None:
+    """The host call of an outcome already learnt (``settle`` records it in its second transaction)."""
+
+
+#: Every pass, in the order a round runs them.
+PASSES: list[Pass] = [
+    host_liveness_pass,
+    dead_host_pass,
+    billing_pass,
+    idle_pass,
+    lifecycle.expire_pass,
+    destruction.settle_stuck,
+    disks.settle_pending,
+    OrphanedTransitions(),
+    OrphanedBoots(),
+]
+
+
+class Reconciler:
+    """The passes' loop. It also runs the status listener (status_notify.py), which folds other
+    control planes' committed status changes into this process's long polls."""
+
+    def __init__(self, services: Services, passes: list[Pass]) -> None:
+        self.services = services
+        self.passes = passes
+        self._task: asyncio.Task[None] | None = None
+        self.listener = status_listener(services.settings.database_url, services.status_watch)
+
+    async def run_once(self) -> None:
+        for step in self.passes:
+            async with transaction(self.services.sessions) as session:
+                await step(session, self.services)
+        self.services.mark_reconciled()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except Exception as exc:  # keep the loop alive; readiness shows the staleness
+                log.error("reconcile_failed", exc_info=exc)
+            await asyncio.sleep(self.services.settings.reconcile_interval_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="reconciler")
+        self.listener.start()
+
+    async def stop(self) -> None:
+        await self.listener.stop()
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
