@@ -1,12 +1,12 @@
 """Computer use on a desktop sandbox (spec §12.3): screenshots, mouse, keyboard, windows, screens.
 
-Every operation is one command in the sandbox through the ordinary exec path (control plane → host
-agent → guest agent): ``python3 -c <desktop_helper.py> <operation> <JSON arguments>``. The helper
-(``desktop_helper.py``, sent with each call, so it always matches this control plane) starts the
-screen's X session on first use and answers one JSON document; a screenshot's PNG comes back base64,
-since exec output is text. Bodies are validated here first (400 naming the field), and again by the
-helper. Only sandboxes booted from ``desktop:1`` — or from a template built ``FROM desktop:1`` — take
-these calls; any other gets 409 ``INVALID_STATE``. A call counts as activity for idle auto-pause.
+Every operation is one command in the sandbox through the ordinary exec path (control plane → host agent
+→ guest agent): ``python3 -c <desktop_helper.py> <operation> <JSON arguments>``. The helper
+(``paddock_core/guest/desktop_helper.py``, sent with each call, so it always matches this control plane)
+starts the screen's X session on first use and answers one JSON document; a screenshot's PNG comes back
+base64, since exec output is text. Bodies are validated here first (400 naming the field), and again by
+the helper. Only sandboxes booted from ``desktop:1`` — or from a template built ``FROM desktop:1`` —
+take these calls; any other gets 409 ``INVALID_STATE``. A call counts as activity for idle auto-pause.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import binascii
 import datetime as dt
 import json
 import re
-from pathlib import Path
+from importlib import resources
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,7 +31,7 @@ from paddock_controlplane.sandboxes.activity import Inflight
 from paddock_core import errors
 from paddock_core.timeutil import rfc3339
 
-HELPER_SOURCE = Path(__file__).with_name("desktop_helper.py").read_text()
+HELPER_SOURCE = resources.files("paddock_core.guest").joinpath("desktop_helper.py").read_text()
 DESKTOP_IMAGES = frozenset({"desktop:1"})
 SCREEN_ID = re.compile(r"^screen-[0-7]$")
 WINDOW_ID = re.compile(r"^(0x[0-9a-fA-F]{1,8}|[0-9]{1,10})$")

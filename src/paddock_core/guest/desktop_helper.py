@@ -1,8 +1,8 @@
 """The program that performs computer-use operations inside a ``desktop:1`` sandbox (spec §12.3).
 
-Never imported by the control plane: ``computer.py`` reads this file's text and runs it in the sandbox
-through the ordinary exec path, as ``python3 -c <this source> <operation> <JSON arguments>``, so the
-helper always matches the control plane that sends it (no version skew with an image built earlier).
+Never imported: the control plane's ``sandboxes/computer.py`` reads this file's text and runs it in
+the sandbox through the ordinary exec path, as ``python3 -c <this source> <operation> <JSON arguments>``,
+so the helper always matches the control plane that sends it (no version skew with an image built earlier).
 It prints one JSON document: ``{"data": …}`` on success, ``{"error": {"status", "code", "message",
 "field"?}}`` for a request the desktop refuses (exit status 3). A screenshot's PNG travels base64 in
 ``data.png``, since exec output is text.
