@@ -1,0 +1,82 @@
+"""Fixtures of the console's browser tests: one live platform (control plane with the console, one host
+agent), a user's API key, and a headless Debian Chromium driven over CDP (tests/desktop/browser.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.desktop.browser import Page, headless_chromium
+from tests.hostagent.conftest import (
+    AgentProcess,
+    debian_image,
+    guest_binary_dir,
+    pytest_collection_modifyitems,
+)
+from tests.live import ControlPlaneProcess, LivePlatform
+
+__all__ = ["debian_image", "guest_binary_dir", "pytest_collection_modifyitems"]
+
+SCREENSHOTS = Path("/tmp/pdk-console-screenshots")
+
+
+class ConsoleControlPlane(ControlPlaneProcess):
+    """The control plane started through tests/console/controlplane.py (the console mounted)."""
+
+    def _start(self, timeout_s: float) -> None:
+        from tests.hostagent.conftest import free_port
+
+        self.port = self.port or free_port()
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.console.controlplane"], env=self.env(), stdout=log, stderr=log
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"control plane exited with {self.process.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"control plane did not start:\n{self.log_tail()}")
+
+
+@pytest.fixture(scope="module")
+def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+    tag = secrets.token_hex(3)
+    controlplane = ConsoleControlPlane(state_dir=Path(f"/tmp/pdkcp-{tag}"))
+    platform = LivePlatform(controlplane=controlplane, agents=[])
+    try:
+        controlplane.start()
+        platform.add_agent(AgentProcess(state_dir=Path(f"/tmp/pdkt-{tag}0"), guest_dir=guest_binary_dir))
+        platform.wait_for_hosts()
+        yield platform
+    finally:
+        platform.stop()
+
+
+@pytest.fixture(scope="module")
+def api_key(live: LivePlatform) -> str:
+    return live.api_key()
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    with headless_chromium(1280, 900) as browser_page:
+        yield browser_page
+
+
+@pytest.fixture(scope="session")
+def screenshots() -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    return SCREENSHOTS

@@ -1,0 +1,225 @@
+"""The web console in a real headless Chromium (Debian's), against a live platform: sign in with an API
+key, create a sandbox and see it running with its metrics chart, type into the in-browser terminal, and
+upload a file through the file browser. Each browser test saves a screenshot and checks it has content.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.desktop.browser import Page, png_size, thumbnail
+from tests.live import LivePlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+SHAPE = "s-1vcpu-1gb"
+
+
+def wait_for(page: Page, expression: str, timeout_s: float, what: str) -> Any:
+    """The expression's value once truthy; fails naming ``what`` and the page's text if it never is."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = page.evaluate(
+            f"(() => {{ const v = ({expression}); return v instanceof Node ? true : v; }})()"
+        )
+        if value:
+            return value
+        time.sleep(0.2)
+    text = page.evaluate("document.body ? document.body.innerText : ''")
+    raise AssertionError(f"{what} not seen in {timeout_s} s; the page shows:\n{text}")
+
+
+def type_text(page: Page, selector: str, text: str) -> None:
+    assert page.evaluate(
+        f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.focus(); return true; }})()"
+    )
+    page.call("Input.insertText", text=text)
+
+
+def press_enter(page: Page) -> None:
+    for kind in ("keyDown", "keyUp"):
+        page.call(
+            "Input.dispatchKeyEvent",
+            type=kind,
+            key="Enter",
+            code="Enter",
+            windowsVirtualKeyCode=13,
+            nativeVirtualKeyCode=13,
+            **({"text": "\r"} if kind == "keyDown" else {}),
+        )
+
+
+def click(page: Page, selector: str) -> None:
+    assert page.evaluate(
+        f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return false; e.click(); return true; }})()"
+    ), selector
+
+
+def sign_in(page: Page, live: LivePlatform, api_key: str) -> None:
+    page.navigate(live.url + "/")  # the root redirects to /console
+    wait_for(page, "document.getElementById('api-key')", 30, "the sign-in form")
+    assert page.evaluate("location.pathname") == "/console"
+    type_text(page, "#api-key", api_key)
+    click(page, "#signin button[type=submit]")
+    wait_for(page, "document.getElementById('sandboxes')", 30, "the sandbox list after signing in")
+    # The key is in this tab's sessionStorage, not in localStorage, a cookie or the URL.
+    assert page.evaluate("sessionStorage.getItem('paddock.apiKey')") == api_key
+    assert page.evaluate("localStorage.length") == 0
+    assert page.evaluate("document.cookie") == ""
+    assert api_key not in page.evaluate("location.href")
+
+
+def save_screenshot(page: Page, directory: Path, name: str) -> bytes:
+    """The page as a PNG, saved under ``directory``; it must show more than a blank or one-colour page."""
+    png = page.screenshot()
+    (directory / f"{name}.png").write_bytes(png)
+    assert png_size(png) == (1280, 900)
+    cells = thumbnail(png, columns=32, lines=24)
+    assert len(set(cells)) >= 20, f"{name}: the screenshot is nearly uniform ({len(set(cells))} colours)"
+    return png
+
+
+@pytest.fixture(scope="module")
+def sandbox(live: LivePlatform, api_key: str) -> Iterator[dict[str, Any]]:
+    """A running sandbox made through the API, for the terminal and file tests."""
+    with live.http(api_key) as http:
+        answer = http.post("/v1/sandboxes", json={"shape": SHAPE, "name": f"console-{secrets.token_hex(3)}"})
+        assert answer.status_code == 200, answer.text
+        made = answer.json()["data"]
+        try:
+            yield made
+        finally:
+            http.delete(f"/v1/sandboxes/{made['id']}")
+
+
+def open_sandbox(page: Page, live: LivePlatform, api_key: str, sandbox_id: str) -> None:
+    sign_in(page, live, api_key)
+    page.evaluate(f"location.hash = '#/sandboxes/{sandbox_id}'")
+    wait_for(page, "document.querySelector('#sandbox-state [data-state=running]')", 60, "the running state")
+
+
+def test_the_console_is_served_with_a_strict_content_security_policy(live: LivePlatform) -> None:
+    root = httpx.get(live.url + "/", follow_redirects=False, timeout=10)
+    assert root.status_code == 307 and root.headers["location"] == "/console"
+    page = httpx.get(live.url + "/console", timeout=10)
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "connect-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+    assert "<script>" not in page.text  # no inline script: every script is a file from this origin
+    for asset in ("console.js", "vendor/xterm.js", "vendor/addon-fit.js", "vendor/xterm.css"):
+        served = httpx.get(f"{live.url}/console/assets/{asset}", timeout=10)
+        assert served.status_code == 200, f"{asset}: {served.status_code} (make console-assets)"
+    refused = httpx.get(live.url + "/console/assets/../../app.py", timeout=10)
+    assert refused.status_code == 404
+
+
+def test_sign_in_and_create_a_sandbox_and_see_it_running_with_a_chart(
+    live: LivePlatform, api_key: str, page: Page, screenshots: Path
+) -> None:
+    sign_in(page, live, api_key)
+    name = f"made-in-browser-{secrets.token_hex(3)}"
+    wait_for(page, "document.querySelectorAll('#create-shape option').length > 0", 30, "the shape list")
+    assert (
+        page.evaluate(
+            f"(() => {{ const s = document.getElementById('create-shape'); s.value = '{SHAPE}'; return s.value; }})()"
+        )
+        == SHAPE
+    )
+    type_text(page, "#create-name", name)
+    type_text(page, "#create-metadata", "team=console")
+    click(page, "#create-submit")
+    sandbox_id = wait_for(
+        page,
+        "(() => { const m = location.hash.match(/^#\\/sandboxes\\/(.+)$/); return m ? decodeURIComponent(m[1]) : ''; })()",
+        180,
+        "the new sandbox's page",
+    )
+    try:
+        wait_for(
+            page, "document.querySelector('#sandbox-state [data-state=running]')", 60, "the running state"
+        )
+        # The chart area is drawn, with either the samples' summary or "no metrics yet" (never an error).
+        assert page.evaluate(
+            "!!document.getElementById('chart-cpu') && !!document.getElementById('chart-mem')"
+        )
+        status = wait_for(
+            page,
+            "(() => { const t = document.getElementById('metrics-status').textContent; return t === 'Loading metrics…' ? '' : t; })()",
+            20,
+            "the metrics status",
+        )
+        assert status == "no metrics yet" or status.startswith("CPU "), status
+        text = page.evaluate("document.body.innerText")
+        assert name in text and "running" in text and "team=console" in text
+        save_screenshot(page, screenshots, "created-sandbox")
+        with live.http(api_key) as http:
+            seen = http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]
+        assert seen["name"] == name and seen["status"] == "running" and seen["shape"] == SHAPE
+        assert seen.get("metadata") == {"team": "console"}
+        # The list shows it too, filtered by state.
+        page.evaluate("location.hash = '#/sandboxes'")
+        wait_for(
+            page, f"document.querySelector('#sandboxes tr[data-id=\"{sandbox_id}\"]')", 20, "the list row"
+        )
+        page.evaluate(
+            "(() => { const s = document.getElementById('state-filter'); s.value = 'paused'; s.dispatchEvent(new Event('change')); })()"
+        )
+        wait_for(
+            page, f"!document.querySelector('#sandboxes tr[data-id=\"{sandbox_id}\"]')", 20, "the filter"
+        )
+    finally:
+        with live.http(api_key) as http:
+            http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def test_echo_hi_in_the_browser_terminal(
+    live: LivePlatform, api_key: str, sandbox: dict[str, Any], page: Page, screenshots: Path
+) -> None:
+    open_sandbox(page, live, api_key, sandbox["id"])
+    wait_for(
+        page, "document.getElementById('terminal-status').textContent === 'connected'", 30, "the terminal"
+    )
+    rows = "[...document.querySelectorAll('#terminal .xterm-rows > div')].map(d => d.textContent.trim())"
+    wait_for(page, f"{rows}.some(r => /[#$] *$/.test(r))", 30, "the shell prompt")
+    type_text(page, "#terminal .xterm-helper-textarea", "echo hi")
+    press_enter(page)
+    wait_for(page, f"{rows}.includes('hi')", 30, "'hi' on its own line in the terminal")
+    shown = page.evaluate(rows)
+    assert any(r.endswith("echo hi") for r in shown), shown  # the typed command echoed by the shell
+    page.evaluate("document.getElementById('terminal').scrollIntoView()")
+    save_screenshot(page, screenshots, "terminal-echo-hi")
+
+
+def test_upload_a_file_and_see_it_listed(
+    live: LivePlatform, api_key: str, sandbox: dict[str, Any], page: Page, screenshots: Path, tmp_path: Path
+) -> None:
+    name = f"from-browser-{secrets.token_hex(3)}.txt"
+    local = tmp_path / name
+    content = f"uploaded through the console {secrets.token_hex(8)}\n".encode()
+    local.write_bytes(content)
+    open_sandbox(page, live, api_key, sandbox["id"])
+    wait_for(page, "document.querySelector('#file-list tbody tr')", 30, "the /tmp listing")
+    document = page.call("DOM.getDocument")
+    picker = page.call("DOM.querySelector", nodeId=document["root"]["nodeId"], selector="#upload-file")
+    page.call("DOM.setFileInputFiles", files=[str(local)], nodeId=picker["nodeId"])
+    click(page, "#upload")
+    wait_for(
+        page, f"document.querySelector('#file-list tr[data-name=\"{name}\"]')", 30, "the uploaded file's row"
+    )
+    row = page.evaluate(f"document.querySelector('#file-list tr[data-name=\"{name}\"]').innerText")
+    assert f"{len(content)} B" in row, row
+    assert page.evaluate("document.getElementById('files-status').textContent") == f"uploaded {name}"
+    page.evaluate("document.getElementById('files').scrollIntoView()")
+    save_screenshot(page, screenshots, "file-uploaded")
+    with live.http(api_key) as http:
+        stored = http.get(f"/v1/sandboxes/{sandbox['id']}/files", params={"path": f"/tmp/{name}"})
+    assert stored.status_code == 200 and stored.content == content
