@@ -22,6 +22,12 @@ app.add_typer(host_app, name="host")
 
 T = TypeVar("T")
 
+JSON_OUT = typer.Option(False, "--json", help="Print JSON")
+
+
+def emit_json(value: Any) -> None:
+    typer.echo(json.dumps(value))
+
 
 def data_dir_override() -> Path | None:
     """``paddock serve`` keeps the control plane's state in ``PADDOCK_DATA_DIR`` (its children get it
@@ -69,7 +75,7 @@ def _run(work: Callable[[Any, Any], Awaitable[T]]) -> T:
 def user_create(
     plan: str = typer.Option("", help="free, beginner, pro or enterprise (default: the server's default)"),
     name: str = typer.Option("", help="A label for the user"),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON"),
+    json_out: bool = JSON_OUT,
 ) -> None:
     """Create a user with the signup credits and print its first API key (shown once)."""
     from paddock_controlplane.resources import accounts
@@ -86,25 +92,29 @@ def user_create(
 
     out = _run(work)
     if json_out:
-        typer.echo(json.dumps(out))
+        emit_json(out)
     else:
         typer.echo(f"user {out['user_id']} (plan {out['plan']})")
         typer.echo(f"API key (shown once): {out['api_key']}")
 
 
 @user_app.command("set-plan")
-def user_set_plan(user_id: str, plan: str) -> None:
+def user_set_plan(user_id: str, plan: str, json_out: bool = JSON_OUT) -> None:
     """Move a user to another plan."""
     from paddock_controlplane.resources import accounts
 
     async def work(session: Any, _: Any) -> str:
         return (await accounts.set_plan(session, user_id, plan)).plan_id
 
-    typer.echo(f"user {user_id} is now on plan {_run(work)}")
+    now = _run(work)
+    if json_out:
+        emit_json({"user_id": user_id, "plan": now})
+    else:
+        typer.echo(f"user {user_id} is now on plan {now}")
 
 
 @key_app.command("create")
-def key_create(user_id: str) -> None:
+def key_create(user_id: str, json_out: bool = JSON_OUT) -> None:
     """Issue another API key for a user (shown once)."""
     from paddock_controlplane.resources import accounts
 
@@ -112,12 +122,15 @@ def key_create(user_id: str) -> None:
         return await accounts.create_key(session, user_id)
 
     issued = _run(work)
-    typer.echo(f"key {issued.id}")
-    typer.echo(f"API key (shown once): {issued.plaintext}")
+    if json_out:
+        emit_json({"user_id": user_id, "key_id": issued.id, "api_key": issued.plaintext})
+    else:
+        typer.echo(f"key {issued.id}")
+        typer.echo(f"API key (shown once): {issued.plaintext}")
 
 
 @key_app.command("revoke")
-def key_revoke(key_id: str) -> None:
+def key_revoke(key_id: str, json_out: bool = JSON_OUT) -> None:
     """Revoke a key; requests with it get 401 from then on."""
     from paddock_controlplane.resources import accounts
 
@@ -125,13 +138,16 @@ def key_revoke(key_id: str) -> None:
         return await accounts.revoke_key(session, key_id)
 
     _run(work)
-    typer.echo(f"key {key_id} revoked")
+    if json_out:
+        emit_json({"key_id": key_id, "revoked": True})
+    else:
+        typer.echo(f"key {key_id} revoked")
 
 
 @key_app.command("list")
 def key_list(
     user: str = typer.Option("", help="Only this user's keys"),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON"),
+    json_out: bool = JSON_OUT,
 ) -> None:
     """List keys (their id, owner, prefix and state; never the key itself)."""
     from paddock_controlplane.resources import accounts
@@ -151,7 +167,7 @@ def key_list(
 
     rows = _run(work)
     if json_out:
-        typer.echo(json.dumps(rows))
+        emit_json(rows)
         return
     for row in rows:
         state = "revoked" if row["revoked"] else "active"
@@ -159,7 +175,7 @@ def key_list(
 
 
 @host_app.command("list")
-def host_list(json_out: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+def host_list(json_out: bool = JSON_OUT) -> None:
     """Every host: status (active, draining, dead), free memory, sandboxes, address and labels."""
     from paddock_controlplane.hosts import hosts
 
@@ -169,7 +185,7 @@ def host_list(json_out: bool = typer.Option(False, "--json", help="Print JSON"))
 
     rows = _run(work)
     if json_out:
-        typer.echo(json.dumps(rows))
+        emit_json(rows)
         return
     for row in rows:
         labels = ",".join(f"{k}={v}" for k, v in sorted(row["labels"].items()))
@@ -188,13 +204,20 @@ def _set_drained(host_id: str, drained: bool) -> str:
     return _run(work)
 
 
+def _show_host_status(host_id: str, status: str, json_out: bool) -> None:
+    if json_out:
+        emit_json({"id": host_id, "status": status})
+    else:
+        typer.echo(f"host {host_id} is now {status}")
+
+
 @host_app.command("drain")
-def host_drain(host_id: str) -> None:
+def host_drain(host_id: str, json_out: bool = JSON_OUT) -> None:
     """No new sandboxes on this host (creates go elsewhere); the ones it runs keep running."""
-    typer.echo(f"host {host_id} is now {_set_drained(host_id, True)}")
+    _show_host_status(host_id, _set_drained(host_id, True), json_out)
 
 
 @host_app.command("undrain")
-def host_undrain(host_id: str) -> None:
+def host_undrain(host_id: str, json_out: bool = JSON_OUT) -> None:
     """Put a drained host back in service."""
-    typer.echo(f"host {host_id} is now {_set_drained(host_id, False)}")
+    _show_host_status(host_id, _set_drained(host_id, False), json_out)

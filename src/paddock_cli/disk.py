@@ -109,11 +109,11 @@ def rotate(
 
 
 @app.command("rm")
-def delete(disk: str) -> None:
+def delete(disk: str, json_out: bool = JSON_OPTION) -> None:
     """Delete a disk (refused while a sandbox holds it); the bucket's contents stay."""
     with api_errors(), client() as sdk:
         sdk.disks.delete(disk)
-    typer.echo(f"deleted {disk}")
+    emit({"id": disk, "deleted": True}, json_out, lambda _: typer.echo(f"deleted {disk}"))
 
 
 @app.command()
@@ -142,8 +142,13 @@ def mounts(sandbox: str, json_out: bool = JSON_OPTION) -> None:
 
 
 @app.command()
-def detach(sandbox: str, disk_id: str, mount_path: str) -> None:
+def detach(sandbox: str, disk_id: str, mount_path: str, json_out: bool = JSON_OPTION) -> None:
     """Unmount DISK_ID (the disk_… id) from MOUNT_PATH in SANDBOX."""
     with api_errors(), client() as sdk:
-        resolve(sdk, sandbox).disks.detach(disk_id, mount_path)
-    typer.echo(f"detached {disk_id} from {mount_path}")
+        found = resolve(sdk, sandbox)
+        found.disks.detach(disk_id, mount_path)
+    emit(
+        {"sandbox_id": found.id, "disk_id": disk_id, "mount_path": mount_path, "detached": True},
+        json_out,
+        lambda _: typer.echo(f"detached {disk_id} from {mount_path}"),
+    )

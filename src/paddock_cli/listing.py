@@ -27,6 +27,10 @@ LAZY_FIRST: dict[str, Lazy] = {
 LAZY_GROUPS: dict[str, Lazy] = {
     # more.py adds its sandbox commands (egress, resize, set, ps, kill) to sandbox.py's app on import.
     "sandbox": Lazy("paddock_cli.more:sandbox.app", "Create, use and destroy sandboxes."),
+    "network": Lazy(
+        "paddock_cli.network:app",
+        "Private networks between your sandboxes: create, list, inspect, attach, detach, delete.",
+    ),
     "webhook": Lazy("paddock_cli.webhook:app", "Webhook endpoints: register, list, inspect, pause, delete."),
     "disk": Lazy("paddock_cli.disk:app", "S3 disks: register, list, mount into sandboxes, detach, delete."),
     "template": Lazy("paddock_cli.template:app", "Templates: build a Dockerfile into a bootable image."),

@@ -50,6 +50,7 @@ def show(info: Any) -> None:
             ("forked_from", info.forked_from),
             ("envs", info.envs),
             ("egress", info.egress),
+            ("networks", [f"{n['id']} ({n.get('ip') or n.get('status')})" for n in info.networks or []]),
             ("ingress", info.ingress_url_template),
         ]
     )
@@ -70,6 +71,7 @@ def create(
     timeout: int = typer.Option(None, "--timeout", help="Lifetime in seconds: then destroyed (or paused)."),
     on_timeout: str = typer.Option(None, "--on-timeout", help="destroy (default) or pause."),
     metadata: list[str] = typer.Option([], "--metadata", "-m", help="KEY=VALUE label (repeat)."),
+    network: list[str] = typer.Option([], "--network", help="Join this network (id or name; repeat)."),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Create a sandbox and wait until it runs; prints only its id, for `id=$(paddock sandbox create)`
@@ -89,6 +91,10 @@ def create(
         "metadata": key_values(metadata, "--metadata") or None,
     }
     with api_errors(), client() as sdk:
+        if network:
+            from paddock_cli.network import find  # network.py imports this module
+
+            fields["networks"] = [{"id": find(sdk, ref).id} for ref in network]
         sandbox = sdk.sandboxes.create(shape, **fields)
     emit(sandbox.info, json_out, lambda info: typer.echo(info.id))
 
@@ -281,6 +287,9 @@ def cp(
     source: str = typer.Argument(..., help="A local path, `-` for stdin, or SANDBOX:/path."),
     dest: str = typer.Argument(..., help="A local path, `-` for stdout, or SANDBOX:/path."),
     recursive: bool = typer.Option(False, "--recursive", "-r", help="Copy a directory (one tar stream)."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print JSON (the paths copied and the bytes) for scripts; not with `-` out."
+    ),
 ) -> None:
     """Copy a file (or with -r a directory) into or out of a sandbox, streamed, as `cp` does: a
     destination that is a directory (or ends in `/`) receives the source under its own name
@@ -293,12 +302,14 @@ def cp(
         raise fail("exactly one side must be SANDBOX:/path", ExitCode.USAGE)
     if recursive and "-" in (src_path, dst_path):
         raise fail("-r copies a directory; `-` is one file's stream", ExitCode.USAGE)
+    if json_out and dst_ref is None and dst_path == "-":
+        raise fail("--json prints to stdout, where `-` writes the file: use one", ExitCode.USAGE)
     with api_errors(), client() as sdk:
         if dst_ref is not None:
             sandbox = resolve(sdk, dst_ref)
             if src_path == "-":
                 size = sandbox.files.write(dst_path, sys.stdin.buffer)
-                typer.echo(f"{size} bytes", err=True)
+                copied(f"{sandbox.id}:{dst_path}", size, json_out, source="-")
                 return
             local = Path(src_path)
             if recursive != local.is_dir() or not local.exists():
@@ -316,6 +327,7 @@ def cp(
                 size = sandbox.files.upload_dir(local, dst_path)
             else:
                 size = sandbox.files.upload(local, dst_path)
+            destination = f"{sandbox.id}:{dst_path}"
         else:
             sandbox = resolve(sdk, src_ref or "")
             if dst_path == "-":
@@ -329,7 +341,15 @@ def cp(
                 size = sandbox.files.download_dir(src_path, target)
             else:
                 size = sandbox.files.download(src_path, target)
-    typer.echo(f"{size} bytes", err=True)
+            destination = str(target)
+    copied(destination, size, json_out, source=source)
+
+
+def copied(destination: str, size: int, json_out: bool, *, source: str) -> None:
+    """What ``cp`` tells: the byte count on stderr, or with --json the paths (the destination as the
+    file was written: into a directory, under the source's name) and the bytes on stdout."""
+    result = {"source": source, "destination": destination, "bytes": size}
+    emit(result, json_out, lambda r: typer.echo(f"{r['bytes']} bytes", err=True))
 
 
 def split_remote(spec: str) -> tuple[str | None, str]:
@@ -459,6 +479,8 @@ def screenshot(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Save a PNG screenshot of a desktop sandbox (rootfs desktop:1)."""
+    if json_out and str(out) == "-":
+        raise fail("--json prints to stdout, where `-` writes the PNG: use one", ExitCode.USAGE)
     with api_errors(), client() as sdk:
         png = resolve(sdk, ref).computer.screenshot(screen_id=screen, window_id=window)
     if str(out) == "-":

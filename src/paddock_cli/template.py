@@ -172,11 +172,11 @@ def get(
 
 
 @app.command()
-def rm(ref: str = typer.Argument(..., help="Template id or name.")) -> None:
+def rm(ref: str = typer.Argument(..., help="Template id or name."), json_out: bool = JSON_OPTION) -> None:
     """Delete a template (a running build is cancelled; sandboxes booted from it keep running)."""
     with api_errors(), client() as sdk:
         sdk.templates.delete(ref)
-    typer.echo(f"deleted {ref}", err=True)
+    emit({"id": ref, "deleted": True}, json_out, lambda _: typer.echo(f"deleted {ref}", err=True))
 
 
 @app.command()

@@ -94,9 +94,16 @@ def resume(endpoint_id: str, json_out: bool = JSON_OPTION) -> None:
 
 
 @app.command()
-def rm(endpoint_ids: list[str]) -> None:
+def rm(endpoint_ids: list[str], json_out: bool = JSON_OPTION) -> None:
     """Delete endpoints and their deliveries."""
+    done = []
     with api_errors(), client() as sdk:
         for endpoint_id in endpoint_ids:
             sdk.webhooks.delete(endpoint_id)
-            typer.echo(f"{endpoint_id}  deleted")
+            done.append({"id": endpoint_id, "deleted": True})
+    emit(done, json_out, print_deleted)
+
+
+def print_deleted(items: list[dict[str, Any]]) -> None:
+    for item in items:
+        typer.echo(f"{item['id']}  deleted")

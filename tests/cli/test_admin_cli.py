@@ -69,6 +69,12 @@ async def test_host_list_drain_undrain(controlplane: ControlPlane) -> None:
     back = await asyncio.to_thread(admin, controlplane, "host", "undrain", host_id)
     beating.cancel()
     assert back.returncode == 0 and "is now active" in back.stdout, back.stdout
+    beating = asyncio.create_task(keep_beating())
+    for command, status in (("drain", "draining"), ("undrain", "active")):  # the same, as JSON
+        done = await asyncio.to_thread(admin, controlplane, "host", command, host_id, "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"id": host_id, "status": status}
+    beating.cancel()
     unknown = await asyncio.to_thread(admin, controlplane, "host", "drain", "no-such-host")
     assert unknown.returncode == 2 and "no host" in unknown.stderr
 

@@ -29,6 +29,7 @@ LISTED_BEFORE = [
     "hostagent",
     "gateway",
     "sandbox",
+    "network",  # added with it, lazy as the others
     "webhook",
     "disk",
     "template",
