@@ -1,5 +1,7 @@
-// Compiles contracts/TestToken.sol with the pinned solc-js into build/TestToken.json (the generic
-// token, installed as USDT) and build/TestUSDC.json (USDC's EIP-712 domain "USD Coin", "2").
+// Compiles the dev chain's contracts with the pinned solc-js: contracts/TestToken.sol into
+// build/TestToken.json (the generic token, installed as USDT) and build/TestUSDC.json (USDC's EIP-712
+// domain "USD Coin", "2"); contracts/Permit2.sol and contracts/X402ExactPermit2Proxy.sol into
+// build/Permit2.json and build/X402ExactPermit2Proxy.json (installed at their canonical addresses).
 // Reproduce with:  cd devchain && npm ci && node build-token.js
 // The output is committed; the dev-chain tooling reads `deployedBytecode` from it.
 "use strict";
@@ -7,10 +9,13 @@ const fs = require("fs");
 const path = require("path");
 const solc = require("solc");
 
-const source = fs.readFileSync(path.join(__dirname, "contracts", "TestToken.sol"), "utf8");
+const FILES = ["TestToken.sol", "Permit2.sol", "X402ExactPermit2Proxy.sol"];
+const sources = Object.fromEntries(
+  FILES.map((file) => [file, { content: fs.readFileSync(path.join(__dirname, "contracts", file), "utf8") }]),
+);
 const input = {
   language: "Solidity",
-  sources: { "TestToken.sol": { content: source } },
+  sources,
   settings: {
     evmVersion: "cancun",
     optimizer: { enabled: true, runs: 200 },
@@ -25,13 +30,24 @@ if (errors.length) {
   process.exit(1);
 }
 fs.mkdirSync(path.join(__dirname, "build"), { recursive: true });
-for (const name of ["TestToken", "TestUSDC"]) {
-  const contract = output.contracts["TestToken.sol"][name];
+const STORAGE = {
+  TestToken: { owner: 0, balanceOf: 1, allowance: 2, totalSupply: 3, authorizationState: 4 },
+  TestUSDC: { owner: 0, balanceOf: 1, allowance: 2, totalSupply: 3, authorizationState: 4 },
+  Permit2: { nonceBitmap: 0 },
+  X402ExactPermit2Proxy: {},
+};
+for (const [file, name] of [
+  ["TestToken.sol", "TestToken"],
+  ["TestToken.sol", "TestUSDC"],
+  ["Permit2.sol", "Permit2"],
+  ["X402ExactPermit2Proxy.sol", "X402ExactPermit2Proxy"],
+]) {
+  const contract = output.contracts[file][name];
   const artifact = {
     contractName: name,
     compiler: `solc-js ${solc.version()}`,
     settings: input.settings,
-    storageLayout: { owner: 0, balanceOf: 1, allowance: 2, totalSupply: 3, authorizationState: 4 },
+    storageLayout: STORAGE[name],
     abi: contract.abi,
     bytecode: "0x" + contract.evm.bytecode.object,
     deployedBytecode: "0x" + contract.evm.deployedBytecode.object,

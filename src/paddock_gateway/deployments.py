@@ -263,6 +263,7 @@ async def deploy_settled(
         chain=offer.chain.name,
         amount_raw=verified.amount_raw,
         method="x402",
+        transfer_method=signed.method,
     )
     accepted = await credit_and_start(services, caller, request, price, tx_hash)
     headers = x402.settlement_response(

@@ -35,12 +35,18 @@ import httpx
 from eth_utils.crypto import keccak
 
 from paddock_gateway.registry import KNOWN_CHAINS
+from paddock_gateway.x402 import PERMIT2_ADDRESS, X402_EXACT_PERMIT2_PROXY_ADDRESS
 
 REPO_DEVCHAIN_DIR = Path(__file__).resolve().parents[2] / "devchain"
 ANVIL_RELATIVE = Path("node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil")
 ARTIFACT_RELATIVE = Path("build/TestToken.json")
 #: Which compiled contract goes at which token's address: USDC carries USDC's EIP-712 domain.
 TOKEN_ARTIFACTS = {"usdc": Path("build/TestUSDC.json"), "usdt": ARTIFACT_RELATIVE}
+#: The contracts x402's Permit2 method needs, at the addresses every x402 client signs for.
+PERMIT2_ARTIFACTS = {
+    PERMIT2_ADDRESS: Path("build/Permit2.json"),
+    X402_EXACT_PERMIT2_PROXY_ADDRESS: Path("build/X402ExactPermit2Proxy.json"),
+}
 
 #: anvil's default accounts 0 and 1 (mnemonic "test test … junk"): public test keys.
 DEMO_ADDRESS = "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"
@@ -54,6 +60,8 @@ DEMO_TOKENS_RAW = 1_000_000 * 10**6
 OWNER_SLOT = "0x0"
 MINT_SELECTOR = keccak(text="mint(address,uint256)")[:4].hex()
 TRANSFER_SELECTOR = keccak(text="transfer(address,uint256)")[:4].hex()
+APPROVE_SELECTOR = keccak(text="approve(address,uint256)")[:4].hex()
+UINT256_MAX = 2**256 - 1
 LISTENING = re.compile(r"Listening on 127\.0\.0\.1:(\d+)")
 
 
@@ -75,7 +83,11 @@ def anvil_binary() -> Path:
 
 
 def token_runtime_code(token: str = "usdt") -> str:
-    artifact = json.loads((devchain_dir() / TOKEN_ARTIFACTS.get(token, ARTIFACT_RELATIVE)).read_text())
+    return runtime_code(TOKEN_ARTIFACTS.get(token, ARTIFACT_RELATIVE))
+
+
+def runtime_code(artifact_path: Path) -> str:
+    artifact = json.loads((devchain_dir() / artifact_path).read_text())
     return str(artifact["deployedBytecode"])
 
 
@@ -127,6 +139,15 @@ def mint(url: str, token: str, to: str, amount_raw: int, *, owner: str = DEMO_AD
     return tx_hash
 
 
+def approve(url: str, token: str, owner: str, spender: str, amount_raw: int = UINT256_MAX) -> str:
+    """``owner`` (an account anvil holds the key of) approves ``spender``: here, Permit2, once per token,
+    as a wallet does before its first Permit2 payment."""
+    tx_hash = send_as(url, owner, token, encode_call(APPROVE_SELECTOR, spender, amount_raw))
+    if int(wait_receipt(url, tx_hash)["status"], 16) != 1:
+        raise DevChainError(f"approve of {spender} on {token} reverted")
+    return tx_hash
+
+
 def fund_gas(url: str, address: str, wei: int) -> None:
     """Native currency for gas: the settlement account pays for every x402 settlement it submits."""
     rpc(url, "anvil_setBalance", [address, hex(wei)])
@@ -173,14 +194,18 @@ def up(state_dir: Path, *, chain_ids: dict[str, int] | None = None) -> dict[str,
     """Start the nodes, install the tokens, fund the demo wallet; returns (and writes) the info JSON."""
     state_dir.mkdir(parents=True, exist_ok=True)
     codes = {token: token_runtime_code(token) for token in TOKEN_ARTIFACTS}
+    permit2_codes = {address: runtime_code(path) for address, path in PERMIT2_ARTIFACTS.items()}
     nodes: list[AnvilNode] = []
     try:
         for name, default_id, tokens in KNOWN_CHAINS:
             node = start_anvil(name, (chain_ids or {}).get(name, default_id), state_dir)
             nodes.append(node)
+            for contract, code in permit2_codes.items():
+                rpc(node.rpc_url, "anvil_setCode", [contract, code])
             for token, (_, address) in tokens.items():
                 install_token(node.rpc_url, address, codes[token], DEMO_ADDRESS)
                 mint(node.rpc_url, address, DEMO_ADDRESS, DEMO_TOKENS_RAW)
+                approve(node.rpc_url, address, DEMO_ADDRESS, PERMIT2_ADDRESS)
                 node.tokens[token] = address
             fund_gas(node.rpc_url, SETTLEMENT_ADDRESS, SETTLEMENT_GAS_WEI)
     except BaseException:
@@ -208,10 +233,13 @@ def describe(nodes: list[AnvilNode]) -> dict[str, Any]:
             for node in nodes
         },
         "token_decimals": 6,
+        "permit2": PERMIT2_ADDRESS,
+        "x402_exact_permit2_proxy": X402_EXACT_PERMIT2_PROXY_ADDRESS,
         "demo_wallet": {
             "address": DEMO_ADDRESS,
             "private_key": DEMO_PRIVATE_KEY,
-            "note": "anvil default account #0 (public test key); also the test tokens' owner",
+            "note": "anvil default account #0 (public test key); also the test tokens' owner; "
+            "has approved Permit2 for every token",
             "tokens_raw": str(DEMO_TOKENS_RAW),
         },
         "recipient": RECIPIENT_ADDRESS,

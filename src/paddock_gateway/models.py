@@ -45,9 +45,11 @@ class Payment(Base):
 
 
 class X402Authorization(Base):
-    """An x402 EIP-3009 authorization the gateway has taken on: the primary key (network, token, payer,
-    nonce) is what the token contract itself makes single-use, so inserting it first lets exactly one of
-    any number of concurrent requests carrying the same authorization go on to settle it."""
+    """An x402 authorization the gateway has taken on: the primary key (network, asset, payer, nonce) is
+    what the chain itself makes single-use, so inserting it first lets exactly one of any number of
+    concurrent requests carrying the same authorization go on to settle it. ``asset`` is the contract
+    that holds the nonce: the token for EIP-3009, Permit2 for Permit2 (whose nonces are the owner's
+    across all tokens; the nonce is then its uint256 as 32-byte hex)."""
 
     __tablename__ = "gw_x402_authorizations"
     network: Mapped[str] = mapped_column(sa.String(32), primary_key=True)

@@ -1,15 +1,22 @@
-"""x402 ``exact`` EIP-3009 payments: verification, the single-use claim and settlement on chain.
+"""x402 ``exact`` payments, by EIP-3009 or by Permit2: verification, the single-use claim and settlement
+on chain.
 
 The gateway is its own facilitator (Appendix B.3), in this order:
 
-1. ``check``: the signed payment answers one of this gateway's offers (scheme, network, asset, payTo),
-   ``from`` is the request's own wallet, ``to`` the recipient, ``value`` ≥ the price, the time window
-   is open, and the EIP-712 signature recovers to ``from``. Nothing is read from a chain yet.
-2. ``claim``: insert (network, asset, payer, nonce); a duplicate is 409, so of any number of requests
-   carrying one authorization exactly one goes on.
-3. ``Settler.settle``: the nonce is unused on chain, the payer holds ``value``, a gas estimate of
-   ``transferWithAuthorization`` from the settlement key succeeds (a full simulation), then the
-   transaction is signed with that key, sent and its receipt awaited.
+1. ``check``: the signed payment answers one of this gateway's offers (scheme, network, asset and
+   transfer method, payTo), ``from`` is the request's own wallet, the money goes to the recipient
+   (``to``; for Permit2 ``witness.to``, with x402's proxy as the spender), ``value`` ≥ the price, the time
+   window is open, and the EIP-712 signature recovers to ``from``. Nothing is read from a chain yet.
+2. ``claim``: insert (network, nonce contract, payer, nonce); a duplicate is 409, so of any number of
+   requests carrying one authorization exactly one goes on. The nonce contract is the one that makes
+   the nonce single-use: the token for EIP-3009, Permit2 for Permit2 (whose nonces are the owner's across
+   all tokens, so a Permit2 nonce taken for USDC cannot be taken again for USDT).
+3. ``Settler.settle``: the nonce is unused on chain (``authorizationState``; Permit2's ``nonceBitmap``),
+   for Permit2 the payer's allowance to Permit2 covers ``value``, the payer holds ``value``, a gas
+   estimate of the settlement call (the token's ``transferWithAuthorization``; the proxy's ``settle``)
+   from the settlement key succeeds (a full simulation), then the transaction is signed with that key,
+   sent and its receipt awaited. The receipt must carry the token's ``Transfer`` of ``value`` from the
+   payer to the recipient.
 
 Any failure before a successful receipt releases the claim and credits nothing (a 402 names the x402
 reason). Only a mined, successful settlement reaches the payment ledger and the top-up.
@@ -20,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Any, cast
 
 from eth_abi.abi import encode as abi_encode
 from eth_account import Account
@@ -36,11 +44,22 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from paddock import eip3009
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
-from paddock_gateway.adapters.chain import CallReverted, ChainClient, ChainError
+from paddock_gateway import permit2
+from paddock_gateway.adapters.chain import CallReverted, ChainClient, ChainError, Receipt
 from paddock_gateway.errors import PaymentAlreadyProcessed, PaymentVerificationFailed, UpstreamUnavailable
 from paddock_gateway.models import X402Authorization
 from paddock_gateway.registry import Registry
-from paddock_gateway.x402 import Offer, SignedPayment, offers, settlement_response
+from paddock_gateway.x402 import (
+    PERMIT2,
+    PERMIT2_ADDRESS,
+    X402_EXACT_PERMIT2_PROXY_ADDRESS,
+    Authorization,
+    Offer,
+    Permit2Authorization,
+    SignedPayment,
+    offers,
+    settlement_response,
+)
 
 log = get_logger("paddock.gateway.settlement")
 
@@ -57,6 +76,16 @@ NONCE_USED = "invalid_exact_evm_nonce_already_used"
 INSUFFICIENT_BALANCE = "invalid_exact_evm_insufficient_balance"
 SIMULATION_FAILED = "invalid_exact_evm_transaction_simulation_failed"
 TRANSACTION_FAILED = "transaction_failed"
+#: x402's Permit2 reasons (the same constants module, and its settle-error mapping for a spent nonce).
+PERMIT2_INVALID_SPENDER = "invalid_permit2_spender"
+PERMIT2_RECIPIENT_MISMATCH = "invalid_permit2_recipient_mismatch"
+PERMIT2_DEADLINE_EXPIRED = "permit2_deadline_expired"
+PERMIT2_NOT_YET_VALID = "permit2_not_yet_valid"
+PERMIT2_AMOUNT_MISMATCH = "permit2_amount_mismatch"
+PERMIT2_TOKEN_MISMATCH = "permit2_token_mismatch"
+PERMIT2_INVALID_SIGNATURE = "invalid_permit2_signature"
+PERMIT2_ALLOWANCE_REQUIRED = "permit2_allowance_required"
+PERMIT2_NONCE_USED = "permit2_invalid_nonce"
 #: x402 has no reason for "signed by a wallet other than the caller's"; §7.2's own name for that rule.
 SENDER_MISMATCH = "sender_mismatch"
 
@@ -70,6 +99,7 @@ TRANSFER_WITH_AUTHORIZATION = keccak(
 )[:4]
 AUTHORIZATION_STATE = keccak(text="authorizationState(address,bytes32)")[:4]
 BALANCE_OF = keccak(text="balanceOf(address)")[:4]
+TRANSFER_TOPIC = "0x" + keccak(text="Transfer(address,address,uint256)").hex()
 
 
 def rejected(reason: str, payment: SignedPayment, required_raw: int) -> PaymentVerificationFailed:
@@ -91,20 +121,25 @@ def rejected(reason: str, payment: SignedPayment, required_raw: int) -> PaymentV
 
 
 def recover_payer(offer: Offer, payment: SignedPayment) -> str | None:
-    """The lowercase address that signed the EIP-712 ``TransferWithAuthorization``, or None."""
+    """The lowercase address that signed the EIP-712 message (EIP-3009's ``TransferWithAuthorization``
+    or Permit2's ``PermitWitnessTransferFrom``), or None."""
     auth = payment.authorization
-    typed = eip3009.transfer_with_authorization(
-        name=offer.domain_name,
-        version=offer.domain_version,
-        chain_id=offer.chain.chain_id,
-        verifying_contract=offer.token.address,
-        sender=to_checksum_address(auth.payer),
-        to=to_checksum_address(auth.to),
-        value=auth.value,
-        valid_after=auth.valid_after,
-        valid_before=auth.valid_before,
-        nonce=bytes.fromhex(auth.nonce[2:]),
-    )
+    typed: dict[str, Any]
+    if isinstance(auth, Permit2Authorization):
+        typed = permit2.typed_data(offer.chain.chain_id, auth)
+    else:
+        typed = eip3009.transfer_with_authorization(
+            name=offer.domain_name,
+            version=offer.domain_version,
+            chain_id=offer.chain.chain_id,
+            verifying_contract=offer.token.address,
+            sender=to_checksum_address(auth.payer),
+            to=to_checksum_address(auth.to),
+            value=auth.value,
+            valid_after=auth.valid_after,
+            valid_before=auth.valid_before,
+            nonce=bytes.fromhex(auth.nonce[2:]),
+        )
     signature = bytearray(payment.signature)
     if signature[64] in (0, 1):  # some signers emit v as 0/1 (App. A.2)
         signature[64] += 27
@@ -124,14 +159,19 @@ def check(registry: Registry, payment: SignedPayment, wallet: str, required_raw:
 
     if payment.scheme != "exact":
         raise failed(INVALID_SCHEME)
-    by_network = {offer.network: offer for offer in offers(registry)}
-    offer = by_network.get(payment.network)
-    if offer is None:
+    on_network = [offer for offer in offers(registry) if offer.network == payment.network]
+    if not on_network:
         raise failed(NETWORK_MISMATCH)
-    if payment.asset != offer.token.address.lower():
+    offer = next(
+        (o for o in on_network if o.method == payment.method and o.token.address.lower() == payment.asset),
+        None,
+    )
+    if offer is None:
         raise failed(ASSET_MISMATCH)
-    recipient = offer.chain.recipient.lower()
     auth = payment.authorization
+    if isinstance(auth, Permit2Authorization):
+        return check_permit2(offer, payment, auth, wallet, required_raw, now_s, failed)
+    recipient = offer.chain.recipient.lower()
     if payment.pay_to != recipient or auth.to != recipient:
         raise failed(RECIPIENT_MISMATCH)
     if auth.payer != wallet:
@@ -147,6 +187,37 @@ def check(registry: Registry, payment: SignedPayment, wallet: str, required_raw:
     return offer
 
 
+def check_permit2(
+    offer: Offer,
+    payment: SignedPayment,
+    auth: Permit2Authorization,
+    wallet: str,
+    required_raw: int,
+    now_s: int,
+    failed: Callable[[str], PaymentVerificationFailed],
+) -> Offer:
+    """Step 1 for Permit2, in x402's verification order with the gateway's sender rule after the
+    recipient, as for EIP-3009. ``amount`` ≥ the price: the proxy moves exactly ``amount``."""
+    recipient = offer.chain.recipient.lower()
+    if auth.spender != X402_EXACT_PERMIT2_PROXY_ADDRESS.lower():
+        raise failed(PERMIT2_INVALID_SPENDER)
+    if payment.pay_to != recipient or auth.to != recipient:
+        raise failed(PERMIT2_RECIPIENT_MISMATCH)
+    if auth.payer != wallet:
+        raise failed(SENDER_MISMATCH)
+    if auth.deadline < now_s + VALID_BEFORE_MARGIN_S:
+        raise failed(PERMIT2_DEADLINE_EXPIRED)
+    if auth.valid_after > now_s:
+        raise failed(PERMIT2_NOT_YET_VALID)
+    if auth.value < required_raw:
+        raise failed(PERMIT2_AMOUNT_MISMATCH)
+    if auth.token != offer.token.address.lower():
+        raise failed(PERMIT2_TOKEN_MISMATCH)
+    if recover_payer(offer, payment) != auth.payer:
+        raise failed(PERMIT2_INVALID_SIGNATURE)
+    return offer
+
+
 @dataclass(frozen=True)
 class Claim:
     network: str
@@ -158,8 +229,10 @@ class Claim:
 
 
 def claim_of(payment: SignedPayment) -> Claim:
+    """The claim's key: ``asset`` holds the contract whose nonce it is (the token; Permit2)."""
     auth = payment.authorization
-    return Claim(network=payment.network, asset=payment.asset, payer=auth.payer, nonce=auth.nonce)
+    holder = PERMIT2_ADDRESS.lower() if payment.method == PERMIT2 else payment.asset
+    return Claim(network=payment.network, asset=holder, payer=auth.payer, nonce=auth.nonce_key)
 
 
 def _where(claim: Claim) -> ColumnElement[bool]:
@@ -232,9 +305,8 @@ def _address_word(address: str) -> bytes:
     return bytes.fromhex(address.lower().removeprefix("0x").rjust(64, "0"))
 
 
-def settle_calldata(payment: SignedPayment) -> str:
+def settle_calldata(auth: Authorization, sig: bytes) -> str:
     """``transferWithAuthorization(from, to, value, validAfter, validBefore, nonce, v, r, s)``."""
-    auth, sig = payment.authorization, payment.signature
     v = sig[64] + 27 if sig[64] in (0, 1) else sig[64]
     args = abi_encode(
         ["address", "address", "uint256", "uint256", "uint256", "bytes32", "uint8", "bytes32", "bytes32"],
@@ -251,6 +323,81 @@ def settle_calldata(payment: SignedPayment) -> str:
         ],
     )
     return "0x" + (TRANSFER_WITH_AUTHORIZATION + args).hex()
+
+
+def _word_value(result: bytes) -> int:
+    return int.from_bytes(result or b"\0", "big")
+
+
+@dataclass(frozen=True)
+class Precheck:
+    """One read before settling: ``eth_call(contract, data)``; ``fails(word)`` means ``reason``."""
+
+    contract: str
+    data: str
+    fails: Callable[[int], bool]
+    reason: str
+
+
+@dataclass(frozen=True)
+class SettlementCall:
+    """What settling a payment sends (``data`` to ``to``) and what must hold on chain first, in the order
+    x402 reports failures."""
+
+    to: str
+    data: str
+    prechecks: tuple[Precheck, ...]
+
+
+def settlement_call(offer: Offer, payment: SignedPayment) -> SettlementCall:
+    auth, token = payment.authorization, offer.token.address
+    balance = Precheck(
+        token,
+        "0x" + (BALANCE_OF + _address_word(auth.payer)).hex(),
+        lambda held: held < auth.value,
+        INSUFFICIENT_BALANCE,
+    )
+    if isinstance(auth, Permit2Authorization):
+        return SettlementCall(
+            to=X402_EXACT_PERMIT2_PROXY_ADDRESS,
+            data=permit2.settle_calldata(auth, payment.signature),
+            prechecks=(
+                Precheck(
+                    PERMIT2_ADDRESS,
+                    permit2.nonce_bitmap_call(auth),
+                    lambda word: permit2.nonce_used(word, auth),
+                    PERMIT2_NONCE_USED,
+                ),
+                Precheck(
+                    token,
+                    permit2.allowance_call(auth),
+                    lambda allowed: allowed < auth.value,
+                    PERMIT2_ALLOWANCE_REQUIRED,
+                ),
+                balance,
+            ),
+        )
+    assert isinstance(auth, Authorization)
+    state = "0x" + (AUTHORIZATION_STATE + _address_word(auth.payer)).hex() + auth.nonce[2:]
+    return SettlementCall(
+        to=token,
+        data=settle_calldata(auth, payment.signature),
+        prechecks=(Precheck(token, state, lambda used: used != 0, NONCE_USED), balance),
+    )
+
+
+def moved(receipt: Receipt, offer: Offer, payment: SignedPayment) -> bool:
+    """Whether the receipt carries the token's ``Transfer`` of ``value`` from the payer to the recipient:
+    a call that succeeds without moving the money (no contract at the proxy's address, say) pays nothing."""
+    auth = payment.authorization
+    topics = (TRANSFER_TOPIC, "0x" + _address_word(auth.payer).hex(), "0x" + _address_word(auth.to).hex())
+    return any(
+        log.address == offer.token.address.lower()
+        and log.topics[:3] == topics
+        and not log.removed
+        and _word_value(bytes.fromhex(log.data[2:])) == auth.value
+        for log in receipt.logs
+    )
 
 
 class Settler:
@@ -281,30 +428,27 @@ class Settler:
         def failed(reason: str) -> PaymentVerificationFailed:
             return rejected(reason, payment, required_raw)
 
-        auth, token = payment.authorization, offer.token.address
-        data = settle_calldata(payment)
+        auth = payment.authorization
+        call = settlement_call(offer, payment)
         try:
             if await client.chain_id() != offer.chain.chain_id:
                 raise UpstreamUnavailable(
                     f"the RPC for {offer.chain.name} is not chain {offer.chain.chain_id}"
                 )
             # Independent reads, in one round trip's time; judged in the order x402 reports them.
-            used, balance, gas, gas_price = await asyncio.gather(
-                client.call(
-                    token, "0x" + (AUTHORIZATION_STATE + _address_word(auth.payer)).hex() + auth.nonce[2:]
-                ),
-                client.call(token, "0x" + (BALANCE_OF + _address_word(auth.payer)).hex()),
-                client.estimate_gas(self.address, token, data),
+            results: list[Any] = await asyncio.gather(
+                *(client.call(check.contract, check.data) for check in call.prechecks),
+                client.estimate_gas(self.address, call.to, call.data),
                 client.gas_price(),
                 return_exceptions=True,
             )
-            for result in (used, balance, gas_price):
+            *reads, gas, gas_price = results
+            for result in (*reads, gas_price):
                 if isinstance(result, BaseException):
                     raise result
-            if int.from_bytes(cast(bytes, used) or b"\0", "big"):
-                raise failed(NONCE_USED)
-            if int.from_bytes(cast(bytes, balance) or b"\0", "big") < auth.value:
-                raise failed(INSUFFICIENT_BALANCE)
+            for check, result in zip(call.prechecks, reads, strict=True):
+                if check.fails(_word_value(cast(bytes, result))):
+                    raise failed(check.reason)
             if isinstance(gas, CallReverted):
                 log.info("x402_simulation_reverted", payer=auth.payer, reason=str(gas))
                 raise failed(SIMULATION_FAILED) from gas
@@ -315,8 +459,8 @@ class Settler:
                 tx = {
                     "chainId": offer.chain.chain_id,
                     "nonce": await client.pending_nonce(self.address),
-                    "to": to_checksum_address(token),
-                    "data": data,
+                    "to": to_checksum_address(call.to),
+                    "data": call.data,
                     "value": 0,
                     "gas": int(gas * SETTLE_GAS_MARGIN),
                     "gasPrice": gas_price,
@@ -350,18 +494,18 @@ class Settler:
             raise UpstreamUnavailable(
                 "settlement sent but not yet mined; resubmit tx_hash as X-Payment-Tx", tx_hash=tx_hash
             )
-        if receipt != 1:
+        if receipt.status != 1 or not moved(receipt, offer, payment):
             raise rejected(TRANSACTION_FAILED, payment, required_raw)
         return tx_hash
 
-    async def _receipt(self, client: ChainClient, tx_hash: str) -> int | None:
-        """The receipt's status once mined, or None after ``receipt_timeout_s``."""
+    async def _receipt(self, client: ChainClient, tx_hash: str) -> Receipt | None:
+        """The receipt once mined, or None after ``receipt_timeout_s``."""
         deadline = time.monotonic() + self.receipt_timeout_s
         delay = 0.02
         while True:
             receipt = await client.get_receipt(tx_hash)
             if receipt is not None:
-                return receipt.status
+                return receipt
             if time.monotonic() > deadline:
                 return None
             await asyncio.sleep(delay)

@@ -2,11 +2,17 @@
 ``PAYMENT-SIGNATURE`` and the ``PAYMENT-RESPONSE`` header. No database, no chain: ``settlement.py``
 verifies and settles what this module parsed.
 
-Only USDC is offered, with the ``exact`` scheme and EIP-3009 ``transferWithAuthorization``: USDC has
-it on Base and Arbitrum One under the EIP-712 domain ``("USD Coin", "2")``. USDT is not offered: the
-Base USDT contract has no EIP-3009, and the ``permit2`` method needs an on-chain Permit2 allowance
-and the x402 proxy contract, which this gateway does not implement. USDT stays payable through
-``X-Payment-Tx``.
+Every offer is the ``exact`` scheme, by one of two asset transfer methods (``extra.assetTransferMethod``,
+which x402 clients read to choose how to sign):
+
+- ``eip3009``: USDC only, its own ``transferWithAuthorization`` under the EIP-712 domain
+  ``("USD Coin", "2")`` that USDC has on Base and Arbitrum One. Listed first: it needs nothing of the
+  payer but a signature.
+- ``permit2``: USDC and USDT, a Permit2 ``PermitWitnessTransferFrom`` whose spender is x402's exact
+  Permit2 proxy and whose witness binds the recipient (``Witness(address to,uint256 validAfter)``). The
+  payer must have approved Permit2 for the token once; the gateway's key calls the proxy's ``settle``.
+
+USDT has no EIP-3009 on either chain, so Permit2 is its only x402 method.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paddock_gateway.errors import InvalidPaymentSignature
-from paddock_gateway.registry import ChainSpec, Registry, TokenSpec
+from paddock_gateway.registry import TOKEN_NAMES, ChainSpec, Registry, TokenSpec
 
 X402_VERSION = 2
 SCHEME = "exact"
@@ -29,8 +35,14 @@ PAYMENT_RESPONSE = "PAYMENT-RESPONSE"
 #: Browsers may read a response header only if the server names it (x402 HTTP transport, CORS).
 EXPOSE_HEADERS = {"Access-Control-Expose-Headers": f"{PAYMENT_REQUIRED}, {PAYMENT_RESPONSE}"}
 MAX_TIMEOUT_S = 300
-#: The tokens offered over x402 and their EIP-712 domain (name, version), as deployed on both chains.
+EIP3009 = "eip3009"
+PERMIT2 = "permit2"
+#: The tokens offered by EIP-3009 and their EIP-712 domain (name, version), as deployed on both chains.
 EIP3009_DOMAINS: dict[str, tuple[str, str]] = {"usdc": ("USD Coin", "2")}
+#: Permit2 and x402's exact Permit2 proxy: one address on every EVM chain (CREATE2), the one x402
+#: clients sign for (Permit2 is the EIP-712 verifying contract, the proxy the permit's spender).
+PERMIT2_ADDRESS = "0x000000000022D473030F116dDEE9F6B43aC78BA3"
+X402_EXACT_PERMIT2_PROXY_ADDRESS = "0x402085c248EeA27D92E8b30b2C58ed07f9E20001"
 #: A header larger than this is not a payment payload (one holds well under 2 KiB).
 MAX_HEADER_CHARS = 16_384
 
@@ -48,18 +60,23 @@ def network_of(chain: ChainSpec) -> str:
 
 @dataclass(frozen=True)
 class Offer:
-    """One ``exact`` requirement: a chain and a token with an EIP-3009 domain."""
+    """One ``exact`` requirement: a chain, a token and how it moves (``eip3009`` with the token's EIP-712
+    domain, or ``permit2``)."""
 
     chain: ChainSpec
     token: TokenSpec
-    domain_name: str
-    domain_version: str
+    method: str = EIP3009
+    domain_name: str = ""
+    domain_version: str = ""
 
     @property
     def network(self) -> str:
         return network_of(self.chain)
 
     def requirement(self, amount_raw: int) -> dict[str, Any]:
+        extra: dict[str, str] = {"assetTransferMethod": self.method}
+        if self.method == EIP3009:
+            extra = {"name": self.domain_name, "version": self.domain_version, **extra}
         return {
             "scheme": SCHEME,
             "network": self.network,
@@ -67,22 +84,26 @@ class Offer:
             "asset": self.token.address,
             "payTo": self.chain.recipient,
             "maxTimeoutSeconds": MAX_TIMEOUT_S,
-            "extra": {
-                "name": self.domain_name,
-                "version": self.domain_version,
-                "assetTransferMethod": "eip3009",
-            },
+            "extra": extra,
         }
 
 
 def offers(registry: Registry) -> list[Offer]:
-    """Every chain in the contract's order, USDC only (see the module docstring for USDT)."""
-    return [
+    """EIP-3009 (USDC) on every chain in the contract's order, then Permit2 for every token of every
+    chain: a client that takes the first offer it can sign pays gaslessly and without an approval."""
+    by_eip3009 = [
         Offer(chain=chain, token=chain.token(name), domain_name=domain[0], domain_version=domain[1])
         for chain in registry.ordered()
         for name, domain in EIP3009_DOMAINS.items()
         if name in chain.tokens
     ]
+    by_permit2 = [
+        Offer(chain=chain, token=chain.token(name), method=PERMIT2)
+        for chain in registry.ordered()
+        for name in TOKEN_NAMES
+        if name in chain.tokens
+    ]
+    return by_eip3009 + by_permit2
 
 
 def payment_required(
@@ -130,6 +151,36 @@ class Authorization:
     valid_before: int
     nonce: str
 
+    method = EIP3009
+
+    @property
+    def nonce_key(self) -> str:
+        return self.nonce
+
+
+@dataclass(frozen=True)
+class Permit2Authorization:
+    """A Permit2 ``PermitWitnessTransferFrom`` for x402's exact proxy; addresses lowercase.
+
+    ``value`` is ``permitted.amount`` (the proxy moves exactly that), ``to`` is ``witness.to`` and
+    ``deadline`` the upper bound of the window whose lower bound is ``witness.validAfter``."""
+
+    payer: str
+    token: str
+    value: int
+    spender: str
+    nonce: int
+    deadline: int
+    to: str
+    valid_after: int
+
+    method = PERMIT2
+
+    @property
+    def nonce_key(self) -> str:
+        """The nonce as the 32-byte hex word the claim table keys on."""
+        return f"0x{self.nonce:064x}"
+
 
 @dataclass(frozen=True)
 class SignedPayment:
@@ -140,8 +191,9 @@ class SignedPayment:
     asset: str  # lowercase
     pay_to: str  # lowercase
     amount: str
-    authorization: Authorization
+    authorization: Authorization | Permit2Authorization
     signature: bytes  # 65 bytes r ‖ s ‖ v
+    method: str = EIP3009  # extra.assetTransferMethod of the accepted offer, from the payload's shape
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:
@@ -189,17 +241,15 @@ def parse_payment_signature(value: str) -> SignedPayment:
         raise InvalidPaymentSignature("x402Version", f"must be {X402_VERSION}")
     accepted = _object(payload.get("accepted"), "accepted")
     inner = _object(payload.get("payload"), "payload")
-    auth = _object(inner.get("authorization"), "payload.authorization")
-    signature = _string(inner, "signature", "payload", SIGNATURE_RE)
-    field = "payload.authorization"
-    authorization = Authorization(
-        payer=_string(auth, "from", field, ADDRESS_RE).lower(),
-        to=_string(auth, "to", field, ADDRESS_RE).lower(),
-        value=_uint(auth, "value", field),
-        valid_after=_uint(auth, "validAfter", field),
-        valid_before=_uint(auth, "validBefore", field),
-        nonce=_string(auth, "nonce", field, NONCE_RE).lower(),
-    )
+    authorization: Authorization | Permit2Authorization
+    if "permit2Authorization" in inner:  # x402's Permit2 payload (assetTransferMethod "permit2")
+        _object(inner.get("permit2Authorization"), "payload.permit2Authorization")
+        signature = _string(inner, "signature", "payload", SIGNATURE_RE)
+        authorization = parse_permit2_authorization(inner)
+    else:
+        _object(inner.get("authorization"), "payload.authorization")
+        signature = _string(inner, "signature", "payload", SIGNATURE_RE)
+        authorization = parse_eip3009_authorization(inner)
     return SignedPayment(
         scheme=_string(accepted, "scheme", "accepted"),
         network=_string(accepted, "network", "accepted"),
@@ -208,4 +258,35 @@ def parse_payment_signature(value: str) -> SignedPayment:
         amount=_string(accepted, "amount", "accepted", UINT_RE),
         authorization=authorization,
         signature=bytes.fromhex(signature[2:]),
+        method=authorization.method,
+    )
+
+
+def parse_eip3009_authorization(inner: dict[str, Any]) -> Authorization:
+    field = "payload.authorization"
+    auth = _object(inner.get("authorization"), field)
+    return Authorization(
+        payer=_string(auth, "from", field, ADDRESS_RE).lower(),
+        to=_string(auth, "to", field, ADDRESS_RE).lower(),
+        value=_uint(auth, "value", field),
+        valid_after=_uint(auth, "validAfter", field),
+        valid_before=_uint(auth, "validBefore", field),
+        nonce=_string(auth, "nonce", field, NONCE_RE).lower(),
+    )
+
+
+def parse_permit2_authorization(inner: dict[str, Any]) -> Permit2Authorization:
+    field = "payload.permit2Authorization"
+    auth = _object(inner.get("permit2Authorization"), field)
+    permitted = _object(auth.get("permitted"), f"{field}.permitted")
+    witness = _object(auth.get("witness"), f"{field}.witness")
+    return Permit2Authorization(
+        payer=_string(auth, "from", field, ADDRESS_RE).lower(),
+        token=_string(permitted, "token", f"{field}.permitted", ADDRESS_RE).lower(),
+        value=_uint(permitted, "amount", f"{field}.permitted"),
+        spender=_string(auth, "spender", field, ADDRESS_RE).lower(),
+        nonce=_uint(auth, "nonce", field),
+        deadline=_uint(auth, "deadline", field),
+        to=_string(witness, "to", f"{field}.witness", ADDRESS_RE).lower(),
+        valid_after=_uint(witness, "validAfter", f"{field}.witness"),
     )

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from eth_utils.crypto import keccak
 
-from paddock_gateway import devchain
+from paddock_gateway import devchain, x402
 from paddock_gateway.registry import KNOWN_CHAINS
 from paddock_gateway.settings import GatewaySettings
 
@@ -49,6 +49,14 @@ def test_up_writes_a_usable_file_and_down_stops_the_nodes(tmp_path: Path) -> Non
                 assert call(chain["rpc_url"], address, "0x313ce567") == 6  # decimals()
                 holder = devchain.DEMO_ADDRESS.lower()[2:].rjust(64, "0")
                 assert call(chain["rpc_url"], address, "0x70a08231" + holder) == devchain.DEMO_TOKENS_RAW
+                # allowance(demo, Permit2): the demo wallet can pay by Permit2 at once
+                allowance = "0xdd62ed3e" + holder + x402.PERMIT2_ADDRESS.lower()[2:].rjust(64, "0")
+                assert call(chain["rpc_url"], address, allowance) == devchain.UINT256_MAX
+            for contract in (x402.PERMIT2_ADDRESS, x402.X402_EXACT_PERMIT2_PROXY_ADDRESS):
+                code = devchain.rpc(chain["rpc_url"], "eth_getCode", [contract, "latest"])
+                assert code == devchain.runtime_code(devchain.PERMIT2_ARTIFACTS[contract])
+            assert info["permit2"] == x402.PERMIT2_ADDRESS
+            assert info["x402_exact_permit2_proxy"] == x402.X402_EXACT_PERMIT2_PROXY_ADDRESS
             usdc = chain["tokens"]["usdc"]
             assert devchain.rpc(
                 chain["rpc_url"], "eth_call", [{"to": usdc, "data": NAME}, "latest"]

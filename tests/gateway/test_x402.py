@@ -116,9 +116,11 @@ async def eth_balance(chain: Chain, address: str) -> int:
     return int(await rpc(chain.rpc_url, "eth_getBalance", [address, "latest"]), 16)
 
 
-async def test_the_quote_offers_usdc_on_both_chains_in_payment_required(
+async def test_the_quote_offers_every_scheme_per_token_in_payment_required(
     x402_gateway: Gateway, devchains: dict[str, Chain]
 ) -> None:
+    """EIP-3009 for USDC on both chains first (the two offers the gateway made before Permit2, unchanged
+    and in the same places), then Permit2 for USDC and USDT on both chains."""
     response = await x402_gateway.deploy(new_wallet(), static_site(unique_name(), "x", port=free_port()))
     assert response.status_code == 402
     assert response.json()["amount_token"] == str(PRICE_RAW)  # the JSON quote is unchanged
@@ -127,27 +129,29 @@ async def test_the_quote_offers_usdc_on_both_chains_in_payment_required(
     required = decode(response.headers["PAYMENT-REQUIRED"])
     assert required["x402Version"] == 2
     assert required["resource"]["url"] == "https://gateway.example/agent/deploy"
-    extra = {"name": "USD Coin", "version": "2", "assetTransferMethod": "eip3009"}
+
+    def offer(chain: str, token: str, extra: dict[str, str]) -> dict[str, Any]:
+        return {
+            "scheme": "exact",
+            "network": f"eip155:{devchains[chain].chain_id}",
+            "amount": str(PRICE_RAW),
+            "asset": devchains[chain].tokens[token],
+            "payTo": RECIPIENT,
+            "maxTimeoutSeconds": 300,
+            "extra": extra,
+        }
+
+    eip3009 = {"name": "USD Coin", "version": "2", "assetTransferMethod": "eip3009"}
+    permit2 = {"assetTransferMethod": "permit2"}
     assert required["accepts"] == [
-        {
-            "scheme": "exact",
-            "network": "eip155:8453",
-            "amount": str(PRICE_RAW),
-            "asset": devchains["base"].tokens["usdc"],
-            "payTo": RECIPIENT,
-            "maxTimeoutSeconds": 300,
-            "extra": extra,
-        },
-        {
-            "scheme": "exact",
-            "network": "eip155:42161",
-            "amount": str(PRICE_RAW),
-            "asset": devchains["arbitrum"].tokens["usdc"],
-            "payTo": RECIPIENT,
-            "maxTimeoutSeconds": 300,
-            "extra": extra,
-        },
+        offer("base", "usdc", eip3009),
+        offer("arbitrum", "usdc", eip3009),
+        offer("base", "usdc", permit2),
+        offer("base", "usdt", permit2),
+        offer("arbitrum", "usdc", permit2),
+        offer("arbitrum", "usdt", permit2),
     ]
+    assert devchains["base"].chain_id == 8453 and devchains["arbitrum"].chain_id == 42161
 
 
 async def test_no_settlement_key_means_no_x402_offer(chain_gateway: Gateway) -> None:
