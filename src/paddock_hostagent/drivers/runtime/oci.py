@@ -72,7 +72,7 @@ from paddock_hostagent.drivers.runtime.ocispec import (
     runtime_config,
     write_identity_files,
 )
-from paddock_hostagent.drivers.runtime.pool import Parked, Slot, SlotFactory, WarmPool
+from paddock_hostagent.drivers.runtime.pool import Parked, Slot, SlotFactory, SlotPool
 from paddock_hostagent.drivers.storage import mounts, rootdisks
 from paddock_hostagent.drivers.system import host_processes
 from paddock_hostagent.drivers.system.commands import run
@@ -206,16 +206,17 @@ class OciRuntime(SandboxRuntime):
         self.pids_budget = pids_budget(options.pids_budget)
         self.sandbox_pids_max = min(options.sandbox_pids_max, self.pids_budget)
         self.memory_cap_mib = 0  # all sandboxes together (cap_memory); 0: none
-        self.factory = SlotFactory(
+        factory = SlotFactory(
             options.state_dir / "slots", options.network, options.filesystem, options.guest_binary
         )
-        parks = options.runtime in PARKING_RUNTIMES and options.pool_rootfs is not None
-        self.pool = WarmPool(
-            self.factory,
+        self.pool = SlotPool(
+            factory,
             options.pool_size,
             options.pool_disk_mib,
+            runtime=self,
             busy=lambda: self._booting > 0,
-            parker=self if parks else None,
+            parks=options.runtime in PARKING_RUNTIMES and options.pool_rootfs is not None,
+            pool_rootfs=options.pool_rootfs,
         )
         self._binaries = {name: shutil.which(name) or name for name in ("crun", "runc", "runsc")}
 
@@ -247,13 +248,8 @@ class OciRuntime(SandboxRuntime):
         """Removes the slots (warm, parked or half-made) and loop devices no record of ``mine`` owns;
         returns the ids of the slots that are owned."""
         owned = {_Handle.of(record).slot.id for record in mine}
-        for slot in self.factory.load_all():
-            if slot.id not in owned:
-                log.info("reclaiming_orphan_slot", slot=slot.id, parked=slot.parked is not None)
-                await self.discard(slot)
         kept = {str(_Handle.of(record).slot.disk.image_path) for record in mine}
-        for device in await rootdisks.detach_stray_loops(self.factory.slots_dir, kept):
-            log.info("detached_stray_loop", device=device)
+        await self.pool.reclaim(owned, kept)
         return owned
 
     async def close(self) -> None:
@@ -274,11 +270,9 @@ class OciRuntime(SandboxRuntime):
         """``before_start`` (gVisor's S3 disks): called with the record once the slot's netns exists and
         before the container starts; the host directories it returns are bound into the container."""
         phases = _Phases()
-        # The image's key costs a stat: only asked for when a parked sandbox could match it.
-        key = _image_key(spec.rootfs) if self.pool.parked_count else None
-        slot, warm = await self.pool.take(spec.shape.disk_mib, key)
+        taken = await self.pool.take(spec.shape.disk_mib, spec.rootfs)
         phases.mark("slot")
-        parked, slot.parked = slot.parked, None
+        slot, parked, warm = taken.slot, taken.parked, taken.warm
         if parked is not None:
             handle = _Handle.of_parked(slot, self.options.runtime, parked)
         else:
@@ -457,39 +451,32 @@ class OciRuntime(SandboxRuntime):
         self._write_identity(spec, handle.slot, handle.slot.rootfs_dir)
         set_hostname(handle.init_pid, spec.name)
 
-    # -- parking (drivers/runtime/pool.py's Parker) -----------------------------------------------------
+    # -- parking (pool.py's ParkingRuntime: the pool decides what to park, where and when) ---------
 
-    async def park(self, slot: Slot) -> bool:
-        rootfs = self.options.pool_rootfs() if self.options.pool_rootfs is not None else None
-        if rootfs is None:
-            return False
-        container_id = f"parked-{slot.id}"
-        handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(container_id), container_id)
+    def cgroups_path(self, container_id: str) -> str:
+        return self.layout.sandbox_path(container_id)
+
+    async def boot_parked(self, slot: Slot, parked: Parked, rootfs: Path) -> None:
+        handle = _Handle(slot, self.options.runtime, parked.cgroups_path, parked.container_id)
         spec = SandboxSpec(
-            container_id, container_id, "", rootfs, Shape(1, PARKED_SHAPE_MEM_MIB, slot.disk_mib)
+            parked.container_id,
+            parked.container_id,
+            "",
+            rootfs,
+            Shape(1, PARKED_SHAPE_MEM_MIB, slot.disk_mib),
         )
-        # Recorded before the boot: an agent killed half-way through leaves a slot whose container
-        # the next agent finds and stops (by its id and cgroup) instead of one it cannot know about.
-        slot.parked = Parked(container_id, handle.cgroups_path, _image_key(rootfs), 0, 0)
-        slot.save()
         self._booting += 1
         try:
             await self._boot(spec, handle)
         except BaseException:
             await self._stop_container(handle)
-            slot.parked = None
             raise
         finally:
             self._booting -= 1
-        slot.parked.init_pid, slot.parked.init_ticks = handle.init_pid, handle.init_ticks
-        slot.save()
-        return True
+        parked.init_pid, parked.init_ticks = handle.init_pid, handle.init_ticks
 
-    async def discard(self, slot: Slot) -> None:
-        if slot.parked is None:
-            await self.factory.destroy(slot)
-            return
-        await self._destroy_handle(_Handle.of_parked(slot, self.options.runtime, slot.parked))
+    async def stop_parked(self, slot: Slot, parked: Parked) -> None:
+        await self._stop_container(_Handle.of_parked(slot, self.options.runtime, parked))
 
     def _write_bundle(
         self, spec: SandboxSpec, handle: _Handle, disk_binds: tuple[tuple[Path, str], ...] = ()
@@ -611,7 +598,7 @@ class OciRuntime(SandboxRuntime):
     async def _destroy_handle(self, handle: _Handle) -> None:
         await self._stop_container(handle)
         mounts.unmount(handle.slot.rootfs_dir)
-        await self.factory.destroy(handle.slot)
+        await self.pool.destroy(handle.slot)
 
     async def _stop_container(self, handle: _Handle) -> None:
         """Kills the container and removes its runtime state and cgroup; the slot stays."""
@@ -699,9 +686,7 @@ class OciRuntime(SandboxRuntime):
         self.layout.limit_memory(total_mib << 20)
 
     def disk_free_bytes(self) -> int:
-        stats = os.statvfs(
-            self.factory.slots_dir if self.factory.slots_dir.exists() else self.options.state_dir
-        )
+        stats = os.statvfs(self.pool.slots_dir if self.pool.slots_dir.exists() else self.options.state_dir)
         return stats.f_bavail * stats.f_frsize
 
 
@@ -709,15 +694,6 @@ def _make_tmp_dir(path: Path) -> None:
     """``path`` as a directory with /tmp's mode (1777); a fork's copied disk already has it."""
     path.mkdir(exist_ok=True)
     os.chmod(path, 0o1777)
-
-
-def _image_key(rootfs: Path) -> str:
-    """What a parked sandbox must match to be claimed: the image's root filesystem, that very
-    directory (an image rebuilt since is renamed into place: another inode)."""
-    try:
-        return f"{rootfs}@{os.stat(rootfs).st_ino}"
-    except FileNotFoundError:
-        return str(rootfs)
 
 
 def _device_numbers(device: str) -> tuple[int, int] | None:

@@ -16,6 +16,11 @@ driver gives it the sandbox's limits, name and identity files, and the boot (``c
 guest's start, ~70 % of a create's CPU) is out of the create's way, as in E2B's and CubeSandbox's
 snapshot pools. The parked sandbox's container id and cgroup are the slot's (``Parked``), recorded in
 ``slot.json``; a restarted agent stops those no sandbox claimed.
+
+**The seam.** A runtime reaches its slots through ``SlotPool`` only (take, take for a fork, destroy,
+reclaim what no sandbox owns), and the pool reaches the runtime through ``ParkingRuntime`` only (boot a
+container in a slot, stop it). When to park, in which slot, under which container id, and which create
+may claim a parked sandbox (``image_key``) is this module's business (``Parking``), not the runtime's.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import secrets
 import shutil
 from collections.abc import Callable, Coroutine
@@ -134,6 +140,68 @@ class Parker(Protocol):
 
     async def discard(self, slot: Slot) -> None:
         """Stops the slot's parked sandbox and destroys the slot."""
+
+
+def image_key(rootfs: Path) -> str:
+    """What a parked sandbox must match to be claimed: the image's root filesystem, that very
+    directory (an image rebuilt since is renamed into place: another inode)."""
+    try:
+        return f"{rootfs}@{os.stat(rootfs).st_ino}"
+    except FileNotFoundError:
+        return str(rootfs)
+
+
+class ParkingRuntime(Protocol):
+    """What parking needs of a runtime: a container booted in a free slot, and stopped again."""
+
+    def cgroups_path(self, container_id: str) -> str:
+        """The cgroup a container of this id runs in."""
+
+    async def boot_parked(self, slot: Slot, parked: Parked, rootfs: Path) -> None:
+        """Boots ``parked.container_id`` of the image at ``rootfs`` in ``slot`` with the parked limits and
+        sets ``parked``'s init process; on failure stops what it started and raises."""
+
+    async def stop_parked(self, slot: Slot, parked: Parked) -> None:
+        """Stops the container parked in ``slot`` (its processes, runtime state and cgroup); the slot
+        and its disk stay."""
+
+
+class Parking:
+    """The pool's ``Parker``: which image to park (``pool_rootfs``; None parks nothing), under which
+    container id and cgroup, recorded before the boot; the boot and the stop are the runtime's."""
+
+    def __init__(
+        self,
+        factory: SlotFactory,
+        runtime: ParkingRuntime,
+        pool_rootfs: Callable[[], Path | None] | None,
+    ) -> None:
+        self.factory = factory
+        self.runtime = runtime
+        self.pool_rootfs = pool_rootfs
+
+    async def park(self, slot: Slot) -> bool:
+        rootfs = self.pool_rootfs() if self.pool_rootfs is not None else None
+        if rootfs is None:
+            return False
+        container_id = f"parked-{slot.id}"
+        # Recorded before the boot: an agent killed half-way through leaves a slot whose container
+        # the next agent finds and stops (by its id and cgroup) instead of one it cannot know about.
+        parked = Parked(container_id, self.runtime.cgroups_path(container_id), image_key(rootfs), 0, 0)
+        slot.parked = parked
+        slot.save()
+        try:
+            await self.runtime.boot_parked(slot, parked, rootfs)
+        except BaseException:
+            slot.parked = None
+            raise
+        slot.save()
+        return True
+
+    async def discard(self, slot: Slot) -> None:
+        if slot.parked is not None:
+            await self.runtime.stop_parked(slot, slot.parked)
+        await self.factory.destroy(slot)
 
 
 class SlotFactory:
@@ -478,3 +546,79 @@ class WarmPool:
             await self._remove(self._free.pop())  # a parked sandbox is stopped with its slot
         self._unmounted.clear()
         await self.factory.close()
+
+
+@dataclass
+class Taken:
+    """A slot a create took: the sandbox parked in it for this create to claim (None: a plain slot,
+    for a boot), and whether the slot was ready in the pool (False: built on demand)."""
+
+    slot: Slot
+    parked: Parked | None
+    warm: bool
+
+
+class SlotPool:
+    """A runtime's one door to its slots: the warm pool, the parking in it (where the runtime parks),
+    and the slots on disk that no sandbox owns."""
+
+    def __init__(
+        self,
+        factory: SlotFactory,
+        size: int,
+        disk_mib: int,
+        *,
+        runtime: ParkingRuntime,
+        busy: Callable[[], bool],
+        parks: bool,
+        pool_rootfs: Callable[[], Path | None] | None,
+    ) -> None:
+        """``parks``: whether this runtime parks sandboxes in free slots; a runtime that does not still
+        stops what an earlier agent parked (``reclaim``)."""
+        self.factory = factory
+        self._parking = Parking(factory, runtime, pool_rootfs)
+        self.warm = WarmPool(factory, size, disk_mib, busy=busy, parker=self._parking if parks else None)
+
+    @property
+    def slots_dir(self) -> Path:
+        return self.factory.slots_dir
+
+    @property
+    def free_count(self) -> int:
+        return self.warm.free_count
+
+    @property
+    def parked_count(self) -> int:
+        return self.warm.parked_count
+
+    def start(self) -> None:
+        self.warm.start()
+
+    async def close(self) -> None:
+        await self.warm.close()
+
+    async def take(self, disk_mib: int, rootfs: Path) -> Taken:
+        """A slot for a create of the image at ``rootfs``: one with a sandbox of that image parked in
+        it (handed over: the slot no longer records it), else a plain one."""
+        # The image's key costs a stat: only asked for when a parked sandbox could match it.
+        key = image_key(rootfs) if self.warm.parked_count else None
+        slot, warm = await self.warm.take(disk_mib, key)
+        parked, slot.parked = slot.parked, None
+        return Taken(slot, parked, warm)
+
+    async def take_for_fork(self) -> Slot:
+        return await self.warm.take_for_fork()
+
+    async def destroy(self, slot: Slot) -> None:
+        """Removes every part of a slot whose container is gone."""
+        await self.factory.destroy(slot)
+
+    async def reclaim(self, owned: set[str], kept_images: set[str]) -> None:
+        """Removes the slots (warm, parked or half-made) whose id is not in ``owned``, stopping what is
+        parked in them, and the loop devices of the slots' images but those in ``kept_images``."""
+        for slot in self.factory.load_all():
+            if slot.id not in owned:
+                log.info("reclaiming_orphan_slot", slot=slot.id, parked=slot.parked is not None)
+                await self._parking.discard(slot)
+        for device in await rootdisks.detach_stray_loops(self.factory.slots_dir, kept_images):
+            log.info("detached_stray_loop", device=device)
