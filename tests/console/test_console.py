@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from tests.desktop.browser import Page, png_size, thumbnail
 from tests.live import LivePlatform
@@ -223,3 +225,26 @@ def test_upload_a_file_and_see_it_listed(
     with live.http(api_key) as http:
         stored = http.get(f"/v1/sandboxes/{sandbox['id']}/files", params={"path": f"/tmp/{name}"})
     assert stored.status_code == 200 and stored.content == content
+
+
+def test_the_terminal_socket_refuses_a_wrong_key_another_origin_and_a_silent_client(
+    live: LivePlatform, sandbox: dict[str, Any]
+) -> None:
+    """The browser's socket takes the key in its first message; what a wrong one, another site's page
+    or a client that never sends it gets is an error frame and a 44xx close, never a shell."""
+    url = live.url.replace("http://", "ws://") + f"/console/shell-ws/{sandbox['id']}"
+    host = live.url.removeprefix("http://")
+    with connect(url, additional_headers={"Origin": f"http://{host}"}, open_timeout=10) as socket:
+        socket.send(json.dumps({"type": "auth", "api_key": "pdk_not-a-real-key"}))
+        frame = json.loads(socket.recv(timeout=10))
+        assert frame["type"] == "error" and frame["status"] == 401, frame
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+    with pytest.raises(InvalidStatus) as refused:  # before the upgrade: a page on another site
+        connect(url, additional_headers={"Origin": "http://evil.example"}, open_timeout=10)
+    assert refused.value.response.status_code == 403
+    with connect(url, open_timeout=10) as socket:
+        socket.send(b"ls\n")  # keystrokes before any auth message
+        frame = json.loads(socket.recv(timeout=10))
+        assert frame["type"] == "error" and frame["status"] == 400, frame

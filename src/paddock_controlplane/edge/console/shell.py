@@ -10,7 +10,8 @@ upgrade becomes a text frame ``{"type": "error", "error": "...", "status": N}`` 
 ``4000 + N`` (4401, 4404, …), as the socket is already open.
 
 A page on another site could open this socket too, but it has no key to send: nothing ambient (no
-cookie) authenticates it. An ``Origin`` other than this host's is refused all the same (4403).
+cookie) authenticates it. An ``Origin`` other than this host's is refused all the same, before the
+upgrade (HTTP 403).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ MAX_KEY_CHARS = 1024
 
 async def console_shell_ws(websocket: WebSocket, sandbox_id: str) -> None:
     if not _same_origin(websocket):
-        await websocket.close(4403, "cross-origin socket refused")
+        await websocket.close(1008, "cross-origin socket refused")  # before accept: the server's 403
         return
     await websocket.accept()
     key = await _auth_message(websocket)
