@@ -51,18 +51,25 @@ class ConsoleControlPlane(ControlPlaneProcess):
         raise RuntimeError(f"control plane did not start:\n{self.log_tail()}")
 
 
-@pytest.fixture(scope="module")
-def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+@contextlib.contextmanager
+def console_platform(guest_dir: Path, cp_env: dict[str, str] | None = None) -> Iterator[LivePlatform]:
+    """A control plane with the console and one host agent, as tests/live.py's ``start_platform``."""
     tag = secrets.token_hex(3)
-    controlplane = ConsoleControlPlane(state_dir=Path(f"/tmp/pdkcp-{tag}"))
+    controlplane = ConsoleControlPlane(state_dir=Path(f"/tmp/pdkcp-{tag}"), extra_env=dict(cp_env or {}))
     platform = LivePlatform(controlplane=controlplane, agents=[])
     try:
         controlplane.start()
-        platform.add_agent(AgentProcess(state_dir=Path(f"/tmp/pdkt-{tag}0"), guest_dir=guest_binary_dir))
+        platform.add_agent(AgentProcess(state_dir=Path(f"/tmp/pdkt-{tag}0"), guest_dir=guest_dir))
         platform.wait_for_hosts()
         yield platform
     finally:
         platform.stop()
+
+
+@pytest.fixture(scope="module")
+def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+    with console_platform(guest_binary_dir) as platform:
+        yield platform
 
 
 @pytest.fixture(scope="module")
