@@ -68,7 +68,8 @@ def console_platform(guest_dir: Path, cp_env: dict[str, str] | None = None) -> I
 
 @pytest.fixture(scope="module")
 def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    with console_platform(guest_binary_dir) as platform:
+    # Webhooks may target loopback here: the account-pages test lists an endpoint at 127.0.0.1.
+    with console_platform(guest_binary_dir, {"PADDOCK_CP_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true"}) as platform:
         yield platform
 
 

@@ -186,3 +186,63 @@ def test_the_terminal_socket_refuses_a_wrong_key_another_origin_and_a_silent_cli
         socket.send(b"ls\n")  # keystrokes before any auth message
         frame = json.loads(socket.recv(timeout=10))
         assert frame["type"] == "error" and frame["status"] == 400, frame
+
+
+def test_the_account_pages_show_usage_hosts_networks_and_webhooks(
+    live: LivePlatform, api_key: str, page: Page, screenshots: Path
+) -> None:
+    network_name = f"console-net-{secrets.token_hex(3)}"
+    hook_url = f"http://127.0.0.1:9/console-hook-{secrets.token_hex(3)}"
+    with live.http(api_key) as http:
+        me = http.get("/v1/whoami").json()["data"]
+        host_ids = [h["id"] for h in http.get("/v1/hosts").json()["data"]["data"]]
+        network = http.post("/v1/networks", json={"name": network_name})
+        assert network.status_code == 200, network.text
+        hook = http.post("/v1/webhook-endpoints", json={"url": hook_url, "events": ["sandbox.create"]})
+        assert hook.status_code == 200, hook.text
+        hook_id = hook.json()["data"]["id"]
+    try:
+        sign_in(page, live, api_key)
+        page.evaluate("location.hash = '#/usage'")
+        usage = wait_for(
+            page,
+            "(() => { const u = document.getElementById('usage'); return u && u.innerText.includes('Credits left') ? u.innerText : ''; })()",
+            20,
+            "the usage page",
+        )
+        assert me["user_id"] in usage and "Credits spent" in usage, usage
+        page.evaluate("location.hash = '#/hosts'")
+        hosts = wait_for(
+            page,
+            "document.querySelector('#list tbody').innerText.includes('active') && document.querySelector('#list tbody').innerText",
+            20,
+            "the hosts",
+        )
+        assert host_ids and all(host_id in hosts for host_id in host_ids), hosts
+        page.evaluate("location.hash = '#/networks'")
+        wait_for(
+            page,
+            f"document.querySelector('#list tbody').innerText.includes('{network_name}')",
+            20,
+            "the network",
+        )
+        page.evaluate("location.hash = '#/webhooks'")
+        wait_for(
+            page,
+            f"document.querySelector('#list tbody').innerText.includes('{hook_url}')",
+            20,
+            "the endpoint",
+        )
+        click(page, f"#list a[href='#/webhooks/{hook_id}']")
+        detail = wait_for(
+            page,
+            "(() => { const t = document.getElementById('view').innerText; return t.includes('sandbox.create') && t.includes('Recent deliveries') ? t : ''; })()",
+            20,
+            "the endpoint's page",
+        )
+        assert hook_url in detail and "secret" not in detail.lower(), detail
+        save_screenshot(page, screenshots, "webhook-endpoint")
+    finally:
+        with live.http(api_key) as http:
+            http.delete(f"/v1/webhook-endpoints/{hook_id}")
+            http.delete(f"/v1/networks/{network.json()['data']['id']}")

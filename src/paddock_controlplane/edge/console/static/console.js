@@ -584,7 +584,7 @@
   }
 
   const LISTS = {
-    templates: ["Templates", "/v1/templates", [["Name", (t) => t.name], ["ID", (t) => h("code", {}, t.id)],
+    templates: ["Templates", "/v1/templates", [["Name", (t) => h("a", { href: `#/templates/${encodeURIComponent(t.id)}` }, t.name)], ["ID", (t) => h("code", {}, t.id)],
       ["Status", (t) => stateBadge(t.status)], ["Base", (t) => t.base], ["Size", (t) => bytes(t.ext4_size_bytes)],
       ["Created", (t) => when(t.created_at)]]],
     disks: ["Disks", "/v1/disks", [["Name", (d) => d.name], ["ID", (d) => h("code", {}, d.id)], ["Kind", (d) => d.kind],
@@ -592,13 +592,81 @@
       ["Created", (d) => when(d.created_at)]]],
     networks: ["Networks", "/v1/networks", [["Name", (n) => n.name], ["ID", (n) => h("code", {}, n.id)],
       ["Members", (n) => n.member_count], ["Created", (n) => when(n.created_at)]]],
-    webhooks: ["Webhook endpoints", "/v1/webhook-endpoints", [["URL", (w) => w.url], ["ID", (w) => h("code", {}, w.id)],
+    webhooks: ["Webhook endpoints", "/v1/webhook-endpoints", [["URL", (w) => h("a", { href: `#/webhooks/${encodeURIComponent(w.id)}` }, w.url)], ["ID", (w) => h("code", {}, w.id)],
       ["Events", (w) => (w.events && w.events.length ? w.events.join(", ") : "all")],
       ["Active", (w) => (w.active ? "yes" : "no")], ["Failures", (w) => w.failureCount], ["Created", (w) => when(w.createdAt)]]],
     hosts: ["Hosts", "/v1/hosts", [["ID", (x) => h("code", {}, x.id)], ["Status", (x) => stateBadge(x.status)],
       ["Free memory", (x) => bytes(x.free_mib * 1048576)], ["Sandboxes", (x) => x.vm_count],
       ["Images", (x) => (x.rootfses || []).join(", ")]]],
   };
+
+  async function drawTemplate(id) {
+    const path = `/v1/templates/${encodeURIComponent(id)}`;
+    const facts = h("dl", { class: "facts" });
+    const log = h("pre", { id: "build-log", class: "log" });
+    const status = h("p", { class: "muted", id: "build-log-status" }, "Loading the build log…");
+    show(h("p", {}, h("a", { href: "#/templates" }, "‹ Templates")), h("h1", {}, id),
+      h("section", { class: "card" }, facts), h("section", { class: "card" }, h("h2", {}, "Build log"), status, log));
+    try {
+      const t = await api("GET", path);
+      const fact = (k, v) => [h("dt", {}, k), h("dd", {}, v)];
+      facts.replaceChildren(...[fact("Name", t.name), fact("ID", h("code", {}, t.id)), fact("Status", stateBadge(t.status)),
+        fact("Base", t.base), fact("Size", bytes(t.ext4_size_bytes)), fact("Created", when(t.created_at)),
+        fact("Built", when(t.built_at))].flat());
+    } catch (error) {
+      facts.replaceChildren(h("span", { class: "error" }, error.message));
+      return;
+    }
+    // The log streams (NDJSON, one frame a line) until the build's final frame; leaving the page stops it.
+    const abort = new AbortController();
+    cleanups.push(() => abort.abort());
+    try {
+      const response = await fetch(`${path}/logs?follow=true`, { headers: { "X-Api-Key": apiKey() || "" }, credentials: "omit", signal: abort.signal });
+      if (!response.ok) { status.className = "error"; status.textContent = `build log: HTTP ${response.status}`; return; }
+      status.textContent = "following…";
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let pending = "";
+      let lines = 0;
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        pending += decoder.decode(value, { stream: true });
+        const parts = pending.split("\n");
+        pending = parts.pop();
+        for (const part of parts) {
+          if (!part.trim()) continue;
+          let frame = {};
+          try { frame = JSON.parse(part); } catch (_) { continue; }
+          if (frame.line !== undefined && lines < 20000) { log.append(`${frame.line}\n`); lines++; }
+          if (frame.final) status.textContent = `build ${frame.status}`;
+        }
+      }
+      if (status.textContent === "following…") status.textContent = "end of log";
+    } catch (error) {
+      if (error.name !== "AbortError") { status.className = "error"; status.textContent = `build log: ${error.message}`; }
+    }
+  }
+
+  async function drawWebhook(id) {
+    const box = h("section", { class: "card" }, "Loading…");
+    const body = h("tbody");
+    show(h("p", {}, h("a", { href: "#/webhooks" }, "‹ Webhooks")), h("h1", {}, id), box,
+      h("section", { class: "card" }, h("h2", {}, "Recent deliveries"), h("table", { id: "deliveries" },
+        h("thead", {}, h("tr", {}, ["Action", "Status", "Attempts", "Created", "Delivered", "Last error"].map((t) => h("th", {}, t)))), body)));
+    try {
+      const data = await api("GET", `/v1/webhook-endpoints/${encodeURIComponent(id)}`);
+      const e = data.endpoint;
+      const fact = (k, v) => [h("dt", {}, k), h("dd", {}, v)];
+      box.replaceChildren(h("dl", { class: "facts" }, ...[fact("URL", e.url), fact("Events", e.events.length ? e.events.join(", ") : "all"),
+        fact("Active", e.active ? "yes" : "no"), fact("Failures", e.failureCount), fact("Created", when(e.createdAt))].flat()));
+      body.replaceChildren(...(data.deliveries.length ? data.deliveries.map((d) => h("tr", {}, h("td", {}, d.eventAction),
+        h("td", {}, stateBadge(d.status)), h("td", {}, d.attempts), h("td", {}, when(d.createdAt)), h("td", {}, when(d.deliveredAt)),
+        h("td", {}, d.lastError || "–"))) : [h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No deliveries yet."))]));
+    } catch (error) {
+      box.replaceChildren(h("span", { class: "error" }, error.message));
+    }
+  }
 
   // -- routing -----------------------------------------------------------------------------------
 
@@ -610,6 +678,8 @@
     const page = parts[0] || "sandboxes";
     for (const link of document.querySelectorAll("#nav a")) link.classList.toggle("active", link.getAttribute("href") === `#/${page}`);
     if (page === "sandboxes" && parts[1]) await drawSandbox(parts[1]);
+    else if (page === "templates" && parts[1]) await drawTemplate(parts[1]);
+    else if (page === "webhooks" && parts[1]) await drawWebhook(parts[1]);
     else if (page === "usage") await drawUsage();
     else if (LISTS[page]) await drawList(...LISTS[page]);
     else await drawSandboxes();
