@@ -23,9 +23,14 @@ LAZY_FIRST: dict[str, Lazy] = {
     "whoami": Lazy("paddock_cli.more:whoami", "Who the API key belongs to, what runs, and the credits left."),
     "shapes": Lazy("paddock_cli.more:shapes", "The sandbox shapes (vCPU, memory, default disk, price)."),
     "rootfs": Lazy("paddock_cli.more:rootfs", "The root images a sandbox can boot, and the default."),
+    "hosts": Lazy(
+        "paddock_cli.more:hosts",
+        "The hosts sandboxes are placed on: status, free memory, sandboxes and labels.",
+    ),
 }
 LAZY_GROUPS: dict[str, Lazy] = {
-    # more.py adds its sandbox commands (egress, resize, set, ps, kill) to sandbox.py's app on import.
+    # more.py adds its sandbox commands (egress, resize, set, bandwidth, ssh-key, ps, logs, wait, kill) to
+    # sandbox.py's app on import.
     "sandbox": Lazy("paddock_cli.more:sandbox.app", "Create, use and destroy sandboxes."),
     "network": Lazy(
         "paddock_cli.network:app",

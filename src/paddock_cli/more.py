@@ -1,15 +1,31 @@
 """Client commands for what the API has and the first CLI left out: ``whoami``, ``shapes``, ``rootfs``,
-and on a sandbox ``egress``, ``resize``, ``set`` (ingress, auto-pause) and ``ps``/``kill`` (managed
-processes). Every one takes ``--json``; options may come before or after the sandbox's name."""
+``hosts``, and on a sandbox ``egress``, ``resize``, ``set`` (ingress, auto-pause), ``bandwidth``,
+``ssh-key`` and ``ps``/``logs``/``wait``/``kill`` (managed processes, which ``exec -d`` starts). Every
+one takes ``--json``; options may come before or after the sandbox's name."""
 
 from __future__ import annotations
 
+import signal
+import sys
+import time
+from contextlib import closing
 from typing import Any
 
 import typer
 
 from paddock_cli import sandbox
-from paddock_cli.output import JSON_OPTION, api_errors, client, emit, print_fields, print_table
+from paddock_cli.output import (
+    JSON_OPTION,
+    ExitCode,
+    api_errors,
+    client,
+    emit,
+    fail,
+    plain,
+    print_fields,
+    print_json,
+    print_table,
+)
 
 
 def whoami(json_out: bool = JSON_OPTION) -> None:
@@ -94,11 +110,143 @@ def processes(ref: str, json_out: bool = JSON_OPTION) -> None:
     emit(items, json_out, _process_rows)
 
 
-def kill_process(ref: str, process_id: str, json_out: bool = JSON_OPTION) -> None:
-    """Kill a managed process (TERM, then KILL after 5 s)."""
+def kill_process(
+    ref: str,
+    process_id: str,
+    signal_name: str = typer.Option(
+        None, "--signal", "-s", help="Send this signal only (SIGINT, SIGTERM, SIGKILL, SIGHUP, SIGUSR1 …)."
+    ),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Kill a managed process (TERM, then KILL after 5 s), or send it one --signal."""
     with api_errors(), client() as sdk:
-        proc = sandbox.resolve(sdk, ref).processes.kill(process_id)
+        processes = sandbox.resolve(sdk, ref).processes
+        if signal_name:
+            name = signal_name.upper()
+            proc = processes.signal(process_id, name if name.startswith("SIG") else f"SIG{name}")
+        else:
+            proc = processes.kill(process_id)
     emit(proc, json_out, lambda p: _process_rows([p]))
+
+
+def exit_code_of(proc: Any) -> int:
+    """A finished process's exit status as a shell gives it: its code, or 128 + the signal's number."""
+    if proc.exit_code is not None:
+        return int(proc.exit_code) if 0 <= proc.exit_code <= 255 else 255
+    try:
+        return 128 + signal.Signals[proc.signal].value
+    except (KeyError, TypeError):
+        return 1
+
+
+def wait_process(
+    ref: str,
+    process_id: str,
+    timeout_s: float = typer.Option(None, "--timeout", help="Give up after this many seconds (exit 5)."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Wait until a managed process has exited; exits with its exit code (128 + N after signal N)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with api_errors(), client() as sdk:
+        processes = sandbox.resolve(sdk, ref).processes
+        while True:
+            left = 30.0 if deadline is None else min(30.0, deadline - time.monotonic())
+            proc = processes.wait(process_id, timeout_ms=max(0, int(left * 1000)))
+            if proc.leader_exited:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                emit(proc, json_out, lambda p: _process_rows([p]))
+                raise fail(f"process {process_id} still running after {timeout_s:g} s", ExitCode.FAILED)
+    emit(proc, json_out, lambda p: _process_rows([p]))
+    raise typer.Exit(exit_code_of(proc))
+
+
+def logs(
+    ref: str,
+    process_id: str,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Then follow the output until it exits."),
+    json_out: bool = typer.Option(
+        False,
+        "--json",
+        help="Print {process_id, stdout, stderr, exit_code} as JSON (after it exits with -f).",
+    ),
+) -> None:
+    """A managed process's output the sandbox still holds: stdout here, stderr on stderr."""
+    held: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+    with api_errors(), client() as sdk:
+        processes = sandbox.resolve(sdk, ref).processes
+        proc = processes.get(process_id)
+        exit_code = proc.exit_code if proc.leader_exited else None
+        newest = int(proc.output.get("newest_seq") or 0)
+        if follow or newest > 0:
+            with closing(processes.connect(process_id)) as frames:
+                for frame in frames:
+                    if frame.get("type") == "data":
+                        stream = "stderr" if frame.get("stream") == "stderr" else "stdout"
+                        if json_out:
+                            held[stream].append(frame["data"])
+                        else:
+                            out = sys.stderr if stream == "stderr" else sys.stdout
+                            out.buffer.write(frame["data"])
+                            out.flush()
+                        if not follow and int(frame.get("seq") or 0) >= newest:
+                            break
+                    elif frame.get("type") == "exit":
+                        exit_code = frame.get("exit_code")
+                        break
+                    elif frame.get("type") == "heartbeat" and not follow:
+                        break  # the held output is replayed before any heartbeat
+                    elif frame.get("type") == "error":
+                        raise fail(str(frame.get("error")), ExitCode.API_ERROR)
+    if json_out:
+        text = {k: b"".join(v).decode("utf-8", "replace") for k, v in held.items()}
+        print_json({"process_id": process_id, **text, "exit_code": exit_code})
+
+
+def bandwidth(
+    ref: str,
+    recharge: int = typer.Option(None, "--recharge", min=1, help="Add this many bytes to the quota."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """The sandbox's egress bandwidth: quota, used and remaining bytes (-1: unmetered)."""
+    with api_errors(), client() as sdk:
+        found = sandbox.resolve(sdk, ref)
+        now = found.recharge_bandwidth(recharge) if recharge else found.bandwidth()
+    emit(now, json_out, lambda b: print_fields([(k, v) for k, v in plain(b).items()]))
+
+
+def ssh_key(
+    ref: str,
+    keys: list[str] = typer.Argument(..., help="OpenSSH public keys (`ssh-ed25519 AAAA… comment`)."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Add SSH public keys to the sandbox (for `ssh -p 2222 NAME@host`)."""
+    with api_errors(), client() as sdk:
+        count = sandbox.resolve(sdk, ref).add_ssh_keys(keys)
+    emit({"count": count}, json_out, lambda d: typer.echo(f"{d['count']} keys"))
+
+
+def hosts(json_out: bool = JSON_OPTION) -> None:
+    """The hosts sandboxes are placed on: status, free memory, sandboxes and labels."""
+    with api_errors(), client() as sdk:
+        items = sdk.hosts()
+    emit(
+        items,
+        json_out,
+        lambda rows: print_table(
+            ["ID", "STATUS", "FREE MIB", "SANDBOXES", "LABELS"],
+            [
+                [
+                    h.id,
+                    h.status,
+                    h.free_mib,
+                    h.vm_count,
+                    ",".join(f"{k}={v}" for k, v in sorted(h.labels.items())),
+                ]
+                for h in rows
+            ],
+        ),
+    )
 
 
 # ``paddock sandbox``'s commands from this module, after sandbox.py's own: main.py imports this module to
@@ -108,3 +256,7 @@ sandbox.app.command()(resize)
 sandbox.app.command("set")(set_settings)
 sandbox.app.command("ps")(processes)
 sandbox.app.command("kill")(kill_process)
+sandbox.app.command("wait")(wait_process)
+sandbox.app.command("logs")(logs)
+sandbox.app.command()(bandwidth)
+sandbox.app.command("ssh-key")(ssh_key)

@@ -163,6 +163,12 @@ def exec_command(
     user: str | None = typer.Option(
         None, "--user", "-u", help="Run as this user of the sandbox (a name or a uid), as `docker exec -u`."
     ),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        "-d",
+        help="Start it as a managed process and print its id, as `docker exec -d` (see ps, logs, wait, kill).",
+    ),
 ) -> None:
     """Run a command; its output streams here and `paddock` exits with the command's exit code.
 
@@ -178,10 +184,17 @@ def exec_command(
     stdin = stdin or options.stdin
     json_out = json_out or options.json_out
     user = options.user if options.user is not None else user
+    detach = detach or options.detach
     overrides = key_values(env, "--env") or None
+    if detach and stdin:
+        raise fail("--detach runs the command in the background: it reads no stdin here", ExitCode.USAGE)
     text = sys.stdin.read() if stdin else None
     with api_errors(), client() as sdk:
         sandbox = resolve(sdk, ref)
+        if detach:
+            started = sandbox.processes.start(cmd, args, env=overrides, user=user)
+            emit(started, json_out, lambda process: typer.echo(process.process_id))
+            return
         if json_out:
             try:
                 result = sandbox.run(cmd, args, env=overrides, stdin=text, user=user)
@@ -213,6 +226,7 @@ class ExecOptions:
     stdin: bool = False
     json_out: bool = False
     user: str | None = None
+    detach: bool = False
 
 
 def split_command(tokens: list[str]) -> tuple[ExecOptions, str, list[str]]:
@@ -243,6 +257,8 @@ def parse_exec_options(head: list[str], options: ExecOptions) -> None:
             options.stdin = True
         elif name == "--json" and not sep:
             options.json_out = True
+        elif name in ("-d", "--detach") and not sep:
+            options.detach = True
         elif name in ("-e", "--env"):
             if not sep:
                 if not rest:

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import paddock
 from paddock_cli import main
 from tests.cli.test_cli_startup import registered
 from tests.cli.test_sandbox_cli import Cli
 from tests.live import LivePlatform
+
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGf7Ji5tGZ9kUMmCqkx0cDsuGDLvKQ6v7NGfZ5h3yQmQ cli@test"
 
 #: Commands that print no result to take --json for, and why.
 NO_RESULT = {
@@ -174,10 +175,23 @@ def test_every_client_command_prints_json_against_the_platform(live: LivePlatfor
         assert run("sandbox resize", "json-box", "3072") == {"disk_mib": 3072}
         assert run("sandbox set", "json-box", "--auto-pause", "600")["auto_pause_after_seconds"] == 600
 
-        with paddock.Client(live.url, key) as sdk:
-            process = sdk.sandboxes.get(box["id"]).processes.start("sleep", ["300"])
-        assert process.process_id in [p["process_id"] for p in run("sandbox ps", "json-box")]
-        assert run("sandbox kill", "json-box", process.process_id)["process_id"] == process.process_id
+        shout = run("sandbox exec", "json-box", "-d", "--json", "--", "sh", "-c", "echo out; echo err >&2")
+        assert shout["process_id"] and shout["cmd"] == "sh"
+        done = run("sandbox wait", "json-box", shout["process_id"])
+        assert done["exit_code"] == 0 and done["leader_exited"] is True
+        told = run("sandbox logs", "json-box", shout["process_id"])
+        assert told == {
+            "process_id": shout["process_id"],
+            "stdout": "out\n",
+            "stderr": "err\n",
+            "exit_code": 0,
+        }
+        sleeper = run("sandbox exec", "json-box", "--json", "--detach", "--", "sleep", "300")["process_id"]
+        assert sleeper in [p["process_id"] for p in run("sandbox ps", "json-box")]
+        assert run("sandbox kill", "json-box", sleeper)["process_id"] == sleeper
+        assert run("sandbox bandwidth", "json-box")["id"] == box["id"]
+        assert run("sandbox ssh-key", "json-box", SSH_KEY) == {"count": 1}
+        assert [h["status"] for h in run("hosts")] == ["active"]
 
         local = tmp_path / "note.txt"
         local.write_text("hello\n")

@@ -23,6 +23,7 @@ LISTED_BEFORE = [
     "whoami",
     "shapes",
     "rootfs",
+    "hosts",  # added with it
     "mcp",
     "serve",
     "controlplane",
