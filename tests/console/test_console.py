@@ -5,8 +5,10 @@ upload a file through the file browser. Each browser test saves a screenshot and
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -246,3 +248,69 @@ def test_the_account_pages_show_usage_hosts_networks_and_webhooks(
         with live.http(api_key) as http:
             http.delete(f"/v1/webhook-endpoints/{hook_id}")
             http.delete(f"/v1/networks/{network.json()['data']['id']}")
+
+
+def metrics_answer(sandbox_id: str) -> dict[str, Any]:
+    """A metrics answer in the contract's shape (the route's JSend data), rising CPU and memory."""
+    samples = [
+        {
+            "at": f"2026-01-01T00:{minute:02d}:00Z",
+            "cpu_pct": 10.0 * (minute + 1),
+            "mem_used_bytes": (100 + 40 * minute) << 20,
+            "mem_limit_bytes": 1 << 30,
+            "disk_used_bytes": 300 << 20,
+            "disk_limit_bytes": 10 << 30,
+            "net_rx_bytes": 2048 * minute,
+            "net_tx_bytes": 1024 * minute,
+        }
+        for minute in range(9)
+    ]
+    data = {"sandbox_id": sandbox_id, "interval_s": 60, "latest": samples[-1], "samples": samples}
+    return {"status": "success", "data": data}
+
+
+def test_the_chart_draws_the_metrics_routes_samples(
+    live: LivePlatform, api_key: str, sandbox: dict[str, Any], page: Page, screenshots: Path
+) -> None:
+    """The chart against an answer in the metrics route's contract shape, served to the page by the
+    browser itself (CDP's Fetch domain) as a seam: the route is another change's; the chart's
+    "no metrics yet" against the real control plane is in the creation test above."""
+    body = base64.b64encode(json.dumps(metrics_answer(sandbox["id"])).encode()).decode()
+    page.call("Fetch.enable", patterns=[{"urlPattern": "*/metrics?window_s=*", "requestStage": "Request"}])
+    served: set[str] = set()
+
+    def serve_paused() -> None:
+        for event in list(page.events):
+            if event.get("method") != "Fetch.requestPaused":
+                continue
+            request_id = event["params"]["requestId"]
+            if request_id in served:
+                continue
+            served.add(request_id)
+            page.call(
+                "Fetch.fulfillRequest",
+                requestId=request_id,
+                responseCode=200,
+                responseHeaders=[{"name": "Content-Type", "value": "application/json"}],
+                body=body,
+            )
+
+    open_sandbox(page, live, api_key, sandbox["id"])
+    deadline = time.monotonic() + 30
+    status = ""
+    while not status.startswith("CPU 90.0%") and time.monotonic() < deadline:
+        serve_paused()
+        status = page.evaluate("document.getElementById('metrics-status').textContent")
+        time.sleep(0.2)
+    assert status.startswith("CPU 90.0% · memory 420.0 MiB of 1.0 GiB"), status
+    assert served, "the page asked for no metrics"
+    # The lines are drawn: the CPU line in the chart's blue, the memory limit in red.
+    coloured = """(id, r, g, b) => { const c = document.getElementById(id); const d = c.getContext('2d')
+        .getImageData(0, 0, c.width, c.height).data; let n = 0;
+        for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i] - r) < 40 && Math.abs(d[i + 1] - g) < 40
+          && Math.abs(d[i + 2] - b) < 40 && d[i + 3] > 200) n++; return n; }"""
+    assert page.evaluate(f"({coloured})('chart-cpu', 47, 111, 222)") > 200
+    assert page.evaluate(f"({coloured})('chart-mem', 47, 111, 222)") > 200
+    assert page.evaluate(f"({coloured})('chart-mem', 192, 57, 43)") > 100
+    page.evaluate("document.getElementById('metrics').scrollIntoView()")
+    save_screenshot(page, screenshots, "metrics-chart")
