@@ -1,18 +1,21 @@
 """``POST /agent/deploy`` after authentication (§5.3.3 steps 4–8): validation, payment headers, name
 availability, price, then the paid path (§7–§8), the x402 path (Appendix B.4) or the credit path with
 the decision table (§6). Both paid paths end the same way: a ledger row in state ``verified``, then
-``credit_and_start``.
+``credit_and_start``. An x402 payment with a ``payment-identifier`` id is answered once per (wallet, id)
+(``payment_ids``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from paddock_core.logging import get_logger
-from paddock_gateway import credits, payments, projects, settlement, x402
+from paddock_gateway import credits, payment_ids, payments, projects, settlement, x402
 from paddock_gateway.adapters.hosting import (
     AccessCheck,
     DeploymentHandle,
@@ -25,10 +28,12 @@ from paddock_gateway.auth import Caller
 from paddock_gateway.errors import (
     DeployFailed,
     DeployFailedAfterTopup,
+    GatewayError,
     InvalidHeader,
     InvalidPaymentSignature,
     MixedPaymentMethods,
     NameTaken,
+    PaymentAlreadyProcessed,
     PaymentRequired,
     UnsupportedChain,
     UnsupportedToken,
@@ -61,6 +66,7 @@ class Deployed:
 
     body: DeployAccepted
     headers: dict[str, str] = field(default_factory=dict)
+    tx_hash: str | None = None  # the x402 settlement's
 
 
 def payment_headers(headers: Mapping[str, str], default_chain: str) -> PaymentHeaders:
@@ -92,6 +98,15 @@ async def deploy(
     pay = payment_headers(headers, services.registry.default_chain)
     if pay.x402 is not None and not services.settler.configured:
         raise InvalidPaymentSignature("header", "x402 payments are not enabled on this gateway")
+    if pay.x402 is not None and pay.x402.payment_id is not None:
+        return await deploy_identified(services, caller, request, pay, pay.x402, pay.x402.payment_id)
+    return await deploy_checked(services, caller, request, pay)
+
+
+async def deploy_checked(
+    services: Services, caller: Caller, request: DeployInput, pay: PaymentHeaders
+) -> Deployed:
+    """Steps 6–8: name, price, platform, then the paid, x402 or credit path."""
     if await projects.name_taken(services, request.request.uniqueName):
         raise NameTaken()
     price = await services.prices.price(request.request.months)
@@ -101,6 +116,76 @@ async def deploy(
     if pay.x402 is not None:
         return await deploy_settled(services, caller, request, price, pay.x402)
     return Deployed(await deploy_on_credits(services, caller, request, price, pay.use_existing_credits))
+
+
+#: How often a retry polls for the answer of a first request that is still running, and how much longer
+#: than a settlement's receipt wait it waits at most.
+IDENTIFIED_POLL_S = 0.1
+IDENTIFIED_WAIT_MARGIN_S = 60.0
+
+
+async def deploy_identified(
+    services: Services,
+    caller: Caller,
+    request: DeployInput,
+    pay: PaymentHeaders,
+    signed: x402.SignedPayment,
+    payment_id: str,
+) -> Deployed:
+    """x402's ``payment-identifier``: the first request with (wallet, id) runs, and its 200 is what every
+    retry of the same payment gets (see ``payment_ids``); nothing is settled or charged twice."""
+    sessions, wallet = services.sessions, caller.wallet
+    give_up = time.monotonic() + services.settler.receipt_timeout_s + IDENTIFIED_WAIT_MARGIN_S
+    while True:
+        seen = await payment_ids.find(sessions, wallet, payment_id)
+        if seen is not None and seen.terms != signed.terms:
+            raise PaymentAlreadyProcessed(tx_hash=seen.tx_hash)  # the same id for another payment
+        if seen is not None and seen.answer is not None:
+            log.info("payment_identifier_replayed", wallet=wallet, tx_hash=seen.tx_hash)
+            return replayed(seen.answer, seen.tx_hash)
+        now = services.clock()
+        nonce = signed.authorization.nonce_key
+        if seen is not None and seen.state == "sent":
+            if seen.nonce == nonce and await payment_ids.resume_sent(
+                sessions, wallet, payment_id, nonce, now
+            ):
+                break  # the same authorization again: its claim settles it, or waits for its transaction
+            if seen.nonce != nonce:  # a new signature: never a second payment under this id
+                raise PaymentAlreadyProcessed(tx_hash=seen.tx_hash)
+        if seen is None and await payment_ids.reserve(sessions, wallet, payment_id, signed.terms, now):
+            break
+        if seen is not None and await payment_ids.take_over(sessions, wallet, payment_id, now):
+            break
+        if time.monotonic() > give_up:  # the first request is still running: its payment is taken
+            raise PaymentAlreadyProcessed(tx_hash=None)
+        await asyncio.sleep(IDENTIFIED_POLL_S)
+    try:
+        deployed = await deploy_checked(services, caller, request, pay)
+    except BaseException as exc:
+        sent = exc.extra.get("tx_hash") if isinstance(exc, GatewayError) else None
+        if sent:  # the settlement went out (502 unmined, a failure after the credit, a spent claim)
+            await payment_ids.mark_sent(
+                sessions, wallet, payment_id, signed.authorization.nonce_key, sent, services.clock()
+            )
+        else:
+            await payment_ids.forget(sessions, wallet, payment_id)  # nothing was charged: a retry runs
+        raise
+    answer = payment_ids.Answer(
+        project_id=deployed.body.projectId,
+        deployment_id=deployed.body.deploymentId,
+        message=deployed.body.message,
+        payment_response=deployed.headers[x402.PAYMENT_RESPONSE],
+    )
+    await payment_ids.remember(sessions, wallet, payment_id, answer, deployed.tx_hash or "", services.clock())
+    return deployed
+
+
+def replayed(answer: payment_ids.Answer, tx_hash: str | None) -> Deployed:
+    body = DeployAccepted(
+        projectId=answer.project_id, deploymentId=answer.deployment_id, message=answer.message
+    )
+    headers = {x402.PAYMENT_RESPONSE: answer.payment_response, **x402.EXPOSE_HEADERS}
+    return Deployed(body, headers, tx_hash)
 
 
 async def ensure_can_deploy(services: Services) -> None:
@@ -269,7 +354,7 @@ async def deploy_settled(
     headers = x402.settlement_response(
         success=True, network=offer.network, payer=caller.address, transaction=tx_hash
     )
-    return Deployed(accepted, headers)
+    return Deployed(accepted, headers, tx_hash)
 
 
 async def credit_and_start(

@@ -62,6 +62,27 @@ class X402Authorization(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(TS)
 
 
+class X402PaymentId(Base):
+    """A paid deploy that carried x402's ``payment-identifier``: (wallet, id) is answered once. ``pending``
+    while the first request runs; ``done`` holds its answer (the 200's body and ``PAYMENT-RESPONSE``),
+    which a retry of the same payment gets again. ``terms`` is the payment's fingerprint
+    (``SignedPayment.terms``): the same id with other terms is refused."""
+
+    __tablename__ = "gw_x402_payment_ids"
+    wallet: Mapped[str] = mapped_column(sa.String(42), primary_key=True)
+    payment_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    terms: Mapped[str] = mapped_column(sa.String(64))
+    state: Mapped[str] = mapped_column(sa.String(16))  # pending → done | sent
+    nonce: Mapped[str | None] = mapped_column(sa.String(66))  # the authorization's, once sent
+    project_id: Mapped[str | None] = mapped_column(sa.String(64))
+    deployment_id: Mapped[str | None] = mapped_column(sa.String(64))
+    message: Mapped[str | None] = mapped_column(sa.Text)
+    tx_hash: Mapped[str | None] = mapped_column(sa.String(66))
+    payment_response: Mapped[str | None] = mapped_column(sa.Text)  # the header's base64 value
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
 class Wallet(Base):
     """The running credit balance of a wallet; the sum of its ``CreditEntry`` rows."""
 

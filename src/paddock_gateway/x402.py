@@ -13,12 +13,16 @@ which x402 clients read to choose how to sign):
   payer must have approved Permit2 for the token once; the gateway's key calls the proxy's ``settle``.
 
 USDT has no EIP-3009 on either chain, so Permit2 is its only x402 method.
+
+The 402 also declares the ``payment-identifier`` extension (optional): a payment that carries
+``extensions["payment-identifier"].info.id`` is answered once per (wallet, id), see ``deployments``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -45,6 +49,19 @@ PERMIT2_ADDRESS = "0x000000000022D473030F116dDEE9F6B43aC78BA3"
 X402_EXACT_PERMIT2_PROXY_ADDRESS = "0x402085c248EeA27D92E8b30b2C58ed07f9E20001"
 #: A header larger than this is not a payment payload (one holds well under 2 KiB).
 MAX_HEADER_CHARS = 16_384
+
+PAYMENT_IDENTIFIER = "payment-identifier"
+#: x402's payment-identifier ``id``: 16–128 characters, alphanumeric, ``-`` and ``_``.
+PAYMENT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+PAYMENT_ID_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "required": {"type": "boolean"},
+        "id": {"type": "string", "minLength": 16, "maxLength": 128, "pattern": "^[a-zA-Z0-9_-]+$"},
+    },
+    "required": ["required"],
+}
 
 ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]{40}$")
 NONCE_RE = re.compile(r"^0x[0-9a-fA-F]{64}$")
@@ -117,6 +134,7 @@ def payment_required(
             "mimeType": "application/json",
         },
         "accepts": [offer.requirement(amount_raw) for offer in offers(registry)],
+        "extensions": {PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA}},
     }
     if error is not None:
         body["error"] = error
@@ -194,6 +212,11 @@ class SignedPayment:
     authorization: Authorization | Permit2Authorization
     signature: bytes  # 65 bytes r ‖ s ‖ v
     method: str = EIP3009  # extra.assetTransferMethod of the accepted offer, from the payload's shape
+    #: The client's ``payment-identifier`` id, if it sent one.
+    payment_id: str | None = None
+    #: sha256 of what is paid, by whom: the accepted offer's terms and the payer. A retry that signs the
+    #: same payment afresh (new nonce, deadline, signature) has the same terms.
+    terms: str = ""
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:
@@ -250,16 +273,39 @@ def parse_payment_signature(value: str) -> SignedPayment:
         _object(inner.get("authorization"), "payload.authorization")
         signature = _string(inner, "signature", "payload", SIGNATURE_RE)
         authorization = parse_eip3009_authorization(inner)
+    scheme = _string(accepted, "scheme", "accepted")
+    network = _string(accepted, "network", "accepted")
+    asset = _string(accepted, "asset", "accepted", ADDRESS_RE).lower()
+    pay_to = _string(accepted, "payTo", "accepted", ADDRESS_RE).lower()
+    amount = _string(accepted, "amount", "accepted", UINT_RE)
+    terms = [scheme, network, asset, pay_to, amount, authorization.method, authorization.payer]
     return SignedPayment(
-        scheme=_string(accepted, "scheme", "accepted"),
-        network=_string(accepted, "network", "accepted"),
-        asset=_string(accepted, "asset", "accepted", ADDRESS_RE).lower(),
-        pay_to=_string(accepted, "payTo", "accepted", ADDRESS_RE).lower(),
-        amount=_string(accepted, "amount", "accepted", UINT_RE),
+        scheme=scheme,
+        network=network,
+        asset=asset,
+        pay_to=pay_to,
+        amount=amount,
         authorization=authorization,
         signature=bytes.fromhex(signature[2:]),
         method=authorization.method,
+        payment_id=payment_identifier(payload),
+        terms=hashlib.sha256(json.dumps(terms).encode()).hexdigest(),
     )
+
+
+def payment_identifier(payload: dict[str, Any]) -> str | None:
+    """``extensions["payment-identifier"].info.id``: None when absent, 400 when malformed."""
+    extensions = payload.get("extensions")
+    if extensions is None:
+        return None
+    extension = _object(extensions, "extensions").get(PAYMENT_IDENTIFIER)
+    if extension is None:
+        return None
+    field = f"extensions.{PAYMENT_IDENTIFIER}"
+    info = _object(_object(extension, field).get("info", {}), f"{field}.info")
+    if info.get("id") is None:
+        return None
+    return _string(info, "id", f"{field}.info", PAYMENT_ID_RE)
 
 
 def parse_eip3009_authorization(inner: dict[str, Any]) -> Authorization:

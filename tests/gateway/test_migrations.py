@@ -23,6 +23,7 @@ TABLES = {
     "gw_deployments",
     "gw_sandbox_deployments",
     "gw_x402_authorizations",
+    "gw_x402_payment_ids",
 }
 
 
