@@ -9,8 +9,10 @@ gateway's: the client's idea of the message is the reference."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,8 +37,10 @@ from tests.gateway.conftest import (
     free_port,
     new_wallet,
     rpc,
+    running_gateway,
     static_site,
     unique_name,
+    x402_settings,
 )
 from tests.gateway.test_x402 import (
     PRICE_RAW,
@@ -373,6 +377,34 @@ async def test_every_bad_permit_is_a_402_with_the_x402_reason_and_credits_nothin
 
     assert await arbitrum.token_balance("usdt", RECIPIENT) == recipient_before  # nothing moved
     assert len((await gw.projects(paying_wallet))["projects"]) == 0
+
+
+@pytest.mark.db
+async def test_twenty_concurrent_requests_with_one_permit_settle_exactly_once(
+    tmp_path: Path, database_url: str, paying_wallet: Wallet, devchains: dict[str, Chain]
+) -> None:
+    """On SQLite and on PostgreSQL: the claim on (network, Permit2, payer, nonce) decides, not timing."""
+    base = devchains["base"]
+    await approve_permit2(paying_wallet, base, "usdt")
+    settings = x402_settings(tmp_path, devchains).model_copy(update={"database_url": database_url})
+    async with running_gateway(settings, tmp_path, chains=devchains) as gw:
+        body = static_site(unique_name(), "x", port=free_port())
+        header = encode(
+            sign_permit(
+                paying_wallet, await permit2_offer(gw, paying_wallet, body, base, "usdt"), base.chain_id
+            )
+        )
+        before = await base.token_balance("usdt", RECIPIENT)
+        settler_nonce = await nonce_of(base, SETTLER)
+        bodies = [static_site(unique_name(), "x", port=free_port()) for _ in range(20)]
+        responses = await asyncio.gather(
+            *(gw.deploy(paying_wallet, each, **{"PAYMENT-SIGNATURE": header}) for each in bodies)
+        )
+        statuses = sorted(r.status_code for r in responses)
+        assert statuses == [200] + [409] * 19, [r.text for r in responses if r.status_code not in (200, 409)]
+        assert await base.token_balance("usdt", RECIPIENT) == before + PRICE_RAW
+        assert await nonce_of(base, SETTLER) == settler_nonce + 1
+        assert await credit_balance(gw, paying_wallet) == PRICE_RAW * 100
 
 
 def test_the_devchain_contracts_sit_where_x402_expects_them() -> None:
