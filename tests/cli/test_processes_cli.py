@@ -93,6 +93,10 @@ def test_bandwidth_ssh_key_and_hosts(cli: Cli) -> None:
         assert {"quota_bytes", "used_bytes", "remaining_bytes", "capped"} <= set(shown)
         text = cli("sandbox", "bandwidth", "bw-box")
         assert text.returncode == 0 and b"used_bytes" in text.stdout
+        grown = cli.json("sandbox", "bandwidth", "bw-box", "--recharge", "1048576")
+        assert isinstance(grown, dict)
+        assert shown["quota_bytes"] > 0  # metered: the default quota (5 GiB)
+        assert grown["quota_bytes"] == shown["quota_bytes"] + 1048576
 
         assert cli.json("sandbox", "ssh-key", "bw-box", SSH_KEY) == {"count": 1}
         again = cli("sandbox", "ssh-key", "bw-box", SSH_KEY)  # duplicates are removed
