@@ -21,13 +21,15 @@
  *   READ path                                    SIZE u64 (UINT64_MAX: unknown), DATA ..., DATA_END, or ERROR
  *   INFO                                         INFO u64 last_activity_ms, u32 active, u32 version,
  *                                                     u32 self_seq, u32 self_action, reason bytes
+ *   WATCH u32 flags, path                        OK u32 dirs, u32 flags; WATCH_EVENT u32 kind, u32 type,
+ *                                                     relative path ... until the client closes (watch.c)
  *
  * Closing the connection while a command runs kills the command's process group.
  *
  *   PROC u32 op, ...                             a managed process request (process.c): the connection
  *                                                is passed to the process manager, which answers it
  *
- * Sources: agent.c (PID 1 loop, connection dispatch), wire.c (framing), exec.c, files.c, process.c (managed
+ * Sources: agent.c (PID 1 loop, connection dispatch), wire.c (framing), exec.c, files.c, watch.c, process.c (managed
  * processes), selfsignal.c (the in-sandbox self-signal API on 127.0.0.1:1029 and /run/self), guest.h.
  */
 #include "guest.h"
@@ -97,6 +99,11 @@ static int serve_request(int sock) {
         size_t reason_len = strnlen(shared->self_reason, SELF_REASON_MAX);
         memcpy(reply + 24, shared->self_reason, reason_len);
         return send_frame(sock, FR_INFO_REPLY, reply, (uint32_t)(24 + reason_len)) < 0 ? CONN_DONE : CONN_NEXT;
+    }
+    if (type == FR_WATCH) { /* open for as long as the client likes: a watch is not activity */
+        handle_watch(sock, payload, len);
+        free(payload);
+        return CONN_DONE;
     }
     int next = CONN_DONE;
     __sync_fetch_and_add(&shared->active, 1);

@@ -7,6 +7,8 @@
     size = await client.write_file("/root/a.bin", chunks)
     async with client.read_file("/root/a.bin") as download:
         async for chunk in download: ...
+    async with client.watch("/root/w", recursive=True) as watch:
+        async for event in watch: ...         # WatchEvent("create", "file", "a/b.txt"), until left
 
 Leaving an ``exec`` session early closes the connection, and the guest then kills the command's whole
 process group.
@@ -50,6 +52,9 @@ from paddock_hostagent.guest.protocol import (
     GUEST_TOO_OLD_FOR_USER,
     HEADER,
     UNKNOWN_SIZE,
+    WATCH_INCOMPLETE,
+    WATCH_KINDS,
+    WATCH_TYPES,
     ErrorCode,
     Frame,
     GuestFileError,
@@ -57,11 +62,13 @@ from paddock_hostagent.guest.protocol import (
     GuestTooOldError,
     GuestUnavailableError,
     GuestUserError,
+    GuestWatchUnavailableError,
     check_version,
     chunked_frames,
     decode_error,
     encode_exec,
     encode_path_request,
+    encode_watch,
     file_error,
     frame,
 )
@@ -500,6 +507,10 @@ class GuestClient:
     def read_file(self, path: str) -> FileDownload:
         return FileDownload(self, path)
 
+    def watch(self, path: str, *, recursive: bool = False) -> DirectoryWatch:
+        """The changes under the directory ``path`` as the guest's inotify sees them (``DirectoryWatch``)."""
+        return DirectoryWatch(self, path, recursive)
+
     @staticmethod
     async def _expect_ok(conn: _Connection) -> bytes:
         frame_type, payload = await conn.read_frame()
@@ -706,3 +717,76 @@ class FileDownload:
                 raise file_error(payload)
             else:
                 raise GuestProtocolError(f"unexpected frame {frame_type} in a download")
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    kind: str  # "create" | "modify" | "delete" | "overflow" (events were lost: list again)
+    type: str  # "file" | "dir" | "symlink" | "other" (a deleted entry: "dir" or "file")
+    path: str  # relative to the watched directory ("" for an overflow)
+
+
+class DirectoryWatch:
+    """A directory's changes as the guest's inotify reports them (``watch.c``). On entering, the guest
+    has its watches in place (``directories`` of them; ``complete`` is false when the tree has more than
+    it watches); errors (missing, not a directory, no inotify to be had) are raised then. Iterate for
+    events until the watched directory goes (``GuestFileNotFoundError``) or the guest does
+    (``GuestUnavailableError``); leaving closes the connection, and the guest's watch with it."""
+
+    def __init__(self, client: GuestClient, path: str, recursive: bool) -> None:
+        self._client = client
+        self._path = path
+        self._recursive = recursive
+        self._conn: _Connection | None = None
+        self.directories = 0
+        self.complete = True
+
+    async def __aenter__(self) -> DirectoryWatch:
+        conn = await self._client._connect()
+        self._conn = conn
+        try:
+            await conn.send(encode_watch(self._path, recursive=self._recursive))
+            frame_type, payload = await conn.read_frame()
+            if frame_type == Frame.ERROR:
+                code, message = decode_error(payload)
+                if code == ErrorCode.PROTOCOL and message.startswith("unknown request type"):
+                    raise GuestWatchUnavailableError("this sandbox's guest agent predates WATCH")
+                raise file_error(payload)
+            if frame_type != Frame.OK or len(payload) < 8:
+                raise GuestProtocolError(f"unexpected frame {frame_type} opening a watch")
+            self.directories, flags = struct.unpack_from("<II", payload)
+            self.complete = not flags & WATCH_INCOMPLETE
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+    def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[WatchEvent]:
+        assert self._conn is not None, "use `async with client.watch(...)`"
+        conn = self._conn
+        while True:
+            frame_type, payload = await conn.read_frame()
+            if frame_type == Frame.WATCH_EVENT and len(payload) >= 8:
+                kind, entry_type = struct.unpack_from("<II", payload)
+                yield WatchEvent(
+                    WATCH_KINDS.get(kind, "overflow"),
+                    WATCH_TYPES.get(entry_type, "other"),
+                    payload[8:].decode("utf-8", "surrogateescape"),
+                )
+            elif frame_type == Frame.ERROR:
+                raise file_error(payload)
+            else:
+                raise GuestProtocolError(f"unexpected frame {frame_type} in a watch")

@@ -22,15 +22,23 @@
 enum frame_type {
     FR_EXEC = 1, FR_STDIN = 2, FR_STDIN_EOF = 3, FR_WRITE = 4, FR_READ = 5, FR_DATA = 6, FR_DATA_END = 7,
     FR_INFO = 8, FR_EXEC_AS = 9, /* EXEC with a user first: an older guest answers 'unknown request type' */
+    FR_WATCH = 10, /* a directory's inotify events (watch.c); an older guest answers 'unknown request type' */
     FR_PROC = 16, /* managed processes (process.c): handed to the process manager */
     FR_STDOUT = 32, FR_STDERR = 33, FR_EXIT = 34, FR_ERROR = 35, FR_OK = 36, FR_SIZE = 37, FR_INFO_REPLY = 38,
-    FR_PROC_REPLY = 40, FR_PROC_OUTPUT = 41, FR_PROC_EXIT = 42,
+    FR_PROC_REPLY = 40, FR_PROC_OUTPUT = 41, FR_PROC_EXIT = 42, FR_WATCH_EVENT = 43,
 };
 
 enum error_code {
     E_SPAWN = 1, E_FILE_NOT_FOUND = 2, E_PARENT_NOT_FOUND = 3, E_IS_DIRECTORY = 4, E_BAD_PATH = 5,
     E_IO = 6, E_PROTOCOL = 7, E_PROC_NOT_FOUND = 8, E_PROC_STATE = 9, E_USER = 10,
+    E_NOT_DIRECTORY = 11, E_WATCH_UNAVAILABLE = 12, /* WATCH: no inotify instance or watch to be had */
 };
+
+/* WATCH (watch.c): the request's flags, the OK's flags, an event's kind and type */
+#define WATCH_RECURSIVE 1u
+#define WATCH_INCOMPLETE 1u
+enum watch_kind { WATCH_CREATE = 1, WATCH_MODIFY = 2, WATCH_DELETE = 3, WATCH_OVERFLOW = 4 };
+enum watch_type { WATCH_FILE = 1, WATCH_DIR = 2, WATCH_SYMLINK = 3, WATCH_OTHER = 4 };
 
 enum proc_op {
     PROC_OP_START = 1, PROC_OP_LIST = 2, PROC_OP_GET = 3, PROC_OP_KILL = 4, PROC_OP_INPUT = 5,
@@ -94,6 +102,7 @@ char *cur_str(struct cursor *c);
 int handle_exec(int sock, const unsigned char *payload, uint32_t len, int as_user);
 int handle_write(int sock, const unsigned char *payload, uint32_t len);
 int handle_read(int sock, const unsigned char *payload, uint32_t len);
+int handle_watch(int sock, const unsigned char *payload, uint32_t len); /* until the client hangs up */
 int resolve_command(const char *cmd, char *const envp[], char *out, size_t out_len);
 
 /* user.c: a user of the sandbox's own /etc/passwd to run a command as */

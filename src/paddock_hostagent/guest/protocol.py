@@ -18,7 +18,9 @@ misreading frames.
         ├── GuestFileNotFoundError
         ├── GuestParentNotFoundError
         ├── GuestIsDirectoryError
-        └── GuestBadPathError
+        ├── GuestNotDirectoryError
+        ├── GuestBadPathError
+        └── GuestWatchUnavailableError  the sandbox has no inotify to give (or its guest predates WATCH)
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Frame(IntEnum):
     DATA_END = 7
     INFO = 8
     EXEC_AS = 9  # a user (name or uid) first, then EXEC's payload; the guest answers OK once it has them
+    WATCH = 10  # u32 flags, path: OK u32 dirs, u32 flags, then WATCH_EVENT frames (watch.c)
     PROC = 16
     STDOUT = 32
     STDERR = 33
@@ -57,6 +60,7 @@ class Frame(IntEnum):
     PROC_REPLY = 40
     PROC_OUTPUT = 41
     PROC_EXIT = 42
+    WATCH_EVENT = 43
 
 
 class ErrorCode(IntEnum):
@@ -70,6 +74,8 @@ class ErrorCode(IntEnum):
     PROC_NOT_FOUND = 8
     PROC_STATE = 9
     USER = 10  # no such user in the sandbox's /etc/passwd
+    NOT_DIRECTORY = 11  # WATCH of a path that is not a directory
+    WATCH_UNAVAILABLE = 12  # WATCH: no inotify instance (or watch) to be had in the sandbox
 
 
 class GuestError(Exception):
@@ -136,10 +142,35 @@ class GuestBadPathError(GuestFileError):
     code = ErrorCode.BAD_PATH
 
 
+class GuestNotDirectoryError(GuestFileError):
+    code = ErrorCode.NOT_DIRECTORY
+
+
+class GuestWatchUnavailableError(GuestFileError):
+    """No watch from this guest: no inotify instance to be had, or a guest older than WATCH. The
+    caller may fall back to polling a listing."""
+
+    code = ErrorCode.WATCH_UNAVAILABLE
+
+
 _FILE_ERRORS: dict[int, type[GuestFileError]] = {
     cls.code: cls
-    for cls in (GuestFileNotFoundError, GuestParentNotFoundError, GuestIsDirectoryError, GuestBadPathError)
+    for cls in (
+        GuestFileNotFoundError,
+        GuestParentNotFoundError,
+        GuestIsDirectoryError,
+        GuestBadPathError,
+        GuestNotDirectoryError,
+        GuestWatchUnavailableError,
+    )
 }
+
+#: WATCH's flags (guest.h): the request's, and the OK's.
+WATCH_RECURSIVE = 1
+WATCH_INCOMPLETE = 1
+#: A WATCH_EVENT's kind and type (guest.h), as the host agent's NDJSON names them.
+WATCH_KINDS = {1: "create", 2: "modify", 3: "delete", 4: "overflow"}
+WATCH_TYPES = {1: "file", 2: "dir", 3: "symlink", 4: "other"}
 
 
 def file_error(payload: bytes) -> GuestError:
@@ -188,6 +219,10 @@ def exec_payload_bytes(cmd: str, args: list[str], env: dict[str, str], cwd: str)
 
 def encode_path_request(frame_type: Frame, path: str) -> bytes:
     return frame(frame_type, _string(path))
+
+
+def encode_watch(path: str, *, recursive: bool) -> bytes:
+    return frame(Frame.WATCH, struct.pack("<I", WATCH_RECURSIVE if recursive else 0) + _string(path))
 
 
 def chunked_frames(frame_type: Frame, chunk: bytes) -> list[bytes | memoryview]:
