@@ -8,12 +8,12 @@ export PADDOCK_DATA_DIR ?= /var/lib/paddock
 export PADDOCK_HOST_IMAGE_DIR ?= $(PADDOCK_DATA_DIR)/images
 export PADDOCK_TEST_IMAGE_CACHE ?= $(PADDOCK_HOST_IMAGE_DIR)
 
-.PHONY: run test setup setup-test venv images devchain-deps e2b-js-deps lint bench bench-smoke bench-deps clean soak
+.PHONY: run test setup setup-test venv images devchain-deps e2b-js-deps console-assets lint bench bench-smoke bench-deps clean soak
 
-run: setup images devchain-deps
+run: setup images devchain-deps console-assets
 	$(VENV)/bin/paddock serve
 
-test: setup-test images devchain-deps
+test: setup-test images devchain-deps console-assets
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy src
@@ -52,6 +52,13 @@ images: venv
 	  $(PY) -m paddock_hostagent.images build devbox:1; \
 	  $(PY) -m paddock_hostagent.images build code-interpreter:1; \
 	  $(PY) -m paddock_hostagent.images build desktop:1; \
+	fi
+
+# The web console's browser files (xterm.js) from npm, copied into the package (git-ignored build output,
+# docs/console.md); never fetched from a CDN at run time. Reinstalled only when the lock file changes.
+console-assets:
+	@if [ -f console/package.json ] && command -v npm >/dev/null; then \
+	  (cd console && { [ -d node_modules ] && [ node_modules -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; } && node copy-vendor.mjs >/dev/null); \
 	fi
 
 devchain-deps:

@@ -11,7 +11,9 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
@@ -87,6 +89,9 @@ def headless_chromium(width: int, height: int) -> Iterator[Page]:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # Its own process group: chromium's helpers (GPU, network, renderers) outlive a kill of the main
+        # process and wrote the profile back after it was removed, leaving /tmp/pdk-chromium-* behind.
+        start_new_session=True,
     )
     try:
         active = profile / "DevToolsActivePort"
@@ -112,9 +117,22 @@ def headless_chromium(width: int, height: int) -> Iterator[Page]:
             )
             yield page
     finally:
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        # Wait for the group's last helpers to be gone before the profile is removed.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _group_alive(process.pid):
+            time.sleep(0.05)
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 # -- PNG -----------------------------------------------------------------------------------------
