@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from paddock_controlplane.records.audit import AuditLog
 from paddock_controlplane.records.hotcache import StatusWatch, TTLCache
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.resources.accounts import Principal
@@ -97,6 +98,8 @@ class Services:
     template_wake: asyncio.Event = field(default_factory=asyncio.Event)
     #: Called with every heartbeat after it is recorded (set by the app).
     on_heartbeat: HeartbeatHook | None = None
+    #: The audit trail's queue (records/audit.py), flushed by workers/audit_writer.py.
+    audit: AuditLog = field(default_factory=AuditLog)
 
     def mark_reconciled(self) -> None:
         self.reconciler_last_ok = time.monotonic()
