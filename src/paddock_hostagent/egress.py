@@ -5,13 +5,23 @@
 sandbox's rules allow is forwarded and its answers are admitted into the sandbox's sets before the
 sandbox sees them. Policy changes and admissions of one sandbox are serialised by its lock, so an
 answer to a query made under an old allowlist cannot land after the new one is installed.
+
+It also keeps the sandboxes' connection attempts for the audit trail (``attempts``): the kernel's sets
+of attempts (``egress_rules.py``) are read when the control plane asks, at most once a second, and
+each new element or risen packet count becomes an ``AttemptRecord`` in a bounded ring, numbered, that
+the control plane reads from where it stopped (``GET /internal/v1/egress/attempts``). The numbers
+restart with the agent (a new ``epoch``); a control plane that falls more than ``ATTEMPT_RING`` behind
+is told how many it lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import secrets
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from paddock_core.logging import get_logger
@@ -20,6 +30,7 @@ from paddock_hostagent.drivers.net.egress_rules import (
     MAX_ANSWER_TTL_S,
     MIN_ANSWER_TTL_S,
     Admission,
+    Attempt,
     EgressFirewall,
     EgressPolicy,
     Usage,
@@ -28,6 +39,10 @@ from paddock_hostagent.drivers.net.egress_rules import (
 log = get_logger(__name__)
 
 UNMETERED = -1
+#: Attempts kept for the control plane to read; older ones are dropped (and counted as lost).
+ATTEMPT_RING = 10_000
+#: The kernel's sets are read at most this often, however often the control plane asks.
+ATTEMPT_READ_EVERY_S = 1.0
 
 
 @dataclass
@@ -55,12 +70,35 @@ class Attachment:
     quota_bytes: int
 
 
+@dataclass(frozen=True)
+class AttemptRecord:
+    """Connection attempts of one sandbox to one address and port, with one verdict, seen since the
+    last record of them: ``packets`` opening packets, the last at ``at`` (epoch seconds)."""
+
+    seq: int
+    sandbox_id: str
+    at: float
+    verdict: str
+    address: str
+    protocol: str
+    port: int
+    packets: int
+
+
 class EgressService:
     def __init__(self, firewall: EgressFirewall, listen: str, upstreams: list[Upstream]) -> None:
         self.firewall = firewall
         self.resolver = Resolver(listen, upstreams, self.decide)
         self._by_id: dict[str, _Guarded] = {}
         self._by_ip: dict[str, _Guarded] = {}
+        #: This agent run's id: attempt numbers start again with it.
+        self.epoch = secrets.token_hex(8)
+        self._attempts: deque[AttemptRecord] = deque(maxlen=ATTEMPT_RING)
+        self._seq = 0
+        #: Packets already recorded per element of the kernel's sets (veth, verdict, address, proto, port).
+        self._counted: dict[tuple[str, str, str, str, int], int] = {}
+        self._read_at = 0.0
+        self._reading = asyncio.Lock()
 
     # -- start-up and shutdown ------------------------------------------------------------------
 
@@ -97,6 +135,9 @@ class EgressService:
         self._remember(item, policy)
 
     async def detach(self, sandbox_id: str, veth: str | None = None) -> None:
+        if sandbox_id in self._by_id:  # its last attempts, while its veth still says whose they are
+            with contextlib.suppress(Exception):
+                await self.read_attempts(force=True)
         guarded = self._by_id.pop(sandbox_id, None)
         if guarded is not None and self._by_ip.get(guarded.ip) is guarded:
             del self._by_ip[guarded.ip]
@@ -158,6 +199,49 @@ class EgressService:
                 usage.capped = usage.capped and guarded.quota_bytes >= 0
                 out[sandbox_id] = usage
         return out
+
+    # -- connection attempts, for the audit trail -------------------------------------------------
+
+    async def read_attempts(self, *, force: bool = False) -> None:
+        """Turns what the kernel's sets of attempts gained since the last read into records."""
+        async with self._reading:
+            now = time.monotonic()
+            if not force and now - self._read_at < ATTEMPT_READ_EVERY_S:
+                return
+            self._read_at = now
+            found = await self.firewall.attempts()
+            owners = {guarded.veth: guarded.sandbox_id for guarded in self._by_id.values()}
+            counted: dict[tuple[str, str, str, str, int], int] = {}
+            wall = time.time()
+            for item in sorted(found, key=lambda a: -a.idle_s):  # oldest first
+                key = (item.veth, item.verdict, item.address, item.protocol, item.port)
+                counted[key] = item.packets
+                seen = self._counted.get(key, 0)
+                new = item.packets - seen if item.packets >= seen else item.packets
+                owner = owners.get(item.veth)
+                if new > 0 and owner is not None:
+                    self._record(owner, item, new, wall - item.idle_s)
+            self._counted = counted  # expired elements are forgotten: a later one is new
+
+    def _record(self, sandbox_id: str, item: Attempt, packets: int, at: float) -> None:
+        self._seq += 1
+        self._attempts.append(
+            AttemptRecord(
+                self._seq, sandbox_id, at, item.verdict, item.address, item.protocol, item.port, packets
+            )
+        )
+
+    async def attempts(self, epoch: str, after: int, limit: int) -> tuple[list[AttemptRecord], int, int]:
+        """Records after ``after`` of run ``epoch`` (from the first, for another run), at most ``limit``;
+        also the last number given and how many records after ``after`` were already dropped."""
+        await self.read_attempts()
+        if epoch != self.epoch:
+            after = 0
+        first = self._attempts[0].seq if self._attempts else self._seq + 1
+        lost = max(first - after - 1, 0)
+        start = max(after - first + 1, 0)
+        out = list(itertools.islice(self._attempts, start, start + limit))
+        return out, (out[-1].seq if out else max(after, first - 1)), lost
 
     # -- the resolver's questions ---------------------------------------------------------------
 

@@ -13,11 +13,14 @@ each can be rebuilt without touching the other. A sandbox is only elements, keye
                      iifname . ip daddr @answers / iifname . ip daddr . port @answer_ports
                                                                    -> budget   (answers of the
                                                                     sandbox's resolver, with their TTL)
+                     ct state new: update @tried_refused          (the attempt, for the audit trail)
                      reject
     budget           quota name iifname map @budgets goto over_budget   (metered: quota used up)
+                     ct state new: update @tried_allowed          (the attempt, for the audit trail)
                      iifname @egress_bytes accept                 (egress bytes, exact: the element's
                                                                    own counter)
-    over_budget      tcp: reject with tcp reset; else icmp admin-prohibited
+    over_budget      ct state new: update @tried_refused; tcp: reject with tcp reset; else icmp
+                     admin-prohibited
     post (hook)      oifname @ingress_bytes                       (ingress bytes, observed only)
 
 libnftables reads the chains and the named objects (counters, quotas) of every table in the network
@@ -33,6 +36,13 @@ Which elements belong to a veth, and which chain its ``out_chains`` element poin
 is replaced by deleting it, and only a present one can be deleted), are kept here and read back from
 the table when the agent starts, so a new allowlist replaces exactly the old one. A table of the
 earlier chain-per-sandbox layout is converted then, keeping each sandbox's policy, counts and budget.
+
+Connection attempts (a TCP or UDP packet that opens a flow) are kept for the audit trail in two
+dynamic sets filled from the packet path, ``tried_allowed`` and ``tried_refused``: one element per
+veth, address, protocol and port, with a packet counter, expiring ``ATTEMPT_TIMEOUT_S`` after its
+last packet and at most ``ATTEMPT_SET_SIZE`` of them (a full set records nothing more until elements
+expire; the packets pass or are refused all the same). ``attempts()`` lists them; ``egress.py`` turns
+new elements and rising counters into the attempts the control plane polls for.
 
 Only forwarded traffic is egress: what a sandbox sends to the host itself (DNS, replies to the
 ingress proxy) is neither filtered by the allowlist nor counted. What every sandbox may send to the
@@ -223,6 +233,27 @@ ALLOWLIST, BUDGET = "allowlist", "budget"
 OVER_BUDGET = "over_budget"
 #: Per-veth byte counters: elements of these sets, each with its own counter.
 EGRESS_BYTES, INGRESS_BYTES = "egress_bytes", "ingress_bytes"
+#: Connection attempts seen in the packet path, by verdict (``attempts()``).
+TRIED_ALLOWED, TRIED_REFUSED = "tried_allowed", "tried_refused"
+ATTEMPT_SETS = {TRIED_ALLOWED: "allowed", TRIED_REFUSED: "refused"}
+#: Elements a set of attempts holds at most (shared by the host's sandboxes), and how long one stays
+#: after its last packet: long enough for the control plane's polls (every few seconds) to see it.
+ATTEMPT_SET_SIZE = 65536
+ATTEMPT_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One element of a set of attempts: packets that opened flows from ``veth`` to an address and
+    port, ``verdict`` allowed or refused; ``idle_s`` since the last of them."""
+
+    verdict: str
+    veth: str
+    address: str
+    protocol: str
+    port: int
+    packets: int
+    idle_s: int
 
 
 class EgressFirewall:
@@ -263,6 +294,12 @@ class EgressFirewall:
         t = self._t
         sets = "\n".join(f"add set {t} {name} {{ {kind} }}" for name, kind in ADDRESS_SETS.items())
         ports = "meta l4proto { tcp, udp }"
+        attempt_sets = "\n".join(
+            f"add set {t} {name} {{ type ifname . ipv4_addr . inet_proto . inet_service; "
+            f"flags dynamic,timeout; size {ATTEMPT_SET_SIZE}; timeout {ATTEMPT_TIMEOUT_S}s; counter; }}"
+            for name in ATTEMPT_SETS
+        )
+        attempt = "iifname . ip daddr . meta l4proto . th dport"
         return f"""
 add table {t}
 add map {t} out_chains {{ type ifname : verdict; }}
@@ -270,6 +307,7 @@ add set {t} {EGRESS_BYTES} {{ type ifname; counter; }}
 add set {t} {INGRESS_BYTES} {{ type ifname; counter; }}
 add map {t} budgets {{ type ifname : quota; }}
 {sets}
+{attempt_sets}
 add chain {t} forward {{ type filter hook forward priority filter - 5; policy accept; }}
 add chain {t} post {{ type filter hook postrouting priority filter; policy accept; }}
 add chain {t} {ALLOWLIST}
@@ -287,10 +325,13 @@ add rule {t} {ALLOWLIST} iifname . ip daddr @allow_net goto {BUDGET}
 add rule {t} {ALLOWLIST} {ports} iifname . ip daddr . th dport @allow_netport goto {BUDGET}
 add rule {t} {ALLOWLIST} iifname . ip daddr @answers goto {BUDGET}
 add rule {t} {ALLOWLIST} {ports} iifname . ip daddr . th dport @answer_ports goto {BUDGET}
+add rule {t} {ALLOWLIST} ct state new {ports} update @{TRIED_REFUSED} {{ {attempt} }}
 add rule {t} {ALLOWLIST} meta l4proto tcp reject with tcp reset
 add rule {t} {ALLOWLIST} reject with icmp type admin-prohibited
 add rule {t} {BUDGET} quota name iifname map @budgets goto {OVER_BUDGET}
+add rule {t} {BUDGET} ct state new {ports} update @{TRIED_ALLOWED} {{ {attempt} }}
 add rule {t} {BUDGET} iifname @{EGRESS_BYTES} accept
+add rule {t} {OVER_BUDGET} ct state new {ports} update @{TRIED_REFUSED} {{ {attempt} }}
 add rule {t} {OVER_BUDGET} meta l4proto tcp reject with tcp reset
 add rule {t} {OVER_BUDGET} reject with icmp type admin-prohibited
 add rule {t} post oifname @{INGRESS_BYTES}
@@ -485,6 +526,16 @@ add rule {t} post oifname @{INGRESS_BYTES}
         usage.capped = metered and any(map(_capped, await self._quotas(f"quota {self._t} q_{veth}")))
         return usage
 
+    async def attempts(self) -> list[Attempt]:
+        """Every element of the sets of attempts (two ``nft -j`` listings; none without a table)."""
+        found: list[Attempt] = []
+        for name, verdict in ATTEMPT_SETS.items():
+            for element in await self._elements(name):
+                attempt = _attempt(verdict, element)
+                if attempt is not None:
+                    found.append(attempt)
+        return found
+
     async def _counters(self, name: str) -> dict[str, int]:
         """Bytes by veth counted in one of the counted sets."""
         return dict(map(_counted, await self._elements(name)))
@@ -575,6 +626,21 @@ def _counted(element: Any) -> tuple[str, int]:
     """(veth, bytes) of an element of a counted set as ``nft -j`` prints it."""
     elem = element.get("elem", {}) if isinstance(element, dict) else {}
     return str(elem.get("val", element)), int(elem.get("counter", {}).get("bytes", 0))
+
+
+def _attempt(verdict: str, element: Any) -> Attempt | None:
+    """An element of a set of attempts as ``nft -j`` prints it: ``{"elem": {"val": {"concat": [veth,
+    address, protocol, port]}, "expires": s, "counter": {...}}}``; None for anything else."""
+    elem = element.get("elem", {}) if isinstance(element, dict) else {}
+    parts = elem.get("val", {}).get("concat") if isinstance(elem.get("val"), dict) else None
+    if not isinstance(parts, list) or len(parts) != 4:
+        return None
+    veth, address, protocol, port = parts
+    if not isinstance(veth, str) or not isinstance(address, str) or not isinstance(port, int):
+        return None
+    packets = int(elem.get("counter", {}).get("packets", 0))
+    idle_s = max(ATTEMPT_TIMEOUT_S - int(elem.get("expires", ATTEMPT_TIMEOUT_S)), 0)
+    return Attempt(verdict, veth, address, str(protocol), port, packets, idle_s)
 
 
 def _capped(quota: NftObject) -> bool:
