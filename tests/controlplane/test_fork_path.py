@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.models import Sandbox, WebhookDelivery
-from paddock_controlplane.records.schemas import ForkSandboxRequest
+from paddock_controlplane.records.schemas.sandboxes import ForkSandboxRequest
 from paddock_controlplane.sandboxes import lifecycle
 from paddock_controlplane.settings import ControlPlaneSettings
 from tests.controlplane.conftest import Clocked, user_client

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 import paddock
-from paddock_controlplane.records.schemas import CreateSandboxRequest, ForkSandboxRequest
+from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 
 
 @pytest.fixture

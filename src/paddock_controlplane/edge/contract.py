@@ -9,27 +9,40 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from paddock_controlplane.records.queries import MAX_WAIT_MS, STATUSES
-from paddock_controlplane.records.schemas import (
-    AccessTokenRequest,
-    DiskAttachment,
-    EgressRequest,
-    ExecRequest,
-    ForkSandboxRequest,
-    NetworkAttachRequest,
-    NetworkCreateRequest,
-    PatchSandboxRequest,
-    RechargeRequest,
-    SshKeysRequest,
+from paddock_controlplane.records.schemas.access_tokens import AccessTokenRequest
+from paddock_controlplane.records.schemas.commands import ExecRequest
+from paddock_controlplane.records.schemas.computer import (
+    ClipboardRequest,
+    KeysRequest,
+    LaunchRequest,
+    MouseButtonRequest,
+    MouseClickRequest,
+    MouseDragRequest,
+    MouseMoveRequest,
+    MouseScrollRequest,
+    OpenRequest,
+    ScreenSizeRequest,
+    TypeRequest,
+    WindowMoveRequest,
+    WindowSizeRequest,
 )
-from paddock_controlplane.resources.disks import DiskCreateRequest, DiskPatchRequest
-from paddock_controlplane.resources.templates import TemplateCreateRequest
-from paddock_controlplane.sandboxes import computer, sandbox_fs
-from paddock_controlplane.sandboxes.processes import (
+from paddock_controlplane.records.schemas.disks import DiskAttachment, DiskCreateRequest, DiskPatchRequest
+from paddock_controlplane.records.schemas.networks import NetworkAttachRequest, NetworkCreateRequest
+from paddock_controlplane.records.schemas.processes import (
     ProcessInputRequest,
     ProcessResizeRequest,
     ProcessSignalRequest,
     ProcessStartRequest,
 )
+from paddock_controlplane.records.schemas.sandboxes import (
+    EgressRequest,
+    ForkSandboxRequest,
+    PatchSandboxRequest,
+    RechargeRequest,
+    SshKeysRequest,
+)
+from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
+from paddock_controlplane.sandboxes import sandbox_fs
 from paddock_core.openapi import JSEND_ERROR, JSEND_FAIL, JSEND_SUCCESS, Contract, JsonSchema, Operation
 
 SANDBOX = "/v1/sandboxes/{sandbox_id}"
@@ -78,19 +91,19 @@ COMPUTER_OPERATIONS: tuple[tuple[str, str, type[BaseModel] | None, bool], ...] =
     ("GET", "/screen", None, False),
     ("GET", "/cursor", None, False),
     ("GET", "/clipboard", None, False),
-    ("PUT", "/clipboard", computer.ClipboardRequest, True),
-    ("POST", "/open", computer.OpenRequest, True),
-    ("POST", "/launch", computer.LaunchRequest, True),
-    ("POST", "/mouse/move", computer.MouseMoveRequest, True),
-    ("POST", "/mouse/click", computer.MouseClickRequest, False),
-    ("POST", "/mouse/scroll", computer.MouseScrollRequest, False),
-    ("POST", "/mouse/drag", computer.MouseDragRequest, True),
-    ("POST", "/mouse/down", computer.MouseButtonRequest, False),
-    ("POST", "/mouse/up", computer.MouseButtonRequest, False),
-    ("POST", "/keyboard/type", computer.TypeRequest, True),
-    ("POST", "/keyboard/press", computer.KeysRequest, True),
-    ("POST", "/keyboard/down", computer.KeysRequest, True),
-    ("POST", "/keyboard/up", computer.KeysRequest, True),
+    ("PUT", "/clipboard", ClipboardRequest, True),
+    ("POST", "/open", OpenRequest, True),
+    ("POST", "/launch", LaunchRequest, True),
+    ("POST", "/mouse/move", MouseMoveRequest, True),
+    ("POST", "/mouse/click", MouseClickRequest, False),
+    ("POST", "/mouse/scroll", MouseScrollRequest, False),
+    ("POST", "/mouse/drag", MouseDragRequest, True),
+    ("POST", "/mouse/down", MouseButtonRequest, False),
+    ("POST", "/mouse/up", MouseButtonRequest, False),
+    ("POST", "/keyboard/type", TypeRequest, True),
+    ("POST", "/keyboard/press", KeysRequest, True),
+    ("POST", "/keyboard/down", KeysRequest, True),
+    ("POST", "/keyboard/up", KeysRequest, True),
     ("GET", "/windows", None, False),
     ("GET", "/windows/current", None, False),
     ("GET", "/windows/{window_id}", None, False),
@@ -100,14 +113,14 @@ COMPUTER_OPERATIONS: tuple[tuple[str, str, type[BaseModel] | None, bool], ...] =
     ("POST", "/windows/{window_id}/maximize", None, False),
     ("POST", "/windows/{window_id}/minimize", None, False),
     ("POST", "/windows/{window_id}/restore", None, False),
-    ("POST", "/windows/{window_id}/move", computer.WindowMoveRequest, True),
-    ("POST", "/windows/{window_id}/resize", computer.WindowSizeRequest, True),
+    ("POST", "/windows/{window_id}/move", WindowMoveRequest, True),
+    ("POST", "/windows/{window_id}/resize", WindowSizeRequest, True),
     ("GET", "/screens", None, False),
-    ("POST", "/screens", computer.ScreenSizeRequest, False),
+    ("POST", "/screens", ScreenSizeRequest, False),
     ("GET", "/screens/{screen_id}", None, False),
     ("DELETE", "/screens/{screen_id}", None, False),
     ("GET", "/screens/{screen_id}/connect", None, False),
-    ("POST", "/screens/{screen_id}/resize", computer.ScreenSizeRequest, False),
+    ("POST", "/screens/{screen_id}/resize", ScreenSizeRequest, False),
 )
 
 OPERATIONS: dict[tuple[str, str], Operation] = {

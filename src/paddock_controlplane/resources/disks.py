@@ -20,7 +20,6 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import StrictBool, StrictStr
 from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -28,7 +27,13 @@ from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import queries
 from paddock_controlplane.records.models import Disk, Host, Sandbox, SandboxDisk
 from paddock_controlplane.records.queries import get_owned
-from paddock_controlplane.records.schemas import Body, DiskAttachment
+from paddock_controlplane.records.schemas.disks import (
+    DiskAttachment,
+    DiskConfigBody,
+    DiskCreateRequest,
+    DiskCredentialsBody,
+    DiskPatchRequest,
+)
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import TERMINAL, SandboxStatus
 from paddock_controlplane.resources import accounts, webhooks
@@ -48,29 +53,6 @@ DETACHABLE = (SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 PENDING_STALE_S = 120.0
 #: Mounts this process re-drives now, so a reconciler round does not start one twice.
 _redriving: set[tuple[str, str]] = set()
-
-
-class DiskConfigBody(Body):
-    bucket: StrictStr | None = None
-    endpoint: StrictStr | None = None
-    region: StrictStr | None = None
-    use_path_style: StrictBool | None = None
-
-
-class DiskCredentialsBody(Body):
-    access_key: StrictStr | None = None
-    secret_key: StrictStr | None = None
-
-
-class DiskCreateRequest(Body):
-    name: StrictStr | None = None
-    kind: StrictStr | None = None
-    config: DiskConfigBody | None = None
-    credentials: DiskCredentialsBody | None = None
-
-
-class DiskPatchRequest(Body):
-    credentials: DiskCredentialsBody | None = None
 
 
 # --- views ---------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import queries
 from paddock_controlplane.records.models import Network, NetworkMember, Sandbox
 from paddock_controlplane.records.queries import get_owned
-from paddock_controlplane.records.schemas import NetworkRef
+from paddock_controlplane.records.schemas.networks import NetworkRef
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import CLOSED, TERMINAL, SandboxStatus
 from paddock_controlplane.resources import accounts, webhooks

@@ -52,13 +52,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import StrictBool, StrictStr
 from sqlalchemy import delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.hosts import hostlink, hosts
 from paddock_controlplane.records.models import Host, Template, TemplateLogLine
-from paddock_controlplane.records.schemas import Body
+from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.resources import accounts, webhooks
 from paddock_core import errors
@@ -106,16 +105,6 @@ NO_CONTEXT = "{keyword} needs a build context: send context (a tar of the files)
 TERMINAL = ("ready", "failed")
 KEEPALIVE_S = 15.0
 FOLLOW_POLL_S = 0.25
-
-
-class TemplateCreateRequest(Body):
-    name: StrictStr | None = None
-    dockerfile: StrictStr | None = None
-    base: StrictStr | None = None
-    #: Extension: standard base64 of a tar (optionally gzip) archive, the files COPY/ADD read.
-    context: StrictStr | None = None
-    #: Extension: build a template of this name again (see the module's docstring).
-    rebuild: StrictBool | None = None
 
 
 @dataclass(frozen=True)

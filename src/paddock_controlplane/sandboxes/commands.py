@@ -19,7 +19,7 @@ from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import running_sandbox
-from paddock_controlplane.records.schemas import ExecRequest
+from paddock_controlplane.records.schemas.commands import ExecRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import envs
 from paddock_controlplane.sandboxes.activity import Inflight, touch

@@ -17,9 +17,9 @@ import datetime as dt
 import json
 import re
 from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 from sqlalchemy import select
 
 from paddock_controlplane.hosts import hostlink
@@ -35,8 +35,6 @@ HELPER_SOURCE = resources.files("paddock_core.guest").joinpath("desktop_helper.p
 DESKTOP_IMAGES = frozenset({"desktop:1"})
 SCREEN_ID = re.compile(r"^screen-[0-7]$")
 WINDOW_ID = re.compile(r"^(0x[0-9a-fA-F]{1,8}|[0-9]{1,10})$")
-COORDINATE = Field(ge=0, le=100_000)
-MAX_TEXT = 1 << 16
 #: How far a template chain is followed to find the catalog image underneath.
 MAX_TEMPLATE_DEPTH = 16
 
@@ -46,81 +44,6 @@ _REFUSALS: dict[int, type[errors.PaddockError]] = {
     404: errors.NotFound,
     409: errors.InvalidState,
 }
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class Point(_Body):
-    x: int = COORDINATE
-    y: int = COORDINATE
-
-
-class ClipboardRequest(_Body):
-    text: str = Field(max_length=MAX_TEXT)
-
-
-class OpenRequest(_Body):
-    target: str = Field(min_length=1, max_length=4096)
-
-
-class LaunchRequest(_Body):
-    application: str = Field(min_length=1, max_length=256)
-    uri: str | None = Field(default=None, max_length=4096)
-
-
-class MouseMoveRequest(Point):
-    pass
-
-
-class MouseClickRequest(_Body):
-    button: Literal["left", "middle", "right"] = "left"
-    x: int | None = Field(default=None, ge=0, le=100_000)
-    y: int | None = Field(default=None, ge=0, le=100_000)
-    count: int = Field(default=1, ge=1, le=10)
-
-
-class MouseScrollRequest(_Body):
-    direction: Literal["up", "down"] = "down"
-    amount: int = Field(default=1, ge=1, le=100)
-
-
-class MouseDragRequest(_Body):
-    from_: Point = Field(alias="from")
-    to: Point
-
-
-class MouseButtonRequest(_Body):
-    button: Literal["left", "middle", "right"] = "left"
-
-
-class TypeRequest(_Body):
-    text: str = Field(max_length=MAX_TEXT)
-    delay_in_ms: int = Field(default=12, ge=0, le=1000)
-
-
-class KeysRequest(_Body):
-    keys: list[str] = Field(min_length=1, max_length=16)
-
-
-class WindowMoveRequest(Point):
-    pass
-
-
-class SizeRequest(_Body):
-    width: int = Field(ge=320, le=3840)
-    height: int = Field(ge=240, le=2160)
-
-
-class ScreenSizeRequest(_Body):
-    width: int | None = Field(default=None, ge=320, le=3840)
-    height: int | None = Field(default=None, ge=240, le=2160)
-
-
-class WindowSizeRequest(_Body):
-    width: int = Field(ge=1, le=3840)
-    height: int = Field(ge=1, le=2160)
 
 
 def check_screen_id(screen_id: str | None) -> str:

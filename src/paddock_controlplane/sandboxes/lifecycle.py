@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from paddock_controlplane.hosts import hostlink, hosts, scheduler
 from paddock_controlplane.records import validation
 from paddock_controlplane.records.models import Host, Sandbox
-from paddock_controlplane.records.schemas import CreateSandboxRequest, ForkSandboxRequest
+from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import ALL, FORKABLE, TERMINAL, SandboxStatus
 from paddock_controlplane.records.views import event_data

@@ -9,7 +9,7 @@ from paddock_controlplane.hosts import hostlink, scheduler
 from paddock_controlplane.records import validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import get_owned
-from paddock_controlplane.records.schemas import PatchSandboxRequest
+from paddock_controlplane.records.schemas.sandboxes import PatchSandboxRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import CLOSED, TERMINAL, SandboxStatus
 from paddock_controlplane.records.views import event_data

@@ -10,26 +10,26 @@ busy (no idle auto-pause) while a client is attached.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
-from pydantic import BaseModel, Field, StrictInt, StrictStr, field_validator
-
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import running_sandbox
+from paddock_controlplane.records.schemas.processes import (
+    ProcessInputRequest,
+    ProcessResizeRequest,
+    ProcessSignalRequest,
+    ProcessStartRequest,
+)
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import commands, envs
 from paddock_controlplane.sandboxes.activity import Inflight, touch
 from paddock_core import errors
 from paddock_hostagent.schemas import (
     ProcessFrame,
-    ProcessPty,
     ProcessResizeBody,
-    ProcessSignal,
     ProcessSignalBody,
     ProcessStartBody,
     ProcessView,
@@ -38,39 +38,6 @@ from paddock_hostagent.schemas import (
 HEARTBEAT_S = 5.0
 MAX_WAIT_MS = 3_600_000
 MAX_GRACE_MS = 600_000
-
-
-class ProcessStartRequest(BaseModel):
-    """``POST /processes``: without ``cmd`` a PTY runs a login shell (``bash -l``)."""
-
-    cmd: str | None = Field(default=None, min_length=1, max_length=65536)
-    args: list[str] | None = Field(default=None, max_length=65536)
-    cwd: str | None = Field(default=None, min_length=1, max_length=4096)
-    env: dict[str, str] | None = None
-    pty: ProcessPty | None = None
-    user: StrictStr | StrictInt | None = None  # as exec's (commands.check_user)
-
-
-class ProcessInputRequest(BaseModel):
-    data_base64: str = Field(max_length=(1 << 20) * 4 // 3 + 4)
-
-    @field_validator("data_base64")
-    @classmethod
-    def strict_base64(cls, value: str) -> str:
-        try:
-            base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError("must be strict base64") from None
-        return value
-
-
-class ProcessResizeRequest(BaseModel):
-    rows: int | None = Field(default=None, ge=1, le=10000)
-    cols: int | None = Field(default=None, ge=1, le=10000)
-
-
-class ProcessSignalRequest(BaseModel):
-    signal: ProcessSignal
 
 
 def view(process: ProcessView) -> dict[str, Any]:

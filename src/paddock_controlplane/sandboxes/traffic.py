@@ -9,7 +9,7 @@ from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import get_owned
-from paddock_controlplane.records.schemas import MAX_BANDWIDTH_QUOTA_BYTES
+from paddock_controlplane.records.schemas.base import MAX_BANDWIDTH_QUOTA_BYTES
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import BOOTED, TERMINAL
 from paddock_controlplane.records.views import bandwidth_view, event_data

@@ -36,6 +36,7 @@ from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.edge.e2b.schemas import Body
 from paddock_controlplane.records.models import Base, Template, TemplateLogLine
+from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.resources import templates
 from paddock_core import errors
@@ -345,7 +346,7 @@ async def start_build(template_id: str, build_id: str, body: BuildStart, request
     made = await templates.create(
         services,
         user_id,
-        templates.TemplateCreateRequest(
+        TemplateCreateRequest(
             name=template_id,
             dockerfile=dockerfile,
             context=base64.b64encode(context).decode() if context is not None else None,

@@ -16,7 +16,7 @@ from paddock_controlplane.edge.api.deps import CallerDep, PrincipalDep, Services
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.records import views
 from paddock_controlplane.records.models import Sandbox
-from paddock_controlplane.records.schemas import AccessTokenRequest
+from paddock_controlplane.records.schemas.access_tokens import AccessTokenRequest
 from paddock_controlplane.records.states import TERMINAL
 from paddock_controlplane.resources import access_tokens
 from paddock_core import envelope, errors

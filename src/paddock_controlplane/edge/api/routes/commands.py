@@ -9,7 +9,7 @@ from paddock_controlplane.edge.api.deps import SandboxPrincipalDep, ServicesDep,
 from paddock_controlplane.edge.api.errors import error_response
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body, unknown_fields
 from paddock_controlplane.records import validation
-from paddock_controlplane.records.schemas import ExecRequest
+from paddock_controlplane.records.schemas.commands import ExecRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import commands, fileops
 from paddock_core import envelope, errors, fastlane, jsonbody

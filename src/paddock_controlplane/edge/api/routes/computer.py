@@ -17,6 +17,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paddock_controlplane.edge.api.deps import SandboxPrincipalDep, ServicesDep
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body
+from paddock_controlplane.records.schemas.computer import (
+    ClipboardRequest,
+    KeysRequest,
+    LaunchRequest,
+    MouseButtonRequest,
+    MouseClickRequest,
+    MouseDragRequest,
+    MouseMoveRequest,
+    MouseScrollRequest,
+    OpenRequest,
+    ScreenSizeRequest,
+    TypeRequest,
+    WindowMoveRequest,
+    WindowSizeRequest,
+)
 from paddock_controlplane.sandboxes import computer
 from paddock_core import envelope
 
@@ -140,19 +155,19 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("GET", "/screen", "screen", None, "sandbox"),
     ("GET", "/cursor", "cursor", None, "sandbox"),
     ("GET", "/clipboard", "clipboard_get", None, "sandbox"),
-    ("PUT", "/clipboard", "clipboard_set", computer.ClipboardRequest, "sandbox"),
-    ("POST", "/open", "open", computer.OpenRequest, "sandbox"),
-    ("POST", "/launch", "launch", computer.LaunchRequest, "sandbox"),
-    ("POST", "/mouse/move", "mouse_move", computer.MouseMoveRequest, "sandbox"),
-    ("POST", "/mouse/click", "mouse_click", computer.MouseClickRequest, "sandbox"),
-    ("POST", "/mouse/scroll", "mouse_scroll", computer.MouseScrollRequest, "sandbox"),
-    ("POST", "/mouse/drag", "mouse_drag", computer.MouseDragRequest, "sandbox"),
-    ("POST", "/mouse/down", "mouse_down", computer.MouseButtonRequest, "sandbox"),
-    ("POST", "/mouse/up", "mouse_up", computer.MouseButtonRequest, "sandbox"),
-    ("POST", "/keyboard/type", "keyboard_type", computer.TypeRequest, "sandbox"),
-    ("POST", "/keyboard/press", "keyboard_press", computer.KeysRequest, "sandbox"),
-    ("POST", "/keyboard/down", "keyboard_down", computer.KeysRequest, "sandbox"),
-    ("POST", "/keyboard/up", "keyboard_up", computer.KeysRequest, "sandbox"),
+    ("PUT", "/clipboard", "clipboard_set", ClipboardRequest, "sandbox"),
+    ("POST", "/open", "open", OpenRequest, "sandbox"),
+    ("POST", "/launch", "launch", LaunchRequest, "sandbox"),
+    ("POST", "/mouse/move", "mouse_move", MouseMoveRequest, "sandbox"),
+    ("POST", "/mouse/click", "mouse_click", MouseClickRequest, "sandbox"),
+    ("POST", "/mouse/scroll", "mouse_scroll", MouseScrollRequest, "sandbox"),
+    ("POST", "/mouse/drag", "mouse_drag", MouseDragRequest, "sandbox"),
+    ("POST", "/mouse/down", "mouse_down", MouseButtonRequest, "sandbox"),
+    ("POST", "/mouse/up", "mouse_up", MouseButtonRequest, "sandbox"),
+    ("POST", "/keyboard/type", "keyboard_type", TypeRequest, "sandbox"),
+    ("POST", "/keyboard/press", "keyboard_press", KeysRequest, "sandbox"),
+    ("POST", "/keyboard/down", "keyboard_down", KeysRequest, "sandbox"),
+    ("POST", "/keyboard/up", "keyboard_up", KeysRequest, "sandbox"),
     ("GET", "/windows/current", "window_current", None, "sandbox"),
     ("GET", "/windows/{window_id}", "window_get", None, "window"),
     ("DELETE", "/windows/{window_id}", "window_close", None, "window"),
@@ -161,13 +176,13 @@ ROUTES: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("POST", "/windows/{window_id}/maximize", "window_maximize", None, "window"),
     ("POST", "/windows/{window_id}/minimize", "window_minimize", None, "window"),
     ("POST", "/windows/{window_id}/restore", "window_restore", None, "window"),
-    ("POST", "/windows/{window_id}/move", "window_move", computer.WindowMoveRequest, "window"),
-    ("POST", "/windows/{window_id}/resize", "window_resize", computer.WindowSizeRequest, "window"),
+    ("POST", "/windows/{window_id}/move", "window_move", WindowMoveRequest, "window"),
+    ("POST", "/windows/{window_id}/resize", "window_resize", WindowSizeRequest, "window"),
     ("GET", "/screens", "screens", None, "sandbox"),
-    ("POST", "/screens", "screen_create", computer.ScreenSizeRequest, "sandbox"),
+    ("POST", "/screens", "screen_create", ScreenSizeRequest, "sandbox"),
     ("GET", "/screens/{screen_id}", "screen_get", None, "screen"),
     ("DELETE", "/screens/{screen_id}", "screen_delete", None, "screen"),
-    ("POST", "/screens/{screen_id}/resize", "screen_resize", computer.ScreenSizeRequest, "screen"),
+    ("POST", "/screens/{screen_id}/resize", "screen_resize", ScreenSizeRequest, "screen"),
 ]
 FACTORIES = {"sandbox": _sandbox_operation, "window": _window_operation, "screen": _screen_operation}
 

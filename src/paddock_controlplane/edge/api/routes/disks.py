@@ -14,7 +14,7 @@ from paddock_controlplane.edge.api.deps import (
     SessionDep,
 )
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body
-from paddock_controlplane.records.schemas import DiskAttachment
+from paddock_controlplane.records.schemas.disks import DiskAttachment, DiskCreateRequest, DiskPatchRequest
 from paddock_controlplane.resources import disks
 from paddock_core import envelope
 
@@ -27,7 +27,7 @@ def mark(request: Request, resource_id: str) -> None:
 
 @router.post("/v1/disks")
 async def create(request: Request, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
-    body = await optional_body(request, disks.DiskCreateRequest)
+    body = await optional_body(request, DiskCreateRequest)
     created = await disks.create(services, principal.user_id, body)
     mark(request, created["id"])
     return envelope.success(created)
@@ -50,7 +50,7 @@ async def rotate(
     ref: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
     mark(request, ref)
-    body = await optional_body(request, disks.DiskPatchRequest)
+    body = await optional_body(request, DiskPatchRequest)
     return envelope.success(await disks.rotate(services, principal.user_id, ref, body))
 
 

@@ -6,29 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
 
 from paddock_controlplane.edge.api.deps import HostAuthDep, ServicesDep
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute
 from paddock_controlplane.hosts import hosts
+from paddock_controlplane.records.schemas.hosts import Heartbeat
 from paddock_core.db import transaction
 
 router = APIRouter(
     prefix="/internal/v1", tags=["internal"], include_in_schema=False, route_class=BoundaryRoute
 )
-
-
-class Heartbeat(BaseModel):
-    id: str = Field(min_length=1, max_length=64)
-    url: str = Field(min_length=1, max_length=300)
-    status: str = "active"
-    free_mib: int = 0
-    total_mib: int = 0
-    vm_count: int = 0
-    rootfses: list[str] = []
-    buildable: list[str] = []
-    labels: dict[str, str] = {}
-    sandboxes: list[dict[str, Any]] = []
 
 
 @router.post("/hosts/heartbeat")

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from paddock_controlplane.edge.api.deps import PageDep, PrincipalDep, ServicesDep, SessionDep
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body
-from paddock_controlplane.records.schemas import NetworkAttachRequest, NetworkCreateRequest
+from paddock_controlplane.records.schemas.networks import NetworkAttachRequest, NetworkCreateRequest
 from paddock_controlplane.resources import networks
 from paddock_core import envelope
 

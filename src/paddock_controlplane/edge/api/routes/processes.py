@@ -12,6 +12,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from paddock_controlplane.edge.api.deps import SandboxPrincipalDep, ServicesDep
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body
+from paddock_controlplane.records.schemas.processes import (
+    ProcessInputRequest,
+    ProcessResizeRequest,
+    ProcessSignalRequest,
+    ProcessStartRequest,
+)
 from paddock_controlplane.sandboxes import processes
 from paddock_core import envelope
 
@@ -27,7 +33,7 @@ def _ok(data: object) -> JSONResponse:
 async def start_process(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
-    body = await optional_body(request, processes.ProcessStartRequest)
+    body = await optional_body(request, ProcessStartRequest)
     started = await processes.start(services, principal.user_id, sandbox_id, body)
     return _ok(processes.view(started))
 
@@ -75,7 +81,7 @@ async def connect_process(
 async def process_input(
     sandbox_id: str, process_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
-    body = await optional_body(request, processes.ProcessInputRequest)
+    body = await optional_body(request, ProcessInputRequest)
     seq = await processes.send_input(services, principal.user_id, sandbox_id, process_id, body)
     return _ok({"input_seq": seq})
 
@@ -92,7 +98,7 @@ async def close_stdin(
 async def resize_pty(
     sandbox_id: str, process_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
-    body = await optional_body(request, processes.ProcessResizeRequest)
+    body = await optional_body(request, ProcessResizeRequest)
     resized = await processes.resize(services, principal.user_id, sandbox_id, process_id, body)
     return _ok(processes.view(resized))
 
@@ -101,7 +107,7 @@ async def resize_pty(
 async def signal_process(
     sandbox_id: str, process_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> JSONResponse:
-    body = await optional_body(request, processes.ProcessSignalRequest)
+    body = await optional_body(request, ProcessSignalRequest)
     signalled = await processes.send_signal(services, principal.user_id, sandbox_id, process_id, body)
     return _ok(processes.view(signalled))
 

@@ -23,7 +23,7 @@ from paddock_controlplane.edge.api.routes import access_tokens
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.records import queries, views
 from paddock_controlplane.records.models import Sandbox
-from paddock_controlplane.records.schemas import (
+from paddock_controlplane.records.schemas.sandboxes import (
     CreateSandboxRequest,
     EgressRequest,
     ForkSandboxRequest,

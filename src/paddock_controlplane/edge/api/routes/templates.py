@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from paddock_controlplane.edge.api.deps import PageDep, PrincipalDep, ServicesDep, SessionDep
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body
+from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
 from paddock_controlplane.resources import templates
 from paddock_core import envelope, errors
 
@@ -22,7 +23,7 @@ def mark(request: Request, resource_id: str) -> None:
 
 @router.post("/v1/templates")
 async def create(request: Request, principal: PrincipalDep, services: ServicesDep) -> dict[str, Any]:
-    body = await optional_body(request, templates.TemplateCreateRequest)
+    body = await optional_body(request, TemplateCreateRequest)
     created = await templates.create(services, principal.user_id, body)
     mark(request, created["id"])
     return envelope.success(created)

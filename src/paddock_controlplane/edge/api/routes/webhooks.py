@@ -5,19 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
 
 from paddock_controlplane.edge.api.deps import PageDep, PrincipalDep, ServicesDep, SessionDep
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute
+from paddock_controlplane.records.schemas.webhooks import CreateEndpointRequest
 from paddock_controlplane.resources import webhooks
 from paddock_core import envelope
 
 router = APIRouter(prefix="/v1/webhook-endpoints", tags=["webhooks"], route_class=BoundaryRoute)
-
-
-class CreateEndpointRequest(BaseModel):
-    url: str
-    events: list[str] | None = None
 
 
 def mark(request: Request, endpoint_id: str) -> None:
