@@ -72,6 +72,18 @@ class TierUnsupportedError(UnsupportedError):
         super().__init__(f"{operation} is not supported on the {tier} isolation tier: {why}")
 
 
+@dataclass(frozen=True)
+class ResourceSample:
+    """What a sandbox uses now, read from the host side (its cgroup or its VM's process, and its
+    host-made disk mount): never through a path inside the sandbox's tree."""
+
+    cpu_usage_ns: int  # cumulative CPU time, for a rate over two samples
+    mem_used_bytes: int
+    mem_limit_bytes: int
+    disk_used_bytes: int
+    disk_limit_bytes: int
+
+
 class RuntimeState(StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
@@ -280,6 +292,11 @@ class SandboxRuntime(ABC):
     def disk_usage_bytes(self, record: SandboxRecord) -> int:
         """Host disk the sandbox's disk occupies now (its sparse image's allocated blocks)."""
         return 0
+
+    def resource_sample(self, record: SandboxRecord) -> ResourceSample | None:
+        """The sandbox's CPU, memory and disk use for the stats route (``stats.py``); None: not
+        measured by this driver, or the sandbox is gone."""
+        return None
 
     def disk_free_bytes(self) -> int | None:
         """Free space on the host filesystem holding the sandboxes' disks; None: not checked."""

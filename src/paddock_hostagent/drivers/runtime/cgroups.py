@@ -218,6 +218,36 @@ class SandboxCgroup:
         except (OSError, ValueError):
             return 0
 
+    def cpu_usage_ns(self) -> int | None:
+        """CPU time all the group's tasks have used, in nanoseconds (``cpuacct.usage``); None: gone."""
+        try:
+            return int(read_small(self.dir("cpuacct") / "cpuacct.usage"))
+        except (OSError, ValueError):
+            return None
+
+    def memory_in_use(self) -> tuple[int, int] | None:
+        """(bytes in use, limit) as ``docker stats`` counts them: ``memory.usage_in_bytes`` less the
+        inactive file cache (``total_inactive_file``, which the kernel reclaims first), and
+        ``memory.limit_in_bytes``; None when the group is gone."""
+        memory = self.dir("memory")
+        try:
+            usage = int(read_small(memory / "memory.usage_in_bytes"))
+            limit = int(read_small(memory / "memory.limit_in_bytes"))
+            fd = os.open(memory / "memory.stat", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                stat = os.read(fd, 16384).decode()
+            finally:
+                os.close(fd)
+        except (OSError, ValueError):
+            return None
+        inactive = 0
+        for line in stat.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "total_inactive_file":
+                inactive = int(value)
+                break
+        return max(usage - inactive, 0), limit
+
     def pids(self) -> list[int]:
         try:
             text = (self.dir("pids") / "cgroup.procs").read_text()

@@ -52,6 +52,7 @@ from paddock_hostagent.drivers.base import (
     DriverError,
     NetworkHook,
     NotRunningError,
+    ResourceSample,
     RuntimeState,
     SandboxRecord,
     SandboxRuntime,
@@ -680,6 +681,21 @@ class OciRuntime(SandboxRuntime):
             return os.stat(_Handle.of(record).slot.disk.image_path).st_blocks * 512
         except FileNotFoundError:
             return 0
+
+    def resource_sample(self, record: SandboxRecord) -> ResourceSample | None:
+        """CPU and memory from the sandbox's cgroup (under gVisor the group holds the sentry and the
+        gofer, so what the host spends running the guest is what is counted); disk from ``statvfs`` of
+        the host-made mount point of the sandbox's disk (its root, never a path the sandbox wrote)."""
+        handle = _Handle.of(record)
+        cgroup = SandboxCgroup(handle.cgroups_path)
+        cpu_ns = cgroup.cpu_usage_ns()
+        memory = cgroup.memory_in_use()
+        if cpu_ns is None or memory is None:
+            return None
+        disk_used, disk_limit = mounts.filesystem_use(handle.slot.disk.mount_dir)
+        if disk_limit == 0:  # not mounted: what the image holds on the host, of its full size
+            disk_used, disk_limit = self.disk_usage_bytes(record), record.disk_mib << 20
+        return ResourceSample(cpu_ns, memory[0], min(memory[1], record.mem_mib << 20), disk_used, disk_limit)
 
     def cap_memory(self, total_mib: int) -> None:
         self.memory_cap_mib = total_mib

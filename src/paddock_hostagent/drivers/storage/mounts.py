@@ -61,6 +61,19 @@ def is_mountpoint(path: Path) -> bool:
     return in_mountinfo(path)
 
 
+def filesystem_use(mount_dir: Path) -> tuple[int, int]:
+    """(bytes used, bytes the filesystem holds) of the filesystem mounted at ``mount_dir``, a mount
+    point the host made, by ``statvfs``; (0, 0) when nothing is mounted there (statvfs would answer for
+    the filesystem below)."""
+    if not is_mountpoint(mount_dir):
+        return 0, 0
+    try:
+        stats = os.statvfs(mount_dir)
+    except OSError:
+        return 0, 0
+    return (stats.f_blocks - stats.f_bfree) * stats.f_frsize, stats.f_blocks * stats.f_frsize
+
+
 def in_mountinfo(path: Path) -> bool:
     """Whether ``/proc/self/mountinfo`` lists a mount at ``path`` (is_mountpoint's slow way)."""
     target = str(path)

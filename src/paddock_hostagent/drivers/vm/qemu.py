@@ -46,6 +46,7 @@ from paddock_hostagent.drivers.base import (
     DriverError,
     NetworkHook,
     NotRunningError,
+    ResourceSample,
     RuntimeState,
     SandboxRecord,
     SandboxRuntime,
@@ -532,6 +533,28 @@ class QemuRuntime(SandboxRuntime):
                     return int(line.split()[1]) * 1024
         return 0
 
+    def resource_sample(self, record: SandboxRecord) -> ResourceSample | None:
+        """The VM as the host sees it: CPU is the QEMU process's (every vCPU thread and the emulator's
+        own), memory its resident set (the guest's touched RAM plus QEMU's own, not what the guest
+        kernel counts as used), disk the blocks its qcow2 overlay holds on the host (the guest's disk
+        is not mounted on the host, so the guest filesystem's free space is not seen)."""
+        handle = _Handle.of(record)
+        if not host_processes.is_same_process(handle.pid, handle.ticks):
+            return None
+        try:
+            stat = host_processes.read_small(f"/proc/{handle.pid}/stat")
+        except OSError:
+            return None
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu_ns = (int(fields[11]) + int(fields[12])) * 1_000_000_000 // _CLOCK_TICKS  # utime + stime
+        return ResourceSample(
+            cpu_ns,
+            self.memory_usage_bytes(record),
+            record.mem_mib << 20,
+            self.disk_usage_bytes(record),
+            record.disk_mib << 20,
+        )
+
     def disk_usage_bytes(self, record: SandboxRecord) -> int:
         try:
             return os.stat(_Handle.of(record).overlay).st_blocks * 512
@@ -541,6 +564,9 @@ class QemuRuntime(SandboxRuntime):
     def disk_free_bytes(self) -> int:
         stats = os.statvfs(self.vm_dir if self.vm_dir.exists() else self.options.state_dir)
         return stats.f_bavail * stats.f_frsize
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _qemu_pid(slot_dir: Path, slot: str) -> int:
