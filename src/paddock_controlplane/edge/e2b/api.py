@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 import urllib.parse
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy import select
 
@@ -21,7 +21,7 @@ from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity, schemas, store
 from paddock_controlplane.edge.e2b import templates as e2b_templates
 from paddock_controlplane.edge.e2b.store import E2bSandbox
-from paddock_controlplane.records import queries
+from paddock_controlplane.records import queries, sandbox_metrics
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
@@ -32,7 +32,7 @@ from paddock_core import errors
 from paddock_core.bodylimit import BodyLimit, BodyRoute
 from paddock_core.db import transaction
 from paddock_core.http import RequestContextMiddleware
-from paddock_core.timeutil import as_utc
+from paddock_core.timeutil import as_utc, rfc3339
 
 router = APIRouter()
 
@@ -417,11 +417,37 @@ async def resume(sandbox_id: str, request: Request) -> JSONResponse:
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
-async def metrics(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
-    """Paddock keeps no per-sandbox resource series yet: an existing sandbox has none (docs/e2b.md)."""
+async def metrics(
+    sandbox_id: str,
+    request: Request,
+    start: Annotated[int | None, Query(ge=0, le=2**40)] = None,
+    end: Annotated[int | None, Query(ge=0, le=2**40)] = None,
+) -> list[dict[str, Any]]:
+    """The sandbox's samples from ``start`` (default: its creation) to ``end`` (default: now), unix
+    seconds, as the SDK's ``get_metrics()`` parses them (docs/e2b.md): the metrics worker's raw samples
+    while they cover ``start`` (an hour), else its one-minute averages (a day). ``memCache`` is 0: the
+    memory used already leaves the reclaimable page cache out."""
     services, principal = await _caller(request, sandbox_id)
-    await _visible(services, principal.user_id, sandbox_id)
-    return []
+    sandbox = await _visible(services, principal.user_id, sandbox_id)
+    now = services.clock()
+    since = as_utc(sandbox.created_at) if start is None else dt.datetime.fromtimestamp(start, dt.UTC)
+    until = now if end is None else dt.datetime.fromtimestamp(end, dt.UTC)
+    async with services.sessions() as session:
+        rows = await sandbox_metrics.between(session, sandbox_id, since, until, now)
+    return [
+        {
+            "timestamp": rfc3339(row.at),
+            "timestampUnix": int(as_utc(row.at).timestamp()),
+            "cpuCount": row.vcpu,
+            "cpuUsedPct": row.cpu_pct,
+            "memUsed": row.mem_used_bytes,
+            "memTotal": row.mem_limit_bytes,
+            "memCache": 0,
+            "diskUsed": row.disk_used_bytes,
+            "diskTotal": row.disk_limit_bytes,
+        }
+        for row in rows
+    ]
 
 
 @router.get("/sandboxes/{sandbox_id}/logs")
