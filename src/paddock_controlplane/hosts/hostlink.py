@@ -288,6 +288,10 @@ class HostLink(HostLinkAPI):
         self.url = url
         self.client = client
 
+    async def aclose(self) -> None:
+        """Closes the client: its HTTP sessions and its kept channel."""
+        await self.client.aclose()
+
     async def create(
         self,
         sandbox: Sandbox,
@@ -514,7 +518,7 @@ async def for_host(services: Services, host_id: str | None) -> HostLink:
         raise HostError("sandbox has no host")
     links = services.hostlinks
     link = links.get(host_id)
-    if link is None:
+    if not isinstance(link, HostLink):  # none yet (services.hostlinks holds HostLinks only)
         async with services.sessions() as session:
             host = await session.get(Host, host_id)
         if host is None:
@@ -537,10 +541,10 @@ def forget_if_moved(services: Services, host_id: str, url: str) -> None:
     link = links.get(host_id)
     if link is not None and link.url != url:
         links.pop(host_id, None)
-        services.tasks.spawn(link.client.aclose(), name=f"close the old link to {host_id}")
+        services.tasks.spawn(link.aclose(), name=f"close the old link to {host_id}")
 
 
 async def close_all(services: Services) -> None:
     links, services.hostlinks = services.hostlinks, {}
     for link in links.values():
-        await link.client.aclose()
+        await link.aclose()

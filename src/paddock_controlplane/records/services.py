@@ -6,26 +6,33 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from paddock_controlplane.records.audit import AuditLog
 from paddock_controlplane.records.hotcache import StatusWatch, TTLCache
 from paddock_controlplane.records.models import Sandbox
-from paddock_controlplane.resources.accounts import Principal
+from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.db import PointReads
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
 
-if TYPE_CHECKING:  # hostlink imports this module; the name is needed for the annotation only
-    from paddock_controlplane.hosts.hostlink import HostLink
-
 log = get_logger("paddock.services")
 
 HeartbeatHook = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class HostConnection(Protocol):
+    """The link to one host agent that ``Services`` keeps per host id. ``hosts/hostlink.HostLink`` is
+    the one kind; this is all ``records`` knows of it, so records imports nothing from ``hosts``, not
+    even for an annotation (hostlink imports this module)."""
+
+    url: str
+
+    async def aclose(self) -> None: ...
 
 
 class BackgroundTasks:
@@ -84,7 +91,7 @@ class Services:
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
     activity: Activity = field(default_factory=Activity)
     #: One client per host id, made on first use.
-    hostlinks: dict[str, HostLink] = field(default_factory=dict)
+    hostlinks: dict[str, HostConnection] = field(default_factory=dict)
     #: Sandbox ids this process is reclaiming, pausing on its own, or pushing egress/budget to now: at
     #: most one such task per sandbox.
     reclaiming: set[str] = field(default_factory=set)

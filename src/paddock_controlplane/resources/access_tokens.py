@@ -11,7 +11,7 @@ about tokens. SSH keys added through a token belong to it (``ssh_pubkeys`` on it
 sandbox's): the SSH gateway accepts them only while the token that added them is enabled, so they stop
 with it. Principals are cached for 1 s (``hotcache.TTLCache``): a disable or rotate evicts the
 old token from this process's cache at once; other control-plane processes stop honouring it within
-that second. What a token may do is decided by ``accounts.Principal.require_scope``.
+that second. What a token may do is decided by ``Principal.require_scope`` (``records/principals.py``).
 
 The table is declared here rather than in ``models.py`` because only this module reads or writes it.
 """
@@ -27,10 +27,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
 from paddock_controlplane.records.models import Base, Sandbox, User
+from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.queries import get_owned
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import CLOSED, TERMINAL
-from paddock_controlplane.resources.accounts import Principal
 from paddock_core import errors
 from paddock_core.crypto import random_token, sha256_hex
 from paddock_core.db import transaction

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.resources import access_tokens, accounts
 from paddock_core import errors, fastlane
@@ -39,7 +40,7 @@ SessionDep = Annotated[AsyncSession, Depends(get_session)]
 NO_KEY = "no API key was sent: set PADDOCK_API_KEY (the SDK and CLI read it) or send the X-Api-Key header"
 
 
-async def principal_for_key(services: Services, presented: str) -> accounts.Principal:
+async def principal_for_key(services: Services, presented: str) -> Principal:
     """The caller behind an ``X-Api-Key`` value — an account key or a delegated sandbox access token
     (§3, §12.1) — from a 1 s cache; 401 for a missing, unknown, revoked or expired one."""
     if not presented:
@@ -60,7 +61,7 @@ async def principal_for_key(services: Services, presented: str) -> accounts.Prin
     return principal
 
 
-async def scope_caller(scope: fastlane.Scope) -> tuple[Services, accounts.Principal]:
+async def scope_caller(scope: fastlane.Scope) -> tuple[Services, Principal]:
     """The services and the caller of a request, from its ASGI scope, *before* any scope check; the
     user id goes into the request's log line. Routes use the aliases below, which check."""
     services: Services = scope["app"].state.services
@@ -69,9 +70,7 @@ async def scope_caller(scope: fastlane.Scope) -> tuple[Services, accounts.Princi
     return services, principal
 
 
-async def scope_principal(
-    scope: fastlane.Scope, sandbox_id: str | None
-) -> tuple[Services, accounts.Principal]:
+async def scope_principal(scope: fastlane.Scope, sandbox_id: str | None) -> tuple[Services, Principal]:
     """The caller, allowed to act on ``sandbox_id`` (``None``: an account-level operation). The fast
     lane's handlers and the dependencies below share it, so both lanes scope tokens alike."""
     services, principal = await scope_caller(scope)
@@ -79,20 +78,20 @@ async def scope_principal(
     return services, principal
 
 
-async def get_caller(request: Request) -> accounts.Principal:
+async def get_caller(request: Request) -> Principal:
     return (await scope_caller(request.scope))[1]
 
 
-CallerDep = Annotated[accounts.Principal, Depends(get_caller)]
+CallerDep = Annotated[Principal, Depends(get_caller)]
 
 
-async def get_principal(caller: CallerDep) -> accounts.Principal:
+async def get_principal(caller: CallerDep) -> Principal:
     """An account-level caller: every account key; a delegated access token gets 403."""
     caller.require_scope(None)
     return caller
 
 
-async def get_sandbox_principal(sandbox_id: str, caller: CallerDep) -> accounts.Principal:
+async def get_sandbox_principal(sandbox_id: str, caller: CallerDep) -> Principal:
     """A caller acting on the sandbox of the path's ``{sandbox_id}``: the owner's key, or that
     sandbox's access token (§12.1; any other sandbox is 404 to it). Only the operations §12.1 opens to
     tokens take this one; everything else takes ``PrincipalDep`` and so refuses tokens by default."""
@@ -101,9 +100,9 @@ async def get_sandbox_principal(sandbox_id: str, caller: CallerDep) -> accounts.
 
 
 #: The default: account keys only (tokens get 403).
-PrincipalDep = Annotated[accounts.Principal, Depends(get_principal)]
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
 #: Sandbox operations a delegated token may call on its own sandbox (§12.1's allowed list).
-SandboxPrincipalDep = Annotated[accounts.Principal, Depends(get_sandbox_principal)]
+SandboxPrincipalDep = Annotated[Principal, Depends(get_sandbox_principal)]
 
 
 async def require_host_token(request: Request, services: ServicesDep) -> None:

@@ -23,10 +23,10 @@ from paddock_controlplane.edge.e2b import templates as e2b_templates
 from paddock_controlplane.edge.e2b.store import E2bSandbox
 from paddock_controlplane.records import queries, sandbox_metrics
 from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import SandboxStatus
-from paddock_controlplane.resources.accounts import Principal
 from paddock_controlplane.sandboxes import destruction, lifecycle, suspension
 from paddock_core import errors
 from paddock_core.bodylimit import BodyLimit, BodyRoute
