@@ -230,3 +230,110 @@ def test_no_import_inside_a_function_in_the_control_plane() -> None:
                 if not all(allowed(name, LAZY_IMPORTS.get(relative, set())) for name in names):
                     offences.append(f"{relative}:{node.lineno} imports {', '.join(sorted(names))}")
     assert not offences, "\n".join(offences)
+
+
+# --- roles inside the control plane (ARCHITECTURE.md, "The control plane's folders") -------------
+
+#: Role folder → the roles its modules may import, type-only and function-level imports included. A
+#: request enters at ``edge``, is decided in ``sandboxes``/``resources``/``hosts`` and is recorded in
+#: ``records``; ``workers`` run beside the requests and call the same deciding modules. Nothing imports
+#: ``edge`` or ``workers`` but the composition root, and ``records`` imports no other role.
+ROLES: dict[str, set[str]] = {
+    "records": set(),
+    "hosts": {"records"},
+    "resources": {"records", "hosts"},
+    "sandboxes": {"records", "hosts", "resources"},
+    "workers": {"records", "hosts", "resources", "sandboxes"},
+    "edge": {"records", "hosts", "resources", "sandboxes"},
+}
+#: The modules at the package's top: the composition root (``app``, ``main``, which wire every role
+#: and are imported by none) and ``settings`` (imports no role; every role may read it).
+TOP_LEVEL = {"__init__", "app", "main", "settings"}
+ROOT_ONLY = {"paddock_controlplane.app", "paddock_controlplane.main"}
+
+
+def _role(module: str) -> str | None:
+    """``paddock_controlplane.<role>`` and ``paddock_controlplane.<role>.…`` → ``<role>``; a top-level
+    module (``app``, ``settings`` …) has none."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] not in TOP_LEVEL else None
+
+
+def control_plane_imports() -> dict[str, set[str]]:
+    """Module → every control-plane module it imports anywhere: at import time, under
+    ``if TYPE_CHECKING:`` and inside functions (``from pkg import mod`` is ``pkg.mod`` when ``mod`` is
+    a module)."""
+    modules = {_module_name(path): path for path in CONTROL_PLANE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}"
+                    if submodule in modules:
+                        edges.add(submodule)
+                    elif node.module in modules:
+                        edges.add(node.module)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def role_offences(graph: dict[str, set[str]]) -> list[str]:
+    offences = []
+    for module, imports in sorted(graph.items()):
+        role = _role(module)
+        if role is not None and role not in ROLES:
+            offences.append(f"{module} is outside the role folders ({', '.join(ROLES)})")
+        for target in sorted(imports):
+            if role is not None and target in ROOT_ONLY:
+                offences.append(f"{module} imports {target}, the composition root")
+            elif role is None and module == "paddock_controlplane.settings":
+                offences.append(f"{module} imports {target}: settings imports no role")
+            elif (
+                role is not None
+                and (other := _role(target)) is not None
+                and other != role
+                and other not in ROLES.get(role, set())
+            ):
+                offences.append(f"{module} ({role}) imports {target} ({other})")
+    return offences
+
+
+def test_each_role_imports_only_the_roles_below_it() -> None:
+    graph = control_plane_imports()
+    # The graph is real: the create path's edges between roles are in it.
+    assert (
+        "paddock_controlplane.sandboxes.lifecycle" in graph["paddock_controlplane.edge.api.routes.sandboxes"]
+    )
+    assert "paddock_controlplane.hosts.hostlink" in graph["paddock_controlplane.sandboxes.lifecycle"]
+    assert "paddock_controlplane.records.models" in graph["paddock_controlplane.hosts.hostlink"]
+    offences = role_offences(graph)
+    assert not offences, "\n".join(offences)
+
+
+def test_role_rules_catch_an_import_upwards() -> None:
+    graph = {
+        "paddock_controlplane.records.models": {"paddock_controlplane.sandboxes.lifecycle"},
+        "paddock_controlplane.sandboxes.lifecycle": {"paddock_controlplane.edge.api.deps"},
+        "paddock_controlplane.hosts.hostlink": {"paddock_controlplane.app"},
+        "paddock_controlplane.stray": set(),
+    }
+    assert role_offences(graph) == [
+        "paddock_controlplane.hosts.hostlink imports paddock_controlplane.app, the composition root",
+        "paddock_controlplane.records.models (records) imports paddock_controlplane.sandboxes.lifecycle (sandboxes)",
+        "paddock_controlplane.sandboxes.lifecycle (sandboxes) imports paddock_controlplane.edge.api.deps (edge)",
+        "paddock_controlplane.stray is outside the role folders (records, hosts, resources, sandboxes, workers, edge)",
+    ]
+
+
+def test_the_control_plane_has_no_import_cycle_even_type_only() -> None:
+    """No circle through ``if TYPE_CHECKING:`` or function-level imports either: a type-only circle is
+    still two modules that cannot be understood apart."""
+    graph = control_plane_imports()
+    assert "paddock_controlplane.records.services" in graph["paddock_controlplane.hosts.hostlink"]
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])

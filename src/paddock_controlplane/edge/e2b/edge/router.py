@@ -110,7 +110,7 @@ class EdgeApp:
         if scope["type"] != "http":
             if scope["type"] == "lifespan":
                 return
-            await user_ports.websocket(self, scope, receive, send)
+            await user_ports.websocket(scope, receive, send)
             return
         request = Request(scope, receive)
         response = await self.handle(request)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import httpx
 from starlette.background import BackgroundTask
@@ -25,9 +24,6 @@ from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import computer, desktop_access
-
-if TYPE_CHECKING:
-    from paddock_controlplane.edge.e2b.edge.router import EdgeApp
 
 HOP_BY_HOP = frozenset(
     {
@@ -138,7 +134,7 @@ async def forward(services: Services, sandbox: Sandbox, port: int, request: Requ
     )
 
 
-async def websocket(app: EdgeApp, scope: Scope, receive: Receive, send: Send) -> None:
+async def websocket(scope: Scope, receive: Receive, send: Send) -> None:
     """WebSockets through the edge are not served yet (docs/e2b.md): refused before the handshake."""
     if scope["type"] == "websocket":
         with contextlib.suppress(Exception):
