@@ -43,6 +43,7 @@ from paddock_gateway.registry import Registry
 from paddock_gateway.services import Services
 from paddock_gateway.settings import GatewaySettings
 from paddock_gateway.settlement import Settler
+from paddock_gateway.signatures import SignatureVerifier
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 API_VERSION = "1.0.0"
@@ -185,6 +186,9 @@ def create_app(
             started_at=clock(),
             settler=Settler(
                 settings.settlement_private_key, receipt_timeout_s=settings.settlement_receipt_timeout_s
+            ),
+            signatures=SignatureVerifier(
+                timeout_s=settings.contract_signature_timeout_s, ttl_s=settings.contract_signature_cache_s
             ),
         )
         services.metering = Metering(sessions, clock, settings, services.hosting)

@@ -312,8 +312,9 @@ async def deploy_settled(
     authorization sent again waits for that transaction instead of sending another."""
     now_s = int(services.clock().timestamp())
     offer = settlement.check(services.registry, signed, caller.wallet, price.amount_raw, now_s)
-    taken = await settlement.claim(services.sessions, signed, services.clock())
     client = services.chain_client(offer.chain.name)
+    signed = await settlement.check_signature(services.signatures, client, offer, signed, price.amount_raw)
+    taken = await settlement.claim(services.sessions, signed, services.clock())
     try:
         if taken.submitted_tx is not None:  # an earlier request sent it: wait for that one
             tx_hash = await services.settler.await_settlement(

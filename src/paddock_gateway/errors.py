@@ -11,7 +11,7 @@
     ├── InvalidAddress              400 invalid_address
     ├── InvalidPaymentSignature     400 invalid_payment_signature (field: the malformed part)
     ├── MixedPaymentMethods         400 mixed_payment_methods
-    ├── AuthError                   401 auth_missing | auth_malformed | auth_expired | …
+    ├── AuthError                   401 auth_missing | auth_malformed | auth_expired | … (reason)
     ├── PaymentRequired             402 payment_required (the quote)
     ├── PaymentVerificationFailed   402 payment_verification_failed (reason, tx_hash …; x402: PAYMENT-RESPONSE)
     ├── NotOwner                    403 not_owner
@@ -109,9 +109,9 @@ class AuthError(GatewayError):
         "auth_nonce_reused": "Nonce already used",
     }
 
-    def __init__(self, code: str) -> None:
+    def __init__(self, code: str, reason: str | None = None) -> None:
         self.code = code
-        super().__init__(self.MESSAGES[code])
+        super().__init__(self.MESSAGES[code], reason=reason)  # reason: why a smart wallet was refused
 
 
 class PaymentRequired(GatewayError):

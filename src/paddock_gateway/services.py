@@ -17,6 +17,7 @@ from paddock_gateway.ratelimit import RateLimiter
 from paddock_gateway.registry import Registry
 from paddock_gateway.settings import GatewaySettings
 from paddock_gateway.settlement import Settler
+from paddock_gateway.signatures import SignatureVerifier, Verdict
 
 
 @dataclass
@@ -33,6 +34,12 @@ class Services:
     started_at: dt.datetime
     settler: Settler = field(default_factory=lambda: Settler(SecretStr("")))
     metering: Metering | None = field(default=None)
+    signatures: SignatureVerifier = field(default_factory=SignatureVerifier)
 
     def chain_client(self, chain: str) -> ChainClient:
         return self.chains[chain]
+
+    async def contract_signature(self, address: str, digest: bytes, signature: bytes) -> Verdict:
+        """Wallet auth's smart-wallet check: EIP-1271/ERC-6492 on any of the gateway's chains."""
+        clients = [self.chains[spec.name] for spec in self.registry.ordered() if spec.name in self.chains]
+        return await self.signatures.verify_on_any(clients, address, digest, signature)

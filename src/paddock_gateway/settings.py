@@ -48,6 +48,10 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
     #: A dev-chain file written by ``python -m paddock_gateway.devchain up``; fills the RPC URLs.
     devchain_file: Path | None = None
     rpc_timeout_s: float = 10.0
+    #: Smart wallets (EIP-1271/ERC-6492): how long one on-chain signature check may take, and how long its
+    #: answer is kept per (chain, address, hash, signature).
+    contract_signature_timeout_s: float = 5.0
+    contract_signature_cache_s: float = 30.0
     #: x402 (Appendix B): the key that submits ``transferWithAuthorization`` settlements and pays their
     #: gas. Empty: the gateway neither offers nor accepts x402 payments.
     settlement_private_key: SecretStr = SecretStr("")

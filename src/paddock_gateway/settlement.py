@@ -44,11 +44,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from paddock import eip3009
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
-from paddock_gateway import permit2
+from paddock_gateway import permit2, signatures
 from paddock_gateway.adapters.chain import CallReverted, ChainClient, ChainError, Receipt
 from paddock_gateway.errors import PaymentAlreadyProcessed, PaymentVerificationFailed, UpstreamUnavailable
 from paddock_gateway.models import X402Authorization
 from paddock_gateway.registry import Registry
+from paddock_gateway.signatures import SignatureVerifier
 from paddock_gateway.x402 import (
     PERMIT2,
     PERMIT2_ADDRESS,
@@ -86,6 +87,8 @@ PERMIT2_TOKEN_MISMATCH = "permit2_token_mismatch"
 PERMIT2_INVALID_SIGNATURE = "invalid_permit2_signature"
 PERMIT2_ALLOWANCE_REQUIRED = "permit2_allowance_required"
 PERMIT2_NONCE_USED = "permit2_invalid_nonce"
+#: x402's reason for an ERC-6492 signature of a wallet that is not deployed (``ERR_UNDEPLOYED_SMART_WALLET``).
+UNDEPLOYED_SMART_WALLET = "invalid_exact_evm_payload_undeployed_smart_wallet"
 #: x402 has no reason for "signed by a wallet other than the caller's"; §7.2's own name for that rule.
 SENDER_MISMATCH = "sender_mismatch"
 
@@ -96,6 +99,9 @@ SETTLE_GAS_MARGIN = 1.25
 
 TRANSFER_WITH_AUTHORIZATION = keccak(
     text="transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)"
+)[:4]
+TRANSFER_WITH_AUTHORIZATION_BYTES = keccak(
+    text="transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,bytes)"
 )[:4]
 AUTHORIZATION_STATE = keccak(text="authorizationState(address,bytes32)")[:4]
 BALANCE_OF = keccak(text="balanceOf(address)")[:4]
@@ -120,39 +126,73 @@ def rejected(reason: str, payment: SignedPayment, required_raw: int) -> PaymentV
     return error
 
 
-def recover_payer(offer: Offer, payment: SignedPayment) -> str | None:
-    """The lowercase address that signed the EIP-712 message (EIP-3009's ``TransferWithAuthorization``
-    or Permit2's ``PermitWitnessTransferFrom``), or None."""
+def typed_data(offer: Offer, payment: SignedPayment) -> dict[str, Any]:
+    """The EIP-712 message the payer signed: EIP-3009's ``TransferWithAuthorization`` or Permit2's
+    ``PermitWitnessTransferFrom``."""
     auth = payment.authorization
-    typed: dict[str, Any]
     if isinstance(auth, Permit2Authorization):
-        typed = permit2.typed_data(offer.chain.chain_id, auth)
-    else:
-        typed = eip3009.transfer_with_authorization(
-            name=offer.domain_name,
-            version=offer.domain_version,
-            chain_id=offer.chain.chain_id,
-            verifying_contract=offer.token.address,
-            sender=to_checksum_address(auth.payer),
-            to=to_checksum_address(auth.to),
-            value=auth.value,
-            valid_after=auth.valid_after,
-            valid_before=auth.valid_before,
-            nonce=bytes.fromhex(auth.nonce[2:]),
-        )
-    signature = bytearray(payment.signature)
-    if signature[64] in (0, 1):  # some signers emit v as 0/1 (App. A.2)
-        signature[64] += 27
+        return permit2.typed_data(offer.chain.chain_id, auth)
+    return eip3009.transfer_with_authorization(
+        name=offer.domain_name,
+        version=offer.domain_version,
+        chain_id=offer.chain.chain_id,
+        verifying_contract=offer.token.address,
+        sender=to_checksum_address(auth.payer),
+        to=to_checksum_address(auth.to),
+        value=auth.value,
+        valid_after=auth.valid_after,
+        valid_before=auth.valid_before,
+        nonce=bytes.fromhex(auth.nonce[2:]),
+    )
+
+
+def payment_digest(offer: Offer, payment: SignedPayment) -> bytes:
+    """The EIP-712 digest, ``keccak256(0x1901 ‖ domainSeparator ‖ hashStruct(message))``: what an EOA
+    signs and what a smart wallet's ``isValidSignature`` is asked about."""
+    signable = encode_typed_data(full_message=typed_data(offer, payment))
+    return keccak(b"\x19" + signable.version + signable.header + signable.body)
+
+
+def recover_payer(offer: Offer, payment: SignedPayment) -> str | None:
+    """The lowercase address whose key made the 65-byte signature (v of 0/1 read as 27/28), or None."""
+    return signatures.recover(payment_digest(offer, payment), payment.signature)
+
+
+async def check_signature(
+    verifier: SignatureVerifier,
+    client: ChainClient,
+    offer: Offer,
+    payment: SignedPayment,
+    required_raw: int,
+) -> SignedPayment:
+    """The last check of step 1: the signature is ``from``'s. An EOA's recovers (ECDSA, no chain read);
+    else ``from`` may be a smart wallet, asked on the offer's chain (EIP-1271; ERC-6492 for one not
+    deployed yet). Returns the payment with the signature the wallet accepts (an ERC-6492 wrapper of a
+    deployed wallet unwrapped), which is what the settlement sends.
+
+    A counterfactual wallet whose signature is valid is still refused
+    (``invalid_exact_evm_payload_undeployed_smart_wallet``): the gateway deploys no wallets (x402's
+    facilitator calls no factory either unless it is allow-listed), and a wallet that does not exist has
+    no balance to move and no allowance to Permit2."""
+    auth = payment.authorization
+    reason = PERMIT2_INVALID_SIGNATURE if isinstance(auth, Permit2Authorization) else INVALID_SIGNATURE
+    if recover_payer(offer, payment) == auth.payer:
+        return payment
     try:
-        return str(
-            Account.recover_message(encode_typed_data(full_message=typed), signature=bytes(signature))
-        ).lower()
-    except Exception:  # eth_keys raises several types for an r/s/v that is not a curve point
-        return None
+        verdict = await verifier.verify(client, auth.payer, payment_digest(offer, payment), payment.signature)
+    except ChainError as exc:
+        raise UpstreamUnavailable(f"the {offer.chain.name} RPC is unavailable") from exc
+    if not verdict.valid:
+        raise rejected(reason, payment, required_raw)
+    if not verdict.deployed:
+        raise rejected(UNDEPLOYED_SMART_WALLET, payment, required_raw)
+    log.info("x402_contract_signature", payer=auth.payer, scheme=verdict.scheme)
+    return replace(payment, signature=verdict.signature)
 
 
 def check(registry: Registry, payment: SignedPayment, wallet: str, required_raw: int, now_s: int) -> Offer:
-    """Step 1: everything that needs no chain and no database; returns the offer the payment answers."""
+    """Step 1 but the signature: everything that needs no chain and no database; returns the offer the
+    payment answers. ``check_signature`` follows."""
 
     def failed(reason: str) -> PaymentVerificationFailed:
         return rejected(reason, payment, required_raw)
@@ -182,9 +222,7 @@ def check(registry: Registry, payment: SignedPayment, wallet: str, required_raw:
         raise failed(VALID_BEFORE)
     if auth.valid_after > now_s:
         raise failed(VALID_AFTER)
-    if recover_payer(offer, payment) != auth.payer:
-        raise failed(INVALID_SIGNATURE)
-    return offer
+    return offer  # the signature is checked next, by ``check_signature`` (it may need the chain)
 
 
 def check_permit2(
@@ -213,8 +251,6 @@ def check_permit2(
         raise failed(PERMIT2_AMOUNT_MISMATCH)
     if auth.token != offer.token.address.lower():
         raise failed(PERMIT2_TOKEN_MISMATCH)
-    if recover_payer(offer, payment) != auth.payer:
-        raise failed(PERMIT2_INVALID_SIGNATURE)
     return offer
 
 
@@ -306,7 +342,23 @@ def _address_word(address: str) -> bytes:
 
 
 def settle_calldata(auth: Authorization, sig: bytes) -> str:
-    """``transferWithAuthorization(from, to, value, validAfter, validBefore, nonce, v, r, s)``."""
+    """``transferWithAuthorization(from, to, value, validAfter, validBefore, nonce, v, r, s)``; for a
+    signature that is not 65 bytes (a smart wallet's), the form that takes ``bytes signature`` (USDC
+    v2.2's, which checks it with EIP-1271)."""
+    if len(sig) != 65:
+        args = abi_encode(
+            ["address", "address", "uint256", "uint256", "uint256", "bytes32", "bytes"],
+            [
+                to_checksum_address(auth.payer),
+                to_checksum_address(auth.to),
+                auth.value,
+                auth.valid_after,
+                auth.valid_before,
+                bytes.fromhex(auth.nonce[2:]),
+                sig,
+            ],
+        )
+        return "0x" + (TRANSFER_WITH_AUTHORIZATION_BYTES + args).hex()
     v = sig[64] + 27 if sig[64] in (0, 1) else sig[64]
     args = abi_encode(
         ["address", "address", "uint256", "uint256", "uint256", "bytes32", "uint8", "bytes32", "bytes32"],

@@ -65,7 +65,8 @@ PAYMENT_ID_SCHEMA: dict[str, Any] = {
 
 ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]{40}$")
 NONCE_RE = re.compile(r"^0x[0-9a-fA-F]{64}$")
-SIGNATURE_RE = re.compile(r"^0x[0-9a-fA-F]{130}$")
+#: 64 bytes (EIP-2098) up to 2 KiB: an EOA's is 65, a smart wallet's (EIP-1271, an ERC-6492 wrapper) longer.
+SIGNATURE_RE = re.compile(r"^0x(?:[0-9a-fA-F]{2}){64,2048}$")
 UINT_RE = re.compile(r"^[0-9]{1,78}$")
 UINT256_MAX = 2**256 - 1
 
@@ -210,7 +211,7 @@ class SignedPayment:
     pay_to: str  # lowercase
     amount: str
     authorization: Authorization | Permit2Authorization
-    signature: bytes  # 65 bytes r ‖ s ‖ v
+    signature: bytes  # an EOA's 65 bytes r ‖ s ‖ v, or a smart wallet's (EIP-1271, ERC-6492)
     method: str = EIP3009  # extra.assetTransferMethod of the accepted offer, from the payload's shape
     #: The client's ``payment-identifier`` id, if it sent one.
     payment_id: str | None = None

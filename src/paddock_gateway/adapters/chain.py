@@ -125,6 +125,16 @@ class ChainClient:
             tx["from"] = AsyncWeb3.to_checksum_address(sender)
         return bytes(await self._call(self.w3.eth.call(tx)))  # type: ignore[arg-type]
 
+    async def get_code(self, address: str) -> bytes:
+        """The runtime code at ``address`` (empty for an EOA or an address nothing was deployed to)."""
+        code = self.w3.eth.get_code(AsyncWeb3.to_checksum_address(address))
+        return bytes(await self._call(code))
+
+    async def call_creation(self, data: str) -> bytes:
+        """``eth_call`` without ``to``: runs ``data`` as contract creation code at the latest block and
+        returns what the constructor returned. Nothing is deployed (a "deployless" call)."""
+        return bytes(await self._call(self.w3.eth.call({"data": data})))  # type: ignore[typeddict-item]
+
     async def estimate_gas(self, sender: str, to: str, data: str) -> int:
         """A full simulation of the call from ``sender``; ``CallReverted`` if it would revert."""
         tx = {

@@ -26,6 +26,7 @@ async def authenticated(request: Request) -> auth.Caller:
         request.headers,
         services.clock(),
         skew_ms=services.settings.timestamp_skew_ms,
+        contract_check=services.contract_signature,
     )
     request.scope.setdefault("state", {})["wallet"] = caller.wallet
     return caller
