@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl
 
 from sqlalchemy import JSON, BigInteger, Index, Integer, String, and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -43,7 +44,10 @@ MAX_COMMAND_CHARS = 2048
 #: A path kept in an event.
 MAX_PATH_CHARS = 1024
 #: Events waiting for the writer; past this, events are counted as dropped (and a marker is written).
-QUEUE_CAPACITY = 50_000
+QUEUE_CAPACITY = 20_000
+#: A request body up to this size waits in the queue to be hashed by the writer, off the request's
+#: path; a bigger one is hashed at once, so the queue holds at most ``QUEUE_CAPACITY`` of these.
+DEFERRED_BODY_BYTES = 2048
 #: The writer flushes once this many events wait, without waiting for its interval.
 FLUSH_BATCH = 500
 #: Request bodies over this are not parsed for the digest (``digest`` is then of their size only).
@@ -96,8 +100,16 @@ class Pending:
     kind: str
     detail: dict[str, Any]
     actor: str | None = None
+    #: An API call's inputs, hashed by the writer rather than on the request's path: the raw query
+    #: string, the body as kept (None: over ``MAX_DIGEST_BODY_BYTES``), its size, whether it is JSON.
+    inputs: tuple[bytes, bytes | None, int, bool] | None = None
 
     def row(self) -> dict[str, Any]:
+        if self.inputs is not None:
+            raw_query, body, size, json_body = self.inputs
+            query = parse_qsl(raw_query.decode("latin-1"), keep_blank_values=True)[:64] if raw_query else []
+            self.detail["input_sha256"] = input_digest(query, body, size, json_body and body is not None)
+            self.inputs = None
         return {
             "sandbox_id": self.sandbox_id,
             "user_id": self.user_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import re
 import time
@@ -16,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from paddock_controlplane.hosts import hostlink
-from paddock_controlplane.records import validation
+from paddock_controlplane.records import audit, validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import running_sandbox
 from paddock_controlplane.records.schemas.commands import ExecRequest
@@ -24,6 +25,7 @@ from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import envs
 from paddock_controlplane.sandboxes.activity import Inflight, touch
 from paddock_core import errors
+from paddock_core.timeutil import utcnow
 
 HEARTBEAT_S = 5.0
 # Set by the host agent when a buffered stream was cut at its cap (4 MiB each): the command ran to its
@@ -123,6 +125,33 @@ def check_command_size(req: ExecRequest, env: dict[str, str]) -> None:
         raise errors.PayloadTooLarge(f"{biggest}: {reason}", fields={biggest: reason})
 
 
+def audit_command(
+    services: Services, sandbox: Sandbox, req: ExecRequest, exit_code: int, started: float, *, stream: bool
+) -> None:
+    """The audit trail's ``command`` event: argv (bounded), cwd, user, exit code, duration; never env
+    or stdin. A command ``in_directory`` wrapped is recorded as it was asked for."""
+    cmd, args, cwd = req.cmd, list(req.args or []), None
+    if cmd == "/bin/sh" and len(args) >= 5 and args[:3] == ["-c", CWD_SCRIPT, "sh"]:
+        cwd, cmd, args = args[3], args[4], args[5:]
+    detail = audit.argv_detail(cmd, args)
+    duration_ms = audit.elapsed_ms(started)
+    detail.update(cwd=cwd, user=req.user, exit_code=exit_code, duration_ms=duration_ms)
+    if stream:
+        detail["stream"] = True
+    at = utcnow() - dt.timedelta(milliseconds=duration_ms)  # when it started
+    services.audit.record(sandbox.id, sandbox.user_id, "command", detail, at=at)
+
+
+def audit_file(
+    services: Services, sandbox: Sandbox, path: str, size: int, direction: str, *, what: str = "file"
+) -> None:
+    """The audit trail's ``file`` event: a file (or a directory's tar) written or read through the API."""
+    detail = {"path": audit.bounded(path, audit.MAX_PATH_CHARS), "bytes": size, "direction": direction}
+    if what != "file":
+        detail["as"] = what
+    services.audit.record(sandbox.id, sandbox.user_id, "file", detail)
+
+
 def _as(req: ExecRequest) -> dict[str, Any]:
     """The user to run as, for the host link, only when one was asked for."""
     return {} if req.user is None else {"user": str(req.user)}
@@ -150,6 +179,7 @@ async def exec_buffered(
     for flag in TRUNCATION_FLAGS:
         if result.get(flag):
             out[flag] = True
+    audit_command(services, sandbox, req, out["exit_code"], started, stream=False)
     return {"result": out, "exec_ms": exec_ms}
 
 
@@ -159,6 +189,7 @@ async def exec_stream(
     """NDJSON frames: a heartbeat at once and every 5 s, output as it comes, one final exit_code."""
     link = await hostlink.for_host(services, sandbox.host_id)
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    started, exit_code = time.perf_counter(), -1
 
     async def pump() -> None:
         try:
@@ -196,10 +227,13 @@ async def exec_stream(
                     if saw_exit:
                         continue
                     saw_exit = True
+                    with contextlib.suppress(TypeError, ValueError):
+                        exit_code = int(frame["exit_code"])
                 yield json.dumps(frame, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
             if not saw_exit:
                 yield b'{"error":"command stream ended without an exit code"}\n{"exit_code":-1}\n'
         finally:
+            audit_command(services, sandbox, req, exit_code, started, stream=True)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -212,13 +246,20 @@ async def upload(
     path: str,
     body: AsyncIterator[bytes],
     length: int | None,
+    *,
+    audited_as: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
+    """Writes ``body`` to ``path``; the audit trail's event names ``audited_as`` (path, what) when the
+    file is a step of something else (a tar's scratch file)."""
     limit = services.settings.max_upload_bytes
     if length is not None and length > limit:
         raise errors.PayloadTooLarge(f"upload is over the {limit}-byte limit")
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     link = await hostlink.for_host(services, sandbox.host_id)
-    return {"path": path, "size": await write_file(services, link, sandbox.id, path, body, limit)}
+    size = await write_file(services, link, sandbox.id, path, body, limit)
+    shown, what = audited_as or (path, "file")
+    audit_file(services, sandbox, shown, size, "write", what=what)
+    return {"path": path, "size": size}
 
 
 async def write_file(
@@ -260,4 +301,24 @@ async def download(services: Services, user_id: str, sandbox_id: str, path: str)
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     link = await hostlink.for_host(services, sandbox.host_id)
     touch(services, sandbox.id)
-    return await link.download(sandbox.id, path)
+    download = await link.download(sandbox.id, path)
+    return audited_download(services, sandbox, path, download)
+
+
+def audited_download(
+    services: Services, sandbox: Sandbox, path: str, download: hostlink.Download, *, what: str = "file"
+) -> hostlink.Download:
+    """``download`` whose bytes are counted as they go; the ``file`` event is queued when it ends."""
+    source = download.chunks
+
+    async def counted() -> AsyncIterator[bytes]:
+        sent = 0
+        try:
+            async for chunk in source:
+                sent += len(chunk)
+                yield chunk
+        finally:
+            audit_file(services, sandbox, path, sent, "read", what=what)
+
+    download.chunks = counted()
+    return download

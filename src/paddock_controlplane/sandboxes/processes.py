@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records import audit
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import running_sandbox
 from paddock_controlplane.records.schemas.processes import (
@@ -70,7 +71,12 @@ async def start(services: Services, user_id: str, sandbox_id: str, req: ProcessS
     env = envs.merged(services, sandbox, req.env)
     body = ProcessStartBody(cmd=req.cmd, args=req.args or [], env=env, cwd=req.cwd, pty=req.pty, user=run_as)
     with host_errors():
-        return await link.start_process(sandbox.id, body)
+        started = await link.start_process(sandbox.id, body)
+    # The audit trail's ``process`` event: argv (bounded), cwd, user, pty; never env.
+    detail = audit.argv_detail(req.cmd or "bash -l", req.args or [])
+    detail.update(cwd=req.cwd, user=run_as, pty=req.pty is not None, process_id=started.process_id)
+    services.audit.record(sandbox.id, sandbox.user_id, "process", detail)
+    return started
 
 
 async def list_all(services: Services, user_id: str, sandbox_id: str) -> list[ProcessView]:

@@ -66,7 +66,9 @@ async def scope_caller(scope: fastlane.Scope) -> tuple[Services, Principal]:
     user id goes into the request's log line. Routes use the aliases below, which check."""
     services: Services = scope["app"].state.services
     principal = await principal_for_key(services, fastlane.header(scope, b"x-api-key"))
-    scope.setdefault("state", {})["user_id"] = principal.user_id
+    state = scope.setdefault("state", {})
+    state["user_id"] = principal.user_id
+    state["key_id"] = principal.key_id  # the audit trail's "who" (edge/auditing.py); an id, not the key
     return services, principal
 
 
