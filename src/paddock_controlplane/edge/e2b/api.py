@@ -416,12 +416,15 @@ async def resume(sandbox_id: str, request: Request) -> JSONResponse:
     return await _resume_or_connect(request, sandbox_id, only_paused=True)
 
 
+_LAST_UNIX_S = 253402300799  # 9999-12-31T23:59:59Z, the last instant a datetime holds
+
+
 @router.get("/sandboxes/{sandbox_id}/metrics")
 async def metrics(
     sandbox_id: str,
     request: Request,
-    start: Annotated[int | None, Query(ge=0, le=2**40)] = None,
-    end: Annotated[int | None, Query(ge=0, le=2**40)] = None,
+    start: Annotated[int | None, Query(ge=0, le=_LAST_UNIX_S)] = None,
+    end: Annotated[int | None, Query(ge=0, le=_LAST_UNIX_S)] = None,
 ) -> list[dict[str, Any]]:
     """The sandbox's samples from ``start`` (default: its creation) to ``end`` (default: now), unix
     seconds, as the SDK's ``get_metrics()`` parses them (docs/e2b.md): the metrics worker's raw samples
