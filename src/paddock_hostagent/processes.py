@@ -118,7 +118,7 @@ class ProcessService:
         self.manager = manager
 
     def _guest(self, sandbox_id: str) -> GuestProcesses:
-        entry = self.manager._running_entry(sandbox_id)  # 404 unknown, 409 not running
+        entry = self.manager.running_entry(sandbox_id)  # 404 unknown, 409 not running
         entry.touch()
         return GuestProcesses(self.manager.runtime.guest(entry.record))
 
@@ -127,7 +127,7 @@ class ProcessService:
         if body.cmd is None and body.pty is None:
             raise errors.BadRequest("cmd: required for a process without a pty")
         cmd, args = (body.cmd, body.args) if body.cmd is not None else DEFAULT_SHELL
-        record = self.manager._entry(sandbox_id).record
+        record = self.manager.entry(sandbox_id).record
         env = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": record.name, "LANG": "C.UTF-8"}
         if body.pty is not None:
             env["TERM"] = "xterm-256color"  # what every terminal emulator a client runs understands
@@ -180,7 +180,7 @@ class ProcessService:
             return view_of(await self._guest(sandbox_id).signal(process_id, signo))
 
     async def wait(self, sandbox_id: str, process_id: str, *, tree: bool, timeout_ms: int) -> ProcessView:
-        entry = self.manager._running_entry(sandbox_id)
+        entry = self.manager.running_entry(sandbox_id)
         guest = GuestProcesses(self.manager.runtime.guest(entry.record))
         with _guest_errors(sandbox_id, process_id):
             return view_of(await guest.wait(process_id, tree=tree, timeout_ms=timeout_ms))

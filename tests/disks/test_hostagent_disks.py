@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from paddock_hostagent.client import HostAgentClient
-from paddock_hostagent.sandboxes import DISK_CHECK_INTERVAL_S
+from paddock_hostagent.sandboxes.heartbeat import DISK_CHECK_INTERVAL_S
 from paddock_hostagent.schemas import DiskMountBody
 from tests.disks.s3server import S3Server
 from tests.hostagent.conftest import Sandboxes, sh
