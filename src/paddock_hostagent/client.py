@@ -583,6 +583,37 @@ class HostAgentClient:
 
         return (int(length) if length and length.isdigit() else None), chunks()
 
+    async def watch(
+        self, sandbox_id: str, path: str, *, recursive: bool
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Opens a directory watch (the guest's inotify, ``watches.py``): refusals (404, 400, 409 when the
+        sandbox's guest has no watch to give) are raised here, before any line. Then its NDJSON lines, the
+        first ``{"watching": …}``, until the watch ends or the iterator is closed (which ends it)."""
+        request = self._http.build_request(
+            "GET",
+            self._sb(sandbox_id, "files", "watch"),
+            params={"path": path, "recursive": "true" if recursive else "false"},
+            headers=self._call_headers(),
+            timeout=_EXEC_TIMEOUT,
+        )
+        with _answered():
+            resp = await self._http.send(request, stream=True)
+        if resp.status_code >= 400:
+            body = await resp.aread()
+            await resp.aclose()
+            raise error_from(resp.status_code, body)
+
+        async def lines() -> AsyncGenerator[dict[str, Any], None]:
+            try:
+                with _answered():
+                    async for line in resp.aiter_lines():
+                        if line.strip():
+                            yield json.loads(line)
+            finally:
+                await resp.aclose()
+
+        return lines()
+
     # -- managed processes (spec §12.2; the host agent's ``processes.py``) ----------------------------
 
     def _proc(self, sandbox_id: str, *rest: str) -> str:

@@ -13,7 +13,7 @@ from starlette.background import BackgroundTask
 
 from paddock_core import fastlane
 from paddock_core.bodylimit import BodyRoute
-from paddock_hostagent import errors, image_transfer
+from paddock_hostagent import errors, image_transfer, watches
 from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.guest.protocol import MAX_CONTROL_PAYLOAD_BYTES, exec_payload_bytes
 from paddock_hostagent.sandboxes import SandboxManager
@@ -123,6 +123,21 @@ async def download_file(sandbox_id: str, path: PathQuery, manager: Manager) -> R
         media_type="application/octet-stream",
         headers=headers,
         background=BackgroundTask(stack.aclose),
+    )
+
+
+@router.get("/sandboxes/{sandbox_id}/files/watch", response_model=None)
+async def watch_files(
+    sandbox_id: str, path: PathQuery, manager: Manager, recursive: Annotated[bool, Query()] = False
+) -> Response:
+    """NDJSON: the directory's inotify events from the guest, until the client leaves (watches.py)."""
+    watch = await watches.open_watch(manager, sandbox_id, path, recursive)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(
+        watch.lines(),
+        media_type="application/x-ndjson",
+        headers=headers,
+        background=BackgroundTask(watch.close),
     )
 
 

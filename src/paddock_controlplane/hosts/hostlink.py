@@ -435,6 +435,16 @@ class HostLink(HostLinkAPI):
             size, chunks = await self.client.download(sandbox_id, path)
         return Download(size=size, chunks=chunks)
 
+    async def watch(
+        self, sandbox_id: str, path: str, *, recursive: bool
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """A directory watch's lines from the guest's inotify (the host agent's ``watches.py``). Opening
+        raises domain errors; :class:`TierRefusedError` when the sandbox's guest has no watch to give (the
+        caller may poll); one later is raised by the iteration as :class:`HostError`."""
+        with _mapped():
+            lines = await self.client.watch(sandbox_id, path, recursive=recursive)
+        return _mapped_lines(lines)
+
     async def start_build(self, body: BuildBody) -> BuildView:
         with _mapped():
             return await self.client.start_build(body)
@@ -511,6 +521,15 @@ async def _mapped_frames(frames: AsyncGenerator[ProcessFrame, None]) -> AsyncGen
                 yield frame
     finally:
         await frames.aclose()
+
+
+async def _mapped_lines(lines: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[dict[str, Any], None]:
+    try:
+        with _mapped():
+            async for line in lines:
+                yield line
+    finally:
+        await lines.aclose()
 
 
 async def for_host(services: Services, host_id: str | None) -> HostLink:

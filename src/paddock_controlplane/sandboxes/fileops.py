@@ -8,9 +8,12 @@ sandbox's own kernel view, never by a root process on the host (rule 3). The scr
 ``/tmp``: the upload is the contract's streamed, capped ``PUT /files`` and the extraction is ``tar`` run
 as the sandbox's user inside it; a download is packed there and streamed back, then removed.
 
-The guest has no inotify API, so a watch polls a listing (bounded by ``MAX_WATCH_ENTRIES``) every
-``WATCH_INTERVAL_S`` and reports what appeared (``create``), changed size or time (``modify``) or went
-away (``delete``); a rename shows as a delete and a create.
+A watch follows the guest's inotify (``dirwatch``): what appears (``create``), is written (``modify``)
+or goes away (``delete``) arrives within tens of milliseconds; a rename shows as a delete and a create,
+and ``overflow`` says events were lost (list again). Where the guest has no watch to give (a guest
+agent older than it, no inotify instance left, or more directories than it watches) the watch polls a
+listing (bounded by ``MAX_WATCH_ENTRIES``) every ``WATCH_INTERVAL_S`` instead, and reports what
+appeared, changed size or time, or went away, as before.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import running_sandbox
 from paddock_controlplane.records.services import Services
-from paddock_controlplane.sandboxes import commands, sandbox_fs
+from paddock_controlplane.sandboxes import commands, dirwatch, sandbox_fs
 from paddock_controlplane.sandboxes.activity import Inflight, touch
 from paddock_core import errors
 
@@ -142,6 +145,11 @@ async def remove(services: Services, user_id: str, sandbox_id: str, path: str) -
         raise _fail(code, err, path)
 
 
+def _absolute(path: str, resolved: bytes) -> str:
+    """``path`` for the guest: as given when absolute, else ``DIRECTORY``'s answer (under ``$HOME``)."""
+    return path if path.startswith("/") else resolved.decode("utf-8", "surrogateescape").removesuffix("\n")
+
+
 def _scratch() -> str:
     return f"/tmp/.paddock-tar-{secrets.token_hex(8)}"
 
@@ -194,8 +202,9 @@ async def download_tar(services: Services, user_id: str, sandbox_id: str, path: 
 async def watch(
     services: Services, user_id: str, sandbox_id: str, path: str, recursive: bool
 ) -> AsyncIterator[bytes]:
-    """NDJSON lines: ``{"event": "create"|"modify"|"delete", "path": …, "type": …}``; the first line is
-    ``{"watching": path}`` once the starting state is read (no events for what was already there)."""
+    """NDJSON lines: ``{"event": "create"|"modify"|"delete", "path": …, "type": …}`` (and ``"overflow"``
+    with the watched path when the guest lost events: list again); the first line is
+    ``{"watching": path}`` once the watch is in place (no events for what was already there)."""
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     depth = MAX_DEPTH if recursive else 1
     # One limiter with the edge's WatchDir: a place per open watch, 429 with Retry-After past the cap.
@@ -205,18 +214,44 @@ async def watch(
         entries = await _listing(services, sandbox, path, depth)
         return {e["path"]: e for e in entries[:MAX_WATCH_ENTRIES]}
 
+    seen: dict[str, dict[str, Any]] = {}
     try:
-        seen = await snapshot()  # errors (missing, not a directory) are the route's 404/400
+        # errors (missing, not a directory) are the route's 404/400, in the listing's words
+        code, out, err = await _run(services, sandbox, sandbox_fs.DIRECTORY, path)
+        if code != 0:
+            raise _fail(code, err, path)
+        link = await hostlink.for_host(services, sandbox.host_id)
+        inotify = await dirwatch.open_stream(link, sandbox.id, _absolute(path, out), recursive)
+        if inotify is None:
+            seen = await snapshot()
     except BaseException:
         slot.release()
         raise
 
     async def lines() -> AsyncIterator[bytes]:
         try:
-            async for line in poll():
+            async for line in poll() if inotify is None else follow(inotify):
                 yield line
         finally:
             slot.release()
+
+    async def follow(stream: dirwatch.Lines) -> AsyncIterator[bytes]:
+        yield json.dumps({"watching": path}).encode() + b"\n"
+        until = asyncio.get_running_loop().time() + MAX_WATCH_S
+        async for item in dirwatch.follow(stream, path, HEARTBEAT_S, until):
+            if isinstance(item, dirwatch.Event):
+                yield json.dumps({"event": item.kind, "path": item.path, "type": item.type}).encode() + b"\n"
+            elif isinstance(item, dirwatch.Overflow):
+                yield json.dumps({"event": "overflow", "path": path, "type": "dir"}).encode() + b"\n"
+            elif isinstance(item, dirwatch.Tick):
+                yield b'{"hb": true}\n'  # keeps proxies and client read timeouts from ending a quiet watch
+            else:
+                gone = (
+                    f"{path} does not exist in the sandbox"
+                    if item.missing
+                    else "the sandbox is no longer running"
+                )
+                yield json.dumps({"error": gone}).encode() + b"\n"
 
     async def poll() -> AsyncIterator[bytes]:
         nonlocal seen

@@ -6,7 +6,8 @@ arguments, never pasted into a command line; ``find -printf PRINTF`` writes one 
 record per entry, which ``entries`` reads in envd's ``EntryInfo`` shape. A script's exit code says what
 stopped it: ``MISSING``, ``NOT_DIR``, ``EXISTS``.
 
-A watch polls a listing; ``watch_slots`` bounds the watches open at once, through either API.
+A watch follows the guest's inotify (``dirwatch``), or polls a listing where the guest has none;
+``watch_slots`` bounds the watches open at once, through either API.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ LIST = (
     _PRELUDE + '[ -e "$1" ] || exit 3; [ -d "$1" ] || exit 4; '
     'find "$1" -mindepth 1 -maxdepth "$3" -printf "$2" 2>/dev/null | head -c "$4"; exit 0'
 )
+#: ``$1`` directory: its absolute physical path (a watch's, before the guest watches it).
+DIRECTORY = _PRELUDE + '[ -e "$1" ] || exit 3; [ -d "$1" ] || exit 4; CDPATH= cd -P -- "$1" && pwd -P'
 #: ``$1`` path, ``$2`` PRINTF.
 MKDIR = _PRELUDE + '[ -e "$1" ] && exit 5; mkdir -p -- "$1" && exec find "$1" -maxdepth 0 -printf "$2"'
 #: ``$1`` source, ``$2`` PRINTF, ``$3`` destination.
@@ -76,8 +79,8 @@ def entries(raw: bytes) -> list[dict[str, Any]]:
 
 
 #: Open watch streams (the edge's ``WatchDir`` and ``/v1``'s ``GET …/files/watch``, one limiter for
-#: both) allowed per sandbox and per account: each one runs a listing in its sandbox every
-#: ``WATCH_INTERVAL_S`` (isolation rule 5). One more is a 429 with Retry-After (Connect's
+#: both) allowed per sandbox and per account: each one holds a guest process and an inotify instance in
+#: its sandbox, or (polled) runs a listing there every ``WATCH_INTERVAL_S`` (isolation rule 5). One more is a 429 with Retry-After (Connect's
 #: ``resource_exhausted`` on the edge) until one of them closes.
 MAX_WATCHES_PER_SANDBOX = 8
 MAX_WATCHES_PER_ACCOUNT = 32

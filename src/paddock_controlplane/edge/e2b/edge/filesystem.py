@@ -3,16 +3,21 @@ Paddock's guest: each call runs ``find``/``mkdir``/``mv``/``rm`` in the sandbox 
 paths passed as arguments (``sh -c SCRIPT sh PATH…``), never pasted into a command line. The scripts,
 their output's parser and the watch limiter are ``sandbox_fs``'s, shared with ``/v1``'s ``fileops``.
 
-Paddock's guest has no inotify API, so a directory watch is polled: the edge lists the tree (bounded by
-``sandbox_fs.MAX_WATCH_ENTRIES``) and reports what appeared (create), changed size or time (write) or went away
-(remove) since the previous look. ``WatchDir`` looks every ``WATCH_INTERVAL_S``; the watcher API
-(``CreateWatcher``/``GetWatcherEvents``, what the sync SDK polls) looks on each poll. A rename shows as a
-remove and a create (docs/e2b.md lists it as a difference).
+``WatchDir`` follows the guest's inotify (``sandboxes/dirwatch.py``): create, write and remove as they
+happen; an overflow (events lost) ends the stream with ``internal``, as envd's own watcher does. Where the
+guest has no watch to give (an older guest agent, no inotify instance left, a tree past its directory
+cap) it polls instead: the edge lists the tree (bounded by ``sandbox_fs.MAX_WATCH_ENTRIES``) every
+``WATCH_INTERVAL_S`` and reports what appeared (create), changed size or time (write) or went away
+(remove) since the previous look. The watcher API (``CreateWatcher``/``GetWatcherEvents``, what the sync
+SDK polls) always looks on each poll: it holds nothing open between polls. A rename shows as a remove and
+a create either way (docs/e2b.md lists it as a difference).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import secrets
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -21,13 +26,15 @@ from typing import Any
 
 from paddock_controlplane.edge.e2b.edge.connect import ConnectError
 from paddock_controlplane.edge.e2b.edge.context import Call, mapped
-from paddock_controlplane.sandboxes import sandbox_fs
+from paddock_controlplane.sandboxes import dirwatch, sandbox_fs
 from paddock_controlplane.sandboxes.activity import Inflight
 from paddock_core import errors
 
 MAX_PATH = 4096
 #: Watchers kept across all sandboxes (oldest dropped first).
 MAX_WATCHERS = 1_000
+#: A ``WatchDir`` stream says it is alive after this long without an event.
+KEEPALIVE_S = 5.0
 
 
 def _path(value: Any, field_name: str = "path") -> str:
@@ -107,7 +114,7 @@ async def list_dir(call: Call, req: dict[str, Any]) -> dict[str, Any]:
     return {"entries": await _listing(call, path, depth)}
 
 
-# --- watching, by polling ----------------------------------------------------------------------------
+# --- watching: WatchDir by inotify, the watcher API by polling -----------------------------------------
 
 
 @dataclass
@@ -206,21 +213,64 @@ async def _watch_dir(
     call: Call, req: dict[str, Any], slot: sandbox_fs.WatchSlot
 ) -> AsyncIterator[dict[str, Any]]:
     try:
-        watcher = await _new_watcher(call, req)
-        include_entry = bool(req.get("includeEntry"))
-        yield {"start": {}}
-        quiet = 0.0
-        while True:
-            await asyncio.sleep(sandbox_fs.WATCH_INTERVAL_S)
-            events = await _diff_now(call, watcher, include_entry)
-            for event in events:
-                yield {"filesystem": event}
-            quiet = 0.0 if events else quiet + sandbox_fs.WATCH_INTERVAL_S
-            if quiet >= 5:
-                quiet = 0.0
-                yield {"keepalive": {}}
+        path = _path(req.get("path"))
+        recursive, include_entry = bool(req.get("recursive")), bool(req.get("includeEntry"))
+        code, out, err = await _run(call, sandbox_fs.DIRECTORY, path)
+        if code != 0:
+            raise _fail(code, err, path)
+        absolute = path if path.startswith("/") else out.decode("utf-8", "surrogateescape").removesuffix("\n")
+        with mapped():
+            inotify = await dirwatch.open_stream(call.link, call.sandbox.id, absolute, recursive)
+        stream = (
+            _polled(call, req, include_entry)
+            if inotify is None
+            else _followed(call, path, inotify, include_entry)
+        )
+        async for message in stream:
+            yield message
     finally:
         slot.release()
+
+
+_KINDS = {"create": "EVENT_TYPE_CREATE", "modify": "EVENT_TYPE_WRITE", "delete": "EVENT_TYPE_REMOVE"}
+
+
+async def _followed(
+    call: Call, path: str, inotify: dirwatch.Lines, include_entry: bool
+) -> AsyncIterator[dict[str, Any]]:
+    yield {"start": {}}
+    prefix = path.rstrip("/") + "/"
+    async for item in dirwatch.follow(inotify, path, KEEPALIVE_S, math.inf):
+        if isinstance(item, dirwatch.Event):
+            event: dict[str, Any] = {"name": item.path.removeprefix(prefix), "type": _KINDS[item.kind]}
+            if include_entry and item.kind != "delete":
+                with contextlib.suppress(ConnectError):  # gone again already: the event without it
+                    event["entry"] = await _one(call, sandbox_fs.STAT, item.path)
+            yield {"filesystem": event}
+        elif isinstance(item, dirwatch.Tick):
+            yield {"keepalive": {}}
+        elif isinstance(item, dirwatch.Overflow):
+            # envd's own watcher ends the stream on an overflow (fsnotify's error) the same way
+            raise ConnectError("internal", "watcher error: events were lost (too many at once); watch again")
+        elif item.missing:
+            raise ConnectError("not_found", f"path {path} does not exist")
+        else:
+            raise ConnectError("unavailable", "the sandbox is no longer running")
+
+
+async def _polled(call: Call, req: dict[str, Any], include_entry: bool) -> AsyncIterator[dict[str, Any]]:
+    watcher = await _new_watcher(call, req)
+    yield {"start": {}}
+    quiet = 0.0
+    while True:
+        await asyncio.sleep(sandbox_fs.WATCH_INTERVAL_S)
+        events = await _diff_now(call, watcher, include_entry)
+        for event in events:
+            yield {"filesystem": event}
+        quiet = 0.0 if events else quiet + sandbox_fs.WATCH_INTERVAL_S
+        if quiet >= KEEPALIVE_S:
+            quiet = 0.0
+            yield {"keepalive": {}}
 
 
 UNARY = {
