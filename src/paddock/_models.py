@@ -94,7 +94,8 @@ class FileEntry:
 
 @dataclass
 class FileEvent:
-    """What ``files.watch`` yields: ``event`` is ``create``, ``modify`` or ``delete``."""
+    """What ``files.watch`` yields: ``event`` is ``create``, ``modify``, ``delete`` or ``overflow`` (events
+    were lost: list again)."""
 
     event: str
     path: str

@@ -298,10 +298,11 @@ class Files:
         return size
 
     def watch(self, path: str, *, recursive: bool = False) -> Iterator[FileEvent]:
-        """Watch the directory ``path``: returns once the watch has read the starting state, so a change
-        made after this returns is reported. Iterate the result for ``FileEvent``s (``create``,
-        ``modify``, ``delete``); close it (``close``) to stop. The sandbox's tree is looked at every
-        half second; a rename shows as a delete and a create."""
+        """Watch the directory ``path``: returns once the watch is in place, so a change made after this
+        returns is reported. Iterate the result for ``FileEvent``s (``create``, ``modify``, ``delete``,
+        and ``overflow`` with ``path`` itself when events were lost: list the directory again); close it
+        (``close``) to stop. Events come from the sandbox's inotify as changes happen (where it has none,
+        the tree is looked at every half second); a rename shows as a delete and a create."""
         params = {"path": path, "recursive": "true" if recursive else "false"}
         resp = self._client.open_stream("GET", self._url + "/watch", params=params)
         lines = resp.iter_lines()
