@@ -164,7 +164,9 @@ async def upload_tar(
 ) -> dict[str, Any]:
     """Unpack a tar stream into the directory ``path`` (made with its parents) inside the sandbox."""
     scratch = _scratch()
-    uploaded = await commands.upload(services, user_id, sandbox_id, scratch, body, length)
+    uploaded = await commands.upload(
+        services, user_id, sandbox_id, scratch, body, length, audited_as=(path, "tar")
+    )
     sandbox = await running_sandbox(services, user_id, sandbox_id)
     code, _, err = await _run(services, sandbox, _UNTAR, path, scratch)
     if code != 0:
@@ -196,7 +198,9 @@ async def download_tar(services: Services, user_id: str, sandbox_id: str, path: 
             with contextlib.suppress(Exception):
                 await _run(services, sandbox, 'rm -f -- "$1"', scratch)
 
-    return hostlink.Download(download.size, chunks())
+    return commands.audited_download(
+        services, sandbox, path, hostlink.Download(download.size, chunks()), what="tar"
+    )
 
 
 async def watch(
