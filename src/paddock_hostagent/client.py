@@ -66,6 +66,7 @@ from paddock_hostagent.schemas import (
     FileWritten,
     ForkBody,
     HostInfo,
+    HostStats,
     ImageFetchBody,
     ImageFetched,
     NetworkAttachBody,
@@ -351,6 +352,10 @@ class HostAgentClient:
 
     async def info(self) -> HostInfo:
         return await self._call("GET", "info", HostInfo.model_validate_json)
+
+    async def stats(self) -> HostStats:
+        """Every live sandbox's resource use (the metrics worker's pull, stats.py)."""
+        return await self._call("GET", "stats", HostStats.model_validate_json)
 
     async def create_sandbox(self, body: CreateSandboxBody) -> CreateSandboxResult:
         """Answers once the sandbox's guest agent answers (and its ``networks`` are joined)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -13,7 +14,7 @@ from starlette.background import BackgroundTask
 
 from paddock_core import fastlane
 from paddock_core.bodylimit import BodyRoute
-from paddock_hostagent import errors, image_transfer, watches
+from paddock_hostagent import errors, image_transfer, stats, watches
 from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.guest.protocol import MAX_CONTROL_PAYLOAD_BYTES, exec_payload_bytes
 from paddock_hostagent.sandboxes import SandboxManager
@@ -35,6 +36,7 @@ from paddock_hostagent.schemas import (
     FileWritten,
     ForkBody,
     HostInfo,
+    HostStats,
     ImageFetchBody,
     ImageFetched,
     NetworkAttachBody,
@@ -60,6 +62,15 @@ PathQuery = Annotated[str, Query(alias="path")]
 @router.get("/info")
 async def info(manager: Manager) -> HostInfo:
     return manager.info()
+
+
+@router.get("/stats")
+async def host_stats(request: Request, manager: Manager) -> HostStats:
+    """Every live sandbox's CPU, memory, disk and network use in one answer (stats.py)."""
+    sampler: stats.StatsSampler | None = getattr(request.app.state, "stats", None)
+    if sampler is None or sampler.runtime is not manager.runtime:
+        sampler = request.app.state.stats = stats.for_manager(manager)
+    return await asyncio.to_thread(sampler.sample)
 
 
 @router.post("/sandboxes")

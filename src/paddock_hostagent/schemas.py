@@ -382,3 +382,31 @@ class ProcessFrame(BaseModel):
     signal: str | None = None
     error: str | None = None
     oldest_available_seq: int | None = None
+
+
+class SandboxStats(BaseModel):
+    """One sandbox's resource use as the host sees it (``GET /internal/v1/stats``). ``cpu_pct`` is the
+    percent of its CPU allotment (``vcpu`` CPUs, or ``cpu_quota_pct`` of one) used since the agent's
+    previous reading of it; None on the first reading. Network counters are the sandbox's own view:
+    ``net_rx_bytes`` what it received, cumulative since its interface was made."""
+
+    id: str
+    status: Literal["running", "paused"]
+    vcpu: int
+    cpu_usage_ns: int
+    cpu_pct: float | None
+    mem_used_bytes: int
+    mem_limit_bytes: int
+    disk_used_bytes: int
+    disk_limit_bytes: int
+    net_rx_bytes: int
+    net_tx_bytes: int
+
+
+class HostStats(BaseModel):
+    """Every live sandbox of the host, read at ``at`` (unix seconds); ``took_ms`` is what reading them
+    cost the agent."""
+
+    at: float
+    took_ms: float
+    sandboxes: list[SandboxStats]
