@@ -16,6 +16,7 @@ from paddock_controlplane.edge.api.errors import install_error_handlers
 from paddock_controlplane.edge.api.routes import bodies, catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.edge.api.routes import computer as computer_routes
 from paddock_controlplane.edge.api.routes import disks as disk_routes
+from paddock_controlplane.edge.api.routes import metrics as metrics_routes
 from paddock_controlplane.edge.api.routes import networks as network_routes
 from paddock_controlplane.edge.api.routes import processes as process_routes
 from paddock_controlplane.edge.api.routes import shell as shell_routes
@@ -36,6 +37,7 @@ from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import host_reports
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.workers import reconciler
+from paddock_controlplane.workers.sandbox_metrics import MetricsWorker
 from paddock_controlplane.workers.template_builds import TemplateBuilder
 from paddock_controlplane.workers.webhook_delivery import DeliveryWorker
 from paddock_core import errors, metrics, openapi
@@ -143,6 +145,8 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         builder = TemplateBuilder(services) if settings.template_worker_enabled else None
         if builder:
             builder.start()
+        sampler = MetricsWorker(services)  # per-sandbox metrics; idle with metrics_interval_s 0
+        sampler.start()
         proxy = await ingress.start(services, ingress_cache)
         e2b = await e2b_listener.start(services)
         edge = await edge_listener.start(services)
@@ -164,6 +168,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
                 await e2b.stop()
             if proxy:
                 await proxy.stop()
+            await sampler.stop()
             if builder:
                 await builder.stop()
             if deliveries:
@@ -198,6 +203,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         disk_routes,
         template_routes,
         webhook_routes,
+        metrics_routes,
     ):
         app.include_router(module.router)
     openapi.install(app, contract.CONTRACT)  # the document as served: real statuses, envelopes, bodies

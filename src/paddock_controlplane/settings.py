@@ -99,6 +99,9 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     template_build_disk_mib: int = Field(default=10240, ge=1024)
     #: The egress allowlist of RUN steps, in the sandbox rule syntax (empty: open, as a new sandbox's).
     template_build_egress: list[str] = Field(default_factory=list)
+    #: Seconds between pulls of every host's per-sandbox stats into the metrics tables (0: no pulls in
+    #: this process; docs/observability.md). Raw samples are kept an hour, one-minute rollups a day.
+    metrics_interval_s: float = Field(default=10.0, ge=0)
     #: Run the webhook delivery worker in this process (API-only processes may turn it off).
     webhook_worker_enabled: bool = True
     #: Webhook deliveries in flight at once per process.

@@ -148,6 +148,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", SANDBOX + "/egress"): Operation(),
     ("PUT", SANDBOX + "/egress"): Operation(statuses=ON_A_SANDBOX, body=EgressRequest),
     ("GET", SANDBOX + "/bandwidth"): Operation(statuses=ON_A_SANDBOX),
+    # Metrics (§12.5, docs/observability.md): read from the database, never from the host.
+    ("GET", SANDBOX + "/metrics"): Operation(),
+    ("GET", "/v1/metrics"): Operation(),
+    ("GET", "/v1/metrics/timeseries"): Operation(),
     ("POST", SANDBOX + "/bandwidth/recharge"): Operation(
         statuses=(402, *ON_A_SANDBOX), body=RechargeRequest, body_required=True
     ),

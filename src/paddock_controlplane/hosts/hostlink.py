@@ -28,6 +28,7 @@ from paddock_hostagent.schemas import (
     DiskMountBody,
     DiskMountView,
     ForkBody,
+    HostStats,
     NetworkAttachBody,
     ProcessFrame,
     ProcessInputResult,
@@ -352,6 +353,11 @@ class HostLink(HostLinkAPI):
         except SandboxGoneError:
             return None
         return Held(status=view.status, ip=view.ip)
+
+    async def stats(self) -> HostStats:
+        """Every live sandbox's resource use on this host (the metrics worker's pull)."""
+        with _mapped():
+            return await self.client.stats()
 
     async def pause(self, sandbox_id: str) -> None:
         with _mapped():
