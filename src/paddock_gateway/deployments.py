@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from paddock_core.logging import get_logger
-from paddock_gateway import credits, payment_ids, payments, projects, settlement, x402
+from paddock_gateway import credits, payment_ids, payments, projects, settlement, siwx, x402
 from paddock_gateway.adapters.hosting import (
     AccessCheck,
     DeploymentHandle,
@@ -213,7 +213,14 @@ async def wallet_position(services: Services, wallet: str) -> tuple[int, int]:
 
 
 def quote(
-    services: Services, price: Price, balance_micro: int, active: int, *, warn: bool
+    services: Services,
+    price: Price,
+    balance_micro: int,
+    active: int,
+    *,
+    warn: bool,
+    resource: str = "/agent/deploy",
+    description: str = "Deploy an application on Paddock",
 ) -> PaymentRequired:
     registry = services.registry
     default = registry.chain(registry.default_chain)
@@ -236,17 +243,28 @@ def quote(
         )
     required = PaymentRequired(**fields)
     if services.settler.configured:  # offer x402 only when the gateway can settle it
-        offer = x402.payment_required(registry, price.amount_raw, resource_url(services))
+        extensions = {
+            siwx.SIGN_IN_WITH_X: siwx.declaration(
+                public_base(services), registry, services.clock(), "/agent/projects"
+            )
+        }
+        offer = x402.payment_required(
+            registry,
+            price.amount_raw,
+            public_base(services) + resource,
+            extensions=extensions,
+            description=description,
+            discovery=resource == "/agent/deploy",  # bazaar describes the deploy; see ``bazaar``
+        )
         required.headers[x402.PAYMENT_REQUIRED] = x402.encode_header(offer)
         required.headers.update(x402.EXPOSE_HEADERS)
     return required
 
 
-def resource_url(services: Services) -> str:
-    """The absolute URL of ``/agent/deploy`` from configuration, never from the request (B.4)."""
+def public_base(services: Services) -> str:
+    """The gateway's public origin from configuration, never from the request (B.4)."""
     settings = services.settings
-    base = settings.public_url or f"http://127.0.0.1:{settings.port}"
-    return base.rstrip("/") + "/agent/deploy"
+    return (settings.public_url or f"http://127.0.0.1:{settings.port}").rstrip("/")
 
 
 async def deploy_on_credits(
@@ -304,7 +322,20 @@ async def deploy_paid(
 async def deploy_settled(
     services: Services, caller: Caller, request: DeployInput, price: Price, signed: x402.SignedPayment
 ) -> Deployed:
-    """Appendix B.4: check, claim, settle on chain, then the same ledger, top-up and deploy as §7–§8.
+    """Appendix B.4: settle (``settle_x402``), then the same top-up and deploy as §7–§8."""
+    offer, tx_hash = await settle_x402(services, caller, price, signed)
+    accepted = await credit_and_start(services, caller, request, price, tx_hash)
+    headers = x402.settlement_response(
+        success=True, network=offer.network, payer=caller.address, transaction=tx_hash
+    )
+    return Deployed(accepted, headers, tx_hash)
+
+
+async def settle_x402(
+    services: Services, caller: Caller, price: Price, signed: x402.SignedPayment
+) -> tuple[x402.Offer, str]:
+    """Check, claim, settle on chain, then a ledger row in state ``verified``; returns the offer and the
+    settlement's hash.
 
     The claim is released on every failure before a successful receipt (nothing moved, nothing
     credited, the authorization may be tried again). A settlement sent but not mined in time keeps it
@@ -351,11 +382,7 @@ async def deploy_settled(
         method="x402",
         transfer_method=signed.method,
     )
-    accepted = await credit_and_start(services, caller, request, price, tx_hash)
-    headers = x402.settlement_response(
-        success=True, network=offer.network, payer=caller.address, transaction=tx_hash
-    )
-    return Deployed(accepted, headers, tx_hash)
+    return offer, tx_hash
 
 
 async def credit_and_start(

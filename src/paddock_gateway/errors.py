@@ -107,6 +107,7 @@ class AuthError(GatewayError):
         "auth_expired": "Timestamp outside the allowed window",
         "auth_invalid_signature": "Invalid signature",
         "auth_nonce_reused": "Nonce already used",
+        "auth_siwx_rejected": "Sign-in-with-x proof rejected",
     }
 
     def __init__(self, code: str, reason: str | None = None) -> None:

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, as_utc
-from paddock_gateway import auth, credits
+from paddock_gateway import auth, credits, siwx
 from paddock_gateway.adapters.hosting import HostingError, HostingPlatform
 from paddock_gateway.models import Project
 from paddock_gateway.settings import GatewaySettings
@@ -82,6 +82,7 @@ class Metering:
             try:
                 await self.run_once()
                 await auth.prune_nonces(self.sessions, self.clock(), self.settings.nonce_retention_s)
+                await siwx.prune_nonces(self.sessions, self.clock(), self.settings.timestamp_skew_ms / 1000)
             except Exception as exc:  # keep the worker alive; the next pass retries
                 log.error("metering_pass_failed", exc_info=exc)
             self.event.clear()

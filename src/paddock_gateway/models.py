@@ -28,6 +28,15 @@ class Nonce(Base):
     created_at: Mapped[dt.datetime] = mapped_column(TS, index=True)
 
 
+class SiwxNonce(Base):
+    """A sign-in-with-x nonce that authenticated a request; the primary key makes it single-use."""
+
+    __tablename__ = "gw_siwx_nonces"
+    nonce: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    wallet: Mapped[str] = mapped_column(sa.String(42))
+    created_at: Mapped[dt.datetime] = mapped_column(TS, index=True)
+
+
 class Payment(Base):
     """The payment ledger (§8.1): one row per transaction hash, unique across chains."""
 

@@ -237,6 +237,22 @@ class ProjectList(BaseModel):
     projects: list[ProjectItem]
 
 
+class ExtendRequest(BaseModel):
+    """``POST /agent/projects/{projectId}/extend``: pay for ``months`` more of runtime."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    months: StrictInt = Field(default=1, ge=1, le=120)
+
+
+class ExtendAccepted(BaseModel):
+    projectId: str
+    months: int
+    amount_usd: float
+    current_credit_balance_usd: float
+    message: str
+
+
 class ProjectDeleted(BaseModel):
     projectId: str
     status: Literal["deleted"] = "deleted"

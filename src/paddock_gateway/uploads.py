@@ -12,13 +12,16 @@ import io
 import stat
 import zipfile
 from dataclasses import dataclass
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from paddock_core import jsonbody
 from paddock_gateway.adapters.hosting import DeployOptions, UploadedFile
 from paddock_gateway.errors import InvalidBody, InvalidJson
 from paddock_gateway.schemas import MAX_FILES, DeployRequest, FilesUpload, check_relative_path, error_field
+
+M = TypeVar("M", bound=BaseModel)
 
 MAX_UNPACKED_BYTES = 256 * 1024 * 1024
 MAX_RATIO = 200
@@ -37,6 +40,11 @@ def is_json_content_type(value: str | None) -> bool:
 
 
 def parse_body(raw: bytes, content_type: str | None) -> DeployRequest:
+    return parse_model(raw, content_type, DeployRequest)
+
+
+def parse_model(raw: bytes, content_type: str | None, model: type[M]) -> M:
+    """A JSON body as ``model``: 400 ``invalid_json`` or ``invalid_body`` naming the field."""
     if not is_json_content_type(content_type):
         raise InvalidJson("Content-Type must be application/json")
     # One parse, with the boundary rule shared with the control plane: NUL in a string, NaN/Infinity
@@ -50,7 +58,7 @@ def parse_body(raw: bytes, content_type: str | None) -> DeployRequest:
     if not isinstance(data, dict):
         raise InvalidBody([{"field": "body", "message": "must be a JSON object"}])
     try:
-        return DeployRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         details: list[dict[str, str]] = []
         for err in exc.errors(include_url=False, include_input=False):

@@ -15,7 +15,8 @@ which x402 clients read to choose how to sign):
 USDT has no EIP-3009 on either chain, so Permit2 is its only x402 method.
 
 The 402 also declares the ``payment-identifier`` extension (optional): a payment that carries
-``extensions["payment-identifier"].info.id`` is answered once per (wallet, id), see ``deployments``.
+``extensions["payment-identifier"].info.id`` is answered once per (wallet, id), see ``deployments``; and
+``sign-in-with-x`` (``siwx``): the challenge a payer signs later to manage what it paid for.
 """
 
 from __future__ import annotations
@@ -125,17 +126,27 @@ def offers(registry: Registry) -> list[Offer]:
 
 
 def payment_required(
-    registry: Registry, amount_raw: int, resource_url: str, error: str | None = None
+    registry: Registry,
+    amount_raw: int,
+    resource_url: str,
+    error: str | None = None,
+    extensions: dict[str, Any] | None = None,
+    *,
+    description: str = "Deploy an application on Paddock",
+    discovery: bool = True,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "x402Version": X402_VERSION,
         "resource": {
             "url": resource_url,
-            "description": "Deploy an application on Paddock",
+            "description": description,
             "mimeType": "application/json",
         },
         "accepts": [offer.requirement(amount_raw) for offer in offers(registry)],
-        "extensions": {PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA}},
+        "extensions": {
+            PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA},
+            **(extensions or {}),
+        },
     }
     if error is not None:
         body["error"] = error

@@ -43,6 +43,7 @@ from tests.gateway.conftest import (
     static_site,
     unique_name,
 )
+from tests.gateway.test_siwx import proof as siwx_proof
 from tests.gateway.test_x402 import PRICE_RAW, decode, encode
 from tests.gateway.test_x402_permit2 import mined, sign_permit, word
 
@@ -207,6 +208,11 @@ async def test_a_smart_wallet_authenticates_and_pays_a_deploy_by_permit2(
         "projects"
     ]
     assert [p["id"] for p in projects] == [response.json()["projectId"]]
+    # Sign-in-with-x as the smart wallet: the owner signs the EIP-4361 message, EIP-1271 accepts it.
+    header = await siwx_proof(gw, wallet.owner, address=wallet.address)
+    by_siwx = await gw.http.get("/agent/projects", headers={"SIGN-IN-WITH-X": header})
+    assert by_siwx.status_code == 200, by_siwx.text
+    assert [p["id"] for p in by_siwx.json()["projects"]] == [response.json()["projectId"]]
 
 
 async def test_a_counterfactual_wallet_is_authenticated_by_erc6492_and_nothing_is_deployed(

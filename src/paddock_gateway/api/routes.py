@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
 
-from paddock_gateway import deployments, lookups, projects
-from paddock_gateway.api.deps import CallerDep, ServicesDep
+from paddock_gateway import deployments, extend, lookups, projects
+from paddock_gateway.api.deps import CallerDep, ManagerDep, ServicesDep
 from paddock_gateway.schemas import (
     BalanceBody,
     ChainsBody,
@@ -15,6 +16,8 @@ from paddock_gateway.schemas import (
     DeploymentStatusBody,
     DeployRequest,
     ErrorBody,
+    ExtendAccepted,
+    ExtendRequest,
     Health,
     ProjectDeleted,
     ProjectList,
@@ -32,6 +35,16 @@ WALLET_HEADERS = [
     {"name": name, "in": "header", "required": True, "schema": {"type": "string"}}
     for name in ("X-Wallet-Address", "X-Signature", "X-Timestamp", "X-Nonce")
 ]
+#: Where a paying wallet manages its projects: the seed's headers, or x402's SIGN-IN-WITH-X instead.
+MANAGER_HEADERS = [{**header, "required": False} for header in WALLET_HEADERS] + [
+    {"name": "SIGN-IN-WITH-X", "in": "header", "required": False, "schema": {"type": "string"}}
+]
+PAYMENT_SIGNATURE_HEADER = {
+    "name": "PAYMENT-SIGNATURE",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string"},
+}
 DEPLOY_HEADERS = [
     {"name": name, "in": "header", "required": False, "schema": {"type": "string"}}
     for name in (
@@ -77,10 +90,10 @@ async def deploy(
     response_model=DeploymentStatusBody,
     response_model_exclude_none=True,
     responses=errors(401, 403, 404, 429, 502),
-    openapi_extra={"parameters": WALLET_HEADERS},
+    openapi_extra={"parameters": MANAGER_HEADERS},
 )
 async def deployment_status(
-    projectId: str, deploymentId: str, request: Request, services: ServicesDep, caller: CallerDep
+    projectId: str, deploymentId: str, request: Request, services: ServicesDep, caller: ManagerDep
 ) -> DeploymentStatusBody:
     request.scope["state"]["resource_id"] = deploymentId
     return await projects.deployment_status(services, caller, projectId, deploymentId)
@@ -90,9 +103,9 @@ async def deployment_status(
     "/agent/projects",
     response_model=ProjectList,
     responses=errors(401, 429, 502),
-    openapi_extra={"parameters": WALLET_HEADERS},
+    openapi_extra={"parameters": MANAGER_HEADERS},
 )
-async def list_projects(services: ServicesDep, caller: CallerDep) -> ProjectList:
+async def list_projects(services: ServicesDep, caller: ManagerDep) -> ProjectList:
     return await projects.list_projects(services, caller)
 
 
@@ -100,13 +113,37 @@ async def list_projects(services: ServicesDep, caller: CallerDep) -> ProjectList
     "/agent/projects/{projectId}",
     response_model=ProjectDeleted,
     responses=errors(401, 403, 404, 429, 500),
-    openapi_extra={"parameters": WALLET_HEADERS},
+    openapi_extra={"parameters": MANAGER_HEADERS},
 )
 async def delete_project(
-    projectId: str, request: Request, services: ServicesDep, caller: CallerDep
+    projectId: str, request: Request, services: ServicesDep, caller: ManagerDep
 ) -> ProjectDeleted:
     request.scope["state"]["resource_id"] = projectId
     return await projects.delete_project(services, caller, projectId)
+
+
+@router.post(
+    "/agent/projects/{projectId}/extend",
+    response_model=ExtendAccepted,
+    responses=errors(400, 401, 402, 403, 404, 409, 429, 502, 503),
+    openapi_extra={
+        "parameters": [*MANAGER_HEADERS, PAYMENT_SIGNATURE_HEADER],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ExtendRequest"}}},
+        },
+    },
+)
+async def extend_project(
+    projectId: str, request: Request, response: Response, services: ServicesDep, caller: ManagerDep
+) -> ExtendAccepted:
+    request.scope["state"]["resource_id"] = projectId
+    body = await request.body()
+    accepted, headers = await extend.extend(
+        services, caller, projectId, body, request.headers.get("content-type"), request.headers
+    )
+    response.headers.update(headers)  # PAYMENT-RESPONSE
+    return accepted
 
 
 @router.get("/agent/balance/{address}", response_model=BalanceBody, responses=errors(400, 429, 502))
@@ -124,4 +161,4 @@ async def recipients(services: ServicesDep) -> RecipientsBody:
     return lookups.recipients(services)
 
 
-EXTRA_SCHEMAS = {"DeployRequest": DeployRequest}
+EXTRA_SCHEMAS: dict[str, type[BaseModel]] = {"DeployRequest": DeployRequest, "ExtendRequest": ExtendRequest}
