@@ -12,7 +12,7 @@ import pytest
 from tests.cli.test_sandbox_cli import Cli
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
-from tests.controlplane.test_sandboxes_rules import fake_host
+from tests.controlplane.sandboxes.test_sandboxes_rules import fake_host
 
 __all__ = ["fake_host"]
 

@@ -11,8 +11,8 @@ import pytest
 
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
-from tests.controlplane.test_networks import client_for, fail, ok
-from tests.controlplane.test_networks import fake_host as fake_host
+from tests.controlplane.resources.test_networks import client_for, fail, ok
+from tests.controlplane.resources.test_networks import fake_host as fake_host
 
 pytestmark = pytest.mark.db
 

@@ -22,8 +22,8 @@ from paddock_core.db import make_engine, make_sessionmaker
 from paddock_core.timeutil import utcnow
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
-from tests.controlplane.test_networks import client_for, fail, new_sandbox, ok
-from tests.controlplane.test_networks import fake_host as fake_host
+from tests.controlplane.resources.test_networks import client_for, fail, new_sandbox, ok
+from tests.controlplane.resources.test_networks import fake_host as fake_host
 
 pytestmark = pytest.mark.db
 

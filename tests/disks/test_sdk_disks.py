@@ -11,7 +11,7 @@ import paddock
 from paddock_controlplane.settings import ControlPlaneSettings
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
-from tests.controlplane.test_networks import fake_host as fake_host
+from tests.controlplane.resources.test_networks import fake_host as fake_host
 
 pytestmark = pytest.mark.db
 

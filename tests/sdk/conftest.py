@@ -10,7 +10,7 @@ import pytest
 
 from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from tests.controlplane.conftest import controlplane, cp_settings
-from tests.controlplane.test_sandboxes_rules import fake_host
+from tests.controlplane.sandboxes.test_sandboxes_rules import fake_host
 from tests.gateway.conftest import chain_gateway, devchains, paying_wallet
 from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.integration.conftest import TIERS, tier_params

@@ -261,7 +261,7 @@ def test_put_creates_missing_parent_directories(http: httpx.Client, sandbox_id: 
 
 
 # §12.1 (access tokens), §12.2 (processes) and §12.3 (computer use) are implemented:
-# tests/controlplane/test_access_tokens.py, tests/terminals/, tests/desktop/. On a sandbox that was not
+# tests/controlplane/resources/test_access_tokens.py, tests/terminals/, tests/desktop/. On a sandbox that was not
 # booted from a desktop image, computer use is a 409 (§12.3), whatever the body.
 SECTION_12_3 = [
     ("GET", "computer/screenshot"),

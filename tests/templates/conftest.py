@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.controlplane.conftest import controlplane, cp_settings
-from tests.controlplane.test_sandboxes_rules import fake_host
+from tests.controlplane.sandboxes.test_sandboxes_rules import fake_host
 from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform, start_platform
 

@@ -22,7 +22,7 @@ from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core import bodylimit, serving
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
-from tests.controlplane.test_sandboxes_rules import api, fail_data, fake_host
+from tests.controlplane.sandboxes.test_sandboxes_rules import api, fail_data, fake_host
 
 __all__ = ["api", "fake_host"]
 

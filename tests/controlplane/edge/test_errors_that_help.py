@@ -22,7 +22,7 @@ import paddock
 from tests.cli.test_sandbox_cli import Cli
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
-from tests.controlplane.test_sandboxes_rules import api, fake_host
+from tests.controlplane.sandboxes.test_sandboxes_rules import api, fake_host
 
 __all__ = ["api", "fake_host"]
 

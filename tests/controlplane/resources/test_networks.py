@@ -16,7 +16,7 @@ import pytest
 from paddock_controlplane.settings import ControlPlaneSettings
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
-from tests.controlplane.test_sandboxes_rules import fake_host
+from tests.controlplane.sandboxes.test_sandboxes_rules import fake_host
 
 __all__ = ["fake_host"]
 

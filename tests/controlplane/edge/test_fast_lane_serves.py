@@ -21,7 +21,7 @@ from paddock_core import errors
 from tests.conftest import LiveServer
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
-from tests.controlplane.test_sandboxes_rules import api, fake_host
+from tests.controlplane.sandboxes.test_sandboxes_rules import api, fake_host
 
 __all__ = ["api", "fake_host"]
 

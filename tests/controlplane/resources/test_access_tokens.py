@@ -19,7 +19,7 @@ from paddock_core.crypto import sha256_hex
 from paddock_core.db import make_engine
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
-from tests.controlplane.test_sandboxes_rules import api, fake_host
+from tests.controlplane.sandboxes.test_sandboxes_rules import api, fake_host
 
 __all__ = ["api", "fake_host"]
 

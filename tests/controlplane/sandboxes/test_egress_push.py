@@ -10,7 +10,7 @@ import pytest
 
 from paddock_controlplane.hosts import hostlink
 from tests.controlplane.fakehost import FakeHostLink
-from tests.controlplane.test_sandboxes_rules import api, fake_host
+from tests.controlplane.sandboxes.test_sandboxes_rules import api, fake_host
 
 __all__ = ["api", "fake_host"]
 

@@ -21,8 +21,8 @@ from paddock_core import errors
 from paddock_core.fastlane import FastLane
 from tests.conftest import LiveServer
 from tests.controlplane.conftest import ControlPlane
-from tests.controlplane.test_access_tokens import as_token, fail, issue, new_sandbox
-from tests.controlplane.test_sandboxes_rules import api, fake_host
+from tests.controlplane.resources.test_access_tokens import as_token, fail, issue, new_sandbox
+from tests.controlplane.sandboxes.test_sandboxes_rules import api, fake_host
 
 __all__ = ["api", "fake_host"]
 

@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from tests.controlplane.fakehost import FakeHostLink
-from tests.controlplane.test_access_tokens import as_token, fail, issue, new_sandbox
-from tests.controlplane.test_sandboxes_rules import api, fake_host
+from tests.controlplane.resources.test_access_tokens import as_token, fail, issue, new_sandbox
+from tests.controlplane.sandboxes.test_sandboxes_rules import api, fake_host
 
 __all__ = ["api", "fake_host"]
 

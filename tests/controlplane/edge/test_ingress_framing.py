@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.controlplane.test_ingress_protocol import (
+from tests.controlplane.edge.test_ingress_protocol import (
     DOMAIN,
     SANDBOX,
     handler_from,

@@ -1,6 +1,6 @@
 """The ingress proxy right after a wake: a thawed app that refuses or drops the first connections.
 
-Against scripted apps on 127.0.0.1 (the seam of tests/controlplane/test_ingress_protocol.py): the router
+Against scripted apps on 127.0.0.1 (the seam of tests/controlplane/edge/test_ingress_protocol.py): the router
 says which sandbox was woken lately (``Route.settle_until``). Within that window the proxy tries the app
 again until it answers; outside it a refused connect is a 502 at once and an unanswered request is tried
 only once more. The real wake (gVisor, four requests racing a resume) is

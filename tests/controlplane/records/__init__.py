@@ -1,0 +1,1 @@
+"""Tests of src/paddock_controlplane/records/: migrations and the status watch."""

@@ -1,0 +1,1 @@
+"""Tests of src/paddock_controlplane/resources/: accounts, access tokens, billing, networks, webhooks."""

@@ -1,0 +1,1 @@
+"""Tests of src/paddock_controlplane/sandboxes/: create and fork rules, lifetimes, processes, states, egress."""

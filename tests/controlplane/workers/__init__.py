@@ -1,0 +1,1 @@
+"""Tests of src/paddock_controlplane/workers/: the reconciler's orphaned boots, webhook delivery."""
