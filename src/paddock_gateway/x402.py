@@ -14,9 +14,10 @@ which x402 clients read to choose how to sign):
 
 USDT has no EIP-3009 on either chain, so Permit2 is its only x402 method.
 
-The 402 also declares the ``payment-identifier`` extension (optional): a payment that carries
-``extensions["payment-identifier"].info.id`` is answered once per (wallet, id), see ``deployments``; and
-``sign-in-with-x`` (``siwx``): the challenge a payer signs later to manage what it paid for.
+The 402 also declares three extensions: ``payment-identifier`` (optional: a payment that carries
+``extensions["payment-identifier"].info.id`` is answered once per (wallet, id), see ``deployments``),
+``sign-in-with-x`` (``siwx``: the challenge a payer signs later to manage what it paid for) and, for the
+deploy, ``bazaar`` (``bazaar``: the resource's method, input and output with their JSON schemas).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from paddock_gateway import bazaar
 from paddock_gateway.errors import InvalidPaymentSignature
 from paddock_gateway.registry import TOKEN_NAMES, ChainSpec, Registry, TokenSpec
 
@@ -145,6 +147,7 @@ def payment_required(
         "accepts": [offer.requirement(amount_raw) for offer in offers(registry)],
         "extensions": {
             PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA},
+            **({bazaar.BAZAAR: bazaar.deploy_discovery()} if discovery else {}),
             **(extensions or {}),
         },
     }
