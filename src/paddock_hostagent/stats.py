@@ -18,10 +18,14 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from paddock_hostagent.drivers.base import RuntimeState, SandboxRecord, SandboxRuntime
 from paddock_hostagent.drivers.system.host_processes import read_small
 from paddock_hostagent.schemas import HostStats, SandboxStats
+
+if TYPE_CHECKING:
+    from paddock_hostagent.sandboxes import SandboxManager
 
 MIN_CPU_INTERVAL_S = 0.5
 _NET_SYSFS = "/sys/class/net"
@@ -122,11 +126,11 @@ class StatsSampler:
         return self._pct[record.id]
 
 
-def for_manager(manager: object) -> StatsSampler:
-    """A sampler over a ``SandboxManager``'s sandboxes (its runtime and the records it holds)."""
-    runtime: SandboxRuntime = manager.runtime  # type: ignore[attr-defined]
+def for_manager(manager: SandboxManager) -> StatsSampler:
+    """A sampler over a ``SandboxManager``'s sandboxes (its runtime and its registry's records)."""
+    entries = manager.registry.entries
 
-    def records() -> list[SandboxRecord]:  # read-only: the records the manager holds now
-        return [entry.record for entry in list(manager._entries.values())]  # type: ignore[attr-defined]
+    def records() -> list[SandboxRecord]:  # read-only: the records the agent holds now
+        return [entry.record for entry in list(entries.values())]
 
-    return StatsSampler(runtime, records)
+    return StatsSampler(manager.runtime, records)
