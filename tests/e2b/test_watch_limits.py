@@ -1,5 +1,5 @@
-"""Open watches are bounded (isolation rule 5): each polls its sandbox with a listing every 0.5 s, so a
-sandbox has at most ``MAX_WATCHES_PER_SANDBOX`` of them open, through the edge's ``WatchDir`` and
+"""Open watches are bounded (isolation rule 5): each holds a guest process and an inotify instance in its
+sandbox (or, polled, runs a listing there every 0.5 s), so a sandbox has at most ``MAX_WATCHES_PER_SANDBOX`` of them open, through the edge's ``WatchDir`` and
 ``/v1``'s ``GET …/files/watch`` together (one limiter), and an account ``MAX_WATCHES_PER_ACCOUNT``. One
 more is refused, a 429 with Retry-After on ``/v1`` and Connect's ``resource_exhausted`` on the edge, and
 a closed watch frees its place. On the previous code the ninth watch was opened like the first."""
