@@ -59,6 +59,7 @@ from paddock_hostagent.schemas import (
     DetachResult,
     DiskMountBody,
     DiskMountView,
+    EgressAttempts,
     EgressBody,
     EgressResult,
     ExecBody,
@@ -405,6 +406,12 @@ class HostAgentClient:
             EgressResult.model_validate_json,
             body=EgressBody(egress=rules),
         )
+
+    async def egress_attempts(self, epoch: str, after: int, limit: int = 1000) -> EgressAttempts:
+        """The sandboxes' connection attempts after number ``after`` of agent run ``epoch`` (the audit
+        trail's poll)."""
+        params = {"epoch": epoch, "after": str(after), "limit": str(limit)}
+        return await self._call("GET", "egress/attempts", EgressAttempts.model_validate_json, params=params)
 
     async def get_bandwidth(self, sandbox_id: str) -> BandwidthResult:
         """The counters as the kernel has them right now."""

@@ -29,6 +29,8 @@ from paddock_hostagent.schemas import (
     DetachResult,
     DiskMountBody,
     DiskMountView,
+    EgressAttempt,
+    EgressAttempts,
     EgressBody,
     EgressResult,
     ExecBody,
@@ -197,6 +199,26 @@ async def detach_disk(sandbox_id: str, mount_path: Annotated[str, Query()], mana
 @router.put("/sandboxes/{sandbox_id}/egress")
 async def set_egress(sandbox_id: str, body: EgressBody, manager: Manager) -> EgressResult:
     return EgressResult(id=sandbox_id, egress=await manager.set_egress(sandbox_id, body.egress))
+
+
+@router.get("/egress/attempts")
+async def egress_attempts(
+    manager: Manager,
+    epoch: Annotated[str, Query(max_length=40)] = "",
+    after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> EgressAttempts:
+    """The sandboxes' connection attempts for the audit trail (egress.py), from ``after`` on."""
+    service = manager.egress
+    if service is None:
+        return EgressAttempts(epoch="", next=0, lost=0, attempts=[])
+    records, last, lost = await service.attempts(epoch, after, limit)
+    return EgressAttempts(
+        epoch=service.epoch,
+        next=last,
+        lost=lost,
+        attempts=[EgressAttempt.model_validate(record, from_attributes=True) for record in records],
+    )
 
 
 @router.get("/sandboxes/{sandbox_id}/bandwidth")

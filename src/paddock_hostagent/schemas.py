@@ -171,6 +171,30 @@ class BandwidthBody(BaseModel):
     quota_bytes: int = Field(ge=-1)
 
 
+class EgressAttempt(BaseModel):
+    """Connections a sandbox tried to open to one address and port since the last record of them
+    (``packets`` opening packets, the last at ``at``, epoch seconds), allowed or refused."""
+
+    seq: int
+    sandbox_id: str
+    at: float
+    verdict: Literal["allowed", "refused"]
+    address: str
+    protocol: str
+    port: int
+    packets: int
+
+
+class EgressAttempts(BaseModel):
+    """``GET /internal/v1/egress/attempts``: the records after the asked number of this agent run
+    (``epoch``), the last number given (``next``) and how many were dropped before being read."""
+
+    epoch: str
+    next: int
+    lost: int
+    attempts: list[EgressAttempt]
+
+
 class BandwidthResult(BaseModel):
     """Egress bytes counted in the kernel since the sandbox was created, ingress bytes observed, the
     budget (-1: unmetered) and whether it is used up (egress blocked)."""
