@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from paddock_controlplane.edge import contract, ingress, sshgate
 from paddock_controlplane.edge.api.errors import install_error_handlers
+from paddock_controlplane.edge.api.routes import audit as audit_routes
 from paddock_controlplane.edge.api.routes import bodies, catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.edge.api.routes import computer as computer_routes
 from paddock_controlplane.edge.api.routes import disks as disk_routes
@@ -22,6 +23,7 @@ from paddock_controlplane.edge.api.routes import processes as process_routes
 from paddock_controlplane.edge.api.routes import shell as shell_routes
 from paddock_controlplane.edge.api.routes import templates as template_routes
 from paddock_controlplane.edge.api.routes import webhooks as webhook_routes
+from paddock_controlplane.edge.auditing import AuditMiddleware
 from paddock_controlplane.edge.e2b import listener as e2b_listener
 from paddock_controlplane.edge.e2b.edge import listener as edge_listener
 from paddock_controlplane.hosts import hostlink
@@ -37,6 +39,7 @@ from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import host_reports
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.workers import reconciler
+from paddock_controlplane.workers.audit_writer import AuditWriter
 from paddock_controlplane.workers.sandbox_metrics import MetricsWorker
 from paddock_controlplane.workers.template_builds import TemplateBuilder
 from paddock_controlplane.workers.webhook_delivery import DeliveryWorker
@@ -139,6 +142,8 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         loop = reconciler.Reconciler(services, reconciler.PASSES)
         await loop.run_once()
         loop.start()
+        auditor = AuditWriter(services)  # the audit trail's queue, egress polls and retention
+        auditor.start()
         deliveries = DeliveryWorker.from_services(services) if settings.webhook_worker_enabled else None
         if deliveries:
             deliveries.start()
@@ -174,6 +179,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
             if deliveries:
                 await deliveries.stop()
             await loop.stop()
+            await auditor.stop()
             await hostlink.close_all(services)
             services.reads.dispose()
             await engine.dispose()
@@ -196,6 +202,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         internal,
         sandboxes,
         commands,
+        audit_routes,
         network_routes,
         process_routes,
         computer_routes,
@@ -211,6 +218,8 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
     app.add_middleware(
         FastLane, routes=metrics.tag_fast_routes(telemetry, [*commands.FAST_ROUTES, *sandboxes.FAST_ROUTES])
     )
+    # Outside the fast lane, so both lanes' calls on a sandbox are in the audit trail.
+    app.add_middleware(AuditMiddleware)
     # Outside the fast lane, which reads bodies too: every body is bounded before it is buffered.
     app.add_middleware(
         BodyLimit,

@@ -80,6 +80,15 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     boot_timeout_s: float = 45.0
     #: How long destroyed/failed rows stay readable.
     retention_destroyed_h: int = 24
+    #: The audit trail (docs/audit.md): events older than this go, and each sandbox keeps its newest
+    #: ``audit_max_events_per_sandbox``; a destroyed sandbox's trail stays readable until then.
+    audit_retention_days: float = Field(default=7.0, gt=0)
+    audit_max_events_per_sandbox: int = Field(default=100_000, ge=1)
+    #: How often queued events are written (sooner once 500 wait), hosts polled for egress attempts,
+    #: and retention enforced.
+    audit_flush_interval_s: float = Field(default=0.5, gt=0)
+    audit_egress_poll_s: float = Field(default=2.0, gt=0)
+    audit_prune_interval_s: float = Field(default=60.0, gt=0)
     #: Deliver webhooks to loopback, private and link-local addresses (off: refused as SSRF).
     webhook_allow_private_targets: bool = False
     #: Let disks use S3 endpoints on loopback, private and link-local addresses (off: refused, since s3fs

@@ -86,6 +86,24 @@ WAIT = (
 STATUS_FILTER = query("status", {"type": "string", "enum": sorted(STATUSES)}, "only sandboxes in this status")
 STREAM = query("stream", {"type": "string", "enum": ["true", "false"]}, "answer with NDJSON frames")
 
+AUDIT_QUERY = (
+    query(
+        "kind",
+        {
+            "type": "string",
+            "pattern": "^(api|command|file|process|egress|dropped)(,(api|command|file|process|egress|dropped))*$",
+        },
+        "only events of these kinds, comma-separated",
+    ),
+    query("since", {"type": "string", "format": "date-time"}, "only events at or after this time (RFC 3339)"),
+    query("until", {"type": "string", "format": "date-time"}, "only events before this time (RFC 3339)"),
+    query("limit", {"type": "integer", "minimum": 1}, "page size (default 100; above 1000 is clamped)"),
+    query("cursor", {"type": "string"}, "the next_cursor of the page before"),
+    query(
+        "format", {"type": "string", "enum": ["json", "jsonl"]}, "jsonl: every matching event as JSON lines"
+    ),
+)
+
 #: §12.3 routes besides the screenshot: (method, suffix, body model, whether a body must be sent).
 COMPUTER_OPERATIONS: tuple[tuple[str, str, type[BaseModel] | None, bool], ...] = (
     ("GET", "/screen", None, False),
@@ -252,6 +270,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         statuses=(402, 403, 409), body=TemplateCreateRequest, body_required=True
     ),
     ("GET", "/v1/templates/{ref}/logs"): Operation(media=("application/x-ndjson",), unwrapped=True),
+    # The audit trail (docs/audit.md): a page of events, or all of them as JSON lines.
+    ("GET", SANDBOX + "/audit"): Operation(query=AUDIT_QUERY, media=("application/x-ndjson",)),
 }
 
 CONTRACT = Contract(
