@@ -263,7 +263,12 @@ def control_plane_imports() -> dict[str, set[str]]:
     """Module → every control-plane module it imports anywhere: at import time, under
     ``if TYPE_CHECKING:`` and inside functions (``from pkg import mod`` is ``pkg.mod`` when ``mod`` is
     a module)."""
-    modules = {_module_name(path): path for path in CONTROL_PLANE.rglob("*.py")}
+    return package_imports(CONTROL_PLANE)
+
+
+def package_imports(root: Path) -> dict[str, set[str]]:
+    """Module → every module of the package at ``root`` it imports anywhere (see above)."""
+    modules = {_module_name(path): path for path in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         edges: set[str] = set()
@@ -336,4 +341,75 @@ def test_the_control_plane_has_no_import_cycle_even_type_only() -> None:
     graph = control_plane_imports()
     assert "paddock_controlplane.records.services" in graph["paddock_controlplane.hosts.hostlink"]
     cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+# -- the host agent's drivers, by kernel concern ------------------------------------------------------
+
+HOST_AGENT = SRC / "paddock_hostagent"
+DRIVERS = "paddock_hostagent.drivers"
+#: Concern folder under ``drivers/`` → the concerns it may import (``base``, the driver Protocol, is open
+#: to all). ``system`` (commands, host processes, namespace threads) is what every concern runs on;
+#: ``storage`` reads only the netns directory's name from ``net``; the runtime and the VM tier compose
+#: the others, and nothing in ``drivers/`` imports the agent above it (its sandboxes, routes, app).
+DRIVER_CONCERNS: dict[str, set[str]] = {
+    "system": set(),
+    "net": {"system"},
+    "storage": {"system", "net"},
+    "build": {"system", "storage"},
+    "runtime": {"system", "net", "storage"},
+    "vm": {"system", "net"},
+}
+#: What ``drivers/`` may import of the agent outside it: the in-sandbox guest agent's client.
+DRIVERS_MAY_REACH = ("paddock_hostagent.guest",)
+
+
+def driver_offences(graph: dict[str, set[str]]) -> list[str]:
+    offences = []
+    for module, imports in sorted(graph.items()):
+        if not module.startswith(DRIVERS + "."):
+            continue
+        concern = module.split(".")[2]
+        if concern not in DRIVER_CONCERNS and concern != "base":
+            offences.append(f"{module} is outside the concern folders ({', '.join(DRIVER_CONCERNS)})")
+        for target in sorted(imports):
+            if target == DRIVERS or target == f"{DRIVERS}.base":
+                continue
+            if not target.startswith(DRIVERS + "."):
+                if not target.startswith(DRIVERS_MAY_REACH):
+                    offences.append(f"{module} imports {target}, the agent above the drivers")
+                continue
+            other = target.split(".")[2]
+            if other != concern and other not in DRIVER_CONCERNS.get(concern, set()):
+                offences.append(f"{module} ({concern}) imports {target} ({other})")
+    return offences
+
+
+def test_each_driver_concern_imports_only_the_concerns_below_it() -> None:
+    graph = package_imports(HOST_AGENT)
+    # The graph is real: the runtime's edges to the concerns it composes are in it.
+    runtime = graph["paddock_hostagent.drivers.runtime.oci"]
+    assert any(target.startswith("paddock_hostagent.drivers.storage") for target in runtime)
+    assert any(target.startswith("paddock_hostagent.drivers.net") for target in runtime)
+    offences = driver_offences(graph)
+    assert not offences, "\n".join(offences)
+
+
+def test_driver_rules_catch_an_import_upwards() -> None:
+    graph = {
+        "paddock_hostagent.drivers.system.commands": {"paddock_hostagent.drivers.net.network"},
+        "paddock_hostagent.drivers.net.network": {"paddock_hostagent.sandboxes.manager"},
+        "paddock_hostagent.drivers.vm.qemu": {
+            "paddock_hostagent.guest.client",
+            "paddock_hostagent.drivers.base",
+        },
+    }
+    assert driver_offences(graph) == [
+        "paddock_hostagent.drivers.net.network imports paddock_hostagent.sandboxes.manager, the agent above the drivers",
+        "paddock_hostagent.drivers.system.commands (system) imports paddock_hostagent.drivers.net.network (net)",
+    ]
+
+
+def test_the_host_agent_has_no_import_cycle_even_type_only() -> None:
+    cycle = find_cycle(package_imports(HOST_AGENT))
     assert cycle is None, " -> ".join(cycle or [])
