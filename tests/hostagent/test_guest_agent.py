@@ -208,7 +208,7 @@ async def test_files_round_trip_byte_exact(guest: tuple[GuestClient, object], tm
 
     assert await client.write_file(target, one_chunk()) == len(data)
     assert (tmp_path / "blob.bin").read_bytes() == data
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".paddock-upload")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".paddock-up")]  # -upload- or -update-
 
 
 async def test_100_mib_streams_without_the_agent_holding_it(

@@ -257,7 +257,7 @@ def test_an_upload_onto_a_full_disk_is_507_and_leaves_nothing(tenants: tuple[Ten
     assert "disk is full" in answer.json()["message"], answer.text
     listing = tenant.sh(sandbox_id, "ls -A /root; test ! -e /root/big.bin")
     assert listing["exit_code"] == 0, listing
-    assert ".paddock-upload" not in listing["stdout"], listing
+    assert ".paddock-up" not in listing["stdout"], listing
     # Once room is made, the same upload succeeds.
     assert tenant.sh(sandbox_id, "rm /root/fill")["exit_code"] == 0
     again = tenant.http.put(

@@ -109,7 +109,8 @@ int handle_write(int sock, const unsigned char *payload, uint32_t len) {
     if (pseudo_fs(dir)) return send_error(sock, E_BAD_PATH, "%s is on a kernel pseudo filesystem", path);
 
     char tmp[PATH_MAX + 32];
-    snprintf(tmp, sizeof tmp, "%s/.paddock-upload-XXXXXX", strcmp(dir, "/") ? dir : "");
+    /* The name says whether it replaces a file: a watch (watch.c) reports the rename as a modify then. */
+    snprintf(tmp, sizeof tmp, "%s/.paddock-%s-XXXXXX", strcmp(dir, "/") ? dir : "", exists ? "update" : "upload");
     int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) {
         int e = errno;

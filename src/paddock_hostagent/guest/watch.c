@@ -24,7 +24,7 @@
  * Bounds: WATCH_MAX_DIRS directories per watch; the kernel's queue (fs.inotify.max_queued_events) for
  * events not yet read, IN_Q_OVERFLOW past it; this agent blocks on a client that does not read (the
  * kernel's queue then fills and overflows). The guest's own upload temporaries (.paddock-upload-XXXXXX,
- * files.c) are never reported: an upload is the create (or, over an existing file, the create) of its name.
+ * files.c) are never reported: an upload is the create of its name, or a modify when it replaced a file.
  *
  * Paths are resolved here, inside the sandbox's mount namespace (or its VM); symlinks below the watched
  * directory are reported, never followed. */
@@ -44,6 +44,7 @@
     (IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF |   \
      IN_MOVE_SELF | IN_EXCL_UNLINK)
 #define UPLOAD_TMP_PREFIX ".paddock-upload-"
+#define UPDATE_TMP_PREFIX ".paddock-update-" /* an upload that replaces a file (files.c) */
 
 struct wdir {
     int wd;
@@ -63,6 +64,7 @@ struct watch {
     struct pending pending[WATCH_MAX_PENDING];
     int npending;
     int64_t first_ms, last_ms;
+    uint32_t update_cookie; /* the rename of an upload replacing a file: its IN_MOVED_TO is a modify */
 };
 
 static int flush(struct watch *w) {
@@ -173,7 +175,8 @@ static uint32_t lstat_type(const struct watch *w, const char *rel, uint32_t othe
 }
 
 static int is_upload_tmp(const char *name) {
-    return strncmp(name, UPLOAD_TMP_PREFIX, sizeof UPLOAD_TMP_PREFIX - 1) == 0 &&
+    return (strncmp(name, UPLOAD_TMP_PREFIX, sizeof UPLOAD_TMP_PREFIX - 1) == 0 ||
+            strncmp(name, UPDATE_TMP_PREFIX, sizeof UPDATE_TMP_PREFIX - 1) == 0) &&
            strlen(name) == sizeof UPLOAD_TMP_PREFIX - 1 + 6;
 }
 
@@ -229,10 +232,19 @@ static int on_event(struct watch *w, const struct inotify_event *ev) {
         return is_root ? ROOT_GONE : GO_ON;
     }
     if (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF)) return is_root ? ROOT_GONE : GO_ON;
-    if (ev->len == 0 || is_upload_tmp(ev->name)) return GO_ON;
+    if (ev->len == 0) return GO_ON;
+    if (is_upload_tmp(ev->name)) {
+        if ((ev->mask & IN_MOVED_FROM) && !strncmp(ev->name, UPDATE_TMP_PREFIX, sizeof UPDATE_TMP_PREFIX - 1))
+            w->update_cookie = ev->cookie;
+        return GO_ON;
+    }
     char rel[PATH_MAX];
     if (join(w->dirs[at].rel, ev->name, rel) < 0) return GO_ON;
     int is_dir = (ev->mask & IN_ISDIR) != 0;
+    if ((ev->mask & IN_MOVED_TO) && ev->cookie && ev->cookie == w->update_cookie) {
+        w->update_cookie = 0; /* an upload replaced the file: its content changed, as a write would */
+        return push(w, WATCH_MODIFY, lstat_type(w, rel, WATCH_FILE), rel);
+    }
     if (ev->mask & (IN_CREATE | IN_MOVED_TO)) {
         if (push(w, WATCH_CREATE, is_dir ? WATCH_DIR : lstat_type(w, rel, WATCH_FILE), rel) < 0) return CLIENT_GONE;
         if (is_dir && w->recursive) {
