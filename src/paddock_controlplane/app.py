@@ -24,6 +24,7 @@ from paddock_controlplane.edge.api.routes import shell as shell_routes
 from paddock_controlplane.edge.api.routes import templates as template_routes
 from paddock_controlplane.edge.api.routes import webhooks as webhook_routes
 from paddock_controlplane.edge.auditing import AuditMiddleware
+from paddock_controlplane.edge.console import mount_console
 from paddock_controlplane.edge.e2b import listener as e2b_listener
 from paddock_controlplane.edge.e2b.edge import listener as edge_listener
 from paddock_controlplane.hosts import hostlink
@@ -213,6 +214,8 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         metrics_routes,
     ):
         app.include_router(module.router)
+    # GET / → /console, /console, its assets and its shell socket (docs/console.md); not in the contract.
+    mount_console(app)
     openapi.install(app, contract.CONTRACT)  # the document as served: real statuses, envelopes, bodies
     # Added before the request log, so it runs inside it: every fast-lane request is logged too.
     app.add_middleware(

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.desktop.browser import Page, headless_chromium
@@ -28,34 +24,11 @@ __all__ = ["debian_image", "guest_binary_dir", "pytest_collection_modifyitems"]
 SCREENSHOTS = Path("/tmp/pdk-console-screenshots")
 
 
-class ConsoleControlPlane(ControlPlaneProcess):
-    """The control plane started through tests/console/controlplane.py (the console mounted)."""
-
-    def _start(self, timeout_s: float) -> None:
-        from tests.hostagent.conftest import free_port
-
-        self.port = self.port or free_port()
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.console.controlplane"], env=self.env(), stdout=log, stderr=log
-        )
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"control plane exited with {self.process.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"control plane did not start:\n{self.log_tail()}")
-
-
 @contextlib.contextmanager
 def console_platform(guest_dir: Path, cp_env: dict[str, str] | None = None) -> Iterator[LivePlatform]:
-    """A control plane with the console and one host agent, as tests/live.py's ``start_platform``."""
+    """A control plane (it serves the console) and one host agent, as tests/live.py's ``start_platform``."""
     tag = secrets.token_hex(3)
-    controlplane = ConsoleControlPlane(state_dir=Path(f"/tmp/pdkcp-{tag}"), extra_env=dict(cp_env or {}))
+    controlplane = ControlPlaneProcess(state_dir=Path(f"/tmp/pdkcp-{tag}"), extra_env=dict(cp_env or {}))
     platform = LivePlatform(controlplane=controlplane, agents=[])
     try:
         controlplane.start()
