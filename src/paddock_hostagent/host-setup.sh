@@ -24,5 +24,8 @@ fi
 grep -qw overlay /proc/filesystems || modprobe overlay
 test -e /dev/loop-control || modprobe loop
 sysctl -qw net.ipv4.ip_forward=1
+# Floors (a higher value is kept): tenants' root shares root's inotify counts on the container tiers.
+(( $(sysctl -n fs.inotify.max_user_instances) >= 8192 )) || sysctl -qw fs.inotify.max_user_instances=8192
+(( $(sysctl -n fs.inotify.max_user_watches) >= 1048576 )) || sysctl -qw fs.inotify.max_user_watches=1048576
 mkdir -p /run/netns
 nft add table ip "${1:-paddock}"

@@ -5,6 +5,7 @@ The same steps as a shell snippet, for an operator preparing a machine by hand::
     mkdir -p /sys/fs/cgroup/hugetlb
     mountpoint -q /sys/fs/cgroup/hugetlb || mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb
     sysctl -w net.ipv4.ip_forward=1
+    sysctl -w fs.inotify.max_user_instances=8192 fs.inotify.max_user_watches=1048576  # floors
     grep -qw overlay /proc/filesystems || modprobe overlay
     test -e /dev/loop-control || modprobe loop
     mkdir -p /run/netns
@@ -150,12 +151,30 @@ def prepare_machine(
     runtime = choose_runtime(runtime_preference)
     platform = choose_runsc_platform(runsc_platform) if runtime == "runsc" else ""
     Path("/run/netns").mkdir(parents=True, exist_ok=True)
+    _raise_inotify_limits()
     if network is not None:
         network.setup_host()
     else:
         with contextlib.suppress(OSError):
             Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
     return HostFacts(runtime=runtime, hugetlb_mounted=is_mountpoint(HUGETLB_DIR), runsc_platform=platform)
+
+
+#: Floors for the kernel's inotify limits (``/proc/sys/fs/inotify/…``); a higher value is kept.
+INOTIFY_FLOORS = {"max_user_instances": 8192, "max_user_watches": 1048576}
+
+
+def _raise_inotify_limits(directory: Path = Path("/proc/sys/fs/inotify")) -> None:
+    """The container tiers run without a user namespace, so a tenant's root shares the host root's
+    inotify instances and watches (Debian's default: 128 instances). Every directory watch (the guest's
+    WATCH), a tenant's own file watchers and the host's services draw on them; the floors give the
+    host room well past what the sandboxes' descriptors would use in practice (docs/security.md says
+    what is left: a per-tenant bound needs user namespaces, which gVisor and the VM tier have)."""
+    for name, floor in INOTIFY_FLOORS.items():
+        path = directory / name
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) < floor:
+                path.write_text(f"{floor}\n")
 
 
 def network_manager(settings: HostAgentSettings) -> NetworkManager:

@@ -12,6 +12,7 @@ from paddock_hostagent.drivers.base import CapacityError, RuntimeState, SandboxR
 from paddock_hostagent.drivers.net.network import AddressAllocator, host_nameservers
 from paddock_hostagent.drivers.runtime.cgroups import CgroupLayout, SandboxCgroup
 from paddock_hostagent.drivers.runtime.ocispec import BundleSpec, cpu_quota_us, runtime_config
+from paddock_hostagent.host import INOTIFY_FLOORS, _raise_inotify_limits
 from paddock_hostagent.settings import HostAgentSettings
 
 PROC_CGROUP = """\
@@ -145,3 +146,13 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_app_refuses_a_placeholder_token() -> None:
     with pytest.raises(ValueError, match="placeholder"):
         create_app(HostAgentSettings(token=SecretStr("changeme")))
+
+
+def test_the_host_inotify_limits_are_raised_to_their_floors_and_never_lowered(tmp_path: Path) -> None:
+    """Tenants' root shares root's inotify counts on the container tiers: a start raises Debian's 128
+    instances to the floor, and keeps an operator's higher watch limit as it is."""
+    (tmp_path / "max_user_instances").write_text("128\n")
+    (tmp_path / "max_user_watches").write_text("4000000\n")
+    _raise_inotify_limits(tmp_path)
+    assert int((tmp_path / "max_user_instances").read_text()) == INOTIFY_FLOORS["max_user_instances"] == 8192
+    assert int((tmp_path / "max_user_watches").read_text()) == 4000000
