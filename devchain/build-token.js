@@ -1,7 +1,8 @@
 // Compiles the dev chain's contracts with the pinned solc-js: contracts/TestToken.sol into
 // build/TestToken.json (the generic token, installed as USDT) and build/TestUSDC.json (USDC's EIP-712
-// domain "USD Coin", "2"); contracts/Permit2.sol and contracts/X402ExactPermit2Proxy.sol into
-// build/Permit2.json and build/X402ExactPermit2Proxy.json (installed at their canonical addresses);
+// domain "USD Coin", "2"); contracts/Permit2.sol, contracts/X402ExactPermit2Proxy.sol and
+// contracts/X402UptoPermit2Proxy.sol into build/Permit2.json, build/X402ExactPermit2Proxy.json and
+// build/X402UptoPermit2Proxy.json (installed at their canonical addresses);
 // contracts/SmartWallet.sol into build/SmartWallet.json and build/SmartWalletFactory.json (the smart-wallet
 // tests deploy them); contracts/UniversalSigValidator.sol into build/ValidateSigOffchain.json and, since
 // the gateway runs its creation code in an eth_call to check ERC-6492 signatures, a copy of that code in
@@ -17,6 +18,7 @@ const FILES = [
   "TestToken.sol",
   "Permit2.sol",
   "X402ExactPermit2Proxy.sol",
+  "X402UptoPermit2Proxy.sol",
   "SmartWallet.sol",
   "UniversalSigValidator.sol",
 ];
@@ -45,6 +47,7 @@ const STORAGE = {
   TestUSDC: { owner: 0, balanceOf: 1, allowance: 2, totalSupply: 3, authorizationState: 4 },
   Permit2: { nonceBitmap: 0 },
   X402ExactPermit2Proxy: {},
+  X402UptoPermit2Proxy: {},
   SmartWallet: {},
   SmartWalletFactory: {},
   ValidateSigOffchain: {},
@@ -54,6 +57,7 @@ for (const [file, name] of [
   ["TestToken.sol", "TestUSDC"],
   ["Permit2.sol", "Permit2"],
   ["X402ExactPermit2Proxy.sol", "X402ExactPermit2Proxy"],
+  ["X402UptoPermit2Proxy.sol", "X402UptoPermit2Proxy"],
   ["SmartWallet.sol", "SmartWallet"],
   ["SmartWallet.sol", "SmartWalletFactory"],
   ["UniversalSigValidator.sol", "ValidateSigOffchain"],

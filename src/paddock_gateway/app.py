@@ -44,6 +44,7 @@ from paddock_gateway.services import Services
 from paddock_gateway.settings import GatewaySettings
 from paddock_gateway.settlement import Settler
 from paddock_gateway.signatures import SignatureVerifier
+from paddock_gateway.upto import UptoBilling
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 API_VERSION = "1.0.0"
@@ -191,7 +192,12 @@ def create_app(
                 timeout_s=settings.contract_signature_timeout_s, ttl_s=settings.contract_signature_cache_s
             ),
         )
-        services.metering = Metering(sessions, clock, settings, services.hosting)
+        billing = (
+            UptoBilling(sessions, clock, settings, registry, chains, services.settler)
+            if services.settler.configured
+            else None
+        )
+        services.metering = Metering(sessions, clock, settings, services.hosting, billing)
         app.state.services = services
         try:
             await check_chains(registry, chains)

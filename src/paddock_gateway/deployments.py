@@ -8,6 +8,7 @@ the decision table (§6). Both paid paths end the same way: a ledger row in stat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from paddock_core.logging import get_logger
-from paddock_gateway import credits, payment_ids, payments, projects, settlement, siwx, x402
+from paddock_gateway import credits, payment_ids, payments, projects, settlement, siwx, upto, x402
 from paddock_gateway.adapters.hosting import (
     AccessCheck,
     DeploymentHandle,
@@ -48,6 +49,10 @@ from paddock_gateway.uploads import DeployInput, deploy_input
 log = get_logger("paddock.gateway.deploy")
 
 STARTED = "Deployment started. Poll status for updates."
+AUTHORIZED = (
+    "Payment authorised up to {max_usd} USD for {months} month(s); the runtime consumed is settled at the "
+    "period's end or when the project is deleted. Deployment started. Poll status for updates."
+)
 PAID = "Payment verified and credits added. Deployment started. Poll status for updates."
 
 
@@ -113,6 +118,8 @@ async def deploy_checked(
     await ensure_can_deploy(services)
     if pay.tx_hash is not None:
         return Deployed(await deploy_paid(services, caller, request, price, pay, pay.tx_hash))
+    if pay.x402 is not None and pay.x402.scheme == x402.UPTO:
+        return await deploy_upto(services, caller, request, price, pay.x402)
     if pay.x402 is not None:
         return await deploy_settled(services, caller, request, price, pay.x402)
     return Deployed(await deploy_on_credits(services, caller, request, price, pay.use_existing_credits))
@@ -255,6 +262,7 @@ def quote(
             extensions=extensions,
             description=description,
             discovery=resource == "/agent/deploy",  # bazaar describes the deploy; see ``bazaar``
+            upto=upto.terms(services.settings, services.settler.address, price.months),
         )
         required.headers[x402.PAYMENT_REQUIRED] = x402.encode_header(offer)
         required.headers.update(x402.EXPOSE_HEADERS)
@@ -329,6 +337,77 @@ async def deploy_settled(
         success=True, network=offer.network, payer=caller.address, transaction=tx_hash
     )
     return Deployed(accepted, headers, tx_hash)
+
+
+async def authorize_upto(
+    services: Services, caller: Caller, price: Price, signed: x402.SignedPayment
+) -> tuple[x402.Offer, x402.SignedPayment, settlement.Claim]:
+    """An ``upto`` payment (``upto``): check, signature, the nonce's claim, then the chain (nonce unused,
+    allowance and balance cover the maximum, settling it simulates). Nothing is sent; the claim is
+    released on any failure. The caller records the authorisation for its project, or releases it."""
+    now_s = int(services.clock().timestamp())
+    offer = upto.check(
+        services.registry,
+        services.settings,
+        services.settler.address,
+        signed,
+        caller.wallet,
+        price.amount_raw,
+        price.months,
+        now_s,
+    )
+    client = services.chain_client(offer.chain.name)
+    signed = await settlement.check_signature(services.signatures, client, offer, signed, price.amount_raw)
+    taken = await settlement.claim(services.sessions, signed, services.clock())
+    try:
+        await upto.verify_on_chain(services.settler, client, offer, signed, price.amount_raw)
+    except BaseException:
+        await settlement.release(services.sessions, taken)
+        raise
+    return offer, signed, taken
+
+
+async def deploy_upto(
+    services: Services, caller: Caller, request: DeployInput, price: Price, signed: x402.SignedPayment
+) -> Deployed:
+    """A deploy paid by ``upto``: the authorisation is taken on, the deploy starts, and the project's
+    runtime is billed against the authorisation (nothing is credited to the wallet, nothing moves yet).
+    A deploy that fails to start releases the authorisation: nothing was or will be charged."""
+    offer, signed, taken = await authorize_upto(services, caller, price, signed)
+    # The metering pass must not see the new project before its authorisation (it would pause a live
+    # project of a wallet without credits): it waits for the start and the record.
+    guard = services.metering.lock if services.metering is not None else contextlib.nullcontext()
+    async with guard:
+        try:
+            handle = await start(services, caller, request, price)
+        except (HostingError, projects.NameConflict) as exc:
+            await settlement.release(services.sessions, taken)
+            log.warning("deploy_failed", wallet=caller.wallet, error=str(exc), scheme=x402.UPTO)
+            if isinstance(exc, HostingUnavailable):
+                raise UpstreamUnavailable("the hosting platform is unavailable") from exc
+            raise DeployFailed() from exc
+        await upto.record(
+            services.sessions,
+            services.settings,
+            taken,
+            offer,
+            signed,
+            handle.project_id,
+            caller.wallet,
+            price.amount_raw,
+            price.months,
+            services.clock(),
+        )
+    if services.metering is not None:
+        services.metering.wake()  # the worker's next wake-up includes this authorisation's due time
+    message = AUTHORIZED.format(max_usd=price_usd(signed.authorization.value), months=price.months)
+    accepted = DeployAccepted(projectId=handle.project_id, deploymentId=handle.deployment_id, message=message)
+    headers = x402.settlement_response(success=True, network=offer.network, payer=caller.address)
+    return Deployed(accepted, headers, None)
+
+
+def price_usd(raw: int) -> str:
+    return str(Decimal(raw) / Decimal(1_000_000))
 
 
 async def settle_x402(

@@ -35,17 +35,23 @@ import httpx
 from eth_utils.crypto import keccak
 
 from paddock_gateway.registry import KNOWN_CHAINS
-from paddock_gateway.x402 import PERMIT2_ADDRESS, X402_EXACT_PERMIT2_PROXY_ADDRESS
+from paddock_gateway.x402 import (
+    PERMIT2_ADDRESS,
+    X402_EXACT_PERMIT2_PROXY_ADDRESS,
+    X402_UPTO_PERMIT2_PROXY_ADDRESS,
+)
 
 REPO_DEVCHAIN_DIR = Path(__file__).resolve().parents[2] / "devchain"
 ANVIL_RELATIVE = Path("node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil")
 ARTIFACT_RELATIVE = Path("build/TestToken.json")
 #: Which compiled contract goes at which token's address: USDC carries USDC's EIP-712 domain.
 TOKEN_ARTIFACTS = {"usdc": Path("build/TestUSDC.json"), "usdt": ARTIFACT_RELATIVE}
-#: The contracts x402's Permit2 method needs, at the addresses every x402 client signs for.
+#: The contracts x402's Permit2 method and its ``upto`` scheme need, at the addresses every x402 client
+#: signs for.
 PERMIT2_ARTIFACTS = {
     PERMIT2_ADDRESS: Path("build/Permit2.json"),
     X402_EXACT_PERMIT2_PROXY_ADDRESS: Path("build/X402ExactPermit2Proxy.json"),
+    X402_UPTO_PERMIT2_PROXY_ADDRESS: Path("build/X402UptoPermit2Proxy.json"),
 }
 
 #: anvil's default accounts 0 and 1 (mnemonic "test test … junk"): public test keys.
@@ -235,6 +241,7 @@ def describe(nodes: list[AnvilNode]) -> dict[str, Any]:
         "token_decimals": 6,
         "permit2": PERMIT2_ADDRESS,
         "x402_exact_permit2_proxy": X402_EXACT_PERMIT2_PROXY_ADDRESS,
+        "x402_upto_permit2_proxy": X402_UPTO_PERMIT2_PROXY_ADDRESS,
         "demo_wallet": {
             "address": DEMO_ADDRESS,
             "private_key": DEMO_PRIVATE_KEY,

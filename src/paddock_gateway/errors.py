@@ -18,6 +18,7 @@
     ├── NotFound                    404 not_found
     ├── MethodNotAllowed            405 method_not_allowed
     ├── PaymentAlreadyProcessed     409 payment_already_processed
+    ├── UptoAlreadyOpen             409 upto_already_open (extend by ``upto`` while one funds the project)
     ├── RequestTooLarge             413 request_too_large
     ├── RateLimited                 429 rate_limited (Retry-After)
     ├── TopupFailed                 500 topup_failed
@@ -137,6 +138,11 @@ class MethodNotAllowed(GatewayError):
 
 class PaymentAlreadyProcessed(GatewayError):
     status, code, message = 409, "payment_already_processed", "Payment already processed"
+
+
+class UptoAlreadyOpen(GatewayError):
+    status, code = 409, "upto_already_open"
+    message = "An upto authorisation already funds this project; extend it once that one is settled"
 
 
 class RequestTooLarge(GatewayError):

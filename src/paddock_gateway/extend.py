@@ -6,7 +6,9 @@ for an unknown or deleted one, 403 for another wallet's). Without ``PAYMENT-SIGN
 402 quote with ``PAYMENT-REQUIRED`` for this URL; with one, the payment is checked, settled and credited
 exactly as a deploy's x402 payment is (``deployments.settle_x402``: one claim per authorization, 409 for a
 replay, x402's reasons in 402s, nothing credited on failure), and the answer is 200 with the
-``PAYMENT-RESPONSE``. The caller is authenticated by the seed's headers or by ``SIGN-IN-WITH-X``
+``PAYMENT-RESPONSE``. An ``upto`` payment (``upto``) credits nothing: it funds this project's runtime
+from now for ``months``, settled by consumption later; while one does, another is 409
+``upto_already_open``. The caller is authenticated by the seed's headers or by ``SIGN-IN-WITH-X``
 (``siwx``), so a returning payer extends without per-request signing. Only x402 pays here: a transfer
 hash (``X-Payment-Tx``) is for deploys.
 """
@@ -17,10 +19,11 @@ from collections.abc import Mapping
 from decimal import Decimal
 
 from paddock_core.logging import get_logger
-from paddock_gateway import credits, deployments, payments, x402
+from paddock_gateway import credits, deployments, payments, upto, x402
 from paddock_gateway.auth import Caller
-from paddock_gateway.errors import InvalidPaymentSignature, NotFound, NotOwner
+from paddock_gateway.errors import InvalidPaymentSignature, NotFound, NotOwner, UptoAlreadyOpen
 from paddock_gateway.models import Project
+from paddock_gateway.pricing import Price
 from paddock_gateway.schemas import ExtendAccepted, ExtendRequest
 from paddock_gateway.services import Services
 from paddock_gateway.uploads import parse_model
@@ -66,6 +69,8 @@ async def extend(
             resource=f"/agent/projects/{project_id}/extend",
             description=f"Extend the runtime of Paddock project {project.name} by {request.months} month(s)",
         )
+    if signed.scheme == x402.UPTO:
+        return await extend_upto(services, caller, project, request.months, price, signed)
     offer, tx_hash = await deployments.settle_x402(services, caller, price, signed)
     credited_raw = await payments.credit(services.sessions, tx_hash, caller.wallet, services.clock())
     if services.metering is not None:
@@ -90,3 +95,46 @@ async def extend(
         success=True, network=offer.network, payer=caller.address, transaction=tx_hash
     )
     return accepted, response_headers
+
+
+async def extend_upto(
+    services: Services,
+    caller: Caller,
+    project: Project,
+    months: int,
+    price: Price,
+    signed: x402.SignedPayment,
+) -> tuple[ExtendAccepted, dict[str, str]]:
+    """The project's runtime for ``months`` from now is billed against an ``upto`` authorisation."""
+    async with services.sessions() as session:
+        if await upto.funding(session, project.id) is not None:
+            raise UptoAlreadyOpen()
+    offer, signed, taken = await deployments.authorize_upto(services, caller, price, signed)
+    await upto.record(
+        services.sessions,
+        services.settings,
+        taken,
+        offer,
+        signed,
+        project.id,
+        caller.wallet,
+        price.amount_raw,
+        months,
+        services.clock(),
+    )
+    if services.metering is not None:
+        services.metering.wake()  # a project paused for lack of credits resumes on the authorisation
+    async with services.sessions() as session:
+        balance = await credits.balance_micro(session, caller.wallet)
+    log.info("project_extended", project_id=project.id, wallet=caller.wallet, months=months, scheme=x402.UPTO)
+    accepted = ExtendAccepted(
+        projectId=project.id,
+        months=months,
+        amount_usd=0.0,  # nothing is charged now: the runtime consumed is settled later
+        current_credit_balance_usd=float(credits.usd_from_micro_credits(balance)),
+        message=(
+            f"Payment authorised up to {usd(signed.authorization.value)} USD; this project's next {months} "
+            "month(s) of runtime are settled by consumption at the period's end or when it is deleted."
+        ),
+    )
+    return accepted, x402.settlement_response(success=True, network=offer.network, payer=caller.address)

@@ -8,6 +8,12 @@ micro-credits, so 730 hours cost exactly one month and no rounding accumulates.
 When a wallet's balance reaches zero its live projects are paused (their sandboxes paused); after a
 top-up the next pass resumes them, and the paused hours are not billed. Projects whose deployment
 failed are not billed. The clock is injected, so tests move time instead of waiting.
+
+A project funded by an x402 ``upto`` authorisation (``upto``) is billed by the second against that
+authorisation instead: hourly metering skips it, it is neither paused for the wallet's balance nor waits
+for one to resume, and each pass first settles the authorisations that are due (``UptoBilling``), each
+exactly once. Once settled, the project is back on the wallet's credits from the period's end. The worker
+wakes for the next due authorisation as well as every ``metering_interval_s``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, as_utc
-from paddock_gateway import auth, credits, siwx
+from paddock_gateway import auth, credits, siwx, upto
 from paddock_gateway.adapters.hosting import HostingError, HostingPlatform
 from paddock_gateway.models import Project
 from paddock_gateway.settings import GatewaySettings
@@ -38,6 +44,7 @@ class MeteringReport:
     micro_credits: int = 0
     paused: list[str] = field(default_factory=list)
     resumed: list[str] = field(default_factory=list)
+    settled: list[upto.Settled] = field(default_factory=list)
 
 
 def hour_cost_micro(monthly_raw: int, hour_index: int, hours_per_month: int) -> int:
@@ -57,11 +64,13 @@ class Metering:
         clock: Clock,
         settings: GatewaySettings,
         hosting: HostingPlatform,
+        billing: upto.UptoBilling | None = None,
     ) -> None:
         self.sessions = sessions
         self.clock = clock
         self.settings = settings
         self.hosting = hosting
+        self.billing = billing
         self.event = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.lock = asyncio.Lock()
@@ -87,29 +96,51 @@ class Metering:
                 log.error("metering_pass_failed", exc_info=exc)
             self.event.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.event.wait(), timeout=self.settings.metering_interval_s)
+                await asyncio.wait_for(self.event.wait(), timeout=await self._sleep_s())
+
+    async def _sleep_s(self) -> float:
+        """Until the next pass: the interval, or less when an ``upto`` authorisation falls due sooner."""
+        interval = self.settings.metering_interval_s
+        if self.billing is None:
+            return interval
+        try:
+            due = await self.billing.next_due()
+        except Exception as exc:
+            log.warning("upto_due_lookup_failed", error=str(exc))
+            return interval
+        if due is None:
+            return interval
+        return max(0.0, min(interval, (due - self.clock()).total_seconds() + 0.01))
 
     async def run_once(self) -> MeteringReport:
         async with self.lock:
             report = MeteringReport()
+            if self.billing is not None:
+                report.settled = await self.billing.settle_due()
             now = self.clock()
             for project_id in await self._project_ids("live"):
                 await self._bill(project_id, now, report)
             await self._pause_exhausted(report)
             await self._resume_funded(now, report)
-            if report.hours_billed or report.paused or report.resumed:
+            if report.hours_billed or report.paused or report.resumed or report.settled:
                 log.info(
                     "metering_pass",
                     hours=report.hours_billed,
                     micro_credits=report.micro_credits,
                     paused=len(report.paused),
                     resumed=len(report.resumed),
+                    upto_settled=len(report.settled),
                 )
             return report
 
     async def _project_ids(self, state: str) -> list[str]:
         async with self.sessions() as session:
             return list(await session.scalars(select(Project.id).where(Project.state == state)))
+
+    async def _on_upto(self, project_id: str) -> bool:
+        """Whether an ``upto`` authorisation funds the project now (then credits play no part)."""
+        async with self.sessions() as session:
+            return await upto.funding(session, project_id) is not None
 
     async def _failed(self, project: Project) -> bool:
         if project.latest_deployment_id is None:
@@ -124,6 +155,8 @@ class Metering:
         async with self.sessions() as session:
             project = await session.get(Project, project_id)
         if project is None or project.state != "live" or as_utc(project.metered_until) + HOUR > now:
+            return
+        if await self._on_upto(project_id):
             return
         failed = await self._failed(project)
         hours_per_month = self.settings.hours_per_month
@@ -157,7 +190,7 @@ class Metering:
                 if project is None:
                     continue
                 balance = await credits.balance_micro(session, project.wallet)
-            if balance > 0:
+            if balance > 0 or await self._on_upto(project_id):
                 continue
             try:
                 await self.hosting.pause_project(project_id)
@@ -177,14 +210,17 @@ class Metering:
                 if project is None:
                     continue
                 balance = await credits.balance_micro(session, project.wallet)
-            if balance <= 0:
+            funded = await self._on_upto(project_id)
+            if balance <= 0 and not funded:
                 continue
             try:
                 await self.hosting.resume_project(project_id)
             except HostingError as exc:
                 log.warning("resume_failed", project_id=project_id, error=str(exc))
                 continue
-            await self._set_state(project_id, "paused", state="live", metered_until=now)
+            await self._set_state(
+                project_id, "paused", state="live", **({} if funded else {"metered_until": now})
+            )
             report.resumed.append(project_id)
             log.info("project_resumed", project_id=project_id, wallet=project.wallet)
 

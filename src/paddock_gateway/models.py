@@ -92,6 +92,45 @@ class X402PaymentId(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(TS)
 
 
+class X402Upto(Base):
+    """An x402 ``upto`` authorisation funding a project's runtime (``upto.py``): the maximum the payer
+    authorised (``authorized_raw``), the price of the period it covers (``price_raw`` for ``period_s``
+    seconds; the per-second rate is their ratio), and once settled what was consumed and moved
+    (``settled_raw``, never above ``authorized_raw``). ``state``: open → settling → submitted → settled,
+    or failed (nothing moved). Moving a row out of ``open`` is a conditional UPDATE, so of any number of
+    workers exactly one settles it. (``network``, ``payer``, ``nonce``) is the Permit2 nonce, unique."""
+
+    __tablename__ = "gw_x402_upto"
+    __table_args__ = (sa.UniqueConstraint("network", "payer", "nonce"),)
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
+    project_id: Mapped[str] = mapped_column(sa.String(64), index=True)
+    wallet: Mapped[str] = mapped_column(sa.String(42))
+    network: Mapped[str] = mapped_column(sa.String(32))
+    chain: Mapped[str] = mapped_column(sa.String(16))
+    token: Mapped[str] = mapped_column(sa.String(8))
+    payer: Mapped[str] = mapped_column(sa.String(42))
+    nonce: Mapped[str] = mapped_column(sa.String(66))
+    #: The signed permit as x402 sent it (token, amount, nonce, deadline, witness; signature hex).
+    permit: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    authorized_raw: Mapped[int] = mapped_column(sa.BigInteger)
+    price_raw: Mapped[int] = mapped_column(sa.BigInteger)
+    period_s: Mapped[int] = mapped_column(sa.BigInteger)
+    started_at: Mapped[dt.datetime] = mapped_column(TS)
+    #: When it must be settled at the latest: the period's end, or earlier if the permit's deadline is.
+    due_at: Mapped[dt.datetime] = mapped_column(TS, index=True)
+    #: Set when the project is deleted: consumption stops there and it is settled at once.
+    stopped_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    state: Mapped[str] = mapped_column(sa.String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(sa.String(16))  # period_end | deleted | exhausted | deadline
+    consumed_s: Mapped[int | None] = mapped_column(sa.BigInteger)
+    settled_raw: Mapped[int | None] = mapped_column(sa.BigInteger)
+    tx_hash: Mapped[str | None] = mapped_column(sa.String(66))
+    error: Mapped[str | None] = mapped_column(sa.String(64))
+    settled_at: Mapped[dt.datetime | None] = mapped_column(TS)
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
 class Wallet(Base):
     """The running credit balance of a wallet; the sum of its ``CreditEntry`` rows."""
 

@@ -9,6 +9,7 @@ from sqlalchemy.exc import IntegrityError
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import rfc3339
+from paddock_gateway import upto
 from paddock_gateway.adapters.hosting import (
     DeploymentHandle,
     DeploymentState,
@@ -17,8 +18,14 @@ from paddock_gateway.adapters.hosting import (
 )
 from paddock_gateway.auth import Caller
 from paddock_gateway.errors import DeleteFailed, NotFound, NotOwner, UpstreamUnavailable
-from paddock_gateway.models import Deployment, Project
-from paddock_gateway.schemas import DeploymentStatusBody, ProjectDeleted, ProjectItem, ProjectList
+from paddock_gateway.models import Deployment, Project, X402Upto
+from paddock_gateway.schemas import (
+    DeploymentStatusBody,
+    ProjectDeleted,
+    ProjectItem,
+    ProjectList,
+    UptoEntry,
+)
 from paddock_gateway.services import Services
 
 log = get_logger("paddock.gateway.projects")
@@ -176,7 +183,28 @@ async def deployment_status(
         raise UpstreamUnavailable("the hosting platform is unavailable") from exc
     except HostingError:
         state = DeploymentState(status="failed", message="The platform has no record of this deployment")
-    return gateway_status(deployment_id, state)
+    body = gateway_status(deployment_id, state)
+    ledger = await upto.ledger(services.sessions, project_id)
+    if ledger:
+        body.upto = [upto_entry(row) for row in ledger]
+    return body
+
+
+def upto_entry(row: X402Upto) -> UptoEntry:
+    return UptoEntry(
+        network=row.network,
+        token=row.token,
+        state=row.state,
+        authorized_raw=str(row.authorized_raw),
+        settled_raw=str(row.settled_raw) if row.state in ("settled", "failed") else None,
+        consumed_seconds=row.consumed_s if row.state in ("settled", "failed") else None,
+        started_at=rfc3339(row.started_at),
+        due_at=rfc3339(row.due_at),
+        settled_at=rfc3339(row.settled_at) if row.settled_at is not None else None,
+        reason=row.reason,
+        error=row.error,
+        tx_hash=row.tx_hash,
+    )
 
 
 async def delete_project(services: Services, caller: Caller, project_id: str) -> ProjectDeleted:
@@ -195,6 +223,8 @@ async def delete_project(services: Services, caller: Caller, project_id: str) ->
         log.warning("project_delete_failed", project_id=project_id, error=str(exc))
         raise DeleteFailed() from exc
     await _set_state(services, project_id, state="deleted", name_key=None, deleted_at=services.clock())
+    if await upto.stop(services.sessions, project_id, services.clock()) and services.metering is not None:
+        services.metering.wake()  # its upto authorisation is settled for the runtime consumed, now
     log.info("project_deleted", project_id=project_id, wallet=caller.wallet)
     return ProjectDeleted(projectId=project_id)
 

@@ -213,6 +213,23 @@ class DeployAccepted(BaseModel):
     message: str
 
 
+class UptoEntry(BaseModel):
+    """One x402 ``upto`` authorisation of the project: what was authorised, what was settled and when."""
+
+    network: str
+    token: str
+    state: str  # open | settling | submitted | confirming | settled | failed
+    authorized_raw: str
+    settled_raw: str | None = None
+    consumed_seconds: int | None = None
+    started_at: str
+    due_at: str
+    settled_at: str | None = None
+    reason: str | None = None  # period_end | deleted | exhausted | deadline
+    error: str | None = None  # x402's reason, when it failed
+    tx_hash: str | None = None
+
+
 class DeploymentStatusBody(BaseModel):
     status: Literal["deploying", "ready", "failed"]
     deployment_id: str
@@ -220,6 +237,8 @@ class DeploymentStatusBody(BaseModel):
     message: str | None = None
     endpoint: str | None = None
     reason: str | None = None
+    #: The project's ``upto`` authorisations, oldest first (absent when it has none).
+    upto: list[UptoEntry] | None = None
 
 
 class ProjectItem(BaseModel):

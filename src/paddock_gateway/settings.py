@@ -79,6 +79,11 @@ class GatewaySettings(DatabaseSettingsMixin, ServiceSettings):
     #: Hourly metering: how often the worker looks for hours that have ended.
     metering_interval_s: float = 60.0
     hours_per_month: int = 730
+    #: x402 ``upto`` (``upto.py``): the length of one month of an authorisation's period (730 hours, as
+    #: hourly metering counts a month), and the settlement window: a permit must stay valid this long
+    #: after its period ends, and the gateway settles no later than this long before its deadline.
+    upto_month_s: int = Field(default=730 * 3600, ge=1)
+    upto_settle_window_s: int = Field(default=900, ge=30)
 
     #: Key material for secrets at rest (a deployment's ``runEnvs`` and ``buildVars``). When unset, a
     #: random key is generated once into ``<data_dir>/gateway-secret.key`` (mode 0600).

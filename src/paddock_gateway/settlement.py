@@ -48,7 +48,7 @@ from paddock_gateway import permit2, signatures
 from paddock_gateway.adapters.chain import CallReverted, ChainClient, ChainError, Receipt
 from paddock_gateway.errors import PaymentAlreadyProcessed, PaymentVerificationFailed, UpstreamUnavailable
 from paddock_gateway.models import X402Authorization
-from paddock_gateway.registry import Registry
+from paddock_gateway.registry import ChainSpec, Registry
 from paddock_gateway.signatures import SignatureVerifier
 from paddock_gateway.x402 import (
     PERMIT2,
@@ -271,7 +271,7 @@ def claim_of(payment: SignedPayment) -> Claim:
     return Claim(network=payment.network, asset=holder, payer=auth.payer, nonce=auth.nonce_key)
 
 
-def _where(claim: Claim) -> ColumnElement[bool]:
+def where(claim: Claim) -> ColumnElement[bool]:
     return and_(
         X402Authorization.network == claim.network,
         X402Authorization.asset == claim.asset,
@@ -306,7 +306,7 @@ async def claim(
             async with transaction(sessions) as session:
                 result = await session.execute(
                     update(X402Authorization)
-                    .where(_where(taken), X402Authorization.state == "submitted")
+                    .where(where(taken), X402Authorization.state == "submitted")
                     .values(state="settling", updated_at=now)
                 )
             if getattr(result, "rowcount", 0) == 1:
@@ -323,7 +323,7 @@ async def find(sessions: async_sessionmaker[AsyncSession], taken: Claim) -> X402
 async def release(sessions: async_sessionmaker[AsyncSession], taken: Claim) -> None:
     """Nothing moved on chain: forget the claim, so the same authorization may be tried again."""
     async with transaction(sessions) as session:
-        await session.execute(delete(X402Authorization).where(_where(taken)))
+        await session.execute(delete(X402Authorization).where(where(taken)))
 
 
 async def mark(
@@ -331,9 +331,7 @@ async def mark(
 ) -> None:
     async with transaction(sessions) as session:
         await session.execute(
-            update(X402Authorization)
-            .where(_where(taken))
-            .values(state=state, tx_hash=tx_hash, updated_at=now)
+            update(X402Authorization).where(where(taken)).values(state=state, tx_hash=tx_hash, updated_at=now)
         )
 
 
@@ -480,13 +478,24 @@ class Settler:
         def failed(reason: str) -> PaymentVerificationFailed:
             return rejected(reason, payment, required_raw)
 
-        auth = payment.authorization
         call = settlement_call(offer, payment)
+        tx_hash = await self.send(client, offer.chain, call, failed, payment.authorization.payer)
+        return await self.await_settlement(client, offer, payment, required_raw, tx_hash)
+
+    async def prepare(
+        self,
+        client: ChainClient,
+        chain: ChainSpec,
+        call: SettlementCall,
+        failed: Callable[[str], Exception],
+        payer: str,
+    ) -> tuple[int, int]:
+        """What must hold before ``call`` is sent: the RPC is ``chain``'s, every precheck passes, and a gas
+        estimate from the settlement key succeeds (a full simulation). Returns (gas, gas price); raises
+        ``failed(reason)`` in the order x402 reports failures, 502 when the RPC is unavailable."""
         try:
-            if await client.chain_id() != offer.chain.chain_id:
-                raise UpstreamUnavailable(
-                    f"the RPC for {offer.chain.name} is not chain {offer.chain.chain_id}"
-                )
+            if await client.chain_id() != chain.chain_id:
+                raise UpstreamUnavailable(f"the RPC for {chain.name} is not chain {chain.chain_id}")
             # Independent reads, in one round trip's time; judged in the order x402 reports them.
             results: list[Any] = await asyncio.gather(
                 *(client.call(check.contract, check.data) for check in call.prechecks),
@@ -502,14 +511,33 @@ class Settler:
                 if check.fails(_word_value(cast(bytes, result))):
                     raise failed(check.reason)
             if isinstance(gas, CallReverted):
-                log.info("x402_simulation_reverted", payer=auth.payer, reason=str(gas))
+                log.info("x402_simulation_reverted", payer=payer, reason=str(gas))
                 raise failed(SIMULATION_FAILED) from gas
             if isinstance(gas, BaseException):
                 raise gas
-            lock = self._locks.setdefault(offer.chain.name, asyncio.Lock())
+        except CallReverted as exc:  # a read reverted: not a token this gateway can settle
+            raise failed(SIMULATION_FAILED) from exc
+        except ChainError as exc:
+            raise UpstreamUnavailable(f"the {chain.name} RPC is unavailable") from exc
+        return int(gas), int(gas_price)
+
+    async def send(
+        self,
+        client: ChainClient,
+        chain: ChainSpec,
+        call: SettlementCall,
+        failed: Callable[[str], Exception],
+        payer: str,
+    ) -> str:
+        """``prepare``, then sign and send ``call`` from the settlement key; returns the hash of the sent
+        transaction (not yet mined). Raises ``failed(reason)`` for a precheck or simulation that fails, 502
+        when the RPC is unavailable: nothing was sent."""
+        gas, gas_price = await self.prepare(client, chain, call, failed, payer)
+        try:
+            lock = self._locks.setdefault(chain.name, asyncio.Lock())
             async with lock:  # one key's nonces must be consecutive: take one and send, one at a time
                 tx = {
-                    "chainId": offer.chain.chain_id,
+                    "chainId": chain.chain_id,
                     "nonce": await client.pending_nonce(self.address),
                     "to": to_checksum_address(call.to),
                     "data": call.data,
@@ -521,15 +549,15 @@ class Settler:
                 try:
                     tx_hash = await client.send_raw_transaction(bytes(signed.raw_transaction))
                 except ChainError as exc:  # e.g. the settlement key is out of gas: nothing was sent
-                    log.warning("x402_settlement_refused", chain=offer.chain.name, error=str(exc))
+                    log.warning("x402_settlement_refused", chain=chain.name, error=str(exc))
                     raise UpstreamUnavailable(
-                        f"the {offer.chain.name} RPC did not accept the settlement transaction"
+                        f"the {chain.name} RPC did not accept the settlement transaction"
                     ) from exc
         except CallReverted as exc:  # a read reverted: not a token this gateway can settle
             raise failed(SIMULATION_FAILED) from exc
         except ChainError as exc:
-            raise UpstreamUnavailable(f"the {offer.chain.name} RPC is unavailable") from exc
-        return await self.await_settlement(client, offer, payment, required_raw, tx_hash)
+            raise UpstreamUnavailable(f"the {chain.name} RPC is unavailable") from exc
+        return tx_hash
 
     async def await_settlement(
         self, client: ChainClient, offer: Offer, payment: SignedPayment, required_raw: int, tx_hash: str
@@ -537,7 +565,7 @@ class Settler:
         """The receipt of a sent settlement: its hash once mined successfully, 402 if it reverted, 502
         (naming the hash) if it is not mined within ``receipt_timeout_s``."""
         try:
-            receipt = await self._receipt(client, tx_hash)
+            receipt = await self.receipt(client, tx_hash)
         except ChainError:
             receipt = None  # unknown, as with a timeout: the transaction may still land
         if receipt is None:
@@ -550,7 +578,7 @@ class Settler:
             raise rejected(TRANSACTION_FAILED, payment, required_raw)
         return tx_hash
 
-    async def _receipt(self, client: ChainClient, tx_hash: str) -> Receipt | None:
+    async def receipt(self, client: ChainClient, tx_hash: str) -> Receipt | None:
         """The receipt once mined, or None after ``receipt_timeout_s``."""
         deadline = time.monotonic() + self.receipt_timeout_s
         delay = 0.02

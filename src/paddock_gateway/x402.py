@@ -14,6 +14,13 @@ which x402 clients read to choose how to sign):
 
 USDT has no EIP-3009 on either chain, so Permit2 is its only x402 method.
 
+After the ``exact`` offers, a deploy's and an extension's 402 offers USDC by ``upto`` on every chain
+(``UptoTerms``): a Permit2 ``PermitWitnessTransferFrom`` for a *maximum* (the price of the months asked),
+whose spender is x402's upto Permit2 proxy and whose witness also names the facilitator allowed to settle
+it (``Witness(address to,address facilitator,uint256 validAfter)``; ``extra.facilitatorAddress`` is the
+gateway's settlement key). ``maxTimeoutSeconds`` is the period plus a settlement window, since the
+permit's deadline must outlast the period: the gateway settles what was consumed later (``upto``).
+
 The 402 also declares three extensions: ``payment-identifier`` (optional: a payment that carries
 ``extensions["payment-identifier"].info.id`` is answered once per (wallet, id), see ``deployments``),
 ``sign-in-with-x`` (``siwx``: the challenge a payer signs later to manage what it paid for) and, for the
@@ -36,6 +43,7 @@ from paddock_gateway.registry import TOKEN_NAMES, ChainSpec, Registry, TokenSpec
 
 X402_VERSION = 2
 SCHEME = "exact"
+UPTO = "upto"
 PAYMENT_REQUIRED = "PAYMENT-REQUIRED"
 PAYMENT_SIGNATURE = "PAYMENT-SIGNATURE"
 PAYMENT_RESPONSE = "PAYMENT-RESPONSE"
@@ -50,6 +58,10 @@ EIP3009_DOMAINS: dict[str, tuple[str, str]] = {"usdc": ("USD Coin", "2")}
 #: clients sign for (Permit2 is the EIP-712 verifying contract, the proxy the permit's spender).
 PERMIT2_ADDRESS = "0x000000000022D473030F116dDEE9F6B43aC78BA3"
 X402_EXACT_PERMIT2_PROXY_ADDRESS = "0x402085c248EeA27D92E8b30b2C58ed07f9E20001"
+#: x402's upto Permit2 proxy: the spender of an ``upto`` permit (it moves up to the permitted amount).
+X402_UPTO_PERMIT2_PROXY_ADDRESS = "0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002"
+#: The tokens offered by ``upto``.
+UPTO_TOKENS = ("usdc",)
 #: A header larger than this is not a payment payload (one holds well under 2 KiB).
 MAX_HEADER_CHARS = 16_384
 
@@ -80,15 +92,26 @@ def network_of(chain: ChainSpec) -> str:
 
 
 @dataclass(frozen=True)
+class UptoTerms:
+    """What an ``upto`` offer adds: the facilitator that may settle it (the gateway's settlement key) and
+    how long the permit must stay valid (the period asked plus the settlement window)."""
+
+    facilitator: str
+    max_timeout_s: int
+
+
+@dataclass(frozen=True)
 class Offer:
-    """One ``exact`` requirement: a chain, a token and how it moves (``eip3009`` with the token's EIP-712
-    domain, or ``permit2``)."""
+    """One requirement: a chain, a token and how it moves (``exact`` by ``eip3009`` with the token's
+    EIP-712 domain, or by ``permit2``; ``upto``, always by ``permit2``)."""
 
     chain: ChainSpec
     token: TokenSpec
     method: str = EIP3009
     domain_name: str = ""
     domain_version: str = ""
+    scheme: str = SCHEME
+    upto: UptoTerms | None = None
 
     @property
     def network(self) -> str:
@@ -98,13 +121,15 @@ class Offer:
         extra: dict[str, str] = {"assetTransferMethod": self.method}
         if self.method == EIP3009:
             extra = {"name": self.domain_name, "version": self.domain_version, **extra}
+        if self.upto is not None:
+            extra["facilitatorAddress"] = self.upto.facilitator
         return {
-            "scheme": SCHEME,
+            "scheme": self.scheme,
             "network": self.network,
             "amount": str(amount_raw),
             "asset": self.token.address,
             "payTo": self.chain.recipient,
-            "maxTimeoutSeconds": MAX_TIMEOUT_S,
+            "maxTimeoutSeconds": self.upto.max_timeout_s if self.upto is not None else MAX_TIMEOUT_S,
             "extra": extra,
         }
 
@@ -127,6 +152,16 @@ def offers(registry: Registry) -> list[Offer]:
     return by_eip3009 + by_permit2
 
 
+def upto_offers(registry: Registry, terms: UptoTerms) -> list[Offer]:
+    """``upto`` by Permit2 for every ``UPTO_TOKENS`` token of every chain, in the contract's order."""
+    return [
+        Offer(chain=chain, token=chain.token(name), method=PERMIT2, scheme=UPTO, upto=terms)
+        for chain in registry.ordered()
+        for name in UPTO_TOKENS
+        if name in chain.tokens
+    ]
+
+
 def payment_required(
     registry: Registry,
     amount_raw: int,
@@ -136,6 +171,7 @@ def payment_required(
     *,
     description: str = "Deploy an application on Paddock",
     discovery: bool = True,
+    upto: UptoTerms | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "x402Version": X402_VERSION,
@@ -144,7 +180,10 @@ def payment_required(
             "description": description,
             "mimeType": "application/json",
         },
-        "accepts": [offer.requirement(amount_raw) for offer in offers(registry)],
+        "accepts": [
+            offer.requirement(amount_raw)
+            for offer in offers(registry) + (upto_offers(registry, upto) if upto is not None else [])
+        ],
         "extensions": {
             PAYMENT_IDENTIFIER: {"info": {"required": False}, "schema": PAYMENT_ID_SCHEMA},
             **({bazaar.BAZAAR: bazaar.deploy_discovery()} if discovery else {}),
@@ -193,10 +232,12 @@ class Authorization:
 
 @dataclass(frozen=True)
 class Permit2Authorization:
-    """A Permit2 ``PermitWitnessTransferFrom`` for x402's exact proxy; addresses lowercase.
+    """A Permit2 ``PermitWitnessTransferFrom`` for x402's exact proxy, or (``facilitator`` set, from
+    ``witness.facilitator``) its upto proxy; addresses lowercase.
 
-    ``value`` is ``permitted.amount`` (the proxy moves exactly that), ``to`` is ``witness.to`` and
-    ``deadline`` the upper bound of the window whose lower bound is ``witness.validAfter``."""
+    ``value`` is ``permitted.amount`` (the exact proxy moves exactly that, the upto proxy at most that),
+    ``to`` is ``witness.to`` and ``deadline`` the upper bound of the window whose lower bound is
+    ``witness.validAfter``."""
 
     payer: str
     token: str
@@ -206,6 +247,7 @@ class Permit2Authorization:
     deadline: int
     to: str
     valid_after: int
+    facilitator: str | None = None
 
     method = PERMIT2
 
@@ -350,4 +392,9 @@ def parse_permit2_authorization(inner: dict[str, Any]) -> Permit2Authorization:
         deadline=_uint(auth, "deadline", field),
         to=_string(witness, "to", f"{field}.witness", ADDRESS_RE).lower(),
         valid_after=_uint(witness, "validAfter", f"{field}.witness"),
+        facilitator=(
+            _string(witness, "facilitator", f"{field}.witness", ADDRESS_RE).lower()
+            if "facilitator" in witness
+            else None
+        ),
     )

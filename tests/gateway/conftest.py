@@ -274,9 +274,11 @@ async def running_gateway(
     chains: dict[str, Chain] | None = None,
     pricing: PricingSource | None = None,
     provider: SandboxProvider | None = None,
+    clock: Clock | None = None,
 ) -> AsyncIterator[Gateway]:
-    """A gateway on 127.0.0.1; sandboxes from ``provider`` (default: the local fake)."""
-    clock = Clock()
+    """A gateway on 127.0.0.1; sandboxes from ``provider`` (default: the local fake); time from ``clock``
+    (default: real time plus an offset)."""
+    clock = clock or Clock()
     provider = provider or LocalSandboxProvider(tmp_path / "sandboxes")
     app = create_app(settings, sandbox_provider=provider, clock=clock, pricing=pricing, run_workers=False)
     async with LiveServer(app) as server, httpx.AsyncClient(base_url=server.url, timeout=60) as http:

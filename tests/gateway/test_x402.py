@@ -120,7 +120,8 @@ async def test_the_quote_offers_every_scheme_per_token_in_payment_required(
     x402_gateway: Gateway, devchains: dict[str, Chain]
 ) -> None:
     """EIP-3009 for USDC on both chains first (the two offers the gateway made before Permit2, unchanged
-    and in the same places), then Permit2 for USDC and USDT on both chains."""
+    and in the same places), then Permit2 for USDC and USDT on both chains, then ``upto`` (by Permit2)
+    for USDC on both chains, for the months asked and settled by the gateway's key."""
     response = await x402_gateway.deploy(new_wallet(), static_site(unique_name(), "x", port=free_port()))
     assert response.status_code == 402
     assert response.json()["amount_token"] == str(PRICE_RAW)  # the JSON quote is unchanged
@@ -150,6 +151,15 @@ async def test_the_quote_offers_every_scheme_per_token_in_payment_required(
         offer("base", "usdt", permit2),
         offer("arbitrum", "usdc", permit2),
         offer("arbitrum", "usdt", permit2),
+        *(
+            {
+                **offer(chain, "usdc", {"assetTransferMethod": "permit2", "facilitatorAddress": SETTLER}),
+                "scheme": "upto",
+                # the permit must outlast the month asked (730 h) by the settlement window (900 s)
+                "maxTimeoutSeconds": 730 * 3600 + 900,
+            }
+            for chain in ("base", "arbitrum")
+        ),
     ]
     assert devchains["base"].chain_id == 8453 and devchains["arbitrum"].chain_id == 42161
 
@@ -316,7 +326,12 @@ async def test_every_rejection_is_a_402_with_the_x402_reason_and_credits_nothing
     assert (
         await reason(signed(value=PRICE_RAW - 1)) == "invalid_exact_evm_payload_authorization_value_mismatch"
     )
-    assert await reason({**signed(), "accepted": {**requirement, "scheme": "upto"}}) == "unsupported_scheme"
+    # The gateway offers upto too, by Permit2 only: an EIP-3009 payload under it is x402's wrong payload type.
+    assert (
+        await reason({**signed(), "accepted": {**requirement, "scheme": "upto"}})
+        == "unsupported_payload_type"
+    )
+    assert await reason({**signed(), "accepted": {**requirement, "scheme": "nope"}}) == "unsupported_scheme"
     assert (
         await reason({**signed(), "accepted": {**requirement, "network": "eip155:1"}}) == "network_mismatch"
     )

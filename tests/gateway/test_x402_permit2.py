@@ -24,6 +24,7 @@ from x402.mechanisms.evm.constants import (
     PERMIT2_ADDRESS,
     PERMIT2_WITNESS_TYPES,
     X402_EXACT_PERMIT2_PROXY_ADDRESS,
+    X402_UPTO_PERMIT2_PROXY_ADDRESS,
 )
 from x402.mechanisms.evm.exact.register import register_exact_evm_client
 
@@ -410,4 +411,9 @@ async def test_twenty_concurrent_requests_with_one_permit_settle_exactly_once(
 def test_the_devchain_contracts_sit_where_x402_expects_them() -> None:
     assert x402.PERMIT2_ADDRESS == PERMIT2_ADDRESS
     assert x402.X402_EXACT_PERMIT2_PROXY_ADDRESS == X402_EXACT_PERMIT2_PROXY_ADDRESS
-    assert set(devchain.PERMIT2_ARTIFACTS) == {PERMIT2_ADDRESS, X402_EXACT_PERMIT2_PROXY_ADDRESS}
+    assert x402.X402_UPTO_PERMIT2_PROXY_ADDRESS == X402_UPTO_PERMIT2_PROXY_ADDRESS
+    assert set(devchain.PERMIT2_ARTIFACTS) == {
+        PERMIT2_ADDRESS,
+        X402_EXACT_PERMIT2_PROXY_ADDRESS,
+        X402_UPTO_PERMIT2_PROXY_ADDRESS,
+    }
