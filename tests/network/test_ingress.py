@@ -6,7 +6,6 @@ plus one real host agent) serves the module. The app is ``sandbox_app.pl`` (see 
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import os
@@ -30,6 +29,7 @@ from tests.network.ingress_support import (
     create_sandbox,
     ingress_client,
     ingress_host,
+    make_certificate,
     start_app,
     start_ingress_platform,
 )
@@ -51,43 +51,11 @@ class Ingress:
         return ingress_client(self.port, sandbox_id, port, **options)
 
 
-def _test_certificate(directory: Path) -> tuple[Path, Path]:
-    """A self-signed wildcard certificate for ``*.sandbox.localhost`` (its own CA, for the client)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"*.{DOMAIN}")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(f"*.{DOMAIN}")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = directory / "ingress.crt", directory / "ingress.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_file, key_file
-
-
 @pytest.fixture(scope="module")
 def ingress(
     debian_image: Path, guest_binary_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Ingress]:
-    cert_file, key_file = _test_certificate(tmp_path_factory.mktemp("tls"))
+    cert_file, key_file = make_certificate(tmp_path_factory.mktemp("tls"))
     tls_port = free_port()
     platform, port = start_ingress_platform(
         guest_binary_dir,

@@ -112,7 +112,7 @@ class IngressProxy:
             opened.append(("http", host, server.sockets[0].getsockname()[1]))
         if self.settings.ingress_tls_port:
             self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            self._tls.set_alpn_protocols(["http/1.1"])
+            self._tls.set_alpn_protocols(["h2", "http/1.1"])
             self._reload_certificate()
             server = await asyncio.start_server(
                 self._secure,
@@ -146,6 +146,10 @@ class IngressProxy:
     def serving(self, task: asyncio.Task[None], sandbox_id: str) -> None:
         self._connections[task] = sandbox_id
 
+    def done(self, task: asyncio.Task[None]) -> None:
+        """An HTTP/2 stream's task has ended (connection tasks are dropped by ``_serve``)."""
+        self._connections.pop(task, None)
+
     def _reload_certificate(self) -> None:
         cert, key = self.settings.ingress_tls_cert_file, self.settings.ingress_tls_key_file
         assert self._tls is not None and cert is not None and key is not None
@@ -178,7 +182,28 @@ class IngressProxy:
         await self._serve(reader, writer, "http")
 
     async def _secure(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._serve(reader, writer, "https")
+        tls = writer.get_extra_info("ssl_object")
+        if tls is not None and tls.selected_alpn_protocol() == "h2":
+            await self._serve_h2(reader, writer)
+        else:
+            await self._serve(reader, writer, "https")
+
+    async def _serve_h2(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from paddock_controlplane.edge.ingress import http2
+
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[task] = ""
+        connection = http2.H2ClientConnection(self, reader, writer)
+        try:
+            await connection.run()
+        except (TimeoutError, asyncio.CancelledError, ConnectionError, OSError):
+            pass
+        except Exception:
+            log.exception("ingress_connection_failed", protocol="h2")
+        finally:
+            self._connections.pop(task, None)
+            await connection.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, scheme: str) -> None:
         task = asyncio.current_task()
@@ -272,24 +297,29 @@ class _Connection:
             self.accept = request.get("accept")
             self.head_only = request.method == "HEAD"
             try:
-                target = self._target(request)
-                live_view = self._live_view(request, target)
-                route = await self.proxy.router.resolve(target.sandbox_id, live_view=live_view)
-                if route.desktop and target.port in desktop_access.NOVNC_PORTS and not live_view:
-                    raise IngressError(
-                        401,
-                        "LIVE_VIEW_TOKEN_REQUIRED",
-                        "the live view of a desktop opens only through a link from its connect call",
-                    )
-                self.proxy.serving(self.task, target.sandbox_id + ("#live" if live_view else ""))
-                self.settle_until = route.settle_until
-                await self._dial(target, str(route.ip))
+                target = await self._open(request)
             except IngressError as exc:
                 return await self.fail(exc.status, exc.code, exc.message)
             with Inflight(self.proxy.services, target.sandbox_id):
                 keep_alive = await self._exchange(request)
             if not keep_alive:
                 return
+
+    async def _open(self, request: http1.Request) -> Target:
+        """Routes the request (by ``Host``, waking a paused sandbox) and dials the app; raises IngressError."""
+        target = self._target(request)
+        live_view = self._live_view(request, target)
+        route = await self.proxy.router.resolve(target.sandbox_id, live_view=live_view)
+        if route.desktop and target.port in desktop_access.NOVNC_PORTS and not live_view:
+            raise IngressError(
+                401,
+                "LIVE_VIEW_TOKEN_REQUIRED",
+                "the live view of a desktop opens only through a link from its connect call",
+            )
+        self.proxy.serving(self.task, target.sandbox_id + ("#live" if live_view else ""))
+        self.settle_until = route.settle_until
+        await self._dial(target, str(route.ip))
+        return target
 
     def _target(self, request: http1.Request) -> Target:
         authority = request.get("host")
@@ -526,11 +556,15 @@ class _Connection:
                 )
                 return None
             if 100 <= response.status < 200 and response.status != 101:
-                self.writer.write(response.encode())
-                await self.writer.drain()
+                await self._interim(response)
                 response = None
                 continue
             return response
+
+    async def _interim(self, response: http1.Response) -> None:
+        """Passes an interim (1xx) response on to the client."""
+        self.writer.write(response.encode())
+        await self.writer.drain()
 
     async def _next_head(self, upstream: Upstream, body: asyncio.Task[bool] | None) -> http1.Response | None:
         if body is None or body.done():
