@@ -111,8 +111,8 @@ class WalletAuth(httpx.AsyncBaseTransport):
 def upto_client(wallet: Wallet, chain: Chain) -> x402Client:
     """Coinbase's client with its ``upto`` scheme for this chain, and a policy that picks it in USDC."""
     network = f"eip155:{chain.chain_id}"
-    # Its default cap is $1 a payment; a user raises it to the 3.6 USD a month this deploy authorises.
-    client = x402Client().set_spend_controls({"max_amount_per_payment": "$5"})
+    # Its default cap is $1 a payment; a user raises it for the 3.6 USD a month these deploys authorise.
+    client = x402Client().set_spend_controls({"max_amount_per_payment": "$10"})
     client.register(network, UptoEvmClientScheme(wallet.account))
 
     def upto_in_usdc(version: int, offers: list[Any]) -> list[Any]:
@@ -418,3 +418,52 @@ def test_the_consumption_never_exceeds_the_maximum() -> None:
     assert upto.consumed_raw(MONTH_S * 5, PRICE_RAW, MONTH_S, PRICE_RAW) == PRICE_RAW
     assert upto.consumed_raw(-3, PRICE_RAW, MONTH_S, PRICE_RAW) == 0
     assert upto.consumed_raw(10**9, 7, 3, 11) == 11
+
+
+async def test_a_top_up_by_upto_funds_a_project_on_credits_by_the_second(
+    upto_gateway: Gateway, paying_wallet: Wallet, devchains: dict[str, Chain]
+) -> None:
+    """A project deployed on credits is extended by ``upto``: its runtime from then is billed against the
+    authorisation (no hourly debit of the credits), and its deletion settles the seconds consumed. A second
+    ``upto`` while the first funds the project is 409 ``upto_already_open``."""
+    gw, chain = upto_gateway, devchains["base"]
+    await approve_permit2(paying_wallet, chain, "usdc")
+    await gw.grant_credits(paying_wallet, Decimal("10"))
+    deployed = await gw.deploy(paying_wallet, static_site(unique_name("credits"), "x", port=free_port()))
+    assert deployed.status_code == 200, deployed.text
+    project_id = deployed.json()["projectId"]
+    credits_before = await credit_balance(gw, paying_wallet)
+    recipient_before = await chain.token_balance("usdc", RECIPIENT)
+
+    recording = Recording(WalletAuth(paying_wallet, gw.clock))
+    transport = x402AsyncTransport(upto_client(paying_wallet, chain), transport=recording)
+    path = f"/agent/projects/{project_id}/extend"
+    async with httpx.AsyncClient(base_url=gw.url, transport=transport, timeout=60) as http:
+        extended = await http.post(path, json={"months": 2})
+    assert extended.status_code == 200, extended.text
+    assert extended.json()["amount_usd"] == 0.0  # authorised, not charged
+    assert await credit_balance(gw, paying_wallet) == credits_before
+    assert await chain.token_balance("usdc", RECIPIENT) == recipient_before
+
+    # Nearly two hours on the authorisation (of two months of 3600 s): no hour is debited from the credits.
+    metering = gw.services.metering
+    assert metering is not None
+    runtime_s = 2 * MONTH_S - 100
+    gw.clock.advance(seconds=runtime_s)
+    report = await metering.run_once()
+    assert report.hours_billed == 0 and report.settled == []
+    assert await credit_balance(gw, paying_wallet) == credits_before
+
+    # Another upto for the same project while this one is open: refused before anything is signed for.
+    async with httpx.AsyncClient(base_url=gw.url, transport=transport, timeout=60) as http:
+        again = await http.post(path, json={"months": 1})
+    assert again.status_code == 409, again.text
+    assert again.json()["code"] == "upto_already_open"
+
+    deleted = await gw.http.delete(f"/agent/projects/{project_id}", headers=gw.auth(paying_wallet))
+    assert deleted.status_code == 200, deleted.text
+    [settled] = (await metering.run_once()).settled
+    consumed = runtime_s * PER_SECOND_RAW
+    assert settled.amount_raw == consumed and settled.reason == "deleted"
+    assert await chain.token_balance("usdc", RECIPIENT) == recipient_before + consumed
+    assert await credit_balance(gw, paying_wallet) == credits_before
