@@ -85,7 +85,9 @@ UNSUPPORTED_PAYLOAD = "unsupported_payload_type"
 #: The largest maximum the ledger holds (a signed BIGINT); a larger one is refused as the wrong amount.
 MAX_AUTHORIZED_RAW = 2**63 - 1
 #: The states in which an authorisation still funds its project.
-FUNDING = ("open", "settling", "submitted")
+FUNDING = ("open", "settling", "submitted", "confirming")
+#: A worker that has held a row this long in ``settling`` or ``confirming`` is presumed dead (``recover``).
+STALE_MIN_S = 600
 
 
 def period_s(settings: GatewaySettings, months: int) -> int:
@@ -351,8 +353,43 @@ class UptoBilling:
             )
         return as_utc(value) if value is not None else None
 
+    def stale_after(self) -> dt.timedelta:
+        """How long a row may sit in ``settling`` or ``confirming`` before its worker is presumed dead."""
+        return dt.timedelta(seconds=max(STALE_MIN_S, 4 * self.settler.receipt_timeout_s))
+
+    async def recover(self) -> None:
+        """Rows whose worker died mid-way: ``confirming`` goes back to ``submitted`` (its receipt is awaited
+        again); ``settling`` goes back to ``open`` only if the Permit2 nonce is still unused on chain, so
+        nothing was mined (the amount is recomputed identically: the consumption ended at ``due_at`` or
+        ``stopped_at``). A settlement still pending in a mempool can then be sent a second time, but only
+        one of the two can move money: the nonce is spent by the first to be mined."""
+        cutoff = self.clock() - self.stale_after()
+        async with transaction(self.sessions) as session:
+            await session.execute(
+                update(X402Upto)
+                .where(X402Upto.state == "confirming", X402Upto.updated_at < cutoff)
+                .values(state="submitted")
+            )
+        async with self.sessions() as session:
+            stuck = list(
+                await session.scalars(
+                    select(X402Upto).where(X402Upto.state == "settling", X402Upto.updated_at < cutoff)
+                )
+            )
+        for row in stuck:
+            auth, _ = authorization_of(row)
+            try:
+                word = await self.chains[row.chain].call(PERMIT2_ADDRESS, permit2.nonce_bitmap_call(auth))
+            except ChainError:
+                continue
+            if permit2.nonce_used(int.from_bytes(word or b"\0", "big"), auth):
+                continue  # it was mined: leave it for an operator (the row says how much, not which tx)
+            await self._set(row.id, "settling", state="open")
+            log.warning("upto_settlement_recovered", upto_id=row.id, project_id=row.project_id)
+
     async def settle_due(self) -> list[Settled]:
         """Settle every open authorisation that is due, and await the receipts of those sent earlier."""
+        await self.recover()
         now = self.clock()
         async with self.sessions() as session:
             due = list(

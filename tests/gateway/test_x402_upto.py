@@ -467,3 +467,30 @@ async def test_a_top_up_by_upto_funds_a_project_on_credits_by_the_second(
     assert settled.amount_raw == consumed and settled.reason == "deleted"
     assert await chain.token_balance("usdc", RECIPIENT) == recipient_before + consumed
     assert await credit_balance(gw, paying_wallet) == credits_before
+
+
+async def test_a_settlement_whose_worker_died_before_sending_is_recovered_and_settled_once(
+    upto_gateway: Gateway, paying_wallet: Wallet, devchains: dict[str, Chain]
+) -> None:
+    """A worker took the row (``settling``) and died before sending: after the stale period, a pass sees
+    the Permit2 nonce unused on chain, reopens it and settles it, once."""
+    gw, chain = upto_gateway, devchains["base"]
+    await approve_permit2(paying_wallet, chain, "usdc")
+    accepted, _ = await deploy_by_upto(gw, paying_wallet, chain)
+    gw.clock.advance(seconds=5)
+    deleted = await gw.http.delete(f"/agent/projects/{accepted['projectId']}", headers=gw.auth(paying_wallet))
+    assert deleted.status_code == 200, deleted.text
+    row = await upto_row(gw, accepted["projectId"])
+    async with gw.services.sessions() as session, session.begin():
+        stored = await session.get(X402Upto, row.id)
+        assert stored is not None
+        stored.state, stored.updated_at = "settling", gw.clock()
+    recipient_before = await chain.token_balance("usdc", RECIPIENT)
+    metering = gw.services.metering
+    assert metering is not None
+    assert (await metering.run_once()).settled == []  # not stale yet: its worker may still be sending
+    gw.clock.advance(seconds=601)
+    [settled] = (await metering.run_once()).settled
+    assert settled.amount_raw == 5 * PER_SECOND_RAW
+    assert await chain.token_balance("usdc", RECIPIENT) == recipient_before + 5 * PER_SECOND_RAW
+    assert (await metering.run_once()).settled == []
