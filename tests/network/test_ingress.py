@@ -6,15 +6,17 @@ plus one real host agent) serves the module. The app is ``sandbox_app.pl`` (see 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -126,6 +128,112 @@ def test_https_with_a_configured_certificate(ingress: Ingress, app_sandbox: dict
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("hello from ")
+
+
+def _tls_client(ingress: Ingress, *, http2: bool) -> httpx.AsyncClient:
+    """httpx on the TLS listener, verifying the test CA; requests name the sandbox host for SNI too."""
+    return httpx.AsyncClient(
+        base_url=f"https://127.0.0.1:{ingress.tls_port}",
+        verify=str(ingress.ca_file),
+        http2=http2,
+        http1=not http2,
+        timeout=30,
+    )
+
+
+def _get(client: httpx.AsyncClient, path: str, host: str) -> Coroutine[Any, Any, httpx.Response]:
+    return client.get(path, headers={"Host": host}, extensions={"sni_hostname": host})
+
+
+def test_curl_negotiates_http2_over_tls_and_http_1_1_still_works(
+    ingress: Ingress, app_sandbox: dict[str, object]
+) -> None:
+    assert "HTTP2" in subprocess.run(["curl", "-V"], capture_output=True, text=True, check=True).stdout
+    url = f"https://{ingress_host(str(app_sandbox['id']))}:{ingress.tls_port}/hello"
+    for flag, status in (("--http2", "HTTP/2 200"), ("--http1.1", "HTTP/1.1 200 OK")):
+        out = subprocess.run(
+            ["curl", "-si", flag, "--max-time", "20", "--cacert", str(ingress.ca_file), url],
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, out.stderr
+        head, _, body = out.stdout.replace("\r\n", "\n").partition("\n\n")
+        assert head.splitlines()[0].strip() == status, out.stdout
+        assert body.startswith("hello from "), out.stdout
+        assert "x-seen-forwarded-for: 127.0.0.1" in head.lower()
+
+
+def test_concurrent_http2_streams_each_get_their_answer(
+    ingress: Ingress, app_sandbox: dict[str, object]
+) -> None:
+    host = ingress_host(str(app_sandbox["id"]))
+    upload = os.urandom(1 << 20)
+
+    async def scenario() -> tuple[list[httpx.Response], httpx.Response, httpx.Response]:
+        async with _tls_client(ingress, http2=True) as client:
+            streams = [_get(client, f"/stream?n={n}&ms=100", host) for n in range(1, 9)]
+            posted = client.post(
+                "/echo", content=upload, headers={"Host": host}, extensions={"sni_hostname": host}
+            )
+            *answers, echo = await asyncio.gather(*streams, posted)
+            missing = await _get(client, "/", f"{APP_PORT}-sb-01nosuchsandbox0000000000.{DOMAIN}")
+            return answers, echo, missing
+
+    answers, echo, missing = asyncio.run(scenario())
+    for n, answer in enumerate(answers, start=1):
+        assert answer.http_version == "HTTP/2" and answer.status_code == 200
+        assert answer.text == "".join(f"chunk {i}\n" for i in range(1, n + 1))
+    assert echo.text.strip() == f"bytes={len(upload)} sum={sum(upload) % 2**32}"
+    # a missing sandbox answers the same page as over HTTP/1.1
+    with ingress.client("sb-01nosuchsandbox0000000000") as client:
+        over_h1 = client.get("/")
+    assert missing.http_version == "HTTP/2"
+    assert missing.status_code == over_h1.status_code == 404
+    assert missing.headers["x-paddock-ingress-error"] == over_h1.headers["x-paddock-ingress-error"]
+    assert missing.json() == over_h1.json()
+
+
+def test_oversized_headers_over_http2_are_refused_on_their_stream_only(
+    ingress: Ingress, app_sandbox: dict[str, object]
+) -> None:
+    host = ingress_host(str(app_sandbox["id"]))
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        async with _tls_client(ingress, http2=True) as client:
+            slow = _get(client, "/stream?n=3&ms=300", host)
+            big = client.get(
+                "/hello", headers={"Host": host, "X-Big": "a" * 70_000}, extensions={"sni_hostname": host}
+            )
+            first, refused = await asyncio.gather(slow, big)
+            after = await _get(client, "/hello", host)
+            return first, refused, after
+
+    first, refused, after = asyncio.run(scenario())
+    assert refused.http_version == "HTTP/2" and refused.status_code == 431
+    assert refused.headers["x-paddock-ingress-error"] == "REQUEST_HEAD_TOO_LARGE"
+    assert first.status_code == 200 and first.text == "chunk 1\nchunk 2\nchunk 3\n"
+    assert after.status_code == 200 and after.text.startswith("hello from ")
+
+
+def test_latency_of_100_sequential_requests_http2_and_http_1_1(
+    ingress: Ingress, app_sandbox: dict[str, object]
+) -> None:
+    """Both protocols serve 100 requests in a row on one TLS connection; the timings go to the log."""
+    host = ingress_host(str(app_sandbox["id"]))
+
+    async def run(http2: bool) -> tuple[float, list[httpx.Response]]:
+        async with _tls_client(ingress, http2=http2) as client:
+            await _get(client, "/hello", host)  # the handshake, not timed
+            started = time.perf_counter()
+            answers = [await _get(client, "/hello", host) for _ in range(100)]
+            return time.perf_counter() - started, answers
+
+    for http2, version in ((True, "HTTP/2"), (False, "HTTP/1.1")):
+        elapsed, answers = asyncio.run(run(http2))
+        assert all(a.http_version == version and a.text.startswith("hello from ") for a in answers)
+        # one upstream connection served them all (reused between streams over HTTP/2 too)
+        assert len({a.text.split("conn=")[1] for a in answers}) == 1
+        print(f"{version}: 100 sequential requests in {elapsed * 1000:.0f} ms ({elapsed * 10:.2f} ms each)")
 
 
 def test_ingress_works_under_a_strict_egress_allowlist(ingress: Ingress) -> None:
