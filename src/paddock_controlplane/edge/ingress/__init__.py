@@ -1,7 +1,8 @@
 """HTTP ingress: ``<port>-<sandbox id>.<ingress domain>`` reaches that port of the sandbox.
 
 ``routing`` maps host names to sandboxes (cached, waking paused ones), ``http1`` parses HTTP/1.1
-with llhttp and re-frames bodies, ``proxy`` serves the listeners, ``pages`` renders the proxy's own error answers.
+with llhttp and re-frames bodies, ``proxy`` serves the listeners, ``http2`` serves HTTP/2 clients of the
+TLS listener (each stream one HTTP/1.1 exchange with the app), ``pages`` renders the proxy's own error answers.
 """
 
 from __future__ import annotations
