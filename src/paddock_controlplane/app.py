@@ -17,6 +17,7 @@ from paddock_controlplane.edge.api.routes import audit as audit_routes
 from paddock_controlplane.edge.api.routes import bodies, catalog, commands, internal, probes, sandboxes
 from paddock_controlplane.edge.api.routes import computer as computer_routes
 from paddock_controlplane.edge.api.routes import disks as disk_routes
+from paddock_controlplane.edge.api.routes import logs as log_routes
 from paddock_controlplane.edge.api.routes import metrics as metrics_routes
 from paddock_controlplane.edge.api.routes import networks as network_routes
 from paddock_controlplane.edge.api.routes import processes as process_routes
@@ -212,6 +213,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         template_routes,
         webhook_routes,
         metrics_routes,
+        log_routes,
     ):
         app.include_router(module.router)
     # GET / → /console, /console, its assets and its shell socket (docs/console.md); not in the contract.

@@ -83,6 +83,7 @@ from paddock_hostagent.schemas import (
     ProcessView,
     ResizeBody,
     ResizeResult,
+    SandboxLog,
     SandboxView,
     StatusResult,
 )
@@ -412,6 +413,13 @@ class HostAgentClient:
         trail's poll)."""
         params = {"epoch": epoch, "after": str(after), "limit": str(limit)}
         return await self._call("GET", "egress/attempts", EgressAttempts.model_validate_json, params=params)
+
+    async def logs(self, sandbox_id: str, source: str, tail: int) -> SandboxLog:
+        """The last ``tail`` lines of the sandbox's ``source`` log (boot or guest)."""
+        params = {"source": source, "tail": str(tail)}
+        return await self._call(
+            "GET", self._sb(sandbox_id, "logs"), SandboxLog.model_validate_json, params=params
+        )
 
     async def get_bandwidth(self, sandbox_id: str) -> BandwidthResult:
         """The counters as the kernel has them right now."""

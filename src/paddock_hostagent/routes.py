@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -14,11 +14,12 @@ from starlette.background import BackgroundTask
 
 from paddock_core import fastlane
 from paddock_core.bodylimit import BodyRoute
-from paddock_hostagent import errors, image_transfer, stats, watches
+from paddock_hostagent import errors, image_transfer, logs, stats, watches
 from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.guest.protocol import MAX_CONTROL_PAYLOAD_BYTES, exec_payload_bytes
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import (
+    MAX_LOG_TAIL_LINES,
     BandwidthBody,
     BandwidthResult,
     BuildBody,
@@ -45,6 +46,7 @@ from paddock_hostagent.schemas import (
     NetworkAttachment,
     ResizeBody,
     ResizeResult,
+    SandboxLog,
     SandboxView,
     StatusResult,
 )
@@ -224,6 +226,17 @@ async def egress_attempts(
 @router.get("/sandboxes/{sandbox_id}/bandwidth")
 async def get_bandwidth(sandbox_id: str, manager: Manager) -> BandwidthResult:
     return await manager.bandwidth(sandbox_id)
+
+
+@router.get("/sandboxes/{sandbox_id}/logs")
+async def get_logs(
+    sandbox_id: str,
+    manager: Manager,
+    source: Annotated[Literal["boot", "guest"], Query()] = "boot",
+    tail: Annotated[int, Query(ge=1, le=MAX_LOG_TAIL_LINES)] = 100,
+) -> SandboxLog:
+    """The last ``tail`` lines of the sandbox's boot log or guest console (logs.py)."""
+    return await logs.read(manager, sandbox_id, source, tail)
 
 
 @router.put("/sandboxes/{sandbox_id}/bandwidth")

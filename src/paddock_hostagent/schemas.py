@@ -206,6 +206,20 @@ class BandwidthResult(BaseModel):
     capped: bool
 
 
+#: The most lines one read of a sandbox's log returns (the logs routes' ``tail`` cap).
+MAX_LOG_TAIL_LINES = 1000
+
+
+class SandboxLog(BaseModel):
+    """The last lines of one of a sandbox's logs (``source``: boot or guest), and whether older lines
+    were left out (by ``tail`` or by the log's bound)."""
+
+    id: str
+    source: Literal["boot", "guest"]
+    lines: list[str]
+    truncated: bool
+
+
 class ResizeBody(BaseModel):
     disk_mib: int = Field(ge=1)
 

@@ -100,6 +100,11 @@ AUDIT_QUERY = (
     query("limit", {"type": "integer", "minimum": 1}, "page size (default 100; above 1000 is clamped)"),
     query("cursor", {"type": "string"}, "the next_cursor of the page before"),
     query(
+        "order",
+        {"type": "string", "enum": ["oldest", "newest"]},
+        "oldest first (default) or newest first; the JSON lines export is oldest first only",
+    ),
+    query(
         "format", {"type": "string", "enum": ["json", "jsonl"]}, "jsonl: every matching event as JSON lines"
     ),
 )
@@ -170,6 +175,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", SANDBOX + "/metrics"): Operation(),
     ("GET", "/v1/metrics"): Operation(),
     ("GET", "/v1/metrics/timeseries"): Operation(),
+    # Logs (docs/observability.md): read from the sandbox's host; a container has no guest console (409).
+    ("GET", SANDBOX + "/logs"): Operation(statuses=ON_A_SANDBOX),
     ("POST", SANDBOX + "/bandwidth/recharge"): Operation(
         statuses=(402, *ON_A_SANDBOX), body=RechargeRequest, body_required=True
     ),

@@ -37,6 +37,7 @@ from paddock_hostagent.schemas import (
     ProcessSignalBody,
     ProcessStartBody,
     ProcessView,
+    SandboxLog,
 )
 
 
@@ -358,6 +359,11 @@ class HostLink(HostLinkAPI):
         """Every live sandbox's resource use on this host (the metrics worker's pull)."""
         with _mapped():
             return await self.client.stats()
+
+    async def logs(self, sandbox_id: str, source: str, tail: int) -> SandboxLog:
+        """The last ``tail`` lines of the sandbox's boot log or guest console (the logs route)."""
+        with _mapped():
+            return await self.client.logs(sandbox_id, source, tail)
 
     async def pause(self, sandbox_id: str) -> None:
         with _mapped():

@@ -317,9 +317,10 @@ async def page(
     until: dt.datetime | None = None,
     after: Cursor | None = None,
     limit: int,
+    newest_first: bool = False,
 ) -> tuple[list[AuditEvent], Cursor | None]:
-    """Up to ``limit`` events of the sandbox, oldest first, and the cursor of the next page (None at
-    the end)."""
+    """Up to ``limit`` events of the sandbox, oldest first (or newest first), and the cursor of the next
+    page (None at the end)."""
     query = select(AuditEvent).where(AuditEvent.sandbox_id == sandbox_id, AuditEvent.user_id == user_id)
     if kinds:
         query = query.where(AuditEvent.kind.in_(kinds))
@@ -327,11 +328,16 @@ async def page(
         query = query.where(AuditEvent.at >= since)
     if until is not None:
         query = query.where(AuditEvent.at < until)
-    if after is not None:
+    if after is not None and newest_first:
+        query = query.where(
+            or_(AuditEvent.at < after.at, and_(AuditEvent.at == after.at, AuditEvent.id < after.id))
+        )
+    elif after is not None:
         query = query.where(
             or_(AuditEvent.at > after.at, and_(AuditEvent.at == after.at, AuditEvent.id > after.id))
         )
-    rows = list((await session.scalars(query.order_by(AuditEvent.at, AuditEvent.id).limit(limit + 1))).all())
+    order = (AuditEvent.at.desc(), AuditEvent.id.desc()) if newest_first else (AuditEvent.at, AuditEvent.id)
+    rows = list((await session.scalars(query.order_by(*order).limit(limit + 1))).all())
     if len(rows) <= limit:
         return rows, None
     rows = rows[:limit]

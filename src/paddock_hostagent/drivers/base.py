@@ -254,6 +254,12 @@ class SandboxRuntime(ABC):
         offers everything."""
         return None
 
+    def log_path(self, record: SandboxRecord, source: str) -> Path:
+        """The host file holding the sandbox's ``source`` log ("boot": what the runtime and the guest's
+        init wrote while it booted; "guest": the guest kernel's console), written by the host agent or
+        its runtime in the sandbox's slot, never inside the sandbox's tree."""
+        raise UnsupportedError(f"{self.name} sandboxes keep no {source} log")
+
     def network_namespace(self, record: SandboxRecord) -> str:
         """The name of the sandbox's network namespace (under /run/netns), for extra interfaces."""
         raise UnsupportedError(f"{self.name} sandboxes cannot join private networks")

@@ -227,10 +227,36 @@ async def test_pages_follow_cursors_and_filters_narrow(audited: Audited) -> None
     assert [json.loads(line)["argv"] for line in ndjson.text.splitlines()] == [e["argv"] for e in commands]
 
 
+async def test_newest_first_pages_run_backwards_through_the_same_events(audited: Audited) -> None:
+    http = audited.cp.http
+    sid = await new_sandbox(http)
+    for n in range(4):
+        assert (
+            await http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo", "args": [str(n)]})
+        ).status_code == 200
+    everything = await trail(http, sid, limit=1000)
+    pages: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        params: dict[str, Any] = {"order": "newest", "limit": 3, **({"cursor": cursor} if cursor else {})}
+        body = (await http.get(f"/v1/sandboxes/{sid}/audit", params=params)).json()["data"]
+        pages += body["items"]
+        cursor = body["pagination"]["next_cursor"]
+        if cursor is None:
+            break
+    assert len(everything) == 8
+    assert [e["id"] for e in pages] == [e["id"] for e in reversed(everything)]
+    newest_command = await trail(http, sid, kind="command", order="newest", limit=1)
+    assert [e["argv"] for e in newest_command] == [["echo", "3"]]
+    export = await http.get(f"/v1/sandboxes/{sid}/audit", params={"order": "newest", "format": "jsonl"})
+    assert export.status_code == 400 and "order" in export.json()["data"], export.text
+
+
 @pytest.mark.parametrize(
     ("param", "value"),
     [
         ("kind", "shell"),
+        ("order", "latest"),
         ("since", "yesterday"),
         ("until", "2026-01-01T00:00:00"),  # no zone
         ("limit", "0"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from pathlib import Path
 
 
@@ -59,6 +60,19 @@ class BootLog:
     def text(self) -> str:
         return self._data.decode(errors="replace")
 
+    def note(self, line: str) -> None:
+        """Adds a line of the host agent's own (``paddock: …``, with the UTC time) to what is kept, so a
+        quiet boot's log still says when and how it went."""
+        if self._closed:
+            return
+        self._drain()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        if self._data and not self._data.endswith(b"\n"):
+            self._data += b"\n"
+        self._data += f"{stamp} paddock: {line}\n".encode()
+        if len(self._data) > self.limit_bytes:
+            del self._data[: len(self._data) - self.limit_bytes]
+
     def suffix(self) -> str:
         """The tail of what was written, as a clause for an error message ("" when nothing was)."""
         self._drain_if_open()
@@ -87,3 +101,30 @@ class BootLog:
                     os.write(fd, bytes(self._data))
                 finally:
                     os.close(fd)
+
+
+#: The most bytes one read looks at, from the file's end: a boot log is at most ``BootLog.limit_bytes``,
+#: but a VM's serial console is written by the guest's kernel, so only its end is read.
+MAX_READ_BYTES = 256 * 1024
+
+
+def read_tail(path: Path, lines: int) -> tuple[list[str], bool]:
+    """The last ``lines`` lines of a log the host agent keeps in a sandbox's slot (never in the
+    sandbox's tree): ``O_NOFOLLOW``, at most ``MAX_READ_BYTES`` from the end. Answers the lines and
+    whether older ones were left out; a log never written (a quiet boot) is no lines."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return [], False
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - MAX_READ_BYTES)
+        data = os.pread(fd, size - start, start)
+    finally:
+        os.close(fd)
+    text = data.decode(errors="replace")
+    found = text.splitlines()
+    if start > 0 and found:  # the first line is cut by the window
+        found = found[1:]
+    kept = found[-lines:] if lines > 0 else []
+    return kept, start > 0 or len(kept) < len(found)

@@ -436,6 +436,7 @@ class OciRuntime(SandboxRuntime):
                     self.options.boot_timeout_s
                 )
                 phases.mark("guest")
+                boot_log.note(f"the guest agent answered; booted in {round(sum(phases.ms.values()))} ms")
             except GuestVersionError as exc:
                 raise BootError(f"guest agent of {spec.id} refused: {exc}") from exc
             except GuestError as exc:
@@ -536,6 +537,7 @@ class OciRuntime(SandboxRuntime):
             else:
                 argv += ["-d", "--pid-file", str(pid_file), "--preserve-fds", "1"]
                 argv += ["-b", str(slot.bundle_dir), handle.container_id]
+            boot_log.note(f"starting the sandbox with {handle.runtime}")
             pid = host_processes.spawn(argv, stderr_fd=boot_log.write_fd, pass_fd_as_3=listener.fileno())
             boot_log.start()
             try:
@@ -648,6 +650,17 @@ class OciRuntime(SandboxRuntime):
                 f"{operation} into a running sandbox",
                 "gVisor binds host directories only when the sandbox starts; name the disk in the create",
             )
+
+    def log_path(self, record: SandboxRecord, source: str) -> Path:
+        handle = _Handle.of(record)
+        if source == "boot":
+            return handle.slot.dir / "runtime.log"  # bootlog.py: the runtime's and init's stderr, bounded
+        tier = "gvisor" if handle.runtime == "runsc" else "container"
+        raise TierUnsupportedError(
+            tier,
+            "a guest console log",
+            "a container has no kernel of its own; its boot log has its init's output",
+        )
 
     def network_namespace(self, record: SandboxRecord) -> str:
         return _Handle.of(record).slot.network.netns

@@ -458,6 +458,12 @@ class QemuRuntime(SandboxRuntime):
         if why is not None:
             raise TierUnsupportedError("vm", operation, why)
 
+    def log_path(self, record: SandboxRecord, source: str) -> Path:
+        # QEMU's own output (qemu.log) and the guest kernel's serial console (console.log), both in the
+        # VM's directory on the host; the logs route reads only their ends (bootlog.read_tail).
+        handle = _Handle.of(record)
+        return handle.dir / ("qemu.log" if source == "boot" else "console.log")
+
     def network_namespace(self, record: SandboxRecord) -> str:
         self.refuse(PRIVATE_NETWORKS, record)
         raise AssertionError("refused above")  # pragma: no cover

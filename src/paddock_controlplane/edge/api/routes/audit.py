@@ -1,6 +1,6 @@
 """A sandbox's audit trail (issue #35, docs/audit.md): ``GET /v1/sandboxes/{id}/audit``.
 
-A page of events, oldest first, filtered by ``kind`` (comma-separated), ``since`` and ``until``
+A page of events, oldest first (``order=newest``: newest first), filtered by ``kind`` (comma-separated), ``since`` and ``until``
 (RFC 3339), ``limit`` events (at most ``MAX_LIMIT``) after ``cursor``; or, with ``format=jsonl`` or
 ``Accept: application/x-ndjson``, every matching event as JSON lines. The owner's account key only (a
 delegated access token is refused like on every account-level route): the trail is how an owner
@@ -34,6 +34,8 @@ MAX_LIMIT = 1000
 #: Kinds a client may ask for (``dropped`` markers come with any filter that asks for them).
 KINDS = audit.KINDS
 FORMATS = ("json", "jsonl")
+#: A page's order: ``oldest`` first (the default) or ``newest`` first (what the console shows).
+ORDERS = ("oldest", "newest")
 NDJSON = "application/x-ndjson"
 #: Events read per query while exporting.
 EXPORT_PAGE = 1000
@@ -87,6 +89,16 @@ def _cursor(raw: str | None) -> audit.Cursor | None:
         raise errors.ValidationFailed.field("cursor", "is not a cursor this server returned") from None
 
 
+def _newest_first(raw: str | None, answer: str) -> bool:
+    if raw is None or raw == "":
+        return False
+    if raw not in ORDERS:
+        raise errors.ValidationFailed.field("order", f"must be one of {', '.join(ORDERS)}")
+    if raw == "newest" and answer == "jsonl":
+        raise errors.ValidationFailed.field("order", "the JSON lines export is oldest first only")
+    return raw == "newest"
+
+
 def _format(request: Request) -> str:
     raw = request.query_params.get("format")
     if raw is None or raw == "":
@@ -116,6 +128,7 @@ async def get_audit(
     kinds = _kinds(params.get("kind"))
     since, until = _instant("since", params.get("since")), _instant("until", params.get("until"))
     limit, after, answer = _limit(params.get("limit")), _cursor(params.get("cursor")), _format(request)
+    newest_first = _newest_first(params.get("order"), answer)
     await _visible(services, sandbox_id, principal.user_id)
     # What is still queued in this process goes in first, so a trail read just after an action shows it.
     await services.audit.flush_now()
@@ -132,6 +145,7 @@ async def get_audit(
             until=until,
             after=after,
             limit=limit,
+            newest_first=newest_first,
         )
     pagination: dict[str, Any] = {"limit": limit, "count": len(rows), "next_cursor": None}
     if following is not None:

@@ -334,15 +334,19 @@
     const chart = metricsPanel(path);
     terminal = terminalPanel(id);
     files = filesPanel(path);
+    const trail = auditPanel(path);
+    const logs = logsPanel(path);
     show(
       h("p", {}, h("a", { href: "#/sandboxes" }, "‹ Sandboxes")),
       h("div", { class: "toolbar" }, title, badge),
       h("section", { class: "card" }, facts, h("div", { class: "toolbar" }, pause, resume, destroy, desktop, actionStatus)),
-      chart.node, terminal.node, files.node,
+      chart.node, terminal.node, files.node, trail.node, logs.node,
     );
     cleanups.push(() => terminal.close());
     await refresh();
     chart.start();
+    trail.start();
+    logs.start();
     every(3000, refresh);
   }
 
@@ -376,6 +380,7 @@
       status.textContent = latest ? `CPU ${latest.cpu_pct.toFixed(1)}% · memory ${bytes(latest.mem_used_bytes)} of ${bytes(latest.mem_limit_bytes)} · disk ${bytes(latest.disk_used_bytes)} of ${bytes(latest.disk_limit_bytes)} · net ↓${bytes(latest.net_rx_bytes)} ↑${bytes(latest.net_tx_bytes)}` : "";
       const cpuMax = Math.max(100, ...series.map((s) => s.cpu_pct));
       draw(cpu, [series.map((s) => s.cpu_pct)], cpuMax, (v) => `${v.toFixed(0)}%`);
+      cpu.dataset.at = JSON.stringify(series.map((s) => s.at));
       const limit = Math.max(...series.map((s) => s.mem_limit_bytes || 0), ...series.map((s) => s.mem_used_bytes), 1);
       draw(mem, [series.map((s) => s.mem_used_bytes), series.map((s) => s.mem_limit_bytes)], limit, bytes);
     }
@@ -413,6 +418,84 @@
       ctx.stroke();
       ctx.setLineDash([]);
     });
+    // What was drawn, on the canvas itself: how many points the first line has and the values plotted.
+    canvas.dataset.points = String(lines.length ? lines[0].length : 0);
+    canvas.dataset.values = JSON.stringify(lines.length ? lines[0] : []);
+  }
+
+  // -- audit trail -------------------------------------------------------------------------------
+
+  const AUDIT_KINDS = ["api", "command", "file", "process", "egress", "dropped"];
+  const AUDIT_PAGE = 100;
+
+  function auditWhat(e) {
+    switch (e.kind) {
+      case "api": return `${e.method} ${e.route} → ${e.status} (${e.duration_ms} ms)`;
+      case "command": return `${(e.argv || []).join(" ")}${e.truncated ? " …" : ""} → exit ${e.exit_code ?? "–"}`;
+      case "file": return `${e.direction} ${e.path} (${bytes(e.bytes)})${e.as ? ` as ${e.as}` : ""}`;
+      case "process": return `started ${e.process_id}: ${(e.argv || []).join(" ")}`;
+      case "egress": return `${e.verdict} ${e.protocol} ${e.address}:${e.port}`;
+      case "dropped": return `${e.dropped} events dropped (${e.reason})`;
+      default: return "";
+    }
+  }
+
+  function auditPanel(path) {
+    const kind = h("select", { id: "audit-kind" }, h("option", { value: "" }, "all kinds"),
+      AUDIT_KINDS.map((k) => h("option", { value: k }, k)));
+    const status = h("span", { id: "audit-status", class: "muted" });
+    const body = h("tbody");
+    const node = h("section", { class: "card", id: "audit" }, h("h2", {}, "Audit trail"),
+      h("div", { class: "toolbar" }, h("label", { for: "audit-kind" }, "Kind"), kind,
+        h("button", { class: "secondary", type: "button", id: "audit-refresh", onclick: () => load() }, "Refresh"), status),
+      h("table", { id: "audit-events" }, h("thead", {}, h("tr", {}, ["Time", "Kind", "Who", "What"].map((t) => h("th", {}, t)))), body));
+
+    async function load() {
+      try {
+        // Newest first: the route pages backwards with order=newest; older pages are in the JSON lines export.
+        const data = await api("GET", `${path}/audit`, { query: { order: "newest", limit: AUDIT_PAGE, kind: kind.value } });
+        const events = data.items || [];
+        status.className = "muted";
+        status.textContent = `${events.length}${data.pagination && data.pagination.next_cursor ? "+" : ""} event${events.length === 1 ? "" : "s"}, newest first`;
+        body.replaceChildren(...(events.length ? events.map((e) => h("tr", { "data-kind": e.kind, "data-id": e.id },
+          h("td", {}, when(e.at)), h("td", {}, e.kind), h("td", { class: "mono" }, e.actor || "–"),
+          h("td", { class: "mono" }, auditWhat(e)))) :
+          [h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No events."))]));
+      } catch (error) {
+        status.className = "error";
+        status.textContent = `audit: ${error.message}`;
+      }
+    }
+
+    kind.addEventListener("change", () => load());
+    return { node, start() { load(); every(5000, load); } };
+  }
+
+  // -- logs --------------------------------------------------------------------------------------
+
+  function logsPanel(path) {
+    const source = h("select", { id: "logs-source" }, h("option", { value: "boot" }, "boot"), h("option", { value: "guest" }, "guest console"));
+    const status = h("span", { id: "logs-status", class: "muted" });
+    const out = h("pre", { id: "logs-lines", class: "log" });
+    const node = h("section", { class: "card", id: "logs" }, h("h2", {}, "Logs"),
+      h("div", { class: "toolbar" }, h("label", { for: "logs-source" }, "Source"), source,
+        h("button", { class: "secondary", type: "button", id: "logs-refresh", onclick: () => load() }, "Refresh"), status), out);
+
+    async function load() {
+      try {
+        const data = await api("GET", `${path}/logs`, { query: { source: source.value, tail: 200 } });
+        out.textContent = data.lines.length ? `${data.lines.join("\n")}\n` : "";
+        status.className = "muted";
+        status.textContent = `${data.lines.length} line${data.lines.length === 1 ? "" : "s"}${data.truncated ? " (the last ones)" : ""}`;
+      } catch (error) {
+        out.textContent = "";
+        status.className = error.status === 409 ? "muted" : "error";
+        status.textContent = error.message;
+      }
+    }
+
+    source.addEventListener("change", () => load());
+    return { node, start() { load(); } };
   }
 
   // -- terminal ----------------------------------------------------------------------------------
