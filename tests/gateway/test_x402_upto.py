@@ -51,6 +51,7 @@ from tests.gateway.conftest import (
     unique_name,
     x402_settings,
 )
+from tests.gateway.test_smart_wallets import SmartWallet, SmartWalletAuth, SmartWalletSigner, deploy_factory
 from tests.gateway.test_x402 import SETTLER, credit_balance, decode, encode, nonce_of
 from tests.gateway.test_x402_permit2 import Recording, approve_permit2
 
@@ -494,3 +495,40 @@ async def test_a_settlement_whose_worker_died_before_sending_is_recovered_and_se
     assert settled.amount_raw == 5 * PER_SECOND_RAW
     assert await chain.token_balance("usdc", RECIPIENT) == recipient_before + 5 * PER_SECOND_RAW
     assert (await metering.run_once()).settled == []
+
+
+async def test_a_smart_wallet_authorises_upto_by_eip1271_and_is_charged_its_runtime(
+    upto_gateway: Gateway, devchains: dict[str, Chain]
+) -> None:
+    """An EIP-1271 wallet (owner EOA) pays a deploy by ``upto`` through coinbase's client: the gateway
+    accepts the owner's signature through the wallet's ``isValidSignature``, the proxy's Permit2 does too,
+    and the wallet is charged exactly its runtime."""
+    gw, chain = upto_gateway, devchains["base"]
+    wallet = await SmartWallet.at(chain, await deploy_factory(chain))
+    await wallet.deploy()
+    await wallet.fund_and_approve_permit2("usdc")
+    recipient_before = await chain.token_balance("usdc", RECIPIENT)
+    wallet_before = await chain.token_balance("usdc", wallet.address)
+
+    client = x402Client().set_spend_controls({"max_amount_per_payment": "$10"})
+    client.register(f"eip155:{chain.chain_id}", UptoEvmClientScheme(SmartWalletSigner(wallet)))
+    usdc = chain.tokens["usdc"].lower()
+    client.register_policy(
+        lambda version, offers: [o for o in offers if o.scheme == "upto" and o.asset.lower() == usdc]
+    )
+    transport = x402AsyncTransport(client, transport=SmartWalletAuth(wallet, gw.clock))
+    body = static_site(unique_name("upto1271"), "x", port=free_port())
+    async with httpx.AsyncClient(base_url=gw.url, transport=transport, timeout=60) as http:
+        response = await http.post("/agent/deploy", json=body)
+    assert response.status_code == 200, response.text
+    project_id = response.json()["projectId"]
+
+    gw.clock.advance(seconds=9)
+    deleted = await gw.http.delete(f"/agent/projects/{project_id}", headers=wallet.auth(gw.clock.now_ms()))
+    assert deleted.status_code == 200, deleted.text
+    metering = gw.services.metering
+    assert metering is not None
+    [settled] = (await metering.run_once()).settled
+    assert settled.amount_raw == 9 * PER_SECOND_RAW
+    assert await chain.token_balance("usdc", RECIPIENT) == recipient_before + 9 * PER_SECOND_RAW
+    assert await chain.token_balance("usdc", wallet.address) == wallet_before - 9 * PER_SECOND_RAW
