@@ -22,6 +22,7 @@ from paddock_controlplane.edge.api.routes import metrics as metrics_routes
 from paddock_controlplane.edge.api.routes import networks as network_routes
 from paddock_controlplane.edge.api.routes import processes as process_routes
 from paddock_controlplane.edge.api.routes import shell as shell_routes
+from paddock_controlplane.edge.api.routes import snapshots as snapshot_routes
 from paddock_controlplane.edge.api.routes import templates as template_routes
 from paddock_controlplane.edge.api.routes import webhooks as webhook_routes
 from paddock_controlplane.edge.auditing import AuditMiddleware
@@ -211,6 +212,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         shell_routes,
         disk_routes,
         template_routes,
+        snapshot_routes,
         webhook_routes,
         metrics_routes,
         log_routes,

@@ -85,6 +85,9 @@ from paddock_hostagent.schemas import (
     ResizeResult,
     SandboxLog,
     SandboxView,
+    SnapshotBody,
+    SnapshotDeleted,
+    SnapshotView,
     StatusResult,
 )
 
@@ -433,6 +436,20 @@ class HostAgentClient:
             BandwidthResult.model_validate_json,
             body=BandwidthBody(quota_bytes=quota_bytes),
         )
+
+    async def snapshot_sandbox(self, sandbox_id: str, snapshot_id: str) -> SnapshotView:
+        """Copies the sandbox's disk into a snapshot kept on this host (answers once it is whole)."""
+        return await self._call(
+            "POST",
+            self._sb(sandbox_id, "snapshots"),
+            SnapshotView.model_validate_json,
+            body=SnapshotBody(snapshot_id=snapshot_id),
+            timeout=_CREATE_TIMEOUT,
+        )
+
+    async def delete_snapshot(self, snapshot_id: str) -> SnapshotDeleted:
+        path = "/".join(["snapshots", quote(snapshot_id, safe="")])
+        return await self._call("DELETE", path, SnapshotDeleted.model_validate_json)
 
     async def resize_sandbox(self, sandbox_id: str, disk_mib: int) -> ResizeResult:
         return await self._call(

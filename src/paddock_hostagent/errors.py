@@ -72,6 +72,10 @@ class SandboxNotFound(HostAgentServerError):
     status, code = 404, "sandbox_not_found"
 
 
+class SnapshotNotFound(HostAgentServerError):
+    status, code = 404, "snapshot_not_found"
+
+
 class FileNotFound(HostAgentServerError):
     status, code = 404, "file_not_found"
 

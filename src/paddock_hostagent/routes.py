@@ -48,6 +48,9 @@ from paddock_hostagent.schemas import (
     ResizeResult,
     SandboxLog,
     SandboxView,
+    SnapshotBody,
+    SnapshotDeleted,
+    SnapshotView,
     StatusResult,
 )
 
@@ -169,6 +172,21 @@ async def resume_sandbox(sandbox_id: str, manager: Manager) -> StatusResult:
 @router.post("/sandboxes/{sandbox_id}/fork")
 async def fork_sandbox(sandbox_id: str, body: ForkBody, manager: Manager) -> CreateSandboxResult:
     return await manager.fork(sandbox_id, body)
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots")
+async def snapshot_sandbox(sandbox_id: str, body: SnapshotBody, manager: Manager) -> SnapshotView:
+    return await manager.snapshot(sandbox_id, body)
+
+
+@router.get("/snapshots/{snapshot_id}")
+async def get_snapshot(snapshot_id: str, manager: Manager) -> SnapshotView:
+    return manager.get_snapshot(snapshot_id)
+
+
+@router.delete("/snapshots/{snapshot_id}")
+async def delete_snapshot(snapshot_id: str, manager: Manager) -> SnapshotDeleted:
+    return await manager.delete_snapshot(snapshot_id)
 
 
 @router.post("/sandboxes/{sandbox_id}/resize")

@@ -158,6 +158,32 @@ class ForkBody(BaseModel):
     networks: list[NetworkAttachBody] = Field(default_factory=list)
 
 
+SNAPSHOT_ID_PATTERN = r"^snap_[A-Za-z0-9]{1,64}$"
+
+
+class SnapshotBody(BaseModel):
+    snapshot_id: str = Field(pattern=SNAPSHOT_ID_PATTERN)
+
+
+class SnapshotView(BaseModel):
+    """A snapshot on this host: the image its overlay is of, its disk's size and filesystem, the bytes
+    its image holds (shared with the sandboxes booted from it), and, for a new one, how long it took."""
+
+    id: str
+    image: str
+    fs: str
+    disk_mib: int
+    source_id: str
+    created_at: float
+    size_bytes: int
+    snapshot_ms: float | None = None
+
+
+class SnapshotDeleted(BaseModel):
+    id: str
+    deleted: bool
+
+
 class EgressBody(BaseModel):
     egress: list[str] = Field(default_factory=list, max_length=1000)
 

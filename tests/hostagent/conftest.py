@@ -321,6 +321,13 @@ def _destroy_and_check(agent: AgentProcess) -> None:
         for sandbox_id in sorted(held):  # one that fails to go is reported below with what it left
             with contextlib.suppress(httpx.HTTPError):
                 httpx.delete(f"{agent.url}/internal/v1/sandboxes/{sandbox_id}", headers=headers, timeout=60)
+        # Snapshots outlive their sandboxes and keep the disk store mounted: the agent removes them too.
+        snapshots = agent.state_dir / "disks" / "snapshots"
+        for snapshot in sorted(snapshots.glob("snap_*")) if snapshots.is_dir() else []:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.delete(
+                    f"{agent.url}/internal/v1/snapshots/{snapshot.name}", headers=headers, timeout=60
+                )
         agent.stop()
     report_agent_errors(agent)  # after the calls above, so that an error they met is shown too
     remaining = leftovers(agent.state_dir, sandbox_ids + agent.created_ids)

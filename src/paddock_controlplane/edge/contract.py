@@ -41,6 +41,7 @@ from paddock_controlplane.records.schemas.sandboxes import (
     RechargeRequest,
     SshKeysRequest,
 )
+from paddock_controlplane.records.schemas.snapshots import SnapshotCreateRequest
 from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
 from paddock_controlplane.sandboxes import sandbox_fs
 from paddock_core.openapi import JSEND_ERROR, JSEND_FAIL, JSEND_SUCCESS, Contract, JsonSchema, Operation
@@ -277,6 +278,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         statuses=(402, 403, 409), body=TemplateCreateRequest, body_required=True
     ),
     ("GET", "/v1/templates/{ref}/logs"): Operation(media=("application/x-ndjson",), unwrapped=True),
+    # Snapshots (docs/snapshots.md): plan and credit, a duplicate name or a tier without them 409.
+    ("POST", SANDBOX + "/snapshots"): Operation(
+        statuses=(402, 403, *ON_A_SANDBOX), body=SnapshotCreateRequest
+    ),
+    ("DELETE", "/v1/snapshots/{ref}"): Operation(statuses=(409,)),
     # The audit trail (docs/audit.md): a page of events, or all of them as JSON lines.
     ("GET", SANDBOX + "/audit"): Operation(query=AUDIT_QUERY, media=("application/x-ndjson",)),
 }

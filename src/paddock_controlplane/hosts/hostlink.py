@@ -38,6 +38,7 @@ from paddock_hostagent.schemas import (
     ProcessStartBody,
     ProcessView,
     SandboxLog,
+    SnapshotView,
 )
 
 
@@ -376,6 +377,16 @@ class HostLink(HostLinkAPI):
     async def resize(self, sandbox_id: str, disk_mib: int) -> None:
         with _mapped():
             await self.client.resize_sandbox(sandbox_id, disk_mib)
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotView:
+        """Copies the sandbox's disk into the snapshot ``snapshot_id`` on this host."""
+        with _mapped():
+            return await self.client.snapshot_sandbox(sandbox_id, snapshot_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Removes the snapshot from this host; one that is not there is no error."""
+        with _mapped():
+            await self.client.delete_snapshot(snapshot_id)
 
     async def attach_network(self, sandbox_id: str, *, network_id: str, ip: str, prefixlen: int) -> None:
         with _mapped():

@@ -32,3 +32,11 @@ SEED_PLANS: tuple[PlanLimits, ...] = (
 )
 
 PLAN_IDS = tuple(plan.id for plan in SEED_PLANS)
+
+#: Snapshots an account may keep at once, by plan (issue #34; kept here, not in the plan rows, until the
+#: plans table grows a column). A plan not listed keeps as many as it may keep templates.
+SNAPSHOTS_CONCURRENT: dict[str, int] = {"free": 1, "beginner": 10, "pro": 50, "enterprise": 100}
+
+
+def snapshots_concurrent(plan_id: str, templates_concurrent: int) -> int:
+    return SNAPSHOTS_CONCURRENT.get(plan_id, templates_concurrent)

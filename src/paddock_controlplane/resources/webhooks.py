@@ -56,6 +56,8 @@ ACTIONS: tuple[str, ...] = (
     "template.build.start",
     "template.build.complete",
     "sandbox.timeout",
+    "snapshot.create",
+    "snapshot.delete",
 )
 ACTION_SET = frozenset(ACTIONS)
 

@@ -23,9 +23,11 @@ from paddock_controlplane.records import validation
 from paddock_controlplane.records.models import Host, Sandbox
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
+from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
+from paddock_controlplane.records.snapshots import Snapshot
 from paddock_controlplane.records.states import ALL, FORKABLE, TERMINAL, SandboxStatus
 from paddock_controlplane.records.views import event_data
-from paddock_controlplane.resources import accounts, catalog, disks, networks, templates, webhooks
+from paddock_controlplane.resources import accounts, catalog, disks, networks, snapshots, templates, webhooks
 from paddock_controlplane.sandboxes import destruction, envs, names, suspension
 from paddock_controlplane.sandboxes.transition import locked_row, settle
 from paddock_core import errors
@@ -128,6 +130,8 @@ class CreatePlan:
     timeout_s: int | None = None
     on_timeout: str | None = None
     metadata: dict[str, str] | None = None
+    #: The request named ``disk_mib`` (otherwise the shape's default, which a snapshot's disk may raise).
+    explicit_disk: bool = False
 
 
 def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
@@ -167,6 +171,7 @@ def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
         timeout_s=timeout_s,
         on_timeout=on_timeout,
         metadata=check_metadata(req.metadata) or None,
+        explicit_disk=bool(req.disk_mib),
     )
     if req.region and req.region != region:
         raise errors.RegionMismatch(f"region {req.region!r} does not match this server's region {region!r}")
@@ -190,6 +195,26 @@ async def resolve_rootfs(
     raise errors.ValidationFailed.field("rootfs", f"unknown image {requested!r}{hint}; see GET /v1/rootfs")
 
 
+async def _snapshot_of(session: AsyncSession, user_id: str, spec: CreatePlan) -> Snapshot | None:
+    """The caller's snapshot ``rootfs`` names (its id, or a name no image or template has), whose disk
+    the new sandbox boots from; its disk is at least the snapshot's (``disk_mib`` smaller is a 400)."""
+    requested = spec.rootfs
+    if not requested or requested in ROOT_IMAGES_BY_NAME:
+        return None
+    if not requested.startswith(SNAPSHOT_PREFIX) and await templates.find(session, user_id, requested):
+        return None
+    snapshot = await snapshots.resolve(session, user_id, requested)
+    if snapshot is None:
+        return None
+    if spec.disk_mib < snapshot.disk_mib:
+        if spec.explicit_disk:
+            raise errors.ValidationFailed.field(
+                "disk_mib", f"must be at least the snapshot's disk, {snapshot.disk_mib} MiB"
+            )
+        spec.disk_mib = snapshot.disk_mib
+    return snapshot
+
+
 def suggestion(given: str, choices: Iterable[str]) -> str:
     """``" (did you mean 's-1vcpu-1gb'?)"`` for the closest choice, or ``""``."""
     close = difflib.get_close_matches(given[:200], list(choices), n=1, cutoff=0.6)
@@ -204,6 +229,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         joined = await networks.resolve_refs(session, user_id, req.networks)
         attached = await disks.resolve_attachments(session, user_id, req.disks)
         plan = await accounts.cached_plan(session, account.plan_id)
+        snapshot = await _snapshot_of(session, user_id, spec)  # may raise ``disk_mib`` to its disk's
         accounts.check_plan_limits(
             plan,
             vcpu=spec.shape.vcpu,
@@ -215,14 +241,26 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             session, plan, user_id, now=services.clock(), needs_slot=not spec.start_paused, new_sandbox=True
         )
         accounts.require_credit(account)
-        rootfs, image_host = await resolve_rootfs(session, services, user_id, spec.rootfs)
+        if snapshot is not None:
+            # Booted from a clone of the snapshot on the host that holds it (no other host has it).
+            rootfs, image_host, image = snapshot.id, None, snapshot.image
+        else:
+            rootfs, image_host = await resolve_rootfs(session, services, user_id, spec.rootfs)
+            image = rootfs
         name = spec.name or await names.generate(session, user_id)
         if spec.name and await names.taken(session, user_id, spec.name):
             raise errors.AlreadyExists(f"a sandbox named {spec.name!r} already exists")
+        host_id = await networks.placement(session, joined, spec.host_id)
+        if snapshot is not None:
+            if host_id is not None and host_id != snapshot.host_id:
+                raise errors.InvalidState(
+                    f"snapshot {snapshot.id} is kept on host {snapshot.host_id}, not on {host_id}"
+                )
+            host_id = snapshot.host_id
         placement = Placement(
             mem_mib=spec.shape.mem_mib,
-            rootfs=rootfs,
-            host_id=await networks.placement(session, joined, spec.host_id),
+            rootfs=image,
+            host_id=host_id,
             node_selector=spec.node_selector,
             fetchable=image_host is not None,
         )

@@ -61,6 +61,7 @@ class UnsupportedError(DriverError):
 PRIVATE_NETWORKS = "joining a private network"
 S3_DISKS = "mounting an S3 disk"
 DISK_RESIZE = "growing a sandbox's disk"
+SNAPSHOTS = "snapshotting a sandbox's disk"
 
 
 class TierUnsupportedError(UnsupportedError):
@@ -175,12 +176,32 @@ class SandboxRecord:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A snapshot on this host: its disk image (``path``), the image its sandbox's overlay was of (a
+    sandbox booted from it has the same lower layer), the disk's filesystem and size, the sandbox it
+    was taken of, when (epoch seconds), and the bytes it holds (allocated, shared with its clones)."""
+
+    id: str
+    path: Path
+    image: str
+    fs: str
+    disk_mib: int
+    source_id: str
+    created_at: float
+    size_bytes: int
+
+
 # What the caller needs done on a new sandbox's network (its egress rules), given the sandbox's record
 # once its host interface exists. A driver runs it beside the boot, so that the sandbox is answered for
 # no later than the boot and the longer of the two; a hook that fails fails the boot (the driver
 # removes what it made; the hook undoes its own part), and the driver lets it end before it removes
 # the network it works on.
 NetworkHook = Callable[[SandboxRecord], Awaitable[None]]
+
+
+def _tier(driver: str) -> str:
+    return "vm" if driver == "qemu" else driver
 
 
 class SandboxRuntime(ABC):
@@ -218,6 +239,32 @@ class SandboxRuntime(ABC):
     ) -> SandboxRecord:
         """Boots a new sandbox from a copy of ``source``'s disk; the source keeps its state. Returns
         as ``create`` does."""
+
+    # -- snapshots (crun and runc; other tiers refuse: TierUnsupportedError) ------------------------
+
+    async def snapshot(self, record: SandboxRecord, snapshot_id: str) -> SnapshotInfo:
+        """Copies the sandbox's disk into the snapshot ``snapshot_id``, kept on this host until
+        ``delete_snapshot``; the sandbox keeps its state (a running one is frozen for the copy)."""
+        raise TierUnsupportedError(_tier(self.name), SNAPSHOTS, "not offered on this tier yet")
+
+    def snapshot_info(self, snapshot_id: str) -> SnapshotInfo | None:
+        """The whole snapshot ``snapshot_id`` on this host, or None (also for one half-written)."""
+        return None
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Removes the snapshot (sandboxes booted from it keep their disks); whether it was here."""
+        return False
+
+    async def create_from_snapshot(
+        self,
+        snapshot: SnapshotInfo,
+        spec: SandboxSpec,
+        *,
+        start_paused: bool = False,
+        on_network: NetworkHook | None = None,
+    ) -> SandboxRecord:
+        """Boots a new sandbox from a copy of the snapshot's disk; returns as ``create`` does."""
+        raise TierUnsupportedError(_tier(self.name), SNAPSHOTS, "not offered on this tier yet")
 
     async def retire(self, records: list[SandboxRecord]) -> None:
         """For a host agent that now runs another driver: stops each of ``records`` (this driver's

@@ -27,6 +27,7 @@ from paddock_hostagent.drivers.base import (
     SandboxRuntime,
     SandboxSpec,
     Shape,
+    SnapshotInfo,
 )
 from paddock_hostagent.execution import DESTROYED_MESSAGE, PAUSED_MESSAGE
 from paddock_hostagent.host import ISOLATION
@@ -39,6 +40,8 @@ from paddock_hostagent.sandboxes.traffic import Traffic
 from paddock_hostagent.schemas import CreateSandboxBody, CreateSandboxResult, ForkBody, NetworkAttachBody
 
 log = get_logger(__name__)
+
+SNAPSHOT_PREFIX = "snap_"
 
 
 @dataclass
@@ -57,6 +60,8 @@ class _NewSandbox:
     networks: list[NetworkAttachBody]
     source: Entry | None = None
     disks: BootDisks = field(default_factory=BootDisks)
+    #: A create whose ``rootfs`` names a snapshot of this host: its disk is a clone of the snapshot's.
+    snapshot: SnapshotInfo | None = None
 
 
 class Lifecycle:
@@ -83,18 +88,20 @@ class Lifecycle:
         if body.networks:  # refused before anything is made (a VM would boot for nothing)
             with driver_errors():
                 self.registry.runtime.refuse(PRIVATE_NETWORKS)
+        snapshot = self._snapshot_of(body.rootfs)
         boot_disks = self.disks.at_boot(body)
         record = await self._bring_up(
             _NewSandbox(
                 id=body.id,
                 name=body.name,
-                image=body.rootfs,
+                image=snapshot.image if snapshot is not None else body.rootfs,
                 shape=Shape(body.vcpu, body.mem_mib, body.disk_mib, body.cpu_quota_pct),
                 start_paused=body.start_paused,
                 egress=body.egress,
                 quota_bytes=body.bandwidth_quota_bytes,
                 networks=body.networks,
                 disks=boot_disks,
+                snapshot=snapshot,
             )
         )
         if body.disks and not boot_disks.runtime_args:  # tiers that mount into a running sandbox
@@ -155,6 +162,10 @@ class Lifecycle:
         on_network = self.traffic.guarding(new.egress, new.quota_bytes)
         if new.source is not None:
             return runtime.fork(new.source.record, spec, start_paused=new.start_paused, on_network=on_network)
+        if new.snapshot is not None:
+            return runtime.create_from_snapshot(
+                new.snapshot, spec, start_paused=new.start_paused, on_network=on_network
+            )
         return runtime.create(
             spec, start_paused=new.start_paused, on_network=on_network, **new.disks.runtime_args
         )
@@ -166,6 +177,48 @@ class Lifecycle:
             raise errors.UnknownImage(str(exc)) from exc
         except ImageError as exc:
             raise errors.SandboxFailed(f"building image {image} failed: {exc}") from exc
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def _snapshot_of(self, rootfs: str) -> SnapshotInfo | None:
+        """The snapshot a create's ``rootfs`` names (``snap_…``), or None for an image."""
+        if not rootfs.startswith(SNAPSHOT_PREFIX):
+            return None
+        snapshot = self.registry.runtime.snapshot_info(rootfs)
+        if snapshot is None:
+            raise errors.UnknownImage(f"no snapshot {rootfs} on this host")
+        return snapshot
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
+        """Copies the sandbox's disk into a snapshot that outlives it; held under the sandbox's lock,
+        as a fork holds its source."""
+        registry = self.registry
+        entry = registry.entry(sandbox_id)
+        if self.registry.runtime.snapshot_info(snapshot_id) is not None:
+            raise errors.AlreadyExists(f"snapshot {snapshot_id} exists")
+        async with entry.lock:
+            if registry.status(entry) == RuntimeState.STOPPED.value:
+                raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
+            started = time.monotonic()
+            with driver_errors():
+                info = await registry.runtime.snapshot(entry.record, snapshot_id)
+        log.info(
+            "sandbox_snapshotted",
+            sandbox_id=sandbox_id,
+            snapshot_id=snapshot_id,
+            snapshot_ms=round((time.monotonic() - started) * 1000, 3),
+        )
+        return info
+
+    def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:
+        info = self.registry.runtime.snapshot_info(snapshot_id)
+        if info is None:
+            raise errors.SnapshotNotFound(f"no snapshot {snapshot_id} on this host")
+        return info
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        with driver_errors():
+            return await self.registry.runtime.delete_snapshot(snapshot_id)
 
     # -- pause, resume, resize ------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from paddock_core.logging import get_logger
 from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.capacity import DiskView, MemoryView
-from paddock_hostagent.drivers.base import RuntimeState, SandboxRuntime
+from paddock_hostagent.drivers.base import RuntimeState, SandboxRuntime, SnapshotInfo
 from paddock_hostagent.drivers.net.bridges import BridgeNetworks
 from paddock_hostagent.drivers.storage.s3mounts import S3Mounter
 from paddock_hostagent.egress import EgressService
@@ -46,6 +47,9 @@ from paddock_hostagent.schemas import (
     NetworkAttachBody,
     NetworkAttachment,
     SandboxView,
+    SnapshotBody,
+    SnapshotDeleted,
+    SnapshotView,
 )
 from paddock_hostagent.settings import HostAgentSettings
 
@@ -194,6 +198,17 @@ class SandboxManager:
     async def fork(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
         return await self.lifecycle.fork(sandbox_id, body)
 
+    async def snapshot(self, sandbox_id: str, body: SnapshotBody) -> SnapshotView:
+        started = time.monotonic()
+        info = await self.lifecycle.snapshot(sandbox_id, body.snapshot_id)
+        return snapshot_view(info, snapshot_ms=round((time.monotonic() - started) * 1000, 3))
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotView:
+        return snapshot_view(self.lifecycle.snapshot_info(snapshot_id))
+
+    async def delete_snapshot(self, snapshot_id: str) -> SnapshotDeleted:
+        return SnapshotDeleted(id=snapshot_id, deleted=await self.lifecycle.delete_snapshot(snapshot_id))
+
     async def pause(self, sandbox_id: str) -> str:
         return await self.lifecycle.pause(sandbox_id)
 
@@ -252,3 +267,16 @@ class SandboxManager:
 
     async def refresh_usage(self) -> None:
         await self.heartbeat.refresh_usage()
+
+
+def snapshot_view(info: SnapshotInfo, *, snapshot_ms: float | None = None) -> SnapshotView:
+    return SnapshotView(
+        id=info.id,
+        image=info.image,
+        fs=info.fs,
+        disk_mib=info.disk_mib,
+        source_id=info.source_id,
+        created_at=info.created_at,
+        size_bytes=info.size_bytes,
+        snapshot_ms=snapshot_ms,
+    )

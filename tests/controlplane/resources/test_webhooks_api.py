@@ -38,6 +38,9 @@ ALL_ACTIONS = [
     "template.build.complete",
     # This server's extension, after the contract's list (issue #32): a sandbox's lifetime ran out.
     "sandbox.timeout",
+    # Issue #34: a snapshot was made or deleted.
+    "snapshot.create",
+    "snapshot.delete",
 ]
 
 

@@ -47,6 +47,7 @@ from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import (
     PRIVATE_NETWORKS,
     S3_DISKS,
+    SNAPSHOTS,
     BootError,
     CommandFailedError,
     DriverError,
@@ -58,6 +59,7 @@ from paddock_hostagent.drivers.base import (
     SandboxRuntime,
     SandboxSpec,
     Shape,
+    SnapshotInfo,
     TierUnsupportedError,
     UnsupportedError,
 )
@@ -352,6 +354,135 @@ class OciRuntime(SandboxRuntime):
             await self._started(record, handle, start_paused=start_paused)
             await beside.result()
             log.info("fork_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
+        except BaseException:
+            self._booting -= 1
+            await beside.settle()
+            await self._destroy_handle(handle)
+            raise
+        self._booting -= 1
+        return record
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return rootdisks.snapshots_dir(self.pool.slots_dir)
+
+    def _refuse_snapshots(self, runtime: str) -> None:
+        if runtime == "runsc":
+            raise TierUnsupportedError(
+                "gvisor", SNAPSHOTS, "gVisor's sentry caches writes the host cannot sync; left for later"
+            )
+
+    async def snapshot(self, record: SandboxRecord, snapshot_id: str) -> SnapshotInfo:
+        """Freezes the sandbox (unless paused), copies its disk as a fork does (``syncfs`` and a clone,
+        ``rootdisks.snapshot_image``) into ``.partial-<id>`` under the store's ``snapshots``, lets it run
+        again, writes the snapshot's description and renames the directory into place: a snapshot is
+        there whole or not at all (an agent killed half-way leaves a partial one, removed when the next
+        agent opens the store)."""
+        handle = _Handle.of(record)
+        self._refuse_snapshots(handle.runtime)
+        if self.probe(record) == RuntimeState.STOPPED:
+            raise NotRunningError(f"sandbox {record.id} is not running")
+        await self.pool.factory.images_dir()  # the store is open (it is, once a sandbox has a disk)
+        final = self.snapshots_dir / snapshot_id
+        if final.exists():
+            raise DriverError(f"snapshot {snapshot_id} exists")
+        partial = self.snapshots_dir / f"{rootdisks.PARTIAL_SNAPSHOT_PREFIX}{snapshot_id}"
+        partial.mkdir(parents=True, exist_ok=True)
+        try:
+            cgroup = SandboxCgroup(handle.cgroups_path)
+            was_frozen = cgroup.is_frozen()
+            if not was_frozen:
+                await _freeze(cgroup)
+            try:
+                await asyncio.to_thread(rootdisks.snapshot_image, handle.slot.disk, partial / "disk.img")
+            finally:
+                if not was_frozen:
+                    cgroup.thaw()
+            info = SnapshotInfo(
+                id=snapshot_id,
+                path=final / "disk.img",
+                image=record.image,
+                fs=handle.slot.disk.fs,
+                disk_mib=record.disk_mib,
+                source_id=record.id,
+                created_at=time.time(),
+                size_bytes=os.stat(partial / "disk.img").st_blocks * 512,
+            )
+            await asyncio.to_thread(_write_snapshot_meta, partial, info)
+            partial.replace(final)
+            await asyncio.to_thread(_fsync_dir, self.snapshots_dir)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, partial, True)
+            raise
+        return info
+
+    def snapshot_info(self, snapshot_id: str) -> SnapshotInfo | None:
+        if not snapshot_id.startswith("snap_") or "/" in snapshot_id:
+            return None
+        directory = self.snapshots_dir / snapshot_id
+        try:
+            meta = json.loads((directory / "meta.json").read_text())
+            size = os.stat(directory / "disk.img").st_blocks * 512
+        except (OSError, ValueError):
+            return None
+        return SnapshotInfo(
+            id=snapshot_id,
+            path=directory / "disk.img",
+            image=str(meta["image"]),
+            fs=str(meta["fs"]),
+            disk_mib=int(meta["disk_mib"]),
+            source_id=str(meta.get("source_id", "")),
+            created_at=float(meta.get("created_at", 0.0)),
+            size_bytes=size,
+        )
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        if not snapshot_id.startswith("snap_") or "/" in snapshot_id:
+            return False
+        directory = self.snapshots_dir / snapshot_id
+        if not directory.is_dir():
+            return False
+        # Renamed away first: a delete cut short leaves a partial (removed at the next start), never
+        # a snapshot without its disk. Sandboxes booted from it share blocks, which the store counts.
+        doomed = self.snapshots_dir / f"{rootdisks.PARTIAL_SNAPSHOT_PREFIX}{snapshot_id}"
+        directory.replace(doomed)
+        await asyncio.to_thread(shutil.rmtree, doomed, True)
+        return True
+
+    async def create_from_snapshot(
+        self,
+        snapshot: SnapshotInfo,
+        spec: SandboxSpec,
+        *,
+        start_paused: bool = False,
+        on_network: NetworkHook | None = None,
+    ) -> SandboxRecord:
+        """A fork whose source is the snapshot's image: a warm slot's disk becomes a clone of it
+        (``rootdisks.restore_disk``), then the container boots on it."""
+        self._refuse_snapshots(self.options.runtime)
+        phases = _Phases()
+        slot = await self.pool.take_for_fork()
+        phases.mark("slot")
+        handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id), spec.id)
+        record = self._record(spec, handle)
+        beside = _Beside(on_network, record)
+        beside.start()
+        self._booting += 1
+        try:
+            slot.disk.fs = "xfs" if snapshot.fs == "xfs" else "ext4"
+            await rootdisks.restore_disk(snapshot.path, slot.disk)
+            slot.disk_mib = snapshot.disk_mib
+            phases.mark("clone")
+            if slot.disk_mib < spec.shape.disk_mib:
+                await rootdisks.grow(slot.disk, spec.shape.disk_mib)
+                slot.disk_mib = spec.shape.disk_mib
+            slot.save()
+            await self._boot(spec, handle, phases=phases)
+            await self._started(record, handle, start_paused=start_paused)
+            await beside.result()
+            log.info("snapshot_boot_phases", sandbox_id=spec.id, snapshot_id=snapshot.id, **phases.ms)
         except BaseException:
             self._booting -= 1
             await beside.settle()
@@ -783,3 +914,27 @@ async def _freeze(cgroup: SandboxCgroup) -> None:
         await cgroup.freeze()
     except TimeoutError as exc:
         raise DriverError(str(exc)) from exc
+
+
+def _write_snapshot_meta(directory: Path, info: SnapshotInfo) -> None:
+    meta = {
+        "id": info.id,
+        "image": info.image,
+        "fs": info.fs,
+        "disk_mib": info.disk_mib,
+        "source_id": info.source_id,
+        "created_at": info.created_at,
+    }
+    with open(directory / "meta.json", "w") as out:
+        json.dump(meta, out)
+        out.flush()
+        os.fsync(out.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

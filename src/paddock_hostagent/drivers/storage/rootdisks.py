@@ -451,6 +451,107 @@ def forget_old_image(disk: Disk) -> None:
         loops.drop_cache(disk.loop_device)
 
 
+# -- snapshots ------------------------------------------------------------------------------------
+
+
+def snapshot_image(source: Disk, target: Path) -> None:
+    """``target`` becomes a copy of ``source``'s image as it is now (its writers stopped: the sandbox
+    is frozen in its cgroup), the way a fork copies it: ``syncfs``, then a clone sharing every block
+    (frozen for it only when its log has a long backlog, ``_clone_for_mount``), or where the store
+    cannot clone a sparse copy under ``FIFREEZE``; the copy is written to disk (``fsync``) before this
+    returns. Blocking: run it in a thread."""
+    mounts.sync_filesystem(source.mount_dir)
+    try:
+        _clone_for_mount(source, target, lambda _name: None)
+    except OSError:
+        target.unlink(missing_ok=True)
+        mounts.freeze_filesystem(source.mount_dir)
+        try:
+            _copy_sparse(source.image_path, target)
+        finally:
+            mounts.thaw_filesystem(source.mount_dir)
+    fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_sparse(source: Path, target: Path) -> None:
+    """A copy of ``source`` that keeps its holes (``SEEK_DATA``/``SEEK_HOLE``)."""
+    size = os.stat(source).st_size
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        writer.truncate(size)
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(reader.fileno(), offset, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only a hole is left
+                    break
+                raise
+            end = os.lseek(reader.fileno(), start, os.SEEK_HOLE)
+            reader.seek(start)
+            writer.seek(start)
+            left = end - start
+            while left:
+                chunk = reader.read(min(left, 8 * MIB))
+                if not chunk:
+                    break
+                writer.write(chunk)
+                left -= len(chunk)
+            offset = end
+
+
+async def restore_disk(image: Path, disk: Disk) -> None:
+    """Makes ``disk``'s image a clone of the snapshot ``image`` (a copy where the store cannot clone) and
+    mounts it at ``disk.mount_dir``, as a fork's copy is; ``disk`` is a slot's (its empty disk may
+    still be mounted). A copy that does not mount as a clean filesystem is ``DiskNotCleanError``."""
+    disk.image_path.parent.mkdir(parents=True, exist_ok=True)
+    if mounts.is_mountpoint(disk.mount_dir):
+        await asyncio.to_thread(mounts.unmount, disk.mount_dir)
+    if disk.loop_device and not await _released(disk.loop_device):
+        await loops.detach(disk.loop_device)  # see ``_replace_image``
+        disk.loop_device = ""
+        disk.image_path.unlink(missing_ok=True)
+    try:
+        await asyncio.to_thread(clone_file, image, disk.image_path)
+    except OSError as exc:
+        if exc.errno not in _NO_CLONE:
+            raise DriverError(f"cloning snapshot {image.parent.name}: {exc}") from exc
+        await asyncio.to_thread(_copy_sparse, image, disk.image_path)
+    forget_old_image(disk)
+    if not disk.loop_device:
+        disk.loop_device = await loops.attach(disk.image_path)
+        await asyncio.to_thread(loops.write_through, disk.loop_device)
+    try:
+        await asyncio.to_thread(_mount_disk, disk)
+    except CommandFailedError as exc:
+        if exc.returncode in _NOT_CLEAN:
+            raise DiskNotCleanError(
+                f"the copy of snapshot {image.parent.name} is not a clean filesystem ({exc})"
+            ) from exc
+        raise
+
+
+def snapshots_dir(slots_dir: Path) -> Path:
+    """Where this host's snapshots live: in the disk store, beside the images they clone."""
+    return store_dir(slots_dir) / "snapshots"
+
+
+#: A snapshot being written: ``<snapshots>/.partial-<id>``, renamed to ``<snapshots>/<id>`` once whole.
+PARTIAL_SNAPSHOT_PREFIX = ".partial-"
+
+
+def _remove_partial_snapshots(directory: Path) -> None:
+    """Snapshots an agent died writing: never whole, never booted, removed when the store opens."""
+    snapshots = directory / "snapshots"
+    if not snapshots.is_dir():
+        return
+    for partial in snapshots.glob(f"{PARTIAL_SNAPSHOT_PREFIX}*"):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def clone_file(source: Path, target: Path) -> None:
     """``target`` becomes a clone of ``source`` sharing all its blocks (``FICLONE``); OSError if the
     filesystem cannot."""
@@ -498,10 +599,13 @@ async def open_store(slots_dir: Path) -> Path | None:
     directory.mkdir(parents=True, exist_ok=True)
     if mounts.is_mountpoint(directory):
         _remove_orphan_images(directory, slots_dir)
+        _remove_partial_snapshots(directory)
         return directory
     if clones(directory):  # the state directory's own filesystem clones: no store needed
+        _remove_partial_snapshots(directory)
         return directory
     if shutil.which("mkfs.xfs") is None:
+        _remove_partial_snapshots(directory)
         return None
     if not backing.exists():
         stats = os.statvfs(backing.parent)
@@ -517,6 +621,7 @@ async def open_store(slots_dir: Path) -> Path | None:
         await close_store(slots_dir)
         return None
     _remove_orphan_images(directory, slots_dir)
+    _remove_partial_snapshots(directory)
     return directory
 
 
@@ -524,8 +629,8 @@ async def close_store(slots_dir: Path) -> None:
     """Takes the store down when no disk image is left in it (an agent that stops with sandboxes keeps
     it, and the next agent finds it mounted)."""
     directory, backing = store_dir(slots_dir), _store_backing(slots_dir)
-    if not directory.is_dir() or any(directory.glob("*.img")):
-        return
+    if not directory.is_dir() or any(directory.glob("*.img")) or any(directory.glob("snapshots/snap_*")):
+        return  # snapshots outlive every sandbox: the store stays while one is kept
     await unmount_image(directory, backing)
     with contextlib.suppress(OSError):
         directory.rmdir()

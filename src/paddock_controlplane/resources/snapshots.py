@@ -1,0 +1,231 @@
+"""Snapshots (issue #34): a copy of a sandbox's disk that outlives it and boots new sandboxes.
+
+``POST /v1/sandboxes/{id}/snapshots`` (optional ``name``) copies the disk of a running or paused sandbox
+on its host, the way a fork does (the sandbox is frozen for the copy, its filesystem synced, its disk
+image cloned on the host's disk store: the copy shares every block, so it costs the same at any size).
+The snapshot stays on that host: ``POST /v1/sandboxes`` with ``rootfs`` = its id or name boots a new
+sandbox from a clone of it there (``resolve``; the create is placed on that host), any number of times.
+Destroying the source leaves the snapshot as it is, and deleting a snapshot leaves the sandboxes booted
+from it as they are (their disks share blocks with it; the store counts them).
+
+Caps like templates: how many snapshots an account keeps at once depends on its plan
+(``plans.snapshots_concurrent``). Only the container tier (crun, runc) takes snapshots; a sandbox on
+gVisor or on the VM tier is a 409 naming its tier. A host without the snapshot does not fetch it yet.
+
+A row is written ``creating`` before the host is asked (the cap and the name are held under the
+caller's row lock), made ``ready`` when the host answers, and removed if the host fails; on the host a
+snapshot is written under a temporary name and renamed into place only when whole.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import delete, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records import queries
+from paddock_controlplane.records.models import Host
+from paddock_controlplane.records.schemas.snapshots import SnapshotCreateRequest
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.records.snapshots import CREATING, ID_PREFIX, READY, Snapshot
+from paddock_controlplane.records.states import SandboxStatus
+from paddock_controlplane.resources import accounts, plans, webhooks
+from paddock_core import errors
+from paddock_core.db import transaction
+from paddock_core.ids import new_id
+from paddock_core.logging import get_logger
+from paddock_core.timeutil import rfc3339
+
+log = get_logger("paddock.snapshots")
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+#: The runtimes whose hosts take snapshots (``paddock.io/runtime``).
+SNAPSHOT_RUNTIMES = ("crun", "runc")
+
+
+def snapshot_view(row: Snapshot) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "status": row.status,
+        "source_sandbox_id": row.source_sandbox_id,
+        "host_id": row.host_id,
+        "rootfs": row.image,
+        "disk_mib": row.disk_mib,
+        "size_bytes": row.size_bytes,
+        "created_at": rfc3339(row.created_at),
+    }
+
+
+def check_name(name: str | None) -> str | None:
+    if name is None:
+        return None
+    if not NAME.match(name):
+        raise errors.ValidationFailed.field("name", "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    if name.startswith(ID_PREFIX) or name.startswith("sb-") or name.startswith("tpl_"):
+        raise errors.ValidationFailed.field("name", "must not start with 'snap_', 'sb-' or 'tpl_' (ids)")
+    return name
+
+
+def _tier_refusal(host: Host | None) -> str | None:
+    """Why the sandbox's host cannot snapshot it (its tier), or None."""
+    labels = (host.labels or {}) if host is not None else {}
+    runtime = labels.get("paddock.io/runtime")
+    if runtime is None or runtime in SNAPSHOT_RUNTIMES:
+        return None
+    tier = labels.get("paddock.io/isolation", runtime)
+    return (
+        f"snapshotting a sandbox's disk is not supported on the {tier} isolation tier ({runtime}) yet;"
+        " only the container tier (crun, runc) takes snapshots"
+    )
+
+
+async def create(
+    services: Services, user_id: str, sandbox_id: str, req: SnapshotCreateRequest
+) -> dict[str, Any]:
+    name = check_name(req.name)
+    async with transaction(services.sessions) as session:
+        account = await accounts.lock_user(session, user_id)
+        plan = await accounts.cached_plan(session, account.plan_id)
+        sandbox = await queries.get_owned(session, user_id, sandbox_id)
+        if sandbox.status not in (SandboxStatus.RUNNING, SandboxStatus.PAUSED):
+            raise errors.InvalidState(
+                f"sandbox is {sandbox.status}; a snapshot needs a running or paused sandbox"
+            )
+        if sandbox.host_id is None:
+            raise errors.InvalidState("sandbox has no host to snapshot on")
+        refusal = _tier_refusal(await session.get(Host, sandbox.host_id))
+        if refusal is not None:
+            raise hostlink.TierRefusedError(refusal)
+        cap = plans.snapshots_concurrent(plan.id, plan.templates_concurrent)
+        if cap <= 0:
+            raise errors.PlanLimit(f"the {plan.name} plan includes no snapshots")
+        kept = await session.scalar(select(func.count()).where(Snapshot.user_id == user_id))
+        if int(kept or 0) >= cap:
+            raise errors.QuotaExceeded(f"snapshot cap reached: limit {cap}")
+        if name is not None and await _find(session, user_id, name) is not None:
+            raise errors.AlreadyExists(f"name: a snapshot named {name!r} already exists")
+        accounts.require_credit(account)
+        row = Snapshot(
+            id=new_id(ID_PREFIX),
+            user_id=user_id,
+            name=name,
+            status=CREATING,
+            host_id=str(sandbox.host_id),
+            source_sandbox_id=sandbox.id,
+            image=sandbox.rootfs,
+            disk_mib=sandbox.disk_mib,
+            size_bytes=0,
+            created_at=services.clock(),
+        )
+        session.add(row)
+    try:
+        link = await hostlink.for_host(services, row.host_id)
+        made = await link.snapshot(sandbox_id, row.id)
+    except Exception as exc:
+        async with transaction(services.sessions) as session:
+            await session.execute(delete(Snapshot).where(Snapshot.id == row.id))
+        if isinstance(exc, hostlink.SandboxGoneError):
+            raise errors.InvalidState("sandbox is no longer running on its host") from None
+        if isinstance(exc, hostlink.HostError):
+            log.warning("snapshot_failed", sandbox_id=sandbox_id, snapshot_id=row.id, error=str(exc))
+            raise errors.ServerError(f"snapshot failed: {exc}") from None
+        raise
+    async with transaction(services.sessions) as session:
+        stored = await session.get(Snapshot, row.id, with_for_update=True)
+        if stored is None:  # deleted while its copy was made: the copy goes too
+            await _forget_on_host(services, row.host_id, row.id)
+            raise errors.NotFound("snapshot not found")
+        stored.status, stored.size_bytes = READY, made.size_bytes
+        stored.image = made.image  # the image under the disk (a sandbox booted from a snapshot names it)
+        view = snapshot_view(stored)
+        await webhooks.emit(
+            session,
+            user_id=user_id,
+            action="snapshot.create",
+            data={"snapshot_id": stored.id, "name": stored.name, "sandbox_id": sandbox_id},
+        )
+    log.info("snapshot_created", snapshot_id=row.id, sandbox_id=sandbox_id, snapshot_ms=made.snapshot_ms)
+    return view
+
+
+async def _find(
+    session: AsyncSession, user_id: str, ref: str, *, for_update: bool = False
+) -> Snapshot | None:
+    """The user's snapshot with this id or, failing that, this name."""
+    query = (
+        select(Snapshot)
+        .where(Snapshot.user_id == user_id, or_(Snapshot.id == ref, Snapshot.name == ref))
+        .order_by((Snapshot.id == ref).desc())
+        .limit(1)
+    )
+    if for_update:
+        query = query.with_for_update()
+    return (await session.scalars(query)).first()
+
+
+async def get_owned(session: AsyncSession, user_id: str, ref: str) -> Snapshot:
+    row = await _find(session, user_id, ref)
+    if row is None:
+        raise errors.NotFound("snapshot not found")
+    return row
+
+
+async def page(
+    session: AsyncSession, user_id: str, *, limit: int, offset: int
+) -> tuple[list[dict[str, Any]], int]:
+    total = await session.scalar(
+        select(func.count()).select_from(Snapshot).where(Snapshot.user_id == user_id)
+    )
+    rows = (
+        await session.scalars(
+            select(Snapshot)
+            .where(Snapshot.user_id == user_id)
+            .order_by(Snapshot.created_at, Snapshot.id)
+            .limit(limit)
+            .offset(offset)
+        )
+    ).all()
+    return [snapshot_view(row) for row in rows], int(total or 0)
+
+
+async def delete_snapshot(services: Services, user_id: str, ref: str) -> None:
+    """Removes the row (a snapshot being made is a 409), then the copy on its host; the sandboxes booted
+    from it keep their disks."""
+    async with transaction(services.sessions) as session:
+        row = await _find(session, user_id, ref, for_update=True)
+        if row is None:
+            raise errors.NotFound("snapshot not found")
+        if row.status == CREATING:
+            raise errors.InvalidState("snapshot is being made; delete it once it is ready")
+        snapshot_id, host_id = row.id, row.host_id
+        await session.delete(row)
+        await webhooks.emit(
+            session,
+            user_id=user_id,
+            action="snapshot.delete",
+            data={"snapshot_id": snapshot_id, "name": row.name},
+        )
+    await _forget_on_host(services, host_id, snapshot_id)
+
+
+async def _forget_on_host(services: Services, host_id: str, snapshot_id: str) -> None:
+    try:
+        link = await hostlink.for_host(services, host_id)
+        await link.delete_snapshot(snapshot_id)
+    except (hostlink.HostError, hostlink.SandboxGoneError, errors.PaddockError) as exc:
+        # The row is gone, so nothing boots it again; its copy stays on the host until removed there.
+        log.warning(
+            "snapshot_delete_on_host_failed", snapshot_id=snapshot_id, host_id=host_id, error=str(exc)
+        )
+
+
+async def resolve(session: AsyncSession, user_id: str, ref: str) -> Snapshot | None:
+    """For ``POST /v1/sandboxes``: the user's snapshot named by ``rootfs`` (409 unless ready)."""
+    row = await _find(session, user_id, ref)
+    if row is not None and row.status != READY:
+        raise errors.InvalidState(f"snapshot {ref!r} is {row.status}, not ready")
+    return row
