@@ -21,6 +21,7 @@ async def read(
     record = manager.entry(sandbox_id).record  # 404 unknown here
     try:
         path = manager.runtime.log_path(record, source)
+        await manager.runtime.flush_log(record, source)
     except TierUnsupportedError as exc:
         raise errors.UnsupportedOnTier(str(exc)) from exc
     except UnsupportedError as exc:

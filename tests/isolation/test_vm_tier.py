@@ -42,7 +42,7 @@ import pytest_asyncio
 from paddock_hostagent.drivers.base import RuntimeState, SandboxRecord, SandboxSpec, Shape
 from paddock_hostagent.drivers.net.egress_rules import EgressFirewall, EgressPolicy
 from paddock_hostagent.drivers.net.network import NetworkManager
-from paddock_hostagent.drivers.vm.qemu import QemuOptions, QemuRuntime
+from paddock_hostagent.drivers.vm.qemu import CONSOLE_FILE_BYTES, QemuOptions, QemuRuntime
 from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from paddock_hostagent.guest import ExecRequest, Exited, GuestClient, Output
 from tests.hostagent.conftest import debian_image, guest_binary_dir, private_subnet
@@ -170,6 +170,22 @@ async def test_create_boots_its_own_kernel_with_the_sandboxs_identity(tier: Tier
         vm, "cat /proc/net/fib_trie | grep -B1 '/32 host LOCAL' | grep -o '[0-9.]*' | sort -u"
     )
     assert vm.ip in out.split()
+
+
+async def test_the_guest_console_on_the_host_stays_bounded_whatever_root_writes_to_it(
+    tier: Tier, vm: SandboxRecord
+) -> None:
+    """Root in the VM writes 768 KiB to its serial console: the host keeps the last 256 KiB of it (the
+    console was a file QEMU appended to without end)."""
+    code, _, err = await tier.sh(
+        vm, "head -c 786432 /dev/zero | tr '\\0' x > /dev/ttyS0; echo console-tail-mark > /dev/ttyS0"
+    )
+    assert code == 0, err
+    await tier.runtime.flush_log(vm, "guest")
+    console = tier.runtime.log_path(vm, "guest")
+    size = console.stat().st_size
+    assert 0 < size <= CONSOLE_FILE_BYTES, size
+    assert b"console-tail-mark" in console.read_bytes()[-200:]
 
 
 async def test_exec_reports_output_exit_codes_and_takes_stdin(tier: Tier, vm: SandboxRecord) -> None:

@@ -307,6 +307,11 @@ class SandboxRuntime(ABC):
         its runtime in the sandbox's slot, never inside the sandbox's tree."""
         raise UnsupportedError(f"{self.name} sandboxes keep no {source} log")
 
+    async def flush_log(self, record: SandboxRecord, source: str) -> None:
+        """Brings ``log_path``'s file up to date before it is read; most runtimes write it directly.
+        (A VM's console stays in QEMU's bounded ring until this moves it to the file.)"""
+        return None
+
     def network_namespace(self, record: SandboxRecord) -> str:
         """The name of the sandbox's network namespace (under /run/netns), for extra interfaces."""
         raise UnsupportedError(f"{self.name} sandboxes cannot join private networks")

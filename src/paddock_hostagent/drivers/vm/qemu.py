@@ -24,6 +24,7 @@ mount into) and online disk growth.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
@@ -70,6 +71,10 @@ _NOT_ON_VMS = {
     DISK_RESIZE: "the VM's kernel sees its disk's size at boot",
 }
 KVM_PROBE_TIMEOUT_S = 8.0
+#: The guest console's ring in QEMU (a power of two); what the guest writes past it overwrites the oldest.
+CONSOLE_RING_BYTES = 1 << 18
+#: How much of the console ``console.log`` keeps on the host once drained (its last bytes).
+CONSOLE_FILE_BYTES = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -392,7 +397,9 @@ class QemuRuntime(SandboxRuntime):
             *("-m", str(boot.mem_mib), "-smp", str(boot.vcpu)),
             *("-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"),
             *("-kernel", str(self._kernel.vmlinuz), "-initrd", str(self._initramfs), "-append", append),
-            *("-serial", f"file:{handle.dir / 'console.log'}"),
+            # The guest's console goes to a ring in QEMU's memory, not a file: the tenant's root can
+            # write to ttyS0 without end (rule 5). The ring is drained into console.log when read.
+            *("-chardev", f"ringbuf,id=console,size={CONSOLE_RING_BYTES}", "-serial", "chardev:console"),
             *("-drive", f"file={handle.overlay},if=none,id=root,format=qcow2,discard=unmap"),
             *("-device", "virtio-blk-pci,drive=root"),
             *("-netdev", f"tap,id=net0,ifname={TAP},script=no,downscript=no,vnet_hdr=off"),
@@ -417,6 +424,7 @@ class QemuRuntime(SandboxRuntime):
         except GuestVersionError as exc:
             raise BootError(f"guest agent of {sandbox_id} refused: {exc}") from exc
         except (GuestError, TimeoutError) as exc:
+            await self._drain_console(handle)
             raise BootError(
                 f"guest agent of {sandbox_id} did not answer: {exc}{self._console(handle)}"
             ) from exc
@@ -429,6 +437,20 @@ class QemuRuntime(SandboxRuntime):
         await channel.start()
         self._channels[sandbox_id] = channel
         return channel
+
+    @staticmethod
+    async def _drain_console(handle: _Handle) -> None:
+        """Moves what the guest's console ring holds to ``console.log``, keeping the file's last
+        ``CONSOLE_FILE_BYTES`` (QEMU's ``ringbuf-read`` takes what it returns out of the ring)."""
+        with contextlib.suppress(DriverError, OSError, ValueError):
+            data = await qmp.execute(
+                handle.qmp_socket,
+                "ringbuf-read",
+                {"device": "console", "size": CONSOLE_RING_BYTES, "format": "base64"},
+            )
+            chunk = base64.b64decode(data or "")
+            if chunk:
+                await asyncio.to_thread(_append_bounded, handle.dir / "console.log", chunk)
 
     @staticmethod
     def _console(handle: _Handle) -> str:
@@ -463,6 +485,10 @@ class QemuRuntime(SandboxRuntime):
         # VM's directory on the host; the logs route reads only their ends (bootlog.read_tail).
         handle = _Handle.of(record)
         return handle.dir / ("qemu.log" if source == "boot" else "console.log")
+
+    async def flush_log(self, record: SandboxRecord, source: str) -> None:
+        if source == "guest":
+            await self._drain_console(_Handle.of(record))
 
     def network_namespace(self, record: SandboxRecord) -> str:
         self.refuse(PRIVATE_NETWORKS, record)
@@ -603,6 +629,20 @@ async def _daemonize(argv: list[str], log_path: Path, timeout_s: float = 30.0) -
         raise BootError(f"QEMU did not start in {timeout_s:.0f}s: {_tail(log_path)}") from None
     if code != 0:
         raise CommandFailedError(argv, code, _tail(log_path))
+
+
+def _append_bounded(path: Path, chunk: bytes) -> None:
+    """Appends ``chunk`` to ``path`` (the agent's own file in the VM's slot) and keeps its last
+    ``CONSOLE_FILE_BYTES``."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "r+b") as file:
+        file.write(chunk)
+        size = file.seek(0, os.SEEK_END)
+        if size > CONSOLE_FILE_BYTES:
+            file.seek(size - CONSOLE_FILE_BYTES)
+            kept = file.read()
+            file.truncate(0)
+            file.write(kept)
 
 
 def _tail(path: Path) -> str:
