@@ -49,6 +49,15 @@ async def echo_app(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
             method, path, _ = line.split(" ")
             if path.startswith("/slow"):
                 await asyncio.sleep(0.3)
+            if path.startswith("/big"):
+                size = int(path.split("/")[2])
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+                for offset in range(0, size, 1 << 16):
+                    writer.write(bytes([offset >> 16 & 0xFF]) * min(1 << 16, size - offset))
+                    await writer.drain()
+                continue
+            if path.startswith("/sleep"):
+                await asyncio.sleep(2.5)
             text = (
                 f"{method} {path} host={headers.get('host')} proto={headers.get('x-forwarded-proto')}"
                 f" cookie={headers.get('cookie')} body={len(body)} conn={peer}"
@@ -96,7 +105,7 @@ async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
         ingress_host="127.0.0.1",
         ingress_domain=DOMAIN,
         data_dir="/tmp/unused",
-        ingress_idle_timeout_s=5,
+        ingress_idle_timeout_s=1,
     )
     services = SimpleNamespace(settings=settings, activity=Activity(), clock=utcnow)
     proxy = IngressProxy(services, LoopbackRouter())  # type: ignore[arg-type]
@@ -307,4 +316,31 @@ async def test_a_hundred_concurrent_streams_are_served_and_rapid_resets_end_the_
                 break
             client.receive(data)
     assert client.terminated == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    client.writer.close()
+
+
+async def test_a_large_response_arrives_whole_through_the_clients_windows(edge: Edge) -> None:
+    size = 3 * 1024 * 1024 + 5  # many times the client's 64 KiB default windows
+    async with edge.client() as client:
+        answer = await edge.get(client, f"/big/{size}")
+    assert answer.http_version == "HTTP/2" and answer.status_code == 200
+    expected = b"".join(bytes([o >> 16 & 0xFF]) * min(1 << 16, size - o) for o in range(0, size, 1 << 16))
+    assert answer.content == expected
+
+
+async def test_a_long_request_outlives_the_idle_timeout_and_an_idle_connection_is_closed(edge: Edge) -> None:
+    """Idle timeout 1 s in this fixture: a 2.5 s request is not cut, and 1 s after it the proxy says GOAWAY."""
+    client = await RawH2.open(edge)
+    stream = client.request(edge.host, "/sleep")
+    await client.flush()
+    await client.until_done([stream], timeout_s=10)
+    assert client.responses[stream].headers[b":status"] == b"200"
+    ended = asyncio.get_running_loop().time()
+    async with asyncio.timeout(5):
+        while client.terminated is None:
+            data = await client.reader.read(65536)
+            assert data, "closed without a GOAWAY"
+            client.receive(data)
+    assert client.terminated == h2.errors.ErrorCodes.NO_ERROR
+    assert 0.7 < asyncio.get_running_loop().time() - ended < 3
     client.writer.close()

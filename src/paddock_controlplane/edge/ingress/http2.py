@@ -127,6 +127,7 @@ class H2ClientConnection:
         self.idle: deque[Upstream] = deque()
         self.resets: deque[float] = deque()
         self.closed = False
+        self._write_scheduled = False
         #: When the last stream ended (or the connection opened): idleness is counted from there.
         self.last_active = time.monotonic()
 
@@ -137,8 +138,10 @@ class H2ClientConnection:
         await self.flush()
         idle_s = HEADER_TIMEOUT_S
         while True:
+            # with streams open the read is only woken every idle_s to look again (no spinning)
+            wait = idle_s if self.streams else max(0.0, self.last_active + idle_s - time.monotonic())
             try:
-                async with asyncio.timeout(max(0.0, self.last_active + idle_s - time.monotonic())):
+                async with asyncio.timeout(wait):
                     data = await self.reader.read(http1.READ_BYTES)
             except TimeoutError:
                 if self.streams or time.monotonic() < self.last_active + idle_s:
@@ -225,6 +228,19 @@ class H2ClientConnection:
     async def flush(self) -> None:
         self.send_pending()
         await self.writer.drain()
+
+    async def soon(self) -> None:
+        """What streams call after sending: the frames go out together at the end of this turn of the
+        loop (a small answer's HEADERS, DATA and end in one TLS record), and the caller waits while
+        the socket's buffer is full."""
+        if not self._write_scheduled:
+            self._write_scheduled = True
+            asyncio.get_running_loop().call_soon(self._write_now)
+        await self.writer.drain()
+
+    def _write_now(self) -> None:
+        self._write_scheduled = False
+        self.send_pending()
 
     def take_idle(self, target: Target, address: str) -> Upstream | None:
         found = None
@@ -499,7 +515,7 @@ class _Stream(_Connection):
     async def _send_headers(self, headers: list[tuple[bytes, bytes]], *, end: bool) -> None:
         self.conn.h2.send_headers(self.stream_id, headers, end_stream=end)
         self.ended = end
-        await self.conn.flush()
+        await self.conn.soon()
 
     async def _send_data(self, data: bytes) -> None:
         h2c, view = self.conn.h2, memoryview(data)
@@ -511,7 +527,7 @@ class _Stream(_Connection):
                 continue
             h2c.send_data(self.stream_id, view[:size].tobytes())
             view = view[size:]
-            await self.conn.flush()
+            await self.conn.soon()
 
     async def _end(self, trailers: list[tuple[str, str]]) -> None:
         fields = self._h2_headers(0, trailers)[1:]
@@ -520,7 +536,7 @@ class _Stream(_Connection):
         else:
             self.conn.h2.end_stream(self.stream_id)
         self.ended = True
-        await self.conn.flush()
+        await self.conn.soon()
 
     async def _relay_response(self, upstream: Upstream, response: http1.Response) -> None:
         head = self._h2_headers(response.status, _fields(response))
