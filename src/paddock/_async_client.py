@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from paddock import _base, _blocking, _wire
-from paddock._async_resources import AsyncDisks, AsyncNetworks, AsyncTemplates, AsyncWebhooks
+from paddock._async_resources import AsyncDisks, AsyncNetworks, AsyncSnapshots, AsyncTemplates, AsyncWebhooks
 from paddock._async_sandbox import AsyncSandbox, AsyncSandboxes
 from paddock._errors import ConflictError, TransportError
 from paddock._models import HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
@@ -29,6 +29,7 @@ class AsyncClient:
     - ``sandboxes`` (:class:`AsyncSandboxes`): ``create``, ``get``, ``list``, ``iter``, ``by_ip``; the
       :class:`AsyncSandbox` handles they return run commands, move files, pause, fork and destroy.
     - ``templates`` (:class:`AsyncTemplates`): Dockerfiles built into images that sandboxes boot.
+    - ``snapshots`` (:class:`AsyncSnapshots`): copies of a sandbox's disk that boot new sandboxes.
     - ``disks`` (:class:`AsyncDisks`): S3 buckets registered once, mounted into sandboxes.
     - ``networks`` (:class:`AsyncNetworks`): private overlay networks between sandboxes.
     - ``webhooks`` (:class:`AsyncWebhooks`): endpoints that receive signed events.
@@ -38,6 +39,7 @@ class AsyncClient:
 
     sandboxes: AsyncSandboxes
     templates: AsyncTemplates
+    snapshots: AsyncSnapshots
     disks: AsyncDisks
     networks: AsyncNetworks
     webhooks: AsyncWebhooks
@@ -75,6 +77,7 @@ class AsyncClient:
         self.networks = AsyncNetworks(self)
         self.disks = AsyncDisks(self)
         self.templates = AsyncTemplates(self)
+        self.snapshots = AsyncSnapshots(self)
 
     async def request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         """One API call under the retry policy (``retry=False`` for one-shot bodies); returns JSend ``data``."""

@@ -1,4 +1,5 @@
-"""Webhook endpoints (§11.14), networks (§11.12), disks (§11.10, §11.11) and templates (§11.13)."""
+"""Webhook endpoints (§11.14), networks (§11.12), disks (§11.10, §11.11), templates (§11.13) and
+snapshots (docs/snapshots.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from paddock import _base, _blocking
 from paddock._errors import WaitTimeoutError
-from paddock._models import BuildLogFrame, Disk, Network, SandboxDisk, Template, WebhookEndpoint
+from paddock._models import BuildLogFrame, Disk, Network, SandboxDisk, Snapshot, Template, WebhookEndpoint
 
 if TYPE_CHECKING:
     from paddock._async_client import AsyncClient
@@ -172,6 +173,32 @@ class AsyncSandboxDisks:
     async def detach(self, disk_id: str, mount_path: str) -> None:
         """Unmount the disk (its ``disk_<ulid>`` id) from ``mount_path``; the bucket is not touched."""
         await self._client.request("DELETE", self._path(disk_id), params={"mount_path": mount_path})
+
+
+class AsyncSnapshots:
+    """``client.snapshots``: copies of a sandbox's disk that outlive it; ``rootfs=`` a snapshot's id or
+    name boots a new sandbox from it, on the host that keeps it (container tier: crun, runc)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(self, sandbox: str, *, name: str | None = None) -> Snapshot:
+        """Snapshot the disk of ``sandbox`` (its id; running or paused); returns once it is ``ready``."""
+        body = _base.drop_none({"name": name})
+        return Snapshot.from_api(
+            await self._client.request("POST", _base.path("sandboxes", sandbox, "snapshots"), json=body)
+        )
+
+    async def list(self) -> list[Snapshot]:
+        return [Snapshot.from_api(s) async for s in self._client.paginate("v1/snapshots")]
+
+    async def get(self, snapshot: str) -> Snapshot:
+        """By ``snap_<ulid>`` id or by name."""
+        return Snapshot.from_api(await self._client.request("GET", _base.path("snapshots", snapshot)))
+
+    async def delete(self, snapshot: str) -> None:
+        """Delete; sandboxes booted from it keep running with their disks."""
+        await self._client.request("DELETE", _base.path("snapshots", snapshot))
 
 
 class AsyncTemplates:

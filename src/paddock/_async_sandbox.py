@@ -28,7 +28,7 @@ from paddock._errors import (
     TransportError,
     WaitTimeoutError,
 )
-from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo
+from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo, Snapshot
 
 if TYPE_CHECKING:
     from paddock._async_client import AsyncClient
@@ -588,6 +588,12 @@ class AsyncSandbox:
     async def resume(self, *, wait: bool = True, timeout_s: float = 120.0) -> SandboxInfo:
         self._set(await self._client.request("POST", self._path("resume")))
         return await self.wait_until("running", timeout_s) if wait else self.info
+
+    async def snapshot(self, *, name: str | None = None) -> Snapshot:
+        """A copy of this sandbox's disk (running or paused) that outlives it, ``ready`` when returned;
+        ``client.sandboxes.create(rootfs=snapshot.id)`` (or its ``name``) boots new sandboxes from it."""
+        body = _base.drop_none({"name": name})
+        return Snapshot.from_api(await self._client.request("POST", self._path("snapshots"), json=body))
 
     async def fork(
         self,

@@ -12,7 +12,7 @@ import httpx
 from paddock import _base, _blocking, _wire
 from paddock._errors import ConflictError, TransportError
 from paddock._models import HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
-from paddock._resources import Disks, Networks, Templates, Webhooks
+from paddock._resources import Disks, Networks, Snapshots, Templates, Webhooks
 from paddock._sandbox import Sandbox, Sandboxes
 
 
@@ -31,6 +31,7 @@ class Client:
     - ``sandboxes`` (:class:`Sandboxes`): ``create``, ``get``, ``list``, ``iter``, ``by_ip``; the
       :class:`Sandbox` handles they return run commands, move files, pause, fork and destroy.
     - ``templates`` (:class:`Templates`): Dockerfiles built into images that sandboxes boot.
+    - ``snapshots`` (:class:`Snapshots`): copies of a sandbox's disk that boot new sandboxes.
     - ``disks`` (:class:`Disks`): S3 buckets registered once, mounted into sandboxes.
     - ``networks`` (:class:`Networks`): private overlay networks between sandboxes.
     - ``webhooks`` (:class:`Webhooks`): endpoints that receive signed events.
@@ -40,6 +41,7 @@ class Client:
 
     sandboxes: Sandboxes
     templates: Templates
+    snapshots: Snapshots
     disks: Disks
     networks: Networks
     webhooks: Webhooks
@@ -77,6 +79,7 @@ class Client:
         self.networks = Networks(self)
         self.disks = Disks(self)
         self.templates = Templates(self)
+        self.snapshots = Snapshots(self)
 
     def request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         """One API call under the retry policy (``retry=False`` for one-shot bodies); returns JSend ``data``."""

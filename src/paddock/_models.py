@@ -321,6 +321,28 @@ class Template:
 
 
 @dataclass
+class Snapshot:
+    """A copy of a sandbox's disk (issue #34, docs/snapshots.md), kept on the host that made it:
+    ``rootfs=`` its id or name boots new sandboxes from it. ``status`` is ``creating`` then ``ready``;
+    ``rootfs`` the image under it, ``disk_mib`` its disk's size, ``size_bytes`` what it holds."""
+
+    id: str
+    status: str
+    name: str | None = None
+    source_sandbox_id: str | None = None
+    host_id: str | None = None
+    rootfs: str | None = None
+    disk_mib: int = 0
+    size_bytes: int = 0
+    created_at: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Snapshot:
+        return _build(cls, data)
+
+
+@dataclass
 class BuildLogFrame:
     """One build log frame (§10.12): a ``line`` of an ``attempt``, or the terminal frame (``final``
     with ``status``)."""

@@ -27,7 +27,7 @@ from paddock._errors import (
     TransportError,
     WaitTimeoutError,
 )
-from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo
+from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo, Snapshot
 from paddock._processes import CommandHandle, Processes
 from paddock._processes import OutputCallback as OutputLineCallback
 from paddock._resources import SandboxDisks
@@ -579,6 +579,12 @@ class Sandbox:
     def resume(self, *, wait: bool = True, timeout_s: float = 120.0) -> SandboxInfo:
         self._set(self._client.request("POST", self._path("resume")))
         return self.wait_until("running", timeout_s) if wait else self.info
+
+    def snapshot(self, *, name: str | None = None) -> Snapshot:
+        """A copy of this sandbox's disk (running or paused) that outlives it, ``ready`` when returned;
+        ``client.sandboxes.create(rootfs=snapshot.id)`` (or its ``name``) boots new sandboxes from it."""
+        body = _base.drop_none({"name": name})
+        return Snapshot.from_api(self._client.request("POST", self._path("snapshots"), json=body))
 
     def fork(
         self,

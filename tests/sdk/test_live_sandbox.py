@@ -219,3 +219,25 @@ def test_create_destroys_a_sandbox_that_never_reaches_running() -> None:
         ("GET", "/v1/sandboxes/sb-x"),
         ("DELETE", "/v1/sandboxes/sb-x"),
     ]
+
+
+def test_a_snapshot_boots_new_sandboxes_and_outlives_its_source(live: LivePlatform) -> None:
+    with paddock.Client(live.url, live.api_key()) as client:
+        source = client.sandboxes.create(SHAPE, disk_mib=DISK_MIB)
+        with source:
+            source.run("sh", ["-c", "echo kept > /root/kept.txt"])
+            named = source.snapshot(name="sdk-snap")
+            plain = client.snapshots.create(source.id)
+        assert named.status == "ready" and named.name == "sdk-snap" and named.source_sandbox_id == source.id
+        assert plain.name is None and plain.id != named.id
+        try:
+            assert {s.id for s in client.snapshots.list()} == {named.id, plain.id}
+            assert client.snapshots.get("sdk-snap").id == named.id
+            with client.sandboxes.create(SHAPE, rootfs="sdk-snap") as copy:
+                assert copy.run("cat", ["/root/kept.txt"]).stdout == "kept\n"
+            client.snapshots.delete(plain.id)
+            with pytest.raises(paddock.NotFoundError):
+                client.snapshots.get(plain.id)
+        finally:
+            client.snapshots.delete(named.id)
+        assert client.snapshots.list() == []

@@ -221,3 +221,25 @@ async def test_create_destroys_a_sandbox_that_never_reaches_running() -> None:
         ("GET", "/v1/sandboxes/sb-x"),
         ("DELETE", "/v1/sandboxes/sb-x"),
     ]
+
+
+async def test_a_snapshot_boots_new_sandboxes_and_outlives_its_source(live: LivePlatform) -> None:
+    async with paddock.AsyncClient(live.url, live.api_key()) as client:
+        source = await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB)
+        async with source:
+            await source.run("sh", ["-c", "echo kept > /root/kept.txt"])
+            named = await source.snapshot(name="sdk-snap")
+            plain = await client.snapshots.create(source.id)
+        assert named.status == "ready" and named.name == "sdk-snap" and named.source_sandbox_id == source.id
+        assert plain.name is None and plain.id != named.id
+        try:
+            assert {s.id for s in await client.snapshots.list()} == {named.id, plain.id}
+            assert (await client.snapshots.get("sdk-snap")).id == named.id
+            async with await client.sandboxes.create(SHAPE, rootfs="sdk-snap") as copy:
+                assert (await copy.run("cat", ["/root/kept.txt"])).stdout == "kept\n"
+            await client.snapshots.delete(plain.id)
+            with pytest.raises(paddock.NotFoundError):
+                await client.snapshots.get(plain.id)
+        finally:
+            await client.snapshots.delete(named.id)
+        assert await client.snapshots.list() == []
