@@ -215,6 +215,56 @@ def test_oversized_headers_over_http2_are_refused_on_their_stream_only(
     assert after.status_code == 200 and after.text.startswith("hello from ")
 
 
+def test_http2_wakes_a_paused_sandbox_and_a_stream_is_cut_when_ingress_is_turned_off(
+    ingress: Ingress,
+) -> None:
+    with ingress.http() as http:
+        sandbox_id = str(create_sandbox(http, ingress_enabled=True)["id"])
+        start_app(http, sandbox_id)
+        host = ingress_host(sandbox_id)
+        paused = http.post(f"/v1/sandboxes/{sandbox_id}/pause")
+        assert paused.status_code == 200, paused.text
+
+        async def wake() -> list[httpx.Response]:
+            async with _tls_client(ingress, http2=True) as client:
+                return list(await asyncio.gather(*(_get(client, "/hello", host) for _ in range(4))))
+
+        answers = asyncio.run(wake())
+        assert [(a.http_version, a.status_code) for a in answers] == [("HTTP/2", 200)] * 4, [
+            (a.status_code, a.headers.get("x-paddock-ingress-error")) for a in answers
+        ]
+        assert all(a.text.startswith("hello from ") for a in answers)
+        assert http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]["status"] == "running"
+
+        async def cut() -> tuple[list[str], BaseException | None]:
+            lines: list[str] = []
+            async with _tls_client(ingress, http2=True) as client:
+                request = client.build_request(
+                    "GET", "/stream?n=100&ms=200", headers={"Host": host}, extensions={"sni_hostname": host}
+                )
+                response = await client.send(request, stream=True)
+                try:
+                    async for line in response.aiter_lines():
+                        lines.append(line)
+                        if len(lines) == 2:
+                            patched = await asyncio.to_thread(
+                                http.patch, f"/v1/sandboxes/{sandbox_id}", json={"ingress_enabled": False}
+                            )
+                            assert patched.status_code == 200, patched.text
+                except httpx.HTTPError as exc:
+                    return lines, exc
+                finally:
+                    await response.aclose()
+            return lines, None
+
+        started = time.monotonic()
+        lines, error = asyncio.run(cut())
+        # the stream ends broken (reset) within seconds, not after the app's 100 chunks (20 s)
+        assert error is not None and len(lines) < 30, (lines, error)
+        assert time.monotonic() - started < 15
+        http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
 def test_latency_of_100_sequential_requests_http2_and_http_1_1(
     ingress: Ingress, app_sandbox: dict[str, object]
 ) -> None:
@@ -234,6 +284,20 @@ def test_latency_of_100_sequential_requests_http2_and_http_1_1(
         # one upstream connection served them all (reused between streams over HTTP/2 too)
         assert len({a.text.split("conn=")[1] for a in answers}) == 1
         print(f"{version}: 100 sequential requests in {elapsed * 1000:.0f} ms ({elapsed * 10:.2f} ms each)")
+    # the same with curl (a C client: less of the client in the timing), 100 URLs on one connection
+    url = f"https://{host}:{ingress.tls_port}/hello"
+    for flag, version in (("--http2", "2"), ("--http1.1", "1.1")):
+        out = subprocess.run(
+            ["curl", "-s", flag, "--cacert", str(ingress.ca_file), "--max-time", "60",
+             "-w", "%{http_version} %{num_connects} %{time_total}\\n",
+             *[arg for _ in range(101) for arg in ("-o", "/dev/null", url)]],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        rows = [line.split() for line in out.stdout.splitlines()]
+        assert len(rows) == 101 and all(row[0] == version for row in rows), out.stdout
+        assert sum(int(row[1]) for row in rows) == 1  # one connection for all
+        total = sum(float(row[2]) for row in rows[1:])
+        print(f"curl {flag}: 100 sequential requests in {total * 1000:.0f} ms ({total * 10:.2f} ms each)")
 
 
 def test_ingress_works_under_a_strict_egress_allowlist(ingress: Ingress) -> None:
