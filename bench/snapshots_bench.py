@@ -68,6 +68,18 @@ def _host_snapshot_ms(platform: LivePlatform, snapshot_id: str) -> float:
     raise AssertionError(f"no sandbox_snapshotted line for {snapshot_id}")
 
 
+def _phases(platform: LivePlatform, event: str) -> dict[str, list[float]]:
+    """The host agent's ``<step>_ms`` of each ``event`` line (``snapshot_boot_phases``, ``fork_phases``)."""
+    found: dict[str, list[float]] = {}
+    for line in platform.agents[0].log_path.read_text(errors="replace").splitlines():
+        if f'"{event}"' not in line:
+            continue
+        for key, value in json.loads(line).items():
+            if key.endswith("_ms") and isinstance(value, int | float):
+                found.setdefault(f"{event.removesuffix('_phases')}.{key}", []).append(float(value))
+    return found
+
+
 def _destroy(http: httpx.Client, sandbox_id: str) -> None:
     assert http.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 200
 
@@ -118,6 +130,8 @@ def run(sizes: list[int], rounds: int, runtime: str) -> dict[str, dict[str, list
                     _destroy(http, child["id"])
                 _destroy(http, source)
                 results[f"{size}MB"] = out
+            for event in ("snapshot_boot_phases", "fork_phases"):
+                results[f"phases (all sizes), {event}"] = _phases(platform, event)
     finally:
         try:
             if platform is not None:
