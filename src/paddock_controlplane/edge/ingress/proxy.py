@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import ssl
 import time
 from dataclasses import dataclass
@@ -112,7 +113,9 @@ class IngressProxy:
             opened.append(("http", host, server.sockets[0].getsockname()[1]))
         if self.settings.ingress_tls_port:
             self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            self._tls.set_alpn_protocols(["h2", "http/1.1"])
+            # h2 (http2.py) needs the h2 package of the server extra; without it HTTP/1.1 only
+            h2_served = importlib.util.find_spec("h2") is not None
+            self._tls.set_alpn_protocols(["h2", "http/1.1"] if h2_served else ["http/1.1"])
             self._reload_certificate()
             server = await asyncio.start_server(
                 self._secure,
