@@ -7,6 +7,7 @@ gvisor run of each test asserts instead.
 
 from __future__ import annotations
 
+import concurrent.futures
 import shutil
 import signal
 import time
@@ -170,3 +171,42 @@ def test_a_half_written_snapshot_is_removed_when_the_agent_starts_and_never_boot
         assert user.run(kept["id"], "true")["exit_code"] == 0  # the agent adopted its sandbox again
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def test_an_agent_killed_in_the_middle_of_a_snapshot_leaves_the_source_usable_and_no_snapshot(
+    platform: LivePlatform, user: User
+) -> None:
+    """SIGKILL of the host agent while a snapshot's copy is under way (its ``syncfs`` writing back a large
+    write): the source runs again once the agent is back, with its files; the half-made copy is removed
+    and never listed, and the request that asked for it failed."""
+    if platform_tier(platform) == "gvisor":
+        pytest.skip("gVisor takes no snapshots")
+    source = user.create(shape="s-2vcpu-2gb", disk_mib=4096)
+    sid = source["id"]
+    user.sh(sid, "echo kept > /root/kept.txt; sync; head -c 1200M /dev/zero | tr '\\0' x > /root/dirty.bin")
+    agent = platform.agents[0]
+    snapshots = agent.state_dir / "disks" / "snapshots"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(user.post, sid, "snapshots")
+        deadline = time.monotonic() + 20
+        while not list(snapshots.glob(".partial-snap_*/thaw-source")) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        partial = list(snapshots.glob(".partial-snap_*"))
+        assert partial, "the snapshot never started"
+        time.sleep(0.05)  # the source is frozen, its filesystem syncing 1.2 GB
+        agent.stop(signal.SIGKILL)
+        answered = asked.result(timeout=60)
+    assert answered.status_code >= 500, answered.text  # the host went away in the middle
+    assert partial[0].exists() and not (snapshots / partial[0].name.removeprefix(".partial-")).exists()
+    agent.start()
+    deadline = time.monotonic() + 20
+    while partial[0].exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not partial[0].exists()
+    assert user.run(sid, "cat", "/root/kept.txt")["stdout"] == "kept\n"
+    assert user.run(sid, "stat", "-c", "%s", "/root/dirty.bin")["stdout"] == f"{1200 << 20}\n"
+    assert user.get(sid)["status"] == "running"
+    assert user.http.get("/v1/snapshots").json()["data"]["pagination"]["total"] == 0
+    made = user.post(sid, "snapshots")  # and it can be snapshotted again
+    assert made.status_code == 200, made.text
+    assert user.http.delete(f"/v1/snapshots/{made.json()['data']['id']}").status_code == 200

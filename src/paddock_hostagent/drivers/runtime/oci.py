@@ -107,6 +107,8 @@ class OciOptions:
 
 
 PARKING_RUNTIMES = ("crun", "runc")
+#: In a snapshot being written: the id of its source, frozen for the copy by this agent.
+THAW_MARKER = "thaw-source"
 # A parked sandbox's limits until a create claims it (its guest agent uses ~1 MiB).
 PARKED_SHAPE_MEM_MIB = 256
 
@@ -227,6 +229,7 @@ class OciRuntime(SandboxRuntime):
 
     async def start(self, records: list[SandboxRecord]) -> dict[str, RuntimeState]:
         mine = [record for record in records if record.driver == self.name]
+        self._thaw_snapshot_sources(mine)
         states = {record.id: self.probe(record) for record in mine}
         owned = await self._reclaim(mine)
         # Sandboxes of another driver (a host switched from the VM tier) keep their addresses until
@@ -246,6 +249,17 @@ class OciRuntime(SandboxRuntime):
         for record in mine:
             await self._stop_container(_Handle.of(record))
         await self._reclaim(mine)
+
+    def _thaw_snapshot_sources(self, mine: list[SandboxRecord]) -> None:
+        """A snapshot an earlier agent died writing may have left its source frozen for the copy: that
+        source runs again (the half-made snapshot itself is removed when the store opens)."""
+        running = {record.id: record for record in mine if record.state == RuntimeState.RUNNING}
+        for marker in self.snapshots_dir.glob(f"{rootdisks.PARTIAL_SNAPSHOT_PREFIX}*/{THAW_MARKER}"):
+            with contextlib.suppress(OSError):
+                record = running.get(marker.read_text().strip())
+                if record is not None:
+                    SandboxCgroup(_Handle.of(record).cgroups_path).thaw()
+                    log.warning("snapshot_source_thawed", sandbox_id=record.id)
 
     async def _reclaim(self, mine: list[SandboxRecord]) -> set[str]:
         """Removes the slots (warm, parked or half-made) and loop devices no record of ``mine`` owns;
@@ -394,6 +408,8 @@ class OciRuntime(SandboxRuntime):
             cgroup = SandboxCgroup(handle.cgroups_path)
             was_frozen = cgroup.is_frozen()
             if not was_frozen:
+                # An agent killed while the source is frozen for the copy: the next one thaws it (``start``).
+                (partial / THAW_MARKER).write_text(record.id)
                 await _freeze(cgroup)
             try:
                 await asyncio.to_thread(rootdisks.snapshot_image, handle.slot.disk, partial / "disk.img")
