@@ -22,7 +22,9 @@ from paddock_core.db import make_engine, make_sessionmaker, upgrade
 from paddock_core.http import RequestContextMiddleware
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
+from paddock_gateway import agent_sandboxes
 from paddock_gateway.adapters.chain import ChainClient, ChainError
+from paddock_gateway.adapters.control_plane import ControlPlane
 from paddock_gateway.adapters.hosting import (
     HostingAccessDenied,
     HostingError,
@@ -192,12 +194,17 @@ def create_app(
                 timeout_s=settings.contract_signature_timeout_s, ttl_s=settings.contract_signature_cache_s
             ),
         )
+        plane = ControlPlane(settings) if settings.api_key.get_secret_value() else None
+        services.agent_sandboxes = plane
         billing = (
-            UptoBilling(sessions, clock, settings, registry, chains, services.settler)
+            UptoBilling(
+                sessions, clock, settings, registry, chains, services.settler, agent_sandboxes.running_seconds
+            )
             if services.settler.configured
             else None
         )
-        services.metering = Metering(sessions, clock, settings, services.hosting, billing)
+        enforce = agent_sandboxes.Enforcer(sessions, clock, plane).enforce if plane is not None else None
+        services.metering = Metering(sessions, clock, settings, services.hosting, billing, enforce)
         app.state.services = services
         try:
             await check_chains(registry, chains)
@@ -215,6 +222,8 @@ def create_app(
             yield
         finally:
             await services.metering.stop()
+            if plane is not None:
+                await plane.aclose()
             await platform.aclose()
             for client in chains.values():
                 await client.aclose()

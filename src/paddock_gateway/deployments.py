@@ -340,7 +340,7 @@ async def deploy_settled(
 
 
 async def authorize_upto(
-    services: Services, caller: Caller, price: Price, signed: x402.SignedPayment
+    services: Services, caller: Caller, price: Price, signed: x402.SignedPayment, *, period: int | None = None
 ) -> tuple[x402.Offer, x402.SignedPayment, settlement.Claim]:
     """An ``upto`` payment (``upto``): check, signature, the nonce's claim, then the chain (nonce unused,
     allowance and balance cover the maximum, settling it simulates). Nothing is sent; the claim is
@@ -355,6 +355,7 @@ async def authorize_upto(
         price.amount_raw,
         price.months,
         now_s,
+        period=period,
     )
     client = services.chain_client(offer.chain.name)
     signed = await settlement.check_signature(services.signatures, client, offer, signed, price.amount_raw)

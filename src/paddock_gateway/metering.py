@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
@@ -65,7 +66,9 @@ class Metering:
         settings: GatewaySettings,
         hosting: HostingPlatform,
         billing: upto.UptoBilling | None = None,
+        enforce: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
+        self.enforce = enforce  # pauses the wallets' sandboxes whose paid time is used up
         self.sessions = sessions
         self.clock = clock
         self.settings = settings
@@ -115,6 +118,8 @@ class Metering:
     async def run_once(self) -> MeteringReport:
         async with self.lock:
             report = MeteringReport()
+            if self.enforce is not None:
+                report.paused.extend(await self.enforce())
             if self.billing is not None:
                 report.settled = await self.billing.settle_due()
             now = self.clock()

@@ -195,3 +195,41 @@ class SandboxDeployment(Base):
     plan: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     created_at: Mapped[dt.datetime] = mapped_column(TS)
     updated_at: Mapped[dt.datetime] = mapped_column(TS)
+
+
+class AgentSandbox(Base):
+    """A sandbox a wallet rented by x402 (``agent_sandboxes``): the control plane's sandbox ``id``, created
+    under the gateway's account; the per-second ``rate_raw`` of its shape; ``block_s`` seconds of running
+    paid (``exact``, ``tx_hash``) or authorised (``upto``, ``upto_id``); ``run_s`` seconds of running in
+    closed intervals plus, while running, the open one from ``running_since``. ``state``: running ↔
+    paused → deleted, or spent (paused by the worker when the paid time is used up)."""
+
+    __tablename__ = "gw_agent_sandboxes"
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    wallet: Mapped[str] = mapped_column(sa.String(42), index=True)
+    name: Mapped[str] = mapped_column(sa.String(64))
+    shape: Mapped[str] = mapped_column(sa.String(64))
+    rootfs: Mapped[str] = mapped_column(sa.String(128))
+    scheme: Mapped[str] = mapped_column(sa.String(8))
+    rate_raw: Mapped[int] = mapped_column(sa.BigInteger)
+    block_s: Mapped[int] = mapped_column(sa.BigInteger)
+    amount_raw: Mapped[int] = mapped_column(sa.BigInteger)
+    tx_hash: Mapped[str | None] = mapped_column(sa.String(66))
+    upto_id: Mapped[str | None] = mapped_column(sa.String(36))
+    state: Mapped[str] = mapped_column(sa.String(16), index=True)
+    run_s: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    running_since: Mapped[dt.datetime | None] = mapped_column(TS)
+    created_at: Mapped[dt.datetime] = mapped_column(TS)
+    updated_at: Mapped[dt.datetime] = mapped_column(TS)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(TS)
+
+
+class AgentSandboxRun(Base):
+    """One running interval of a wallet's sandbox (``ended_at`` None while it runs): paused time is in
+    none, so the runtime billed between two instants is the overlap of these with them."""
+
+    __tablename__ = "gw_agent_sandbox_runs"
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    sandbox_id: Mapped[str] = mapped_column(sa.String(64), index=True)
+    started_at: Mapped[dt.datetime] = mapped_column(TS)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(TS)

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from paddock_core.timeutil import Clock
 from paddock_gateway.adapters.chain import ChainClient
+from paddock_gateway.adapters.control_plane import ControlPlane
 from paddock_gateway.adapters.hosting import HostingPlatform
 from paddock_gateway.metering import Metering
 from paddock_gateway.pricing import PriceCache
@@ -35,6 +36,8 @@ class Services:
     settler: Settler = field(default_factory=lambda: Settler(SecretStr("")))
     metering: Metering | None = field(default=None)
     signatures: SignatureVerifier = field(default_factory=SignatureVerifier)
+    #: The control plane as the gateway's account, for the sandboxes wallets rent (``agent_sandboxes``).
+    agent_sandboxes: ControlPlane | None = field(default=None)
 
     def chain_client(self, chain: str) -> ChainClient:
         return self.chains[chain]

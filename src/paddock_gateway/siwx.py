@@ -26,7 +26,7 @@ deciding 401 ``auth_siwx_rejected`` with x402's reason:
 5. the signature: EIP-191 over the EIP-4361 message, by the address's key or, for a smart wallet, accepted
    on that chain (EIP-1271, ERC-6492; see ``signatures``) (``invalid_siwx_signature``; a chain that cannot
    be asked: ``invalid_siwx_verifier_error``);
-6. the wallet has paid this gateway (a payment in its ledger) (``siwx_payment_required``, the gateway's
+6. the wallet has paid this gateway (a payment in its ledger, or an ``upto`` authorisation) (``siwx_payment_required``, the gateway's
    own: SIWx is for returning payers);
 7. the nonce is taken, atomically, once ever (``invalid_siwx_nonce``): an accepted proof cannot be sent
    again. Nonces are kept ``MAX_AGE_S`` + the skew, after which step 3 refuses their proofs anyway.
@@ -55,7 +55,7 @@ from paddock_core.db import transaction
 from paddock_gateway.adapters.chain import ChainError
 from paddock_gateway.auth import Caller, eip191_digest
 from paddock_gateway.errors import AuthError
-from paddock_gateway.models import Payment, SiwxNonce
+from paddock_gateway.models import Payment, SiwxNonce, X402Upto
 from paddock_gateway.registry import Registry
 from paddock_gateway.signatures import SignatureVerifier, recover
 
@@ -293,6 +293,8 @@ async def authenticate(context: SiwxContext, header: str, now: dt.datetime) -> C
             raise rejected("invalid_siwx_signature")
     async with context.sessions() as session:
         paid = await session.scalar(select(Payment.tx_hash).where(Payment.wallet == wallet).limit(1))
+        if paid is None:  # an ``upto`` payer has authorised, not paid yet: its authorisation counts
+            paid = await session.scalar(select(X402Upto.id).where(X402Upto.wallet == wallet).limit(1))
     if paid is None:
         raise rejected("siwx_payment_required")
     try:

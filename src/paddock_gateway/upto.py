@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,11 +95,13 @@ def period_s(settings: GatewaySettings, months: int) -> int:
     return months * settings.upto_month_s
 
 
-def terms(settings: GatewaySettings, facilitator: str, months: int) -> UptoTerms:
-    """The 402's ``upto`` terms: the permit must outlast the period by the settlement window."""
-    return UptoTerms(
-        facilitator=facilitator, max_timeout_s=period_s(settings, months) + settings.upto_settle_window_s
-    )
+def terms(
+    settings: GatewaySettings, facilitator: str, months: int, *, period: int | None = None
+) -> UptoTerms:
+    """The 402's ``upto`` terms: the permit must outlast the period by the settlement window. ``period``
+    (seconds) replaces ``months`` for what is not priced by the month (a wallet's sandbox)."""
+    span = period if period is not None else period_s(settings, months)
+    return UptoTerms(facilitator=facilitator, max_timeout_s=span + settings.upto_settle_window_s)
 
 
 def consumed_raw(seconds: int, price_raw: int, period: int, authorized_raw: int) -> int:
@@ -115,6 +118,8 @@ def check(
     price_raw: int,
     months: int,
     now_s: int,
+    *,
+    period: int | None = None,
 ) -> Offer:
     """Step 1 but the signature, in x402's verification order (the gateway's sender rule after the
     recipient, as for ``exact``). 402 with x402's reason on the first failure."""
@@ -127,7 +132,8 @@ def check(
         raise failed(UPTO_INVALID_SCHEME)
     if not isinstance(auth, Permit2Authorization) or auth.facilitator is None:
         raise failed(UNSUPPORTED_PAYLOAD)  # an EIP-3009 or exact Permit2 payload under ``upto``
-    offers = upto_offers(registry, terms(settings, facilitator, months))
+    span = period if period is not None else period_s(settings, months)
+    offers = upto_offers(registry, terms(settings, facilitator, months, period=span))
     on_network = [offer for offer in offers if offer.network == payment.network]
     if not on_network:
         raise failed(settlement.NETWORK_MISMATCH)
@@ -145,7 +151,7 @@ def check(
         raise failed(settlement.SENDER_MISMATCH)
     # The deadline must outlast the period and half the settlement window: the gateway settles at the
     # period's end, or earlier (``due``) if the deadline is closer than a quarter window to it.
-    if auth.deadline < now_s + period_s(settings, months) + settings.upto_settle_window_s // 2:
+    if auth.deadline < now_s + span + settings.upto_settle_window_s // 2:
         raise failed(settlement.PERMIT2_DEADLINE_EXPIRED)
     if auth.valid_after > now_s:
         raise failed(settlement.PERMIT2_NOT_YET_VALID)
@@ -247,11 +253,15 @@ async def record(
     price_raw: int,
     months: int,
     now: dt.datetime,
+    *,
+    period: int | None = None,
 ) -> X402Upto:
-    """Step 4: the authorisation funds ``project_id`` from ``now``; its claim is marked ``authorized``."""
+    """Step 4: the authorisation funds ``project_id`` from ``now``; its claim is marked ``authorized``.
+    ``period`` (seconds) replaces ``months`` for a wallet's sandbox (``agent_sandboxes``)."""
     auth = payment.authorization
     assert isinstance(auth, Permit2Authorization)
-    period = period_s(settings, months)
+    if period is None:
+        period = period_s(settings, months)
     row = X402Upto(
         id=str(uuid.uuid4()),
         project_id=project_id,
@@ -316,6 +326,11 @@ async def stop(sessions: async_sessionmaker[AsyncSession], project_id: str, now:
     return bool(getattr(result, "rowcount", 0))
 
 
+#: The running seconds of what an authorisation funds between two instants, or None when it is a project
+#: (whose runtime is wall time): ``agent_sandboxes.running_seconds`` for a wallet's sandbox.
+Runtime = Callable[[AsyncSession, str, dt.datetime, dt.datetime], Awaitable[int | None]]
+
+
 @dataclass(frozen=True)
 class Settled:
     """One settlement this worker made: the amount moved (0: nothing sent) and its transaction."""
@@ -338,8 +353,10 @@ class UptoBilling:
         registry: Registry,
         chains: dict[str, ChainClient],
         settler: Settler,
+        runtime: Runtime | None = None,
     ) -> None:
         self.sessions = sessions
+        self.runtime = runtime
         self.clock = clock
         self.settings = settings
         self.registry = registry
@@ -426,6 +443,9 @@ class UptoBilling:
             started, due = as_utc(row.started_at), as_utc(row.due_at)
             end = min(now, due) if row.stopped_at is None else as_utc(row.stopped_at)
             seconds = max(int((end - started).total_seconds()), 0)
+            if self.runtime is not None:  # a wallet's sandbox: only its running time counts
+                measured = await self.runtime(session, row.project_id, started, end)
+                seconds = seconds if measured is None else min(seconds, measured)
             amount = consumed_raw(seconds, row.price_raw, row.period_s, row.authorized_raw)
             if row.stopped_at is not None:
                 reason = "deleted"

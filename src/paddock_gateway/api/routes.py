@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from paddock_gateway import deployments, extend, lookups, projects
+from paddock_gateway import agent_sandboxes, deployments, extend, lookups, projects
 from paddock_gateway.api.deps import CallerDep, ManagerDep, ServicesDep
 from paddock_gateway.schemas import (
     BalanceBody,
@@ -162,3 +162,52 @@ async def recipients(services: ServicesDep) -> RecipientsBody:
 
 
 EXTRA_SCHEMAS: dict[str, type[BaseModel]] = {"DeployRequest": DeployRequest, "ExtendRequest": ExtendRequest}
+
+
+@router.post(
+    "/agent/sandboxes",
+    status_code=201,
+    responses=errors(400, 402, 404, 409, 429, 502, 503),
+    openapi_extra={"parameters": [PAYMENT_SIGNATURE_HEADER]},
+)
+async def rent_sandbox(request: Request, response: Response, services: ServicesDep) -> dict[str, Any]:
+    body = await request.body()
+    answer, headers = await agent_sandboxes.rent(
+        services, body, request.headers.get("content-type"), request.headers
+    )
+    response.headers.update(headers)  # PAYMENT-RESPONSE
+    return answer
+
+
+@router.get(
+    "/agent/sandboxes", responses=errors(401, 429, 502), openapi_extra={"parameters": MANAGER_HEADERS}
+)
+async def list_sandboxes(services: ServicesDep, caller: ManagerDep) -> dict[str, Any]:
+    return await agent_sandboxes.list_sandboxes(services, caller)
+
+
+@router.post(
+    "/agent/sandboxes/{sandboxId}/pause",
+    responses=errors(401, 403, 404, 409, 429, 502),
+    openapi_extra={"parameters": MANAGER_HEADERS},
+)
+async def pause_sandbox(sandboxId: str, services: ServicesDep, caller: ManagerDep) -> dict[str, Any]:
+    return await agent_sandboxes.pause(services, caller, sandboxId)
+
+
+@router.post(
+    "/agent/sandboxes/{sandboxId}/resume",
+    responses=errors(401, 403, 404, 409, 429, 502),
+    openapi_extra={"parameters": MANAGER_HEADERS},
+)
+async def resume_sandbox(sandboxId: str, services: ServicesDep, caller: ManagerDep) -> dict[str, Any]:
+    return await agent_sandboxes.resume(services, caller, sandboxId)
+
+
+@router.delete(
+    "/agent/sandboxes/{sandboxId}",
+    responses=errors(401, 403, 404, 429, 502),
+    openapi_extra={"parameters": MANAGER_HEADERS},
+)
+async def delete_sandbox(sandboxId: str, services: ServicesDep, caller: ManagerDep) -> dict[str, Any]:
+    return await agent_sandboxes.delete(services, caller, sandboxId)
