@@ -7,6 +7,12 @@ Layout: ``<image_dir>/<name with ':' as '_'>/rootfs`` plus ``image.json``. A bui
 directory next to it and is renamed into place, under an exclusive lock, so concurrent builders (two
 processes, or two requests) build once and nobody sees a half-built tree.
 
+A build is keyed by its recipe's content, not only its name: ``image.json`` records a digest of what the
+recipe installs (``recipe_digest``), and ``build`` (``make images``, the tests' fixtures) rebuilds an image
+whose recorded digest differs, so a package added to an image reaches hosts that already have it. An image
+built before the digest was recorded counts as current when every package of the recipe is installed in
+it. Booting (``ensure``) never rebuilds an image that is there: sandboxes may be using it.
+
 ``debian:13``, ``devbox:1``, ``code-interpreter:1`` and ``desktop:1`` come from the Debian archive.
 ``ubuntu:26.04`` and ``alpine:3.20`` are offered only when ``image_mirrors`` names a mirror for them: an
 apt mirror (Ubuntu), or the URL of a root filesystem tarball (any image; required for Alpine).
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -103,6 +110,38 @@ CATALOG: dict[str, ImageRecipe] = {
         ImageRecipe("desktop:1", "trixie", _DESKTOP_PACKAGES, DEBIAN_MIRROR),
     )
 }
+
+
+def recipe_digest(recipe: ImageRecipe, source: str) -> str:
+    """What ``image.json`` records of the recipe an image was built from: a change here means a rebuild.
+
+    A tarball's URL is its content; an apt mirror's is not (another mirror of the same suite installs the
+    same packages), so only the former is in it."""
+    content = {
+        "suite": recipe.suite,
+        "packages": list(recipe.packages),
+        "components": list(recipe.components),
+        "keyring": recipe.keyring,
+        "dpkg_options": list(_SLIM_DPKG_OPTIONS),
+        "tarball": source if source.endswith(_TARBALL_SUFFIXES) else None,
+    }
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def _installed_packages(rootfs: Path) -> set[str]:
+    """Packages dpkg lists as installed in ``rootfs`` (empty when it has no dpkg database)."""
+    installed: set[str] = set()
+    try:
+        text = (rootfs / "var/lib/dpkg/status").read_text(errors="replace")
+    except OSError:
+        return installed
+    for stanza in text.split("\n\n"):
+        fields = dict(
+            line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith(" ")
+        )
+        if fields.get("Status", "").strip() == "install ok installed" and "Package" in fields:
+            installed.add(fields["Package"].strip())
+    return installed
 
 
 def slug(name: str) -> str:
@@ -249,8 +288,25 @@ class ImageStore:
         async with lock:
             return await asyncio.to_thread(self.build, name)
 
+    def is_current(self, name: str) -> bool:
+        """``name`` is cached and was built from the catalog's recipe as it is now (see the module doc)."""
+        recipe = CATALOG.get(name)
+        source = self._source(name)
+        if not self.is_cached(name) or recipe is None or source is None:
+            return self.is_cached(name)
+        try:
+            meta = json.loads((self.image_dir / slug(name) / "image.json").read_text())
+        except (OSError, ValueError):
+            return False
+        recorded = meta.get("recipe") if isinstance(meta, dict) else None
+        if recorded is not None:
+            return bool(recorded == recipe_digest(recipe, source))
+        # Built before image.json recorded the recipe: current if it holds every package the recipe names.
+        return set(recipe.packages) <= _installed_packages(self.rootfs_path(name))
+
     def build(self, name: str, *, force: bool = False) -> Path:
-        """Builds ``name`` unless it is cached. Blocking; safe against concurrent builders."""
+        """Builds ``name`` unless it is cached and current (built from the recipe as it is now). Blocking;
+        safe against concurrent builders."""
         recipe = CATALOG.get(name)
         source = self._source(name)
         if recipe is None or source is None:
@@ -259,8 +315,10 @@ class ImageStore:
         image_root.mkdir(parents=True, exist_ok=True)
         with open(image_root / ".build.lock", "w") as lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)
-            if self.is_cached(name) and not force:
+            if self.is_current(name) and not force:
                 return self.rootfs_path(name)
+            if self.is_cached(name):
+                log.info("image_recipe_changed", image=name)
             return self._build_locked(recipe, source, image_root)
 
     def _build_locked(self, recipe: ImageRecipe, source: str, image_root: Path) -> Path:
@@ -286,7 +344,13 @@ class ImageStore:
             shutil.rmtree(old, ignore_errors=True)
         tmp.rename(final)
         build_s = round(time.monotonic() - started, 1)
-        meta = {"name": recipe.name, "source": source, "built_at": time.time(), "build_s": build_s}
+        meta = {
+            "name": recipe.name,
+            "source": source,
+            "recipe": recipe_digest(recipe, source),
+            "built_at": time.time(),
+            "build_s": build_s,
+        }
         meta_tmp = image_root / "image.json.tmp"
         meta_tmp.write_text(json.dumps(meta, indent=2) + "\n")
         meta_tmp.rename(image_root / "image.json")

@@ -82,6 +82,42 @@ def test_concurrent_builders_build_once(tmp_path: Path, monkeypatch: pytest.Monk
     assert len(set(results)) == 1 and results[0].is_dir()
 
 
+def test_an_image_is_rebuilt_when_its_recipe_changes(tmp_path: Path) -> None:
+    """``make images`` and the tests reuse a host's cache: a build keyed only by the name never brought a
+    package added to ``desktop:1`` to a host that had the image (the e2b-desktop SDK found no XFCE)."""
+    first, second = make_tarball(tmp_path / "a"), make_tarball(tmp_path / "b")
+    (tmp_path / "b" / "tree" / "etc" / "os-release").write_text("ID=alpine\nVERSION_ID=2\n")
+    with tarfile.open(second, "w:gz") as tar:
+        tar.add(tmp_path / "b" / "tree", arcname=".")
+    rootfs = ImageStore(tmp_path / "cache", {"alpine:3.20": f"file://{first}"}).build("alpine:3.20")
+    assert (rootfs / "etc" / "os-release").read_text() == "ID=alpine\n"
+    store = ImageStore(tmp_path / "cache", {"alpine:3.20": f"file://{second}"})  # another recipe
+    assert store.is_cached("alpine:3.20") and not store.is_current("alpine:3.20")
+    assert store.build("alpine:3.20") == rootfs
+    assert (rootfs / "etc" / "os-release").read_text() == "ID=alpine\nVERSION_ID=2\n"
+    assert store.is_current("alpine:3.20")
+
+
+def test_an_image_built_before_recipes_were_recorded_is_kept_only_if_it_has_every_package(
+    tmp_path: Path,
+) -> None:
+    archive = make_tarball(tmp_path)
+    store = ImageStore(tmp_path / "cache", {"debian:13": f"file://{archive}"})
+    rootfs = store.build("debian:13")
+    meta = rootfs.parent / "image.json"
+    meta.write_text('{"name": "debian:13", "source": "old"}\n')  # as older builds wrote it
+    assert not store.is_current("debian:13")  # no dpkg database: none of the recipe's packages
+    status = rootfs / "var" / "lib" / "dpkg" / "status"
+    status.parent.mkdir(parents=True)
+    packages = ROOT_IMAGES_BY_NAME["debian:13"].packages
+    stanzas = [f"Package: {pkg}\nStatus: install ok installed\nVersion: 1\n" for pkg in packages]
+    status.write_text("\n".join(stanzas[1:]))
+    assert not store.is_current("debian:13")  # one package missing
+    status.write_text("\n".join(stanzas))
+    assert store.is_current("debian:13")
+    assert store.build("debian:13") == rootfs and meta.read_text().count("recipe") == 0  # kept as it is
+
+
 def test_a_failed_build_leaves_nothing_behind(tmp_path: Path) -> None:
     store = ImageStore(tmp_path / "cache", {"alpine:3.20": f"file://{tmp_path}/missing.tar.gz"})
     with pytest.raises(ImageBuildError):
