@@ -47,7 +47,7 @@ from paddock_gateway.errors import (
     PaymentRequired,
     UpstreamUnavailable,
 )
-from paddock_gateway.models import AgentSandbox, AgentSandboxRun, X402Upto
+from paddock_gateway.models import AgentSandbox, AgentSandboxRun, Payment, X402Upto
 from paddock_gateway.pricing import Price
 from paddock_gateway.services import Services
 from paddock_gateway.uploads import parse_model
@@ -182,10 +182,14 @@ async def rent(
         }
     else:
         offer, tx_hash = await deployments.settle_x402(services, caller, price, signed)
+        # The ledger row leaves ``verified`` at once: the same hash sent as X-Payment-Tx to a deploy is then
+        # 409 already processed, never credited a second time.
+        await mark_payment(services, tx_hash, "verified", "rented", now)
         try:
             sandbox, token = await create(plane, caller, shape, rootfs)
         except BaseException:
             # The money moved: it becomes the wallet's credits (usable for deploys), never lost.
+            await mark_payment(services, tx_hash, "rented", "verified", now)
             await payments.credit(services.sessions, tx_hash, caller.wallet, services.clock())
             raise
         upto_id, expires = None, now + dt.timedelta(seconds=request.seconds)
@@ -226,6 +230,15 @@ async def rent(
         success=True, network=offer.network, payer=caller.address, transaction=tx_hash or ""
     )
     return answer, response_headers
+
+
+async def mark_payment(services: Services, tx_hash: str, expected: str, state: str, now: dt.datetime) -> None:
+    async with transaction(services.sessions) as session:
+        await session.execute(
+            update(Payment)
+            .where(Payment.tx_hash == tx_hash, Payment.state == expected)
+            .values(state=state, updated_at=now)
+        )
 
 
 def quote(services: Services, amount: int, seconds: int, shape: str) -> PaymentRequired:

@@ -46,7 +46,7 @@ class Payment(Base):
     chain: Mapped[str] = mapped_column(sa.String(16))
     token: Mapped[str] = mapped_column(sa.String(8))
     amount_raw: Mapped[int] = mapped_column(sa.BigInteger)
-    state: Mapped[str] = mapped_column(sa.String(16))  # verified → credited → deployed
+    state: Mapped[str] = mapped_column(sa.String(16))  # verified → credited → deployed, or → rented
     project_id: Mapped[str | None] = mapped_column(sa.String(64))
     deployment_id: Mapped[str | None] = mapped_column(sa.String(64))
     created_at: Mapped[dt.datetime] = mapped_column(TS)

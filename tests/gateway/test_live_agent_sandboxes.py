@@ -28,9 +28,12 @@ from tests.gateway.conftest import (
     Gateway,
     Wallet,
     chain_overrides,
+    free_port,
     gateway_settings,
     new_wallet,
     running_gateway,
+    static_site,
+    unique_name,
 )
 from tests.gateway.test_siwx import proof
 from tests.gateway.test_x402 import decode
@@ -151,6 +154,12 @@ async def test_a_wallet_pays_exact_runs_a_command_with_the_token_and_only_it_man
     assert await chain.token_balance("usdc", RECIPIENT) == before + 600 * RATE
 
     assert await run_with_token(live, body["sandbox_id"], body["access_token"]) == "hi\n"
+    # The settlement paid for the sandbox: sent again as a deploy's X-Payment-Tx it is not credited again.
+    tx_hash = body["payment"]["transaction"]
+    replay = await gw.deploy(
+        wallet, static_site(unique_name(), "x", port=free_port()), **{"X-Payment-Tx": tx_hash}
+    )
+    assert replay.status_code == 409, replay.text
 
     listed = await gw.http.get("/agent/sandboxes", headers=gw.auth(wallet))
     assert listed.status_code == 200
