@@ -97,6 +97,15 @@ DESKTOP_CONTENTS = (
         ("python3", "python3-pil"),
         "python3 -c 'import PIL.ImageGrab'",
     ),
+    # What the e2b-desktop SDK runs in the sandbox (docs/e2b.md): startxfce4 until xfce4-session, xfwm4 and
+    # xfdesktop are up (dbus-launch gives the session its bus), scrot for screenshots, xrandr for the size.
+    # librsvg2-common is the SVG loader xfdesktop needs to paint its backdrop (xfce-x.svg; black without).
+    Content(
+        "XFCE (session, xfwm4 and xfdesktop), scrot and xrandr for the e2b-desktop SDK",
+        ("xfce4-session", "xfwm4", "xfdesktop4", "librsvg2-common", "dbus-x11", "scrot", "x11-xserver-utils"),
+        "command -v startxfce4 && command -v xfwm4 && command -v xfdesktop && command -v dbus-launch"
+        " && command -v scrot && command -v xrandr",
+    ),
 )
 
 # What ``sandbox.run_code`` needs: a Jupyter kernel (ipykernel) and jupyter_client to drive it, with the
