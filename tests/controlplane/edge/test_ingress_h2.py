@@ -21,6 +21,7 @@ import h2.events
 import httpx
 import pytest
 
+from paddock_controlplane.edge.ingress.http2 import H2ClientConnection
 from paddock_controlplane.edge.ingress.proxy import IngressProxy
 from paddock_controlplane.records.services import Activity
 from paddock_controlplane.settings import ControlPlaneSettings
@@ -108,7 +109,7 @@ async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
         ingress_idle_timeout_s=1,
     )
     services = SimpleNamespace(settings=settings, activity=Activity(), clock=utcnow)
-    proxy = IngressProxy(services, LoopbackRouter())  # type: ignore[arg-type]
+    proxy = IngressProxy(services, LoopbackRouter(), h2=H2ClientConnection)  # type: ignore[arg-type]
     opened = await proxy.start()
     server, app_port = await start_app(echo_app)
     try:

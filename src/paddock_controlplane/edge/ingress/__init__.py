@@ -7,6 +7,7 @@ TLS listener (each stream one HTTP/1.1 exchange with the app), ``pages`` renders
 
 from __future__ import annotations
 
+from paddock_controlplane.edge.ingress.http2 import H2ClientConnection
 from paddock_controlplane.edge.ingress.proxy import IngressProxy
 from paddock_controlplane.edge.ingress.routing import Router
 from paddock_controlplane.records.hotcache import TTLCache
@@ -18,6 +19,6 @@ async def start(services: Services, cache: TTLCache[object]) -> IngressProxy | N
     settings = services.settings
     if not (settings.ingress_port or settings.ingress_tls_port):
         return None
-    proxy = IngressProxy(services, Router(services, cache))
+    proxy = IngressProxy(services, Router(services, cache), h2=H2ClientConnection)
     await proxy.start()
     return proxy

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from paddock_controlplane.edge.ingress import http1, pages
 from paddock_controlplane.edge.ingress.routing import IngressError, Router, Target, parse_host
@@ -84,9 +85,23 @@ class RequestRejectedError(Exception):
         self.error = error
 
 
+class H2Connection(Protocol):
+    """One client connection that chose h2, served to its end (``http2.H2ClientConnection``)."""
+
+    async def run(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+#: Makes the h2 side of a TLS connection. The composition (``ingress.start``) hands it in, so this module
+#: does not import ``http2``, which builds on this one; a proxy without it offers only http/1.1.
+H2Factory = Callable[["IngressProxy", asyncio.StreamReader, asyncio.StreamWriter], H2Connection]
+
+
 class IngressProxy:
-    def __init__(self, services: Services, router: Router) -> None:
+    def __init__(self, services: Services, router: Router, h2: H2Factory | None = None) -> None:
         self.services = services
+        self._h2 = h2
         self.settings = services.settings
         self.router = router
         self.servers: list[asyncio.Server] = []
@@ -113,9 +128,7 @@ class IngressProxy:
             opened.append(("http", host, server.sockets[0].getsockname()[1]))
         if self.settings.ingress_tls_port:
             self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            # h2 (http2.py) needs the h2 package of the server extra; without it HTTP/1.1 only
-            h2_served = importlib.util.find_spec("h2") is not None
-            self._tls.set_alpn_protocols(["h2", "http/1.1"] if h2_served else ["http/1.1"])
+            self._tls.set_alpn_protocols(["h2", "http/1.1"] if self._h2 is not None else ["http/1.1"])
             self._reload_certificate()
             server = await asyncio.start_server(
                 self._secure,
@@ -186,18 +199,18 @@ class IngressProxy:
 
     async def _secure(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         tls = writer.get_extra_info("ssl_object")
-        if tls is not None and tls.selected_alpn_protocol() == "h2":
-            await self._serve_h2(reader, writer)
+        if tls is not None and tls.selected_alpn_protocol() == "h2" and self._h2 is not None:
+            await self._serve_h2(self._h2, reader, writer)
         else:
             await self._serve(reader, writer, "https")
 
-    async def _serve_h2(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from paddock_controlplane.edge.ingress import http2
-
+    async def _serve_h2(
+        self, h2: H2Factory, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections[task] = ""
-        connection = http2.H2ClientConnection(self, reader, writer)
+        connection = h2(self, reader, writer)
         try:
             await connection.run()
         except (TimeoutError, asyncio.CancelledError, ConnectionError, OSError):
