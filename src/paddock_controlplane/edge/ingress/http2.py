@@ -50,13 +50,12 @@ from h2.errors import ErrorCodes
 from paddock_controlplane.edge.ingress import http1, pages
 from paddock_controlplane.edge.ingress.proxy import (
     BODY_GRACE_S,
-    IDEMPOTENT,
     IngressProxy,
     Upstream,
     _Connection,
 )
 from paddock_controlplane.edge.ingress.routing import IngressError, Target
-from paddock_controlplane.sandboxes.activity import Inflight, touch
+from paddock_controlplane.sandboxes.activity import Inflight
 from paddock_core.logging import get_logger
 from paddock_core.serving import HEADER_TIMEOUT_S
 
@@ -430,23 +429,10 @@ class _Stream(_Connection):
         assert self.upstream is not None
         upstream = self.upstream
         started = time.perf_counter()
-        touch(self.proxy.services, upstream.target.sandbox_id)
-        forwarded = self._forwarded_head(request)
-        upstream.responses.begin(request.method)
-        first: http1.Response | None = None
         body: asyncio.Task[bool] | None = None
         status = 0
         try:
-            if not request.has_body and request.method in IDEMPOTENT:
-                first = await self._send_retrying(upstream, forwarded, request.method)
-                if first is None:
-                    return
-                upstream = self.upstream
-            else:
-                upstream.writer.write(forwarded)
-            if request.has_body:
-                body = asyncio.create_task(self._send_body(request, upstream))
-            response = await self._final_response(upstream, first, body)
+            upstream, response, body = await self._send_and_answer(request)
             if response is None:
                 return
             status = response.status

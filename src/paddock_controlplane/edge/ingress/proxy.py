@@ -416,28 +416,44 @@ class _Connection:
         ]
         return request.encode(extra, FORWARDED_HEADERS)
 
+    async def _send_and_answer(
+        self, request: http1.Request
+    ) -> tuple[Upstream, http1.Response | None, asyncio.Task[bool] | None]:
+        """Sends ``request`` to the app (an idempotent one without a body is resent once on a stale
+        connection), its body in a task (``_send_body``), and reads the app's final answer: what an
+        HTTP/1.1 exchange and each HTTP/2 stream share. The answer is ``None`` when the client has
+        been answered already."""
+        upstream = self.upstream
+        assert upstream is not None
+        touch(self.proxy.services, upstream.target.sandbox_id)
+        forwarded = self._forwarded_head(request)
+        upstream.responses.begin(request.method)
+        first: http1.Response | None = None
+        if not request.has_body and request.method in IDEMPOTENT:
+            first = await self._send_retrying(upstream, forwarded, request.method)
+            if first is None:
+                return upstream, None, None
+            assert self.upstream is not None
+            upstream = self.upstream
+        else:
+            upstream.writer.write(forwarded)
+        body = asyncio.create_task(self._send_body(request, upstream)) if request.has_body else None
+        try:
+            return upstream, await self._final_response(upstream, first, body), body
+        except BaseException:
+            if body is not None:
+                body.cancel()
+            raise
+
     async def _exchange(self, request: http1.Request) -> bool:
         """Relays one request and its response; returns whether the client connection stays open."""
         assert self.upstream is not None
         upstream = self.upstream
         started = time.perf_counter()
-        touch(self.proxy.services, upstream.target.sandbox_id)
-        forwarded = self._forwarded_head(request)
-        upstream.responses.begin(request.method)
-        first: http1.Response | None = None
         body: asyncio.Task[bool] | None = None
         status = 0
         try:
-            if not request.has_body and request.method in IDEMPOTENT:
-                first = await self._send_retrying(upstream, forwarded, request.method)
-                if first is None:
-                    return False
-                upstream = self.upstream
-            else:
-                upstream.writer.write(forwarded)
-            if request.has_body:
-                body = asyncio.create_task(self._send_body(request, upstream))
-            response = await self._final_response(upstream, first, body)
+            upstream, response, body = await self._send_and_answer(request)
             if response is None:
                 return False
             status = response.status
