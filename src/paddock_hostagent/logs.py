@@ -9,9 +9,9 @@ import asyncio
 from typing import Literal
 
 from paddock_hostagent import errors
-from paddock_hostagent.drivers.base import TierUnsupportedError, UnsupportedError
 from paddock_hostagent.drivers.runtime.bootlog import read_tail
 from paddock_hostagent.sandboxes import SandboxManager
+from paddock_hostagent.sandboxes.checks import driver_errors
 from paddock_hostagent.schemas import SandboxLog
 
 
@@ -19,13 +19,9 @@ async def read(
     manager: SandboxManager, sandbox_id: str, source: Literal["boot", "guest"], tail: int
 ) -> SandboxLog:
     record = manager.entry(sandbox_id).record  # 404 unknown here
-    try:
+    with driver_errors():  # the agent's one table: a tier without the log is 409, no such log 400
         path = manager.runtime.log_path(record, source)
         await manager.runtime.flush_log(record, source)
-    except TierUnsupportedError as exc:
-        raise errors.UnsupportedOnTier(str(exc)) from exc
-    except UnsupportedError as exc:
-        raise errors.BadRequest(str(exc)) from exc
     try:
         lines, truncated = await asyncio.to_thread(read_tail, path, tail)
     except OSError as exc:  # e.g. ELOOP: the agent never makes a link there
