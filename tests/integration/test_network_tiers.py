@@ -38,7 +38,7 @@ from tests.hostagent.conftest import free_port
 from tests.live import LivePlatform, start_platform
 from tests.network import test_egress, test_ingress
 from tests.network.conftest import QUOTA_BYTES, api, internet
-from tests.network.ingress_support import start_ingress_platform
+from tests.network.ingress_support import make_certificate, start_ingress_platform
 from tests.network.internet import FakeInternet
 from tests.network.test_bandwidth import (
     test_a_connection_over_the_budget_is_reset_and_leaves_nothing_to_spend_a_recharge,
@@ -55,7 +55,6 @@ from tests.network.test_egress import (
 )
 from tests.network.test_ingress import (
     Ingress,
-    _test_certificate,
     app_sandbox,
     test_a_paused_sandbox_resumes_on_its_first_request,
     test_nothing_listening_gets_a_502_page,
@@ -131,7 +130,7 @@ def ingress(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Ingress]:
     """tests/network/test_ingress.py's platform (plain HTTP and HTTPS ingress) on one tier."""
-    cert_file, key_file = _test_certificate(tmp_path_factory.mktemp("tls"))
+    cert_file, key_file = make_certificate(tmp_path_factory.mktemp("tls"))
     tls_port = free_port()
     live, port = start_ingress_platform(
         guest_binary_dir,
