@@ -71,7 +71,7 @@ async def test_delivery_is_signed_over_the_raw_body_and_carries_the_contract_hea
 
 
 async def test_the_documented_verification_snippet_accepts_a_real_delivery(database_url: str) -> None:
-    docs = (Path(__file__).parents[2] / "docs" / "webhooks.md").read_text()
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "webhooks.md").read_text()
     snippet = next(b for b in re.findall(r"```python\n(.*?)```", docs, re.S) if "def verify_webhook" in b)
     namespace: dict[str, Any] = {}
     exec(snippet, namespace)
