@@ -24,6 +24,7 @@ from paddock_controlplane.edge.api.routes import processes as process_routes
 from paddock_controlplane.edge.api.routes import shell as shell_routes
 from paddock_controlplane.edge.api.routes import snapshots as snapshot_routes
 from paddock_controlplane.edge.api.routes import templates as template_routes
+from paddock_controlplane.edge.api.routes import volumes as volume_routes
 from paddock_controlplane.edge.api.routes import webhooks as webhook_routes
 from paddock_controlplane.edge.auditing import AuditMiddleware
 from paddock_controlplane.edge.console import mount_console
@@ -213,6 +214,7 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         disk_routes,
         template_routes,
         snapshot_routes,
+        volume_routes,
         webhook_routes,
         metrics_routes,
         log_routes,

@@ -64,6 +64,7 @@ from paddock_hostagent.routes import (
 )
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.settings import HostAgentSettings
+from paddock_hostagent.volumeroutes import router as volume_router
 
 log = get_logger(__name__)
 MIB = 1 << 20
@@ -273,6 +274,7 @@ def api_app(authorized: Callable[[str], bool], lifespan: Lifespan[FastAPI] | Non
         watch_capacity(app, telemetry)
     app.include_router(router, dependencies=[Depends(require_token)])
     app.include_router(process_router, dependencies=[Depends(require_token)])
+    app.include_router(volume_router, dependencies=[Depends(require_token)])
     app.add_middleware(FastLane, routes=metrics.tag_fast_routes(telemetry, fast_routes(authorized)))
     app.add_middleware(  # outside the fast lane, which reads bodies too
         BodyLimit,

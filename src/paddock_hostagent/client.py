@@ -89,6 +89,12 @@ from paddock_hostagent.schemas import (
     SnapshotDeleted,
     SnapshotView,
     StatusResult,
+    VolumeCreateBody,
+    VolumeDeleted,
+    VolumeMountBody,
+    VolumeMountView,
+    VolumeResizeBody,
+    VolumeView,
 )
 
 Answer = TypeVar("Answer")
@@ -521,6 +527,52 @@ class HostAgentClient:
             self._sb(sandbox_id, "disks"),
             DetachResult.model_validate_json,
             params={"mount_path": mount_path},
+            timeout=httpx.Timeout(60.0, connect=5.0),
+        )
+
+    # -- local volumes (issue #34) --------------------------------------------------------------
+
+    async def create_volume(self, body: VolumeCreateBody) -> VolumeView:
+        """Makes the volume's file and filesystem (mkfs: a longer timeout than a call's default)."""
+        return await self._call(
+            "POST",
+            "volumes",
+            VolumeView.model_validate_json,
+            body=body,
+            timeout=httpx.Timeout(60.0, connect=5.0),
+        )
+
+    async def resize_volume(self, volume_id: str, size_mib: int) -> VolumeView:
+        return await self._call(
+            "PATCH",
+            "volumes/" + quote(volume_id, safe=""),
+            VolumeView.model_validate_json,
+            body=VolumeResizeBody(size_mib=size_mib),
+            timeout=httpx.Timeout(60.0, connect=5.0),
+        )
+
+    async def delete_volume(self, volume_id: str) -> VolumeDeleted:
+        return await self._call(
+            "DELETE",
+            "volumes/" + quote(volume_id, safe=""),
+            VolumeDeleted.model_validate_json,
+            timeout=httpx.Timeout(60.0, connect=5.0),
+        )
+
+    async def attach_volume(self, sandbox_id: str, body: VolumeMountBody) -> VolumeMountView:
+        return await self._call(
+            "POST",
+            self._sb(sandbox_id, "volumes"),
+            VolumeMountView.model_validate_json,
+            body=body,
+            timeout=httpx.Timeout(60.0, connect=5.0),
+        )
+
+    async def detach_volume(self, sandbox_id: str, volume_id: str) -> DetachResult:
+        return await self._call(
+            "DELETE",
+            self._sb(sandbox_id, "volumes", quote(volume_id, safe="")),
+            DetachResult.model_validate_json,
             timeout=httpx.Timeout(60.0, connect=5.0),
         )
 

@@ -184,6 +184,57 @@ class SnapshotDeleted(BaseModel):
     deleted: bool
 
 
+#: ``vol_`` and a ULID (``paddock_core.ids.new_id``); the host builds its paths from it.
+VOLUME_ID_PATTERN = r"^vol_[A-Za-z0-9]{1,36}$"
+#: XFS refuses filesystems under 300 MiB; 16 TiB bounds what one call may ask the host for.
+MIN_VOLUME_MIB = 300
+MAX_VOLUME_MIB = 16 << 20
+
+
+class VolumeCreateBody(BaseModel):
+    volume_id: str = Field(pattern=VOLUME_ID_PATTERN)
+    size_mib: int = Field(ge=MIN_VOLUME_MIB, le=MAX_VOLUME_MIB)
+
+
+class VolumeResizeBody(BaseModel):
+    size_mib: int = Field(ge=MIN_VOLUME_MIB, le=MAX_VOLUME_MIB)
+
+
+class VolumeHolder(BaseModel):
+    sandbox_id: str
+    mount_path: str
+    read_only: bool
+
+
+class VolumeView(BaseModel):
+    """A volume on this host: its size, the host disk its sparse image occupies, who holds it."""
+
+    id: str
+    size_mib: int
+    used_bytes: int
+    holders: list[VolumeHolder] = Field(default_factory=list)
+
+
+class VolumeMountBody(BaseModel):
+    volume_id: str = Field(pattern=VOLUME_ID_PATTERN)
+    mount_path: str = Field(pattern=r"^/.", max_length=4096)
+    read_only: bool = False
+
+    # The control plane's rule again: a clean absolute path, not /, /proc, /dev or /sys.
+    _mount_path = field_validator("mount_path")(_s3(s3config.mount_path))
+
+
+class VolumeMountView(BaseModel):
+    volume_id: str
+    mount_path: str
+    read_only: bool
+
+
+class VolumeDeleted(BaseModel):
+    id: str
+    deleted: bool
+
+
 class EgressBody(BaseModel):
     egress: list[str] = Field(default_factory=list, max_length=1000)
 

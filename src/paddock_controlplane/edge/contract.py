@@ -43,6 +43,11 @@ from paddock_controlplane.records.schemas.sandboxes import (
 )
 from paddock_controlplane.records.schemas.snapshots import SnapshotCreateRequest
 from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
+from paddock_controlplane.records.schemas.volumes import (
+    VolumeAttachment,
+    VolumeCreateRequest,
+    VolumeResizeRequest,
+)
 from paddock_controlplane.sandboxes import sandbox_fs
 from paddock_core.openapi import JSEND_ERROR, JSEND_FAIL, JSEND_SUCCESS, Contract, JsonSchema, Operation
 
@@ -283,6 +288,19 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         statuses=(402, 403, *ON_A_SANDBOX), body=SnapshotCreateRequest
     ),
     ("DELETE", "/v1/snapshots/{ref}"): Operation(statuses=(409,)),
+    # Local volumes (docs/volumes.md): plan and credit on create, a duplicate name or a tier without them
+    # 409; resize grows only; delete while attached 409; a second writer, another host or tier 409.
+    ("POST", "/v1/volumes"): Operation(
+        statuses=(402, 403, 409, 503), body=VolumeCreateRequest, body_required=True
+    ),
+    ("PATCH", "/v1/volumes/{ref}"): Operation(
+        statuses=(403, 409, 503), body=VolumeResizeRequest, body_required=True
+    ),
+    ("DELETE", "/v1/volumes/{ref}"): Operation(statuses=(409, 503)),
+    ("POST", SANDBOX + "/volumes"): Operation(
+        statuses=ON_A_SANDBOX, body=VolumeAttachment, body_required=True
+    ),
+    ("DELETE", SANDBOX + "/volumes/{volume_id}"): Operation(statuses=ON_A_SANDBOX),
     # The audit trail (docs/audit.md): a page of events, or all of them as JSON lines.
     ("GET", SANDBOX + "/audit"): Operation(query=AUDIT_QUERY, media=("application/x-ndjson",)),
 }

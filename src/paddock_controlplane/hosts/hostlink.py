@@ -39,6 +39,10 @@ from paddock_hostagent.schemas import (
     ProcessView,
     SandboxLog,
     SnapshotView,
+    VolumeCreateBody,
+    VolumeMountBody,
+    VolumeMountView,
+    VolumeView,
 )
 
 
@@ -387,6 +391,28 @@ class HostLink(HostLinkAPI):
         """Removes the snapshot from this host; one that is not there is no error."""
         with _mapped():
             await self.client.delete_snapshot(snapshot_id)
+
+    async def create_volume(self, volume_id: str, size_mib: int) -> VolumeView:
+        """Makes the local volume ``volume_id`` (an XFS filesystem in a file) on this host."""
+        with _mapped():
+            return await self.client.create_volume(VolumeCreateBody(volume_id=volume_id, size_mib=size_mib))
+
+    async def resize_volume(self, volume_id: str, size_mib: int) -> VolumeView:
+        with _mapped():
+            return await self.client.resize_volume(volume_id, size_mib)
+
+    async def delete_volume(self, volume_id: str) -> None:
+        """Removes the volume from this host; one that is not there is no error."""
+        with _mapped():
+            await self.client.delete_volume(volume_id)
+
+    async def attach_volume(self, sandbox_id: str, body: VolumeMountBody) -> VolumeMountView:
+        with _mapped():
+            return await self.client.attach_volume(sandbox_id, body)
+
+    async def detach_volume(self, sandbox_id: str, volume_id: str) -> None:
+        with _mapped():
+            await self.client.detach_volume(sandbox_id, volume_id)
 
     async def attach_network(self, sandbox_id: str, *, network_id: str, ip: str, prefixlen: int) -> None:
         with _mapped():

@@ -40,3 +40,13 @@ SNAPSHOTS_CONCURRENT: dict[str, int] = {"free": 1, "beginner": 10, "pro": 50, "e
 
 def snapshots_concurrent(plan_id: str, templates_concurrent: int) -> int:
     return SNAPSHOTS_CONCURRENT.get(plan_id, templates_concurrent)
+
+
+#: Local volumes an account may keep at once, by plan (issue #34; kept here, as snapshots' cap is, until
+#: the plans table grows a column). A plan not listed keeps as many as it may keep S3 disks. Each
+#: volume's size is bounded by the plan's ``max_disk_mib``.
+VOLUMES_CONCURRENT: dict[str, int] = {"free": 1, "beginner": 5, "pro": 20, "enterprise": 30}
+
+
+def volumes_concurrent(plan_id: str, disks_concurrent: int) -> int:
+    return VOLUMES_CONCURRENT.get(plan_id, disks_concurrent)

@@ -27,7 +27,16 @@ from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
 from paddock_controlplane.records.snapshots import Snapshot
 from paddock_controlplane.records.states import ALL, FORKABLE, TERMINAL, SandboxStatus
 from paddock_controlplane.records.views import event_data
-from paddock_controlplane.resources import accounts, catalog, disks, networks, snapshots, templates, webhooks
+from paddock_controlplane.resources import (
+    accounts,
+    catalog,
+    disks,
+    networks,
+    snapshots,
+    templates,
+    volumes,
+    webhooks,
+)
 from paddock_controlplane.sandboxes import destruction, envs, names, suspension
 from paddock_controlplane.sandboxes.transition import locked_row, settle
 from paddock_core import errors
@@ -228,6 +237,10 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         account = await accounts.lock_user(session, user_id)
         joined = await networks.resolve_refs(session, user_id, req.networks)
         attached = await disks.resolve_attachments(session, user_id, req.disks)
+        # Local volumes (issue #34): each ready and free for the mode asked, all on one host.
+        mounted = await volumes.resolve_for_create(
+            session, user_id, req.volumes, [item.mount_path for item in req.disks or []]
+        )
         plan = await accounts.cached_plan(session, account.plan_id)
         snapshot = await _snapshot_of(session, user_id, spec)  # may raise ``disk_mib`` to its disk's
         accounts.check_plan_limits(
@@ -257,6 +270,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
                     f"snapshot {snapshot.id} is kept on host {snapshot.host_id}, not on {host_id}"
                 )
             host_id = snapshot.host_id
+        host_id = volumes.host_of(mounted, host_id)  # a sandbox using a volume runs on its host
         placement = Placement(
             mem_mib=spec.shape.mem_mib,
             rootfs=image,
@@ -300,6 +314,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         for network in joined:
             await networks.join(session, network, sandbox.id)
         session.add_all(disks.attach_rows(sandbox.id, attached, services.clock()))
+        session.add_all(volumes.attach_rows(sandbox.id, mounted, services.clock()))
     refused: dict[str, str] = {}
     unsupported: set[str] = set()  # hosts whose tier cannot do what the create asked
     while True:  # ends: every refusal excludes one more host
@@ -323,7 +338,22 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         # has none (a disk is attached later only to a running sandbox): no read to find out.
         if attached:
             await disks.mount_all(services, booted)
+        if mounted:
+            await _mount_volumes(services, user_id, booted)
         return booted
+
+
+async def _mount_volumes(services: Services, user_id: str, booted: Sandbox) -> None:
+    """The create's volumes, mounted before the answer. Unlike an S3 disk's, a failed mount fails the
+    create (the sandbox is destroyed): what it wrote at the path would land on its own disk and be lost."""
+    if booted.status in TERMINAL or booted.status == SandboxStatus.DESTROYING:
+        return
+    try:
+        await volumes.mount_all(services, booted)
+    except Exception:
+        log.warning("sandbox_volume_mount_failed", sandbox_id=booted.id)
+        await destruction.destroy(services, user_id, booted.id, reason="volume_mount_failed")
+        raise
 
 
 async def _pick(
@@ -368,6 +398,7 @@ async def _place_elsewhere(
         # Also when destroyed meanwhile (``destroying``): it never existed, so no destroy is owed either.
         await networks.drop_memberships(session, sandbox.id)
         await disks.drop_attachments(session, sandbox.id)
+        await volumes.drop_attachments(session, sandbox.id)
         if row is not None:
             await session.delete(row)
     reasons = "; ".join(f"host {host_id}: {reason}" for host_id, reason in refused.items())

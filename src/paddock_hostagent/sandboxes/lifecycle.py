@@ -37,6 +37,7 @@ from paddock_hostagent.sandboxes.disks import BootDisks, Disks
 from paddock_hostagent.sandboxes.networks import Networks
 from paddock_hostagent.sandboxes.registry import Entry, Registry, pause_satisfies_self_request
 from paddock_hostagent.sandboxes.traffic import Traffic
+from paddock_hostagent.sandboxes.volumes import Volumes
 from paddock_hostagent.schemas import CreateSandboxBody, CreateSandboxResult, ForkBody, NetworkAttachBody
 
 log = get_logger(__name__)
@@ -72,8 +73,11 @@ class Lifecycle:
         networks: Networks,
         disks: Disks,
         retired: Mapping[str, SandboxRuntime] | None = None,
+        *,
+        volumes: Volumes | None = None,
     ) -> None:
         self.registry = registry
+        self.volumes = volumes
         self.traffic = traffic
         self.networks = networks
         self.disks = disks
@@ -299,6 +303,8 @@ class Lifecycle:
                 await registry.runtime.destroy(entry.record)
             await self.traffic.release(sandbox_id, registry.runtime, entry.record)
             await self.disks.release(sandbox_id, entry.record)
+            if self.volumes is not None:  # after the sandbox: its copies of the mounts went with it
+                await self.volumes.release(sandbox_id)
             self.traffic.usage.pop(sandbox_id, None)
             registry.records.delete(sandbox_id)
             del registry.entries[sandbox_id]
@@ -325,6 +331,8 @@ class Lifecycle:
                 await driver.destroy(record)
             await self.traffic.release(sandbox_id, driver, record)
             await self.disks.release(sandbox_id, record)
+            if self.volumes is not None:
+                await self.volumes.release(sandbox_id)
             registry.records.delete(sandbox_id)
             del registry.stopped[sandbox_id]
         log.info("sandbox_destroyed", sandbox_id=sandbox_id, driver=record.driver)

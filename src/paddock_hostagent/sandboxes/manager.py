@@ -23,6 +23,7 @@ from paddock_hostagent.capacity import DiskView, MemoryView
 from paddock_hostagent.drivers.base import RuntimeState, SandboxRuntime, SnapshotInfo
 from paddock_hostagent.drivers.net.bridges import BridgeNetworks
 from paddock_hostagent.drivers.storage.s3mounts import S3Mounter
+from paddock_hostagent.drivers.storage.volumes import VolumeStore
 from paddock_hostagent.egress import EgressService
 from paddock_hostagent.execution import ExecStream
 from paddock_hostagent.guest import GuestError
@@ -35,6 +36,7 @@ from paddock_hostagent.sandboxes.lifecycle import Lifecycle
 from paddock_hostagent.sandboxes.networks import Networks
 from paddock_hostagent.sandboxes.registry import Entry, Registry, pause_satisfies_self_request
 from paddock_hostagent.sandboxes.traffic import Traffic
+from paddock_hostagent.sandboxes.volumes import Volumes
 from paddock_hostagent.schemas import (
     BandwidthResult,
     CreateSandboxBody,
@@ -79,7 +81,11 @@ class SandboxManager:
         self.networks = Networks(self.registry, bridges, self.traffic)
         self.disks = Disks(self.registry, disks)
         self.commands = Commands(self.registry)
-        self.lifecycle = Lifecycle(self.registry, self.traffic, self.networks, self.disks, retired)
+        #: Local persistent volumes (issue #34), beside the disk store: ``<state>/volumes``.
+        self.volumes = Volumes(self.registry, VolumeStore(settings.state_dir / "volumes"))
+        self.lifecycle = Lifecycle(
+            self.registry, self.traffic, self.networks, self.disks, retired, volumes=self.volumes
+        )
         self.heartbeat = Heartbeat(self.registry, self.traffic, self.disks)
         self._watcher: asyncio.Task[None] | None = None
 
@@ -141,6 +147,8 @@ class SandboxManager:
         await self.networks.prune(records + [entry.record for entry, _ in registry.stopped.values()])
         await self.traffic.start(records)
         await self.disks.prune({record.id for record in records} | set(registry.stopped))
+        # Volumes held by sandboxes that did not survive (stopped, or gone with a reboot) are released.
+        await self.volumes.start({record.id for record in records if not registry.entries[record.id].stopped})
         await registry.drop_deleted_images()  # those whose last sandbox went while the agent was down
         self._watcher = asyncio.create_task(self.heartbeat.watch_guests(), name="guest-watcher")
         registry.diskwatch.start()

@@ -8,6 +8,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 from paddock_controlplane.records.schemas.base import MAX_RECHARGE_BYTES, Body, Int32, Int64
 from paddock_controlplane.records.schemas.disks import DiskAttachment
 from paddock_controlplane.records.schemas.networks import NetworkRef
+from paddock_controlplane.records.schemas.volumes import MAX_VOLUMES_PER_SANDBOX, VolumeAttachment
 
 
 class CreateSandboxRequest(Body):
@@ -30,6 +31,8 @@ class CreateSandboxRequest(Body):
     timeout_s: Int32 | None = None
     on_timeout: StrictStr | None = None
     metadata: dict[str, StrictStr] | None = None
+    #: Local volumes to mount once it runs (issue #34): it is placed on their host.
+    volumes: list[VolumeAttachment] | None = Field(default=None, max_length=MAX_VOLUMES_PER_SANDBOX)
 
 
 class ForkSandboxRequest(Body):

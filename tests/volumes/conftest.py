@@ -1,0 +1,46 @@
+"""Volume fixtures: a control plane and one crun host agent for the live tests, torn down afterwards
+(the volumes a test made are deleted through the API, and any left by a failing test through the
+agent's own API, before the agent's teardown checks that nothing is left on the machine)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.hostagent.conftest import TOKEN, debian_image, guest_binary_dir, pytest_collection_modifyitems
+from tests.live import LivePlatform, start_platform
+
+__all__ = ["debian_image", "guest_binary_dir", "pytest_collection_modifyitems"]
+
+
+def runtime_for_tests() -> str:
+    return "crun" if shutil.which("crun") else "runc"
+
+
+def remove_volumes_on_hosts(platform: LivePlatform) -> None:
+    """Whatever volumes a failed test left: removed by their agent (unmounted, loop freed)."""
+    for agent in platform.agents:
+        directory = agent.state_dir / "volumes"
+        for volume in sorted(directory.glob("vol_*")) if directory.is_dir() else []:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.delete(
+                    f"{agent.url}/internal/v1/volumes/{volume.name}",
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                    timeout=60,
+                )
+
+
+@pytest.fixture(scope="module")
+def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+    live = start_platform(guest_binary_dir, agent_options={"runtime": runtime_for_tests()})
+    try:
+        yield live
+    finally:
+        with contextlib.suppress(Exception):
+            remove_volumes_on_hosts(live)
+        live.stop()
