@@ -8,7 +8,14 @@ from typing import Any
 import httpx
 
 from paddock import _base, _blocking, _wire
-from paddock._async_resources import AsyncDisks, AsyncNetworks, AsyncSnapshots, AsyncTemplates, AsyncWebhooks
+from paddock._async_resources import (
+    AsyncDisks,
+    AsyncNetworks,
+    AsyncSnapshots,
+    AsyncTemplates,
+    AsyncVolumes,
+    AsyncWebhooks,
+)
 from paddock._async_sandbox import AsyncSandbox, AsyncSandboxes
 from paddock._errors import ConflictError, TransportError
 from paddock._models import HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
@@ -30,6 +37,7 @@ class AsyncClient:
       :class:`AsyncSandbox` handles they return run commands, move files, pause, fork and destroy.
     - ``templates`` (:class:`AsyncTemplates`): Dockerfiles built into images that sandboxes boot.
     - ``snapshots`` (:class:`AsyncSnapshots`): copies of a sandbox's disk that boot new sandboxes.
+    - ``volumes`` (:class:`AsyncVolumes`): local persistent volumes that outlive their sandboxes.
     - ``disks`` (:class:`AsyncDisks`): S3 buckets registered once, mounted into sandboxes.
     - ``networks`` (:class:`AsyncNetworks`): private overlay networks between sandboxes.
     - ``webhooks`` (:class:`AsyncWebhooks`): endpoints that receive signed events.
@@ -40,6 +48,7 @@ class AsyncClient:
     sandboxes: AsyncSandboxes
     templates: AsyncTemplates
     snapshots: AsyncSnapshots
+    volumes: AsyncVolumes
     disks: AsyncDisks
     networks: AsyncNetworks
     webhooks: AsyncWebhooks
@@ -78,6 +87,7 @@ class AsyncClient:
         self.disks = AsyncDisks(self)
         self.templates = AsyncTemplates(self)
         self.snapshots = AsyncSnapshots(self)
+        self.volumes = AsyncVolumes(self)
 
     async def request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         """One API call under the retry policy (``retry=False`` for one-shot bodies); returns JSend ``data``."""

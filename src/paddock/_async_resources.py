@@ -1,5 +1,5 @@
-"""Webhook endpoints (§11.14), networks (§11.12), disks (§11.10, §11.11), templates (§11.13) and
-snapshots (docs/snapshots.md)."""
+"""Webhook endpoints (§11.14), networks (§11.12), disks (§11.10, §11.11), templates (§11.13),
+snapshots (docs/snapshots.md) and volumes (docs/volumes.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from paddock import _base, _blocking
 from paddock._errors import WaitTimeoutError
-from paddock._models import BuildLogFrame, Disk, Network, SandboxDisk, Snapshot, Template, WebhookEndpoint
+from paddock._models import (
+    BuildLogFrame,
+    Disk,
+    Network,
+    SandboxDisk,
+    Snapshot,
+    Template,
+    Volume,
+    WebhookEndpoint,
+)
 
 if TYPE_CHECKING:
     from paddock._async_client import AsyncClient
@@ -199,6 +208,38 @@ class AsyncSnapshots:
     async def delete(self, snapshot: str) -> None:
         """Delete; sandboxes booted from it keep running with their disks."""
         await self._client.request("DELETE", _base.path("snapshots", snapshot))
+
+
+class AsyncVolumes:
+    """``client.volumes``: local persistent volumes (docs/volumes.md), XFS filesystems kept on the host
+    that made them, which outlive every sandbox they are mounted into (container tier: crun, runc).
+    Mount one with ``sandboxes.create(..., volumes=[{"volume_id", "mount_path", "read_only"?}])`` or
+    ``sandbox.attach_volume(...)``; one sandbox writes at a time, any number read."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(self, name: str, size_mib: int, *, host_id: str | None = None) -> Volume:
+        """Make a volume of ``size_mib`` (at least 512; at most the plan's disk size)."""
+        body = _base.drop_none({"name": name, "size_mib": size_mib, "host_id": host_id})
+        return Volume.from_api(await self._client.request("POST", "v1/volumes", json=body))
+
+    async def list(self) -> list[Volume]:
+        return [Volume.from_api(v) async for v in self._client.paginate("v1/volumes")]
+
+    async def get(self, volume: str) -> Volume:
+        """By ``vol_<ulid>`` id or by name."""
+        return Volume.from_api(await self._client.request("GET", _base.path("volumes", volume)))
+
+    async def resize(self, volume: str, size_mib: int) -> Volume:
+        """Grow the volume to ``size_mib`` (larger only; online while a sandbox holds it)."""
+        return Volume.from_api(
+            await self._client.request("PATCH", _base.path("volumes", volume), json={"size_mib": size_mib})
+        )
+
+    async def delete(self, volume: str) -> None:
+        """Delete it and its data; a volume a sandbox holds is a ``ConflictError``."""
+        await self._client.request("DELETE", _base.path("volumes", volume))
 
 
 class AsyncTemplates:

@@ -12,7 +12,14 @@ import httpx
 from paddock import _base, _blocking, _wire
 from paddock._errors import ConflictError, TransportError
 from paddock._models import HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
-from paddock._resources import Disks, Networks, Snapshots, Templates, Webhooks
+from paddock._resources import (
+    Disks,
+    Networks,
+    Snapshots,
+    Templates,
+    Volumes,
+    Webhooks,
+)
 from paddock._sandbox import Sandbox, Sandboxes
 
 
@@ -32,6 +39,7 @@ class Client:
       :class:`Sandbox` handles they return run commands, move files, pause, fork and destroy.
     - ``templates`` (:class:`Templates`): Dockerfiles built into images that sandboxes boot.
     - ``snapshots`` (:class:`Snapshots`): copies of a sandbox's disk that boot new sandboxes.
+    - ``volumes`` (:class:`Volumes`): local persistent volumes that outlive their sandboxes.
     - ``disks`` (:class:`Disks`): S3 buckets registered once, mounted into sandboxes.
     - ``networks`` (:class:`Networks`): private overlay networks between sandboxes.
     - ``webhooks`` (:class:`Webhooks`): endpoints that receive signed events.
@@ -42,6 +50,7 @@ class Client:
     sandboxes: Sandboxes
     templates: Templates
     snapshots: Snapshots
+    volumes: Volumes
     disks: Disks
     networks: Networks
     webhooks: Webhooks
@@ -80,6 +89,7 @@ class Client:
         self.disks = Disks(self)
         self.templates = Templates(self)
         self.snapshots = Snapshots(self)
+        self.volumes = Volumes(self)
 
     def request(self, method: str, path: str, *, retry: bool = True, **kwargs: Any) -> Any:
         """One API call under the retry policy (``retry=False`` for one-shot bodies); returns JSend ``data``."""

@@ -343,6 +343,45 @@ class Snapshot:
 
 
 @dataclass
+class VolumeAttachment:
+    """A sandbox holding a volume: where it is mounted there, and whether read-only."""
+
+    sandbox_id: str
+    mount_path: str
+    read_only: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> VolumeAttachment:
+        return _build(cls, data)
+
+
+@dataclass
+class Volume:
+    """A local persistent volume (issue #34, docs/volumes.md): an XFS filesystem kept on the host that
+    made it (``host_id``), which outlives every sandbox it is mounted into. ``status`` is ``creating``,
+    ``ready`` or ``deleting``; ``attachments`` the sandboxes holding it now (one read-write, or any
+    number read-only)."""
+
+    id: str
+    name: str
+    status: str
+    size_mib: int = 0
+    host_id: str | None = None
+    created_at: str | None = None
+    attachments: list[VolumeAttachment] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Volume:
+        volume = _build(cls, data)
+        volume.attachments = [
+            VolumeAttachment.from_api(a) if isinstance(a, dict) else a for a in volume.attachments
+        ]
+        return volume
+
+
+@dataclass
 class BuildLogFrame:
     """One build log frame (§10.12): a ``line`` of an ``attempt``, or the terminal frame (``final``
     with ``status``)."""

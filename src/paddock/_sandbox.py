@@ -64,6 +64,7 @@ class Sandboxes:
         timeout_s: int | None = None,
         on_timeout: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        volumes: Iterable[Mapping[str, Any]] | None = None,
         wait_timeout_s: float = 120.0,
     ) -> Sandbox:
         """Create a sandbox; returns once it is ``running`` (``paused`` with ``start_paused=True``).
@@ -78,7 +79,9 @@ class Sandboxes:
         allowlist (empty: all). ``envs``: set in every command. ``node_selector``: host labels to match.
         ``disks``: ``[{"disk_id", "mount_path", "sub_path"?}]`` mounted at boot. ``timeout_s``: the
         lifetime, after which it is destroyed (or paused: ``on_timeout="pause"``). ``metadata``: labels
-        that ``list(metadata=...)`` filters on. A misspelled keyword is a ``TypeError``.
+        that ``list(metadata=...)`` filters on. ``volumes``: ``[{"volume_id", "mount_path",
+        "read_only"?}]``, local volumes mounted before it answers; it runs on their host (docs/volumes.md).
+        A misspelled keyword is a ``TypeError``.
         """
         body = _base.drop_none(
             {
@@ -100,6 +103,7 @@ class Sandboxes:
                 "timeout_s": timeout_s,
                 "on_timeout": on_timeout,
                 "metadata": None if metadata is None else dict(metadata),
+                "volumes": None if volumes is None else [dict(v) for v in volumes],
             }
         )
         data = self._client.request("POST", "v1/sandboxes", json=body)
@@ -585,6 +589,16 @@ class Sandbox:
         ``client.sandboxes.create(rootfs=snapshot.id)`` (or its ``name``) boots new sandboxes from it."""
         body = _base.drop_none({"name": name})
         return Snapshot.from_api(self._client.request("POST", self._path("snapshots"), json=body))
+
+    def attach_volume(self, volume: str, mount_path: str, *, read_only: bool = False) -> dict[str, Any]:
+        """Mount a local volume (id or name; kept on this sandbox's host) at ``mount_path``; returns
+        once it is mounted. A volume another sandbox writes to is a ``ConflictError`` naming it."""
+        body = {"volume_id": volume, "mount_path": mount_path, "read_only": read_only}
+        return dict(self._client.request("POST", self._path("volumes"), json=body))
+
+    def detach_volume(self, volume: str) -> None:
+        """Unmount the volume (id or name) from this sandbox; its data stays in the volume."""
+        self._client.request("DELETE", self._path("volumes", volume))
 
     def fork(
         self,

@@ -39,6 +39,10 @@ LAZY_GROUPS: dict[str, Lazy] = {
     "webhook": Lazy("paddock_cli.webhook:app", "Webhook endpoints: register, list, inspect, pause, delete."),
     "disk": Lazy("paddock_cli.disk:app", "S3 disks: register, list, mount into sandboxes, detach, delete."),
     "template": Lazy("paddock_cli.template:app", "Templates: build a Dockerfile into a bootable image."),
+    "volume": Lazy(
+        "paddock_cli.volume:app",
+        "Local persistent volumes that outlive sandboxes: create, list, inspect, resize, delete.",
+    ),
     "deploy": Lazy(
         "paddock_cli.deploy:app",
         "Deploy a directory through the payment gateway (deploy DIR), or list, show and delete the "

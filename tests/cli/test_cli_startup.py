@@ -34,6 +34,7 @@ LISTED_BEFORE = [
     "webhook",
     "disk",
     "template",
+    "volume",  # added with it
     "deploy",
     "admin",
 ]
