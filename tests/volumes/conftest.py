@@ -1,6 +1,7 @@
-"""Volume fixtures: a control plane and one crun host agent for the live tests, torn down afterwards
-(the volumes a test made are deleted through the API, and any left by a failing test through the
-agent's own API, before the agent's teardown checks that nothing is left on the machine)."""
+"""Volume fixtures: a control plane and one host agent for the live tests, on each container-tier
+runtime this machine has (crun, runc; the test id names it), torn down afterwards (the volumes a test
+made are deleted through the API, and any left by a failing test through the agent's own API, before
+the agent's teardown checks that nothing is left on the machine)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,8 +20,15 @@ from tests.live import LivePlatform, start_platform
 __all__ = ["debian_image", "guest_binary_dir", "pytest_collection_modifyitems"]
 
 
-def runtime_for_tests() -> str:
-    return "crun" if shutil.which("crun") else "runc"
+#: The container tier's runtimes, which keep volumes (gVisor and the VM tier refuse them).
+CONTAINER_RUNTIMES = ("crun", "runc")
+
+
+def runtime_params() -> list[Any]:
+    return [
+        pytest.param(name, id=name, marks=pytest.mark.skipif(shutil.which(name) is None, reason=f"no {name}"))
+        for name in CONTAINER_RUNTIMES
+    ]
 
 
 def remove_volumes_on_hosts(platform: LivePlatform) -> None:
@@ -35,12 +44,20 @@ def remove_volumes_on_hosts(platform: LivePlatform) -> None:
                 )
 
 
-@pytest.fixture(scope="module")
-def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
-    live = start_platform(guest_binary_dir, agent_options={"runtime": runtime_for_tests()})
+@contextlib.contextmanager
+def platform_on(runtime: str, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+    live = start_platform(guest_binary_dir, agent_options={"runtime": runtime})
     try:
         yield live
     finally:
         with contextlib.suppress(Exception):
             remove_volumes_on_hosts(live)
         live.stop()
+
+
+@pytest.fixture(scope="module", params=runtime_params())
+def platform(
+    request: pytest.FixtureRequest, debian_image: Path, guest_binary_dir: Path
+) -> Iterator[LivePlatform]:
+    with platform_on(str(request.param), guest_binary_dir) as live:
+        yield live

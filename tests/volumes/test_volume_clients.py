@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +15,16 @@ import paddock
 from paddock._models import Volume
 from tests.cli.test_sandbox_cli import Cli
 from tests.live import LivePlatform
+from tests.volumes.conftest import platform_on
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+    """The clients need one runtime, not each (the live tests cover crun and runc)."""
+    with platform_on("crun" if shutil.which("crun") else "runc", guest_binary_dir) as live:
+        yield live
 
 
 def test_the_sync_sdk_creates_mounts_reads_resizes_and_deletes_a_volume(platform: LivePlatform) -> None:
