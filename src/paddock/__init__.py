@@ -81,14 +81,25 @@ from paddock._sandbox import Files, Sandbox, Sandboxes
 
 if TYPE_CHECKING:
     from paddock.gateway import Deployment, GatewayClient
+    from paddock.wallet_sandbox import WalletSandbox
+    from paddock.x402 import OfferNotFoundError
 
 
 def __getattr__(name: str) -> Any:
-    """``GatewayClient`` needs the ``wallet`` extra (eth-account, web3): imported on first use only."""
+    """``GatewayClient`` needs the ``wallet`` extra (eth-account, web3): imported on first use only, as
+    are the gateway's payment types."""
     if name in ("GatewayClient", "Deployment"):
         from paddock import gateway
 
         return getattr(gateway, name)
+    if name == "WalletSandbox":
+        from paddock.wallet_sandbox import WalletSandbox
+
+        return WalletSandbox
+    if name == "OfferNotFoundError":
+        from paddock.x402 import OfferNotFoundError
+
+        return OfferNotFoundError
     raise AttributeError(f"module 'paddock' has no attribute {name!r}")
 
 
@@ -133,6 +144,7 @@ __all__ = [
     "Network",
     "NetworkMember",
     "NotFoundError",
+    "OfferNotFoundError",
     "PaddockError",
     "PaddockWarning",
     "PayloadTooLargeError",
@@ -166,6 +178,7 @@ __all__ = [
     "ValidationError",
     "WaitTimeoutError",
     "WalletBalance",
+    "WalletSandbox",
     "WebhookDelivery",
     "WebhookEndpoint",
     "WebhookVerificationError",

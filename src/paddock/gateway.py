@@ -1,6 +1,7 @@
 """``GatewayClient``: deploy a project through the pay-per-deploy gateway (``/agent/…``), paying with an
 ERC-20 transfer or, with ``pay_with="x402"``, an x402 v2 signature that the gateway settles (no gas,
-no RPC, no transaction of the wallet's own). Needs the ``wallet`` extra (``pip install
+no RPC, no transaction of the wallet's own but Permit2's one ``approve`` per token), and rent sandboxes
+paid by the wallet alone. Needs the ``wallet`` extra (``pip install
 paddock[wallet]``: eth-account, web3).
 
     from paddock import GatewayClient
@@ -15,11 +16,13 @@ polls until ``ready`` or ``failed``. It never pays twice: the signed transfer is
 broadcast (:mod:`paddock._payments`) and every later attempt — after a 500, a lost answer, a crash —
 resubmits that hash; 409 and ``deploy_failed_after_topup`` go on with the credits already bought.
 
-With x402 the wallet signs one EIP-3009 ``TransferWithAuthorization`` for the offer in the quote's
-``PAYMENT-REQUIRED`` header and every retry within the call sends that same authorization: the
-gateway settles an authorization once at most (409 afterwards), so a lost answer never pays twice.
-Nothing needs to survive a crash: an unsettled authorization moves nothing and expires, and a
-settled one left credits on the gateway that the next deploy uses.
+With x402 the wallet signs the offer of the quote's ``PAYMENT-REQUIRED`` header that matches the caller's
+preference (:mod:`paddock.x402`: USDC or USDT, ``exact`` or ``upto``, by EIP-3009 or Permit2) and every
+retry within the call sends that same signature: the gateway settles an authorization once at most (409
+afterwards), so a lost answer never pays twice. Nothing needs to survive a crash: an unsettled
+authorization moves nothing and expires, and a settled one left credits on the gateway that the next
+deploy uses. ``create_wallet_sandbox`` pays ``POST /agent/sandboxes`` the same way and returns a
+``WalletSandbox`` whose access token drives the sandbox through the control plane.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import base64
 import json
 import os
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from paddock import _base, eip3009
+from paddock import _base, permit2, x402
 from paddock._errors import (
     APIError,
     DeploymentFailedError,
@@ -55,6 +59,7 @@ from paddock._models import (
     WalletBalance,
 )
 from paddock._payments import Payment, PaymentLedger
+from paddock.wallet_sandbox import WalletSandbox
 
 try:
     from eth_account import Account
@@ -73,6 +78,13 @@ PAYMENT_REQUIRED = "PAYMENT-REQUIRED"
 PAYMENT_SIGNATURE = "PAYMENT-SIGNATURE"
 PAYMENT_RESPONSE = "PAYMENT-RESPONSE"
 X402_INSUFFICIENT = "invalid_exact_evm_insufficient_balance"
+X402_ALLOWANCE = "permit2_allowance_required"
+WALLET_SANDBOXES = "/agent/sandboxes"
+ALLOWANCE_HINT = (
+    "the wallet's allowance to Permit2 (0x000000000022D473030F116dDEE9F6B43aC78BA3) is short: approve it "
+    "once for this token (GatewayClient.approve_permit2, or give rpc_urls for the chain and the client "
+    "approves when short)"
+)
 ERC20_ABI = [
     {
         "name": "transfer",
@@ -149,6 +161,7 @@ class GatewayClient:
         poll_interval_s: float = 5.0,
         max_submits: int = 6,
         transport: httpx.BaseTransport | None = None,
+        auto_approve_permit2: bool = True,
     ) -> None:
         key = private_key or os.environ.get(ENV_WALLET_KEY)
         if not key:
@@ -165,6 +178,7 @@ class GatewayClient:
         self.ledger = PaymentLedger(payments_file)
         self.poll_interval_s = poll_interval_s
         self.max_submits = max_submits
+        self.auto_approve_permit2 = auto_approve_permit2
         self._http = httpx.Client(
             base_url=url,
             timeout=timeout,
@@ -266,14 +280,22 @@ class GatewayClient:
         token: str = "usdc",
         use_existing_credits: bool = False,
         pay_with: str = "transfer",
+        scheme: str = "exact",
+        method: str | None = None,
         wait: bool = True,
         timeout_s: float = 600.0,
         on_progress: Progress | None = None,
     ) -> Deployment:
         """Deploy ``source`` (a directory, a ``.zip`` or ``{path: content}``), paying if quoted.
 
-        ``pay_with``: ``"transfer"`` sends an ERC-20 transfer (needs an RPC URL and gas);
-        ``"x402"`` signs an EIP-3009 authorization the gateway settles (USDC only).
+        ``pay_with``: ``"transfer"`` sends an ERC-20 transfer of ``token`` (needs an RPC URL and gas);
+        ``"x402"`` signs the 402's offer for ``token`` (``usdc``, ``usdt`` or an address) by ``scheme``
+        (``exact``: the quote now; ``upto``: the quote as a maximum, settled later for the runtime used)
+        and ``method`` (``eip3009`` or ``permit2``; default: EIP-3009 where the token has it), and the
+        gateway settles it. An offer the 402 does not make raises ``OfferNotFoundError`` (a
+        ``ValueError``) before anything is signed. Permit2 needs the wallet's ERC-20 allowance to the
+        Permit2 contract: given an RPC URL for ``chain``, a short allowance is approved first (one
+        transaction, gas of the wallet's own; ``auto_approve_permit2=False`` turns it off).
 
         Returns once the deployment is ``ready`` (``wait=False``: once accepted). Raises
         ``InsufficientFundsError`` before paying when the wallet is short, ``PaymentVerificationError``
@@ -282,6 +304,11 @@ class GatewayClient:
         """
         if pay_with not in ("transfer", "x402"):
             raise ValueError(f"pay_with must be 'transfer' or 'x402', not {pay_with!r}")
+        token = token.lower() if not token.startswith("0x") else token
+        if pay_with == "x402":
+            x402.check_preference(token, scheme, method)
+        elif scheme != "exact" or method is not None:
+            raise ValueError("scheme and method are x402's: pass pay_with='x402'")
         report = on_progress or (lambda stage, detail: None)
         upload = upload_of(source)
         body = _base.drop_none(
@@ -310,7 +337,7 @@ class GatewayClient:
                 amount_usd = quote.get("amount_usd")
                 report("quote", quote)
                 if pay_with == "x402":
-                    header = self._sign_x402(first, quote, chain, token, report)
+                    header = self._sign_x402(first, quote, chain, (token, scheme, method), report)
                     accepted, tx_hash = self._submit_x402(header, body, report)
                 else:
                     payment = self._pay(quote, chain, token, report)
@@ -507,74 +534,96 @@ class GatewayClient:
     # paying by signature (x402) ---------------------------------------------------------------------
 
     def _sign_x402(
-        self, quote_response: httpx.Response, quote: dict[str, Any], chain: str, token: str, report: Progress
+        self,
+        quote_response: httpx.Response,
+        quote: dict[str, Any],
+        chain: str,
+        preference: tuple[str, str, str | None],
+        report: Progress,
     ) -> str:
-        """A ``PAYMENT-SIGNATURE`` for the quote's ``exact`` offer on ``chain``: an EIP-3009
-        authorization of exactly the quoted amount to the quoted recipient, valid for the offer's
-        timeout. The offer must agree with the JSON quote, so a header cannot redirect the payment."""
-        if token != "usdc":
-            raise PaymentError("x402 payments are offered for USDC only; pay USDT with a transfer")
+        """A ``PAYMENT-SIGNATURE`` for the quote's offer on ``chain`` that matches ``preference`` (asset,
+        scheme, method; see :mod:`paddock.x402`), of exactly the quoted amount to this chain's recipient.
+        The offer must agree with the JSON quote and ``/agent/recipients``, so a header cannot redirect
+        the payment or change its amount. A Permit2 offer first makes sure of the allowance."""
         raw = quote_response.headers.get(PAYMENT_REQUIRED)
         if not raw:
             raise PaymentError("the gateway offers no x402 payment (no PAYMENT-REQUIRED header)")
-        try:
-            required = json.loads(base64.b64decode(raw, validate=True))
-            chain_ids = {c["chain"]: int(c["chain_id"]) for c in quote["supported_chains"]}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PaymentError(f"unreadable x402 offer: {exc}") from None
+        required = x402.decode_header(raw)
+        chain_ids = {c.chain: int(c.chain_id) for c in self._chains_of(quote)}
         if chain not in chain_ids:
             raise PaymentError(f"the gateway does not accept chain {chain!r}")
-        network = f"eip155:{chain_ids[chain]}"
-        offer = next(
-            (
-                item
-                for item in required.get("accepts", [])
-                if item.get("scheme") == "exact"
-                and item.get("network") == network
-                and (item.get("extra") or {}).get("assetTransferMethod", "eip3009") == "eip3009"
-            ),
-            None,
+        asset, scheme, method = preference
+        offer = x402.choose(
+            x402.parse_offers(required), asset=asset, scheme=scheme, method=method, chain_id=chain_ids[chain]
         )
-        if offer is None:
-            raise PaymentError(f"the gateway offers no x402 payment on {chain}")
-        if (
-            str(offer.get("amount")) != str(quote["amount_token"])
-            or str(offer.get("payTo", "")).lower() != str(quote["pay_to"]).lower()
+        recipient = next((r.address for r in self.recipients().recipients if r.chain == chain), None)
+        if str(offer.amount) != str(quote["amount_token"]) or (
+            recipient is None or offer.pay_to.lower() != recipient.lower()
         ):
             raise PaymentError("the x402 offer does not match the quote (amount or recipient); not signing")
-        nonce = os.urandom(32)
-        typed = eip3009.transfer_with_authorization(
-            name=offer["extra"]["name"],
-            version=offer["extra"]["version"],
-            chain_id=chain_ids[chain],
-            verifying_contract=offer["asset"],
-            sender=self.address,
-            to=offer["payTo"],
-            value=int(offer["amount"]),
-            valid_after=0,
-            valid_before=int(time.time()) + int(offer.get("maxTimeoutSeconds") or 300),
-            nonce=nonce,
-        )
-        message = typed["message"]
-        signature = bytes(self.account.sign_typed_data(full_message=typed).signature)
-        payload = {
-            "x402Version": 2,
-            "resource": required.get("resource"),
-            "accepted": offer,
-            "payload": {
-                "signature": "0x" + signature.hex(),
-                "authorization": {
-                    "from": self.address,
-                    "to": offer["payTo"],
-                    "value": str(message["value"]),
-                    "validAfter": "0",
-                    "validBefore": str(message["validBefore"]),
-                    "nonce": "0x" + nonce.hex(),
-                },
+        if offer.method == x402.PERMIT2:
+            self._ensure_permit2_allowance(chain, offer, report)
+        payload = x402.sign(self.account, offer, required.get("resource"))
+        report(
+            "payment",
+            {
+                "method": "x402",
+                "scheme": offer.scheme,
+                "transfer_method": offer.method,
+                "asset": offer.symbol,
+                "nonce": x402.nonce_of(payload),
+                "amount_token": str(offer.amount),
             },
+        )
+        return x402.encode_header(payload)
+
+    def _chains_of(self, quote: dict[str, Any]) -> list[Chain]:
+        listed = quote.get("supported_chains")
+        return [Chain.from_api(c) for c in listed] if listed else self.chains()
+
+    def permit2_allowance(self, chain: str, token_address: str) -> int:
+        """This wallet's ERC-20 allowance to Permit2 for ``token_address`` on ``chain`` (needs its RPC)."""
+        w3 = self._web3(chain)
+        data = permit2.allowance_calldata(self.address)
+        return int.from_bytes(bytes(w3.eth.call({"to": w3.to_checksum_address(token_address), "data": data})))
+
+    def approve_permit2(self, chain: str, token_address: str, amount: int = permit2.UINT256_MAX) -> str:
+        """Send ``approve(Permit2, amount)`` from this wallet (gas on ``chain``, its RPC URL) and wait for it:
+        what a wallet does once per token before paying by Permit2. Returns the transaction hash."""
+        w3 = self._web3(chain)
+        tx = {
+            "from": self.address,
+            "to": w3.to_checksum_address(token_address),
+            "data": permit2.approve_calldata(amount),
+            "nonce": w3.eth.get_transaction_count(self.address, "pending"),
+            "chainId": w3.eth.chain_id,
         }
-        report("payment", {"method": "x402", "nonce": "0x" + nonce.hex(), "amount_token": offer["amount"]})
-        return base64.b64encode(json.dumps(payload).encode()).decode()
+        tx["gas"] = int(w3.eth.estimate_gas(tx) * 12 // 10)
+        tx["gasPrice"] = int(w3.eth.gas_price)
+        if w3.eth.get_balance(self.address) < tx["gas"] * tx["gasPrice"]:
+            raise InsufficientFundsError(
+                f"{self.address} has too little native currency on {chain} to approve Permit2"
+            )
+        signed = self.account.sign_transaction(tx)
+        tx_hash = "0x" + bytes(w3.eth.send_raw_transaction(signed.raw_transaction)).hex()
+        receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=300)
+        if int(receipt["status"]) != 1:
+            raise PaymentError(f"approve(Permit2) {tx_hash} reverted", tx_hash=tx_hash)
+        return tx_hash
+
+    def _ensure_permit2_allowance(self, chain: str, offer: x402.Offer, report: Progress) -> None:
+        """With ``auto_approve_permit2`` and an RPC URL for ``chain``: approve Permit2 (unlimited, as x402 and
+        Permit2 expect; each payment is bounded by its own signature) when the allowance is short. Without
+        an RPC URL nothing is read or sent: a short allowance comes back as ``permit2_allowance_required``."""
+        if not self.auto_approve_permit2 or chain not in self.rpc_urls:
+            return
+        allowance = self.permit2_allowance(chain, offer.asset)
+        if allowance >= offer.amount:
+            return
+        if allowance and offer.symbol == "usdt":  # USDT refuses to change a non-zero allowance
+            self.approve_permit2(chain, offer.asset, 0)
+        tx_hash = self.approve_permit2(chain, offer.asset)
+        report("approval", {"tx_hash": tx_hash, "asset": offer.symbol, "spender": permit2.PERMIT2_ADDRESS})
 
     def _submit_x402(
         self, header: str, body: dict[str, Any], report: Progress
@@ -601,15 +650,7 @@ class GatewayClient:
                 return self._accepted_or_raise(
                     self._post_deploy(body, {"X-Use-Existing-Credits": "true"}), body
                 ), tx_hash
-            if resp.status_code == 402 and code == "payment_verification_failed":
-                reason = resp.json().get("reason")
-                if reason == X402_INSUFFICIENT:
-                    raise InsufficientFundsError(
-                        f"{self.address} holds less USDC than the quote; nothing was paid"
-                    )
-                raise PaymentVerificationError(
-                    f"the gateway refused the x402 authorization: {reason}", tx_hash=None, reason=reason
-                )
+            self._raise_refusal(resp)
             if code == "name_taken":
                 adopted = self._adopt(body["uniqueName"])
                 if adopted is not None:
@@ -620,6 +661,94 @@ class GatewayClient:
                 continue
             _base.raise_for_error(resp)
         raise PaymentError(f"the gateway did not settle the x402 authorization ({problem})")
+
+    # wallet sandboxes (POST /agent/sandboxes) -------------------------------------------------------
+
+    def create_wallet_sandbox(
+        self,
+        *,
+        seconds: int = 3600,
+        shape: str | None = None,
+        rootfs: str | None = None,
+        chain: str = "base",
+        token: str = "usdc",
+        scheme: str = "exact",
+        method: str | None = None,
+        on_progress: Progress | None = None,
+    ) -> WalletSandbox:
+        """Rent a sandbox with this wallet alone, paid by x402: ``exact`` buys ``seconds`` of running up
+        front; ``upto`` authorises ``seconds`` × the price as a maximum, settled for the seconds it really
+        ran (paused time is free). ``token``/``method`` as for ``deploy``. Returns the sandbox with its
+        access token; raises ``OfferNotFoundError`` (nothing signed) when the 402 has no such offer."""
+        token = token.lower() if not token.startswith("0x") else token
+        x402.check_preference(token, scheme, method)
+        report = on_progress or (lambda stage, detail: None)
+        body = _base.drop_none({"shape": shape, "rootfs": rootfs, "seconds": seconds})
+        first = self.send("POST", WALLET_SANDBOXES, signed=False, json=body)
+        if first.status_code != 402 or _code(first) != "payment_required":
+            _base.raise_for_error(first)
+            raise APIError(first.status_code, "the gateway created a sandbox without a payment")
+        quote = dict(first.json())
+        report("quote", quote)
+        header = self._sign_x402(first, quote, chain, (token, scheme, method), report)
+        problem = "no answer"
+        for attempt in range(self.max_submits):
+            if attempt:
+                time.sleep(min(30.0, 0.5 * 2**attempt))
+            try:
+                resp = self.send(
+                    "POST", WALLET_SANDBOXES, signed=False, json=body, headers={PAYMENT_SIGNATURE: header}
+                )
+            except TransportError as exc:
+                problem = f"no answer ({exc})"
+                continue
+            code = _code(resp)
+            if resp.status_code == 201:
+                sandbox = WalletSandbox.from_api(resp.json())
+                report("confirmation", {"tx_hash": sandbox.transaction, "method": "x402"})
+                return sandbox
+            if resp.status_code == 409 and attempt:
+                raise PaymentError(
+                    "an earlier attempt with this payment was taken but its answer was lost: the sandbox "
+                    "exists (wallet_sandboxes() lists it; delete it to stop paying) and its access token "
+                    "cannot be shown again"
+                )
+            self._raise_refusal(resp)
+            if code == "upstream_unavailable" or resp.status_code in (500, 503):
+                problem = f"{resp.status_code} {code}"
+                continue
+            _base.raise_for_error(resp)
+        raise PaymentError(f"the gateway did not answer the paid sandbox request ({problem})")
+
+    def wallet_sandboxes(self) -> list[dict[str, Any]]:
+        """This wallet's sandboxes not deleted: state, running/remaining seconds, price."""
+        return list(self._json(self.send("GET", WALLET_SANDBOXES))["sandboxes"])
+
+    def pause_wallet_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """Pause it: running time (and so billing) stops."""
+        return dict(self._json(self.send("POST", f"{WALLET_SANDBOXES}/{_segment(sandbox_id)}/pause")))
+
+    def resume_wallet_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        return dict(self._json(self.send("POST", f"{WALLET_SANDBOXES}/{_segment(sandbox_id)}/resume")))
+
+    def delete_wallet_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """Destroy it (and its token); an ``upto`` authorisation is then settled for its running seconds."""
+        return dict(self._json(self.send("DELETE", f"{WALLET_SANDBOXES}/{_segment(sandbox_id)}")))
+
+    def _raise_refusal(self, resp: httpx.Response) -> None:
+        """A 402 refusal of a signed payment, as ``PaymentError``s with x402's reason."""
+        if resp.status_code != 402 or _code(resp) != "payment_verification_failed":
+            return
+        reason = resp.json().get("reason")
+        if reason == X402_INSUFFICIENT:
+            raise InsufficientFundsError(
+                f"{self.address} holds less of the token than asked; nothing was paid"
+            )
+        if reason == X402_ALLOWANCE:
+            raise PaymentVerificationError(f"{ALLOWANCE_HINT}; nothing was paid", tx_hash=None, reason=reason)
+        raise PaymentVerificationError(
+            f"the gateway refused the x402 payment: {reason}", tx_hash=None, reason=reason
+        )
 
     # waiting -----------------------------------------------------------------------------------------
 
@@ -669,6 +798,13 @@ def _settlement(resp: httpx.Response) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _segment(value: str) -> str:
+    """One path segment: an id as given, never a way up or across the path."""
+    if value in ("", ".", ".."):
+        raise ValueError(f"not a sandbox id: {value!r}")
+    return urllib.parse.quote(value, safe="")
+
+
 def _code(resp: httpx.Response) -> str | None:
     try:
         body = resp.json()
@@ -677,4 +813,4 @@ def _code(resp: httpx.Response) -> str | None:
     return body.get("code") if isinstance(body, dict) else None
 
 
-__all__ = ["Deployment", "GatewayClient", "upload_of"]
+__all__ = ["Deployment", "GatewayClient", "WalletSandbox", "upload_of"]

@@ -3,8 +3,11 @@
 Progress (upload, quote, payment, confirmation, build) goes to stderr; the URL (or ``--json``) to
 stdout. The wallet key comes from ``PADDOCK_WALLET_KEY``, ``--key-file`` or a dev chain's
 ``devchain.json`` (its public demo wallet); the chain's JSON-RPC URL from ``--rpc-url``,
-``PADDOCK_RPC_URL_<CHAIN>`` or ``devchain.json``. ``--x402`` pays by signature instead: the wallet
-signs an EIP-3009 authorization and the gateway settles it, so no RPC URL and no gas are needed.
+``PADDOCK_RPC_URL_<CHAIN>`` or ``devchain.json``. ``--x402`` pays by signature instead and the gateway settles it, so no RPC URL and
+no gas are needed: ``--asset usdc|usdt`` (``--token``), ``--scheme exact|upto`` (``upto``: the quote as a
+maximum, settled later for the runtime used) and ``--method eip3009|permit2`` choose among the 402's
+offers; one it does not make is refused before anything is signed. Permit2 needs the wallet's allowance
+to the Permit2 contract: with an RPC URL for the chain a short one is approved first (one transaction).
 
 ``paddock deploy ls``, ``deploy status NAME [DEPLOYMENT_ID]`` and ``deploy rm NAME`` list, show and delete
 the wallet's projects (the gateway's ``GET /agent/projects``, ``GET /agent/deploy/{p}/{d}/status`` and
@@ -181,9 +184,17 @@ def deploy(
     run_command: str = typer.Option(None, "--run-command", help="How to start it (else inferred)."),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for the running app (repeat)."),
     chain: str = typer.Option("base", "--chain", help="base or arbitrum."),
-    token: str = typer.Option("usdc", "--token", help="usdc or usdt."),
+    token: str = typer.Option("usdc", "--asset", "--token", help="usdc or usdt (case-insensitive)."),
     x402: bool = typer.Option(
-        False, "--x402", help="Pay by x402 signature (USDC): the gateway settles it; no gas, no RPC URL."
+        False, "--x402", help="Pay by x402 signature: the gateway settles it; no gas, no RPC URL."
+    ),
+    scheme: str = typer.Option(
+        None,
+        "--scheme",
+        help="x402: exact (the quote, now) or upto (at most the quote, for the runtime used).",
+    ),
+    method: str = typer.Option(
+        None, "--method", help="x402: eip3009 or permit2 (default: eip3009 where the token has it)."
     ),
     use_existing_credits: bool = typer.Option(
         False, "--use-existing-credits", help="Deploy on credits shared with your active projects."
@@ -226,6 +237,9 @@ def deploy(
     if env:
         settings["runEnvs"] = key_values(env, "--env")
     unique_name = name or default_name(source)
+    token = token if token.startswith("0x") else token.lower()
+    if (scheme or method) and not x402:
+        raise fail("--scheme and --method choose an x402 offer: add --x402", ExitCode.USAGE)
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     seen: list[str] = []
@@ -240,10 +254,22 @@ def deploy(
                 f"[bold]quote[/]         {detail['amount_usd']} USD = {detail['amount_token']} raw {token} "
                 f"to {detail['pay_to']} on {chain}"
             )
+        elif stage == "approval":
+            console.print(
+                f"[bold]approval[/]      Permit2 approved for {detail['asset']} in {detail['tx_hash']}"
+            )
         elif stage == "payment" and detail.get("method") == "x402":
-            console.print(f"[bold]payment[/]       x402 authorization signed (nonce {detail['nonce']})")
+            console.print(
+                f"[bold]payment[/]       x402 authorization signed: {detail['scheme']} "
+                f"{str(detail['asset']).upper()} by {detail['transfer_method']} (nonce {detail['nonce']})"
+            )
         elif stage == "confirmation" and detail.get("method") == "x402":
-            console.print(f"[bold]confirmation[/]  the gateway settled it in {detail.get('tx_hash')}")
+            settled = detail.get("tx_hash")
+            console.print(
+                f"[bold]confirmation[/]  the gateway settled it in {settled}"
+                if settled
+                else "[bold]confirmation[/]  the gateway accepted the authorization (settled later)"
+            )
         elif stage == "payment":
             resumed = " (resubmitting an earlier payment)" if detail.get("resumed") else ""
             console.print(f"[bold]payment[/]       {detail['tx_hash']}{resumed}")
@@ -277,6 +303,8 @@ def deploy(
                     token=token,
                     use_existing_credits=use_existing_credits,
                     pay_with="x402" if x402 else "transfer",
+                    scheme=scheme or "exact",
+                    method=method,
                     timeout_s=timeout,
                     on_progress=progress,
                 )

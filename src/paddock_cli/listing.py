@@ -48,6 +48,10 @@ LAZY_GROUPS: dict[str, Lazy] = {
         "Deploy a directory through the payment gateway (deploy DIR), or list, show and delete the "
         "wallet's projects (deploy ls | status NAME | rm NAME).",
     ),
+    "wallet-sandbox": Lazy(
+        "paddock_cli.wallet_sandbox:app",
+        "Sandboxes rented by a wallet alone, paid by x402: create, list, pause, resume, delete.",
+    ),
     "admin": Lazy("paddock_cli.admin:app", "Accounts and API keys (talks to the database directly)."),
 }
 LAZY: dict[str, Lazy] = {**LAZY_FIRST, **LAZY_GROUPS}

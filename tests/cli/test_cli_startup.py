@@ -36,6 +36,7 @@ LISTED_BEFORE = [
     "template",
     "volume",  # added with it
     "deploy",
+    "wallet-sandbox",  # added with it
     "admin",
 ]
 

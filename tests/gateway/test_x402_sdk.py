@@ -117,20 +117,3 @@ async def test_a_wallet_without_usdc_pays_nothing(x402_gateway: Gateway, tmp_pat
             pay_with="x402",
         )
     assert (await x402_gateway.projects(broke))["count"] == 0
-
-
-async def test_usdt_is_not_offered_over_x402(
-    x402_gateway: Gateway, paying_wallet: Wallet, tmp_path: Path
-) -> None:
-    with (
-        client(x402_gateway, paying_wallet, tmp_path, Tap(lambda request, forward: forward())) as gateway,
-        pytest.raises(paddock.PaymentError, match="USDC only"),
-    ):
-        await asyncio.to_thread(
-            gateway.deploy,
-            site(tmp_path, "x"),
-            unique_name=unique_name(),
-            settings={"port": free_port()},
-            token="usdt",
-            pay_with="x402",
-        )
