@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def s3() -> Iterator[S3Server]:
     """An S3 server that accepts any key (the data path)."""
     server = S3Server.start()
@@ -47,7 +47,7 @@ def s3() -> Iterator[S3Server]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def s3_checked() -> Iterator[S3Server]:
     """An S3 server that checks signatures (wrong credentials are refused)."""
     server = S3Server.start(auth=True)

@@ -32,7 +32,7 @@ class E2bPlatform:
         return {"E2B_API_URL": self.api_url, "E2B_SANDBOX_URL": self.sandbox_url, "E2B_API_KEY": self.api_key}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def e2b_platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[E2bPlatform]:
     api_port, edge_port = free_port(), free_port()
     cp_env = {
@@ -52,7 +52,7 @@ def e2b_platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[E2bPlat
         platform.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def e2b_env(e2b_platform: E2bPlatform) -> Iterator[E2bPlatform]:
     """The three variables exported for the session (and nothing else of E2B's: no E2B_DOMAIN)."""
     saved = {key: os.environ.get(key) for key in (*e2b_platform.env, "E2B_DOMAIN", "E2B_DEBUG")}

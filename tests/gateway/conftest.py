@@ -154,7 +154,7 @@ def new_wallet() -> Wallet:
     return Wallet(Account.create())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def devchains(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Chain]]:
     state_dir = tmp_path_factory.mktemp("devchain")
     try:

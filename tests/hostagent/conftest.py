@@ -334,7 +334,7 @@ def _destroy_and_check(agent: AgentProcess) -> None:
     assert not remaining, f"host agent left these behind: {remaining}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def agent(debian_image: Path, guest_binary_dir: Path) -> Iterator[AgentProcess]:
     """One host agent (default runtime) shared by the tests that do not restart it."""
     process = AgentProcess(state_dir=Path(f"/tmp/pdkt-{secrets.token_hex(3)}"), guest_dir=guest_binary_dir)

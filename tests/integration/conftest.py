@@ -43,7 +43,7 @@ def tier_params() -> list[Any]:
     ]
 
 
-@pytest.fixture(scope="session", params=tier_params())
+@pytest.fixture(scope="package", params=tier_params())
 def platform(
     request: pytest.FixtureRequest, debian_image: Path, guest_binary_dir: Path
 ) -> Iterator[LivePlatform]:

@@ -23,13 +23,13 @@ __all__ = ["debian_image", "guest_binary_dir", "pytest_collection_modifyitems"]
 QUOTA_BYTES = 1_000_000
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def internet() -> Iterator[FakeInternet]:
     with FakeInternet() as fake:
         yield fake
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def net_platform(
     debian_image: Path, guest_binary_dir: Path, internet: FakeInternet
 ) -> Iterator[LivePlatform]:

@@ -34,7 +34,7 @@ LIVE_CP_ENV = {
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def live(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
     platform = start_platform(guest_binary_dir, cp_env=LIVE_CP_ENV)
     try:
@@ -59,7 +59,7 @@ VM_TIER = pytest.param(
 
 
 @pytest.fixture(
-    scope="session", params=[param for param in tier_params() if param.id in ("crun", "gvisor")] + [VM_TIER]
+    scope="package", params=[param for param in tier_params() if param.id in ("crun", "gvisor")] + [VM_TIER]
 )
 def tier_live(
     request: pytest.FixtureRequest, debian_image: Path, guest_binary_dir: Path
