@@ -50,6 +50,17 @@ class Volumes:
     def __init__(self, registry: Registry, store: VolumeStore) -> None:
         self.registry = registry
         self.store = store
+        #: Sandbox id -> the volumes it holds (from the records at start, kept with each change), so a
+        #: destroy reads no volume's record unless the sandbox held it.
+        self.held: dict[str, set[str]] = {}
+
+    def _note(self, meta: VolumeMeta) -> None:
+        for volumes in self.held.values():
+            volumes.discard(meta.id)
+        for holder in meta.holders:
+            self.held.setdefault(holder.sandbox_id, set()).add(meta.id)
+        for sandbox_id in [s for s, volumes in self.held.items() if not volumes]:
+            del self.held[sandbox_id]
 
     def _refuse_tier(self) -> None:
         refused = _REFUSED.get(self.registry.runtime_label)
@@ -146,6 +157,7 @@ class Volumes:
                 raise errors.BadPath(f"cannot mount at {body.mount_path} in the sandbox: {reason}")
             meta.holders.append(Holder(sandbox_id, body.mount_path, body.read_only))
             self.store.save(meta)
+            self._note(meta)
         log.info(
             "volume_attached",
             volume_id=meta.id,
@@ -179,19 +191,20 @@ class Volumes:
     async def _drop_holder(self, meta: VolumeMeta, sandbox_id: str) -> None:
         meta.holders = [h for h in meta.holders if h.sandbox_id != sandbox_id]
         self.store.save(meta)
+        self._note(meta)
         if not meta.holders:
             with driver_errors():
                 await self.store.unmount_on_host(meta.id)
 
     async def release(self, sandbox_id: str) -> None:
         """A destroyed sandbox's volumes (after the sandbox: its copies went with its namespace)."""
-        for meta in self.store.all():
-            if any(h.sandbox_id == sandbox_id for h in meta.holders):
-                async with self.store.lock(meta.id):
-                    try:
-                        await self._drop_holder(self.store.load(meta.id), sandbox_id)
-                    except (errors.HostAgentServerError, VolumeMissingError) as exc:
-                        log.warning("volume_release_failed", volume_id=meta.id, error=str(exc))
+        for volume_id in sorted(self.held.get(sandbox_id, ())):
+            async with self.store.lock(volume_id):
+                try:
+                    await self._drop_holder(self.store.load(volume_id), sandbox_id)
+                except (errors.HostAgentServerError, VolumeMissingError) as exc:
+                    log.warning("volume_release_failed", volume_id=volume_id, error=str(exc))
+        self.held.pop(sandbox_id, None)
 
     async def start(self, live: set[str]) -> None:
         """At the agent's start: half-made volumes go; holders whose sandbox is not ``live`` any more
@@ -203,6 +216,7 @@ class Volumes:
             if kept != meta.holders:
                 meta.holders = kept
                 self.store.save(meta)
+            self._note(meta)
             try:
                 if kept:
                     await self.store.mount_on_host(meta.id)
