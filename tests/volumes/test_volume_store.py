@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paddock_hostagent.drivers.base import DriverError
+from paddock_hostagent.drivers.base import CapacityError, DriverError
 from paddock_hostagent.drivers.storage import mounts
 from paddock_hostagent.drivers.storage.volmount import _unescape
 from paddock_hostagent.drivers.storage.volumes import (
@@ -107,3 +107,14 @@ def test_mountinfo_paths_are_unescaped() -> None:
     assert _unescape(r"/data\040dir/x") == "/data dir/x"
     assert _unescape(r"/a\134b") == "/a\\b"
     assert _unescape("/plain") == "/plain"
+
+
+async def test_a_volume_larger_than_the_free_disk_is_refused_and_leaves_nothing(store: VolumeStore) -> None:
+    free_mib = shutil.disk_usage(store.directory.parent).free >> 20
+    with pytest.raises(CapacityError, match="does not fit"):
+        await store.create(VOLUME, free_mib + 1024)
+    assert store.all() == [] and list(store.directory.iterdir()) == []
+    meta = await store.create(VOLUME, 512)
+    with pytest.raises(CapacityError, match="does not fit"):
+        await store.grow(meta, free_mib + 2048)
+    assert store.load(VOLUME).size_mib == 512 and store.image(VOLUME).stat().st_size == 512 << 20

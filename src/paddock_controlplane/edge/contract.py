@@ -291,10 +291,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     # Local volumes (docs/volumes.md): plan and credit on create, a duplicate name or a tier without them
     # 409; resize grows only; delete while attached 409; a second writer, another host or tier 409.
     ("POST", "/v1/volumes"): Operation(
-        statuses=(402, 403, 409, 503), body=VolumeCreateRequest, body_required=True
+        statuses=(402, 403, 409, 503, 507), body=VolumeCreateRequest, body_required=True
     ),
     ("PATCH", "/v1/volumes/{ref}"): Operation(
-        statuses=(403, 409, 503), body=VolumeResizeRequest, body_required=True
+        statuses=(403, 409, 503, 507), body=VolumeResizeRequest, body_required=True
     ),
     ("DELETE", "/v1/volumes/{ref}"): Operation(statuses=(409, 503)),
     ("POST", SANDBOX + "/volumes"): Operation(

@@ -257,6 +257,8 @@ async def create(services: Services, user_id: str, req: VolumeCreateRequest) -> 
     except Exception as exc:
         async with transaction(services.sessions) as session:
             await session.execute(delete(Volume).where(Volume.id == row.id))
+        if isinstance(exc, hostlink.CapacityError):
+            raise errors.InsufficientStorage(f"size_mib: {exc}", fields={"size_mib": str(exc)}) from None
         if isinstance(exc, hostlink.HostError):
             log.warning("volume_create_failed", volume_id=row.id, host_id=row.host_id, error=str(exc))
             raise errors.ServerError(f"the host could not make the volume: {exc}") from None
@@ -284,6 +286,8 @@ async def resize(services: Services, user_id: str, ref: str, req: VolumeResizeRe
     link = await hostlink.for_host(services, host_id)
     try:
         await link.resize_volume(volume_id, size_mib)
+    except hostlink.CapacityError as exc:
+        raise errors.InsufficientStorage(f"size_mib: {exc}", fields={"size_mib": str(exc)}) from None
     except hostlink.HostError as exc:
         raise errors.ServerError(f"the host could not grow the volume: {exc}") from None
     async with transaction(services.sessions) as session:

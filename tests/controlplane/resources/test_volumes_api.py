@@ -39,9 +39,13 @@ class FakeVolumeHost(FakeHostLink):
         self.mounts: dict[tuple[str, str], VolumeMountBody] = {}
         #: A mount at this path is refused as the host refuses a path through a link in the sandbox.
         self.refused_path = ""
+        #: The host's free disk: a larger volume is refused as the host refuses it (its 507).
+        self.free_mib = 1 << 20
 
     async def create_volume(self, volume_id: str, size_mib: int) -> VolumeView:
         self.calls.append(("create_volume", f"{volume_id} {size_mib}"))
+        if size_mib > self.free_mib:
+            raise hostlink.CapacityError(f"a volume of {size_mib} MiB does not fit: {self.free_mib} MiB free")
         self.volumes[volume_id] = size_mib
         return VolumeView(id=volume_id, size_mib=size_mib, used_bytes=0)
 
@@ -172,6 +176,16 @@ async def test_bad_volume_input_gets_a_4xx_naming_the_field(
     assert resp.status_code == status, resp.text
     assert field in resp.text
     assert host.volumes == {}
+
+
+async def test_a_volume_larger_than_its_hosts_free_disk_is_a_507_naming_size_mib_and_leaves_no_row(
+    api: httpx.AsyncClient, host: FakeVolumeHost
+) -> None:
+    host.free_mib = 2048
+    resp = await api.post("/v1/volumes", json={"name": "big", "size_mib": 4096})
+    assert resp.status_code == 507 and "size_mib" in resp.text and "2048 MiB free" in resp.text, resp.text
+    assert ok(await api.get("/v1/volumes"))["pagination"]["total"] == 0
+    await new_volume(api, "big", 1024)  # the name is free again
 
 
 async def test_the_plan_bounds_how_many_volumes_an_account_keeps(

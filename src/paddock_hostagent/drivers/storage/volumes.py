@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paddock_hostagent.drivers.base import CommandFailedError, DriverError
+from paddock_hostagent.drivers.base import CapacityError, CommandFailedError, DriverError
 from paddock_hostagent.drivers.storage import loops, mounts
 from paddock_hostagent.drivers.system.commands import run
 
@@ -148,6 +148,10 @@ class VolumeStore:
         if shutil.which("mkfs.xfs") is None:
             raise DriverError("volumes need mkfs.xfs on the host")
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        stats = os.statvfs(self.directory)
+        free_mib = stats.f_bavail * stats.f_frsize // MIB
+        if size_mib > free_mib:  # sparse, but a volume that can never be filled whole is refused
+            raise CapacityError(f"a volume of {size_mib} MiB does not fit: this host has {free_mib} MiB free")
         partial = self.directory / f"{PARTIAL_PREFIX}{volume_id}"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(mode=0o700)
@@ -171,6 +175,12 @@ class VolumeStore:
         """Grows the file and the filesystem (mounted on the host for it, if no sandbox holds it)."""
         if size_mib <= meta.size_mib:
             return
+        stats = os.statvfs(self.directory)
+        free_mib = stats.f_bavail * stats.f_frsize // MIB
+        if size_mib - meta.size_mib > free_mib:
+            raise CapacityError(
+                f"growing by {size_mib - meta.size_mib} MiB does not fit: {free_mib} MiB free"
+            )
         was_mounted = mounts.is_mountpoint(self.mount_dir(meta.id))
         device = await self.mount_on_host(meta.id)
         try:
