@@ -20,6 +20,10 @@ class Content:
     label: str
     packages: tuple[str, ...]
     probe: str
+    #: Symbolic links the builder makes once the packages are in: (path in the image, what it points to).
+    links: tuple[tuple[str, str], ...] = ()
+    #: Files the builder writes once the packages are in: (path in the image, text, mode).
+    files: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,16 @@ class RootImage:
     def packages(self) -> tuple[str, ...]:
         """The packages the builder installs, in order, each once."""
         return tuple(dict.fromkeys(pkg for content in self.contents for pkg in content.packages))
+
+    @property
+    def links(self) -> tuple[tuple[str, str], ...]:
+        """The symbolic links the builder makes after the packages, in order."""
+        return tuple(link for content in self.contents for link in content.links)
+
+    @property
+    def files(self) -> tuple[tuple[str, str, int], ...]:
+        """The files the builder writes after the packages, in order."""
+        return tuple(file for content in self.contents for file in content.files)
 
     @property
     def description(self) -> str:
@@ -105,6 +119,37 @@ DESKTOP_CONTENTS = (
         ("xfce4-session", "xfwm4", "xfdesktop4", "librsvg2-common", "dbus-x11", "scrot", "x11-xserver-utils"),
         "command -v startxfce4 && command -v xfwm4 && command -v xfdesktop && command -v dbus-launch"
         " && command -v scrot && command -v xrandr",
+    ),
+    # The SDK's stream runs `cd /opt/noVNC/utils && ./novnc_proxy --web /opt/noVNC` (E2B's template
+    # clones noVNC there; Debian's novnc is /usr/share/novnc, with the same novnc_proxy, which finds
+    # websockify on PATH) and waits for its port with netstat; its launch runs gtk-launch; its open runs
+    # xdg-open, which needs `file` to know a file's type and hands URLs and HTML to Chromium, which
+    # refuses to run as root (the image's user) without --no-sandbox: the sandbox is the isolation, as
+    # for Paddock's own computer use. In the XFCE session xdg-open hands everything to exo-open, which
+    # fails there (exit 4; the sandbox's commands have no session bus); the wrapper first on PATH
+    # makes it take its generic path (by file type and URL scheme) unless the caller names a desktop.
+    Content(
+        "noVNC at /opt/noVNC, netstat, gtk-launch and xdg-open's helpers for the e2b-desktop SDK's stream,"
+        " launch and open",
+        ("net-tools", "libgtk-3-bin", "file"),
+        "test -x /opt/noVNC/utils/novnc_proxy && test -f /opt/noVNC/vnc.html && command -v netstat"
+        " && command -v gtk-launch && command -v file && grep -q -- --no-sandbox /etc/chromium.d/paddock"
+        " && test -x /usr/local/bin/xdg-open",
+        links=(("opt/noVNC", "/usr/share/novnc"),),
+        files=(
+            (
+                "etc/chromium.d/paddock",
+                "# Chromium runs as root in a Paddock sandbox, which is its isolation (docs/desktop.md).\n"
+                'export CHROMIUM_FLAGS="$CHROMIUM_FLAGS --no-sandbox"\n',
+                0o644,
+            ),
+            (
+                "usr/local/bin/xdg-open",
+                "#!/bin/sh\n# Paddock: xdg-open's generic path (exo-open fails in a sandbox's commands).\n"
+                'XDG_CURRENT_DESKTOP="${XDG_CURRENT_DESKTOP:-X-Generic}" exec /usr/bin/xdg-open "$@"\n',
+                0o755,
+            ),
+        ),
     ),
 )
 

@@ -90,6 +90,8 @@ class ImageRecipe:
     default_mirror: str | None  # None: buildable only with a configured mirror
     components: tuple[str, ...] = ("main",)
     keyring: str | None = None
+    links: tuple[tuple[str, str], ...] = ()  # symbolic links made after the packages (``_add_to_tree``)
+    files: tuple[tuple[str, str, int], ...] = ()  # files (path, text, mode) written after the packages
 
 
 CATALOG: dict[str, ImageRecipe] = {
@@ -107,7 +109,14 @@ CATALOG: dict[str, ImageRecipe] = {
             "/usr/share/keyrings/ubuntu-archive-keyring.gpg",
         ),
         ImageRecipe("alpine:3.20", "", (), None),
-        ImageRecipe("desktop:1", "trixie", _DESKTOP_PACKAGES, DEBIAN_MIRROR),
+        ImageRecipe(
+            "desktop:1",
+            "trixie",
+            _DESKTOP_PACKAGES,
+            DEBIAN_MIRROR,
+            links=ROOT_IMAGES_BY_NAME["desktop:1"].links,
+            files=ROOT_IMAGES_BY_NAME["desktop:1"].files,
+        ),
     )
 }
 
@@ -117,7 +126,7 @@ def recipe_digest(recipe: ImageRecipe, source: str) -> str:
 
     A tarball's URL is its content; an apt mirror's is not (another mirror of the same suite installs the
     same packages), so only the former is in it."""
-    content = {
+    content: dict[str, object] = {
         "suite": recipe.suite,
         "packages": list(recipe.packages),
         "components": list(recipe.components),
@@ -125,6 +134,10 @@ def recipe_digest(recipe: ImageRecipe, source: str) -> str:
         "dpkg_options": list(_SLIM_DPKG_OPTIONS),
         "tarball": source if source.endswith(_TARBALL_SUFFIXES) else None,
     }
+    if recipe.links:  # only where there are any, so that the other images' digests stay as they were
+        content["links"] = [list(link) for link in recipe.links]
+    if recipe.files:
+        content["files"] = [list(file) for file in recipe.files]
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
@@ -332,6 +345,7 @@ class ImageStore:
                 _extract_tarball(source, tmp, log_path)
             else:
                 _run_mmdebstrap(recipe, source, tmp, log_path)
+            _add_to_tree(tmp, recipe.links, recipe.files)
             _finish_rootfs(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -399,6 +413,26 @@ def _run_logged(argv: list[str], log_path: Path) -> None:
     if result.returncode != 0:
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
         raise ImageBuildError(f"{argv[0]} exited with {result.returncode}:\n" + "\n".join(tail))
+
+
+def _add_to_tree(
+    root: Path, links: tuple[tuple[str, str], ...], files: tuple[tuple[str, str, int], ...] = ()
+) -> None:
+    """Makes the recipe's symbolic links and writes its files inside the new tree (parents made as
+    needed, an entry in their place replaced). Paths resolve inside the tree (drivers/storage/safepaths.py)."""
+    if not links and not files:
+        return
+    with Tree.open(root) as tree:
+        for path in (*(link[0] for link in links), *(file[0] for file in files)):
+            parent = path.rpartition("/")[0]
+            if parent:
+                tree.makedirs(parent)
+        for path, points_to in links:
+            tree.unlink(path)
+            with tree.parent(path) as (fd, name):
+                os.symlink(points_to, name, dir_fd=fd)
+        for path, text, mode in files:
+            tree.write_file(path, text.encode(), mode)
 
 
 def _finish_rootfs(root: Path) -> None:

@@ -4,6 +4,7 @@
 // any failed check throws, and the process exits non-zero.
 import assert from 'node:assert/strict'
 import { writeFile } from 'node:fs/promises'
+import { request } from 'node:http'
 import { join } from 'node:path'
 import { Sandbox } from '@e2b/desktop'
 import { CommandExitError } from 'e2b'
@@ -21,6 +22,24 @@ function pngSize(bytes) {
 
 async function save(name, bytes) {
   await writeFile(join(out, name), Buffer.from(bytes))
+}
+
+// GET of the SDK's stream URL: its host, path and query, sent to the ingress's listener on 127.0.0.1
+// (the test platform's ingress speaks plain HTTP; `paddock serve` serves the same names over HTTPS).
+function throughIngress(url) {
+  const parsed = new URL(url)
+  return new Promise((resolve, reject) => {
+    const req = request(
+      { host: '127.0.0.1', port: +parsed.port, path: parsed.pathname + parsed.search, headers: { host: parsed.host } },
+      (res) => {
+        let body = ''
+        res.on('data', (chunk) => { body += chunk })
+        res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body }))
+      },
+    )
+    req.on('error', reject)
+    req.end()
+  })
 }
 
 async function mousepadWindow(desktop) {
@@ -42,6 +61,7 @@ const desktop = await Sandbox.create({ timeoutMs: 600_000 }) // the default temp
 seen.createSeconds = (Date.now() - started) / 1000
 try {
   seen.templateId = (await desktop.getInfo()).templateId
+  seen.sandboxId = desktop.sandboxId
   const size = await desktop.getScreenSize()
   seen.screenSize = size
 
@@ -82,6 +102,38 @@ try {
   await desktop.moveMouse(5, 5)
   await desktop.wait(500)
   await save('after.png', await desktop.screenshot())
+
+  if (process.env.PADDOCK_URL) {
+    // the stream: the sandbox's ingress on (Paddock's /v1, the same key), then the SDK's URL
+    const patched = await fetch(`${process.env.PADDOCK_URL}/v1/sandboxes/${desktop.sandboxId}`, {
+      method: 'PATCH',
+      headers: { 'X-API-Key': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ ingress_enabled: true }),
+    })
+    assert.equal(patched.status, 200, await patched.text())
+    // @e2b/desktop 2.4.0 builds its noVNC command in the constructor, so start({ port }) still listens
+    // on 6080 (and then times out waiting for the other port): its stream is always on 6080, one of a
+    // desktop's live-view ports, where the ingress wants a live-view link's token (docs/e2b.md).
+    await desktop.stream.start({ requireAuth: true })
+    const url = desktop.stream.getUrl({ authKey: desktop.stream.getAuthKey() })
+    seen.streamUrl = url.replace(desktop.stream.getAuthKey(), '<key>')
+    const refused = await throughIngress(url)
+    assert.equal(refused.status, 401, refused.body)
+    assert.equal(refused.headers['x-paddock-ingress-error'], 'LIVE_VIEW_TOKEN_REQUIRED')
+    // the page is there: the sandbox's creator reaches it through the edge with its traffic token
+    const page = await fetch(`${process.env.E2B_SANDBOX_URL}/vnc.html`, {
+      headers: {
+        'E2b-Sandbox-Id': desktop.sandboxId,
+        'E2b-Sandbox-Port': '6080',
+        'E2B-Traffic-Access-Token': desktop.trafficAccessToken,
+      },
+    })
+    const html = await page.text()
+    assert.equal(page.status, 200, html.slice(0, 300))
+    assert.ok(html.includes('class="noVNC_loading"'), html.slice(0, 300))
+    await desktop.stream.stop()
+    seen.stream = 'ok'
+  }
 } finally {
   await desktop.kill()
 }

@@ -78,27 +78,28 @@ def _port_closed(sandbox_id: str, port: int, reason: str) -> Response:
     )
 
 
-async def allowed(services: Services, sandbox: Sandbox, port: int, request: Request) -> bool:
+async def refusal(services: Services, sandbox: Sandbox, port: int, request: Request) -> str | None:
+    """Why the request may not reach ``port``, or None when it may."""
     for header in ("x-access-token", "e2b-traffic-access-token"):
         if identity.check_envd_access_token(services.settings, sandbox.id, request.headers.get(header, "")):
-            return True
+            return None
+    token_hint = "send its envdAccessToken in X-Access-Token or e2b-traffic-access-token"
     if not sandbox.ingress_enabled:
-        return False
-    return not (
-        port in desktop_access.NOVNC_PORTS and await computer.is_desktop_image(services, sandbox.rootfs)
-    )
+        return f"port {port} of sandbox {sandbox.id}: ingress is off for this sandbox; {token_hint}"
+    if port in desktop_access.NOVNC_PORTS and await computer.is_desktop_image(services, sandbox.rootfs):
+        # e2b-desktop's stream defaults to 6080, one of these: its URL carries no token (docs/e2b.md).
+        return (
+            f"port {port} of sandbox {sandbox.id} is one of a desktop's live-view ports "
+            f"({desktop_access.NOVNC_PORTS.start}-{desktop_access.NOVNC_PORTS.stop - 1}), which open only "
+            f"with a live-view link; {token_hint}, or start the stream on another port with require_auth"
+        )
+    return None
 
 
 async def forward(services: Services, sandbox: Sandbox, port: int, request: Request) -> Response:
-    if not await allowed(services, sandbox, port, request):
-        return JSONResponse(
-            {
-                "code": 403,
-                "message": f"port {port} of sandbox {sandbox.id}: ingress is off for this sandbox; "
-                "send its envdAccessToken in X-Access-Token or e2b-traffic-access-token",
-            },
-            status_code=403,
-        )
+    refused = await refusal(services, sandbox, port, request)
+    if refused is not None:
+        return JSONResponse({"code": 403, "message": refused}, status_code=403)
     if not sandbox.ip:
         return _port_closed(sandbox.id, port, "the sandbox has no address")
     query = request.url.query
