@@ -24,7 +24,14 @@ from typing import Any
 
 import httpx
 
-from tests.hostagent.conftest import TOKEN, AgentProcess, free_port, restart_if_killed, teardown_agent
+from tests.hostagent.conftest import (
+    STARTUP_TIMEOUT_S,
+    TOKEN,
+    AgentProcess,
+    free_port,
+    restart_if_killed,
+    teardown_agent,
+)
 from tests.sweep import KEEP_MARKER, OwnerLock
 
 
@@ -71,7 +78,7 @@ class ControlPlaneProcess:
         env.update(self.extra_env)
         return env
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.owner is None:
             self.owner = OwnerLock(self.state_dir, {})
@@ -165,7 +172,7 @@ class LivePlatform:
         options.setdefault("timeout", 120)
         return httpx.Client(base_url=self.url, headers={"X-API-Key": api_key}, **options)
 
-    def wait_for_hosts(self, count: int | None = None, timeout_s: float = 60.0) -> None:
+    def wait_for_hosts(self, count: int | None = None, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         """Until the control plane lists ``count`` active hosts that report a cached image."""
         wanted = len(self.agents) if count is None else count
         key = self.api_key()

@@ -37,6 +37,10 @@ from tests.sweep import OwnerLock, lock_free, remove_state
 
 TOKEN = "test-host-agent-token-0123456789"
 DISK_MIB = 2048
+#: How long a test waits for a host agent or control plane it started to answer. Generous on purpose: it
+#: costs nothing when the process comes up, and at load 20-30 on the 2-core box (two test workers beside
+#: gVisor and QEMU boots) a control plane that had logged "Uvicorn running" was not ready within 60 s.
+STARTUP_TIMEOUT_S = 180.0
 _subnet_counter = iter(range(10_000))
 
 
@@ -145,7 +149,7 @@ class AgentProcess:
         """The agent's command line (tests/multihost runs it inside a machine's network namespace)."""
         return [sys.executable, "-m", "paddock_hostagent.main"]
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         """Starts the agent and waits until it answers. When it does not, the process is stopped, and
         on a first start everything it made is removed too (a fixture that calls ``start()`` before its
         ``try`` never reaches ``teardown_agent``)."""

@@ -349,9 +349,10 @@ async def test_a_kept_connection_whose_guest_went_away_is_replaced(
     assert client.socket_path is not None
     restarted = subprocess.Popen([str(guest_binary_dir / BINARY_NAME), "--listen", str(client.socket_path)])
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # a fresh binary's start, on a box at load 20, took over 5 s
         while not _listening(client.socket_path) and time.monotonic() < deadline:
             time.sleep(0.005)
+        assert _listening(client.socket_path), "the restarted guest agent never listened"
         stdout, _, events = await run(client, ExecRequest("echo", ["back"], ENV))
         assert (stdout, events[-1]) == (b"back\n", Exited(exit_code=0, signal=0))
     finally:

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from tests.conftest import _pg_execute, pg_admin_url
-from tests.hostagent.conftest import AgentProcess, free_port
+from tests.hostagent.conftest import STARTUP_TIMEOUT_S, AgentProcess, free_port
 from tests.live import ControlPlaneProcess, LivePlatform
 
 AGENT_PORT = 8081
@@ -138,7 +138,7 @@ class HostMachine(AgentProcess):
     def argv(self) -> list[str]:
         return ["nsenter", f"--net=/run/netns/{self.netns}", *super().argv()]
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         self.port = AGENT_PORT  # every machine has its own port space
         super().start(timeout_s)
 
@@ -185,7 +185,7 @@ class ClusterControlPlane(ControlPlaneProcess):
         env.update(self.extra_env)  # the caller's settings win
         return env
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         self.ingress_port = self.ingress_port or free_port()
         super().start(timeout_s)
 

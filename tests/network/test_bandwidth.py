@@ -101,6 +101,12 @@ def test_the_quota_caps_egress_at_the_budget_and_recharge_restores_it(
     assert QUOTA_BYTES + 500_000 - PACKET_BYTES <= view["used_bytes"] <= QUOTA_BYTES + 500_000, view
 
 
+def _isolation(api: httpx.Client) -> str:
+    """The isolation tier of the platform's host (its ``paddock.io/isolation`` label)."""
+    hosts = api.get("/v1/hosts").json()["data"]["data"]
+    return str(hosts[0].get("labels", {}).get("paddock.io/isolation", "container"))
+
+
 def test_a_connection_over_the_budget_is_reset_and_leaves_nothing_to_spend_a_recharge(
     api: httpx.Client, internet: FakeInternet
 ) -> None:
@@ -113,7 +119,10 @@ def test_a_connection_over_the_budget_is_reset_and_leaves_nothing_to_spend_a_rec
     out = send(api, sid, internet, 40 * QUOTA_BYTES, wait_s=20)
     took_s = time.monotonic() - started
     assert out["exit_code"] != 124 and took_s < 10, ("the writer waited for the timeout", out)
-    assert "reset" in out["stderr"].lower() or "broken pipe" in out["stderr"].lower(), out
+    told = ["reset", "broken pipe"]
+    if _isolation(api) == "gvisor":  # runsc's write bug: a blocked send fails EAGAIN (test_network_tiers.py)
+        told.append("resource temporarily unavailable")
+    assert any(reason in out["stderr"].lower() for reason in told), out
     spent = settled_use(api, sid)
     assert bandwidth(api, sid)["capped"] is True
 
