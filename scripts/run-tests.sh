@@ -4,9 +4,11 @@
 # 1. Everything not marked `serial`; with PADDOCK_TEST_WORKERS=N (N > 0), in N worker processes, a whole
 #    file to a worker at a time (`--dist loadfile`), so a module's fixtures (a live platform, a control
 #    plane) are made once, as in a serial run. Most of the suite waits on sandboxes booting, networks
-#    settling and chains mining, not on the CPU. The default is still 0 (this process): on the 2-core
-#    dev box, two full runs with two workers had whole modules error at their fixtures' setup where the
-#    serial run passes (the suspect: gVisor's ptrace and QEMU's TCG boots contending for the CPU).
+#    settling and chains mining, not on the CPU. The default is 2 workers (CI must finish in 60 minutes;
+#    one process took 75 with a smaller suite). What made two workers fail before was load, not a
+#    shared resource: at load 20-30 control planes took over 60 s to become ready, so live platforms
+#    now get 180 s (tests/hostagent/conftest.py STARTUP_TIMEOUT_S) and live for their package only.
+#    PADDOCK_TEST_WORKERS=0 runs everything in this process.
 # 2. The `serial` files, alone: they read what is machine-wide (the host's free memory or disk, every
 #    loop device), which another worker's sandboxes would change under them.
 #
@@ -15,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
-workers="${PADDOCK_TEST_WORKERS:-0}"
+workers="${PADDOCK_TEST_WORKERS:-2}"
 parallel=()
 if [ "$workers" != "0" ]; then
   parallel=(-n "$workers" --dist loadfile)
