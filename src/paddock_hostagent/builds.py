@@ -40,9 +40,10 @@ import shutil
 import signal
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
@@ -292,9 +293,7 @@ class BuildManager:
         finally:
             # The store's last user removed the working containers and unmounted it on the way out
             # of the block above.
-            await _end_cgroup(cgroup)
-            if net is not None:
-                await self._release_network(guard_id, net)
+            await _to_the_end(self._end_attempt(cgroup, guard_id, net))
             shutil.rmtree(work, ignore_errors=True)
         log.info("template_built", template_id=body.id, attempt=body.attempt, status=build.status)
 
@@ -330,7 +329,16 @@ class BuildManager:
     async def _network(self, guard_id: str, rules: list[str]) -> SandboxNetwork:
         if self.network is None:
             raise _BuildFailed("this host has no sandbox network: builds need one")
-        net = await asyncio.to_thread(self.network.create, secrets.token_hex(4))
+        # A build cancelled (its template deleted) while the namespace is being made must not strand it:
+        # the thread goes on to the end whatever happens to this task, so it is awaited, shielded, and
+        # what it made is taken down before the cancellation goes on; else the address it took would stay
+        # in addresses.json and the namespace on the host.
+        creating = asyncio.ensure_future(asyncio.to_thread(self.network.create, secrets.token_hex(4)))
+        try:
+            net = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            await _to_the_end(self._destroy_once_made(creating))
+            raise
         if self.egress is not None:
             try:
                 await self.egress.attach(Attachment(guard_id, net.host_veth, net.ip, list(rules), -1))
@@ -338,6 +346,16 @@ class BuildManager:
                 await asyncio.to_thread(self.network.destroy, net)
                 raise
         return net
+
+    async def _destroy_once_made(self, creating: asyncio.Future[SandboxNetwork]) -> None:
+        assert self.network is not None
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.network.destroy, await creating)
+
+    async def _end_attempt(self, cgroup: SandboxCgroup, guard_id: str, net: SandboxNetwork | None) -> None:
+        await _end_cgroup(cgroup)
+        if net is not None:
+            await self._release_network(guard_id, net)
 
     async def _release_network(self, guard_id: str, net: SandboxNetwork) -> None:
         with contextlib.suppress(Exception):
@@ -419,6 +437,23 @@ def _limit_pids(cgroup: SandboxCgroup, body: BuildBody) -> None:
     directory = cgroup.dir("pids")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "pids.max").write_text(f"{BUILD_PIDS_MAX}\n")
+
+
+async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Awaits ``cleanup`` to its end even when this task is cancelled meanwhile, once or again, then lets
+    the cancellation go on. A build is cancelled by its template's delete, and again when the caller
+    awaiting that delete is cancelled: the second cancellation, landing between the egress detach and
+    the namespace's destroy, left the build's address in addresses.json (a full run's teardown found it)."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()
 
 
 async def _end_cgroup(cgroup: SandboxCgroup) -> None:
