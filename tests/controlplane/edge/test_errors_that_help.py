@@ -32,10 +32,10 @@ SHAPE = "s-1vcpu-1gb"
 
 
 async def test_unknown_body_fields_are_ignored_but_named(api: httpx.AsyncClient) -> None:
-    resp = await api.post("/v1/sandboxes", json={"shape": SHAPE, "envz": {"A": "b"}, "volumes": []})
+    resp = await api.post("/v1/sandboxes", json={"shape": SHAPE, "envz": {"A": "b"}, "labelz": []})
     assert resp.status_code == 200, resp.text  # still ignored: a client of the contract sees no change
     assert resp.headers["warning"] == (
-        "299 - \"unknown field 'envz' ignored\", 299 - \"unknown field 'volumes' ignored\""
+        "299 - \"unknown field 'envz' ignored\", 299 - \"unknown field 'labelz' ignored\""
     )
     sid = resp.json()["data"]["id"]
     assert "warning" not in (await api.post("/v1/sandboxes", json={"shape": SHAPE})).headers
