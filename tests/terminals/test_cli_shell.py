@@ -27,7 +27,13 @@ def test_shell_types_resizes_and_passes_the_exit_code(live: LivePlatform) -> Non
         created = api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "name": "shell-box"})
         assert created.status_code == 200, created.text
         sid = created.json()["data"]["id"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+        # COLUMNS/LINES would win over the terminal's size (shutil.get_terminal_size reads them first);
+        # a test run may have them set, and a full two-worker run once saw the shell start at 24x80.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("PADDOCK_") and k not in ("COLUMNS", "LINES")
+        }
         env.update({"PADDOCK_BASE_URL": live.url, "PADDOCK_API_KEY": key})
         leader, follower = os.openpty()
         fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 25, 85, 0, 0))
