@@ -18,6 +18,22 @@ from paddock_core.timeutil import as_utc
 HOST_STATUSES = ("active", "draining", "dead")
 
 
+#: The runtimes of the container tier: the only tier whose disks the host can clone into snapshots and
+#: mount volumes beside (gVisor's gofer and the VM's block device do not take them yet).
+CONTAINER_RUNTIMES = ("crun", "runc")
+
+
+def container_tier_refusal(host: Host | None, operation: str, suffix: str) -> str | None:
+    """Why ``host`` cannot do ``operation`` (its tier is not the container tier), or None; the message
+    names the tier and the runtime (``paddock.io/isolation``, ``paddock.io/runtime`` labels)."""
+    labels = (host.labels or {}) if host is not None else {}
+    runtime = labels.get("paddock.io/runtime")
+    if runtime is None or runtime in CONTAINER_RUNTIMES:
+        return None
+    tier = labels.get("paddock.io/isolation", runtime)
+    return f"{operation} is not supported on the {tier} isolation tier ({runtime}){suffix}"
+
+
 def host_view(host: Host) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": host.id,

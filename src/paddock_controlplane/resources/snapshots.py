@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.hosts import hostlink, hosts
 from paddock_controlplane.records import queries
 from paddock_controlplane.records.models import Host
 from paddock_controlplane.records.schemas.snapshots import SnapshotCreateRequest
@@ -42,8 +42,6 @@ from paddock_core.timeutil import rfc3339
 log = get_logger("paddock.snapshots")
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-#: The runtimes whose hosts take snapshots (``paddock.io/runtime``).
-SNAPSHOT_RUNTIMES = ("crun", "runc")
 
 
 def snapshot_view(row: Snapshot) -> dict[str, Any]:
@@ -72,14 +70,10 @@ def check_name(name: str | None) -> str | None:
 
 def _tier_refusal(host: Host | None) -> str | None:
     """Why the sandbox's host cannot snapshot it (its tier), or None."""
-    labels = (host.labels or {}) if host is not None else {}
-    runtime = labels.get("paddock.io/runtime")
-    if runtime is None or runtime in SNAPSHOT_RUNTIMES:
-        return None
-    tier = labels.get("paddock.io/isolation", runtime)
-    return (
-        f"snapshotting a sandbox's disk is not supported on the {tier} isolation tier ({runtime}) yet;"
-        " only the container tier (crun, runc) takes snapshots"
+    return hosts.container_tier_refusal(
+        host,
+        "snapshotting a sandbox's disk",
+        " yet; only the container tier (crun, runc) takes snapshots",
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.hosts import hostlink, hosts
 from paddock_controlplane.records import queries
 from paddock_controlplane.records.models import Host, Sandbox, SandboxDisk
 from paddock_controlplane.records.schemas.volumes import (
@@ -47,8 +47,7 @@ log = get_logger("paddock.volumes")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 #: The least a volume holds (XFS itself refuses under 300 MiB).
 MIN_SIZE_MIB = 512
-#: The runtimes whose hosts keep volumes (``paddock.io/runtime``).
-VOLUME_RUNTIMES = ("crun", "runc")
+#: What a refusal on another tier says could not be done (hosts.container_tier_refusal).
 OPERATION = "mounting a local volume"
 ATTACHABLE = (SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 
@@ -114,14 +113,8 @@ def _overlaps(a: str, b: str) -> bool:
 
 def tier_refusal(host: Host | None) -> str | None:
     """Why ``host`` keeps no volumes (its tier), or None."""
-    labels = (host.labels or {}) if host is not None else {}
-    runtime = labels.get("paddock.io/runtime")
-    if runtime is None or runtime in VOLUME_RUNTIMES:
-        return None
-    tier = labels.get("paddock.io/isolation", runtime)
-    return (
-        f"{OPERATION} is not supported on the {tier} isolation tier ({runtime});"
-        " only the container tier (crun, runc) keeps volumes"
+    return hosts.container_tier_refusal(
+        host, OPERATION, "; only the container tier (crun, runc) keeps volumes"
     )
 
 
@@ -386,8 +379,8 @@ async def resolve_for_create(
         )
         paths.append(path)
         out.append((item, volume, path))
-    hosts = {volume.host_id for _, volume, _ in out}
-    if len(hosts) > 1:
+    holding = {volume.host_id for _, volume, _ in out}
+    if len(holding) > 1:
         raise errors.InvalidState(
             "volumes: the volumes named are kept on different hosts ("
             + ", ".join(f"{volume.name} on {volume.host_id}" for _, volume, _ in out)
