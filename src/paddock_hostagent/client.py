@@ -203,6 +203,8 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
 _CREATE_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
 # A command may run for as long as it likes; only connecting is bounded.
 _EXEC_TIMEOUT = httpx.Timeout(None, connect=5.0)
+# Mounting and making filesystems (S3 disks, volumes): the host bounds its own wait below this.
+_MOUNT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 _VIEWS = TypeAdapter(list[SandboxView])
 # How much of an answer aiohttp buffers before it stops reading the socket; downloads arrive in
 # chunks of about this size.
@@ -517,7 +519,7 @@ class HostAgentClient:
             self._sb(sandbox_id, "disks"),
             DiskMountView.model_validate_json,
             body=body,
-            timeout=httpx.Timeout(60.0, connect=5.0),
+            timeout=_MOUNT_TIMEOUT,
         )
 
     async def detach_disk(self, sandbox_id: str, mount_path: str) -> DetachResult:
@@ -527,7 +529,7 @@ class HostAgentClient:
             self._sb(sandbox_id, "disks"),
             DetachResult.model_validate_json,
             params={"mount_path": mount_path},
-            timeout=httpx.Timeout(60.0, connect=5.0),
+            timeout=_MOUNT_TIMEOUT,
         )
 
     # -- local volumes (issue #34) --------------------------------------------------------------
@@ -539,7 +541,7 @@ class HostAgentClient:
             "volumes",
             VolumeView.model_validate_json,
             body=body,
-            timeout=httpx.Timeout(60.0, connect=5.0),
+            timeout=_MOUNT_TIMEOUT,
         )
 
     async def resize_volume(self, volume_id: str, size_mib: int) -> VolumeView:
@@ -548,7 +550,7 @@ class HostAgentClient:
             "volumes/" + quote(volume_id, safe=""),
             VolumeView.model_validate_json,
             body=VolumeResizeBody(size_mib=size_mib),
-            timeout=httpx.Timeout(60.0, connect=5.0),
+            timeout=_MOUNT_TIMEOUT,
         )
 
     async def delete_volume(self, volume_id: str) -> VolumeDeleted:
@@ -556,7 +558,7 @@ class HostAgentClient:
             "DELETE",
             "volumes/" + quote(volume_id, safe=""),
             VolumeDeleted.model_validate_json,
-            timeout=httpx.Timeout(60.0, connect=5.0),
+            timeout=_MOUNT_TIMEOUT,
         )
 
     async def attach_volume(self, sandbox_id: str, body: VolumeMountBody) -> VolumeMountView:
@@ -565,7 +567,7 @@ class HostAgentClient:
             self._sb(sandbox_id, "volumes"),
             VolumeMountView.model_validate_json,
             body=body,
-            timeout=httpx.Timeout(60.0, connect=5.0),
+            timeout=_MOUNT_TIMEOUT,
         )
 
     async def detach_volume(self, sandbox_id: str, volume_id: str) -> DetachResult:
@@ -573,7 +575,7 @@ class HostAgentClient:
             "DELETE",
             self._sb(sandbox_id, "volumes", quote(volume_id, safe="")),
             DetachResult.model_validate_json,
-            timeout=httpx.Timeout(60.0, connect=5.0),
+            timeout=_MOUNT_TIMEOUT,
         )
 
     async def exec(
