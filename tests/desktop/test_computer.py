@@ -7,6 +7,8 @@ the page's own record of a click, the clipboard's content.
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -14,6 +16,7 @@ from typing import TypeVar
 import pytest
 
 import paddock
+from paddock_controlplane.sandboxes.computer import HELPER_SOCKET
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from tests.desktop.browser import decode_png, png_size
 from tests.desktop.conftest import ROOTFS
@@ -84,6 +87,43 @@ def test_a_screenshot_is_a_png_of_the_screen_size(desktop: paddock.Sandbox) -> N
     assert (width, height) == (1280, 800)
     assert png_size(desktop.computer.screenshot()) == (width, height)
     assert png_size(desktop.computer.screenshot(region=(10, 20, 300, 200))) == (300, 200)
+
+
+def test_a_resident_helper_serves_screenshots_of_what_the_screen_shows(desktop: paddock.Sandbox) -> None:
+    # A still, patterned screen (no window is open yet in this module): the resident helper's screenshot
+    # of a region, asked for through its own socket, must hold exactly the pixels scrot grabs there.
+    desktop.computer.screen_size()  # the first call: the screen starts, and the helper stays resident
+    patterned = desktop.run("sh", ["-c", "DISPLAY=:0 xsetroot -mod 7 5 -fg '#c03010' -bg '#1040a0'"])
+    assert patterned.exit_code == 0, patterned.stderr
+    served = desktop.run(
+        "curl",
+        ["-sS", "--unix-socket", HELPER_SOCKET, "--data-binary", "@-", "http://helper/screenshot"],
+        stdin='{"x": 0, "y": 0, "width": 320, "height": 200}',
+    )
+    assert served.exit_code == 0, served.stderr
+    from_helper = base64.b64decode(json.loads(served.stdout)["data"]["png"])
+    grabbed = desktop.run(
+        "sh", ["-c", "DISPLAY=:0 scrot -o -a 0,0,320,200 /tmp/grab.png && base64 -w0 /tmp/grab.png"]
+    )
+    assert grabbed.exit_code == 0, grabbed.stderr
+    expected = decode_png(base64.b64decode(grabbed.stdout))
+    assert decode_png(from_helper) == expected
+    assert decode_png(desktop.computer.screenshot(region=(0, 0, 320, 200))) == expected
+    # A helper that is gone (killed, or lost to a fork or a restart) is started again by the next call.
+    assert resident_helpers(desktop), "no resident helper after the first call"
+    killed = desktop.run("sh", ["-c", f"kill -KILL {' '.join(resident_helpers(desktop))}"])
+    assert killed.exit_code == 0, killed.stderr
+    eventually(lambda: not resident_helpers(desktop), "the killed helper to be gone")
+    assert decode_png(desktop.computer.screenshot(region=(0, 0, 320, 200))) == expected
+    # The call answers before its helper forks off to stay resident, so that may take a moment.
+    eventually(lambda: resident_helpers(desktop), "the helper to be started again", timeout_s=15)
+
+
+def resident_helpers(sandbox: paddock.Sandbox) -> list[str]:
+    """The live pid the resident helper wrote into its lock file (it holds the lock for its whole life)."""
+    lock = HELPER_SOCKET.removesuffix(".sock") + ".lock"
+    script = f"p=$(cat '{lock}' 2>/dev/null) && [ -n \"$p\" ] && kill -0 $p 2>/dev/null && echo $p"
+    return sandbox.run("sh", ["-c", script]).stdout.split()
 
 
 def test_typing_into_an_editor_changes_the_screen_and_its_title(

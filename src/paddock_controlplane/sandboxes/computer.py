@@ -1,10 +1,15 @@
 """Computer use on a desktop sandbox (spec §12.3): screenshots, mouse, keyboard, windows, screens.
 
 Every operation is one command in the sandbox through the ordinary exec path (control plane → host agent
-→ guest agent): ``python3 -c <desktop_helper.py> <operation> <JSON arguments>``. The helper
-(``paddock_core/guest/desktop_helper.py``, sent with each call, so it always matches this control plane)
-starts the screen's X session on first use and answers one JSON document; a screenshot's PNG comes back
-base64, since exec output is text. Bodies are validated here first (400 naming the field), and again by
+→ guest agent). The helper (``paddock_core/guest/desktop_helper.py``, sent by this control plane, so it
+always matches it) starts the screen's X session on first use and answers one JSON document; a
+screenshot's PNG comes back base64, since exec output is text. The first call runs it as
+``python3 -c <helper> <operation> <JSON arguments> <socket>``, after which it stays resident on that
+unix socket; later calls are ``curl --unix-socket <socket>`` with the arguments on stdin, which spares
+each call a Python start and Pillow's import (most of a screenshot's time before). The socket's name
+carries the helper's digest, so a control plane never reaches a helper of another version; whenever curl
+cannot connect (a fork, a hibernated or restarted sandbox, an idle helper that exited, an image without
+curl) the call falls back to the ``python3 -c`` form, which starts the helper again. Bodies are validated here first (400 naming the field), and again by
 the helper. Only sandboxes booted from ``desktop:1`` — or from a template built ``FROM desktop:1`` —
 take these calls; any other gets 409 ``INVALID_STATE``. A call counts as activity for idle auto-pause.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import hashlib
 import json
 import re
 from importlib import resources
@@ -32,6 +38,13 @@ from paddock_core import errors
 from paddock_core.timeutil import rfc3339
 
 HELPER_SOURCE = resources.files("paddock_core.guest").joinpath("desktop_helper.py").read_text()
+#: Where this control plane's resident helper listens in the sandbox (the helper checks the name).
+HELPER_SOCKET = f"/run/paddock-desktop/helper-{hashlib.sha256(HELPER_SOURCE.encode()).hexdigest()[:16]}.sock"
+#: curl's exit statuses that mean no resident helper answered, so nothing was done and the operation may
+#: run through ``python3 -c`` instead: 7 could not connect; 126/127 no runnable curl in the image.
+_NOT_RESIDENT = frozenset({7, 126, 127})
+#: How long one call may take through the resident helper (starting a screen, launching an application).
+_RESIDENT_CALL_S = 120
 DESKTOP_IMAGES = frozenset({"desktop:1"})
 SCREEN_ID = re.compile(r"^screen-[0-7]$")
 WINDOW_ID = re.compile(r"^(0x[0-9a-fA-F]{1,8}|[0-9]{1,10})$")
@@ -106,10 +119,17 @@ async def perform(
     args = {**args, "screen_id": check_screen_id(screen_id)}
     sandbox = await desktop_sandbox(services, user_id, sandbox_id)
     link = await hostlink.for_host(services, sandbox.host_id)
-    argv = ["-c", HELPER_SOURCE, operation, json.dumps(args)]
+    arguments = json.dumps(args)
+    resident = [
+        "-sS", "--max-time", str(_RESIDENT_CALL_S), "--unix-socket", HELPER_SOCKET,
+        "-H", "Content-Type: application/json", "--data-binary", "@-", f"http://helper/{operation}",
+    ]  # fmt: skip
     with Inflight(services, sandbox.id):
         try:
-            result = await link.exec(sandbox.id, "python3", argv, {}, None)
+            result = await link.exec(sandbox.id, "curl", resident, {}, arguments)
+            if result.get("exit_code") in _NOT_RESIDENT or result.get("error"):
+                argv = ["-c", HELPER_SOURCE, operation, arguments, HELPER_SOCKET]
+                result = await link.exec(sandbox.id, "python3", argv, {}, None)
         except hostlink.SandboxGoneError as exc:
             raise errors.InvalidState(f"sandbox is gone: {exc}") from None
     return _answer(result)

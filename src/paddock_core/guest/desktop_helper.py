@@ -141,6 +141,8 @@ def spawn(
     )
     if log_name:
         out.close()
+    if RESIDENT:
+        CHILDREN.append(process)
     return process
 
 
@@ -900,28 +902,149 @@ def op_connect(index: int, args: dict[str, Any]) -> dict[str, Any]:
 OPERATIONS = {name.removeprefix("op_"): fn for name, fn in dict(globals()).items() if name.startswith("op_")}
 
 
-def main(argv: list[str]) -> int:
+def answer(operation: str, raw_args: str | bytes) -> tuple[dict[str, Any], int]:
+    """One operation's JSON document and exit status: ``{"data": …}`` and 0, or ``{"error": …}`` and 3."""
     try:
-        if len(argv) != 3 or argv[1] not in OPERATIONS:
-            raise Refused(500, "DESKTOP_FAILED", f"unknown operation {argv[1:2]}")
-        args = json.loads(argv[2])
+        if operation not in OPERATIONS:
+            raise Refused(500, "DESKTOP_FAILED", f"unknown operation {operation[:40]!r}")
+        args = json.loads(raw_args)
+        if not isinstance(args, dict):
+            raise Refused(500, "DESKTOP_FAILED", "the arguments must be a JSON object")
         index = screen_index(str(args.pop("screen_id", None) or "screen-0"))
-        data = OPERATIONS[argv[1]](index, args)
+        return {"data": OPERATIONS[operation](index, args)}, 0
     except Refused as exc:
         error = {"status": exc.status, "code": exc.code, "message": exc.message}
         if exc.field:
             error["field"] = exc.field
-        print(json.dumps({"error": error}))
-        return 3
+        return {"error": error}, 3
     except subprocess.TimeoutExpired as exc:
-        print(
-            json.dumps(
-                {"error": {"status": 500, "code": "DESKTOP_FAILED", "message": f"{exc.cmd[0]} timed out"}}
-            )
-        )
+        message = f"{exc.cmd[0]} timed out"
+        return {"error": {"status": 500, "code": "DESKTOP_FAILED", "message": message}}, 3
+    except ValueError as exc:
+        return {"error": {"status": 500, "code": "DESKTOP_FAILED", "message": f"bad arguments: {exc}"}}, 3
+
+
+# -- the resident helper ---------------------------------------------------------------------------
+# A Python start costs ~80 ms in a sandbox here, and Pillow's import more: most of a screenshot's time
+# when every call was ``python3 -c``. So the first call, after answering, leaves this program running as
+# a small HTTP server on a unix socket in STATE_DIR; later calls are one ``curl --unix-socket`` each.
+# The socket's name carries the control plane's digest of this source, so a newer control plane never
+# talks to an older helper: it starts its own, and the old one, its socket taken away, exits. An idle
+# helper exits too; the next call starts it again (the control plane falls back to ``python3 -c``
+# whenever curl cannot connect, so a fork, a hibernated sandbox or a killed helper cost one slow call).
+
+#: An idle resident helper exits after this long.
+IDLE_EXIT_S = 900.0
+#: The largest request body the resident helper reads (the arguments of one operation).
+MAX_REQUEST_BYTES = 1 << 20
+#: Popen objects of long-lived children (Xvfb, Openbox, x11vnc, websockify, applications) started by a
+#: resident helper: polled so that those that exit are reaped instead of staying zombies of it.
+CHILDREN: list[subprocess.Popen[bytes]] = []
+RESIDENT = False
+
+
+def serve(socket_path: Path) -> None:
+    """Answers operations on ``socket_path`` until idle or until the socket is no longer ours."""
+    import http.server
+    import socketserver
+    import threading
+
+    # Opened without truncating: a helper that loses the race must not erase the winner's pid.
+    lock = open(socket_path.with_suffix(".lock"), "a")  # noqa: SIM115 - held for this process's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # another resident helper of this digest is running or starting
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")  # who serves the socket, for anyone (a test, a person) who asks
+    lock.flush()
+    for stale in STATE_DIR.glob("helper-*.sock"):
+        stale.unlink(missing_ok=True)  # ours (left by a dead helper) and older digests' (they exit)
+    last_request = [time.monotonic()]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            last_request[0] = time.monotonic()
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 <= length <= MAX_REQUEST_BYTES:
+                document: dict[str, Any] = {
+                    "error": {"status": 400, "code": "VALIDATION_ERROR", "message": "request too large"}
+                }
+            else:
+                document, _ = answer(self.path.lstrip("/"), self.rfile.read(length))
+            payload = (json.dumps(document) + "\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            last_request[0] = time.monotonic()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+    server = Server(str(socket_path), Handler)
+    os.chmod(socket_path, 0o600)
+    ours = os.stat(socket_path).st_ino
+
+    def watch() -> None:
+        while True:
+            time.sleep(2.0)
+            for child in list(CHILDREN):
+                if child.poll() is not None:
+                    CHILDREN.remove(child)
+            try:
+                still_ours = os.stat(socket_path).st_ino == ours
+            except OSError:
+                still_ours = False
+            if not still_ours or time.monotonic() - last_request[0] > IDLE_EXIT_S:
+                server.shutdown()
+                return
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        with contextlib.suppress(OSError):
+            if os.stat(socket_path).st_ino == ours:
+                socket_path.unlink()
+
+
+def become_resident(socket_path: Path) -> None:
+    """Forks a resident helper that outlives this call, detached from the exec's pipes and session."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() != 0:
+        return
+    try:
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        global RESIDENT
+        RESIDENT = True
+        serve(socket_path)
+    finally:
+        os._exit(0)
+
+
+def main(argv: list[str]) -> int:
+    """``<operation> <JSON arguments> [<socket path>]``: answers the operation, then stays resident on
+    the socket when one is named."""
+    if len(argv) not in (3, 4):
+        print(json.dumps({"error": {"status": 500, "code": "DESKTOP_FAILED", "message": "bad arguments"}}))
         return 3
-    print(json.dumps({"data": data}))
-    return 0
+    document, status = answer(argv[1], argv[2])
+    print(json.dumps(document))
+    if len(argv) == 4:
+        socket_path = Path(argv[3])
+        if socket_path.parent == STATE_DIR and re.fullmatch(r"helper-[0-9a-f]{16}\.sock", socket_path.name):
+            STATE_DIR.mkdir(parents=True, exist_ok=True)
+            become_resident(socket_path)
+    return status
 
 
 if __name__ == "__main__":
