@@ -135,7 +135,11 @@ def test_errors_are_the_sdks_own(e2b_env: E2bPlatform) -> None:
     with pytest.raises(Exception, match="no-such-template"):
         Sandbox.create("no-such-template")
     with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
-        for method, path in (("POST", "/volumes"), ("GET", "/snapshots"), ("POST", "/sandboxes/x/snapshots")):
+        for method, path in (
+            ("GET", "/volumecontent/v/dir"),
+            ("GET", "/snapshots"),
+            ("POST", "/sandboxes/x/snapshots"),
+        ):
             answer = http.request(method, path)
             assert answer.status_code == 501, (path, answer.text)
             assert answer.json()["code"] == 501 and path in answer.json()["message"]

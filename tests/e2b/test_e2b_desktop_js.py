@@ -3,9 +3,9 @@ runs ``npm ci`` there) under Node on Paddock's ``desktop:1``, configured only by
 E2B_SANDBOX_URL and E2B_API_KEY (tests/e2b/js/desktop.mjs): ``Sandbox.create()`` starts Xvfb and XFCE,
 a screenshot is a PNG of the screen's size showing the desktop, the pointer goes where it is told, a
 click into a Mousepad window and typing change the window's title and the screen, and ``kill`` ends the
-sandbox. Then the stream: ``stream.start()`` runs noVNC, whose page the edge serves to the holder of the
-traffic token; the SDK's URL is on 6080, a desktop's live-view port, and 401 through the ingress
-(@e2b/desktop 2.4.0 cannot move it: docs/e2b.md). The script saves its screenshots; this test looks at
+sandbox. Then the stream: the desktop is made with E2B's public traffic, so ``stream.start({ requireAuth })``
+on 6080 (where @e2b/desktop 2.4.0 always runs it) serves noVNC's page through the ingress at the SDK's
+URL (docs/e2b.md). The script saves its screenshots; this test looks at
 their pixels."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_the_js_desktop_sdk_drives_the_desktop(e2b_platform: E2bPlatform, tmp_pa
     assert seen["screenSize"] == {"width": SIZE[0], "height": SIZE[1]}
     assert seen["cursor"] == {"x": 700, "y": 500}
     assert seen["killed"] is True
-    # the stream: noVNC runs, but its URL is on 6080, a live-view port, and refused (docs/e2b.md)
+    # the stream: noVNC's page loaded through the ingress at the SDK's URL, on 6080
     assert seen["stream"] == "ok"
     assert str(seen["streamUrl"]).startswith(f"https://6080-{seen['sandboxId']}.sandbox.localhost:")
 

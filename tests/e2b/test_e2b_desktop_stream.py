@@ -7,11 +7,12 @@ configured only by E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY.
 for that port. The test opens exactly that host, path and query on the ingress's listener at 127.0.0.1
 (the test platform's ingress speaks plain HTTP; ``paddock serve`` serves the same names over HTTPS):
 
-- on the SDK's default port 6080, one of a desktop's live-view ports, the ingress answers 401
-  ``LIVE_VIEW_TOKEN_REQUIRED``, as it does for Paddock's own live view without a link: the SDK's URL
-  carries no token, and the VNC server behind it may have no password;
-- on another port, with ``require_auth`` and the sandbox's ingress on, the page loads and noVNC's
-  WebSocket reaches the VNC server, which asks for the password.
+- the desktop is made with E2B's public traffic (``network={"allow_public_traffic": True}``), so its
+  6080, where the SDK's stream always is, serves as an ordinary ingress port: the page loads, and
+  noVNC's WebSocket reaches the VNC server, which asks for the password ``require_auth`` set;
+- a desktop made through ``/v1`` keeps 6080-6087 its live view's: 401 ``LIVE_VIEW_TOKEN_REQUIRED``
+  without a live-view link, ingress on or not (docs/e2b.md, docs/security.md);
+- on another port the same holds.
 
 Fails on the image before it held /opt/noVNC (``start`` timed out: "Could not start noVNC server") and
 gtk-launch (no window)."""
@@ -45,7 +46,7 @@ def desktop_image() -> Path:
 
 @pytest.fixture(scope="module")
 def desktop(desktop_image: Path, e2b_env: E2bPlatform) -> Iterator[Sandbox]:
-    made = Sandbox.create(timeout=600)
+    made = Sandbox.create(timeout=600, network={"allow_public_traffic": True})
     try:
         yield made
     finally:
@@ -89,44 +90,61 @@ def windows_of(desktop: Sandbox, application: str, timeout_s: float = 30) -> lis
     raise AssertionError(f"no {application} window appeared within {timeout_s:.0f} s")
 
 
-def test_the_stream_starts_and_its_default_url_asks_for_a_live_view_link(
+def test_the_default_stream_opens_through_the_ingress_with_its_password(
     desktop: Sandbox, e2b_env: E2bPlatform
 ) -> None:
-    desktop.stream.start()
+    desktop.stream.start(require_auth=True)
     try:
         assert desktop.commands.run("pgrep -x x11vnc").exit_code == 0
-        url = desktop.stream.get_url()
+        key = desktop.stream.get_auth_key()
+        url = desktop.stream.get_url(auth_key=key)
         parts = urlsplit(url)
         assert parts.scheme == "https" and parts.hostname == f"6080-{desktop.sandbox_id}.sandbox.localhost"
-        assert parts.path == "/vnc.html" and parts.query == "autoconnect=true&resize=scale"
+        assert parts.path == "/vnc.html"
 
-        with e2b_env.platform.http(e2b_env.api_key) as api:
-            api.patch(
-                f"/v1/sandboxes/{desktop.sandbox_id}", json={"ingress_enabled": True}
-            ).raise_for_status()
-        refused = through_ingress(url)
-        assert refused.status_code == 401, refused.text
-        assert refused.headers["x-paddock-ingress-error"] == "LIVE_VIEW_TOKEN_REQUIRED"
+        page = through_ingress(url)
+        assert page.status_code == 200, page.text[:300]
+        assert 'class="noVNC_loading"' in page.text, page.text[:300]
+        version, types = rfb_hello(url)
+        assert version.startswith(b"RFB 003."), version
+        assert 2 in types[1:], types  # VNC authentication: the password the SDK set is asked for
 
-        # The edge holds the same line, and says how to get through; the sandbox's creator reaches the
-        # page there with its traffic token.
+        # the edge serves the same port by the same rule
         edge = {"E2b-Sandbox-Id": desktop.sandbox_id, "E2b-Sandbox-Port": "6080"}
-        refused = httpx.get(f"{e2b_env.sandbox_url}/vnc.html", headers=edge, timeout=30)
-        assert refused.status_code == 403, refused.text
-        assert "live-view ports (6080-6087)" in refused.json()["message"], refused.text
-        token = {"E2B-Traffic-Access-Token": desktop.traffic_access_token or ""}
-        page = httpx.get(f"{e2b_env.sandbox_url}/vnc.html", headers=edge | token, timeout=30)
-        assert page.status_code == 200 and "noVNC" in page.text, page.text[:300]
+        served = httpx.get(f"{e2b_env.sandbox_url}/vnc.html", headers=edge, timeout=30)
+        assert served.status_code == 200 and "noVNC" in served.text, served.text[:300]
     finally:
         desktop.stream.stop()
     assert desktop.commands.run("pgrep -x x11vnc || true").stdout.strip() == ""
 
 
+def test_a_native_desktops_live_view_port_still_wants_its_token(
+    desktop_image: Path, e2b_env: E2bPlatform
+) -> None:
+    with e2b_env.platform.http(e2b_env.api_key) as api:
+        made = api.post(
+            "/v1/sandboxes", json={"shape": "s-2vcpu-2gb", "rootfs": "desktop:1", "ingress_enabled": True}
+        )
+        assert made.status_code == 200, made.text
+        sandbox_id = made.json()["data"]["id"]
+        try:
+            with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as e2b_api:
+                domain = e2b_api.get(f"/sandboxes/{sandbox_id}").json()["domain"]  # what the SDK would get
+            url = f"https://6080-{sandbox_id}.{domain}/vnc.html"
+            refused = through_ingress(url)
+            assert refused.status_code == 401, refused.text
+            assert refused.headers["x-paddock-ingress-error"] == "LIVE_VIEW_TOKEN_REQUIRED"
+            edge = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "6080"}
+            refused = httpx.get(f"{e2b_env.sandbox_url}/vnc.html", headers=edge, timeout=30)
+            assert refused.status_code == 403, refused.text
+            assert "live-view ports (6080-6087)" in refused.json()["message"], refused.text
+        finally:
+            api.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
 def test_a_stream_with_a_password_on_another_port_opens_through_the_ingress(
     desktop: Sandbox, e2b_env: E2bPlatform
 ) -> None:
-    with e2b_env.platform.http(e2b_env.api_key) as api:
-        api.patch(f"/v1/sandboxes/{desktop.sandbox_id}", json={"ingress_enabled": True}).raise_for_status()
     desktop.stream.start(port=6200, require_auth=True)
     try:
         key = desktop.stream.get_auth_key()

@@ -20,6 +20,7 @@ from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional
 from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity, schemas, store
 from paddock_controlplane.edge.e2b import templates as e2b_templates
+from paddock_controlplane.edge.e2b import volumes as e2b_volumes
 from paddock_controlplane.edge.e2b.store import E2bSandbox
 from paddock_controlplane.records import queries, sandbox_metrics
 from paddock_controlplane.records.models import Sandbox
@@ -111,11 +112,11 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     services, principal = await _caller(request, None)
     if body.mcp:
         raise e2b_errors.NotBuilt("mcp: MCP gateways are not served by Paddock")
-    if body.volume_mounts:
-        raise e2b_errors.NotBuilt("volumeMounts: volumes are not served by Paddock's E2B API yet")
-    if body.network:
+    network = body.network
+    if network is not None and network.unserved():
         raise e2b_errors.NotBuilt(
-            "network: E2B's network rules are not served yet; use Paddock's egress rules"
+            f"network.{network.unserved()[0]}: E2B's egress rules are not served yet; use Paddock's"
+            " egress rules (PUT /v1/sandboxes/{id}/egress)"
         )
     if body.iam:
         raise e2b_errors.NotBuilt("iam: workload identity is not served by Paddock")
@@ -135,13 +136,19 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
         timeout_s=timeout_s or None,
         on_timeout=("pause" if body.auto_pause else "destroy") if timeout_s else None,
         metadata=metadata or None,
+        # ``allowPublicTraffic`` is the ingress (docs/e2b.md): true opens the sandbox's URLs to anyone;
+        # false or unset keeps them to the holder of its traffic token (Paddock opens nothing unasked).
+        ingress_enabled=bool(network is not None and network.allow_public_traffic),
+        volumes=e2b_volumes.attachments(body.volume_mounts),
     )
     try:
         sandbox = await lifecycle.create(services, principal.user_id, request_body)
     except errors.ValidationFailed as exc:
         if "rootfs" in exc.fields:
             raise errors.NotFound(f"template {body.template_id!r} not found") from None
-        raise _field(exc) from None
+        raise e2b_volumes.renamed(_field(exc)) from None
+    except errors.PaddockError as exc:
+        raise e2b_volumes.renamed(exc) from None
     try:
         async with transaction(services.sessions) as session:
             await store.record(
@@ -305,16 +312,27 @@ async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     async with services.sessions() as session:
         row = await store.get(session, sandbox_id)
-    return schemas.detail(
-        sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox), services.settings
-    )
+        mounts = await e2b_volumes.mounts_of(session, sandbox_id)
+    return {
+        **schemas.detail(
+            sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox), services.settings
+        ),
+        "volumeMounts": mounts,
+    }
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)
 async def kill(sandbox_id: str, request: Request) -> Response:
     services, principal = await _caller(request, sandbox_id)
     sandbox = await _visible(services, principal.user_id, sandbox_id)
+    async with services.sessions() as session:
+        holds_volumes = bool(await e2b_volumes.mounts_of(session, sandbox.id))
     await destruction.destroy(services, principal.user_id, sandbox.id)
+    if holds_volumes:
+        # E2B's programs mount a volume in the next sandbox as soon as the kill answers; Paddock's volume
+        # is free once its holder is destroyed (one writer), so the kill waits for that.
+        wait = queries.Wait(SandboxStatus.DESTROYED, SETTLE_S)
+        await queries.get_when(services, principal.user_id, sandbox.id, _cutoff(services), wait)
     return Response(status_code=204)
 
 
@@ -480,6 +498,7 @@ def create_app(services: Services) -> FastAPI:
     e2b_errors.install(app)
     app.include_router(router)
     app.include_router(e2b_templates.router)
+    app.include_router(e2b_volumes.router)
 
     def too_large(limit_bytes: int, field: str) -> errors.PaddockError:
         return errors.PayloadTooLarge(f"{field} is over the {limit_bytes}-byte limit")

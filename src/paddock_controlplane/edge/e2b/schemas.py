@@ -11,11 +11,53 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.records.schemas.volumes import MAX_VOLUMES_PER_SANDBOX
 from paddock_core.timeutil import rfc3339
 
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class VolumeMount(Body):
+    """One of a create's ``volumeMounts`` (``SandboxVolumeMount``): a volume by name, at a path."""
+
+    name: StrictStr = Field(min_length=1, max_length=128)
+    path: StrictStr = Field(min_length=1, max_length=4096)
+
+
+class NetworkConfig(Body):
+    """A create's ``network`` (``SandboxNetworkConfig``). Only ``allowPublicTraffic`` is served; the
+    egress fields are 501 (Paddock's egress rules)."""
+
+    allow_public_traffic: StrictBool | None = Field(default=None, alias="allowPublicTraffic")
+    allow_out: list[Any] | None = Field(default=None, alias="allowOut")
+    deny_out: list[Any] | None = Field(default=None, alias="denyOut")
+    dns_servers: list[Any] | None = Field(default=None, alias="dnsServers")
+    egress_proxy: dict[str, Any] | None = Field(default=None, alias="egressProxy")
+    mask_request_host: StrictStr | None = Field(default=None, alias="maskRequestHost")
+    https_ports: list[Any] | None = Field(default=None, alias="httpsPorts")
+    rules: dict[str, Any] | None = None
+
+    def unserved(self) -> list[str]:
+        """The fields set that Paddock does not act on (each a 501)."""
+        names = ("allowOut", "denyOut", "dnsServers", "egressProxy", "maskRequestHost", "httpsPorts", "rules")
+        values = (
+            self.allow_out,
+            self.deny_out,
+            self.dns_servers,
+            self.egress_proxy,
+            self.mask_request_host,
+            self.https_ports,
+            self.rules,
+        )
+        return [name for name, value in zip(names, values, strict=True) if value is not None]
+
+
+class NewVolume(Body):
+    """``POST /volumes``."""
+
+    name: StrictStr
 
 
 class NewSandbox(Body):
@@ -29,8 +71,10 @@ class NewSandbox(Body):
     metadata: dict[StrictStr, StrictStr] | None = None
     env_vars: dict[StrictStr, StrictStr] | None = Field(default=None, alias="envVars")
     mcp: dict[str, Any] | None = None
-    volume_mounts: list[Any] | None = Field(default=None, alias="volumeMounts")
-    network: dict[str, Any] | None = None
+    volume_mounts: list[VolumeMount] | None = Field(
+        default=None, alias="volumeMounts", max_length=MAX_VOLUMES_PER_SANDBOX
+    )
+    network: NetworkConfig | None = None
     iam: dict[str, Any] | None = None
 
 
@@ -119,4 +163,6 @@ def detail(
         "trafficAccessToken": identity.envd_access_token(settings, sandbox.id),
         "domain": identity.domain(settings),
         "allowInternetAccess": not sandbox.egress,
+        # E2B's public traffic is the sandbox's ingress (docs/e2b.md).
+        "network": {"allowPublicTraffic": bool(sandbox.ingress_enabled)},
     }

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from paddock_controlplane.edge.e2b import identity as e2b_identity
 from paddock_controlplane.edge.ingress import http1, pages
 from paddock_controlplane.edge.ingress.routing import IngressError, Router, Target, parse_host
 from paddock_controlplane.records.services import Services
@@ -34,6 +35,9 @@ from paddock_controlplane.sandboxes import desktop_access
 from paddock_controlplane.sandboxes.activity import Inflight, touch
 from paddock_core.logging import get_logger
 from paddock_core.serving import HEADER_TIMEOUT_S
+
+#: E2B's header for a sandbox's traffic token (``trafficAccessToken``), sent by E2B's users to its URLs.
+TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 
 log = get_logger("paddock.ingress")
 
@@ -325,14 +329,22 @@ class _Connection:
         """Routes the request (by ``Host``, waking a paused sandbox) and dials the app; raises IngressError."""
         target = self._target(request)
         live_view = self._live_view(request, target)
-        route = await self.proxy.router.resolve(target.sandbox_id, live_view=live_view)
-        if route.desktop and target.port in desktop_access.NOVNC_PORTS and not live_view:
+        traffic_token = self._traffic_token(request, target)
+        route = await self.proxy.router.resolve(target.sandbox_id, live_view=live_view or traffic_token)
+        if (
+            route.desktop
+            and target.port in desktop_access.NOVNC_PORTS
+            and not (live_view or traffic_token or (route.e2b and route.ingress_enabled))
+        ):
+            # An E2B-made desktop with public traffic serves e2b-desktop's stream here, whose URL
+            # carries no token (noVNC's own password, require_auth, still applies): docs/e2b.md.
             raise IngressError(
                 401,
                 "LIVE_VIEW_TOKEN_REQUIRED",
                 "the live view of a desktop opens only through a link from its connect call",
             )
-        self.proxy.serving(self.task, target.sandbox_id + ("#live" if live_view else ""))
+        via = "#live" if live_view else "#token" if traffic_token else ""
+        self.proxy.serving(self.task, target.sandbox_id + via)
         self.settle_until = route.settle_until
         await self._dial(target, str(route.ip))
         return target
@@ -365,6 +377,19 @@ class _Connection:
             desktop_access.check(self.settings, token, target.sandbox_id, target.port)
         except desktop_access.TokenRefusedError as exc:
             raise IngressError(403, "LIVE_VIEW_TOKEN_REFUSED", str(exc)) from None
+        return True
+
+    def _traffic_token(self, request: http1.Request, target: Target) -> bool:
+        """E2B's ``e2b-traffic-access-token``: the sandbox's token (what its E2B create answered) opens
+        its ports with ingress off too, as E2B's proxy does for a sandbox without public traffic. The
+        header is taken off the request either way, so the app never sees the token. A wrong token
+        is 403."""
+        presented = request.get(TRAFFIC_TOKEN_HEADER)
+        if presented is None:
+            return False
+        request.headers = [(k, v) for k, v in request.headers if k.lower() != TRAFFIC_TOKEN_HEADER]
+        if not e2b_identity.check_envd_access_token(self.settings, target.sandbox_id, presented):
+            raise IngressError(403, "TRAFFIC_TOKEN_REFUSED", f"{TRAFFIC_TOKEN_HEADER} is not this sandbox's")
         return True
 
     async def _dial(self, target: Target, address: str) -> None:

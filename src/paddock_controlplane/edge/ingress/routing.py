@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from paddock_controlplane.edge.e2b.store import E2bSandbox
 from paddock_controlplane.records.hotcache import TTLCache
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
@@ -64,6 +65,9 @@ class Route:
     ingress_enabled: bool
     #: Booted from a desktop image: its noVNC ports open only with a live-view token (desktop_access).
     desktop: bool = False
+    #: Made through the E2B API (a row in ``e2b_sandboxes``): with ingress on (E2B's public traffic) a
+    #: desktop's 6080 is the stream ``e2b-desktop`` serves there, an ordinary port (docs/e2b.md).
+    e2b: bool = False
     #: Woken by this router lately: until this monotonic time its app may still refuse or drop the first
     #: connections, and the proxy tries again (0.0: not woken within ``WAKE_SETTLE_S``).
     settle_until: float = 0.0
@@ -100,7 +104,7 @@ class Router:
 
     async def resolve(self, sandbox_id: str, *, live_view: bool = False) -> Route:
         """The route of a running sandbox with ingress on (or, for a request carrying a valid live-view
-        token, ``live_view``, with ingress off too), or IngressError (404, 502, 503, 504)."""
+        or E2B traffic token, ``live_view``, with ingress off too), or IngressError (404, 502, 503, 504)."""
         cached = self.cache.get(sandbox_id)
         if isinstance(cached, Route):
             ready = _check(cached, live_view)
@@ -135,12 +139,13 @@ class Router:
 
     async def still_open(self, key: str) -> bool:
         """For open tunnels: False once the sandbox is gone or its ingress was turned off. ``key`` is a
-        sandbox id, or ``<sandbox id>#live`` for a live view opened with a token (ingress may be off)."""
+        sandbox id, or ``<sandbox id>#live`` for a live view or ``#token`` for a request opened with the
+        sandbox's E2B traffic token (ingress may be off for both)."""
         sandbox_id, _, via = key.partition("#")
         route = self.cache.get(sandbox_id)
         if not isinstance(route, Route):
             route = await self.load(sandbox_id)
-        return route.status not in (*GONE, "missing") and (route.ingress_enabled or via == "live")
+        return route.status not in (*GONE, "missing") and (route.ingress_enabled or via in ("live", "token"))
 
     async def load(self, sandbox_id: str) -> Route:
         async with self.services.sessions() as session:
@@ -153,14 +158,17 @@ class Router:
                         Sandbox.ip,
                         Sandbox.ingress_enabled,
                         Sandbox.rootfs,
-                    ).where(Sandbox.id == sandbox_id)
+                        E2bSandbox.sandbox_id,
+                    )
+                    .outerjoin(E2bSandbox, E2bSandbox.sandbox_id == Sandbox.id)
+                    .where(Sandbox.id == sandbox_id)
                 )
             ).first()
         if row is None:
             route = Route(sandbox_id, "", "missing", None, False)
         else:
             desktop = await computer.is_desktop_image(self.services, str(row[5]))
-            route = Route(row[0], row[1], row[2], row[3], bool(row[4]), desktop)
+            route = Route(row[0], row[1], row[2], row[3], bool(row[4]), desktop, row[6] is not None)
         if route.status not in (*SETTLING, SandboxStatus.PAUSED):
             self.cache.put(sandbox_id, route)
         return route

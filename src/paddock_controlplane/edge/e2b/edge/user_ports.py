@@ -4,7 +4,7 @@ URL is rebuilt from the parsed path and query; hop-by-hop headers are dropped; t
 ways. A port nothing listens on answers 502 "… port is not open", which the SDK reads as such.
 
 Who may reach a port: the ingress's rule (the sandbox's ``ingress_enabled``; a desktop's noVNC ports never
-without a token), or a caller holding the sandbox's ``envdAccessToken`` in ``X-Access-Token`` or
+without a token unless it was made through the E2B API), or a caller holding the sandbox's ``envdAccessToken`` in ``X-Access-Token`` or
 ``e2b-traffic-access-token`` (what the sandbox's creator got). Without either: 403, as no sandbox's port
 is opened to the network by the edge alone."""
 
@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.edge.e2b import identity, store
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import computer, desktop_access
@@ -87,7 +87,12 @@ async def refusal(services: Services, sandbox: Sandbox, port: int, request: Requ
     if not sandbox.ingress_enabled:
         return f"port {port} of sandbox {sandbox.id}: ingress is off for this sandbox; {token_hint}"
     if port in desktop_access.NOVNC_PORTS and await computer.is_desktop_image(services, sandbox.rootfs):
-        # e2b-desktop's stream defaults to 6080, one of these: its URL carries no token (docs/e2b.md).
+        # e2b-desktop's stream is on 6080, one of these, and its URL carries no token: a desktop made
+        # through the E2B API with public traffic serves it as an ordinary port, as the ingress does;
+        # a native desktop's stay its live view's (docs/e2b.md).
+        async with services.sessions() as session:
+            if await store.get(session, sandbox.id) is not None:
+                return None
         return (
             f"port {port} of sandbox {sandbox.id} is one of a desktop's live-view ports "
             f"({desktop_access.NOVNC_PORTS.start}-{desktop_access.NOVNC_PORTS.stop - 1}), which open only "

@@ -1,0 +1,93 @@
+"""E2B's ``network.allowPublicTraffic`` on Paddock's ingress, through the unmodified ``e2b`` SDK: the URL
+``sandbox.get_host(port)`` names answers anyone when the sandbox was made with public traffic, and only
+a request carrying the sandbox's ``e2b-traffic-access-token`` when it was made without (or, Paddock's
+default, with nothing said). Each request goes to the real ingress's listener on 127.0.0.1 with the
+SDK's host name in ``Host``, as a browser reaching ``https://<host>`` would (the test platform's ingress
+speaks plain HTTP)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from e2b import Sandbox
+from tests.e2b.conftest import E2bPlatform
+from tests.network.ingress_support import APP
+
+pytestmark = pytest.mark.root
+
+PORT = 8080
+
+
+def through_ingress(host: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    """GET /hello of ``<port>-<id>.<domain>``, sent to the ingress's listener at 127.0.0.1."""
+    listener = urlsplit(f"http://{host}").port
+    assert listener is not None, host  # the test platform's ingress has a port of its own
+    return httpx.get(
+        f"http://127.0.0.1:{listener}/hello", headers={"Host": host, **(headers or {})}, timeout=30
+    )
+
+
+def serve_app(sandbox: Sandbox) -> str:
+    """Starts the test app on PORT in the sandbox; its host name once it answers (through the edge)."""
+    sandbox.files.write("/srv/app.pl", APP.read_bytes())
+    sandbox.commands.run(f"exec perl /srv/app.pl {PORT}", background=True, timeout=0).disconnect()
+    probe = "for i in $(seq 100); do perl -MIO::Socket::INET -e 'exit !IO::Socket::INET->new(\"127.0.0.1:%d\")' && exit 0; sleep 0.1; done; exit 1"
+    assert sandbox.commands.run(probe % PORT).exit_code == 0
+    return sandbox.get_host(PORT)
+
+
+def test_public_traffic_opens_the_sandbox_url_to_anyone(e2b_env: E2bPlatform) -> None:
+    sandbox = Sandbox.create(network={"allow_public_traffic": True}, timeout=120)
+    try:
+        host = serve_app(sandbox)
+        answer = through_ingress(host)
+        assert answer.status_code == 200 and answer.text.startswith("hello from "), answer.text
+        # a wrong token is refused even where none is needed: it is not this sandbox's
+        wrong = through_ingress(host, {"e2b-traffic-access-token": "ea_" + "0" * 64})
+        assert wrong.status_code == 403, wrong.text
+        with e2b_env.platform.http(e2b_env.api_key) as api:  # the same switch /v1 shows
+            assert api.get(f"/v1/sandboxes/{sandbox.sandbox_id}").json()["data"]["ingress_enabled"] is True
+    finally:
+        sandbox.kill()
+
+
+@pytest.mark.parametrize("network", [{"allow_public_traffic": False}, None], ids=["false", "unset"])
+def test_without_public_traffic_the_url_needs_the_traffic_token(
+    e2b_env: E2bPlatform, network: dict[str, bool] | None
+) -> None:
+    sandbox = Sandbox.create(network=network, timeout=120)  # type: ignore[arg-type]
+    try:
+        host = serve_app(sandbox)
+        refused = through_ingress(host)
+        assert refused.status_code == 404, refused.text
+        assert refused.headers["x-paddock-ingress-error"] == "INGRESS_DISABLED"
+        assert sandbox.traffic_access_token
+        answer = through_ingress(host, {"e2b-traffic-access-token": sandbox.traffic_access_token})
+        assert answer.status_code == 200 and answer.text.startswith("hello from "), answer.text
+        other = Sandbox.create(timeout=60)
+        try:  # another sandbox's token opens nothing here
+            assert other.traffic_access_token and other.traffic_access_token != sandbox.traffic_access_token
+            wrong = through_ingress(host, {"e2b-traffic-access-token": other.traffic_access_token})
+            assert (
+                wrong.status_code == 403
+                and wrong.headers["x-paddock-ingress-error"] == "TRAFFIC_TOKEN_REFUSED"
+            )
+        finally:
+            other.kill()
+    finally:
+        sandbox.kill()
+
+
+def test_unserved_network_fields_are_501_naming_them(e2b_env: E2bPlatform) -> None:
+    with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60) as api:
+        body = {"templateID": "base", "network": {"allowPublicTraffic": True, "allowOut": ["8.8.8.8"]}}
+        answer = api.post("/v2/sandboxes", json=body)
+        assert answer.status_code == 501, answer.text
+        assert answer.json()["message"].startswith("network.allowOut:"), answer.text
+        typed = api.post(
+            "/v2/sandboxes", json={"templateID": "base", "network": {"allowPublicTraffic": "yes"}}
+        )
+        assert typed.status_code == 400 and "allowPublicTraffic" in typed.json()["message"], typed.text
