@@ -30,7 +30,7 @@ from paddock_core import metrics
 from paddock_core.bodylimit import BodyLimit
 from paddock_core.fastlane import FastLane
 from paddock_core.logging import get_logger
-from paddock_hostagent import errors
+from paddock_hostagent import capacity, errors
 from paddock_hostagent.builds import BuildManager
 from paddock_hostagent.channelserver import ChannelEndpoint
 from paddock_hostagent.drivers.base import SandboxRuntime
@@ -41,6 +41,7 @@ from paddock_hostagent.drivers.net.egress_rules import EgressFirewall
 from paddock_hostagent.drivers.net.network import NetworkManager
 from paddock_hostagent.drivers.runtime.oci import OciOptions, OciRuntime
 from paddock_hostagent.drivers.runtime.ocispec import IoLimits
+from paddock_hostagent.drivers.runtime.pool import ImagePoolConfig
 from paddock_hostagent.drivers.storage import rootdisks
 from paddock_hostagent.drivers.storage.s3mounts import S3Mounter
 from paddock_hostagent.drivers.vm.qemu import QemuOptions, QemuRuntime
@@ -81,6 +82,13 @@ def watch_capacity(app: FastAPI, telemetry: metrics.ServiceMetrics) -> None:
     pool = gauge(
         "paddock_host_pool_slots", "Warm-pool slots ready (parked: with a sandbox booted).", ["kind"]
     )
+    pool_memory = gauge(
+        "paddock_host_pool_memory_bytes",
+        "Host memory the parked sandboxes of the warm pools hold (their cgroups' usage).",
+    )
+    pool_budget = gauge(
+        "paddock_host_pool_memory_budget_bytes", "What the per-image pools' parked sandboxes may hold."
+    )
 
     async def refresh() -> None:
         manager: SandboxManager | None = getattr(app.state, "manager", None)
@@ -97,6 +105,10 @@ def watch_capacity(app: FastAPI, telemetry: metrics.ServiceMetrics) -> None:
         sandboxes.set(info.vm_count)
         pool.labels("warm").set(info.warm_slots)
         pool.labels("parked").set(info.parked_slots)
+        slots = getattr(manager.runtime, "pool", None)
+        if slots is not None:
+            pool_memory.set(slots.held_bytes())
+            pool_budget.set(slots.images.budget_bytes if slots.images is not None else 0)
 
     telemetry.add_refresher(refresh)
 
@@ -144,7 +156,7 @@ def _oci_runtime(
             return images.rootfs_path(settings.pool_image)
         return None
 
-    return OciRuntime(
+    runtime = OciRuntime(
         OciOptions(
             state_dir=settings.state_dir,
             runtime=runtime_name,
@@ -167,6 +179,13 @@ def _oci_runtime(
             ),
         )
     )
+    runtime.pool.configure_images(
+        ImagePoolConfig(
+            budget_bytes=capacity.pool_budget_bytes(settings.pool_memory_pct),
+            per_kind_max=settings.pool_kind_max,
+        )
+    )
+    return runtime
 
 
 async def build_manager(settings: HostAgentSettings) -> SandboxManager:

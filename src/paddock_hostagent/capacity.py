@@ -57,6 +57,22 @@ class Promise:
         return max(self.limit_mib - self.used_bytes // MIB, 0)
 
 
+def total_memory_mib() -> int:
+    """``MemTotal``: the machine's memory."""
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def pool_budget_bytes(percent: float, total_mib: int | None = None) -> int:
+    """What the parked sandboxes of the per-image pools may hold: ``percent`` of the machine's memory
+    (``PADDOCK_HOST_POOL_MEMORY_PCT``). Not promised to anyone: a parked sandbox is no sandbox's and
+    no tenant's, and the admission above sees what it holds only through ``MemAvailable``."""
+    return int((total_memory_mib() if total_mib is None else total_mib) * MIB * percent / 100)
+
+
 def available_memory_mib() -> int:
     """``MemAvailable``: what the kernel can hand out without swapping (free plus reclaimable cache)."""
     with open("/proc/meminfo") as meminfo:

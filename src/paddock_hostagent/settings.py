@@ -85,6 +85,15 @@ class HostAgentSettings(ServiceSettings):
     pool_image: str = "debian:13"
     # Disk size the warm pool formats slots at; a create asking for more grows a pooled slot.
     pool_disk_mib: int = 10240
+    # Per-image pools (drivers/runtime/pool.py, ``ImagePools``): sandboxes of what the default pool does
+    # not park (another image such as devbox:1 or a template, another disk size), parked as recent demand
+    # says: an exponentially decayed create rate per image and disk size, one parked once it is asked
+    # for, more as its creates/s grow, at most POOL_KIND_MAX each, none once it has not been asked for in
+    # minutes. All parked sandboxes together (the default pool's too) hold at most POOL_MEMORY_PCT percent
+    # of the machine's memory (MemTotal), measured in their cgroups; 0 parks only the default pool. A
+    # create of a size with none parked claims the image's largest smaller disk, grown online (XFS).
+    pool_memory_pct: float = Field(default=5.0, ge=0.0, le=50.0)
+    pool_kind_max: int = Field(default=4, ge=0, le=64)
     # Filesystem of sandbox disks: ext4 needs CAP_SYS_RESOURCE to grow online, XFS does not.
     disk_fs: Literal["auto", "ext4", "xfs"] = "auto"
     runtime_root: Path = Path("/run/paddock")

@@ -17,6 +17,16 @@ guest's start, ~70 % of a create's CPU) is out of the create's way, as in E2B's 
 snapshot pools. The parked sandbox's container id and cgroup are the slot's (``Parked``), recorded in
 ``slot.json``; a restarted agent stops those no sandbox claimed.
 
+**Per-image pools.** The default pool parks the pool image at its disk size only. What else creates ask
+for — another image (``devbox:1``, a user's template), another disk size — is counted per kind (image
+and disk size, ``Demand``: an exponentially decayed create rate) and parked by ``ImagePools``, one of a
+kind once it is asked for, more as it gets busier, none once it has not been asked for in minutes,
+all parked sandboxes together within a budget of host memory (``PADDOCK_HOST_POOL_MEMORY_PCT`` of
+MemTotal, measured in their cgroups). A create whose size has none parked claims one of its image on
+a smaller disk, grown on claim (``SlotPool.take``: XFS online, ~1-4 ms; the superblock is written home
+in the background, and every copy of a disk waits for it). A parked sandbox is no sandbox's: it has no
+record, counts against no tenant's quota and no admission's promise.
+
 **The seam.** A runtime reaches its slots through ``SlotPool`` only (take, take for a fork, destroy,
 reclaim what no sandbox owns), and the pool reaches the runtime through ``ParkingRuntime`` only (boot a
 container in a slot, stop it). When to park, in which slot, under which container id, and which create
@@ -28,10 +38,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import json
+import math
 import os
 import secrets
 import shutil
+import struct
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,13 +55,15 @@ from typing import Any, Protocol, TypeVar
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.net.network import NetworkManager, SandboxNetwork
-from paddock_hostagent.drivers.storage import mounts, rootdisks
+from paddock_hostagent.drivers.runtime.cgroups import SandboxCgroup
+from paddock_hostagent.drivers.storage import loops, mounts, rootdisks
 from paddock_hostagent.drivers.storage.rootdisks import Disk, Filesystem
 
 log = get_logger(__name__)
 T = TypeVar("T")
 A = TypeVar("A")
 NETWORK_THREADS = 16
+MIB = 1 << 20
 
 
 @dataclass
@@ -184,6 +200,11 @@ class Parking:
         rootfs = self.pool_rootfs() if self.pool_rootfs is not None else None
         if rootfs is None:
             return False
+        await self.park_image(slot, rootfs)
+        return True
+
+    async def park_image(self, slot: Slot, rootfs: Path) -> None:
+        """Boots a parked sandbox of the image at ``rootfs`` in ``slot`` (``ImagePools``' images)."""
         container_id = f"parked-{slot.id}"
         # Recorded before the boot: an agent killed half-way through leaves a slot whose container
         # the next agent finds and stops (by its id and cgroup) instead of one it cannot know about.
@@ -196,7 +217,6 @@ class Parking:
             slot.parked = None
             raise
         slot.save()
-        return True
 
     async def discard(self, slot: Slot) -> None:
         if slot.parked is not None:
@@ -216,6 +236,9 @@ class SlotFactory:
         self._images_dir: Path | None = None
         self._store_opened = False
         self._store_lock = asyncio.Lock()
+        # Awaited before the store is handed to a copy of a sandbox's disk (a snapshot): the disks the
+        # pool grew on claim have their new size written home by then (``SlotPool.settled``).
+        self.before_copy: Callable[[], Coroutine[Any, Any, None]] | None = None
         # Network builds and teardowns wait on `ip` commands (tens of ms each): threads of their own, so
         # that a burst of slots built on demand does not hold every thread of the loop's default
         # executor, behind which each create's short blocking steps (mounts, clones) would queue.
@@ -225,7 +248,13 @@ class SlotFactory:
         return await asyncio.get_running_loop().run_in_executor(self._network_threads, work, argument)
 
     async def images_dir(self) -> Path | None:
-        """The disk store (opened on first use, once); None when this host has none."""
+        """The disk store (opened on first use, once); None when this host has none. Once every disk
+        grown on claim is settled (a snapshot asks for the store before it copies a disk)."""
+        if self.before_copy is not None:
+            await self.before_copy()
+        return await self._open_store()
+
+    async def _open_store(self) -> Path | None:
         async with self._store_lock:
             if not self._store_opened:
                 self._images_dir = await rootdisks.open_store(self.slots_dir)
@@ -247,7 +276,7 @@ class SlotFactory:
             self._store_opened, self._images_dir = False, None
 
     async def build(self, disk_mib: int, *, with_disk: bool = True) -> Slot:
-        images_dir = await self.images_dir()
+        images_dir = await self._open_store()
         slot_id = secrets.token_hex(4)
         slot_dir = self.slots_dir / slot_id
         slot_dir.mkdir(parents=True)
@@ -558,9 +587,290 @@ class Taken:
     warm: bool
 
 
+# -- a disk grown on claim ---------------------------------------------------------------------------
+
+_XFS_IOC_FSGEOMETRY_V1 = (2 << 30) | (112 << 16) | (ord("X") << 8) | 100  # _IOR('X', 100, 112 bytes)
+_XFS_IOC_FSGROWFSDATA = (1 << 30) | (16 << 16) | (ord("X") << 8) | 110  # _IOW('X', 110, 16 bytes)
+
+
+def grow_xfs_now(disk: Disk, size_mib: int) -> None:
+    """Grows a mounted XFS disk to ``size_mib``: the image file, its loop device, then the filesystem
+    (``XFS_IOC_FSGROWFSDATA``, what ``xfs_growfs`` asks, without its process: ~1 ms for 1 to 2 GiB,
+    ~4 ms for 1 to 10 GiB). The new size is only in the log until ``write_superblock_home``."""
+    with open(disk.image_path, "r+b") as image:
+        image.truncate(size_mib * MIB)
+    loops.refresh_capacity(disk.loop_device)
+    fd = os.open(disk.mount_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        geometry = bytearray(112)
+        fcntl.ioctl(fd, _XFS_IOC_FSGEOMETRY_V1, geometry)
+        block_size = struct.unpack_from("=I", geometry, 0)[0]
+        imaxpct = struct.unpack_from("=I", geometry, 28)[0]
+        fcntl.ioctl(fd, _XFS_IOC_FSGROWFSDATA, struct.pack("=QI4x", size_mib * MIB // block_size, imaxpct))
+    except OSError as exc:
+        raise DriverError(f"growing the disk {disk.image_path.name} to {size_mib} MiB failed: {exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def write_superblock_home(disk: Disk) -> None:
+    """A freeze and thaw: writes the grown superblock home and covers the log, so that a copy of the image
+    (a fork's clone, a snapshot) or a crash's replay sees the new size (``rootdisks.grow`` says why);
+    30-45 ms here, mostly the loop device's synchronous writes."""
+    mounts.freeze_filesystem(disk.mount_dir)
+    mounts.thaw_filesystem(disk.mount_dir)
+
+
+# -- demand: which images to keep parked, at which disk size, and how many ----------------------------
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a parked sandbox of the per-image pools is: an image (its root filesystem's path) on a disk
+    of ``disk_mib``."""
+
+    rootfs: Path
+    disk_mib: int
+
+
+@dataclass
+class _Rate:
+    """Creates of one kind as two exponentially decayed counts: ``slow`` says whether it was asked for
+    in the last minutes, ``fast`` how many per second now."""
+
+    slow: float = 0.0
+    fast: float = 0.0
+    at: float = 0.0
+
+    def decay(self, now: float, slow_half_life_s: float, fast_half_life_s: float) -> None:
+        elapsed = max(now - self.at, 0.0)
+        self.slow *= 0.5 ** (elapsed / slow_half_life_s)
+        self.fast *= 0.5 ** (elapsed / fast_half_life_s)
+        self.at = now
+
+
+class Demand:
+    """Creates per kind (image and disk size) that the default pool does not serve (another image, a
+    disk smaller than the pool's, or the pool image once the default pool's parked sandboxes are all
+    claimed), and the parked sandboxes each should have: none once a kind has not been asked for in a
+    while (its slow count, half-life ``slow_half_life_s``, fell below ``FORGET_BELOW``: four minutes
+    after one create, longer after many), else one per ``horizon_s`` worth of its current rate
+    (creates/s from the fast count, half-life ``fast_half_life_s``), at least one and at most
+    ``per_kind_max``."""
+
+    FORGET_BELOW = 0.25  # one create, two slow half-lives ago
+
+    def __init__(
+        self,
+        *,
+        per_kind_max: int = 4,
+        slow_half_life_s: float = 120.0,
+        fast_half_life_s: float = 5.0,
+        horizon_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_kind_max = per_kind_max
+        self.slow_half_life_s = slow_half_life_s
+        self.fast_half_life_s = fast_half_life_s
+        self.horizon_s = horizon_s
+        self.clock = clock
+        self._rates: dict[Kind, _Rate] = {}
+
+    def record(self, kind: Kind) -> None:
+        now = self.clock()
+        rate = self._rates.setdefault(kind, _Rate(at=now))
+        rate.decay(now, self.slow_half_life_s, self.fast_half_life_s)
+        rate.slow += 1.0
+        rate.fast += 1.0
+
+    def targets(self) -> dict[Kind, int]:
+        """Kind -> parked sandboxes wanted, busiest first; kinds no longer asked for are forgotten."""
+        now = self.clock()
+        wanted: list[tuple[float, Kind, int]] = []
+        for kind, rate in list(self._rates.items()):
+            rate.decay(now, self.slow_half_life_s, self.fast_half_life_s)
+            if rate.slow < self.FORGET_BELOW:
+                del self._rates[kind]
+                continue
+            per_s = rate.fast * math.log(2) / self.fast_half_life_s
+            wanted.append((per_s, kind, min(max(math.ceil(per_s * self.horizon_s), 1), self.per_kind_max)))
+        wanted.sort(key=lambda item: -item[0])
+        return {kind: count for _, kind, count in wanted}
+
+
+def parked_memory_bytes(parked: Parked) -> int:
+    """What a parked sandbox holds of the host's memory now: its cgroup's usage (``memory.usage_in_bytes``,
+    the page cache charged to it included)."""
+    return SandboxCgroup(parked.cgroups_path).memory_usage_bytes()
+
+
+class ImagePools:
+    """Parked sandboxes of the kinds (image, disk size) the default pool does not park — ``devbox:1``, a
+    user's template, the pool image on a 2 GiB disk — as many of each as ``Demand`` says, all together
+    within ``budget_bytes`` of host memory, measured in their cgroups with the default pool's parked
+    ones (``held_elsewhere``); a new one is counted at what the last of its image held,
+    ``DEFAULT_COST_BYTES`` before any. The busiest kinds are parked first.
+
+    A create claims one of its image on a disk of its size, else on the largest smaller disk there is,
+    grown on claim (``SlotPool.take``). Built and parked one at a time, between bursts (``busy``), as the
+    default pool refills; what demand no longer wants is stopped, one a tick, and so is a sandbox of an
+    image rebuilt since it was parked (no create can claim it)."""
+
+    tick_s = 1.0
+    park_retry_s = 30.0  # a kind whose parking failed is not parked again for this long
+    DEFAULT_COST_BYTES = 64 * MIB
+
+    def __init__(
+        self,
+        factory: SlotFactory,
+        parking: Parking,
+        demand: Demand,
+        *,
+        budget_bytes: int,
+        busy: Callable[[], bool],
+        held_elsewhere: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.factory = factory
+        self.parking = parking
+        self.demand = demand
+        self.budget_bytes = budget_bytes
+        self.busy = busy
+        self.held_elsewhere = held_elsewhere
+        self._free: list[tuple[Kind, Slot]] = []
+        self._cost: dict[Path, int] = {}
+        self._failed_at: dict[Kind, float] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="image-pools")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def count(self) -> int:
+        return len(self._free)
+
+    def counts(self) -> dict[Kind, int]:
+        out: dict[Kind, int] = {}
+        for kind, _ in self._free:
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
+    def held_bytes(self) -> int:
+        return sum(parked_memory_bytes(slot.parked) for _, slot in self._free if slot.parked is not None)
+
+    def take(self, rootfs_key: str, disk_mib: int) -> Slot | None:
+        """A parked slot of the image whose ``image_key`` is ``rootfs_key`` on a disk of ``disk_mib``, else
+        on the largest smaller one; None if there is none."""
+        fitting = [
+            (slot.disk_mib, index)
+            for index, (_, slot) in enumerate(self._free)
+            if slot.parked is not None and slot.parked.rootfs == rootfs_key and slot.disk_mib <= disk_mib
+        ]
+        if not fitting:
+            return None
+        _, index = max(fitting)
+        slot = self._free.pop(index)[1]
+        self._wake.set()
+        return slot
+
+    async def _run(self) -> None:
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.tick_s)
+            self._wake.clear()
+            if self._closing:
+                return
+            try:
+                await self._balance()
+            except DriverError as exc:
+                self.last_error = str(exc)
+                log.warning("image_pool_refill_failed", error=str(exc))
+                await asyncio.sleep(self.tick_s)
+
+    async def _balance(self) -> None:
+        targets = self.demand.targets()
+        counts = self.counts()
+        # Stop one that is no longer wanted (its kind's demand fell, or its image was rebuilt).
+        for index, (kind, slot) in enumerate(self._free):
+            stale = slot.parked is None or slot.parked.rootfs != image_key(kind.rootfs)
+            if stale or counts.get(kind, 0) > targets.get(kind, 0):
+                del self._free[index]
+                await _finish_even_if_cancelled(self.parking.discard(slot))
+                return
+        now = time.monotonic()
+        for kind, wanted in targets.items():
+            if self._closing:
+                return
+            if counts.get(kind, 0) >= wanted or now - self._failed_at.get(kind, -1e9) < self.park_retry_s:
+                continue
+            if not kind.rootfs.is_dir():
+                continue
+            cost = self._cost.get(kind.rootfs, self.DEFAULT_COST_BYTES)
+            if self.held_elsewhere() + self.held_bytes() + cost > self.budget_bytes:
+                return  # the budget is spent: the busiest kinds got theirs first
+            await self._wait_quiet()
+            await self._park_one(kind)
+            self._wake.set()  # the next one, or the next kind, on the next pass
+            return
+
+    async def _park_one(self, kind: Kind) -> None:
+        slot = await self.factory.build(kind.disk_mib)
+        try:
+            await self.parking.park_image(slot, kind.rootfs)
+        except Exception as exc:  # any failure: the slot goes, the kind rests, the pools go on
+            self._failed_at[kind] = time.monotonic()
+            self.last_error = f"parking a sandbox of {kind.rootfs} failed: {exc}"
+            log.warning("image_pool_park_failed", image=str(kind.rootfs), error=str(exc))
+            await _finish_even_if_cancelled(self.factory.destroy(slot))
+            return
+        except BaseException:
+            await _finish_even_if_cancelled(self.parking.discard(slot))
+            raise
+        if self._closing:
+            await _finish_even_if_cancelled(self.parking.discard(slot))
+            return
+        self._free.append((kind, slot))
+        if slot.parked is not None:
+            self._cost[kind.rootfs] = max(parked_memory_bytes(slot.parked), 1)
+
+    async def _wait_quiet(self) -> None:
+        deadline = time.monotonic() + WarmPool.busy_wait_s
+        while self.busy() and not self._closing and time.monotonic() < deadline:
+            await asyncio.sleep(WarmPool.busy_poll_s)
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), WarmPool.close_wait_s)
+            except TimeoutError:
+                self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        while self._free:
+            await self.parking.discard(self._free.pop()[1])
+
+
+@dataclass(frozen=True)
+class ImagePoolConfig:
+    """The per-image pools' bounds (``HostAgentSettings``: ``pool_memory_pct``, ``pool_kind_max``).
+    ``budget_bytes`` 0 parks nothing but the default pool."""
+
+    budget_bytes: int = 0
+    per_kind_max: int = 4
+
+
 class SlotPool:
     """A runtime's one door to its slots: the warm pool, the parking in it (where the runtime parks),
-    and the slots on disk that no sandbox owns."""
+    the per-image pools (``ImagePools``) and the slots on disk that no sandbox owns."""
 
     def __init__(
         self,
@@ -576,8 +886,27 @@ class SlotPool:
         """``parks``: whether this runtime parks sandboxes in free slots; a runtime that does not still
         stops what an earlier agent parked (``reclaim``)."""
         self.factory = factory
+        self._parks = parks
+        self._busy = busy
         self._parking = Parking(factory, runtime, pool_rootfs)
         self.warm = WarmPool(factory, size, disk_mib, busy=busy, parker=self._parking if parks else None)
+        self.images: ImagePools | None = None
+        self._settling: dict[str, asyncio.Task[None]] = {}
+        factory.before_copy = self.settled
+
+    def configure_images(self, config: ImagePoolConfig) -> None:
+        """Turns the per-image pools on (before ``start``), where this runtime parks and has a pool."""
+        if not self._parks or self.warm.size <= 0 or config.budget_bytes <= 0:
+            self.images = None
+            return
+        self.images = ImagePools(
+            self.factory,
+            self._parking,
+            Demand(per_kind_max=config.per_kind_max),
+            budget_bytes=config.budget_bytes,
+            busy=self._busy,
+            held_elsewhere=self._warm_held_bytes,
+        )
 
     @property
     def slots_dir(self) -> Path:
@@ -585,32 +914,93 @@ class SlotPool:
 
     @property
     def free_count(self) -> int:
-        return self.warm.free_count
+        return self.warm.free_count + (self.images.count if self.images is not None else 0)
 
     @property
     def parked_count(self) -> int:
-        return self.warm.parked_count
+        return self.warm.parked_count + (self.images.count if self.images is not None else 0)
+
+    def _warm_held_bytes(self) -> int:
+        return sum(parked_memory_bytes(slot.parked) for slot in self.warm._free if slot.parked is not None)
+
+    def held_bytes(self) -> int:
+        """Host memory the parked sandboxes hold now (the default pool's and the per-image pools')."""
+        return self._warm_held_bytes() + (self.images.held_bytes() if self.images is not None else 0)
 
     def start(self) -> None:
         self.warm.start()
+        if self.images is not None:
+            self.images.start()
 
     async def close(self) -> None:
+        if self.images is not None:
+            await self.images.close()
         await self.warm.close()
+        await self.settled()
 
     async def take(self, disk_mib: int, rootfs: Path) -> Taken:
         """A slot for a create of the image at ``rootfs``: one with a sandbox of that image parked in
-        it (handed over: the slot no longer records it), else a plain one."""
-        # The image's key costs a stat: only asked for when a parked sandbox could match it.
-        key = image_key(rootfs) if self.warm.parked_count else None
-        slot, warm = await self.warm.take(disk_mib, key)
+        it (handed over: the slot no longer records it), else a plain one. A parked slot whose disk is
+        smaller than ``disk_mib`` is grown here (XFS, online). A create the default pool does not serve
+        counts toward its kind's demand (``ImagePools``)."""
+        key = image_key(rootfs)
+        slot: Slot | None = None
+        warm = True
+        default_parks = any(
+            candidate.parked is not None and candidate.parked.rootfs == key for candidate in self.warm._free
+        )
+        if self.images is not None and not (default_parks and disk_mib >= self.warm.disk_mib):
+            # Not what the default pool parks: counted, and claimed from the per-image pools if there.
+            self.images.demand.record(Kind(rootfs, disk_mib))
+            self.images.wake()
+            slot = self.images.take(key, disk_mib)
+        if slot is None:
+            slot, warm = await self.warm.take(disk_mib, key if self.warm.parked_count else None)
+        if slot.parked is not None and slot.disk_mib < disk_mib and slot.disk.fs == "xfs":
+            try:
+                await self._grow(slot, disk_mib)
+            except DriverError as exc:
+                log.warning("pool_grow_on_claim_failed", slot=slot.id, error=str(exc))
+                await self._parking.discard(slot)
+                slot, warm = await self.warm.take(disk_mib, None)
         parked, slot.parked = slot.parked, None
         return Taken(slot, parked, warm)
 
+    async def _grow(self, slot: Slot, disk_mib: int) -> None:
+        """Grows a claimed slot's disk now (~1-4 ms); its superblock is written home in the background
+        (``write_superblock_home``, 30-45 ms), which every copy of a disk and the slot's destruction
+        wait for (``settled``)."""
+        await asyncio.to_thread(grow_xfs_now, slot.disk, disk_mib)
+        slot.disk_mib = disk_mib
+        self._settling[slot.id] = asyncio.create_task(self._settle(slot), name=f"settle-{slot.id}")
+
+    async def _settle(self, slot: Slot) -> None:
+        try:
+            await asyncio.to_thread(write_superblock_home, slot.disk)
+        except DriverError as exc:
+            log.warning("pool_grown_disk_not_settled", slot=slot.id, error=str(exc))
+        finally:
+            self._settling.pop(slot.id, None)
+
+    async def settled(self, slot_id: str | None = None) -> None:
+        """Waits until the disks grown on claim (or that of ``slot_id``) have their size written home."""
+        tasks = (
+            list(self._settling.values())
+            if slot_id is None
+            else [self._settling[slot_id]]
+            if slot_id in self._settling
+            else []
+        )
+        if tasks:
+            await asyncio.gather(*(asyncio.shield(task) for task in tasks), return_exceptions=True)
+
     async def take_for_fork(self) -> Slot:
+        await self.settled()  # the fork's source may be a disk just grown on claim
         return await self.warm.take_for_fork()
 
     async def destroy(self, slot: Slot) -> None:
         """Removes every part of a slot whose container is gone."""
+        await self.settled(slot.id)
         await self.factory.destroy(slot)
 
     async def reclaim(self, owned: set[str], kept_images: set[str]) -> None:

@@ -1,0 +1,265 @@
+"""Creates of every image and disk size from the warm pools (drivers/runtime/pool.py, issue #36), and creates
+sustained at concurrency.
+
+On a platform of its own (one control plane, one host agent in the default configuration: a pool of 2
+at a 10 GiB disk, the per-image pools on), through the SDK:
+
+- **create → running** of each image and of ``debian:13`` at ``disk_mib=2048``: one untimed create first
+  (it boots cold, and tells the per-image pools the image is wanted), then ``ROUNDS`` creates, each once
+  the pools are full again (untimed; a create the pool could not have refilled for is the sustained case
+  below). Each row says how many claimed a parked sandbox (the agent's ``create_phases``). Beside it the
+  floor: ``crun run -d`` of ``sleep infinity`` on an overlay of the same image (no disk, network, guest
+  agent or API), and the numbers of issue #36 before this change.
+- **host memory the pools hold**: the agent's ``paddock_host_pool_memory_bytes`` (what the parked
+  sandboxes' cgroups hold) with every image's pool full, and the budget.
+- **sustained**: ``CONCURRENCY`` threads, each creating a ``debian:13`` sandbox, running ``true`` in it and
+  destroying it, for ``SECONDS``: creates/s completed, and create → first command p50/p99.
+
+Run: ``.venv/bin/python -m bench.pools_bench [--rounds 8] [--seconds 30] [--concurrency 20]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.lifecycle import SHAPE, BenchError, RawRuntimeLifecycle
+from bench.stats import summarize
+
+IMAGES = ("debian:13", "devbox:1", "code-interpreter:1", "desktop:1")
+ROUNDS = 8
+SECONDS = 30.0
+CONCURRENCY = 20
+#: Issue #36, measured through the SDK before the per-image pools (p50 of 8, ms); cold: a full boot.
+BEFORE_MS = {"debian:13": 9.7, "debian:13 disk 2048": 56.8, "devbox:1": 36.3}
+
+
+def _metric(agent_url: str, name: str) -> float:
+    text = httpx.get(agent_url + "/metrics", timeout=10).text
+    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def _info(agent_url: str, token: str) -> dict[str, Any]:
+    response = httpx.get(
+        agent_url + "/internal/v1/info", headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    return dict(response.json())
+
+
+def _wait_parked(agent_url: str, token: str, count: int, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _info(agent_url, token).get("parked_slots", 0) >= count:
+            time.sleep(0.3)  # let the refill's boot finish settling before the next create
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _parked_flags(log_path: Path, ids: list[str]) -> list[bool]:
+    flags: dict[str, bool] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        if '"create_phases"' not in line:
+            continue
+        with_data = json.loads(line)
+        flags[with_data.get("sandbox_id", "")] = bool(with_data.get("parked"))
+    return [flags.get(sandbox_id, False) for sandbox_id in ids]
+
+
+def _floor_ms(image: str, rounds: int) -> dict[str, Any]:
+    from tests.hostagent.conftest import image_cache
+
+    from paddock_hostagent.images import ImageStore
+
+    raw = RawRuntimeLifecycle("crun", ImageStore(image_cache()).rootfs_path(image))
+    samples = []
+    try:
+        for index in range(rounds):
+            started = time.perf_counter()
+            raw.start(f"floor{index}")
+            samples.append((time.perf_counter() - started) * 1000)
+            raw.stop(f"floor{index}")
+    finally:
+        raw.close()
+    return summarize(samples)
+
+
+def measure_creates(client: Any, agent: Any, token: str, rounds: int) -> list[dict[str, Any]]:
+    rows = []
+    cases = [(image, None) for image in IMAGES]
+    cases.insert(1, ("debian:13", 2048))
+    for image, disk_mib in cases:
+        label = image if disk_mib is None else f"{image} disk {disk_mib}"
+        warmup = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=disk_mib, name="pool-warmup")
+        warmup.destroy(wait=True)
+        full = _info(agent.url, token).get("parked_slots", 0)
+        samples, ids = [], []
+        for index in range(rounds):
+            _wait_parked(agent.url, token, full)
+            started = time.perf_counter()
+            sandbox = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=disk_mib, name=f"pool-{index}")
+            if sandbox.info.status != "running":
+                sandbox.wait_until("running")
+            samples.append((time.perf_counter() - started) * 1000)
+            ids.append(sandbox.id)
+            sandbox.destroy(wait=True)
+        parked = _parked_flags(agent.log_path, ids)
+        rows.append(
+            {
+                "case": label,
+                **summarize(samples),
+                "claimed": sum(parked),
+                "rounds": rounds,
+                "floor": _floor_ms(image, min(rounds, 5)),
+                "before_ms": BEFORE_MS.get(label),
+            }
+        )
+    return rows
+
+
+def measure_sustained(url: str, key: str, seconds: float, concurrency: int) -> dict[str, Any]:
+    from paddock import Client, RetryPolicy
+
+    clients = [Client(url, key, timeout=300, retry=RetryPolicy(max_retries=0)) for _ in range(concurrency)]
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def worker(index: int) -> None:
+        client = clients[index]
+        count = 0
+        while time.monotonic() < stop_at:
+            started = time.perf_counter()
+            try:
+                sandbox = client.sandboxes.create(SHAPE, rootfs="debian:13", name=f"sus-{index}-{count}")
+                if sandbox.info.status != "running":
+                    sandbox.wait_until("running")
+                if sandbox.run("true").exit_code != 0:
+                    raise BenchError("`true` failed")
+                elapsed = (time.perf_counter() - started) * 1000
+                with lock:
+                    latencies.append(elapsed)
+                sandbox.destroy(wait=False)
+            except Exception as exc:  # counted, reported
+                with lock:
+                    errors.append(str(exc)[:200])
+            count += 1
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(worker, range(concurrency)))
+    wall = time.perf_counter() - started
+    for client in clients:
+        client.close()
+    return {
+        "seconds": wall,
+        "concurrency": concurrency,
+        "creates": len(latencies),
+        "per_s": len(latencies) / wall,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        **summarize(latencies),
+    }
+
+
+def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
+    from tests.hostagent.conftest import TOKEN
+    from tests.live import start_platform
+
+    from paddock_hostagent.guest.build import ensure_agent_binary
+
+    guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
+    out: dict[str, Any] = {"load_before": os.getloadavg()}
+    try:
+        ensure_agent_binary(guest_dir)
+        platform = start_platform(
+            guest_dir,
+            agents=1,
+            cp_env={"PADDOCK_CP_RECONCILE_INTERVAL_S": "1.0", "PADDOCK_CP_HOST_DEAD_AFTER_S": "15"},
+            agent_options={
+                "pool_size": 2,
+                "extra_env": {
+                    "PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "2.0",
+                    "PADDOCK_HOST_POOL_DISK_MIB": "10240",  # the default configuration
+                },
+            },
+        )
+        try:
+            from paddock import Client, RetryPolicy
+
+            agent = platform.agents[0]
+            key = platform.api_key(plan="enterprise", credits=1_000_000)
+            with Client(platform.url, key, timeout=300, retry=RetryPolicy(max_retries=0)) as client:
+                _wait_parked(agent.url, TOKEN, 1)
+                out["creates"] = measure_creates(client, agent, TOKEN, rounds)
+            time.sleep(2)
+            out["pool_memory_bytes"] = _metric(agent.url, "paddock_host_pool_memory_bytes")
+            out["pool_memory_budget_bytes"] = _metric(agent.url, "paddock_host_pool_memory_budget_bytes")
+            out["parked_slots"] = _info(agent.url, TOKEN).get("parked_slots")
+            out["load_before_sustained"] = os.getloadavg()
+            if seconds > 0:
+                out["sustained"] = measure_sustained(platform.url, key, seconds, concurrency)
+            out["load_after"] = os.getloadavg()
+        finally:
+            platform.stop()
+    finally:
+        shutil.rmtree(guest_dir, ignore_errors=True)
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "| create → running (SDK) | p50 ms | p90 ms | claimed parked | floor p50 ms (crun run -d) | before (#36) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["creates"]:
+        before = f"{row['before_ms']} ms" if row["before_ms"] is not None else "cold boot"
+        lines.append(
+            f"| {row['case']} | {row['p50']:.1f} | {row['p90']:.1f} | {row['claimed']}/{row['rounds']} "
+            f"| {row['floor']['p50']:.1f} | {before} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Pools hold {result['pool_memory_bytes'] / (1 << 20):.1f} MiB of host memory "
+        f"({result['parked_slots']} parked sandboxes; budget {result['pool_memory_budget_bytes'] / (1 << 20):.0f} MiB)."
+    )
+    sustained = result.get("sustained")
+    if sustained:
+        lines.append(
+            f"Sustained: {sustained['per_s']:.1f} creates/s at concurrency {sustained['concurrency']} for "
+            f"{sustained['seconds']:.1f} s ({sustained['creates']} creates, {sustained['errors']} errors); "
+            f"create → first command p50 {sustained['p50']:.1f} ms, p99 {sustained['p99']:.1f} ms."
+        )
+    lines.append(
+        f"Load average before / before sustained / after: {result['load_before']} / "
+        f"{result.get('load_before_sustained')} / {result.get('load_after')}"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--seconds", type=float, default=SECONDS)
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
+    args = parser.parse_args()
+    result = run(args.rounds, args.seconds, args.concurrency)
+    print(json.dumps(result, indent=1, default=str))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
