@@ -24,11 +24,13 @@ from typing import Any
 
 import httpx
 
+from paddock_hostagent.images import ImageStore
 from tests.hostagent.conftest import (
     STARTUP_TIMEOUT_S,
     TOKEN,
     AgentProcess,
     free_port,
+    image_cache,
     restart_if_killed,
     teardown_agent,
 )
@@ -210,8 +212,38 @@ class LivePlatform:
             for line in self.controlplane.log_tail(100_000).splitlines():
                 if '"level": "error"' in line or "Traceback" in line:
                     print(f"control plane: {line}")  # shown with a failing test, before the log goes
-            self.controlplane.remove()
+            try:
+                self._remove_templates()
+            finally:
+                self.controlplane.remove()
         assert not problems, problems
+
+    def _remove_templates(self) -> None:
+        """Removes the templates this platform built from the shared image cache, with their builds'
+        work dirs: they outlive the agents (CI runs on one machine), and only this platform's
+        database names them, so another run's templates are never touched."""
+        from sqlalchemy import select
+
+        from paddock_controlplane.records.models import Template
+        from paddock_core.db import make_engine, make_sessionmaker, transaction
+
+        async def template_ids() -> list[str]:
+            engine = make_engine(self.controlplane.database_url)
+            try:
+                async with transaction(make_sessionmaker(engine)) as session:
+                    return list((await session.scalars(select(Template.id))).all())
+            finally:
+                await engine.dispose()
+
+        try:
+            ids = asyncio.run(template_ids()) if not _loop_running() else _run_in_thread(template_ids)
+        except Exception:  # no database: the control plane never started, so nothing was built
+            return
+        store = ImageStore(image_cache())
+        for template_id in ids:
+            store.remove_template(template_id)
+            for work in (image_cache() / ".builds").glob(f"{template_id}-*"):
+                shutil.rmtree(work, ignore_errors=True)
 
 
 def _loop_running() -> bool:

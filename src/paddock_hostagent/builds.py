@@ -31,6 +31,7 @@ import asyncio
 import base64
 import collections
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -161,6 +162,7 @@ class BuildManager:
         self._builds: dict[str, Build] = {}
         self._doomed: set[str] = set()  # deleted templates whose image waits for its last sandbox
         self._shared_retired = False
+        remove_stale_work(work_dir)
 
     def start(self, body: BuildBody) -> BuildView:
         if not Buildah.available():
@@ -235,6 +237,7 @@ class BuildManager:
         work = self.work_dir / f"{body.id}-{body.attempt}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
+        held = _hold(work)  # while held, no agent's start takes the dir for a dead build's
         (work / "rootfs").mkdir()
         context = work / "context"
         context.mkdir()
@@ -295,6 +298,7 @@ class BuildManager:
             # of the block above.
             await _to_the_end(self._end_attempt(cgroup, guard_id, net))
             shutil.rmtree(work, ignore_errors=True)
+            os.close(held)
         log.info("template_built", template_id=body.id, attempt=body.attempt, status=build.status)
 
     async def _retire_shared_store(self) -> None:
@@ -478,6 +482,42 @@ async def _link_tree(source: Path, dest: Path) -> None:
     _, err = await process.communicate()
     if process.returncode != 0:
         raise _BuildFailed(f"linking {source}: {err.decode(errors='replace').strip()[-300:]}")
+
+
+#: A work dir is stale only when also untouched this long: another agent on a shared image dir (tests run
+#: several) may have made one an instant ago and not yet locked it.
+STALE_WORK_AFTER_S = 60.0
+
+
+def _hold(work: Path) -> int:
+    """An open descriptor of ``work`` with an exclusive lock, held for the attempt's life."""
+    fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def remove_stale_work(work_dir: Path) -> list[str]:
+    """Removes the work dirs of attempts that ended without their cleanup (the agent was killed in a
+    build): each live attempt holds a lock on its own, so a dir nobody holds is stale, while another
+    agent's running build on a shared image dir is left alone. Returns the names removed."""
+    removed: list[str] = []
+    young = time.time() - STALE_WORK_AFTER_S
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(work_dir):
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_mtime > young:
+                continue
+            try:
+                fd = _hold(Path(entry.path))
+            except OSError:
+                continue  # held by a live attempt (or gone meanwhile)
+            try:
+                shutil.rmtree(entry.path, ignore_errors=True)  # fd-based: never follows a link in it
+                removed.append(entry.name)
+            finally:
+                os.close(fd)
+    if removed:
+        log.info("stale_build_work_removed", count=len(removed))
+    return removed
 
 
 class _BuildFailed(Exception):
