@@ -96,12 +96,44 @@ def _floor_ms(image: str, rounds: int) -> dict[str, Any]:
     return summarize(samples)
 
 
-def measure_creates(client: Any, agent: Any, token: str, rounds: int) -> list[dict[str, Any]]:
+TEMPLATE_DOCKERFILE = "FROM debian:13\nRUN echo warm > /etc/pool-bench\n"
+
+
+def build_template(url: str, key: str) -> str:
+    """A user's template (a one-line Dockerfile), built through the API; its id is its rootfs."""
+    with httpx.Client(base_url=url, headers={"X-Api-Key": key}, timeout=60) as http:
+        response = http.post("/v1/templates", json={"name": "pool-bench", "dockerfile": TEMPLATE_DOCKERFILE})
+        if response.status_code >= 400:
+            raise BenchError(f"template: {response.status_code} {response.text[:300]}")
+        template_id = str(response.json()["data"]["id"])
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            status = http.get(f"/v1/templates/{template_id}").json()["data"]["status"]
+            if status == "ready":
+                return template_id
+            if status not in ("pending", "building"):
+                raise BenchError(f"template build {status}")
+            time.sleep(0.2)
+        raise BenchError("template build still running after 600 s")
+
+
+def delete_template(url: str, key: str, template_id: str) -> None:
+    with httpx.Client(base_url=url, headers={"X-Api-Key": key}, timeout=60) as http:
+        http.delete(f"/v1/templates/{template_id}")
+
+
+def measure_creates(
+    client: Any, agent: Any, token: str, rounds: int, template: str | None = None
+) -> list[dict[str, Any]]:
     rows = []
-    cases = [(image, None) for image in IMAGES]
+    cases: list[tuple[str, int | None]] = [(image, None) for image in IMAGES]
     cases.insert(1, ("debian:13", 2048))
+    if template is not None:
+        cases.append((template, None))
     for image, disk_mib in cases:
         label = image if disk_mib is None else f"{image} disk {disk_mib}"
+        if image == template:
+            label = "a user's template"
         warmup = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=disk_mib, name="pool-warmup")
         warmup.destroy(wait=True)
         full = _info(agent.url, token).get("parked_slots", 0)
@@ -123,6 +155,7 @@ def measure_creates(client: Any, agent: Any, token: str, rounds: int) -> list[di
                 "claimed": sum(parked),
                 "rounds": rounds,
                 "floor": _floor_ms(image, min(rounds, 5)),
+                "image": image,
                 "before_ms": BEFORE_MS.get(label),
             }
         )
@@ -152,7 +185,7 @@ def measure_sustained(url: str, key: str, seconds: float, concurrency: int) -> d
                 elapsed = (time.perf_counter() - started) * 1000
                 with lock:
                     latencies.append(elapsed)
-                sandbox.destroy(wait=False)
+                sandbox.destroy(wait=True)  # untimed; a host sustains creates only as fast as it destroys
             except Exception as exc:  # counted, reported
                 with lock:
                     errors.append(str(exc)[:200])
@@ -165,6 +198,70 @@ def measure_sustained(url: str, key: str, seconds: float, concurrency: int) -> d
     for client in clients:
         client.close()
     return {
+        "seconds": wall,
+        "concurrency": concurrency,
+        "creates": len(latencies),
+        "per_s": len(latencies) / wall,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        **summarize(latencies),
+    }
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU time of a process and of its reaped children (the runtime, ``ip``, ``mount``...), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_sustained_agent(
+    agent_url: str, token: str, seconds: float, concurrency: int, pid: int | None = None
+) -> dict[str, Any]:
+    """The same loop on the host agent's internal API (what the control plane calls): create, ``true``,
+    delete; says what of the sustained rate is the host's and what the control plane's. With the
+    agent's ``pid``: the agent's CPU per create (with its children, not the sandboxes' own)."""
+    from bench.lifecycle import AGENT_SPEC
+
+    http = httpx.Client(
+        base_url=agent_url + "/internal/v1/",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=httpx.Timeout(300, connect=5),
+        limits=httpx.Limits(max_connections=64),
+    )
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+    tag = f"sb-sus-{time.monotonic_ns() % 10**8}"
+
+    def worker(index: int) -> None:
+        count = 0
+        while time.monotonic() < stop_at:
+            sandbox_id = f"{tag}-{index}-{count}"
+            count += 1
+            started = time.perf_counter()
+            body = {"cmd": "true", "args": [], "env": {}, "stream": False}
+            created = http.post("sandboxes", json={"id": sandbox_id, "name": "sus", **AGENT_SPEC})
+            ran = (
+                http.post(f"sandboxes/{sandbox_id}/exec", json=body) if created.status_code < 400 else created
+            )
+            elapsed = (time.perf_counter() - started) * 1000
+            with lock:
+                if ran.status_code < 400 and ran.json().get("exit_code") == 0:
+                    latencies.append(elapsed)
+                else:
+                    errors.append(f"{ran.status_code} {ran.text[:200]}")
+            http.delete(f"sandboxes/{sandbox_id}")
+
+    cpu_before = _process_cpu_s(pid) if pid is not None else 0.0
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(worker, range(concurrency)))
+    wall = time.perf_counter() - started
+    cpu = _process_cpu_s(pid) - cpu_before if pid is not None else 0.0
+    http.close()
+    return {
+        "agent_cpu_ms_per_create": cpu * 1000 / max(len(latencies), 1) if pid is not None else None,
         "seconds": wall,
         "concurrency": concurrency,
         "creates": len(latencies),
@@ -204,7 +301,14 @@ def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
             key = platform.api_key(plan="enterprise", credits=1_000_000)
             with Client(platform.url, key, timeout=300, retry=RetryPolicy(max_retries=0)) as client:
                 _wait_parked(agent.url, TOKEN, 1)
-                out["creates"] = measure_creates(client, agent, TOKEN, rounds)
+                template = build_template(platform.url, key) if rounds > 0 else None
+                try:
+                    out["creates"] = (
+                        measure_creates(client, agent, TOKEN, rounds, template) if rounds > 0 else []
+                    )
+                finally:
+                    if template is not None:
+                        delete_template(platform.url, key, template)
             time.sleep(2)
             out["pool_memory_bytes"] = _metric(agent.url, "paddock_host_pool_memory_bytes")
             out["pool_memory_budget_bytes"] = _metric(agent.url, "paddock_host_pool_memory_budget_bytes")
@@ -212,6 +316,10 @@ def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
             out["load_before_sustained"] = os.getloadavg()
             if seconds > 0:
                 out["sustained"] = measure_sustained(platform.url, key, seconds, concurrency)
+                time.sleep(3)
+                out["sustained_agent"] = measure_sustained_agent(
+                    agent.url, TOKEN, seconds, concurrency, agent.process.pid if agent.process else None
+                )
             out["load_after"] = os.getloadavg()
         finally:
             platform.stop()
@@ -227,6 +335,8 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for row in result["creates"]:
         before = f"{row['before_ms']} ms" if row["before_ms"] is not None else "cold boot"
+        if row["case"] == "a user's template":
+            before = "231-249 ms"
         lines.append(
             f"| {row['case']} | {row['p50']:.1f} | {row['p90']:.1f} | {row['claimed']}/{row['rounds']} "
             f"| {row['floor']['p50']:.1f} | {before} |"
@@ -236,12 +346,20 @@ def markdown(result: dict[str, Any]) -> str:
         f"Pools hold {result['pool_memory_bytes'] / (1 << 20):.1f} MiB of host memory "
         f"({result['parked_slots']} parked sandboxes; budget {result['pool_memory_budget_bytes'] / (1 << 20):.0f} MiB)."
     )
-    sustained = result.get("sustained")
-    if sustained:
+    for label, name in (("Sustained (SDK)", "sustained"), ("Sustained (host agent API)", "sustained_agent")):
+        sustained = result.get(name)
+        if not sustained:
+            continue
         lines.append(
-            f"Sustained: {sustained['per_s']:.1f} creates/s at concurrency {sustained['concurrency']} for "
+            f"{label}: {sustained['per_s']:.1f} creates/s at concurrency {sustained['concurrency']} for "
             f"{sustained['seconds']:.1f} s ({sustained['creates']} creates, {sustained['errors']} errors); "
-            f"create → first command p50 {sustained['p50']:.1f} ms, p99 {sustained['p99']:.1f} ms."
+            f"create → first command p50 {sustained['p50']:.1f} ms, p99 {sustained['p99']:.1f} ms"
+            + (
+                f"; the agent's CPU per create and delete (its children included, not the sandboxes') "
+                f"{sustained['agent_cpu_ms_per_create']:.0f} ms."
+                if sustained.get("agent_cpu_ms_per_create")
+                else "."
+            )
         )
     lines.append(
         f"Load average before / before sustained / after: {result['load_before']} / "
