@@ -81,18 +81,9 @@ async def download(call: Call, request: Request) -> Response:
     return StreamingResponse(got.chunks, media_type="application/octet-stream", headers=headers)
 
 
-async def _mkdirs(call: Call, path: str) -> None:
-    parent = posixpath.dirname(path)
-    if parent in ("", "/"):
-        return
-    result = await call.link.exec(call.sandbox.id, "mkdir", ["-p", "--", parent], {}, None)
-    if int(result.get("exit_code", -1)) != 0:
-        reason = str(result.get("stderr") or result.get("error") or "mkdir failed").strip()[:500]
-        raise errors.ValidationFailed.field("path", f"its directory could not be made: {reason}")
-
-
 async def _write(call: Call, path: str, chunks: AsyncIterator[bytes], limit: int) -> dict[str, Any]:
-    await _mkdirs(call, path)
+    """The guest's write makes the missing parents itself (mode 0755, as envd does): no ``mkdir -p``
+    process first, which cost every upload a process start in the sandbox."""
     await commands.write_file(call.services, call.link, call.sandbox.id, path, chunks, limit)
     return {"name": posixpath.basename(path), "type": "file", "path": path}
 

@@ -9,6 +9,7 @@ sandbox's process list; tags live here, per sandbox, for as long as their proces
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from collections import OrderedDict
@@ -108,9 +109,26 @@ async def _process_id(call: Call, selector: Any) -> tuple[str, int]:
     raise ConnectError("not_found", f"process with pid {pid} not found")
 
 
-async def _events(call: Call, process_id: str, pid: int, after: int) -> AsyncIterator[dict[str, Any]]:
+async def _events(
+    call: Call, process_id: str, pid: int, after: int, *, close_stdin: bool = False
+) -> AsyncIterator[dict[str, Any]]:
+    """The process's events from output ``after`` on. With ``close_stdin`` its stdin is closed while
+    the stream opens (two host calls at once, not one after the other: the stream starts at ``after``,
+    so no output is lost to the order)."""
     with mapped():
-        frames = await call.link.connect_process(call.sandbox.id, process_id, after)
+        opening = call.link.connect_process(call.sandbox.id, process_id, after)
+        if close_stdin:
+            opened, closed = await asyncio.gather(
+                opening, call.link.close_process_stdin(call.sandbox.id, process_id), return_exceptions=True
+            )
+            if isinstance(opened, BaseException):
+                raise opened
+            frames = opened
+            if isinstance(closed, BaseException):
+                await frames.aclose()
+                raise closed
+        else:
+            frames = await opening
     with Inflight(call.services, call.sandbox.id):
         yield {"event": {"start": {"pid": pid}}}
         try:
@@ -168,13 +186,12 @@ async def start(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]
             cmd=cmd, args=args, env=command_env(call, env), cwd=cwd, pty=pty, user=call.user
         )
         view = await _start_as(call, body)
-        if pty is None and req.get("stdin") is not True:
-            await call.link.close_process_stdin(call.sandbox.id, view.process_id)
     if tag:
         _tags[(call.sandbox.id, tag)] = view.process_id
         while len(_tags) > MAX_TAGS:
             _tags.popitem(last=False)
-    async for event in _events(call, view.process_id, view.pid, 0):
+    close_stdin = pty is None and req.get("stdin") is not True
+    async for event in _events(call, view.process_id, view.pid, 0, close_stdin=close_stdin):
         yield event
 
 
