@@ -7,8 +7,16 @@ Rows (milliseconds, p50 / p90 / max):
 - qemu boot (floor): QEMU with the same kernel and initramfs in probe mode, from exec to the initramfs
   writing its marker on the serial console (kernel + initramfs to userspace; no disk, network or agent).
 - qmp stop / cont (floor): one QMP round trip each on the running VM, as the driver does them.
-- create → running: the driver's create — netns + veth + tap, qcow2 overlay on the cached ext4, QEMU
-  boot, switch_root, guest agent answering over the virtio-serial channel.
+- create → running (cold boot): the driver's create with saved states off, as before them — netns +
+  veth + tap, qcow2 overlay on the cached ext4, QEMU boot, switch_root, guest agent answering over the
+  virtio-serial channel.
+- saved state build: boot a guest for the image and shape, wait for its agent, migrate its memory to a
+  file and keep its overlay (once per image, shape, kernel and QEMU; in the background on a cold create).
+- memory.state read (floor): reading the saved state's memory file once (QEMU's ``-incoming`` reads it
+  through ``cat``), page cache warm as on a host that restores it often.
+- create → running (from saved state): the default create — netns + veth + tap, a copy of the saved
+  overlay, QEMU ``-incoming`` from the memory file, the guest's own address, MAC, hostname, clock and
+  random seed set over the channel, guest agent answering.
 - exec `true`: a buffered exec round trip through GuestClient and the channel multiplexer.
 - pause / resume: the driver's pause and resume (QMP + its paused marker).
 - fork → running: the source running a counter; memory snapshot, overlay copy, restore, re-address,
@@ -96,12 +104,28 @@ async def run(rounds: int, execs: int, work_dir: Path) -> dict[str, Any]:
         for _ in range(rounds):
             samples.add("qemu boot (floor)", await qemu_boot_ms(runtime))
         # the base ext4 is built once per image and size: made here, untimed, as a warm host has it
+        runtime.restore = False
         warm = await runtime.create(SandboxSpec("sb_vbwarm", "warm", "debian:13", rootfs, SHAPE))
         await runtime.destroy(warm)
         for index in range(rounds):
+            spec = SandboxSpec(f"sb_vbc{index}", f"vbc{index}", "debian:13", rootfs, SHAPE)
+            with samples.time("create → running (cold boot)"):
+                cold = await runtime.create(spec)
+            await runtime.destroy(cold)
+        runtime.restore = True
+        with samples.time("saved state build"):
+            saved = await runtime.ensure_saved_state(rootfs, SHAPE.mem_mib, SHAPE.vcpu, SHAPE.disk_mib)
+        memory_state_bytes = saved.memory.stat().st_size
+        for _ in range(rounds):
+            with samples.time("memory.state read (floor)"):
+                await asyncio.to_thread(_read_file, saved.memory)
+        for index in range(rounds):
             spec = SandboxSpec(f"sb_vb{index}", f"vb{index}", "debian:13", rootfs, SHAPE)
-            with samples.time("create → running"):
-                records.append(await runtime.create(spec))
+            with samples.time("create → running (from saved state)"):
+                restored = await runtime.create(spec)
+            assert restored.driver_state["boot"] == "restored", restored.driver_state
+            await runtime.destroy(restored)  # as the cold creates: one VM at a time
+        records.append(await runtime.create(SandboxSpec("sb_vbsrc", "vbsrc", "debian:13", rootfs, SHAPE)))
         source = records[0]
         for _ in range(execs):
             with samples.time("exec `true`"):
@@ -133,12 +157,24 @@ async def run(rounds: int, execs: int, work_dir: Path) -> dict[str, Any]:
         await runtime.close()
         network.teardown_host()
         shutil.rmtree(f"/run/{table}", ignore_errors=True)
-    return {"accel": runtime.accel, "shape": SHAPE.__dict__, "ops": samples.summary()}
+    return {
+        "accel": runtime.accel,
+        "shape": SHAPE.__dict__,
+        "memory_state_bytes": memory_state_bytes,
+        "ops": samples.summary(),
+    }
+
+
+def _read_file(path: Path) -> None:
+    with open(path, "rb") as file:
+        while file.read(1 << 20):
+            pass
 
 
 def render(result: dict[str, Any]) -> str:
     lines = [
         f"VM tier ({result['accel']}; {result['shape']['vcpu']} vCPU, {result['shape']['mem_mib']} MiB)",
+        f"saved state memory file: {result['memory_state_bytes'] / 2**20:.1f} MiB",
         "",
         "| operation | n | p50 ms | p90 ms | max ms |",
         "|---|---|---|---|---|",
@@ -164,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=3, help="creates, forks and floor boots (default 3)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="creates of each kind, forks and floor boots (default 3)"
+    )
     parser.add_argument("--execs", type=int, default=30, help="exec and pause/resume rounds (default 30)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

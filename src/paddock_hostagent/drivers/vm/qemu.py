@@ -10,11 +10,20 @@ switch_roots to ``paddock-vminit``; that starts the same guest agent as PID 1 an
 connections over a virtio-serial port (``vmchannel.py`` is the host end). Create returns once the
 agent answers.
 
+A create does not boot when a **saved state** matches (``vmsaved.py``: per image disk, kernel,
+initramfs, memory, vCPUs, QEMU version, machine and accelerator). A guest is booted once for that key,
+its agent let come up, its memory migrated to a file and its overlay kept; each create copies that
+overlay, starts QEMU with ``-incoming`` from the file, and gives the guest its own address, MAC,
+hostname, clock and random seed over the channel (CONFIG) before the agent's first answer. With no
+state (or a stale or corrupt one, which is removed) the create boots cold and the state is built in
+the background.
+
 Pause and resume are QMP ``stop``/``cont``. Fork stops the source, migrates its memory to a file,
 copies its (flushed) overlay and lets the source go on; the fork boots with ``-incoming`` from that
 file on the copy, so **processes carry over**: a fork continues what its source was running. It then
-gets its own address and hostname over the channel (CONFIG). Destroy kills QEMU and removes the
-namespace (with the tap), the files and the sockets; every step tolerates having been done before.
+gets its own address, MAC and hostname over the channel (CONFIG), as a restored create does. Destroy
+kills QEMU and removes the namespace (with the tap), the files and the sockets; every step tolerates
+having been done before.
 
 OOM kills are the guest kernel's: ``paddock-vminit`` reports ``/proc/vmstat`` ``oom_kill`` over the
 channel when it changes. Not done on this tier: private networks, S3 disks (no mount namespace to
@@ -57,7 +66,7 @@ from paddock_hostagent.drivers.base import (
 from paddock_hostagent.drivers.net.network import NetworkManager, SandboxNetwork
 from paddock_hostagent.drivers.system import host_processes
 from paddock_hostagent.drivers.system.commands import run
-from paddock_hostagent.drivers.vm import qmp, vmimage
+from paddock_hostagent.drivers.vm import qmp, vmimage, vmsaved
 from paddock_hostagent.drivers.vm.vmchannel import GuestChannel
 from paddock_hostagent.guest import GuestClient, GuestError, GuestVersionError
 
@@ -75,6 +84,13 @@ KVM_PROBE_TIMEOUT_S = 8.0
 CONSOLE_RING_BYTES = 1 << 18
 #: How much of the console ``console.log`` keeps on the host once drained (its last bytes).
 CONSOLE_FILE_BYTES = 1 << 18
+MACHINE = "q35"
+#: The guest kernel's command line before the sandbox's own words. ``init_on_free=1``: pages the guest
+#: frees (the unpacked initramfs, boot-time buffers) are zeroed, so a saved state's memory file holds
+#: them as zero pages (a few bytes each) and a restore reads less.
+KERNEL_ARGS = "console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable ipv6.disable=1 init_on_free=1"
+#: How a VM came up (``driver_state["boot"]``).
+COLD, RESTORED, FORKED = "cold", "restored", "forked"
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,8 @@ class QemuOptions:
     runtime_root: Path = Path("/run/paddock")
     kernel_root: Path = vmimage.KERNEL_ROOT
     accel: str = "auto"  # "auto" (KVM if a probe boot works, else TCG), "kvm" or "tcg"
+    # Creates restore a saved state where one matches (and build one in the background where none does).
+    saved_states: bool = True
 
 
 @dataclass
@@ -99,7 +117,11 @@ class _Handle:
     network: SandboxNetwork
     base_disk: Path
     accel: str
-    mac: str
+    mac: str  # the guest's eth0 address, this VM's own
+    # The MAC on QEMU's command line: a restored or forked VM's is the device state's it was saved with
+    # (the guest then sets its own ``mac`` on eth0).
+    qemu_mac: str = ""
+    boot: str = COLD
     pid: int = 0
     ticks: int = 0
 
@@ -133,6 +155,8 @@ class _Handle:
             "base_disk": str(self.base_disk),
             "accel": self.accel,
             "mac": self.mac,
+            "qemu_mac": self.qemu_mac or self.mac,
+            "boot": self.boot,
             "pid": self.pid,
             "ticks": self.ticks,
         }
@@ -148,6 +172,8 @@ class _Handle:
             Path(data["base_disk"]),
             data["accel"],
             data["mac"],
+            data.get("qemu_mac") or data["mac"],
+            data.get("boot", COLD),
             data["pid"],
             data["ticks"],
         )
@@ -177,6 +203,12 @@ class QemuRuntime(SandboxRuntime):
         self._kernel: vmimage.Kernel | None = None
         self._initramfs: Path | None = None
         self._accel: str | None = None
+        self.saved = vmsaved.SavedStates(self.vm_dir / "saved")
+        #: Whether creates restore saved states (``options.saved_states``; the bench turns it off to
+        #: time the cold boot in the same run).
+        self.restore = options.saved_states
+        self._builds: dict[str, asyncio.Task[vmsaved.SavedState | None]] = {}
+        self._build_lock = asyncio.Lock()  # one background boot at a time: each takes a core under TCG
 
     # -- lifecycle of the driver ----------------------------------------------------------------
 
@@ -192,6 +224,10 @@ class QemuRuntime(SandboxRuntime):
         )
         self._kernel = kernel
         self._accel = await self._choose_accel(kernel, self._initramfs)
+        # saved states of another kernel, initramfs, QEMU … can never be restored: removed
+        now = self._saved_key(Path(), 0, 0)
+        current = {name: getattr(now, name) for name in vmsaved.HOST_FIELDS}
+        await asyncio.to_thread(self.saved.sweep, current, self.vm_dir / "images")
         log.info("qemu_ready", kernel=kernel.version, accel=self._accel)
 
     @property
@@ -240,6 +276,12 @@ class QemuRuntime(SandboxRuntime):
                 await self._remove_slot(leftover.name)
 
     async def close(self) -> None:
+        for task in list(self._builds.values()):
+            task.cancel()
+        for task in list(self._builds.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._builds.clear()
         for channel in list(self._channels.values()):
             await channel.close()
         self._channels.clear()
@@ -264,13 +306,25 @@ class QemuRuntime(SandboxRuntime):
         self, spec: SandboxSpec, *, start_paused: bool = False, on_network: NetworkHook | None = None
     ) -> SandboxRecord:
         await self.prepare()
-        handle = await self._new_handle(spec, None)
+        base_disk = await asyncio.to_thread(
+            vmimage.build_base_disk, self.vm_dir / "images", spec.rootfs, spec.shape.disk_mib
+        )
+        key = self._saved_key(base_disk, spec.shape.mem_mib, spec.shape.vcpu)
+        saved = await asyncio.to_thread(self.saved.load, key) if self.restore else None
+        if saved is not None:
+            try:
+                return await self._create_restored(spec, saved, base_disk, start_paused, on_network)
+            except _RestoreFailedError as exc:
+                # a state QEMU cannot load, or whose guest does not come up, never runs a sandbox
+                # again: it is removed and this create boots cold
+                log.warning("vm_saved_state_failed", sandbox=spec.id, dir=str(saved.dir), error=str(exc))
+                await asyncio.to_thread(self.saved.discard, key)
+        if self.restore:
+            self._build_in_background(key, base_disk)
+        handle = await self._new_handle(spec.id, None)
+        handle.base_disk = base_disk
         try:
-            handle.base_disk = await asyncio.to_thread(
-                vmimage.build_base_disk, self.vm_dir / "images", spec.rootfs, spec.shape.disk_mib
-            )
-            qemu_img = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(handle.base_disk)]
-            await run([*qemu_img, str(handle.overlay), f"{spec.shape.disk_mib}M"])
+            await self._create_overlay(handle)
             await self._launch(handle, _Boot(spec.shape.vcpu, spec.shape.mem_mib, spec.name))
             record = self._record(spec, handle)
             if on_network is not None:
@@ -284,6 +338,150 @@ class QemuRuntime(SandboxRuntime):
             raise
         return record
 
+    async def _create_restored(
+        self,
+        spec: SandboxSpec,
+        saved: vmsaved.SavedState,
+        base_disk: Path,
+        start_paused: bool,
+        on_network: NetworkHook | None,
+    ) -> SandboxRecord:
+        """A create from a saved state: a copy of its overlay, its memory read into a new QEMU, then
+        this sandbox's identity set before the agent answers. ``_RestoreFailedError`` when the state
+        is at fault (QEMU does not load it, the guest does not come up); other errors as they are."""
+        phases = _Phases()
+        handle = await self._new_handle(spec.id, None)
+        handle.base_disk, handle.qemu_mac, handle.boot = base_disk, saved.mac, RESTORED
+        phases.mark("network")
+        try:
+            try:
+                await run(["cp", "--reflink=auto", "--sparse=always", str(saved.disk), str(handle.overlay)])
+                phases.mark("disk")
+                boot = _Boot(spec.shape.vcpu, spec.shape.mem_mib, spec.name, incoming=saved.memory)
+                await self._launch(handle, boot)
+                phases.mark("qemu")
+                await self._await_incoming(handle)
+                phases.mark("memory")
+                await self._continue_incoming(spec.id, handle, spec.name)
+                phases.mark("identity")
+            except (DriverError, OSError, TimeoutError) as exc:
+                raise _RestoreFailedError(str(exc)) from exc
+            record = self._record(spec, handle)
+            if on_network is not None:
+                await on_network(record)
+            try:
+                await self._await_guest(spec.id, handle)
+            except BootError as exc:
+                raise _RestoreFailedError(str(exc)) from exc
+            phases.mark("agent")
+            log.info("vm_restored", sandbox=spec.id, **phases.ms())
+            if start_paused:
+                await self.pause(record)
+                record.state = RuntimeState.PAUSED
+        except BaseException:
+            await self._destroy_handle(spec.id, handle)
+            raise
+        return record
+
+    async def _create_overlay(self, handle: _Handle) -> None:
+        size = os.stat(handle.base_disk).st_size
+        qemu_img = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(handle.base_disk)]
+        await run([*qemu_img, str(handle.overlay), str(size)])
+
+    async def _continue_incoming(self, sandbox_id: str, handle: _Handle, hostname: str) -> None:
+        """After ``-incoming`` has loaded the memory: lets the guest run and gives it its own
+        identity (address, MAC, hostname, clock, random seed) before any request reaches the agent."""
+        channel = await self._open_channel(sandbox_id, handle)
+        await qmp.execute(handle.qmp_socket, "cont")
+        await channel.wait_ready(self.options.boot_timeout_s)
+        channel.configure(handle.network.ip, handle.network.gateway, hostname, handle.mac)
+
+    def _saved_key(self, base_disk: Path, mem_mib: int, vcpu: int) -> vmsaved.SavedKey:
+        assert self._kernel is not None and self._initramfs is not None
+        return vmsaved.SavedKey(
+            base_disk=base_disk.name,
+            kernel=self._kernel.version,
+            initramfs=self._initramfs.name,
+            mem_mib=mem_mib,
+            vcpu=vcpu,
+            qemu=vmsaved.qemu_version(vmimage.qemu_binary()),
+            machine=MACHINE,
+            accel=self.accel,
+            kernel_args=KERNEL_ARGS,
+        )
+
+    # -- saved states ---------------------------------------------------------------------------
+
+    async def ensure_saved_state(
+        self, rootfs: Path, mem_mib: int, vcpu: int, disk_mib: int
+    ) -> vmsaved.SavedState:
+        """The saved state creates of this image and shape restore, built now if there is none (an
+        operator's warm-up, the bench's and the tests')."""
+        await self.prepare()
+        base_disk = await asyncio.to_thread(vmimage.build_base_disk, self.vm_dir / "images", rootfs, disk_mib)
+        key = self._saved_key(base_disk, mem_mib, vcpu)
+        saved = await asyncio.to_thread(self.saved.load, key)
+        if saved is not None:
+            return saved
+        task = self._build_in_background(key, base_disk)
+        built = await asyncio.shield(task)
+        if built is None:
+            raise BootError(f"saving a booted VM for {rootfs} failed (see the host agent's log)")
+        return built
+
+    async def wait_saved_states(self) -> None:
+        """Waits for the saved states being built in the background (tests, the bench)."""
+        for task in list(self._builds.values()):
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+
+    def _build_in_background(
+        self, key: vmsaved.SavedKey, base_disk: Path
+    ) -> asyncio.Task[vmsaved.SavedState | None]:
+        task = self._builds.get(key.digest)
+        if task is None or task.done():
+            task = asyncio.create_task(self._build_saved(key, base_disk))
+            self._builds[key.digest] = task
+            task.add_done_callback(lambda done: self._forget_build(key.digest, done))
+        return task
+
+    def _forget_build(self, digest: str, task: asyncio.Task[vmsaved.SavedState | None]) -> None:
+        if self._builds.get(digest) is task:
+            del self._builds[digest]
+
+    async def _build_saved(self, key: vmsaved.SavedKey, base_disk: Path) -> vmsaved.SavedState | None:
+        """Boots a guest for ``key``, waits for its agent, and saves its memory and disk; None if that
+        failed (logged: the next create boots cold and tries again)."""
+        async with self._build_lock:
+            existing = await asyncio.to_thread(self.saved.load, key)
+            if existing is not None:
+                return existing
+            sandbox_id = f"saved-{key.digest[:12]}"
+            started = time.monotonic()
+            handle: _Handle | None = None
+            building = await asyncio.to_thread(self.saved.building_dir, key)
+            try:
+                handle = await self._new_handle(sandbox_id, None)
+                handle.base_disk = base_disk
+                await self._create_overlay(handle)
+                await self._launch(handle, _Boot(key.vcpu, key.mem_mib, "paddock-saved"))
+                await self._await_guest(sandbox_id, handle)
+                await self._snapshot(
+                    sandbox_id, handle, building / "memory.state", building / "disk.qcow2", resume=False
+                )
+                saved = await asyncio.to_thread(self.saved.commit, key, building, handle.mac)
+                log.info(
+                    "vm_saved_state_built", dir=str(saved.dir), ms=round((time.monotonic() - started) * 1000)
+                )
+                return saved
+            except Exception as exc:
+                log.warning("vm_saved_state_build_failed", key=key.digest, error=str(exc))
+                return None
+            finally:
+                if handle is not None:
+                    await self._destroy_handle(sandbox_id, handle)
+                shutil.rmtree(building, ignore_errors=True)
+
     async def fork(
         self,
         source: SandboxRecord,
@@ -295,18 +493,15 @@ class QemuRuntime(SandboxRuntime):
         source_handle = _Handle.of(source)
         if self.probe(source) == RuntimeState.STOPPED:
             raise NotRunningError(f"sandbox {source.id} is not running")
-        handle = await self._new_handle(spec, source_handle)
+        handle = await self._new_handle(spec.id, source_handle)
         memory = handle.dir / "memory.state"
         try:
-            await self._snapshot(source, source_handle, memory, handle.overlay)
+            await self._snapshot(source.id, source_handle, memory, handle.overlay)
             boot = _Boot(source.vcpu, source.mem_mib, spec.name, incoming=memory)
             await self._launch(handle, boot)
             await self._await_incoming(handle)
             memory.unlink(missing_ok=True)
-            channel = await self._open_channel(spec.id, handle)
-            await qmp.execute(handle.qmp_socket, "cont")
-            await channel.wait_ready(self.options.boot_timeout_s)
-            channel.configure(handle.network.ip, handle.network.gateway, spec.name)
+            await self._continue_incoming(spec.id, handle, spec.name)
             record = self._record(spec, handle)
             record.vcpu, record.mem_mib, record.disk_mib = source.vcpu, source.mem_mib, source.disk_mib
             record.forked_from = source.id
@@ -322,10 +517,12 @@ class QemuRuntime(SandboxRuntime):
             raise
         return record
 
-    async def _snapshot(self, source: SandboxRecord, handle: _Handle, memory: Path, overlay: Path) -> None:
+    async def _snapshot(
+        self, source_id: str, handle: _Handle, memory: Path, overlay: Path, *, resume: bool = True
+    ) -> None:
         """Source memory to ``memory`` and its disk to ``overlay``, at one instant; the source then
-        goes on in the state it was in."""
-        was_running = not handle.paused_marker.exists()
+        goes on in the state it was in (unless not ``resume``)."""
+        was_running = resume and not handle.paused_marker.exists()
         await qmp.execute(handle.qmp_socket, "stop")
         try:
             await qmp.execute(handle.qmp_socket, "migrate", {"uri": f"exec:cat > {memory}"})
@@ -335,7 +532,7 @@ class QemuRuntime(SandboxRuntime):
                 if status.get("status") == "completed":
                     break
                 if status.get("status") in ("failed", "cancelled") or time.monotonic() > deadline:
-                    raise DriverError(f"snapshot of {source.id} failed: {status}")
+                    raise DriverError(f"snapshot of {source_id} failed: {status}")
                 await asyncio.sleep(0.02)
             # Migration flushed and let go of the overlay: a copy now is the disk at that instant.
             await run(["cp", "--sparse=always", str(handle.overlay), str(overlay)])
@@ -356,7 +553,9 @@ class QemuRuntime(SandboxRuntime):
         if migrate.get("status") == "failed":
             raise BootError(f"restoring {handle.slot} failed: {migrate}")
 
-    async def _new_handle(self, spec: SandboxSpec, source: _Handle | None) -> _Handle:
+    async def _new_handle(self, sandbox_id: str, source: _Handle | None) -> _Handle:
+        """A slot with its network; a fork's QEMU keeps its source's device MAC, every VM gets its own
+        guest MAC."""
         slot = secrets.token_hex(4)
         handle = _Handle(
             slot=slot,
@@ -365,16 +564,19 @@ class QemuRuntime(SandboxRuntime):
             network=SandboxNetwork(slot=slot, ip="", gateway=self.options.network.gateway),
             base_disk=source.base_disk if source else Path(),
             accel=self.accel,
-            mac=source.mac if source else "52:54:00:" + secrets.token_bytes(3).hex(":"),
+            mac=_new_mac(),
+            qemu_mac=source.qemu_mac if source else "",
+            boot=FORKED if source else COLD,
         )
+        handle.qemu_mac = handle.qemu_mac or handle.mac
         handle.dir.mkdir(parents=True)
         handle.run_dir.mkdir(parents=True, exist_ok=True)
-        (handle.dir / "slot.json").write_text(json.dumps({"sandbox": spec.id}))
+        (handle.dir / "slot.json").write_text(json.dumps({"sandbox": sandbox_id}))
         try:
             handle.network = await asyncio.to_thread(self.options.network.create, slot)
             await _join_tap(handle.network)
         except BaseException:
-            await self._destroy_handle(spec.id, handle)
+            await self._destroy_handle(sandbox_id, handle)
             raise
         return handle
 
@@ -386,14 +588,11 @@ class QemuRuntime(SandboxRuntime):
     async def _launch(self, handle: _Handle, boot: _Boot) -> None:
         assert self._kernel is not None and self._initramfs is not None
         net = handle.network
-        append = (
-            f"console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable ipv6.disable=1 paddock.ip={net.ip}"
-            f" paddock.gw={net.gateway} paddock.host={boot.hostname}"
-        )
+        append = f"{KERNEL_ARGS} paddock.ip={net.ip} paddock.gw={net.gateway} paddock.host={boot.hostname}"
         accel = ["-accel", "kvm", "-cpu", "host"] if handle.accel == "kvm" else ["-accel", "tcg,thread=multi"]
         argv = [
             *("ip", "netns", "exec", net.netns, vmimage.qemu_binary()),
-            *("-name", f"paddock-{handle.slot}", "-M", "q35", *accel),
+            *("-name", f"paddock-{handle.slot}", "-M", MACHINE, *accel),
             *("-m", str(boot.mem_mib), "-smp", str(boot.vcpu)),
             *("-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"),
             *("-kernel", str(self._kernel.vmlinuz), "-initrd", str(self._initramfs), "-append", append),
@@ -403,7 +602,7 @@ class QemuRuntime(SandboxRuntime):
             *("-drive", f"file={handle.overlay},if=none,id=root,format=qcow2,discard=unmap"),
             *("-device", "virtio-blk-pci,drive=root"),
             *("-netdev", f"tap,id=net0,ifname={TAP},script=no,downscript=no,vnet_hdr=off"),
-            *("-device", f"virtio-net-pci,netdev=net0,mac={handle.mac}"),
+            *("-device", f"virtio-net-pci,netdev=net0,mac={handle.qemu_mac or handle.mac}"),
             *("-device", "virtio-serial-pci,id=vser"),
             *("-chardev", f"socket,id=chan,path={handle.port_socket},server=on,wait=off"),
             *("-device", "virtserialport,bus=vser.0,chardev=chan,name=paddock.0"),
@@ -599,6 +798,31 @@ class QemuRuntime(SandboxRuntime):
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class _RestoreFailedError(DriverError):
+    """A saved state could not be restored (the create falls back to a cold boot)."""
+
+
+class _Phases:
+    """Milliseconds between marks (a restored create's log line: where its time went)."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self._ms: dict[str, int] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self._ms[f"{name}_ms"] = round((now - self._last) * 1000)
+        self._last = now
+
+    def ms(self) -> dict[str, int]:
+        return dict(self._ms)
+
+
+def _new_mac() -> str:
+    """A locally administered unicast MAC in QEMU's 52:54:00 range, random in its last three bytes."""
+    return "52:54:00:" + secrets.token_bytes(3).hex(":")
 
 
 def _qemu_pid(slot_dir: Path, slot: str) -> int:

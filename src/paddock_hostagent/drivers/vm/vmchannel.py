@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import struct
+import time
 from pathlib import Path
 
 from paddock_core.logging import get_logger
@@ -69,9 +71,14 @@ class GuestChannel:
         async with asyncio.timeout(timeout_s):
             await self.ready.wait()
 
-    def configure(self, ip: str, gateway: str, hostname: str) -> None:
-        """Gives the VM's eth0 a new address and the VM a hostname (a fork's identity)."""
-        self._send(0, CONFIG, f"{ip} {gateway} {hostname}".encode())
+    def configure(self, ip: str, gateway: str, hostname: str, mac: str) -> None:
+        """Gives a restored or forked VM its own identity: eth0's address, route and MAC, the hostname,
+        the host's wall clock and 32 random bytes for the guest kernel to reseed its generator with
+        (else every VM restored from one saved state draws the same numbers)."""
+        now_ns = time.time_ns()
+        when = f"{now_ns // 1_000_000_000}.{now_ns % 1_000_000_000:09d}"
+        text = f"{ip} {gateway} {hostname} {mac} {when} {secrets.token_hex(32)}"
+        self._send(0, CONFIG, text.encode())
 
     async def close(self) -> None:
         if self._server is not None:

@@ -11,7 +11,11 @@
  *                   OPEN            connect a new channel to the agent's unix socket
  *                   DATA bytes      to that channel's connection
  *                   CLOSE           the host closed its end: close ours (the agent kills the command)
- *                   CONFIG text     "ip gateway hostname": re-address eth0 (a forked VM's new identity)
+ *                   CONFIG text     "ip gateway hostname [mac [unix_time seed_hex]]": a restored or forked
+ *                                   VM's own identity: eth0's address, route and MAC, the hostname,
+ *                                   /etc/hosts and resolv.conf, the wall clock, and the kernel's random
+ *                                   pool reseeded from the host's bytes (a restored VM's RNG state is
+ *                                   otherwise its saved state's, the same in every sandbox)
  *   guest -> host   READY (magic)   the multiplexer is up (at start, and after every HELLO)
  *                   DATA, CLOSE     from the agent's side of a channel
  *                   OOM u32         the guest kernel's OOM kill count (/proc/vmstat oom_kill), sent
@@ -32,6 +36,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/capability.h>
+#include <linux/random.h>
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <net/if_arp.h>
+#include <net/route.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -42,7 +52,6 @@
 
 #define AGENT "/run/paddock/paddock-guest"
 #define AGENT_SOCKET "/run/paddock/guest.sock"
-#define BUSYBOX "/run/paddock/busybox"
 #define PORT_NAME "paddock.0"
 #define MAX_CHANNELS 512
 #define MAX_PAYLOAD (1u << 20)
@@ -149,36 +158,117 @@ static void queue(struct channel *ch, const unsigned char *data, uint32_t len) {
     flush_channel(ch);
 }
 
-static void run_busybox(char *const argv[]) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int null_fd = open("/dev/null", O_RDWR);
-        if (null_fd >= 0) { dup2(null_fd, 1); dup2(null_fd, 2); }
-        execv(BUSYBOX, argv);
-        _exit(127);
+/* Bytes of host randomness mixed into the guest kernel's pool, then a reseed of its generator. */
+static void reseed(const char *hex) {
+    struct { struct rand_pool_info info; uint32_t words[16]; } entropy;
+    size_t len = strlen(hex) / 2;
+    if (len == 0 || len > sizeof entropy.words || strlen(hex) % 2) return;
+    unsigned char *bytes = (unsigned char *)entropy.words;
+    for (size_t i = 0; i < len; i++) {
+        unsigned int byte;
+        if (sscanf(hex + 2 * i, "%2x", &byte) != 1) return;
+        bytes[i] = (unsigned char)byte;
     }
-    if (pid > 0) waitpid(pid, NULL, 0);
+    entropy.info.entropy_count = (int)(len * 8);
+    entropy.info.buf_size = (int)len;
+    int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (ioctl(fd, RNDADDENTROPY, &entropy.info) < 0) perror("RNDADDENTROPY");
+    if (ioctl(fd, RNDRESEEDCRNG) < 0) perror("RNDRESEEDCRNG");
+    close(fd);
 }
 
-/* CONFIG "ip gateway hostname": a fork restored from its source's memory takes its own address. */
+static int valid_mac(const char *mac) {
+    unsigned int b[6];
+    char tail;
+    return strlen(mac) == 17 &&
+           sscanf(mac, "%2x:%2x:%2x:%2x:%2x:%2x%c", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &tail) == 6 &&
+           !(b[0] & 1);
+}
+
+/* eth0's settings by ioctl, not by running ip(8): each process started costs tens of milliseconds
+ * under TCG, and a restored create waits for this. */
+static int set_interface(int fd, unsigned long request, struct ifreq *req, const char *what) {
+    if (ioctl(fd, request, req) == 0) return 0;
+    fprintf(stderr, "paddock-vminit: %s: %s\n", what, strerror(errno));
+    return -1;
+}
+
+static void set_ipv4(struct sockaddr *into, struct in_addr address) {
+    struct sockaddr_in *in = (struct sockaddr_in *)into;
+    memset(in, 0, sizeof *in);
+    in->sin_family = AF_INET;
+    in->sin_addr = address;
+}
+
+static void add_route(int fd, struct in_addr destination, struct in_addr gateway, int host) {
+    struct rtentry route;
+    memset(&route, 0, sizeof route);
+    set_ipv4(&route.rt_dst, destination);
+    set_ipv4(&route.rt_genmask, (struct in_addr){host ? 0xffffffffu : 0});
+    set_ipv4(&route.rt_gateway, gateway);
+    route.rt_flags = RTF_UP | (host ? RTF_HOST : RTF_GATEWAY);
+    static char eth0[] = "eth0";
+    route.rt_dev = eth0;
+    if (ioctl(fd, SIOCADDRT, &route) < 0 && errno != EEXIST) perror("paddock-vminit: SIOCADDRT");
+}
+
+/* CONFIG "ip gateway hostname [mac [unix_time seed_hex]]": a VM restored from a saved state or from its
+ * fork source's memory takes its own identity. The host sends it before any request on the channel, and
+ * frames are handled in order, so the agent's first answer comes after it is applied. */
 static void configure(const unsigned char *payload, uint32_t len) {
-    char text[512], ip[64], gw[64], host[256], cidr[80], onlink[80];
+    char text[512], ip[64], gw[64], host[256], mac[32] = "", when[32] = "", seed[160] = "";
+    struct in_addr address, gateway;
     if (len >= sizeof text) return;
     memcpy(text, payload, len);
     text[len] = 0;
-    if (sscanf(text, "%63s %63s %255s", ip, gw, host) != 3) return;
-    snprintf(cidr, sizeof cidr, "%s/32", ip);
-    snprintf(onlink, sizeof onlink, "%s/32", gw);
-    /* down/up flushes the neighbour cache: the gateway's MAC is the new veth's */
-    run_busybox((char *const[]){"ip", "link", "set", "eth0", "down", NULL});
-    run_busybox((char *const[]){"ip", "addr", "flush", "dev", "eth0", NULL});
-    run_busybox((char *const[]){"ip", "addr", "add", cidr, "dev", "eth0", NULL});
-    run_busybox((char *const[]){"ip", "link", "set", "eth0", "up", NULL});
-    run_busybox((char *const[]){"ip", "route", "add", onlink, "dev", "eth0", NULL});
-    run_busybox((char *const[]){"ip", "route", "add", "default", "via", gw, "dev", "eth0", NULL});
-    run_busybox((char *const[]){"hostname", host, NULL});
+    if (sscanf(text, "%63s %63s %255s %31s %31s %159s", ip, gw, host, mac, when, seed) < 3) return;
+    if (inet_pton(AF_INET, ip, &address) != 1 || inet_pton(AF_INET, gw, &gateway) != 1) return;
+    if (when[0]) {
+        /* the saved state's clock is hours or days old: take the host's */
+        long long sec = 0, nsec = 0;
+        if (sscanf(when, "%lld.%9lld", &sec, &nsec) >= 1 && sec > 0) {
+            struct timespec now = {.tv_sec = (time_t)sec, .tv_nsec = (long)nsec};
+            if (clock_settime(CLOCK_REALTIME, &now) < 0) perror("clock_settime");
+        }
+    }
+    if (seed[0]) reseed(seed);
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        struct ifreq req;
+        memset(&req, 0, sizeof req);
+        strcpy(req.ifr_name, "eth0");
+        /* down drops eth0's routes and neighbour cache: the gateway's MAC is the new veth's */
+        if (set_interface(fd, SIOCGIFFLAGS, &req, "SIOCGIFFLAGS") == 0) {
+            short flags = req.ifr_flags;
+            req.ifr_flags = (short)(flags & ~IFF_UP);
+            set_interface(fd, SIOCSIFFLAGS, &req, "eth0 down");
+            unsigned int b[6];
+            if (mac[0] && valid_mac(mac)) {
+                sscanf(mac, "%2x:%2x:%2x:%2x:%2x:%2x", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5]);
+                req.ifr_hwaddr.sa_family = ARPHRD_ETHER;
+                for (int i = 0; i < 6; i++) req.ifr_hwaddr.sa_data[i] = (char)b[i];
+                set_interface(fd, SIOCSIFHWADDR, &req, "eth0 MAC");
+            }
+            set_ipv4(&req.ifr_addr, address);
+            set_interface(fd, SIOCSIFADDR, &req, "eth0 address");
+            set_ipv4(&req.ifr_netmask, (struct in_addr){0xffffffffu});
+            set_interface(fd, SIOCSIFNETMASK, &req, "eth0 netmask");
+            req.ifr_flags = (short)(flags | IFF_UP);
+            set_interface(fd, SIOCSIFFLAGS, &req, "eth0 up");
+            add_route(fd, gateway, (struct in_addr){0}, 1);
+            add_route(fd, (struct in_addr){0}, gateway, 0);
+        }
+        close(fd);
+    }
+    if (sethostname(host, strlen(host)) < 0) perror("sethostname");
     FILE *f = fopen("/etc/hostname", "w");
     if (f) { fprintf(f, "%s\n", host); fclose(f); }
+    f = fopen("/etc/hosts", "w");
+    if (f) { fprintf(f, "127.0.0.1 localhost\n%s %s\n", ip, host); fclose(f); }
+    unlink("/etc/resolv.conf"); /* a symlink in some images (systemd-resolved's) */
+    f = fopen("/etc/resolv.conf", "w");
+    if (f) { fprintf(f, "nameserver %s\noptions timeout:2 attempts:2\n", gw); fclose(f); }
 }
 
 static long oom_reported = -1;
