@@ -47,7 +47,7 @@ def test_write_and_read_5_mib_and_text(sandbox: Sandbox) -> None:
         sandbox.files.read("/tmp/e2b/nope.txt")
     # the guest makes the parents (mode 0755); a parent that is a file is the caller's 400, naming it
     assert sandbox.commands.run("stat -c %a /tmp/e2b/deep").stdout.strip() == "755"
-    with pytest.raises(InvalidArgumentException, match="hello.txt is not a directory"):
+    with pytest.raises(InvalidArgumentException, match=r"hello\.txt is not a directory"):
         sandbox.files.write("/tmp/e2b/hello.txt/under.txt", "x")
 
 
