@@ -34,7 +34,7 @@ from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import TERMINAL, SandboxStatus
 from paddock_controlplane.records.volumes import CREATING, DELETING, ID_PREFIX, READY, Volume
 from paddock_controlplane.records.volumes import VolumeAttachment as AttachmentRow
-from paddock_controlplane.resources import accounts, plans
+from paddock_controlplane.resources import accounts, plans, webhooks
 from paddock_core import errors, s3config
 from paddock_core.db import transaction
 from paddock_core.ids import new_id
@@ -71,6 +71,11 @@ def volume_view(row: Volume, holders: Sequence[AttachmentRow] = ()) -> dict[str,
 
 
 # --- validation ----------------------------------------------------------------------------------
+
+
+def _event(row: Volume) -> dict[str, Any]:
+    """A volume's webhook data: what names it and what it holds (docs/webhooks.md)."""
+    return {"volume_id": row.id, "name": row.name, "size_mib": row.size_mib, "host_id": row.host_id}
 
 
 def check_name(name: str | None) -> str:
@@ -262,6 +267,7 @@ async def create(services: Services, user_id: str, req: VolumeCreateRequest) -> 
             raise errors.NotFound("volume not found")
         stored.status = READY
         view = volume_view(stored)
+        await webhooks.emit(session, user_id=user_id, action="volume.create", data=_event(stored))
     log.info("volume_created", volume_id=row.id, host_id=row.host_id, size_mib=size_mib)
     return view
 
@@ -288,6 +294,7 @@ async def resize(services: Services, user_id: str, ref: str, req: VolumeResizeRe
         row.size_mib = max(row.size_mib, size_mib)
         held = (await holders(session, [row.id])).get(row.id, [])
         view = volume_view(row, held)
+        await webhooks.emit(session, user_id=user_id, action="volume.resize", data=_event(row))
     log.info("volume_resized", volume_id=volume_id, size_mib=size_mib)
     return view
 
@@ -316,8 +323,11 @@ async def delete_volume(services: Services, user_id: str, ref: str) -> None:
             f"the volume's host could not remove it now: {exc}", retry_after_s=5
         ) from None
     async with transaction(services.sessions) as session:
+        gone = await session.get(Volume, volume_id)
         await session.execute(delete(AttachmentRow).where(AttachmentRow.volume_id == volume_id))
         await session.execute(delete(Volume).where(Volume.id == volume_id))
+        if gone is not None:
+            await webhooks.emit(session, user_id=user_id, action="volume.delete", data=_event(gone))
     log.info("volume_deleted", volume_id=volume_id, host_id=host_id)
 
 
@@ -516,8 +526,21 @@ async def attach(services: Services, user_id: str, sandbox_id: str, item: Volume
                 )
             )
         raise
+    attached = {"id": sandbox_id, "volume_id": volume_id, "mount_path": path, "read_only": read_only}
+    async with transaction(services.sessions) as session:
+        await webhooks.emit(
+            session,
+            user_id=user_id,
+            action="volume.attach",
+            data={
+                "volume_id": volume_id,
+                "sandbox_id": sandbox_id,
+                "mount_path": path,
+                "read_only": read_only,
+            },
+        )
     log.info("volume_attached", volume_id=volume_id, sandbox_id=sandbox_id, read_only=read_only)
-    return {"id": sandbox_id, "volume_id": volume_id, "mount_path": path, "read_only": read_only}
+    return attached
 
 
 async def detach(services: Services, user_id: str, sandbox_id: str, ref: str) -> None:
@@ -542,5 +565,11 @@ async def detach(services: Services, user_id: str, sandbox_id: str, ref: str) ->
             delete(AttachmentRow).where(
                 AttachmentRow.sandbox_id == sandbox.id, AttachmentRow.volume_id == volume_id
             )
+        )
+        await webhooks.emit(
+            session,
+            user_id=user_id,
+            action="volume.detach",
+            data={"volume_id": volume_id, "sandbox_id": sandbox.id},
         )
     log.info("volume_detached", volume_id=volume_id, sandbox_id=sandbox.id)

@@ -58,6 +58,11 @@ ACTIONS: tuple[str, ...] = (
     "sandbox.timeout",
     "snapshot.create",
     "snapshot.delete",
+    "volume.create",
+    "volume.resize",
+    "volume.delete",
+    "volume.attach",
+    "volume.detach",
 )
 ACTION_SET = frozenset(ACTIONS)
 

@@ -8,6 +8,7 @@ the same paths on a real host agent, loop devices, XFS and sandboxes.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from sqlalchemy import text
 
 from paddock_controlplane.app import MIGRATIONS
 from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core import errors
 from paddock_core.db import alembic_config, make_engine, upgrade
 from paddock_hostagent.schemas import VolumeMountBody, VolumeMountView, VolumeView
@@ -70,6 +72,12 @@ class FakeVolumeHost(FakeHostLink):
     async def detach_volume(self, sandbox_id: str, volume_id: str) -> None:
         self.calls.append(("detach_volume", f"{sandbox_id} {volume_id}"))
         self.mounts.pop((sandbox_id, volume_id), None)
+
+
+@pytest.fixture
+def cp_settings(cp_settings: ControlPlaneSettings) -> ControlPlaneSettings:
+    # Webhook deliveries go to a closed loopback port; the tests read the outbox, not the receiver.
+    return cp_settings.model_copy(update={"webhook_allow_private_targets": True})
 
 
 @pytest.fixture
@@ -251,6 +259,47 @@ async def test_one_writer_or_many_readers_and_an_attached_volume_is_not_deleted(
     for reader_sb in readers:
         ok(await api.delete(f"/v1/sandboxes/{reader_sb['id']}/volumes/{vid}"))
     ok(await api.delete(f"/v1/volumes/{vid}"))
+
+
+async def test_volume_actions_are_announced_to_webhooks(api: httpx.AsyncClient) -> None:
+    endpoint = ok(
+        await api.post("/v1/webhook-endpoints", json={"url": "http://127.0.0.1:9/hook", "events": []})
+    )
+    volume = await new_volume(api, "announced", 1024)
+    ok(await api.patch(f"/v1/volumes/{volume['id']}", json={"size_mib": 2048}))
+    sandbox = await new_sandbox(api)
+    ok(
+        await api.post(
+            f"/v1/sandboxes/{sandbox['id']}/volumes", json={"volume_id": "announced", "mount_path": "/v"}
+        )
+    )
+    ok(await api.delete(f"/v1/sandboxes/{sandbox['id']}/volumes/{volume['id']}"))
+    ok(await api.delete(f"/v1/volumes/{volume['id']}"))
+    deliveries = ok(await api.get(f"/v1/webhook-endpoints/{endpoint['id']}"))["deliveries"]
+    events = {
+        d["eventAction"]: json.loads(d["payload"])["data"]
+        if isinstance(d["payload"], str)
+        else d["payload"]["data"]
+        for d in deliveries
+        if d["eventAction"].startswith("volume.")
+    }
+    assert sorted(events) == [
+        "volume.attach",
+        "volume.create",
+        "volume.delete",
+        "volume.detach",
+        "volume.resize",
+    ]
+    assert events["volume.create"] == {
+        "volume_id": volume["id"], "name": "announced", "size_mib": 1024, "host_id": volume["host_id"]
+    }  # fmt: skip
+    assert (
+        events["volume.resize"]["size_mib"] == 2048 and events["volume.delete"]["volume_id"] == volume["id"]
+    )
+    assert events["volume.attach"] == {
+        "volume_id": volume["id"], "sandbox_id": sandbox["id"], "mount_path": "/v", "read_only": False
+    }  # fmt: skip
+    assert events["volume.detach"] == {"volume_id": volume["id"], "sandbox_id": sandbox["id"]}
 
 
 async def test_concurrent_writers_get_one_attach_and_one_409(

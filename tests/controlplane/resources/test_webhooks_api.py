@@ -41,6 +41,12 @@ ALL_ACTIONS = [
     # Issue #34: a snapshot was made or deleted.
     "snapshot.create",
     "snapshot.delete",
+    # Issue #34: a volume was made, grown, deleted, attached to a sandbox or detached from one.
+    "volume.create",
+    "volume.resize",
+    "volume.delete",
+    "volume.attach",
+    "volume.detach",
 ]
 
 
