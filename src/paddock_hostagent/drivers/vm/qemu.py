@@ -89,6 +89,9 @@ MACHINE = "q35"
 #: frees (the unpacked initramfs, boot-time buffers) are zeroed, so a saved state's memory file holds
 #: them as zero pages (a few bytes each) and a restore reads less.
 KERNEL_ARGS = "console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable ipv6.disable=1 init_on_free=1"
+#: After a saved state failed to build, creates of its key boot cold without retrying it for this long
+#: (a full state disk or a broken image would otherwise cost a second boot per create).
+SAVED_STATE_RETRY_S = 600.0
 #: How a VM came up (``driver_state["boot"]``).
 COLD, RESTORED, FORKED = "cold", "restored", "forked"
 
@@ -209,6 +212,7 @@ class QemuRuntime(SandboxRuntime):
         self.restore = options.saved_states
         self._builds: dict[str, asyncio.Task[vmsaved.SavedState | None]] = {}
         self._build_lock = asyncio.Lock()  # one background boot at a time: each takes a core under TCG
+        self._build_failed_at: dict[str, float] = {}  # key digest -> time.monotonic() of the failure
 
     # -- lifecycle of the driver ----------------------------------------------------------------
 
@@ -319,7 +323,8 @@ class QemuRuntime(SandboxRuntime):
                 # again: it is removed and this create boots cold
                 log.warning("vm_saved_state_failed", sandbox=spec.id, dir=str(saved.dir), error=str(exc))
                 await asyncio.to_thread(self.saved.discard, key)
-        if self.restore:
+        failed_at = self._build_failed_at.get(key.digest)
+        if self.restore and (failed_at is None or time.monotonic() - failed_at > SAVED_STATE_RETRY_S):
             self._build_in_background(key, base_disk)
         handle = await self._new_handle(spec.id, None)
         handle.base_disk = base_disk
@@ -473,9 +478,11 @@ class QemuRuntime(SandboxRuntime):
                 log.info(
                     "vm_saved_state_built", dir=str(saved.dir), ms=round((time.monotonic() - started) * 1000)
                 )
+                self._build_failed_at.pop(key.digest, None)
                 return saved
             except Exception as exc:
                 log.warning("vm_saved_state_build_failed", key=key.digest, error=str(exc))
+                self._build_failed_at[key.digest] = time.monotonic()
                 return None
             finally:
                 if handle is not None:
