@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import time
@@ -92,6 +93,7 @@ async def runtime(
         network.teardown_host()
         leftovers = list((state_dir / "vm" / "slots").glob("*")) + list((run_root / "vm").glob("*"))
         subprocess.run(["rm", "-rf", str(run_root)], check=False)
+        shutil.rmtree(state_dir, ignore_errors=True)  # saved states and image disks: hundreds of MiB
         assert not leftovers, f"the VM tier left these behind: {leftovers}"
 
 
