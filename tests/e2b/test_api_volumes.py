@@ -24,6 +24,14 @@ pytestmark = pytest.mark.root
 JS = Path(__file__).with_name("js")
 
 
+@pytest.fixture(autouse=True)
+def container_tier(e2b_platform: E2bPlatform) -> None:
+    """Volumes live on the container tier (docs/volumes.md): an agent on gVisor refuses them."""
+    runtime = e2b_platform.platform.agents[0].runtime
+    if runtime not in ("auto", "crun", "runc"):
+        pytest.skip(f"volumes need the container tier; the agent runs {runtime}")
+
+
 def test_a_volume_outlives_its_sandbox_and_mounts_in_the_next(e2b_env: E2bPlatform) -> None:
     name = f"e2b-vol-{secrets.token_hex(3)}"
     volume = Volume.create(name)
