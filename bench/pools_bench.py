@@ -51,17 +51,29 @@ def _metric(agent_url: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def _info(agent_url: str, token: str) -> dict[str, Any]:
-    response = httpx.get(
-        agent_url + "/internal/v1/info", headers={"Authorization": f"Bearer {token}"}, timeout=10
-    )
-    return dict(response.json())
+def _parked(agent_url: str) -> float:
+    """Sandboxes parked now: the default pool's and the per-image pools' (``paddock_host_pool_slots``)."""
+    text = httpx.get(agent_url + "/metrics", timeout=10).text
+    found = re.findall(r'^paddock_host_pool_slots\{kind="(parked|images)"\} ([0-9.e+]+)$', text, re.MULTILINE)
+    return sum(float(value) for _, value in found)
 
 
-def _wait_parked(agent_url: str, token: str, count: int, timeout_s: float = 60.0) -> bool:
+def _settled_parked(agent_url: str, steady_s: float = 2.0, timeout_s: float = 30.0) -> float:
+    """The parked count once it has not changed for ``steady_s`` (the pools are full)."""
+    deadline = time.monotonic() + timeout_s
+    count, since = _parked(agent_url), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < steady_s:
+        time.sleep(0.1)
+        now = _parked(agent_url)
+        if now != count:
+            count, since = now, time.monotonic()
+    return count
+
+
+def _wait_parked(agent_url: str, count: float, timeout_s: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _info(agent_url, token).get("parked_slots", 0) >= count:
+        if _parked(agent_url) >= count:
             time.sleep(0.3)  # let the refill's boot finish settling before the next create
             return True
         time.sleep(0.1)
@@ -136,10 +148,10 @@ def measure_creates(
             label = "a user's template"
         warmup = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=disk_mib, name="pool-warmup")
         warmup.destroy(wait=True)
-        full = _info(agent.url, token).get("parked_slots", 0)
+        full = _settled_parked(agent.url)  # the kind just asked for is parked (one per tick at most)
         samples, ids = [], []
         for index in range(rounds):
-            _wait_parked(agent.url, token, full)
+            _wait_parked(agent.url, full)
             started = time.perf_counter()
             sandbox = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=disk_mib, name=f"pool-{index}")
             if sandbox.info.status != "running":
@@ -300,7 +312,7 @@ def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
             agent = platform.agents[0]
             key = platform.api_key(plan="enterprise", credits=1_000_000)
             with Client(platform.url, key, timeout=300, retry=RetryPolicy(max_retries=0)) as client:
-                _wait_parked(agent.url, TOKEN, 1)
+                _wait_parked(agent.url, 1)
                 template = build_template(platform.url, key) if rounds > 0 else None
                 try:
                     out["creates"] = (
@@ -312,7 +324,7 @@ def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
             time.sleep(2)
             out["pool_memory_bytes"] = _metric(agent.url, "paddock_host_pool_memory_bytes")
             out["pool_memory_budget_bytes"] = _metric(agent.url, "paddock_host_pool_memory_budget_bytes")
-            out["parked_slots"] = _info(agent.url, TOKEN).get("parked_slots")
+            out["parked_slots"] = _parked(agent.url)
             out["load_before_sustained"] = os.getloadavg()
             if seconds > 0:
                 out["sustained"] = measure_sustained(platform.url, key, seconds, concurrency)

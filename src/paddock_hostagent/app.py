@@ -80,7 +80,10 @@ def watch_capacity(app: FastAPI, telemetry: metrics.ServiceMetrics) -> None:
     disk_free = gauge("paddock_host_disk_free_bytes", "Disk this host can still promise.")
     sandboxes = gauge("paddock_host_sandboxes", "Sandboxes on this host.")
     pool = gauge(
-        "paddock_host_pool_slots", "Warm-pool slots ready (parked: with a sandbox booted).", ["kind"]
+        "paddock_host_pool_slots",
+        "Warm-pool slots ready (parked: with a sandbox of the pool image booted; images: sandboxes "
+        "parked by the per-image pools).",
+        ["kind"],
     )
     pool_memory = gauge(
         "paddock_host_pool_memory_bytes",
@@ -107,6 +110,7 @@ def watch_capacity(app: FastAPI, telemetry: metrics.ServiceMetrics) -> None:
         pool.labels("parked").set(info.parked_slots)
         slots = getattr(manager.runtime, "pool", None)
         if slots is not None:
+            pool.labels("images").set(slots.images_count)
             pool_memory.set(slots.held_bytes())
             pool_budget.set(slots.images.budget_bytes if slots.images is not None else 0)
 

@@ -6,9 +6,11 @@ limits and disk size. A parked sandbox is promised to no one."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from paddock_hostagent.client import HostAgentClient
@@ -34,12 +36,19 @@ async def pools(make_agent: Any) -> Any:
             await tracker.destroy_all()
 
 
-async def wait_parked(host: HostAgentClient, count: int, what: str) -> None:
+def pool_slots(agent: AgentProcess) -> dict[str, float]:
+    """The agent's ``paddock_host_pool_slots`` by kind: ``parked`` (the default pool's), ``images``."""
+    text = httpx.get(agent.url + "/metrics", timeout=10).text
+    found = re.findall(r'^paddock_host_pool_slots\{kind="(\w+)"\} ([0-9.e+]+)$', text, re.MULTILINE)
+    return {kind: float(value) for kind, value in found}
+
+
+async def wait_parked(agent: AgentProcess, kind: str, count: int, what: str) -> None:
     for _ in range(600):
-        if (await host.info()).parked_slots >= count:
+        if pool_slots(agent).get(kind, 0) >= count:
             break
         await asyncio.sleep(0.05)
-    assert (await host.info()).parked_slots >= count, f"no sandbox of {what} was parked"
+    assert pool_slots(agent).get(kind, 0) >= count, f"no sandbox of {what} was parked"
 
 
 def cgroup_limits(cgroups_path: str) -> tuple[int, int]:
@@ -57,12 +66,12 @@ async def test_a_devbox_create_claims_a_parked_devbox_with_its_files_and_the_use
     grown on claim, and a fork right after copies the grown disk whole."""
     agent, host, sandboxes = pools
     ImageStore(image_cache()).build("devbox:1")
-    await wait_parked(host, POOL_SIZE - 1, "debian:13")
+    await wait_parked(agent, "parked", POOL_SIZE - 1, "debian:13")
     baseline = await host.info()
     first = await sandboxes.create(rootfs="devbox:1", disk_mib=2048)  # boots cold, and is counted
     assert agent.logged("create_phases", first["id"])["parked"] is False
     await host.destroy_sandbox(first["id"])
-    await wait_parked(host, baseline.parked_slots + 1, "devbox:1")
+    await wait_parked(agent, "images", 1, "devbox:1")
     parked = await host.info()
     # Parked, not promised: no sandbox on the host, and nothing of the admission's budget taken.
     assert parked.vm_count == 0
@@ -96,12 +105,11 @@ async def test_a_small_disk_claims_a_parked_sandbox_of_its_size(pools: Any) -> N
     """The default pool's disks are 10 GiB, which cannot shrink: once a 2 GiB disk has been asked for,
     the next 2 GiB create claims a sandbox parked on one."""
     agent, host, sandboxes = pools
-    await wait_parked(host, POOL_SIZE - 1, "debian:13")
-    baseline = (await host.info()).parked_slots
+    await wait_parked(agent, "parked", POOL_SIZE - 1, "debian:13")
     first = await sandboxes.create(disk_mib=2048)
     assert agent.logged("create_phases", first["id"])["parked"] is False
     await host.destroy_sandbox(first["id"])
-    await wait_parked(host, baseline + 1, "debian:13 on a 2 GiB disk")
+    await wait_parked(agent, "images", 1, "debian:13 on a 2 GiB disk")
 
     created = await sandboxes.create(name="small-disk", disk_mib=2048)
     assert agent.logged("create_phases", created["id"])["parked"] is True

@@ -23,8 +23,8 @@ and disk size, ``Demand``: an exponentially decayed create rate) and parked by `
 kind once it is asked for, more as it gets busier, none once it has not been asked for in minutes,
 all parked sandboxes together within a budget of host memory (``PADDOCK_HOST_POOL_MEMORY_PCT`` of
 MemTotal, measured in their cgroups). A create whose size has none parked claims one of its image on
-a smaller disk, grown on claim (``SlotPool.take``: XFS online, ~1-4 ms; the superblock is written home
-in the background, and every copy of a disk waits for it). A parked sandbox is no sandbox's: it has no
+a smaller disk, grown on claim (``SlotPool.take``: XFS online, ~35-50 ms with its superblock written
+home, still no boot). A parked sandbox is no sandbox's: it has no
 record, counts against no tenant's quota and no admission's promise.
 
 **The seam.** A runtime reaches its slots through ``SlotPool`` only (take, take for a fork, destroy,
@@ -236,9 +236,6 @@ class SlotFactory:
         self._images_dir: Path | None = None
         self._store_opened = False
         self._store_lock = asyncio.Lock()
-        # Awaited before the store is handed to a copy of a sandbox's disk (a snapshot): the disks the
-        # pool grew on claim have their new size written home by then (``SlotPool.settled``).
-        self.before_copy: Callable[[], Coroutine[Any, Any, None]] | None = None
         # Network builds and teardowns wait on `ip` commands (tens of ms each): threads of their own, so
         # that a burst of slots built on demand does not hold every thread of the loop's default
         # executor, behind which each create's short blocking steps (mounts, clones) would queue.
@@ -248,13 +245,7 @@ class SlotFactory:
         return await asyncio.get_running_loop().run_in_executor(self._network_threads, work, argument)
 
     async def images_dir(self) -> Path | None:
-        """The disk store (opened on first use, once); None when this host has none. Once every disk
-        grown on claim is settled (a snapshot asks for the store before it copies a disk)."""
-        if self.before_copy is not None:
-            await self.before_copy()
-        return await self._open_store()
-
-    async def _open_store(self) -> Path | None:
+        """The disk store (opened on first use, once); None when this host has none."""
         async with self._store_lock:
             if not self._store_opened:
                 self._images_dir = await rootdisks.open_store(self.slots_dir)
@@ -276,7 +267,7 @@ class SlotFactory:
             self._store_opened, self._images_dir = False, None
 
     async def build(self, disk_mib: int, *, with_disk: bool = True) -> Slot:
-        images_dir = await self._open_store()
+        images_dir = await self.images_dir()
         slot_id = secrets.token_hex(4)
         slot_dir = self.slots_dir / slot_id
         slot_dir.mkdir(parents=True)
@@ -593,10 +584,13 @@ _XFS_IOC_FSGEOMETRY_V1 = (2 << 30) | (112 << 16) | (ord("X") << 8) | 100  # _IOR
 _XFS_IOC_FSGROWFSDATA = (1 << 30) | (16 << 16) | (ord("X") << 8) | 110  # _IOW('X', 110, 16 bytes)
 
 
-def grow_xfs_now(disk: Disk, size_mib: int) -> None:
-    """Grows a mounted XFS disk to ``size_mib``: the image file, its loop device, then the filesystem
-    (``XFS_IOC_FSGROWFSDATA``, what ``xfs_growfs`` asks, without its process: ~1 ms for 1 to 2 GiB,
-    ~4 ms for 1 to 10 GiB). The new size is only in the log until ``write_superblock_home``."""
+def grow_xfs(disk: Disk, size_mib: int) -> None:
+    """Grows a mounted XFS disk to ``size_mib``, as ``rootdisks.grow`` does without its ``xfs_growfs``
+    process: the image file, its loop device, the filesystem (``XFS_IOC_FSGROWFSDATA``: ~1 ms for 1 to
+    2 GiB, ~4 ms for 1 to 10 GiB on a quiet box), then a freeze and thaw that writes the grown superblock
+    home and covers the log (30-45 ms here, the loop device's synchronous writes): a copy of the image
+    (a fork's clone, a snapshot) or a crash's log replay then sees the new size (``rootdisks.grow``
+    says why this kernel's replay of a growth fails)."""
     with open(disk.image_path, "r+b") as image:
         image.truncate(size_mib * MIB)
     loops.refresh_capacity(disk.loop_device)
@@ -611,12 +605,6 @@ def grow_xfs_now(disk: Disk, size_mib: int) -> None:
         raise DriverError(f"growing the disk {disk.image_path.name} to {size_mib} MiB failed: {exc}") from exc
     finally:
         os.close(fd)
-
-
-def write_superblock_home(disk: Disk) -> None:
-    """A freeze and thaw: writes the grown superblock home and covers the log, so that a copy of the image
-    (a fork's clone, a snapshot) or a crash's replay sees the new size (``rootdisks.grow`` says why);
-    30-45 ms here, mostly the loop device's synchronous writes."""
     mounts.freeze_filesystem(disk.mount_dir)
     mounts.thaw_filesystem(disk.mount_dir)
 
@@ -891,8 +879,6 @@ class SlotPool:
         self._parking = Parking(factory, runtime, pool_rootfs)
         self.warm = WarmPool(factory, size, disk_mib, busy=busy, parker=self._parking if parks else None)
         self.images: ImagePools | None = None
-        self._settling: dict[str, asyncio.Task[None]] = {}
-        factory.before_copy = self.settled
 
     def configure_images(self, config: ImagePoolConfig) -> None:
         """Turns the per-image pools on (before ``start``), where this runtime parks and has a pool."""
@@ -914,11 +900,18 @@ class SlotPool:
 
     @property
     def free_count(self) -> int:
-        return self.warm.free_count + (self.images.count if self.images is not None else 0)
+        """The default pool's free slots (what the host's ``warm_slots`` says)."""
+        return self.warm.free_count
 
     @property
     def parked_count(self) -> int:
-        return self.warm.parked_count + (self.images.count if self.images is not None else 0)
+        """The default pool's parked sandboxes, of the pool image (the host's ``parked_slots``)."""
+        return self.warm.parked_count
+
+    @property
+    def images_count(self) -> int:
+        """The per-image pools' parked sandboxes (the ``images`` kind of ``paddock_host_pool_slots``)."""
+        return self.images.count if self.images is not None else 0
 
     def _warm_held_bytes(self) -> int:
         return sum(parked_memory_bytes(slot.parked) for slot in self.warm._free if slot.parked is not None)
@@ -936,7 +929,6 @@ class SlotPool:
         if self.images is not None:
             await self.images.close()
         await self.warm.close()
-        await self.settled()
 
     async def take(self, disk_mib: int, rootfs: Path) -> Taken:
         """A slot for a create of the image at ``rootfs``: one with a sandbox of that image parked in
@@ -967,40 +959,16 @@ class SlotPool:
         return Taken(slot, parked, warm)
 
     async def _grow(self, slot: Slot, disk_mib: int) -> None:
-        """Grows a claimed slot's disk now (~1-4 ms); its superblock is written home in the background
-        (``write_superblock_home``, 30-45 ms), which every copy of a disk and the slot's destruction
-        wait for (``settled``)."""
-        await asyncio.to_thread(grow_xfs_now, slot.disk, disk_mib)
+        """Grows a claimed slot's disk (``grow_xfs``: ~35-50 ms, most of it writing the superblock home;
+        a create of a size parked itself has none to grow)."""
+        await asyncio.to_thread(grow_xfs, slot.disk, disk_mib)
         slot.disk_mib = disk_mib
-        self._settling[slot.id] = asyncio.create_task(self._settle(slot), name=f"settle-{slot.id}")
-
-    async def _settle(self, slot: Slot) -> None:
-        try:
-            await asyncio.to_thread(write_superblock_home, slot.disk)
-        except DriverError as exc:
-            log.warning("pool_grown_disk_not_settled", slot=slot.id, error=str(exc))
-        finally:
-            self._settling.pop(slot.id, None)
-
-    async def settled(self, slot_id: str | None = None) -> None:
-        """Waits until the disks grown on claim (or that of ``slot_id``) have their size written home."""
-        tasks = (
-            list(self._settling.values())
-            if slot_id is None
-            else [self._settling[slot_id]]
-            if slot_id in self._settling
-            else []
-        )
-        if tasks:
-            await asyncio.gather(*(asyncio.shield(task) for task in tasks), return_exceptions=True)
 
     async def take_for_fork(self) -> Slot:
-        await self.settled()  # the fork's source may be a disk just grown on claim
         return await self.warm.take_for_fork()
 
     async def destroy(self, slot: Slot) -> None:
         """Removes every part of a slot whose container is gone."""
-        await self.settled(slot.id)
         await self.factory.destroy(slot)
 
     async def reclaim(self, owned: set[str], kept_images: set[str]) -> None:
