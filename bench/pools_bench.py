@@ -174,10 +174,12 @@ def measure_creates(
     return rows
 
 
-def measure_sustained(url: str, key: str, seconds: float, concurrency: int) -> dict[str, Any]:
+def measure_sustained(url: str, keys: list[str], seconds: float) -> dict[str, Any]:
+    """One thread per key: each key is its own user, as a plan's daily sandbox cap (300) is per user."""
     from paddock import Client, RetryPolicy
 
-    clients = [Client(url, key, timeout=300, retry=RetryPolicy(max_retries=0)) for _ in range(concurrency)]
+    concurrency = len(keys)
+    clients = [Client(url, key, timeout=300, retry=RetryPolicy(max_retries=0)) for key in keys]
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -327,7 +329,8 @@ def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
             out["parked_slots"] = _parked(agent.url)
             out["load_before_sustained"] = os.getloadavg()
             if seconds > 0:
-                out["sustained"] = measure_sustained(platform.url, key, seconds, concurrency)
+                keys = [platform.api_key(plan="enterprise", credits=1_000_000) for _ in range(concurrency)]
+                out["sustained"] = measure_sustained(platform.url, keys, seconds)
                 time.sleep(3)
                 out["sustained_agent"] = measure_sustained_agent(
                     agent.url, TOKEN, seconds, concurrency, agent.process.pid if agent.process else None
