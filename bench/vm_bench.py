@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python -m bench.vm_bench                 # 3 creates, 3 forks, 30 execs/pauses
     sudo .venv/bin/python -m bench.vm_bench --rounds 1 --execs 5
+    sudo .venv/bin/python -m bench.vm_bench --snapshot-written 0,100,1024   # MiB written before snapshots
 
 Rows (milliseconds, p50 / p90 / max):
 - qemu boot (floor): QEMU with the same kernel and initramfs in probe mode, from exec to the initramfs
@@ -21,6 +22,12 @@ Rows (milliseconds, p50 / p90 / max):
 - pause / resume: the driver's pause and resume (QMP + its paused marker).
 - fork → running: the source running a counter; memory snapshot, overlay copy, restore, re-address,
   guest agent answering in the fork.
+- VM snapshot (N MiB written): ``QemuRuntime.snapshot`` of the source (running its counter) after it
+  wrote N MiB of random data to its disk: QMP stop, memory migrated to the snapshot's file, overlay
+  copied (``cp --reflink=auto``), meta.json synced and the directory renamed, the source let go on.
+  The written data is on the overlay and in the guest's page cache, so both files grow with it.
+- boot from VM snapshot (N MiB written): ``create_from_snapshot`` to the guest agent answering: copy of
+  the snapshot's overlay, QEMU ``-incoming`` from its memory file, the VM's own identity over CONFIG.
 
 The accelerator (KVM or TCG) is printed: under TCG these are correctness numbers, not a product's.
 Needs root and the debian:13 image. Writes bench/results/vm-<time>.json; never fails on a time.
@@ -84,7 +91,39 @@ async def exec_true(runtime: QemuRuntime, record: Any) -> None:
             pass
 
 
-async def run(rounds: int, execs: int, work_dir: Path) -> dict[str, Any]:
+async def snapshots(
+    runtime: QemuRuntime, source: Any, rootfs: Path, rounds: int, written_mib: list[int], samples: Samples
+) -> dict[str, int]:
+    """Snapshot and boot-from-snapshot rows after the source wrote each of ``written_mib`` (in
+    total: each size is written on top of the last); returns each snapshot's size on the host."""
+    sizes: dict[str, int] = {}
+    total = 0
+    for mib in written_mib:
+        if mib > total:
+            script = f"head -c {(mib - total) << 20} /dev/urandom > /root/written-{mib} && sync"
+            await exec_sh(runtime, source, script)
+            total = mib
+        for index in range(rounds):
+            snapshot_id = f"snap_vb{mib}x{index}"
+            with samples.time(f"VM snapshot ({mib} MiB written)"):
+                info = await runtime.snapshot(source, snapshot_id)
+            sizes[f"{mib} MiB written"] = info.size_bytes
+            spec = SandboxSpec(f"sb_vbs{mib}x{index}", f"vbs{mib}x{index}", "debian:13", rootfs, SHAPE)
+            with samples.time(f"boot from VM snapshot ({mib} MiB written)"):
+                copy = await runtime.create_from_snapshot(info, spec)
+            await runtime.destroy(copy)
+            await runtime.delete_snapshot(snapshot_id)
+    return sizes
+
+
+async def exec_sh(runtime: QemuRuntime, record: Any, script: str) -> None:
+    request = ExecRequest("bash", ["-c", script], {"PATH": "/usr/bin:/bin"})
+    async with runtime.guest(record).exec(request) as session:
+        async for _ in session:
+            pass
+
+
+async def run(rounds: int, execs: int, work_dir: Path, written_mib: list[int]) -> dict[str, Any]:
     rootfs = ImageStore(Path("/var/lib/paddock/images")).build("debian:13")
     table = f"pdkvb{secrets.token_hex(2)}"
     network = NetworkManager("10.253.77.0/24", work_dir / "network", table, [])
@@ -151,6 +190,10 @@ async def run(rounds: int, execs: int, work_dir: Path) -> dict[str, Any]:
             spec = SandboxSpec(f"sb_vbf{index}", f"vbf{index}", "debian:13", rootfs, SHAPE)
             with samples.time("fork → running"):
                 records.append(await runtime.fork(source, spec))
+        for fork in records[1:]:  # one VM beside the source while snapshots are timed
+            await runtime.destroy(fork)
+        del records[1:]
+        snapshot_bytes = await snapshots(runtime, source, rootfs, rounds, written_mib, samples)
     finally:
         for record in records:
             await runtime.destroy(record)
@@ -161,6 +204,7 @@ async def run(rounds: int, execs: int, work_dir: Path) -> dict[str, Any]:
         "accel": runtime.accel,
         "shape": SHAPE.__dict__,
         "memory_state_bytes": memory_state_bytes,
+        "snapshot_bytes": snapshot_bytes,
         "ops": samples.summary(),
     }
 
@@ -175,6 +219,10 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"VM tier ({result['accel']}; {result['shape']['vcpu']} vCPU, {result['shape']['mem_mib']} MiB)",
         f"saved state memory file: {result['memory_state_bytes'] / 2**20:.1f} MiB",
+        *(
+            f"VM snapshot on the host ({written}): {size / 2**20:.1f} MiB"
+            for written, size in result.get("snapshot_bytes", {}).items()
+        ),
         "",
         "| operation | n | p50 ms | p90 ms | max ms |",
         "|---|---|---|---|---|",
@@ -186,12 +234,12 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure(rounds: int, execs: int) -> dict[str, Any]:
+def measure(rounds: int, execs: int, written_mib: list[int] | None = None) -> dict[str, Any]:
     """One VM-tier run in a scratch state dir (bench/run.py's ``vm`` section calls this)."""
     work_dir = Path(f"/var/tmp/paddock-vm-bench-{secrets.token_hex(3)}")
     work_dir.mkdir(parents=True)
     try:
-        return asyncio.run(run(rounds, execs, work_dir))
+        return asyncio.run(run(rounds, execs, work_dir, written_mib if written_mib is not None else [0, 100]))
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
 
@@ -204,9 +252,15 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=3, help="creates of each kind, forks and floor boots (default 3)"
     )
     parser.add_argument("--execs", type=int, default=30, help="exec and pause/resume rounds (default 30)")
+    parser.add_argument(
+        "--snapshot-written",
+        default="0,100",
+        help="MiB the source has written before each set of VM snapshots, comma-separated (default 0,100)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    result = measure(args.rounds, args.execs)
+    written = sorted({int(part) for part in args.snapshot_written.split(",") if part.strip()})
+    result = measure(args.rounds, args.execs, written)
     print(render(result))
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -23,12 +23,18 @@ HOST_STATUSES = ("active", "draining", "dead")
 CONTAINER_RUNTIMES = ("crun", "runc")
 
 
+#: Operations another tier offers as well, by the operation's name as callers pass it: the VM tier
+#: snapshots a sandbox (its disk and its memory, docs/snapshots.md). gVisor still refuses.
+ALSO_OFFERED = {"snapshotting a sandbox's disk": ("qemu",)}
+
+
 def container_tier_refusal(host: Host | None, operation: str, suffix: str) -> str | None:
-    """Why ``host`` cannot do ``operation`` (its tier is not the container tier), or None; the message
-    names the tier and the runtime (``paddock.io/isolation``, ``paddock.io/runtime`` labels)."""
+    """Why ``host`` cannot do ``operation`` (its tier is not the container tier, nor one of
+    ``ALSO_OFFERED``'s for it), or None; the message names the tier and the runtime
+    (``paddock.io/isolation``, ``paddock.io/runtime`` labels)."""
     labels = (host.labels or {}) if host is not None else {}
     runtime = labels.get("paddock.io/runtime")
-    if runtime is None or runtime in CONTAINER_RUNTIMES:
+    if runtime is None or runtime in CONTAINER_RUNTIMES or runtime in ALSO_OFFERED.get(operation, ()):
         return None
     tier = labels.get("paddock.io/isolation", runtime)
     return f"{operation} is not supported on the {tier} isolation tier ({runtime}){suffix}"

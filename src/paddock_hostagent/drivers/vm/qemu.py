@@ -21,7 +21,9 @@ the background.
 Pause and resume are QMP ``stop``/``cont``. Fork stops the source, migrates its memory to a file,
 copies its (flushed) overlay and lets the source go on; the fork boots with ``-incoming`` from that
 file on the copy, so **processes carry over**: a fork continues what its source was running. It then
-gets its own address, MAC and hostname over the channel (CONFIG), as a restored create does. Destroy
+gets its own address, MAC and hostname over the channel (CONFIG), as a restored create does. A
+**snapshot** is the same copy kept on the host (``vmsnapshots.py``), memory and disk, and a create from
+it boots as a fork's child does, so its processes carry over too. Destroy
 kills QEMU and removes the namespace (with the tap), the files and the sockets; every step tolerates
 having been done before.
 
@@ -61,12 +63,13 @@ from paddock_hostagent.drivers.base import (
     SandboxRecord,
     SandboxRuntime,
     SandboxSpec,
+    SnapshotInfo,
     TierUnsupportedError,
 )
 from paddock_hostagent.drivers.net.network import NetworkManager, SandboxNetwork
 from paddock_hostagent.drivers.system import host_processes
 from paddock_hostagent.drivers.system.commands import run
-from paddock_hostagent.drivers.vm import qmp, vmimage, vmsaved
+from paddock_hostagent.drivers.vm import qmp, vmimage, vmsaved, vmsnapshots
 from paddock_hostagent.drivers.vm.vmchannel import GuestChannel
 from paddock_hostagent.guest import GuestClient, GuestError, GuestVersionError
 
@@ -93,7 +96,7 @@ KERNEL_ARGS = "console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable ipv6.disable
 #: (a full state disk or a broken image would otherwise cost a second boot per create).
 SAVED_STATE_RETRY_S = 600.0
 #: How a VM came up (``driver_state["boot"]``).
-COLD, RESTORED, FORKED = "cold", "restored", "forked"
+COLD, RESTORED, FORKED, FROM_SNAPSHOT = "cold", "restored", "forked", "snapshot"
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,7 @@ class QemuRuntime(SandboxRuntime):
         self._builds: dict[str, asyncio.Task[vmsaved.SavedState | None]] = {}
         self._build_lock = asyncio.Lock()  # one background boot at a time: each takes a core under TCG
         self._build_failed_at: dict[str, float] = {}  # key digest -> time.monotonic() of the failure
+        self.snapshots = vmsnapshots.VmSnapshots(self.vm_dir / "snapshots")
 
     # -- lifecycle of the driver ----------------------------------------------------------------
 
@@ -257,6 +261,7 @@ class QemuRuntime(SandboxRuntime):
             if states[record.id] != RuntimeState.STOPPED:
                 with contextlib.suppress(Exception):
                     await self._open_channel(record.id, _Handle.of(record))
+        await self._resume_snapshot_sources(mine)
         await self._reclaim(mine)
         return states
 
@@ -542,10 +547,128 @@ class QemuRuntime(SandboxRuntime):
                     raise DriverError(f"snapshot of {source_id} failed: {status}")
                 await asyncio.sleep(0.02)
             # Migration flushed and let go of the overlay: a copy now is the disk at that instant.
-            await run(["cp", "--sparse=always", str(handle.overlay), str(overlay)])
+            await run(["cp", "--reflink=auto", "--sparse=always", str(handle.overlay), str(overlay)])
+        except BaseException:
+            # a migration still writing (timed out, or this task cancelled) ends before the VM goes on
+            with contextlib.suppress(DriverError, OSError):
+                await qmp.execute(handle.qmp_socket, "migrate_cancel")
+            raise
         finally:
             if was_running:
                 await qmp.execute(handle.qmp_socket, "cont")
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    async def snapshot(self, record: SandboxRecord, snapshot_id: str) -> SnapshotInfo:
+        """The sandbox's memory and disk at one instant, kept until ``delete_snapshot``: the VM is stopped
+        (QMP ``stop``), its memory migrated to ``memory.state`` (which flushes and lets go of its
+        overlay), the overlay copied (``cp --reflink=auto``), and the VM let go on unless it was paused.
+        Written in ``.partial-<id>`` and renamed once whole (``vmsnapshots.py``); an agent killed while
+        the source is stopped for it leaves a mark, and the next agent lets the source go on (``start``)."""
+        handle = self._alive(record)
+        await self.prepare()
+        final = self.snapshots.path(snapshot_id)  # ValueError for anything but an id
+        if final.exists():
+            raise DriverError(f"snapshot {snapshot_id} exists")
+        partial = await asyncio.to_thread(self.snapshots.partial_dir, snapshot_id)
+        try:
+            if not handle.paused_marker.exists():
+                (partial / vmsnapshots.RESUME_MARKER).write_text(record.id)
+            await self._snapshot(record.id, handle, partial / "memory.state", partial / "disk.qcow2")
+            host = self._saved_key(Path(), 0, 0)
+            meta = {
+                "image": record.image,
+                "disk_mib": record.disk_mib,
+                "mem_mib": record.mem_mib,
+                "vcpu": record.vcpu,
+                "base_disk": handle.base_disk.name,
+                "qemu_mac": handle.qemu_mac or handle.mac,
+                "host": {name: getattr(host, name) for name in vmsaved.HOST_FIELDS},
+                "source_id": record.id,
+                "created_at": time.time(),
+            }
+            snap = await asyncio.to_thread(self.snapshots.commit, snapshot_id, partial, meta)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, partial, True)
+            raise
+        return _snapshot_info(snap)
+
+    def snapshot_info(self, snapshot_id: str) -> SnapshotInfo | None:
+        snap = self.snapshots.load(snapshot_id)
+        return _snapshot_info(snap) if snap is not None else None
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await asyncio.to_thread(self.snapshots.delete, snapshot_id)
+
+    async def create_from_snapshot(
+        self,
+        snapshot: SnapshotInfo,
+        spec: SandboxSpec,
+        *,
+        start_paused: bool = False,
+        on_network: NetworkHook | None = None,
+    ) -> SandboxRecord:
+        """A new VM from the snapshot, as a fork's child from its source: a copy of its overlay, its
+        memory read with ``-incoming``, then its own address, MAC, hostname, clock and random seed
+        (CONFIG). The processes the source ran carry over. It has the snapshot's vCPUs and memory (a
+        memory state restores only into the machine it was taken of) and its disk size."""
+        await self.prepare()
+        snap = await asyncio.to_thread(self.snapshots.load, snapshot.id)
+        if snap is None:
+            raise DriverError(f"snapshot {snapshot.id} is not on this host")
+        meta = snap.meta
+        host = self._saved_key(Path(), 0, 0)
+        changed = [name for name in vmsaved.HOST_FIELDS if meta["host"].get(name) != getattr(host, name)]
+        if changed:
+            raise BootError(
+                f"snapshot {snapshot.id} holds the memory of a VM under another {', '.join(changed)} than"
+                " this host's now: it cannot be restored"
+            )
+        base_disk = self.vm_dir / "images" / str(meta["base_disk"])
+        if not base_disk.is_file():
+            raise BootError(f"the image disk under snapshot {snapshot.id} is gone from this host")
+        vcpu, mem_mib, disk_mib = int(meta["vcpu"]), int(meta["mem_mib"]), int(meta["disk_mib"])
+        phases = _Phases()
+        handle = await self._new_handle(spec.id, None)
+        handle.base_disk, handle.qemu_mac, handle.boot = base_disk, str(meta["qemu_mac"]), FROM_SNAPSHOT
+        phases.mark("network")
+        try:
+            await run(["cp", "--reflink=auto", "--sparse=always", str(snap.disk), str(handle.overlay)])
+            phases.mark("disk")
+            await self._launch(handle, _Boot(vcpu, mem_mib, spec.name, incoming=snap.memory))
+            phases.mark("qemu")
+            await self._await_incoming(handle)
+            phases.mark("memory")
+            await self._continue_incoming(spec.id, handle, spec.name)
+            phases.mark("identity")
+            record = self._record(spec, handle)
+            record.vcpu, record.mem_mib, record.disk_mib = vcpu, mem_mib, disk_mib
+            if on_network is not None:
+                await on_network(record)
+            await self._await_guest(spec.id, handle)
+            phases.mark("agent")
+            log.info("vm_snapshot_booted", sandbox=spec.id, snapshot_id=snapshot.id, **phases.ms())
+            if start_paused:
+                await self.pause(record)
+                record.state = RuntimeState.PAUSED
+        except BaseException:
+            await self._destroy_handle(spec.id, handle)
+            raise
+        return record
+
+    async def _resume_snapshot_sources(self, mine: list[SandboxRecord]) -> None:
+        """A snapshot an earlier agent died writing may have left its source stopped for the copy:
+        its migration is cancelled and the source goes on (the half-made snapshot is removed)."""
+        stopped = set(await asyncio.to_thread(self.snapshots.sweep))
+        for record in mine:
+            if record.id not in stopped or self.probe(record) != RuntimeState.RUNNING:
+                continue
+            handle = _Handle.of(record)
+            with contextlib.suppress(DriverError, OSError):
+                await qmp.execute(handle.qmp_socket, "migrate_cancel")
+            with contextlib.suppress(DriverError, OSError):
+                await qmp.execute(handle.qmp_socket, "cont")
+                log.warning("vm_snapshot_source_resumed", sandbox_id=record.id)
 
     async def _await_incoming(self, handle: _Handle) -> None:
         deadline = time.monotonic() + self.options.boot_timeout_s
@@ -825,6 +948,19 @@ class _Phases:
 
     def ms(self) -> dict[str, int]:
         return dict(self._ms)
+
+
+def _snapshot_info(snap: vmsnapshots.VmSnapshot) -> SnapshotInfo:
+    return SnapshotInfo(
+        id=snap.id,
+        path=snap.disk,
+        image=str(snap.meta["image"]),
+        fs="ext4",
+        disk_mib=int(snap.meta["disk_mib"]),
+        source_id=str(snap.meta.get("source_id", "")),
+        created_at=float(snap.meta.get("created_at", 0.0)),
+        size_bytes=snap.size_bytes,
+    )
 
 
 def _new_mac() -> str:

@@ -1,0 +1,111 @@
+"""VM snapshots as users meet them (issue #34): a control plane and a host agent with ``runtime=qemu``,
+over the public API.
+
+``POST /v1/sandboxes/{id}/snapshots`` of a VM is taken (the control plane no longer refuses the VM
+tier), and ``POST /v1/sandboxes`` with ``rootfs`` = the snapshot boots VMs that hold the source's file
+and the process it started, still running, each with its own name and address; the source's destroy
+leaves the snapshot bootable. The driver's side (divergence, MACs, delete) is in test_vm_snapshots.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
+from tests.hostagent.conftest import debian_image, guest_binary_dir
+from tests.live import LivePlatform, start_platform
+
+__all__ = ["debian_image", "guest_binary_dir"]
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.slow,
+    pytest.mark.qemu,
+    pytest.mark.skipif(not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"),
+]
+
+COUNTER = (
+    "i=0; while true; do i=$((i+1)); echo $i > /root/c.tmp; mv /root/c.tmp /root/counter; sleep 0.2; done"
+)
+
+
+@pytest.fixture(scope="module")
+def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatform]:
+    live = start_platform(guest_binary_dir, agent_options={"runtime": "qemu"})
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+@pytest.fixture(scope="module")
+def api(platform: LivePlatform) -> Iterator[httpx.Client]:
+    with platform.http(platform.api_key()) as http:
+        yield http
+        listed = http.get("/v1/sandboxes", params={"limit": 100}).json()["data"]
+        for item in listed.get("data", listed if isinstance(listed, list) else []):
+            if item["status"] not in ("destroyed", "failed"):
+                http.delete(f"/v1/sandboxes/{item['id']}")
+
+
+def sh(api: httpx.Client, sandbox_id: str, script: str) -> str:
+    response = api.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "bash", "args": ["-c", script]})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()["data"]["result"]
+    assert result["exit_code"] == 0, result
+    return str(result["stdout"])
+
+
+def counter_passes(api: httpx.Client, sandbox_id: str, since: int) -> int:
+    deadline = time.monotonic() + 20  # TCG on a loaded machine runs the counter slowly
+    value = int(sh(api, sandbox_id, "cat /root/counter 2>/dev/null || echo 0"))
+    while value <= since and time.monotonic() < deadline:
+        time.sleep(0.3)
+        value = int(sh(api, sandbox_id, "cat /root/counter 2>/dev/null || echo 0"))
+    assert value > since, f"the counter of {sandbox_id} stayed at {value}"
+    return value
+
+
+def create(api: httpx.Client, **body: Any) -> dict[str, Any]:
+    created = api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", **body})
+    assert created.status_code == 200, created.text
+    sandbox: dict[str, Any] = created.json()["data"]
+    assert sandbox["status"] == "running", sandbox
+    return sandbox
+
+
+def test_a_vm_snapshot_through_the_api_boots_with_the_sources_files_and_processes(api: httpx.Client) -> None:
+    source = create(api, disk_mib=2048)
+    sid = source["id"]
+    sh(
+        api,
+        sid,
+        f"echo kept > /root/kept; {{ setsid nohup bash -c '{COUNTER}' >/dev/null 2>&1 < /dev/null & echo $! > /root/bg.pid; }}",
+    )
+    before = counter_passes(api, sid, 2)
+    pid = sh(api, sid, "cat /root/bg.pid").strip()
+
+    made = api.post(f"/v1/sandboxes/{sid}/snapshots", json={"name": "vm-snap"})
+    assert made.status_code == 200, made.text
+    snap = made.json()["data"]
+    assert snap["status"] == "ready" and snap["source_sandbox_id"] == sid and snap["size_bytes"] > 0
+    counter_passes(api, sid, before)  # the source goes on
+
+    first = create(api, rootfs=snap["id"])
+    assert api.delete(f"/v1/sandboxes/{sid}").status_code == 200
+    second = create(api, rootfs="vm-snap")  # by name, after the source is gone
+    for copy in (first, second):
+        hostname, kept, bg_pid = sh(api, copy["id"], "hostname; cat /root/kept; cat /root/bg.pid").split()
+        assert (hostname, kept, bg_pid) == (copy["name"], "kept", pid)
+        assert sh(api, copy["id"], f"kill -0 {pid} && echo alive").strip() == "alive"
+        counter_passes(api, copy["id"], before)
+    assert len({source["ip"], first["ip"], second["ip"]}) == 3
+
+    assert api.delete(f"/v1/snapshots/{snap['id']}").status_code == 200
+    assert api.get(f"/v1/snapshots/{snap['id']}").status_code == 404
