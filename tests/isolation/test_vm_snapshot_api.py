@@ -4,11 +4,15 @@ over the public API.
 ``POST /v1/sandboxes/{id}/snapshots`` of a VM is taken (the control plane no longer refuses the VM
 tier), and ``POST /v1/sandboxes`` with ``rootfs`` = the snapshot boots VMs that hold the source's file
 and the process it started, still running, each with its own name and address; the source's destroy
-leaves the snapshot bootable. The driver's side (divergence, MACs, delete) is in test_vm_snapshots.py.
+leaves the snapshot bootable. A host agent killed with SIGKILL while a VM is stopped for its snapshot
+leaves, once restarted, the source running with its process and no snapshot. The driver's side
+(divergence, MACs, delete) is in test_vm_snapshots.py.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,3 +113,38 @@ def test_a_vm_snapshot_through_the_api_boots_with_the_sources_files_and_processe
 
     assert api.delete(f"/v1/snapshots/{snap['id']}").status_code == 200
     assert api.get(f"/v1/snapshots/{snap['id']}").status_code == 404
+
+
+def test_an_agent_killed_in_the_middle_of_a_vm_snapshot_leaves_the_source_running_and_no_snapshot(
+    platform: LivePlatform, api: httpx.Client
+) -> None:
+    """SIGKILL of the host agent while the source is stopped and its memory and disk are being copied
+    (800 MiB written, so the overlay's copy takes a while): the next agent lets the source go on, with
+    its files and its process, removes the half-made snapshot, and the source can be snapshotted again."""
+    source = create(api, disk_mib=2048)
+    sid = source["id"]
+    script = f"{{ setsid nohup bash -c '{COUNTER}' >/dev/null 2>&1 < /dev/null & }}; echo kept > /root/kept; "
+    sh(api, sid, script + "dd if=/dev/zero of=/root/dirty.bin bs=1M count=800 conv=fsync status=none")
+    before = counter_passes(api, sid, 2)
+    agent = platform.agents[0]
+    snapshots = agent.state_dir / "vm" / "snapshots"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(api.post, f"/v1/sandboxes/{sid}/snapshots", json={})
+        deadline = time.monotonic() + 30
+        # memory.state exists once QEMU is stopped and migrating into the snapshot
+        while not list(snapshots.glob(".partial-snap_*/memory.state")) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        partial = list(snapshots.glob(".partial-snap_*"))
+        assert partial and (partial[0] / "resume-source").read_text() == sid, "the snapshot never started"
+        agent.stop(signal.SIGKILL)
+        answered = asked.result(timeout=60)
+    assert answered.status_code >= 500, answered.text  # the host went away in the middle
+    assert not (snapshots / partial[0].name.removeprefix(".partial-")).exists()
+    agent.start()
+    assert not partial[0].exists()
+    assert sh(api, sid, "cat /root/kept; stat -c %s /root/dirty.bin").split() == ["kept", str(800 << 20)]
+    counter_passes(api, sid, before)  # the very process, running again
+    assert api.get("/v1/snapshots").json()["data"]["pagination"]["total"] == 0
+    made = api.post(f"/v1/sandboxes/{sid}/snapshots", json={})
+    assert made.status_code == 200, made.text
+    assert api.delete(f"/v1/snapshots/{made.json()['data']['id']}").status_code == 200
