@@ -115,3 +115,35 @@ async def test_image_pools_park_the_busiest_images_within_the_memory_budget(
     finally:
         await pools.close()
     assert pools.count == 0 and len(factory.destroyed) == 1  # what was left parked is stopped
+
+
+async def test_each_parked_sandbox_counts_at_least_the_kernels_share(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """An idle parked sandbox's cgroup holds ~0.5 MiB; the budget counts it at PARKED_FLOOR_BYTES (16 MiB:
+    its disk's mount, loop device and network namespace are in no cgroup). 80 MiB admits five of a busy
+    image wanting eight, not all eight: the first counted at DEFAULT_COST_BYTES (64 MiB, nothing
+    measured yet), then 16 MiB each."""
+    monkeypatch.setattr(pool_module, "parked_memory_bytes", lambda parked: MIB // 2)
+    image = tmp_path / "image"
+    image.mkdir()
+    factory = _Factory()
+    demand = Demand(per_kind_max=8)
+    pools = ImagePools(
+        cast(SlotFactory, factory),
+        cast(Parking, _Parking(factory)),
+        demand,
+        budget_bytes=80 * MIB,
+        busy=lambda: False,
+    )
+    pools.tick_s = 0.02
+    for _ in range(100):  # ~14 creates/s
+        demand.record(Kind(image, 1024))
+    assert demand.targets() == {Kind(image, 1024): 8}
+    pools.start()
+    try:
+        await _until(lambda: pools.count == 5, "the pool did not park five")
+        await asyncio.sleep(0.15)
+        assert pools.count == 5 and pools.held_bytes() == 5 * MIB // 2
+    finally:
+        await pools.close()

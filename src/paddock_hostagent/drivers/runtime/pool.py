@@ -692,12 +692,23 @@ def parked_memory_bytes(parked: Parked) -> int:
     return SandboxCgroup(parked.cgroups_path).memory_usage_bytes()
 
 
+#: What the budget counts a parked sandbox at, at least, whatever its cgroup says (~0.5 MiB for an idle
+#: guest agent): the kernel's share for its mounted XFS disk (log buffers), loop device and network
+#: namespace is in no cgroup. An estimate that bounds how many the budget admits (~75 in 1.2 GiB).
+PARKED_FLOOR_BYTES = 16 * MIB
+
+
+def budgeted_bytes(parked: Parked) -> int:
+    return max(parked_memory_bytes(parked), PARKED_FLOOR_BYTES)
+
+
 class ImagePools:
     """Parked sandboxes of the kinds (image, disk size) the default pool does not park — ``devbox:1``, a
     user's template, the pool image on a 2 GiB disk — as many of each as ``Demand`` says, all together
-    within ``budget_bytes`` of host memory, measured in their cgroups with the default pool's parked
-    ones (``held_elsewhere``); a new one is counted at what the last of its image held,
-    ``DEFAULT_COST_BYTES`` before any. The busiest kinds are parked first.
+    within ``budget_bytes`` of host memory with the default pool's parked ones (``held_elsewhere``),
+    each counted at what its cgroup holds and at least ``PARKED_FLOOR_BYTES``; a new one is counted at
+    what the last of its image held, ``DEFAULT_COST_BYTES`` before any. The busiest kinds are parked
+    first.
 
     A create claims one of its image on a disk of its size, else on the largest smaller disk there is,
     grown on claim (``SlotPool.take``). Built and parked one at a time, between bursts (``busy``), as the
@@ -752,6 +763,9 @@ class ImagePools:
     def held_bytes(self) -> int:
         return sum(parked_memory_bytes(slot.parked) for _, slot in self._free if slot.parked is not None)
 
+    def budgeted_bytes(self) -> int:
+        return sum(budgeted_bytes(slot.parked) for _, slot in self._free if slot.parked is not None)
+
     def take(self, rootfs_key: str, disk_mib: int) -> Slot | None:
         """A parked slot of the image whose ``image_key`` is ``rootfs_key`` on a disk of ``disk_mib``, else
         on the largest smaller one; None if there is none."""
@@ -799,8 +813,8 @@ class ImagePools:
                 continue
             if not kind.rootfs.is_dir():
                 continue
-            cost = self._cost.get(kind.rootfs, self.DEFAULT_COST_BYTES)
-            if self.held_elsewhere() + self.held_bytes() + cost > self.budget_bytes:
+            cost = max(self._cost.get(kind.rootfs, self.DEFAULT_COST_BYTES), PARKED_FLOOR_BYTES)
+            if self.held_elsewhere() + self.budgeted_bytes() + cost > self.budget_bytes:
                 return  # the budget is spent: the busiest kinds got theirs first
             await self._wait_quiet()
             await self._park_one(kind)
@@ -891,7 +905,7 @@ class SlotPool:
             Demand(per_kind_max=config.per_kind_max),
             budget_bytes=config.budget_bytes,
             busy=self._busy,
-            held_elsewhere=self._warm_held_bytes,
+            held_elsewhere=self._warm_budgeted_bytes,
         )
 
     @property
@@ -915,6 +929,9 @@ class SlotPool:
 
     def _warm_held_bytes(self) -> int:
         return sum(parked_memory_bytes(slot.parked) for slot in self.warm._free if slot.parked is not None)
+
+    def _warm_budgeted_bytes(self) -> int:
+        return sum(budgeted_bytes(slot.parked) for slot in self.warm._free if slot.parked is not None)
 
     def held_bytes(self) -> int:
         """Host memory the parked sandboxes hold now (the default pool's and the per-image pools')."""
