@@ -4,7 +4,8 @@ sustained at concurrency.
 On a platform of its own (one control plane, one host agent in the default configuration: a pool of 2
 at a 10 GiB disk, the per-image pools on), through the SDK:
 
-- **create → running** of each image and of ``debian:13`` at ``disk_mib=2048``: one untimed create first
+- **create → running** of each image, of ``debian:13`` at ``disk_mib=2048``, and of ``debian:13`` at a disk size
+  never asked before (2560, 3072, ...: a smaller parked disk grown on claim): one untimed create first
   (it boots cold, and tells the per-image pools the image is wanted), then ``ROUNDS`` creates, each once
   the pools are full again (untimed; a create the pool could not have refilled for is the sustained case
   below). Each row says how many claimed a parked sandbox (the agent's ``create_phases``). Beside it the
@@ -12,8 +13,10 @@ at a 10 GiB disk, the per-image pools on), through the SDK:
   agent or API), and the numbers of issue #36 before this change.
 - **host memory the pools hold**: the agent's ``paddock_host_pool_memory_bytes`` (what the parked
   sandboxes' cgroups hold) with every image's pool full, and the budget.
-- **sustained**: ``CONCURRENCY`` threads, each creating a ``debian:13`` sandbox, running ``true`` in it and
-  destroying it, for ``SECONDS``: creates/s completed, and create → first command p50/p99.
+- **sustained**: ``CONCURRENCY`` threads (each its own user: a plan caps sandboxes per user and day), each
+  creating a ``debian:13`` sandbox, running ``true`` in it and destroying it (untimed), for ``SECONDS``:
+  creates/s completed and create → first command p50/p99; then the same loop on the host agent's API,
+  with the agent's CPU per create and delete.
 
 Run: ``.venv/bin/python -m bench.pools_bench [--rounds 8] [--seconds 30] [--concurrency 20]``.
 """
@@ -39,6 +42,7 @@ from bench.stats import summarize
 
 IMAGES = ("debian:13", "devbox:1", "code-interpreter:1", "desktop:1")
 ROUNDS = 8
+GROWN = -1  # the case whose every create asks a disk size not asked before
 SECONDS = 30.0
 CONCURRENCY = 20
 #: Issue #36, measured through the SDK before the per-image pools (p50 of 8, ms); cold: a full boot.
@@ -140,20 +144,28 @@ def measure_creates(
     rows = []
     cases: list[tuple[str, int | None]] = [(image, None) for image in IMAGES]
     cases.insert(1, ("debian:13", 2048))
+    cases.insert(2, ("debian:13", GROWN))
     if template is not None:
         cases.append((template, None))
     for image, disk_mib in cases:
         label = image if disk_mib is None else f"{image} disk {disk_mib}"
         if image == template:
             label = "a user's template"
-        warmup = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=disk_mib, name="pool-warmup")
-        warmup.destroy(wait=True)
+        if disk_mib == GROWN:
+            label = f"{image}, a new disk size each time (grown on claim)"
+        else:
+            warmup = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=disk_mib, name="pool-warmup")
+            warmup.destroy(wait=True)
         full = _settled_parked(agent.url)  # the kind just asked for is parked (one per tick at most)
         samples, ids = [], []
         for index in range(rounds):
-            _wait_parked(agent.url, full)
+            if disk_mib == GROWN:  # every size new: a smaller parked disk of the image is grown
+                _settled_parked(agent.url)
+            else:
+                _wait_parked(agent.url, full)
+            size = 2048 + 512 * (index + 1) if disk_mib == GROWN else disk_mib
             started = time.perf_counter()
-            sandbox = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=disk_mib, name=f"pool-{index}")
+            sandbox = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=size, name=f"pool-{index}")
             if sandbox.info.status != "running":
                 sandbox.wait_until("running")
             samples.append((time.perf_counter() - started) * 1000)
