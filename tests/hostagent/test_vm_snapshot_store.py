@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from paddock_controlplane.hosts.hosts import container_tier_refusal
 from paddock_controlplane.records.models import Host
+from paddock_controlplane.resources import snapshots, volumes
 from paddock_hostagent.drivers.vm.qemu import QemuOptions, QemuRuntime
 from paddock_hostagent.drivers.vm.vmsnapshots import PARTIAL_PREFIX, RESUME_MARKER, VmSnapshots
 
@@ -88,16 +88,12 @@ def test_a_deleted_snapshot_is_gone_and_a_delete_cut_short_never_boots(tmp_path:
 
 
 def test_the_control_plane_lets_vm_hosts_snapshot_and_gvisor_keeps_its_refusal() -> None:
-    operation, suffix = (
-        "snapshotting a sandbox's disk",
-        " yet; only the container tier (crun, runc) takes snapshots",
-    )
     vm = Host(labels={"paddock.io/isolation": "vm", "paddock.io/runtime": "qemu"})
     gvisor = Host(labels={"paddock.io/isolation": "gvisor", "paddock.io/runtime": "runsc"})
-    assert container_tier_refusal(vm, operation, suffix) is None
-    assert container_tier_refusal(gvisor, operation, suffix) == (
+    assert snapshots._tier_refusal(vm) is None
+    assert snapshots._tier_refusal(gvisor) == (
         "snapshotting a sandbox's disk is not supported on the gvisor isolation tier (runsc)"
-        " yet; only the container tier (crun, runc) takes snapshots"
+        " yet; the container (crun, runc) and VM tiers take snapshots"
     )
     # other operations the VM tier does not offer are still refused
-    assert "vm isolation tier" in (container_tier_refusal(vm, "attaching a volume", "") or "")
+    assert "vm isolation tier" in (volumes.tier_refusal(vm) or "")

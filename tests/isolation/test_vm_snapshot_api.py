@@ -101,6 +101,10 @@ def test_a_vm_snapshot_through_the_api_boots_with_the_sources_files_and_processe
     assert snap["status"] == "ready" and snap["source_sandbox_id"] == sid and snap["size_bytes"] > 0
     counter_passes(api, sid, before)  # the source goes on
 
+    # Its memory goes back into the machine it came from: another shape is a 400 naming the field.
+    other = api.post("/v1/sandboxes", json={"shape": "s-2vcpu-2gb", "rootfs": snap["id"]})
+    assert other.status_code == 400, other.text
+    assert "s-1vcpu-1gb" in other.json()["data"]["shape"]
     first = create(api, rootfs=snap["id"])
     assert api.delete(f"/v1/sandboxes/{sid}").status_code == 200
     second = create(api, rootfs="vm-snap")  # by name, after the source is gone

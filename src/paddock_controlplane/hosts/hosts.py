@@ -21,22 +21,25 @@ HOST_STATUSES = ("active", "draining", "dead")
 #: The runtimes of the container tier: the only tier whose disks the host can clone into snapshots and
 #: mount volumes beside (gVisor's gofer and the VM's block device do not take them yet).
 CONTAINER_RUNTIMES = ("crun", "runc")
+#: The VM tier's runtime: it snapshots a sandbox with its memory (drivers/vm/vmsnapshots.py).
+VM_RUNTIMES = ("qemu",)
 
 
-#: Operations another tier offers as well, by the operation's name as callers pass it: the VM tier
-#: snapshots a sandbox (its disk and its memory, docs/snapshots.md). gVisor still refuses.
-ALSO_OFFERED = {"snapshotting a sandbox's disk": ("qemu",)}
+def runtime_of(host: Host | None) -> str | None:
+    """The host's runtime label (``paddock.io/runtime``: crun, runc, runsc or qemu), if it said."""
+    return ((host.labels or {}) if host is not None else {}).get("paddock.io/runtime")
 
 
-def container_tier_refusal(host: Host | None, operation: str, suffix: str) -> str | None:
-    """Why ``host`` cannot do ``operation`` (its tier is not the container tier, nor one of
-    ``ALSO_OFFERED``'s for it), or None; the message names the tier and the runtime
-    (``paddock.io/isolation``, ``paddock.io/runtime`` labels)."""
-    labels = (host.labels or {}) if host is not None else {}
-    runtime = labels.get("paddock.io/runtime")
-    if runtime is None or runtime in CONTAINER_RUNTIMES or runtime in ALSO_OFFERED.get(operation, ()):
+def container_tier_refusal(
+    host: Host | None, operation: str, suffix: str, *, also: tuple[str, ...] = ()
+) -> str | None:
+    """Why ``host`` cannot do ``operation`` (its runtime is neither a container runtime nor one of
+    ``also``, the other runtimes the caller's operation runs on), or None; the message names the tier
+    and the runtime (``paddock.io/isolation``, ``paddock.io/runtime`` labels)."""
+    runtime = runtime_of(host)
+    if runtime is None or runtime in CONTAINER_RUNTIMES or runtime in also:
         return None
-    tier = labels.get("paddock.io/isolation", runtime)
+    tier = ((host.labels or {}) if host is not None else {}).get("paddock.io/isolation", runtime)
     return f"{operation} is not supported on the {tier} isolation tier ({runtime}){suffix}"
 
 

@@ -9,8 +9,10 @@ Destroying the source leaves the snapshot as it is, and deleting a snapshot leav
 from it as they are (their disks share blocks with it; the store counts them).
 
 Caps like templates: how many snapshots an account keeps at once depends on its plan
-(``plans.snapshots_concurrent``). Only the container tier (crun, runc) takes snapshots; a sandbox on
-gVisor or on the VM tier is a 409 naming its tier. A host without the snapshot does not fetch it yet.
+(``plans.snapshots_concurrent``). The container tier (crun, runc) and the VM tier take snapshots, the
+VM tier with the sandbox's memory (a sandbox booted from one carries on its processes, with its source's
+vCPUs and memory); a sandbox on gVisor is a 409 naming its tier. A host without the snapshot does not
+fetch it yet.
 
 A row is written ``creating`` before the host is asked (the cap and the name are held under the
 caller's row lock), made ``ready`` when the host answers, and removed if the host fails; on the host a
@@ -73,7 +75,8 @@ def _tier_refusal(host: Host | None) -> str | None:
     return hosts.container_tier_refusal(
         host,
         "snapshotting a sandbox's disk",
-        " yet; only the container tier (crun, runc) takes snapshots",
+        " yet; the container (crun, runc) and VM tiers take snapshots",
+        also=hosts.VM_RUNTIMES,
     )
 
 

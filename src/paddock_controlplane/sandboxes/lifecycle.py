@@ -221,6 +221,15 @@ async def _snapshot_of(session: AsyncSession, user_id: str, spec: CreatePlan) ->
                 "disk_mib", f"must be at least the snapshot's disk, {snapshot.disk_mib} MiB"
             )
         spec.disk_mib = snapshot.disk_mib
+    if hosts.runtime_of(await session.get(Host, snapshot.host_id)) in hosts.VM_RUNTIMES:
+        # A VM's memory is restored into the machine it was saved from: the same vCPUs and memory, so
+        # the host reserves what the VM will really hold, and the bill says the same.
+        source = await session.get(Sandbox, snapshot.source_sandbox_id)
+        if source is not None and (source.vcpu, source.mem_mib) != (spec.shape.vcpu, spec.shape.mem_mib):
+            raise errors.ValidationFailed.field(
+                "shape",
+                f"a VM snapshot boots with its source's vCPUs and memory: use shape {source.shape!r}",
+            )
     return snapshot
 
 
