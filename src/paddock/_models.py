@@ -51,6 +51,10 @@ class SandboxInfo:
     ingress_url_template: str | None = None
     auto_pause_after_seconds: int | None = None
     forked_from: str | None = None
+    #: Paused with only its disk kept on its host (``pause(keep_memory=False)``, docs/hibernation.md).
+    hibernated: bool = False
+    #: A frozen pause's ``hibernate_after_seconds``: it is hibernated once paused this long.
+    auto_hibernate_after_seconds: int | None = None
     #: Private networks joined: ``[{"id", "status": "pending"|"active", "ip"?}]`` (the overlay address).
     networks: list[dict[str, Any]] = field(default_factory=list)
     #: The lifetime: at ``end_at`` (RFC 3339) the sandbox is destroyed, or paused (``on_timeout``).

@@ -575,10 +575,32 @@ class Sandbox:
 
     # lifecycle ---------------------------------------------------------------------------------------
 
-    def pause(self, *, wait: bool = True, timeout_s: float = 120.0) -> SandboxInfo:
-        """Snapshot and release compute; with ``wait`` returns once ``paused`` (not ``pausing``)."""
-        self._set(self._client.request("POST", self._path("pause")))
+    def pause(
+        self,
+        *,
+        keep_memory: bool = True,
+        hibernate_after_seconds: int | None = None,
+        wait: bool = True,
+        timeout_s: float = 120.0,
+    ) -> SandboxInfo:
+        """Freezes the sandbox and stops its compute billing; with ``wait`` returns once ``paused`` (not
+        ``pausing``). ``keep_memory=False`` hibernates it instead: its host keeps only its disk, and a
+        resume boots that disk again (its processes restart; docs/hibernation.md). A frozen pause with
+        ``hibernate_after_seconds`` is hibernated once it has stayed paused that long."""
+        body = _base.drop_none(
+            {
+                "keep_memory": None if keep_memory else False,
+                "hibernate_after_seconds": hibernate_after_seconds,
+            }
+        )
+        options: dict[str, Any] = {"json": body} if body else {}  # no body: today's frozen pause
+        self._set(self._client.request("POST", self._path("pause"), **options))
         return self.wait_until("paused", timeout_s) if wait else self.info
+
+    def hibernate(self, *, wait: bool = True, timeout_s: float = 120.0) -> SandboxInfo:
+        """``pause(keep_memory=False)``: the host frees the sandbox's memory, slot and address, keeping
+        its disk; ``resume()`` boots it again with its files, its processes started afresh."""
+        return self.pause(keep_memory=False, wait=wait, timeout_s=timeout_s)
 
     def resume(self, *, wait: bool = True, timeout_s: float = 120.0) -> SandboxInfo:
         self._set(self._client.request("POST", self._path("resume")))

@@ -390,9 +390,26 @@ def print_states(items: list[dict[str, str]]) -> None:
 
 
 @app.command()
-def pause(refs: list[str], json_out: bool = JSON_OPTION) -> None:
-    """Pause (snapshot, stop billing compute); waits until paused."""
-    _each(refs, json_out, lambda sb: {"id": sb.id, "status": sb.pause().status})
+def pause(
+    refs: list[str],
+    hibernate: bool = typer.Option(
+        False, "--hibernate", help="Free the host: keep only the disk; a resume restarts its processes."
+    ),
+    hibernate_after: int = typer.Option(
+        None, "--hibernate-after", help="Freeze now, hibernate if still paused after this many seconds."
+    ),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Pause (freeze, stop billing compute); waits until paused. --hibernate frees its memory and slot."""
+
+    def one(sb: Any) -> dict[str, Any]:
+        info = sb.pause(keep_memory=not hibernate, hibernate_after_seconds=hibernate_after)
+        answer: dict[str, Any] = {"id": sb.id, "status": info.status}
+        if info.hibernated:
+            answer["hibernated"] = True
+        return answer
+
+    _each(refs, json_out, one)
 
 
 @app.command()

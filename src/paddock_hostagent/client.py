@@ -400,6 +400,24 @@ class HostAgentClient:
             StatusResult.model_validate_json,
         )
 
+    async def hibernate_sandbox(self, sandbox_id: str) -> StatusResult:
+        """Stops the sandbox, keeping only its disk (answers once its slot is free)."""
+        return await self._call(
+            "POST",
+            self._sb(sandbox_id, "hibernate"),
+            StatusResult.model_validate_json,
+            timeout=_CREATE_TIMEOUT,
+        )
+
+    async def wake_sandbox(self, sandbox_id: str) -> CreateSandboxResult:
+        """Boots a hibernated sandbox from its kept disk; answers its (perhaps new) address."""
+        return await self._call(
+            "POST",
+            self._sb(sandbox_id, "wake"),
+            CreateSandboxResult.model_validate_json,
+            timeout=_CREATE_TIMEOUT,
+        )
+
     async def fork_sandbox(self, sandbox_id: str, body: ForkBody) -> CreateSandboxResult:
         return await self._hot_call(
             channelwire.OP_FORK,

@@ -169,6 +169,18 @@ async def resume_sandbox(sandbox_id: str, manager: Manager) -> StatusResult:
     return StatusResult(status=await manager.resume(sandbox_id))  # type: ignore[arg-type]
 
 
+@router.post("/sandboxes/{sandbox_id}/hibernate")
+async def hibernate_sandbox(sandbox_id: str, manager: Manager) -> StatusResult:
+    """Stops the sandbox and frees its slot, keeping its disk (docs/hibernation.md)."""
+    return StatusResult(status=await manager.hibernate(sandbox_id))  # type: ignore[arg-type]
+
+
+@router.post("/sandboxes/{sandbox_id}/wake")
+async def wake_sandbox(sandbox_id: str, manager: Manager) -> CreateSandboxResult:
+    """Boots a hibernated sandbox from its kept disk (a new address, perhaps)."""
+    return await manager.wake(sandbox_id)
+
+
 @router.post("/sandboxes/{sandbox_id}/fork")
 async def fork_sandbox(sandbox_id: str, body: ForkBody, manager: Manager) -> CreateSandboxResult:
     return await manager.fork(sandbox_id, body)

@@ -117,6 +117,8 @@ class SandboxView(BaseModel):
     self_request: dict[str, Any] | None = None
     networks: list[NetworkAttachment] = Field(default_factory=list)
     disks: list[DiskMountView] = Field(default_factory=list)
+    #: Paused with nothing running and its disk kept (docs/hibernation.md); a resume boots it again.
+    hibernated: bool = False
 
 
 class NetworkAttachment(BaseModel):

@@ -96,10 +96,16 @@ class Booted:
 
 @dataclass(frozen=True)
 class Held:
-    """A sandbox as its host holds it now (``status``: running, paused or stopped)."""
+    """A sandbox as its host holds it now (``status``: running, paused or stopped; ``hibernated``: paused
+    with only its disk kept)."""
 
     status: str
     ip: str
+    hibernated: bool = False
+
+
+class HostLostError(HostError):
+    """The host did not answer (a dead agent, a dropped connection): what it did is not known yet."""
 
 
 @dataclass(frozen=True)
@@ -358,7 +364,7 @@ class HostLink(HostLinkAPI):
                 view = await self.client.get_sandbox(sandbox_id)
         except SandboxGoneError:
             return None
-        return Held(status=view.status, ip=view.ip)
+        return Held(status=view.status, ip=view.ip, hibernated=view.hibernated)
 
     async def stats(self) -> HostStats:
         """Every live sandbox's resource use on this host (the metrics worker's pull)."""
@@ -381,6 +387,22 @@ class HostLink(HostLinkAPI):
     async def resize(self, sandbox_id: str, disk_mib: int) -> None:
         with _mapped():
             await self.client.resize_sandbox(sandbox_id, disk_mib)
+
+    async def hibernate(self, sandbox_id: str) -> None:
+        """Stops the sandbox on its host, keeping only its disk (docs/hibernation.md); a host that did
+        not answer is :class:`HostLostError` (the hibernation may or may not have been committed)."""
+        try:
+            await self.client.hibernate_sandbox(sandbox_id)
+        except hostclient.HostUnavailableError as exc:
+            raise HostLostError(str(exc) or "the host did not answer") from None
+        except hostclient.HostAgentError as exc:
+            raise domain_error(exc) from None
+
+    async def wake(self, sandbox_id: str) -> Booted:
+        """Boots a hibernated sandbox from its kept disk; its address may be new."""
+        with _mapped():
+            woken = await self.client.wake_sandbox(sandbox_id)
+        return Booted(ip=woken.ip, spawn_ms=woken.spawn_ms)
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotView:
         """Copies the sandbox's disk into the snapshot ``snapshot_id`` on this host."""

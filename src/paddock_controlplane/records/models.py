@@ -149,6 +149,11 @@ class Sandbox(Base):
     bandwidth_ingress_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     forked_from: Mapped[str | None] = mapped_column(String(40), nullable=True)
     auto_pause_after_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: Paused with nothing left running on its host but its disk (docs/hibernation.md); a resume boots it.
+    hibernated: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Set by a frozen pause that asked for it: the reconciler hibernates the sandbox once it has been
+    #: paused this long (cleared by the resume).
+    auto_hibernate_after_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
     status_reason: Mapped[str | None] = mapped_column(String(300), nullable=True)
     oom_kills: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

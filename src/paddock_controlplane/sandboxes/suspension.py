@@ -1,12 +1,18 @@
 """Pausing and resuming a sandbox (§11.8): by the API, and on the control plane's own initiative (idle,
-out of credit, or a guest's self-pause)."""
+out of credit, or a guest's self-pause).
+
+A pause freezes the sandbox (its memory and slot held). A pause with ``keep_memory: false`` hibernates
+it (issue #34, docs/hibernation.md): its host stops it and keeps only its disk; it stays ``paused``
+with ``hibernated`` set, and its resume boots that disk again (processes restart, the address may
+change)."""
 
 from __future__ import annotations
 
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane.hosts import hostlink, scheduler
-from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.hosts import hostlink, hosts, scheduler
+from paddock_controlplane.records.models import Host, Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import SandboxStatus
 from paddock_controlplane.records.views import event_data
@@ -18,10 +24,27 @@ from paddock_core.logging import get_logger
 
 log = get_logger("paddock.suspension")
 
+HIBERNATE = "hibernating a sandbox"
+_HIBERNATED = select(Sandbox.hibernated).where(Sandbox.id == bindparam("sandbox_id"))
+
 
 async def pause(
-    services: Services, user_id: str, sandbox_id: str, *, reason: str = "api", label: str | None = None
+    services: Services,
+    user_id: str,
+    sandbox_id: str,
+    *,
+    reason: str = "api",
+    label: str | None = None,
+    keep_memory: bool = True,
+    hibernate_after_seconds: int | None = None,
 ) -> Sandbox:
+    """Freezes the sandbox; with ``keep_memory=False`` hibernates it instead. ``hibernate_after_seconds``
+    (a frozen pause only) asks the reconciler to hibernate it once it has stayed paused that long."""
+    if not keep_memory:
+        return await hibernate(services, user_id, sandbox_id, reason=reason, label=label)
+    if hibernate_after_seconds is not None:
+        async with changing(services, sandbox_id) as session:
+            await _require_container_tier(session, (await owned(session, user_id, sandbox_id)).host_id)
     async with changing(services, sandbox_id) as session:
         claimed = await claim(
             session,
@@ -40,6 +63,8 @@ async def pause(
         now = services.clock()
         await billing.settle(session, row, now)
         row.status, row.paused_at = SandboxStatus.PAUSED, now
+        if hibernate_after_seconds is not None:
+            row.auto_hibernate_after_seconds = hibernate_after_seconds
         await webhooks.emit(
             session,
             user_id=row.user_id,
@@ -86,6 +111,96 @@ def pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: str
     services.tasks.spawn(run(), name=f"{reason} pause {sandbox.id}")
 
 
+async def _require_container_tier(session: AsyncSession, host_id: str | None) -> None:
+    host = await session.get(Host, host_id) if host_id else None
+    refusal = hosts.container_tier_refusal(
+        host, HIBERNATE, "; only the container tier (crun, runc) hibernates: pause without keep_memory: false"
+    )
+    if refusal is not None:
+        raise hostlink.TierRefusedError(refusal)
+
+
+async def hibernate(
+    services: Services,
+    user_id: str,
+    sandbox_id: str,
+    *,
+    reason: str = "api",
+    label: str | None = None,
+    expect: SandboxStatus = SandboxStatus.RUNNING,
+) -> Sandbox:
+    """Hibernates a running sandbox (``expect``: a frozen one, for the reconciler's auto-hibernate).
+
+    The host commits a hibernation in one step (docs/hibernation.md): a host that answers an error left
+    the sandbox as it was, and the row goes back to ``expect``; a host that did not answer (its agent
+    died) may have done it or not, so the row stays ``pausing`` for the reconciler, which asks the host
+    what it holds (``OrphanedTransitions``)."""
+    async with changing(services, sandbox_id) as session:
+        await _require_container_tier(session, (await owned(session, user_id, sandbox_id)).host_id)
+        claimed = await claim(
+            session, user_id, sandbox_id, expect=expect, to=SandboxStatus.PAUSING, verb="paused"
+        )
+    host_id = claimed.host_id
+
+    async def hibernate_on_host() -> None:
+        await (await hostlink.for_host(services, host_id)).hibernate(sandbox_id)
+
+    async def hibernated(session: AsyncSession, row: Sandbox, _: None) -> None:
+        now = services.clock()
+        if expect == SandboxStatus.RUNNING:
+            await billing.settle(session, row, now)
+            row.paused_at = now
+        row.status, row.hibernated, row.auto_hibernate_after_seconds = SandboxStatus.PAUSED, True, None
+        data = event_data(row, hibernated=True, **reason_data(reason, label))
+        await webhooks.emit(session, user_id=row.user_id, action="sandbox.pause", data=data)
+
+    async def failed(session: AsyncSession, row: Sandbox, exc: Exception) -> None:
+        log.warning("hibernate_failed", sandbox_id=sandbox_id, error=str(exc))
+        if not isinstance(exc, hostlink.HostLostError):
+            row.status = expect
+
+    outcome = await settle(
+        services,
+        sandbox_id,
+        hibernate_on_host,
+        expect=(SandboxStatus.PAUSING,),
+        on_success=hibernated,
+        on_failure=failed,
+        failures=(hostlink.HostError, hostlink.SandboxGoneError, errors.PaddockError),
+        plain=True,
+    )
+    error = outcome.error
+    if isinstance(error, errors.PaddockError):
+        raise error
+    if isinstance(error, hostlink.SandboxGoneError):
+        raise errors.InvalidState("sandbox is no longer on its host") from None
+    if isinstance(error, hostlink.HostError) and not isinstance(error, hostlink.HostLostError):
+        raise errors.ServerError(f"hibernate failed on the host: {error}") from None
+    assert outcome.row is not None  # a row is deleted only while ``creating``
+    return outcome.row
+
+
+def hibernate_later(services: Services, sandbox: Sandbox) -> None:
+    """Hibernates a frozen sandbox in the background (its ``auto_hibernate_after_seconds`` passed)."""
+    pausing = services.auto_pausing
+    if sandbox.id in pausing:
+        return
+    pausing.add(sandbox.id)
+
+    async def run() -> None:
+        try:
+            await hibernate(services, sandbox.user_id, sandbox.id, reason="idle", expect=SandboxStatus.PAUSED)
+            log.info("sandbox_auto_hibernated", sandbox_id=sandbox.id)
+        except errors.InvalidState:
+            pass  # resumed or destroyed meanwhile, or a tier that does not hibernate
+        except Exception as exc:
+            log.warning("auto_hibernate_failed", sandbox_id=sandbox.id, error=str(exc))
+        finally:
+            pausing.discard(sandbox.id)
+
+    services.tasks.spawn(run(), name=f"hibernate {sandbox.id}")
+
+
 async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
     async with changing(services, sandbox_id) as session:
         account = await accounts.lock_user(session, user_id)
@@ -103,16 +218,28 @@ async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
             to=SandboxStatus.RESUMING,
             verb="resumed",
         )
+        hibernated = bool(await session.scalar(_HIBERNATED, {"sandbox_id": sandbox_id}))
     host_id, disk_mib = claimed.host_id, claimed.disk_mib
 
-    async def resume_on_host() -> None:
-        await (await hostlink.for_host(services, host_id)).resume(sandbox_id, disk_mib=disk_mib)
+    async def resume_on_host() -> hostlink.Booted | None:
+        link = await hostlink.for_host(services, host_id)
+        if hibernated:  # its disk boots again: processes restart, the address may be new
+            return await link.wake(sandbox_id)
+        await link.resume(sandbox_id, disk_mib=disk_mib)
+        return None
 
-    async def running(session: AsyncSession, row: Sandbox, _: None) -> None:
+    async def running(session: AsyncSession, row: Sandbox, woken: hostlink.Booted | None) -> None:
         now = services.clock()
         row.status, row.running_at, row.last_resumed_at = SandboxStatus.RUNNING, now, now
         row.billed_until, row.last_activity_at = now, now
-        await webhooks.emit(session, user_id=row.user_id, action="sandbox.resume", data=event_data(row))
+        if row.auto_hibernate_after_seconds is not None:
+            row.auto_hibernate_after_seconds = None
+        extra = {}
+        if woken is not None:
+            row.ip, row.hibernated = woken.ip, False
+            extra["hibernated"] = True  # it was: its processes started afresh
+        data = event_data(row, **extra)
+        await webhooks.emit(session, user_id=row.user_id, action="sandbox.resume", data=data)
 
     async def failed(session: AsyncSession, row: Sandbox, exc: Exception) -> None:
         if isinstance(exc, hostlink.CapacityError):

@@ -1,5 +1,5 @@
 """The reconciler: its loop and its passes — host liveness, sandboxes of dead hosts, billing, idle
-auto-pause, and destroys, pauses, resumes and disk mounts a dead process left unfinished.
+auto-pause, auto-hibernate, and destroys, pauses, resumes and disk mounts a dead process left unfinished.
 
 Runs inside the control-plane process; every pass is a short transaction, so several control-plane
 processes on PostgreSQL can run it side by side.
@@ -102,6 +102,27 @@ async def idle_pass(session: AsyncSession, services: Services) -> None:
             suspension.pause_later(services, sandbox, "idle")
 
 
+async def auto_hibernate_pass(session: AsyncSession, services: Services) -> None:
+    """A frozen pause that asked for it (``hibernate_after_seconds``, docs/hibernation.md) is hibernated
+    once the sandbox has stayed paused that long: its host keeps only its disk from then on."""
+    now = services.clock()
+    rows = (
+        await session.scalars(
+            select(Sandbox).where(
+                Sandbox.status == SandboxStatus.PAUSED,
+                Sandbox.auto_hibernate_after_seconds.is_not(None),
+                Sandbox.hibernated.is_(False),
+            )
+        )
+    ).all()
+    for sandbox in rows:
+        paused_at = sandbox.paused_at
+        if paused_at is None:
+            continue
+        if (now - as_utc(paused_at)).total_seconds() >= int(sandbox.auto_hibernate_after_seconds or 0):
+            suspension.hibernate_later(services, sandbox)
+
+
 #: Seconds a row may stay ``pausing``/``resuming`` before it counts as left by a dead process: a live
 #: pause or resume takes milliseconds, and its host call times out well before this.
 ORPHAN_AFTER_S = 20.0
@@ -150,8 +171,15 @@ class OrphanedTransitions:
         pausing = status == SandboxStatus.PAUSING
         done_already = "is paused, not running" if pausing else "is running, not paused"
 
-        async def drive_host() -> None:
+        async def drive_host() -> hostlink.Held | None:
             link = await hostlink.for_host(services, host_id)
+            # A hibernation its agent died in is either whole (the host holds it hibernated) or undone.
+            held = await link.inspect(sandbox_id)
+            if held is not None and held.hibernated:
+                if pausing:
+                    return held
+                woken = await link.wake(sandbox_id)
+                return hostlink.Held(status="running", ip=woken.ip)
             try:
                 if pausing:
                     await link.pause(sandbox_id)
@@ -160,17 +188,26 @@ class OrphanedTransitions:
             except hostlink.HostError as exc:
                 if not str(exc).endswith(done_already):
                     raise
+            if pausing:
+                return None
+            # A wake its control plane died in gave the sandbox a new address: the host's is recorded.
+            return await link.inspect(sandbox_id)
 
-        async def paused(session: AsyncSession, row: Sandbox, _: None) -> None:
+        async def paused(session: AsyncSession, row: Sandbox, held: hostlink.Held | None) -> None:
             await billing.settle(session, row, since)
             row.status, row.paused_at = SandboxStatus.PAUSED, since
-            data = event_data(row, reason="api")
+            extra = {}
+            if held is not None and held.hibernated:
+                row.hibernated, extra["hibernated"] = True, True
+            data = event_data(row, reason="api", **extra)
             await webhooks.emit(session, user_id=row.user_id, action="sandbox.pause", data=data)
 
-        async def running(session: AsyncSession, row: Sandbox, _: None) -> None:
+        async def running(session: AsyncSession, row: Sandbox, held: hostlink.Held | None) -> None:
             now = services.clock()
             row.status, row.running_at, row.last_resumed_at = SandboxStatus.RUNNING, now, now
             row.billed_until, row.last_activity_at = now, now
+            if held is not None:  # as the host holds it (woken from hibernation: a new address)
+                row.ip, row.hibernated = held.ip or row.ip, False
             await webhooks.emit(session, user_id=row.user_id, action="sandbox.resume", data=event_data(row))
 
         try:
@@ -318,6 +355,7 @@ PASSES: list[Pass] = [
     destruction.settle_stuck,
     disks.settle_pending,
     OrphanedTransitions(),
+    auto_hibernate_pass,
     OrphanedBoots(),
 ]
 

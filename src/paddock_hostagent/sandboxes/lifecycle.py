@@ -34,6 +34,7 @@ from paddock_hostagent.host import ISOLATION
 from paddock_hostagent.images import ImageError, UnknownImageError
 from paddock_hostagent.sandboxes.checks import check_rules, driver_errors
 from paddock_hostagent.sandboxes.disks import BootDisks, Disks
+from paddock_hostagent.sandboxes.hibernation import Hibernation
 from paddock_hostagent.sandboxes.networks import Networks
 from paddock_hostagent.sandboxes.registry import Entry, Registry, pause_satisfies_self_request
 from paddock_hostagent.sandboxes.traffic import Traffic
@@ -84,6 +85,8 @@ class Lifecycle:
         # The other drivers, by name: what a record of one of them (made before the host switched tier)
         # is stopped and destroyed with. Such a sandbox is held apart in ``registry.stopped``.
         self.retired = dict(retired or {})
+        #: Pauses that free the host (docs/hibernation.md).
+        self.hibernation = Hibernation(registry, traffic, networks, disks, volumes, self._rootfs)
 
     # -- create and fork ------------------------------------------------------------------------
 
@@ -241,6 +244,8 @@ class Lifecycle:
 
     async def resume(self, sandbox_id: str) -> str:
         registry = self.registry
+        if sandbox_id in registry.hibernated:  # a resume of a hibernated sandbox wakes it
+            return (await self.hibernation.wake(sandbox_id)).status
         entry = registry.entry(sandbox_id)
         async with entry.lock:
             status = registry.status(entry)
@@ -288,6 +293,11 @@ class Lifecycle:
         if sandbox_id in registry.stopped:
             await self._destroy_stopped(sandbox_id)
             return
+        if await self.hibernation.destroy(sandbox_id):
+            if registry.builds is not None:
+                await registry.builds.collect()
+            await registry.drop_deleted_images()
+            return
         entry = registry.entries.get(sandbox_id)
         if entry is None:  # already gone, or its create has not come (yet): it will be refused
             registry.forget_destroyed_unseen()
@@ -296,18 +306,22 @@ class Lifecycle:
             return
         await entry.end_exchanges(DESTROYED_MESSAGE)
         async with entry.lock:
-            if registry.entries.get(sandbox_id) is not entry:
-                return
-            await self.networks.leave_all(entry.record)
-            with driver_errors():
-                await registry.runtime.destroy(entry.record)
-            await self.traffic.release(sandbox_id, registry.runtime, entry.record)
-            await self.disks.release(sandbox_id, entry.record)
-            if self.volumes is not None:  # after the sandbox: its copies of the mounts went with it
-                await self.volumes.release(sandbox_id)
-            self.traffic.usage.pop(sandbox_id, None)
-            registry.records.delete(sandbox_id)
-            del registry.entries[sandbox_id]
+            moved = registry.entries.get(sandbox_id) is not entry
+            if not moved:
+                await self.networks.leave_all(entry.record)
+                with driver_errors():
+                    await registry.runtime.destroy(entry.record)
+                await self.traffic.release(sandbox_id, registry.runtime, entry.record)
+                await self.disks.release(sandbox_id, entry.record)
+                if self.volumes is not None:  # after the sandbox: its copies of the mounts went with it
+                    await self.volumes.release(sandbox_id)
+                self.traffic.usage.pop(sandbox_id, None)
+                registry.records.delete(sandbox_id)
+                del registry.entries[sandbox_id]
+                await self.hibernation.forget_leftover(sandbox_id)
+        if moved:  # destroyed meanwhile, or hibernated: then destroyed as such (its lock is this one)
+            await self.hibernation.destroy(sandbox_id)
+            return
         if registry.builds is not None:  # a deleted template's image goes with its last sandbox
             await registry.builds.collect()
         await registry.drop_deleted_images()

@@ -119,6 +119,8 @@ class SandboxManager:
         records = self.records.load_all()
         # All sandboxes together stay within the budget whatever the overcommit (capacity.py).
         self.runtime.cap_memory(registry.total_mib)
+        records = await self.lifecycle.hibernation.adopt(records)  # hibernated ones are held apart
+        hibernated = [entry.record for entry in registry.hibernated.values()]
         await self.lifecycle.stop_other_tiers(records)
         states = await self.runtime.start(records)  # all: a driver keeps the others' addresses
         records = [record for record in records if record.id not in registry.stopped]
@@ -144,11 +146,20 @@ class SandboxManager:
             if state != RuntimeState.STOPPED:
                 await self.networks.restore(record)
                 await self.disks.restore(record)
-        await self.networks.prune(records + [entry.record for entry, _ in registry.stopped.values()])
+        await self.networks.prune(
+            records + hibernated + [entry.record for entry, _ in registry.stopped.values()]
+        )
         await self.traffic.start(records)
-        await self.disks.prune({record.id for record in records} | set(registry.stopped))
-        # Volumes held by sandboxes that did not survive (stopped, or gone with a reboot) are released.
-        await self.volumes.start({record.id for record in records if not registry.entries[record.id].stopped})
+        # The S3 mounts' directories share ``<state>/disks`` with the disk store, whose ``snapshots`` (the
+        # snapshots and the hibernated sandboxes' disks) is no sandbox's mounts: it stays.
+        held = {record.id for record in records} | set(registry.stopped) | set(registry.hibernated)
+        await self.disks.prune(held | {"snapshots"})
+        # Volumes held by sandboxes that did not survive (stopped, or gone with a reboot) are released;
+        # a hibernated sandbox keeps its holds for its wake.
+        await self.volumes.start(
+            {record.id for record in records if not registry.entries[record.id].stopped}
+            | set(registry.hibernated)
+        )
         await registry.drop_deleted_images()  # those whose last sandbox went while the agent was down
         self._watcher = asyncio.create_task(self.heartbeat.watch_guests(), name="guest-watcher")
         registry.diskwatch.start()
@@ -225,6 +236,12 @@ class SandboxManager:
 
     async def resize(self, sandbox_id: str, disk_mib: int) -> int:
         return await self.lifecycle.resize(sandbox_id, disk_mib)
+
+    async def hibernate(self, sandbox_id: str) -> str:
+        return await self.lifecycle.hibernation.hibernate(sandbox_id)
+
+    async def wake(self, sandbox_id: str) -> CreateSandboxResult:
+        return await self.lifecycle.hibernation.wake(sandbox_id)
 
     async def destroy(self, sandbox_id: str) -> None:
         await self.lifecycle.destroy(sandbox_id)

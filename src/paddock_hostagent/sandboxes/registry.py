@@ -3,7 +3,9 @@ of the host's memory and disk, and how their records reach the disk.
 
 A sandbox is an ``Entry``: its record, its lock (lifecycle operations on one sandbox are serialised by
 it), its exchanges in flight, and what it used at the last read. Sandboxes of another tier's driver,
-stopped at start, are held apart (``stopped``) with the reason, until destroyed.
+stopped at start, are held apart (``stopped``) with the reason, until destroyed. Hibernated sandboxes
+(nothing of them runs; their disk is kept, docs/hibernation.md) are held apart too (``hibernated``):
+reported ``paused``, counted for their disk only, and woken by a resume.
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ class Registry:
         self.entries: dict[str, Entry] = {}
         # Sandboxes of another driver than this agent's, stopped at start, with the reason.
         self.stopped: dict[str, tuple[Entry, str]] = {}
+        # Hibernated sandboxes: their record (its driver_state says where the disk is kept) and lock.
+        self.hibernated: dict[str, Entry] = {}
         self.pending: dict[str, tuple[int, int]] = {}  # ids being created -> (mem_mib, disk_mib)
         self.born: dict[str, asyncio.Event] = {}  # ids being created -> set when the attempt ends
         # Ids destroyed while this host held no such sandbox nor a create of it -> when (monotonic),
@@ -119,6 +123,8 @@ class Registry:
             stopped = self.stopped.get(sandbox_id)
             if stopped is not None:
                 raise errors.InvalidState(f"sandbox {sandbox_id} cannot run here: {stopped[1]}")
+            if sandbox_id in self.hibernated:
+                raise errors.InvalidState(f"sandbox {sandbox_id} is hibernated; resume it first")
             raise errors.SandboxNotFound(f"sandbox {sandbox_id} not found on this host")
         return entry
 
@@ -159,21 +165,37 @@ class Registry:
             oom_kills=0,
         )
 
+    def hibernated_view(self, entry: Entry) -> SandboxView:
+        """A hibernated sandbox: ``paused`` (the contract's status), ``hibernated``, with no address."""
+        record = entry.record
+        view = view_of(
+            record, status="paused", last_activity_at=record.last_activity_at, oom_kills=0, self_request=None
+        )
+        return view.model_copy(update={"hibernated": True, "ip": ""})
+
     def get(self, sandbox_id: str) -> SandboxView:
         stopped = self.stopped.get(sandbox_id)
         if stopped is not None:
             return self.stopped_view(*stopped)
+        hibernated = self.hibernated.get(sandbox_id)
+        if hibernated is not None:
+            return self.hibernated_view(hibernated)
         return self.view(self.entry(sandbox_id))
 
     def views(self) -> list[SandboxView]:
         views = [self.view(entry) for entry in list(self.entries.values())]
+        views += [self.hibernated_view(entry) for entry in list(self.hibernated.values())]
         return views + [self.stopped_view(*stopped) for stopped in list(self.stopped.values())]
 
     # -- images ---------------------------------------------------------------------------------
 
     def uses_image(self, image: str) -> bool:
         """Whether a sandbox here boots from ``image`` (its overlay's lower layer must stay)."""
-        held = [*self.entries.values(), *(entry for entry, _ in self.stopped.values())]
+        held = [
+            *self.entries.values(),
+            *self.hibernated.values(),  # a wake boots over the same image
+            *(entry for entry, _ in self.stopped.values()),
+        ]
         return any(entry.record.image == image for entry in held)
 
     async def drop_deleted_images(self) -> None:
@@ -217,7 +239,8 @@ class Registry:
         if room is None:
             return None
         promises = [
-            Promise(entry.record.disk_mib, entry.disk_used_bytes) for entry in list(self.entries.values())
+            Promise(entry.record.disk_mib, entry.disk_used_bytes)
+            for entry in [*self.entries.values(), *self.hibernated.values()]  # a hibernated disk is kept
         ]
         promises += [Promise(disk_mib, 0) for _, disk_mib in self.pending.values()]
         return DiskView(
@@ -248,11 +271,12 @@ class Registry:
 
     # -- admission of new sandboxes -------------------------------------------------------------
 
-    def reserve(self, sandbox_id: str, mem_mib: int, disk_mib: int) -> None:
+    def reserve(self, sandbox_id: str, mem_mib: int, disk_mib: int, *, waking: bool = False) -> None:
         """Admits a new sandbox (``capacity.py``) and holds its memory and disk until it exists or fails;
         no ``await`` between the check and the hold, so parallel creates cannot both pass. An id a
         destroy has already answered for is refused as gone: that destroy overtook this create."""
-        if sandbox_id in self.entries or sandbox_id in self.pending:
+        held = sandbox_id in self.hibernated and not waking  # a wake admits its own sandbox again
+        if sandbox_id in self.entries or sandbox_id in self.pending or held:
             raise errors.AlreadyExists(f"sandbox {sandbox_id} already exists on this host")
         self.forget_destroyed_unseen()
         if sandbox_id in self.destroyed_unseen:
@@ -317,6 +341,6 @@ class Registry:
             self._save_timer.cancel()
 
     def save_all(self) -> None:
-        for entry in self.entries.values():
+        for entry in [*self.entries.values(), *self.hibernated.values()]:
             with contextlib.suppress(OSError):
                 self.records.save(entry.record)

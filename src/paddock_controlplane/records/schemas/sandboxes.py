@@ -47,6 +47,15 @@ class ForkSandboxRequest(Body):
     metadata: dict[str, StrictStr] | None = None
 
 
+class PauseSandboxRequest(Body):
+    """``POST /v1/sandboxes/{id}/pause`` (optional body, issue #34): ``keep_memory: false`` hibernates
+    (the host keeps only the disk); ``hibernate_after_seconds`` with a frozen pause hibernates it once
+    it has stayed paused that long (docs/hibernation.md)."""
+
+    keep_memory: StrictBool | None = None
+    hibernate_after_seconds: Int32 | None = None
+
+
 class TimeoutRequest(Body):
     """``POST /v1/sandboxes/{id}/timeout``: the lifetime from now (0 or ``null``: none)."""
 

@@ -42,6 +42,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import (
@@ -109,6 +110,24 @@ class OciOptions:
 PARKING_RUNTIMES = ("crun", "runc")
 #: In a snapshot being written: the id of its source, frozen for the copy by this agent.
 THAW_MARKER = "thaw-source"
+HIBERNATE = "hibernating a sandbox"
+#: Hibernated sandboxes' disks, ``<store>/snapshots/snap_hibernated/<sandbox id>/disk.img``: in the
+#: snapshots' directory so that the disk store stays mounted while one is kept (``rootdisks.close_store``
+#: keeps it for ``snapshots/snap_*``); it has no ``meta.json`` of its own, so it never boots as a
+#: snapshot. One being written is ``.partial-<sandbox id>`` beside them.
+HIBERNATED_DIR = "snap_hibernated"
+#: A hibernated sandbox's ``driver_state``: ``{"hibernated": {image, fs, disk_mib, hibernated_at}}``,
+#: and while the stopped container is still being taken down, ``"teardown"``: its former driver_state.
+HIBERNATION = "hibernated"
+TEARDOWN = "teardown"
+
+
+def hibernation_of(record: SandboxRecord) -> dict[str, Any] | None:
+    """The hibernation a record describes (its disk kept, nothing running), or None."""
+    value = record.driver_state.get(HIBERNATION)
+    return value if isinstance(value, dict) else None
+
+
 # A parked sandbox's limits until a create claims it (its guest agent uses ~1 MiB).
 PARKED_SHAPE_MEM_MIB = 256
 
@@ -228,7 +247,9 @@ class OciRuntime(SandboxRuntime):
     # -- lifecycle of the driver ----------------------------------------------------------------
 
     async def start(self, records: list[SandboxRecord]) -> dict[str, RuntimeState]:
-        mine = [record for record in records if record.driver == self.name]
+        """Adopts the records' sandboxes; hibernated ones are not sandboxes here (nothing of them runs,
+        ``settle_hibernations`` has taken care of them)."""
+        mine = [record for record in records if record.driver == self.name and hibernation_of(record) is None]
         self._thaw_snapshot_sources(mine)
         states = {record.id: self.probe(record) for record in mine}
         owned = await self._reclaim(mine)
@@ -507,6 +528,146 @@ class OciRuntime(SandboxRuntime):
         self._booting -= 1
         return record
 
+    # -- hibernation ----------------------------------------------------------------------------
+
+    @property
+    def hibernated_dir(self) -> Path:
+        return self.snapshots_dir / HIBERNATED_DIR
+
+    def refuse_hibernation(self, record: SandboxRecord | None = None) -> None:
+        runtime = _Handle.of(record).runtime if record is not None else self.options.runtime
+        if runtime == "runsc":
+            raise TierUnsupportedError(
+                "gvisor", HIBERNATE, "gVisor's sentry caches writes the host cannot sync; left for later"
+            )
+
+    async def hibernate(self, record: SandboxRecord) -> dict[str, Any]:
+        """Copies a running or frozen sandbox's disk as a snapshot does (freeze, ``syncfs``, a clone) into
+        ``.partial-<id>``, writes its description and renames it into place; answers the record's
+        driver_state once hibernated. The sandbox is left frozen: saving that state is the commit
+        (the caller's), then ``release_hibernated`` takes the container down. Until the commit the
+        sandbox is as it was: ``abandon_hibernation`` (or the next agent's start) thaws it again."""
+        handle = _Handle.of(record)
+        self.refuse_hibernation(record)
+        self._require_alive(record)
+        await self.pool.factory.images_dir()  # the store is open (it is, once a sandbox has a disk)
+        base = self.hibernated_dir
+        final, partial = base / record.id, base / f"{rootdisks.PARTIAL_SNAPSHOT_PREFIX}{record.id}"
+        for stale in (final, partial):  # of an earlier attempt the agent died in, never committed
+            await asyncio.to_thread(shutil.rmtree, stale, True)
+        partial.mkdir(parents=True)
+        cgroup = SandboxCgroup(handle.cgroups_path)
+        was_frozen = cgroup.is_frozen()
+        try:
+            if not was_frozen:
+                # Killed from here to the commit, the next agent thaws it (``settle_hibernations``).
+                (partial / THAW_MARKER).write_text(record.id)
+                await _freeze(cgroup)
+            await asyncio.to_thread(rootdisks.snapshot_image, handle.slot.disk, partial / "disk.img")
+            meta: dict[str, Any] = {
+                "image": record.image,
+                "fs": handle.slot.disk.fs,
+                "disk_mib": record.disk_mib,
+                "hibernated_at": time.time(),
+                "was_frozen": was_frozen,
+            }
+            await asyncio.to_thread(_write_json_synced, partial / "meta.json", meta)
+            partial.replace(final)
+            await asyncio.to_thread(_fsync_dir, base)
+        except BaseException:
+            if not was_frozen:
+                cgroup.thaw()
+            await asyncio.to_thread(shutil.rmtree, partial, True)
+            raise
+        return {HIBERNATION: meta, TEARDOWN: record.driver_state}
+
+    def abandon_hibernation(self, record: SandboxRecord) -> None:
+        """A hibernation whose commit failed: the copy goes and the sandbox runs as it did."""
+        final = self.hibernated_dir / record.id
+        if (final / THAW_MARKER).exists():
+            SandboxCgroup(_Handle.of(record).cgroups_path).thaw()
+        shutil.rmtree(final, ignore_errors=True)
+
+    async def release_hibernated(self, sandbox_id: str, teardown: dict[str, Any]) -> None:
+        """Takes down what ran of a hibernated sandbox (``teardown``: its former driver_state): its
+        container, its cgroup, and its slot with the disk image, loop device, netns and address."""
+        await self._destroy_handle(_handle_of_state(teardown, sandbox_id))
+        _PARSED.pop(sandbox_id, None)
+
+    def hibernated_disk(self, sandbox_id: str) -> Path:
+        return self.hibernated_dir / sandbox_id / "disk.img"
+
+    async def wake(
+        self,
+        record: SandboxRecord,
+        spec: SandboxSpec,
+        *,
+        on_network: NetworkHook | None = None,
+    ) -> SandboxRecord:
+        """Boots a hibernated sandbox again from its kept disk, as a sandbox boots from a snapshot (a
+        warm slot's disk becomes a clone of it): a new container, netns and address."""
+        meta = hibernation_of(record)
+        if meta is None:
+            raise DriverError(f"sandbox {record.id} is not hibernated")
+        self.refuse_hibernation()
+        await self.pool.factory.images_dir()
+        image = self.hibernated_disk(record.id)
+        if not image.exists():
+            raise DriverError(f"the kept disk of sandbox {record.id} is missing on this host")
+        info = SnapshotInfo(
+            id=f"{HIBERNATED_DIR}/{record.id}",
+            path=image,
+            image=str(meta["image"]),
+            fs=str(meta["fs"]),
+            disk_mib=int(meta["disk_mib"]),
+            source_id=record.id,
+            created_at=float(meta.get("hibernated_at", 0.0)),
+            size_bytes=0,
+        )
+        return await self.create_from_snapshot(info, spec, on_network=on_network)
+
+    async def forget_hibernation(self, sandbox_id: str) -> None:
+        """The kept disk of a sandbox that woke (it runs on a clone) or was destroyed."""
+        await asyncio.to_thread(shutil.rmtree, self.hibernated_dir / sandbox_id, True)
+        with contextlib.suppress(OSError):  # the last one: the store may close (``close_store``)
+            self.hibernated_dir.rmdir()
+
+    async def settle_hibernations(self, records: list[SandboxRecord]) -> None:
+        """At the agent's start, before adopting: a hibernation the previous agent died in is finished or
+        undone. Committed (the record says hibernated): what still ran of it goes (its container
+        in the teardown's slot, or one a wake had booted and not recorded). Not committed: the copy
+        goes and a sandbox frozen for it runs again. Never a sandbox half-hibernated."""
+        by_id = {record.id: record for record in records if record.driver == self.name}
+        # The store is not opened here: opening it removes half-made snapshots, whose marks
+        # ``_thaw_snapshot_sources`` reads first. Not mounted (after a reboot), nothing of a hibernation
+        # can be running; its leftovers go at the next start, or with the sandbox.
+        base = self.hibernated_dir
+        for record in by_id.values():
+            meta = hibernation_of(record)
+            if meta is None:
+                continue
+            teardown = record.driver_state.get(TEARDOWN)
+            if isinstance(teardown, dict):
+                with contextlib.suppress(Exception):
+                    await self._stop_container(_handle_of_state(teardown, record.id))
+            # A wake that booted a container and died before its record was saved: its slot, unowned,
+            # is reclaimed by ``start``; its container (under the sandbox's own id) is stopped here.
+            cgroups_path = self.layout.sandbox_path(record.id)
+            if SandboxCgroup(cgroups_path).exists():
+                with contextlib.suppress(Exception):
+                    await self._stop(self.options.runtime, cgroups_path, record.id)
+            record.driver_state = {HIBERNATION: meta}
+        for directory in list(base.iterdir()) if base.is_dir() else []:
+            sandbox_id = directory.name.removeprefix(rootdisks.PARTIAL_SNAPSHOT_PREFIX)
+            owner = by_id.get(sandbox_id)
+            if directory.name == sandbox_id and owner is not None and hibernation_of(owner) is not None:
+                continue  # a whole hibernation, committed
+            if owner is not None and (directory / THAW_MARKER).exists():
+                with contextlib.suppress(OSError, KeyError):
+                    SandboxCgroup(_Handle.of(owner).cgroups_path).thaw()
+                    log.warning("hibernation_undone", sandbox_id=sandbox_id)
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+
     async def _copy_disk(
         self, source: _Handle, slot: Slot, phases: _Phases, *, meanwhile: Callable[[], None]
     ) -> None:
@@ -752,18 +913,25 @@ class OciRuntime(SandboxRuntime):
 
     async def _stop_container(self, handle: _Handle) -> None:
         """Kills the container and removes its runtime state and cgroup; the slot stays."""
-        cgroup = SandboxCgroup(handle.cgroups_path)
-        if host_processes.is_same_process(handle.init_pid, handle.init_ticks):
+        await self._stop(
+            handle.runtime, handle.cgroups_path, handle.container_id, handle.init_pid, handle.init_ticks
+        )
+
+    async def _stop(
+        self, runtime: str, cgroups_path: str, container_id: str, init_pid: int = 0, init_ticks: int = 0
+    ) -> None:
+        cgroup = SandboxCgroup(cgroups_path)
+        if host_processes.is_same_process(init_pid, init_ticks):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(handle.init_pid, signal.SIGKILL)
+                os.kill(init_pid, signal.SIGKILL)
         cgroup.thaw()  # a frozen task cannot die
-        if handle.init_pid:
-            await host_processes.wait_gone(handle.init_pid, handle.init_ticks, timeout_s=10)
+        if init_pid:
+            await host_processes.wait_gone(init_pid, init_ticks, timeout_s=10)
         for pid in cgroup.pids():  # stragglers that escaped the pid namespace's teardown
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        force = "--force" if handle.runtime == "runsc" else "-f"  # runsc's flags have no short forms
-        await run([*self._runtime_argv(handle.runtime), "delete", force, handle.container_id], check=False)
+        force = "--force" if runtime == "runsc" else "-f"  # runsc's flags have no short forms
+        await run([*self._runtime_argv(runtime), "delete", force, container_id], check=False)
         with contextlib.suppress(OSError):
             cgroup.remove()
         if not self._booting:  # a runtime starting a sandbox may be creating these parents right now
@@ -946,6 +1114,25 @@ def _write_snapshot_meta(directory: Path, info: SnapshotInfo) -> None:
         out.flush()
         os.fsync(out.fileno())
     _fsync_dir(directory)
+
+
+def _write_json_synced(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w") as out:
+        json.dump(data, out)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _handle_of_state(data: dict[str, Any], sandbox_id: str) -> _Handle:
+    """The handle a (former) driver_state describes."""
+    return _Handle(
+        Slot.from_json(data["slot"]),
+        data["runtime"],
+        data["cgroups_path"],
+        data.get("container_id") or sandbox_id,
+        int(data.get("init_pid") or 0),
+        int(data.get("init_ticks") or 0),
+    )
 
 
 def _fsync_dir(directory: Path) -> None:

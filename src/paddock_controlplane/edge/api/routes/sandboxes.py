@@ -21,13 +21,14 @@ from paddock_controlplane.edge.api.deps import (
 from paddock_controlplane.edge.api.errors import error_response
 from paddock_controlplane.edge.api.routes import access_tokens
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body
-from paddock_controlplane.records import queries, views
+from paddock_controlplane.records import queries, validation, views
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.schemas.sandboxes import (
     CreateSandboxRequest,
     EgressRequest,
     ForkSandboxRequest,
     PatchSandboxRequest,
+    PauseSandboxRequest,
     RechargeRequest,
     ResizeRequest,
     SshKeysRequest,
@@ -160,12 +161,26 @@ def _transition_answer(operation: Callable[[Services, str, str], Awaitable[Sandb
     return answer
 
 
+def _bodiless(handler: fastlane.Handler) -> fastlane.Handler:
+    """Serves only requests without a body or a query in the fast lane; the others (a pause's
+    ``keep_memory``) go on to the route below, which parses them."""
+
+    async def handle(
+        scope: fastlane.Scope, params: dict[str, str], body: bytes, receive: fastlane.Receive
+    ) -> Response | None:
+        if body.strip() or scope.get("query_string"):
+            return None
+        return await handler(scope, params, body, receive)  # type: ignore[return-value]
+
+    return handle
+
+
 FAST_ROUTES = [
     fastlane.FastRoute("GET", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)", _fast_sandbox_route(_get_answer)),
     fastlane.FastRoute(
         "POST",
         r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/pause",
-        _fast_sandbox_route(_transition_answer(suspension.pause)),
+        _bodiless(_fast_sandbox_route(_transition_answer(suspension.pause))),
     ),
     fastlane.FastRoute(
         "POST",
@@ -197,9 +212,33 @@ async def destroy(
 async def pause(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> dict[str, Any]:
-    # Served by ``_transition_answer`` in the fast lane; this route is its OpenAPI entry and the same call.
+    # A bodiless pause is served by ``_transition_answer`` in the fast lane; this route is its OpenAPI
+    # entry and the same call, and serves pauses with a body or query (issue #34: ``keep_memory``
+    # false hibernates; ``hibernate_after_seconds`` hibernates a frozen pause later; docs/hibernation.md).
     mark(request, sandbox_id)
-    return envelope.success(view(services, await suspension.pause(services, principal.user_id, sandbox_id)))
+    body = await optional_body(request, PauseSandboxRequest)
+    keep_memory = body.keep_memory
+    if keep_memory is None:
+        keep_memory = _query_bool(request.query_params.get("keep_memory"), "keep_memory", default=True)
+    after = validation.auto_pause_seconds(body.hibernate_after_seconds, "hibernate_after_seconds")
+    if after is not None and not keep_memory:
+        raise errors.ValidationFailed.field(
+            "hibernate_after_seconds",
+            "only with a frozen pause (keep_memory true): this pause hibernates now",
+        )
+    paused = await suspension.pause(
+        services, principal.user_id, sandbox_id, keep_memory=keep_memory, hibernate_after_seconds=after
+    )
+    return envelope.success(view(services, paused))
+
+
+def _query_bool(value: str | None, field: str, *, default: bool) -> bool:
+    if value is None:
+        return default
+    parsed = {"true": True, "1": True, "false": False, "0": False}.get(value.lower())
+    if parsed is None:
+        raise errors.ValidationFailed.field(field, "must be a boolean (true or false)")
+    return parsed
 
 
 @router.post("/{sandbox_id}/resume")
