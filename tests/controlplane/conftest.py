@@ -123,7 +123,7 @@ class Clocked:
         """One reconciler pass now (the background loop also runs them; the outcome is the same), and
         what it set off (an auto-pause runs as a task) carried out before this returns: what a test reads
         next is the pass's whole outcome, with no sleep to guess how long that takes."""
-        self.services.billing_last = 0.0
+        self.services.billing_last = self.services.storage_billing_last = 0.0
         tasks = self.services.tasks.running
         before = set(tasks)
         async with transaction(self.services.sessions) as session:

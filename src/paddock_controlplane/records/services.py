@@ -99,6 +99,8 @@ class Services:
     egress_pushing: set[str] = field(default_factory=set)
     #: Monotonic time of the last billing pass (0: never; the first pass bills at once).
     billing_last: float = 0.0
+    #: The same for stored bytes (snapshots and volumes, ``billing.storage_pass``).
+    storage_billing_last: float = 0.0
     #: Monotonic time this process started judging host liveness (set by the first pass).
     liveness_since: float | None = None
     #: Set by a template submit: the build worker (``template_builds.py``) claims it at once.

@@ -41,3 +41,5 @@ class Snapshot(Base):
     disk_mib: Mapped[int] = mapped_column(Integer)
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    #: How far its stored bytes have been charged (resources/billing.py ``storage_pass``).
+    billed_until: Mapped[dt.datetime | None] = mapped_column(nullable=True)

@@ -39,6 +39,8 @@ class Volume(Base):
     host_id: Mapped[str] = mapped_column(String(64))
     size_mib: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    #: How far its stored bytes have been charged (resources/billing.py ``storage_pass``).
+    billed_until: Mapped[dt.datetime | None] = mapped_column(nullable=True)
 
 
 class VolumeAttachment(Base):

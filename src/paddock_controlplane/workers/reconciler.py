@@ -66,14 +66,30 @@ async def billing_pass(session: AsyncSession, services: Services) -> None:
         return
     services.billing_last = time.monotonic()
     exhausted = await billing.billing_pass(session, services.clock())
-    if exhausted:
-        running = (
-            await session.scalars(
-                select(Sandbox).where(Sandbox.user_id.in_(exhausted), Sandbox.status == SandboxStatus.RUNNING)
-            )
-        ).all()
-        for sandbox in running:
-            suspension.pause_later(services, sandbox, "credit")
+    await _pause_out_of_credit(session, services, exhausted)
+
+
+async def _pause_out_of_credit(session: AsyncSession, services: Services, exhausted: set[str]) -> None:
+    """Pauses the running sandboxes of the accounts a charge has just emptied."""
+    if not exhausted:
+        return
+    running = (
+        await session.scalars(
+            select(Sandbox).where(Sandbox.user_id.in_(exhausted), Sandbox.status == SandboxStatus.RUNNING)
+        )
+    ).all()
+    for sandbox in running:
+        suspension.pause_later(services, sandbox, "credit")
+
+
+async def storage_billing_pass(session: AsyncSession, services: Services) -> None:
+    """Charges kept snapshots and volumes, at the compute pass's interval; an account it empties has its
+    running sandboxes paused, as the compute pass does."""
+    if time.monotonic() - services.storage_billing_last < services.settings.billing_interval_s:
+        return
+    services.storage_billing_last = time.monotonic()
+    exhausted = await billing.storage_pass(session, services.clock())
+    await _pause_out_of_credit(session, services, exhausted)
 
 
 async def idle_pass(session: AsyncSession, services: Services) -> None:
@@ -350,6 +366,7 @@ PASSES: list[Pass] = [
     host_liveness_pass,
     dead_host_pass,
     billing_pass,
+    storage_billing_pass,
     idle_pass,
     lifecycle.expire_pass,
     destruction.settle_stuck,

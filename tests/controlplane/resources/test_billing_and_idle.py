@@ -6,19 +6,28 @@ lifecycle on real sandboxes.
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from sqlalchemy import select
 
 from paddock_controlplane.records.models import CreditEntry
+from paddock_controlplane.records.snapshots import READY as SNAPSHOT_READY
+from paddock_controlplane.records.snapshots import Snapshot
+from paddock_controlplane.records.volumes import READY as VOLUME_READY
+from paddock_controlplane.records.volumes import Volume
 from paddock_controlplane.resources import accounts
 from paddock_controlplane.workers import reconciler
 from paddock_core.db import make_engine, make_sessionmaker
+from paddock_core.ids import new_id
 from tests.controlplane.conftest import Clocked, user_client
+from tests.controlplane.fakehost import HOST_BEAT
 
 pytestmark = pytest.mark.db
 
 # s-1vcpu-1gb: 1 vCPU at 0.0504 USD/h + 1 GiB at 0.0162 USD/h, 100 credits per USD.
 PER_SECOND_MICRO = 1400 + 450
+HOST = str(HOST_BEAT["id"])
 
 
 async def test_running_time_is_billed_per_second_and_paused_time_is_free(clocked: Clocked) -> None:
@@ -102,3 +111,73 @@ async def test_an_idle_sandbox_pauses_itself_and_activity_postpones_it(clocked: 
         assert (await http.get(f"/v1/sandboxes/{busy}")).json()["data"]["status"] == "running", (
             "no timeout set: never auto-paused"
         )
+
+
+async def _keep(clocked: Clocked, *rows: Snapshot | Volume) -> None:
+    engine = make_engine(clocked.cp.settings.database_url)
+    try:
+        async with make_sessionmaker(engine)() as session, session.begin():
+            session.add_all(rows)
+    finally:
+        await engine.dispose()
+
+
+def _volume(user_id: str, name: str, size_mib: int, status: str, now: dt.datetime) -> Volume:
+    return Volume(
+        id=new_id("vol_"),
+        user_id=user_id,
+        name=name,
+        status=status,
+        host_id=HOST,
+        size_mib=size_mib,
+        created_at=now,
+    )
+
+
+async def test_kept_snapshots_and_volumes_are_billed_by_the_gib_month(clocked: Clocked) -> None:
+    user_id, http = await user_client(clocked)
+    await http.aclose()
+    start, now = await clocked.balance(user_id), clocked.clock()
+    volume = _volume(user_id, "data", 1024, VOLUME_READY, now)
+    snapshot = Snapshot(
+        id=new_id("snap_"), user_id=user_id, name="s", status=SNAPSHOT_READY, host_id=HOST, source_sandbox_id="x",
+        image="debian:13", disk_mib=1024, size_bytes=512 << 20, created_at=now,
+    )  # fmt: skip
+    being_made = _volume(user_id, "later", 4096, "creating", now)  # not kept yet: not billed
+    await _keep(clocked, volume, snapshot, being_made)
+    # A month (30 days) of 1 GiB of volume and 0.5 GiB of snapshot at 0.10 USD per GiB-month: 15 credits.
+    clocked.clock.advance(30 * 86_400)
+    await clocked.reconcile(reconciler.storage_billing_pass)
+    assert start - await clocked.balance(user_id) == 15 * accounts.MICRO
+    # The next pass charges only what was kept since: an hour more.
+    clocked.clock.advance(3600)
+    await clocked.reconcile(reconciler.storage_billing_pass)
+    hour = (1024 * 3600 * 10_000_000) // (1024 * 2_592_000) + (512 * 3600 * 10_000_000) // (1024 * 2_592_000)
+    assert start - await clocked.balance(user_id) == 15 * accounts.MICRO + hour
+    engine = make_engine(clocked.cp.settings.database_url)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            lines = (
+                await session.scalars(
+                    select(CreditEntry).where(CreditEntry.user_id == user_id, CreditEntry.kind == "storage")
+                )
+            ).all()
+    finally:
+        await engine.dispose()
+    assert {line.ref for line in lines} == {volume.id, snapshot.id}
+    assert -sum(line.amount_micro for line in lines) == 15 * accounts.MICRO + hour
+
+
+async def test_storage_that_empties_an_account_pauses_its_sandboxes(clocked: Clocked) -> None:
+    user_id, http = await user_client(clocked, credits=1)
+    async with http:
+        sid = (await http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
+        await _keep(clocked, _volume(user_id, "big", 100 * 1024, VOLUME_READY, clocked.clock()))
+        # 100 GiB kept: 10 credits a month, so 1 credit lasts three days.
+        clocked.clock.advance(60)
+        await clocked.reconcile(reconciler.storage_billing_pass)
+        assert (await http.get(f"/v1/sandboxes/{sid}")).json()["data"]["status"] == "running"
+        clocked.clock.advance(4 * 86_400)
+        await clocked.reconcile(reconciler.storage_billing_pass)
+        await clocked.status(http, sid, "paused")
+        assert await clocked.balance(user_id) < 0
