@@ -10,8 +10,10 @@ sandboxes (``s-1vcpu-256mb``) each write ``mb`` MB to their disk and hold 32 MB 
 - hibernate: ``POST …/pause {"keep_memory": false}`` answered ``paused`` (``api``), and the host agent's
   own time (``host``: ``hibernate_ms`` of its ``sandbox_hibernated`` line: freeze, syncfs, clone, record,
   container and slot taken down);
-- memory: the host's ``MemAvailable`` and the agent's RSS with all of them running, then with all of them
-  hibernated, against before they were made: what each hibernated sandbox still holds (``per_hibernated``);
+- memory: the host's ``MemAvailable`` (caches dropped) with all of them running, against before they were
+  made; then, once woken and hibernated again, with all of them hibernated against just after they were
+  destroyed, back to back: what a hibernated sandbox still holds on the host (``hibernated_mib``; its
+  agent record is ``record_bytes`` on disk);
 - wake: ``POST …/resume`` answered ``running`` (``api``), and the host's ``wake_ms`` (a slot taken, the kept
   disk cloned onto it, the container booted, networks, disks and volumes put back); each woken sandbox is
   checked to hold its file.
@@ -132,21 +134,34 @@ def run(count: int, mb: int, runtime: str) -> dict[str, Any]:
                 assert view["status"] == "running", view
                 times["wake_host"] += _host_ms(platform, "sandbox_woken", "wake_ms", sandbox_id)
                 assert "OK" in _sh(http, sandbox_id, "sha256sum -c /root/data.sum")
+            # What the hibernated ones still hold, measured back to back: all hibernated, then all gone.
+            for sandbox_id in ids:
+                view = _ok(http.post(f"/v1/sandboxes/{sandbox_id}/pause", json={"keep_memory": False}))
+                assert view.get("hibernated") is True, view
+            time.sleep(2 * REFILL_S)
+            memory["hibernated_again"] = _memory(platform)
+            records = platform.agents[0].state_dir / "sandboxes"
+            record_bytes = sum((records / f"{sandbox_id}.json").stat().st_size for sandbox_id in ids) / count
             for sandbox_id in ids:
                 assert http.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 200
+            for sandbox_id in ids:
+                deadline = time.monotonic() + 60
+                while _ok(http.get(f"/v1/sandboxes/{sandbox_id}"))["status"] != "destroyed":
+                    assert time.monotonic() < deadline, sandbox_id
+                    time.sleep(0.1)
+            memory["destroyed"] = _memory(platform)
     finally:
         try:
             if platform is not None:
                 platform.stop()
         finally:
             shutil.rmtree(guest, ignore_errors=True)
-    before, running, hibernated = memory["before"], memory["running"], memory["hibernated"]
+    before, running = memory["before"], memory["running"]
+    again, destroyed = memory["hibernated_again"], memory["destroyed"]
     per = {
         "running_mib": (before["available_mib"] - running["available_mib"]) / count,
-        "hibernated_mib": (before["available_mib"] - hibernated["available_mib"]) / count,
-        "agent_rss_per_hibernated_kib": (hibernated["agent_rss_mib"] - before["agent_rss_mib"])
-        * 1024
-        / count,
+        "hibernated_mib": (destroyed["available_mib"] - again["available_mib"]) / count,
+        "record_bytes": record_bytes,
     }
     return {"times_ms": times, "memory": memory, "per_sandbox": per}
 
@@ -155,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--count", type=int, default=20, help="sandboxes hibernated and woken, one at a time")
+    parser.add_argument(
+        "--count", type=int, default=20, help="sandboxes hibernated and woken, one at a time (at most 30)"
+    )
     parser.add_argument("--mb", type=int, default=50, help="MB each writes to its disk first")
     parser.add_argument("--runtime", default="crun", choices=["crun", "runc"])
     args = parser.parse_args(argv)
@@ -167,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{step:>16} {s['p50']:9.1f} {s['p90']:9.1f} {s['min']:9.1f} {s['max']:9.1f}")
     per = results["per_sandbox"]
     print(
-        f"host memory per sandbox (MemAvailable, caches dropped): running {per['running_mib']:.1f} MiB,"
-        f" hibernated {per['hibernated_mib']:.1f} MiB; agent RSS per hibernated"
-        f" {per['agent_rss_per_hibernated_kib']:.1f} KiB"
+        f"host memory per sandbox (MemAvailable, caches dropped): running {per['running_mib']:.1f} MiB"
+        f" (against before they were made), hibernated {per['hibernated_mib']:.2f} MiB (against just after"
+        f" they were destroyed); its record {per['record_bytes']:.0f} bytes"
     )
     json.dump(results, sys.stderr)
     print(file=sys.stderr)

@@ -166,7 +166,7 @@ class Hibernation:
             kept = entry.record
             if hibernation_of(kept) is None or TEARDOWN in kept.driver_state:
                 raise errors.SandboxFailed(f"sandbox {sandbox_id} is not whole on this host")
-            registry.reserve(sandbox_id, kept.mem_mib, 0, waking=True)  # its disk is counted already
+            registry.reserve(sandbox_id, kept.mem_mib, kept.disk_mib, waking=True)  # as a create is
             woken: SandboxRecord | None = None
             started = time.monotonic()
             try:

@@ -238,9 +238,10 @@ class Registry:
         room = self.diskwatch.measure()
         if room is None:
             return None
+        # A hibernated sandbox's kept disk is in the store's free space already and grows no more until
+        # it wakes (then admitted again, as a create is): it promises nothing.
         promises = [
-            Promise(entry.record.disk_mib, entry.disk_used_bytes)
-            for entry in [*self.entries.values(), *self.hibernated.values()]  # a hibernated disk is kept
+            Promise(entry.record.disk_mib, entry.disk_used_bytes) for entry in list(self.entries.values())
         ]
         promises += [Promise(disk_mib, 0) for _, disk_mib in self.pending.values()]
         return DiskView(
