@@ -476,3 +476,40 @@ def test_gvisor_hosts_refuse_hibernation_naming_the_tier(guest_binary_dir: Path,
             assert account.out(sandbox_id, "echo still") == "still\n"
         finally:
             account.close()
+
+
+def test_an_agent_killed_after_the_commit_finishes_the_hibernation_at_its_start(
+    platform: LivePlatform, account: Account
+) -> None:
+    """The other side of the commit: the record says hibernated (with the former container to take down)
+    but the agent died before taking it down. The state is laid out here as the agent leaves it at that
+    instant (its disk cloned into the kept directory, the record saved with ``teardown``); the next agent
+    stops what still ran, and the sandbox is hibernated and wakes with its files."""
+    sandbox_id = account.sandbox()
+    account.out(sandbox_id, "echo committed > /root/c.txt; sync")
+    agent = platform.agents[0]
+    running = record_of(platform, sandbox_id)
+    state = running["driver_state"]
+    cgroup = CGROUP_MEMORY / state["cgroups_path"].lstrip("/")
+    init = (state["init_pid"], state["init_ticks"])
+    agent.stop(signal.SIGKILL)
+    assert start_ticks(init[0]) == init[1]  # the sandbox outlives its agent
+
+    kept = agent.state_dir / "disks" / "snapshots" / "snap_hibernated" / sandbox_id
+    kept.mkdir(parents=True)
+    subprocess.run(
+        ["cp", "--reflink=always", state["slot"]["disk_image"], str(kept / "disk.img")], check=True
+    )
+    meta = {"image": running["image"], "fs": state["slot"]["fs"], "disk_mib": running["disk_mib"]}
+    (kept / "meta.json").write_text(json.dumps({**meta, "hibernated_at": time.time(), "was_frozen": False}))
+    record = {**running, "state": "paused", "driver_state": {"hibernated": meta, "teardown": state}}
+    (agent.state_dir / "sandboxes" / f"{sandbox_id}.json").write_text(json.dumps(record))
+
+    agent.start()
+    assert start_ticks(init[0]) != init[1] and not cgroup.exists()  # what still ran is gone
+    assert set(record_of(platform, sandbox_id)["driver_state"]) == {"hibernated"}
+    assert agent_get(platform, f"sandboxes/{sandbox_id}")["hibernated"] is True
+    # The control plane, whose hibernate this was, asks again: the host answers it is done.
+    assert account.hibernate(sandbox_id)["hibernated"] is True
+    assert account.resume(sandbox_id).status_code == 200
+    assert account.out(sandbox_id, "cat /root/c.txt") == "committed\n"
