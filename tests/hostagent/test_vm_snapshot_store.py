@@ -87,13 +87,14 @@ def test_a_deleted_snapshot_is_gone_and_a_delete_cut_short_never_boots(tmp_path:
         store.partial_dir("snap_../x")
 
 
-def test_the_control_plane_lets_vm_hosts_snapshot_and_gvisor_keeps_its_refusal() -> None:
+def test_the_control_plane_lets_every_tier_snapshot_and_refuses_an_unknown_runtime() -> None:
     vm = Host(labels={"paddock.io/isolation": "vm", "paddock.io/runtime": "qemu"})
     gvisor = Host(labels={"paddock.io/isolation": "gvisor", "paddock.io/runtime": "runsc"})
-    assert snapshots._tier_refusal(vm) is None
-    assert snapshots._tier_refusal(gvisor) == (
-        "snapshotting a sandbox's disk is not supported on the gvisor isolation tier (runsc)"
-        " yet; the container (crun, runc) and VM tiers take snapshots"
+    other = Host(labels={"paddock.io/isolation": "microvm", "paddock.io/runtime": "firecracker"})
+    assert snapshots._tier_refusal(vm) is None and snapshots._tier_refusal(gvisor) is None
+    assert snapshots._tier_refusal(other) == (
+        "snapshotting a sandbox's disk is not supported on the microvm isolation tier (firecracker)"
+        "; the container (crun, runc), gVisor and VM tiers take snapshots"
     )
     # other operations the VM tier does not offer are still refused
     assert "vm isolation tier" in (volumes.tier_refusal(vm) or "")

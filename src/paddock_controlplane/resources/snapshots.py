@@ -9,9 +9,9 @@ Destroying the source leaves the snapshot as it is, and deleting a snapshot leav
 from it as they are (their disks share blocks with it; the store counts them).
 
 Caps like templates: how many snapshots an account keeps at once depends on its plan
-(``plans.snapshots_concurrent``). The container tier (crun, runc) and the VM tier take snapshots, the
-VM tier with the sandbox's memory (a sandbox booted from one carries on its processes, with its source's
-vCPUs and memory); a sandbox on gVisor is a 409 naming its tier. A host without the snapshot does not
+(``plans.snapshots_concurrent``). Every tier takes snapshots: containers and gVisor (its sentry's
+cached writes synced first) their disk, the VM tier its disk and memory (a sandbox booted from one
+carries on its processes, with its source's vCPUs and memory). A host without the snapshot does not
 fetch it yet.
 
 A row is written ``creating`` before the host is asked (the cap and the name are held under the
@@ -75,8 +75,8 @@ def _tier_refusal(host: Host | None) -> str | None:
     return hosts.container_tier_refusal(
         host,
         "snapshotting a sandbox's disk",
-        " yet; the container (crun, runc) and VM tiers take snapshots",
-        also=hosts.VM_RUNTIMES,
+        "; the container (crun, runc), gVisor and VM tiers take snapshots",
+        also=(*hosts.VM_RUNTIMES, "runsc"),
     )
 
 

@@ -48,7 +48,6 @@ from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import (
     PRIVATE_NETWORKS,
     S3_DISKS,
-    SNAPSHOTS,
     BootError,
     CommandFailedError,
     DriverError,
@@ -403,12 +402,6 @@ class OciRuntime(SandboxRuntime):
     def snapshots_dir(self) -> Path:
         return rootdisks.snapshots_dir(self.pool.slots_dir)
 
-    def _refuse_snapshots(self, runtime: str) -> None:
-        if runtime == "runsc":
-            raise TierUnsupportedError(
-                "gvisor", SNAPSHOTS, "gVisor's sentry caches writes the host cannot sync; left for later"
-            )
-
     async def snapshot(self, record: SandboxRecord, snapshot_id: str) -> SnapshotInfo:
         """Freezes the sandbox (unless paused), copies its disk as a fork does (``syncfs`` and a clone,
         ``rootdisks.snapshot_image``) into ``.partial-<id>`` under the store's ``snapshots``, lets it run
@@ -416,7 +409,6 @@ class OciRuntime(SandboxRuntime):
         there whole or not at all (an agent killed half-way leaves a partial one, removed when the next
         agent opens the store)."""
         handle = _Handle.of(record)
-        self._refuse_snapshots(handle.runtime)
         if self.probe(record) == RuntimeState.STOPPED:
             raise NotRunningError(f"sandbox {record.id} is not running")
         await self.pool.factory.images_dir()  # the store is open (it is, once a sandbox has a disk)
@@ -428,6 +420,10 @@ class OciRuntime(SandboxRuntime):
         try:
             cgroup = SandboxCgroup(handle.cgroups_path)
             was_frozen = cgroup.is_frozen()
+            if handle.runtime == "runsc" and not was_frozen:
+                # gVisor's sentry caches file writes: written back before the copy, as a fork does. A
+                # paused gVisor sandbox gives what a crash at its pause would have left on its disk.
+                await _sync_guest(GuestClient(guest_socket_path(handle.slot, handle.runtime)))
             if not was_frozen:
                 # An agent killed while the source is frozen for the copy: the next one thaws it (``start``).
                 (partial / THAW_MARKER).write_text(record.id)
@@ -498,7 +494,6 @@ class OciRuntime(SandboxRuntime):
     ) -> SandboxRecord:
         """A fork whose source is the snapshot's image: a warm slot's disk becomes a clone of it
         (``rootdisks.restore_disk``), then the container boots on it."""
-        self._refuse_snapshots(self.options.runtime)
         phases = _Phases()
         slot = await self.pool.take_for_fork()
         phases.mark("slot")
