@@ -22,15 +22,27 @@ class RecordStore:
     def _path(self, sandbox_id: str) -> Path:
         return self.directory / f"{sandbox_id}.json"
 
-    def save(self, record: SandboxRecord) -> None:
+    def save(self, record: SandboxRecord, *, durable: bool = False) -> None:
+        """Writes the record whole (temp file + rename). No fsync by default: a host crash takes the
+        sandboxes' processes with it anyway, and the rename keeps the file whole against an agent crash.
+        ``durable``: on disk before this returns (file and directory synced), for a record that must
+        outlive a host crash too: a hibernation's commit and its wake's, after which the disk the
+        previous record named is removed."""
         tmp = self.directory / f".{record.id}.json.tmp"
-        # No fsync: a host crash takes the sandboxes' processes with it anyway, and the rename keeps
-        # the file whole against an agent crash.
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, statefiles.FILE_MODE)
         with os.fdopen(fd, "w") as handle:
             handle.write(json.dumps(record.to_json(), indent=1))
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.chmod(tmp, statefiles.FILE_MODE)  # also when a stale tmp file existed with another mode
         tmp.replace(self._path(record.id))
+        if durable:
+            directory = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
 
     def delete(self, sandbox_id: str) -> None:
         self._path(sandbox_id).unlink(missing_ok=True)

@@ -113,7 +113,7 @@ class Hibernation:
                     disks=list(running.disks),
                     egress=list(running.egress),
                 )
-                registry.records.save(kept)  # the commit: from here it is hibernated
+                registry.records.save(kept, durable=True)  # the commit: from here it is hibernated
             except BaseException:
                 runtime.abandon_hibernation(running)
                 raise
@@ -182,7 +182,7 @@ class Hibernation:
                 await self.disks.restore(woken)
                 await self._place_volumes(runtime, woken)
                 woken.spawn_ms = round((time.monotonic() - started) * 1000, 3)
-                registry.records.save(woken)  # the commit: from here it runs
+                registry.records.save(woken, durable=True)  # the commit: from here it runs
             except BaseException:
                 if woken is not None:
                     with contextlib.suppress(Exception):

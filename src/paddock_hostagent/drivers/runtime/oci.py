@@ -568,7 +568,8 @@ class OciRuntime(SandboxRuntime):
             }
             await asyncio.to_thread(_write_json_synced, partial / "meta.json", meta)
             partial.replace(final)
-            await asyncio.to_thread(_fsync_dir, base)
+            for directory in (base, base.parent, base.parent.parent):  # made on the first hibernation
+                await asyncio.to_thread(_fsync_dir, directory)
         except BaseException:
             if not was_frozen:
                 cgroup.thaw()
