@@ -56,7 +56,11 @@ _SINCE_REPORT = case((Sandbox.created_at > Host.last_heartbeat_at, Sandbox.mem_m
 _HELD = (
     select(Sandbox.host_id, func.sum(Sandbox.mem_mib), func.sum(_SINCE_REPORT))
     .join(Host, Host.id == Sandbox.host_id)
-    .where(Sandbox.host_id.in_(bindparam("host_ids", expanding=True)), Sandbox.status.in_(HOLDING_MEMORY))
+    .where(
+        Sandbox.host_id.in_(bindparam("host_ids", expanding=True)),
+        Sandbox.status.in_(HOLDING_MEMORY),
+        Sandbox.hibernated.is_(False),  # a hibernated sandbox holds only its disk (docs/hibernation.md)
+    )
     .group_by(Sandbox.host_id)
 )
 _ACTIVE_HOSTS = select(Host).where(Host.status == "active").order_by(Host.id).with_for_update()
