@@ -150,10 +150,8 @@ class SandboxManager:
             records + hibernated + [entry.record for entry, _ in registry.stopped.values()]
         )
         await self.traffic.start(records)
-        # The S3 mounts' directories share ``<state>/disks`` with the disk store, whose ``snapshots`` (the
-        # snapshots and the hibernated sandboxes' disks) is no sandbox's mounts: it stays.
         held = {record.id for record in records} | set(registry.stopped) | set(registry.hibernated)
-        await self.disks.prune(held | {"snapshots"})
+        await self.disks.prune(held)
         # Volumes held by sandboxes that did not survive (stopped, or gone with a reboot) are released;
         # a hibernated sandbox keeps its holds for its wake.
         await self.volumes.start(

@@ -534,9 +534,14 @@ async def restore_disk(image: Path, disk: Disk) -> None:
         raise
 
 
+#: The disk store's directory of snapshots (and of hibernated sandboxes' disks). The store's root is
+#: also where S3 disks keep one directory per sandbox (``s3mounts.py``), whose sweep must pass it by.
+SNAPSHOTS_DIRNAME = "snapshots"
+
+
 def snapshots_dir(slots_dir: Path) -> Path:
     """Where this host's snapshots live: in the disk store, beside the images they clone."""
-    return store_dir(slots_dir) / "snapshots"
+    return store_dir(slots_dir) / SNAPSHOTS_DIRNAME
 
 
 #: A snapshot being written: ``<snapshots>/.partial-<id>``, renamed to ``<snapshots>/<id>`` once whole.

@@ -43,7 +43,7 @@ from paddock_core import s3config, statefiles
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import CommandFailedError
 from paddock_hostagent.drivers.net.network import NETNS_DIR
-from paddock_hostagent.drivers.storage import mounts
+from paddock_hostagent.drivers.storage import mounts, rootdisks
 
 log = get_logger(__name__)
 
@@ -359,10 +359,13 @@ class S3Mounter:
         shutil.rmtree(directory, ignore_errors=True)
 
     async def prune(self, keep: set[str]) -> None:
-        """After a restart: mounts of sandboxes this agent no longer has are removed."""
+        """After a restart: mounts of sandboxes this agent no longer has are removed. The directory is
+        the disk store's root too: its snapshots (``rootdisks.SNAPSHOTS_DIRNAME``) are no sandbox's."""
         if not self.base.is_dir():
             return
         for directory in self.base.iterdir():
+            if directory.name == rootdisks.SNAPSHOTS_DIRNAME:
+                continue
             if directory.is_dir() and directory.name not in keep:
                 log.info("removing_orphan_disk_mounts", sandbox_id=directory.name)
                 await self.prune_sandbox(directory.name)
