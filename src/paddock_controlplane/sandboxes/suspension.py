@@ -44,7 +44,7 @@ async def pause(
         return await hibernate(services, user_id, sandbox_id, reason=reason, label=label)
     if hibernate_after_seconds is not None:
         async with changing(services, sandbox_id) as session:
-            await _require_container_tier(session, (await owned(session, user_id, sandbox_id)).host_id)
+            await _require_hibernating_tier(session, (await owned(session, user_id, sandbox_id)).host_id)
     async with changing(services, sandbox_id) as session:
         claimed = await claim(
             session,
@@ -111,10 +111,13 @@ def pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: str
     services.tasks.spawn(run(), name=f"{reason} pause {sandbox.id}")
 
 
-async def _require_container_tier(session: AsyncSession, host_id: str | None) -> None:
+async def _require_hibernating_tier(session: AsyncSession, host_id: str | None) -> None:
     host = await session.get(Host, host_id) if host_id else None
     refusal = hosts.container_tier_refusal(
-        host, HIBERNATE, "; only the container tier (crun, runc) hibernates: pause without keep_memory: false"
+        host,
+        HIBERNATE,
+        "; the container (crun, runc) and gVisor tiers hibernate: pause without keep_memory: false",
+        also=("runsc",),
     )
     if refusal is not None:
         raise hostlink.TierRefusedError(refusal)
@@ -136,7 +139,7 @@ async def hibernate(
     died) may have done it or not, so the row stays ``pausing`` for the reconciler, which asks the host
     what it holds (``OrphanedTransitions``)."""
     async with changing(services, sandbox_id) as session:
-        await _require_container_tier(session, (await owned(session, user_id, sandbox_id)).host_id)
+        await _require_hibernating_tier(session, (await owned(session, user_id, sandbox_id)).host_id)
         claimed = await claim(
             session, user_id, sandbox_id, expect=expect, to=SandboxStatus.PAUSING, verb="paused"
         )

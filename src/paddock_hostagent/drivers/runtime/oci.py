@@ -529,11 +529,12 @@ class OciRuntime(SandboxRuntime):
     def hibernated_dir(self) -> Path:
         return self.snapshots_dir / HIBERNATED_DIR
 
-    def refuse_hibernation(self, record: SandboxRecord | None = None) -> None:
-        runtime = _Handle.of(record).runtime if record is not None else self.options.runtime
-        if runtime == "runsc":
+    def refuse_hibernation(self, record: SandboxRecord) -> None:
+        """gVisor binds a sandbox's S3 disks at its start only (docs/isolation.md), so a woken one could not
+        have them back: such a sandbox stays frozen-paused only."""
+        if _Handle.of(record).runtime == "runsc" and record.disks:
             raise TierUnsupportedError(
-                "gvisor", HIBERNATE, "gVisor's sentry caches writes the host cannot sync; left for later"
+                "gvisor", f"{HIBERNATE} with S3 disks", "its disks are bound at its start only; pause keeps it"
             )
 
     async def hibernate(self, record: SandboxRecord) -> dict[str, Any]:
@@ -554,6 +555,9 @@ class OciRuntime(SandboxRuntime):
         cgroup = SandboxCgroup(handle.cgroups_path)
         was_frozen = cgroup.is_frozen()
         try:
+            if handle.runtime == "runsc" and not was_frozen:
+                # gVisor's sentry caches file writes: written back first, as for a snapshot or a fork.
+                await _sync_guest(GuestClient(guest_socket_path(handle.slot, handle.runtime)))
             if not was_frozen:
                 # Killed from here to the commit, the next agent thaws it (``settle_hibernations``).
                 (partial / THAW_MARKER).write_text(record.id)
@@ -605,7 +609,6 @@ class OciRuntime(SandboxRuntime):
         meta = hibernation_of(record)
         if meta is None:
             raise DriverError(f"sandbox {record.id} is not hibernated")
-        self.refuse_hibernation()
         await self.pool.factory.images_dir()
         image = self.hibernated_disk(record.id)
         if not image.exists():
