@@ -19,6 +19,7 @@ from paddock_controlplane.edge.api.deps import scope_caller
 from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional_body
 from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity, schemas, store
+from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
 from paddock_controlplane.edge.e2b import templates as e2b_templates
 from paddock_controlplane.edge.e2b import volumes as e2b_volumes
 from paddock_controlplane.edge.e2b.store import E2bSandbox
@@ -382,11 +383,14 @@ async def refresh(sandbox_id: str, request: Request) -> Response:
 
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
 async def pause(sandbox_id: str, request: Request) -> Response:
+    """``memory: false`` (the SDK's ``mode="filesystem"``) hibernates: only the disk is kept and the
+    processes start afresh at the next connect (docs/hibernation.md); otherwise a frozen pause."""
     services, principal = await _caller(request, sandbox_id)
+    body = await optional_body(request, schemas.Pause)
     sandbox = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.RUNNING)
     if schemas.STATES[sandbox.status] == "paused":
         raise errors.InvalidState(f"sandbox {sandbox_id!r} is already paused")
-    await suspension.pause(services, principal.user_id, sandbox_id)
+    await suspension.pause(services, principal.user_id, sandbox_id, keep_memory=body.memory is not False)
     settled = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.PAUSED)
     if settled.status != SandboxStatus.PAUSED:
         raise errors.InvalidState(f"sandbox {sandbox_id!r} did not pause: {settled.status}")
@@ -499,6 +503,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(router)
     app.include_router(e2b_templates.router)
     app.include_router(e2b_volumes.router)
+    app.include_router(e2b_snapshots.router)
 
     def too_large(limit_bytes: int, field: str) -> errors.PaddockError:
         return errors.PayloadTooLarge(f"{field} is over the {limit_bytes}-byte limit")

@@ -97,6 +97,14 @@ class Connect(Body):
     auto_pause: StrictBool | None = Field(default=None, alias="autoPause")
 
 
+class Pause(Body):
+    """``POST /sandboxes/{id}/pause`` (``SandboxPauseRequest``): ``memory: false`` is a filesystem-only
+    pause (Paddock's hibernation); ``requireHealthyGuest`` is accepted and not acted on."""
+
+    memory: StrictBool | None = None
+    require_healthy_guest: StrictBool | None = Field(default=None, alias="requireHealthyGuest")
+
+
 class Fork(Body):
     """``POST /sandboxes/{id}/fork``."""
 

@@ -34,10 +34,12 @@ from sqlalchemy.orm import Mapped, mapped_column
 from paddock_controlplane.edge.api.deps import scope_caller
 from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
 from paddock_controlplane.edge.e2b.schemas import Body
 from paddock_controlplane.records.models import Base, Template, TemplateLogLine
 from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
 from paddock_controlplane.records.services import Services
+from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
 from paddock_controlplane.resources import templates
 from paddock_core import errors
 from paddock_core.db import transaction
@@ -411,10 +413,16 @@ async def alias(alias: str, request: Request) -> dict[str, Any]:
 
 @router.delete("/templates/{template_id}", status_code=204)
 async def delete(template_id: str, request: Request) -> Response:
+    """A template, or a snapshot (the SDK's ``delete_snapshot`` calls this route): a template's name wins
+    over a snapshot's, as in a create's ``rootfs``; a ``snap_`` id is always the snapshot."""
     services, user_id = await _caller(request)
-    async with services.sessions() as session:
-        template = await templates.find(session, user_id, template_id)
+    template = None
+    if not template_id.startswith(SNAPSHOT_PREFIX):
+        async with services.sessions() as session:
+            template = await templates.find(session, user_id, template_id)
     if template is None:
+        if await e2b_snapshots.delete_if_snapshot(request, user_id, template_id):
+            return Response(status_code=204)
         raise errors.NotFound(f"template {template_id!r} not found")
     await templates.delete_template(services, user_id, template.id)
     return Response(status_code=204)
