@@ -119,6 +119,13 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
             f"network.{network.unserved()[0]}: E2B's egress rules are not served yet; use Paddock's"
             " egress rules (PUT /v1/sandboxes/{id}/egress)"
         )
+    if body.auto_pause and body.auto_pause_memory is False:
+        # A timeout's pause is frozen (memory kept); Paddock's expiry pass does not hibernate yet, and
+        # a frozen pause would keep the processes this asks to drop.
+        raise e2b_errors.NotBuilt(
+            "autoPauseMemory: false (on_timeout mode 'filesystem') is not served yet: a timeout pauses"
+            " with memory; pause(mode='filesystem') hibernates explicitly"
+        )
     if body.iam:
         raise e2b_errors.NotBuilt("iam: workload identity is not served by Paddock")
     if body.allow_internet_access is False:

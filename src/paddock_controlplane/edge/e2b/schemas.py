@@ -66,6 +66,7 @@ class NewSandbox(Body):
     template_id: StrictStr = Field(alias="templateID", min_length=1, max_length=128)
     timeout: StrictInt | None = None
     auto_pause: StrictBool | None = Field(default=None, alias="autoPause")
+    auto_pause_memory: StrictBool | None = Field(default=None, alias="autoPauseMemory")
     secure: StrictBool | None = None
     allow_internet_access: StrictBool | None = None
     metadata: dict[StrictStr, StrictStr] | None = None
