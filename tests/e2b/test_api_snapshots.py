@@ -61,6 +61,16 @@ def test_a_snapshot_boots_sandboxes_that_diverge(e2b_env: E2bPlatform) -> None:
         with pytest.raises(SandboxException, match="name"):  # a taken name (E2B adds a build instead)
             source.create_snapshot(name=name)
 
+        # a sandbox's access token works on its sandbox, but not for a snapshot (as on /v1)
+        with e2b_env.platform.http(e2b_env.api_key) as native:
+            minted = native.post(f"/v1/sandboxes/{source.sandbox_id}/access-token", json={})
+            assert minted.status_code in (200, 201), minted.text
+        token = minted.json()["data"]["token"]
+        with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": token}, timeout=60) as scoped:
+            assert scoped.get(f"/sandboxes/{source.sandbox_id}").status_code == 200
+            refused = scoped.post(f"/sandboxes/{source.sandbox_id}/snapshots", json={})
+            assert refused.status_code == 403 and refused.json()["code"] == 403, refused.text
+
         assert _snapshot_ids(sandbox_id=source.sandbox_id) == [snap.snapshot_id, plain.snapshot_id]
         assert _snapshot_ids(name=name) == [snap.snapshot_id]
         source.kill()
