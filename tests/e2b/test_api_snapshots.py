@@ -3,11 +3,17 @@ unmodified ``e2b`` SDK configured only by the three variables: a sandbox that wr
 snapshotted and killed, two sandboxes boot from the snapshot (by id and by name) with the file and
 diverge; the SDK's listing pages and filters it; its delete removes it. ``mode="full"`` on a container
 sandbox is refused in E2B's shape naming ``memory``. A ``mode="filesystem"`` pause keeps the files and
-not the processes."""
+not the processes. ``@e2b``'s JS SDK takes, boots, lists and deletes one under Node
+(``js/snapshots.mjs``)."""
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
+import shutil
+import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +22,8 @@ from e2b import Sandbox, SandboxException, SandboxState
 from tests.e2b.conftest import E2bPlatform
 
 pytestmark = pytest.mark.root
+
+JS = Path(__file__).with_name("js")
 
 #: How many ``sleep`` processes run in the sandbox (its image has no pgrep).
 SLEEPS = "cat /proc/[0-9]*/comm 2>/dev/null | grep -cx sleep || true"
@@ -138,3 +146,23 @@ def test_a_filesystem_pause_keeps_files_not_processes(e2b_env: E2bPlatform) -> N
         assert woken.commands.run(SLEEPS).stdout.strip() == "0"  # the processes started afresh
     finally:
         Sandbox.kill(sandbox.sandbox_id)
+
+
+def test_the_js_sdk_snapshot_round_trip(e2b_platform: E2bPlatform) -> None:
+    node = shutil.which("node")
+    assert node is not None, "node is needed (scripts/setup-host.sh installs it)"
+    assert (JS / "node_modules" / "e2b").is_dir(), "run make setup-test (npm ci in tests/e2b/js)"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("E2B_")} | e2b_platform.env
+    env["PADDOCK_E2B_SNAPSHOT"] = f"e2b-js-{secrets.token_hex(3)}"
+    done = subprocess.run(
+        [node, "snapshots.mjs"], cwd=JS, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "names": [env["PADDOCK_E2B_SNAPSHOT"]],
+        "read": "from js\n",
+        "listed": [True],
+        "deleted": True,
+        "deletedAgain": False,
+    }
