@@ -301,7 +301,10 @@ def stop_serve(process: subprocess.Popen[bytes]) -> None:
 async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_database_knows(
     debian_image: Path, tmp_path: Path
 ) -> None:
-    ports = {name: free_port() for name in ("CP", "HOST", "GW", "CP_INGRESS", "CP_E2B", "CP_E2B_EDGE")}
+    # Every listener serve opens gets a port of its own: its defaults (8443 for the ingress's TLS, 2222
+    # for SSH) would meet another serve on this machine, a developer's or another test's.
+    names = ("CP", "HOST", "GW", "CP_INGRESS", "CP_INGRESS_TLS", "CP_SSH", "CP_E2B", "CP_E2B_EDGE")
+    ports = {name: free_port() for name in names}
     nft_table = f"pdkcred{secrets.token_hex(3)}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
     env.update({f"PADDOCK_{name}_PORT": str(port) for name, port in ports.items()})
