@@ -6,9 +6,12 @@ them; ``e2b_sandboxes`` keeps the templateID; the E2B-only tables and columns ar
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import MetaData, Table, inspect, text
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from paddock_controlplane.app import MIGRATIONS
 from paddock_controlplane.records.models import Sandbox
@@ -19,20 +22,42 @@ from paddock_core.timeutil import as_utc
 pytestmark = pytest.mark.db
 
 
-def _sandbox(sandbox_id: str, user_id: str, **native: object) -> Sandbox:
-    return Sandbox(
-        id=sandbox_id,
-        user_id=user_id,
-        name=sandbox_id,
-        status="running",
-        shape="s-1vcpu-1gb",
-        rootfs="debian:13",
-        vcpu=1,
-        mem_mib=1024,
-        disk_mib=1024,
-        region="eu",
+def _sandbox_row(columns: set[str], sandbox_id: str, user_id: str, **native: object) -> dict[str, Any]:
+    """A ``sandboxes`` row as the model writes it, for the columns the table has at 0013: later
+    migrations add columns (0019 ``hibernated``, …) that an ORM insert at 0013 would name."""
+    given: dict[str, object] = {
+        "id": sandbox_id,
+        "user_id": user_id,
+        "name": sandbox_id,
+        "status": "running",
+        "shape": "s-1vcpu-1gb",
+        "rootfs": "debian:13",
+        "vcpu": 1,
+        "mem_mib": 1024,
+        "disk_mib": 1024,
+        "region": "eu",
         **native,
-    )
+    }
+    row: dict[str, Any] = {}
+    for attribute in sa_inspect(Sandbox).column_attrs:
+        column = attribute.columns[0]
+        if column.name not in columns:
+            continue
+        if attribute.key in given:
+            row[column.name] = given[attribute.key]
+        elif column.default is not None and column.default.is_scalar:
+            row[column.name] = column.default.arg
+        elif column.default is not None and column.default.is_callable:
+            row[column.name] = column.default.arg(None)
+    return row
+
+
+async def _insert_sandboxes(engine: AsyncEngine, rows: list[tuple[str, str, dict[str, object]]]) -> None:
+    async with engine.begin() as conn:
+        table = await conn.run_sync(lambda c: Table("sandboxes", MetaData(), autoload_with=c))
+        columns = {column.name for column in table.columns}
+        for sandbox_id, user_id, native in rows:
+            await conn.execute(table.insert().values(**_sandbox_row(columns, sandbox_id, user_id, **native)))
 
 
 async def test_e2b_lifetimes_and_metadata_move_to_the_native_columns(database_url: str) -> None:
@@ -41,8 +66,13 @@ async def test_e2b_lifetimes_and_metadata_move_to_the_native_columns(database_ur
     end = dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     async with transaction(make_sessionmaker(engine)) as session:
         user = await accounts.create_user(session, plan_id="pro", signup_credits=500)
-        session.add(_sandbox("sb-e2b", user.id))
-        session.add(_sandbox("sb-both", user.id, timeout_s=60, on_timeout="destroy", labels={"mine": "1"}))
+    await _insert_sandboxes(
+        engine,
+        [
+            ("sb-e2b", user.id, {}),
+            ("sb-both", user.id, {"timeout_s": 60, "on_timeout": "destroy", "labels": {"mine": "1"}}),
+        ],
+    )
     async with engine.begin() as conn:
         for sandbox_id, auto_pause in (("sb-e2b", True), ("sb-both", False)):
             await conn.execute(
