@@ -14,10 +14,12 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -304,13 +306,16 @@ async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_
     # Every listener serve opens gets a port of its own: its defaults (8443 for the ingress's TLS, 2222
     # for SSH) would meet another serve on this machine, a developer's or another test's.
     names = ("CP", "HOST", "GW", "CP_INGRESS", "CP_INGRESS_TLS", "CP_SSH", "CP_E2B", "CP_E2B_EDGE")
+    # A short data dir: the sandboxes' unix sockets live under it, and a socket's path holds at most 107
+    # bytes (pytest's tmp_path, numbered per run, grew past that on the CI machine).
+    data_dir = Path(tempfile.mkdtemp(prefix="pdkc-", dir="/tmp"))
     ports = {name: free_port() for name in names}
     nft_table = f"pdkcred{secrets.token_hex(3)}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("PADDOCK_")}
     env.update({f"PADDOCK_{name}_PORT": str(port) for name, port in ports.items()})
     env.update(
         {
-            "PADDOCK_DATA_DIR": str(tmp_path / "data"),
+            "PADDOCK_DATA_DIR": str(data_dir),
             "PADDOCK_HOST_SUBNET": private_subnet(),
             "PADDOCK_HOST_NFT_TABLE": nft_table,
             "PADDOCK_HOST_IMAGE_DIR": str(image_cache()),
@@ -318,7 +323,7 @@ async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_
         }
     )
     cp_url, gw_url = f"http://127.0.0.1:{ports['CP']}", f"http://127.0.0.1:{ports['GW']}"
-    key_file = tmp_path / "data" / "bootstrap-api-key"
+    key_file = data_dir / "bootstrap-api-key"
     try:
         first = await asyncio.to_thread(start_serve, env, tmp_path / "sqlite.out")
         try:
@@ -329,8 +334,8 @@ async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_
         finally:
             await asyncio.to_thread(stop_serve, first)
         for name in ("controlplane.db", "gateway.db"):
-            assert stat.S_IMODE((tmp_path / "data" / name).stat().st_mode) == 0o600, name
-        assert stat.S_IMODE((tmp_path / "data").stat().st_mode) == 0o700
+            assert stat.S_IMODE((data_dir / name).stat().st_mode) == 0o600, name
+        assert stat.S_IMODE((data_dir).stat().st_mode) == 0o700
 
         async with (
             fresh_database("postgresql", tmp_path) as cp_db,
@@ -355,7 +360,7 @@ async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_
                     assert deploy.status_code == 402, deploy.text
                     # What the issue found broken: a paid deploy, end to end, on the switched databases.
                     quote = deploy.json()
-                    chain = serve_chain(tmp_path / "data", quote["payment_chain"])
+                    chain = serve_chain(data_dir, quote["payment_chain"])
                     await wallet.fund(chain)
                     tx_hash = await wallet.transfer(
                         chain, "usdc", int(quote["amount_token"]), to=quote["pay_to"]
@@ -372,9 +377,12 @@ async def test_serve_first_on_sqlite_then_on_postgresql_runs_with_a_key_the_new_
                     assert (served.status_code, served.text) == (200, "<h1>switched</h1>")
             finally:
                 # Sandboxes outlive serve by design (a restarted agent adopts them): end the deploy's.
-                await destroy_all(cp_url, key_file.read_text().strip())
-                await asyncio.to_thread(stop_serve, second)
+                try:
+                    await destroy_all(cp_url, key_file.read_text().strip())
+                finally:
+                    await asyncio.to_thread(stop_serve, second)
     finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
         subprocess.run(["nft", "delete", "table", "ip", nft_table], check=False, capture_output=True)
         subprocess.run(
             ["nft", "delete", "table", "ip", f"{nft_table}_egress"], check=False, capture_output=True

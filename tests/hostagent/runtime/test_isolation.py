@@ -120,7 +120,9 @@ async def test_network_reaches_neither_the_host_nor_other_sandboxes(
     result = await run(host, first["id"], "ping", "-c", "1", "-W", "2", gateway)
     assert result["exit_code"] != 0, result
     result = await run(host, first["id"], "curl", "-s", "--max-time", "5", f"http://{gateway}:{host_server}/")
-    assert result["exit_code"] == 7 and result["stdout"] == "", result
+    # Refused by this agent's table (7), or dropped first by another agent's on the same machine, whose
+    # input hook may run before ours (28, seen once in a full two-worker run): never answered.
+    assert result["exit_code"] in (7, 28) and result["stdout"] == "", result
     result = await run(host, first["id"], "ping", "-c", "1", "-W", "1", second["ip"])
     assert result["exit_code"] != 0, "sandboxes must not reach each other"
     routes = await run(host, first["id"], "ip", "route")
