@@ -534,7 +534,9 @@ class OciRuntime(SandboxRuntime):
         have them back: such a sandbox stays frozen-paused only."""
         if _Handle.of(record).runtime == "runsc" and record.disks:
             raise TierUnsupportedError(
-                "gvisor", f"{HIBERNATE} with S3 disks", "its disks are bound at its start only; pause keeps it"
+                "gvisor",
+                f"{HIBERNATE} with S3 disks",
+                "its disks are bound at its start only; pause keeps it",
             )
 
     async def hibernate(self, record: SandboxRecord) -> dict[str, Any]:
