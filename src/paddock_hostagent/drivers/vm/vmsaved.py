@@ -102,7 +102,7 @@ class SavedStates:
             return None
         why = self._check(directory, key)
         if why is None:
-            meta = _read_meta(directory)
+            meta = read_meta(directory)
             return SavedState(directory, key, str(meta["mac"]))
         log.warning("vm_saved_state_discarded", dir=str(directory), reason=why)
         self.discard(key)
@@ -123,17 +123,13 @@ class SavedStates:
         for name in FILES:
             path = building / name
             files[name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-            _fsync(path)
-        meta = {"key": asdict(key), "mac": mac, "files": files}
-        meta_path = building / META
-        meta_path.write_text(json.dumps(meta, indent=1))
-        _fsync(meta_path)
-        _fsync(building)
+            fsync_path(path)
+        write_meta(building, {"key": asdict(key), "mac": mac, "files": files})
         target = self.path(key)
         if target.exists():
             self.discard(key)
         os.rename(building, target)
-        _fsync(self.root)
+        fsync_path(self.root)
         state = SavedState(target, key, mac)
         for name in FILES:
             self._remember(target / name)
@@ -148,7 +144,7 @@ class SavedStates:
                 shutil.rmtree(entry, ignore_errors=True)
                 continue
             try:
-                key = _read_meta(entry).get("key", {})
+                key = read_meta(entry).get("key", {})
             except (OSError, ValueError):
                 key = {}
             stale = [name for name, value in current.items() if key.get(name) != value]
@@ -161,7 +157,7 @@ class SavedStates:
 
     def _check(self, directory: Path, key: SavedKey) -> str | None:
         try:
-            meta = _read_meta(directory)
+            meta = read_meta(directory)
         except (OSError, ValueError) as exc:
             return f"meta.json unreadable: {exc}"
         if meta.get("key") != asdict(key):
@@ -190,7 +186,16 @@ class SavedStates:
         self._verified.add((str(path), status.st_ino, status.st_size, status.st_mtime_ns))
 
 
-def _read_meta(directory: Path) -> dict[str, Any]:
+def write_meta(directory: Path, meta: dict[str, Any]) -> None:
+    """``meta.json`` written and synced with its directory: the step that makes a saved state (or a VM
+    snapshot, ``vmsnapshots.py``) whole, before the directory is renamed into place."""
+    path = directory / META
+    path.write_text(json.dumps(meta, indent=1))
+    fsync_path(path)
+    fsync_path(directory)
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
     with open(directory / META, "rb") as file:
         data = file.read(_META_MAX_BYTES + 1)
     if len(data) > _META_MAX_BYTES:
@@ -209,7 +214,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)

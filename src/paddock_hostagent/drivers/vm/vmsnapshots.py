@@ -21,7 +21,6 @@ after telling the driver which source the dead agent had stopped for the copy (`
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -29,15 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FILES = ("memory.state", "disk.qcow2")
-META = "meta.json"
+from paddock_hostagent.drivers.vm.vmsaved import FILES, fsync_path, read_meta, write_meta
+
 PARTIAL_PREFIX = ".partial-"
 #: In a snapshot being written: the id of its source, stopped for the copy by this agent.
 RESUME_MARKER = "resume-source"
 #: The ids the host agent's API accepts (schemas.SNAPSHOT_ID_PATTERN); a path part, and a word in
 #: QEMU's ``exec:`` URI, so nothing else is ever used as one.
 SNAPSHOT_ID = re.compile(r"^snap_[A-Za-z0-9]{1,64}$")
-_META_MAX_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class VmSnapshots:
             return None
         directory = self.root / snapshot_id
         try:
-            meta = _read_meta(directory)
+            meta = read_meta(directory)
             for name in FILES:
                 if (directory / name).stat().st_size != meta["files"][name]["size"]:
                     return None
@@ -105,14 +103,11 @@ class VmSnapshots:
         for name in FILES:
             path = partial / name
             meta["files"][name] = {"size": path.stat().st_size}
-            _fsync(path)
+            fsync_path(path)
         (partial / RESUME_MARKER).unlink(missing_ok=True)
-        meta_path = partial / META
-        meta_path.write_text(json.dumps(meta, indent=1))
-        _fsync(meta_path)
-        _fsync(partial)
+        write_meta(partial, meta)
         os.rename(partial, target)
-        _fsync(self.root)
+        fsync_path(self.root)
         return VmSnapshot(snapshot_id, target, meta)
 
     def delete(self, snapshot_id: str) -> bool:
@@ -139,22 +134,3 @@ class VmSnapshots:
                 stopped.append(file.read(200).decode().strip())
             shutil.rmtree(entry, ignore_errors=True)
         return stopped
-
-
-def _read_meta(directory: Path) -> dict[str, Any]:
-    with open(directory / META, "rb") as file:
-        data = file.read(_META_MAX_BYTES + 1)
-    if len(data) > _META_MAX_BYTES:
-        raise ValueError("meta.json is too large")
-    meta = json.loads(data)
-    if not isinstance(meta, dict):
-        raise ValueError("meta.json is not an object")
-    return meta
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
