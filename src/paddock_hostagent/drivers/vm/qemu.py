@@ -368,12 +368,7 @@ class QemuRuntime(SandboxRuntime):
                 await run(["cp", "--reflink=auto", "--sparse=always", str(saved.disk), str(handle.overlay)])
                 phases.mark("disk")
                 boot = _Boot(spec.shape.vcpu, spec.shape.mem_mib, spec.name, incoming=saved.memory)
-                await self._launch(handle, boot)
-                phases.mark("qemu")
-                await self._await_incoming(handle)
-                phases.mark("memory")
-                await self._continue_incoming(spec.id, handle, spec.name)
-                phases.mark("identity")
+                await self._load_memory(spec, handle, boot, phases)
             except (DriverError, OSError, TimeoutError) as exc:
                 raise _RestoreFailedError(str(exc)) from exc
             record = self._record(spec, handle)
@@ -397,6 +392,17 @@ class QemuRuntime(SandboxRuntime):
         size = os.stat(handle.base_disk).st_size
         qemu_img = ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(handle.base_disk)]
         await run([*qemu_img, str(handle.overlay), str(size)])
+
+    async def _load_memory(self, spec: SandboxSpec, handle: _Handle, boot: _Boot, phases: _Phases) -> None:
+        """A QEMU started on ``boot.incoming`` (a saved state, a fork's or a snapshot's memory), the
+        memory read in, then this sandbox's own identity set before its agent answers: what a restored
+        create, a fork and a boot from a snapshot share."""
+        await self._launch(handle, boot)
+        phases.mark("qemu")
+        await self._await_incoming(handle)
+        phases.mark("memory")
+        await self._continue_incoming(spec.id, handle, spec.name)
+        phases.mark("identity")
 
     async def _continue_incoming(self, sandbox_id: str, handle: _Handle, hostname: str) -> None:
         """After ``-incoming`` has loaded the memory: lets the guest run and gives it its own
@@ -510,10 +516,8 @@ class QemuRuntime(SandboxRuntime):
         try:
             await self._snapshot(source.id, source_handle, memory, handle.overlay)
             boot = _Boot(source.vcpu, source.mem_mib, spec.name, incoming=memory)
-            await self._launch(handle, boot)
-            await self._await_incoming(handle)
+            await self._load_memory(spec, handle, boot, _Phases())
             memory.unlink(missing_ok=True)
-            await self._continue_incoming(spec.id, handle, spec.name)
             record = self._record(spec, handle)
             record.vcpu, record.mem_mib, record.disk_mib = source.vcpu, source.mem_mib, source.disk_mib
             record.forked_from = source.id
@@ -635,12 +639,9 @@ class QemuRuntime(SandboxRuntime):
         try:
             await run(["cp", "--reflink=auto", "--sparse=always", str(snap.disk), str(handle.overlay)])
             phases.mark("disk")
-            await self._launch(handle, _Boot(vcpu, mem_mib, spec.name, incoming=snap.memory))
-            phases.mark("qemu")
-            await self._await_incoming(handle)
-            phases.mark("memory")
-            await self._continue_incoming(spec.id, handle, spec.name)
-            phases.mark("identity")
+            await self._load_memory(
+                spec, handle, _Boot(vcpu, mem_mib, spec.name, incoming=snap.memory), phases
+            )
             record = self._record(spec, handle)
             record.vcpu, record.mem_mib, record.disk_mib = vcpu, mem_mib, disk_mib
             if on_network is not None:
