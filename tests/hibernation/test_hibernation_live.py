@@ -30,7 +30,7 @@ import pytest
 from tests.hostagent.conftest import TOKEN
 from tests.live import LivePlatform
 from tests.volumes.conftest import platform_on
-from tests.volumes.test_volumes_live import under
+from tests.volumes.test_volumes_live import simulate_reboot, wait_host
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -140,36 +140,6 @@ def start_ticks(pid: int) -> int | None:
 def netns_names() -> set[str]:
     directory = Path("/run/netns")
     return {path.name for path in directory.iterdir()} if directory.is_dir() else set()
-
-
-def simulate_reboot(platform: LivePlatform) -> None:
-    """Stop the agent; take down every mount (deepest first) and loop device under its state directory,
-    as a reboot does; drop the page cache, so what is read next comes from the files on disk."""
-    agent = platform.agents[0]
-    agent.stop()
-    points, loops = under(agent.state_dir)
-    for point in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", point], check=True)
-    for device in loops:
-        subprocess.run(["losetup", "-d", device], check=True)
-    subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=True)
-    deadline = time.monotonic() + 10  # a loop device busy a moment longer is freed by the kernel later
-    while (left := under(agent.state_dir)) != ([], []) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left == ([], []), subprocess.run(["losetup", "-l"], capture_output=True, text=True).stdout
-    agent.start()
-
-
-def wait_host(platform: LivePlatform, account: Account) -> None:
-    """The restarted agent answers again (the control plane reaches it: a create goes through)."""
-    deadline = time.monotonic() + 60
-    while True:
-        probe = account.create()
-        if probe.status_code == 200 or time.monotonic() > deadline:
-            assert probe.status_code == 200, probe.text
-            account.destroy(probe.json()["data"]["id"])
-            return
-        time.sleep(0.5)
 
 
 def test_a_hibernated_sandbox_frees_its_memory_and_wakes_with_its_files(

@@ -15,7 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -122,13 +122,22 @@ def simulate_reboot(platform: LivePlatform) -> None:
     for device in loops:
         subprocess.run(["losetup", "-d", device], check=True)
     subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=True)
-    assert under(agent.state_dir) == ([], [])
+    deadline = time.monotonic() + 10  # a loop device busy a moment longer is freed by the kernel later
+    while (left := under(agent.state_dir)) != ([], []) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == ([], []), subprocess.run(["losetup", "-l"], capture_output=True, text=True).stdout
     agent.start()
 
 
-def wait_host(platform: LivePlatform, account: Account) -> None:
+class Creates(Protocol):
+    def create(self, **body: Any) -> httpx.Response: ...
+
+    def destroy(self, sandbox_id: str) -> None: ...
+
+
+def wait_host(platform: LivePlatform, account: Creates) -> None:
     """The restarted agent answers creates again (its heartbeat reached the control plane)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         probe = account.create()
         if probe.status_code == 200 or time.monotonic() > deadline:
