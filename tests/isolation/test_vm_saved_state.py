@@ -18,10 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
-import secrets
-import shutil
 import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,12 +27,11 @@ import pytest
 import pytest_asyncio
 
 from paddock_hostagent.drivers.base import SandboxRecord, SandboxSpec, Shape
-from paddock_hostagent.drivers.net.network import NetworkManager
-from paddock_hostagent.drivers.vm.qemu import COLD, FORKED, RESTORED, QemuOptions, QemuRuntime
+from paddock_hostagent.drivers.vm.qemu import COLD, FORKED, RESTORED, QemuRuntime
 from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from paddock_hostagent.drivers.vm.vmsaved import SavedStates
-from paddock_hostagent.guest import ExecRequest, Exited, Output
-from tests.hostagent.conftest import debian_image, guest_binary_dir, private_subnet
+from tests.hostagent.conftest import debian_image, guest_binary_dir
+from tests.isolation.vm_support import qemu_runtime, sh
 
 __all__ = ["debian_image", "guest_binary_dir"]
 
@@ -47,24 +43,8 @@ pytestmark = [
     pytest.mark.skipif(not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"),
 ]
 
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SMALL = Shape(vcpu=1, mem_mib=384, disk_mib=2048)
 LARGE = Shape(vcpu=2, mem_mib=640, disk_mib=2048)
-
-
-async def sh(runtime: QemuRuntime, record: SandboxRecord, script: str) -> str:
-    out, err, code = b"", b"", -1
-    async with runtime.guest(record).exec(ExecRequest("bash", ["-c", script], {"PATH": PATH})) as session:
-        async for event in session:
-            if isinstance(event, Output):
-                if event.stream == "stdout":
-                    out += event.data
-                else:
-                    err += event.data
-            elif isinstance(event, Exited):
-                code = event.exit_code
-    assert code == 0, f"{script!r} exited {code}: {err.decode()}"
-    return out.decode()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -72,29 +52,8 @@ async def runtime(
     tmp_path_factory: pytest.TempPathFactory, guest_binary_dir: Path
 ) -> AsyncIterator[QemuRuntime]:
     state_dir = tmp_path_factory.mktemp("vmsaved")
-    table = f"pdkvs{secrets.token_hex(3)}"
-    network = NetworkManager(private_subnet(), state_dir / "network", table, [])
-    network.setup_host()
-    run_root = Path(f"/run/{table}")
-    qemu = QemuRuntime(
-        QemuOptions(
-            state_dir=state_dir,
-            guest_binary=guest_binary_dir / "paddock-guest",
-            network=network,
-            runtime_root=run_root,
-            accel="tcg",
-        )
-    )
-    await qemu.start([])
-    try:
+    async with qemu_runtime(state_dir, guest_binary_dir, "pdkvs") as qemu:
         yield qemu
-    finally:
-        await qemu.close()
-        network.teardown_host()
-        leftovers = list((state_dir / "vm" / "slots").glob("*")) + list((run_root / "vm").glob("*"))
-        subprocess.run(["rm", "-rf", str(run_root)], check=False)
-        shutil.rmtree(state_dir, ignore_errors=True)  # saved states and image disks: hundreds of MiB
-        assert not leftovers, f"the VM tier left these behind: {leftovers}"
 
 
 async def test_a_truncated_saved_state_is_not_restored_and_the_create_boots_cold(

@@ -20,9 +20,6 @@ tests/hostagent/test_vm_snapshot_store.py.
 
 from __future__ import annotations
 
-import secrets
-import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,13 +28,12 @@ import pytest
 import pytest_asyncio
 
 from paddock_hostagent.drivers.base import RuntimeState, SandboxRecord, SandboxSpec, Shape
-from paddock_hostagent.drivers.net.network import NetworkManager
 from paddock_hostagent.drivers.vm import qmp
-from paddock_hostagent.drivers.vm.qemu import FROM_SNAPSHOT, QemuOptions, QemuRuntime
+from paddock_hostagent.drivers.vm.qemu import FROM_SNAPSHOT, QemuRuntime
 from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from paddock_hostagent.drivers.vm.vmsnapshots import RESUME_MARKER
-from paddock_hostagent.guest import ExecRequest, Exited, Output
-from tests.hostagent.conftest import debian_image, guest_binary_dir, private_subnet
+from tests.hostagent.conftest import debian_image, guest_binary_dir
+from tests.isolation.vm_support import qemu_runtime, sh
 
 __all__ = ["debian_image", "guest_binary_dir"]
 
@@ -49,27 +45,11 @@ pytestmark = [
     pytest.mark.skipif(not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"),
 ]
 
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SMALL = Shape(vcpu=1, mem_mib=384, disk_mib=2048)
 COUNTER = (
     "i=0; while true; do i=$((i+1)); echo $i > /root/c.tmp; mv /root/c.tmp /root/counter; sleep 0.2; done"
 )
 SNAPSHOT_ID = "snap_vmtest1"
-
-
-async def sh(runtime: QemuRuntime, record: SandboxRecord, script: str) -> str:
-    out, err, code = b"", b"", -1
-    async with runtime.guest(record).exec(ExecRequest("bash", ["-c", script], {"PATH": PATH})) as session:
-        async for event in session:
-            if isinstance(event, Output):
-                if event.stream == "stdout":
-                    out += event.data
-                else:
-                    err += event.data
-            elif isinstance(event, Exited):
-                code = event.exit_code
-    assert code == 0, f"{script!r} exited {code}: {err.decode()}"
-    return out.decode()
 
 
 async def counter(runtime: QemuRuntime, record: SandboxRecord) -> int:
@@ -91,30 +71,9 @@ async def runtime(
     tmp_path_factory: pytest.TempPathFactory, guest_binary_dir: Path
 ) -> AsyncIterator[QemuRuntime]:
     state_dir = tmp_path_factory.mktemp("vmsnap")
-    table = f"pdksn{secrets.token_hex(3)}"
-    network = NetworkManager(private_subnet(), state_dir / "network", table, [])
-    network.setup_host()
-    run_root = Path(f"/run/{table}")
-    qemu = QemuRuntime(
-        QemuOptions(
-            state_dir=state_dir,
-            guest_binary=guest_binary_dir / "paddock-guest",
-            network=network,
-            runtime_root=run_root,
-            accel="tcg",
-            saved_states=False,  # one cold boot for the source, no background build beside the test
-        )
-    )
-    await qemu.start([])
-    try:
+    # One cold boot for the source, no background build of a saved state beside the test.
+    async with qemu_runtime(state_dir, guest_binary_dir, "pdksn", saved_states=False) as qemu:
         yield qemu
-    finally:
-        await qemu.close()
-        network.teardown_host()
-        leftovers = list((state_dir / "vm" / "slots").glob("*")) + list((run_root / "vm").glob("*"))
-        subprocess.run(["rm", "-rf", str(run_root)], check=False)
-        shutil.rmtree(state_dir, ignore_errors=True)  # the snapshot's memory and the image disk
-        assert not leftovers, f"the VM tier left these behind: {leftovers}"
 
 
 async def test_a_vm_snapshot_boots_twice_with_its_files_and_running_processes(

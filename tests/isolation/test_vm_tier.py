@@ -44,8 +44,9 @@ from paddock_hostagent.drivers.net.egress_rules import EgressFirewall, EgressPol
 from paddock_hostagent.drivers.net.network import NetworkManager
 from paddock_hostagent.drivers.vm.qemu import CONSOLE_FILE_BYTES, QemuOptions, QemuRuntime
 from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
-from paddock_hostagent.guest import ExecRequest, Exited, GuestClient, Output
+from paddock_hostagent.guest import GuestClient
 from tests.hostagent.conftest import debian_image, guest_binary_dir, private_subnet
+from tests.isolation.vm_support import guest_run
 from tests.network.internet import FakeInternet
 
 __all__ = ["debian_image", "guest_binary_dir"]
@@ -58,7 +59,6 @@ pytestmark = [
     pytest.mark.skipif(not (KERNEL_ROOT / "boot").is_dir(), reason="no VM kernel: run scripts/setup-host.sh"),
 ]
 
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHAPE = Shape(vcpu=1, mem_mib=512, disk_mib=2048)
 COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/c.tmp; mv /tmp/c.tmp /tmp/counter; sleep 0.1; done"
 
@@ -72,18 +72,7 @@ class Tier:
     async def sh(
         self, record: SandboxRecord, script: str, stdin: bytes | None = None
     ) -> tuple[int, str, str]:
-        out, err, code = b"", b"", -1
-        request = ExecRequest("bash", ["-c", script], {"PATH": PATH}, "/", stdin)
-        async with self.runtime.guest(record).exec(request) as session:
-            async for event in session:
-                if isinstance(event, Output):
-                    if event.stream == "stdout":
-                        out += event.data
-                    else:
-                        err += event.data
-                elif isinstance(event, Exited):
-                    code = event.exit_code
-        return code, out.decode(), err.decode()
+        return await guest_run(self.runtime, record, script, stdin)
 
     async def start_counter(self, record: SandboxRecord) -> None:
         """A background counter, started once (a fork inherits it running)."""
