@@ -61,6 +61,7 @@ class AsyncSandboxes:
         start_paused: bool | None = None,
         timeout_s: int | None = None,
         on_timeout: str | None = None,
+        on_idle: str | None = None,
         metadata: Mapping[str, str] | None = None,
         volumes: Iterable[Mapping[str, Any]] | None = None,
         wait_timeout_s: float = 120.0,
@@ -76,7 +77,9 @@ class AsyncSandboxes:
         ``[{"id": "net_…"}]``. ``disk_mib``: the overlay disk (0 or None: the shape's). ``egress``: the
         allowlist (empty: all). ``envs``: set in every command. ``node_selector``: host labels to match.
         ``disks``: ``[{"disk_id", "mount_path", "sub_path"?}]`` mounted at boot. ``timeout_s``: the
-        lifetime, after which it is destroyed (or paused: ``on_timeout="pause"``). ``metadata``: labels
+        lifetime, after which it is destroyed (or paused: ``on_timeout="pause"``; hibernated, only its disk
+        kept: ``on_timeout="hibernate"``). ``on_idle="hibernate"``: the idle pause of
+        ``auto_pause_after_seconds`` hibernates instead of freezing (docs/hibernation.md). ``metadata``: labels
         that ``list(metadata=...)`` filters on. ``volumes``: ``[{"volume_id", "mount_path",
         "read_only"?}]``, local volumes mounted before it answers; it runs on their host (docs/volumes.md).
         A misspelled keyword is a ``TypeError``.
@@ -100,6 +103,7 @@ class AsyncSandboxes:
                 "start_paused": start_paused,
                 "timeout_s": timeout_s,
                 "on_timeout": on_timeout,
+                "on_idle": on_idle,
                 "metadata": None if metadata is None else dict(metadata),
                 "volumes": None if volumes is None else [dict(v) for v in volumes],
             }
@@ -690,12 +694,15 @@ class AsyncSandbox:
         ingress_enabled: bool | None = None,
         auto_pause_after_seconds: int | None = None,
         disable_auto_pause: bool | None = None,
+        on_idle: str | None = None,
     ) -> SandboxInfo:
+        """``on_idle``: what the idle pause does, ``"pause"`` (frozen) or ``"hibernate"``."""
         body = _base.drop_none(
             {
                 "ingress_enabled": ingress_enabled,
                 "auto_pause_after_seconds": auto_pause_after_seconds,
                 "disable_auto_pause": disable_auto_pause,
+                "on_idle": on_idle,
             }
         )
         return self._set(await self._client.request("PATCH", self._path(), json=body))
@@ -708,7 +715,8 @@ class AsyncSandbox:
 
     async def set_timeout(self, timeout_s: int, *, on_timeout: str | None = None) -> SandboxInfo:
         """A new lifetime from now (extend or shorten; 0: none): at its end the sandbox is destroyed,
-        or paused with ``on_timeout="pause"``."""
+        or paused with ``on_timeout="pause"``, or hibernated with ``on_timeout="hibernate"`` (a 409 on a
+        tier that does not hibernate)."""
         body = _base.drop_none({"timeout_s": timeout_s, "on_timeout": on_timeout})
         return self._set(await self._client.request("POST", self._path("timeout"), json=body))
 

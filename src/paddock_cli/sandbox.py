@@ -67,9 +67,14 @@ def create(
     ssh_key: list[str] = typer.Option([], "--ssh-key", help="An OpenSSH public key (repeat)."),
     ingress: bool = typer.Option(False, "--ingress", help="Give the sandbox an HTTPS ingress URL."),
     auto_pause: int = typer.Option(None, "--auto-pause", help="Pause after this many idle seconds."),
+    on_idle: str = typer.Option(
+        None, "--on-idle", help="What --auto-pause does: pause (frozen, default) or hibernate."
+    ),
     start_paused: bool = typer.Option(False, "--start-paused", help="Boot straight into paused."),
     timeout: int = typer.Option(None, "--timeout", help="Lifetime in seconds: then destroyed (or paused)."),
-    on_timeout: str = typer.Option(None, "--on-timeout", help="destroy (default) or pause."),
+    on_timeout: str = typer.Option(
+        None, "--on-timeout", help="destroy (default), pause (frozen) or hibernate (only the disk kept)."
+    ),
     metadata: list[str] = typer.Option([], "--metadata", "-m", help="KEY=VALUE label (repeat)."),
     network: list[str] = typer.Option([], "--network", help="Join this network (id or name; repeat)."),
     json_out: bool = JSON_OPTION,
@@ -88,6 +93,7 @@ def create(
         "start_paused": start_paused or None,
         "timeout_s": timeout,
         "on_timeout": on_timeout,
+        "on_idle": on_idle,
         "metadata": key_values(metadata, "--metadata") or None,
     }
     with api_errors(), client() as sdk:
@@ -130,7 +136,7 @@ def list_sandboxes(
 def set_timeout(
     ref: str,
     seconds: int = typer.Argument(..., help="The new lifetime from now; 0 removes it."),
-    on_timeout: str = typer.Option(None, "--on-timeout", help="destroy or pause."),
+    on_timeout: str = typer.Option(None, "--on-timeout", help="destroy, pause or hibernate."),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Extend or shorten a sandbox's lifetime (from now)."""

@@ -126,13 +126,6 @@ def test_snapshot_refusals_are_e2b_shaped(e2b_env: E2bPlatform) -> None:
         assert api.delete("/templates/snap_nothing").status_code == 404
 
 
-def test_a_filesystem_pause_on_timeout_is_refused_not_ignored(e2b_env: E2bPlatform) -> None:
-    before = len(Sandbox.list().next_items())
-    with pytest.raises(SandboxException, match="autoPauseMemory"):
-        Sandbox.create(lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}, timeout=60)
-    assert len(Sandbox.list().next_items()) == before
-
-
 def test_a_filesystem_pause_keeps_files_not_processes(e2b_env: E2bPlatform) -> None:
     sandbox = Sandbox.create(timeout=300)
     try:

@@ -154,6 +154,9 @@ class Sandbox(Base):
     #: Set by a frozen pause that asked for it: the reconciler hibernates the sandbox once it has been
     #: paused this long (cleared by the resume).
     auto_hibernate_after_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: What the idle auto-pause (``auto_pause_after_seconds``) does: ``pause`` (frozen; also when unset)
+    #: or ``hibernate`` (docs/hibernation.md).
+    on_idle: Mapped[str | None] = mapped_column(String(16), nullable=True)
     status_reason: Mapped[str | None] = mapped_column(String(300), nullable=True)
     oom_kills: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
@@ -165,10 +168,11 @@ class Sandbox(Base):
     #: Compute is billed up to this instant; advanced by the billing pass while running.
     billed_until: Mapped[dt.datetime | None] = mapped_column(nullable=True)
     #: The lifetime asked at create or fork (``timeout_s``): at ``end_at`` the reconciler's expiry pass
-    #: destroys the sandbox, or pauses it when ``on_timeout`` is ``pause`` (then ``end_at`` is cleared).
+    #: destroys the sandbox, or pauses it when ``on_timeout`` is ``pause`` (hibernates it: ``hibernate``;
+    #: then ``end_at`` is cleared).
     #: The E2B API's ``timeout`` is this same lifetime.
     timeout_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    on_timeout: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    on_timeout: Mapped[str | None] = mapped_column(String(16), nullable=True)
     end_at: Mapped[dt.datetime | None] = mapped_column(nullable=True, index=True)
     #: The caller's labels (``metadata`` on the wire: a bounded string map), filtered on by list.
     labels: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, key="labels", nullable=True)

@@ -44,6 +44,8 @@ def sandbox_view(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, Any
         "bandwidth_ingress_bytes": int(sandbox.bandwidth_ingress_bytes or 0) or None,
         "forked_from": sandbox.forked_from,
         "auto_pause_after_seconds": sandbox.auto_pause_after_seconds,
+        # Additive: what the idle pause does, shown when it hibernates (absent: a frozen pause).
+        "on_idle": "hibernate" if sandbox.on_idle == "hibernate" else None,
         # Additive (issue #34): a paused sandbox whose host keeps only its disk (docs/hibernation.md).
         "hibernated": True if sandbox.hibernated and sandbox.status not in TERMINAL else None,
         "auto_hibernate_after_seconds": sandbox.auto_hibernate_after_seconds,

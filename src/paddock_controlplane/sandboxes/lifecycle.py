@@ -54,9 +54,12 @@ _INSERT_SANDBOX = insert(cast(Table, Sandbox.__table__))
 
 
 #: A sandbox's lifetime (``timeout_s``) is at most a day (E2B's ceiling too); what happens when it
-#: passes (``on_timeout``) is ``destroy`` unless ``pause`` is asked.
+#: passes (``on_timeout``) is ``destroy`` unless ``pause`` (frozen) or ``hibernate`` (docs/hibernation.md)
+#: is asked.
 MAX_TIMEOUT_S = 24 * 3600
-ON_TIMEOUT = ("destroy", "pause")
+ON_TIMEOUT = ("destroy", "pause", "hibernate")
+#: What the idle auto-pause does (``on_idle``): a frozen pause (also when unset) or a hibernation.
+ON_IDLE = ("pause", "hibernate")
 #: Bounds on a sandbox's ``metadata`` (isolation rule 5: every input a tenant controls is bounded).
 MAX_METADATA_KEYS = 64
 MAX_METADATA_KEY_BYTES = 256
@@ -69,7 +72,7 @@ def lifetime(
     """``(timeout_s, on_timeout)`` checked, or ``(None, None)`` for no lifetime (``timeout_s`` 0 or
     unset); a 400 names the field that breaks a rule."""
     if on_timeout is not None and on_timeout not in ON_TIMEOUT:
-        raise errors.ValidationFailed.field("on_timeout", "must be destroy or pause")
+        raise errors.ValidationFailed.field("on_timeout", "must be destroy, pause or hibernate")
     if not timeout_s:
         if on_timeout is not None:
             raise errors.ValidationFailed.field("on_timeout", f"needs {field}")
@@ -77,6 +80,18 @@ def lifetime(
     if not 1 <= timeout_s <= MAX_TIMEOUT_S:
         raise errors.ValidationFailed.field(field, f"must be between 1 and {MAX_TIMEOUT_S} seconds (0: none)")
     return timeout_s, on_timeout or "destroy"
+
+
+def check_on_idle(on_idle: str | None) -> str | None:
+    if on_idle is not None and on_idle not in ON_IDLE:
+        raise errors.ValidationFailed.field("on_idle", "must be pause or hibernate")
+    return on_idle
+
+
+def hibernating_fields(on_timeout: str | None, on_idle: str | None) -> list[str]:
+    """The fields of a create, timeout or PATCH that ask the sandbox's host to hibernate it."""
+    asked = (("on_timeout", on_timeout), ("on_idle", on_idle))
+    return [field for field, value in asked if value == "hibernate"]
 
 
 def check_metadata(metadata: dict[str, str] | None, field: str = "metadata") -> dict[str, str]:
@@ -138,6 +153,7 @@ class CreatePlan:
     start_paused: bool
     timeout_s: int | None = None
     on_timeout: str | None = None
+    on_idle: str | None = None
     metadata: dict[str, str] | None = None
     #: The request named ``disk_mib`` (otherwise the shape's default, which a snapshot's disk may raise).
     explicit_disk: bool = False
@@ -179,6 +195,7 @@ def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
         start_paused=bool(req.start_paused),
         timeout_s=timeout_s,
         on_timeout=on_timeout,
+        on_idle=check_on_idle(req.on_idle),
         metadata=check_metadata(req.metadata) or None,
         explicit_disk=bool(req.disk_mib),
     )
@@ -288,6 +305,8 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             fetchable=image_host is not None,
         )
         host = await _pick(session, services, placement, refused=())
+        for field in hibernating_fields(spec.on_timeout, spec.on_idle):
+            suspension.require_hibernating_host(host, field)
         sandbox = Sandbox(
             id=new_id("sb-"),
             user_id=user_id,
@@ -315,6 +334,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             created_at=services.clock(),
             timeout_s=spec.timeout_s,
             on_timeout=spec.on_timeout,
+            on_idle=spec.on_idle,
             end_at=end_of(services.clock(), spec.timeout_s),
             labels=spec.metadata,
         )
@@ -334,6 +354,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
                 start_paused=spec.start_paused,
                 joined=bool(joined),
                 with_disks=bool(attached),
+                with_volumes=bool(mounted),
             )
         except HostFullError as full:
             log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
@@ -424,6 +445,7 @@ async def boot(
     fork_of: Sandbox | None = None,
     joined: bool = True,
     with_disks: bool = False,
+    with_volumes: bool = False,
 ) -> Sandbox:
     """Start ``sandbox`` on its host and record the outcome; a failure leaves it ``failed`` (500).
 
@@ -435,6 +457,8 @@ async def boot(
 
     ``with_disks``: the create named disks; a host whose tier binds them only at the start (gVisor) is
     sent them in its create call (``disks.boot_mounts``), and ``disks.mount_all`` records the outcomes.
+    ``with_volumes``: the create named volumes; such a host is sent them before its create call
+    (``volumes.before_boot``).
 
     A host without room for the new sandbox raises :class:`HostFullError` and records nothing: a
     create goes elsewhere, a fork (which has no elsewhere: it copies its source's disk on that host)
@@ -450,6 +474,8 @@ async def boot(
             memberships = await networks.boot_memberships(services, sandbox.id) if joined else []
             if fork_of is None:
                 mounts = await disks.boot_mounts(services, sandbox) if with_disks else []
+                if with_volumes:
+                    await volumes.before_boot(services, link, sandbox)
                 try:
                     booted = await link.create(
                         sandbox, start_paused=start_paused, networks=memberships, disks=mounts
@@ -613,6 +639,7 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
             "bandwidth_ingress_bytes": 0,
             "forked_from": source.id,
             "auto_pause_after_seconds": source.auto_pause_after_seconds,
+            "on_idle": source.on_idle,
             "oom_kills": 0,
             "created_at": services.clock(),
         }
@@ -620,6 +647,8 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
         # source's metadata unless the fork gives its own.
         if not asked_lifetime:
             timeout_s, on_timeout = source.timeout_s, source.on_timeout
+        elif on_timeout == "hibernate":  # the child runs on its source's host
+            suspension.require_hibernating_host(await session.get(Host, source.host_id), "on_timeout")
         columns["timeout_s"] = timeout_s
         columns["on_timeout"] = on_timeout
         columns["end_at"] = end_of(services.clock(), timeout_s)
@@ -709,6 +738,8 @@ async def set_timeout(
         if sandbox.status in TERMINAL or sandbox.status == SandboxStatus.DESTROYING:
             raise errors.InvalidState(f"sandbox is {sandbox.status}; a lifetime needs a live sandbox")
         timeout_s, on_timeout = lifetime(timeout_s, on_timeout or (sandbox.on_timeout if timeout_s else None))
+        if on_timeout == "hibernate" and sandbox.on_timeout != "hibernate":
+            suspension.require_hibernating_host(await session.get(Host, sandbox.host_id), "on_timeout")
         sandbox.timeout_s = timeout_s
         sandbox.on_timeout = on_timeout
         sandbox.end_at = end_of(services.clock(), timeout_s)
@@ -717,7 +748,8 @@ async def set_timeout(
 
 async def expire_pass(session: AsyncSession, services: Services) -> None:
     """Reconciler pass: a sandbox whose ``end_at`` has passed is destroyed, or paused when its
-    ``on_timeout`` is ``pause`` (its ``end_at`` is then cleared), and ``sandbox.timeout`` is emitted.
+    ``on_timeout`` is ``pause``, or hibernated when it is ``hibernate`` (a frozen pause where its host
+    turns the hibernation down; its ``end_at`` is then cleared), and ``sandbox.timeout`` is emitted.
     The time is in the database, so a control plane that restarts enforces it on its first round."""
     now = services.clock()
     rows = (
@@ -735,7 +767,7 @@ async def expire_pass(session: AsyncSession, services: Services) -> None:
         if sandbox.status in TERMINAL or sandbox.status == SandboxStatus.DESTROYING:
             sandbox.end_at = None
             continue
-        pause = sandbox.on_timeout == "pause"
+        pause = sandbox.on_timeout in ("pause", "hibernate")
         if pause and sandbox.status != SandboxStatus.RUNNING:
             sandbox.end_at = None  # paused already (or pausing): its clock stops
             continue
@@ -747,7 +779,9 @@ async def expire_pass(session: AsyncSession, services: Services) -> None:
             data=event_data(sandbox, timeout_s=sandbox.timeout_s, on_timeout=sandbox.on_timeout or "destroy"),
         )
         log.info("sandbox_timed_out", sandbox_id=sandbox.id, on_timeout=sandbox.on_timeout)
-        if pause:
+        if sandbox.on_timeout == "hibernate":
+            suspension.hibernate_later(services, sandbox, reason="timeout", expect=SandboxStatus.RUNNING)
+        elif pause:
             suspension.pause_later(services, sandbox, "timeout")
         else:
             destruction.destroy_later(services, sandbox, reason="timeout", label=None)

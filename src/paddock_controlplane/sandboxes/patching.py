@@ -1,5 +1,5 @@
-"""Changing a sandbox's settings that need no restart (§11.7): PATCH (ingress, auto-pause), disk resize
-and SSH keys."""
+"""Changing a sandbox's settings that need no restart (§11.7): PATCH (ingress, auto-pause and what it
+does), disk resize and SSH keys."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from typing import Any
 
 from paddock_controlplane.hosts import hostlink, scheduler
 from paddock_controlplane.records import validation
-from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.records.models import Host, Sandbox
 from paddock_controlplane.records.queries import get_owned
 from paddock_controlplane.records.schemas.sandboxes import PatchSandboxRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import CLOSED, TERMINAL, SandboxStatus
 from paddock_controlplane.records.views import event_data
 from paddock_controlplane.resources import access_tokens, accounts, webhooks
+from paddock_controlplane.sandboxes import lifecycle, suspension
 from paddock_core import errors
 from paddock_core.db import transaction
 
@@ -36,10 +37,15 @@ async def patch(services: Services, user_id: str, sandbox_id: str, req: PatchSan
                 "auto_pause_after_seconds", f"must be between {low} and {high}"
             )
         auto_pause = req.auto_pause_after_seconds
+    on_idle = lifecycle.check_on_idle(req.on_idle)
     async with transaction(services.sessions) as session:
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         _require_open(sandbox)
         changed: dict[str, Any] = {}
+        if on_idle is not None and on_idle != (sandbox.on_idle or "pause"):
+            if on_idle == "hibernate":
+                suspension.require_hibernating_host(await session.get(Host, sandbox.host_id), "on_idle")
+            sandbox.on_idle = changed["on_idle"] = on_idle
         if req.ingress_enabled is not None and req.ingress_enabled != sandbox.ingress_enabled:
             sandbox.ingress_enabled = changed["ingress_enabled"] = req.ingress_enabled
         if auto_pause is not None:

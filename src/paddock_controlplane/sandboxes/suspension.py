@@ -111,16 +111,27 @@ def pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: str
     services.tasks.spawn(run(), name=f"{reason} pause {sandbox.id}")
 
 
+def _tier_refusal(host: Host | None, suffix: str) -> str | None:
+    return hosts.container_tier_refusal(host, HIBERNATE, suffix, also=("runsc",))
+
+
 async def _require_hibernating_tier(session: AsyncSession, host_id: str | None) -> None:
     host = await session.get(Host, host_id) if host_id else None
-    refusal = hosts.container_tier_refusal(
-        host,
-        HIBERNATE,
-        "; the container (crun, runc) and gVisor tiers hibernate: pause without keep_memory: false",
-        also=("runsc",),
+    refusal = _tier_refusal(
+        host, "; the container (crun, runc) and gVisor tiers hibernate: pause without keep_memory: false"
     )
     if refusal is not None:
         raise hostlink.TierRefusedError(refusal)
+
+
+def require_hibernating_host(host: Host | None, field: str) -> None:
+    """A create, fork, timeout or PATCH asking ``field: hibernate`` of a sandbox on ``host``: a 409 naming
+    the field where its tier does not hibernate (the VM tier), rather than a lifetime or an idle pause
+    that would not do what it says. Where a hibernation is refused only when it happens (a gVisor
+    sandbox that has since mounted an S3 disk), :func:`hibernate_later` freezes it instead."""
+    refusal = _tier_refusal(host, f"; ask {field}: pause (a frozen pause) on this host")
+    if refusal is not None:
+        raise hostlink.TierRefusedError(f"{field}: {refusal}", fields={field: refusal})
 
 
 async def hibernate(
@@ -183,8 +194,18 @@ async def hibernate(
     return outcome.row
 
 
-def hibernate_later(services: Services, sandbox: Sandbox) -> None:
-    """Hibernates a frozen sandbox in the background (its ``auto_hibernate_after_seconds`` passed)."""
+def hibernate_later(
+    services: Services,
+    sandbox: Sandbox,
+    *,
+    reason: str = "idle",
+    expect: SandboxStatus = SandboxStatus.PAUSED,
+) -> None:
+    """Hibernates a sandbox in the background: a frozen one whose ``auto_hibernate_after_seconds``
+    passed (``expect`` paused), or a running one whose ``on_timeout`` or ``on_idle`` is ``hibernate``
+    (``expect`` running; ``reason`` timeout or idle). A running sandbox whose host turns the hibernation
+    down (its tier, or a gVisor sandbox with S3 disks: a 409 that changed nothing) is frozen instead,
+    so that the timeout or the idle pause still stops it."""
     pausing = services.auto_pausing
     if sandbox.id in pausing:
         return
@@ -192,8 +213,16 @@ def hibernate_later(services: Services, sandbox: Sandbox) -> None:
 
     async def run() -> None:
         try:
-            await hibernate(services, sandbox.user_id, sandbox.id, reason="idle", expect=SandboxStatus.PAUSED)
-            log.info("sandbox_auto_hibernated", sandbox_id=sandbox.id)
+            try:
+                await hibernate(services, sandbox.user_id, sandbox.id, reason=reason, expect=expect)
+                log.info("sandbox_auto_hibernated", sandbox_id=sandbox.id, reason=reason)
+            except errors.InvalidState as refused:
+                if expect != SandboxStatus.RUNNING:
+                    raise
+                # Refused by its tier, or no longer running: a frozen pause is the fallback of the
+                # first, and is refused itself (InvalidState) in the second.
+                await pause(services, sandbox.user_id, sandbox.id, reason=reason)
+                log.info("sandbox_paused_not_hibernated", sandbox_id=sandbox.id, why=str(refused))
         except errors.InvalidState:
             pass  # resumed or destroyed meanwhile, or a tier that does not hibernate
         except Exception as exc:
@@ -201,7 +230,7 @@ def hibernate_later(services: Services, sandbox: Sandbox) -> None:
         finally:
             pausing.discard(sandbox.id)
 
-    services.tasks.spawn(run(), name=f"hibernate {sandbox.id}")
+    services.tasks.spawn(run(), name=f"{reason} hibernate {sandbox.id}")
 
 
 async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:

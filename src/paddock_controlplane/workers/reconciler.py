@@ -93,6 +93,8 @@ async def storage_billing_pass(session: AsyncSession, services: Services) -> Non
 
 
 async def idle_pass(session: AsyncSession, services: Services) -> None:
+    """A running sandbox idle for its ``auto_pause_after_seconds`` is paused, or hibernated when its
+    ``on_idle`` is ``hibernate``."""
     now = services.clock()
     activity = services.activity.last_seen_s
     inflight = services.activity.inflight
@@ -114,7 +116,11 @@ async def idle_pass(session: AsyncSession, services: Services) -> None:
         if sandbox.id in activity:
             marks.append(activity[sandbox.id])
         last = max(marks) if marks else now.timestamp()
-        if now.timestamp() - last >= int(sandbox.auto_pause_after_seconds or 0):
+        if now.timestamp() - last < int(sandbox.auto_pause_after_seconds or 0):
+            continue
+        if sandbox.on_idle == "hibernate":  # its host keeps only its disk (docs/hibernation.md)
+            suspension.hibernate_later(services, sandbox, reason="idle", expect=SandboxStatus.RUNNING)
+        else:
             suspension.pause_later(services, sandbox, "idle")
 
 

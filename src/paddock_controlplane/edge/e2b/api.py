@@ -104,6 +104,14 @@ def _field(exc: errors.ValidationFailed) -> errors.ValidationFailed:
     return exc
 
 
+def _on_timeout(body: schemas.NewSandbox) -> str:
+    """``autoPause`` is a frozen pause at the timeout; with ``autoPauseMemory: false`` (the SDK's
+    ``lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}``) a hibernation."""
+    if not body.auto_pause:
+        return "destroy"
+    return "hibernate" if body.auto_pause_memory is False else "pause"
+
+
 # --- sandboxes -----------------------------------------------------------------------------------
 
 
@@ -119,13 +127,6 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
             f"network.{network.unserved()[0]}: E2B's egress rules are not served yet; use Paddock's"
             " egress rules (PUT /v1/sandboxes/{id}/egress)"
         )
-    if body.auto_pause and body.auto_pause_memory is False:
-        # A timeout's pause is frozen (memory kept); Paddock's expiry pass does not hibernate yet, and
-        # a frozen pause would keep the processes this asks to drop.
-        raise e2b_errors.NotBuilt(
-            "autoPauseMemory: false (on_timeout mode 'filesystem') is not served yet: a timeout pauses"
-            " with memory; pause(mode='filesystem') hibernates explicitly"
-        )
     if body.iam:
         raise e2b_errors.NotBuilt("iam: workload identity is not served by Paddock")
     if body.allow_internet_access is False:
@@ -135,14 +136,15 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     timeout_s = store.check_timeout(body.timeout)
     metadata = store.check_metadata(body.metadata)
     # One lifetime and one label set (issue #33): E2B's ``timeout`` and ``metadata`` are /v1's
-    # ``timeout_s`` and ``metadata``, ``autoPause`` its ``on_timeout: pause``; the reconciler's expiry
-    # pass enforces them. ``timeout`` 0 is no lifetime, as /v1's 0 is.
+    # ``timeout_s`` and ``metadata``, ``autoPause`` its ``on_timeout: pause`` (``hibernate`` with
+    # ``autoPauseMemory: false``, the SDK's ``mode: "filesystem"``: only the disk is kept); the
+    # reconciler's expiry pass enforces them. ``timeout`` 0 is no lifetime, as /v1's 0 is.
     request_body = CreateSandboxRequest(
         shape=DEFAULT_SHAPE,
         rootfs=identity.rootfs_for_template(body.template_id),
         envs=body.env_vars or None,
         timeout_s=timeout_s or None,
-        on_timeout=("pause" if body.auto_pause else "destroy") if timeout_s else None,
+        on_timeout=_on_timeout(body) if timeout_s else None,
         metadata=metadata or None,
         # ``allowPublicTraffic`` is the ingress (docs/e2b.md): true opens the sandbox's URLs to anyone;
         # false or unset keeps them to the holder of its traffic token (Paddock opens nothing unasked).
@@ -155,6 +157,12 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
         if "rootfs" in exc.fields:
             raise errors.NotFound(f"template {body.template_id!r} not found") from None
         raise e2b_volumes.renamed(_field(exc)) from None
+    except errors.InvalidState as exc:
+        if "on_timeout" in exc.fields:  # a host whose tier does not hibernate
+            raise errors.InvalidState(
+                f"autoPauseMemory: false: {exc.fields['on_timeout']}", fields={"autoPauseMemory": "false"}
+            ) from None
+        raise e2b_volumes.renamed(exc) from None
     except errors.PaddockError as exc:
         raise e2b_volumes.renamed(exc) from None
     try:

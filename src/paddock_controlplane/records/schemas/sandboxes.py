@@ -29,7 +29,10 @@ class CreateSandboxRequest(Body):
     start_paused: StrictBool | None = None
     bandwidth_quota_bytes: Int64 | None = None
     timeout_s: Int32 | None = None
+    #: ``destroy`` (the default), ``pause`` (frozen) or ``hibernate`` (docs/hibernation.md).
     on_timeout: StrictStr | None = None
+    #: What the idle auto-pause does: ``pause`` (frozen, the default) or ``hibernate``.
+    on_idle: StrictStr | None = None
     metadata: dict[str, StrictStr] | None = None
     #: Local volumes to mount once it runs (issue #34): it is placed on their host.
     volumes: list[VolumeAttachment] | None = Field(default=None, max_length=MAX_VOLUMES_PER_SANDBOX)
@@ -67,6 +70,7 @@ class PatchSandboxRequest(Body):
     ingress_enabled: StrictBool | None = None
     auto_pause_after_seconds: Int32 | None = None
     disable_auto_pause: StrictBool | None = None
+    on_idle: StrictStr | None = None
 
 
 class ResizeRequest(Body):
