@@ -124,15 +124,14 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     network = body.network
     if network is not None and network.unserved():
         raise e2b_errors.NotBuilt(
-            f"network.{network.unserved()[0]}: E2B's egress rules are not served yet; use Paddock's"
-            " egress rules (PUT /v1/sandboxes/{id}/egress)"
+            f"network.{network.unserved()[0]}: not served by Paddock; allowOut and denyOut are (its"
+            " egress allowlist, docs/e2b.md), and its sandboxes resolve names through their host"
         )
     if body.iam:
         raise e2b_errors.NotBuilt("iam: workload identity is not served by Paddock")
-    if body.allow_internet_access is False:
-        raise e2b_errors.NotBuilt(
-            "allow_internet_access: false is not served yet; use Paddock's egress rules"
-        )
+    # ``allowOut``/``denyOut`` (and ``allow_internet_access: false``, E2B's deny of everything) as the
+    # native egress allowlist, or a 501 naming what an allowlist cannot say (schemas.egress).
+    egress = schemas.egress(network, body.allow_internet_access)
     timeout_s = store.check_timeout(body.timeout)
     metadata = store.check_metadata(body.metadata)
     # One lifetime and one label set (issue #33): E2B's ``timeout`` and ``metadata`` are /v1's
@@ -143,6 +142,7 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
         shape=DEFAULT_SHAPE,
         rootfs=identity.rootfs_for_template(body.template_id),
         envs=body.env_vars or None,
+        egress=egress,
         timeout_s=timeout_s or None,
         on_timeout=_on_timeout(body) if timeout_s else None,
         metadata=metadata or None,

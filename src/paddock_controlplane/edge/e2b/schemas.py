@@ -5,13 +5,17 @@ field; fields Paddock does not act on are accepted and ignored unless acting on 
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.records import validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.schemas.volumes import MAX_VOLUMES_PER_SANDBOX
+from paddock_core import errors
 from paddock_core.timeutil import rfc3339
 
 
@@ -26,13 +30,23 @@ class VolumeMount(Body):
     path: StrictStr = Field(min_length=1, max_length=4096)
 
 
+#: E2B's ``ALL_TRAFFIC`` (the SDK's ``e2b.sandbox.network.ALL_TRAFFIC``).
+ALL_TRAFFIC = "0.0.0.0/0"
+#: The allowlist that lets nothing out: Paddock's ``[]`` is open, so "deny everything, allow nothing" is
+#: one rule for an address no packet leaves the sandbox for (0.0.0.0 is the sandbox's own).
+NOTHING_OUT = "0.0.0.0/32"
+#: Entries an ``allowOut`` or ``denyOut`` holds at most (isolation rule 5: bounded).
+MAX_EGRESS_ENTRIES = 256
+
+
 class NetworkConfig(Body):
-    """A create's ``network`` (``SandboxNetworkConfig``). Only ``allowPublicTraffic`` is served; the
-    egress fields are 501 (Paddock's egress rules)."""
+    """A create's ``network`` (``SandboxNetworkConfig``): ``allowPublicTraffic`` is the ingress, and
+    ``allowOut``/``denyOut`` become Paddock's egress allowlist where it can say the same (:meth:`egress`);
+    the other egress fields are 501."""
 
     allow_public_traffic: StrictBool | None = Field(default=None, alias="allowPublicTraffic")
-    allow_out: list[Any] | None = Field(default=None, alias="allowOut")
-    deny_out: list[Any] | None = Field(default=None, alias="denyOut")
+    allow_out: list[StrictStr] | None = Field(default=None, alias="allowOut", max_length=MAX_EGRESS_ENTRIES)
+    deny_out: list[StrictStr] | None = Field(default=None, alias="denyOut", max_length=MAX_EGRESS_ENTRIES)
     dns_servers: list[Any] | None = Field(default=None, alias="dnsServers")
     egress_proxy: dict[str, Any] | None = Field(default=None, alias="egressProxy")
     mask_request_host: StrictStr | None = Field(default=None, alias="maskRequestHost")
@@ -41,10 +55,8 @@ class NetworkConfig(Body):
 
     def unserved(self) -> list[str]:
         """The fields set that Paddock does not act on (each a 501)."""
-        names = ("allowOut", "denyOut", "dnsServers", "egressProxy", "maskRequestHost", "httpsPorts", "rules")
+        names = ("dnsServers", "egressProxy", "maskRequestHost", "httpsPorts", "rules")
         values = (
-            self.allow_out,
-            self.deny_out,
             self.dns_servers,
             self.egress_proxy,
             self.mask_request_host,
@@ -52,6 +64,63 @@ class NetworkConfig(Body):
             self.rules,
         )
         return [name for name, value in zip(names, values, strict=True) if value is not None]
+
+
+def egress(network: NetworkConfig | None, allow_internet_access: bool | None) -> list[str] | None:
+    """E2B's egress fields as Paddock's allowlist (``egress`` of the native create), or None to leave the
+    sandbox open. E2B: everything is allowed unless denied, and an allowed entry wins over a denied one.
+    Paddock's list allows what it names and refuses the rest, so it says the same when everything is
+    denied (``denyOut`` holds ``ALL_TRAFFIC``, or ``allow_internet_access: false``, which E2B defines as
+    that): the list is then ``allowOut`` (CIDRs, IPs, ``example.com`` and ``*.example.com``, which
+    Paddock's resolver admits), or :data:`NOTHING_OUT` when it is empty. ``allowOut`` without a deny
+    allows what is allowed anyway: open. A ``denyOut`` of some addresses only (everything but these)
+    has no allowlist to say it, and is a 501 naming the entry."""
+    allow_out = network.allow_out if network is not None else None
+    deny_out = network.deny_out if network is not None else None
+    denies_all = allow_internet_access is False
+    for index, entry in enumerate(deny_out or []):
+        field = f"network.denyOut[{index}]"
+        try:
+            denied = ipaddress.ip_network(entry.strip(), strict=False)
+        except ValueError:
+            raise errors.ValidationFailed.field(
+                field, f"{entry[:64]!r} is not a CIDR block or an IP address (E2B denies no domains)"
+            ) from None
+        if denied.prefixlen == 0:
+            denies_all = True
+        else:
+            raise e2b_errors.NotBuilt(
+                f"{field}: Paddock's egress rules are an allowlist, so denying some addresses and "
+                f"allowing the rest is not served; deny {ALL_TRAFFIC} (ALL_TRAFFIC) and list what may "
+                "be reached in allowOut"
+            )
+    if not denies_all:
+        if allow_out is not None:  # as E2B: nothing denied, everything allowed; still a 400 if malformed
+            validation.egress_rules(allow_out, "network.allowOut")
+        return None
+    rules = validation.egress_rules(allow_out, "network.allowOut")
+    if allow_out and not rules:  # "*" or 0.0.0.0/0 allowed: everything is
+        return []
+    if any(ipaddress.ip_network(rule, strict=False).prefixlen == 0 for rule in rules if _is_cidr(rule)):
+        return []
+    return rules or [NOTHING_OUT]
+
+
+def _is_cidr(rule: str) -> bool:
+    try:
+        ipaddress.ip_network(rule, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def egress_view(sandbox: Sandbox) -> dict[str, list[str]]:
+    """``allowOut``/``denyOut`` of a sandbox's detail, read from its allowlist (so a ``PUT /v1/…/egress``
+    shows too): none while it is open; else everything denied and the rules allowed."""
+    rules = [str(rule) for rule in sandbox.egress or []]
+    if not rules:
+        return {}
+    return {"allowOut": [rule for rule in rules if rule != NOTHING_OUT], "denyOut": [ALL_TRAFFIC]}
 
 
 class NewVolume(Body):
@@ -173,5 +242,5 @@ def detail(
         "domain": identity.domain(settings),
         "allowInternetAccess": not sandbox.egress,
         # E2B's public traffic is the sandbox's ingress (docs/e2b.md).
-        "network": {"allowPublicTraffic": bool(sandbox.ingress_enabled)},
+        "network": {"allowPublicTraffic": bool(sandbox.ingress_enabled), **egress_view(sandbox)},
     }

@@ -1,0 +1,100 @@
+"""E2B's egress fields on Paddock's egress allowlist, through the unmodified ``e2b`` SDK configured only by
+the three variables, against a fake internet in a network namespace this module makes
+(tests/network/internet.py; no packet leaves the machine): ``deny_out=[ALL_TRAFFIC]`` with ``allow_out``
+lets a sandbox reach the address allowed and not another, which an open sandbox reaches; a deny of
+everything with nothing allowed reaches neither; ``get_info()`` shows the lists; what an allowlist cannot
+say (a deny of some addresses only, ``dns_servers`` …) is a 501 in E2B's shape naming the field, and a
+malformed entry a 400. Before, every egress field was a 501."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from e2b import ALL_TRAFFIC, Sandbox, SandboxException
+from tests.e2b.conftest import E2bPlatform
+from tests.network.internet import FakeInternet
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def internet() -> Iterator[FakeInternet]:
+    with FakeInternet() as fake:
+        yield fake
+
+
+def _fetch(sandbox: Sandbox, address: str) -> str:
+    """What ``curl http://address/`` printed in the sandbox, or ``error <curl's exit code>``."""
+    out = sandbox.commands.run(f'curl -sS --max-time 3 http://{address}/; echo "|rc=$?"').stdout.strip()
+    body, _, code = out.rpartition("|rc=")
+    return body if code == "0" else f"error {code}"
+
+
+def test_allow_out_and_deny_out_are_the_allowlist(e2b_env: E2bPlatform, internet: FakeInternet) -> None:
+    allowed, other = internet.address("raw-a"), internet.address("raw-b")
+    made: list[Sandbox] = []
+    try:
+        listed = Sandbox.create(network={"allow_out": [allowed], "deny_out": [ALL_TRAFFIC]}, timeout=300)
+        made.append(listed)
+        closed = Sandbox.create(network={"deny_out": [ALL_TRAFFIC]}, timeout=300)
+        made.append(closed)
+        open_one = Sandbox.create(network={"allow_out": [allowed]}, timeout=300)  # nothing denied
+        made.append(open_one)
+
+        assert _fetch(listed, allowed) == "raw-a:80"
+        assert _fetch(listed, other).startswith("error")
+        assert _fetch(closed, allowed).startswith("error") and _fetch(closed, other).startswith("error")
+        assert _fetch(open_one, other) == "raw-b:80"  # the fake internet answers whom no rule stops
+
+        network = listed.get_info().network or {}
+        assert network.get("allow_out") == [allowed] and network.get("deny_out") == [ALL_TRAFFIC], network
+        assert (closed.get_info().network or {}).get("allow_out") == []
+        assert "allow_out" not in (open_one.get_info().network or {})
+        with e2b_env.platform.http(e2b_env.api_key) as native:  # the same list /v1 shows and changes
+            view = native.get(f"/v1/sandboxes/{listed.sandbox_id}").json()["data"]
+            assert view["egress"] == [allowed], view
+            put = native.put(f"/v1/sandboxes/{listed.sandbox_id}/egress", json={"egress": [other]})
+            assert put.status_code == 200, put.text
+        assert _fetch(listed, other) == "raw-b:80" and _fetch(listed, allowed).startswith("error")
+        assert (listed.get_info().network or {}).get("allow_out") == [other]
+    finally:
+        for sandbox in made:
+            sandbox.kill()
+
+
+def test_a_domain_is_allowed_through_the_resolver(e2b_env: E2bPlatform) -> None:
+    sandbox = Sandbox.create(
+        network={"allow_out": ["api.example.test", "*.pypi.org"], "deny_out": [ALL_TRAFFIC]}, timeout=300
+    )
+    try:
+        with e2b_env.platform.http(e2b_env.api_key) as native:
+            view = native.get(f"/v1/sandboxes/{sandbox.sandbox_id}").json()["data"]
+        assert view["egress"] == ["api.example.test", "*.pypi.org"], view
+    finally:
+        sandbox.kill()
+
+
+def test_what_an_allowlist_cannot_say_is_refused_in_e2b_shape(e2b_env: E2bPlatform) -> None:
+    before = len(Sandbox.list().next_items())
+    for network, field in (
+        ({"deny_out": ["198.18.0.0/15"]}, "network.denyOut[0]"),
+        ({"deny_out": [ALL_TRAFFIC], "dns_servers": ["1.1.1.1"]}, "network.dnsServers"),
+        ({"https_ports": [8443]}, "network.httpsPorts"),
+        ({"mask_request_host": "${PORT}.example.test"}, "network.maskRequestHost"),
+    ):
+        with pytest.raises(SandboxException, match=field.replace("[", r"\[")) as refused:
+            Sandbox.create(network=network, timeout=60)  # type: ignore[arg-type]
+        assert getattr(refused.value, "status_code", 501) == 501, (network, refused.value)
+    with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60) as api:
+        for network, field in (
+            ({"allowOut": ["not a host!"], "denyOut": [ALL_TRAFFIC]}, "network.allowOut[0]"),
+            ({"denyOut": ["example.test"]}, "network.denyOut[0]"),
+            ({"denyOut": [7]}, "network.denyOut"),
+        ):
+            answer = api.post("/sandboxes", json={"templateID": "base", "network": network})
+            assert answer.status_code == 400 and answer.json()["code"] == 400, answer.text
+            assert answer.json()["message"].startswith(field), (network, answer.text)
+    assert len(Sandbox.list().next_items()) == before
