@@ -9,7 +9,6 @@ started again). One sandbox writes at a time; readers may be many and cannot wri
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import time
@@ -20,9 +19,7 @@ from typing import Any, Protocol
 import httpx
 import pytest
 
-from tests.hostagent.conftest import TOKEN
 from tests.live import LivePlatform
-from tests.volumes.conftest import platform_on
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -262,28 +259,3 @@ def test_bad_input_is_a_4xx_naming_the_field_and_a_link_in_the_sandbox_steers_no
     assert before < 600 and after > 1900, (before, after)
     shrink = account.http.patch(f"/v1/volumes/{vid}", json={"size_mib": 1024})
     assert shrink.status_code == 400 and "size_mib" in shrink.text
-
-
-@pytest.mark.skipif(shutil.which("runsc") is None, reason="no runsc")
-def test_gvisor_hosts_refuse_volumes_naming_the_tier(guest_binary_dir: Path, debian_image: Path) -> None:
-    """gVisor's sentry keeps its own mount table, so the host cannot place a mount in a running sandbox:
-    a volume on a gVisor host, or a create asking for one there, is a 409 naming the tier."""
-    with platform_on("runsc", guest_binary_dir) as live:
-        http = live.http(live.api_key("pro"))
-        try:
-            refused = http.post("/v1/volumes", json={"name": "g", "size_mib": 1024})
-            assert refused.status_code == 409 and "gvisor" in refused.text, refused.text
-            assert http.get("/v1/volumes").json()["data"]["pagination"]["total"] == 0
-            host_id = http.get("/v1/hosts").json()["data"]["data"][0]["id"]
-            named = http.post("/v1/volumes", json={"name": "g", "size_mib": 1024, "host_id": host_id})
-            assert named.status_code == 409 and "gvisor" in named.text, named.text
-            agent = live.agents[0]
-            direct = httpx.post(
-                f"{agent.url}/internal/v1/volumes",
-                json={"volume_id": "vol_01GVISORTEST", "size_mib": 512},
-                headers={"Authorization": f"Bearer {TOKEN}"},
-            )
-            assert direct.status_code == 409 and "gvisor" in direct.text, direct.text  # the host says so too
-            assert not (agent.state_dir / "volumes").exists()
-        finally:
-            http.close()

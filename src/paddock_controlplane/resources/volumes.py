@@ -8,8 +8,9 @@ check runs under the user's row lock (``accounts.lock_user``), so two attaches c
 Choices: an attachment whose sandbox is destroyed or failed no longer holds the volume (destroy needs
 no step of its own: the host drops its mounts with the sandbox); a volume with a live attachment cannot
 be deleted (409 naming the sandboxes); a fork or a snapshot does not take a volume along; a volume only
-grows. The container tier (crun, runc) keeps volumes; gVisor and the VM tier answer 409 naming their
-tier.
+grows. The container tier (crun, runc) mounts volumes at create or live; gVisor binds them only at a
+sandbox's start, so a create sends them to its host before the create call (``before_boot``) and a
+live attach there is a 409 naming the tier; the VM tier answers 409 naming its tier.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 MIN_SIZE_MIB = 512
 #: What a refusal on another tier says could not be done (hosts.container_tier_refusal).
 OPERATION = "mounting a local volume"
+LIVE_OPERATION = "mounting a local volume into a running sandbox"
+#: The runtimes that take a volume only at a sandbox's start (gVisor's binds): told before the create
+#: call.
+BOUND_AT_START = ("runsc",)
 ATTACHABLE = (SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 
 
@@ -119,7 +124,16 @@ def _overlaps(a: str, b: str) -> bool:
 def tier_refusal(host: Host | None) -> str | None:
     """Why ``host`` keeps no volumes (its tier), or None."""
     return hosts.container_tier_refusal(
-        host, OPERATION, "; only the container tier (crun, runc) keeps volumes"
+        host, OPERATION, "; the container and gVisor tiers keep volumes", also=BOUND_AT_START
+    )
+
+
+def live_refusal(host: Host | None) -> str | None:
+    """Why a running sandbox on ``host`` takes no volume (its tier), or None."""
+    return tier_refusal(host) or hosts.container_tier_refusal(
+        host,
+        LIVE_OPERATION,
+        "; gVisor sandboxes take volumes only when they start: name the volume in the create",
     )
 
 
@@ -450,6 +464,26 @@ async def mount_all(services: Services, sandbox: Sandbox) -> None:
         await _mount_on_host(link, sandbox.id, body, f"volumes[{index}].mount_path")
 
 
+async def before_boot(services: Services, link: hostlink.HostLink, sandbox: Sandbox) -> None:
+    """Before a create's call to a host that takes volumes only at a sandbox's start (gVisor): each
+    volume it named is attached to the sandbox's id there, so the host binds it into the new container.
+    Other hosts mount them once it runs (``mount_all``). A refusal is the host's error (the boot fails)."""
+    async with services.sessions() as session:
+        host = await session.get(Host, sandbox.host_id) if sandbox.host_id else None
+        if hosts.runtime_of(host) not in BOUND_AT_START:
+            return
+        rows = (
+            await session.scalars(
+                select(AttachmentRow)
+                .where(AttachmentRow.sandbox_id == sandbox.id)
+                .order_by(AttachmentRow.mount_path)
+            )
+        ).all()
+    for row in rows:
+        body = VolumeMountBody(volume_id=row.volume_id, mount_path=row.mount_path, read_only=row.read_only)
+        await link.attach_volume(sandbox.id, body)
+
+
 async def _mount_on_host(link: hostlink.HostLink, sandbox_id: str, body: VolumeMountBody, field: str) -> None:
     try:
         await link.attach_volume(sandbox_id, body)
@@ -479,7 +513,7 @@ async def attach(services: Services, user_id: str, sandbox_id: str, item: Volume
             raise errors.InvalidState(
                 f"sandbox is {sandbox.status}; attach needs a running or paused sandbox"
             )
-        refusal = tier_refusal(await session.get(Host, sandbox.host_id) if sandbox.host_id else None)
+        refusal = live_refusal(await session.get(Host, sandbox.host_id) if sandbox.host_id else None)
         if refusal is not None:
             raise hostlink.TierRefusedError(refusal)
         volume = await _owned_ready(session, user_id, item.volume_id, "volume_id")

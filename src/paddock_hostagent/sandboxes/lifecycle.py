@@ -97,20 +97,29 @@ class Lifecycle:
                 self.registry.runtime.refuse(PRIVATE_NETWORKS)
         snapshot = self._snapshot_of(body.rootfs)
         boot_disks = self.disks.at_boot(body)
-        record = await self._bring_up(
-            _NewSandbox(
-                id=body.id,
-                name=body.name,
-                image=snapshot.image if snapshot is not None else body.rootfs,
-                shape=Shape(body.vcpu, body.mem_mib, body.disk_mib, body.cpu_quota_pct),
-                start_paused=body.start_paused,
-                egress=body.egress,
-                quota_bytes=body.bandwidth_quota_bytes,
-                networks=body.networks,
-                disks=boot_disks,
-                snapshot=snapshot,
+        if self.volumes is not None:  # volumes attached before the create (gVisor): bound at its start
+            self.volumes.at_start(body.id, boot_disks.runtime_args)
+        try:
+            record = await self._bring_up(
+                _NewSandbox(
+                    id=body.id,
+                    name=body.name,
+                    image=snapshot.image if snapshot is not None else body.rootfs,
+                    shape=Shape(body.vcpu, body.mem_mib, body.disk_mib, body.cpu_quota_pct),
+                    start_paused=body.start_paused,
+                    egress=body.egress,
+                    quota_bytes=body.bandwidth_quota_bytes,
+                    networks=body.networks,
+                    disks=boot_disks,
+                    snapshot=snapshot,
+                )
             )
-        )
+        except BaseException:
+            if self.volumes is not None:
+                await self.volumes.abandon(body.id)
+            raise
+        if self.volumes is not None:
+            await self.volumes.started(body.id)
         if body.disks and not boot_disks.runtime_args:  # tiers that mount into a running sandbox
             for disk in body.disks:
                 await self.disks.attach(record.id, disk)

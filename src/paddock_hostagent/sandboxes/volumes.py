@@ -1,6 +1,15 @@
 """Local persistent volumes of this host (issue #34, docs/volumes.md): made, grown and removed here, and
-mounted into running sandboxes of the container tier (``drivers/storage/volumes.py`` keeps them,
-``drivers/storage/volmount.py`` places the mounts in a sandbox's namespace).
+mounted into sandboxes (``drivers/storage/volumes.py`` keeps them). How a sandbox gets one depends on
+its tier:
+
+- container (crun, runc): the host mounts the volume and ``drivers/storage/volmount.py`` places a clone
+  of that mount in the sandbox's namespace, at create or live;
+- gVisor (runsc): its sentry keeps its own mount table and binds host directories only when it starts,
+  so a volume is attached *before* the sandbox is made (an attach naming a sandbox id this host does
+  not hold yet is kept for that id's create, ``RESERVATION_S`` at most) and its host mount is bound into
+  the container at its start (a read-only one through a read-only bind of it, ``<store>/.read-only/``);
+  a live attach into a running gVisor sandbox is a 409 naming the tier;
+- VM (qemu): refused (the VM has its own kernel, and the host cannot mount into it).
 
 Which sandboxes hold a volume is kept in the volume's own record, so a restarted agent knows what to
 keep mounted: holders whose sandbox did not survive (an agent restart that found it stopped, a reboot)
@@ -11,11 +20,17 @@ again before it mounts.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
-from paddock_hostagent.drivers.base import DriverError, RuntimeState, TierUnsupportedError
+from paddock_hostagent.drivers.base import DriverError, RuntimeState, SandboxRecord, TierUnsupportedError
+from paddock_hostagent.drivers.storage import mounts
 from paddock_hostagent.drivers.storage.volumes import (
     Holder,
     VolumeBusyError,
@@ -39,11 +54,43 @@ from paddock_hostagent.schemas import (
 log = get_logger(__name__)
 
 VOLUMES = "mounting a local volume"
-#: Runtimes whose sandboxes take volumes, and why the others do not.
+#: Runtimes whose sandboxes take no volumes, and why.
 _REFUSED = {
-    "runsc": ("gvisor", "gVisor's sentry keeps its own mount table; the host cannot mount into it"),
     "qemu": ("vm", "the VM has its own kernel, and the host cannot mount into it"),
 }
+#: Runtimes whose running sandboxes take no volume (one named at create is bound at the start), and why.
+_LIVE_REFUSED = {
+    "runsc": (
+        "gvisor",
+        "gVisor binds host directories only when the sandbox starts; name the volume in the create",
+    ),
+}
+LIVE = "mounting a local volume into a running sandbox"
+#: How long a volume attached to a sandbox this host has not made yet (gVisor) waits for its create.
+RESERVATION_S = 300.0
+#: Where read-only binds of volumes' host mounts live (gVisor's readers), beside the volumes.
+READ_ONLY_VIEWS = ".read-only"
+_MS_RDONLY = 0x1
+_MS_REMOUNT = 0x20
+
+
+@dataclass
+class _Reservation:
+    """Volumes attached to a sandbox before its create (gVisor), as (host directory, mount path)."""
+
+    at: float
+    binds: list[tuple[Path, str]] = field(default_factory=list)
+    bound: bool = False
+
+
+def _bind_read_only(source: Path, view: Path) -> None:
+    mounts.mount(str(source), view, "", "", mounts.MS_BIND)
+    try:
+        flags = mounts.MS_BIND | _MS_REMOUNT | _MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV
+        mounts.mount("", view, "", "", flags)
+    except DriverError:
+        mounts.unmount(view)
+        raise
 
 
 class Volumes:
@@ -53,6 +100,8 @@ class Volumes:
         #: Sandbox id -> the volumes it holds (from the records at start, kept with each change), so a
         #: destroy reads no volume's record unless the sandbox held it.
         self.held: dict[str, set[str]] = {}
+        #: Sandbox id -> the volumes attached before its create, bound at its start (gVisor).
+        self.reserved: dict[str, _Reservation] = {}
 
     def _note(self, meta: VolumeMeta) -> None:
         for volumes in self.held.values():
@@ -68,6 +117,34 @@ class Volumes:
             tier, why = refused
             with driver_errors():
                 raise TierUnsupportedError(tier, VOLUMES, why)
+
+    def _refuse_live(self) -> None:
+        refused = _LIVE_REFUSED.get(self.registry.runtime_label)
+        if refused is not None:
+            tier, why = refused
+            with driver_errors():
+                raise TierUnsupportedError(tier, LIVE, why)
+
+    def _read_only_view_dir(self, volume_id: str) -> Path:
+        self.store.mount_dir(volume_id)  # checks the id's form
+        return self.store.directory / READ_ONLY_VIEWS / volume_id
+
+    async def _read_only_view(self, volume_id: str) -> Path:
+        """A read-only bind of the volume's host mount (made once), for a tier that binds it as is."""
+        view = self._read_only_view_dir(volume_id)
+        view.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if not mounts.is_mountpoint(view):
+            with driver_errors():
+                await asyncio.to_thread(_bind_read_only, self.store.mount_dir(volume_id), view)
+        return view
+
+    async def _unmount_on_host(self, volume_id: str) -> None:
+        view = self._read_only_view_dir(volume_id)
+        if view.is_dir():
+            await asyncio.to_thread(mounts.unmount, view)
+            with contextlib.suppress(OSError):
+                view.rmdir()
+        await self.store.unmount_on_host(volume_id)
 
     def view(self, meta: VolumeMeta) -> VolumeView:
         return VolumeView(
@@ -121,29 +198,54 @@ class Volumes:
 
     # -- attachments ----------------------------------------------------------------------------
 
+    @staticmethod
+    def _check_free(meta: VolumeMeta, body: VolumeMountBody) -> None:
+        """One writer, or any number of readers (the control plane checked it too)."""
+        writer = next((h for h in meta.holders if not h.read_only), None)
+        if writer is not None or (meta.holders and not body.read_only):
+            holder = writer or meta.holders[0]
+            raise errors.InvalidState(
+                f"volume {meta.id} is mounted read-write in {holder.sandbox_id}"
+                if writer
+                else f"volume {meta.id} is mounted read-only in {holder.sandbox_id}"
+            )
+
+    def _held_as_asked(self, meta: VolumeMeta, sandbox_id: str, body: VolumeMountBody) -> bool:
+        """True when the sandbox holds the volume as asked (an attach again is a no-op); a 409 when it
+        holds it otherwise."""
+        mine = [h for h in meta.holders if h.sandbox_id == sandbox_id]
+        if not mine:
+            return False
+        if mine[0].mount_path == body.mount_path and mine[0].read_only == body.read_only:
+            return True
+        raise errors.AlreadyExists(f"volume {meta.id} is already mounted at {mine[0].mount_path}")
+
+    def _not_made_yet(self, sandbox_id: str) -> bool:
+        registry = self.registry
+        return (
+            sandbox_id not in registry.entries
+            and sandbox_id not in registry.stopped
+            and sandbox_id not in registry.hibernated
+        )
+
     async def attach(self, sandbox_id: str, body: VolumeMountBody) -> VolumeMountView:
         """Mounts the volume at ``mount_path`` in a running or paused sandbox; the same volume at the
-        same path again is a no-op."""
+        same path again is a no-op. On gVisor, a sandbox this host has not made yet gets the volume
+        bound at its start (``reserve``); a running one is refused."""
+        await self._expire_reservations()
+        self._refuse_tier()
+        if _LIVE_REFUSED.get(self.registry.runtime_label) and self._not_made_yet(sandbox_id):
+            return await self.reserve(sandbox_id, body)
         entry = self.registry.entry(sandbox_id)
         async with entry.lock, self.store.lock(body.volume_id):
             if self.registry.status(entry) == RuntimeState.STOPPED.value:
                 raise errors.InvalidState(f"sandbox {sandbox_id} has stopped")
-            self._refuse_tier()
             meta = self._load(body.volume_id)
             answer = VolumeMountView(volume_id=meta.id, mount_path=body.mount_path, read_only=body.read_only)
-            mine = [h for h in meta.holders if h.sandbox_id == sandbox_id]
-            if mine:
-                if mine[0].mount_path == body.mount_path and mine[0].read_only == body.read_only:
-                    return answer
-                raise errors.AlreadyExists(f"volume {meta.id} is already mounted at {mine[0].mount_path}")
-            writer = next((h for h in meta.holders if not h.read_only), None)
-            if writer is not None or (meta.holders and not body.read_only):
-                holder = writer or meta.holders[0]
-                raise errors.InvalidState(
-                    f"volume {meta.id} is mounted read-write in {holder.sandbox_id}"
-                    if writer
-                    else f"volume {meta.id} is mounted read-only in {holder.sandbox_id}"
-                )
+            if self._held_as_asked(meta, sandbox_id, body):
+                return answer  # (on gVisor: bound at its start)
+            self._refuse_live()
+            self._check_free(meta, body)
             with driver_errors():
                 pid = self.registry.runtime.mount_namespace_pid(entry.record)
                 await self.store.mount_on_host(meta.id)
@@ -153,7 +255,7 @@ class Volumes:
             if reason is not None:
                 if not meta.holders:
                     with contextlib.suppress(DriverError):
-                        await self.store.unmount_on_host(meta.id)
+                        await self._unmount_on_host(meta.id)
                 raise errors.BadPath(f"cannot mount at {body.mount_path} in the sandbox: {reason}")
             meta.holders.append(Holder(sandbox_id, body.mount_path, body.read_only))
             self.store.save(meta)
@@ -167,6 +269,75 @@ class Volumes:
         )
         return answer
 
+    async def reserve(self, sandbox_id: str, body: VolumeMountBody) -> VolumeMountView:
+        """A volume for a sandbox about to be made on a tier that binds host directories only at the
+        start (gVisor): mounted on the host now, held by the sandbox's id, and bound into its container
+        by ``at_start``. Not claimed by a create within ``RESERVATION_S``, it is let go."""
+        async with self.store.lock(body.volume_id):
+            meta = self._load(body.volume_id)
+            answer = VolumeMountView(volume_id=meta.id, mount_path=body.mount_path, read_only=body.read_only)
+            if self._held_as_asked(meta, sandbox_id, body):
+                return answer
+            self._check_free(meta, body)
+            with driver_errors():
+                await self.store.mount_on_host(meta.id)
+            try:
+                source = (
+                    await self._read_only_view(meta.id) if body.read_only else self.store.mount_dir(meta.id)
+                )
+            except BaseException:
+                if not meta.holders:
+                    with contextlib.suppress(DriverError):
+                        await self._unmount_on_host(meta.id)
+                raise
+            reservation = self.reserved.setdefault(sandbox_id, _Reservation(time.monotonic()))
+            reservation.binds.append((source, body.mount_path))
+            meta.holders.append(Holder(sandbox_id, body.mount_path, body.read_only))
+            self.store.save(meta)
+            self._note(meta)
+        log.info(
+            "volume_reserved",
+            volume_id=meta.id,
+            sandbox_id=sandbox_id,
+            mount_path=body.mount_path,
+            read_only=body.read_only,
+        )
+        return answer
+
+    def at_start(self, sandbox_id: str, runtime_args: dict[str, Any]) -> None:
+        """A create's ``runtime_args``: the volumes reserved for ``sandbox_id`` join the host
+        directories its runtime binds at the start (``before_start``, after the S3 disks')."""
+        reservation = self.reserved.get(sandbox_id)
+        if reservation is None or not reservation.binds:
+            return
+        inner = runtime_args.get("before_start")
+
+        async def before_start(record: SandboxRecord) -> list[tuple[Path, str]]:
+            binds = list(await inner(record)) if inner is not None else []
+            reservation.bound = True
+            return binds + list(reservation.binds)
+
+        runtime_args["before_start"] = before_start
+
+    async def started(self, sandbox_id: str) -> None:
+        """After a create: its reservation is spent. A create whose boot bound no host directories (a
+        boot from a snapshot) lets its reserved volumes go, so an attach after it is refused."""
+        reservation = self.reserved.pop(sandbox_id, None)
+        if reservation is not None and not reservation.bound:
+            await self.release(sandbox_id)
+
+    async def abandon(self, sandbox_id: str) -> None:
+        """A create that failed: the volumes reserved for it go (none of another sandbox's)."""
+        if sandbox_id in self.reserved and self._not_made_yet(sandbox_id):
+            await self.release(sandbox_id)
+
+    async def _expire_reservations(self) -> None:
+        now = time.monotonic()
+        for sandbox_id, reservation in list(self.reserved.items()):
+            if now - reservation.at > RESERVATION_S and self._not_made_yet(sandbox_id):
+                log.warning("volume_reservation_expired", sandbox_id=sandbox_id)
+                await self.release(sandbox_id)
+
     async def detach(self, sandbox_id: str, volume_id: str) -> None:
         """Takes the volume out of the sandbox (every mount of it there); not held is a no-op."""
         entry = self.registry.entry(sandbox_id)
@@ -177,6 +348,7 @@ class Volumes:
                 return
             if not any(h.sandbox_id == sandbox_id for h in meta.holders):
                 return
+            self._refuse_live()  # bound at its start, it stays until the sandbox goes
             device = self.store.device_of(volume_id)
             pid: int | None = None
             with contextlib.suppress(DriverError):
@@ -194,10 +366,12 @@ class Volumes:
         self._note(meta)
         if not meta.holders:
             with driver_errors():
-                await self.store.unmount_on_host(meta.id)
+                await self._unmount_on_host(meta.id)
 
     async def release(self, sandbox_id: str) -> None:
-        """A destroyed sandbox's volumes (after the sandbox: its copies went with its namespace)."""
+        """A destroyed sandbox's volumes (after the sandbox: its copies went with its namespace), or
+        those reserved for a create that failed or never came."""
+        self.reserved.pop(sandbox_id, None)
         for volume_id in sorted(self.held.get(sandbox_id, ())):
             async with self.store.lock(volume_id):
                 try:
@@ -221,6 +395,6 @@ class Volumes:
                 if kept:
                     await self.store.mount_on_host(meta.id)
                 else:
-                    await self.store.unmount_on_host(meta.id)
+                    await self._unmount_on_host(meta.id)
             except DriverError as exc:
                 log.warning("volume_start_failed", volume_id=meta.id, error=str(exc))

@@ -375,7 +375,7 @@ async def test_a_mount_the_host_refuses_fails_the_create_naming_the_field_and_le
     await new_sandbox(api, volumes=[{"volume_id": vid, "mount_path": "/fine"}])  # and the volume is free
 
 
-async def test_a_sandbox_using_a_volume_runs_on_its_host_and_other_tiers_refuse_volumes(
+async def test_a_sandbox_using_a_volume_runs_on_its_host_and_gvisor_binds_it_at_the_start(
     controlplane: ControlPlane, api: httpx.AsyncClient, host: FakeVolumeHost
 ) -> None:
     vid = (await new_volume(api))["id"]
@@ -407,7 +407,16 @@ async def test_a_sandbox_using_a_volume_runs_on_its_host_and_other_tiers_refuse_
     assert (
         await controlplane.http.post("/internal/v1/hosts/heartbeat", json=gvisor, headers=HEADERS)
     ).status_code == 200
-    resp = await api.post("/v1/volumes", json={"name": "g", "size_mib": 1024, "host_id": "host-gvisor"})
+    # gVisor keeps volumes but binds them only at a sandbox's start: its host is told before the create
+    # call, and a live attach there is a 409 naming the tier.
+    kept = ok(await api.post("/v1/volumes", json={"name": "g", "size_mib": 1024, "host_id": "host-gvisor"}))
+    assert kept["host_id"] == "host-gvisor"
+    host.calls.clear()
+    bound = await new_sandbox(api, volumes=[{"volume_id": "g", "mount_path": "/g"}])
+    order = [(name, detail.split()[0]) for name, detail in host.calls]
+    assert order.index(("attach_volume", bound["id"])) < order.index(("create", bound["id"])), order
+    other = await new_sandbox(api, host_id="host-gvisor")
+    resp = await api.post(f"/v1/sandboxes/{other['id']}/volumes", json={"volume_id": "g", "mount_path": "/v"})
     assert "gvisor" in fail(resp, 409, "INVALID_STATE")
 
 

@@ -164,6 +164,8 @@ class _Handle:
     container_id: str
     init_pid: int = 0
     init_ticks: int = 0
+    #: Host directories bound at the start (gVisor's S3 disks and volumes): a woken one would lack them.
+    start_binds: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -173,6 +175,7 @@ class _Handle:
             "container_id": self.container_id,
             "init_pid": self.init_pid,
             "init_ticks": self.init_ticks,
+            "start_binds": self.start_binds,
         }
 
     @classmethod
@@ -196,6 +199,7 @@ class _Handle:
             data.get("container_id") or record.id,  # records of older agents: the sandbox's id
             data["init_pid"],
             data["init_ticks"],
+            int(data.get("start_binds", 0)),
         )
         _PARSED[record.id] = (data, handle)
         return handle
@@ -333,6 +337,7 @@ class OciRuntime(SandboxRuntime):
                     # s3fs connects from the sandbox's netns: only once its egress rules are in.
                     await beside.result()
                     binds = tuple(await before_start(record))
+                    handle.start_binds = len(binds)
                     phases.mark("disks")
                 await self._boot(spec, handle, phases=phases, disk_binds=binds)
             await self._started(record, handle, start_paused=start_paused)
@@ -530,13 +535,14 @@ class OciRuntime(SandboxRuntime):
         return self.snapshots_dir / HIBERNATED_DIR
 
     def refuse_hibernation(self, record: SandboxRecord) -> None:
-        """gVisor binds a sandbox's S3 disks at its start only (docs/isolation.md), so a woken one could not
-        have them back: such a sandbox stays frozen-paused only."""
-        if _Handle.of(record).runtime == "runsc" and record.disks:
+        """gVisor binds a sandbox's S3 disks and volumes at its start only (docs/isolation.md), so a woken
+        one could not have them back: such a sandbox stays frozen-paused only."""
+        handle = _Handle.of(record)
+        if handle.runtime == "runsc" and (record.disks or handle.start_binds):
             raise TierUnsupportedError(
                 "gvisor",
-                f"{HIBERNATE} with S3 disks",
-                "its disks are bound at its start only; pause keeps it",
+                f"{HIBERNATE} with S3 disks or volumes",
+                "its disks and volumes are bound at its start only; pause keeps it",
             )
 
     async def hibernate(self, record: SandboxRecord) -> dict[str, Any]:
