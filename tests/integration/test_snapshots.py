@@ -8,6 +8,7 @@ the VM tier's snapshots, which hold memory too, are in tests/isolation/test_vm_s
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import shutil
 import signal
 import time
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.integration.conftest import platform_tier
 from tests.integration.test_sandboxes import User
 from tests.live import LivePlatform
 
@@ -200,3 +202,85 @@ def test_an_agent_killed_in_the_middle_of_a_snapshot_leaves_the_source_usable_an
     made = user.post(sid, "snapshots")  # and it can be snapshotted again
     assert made.status_code == 200, made.text
     assert user.http.delete(f"/v1/snapshots/{made.json()['data']['id']}").status_code == 200
+
+
+def parked_on(platform: LivePlatform, snapshot_id: str) -> list[str]:
+    """The host's slots with a sandbox parked on a clone of the snapshot (their ``slot.json``), but for
+    those a sandbox claimed (its record names the slot; a claimed slot's ``slot.json`` still says what
+    was parked in it, for the next agent to stop should the record never be written)."""
+    found: list[str] = []
+    for agent in platform.agents:
+        records = " ".join(
+            path.read_text(errors="replace") for path in (agent.state_dir / "sandboxes").glob("*.json")
+        )
+        for slot_json in (agent.state_dir / "slots").glob("*/slot.json"):
+            if f'"{slot_json.parent.name}"' in records:
+                continue
+            try:
+                parked = json.loads(slot_json.read_text()).get("parked") or {}
+            except (OSError, ValueError):  # being rewritten (written to a temporary name, renamed)
+                continue
+            # init_pid is written once it runs (``Parking.park_image``), when it can be claimed
+            if f"/snapshots/{snapshot_id}/disk.img@" in str(parked.get("rootfs", "")) and parked["init_pid"]:
+                found.append(slot_json.parent.name)
+    return found
+
+
+def boot_phases(platform: LivePlatform, sandbox_id: str) -> dict[str, object]:
+    """The host agent's ``snapshot_boot_phases`` line of the boot of ``sandbox_id``."""
+    for line in platform.agents[0].log_path.read_text(errors="replace").splitlines():
+        if '"snapshot_boot_phases"' in line and sandbox_id in line:
+            return dict(json.loads(line))
+    raise AssertionError(f"no snapshot_boot_phases line for {sandbox_id}")
+
+
+def test_a_boot_from_a_snapshot_claims_a_sandbox_parked_on_it_with_its_bytes_and_its_own_identity(
+    platform: LivePlatform, user: User
+) -> None:
+    """Once a snapshot is taken the host parks a sandbox on a clone of its disk (crun and runc), and a
+    boot from it claims that one: it holds the snapshot's files, and its name, address, hosts file,
+    disk size and writes are its own, not the parked placeholder's nor the source's. Deleting the
+    snapshot stops what is parked on it."""
+    if platform_tier(platform) == "gvisor":
+        pytest.skip("gVisor parks nothing (runsc); its boots from a snapshot are in the tests above")
+    source = user.create()
+    sid = source["id"]
+    user.sh(sid, "head -c 3000000 /dev/urandom > /root/blob; echo from-source > /root/who")
+    blob_sum = user.run(sid, "sha256sum", "/root/blob")["stdout"].split()[0]
+    made = user.post(sid, "snapshots", name="parked-snap")
+    assert made.status_code == 200, made.text
+    snap = made.json()["data"]
+    deadline = time.monotonic() + 60
+    while not parked_on(platform, snap["id"]):
+        assert time.monotonic() < deadline, "no sandbox was parked on the snapshot within 60 s"
+        time.sleep(0.1)
+    user.sh(sid, "echo after > /root/who")  # the source goes on; the snapshot does not see it
+
+    copy = user.create(rootfs=snap["id"], disk_mib=source["disk_mib"] + 1024)  # grown on claim
+    cid = copy["id"]
+    assert copy["status"] == "running"
+    assert boot_phases(platform, cid)["parked"] is True
+    assert user.run(cid, "sha256sum", "/root/blob")["stdout"].split()[0] == blob_sum
+    assert user.run(cid, "cat", "/root/who")["stdout"] == "from-source\n"
+    assert user.run(cid, "hostname")["stdout"].strip() == copy["name"]
+    assert user.run(cid, "cat", "/etc/hostname")["stdout"] == copy["name"] + "\n"
+    hosts = user.run(cid, "cat", "/etc/hosts")["stdout"]
+    assert f"{copy['ip']}\t{copy['name']}" in hosts and "parked-" not in hosts, hosts
+    assert copy["ip"] != source["ip"]
+    assert copy["ip"] in user.run(cid, "ip", "-4", "-o", "addr", "show", "eth0")["stdout"]
+    size_mib = int(user.sh(cid, "df --output=size -m / | tail -1")["stdout"])
+    assert size_mib > source["disk_mib"], size_mib  # the disk it asked for, not the snapshot's
+    user.sh(cid, "echo from-copy > /root/who; sync")
+    assert user.run(sid, "cat", "/root/who")["stdout"] == "after\n"
+
+    # A second copy, parked or booted, starts from the snapshot again, not from the first copy.
+    second = user.create(rootfs="parked-snap")
+    assert user.run(second["id"], "cat", "/root/who")["stdout"] == "from-source\n"
+    assert user.run(second["id"], "hostname")["stdout"].strip() == second["name"]
+
+    assert user.http.delete(f"/v1/snapshots/{snap['id']}").status_code == 200
+    deadline = time.monotonic() + 30
+    while parked_on(platform, snap["id"]):
+        assert time.monotonic() < deadline, "what was parked on a deleted snapshot is still there"
+        time.sleep(0.1)
+    assert user.run(cid, "cat", "/root/who")["stdout"] == "from-copy\n"  # its copies stay whole

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
@@ -44,6 +45,14 @@ from paddock_hostagent.schemas import CreateSandboxBody, CreateSandboxResult, Fo
 log = get_logger(__name__)
 
 SNAPSHOT_PREFIX = "snap_"
+
+
+@runtime_checkable
+class ExpectsSnapshotBoots(Protocol):
+    """A runtime that prepares boots from a snapshot once it is taken (the OCI driver parks a sandbox
+    on a clone of it, ``OciRuntime.expect_snapshot_boots``)."""
+
+    def expect_snapshot_boots(self, snapshot: SnapshotInfo, rootfs: Path) -> None: ...
 
 
 @dataclass
@@ -224,6 +233,10 @@ class Lifecycle:
             snapshot_id=snapshot_id,
             snapshot_ms=round((time.monotonic() - started) * 1000, 3),
         )
+        runtime = registry.runtime
+        if isinstance(runtime, ExpectsSnapshotBoots):  # a sandbox parked on it before the first boot
+            with contextlib.suppress(errors.UnknownImage, errors.SandboxFailed):
+                runtime.expect_snapshot_boots(info, await self._rootfs(info.image))
         return info
 
     def snapshot_info(self, snapshot_id: str) -> SnapshotInfo:

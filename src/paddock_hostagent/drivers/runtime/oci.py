@@ -498,8 +498,19 @@ class OciRuntime(SandboxRuntime):
         on_network: NetworkHook | None = None,
     ) -> SandboxRecord:
         """A fork whose source is the snapshot's image: a warm slot's disk becomes a clone of it
-        (``rootdisks.restore_disk``), then the container boots on it."""
+        (``rootdisks.restore_disk``), then the container boots on it. Where a sandbox is parked on a
+        clone of the snapshot (``SlotPool.take_snapshot``), it is claimed instead, as a create claims
+        one of its image."""
         phases = _Phases()
+        if self._is_snapshot(snapshot):
+            taken = await self.pool.take_snapshot(
+                spec.rootfs, snapshot.path, _fs(snapshot.fs), spec.shape.disk_mib
+            )
+            if taken is not None and taken.parked is not None:
+                phases.mark("slot")
+                return await self._claim_snapshot(
+                    snapshot, spec, taken.slot, taken.parked, phases, start_paused, on_network
+                )
         slot = await self.pool.take_for_fork()
         phases.mark("slot")
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id), spec.id)
@@ -519,7 +530,55 @@ class OciRuntime(SandboxRuntime):
             await self._boot(spec, handle, phases=phases)
             await self._started(record, handle, start_paused=start_paused)
             await beside.result()
-            log.info("snapshot_boot_phases", sandbox_id=spec.id, snapshot_id=snapshot.id, **phases.ms)
+            log.info(
+                "snapshot_boot_phases", sandbox_id=spec.id, snapshot_id=snapshot.id, parked=False, **phases.ms
+            )
+        except BaseException:
+            self._booting -= 1
+            await beside.settle()
+            await self._destroy_handle(handle)
+            raise
+        self._booting -= 1
+        return record
+
+    def _is_snapshot(self, snapshot: SnapshotInfo) -> bool:
+        """A snapshot of this host's store (not a hibernated sandbox's kept disk, booted the same way)."""
+        return "/" not in snapshot.id and snapshot.path == self.snapshots_dir / snapshot.id / "disk.img"
+
+    def expect_snapshot_boots(self, snapshot: SnapshotInfo, rootfs: Path) -> None:
+        """A snapshot just taken: a sandbox is parked on a clone of it ahead of the first boot
+        (``SlotPool.expect_snapshot_boots``), where this runtime parks, on the disk the last create on
+        this host asked for (the shapes' default, mostly), or the snapshot's if larger."""
+        if self.options.runtime in PARKING_RUNTIMES and self._is_snapshot(snapshot):
+            disk_mib = max(snapshot.disk_mib, self.pool.last_disk_mib)
+            self.pool.expect_snapshot_boots(rootfs, snapshot.path, disk_mib, _fs(snapshot.fs))
+
+    async def _claim_snapshot(
+        self,
+        snapshot: SnapshotInfo,
+        spec: SandboxSpec,
+        slot: Slot,
+        parked: Parked,
+        phases: _Phases,
+        start_paused: bool,
+        on_network: NetworkHook | None,
+    ) -> SandboxRecord:
+        """Makes the sandbox parked on a clone of ``snapshot`` this one (``_claim``: its limits, identity
+        files and hostname), as a create claims a parked sandbox of its image."""
+        handle = _Handle.of_parked(slot, self.options.runtime, parked)
+        record = self._record(spec, handle)
+        beside = _Beside(on_network, record)
+        beside.start()
+        self._booting += 1
+        try:
+            self._claim(spec, handle)
+            phases.mark("claim")
+            await self._started(record, handle, start_paused=start_paused)
+            await beside.result()
+            phases.mark("network")
+            log.info(
+                "snapshot_boot_phases", sandbox_id=spec.id, snapshot_id=snapshot.id, parked=True, **phases.ms
+            )
         except BaseException:
             self._booting -= 1
             await beside.settle()
@@ -728,6 +787,7 @@ class OciRuntime(SandboxRuntime):
         phases = phases or _Phases()
         slot = handle.slot
         self._write_identity(spec, slot, slot.disk.upper_dir)
+        phases.mark("identity")
         mounts.mount_overlay(spec.rootfs, slot.disk.upper_dir, slot.disk.work_dir, slot.rootfs_dir)
         phases.mark("overlay")
         # A fork's disk already holds the binary; a disk from an older agent may hold another one.
@@ -1039,6 +1099,10 @@ class OciRuntime(SandboxRuntime):
     def disk_free_bytes(self) -> int:
         stats = os.statvfs(self.pool.slots_dir if self.pool.slots_dir.exists() else self.options.state_dir)
         return stats.f_bavail * stats.f_frsize
+
+
+def _fs(name: str) -> rootdisks.Filesystem:
+    return "xfs" if name == "xfs" else "ext4"
 
 
 def _make_tmp_dir(path: Path) -> None:

@@ -27,6 +27,14 @@ a smaller disk, grown on claim (``SlotPool.take``: XFS online, ~35-50 ms with it
 home, still no boot). A parked sandbox is no sandbox's: it has no
 record, counts against no tenant's quota and no admission's promise.
 
+**Snapshots.** A snapshot is a kind of its own (``Kind.snapshot``: its disk image): the sandbox parked
+for it runs on a clone of the snapshot's disk (``rootdisks.restore_disk``, grown to the size creates
+ask for), and only a boot from that snapshot claims it (``snapshot_key``: the image and the snapshot's
+disk, that very file). A snapshot just taken counts as one create of its kind
+(``expect_snapshot_boots``), so one is parked before the first boot asks; a deleted snapshot's parked
+sandbox matches nothing and is stopped. A boot that finds its disk smaller than it asks grows it with
+the ioctl alone (``grow_xfs(home=False)``, a few ms).
+
 **The seam.** A runtime reaches its slots through ``SlotPool`` only (take, take for a fork, destroy,
 reclaim what no sandbox owns), and the pool reaches the runtime through ``ParkingRuntime`` only (boot a
 container in a slot, stop it). When to park, in which slot, under which container id, and which create
@@ -167,6 +175,16 @@ def image_key(rootfs: Path) -> str:
         return str(rootfs)
 
 
+def snapshot_key(rootfs: Path, snapshot: Path) -> str:
+    """What a sandbox parked on a snapshot's disk must match to be claimed: its image (``image_key``) and
+    the snapshot's disk image, that very file (a snapshot deleted and another taken under its id is
+    another inode; a deleted one matches nothing, so what is parked on it is stopped)."""
+    try:
+        return f"{image_key(rootfs)}+{snapshot}@{os.stat(snapshot).st_ino}"
+    except FileNotFoundError:
+        return f"{image_key(rootfs)}+{snapshot}"
+
+
 class ParkingRuntime(Protocol):
     """What parking needs of a runtime: a container booted in a free slot, and stopped again."""
 
@@ -203,12 +221,13 @@ class Parking:
         await self.park_image(slot, rootfs)
         return True
 
-    async def park_image(self, slot: Slot, rootfs: Path) -> None:
-        """Boots a parked sandbox of the image at ``rootfs`` in ``slot`` (``ImagePools``' images)."""
+    async def park_image(self, slot: Slot, rootfs: Path, key: str | None = None) -> None:
+        """Boots a parked sandbox of the image at ``rootfs`` in ``slot`` (``ImagePools``' images), to be
+        claimed by creates whose key is ``key`` (the image's ``image_key`` unless given)."""
         container_id = f"parked-{slot.id}"
         # Recorded before the boot: an agent killed half-way through leaves a slot whose container
         # the next agent finds and stops (by its id and cgroup) instead of one it cannot know about.
-        parked = Parked(container_id, self.runtime.cgroups_path(container_id), image_key(rootfs), 0, 0)
+        parked = Parked(container_id, self.runtime.cgroups_path(container_id), key or image_key(rootfs), 0, 0)
         slot.parked = parked
         slot.save()
         try:
@@ -584,13 +603,18 @@ _XFS_IOC_FSGEOMETRY_V1 = (2 << 30) | (112 << 16) | (ord("X") << 8) | 100  # _IOR
 _XFS_IOC_FSGROWFSDATA = (1 << 30) | (16 << 16) | (ord("X") << 8) | 110  # _IOW('X', 110, 16 bytes)
 
 
-def grow_xfs(disk: Disk, size_mib: int) -> None:
+def grow_xfs(disk: Disk, size_mib: int, *, home: bool = True) -> None:
     """Grows a mounted XFS disk to ``size_mib``, as ``rootdisks.grow`` does without its ``xfs_growfs``
     process: the image file, its loop device, the filesystem (``XFS_IOC_FSGROWFSDATA``: ~1 ms for 1 to
     2 GiB, ~4 ms for 1 to 10 GiB on a quiet box), then a freeze and thaw that writes the grown superblock
     home and covers the log (30-45 ms here, the loop device's synchronous writes): a copy of the image
     (a fork's clone, a snapshot) or a crash's log replay then sees the new size (``rootdisks.grow``
-    says why this kernel's replay of a growth fails)."""
+    says why this kernel's replay of a growth fails).
+
+    ``home`` False leaves the freeze out (a boot from a snapshot claiming a parked sandbox on a smaller
+    disk): the superblock reaches its home as the log moves on, and until then a copy of the disk
+    finds it not home and freezes the filesystem for its clone (``rootdisks._clone_for_mount``); a
+    sandbox's disk is never mounted again after a host crash."""
     with open(disk.image_path, "r+b") as image:
         image.truncate(size_mib * MIB)
     loops.refresh_capacity(disk.loop_device)
@@ -605,8 +629,9 @@ def grow_xfs(disk: Disk, size_mib: int) -> None:
         raise DriverError(f"growing the disk {disk.image_path.name} to {size_mib} MiB failed: {exc}") from exc
     finally:
         os.close(fd)
-    mounts.freeze_filesystem(disk.mount_dir)
-    mounts.thaw_filesystem(disk.mount_dir)
+    if home:
+        mounts.freeze_filesystem(disk.mount_dir)
+        mounts.thaw_filesystem(disk.mount_dir)
 
 
 # -- demand: which images to keep parked, at which disk size, and how many ----------------------------
@@ -615,10 +640,19 @@ def grow_xfs(disk: Disk, size_mib: int) -> None:
 @dataclass(frozen=True)
 class Kind:
     """What a parked sandbox of the per-image pools is: an image (its root filesystem's path) on a disk
-    of ``disk_mib``."""
+    of ``disk_mib``, empty, or a clone of the snapshot whose disk image is ``snapshot``
+    (docs/snapshots.md)."""
 
     rootfs: Path
     disk_mib: int
+    snapshot: Path | None = None
+    fs: Filesystem = "xfs"  # the snapshot's disk's filesystem
+
+    def key(self) -> str:
+        """The ``Parked.rootfs`` a sandbox parked for this kind has, while it is claimable."""
+        if self.snapshot is None:
+            return image_key(self.rootfs)
+        return snapshot_key(self.rootfs, self.snapshot)
 
 
 @dataclass
@@ -800,7 +834,7 @@ class ImagePools:
         counts = self.counts()
         # Stop one that is no longer wanted (its kind's demand fell, or its image was rebuilt).
         for index, (kind, slot) in enumerate(self._free):
-            stale = slot.parked is None or slot.parked.rootfs != image_key(kind.rootfs)
+            stale = slot.parked is None or slot.parked.rootfs != kind.key()
             if stale or counts.get(kind, 0) > targets.get(kind, 0):
                 del self._free[index]
                 await _finish_even_if_cancelled(self.parking.discard(slot))
@@ -811,7 +845,7 @@ class ImagePools:
                 return
             if counts.get(kind, 0) >= wanted or now - self._failed_at.get(kind, -1e9) < self.park_retry_s:
                 continue
-            if not kind.rootfs.is_dir():
+            if not kind.rootfs.is_dir() or (kind.snapshot is not None and not kind.snapshot.is_file()):
                 continue
             cost = max(self._cost.get(kind.rootfs, self.DEFAULT_COST_BYTES), PARKED_FLOOR_BYTES)
             if self.held_elsewhere() + self.budgeted_bytes() + cost > self.budget_bytes:
@@ -822,9 +856,22 @@ class ImagePools:
             return
 
     async def _park_one(self, kind: Kind) -> None:
-        slot = await self.factory.build(kind.disk_mib)
+        # A snapshot's kind: a slot without a disk, given a clone of the snapshot's (as a boot from it
+        # does, ``rootdisks.restore_disk``) before the sandbox is parked on it.
+        slot = await self.factory.build(kind.disk_mib, with_disk=kind.snapshot is None)
         try:
-            await self.parking.park_image(slot, kind.rootfs)
+            if kind.snapshot is not None:
+                slot.disk.fs = kind.fs
+                await rootdisks.restore_disk(kind.snapshot, slot.disk)
+                slot.disk_mib = slot.disk.size_mib()
+                if slot.disk_mib < kind.disk_mib and kind.fs == "xfs":  # grown now, not on claim
+                    await asyncio.to_thread(grow_xfs, slot.disk, kind.disk_mib)
+                    slot.disk_mib = kind.disk_mib
+                slot.save()
+            if kind.snapshot is None:
+                await self.parking.park_image(slot, kind.rootfs)
+            else:
+                await self.parking.park_image(slot, kind.rootfs, key=kind.key())
         except Exception as exc:  # any failure: the slot goes, the kind rests, the pools go on
             self._failed_at[kind] = time.monotonic()
             self.last_error = f"parking a sandbox of {kind.rootfs} failed: {exc}"
@@ -893,6 +940,8 @@ class SlotPool:
         self._parking = Parking(factory, runtime, pool_rootfs)
         self.warm = WarmPool(factory, size, disk_mib, busy=busy, parker=self._parking if parks else None)
         self.images: ImagePools | None = None
+        #: The disk the last create asked for (``take``, ``take_snapshot``); the pool's until one did.
+        self.last_disk_mib = disk_mib
 
     def configure_images(self, config: ImagePoolConfig) -> None:
         """Turns the per-image pools on (before ``start``), where this runtime parks and has a pool."""
@@ -953,6 +1002,7 @@ class SlotPool:
         smaller than ``disk_mib`` is grown here (XFS, online). A create the default pool does not serve
         counts toward its kind's demand (``ImagePools``)."""
         key = image_key(rootfs)
+        self.last_disk_mib = disk_mib
         slot: Slot | None = None
         warm = True
         default_parks = any(
@@ -974,6 +1024,43 @@ class SlotPool:
                 slot, warm = await self.warm.take(disk_mib, None)
         parked, slot.parked = slot.parked, None
         return Taken(slot, parked, warm)
+
+    def expect_snapshot_boots(self, rootfs: Path, snapshot: Path, disk_mib: int, fs: Filesystem) -> None:
+        """A snapshot was taken (its disk image ``snapshot``, of the image at ``rootfs``): counted as one
+        create of it on a disk of ``disk_mib``, so that a sandbox is parked on a clone of it, grown to
+        that size, within the pools' memory budget, before the first boot from it asks (and
+        forgotten, as any kind, minutes after the last). Nothing where the per-image pools are off."""
+        if self.images is not None:
+            self.images.demand.record(Kind(rootfs, disk_mib, snapshot, fs))
+            self.images.wake()
+
+    async def take_snapshot(
+        self, rootfs: Path, snapshot: Path, fs: Filesystem, disk_mib: int
+    ) -> Taken | None:
+        """A slot with a sandbox parked on a clone of the snapshot ``snapshot`` (handed over, as ``take``
+        does) on a disk of ``disk_mib``, else on the largest smaller one, grown here; None when there
+        is none (the create then boots one). Counted either way toward that snapshot's demand at
+        ``disk_mib``, so the next ones find a disk of their size parked."""
+        self.last_disk_mib = disk_mib
+        if self.images is None:
+            return None
+        self.images.demand.record(Kind(rootfs, disk_mib, snapshot, fs))
+        self.images.wake()
+        slot = self.images.take(snapshot_key(rootfs, snapshot), disk_mib)
+        if slot is None:
+            return None
+        if slot.disk_mib < disk_mib:
+            try:
+                if slot.disk.fs != "xfs":
+                    raise DriverError(f"a {slot.disk.fs} disk is not grown on claim")
+                await asyncio.to_thread(grow_xfs, slot.disk, disk_mib, home=False)
+                slot.disk_mib = disk_mib
+            except DriverError as exc:
+                log.warning("pool_grow_on_claim_failed", slot=slot.id, error=str(exc))
+                await self._parking.discard(slot)
+                return None
+        parked, slot.parked = slot.parked, None
+        return Taken(slot, parked, True)
 
     async def _grow(self, slot: Slot, disk_mib: int) -> None:
         """Grows a claimed slot's disk (``grow_xfs``: ~35-50 ms, most of it writing the superblock home;
