@@ -8,9 +8,15 @@ A host's free memory is the smaller of two views, so neither can over-place it:
 - its total minus the memory of every sandbox the database has placed there and not yet released,
   so two creates between heartbeats cannot both take the last slot.
 
-Hosts are locked (FOR UPDATE on PostgreSQL) while one placement decides. When nothing fits, the 503
-says why (``no host with capacity: no host has 1024 MiB free (largest: 297 MiB)``); the message keeps
-the contract's ``no host with capacity`` at its start for clients that look for it.
+A placement looks at the hosts in order of what each could have free at most (its report, capped by
+its total: neither view can exceed it), counting what is held only on the leading ones, and stops once
+no host further down could beat the best found (:func:`_pick_leading`): the decision reads a few
+hosts' sandboxes whatever the fleet's size. Placements take turns on one PostgreSQL advisory lock and
+lock the chosen host's row, then count its memory again (a fork there, which locks only that row, may
+have committed meanwhile). When that finds no room, or no host qualifies, the whole fleet is read with
+every active host locked (FOR UPDATE on PostgreSQL), as before, and the 503 says why (``no host with
+capacity: no host has 1024 MiB free (largest: 297 MiB)``); the message keeps the contract's ``no host
+with capacity`` at its start for clients that look for it.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, case, func, select
+from sqlalchemy import bindparam, case, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.records.models import Host, Sandbox
@@ -76,6 +82,33 @@ _HOST_ROOM = (
 )
 
 
+#: What a placement reads of the hosts, leading ones first: plain columns, ordered by the most each
+#: could have free (``free_mib`` capped by ``total_mib``), a batch at a time.
+_BOUND = case((Host.free_mib < Host.total_mib, Host.free_mib), else_=Host.total_mib)
+_LEADING = (
+    select(
+        Host.id,
+        Host.last_heartbeat_at,
+        Host.free_mib,
+        Host.total_mib,
+        Host.labels,
+        Host.rootfses,
+        Host.buildable,
+    )
+    .where(Host.status == "active")
+    .order_by(_BOUND.desc(), Host.id)
+    .limit(bindparam("limit"))
+    .offset(bindparam("offset"))
+)
+_CHOSEN = select(Host).where(Host.id == bindparam("host_id")).with_for_update()
+#: Hosts read per statement, and held memory counted for at most this many hosts per statement.
+LEADING_BATCH = 32
+HELD_BATCH = 4
+#: Every placement on PostgreSQL takes this transaction-scoped advisory lock first (an arbitrary
+#: constant: "paddock placement"), instead of locking every active host's row.
+PLACEMENT_LOCK = text("SELECT pg_advisory_xact_lock(7305916612)")
+
+
 async def held_by_host(session: AsyncSession, host_ids: Collection[str]) -> dict[str, Held]:
     if not host_ids:
         return {}
@@ -113,6 +146,19 @@ async def pick_host(
     """
     if host_id and await session.get(Host, host_id) is None:
         raise errors.ValidationFailed.field("host_id", f"no host {host_id!r}; see GET /v1/hosts")
+    if not host_id:
+        leading = await _pick_leading(
+            session,
+            mem_mib=mem_mib,
+            rootfs=rootfs,
+            now=now,
+            dead_after_s=dead_after_s,
+            node_selector=node_selector,
+            exclude=exclude,
+            fetchable=fetchable,
+        )
+        if leading is not None:
+            return leading
     query, params = (_ACTIVE_HOST, {"host_id": host_id}) if host_id else (_ACTIVE_HOSTS, {})
     alive = [
         host
@@ -162,3 +208,88 @@ async def check_room(
     free = free_mib(host.free_mib, host.total_mib, held)
     if free < mem_mib:
         raise no_capacity(f"host {host_id} has {free} MiB free, {mem_mib} MiB requested")
+
+
+async def _pick_leading(
+    session: AsyncSession,
+    *,
+    mem_mib: int,
+    rootfs: str,
+    now: dt.datetime,
+    dead_after_s: float,
+    node_selector: dict[str, str] | None,
+    exclude: Collection[str],
+    fetchable: bool,
+) -> Host | None:
+    """:func:`pick_host`'s choice without a ``host_id``, reading only the leading hosts; None when it
+    cannot say (nothing fits among the hosts read, or the chosen one filled meanwhile): the caller then
+    decides over the whole fleet, which also words the refusal.
+
+    The hosts come in order of the most they could have free (``bound``); their held memory is counted
+    a few at a time, and the reading stops once the best free memory found is more than the next
+    host's bound (or equal, the next one's id coming later: the whole-fleet choice takes the lowest id
+    among equals). A host that serves the image always wins over one that would fetch it (``fetchable``).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(PLACEMENT_LOCK)
+    best: tuple[int, str] | None = None  # (free, id) of the best host serving the image
+    fallback: tuple[int, str] | None = None  # the best one that would fetch it
+    waiting: list[tuple[int, str, int, int, bool]] = []  # (bound, id, free_mib, total_mib, serving)
+
+    def done(bound: int, host: str) -> bool:
+        return best is not None and (bound < best[0] or (bound == best[0] and host > best[1]))
+
+    async def count(candidates: list[tuple[int, str, int, int, bool]]) -> None:
+        nonlocal best, fallback
+        held = await held_by_host(session, [c[1] for c in candidates])
+        for _, host, reported, total, serving in candidates:
+            free = free_mib(reported, total, held.get(host))
+            if free < mem_mib:
+                continue
+            if serving and (best is None or free > best[0] or (free == best[0] and host < best[1])):
+                best = (free, host)
+            elif not serving and (
+                fallback is None or free > fallback[0] or (free == fallback[0] and host < fallback[1])
+            ):
+                fallback = (free, host)
+
+    offset = 0
+    exhausted = False
+    while not exhausted:
+        rows = (await session.execute(_LEADING, {"limit": LEADING_BATCH, "offset": offset})).all()
+        offset += len(rows)
+        exhausted = len(rows) < LEADING_BATCH
+        for row in rows:
+            bound = max(min(int(row.free_mib), int(row.total_mib)), 0)
+            if done(bound, str(row.id)):
+                exhausted = True
+                break
+            if row.id in exclude or (now - as_utc(row.last_heartbeat_at)).total_seconds() > dead_after_s:
+                continue
+            if node_selector and not labels_match(row.labels or {}, node_selector):
+                continue
+            serving = rootfs in (row.rootfses or []) or rootfs in (row.buildable or [])
+            if not serving and not fetchable:
+                continue
+            waiting.append((bound, str(row.id), int(row.free_mib), int(row.total_mib), serving))
+            if len(waiting) >= HELD_BATCH:
+                await count(waiting)
+                waiting = []
+        if not rows:
+            break
+    if waiting:
+        await count(waiting)
+    chosen = best or fallback
+    if chosen is None:
+        return None
+    # The row locked, its memory counted again: a fork there (check_room locks only that row) may have
+    # committed since, and a drain or a death is seen too.
+    host = (await session.scalars(_CHOSEN, {"host_id": chosen[1]})).first()
+    if host is None or host.status != "active":
+        return None
+    if (now - as_utc(host.last_heartbeat_at)).total_seconds() > dead_after_s:
+        return None
+    held = (await held_by_host(session, [host.id])).get(host.id)
+    if free_mib(host.free_mib, host.total_mib, held) < mem_mib:
+        return None
+    return host

@@ -121,6 +121,21 @@ class Sandbox(Base):
         ),
         Index("ix_sandboxes_user_created", "user_id", "created_at", "id"),
         Index("ix_sandboxes_status", "status"),
+        # A heartbeat's host, a placement's leading hosts, a dead host's sandboxes (issue #36).
+        Index("ix_sandboxes_host_status", "host_id", "status"),
+        # The reconciler's idle and hibernate passes, every second: the few that asked, not all rows.
+        Index(
+            "ix_sandboxes_auto_pause",
+            "status",
+            sqlite_where=text("auto_pause_after_seconds IS NOT NULL"),
+            postgresql_where=text("auto_pause_after_seconds IS NOT NULL"),
+        ),
+        Index(
+            "ix_sandboxes_auto_hibernate",
+            "status",
+            sqlite_where=text("auto_hibernate_after_seconds IS NOT NULL"),
+            postgresql_where=text("auto_hibernate_after_seconds IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
