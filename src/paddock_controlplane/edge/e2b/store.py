@@ -1,4 +1,6 @@
-"""The E2B-only part of a sandbox: its template name (migration 0012, narrowed by 0014).
+"""The E2B-only part of a sandbox: its template name (migration 0012, narrowed by 0014); and the ``:tag``
+names of snapshots (``e2b_snapshot_tags``, migration 0023), which Paddock's own snapshot names do not
+have (edge/e2b/snapshots.py).
 
 A sandbox's lifetime and metadata live in the native columns ``/v1`` shows (``timeout_s``,
 ``on_timeout``, ``end_at``, ``metadata``; migration 0013), so a sandbox reads the same through either
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import ForeignKey, String
+from sqlalchemy import ForeignKey, String, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -34,6 +36,58 @@ class E2bSandbox(Base):
     user_id: Mapped[str] = mapped_column(String(40), ForeignKey("users.id"))
     template_id: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[dt.datetime] = mapped_column()
+
+
+class E2bSnapshotTag(Base):
+    """E2B's ``name:tag`` of a snapshot: ``tag`` is ``default`` for a name given without one. The snapshot
+    row may be gone (deleted through ``/v1``): such a tag names nothing, and a new snapshot takes it."""
+
+    __tablename__ = "e2b_snapshot_tags"
+
+    user_id: Mapped[str] = mapped_column(String(40), ForeignKey("users.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+    snapshot_id: Mapped[str] = mapped_column(String(40), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column()
+
+
+async def tagged(session: AsyncSession, user_id: str, name: str, tag: str | None) -> list[str]:
+    """The snapshot ids ``name:tag`` names (every tag of ``name`` when ``tag`` is None)."""
+    statement = select(E2bSnapshotTag.snapshot_id).where(
+        E2bSnapshotTag.user_id == user_id, E2bSnapshotTag.name == name
+    )
+    if tag is not None:
+        statement = statement.where(E2bSnapshotTag.tag == tag)
+    return list((await session.scalars(statement)).all())
+
+
+async def tags_of(session: AsyncSession, snapshot_ids: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """``(name, tag)`` pairs of each snapshot."""
+    rows = await session.execute(
+        select(E2bSnapshotTag.snapshot_id, E2bSnapshotTag.name, E2bSnapshotTag.tag).where(
+            E2bSnapshotTag.snapshot_id.in_(snapshot_ids)
+        )
+    )
+    out: dict[str, list[tuple[str, str]]] = {}
+    for snapshot_id, name, tag in rows.tuples():
+        out.setdefault(snapshot_id, []).append((name, tag))
+    return out
+
+
+async def tag_snapshot(
+    session: AsyncSession, *, user_id: str, name: str, tag: str, snapshot_id: str, now: dt.datetime
+) -> None:
+    """Points ``name:tag`` at ``snapshot_id`` (the caller checked that it names no live snapshot)."""
+    await session.execute(
+        delete(E2bSnapshotTag).where(
+            E2bSnapshotTag.user_id == user_id, E2bSnapshotTag.name == name, E2bSnapshotTag.tag == tag
+        )
+    )
+    session.add(E2bSnapshotTag(user_id=user_id, name=name, tag=tag, snapshot_id=snapshot_id, created_at=now))
+
+
+async def untag(session: AsyncSession, snapshot_id: str) -> None:
+    await session.execute(delete(E2bSnapshotTag).where(E2bSnapshotTag.snapshot_id == snapshot_id))
 
 
 def check_metadata(metadata: dict[str, str] | None, field: str = "metadata") -> dict[str, str]:
