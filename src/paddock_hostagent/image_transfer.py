@@ -23,28 +23,34 @@ A fetch is bounded (``limit_bytes``): by the template's recorded ext4 size with 
 too) are counted as they arrive; past the bound the fetch is refused with 413 naming it, and what was
 unpacked is removed. Before, a fetch took whatever the source sent, up to the host's disk.
 
-Only templates travel: catalog images are built by each host from the Debian archive.
+Only templates travel: catalog images are built by each host from the Debian archive. Container-tier
+snapshots travel too, by the same routes (``/images/snap_…``), as their disk image's data extents
+(below): a host asked to boot one it does not keep fetches it from the host that does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
+import struct
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, runtime_checkable
 
 import httpx
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
+from paddock_hostagent.drivers.base import SnapshotInfo
 from paddock_hostagent.drivers.storage.safepaths import TenantPathError, Tree
 from paddock_hostagent.images import TEMPLATE_DIR_MODE, TEMPLATE_PREFIX, ImageStore, slug
 
@@ -304,3 +310,216 @@ def _own(fd: int, member: tarfile.TarInfo) -> None:
 def _times(member: tarfile.TarInfo) -> tuple[int, int]:
     mtime_ns = int(member.mtime * 1_000_000_000)
     return mtime_ns, mtime_ns
+
+
+# -- snapshots between hosts -------------------------------------------------------------------------
+#
+# A container-tier snapshot (``<store>/snapshots/<id>/disk.img`` and ``meta.json``, docs/snapshots.md)
+# travels as one stream: a line of JSON describing it (its id, image, filesystem, disk size), then its
+# image's data extents, each a header (offset and length, two big-endian 64-bit integers) and that
+# many bytes, and last a header at the image's end with no bytes. Holes are not sent: a 10 GiB disk
+# that holds 100 MB sends about 100 MB, and the copy is as sparse as the original.
+
+SNAPSHOT_PREFIX = "snap_"
+_EXTENT = struct.Struct(">QQ")
+MAX_SNAPSHOT_META_BYTES = 4096
+_SNAPSHOT_ID = re.compile(r"^snap_[A-Za-z0-9]{1,64}$")
+_IMAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,127}$")
+MAX_DISK_MIB = 1 << 24  # 16 TiB: a bound on what a peer may declare, far above any plan's disk
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """A runtime that keeps container-tier snapshots in a directory of its disk store (the OCI driver)."""
+
+    async def snapshot_store(self) -> Path:
+        """The store's snapshots directory, the store opened."""
+        ...
+
+
+async def snapshots_dir_of(runtime: object) -> Path:
+    """Where a fetched snapshot goes on this host; 409 on a tier that keeps none this way (a VM snapshot
+    holds memory too, and is not fetched)."""
+    if not isinstance(runtime, SnapshotStore):
+        raise errors.UnsupportedOnTier("this host's tier does not fetch snapshots from other hosts")
+    return await runtime.snapshot_store()
+
+
+def is_snapshot(name: str) -> bool:
+    """Whether ``GET``/``fetch`` of ``/images/{name}`` names a snapshot rather than a template's image."""
+    return name.startswith(SNAPSHOT_PREFIX)
+
+
+def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """The (offset, length) of each run of data in the file, holes skipped (``SEEK_DATA``/``SEEK_HOLE``)."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole is left
+                return
+            raise
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        yield start, end - start
+        offset = end
+
+
+async def stream_snapshot(info: SnapshotInfo | None, name: str) -> AsyncIterator[bytes]:
+    """The snapshot as the stream above; 404 (``SnapshotNotFound``) before the first byte when it is not
+    on this host (a VM snapshot, which holds memory too, is not served: ``path`` is no ``disk.img``)."""
+    if info is None or not _SNAPSHOT_ID.match(name) or info.path.name != "disk.img":
+        raise errors.SnapshotNotFound(f"snapshot {name} is not on this host")
+    try:
+        fd = os.open(info.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise errors.SnapshotNotFound(f"snapshot {name} is not on this host") from None
+    size = os.fstat(fd).st_size
+    meta = {"id": name, "image": info.image, "fs": info.fs, "disk_mib": info.disk_mib, "size": size}
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            yield json.dumps(meta).encode() + b"\n"
+            extents = await asyncio.to_thread(lambda: list(_data_extents(fd, size)))
+            for start, length in extents:
+                yield _EXTENT.pack(start, length)
+                done = 0
+                while done < length:
+                    chunk = await asyncio.to_thread(
+                        os.pread, fd, min(CHUNK_BYTES, length - done), start + done
+                    )
+                    if not chunk:
+                        raise OSError(f"snapshot {name} ended at {start + done} while it is sent")
+                    yield chunk
+                    done += len(chunk)
+            yield _EXTENT.pack(size, 0)
+        finally:
+            os.close(fd)
+
+    return chunks()
+
+
+class SnapshotFetcher:
+    """Copies a snapshot from the host that keeps it into this host's store (``snapshots_dir``), under
+    ``.partial-<id>`` first (removed at the agent's next start if it dies half-way) and renamed into place
+    once the image and ``meta.json`` are on disk, as a snapshot taken here is. Fetches of one snapshot
+    are serialized; one already here answers at once."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def fetch(
+        self,
+        name: str,
+        source_url: str,
+        authorization: str,
+        snapshots_dir: Path,
+        limit_bytes: int | None = None,
+    ) -> None:
+        if not _SNAPSHOT_ID.match(name):
+            raise errors.BadRequest(f"{name!r} is not a snapshot id")
+        limit = min(self.max_bytes, limit_bytes or self.max_bytes)
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            final = snapshots_dir / name
+            if (final / "meta.json").is_file():
+                return
+            partial = snapshots_dir / f".partial-{name}"
+            await asyncio.to_thread(shutil.rmtree, partial, True)
+            partial.mkdir(parents=True)
+            try:
+                url = f"{source_url.rstrip('/')}/internal/v1/images/{name}"
+                await asyncio.to_thread(_receive_snapshot, name, url, authorization, partial, limit)
+                partial.replace(final)
+                _fsync_dir(snapshots_dir)
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, partial, True)
+                raise
+        log.info("snapshot_fetched", snapshot_id=name, source=source_url)
+
+
+def _receive_snapshot(name: str, url: str, authorization: str, partial: Path, limit_bytes: int) -> None:
+    try:
+        with (
+            httpx.Client(timeout=FETCH_TIMEOUT) as http,
+            http.stream("GET", url, headers={"Authorization": authorization}) as response,
+        ):
+            if response.status_code != 200:
+                body = response.read().decode(errors="replace")[:300]
+                raise errors.BadRequest(f"{url} answered {response.status_code}: {body}")
+            reader = io.BufferedReader(
+                _ChunkReader(response.iter_bytes(CHUNK_BYTES), limit_bytes), CHUNK_BYTES
+            )
+            meta = _snapshot_meta(reader.readline(MAX_SNAPSHOT_META_BYTES + 1), name, url)
+            _write_extents(reader, partial / "disk.img", int(meta["size"]))
+            with open(partial / "meta.json", "x") as out:
+                json.dump({key: meta[key] for key in ("id", "image", "fs", "disk_mib")}, out)
+                out.flush()
+                os.fsync(out.fileno())
+            _fsync_dir(partial)
+    except ImageTooLargeError as exc:
+        raise errors.PayloadTooLarge(f"fetching {name} from {url}: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise errors.BadRequest(f"fetching {name} from {url}: {exc}") from exc
+    except (UnpackError, OSError) as exc:
+        raise errors.BadRequest(f"receiving {name} from {url}: {exc}") from exc
+
+
+def _snapshot_meta(line: bytes, name: str, url: str) -> dict[str, Any]:
+    """The stream's first line, checked field by field (a peer's word, written into this host's store)."""
+    try:
+        if len(line) > MAX_SNAPSHOT_META_BYTES or not line.endswith(b"\n"):
+            raise ValueError("no description line")
+        meta = json.loads(line)
+        disk_mib = meta["disk_mib"]
+        ok = (
+            meta["id"] == name
+            and meta["fs"] in ("xfs", "ext4")
+            and isinstance(meta["image"], str)
+            and _IMAGE_NAME.match(meta["image"]) is not None
+            and isinstance(disk_mib, int)
+            and 0 < disk_mib <= MAX_DISK_MIB
+            and meta["size"] == disk_mib * (1 << 20)
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        raise errors.BadRequest(f"{url} sent no snapshot description: {exc}") from exc
+    if not ok:
+        raise errors.BadRequest(f"{url} sent a description that is not of snapshot {name}")
+    return dict(meta)
+
+
+def _write_extents(reader: IO[bytes], target: Path, size: int) -> None:
+    """Writes the stream's extents into a new sparse file of ``size`` bytes, then syncs it. Extents must
+    come in order, inside the image; the stream must end with the end header."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        position = 0
+        while True:
+            header = reader.read(_EXTENT.size)
+            if len(header) != _EXTENT.size:
+                raise UnpackError("the snapshot's stream ended before its last extent")
+            offset, length = _EXTENT.unpack(header)
+            if length == 0 and offset == size:
+                break
+            if offset < position or length == 0 or offset + length > size:
+                raise UnpackError(f"an extent at {offset} of {length} bytes lies outside the image")
+            left = length
+            while left:
+                chunk = reader.read(min(CHUNK_BYTES, left))
+                if not chunk:
+                    raise UnpackError("the snapshot's stream ended inside an extent")
+                os.pwrite(fd, chunk, offset + length - left)
+                left -= len(chunk)
+            position = offset + length
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

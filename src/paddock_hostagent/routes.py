@@ -377,7 +377,11 @@ async def delete_build(build_id: str, manager: Manager) -> DestroyResult:
 
 @router.get("/images/{image}")
 async def get_image(image: str, manager: Manager) -> StreamingResponse:
-    """A template's image as a tar stream, for a host that lacks it."""
+    """A template's image as a tar stream, for a host that lacks it; a snapshot's disk, as its extents."""
+    if image_transfer.is_snapshot(image):
+        info = manager.registry.runtime.snapshot_info(image)
+        chunks = await image_transfer.stream_snapshot(info, image)
+        return StreamingResponse(chunks, media_type="application/octet-stream")
     return StreamingResponse(
         await image_transfer.stream(manager.images, image), media_type="application/x-tar"
     )
@@ -385,7 +389,18 @@ async def get_image(image: str, manager: Manager) -> StreamingResponse:
 
 @router.post("/images/{image}/fetch")
 async def fetch_image(image: str, body: ImageFetchBody, request: Request, manager: Manager) -> ImageFetched:
-    """Pulls a template's image from ``source_url`` (the host that holds it) with this call's own token."""
+    """Pulls a template's image from ``source_url`` (the host that holds it) with this call's own token;
+    or a snapshot, into this host's disk store."""
+    if image_transfer.is_snapshot(image):
+        directory = await image_transfer.snapshots_dir_of(manager.registry.runtime)
+        snapshot_fetcher = getattr(request.app.state, "snapshot_fetcher", None)
+        if snapshot_fetcher is None:
+            snapshot_fetcher = request.app.state.snapshot_fetcher = image_transfer.SnapshotFetcher(
+                manager.settings.image_fetch_max_mib << 20
+            )
+        authorization = request.headers.get("authorization", "")
+        await snapshot_fetcher.fetch(image, body.source_url, authorization, directory, body.limit_bytes)
+        return ImageFetched(image=image, ext4_size_bytes=0)
     fetcher = getattr(request.app.state, "image_fetcher", None)
     if fetcher is None:
         fetcher = request.app.state.image_fetcher = image_transfer.ImageFetcher(

@@ -3,16 +3,19 @@
 ``POST /v1/sandboxes/{id}/snapshots`` (optional ``name``) copies the disk of a running or paused sandbox
 on its host, the way a fork does (the sandbox is frozen for the copy, its filesystem synced, its disk
 image cloned on the host's disk store: the copy shares every block, so it costs the same at any size).
-The snapshot stays on that host: ``POST /v1/sandboxes`` with ``rootfs`` = its id or name boots a new
-sandbox from a clone of it there (``resolve``; the create is placed on that host), any number of times.
+The snapshot is kept on that host: ``POST /v1/sandboxes`` with ``rootfs`` = its id or name boots a new
+sandbox from a clone of it, any number of times, on that host while it has room (``boot_host``: no copy
+to make); otherwise, or when the create names another host, on another host, which first fetches the
+snapshot's disk from the one that keeps it (``ensure_on_host``; the agent-to-agent transfer templates'
+images use, ``paddock_hostagent.image_transfer``) and keeps that copy until the snapshot is deleted.
 Destroying the source leaves the snapshot as it is, and deleting a snapshot leaves the sandboxes booted
 from it as they are (their disks share blocks with it; the store counts them).
 
 Caps like templates: how many snapshots an account keeps at once depends on its plan
 (``plans.snapshots_concurrent``). Every tier takes snapshots: containers and gVisor (its sentry's
 cached writes synced first) their disk, the VM tier its disk and memory (a sandbox booted from one
-carries on its processes, with its source's vCPUs and memory). A host without the snapshot does not
-fetch it yet.
+carries on its processes, with its source's vCPUs and memory). A VM snapshot, which holds memory
+too, is not fetched: its boots stay on its host.
 
 A row is written ``creating`` before the host is asked (the cap and the name are held under the
 caller's row lock), made ``ready`` when the host answers, and removed if the host fails; on the host a
@@ -27,19 +30,20 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane.hosts import hostlink, hosts
+from paddock_controlplane.hosts import hostlink, hosts, scheduler
 from paddock_controlplane.records import queries
 from paddock_controlplane.records.models import Host
 from paddock_controlplane.records.schemas.snapshots import SnapshotCreateRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.snapshots import CREATING, ID_PREFIX, READY, Snapshot
 from paddock_controlplane.records.states import SandboxStatus
-from paddock_controlplane.resources import accounts, plans, webhooks
+from paddock_controlplane.resources import accounts, plans, templates, webhooks
 from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.ids import new_id
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import rfc3339
+from paddock_hostagent import schemas as hostschemas
 
 log = get_logger("paddock.snapshots")
 
@@ -207,6 +211,13 @@ async def delete_snapshot(services: Services, user_id: str, ref: str) -> None:
             data={"snapshot_id": snapshot_id, "name": row.name},
         )
     await _forget_on_host(services, host_id, snapshot_id)
+    # Copies fetched by other hosts (``ensure_on_host``) are not recorded: every other active host is
+    # asked (a host without one answers that it had none).
+    async with services.sessions() as session:
+        others = (await session.scalars(select(Host.id).where(Host.status == "active"))).all()
+    for other in others:
+        if other != host_id:
+            await _forget_on_host(services, str(other), snapshot_id)
 
 
 async def _forget_on_host(services: Services, host_id: str, snapshot_id: str) -> None:
@@ -226,3 +237,67 @@ async def resolve(session: AsyncSession, user_id: str, ref: str) -> Snapshot | N
     if row is not None and row.status != READY:
         raise errors.InvalidState(f"snapshot {ref!r} is {row.status}, not ready")
     return row
+
+
+def _pinned(host: Host | None) -> bool:
+    """A VM host's snapshots hold memory and never leave it."""
+    return hosts.runtime_of(host) in hosts.VM_RUNTIMES
+
+
+def image_fetchable(snapshot: Snapshot) -> bool:
+    """Whether a host without the image under the snapshot can fetch it (a template's, as any)."""
+    return snapshot.image.startswith("tpl_")
+
+
+async def boot_host(
+    session: AsyncSession,
+    services: Services,
+    snapshot: Snapshot,
+    requested: str | None,
+    *,
+    mem_mib: int,
+) -> str | None:
+    """Where a boot from ``snapshot`` goes: the host the create asked for (by ``host_id`` or a private
+    network), which fetches the snapshot if it does not keep it; else the host that keeps it while it
+    is active with room for ``mem_mib`` (no copy to make); else None, any host the scheduler picks,
+    which fetches it. A VM snapshot boots on its host only (409 naming both if another is asked)."""
+    if _pinned(await session.get(Host, snapshot.host_id)):
+        if requested is not None and requested != snapshot.host_id:
+            raise errors.InvalidState(
+                f"snapshot {snapshot.id} holds memory and is kept on host {snapshot.host_id}, not on {requested}"
+            )
+        return snapshot.host_id
+    if requested is not None:
+        return requested
+    try:
+        await scheduler.pick_host(
+            session,
+            mem_mib=mem_mib,
+            rootfs=snapshot.image,
+            now=services.clock(),
+            dead_after_s=services.settings.host_dead_after_s,
+            host_id=snapshot.host_id,
+            fetchable=True,
+        )
+    except errors.Unavailable as exc:
+        log.info("snapshot_holder_full", snapshot_id=snapshot.id, host_id=snapshot.host_id, reason=str(exc))
+        return None
+    return snapshot.host_id
+
+
+async def ensure_on_host(services: Services, link: hostlink.HostLink, host_id: str, rootfs: str) -> None:
+    """Before a boot from a snapshot on a host that does not keep it, that host fetches the image under
+    it (a template's, ``templates.ensure_image``) and then the snapshot's disk from the host that keeps
+    it, bounded by the snapshot's recorded size; one it fetched before answers at once."""
+    if not rootfs.startswith(ID_PREFIX):
+        return
+    async with services.sessions() as session:
+        row = await session.get(Snapshot, rootfs)
+        source = await session.get(Host, row.host_id) if row is not None else None
+    if row is None or source is None or source.id == host_id:
+        return
+    await templates.ensure_image(services, link, host_id, row.image)
+    await link.fetch_image(
+        row.id, source.url, hostschemas.fetch_limit(row.size_bytes or (row.disk_mib << 20))
+    )
+    log.info("snapshot_fetched", snapshot_id=row.id, host_id=host_id, source_host_id=source.id)

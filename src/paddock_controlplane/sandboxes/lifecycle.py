@@ -281,7 +281,8 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         )
         accounts.require_credit(account)
         if snapshot is not None:
-            # Booted from a clone of the snapshot on the host that holds it (no other host has it).
+            # Booted from a clone of the snapshot: on the host that keeps it while it has room, else
+            # on another, which fetches it first (``snapshots.boot_host``, ``snapshots.ensure_on_host``).
             rootfs, image_host, image = snapshot.id, None, snapshot.image
         else:
             rootfs, image_host = await resolve_rootfs(session, services, user_id, spec.rootfs)
@@ -291,18 +292,17 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             raise errors.AlreadyExists(f"a sandbox named {spec.name!r} already exists")
         host_id = await networks.placement(session, joined, spec.host_id)
         if snapshot is not None:
-            if host_id is not None and host_id != snapshot.host_id:
-                raise errors.InvalidState(
-                    f"snapshot {snapshot.id} is kept on host {snapshot.host_id}, not on {host_id}"
-                )
-            host_id = snapshot.host_id
+            host_id = await snapshots.boot_host(
+                session, services, snapshot, host_id, mem_mib=spec.shape.mem_mib
+            )
         host_id = volumes.host_of(mounted, host_id)  # a sandbox using a volume runs on its host
         placement = Placement(
             mem_mib=spec.shape.mem_mib,
             rootfs=image,
             host_id=host_id,
             node_selector=spec.node_selector,
-            fetchable=image_host is not None,
+            fetchable=image_host is not None
+            or (snapshot is not None and snapshots.image_fetchable(snapshot)),
         )
         host = await _pick(session, services, placement, refused=())
         for field in hibernating_fields(spec.on_timeout, spec.on_idle):
@@ -470,6 +470,7 @@ async def boot(
     async def start_on_host() -> tuple[hostlink.Booted, float]:
         if fork_of is None:  # a template's image this host lacks comes first (not within the boot time)
             await templates.ensure_image(services, link, str(sandbox.host_id), sandbox.rootfs)
+            await snapshots.ensure_on_host(services, link, str(sandbox.host_id), sandbox.rootfs)
         async with asyncio.timeout(services.settings.boot_timeout_s):
             memberships = await networks.boot_memberships(services, sandbox.id) if joined else []
             if fork_of is None:

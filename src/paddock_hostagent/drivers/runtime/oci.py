@@ -407,6 +407,11 @@ class OciRuntime(SandboxRuntime):
     def snapshots_dir(self) -> Path:
         return rootdisks.snapshots_dir(self.pool.slots_dir)
 
+    async def snapshot_store(self) -> Path:
+        """Where snapshots fetched from another host go (``image_transfer.SnapshotFetcher``)."""
+        await self.pool.factory.images_dir()
+        return self.snapshots_dir
+
     async def snapshot(self, record: SandboxRecord, snapshot_id: str) -> SnapshotInfo:
         """Freezes the sandbox (unless paused), copies its disk as a fork does (``syncfs`` and a clone,
         ``rootdisks.snapshot_image``) into ``.partial-<id>`` under the store's ``snapshots``, lets it run
