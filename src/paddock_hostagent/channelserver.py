@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
 
 import structlog
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from paddock_core import fastlane
 from paddock_core.logging import get_logger
-from paddock_hostagent import channelwire, errors
+from paddock_hostagent import channelwire, errors, processes
 from paddock_hostagent.routes import (
     buffered_exec,
     check_exec_size,
@@ -38,7 +38,7 @@ from paddock_hostagent.routes import (
     validation_reasons,
 )
 from paddock_hostagent.sandboxes import SandboxManager
-from paddock_hostagent.schemas import CreateSandboxBody, ExecBody, ForkBody
+from paddock_hostagent.schemas import CreateSandboxBody, ExecBody, ForkBody, ProcessStreamBody
 
 log = get_logger("paddock.hostagent.channel")
 # WebSocket close codes (RFC 6455 §7.4.1).
@@ -62,12 +62,32 @@ class ChannelEndpoint:
             log.info("channel_refused", reason="missing or invalid bearer token")
             await send({"type": "websocket.close", "code": _POLICY_VIOLATION})  # before accept: 403
             return
-        # Naming the subprotocol tells the client this agent takes create and fork too; a client that
-        # did not offer it (an older control plane) sends only what it knows.
-        offered = channelwire.PROTOCOL in scope.get("subprotocols", ())
-        await send({"type": "websocket.accept", "subprotocol": channelwire.PROTOCOL if offered else None})
+        # Naming a subprotocol tells the client which calls this agent takes (create and fork, the
+        # streamed process start); a client that offered none (an older control plane) sends only
+        # what it knows.
+        protocol = channelwire.chosen(scope.get("subprotocols", ()))
+        await send({"type": "websocket.accept", "subprotocol": protocol})
         log.info("channel_opened", client=str(scope.get("client")))
         await Channel(scope["app"].state.manager, send).serve(receive)
+
+
+class _Window:
+    """What a stream may still send before its reader grants more (``channelwire.STREAM_WINDOW_BYTES``)."""
+
+    def __init__(self) -> None:
+        self.available = channelwire.STREAM_WINDOW_BYTES
+        self._granted = asyncio.Event()
+
+    def grant(self, nbytes: int) -> None:
+        self.available = min(self.available + nbytes, channelwire.STREAM_WINDOW_BYTES)
+        self._granted.set()
+
+    async def spend(self, nbytes: int) -> None:
+        """Waits while the window is used up; a line may overdraw what is left (one line at most)."""
+        while self.available <= 0:
+            self._granted.clear()
+            await self._granted.wait()
+        self.available -= nbytes
 
 
 class Channel:
@@ -78,6 +98,7 @@ class Channel:
         self._send = send
         self._calls: dict[int, asyncio.Task[None]] = {}  # the cancellable ones, by id
         self._running: set[asyncio.Task[None]] = set()  # all of them (the loop keeps weak references)
+        self._windows: dict[int, _Window] = {}  # the streams', by id
 
     async def serve(self, receive: fastlane.Receive) -> None:
         try:
@@ -99,6 +120,11 @@ class Channel:
                     task = self._calls.get(call.id)
                     if task is not None:
                         task.cancel()
+                    continue
+                if call.op == channelwire.OP_CREDIT:
+                    window = self._windows.get(call.id)
+                    if window is not None:
+                        window.grant(call.credit)
                     continue
                 task = asyncio.create_task(self._answer(call))
                 self._running.add(task)
@@ -127,11 +153,21 @@ class Channel:
         request_id = call.request_id or "req_" + secrets.token_hex(8)
         started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(request_id=request_id):
-            status, body = await self._serve(call)
+            status, body, items = await self._serve(call)
             try:
-                await self._send(
-                    {"type": "websocket.send", "bytes": channelwire.encode_answer(call.id, status, body)}
-                )
+                if items is None:
+                    await self._reply(call.id, status, body)
+                else:
+                    window = self._windows[call.id] = _Window()
+                    try:
+                        await self._reply(call.id, status, body)
+                        async with contextlib.aclosing(items):
+                            async for item in items:
+                                await window.spend(len(item))
+                                await self._reply(call.id, channelwire.STATUS_ITEM, item)
+                        await self._reply(call.id, channelwire.STATUS_END, b"")
+                    finally:
+                        self._windows.pop(call.id, None)
             except OSError:
                 return  # the channel closed under the call: serve() cancels the rest
             # A create or fork is logged as its HTTP request was; the hot calls only when they fail.
@@ -144,19 +180,28 @@ class Channel:
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
             )
 
-    async def _serve(self, call: channelwire.Call) -> tuple[int, bytes]:
-        """(status, body) exactly as the HTTP route would answer."""
-        serve = _OPS.get(call.op)
-        if serve is None:
-            return 400, error_body("bad_request", f"unknown channel call {call.op}")
+    async def _reply(self, call_id: int, status: int, body: bytes) -> None:
+        await self._send(
+            {"type": "websocket.send", "bytes": channelwire.encode_answer(call_id, status, body)}
+        )
+
+    async def _serve(self, call: channelwire.Call) -> tuple[int, bytes, AsyncGenerator[bytes, None] | None]:
+        """(status, body) exactly as the HTTP route would answer, and a streamed call's lines."""
         try:
-            return 200, await serve(self._manager, call)
+            stream = _STREAMS.get(call.op)
+            if stream is not None:
+                head, items = await stream(self._manager, call)
+                return 200, head, items
+            serve = _OPS.get(call.op)
+            if serve is None:
+                return 400, error_body("bad_request", f"unknown channel call {call.op}"), None
+            return 200, await serve(self._manager, call), None
         except errors.HostAgentServerError as exc:
-            return exc.status, error_body(exc.code, exc.message)
+            return exc.status, error_body(exc.code, exc.message), None
         except Exception as exc:  # the app's 500; the channel's other calls go on
             request_id = secrets.token_hex(6)
             log.error("unhandled_error", request_id=request_id, op=call.op, exc_info=exc)
-            return 500, error_body("internal", f"internal error (request {request_id})")
+            return 500, error_body("internal", f"internal error (request {request_id})"), None
 
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -195,8 +240,25 @@ async def _create(manager: SandboxManager, call: channelwire.Call) -> bytes:
     return (await manager.create(_body(CreateSandboxBody, call))).model_dump_json().encode()
 
 
-# The calls a departed caller stops (the others run to their end; their answers go nowhere).
-_CANCELLABLE = frozenset({channelwire.OP_EXEC})
+async def _process_stream(
+    manager: SandboxManager, call: channelwire.Call
+) -> tuple[bytes, AsyncGenerator[bytes, None]]:
+    """``POST …/processes/stream``: the process's view, then its frames (``processes.frames``: the
+    route's own lines); ending the iteration closes the guest's stream, and the process runs on."""
+    body = _body(ProcessStreamBody, call)
+    view, stream = await processes.service_of(manager).start_streaming(call.sandbox_id, body)
+
+    async def lines() -> AsyncGenerator[bytes, None]:
+        async with contextlib.aclosing(processes.frames(stream, 0)) as frames:
+            async for frame in frames:
+                yield frame.model_dump_json(exclude_none=True).encode()
+
+    return view.model_dump_json().encode(), lines()
+
+
+# The calls a departed caller stops (the others run to their end; their answers go nowhere). A stream
+# stops too, but not its process.
+_CANCELLABLE = frozenset({channelwire.OP_EXEC, *channelwire.STREAM_OPS})
 # The calls made many times a second, logged at debug level when they succeed.
 _HOT = channelwire.FIRST_OPS
 # Each op's answer body on success; the HTTP routes' own functions where they are plain calls.
@@ -207,3 +269,7 @@ _OPS: dict[int, Callable[[SandboxManager, channelwire.Call], Awaitable[bytes]]] 
     channelwire.OP_FORK: _fork,
     channelwire.OP_CREATE: _create,
 }
+# Each streamed op's first answer's body on success, and its lines.
+_STREAMS: dict[
+    int, Callable[[SandboxManager, channelwire.Call], Awaitable[tuple[bytes, AsyncGenerator[bytes, None]]]]
+] = {channelwire.OP_PROCESS_STREAM: _process_stream}

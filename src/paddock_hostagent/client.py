@@ -47,7 +47,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from paddock_hostagent import channelwire
-from paddock_hostagent.channelclient import AgentChannel, ChannelLostError
+from paddock_hostagent.channelclient import AgentChannel, ChannelLostError, ChannelStreamLaggedError
 from paddock_hostagent.schemas import (
     BandwidthBody,
     BandwidthResult,
@@ -80,6 +80,7 @@ from paddock_hostagent.schemas import (
     ProcessResizeBody,
     ProcessSignalBody,
     ProcessStartBody,
+    ProcessStreamBody,
     ProcessView,
     ResizeBody,
     ResizeResult,
@@ -777,6 +778,58 @@ class HostAgentClient:
             timeout=httpx.Timeout(timeout_ms / 1000 + 30.0, connect=5.0),
         )
 
+    async def start_streaming(
+        self, sandbox_id: str, body: ProcessStreamBody
+    ) -> tuple[ProcessView, AsyncGenerator[ProcessFrame, None]] | None:
+        """Starts a process and opens its stream in one call (``POST …/processes/stream``): its view,
+        then its frames from its first output. ``None`` from an agent that predates the call (405):
+        the caller makes the three calls it stands for. Errors are raised here, before any frame.
+
+        Over the kept channel when it carries the call (``channelwire.OP_PROCESS_STREAM``), else over
+        HTTP. A channel stream that ends early (the channel dropped, or its reader fell behind) goes
+        on over HTTP from the last output it gave: the process runs on in the guest, which keeps its
+        output, so the caller sees one stream either way."""
+        if self.channel is not None:
+            request_id = self._request_id() if self._request_id is not None else None
+            raw = body.model_dump_json(exclude_none=True).encode()
+            with _answered():
+                async with asyncio.timeout(self._timeout.read):
+                    opened = await self.channel.stream(
+                        channelwire.OP_PROCESS_STREAM, sandbox_id, request_id or "", raw
+                    )
+            if opened is not None:
+                status, head, streamed = opened
+                if status >= 400 or streamed is None:
+                    raise error_from(status, head)
+                view = _parse(ProcessView.model_validate_json, status, head)
+                return view, self._channel_frames(sandbox_id, view.process_id, streamed)
+        request = self._http.build_request(
+            "POST",
+            self._proc(sandbox_id) + "/stream",
+            content=body.model_dump_json(exclude_none=True).encode(),
+            headers={**self._call_headers(), "Content-Type": "application/json"},
+            timeout=_EXEC_TIMEOUT,
+        )
+        with _answered():
+            resp = await self._http.send(request, stream=True)
+        if resp.status_code >= 400:
+            answer = await resp.aread()
+            await resp.aclose()
+            if resp.status_code == 405:
+                return None
+            raise error_from(resp.status_code, answer)
+        lines = resp.aiter_lines()
+        try:
+            with _answered():
+                first = await anext(lines, "")
+            lead = _parse(ProcessFrame.model_validate_json, resp.status_code, first.encode())
+            if lead.type != "start" or lead.process is None:
+                raise HostAgentError("host agent answered outside the contract: no start frame", status=200)
+        except BaseException:
+            await resp.aclose()
+            raise
+        return lead.process, self._frames(resp, lines)
+
     async def connect_process(
         self, sandbox_id: str, process_id: str, after: int
     ) -> AsyncGenerator[ProcessFrame, None]:
@@ -796,13 +849,47 @@ class HostAgentClient:
             await resp.aclose()
             raise error_from(resp.status_code, body)
 
-        async def frames() -> AsyncGenerator[ProcessFrame, None]:
-            try:
-                with _answered():
-                    async for line in resp.aiter_lines():
-                        if line.strip():
-                            yield _parse(ProcessFrame.model_validate_json, resp.status_code, line.encode())
-            finally:
-                await resp.aclose()
+        return self._frames(resp, resp.aiter_lines())
 
-        return frames()
+    async def _channel_frames(
+        self, sandbox_id: str, process_id: str, lines: AsyncGenerator[bytes, None]
+    ) -> AsyncGenerator[ProcessFrame, None]:
+        """A channel stream's frames; if it ends before the process's ``exit`` frame, the rest over
+        HTTP (``connect_process`` after the last output seen)."""
+        after = 0
+        try:
+            async for line in lines:
+                frame = _parse(ProcessFrame.model_validate_json, 200, line)
+                after = frame.seq if frame.seq is not None else after
+                yield frame
+                if frame.type in ("exit", "error"):
+                    return
+        except (ChannelLostError, ChannelStreamLaggedError):
+            pass
+        finally:
+            await lines.aclose()
+        rest = await self.connect_process(sandbox_id, process_id, after)
+        try:
+            async for frame in rest:
+                yield frame
+        finally:
+            await rest.aclose()
+
+    @staticmethod
+    async def _frames(resp: httpx.Response, lines: AsyncIterator[str]) -> AsyncGenerator[ProcessFrame, None]:
+        """A connect stream's frames, one per NDJSON line; closing the iterator closes the response.
+        The agent ends the stream at its ``exit`` (or ``error``) frame, so that frame is yielded once
+        the answer's end has been read: a caller that stops there leaves the connection whole, and
+        the pool reuses it, instead of a new TCP connection for the next stream."""
+        try:
+            with _answered():
+                async for line in lines:
+                    if not line.strip():
+                        continue
+                    frame = _parse(ProcessFrame.model_validate_json, resp.status_code, line.encode())
+                    if frame.type in ("exit", "error"):
+                        async for _ in lines:  # only the end of the body is left
+                            pass
+                    yield frame
+        finally:
+            await resp.aclose()

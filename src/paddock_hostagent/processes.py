@@ -15,7 +15,7 @@ import binascii
 import contextlib
 import json
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -46,6 +46,7 @@ from paddock_hostagent.schemas import (
     ProcessResizeBody,
     ProcessSignalBody,
     ProcessStartBody,
+    ProcessStreamBody,
     ProcessView,
 )
 
@@ -122,8 +123,7 @@ class ProcessService:
         entry.touch()
         return GuestProcesses(self.manager.runtime.guest(entry.record))
 
-    async def start(self, sandbox_id: str, body: ProcessStartBody) -> ProcessView:
-        guest = self._guest(sandbox_id)
+    def _start_request(self, sandbox_id: str, body: ProcessStartBody) -> StartRequest:
         if body.cmd is None and body.pty is None:
             raise errors.BadRequest("cmd: required for a process without a pty")
         cmd, args = (body.cmd, body.args) if body.cmd is not None else DEFAULT_SHELL
@@ -138,8 +138,13 @@ class ProcessService:
         if any("\0" in value for value in strings):
             raise errors.BadRequest("cmd, args, env and cwd may not contain NUL characters")
         pty = (body.pty.rows, body.pty.cols) if body.pty is not None else None
+        return StartRequest(cmd, list(args), env, cwd, pty, body.user)
+
+    async def start(self, sandbox_id: str, body: ProcessStartBody) -> ProcessView:
+        guest = self._guest(sandbox_id)
+        request = self._start_request(sandbox_id, body)
         with _guest_errors(sandbox_id):
-            return view_of(await guest.start(StartRequest(cmd, list(args), env, cwd, pty, body.user)))
+            return view_of(await guest.start(request))
 
     async def list(self, sandbox_id: str) -> ProcessList:
         with _guest_errors(sandbox_id):
@@ -192,8 +197,20 @@ class ProcessService:
             await stream.__aenter__()
         return stream
 
+    async def start_streaming(
+        self, sandbox_id: str, body: ProcessStreamBody
+    ) -> tuple[ProcessView, ProcessStream]:
+        """Starts the process and opens its stream from its first output, stdin closed first when
+        asked (one guest connection: ``GuestProcesses.start_streaming``). Errors are raised before any
+        byte of the response."""
+        guest = self._guest(sandbox_id)
+        request = self._start_request(sandbox_id, body)
+        with _guest_errors(sandbox_id):
+            view, stream = await guest.start_streaming(request, close_stdin=body.close_stdin)
+        return view_of(view), stream
 
-async def frames(stream: ProcessStream, after: int) -> AsyncIterator[ProcessFrame]:
+
+async def frames(stream: ProcessStream, after: int) -> AsyncGenerator[ProcessFrame, None]:
     """The connect stream's frames, with a heartbeat whenever ``HEARTBEAT_S`` pass in silence."""
     oldest = int(stream.process["output"]["oldest_seq"])
     gap = oldest if oldest > after + 1 else None  # the requested range was already discarded
@@ -248,6 +265,15 @@ async def start_process(sandbox_id: str, body: ProcessStartBody, manager: Manage
     return await service_of(manager).start(sandbox_id, body)
 
 
+@router.post("/stream", response_model=None)
+async def start_streaming(sandbox_id: str, body: ProcessStreamBody, manager: Manager) -> StreamingResponse:
+    """A start answered by the process's connect stream, led by a ``start`` frame holding its view.
+    An agent from before this route answers 405 (``/{process_id}`` takes no POST): the caller then
+    makes the three calls it stands for."""
+    view, stream = await service_of(manager).start_streaming(sandbox_id, body)
+    return _ndjson(stream, 0, lead=ProcessFrame(type="start", process=view))
+
+
 @router.get("")
 async def list_processes(sandbox_id: str, manager: Manager) -> ProcessList:
     return await service_of(manager).list(sandbox_id)
@@ -273,8 +299,13 @@ async def connect_process(
     sandbox_id: str, process_id: str, manager: Manager, after: Annotated[int, Query(ge=0)] = 0
 ) -> StreamingResponse:
     stream = await service_of(manager).connect(sandbox_id, process_id, after)
+    return _ndjson(stream, after)
 
+
+def _ndjson(stream: ProcessStream, after: int, *, lead: ProcessFrame | None = None) -> StreamingResponse:
     async def ndjson() -> AsyncIterator[bytes]:
+        if lead is not None:
+            yield lead.model_dump_json(exclude_none=True).encode() + b"\n"
         async for frame in frames(stream, after):
             yield json.dumps(frame.model_dump(exclude_none=True)).encode() + b"\n"
 

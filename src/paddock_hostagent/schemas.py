@@ -431,6 +431,14 @@ class ProcessStartBody(BaseModel):
     user: str | None = Field(default=None, min_length=1, max_length=256)  # as ExecBody.user
 
 
+class ProcessStreamBody(ProcessStartBody):
+    """``POST …/processes/stream``: a start whose answer is the process's connect stream, so that a
+    caller that runs a command and reads it (E2B's ``commands.run``) makes one call, not three.
+    ``close_stdin`` closes its stdin as the stream opens (a command that reads none gets EOF)."""
+
+    close_stdin: bool = False
+
+
 class ProcessForeground(BaseModel):
     pid: int
     cmd: str
@@ -489,9 +497,11 @@ class OkResult(BaseModel):
 
 
 class ProcessFrame(BaseModel):
-    """One line of a connect stream (spec §12.2): ``data``, ``exit``, ``heartbeat`` or ``error``."""
+    """One line of a connect stream (spec §12.2): ``data``, ``exit``, ``heartbeat`` or ``error``; a
+    stream opened by a start (``ProcessStreamBody``) begins with one ``start`` holding the process."""
 
-    type: Literal["data", "exit", "heartbeat", "error"]
+    type: Literal["start", "data", "exit", "heartbeat", "error"]
+    process: ProcessView | None = None
     seq: int | None = None
     stream: Literal["stdout", "stderr", "pty"] | None = None
     data_base64: str | None = None

@@ -20,6 +20,7 @@ from paddock_hostagent.schemas import (
     ProcessResizeBody,
     ProcessSignalBody,
     ProcessStartBody,
+    ProcessStreamBody,
     ProcessView,
 )
 
@@ -52,6 +53,13 @@ class FakeProcesses:
         )
         self.processes[sandbox_id][process_id] = view
         return view
+
+    async def start_streaming(
+        self, sandbox_id: str, body: ProcessStreamBody
+    ) -> tuple[ProcessView, AsyncGenerator[ProcessFrame, None]] | None:
+        """As a host agent from before the streamed start answers: the caller makes the three calls
+        (the streamed start itself runs against real agents in tests/e2b)."""
+        return None
 
     async def start_process(self, sandbox_id: str, body: ProcessStartBody) -> ProcessView:
         if self.processes_host_down:

@@ -36,6 +36,7 @@ from paddock_hostagent.schemas import (
     ProcessResizeBody,
     ProcessSignalBody,
     ProcessStartBody,
+    ProcessStreamBody,
     ProcessView,
     SandboxLog,
     SnapshotView,
@@ -294,6 +295,10 @@ class HostLinkAPI(Protocol):
     async def connect_process(
         self, sandbox_id: str, process_id: str, after: int
     ) -> AsyncGenerator[ProcessFrame, None]: ...
+
+    async def start_streaming(
+        self, sandbox_id: str, body: ProcessStreamBody
+    ) -> tuple[ProcessView, AsyncGenerator[ProcessFrame, None]] | None: ...
 
 
 class HostLink(HostLinkAPI):
@@ -583,6 +588,19 @@ class HostLink(HostLinkAPI):
         with _mapped():
             frames = await self.client.connect_process(sandbox_id, process_id, after)
         return _mapped_frames(frames)
+
+    async def start_streaming(
+        self, sandbox_id: str, body: ProcessStreamBody
+    ) -> tuple[ProcessView, AsyncGenerator[ProcessFrame, None]] | None:
+        """A start and its stream in one call (``start_process``, ``close_process_stdin`` and
+        ``connect_process`` from 0 at once); ``None`` from an agent that predates it. Errors as
+        ``connect_process``'s."""
+        with _mapped():
+            started = await self.client.start_streaming(sandbox_id, body)
+        if started is None:
+            return None
+        view, frames = started
+        return view, _mapped_frames(frames)
 
 
 async def _mapped_frames(frames: AsyncGenerator[ProcessFrame, None]) -> AsyncGenerator[ProcessFrame, None]:

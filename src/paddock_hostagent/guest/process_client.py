@@ -13,9 +13,10 @@ leaving a ``connect`` stream only closes that connection, never the process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import TracebackType
@@ -149,13 +150,36 @@ class GuestProcesses:
             conn.close()
 
     async def start(self, request: StartRequest) -> dict[str, Any]:
-        try:
+        with _start_refusals(request):
             return await self._call(encode_start(request))
-        except GuestProcessNotFoundError as exc:
-            # An older process manager reads START_AS as an operation on a process named by the user.
-            if request.user is None:
-                raise
-            raise GuestTooOldError(GUEST_TOO_OLD_FOR_USER) from exc
+
+    async def start_streaming(
+        self, request: StartRequest, *, close_stdin: bool
+    ) -> tuple[dict[str, Any], ProcessStream]:
+        """Starts a process and opens its stream from its first output, on one connection: the
+        process manager serves a connection's requests in order until a connect turns it into a
+        stream (process.c, ``client_read``; so since its first version), so after the start's answer
+        stdin's close (when asked) and the connect are sent together. A start, a close and a connect
+        on three connections cost the guest three handler processes; this costs one."""
+        conn = await self._client._connect()
+        try:
+            await conn.send(encode_start(request))
+            with _start_refusals(request):
+                view = await _read_reply(conn)
+            process_id = str(view["process_id"])
+            connect = _request(ProcessOp.CONNECT, _string(process_id) + struct.pack("<Q", 0))
+            if close_stdin:
+                await conn.send(_request(ProcessOp.STDIN_CLOSE, _string(process_id)) + connect)
+                await _read_reply(conn)
+            else:
+                await conn.send(connect)
+            stream = ProcessStream(self._client, process_id, 0)
+            stream.process = await _read_reply(conn)
+        except BaseException:
+            conn.close()
+            raise
+        stream._conn = conn
+        return view, stream
 
     async def list(self) -> dict[str, Any]:
         return await self._call(_request(ProcessOp.LIST))
@@ -186,6 +210,17 @@ class GuestProcesses:
 
     def connect(self, process_id: str, after: int) -> ProcessStream:
         return ProcessStream(self._client, process_id, after)
+
+
+@contextlib.contextmanager
+def _start_refusals(request: StartRequest) -> Iterator[None]:
+    try:
+        yield
+    except GuestProcessNotFoundError as exc:
+        # An older process manager reads START_AS as an operation on a process named by the user.
+        if request.user is None:
+            raise
+        raise GuestTooOldError(GUEST_TOO_OLD_FOR_USER) from exc
 
 
 async def _read_reply(conn: _Connection) -> dict[str, Any]:

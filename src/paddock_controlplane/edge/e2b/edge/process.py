@@ -13,7 +13,7 @@ import asyncio
 import base64
 import binascii
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from paddock_controlplane.edge.e2b.edge.connect import ConnectError
@@ -28,6 +28,7 @@ from paddock_hostagent.schemas import (
     ProcessResizeBody,
     ProcessSignalBody,
     ProcessStartBody,
+    ProcessStreamBody,
     ProcessView,
 )
 
@@ -109,26 +110,31 @@ async def _process_id(call: Call, selector: Any) -> tuple[str, int]:
     raise ConnectError("not_found", f"process with pid {pid} not found")
 
 
-async def _events(
-    call: Call, process_id: str, pid: int, after: int, *, close_stdin: bool = False
-) -> AsyncIterator[dict[str, Any]]:
-    """The process's events from output ``after`` on. With ``close_stdin`` its stdin is closed while
+async def _opened(
+    call: Call, process_id: str, after: int, *, close_stdin: bool = False
+) -> AsyncGenerator[ProcessFrame, None]:
+    """The process's stream from output ``after`` on. With ``close_stdin`` its stdin is closed while
     the stream opens (two host calls at once, not one after the other: the stream starts at ``after``,
     so no output is lost to the order)."""
     with mapped():
         opening = call.link.connect_process(call.sandbox.id, process_id, after)
-        if close_stdin:
-            opened, closed = await asyncio.gather(
-                opening, call.link.close_process_stdin(call.sandbox.id, process_id), return_exceptions=True
-            )
-            if isinstance(opened, BaseException):
-                raise opened
-            frames = opened
-            if isinstance(closed, BaseException):
-                await frames.aclose()
-                raise closed
-        else:
-            frames = await opening
+        if not close_stdin:
+            return await opening
+        opened, closed = await asyncio.gather(
+            opening, call.link.close_process_stdin(call.sandbox.id, process_id), return_exceptions=True
+        )
+        if isinstance(opened, BaseException):
+            raise opened
+        if isinstance(closed, BaseException):
+            await opened.aclose()
+            raise closed
+        return opened
+
+
+async def _events(
+    call: Call, pid: int, frames: AsyncGenerator[ProcessFrame, None]
+) -> AsyncIterator[dict[str, Any]]:
+    """An opened stream's frames as envd's events."""
     with Inflight(call.services, call.sandbox.id):
         yield {"event": {"start": {"pid": pid}}}
         try:
@@ -153,16 +159,33 @@ def command_env(call: Call, given: dict[str, str]) -> dict[str, str]:
     return validation.envs({**envs.open_sealed(call.services, call.sandbox), **given}, "process.envs")
 
 
-async def _start_as(call: Call, body: ProcessStartBody) -> ProcessView:
+async def _start_streaming(
+    call: Call, body: ProcessStreamBody
+) -> tuple[ProcessView, AsyncGenerator[ProcessFrame, None]]:
+    """Starts the process and opens its stream from its first output: one host call (the host's
+    streamed start), or, with an agent from before it, a start then the stream and stdin's close at
+    once — the same process and events either way."""
+    started = await call.link.start_streaming(call.sandbox.id, body)
+    if started is not None:
+        return started
+    view = await call.link.start_process(
+        call.sandbox.id, ProcessStartBody(**body.model_dump(exclude={"close_stdin"}))
+    )
+    return view, await _opened(call, view.process_id, 0, close_stdin=body.close_stdin)
+
+
+async def _start_as(
+    call: Call, body: ProcessStreamBody
+) -> tuple[ProcessView, AsyncGenerator[ProcessFrame, None]]:
     """Starts the process as the E2B user the SDK named (``context.Call.user``). E2B's ``user`` is an
     account Paddock's images need not have: where the sandbox has none, the process runs as the image's
     user, as it does when the SDK names nobody (docs/e2b.md, Users)."""
     try:
-        return await call.link.start_process(call.sandbox.id, body)
+        return await _start_streaming(call, body)
     except errors.ValidationFailed as exc:
         if body.user != DEFAULT_USER or "user" not in exc.fields:
             raise
-    return await call.link.start_process(call.sandbox.id, body.model_copy(update={"user": None}))
+    return await _start_streaming(call, body.model_copy(update={"user": None}))
 
 
 async def start(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -181,17 +204,23 @@ async def start(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]
     cwd = _str(config.get("cwd"), "process.cwd", optional=True) or None
     tag = _str(req.get("tag"), "tag", optional=True)
     pty = _size(req.get("pty"))
+    close_stdin = pty is None and req.get("stdin") is not True
     with mapped():
-        body = ProcessStartBody(
-            cmd=cmd, args=args, env=command_env(call, env), cwd=cwd, pty=pty, user=call.user
+        body = ProcessStreamBody(
+            cmd=cmd,
+            args=args,
+            env=command_env(call, env),
+            cwd=cwd,
+            pty=pty,
+            user=call.user,
+            close_stdin=close_stdin,
         )
-        view = await _start_as(call, body)
+        view, frames = await _start_as(call, body)
     if tag:
         _tags[(call.sandbox.id, tag)] = view.process_id
         while len(_tags) > MAX_TAGS:
             _tags.popitem(last=False)
-    close_stdin = pty is None and req.get("stdin") is not True
-    async for event in _events(call, view.process_id, view.pid, 0, close_stdin=close_stdin):
+    async for event in _events(call, view.pid, frames):
         yield event
 
 
@@ -199,7 +228,8 @@ async def connect(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, An
     process_id, pid = await _process_id(call, req.get("process"))
     with mapped():
         view = await call.link.get_process(call.sandbox.id, process_id)
-    async for event in _events(call, process_id, pid, view.output.newest_seq):
+    frames = await _opened(call, process_id, view.output.newest_seq)
+    async for event in _events(call, pid, frames):
         yield event
 
 
