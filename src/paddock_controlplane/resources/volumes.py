@@ -8,9 +8,10 @@ check runs under the user's row lock (``accounts.lock_user``), so two attaches c
 Choices: an attachment whose sandbox is destroyed or failed no longer holds the volume (destroy needs
 no step of its own: the host drops its mounts with the sandbox); a volume with a live attachment cannot
 be deleted (409 naming the sandboxes); a fork or a snapshot does not take a volume along; a volume only
-grows. The container tier (crun, runc) mounts volumes at create or live; gVisor binds them only at a
-sandbox's start, so a create sends them to its host before the create call (``before_boot``) and a
-live attach there is a 409 naming the tier; the VM tier answers 409 naming its tier.
+grows. Every tier keeps volumes: the container tier (crun, runc) mounts them at create or live;
+gVisor binds them, and the VM tier gives them as drives, only at a sandbox's start, so a create sends
+them to such a host before the create call (``before_boot``) and a live attach there is a 409 naming
+the tier.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ MIN_SIZE_MIB = 512
 #: What a refusal on another tier says could not be done (hosts.container_tier_refusal).
 OPERATION = "mounting a local volume"
 LIVE_OPERATION = "mounting a local volume into a running sandbox"
-#: The runtimes that take a volume only at a sandbox's start (gVisor's binds): told before the create
-#: call.
-BOUND_AT_START = ("runsc",)
+#: The runtimes that take a volume only at a sandbox's start (gVisor's binds, a VM's drives): told
+#: before the create call.
+BOUND_AT_START = ("runsc", "qemu")
 ATTACHABLE = (SandboxStatus.RUNNING, SandboxStatus.PAUSED)
 
 
@@ -124,7 +125,7 @@ def _overlaps(a: str, b: str) -> bool:
 def tier_refusal(host: Host | None) -> str | None:
     """Why ``host`` keeps no volumes (its tier), or None."""
     return hosts.container_tier_refusal(
-        host, OPERATION, "; the container and gVisor tiers keep volumes", also=BOUND_AT_START
+        host, OPERATION, "; the container, gVisor and VM tiers keep volumes", also=BOUND_AT_START
     )
 
 
@@ -133,7 +134,7 @@ def live_refusal(host: Host | None) -> str | None:
     return tier_refusal(host) or hosts.container_tier_refusal(
         host,
         LIVE_OPERATION,
-        "; gVisor sandboxes take volumes only when they start: name the volume in the create",
+        "; gVisor and VM sandboxes take volumes only when they start: name the volume in the create",
     )
 
 
@@ -465,8 +466,9 @@ async def mount_all(services: Services, sandbox: Sandbox) -> None:
 
 
 async def before_boot(services: Services, link: hostlink.HostLink, sandbox: Sandbox) -> None:
-    """Before a create's call to a host that takes volumes only at a sandbox's start (gVisor): each
-    volume it named is attached to the sandbox's id there, so the host binds it into the new container.
+    """Before a create's call to a host that takes volumes only at a sandbox's start (gVisor, VMs): each
+    volume it named is attached to the sandbox's id there, so the host binds it into the new container
+    (or gives it to the new VM as a drive).
     Other hosts mount them once it runs (``mount_all``). A refusal is the host's error (the boot fails)."""
     async with services.sessions() as session:
         host = await session.get(Host, sandbox.host_id) if sandbox.host_id else None
@@ -482,6 +484,22 @@ async def before_boot(services: Services, link: hostlink.HostLink, sandbox: Sand
     for row in rows:
         body = VolumeMountBody(volume_id=row.volume_id, mount_path=row.mount_path, read_only=row.read_only)
         await link.attach_volume(sandbox.id, body)
+
+
+async def refuse_copy(session: AsyncSession, sandbox: Sandbox, operation: str) -> None:
+    """A 409 naming the tier when ``operation`` (a fork, a snapshot) would copy a VM that holds a volume:
+    its memory has the volume mounted, so a copy would be a second writer of it."""
+    host = await session.get(Host, sandbox.host_id) if sandbox.host_id else None
+    if hosts.runtime_of(host) not in hosts.VM_RUNTIMES:
+        return
+    held = await session.scalar(
+        select(func.count()).select_from(AttachmentRow).where(AttachmentRow.sandbox_id == sandbox.id)
+    )
+    if held:
+        raise hostlink.TierRefusedError(
+            f"{operation} that holds a volume is not supported on the vm isolation tier: its memory has"
+            " the volume mounted (a copy would be a second writer); destroy it to free the volume"
+        )
 
 
 async def _mount_on_host(link: hostlink.HostLink, sandbox_id: str, body: VolumeMountBody, field: str) -> None:

@@ -607,6 +607,7 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
         accounts.require_credit(account)
         if source.host_id is None:
             raise errors.InvalidState("sandbox has no host to fork on")
+        await volumes.refuse_copy(session, source, "forking a sandbox")
         # The child runs where its source's disk is: no other host can take it, so a full host is a 503
         # now rather than a child that fails after this answer.
         await scheduler.check_room(

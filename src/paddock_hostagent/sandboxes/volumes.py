@@ -9,7 +9,11 @@ its tier:
   not hold yet is kept for that id's create, ``RESERVATION_S`` at most) and its host mount is bound into
   the container at its start (a read-only one through a read-only bind of it, ``<store>/.read-only/``);
   a live attach into a running gVisor sandbox is a 409 naming the tier;
-- VM (qemu): refused (the VM has its own kernel, and the host cannot mount into it).
+- VM (qemu): the volume's image file is given to the VM at its boot as an extra virtio-blk drive
+  (read-only on QEMU's side for a read-only mount; ``drivers/vm/qemu.py``) and the guest's init mounts
+  it at its path inside the VM; the host never mounts it meanwhile (two kernels on one XFS would break
+  it), and does not grow it while a VM holds it. It is attached before the create as on gVisor; a live
+  attach is a 409 naming the tier.
 
 Which sandboxes hold a volume is kept in the volume's own record, so a restarted agent knows what to
 keep mounted: holders whose sandbox did not survive (an agent restart that found it stopped, a reboot)
@@ -40,6 +44,7 @@ from paddock_hostagent.drivers.storage.volumes import (
     place_in,
     remove_from,
 )
+from paddock_hostagent.drivers.vm.qemu import VolumeDrive
 from paddock_hostagent.sandboxes.checks import driver_errors
 from paddock_hostagent.sandboxes.registry import Registry
 from paddock_hostagent.schemas import (
@@ -54,17 +59,16 @@ from paddock_hostagent.schemas import (
 log = get_logger(__name__)
 
 VOLUMES = "mounting a local volume"
-#: Runtimes whose sandboxes take no volumes, and why.
-_REFUSED = {
-    "qemu": ("vm", "the VM has its own kernel, and the host cannot mount into it"),
-}
-#: Runtimes whose running sandboxes take no volume (one named at create is bound at the start), and why.
+#: Runtimes whose running sandboxes take no volume (one named at create is given at the start), and why.
 _LIVE_REFUSED = {
     "runsc": (
         "gvisor",
         "gVisor binds host directories only when the sandbox starts; name the volume in the create",
     ),
+    "qemu": ("vm", "a volume is given to a VM as a drive when it boots; name the volume in the create"),
 }
+#: The VM runtime: its volumes are drives of its machine, never mounted on the host.
+VM_RUNTIME = "qemu"
 LIVE = "mounting a local volume into a running sandbox"
 #: How long a volume attached to a sandbox this host has not made yet (gVisor) waits for its create.
 RESERVATION_S = 300.0
@@ -80,6 +84,8 @@ class _Reservation:
 
     at: float
     binds: list[tuple[Path, str]] = field(default_factory=list)
+    #: The same for a VM: the volumes' image files, given as drives.
+    drives: list[VolumeDrive] = field(default_factory=list)
     bound: bool = False
 
 
@@ -110,13 +116,6 @@ class Volumes:
             self.held.setdefault(holder.sandbox_id, set()).add(meta.id)
         for sandbox_id in [s for s, volumes in self.held.items() if not volumes]:
             del self.held[sandbox_id]
-
-    def _refuse_tier(self) -> None:
-        refused = _REFUSED.get(self.registry.runtime_label)
-        if refused is not None:
-            tier, why = refused
-            with driver_errors():
-                raise TierUnsupportedError(tier, VOLUMES, why)
 
     def _refuse_live(self) -> None:
         refused = _LIVE_REFUSED.get(self.registry.runtime_label)
@@ -166,7 +165,6 @@ class Volumes:
     # -- the volumes ----------------------------------------------------------------------------
 
     async def create(self, body: VolumeCreateBody) -> VolumeView:
-        self._refuse_tier()
         async with self.store.lock(body.volume_id):
             with driver_errors():
                 meta = await self.store.create(body.volume_id, body.size_mib)
@@ -181,6 +179,12 @@ class Volumes:
             meta = self._load(volume_id)
             if size_mib < meta.size_mib:
                 raise errors.BadRequest(f"size_mib: a volume only grows (it has {meta.size_mib} MiB)")
+            if self.registry.runtime_label == VM_RUNTIME and meta.holders:
+                # Growing mounts it on the host, and a VM has it mounted: two kernels on one XFS.
+                raise errors.InvalidState(
+                    f"volume {volume_id} is a drive of VM {meta.holders[0].sandbox_id}: it grows only"
+                    " while no VM holds it"
+                )
             with driver_errors():
                 await self.store.grow(meta, size_mib)
         log.info("volume_resized", volume_id=volume_id, size_mib=size_mib)
@@ -233,7 +237,6 @@ class Volumes:
         same path again is a no-op. On gVisor, a sandbox this host has not made yet gets the volume
         bound at its start (``reserve``); a running one is refused."""
         await self._expire_reservations()
-        self._refuse_tier()
         if _LIVE_REFUSED.get(self.registry.runtime_label) and self._not_made_yet(sandbox_id):
             return await self.reserve(sandbox_id, body)
         entry = self.registry.entry(sandbox_id)
@@ -279,19 +282,31 @@ class Volumes:
             if self._held_as_asked(meta, sandbox_id, body):
                 return answer
             self._check_free(meta, body)
-            with driver_errors():
-                await self.store.mount_on_host(meta.id)
-            try:
-                source = (
-                    await self._read_only_view(meta.id) if body.read_only else self.store.mount_dir(meta.id)
-                )
-            except BaseException:
-                if not meta.holders:
-                    with contextlib.suppress(DriverError):
-                        await self._unmount_on_host(meta.id)
-                raise
             reservation = self.reserved.setdefault(sandbox_id, _Reservation(time.monotonic()))
-            reservation.binds.append((source, body.mount_path))
+            if self.registry.runtime_label == VM_RUNTIME:
+                if not meta.holders:
+                    # A VM destroyed with the volume mounted left its log to replay, which a reader's
+                    # read-only drive cannot: replayed here (a mount and an unmount) while no VM holds it.
+                    with driver_errors():
+                        await self.store.mount_on_host(meta.id)
+                        await self.store.unmount_on_host(meta.id)
+                drive = VolumeDrive(self.store.image(meta.id), body.mount_path, body.read_only)
+                reservation.drives.append(drive)
+            else:
+                with driver_errors():
+                    await self.store.mount_on_host(meta.id)
+                try:
+                    source = (
+                        await self._read_only_view(meta.id)
+                        if body.read_only
+                        else self.store.mount_dir(meta.id)
+                    )
+                except BaseException:
+                    if not meta.holders:
+                        with contextlib.suppress(DriverError):
+                            await self._unmount_on_host(meta.id)
+                    raise
+                reservation.binds.append((source, body.mount_path))
             meta.holders.append(Holder(sandbox_id, body.mount_path, body.read_only))
             self.store.save(meta)
             self._note(meta)
@@ -308,7 +323,16 @@ class Volumes:
         """A create's ``runtime_args``: the volumes reserved for ``sandbox_id`` join the host
         directories its runtime binds at the start (``before_start``, after the S3 disks')."""
         reservation = self.reserved.get(sandbox_id)
-        if reservation is None or not reservation.binds:
+        if reservation is None:
+            return
+        if reservation.drives:
+
+            def volume_drives() -> list[VolumeDrive]:
+                reservation.bound = True
+                return list(reservation.drives)
+
+            runtime_args["volume_drives"] = volume_drives
+        if not reservation.binds:
             return
         inner = runtime_args.get("before_start")
 
@@ -392,7 +416,9 @@ class Volumes:
                 self.store.save(meta)
             self._note(meta)
             try:
-                if kept:
+                if kept and self.registry.runtime_label == VM_RUNTIME:
+                    pass  # a VM's drive: never mounted on the host
+                elif kept:
                     await self.store.mount_on_host(meta.id)
                 else:
                     await self._unmount_on_host(meta.id)

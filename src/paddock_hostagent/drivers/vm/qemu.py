@@ -44,6 +44,7 @@ import secrets
 import shutil
 import signal
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ from paddock_hostagent.drivers.base import (
     SandboxSpec,
     SnapshotInfo,
     TierUnsupportedError,
+    UnsupportedError,
 )
 from paddock_hostagent.drivers.net.network import NetworkManager, SandboxNetwork
 from paddock_hostagent.drivers.system import host_processes
@@ -97,6 +99,44 @@ KERNEL_ARGS = "console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable ipv6.disable
 SAVED_STATE_RETRY_S = 600.0
 #: How a VM came up (``driver_state["boot"]``).
 COLD, RESTORED, FORKED, FROM_SNAPSHOT = "cold", "restored", "forked", "snapshot"
+#: What a VM holding volumes cannot do: its memory has them mounted, and a copy would write them too.
+VOLUME_HELD = "its memory holds its volumes mounted (a copy would be a second writer); destroy it first"
+#: The most the volume words may add to the guest's command line (the kernel keeps 2048 bytes of it).
+MAX_VOLUME_ARGS = 1400
+
+
+@dataclass(frozen=True)
+class VolumeDrive:
+    """A local volume given to a VM at its boot: the volume's image file as an extra virtio-blk drive
+    (read-only on QEMU's side for a read-only mount), mounted by ``paddock-vminit`` at ``mount_path``."""
+
+    image: Path
+    mount_path: str
+    read_only: bool
+
+
+def volume_args(drives: Sequence[VolumeDrive]) -> tuple[list[str], str]:
+    """QEMU's ``-drive``/``-device`` arguments for ``drives`` and the guest's ``paddock.vol=`` words
+    (``<serial>,<ro|rw>,<mount path in base64>``: a path may hold any printable character but space)."""
+    argv: list[str] = []
+    words: list[str] = []
+    for index, drive in enumerate(drives):
+        serial = f"paddockvol{index}"
+        mode = "ro" if drive.read_only else "rw"
+        argv += [
+            "-drive",
+            f"file={drive.image},if=none,id=vol{index},format=raw,readonly={'on' if drive.read_only else 'off'}",
+            "-device",
+            f"virtio-blk-pci,drive=vol{index},serial={serial}",
+        ]
+        path = base64.b64encode(drive.mount_path.encode()).decode()
+        words.append(f"paddock.vol={serial},{mode},{path}")
+    line = " ".join(words)
+    if len(line) > MAX_VOLUME_ARGS:
+        raise UnsupportedError(
+            f"the volumes' mount paths are too long for the VM's boot ({len(line)} of {MAX_VOLUME_ARGS} bytes)"
+        )
+    return argv, line
 
 
 @dataclass(frozen=True)
@@ -130,6 +170,8 @@ class _Handle:
     boot: str = COLD
     pid: int = 0
     ticks: int = 0
+    #: Local volumes given at its boot (drives of its machine and mounts in its memory).
+    volumes: int = 0
 
     @property
     def overlay(self) -> Path:
@@ -165,6 +207,7 @@ class _Handle:
             "boot": self.boot,
             "pid": self.pid,
             "ticks": self.ticks,
+            "volumes": self.volumes,
         }
 
     @classmethod
@@ -182,6 +225,7 @@ class _Handle:
             data.get("boot", COLD),
             data["pid"],
             data["ticks"],
+            int(data.get("volumes", 0)),
         )
 
 
@@ -194,6 +238,8 @@ class _Boot:
     hostname: str
     incoming: Path | None = None
     extra: list[str] = field(default_factory=list)
+    #: Extra words for the guest's command line (its volumes).
+    append: str = ""
 
 
 class QemuRuntime(SandboxRuntime):
@@ -312,14 +358,23 @@ class QemuRuntime(SandboxRuntime):
     # -- create, fork ---------------------------------------------------------------------------
 
     async def create(
-        self, spec: SandboxSpec, *, start_paused: bool = False, on_network: NetworkHook | None = None
+        self,
+        spec: SandboxSpec,
+        *,
+        start_paused: bool = False,
+        on_network: NetworkHook | None = None,
+        volume_drives: Callable[[], Sequence[VolumeDrive]] | None = None,
     ) -> SandboxRecord:
+        """``volume_drives``: the local volumes to give the VM at its boot (called once). A VM with
+        volumes boots cold: a saved state's machine has no drives for them."""
+        drives = tuple(volume_drives()) if volume_drives is not None else ()
+        drive_argv, drive_words = volume_args(drives)
         await self.prepare()
         base_disk = await asyncio.to_thread(
             vmimage.build_base_disk, self.vm_dir / "images", spec.rootfs, spec.shape.disk_mib
         )
         key = self._saved_key(base_disk, spec.shape.mem_mib, spec.shape.vcpu)
-        saved = await asyncio.to_thread(self.saved.load, key) if self.restore else None
+        saved = await asyncio.to_thread(self.saved.load, key) if self.restore and not drives else None
         if saved is not None:
             try:
                 return await self._create_restored(spec, saved, base_disk, start_paused, on_network)
@@ -333,9 +388,11 @@ class QemuRuntime(SandboxRuntime):
             self._build_in_background(key, base_disk)
         handle = await self._new_handle(spec.id, None)
         handle.base_disk = base_disk
+        handle.volumes = len(drives)
         try:
             await self._create_overlay(handle)
-            await self._launch(handle, _Boot(spec.shape.vcpu, spec.shape.mem_mib, spec.name))
+            boot = _Boot(spec.shape.vcpu, spec.shape.mem_mib, spec.name, extra=drive_argv, append=drive_words)
+            await self._launch(handle, boot)
             record = self._record(spec, handle)
             if on_network is not None:
                 await on_network(record)
@@ -511,6 +568,8 @@ class QemuRuntime(SandboxRuntime):
         source_handle = _Handle.of(source)
         if self.probe(source) == RuntimeState.STOPPED:
             raise NotRunningError(f"sandbox {source.id} is not running")
+        if source_handle.volumes:
+            raise TierUnsupportedError("vm", "forking a VM that holds a volume", VOLUME_HELD)
         handle = await self._new_handle(spec.id, source_handle)
         memory = handle.dir / "memory.state"
         try:
@@ -570,6 +629,8 @@ class QemuRuntime(SandboxRuntime):
         Written in ``.partial-<id>`` and renamed once whole (``vmsnapshots.py``); an agent killed while
         the source is stopped for it leaves a mark, and the next agent lets the source go on (``start``)."""
         handle = self._alive(record)
+        if handle.volumes:
+            raise TierUnsupportedError("vm", "a snapshot of a VM that holds a volume", VOLUME_HELD)
         await self.prepare()
         final = self.snapshots.path(snapshot_id)  # ValueError for anything but an id
         if final.exists():
@@ -720,6 +781,8 @@ class QemuRuntime(SandboxRuntime):
         assert self._kernel is not None and self._initramfs is not None
         net = handle.network
         append = f"{KERNEL_ARGS} paddock.ip={net.ip} paddock.gw={net.gateway} paddock.host={boot.hostname}"
+        if boot.append:
+            append = f"{append} {boot.append}"
         accel = ["-accel", "kvm", "-cpu", "host"] if handle.accel == "kvm" else ["-accel", "tcg,thread=multi"]
         argv = [
             *("ip", "netns", "exec", net.netns, vmimage.qemu_binary()),

@@ -43,6 +43,8 @@ VIRTIO_MODULES = (
     "drivers/net/virtio_net",
     "drivers/char/virtio_console",
 )
+#: Loaded only when the VM is given local volumes (XFS): most boots have none.
+VOLUME_MODULES = ("lib/libcrc32c", "fs/xfs/xfs")
 PROBE_MARKER = "PADDOCK-VM-PROBE-OK"
 
 INIT_SCRIPT = f"""#!/bin/busybox sh
@@ -58,6 +60,7 @@ for word in $(cat /proc/cmdline); do
     paddock.gw=*) gateway="${{word#*=}}" ;;
     paddock.host=*) host_name="${{word#*=}}" ;;
     paddock.probe=1) echo {PROBE_MARKER} > /dev/ttyS0; poweroff -f ;;
+    paddock.vol=*) volumes="$volumes ${{word#*=}}" ;;
   esac
 done
 i=0; while [ ! -b /dev/vda ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done
@@ -73,6 +76,14 @@ mkdir -p /newroot/run /newroot/proc /newroot/sys /newroot/dev /newroot/tmp /newr
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /newroot/run
 mkdir -p /newroot/run/paddock
 cp /paddock/* /newroot/run/paddock/
+if [ -n "$volumes" ]; then
+  for m in $(cat /volume-modules.list); do insmod /modules/$m.ko 2>/dev/null; done
+  # serial, ro|rw, mount path: paddock-vminit mounts each inside the new root
+  for v in $volumes; do
+    rest="${{v#*,}}"
+    echo "${{v%%,*}} ${{rest%%,*}} $(echo "${{rest#*,}}" | base64 -d)" >> /newroot/run/paddock/volumes
+  done
+fi
 echo "$host_name" > /newroot/etc/hostname
 rm -f /newroot/etc/resolv.conf
 echo "nameserver $gateway" > /newroot/etc/resolv.conf
@@ -202,6 +213,15 @@ def build_initramfs(out_dir: Path, kernel: Kernel, guest_binary: Path, vminit: P
             archive.file(f"modules/{name}.ko", path.read_bytes())
             names.append(name)
         archive.file("modules.list", ("\n".join(names) + "\n").encode())
+        volume_names = []
+        for module in VOLUME_MODULES:
+            path = kernel.modules_dir / f"{module}.ko"
+            if not path.is_file():
+                raise VmImageError(f"kernel module {path} missing")
+            name = Path(module).name
+            archive.file(f"modules/{name}.ko", path.read_bytes())
+            volume_names.append(name)
+        archive.file("volume-modules.list", ("\n".join(volume_names) + "\n").encode())
         archive.file("paddock/paddock-guest", agent, 0o755)
         archive.file("paddock/paddock-vminit", init_bin, 0o755)
         archive.file("paddock/busybox", BUSYBOX.read_bytes(), 0o755)
@@ -211,7 +231,7 @@ def build_initramfs(out_dir: Path, kernel: Kernel, guest_binary: Path, vminit: P
     return target
 
 
-INIT_SOURCE_TAG = _digest(INIT_SCRIPT, *VIRTIO_MODULES)
+INIT_SOURCE_TAG = _digest(INIT_SCRIPT, *VIRTIO_MODULES, *VOLUME_MODULES)
 
 
 def build_base_disk(out_dir: Path, rootfs: Path, disk_mib: int) -> Path:

@@ -44,6 +44,8 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/reboot.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -52,6 +54,7 @@
 
 #define AGENT "/run/paddock/paddock-guest"
 #define AGENT_SOCKET "/run/paddock/guest.sock"
+#define VOLUMES "/run/paddock/volumes" /* "<serial> <ro|rw> <mount path>" lines, written by /init */
 #define PORT_NAME "paddock.0"
 #define MAX_CHANNELS 512
 #define MAX_PAYLOAD (1u << 20)
@@ -399,7 +402,73 @@ static void multiplex(void) {
     }
 }
 
+/* The virtio-blk disk whose serial is ``serial`` (a volume's drive), as /dev/vdX; waits up to 5 s for
+ * it to be probed. */
+static int find_disk(const char *serial, char *dev, size_t size) {
+    for (int tries = 0; tries < 500; tries++) {
+        DIR *dir = opendir("/sys/block");
+        struct dirent *entry;
+        while (dir && (entry = readdir(dir)) != NULL) {
+            if (strncmp(entry->d_name, "vd", 2) != 0) continue;
+            char path[300], found[64] = "";
+            snprintf(path, sizeof path, "/sys/block/%s/serial", entry->d_name);
+            FILE *f = fopen(path, "r");
+            if (!f) continue;
+            if (fgets(found, sizeof found, f)) found[strcspn(found, "\n")] = 0;
+            fclose(f);
+            if (strcmp(found, serial) == 0) {
+                snprintf(dev, size, "/dev/%s", entry->d_name);
+                closedir(dir);
+                return 0;
+            }
+        }
+        if (dir) closedir(dir);
+        usleep(10000);
+    }
+    errno = ENODEV;
+    return -1;
+}
+
+/* mkdir -p inside this root (the VM's own: the host follows none of these paths). */
+static int make_dirs(const char *path) {
+    char buf[4200];
+    if (strlen(path) >= sizeof buf) { errno = ENAMETOOLONG; return -1; }
+    strcpy(buf, path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* The local volumes the host gave this VM (extra virtio-blk drives), mounted where the sandbox asked:
+ * nosuid, nodev, and read-only for a read-only one (its drive is read-only too; the host replayed the
+ * volume's log before giving it). A volume that cannot be mounted stops the VM: its create fails rather
+ * than write the data onto the root disk. */
+static void mount_volumes(void) {
+    FILE *f = fopen(VOLUMES, "r");
+    if (!f) return;
+    char serial[64], mode[8], path[4200], dev[300];
+    while (fscanf(f, "%63s %7s %4199s", serial, mode, path) == 3) {
+        int ro = strcmp(mode, "ro") == 0;
+        unsigned long flags = MS_NOSUID | MS_NODEV | (ro ? MS_RDONLY : 0);
+        if (find_disk(serial, dev, sizeof dev) < 0 || make_dirs(path) < 0 ||
+            mount(dev, path, "xfs", flags, NULL) < 0) {
+            fprintf(stderr, "paddock: cannot mount volume %s at %s: %s\n", serial, path, strerror(errno));
+            sync();
+            reboot(RB_POWER_OFF);
+            _exit(1);
+        }
+        unlink(dev); /* as the root disk's: no node for it */
+    }
+    fclose(f);
+    unlink(VOLUMES);
+}
+
 int main(void) {
+    mount_volumes();
     pid_t pid = fork();
     if (pid == 0) {
         signal(SIGPIPE, SIG_IGN);
