@@ -72,6 +72,9 @@ class _Stream:
             return True
         if status == channelwire.STATUS_END:
             self.ended = True
+            if body:
+                self.buffered += len(body)
+                self.lines.put_nowait(body)
             self.lines.put_nowait(None)
             return True
         self.buffered += len(body)

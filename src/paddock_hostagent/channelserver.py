@@ -161,11 +161,17 @@ class Channel:
                     window = self._windows[call.id] = _Window()
                     try:
                         await self._reply(call.id, status, body)
+                        ended = False
                         async with contextlib.aclosing(items):
-                            async for item in items:
+                            async for item, last in items:
                                 await window.spend(len(item))
-                                await self._reply(call.id, channelwire.STATUS_ITEM, item)
-                        await self._reply(call.id, channelwire.STATUS_END, b"")
+                                status = channelwire.STATUS_END if last else channelwire.STATUS_ITEM
+                                await self._reply(call.id, status, item)
+                                if last:
+                                    ended = True
+                                    break
+                        if not ended:
+                            await self._reply(call.id, channelwire.STATUS_END, b"")
                     finally:
                         self._windows.pop(call.id, None)
             except OSError:
@@ -185,7 +191,9 @@ class Channel:
             {"type": "websocket.send", "bytes": channelwire.encode_answer(call_id, status, body)}
         )
 
-    async def _serve(self, call: channelwire.Call) -> tuple[int, bytes, AsyncGenerator[bytes, None] | None]:
+    async def _serve(
+        self, call: channelwire.Call
+    ) -> tuple[int, bytes, AsyncGenerator[tuple[bytes, bool], None] | None]:
         """(status, body) exactly as the HTTP route would answer, and a streamed call's lines."""
         try:
             stream = _STREAMS.get(call.op)
@@ -242,16 +250,16 @@ async def _create(manager: SandboxManager, call: channelwire.Call) -> bytes:
 
 async def _process_stream(
     manager: SandboxManager, call: channelwire.Call
-) -> tuple[bytes, AsyncGenerator[bytes, None]]:
+) -> tuple[bytes, AsyncGenerator[tuple[bytes, bool], None]]:
     """``POST …/processes/stream``: the process's view, then its frames (``processes.frames``: the
     route's own lines); ending the iteration closes the guest's stream, and the process runs on."""
     body = _body(ProcessStreamBody, call)
     view, stream = await processes.service_of(manager).start_streaming(call.sandbox_id, body)
 
-    async def lines() -> AsyncGenerator[bytes, None]:
+    async def lines() -> AsyncGenerator[tuple[bytes, bool], None]:
         async with contextlib.aclosing(processes.frames(stream, 0)) as frames:
             async for frame in frames:
-                yield frame.model_dump_json(exclude_none=True).encode()
+                yield frame.model_dump_json(exclude_none=True).encode(), frame.type in ("exit", "error")
 
     return view.model_dump_json().encode(), lines()
 
@@ -271,5 +279,8 @@ _OPS: dict[int, Callable[[SandboxManager, channelwire.Call], Awaitable[bytes]]] 
 }
 # Each streamed op's first answer's body on success, and its lines.
 _STREAMS: dict[
-    int, Callable[[SandboxManager, channelwire.Call], Awaitable[tuple[bytes, AsyncGenerator[bytes, None]]]]
+    int,
+    Callable[
+        [SandboxManager, channelwire.Call], Awaitable[tuple[bytes, AsyncGenerator[tuple[bytes, bool], None]]]
+    ],
 ] = {channelwire.OP_PROCESS_STREAM: _process_stream}

@@ -16,7 +16,8 @@ routes stay the contract, and the channel only carries a few hot calls.
 
 A streamed call (``STREAM_OPS``) is answered by several frames under its id: first the route's status
 and body, as any call's; after a 200, ``STATUS_ITEM`` answers each carry one line of the route's NDJSON
-stream, and one ``STATUS_END`` answer (no body) ends it. A cancel ends the stream early. The agent sends
+stream, and one ``STATUS_END`` answer ends it, carrying the stream's last line when the agent knows it
+is the last (a process's exit: one message fewer per command), else no body. A cancel ends the stream early. The agent sends
 at most ``STREAM_WINDOW_BYTES`` of lines ahead of what the caller has read; the caller grants more as it
 reads, as TCP does for an HTTP stream (so a slow reader slows the stream, not the channel):
 

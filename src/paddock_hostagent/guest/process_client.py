@@ -22,7 +22,7 @@ from enum import IntEnum
 from types import TracebackType
 from typing import Any, Literal
 
-from paddock_hostagent.guest.client import GuestClient, _Connection
+from paddock_hostagent.guest.client import GuestClient, _Connection, _UnreadError
 from paddock_hostagent.guest.protocol import (
     GUEST_TOO_OLD_FOR_USER,
     ErrorCode,
@@ -160,12 +160,30 @@ class GuestProcesses:
         process manager serves a connection's requests in order until a connect turns it into a
         stream (process.c, ``client_read``; so since its first version), so after the start's answer
         stdin's close (when asked) and the connect are sent together. A start, a close and a connect
-        on three connections cost the guest three handler processes; this costs one."""
-        conn = await self._client._connect()
+        on three connections cost the guest three handler processes; this costs one, and none while
+        the guest has a kept idle connection (the host's INFO each second leaves one): a handler
+        waiting on it passes it to the process manager as it would a new one."""
+        start = encode_start(request)
+        conn = self._client._take_kept()
+        view: dict[str, Any] | None = None
+        if conn is not None:
+            try:
+                await conn.send(start)
+                with _start_refusals(request):
+                    view = await _read_reply(conn)
+            except _UnreadError:  # its handler had gone with the start unread: nothing started
+                conn.close()
+                conn = None
+            except BaseException:
+                conn.close()
+                raise
+        if conn is None:
+            conn = await self._client._connect()
         try:
-            await conn.send(encode_start(request))
-            with _start_refusals(request):
-                view = await _read_reply(conn)
+            if view is None:
+                await conn.send(start)
+                with _start_refusals(request):
+                    view = await _read_reply(conn)
             process_id = str(view["process_id"])
             connect = _request(ProcessOp.CONNECT, _string(process_id) + struct.pack("<Q", 0))
             if close_stdin:

@@ -93,6 +93,11 @@ def _user(request: Request) -> str | Response | None:
 async def _sandbox(services: Services, sandbox_id: str) -> Sandbox | None:
     if len(sandbox_id) > 64:
         return None
+    # A running sandbox used a moment ago is in the exec path's cache (``running_sandbox``'s, 1 s,
+    # dropped at once by any change this process makes): a command costs no database trip, as on /v1.
+    cached = services.running.get(sandbox_id)
+    if cached is not None:
+        return cached
     row = await services.reads.first(_BY_ID, {"sandbox_id": sandbox_id})
     if row is None or row.status in (*CLOSED, SandboxStatus.ERROR):
         return None
@@ -199,9 +204,13 @@ class EdgeApp:
 async def _enveloped(messages: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
     """A server stream's envelopes: each message, then the end (with the error that ended it, if any)."""
     error: ConnectError | None = None
+    last = b""  # a process's end event goes out with the stream's end, in one write
     try:
         with mapped():
             async for message in messages:
+                if "end" in (message.get("event") or {}):
+                    last = connect.envelope(message)
+                    continue
                 yield connect.envelope(message)
     except ConnectError as exc:
         error = exc
@@ -212,4 +221,4 @@ async def _enveloped(messages: AsyncIterator[dict[str, Any]]) -> AsyncIterator[b
         aclose: Callable[[], Awaitable[None]] | None = getattr(messages, "aclose", None)
         if aclose is not None:
             await aclose()
-    yield connect.end_of_stream(error)
+    yield last + connect.end_of_stream(error)
