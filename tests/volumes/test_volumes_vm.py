@@ -67,6 +67,8 @@ def test_a_volume_written_in_one_vm_is_read_in_the_next_and_a_read_only_drive_re
     assert fork.status_code == 409 and "volume" in fork.text and "vm" in fork.text, fork.text
     snapshot = account.http.post(f"/v1/sandboxes/{first}/snapshots", json={"name": "s"})
     assert snapshot.status_code == 409 and "volume" in snapshot.text, snapshot.text
+    grow = account.http.patch(f"/v1/volumes/{vid}", json={"size_mib": 2048})
+    assert grow.status_code == 409 and "vm" in grow.text, grow.text
     account.destroy(first)
 
     readers = [
@@ -93,4 +95,6 @@ def test_a_volume_written_in_one_vm_is_read_in_the_next_and_a_read_only_drive_re
     account.destroy(again)
     held = account.http.get(f"/v1/volumes/{vid}").json()["data"]["attachments"]
     assert held == []
+    grown = account.http.patch(f"/v1/volumes/{vid}", json={"size_mib": 2048})  # held by none: it grows
+    assert grown.status_code == 200 and grown.json()["data"]["size_mib"] == 2048, grown.text
     assert under(agent.state_dir / "volumes") == ([], [])

@@ -297,6 +297,12 @@ async def resize(services: Services, user_id: str, ref: str, req: VolumeResizeRe
             raise errors.InvalidState(f"volume is {row.status}; resize needs a ready volume")
         size_mib = check_size(req.size_mib, plan.max_disk_mib, plan.name, current=row.size_mib)
         volume_id, host_id = row.id, row.host_id
+        held = (await holders(session, [row.id])).get(row.id, [])
+        if held and hosts.runtime_of(await session.get(Host, host_id)) in hosts.VM_RUNTIMES:
+            raise hostlink.TierRefusedError(
+                f"growing a volume a VM holds is not supported on the vm isolation tier: {held[0].sandbox_id}"
+                " has it mounted in its own kernel, and the host grows it only while no VM holds it"
+            )
     link = await hostlink.for_host(services, host_id)
     try:
         await link.resize_volume(volume_id, size_mib)

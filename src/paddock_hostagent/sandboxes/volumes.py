@@ -181,10 +181,12 @@ class Volumes:
                 raise errors.BadRequest(f"size_mib: a volume only grows (it has {meta.size_mib} MiB)")
             if self.registry.runtime_label == VM_RUNTIME and meta.holders:
                 # Growing mounts it on the host, and a VM has it mounted: two kernels on one XFS.
-                raise errors.InvalidState(
-                    f"volume {volume_id} is a drive of VM {meta.holders[0].sandbox_id}: it grows only"
-                    " while no VM holds it"
-                )
+                with driver_errors():
+                    raise TierUnsupportedError(
+                        "vm",
+                        "growing a volume a VM holds",
+                        f"it is a drive of {meta.holders[0].sandbox_id}; it grows only while no VM holds it",
+                    )
             with driver_errors():
                 await self.store.grow(meta, size_mib)
         log.info("volume_resized", volume_id=volume_id, size_mib=size_mib)
