@@ -6,12 +6,12 @@ and file write).
 One ``tests.live`` platform (control plane with its E2B API and sandbox edge, one host agent, as
 processes). The unmodified ``e2b`` SDK (sync), configured only by E2B_API_URL, E2B_SANDBOX_URL and
 E2B_API_KEY, and Paddock's sync SDK drive the same image (``base`` is debian:13) and shape
-(s-2vcpu-2gb), the two alternated round by round so they see the same load:
+(s-2vcpu-2gb), the two interleaved round by round so they see the same load:
 
 - ``create``: ``Sandbox.create()`` against ``client.sandboxes.create(...)``, each until the call
   returns, then ``echo`` run once (``create → first echo``) and the sandbox killed (untimed);
 - ``run echo``: ``sandbox.commands.run("echo hi")`` against ``sandbox.run("echo", ["hi"])`` on a
-  running sandbox of each; and ``run echo, native as bash -l -c``: the same E2B calls against
+  running sandbox of each (each round's calls in a shuffled order); and ``run echo, native as bash -l -c``: the same E2B calls against
   ``sandbox.run("/bin/bash", ["-l", "-c", "echo hi"])``, the command E2B's SDK actually sends (a login
   shell), which separates the edge's own cost from the shell's;
 - ``write 1 MiB``: ``sandbox.files.write(path, bytes)`` against ``sandbox.files.write(path, bytes)``.
@@ -27,6 +27,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -47,6 +48,8 @@ PAYLOAD = os.urandom(1 << 20)
 #: which reads /etc/profile (``id -u``, ``run-parts``: two more processes) before the command.
 LOGIN_ECHO = ("/bin/bash", ["-l", "-c", "echo hi"])
 SAME_COMMAND = "run echo, native as bash -l -c"
+#: The rounds' orders are shuffled, the same way in every run (``measure``).
+RUN_ORDER_SEED = 33
 
 
 def _free_port() -> int:
@@ -98,15 +101,21 @@ def measure(client: Any, runs: int, creates: int) -> dict[str, dict[str, list[fl
         for _ in range(2):  # warm-up, not recorded
             e2b_box.files.write("/tmp/bench.bin", PAYLOAD)
             native.files.write("/tmp/bench.bin", PAYLOAD)
+        steps: list[tuple[str, str, Callable[[], Any]]] = [
+            ("run echo", "e2b", lambda: e2b_box.commands.run("echo hi")),
+            ("run echo", "paddock", lambda: native.run("echo", ["hi"])),
+            (SAME_COMMAND, "paddock", lambda: native.run(*LOGIN_ECHO)),
+            ("write 1 MiB", "e2b", lambda: e2b_box.files.write("/tmp/bench.bin", PAYLOAD)),
+            ("write 1 MiB", "paddock", lambda: native.files.write("/tmp/bench.bin", PAYLOAD)),
+        ]
+        order = random.Random(RUN_ORDER_SEED)
         for _ in range(runs):
-            outcome = _timed(record("run echo", "e2b"), lambda: e2b_box.commands.run("echo hi"))
-            assert outcome.exit_code == 0
-            outcome = _timed(record("run echo", "paddock"), lambda native=native: native.run("echo", ["hi"]))
-            assert outcome.exit_code == 0
-            outcome = _timed(record(SAME_COMMAND, "paddock"), lambda native=native: native.run(*LOGIN_ECHO))
-            assert outcome.exit_code == 0
-            _timed(record("write 1 MiB", "e2b"), lambda: e2b_box.files.write("/tmp/bench.bin", PAYLOAD))
-            _timed(record("write 1 MiB", "paddock"), lambda: native.files.write("/tmp/bench.bin", PAYLOAD))
+            # Each round in its own order: a call that always followed the same other call (a write,
+            # say, or a command in the same sandbox) would carry that neighbour's effect in its time.
+            order.shuffle(steps)
+            for operation, system, step in steps:
+                outcome = _timed(record(operation, system), step)
+                assert getattr(outcome, "exit_code", 0) == 0
         samples[SAME_COMMAND]["e2b"] = list(samples["run echo"]["e2b"])  # the same E2B calls, twice shown
         size = e2b_box.commands.run("stat -c %s /tmp/bench.bin").stdout.strip()
         assert size == str(len(PAYLOAD)), size
@@ -121,7 +130,7 @@ def render(results: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any]) 
         f"# E2B SDK against Paddock's SDK, {meta['at']}",
         "",
         f"- Git: `{meta['git']}`. Load average at start {meta['load_start']}, at end {meta['load_end']}.",
-        f"- Same platform, image ({ROOTFS}) and shape ({SHAPE}); the two SDKs alternated round by round.",
+        f"- Same platform, image ({ROOTFS}) and shape ({SHAPE}); the two SDKs interleaved round by round, each round in a shuffled order.",
         "- **Absolute numbers are noisy** (a shared 2-vCPU VM); the ratio in the same run is the headline.",
         "",
         "| operation | E2B SDK p50 / p90 ms | Paddock SDK p50 / p90 ms | × paddock (p50) | n |",
