@@ -353,11 +353,15 @@ def agent(debian_image: Path, guest_binary_dir: Path) -> Iterator[AgentProcess]:
 def make_agent(debian_image: Path, guest_binary_dir: Path) -> Iterator[Any]:
     """Factory for agents a test starts, kills and restarts itself; all torn down afterwards."""
     made: list[AgentProcess] = []
+    tops: list[Path] = []  # the /tmp/pdkt-* dirs above a ``state_subdir``
 
     def make(**options: Any) -> AgentProcess:
-        process = AgentProcess(
-            state_dir=Path(f"/tmp/pdkt-{secrets.token_hex(3)}"), guest_dir=guest_binary_dir, **options
-        )
+        """``state_subdir``: the state dir is that path under the usual ``/tmp/pdkt-*`` one."""
+        top = Path(f"/tmp/pdkt-{secrets.token_hex(3)}")
+        subdir = options.pop("state_subdir", "")
+        if subdir:
+            tops.append(top)
+        process = AgentProcess(state_dir=top / subdir, guest_dir=guest_binary_dir, **options)
         made.append(process)
         return process
 
@@ -371,6 +375,8 @@ def make_agent(debian_image: Path, guest_binary_dir: Path) -> Iterator[Any]:
                 teardown_agent(process)
             except Exception as error:
                 problems.append(error)
+        for top in tops:
+            shutil.rmtree(top, ignore_errors=True)
         if problems:
             raise problems[0]
 

@@ -145,6 +145,18 @@ def gvisor_tmp_dir(slot: Slot) -> Path:
     return slot.disk.mount_dir / GVISOR_TMP_DIR
 
 
+def bind_unix(listener: socket.socket, path: Path) -> None:
+    """Binds a unix socket at ``path`` through a descriptor of its directory (``/proc/self/fd/N/name``):
+    a socket's address holds at most 107 bytes, and a deep ``PADDOCK_HOST_STATE_DIR`` makes the slot's
+    path longer than that (the connect side goes through a descriptor too: ``guest.client``). The
+    directory is the host's own (the slot's), never a tenant's."""
+    dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        listener.bind(f"/proc/self/fd/{dir_fd}/{path.name}")
+    finally:
+        os.close(dir_fd)
+
+
 def guest_socket_path(slot: Slot, runtime: str) -> Path:
     """Where the host reaches a sandbox's guest agent: a socket the agent made for crun/runc (handed
     over as fd 3), one the guest binds in a directory shared with the host for runsc."""
@@ -900,7 +912,7 @@ class OciRuntime(SandboxRuntime):
         boot_log = BootLog(slot.dir / "runtime.log")
         try:
             if not gvisor:  # runsc passes no extra fds: its guest binds the socket itself
-                listener.bind(str(socket_path))
+                bind_unix(listener, socket_path)
                 listener.listen(128)
             pid_file = slot.dir / "init.pid"
             pid_file.unlink(missing_ok=True)
