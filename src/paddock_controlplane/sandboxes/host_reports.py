@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import raiseload
 
@@ -28,60 +28,128 @@ REPORT_GRACE_S = 10.0
 HOST_DEAD_REASON = "host stopped responding"
 
 
+#: What a heartbeat's fold reads of each of its host's reported sandboxes: plain columns. Only the rows
+#: it changes or acts on are then loaded whole (:func:`_writes`); loading every row of a dense host
+#: through the ORM, on every beat, was most of the beat's cost.
+_REPORTED_ROWS = select(
+    Sandbox.id,
+    Sandbox.host_id,
+    Sandbox.status,
+    Sandbox.status_reason,
+    Sandbox.oom_kills,
+    Sandbox.created_at,
+    Sandbox.running_at,
+    Sandbox.paused_at,
+    Sandbox.last_resumed_at,
+    Sandbox.bandwidth_used_bytes,
+    Sandbox.bandwidth_ingress_bytes,
+    Sandbox.bandwidth_quota_bytes,
+    Sandbox.egress,
+).where(Sandbox.host_id == bindparam("host_id"), Sandbox.status.in_(REPORTED))
+_WRITTEN_ROWS = (
+    select(Sandbox)
+    .where(Sandbox.id.in_(bindparam("ids", expanding=True)), Sandbox.status.in_(REPORTED))
+    .options(raiseload(Sandbox.memberships))  # which no report touches
+)
+
+
+def _in_grace(row: Any, now: dt.datetime) -> bool:
+    """The report may predate this sandbox's latest transition."""
+    changed_at = [t for t in (row.created_at, row.running_at, row.paused_at, row.last_resumed_at) if t]
+    return bool(changed_at) and (now - as_utc(max(changed_at, key=as_utc))).total_seconds() < REPORT_GRACE_S
+
+
+def _writes(row: Any, report: dict[str, Any] | None, now: dt.datetime) -> bool:
+    """Whether folding ``report`` changes the row or acts on it (the rest only read it)."""
+    if row.status == SandboxStatus.ERROR:
+        return (
+            row.status_reason == HOST_DEAD_REASON
+            and report is not None
+            and report.get("status") in (SandboxStatus.RUNNING, SandboxStatus.PAUSED)
+        )
+    if _in_grace(row, now):
+        return False
+    if report is None or report.get("status") in ("stopped", "error"):
+        return True
+    if int(report.get("oom_kills") or 0) > (row.oom_kills or 0):
+        return True
+    if isinstance(report.get("self_request"), dict) and row.status == SandboxStatus.RUNNING:
+        return True
+    return "egress_bytes" in report and (
+        int(report["egress_bytes"]) > int(row.bandwidth_used_bytes or 0)
+        or int(report.get("ingress_bytes") or 0) > int(row.bandwidth_ingress_bytes or 0)
+    )
+
+
 async def apply_host_report(services: Services, beat: dict[str, Any]) -> None:
     """Fold a heartbeat's per-sandbox report into the rows: OOM kills, activity, vanished sandboxes."""
     reports = {str(r.get("id")): r for r in beat.get("sandboxes", []) if r.get("id")}
     activity = services.activity.last_seen_s
     async with transaction(services.sessions) as session:
-        # Every heartbeat reads all of its host's sandboxes (a thousand on a dense host, every 2 s), so
-        # their network memberships, which no report touches, are not loaded with them.
-        rows = (
-            await session.scalars(
-                select(Sandbox)
-                .where(Sandbox.host_id == beat["id"], Sandbox.status.in_(REPORTED))
-                .options(raiseload(Sandbox.memberships))
-            )
-        ).all()
+        rows = (await session.execute(_REPORTED_ROWS, {"host_id": beat["id"]})).all()
         now = services.clock()
-        for sandbox in rows:
-            report = reports.get(sandbox.id)
-            if sandbox.status == SandboxStatus.ERROR:
-                _revive(sandbox, report, now)
+        written = [row.id for row in rows if _writes(row, reports.get(row.id), now)]
+        if written:
+            loaded = (await session.scalars(_WRITTEN_ROWS, {"ids": written})).all()
+            for sandbox in loaded:
+                await _fold(services, session, sandbox, reports.get(sandbox.id), now)
+        writing = set(written)
+        for row in rows:
+            if row.id in writing or row.status == SandboxStatus.ERROR:
                 continue
-            changed_at = [
-                t
-                for t in (sandbox.created_at, sandbox.running_at, sandbox.paused_at, sandbox.last_resumed_at)
-                if t
-            ]
+            report = reports.get(row.id)
             if report is not None and isinstance(report.get("disk_errors"), dict):  # whatever its state
-                await _fold_disk_errors(session, sandbox.id, report["disk_errors"])
-            if changed_at and (now - as_utc(max(changed_at, key=as_utc))).total_seconds() < REPORT_GRACE_S:
-                continue  # the report may predate this sandbox's latest transition
-            kills = int((report or {}).get("oom_kills") or 0)
-            out_of_memory = kills > (sandbox.oom_kills or 0)
-            if out_of_memory:
-                sandbox.oom_kills = kills
-            if report is None or report.get("status") in ("stopped", "error"):
-                if sandbox.status == SandboxStatus.RUNNING:
-                    await billing.settle(session, sandbox, services.clock())
-                sandbox.status = SandboxStatus.ERROR
-                # On gVisor the memory limit's OOM kill takes the whole sandbox (docs/isolation.md).
-                # "error": the host holds it but cannot run it (restarted on another tier), and says why.
-                sandbox.status_reason = (
-                    "sandbox ran out of memory and was stopped on its host"
-                    if out_of_memory
-                    else str((report or {}).get("status_reason") or "")[:300]
-                    or "sandbox stopped unexpectedly on its host"
-                )
+                await _fold_disk_errors(session, row.id, report["disk_errors"])
+            if report is None or _in_grace(row, now):
                 continue
             seen = report.get("last_activity_at")
             if seen:
-                activity[sandbox.id] = max(activity.get(sandbox.id, 0.0), float(seen))
-            wish = report.get("self_request")
-            if isinstance(wish, dict) and sandbox.status == SandboxStatus.RUNNING:
-                _act_on_self_request(services, sandbox, wish)
+                activity[row.id] = max(activity.get(row.id, 0.0), float(seen))
             if "egress_bytes" in report:
-                _fold_usage(services, sandbox, report)
+                _resync_egress(services, row.id, row.host_id, row.egress, row.bandwidth_quota_bytes, report)
+
+
+async def _fold(
+    services: Services,
+    session: AsyncSession,
+    sandbox: Sandbox,
+    report: dict[str, Any] | None,
+    now: dt.datetime,
+) -> None:
+    """One row the report changes or acts on, loaded whole."""
+    activity = services.activity.last_seen_s
+    if sandbox.status == SandboxStatus.ERROR:
+        _revive(sandbox, report, now)
+        return
+    if report is not None and isinstance(report.get("disk_errors"), dict):  # whatever its state
+        await _fold_disk_errors(session, sandbox.id, report["disk_errors"])
+    if _in_grace(sandbox, now):
+        return
+    kills = int((report or {}).get("oom_kills") or 0)
+    out_of_memory = kills > (sandbox.oom_kills or 0)
+    if out_of_memory:
+        sandbox.oom_kills = kills
+    if report is None or report.get("status") in ("stopped", "error"):
+        if sandbox.status == SandboxStatus.RUNNING:
+            await billing.settle(session, sandbox, services.clock())
+        sandbox.status = SandboxStatus.ERROR
+        # On gVisor the memory limit's OOM kill takes the whole sandbox (docs/isolation.md).
+        # "error": the host holds it but cannot run it (restarted on another tier), and says why.
+        sandbox.status_reason = (
+            "sandbox ran out of memory and was stopped on its host"
+            if out_of_memory
+            else str((report or {}).get("status_reason") or "")[:300]
+            or "sandbox stopped unexpectedly on its host"
+        )
+        return
+    seen = report.get("last_activity_at")
+    if seen:
+        activity[sandbox.id] = max(activity.get(sandbox.id, 0.0), float(seen))
+    wish = report.get("self_request")
+    if isinstance(wish, dict) and sandbox.status == SandboxStatus.RUNNING:
+        _act_on_self_request(services, sandbox, wish)
+    if "egress_bytes" in report:
+        _fold_usage(services, sandbox, report)
 
 
 async def _fold_disk_errors(session: AsyncSession, sandbox_id: str, failed: dict[str, Any]) -> None:
@@ -103,24 +171,36 @@ async def _fold_disk_errors(session: AsyncSession, sandbox_id: str, failed: dict
 
 
 def _fold_usage(services: Services, sandbox: Sandbox, report: dict[str, Any]) -> None:
-    """Bandwidth counted by the host; an allowlist or budget the host does not hold yet is pushed again
-    (a PUT egress or recharge whose push failed, or that raced a boot)."""
-    # Assigned only when they grew: a row assigned at all is flushed and checked at commit, which for a
-    # host's every idle sandbox on every heartbeat was most of the heartbeat's cost.
+    """Bandwidth counted by the host (assigned only when it grew: a row assigned at all is flushed and
+    checked at commit), then the allowlist and budget checked (:func:`_resync_egress`)."""
     egress = int(report["egress_bytes"])
     if egress > int(sandbox.bandwidth_used_bytes or 0):
         sandbox.bandwidth_used_bytes = egress
     ingress = int(report.get("ingress_bytes") or 0)
     if ingress > int(sandbox.bandwidth_ingress_bytes or 0):
         sandbox.bandwidth_ingress_bytes = ingress
-    rules, quota = list(sandbox.egress or []), int(sandbox.bandwidth_quota_bytes)
+    _resync_egress(
+        services, sandbox.id, sandbox.host_id, sandbox.egress, sandbox.bandwidth_quota_bytes, report
+    )
+
+
+def _resync_egress(
+    services: Services,
+    sandbox_id: str,
+    host_id: str | None,
+    egress: list[Any] | None,
+    quota_bytes: int,
+    report: dict[str, Any],
+) -> None:
+    """An allowlist or budget the host does not hold yet is pushed again (a PUT egress or recharge
+    whose push failed, or that raced a boot)."""
+    rules, quota = list(egress or []), int(quota_bytes)
     if report.get("egress") == rules and report.get("quota_bytes") == quota:
         return
     pushing = services.egress_pushing
-    if sandbox.id in pushing:
+    if sandbox_id in pushing:
         return
-    pushing.add(sandbox.id)
-    sandbox_id, host_id = sandbox.id, sandbox.host_id
+    pushing.add(sandbox_id)
 
     async def push() -> None:
         try:
