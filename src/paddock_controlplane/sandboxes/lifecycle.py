@@ -704,6 +704,16 @@ async def _boot_fork(
                 await session.delete(row)
         taken.set_exception(scheduler.no_capacity(f"host {full.host_id}: {full.reason}"))
         return
+    except hostlink.TierRefusedError as refused:
+        # The host's tier does not fork this (a VM holding a volume, say): nothing was made there, so
+        # the fork is the 409 naming the tier and the child never existed, as for no room above.
+        async with transaction(services.sessions) as session:
+            await disks.drop_attachments(session, child.id)
+            row = await session.get(Sandbox, child.id, with_for_update=True)
+            if row is not None:
+                await session.delete(row)
+        taken.set_exception(refused)
+        return
     except errors.PaddockError:  # recorded as failed by boot()
         booted = None
     except asyncio.CancelledError:

@@ -111,3 +111,24 @@ async def test_a_fork_that_fails_otherwise_still_ends_failed_with_its_event(cloc
         view = await clocked.status(http, forked.json()["data"]["id"], "failed")
         assert "Structure needs cleaning" in view["status_reason"]
         assert len(await _fork_events(clocked)) == 1
+
+
+async def test_a_fork_its_host_tier_refuses_is_a_409_and_leaves_no_child(clocked: Clocked) -> None:
+    """A tier refusal (the host's 409 ``unsupported_on_tier``) made nothing on the host: the fork answers
+    that 409 in the host's words, and no child is left ``forking`` for ever."""
+    _user_id, http = await user_client(clocked)
+    async with http:
+        source = (await http.post("/v1/sandboxes", json={"shape": "s-1vcpu-256mb"})).json()["data"]["id"]
+
+        async def refusing(source_row: Sandbox, child: Sandbox, **_: Any) -> hostlink.Booted:
+            raise hostlink.TierRefusedError(
+                "fork of a sandbox holding a volume is not supported on the vm tier"
+            )
+
+        clocked.host.fork = refusing  # type: ignore[method-assign]
+        refused = await http.post(f"/v1/sandboxes/{source}/fork", json={})
+        assert refused.status_code == 409, refused.text
+        assert "vm tier" in refused.text, refused.text
+        listed = (await http.get("/v1/sandboxes", params={"limit": 100})).json()["data"]["data"]
+        assert [view["id"] for view in listed] == [source]
+        assert await _fork_events(clocked) == []
