@@ -185,7 +185,13 @@ class Fleet:
         urls = registrar.heartbeat_urls()
         self.turn += 1
         started = time.perf_counter()
-        ok = await registrar.beat(self.http, urls[self.turn % len(urls)])
+        # As the registrar's loop does: on failure, the next control plane within the same beat (a
+        # kept-alive connection the server closed while idle fails once).
+        ok = False
+        for attempt in range(len(urls)):
+            if await registrar.beat(self.http, urls[(self.turn + attempt) % len(urls)]):
+                ok = True
+                break
         took = time.perf_counter() - started
         assert ok, f"heartbeat of {host_id} failed"
         return took
@@ -421,6 +427,16 @@ def make_services(database_url: str, data_dir: Path) -> Any:
 # -- the measurements --------------------------------------------------------------------------------
 
 
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` have used so far: on a box others load too,
+    what an operation costs the control planes, where its wall time also holds the waits for a core."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the line)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 async def time_scheduler(services: Any, samples: int) -> dict[str, Any]:
     from paddock_controlplane.hosts import scheduler
 
@@ -484,7 +500,7 @@ async def time_billing(services: Any, timeout_s: float) -> dict[str, Any]:
 
 
 async def time_api(
-    cp_urls: list[str], key: str, sandbox_ids: list[str], samples: int, creates: int
+    cp_urls: list[str], key: str, sandbox_ids: list[str], samples: int, creates: int, cp_pids: list[int]
 ) -> dict[str, Any]:
     clients = [httpx.AsyncClient(base_url=url, headers={"X-API-Key": key}, timeout=60) for url in cp_urls]
     try:
@@ -500,20 +516,30 @@ async def time_api(
             assert answer.status_code == 200, answer.text
             return answer
 
+        cpu_reads = cpu_s(cp_pids)
         for index in range(samples):
             http = clients[index % len(clients)]
             sandbox_id = sandbox_ids[index % len(sandbox_ids)]
             await timed(lambda: http.get(f"/v1/sandboxes/{sandbox_id}"), get_ms)  # noqa: B023
             await timed(lambda: http.get("/v1/sandboxes", params={"limit": 20}), list_ms)  # noqa: B023
+        cpu_reads = (cpu_s(cp_pids) - cpu_reads) * 1000 / samples
+        cpu_creates = cpu_s(cp_pids)
         for index in range(creates):
             http = clients[index % len(clients)]
             body = {"shape": SHAPE, "rootfs": IMAGE, "disk_mib": DISK_MIB}
             answer = await timed(lambda: http.post("/v1/sandboxes", json=body), create_ms)  # noqa: B023
             made.append((http, answer.json()["data"]["id"]))
+        cpu_creates = (cpu_s(cp_pids) - cpu_creates) * 1000 / max(creates, 1)
         for http, sandbox_id in made:  # untimed: the next phase starts from the same count
             answer = await http.delete(f"/v1/sandboxes/{sandbox_id}")
             assert answer.status_code in (200, 202), answer.text
-        return {"get_ms": summarize(get_ms), "list_ms": summarize(list_ms), "create_ms": summarize(create_ms)}
+        return {
+            "get_ms": summarize(get_ms),
+            "list_ms": summarize(list_ms),
+            "create_ms": summarize(create_ms),
+            "cp_cpu_ms_per_get_and_list": cpu_reads,
+            "cp_cpu_ms_per_create": cpu_creates,
+        }
     finally:
         for http in clients:
             await http.aclose()
@@ -529,18 +555,20 @@ async def measure(
     small_hosts: list[str],
     dense_hosts: list[str],
     args: argparse.Namespace,
+    cp_pids: list[int],
 ) -> dict[str, Any]:
     print(f"[{label}] measuring", flush=True)
     out: dict[str, Any] = {"load_before": machine.load_average()}
     out["scheduler_ms"] = await time_scheduler(services, args.samples)
-    out["heartbeat_small_hosts"] = await fleet.call("burst", (small_hosts, args.beats, args.beat_concurrency))
-    if dense_hosts:
-        out["heartbeat_dense_hosts"] = await fleet.call(
-            "burst", (dense_hosts, args.beats, args.beat_concurrency)
-        )
+    for name, hosts in (("heartbeat_small_hosts", small_hosts), ("heartbeat_dense_hosts", dense_hosts)):
+        if not hosts:
+            continue
+        before = cpu_s(cp_pids)
+        out[name] = await fleet.call("burst", (hosts, args.beats, args.beat_concurrency))
+        out[name]["cp_cpu_ms_per_beat"] = (cpu_s(cp_pids) - before) * 1000 / args.beats
     out["reconciler"] = await time_reconciler(services, args.rounds)
     out["billing_pass"] = await time_billing(services, args.billing_timeout)
-    out.update(await time_api(cp_urls, key, user_sandboxes, args.samples, args.creates))
+    out.update(await time_api(cp_urls, key, user_sandboxes, args.samples, args.creates, cp_pids))
     out["load_after"] = machine.load_average()
     return out
 
@@ -584,11 +612,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "PADDOCK_CP_LOG_LEVEL": "warning",
             "PADDOCK_METRICS": "0",
         }
+        if args.audit_egress_poll_s is not None:
+            env["PADDOCK_CP_AUDIT_EGRESS_POLL_S"] = str(args.audit_egress_poll_s)
         for index in range(2):
             cp = ClusterControlPlane(state_dir=root / f"cp{index}", pg_url=database_url, extra_env=dict(env))
             cp.start()
             controlplanes.append(cp)
         cp_urls = [cp.url for cp in controlplanes]
+        cp_pids = [cp.process.pid for cp in controlplanes]
         fleet = FleetClient(root / "fleet", cp_urls)
 
         async with transaction(services.sessions) as session:
@@ -615,7 +646,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(2)
         results: dict[str, Any] = {}
         results["small"] = await measure(
-            "small", services, fleet, cp_urls, key, user_sandboxes, small_hosts, [], args
+            "small", services, fleet, cp_urls, key, user_sandboxes, small_hosts, [], args, cp_pids
         )
         results["small"]["fleet"] = {"hosts": args.small_hosts, "sandboxes": args.small_sandboxes}
 
@@ -653,7 +684,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await fleet.call("background", args.beat_rate)
         await asyncio.sleep(2)
         results["large"] = await measure(
-            "large", services, fleet, cp_urls, key, user_sandboxes, small_hosts, new_hosts[:20], args
+            "large", services, fleet, cp_urls, key, user_sandboxes, small_hosts, new_hosts[:20], args, cp_pids
         )
         results["large"]["fleet"] = {"hosts": args.hosts, "sandboxes": args.sandboxes}
         await fleet.call("background", 0)
@@ -668,6 +699,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"fleet stop: {exc!r}", file=sys.stderr)
         for cp in controlplanes:
             cp.stop()
+        if sys.exc_info()[0] is not None:  # a failed run keeps its control planes' logs
+            kept = Path(tempfile.mkdtemp(prefix="paddock-fleet-logs-"))
+            for cp in controlplanes:
+                if cp.log_path.exists():
+                    shutil.copy(cp.log_path, kept / f"{cp.state_dir.name}.log")
+            print(f"control-plane logs kept in {kept}", file=sys.stderr)
         if services is not None:
             await services.engine.dispose()
         await pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
@@ -694,6 +731,13 @@ ROWS = [
     ("`GET /v1/sandboxes/{id}` p50", lambda r: r["get_ms"]["p50"], "ms"),
     ("`GET /v1/sandboxes` (first page) p50", lambda r: r["list_ms"]["p50"], "ms"),
     ("`POST /v1/sandboxes` p50", lambda r: r["create_ms"]["p50"], "ms"),
+    (
+        "control planes' CPU per heartbeat, small hosts",
+        lambda r: r["heartbeat_small_hosts"]["cp_cpu_ms_per_beat"],
+        "ms",
+    ),
+    ("control planes' CPU per GET + list", lambda r: r["cp_cpu_ms_per_get_and_list"], "ms"),
+    ("control planes' CPU per create", lambda r: r["cp_cpu_ms_per_create"], "ms"),
 ]
 
 
@@ -720,7 +764,7 @@ def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
             "",
             f"Heartbeats of hosts holding {large['fleet']['sandboxes'] // large['fleet']['hosts']:,} sandboxes: "
             f"{dense['beats_per_s']:,.1f}/s, p50 {dense['beat_ms']['p50']:,.1f} ms "
-            f"(concurrency {dense['concurrency']}).",
+            f"(concurrency {dense['concurrency']}); control planes' CPU {dense['cp_cpu_ms_per_beat']:,.1f} ms a beat.",
         ]
     bills = [r["billing_pass"] for r in (small, large)]
     shown = [
@@ -750,6 +794,12 @@ def main() -> None:
     parser.add_argument("--beat-concurrency", type=int, default=4)
     parser.add_argument("--beat-rate", type=float, default=0.0, help="background beats per second (0: none)")
     parser.add_argument("--rounds", type=int, default=10, help="timed reconciler rounds")
+    parser.add_argument(
+        "--audit-egress-poll-s",
+        type=float,
+        default=None,
+        help="the control planes' poll of every host for egress attempts (default theirs: 2 s)",
+    )
     parser.add_argument(
         "--billing-timeout", type=float, default=30.0, help="seconds a timed billing pass may take"
     )
