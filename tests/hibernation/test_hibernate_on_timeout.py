@@ -38,10 +38,10 @@ async def _view(http: httpx.AsyncClient, sandbox_id: str) -> dict[str, object]:
     return data
 
 
-async def _on_the_vm_tier(clocked: Clocked) -> None:
+async def _on_the_vm_tier(clocked: Clocked, runtime: str = "qemu") -> None:
     async with transaction(clocked.services.sessions) as session:
         await session.execute(
-            update(Host).values(labels={"paddock.io/isolation": "vm", "paddock.io/runtime": "qemu"})
+            update(Host).values(labels={"paddock.io/isolation": "vm", "paddock.io/runtime": runtime})
         )
 
 
@@ -114,7 +114,12 @@ async def test_bad_values_are_400_naming_the_field(setup: Setup) -> None:
 async def test_a_host_that_cannot_hibernate_refuses_it_naming_the_field(setup: Setup) -> None:
     clocked, http = setup
     running = await _sandbox(http)
-    await _on_the_vm_tier(clocked)
+    await _on_the_vm_tier(clocked)  # QEMU hibernates a VM with its memory (docs/hibernation.md)
+    answer = await http.post(
+        "/v1/sandboxes", json={"shape": SHAPE, "timeout_s": 60, "on_timeout": "hibernate"}
+    )
+    assert answer.status_code == 200, answer.text
+    await _on_the_vm_tier(clocked, "firecracker")  # a runtime the control plane does not know to hibernate
     listed = (await http.get("/v1/sandboxes")).json()["data"]
     for body, field in (
         ({"timeout_s": 60, "on_timeout": "hibernate"}, "on_timeout"),

@@ -2,9 +2,9 @@
 out of credit, or a guest's self-pause).
 
 A pause freezes the sandbox (its memory and slot held). A pause with ``keep_memory: false`` hibernates
-it (issue #34, docs/hibernation.md): its host stops it and keeps only its disk; it stays ``paused``
-with ``hibernated`` set, and its resume boots that disk again (processes restart, the address may
-change)."""
+it (issue #34, docs/hibernation.md): its host stops it and keeps only its disk (a VM its memory too);
+it stays ``paused`` with ``hibernated`` set, and its resume boots that disk again (a container's
+processes restart and its address may change; a VM's processes go on)."""
 
 from __future__ import annotations
 
@@ -112,13 +112,15 @@ def pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: str
 
 
 def _tier_refusal(host: Host | None, suffix: str) -> str | None:
-    return hosts.container_tier_refusal(host, HIBERNATE, suffix, also=("runsc",))
+    # The VM tier (qemu) hibernates too, keeping the VM's memory (docs/hibernation.md); a VM holding a
+    # volume is refused by its host (a 409 naming the tier).
+    return hosts.container_tier_refusal(host, HIBERNATE, suffix, also=("runsc", "qemu"))
 
 
 async def _require_hibernating_tier(session: AsyncSession, host_id: str | None) -> None:
     host = await session.get(Host, host_id) if host_id else None
     refusal = _tier_refusal(
-        host, "; the container (crun, runc) and gVisor tiers hibernate: pause without keep_memory: false"
+        host, "; the container (crun, runc), gVisor and VM tiers hibernate: pause without keep_memory: false"
     )
     if refusal is not None:
         raise hostlink.TierRefusedError(refusal)

@@ -4,6 +4,11 @@ cgroup, slot, loop device, netns, address, egress rules, bridge ports and s3fs m
 the kept disk as a sandbox boots from a snapshot, on a fresh slot (its address may change), and puts
 its private networks, S3 disks and volumes back; its processes start afresh.
 
+On the VM tier (``drivers/vm/qemu.py``) a hibernated sandbox keeps its memory too: QEMU's migration
+stream in a file beside a copy of its overlay; its QEMU, slot, tap, namespace and address go. A wake
+restores the VM from them with its own MAC, hostname and (when still free) address, and its processes
+go on where they stopped.
+
 Crash safety: the disk is copied under ``.partial-<id>`` and renamed when whole, while the sandbox is
 frozen; saving the record that says hibernated is the commit. An agent killed before it leaves the
 sandbox as it was (the next agent thaws it and drops the copy); killed after it, the sandbox is
@@ -33,6 +38,8 @@ from paddock_hostagent.drivers.runtime.oci import HIBERNATE, HIBERNATION, TEARDO
 from paddock_hostagent.drivers.storage.s3mounts import S3Mount
 from paddock_hostagent.drivers.storage.volumes import VolumeMissingError, place_in
 from paddock_hostagent.drivers.system.commands import run
+from paddock_hostagent.drivers.vm import qemu
+from paddock_hostagent.drivers.vm.qemu import QemuRuntime
 from paddock_hostagent.execution import PAUSED_MESSAGE
 from paddock_hostagent.sandboxes.checks import driver_errors
 from paddock_hostagent.sandboxes.disks import Disks
@@ -47,8 +54,9 @@ log = get_logger(__name__)
 _IFNAME = re.compile(r"^eth[0-9]{1,3}$")
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 
-#: Why the VM tier does not hibernate yet.
-_VM_REFUSAL = "keeping a VM's memory in a file (QMP migrate) is left for later; pause keeps it frozen"
+#: The runtimes that hibernate; the VM driver's record keys are the OCI driver's.
+HibernatingRuntime = OciRuntime | QemuRuntime
+assert (qemu.HIBERNATION, qemu.TEARDOWN, qemu.HIBERNATE) == (HIBERNATION, TEARDOWN, HIBERNATE)
 
 
 class Hibernation:
@@ -68,13 +76,12 @@ class Hibernation:
         self.volumes = volumes
         self.rootfs = rootfs
 
-    def _runtime(self) -> OciRuntime:
+    def _runtime(self) -> HibernatingRuntime:
         runtime = self.registry.runtime
-        if not isinstance(runtime, OciRuntime):
-            label = self.registry.runtime_label
+        if not isinstance(runtime, (OciRuntime, QemuRuntime)):
             with driver_errors():
-                raise TierUnsupportedError("vm" if label == "qemu" else label, HIBERNATE, _VM_REFUSAL)
-        assert isinstance(runtime, OciRuntime)
+                raise TierUnsupportedError(self.registry.runtime_label, HIBERNATE, "pause keeps it frozen")
+        assert isinstance(runtime, (OciRuntime, QemuRuntime))
         return runtime
 
     # -- hibernate ------------------------------------------------------------------------------
@@ -115,7 +122,10 @@ class Hibernation:
                 )
                 registry.records.save(kept, durable=True)  # the commit: from here it is hibernated
             except BaseException:
-                runtime.abandon_hibernation(running)
+                if isinstance(runtime, QemuRuntime):
+                    await runtime.abandon_hibernation(running)
+                else:
+                    runtime.abandon_hibernation(running)
                 raise
             # The lock stays the sandbox's: a wake or destroy waits for the teardown below.
             registry.hibernated[sandbox_id] = Entry(kept, lock=entry.lock)
@@ -203,7 +213,7 @@ class Hibernation:
         record = entry.record
         return CreateSandboxResult(id=record.id, ip=record.ip, spawn_ms=record.spawn_ms, status="running")
 
-    async def _network_macs(self, runtime: OciRuntime, record: SandboxRecord) -> dict[str, str]:
+    async def _network_macs(self, runtime: HibernatingRuntime, record: SandboxRecord) -> dict[str, str]:
         """The MAC address of each of the sandbox's private-network interfaces (``ethN``)."""
         macs: dict[str, str] = {}
         if not record.networks:
@@ -219,7 +229,7 @@ class Hibernation:
         return macs
 
     async def _restore_macs(
-        self, runtime: OciRuntime, record: SandboxRecord, meta: dict[str, object]
+        self, runtime: HibernatingRuntime, record: SandboxRecord, meta: dict[str, object]
     ) -> None:
         macs = meta.get("macs")
         if not isinstance(macs, dict) or not macs:
@@ -235,7 +245,7 @@ class Hibernation:
             except Exception as exc:
                 log.warning("network_mac_not_restored", sandbox_id=record.id, ifname=ifname, error=str(exc))
 
-    async def _place_volumes(self, runtime: OciRuntime, record: SandboxRecord) -> None:
+    async def _place_volumes(self, runtime: HibernatingRuntime, record: SandboxRecord) -> None:
         """The volumes the sandbox held when it hibernated, mounted into its new namespace again."""
         volumes = self.volumes
         held = sorted(volumes.held.get(record.id, ())) if volumes is not None else []
@@ -292,7 +302,7 @@ class Hibernation:
         """A destroyed sandbox's copy left by a hibernation that never committed (the agent died after
         the copy's rename, the store not mounted at its next start), if any."""
         runtime = self.registry.runtime
-        if isinstance(runtime, OciRuntime) and (runtime.hibernated_dir / sandbox_id).exists():
+        if isinstance(runtime, (OciRuntime, QemuRuntime)) and (runtime.hibernated_dir / sandbox_id).exists():
             await runtime.forget_hibernation(sandbox_id)
 
     # -- the agent's start ----------------------------------------------------------------------
@@ -302,7 +312,7 @@ class Hibernation:
         sandboxes are held; answers the other records, for the runtime to adopt."""
         registry = self.registry
         runtime = registry.runtime
-        if isinstance(runtime, OciRuntime):
+        if isinstance(runtime, (OciRuntime, QemuRuntime)):
             await runtime.settle_hibernations(records)
         rest = []
         for record in records:

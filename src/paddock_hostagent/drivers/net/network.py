@@ -106,14 +106,28 @@ class AddressAllocator:
             tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
             tmp.replace(self.path)
 
-    def allocate(self, owner: str) -> str:
+    def allocate(self, owner: str, prefer: str | None = None) -> str:
+        """A free address for ``owner``: ``prefer`` when it is one of the network's and free."""
         with self._locked() as table:
+            if prefer and prefer != self.gateway and prefer not in table and prefer in self._hosts(prefer):
+                table[prefer] = owner
+                return prefer
             for host in self.network.hosts():
                 address = str(host)
                 if address != self.gateway and address not in table:
                     table[address] = owner
                     return address
         raise CapacityError(f"no free address left in {self.network}")
+
+    def _hosts(self, address: str) -> tuple[str, ...]:
+        with contextlib.suppress(ValueError):
+            parsed = ipaddress.IPv4Address(address)
+            if parsed in self.network and parsed not in (
+                self.network.network_address,
+                self.network.broadcast_address,
+            ):
+                return (address,)
+        return ()
 
     def release(self, address: str) -> None:
         with self._locked() as table:
@@ -264,9 +278,10 @@ flush set ip {self.nft_table} sources
         with contextlib.suppress(CommandFailedError):  # the table is gone (host torn down)
             self.nft.run_sync(self._elements("add", pairs) + self._elements("delete", pairs))
 
-    def create(self, slot: str) -> SandboxNetwork:
-        """Allocates an address and builds the namespace and veth pair (blocking: run in a thread)."""
-        net = SandboxNetwork(slot=slot, ip=self.addresses.allocate(slot), gateway=self.gateway)
+    def create(self, slot: str, prefer_ip: str | None = None) -> SandboxNetwork:
+        """Allocates an address (``prefer_ip`` if free) and builds the namespace and veth pair (blocking:
+        run in a thread)."""
+        net = SandboxNetwork(slot=slot, ip=self.addresses.allocate(slot, prefer_ip), gateway=self.gateway)
         try:
             self._build(net)
         except BaseException:

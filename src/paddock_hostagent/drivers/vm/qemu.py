@@ -98,7 +98,11 @@ KERNEL_ARGS = "console=ttyS0 quiet loglevel=3 panic=-1 tsc=reliable ipv6.disable
 #: (a full state disk or a broken image would otherwise cost a second boot per create).
 SAVED_STATE_RETRY_S = 600.0
 #: How a VM came up (``driver_state["boot"]``).
-COLD, RESTORED, FORKED, FROM_SNAPSHOT = "cold", "restored", "forked", "snapshot"
+COLD, RESTORED, FORKED, FROM_SNAPSHOT, WOKEN = "cold", "restored", "forked", "snapshot", "woken"
+#: A hibernated VM's ``driver_state`` (as the OCI driver's, drivers/runtime/oci.py): ``{"hibernated":
+#: meta}``, and while its stopped QEMU is still being taken down, ``"teardown"``: its former driver_state.
+HIBERNATION, TEARDOWN = "hibernated", "teardown"
+HIBERNATE = "hibernating a sandbox"
 #: What a VM holding volumes cannot do: its memory has them mounted, and a copy would write them too.
 VOLUME_HELD = "its memory holds its volumes mounted (a copy would be a second writer); destroy it first"
 #: The most the volume words may add to the guest's command line (the kernel keeps 2048 bytes of it).
@@ -212,7 +216,10 @@ class _Handle:
 
     @classmethod
     def of(cls, record: SandboxRecord) -> _Handle:
-        data = record.driver_state
+        return cls.of_state(record.driver_state)
+
+    @classmethod
+    def of_state(cls, data: dict[str, Any]) -> _Handle:
         return cls(
             data["slot"],
             Path(data["dir"]),
@@ -300,7 +307,7 @@ class QemuRuntime(SandboxRuntime):
 
     async def start(self, records: list[SandboxRecord]) -> dict[str, RuntimeState]:
         await self.prepare()
-        mine = [record for record in records if record.driver == self.name]
+        mine = _mine(records)
         states: dict[str, RuntimeState] = {}
         for record in mine:
             states[record.id] = self.probe(record)
@@ -312,7 +319,7 @@ class QemuRuntime(SandboxRuntime):
         return states
 
     async def retire(self, records: list[SandboxRecord]) -> None:
-        mine = [record for record in records if record.driver == self.name]
+        mine = _mine(records)
         for record in mine:
             handle = _Handle.of(record)
             if host_processes.is_same_process(handle.pid, handle.ticks):
@@ -718,6 +725,165 @@ class QemuRuntime(SandboxRuntime):
             raise
         return record
 
+    # -- hibernation ----------------------------------------------------------------------------
+
+    @property
+    def hibernated_dir(self) -> Path:
+        return self.vm_dir / "hibernated"
+
+    def refuse_hibernation(self, record: SandboxRecord) -> None:
+        """A VM holding a volume has it mounted in its memory: kept and restored, the volume would have
+        to be given back as the same drive; not done (a frozen pause keeps it)."""
+        if _Handle.of(record).volumes:
+            raise TierUnsupportedError("vm", f"{HIBERNATE} that holds a volume", VOLUME_HELD)
+
+    async def hibernate(self, record: SandboxRecord) -> dict[str, Any]:
+        """Stops the VM (QMP ``stop``), migrates its memory to ``memory.state`` (which flushes and lets
+        go of its overlay) and copies the overlay to ``disk.qcow2``, in ``<vm>/hibernated/.partial-<id>``;
+        writes ``meta.json``, syncs and renames the directory to the id. Answers the record's
+        driver_state once hibernated. The VM is left stopped: saving that state is the commit (the
+        caller's), then ``release_hibernated`` kills QEMU and frees the slot. Until the commit the VM is
+        as it was: ``abandon_hibernation`` (or the next agent's start) lets it go on."""
+        self.refuse_hibernation(record)
+        handle = self._alive(record)
+        await self.prepare()
+        base = self.hibernated_dir
+        final, partial = base / record.id, base / f"{vmsnapshots.PARTIAL_PREFIX}{record.id}"
+        for stale in (final, partial):  # of an earlier attempt the agent died in, never committed
+            await asyncio.to_thread(shutil.rmtree, stale, True)
+        partial.mkdir(parents=True)
+        was_paused = handle.paused_marker.exists()
+        try:
+            if not was_paused:  # killed from here to the commit, the next agent lets it go on
+                (partial / vmsnapshots.RESUME_MARKER).write_text(record.id)
+            await self._snapshot(
+                record.id, handle, partial / "memory.state", partial / "disk.qcow2", resume=False
+            )
+            host = self._saved_key(Path(), 0, 0)
+            meta: dict[str, Any] = {
+                "image": record.image,
+                "disk_mib": record.disk_mib,
+                "mem_mib": record.mem_mib,
+                "vcpu": record.vcpu,
+                "base_disk": handle.base_disk.name,
+                "ip": handle.network.ip,
+                "mac": handle.mac,
+                "qemu_mac": handle.qemu_mac or handle.mac,
+                "host": {name: getattr(host, name) for name in vmsaved.HOST_FIELDS},
+                "hibernated_at": time.time(),
+                "was_paused": was_paused,
+            }
+            await asyncio.to_thread(_seal_hibernation, partial, final, meta)
+        except BaseException:
+            if not was_paused:
+                with contextlib.suppress(DriverError, OSError):
+                    await qmp.execute(handle.qmp_socket, "cont")
+            await asyncio.to_thread(shutil.rmtree, partial, True)
+            raise
+        return {HIBERNATION: meta, TEARDOWN: record.driver_state}
+
+    async def abandon_hibernation(self, record: SandboxRecord) -> None:
+        """A hibernation whose commit failed: the copy goes and the VM runs as it did."""
+        final = self.hibernated_dir / record.id
+        if (final / vmsnapshots.RESUME_MARKER).exists():
+            with contextlib.suppress(DriverError, OSError):
+                await qmp.execute(_Handle.of(record).qmp_socket, "cont")
+        await asyncio.to_thread(shutil.rmtree, final, True)
+
+    async def release_hibernated(self, sandbox_id: str, teardown: dict[str, Any]) -> None:
+        """Takes down what ran of a hibernated VM (``teardown``: its former driver_state): its QEMU (and
+        with it the guest's memory), its slot, overlay, tap, namespace and address."""
+        await self._destroy_handle(sandbox_id, _Handle.of_state(teardown))
+
+    async def wake(
+        self,
+        record: SandboxRecord,
+        spec: SandboxSpec,
+        *,
+        on_network: NetworkHook | None = None,
+    ) -> SandboxRecord:
+        """Restores a hibernated VM from its kept memory and overlay, as a boot from a snapshot but as
+        itself: its MAC, hostname and (when still free on this host) its address again. Its processes
+        go on where they stopped."""
+        meta = record.driver_state.get(HIBERNATION)
+        if not isinstance(meta, dict):
+            raise DriverError(f"sandbox {record.id} is not hibernated")
+        await self.prepare()
+        kept = self.hibernated_dir / record.id
+        memory, disk = kept / "memory.state", kept / "disk.qcow2"
+        host = self._saved_key(Path(), 0, 0)
+        changed = [name for name in vmsaved.HOST_FIELDS if meta["host"].get(name) != getattr(host, name)]
+        if changed:
+            raise BootError(
+                f"sandbox {record.id} was hibernated under another {', '.join(changed)} than this host's"
+                " now: its memory cannot be restored"
+            )
+        base_disk = self.vm_dir / "images" / str(meta["base_disk"])
+        if not (memory.is_file() and disk.is_file() and base_disk.is_file()):
+            raise DriverError(f"the kept memory or disk of sandbox {record.id} is missing on this host")
+        vcpu, mem_mib, disk_mib = int(meta["vcpu"]), int(meta["mem_mib"]), int(meta["disk_mib"])
+        phases = _Phases()
+        handle = await self._new_handle(
+            record.id, None, prefer_ip=str(meta.get("ip") or ""), mac=str(meta["mac"])
+        )
+        handle.base_disk, handle.qemu_mac, handle.boot = base_disk, str(meta["qemu_mac"]), WOKEN
+        phases.mark("network")
+        try:
+            await run(["cp", "--reflink=auto", "--sparse=always", str(disk), str(handle.overlay)])
+            phases.mark("disk")
+            await self._load_memory(spec, handle, _Boot(vcpu, mem_mib, spec.name, incoming=memory), phases)
+            woken = self._record(spec, handle)
+            woken.vcpu, woken.mem_mib, woken.disk_mib = vcpu, mem_mib, disk_mib
+            if on_network is not None:
+                await on_network(woken)
+            await self._await_guest(record.id, handle)
+            phases.mark("agent")
+            log.info(
+                "vm_woken", sandbox=record.id, same_ip=handle.network.ip == meta.get("ip"), **phases.ms()
+            )
+        except BaseException:
+            await self._destroy_handle(record.id, handle)
+            raise
+        return woken
+
+    async def forget_hibernation(self, sandbox_id: str) -> None:
+        """The kept memory and disk of a VM that woke (it runs on copies) or was destroyed."""
+        await asyncio.to_thread(shutil.rmtree, self.hibernated_dir / sandbox_id, True)
+
+    async def settle_hibernations(self, records: list[SandboxRecord]) -> None:
+        """At the agent's start, before adopting: a hibernation the previous agent died in is finished or
+        undone. Committed (the record says hibernated): its QEMU and slot go (a slot a wake made and
+        never recorded is reclaimed by ``start``, no record owning it). Not committed: the copy goes and
+        the VM stopped for it goes on."""
+        by_id = {record.id: record for record in records if record.driver == self.name}
+        for record in by_id.values():
+            meta = record.driver_state.get(HIBERNATION)
+            if not isinstance(meta, dict):
+                continue
+            teardown = record.driver_state.get(TEARDOWN)
+            if isinstance(teardown, dict):
+                with contextlib.suppress(Exception):
+                    await self._destroy_handle(record.id, _Handle.of_state(teardown))
+            record.driver_state = {HIBERNATION: meta}
+        base = self.hibernated_dir
+        for directory in sorted(base.iterdir()) if base.is_dir() else []:
+            sandbox_id = directory.name.removeprefix(vmsnapshots.PARTIAL_PREFIX)
+            owner = by_id.get(sandbox_id)
+            if directory.name == sandbox_id and owner is not None and HIBERNATION in owner.driver_state:
+                continue  # a whole hibernation, committed
+            if (
+                owner is not None
+                and "slot" in owner.driver_state
+                and (directory / vmsnapshots.RESUME_MARKER).exists()
+            ):
+                handle = _Handle.of(owner)
+                with contextlib.suppress(DriverError, OSError):
+                    await qmp.execute(handle.qmp_socket, "migrate_cancel")
+                with contextlib.suppress(DriverError, OSError):
+                    await qmp.execute(handle.qmp_socket, "cont")
+                    log.warning("hibernation_undone", sandbox_id=sandbox_id)
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+
     async def _resume_snapshot_sources(self, mine: list[SandboxRecord]) -> None:
         """A snapshot an earlier agent died writing may have left its source stopped for the copy:
         its migration is cancelled and the source goes on (the half-made snapshot is removed)."""
@@ -745,9 +911,11 @@ class QemuRuntime(SandboxRuntime):
         if migrate.get("status") == "failed":
             raise BootError(f"restoring {handle.slot} failed: {migrate}")
 
-    async def _new_handle(self, sandbox_id: str, source: _Handle | None) -> _Handle:
+    async def _new_handle(
+        self, sandbox_id: str, source: _Handle | None, *, prefer_ip: str | None = None, mac: str = ""
+    ) -> _Handle:
         """A slot with its network; a fork's QEMU keeps its source's device MAC, every VM gets its own
-        guest MAC."""
+        guest MAC (a woken one its own again: ``mac``, and its address ``prefer_ip`` if still free)."""
         slot = secrets.token_hex(4)
         handle = _Handle(
             slot=slot,
@@ -756,7 +924,7 @@ class QemuRuntime(SandboxRuntime):
             network=SandboxNetwork(slot=slot, ip="", gateway=self.options.network.gateway),
             base_disk=source.base_disk if source else Path(),
             accel=self.accel,
-            mac=_new_mac(),
+            mac=mac or _new_mac(),
             qemu_mac=source.qemu_mac if source else "",
             boot=FORKED if source else COLD,
         )
@@ -765,7 +933,7 @@ class QemuRuntime(SandboxRuntime):
         handle.run_dir.mkdir(parents=True, exist_ok=True)
         (handle.dir / "slot.json").write_text(json.dumps({"sandbox": sandbox_id}))
         try:
-            handle.network = await asyncio.to_thread(self.options.network.create, slot)
+            handle.network = await asyncio.to_thread(self.options.network.create, slot, prefer_ip)
             await _join_tap(handle.network)
         except BaseException:
             await self._destroy_handle(sandbox_id, handle)
@@ -1025,6 +1193,24 @@ def _snapshot_info(snap: vmsnapshots.VmSnapshot) -> SnapshotInfo:
         created_at=float(snap.meta.get("created_at", 0.0)),
         size_bytes=snap.size_bytes,
     )
+
+
+def _seal_hibernation(partial: Path, final: Path, meta: dict[str, Any]) -> None:
+    """The kept files' sizes into ``meta``, everything synced, then ``partial`` renamed to ``final``."""
+    meta["files"] = {name: {"size": (partial / name).stat().st_size} for name in vmsaved.FILES}
+    for name in vmsaved.FILES:
+        vmsaved.fsync_path(partial / name)
+    vmsaved.write_meta(partial, meta)
+    os.rename(partial, final)
+    vmsaved.fsync_path(final.parent)
+    vmsaved.fsync_path(final.parent.parent)
+
+
+def _mine(records: list[SandboxRecord]) -> list[SandboxRecord]:
+    """This driver's records of VMs with a slot (a hibernated one has none: nothing of it runs)."""
+    return [
+        record for record in records if record.driver == QemuRuntime.name and "slot" in record.driver_state
+    ]
 
 
 def _new_mac() -> str:
