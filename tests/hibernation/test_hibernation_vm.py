@@ -112,3 +112,28 @@ def test_a_hibernated_vm_frees_its_qemu_and_wakes_with_its_files_and_running_pro
     counting(account, sandbox_id, after)
     assert account.out(sandbox_id, identity) == before_identity  # the same sandbox: hostname, MAC, address
     account.destroy(sandbox_id)
+
+
+def test_a_hibernated_vm_destroyed_leaves_nothing_and_one_holding_a_volume_is_refused(
+    platform: LivePlatform, account: Account
+) -> None:
+    agent_vm = platform.agents[0].state_dir / "vm"
+    sandbox_id = account.sandbox(**VM)
+    account.hibernate(sandbox_id)
+    assert (agent_vm / "hibernated" / sandbox_id / "memory.state").is_file()
+    account.destroy(sandbox_id)
+    assert not (agent_vm / "hibernated" / sandbox_id).exists()
+    assert not (platform.agents[0].state_dir / "sandboxes" / f"{sandbox_id}.json").exists()
+
+    made = account.http.post("/v1/volumes", json={"name": "vmhib", "size_mib": 512})
+    assert made.status_code == 200, made.text
+    volume_id = made.json()["data"]["id"]
+    try:
+        holder = account.sandbox(**VM, volumes=[{"volume_id": volume_id, "mount_path": "/data"}])
+        answer = account.http.post(f"/v1/sandboxes/{holder}/pause", json={"keep_memory": False})
+        assert answer.status_code == 409 and "volume" in answer.text and "vm" in answer.text, answer.text
+        assert account.get(holder)["status"] == "running"  # refused: nothing changed
+        assert account.out(holder, "echo still-here") == "still-here\n"
+        account.destroy(holder)
+    finally:
+        account.http.delete(f"/v1/volumes/{volume_id}")
