@@ -138,11 +138,13 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     # ``timeout_s`` and ``metadata``, ``autoPause`` its ``on_timeout: pause`` (``hibernate`` with
     # ``autoPauseMemory: false``, the SDK's ``mode: "filesystem"``: only the disk is kept); the
     # reconciler's expiry pass enforces them. ``timeout`` 0 is no lifetime, as /v1's 0 is.
-    async with services.sessions() as session:  # a snapshot's ``name:tag`` (E2B's tags; snapshots.py)
-        snapshot_id = await e2b_snapshots.snapshot_for(session, principal.user_id, body.template_id)
+    async with services.sessions() as session:  # a template's or snapshot's ``name:tag`` (E2B's tags)
+        tagged = await e2b_templates.template_for(
+            session, principal.user_id, body.template_id
+        ) or await e2b_snapshots.snapshot_for(session, principal.user_id, body.template_id)
     request_body = CreateSandboxRequest(
         shape=DEFAULT_SHAPE,
-        rootfs=snapshot_id or identity.rootfs_for_template(body.template_id),
+        rootfs=tagged or identity.rootfs_for_template(body.template_id),
         envs=body.env_vars or None,
         egress=egress,
         timeout_s=timeout_s or None,

@@ -7,6 +7,13 @@ key); ``POST /v2/templates/{id}/builds/{buildID}`` turns the steps into a Docker
 archives into one build context and submits it as ``POST /v1/templates`` would; the status route reads
 the template's state and build log from ``logsOffset``. The E2B ``templateID`` is the template's name,
 which is also what ``Sandbox.create("<name>")`` boots.
+
+E2B's tags (``e2b_template_tags``, migration 0024) name builds: a build of ``name`` with ``tags`` gets
+those (``default`` when it names none), ``POST /templates/tags`` points more tags at the build a
+``name:tag`` names, ``DELETE /templates/tags`` removes some, ``GET /templates/{name}/tags`` lists them,
+and ``Sandbox.create("name:tag")`` boots the Paddock template of the tag's build. A build still replaces
+the template of its name (``name`` alone boots the latest): a tag whose build was replaced names nothing
+and its create is a 404, where E2B keeps every build.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import os
 import re
 import tarfile
 import urllib.parse
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +37,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import Field, StrictBool, StrictStr
 from sqlalchemy import ForeignKey, String, select
+from sqlalchemy import delete as sql_delete
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
 from paddock_controlplane.edge.api.deps import scope_caller
@@ -43,7 +53,6 @@ from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
 from paddock_controlplane.resources import templates
 from paddock_core import errors
 from paddock_core.db import transaction
-from paddock_core.ids import new_id
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_core.timeutil import rfc3339
 
@@ -67,6 +76,12 @@ BASE_IMAGES = {
     "e2bdev/code-interpreter": "code-interpreter:1",
     "e2bdev/code-interpreter:latest": "code-interpreter:1",
 }
+#: Tags per request (bounded input).
+MAX_TAGS = 16
+#: E2B's tag for a build given none.
+DEFAULT_TAG = "default"
+#: A tag: what a template name may be (letters, digits, ``.``, ``_``, ``-``).
+_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 STATUS = {"pending": "waiting", "building": "building", "ready": "ready", "failed": "error"}
 
 
@@ -81,12 +96,39 @@ class E2bTemplateBuild(Base):
     created_at: Mapped[dt.datetime] = mapped_column()
 
 
+class E2bTemplateTag(Base):
+    """E2B's ``name:tag`` of a template build. The build's Paddock template may be gone (replaced by a
+    later build of the name, or deleted): such a tag names nothing."""
+
+    __tablename__ = "e2b_template_tags"
+
+    user_id: Mapped[str] = mapped_column(String(40), ForeignKey("users.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+    build_id: Mapped[str] = mapped_column(String(40), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column()
+
+
+class AssignTags(Body):
+    """``POST /templates/tags`` (``AssignTemplateTagsRequest``)."""
+
+    target: StrictStr = Field(max_length=128)
+    tags: list[StrictStr] = Field(max_length=MAX_TAGS)
+
+
+class RemoveTags(Body):
+    """``DELETE /templates/tags`` (``DeleteTemplateTagsRequest``)."""
+
+    name: StrictStr = Field(max_length=128)
+    tags: list[StrictStr] = Field(max_length=MAX_TAGS)
+
+
 class BuildRequest(Body):
     """``POST /v3/templates`` (``TemplateBuildRequestV3``); the resources are the sandbox's, not the build's."""
 
     name: StrictStr | None = Field(default=None, max_length=63)
     alias: StrictStr | None = Field(default=None, max_length=63)
-    tags: list[StrictStr] | None = None
+    tags: list[StrictStr] | None = Field(default=None, max_length=MAX_TAGS)
 
 
 class Step(Body):
@@ -145,13 +187,68 @@ def check_upload_token(services: Services, token: str) -> tuple[str, str]:
     return user_id, files_hash
 
 
-def _check_name(raw: str | None) -> str:
+def _plain_name(raw: str | None, field: str) -> str:
     name = (raw or "").strip()
+    if "/" in name:
+        raise errors.ValidationFailed.field(field, "namespaces ('team/name') are not served; give a name")
     if not templates.NAME.fullmatch(name):
-        raise errors.ValidationFailed.field("name", "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-    if name in identity.TEMPLATES:
-        raise errors.AlreadyExists(f"name: {name!r} is one of E2B's own templates")
+        raise errors.ValidationFailed.field(field, "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     return name
+
+
+def _check_name(raw: str | None, field: str = "name") -> str:
+    name = _plain_name(raw, field)
+    if name in identity.TEMPLATES:
+        raise errors.AlreadyExists(f"{field}: {name!r} is one of E2B's own templates")
+    return name
+
+
+def _check_tags(raw: list[str], field: str = "tags") -> list[str]:
+    if not raw:
+        raise errors.ValidationFailed.field(field, "must name at least one tag")
+    for index, tag in enumerate(raw):
+        if not _TAG.match(tag):
+            raise errors.ValidationFailed.field(
+                f"{field}[{index}]", "a tag must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+            )
+    return list(dict.fromkeys(raw))
+
+
+def _split(raw: str, field: str) -> tuple[str, str]:
+    """``name:tag`` as ``(name, tag)``, ``name`` as ``(name, "default")``; a 400 naming ``field``."""
+    name, sep, tag = raw.partition(":")
+    name = _plain_name(name, field)
+    if sep and not _TAG.match(tag):
+        raise errors.ValidationFailed.field(field, "a tag must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    return name, (tag if sep else DEFAULT_TAG)
+
+
+async def _point(
+    session: AsyncSession, user_id: str, name: str, tags: list[str], build_id: str, now: dt.datetime
+) -> None:
+    """Points each of ``name``'s ``tags`` at ``build_id`` (moving it from the build it named)."""
+    await session.execute(
+        sql_delete(E2bTemplateTag).where(
+            E2bTemplateTag.user_id == user_id, E2bTemplateTag.name == name, E2bTemplateTag.tag.in_(tags)
+        )
+    )
+    session.add_all(
+        E2bTemplateTag(user_id=user_id, name=name, tag=tag, build_id=build_id, created_at=now) for tag in tags
+    )
+
+
+async def template_for(session: AsyncSession, user_id: str, ref: str) -> str | None:
+    """For a create's ``templateID``: the Paddock template id of the build ``name:tag`` names, or None
+    when ``ref`` is no tag of the caller's (it then resolves as it always did: ``debian:13`` is the
+    catalog image, and an unknown one is a 404)."""
+    if ":" not in ref or len(ref) > 128:
+        return None
+    name, _, tag = ref.partition(":")
+    row = await session.get(E2bTemplateTag, (user_id, name, tag))
+    if row is None:
+        return None
+    build = await session.get(E2bTemplateBuild, row.build_id)
+    return build.template_id if build is not None else None
 
 
 async def _build(services: Services, user_id: str, name: str, build_id: str) -> E2bTemplateBuild:
@@ -165,20 +262,19 @@ async def _build(services: Services, user_id: str, name: str, build_id: str) -> 
 @router.post("/v3/templates", status_code=202)
 async def request_build(body: BuildRequest, request: Request) -> dict[str, Any]:
     services, user_id = await _caller(request)
-    if body.tags:
-        raise e2b_errors.NotBuilt("tags: template tags are not served by Paddock yet")
     name = _check_name(body.name or body.alias)
-    build_id = new_id("bld_")
+    tags = _check_tags(body.tags) if body.tags is not None else [DEFAULT_TAG]
+    build_id = str(uuid.uuid4())  # E2B's build ids are UUIDs (the SDK parses a tag's ``buildID`` as one)
+    now = services.clock()
     async with transaction(services.sessions) as session:
-        session.add(
-            E2bTemplateBuild(build_id=build_id, user_id=user_id, name=name, created_at=services.clock())
-        )
+        session.add(E2bTemplateBuild(build_id=build_id, user_id=user_id, name=name, created_at=now))
+        await _point(session, user_id, name, tags, build_id, now)
     return {
         "templateID": name,
         "buildID": build_id,
         "public": False,
         "names": [name],
-        "tags": [],
+        "tags": body.tags or [],
         "aliases": [name],
     }
 
@@ -411,6 +507,71 @@ async def alias(alias: str, request: Request) -> dict[str, Any]:
     return {"templateID": template.name, "public": False}
 
 
+@router.post("/templates/tags", status_code=201)
+async def assign_tags(body: AssignTags, request: Request) -> dict[str, Any]:
+    """Points ``tags`` at the build ``target`` (``name:tag``) names."""
+    services, user_id = await _caller(request)
+    name, tag = _split(body.target, "target")
+    tags = _check_tags(body.tags)
+    async with transaction(services.sessions) as session:
+        row = await session.get(E2bTemplateTag, (user_id, name, tag))
+        if row is None:
+            raise errors.NotFound(f"target: template {name}:{tag} not found", fields={"target": "not found"})
+        build_id = row.build_id
+        await _point(session, user_id, name, tags, build_id, services.clock())
+    return {"buildID": build_id, "tags": tags}
+
+
+@router.delete("/templates/tags", status_code=204)
+async def remove_tags(body: RemoveTags, request: Request) -> Response:
+    """Removes ``tags`` from ``name``; a tag it does not have is a 404 and nothing is removed."""
+    services, user_id = await _caller(request)
+    name = _plain_name(body.name, "name")
+    tags = _check_tags(body.tags)
+    async with transaction(services.sessions) as session:
+        held = set(
+            (
+                await session.scalars(
+                    select(E2bTemplateTag.tag).where(
+                        E2bTemplateTag.user_id == user_id,
+                        E2bTemplateTag.name == name,
+                        E2bTemplateTag.tag.in_(tags),
+                    )
+                )
+            ).all()
+        )
+        missing = [tag for tag in tags if tag not in held]
+        if missing:
+            raise errors.NotFound(
+                f"tags: template {name}:{missing[0]} not found", fields={"tags": "not found"}
+            )
+        await session.execute(
+            sql_delete(E2bTemplateTag).where(
+                E2bTemplateTag.user_id == user_id, E2bTemplateTag.name == name, E2bTemplateTag.tag.in_(tags)
+            )
+        )
+    return Response(status_code=204)
+
+
+@router.get("/templates/{template_id}/tags")
+async def list_tags(template_id: str, request: Request) -> list[dict[str, Any]]:
+    """The template's tags, by tag: ``[{tag, buildID, createdAt}]``; 404 for a name with neither tags
+    nor a template."""
+    services, user_id = await _caller(request)
+    name = _plain_name(template_id, "templateID")
+    async with services.sessions() as session:
+        rows = (
+            await session.scalars(
+                select(E2bTemplateTag)
+                .where(E2bTemplateTag.user_id == user_id, E2bTemplateTag.name == name)
+                .order_by(E2bTemplateTag.tag)
+            )
+        ).all()
+        if not rows and await templates.find(session, user_id, name) is None:
+            raise errors.NotFound(f"template {name!r} not found")
+    return [{"tag": row.tag, "buildID": row.build_id, "createdAt": rfc3339(row.created_at)} for row in rows]
+
+
 @router.delete("/templates/{template_id}", status_code=204)
 async def delete(template_id: str, request: Request) -> Response:
     """A template, or a snapshot (the SDK's ``delete_snapshot`` calls this route): a template's name wins
@@ -425,4 +586,10 @@ async def delete(template_id: str, request: Request) -> Response:
             return Response(status_code=204)
         raise errors.NotFound(f"template {template_id!r} not found")
     await templates.delete_template(services, user_id, template.id)
+    async with transaction(services.sessions) as session:  # its builds go, and the tags naming them
+        await session.execute(
+            sql_delete(E2bTemplateTag).where(
+                E2bTemplateTag.user_id == user_id, E2bTemplateTag.name == template.name
+            )
+        )
     return Response(status_code=204)
