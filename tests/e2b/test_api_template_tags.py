@@ -3,11 +3,13 @@ template built with ``tags=["v1"]`` gets that tag, ``Template.assign_tags("n:v1"
 ``stable`` at the same build, ``Template.get_tags`` lists both with that build's id,
 ``Sandbox.create("n:stable")`` boots the build (its COPY and RUN files are there), and after
 ``Template.remove_tags("n", "stable")`` that create is a missing template. A target that names no build,
-a bad tag and a ``team/`` namespace are refused naming their field. Before, ``tags`` were a 501."""
+a bad tag and a ``team/`` namespace are refused naming their field; a ``/v1`` template (no tags) boots
+as ``name:default``. Before, ``tags`` were a 501 and ``name:default`` of a template a 404."""
 
 from __future__ import annotations
 
 import secrets
+import time
 from pathlib import Path
 
 import httpx
@@ -72,3 +74,30 @@ def test_tags_name_a_build_and_boot_it(e2b_env: E2bPlatform, tmp_path: Path) -> 
         with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
             http.delete(f"/templates/{name}")
             assert http.get(f"/templates/{name}/tags").status_code == 404  # its tags went with it
+
+
+def test_a_v1_template_boots_as_its_default_tag(e2b_env: E2bPlatform) -> None:
+    """A template made through ``/v1`` has no tags; ``name:default`` is ``name``, as on E2B."""
+    name = f"v1-ttag-{secrets.token_hex(3)}"
+    dockerfile = "FROM debian:13\nRUN echo made-through-v1 > /srv/v1.txt\n"
+    with e2b_env.platform.http(e2b_env.api_key) as http:
+        created = http.post("/v1/templates", json={"name": name, "dockerfile": dockerfile})
+        assert created.status_code == 200, created.text
+        template_id = created.json()["data"]["id"]
+        try:
+            deadline = time.monotonic() + 300
+            status = ""
+            while time.monotonic() < deadline:
+                status = http.get(f"/v1/templates/{template_id}").json()["data"]["status"]
+                if status in ("ready", "failed"):
+                    break
+                time.sleep(1)
+            assert status == "ready", status
+            assert Template.get_tags(name) == []
+            booted = Sandbox.create(f"{name}:default", timeout=120)
+            try:
+                assert booted.files.read("/srv/v1.txt") == "made-through-v1\n"
+            finally:
+                booted.kill()
+        finally:
+            http.delete(f"/v1/templates/{template_id}")

@@ -237,16 +237,29 @@ async def _point(
     )
 
 
+async def _has_tags(session: AsyncSession, user_id: str, name: str) -> bool:
+    found = await session.scalar(
+        select(E2bTemplateTag.tag)
+        .where(E2bTemplateTag.user_id == user_id, E2bTemplateTag.name == name)
+        .limit(1)
+    )
+    return found is not None
+
+
 async def template_for(session: AsyncSession, user_id: str, ref: str) -> str | None:
-    """For a create's ``templateID``: the Paddock template id of the build ``name:tag`` names, or None
-    when ``ref`` is no tag of the caller's (it then resolves as it always did: ``debian:13`` is the
-    catalog image, and an unknown one is a 404)."""
+    """For a create's ``templateID``: the Paddock template id of the build ``name:tag`` names; for
+    ``name:default`` of a name no tag names (a template made through ``/v1``), the template ``name``;
+    None when ``ref`` is no tag of the caller's (it then resolves as it always did: ``debian:13`` is
+    the catalog image, and an unknown one is a 404)."""
     if ":" not in ref or len(ref) > 128:
         return None
     name, _, tag = ref.partition(":")
     row = await session.get(E2bTemplateTag, (user_id, name, tag))
     if row is None:
-        return None
+        if tag != DEFAULT_TAG or await _has_tags(session, user_id, name):
+            return None
+        template = await templates.find(session, user_id, name)
+        return template.id if template is not None and template.name == name else None
     build = await session.get(E2bTemplateBuild, row.build_id)
     return build.template_id if build is not None else None
 
