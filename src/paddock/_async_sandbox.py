@@ -644,6 +644,7 @@ class AsyncSandbox:
         ingress_enabled: bool | None = None,
         envs: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
+        include_volumes: bool | None = None,
         wait: bool = True,
         timeout_s: float = 120.0,
     ) -> AsyncSandbox:
@@ -653,7 +654,9 @@ class AsyncSandbox:
 
         The child inherits the source's settings; ``start_paused``, ``ssh_pubkeys``, ``egress``,
         ``ingress_enabled``, ``envs`` (replacing the inherited map) and ``metadata`` override them (the
-        fork body's fields, §11.9; ``None`` inherits). ``timeout_s`` here is the wait, as in ``pause``
+        fork body's fields, §11.9; ``None`` inherits). ``include_volumes=True`` gives the child its own
+        copy of each local volume this sandbox holds, at the same paths (docs/volumes.md; container
+        tier). ``timeout_s`` here is the wait, as in ``pause``
         and ``resume``: the child keeps the source's lifetime, and ``child.set_timeout(n)`` changes it.
         A misspelled keyword is a ``TypeError``."""
         body = _base.drop_none(
@@ -664,6 +667,7 @@ class AsyncSandbox:
                 "ingress_enabled": ingress_enabled,
                 "envs": None if envs is None else dict(envs),
                 "metadata": None if metadata is None else dict(metadata),
+                "include_volumes": include_volumes,
             }
         )
         data = await self._client.request("POST", self._path("fork"), json=body)

@@ -428,11 +428,16 @@ def resume(refs: list[str], json_out: bool = JSON_OPTION) -> None:
 def fork(
     ref: str,
     start_paused: bool = typer.Option(False, "--start-paused", help="Leave the child paused."),
+    include_volumes: bool = typer.Option(
+        False, "--include-volumes", help="Give the child its own copy of each local volume the source holds."
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Fork a running or paused sandbox; waits for the child and prints only its id (all with --json)."""
     with api_errors(), client() as sdk:
-        child = resolve(sdk, ref).fork(start_paused=start_paused or None)
+        child = resolve(sdk, ref).fork(
+            start_paused=start_paused or None, include_volumes=include_volumes or None
+        )
     emit(child.info, json_out, lambda info: typer.echo(info.id))
 
 

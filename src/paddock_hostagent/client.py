@@ -90,6 +90,7 @@ from paddock_hostagent.schemas import (
     SnapshotDeleted,
     SnapshotView,
     StatusResult,
+    VolumeCloneBody,
     VolumeCreateBody,
     VolumeDeleted,
     VolumeMountBody,
@@ -558,6 +559,16 @@ class HostAgentClient:
         return await self._call(
             "POST",
             "volumes",
+            VolumeView.model_validate_json,
+            body=body,
+            timeout=_MOUNT_TIMEOUT,
+        )
+
+    async def clone_volume(self, source_id: str, body: VolumeCloneBody) -> VolumeView:
+        """Makes ``body.volume_id`` a copy of the volume ``source_id`` (a fork's ``include_volumes``)."""
+        return await self._call(
+            "POST",
+            "volumes/" + quote(source_id, safe="") + "/clone",
             VolumeView.model_validate_json,
             body=body,
             timeout=_MOUNT_TIMEOUT,

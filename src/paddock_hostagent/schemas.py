@@ -198,6 +198,12 @@ class VolumeCreateBody(BaseModel):
     size_mib: int = Field(ge=MIN_VOLUME_MIB, le=MAX_VOLUME_MIB)
 
 
+class VolumeCloneBody(BaseModel):
+    """``POST /volumes/{id}/clone``: the id of the new volume, a copy of that one (a fork's)."""
+
+    volume_id: str = Field(pattern=VOLUME_ID_PATTERN)
+
+
 class VolumeResizeBody(BaseModel):
     size_mib: int = Field(ge=MIN_VOLUME_MIB, le=MAX_VOLUME_MIB)
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from paddock_hostagent.routes import Manager
 from paddock_hostagent.schemas import (
     DetachResult,
+    VolumeCloneBody,
     VolumeCreateBody,
     VolumeDeleted,
     VolumeMountBody,
@@ -27,6 +28,11 @@ async def create_volume(body: VolumeCreateBody, manager: Manager) -> VolumeView:
 @router.get("/volumes/{volume_id}")
 async def get_volume(volume_id: str, manager: Manager) -> VolumeView:
     return manager.volumes.get(volume_id)
+
+
+@router.post("/volumes/{volume_id}/clone")
+async def clone_volume(volume_id: str, body: VolumeCloneBody, manager: Manager) -> VolumeView:
+    return await manager.volumes.clone(volume_id, body)
 
 
 @router.patch("/volumes/{volume_id}")

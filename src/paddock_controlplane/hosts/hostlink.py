@@ -40,6 +40,7 @@ from paddock_hostagent.schemas import (
     ProcessView,
     SandboxLog,
     SnapshotView,
+    VolumeCloneBody,
     VolumeCreateBody,
     VolumeMountBody,
     VolumeMountView,
@@ -423,6 +424,11 @@ class HostLink(HostLinkAPI):
         """Makes the local volume ``volume_id`` (an XFS filesystem in a file) on this host."""
         with _mapped():
             return await self.client.create_volume(VolumeCreateBody(volume_id=volume_id, size_mib=size_mib))
+
+    async def clone_volume(self, source_id: str, volume_id: str) -> VolumeView:
+        """Makes the volume ``volume_id`` on this host, a copy of ``source_id`` as it is now."""
+        with _mapped():
+            return await self.client.clone_volume(source_id, VolumeCloneBody(volume_id=volume_id))
 
     async def resize_volume(self, volume_id: str, size_mib: int) -> VolumeView:
         with _mapped():

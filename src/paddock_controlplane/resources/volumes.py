@@ -7,8 +7,9 @@ check runs under the user's row lock (``accounts.lock_user``), so two attaches c
 
 Choices: an attachment whose sandbox is destroyed or failed no longer holds the volume (destroy needs
 no step of its own: the host drops its mounts with the sandbox); a volume with a live attachment cannot
-be deleted (409 naming the sandboxes); a fork or a snapshot does not take a volume along; a volume only
-grows. Every tier keeps volumes: the container tier (crun, runc) mounts them at create or live;
+be deleted (409 naming the sandboxes); a snapshot does not take a volume along, and a fork does only
+when asked (``include_volumes``: the child gets a copy of each, ``plan_copies``/``make_copies``); a
+volume only grows. Every tier keeps volumes: the container tier (crun, runc) mounts them at create or live;
 gVisor binds them, and the VM tier gives them as drives, only at a sandbox's start, so a create sends
 them to such a host before the create call (``before_boot``) and a live attach there is a 409 naming
 the tier.
@@ -506,6 +507,123 @@ async def refuse_copy(session: AsyncSession, sandbox: Sandbox, operation: str) -
             f"{operation} that holds a volume is not supported on the vm isolation tier: its memory has"
             " the volume mounted (a copy would be a second writer); destroy it to free the volume"
         )
+
+
+# --- a fork's copies (include_volumes) ------------------------------------------------------------
+
+#: What a refusal on another tier says could not be done.
+COPY_OPERATION = "copying a sandbox's volumes into its fork (include_volumes)"
+
+
+async def plan_copies(
+    session: AsyncSession, services: Services, user_id: str, plan: Any, source: Sandbox, child_id: str
+) -> list[tuple[str, str]]:
+    """A fork's ``include_volumes``, in the fork's transaction (the user's row locked): for each
+    volume ``source`` holds, a new volume row (``creating``, the source's size, named after it) and the
+    child's attachment to it at the same path and mode. Returns (source volume, copy) ids. A 409 naming
+    the tier off the container tier (gVisor and VMs take volumes only when they start); a 403 when the
+    copies would pass the plan's volume cap."""
+    held = (
+        await session.scalars(
+            select(AttachmentRow)
+            .where(AttachmentRow.sandbox_id == source.id)
+            .order_by(AttachmentRow.mount_path)
+        )
+    ).all()
+    if not held:
+        return []
+    host = await session.get(Host, source.host_id) if source.host_id else None
+    refusal = hosts.container_tier_refusal(
+        host, COPY_OPERATION, "; fork without include_volumes, or on the container tier"
+    )
+    if refusal is not None:
+        raise hostlink.TierRefusedError(refusal)
+    cap = plans.volumes_concurrent(plan.id, plan.disks_concurrent)
+    kept = int(
+        await session.scalar(select(func.count()).select_from(Volume).where(Volume.user_id == user_id)) or 0
+    )
+    if kept + len(held) > cap:
+        raise errors.QuotaExceeded(
+            f"include_volumes: copies of the source's {len(held)} volume(s) would pass the volume cap"
+            f" ({kept} kept, limit {cap})",
+            fields={"include_volumes": f"volume cap {cap} reached"},
+        )
+    now = services.clock()
+    out: list[tuple[str, str]] = []
+    for attachment in held:
+        original = await session.get(Volume, attachment.volume_id)
+        if original is None or original.status != READY:
+            raise errors.InvalidState(f"include_volumes: volume {attachment.volume_id} is not ready")
+        copy_id = new_id(ID_PREFIX)
+        session.add(
+            Volume(
+                id=copy_id,
+                user_id=user_id,
+                name=f"{original.name[:40]}-fork-{copy_id[-12:]}",
+                status=CREATING,
+                host_id=original.host_id,
+                size_mib=original.size_mib,
+                created_at=now,
+            )
+        )
+        session.add(
+            AttachmentRow(
+                sandbox_id=child_id,
+                volume_id=copy_id,
+                mount_path=attachment.mount_path,
+                read_only=attachment.read_only,
+                created_at=now,
+            )
+        )
+        out.append((original.id, copy_id))
+    return out
+
+
+async def make_copies(
+    services: Services, user_id: str, host_id: str, copies: Sequence[tuple[str, str]]
+) -> None:
+    """Makes each copy on the host (a clone of the source's image, its host mount frozen for it), then
+    its row ``ready`` with its ``volume.create``. A failure raises; ``drop_copies`` undoes."""
+    link = await hostlink.for_host(services, host_id)
+    for source_id, copy_id in copies:
+        try:
+            await link.clone_volume(source_id, copy_id)
+        except hostlink.CapacityError as exc:
+            raise errors.InsufficientStorage(
+                f"include_volumes: {exc}", fields={"include_volumes": str(exc)}
+            ) from None
+        except hostlink.HostError as exc:
+            raise errors.ServerError(f"include_volumes: the host could not copy {source_id}: {exc}") from None
+    async with transaction(services.sessions) as session:
+        for _, copy_id in copies:
+            row = await session.get(Volume, copy_id, with_for_update=True)
+            if row is not None:
+                row.status = READY
+                await webhooks.emit(session, user_id=user_id, action="volume.create", data=_event(row))
+    log.info("volumes_copied_for_fork", host_id=host_id, copies=[copy_id for _, copy_id in copies])
+
+
+async def drop_copies(services: Services, host_id: str, copies: Sequence[tuple[str, str]]) -> None:
+    """A fork that made no child: its copies go from the host, then their rows. A copy its host could
+    not remove now stays, ``ready`` and held by nobody, for its owner to delete."""
+    if not copies:
+        return
+    ids = [copy_id for _, copy_id in copies]
+    kept: list[str] = []
+    for copy_id in ids:
+        try:
+            link = await hostlink.for_host(services, host_id)
+            await link.delete_volume(copy_id)
+        except (hostlink.HostError, hostlink.TierRefusedError, errors.PaddockError) as exc:
+            log.warning("volume_copy_not_removed", volume_id=copy_id, error=str(exc))
+            kept.append(copy_id)
+    async with transaction(services.sessions) as session:
+        await session.execute(delete(AttachmentRow).where(AttachmentRow.volume_id.in_(ids)))
+        await session.execute(delete(Volume).where(Volume.id.in_([i for i in ids if i not in kept])))
+        for copy_id in kept:
+            row = await session.get(Volume, copy_id, with_for_update=True)
+            if row is not None:
+                row.status = READY
 
 
 async def _mount_on_host(link: hostlink.HostLink, sandbox_id: str, body: VolumeMountBody, field: str) -> None:

@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import difflib
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -665,10 +665,16 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
         child = Sandbox(**columns)
         # The child inherits the source's mounts (issue #15): mounted again for it once it runs.
         inherited = await disks.inherit(session, source, child)
+        # Its source's volumes only when asked: a copy of each, made before the disk's (issue #34).
+        copies = (
+            await volumes.plan_copies(session, services, user_id, plan, source, child.id)
+            if req.include_volumes
+            else []
+        )
     taken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     taken.add_done_callback(_retrieved)  # a client that left never reads the outcome
     services.tasks.spawn(
-        _boot_fork(services, source, child, start_paused, mounts=inherited > 0, taken=taken),
+        _boot_fork(services, source, child, start_paused, mounts=inherited > 0, taken=taken, copies=copies),
         name=f"boot fork {child.id}",
     )
     # Shielded: a client that leaves does not stop the boot, which records its own outcome.
@@ -681,6 +687,16 @@ def _retrieved(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
+async def _unmake_child(services: Services, child: Sandbox, copies: Sequence[tuple[str, str]]) -> None:
+    """A fork that made nothing on its host: the child, what it inherited and its volumes' copies go."""
+    async with transaction(services.sessions) as session:
+        await disks.drop_attachments(session, child.id)
+        row = await session.get(Sandbox, child.id, with_for_update=True)
+        if row is not None:  # also when destroyed meanwhile: it never existed
+            await session.delete(row)
+    await volumes.drop_copies(services, str(child.host_id), copies)
+
+
 async def _boot_fork(
     services: Services,
     source: Sandbox,
@@ -689,29 +705,33 @@ async def _boot_fork(
     *,
     mounts: bool,
     taken: asyncio.Future[None],
+    copies: Sequence[tuple[str, str]] = (),
 ) -> None:
     """Boots the child; ``taken`` ends when the host has answered: with the 503 of a refusal for room
     (the child and what it inherited are removed), else with nothing (the child exists, running or
-    ``failed``, and its ``sandbox.fork`` is written)."""
+    ``failed``, and its ``sandbox.fork`` is written). ``copies``: the source's volumes and the child's
+    copies of them (``include_volumes``), made before the boot and mounted before the answer."""
+    if copies:
+        try:
+            await volumes.make_copies(services, child.user_id, str(child.host_id), copies)
+        except asyncio.CancelledError:
+            taken.cancel()
+            raise
+        except Exception as exc:  # nothing was made for the child on its host: it never existed
+            await _unmake_child(services, child, copies)
+            taken.set_exception(exc)
+            return
     try:
         booted = await boot(services, child, start_paused=start_paused, fork_of=source, joined=False)
     except HostFullError as full:
         log.info("sandbox_host_full", sandbox_id=child.id, host_id=full.host_id, reason=full.reason)
-        async with transaction(services.sessions) as session:
-            await disks.drop_attachments(session, child.id)
-            row = await session.get(Sandbox, child.id, with_for_update=True)
-            if row is not None:  # also when destroyed meanwhile: it never existed
-                await session.delete(row)
+        await _unmake_child(services, child, copies)
         taken.set_exception(scheduler.no_capacity(f"host {full.host_id}: {full.reason}"))
         return
     except hostlink.TierRefusedError as refused:
         # The host's tier does not fork this (a VM holding a volume, say): nothing was made there, so
         # the fork is the 409 naming the tier and the child never existed, as for no room above.
-        async with transaction(services.sessions) as session:
-            await disks.drop_attachments(session, child.id)
-            row = await session.get(Sandbox, child.id, with_for_update=True)
-            if row is not None:
-                await session.delete(row)
+        await _unmake_child(services, child, copies)
         taken.set_exception(refused)
         return
     except errors.PaddockError:  # recorded as failed by boot()
@@ -722,6 +742,12 @@ async def _boot_fork(
     except Exception as exc:
         taken.set_exception(exc)
         raise
+    if booted is not None and copies:
+        try:  # before the answer, as a create's: a child without them would write onto its own disk
+            await _mount_volumes(services, child.user_id, booted)
+        except Exception as exc:
+            taken.set_exception(exc)
+            return
     async with transaction(services.sessions) as session:
         await webhooks.emit(
             session, user_id=child.user_id, action="sandbox.fork", data=event_data(child, source_id=source.id)

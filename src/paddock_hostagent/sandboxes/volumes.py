@@ -48,6 +48,7 @@ from paddock_hostagent.drivers.vm.qemu import VolumeDrive
 from paddock_hostagent.sandboxes.checks import driver_errors
 from paddock_hostagent.sandboxes.registry import Registry
 from paddock_hostagent.schemas import (
+    VolumeCloneBody,
     VolumeCreateBody,
     VolumeDeleted,
     VolumeHolder,
@@ -169,6 +170,31 @@ class Volumes:
             with driver_errors():
                 meta = await self.store.create(body.volume_id, body.size_mib)
         log.info("volume_created", volume_id=meta.id, size_mib=meta.size_mib)
+        return self.view(meta)
+
+    async def clone(self, source_id: str, body: VolumeCloneBody) -> VolumeView:
+        """A new volume ``body.volume_id``, a copy of ``source_id`` as it is now (a fork's
+        ``include_volumes``; ``VolumeStore.clone`` freezes a held source's host mount for it). The
+        container tier only: a gVisor or VM fork's child could not be given it (409 naming the tier)."""
+        refused = _LIVE_REFUSED.get(self.registry.runtime_label)
+        if refused is not None:
+            tier, _why = refused
+            with driver_errors():
+                raise TierUnsupportedError(
+                    tier, "copying a volume into a fork", "its sandboxes take volumes only when they start"
+                )
+        async with self.store.lock(source_id), self.store.lock(body.volume_id):
+            self._load(source_id)
+            started = time.perf_counter()
+            with driver_errors():
+                meta, shared = await self.store.clone(source_id, body.volume_id)
+        log.info(
+            "volume_cloned",
+            volume_id=meta.id,
+            source_id=source_id,
+            shared_blocks=shared,
+            ms=round((time.perf_counter() - started) * 1000, 1),
+        )
         return self.view(meta)
 
     def get(self, volume_id: str) -> VolumeView:

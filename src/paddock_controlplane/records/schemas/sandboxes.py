@@ -48,6 +48,8 @@ class ForkSandboxRequest(Body):
     timeout_s: Int32 | None = None
     on_timeout: StrictStr | None = None
     metadata: dict[str, StrictStr] | None = None
+    #: The child gets its own copy of each local volume the source holds (issue #34, docs/volumes.md).
+    include_volumes: StrictBool | None = None
 
 
 class PauseSandboxRequest(Body):

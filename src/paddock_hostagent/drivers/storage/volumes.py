@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import re
@@ -30,12 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from paddock_hostagent.drivers.base import CapacityError, CommandFailedError, DriverError
-from paddock_hostagent.drivers.storage import loops, mounts
+from paddock_hostagent.drivers.storage import loops, mounts, rootdisks
 from paddock_hostagent.drivers.system.commands import run
 
 MIB = 1 << 20
 PARTIAL_PREFIX = ".partial-"
 VOLUME_ID = re.compile(r"^vol_[A-Za-z0-9]{1,36}$")
+#: A fork's copy of a volume (``clone``) has its source's XFS UUID, which XFS refuses to mount twice.
+MOUNT_OPTIONS = "nouuid"
 
 
 class VolumeMissingError(DriverError):
@@ -171,6 +174,40 @@ class VolumeStore:
             raise
         return meta
 
+    async def clone(self, source_id: str, target_id: str) -> tuple[VolumeMeta, bool]:
+        """A new volume ``target_id`` holding ``source_id``'s filesystem as it is at this instant (a
+        fork's ``include_volumes``), and whether its file shares the source's blocks (``FICLONE``,
+        constant time) rather than being a copy of its data (a state filesystem without reflink).
+
+        While a sandbox holds the source, its host mount is frozen (``FIFREEZE``: writers wait, and
+        the log is written home, so the copy mounts clean) for the copy only. Made under
+        ``.partial-`` and renamed into place, as a new volume is; the same id again answers the one
+        that is there (a retried call). Mounted later, the copy carries the source's XFS UUID: the
+        host mounts volumes ``nouuid``."""
+        if self.exists(target_id):
+            return self.load(target_id), True
+        source = self.load(source_id)
+        image = self.image(source_id)
+        partial = self.directory / f"{PARTIAL_PREFIX}{target_id}"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(mode=0o700)
+        try:
+            point = self.mount_dir(source_id)
+            frozen = point if mounts.is_mountpoint(point) else None
+            shared = await asyncio.to_thread(
+                _copy_image, image, partial / "volume.img", frozen, self.directory
+            )
+            (partial / "mnt").mkdir(mode=0o755)
+            meta = VolumeMeta(id=target_id, size_mib=source.size_mib)
+            (partial / "volume.json").write_text(json.dumps(meta.to_json()))
+            await asyncio.to_thread(_fsync_file, partial / "volume.img")
+            partial.replace(self._dir(target_id))
+            _fsync_dir(self.directory)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        return meta, shared
+
     async def grow(self, meta: VolumeMeta, size_mib: int) -> None:
         """Grows the file and the filesystem (mounted on the host for it, if no sandbox holds it)."""
         if size_mib <= meta.size_mib:
@@ -239,13 +276,13 @@ class VolumeStore:
             device = await loops.attach(self.image(volume_id), direct_io=True)
         try:
             await asyncio.to_thread(
-                mounts.mount, device, point, "xfs", "", mounts.MS_NOSUID | mounts.MS_NODEV
+                mounts.mount, device, point, "xfs", MOUNT_OPTIONS, mounts.MS_NOSUID | mounts.MS_NODEV
             )
         except CommandFailedError:
             if self.device_of(volume_id) is None:  # a loop freed itself meanwhile (autoclear): once more
                 device = await loops.attach(self.image(volume_id), direct_io=True)
                 await asyncio.to_thread(
-                    mounts.mount, device, point, "xfs", "", mounts.MS_NOSUID | mounts.MS_NODEV
+                    mounts.mount, device, point, "xfs", MOUNT_OPTIONS, mounts.MS_NOSUID | mounts.MS_NODEV
                 )
             else:
                 raise
@@ -309,6 +346,57 @@ def _attached_loops() -> dict[str, str]:
                 backing.read_text().strip().removesuffix(" (deleted)")
             )
     return found
+
+
+def _copy_image(source: Path, target: Path, frozen: Path | None, directory: Path) -> bool:
+    """``target`` becomes a copy of the image ``source``, the filesystem mounted at ``frozen`` (if any)
+    frozen meanwhile; True when the copy shares its blocks (``FICLONE``), False when the state
+    filesystem cannot clone and the data was copied (holes kept), which must then fit."""
+    if frozen is not None:
+        mounts.freeze_filesystem(frozen)
+    try:
+        try:
+            rootdisks.clone_file(source, target)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY):
+                raise
+        stats = os.statvfs(directory)
+        free = stats.f_bavail * stats.f_frsize
+        needed = os.stat(source).st_blocks * 512
+        if needed > free:
+            raise CapacityError(f"copying the volume needs {needed // MIB} MiB; {free // MIB} MiB free")
+        _copy_sparse(source, target)
+        return False
+    finally:
+        if frozen is not None:
+            mounts.thaw_filesystem(frozen)
+
+
+def _copy_sparse(source: Path, target: Path) -> None:
+    """A copy of ``source`` that keeps its holes (``SEEK_DATA``/``SEEK_HOLE``), as the disk store's."""
+    size = os.stat(source).st_size
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        writer.truncate(size)
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(reader.fileno(), offset, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only a hole is left
+                    break
+                raise
+            end = os.lseek(reader.fileno(), start, os.SEEK_HOLE)
+            reader.seek(start)
+            writer.seek(start)
+            left = end - start
+            while left:
+                chunk = reader.read(min(left, 8 * MIB))
+                if not chunk:
+                    break
+                writer.write(chunk)
+                left -= len(chunk)
+            offset = end
 
 
 def _write_superblock_home(mount_dir: Path) -> None:
