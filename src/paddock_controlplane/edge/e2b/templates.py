@@ -38,6 +38,7 @@ from fastapi.responses import Response
 from pydantic import Field, StrictBool, StrictStr
 from sqlalchemy import ForeignKey, String, select
 from sqlalchemy import delete as sql_delete
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -226,14 +227,20 @@ def _split(raw: str, field: str) -> tuple[str, str]:
 async def _point(
     session: AsyncSession, user_id: str, name: str, tags: list[str], build_id: str, now: dt.datetime
 ) -> None:
-    """Points each of ``name``'s ``tags`` at ``build_id`` (moving it from the build it named)."""
+    """Points each of ``name``'s ``tags`` at ``build_id`` (moving it from the build it named). One
+    upsert: two requests moving the same tag at once both succeed, the later one's build winning,
+    where a delete then an insert made the later one a duplicate key (a 500)."""
+    rows = [
+        {"user_id": user_id, "name": name, "tag": tag, "build_id": build_id, "created_at": now}
+        for tag in tags
+    ]
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    insert = dialect.insert(E2bTemplateTag).values(rows)
     await session.execute(
-        sql_delete(E2bTemplateTag).where(
-            E2bTemplateTag.user_id == user_id, E2bTemplateTag.name == name, E2bTemplateTag.tag.in_(tags)
+        insert.on_conflict_do_update(
+            index_elements=["user_id", "name", "tag"],
+            set_={"build_id": insert.excluded.build_id, "created_at": insert.excluded.created_at},
         )
-    )
-    session.add_all(
-        E2bTemplateTag(user_id=user_id, name=name, tag=tag, build_id=build_id, created_at=now) for tag in tags
     )
 
 
