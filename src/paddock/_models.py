@@ -57,10 +57,12 @@ class SandboxInfo:
     auto_hibernate_after_seconds: int | None = None
     #: Private networks joined: ``[{"id", "status": "pending"|"active", "ip"?}]`` (the overlay address).
     networks: list[dict[str, Any]] = field(default_factory=list)
-    #: The lifetime: at ``end_at`` (RFC 3339) the sandbox is destroyed, or paused (``on_timeout``).
+    #: The lifetime: at ``end_at`` (RFC 3339) the sandbox is destroyed, paused or hibernated (``on_timeout``).
     timeout_s: int | None = None
     on_timeout: str | None = None
     end_at: str | None = None
+    #: ``hibernate`` when an idle spell hibernates the sandbox rather than freezing it (``on_idle``).
+    on_idle: str | None = None
     #: The labels given at create (``metadata``), inherited by forks; ``list(metadata=...)`` filters.
     metadata: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)

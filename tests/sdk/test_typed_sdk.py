@@ -103,6 +103,7 @@ def test_create_and_fork_send_the_keywords_under_the_wires_names() -> None:
             auto_pause_after_seconds=600,
             timeout_s=60,
             on_timeout="pause",
+            on_idle="hibernate",
             metadata={"team": "docs"},
         )
         sandbox.fork(start_paused=True, envs={"B": "2"}, egress=[], metadata={"k": "v"})
@@ -125,6 +126,7 @@ def test_create_and_fork_send_the_keywords_under_the_wires_names() -> None:
                 "auto_pause_after_seconds": 600,
                 "timeout_s": 60,
                 "on_timeout": "pause",
+                "on_idle": "hibernate",
                 "metadata": {"team": "docs"},
             },
         ),
@@ -134,6 +136,11 @@ def test_create_and_fork_send_the_keywords_under_the_wires_names() -> None:
         ),
         ("/v1/sandboxes/sb-2/fork", {}),
     ]
+
+
+def test_a_sandboxs_idle_hibernation_reads_as_a_field() -> None:
+    info = paddock.SandboxInfo.from_api({"id": "sb-1", "status": "running", "on_idle": "hibernate"})
+    assert info.on_idle == "hibernate" and "on_idle" not in info.extra
 
 
 def test_py_typed_is_installed_in_the_package() -> None:
