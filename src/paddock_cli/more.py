@@ -87,14 +87,18 @@ def set_settings(
     ingress: bool = typer.Option(None, "--ingress/--no-ingress", help="Turn the ingress URL on or off."),
     auto_pause: int = typer.Option(None, "--auto-pause", help="Pause after this many idle seconds."),
     no_auto_pause: bool = typer.Option(False, "--no-auto-pause", help="Never pause for idleness."),
+    on_idle: str = typer.Option(
+        None, "--on-idle", help="What the idle pause does: pause (frozen) or hibernate (only the disk kept)."
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Change a sandbox's settings (PATCH): ingress and auto-pause."""
+    """Change a sandbox's settings (PATCH): ingress, auto-pause and what it does."""
     with api_errors(), client() as sdk:
         info = sandbox.resolve(sdk, ref).patch(
             ingress_enabled=ingress,
             auto_pause_after_seconds=auto_pause,
             disable_auto_pause=True if no_auto_pause else None,
+            on_idle=on_idle,
         )
     emit(info, json_out, sandbox.show)
 

@@ -98,9 +98,12 @@ def test_account_and_sandbox_settings_commands_with_json_after_the_name(cli: Cli
         assert cli.json("sandbox", "egress", "set-box") == ["example.com", "10.0.0.0/8:443"]
         assert cli.json("sandbox", "egress", "set-box", "--clear") == []
 
-        patched = cli.json("sandbox", "set", "set-box", "--ingress", "--auto-pause", "600")
+        patched = cli.json(
+            "sandbox", "set", "set-box", "--ingress", "--auto-pause", "600", "--on-idle", "hibernate"
+        )
         assert isinstance(patched, dict)
         assert patched["ingress_enabled"] is True and patched["auto_pause_after_seconds"] == 600
+        assert patched["on_idle"] == "hibernate"
         assert cli.json("sandbox", "resize", "set-box", "3072") == {"disk_mib": 3072}
         assert cli.json("sandbox", "ps", "set-box") == []
     finally:
