@@ -92,7 +92,20 @@ async def test_fork_sees_the_files_then_diverges(host: HostAgentClient, sandboxe
     assert (await host.get_sandbox(child_id)).forked_from == source["id"]
 
 
-FORK_STEPS = ("slot", "freeze", "sync", "clone", "loop", "mount", "overlay", "bundle", "runtime", "guest")
+# ``identity``: the hostname, hosts and resolv.conf written into the disk before the overlay mounts.
+FORK_STEPS = (
+    "slot",
+    "freeze",
+    "sync",
+    "clone",
+    "loop",
+    "mount",
+    "identity",
+    "overlay",
+    "bundle",
+    "runtime",
+    "guest",
+)
 
 
 async def test_each_fork_logs_where_its_time_went(
