@@ -96,5 +96,6 @@ def test_the_control_plane_lets_every_tier_snapshot_and_refuses_an_unknown_runti
         "snapshotting a sandbox's disk is not supported on the microvm isolation tier (firecracker)"
         "; the container (crun, runc), gVisor and VM tiers take snapshots"
     )
-    # other operations the VM tier does not offer are still refused
-    assert "vm isolation tier" in (volumes.tier_refusal(vm) or "")
+    # what the VM tier does not offer is still refused: a live volume attach (volumes at create are drives)
+    assert volumes.tier_refusal(vm) is None
+    assert "vm isolation tier" in (volumes.live_refusal(vm) or "")
