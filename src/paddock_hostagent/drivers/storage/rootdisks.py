@@ -467,7 +467,7 @@ def snapshot_image(source: Disk, target: Path) -> None:
         target.unlink(missing_ok=True)
         mounts.freeze_filesystem(source.mount_dir)
         try:
-            _copy_sparse(source.image_path, target)
+            copy_sparse(source.image_path, target)
         finally:
             mounts.thaw_filesystem(source.mount_dir)
     fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
@@ -477,8 +477,9 @@ def snapshot_image(source: Disk, target: Path) -> None:
         os.close(fd)
 
 
-def _copy_sparse(source: Path, target: Path) -> None:
-    """A copy of ``source`` that keeps its holes (``SEEK_DATA``/``SEEK_HOLE``)."""
+def copy_sparse(source: Path, target: Path) -> None:
+    """A copy of ``source`` that keeps its holes (``SEEK_DATA``/``SEEK_HOLE``): where the store cannot
+    clone (a disk's, a snapshot's, a volume's image)."""
     size = os.stat(source).st_size
     with open(source, "rb") as reader, open(target, "wb") as writer:
         writer.truncate(size)
@@ -519,7 +520,7 @@ async def restore_disk(image: Path, disk: Disk) -> None:
     except OSError as exc:
         if exc.errno not in _NO_CLONE:
             raise DriverError(f"cloning snapshot {image.parent.name}: {exc}") from exc
-        await asyncio.to_thread(_copy_sparse, image, disk.image_path)
+        await asyncio.to_thread(copy_sparse, image, disk.image_path)
     forget_old_image(disk)
     if not disk.loop_device:
         disk.loop_device = await loops.attach(disk.image_path)

@@ -366,37 +366,11 @@ def _copy_image(source: Path, target: Path, frozen: Path | None, directory: Path
         needed = os.stat(source).st_blocks * 512
         if needed > free:
             raise CapacityError(f"copying the volume needs {needed // MIB} MiB; {free // MIB} MiB free")
-        _copy_sparse(source, target)
+        rootdisks.copy_sparse(source, target)
         return False
     finally:
         if frozen is not None:
             mounts.thaw_filesystem(frozen)
-
-
-def _copy_sparse(source: Path, target: Path) -> None:
-    """A copy of ``source`` that keeps its holes (``SEEK_DATA``/``SEEK_HOLE``), as the disk store's."""
-    size = os.stat(source).st_size
-    with open(source, "rb") as reader, open(target, "wb") as writer:
-        writer.truncate(size)
-        offset = 0
-        while offset < size:
-            try:
-                start = os.lseek(reader.fileno(), offset, os.SEEK_DATA)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:  # only a hole is left
-                    break
-                raise
-            end = os.lseek(reader.fileno(), start, os.SEEK_HOLE)
-            reader.seek(start)
-            writer.seek(start)
-            left = end - start
-            while left:
-                chunk = reader.read(min(left, 8 * MIB))
-                if not chunk:
-                    break
-                writer.write(chunk)
-                left -= len(chunk)
-            offset = end
 
 
 def _write_superblock_home(mount_dir: Path) -> None:
