@@ -39,7 +39,7 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -333,8 +333,7 @@ class OciRuntime(SandboxRuntime):
         record = self._record(spec, handle)
         beside = _Beside(on_network, record)
         beside.start()  # the slot's veth exists: its egress rules go in now
-        self._booting += 1
-        try:
+        async with self._boot_attempt(handle, beside):
             if slot.disk_mib < spec.shape.disk_mib:
                 await rootdisks.grow(slot.disk, spec.shape.disk_mib)
                 slot.disk_mib = spec.shape.disk_mib
@@ -357,12 +356,6 @@ class OciRuntime(SandboxRuntime):
             log.info(
                 "create_phases", sandbox_id=spec.id, warm_slot=warm, parked=parked is not None, **phases.ms
             )
-        except BaseException:
-            self._booting -= 1
-            await beside.settle()
-            await self._destroy_handle(handle)
-            raise
-        self._booting -= 1
         return record
 
     async def fork(
@@ -384,8 +377,7 @@ class OciRuntime(SandboxRuntime):
         record = self._record(spec, handle)
         record.forked_from = source.id
         beside = _Beside(on_network, record)
-        self._booting += 1
-        try:
+        async with self._boot_attempt(handle, beside):
             slot.disk_mib = source.disk_mib
             slot.disk.fs = source_handle.slot.disk.fs
             device = slot.disk.loop_device  # its numbers go into the bundle
@@ -405,12 +397,6 @@ class OciRuntime(SandboxRuntime):
             await self._started(record, handle, start_paused=start_paused)
             await beside.result()
             log.info("fork_phases", sandbox_id=spec.id, warm_slot=warm, **phases.ms)
-        except BaseException:
-            self._booting -= 1
-            await beside.settle()
-            await self._destroy_handle(handle)
-            raise
-        self._booting -= 1
         return record
 
     # -- snapshots ------------------------------------------------------------------------------
@@ -534,8 +520,7 @@ class OciRuntime(SandboxRuntime):
         record = self._record(spec, handle)
         beside = _Beside(on_network, record)
         beside.start()
-        self._booting += 1
-        try:
+        async with self._boot_attempt(handle, beside):
             slot.disk.fs = "xfs" if snapshot.fs == "xfs" else "ext4"
             await rootdisks.restore_disk(snapshot.path, slot.disk)
             slot.disk_mib = snapshot.disk_mib
@@ -550,13 +535,21 @@ class OciRuntime(SandboxRuntime):
             log.info(
                 "snapshot_boot_phases", sandbox_id=spec.id, snapshot_id=snapshot.id, parked=False, **phases.ms
             )
+        return record
+
+    @contextlib.asynccontextmanager
+    async def _boot_attempt(self, handle: _Handle, beside: _Beside) -> AsyncIterator[None]:
+        """A boot in flight (counted in ``_booting``): one that fails has its network hook settled
+        and its container, slot and cgroup torn down before the error goes on."""
+        self._booting += 1
+        try:
+            yield
         except BaseException:
             self._booting -= 1
             await beside.settle()
             await self._destroy_handle(handle)
             raise
         self._booting -= 1
-        return record
 
     def _is_snapshot(self, snapshot: SnapshotInfo) -> bool:
         """A snapshot of this host's store (not a hibernated sandbox's kept disk, booted the same way)."""
@@ -586,8 +579,7 @@ class OciRuntime(SandboxRuntime):
         record = self._record(spec, handle)
         beside = _Beside(on_network, record)
         beside.start()
-        self._booting += 1
-        try:
+        async with self._boot_attempt(handle, beside):
             self._claim(spec, handle)
             phases.mark("claim")
             await self._started(record, handle, start_paused=start_paused)
@@ -596,12 +588,6 @@ class OciRuntime(SandboxRuntime):
             log.info(
                 "snapshot_boot_phases", sandbox_id=spec.id, snapshot_id=snapshot.id, parked=True, **phases.ms
             )
-        except BaseException:
-            self._booting -= 1
-            await beside.settle()
-            await self._destroy_handle(handle)
-            raise
-        self._booting -= 1
         return record
 
     # -- hibernation ----------------------------------------------------------------------------
