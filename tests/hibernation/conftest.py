@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hibernation.test_hibernation_live import Account
 from tests.hostagent.conftest import debian_image, guest_binary_dir, pytest_collection_modifyitems
 from tests.live import LivePlatform
 from tests.volumes.conftest import platform_on
@@ -28,3 +29,13 @@ def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatfor
         pytest.skip("neither crun nor runc on this machine")
     with platform_on(runtime, guest_binary_dir) as live:
         yield live
+
+
+@pytest.fixture
+def account(platform: LivePlatform) -> Iterator[Account]:
+    """A user whose sandboxes go when the test ends (the live hibernation tests', on every tier)."""
+    made = Account(platform)
+    try:
+        yield made
+    finally:
+        made.close()

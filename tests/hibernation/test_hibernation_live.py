@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,15 +99,6 @@ class Account:
                 break
             time.sleep(0.1)
         self.http.close()
-
-
-@pytest.fixture
-def account(platform: LivePlatform) -> Iterator[Account]:
-    made = Account(platform)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def record_of(platform: LivePlatform, sandbox_id: str) -> dict[str, Any]:

@@ -38,15 +38,6 @@ def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatfor
         yield live
 
 
-@pytest.fixture
-def account(platform: LivePlatform) -> Iterator[Account]:
-    made = Account(platform)
-    try:
-        yield made
-    finally:
-        made.close()
-
-
 def counter(account: Account, sandbox_id: str) -> int:
     return int(account.out(sandbox_id, "cat /root/counter 2>/dev/null || echo 0").strip())
 

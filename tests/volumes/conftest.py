@@ -16,6 +16,7 @@ import pytest
 
 from tests.hostagent.conftest import TOKEN, debian_image, guest_binary_dir, pytest_collection_modifyitems
 from tests.live import LivePlatform, start_platform
+from tests.volumes.test_volumes_live import Account
 
 __all__ = ["debian_image", "guest_binary_dir", "pytest_collection_modifyitems"]
 
@@ -61,3 +62,13 @@ def platform(
 ) -> Iterator[LivePlatform]:
     with platform_on(str(request.param), guest_binary_dir) as live:
         yield live
+
+
+@pytest.fixture
+def account(platform: LivePlatform) -> Iterator[Account]:
+    """A user whose sandboxes and volumes go when the test ends (every live volume test's)."""
+    made = Account(platform)
+    try:
+        yield made
+    finally:
+        made.close()

@@ -6,7 +6,6 @@ no volume, as before; a non-boolean flag is a 400 naming the field."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,15 +14,6 @@ from tests.live import LivePlatform
 from tests.volumes.test_volumes_live import Account
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-
-
-@pytest.fixture
-def account(platform: LivePlatform) -> Iterator[Account]:
-    made = Account(platform)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def fork(account: Account, source: str, **body: Any) -> str:

@@ -32,15 +32,6 @@ def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatfor
         yield live
 
 
-@pytest.fixture
-def account(platform: LivePlatform) -> Iterator[Account]:
-    made = Account(platform)
-    try:
-        yield made
-    finally:
-        made.close()
-
-
 def test_a_volume_written_in_one_gvisor_sandbox_is_read_in_the_next(
     platform: LivePlatform, account: Account
 ) -> None:

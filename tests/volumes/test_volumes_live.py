@@ -12,7 +12,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -85,15 +84,6 @@ class Account:
         for volume_id in self.volumes:
             self.http.delete(f"/v1/volumes/{volume_id}")
         self.http.close()
-
-
-@pytest.fixture
-def account(platform: LivePlatform) -> Iterator[Account]:
-    made = Account(platform)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def under(state_dir: Path) -> tuple[list[str], list[str]]:

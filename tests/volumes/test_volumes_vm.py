@@ -35,15 +35,6 @@ def platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[LivePlatfor
         yield live
 
 
-@pytest.fixture
-def account(platform: LivePlatform) -> Iterator[Account]:
-    made = Account(platform)
-    try:
-        yield made
-    finally:
-        made.close()
-
-
 def test_a_volume_written_in_one_vm_is_read_in_the_next_and_a_read_only_drive_refuses_writes(
     platform: LivePlatform, account: Account
 ) -> None:
