@@ -156,9 +156,11 @@ def _no_follow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def _receive(name: str, url: str, authorization: str, dest: Path, limit_bytes: int) -> None:
-    """Streams the source's tar of the image into ``unpack`` (in a thread: the unpacking blocks), at
-    most ``limit_bytes`` of it."""
+@contextlib.contextmanager
+def _fetched(name: str, url: str, authorization: str, limit_bytes: int) -> Iterator[io.BufferedReader]:
+    """The body of another agent's answer at ``url``, read as it comes and refused past
+    ``limit_bytes`` (an image's tar, a snapshot's extents); its errors are this API's: a refusal or
+    a broken transfer is a 400, a body too large a 413."""
     try:
         with (
             httpx.Client(timeout=FETCH_TIMEOUT) as http,
@@ -171,11 +173,19 @@ def _receive(name: str, url: str, authorization: str, dest: Path, limit_bytes: i
             if declared.isdigit() and int(declared) > limit_bytes:
                 raise ImageTooLargeError(limit_bytes)
             chunks = _ChunkReader(response.iter_bytes(CHUNK_BYTES), limit_bytes)
-            unpack(io.BufferedReader(chunks, CHUNK_BYTES), dest, limit_bytes)
+            yield io.BufferedReader(chunks, CHUNK_BYTES)
     except ImageTooLargeError as exc:
         raise errors.PayloadTooLarge(f"fetching {name} from {url}: {exc}") from exc
     except httpx.HTTPError as exc:
         raise errors.BadRequest(f"fetching {name} from {url}: {exc}") from exc
+
+
+def _receive(name: str, url: str, authorization: str, dest: Path, limit_bytes: int) -> None:
+    """Streams the source's tar of the image into ``unpack`` (in a thread: the unpacking blocks), at
+    most ``limit_bytes`` of it."""
+    try:
+        with _fetched(name, url, authorization, limit_bytes) as reader:
+            unpack(reader, dest, limit_bytes)
     except (tarfile.TarError, TenantPathError, UnpackError, OSError) as exc:
         raise errors.BadRequest(f"unpacking {name} from {url}: {exc}") from exc
 
@@ -440,16 +450,7 @@ class SnapshotFetcher:
 
 def _receive_snapshot(name: str, url: str, authorization: str, partial: Path, limit_bytes: int) -> None:
     try:
-        with (
-            httpx.Client(timeout=FETCH_TIMEOUT) as http,
-            http.stream("GET", url, headers={"Authorization": authorization}) as response,
-        ):
-            if response.status_code != 200:
-                body = response.read().decode(errors="replace")[:300]
-                raise errors.BadRequest(f"{url} answered {response.status_code}: {body}")
-            reader = io.BufferedReader(
-                _ChunkReader(response.iter_bytes(CHUNK_BYTES), limit_bytes), CHUNK_BYTES
-            )
+        with _fetched(name, url, authorization, limit_bytes) as reader:
             meta = _snapshot_meta(reader.readline(MAX_SNAPSHOT_META_BYTES + 1), name, url)
             _write_extents(reader, partial / "disk.img", int(meta["size"]))
             with open(partial / "meta.json", "x") as out:
@@ -457,10 +458,6 @@ def _receive_snapshot(name: str, url: str, authorization: str, partial: Path, li
                 out.flush()
                 os.fsync(out.fileno())
             _fsync_dir(partial)
-    except ImageTooLargeError as exc:
-        raise errors.PayloadTooLarge(f"fetching {name} from {url}: {exc}") from exc
-    except httpx.HTTPError as exc:
-        raise errors.BadRequest(f"fetching {name} from {url}: {exc}") from exc
     except (UnpackError, OSError) as exc:
         raise errors.BadRequest(f"receiving {name} from {url}: {exc}") from exc
 
