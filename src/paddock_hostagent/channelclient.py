@@ -133,8 +133,11 @@ class AgentChannel:
     def is_open(self) -> bool:
         return self._link is not None and self._link.up
 
-    async def call(self, op: int, sandbox_id: str, request_id: str, body: bytes) -> tuple[int, bytes] | None:
-        """(status, answer body), or ``None`` when HTTP should carry this call instead."""
+    async def _carrier(
+        self, op: int, sandbox_id: str, request_id: str, body: bytes
+    ) -> tuple[_Link, int, bytes] | None:
+        """The open link, the call's id and its frame; ``None`` when the channel cannot carry the call
+        (too big, down and not to be opened now, an agent without that call)."""
         call_id = next(self._ids) & 0xFFFFFFFF
         frame = channelwire.encode_call(call_id, op, request_id, sandbox_id, body)
         if len(frame) > channelwire.MAX_CALL_BYTES:
@@ -142,6 +145,14 @@ class AgentChannel:
         link = await self._open()
         if link is None or op not in link.ops:
             return None
+        return link, call_id, frame
+
+    async def call(self, op: int, sandbox_id: str, request_id: str, body: bytes) -> tuple[int, bytes] | None:
+        """(status, answer body), or ``None`` when HTTP should carry this call instead."""
+        carried = await self._carrier(op, sandbox_id, request_id, body)
+        if carried is None:
+            return None
+        link, call_id, frame = carried
         answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
         link.pending[call_id] = answer
         try:
@@ -169,13 +180,10 @@ class AgentChannel:
         HTTP should carry it. The lines end with the stream; they raise :class:`ChannelLostError` if
         the channel drops first, :class:`ChannelStreamLaggedError` if their reader fell too far
         behind. Closing them early cancels the call on the agent."""
-        call_id = next(self._ids) & 0xFFFFFFFF
-        frame = channelwire.encode_call(call_id, op, request_id, sandbox_id, body)
-        if len(frame) > channelwire.MAX_CALL_BYTES:
+        carried = await self._carrier(op, sandbox_id, request_id, body)
+        if carried is None:
             return None
-        link = await self._open()
-        if link is None or op not in link.ops:
-            return None
+        link, call_id, frame = carried
         stream = _Stream(asyncio.get_running_loop().create_future())
         link.streams[call_id] = stream
         try:
