@@ -454,18 +454,23 @@ async def drop_attachments(session: AsyncSession, sandbox_id: str) -> None:
     await session.execute(delete(AttachmentRow).where(AttachmentRow.sandbox_id == sandbox_id))
 
 
+async def _held(session: AsyncSession, sandbox_id: str) -> Sequence[AttachmentRow]:
+    """The volumes ``sandbox_id`` holds, by mount path (the order they are mounted and copied in)."""
+    return (
+        await session.scalars(
+            select(AttachmentRow)
+            .where(AttachmentRow.sandbox_id == sandbox_id)
+            .order_by(AttachmentRow.mount_path)
+        )
+    ).all()
+
+
 async def mount_all(services: Services, sandbox: Sandbox) -> None:
     """After a create's boot: each volume it named is mounted before the answer. A mount that fails
     raises (the caller undoes the sandbox): a sandbox without the volume it asked for would write its
     data onto its own disk and lose it."""
     async with services.sessions() as session:
-        rows = (
-            await session.scalars(
-                select(AttachmentRow)
-                .where(AttachmentRow.sandbox_id == sandbox.id)
-                .order_by(AttachmentRow.mount_path)
-            )
-        ).all()
+        rows = await _held(session, sandbox.id)
     link = await hostlink.for_host(services, sandbox.host_id)
     for index, row in enumerate(rows):
         body = VolumeMountBody(volume_id=row.volume_id, mount_path=row.mount_path, read_only=row.read_only)
@@ -481,13 +486,7 @@ async def before_boot(services: Services, link: hostlink.HostLink, sandbox: Sand
         host = await session.get(Host, sandbox.host_id) if sandbox.host_id else None
         if hosts.runtime_of(host) not in BOUND_AT_START:
             return
-        rows = (
-            await session.scalars(
-                select(AttachmentRow)
-                .where(AttachmentRow.sandbox_id == sandbox.id)
-                .order_by(AttachmentRow.mount_path)
-            )
-        ).all()
+        rows = await _held(session, sandbox.id)
     for row in rows:
         body = VolumeMountBody(volume_id=row.volume_id, mount_path=row.mount_path, read_only=row.read_only)
         await link.attach_volume(sandbox.id, body)
@@ -523,13 +522,7 @@ async def plan_copies(
     child's attachment to it at the same path and mode. Returns (source volume, copy) ids. A 409 naming
     the tier off the container tier (gVisor and VMs take volumes only when they start); a 403 when the
     copies would pass the plan's volume cap."""
-    held = (
-        await session.scalars(
-            select(AttachmentRow)
-            .where(AttachmentRow.sandbox_id == source.id)
-            .order_by(AttachmentRow.mount_path)
-        )
-    ).all()
+    held = await _held(session, source.id)
     if not held:
         return []
     host = await session.get(Host, source.host_id) if source.host_id else None
