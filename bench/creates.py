@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from bench import platform as bench_platform
 from bench.lifecycle import AGENT_SPEC, DISK_MIB, SHAPE, BenchError, RawRuntimeLifecycle
 from bench.stats import summarize
 
@@ -281,19 +282,13 @@ def _with_own_platform(pool_size: int, *, rounds: int, total: int, concurrency: 
     """The same bursts on a platform of its own whose host agent keeps ``pool_size`` warm slots (the test
     helpers are imported here, as bench.run does: they are heavy)."""
     from tests.hostagent.conftest import TOKEN
-    from tests.live import start_platform
 
     from paddock_hostagent.guest.build import ensure_agent_binary
 
     guest_dir = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
     try:
         ensure_agent_binary(guest_dir)
-        platform = start_platform(
-            guest_dir,
-            agents=1,
-            cp_env={"PADDOCK_CP_RECONCILE_INTERVAL_S": "1.0", "PADDOCK_CP_HOST_DEAD_AFTER_S": "15"},
-            agent_options={"pool_size": pool_size, "extra_env": {"PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "2.0"}},
-        )
+        platform = bench_platform.start(guest_dir, pool_size=pool_size)
         try:
             agent = platform.agents[0]
             key = platform.api_key(plan="enterprise", credits=1_000_000)

@@ -21,7 +21,9 @@ Per-user caps (plans) are avoided by spreading the sandboxes over enterprise use
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ OVERCOMMIT = 16
 DISK_OVERCOMMIT = 40  # and disk: 1,000 sparse 2 GiB disks on ~70 GiB free (idle ones hold a few MiB)
 MARKS = (1, 100, 500, 1000)  # live counts at which create time is reported
 MARK_WINDOW = 10  # creates just before each mark
+SPACED = 10  # creates one at a time, the pools refilled between, at 1 live and at the end
 EXECS = 30
 
 
@@ -108,6 +111,99 @@ def cgroup_usage(group: Path) -> tuple[int, int]:
     return usage, rss
 
 
+def _log_lines(path: Path | None) -> list[dict[str, Any]]:
+    """The JSON lines of a service's log (others skipped); none when it cannot be read."""
+    if path is None:
+        return []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    events = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+    return events
+
+
+def _stdout_path(pid: int) -> Path | None:
+    """Where a child service writes its log (its stdout), if a file."""
+    try:
+        target = Path(os.readlink(f"/proc/{pid}/fd/1"))
+    except OSError:
+        return None
+    return target if target.is_file() else None
+
+
+def _at(event: dict[str, Any]) -> float:
+    try:
+        return dt.datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
+    except (KeyError, ValueError):
+        return 0.0
+
+
+def create_split(spaced: list[dict[str, Any]], agent_log: Path | None, cp_log: Path | None) -> dict[str, Any]:
+    """Where each spaced create's time went, from the services' own logs and the answer's ``spawn_ms``:
+
+    - ``api``: the SDK's create, end to end;
+    - ``controlplane_request``: the control plane's ``POST /v1/sandboxes`` (its request log line, the
+      one that ended within this create: they are made one at a time);
+    - ``host_call``: the control plane's call to the host (the answer's ``spawn_ms``);
+    - ``agent_call``: the host agent's handling of that call (its ``channel_call``/``request`` line);
+    - ``agent_bring_up``: its boot, from admission to the record saved (``sandbox_created``'s spawn_ms);
+    - the driver's ``create_phases`` (``slot``, ``claim``; a cold boot's ``identity`` … ``guest``), and
+      whether it claimed a parked sandbox.
+    The control plane's own part is ``controlplane_request - host_call``; the link's
+    ``host_call - agent_call``."""
+    agent_events = _log_lines(agent_log)
+    cp_events = _log_lines(cp_log)
+    by_sandbox: dict[str, dict[str, Any]] = {}
+    calls: dict[str, float] = {}
+    for event in agent_events:
+        name = event.get("event")
+        if name in ("create_phases", "sandbox_created") and event.get("sandbox_id"):
+            by_sandbox.setdefault(event["sandbox_id"], {})[name] = event
+        elif (name == "channel_call" and event.get("op") == "create") or (
+            name == "request"
+            and event.get("method") == "POST"
+            and event.get("path") == "/internal/v1/sandboxes"
+        ):
+            calls[str(event.get("request_id"))] = float(event.get("duration_ms", 0))
+    posts = [
+        e
+        for e in cp_events
+        if e.get("event") == "request" and e.get("method") == "POST" and e.get("path") == "/v1/sandboxes"
+    ]
+    rows = []
+    for create in spaced:
+        row: dict[str, Any] = {"id": create["id"], "api": create["api_ms"], "host_call": create["spawn_ms"]}
+        post = next((e for e in posts if create["started_at"] <= _at(e) <= create["ended_at"] + 0.05), None)
+        if post is not None:
+            row["controlplane_request"] = float(post["duration_ms"])
+        found = by_sandbox.get(create["id"], {})
+        created = found.get("sandbox_created")
+        if created is not None:
+            row["agent_bring_up"] = float(created.get("spawn_ms") or 0)
+            if str(created.get("request_id")) in calls:
+                row["agent_call"] = calls[str(created.get("request_id"))]
+        phases = found.get("create_phases")
+        if phases is not None:
+            row["parked"] = bool(phases.get("parked"))
+            row["warm_slot"] = bool(phases.get("warm_slot"))
+            for key, value in phases.items():
+                if key.endswith("_ms"):
+                    row[key.removesuffix("_ms")] = float(value)
+        rows.append(row)
+    parts = sorted({key for row in rows for key, value in row.items() if isinstance(value, float)})
+    return {
+        "creates": rows,
+        "p50_ms": {part: summarize([row[part] for row in rows if part in row])["p50"] for part in parts},
+        "parked": sum(1 for row in rows if row.get("parked")),
+        "not_parked": sum(1 for row in rows if row.get("parked") is False),
+    }
+
+
 def guest_rss_kib(group: Path) -> int:
     for procs in ("cgroup.procs", "tasks"):
         path = group / procs
@@ -137,6 +233,33 @@ def run(
         while time.monotonic() < deadline and agent.get("/internal/v1/info").json()["warm_slots"] < pool_size:
             time.sleep(0.1)
 
+    def spaced_creates(label: str) -> list[float]:
+        """Creates as a user makes them now and then, each after the pools refilled (so each claims a
+        parked sandbox), by an account of their own (the others are at their plan's cap)."""
+        times: list[float] = []
+        with Client(base_url, new_key(), timeout=300, retry=RetryPolicy(max_retries=0)) as client:
+            for index in range(SPACED):
+                wait_pool()
+                time.sleep(1.0)  # the freed slot's parked sandbox boots after the slot is back
+                started_at = time.time()
+                started = time.perf_counter()
+                extra = client.sandboxes.create(
+                    SHAPE, name=f"spaced-{index}", rootfs="debian:13", disk_mib=DISK_MIB
+                )
+                times.append((time.perf_counter() - started) * 1000)
+                samples.add(label, times[-1])
+                spaced_log.setdefault(label, []).append(
+                    {
+                        "id": extra.id,
+                        "api_ms": times[-1],
+                        "spawn_ms": float(extra.info.spawn_ms or 0),
+                        "started_at": started_at,
+                        "ended_at": time.time(),
+                    }
+                )
+                extra.destroy()
+        return times
+
     wait_pool()
     time.sleep(1)
     start_available = meminfo_kib("MemAvailable")
@@ -147,6 +270,9 @@ def run(
     samples = Samples()
     creates: list[float] = []
     at_one: list[float] = []
+    spaced_at_one: list[float] = []
+    spaced_at_end: list[float] = []
+    spaced_log: dict[str, list[dict[str, Any]]] = {}
     clients: list[Any] = []
     made: list[Any] = []
     stop_reason = f"cap of {cap} reached (time budget)"
@@ -182,11 +308,13 @@ def run(
                     )
                     at_one.append((time.perf_counter() - started) * 1000)
                     extra.destroy()
+                spaced_at_one = spaced_creates("create (spaced) at 1 live")
         wait_pool()
         time.sleep(2)  # let page cache and lazily started helpers settle
         count = len(made)
         if made:
             exec_p50(made[len(made) // 2], samples, f"exec `true` at {count} live")
+            spaced_at_end = spaced_creates(f"create (spaced) at {count} live")
         end_fds, end_loops = open_fds(agent_pid), loop_devices()
         end_available = meminfo_kib("MemAvailable")
         end_kernel = kernel_kib()
@@ -231,6 +359,15 @@ def run(
                 str(mark): summarize(at_one if mark == 1 else creates[max(mark - MARK_WINDOW, 0) : mark])
                 for mark in MARKS
                 if len(creates) >= mark
+            },
+            # One at a time with the pools refilled between: what a create costs a user at that density.
+            "create_spaced_at_live": {"1": summarize(spaced_at_one), str(count): summarize(spaced_at_end)}
+            if made
+            else {},
+            # Where each of those creates went, control plane against host agent (create_split).
+            "create_spaced_split": {
+                label: create_split(rows, agent_state_dir / "agent.log", _stdout_path(cp_pid))
+                for label, rows in spaced_log.items()
             },
             "hostagent_fds": {"start": start_fds, "end": end_fds},
             "loop_devices": {"start": start_loops, "end": end_loops},

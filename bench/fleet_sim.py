@@ -15,7 +15,8 @@ What is real and what stands in:
   agent processes do not fit this 2-core box (each is ~60 MB and a Python start), so they share one
   child process and its event loop: the control planes see 200 hosts at 200 addresses, and every
   call they make (heartbeat answers, creates over the kept channel, destroys) reaches an agent's
-  own app and manager;
+  own app and manager. The stand-in enforces no egress, so each agent's beat says it has no egress
+  attempts and the audit writer asks none of them (it asked every host every 2 s before);
 - the agents' beats are sent by their own ``Registrar.beat`` (the body, the failover list, the
   answer's overlay), driven from the fleet process: the measured bursts, and, with ``--beat-rate``, a
   steady background of that many beats a second (none by default: 200 hosts beating every 2 s would
@@ -33,7 +34,9 @@ Measured in each phase, the small fleet first:
 - heartbeats: a burst from the small fleet's three hosts (the same hosts, the same 33 sandboxes each,
   in both phases: what the fleet's size adds) and, in the large phase, from hosts of 500 sandboxes;
 - a reconciler round (every pass of ``reconciler.PASSES``, each in its transaction as the loop runs
-  them; the interval-gated billing passes forced to run);
+  them; the interval-gated billing passes left out, as most rounds leave them);
+- one compute billing pass over every running sandbox, and creates by an owner of billed sandboxes
+  timed while it runs;
 - ``GET /v1/sandboxes/{id}``, ``GET /v1/sandboxes`` (first page) and ``POST /v1/sandboxes`` p50
   through the API, alternating between the two control planes.
 
@@ -61,6 +64,7 @@ from typing import Any
 
 import httpx
 from sqlalchemy import insert, text
+from tests.controlplane.hosts.rows import running_sandbox
 
 from bench import machine
 from bench.stats import summarize
@@ -350,31 +354,19 @@ async def seed_rows(services: Any, rows: list[dict[str, Any]]) -> None:
 
 
 def sandbox_row(sandbox_id: str, user_id: str, host_id: str, ip: str, now: dt.datetime) -> dict[str, Any]:
+    """A sandbox row as a create leaves it: running on its host for five minutes, billed up to now."""
     started = now - dt.timedelta(minutes=5)
     return {
-        "id": sandbox_id,
-        "user_id": user_id,
-        "name": sandbox_id,
-        "status": "running",
-        "host_id": host_id,
-        "ip": ip,
-        "shape": SHAPE,
+        **running_sandbox(sandbox_id, user_id, host_id, started, mem_mib=MEM_MIB, shape=SHAPE),
         "rootfs": IMAGE,
-        "vcpu": 1,
-        "mem_mib": MEM_MIB,
         "disk_mib": DISK_MIB,
-        "region": "eu",
-        "egress": [],
-        "env_keys": [],
-        "ssh_pubkeys": [],
-        "node_selector": {},
+        "ip": ip,
         "ingress_enabled": False,
         "bandwidth_quota_bytes": 5 * 1024**3,
         "bandwidth_used_bytes": 0,
         "bandwidth_ingress_bytes": 0,
         "hibernated": False,
         "oom_kills": 0,
-        "created_at": started,
         "running_at": started,
         "last_activity_at": started,
         "billed_until": now,
@@ -484,19 +476,48 @@ async def time_reconciler(services: Any, rounds: int) -> dict[str, Any]:
     }
 
 
-async def time_billing(services: Any, timeout_s: float) -> dict[str, Any]:
-    """One compute billing pass (``billing.billing_pass``, every running sandbox settled in one
-    transaction), given up after ``timeout_s`` (its transaction rolled back)."""
+async def time_billing(
+    services: Any, timeout_s: float, cp_urls: list[str], key: str, most_creates: int = 20
+) -> dict[str, Any]:
+    """One compute billing pass (``billing.billing_pass``: every running sandbox, a batch per
+    transaction), given up after ``timeout_s``; and creates by the measured user, whose 100 sandboxes
+    the pass settles, timed through the API while it runs (at least one, started with the pass): a
+    create waits on its owner's row, which the pass holds only for a batch."""
     from paddock_controlplane.resources import billing
-    from paddock_core.db import transaction
 
-    started = time.perf_counter()
+    async def one_pass() -> float:
+        started = time.perf_counter()
+        async with asyncio.timeout(timeout_s):
+            await billing.billing_pass(services.sessions, services.clock())
+        return (time.perf_counter() - started) * 1000
+
+    clients = [httpx.AsyncClient(base_url=url, headers={"X-API-Key": key}, timeout=120) for url in cp_urls]
+    create_ms: list[float] = []
+    made: list[tuple[httpx.AsyncClient, str]] = []
     try:
-        async with asyncio.timeout(timeout_s), transaction(services.sessions) as session:
-            await billing.billing_pass(session, services.clock())
-    except TimeoutError:
-        return {"ms": None, "gave_up_after_s": timeout_s}
-    return {"ms": (time.perf_counter() - started) * 1000}
+        billing_task = asyncio.create_task(one_pass())
+        body = {"shape": SHAPE, "rootfs": IMAGE, "disk_mib": DISK_MIB}
+        while len(create_ms) < most_creates and (not create_ms or not billing_task.done()):
+            http = clients[len(create_ms) % len(clients)]
+            started = time.perf_counter()
+            answer = await http.post("/v1/sandboxes", json=body)
+            create_ms.append((time.perf_counter() - started) * 1000)
+            assert answer.status_code == 200, answer.text
+            made.append((http, answer.json()["data"]["id"]))
+        try:
+            pass_ms: float | None = await billing_task
+        except TimeoutError:
+            pass_ms = None
+        for http, sandbox_id in made:
+            answer = await http.delete(f"/v1/sandboxes/{sandbox_id}")
+            assert answer.status_code in (200, 202), answer.text
+    finally:
+        for http in clients:
+            await http.aclose()
+    out: dict[str, Any] = {"ms": pass_ms, "create_during_ms": summarize(create_ms)}
+    if pass_ms is None:
+        out["gave_up_after_s"] = timeout_s
+    return out
 
 
 async def time_api(
@@ -567,7 +588,7 @@ async def measure(
         out[name] = await fleet.call("burst", (hosts, args.beats, args.beat_concurrency))
         out[name]["cp_cpu_ms_per_beat"] = (cpu_s(cp_pids) - before) * 1000 / args.beats
     out["reconciler"] = await time_reconciler(services, args.rounds)
-    out["billing_pass"] = await time_billing(services, args.billing_timeout)
+    out["billing_pass"] = await time_billing(services, args.billing_timeout, cp_urls, key)
     out.update(await time_api(cp_urls, key, user_sandboxes, args.samples, args.creates, cp_pids))
     out["load_after"] = machine.load_average()
     return out
@@ -603,9 +624,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         env = {
             "PADDOCK_CP_HOST_DEAD_AFTER_S": "600",
-            # A compute billing pass settles every running sandbox in one transaction holding each
-            # owner's row: at 100,000 it runs for minutes and every create of those owners waits on it.
-            # It is timed apart (time_billing); the serving control planes bill once an hour here.
+            # A compute billing pass settles every running sandbox (a batch per transaction): work that
+            # grows with the fleet by nature, every billing_interval_s. It is timed apart, with creates
+            # during it (time_billing); the serving control planes bill once an hour here, so the other
+            # measurements show what the fleet's size adds to each operation.
             "PADDOCK_CP_BILLING_INTERVAL_S": "3600",
             "PADDOCK_CP_RECONCILE_INTERVAL_S": "1.0",
             "PADDOCK_CP_METRICS_INTERVAL_S": "0",
@@ -678,8 +700,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             new_hosts += await fleet.call("add", chunk)
         await fleet.call("beat_all")
         await seed_rows(services, rows)
-        async with services.engine.connect() as connection:
-            await connection.execute(text("ANALYZE"))
+        if (
+            args.vacuum
+        ):  # the 100,000 rows as autovacuum keeps a live database's: hint bits set, pages visible
+            await pg_execute(database_url, "VACUUM ANALYZE")
+        else:
+            async with services.engine.connect() as connection:
+                await connection.execute(text("ANALYZE"))
         await fleet.call("beat_all")
         await fleet.call("background", args.beat_rate)
         await asyncio.sleep(2)
@@ -772,6 +799,13 @@ def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
         for b in bills
     ]
     lines += ["", f"One compute billing pass (every running sandbox): {shown[0]} → {shown[1]}."]
+    during = [b.get("create_during_ms") for b in bills]
+    if all(during):
+        lines.append(
+            "`POST /v1/sandboxes` by an owner of billed sandboxes while the pass runs: p50 "
+            f"{during[0]['p50']:,.1f} → {during[1]['p50']:,.1f} ms, max {during[0]['max']:,.1f} → "
+            f"{during[1]['max']:,.1f} ms ({during[0]['n']} → {during[1]['n']} creates)."
+        )
     lines += ["", "Reconciler passes, p50 ms (small → large):", ""]
     for name, stats in large["reconciler"]["passes_ms"].items():
         before = small["reconciler"]["passes_ms"].get(name, {}).get("p50", float("nan"))
@@ -798,7 +832,12 @@ def main() -> None:
         "--audit-egress-poll-s",
         type=float,
         default=None,
-        help="the control planes' poll of every host for egress attempts (default theirs: 2 s)",
+        help="the control planes' poll of the hosts with egress attempts to record (default theirs: 2 s)",
+    )
+    parser.add_argument(
+        "--vacuum",
+        action="store_true",
+        help="VACUUM ANALYZE the database once the large fleet's rows are in (default: ANALYZE only)",
     )
     parser.add_argument(
         "--billing-timeout", type=float, default=30.0, help="seconds a timed billing pass may take"

@@ -87,12 +87,29 @@ def _host_ms(platform: LivePlatform, event: str, key: str, sandbox_id: str) -> l
     return found
 
 
+def _boot_phases(platform: LivePlatform, sandbox_id: str) -> dict[str, float]:
+    """The phases of the last boot of ``sandbox_id`` from its kept disk (``snapshot_boot_phases``)."""
+    phases: dict[str, float] = {}
+    for line in platform.agents[0].log_path.read_text(errors="replace").splitlines():
+        if '"snapshot_boot_phases"' in line and sandbox_id in line:
+            fields = json.loads(line)
+            phases = {
+                key: float(value)
+                for key, value in fields.items()
+                if isinstance(value, (int, float)) and not isinstance(value, bool)
+            }
+    return phases
+
+
 def run(count: int, mb: int, runtime: str) -> dict[str, Any]:
     guest = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
     platform: LivePlatform | None = None
     times: dict[str, list[float]] = {
         "hibernate_api": [],
         "hibernate_host": [],
+        "hibernate_copy": [],
+        "hibernate_commit": [],
+        "hibernate_teardown": [],
         "wake_api": [],
         "wake_host": [],
     }
@@ -121,9 +138,10 @@ def run(count: int, mb: int, runtime: str) -> dict[str, Any]:
                 view = _ok(http.post(f"/v1/sandboxes/{sandbox_id}/pause", json={"keep_memory": False}))
                 times["hibernate_api"].append((time.perf_counter() - started) * 1000)
                 assert view["status"] == "paused" and view.get("hibernated") is True, view
-                times["hibernate_host"] += _host_ms(
-                    platform, "sandbox_hibernated", "hibernate_ms", sandbox_id
-                )
+                for phase in ("hibernate", "copy", "commit", "teardown"):
+                    times["hibernate_host" if phase == "hibernate" else f"hibernate_{phase}"] += _host_ms(
+                        platform, "sandbox_hibernated", f"{phase}_ms", sandbox_id
+                    )
             time.sleep(2 * REFILL_S)
             memory["hibernated"] = _memory(platform)
             for sandbox_id in ids:
@@ -133,6 +151,8 @@ def run(count: int, mb: int, runtime: str) -> dict[str, Any]:
                 times["wake_api"].append((time.perf_counter() - started) * 1000)
                 assert view["status"] == "running", view
                 times["wake_host"] += _host_ms(platform, "sandbox_woken", "wake_ms", sandbox_id)
+                for phase, ms in _boot_phases(platform, sandbox_id).items():
+                    times.setdefault(f"wake_{phase}", []).append(ms)
                 assert "OK" in _sh(http, sandbox_id, "sha256sum -c /root/data.sum")
             # What the hibernated ones still hold, measured back to back: all hibernated, then all gone.
             for sandbox_id in ids:
@@ -178,10 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = run(args.count, args.mb, args.runtime)
     print(f"hibernation on {args.runtime}, {args.count} sandboxes, {args.mb} MB written each (ms)")
-    print(f"{'step':>16} {'p50':>9} {'p90':>9} {'min':>9} {'max':>9}")
+    print(f"{'step':>16} {'p50':>9} {'p90':>9} {'p99':>9} {'min':>9} {'max':>9}")
     for step, values in results["times_ms"].items():
         s = summarize(values)
-        print(f"{step:>16} {s['p50']:9.1f} {s['p90']:9.1f} {s['min']:9.1f} {s['max']:9.1f}")
+        print(f"{step:>16} {s['p50']:9.1f} {s['p90']:9.1f} {s['p99']:9.1f} {s['min']:9.1f} {s['max']:9.1f}")
     per = results["per_sandbox"]
     print(
         f"host memory per sandbox (MemAvailable, caches dropped): running {per['running_mib']:.1f} MiB"

@@ -16,7 +16,10 @@ at a 10 GiB disk, the per-image pools on), through the SDK:
 - **sustained**: ``CONCURRENCY`` threads (each its own user: a plan caps sandboxes per user and day), each
   creating a ``debian:13`` sandbox, running ``true`` in it and destroying it (untimed), for ``SECONDS``:
   creates/s completed and create → first command p50/p99; then the same loop on the host agent's API,
-  with the agent's CPU per create and delete.
+  with the agent's CPU per create and delete; then the floor (``measure_floor``): the raw runtime's
+  own loop, ``crun run -d`` + ``crun delete -f`` at the same concurrency for the same time, each
+  container in a netns and a cgroup, with crun's CPU per run and delete. Each row gives the whole
+  box's CPU per create too (``/proc/stat``), and the report each rate and CPU ÷ the floor's.
 
 Run: ``.venv/bin/python -m bench.pools_bench [--rounds 8] [--seconds 30] [--concurrency 20]``.
 """
@@ -24,10 +27,12 @@ Run: ``.venv/bin/python -m bench.pools_bench [--rounds 8] [--seconds 30] [--conc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -37,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from bench import platform as bench_platform
 from bench.lifecycle import SHAPE, BenchError, RawRuntimeLifecycle
 from bench.stats import summarize
 
@@ -217,13 +223,16 @@ def measure_sustained(url: str, keys: list[str], seconds: float) -> dict[str, An
                     errors.append(str(exc)[:200])
             count += 1
 
+    box_before = _box_busy_ticks()
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(worker, range(concurrency)))
     wall = time.perf_counter() - started
+    box_ms = _box_cpu_ms(box_before, len(latencies))
     for client in clients:
         client.close()
     return {
+        "box_cpu_ms_per_create": box_ms,
         "seconds": wall,
         "concurrency": concurrency,
         "creates": len(latencies),
@@ -280,14 +289,17 @@ def measure_sustained_agent(
             http.delete(f"sandboxes/{sandbox_id}")
 
     cpu_before = _process_cpu_s(pid) if pid is not None else 0.0
+    box_before = _box_busy_ticks()
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(worker, range(concurrency)))
     wall = time.perf_counter() - started
     cpu = _process_cpu_s(pid) - cpu_before if pid is not None else 0.0
+    box_ms = _box_cpu_ms(box_before, len(latencies))
     http.close()
     return {
         "agent_cpu_ms_per_create": cpu * 1000 / max(len(latencies), 1) if pid is not None else None,
+        "box_cpu_ms_per_create": box_ms,
         "seconds": wall,
         "concurrency": concurrency,
         "creates": len(latencies),
@@ -298,9 +310,117 @@ def measure_sustained_agent(
     }
 
 
+def _box_busy_ticks() -> tuple[int, int]:
+    """Busy and total clock ticks of every CPU since boot (``/proc/stat``), for CPU over a window."""
+    values = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)  # less idle and iowait
+
+
+def _box_cpu_ms(before: tuple[int, int], count: int) -> float:
+    """The whole box's busy CPU since ``before``, per one of ``count`` operations, in ms."""
+    busy = _box_busy_ticks()[0] - before[0]
+    return busy * 1000 / os.sysconf("SC_CLK_TCK") / max(count, 1)
+
+
+def _children_cpu_s() -> float:
+    times = os.times()
+    return times.children_user + times.children_system
+
+
+def measure_floor(rootfs: Path, seconds: float, concurrency: int) -> dict[str, Any]:
+    """The raw runtime's sustained rate, the floor of the sustained rows: ``CONCURRENCY`` threads, each
+    looping ``crun run -d`` + ``crun delete -f`` of ``sleep infinity`` for ``SECONDS``, each container
+    in a network namespace (one per thread, made once, as Paddock keeps a destroyed sandbox's pristine
+    one for the next) and a cgroup of its own with a memory and pids limit, on the image's root
+    filesystem read-only (no overlay, disk, guest agent, egress rules or API). Its CPU: the crun
+    processes' own (``os.times`` of reaped children; the containers' ``sleep`` is not counted) and the
+    whole box's (``/proc/stat``, which also holds whatever else ran meanwhile)."""
+    crun = shutil.which("crun")
+    if crun is None:
+        raise BenchError("crun is not installed")
+    tag = f"pdkfloor{os.getpid()}"
+    work = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir="/var/tmp"))
+    state_root = f"/run/{tag}"
+    base = [crun, "--root", state_root, "--cgroup-manager=cgroupfs"]
+    subprocess.run([crun, "spec", "--bundle", str(work)], check=True, capture_output=True)
+    template = json.loads((work / "config.json").read_text())
+    template["process"]["terminal"] = False
+    template["process"]["args"] = ["sleep", "infinity"]
+    template["root"] = {"path": str(rootfs), "readonly": True}
+    netns = [f"{tag}-{index}" for index in range(concurrency)]
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    try:
+        for index, name in enumerate(netns):
+            subprocess.run(["ip", "netns", "add", name], check=True)
+            config = json.loads(json.dumps(template))
+            config["linux"]["namespaces"] = [
+                ns if ns["type"] != "network" else {"type": "network", "path": f"/run/netns/{name}"}
+                for ns in config["linux"]["namespaces"]
+            ]
+            if not any(ns["type"] == "network" for ns in config["linux"]["namespaces"]):
+                config["linux"]["namespaces"].append({"type": "network", "path": f"/run/netns/{name}"})
+            config["linux"]["resources"] = {"memory": {"limit": 256 << 20}, "pids": {"limit": 4096}}
+            bundle = work / f"b{index}"
+            bundle.mkdir()
+            (bundle / "config.json").write_text(json.dumps(config))
+        stop_at = time.monotonic() + seconds
+
+        def worker(index: int) -> None:
+            bundle = work / f"b{index}"
+            count = 0
+            config = json.loads((bundle / "config.json").read_text())
+            while time.monotonic() < stop_at:
+                name = f"{tag}-{index}-{count}"
+                count += 1
+                config["linux"]["cgroupsPath"] = f"/{tag}/{name}"
+                (bundle / "config.json").write_text(json.dumps(config))
+                started = time.perf_counter()
+                ran = subprocess.run(
+                    [*base, "run", "-d", "-b", str(bundle), name],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                elapsed = (time.perf_counter() - started) * 1000
+                deleted = subprocess.run([*base, "delete", "-f", name], capture_output=True)
+                with lock:
+                    if ran.returncode == 0 and deleted.returncode == 0:
+                        latencies.append(elapsed)
+                    else:
+                        errors.append(f"run {ran.returncode}, delete {deleted.returncode}")
+
+        box_before, children_before = _box_busy_ticks(), _children_cpu_s()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(worker, range(concurrency)))
+        wall = time.perf_counter() - started
+        crun_cpu_s = _children_cpu_s() - children_before
+        box_ms = _box_cpu_ms(box_before, len(latencies))
+    finally:
+        for name in netns:
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            with contextlib.suppress(OSError):
+                (hierarchy / tag).rmdir()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(state_root, ignore_errors=True)
+    return {
+        "seconds": wall,
+        "concurrency": concurrency,
+        "creates": len(latencies),
+        "per_s": len(latencies) / wall,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "crun_cpu_ms_per_create": crun_cpu_s * 1000 / max(len(latencies), 1),
+        "box_cpu_ms_per_create": box_ms,
+        **summarize(latencies),
+    }
+
+
 def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
     from tests.hostagent.conftest import TOKEN
-    from tests.live import start_platform
 
     from paddock_hostagent.guest.build import ensure_agent_binary
 
@@ -308,17 +428,10 @@ def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
     out: dict[str, Any] = {"load_before": os.getloadavg()}
     try:
         ensure_agent_binary(guest_dir)
-        platform = start_platform(
+        platform = bench_platform.start(
             guest_dir,
-            agents=1,
-            cp_env={"PADDOCK_CP_RECONCILE_INTERVAL_S": "1.0", "PADDOCK_CP_HOST_DEAD_AFTER_S": "15"},
-            agent_options={
-                "pool_size": 2,
-                "extra_env": {
-                    "PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "2.0",
-                    "PADDOCK_HOST_POOL_DISK_MIB": "10240",  # the default configuration
-                },
-            },
+            pool_size=2,
+            agent_env={"PADDOCK_HOST_POOL_DISK_MIB": "10240"},  # the default configuration
         )
         try:
             from paddock import Client, RetryPolicy
@@ -347,6 +460,13 @@ def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                 out["sustained_agent"] = measure_sustained_agent(
                     agent.url, TOKEN, seconds, concurrency, agent.process.pid if agent.process else None
                 )
+                time.sleep(3)
+                from tests.hostagent.conftest import image_cache
+
+                from paddock_hostagent.images import ImageStore
+
+                rootfs = ImageStore(image_cache()).rootfs_path("debian:13")
+                out["sustained_floor"] = measure_floor(rootfs, seconds, concurrency)
             out["load_after"] = os.getloadavg()
         finally:
             platform.stop()
@@ -380,7 +500,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"{label}: {sustained['per_s']:.1f} creates/s at concurrency {sustained['concurrency']} for "
             f"{sustained['seconds']:.1f} s ({sustained['creates']} creates, {sustained['errors']} errors); "
-            f"create → first command p50 {sustained['p50']:.1f} ms, p99 {sustained['p99']:.1f} ms"
+            f"create → first command p50 {sustained['p50']:.1f} ms, p99 {sustained['p99']:.1f} ms; "
+            f"the box's CPU per create {sustained['box_cpu_ms_per_create']:.0f} ms"
             + (
                 f"; the agent's CPU per create and delete (its children included, not the sandboxes') "
                 f"{sustained['agent_cpu_ms_per_create']:.0f} ms."
@@ -388,6 +509,29 @@ def markdown(result: dict[str, Any]) -> str:
                 else "."
             )
         )
+    floor = result.get("sustained_floor")
+    if floor:
+        lines.append(
+            f"Floor, same run (`crun run -d` + `crun delete -f`, netns and cgroup each): {floor['per_s']:.1f}/s "
+            f"at concurrency {floor['concurrency']} for {floor['seconds']:.1f} s ({floor['creates']} runs, "
+            f"{floor['errors']} errors; `crun run -d` p50 {floor['p50']:.1f} ms, p99 {floor['p99']:.1f} ms); "
+            f"crun's CPU per run + delete {floor['crun_cpu_ms_per_create']:.1f} ms, the box's "
+            f"{floor['box_cpu_ms_per_create']:.1f} ms."
+        )
+        for label, name in (("SDK", "sustained"), ("host agent API", "sustained_agent")):
+            sustained = result.get(name)
+            if not sustained or not floor["per_s"]:
+                continue
+            ratios = (
+                f"{label} ÷ floor: rate {sustained['per_s'] / floor['per_s']:.2f}, "
+                f"the box's CPU per create {sustained['box_cpu_ms_per_create'] / max(floor['box_cpu_ms_per_create'], 1e-9):.1f}×"
+            )
+            if sustained.get("agent_cpu_ms_per_create"):
+                ratios += (
+                    f", the agent's CPU per create and delete ÷ crun's "
+                    f"{sustained['agent_cpu_ms_per_create'] / max(floor['crun_cpu_ms_per_create'], 1e-9):.1f}×"
+                )
+            lines.append(ratios + ".")
     lines.append(
         f"Load average before / before sustained / after: {result['load_before']} / "
         f"{result.get('load_before_sustained')} / {result.get('load_after')}"
@@ -402,8 +546,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     args = parser.parse_args()
     result = run(args.rounds, args.seconds, args.concurrency)
+    result["command"] = (
+        f"python -m bench.pools_bench --rounds {args.rounds} --seconds {args.seconds:g} "
+        f"--concurrency {args.concurrency}"
+    )
+    text = markdown(result)
     print(json.dumps(result, indent=1, default=str))
-    print(markdown(result))
+    print(text)
+    results = Path(__file__).resolve().parent / "results"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    (results / f"pools-{stamp}.json").write_text(json.dumps(result, indent=1, default=str))
+    (results / f"pools-{stamp}.md").write_text(f"`{result['command']}`\n\n{text}\n")
 
 
 if __name__ == "__main__":

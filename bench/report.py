@@ -258,6 +258,10 @@ def markdown(results: dict[str, Any]) -> str:
         for mark, stats in dens.get("create_at_live", {}).items():
             how = "created and destroyed beside the first" if int(mark) == 1 else "the creates just before"
             out.append(f"| create at {int(mark):,} live ({how}) | {spread(stats)} ms |")
+        for mark, stats in dens.get("create_spaced_at_live", {}).items():
+            out.append(
+                f"| create at {int(mark):,} live, one at a time, pools refilled between | {spread(stats)} ms |"
+            )
         for label, stats in dens["timings"].items():
             if label.startswith("exec"):
                 out.append(f"| {label} | {spread(stats)} ms |")

@@ -53,6 +53,7 @@ from bench import (
     report,
     vm_bench,
 )
+from bench import platform as bench_platform
 
 SECTIONS = (
     "lifecycle",
@@ -169,23 +170,16 @@ class Run:
 
     def _measure_platform(self, guest_dir: Path, rootfs: Path) -> None:
         from tests.hostagent.conftest import TOKEN
-        from tests.live import start_platform
 
-        # Production intervals, not the test suite's fast ones (0.2 s), which load the control plane.
-        platform = start_platform(
+        # Production intervals (bench/platform.py); room for a thousand sandboxes: a /21 of addresses and
+        # memory overcommitted as dense hosts run it (density.py).
+        platform = bench_platform.start(
             guest_dir,
-            agents=1,
-            cp_env={"PADDOCK_CP_RECONCILE_INTERVAL_S": "1.0", "PADDOCK_CP_HOST_DEAD_AFTER_S": "15"},
-            agent_options={
-                "pool_size": POOL_SIZE,
-                # Room for a thousand sandboxes: a /21 of addresses and memory overcommitted as dense
-                # hosts run it (density.py).
-                "subnet": f"10.{200 + os.getpid() % 40}.{os.getpid() // 40 % 32 * 8}.0/21",
-                "extra_env": {
-                    "PADDOCK_HOST_HEARTBEAT_INTERVAL_S": "2.0",
-                    "PADDOCK_HOST_MEMORY_OVERCOMMIT": str(density.OVERCOMMIT),
-                    "PADDOCK_HOST_DISK_OVERCOMMIT": str(density.DISK_OVERCOMMIT),
-                },
+            pool_size=POOL_SIZE,
+            subnet=f"10.{200 + os.getpid() % 40}.{os.getpid() // 40 % 32 * 8}.0/21",
+            agent_env={
+                "PADDOCK_HOST_MEMORY_OVERCOMMIT": str(density.OVERCOMMIT),
+                "PADDOCK_HOST_DISK_OVERCOMMIT": str(density.DISK_OVERCOMMIT),
             },
         )
         try:

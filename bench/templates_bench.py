@@ -16,7 +16,8 @@ One ``tests.live`` platform (control plane + one host agent with buildah), start
 - create → running: ``POST /v1/sandboxes`` with ``rootfs`` = the template, and with ``debian:13``.
 
 RUN steps fetch from the Debian archive (apt-get). Needs root, buildah, podman and the debian:13 image.
-Never fails on a time.
+Prints the table and writes it, with the samples, the ratio to podman and the load before and after, to
+``bench/results/templates-<time>.md`` and ``.json``. Never fails on a time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import datetime as dt
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -41,6 +43,7 @@ from tests.live import LivePlatform, start_platform
 from bench.stats import summarize
 from paddock_hostagent.guest.build import ensure_agent_binary
 
+RESULTS = Path(__file__).resolve().parent / "results"
 SHAPE = "s-1vcpu-1gb"
 BODY = (
     "RUN apt-get update && apt-get install -y --no-install-recommends jq && rm -rf /var/lib/apt/lists/*\n"
@@ -196,17 +199,16 @@ def run(rounds: int, boots: int) -> dict[str, list[float]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--boots", type=int, default=5)
-    args = parser.parse_args(argv)
-    results = run(args.rounds, args.boots)
-    print(f"{'operation':40s} {'p50':>9s} {'min':>9s} {'max':>9s} {'unit':>5s} {'n':>3s}")
+def _load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def table(results: dict[str, list[float]]) -> list[str]:
+    lines = [f"{'operation':40s} {'p50':>9s} {'min':>9s} {'max':>9s} {'unit':>5s} {'n':>3s}"]
 
     def row(label: str, values: list[float], unit: str) -> None:
         stats = summarize(values)
-        print(
+        lines.append(
             f"{label:40s} {stats['p50']:9.2f} {stats['min']:9.2f} {stats['max']:9.2f} {unit:>5s} {stats['n']:3d}"
         )
 
@@ -219,6 +221,31 @@ def main(argv: list[str] | None = None) -> int:
         row(f"  {name}", results[f"cached phase {name}"], "s")
     row("create -> running from the template", results["boot_tpl"], "ms")
     row("create -> running from debian:13", results["boot_debian"], "ms")
+    build, podman = summarize(results["build"])["p50"], summarize(results["podman"])["p50"]
+    lines.append(f"build ÷ podman build (p50): {build / podman:.2f}×")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--boots", type=int, default=5)
+    args = parser.parse_args(argv)
+    started, load_before = dt.datetime.now(dt.UTC), _load()
+    results = run(args.rounds, args.boots)
+    lines = table(results)
+    print("\n".join(lines))
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    command = f"python -m bench.templates_bench --rounds {args.rounds} --boots {args.boots}"
+    meta = {"started_at": started.isoformat(), "command": command, "load_before": load_before,
+            "load_after": _load(), "cpus": os.cpu_count()}  # fmt: skip
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"templates-{stamp}.json").write_text(json.dumps({"meta": meta, "samples": results}, indent=1))
+    (RESULTS / f"templates-{stamp}.md").write_text(
+        f"# Template builds, {meta['started_at']}\n\n`{command}`; {meta['cpus']} CPUs, load (1/5/15 min) "
+        f"{load_before} before and {meta['load_after']} after.\n\n```\n" + "\n".join(lines) + "\n```\n"
+    )
+    print(f"written: bench/results/templates-{stamp}.md")
     return 0
 
 

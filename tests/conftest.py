@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import secrets
+import sys
+import traceback
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -95,12 +98,20 @@ class LiveServer:
         self.task: asyncio.Task[None] | None = None
         self.url = ""
 
+    #: A start-up this slow is stuck: fail naming where each task waits, rather than at the test's timeout.
+    START_TIMEOUT_S = 120.0
+
     async def __aenter__(self) -> LiveServer:
         self.task = asyncio.create_task(self.server.serve())
+        deadline = asyncio.get_running_loop().time() + self.START_TIMEOUT_S
         while not self.server.started:
             if self.task.done():
                 self.task.result()
                 raise RuntimeError("server exited during start-up")
+            if asyncio.get_running_loop().time() > deadline:
+                stacks = _task_stacks()
+                self.task.cancel()
+                raise RuntimeError(f"server not started after {self.START_TIMEOUT_S:.0f}s:\n{stacks}")
             await asyncio.sleep(0.01)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
@@ -110,6 +121,16 @@ class LiveServer:
         self.server.should_exit = True
         if self.task:
             await self.task
+
+
+def _task_stacks() -> str:
+    """Where each of the loop's tasks waits, and each thread (a start-up stuck on a CI run once)."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=out)
+    for ident, frame in sys._current_frames().items():
+        out.write(f"thread {ident}:\n{''.join(traceback.format_stack(frame, limit=12))}")
+    return out.getvalue()
 
 
 @pytest.fixture(autouse=True)

@@ -330,7 +330,9 @@ class Template:
 class Snapshot:
     """A copy of a sandbox's disk (issue #34, docs/snapshots.md), kept on the host that made it:
     ``rootfs=`` its id or name boots new sandboxes from it. ``status`` is ``creating`` then ``ready``;
-    ``rootfs`` the image under it, ``disk_mib`` its disk's size, ``size_bytes`` what it holds."""
+    ``rootfs`` the image under it, ``disk_mib`` its disk's size, ``size_bytes`` what it holds;
+    ``volumes`` the copies of volumes it keeps (taken with ``include_volumes``), each with the
+    ``name`` of the volume copied, its ``mount_path``, ``read_only`` and ``size_mib``."""
 
     id: str
     status: str
@@ -341,6 +343,7 @@ class Snapshot:
     disk_mib: int = 0
     size_bytes: int = 0
     created_at: str | None = None
+    volumes: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -193,9 +193,13 @@ class Snapshots:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    def create(self, sandbox: str, *, name: str | None = None) -> Snapshot:
-        """Snapshot the disk of ``sandbox`` (its id; running or paused); returns once it is ``ready``."""
-        body = _base.drop_none({"name": name})
+    def create(
+        self, sandbox: str, *, name: str | None = None, include_volumes: bool | None = None
+    ) -> Snapshot:
+        """Snapshot the disk of ``sandbox`` (its id; running or paused); returns once it is ``ready``.
+        ``include_volumes=True`` keeps a copy of each local volume it holds too: a sandbox booted from
+        the snapshot gets its own new volumes copied from them (docs/volumes.md)."""
+        body = _base.drop_none({"name": name, "include_volumes": include_volumes})
         return Snapshot.from_api(
             self._client.request("POST", _base.path("sandboxes", sandbox, "snapshots"), json=body)
         )

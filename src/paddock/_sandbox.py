@@ -610,10 +610,12 @@ class Sandbox:
         self._set(self._client.request("POST", self._path("resume")))
         return self.wait_until("running", timeout_s) if wait else self.info
 
-    def snapshot(self, *, name: str | None = None) -> Snapshot:
+    def snapshot(self, *, name: str | None = None, include_volumes: bool | None = None) -> Snapshot:
         """A copy of this sandbox's disk (running or paused) that outlives it, ``ready`` when returned;
-        ``client.sandboxes.create(rootfs=snapshot.id)`` (or its ``name``) boots new sandboxes from it."""
-        body = _base.drop_none({"name": name})
+        ``client.sandboxes.create(rootfs=snapshot.id)`` (or its ``name``) boots new sandboxes from it.
+        ``include_volumes=True`` keeps a copy of each local volume it holds too, and each sandbox booted
+        from the snapshot gets its own new volumes copied from them, at the same paths."""
+        body = _base.drop_none({"name": name, "include_volumes": include_volumes})
         return Snapshot.from_api(self._client.request("POST", self._path("snapshots"), json=body))
 
     def attach_volume(self, volume: str, mount_path: str, *, read_only: bool = False) -> dict[str, Any]:

@@ -442,6 +442,24 @@ def fork(
 
 
 @app.command()
+def snapshot(
+    ref: str,
+    name: str = typer.Option(None, "--name", help="A name `--rootfs` may use instead of the id."),
+    include_volumes: bool = typer.Option(
+        False,
+        "--include-volumes",
+        help="Keep a copy of each local volume it holds; each sandbox booted from it gets its own.",
+    ),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Snapshot a running or paused sandbox's disk; waits until ready and prints only its id (all with
+    --json). Boot from it with `paddock sandbox create --rootfs SNAPSHOT`."""
+    with api_errors(), client() as sdk:
+        made = resolve(sdk, ref).snapshot(name=name, include_volumes=include_volumes or None)
+    emit(made, json_out, lambda snap: typer.echo(snap.id))
+
+
+@app.command()
 def rm(
     refs: list[str],
     wait: bool = typer.Option(False, "--wait", "-w", help="Wait until each is destroyed."),

@@ -138,9 +138,10 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         )
         app.state.services = services
 
-        async def on_heartbeat(beat: dict[str, Any]) -> None:
+        async def on_heartbeat(beat: dict[str, Any]) -> dict[str, Any] | None:
             hostlink.forget_if_moved(services, str(beat["id"]), str(beat["url"]))
-            await host_reports.apply_host_report(services, beat)
+            summary = await host_reports.apply_host_report(services, beat)
+            return {"hibernated_summary": summary} if summary is not None else None
 
         services.on_heartbeat = on_heartbeat
         loop = reconciler.Reconciler(services, reconciler.PASSES)

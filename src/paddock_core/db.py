@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Hashable, Mapping
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from paddock_core import sqlite_loop, statefiles
+from paddock_core.pglisten import ChannelListener
 
 
 def is_sqlite(url: str) -> bool:
@@ -90,6 +93,8 @@ def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
 
 
 T = TypeVar("T")
+#: A kept result's key: the statement (built once, so its id is stable) and its parameters.
+_Key = tuple[int, tuple[tuple[str, Hashable], ...]]
 
 
 class PointReads:
@@ -108,11 +113,16 @@ class PointReads:
     an unchanged version proves a kept result is still exactly what the query would return, and the
     ORM's ~0.2 ms per row is paid once per change rather than once per poll.
 
-    On PostgreSQL (asyncpg has no thread hop, and no cheap "nothing changed" check) they use the
-    ordinary async session, uncached.
+    On PostgreSQL they use the ordinary async session, and keep results while a notification channel
+    says nothing changed (:class:`PgChanges`): a service whose migrations create the function
+    ``PG_NOTIFY_FUNCTION``, which NOTIFYs ``PG_CHANNEL`` on every commit that changes a table its point
+    reads read, gets them kept; without it, or while the channel is not heard, nothing is kept.
     """
 
     MAX_KEPT = 10_000
+    #: On PostgreSQL, no result is kept longer than this, whatever the channel says (a notification
+    #: lost on a connection that died without telling is then late by at most this much).
+    PG_KEPT_S = 1.0
 
     def __init__(self, url: str, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
@@ -120,7 +130,8 @@ class PointReads:
         self._local: sessionmaker[Session] | None = None
         self._connection: sqlite3.Connection | None = None
         self._version = -1
-        self._kept: dict[tuple[int, tuple[tuple[str, Hashable], ...]], Any] = {}
+        self._kept: dict[_Key, Any] = {}
+        self._pg: PgChanges | None = None
         url_parts = make_url(url)
         if is_sqlite(url) and url_parts.database not in (None, "", ":memory:"):
             # autocommit (isolation_level=None): no transaction stays open between reads.
@@ -134,9 +145,15 @@ class PointReads:
                 "sqlite+pysqlite://", creator=lambda: connection, poolclass=StaticPool
             )
             self._local = sessionmaker(self._engine, expire_on_commit=False)
+        elif url_parts.get_backend_name() == "postgresql":
+            bind = sessions.kw.get("bind")
+            self._pg = PgChanges(url, bind.sync_engine if isinstance(bind, AsyncEngine) else None)
 
     async def first(self, statement: Select[T], params: Mapping[str, Hashable] | None = None) -> T | None:
         """The first entity ``statement`` selects (joined collections de-duplicated), detached."""
+        key = (id(statement), tuple(sorted((params or {}).items())))
+        if self._pg is not None:
+            return await self._pg_first(statement, params, key)
         if self._local is None or self._connection is None:
             async with self._sessions() as session:
                 return (await session.scalars(statement, params)).unique().first()
@@ -144,7 +161,6 @@ class PointReads:
         if version != self._version or len(self._kept) >= self.MAX_KEPT:
             self._kept.clear()
             self._version = version
-        key = (id(statement), tuple(sorted((params or {}).items())))
         if key in self._kept:
             kept: T | None = self._kept[key]
             return kept
@@ -153,12 +169,136 @@ class PointReads:
         self._kept[key] = found
         return found
 
+    async def _pg_first(
+        self, statement: Select[T], params: Mapping[str, Hashable] | None, key: _Key
+    ) -> T | None:
+        changes = self._pg
+        assert changes is not None
+        changes.start()
+        now = time.monotonic()
+        if changes.version != self._version or len(self._kept) >= self.MAX_KEPT:
+            self._kept.clear()
+            self._version = changes.version
+        entry = self._kept.get(key)
+        if entry is not None and entry[0] > now:
+            kept: T | None = entry[1]
+            return kept
+        # The version before the read: a change committed (or heard) while the read is in flight may
+        # not be in what it returns, so its result is kept only if the version has not moved since.
+        version = changes.version
+        async with self._sessions() as session:
+            found = (await session.scalars(statement, params)).unique().first()
+        if changes.heard and changes.version == version == self._version:
+            self._kept[key] = (now + self.PG_KEPT_S, found)
+        return found
+
     def dispose(self) -> None:
         self._kept.clear()
+        if self._pg is not None:
+            self._pg.stop()
         if self._engine is not None:
             self._engine.dispose()
         if self._connection is not None:
             self._connection.close()
+
+
+class PgChanges:
+    """Whether anything a :class:`PointReads` keeps may have changed, on PostgreSQL. ``version`` moves:
+
+    - on every notification on ``PG_CHANNEL``: a commit, in any process, that changed one of the tables
+      whose triggers call ``PG_NOTIFY_FUNCTION`` (the database is asked which tables those are);
+    - when a session of this process commits a transaction that wrote to one of those tables, at once:
+      the notification of its own commit would come back a moment after the commit's answer, and a
+      caller who changed a sandbox reads it back at once;
+    - whenever the listening connection is opened or lost.
+
+    ``heard`` is true only while that connection listens and the database has ``PG_NOTIFY_FUNCTION``
+    on some table (the service's promise that the channel is fed).
+    """
+
+    def __init__(self, url: str, engine: Engine | None) -> None:
+        self.version = 0
+        self.heard = False
+        #: The tables that notify the channel: writes to them in this process's sessions count too.
+        self.tables: tuple[str, ...] = ()
+        self._engine = engine
+        self._started = False
+        self._listener = ChannelListener(
+            url, PG_CHANNEL, self.changed, on_listening=self._listening, on_lost=self._deaf
+        )
+        self._hooks: list[tuple[Any, str, Callable[..., None]]] = [
+            (Session, "after_begin", self._began),
+            (Session, "after_commit", self._committed),
+            (Session, "after_rollback", self._rolled_back),
+            (engine if engine is not None else Engine, "before_cursor_execute", self._executing),
+        ]
+        for target, name, hook in self._hooks:
+            event.listen(target, name, hook)
+
+    def changed(self, *_: Any) -> None:
+        self.version += 1
+
+    def _began(self, session: Session, _transaction: Any, connection: Any) -> None:
+        if self._engine is None or connection.engine is self._engine:
+            connection.info[_WRITER] = weakref.ref(session)
+
+    def _executing(self, connection: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip()[:6].upper() == "SELECT" or not any(t in statement for t in self.tables):
+            return
+        writer = connection.info.get(_WRITER)
+        session = writer() if writer is not None else None
+        if session is not None:
+            session.info[_DIRTY] = True
+        else:  # a write outside a session: now, and again when its notification comes
+            self.changed()
+
+    def _committed(self, session: Session) -> None:
+        if session.info.pop(_DIRTY, False):
+            self.changed()
+
+    def _rolled_back(self, session: Session) -> None:
+        session.info.pop(_DIRTY, None)
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._listener.start()
+
+    def stop(self) -> None:
+        self.heard = False
+        self.changed()
+        for target, name, hook in self._hooks:
+            if event.contains(target, name, hook):
+                event.remove(target, name, hook)
+        self._listener.cancel()
+
+    async def _listening(self, connection: Any) -> None:
+        tables = await connection.fetch(_FED_TABLES, PG_NOTIFY_FUNCTION)
+        self.tables = tuple(sorted(str(row[0]) for row in tables))
+        self.changed()  # whatever was committed while nobody listened
+        self.heard = bool(self.tables)
+
+    def _deaf(self) -> None:
+        """The connection is lost, or could not be opened: nothing is kept until it is heard again."""
+        self.heard = False
+        self.changed()
+
+
+#: ``session.info``/``connection.info`` keys of :class:`PgChanges`: the session a connection's
+#: transaction belongs to, and a session that wrote to a notifying table.
+_WRITER = "paddock_point_reads_writer"
+_DIRTY = "paddock_point_reads_dirty"
+#: The tables whose triggers call the notify function (unqualified names, as statements name them).
+_FED_TABLES = """
+    SELECT DISTINCT c.relname FROM pg_trigger t
+    JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_class c ON c.oid = t.tgrelid
+    WHERE p.proname = $1 AND NOT t.tgisinternal
+"""
+
+#: PostgreSQL: the channel :class:`PointReads` listens on, and the function whose presence says a
+#: service's triggers NOTIFY it on every change to what its point reads read.
+PG_CHANNEL = "paddock_point_reads"
+PG_NOTIFY_FUNCTION = "paddock_point_reads_notify"
 
 
 IMMEDIATE = "paddock_immediate"

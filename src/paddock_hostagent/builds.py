@@ -14,8 +14,11 @@ One attempt (``POST /internal/v1/builds``) runs in the background:
    ``EgressService``), with RUN steps under crun with cgroup limits in the same namespace. RUN steps are
    untrusted code, and so is everything buildah does for the Dockerfile (``ADD <url>``, ``COPY --from``):
    the control plane's Dockerfile check is a convenience, not the boundary;
-4. the image is copied out to ``<image_dir>/<template id>/rootfs`` with ``image.json`` (ENV, WORKDIR,
-   USER, ENTRYPOINT, CMD), written last, so nothing half-built is bootable.
+4. the image becomes ``<image_dir>/<template id>/rootfs`` with ``image.json`` (ENV, WORKDIR, USER,
+   ENTRYPOINT, CMD), written last, so nothing half-built is bootable. While buildah builds, the base's
+   tree on this host is hard-linked into the attempt's tree; then only the layers the build added are
+   copied onto it out of the store (``drivers/build/layers.py``). Where the store's base is not known
+   to be that tree (recorded when buildah imported it), the merged image is copied out whole.
 
 The control plane polls the attempt (``GET …/builds/{id}?after=N``) for new log lines and its end, and
 retries failed attempts itself. An attempt keeps the first ``HEAD_LINES`` lines of its log and the last
@@ -51,6 +54,7 @@ from paddock_hostagent import errors
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.build.buildah import Buildah, BuildLimits
 from paddock_hostagent.drivers.build.buildstore import BuildStores
+from paddock_hostagent.drivers.build.layers import LayerError, apply_layers, layers_above, link_tree
 from paddock_hostagent.drivers.net.network import NetworkManager, SandboxNetwork
 from paddock_hostagent.drivers.runtime.cgroups import SandboxCgroup
 from paddock_hostagent.egress import Attachment, EgressService
@@ -242,6 +246,7 @@ class BuildManager:
         context = work / "context"
         context.mkdir()
         net: SandboxNetwork | None = None
+        linking: _Prelink | None = None
         guard_id = f"build-{body.id}"
         cgroup = SandboxCgroup(f"/paddock-builds/{body.id}-{body.attempt}")
         started = time.monotonic()
@@ -253,7 +258,8 @@ class BuildManager:
                 self.stores.open(body.owner or body.id, body.disk_mib) as buildah,
             ):
                 try:
-                    await self._offer_base(build, buildah)
+                    base_tree = await self._offer_base(build, buildah)
+                    linking = self._prelink(body.base, buildah, base_tree, work / "rootfs")
                     if body.context_b64:
                         await asyncio.to_thread(_unpack_context, body.context_b64, context)
                     dockerfile = work / "Dockerfile"
@@ -266,6 +272,7 @@ class BuildManager:
                         f"buildah bud: in the build's own network namespace, on a {body.disk_mib} MiB "
                         "filesystem of this account's own"
                     )
+                    buildah.record_tree(local_tag(body.id), None)  # the tag is about to change
                     rc = await buildah.build(
                         dockerfile,
                         context,
@@ -279,9 +286,12 @@ class BuildManager:
                     if rc != 0:
                         buildah.forget(local_tag(body.base))  # checked again by the next attempt
                         raise _BuildFailed(f"buildah bud exited with {rc}")
+                    await _end_cgroup(cgroup)  # nothing of the build runs while its layers are read
                     build.say("exporting the image")
-                    await self._export(build, buildah, work / "rootfs")
+                    await self._export(build, buildah, work / "rootfs", linking)
                 finally:
+                    if linking is not None:
+                        await linking.stop()
                     # RUN steps live in their own session inside the container: they go with the
                     # build's cgroup, before the store they write to is taken down.
                     await _end_cgroup(cgroup)
@@ -296,9 +306,10 @@ class BuildManager:
         finally:
             # The store's last user removed the working containers and unmounted it on the way out
             # of the block above.
-            await _to_the_end(self._end_attempt(cgroup, guard_id, net))
-            shutil.rmtree(work, ignore_errors=True)
-            os.close(held)
+            try:
+                await _to_the_end(self._end_attempt(cgroup, guard_id, net, work))
+            finally:
+                os.close(held)
         log.info("template_built", template_id=body.id, attempt=body.attempt, status=build.status)
 
     async def _retire_shared_store(self) -> None:
@@ -313,22 +324,36 @@ class BuildManager:
                 await asyncio.to_thread(shutil.rmtree, self.buildah.storage, True)
                 log.info("shared_builder_store_removed", path=str(self.buildah.storage))
 
-    async def _offer_base(self, build: Build, buildah: Buildah) -> None:
+    async def _offer_base(self, build: Build, buildah: Buildah) -> Path | None:
+        """Makes the base a local image in the owner's store; returns its tree on this host (None when
+        this host has none: a template base only in the store)."""
         base = build.body.base
         tag = local_tag(base)
         if base.startswith(TEMPLATE_PREFIX):
+            tree = self.images.rootfs_path(base) if self.images.is_cached(base) else None
             if await buildah.has_image(tag):
-                return
+                return tree
             # Built on another host and copied here, or storage was reset: import its tree.
-            if not self.images.is_cached(base):
+            if tree is None:
                 raise _BuildFailed(f"base template {base} is not on this host")
-            tree = self.images.rootfs_path(base)
         else:
             tree = await self.images.ensure(base)
             if await buildah.has_image(tag):
-                return
+                return tree
         build.say(f"importing base image {base} (once per account's builder storage)")
-        await buildah.import_tree(tag, tree)
+        ident = self.images.tree_ident(base)
+        await buildah.import_tree(tag, tree, ident)
+        if self.images.tree_ident(base) != ident:  # replaced while it was copied: not known to match
+            buildah.record_tree(tag, None)
+        return tree
+
+    def _prelink(self, base: str, buildah: Buildah, base_tree: Path | None, dest: Path) -> _Prelink | None:
+        """Starts hard-linking the base's tree into ``dest`` while buildah builds, when the store's base
+        image is known to hold exactly that tree (``_export`` then copies only the layers above it)."""
+        ident = self.images.tree_ident(base)
+        if base_tree is None or not ident or buildah.recorded_tree(local_tag(base)) != ident:
+            return None
+        return _Prelink(base, ident, asyncio.create_task(link_tree(base_tree, dest)))
 
     async def _network(self, guard_id: str, rules: list[str]) -> SandboxNetwork:
         if self.network is None:
@@ -356,10 +381,14 @@ class BuildManager:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.network.destroy, await creating)
 
-    async def _end_attempt(self, cgroup: SandboxCgroup, guard_id: str, net: SandboxNetwork | None) -> None:
+    async def _end_attempt(
+        self, cgroup: SandboxCgroup, guard_id: str, net: SandboxNetwork | None, work: Path
+    ) -> None:
         await _end_cgroup(cgroup)
         if net is not None:
             await self._release_network(guard_id, net)
+        # A failed attempt may leave a linked tree of thousands of entries: removed off the loop.
+        await asyncio.to_thread(shutil.rmtree, work, True)
 
     async def _release_network(self, guard_id: str, net: SandboxNetwork) -> None:
         with contextlib.suppress(Exception):
@@ -384,19 +413,32 @@ class BuildManager:
             return int(meta.get("ext4_size_bytes") or 0)
         return 0
 
-    async def _export(self, build: Build, buildah: Buildah, tree: Path) -> None:
+    async def _export(self, build: Build, buildah: Buildah, tree: Path, linking: _Prelink | None) -> None:
         body = build.body
-        settings = await buildah.settings(local_tag(body.id))  # one spawn: config and image id
-        image_id = settings.image_id or await buildah.image_id(local_tag(body.id))
-        twin = self._twin(image_id, body.id)
-        if twin is not None:
+        tag = local_tag(body.id)
+        began = time.monotonic()
+        # One spawn for the config and image id, while the layers are applied.
+        reading = asyncio.create_task(buildah.settings(tag))
+        try:
+            applied = await self._apply_layers(build, buildah, tree, linking)
+            settings = await reading
+        finally:
+            reading.cancel()  # a no-op once done
+            await asyncio.wait([reading])
+            if not reading.cancelled():
+                reading.exception()  # retrieved: raised above when it mattered
+        image_id = settings.image_id or await buildah.image_id(tag)
+        applied_s = time.monotonic() - began
+        if applied:
+            size = await _tree_bytes(tree)
+        elif (twin := self._twin(image_id, body.id)) is not None:
             # The same image as a template already here (every step came from the cache): its tree is
             # identical and read-only, so hard links make this one at once.
             build.say(f"same image as {twin}: reusing its tree")
-            await _link_tree(self.images.rootfs_path(twin), tree)
+            await link_tree(self.images.rootfs_path(twin), tree)
             size = self._recorded_size(twin) or await _tree_bytes(tree)
         else:
-            await buildah.export(local_tag(body.id), tree)
+            await buildah.export(tag, tree)
             size = await _tree_bytes(tree)
         meta = {
             "name": body.id,
@@ -420,7 +462,61 @@ class BuildManager:
         shutil.rmtree(target, ignore_errors=True)
         await asyncio.to_thread(shutil.move, str(tree), str(target))
         await asyncio.to_thread(self.images.install_template, body.id, target, meta)
+        log.info(
+            "template_exported",
+            template_id=body.id,
+            layers_only=applied,
+            tree_s=round(applied_s, 3),
+            total_s=round(time.monotonic() - began, 3),
+        )
+        # A build FROM this template links the tree just installed: the tag's own layers are what it
+        # holds, but for what ``install_template`` makes of every image (``_finish_rootfs``), which
+        # that build's export makes again.
+        buildah.record_tree(tag, self.images.tree_ident(body.id))
         build.ext4_size_bytes = size
+
+    async def _apply_layers(
+        self, build: Build, buildah: Buildah, tree: Path, linking: _Prelink | None
+    ) -> bool:
+        """The image's tree as the base's, linked while buildah built, plus the layers the build added
+        (``drivers/build/layers.py``); False (``tree`` emptied) when that is not known to be the image:
+        the base's tree changed meanwhile, the image does not stand on the base, or a layer holds what
+        is not applied."""
+        if linking is None:
+            return False
+        body = build.body
+        try:
+            await linking.task
+            diffs = layers_above(buildah.storage, local_tag(body.id), local_tag(linking.base))
+            if diffs is None:
+                raise LayerError("the image does not stand on its base's layers")
+            if self.images.tree_ident(linking.base) != linking.ident:
+                raise LayerError("the base's tree changed while the build ran")
+            await apply_layers(diffs, tree)
+        except (LayerError, OSError) as exc:
+            log.info("template_export_copies_the_tree", template_id=body.id, reason=str(exc))
+            await asyncio.to_thread(shutil.rmtree, tree, True)
+            tree.mkdir()
+            return False
+        build.say(f"linked the files of {body.base}, copied the {len(diffs)} layers the build added")
+        return True
+
+
+@dataclass
+class _Prelink:
+    """The base's tree being hard-linked into the attempt's tree while buildah builds."""
+
+    base: str
+    ident: str
+    task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        """Ends the linking if still running (a failed or cancelled build)."""
+        if not self.task.done():
+            self.task.cancel()
+        await asyncio.wait([self.task])
+        if not self.task.cancelled():
+            self.task.exception()  # retrieved: a failure is handled (or moot) where it matters
 
 
 def _unpack_context(encoded: str, dest: Path) -> None:
@@ -473,15 +569,6 @@ async def _end_cgroup(cgroup: SandboxCgroup) -> None:
         await asyncio.sleep(0.05)
     with contextlib.suppress(OSError):
         cgroup.remove()
-
-
-async def _link_tree(source: Path, dest: Path) -> None:
-    process = await asyncio.create_subprocess_exec(
-        "cp", "-al", f"{source}/.", str(dest), stderr=asyncio.subprocess.PIPE
-    )
-    _, err = await process.communicate()
-    if process.returncode != 0:
-        raise _BuildFailed(f"linking {source}: {err.decode(errors='replace').strip()[-300:]}")
 
 
 #: A work dir is stale only when also untouched this long: another agent on a shared image dir (tests run

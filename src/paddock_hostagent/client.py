@@ -202,7 +202,11 @@ _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     ChannelLostError,
 )
 # Creating or forking may first build the image (minutes for devbox:1); the agent answers when booted.
-_CREATE_TIMEOUT = httpx.Timeout(900.0, connect=5.0)
+# Snapshots and volume copies wait as long: the agent answers once the copy is whole, and sends nothing
+# before, so one such call ends within these two (the control plane's reconciler counts on it).
+CREATE_TIMEOUT_S = 900.0
+CONNECT_TIMEOUT_S = 5.0
+_CREATE_TIMEOUT = httpx.Timeout(CREATE_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
 # A command may run for as long as it likes; only connecting is bounded.
 _EXEC_TIMEOUT = httpx.Timeout(None, connect=5.0)
 # Mounting and making filesystems (S3 disks, volumes): the host bounds its own wait below this.
@@ -475,6 +479,12 @@ class HostAgentClient:
             timeout=_CREATE_TIMEOUT,
         )
 
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotView:
+        """The whole snapshot ``snapshot_id`` as this host keeps it; one it does not hold, or holds only
+        half-written (``.partial-``), is a 404."""
+        path = "/".join(["snapshots", quote(snapshot_id, safe="")])
+        return await self._call("GET", path, SnapshotView.model_validate_json)
+
     async def delete_snapshot(self, snapshot_id: str) -> SnapshotDeleted:
         path = "/".join(["snapshots", quote(snapshot_id, safe="")])
         return await self._call("DELETE", path, SnapshotDeleted.model_validate_json)
@@ -565,14 +575,22 @@ class HostAgentClient:
         )
 
     async def clone_volume(self, source_id: str, body: VolumeCloneBody) -> VolumeView:
-        """Makes ``body.volume_id`` a copy of the volume ``source_id`` (a fork's ``include_volumes``)."""
+        """Makes ``body.volume_id`` a copy of the volume ``source_id`` (a fork's or a snapshot's
+        ``include_volumes``, a boot from such a snapshot). Bounded as a create: where the state
+        filesystem cannot reflink, the copy reads and writes every byte the volume holds (seconds per GB),
+        and a caller that gave up earlier would leave the host making a copy nobody records."""
         return await self._call(
             "POST",
             "volumes/" + quote(source_id, safe="") + "/clone",
             VolumeView.model_validate_json,
             body=body,
-            timeout=_MOUNT_TIMEOUT,
+            timeout=_CREATE_TIMEOUT,
         )
+
+    async def get_volume(self, volume_id: str) -> VolumeView:
+        """The volume as this host keeps it (its size and the bytes it holds); one it does not hold is a
+        400 naming it."""
+        return await self._call("GET", "volumes/" + quote(volume_id, safe=""), VolumeView.model_validate_json)
 
     async def resize_volume(self, volume_id: str, size_mib: int) -> VolumeView:
         return await self._call(

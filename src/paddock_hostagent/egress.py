@@ -231,6 +231,11 @@ class EgressService:
             )
         )
 
+    @property
+    def last_seq(self) -> int:
+        """The number of the last attempt recorded in this run (0: none yet); the heartbeat sends it."""
+        return self._seq
+
     async def attempts(self, epoch: str, after: int, limit: int) -> tuple[list[AttemptRecord], int, int]:
         """Records after ``after`` of run ``epoch`` (from the first, for another run), at most ``limit``;
         also the last number given and how many records after ``after`` were already dropped."""

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -255,6 +256,21 @@ class ImageStore:
             )
         except (OSError, ValueError):
             return ""
+
+    def tree_ident(self, name: str) -> str:
+        """What tells this image's tree here from any other it had or will have: its ``built_at`` and
+        its ``rootfs`` directory's inode (a rebuilt, re-fetched or re-installed image gets new ones);
+        '' when it is not here. A template build that starts ``FROM`` it links its files only while
+        this is what the builder imported (``drivers/build/layers.py``)."""
+        image_root = self.image_dir / slug(name)
+        try:
+            built_at = json.loads((image_root / "image.json").read_text()).get("built_at")
+            info = os.stat(image_root / "rootfs", follow_symlinks=False)
+        except (OSError, ValueError, AttributeError):
+            return ""
+        if built_at is None or not stat.S_ISDIR(info.st_mode):
+            return ""
+        return f"{built_at!r}:{info.st_dev}:{info.st_ino}"
 
     def install_template(self, name: str, tree: Path, meta: dict[str, object]) -> Path:
         """Moves a finished tree into place as image ``name`` (``tree`` must be on the same filesystem);

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from paddock_core.heartbeat import SUMMARY_OK
 from paddock_core.logging import get_logger
 from paddock_hostagent.host import tier_labels
 from paddock_hostagent.sandboxes import SandboxManager
@@ -40,9 +41,15 @@ class Registrar:
         self._refresh: asyncio.Task[None] | None = None  # the counters being read, maybe for a past beat
         self._healthy = True
         self.beats_sent = 0
+        #: Heartbeat URLs whose control plane holds this host's hibernated sandboxes as the last beat's
+        #: summary said: their beats leave them out until it answers ``full``.
+        self._summarised: set[str] = set()
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self, url: str = "") -> dict[str, Any]:
+        """The beat for the control plane at ``url``: its hibernated sandboxes are left out of
+        ``sandboxes`` once it said it holds the same set (``paddock_core/heartbeat.py``)."""
         info = self.manager.info()
+        summarised = url in self._summarised
         return {
             "id": info.id,
             "url": self.settings.advertised_url,
@@ -55,7 +62,9 @@ class Registrar:
             "labels": {**info.labels, **tier_labels(info.runtime)},
             "runtime": info.runtime,
             "status": "active",
-            "sandboxes": self.manager.heartbeat_sandboxes(),
+            "sandboxes": self.manager.heartbeat.sandboxes(hibernated=not summarised),
+            "hibernated": {**self.manager.heartbeat.hibernated_summary(), "listed": not summarised},
+            "egress_audit": self.manager.heartbeat.egress_audit(),
         }
 
     def start(self) -> None:
@@ -84,6 +93,14 @@ class Registrar:
             await asyncio.to_thread(bridges.sync_overlay, peers, local)
         except Exception as exc:  # tried again on the next beat
             log.warning("overlay_sync_failed", error=str(exc))
+
+    def note_summary_answer(self, url: str, answer: Any) -> None:
+        """``hibernated_summary: ok`` lets the next beats to ``url`` leave the hibernated sandboxes out;
+        anything else (``full``, or a control plane that does not know the summary) lists them."""
+        if isinstance(answer, dict) and answer.get("hibernated_summary") == SUMMARY_OK:
+            self._summarised.add(url)
+        else:
+            self._summarised.discard(url)
 
     def heartbeat_urls(self) -> list[str]:
         bases = [part.strip().rstrip("/") for part in self.settings.controlplane_url.split(",")]
@@ -114,11 +131,13 @@ class Registrar:
         with contextlib.suppress(TimeoutError):  # still reading: this beat reports the last counters
             await asyncio.wait_for(asyncio.shield(self._refresh), USAGE_WAIT_S)
         try:
-            response = await http.post(url, json=self.payload())
+            response = await http.post(url, json=self.payload(url))
             ok = response.status_code < 300
             problem = f"HTTP {response.status_code}"
             if ok:
-                await self.apply_answer(response.json())
+                answer = response.json()
+                self.note_summary_answer(url, answer)
+                await self.apply_answer(answer)
         except httpx.HTTPError as exc:
             ok, problem = False, type(exc).__name__
         except Exception as exc:  # never let the loop die

@@ -199,9 +199,12 @@ class VolumeCreateBody(BaseModel):
 
 
 class VolumeCloneBody(BaseModel):
-    """``POST /volumes/{id}/clone``: the id of the new volume, a copy of that one (a fork's)."""
+    """``POST /volumes/{id}/clone``: the id of the new volume, a copy of that one (a fork's, a snapshot's
+    or a boot's from a snapshot). ``snapshot_id``: the copy belongs to that snapshot (``include_volumes``),
+    and is removed when the agent starts without the snapshot whole on this host."""
 
     volume_id: str = Field(pattern=VOLUME_ID_PATTERN)
+    snapshot_id: str | None = Field(default=None, pattern=SNAPSHOT_ID_PATTERN)
 
 
 class VolumeResizeBody(BaseModel):

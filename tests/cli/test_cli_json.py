@@ -238,6 +238,8 @@ def test_every_client_command_prints_json_against_the_platform(live: LivePlatfor
 
         assert run("sandbox pause", "json-box") == [{"id": box["id"], "status": "paused"}]
         assert run("sandbox resume", "json-box") == [{"id": box["id"], "status": "running"}]
+        snap = run("sandbox snapshot", "json-box", "--name", "json-snap")
+        assert snap["status"] == "ready" and snap["name"] == "json-snap" and snap["id"]
         child = run("sandbox fork", "json-box")
         assert child["forked_from"] == box["id"]
         gone = run("sandbox rm", child["id"], "json-box", "--wait")

@@ -12,7 +12,7 @@ import pytest
 
 from e2b import Sandbox, SandboxState
 from tests.e2b.conftest import E2bPlatform
-from tests.e2b.test_api_snapshots import SLEEPS, container_tier
+from tests.e2b.test_api_snapshots import SLEEPS, container_tier, start_sleep
 
 __all__ = ["container_tier"]
 
@@ -26,8 +26,7 @@ def test_a_filesystem_auto_pause_hibernates_at_the_timeout(e2b_env: E2bPlatform)
             view = native.get(f"/v1/sandboxes/{sandbox.sandbox_id}").json()["data"]
             assert view["on_timeout"] == "hibernate" and view["timeout_s"] == 300, view
             sandbox.files.write("/var/tmp/kept.txt", "on the disk\n")
-            sandbox.commands.run("sleep 900", background=True)
-            assert sandbox.commands.run(SLEEPS).stdout.strip() == "1"
+            start_sleep(sandbox)
 
             sandbox.set_timeout(2)  # the SDK's own call; the expiry pass hibernates it at the end
             deadline = time.monotonic() + 60

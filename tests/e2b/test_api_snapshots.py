@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,17 @@ JS = Path(__file__).with_name("js")
 
 #: How many ``sleep`` processes run in the sandbox (its image has no pgrep).
 SLEEPS = "cat /proc/[0-9]*/comm 2>/dev/null | grep -cx sleep || true"
+
+
+def start_sleep(sandbox: Sandbox) -> None:
+    """``sleep 900`` in the background, running once this returns: E2B runs a command as ``bash -l -c``,
+    and a background start answers once bash runs, so its ``sleep`` may come a moment later (on a
+    loaded box, after the next command looked)."""
+    sandbox.commands.run("sleep 900", background=True)
+    deadline = time.monotonic() + 20
+    while (count := sandbox.commands.run(SLEEPS).stdout.strip()) != "1" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert count == "1", "the background sleep never started"
 
 
 @pytest.fixture(autouse=True)
@@ -130,8 +142,7 @@ def test_a_filesystem_pause_keeps_files_not_processes(e2b_env: E2bPlatform) -> N
     sandbox = Sandbox.create(timeout=300)
     try:
         sandbox.files.write("/var/tmp/kept.txt", "on the disk\n")
-        sandbox.commands.run("sleep 900", background=True)
-        assert sandbox.commands.run(SLEEPS).stdout.strip() == "1"
+        start_sleep(sandbox)
         assert sandbox.pause(mode="filesystem") is True
         assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.PAUSED
         woken = Sandbox.connect(sandbox.sandbox_id, timeout=300)

@@ -105,7 +105,7 @@ def test_a_hibernated_vm_frees_its_qemu_and_wakes_with_its_files_and_running_pro
     account.destroy(sandbox_id)
 
 
-def test_a_hibernated_vm_destroyed_leaves_nothing_and_one_holding_a_volume_is_refused(
+def test_a_hibernated_vm_destroyed_leaves_nothing_and_one_holding_a_volume_wakes_with_it(
     platform: LivePlatform, account: Account
 ) -> None:
     agent_vm = platform.agents[0].state_dir / "vm"
@@ -116,15 +116,25 @@ def test_a_hibernated_vm_destroyed_leaves_nothing_and_one_holding_a_volume_is_re
     assert not (agent_vm / "hibernated" / sandbox_id).exists()
     assert not (platform.agents[0].state_dir / "sandboxes" / f"{sandbox_id}.json").exists()
 
+    # A VM holding a volume: its memory has the volume mounted, and its wake gives the same drive back.
     made = account.http.post("/v1/volumes", json={"name": "vmhib", "size_mib": 512})
     assert made.status_code == 200, made.text
     volume_id = made.json()["data"]["id"]
     try:
         holder = account.sandbox(**VM, volumes=[{"volume_id": volume_id, "mount_path": "/data"}])
-        answer = account.http.post(f"/v1/sandboxes/{holder}/pause", json={"keep_memory": False})
-        assert answer.status_code == 409 and "volume" in answer.text and "vm" in answer.text, answer.text
-        assert account.get(holder)["status"] == "running"  # refused: nothing changed
-        assert account.out(holder, "echo still-here") == "still-here\n"
+        # Written, not synced: the page cache in the guest's memory goes into the hibernation too.
+        account.out(holder, "echo before-hibernate > /data/kept")
+        account.hibernate(holder)
+        assert account.get(holder)["hibernated"] is True
+        held = account.http.get(f"/v1/volumes/{volume_id}").json()["data"]
+        assert [m["sandbox_id"] for m in held["attachments"]] == [holder], held  # still its own
+        woken = account.resume(holder)
+        assert woken.status_code == 200, woken.text
+        account.wait_status(holder, {"running"})
+        assert account.out(holder, "cat /data/kept") == "before-hibernate\n"
+        account.out(holder, "echo after-wake > /data/more && sync")
+        assert account.out(holder, "cat /data/more") == "after-wake\n"
+        assert " rw" in account.out(holder, "grep ' /data ' /proc/mounts").replace(" rw,", " rw ")
         account.destroy(holder)
     finally:
         account.http.delete(f"/v1/volumes/{volume_id}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,9 +20,9 @@ from paddock_hostagent.guest import (
     GuestUserError,
     Output,
 )
-from paddock_hostagent.guest.build import BINARY_NAME, CFLAGS, SOURCE_DIR
+from paddock_hostagent.guest.build import BINARY_NAME
 from paddock_hostagent.guest.process_client import GuestProcesses, ProcessExit, ProcessOutput, StartRequest
-from tests.hostagent.test_guest_agent import _listening
+from tests.hostagent import guestbin
 
 pytestmark = pytest.mark.root  # setuid needs root
 
@@ -32,47 +31,14 @@ ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root"}
 OLD_GUEST_COMMIT = "da90f4a"
 
 
-def _serve(binary: Path, socket_path: Path) -> Iterator[GuestClient]:
-    process = subprocess.Popen([str(binary), "--listen", str(socket_path)])
-    deadline = time.monotonic() + 5
-    while not _listening(socket_path) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert _listening(socket_path), "the guest agent did not listen"
-    try:
-        yield GuestClient(socket_path)
-    finally:
-        process.kill()
-        process.wait()
-
-
 @pytest.fixture
 def guest(guest_binary_dir: Path, tmp_path: Path) -> Iterator[GuestClient]:
-    yield from _serve(guest_binary_dir / BINARY_NAME, tmp_path / "g.sock")
+    yield from guestbin.serve(guest_binary_dir / BINARY_NAME, tmp_path / "g.sock")
 
 
 @pytest.fixture
 def old_guest(tmp_path: Path) -> Iterator[GuestClient]:
-    repo = SOURCE_DIR.parents[2]
-    listed = subprocess.run(
-        ["git", "-C", str(repo), "ls-tree", "--name-only", OLD_GUEST_COMMIT, "src/paddock_hostagent/guest/"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if listed.returncode != 0:
-        pytest.skip(f"git history without {OLD_GUEST_COMMIT}: {listed.stderr.strip()}")
-    sources = []
-    for name in listed.stdout.split():
-        if name.endswith((".c", ".h")):
-            target = tmp_path / Path(name).name
-            target.write_bytes(subprocess.run(["git", "-C", str(repo), "show", f"{OLD_GUEST_COMMIT}:{name}"],
-                                              capture_output=True, check=True).stdout)  # fmt: skip
-            sources.append(target)
-    binary = tmp_path / "old-guest"
-    subprocess.run(
-        ["gcc", *CFLAGS, "-o", str(binary), *(str(s) for s in sources if s.suffix == ".c")], check=True
-    )
-    yield from _serve(binary, tmp_path / "old.sock")
+    yield from guestbin.serve(guestbin.build_old(OLD_GUEST_COMMIT, tmp_path), tmp_path / "old.sock")
 
 
 async def _run(client: GuestClient, request: ExecRequest) -> tuple[bytes, bytes, int]:

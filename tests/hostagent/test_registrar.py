@@ -35,8 +35,18 @@ class StuckCounters:
             id="h1", free_mib=1, total_mib=1, vm_count=0, rootfses=[], buildable=[], labels={}, runtime="crun"
         )
 
-    def heartbeat_sandboxes(self) -> list[dict[str, Any]]:
-        return []
+    class heartbeat:  # the manager's ``heartbeat``, of which the registrar asks only this
+        @staticmethod
+        def sandboxes(*, hibernated: bool = True) -> list[dict[str, Any]]:
+            return []
+
+        @staticmethod
+        def hibernated_summary() -> dict[str, Any]:
+            return {"count": 0, "digest": ""}
+
+        @staticmethod
+        def egress_audit() -> dict[str, Any]:
+            return {"epoch": "", "seq": 0}
 
 
 async def test_a_beat_does_not_wait_for_a_slow_counter_read_and_one_read_runs_at_a_time() -> None:
@@ -61,3 +71,54 @@ async def test_a_beat_does_not_wait_for_a_slow_counter_read_and_one_read_runs_at
         assert manager.reads == 1, "the second beat waits on the read still running, not a new one"
         manager.release.set()
         await beat.stop()
+
+
+class OneAsleep(StuckCounters):
+    """A host with one running and one hibernated sandbox, whose counters read at once."""
+
+    async def refresh_usage(self) -> None:
+        self.reads += 1
+
+    class heartbeat(StuckCounters.heartbeat):
+        @staticmethod
+        def sandboxes(*, hibernated: bool = True) -> list[dict[str, Any]]:
+            running = [{"id": "sbx-run", "status": "running"}]
+            return [*running, {"id": "sbx-asleep", "status": "paused"}] if hibernated else running
+
+        @staticmethod
+        def hibernated_summary() -> dict[str, Any]:
+            return {"count": 1, "digest": "d"}
+
+
+async def test_the_hibernated_are_left_out_only_for_a_control_plane_that_answered_ok() -> None:
+    """Beats list them until the control plane at that URL answers ``ok``; ``full`` or an answer
+    without the field (an older control plane) lists them again; another URL is told apart."""
+    answers = iter(
+        [{}, {"hibernated_summary": "ok"}, {"hibernated_summary": "ok"}, {"hibernated_summary": "full"}, {}]
+    )
+    beats: list[tuple[str, dict[str, Any]]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        beats.append((str(request.url), json.loads(request.content)))
+        return httpx.Response(200, json=next(answers))
+
+    settings = HostAgentSettings(token=SecretStr("t" * 24), controlplane_url="http://cp.test")
+    beat = Registrar(settings, cast(SandboxManager, OneAsleep()))
+    first, second = (
+        "http://cp.test/internal/v1/hosts/heartbeat",
+        "http://cp2.test/internal/v1/hosts/heartbeat",
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        for url in (first, first, second, first, first):
+            assert await asyncio.wait_for(beat.beat(http, url), 10)
+    listed = [[r["id"] for r in body["sandboxes"]] for _, body in beats]
+    assert listed == [
+        ["sbx-run", "sbx-asleep"],  # nothing heard yet
+        ["sbx-run", "sbx-asleep"],  # the first answer had no field
+        ["sbx-run", "sbx-asleep"],  # another control plane: it has not said ok
+        ["sbx-run"],  # the first said ok
+        ["sbx-run", "sbx-asleep"],  # then full
+    ]
+    assert [body["hibernated"]["listed"] for _, body in beats] == [True, True, True, False, True]
+    assert all(body["hibernated"]["count"] == 1 for _, body in beats)
+    await beat.stop()

@@ -255,7 +255,7 @@ def test_controlplane_conforms_to_its_openapi(live: LivePlatform, tmp_path: Path
     }
     started = time.monotonic()
     ran = subprocess.run(
-        schemathesis_command(live.url, max_examples=20, max_time_s=180, headers={"X-Api-Key": key}),
+        schemathesis_command(live.url, max_examples=20, max_time_s=120, headers={"X-Api-Key": key}),
         env=hook_env(ids),
         cwd=tmp_path,
         capture_output=True,
@@ -287,7 +287,7 @@ async def test_gateway_conforms_to_its_openapi(tmp_path: Path, devchains: dict[s
         }
         key = "0x" + bytes(wallet.account.key).hex()
         assert Account.from_key(key).address == wallet.address
-        argv = schemathesis_command(gateway.url, max_examples=20, max_time_s=90, headers={})
+        argv = schemathesis_command(gateway.url, max_examples=20, max_time_s=60, headers={})
         started = time.monotonic()
         process = await asyncio.create_subprocess_exec(
             *argv,

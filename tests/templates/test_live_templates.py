@@ -4,12 +4,15 @@ addresses these tests create."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -376,3 +379,79 @@ def test_a_rebuild_replaces_the_image_and_a_sandbox_of_the_old_one_keeps_it(
             old.destroy()
             with contextlib.suppress(paddock.NotFoundError):
                 sdk.templates.delete("rebuilt")
+
+
+#: A COPY, then layers that add, link, chmod a base file, and delete or replace what layers below hold
+#: (whiteouts, an opaque directory, a directory that becomes a file and a file that becomes a directory).
+LAYERED = """\
+FROM debian:13
+COPY app/ /srv/app/
+RUN set -e; useradd --uid 1500 app; chown -R 1500:1501 /srv/app; chmod 0750 /srv/app/run.sh; \
+    ln /srv/app/run.sh /srv/app/hard.sh; ln -s run.sh /srv/app/current; ln -s /etc/os-release /srv/os; \
+    chmod 4711 /usr/bin/env; mkdir /srv/gone; echo x > /srv/gone/x; echo one > /srv/replaced
+RUN set -e; rm -rf /srv/gone /etc/apt /usr/share/common-licenses; mkdir /etc/apt; echo only > /etc/apt/only; \
+    rm /srv/replaced; mkdir /srv/replaced; echo two > /srv/replaced/now; echo lic > /usr/share/common-licenses
+"""
+#: What a sandbox of LAYERED shows: one line per check.
+LAYERED_CHECK = (
+    "stat -c '%a %u:%g %h' /srv/app/run.sh; cat /srv/app/hard.sh; "
+    "[ $(stat -c %i /srv/app/run.sh) = $(stat -c %i /srv/app/hard.sh) ] && echo same-inode; "
+    "readlink /srv/app/current; readlink /srv/os; grep -c '^ID=debian' /srv/os; stat -c '%a %U' /usr/bin/env; "
+    "ls /etc/apt; ls -d /srv/gone 2>/dev/null || echo no-gone; cat /usr/share/common-licenses; "
+    "cat /srv/replaced/now; id -un 1500"
+)
+LAYERED_SEEN = [
+    "750 1500:1501 2", "echo from the context", "same-inode", "run.sh", "/etc/os-release", "1",
+    "4711 root", "only", "no-gone", "lic", "two", "app",
+]  # fmt: skip
+
+
+def _context(files: dict[str, str]) -> str:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            member = tarfile.TarInfo(name)
+            member.size, member.mode = len(data), 0o644
+            archive.addfile(member, io.BytesIO(data))
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _boot_and_check(http: httpx.Client, rootfs: str, script: str) -> list[str]:
+    created = http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": rootfs})
+    assert created.status_code == 200, created.text
+    try:
+        out = sh(http, created.json()["data"]["id"], script)
+        assert out["exit_code"] == 0, out
+        return list(out["stdout"].splitlines())
+    finally:
+        http.delete(f"/v1/sandboxes/{created.json()['data']['id']}")
+
+
+def test_a_layered_build_boots_with_its_files_links_and_deletions_and_leaves_the_base_alone(
+    http: httpx.Client, debian_image: Path
+) -> None:
+    """The export links the base's files and copies only the build's layers onto them: what a sandbox
+    sees is the Dockerfile's result (modes, owners, hard and symbolic links, whiteouts, an opaque
+    directory), the catalog image the files were linked from is unchanged (its ``/usr/bin/env`` was
+    chmodded only in the template), and a rebuild that hits the cache boots the same image."""
+    body = {"dockerfile": LAYERED, "context": _context({"app/run.sh": "echo from the context\n"})}
+    ids = []
+    try:
+        for name in ("layered", "layered-again"):
+            created = http.post("/v1/templates", json={"name": name, **body})
+            assert created.status_code == 200, created.text
+            ids.append(created.json()["data"]["id"])
+            assert wait_done(http, ids[-1])["status"] == "ready"
+            lines = [f.get("line", "") for f in frames_of(http.get(f"/v1/templates/{ids[-1]}/logs").text)]
+            assert any(line.startswith("linked the files of debian:13") for line in lines), lines[-20:]
+        assert any("Using cache" in line for line in lines)  # the second build: every step cached
+        for name in ("layered", "layered-again"):
+            assert _boot_and_check(http, name, LAYERED_CHECK) == LAYERED_SEEN
+        assert _boot_and_check(http, "debian:13", "stat -c '%a %U' /usr/bin/env; ls /etc/apt | wc -l") == [
+            "755 root",
+            str(len(os.listdir(debian_image / "etc" / "apt"))),
+        ]
+    finally:
+        for template_id in ids:
+            http.delete(f"/v1/templates/{template_id}")

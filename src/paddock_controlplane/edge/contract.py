@@ -283,9 +283,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         statuses=(402, 403, 409), body=TemplateCreateRequest, body_required=True
     ),
     ("GET", "/v1/templates/{ref}/logs"): Operation(media=("application/x-ndjson",), unwrapped=True),
-    # Snapshots (docs/snapshots.md): plan and credit, a duplicate name or a tier without them 409.
+    # Snapshots (docs/snapshots.md): plan and credit, a duplicate name or a tier without them 409, copies
+    # of its volumes (include_volumes) the host has no room for 507.
     ("POST", SANDBOX + "/snapshots"): Operation(
-        statuses=(402, 403, *ON_A_SANDBOX), body=SnapshotCreateRequest
+        statuses=(402, 403, 507, *ON_A_SANDBOX), body=SnapshotCreateRequest
     ),
     ("DELETE", "/v1/snapshots/{ref}"): Operation(statuses=(409,)),
     # Local volumes (docs/volumes.md): plan and credit on create, a duplicate name or a tier without them

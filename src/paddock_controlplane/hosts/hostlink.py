@@ -86,6 +86,12 @@ async def check_tier(session: AsyncSession, host_id: str | None, operation: str)
             raise TierRefusedError(f"{operation} is not supported on the vm isolation tier: {why}")
 
 
+#: The longest one host call that copies a disk or a volume (a snapshot, a volume's copy) runs before
+#: its caller gives up: the client's connect and read timeouts, since the agent answers only once the
+#: copy is whole. A copy's row older than its calls' bound has no live caller left.
+COPY_CALL_BOUND_S = hostclient.CREATE_TIMEOUT_S + hostclient.CONNECT_TIMEOUT_S
+
+
 class SandboxGoneError(Exception):
     """The sandbox disappeared from its host mid-operation (for example paused or destroyed)."""
 
@@ -415,6 +421,26 @@ class HostLink(HostLinkAPI):
         with _mapped():
             return await self.client.snapshot_sandbox(sandbox_id, snapshot_id)
 
+    async def held_snapshot(self, snapshot_id: str) -> SnapshotView | None:
+        """The snapshot as this host keeps it when it is whole there; None when the host holds none, or
+        only a half-written one (which never boots, and goes at the agent's next start)."""
+        try:
+            return await self.client.get_snapshot(snapshot_id)
+        except hostclient.SandboxMissingError:  # its 404
+            return None
+        except hostclient.HostAgentError as exc:
+            raise domain_error(exc) from None
+
+    async def held_volume(self, volume_id: str) -> VolumeView | None:
+        """The volume as this host keeps it, or None when the host holds no such volume (its 400 naming
+        it; a host that did not answer raises)."""
+        try:
+            return await self.client.get_volume(volume_id)
+        except hostclient.HostAgentError as exc:
+            if exc.status in (400, 404):
+                return None
+            raise domain_error(exc) from None
+
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Removes the snapshot from this host; one that is not there is no error."""
         with _mapped():
@@ -425,10 +451,14 @@ class HostLink(HostLinkAPI):
         with _mapped():
             return await self.client.create_volume(VolumeCreateBody(volume_id=volume_id, size_mib=size_mib))
 
-    async def clone_volume(self, source_id: str, volume_id: str) -> VolumeView:
-        """Makes the volume ``volume_id`` on this host, a copy of ``source_id`` as it is now."""
+    async def clone_volume(
+        self, source_id: str, volume_id: str, *, snapshot_id: str | None = None
+    ) -> VolumeView:
+        """Makes the volume ``volume_id`` on this host, a copy of ``source_id`` as it is now (owned by
+        the snapshot ``snapshot_id``, when one is named)."""
+        body = VolumeCloneBody(volume_id=volume_id, snapshot_id=snapshot_id)
         with _mapped():
-            return await self.client.clone_volume(source_id, VolumeCloneBody(volume_id=volume_id))
+            return await self.client.clone_volume(source_id, body)
 
     async def resize_volume(self, volume_id: str, size_mib: int) -> VolumeView:
         with _mapped():
@@ -637,6 +667,11 @@ async def for_host(services: Services, host_id: str | None) -> HostLink:
             host = await session.get(Host, host_id)
         if host is None:
             raise HostError(f"unknown host {host_id}")
+        made_meanwhile = links.get(host_id)
+        if isinstance(made_meanwhile, HostLink):
+            # Another call made it while this one read the row: a second link would replace it and
+            # leave its sessions open (a burst of creates to a new host made one each).
+            return made_meanwhile
         link = HostLink(
             host.url,
             hostclient.HostAgentClient(

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import func, select
+from sqlalchemy import String, cast, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.records.models import Host, NetworkMember, Sandbox
 from paddock_controlplane.records.states import TERMINAL
 from paddock_core import errors
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
-from paddock_core.timeutil import as_utc
 
 HOST_STATUSES = ("active", "draining", "dead")
 
@@ -88,20 +88,39 @@ async def list_hosts(session: AsyncSession, *, limit: int, offset: int) -> tuple
 
 
 async def mark_silent_hosts_dead(session: AsyncSession, now: dt.datetime, dead_after_s: float) -> list[str]:
-    """Hosts whose last heartbeat is older than ``dead_after_s`` become ``dead``; returns their ids."""
-    died: list[str] = []
-    for host in (await session.scalars(select(Host).where(Host.status != "dead"))).all():
-        if (now - as_utc(host.last_heartbeat_at)).total_seconds() > dead_after_s:
-            host.status = "dead"
-            died.append(host.id)
-    return died
+    """Hosts whose last heartbeat is older than ``dead_after_s`` become ``dead``; returns their ids.
+
+    One statement that touches only the silent hosts (the pass runs every second: reading every host's
+    row, JSON lists and all, cost what the fleet's size did). The condition is checked again on the row
+    as it is written, so a heartbeat committed meanwhile keeps its host alive (PostgreSQL re-reads a
+    row an UPDATE waited for); an ORM read then write would mark such a host dead and error its
+    sandboxes."""
+    cutoff = now - dt.timedelta(seconds=dead_after_s)
+    died = await session.scalars(
+        update(Host)
+        .where(Host.status != "dead", Host.last_heartbeat_at < cutoff)
+        .values(status="dead")
+        .returning(Host.id)
+        .execution_options(synchronize_session=False)
+    )
+    return sorted(str(host_id) for host_id in died.all())
+
+
+#: The image lists of the active hosts, each distinct pair once: a fleet's hosts mostly hold the same
+#: images, so a create reads a few rows whatever the fleet's size (loading every active host through the
+#: ORM cost a create 1.8 ms at 3 hosts and 5.2 ms at 200). As text: PostgreSQL's JSON has no equality.
+_IMAGE_LISTS = (
+    select(cast(Host.rootfses, String), cast(Host.buildable, String))
+    .where(Host.status == "active")
+    .distinct()
+)
 
 
 async def available_images(session: AsyncSession) -> set[str]:
     images: set[str] = set()
-    for host in (await session.scalars(select(Host).where(Host.status == "active"))).all():
-        images.update(host.rootfses or [])
-        images.update(host.buildable or [])
+    for rootfses, buildable in (await session.execute(_IMAGE_LISTS)).all():
+        for listed in (rootfses, buildable):
+            images.update(str(name) for name in json.loads(listed or "[]") or [])
     return images
 
 

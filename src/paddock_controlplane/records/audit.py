@@ -92,6 +92,16 @@ class AuditEgressCursor(Base):
     seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
 
 
+@dataclass(frozen=True)
+class EgressHeard:
+    """A host's egress attempts as its last heartbeat to this process told them: the agent's run and
+    its last attempt's number (``epoch`` None: an agent that does not say), heard at ``at`` (monotonic)."""
+
+    epoch: str | None
+    seq: int
+    at: float
+
+
 @dataclass
 class Pending:
     sandbox_id: str
@@ -146,10 +156,22 @@ class AuditLog:
         self.full = asyncio.Event()
         #: The writer's flush (``workers/audit_writer.py``), once it runs.
         self.flusher: Callable[[], Awaitable[int]] | None = None
+        #: Host id → where its egress attempts stood at its last heartbeat to this process.
+        self.egress_heard: dict[str, EgressHeard] = {}
+
+    def hear_egress(self, host_id: str, position: dict[str, Any] | None) -> None:
+        """Notes a heartbeat's ``egress_audit`` (None: an agent that does not send it)."""
+        if position is None:
+            self.egress_heard[host_id] = EgressHeard(None, 0, time.monotonic())
+        else:
+            epoch, seq = str(position.get("epoch", "")), int(position.get("seq", 0))
+            self.egress_heard[host_id] = EgressHeard(epoch, seq, time.monotonic())
 
     async def flush_now(self) -> None:
-        """Writes what is queued now (a read of the trail sees what this process just did)."""
-        if self.flusher is not None and self._queue:
+        """Writes what is queued now (a read of the trail sees what this process just did). Called
+        even when the queue is empty: the loop may have taken the events and not yet committed them,
+        and the flusher waits for that."""
+        if self.flusher is not None:
             await self.flusher()
 
     def __len__(self) -> int:

@@ -75,19 +75,21 @@ def minute_of(at: dt.datetime) -> dt.datetime:
     return as_utc(at).replace(second=0, microsecond=0)
 
 
-def _insert_ignoring_duplicates(session: AsyncSession, rows: list[dict[str, Any]]) -> Any:
-    if session.get_bind().dialect.name == "postgresql":
-        return postgresql.insert(SandboxMetricSample).values(rows).on_conflict_do_nothing()
-    return sqlite.insert(SandboxMetricSample).values(rows).on_conflict_do_nothing()
+async def _insert_ignoring_duplicates(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
+    """One statement with the rows as its parameter sets (compiled once and cached), not a statement
+    with every row in its VALUES: at 1,000 sandboxes that was compiled anew at each pass, 0.2-0.4 s of
+    the event loop's time and 1.3-2 s with SQLite's write lock held, every 10 s (a create arriving then
+    waited that long)."""
+    if not rows:
+        return
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    await session.execute(dialect.insert(SandboxMetricSample).on_conflict_do_nothing(), rows)
 
 
 async def store(session: AsyncSession, rows: list[dict[str, Any]]) -> None:
     """Inserts raw samples (dicts of the table's columns but ``bucket_s`` and ``samples``); a sample of
     a sandbox already recorded at that instant (another process's pull) is skipped."""
-    if rows:
-        await session.execute(
-            _insert_ignoring_duplicates(session, [{**row, "bucket_s": RAW, "samples": 1} for row in rows])
-        )
+    await _insert_ignoring_duplicates(session, [{**row, "bucket_s": RAW, "samples": 1} for row in rows])
 
 
 async def roll_up(session: AsyncSession, now: dt.datetime, settle_s: float) -> int:
@@ -125,8 +127,8 @@ async def roll_up(session: AsyncSession, now: dt.datetime, settle_s: float) -> i
         for name in LAST_VALUES:
             rollup[name] = getattr(last, name)
         rollups.append(rollup)
-    for start in range(0, len(rollups), 500):  # bounded statements whatever the number of sandboxes
-        await session.execute(_insert_ignoring_duplicates(session, rollups[start : start + 500]))
+    for start in range(0, len(rollups), 500):  # bounded batches whatever the number of sandboxes
+        await _insert_ignoring_duplicates(session, rollups[start : start + 500])
     return len(rollups)
 
 

@@ -22,7 +22,8 @@ from paddock_core.timeutil import Clock, utcnow
 
 log = get_logger("paddock.services")
 
-HeartbeatHook = Callable[[dict[str, Any]], Awaitable[None]]
+#: Called with a heartbeat's body; returns what to add to the answer (``hibernated_summary``), if anything.
+HeartbeatHook = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
 
 class HostConnection(Protocol):
@@ -83,6 +84,10 @@ class Services:
     clock: Clock = utcnow
     #: Monotonic time of the last healthy reconciler pass, for ``/readyz``.
     reconciler_last_ok: float | None = None
+    #: Held by each reconciler pass of this process: one at a time, the loop's or one run on its own
+    #: (a test's). Two at once would each skip the rows the other holds locked (``SKIP LOCKED`` on
+    #: PostgreSQL), and whoever asked for the second would see a pass that did nothing.
+    reconciling: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: Principals by key hash, and running sandboxes by id, for the exec hot path.
     principals: TTLCache[Principal] = field(default_factory=lambda: TTLCache(1.0))
     running: TTLCache[Sandbox] = field(default_factory=lambda: TTLCache(1.0))
@@ -97,6 +102,10 @@ class Services:
     reclaiming: set[str] = field(default_factory=set)
     auto_pausing: set[str] = field(default_factory=set)
     egress_pushing: set[str] = field(default_factory=set)
+    #: Per host, the digest of its hibernated sandboxes' ids last found equal to this database's, and
+    #: when (monotonic): a beat with the same digest is answered without reading them again
+    #: (``sandboxes/host_reports.py``).
+    hibernated_digests: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: Monotonic time of the last billing pass (0: never; the first pass bills at once).
     billing_last: float = 0.0
     #: The same for stored bytes (snapshots and volumes, ``billing.storage_pass``).

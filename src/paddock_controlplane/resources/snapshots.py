@@ -17,14 +17,22 @@ cached writes synced first) their disk, the VM tier its disk and memory (a sandb
 carries on its processes, with its source's vCPUs and memory). A VM snapshot, which holds memory
 too, is not fetched: its boots stay on its host.
 
+With ``include_volumes`` a snapshot also keeps its own copy of each local volume the sandbox holds,
+made on its host just before the disk's (``snapshot_volumes``); a sandbox booted from it gets new
+volumes copied from those, and such a snapshot boots on its host only.
+
 A row is written ``creating`` before the host is asked (the cap and the name are held under the
 caller's row lock), made ``ready`` when the host answers, and removed if the host fails; on the host a
-snapshot is written under a temporary name and renamed into place only when whole.
+snapshot is written under a temporary name and renamed into place only when whole. A row whose process
+died in between (killed, a machine lost) is settled by the reconciler once no live process could still
+be copying it (``settle_orphaned``): ``ready`` if its host holds it whole, else removed with whatever
+the host has of it, as a failed create.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, or_, select
@@ -35,22 +43,27 @@ from paddock_controlplane.records import queries
 from paddock_controlplane.records.models import Host
 from paddock_controlplane.records.schemas.snapshots import SnapshotCreateRequest
 from paddock_controlplane.records.services import Services
-from paddock_controlplane.records.snapshots import CREATING, ID_PREFIX, READY, Snapshot
+from paddock_controlplane.records.snapshots import CREATING, ID_PREFIX, READY, Snapshot, SnapshotVolume
 from paddock_controlplane.records.states import SandboxStatus
-from paddock_controlplane.resources import accounts, plans, templates, webhooks
+from paddock_controlplane.resources import accounts, plans, snapshot_volumes, templates, webhooks
 from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.ids import new_id
 from paddock_core.logging import get_logger
-from paddock_core.timeutil import rfc3339
+from paddock_core.timeutil import as_utc, rfc3339
 from paddock_hostagent import schemas as hostschemas
 
 log = get_logger("paddock.snapshots")
 
+#: How long a ``dead`` host stays silent before an orphaned snapshot on it is given up
+#: (``settle_orphaned``): long past a restart or a reboot, which come back within minutes.
+SNAPSHOT_HOST_GONE_S = 3600.0
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
-def snapshot_view(row: Snapshot) -> dict[str, Any]:
+def snapshot_view(row: Snapshot, kept: Sequence[SnapshotVolume] = ()) -> dict[str, Any]:
+    """A snapshot as the API shows it; ``volumes``: the copies of volumes it keeps (``include_volumes``)."""
     return {
         "id": row.id,
         "name": row.name,
@@ -61,6 +74,7 @@ def snapshot_view(row: Snapshot) -> dict[str, Any]:
         "disk_mib": row.disk_mib,
         "size_bytes": row.size_bytes,
         "created_at": rfc3339(row.created_at),
+        "volumes": snapshot_volumes.view(kept),
     }
 
 
@@ -123,12 +137,18 @@ async def create(
             created_at=services.clock(),
         )
         session.add(row)
+        # Its own copy of each volume the sandbox holds, only when asked (a 409 off the container tier).
+        copying = await snapshot_volumes.plan(session, sandbox, row.id) if req.include_volumes else []
     try:
+        # The volumes first, then the disk, as a fork's copies (each consistent in itself).
+        used = await snapshot_volumes.copy(services, row.host_id, row.id, copying)
         link = await hostlink.for_host(services, row.host_id)
         made = await link.snapshot(sandbox_id, row.id)
     except Exception as exc:
         async with transaction(services.sessions) as session:
+            await snapshot_volumes.drop_rows(session, row.id)
             await session.execute(delete(Snapshot).where(Snapshot.id == row.id))
+        await snapshot_volumes.forget(services, row.host_id, [copy.volume_id for copy in copying])
         if isinstance(exc, hostlink.SandboxGoneError):
             raise errors.InvalidState("sandbox is no longer running on its host") from None
         if isinstance(exc, hostlink.HostError):
@@ -139,16 +159,14 @@ async def create(
         stored = await session.get(Snapshot, row.id, with_for_update=True)
         if stored is None:  # deleted while its copy was made: the copy goes too
             await _forget_on_host(services, row.host_id, row.id)
+            await snapshot_volumes.forget(services, row.host_id, list(used))
             raise errors.NotFound("snapshot not found")
-        stored.status, stored.size_bytes = READY, made.size_bytes
-        stored.image = made.image  # the image under the disk (a sandbox booted from a snapshot names it)
-        view = snapshot_view(stored)
-        await webhooks.emit(
-            session,
-            user_id=user_id,
-            action="snapshot.create",
-            data={"snapshot_id": stored.id, "name": stored.name, "sandbox_id": sandbox_id},
-        )
+        copies = (await snapshot_volumes.of(session, [row.id])).get(row.id, [])
+        # Already ``ready`` only if the reconciler took this process for dead and found the copy whole
+        # (``settle_orphaned``): recorded once, with its one event.
+        if stored.status == CREATING:
+            await _record_ready(session, stored, copies, made.size_bytes, made.image, used, sandbox_id)
+        view = snapshot_view(stored, copies)
     log.info("snapshot_created", snapshot_id=row.id, sandbox_id=sandbox_id, snapshot_ms=made.snapshot_ms)
     return view
 
@@ -175,6 +193,11 @@ async def get_owned(session: AsyncSession, user_id: str, ref: str) -> Snapshot:
     return row
 
 
+async def detail(session: AsyncSession, user_id: str, ref: str) -> dict[str, Any]:
+    row = await get_owned(session, user_id, ref)
+    return snapshot_view(row, (await snapshot_volumes.of(session, [row.id])).get(row.id, []))
+
+
 async def page(
     session: AsyncSession, user_id: str, *, limit: int, offset: int
 ) -> tuple[list[dict[str, Any]], int]:
@@ -190,7 +213,8 @@ async def page(
             .offset(offset)
         )
     ).all()
-    return [snapshot_view(row) for row in rows], int(total or 0)
+    kept = await snapshot_volumes.of(session, [row.id for row in rows])
+    return [snapshot_view(row, kept.get(row.id, [])) for row in rows], int(total or 0)
 
 
 async def delete_snapshot(services: Services, user_id: str, ref: str) -> None:
@@ -201,8 +225,10 @@ async def delete_snapshot(services: Services, user_id: str, ref: str) -> None:
         if row is None:
             raise errors.NotFound("snapshot not found")
         if row.status == CREATING:
+            # One whose copy was cut short (its control plane stopped) is settled by the reconciler.
             raise errors.InvalidState("snapshot is being made; delete it once it is ready")
         snapshot_id, host_id = row.id, row.host_id
+        copies = await snapshot_volumes.drop_rows(session, snapshot_id)
         await session.delete(row)
         await webhooks.emit(
             session,
@@ -211,6 +237,7 @@ async def delete_snapshot(services: Services, user_id: str, ref: str) -> None:
             data={"snapshot_id": snapshot_id, "name": row.name},
         )
     await _forget_on_host(services, host_id, snapshot_id)
+    await snapshot_volumes.forget(services, host_id, copies)  # its volumes' copies, on its host only
     # Copies fetched by other hosts (``ensure_on_host``) are not recorded: every other active host is
     # asked (a host without one answers that it had none).
     async with services.sessions() as session:
@@ -218,6 +245,107 @@ async def delete_snapshot(services: Services, user_id: str, ref: str) -> None:
     for other in others:
         if other != host_id:
             await _forget_on_host(services, str(other), snapshot_id)
+
+
+async def settle_orphaned(services: Services, snapshot_id: str) -> str | None:
+    """For the reconciler: a ``creating`` row that no live process can still record (its process died
+    between writing it and recording the host's answer). Its host is asked whether it holds the snapshot
+    whole, its disk and each volume copy it was to keep:
+
+    - whole: the row is ``ready`` with its size, as the create would have recorded it, with its
+      ``snapshot.create`` event (billed from now, not from while it was left ``creating``);
+    - not whole: the host is asked to remove what it has of it (the snapshot, its volume copies), then
+      the row and its copies' rows go, as a failed create's do (no event: a failed create emits none).
+
+    A host that does not answer raises :class:`hostlink.HostError` and nothing changes (asked again
+    later), unless it is gone: removed from the fleet, or ``dead`` and silent for
+    ``SNAPSHOT_HOST_GONE_S``. Then the row and its copies' rows go without asking it, so a snapshot
+    never stays ``creating`` for good, holding a place under the plan's cap (what such a host still
+    keeps of it is not asked for again).
+
+    Returns ``"ready"`` or ``"removed"``, or None when the row was no longer ``creating`` (the create's
+    own process, or another control plane, recorded it first: the row is locked and read again before
+    anything is written, so one outcome and one event are recorded)."""
+    async with services.sessions() as session:
+        row = await session.get(Snapshot, snapshot_id)
+        if row is None or row.status != CREATING:
+            return None
+        host_id = row.host_id
+        copy_ids = [
+            copy.volume_id
+            for copy in (await snapshot_volumes.of(session, [snapshot_id])).get(snapshot_id, [])
+        ]
+        host = await session.get(Host, host_id)
+        gone = host is None or (
+            host.status == "dead"
+            and (services.clock() - as_utc(host.last_heartbeat_at)).total_seconds() >= SNAPSHOT_HOST_GONE_S
+        )
+    if gone:
+        return await _drop_creating(services, snapshot_id, host_id, "its host is gone")
+    link = await hostlink.for_host(services, host_id)
+    held = await link.held_snapshot(snapshot_id)
+    used: dict[str, int] = {}
+    for volume_id in copy_ids if held is not None else []:
+        # The copies are made before the disk's, so a whole disk means each was made; one gone since
+        # leaves a snapshot that cannot boot as it was taken.
+        volume = await link.held_volume(volume_id)
+        if volume is None:
+            held = None
+            break
+        used[volume_id] = int(volume.used_bytes)
+    if held is None:
+        await link.delete_snapshot(snapshot_id)
+        for volume_id in copy_ids:
+            await link.delete_volume(volume_id)
+        return await _drop_creating(services, snapshot_id, host_id, "its host does not hold it whole")
+    async with transaction(services.sessions) as session:
+        stored = await session.get(Snapshot, snapshot_id, with_for_update=True)
+        if stored is None or stored.status != CREATING:
+            return None
+        copies = (await snapshot_volumes.of(session, [snapshot_id])).get(snapshot_id, [])
+        stored.billed_until = services.clock()
+        await _record_ready(
+            session, stored, copies, held.size_bytes, held.image, used, stored.source_sandbox_id
+        )
+    log.warning("orphaned_snapshot_ready", snapshot_id=snapshot_id, host_id=host_id)
+    return "ready"
+
+
+async def _drop_creating(services: Services, snapshot_id: str, host_id: str, why: str) -> str | None:
+    """The row of an orphaned ``creating`` snapshot and its copies' rows go, as a failed create's do
+    (no event), if it is still ``creating`` under its lock."""
+    async with transaction(services.sessions) as session:
+        stored = await session.get(Snapshot, snapshot_id, with_for_update=True)
+        if stored is None or stored.status != CREATING:
+            return None
+        await snapshot_volumes.drop_rows(session, snapshot_id)
+        await session.delete(stored)
+    log.warning("orphaned_snapshot_removed", snapshot_id=snapshot_id, host_id=host_id, reason=why)
+    return "removed"
+
+
+async def _record_ready(
+    session: AsyncSession,
+    stored: Snapshot,
+    copies: Sequence[SnapshotVolume],
+    disk_bytes: int,
+    image: str,
+    used: Mapping[str, int],
+    sandbox_id: str | None,
+) -> None:
+    """The host holds the snapshot whole: its row ``ready``, its volume copies' sizes, with its
+    ``snapshot.create`` (the create's process, or the reconciler's for one whose process died)."""
+    for copy in copies:
+        copy.used_bytes = used.get(copy.volume_id, 0)
+    # Its stored bytes: the disk's and its volumes' copies' (what it is billed for).
+    stored.status, stored.size_bytes = READY, disk_bytes + sum(used.values())
+    stored.image = image  # the image under the disk (a sandbox booted from it names it)
+    await webhooks.emit(
+        session,
+        user_id=stored.user_id,
+        action="snapshot.create",
+        data={"snapshot_id": stored.id, "name": stored.name, "sandbox_id": sandbox_id},
+    )
 
 
 async def _forget_on_host(services: Services, host_id: str, snapshot_id: str) -> None:
@@ -260,11 +388,14 @@ async def boot_host(
     """Where a boot from ``snapshot`` goes: the host the create asked for (by ``host_id`` or a private
     network), which fetches the snapshot if it does not keep it; else the host that keeps it while it
     is active with room for ``mem_mib`` (no copy to make); else None, any host the scheduler picks,
-    which fetches it. A VM snapshot boots on its host only (409 naming both if another is asked)."""
-    if _pinned(await session.get(Host, snapshot.host_id)):
+    which fetches it. A VM snapshot, and one that keeps volumes, boots on its host only (409 naming both
+    if another is asked)."""
+    pinned = _pinned(await session.get(Host, snapshot.host_id))
+    if pinned or await snapshot_volumes.keeps_any(session, snapshot.id):
         if requested is not None and requested != snapshot.host_id:
+            what = "holds memory" if pinned else "keeps volumes"
             raise errors.InvalidState(
-                f"snapshot {snapshot.id} holds memory and is kept on host {snapshot.host_id}, not on {requested}"
+                f"snapshot {snapshot.id} {what} and is kept on host {snapshot.host_id}, not on {requested}"
             )
         return snapshot.host_id
     if requested is not None:

@@ -7,12 +7,12 @@ check runs under the user's row lock (``accounts.lock_user``), so two attaches c
 
 Choices: an attachment whose sandbox is destroyed or failed no longer holds the volume (destroy needs
 no step of its own: the host drops its mounts with the sandbox); a volume with a live attachment cannot
-be deleted (409 naming the sandboxes); a snapshot does not take a volume along, and a fork does only
-when asked (``include_volumes``: the child gets a copy of each, ``plan_copies``/``make_copies``); a
-volume only grows. Every tier keeps volumes: the container tier (crun, runc) mounts them at create or live;
-gVisor binds them, and the VM tier gives them as drives, only at a sandbox's start, so a create sends
-them to such a host before the create call (``before_boot``) and a live attach there is a 409 naming
-the tier.
+be deleted (409 naming the sandboxes); a fork and a snapshot take volumes along only when asked
+(``include_volumes``: the fork's child gets a copy of each, ``plan_copies``/``make_copies``; a snapshot
+keeps its own, ``resources/snapshot_volumes.py``); a volume only grows. Every tier keeps volumes:
+the container tier (crun, runc) mounts them at create or live; gVisor binds them, and the VM tier gives
+them as drives, only at a sandbox's start, so a create sends them to such a host before the create call
+(``before_boot``) and a live attach there is a 409 naming the tier.
 """
 
 from __future__ import annotations
@@ -547,29 +547,58 @@ async def plan_copies(
         original = await session.get(Volume, attachment.volume_id)
         if original is None or original.status != READY:
             raise errors.InvalidState(f"include_volumes: volume {attachment.volume_id} is not ready")
-        copy_id = new_id(ID_PREFIX)
-        session.add(
-            Volume(
-                id=copy_id,
-                user_id=user_id,
-                name=f"{original.name[:40]}-fork-{copy_id[-12:]}",
-                status=CREATING,
-                host_id=original.host_id,
-                size_mib=original.size_mib,
-                created_at=now,
-            )
-        )
-        session.add(
-            AttachmentRow(
-                sandbox_id=child_id,
-                volume_id=copy_id,
-                mount_path=attachment.mount_path,
-                read_only=attachment.read_only,
-                created_at=now,
-            )
+        copy_id = add_held_copy(
+            session,
+            user_id=user_id,
+            sandbox_id=child_id,
+            name=f"{original.name[:40]}-fork",
+            host_id=original.host_id,
+            size_mib=original.size_mib,
+            mount_path=attachment.mount_path,
+            read_only=attachment.read_only,
+            now=now,
         )
         out.append((original.id, copy_id))
     return out
+
+
+def add_held_copy(
+    session: AsyncSession,
+    *,
+    user_id: str,
+    sandbox_id: str,
+    name: str,
+    host_id: str | None,
+    size_mib: int,
+    mount_path: str,
+    read_only: bool,
+    now: dt.datetime,
+) -> str:
+    """The rows of a new volume copy (``creating``, named ``<name>-<12 id characters>``) held by
+    ``sandbox_id`` at ``mount_path``: a fork's copy of its source's volume, or a snapshot boot's copy
+    of the snapshot's (``snapshot_volumes.py``). Returns its id; the host makes it afterwards."""
+    copy_id = new_id(ID_PREFIX)
+    session.add(
+        Volume(
+            id=copy_id,
+            user_id=user_id,
+            name=f"{name}-{copy_id[-12:]}",
+            status=CREATING,
+            host_id=host_id,
+            size_mib=size_mib,
+            created_at=now,
+        )
+    )
+    session.add(
+        AttachmentRow(
+            sandbox_id=sandbox_id,
+            volume_id=copy_id,
+            mount_path=mount_path,
+            read_only=read_only,
+            created_at=now,
+        )
+    )
+    return copy_id
 
 
 async def make_copies(
@@ -617,6 +646,19 @@ async def drop_copies(services: Services, host_id: str, copies: Sequence[tuple[s
             row = await session.get(Volume, copy_id, with_for_update=True)
             if row is not None:
                 row.status = READY
+
+
+# --- a snapshot's copies (include_volumes: resources/snapshot_volumes.py) -------------------------
+
+
+async def held(session: AsyncSession, sandbox_id: str) -> Sequence[AttachmentRow]:
+    """The volumes ``sandbox_id`` holds, by mount path: what a snapshot's ``include_volumes`` copies."""
+    return await _held(session, sandbox_id)
+
+
+def event(row: Volume) -> dict[str, Any]:
+    """A volume's webhook data (a new volume a boot from a snapshot copied announces it)."""
+    return _event(row)
 
 
 async def _mount_on_host(link: hostlink.HostLink, sandbox_id: str, body: VolumeMountBody, field: str) -> None:

@@ -32,6 +32,7 @@ from paddock_controlplane.resources import (
     catalog,
     disks,
     networks,
+    snapshot_volumes,
     snapshots,
     templates,
     volumes,
@@ -344,41 +345,64 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             await networks.join(session, network, sandbox.id)
         session.add_all(disks.attach_rows(sandbox.id, attached, services.clock()))
         session.add_all(volumes.attach_rows(sandbox.id, mounted, services.clock()))
+        # A snapshot that keeps volumes (include_volumes): a new volume copied from each (issue #34).
+        copies = (
+            await snapshot_volumes.plan_boot(
+                session,
+                services,
+                user_id,
+                plan,
+                snapshot,
+                sandbox.id,
+                [p for _, _, p in mounted] + [item.mount_path for item in req.disks or []],
+            )
+            if snapshot is not None
+            else []
+        )
     refused: dict[str, str] = {}
     unsupported: set[str] = set()  # hosts whose tier cannot do what the create asked
-    while True:  # ends: every refusal excludes one more host
-        try:
-            booted = await boot(
-                services,
-                sandbox,
-                start_paused=spec.start_paused,
-                joined=bool(joined),
-                with_disks=bool(attached),
-                with_volumes=bool(mounted),
-            )
-        except HostFullError as full:
-            log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
-            refused[full.host_id] = full.reason
-            if full.unsupported:
-                unsupported.add(full.host_id)
-            sandbox = await _place_elsewhere(services, sandbox, placement, refused, unsupported)
-            continue
-        # The disks it named are mounted once it runs, before the answer; a failed mount is reported
-        # on its attachment (``mount_status``) and never fails the create. A create that named none
-        # has none (a disk is attached later only to a running sandbox): no read to find out.
-        if attached:
-            await disks.mount_all(services, booted)
-        if mounted:
-            await _mount_volumes(services, user_id, booted)
-        return booted
+    try:
+        while True:  # ends: every refusal excludes one more host
+            try:
+                booted = await boot(
+                    services,
+                    sandbox,
+                    start_paused=spec.start_paused,
+                    joined=bool(joined),
+                    with_disks=bool(attached),
+                    with_volumes=bool(mounted),
+                )
+            except HostFullError as full:
+                log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
+                refused[full.host_id] = full.reason
+                if full.unsupported:
+                    unsupported.add(full.host_id)
+                sandbox = await _place_elsewhere(services, sandbox, placement, refused, unsupported)
+                continue
+            # The disks it named are mounted once it runs, before the answer; a failed mount is reported
+            # on its attachment (``mount_status``) and never fails the create. A create that named none
+            # has none (a disk is attached later only to a running sandbox): no read to find out.
+            if attached:
+                await disks.mount_all(services, booted)
+            if mounted or copies:
+                await _mount_volumes(services, user_id, booted, copies)
+            return booted
+    except Exception:
+        await volumes.drop_copies(services, str(sandbox.host_id), copies)  # none kept by a failed create
+        raise
 
 
-async def _mount_volumes(services: Services, user_id: str, booted: Sandbox) -> None:
-    """The create's volumes, mounted before the answer. Unlike an S3 disk's, a failed mount fails the
-    create (the sandbox is destroyed): what it wrote at the path would land on its own disk and be lost."""
+async def _mount_volumes(
+    services: Services, user_id: str, booted: Sandbox, copies: Sequence[tuple[str, str]] = ()
+) -> None:
+    """The create's volumes, mounted before the answer (``copies``: those a boot from a snapshot copies
+    first). Unlike an S3 disk's, a failed mount fails the create (the sandbox is destroyed): what it
+    wrote at the path would land on its own disk and be lost."""
     if booted.status in TERMINAL or booted.status == SandboxStatus.DESTROYING:
         return
     try:
+        if copies:
+            await snapshot_volumes.make_for_boot(services, user_id, str(booted.host_id), copies)
         await volumes.mount_all(services, booted)
     except Exception:
         log.warning("sandbox_volume_mount_failed", sandbox_id=booted.id)

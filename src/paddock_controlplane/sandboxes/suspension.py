@@ -112,8 +112,8 @@ def pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: str
 
 
 def _tier_refusal(host: Host | None, suffix: str) -> str | None:
-    # The VM tier (qemu) hibernates too, keeping the VM's memory (docs/hibernation.md); a VM holding a
-    # volume is refused by its host (a 409 naming the tier).
+    # The VM tier (qemu) hibernates too, keeping the VM's memory and its volumes' drives
+    # (docs/hibernation.md); a VM an older agent booted with a volume is refused by its host (a 409).
     return hosts.container_tier_refusal(host, HIBERNATE, suffix, also=("runsc", "qemu"))
 
 

@@ -4,10 +4,13 @@ prunes by age and by count.
 - Every ``audit_flush_interval_s`` (or as soon as 500 events wait) the queued events are inserted in
   one statement. A flush that fails puts its events back (as many as the queue has room for; the rest
   become a ``dropped`` marker) and is retried on the next tick.
-- Every ``audit_egress_poll_s`` each live host is asked for the connection attempts after the last one
-  recorded (``GET /internal/v1/egress/attempts``). The position read is kept per host in
-  ``audit_egress_cursors`` and moved in the same transaction as the inserts, under the row's lock,
-  so two control planes polling the same host record each attempt once.
+- Every ``audit_egress_poll_s`` the hosts with attempts not yet recorded are asked for them
+  (``GET /internal/v1/egress/attempts``). A host's heartbeat says how far its attempts have come
+  (``egress_audit``: its run and last number), so only a host past what this process last recorded is
+  asked, once; a host beats one control plane at a time, so the hosts split between control planes
+  as their beats do. A host whose agent does not say is asked every time, as before. The position read
+  is kept per host in ``audit_egress_cursors`` and moved in the same transaction as the inserts, under
+  the row's lock, so two control planes polling the same host record each attempt once.
 - Every ``audit_prune_interval_s`` events older than ``audit_retention_days`` go, and each sandbox this
   process wrote for keeps its newest ``audit_max_events_per_sandbox``.
 """
@@ -26,7 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import audit
 from paddock_controlplane.records.audit import AuditEgressCursor, AuditEvent
-from paddock_controlplane.records.models import Host, Sandbox
+from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_core.db import transaction
 from paddock_core.logging import get_logger
@@ -47,6 +50,11 @@ class AuditWriter:
         #: Sandboxes written for since the last prune (only they can have grown past the cap).
         self._grown: set[str] = set()
         self.flushed = 0
+        #: One flush at a time: a read's ``flush_now`` that finds the queue just taken by the loop
+        #: waits here for that insert to commit, so the read still sees what was done before it.
+        self._flushing = asyncio.Lock()
+        #: Host id → (agent run, last attempt number) recorded, as this process last saw the cursor.
+        self._recorded: dict[str, tuple[str, int]] = {}
 
     def start(self) -> None:
         self.log.flusher = self.flush
@@ -80,18 +88,22 @@ class AuditWriter:
                 log.warning("audit_flush_failed", problem=str(exc) or type(exc).__name__)
 
     async def flush(self) -> int:
-        events = self.log.take()
-        if not events:
-            return 0
-        try:
-            async with transaction(self.services.sessions) as session:
-                await session.execute(insert(AuditEvent), [event.row() for event in events])
-        except BaseException:
-            self.log.putback(events)
-            raise
+        async with self._flushing:
+            events = self.log.take()
+            if not events:
+                return 0
+            try:
+                await self._insert(events)
+            except BaseException:
+                self.log.putback(events)
+                raise
         self._grown.update(event.sandbox_id for event in events)
         self.flushed += len(events)
         return len(events)
+
+    async def _insert(self, events: list[audit.Pending]) -> None:
+        async with transaction(self.services.sessions) as session:
+            await session.execute(insert(AuditEvent), [event.row() for event in events])
 
     # -- egress attempts ---------------------------------------------------------------------------
 
@@ -103,11 +115,30 @@ class AuditWriter:
             except Exception as exc:
                 log.warning("audit_egress_poll_failed", problem=str(exc) or type(exc).__name__)
 
+    def due_hosts(self) -> list[str]:
+        """The hosts to ask now: those heard from since ``host_dead_after_s`` whose heartbeat says they
+        have attempts past what this process last recorded of them, and those whose agent does not say."""
+        now = time.monotonic()
+        fresh_s = max(
+            self.services.settings.host_dead_after_s, 3 * self.services.settings.audit_egress_poll_s
+        )
+        due: list[str] = []
+        for host_id, heard in list(self.log.egress_heard.items()):
+            if now - heard.at > fresh_s:  # a dead host, or one that beats another control plane now
+                del self.log.egress_heard[host_id]
+                self._recorded.pop(host_id, None)
+                continue
+            if heard.epoch is None:
+                due.append(host_id)
+                continue
+            recorded = self._recorded.get(host_id)
+            if heard.seq > 0 and (recorded is None or recorded[0] != heard.epoch or recorded[1] < heard.seq):
+                due.append(host_id)
+        return due
+
     async def poll_hosts(self) -> int:
-        async with self.services.sessions() as session:
-            hosts = (await session.scalars(select(Host.id).where(Host.status != "dead"))).all()
         recorded = 0
-        for host_id in hosts:
+        for host_id in self.due_hosts():
             try:
                 recorded += await self.poll_host(host_id)
             except (HostAgentError, hostlink.HostError, OSError) as exc:
@@ -121,6 +152,7 @@ class AuditWriter:
         link = await hostlink.for_host(self.services, host_id)
         answer = await link.client.egress_attempts(epoch, after, POLL_LIMIT)
         if not answer.epoch:  # the host has no egress table (egress not enforced there)
+            self._recorded[host_id] = ("", answer.next)
             return 0
         return await self._record_attempts(host_id, answer)
 
@@ -175,6 +207,8 @@ class AuditWriter:
                 cursor.seq = max(item.seq for item in fresh)
             elif answer.next > cursor.seq:
                 cursor.seq = answer.next
+            position = (cursor.epoch, cursor.seq)
+        self._recorded[host_id] = position
         return len(fresh)
 
     # -- retention ---------------------------------------------------------------------------------

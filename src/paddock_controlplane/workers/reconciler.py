@@ -1,5 +1,6 @@
 """The reconciler: its loop and its passes — host liveness, sandboxes of dead hosts, billing, idle
-auto-pause, auto-hibernate, and destroys, pauses, resumes and disk mounts a dead process left unfinished.
+auto-pause, auto-hibernate, and destroys, pauses, resumes, boots, snapshots and disk mounts a dead
+process left unfinished.
 
 Runs inside the control-plane process; every pass is a short transaction, so several control-plane
 processes on PostgreSQL can run it side by side.
@@ -10,18 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import math
 import time
 from collections.abc import Awaitable, Callable
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.hosts import hostlink, hosts
 from paddock_controlplane.records.models import Host, Sandbox
 from paddock_controlplane.records.services import Services
+from paddock_controlplane.records.snapshots import CREATING as SNAPSHOT_CREATING
+from paddock_controlplane.records.snapshots import Snapshot, SnapshotVolume
 from paddock_controlplane.records.states import ON_HOST, SandboxStatus
 from paddock_controlplane.records.views import event_data
-from paddock_controlplane.resources import billing, disks, networks, webhooks
+from paddock_controlplane.resources import billing, disks, networks, snapshots, webhooks
 from paddock_controlplane.sandboxes import destruction, lifecycle, suspension
 from paddock_controlplane.sandboxes.host_reports import HOST_DEAD_REASON
 from paddock_controlplane.sandboxes.transition import settle
@@ -62,11 +66,23 @@ async def dead_host_pass(session: AsyncSession, services: Services) -> None:
 
 
 async def billing_pass(session: AsyncSession, services: Services) -> None:
+    """Every ``billing_interval_s``, sets off a compute billing pass (``billing.billing_pass``) beside
+    the rounds: it takes a short transaction per batch of sandboxes, so a round never waits on it, and
+    one runs at a time in this process (``billing_last`` is infinite while it runs)."""
     if time.monotonic() - services.billing_last < services.settings.billing_interval_s:
         return
-    services.billing_last = time.monotonic()
-    exhausted = await billing.billing_pass(session, services.clock())
-    await _pause_out_of_credit(session, services, exhausted)
+    services.billing_last = math.inf
+    services.tasks.spawn(_bill(services), name="compute billing")
+
+
+async def _bill(services: Services) -> None:
+    try:
+        exhausted = await billing.billing_pass(services.sessions, services.clock())
+        if exhausted:
+            async with transaction(services.sessions) as session:
+                await _pause_out_of_credit(session, services, exhausted)
+    finally:
+        services.billing_last = time.monotonic()
 
 
 async def _pause_out_of_credit(session: AsyncSession, services: Services, exhausted: set[str]) -> None:
@@ -363,6 +379,70 @@ class OrphanedBoots:
             await destruction.forget_on_host(services, host_id, sandbox_id)
 
 
+def snapshot_orphaned_after_s(volume_copies: int) -> float:
+    """How old a ``creating`` snapshot row must be before no live process can still record it. The
+    create makes its host calls one after another, each bounded by the client's create timeout
+    (``hostlink.COPY_CALL_BOUND_S``, 905 s): one copy per volume it keeps (``include_volumes``), then
+    the disk's; then it records the answer in one short transaction. So a row past all its calls'
+    bounds, with ``ORPHAN_AFTER_S`` for that transaction and the clocks of two control planes, has no
+    one left to record it (925 s without volumes, 1,830 s with one)."""
+    return (1 + volume_copies) * hostlink.COPY_CALL_BOUND_S + ORPHAN_AFTER_S
+
+
+class OrphanedSnapshots:
+    """Reconciler pass: a snapshot (``POST /v1/sandboxes/{id}/snapshots``) whose control-plane process
+    died between writing its row ``creating`` and recording its host's answer stays ``creating``: listed,
+    counted against the plan's snapshot cap, never bootable, and its ``DELETE`` a 409. Once the row is
+    older than :func:`snapshot_orphaned_after_s` (from its ``created_at``, so a control plane started
+    since sees it too), its host is asked (``snapshots.settle_orphaned``): a snapshot it holds whole
+    becomes ``ready`` with its size and ``snapshot.create``; otherwise what the host has of it is removed
+    there and the row goes, as a failed create's. A host that does not answer is asked on a later pass;
+    one gone (removed, or ``dead`` and silent for ``snapshots.SNAPSHOT_HOST_GONE_S``) is not asked, and
+    the row goes.
+    Two control planes may both ask: the outcome is written under the row's lock only while it is still
+    ``creating``, so one outcome and at most one event are recorded.
+    """
+
+    def __init__(self) -> None:
+        self.asking: set[str] = set()
+        self.scanned_at: dt.datetime | None = None
+
+    async def __call__(self, session: AsyncSession, services: Services) -> None:
+        now = services.clock()
+        # A row waits a quarter of an hour at least: looking every ORPHAN_AFTER_S is soon enough, and
+        # spares a table of many snapshots a scan every round.
+        if self.scanned_at is not None and (now - self.scanned_at).total_seconds() < ORPHAN_AFTER_S:
+            return
+        self.scanned_at = now
+        copies = (
+            select(func.count())
+            .select_from(SnapshotVolume)
+            .where(SnapshotVolume.snapshot_id == Snapshot.id)
+            .scalar_subquery()
+        )
+        rows = (
+            await session.execute(
+                select(Snapshot.id, Snapshot.created_at, copies).where(Snapshot.status == SNAPSHOT_CREATING)
+            )
+        ).all()
+        for snapshot_id, created_at, volume_copies in rows:
+            age_s = (now - as_utc(created_at)).total_seconds()
+            if age_s < snapshot_orphaned_after_s(int(volume_copies or 0)) or snapshot_id in self.asking:
+                continue
+            self.asking.add(snapshot_id)
+            services.tasks.spawn(self._settle(services, snapshot_id), name=f"orphaned snapshot {snapshot_id}")
+
+    async def _settle(self, services: Services, snapshot_id: str) -> None:
+        try:
+            await snapshots.settle_orphaned(services, snapshot_id)
+        except hostlink.HostError as exc:  # asked again on a later pass
+            log.warning("orphaned_snapshot_unanswered", snapshot_id=snapshot_id, error=str(exc))
+        except Exception as exc:
+            log.error("orphaned_snapshot_failed_to_settle", snapshot_id=snapshot_id, exc_info=exc)
+        finally:
+            self.asking.discard(snapshot_id)
+
+
 async def _nothing() -> None:
     """The host call of an outcome already learnt (``settle`` records it in its second transaction)."""
 
@@ -380,6 +460,7 @@ PASSES: list[Pass] = [
     OrphanedTransitions(),
     auto_hibernate_pass,
     OrphanedBoots(),
+    OrphanedSnapshots(),
 ]
 
 
@@ -395,7 +476,7 @@ class Reconciler:
 
     async def run_once(self) -> None:
         for step in self.passes:
-            async with transaction(self.services.sessions) as session:
+            async with self.services.reconciling, transaction(self.services.sessions) as session:
                 await step(session, self.services)
         self.services.mark_reconciled()
 

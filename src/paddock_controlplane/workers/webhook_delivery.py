@@ -32,6 +32,7 @@ import aiohttp
 import aiohttp.abc
 from sqlalchemy import Table, bindparam, case, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import ColumnElement
 
 from paddock_controlplane.records.models import WebhookDelivery, WebhookEndpoint
@@ -39,10 +40,10 @@ from paddock_controlplane.records.services import Services
 from paddock_controlplane.resources import webhooks
 from paddock_controlplane.resources.webhooks import TargetRefused, is_public_address, resolve_public
 from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_controlplane.workers.status_notify import ChannelListener
 from paddock_core.crypto import SecretBox
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 from paddock_core.logging import configure_logging, get_logger
+from paddock_core.pglisten import ChannelListener
 from paddock_core.timeutil import Clock, utcnow
 
 log = get_logger("paddock.webhooks")
@@ -259,18 +260,30 @@ _CANDIDATES = (
     .limit(bindparam("b_limit"))
 )
 _CANDIDATES_LOCKED = _CANDIDATES.with_for_update(of=_DELIVERIES, skip_locked=True)
-_LEASE = (
-    update(_DELIVERIES)
-    .where(_DELIVERIES.c.id.in_(bindparam("b_ids", expanding=True)), *_due())
-    .values(lease_until=bindparam("b_until"), lease_token=bindparam("b_token"))
-    .returning(
-        _DELIVERIES.c.id,
-        _DELIVERIES.c.endpoint_id,
-        _DELIVERIES.c.payload,
-        _DELIVERIES.c.attempts,
-        _DELIVERIES.c.next_attempt_at,
+
+
+def _leasing(picked: ColumnElement[bool]) -> Update:
+    """Leases the ``picked`` rows still due (``b_until``, ``b_token``) and returns what a claim holds."""
+    return (
+        update(_DELIVERIES)
+        .where(picked, *_due())
+        .values(lease_until=bindparam("b_until"), lease_token=bindparam("b_token"))
+        .returning(
+            _DELIVERIES.c.id,
+            _DELIVERIES.c.endpoint_id,
+            _DELIVERIES.c.payload,
+            _DELIVERIES.c.attempts,
+            _DELIVERIES.c.next_attempt_at,
+        )
     )
-)
+
+
+_LEASE = _leasing(_DELIVERIES.c.id.in_(bindparam("b_ids", expanding=True)))
+#: PostgreSQL: the pick and the lease in one statement (one trip to the database per claim). The
+#: candidates are a MATERIALIZED CTE, evaluated exactly once (a subquery in the ``UPDATE``'s ``WHERE``
+#: may be evaluated more than once, and so lease more than ``limit``), locked ``SKIP LOCKED``.
+_PICKED = _CANDIDATES_LOCKED.cte("picked").prefix_with("MATERIALIZED")
+_PICK_AND_LEASE = _leasing(_DELIVERIES.c.id == _PICKED.c.id)
 
 
 def _result_values(claim: Claim, outcome: Outcome) -> dict[str, object]:
@@ -342,6 +355,15 @@ class DeliveryWorker:
         self._results = GroupCommit(self.record_many)
         #: This worker's own writes (claims, results) take turns instead of racing for SQLite's lock.
         self._writing = asyncio.Lock()
+        #: On PostgreSQL a claim does not take that turn: it touches only rows nobody holds (picked
+        #: ``SKIP LOCKED``, re-checked unleased), never one a result or a renewal writes, and waiting
+        #: for a result's transaction was most of a delivery's p99 there. Results and renewals still
+        #: take turns (they write the same held rows, in different orders).
+        bind = sessions.kw.get("bind")
+        self._postgresql = bind is not None and bind.dialect.name == "postgresql"
+        self._claiming: contextlib.AbstractAsyncContextManager[Any] = (
+            contextlib.nullcontext() if self._postgresql else self._writing
+        )
         self._inflight: dict[asyncio.Task[None], Claim] = {}
         #: Claims whose result is not written yet, by delivery id: their leases are renewed.
         self._held: dict[str, Claim] = {}
@@ -371,11 +393,11 @@ class DeliveryWorker:
     async def claim(self, limit: int) -> list[Claim]:
         """Lease up to ``limit`` due deliveries of active endpoints to this worker.
 
-        The candidates are picked first (on PostgreSQL locked ``FOR UPDATE SKIP LOCKED``, so concurrent
-        claims split the queue instead of waiting on each other; not as a subquery of the ``UPDATE``,
-        which PostgreSQL may evaluate more than once and so lease more than ``limit``), then one
-        ``UPDATE … RETURNING`` leases and returns them, re-checking that no live lease exists. The
-        endpoints' URLs and secrets (fixed at creation) are read once and kept.
+        The candidates are picked, then one ``UPDATE … RETURNING`` leases and returns them, re-checking
+        that no live lease exists. On PostgreSQL that is one statement (``_PICK_AND_LEASE``: the pick
+        locked ``FOR UPDATE SKIP LOCKED``, so concurrent claims split the queue instead of waiting on
+        each other); on SQLite two, under its write lock. The endpoints' URLs and secrets (fixed at
+        creation) are read once and kept.
         """
         now = self.clock()
         picked = {"b_now": now, "b_limit": limit}
@@ -384,11 +406,13 @@ class DeliveryWorker:
                 if not (await session.scalars(_CANDIDATES, picked)).first():
                     return []
         token = secrets.token_hex(16)
-        async with self._writing, transaction(self.sessions) as session:
-            locked = session.get_bind().dialect.name == "postgresql"
-            ids = list((await session.scalars(_CANDIDATES_LOCKED if locked else _CANDIDATES, picked)).all())
-            lease = {"b_ids": ids, "b_now": now, "b_until": now + self.lease, "b_token": token}
-            leased = list(await session.execute(_LEASE, lease)) if ids else []
+        async with self._claiming, transaction(self.sessions) as session:
+            lease = {"b_now": now, "b_until": now + self.lease, "b_token": token}
+            if self._postgresql:
+                leased = list(await session.execute(_PICK_AND_LEASE, {**lease, "b_limit": limit}))
+            else:
+                ids = list((await session.scalars(_CANDIDATES, picked)).all())
+                leased = list(await session.execute(_LEASE, {**lease, "b_ids": ids})) if ids else []
             if not leased:
                 self._likely_due = False
                 return []

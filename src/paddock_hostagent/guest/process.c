@@ -13,7 +13,10 @@
  * missed. A connection that hangs up never touches the process.
  *
  *   request  FR_PROC  u32 op, then per op (strings are u32 length + bytes)
- *     START       u32 flags (1: pty), u32 rows, u32 cols, u32 argc, u32 envc, cmd, args.., env.., cwd
+ *     START       u32 flags, u32 rows, u32 cols, u32 argc, u32 envc, cmd, args.., env.., cwd
+ *                 flags: 1 a PTY; 2 stream: this connection is the process's stream from its first byte
+ *                 (its reply says "streaming":true, output and exit follow as after a CONNECT from 0);
+ *                 4 stdin closed at the start (as STDIN_CLOSE). A guest from before 2 and 4 ignores them.
  *     START_AS    user (a name or uid of the sandbox's /etc/passwd), then START's fields (user.c)
  *     LIST        -
  *     GET         id                       STDIN_CLOSE id
@@ -41,6 +44,9 @@
 #define CLIENT_BACKLOG_MAX (16u << 20) /* a subscriber further behind than this is dropped; it reconnects */
 #define INPUT_PENDING_MAX (1u << 20)
 #define TREE_CHECK_MS 100
+#define START_PTY 1u
+#define START_STREAM 2u      /* subscribe the starting connection before any output is read */
+#define START_CLOSE_STDIN 4u /* stdin's close, which a stream's connection can no longer send */
 
 enum { ST_RUNNING = 1, ST_TERMINATING = 2, ST_EXITED = 3 };
 enum { OUT_STDOUT = 1, OUT_STDERR = 2, OUT_PTY = 3 };
@@ -344,6 +350,18 @@ static void proc_free(struct proc *p) {
 
 static void write_input(struct proc *p);
 
+/* The end of a process's input: EOF once what is pending is written, or a terminal's EOF character. */
+static void close_stdin(struct proc *p) {
+    if (p->pty) { /* a terminal has no end of input to close: send its EOF character instead */
+        if (p->in_fd >= 0 && !p->leader_exited) {
+            unsigned char *grown = realloc(p->pending, p->pending_len + 1);
+            if (grown) { p->pending = grown; p->pending[p->pending_len++] = 4; }
+        }
+    } else {
+        p->stdin_close_pending = 1;
+    }
+}
+
 /* ---------- requests ---------- */
 
 static struct proc *find_proc(struct client *c, struct cursor *cur) {
@@ -430,7 +448,7 @@ static void op_start(struct client *c, struct cursor *cur, int as_user) {
         client_error(c, E_PROC_STATE, "too many processes (%d running or unread)", MAX_PROCS);
         goto done;
     }
-    int is_pty = (flags & 1u) != 0;
+    int is_pty = (flags & START_PTY) != 0;
     if (is_pty) {
         master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
         if (master < 0 || grantpt(master) < 0 || unlockpt(master) < 0 ||
@@ -531,7 +549,23 @@ static void op_start(struct client *c, struct cursor *cur, int as_user) {
     fcntl(p->out_fd, F_SETFL, fcntl(p->out_fd, F_GETFL) | O_NONBLOCK);
     if (p->err_fd >= 0) fcntl(p->err_fd, F_SETFL, O_NONBLOCK);
     if (p->in_fd != p->out_fd) fcntl(p->in_fd, F_SETFL, O_NONBLOCK | O_WRONLY);
-    client_reply_proc(c, p);
+    if (flags & START_CLOSE_STDIN) close_stdin(p);
+    if (flags & START_STREAM) {
+        /* Subscribed here, before the loop reads a byte of the process's output: a CONNECT sent after
+         * this reply would come once the host had read it, and a fast command's output would by then
+         * have pushed its first bytes out of the ring. */
+        struct sbuf b = {0};
+        sb_proc(&b, p);
+        if (b.len && b.p[b.len - 1] == '}') {
+            b.len--;
+            static const char streaming[] = ",\"streaming\":true}";
+            sb_put(&b, streaming, sizeof streaming - 1);
+        }
+        client_json(c, &b);
+        c->sub = (int)(p - procs) + 1;
+    } else {
+        client_reply_proc(c, p);
+    }
     cmd = cwd = NULL;
     argc = 0; /* the strings now belong to the process */
 done:
@@ -612,14 +646,7 @@ static void dispatch(struct client *c, const unsigned char *payload, uint32_t le
         return;
     }
     case PROC_OP_STDIN_CLOSE: {
-        if (p->pty) { /* a terminal has no end of input to close: send its EOF character instead */
-            if (p->in_fd >= 0 && !p->leader_exited) {
-                unsigned char *grown = realloc(p->pending, p->pending_len + 1);
-                if (grown) { p->pending = grown; p->pending[p->pending_len++] = 4; }
-            }
-        } else {
-            p->stdin_close_pending = 1;
-        }
+        close_stdin(p);
         struct sbuf b = {0};
         sb_put(&b, "{\"ok\":true}", 11);
         client_json(c, &b);

@@ -114,9 +114,19 @@ def _request(op: ProcessOp, body: bytes = b"") -> bytes:
     return frame(Frame.PROC, struct.pack("<I", op) + body)
 
 
-def encode_start(request: StartRequest) -> bytes:
+#: START's flags (process.c): a PTY; the starting connection is the process's stream from its first
+#: byte (a guest that knows it says ``"streaming": true`` in its answer; an older one ignores it);
+#: stdin closed at the start.
+START_PTY = 1
+START_STREAM = 2
+START_CLOSE_STDIN = 4
+
+
+def encode_start(request: StartRequest, *, stream: bool = False, close_stdin: bool = False) -> bytes:
     rows, cols = request.pty or (0, 0)
-    head = struct.pack("<IIIII", 1 if request.pty else 0, rows, cols, len(request.args), len(request.env))
+    flags = (START_PTY if request.pty else 0) | (START_STREAM if stream else 0)
+    flags |= START_CLOSE_STDIN if stream and close_stdin else 0
+    head = struct.pack("<IIIII", flags, rows, cols, len(request.args), len(request.env))
     parts = [] if request.user is None else [_string(request.user)]
     parts += [head, _string(request.cmd), *(_string(arg) for arg in request.args)]
     parts += [_string(f"{key}={value}") for key, value in request.env.items()]
@@ -156,14 +166,19 @@ class GuestProcesses:
     async def start_streaming(
         self, request: StartRequest, *, close_stdin: bool
     ) -> tuple[dict[str, Any], ProcessStream]:
-        """Starts a process and opens its stream from its first output, on one connection: the
-        process manager serves a connection's requests in order until a connect turns it into a
-        stream (process.c, ``client_read``; so since its first version), so after the start's answer
-        stdin's close (when asked) and the connect are sent together. A start, a close and a connect
-        on three connections cost the guest three handler processes; this costs one, and none while
-        the guest has a kept idle connection (the host's INFO each second leaves one): a handler
-        waiting on it passes it to the process manager as it would a new one."""
-        start = encode_start(request)
+        """Starts a process and opens its stream from its first output, on one connection: the start
+        asks the guest to make that connection the process's stream at once (``START_STREAM``, stdin
+        closed by ``START_CLOSE_STDIN`` when asked), before the guest reads a byte of the process's
+        output. A guest that predates the flag answers without ``"streaming"``; then stdin's close
+        (when asked) and a connect from the first output are sent after its answer (its process
+        manager serves a connection's requests in order until a connect turns it into a stream), and
+        what a fast command wrote past the guest's 1 MiB ring while the host read that answer is lost
+        (the connect's answer has ``output.oldest_seq`` after 1, which the stream's first frame
+        carries as ``oldest_available_seq``). A start, a close and a connect on
+        three connections cost the guest three handler processes; this costs one, and none while the
+        guest has a kept idle connection (the host's INFO each second leaves one): a handler waiting
+        on it passes it to the process manager as it would a new one."""
+        start = encode_start(request, stream=True, close_stdin=close_stdin)
         conn = self._client._take_kept()
         view: dict[str, Any] | None = None
         if conn is not None:
@@ -185,14 +200,17 @@ class GuestProcesses:
                 with _start_refusals(request):
                     view = await _read_reply(conn)
             process_id = str(view["process_id"])
-            connect = _request(ProcessOp.CONNECT, _string(process_id) + struct.pack("<Q", 0))
-            if close_stdin:
-                await conn.send(_request(ProcessOp.STDIN_CLOSE, _string(process_id)) + connect)
-                await _read_reply(conn)
-            else:
-                await conn.send(connect)
             stream = ProcessStream(self._client, process_id, 0)
-            stream.process = await _read_reply(conn)
+            if view.get("streaming") is True:
+                stream.process = view
+            else:  # a guest from before START_STREAM
+                connect = _request(ProcessOp.CONNECT, _string(process_id) + struct.pack("<Q", 0))
+                if close_stdin:
+                    await conn.send(_request(ProcessOp.STDIN_CLOSE, _string(process_id)) + connect)
+                    await _read_reply(conn)
+                else:
+                    await conn.send(connect)
+                stream.process = await _read_reply(conn)
         except BaseException:
             conn.close()
             raise

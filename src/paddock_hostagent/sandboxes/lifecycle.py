@@ -55,6 +55,16 @@ class ExpectsSnapshotBoots(Protocol):
     def expect_snapshot_boots(self, snapshot: SnapshotInfo, rootfs: Path) -> None: ...
 
 
+@runtime_checkable
+class RecyclesNetworks(Protocol):
+    """A runtime whose destroyed sandboxes' networks can serve new ones (the OCI driver's pool): a
+    destroy in two halves, the second once the sandbox's egress rules are gone."""
+
+    async def destroy_keeping_network(self, record: SandboxRecord) -> None: ...
+
+    async def recycle(self, sandbox_id: str) -> None: ...
+
+
 @dataclass
 class _NewSandbox:
     """What a create or a fork asks of the one path that brings a sandbox up. They differ only in where
@@ -331,12 +341,19 @@ class Lifecycle:
             moved = registry.entries.get(sandbox_id) is not entry
             if not moved:
                 await self.networks.leave_all(entry.record)
+                runtime = registry.runtime
                 with driver_errors():
-                    await registry.runtime.destroy(entry.record)
-                await self.traffic.release(sandbox_id, registry.runtime, entry.record)
+                    if isinstance(runtime, RecyclesNetworks):
+                        await runtime.destroy_keeping_network(entry.record)
+                    else:
+                        await runtime.destroy(entry.record)
+                await self.traffic.release(sandbox_id, runtime, entry.record)
                 await self.disks.release(sandbox_id, entry.record)
                 if self.volumes is not None:  # after the sandbox: its copies of the mounts went with it
                     await self.volumes.release(sandbox_id)
+                if isinstance(runtime, RecyclesNetworks):  # nothing of it is left: its network, the next's
+                    with driver_errors():
+                        await runtime.recycle(sandbox_id)
                 self.traffic.usage.pop(sandbox_id, None)
                 registry.records.delete(sandbox_id)
                 del registry.entries[sandbox_id]

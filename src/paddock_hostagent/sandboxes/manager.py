@@ -15,7 +15,6 @@ import contextlib
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_hostagent.builds import BuildManager
@@ -284,9 +283,6 @@ class SandboxManager:
         return await self.traffic.bandwidth(sandbox_id)
 
     # -- heartbeat ------------------------------------------------------------------------------
-
-    def heartbeat_sandboxes(self) -> list[dict[str, Any]]:
-        return self.heartbeat.sandboxes()
 
     async def refresh_usage(self) -> None:
         await self.heartbeat.refresh_usage()

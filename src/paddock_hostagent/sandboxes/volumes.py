@@ -173,9 +173,10 @@ class Volumes:
         return self.view(meta)
 
     async def clone(self, source_id: str, body: VolumeCloneBody) -> VolumeView:
-        """A new volume ``body.volume_id``, a copy of ``source_id`` as it is now (a fork's
-        ``include_volumes``; ``VolumeStore.clone`` freezes a held source's host mount for it). The
-        container tier only: a gVisor or VM fork's child could not be given it (409 naming the tier)."""
+        """A new volume ``body.volume_id``, a copy of ``source_id`` as it is now (a fork's or a
+        snapshot's ``include_volumes``, or a boot's from such a snapshot; ``VolumeStore.clone`` freezes a
+        held source's host mount for it). The container tier only: a gVisor or VM sandbox could not be
+        given it live (409 naming the tier)."""
         refused = _LIVE_REFUSED.get(self.registry.runtime_label)
         if refused is not None:
             tier, _why = refused
@@ -187,7 +188,7 @@ class Volumes:
             self._load(source_id)
             started = time.perf_counter()
             with driver_errors():
-                meta, shared = await self.store.clone(source_id, body.volume_id)
+                meta, shared = await self.store.clone(source_id, body.volume_id, snapshot_id=body.snapshot_id)
         log.info(
             "volume_cloned",
             volume_id=meta.id,
@@ -432,12 +433,29 @@ class Volumes:
                     log.warning("volume_release_failed", volume_id=volume_id, error=str(exc))
         self.held.pop(sandbox_id, None)
 
+    def _stray_snapshot_copy(self, meta: VolumeMeta) -> bool:
+        """A snapshot's copy of a volume whose snapshot is not whole on this host: an agent killed
+        between the copy and the snapshot's disk (or a snapshot removed while the copy's delete did not
+        reach it). Judged only while the disk store's snapshot directory is there to read."""
+        if meta.snapshot_id is None or meta.holders:
+            return False
+        runtime = self.registry.runtime
+        directory = getattr(runtime, "snapshots_dir", None)
+        if not isinstance(directory, Path) or not directory.is_dir():
+            return False
+        return runtime.snapshot_info(meta.snapshot_id) is None
+
     async def start(self, live: set[str]) -> None:
         """At the agent's start: half-made volumes go; holders whose sandbox is not ``live`` any more
         are dropped; a volume still held stays mounted on the host, one held by nobody is unmounted
         (after a reboot there was nothing mounted; after a crash its loop may have stayed)."""
         self.store.remove_partial()
         for meta in self.store.all():
+            if self._stray_snapshot_copy(meta):
+                with contextlib.suppress(DriverError, OSError, VolumeBusyError):
+                    await self.store.delete(meta.id)
+                    log.info("snapshot_volume_copy_removed", volume_id=meta.id, snapshot_id=meta.snapshot_id)
+                continue
             kept = [h for h in meta.holders if h.sandbox_id in live]
             if kept != meta.holders:
                 meta.holders = kept

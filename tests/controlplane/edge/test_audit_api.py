@@ -339,6 +339,38 @@ async def test_retention_prunes_by_age_and_keeps_each_sandboxs_newest(audited: A
     assert kept[-1]["kind"] == "command" and kept[-1]["argv"] == ["echo", "24"], "the newest are kept"
 
 
+async def test_a_read_waits_for_the_flush_already_under_way(
+    audited: Audited, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's loop may have taken the queue and not yet committed it when a read comes: the
+    read still sees the call made before it (CI caught an empty export on PostgreSQL)."""
+    writer = audited.services.audit.flusher.__self__  # type: ignore[union-attr]
+    taken, release = asyncio.Event(), asyncio.Event()
+    real = writer._insert
+
+    async def held_back(events: list[audit.Pending]) -> None:
+        taken.set()
+        await release.wait()  # the loop holds the events and has not written them yet
+        await real(events)
+
+    http = audited.cp.http
+    sid = await new_sandbox(http)
+    await audited.services.audit.flush_now()
+    monkeypatch.setattr(writer, "_insert", held_back)
+    try:
+        ran = await http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "echo", "args": ["held"]})
+        assert ran.status_code == 200
+        await asyncio.wait_for(taken.wait(), 10)
+        assert len(audited.services.audit) == 0, "the loop has the events"
+        reading = asyncio.create_task(trail(http, sid, kind="command"))
+        await asyncio.sleep(0.5)
+        assert not reading.done(), "the read waits for the write under way"
+    finally:
+        release.set()
+    commands = await asyncio.wait_for(reading, 10)
+    assert [c["argv"] for c in commands] == [["echo", "held"]]
+
+
 def test_a_full_queue_counts_what_it_drops_and_leaves_a_marker() -> None:
     log = audit.AuditLog(capacity=3)
     for n in range(5):

@@ -12,6 +12,9 @@ from tests.controlplane.conftest import Clocked
 
 pytestmark = pytest.mark.db
 
+#: The real one: the ``clocked`` fixture puts its fake host in place of ``hostlink.for_host``.
+FOR_HOST = hostlink.for_host
+
 
 async def test_a_host_that_moves_gets_a_new_link_and_the_old_one_is_closed(clocked: Clocked) -> None:
     services = clocked.services
@@ -27,3 +30,17 @@ async def test_a_host_that_moves_gets_a_new_link_and_the_old_one_is_closed(clock
     await asyncio.gather(*(set(services.tasks.running) - before))
     # Its HTTP sessions (and its kept channel) are closed, not left open until the far end gives up.
     assert old._http.is_closed
+
+
+async def test_calls_that_find_no_link_at_once_share_the_one_made(clocked: Clocked) -> None:
+    """A burst of creates to a host this process has no link to yet: each call reads the host's row,
+    and before, each made a link of its own, the last one kept and the others never closed."""
+    services = clocked.services
+    services.hostlinks.pop("host-test-1", None)
+    links = await asyncio.gather(*(FOR_HOST(services, "host-test-1") for _ in range(6)))
+    try:
+        assert len({id(link) for link in links}) == 1
+        assert services.hostlinks["host-test-1"] is links[0]
+    finally:
+        await links[0].aclose()
+        services.hostlinks.pop("host-test-1", None)

@@ -6,42 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator, Collection
-from pathlib import Path
+from collections.abc import Collection
 
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from paddock_controlplane.app import migrate
 from paddock_controlplane.hosts import scheduler
 from paddock_controlplane.records.models import Host, Sandbox
 from paddock_controlplane.resources import accounts
-from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_core.db import make_engine, make_sessionmaker, transaction
+from paddock_core.db import transaction
+from tests.controlplane.hosts import rows as rows_of
 
 pytestmark = pytest.mark.db
 
 MEM_MIB = 256
 DEAD_AFTER_S = 15.0
-
-
-@pytest.fixture
-async def sessions(database_url: str, tmp_path: Path) -> AsyncIterator[async_sessionmaker]:  # type: ignore[type-arg]
-    settings = ControlPlaneSettings(
-        database_url=database_url,
-        data_dir=tmp_path / "cp",
-        host_token=SecretStr("placement-host-token-0123456789"),
-        secret_key=SecretStr("placement-secret-key-0123456789"),
-        region="eu",
-    )
-    await migrate(settings)
-    engine = make_engine(database_url)
-    try:
-        yield make_sessionmaker(engine)
-    finally:
-        await engine.dispose()
 
 
 async def seed_fleet(sessions: async_sessionmaker, now: dt.datetime, hosts: int) -> dict[str, int]:  # type: ignore[type-arg]
@@ -76,24 +56,7 @@ async def seed_fleet(sessions: async_sessionmaker, now: dt.datetime, hosts: int)
             for n in range(before + after):
                 created = beat - dt.timedelta(seconds=30) if n < before else now
                 sandbox_rows.append(
-                    {
-                        "id": f"sbx-{index:03d}-{n}",
-                        "user_id": user.id,
-                        "name": f"sbx-{index:03d}-{n}",
-                        "status": "running",
-                        "host_id": host_id,
-                        "shape": "s-1vcpu-1gb",
-                        "rootfs": "debian:13",
-                        "vcpu": 1,
-                        "mem_mib": 1024,
-                        "disk_mib": 2048,
-                        "region": "eu",
-                        "egress": [],
-                        "env_keys": [],
-                        "ssh_pubkeys": [],
-                        "node_selector": {},
-                        "created_at": created,
-                    }
+                    rows_of.running_sandbox(f"sbx-{index:03d}-{n}", user.id, host_id, created)
                 )
             free[host_id] = min(reported - after * 1024, total - (before + after) * 1024)
         await session.execute(insert(Host), host_rows)

@@ -52,3 +52,36 @@ async def test_a_beat_loads_whole_only_the_rows_it_changes(clocked: Clocked) -> 
         }
     assert shown == {vanished: "error", **{sandbox_id: "running" for sandbox_id in made[1:]}}
     assert all(clocked.services.activity.last_seen_s[sandbox_id] >= 1.0 for sandbox_id in made[1:])
+
+
+async def test_a_beat_that_may_predate_a_boot_or_a_resume_leaves_the_sandbox_as_it_is(
+    clocked: Clocked,
+) -> None:
+    """Within ``REPORT_GRACE_S`` of a sandbox's latest transition a beat may have been made before it:
+    one that omits the sandbox, or calls it stopped, changes nothing; the same beat after the grace
+    errors it. On both engines (SQLite hands the times back naive, PostgreSQL aware)."""
+    _, api = await user_client(clocked)
+    async with api:
+        old, resumed = [
+            (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
+            for _ in range(2)
+        ]
+        assert (await api.post(f"/v1/sandboxes/{resumed}/pause")).status_code == 200
+        clocked.clock.advance(host_reports.REPORT_GRACE_S + 1)
+        assert (await api.post(f"/v1/sandboxes/{resumed}/resume")).status_code == 200
+        clocked.clock.advance(host_reports.REPORT_GRACE_S - 2)
+        # `old` booted a grace and more ago, `resumed` was resumed within it; `new` is made now.
+        new = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
+        beat = {**HOST_BEAT, "sandboxes": [{"id": resumed, "status": "stopped", "oom_kills": 0}]}
+
+        async def shown() -> dict[str, str]:
+            return {
+                sandbox_id: (await api.get(f"/v1/sandboxes/{sandbox_id}")).json()["data"]["status"]
+                for sandbox_id in (old, resumed, new)
+            }
+
+        await host_reports.apply_host_report(clocked.services, beat)
+        assert await shown() == {old: "error", resumed: "running", new: "running"}
+        clocked.clock.advance(host_reports.REPORT_GRACE_S + 1)
+        await host_reports.apply_host_report(clocked.services, beat)
+        assert await shown() == {old: "error", resumed: "error", new: "error"}

@@ -19,7 +19,8 @@ from tests.hostagent.conftest import AgentProcess, Sandboxes, cgroup_dirs, run, 
 
 pytestmark = pytest.mark.root
 
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /root/counter; sleep 0.02; done"
+# Written aside and renamed: a download racing a rewrite in place once read three NUL bytes (CI).
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /root/counter.new; mv /root/counter.new /root/counter; sleep 0.02; done"
 
 
 async def read_counter(host: HostAgentClient, sandbox_id: str) -> int:
@@ -376,9 +377,11 @@ async def test_destroy_removes_everything_and_is_idempotent(
         await host.get_sandbox(created["id"])
     assert cgroup_dirs(driver_state["cgroups_path"]) == []
     assert sandbox_cgroup_dirs([created["id"]]) == []
-    assert not Path(f"/run/netns/pdk-{slot['id']}").exists()
-    assert not Path(f"/sys/class/net/pdk{slot['id']}").exists()
-    assert not Path(slot["dir"]).exists()
+    if Path(f"/run/netns/pdk-{slot['id']}").exists():  # kept, pristine, for the next slot (pool.py)
+        assert [path.name for path in Path(slot["dir"]).iterdir()] == ["slot.json"]  # nothing else of it
+    else:
+        assert not Path(f"/sys/class/net/pdk{slot['id']}").exists()
+        assert not Path(slot["dir"]).exists()
     mounts = Path("/proc/self/mountinfo").read_text()
     assert slot["dir"] not in mounts
     loop = os.path.basename(slot["loop_device"])

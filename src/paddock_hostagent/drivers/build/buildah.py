@@ -59,10 +59,23 @@ class ImageSettings:
     cmd: list[str]
 
 
+#: Beside a store's ``storage/``: which tree on the host each tag's content is (``record_tree``).
+TREES_FILE = "paddock-trees.json"
+MAX_TREES_BYTES = 1024 * 1024
+
+
 class Buildah:
-    def __init__(self, root: Path, runtime: str = "/usr/bin/crun", *, runroot: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        runtime: str = "/usr/bin/crun",
+        *,
+        runroot: Path | None = None,
+        present: set[str] | None = None,
+    ) -> None:
         """``root``: the storage directory's parent (``<root>/storage``), unless ``runroot`` is given:
-        then ``root`` is the storage directory itself."""
+        then ``root`` is the storage directory itself. ``present``: the tags known to be in this
+        storage, kept by the caller across mounts of it."""
         self.root = root
         self.runtime = runtime
         self.storage = root if runroot is not None else root / "storage"
@@ -70,7 +83,7 @@ class Buildah:
         self._base_lock = asyncio.Lock()
         #: Tags known to be in storage: ``has_image`` spawns buildah (1-2 s on a loaded host) only for
         #: the others. ``forget`` drops one whose build failed, in case storage lost it.
-        self._present: set[str] = set()
+        self._present: set[str] = present if present is not None else set()
 
     @staticmethod
     def available() -> bool:
@@ -136,9 +149,38 @@ class Buildah:
     def forget(self, tag: str) -> None:
         self._present.discard(tag)
 
-    async def import_tree(self, tag: str, tree: Path) -> None:
+    # -- which host tree a tag holds: a build's export links that tree instead of copying the base --
+
+    def _trees(self) -> dict[str, str]:
+        try:
+            with open(self.storage.parent / TREES_FILE, "rb") as handle:
+                data = json.loads(handle.read(MAX_TREES_BYTES))
+        except (OSError, ValueError):
+            return {}
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def recorded_tree(self, tag: str) -> str:
+        """What ``record_tree`` said ``tag`` holds ('' if nothing)."""
+        return self._trees().get(tag, "")
+
+    def record_tree(self, tag: str, ident: str | None) -> None:
+        """Records that ``tag``'s content is the host's tree ``ident`` (``ImageStore.tree_ident``; None
+        forgets it). The file is the host agent's, outside what any build step sees."""
+        trees = self._trees()
+        if ident:
+            trees[tag] = ident
+        else:
+            trees.pop(tag, None)
+        target = self.storage.parent / TREES_FILE
+        partial = target.with_name(TREES_FILE + ".partial")
+        with contextlib.suppress(OSError):
+            partial.write_text(json.dumps(trees))
+            partial.replace(target)
+
+    async def import_tree(self, tag: str, tree: Path, ident: str = "") -> None:
         """Makes ``tag`` a one-layer image holding ``tree`` (a catalog rootfs, or a template built on
-        another host), unless it exists. About 3-10 s for debian:13; done once per tag."""
+        another host), unless it exists, and records that it holds the tree ``ident``. About 3-10 s for
+        debian:13; done once per tag."""
         async with self._base_lock:
             if await self.has_image(tag):
                 return
@@ -151,6 +193,7 @@ class Buildah:
             finally:
                 await self._run("rm", container)
             self._present.add(tag)
+            self.record_tree(tag, ident or None)
             log.info("buildah_base_imported", tag=tag, tree=str(tree))
 
     async def build(
@@ -251,8 +294,10 @@ class Buildah:
 
     async def release(self) -> None:
         """Removes working containers (a killed build leaves its RUN container) and unmounts what
-        containers/storage keeps mounted, so a stopped agent leaves no mounts; images stay cached."""
-        await self._run("rm", "--all")
+        containers/storage keeps mounted, so a stopped agent leaves no mounts; images stay cached. When
+        the store lists no container (builds that ended cleanly leave none) buildah is not spawned."""
+        if self._containers() != 0:
+            await self._run("rm", "--all")
         prefixes = (f"{self.storage}/", f"{self.runroot}/")
         mounted = [
             line.split()[4]
@@ -265,16 +310,30 @@ class Buildah:
             )
             await process.wait()
 
+    def _containers(self) -> int | None:
+        """How many working containers the store lists (None: unknown)."""
+        try:
+            with open(self.storage / "overlay-containers" / "containers.json", "rb") as handle:
+                listed = json.loads(handle.read(MAX_TREES_BYTES))
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError):
+            return None
+        return len(listed) if isinstance(listed, list) else None
+
     async def remove(self, tag: str) -> None:
         """Drops the tag with the cache images only it used (buildah removes untagged parents), and any
         other dangling image (the partial chain of a failed build)."""
         self._present.discard(tag)
+        self.record_tree(tag, None)
         await self._run("rmi", tag)
         await self._run("rmi", "--prune")
 
     async def remove_all_images(self) -> None:
         """Empties the store's images and cache (bases are imported again when needed)."""
         self._present.clear()
+        with contextlib.suppress(OSError):
+            (self.storage.parent / TREES_FILE).unlink()
         await self._run("rm", "--all")
         await self._run("rmi", "--all", "--force")
 

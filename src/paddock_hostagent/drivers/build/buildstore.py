@@ -56,6 +56,9 @@ class BuildStores:
         self.runtime = runtime
         self._open: dict[str, _Open] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        #: Per owner, the tags known to be in its store: kept while it is unmounted between builds, so
+        #: a build does not spawn ``buildah inspect`` again for a base it imported before.
+        self._present: dict[str, set[str]] = {}
 
     def _paths(self, owner: str) -> tuple[Path, Path]:
         if not OWNER.fullmatch(owner):
@@ -120,7 +123,12 @@ class BuildStores:
             except DriverError:
                 await loops.detach(device)
                 raise
-        buildah = Buildah(directory / "storage", self.runtime, runroot=self.root / "run" / owner)
+        buildah = Buildah(
+            directory / "storage",
+            self.runtime,
+            runroot=self.root / "run" / owner,
+            present=self._present.setdefault(owner, set()),
+        )
         opened = _Open(buildah, device)
         if size_mib is not None:
             await self._grow(owner, device, size_mib)
@@ -152,5 +160,6 @@ class BuildStores:
         image, directory = self._paths(owner)
         if owner in self._open:
             return
+        self._present.pop(owner, None)
         await unmount_image(directory, image)
         image.unlink(missing_ok=True)

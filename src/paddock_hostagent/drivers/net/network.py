@@ -39,6 +39,7 @@ import fcntl
 import ipaddress
 import json
 import socket
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -333,6 +334,41 @@ flush set ip {self.nft_table} sources
         self._unguard(net)
         self.addresses.release_owner(net.slot)
 
+    def pristine(self, net: SandboxNetwork) -> bool:
+        """Whether a destroyed sandbox's network may serve another sandbox as it is (``pool.py``'s
+        recycling): its namespace and veth exist, and inside it the namespace holds exactly what
+        ``_build`` made and nothing a tenant left — the links ``lo`` and ``eth0`` and nothing else, both
+        having carried not one packet (so no peer, flow, DNS answer or byte count of the previous
+        tenant is left to see, here or in conntrack), no socket of any family (not even one in
+        TIME_WAIT), and the two routes to the gateway. Blocking (a thread enters the namespace)."""
+        if not self.exists(net):
+            return False
+        gateway = _route_hex(self.gateway)
+        expected_routes = {("eth0", "00000000", gateway), ("eth0", gateway, "00000000")}
+
+        def inspect() -> bool:
+            net_dir = Path("/proc/thread-self/net")
+            links: dict[str, list[str]] = {}
+            for line in (net_dir / "dev").read_text().splitlines()[2:]:
+                name, _, counters = line.partition(":")
+                links[name.strip()] = counters.split()
+            if set(links) != {"lo", "eth0"}:
+                return False
+            # /proc/net/dev: receive bytes, packets … (8 fields), then transmit bytes, packets …
+            if any(fields[1] != "0" or fields[9] != "0" for fields in links.values()):
+                return False
+            for table in SOCKET_TABLES:
+                with contextlib.suppress(FileNotFoundError):
+                    if len((net_dir / table).read_text().splitlines()) > 1:
+                        return False
+            routes = {tuple(line.split()[:3]) for line in (net_dir / "route").read_text().splitlines()[1:]}
+            return routes == expected_routes
+
+        try:
+            return in_namespace(net.netns_path, CLONE_NEWNET, inspect, f"inspecting {net.netns}")
+        except DriverError:
+            return False
+
     def exists(self, net: SandboxNetwork) -> bool:
         return net.netns_path.exists() and interface_exists(net.host_veth)
 
@@ -357,6 +393,28 @@ def host_nameservers(path: Path = Path("/etc/resolv.conf"), *, include_loopback:
                     if include_loopback or not ipaddress.ip_address(parts[1]).is_loopback:
                         servers.append(parts[1])
     return servers
+
+
+#: ``/proc/net`` tables of sockets: each has a header line, then one line per socket.
+SOCKET_TABLES = (
+    "tcp",
+    "tcp6",
+    "udp",
+    "udp6",
+    "udplite",
+    "udplite6",
+    "raw",
+    "raw6",
+    "icmp",
+    "icmp6",
+    "unix",
+    "packet",
+)
+
+
+def _route_hex(address: str) -> str:
+    """An IPv4 address as ``/proc/net/route`` writes it (the in-memory word, in hex)."""
+    return f"{struct.unpack('=I', socket.inet_aton(address))[0]:08X}"
 
 
 def interface_exists(name: str) -> bool:

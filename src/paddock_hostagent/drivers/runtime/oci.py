@@ -16,8 +16,10 @@ processes do not** (CRIU does not work on this kernel); a paused source stays pa
 ``fork_phases``, the milliseconds of each step.
 
 Destroy kills the container's init (its pid namespace dies with it), deletes the runtime state,
-unmounts, detaches the loop device and removes the netns, veth, cgroups and files. Every step tolerates
-having been done before, so destroy is idempotent and also cleans up half-created sandboxes.
+unmounts, detaches the loop device and removes the netns, veth, cgroups and files; the host agent's
+destroy keeps a pristine netns and veth for the next slot (``destroy_keeping_network``, ``pool.py``).
+Every step tolerates having been done before, so destroy is idempotent and also cleans up
+half-created sandboxes.
 
 gVisor (``runsc``) runs the same bundle with its own user-space kernel (docs/isolation.md): the sandbox
 joins its prepared netns with ``--network=host`` (gVisor's netstack cannot run from the root netns in
@@ -78,7 +80,6 @@ from paddock_hostagent.drivers.runtime.ocispec import (
 from paddock_hostagent.drivers.runtime.pool import Parked, Slot, SlotFactory, SlotPool
 from paddock_hostagent.drivers.storage import mounts, rootdisks
 from paddock_hostagent.drivers.system import host_processes
-from paddock_hostagent.drivers.system.commands import run
 from paddock_hostagent.guest import ExecRequest, GuestClient, GuestError, GuestVersionError
 
 log = get_logger(__name__)
@@ -981,6 +982,21 @@ class OciRuntime(SandboxRuntime):
         mounts.unmount(handle.slot.rootfs_dir)
         await self.pool.destroy(handle.slot)
 
+    async def destroy_keeping_network(self, record: SandboxRecord) -> None:
+        """A destroy whose slot's network may serve the next sandbox (``SlotPool.retire``): the
+        container, its cgroup and the disk go now, the namespace, veth and address stay until
+        ``recycle`` (once the caller has removed the sandbox's egress rules)."""
+        handle = _Handle.of(record)
+        await self._stop_container(handle)
+        mounts.unmount(handle.slot.rootfs_dir)
+        await self.pool.retire(handle.slot, record.id)
+        _PARSED.pop(record.id, None)
+
+    async def recycle(self, sandbox_id: str) -> None:
+        """The network of a sandbox destroyed by ``destroy_keeping_network`` goes to the next slot
+        built if it is pristine (``NetworkManager.pristine``), else it is destroyed."""
+        await self.pool.recycle(sandbox_id)
+
     async def _stop_container(self, handle: _Handle) -> None:
         """Kills the container and removes its runtime state and cgroup; the slot stays."""
         await self._stop(
@@ -1001,7 +1017,7 @@ class OciRuntime(SandboxRuntime):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         force = "--force" if runtime == "runsc" else "-f"  # runsc's flags have no short forms
-        await run([*self._runtime_argv(runtime), "delete", force, container_id], check=False)
+        await _run_quietly([*self._runtime_argv(runtime), "delete", force, container_id])
         with contextlib.suppress(OSError):
             cgroup.remove()
         if not self._booting:  # a runtime starting a sandbox may be creating these parents right now
@@ -1102,6 +1118,32 @@ class OciRuntime(SandboxRuntime):
     def disk_free_bytes(self) -> int:
         stats = os.statvfs(self.pool.slots_dir if self.pool.slots_dir.exists() else self.options.state_dir)
         return stats.f_bavail * stats.f_frsize
+
+
+RUNTIME_DELETE_TIMEOUT_S = 60.0
+
+
+async def _run_quietly(argv: list[str]) -> int:
+    """Runs a runtime command whose output nobody reads (``delete``) and returns its exit code.
+
+    Started with ``posix_spawn`` (a vfork: the agent's memory is not copied) and waited for through
+    a pidfd, where the event loop's subprocess machinery (uvloop's ``uv_spawn``) forks the whole
+    agent, copying its page tables with the loop held: that fork was the largest part of a
+    destroy's CPU."""
+    devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        pid = os.posix_spawnp(
+            argv[0], argv, os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)]
+        )
+    finally:
+        os.close(devnull)
+    try:
+        return await asyncio.wait_for(host_processes.wait_child(pid), RUNTIME_DELETE_TIMEOUT_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return -signal.SIGKILL
 
 
 def _fs(name: str) -> rootdisks.Filesystem:

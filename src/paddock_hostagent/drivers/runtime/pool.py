@@ -35,6 +35,15 @@ disk, that very file). A snapshot just taken counts as one create of its kind
 sandbox matches nothing and is stopped. A boot that finds its disk smaller than it asks grows it with
 the ioctl alone (``grow_xfs(home=False)``, a few ms).
 
+**Recycled networks.** A destroyed sandbox's network (namespace, veth, address, guard elements) is
+the costly half of a slot to make and unmake (two ``ip`` processes and the kernel's namespace setup
+and teardown). A destroy therefore goes in two halves (``SlotPool.retire``, then ``recycle`` once the
+sandbox's egress rules are gone): its disk and files go at once, and its network is kept for the next
+slot built (``SlotFactory.build``), at most ``RECYCLE_MAX`` of them, only if it is pristine
+(``NetworkManager.pristine``: never carried a packet, holds no socket, has only what was made). A
+network that carried traffic is destroyed as before. The disk is never reused: a new slot gets a
+fresh clone of the blank.
+
 **The seam.** A runtime reaches its slots through ``SlotPool`` only (take, take for a fork, destroy,
 reclaim what no sandbox owns), and the pool reaches the runtime through ``ParkingRuntime`` only (boot a
 container in a slot, stop it). When to park, in which slot, under which container id, and which create
@@ -72,6 +81,8 @@ T = TypeVar("T")
 A = TypeVar("A")
 NETWORK_THREADS = 16
 MIB = 1 << 20
+#: Networks of destroyed sandboxes kept for the next slots (``SlotFactory.recycle``).
+RECYCLE_MAX = 8
 
 
 @dataclass
@@ -259,6 +270,9 @@ class SlotFactory:
         # that a burst of slots built on demand does not hold every thread of the loop's default
         # executor, behind which each create's short blocking steps (mounts, clones) would queue.
         self._network_threads = ThreadPoolExecutor(NETWORK_THREADS, thread_name_prefix="slot-network")
+        #: Slots of destroyed sandboxes kept with their network only (``recycle``): the next build
+        #: takes one instead of making a namespace, veth, address and guard elements.
+        self._recycled: list[Slot] = []
 
     async def _in_network_thread(self, work: Callable[[A], T], argument: A) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._network_threads, work, argument)
@@ -281,12 +295,16 @@ class SlotFactory:
         """Takes the disk store down if no image is left in it — also when this agent never opened it:
         an agent restarted after a crash adopts its sandboxes from the store a previous agent mounted,
         and is the one that must take it down once they are gone."""
+        while self._recycled:
+            await self.destroy(self._recycled.pop())
         async with self._store_lock:
             await rootdisks.close_store(self.slots_dir)
             self._store_opened, self._images_dir = False, None
 
     async def build(self, disk_mib: int, *, with_disk: bool = True) -> Slot:
         images_dir = await self.images_dir()
+        if self._recycled:
+            return await self._rebuild(self._recycled.pop(), disk_mib, images_dir, with_disk=with_disk)
         slot_id = secrets.token_hex(4)
         slot_dir = self.slots_dir / slot_id
         slot_dir.mkdir(parents=True)
@@ -333,6 +351,54 @@ class SlotFactory:
         await self._in_network_thread(self.network.destroy, slot.network)
         slot.disk.image_path.unlink(missing_ok=True)  # in the disk store, outside the slot's directory
         shutil.rmtree(slot.dir, ignore_errors=True)
+
+    # -- recycling: a destroyed sandbox's network serves the next slot ----------------------------
+
+    async def strip(self, slot: Slot) -> None:
+        """Removes all of a slot whose container is gone but its network: the disk (unmounted,
+        detached, its image deleted) and every file of the slot's directory, which then holds only a
+        ``slot.json`` saying so (an agent restarted meanwhile reclaims it as any unowned slot)."""
+        mounts.unmount(slot.rootfs_dir)
+        await rootdisks.detach(slot.disk)
+        slot.disk.image_path.unlink(missing_ok=True)
+        await asyncio.to_thread(shutil.rmtree, slot.dir, True)
+        slot.dir.mkdir(parents=True)
+        slot.disk = Disk(slot.disk.image_path, slot.dir / "disk", self.fs)
+        slot.disk_mib, slot.parked = 0, None
+        slot.save()
+
+    async def recycle(self, slot: Slot) -> bool:
+        """Keeps a stripped slot's network for the next ``build`` when it is pristine
+        (``NetworkManager.pristine``: the namespace never carried a packet, holds no socket and has
+        only what ``create`` made) and fewer than ``RECYCLE_MAX`` wait; else destroys it. Called once
+        nothing refers to the network any more (the sandbox's egress rules are gone)."""
+        if len(self._recycled) < RECYCLE_MAX and await self._in_network_thread(
+            self.network.pristine, slot.network
+        ):
+            self._recycled.append(slot)
+            return True
+        await self.destroy(slot)
+        return False
+
+    @property
+    def recycled_count(self) -> int:
+        return len(self._recycled)
+
+    async def _rebuild(self, slot: Slot, disk_mib: int, images_dir: Path | None, *, with_disk: bool) -> Slot:
+        """A new slot on a recycled one's network: a new disk (a clone of the blank, as ``build``
+        makes), the same slot id, namespace, veth and address."""
+        slot.disk = Disk(self._image_path(slot.id, images_dir), slot.dir / "disk", self.fs)
+        slot.disk_mib = disk_mib
+        try:
+            await _finish_even_if_cancelled(
+                self._build_disk(slot.disk, disk_mib, images_dir, with_disk=with_disk)
+            )
+            slot.rootfs_dir.mkdir(exist_ok=True)
+            slot.save()
+        except BaseException:
+            await _finish_even_if_cancelled(self.destroy(slot))
+            raise
+        return slot
 
     def load_all(self) -> list[Slot]:
         slots: list[Slot] = []
@@ -942,6 +1008,8 @@ class SlotPool:
         self.images: ImagePools | None = None
         #: The disk the last create asked for (``take``, ``take_snapshot``); the pool's until one did.
         self.last_disk_mib = disk_mib
+        #: Slots stripped by ``retire``, by the sandbox they served, waiting for ``recycle``.
+        self._retired: dict[str, Slot] = {}
 
     def configure_images(self, config: ImagePoolConfig) -> None:
         """Turns the per-image pools on (before ``start``), where this runtime parks and has a pool."""
@@ -994,6 +1062,8 @@ class SlotPool:
     async def close(self) -> None:
         if self.images is not None:
             await self.images.close()
+        while self._retired:
+            await self.factory.destroy(self._retired.popitem()[1])
         await self.warm.close()
 
     async def take(self, disk_mib: int, rootfs: Path) -> Taken:
@@ -1074,6 +1144,20 @@ class SlotPool:
     async def destroy(self, slot: Slot) -> None:
         """Removes every part of a slot whose container is gone."""
         await self.factory.destroy(slot)
+
+    async def retire(self, slot: Slot, owner: str) -> None:
+        """The first half of a destroy that may recycle the slot's network: everything of the slot
+        but its network goes now (``SlotFactory.strip``); ``recycle(owner)`` decides, once the
+        sandbox's egress rules are gone too, whether the network serves the next slot."""
+        await self.factory.strip(slot)
+        self._retired[owner] = slot
+
+    async def recycle(self, owner: str) -> None:
+        """The second half: the retired slot's network goes to the next slot built, if it is
+        pristine, else it is destroyed. A slot retired and never recycled is destroyed at ``close``."""
+        slot = self._retired.pop(owner, None)
+        if slot is not None:
+            await self.factory.recycle(slot)
 
     async def reclaim(self, owned: set[str], kept_images: set[str]) -> None:
         """Removes the slots (warm, parked or half-made) whose id is not in ``owned``, stopping what is

@@ -63,6 +63,8 @@ class VolumeMeta:
     id: str
     size_mib: int
     holders: list[Holder] = field(default_factory=list)
+    #: A snapshot's copy (``include_volumes``): the snapshot it belongs to; nothing mounts it.
+    snapshot_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +75,7 @@ class VolumeMeta:
             id=str(data["id"]),
             size_mib=int(data["size_mib"]),
             holders=[Holder(**holder) for holder in data.get("holders", [])],
+            snapshot_id=str(data["snapshot_id"]) if data.get("snapshot_id") else None,
         )
 
 
@@ -162,7 +165,11 @@ class VolumeStore:
             image = partial / "volume.img"
             with open(image, "wb") as out:
                 out.truncate(size_mib * MIB)
-            await run(["mkfs.xfs", "-q", "-f", "-L", "pdk-volume", str(image)])
+            # 4 KiB sectors: the loop device has direct I/O, so it takes the logical sector size of
+            # what holds the file (4 KiB on a 4Kn disk, or in an XFS on a direct-I/O loop such as the
+            # disk store), and an XFS made with 512-byte sectors does not mount on that; 4 KiB mounts
+            # on either.
+            await run(["mkfs.xfs", "-q", "-f", "-s", "size=4096", "-L", "pdk-volume", str(image)])
             (partial / "mnt").mkdir(mode=0o755)
             meta = VolumeMeta(id=volume_id, size_mib=size_mib)
             (partial / "volume.json").write_text(json.dumps(meta.to_json()))
@@ -174,9 +181,12 @@ class VolumeStore:
             raise
         return meta
 
-    async def clone(self, source_id: str, target_id: str) -> tuple[VolumeMeta, bool]:
+    async def clone(
+        self, source_id: str, target_id: str, *, snapshot_id: str | None = None
+    ) -> tuple[VolumeMeta, bool]:
         """A new volume ``target_id`` holding ``source_id``'s filesystem as it is at this instant (a
-        fork's ``include_volumes``), and whether its file shares the source's blocks (``FICLONE``,
+        fork's or a snapshot's ``include_volumes``, a boot from such a snapshot; ``snapshot_id`` marks
+        a snapshot's own copy), and whether its file shares the source's blocks (``FICLONE``,
         constant time) rather than being a copy of its data (a state filesystem without reflink).
 
         While a sandbox holds the source, its host mount is frozen (``FIFREEZE``: writers wait, and
@@ -198,7 +208,7 @@ class VolumeStore:
                 _copy_image, image, partial / "volume.img", frozen, self.directory
             )
             (partial / "mnt").mkdir(mode=0o755)
-            meta = VolumeMeta(id=target_id, size_mib=source.size_mib)
+            meta = VolumeMeta(id=target_id, size_mib=source.size_mib, snapshot_id=snapshot_id)
             (partial / "volume.json").write_text(json.dumps(meta.to_json()))
             await asyncio.to_thread(_fsync_file, partial / "volume.img")
             partial.replace(self._dir(target_id))

@@ -118,6 +118,13 @@ class VolumeDrive:
     mount_path: str
     read_only: bool
 
+    def to_json(self) -> dict[str, Any]:
+        return {"image": str(self.image), "mount_path": self.mount_path, "read_only": self.read_only}
+
+    @classmethod
+    def of_json(cls, data: dict[str, Any]) -> VolumeDrive:
+        return cls(Path(str(data["image"])), str(data["mount_path"]), bool(data["read_only"]))
+
 
 def volume_args(drives: Sequence[VolumeDrive]) -> tuple[list[str], str]:
     """QEMU's ``-drive``/``-device`` arguments for ``drives`` and the guest's ``paddock.vol=`` words
@@ -176,6 +183,9 @@ class _Handle:
     ticks: int = 0
     #: Local volumes given at its boot (drives of its machine and mounts in its memory).
     volumes: int = 0
+    #: Those drives, in their order on the machine: a restore of its memory (a wake) must give the same
+    #: drives at the same places. Empty with ``volumes`` set: a VM an older agent booted.
+    drives: tuple[VolumeDrive, ...] = ()
 
     @property
     def overlay(self) -> Path:
@@ -212,6 +222,7 @@ class _Handle:
             "pid": self.pid,
             "ticks": self.ticks,
             "volumes": self.volumes,
+            "drives": [drive.to_json() for drive in self.drives],
         }
 
     @classmethod
@@ -233,6 +244,7 @@ class _Handle:
             data["pid"],
             data["ticks"],
             int(data.get("volumes", 0)),
+            tuple(VolumeDrive.of_json(drive) for drive in data.get("drives", ())),
         )
 
 
@@ -395,7 +407,7 @@ class QemuRuntime(SandboxRuntime):
             self._build_in_background(key, base_disk)
         handle = await self._new_handle(spec.id, None)
         handle.base_disk = base_disk
-        handle.volumes = len(drives)
+        handle.volumes, handle.drives = len(drives), drives
         try:
             await self._create_overlay(handle)
             boot = _Boot(spec.shape.vcpu, spec.shape.mem_mib, spec.name, extra=drive_argv, append=drive_words)
@@ -732,9 +744,11 @@ class QemuRuntime(SandboxRuntime):
         return self.vm_dir / "hibernated"
 
     def refuse_hibernation(self, record: SandboxRecord) -> None:
-        """A VM holding a volume has it mounted in its memory: kept and restored, the volume would have
-        to be given back as the same drive; not done (a frozen pause keeps it)."""
-        if _Handle.of(record).volumes:
+        """A VM holding a volume has it mounted in its memory: its wake gives the same drives back at
+        the same places (``_Handle.drives``; the volume stays held by the sandbox meanwhile, so nothing
+        else writes it). A VM an older agent booted did not record its drives, and is refused."""
+        handle = _Handle.of(record)
+        if handle.volumes and len(handle.drives) != handle.volumes:
             raise TierUnsupportedError("vm", f"{HIBERNATE} that holds a volume", VOLUME_HELD)
 
     async def hibernate(self, record: SandboxRecord) -> dict[str, Any]:
@@ -772,6 +786,8 @@ class QemuRuntime(SandboxRuntime):
                 "host": {name: getattr(host, name) for name in vmsaved.HOST_FIELDS},
                 "hibernated_at": time.time(),
                 "was_paused": was_paused,
+                # QEMU's migration flushed the drives: each volume's file holds what the guest wrote.
+                "drives": [drive.to_json() for drive in handle.drives],
             }
             await asyncio.to_thread(_seal_hibernation, partial, final, meta)
         except BaseException:
@@ -822,16 +838,23 @@ class QemuRuntime(SandboxRuntime):
         if not (memory.is_file() and disk.is_file() and base_disk.is_file()):
             raise DriverError(f"the kept memory or disk of sandbox {record.id} is missing on this host")
         vcpu, mem_mib, disk_mib = int(meta["vcpu"]), int(meta["mem_mib"]), int(meta["disk_mib"])
+        drives = tuple(VolumeDrive.of_json(drive) for drive in meta.get("drives", ()))
+        missing = [str(drive.image) for drive in drives if not drive.image.is_file()]
+        if missing:
+            raise DriverError(f"the volumes of sandbox {record.id} are missing on this host: {missing}")
+        drive_argv, drive_words = volume_args(drives)  # the same machine as the one saved
         phases = _Phases()
         handle = await self._new_handle(
             record.id, None, prefer_ip=str(meta.get("ip") or ""), mac=str(meta["mac"])
         )
         handle.base_disk, handle.qemu_mac, handle.boot = base_disk, str(meta["qemu_mac"]), WOKEN
+        handle.volumes, handle.drives = len(drives), drives
         phases.mark("network")
         try:
             await run(["cp", "--reflink=auto", "--sparse=always", str(disk), str(handle.overlay)])
             phases.mark("disk")
-            await self._load_memory(spec, handle, _Boot(vcpu, mem_mib, spec.name, incoming=memory), phases)
+            boot = _Boot(vcpu, mem_mib, spec.name, incoming=memory, extra=drive_argv, append=drive_words)
+            await self._load_memory(spec, handle, boot, phases)
             woken = self._record(spec, handle)
             woken.vcpu, woken.mem_mib, woken.disk_mib = vcpu, mem_mib, disk_mib
             if on_network is not None:

@@ -20,12 +20,14 @@ router = APIRouter(
 
 @router.post("/hosts/heartbeat")
 async def heartbeat(beat: Heartbeat, _: HostAuthDep, services: ServicesDep) -> dict[str, Any]:
+    body = beat.model_dump()
     async with transaction(services.sessions) as session:
-        await hosts.record_heartbeat(session, beat.model_dump(), services.clock())
+        await hosts.record_heartbeat(session, body, services.clock())
         overlay = await hosts.overlay_peers(session, beat.id)
+    answer: dict[str, Any] = {"ok": True, "overlay": overlay}
     if services.on_heartbeat is not None:
-        await services.on_heartbeat(beat.model_dump())
-    return {"ok": True, "overlay": overlay}
+        answer.update(await services.on_heartbeat(body) or {})
+    return answer
 
 
 @router.post("/hosts/{host_id}/drain")

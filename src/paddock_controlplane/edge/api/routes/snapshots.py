@@ -38,9 +38,7 @@ async def list_snapshots(principal: PrincipalDep, session: SessionDep, page: Pag
 @router.get("/v1/snapshots/{ref}")
 async def get(ref: str, request: Request, principal: PrincipalDep, session: SessionDep) -> dict[str, Any]:
     mark(request, ref)
-    return envelope.success(
-        snapshots.snapshot_view(await snapshots.get_owned(session, principal.user_id, ref))
-    )
+    return envelope.success(await snapshots.detail(session, principal.user_id, ref))
 
 
 @router.delete("/v1/snapshots/{ref}")
