@@ -180,7 +180,14 @@ def test_a_dir_without_an_owner_lock_goes_only_when_quiet_for_hours_and_named_by
     env = dict(os.environ, PADDOCK_CP_DATA_DIR=str(directory))
     control_plane = subprocess.Popen(["sleep", "600"], env=env)
     try:
-        assert sweep.sweep(tmp_path) == []  # a process runs with it as its data dir
+        environ = Path(f"/proc/{control_plane.pid}/environ")
+        deadline = time.monotonic() + 10
+        while str(directory).encode() not in environ.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)  # a loaded box may show the child before its exec has set its environment
+        assert str(directory).encode() in environ.read_bytes(), "the stand-in control plane never ran"
+        swept = sweep.sweep(tmp_path)
+        assert control_plane.poll() is None, "the stand-in control plane ended during the sweep"
+        assert swept == []  # a process runs with it as its data dir
     finally:
         control_plane.kill()
         control_plane.wait()

@@ -139,7 +139,8 @@ def create_app(settings: ControlPlaneSettings, *, clock: Clock = utcnow) -> Fast
         app.state.services = services
 
         async def on_heartbeat(beat: dict[str, Any]) -> dict[str, Any] | None:
-            hostlink.forget_if_moved(services, str(beat["id"]), str(beat["url"]))
+            runtime = (beat.get("labels") or {}).get("paddock.io/runtime")
+            hostlink.forget_if_changed(services, str(beat["id"]), str(beat["url"]), runtime)
             summary = await host_reports.apply_host_report(services, beat)
             return {"hibernated_summary": summary} if summary is not None else None
 

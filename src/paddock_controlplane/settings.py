@@ -78,6 +78,11 @@ class ControlPlaneSettings(DatabaseSettingsMixin, ServiceSettings):
     default_bandwidth_quota_bytes: int = 5 * 1024**3
     #: Boot deadline for create.
     boot_timeout_s: float = 45.0
+    #: Boot deadline for a create or fork on a VM host (qemu): a TCG boot on a loaded host takes far
+    #: longer than a container's, and the host's own deadline (``PADDOCK_HOST_VM_BOOT_TIMEOUT_S``, 60 s
+    #: for the guest to answer, after its disk is made) must end first, so that its reason is the one a
+    #: caller reads, and a boot the host would finish is not abandoned.
+    vm_boot_timeout_s: float = Field(default=120.0, gt=0)
     #: How long destroyed/failed rows stay readable.
     retention_destroyed_h: int = 24
     #: The audit trail (docs/audit.md): events older than this go, and each sandbox keeps its newest

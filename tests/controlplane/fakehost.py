@@ -41,6 +41,7 @@ class FakeHostLink(FakeProcesses):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[str, str]] = []
+        self.runtime: str | None = None
         self.ips = (f"10.88.0.{n}" for n in itertools.count(2))
         self.fail_boot = False
         self.fail_network = False

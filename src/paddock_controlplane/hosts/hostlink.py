@@ -193,6 +193,11 @@ class HostLinkAPI(Protocol):
     agent's client; the control plane's unit tests implement it with a fake (tests/controlplane/
     fakehost.py), which mypy holds to this declaration."""
 
+    #: The host's runtime (``paddock.io/runtime``) when its link was made: a VM host's boots get the
+    #: longer deadline (``vm_boot_timeout_s``). A host that comes back under another runtime gets a
+    #: new link (:func:`forget_if_changed`).
+    runtime: str | None
+
     async def create(
         self,
         sandbox: Sandbox,
@@ -309,9 +314,10 @@ class HostLinkAPI(Protocol):
 
 
 class HostLink(HostLinkAPI):
-    def __init__(self, url: str, client: hostclient.HostAgentClient) -> None:
+    def __init__(self, url: str, client: hostclient.HostAgentClient, runtime: str | None = None) -> None:
         self.url = url
         self.client = client
+        self.runtime = runtime
 
     async def aclose(self) -> None:
         """Closes the client: its HTTP sessions and its kept channel."""
@@ -677,18 +683,20 @@ async def for_host(services: Services, host_id: str | None) -> HostLink:
             hostclient.HostAgentClient(
                 host.url, services.settings.host_token.get_secret_value(), request_id=current_request_id
             ),
+            runtime=(host.labels or {}).get("paddock.io/runtime"),
         )
         links[host_id] = link
     return link
 
 
-def forget_if_moved(services: Services, host_id: str, url: str) -> None:
-    """A host that re-registers at another address gets a fresh client; the old one is closed (its
-    HTTP sessions and its kept channel, which would otherwise stay open until the far end or the
-    channel's ping gave up). Calls still in flight to the old address fail as the move made them."""
+def forget_if_changed(services: Services, host_id: str, url: str, runtime: str | None) -> None:
+    """A host that re-registers at another address, or under another runtime, gets a fresh link; the
+    old one's client is closed (its HTTP sessions and its kept channel, which would otherwise stay open
+    until the far end or the channel's ping gave up). Calls still in flight to the old address fail as
+    the move made them."""
     links = services.hostlinks
     link = links.get(host_id)
-    if link is not None and link.url != url:
+    if link is not None and (link.url != url or link.runtime != runtime):
         links.pop(host_id, None)
         services.tasks.spawn(link.aclose(), name=f"close the old link to {host_id}")
 

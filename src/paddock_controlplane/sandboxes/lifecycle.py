@@ -495,7 +495,7 @@ async def boot(
         if fork_of is None:  # a template's image this host lacks comes first (not within the boot time)
             await templates.ensure_image(services, link, str(sandbox.host_id), sandbox.rootfs)
             await snapshots.ensure_on_host(services, link, str(sandbox.host_id), sandbox.rootfs)
-        async with asyncio.timeout(services.settings.boot_timeout_s):
+        async with asyncio.timeout(boot_deadline_s(services, link)):
             memberships = await networks.boot_memberships(services, sandbox.id) if joined else []
             if fork_of is None:
                 mounts = await disks.boot_mounts(services, sandbox) if with_disks else []
@@ -582,6 +582,13 @@ async def boot(
         except (hostlink.HostError, hostlink.SandboxGoneError) as exc:
             log.warning("egress_resend_failed", sandbox_id=row.id, error=str(exc))
     return row
+
+
+def boot_deadline_s(services: Services, link: hostlink.HostLinkAPI) -> float:
+    """How long a boot on ``link``'s host may take: a VM host's is longer (``vm_boot_timeout_s``)."""
+    if link.runtime in hosts.VM_RUNTIMES:
+        return services.settings.vm_boot_timeout_s
+    return services.settings.boot_timeout_s
 
 
 #: A row a destroy has taken (or finished) while its boot was in flight.

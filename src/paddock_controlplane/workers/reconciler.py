@@ -274,10 +274,10 @@ ORPHANED_BOOT_REASON = "the control plane handling this create stopped before th
 class OrphanedBoots:
     """Reconciler pass: a create (``creating``) or a fork child (``forking``) whose control-plane
     process died before the host answered stays there, since a boot's outcome is only ever recorded
-    by the process that asked. A live process ends every boot within its deadline (``boot_timeout_s``;
-    a template's image fetch comes first and has its own bound), so a row older than that plus
-    ``ORPHAN_AFTER_S`` (from its ``created_at``, so a control plane started since sees it too) has no
-    one left to record it. Its host is asked what became of it:
+    by the process that asked. A live process ends every boot within its deadline (``boot_timeout_s``,
+    ``vm_boot_timeout_s`` on a VM host; a template's image fetch comes first and has its own bound), so
+    a row older than that plus ``ORPHAN_AFTER_S`` (from its ``created_at``, so a control plane started
+    since sees it too) has no one left to record it. Its host is asked what became of it:
 
     - it holds the sandbox running or paused (the host finished the boot after the asker died): the
       sandbox is adopted in that status, as the boot would have recorded it (its address, its
@@ -299,7 +299,9 @@ class OrphanedBoots:
 
     async def __call__(self, session: AsyncSession, services: Services) -> None:
         now = services.clock()
-        deadline_s = services.settings.boot_timeout_s + ORPHAN_AFTER_S
+        settings = services.settings
+        deadline_s = settings.boot_timeout_s + ORPHAN_AFTER_S
+        vm_longer_s = max(0.0, settings.vm_boot_timeout_s - settings.boot_timeout_s)
         rows = (
             await session.scalars(
                 select(Sandbox).where(Sandbox.status.in_((SandboxStatus.CREATING, SandboxStatus.FORKING)))
@@ -309,8 +311,13 @@ class OrphanedBoots:
             bound_s = deadline_s
             if sandbox.status == SandboxStatus.CREATING and sandbox.rootfs.startswith("tpl_"):
                 bound_s += IMAGE_FETCH_BOUND_S
-            if (now - as_utc(sandbox.created_at)).total_seconds() < bound_s or sandbox.id in self.asking:
+            age_s = (now - as_utc(sandbox.created_at)).total_seconds()
+            if age_s < bound_s or sandbox.id in self.asking:
                 continue
+            if age_s < bound_s + vm_longer_s and sandbox.host_id is not None:
+                host = await session.get(Host, sandbox.host_id)  # read only for a row past the short bound
+                if hosts.runtime_of(host) in hosts.VM_RUNTIMES:
+                    continue
             self.asking.add(sandbox.id)
             services.tasks.spawn(
                 self._settle(services, sandbox.id, sandbox.status, sandbox.host_id),

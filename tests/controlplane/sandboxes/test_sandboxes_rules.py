@@ -241,6 +241,23 @@ async def test_boot_failure_is_500_and_row_failed(api: httpx.AsyncClient, fake_h
     assert len(rows) == 1 and rows[0]["status"] == "failed"
 
 
+async def test_a_vm_hosts_boot_has_the_longer_deadline(
+    api: httpx.AsyncClient, fake_host: FakeHostLink, controlplane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TCG boot on a loaded VM host outlasts a container's deadline (CI saw 45 s go by); the control
+    plane must not give up on a boot the host would finish."""
+    monkeypatch.setattr(controlplane.settings, "boot_timeout_s", 0.3)
+    monkeypatch.setattr(controlplane.settings, "vm_boot_timeout_s", 10.0)
+    fake_host.boot_delay_s = 1.0
+    slow_container = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
+    assert slow_container.status_code == 500, slow_container.text
+    assert "boot deadline exceeded" in slow_container.json()["message"]
+    fake_host.runtime = "qemu"
+    slow_vm = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
+    assert slow_vm.status_code == 200, slow_vm.text
+    assert slow_vm.json()["data"]["status"] == "running"
+
+
 async def test_lifecycle_pause_resume_destroy(api: httpx.AsyncClient, fake_host: FakeHostLink) -> None:
     sid = (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"]
     paused = (await api.post(f"/v1/sandboxes/{sid}/pause")).json()["data"]

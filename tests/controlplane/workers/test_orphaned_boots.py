@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from paddock_controlplane.hosts import hostlink
-from paddock_controlplane.records.models import Sandbox, WebhookDelivery
+from paddock_controlplane.records.models import Host, Sandbox, WebhookDelivery
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.workers import reconciler
 from paddock_core.db import transaction
@@ -166,5 +166,28 @@ async def test_a_template_boot_is_given_its_image_fetch_as_well(clocked: Clocked
         await clocked.reconcile(reconciler.OrphanedBoots())
         assert (await http.get(f"/v1/sandboxes/{sandbox_id}")).json()["data"]["status"] == "creating"
         clocked.clock.advance(reconciler.IMAGE_FETCH_BOUND_S)
+        await clocked.reconcile(reconciler.OrphanedBoots())
+        assert (await http.get(f"/v1/sandboxes/{sandbox_id}")).json()["data"]["status"] == "failed"
+
+
+async def test_a_boot_on_a_vm_host_is_given_the_vm_deadline(clocked: Clocked) -> None:
+    _, http = await user_client(clocked)
+    async with http:
+        sandbox_id = await _create(http)
+        async with transaction(clocked.services.sessions) as session:
+            row = await session.get(Sandbox, sandbox_id)
+            assert row is not None and row.host_id is not None
+            await session.execute(
+                update(Host).where(Host.id == row.host_id).values(labels={"paddock.io/runtime": "qemu"})
+            )
+        await _left_in(clocked, sandbox_id, "creating")
+        clocked.host.held.pop(sandbox_id)
+        _past_the_deadline(clocked)
+        await clocked.reconcile(reconciler.OrphanedBoots())
+        # Past a container's deadline, a VM's boot may still be recorded by the process running it.
+        assert (await http.get(f"/v1/sandboxes/{sandbox_id}")).json()["data"]["status"] == "creating"
+        assert ("inspect", sandbox_id) not in clocked.host.calls
+        settings = clocked.services.settings
+        clocked.clock.advance(settings.vm_boot_timeout_s - settings.boot_timeout_s)
         await clocked.reconcile(reconciler.OrphanedBoots())
         assert (await http.get(f"/v1/sandboxes/{sandbox_id}")).json()["data"]["status"] == "failed"
