@@ -191,13 +191,18 @@ class AgentProcess:
             time.sleep(0.05)
         raise RuntimeError(f"host agent did not start:\n{self.log_tail()}")
 
-    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 60.0) -> None:
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 120.0) -> None:
+        """Stops the agent; one that has not stopped within ``timeout_s`` is killed. An agent's stop
+        is bounded (10 s for open requests, 30 s for its pools' slots being built, then the parked
+        slots' removal), and a loaded CI box has taken over 60 s: a kill leaves its slots behind."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.send_signal(sig)
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            # Shown with the failing test (the leftovers check fails next), before the log goes.
+            print(f"host agent {self.state_dir.name} did not stop in {timeout_s:.0f} s:\n{self.log_tail(60)}")
             self.process.kill()
             self.process.wait()
 

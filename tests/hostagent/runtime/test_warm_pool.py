@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from paddock_hostagent.drivers.runtime.pool import SlotFactory, WarmPool
+from paddock_hostagent.drivers.runtime.pool import ImagePools, SlotFactory, SlotPool, WarmPool
 from paddock_hostagent.drivers.storage import mounts, rootdisks
 
 
@@ -260,3 +260,32 @@ async def test_a_stop_that_outlasts_a_parking_removes_the_slot_being_parked(no_m
     assert pool.free_count == 0
     assert sorted(factory.destroyed_ids + parker.discarded) == sorted(slot.id for slot in factory.slots)
     assert parker.parking[0].id in factory.destroyed_ids
+
+
+async def test_a_runtimes_pools_stop_building_side_by_side(no_mounts: None) -> None:
+    """An agent stopped while both its default pool and its per-image pools are parking: each waits
+    ``close_wait_s`` for what it has under way, and the two waits overlap. One after the other, a loaded
+    CI box's agent stop outlasted the 60 s it was given, was killed and left its parked slots behind."""
+    factory = _Factory()
+    slots = SlotPool(
+        cast(SlotFactory, factory),
+        3,
+        1024,
+        runtime=cast(Any, None),
+        busy=lambda: False,
+        parks=False,
+        pool_rootfs=None,
+    )
+    parkers = [_EndlessParker(), _EndlessParker()]
+    slots.warm, images = (_pool(factory, 2, [False], parker) for parker in parkers)
+    slots.images = cast(ImagePools, images)  # a pool with the same stop as the per-image pools'
+    for pool in (slots.warm, images):
+        pool.close_wait_s = 1.0
+        pool.start()
+    await _until(lambda: all(parker.parking for parker in parkers), "no parking began")
+    started = asyncio.get_running_loop().time()
+    await slots.close()
+    assert asyncio.get_running_loop().time() - started < 1.8  # one wait, not two
+    assert sorted(factory.destroyed_ids + parkers[0].discarded + parkers[1].discarded) == sorted(
+        slot.id for slot in factory.slots
+    )

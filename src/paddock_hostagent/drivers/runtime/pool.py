@@ -635,11 +635,12 @@ class WarmPool:
         while self.busy() and not self._closing and loop.time() < deadline:
             await asyncio.sleep(self.busy_poll_s)
 
-    async def close(self) -> None:
-        """Lets a slot being built finish (so nothing is half made), then removes the free slots."""
+    async def stop_building(self) -> None:
+        """Lets a slot being built finish (so nothing is half made), for at most ``close_wait_s``, and
+        builds no more."""
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
-            self._closing = True
-            self._wake.set()
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), self.close_wait_s)
             except TimeoutError:
@@ -647,6 +648,10 @@ class WarmPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    async def close(self) -> None:
+        """Stops building (``stop_building``), then removes the free slots."""
+        await self.stop_building()
         while self._free:
             await self._remove(self._free.pop())  # a parked sandbox is stopped with its slot
         self._unmounted.clear()
@@ -959,7 +964,8 @@ class ImagePools:
         while self.busy() and not self._closing and time.monotonic() < deadline:
             await asyncio.sleep(WarmPool.busy_poll_s)
 
-    async def close(self) -> None:
+    async def stop_building(self) -> None:
+        """Lets the sandbox being parked finish, for at most ``WarmPool.close_wait_s``, and parks no more."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
@@ -970,6 +976,9 @@ class ImagePools:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    async def close(self) -> None:
+        await self.stop_building()
         while self._free:
             await self.parking.discard(self._free.pop()[1])
 
@@ -1060,6 +1069,12 @@ class SlotPool:
             self.images.start()
 
     async def close(self) -> None:
+        # Both pools stop building side by side, so that what each has under way gets one wait: one
+        # after the other, a loaded host's stop could wait ``close_wait_s`` twice, past what a service
+        # manager (or the tests) gives a stop before killing it, which leaves the parked slots behind.
+        await asyncio.gather(
+            self.warm.stop_building(), *([self.images.stop_building()] if self.images is not None else [])
+        )
         if self.images is not None:
             await self.images.close()
         while self._retired:
