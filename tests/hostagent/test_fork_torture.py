@@ -35,6 +35,7 @@ from paddock_hostagent.drivers.storage.rootdisks import Disk, DiskNotCleanError
 from paddock_hostagent.drivers.system.commands import run_sync
 from paddock_hostagent.schemas import ForkBody
 from tests.hostagent.conftest import DISK_MIB, AgentProcess, Sandboxes, run, sandbox_cgroup_dirs, sh
+from tests.loopdevices import wait_released
 
 pytestmark = pytest.mark.root
 
@@ -368,6 +369,8 @@ async def _disk(store: Path, name: str, mib: int, *, mounted: bool = True) -> Di
 
 
 def _repair(image: Path) -> subprocess.CompletedProcess[str]:
+    # A copy of its mount held by a namespace made meanwhile keeps the log dirty until it goes.
+    assert wait_released(image), f"{image} is still held by a loop device"
     return subprocess.run(["xfs_repair", "-n", "-f", str(image)], capture_output=True, text=True, check=False)
 
 

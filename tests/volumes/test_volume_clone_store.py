@@ -7,7 +7,6 @@ volume takes no room and no time that grows with what the volume holds."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import time
@@ -19,6 +18,7 @@ import pytest
 from paddock_hostagent.drivers.storage import loops, mounts
 from paddock_hostagent.drivers.storage.volumes import VolumeStore
 from paddock_hostagent.drivers.system.commands import run
+from tests.loopdevices import wait_released
 
 pytestmark = [
     pytest.mark.root,
@@ -68,23 +68,9 @@ async def reflink_store(tmp_path: Path) -> AsyncIterator[VolumeStore]:
             mounts.unmount(state)
     finally:
         await loops.detach(device)
-    # A mount namespace made meanwhile (another test's container, before its pivot_root drops the
-    # host's mounts) holds a copy of the XFS for a moment: the device is then only marked to go when
-    # that copy does (autoclear), so the check waits for it, bounded.
-    deadline = time.monotonic() + 60
-    while str(backing) in loops_backing_files() and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    assert str(backing) not in loops_backing_files()
-
-
-def loops_backing_files() -> set[str]:
-    found = set()
-    for path in Path("/sys/block").glob("loop*/loop/backing_file"):
-        try:
-            found.add(path.read_text().strip().removesuffix(" (deleted)"))
-        except OSError:
-            continue
-    return found
+    assert wait_released(
+        backing
+    )  # a copy of the mount held elsewhere goes in a moment (tests/loopdevices.py)
 
 
 async def _copy_of_a_mounted_volume(store: VolumeStore) -> bool:
