@@ -236,8 +236,10 @@ def install(app: FastAPI, contract: Contract) -> None:
             app.openapi_schema = document(base, contract)
         return app.openapi_schema
 
+    # Made on the first read (the document's route, a client generator), then kept: making it takes
+    # ~0.3 s of CPU, which every app a process creates would otherwise pay at once (the test suite
+    # creates hundreds).
     app.openapi = openapi  # type: ignore[method-assign]
-    openapi()  # now: a service that serves the document from its own route reads the cached one
     render = app.exception_handlers.get(StarletteHTTPException)
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:

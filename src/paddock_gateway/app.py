@@ -258,7 +258,7 @@ def create_app(
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi_document() -> dict[str, Any]:
-        return openapi()
+        return app.openapi()  # the document as ``contract_openapi.install`` rewrites it, made on first read
 
     contract_openapi.install(app, CONTRACT)  # error bodies on every status, no 422, Allow on 405
 
