@@ -32,6 +32,8 @@ class HostConnection(Protocol):
     even for an annotation (hostlink imports this module)."""
 
     url: str
+    #: The host's runtime label when the link was made (a VM host's boots get a longer deadline).
+    runtime: str | None
 
     async def aclose(self) -> None: ...
 

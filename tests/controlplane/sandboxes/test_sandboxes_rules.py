@@ -242,7 +242,10 @@ async def test_boot_failure_is_500_and_row_failed(api: httpx.AsyncClient, fake_h
 
 
 async def test_a_vm_hosts_boot_has_the_longer_deadline(
-    api: httpx.AsyncClient, fake_host: FakeHostLink, controlplane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+    api: httpx.AsyncClient,
+    fake_host: FakeHostLink,
+    controlplane: ControlPlane,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A TCG boot on a loaded VM host outlasts a container's deadline (CI saw 45 s go by); the control
     plane must not give up on a boot the host would finish."""
