@@ -41,7 +41,7 @@ import pytest_asyncio
 
 from paddock_hostagent.drivers.base import RuntimeState, SandboxRecord, SandboxSpec, Shape
 from paddock_hostagent.drivers.net.egress_rules import EgressFirewall, EgressPolicy
-from paddock_hostagent.drivers.net.network import NetworkManager
+from paddock_hostagent.drivers.net.network import NETNS_DIR, VETH_PREFIX, NetworkManager
 from paddock_hostagent.drivers.vm.qemu import CONSOLE_FILE_BYTES, QemuOptions, QemuRuntime
 from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from paddock_hostagent.guest import GuestClient
@@ -159,6 +159,18 @@ async def test_create_boots_its_own_kernel_with_the_sandboxs_identity(tier: Tier
         vm, "cat /proc/net/fib_trie | grep -B1 '/32 host LOCAL' | grep -o '[0-9.]*' | sort -u"
     )
     assert vm.ip in out.split()
+
+
+async def test_qemu_runs_in_the_slots_network_namespace_and_the_hosts_mounts(
+    tier: Tier, vm: SandboxRecord
+) -> None:
+    """QEMU enters only the slot's network namespace. Under ``ip netns exec`` it had a mount namespace of
+    its own, a copy of every host mount at its start: on a host whose mounts do not propagate, other
+    sandboxes' disks stayed mounted in it (their loop devices bound) for as long as the VM ran."""
+    pid = int(vm.driver_state["pid"])
+    slot_netns = NETNS_DIR / f"{VETH_PREFIX}-{vm.driver_state['slot']}"
+    assert os.stat(f"/proc/{pid}/ns/net").st_ino == slot_netns.stat().st_ino
+    assert os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
 
 
 async def test_the_guest_console_on_the_host_stays_bounded_whatever_root_writes_to_it(

@@ -120,7 +120,16 @@ class FakeInternet:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
             with open(self.log_path, "wb") as log:
                 self.process = subprocess.Popen(
-                    ["ip", "netns", "exec", self.netns, sys.executable, "-m", "tests.network.internet"],
+                    # nsenter, not ``ip netns exec``: no mount namespace of its own, whose copy of every
+                    # host mount would keep other tests' disks mounted while it runs (qemu.py).
+                    [
+                        "nsenter",
+                        f"--net=/run/netns/{self.netns}",
+                        "--",
+                        sys.executable,
+                        "-m",
+                        "tests.network.internet",
+                    ],
                     stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=log,

@@ -976,7 +976,11 @@ class QemuRuntime(SandboxRuntime):
             append = f"{append} {boot.append}"
         accel = ["-accel", "kvm", "-cpu", "host"] if handle.accel == "kvm" else ["-accel", "tcg,thread=multi"]
         argv = [
-            *("ip", "netns", "exec", net.netns, vmimage.qemu_binary()),
+            # Into the slot's network namespace only: ``ip netns exec`` also gives the process a mount
+            # namespace of its own, a copy of every host mount at that moment. On a host whose mounts do
+            # not propagate (``/`` private, as in a container) QEMU would hold every other sandbox's
+            # disk mounted for as long as the VM runs, long after those sandboxes were destroyed.
+            *("nsenter", f"--net=/run/netns/{net.netns}", "--", vmimage.qemu_binary()),
             *("-name", f"paddock-{handle.slot}", "-M", MACHINE, *accel),
             *("-m", str(boot.mem_mib), "-smp", str(boot.vcpu)),
             *("-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"),
