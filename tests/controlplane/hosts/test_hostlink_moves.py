@@ -19,16 +19,28 @@ FOR_HOST = hostlink.for_host
 async def test_a_host_that_moves_gets_a_new_link_and_the_old_one_is_closed(clocked: Clocked) -> None:
     services = clocked.services
     old = HostAgentClient("http://127.0.0.1:9", "token")
-    services.hostlinks["host-moving"] = hostlink.HostLink("http://127.0.0.1:9", old)
+    services.hostlinks["host-moving"] = hostlink.HostLink("http://127.0.0.1:9", old, runtime="crun")
 
-    hostlink.forget_if_moved(services, "host-moving", "http://127.0.0.1:9")  # same address: kept
+    hostlink.forget_if_changed(services, "host-moving", "http://127.0.0.1:9", "crun")  # the same: kept
     assert services.hostlinks["host-moving"].client is old
 
     before = set(services.tasks.running)
-    hostlink.forget_if_moved(services, "host-moving", "http://127.0.0.1:10")
+    hostlink.forget_if_changed(services, "host-moving", "http://127.0.0.1:10", "crun")
     assert "host-moving" not in services.hostlinks  # the next call builds one for the new address
     await asyncio.gather(*(set(services.tasks.running) - before))
     # Its HTTP sessions (and its kept channel) are closed, not left open until the far end gives up.
+    assert old._http.is_closed
+
+
+async def test_a_host_back_under_another_runtime_gets_a_new_link(clocked: Clocked) -> None:
+    """Its boots' deadline follows its runtime (a VM host's is longer), which the link holds."""
+    services = clocked.services
+    old = HostAgentClient("http://127.0.0.1:9", "token")
+    services.hostlinks["host-retiered"] = hostlink.HostLink("http://127.0.0.1:9", old, runtime="crun")
+    before = set(services.tasks.running)
+    hostlink.forget_if_changed(services, "host-retiered", "http://127.0.0.1:9", "qemu")
+    assert "host-retiered" not in services.hostlinks
+    await asyncio.gather(*(set(services.tasks.running) - before))
     assert old._http.is_closed
 
 
