@@ -6,6 +6,26 @@ import datetime as dt
 from typing import Any
 
 
+def host(
+    host_id: str, beat: dt.datetime, *, free_mib: int, total_mib: int, url: str = "", status: str = "active"
+) -> dict[str, Any]:
+    """A host's row that last beat at ``beat``, reporting ``free_mib`` of ``total_mib`` free."""
+    return {
+        "id": host_id,
+        "url": url or f"http://127.0.0.1:9/{host_id}",
+        "status": status,
+        "free_mib": free_mib,
+        "total_mib": total_mib,
+        "vm_count": 0,
+        "rootfses": ["debian:13"],
+        "buildable": [],
+        "labels": {},
+        "drained": False,
+        "last_heartbeat_at": beat,
+        "created_at": beat,
+    }
+
+
 def running_sandbox(
     sandbox_id: str,
     user_id: str,

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from paddock_controlplane.hosts import hosts
 from paddock_controlplane.records.models import Host
 from paddock_core.db import transaction
+from tests.controlplane.hosts import rows as rows_of
 
 pytestmark = pytest.mark.db
 
@@ -22,20 +23,7 @@ DEAD_AFTER_S = 15.0
 
 
 def host_row(host_id: str, status: str, beat: dt.datetime) -> dict[str, Any]:
-    return {
-        "id": host_id,
-        "url": f"http://127.0.0.1:9/{host_id}",
-        "status": status,
-        "free_mib": 1024,
-        "total_mib": 1024,
-        "vm_count": 0,
-        "rootfses": ["debian:13"],
-        "buildable": [],
-        "labels": {},
-        "drained": False,
-        "last_heartbeat_at": beat,
-        "created_at": beat,
-    }
+    return rows_of.host(host_id, beat, free_mib=1024, total_mib=1024, status=status)
 
 
 async def statuses(sessions: async_sessionmaker) -> dict[str, str]:  # type: ignore[type-arg]

@@ -37,20 +37,9 @@ async def seed_fleet(sessions: async_sessionmaker, now: dt.datetime, hosts: int)
             host_id = f"h-{index:03d}"
             total, reported = 64 * 1024, 8 * 1024 + (index * 7919) % 40 * 512
             host_rows.append(
-                {
-                    "id": host_id,
-                    "url": f"http://10.0.{index}.1:8081",
-                    "status": "active",
-                    "free_mib": reported,
-                    "total_mib": total,
-                    "vm_count": 0,
-                    "rootfses": ["debian:13"],
-                    "buildable": [],
-                    "labels": {},
-                    "drained": False,
-                    "last_heartbeat_at": beat,
-                    "created_at": beat,
-                }
+                rows_of.host(
+                    host_id, beat, free_mib=reported, total_mib=total, url=f"http://10.0.{index}.1:8081"
+                )
             )
             before, after = index % 5, (index * 3) % 4  # sandboxes placed before / since the report
             for n in range(before + after):

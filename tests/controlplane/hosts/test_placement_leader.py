@@ -34,22 +34,7 @@ async def test_the_leading_host_is_counted_alone_when_it_is_the_choice(
     async with transaction(sessions) as session:
         user = await accounts.create_user(session, plan_id="enterprise", signup_credits=1000)
         for host_id, count in held.items():
-            host_rows.append(
-                {
-                    "id": host_id,
-                    "url": f"http://127.0.0.1:9/{host_id}",
-                    "status": "active",
-                    "free_mib": total - count * 1024,
-                    "total_mib": total,
-                    "vm_count": 0,
-                    "rootfses": ["debian:13"],
-                    "buildable": [],
-                    "labels": {},
-                    "drained": False,
-                    "last_heartbeat_at": beat,
-                    "created_at": beat,
-                }
-            )
+            host_rows.append(rows_of.host(host_id, beat, free_mib=total - count * 1024, total_mib=total))
             sandbox_rows += [
                 rows_of.running_sandbox(
                     f"sbx-{host_id}-{n}", user.id, host_id, beat - dt.timedelta(seconds=30)
