@@ -242,25 +242,38 @@ def test_an_agent_started_over_a_table_that_dropped_past_the_budget_refuses_inst
     asyncio.run(scenario())
 
 
-def test_a_create_costs_about_the_same_beside_a_thousand_sandboxes(netns: str) -> None:
+def test_a_creates_nftables_cost_grows_a_few_times_not_a_thousand_times_beside_a_thousand_sandboxes(
+    netns: str,
+) -> None:
     """What a create asks of nftables: the guard elements network.py adds to its own table and the
     egress install. libnftables reads the chains and named objects of every table in the namespace
-    before each command; the chain-per-sandbox layout made both ~14 ms of CPU at 1,000 sandboxes
-    (0.2–0.6 ms beside one), the shared layout ~1.5 ms."""
+    before each command, so some growth with the sandbox count is inherent: each sandbox's named
+    quota adds to every later command (here ~1 ms beside ten, ~7 ms beside 1,000, ~2 ms of that the
+    quotas). The chain-per-sandbox layout grew 25-70x (~14 ms at 1,000, 0.2-0.6 ms beside one).
+
+    The bound is a ratio of CPU times measured in one run, not a time: a loaded CI box made the
+    absolute cost ~9 ms where an idle one measures ~7 ms, and both phases are slowed alike."""
     guard = made_in(netns, Nft)
     guard.run_sync("add table ip pdkt\nadd set ip pdkt veths { type ifname; }")
 
-    async def scenario() -> None:
-        fw = firewall(netns)
-        fw.setup_host()
-        for i in range(1000):
-            await fw.install(f"pdkt{i}", ip(i), CLOSED, quota_bytes=GIB)
+    async def create_cpu(fw: EgressFirewall, first: int) -> float:
         cpu: list[float] = []
-        for i in range(1000, 1010):
+        for i in range(first, first + 10):
             started = time.process_time()
             await guard.run(f'add element ip pdkt veths {{ "pdkt{i}" }}')
             await fw.install(f"pdkt{i}", ip(i), CLOSED, quota_bytes=GIB)
             cpu.append(time.process_time() - started)
-        assert statistics.median(cpu) < 0.008, cpu
+        return statistics.median(cpu)
+
+    async def scenario() -> None:
+        fw = firewall(netns)
+        fw.setup_host()
+        for i in range(10):
+            await fw.install(f"pdkt{i}", ip(i), CLOSED, quota_bytes=GIB)
+        beside_ten = await create_cpu(fw, 10)
+        for i in range(20, 1000):
+            await fw.install(f"pdkt{i}", ip(i), CLOSED, quota_bytes=GIB)
+        beside_a_thousand = await create_cpu(fw, 1000)
+        assert beside_a_thousand < 12 * beside_ten, (beside_ten, beside_a_thousand)
 
     asyncio.run(scenario())
