@@ -146,6 +146,15 @@ def test_an_agent_killed_in_the_middle_of_a_vm_snapshot_leaves_the_source_runnin
     assert not (snapshots / partial[0].name.removeprefix(".partial-")).exists()
     agent.start()
     assert not partial[0].exists()
+    # A restart under load can outlast host_dead_after_s (15 s): the control plane then shows the source
+    # as error until the new agent's first heartbeat reports it running, which revives it (error is not
+    # a state ?wait_for waits through, hence the poll).
+    deadline = time.monotonic() + 30
+    while (back := api.get(f"/v1/sandboxes/{sid}").json()["data"])["status"] != "running":
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert back["status"] == "running", back
     assert sh(api, sid, "cat /root/kept; stat -c %s /root/dirty.bin").split() == ["kept", str(800 << 20)]
     counter_passes(api, sid, before)  # the very process, running again
     assert api.get("/v1/snapshots").json()["data"]["pagination"]["total"] == 0
