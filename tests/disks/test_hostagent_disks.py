@@ -9,6 +9,7 @@ import secrets
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,8 @@ from paddock_hostagent.client import HostAgentClient
 from paddock_hostagent.sandboxes.heartbeat import DISK_CHECK_INTERVAL_S
 from paddock_hostagent.schemas import DiskMountBody
 from tests.disks.s3server import S3Server
-from tests.hostagent.conftest import Sandboxes, sh
+from tests.hostagent.conftest import AgentProcess, Sandboxes, sh
+from tests.loopdevices import wait_released
 from tests.network.internet import FakeInternet
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -115,6 +117,33 @@ async def test_pause_resume_keeps_the_mount_and_destroy_unmounts(
     assert seen["stdout"] == "p", seen
     await host.destroy_sandbox(sandbox["id"])
     assert _s3fs_for(sandbox["id"]) == []
+
+
+async def test_an_s3fs_holds_no_copy_of_its_neighbours_disks(
+    agent: AgentProcess, host: HostAgentClient, sandboxes: Sandboxes, s3: S3Server
+) -> None:
+    """s3fs runs in a copy of the host's mount namespace (its own resolver files). The host's mounts do
+    not propagate into such a copy here, so it held every sandbox disk mounted when it started, for as
+    long as it ran: a destroyed neighbour's filesystem stayed live and its loop device bound. (Another
+    S3 disk's FUSE mount it still holds: that unmount would reach the host's, see nsmount.py.)"""
+    neighbour = await sandboxes.create()
+    neighbours_disk = mount_body(s3, s3.bucket("neighbour-" + secrets.token_hex(4)), "/data")
+    assert (await host.attach_disk(neighbour["id"], neighbours_disk)).status == "mounted"
+    slot = agent.record(neighbour["id"])["driver_state"]["slot"]
+    backing = Path(f"/sys/block/{os.path.basename(slot['loop_device'])}/loop/backing_file")
+    image = Path(backing.read_text().strip())
+    sandbox = await sandboxes.create()
+    disk = mount_body(s3, s3.bucket("beside-" + secrets.token_hex(4)), "/data")
+    assert (await host.attach_disk(sandbox["id"], disk)).status == "mounted"
+    (pid,) = _s3fs_for(sandbox["id"])
+    held = Path(f"/proc/{pid}/mountinfo").read_text()
+    assert slot["dir"] not in held, held
+
+    await host.destroy_sandbox(neighbour["id"])
+    assert _s3fs_for(neighbour["id"]) == []
+    assert wait_released(image, timeout_s=30), f"{image} is still bound while the other s3fs runs"
+    done = await sh(host, sandbox["id"], "echo still > /data/still.txt && cat /data/still.txt")
+    assert done["stdout"] == "still\n", done
 
 
 async def test_a_restarted_agent_restores_a_mount_whose_s3fs_died(make_agent: Any, s3: S3Server) -> None:

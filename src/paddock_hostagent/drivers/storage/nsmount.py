@@ -16,9 +16,11 @@ takes only FUSE mounts off the path, never what the sandbox had there before (it
 
 ``nsmount s3fs NETNS RESOLV HOSTS -- s3fs …`` starts s3fs itself: in the sandbox's network namespace
 (its connections leave through the sandbox's veth, under its egress rules, like the sandbox's own), in
-a mount namespace of its own where only ``/etc/resolv.conf`` and ``/etc/hosts`` differ from the host's
+a mount namespace of its own where ``/etc/resolv.conf`` and ``/etc/hosts`` differ from the host's
 (they name the sandbox's resolver, which applies the sandbox's name rules), and otherwise as on the
-host: the FUSE mount point is a shared mount, so s3fs's mount lands there in the host's namespace.
+host: the FUSE mount point is a shared mount, so s3fs's mount lands there in the host's namespace. Its
+copies of other sandboxes' disks are detached first, so s3fs does not keep them mounted after the host
+unmounts them (``_release_copies``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 import sys
+from typing import NamedTuple
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -47,6 +51,7 @@ _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MOVE_MOUNT_T_EMPTY_PATH = 0x40
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
+_AT_RECURSIVE = 0x8000
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _MOUNT_ATTR_NOSUID = 0x2
@@ -197,6 +202,7 @@ def start_s3fs(netns: str, resolv_conf: str, hosts: str, argv: list[str]) -> Non
         os.close(fd)
     # A copy of the host's mount namespace: the FUSE mount point, shared, stays a peer of the host's.
     _check(_libc.unshare(_CLONE_NEWNS), "unshare")
+    _release_copies(_mount_point_of(argv))
     for source, target in ((resolv_conf, "/etc/resolv.conf"), (hosts, "/etc/hosts")):
         real = os.path.realpath(target)
         if not os.path.isfile(real):
@@ -205,6 +211,117 @@ def start_s3fs(netns: str, resolv_conf: str, hosts: str, argv: list[str]) -> Non
         _check(_libc.mount(None, _mount_root(real).encode(), None, _MS_SLAVE, None), f"slave {target}")
         _check(_libc.mount(source.encode(), real.encode(), None, _MS_BIND, None), f"bind {target}")
     os.execv(argv[0], argv)
+
+
+def _mount_point_of(s3fs_argv: list[str]) -> str:
+    """The mount point in s3fs's command line (``s3fs BUCKET[:/PATH] POINT [-f] [-o OPT]…``, as
+    ``s3mounts.py`` builds it): its second argument that is not an option."""
+    operands = [
+        arg
+        for arg, before in zip(s3fs_argv[1:], s3fs_argv, strict=False)
+        if not arg.startswith("-") and before != "-o"
+    ]
+    if len(operands) < 2:
+        raise NsMountError(f"no mount point in {s3fs_argv!r}")
+    return os.path.realpath(operands[1])
+
+
+def _release_copies(keep: str) -> None:
+    """Detaches this namespace's copies of the host's mounts that others unmount, except those holding
+    ``keep`` (the FUSE mount point) and those whose unmount would reach the host.
+
+    The host's mounts do not propagate into a copy when they are private, as ``/`` is on some hosts:
+    the host's later unmount then leaves this copy mounted. s3fs lives as long as its disk, so it held
+    every sandbox disk mounted when it started: a destroyed neighbour's filesystem stayed live and its
+    loop device bound for as long as this s3fs ran.
+
+    An unmount propagates to the peers of the mount's *parent*: a mount whose parent is shared (another
+    S3 disk's FUSE mount on its shared mount point) is left, as detaching it here would take the host's
+    copy too. Each detached mount and those under it are made private first, so nothing below it
+    propagates either. Where the host's mounts are shared, its unmounts reach this copy by themselves."""
+    entries = _mountinfo()
+    shared = {entry.mount_id for entry in entries if entry.shared}
+    # Newest first: a mount under another, or on top of another, goes before the one it is on.
+    for entry in reversed(entries):
+        if entry.parent_id in shared or _holds(entry.point, keep):
+            continue
+        if (
+            entry.source.startswith("/dev/loop")
+            or entry.fstype == "overlay"
+            or entry.fstype.startswith("fuse")
+        ):
+            _detach_private(entry.mount_id, entry.point)
+
+
+def _detach_private(mount_id: int, point: str) -> None:
+    """Makes mount ``mount_id``, at ``point``, and those under it private, then detaches it; nothing if
+    another mount is on top of it at that path. The path is opened without following a symbolic link:
+    some of these mounts are in sandboxes' trees."""
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(
+        _SYS_OPENAT2, ctypes.c_int(_AT_FDCWD), point.encode(), ctypes.byref(how), ctypes.c_size_t(24)
+    )
+    if fd < 0:
+        return  # gone meanwhile, or reached through a link
+    try:
+        if _mount_id_of(fd) != mount_id:
+            return
+        attr = _MountAttr(0, 0, _MS_PRIVATE, 0)
+        if _libc.syscall(
+            _SYS_MOUNT_SETATTR,
+            ctypes.c_int(fd),
+            b"",
+            ctypes.c_uint(_AT_EMPTY_PATH | _AT_RECURSIVE),
+            ctypes.byref(attr),
+            ctypes.c_size_t(ctypes.sizeof(attr)),
+        ):
+            return
+        # The descriptor's own path, not ``point`` again: the mount it opened, whatever the path is now.
+        _libc.umount2(f"/proc/self/fd/{fd}".encode(), _MNT_DETACH)
+    finally:
+        os.close(fd)
+
+
+def _mount_id_of(fd: int) -> int | None:
+    """The id of the mount the descriptor ``fd`` is on (as mountinfo numbers mounts)."""
+    with open(f"/proc/self/fdinfo/{fd}") as info:
+        for line in info:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    return None
+
+
+def _holds(point: str, path: str) -> bool:
+    """Whether a mount at ``point`` is on the way to ``path``."""
+    return path == point or path.startswith(point.rstrip("/") + "/")
+
+
+class _Mount(NamedTuple):
+    mount_id: int
+    parent_id: int
+    point: str
+    fstype: str
+    source: str
+    shared: bool  # a member of a peer group: mounts and unmounts on it reach its peers
+
+
+def _mountinfo() -> list[_Mount]:
+    """The mounts of this namespace, oldest first."""
+    found: list[_Mount] = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            head, _, tail = line.partition(" - ")
+            fields, rest = head.split(), tail.split()
+            if len(fields) >= 6 and len(rest) >= 2:
+                shared = any(tag.startswith("shared:") for tag in fields[6:])
+                point, source = _unescape(fields[4]), _unescape(rest[1])
+                found.append(_Mount(int(fields[0]), int(fields[1]), point, rest[0], source, shared))
+    return found
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _mount_root(path: str) -> str:
