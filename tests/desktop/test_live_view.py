@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,12 +48,15 @@ def desktop(client: paddock.Client) -> Iterator[paddock.Sandbox]:
         yield sandbox
 
 
-def connected(page: Page, url: str) -> bool:
+def connected(page: Page, link: Callable[[], str]) -> bool:
     """Opens the live view and waits for noVNC to connect. About one page load in five on the loaded
     2-core dev box stays at noVNC's "loading" stage with every request finished and no script error
-    (cause not found); as a person would, the test then loads the page once more."""
+    (cause not found); as a person would, the test then asks for the view again and loads that.
+
+    ``link`` hands out the URL for each attempt: a link is good for ``CONNECT_TTL_S`` here (15 s), on
+    every request of the page, so the second load of the first link was refused (CI, gVisor)."""
     for attempt_s in (25, 60):
-        page.navigate(url)
+        page.navigate(link())
         deadline = time.monotonic() + attempt_s
         while time.monotonic() < deadline:
             if page.evaluate("document.documentElement.classList.contains('noVNC_connected')"):
@@ -71,10 +74,13 @@ def cli(live: LivePlatform, api_key: str, *args: str) -> subprocess.CompletedPro
 
 
 def test_the_live_view_in_a_real_browser_shows_the_desktop(desktop: paddock.Sandbox) -> None:
-    view = desktop.computer.connect()
-    assert view.url is not None and view.port == 6080 and view.screen_id == "screen-0"
+    def link() -> str:
+        view = desktop.computer.connect()
+        assert view.url is not None and view.port == 6080 and view.screen_id == "screen-0"
+        return view.url
+
     with headless_chromium(1280, 800) as page:
-        assert connected(page, view.url), (page.evaluate("document.body.innerText"), page.pending_requests())
+        assert connected(page, link), (page.evaluate("document.body.innerText"), page.pending_requests())
         # The page shows the same picture as the sandbox's own screenshot (noVNC's small side bar and
         # status line aside) once its first full frame is drawn, which a loaded host may take seconds to
         # send: compared until they agree or the time is up.
