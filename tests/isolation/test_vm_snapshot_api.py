@@ -24,6 +24,7 @@ import pytest
 from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform, start_platform
+from tests.multihost.support import wait_status
 
 __all__ = ["debian_image", "guest_binary_dir"]
 
@@ -149,12 +150,7 @@ def test_an_agent_killed_in_the_middle_of_a_vm_snapshot_leaves_the_source_runnin
     # A restart under load can outlast host_dead_after_s (15 s): the control plane then shows the source
     # as error until the new agent's first heartbeat reports it running, which revives it (error is not
     # a state ?wait_for waits through, hence the poll).
-    deadline = time.monotonic() + 30
-    while (back := api.get(f"/v1/sandboxes/{sid}").json()["data"])["status"] != "running":
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert back["status"] == "running", back
+    wait_status(api, sid, "running", timeout_s=30)
     assert sh(api, sid, "cat /root/kept; stat -c %s /root/dirty.bin").split() == ["kept", str(800 << 20)]
     counter_passes(api, sid, before)  # the very process, running again
     assert api.get("/v1/snapshots").json()["data"]["pagination"]["total"] == 0

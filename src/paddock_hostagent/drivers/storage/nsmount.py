@@ -330,8 +330,7 @@ def _mount_root(path: str) -> str:
     with open("/proc/self/mountinfo") as mountinfo:
         for line in mountinfo:
             point = line.split()[4]
-            inside = path == point or path.startswith(point.rstrip("/") + "/")
-            if inside and len(point) >= len(best):
+            if _holds(point, path) and len(point) >= len(best):
                 best = point
     return best
 
