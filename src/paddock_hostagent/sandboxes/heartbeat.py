@@ -20,6 +20,19 @@ log = get_logger(__name__)
 
 #: How often the agent checks that every mounted disk's s3fs still serves it.
 DISK_CHECK_INTERVAL_S = 10.0
+#: At most this many guests asked for a self-signal per second, however many sandboxes the host runs:
+#: one INFO round trip costs the agent's loop ~0.1 ms, so asking each of 1,000 guests every second took
+#: ~11 % of the loop at 1,000 idle sandboxes (docs/performance.md, "Growth at 1,000 live"), time that
+#: heartbeats, creates and execs wait behind. Up to 250 sandboxes each guest is still asked every
+#: ``guest_poll_interval_s``; at 1,000 every 4 s, which is how late a self-pause may be acted on there.
+GUEST_POLLS_PER_S = 250.0
+
+
+def guest_poll_pause_s(interval_s: float, sandboxes: int, pass_s: float) -> float:
+    """How long the watcher rests after a pass over ``sandboxes`` guests that took ``pass_s``: the
+    configured interval; no less than a pass (the watcher takes at most half of the loop); and long
+    enough that the guests are asked no more than ``GUEST_POLLS_PER_S`` times a second on average."""
+    return max(interval_s, pass_s, sandboxes / GUEST_POLLS_PER_S - pass_s)
 
 
 class Heartbeat:
@@ -133,11 +146,15 @@ class Heartbeat:
         sandbox takes longer than that (hundreds of sandboxes on a busy host), after a pause as long as
         the pass: the watcher then takes at most half of the agent's event loop, and heartbeats, execs
         and lifecycle calls keep the other half (at 639 idle sandboxes on the loaded 2-core dev box a
-        back-to-back watcher delayed heartbeats until the control plane declared the host dead)."""
+        back-to-back watcher delayed heartbeats until the control plane declared the host dead), and never
+        asks more than ``GUEST_POLLS_PER_S`` guests a second on average (:func:`guest_poll_pause_s`)."""
         disks_checked = time.monotonic()
         pass_s = 0.0
+        polled = 0
         while True:
-            await asyncio.sleep(max(self.registry.settings.guest_poll_interval_s, pass_s))
+            interval_s = self.registry.settings.guest_poll_interval_s
+            await asyncio.sleep(guest_poll_pause_s(interval_s, polled, pass_s))
+            polled = len(self.registry.entries)
             started = time.monotonic()
             try:
                 await self.poll_self_signals()
