@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from bench.lifecycle import DISK_MIB, SHAPE, SHAPE_MIB
-from bench.machine import meminfo_kib
+from bench.machine import load_average, meminfo_kib
 from bench.stats import Samples, summarize
 
 PER_USER = 25
@@ -273,6 +273,7 @@ def run(
     spaced_at_one: list[float] = []
     spaced_at_end: list[float] = []
     spaced_log: dict[str, list[dict[str, Any]]] = {}
+    load_at_live: dict[str, list[float]] = {}  # the box's load as each mark's creates and execs began
     clients: list[Any] = []
     made: list[Any] = []
     stop_reason = f"cap of {cap} reached (time budget)"
@@ -308,11 +309,13 @@ def run(
                     )
                     at_one.append((time.perf_counter() - started) * 1000)
                     extra.destroy()
+                load_at_live["1"] = load_average()
                 spaced_at_one = spaced_creates("create (spaced) at 1 live")
         wait_pool()
         time.sleep(2)  # let page cache and lazily started helpers settle
         count = len(made)
         if made:
+            load_at_live[str(count)] = load_average()
             exec_p50(made[len(made) // 2], samples, f"exec `true` at {count} live")
             spaced_at_end = spaced_creates(f"create (spaced) at {count} live")
         end_fds, end_loops = open_fds(agent_pid), loop_devices()
@@ -369,6 +372,7 @@ def run(
                 label: create_split(rows, agent_state_dir / "agent.log", _stdout_path(cp_pid))
                 for label, rows in spaced_log.items()
             },
+            "load_at_live": load_at_live,
             "hostagent_fds": {"start": start_fds, "end": end_fds},
             "loop_devices": {"start": start_loops, "end": end_loops},
             "overcommit": OVERCOMMIT,

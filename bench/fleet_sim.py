@@ -814,7 +814,8 @@ def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The options of a run, with their defaults (``main`` and bench/run.py's ``fleet`` section)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -842,7 +843,11 @@ def main() -> None:
     parser.add_argument(
         "--billing-timeout", type=float, default=30.0, help="seconds a timed billing pass may take"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     results = asyncio.run(run(args))
     meta = {

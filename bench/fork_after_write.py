@@ -211,6 +211,12 @@ def measure(runs: int, neighbour: bool) -> dict[str, Any]:
     return result
 
 
+def measured(runs: int, neighbour: bool) -> dict[str, Any]:
+    """``measure`` with when and at which commit it ran (what ``markdown`` heads its table with)."""
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"started_at": started, "git": machine.git_sha(), **measure(runs, neighbour)}
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# First fork after a write, {'beside a neighbour writing' if result['neighbour'] else 'quiet'}",
@@ -252,9 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench needs root (namespaces, cgroups, mounts)", file=sys.stderr)
         return 2
-    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    result = {"started_at": started, "git": machine.git_sha(), **measure(args.runs, args.neighbour)}
-    stem = "fork-after-write-" + started.replace(":", "").replace("-", "")
+    result = measured(args.runs, args.neighbour)
+    stem = "fork-after-write-" + result["started_at"].replace(":", "").replace("-", "")
     stem += "-neighbour" if args.neighbour else "-quiet"
     stem += f"-{args.tag}" if args.tag else ""
     args.out.mkdir(parents=True, exist_ok=True)

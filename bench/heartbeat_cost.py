@@ -225,13 +225,18 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     return meta, results
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The options of a run, with their defaults (``main`` and bench/run.py's ``heartbeat`` section)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sandboxes", type=int, default=1000)
     parser.add_argument("--beats", type=int, default=20)
     parser.add_argument("--no-postgres", dest="postgres", action="store_false")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the results files go")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     meta, results = asyncio.run(run(args))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"heartbeat-{meta['at']}"

@@ -322,7 +322,8 @@ def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The options of a run, with their defaults (``main`` and bench/run.py's ``pg_mode`` section)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -335,7 +336,11 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=12, help="stand-in host agents")
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--tag", default="", help="appended to the results' file names (before, after …)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     from paddock_core.logging import configure_logging
 
     configure_logging("warning")

@@ -144,25 +144,30 @@ def delete_template(url: str, key: str, template_id: str) -> None:
         http.delete(f"/v1/templates/{template_id}")
 
 
+TEMPLATE_LABEL = "a user's template"
+
+
+def cases(template: str | None) -> list[tuple[str, str, int | None]]:
+    """The create cases in order, as (label, image, disk_mib): every image at its default disk, debian:13
+    at 2 GiB and at a size never asked before, and the user's ``template`` when given."""
+    found: list[tuple[str, str, int | None]] = [(image, image, None) for image in IMAGES]
+    found.insert(1, ("debian:13 disk 2048", "debian:13", 2048))
+    found.insert(2, ("debian:13, a new disk size each time (grown on claim)", "debian:13", GROWN))
+    if template is not None:
+        found.append((TEMPLATE_LABEL, template, None))
+    return found
+
+
 def measure_creates(
     client: Any, agent: Any, token: str, rounds: int, template: str | None = None
 ) -> list[dict[str, Any]]:
     rows = []
-    cases: list[tuple[str, int | None]] = [(image, None) for image in IMAGES]
-    cases.insert(1, ("debian:13", 2048))
-    cases.insert(2, ("debian:13", GROWN))
-    if template is not None:
-        cases.append((template, None))
-    for image, disk_mib in cases:
-        label = image if disk_mib is None else f"{image} disk {disk_mib}"
-        if image == template:
-            label = "a user's template"
-        if disk_mib == GROWN:
-            label = f"{image}, a new disk size each time (grown on claim)"
-        else:
+    for label, image, disk_mib in cases(template):
+        if disk_mib != GROWN:
             warmup = client.sandboxes.create(SHAPE, rootfs=image, disk_mib=disk_mib, name="pool-warmup")
             warmup.destroy(wait=True)
         full = _settled_parked(agent.url)  # the kind just asked for is parked (one per tick at most)
+        load = [round(value, 2) for value in os.getloadavg()]
         samples, ids = [], []
         for index in range(rounds):
             if disk_mib == GROWN:  # every size new: a smaller parked disk of the image is grown
@@ -187,6 +192,7 @@ def measure_creates(
                 "floor": _floor_ms(image, min(rounds, 5)),
                 "image": image,
                 "before_ms": BEFORE_MS.get(label),
+                "load": load,
             }
         )
     return rows
@@ -482,7 +488,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for row in result["creates"]:
         before = f"{row['before_ms']} ms" if row["before_ms"] is not None else "cold boot"
-        if row["case"] == "a user's template":
+        if row["case"] == TEMPLATE_LABEL:
             before = "231-249 ms"
         lines.append(
             f"| {row['case']} | {row['p50']:.1f} | {row['p90']:.1f} | {row['claimed']}/{row['rounds']} "

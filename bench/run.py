@@ -20,6 +20,20 @@ Sections (each module's docstring says exactly what is timed):
   desktop     computer use on desktop:1: screenshot and click → screenshot-changed latency vs exec and an
               in-sandbox grab (bench/desktop_bench.py; not in --smoke unless asked: its own smoke test)
 
+Issue #36's (wave 3) sections, each its module's own measurement on a platform (or database) of its own;
+none is in --smoke unless asked with --only. Their goals, each beside its floor from the same run, are
+the report's "Wave 3 (#36)" table (bench/wave3.py), with density's growth, vm and desktop:
+  fork_after_write  the first fork after writing 1 GiB synced, 100 MiB unsynced, 20,000 files, and the
+              settled sources, without and with a neighbour writing, vs FICLONE (bench/fork_after_write.py)
+  pools       create → running of every image and disk size, the pools' memory, creates sustained at
+              concurrency 20 vs crun's own loop (bench/pools_bench.py)
+  templates   a Dockerfile build vs `podman build`, the cached rebuild (bench/templates_bench.py)
+  pg_mode     two control planes on PostgreSQL beside SQLite: GET, creates, webhooks (bench/pg_mode.py;
+              PADDOCK_TEST_PG_URL or scripts/ensure-postgres.sh)
+  fleet       200 simulated hosts and 100,000 sandboxes vs 3 and 100 (bench/fleet_sim.py; PostgreSQL)
+  heartbeat   one heartbeat of 1,000 sandboxes, on the agent and folded by the control plane
+              (bench/heartbeat_cost.py)
+
 Needs root (sandboxes), the debian:13 image, and podman + wrk (``make bench-deps``). Never fails on a
 time: the exit status is non-zero only when a section could not run (the harness or the product broke).
 """
@@ -46,12 +60,19 @@ from bench import (
     creates,
     density,
     desktop_bench,
+    fleet_sim,
+    fork_after_write,
+    heartbeat_cost,
     http_bench,
     isolation_bench,
     lifecycle,
     machine,
+    pg_mode,
+    pools_bench,
     report,
+    templates_bench,
     vm_bench,
+    wave3,
 )
 from bench import platform as bench_platform
 
@@ -66,6 +87,25 @@ SECTIONS = (
     "vm",
     "isolation",
     "desktop",
+    "fork_after_write",
+    "pools",
+    "templates",
+    "pg_mode",
+    "fleet",
+    "heartbeat",
+)
+#: Not in --smoke unless asked with --only: each takes minutes, and those with a smoke test of their own
+#: run it in tests/bench.
+NOT_IN_SMOKE = (
+    "vm",
+    "isolation",
+    "desktop",
+    "fork_after_write",
+    "pools",
+    "templates",
+    "pg_mode",
+    "fleet",
+    "heartbeat",
 )
 RESULTS = Path(__file__).resolve().parent / "results"
 POOL_SIZE = 2
@@ -87,6 +127,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, help="results directory (default bench/results; smoke: a temp dir)"
     )
+    parser.add_argument(
+        "--fork-after-write-runs", type=int, help="first forks per case (default 10, smoke 1)"
+    )
+    parser.add_argument("--pools-rounds", type=int, help="creates per image and size (default 8, smoke 1)")
+    parser.add_argument(
+        "--sustained-seconds", type=float, help="each sustained-creates loop (default 30, smoke 2)"
+    )
+    parser.add_argument("--templates-rounds", type=int, help="template builds (default 3, smoke 1)")
     args = parser.parse_args(argv)
     smoke = args.smoke
     args.runs = args.runs or (3 if smoke else 30)
@@ -109,9 +157,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.verify_seconds = 0.3 if smoke else 3.0
     args.sections = [s.strip() for s in args.only.split(",")] if args.only else list(SECTIONS)
     if smoke and not args.only:
-        args.sections.remove("vm")
-        args.sections.remove("isolation")
-        args.sections.remove("desktop")
+        args.sections = [section for section in args.sections if section not in NOT_IN_SMOKE]
+    args.fork_after_write_runs = args.fork_after_write_runs or (1 if smoke else 10)
+    args.pools_rounds = args.pools_rounds if args.pools_rounds is not None else (1 if smoke else 8)
+    args.sustained_seconds = args.sustained_seconds or (2.0 if smoke else pools_bench.SECONDS)
+    args.templates_rounds = args.templates_rounds or (1 if smoke else 3)
+    # The modules' own options (their CLIs' parsers): the documented full runs, or a few seconds' worth.
+    args.pg_mode_argv = (
+        "--get-seconds 1 --fresh-rounds 2 --create-seconds 3 --create-warmup-seconds 1 --hosts 2 --burst 50"
+        if smoke
+        else ""
+    ).split()
+    args.fleet_argv = (
+        "--hosts 6 --sandboxes 300 --samples 5 --creates 3 --beats 5 --rounds 1"
+        if smoke
+        else "--samples 100 --creates 30 --beats 100 --rounds 5"
+    ).split()
+    args.heartbeat_argv = ("--sandboxes 50 --beats 2" if smoke else "").split()
     args.vm_rounds = 1 if smoke else 3
     args.vm_execs = 3 if smoke else 30
     unknown = set(args.sections) - set(SECTIONS)
@@ -138,6 +200,7 @@ class Run:
 
     def section(self, name: str, work: Callable[[], Any]) -> Any:
         print(f"bench: {name} …", file=sys.stderr, flush=True)
+        loads = self.results.setdefault("section_load", {})[name] = {"start": machine.load_average()}
         started = time.monotonic()
         try:
             value = work()
@@ -148,6 +211,7 @@ class Run:
         finally:
             elapsed = round(time.monotonic() - started, 1)
             self.results.setdefault("section_seconds", {})[name] = elapsed
+            loads["end"] = machine.load_average()
             print(f"bench: {name} took {elapsed} s", file=sys.stderr, flush=True)
         self.results.setdefault("sections", {})[name] = value
         return value
@@ -343,6 +407,43 @@ class Run:
             shutil.rmtree(guest_dir, ignore_errors=True)
         return {"quote": quote, "verify": http_bench.verifications(self.args.verify_seconds)}
 
+    # -- issue #36's sections: each module's own measurement ------------------------------------------
+
+    def fork_after_write(self) -> dict[str, Any]:
+        runs = self.args.fork_after_write_runs
+        return {
+            "quiet": fork_after_write.measured(runs, neighbour=False),
+            "neighbour": fork_after_write.measured(runs, neighbour=True),
+        }
+
+    def pools(self) -> dict[str, Any]:
+        a = self.args
+        concurrency = 2 if a.smoke else pools_bench.CONCURRENCY
+        return pools_bench.run(a.pools_rounds, a.sustained_seconds, concurrency)
+
+    def templates(self) -> dict[str, list[float]]:
+        boots = 1 if self.args.smoke else 3
+        return templates_bench.run(self.args.templates_rounds, boots)
+
+    def pg_mode(self) -> dict[str, Any]:
+        from paddock_core.logging import configure_logging
+
+        configure_logging("warning")
+        options = pg_mode.parser().parse_args(self.args.pg_mode_argv)
+        self.results.setdefault("section_options", {})["pg_mode"] = vars(options)
+        return asyncio.run(pg_mode.run(options))
+
+    def fleet(self) -> dict[str, Any]:
+        options = fleet_sim.parser().parse_args(self.args.fleet_argv)
+        self.results.setdefault("section_options", {})["fleet"] = vars(options)
+        return asyncio.run(fleet_sim.run(options))
+
+    def heartbeat(self) -> dict[str, Any]:
+        options = heartbeat_cost.parser().parse_args(self.args.heartbeat_argv)
+        self.results.setdefault("section_options", {})["heartbeat"] = vars(options) | {"out": None}
+        meta, results = asyncio.run(heartbeat_cost.run(options))
+        return {"meta": meta, "results": results}
+
     # -- the whole run ---------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -363,6 +464,9 @@ class Run:
             self.section("isolation", lambda: isolation_bench.measure(runs, 0 if self.args.smoke else 1))
         if "desktop" in self.args.sections:
             self.section("desktop", lambda: desktop_bench.measure(3 if self.args.smoke else 30))
+        for name in ("fork_after_write", "pools", "templates", "pg_mode", "fleet", "heartbeat"):
+            if name in self.args.sections:
+                self.section(name, getattr(self, name))
         self.results["machine"]["load_average_end"] = machine.load_average()
         self.results["finished_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return self.write()
@@ -374,6 +478,8 @@ class Run:
         markdown = report.markdown(self.results)
         if self.results.get("sections", {}).get("creates"):  # its own table (bench/creates.py)
             markdown += "\n" + creates.markdown(self.results["sections"]["creates"])
+        if set(wave3.SECTIONS) & set(self.args.sections):  # issue #36's goals, then each module's table
+            markdown += "\n" + wave3.markdown(self.results) + self.wave3_tables()
         (self.args.out / f"{stem}.json").write_text(
             json.dumps(_clean(self.results), indent=2, default=str) + "\n"
         )
@@ -384,6 +490,58 @@ class Run:
             print(f"bench: sections that failed: {', '.join(self.results['errors'])}", file=sys.stderr)
             return 1
         return 0
+
+    def wave3_tables(self) -> str:
+        """Each issue-#36 section's own table, as its module writes it, under a heading of the report's level."""
+        sections, m = self.results.get("sections", {}), self.results["machine"]
+        options = self.results.get("section_options", {})
+
+        def meta(name: str) -> dict[str, Any]:
+            argv = " ".join(getattr(self.args, f"{name}_argv", []))
+            return {
+                "stamp": self.results["started_at"],
+                "command": f"python -m bench.run, section {name} ({argv or 'defaults'})",
+                "git_sha": m["git_sha"],
+                "cpus": m["cpus"],
+                **options.get(name, {}),
+            }
+
+        tables: list[tuple[str, Callable[[Any], str]]] = [
+            (
+                "fork_after_write",
+                lambda v: (
+                    fork_after_write.markdown(v["quiet"]) + "\n" + fork_after_write.markdown(v["neighbour"])
+                ),
+            ),
+            (
+                "pools",
+                lambda v: (
+                    "# Every image warm; sustained creates (bench/pools_bench.py)\n\n"
+                    + pools_bench.markdown(v)
+                ),
+            ),
+            (
+                "templates",
+                lambda v: (
+                    "# Template builds (bench/templates_bench.py)\n\n```\n"
+                    + "\n".join(templates_bench.table(v))
+                    + "\n```"
+                ),
+            ),
+            ("pg_mode", lambda v: pg_mode.markdown(meta("pg_mode"), v)),
+            ("fleet", lambda v: fleet_sim.markdown(meta("fleet"), v)),
+            ("heartbeat", lambda v: heartbeat_cost.markdown(v["meta"], v["results"])),
+        ]
+        out = []
+        for name, render in tables:
+            if sections.get(name) is None:
+                continue
+            try:
+                text = render(sections[name])
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # the numbers are in the JSON
+                text = f"# {name}\n\nits table could not be written: {exc!r}"
+            out.append("\n".join("#" + line if line.startswith("#") else line for line in text.splitlines()))
+        return "".join("\n" + table.rstrip("\n") + "\n" for table in out)
 
 
 def _clean(value: Any) -> Any:
