@@ -197,6 +197,8 @@ class Run:
             "machine": machine.facts(),
             "errors": {},
         }
+        stamp = self.results["started_at"].replace(":", "").replace("-", "")
+        self.partial = Path(tempfile.gettempdir()) / f"paddock-bench-{stamp}-{os.getpid()}.partial.json"
 
     def section(self, name: str, work: Callable[[], Any]) -> Any:
         print(f"bench: {name} …", file=sys.stderr, flush=True)
@@ -214,7 +216,13 @@ class Run:
             loads["end"] = machine.load_average()
             print(f"bench: {name} took {elapsed} s", file=sys.stderr, flush=True)
         self.results.setdefault("sections", {})[name] = value
+        self.checkpoint()
         return value
+
+    def checkpoint(self) -> None:
+        """What the run has so far, after each section, in a temp file ``write`` removes: a run stopped
+        half-way still leaves its numbers."""
+        self.partial.write_text(json.dumps(_clean(self.results), indent=1, default=str) + "\n")
 
     # -- sections that need the platform --------------------------------------------------------
 
@@ -450,6 +458,10 @@ class Run:
         if os.geteuid() != 0:
             print("bench needs root (namespaces, cgroups, mounts)", file=sys.stderr)
             return 2
+        # Issue #36's sections first: most of their goals are latencies a busy box moves the most.
+        for name in ("fork_after_write", "pools", "templates", "pg_mode", "fleet", "heartbeat"):
+            if name in self.args.sections:
+                self.section(name, getattr(self, name))
         if {"lifecycle", "fork", "creates", "density", "throughput"} & set(self.args.sections):
             self.section("platform", self.with_platform)
             self.results.get("sections", {}).pop("platform", None)
@@ -464,9 +476,6 @@ class Run:
             self.section("isolation", lambda: isolation_bench.measure(runs, 0 if self.args.smoke else 1))
         if "desktop" in self.args.sections:
             self.section("desktop", lambda: desktop_bench.measure(3 if self.args.smoke else 30))
-        for name in ("fork_after_write", "pools", "templates", "pg_mode", "fleet", "heartbeat"):
-            if name in self.args.sections:
-                self.section(name, getattr(self, name))
         self.results["machine"]["load_average_end"] = machine.load_average()
         self.results["finished_at"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return self.write()
@@ -486,6 +495,7 @@ class Run:
         (self.args.out / f"{stem}.md").write_text(markdown)
         print(markdown)
         print(f"bench: wrote {self.args.out / stem}.md and .json", file=sys.stderr)
+        self.partial.unlink(missing_ok=True)
         if self.results["errors"]:
             print(f"bench: sections that failed: {', '.join(self.results['errors'])}", file=sys.stderr)
             return 1
