@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from paddock_hostagent.drivers.storage.nsmount import _mount_point_of
-
 pytestmark = [pytest.mark.root]
 
 CHILD = """
@@ -75,8 +73,3 @@ def test_the_copy_lets_go_of_a_private_loop_mount_and_keeps_what_would_reach_the
     on_host = _points()
     assert str(tree / "private") in on_host and str(tree / "keep") in on_host
     assert on_host.count(str(tree / "shared")) == 2, "the host's mount on the shared bind is still there"
-
-
-def test_the_mount_point_is_read_from_s3fs_s_command_line() -> None:
-    argv = ["s3fs", "bucket:/sub", "/var/lib/p/disks/sb-1/k/mnt", "-f", "-o", "url=http://x", "-o", "ro"]
-    assert _mount_point_of(argv) == "/var/lib/p/disks/sb-1/k/mnt"

@@ -14,7 +14,7 @@ made cannot steer the mount onto its own /proc or anywhere else it does not name
 private, so nothing mounted under it in the sandbox propagates back to the host's mount; a removal
 takes only FUSE mounts off the path, never what the sandbox had there before (its procfs, say).
 
-``nsmount s3fs NETNS RESOLV HOSTS -- s3fs …`` starts s3fs itself: in the sandbox's network namespace
+``nsmount s3fs NETNS RESOLV HOSTS POINT -- s3fs …`` starts s3fs itself: in the sandbox's network namespace
 (its connections leave through the sandbox's veth, under its egress rules, like the sandbox's own), in
 a mount namespace of its own where ``/etc/resolv.conf`` and ``/etc/hosts`` differ from the host's
 (they name the sandbox's resolver, which applies the sandbox's name rules), and otherwise as on the
@@ -89,6 +89,31 @@ def _check(result: int, what: str) -> int:
     return result
 
 
+def _open_no_links(path: str, flags: int, dir_fd: int = _AT_FDCWD) -> int:
+    """``openat2(dir_fd, path, O_PATH | flags)`` that follows no symbolic or magic link on the way (some
+    of these paths are in sandboxes' trees): a descriptor, or ``-errno``."""
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC | flags, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(
+        _SYS_OPENAT2, ctypes.c_int(dir_fd), path.encode(), ctypes.byref(how), ctypes.c_size_t(24)
+    )
+    return int(fd) if fd >= 0 else -ctypes.get_errno()
+
+
+def _set_mount_attr(fd: int, attr: _MountAttr, *, recursive: bool = False) -> int:
+    """``mount_setattr`` on the mount (or detached tree) at descriptor ``fd``: 0, or -1 with errno set."""
+    flags = _AT_EMPTY_PATH | (_AT_RECURSIVE if recursive else 0)
+    return int(
+        _libc.syscall(
+            _SYS_MOUNT_SETATTR,
+            ctypes.c_int(fd),
+            b"",
+            ctypes.c_uint(flags),
+            ctypes.byref(attr),
+            ctypes.c_size_t(ctypes.sizeof(attr)),
+        )
+    )
+
+
 def _enter(pid: int) -> None:
     fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -107,17 +132,7 @@ def move_into(pid: int, source: str, target: str) -> None:
     )
     # The copy joins no peer group (the host's mount is shared with s3fs's own namespace).
     attr = _MountAttr(_MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, _MS_PRIVATE, 0)
-    _check(
-        _libc.syscall(
-            _SYS_MOUNT_SETATTR,
-            ctypes.c_int(tree),
-            b"",
-            ctypes.c_uint(_AT_EMPTY_PATH),
-            ctypes.byref(attr),
-            ctypes.c_size_t(ctypes.sizeof(attr)),
-        ),
-        "mount_setattr",
-    )
+    _check(_set_mount_attr(tree, attr), "mount_setattr")
     _enter(pid)
     try:
         os.makedirs(target, exist_ok=True)
@@ -125,14 +140,9 @@ def move_into(pid: int, source: str, target: str) -> None:
         pass  # a dead FUSE mount (ENOTCONN on stat) is there: the new mount goes on top of it
     except OSError as exc:
         raise NsMountError(f"cannot create {target} in the sandbox: {exc.strerror}") from None
-    how = _OpenHow(
-        os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
-    )
-    result = _libc.syscall(
-        _SYS_OPENAT2, ctypes.c_int(_AT_FDCWD), target.encode(), ctypes.byref(how), ctypes.c_size_t(24)
-    )
+    result = _open_no_links(target, os.O_DIRECTORY)
     if result < 0:
-        err = ctypes.get_errno()
+        err = -result
         if err == errno.ELOOP:
             raise NsMountError(f"{target} passes through a symbolic link in the sandbox")
         if err != errno.ENOTCONN:
@@ -192,9 +202,10 @@ def _top_fstype(fd: int, target: str) -> str:
     return found
 
 
-def start_s3fs(netns: str, resolv_conf: str, hosts: str, argv: list[str]) -> None:
-    """Becomes s3fs (``argv``) in the network namespace at ``netns``, resolving through the files
-    ``resolv_conf`` and ``hosts`` (the sandbox's resolver), in the host's mount namespace otherwise."""
+def start_s3fs(netns: str, resolv_conf: str, hosts: str, point: str, argv: list[str]) -> None:
+    """Becomes s3fs (``argv``, mounting at ``point``) in the network namespace at ``netns``, resolving
+    through the files ``resolv_conf`` and ``hosts`` (the sandbox's resolver), in a copy of the host's
+    mount namespace that keeps only what s3fs needs of the host's mounts (:func:`_release_copies`)."""
     fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
     try:
         _check(_libc.setns(fd, _CLONE_NEWNET), "setns net")
@@ -202,7 +213,7 @@ def start_s3fs(netns: str, resolv_conf: str, hosts: str, argv: list[str]) -> Non
         os.close(fd)
     # A copy of the host's mount namespace: the FUSE mount point, shared, stays a peer of the host's.
     _check(_libc.unshare(_CLONE_NEWNS), "unshare")
-    _release_copies(_mount_point_of(argv))
+    _release_copies(os.path.realpath(point))
     for source, target in ((resolv_conf, "/etc/resolv.conf"), (hosts, "/etc/hosts")):
         real = os.path.realpath(target)
         if not os.path.isfile(real):
@@ -211,19 +222,6 @@ def start_s3fs(netns: str, resolv_conf: str, hosts: str, argv: list[str]) -> Non
         _check(_libc.mount(None, _mount_root(real).encode(), None, _MS_SLAVE, None), f"slave {target}")
         _check(_libc.mount(source.encode(), real.encode(), None, _MS_BIND, None), f"bind {target}")
     os.execv(argv[0], argv)
-
-
-def _mount_point_of(s3fs_argv: list[str]) -> str:
-    """The mount point in s3fs's command line (``s3fs BUCKET[:/PATH] POINT [-f] [-o OPT]…``, as
-    ``s3mounts.py`` builds it): its second argument that is not an option."""
-    operands = [
-        arg
-        for arg, before in zip(s3fs_argv[1:], s3fs_argv, strict=False)
-        if not arg.startswith("-") and before != "-o"
-    ]
-    if len(operands) < 2:
-        raise NsMountError(f"no mount point in {s3fs_argv!r}")
-    return os.path.realpath(operands[1])
 
 
 def _release_copies(keep: str) -> None:
@@ -257,24 +255,13 @@ def _detach_private(mount_id: int, point: str) -> None:
     """Makes mount ``mount_id``, at ``point``, and those under it private, then detaches it; nothing if
     another mount is on top of it at that path. The path is opened without following a symbolic link:
     some of these mounts are in sandboxes' trees."""
-    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
-    fd = _libc.syscall(
-        _SYS_OPENAT2, ctypes.c_int(_AT_FDCWD), point.encode(), ctypes.byref(how), ctypes.c_size_t(24)
-    )
+    fd = _open_no_links(point, 0)
     if fd < 0:
         return  # gone meanwhile, or reached through a link
     try:
         if _mount_id_of(fd) != mount_id:
             return
-        attr = _MountAttr(0, 0, _MS_PRIVATE, 0)
-        if _libc.syscall(
-            _SYS_MOUNT_SETATTR,
-            ctypes.c_int(fd),
-            b"",
-            ctypes.c_uint(_AT_EMPTY_PATH | _AT_RECURSIVE),
-            ctypes.byref(attr),
-            ctypes.c_size_t(ctypes.sizeof(attr)),
-        ):
+        if _set_mount_attr(fd, _MountAttr(0, 0, _MS_PRIVATE, 0), recursive=True):
             return
         # The descriptor's own path, not ``point`` again: the mount it opened, whatever the path is now.
         _libc.umount2(f"/proc/self/fd/{fd}".encode(), _MNT_DETACH)
@@ -341,12 +328,12 @@ def main(argv: list[str]) -> int:
             move_into(int(argv[1]), argv[2], argv[3])
         elif len(argv) == 3 and argv[0] == "umount":
             unmount_in(int(argv[1]), argv[2])
-        elif len(argv) > 5 and argv[0] == "s3fs" and argv[4] == "--":
-            start_s3fs(argv[1], argv[2], argv[3], argv[5:])
+        elif len(argv) > 6 and argv[0] == "s3fs" and argv[5] == "--":
+            start_s3fs(argv[1], argv[2], argv[3], argv[4], argv[6:])
         else:
             print(
                 "usage: nsmount move PID SOURCE TARGET | umount PID TARGET"
-                " | s3fs NETNS RESOLV HOSTS -- S3FS ARGS…",
+                " | s3fs NETNS RESOLV HOSTS POINT -- S3FS ARGS…",
                 file=sys.stderr,
             )
             return 2

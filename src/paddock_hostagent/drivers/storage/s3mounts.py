@@ -268,6 +268,7 @@ class S3Mounter:
             str(netns),
             str(resolv),
             str(hosts),
+            str(point),
             "--",
             *s3fs_argv,
         ]

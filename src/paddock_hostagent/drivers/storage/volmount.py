@@ -41,17 +41,7 @@ def move_into(pid: int, source: str, target: str, *, read_only: bool) -> None:
     )
     flags = nsmount._MOUNT_ATTR_NOSUID | nsmount._MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if read_only else 0)
     attr = nsmount._MountAttr(flags, 0, nsmount._MS_PRIVATE, 0)
-    nsmount._check(
-        libc.syscall(
-            nsmount._SYS_MOUNT_SETATTR,
-            ctypes.c_int(tree),
-            b"",
-            ctypes.c_uint(nsmount._AT_EMPTY_PATH),
-            ctypes.byref(attr),
-            ctypes.c_size_t(ctypes.sizeof(attr)),
-        ),
-        "mount_setattr",
-    )
+    nsmount._check(nsmount._set_mount_attr(tree, attr), "mount_setattr")
     nsmount._enter(pid)
     opened = _open_dirs(target)
     try:
@@ -68,19 +58,6 @@ def move_into(pid: int, source: str, target: str, *, read_only: bool) -> None:
     nsmount._check(placed, f"move_mount to {target}")
 
 
-def _open_no_links(dir_fd: int, name: str) -> int:
-    """``name`` under ``dir_fd`` as an O_PATH directory fd, through no symbolic link; -errno on failure."""
-    how = nsmount._OpenHow(
-        os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
-        0,
-        nsmount._RESOLVE_NO_SYMLINKS | nsmount._RESOLVE_NO_MAGICLINKS,
-    )
-    fd = nsmount._libc.syscall(
-        nsmount._SYS_OPENAT2, ctypes.c_int(dir_fd), name.encode(), ctypes.byref(how), ctypes.c_size_t(24)
-    )
-    return int(fd) if fd >= 0 else -ctypes.get_errno()
-
-
 def _open_dirs(target: str) -> int:
     """Opens ``target`` in this (the sandbox's) namespace, making each missing directory on the way with
     ``mkdirat`` under its parent's fd: no component is ever reached through a symbolic link, so a link the
@@ -88,7 +65,7 @@ def _open_dirs(target: str) -> int:
     current = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for name in [part for part in target.split("/") if part]:
-            fd = _open_no_links(current, name)
+            fd = nsmount._open_no_links(name, os.O_DIRECTORY, dir_fd=current)
             if fd == -errno.ENOENT:
                 try:
                     os.mkdir(name, 0o755, dir_fd=current)
@@ -96,7 +73,7 @@ def _open_dirs(target: str) -> int:
                     pass  # made meanwhile, or a dangling link: the open below says which
                 except OSError as exc:
                     raise NsMountError(f"cannot create {target} in the sandbox: {exc.strerror}") from None
-                fd = _open_no_links(current, name)
+                fd = nsmount._open_no_links(name, os.O_DIRECTORY, dir_fd=current)
             if fd == -errno.ELOOP:
                 raise NsMountError(f"{target} passes through a symbolic link in the sandbox")
             if fd == -errno.ENOTDIR:
