@@ -6,6 +6,7 @@ import asyncio
 import io
 import os
 import secrets
+import shutil
 import sys
 import traceback
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 import uvicorn
 
+from paddock_controlplane.app import MIGRATIONS as CP_MIGRATIONS
+from paddock_core.db import upgrade
 from tests import sweep
 
 ENGINES = ("sqlite", "postgresql")
@@ -76,6 +79,83 @@ async def fresh_database(engine: str, tmp_path: Path) -> AsyncIterator[str]:
         await _pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+class SchemaTemplates:
+    """Databases this process migrated once, one per engine and migrations directory, that a test's new
+    database starts as a copy of. Running the control plane's migrations took ~0.6 s of a test's setup on
+    SQLite, where a file copy takes a millisecond; on PostgreSQL, measured beside a loaded run, an empty
+    CREATE DATABASE and the migrations took 1.55 s (0.4 s idle), a ``CREATE DATABASE … TEMPLATE`` 0.26 s
+    and the migrations' no-op on the copy 0.13 s.
+
+    Each process makes its own (xdist workers are processes; other runs share the PostgreSQL cluster), so
+    no two ever copy one template at once: PostgreSQL refuses a template anyone else is connected to.
+    For the same reason the template takes no connections once migrated (the migrating engine is
+    disposed by then). ``pytest_sessionfinish`` drops them."""
+
+    def __init__(self) -> None:
+        self.sqlite: dict[Path, Path] = {}
+        self.postgresql: dict[Path, str] = {}
+
+    async def sqlite_file(self, migrations: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        if migrations not in self.sqlite:
+            template = tmp_path_factory.mktemp("schema") / "migrated.db"
+            await upgrade(migrations, f"sqlite+aiosqlite:///{template}")
+            self.sqlite[migrations] = template
+        return self.sqlite[migrations]
+
+    async def postgresql_name(self, migrations: Path) -> str:
+        if migrations not in self.postgresql:
+            admin = pg_admin_url()
+            name = "t_tpl_" + secrets.token_hex(6)
+            await _pg_execute(admin, f"CREATE DATABASE {name}")
+            try:
+                await upgrade(migrations, admin.rsplit("/", 1)[0] + "/" + name)
+                await _pg_execute(admin, f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false")
+            except BaseException:
+                await _pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                raise
+            self.postgresql[migrations] = name
+        return self.postgresql[migrations]
+
+    async def drop(self) -> None:
+        admin = pg_admin_url()
+        while self.postgresql:
+            _, name = self.postgresql.popitem()
+            await _pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+_TEMPLATES = SchemaTemplates()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _TEMPLATES.postgresql:
+        try:
+            asyncio.run(_TEMPLATES.drop())
+        except Exception as error:  # a dead cluster must not hide the session's outcome
+            print(f"\ncould not drop the session's template databases: {error!r}", file=sys.stderr)
+
+
+@asynccontextmanager
+async def migrated_database(
+    engine: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, migrations: Path
+) -> AsyncIterator[str]:
+    """A new database on ``engine`` already at the head of ``migrations``, a copy of the process's
+    template (``SchemaTemplates``); dropped afterwards. Callers still migrate it, a no-op that shows the
+    copy is at head."""
+    if engine == "sqlite":
+        target = tmp_path / "test.db"
+        shutil.copyfile(await _TEMPLATES.sqlite_file(migrations, tmp_path_factory), target)
+        yield f"sqlite+aiosqlite:///{target}"
+        return
+    template = await _TEMPLATES.postgresql_name(migrations)
+    admin = pg_admin_url()
+    name = "t_" + secrets.token_hex(6)
+    await _pg_execute(admin, f"CREATE DATABASE {name} TEMPLATE {template}")
+    try:
+        yield admin.rsplit("/", 1)[0] + "/" + name
+    finally:
+        await _pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture(params=ENGINES)
 def db_engine(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -83,7 +163,17 @@ def db_engine(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def database_url(db_engine: str, tmp_path: Path) -> AsyncIterator[str]:
+    """An empty database, for tests of migrations themselves."""
     async with fresh_database(db_engine, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+async def cp_database_url(
+    db_engine: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
+    """A database with the control plane's schema at head (``migrated_database``)."""
+    async with migrated_database(db_engine, tmp_path, tmp_path_factory, CP_MIGRATIONS) as url:
         yield url
 
 

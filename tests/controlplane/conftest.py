@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from paddock_controlplane.app import create_app, migrate
+from paddock_controlplane.app import create_app
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.resources import accounts
@@ -45,9 +44,9 @@ class ControlPlane:
 
 
 @pytest.fixture
-def cp_settings(database_url: str, tmp_path: Path) -> ControlPlaneSettings:
+def cp_settings(cp_database_url: str, tmp_path: Path) -> ControlPlaneSettings:
     return ControlPlaneSettings(
-        database_url=database_url,
+        database_url=cp_database_url,
         data_dir=tmp_path / "cp",
         host_token=SecretStr(HOST_TOKEN),
         secret_key=SecretStr("test-secret-key-0123456789"),
@@ -60,33 +59,9 @@ def cp_settings(database_url: str, tmp_path: Path) -> ControlPlaneSettings:
     )
 
 
-_MIGRATED_SQLITE: list[Path] = []  # the session's migrated SQLite template, made by the first fixture
-
-
-async def migrate_from_template(
-    settings: ControlPlaneSettings, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """Migrates the control plane's database. A new SQLite file starts as a copy of one migrated once
-    per session: running the migrations took ~0.6 s of every control-plane test on SQLite, a copy takes
-    a millisecond. ``migrate`` still runs after it (a no-op on the copy), so what the test gets is the
-    same schema; PostgreSQL databases migrate as before (a CREATE DATABASE from a template costs what the
-    migrations do)."""
-    prefix = "sqlite+aiosqlite:///"
-    target = Path(settings.database_url.removeprefix(prefix))
-    if settings.database_url.startswith(prefix) and not target.exists():
-        if not _MIGRATED_SQLITE:
-            template = tmp_path_factory.mktemp("cp-schema") / "migrated.db"
-            await migrate(settings.model_copy(update={"database_url": prefix + str(template)}))
-            _MIGRATED_SQLITE.append(template)
-        shutil.copyfile(_MIGRATED_SQLITE[0], target)
-    await migrate(settings)
-
-
 @pytest.fixture
-async def controlplane(
-    cp_settings: ControlPlaneSettings, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[ControlPlane]:
-    await migrate_from_template(cp_settings, tmp_path_factory)
+async def controlplane(cp_settings: ControlPlaneSettings) -> AsyncIterator[ControlPlane]:
+    # The app migrates as it starts: a no-op on cp_settings' database, a migrated copy, that shows it is at head.
     async with (
         LiveServer(create_app(cp_settings)) as server,
         httpx.AsyncClient(base_url=server.url, timeout=30) as http,

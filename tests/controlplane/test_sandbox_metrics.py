@@ -44,9 +44,9 @@ def raw(sandbox_id: str, at: dt.datetime, cpu_pct: float, **values: int) -> dict
 
 
 @pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[Any]:
-    await upgrade(MIGRATIONS, database_url)
-    engine = make_engine(database_url)
+async def sessions(cp_database_url: str) -> AsyncIterator[Any]:
+    await upgrade(MIGRATIONS, cp_database_url)
+    engine = make_engine(cp_database_url)
     try:
         yield make_sessionmaker(engine)
     finally:

@@ -35,9 +35,9 @@ SHAPE = "s-1vcpu-256mb"  # 256 MiB
 
 
 @pytest.fixture
-def cp_settings(database_url: str, tmp_path: Path) -> ControlPlaneSettings:
+def cp_settings(cp_database_url: str, tmp_path: Path) -> ControlPlaneSettings:
     return ControlPlaneSettings(
-        database_url=database_url,
+        database_url=cp_database_url,
         data_dir=tmp_path / "cp",
         host_token=SecretStr(HOST_TOKEN),
         secret_key=SecretStr("test-secret-key-0123456789"),

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from sqlalchemy import delete, func, insert, select
 
-from paddock_controlplane.app import create_app
+from paddock_controlplane.app import create_app, migrate
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import audit
 from paddock_controlplane.records.audit import AuditEvent
@@ -33,7 +33,7 @@ from paddock_core.db import transaction
 from paddock_core.timeutil import utcnow
 from paddock_hostagent.schemas import EgressAttempt, EgressAttempts
 from tests.conftest import LiveServer
-from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts, migrate_from_template
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
 
 pytestmark = pytest.mark.db
@@ -56,7 +56,6 @@ class Audited:
 @pytest.fixture
 async def audited(
     cp_settings: ControlPlaneSettings,
-    tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Audited]:
     settings = cp_settings.model_copy(
@@ -66,7 +65,7 @@ async def audited(
             "audit_flush_interval_s": 0.1,
         }
     )
-    await migrate_from_template(settings, tmp_path_factory)
+    await migrate(settings)
     link = fake_hosts(monkeypatch)
     app = create_app(settings)
     async with LiveServer(app) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:

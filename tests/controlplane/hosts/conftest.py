@@ -16,16 +16,16 @@ from paddock_core.db import make_engine, make_sessionmaker
 
 
 @pytest.fixture
-async def sessions(database_url: str, tmp_path: Path) -> AsyncIterator[async_sessionmaker]:  # type: ignore[type-arg]
+async def sessions(cp_database_url: str, tmp_path: Path) -> AsyncIterator[async_sessionmaker]:  # type: ignore[type-arg]
     settings = ControlPlaneSettings(
-        database_url=database_url,
+        database_url=cp_database_url,
         data_dir=tmp_path / "cp",
         host_token=SecretStr("fleet-host-token-0123456789"),
         secret_key=SecretStr("fleet-secret-key-0123456789"),
         region="eu",
     )
     await migrate(settings)
-    engine = make_engine(database_url)
+    engine = make_engine(cp_database_url)
     try:
         yield make_sessionmaker(engine)
     finally:

@@ -14,12 +14,12 @@ import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.engine import Engine
 
-from paddock_controlplane.app import create_app
+from paddock_controlplane.app import create_app, migrate
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.db import PgChanges, make_engine, make_sessionmaker, transaction
 from tests.conftest import LiveServer
-from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts, migrate_from_template
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts
 from tests.controlplane.fakehost import HOST_BEAT
 
 pytestmark = pytest.mark.db
@@ -61,10 +61,9 @@ async def start(settings: ControlPlaneSettings) -> tuple[LiveServer, httpx.Async
 async def plane_a(
     quiet_settings: ControlPlaneSettings,
     monkeypatch: pytest.MonkeyPatch,
-    tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
     """Control plane A, a fake host, a user's key on A's client, and a running sandbox of that user."""
-    await migrate_from_template(quiet_settings, tmp_path_factory)
+    await migrate(quiet_settings)
     fake_hosts(monkeypatch)
     server, a = await start(quiet_settings)
     try:
@@ -156,12 +155,12 @@ async def test_a_change_through_control_plane_b_is_seen_on_a_within_the_bound(
 
 @pytest.mark.parametrize("db_engine", ["postgresql"], indirect=True)
 async def test_this_process_s_write_to_a_notifying_table_counts_at_its_commit(
-    quiet_settings: ControlPlaneSettings, tmp_path_factory: pytest.TempPathFactory
+    quiet_settings: ControlPlaneSettings,
 ) -> None:
     """Without waiting for its notification to come back: a caller who changed a sandbox through this
     control plane reads the change in its next request. Writes elsewhere, and rolled-back ones, keep
     what is kept (the audit trail and the webhook outbox commit all the time)."""
-    await migrate_from_template(quiet_settings, tmp_path_factory)
+    await migrate(quiet_settings)
     engine = make_engine(quiet_settings.database_url)
     sessions = make_sessionmaker(engine)
     changes = PgChanges(quiet_settings.database_url, engine.sync_engine)

@@ -18,14 +18,14 @@ from typing import Any
 import httpx
 import pytest
 
-from paddock_controlplane.app import create_app
+from paddock_controlplane.app import create_app, migrate
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_controlplane.workers.audit_writer import AuditWriter
 from paddock_hostagent.schemas import EgressAttempt, EgressAttempts
 from tests.conftest import LiveServer
-from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts, migrate_from_template
+from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts
 from tests.controlplane.fakehost import HOST_BEAT
 
 pytestmark = pytest.mark.db
@@ -100,12 +100,11 @@ class Fleet:
 @pytest.fixture
 async def fleet(
     cp_settings: ControlPlaneSettings,
-    tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Fleet]:
     # The app's own writer polls once an hour: the test drives a writer of its own.
     settings = cp_settings.model_copy(update={"audit_egress_poll_s": 3600.0})
-    await migrate_from_template(settings, tmp_path_factory)
+    await migrate(settings)
     link = fake_hosts(monkeypatch)
     agents = {host_id: Agent(host_id, f"run-{host_id}") for host_id in ("quiet", "busy", "older")}
 

@@ -55,7 +55,7 @@ def start_worker(database_url: str, log: Path, *, lease_s: str | None = "2") -> 
 
 
 async def test_worker_killed_mid_delivery_then_restarted_delivers_every_event(
-    database_url: str, tmp_path: Path
+    cp_database_url: str, tmp_path: Path
 ) -> None:
     release = asyncio.Event()
 
@@ -63,12 +63,12 @@ async def test_worker_killed_mid_delivery_then_restarted_delivers_every_event(
         await release.wait()  # the first worker is killed while these requests are open
         return 200
 
-    async with webhook_db(database_url) as db, running_receiver(hold_until_released) as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver(hold_until_released) as receiver:
         await db.endpoint(receiver.url + "/hook")
         for seq in range(EVENTS):
             await db.emit("sandbox.create", {"seq": seq, "shape": "s-1vcpu-1gb"}, utcnow())
 
-        first = start_worker(database_url, tmp_path / "worker.log")
+        first = start_worker(cp_database_url, tmp_path / "worker.log")
         try:
             async with asyncio.timeout(30):
                 while len(receiver.received) < CONCURRENCY:
@@ -83,7 +83,7 @@ async def test_worker_killed_mid_delivery_then_restarted_delivers_every_event(
         assert sum(1 for row in rows if row.lease_token) == CONCURRENCY  # claimed by the dead worker
 
         release.set()
-        second = start_worker(database_url, tmp_path / "worker.log")
+        second = start_worker(cp_database_url, tmp_path / "worker.log")
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -104,7 +104,7 @@ async def test_worker_killed_mid_delivery_then_restarted_delivers_every_event(
 
 
 async def test_a_killed_workers_claims_are_taken_over_within_seconds_with_the_default_lease(
-    database_url: str, tmp_path: Path
+    cp_database_url: str, tmp_path: Path
 ) -> None:
     """A control plane SIGKILLed while its worker holds claims (another keeps running): with the default
     settings the survivor delivers them within TAKEOVER_BOUND_S of the kill, not after a minute."""
@@ -114,11 +114,11 @@ async def test_a_killed_workers_claims_are_taken_over_within_seconds_with_the_de
         await release.wait()
         return 200
 
-    async with webhook_db(database_url) as db, running_receiver(hold_until_released) as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver(hold_until_released) as receiver:
         await db.endpoint(receiver.url + "/hook")
         for seq in range(CONCURRENCY):
             await db.emit("sandbox.create", {"seq": seq, "shape": "s-1vcpu-1gb"}, utcnow())
-        first = start_worker(database_url, tmp_path / "worker.log", lease_s=None)
+        first = start_worker(cp_database_url, tmp_path / "worker.log", lease_s=None)
         try:
             async with asyncio.timeout(30):
                 while len(receiver.received) < CONCURRENCY:
@@ -129,7 +129,7 @@ async def test_a_killed_workers_claims_are_taken_over_within_seconds_with_the_de
             first.wait()
         killed = time.monotonic()
         release.set()
-        second = start_worker(database_url, tmp_path / "worker.log", lease_s=None)
+        second = start_worker(cp_database_url, tmp_path / "worker.log", lease_s=None)
         try:
             while time.monotonic() < killed + TAKEOVER_BOUND_S + 15:
                 rows = await db.deliveries()
@@ -167,8 +167,8 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] == "hang"))
 """
 
 
-async def test_state_change_and_its_event_commit_together_or_not_at_all(database_url: str) -> None:
-    async with webhook_db(database_url) as db, running_receiver() as receiver:
+async def test_state_change_and_its_event_commit_together_or_not_at_all(cp_database_url: str) -> None:
+    async with webhook_db(cp_database_url) as db, running_receiver() as receiver:
         await db.endpoint(receiver.url + "/hook")
 
         async def changes() -> tuple[int, int]:
@@ -177,7 +177,7 @@ async def test_state_change_and_its_event_commit_together_or_not_at_all(database
                 return len(credits.all()), len(await db.deliveries())
 
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        command = [sys.executable, "-c", CHANGE_AND_EMIT, database_url, db.user_id]
+        command = [sys.executable, "-c", CHANGE_AND_EMIT, cp_database_url, db.user_id]
         killed = subprocess.Popen([*command, "hang"], env=env, stdout=subprocess.PIPE)
         try:
             assert killed.stdout is not None

@@ -44,10 +44,10 @@ def make_worker(db: WebhookDb, clock: FakeClock, **overrides: object) -> Deliver
 
 
 async def test_delivery_is_signed_over_the_raw_body_and_carries_the_contract_headers(
-    database_url: str,
+    cp_database_url: str,
 ) -> None:
     clock = FakeClock()
-    async with webhook_db(database_url) as db, running_receiver() as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver() as receiver:
         _, secret = await db.endpoint(receiver.url + "/hook")
         data = {**CREATE_DATA, "name": "café ☕"}  # non-ASCII: the signed bytes are the sent bytes
         await db.emit("sandbox.create", data, clock())
@@ -70,12 +70,12 @@ async def test_delivery_is_signed_over_the_raw_body_and_carries_the_contract_hea
         assert (row.status, row.attempts, row.delivered_at is not None) == ("delivered", 1, True)
 
 
-async def test_the_documented_verification_snippet_accepts_a_real_delivery(database_url: str) -> None:
+async def test_the_documented_verification_snippet_accepts_a_real_delivery(cp_database_url: str) -> None:
     docs = (Path(__file__).resolve().parents[3] / "docs" / "webhooks.md").read_text()
     snippet = next(b for b in re.findall(r"```python\n(.*?)```", docs, re.S) if "def verify_webhook" in b)
     namespace: dict[str, Any] = {}
     exec(snippet, namespace)
-    async with webhook_db(database_url) as db, running_receiver() as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver() as receiver:
         _, secret = await db.endpoint(receiver.url + "/hook")
         await db.emit("sandbox.create", CREATE_DATA, utcnow())
         worker = make_worker(db, FakeClock(utcnow()))
@@ -90,9 +90,9 @@ async def test_the_documented_verification_snippet_accepts_a_real_delivery(datab
     assert not namespace["verify_webhook"](secret, stale, got.body)
 
 
-async def test_retries_follow_5s_30s_2min_10min_1h_then_the_delivery_fails(database_url: str) -> None:
+async def test_retries_follow_5s_30s_2min_10min_1h_then_the_delivery_fails(cp_database_url: str) -> None:
     clock = FakeClock()
-    async with webhook_db(database_url) as db, running_receiver(lambda _: 503) as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver(lambda _: 503) as receiver:
         endpoint_id, _ = await db.endpoint(receiver.url + "/down")
         await db.emit("sandbox.destroy", {"sandbox_id": "sb-1"}, clock())
         worker = make_worker(db, clock)
@@ -116,10 +116,10 @@ async def test_retries_follow_5s_30s_2min_10min_1h_then_the_delivery_fails(datab
         assert (endpoint.failure_count, endpoint.active) == (1, True)
 
 
-async def test_a_retry_that_succeeds_ends_the_delivery(database_url: str) -> None:
+async def test_a_retry_that_succeeds_ends_the_delivery(cp_database_url: str) -> None:
     clock = FakeClock()
     answers = iter([500, 404, 204])
-    async with webhook_db(database_url) as db, running_receiver(lambda _: next(answers)) as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver(lambda _: next(answers)) as receiver:
         await db.endpoint(receiver.url + "/flaky")
         await db.emit("disk.create", {"disk_id": "disk_1"}, clock())
         worker = make_worker(db, clock)
@@ -138,7 +138,7 @@ async def test_a_retry_that_succeeds_ends_the_delivery(database_url: str) -> Non
         assert len(receiver.received) == 3
 
 
-async def test_timeouts_and_redirects_are_failed_attempts(database_url: str) -> None:
+async def test_timeouts_and_redirects_are_failed_attempts(cp_database_url: str) -> None:
     clock = FakeClock()
 
     async def respond(got: Received) -> object:
@@ -147,7 +147,7 @@ async def test_timeouts_and_redirects_are_failed_attempts(database_url: str) -> 
             return 200
         return 302, [(b"location", b"/elsewhere")]
 
-    async with webhook_db(database_url) as db, running_receiver(respond) as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver(respond) as receiver:
         await db.endpoint(receiver.url + "/slow")
         await db.endpoint(receiver.url + "/moved")
         await db.emit("network.create", {"network_id": "net_1"}, clock())
@@ -168,11 +168,11 @@ async def test_timeouts_and_redirects_are_failed_attempts(database_url: str) -> 
         assert "/elsewhere" not in [r.path for r in receiver.received]
 
 
-async def test_endpoint_auto_suspends_at_50_failures_and_resume_resets_it(database_url: str) -> None:
+async def test_endpoint_auto_suspends_at_50_failures_and_resume_resets_it(cp_database_url: str) -> None:
     clock = FakeClock()
     healthy = False
     async with (
-        webhook_db(database_url) as db,
+        webhook_db(cp_database_url) as db,
         running_receiver(lambda _: 200 if healthy else 500) as receiver,
     ):
         endpoint_id, _ = await db.endpoint(receiver.url + "/hook")
@@ -212,9 +212,9 @@ async def test_endpoint_auto_suspends_at_50_failures_and_resume_resets_it(databa
         assert len(receiver.received) == 50 * 6 + 1
 
 
-async def test_suspended_endpoint_holds_its_pending_deliveries_until_resume(database_url: str) -> None:
+async def test_suspended_endpoint_holds_its_pending_deliveries_until_resume(cp_database_url: str) -> None:
     clock = FakeClock()
-    async with webhook_db(database_url) as db, running_receiver() as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver() as receiver:
         endpoint_id, _ = await db.endpoint(receiver.url + "/hook")
         await db.emit("template.submit", {"template_id": "tpl_1"}, clock())
         await webhooks.set_active(db.sessions, db.user_id, endpoint_id, active=False)
@@ -229,9 +229,9 @@ async def test_suspended_endpoint_holds_its_pending_deliveries_until_resume(data
         assert receiver.events() == ["template.submit"]
 
 
-async def test_endpoints_receive_only_the_actions_they_subscribe_to(database_url: str) -> None:
+async def test_endpoints_receive_only_the_actions_they_subscribe_to(cp_database_url: str) -> None:
     clock = FakeClock()
-    async with webhook_db(database_url) as db, running_receiver() as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver() as receiver:
         await db.endpoint(receiver.url + "/all")
         await db.endpoint(receiver.url + "/all-explicit", [])
         await db.endpoint(receiver.url + "/sandboxes", ["sandbox.create"])
@@ -254,11 +254,11 @@ async def test_endpoints_receive_only_the_actions_they_subscribe_to(database_url
 
 
 async def test_retention_removes_finished_after_30_minutes_and_anything_after_72_hours(
-    database_url: str,
+    cp_database_url: str,
 ) -> None:
     clock = FakeClock()
     async with (
-        webhook_db(database_url) as db,
+        webhook_db(cp_database_url) as db,
         running_receiver(lambda got: 500 if got.path == "/bad" else 200) as receiver,
     ):
         worker = make_worker(db, clock)
@@ -300,14 +300,14 @@ async def test_retention_removes_finished_after_30_minutes_and_anything_after_72
             await worker.stop()
 
 
-async def test_concurrent_workers_send_each_delivery_once(database_url: str) -> None:
+async def test_concurrent_workers_send_each_delivery_once(cp_database_url: str) -> None:
     clock = FakeClock()
 
     async def slow_ok(_: Received) -> int:
         await asyncio.sleep(0.005)
         return 200
 
-    async with webhook_db(database_url) as db, running_receiver(slow_ok) as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver(slow_ok) as receiver:
         await db.endpoint(receiver.url + "/hook")
         for n in range(120):
             await db.emit("sandbox.resize", {"seq": n}, clock())
@@ -323,9 +323,9 @@ async def test_concurrent_workers_send_each_delivery_once(database_url: str) -> 
         assert sorted(r.json["data"]["seq"] for r in receiver.received) == list(range(120))
 
 
-async def test_guard_refuses_to_deliver_to_a_private_address(database_url: str) -> None:
+async def test_guard_refuses_to_deliver_to_a_private_address(cp_database_url: str) -> None:
     clock = FakeClock()
-    async with webhook_db(database_url) as db, running_receiver() as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver() as receiver:
         # stored while private targets were allowed; by address and by a name that resolves to loopback
         await db.endpoint(receiver.url + "/internal")
         await db.endpoint(receiver.url.replace("127.0.0.1", "localhost") + "/internal")
@@ -364,9 +364,9 @@ def test_only_public_addresses_are_delivery_targets(address: str, public: bool) 
     assert webhooks.is_public_address(address) is public
 
 
-async def test_event_to_acknowledgement_is_fast_when_woken(database_url: str) -> None:
+async def test_event_to_acknowledgement_is_fast_when_woken(cp_database_url: str) -> None:
     """A running worker is woken by the emitting commit; it does not wait for its poll interval."""
-    async with webhook_db(database_url) as db, running_receiver() as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver() as receiver:
         await db.endpoint(receiver.url + "/hook")
         worker = DeliveryWorker(db.sessions, db.box, worker_settings(db.url, webhook_poll_interval_s=30.0))
         worker.start()
@@ -382,14 +382,14 @@ async def test_event_to_acknowledgement_is_fast_when_woken(database_url: str) ->
         assert receiver.events() == ["sandbox.pause"]
 
 
-async def test_a_stopping_worker_hands_interrupted_deliveries_back_at_once(database_url: str) -> None:
+async def test_a_stopping_worker_hands_interrupted_deliveries_back_at_once(cp_database_url: str) -> None:
     release = asyncio.Event()
 
     async def hold(_: Received) -> int:
         await release.wait()
         return 200
 
-    async with webhook_db(database_url) as db, running_receiver(hold) as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver(hold) as receiver:
         await db.endpoint(receiver.url + "/hook")
         await db.emit("sandbox.destroy", {"sandbox_id": "sb-1"}, utcnow())
         stopping = DeliveryWorker(db.sessions, db.box, worker_settings(db.url, webhook_lease_s=3600))
@@ -408,7 +408,9 @@ async def test_a_stopping_worker_hands_interrupted_deliveries_back_at_once(datab
         assert len(receiver.received) == 2
 
 
-async def test_a_live_worker_keeps_its_claim_while_an_attempt_outlasts_the_lease(database_url: str) -> None:
+async def test_a_live_worker_keeps_its_claim_while_an_attempt_outlasts_the_lease(
+    cp_database_url: str,
+) -> None:
     """A slow receiver (3 s) with 1 s leases: the sending worker renews its lease while it waits, so the
     other worker polling the same queue never takes the delivery over and the receiver gets it once."""
 
@@ -416,7 +418,7 @@ async def test_a_live_worker_keeps_its_claim_while_an_attempt_outlasts_the_lease
         await asyncio.sleep(3)
         return 200
 
-    async with webhook_db(database_url) as db, running_receiver(slow) as receiver:
+    async with webhook_db(cp_database_url) as db, running_receiver(slow) as receiver:
         await db.endpoint(receiver.url + "/hook")
         await db.emit("sandbox.create", CREATE_DATA, utcnow())
         settings = worker_settings(db.url, webhook_lease_s=1.0, webhook_poll_interval_s=0.1)

@@ -32,9 +32,9 @@ def make_worker(db: WebhookDb, clock: FakeClock) -> DeliveryWorker:
     return DeliveryWorker(db.sessions, db.box, worker_settings(db.url), clock=clock)
 
 
-async def test_a_claim_does_not_wait_for_the_worker_s_result_write(database_url: str) -> None:
+async def test_a_claim_does_not_wait_for_the_worker_s_result_write(cp_database_url: str) -> None:
     clock = FakeClock()
-    async with webhook_db(database_url) as db:
+    async with webhook_db(cp_database_url) as db:
         await db.endpoint("http://127.0.0.1:9/hook")
         await emit_many(db, 2, clock)
         worker = make_worker(db, clock)
@@ -56,9 +56,9 @@ async def test_a_claim_does_not_wait_for_the_worker_s_result_write(database_url:
         await worker.stop()
 
 
-async def test_a_claim_is_one_statement_that_reads_the_due_rows_in_order(database_url: str) -> None:
+async def test_a_claim_is_one_statement_that_reads_the_due_rows_in_order(cp_database_url: str) -> None:
     clock = FakeClock()
-    async with webhook_db(database_url) as db:
+    async with webhook_db(cp_database_url) as db:
         await db.endpoint("http://127.0.0.1:9/hook")
         await emit_many(db, 1000, clock)
         clock.advance(1)
