@@ -76,6 +76,9 @@ from bench import (
 )
 from bench import platform as bench_platform
 
+#: Issue #36's sections, run first (``Run.run``): most of their goals are latencies a busy box moves the
+#: most. Each takes minutes.
+WAVE3_FIRST = ("fork_after_write", "pools", "templates", "pg_mode", "fleet", "heartbeat")
 SECTIONS = (
     "lifecycle",
     "fork",
@@ -87,26 +90,11 @@ SECTIONS = (
     "vm",
     "isolation",
     "desktop",
-    "fork_after_write",
-    "pools",
-    "templates",
-    "pg_mode",
-    "fleet",
-    "heartbeat",
+    *WAVE3_FIRST,
 )
 #: Not in --smoke unless asked with --only: each takes minutes, and those with a smoke test of their own
 #: run it in tests/bench.
-NOT_IN_SMOKE = (
-    "vm",
-    "isolation",
-    "desktop",
-    "fork_after_write",
-    "pools",
-    "templates",
-    "pg_mode",
-    "fleet",
-    "heartbeat",
-)
+NOT_IN_SMOKE = ("vm", "isolation", "desktop", *WAVE3_FIRST)
 RESULTS = Path(__file__).resolve().parent / "results"
 POOL_SIZE = 2
 
@@ -458,8 +446,7 @@ class Run:
         if os.geteuid() != 0:
             print("bench needs root (namespaces, cgroups, mounts)", file=sys.stderr)
             return 2
-        # Issue #36's sections first: most of their goals are latencies a busy box moves the most.
-        for name in ("fork_after_write", "pools", "templates", "pg_mode", "fleet", "heartbeat"):
+        for name in WAVE3_FIRST:
             if name in self.args.sections:
                 self.section(name, getattr(self, name))
         if {"lifecycle", "fork", "creates", "density", "throughput"} & set(self.args.sections):

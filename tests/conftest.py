@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import uvicorn
 
-from paddock_controlplane.app import MIGRATIONS as CP_MIGRATIONS
 from paddock_core.db import upgrade
 from tests import sweep
 
@@ -64,19 +63,31 @@ async def _pg_execute(admin_url: str, sql: str) -> None:
         await conn.close()
 
 
+def _pg_url(admin: str, name: str) -> str:
+    """The URL of database ``name`` on the cluster of the admin URL ``admin``."""
+    return admin.rsplit("/", 1)[0] + "/" + name
+
+
+@asynccontextmanager
+async def _pg_database(template: str | None = None) -> AsyncIterator[str]:
+    """A new PostgreSQL test database, empty or a copy of ``template``; dropped afterwards."""
+    admin = pg_admin_url()
+    name = "t_" + secrets.token_hex(6)
+    await _pg_execute(admin, f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+    try:
+        yield _pg_url(admin, name)
+    finally:
+        await _pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @asynccontextmanager
 async def fresh_database(engine: str, tmp_path: Path) -> AsyncIterator[str]:
     """A brand-new empty database on ``engine``; dropped afterwards."""
     if engine == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"
         return
-    admin = pg_admin_url()
-    name = "t_" + secrets.token_hex(6)
-    await _pg_execute(admin, f"CREATE DATABASE {name}")
-    try:
-        yield admin.rsplit("/", 1)[0] + "/" + name
-    finally:
-        await _pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    async with _pg_database() as url:
+        yield url
 
 
 class SchemaTemplates:
@@ -108,7 +119,7 @@ class SchemaTemplates:
             name = "t_tpl_" + secrets.token_hex(6)
             await _pg_execute(admin, f"CREATE DATABASE {name}")
             try:
-                await upgrade(migrations, admin.rsplit("/", 1)[0] + "/" + name)
+                await upgrade(migrations, _pg_url(admin, name))
                 await _pg_execute(admin, f"ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false")
             except BaseException:
                 await _pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
@@ -146,14 +157,8 @@ async def migrated_database(
         shutil.copyfile(await _TEMPLATES.sqlite_file(migrations, tmp_path_factory), target)
         yield f"sqlite+aiosqlite:///{target}"
         return
-    template = await _TEMPLATES.postgresql_name(migrations)
-    admin = pg_admin_url()
-    name = "t_" + secrets.token_hex(6)
-    await _pg_execute(admin, f"CREATE DATABASE {name} TEMPLATE {template}")
-    try:
-        yield admin.rsplit("/", 1)[0] + "/" + name
-    finally:
-        await _pg_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    async with _pg_database(template=await _TEMPLATES.postgresql_name(migrations)) as url:
+        yield url
 
 
 @pytest.fixture(params=ENGINES)
@@ -173,7 +178,11 @@ async def cp_database_url(
     db_engine: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[str]:
     """A database with the control plane's schema at head (``migrated_database``)."""
-    async with migrated_database(db_engine, tmp_path, tmp_path_factory, CP_MIGRATIONS) as url:
+    # Imported here, not at the top: the control plane's app takes ~1.7 s to import, which every test
+    # process (each xdist worker, a run of tests/core alone) would otherwise pay at start-up.
+    from paddock_controlplane.app import MIGRATIONS
+
+    async with migrated_database(db_engine, tmp_path, tmp_path_factory, MIGRATIONS) as url:
         yield url
 
 
