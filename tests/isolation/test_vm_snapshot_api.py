@@ -114,7 +114,9 @@ def test_a_vm_snapshot_through_the_api_boots_with_the_sources_files_and_processe
         assert (hostname, kept, bg_pid) == (copy["name"], "kept", pid)
         assert sh(api, copy["id"], f"kill -0 {pid} && echo alive").strip() == "alive"
         counter_passes(api, copy["id"], before)
-    assert len({source["ip"], first["ip"], second["ip"]}) == 3
+    # Each copy has its own address: the first beside its live source, the second beside the first. The
+    # second may get the destroyed source's (the host hands out the lowest free one).
+    assert len({source["ip"], first["ip"]}) == 2 and second["ip"] != first["ip"]
 
     assert api.delete(f"/v1/snapshots/{snap['id']}").status_code == 200
     assert api.get(f"/v1/snapshots/{snap['id']}").status_code == 404
@@ -153,7 +155,9 @@ def test_an_agent_killed_in_the_middle_of_a_vm_snapshot_leaves_the_source_runnin
     wait_status(api, sid, "running", timeout_s=30)
     assert sh(api, sid, "cat /root/kept; stat -c %s /root/dirty.bin").split() == ["kept", str(800 << 20)]
     counter_passes(api, sid, before)  # the very process, running again
-    assert api.get("/v1/snapshots").json()["data"]["pagination"]["total"] == 0
+    # None of this source's (another test's snapshot may be listed beside, if that test failed)
+    listed = api.get("/v1/snapshots", params={"limit": 100}).json()["data"]["data"]
+    assert [s["id"] for s in listed if s["source_sandbox_id"] == sid] == []
     made = api.post(f"/v1/sandboxes/{sid}/snapshots", json={})
     assert made.status_code == 200, made.text
     assert api.delete(f"/v1/snapshots/{made.json()['data']['id']}").status_code == 200
