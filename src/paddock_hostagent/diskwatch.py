@@ -206,6 +206,11 @@ class DiskWatch:
         self._usage = usage
         if room.free_mib >= self.high_mib:
             return
+        if room.free_mib < self.low_mib and growing:
+            # Held before the trim, not after: a FITRIM under heavy writes can take seconds, in which
+            # the writers would go on filling the host (a full run saw 400 MiB past the low watermark).
+            await self._hold(growing, room)
+            growing = []
         await asyncio.to_thread(self._trim_store)
         room = self.measure() or room
         if room.free_mib < self.low_mib and growing:
