@@ -17,6 +17,7 @@ from typing import Protocol
 
 import httpx
 
+from paddock_core import tls
 from paddock_core.logging import get_logger
 from paddock_gateway.errors import PricingUnavailable
 
@@ -50,7 +51,7 @@ class HttpPricing:
 
     async def monthly_credits(self) -> Decimal:
         try:
-            async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            async with httpx.AsyncClient(timeout=self.timeout_s, verify=tls.client_context()) as http:
                 response = await http.get(self.url)
                 response.raise_for_status()
                 value = Decimal(str(response.json()[self.field]))

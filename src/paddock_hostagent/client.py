@@ -46,6 +46,7 @@ import aiohttp
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from paddock_core import tls
 from paddock_hostagent import channelwire
 from paddock_hostagent.channelclient import AgentChannel, ChannelLostError, ChannelStreamLaggedError
 from paddock_hostagent.schemas import (
@@ -276,6 +277,7 @@ class HostAgentClient:
             headers=self._headers,
             timeout=self._timeout,
             limits=httpx.Limits(max_keepalive_connections=64, max_connections=256),
+            verify=tls.client_context(),  # shared: httpx would load the CA bundle for each host's link
         )
         self._session: aiohttp.ClientSession | None = None  # made on first use, inside the event loop
         self.channel = AgentChannel(base_url, self._headers, self._aiohttp) if channel else None
