@@ -17,6 +17,7 @@ from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.resources import accounts
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_core import tls
 from paddock_core.db import make_engine, make_sessionmaker, transaction
 from tests.conftest import LiveServer
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
@@ -64,7 +65,7 @@ async def controlplane(cp_settings: ControlPlaneSettings) -> AsyncIterator[Contr
     # The app migrates as it starts: a no-op on cp_settings' database, a migrated copy, that shows it is at head.
     async with (
         LiveServer(create_app(cp_settings)) as server,
-        httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+        httpx.AsyncClient(base_url=server.url, timeout=30, verify=tls.client_context()) as http,
     ):
         yield ControlPlane(url=server.url, settings=cp_settings, http=http)
 
@@ -131,7 +132,10 @@ async def clocked(
     clock = FakeClock(start=None)
     settings = cp_settings.model_copy(update={"host_dead_after_s": 10**9})
     app = create_app(settings, clock=clock)
-    async with LiveServer(app) as server, httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+    async with (
+        LiveServer(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30, verify=tls.client_context()) as http,
+    ):
         beat = await http.post(
             "/internal/v1/hosts/heartbeat", json=HOST_BEAT, headers={"Authorization": f"Bearer {HOST_TOKEN}"}
         )
@@ -142,4 +146,6 @@ async def clocked(
 
 async def user_client(clocked: Clocked, credits: int = 500) -> tuple[str, httpx.AsyncClient]:
     user_id, key = await clocked.cp.new_user("pro", credits=credits)
-    return user_id, httpx.AsyncClient(base_url=clocked.cp.url, headers={"X-API-Key": key}, timeout=30)
+    return user_id, httpx.AsyncClient(
+        base_url=clocked.cp.url, headers={"X-API-Key": key}, timeout=30, verify=tls.client_context()
+    )

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from paddock_controlplane.settings import ControlPlaneSettings
+from paddock_core import tls
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
 from tests.controlplane.sandboxes.test_sandboxes_rules import fake_host
@@ -33,7 +34,10 @@ def cp_settings(cp_settings: ControlPlaneSettings) -> ControlPlaneSettings:
 
 async def client_for(controlplane: ControlPlane, plan: str = "pro", credits: int = 500) -> httpx.AsyncClient:
     _, key = await controlplane.new_user(plan, credits)
-    return httpx.AsyncClient(base_url=controlplane.url, headers={"X-Api-Key": key}, timeout=30)
+    # One TLS context for all (tls.py): httpx would load the CA bundle per client, ~50 ms each
+    return httpx.AsyncClient(
+        base_url=controlplane.url, headers={"X-Api-Key": key}, timeout=30, verify=tls.client_context()
+    )
 
 
 @pytest.fixture
