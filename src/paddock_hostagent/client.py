@@ -256,6 +256,13 @@ def _aiohttp_timeout(timeout: httpx.Timeout | float | None, default: httpx.Timeo
     return aiohttp.ClientTimeout(total=None, connect=timeout.connect, sock_read=timeout.read)
 
 
+#: How long an idle connection to the agent is kept for reuse: under the agent's own keep-alive
+#: (``paddock_core.serving.KEEP_ALIVE_S``, 5 s), after which the agent closes it. Kept longer (30 s
+#: before), a call could go out on a connection the agent had just closed, before this loop had read
+#: the close (a busy loop reads it late): the call failed ("Can not write request body", a 500).
+IDLE_REUSE_S = 4.0
+
+
 class HostAgentClient:
     def __init__(
         self,
@@ -276,7 +283,9 @@ class HostAgentClient:
             base_url=self._base,
             headers=self._headers,
             timeout=self._timeout,
-            limits=httpx.Limits(max_keepalive_connections=64, max_connections=256),
+            limits=httpx.Limits(
+                max_keepalive_connections=64, max_connections=256, keepalive_expiry=IDLE_REUSE_S
+            ),
             verify=tls.client_context(),  # shared: httpx would load the CA bundle for each host's link
         )
         self._session: aiohttp.ClientSession | None = None  # made on first use, inside the event loop
@@ -286,7 +295,7 @@ class HostAgentClient:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=256, limit_per_host=256, keepalive_timeout=30),
+                connector=aiohttp.TCPConnector(limit=256, limit_per_host=256, keepalive_timeout=IDLE_REUSE_S),
                 read_bufsize=_READ_BUFFER_BYTES,
                 json_serialize=lambda doc: json.dumps(doc, separators=(",", ":")),
             )
