@@ -24,6 +24,7 @@ import json
 import select
 import socket
 import threading
+import time
 import urllib.request
 import zlib
 from collections.abc import Mapping
@@ -37,6 +38,10 @@ import httpx
 DIRECT_KWARGS = frozenset({"json", "params", "timeout"})
 #: The most idle connections kept per client (more are opened under concurrency, then closed).
 MAX_IDLE = 8
+#: How long an idle connection is kept for reuse: under the control plane's keep-alive (5 s), after
+#: which it closes the connection. Reused later, a connection the server had just closed failed the
+#: call whenever the close had not been read yet (an event loop busy elsewhere reads it late).
+IDLE_REUSE_S = 4.0
 #: Caps on what an answer may hold before it is taken for a broken peer, not an answer.
 MAX_HEAD_BYTES = 64 << 10
 MAX_BODY_BYTES = 256 << 20
@@ -286,7 +291,7 @@ class _Pool(Generic[_C]):
         self.origin = origin
         self.headers = dict(headers)
         self.timeout = timeout
-        self._idle: list[_C] = []
+        self._idle: list[tuple[_C, float]] = []  # with when each went idle (time.monotonic)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -303,8 +308,8 @@ class _Pool(Generic[_C]):
                     raise RuntimeError("Cannot send a request, as the client has been closed.")
                 if not self._idle:
                     return None
-                conn = self._idle.pop()
-            if not conn.stale():
+                conn, since = self._idle.pop()
+            if time.monotonic() - since < IDLE_REUSE_S and not conn.stale():
                 return conn
             conn.close()
 
@@ -313,7 +318,7 @@ class _Pool(Generic[_C]):
         with self._lock:
             kept = answer.clean() and not self._closed and len(self._idle) < MAX_IDLE
             if kept:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
         if not kept:
             conn.close()
         return response(*answer.answer())
@@ -322,7 +327,7 @@ class _Pool(Generic[_C]):
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()
 
 
