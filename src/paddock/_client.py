@@ -77,6 +77,9 @@ class Client:
             timeout=timeout,
             transport=transport,
             follow_redirects=False,
+            # Under the control plane's keep-alive, as the direct path's (``_wire.IDLE_REUSE_S``): httpx
+            # keeps an idle connection as long as the server does, 5 s, so a call could race its close.
+            limits=httpx.Limits(keepalive_expiry=_wire.IDLE_REUSE_S),
         )
         # Plain JSON calls skip httpx (~0.45 ms of CPU each) where nothing httpx does is needed: an
         # ``http://`` base URL with no proxy, and no transport of the caller's own (see ``_wire``).
