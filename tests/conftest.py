@@ -7,16 +7,21 @@ import io
 import os
 import secrets
 import shutil
+import socket
 import sys
+import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
 
+from paddock_core import serving
 from paddock_core.db import upgrade
 from tests import sweep
 
@@ -220,6 +225,35 @@ class LiveServer:
         self.server.should_exit = True
         if self.task:
             await self.task
+
+
+@dataclass
+class ThreadedService:
+    url: str
+    server: serving.FrozenHeapServer
+    thread: threading.Thread
+
+
+@contextmanager
+def service_in_thread(app: Any) -> Iterator[ThreadedService]:
+    """``app`` served as ``paddock_core.serving.serve`` serves a service (its uvicorn settings, its
+    keep-alive), on a loopback port, in a thread with its own event loop: it goes on answering, and
+    closing idle connections, while the test's own loop is held. Stopped afterwards."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = serving.FrozenHeapServer(serving.config(app, "127.0.0.1", port))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "uvicorn did not start within 10 s"
+    try:
+        yield ThreadedService(f"http://127.0.0.1:{port}", server, thread)
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def _task_stacks() -> str:

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from paddock_core import serving
+from tests.conftest import service_in_thread
 
 
 @pytest.fixture
@@ -109,34 +110,25 @@ def test_a_service_told_to_stop_does_not_wait_for_ever_on_an_open_stream(
         yield
         shut_down.set()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     app = Starlette(routes=[Route("/follow", endless)], lifespan=lifespan)
-    server = serving.FrozenHeapServer(serving.config(app, "127.0.0.1", port))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "uvicorn did not start within 10 s"
-    received = threading.Event()
+    with service_in_thread(app) as service:
+        received = threading.Event()
 
-    def follow() -> None:
-        with (
-            contextlib.suppress(httpx.HTTPError),
-            httpx.stream("GET", f"http://127.0.0.1:{port}/follow") as response,
-        ):
-            for _ in response.iter_bytes():
-                received.set()
+        def follow() -> None:
+            with (
+                contextlib.suppress(httpx.HTTPError),
+                httpx.stream("GET", f"{service.url}/follow") as response,
+            ):
+                for _ in response.iter_bytes():
+                    received.set()
 
-    threading.Thread(target=follow, daemon=True).start()
-    assert received.wait(5), "the stream never started"
-    told = time.monotonic()
-    server.should_exit = True  # what SIGTERM does
-    thread.join(10)
-    assert not thread.is_alive(), (
-        "the service was still waiting for the stream 10 s after it was told to stop"
-    )
-    assert time.monotonic() - told < 5
+        threading.Thread(target=follow, daemon=True).start()
+        assert received.wait(5), "the stream never started"
+        told = time.monotonic()
+        service.server.should_exit = True  # what SIGTERM does
+        service.thread.join(10)
+        assert not service.thread.is_alive(), (
+            "the service was still waiting for the stream 10 s after it was told to stop"
+        )
+        assert time.monotonic() - told < 5
     assert shut_down.is_set(), "the app's shutdown never ran"

@@ -9,13 +9,10 @@ The agent side is the real server configuration, in a thread of its own."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -23,6 +20,7 @@ from starlette.routing import Route
 
 from paddock_core import serving
 from paddock_hostagent.client import IDLE_REUSE_S, HostAgentClient
+from tests.conftest import service_in_thread
 
 
 async def echo(request: Request) -> JSONResponse:
@@ -31,23 +29,8 @@ async def echo(request: Request) -> JSONResponse:
 
 @pytest.fixture
 def agent_like_server() -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        serving.config(Starlette(routes=[Route("/echo", echo, methods=["POST"])]), "127.0.0.1", port)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started, "the server did not start"
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with service_in_thread(Starlette(routes=[Route("/echo", echo, methods=["POST"])])) as service:
+        yield service.url
 
 
 async def test_a_call_after_the_agents_keep_alive_gets_a_fresh_connection(agent_like_server: str) -> None:

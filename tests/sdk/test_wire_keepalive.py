@@ -6,13 +6,10 @@ async client sent it on the closed connection and the call failed, a POST withou
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -21,6 +18,7 @@ from starlette.routing import Route
 import paddock
 from paddock import RetryPolicy, _wire
 from paddock_core import serving
+from tests.conftest import service_in_thread
 
 
 async def echo(request: Request) -> JSONResponse:
@@ -29,22 +27,8 @@ async def echo(request: Request) -> JSONResponse:
 
 @pytest.fixture
 def controlplane_like() -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    app = Starlette(routes=[Route("/v1/echo", echo, methods=["POST"])])
-    server = uvicorn.Server(serving.config(app, "127.0.0.1", port))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started, "the server did not start"
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with service_in_thread(Starlette(routes=[Route("/v1/echo", echo, methods=["POST"])])) as service:
+        yield service.url
 
 
 async def test_a_call_after_the_servers_keep_alive_goes_out_on_a_fresh_connection(
