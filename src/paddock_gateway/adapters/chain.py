@@ -5,10 +5,22 @@ Every failure below (connection refused, timeout, JSON-RPC error, malformed answ
 ``ChainError`` here, so the domain never sees a web3 or aiohttp exception. A call or gas estimate that
 the contract itself reverts is ``CallReverted`` instead: that is an answer about the payment, not an
 unreachable chain.
+
+The transport is ``OwnSessionProvider``, not web3's ``AsyncHTTPProvider``. web3 hands out its aiohttp
+sessions under one process-wide ``threading.Lock`` taken in a thread pool; a call cancelled while it
+waits for that lock (a ``wait_for`` timeout, a client gone, a shutting-down loop) leaves the lock taken
+by the pool thread for good, and every later chain call in the process hangs. CI saw it: a gateway
+start-up stuck in ``check_chains`` for 120 s. Each ``ChainClient`` owns its session instead.
+
+CCIP read (EIP-3668) is off. With it on, an ``eth_call`` to a contract that reverts with
+``OffchainLookup`` makes web3 fetch the URLs the contract names, from the gateway's own network; the
+wallets whose signatures the gateway checks are contracts a tenant deploys, so that would be an outbound
+connection a tenant steers (docs/security.md, rule 1). Such a revert is just ``CallReverted`` here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +28,18 @@ from typing import Any
 import aiohttp
 from web3 import AsyncWeb3
 from web3.exceptions import ContractLogicError, TransactionNotFound, Web3Exception
-from web3.providers.rpc import AsyncHTTPProvider
+from web3.providers.async_base import AsyncJSONBaseProvider
+from web3.types import RPCEndpoint, RPCResponse
 
 BALANCE_OF_SELECTOR = "0x70a08231"
+
+# A node's answer is read whole into memory; no answer to the calls below comes near this (a receipt
+# with thousands of logs is a few MiB).
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+
+# Idle connections are reused for this long: under the 5 s keep-alive of common HTTP servers, so a
+# request never goes out on a connection the node is closing.
+IDLE_REUSE_S = 4.0
 
 
 class ChainError(Exception):
@@ -50,15 +71,54 @@ def _hex(value: Any) -> str:
     return "0x" + bytes(value).hex()
 
 
+class OwnSessionProvider(AsyncJSONBaseProvider):
+    """JSON-RPC over HTTP(S) through one aiohttp session this provider owns (see the module's doc for
+    why not web3's own). web3 still encodes the requests and formats the answers and errors."""
+
+    global_ccip_read_enabled = False
+
+    def __init__(self, rpc_url: str, *, timeout_s: float) -> None:
+        super().__init__()
+        self.rpc_url = rpc_url
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
+
+    def _session_now(self) -> aiohttp.ClientSession:
+        # A session belongs to the loop it was made on; a client used from another loop (a test's
+        # next event loop) gets a new one.
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._session_loop is not loop:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(keepalive_timeout=IDLE_REUSE_S),
+                headers={"Content-Type": "application/json"},
+            )
+            self._session_loop = loop
+        return self._session
+
+    async def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
+        body = self.encode_rpc_request(method, params)
+        async with self._session_now().post(self.rpc_url, data=body, timeout=self._timeout) as response:
+            response.raise_for_status()
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.content.iter_chunked(64 * 1024):
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise ChainError(f"the node's answer to {method} is over {MAX_ANSWER_BYTES} bytes")
+                chunks.append(chunk)
+        return self.decode_rpc_response(b"".join(chunks))
+
+    async def disconnect(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and not session.closed and self._session_loop is asyncio.get_running_loop():
+            await session.close()
+
+
 class ChainClient:
     def __init__(self, rpc_url: str, *, timeout_s: float = 10.0) -> None:
         self.rpc_url = rpc_url
-        provider = AsyncHTTPProvider(
-            rpc_url,
-            request_kwargs={"timeout": aiohttp.ClientTimeout(total=timeout_s)},
-            exception_retry_configuration=None,
-        )
-        self.w3 = AsyncWeb3(provider)
+        self.w3 = AsyncWeb3(OwnSessionProvider(rpc_url, timeout_s=timeout_s))
         self._chain_id: int | None = None
 
     async def _call(self, coro: Any) -> Any:
