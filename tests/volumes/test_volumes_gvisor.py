@@ -17,7 +17,7 @@ import pytest
 
 from tests.live import LivePlatform
 from tests.volumes.conftest import platform_on
-from tests.volumes.test_volumes_live import Account, under
+from tests.volumes.test_volumes_live import Account, settled
 
 pytestmark = [
     pytest.mark.root,
@@ -61,7 +61,7 @@ def test_a_volume_written_in_one_gvisor_sandbox_is_read_in_the_next(
     account.destroy(second)
 
     agent = platform.agents[0]
-    points, loops = under(agent.state_dir / "volumes")
+    points, loops = settled(agent.state_dir / "volumes")
     assert points == [] and loops == [], (points, loops)
 
 
@@ -95,5 +95,5 @@ def test_gvisor_readers_share_a_volume_and_cannot_write_it(platform: LivePlatfor
     # (no `ls`: the 2022 sentry refuses the statx of newer coreutils, docs/isolation.md)
     assert account.out(again, "cat /data/f.txt; echo /data/*") == "from-writer\n/data/f.txt\n"
     account.destroy(again)
-    points, loops = under(platform.agents[0].state_dir / "volumes")
+    points, loops = settled(platform.agents[0].state_dir / "volumes")
     assert points == [] and loops == [], (points, loops)

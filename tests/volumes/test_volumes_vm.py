@@ -17,7 +17,7 @@ import pytest
 from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
 from tests.live import LivePlatform
 from tests.volumes.conftest import platform_on
-from tests.volumes.test_volumes_live import Account, under
+from tests.volumes.test_volumes_live import Account, settled, under
 
 pytestmark = [
     pytest.mark.root,
@@ -88,4 +88,4 @@ def test_a_volume_written_in_one_vm_is_read_in_the_next_and_a_read_only_drive_re
     assert held == []
     grown = account.http.patch(f"/v1/volumes/{vid}", json={"size_mib": 2048})  # held by none: it grows
     assert grown.status_code == 200 and grown.json()["data"]["size_mib"] == 2048, grown.text
-    assert under(agent.state_dir / "volumes") == ([], [])
+    assert settled(agent.state_dir / "volumes") == ([], [])
