@@ -8,6 +8,8 @@ processes restart and its address may change; a VM's processes go on)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -90,7 +92,17 @@ async def pause(
     return outcome.row
 
 
-def pause_later(services: Services, sandbox: Sandbox, reason: str, *, label: str | None = None) -> None:
+class Target(NamedTuple):
+    """The sandbox a background pause or hibernation is for: what it needs of the row. A ``Sandbox``
+    has both fields too; a pass that reads plain columns (``reconciler.idle_pass``) passes this."""
+
+    id: str
+    user_id: str
+
+
+def pause_later(
+    services: Services, sandbox: Target | Sandbox, reason: str, *, label: str | None = None
+) -> None:
     """Pause in the background (idle, out of credit, self-pause), at most once at a time per sandbox."""
     pausing = services.auto_pausing
     if sandbox.id in pausing:
@@ -198,7 +210,7 @@ async def hibernate(
 
 def hibernate_later(
     services: Services,
-    sandbox: Sandbox,
+    sandbox: Target | Sandbox,
     *,
     reason: str = "idle",
     expect: SandboxStatus = SandboxStatus.PAUSED,
