@@ -159,23 +159,22 @@ async def idle_pass(session: AsyncSession, services: Services) -> None:
 
 async def auto_hibernate_pass(session: AsyncSession, services: Services) -> None:
     """A frozen pause that asked for it (``hibernate_after_seconds``, docs/hibernation.md) is hibernated
-    once the sandbox has stayed paused that long: its host keeps only its disk from then on."""
+    once the sandbox has stayed paused that long: its host keeps only its disk from then on. Plain
+    columns, as in ``idle_pass``: it runs every second over every such pause."""
     now = services.clock()
-    rows = (
-        await session.scalars(
-            select(Sandbox).where(
-                Sandbox.status == SandboxStatus.PAUSED,
-                Sandbox.auto_hibernate_after_seconds.is_not(None),
-                Sandbox.hibernated.is_(False),
-            )
+    rows = await session.execute(
+        select(Sandbox.id, Sandbox.user_id, Sandbox.paused_at, Sandbox.auto_hibernate_after_seconds).where(
+            Sandbox.status == SandboxStatus.PAUSED,
+            Sandbox.auto_hibernate_after_seconds.is_not(None),
+            Sandbox.hibernated.is_(False),
         )
-    ).all()
+    )
     for sandbox in rows:
         paused_at = sandbox.paused_at
         if paused_at is None:
             continue
         if (now - as_utc(paused_at)).total_seconds() >= int(sandbox.auto_hibernate_after_seconds or 0):
-            suspension.hibernate_later(services, sandbox)
+            suspension.hibernate_later(services, suspension.Target(sandbox.id, sandbox.user_id))
 
 
 #: Seconds a row may stay ``pausing``/``resuming`` before it counts as left by a dead process: a live
