@@ -17,7 +17,7 @@ import pytest
 
 from tests.live import LivePlatform
 from tests.volumes.conftest import platform_on
-from tests.volumes.test_volumes_live import Account, settled
+from tests.volumes.test_volumes_live import Account, holders, settled
 
 pytestmark = [
     pytest.mark.root,
@@ -62,7 +62,7 @@ def test_a_volume_written_in_one_gvisor_sandbox_is_read_in_the_next(
 
     agent = platform.agents[0]
     points, loops = settled(agent.state_dir / "volumes")
-    assert points == [] and loops == [], (points, loops)
+    assert points == [] and loops == [], (points, loops, holders(loops))
 
 
 def test_gvisor_readers_share_a_volume_and_cannot_write_it(platform: LivePlatform, account: Account) -> None:
@@ -96,4 +96,4 @@ def test_gvisor_readers_share_a_volume_and_cannot_write_it(platform: LivePlatfor
     assert account.out(again, "cat /data/f.txt; echo /data/*") == "from-writer\n/data/f.txt\n"
     account.destroy(again)
     points, loops = settled(platform.agents[0].state_dir / "volumes")
-    assert points == [] and loops == [], (points, loops)
+    assert points == [] and loops == [], (points, loops, holders(loops))
