@@ -46,10 +46,9 @@ async def orm_pass(session: Any, services: Any) -> None:
     """The pass before: every row as a ``Sandbox`` object, the same decision."""
     from paddock_controlplane.records.models import Sandbox
     from paddock_controlplane.records.states import SandboxStatus
-    from paddock_core.timeutil import as_utc
+    from paddock_controlplane.workers.reconciler import idle_long_enough
 
-    now = services.clock()
-    activity = services.activity.last_seen_s
+    now_s = services.clock().timestamp()
     rows = (
         await session.scalars(
             select(Sandbox).where(
@@ -58,17 +57,8 @@ async def orm_pass(session: Any, services: Any) -> None:
         )
     ).all()
     for sandbox in rows:
-        marks = [
-            as_utc(t).timestamp()
-            for t in (sandbox.last_activity_at, sandbox.last_resumed_at, sandbox.running_at)
-            if t
-        ]
-        if sandbox.id in activity:
-            marks.append(activity[sandbox.id])
-        last = max(marks) if marks else now.timestamp()
-        if now.timestamp() - last < int(sandbox.auto_pause_after_seconds or 0):
-            continue
-        raise AssertionError(f"{sandbox.id} is idle: the bench's rows are all active")
+        if idle_long_enough(sandbox, now_s, services.activity.last_seen_s):
+            raise AssertionError(f"{sandbox.id} is idle: the bench's rows are all active")
 
 
 async def floor_read(session: Any, services: Any) -> None:

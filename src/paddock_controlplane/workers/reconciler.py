@@ -14,6 +14,7 @@ import datetime as dt
 import math
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -116,6 +117,21 @@ async def storage_billing_pass(session: AsyncSession, services: Services) -> Non
     await _pause_out_of_credit(session, services, exhausted)
 
 
+def idle_long_enough(sandbox: Any, now_s: float, activity: dict[str, float]) -> bool:
+    """Whether ``sandbox`` (a ``Sandbox``, or a row of its columns) has been idle for its
+    ``auto_pause_after_seconds``: since the latest of its recorded activity, resume and start, and the
+    activity this process saw (``activity``, by id) and has not written yet."""
+    marks = [
+        as_utc(t).timestamp()
+        for t in (sandbox.last_activity_at, sandbox.last_resumed_at, sandbox.running_at)
+        if t
+    ]
+    if sandbox.id in activity:
+        marks.append(activity[sandbox.id])
+    last = max(marks) if marks else now_s
+    return now_s - last >= int(sandbox.auto_pause_after_seconds or 0)
+
+
 async def idle_pass(session: AsyncSession, services: Services) -> None:
     """A running sandbox idle for its ``auto_pause_after_seconds`` is paused, or hibernated when its
     ``on_idle`` is ``hibernate``.
@@ -138,17 +154,7 @@ async def idle_pass(session: AsyncSession, services: Services) -> None:
         ).where(Sandbox.status == SandboxStatus.RUNNING, Sandbox.auto_pause_after_seconds.is_not(None))
     )
     for sandbox in rows:
-        if inflight.get(sandbox.id):
-            continue
-        marks = [
-            as_utc(t).timestamp()
-            for t in (sandbox.last_activity_at, sandbox.last_resumed_at, sandbox.running_at)
-            if t
-        ]
-        if sandbox.id in activity:
-            marks.append(activity[sandbox.id])
-        last = max(marks) if marks else now_s
-        if now_s - last < int(sandbox.auto_pause_after_seconds or 0):
+        if inflight.get(sandbox.id) or not idle_long_enough(sandbox, now_s, activity):
             continue
         target = suspension.Target(sandbox.id, sandbox.user_id)
         if sandbox.on_idle == "hibernate":  # its host keeps only its disk (docs/hibernation.md)
