@@ -100,7 +100,7 @@ def test_a_resident_helper_serves_screenshots_of_what_the_screen_shows(desktop: 
         ["-sS", "--unix-socket", HELPER_SOCKET, "--data-binary", "@-", "http://helper/screenshot"],
         stdin='{"x": 0, "y": 0, "width": 320, "height": 200}',
     )
-    assert served.exit_code == 0, served.stderr
+    assert served.exit_code == 0, (served.stderr, helper_state(desktop))
     from_helper = base64.b64decode(json.loads(served.stdout)["data"]["png"])
     grabbed = desktop.run(
         "sh", ["-c", "DISPLAY=:0 scrot -o -a 0,0,320,200 /tmp/grab.png && base64 -w0 /tmp/grab.png"]
@@ -117,6 +117,26 @@ def test_a_resident_helper_serves_screenshots_of_what_the_screen_shows(desktop: 
     assert decode_png(desktop.computer.screenshot(region=(0, 0, 320, 200))) == expected
     # The call answers before its helper forks off to stay resident, so that may take a moment.
     eventually(lambda: resident_helpers(desktop), "the helper to be started again", timeout_s=15)
+
+
+# What a failure to reach the resident helper needs explained: the state directory (through Python:
+# coreutils' statx fails on gVisor 2022), the lock's pid, the helper processes, and its faults log.
+HELPER_STATE = r"""
+import os, subprocess
+d = "/run/paddock-desktop"
+print(sorted(os.listdir(d)) if os.path.isdir(d) else "no state dir")
+for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+    if name.endswith(".lock"):
+        print(name, open(os.path.join(d, name)).read().strip())
+print(subprocess.run(["ps", "-eo", "pid,ppid,etimes,args"], capture_output=True, text=True).stdout[-3000:])
+faults = os.path.join(d, "helper-faults.log")
+print(open(faults).read()[-3000:] if os.path.exists(faults) else "no faults logged")
+"""
+
+
+def helper_state(sandbox: paddock.Sandbox) -> str:
+    probe = sandbox.run("python3", ["-c", HELPER_STATE])
+    return probe.stdout + probe.stderr
 
 
 def resident_helpers(sandbox: paddock.Sandbox) -> list[str]:

@@ -922,6 +922,30 @@ def answer(operation: str, raw_args: str | bytes) -> tuple[dict[str, Any], int]:
         return {"error": {"status": 500, "code": "DESKTOP_FAILED", "message": message}}, 3
     except ValueError as exc:
         return {"error": {"status": 500, "code": "DESKTOP_FAILED", "message": f"bad arguments: {exc}"}}, 3
+    except Exception as exc:
+        # Every request gets an answer, this one naming the fault. Uncaught, it killed the resident helper's handler thread, and the caller saw only an empty
+        # reply (curl exit 52: a CI run's create_screen on gVisor). The traceback goes to a bounded log.
+        note_fault()
+        message = f"the desktop helper failed: {type(exc).__name__}: {exc}"[:300]
+        return {"error": {"status": 500, "code": "DESKTOP_FAILED", "message": message}}, 3
+
+
+#: The faults log (``STATE_DIR/helper-faults.log``) is cut back to its newest half past this size.
+MAX_FAULT_LOG_BYTES = 64 * 1024
+
+
+def note_fault() -> None:
+    """Appends the current exception's traceback to the faults log, keeping the log bounded."""
+    import traceback
+
+    entry = traceback.format_exc().encode(errors="replace")[-8192:]
+    with contextlib.suppress(OSError):
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        log = STATE_DIR / "helper-faults.log"
+        kept = log.read_bytes() if log.exists() else b""
+        if len(kept) + len(entry) > MAX_FAULT_LOG_BYTES:
+            kept = kept[-(MAX_FAULT_LOG_BYTES // 2) :]
+        log.write_bytes(kept + entry)
 
 
 # -- the resident helper ---------------------------------------------------------------------------
@@ -935,6 +959,8 @@ def answer(operation: str, raw_args: str | bytes) -> tuple[dict[str, Any], int]:
 
 #: An idle resident helper exits after this long.
 IDLE_EXIT_S = 900.0
+#: How long a leaving helper still serves connections that reached it before its socket's name went.
+LEAVE_GRACE_S = 1.0
 #: The largest request body the resident helper reads (the arguments of one operation).
 MAX_REQUEST_BYTES = 1 << 20
 #: Popen objects of long-lived children (Xvfb, Openbox, x11vnc, websockify, applications) started by a
@@ -963,6 +989,8 @@ def serve(socket_path: Path) -> None:
     last_request = [time.monotonic()]
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        timeout = 60  # a caller that stalls sending its request cannot hold a thread, or a leave, for good
+
         def do_POST(self) -> None:
             last_request[0] = time.monotonic()
             length = int(self.headers.get("Content-Length") or 0)
@@ -984,11 +1012,21 @@ def serve(socket_path: Path) -> None:
             pass
 
     class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-        daemon_threads = True
+        daemon_threads = False  # so that ``server_close`` waits for the requests in flight
 
     server = Server(str(socket_path), Handler)
     os.chmod(socket_path, 0o600)
     ours = os.stat(socket_path).st_ino
+
+    def still_ours() -> bool:
+        # Only a missing name or another inode means the socket was taken away: any other failure to
+        # stat it (a transient one of gVisor's gofer) must not end a helper with requests in flight.
+        try:
+            return os.stat(socket_path).st_ino == ours
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
 
     def watch() -> None:
         while True:
@@ -996,21 +1034,27 @@ def serve(socket_path: Path) -> None:
             for child in list(CHILDREN):
                 if child.poll() is not None:
                     CHILDREN.remove(child)
-            try:
-                still_ours = os.stat(socket_path).st_ino == ours
-            except OSError:
-                still_ours = False
-            if not still_ours or time.monotonic() - last_request[0] > IDLE_EXIT_S:
-                server.shutdown()
+            if not still_ours() or time.monotonic() - last_request[0] > IDLE_EXIT_S:
+                leave()
                 return
+
+    def leave() -> None:
+        # Leaving must not drop a request: the name goes first (a caller that comes later cannot connect,
+        # and curl's exit 7 sends it to the ``python3 -c`` path), then connections already queued are
+        # still served for a moment, and the requests in flight are waited for (``server_close`` joins
+        # the handler threads). Before, the process exited under them and their callers got an empty
+        # reply.
+        with contextlib.suppress(OSError):
+            if still_ours():
+                socket_path.unlink()
+        time.sleep(LEAVE_GRACE_S)
+        server.shutdown()
 
     threading.Thread(target=watch, daemon=True).start()
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
-        with contextlib.suppress(OSError):
-            if os.stat(socket_path).st_ino == ours:
-                socket_path.unlink()
+        server.server_close()
 
 
 def become_resident(socket_path: Path) -> None:
