@@ -1,7 +1,7 @@
 """Sandbox lifecycle latency through the host agent's HTTP API, against raw OCI runtimes in the same run.
 
-    sudo .venv/bin/python bench/runtime_bench.py                    # 20 rounds, the agent's default runtime
-    sudo .venv/bin/python bench/runtime_bench.py --rounds 50 --runtime runc
+    sudo .venv/bin/python -m bench.runtime_bench                    # 20 rounds, the agent's default runtime
+    sudo .venv/bin/python -m bench.runtime_bench --rounds 50 --runtime runc
 
 Rows (milliseconds, p50 / p90):
 - paddock: a host agent process on 127.0.0.1, driven by ``HostAgentClient`` (what the control plane uses):

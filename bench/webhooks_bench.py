@@ -1,7 +1,7 @@
 """Webhook delivery throughput and latency to a loopback receiver.
 
-    .venv/bin/python bench/webhooks_bench.py                       # SQLite
-    .venv/bin/python bench/webhooks_bench.py --engine both         # and PostgreSQL (PADDOCK_TEST_PG_URL)
+    .venv/bin/python -m bench.webhooks_bench                       # SQLite
+    .venv/bin/python -m bench.webhooks_bench --engine both         # and PostgreSQL (PADDOCK_TEST_PG_URL)
 
 Rows:
 - floor: bare POSTs of the same signed body to the same receiver, no database: one at a time (the
