@@ -9,7 +9,8 @@ unix socket; later calls are ``curl --unix-socket <socket>`` with the arguments 
 each call a Python start and Pillow's import (most of a screenshot's time before). The socket's name
 carries the helper's digest, so a control plane never reaches a helper of another version; whenever curl
 cannot connect (a fork, a hibernated or restarted sandbox, an idle helper that exited, an image without
-curl) the call falls back to the ``python3 -c`` form, which starts the helper again. Bodies are validated here first (400 naming the field), and again by
+curl) the call falls back to the ``python3 -c`` form, which starts the helper again; so does a read whose
+reply was lost (``run_helper``). Bodies are validated here first (400 naming the field), and again by
 the helper. Only sandboxes booted from ``desktop:1`` — or from a template built ``FROM desktop:1`` —
 take these calls; any other gets 409 ``INVALID_STATE``. A call counts as activity for idle auto-pause.
 """
@@ -23,7 +24,7 @@ import hashlib
 import json
 import re
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 from sqlalchemy import select
@@ -43,6 +44,16 @@ HELPER_SOCKET = f"/run/paddock-desktop/helper-{hashlib.sha256(HELPER_SOURCE.enco
 #: curl's exit statuses that mean no resident helper answered, so nothing was done and the operation may
 #: run through ``python3 -c`` instead: 7 could not connect; 126/127 no runnable curl in the image.
 _NOT_RESIDENT = frozenset({7, 126, 127})
+#: curl's exit statuses for a reply lost after the helper accepted the request: 52 empty, 56 reset.
+_REPLY_LOST = frozenset({52, 56})
+#: The helper's operations that change nothing (starting screen-0 on first use aside), so safe to ask
+#: again when a reply was lost.
+READ_ONLY = frozenset(
+    {
+        "screenshot", "screen", "cursor", "clipboard_get", "windows", "window_current", "window_get",
+        "window_geometry", "screens", "screen_get",
+    }
+)  # fmt: skip
 #: How long one call may take through the resident helper (starting a screen, launching an application).
 _RESIDENT_CALL_S = 120
 DESKTOP_IMAGES = frozenset({"desktop:1"})
@@ -119,23 +130,41 @@ async def perform(
     args = {**args, "screen_id": check_screen_id(screen_id)}
     sandbox = await desktop_sandbox(services, user_id, sandbox_id)
     link = await hostlink.for_host(services, sandbox.host_id)
-    arguments = json.dumps(args)
+    with Inflight(services, sandbox.id):
+        try:
+            result = await run_helper(link, sandbox.id, operation, json.dumps(args))
+        except hostlink.SandboxGoneError as exc:
+            raise errors.InvalidState(f"sandbox is gone: {exc}") from None
+    return helper_answer(result)
+
+
+class Exec(Protocol):
+    """What the helper's calls need of a host link (``hostlink.HostLink.exec``)."""
+
+    async def exec(
+        self, sandbox_id: str, cmd: str, args: list[str], env: dict[str, str], stdin: str | None
+    ) -> dict[str, Any]: ...
+
+
+async def run_helper(link: Exec, sandbox_id: str, operation: str, arguments: str) -> dict[str, Any]:
+    """One operation's exec result: through the resident helper, else through ``python3 -c``.
+
+    A reply lost after the resident helper took the request (curl 52 or 56: the helper died under it)
+    is retried the ``python3 -c`` way only for an operation that changes nothing, since another may
+    already have taken effect; that one is answered as the 500 it is."""
     resident = [
         "-sS", "--max-time", str(_RESIDENT_CALL_S), "--unix-socket", HELPER_SOCKET,
         "-H", "Content-Type: application/json", "--data-binary", "@-", f"http://helper/{operation}",
     ]  # fmt: skip
-    with Inflight(services, sandbox.id):
-        try:
-            result = await link.exec(sandbox.id, "curl", resident, {}, arguments)
-            if result.get("exit_code") in _NOT_RESIDENT or result.get("error"):
-                argv = ["-c", HELPER_SOURCE, operation, arguments, HELPER_SOCKET]
-                result = await link.exec(sandbox.id, "python3", argv, {}, None)
-        except hostlink.SandboxGoneError as exc:
-            raise errors.InvalidState(f"sandbox is gone: {exc}") from None
-    return _answer(result)
+    result = await link.exec(sandbox_id, "curl", resident, {}, arguments)
+    code = result.get("exit_code")
+    if code in _NOT_RESIDENT or result.get("error") or (code in _REPLY_LOST and operation in READ_ONLY):
+        argv = ["-c", HELPER_SOURCE, operation, arguments, HELPER_SOCKET]
+        result = await link.exec(sandbox_id, "python3", argv, {}, None)
+    return result
 
 
-def _answer(result: dict[str, Any]) -> Any:
+def helper_answer(result: dict[str, Any]) -> Any:
     stdout = str(result.get("stdout") or "")
     last_line = stdout.strip().rsplit("\n", 1)[-1] if stdout.strip() else ""
     try:
@@ -153,6 +182,11 @@ def _answer(result: dict[str, Any]) -> Any:
             raise errors.ValidationFailed(message, fields={field: message})
         raise _REFUSALS.get(status, errors.ServerError)(message)
     stderr = str(result.get("stderr") or result.get("error") or "")[-400:]
+    if result.get("exit_code") in _REPLY_LOST:
+        raise errors.ServerError(
+            f"the desktop helper's answer was lost (curl exit {result.get('exit_code')}); "
+            "the action may have taken effect, so it was not repeated"
+        )
     raise errors.ServerError(f"the desktop helper failed (exit {result.get('exit_code')}): {stderr}")
 
 
