@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -60,11 +62,13 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def resident(tmp_path: Path) -> Iterator[tuple[Path, int]]:
-    """A resident helper's socket and pid."""
-    socket = tmp_path / SOCKET_NAME
+def resident() -> Iterator[tuple[Path, int]]:
+    """A resident helper's socket and pid. Its directory is short: a unix socket's path is at most 107
+    bytes, which pytest's own temporary directories come close to."""
+    state = Path(tempfile.mkdtemp(prefix="pdk-helper-", dir="/tmp"))
+    socket = state / SOCKET_NAME
     subprocess.run(
-        [sys.executable, "-c", HARNESS, str(tmp_path), SOCKET_NAME],
+        [sys.executable, "-c", HARNESS, str(state), SOCKET_NAME],
         input=HELPER_SOURCE, text=True, check=True, timeout=30,
     )  # fmt: skip
     lock = socket.with_suffix(".lock")
@@ -78,6 +82,7 @@ def resident(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     finally:
         if alive(pid):
             os.kill(pid, 9)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def test_an_unexpected_failure_is_answered_with_its_cause_and_the_helper_goes_on(
