@@ -3,9 +3,11 @@ database, the local sandbox fake, wallets that sign requests and pay with real E
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -72,6 +74,16 @@ class Chain:
         result = await rpc(self.rpc_url, "eth_getTransactionReceipt", [tx_hash])
         return dict(result) if result else None
 
+    async def mined(self, tx_hash: str, *, within_s: float = 10.0) -> dict[str, Any]:
+        """The receipt once the transaction is mined. Anvil answers ``eth_sendTransaction`` before the
+        block that holds it is sealed, so a receipt asked for at once can be missing (a CI run's
+        ``fund`` read none)."""
+        deadline = time.monotonic() + within_s
+        while (receipt := await self.receipt(tx_hash)) is None:
+            assert time.monotonic() < deadline, f"{tx_hash} was not mined within {within_s} s"
+            await asyncio.sleep(0.02)
+        return receipt
+
     async def mine(self) -> None:
         await rpc(self.rpc_url, "evm_mine")
 
@@ -121,7 +133,7 @@ class Wallet:
                     }
                 ],
             )
-            assert (await chain.receipt(tx) or {}).get("status") == "0x1"
+            assert (await chain.mined(tx))["status"] == "0x1"
 
     async def send(self, chain: Chain, to: str, data: str, *, gas: int = 120_000) -> str:
         nonce = int(await rpc(chain.rpc_url, "eth_getTransactionCount", [self.address, "pending"]), 16)
@@ -144,9 +156,7 @@ class Wallet:
     async def transfer(self, chain: Chain, token: str, amount_raw: int, *, to: str = RECIPIENT) -> str:
         """A real ERC-20 ``transfer(to, amount)`` (the payment); returns the tx hash once mined."""
         tx_hash = await self.send(chain, chain.tokens[token], devchain.encode_call(TRANSFER, to, amount_raw))
-        for _ in range(200):
-            if await chain.receipt(tx_hash):
-                break
+        await chain.mined(tx_hash)
         return tx_hash
 
 

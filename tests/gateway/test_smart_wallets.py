@@ -44,7 +44,7 @@ from tests.gateway.conftest import (
 )
 from tests.gateway.test_siwx import proof as siwx_proof
 from tests.gateway.test_x402 import PRICE_RAW, decode, encode
-from tests.gateway.test_x402_permit2 import mined, sign_permit, word
+from tests.gateway.test_x402_permit2 import sign_permit, word
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 
@@ -65,7 +65,7 @@ async def deploy_factory(chain: Chain) -> str:
         "eth_sendTransaction",
         [{"from": devchain.DEMO_ADDRESS, "data": creation_code("SmartWalletFactory")}],
     )
-    receipt = await mined(chain, tx)
+    receipt = await chain.mined(tx)
     assert receipt["status"] == "0x1"
     return str(receipt["contractAddress"])
 
@@ -99,7 +99,7 @@ class SmartWallet:
             "eth_sendTransaction",
             [{"from": devchain.DEMO_ADDRESS, "to": self.factory, "data": "0x" + self.create_calldata.hex()}],
         )
-        assert (await mined(self.chain, tx))["status"] == "0x1"
+        assert (await self.chain.mined(tx))["status"] == "0x1"
         assert await self.code() != "0x"
 
     async def fund_and_approve_permit2(self, token: str) -> None:
@@ -110,7 +110,7 @@ class SmartWallet:
         approve = APPROVE + bytes.fromhex(word(PERMIT2_ADDRESS) + word(2**256 - 1))
         call = EXECUTE + abi_encode(["address", "uint256", "bytes"], [self.chain.tokens[token], 0, approve])
         tx = await Wallet(self.owner).send(self.chain, self.address, "0x" + call.hex(), gas=200_000)
-        assert (await mined(self.chain, tx))["status"] == "0x1"
+        assert (await self.chain.mined(tx))["status"] == "0x1"
 
     def sign_digest(self, digest: bytes, *, key: LocalAccount | None = None) -> bytes:
         """What the wallet's ``isValidSignature`` accepts: the owner's ECDSA signature over the hash."""

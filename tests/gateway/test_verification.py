@@ -61,7 +61,7 @@ async def test_reverted_transfer(chain_gateway: Gateway) -> None:
     base = chain_gateway.chains["base"]
     await broke.fund(base, tokens_raw=1)  # ETH for gas, but nowhere near the price in tokens
     tx = await broke.transfer(base, "usdc", PRICE_RAW)
-    assert (await base.receipt(tx) or {})["status"] == "0x0"
+    assert (await base.mined(tx))["status"] == "0x0"
     assert (await submit(chain_gateway, broke, tx))["reason"] == "tx_reverted"
 
 

@@ -67,20 +67,12 @@ def word(value: int | str) -> str:
     return f"{value:064x}"
 
 
-async def mined(chain: Chain, tx_hash: str) -> dict[str, Any]:
-    for _ in range(200):
-        receipt = await chain.receipt(tx_hash)
-        if receipt:
-            return receipt
-    raise AssertionError(f"{tx_hash} was not mined")
-
-
 async def approve_permit2(wallet: Wallet, chain: Chain, token: str) -> None:
     """The payer's one transaction before its first Permit2 payment in a token: approve Permit2."""
     tx = await wallet.send(
         chain, chain.tokens[token], "0x" + APPROVE + word(PERMIT2_ADDRESS) + word(2**256 - 1)
     )
-    assert (await mined(chain, tx))["status"] == "0x1"
+    assert (await chain.mined(tx))["status"] == "0x1"
 
 
 class Recording(httpx.AsyncBaseTransport):
@@ -302,7 +294,7 @@ async def test_a_reused_permit2_nonce_is_refused_and_credits_nothing(
     tx = await paying_wallet.send(
         base, PERMIT2_ADDRESS, "0x" + INVALIDATE_NONCES + word(burnt >> 8) + word(1 << (burnt & 0xFF))
     )
-    assert (await mined(base, tx))["status"] == "0x1"
+    assert (await base.mined(tx))["status"] == "0x1"
     stale = sign_permit(paying_wallet, requirement, base.chain_id, nonce=burnt)
     response = await gw.deploy(
         paying_wallet,
