@@ -38,6 +38,7 @@ helper["STATE_DIR"] = state
 def op_boom(index, args):
     raise KeyError("no such thing")
 def op_slow(index, args):
+    (state / "slow-started").touch()
     time.sleep(float(args["seconds"]))
     return {"slept": args["seconds"]}
 helper["OPERATIONS"].update(boom=op_boom, slow=op_slow)
@@ -109,7 +110,10 @@ def test_a_helper_whose_socket_is_taken_away_finishes_the_request_in_flight(
     answers: list[dict[str, object]] = []
     caller = threading.Thread(target=lambda: answers.append(post(socket, "slow", {"seconds": 4})))
     caller.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 20
+    while not (socket.parent / "slow-started").exists():
+        assert time.monotonic() < deadline, "the helper never took the slow request"
+        time.sleep(0.05)
     # A newer helper takes the name (the socket of this digest is replaced): this one must leave, but
     # only after answering the request it holds. It notices within its 2 s watch.
     socket.unlink()
