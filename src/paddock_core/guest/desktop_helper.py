@@ -923,8 +923,9 @@ def answer(operation: str, raw_args: str | bytes) -> tuple[dict[str, Any], int]:
     except ValueError as exc:
         return {"error": {"status": 500, "code": "DESKTOP_FAILED", "message": f"bad arguments: {exc}"}}, 3
     except Exception as exc:
-        # Every request gets an answer, this one naming the fault. Uncaught, it killed the resident helper's handler thread, and the caller saw only an empty
-        # reply (curl exit 52: a CI run's create_screen on gVisor). The traceback goes to a bounded log.
+        # Every request gets an answer, this one naming the fault. Uncaught, it killed the resident
+        # helper's handler thread, and the caller saw only an empty reply (curl exit 52: a CI run's
+        # create_screen on gVisor). The traceback goes to a bounded log.
         note_fault()
         message = f"the desktop helper failed: {type(exc).__name__}: {exc}"[:300]
         return {"error": {"status": 500, "code": "DESKTOP_FAILED", "message": message}}, 3
