@@ -10,7 +10,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from paddock_hostagent.drivers.runtime import pool as pool_module
+from paddock_hostagent.drivers.runtime.oci import OciRuntime
 from paddock_hostagent.drivers.runtime.pool import Demand, ImagePools, Kind, Parking, SlotFactory, image_key
 
 MIB = 1 << 20
@@ -147,3 +150,69 @@ async def test_each_parked_sandbox_counts_at_least_the_kernels_share(
         assert pools.count == 5 and pools.held_bytes() == 5 * MIB // 2
     finally:
         await pools.close()
+
+
+async def test_image_pools_neither_park_nor_stop_while_a_create_is_claiming(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """While ``busy`` (a create, fork or boot in flight, its claim included) the pools hold off parking
+    one and stopping one, for at most ``busy_wait_s``; once it is quiet they go on. Before, a stop did
+    not wait, and a create of a kind not parked yet had its claim share the CPU with the parking it
+    had just asked for."""
+    monkeypatch.setattr(pool_module, "parked_memory_bytes", lambda parked: MIB)
+    monkeypatch.setattr(pool_module.WarmPool, "busy_wait_s", 30.0)
+    image = tmp_path / "image"
+    image.mkdir()
+    factory = _Factory()
+    parking = _Parking(factory)
+    demand = Demand(per_kind_max=4)
+    busy = {"now": True}
+    pools = ImagePools(
+        cast(SlotFactory, factory),
+        cast(Parking, parking),
+        demand,
+        budget_bytes=1024 * MIB,
+        busy=lambda: busy["now"],
+    )
+    pools.tick_s = 0.02
+    demand.record(Kind(image, 1024))
+    pools.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert parking.parked == [], "it parked while a create was claiming"
+        busy["now"] = False
+        await _until(lambda: pools.count == 1, "nothing was parked once quiet")
+
+        busy["now"] = True
+        monkeypatch.setattr(demand, "targets", lambda: {})  # no longer wanted
+        pools.wake()
+        await asyncio.sleep(0.3)
+        assert pools.count == 1 and factory.destroyed == [], "it stopped one while a create was claiming"
+        busy["now"] = False
+        await _until(lambda: factory.destroyed != [], "the unwanted one was not stopped once quiet")
+        assert pools.count == 0
+    finally:
+        await pools.close()
+
+
+class _Claimed(Exception):
+    pass
+
+
+async def test_a_creates_claim_counts_as_a_boot_in_flight() -> None:
+    """``OciRuntime.create`` takes its slot (a grow on claim included) while counted in ``_booting``,
+    which is the pools' ``busy``; the count is back to none whatever the take did."""
+    runtime = OciRuntime.__new__(OciRuntime)
+    runtime._booting = 0
+    seen: list[int] = []
+
+    class _Pool:
+        async def take(self, disk_mib: int, rootfs: Path) -> Any:
+            seen.append(runtime._booting)
+            raise _Claimed
+
+    runtime.pool = cast(Any, _Pool())
+    spec = SimpleNamespace(shape=SimpleNamespace(disk_mib=4096), rootfs=Path("/images/debian"))
+    with pytest.raises(_Claimed):
+        await runtime.create(cast(Any, spec))
+    assert seen == [1] and runtime._booting == 0

@@ -41,7 +41,7 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,7 +324,8 @@ class OciRuntime(SandboxRuntime):
         """``before_start`` (gVisor's S3 disks): called with the record once the slot's netns exists and
         before the container starts; the host directories it returns are bound into the container."""
         phases = _Phases()
-        taken = await self.pool.take(spec.shape.disk_mib, spec.rootfs)
+        with self._claiming():
+            taken = await self.pool.take(spec.shape.disk_mib, spec.rootfs)
         phases.mark("slot")
         slot, parked, warm = taken.slot, taken.parked, taken.warm
         if parked is not None:
@@ -371,7 +372,8 @@ class OciRuntime(SandboxRuntime):
         if self.probe(source) == RuntimeState.STOPPED:
             raise NotRunningError(f"sandbox {source.id} is not running")
         phases = _Phases()
-        slot = await self.pool.take_for_fork()
+        with self._claiming():
+            slot = await self.pool.take_for_fork()
         warm = bool(slot.disk.loop_device)  # a slot built on demand has no disk of its own
         phases.mark("slot")
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id), spec.id)
@@ -507,15 +509,17 @@ class OciRuntime(SandboxRuntime):
         one of its image."""
         phases = _Phases()
         if self._is_snapshot(snapshot):
-            taken = await self.pool.take_snapshot(
-                spec.rootfs, snapshot.path, _fs(snapshot.fs), spec.shape.disk_mib
-            )
+            with self._claiming():
+                taken = await self.pool.take_snapshot(
+                    spec.rootfs, snapshot.path, _fs(snapshot.fs), spec.shape.disk_mib
+                )
             if taken is not None and taken.parked is not None:
                 phases.mark("slot")
                 return await self._claim_snapshot(
                     snapshot, spec, taken.slot, taken.parked, phases, start_paused, on_network
                 )
-        slot = await self.pool.take_for_fork()
+        with self._claiming():
+            slot = await self.pool.take_for_fork()
         phases.mark("slot")
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id), spec.id)
         record = self._record(spec, handle)
@@ -537,6 +541,18 @@ class OciRuntime(SandboxRuntime):
                 "snapshot_boot_phases", sandbox_id=spec.id, snapshot_id=snapshot.id, parked=False, **phases.ms
             )
         return record
+
+    @contextlib.contextmanager
+    def _claiming(self) -> Iterator[None]:
+        """Taking a slot for a create, fork or boot counts as a boot in flight (``_booting``), a grow on
+        claim included: the pools' building and stopping (``busy``) holds off meanwhile. A create of a
+        kind not parked yet wakes the per-image pools, whose build of one for it took the CPU from
+        that very create (~10 ms of a new disk size's ~25)."""
+        self._booting += 1
+        try:
+            yield
+        finally:
+            self._booting -= 1
 
     @contextlib.asynccontextmanager
     async def _boot_attempt(self, handle: _Handle, beside: _Beside) -> AsyncIterator[None]:

@@ -23,8 +23,8 @@ and disk size, ``Demand``: an exponentially decayed create rate) and parked by `
 kind once it is asked for, more as it gets busier, none once it has not been asked for in minutes,
 all parked sandboxes together within a budget of host memory (``PADDOCK_HOST_POOL_MEMORY_PCT`` of
 MemTotal, measured in their cgroups). A create whose size has none parked claims one of its image on
-a smaller disk, grown on claim (``SlotPool.take``: XFS online, ~35-50 ms with its superblock written
-home, still no boot). A parked sandbox is no sandbox's: it has no
+a smaller disk, grown on claim (``SlotPool.take``: XFS online, the ioctl alone, ``grow_xfs(home=False)``,
+a few ms; still no boot). A parked sandbox is no sandbox's: it has no
 record, counts against no tenant's quota and no admission's promise.
 
 **Snapshots.** A snapshot is a kind of its own (``Kind.snapshot``: its disk image): the sandbox parked
@@ -682,10 +682,13 @@ def grow_xfs(disk: Disk, size_mib: int, *, home: bool = True) -> None:
     (a fork's clone, a snapshot) or a crash's log replay then sees the new size (``rootdisks.grow``
     says why this kernel's replay of a growth fails).
 
-    ``home`` False leaves the freeze out (a boot from a snapshot claiming a parked sandbox on a smaller
-    disk): the superblock reaches its home as the log moves on, and until then a copy of the disk
-    finds it not home and freezes the filesystem for its clone (``rootdisks._clone_for_mount``); a
-    sandbox's disk is never mounted again after a host crash."""
+    ``home`` False leaves the freeze out (a create or a boot from a snapshot claiming a parked sandbox
+    on a smaller disk): the superblock reaches its home as the log moves on (XFS's log worker pushes
+    what the log holds every 30 s), and until then a copy of the disk finds it not home and freezes
+    the filesystem for its clone (``rootdisks._clone_for_mount``), so a fork in those seconds pays the
+    freeze the create left out; a sandbox's disk is never mounted again after a host crash, so no
+    replay of the growth is ever asked of it. ``rootdisks.grow`` (a resize) keeps the freeze: it
+    answers no create."""
     with open(disk.image_path, "r+b") as image:
         image.truncate(size_mib * MIB)
     loops.refresh_capacity(disk.loop_device)
@@ -900,16 +903,26 @@ class ImagePools:
                 log.warning("image_pool_refill_failed", error=str(exc))
                 await asyncio.sleep(self.tick_s)
 
-    async def _balance(self) -> None:
-        targets = self.demand.targets()
-        counts = self.counts()
-        # Stop one that is no longer wanted (its kind's demand fell, or its image was rebuilt).
+    def _unwanted(self, targets: dict[Kind, int], counts: dict[Kind, int]) -> int | None:
+        """The index in ``_free`` of one no longer wanted (its kind's demand fell, or its image was
+        rebuilt), if any."""
         for index, (kind, slot) in enumerate(self._free):
             stale = slot.parked is None or slot.parked.rootfs != kind.key()
             if stale or counts.get(kind, 0) > targets.get(kind, 0):
-                del self._free[index]
-                await _finish_even_if_cancelled(self.parking.discard(slot))
-                return
+                return index
+        return None
+
+    async def _balance(self) -> None:
+        if self._unwanted(self.demand.targets(), self.counts()) is not None:
+            await self._wait_quiet()  # stopping one takes the CPU as parking one does
+        targets = self.demand.targets()
+        counts = self.counts()
+        # Stop one that is no longer wanted; what a create claimed meanwhile is no longer in ``_free``.
+        index = self._unwanted(targets, counts)
+        if index is not None:
+            _, slot = self._free.pop(index)
+            await _finish_even_if_cancelled(self.parking.discard(slot))
+            return
         now = time.monotonic()
         for kind, wanted in targets.items():
             if self._closing:
@@ -1148,9 +1161,10 @@ class SlotPool:
         return Taken(slot, parked, True)
 
     async def _grow(self, slot: Slot, disk_mib: int) -> None:
-        """Grows a claimed slot's disk (``grow_xfs``: ~35-50 ms, most of it writing the superblock home;
-        a create of a size parked itself has none to grow)."""
-        await asyncio.to_thread(grow_xfs, slot.disk, disk_mib)
+        """Grows a claimed slot's disk (a create of a size parked itself has none to grow). The grown
+        superblock is not written home here (``grow_xfs(home=False)``): the freeze that would do it cost
+        35-45 ms of the create's ~60; the first copy of the disk pays it instead, if it comes first."""
+        await asyncio.to_thread(grow_xfs, slot.disk, disk_mib, home=False)
         slot.disk_mib = disk_mib
 
     async def take_for_fork(self) -> Slot:
