@@ -10,10 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-import pytest
-
 from paddock_hostagent.drivers.runtime import pool as pool_module
-from paddock_hostagent.drivers.runtime.oci import OciRuntime
 from paddock_hostagent.drivers.runtime.pool import Demand, ImagePools, Kind, Parking, SlotFactory, image_key
 
 MIB = 1 << 20
@@ -193,26 +190,3 @@ async def test_image_pools_neither_park_nor_stop_while_a_create_is_claiming(
         assert pools.count == 0
     finally:
         await pools.close()
-
-
-class _Claimed(Exception):
-    pass
-
-
-async def test_a_creates_claim_counts_as_a_boot_in_flight() -> None:
-    """``OciRuntime.create`` takes its slot (a grow on claim included) while counted in ``_booting``,
-    which is the pools' ``busy``; the count is back to none whatever the take did."""
-    runtime = OciRuntime.__new__(OciRuntime)
-    runtime._booting = 0
-    seen: list[int] = []
-
-    class _Pool:
-        async def take(self, disk_mib: int, rootfs: Path) -> Any:
-            seen.append(runtime._booting)
-            raise _Claimed
-
-    runtime.pool = cast(Any, _Pool())
-    spec = SimpleNamespace(shape=SimpleNamespace(disk_mib=4096), rootfs=Path("/images/debian"))
-    with pytest.raises(_Claimed):
-        await runtime.create(cast(Any, spec))
-    assert seen == [1] and runtime._booting == 0

@@ -324,7 +324,7 @@ class OciRuntime(SandboxRuntime):
         """``before_start`` (gVisor's S3 disks): called with the record once the slot's netns exists and
         before the container starts; the host directories it returns are bound into the container."""
         phases = _Phases()
-        with self._claiming():
+        with self._in_flight():
             taken = await self.pool.take(spec.shape.disk_mib, spec.rootfs)
         phases.mark("slot")
         slot, parked, warm = taken.slot, taken.parked, taken.warm
@@ -378,7 +378,7 @@ class OciRuntime(SandboxRuntime):
         if self.probe(source) == RuntimeState.STOPPED:
             raise NotRunningError(f"sandbox {source.id} is not running")
         phases = _Phases()
-        with self._claiming():
+        with self._in_flight():
             slot = await self.pool.take_for_fork()
         warm = bool(slot.disk.loop_device)  # a slot built on demand has no disk of its own
         phases.mark("slot")
@@ -515,7 +515,7 @@ class OciRuntime(SandboxRuntime):
         one of its image."""
         phases = _Phases()
         if self._is_snapshot(snapshot):
-            with self._claiming():
+            with self._in_flight():
                 taken = await self.pool.take_snapshot(
                     spec.rootfs, snapshot.path, _fs(snapshot.fs), spec.shape.disk_mib
                 )
@@ -524,7 +524,7 @@ class OciRuntime(SandboxRuntime):
                 return await self._claim_snapshot(
                     snapshot, spec, taken.slot, taken.parked, phases, start_paused, on_network
                 )
-        with self._claiming():
+        with self._in_flight():
             slot = await self.pool.take_for_fork()
         phases.mark("slot")
         handle = _Handle(slot, self.options.runtime, self.layout.sandbox_path(spec.id), spec.id)
@@ -549,11 +549,11 @@ class OciRuntime(SandboxRuntime):
         return record
 
     @contextlib.contextmanager
-    def _claiming(self) -> Iterator[None]:
-        """Taking a slot for a create, fork or boot counts as a boot in flight (``_booting``), a grow on
-        claim included: the pools' building and stopping (``busy``) holds off meanwhile. A create of a
-        kind not parked yet wakes the per-image pools, whose build of one for it took the CPU from
-        that very create (~10 ms of a new disk size's ~25)."""
+    def _in_flight(self) -> Iterator[None]:
+        """Counts a boot in flight (``_booting``, the pools' ``busy``): the pools' building and stopping
+        holds off meanwhile. Taking a slot counts too, a grow on claim included: a create of a kind not
+        parked yet wakes the per-image pools, whose build of one for it took the CPU from that very
+        create (~10 ms of a new disk size's ~25)."""
         self._booting += 1
         try:
             yield
@@ -562,17 +562,15 @@ class OciRuntime(SandboxRuntime):
 
     @contextlib.asynccontextmanager
     async def _boot_attempt(self, handle: _Handle, beside: _Beside) -> AsyncIterator[None]:
-        """A boot in flight (counted in ``_booting``): one that fails has its network hook settled
-        and its container, slot and cgroup torn down before the error goes on."""
-        self._booting += 1
+        """A boot in flight (``_in_flight``): one that fails has its network hook settled and its
+        container, slot and cgroup torn down before the error goes on."""
         try:
-            yield
+            with self._in_flight():
+                yield
         except BaseException:
-            self._booting -= 1
             await beside.settle()
             await self._destroy_handle(handle)
             raise
-        self._booting -= 1
 
     def _is_snapshot(self, snapshot: SnapshotInfo) -> bool:
         """A snapshot of this host's store (not a hibernated sandbox's kept disk, booted the same way)."""
@@ -868,14 +866,12 @@ class OciRuntime(SandboxRuntime):
             rootfs,
             Shape(1, PARKED_SHAPE_MEM_MIB, slot.disk_mib),
         )
-        self._booting += 1
         try:
-            await self._boot(spec, handle)
+            with self._in_flight():
+                await self._boot(spec, handle)
         except BaseException:
             await self._stop_container(handle)
             raise
-        finally:
-            self._booting -= 1
         parked.init_pid, parked.init_ticks = handle.init_pid, handle.init_ticks
 
     async def stop_parked(self, slot: Slot, parked: Parked) -> None:

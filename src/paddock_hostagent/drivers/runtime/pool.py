@@ -913,16 +913,16 @@ class ImagePools:
         return None
 
     async def _balance(self) -> None:
-        if self._unwanted(self.demand.targets(), self.counts()) is not None:
+        targets, counts = self.demand.targets(), self.counts()
+        if self._unwanted(targets, counts) is not None:
             await self._wait_quiet()  # stopping one takes the CPU as parking one does
-        targets = self.demand.targets()
-        counts = self.counts()
-        # Stop one that is no longer wanted; what a create claimed meanwhile is no longer in ``_free``.
-        index = self._unwanted(targets, counts)
-        if index is not None:
-            _, slot = self._free.pop(index)
-            await _finish_even_if_cancelled(self.parking.discard(slot))
-            return
+            # Read again: what a create claimed meanwhile is no longer in ``_free``.
+            targets, counts = self.demand.targets(), self.counts()
+            index = self._unwanted(targets, counts)
+            if index is not None:
+                _, slot = self._free.pop(index)
+                await _finish_even_if_cancelled(self.parking.discard(slot))
+                return
         now = time.monotonic()
         for kind, wanted in targets.items():
             if self._closing:
