@@ -1,11 +1,13 @@
-"""A destroyed sandbox's network serves the next sandbox (drivers/runtime/pool.py's recycling) only when
-nothing of its tenant is left in it: the next tenant on it finds none of the last one's files,
-processes, egress rules or routes, and a network that carried a packet is destroyed, never reused."""
+"""A destroy removes everything of its sandbox but, at most, a pristine network kept for the next slot;
+that network serves the next sandbox (drivers/runtime/pool.py's recycling) only when nothing of its
+tenant is left in it: the next tenant on it finds none of the last one's files, processes, egress
+rules or routes, and a network that carried a packet is destroyed, never reused."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import secrets
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -15,8 +17,16 @@ from typing import Any
 import httpx
 import pytest
 
-from paddock_hostagent.client import HostAgentClient
-from tests.hostagent.conftest import AgentProcess, Sandboxes, sh, teardown_agent
+from paddock_hostagent.client import HostAgentClient, SandboxMissingError
+from paddock_hostagent.schemas import CreateSandboxBody
+from tests.hostagent.conftest import (
+    AgentProcess,
+    Sandboxes,
+    cgroup_dirs,
+    sandbox_cgroup_dirs,
+    sh,
+    teardown_agent,
+)
 
 pytestmark = pytest.mark.root
 
@@ -53,6 +63,42 @@ def egress_table(agent: AgentProcess) -> str:
     return subprocess.run(
         ["nft", "-j", "list", "table", "ip", f"{agent.nft_table}_egress"], capture_output=True, text=True
     ).stdout
+
+
+async def test_destroy_removes_everything_and_is_idempotent(
+    bare_agent: AgentProcess, boxes: Sandboxes
+) -> None:
+    # On the agent without a pool: a pool refilling after the create would rebuild a slot on the network
+    # this destroy keeps, and its new disk would be in the directory checked below (CI saw `disk` there).
+    agent, host = bare_agent, boxes.host
+    created = (
+        await host.create_sandbox(
+            CreateSandboxBody(
+                id="sb-destroy-me", name="doomed", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048
+            )
+        )
+    ).model_dump()
+    agent.created_ids.append(created["id"])
+    driver_state = agent.record(created["id"])["driver_state"]
+    slot = driver_state["slot"]
+    assert cgroup_dirs(driver_state["cgroups_path"])
+    await host.destroy_sandbox(created["id"])
+    assert (await host.destroy_sandbox(created["id"])).destroyed
+    with pytest.raises(SandboxMissingError):
+        await host.get_sandbox(created["id"])
+    assert cgroup_dirs(driver_state["cgroups_path"]) == []
+    assert sandbox_cgroup_dirs([created["id"]]) == []
+    if Path(f"/run/netns/pdk-{slot['id']}").exists():  # kept, pristine, for the next slot (pool.py)
+        assert [path.name for path in Path(slot["dir"]).iterdir()] == ["slot.json"]  # nothing else of it
+    else:
+        assert not Path(f"/sys/class/net/pdk{slot['id']}").exists()
+        assert not Path(slot["dir"]).exists()
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert slot["dir"] not in mounts
+    loop = os.path.basename(slot["loop_device"])
+    backing = Path(f"/sys/block/{loop}/loop/backing_file")
+    assert not backing.exists() or slot["dir"] not in backing.read_text()
+    assert not (agent.state_dir / "sandboxes" / f"{created['id']}.json").exists()
 
 
 async def test_the_next_tenant_on_a_recycled_network_finds_nothing_of_the_last(

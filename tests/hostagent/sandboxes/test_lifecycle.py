@@ -357,39 +357,6 @@ async def test_create_and_fork_join_the_networks_they_name(
     assert (await sh(host, child_id, "ping -c1 -W2 10.96.251.2"))["exit_code"] == 0  # on one bridge
 
 
-async def test_destroy_removes_everything_and_is_idempotent(
-    agent: AgentProcess, host: HostAgentClient
-) -> None:
-    created = (
-        await host.create_sandbox(
-            CreateSandboxBody(
-                id="sb-destroy-me", name="doomed", rootfs="debian:13", vcpu=1, mem_mib=256, disk_mib=2048
-            )
-        )
-    ).model_dump()
-    agent.created_ids.append(created["id"])
-    driver_state = agent.record(created["id"])["driver_state"]
-    slot = driver_state["slot"]
-    assert cgroup_dirs(driver_state["cgroups_path"])
-    await host.destroy_sandbox(created["id"])
-    assert (await host.destroy_sandbox(created["id"])).destroyed
-    with pytest.raises(SandboxMissingError):
-        await host.get_sandbox(created["id"])
-    assert cgroup_dirs(driver_state["cgroups_path"]) == []
-    assert sandbox_cgroup_dirs([created["id"]]) == []
-    if Path(f"/run/netns/pdk-{slot['id']}").exists():  # kept, pristine, for the next slot (pool.py)
-        assert [path.name for path in Path(slot["dir"]).iterdir()] == ["slot.json"]  # nothing else of it
-    else:
-        assert not Path(f"/sys/class/net/pdk{slot['id']}").exists()
-        assert not Path(slot["dir"]).exists()
-    mounts = Path("/proc/self/mountinfo").read_text()
-    assert slot["dir"] not in mounts
-    loop = os.path.basename(slot["loop_device"])
-    backing = Path(f"/sys/block/{loop}/loop/backing_file")
-    assert not backing.exists() or slot["dir"] not in backing.read_text()
-    assert not (agent.state_dir / "sandboxes" / f"{created['id']}.json").exists()
-
-
 async def test_sandbox_cgroups_nest_under_the_agents_own(
     agent: AgentProcess, sandbox: dict[str, Any]
 ) -> None:
