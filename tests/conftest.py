@@ -7,7 +7,6 @@ import io
 import os
 import secrets
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ import uvicorn
 from paddock_core import serving
 from paddock_core.db import upgrade
 from tests import sweep
+from tests.ports import free_port
 
 ENGINES = ("sqlite", "postgresql")
 _SWEPT = pytest.StashKey[list[str]]()
@@ -239,9 +239,7 @@ def service_in_thread(app: Any) -> Iterator[ThreadedService]:
     """``app`` served as ``paddock_core.serving.serve`` serves a service (its uvicorn settings, its
     keep-alive), on a loopback port, in a thread with its own event loop: it goes on answering, and
     closing idle connections, while the test's own loop is held. Stopped afterwards."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = serving.FrozenHeapServer(serving.config(app, "127.0.0.1", port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

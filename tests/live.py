@@ -29,11 +29,11 @@ from tests.hostagent.conftest import (
     STARTUP_TIMEOUT_S,
     TOKEN,
     AgentProcess,
-    free_port,
     image_cache,
     restart_if_killed,
     teardown_agent,
 )
+from tests.ports import free_port
 from tests.sweep import KEEP_MARKER, OwnerLock
 
 

@@ -19,13 +19,13 @@ from tests.gateway.conftest import (
     Chain,
     Gateway,
     Wallet,
-    free_port,
     new_wallet,
     rpc,
     running_gateway,
     unique_name,
     x402_settings,
 )
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

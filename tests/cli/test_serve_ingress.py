@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.hostagent.conftest import debian_image, free_port, image_cache, private_subnet
+from tests.hostagent.conftest import debian_image, image_cache, private_subnet
 from tests.network.ingress_support import start_app
+from tests.ports import free_port
 
 __all__ = ["debian_image"]
 

@@ -17,9 +17,9 @@ from tests.console.support import click, open_sandbox, save_screenshot, wait_for
 from tests.desktop.browser import Page, thumbnail
 from tests.desktop.conftest import ROOTFS, SHAPE, desktop_image
 from tests.desktop.test_live_view import connected
-from tests.hostagent.conftest import free_port
 from tests.live import LivePlatform
 from tests.network.ingress_support import DOMAIN
+from tests.ports import free_port
 
 __all__ = ["desktop_image"]
 

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import gc
 import resource
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from starlette.routing import Route
 
 from paddock_core import serving
 from tests.conftest import service_in_thread
+from tests.ports import free_port
 
 
 @pytest.fixture
@@ -41,9 +41,7 @@ def test_the_heap_at_startup_is_frozen_and_the_app_answers(unfrozen: None) -> No
         frozen_when_answering.append(gc.get_freeze_count())
         return JSONResponse({"ok": True})
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = serving.FrozenHeapServer(
         serving.config(Starlette(routes=[Route("/", probe)]), "127.0.0.1", port)
     )

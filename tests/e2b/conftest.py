@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from e2b import Sandbox
-from tests.hostagent.conftest import debian_image, free_port, guest_binary_dir
+from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform, plain_http_ingress, start_platform
+from tests.ports import free_port
 
 __all__ = ["debian_image", "guest_binary_dir"]
 

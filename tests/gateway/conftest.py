@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -178,12 +177,6 @@ def devchains(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ch
         }
     finally:
         devchain.down(state_dir)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def b64(data: bytes | str) -> str:

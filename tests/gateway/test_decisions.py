@@ -6,7 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from tests.gateway.conftest import Gateway, Wallet, free_port, new_wallet, static_site, unique_name
+from tests.gateway.conftest import Gateway, Wallet, new_wallet, static_site, unique_name
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.slow]
 

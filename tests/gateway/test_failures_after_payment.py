@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from paddock_gateway import credits
-from tests.gateway.conftest import Gateway, Wallet, free_port, static_site, unique_name
+from tests.gateway.conftest import Gateway, Wallet, static_site, unique_name
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

@@ -11,12 +11,12 @@ from tests.gateway.conftest import (
     Chain,
     Wallet,
     chain_overrides,
-    free_port,
     gateway_settings,
     running_gateway,
     static_site,
     unique_name,
 )
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.db, pytest.mark.slow]
 

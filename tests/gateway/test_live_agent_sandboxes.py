@@ -28,7 +28,6 @@ from tests.gateway.conftest import (
     Gateway,
     Wallet,
     chain_overrides,
-    free_port,
     gateway_settings,
     new_wallet,
     running_gateway,
@@ -41,6 +40,7 @@ from tests.gateway.test_x402_permit2 import approve_permit2
 from tests.gateway.test_x402_upto import WINDOW_S, FrozenClock, upto_client
 from tests.hostagent.conftest import guest_binary_dir, image_cache
 from tests.live import LivePlatform, start_platform
+from tests.ports import free_port
 
 __all__ = ["guest_binary_dir"]
 

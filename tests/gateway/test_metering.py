@@ -12,13 +12,13 @@ from paddock_gateway.metering import hour_cost_micro
 from tests.gateway.conftest import (
     Gateway,
     Wallet,
-    free_port,
     gateway_settings,
     new_wallet,
     running_gateway,
     static_site,
     unique_name,
 )
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.slow]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.gateway.conftest import RECIPIENT, Gateway, Wallet, free_port, static_site, unique_name
+from tests.gateway.conftest import RECIPIENT, Gateway, Wallet, static_site, unique_name
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

@@ -13,7 +13,8 @@ import pytest
 
 from paddock_gateway.adapters.hosting import DeployOptions, UploadedFile
 from paddock_gateway.runtimes import NO_COMMAND, PlanError, infer_plan
-from tests.gateway.conftest import Gateway, Wallet, b64, free_port, new_wallet, unique_name
+from tests.gateway.conftest import Gateway, Wallet, b64, new_wallet, unique_name
+from tests.ports import free_port
 
 NODE_SERVER = """
 const http = require("http");

@@ -31,20 +31,11 @@ from x402.mechanisms.evm.signers import EthAccountSigner
 from paddock_gateway import credits, devchain, signatures
 from paddock_gateway.adapters.chain import ChainClient, ChainError
 from paddock_gateway.auth import eip191_digest
-from tests.gateway.conftest import (
-    RECIPIENT,
-    Chain,
-    Clock,
-    Gateway,
-    Wallet,
-    free_port,
-    rpc,
-    static_site,
-    unique_name,
-)
+from tests.gateway.conftest import RECIPIENT, Chain, Clock, Gateway, Wallet, rpc, static_site, unique_name
 from tests.gateway.test_siwx import proof as siwx_proof
 from tests.gateway.test_x402 import PRICE_RAW, decode, encode
 from tests.gateway.test_x402_permit2 import sign_permit, word
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

@@ -30,7 +30,6 @@ from tests.gateway.conftest import (
     Clock,
     Gateway,
     Wallet,
-    free_port,
     new_wallet,
     rpc,
     running_gateway,
@@ -38,6 +37,7 @@ from tests.gateway.conftest import (
     unique_name,
     x402_settings,
 )
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

@@ -16,16 +16,7 @@ from x402.http.clients.httpx import x402AsyncTransport
 from x402.mechanisms.evm.exact.register import register_exact_evm_client
 from x402.schemas import PaymentPayload, PaymentRequired
 
-from tests.gateway.conftest import (
-    RECIPIENT,
-    Chain,
-    Gateway,
-    Wallet,
-    free_port,
-    new_wallet,
-    static_site,
-    unique_name,
-)
+from tests.gateway.conftest import RECIPIENT, Chain, Gateway, Wallet, new_wallet, static_site, unique_name
 from tests.gateway.test_x402 import (
     PRICE_RAW,
     SETTLER,
@@ -37,6 +28,7 @@ from tests.gateway.test_x402 import (
     offer_for,
     sign_authorization,
 )
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

@@ -35,7 +35,6 @@ from tests.gateway.conftest import (
     Chain,
     Gateway,
     Wallet,
-    free_port,
     new_wallet,
     rpc,
     running_gateway,
@@ -54,6 +53,7 @@ from tests.gateway.test_x402 import (
     nonce_of,
     rejected,
 )
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

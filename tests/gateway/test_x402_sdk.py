@@ -16,7 +16,8 @@ import pytest
 import paddock
 from paddock._errors import InsufficientFundsError
 from paddock_gateway import devchain
-from tests.gateway.conftest import RECIPIENT, Gateway, Wallet, free_port, new_wallet, rpc, unique_name
+from tests.gateway.conftest import RECIPIENT, Gateway, Wallet, new_wallet, rpc, unique_name
+from tests.ports import free_port
 from tests.sdk.test_gateway_client import PRICE_RAW, Tap
 from tests.sdk.test_gateway_client import client as sdk_client
 

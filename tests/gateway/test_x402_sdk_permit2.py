@@ -21,9 +21,10 @@ import pytest
 import paddock
 from paddock import permit2
 from paddock_gateway import devchain
-from tests.gateway.conftest import RECIPIENT, Chain, Gateway, Wallet, free_port, new_wallet, rpc, unique_name
+from tests.gateway.conftest import RECIPIENT, Chain, Gateway, Wallet, new_wallet, rpc, unique_name
 from tests.gateway.test_x402_sdk import site
 from tests.gateway.test_x402_upto import PER_SECOND_RAW, upto_gateway
+from tests.ports import free_port
 from tests.sdk.test_gateway_client import PRICE_RAW, Tap
 from tests.sdk.test_gateway_client import client as sdk_client
 

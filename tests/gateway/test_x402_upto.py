@@ -44,7 +44,6 @@ from tests.gateway.conftest import (
     Clock,
     Gateway,
     Wallet,
-    free_port,
     new_wallet,
     running_gateway,
     static_site,
@@ -54,6 +53,7 @@ from tests.gateway.conftest import (
 from tests.gateway.test_smart_wallets import SmartWallet, SmartWalletAuth, SmartWalletSigner, deploy_factory
 from tests.gateway.test_x402 import SETTLER, credit_balance, decode, encode, nonce_of
 from tests.gateway.test_x402_permit2 import Recording, approve_permit2
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

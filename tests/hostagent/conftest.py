@@ -17,7 +17,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from paddock_hostagent.client import HostAgentClient
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.images import ImageStore
 from paddock_hostagent.schemas import CreateSandboxBody
+from tests.ports import free_port
 from tests.sweep import OwnerLock, lock_free, remove_state
 
 TOKEN = "test-host-agent-token-0123456789"
@@ -55,12 +55,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords and "hostagent" in str(item.fspath):
             item.add_marker(skip)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def private_subnet() -> str:

@@ -33,7 +33,8 @@ from paddock_hostagent.client import (
 from paddock_hostagent.routes import fast_routes
 from paddock_hostagent.schemas import CreateSandboxBody, CreateSandboxResult, ExecBody, ForkBody
 from tests.hostagent.conftest import TOKEN as AGENT_TOKEN
-from tests.hostagent.conftest import AgentProcess, free_port, run, sh
+from tests.hostagent.conftest import AgentProcess, run, sh
+from tests.ports import free_port
 
 TOKEN = "t0ken"
 

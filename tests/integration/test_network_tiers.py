@@ -34,7 +34,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.hostagent.conftest import free_port
 from tests.live import LivePlatform, start_platform
 from tests.network import test_egress, test_ingress
 from tests.network.conftest import QUOTA_BYTES, api, internet
@@ -61,6 +60,7 @@ from tests.network.test_ingress import (
     test_the_ingress_url_works_with_curl,
 )
 from tests.network.test_private_networks import DISK_MIB, SHAPE, User, user
+from tests.ports import free_port
 
 __all__ = [
     "api",

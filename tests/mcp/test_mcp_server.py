@@ -27,8 +27,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from mcp import ClientSession, StdioServerParameters
 from paddock_mcp import TOOL_NAMES
-from tests.hostagent.conftest import free_port
 from tests.live import LivePlatform
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -31,8 +31,9 @@ from typing import Any
 import httpx
 
 from tests.conftest import _pg_execute, pg_admin_url
-from tests.hostagent.conftest import STARTUP_TIMEOUT_S, AgentProcess, free_port
+from tests.hostagent.conftest import STARTUP_TIMEOUT_S, AgentProcess
 from tests.live import ControlPlaneProcess, LivePlatform
+from tests.ports import free_port
 
 AGENT_PORT = 8081
 DOMAIN = "sandbox.localhost"

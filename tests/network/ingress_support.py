@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 
-from tests.hostagent.conftest import free_port
 from tests.live import LivePlatform, start_platform
+from tests.ports import free_port
 
 APP = Path(__file__).with_name("sandbox_app.pl")
 APP_PORT = 8000

@@ -23,7 +23,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from tests.hostagent.conftest import debian_image, free_port, guest_binary_dir
+from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform
 from tests.network.ingress_support import (
     APP_PORT,
@@ -35,6 +35,7 @@ from tests.network.ingress_support import (
     start_app,
     start_ingress_platform,
 )
+from tests.ports import free_port
 
 __all__ = ["debian_image", "guest_binary_dir"]
 

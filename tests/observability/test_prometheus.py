@@ -22,8 +22,9 @@ from starlette.routing import Route
 from paddock_core import metrics
 from paddock_hostagent.app import api_app
 from tests.gateway.conftest import Gateway, gateway
-from tests.hostagent.conftest import TOKEN, debian_image, free_port, guest_binary_dir
+from tests.hostagent.conftest import TOKEN, debian_image, guest_binary_dir
 from tests.live import LivePlatform, start_platform
+from tests.ports import free_port
 
 __all__ = ["debian_image", "gateway", "guest_binary_dir"]
 

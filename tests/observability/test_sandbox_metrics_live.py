@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.hostagent.conftest import debian_image, free_port, guest_binary_dir
+from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform, start_platform
+from tests.ports import free_port
 
 __all__ = ["debian_image", "guest_binary_dir"]
 

@@ -17,7 +17,8 @@ import pytest
 import paddock
 from paddock._payments import PaymentLedger
 from paddock_gateway import credits
-from tests.gateway.conftest import RECIPIENT, Gateway, Wallet, free_port, new_wallet, rpc, unique_name
+from tests.gateway.conftest import RECIPIENT, Gateway, Wallet, new_wallet, rpc, unique_name
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.chain, pytest.mark.slow]
 

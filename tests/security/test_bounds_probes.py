@@ -29,8 +29,9 @@ import pytest
 from paddock_controlplane.edge import sshgate
 from paddock_controlplane.sandboxes import commands
 from paddock_core import serving
-from tests.hostagent.conftest import debian_image, free_port, guest_binary_dir
+from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform, plain_http_ingress, start_platform
+from tests.ports import free_port
 
 __all__ = ["debian_image", "guest_binary_dir"]  # session fixtures, shared with tests/hostagent
 

@@ -46,7 +46,6 @@ from tests.gateway.conftest import (
     Wallet,
     chain_overrides,
     devchains,
-    free_port,
     gateway_settings,
     new_wallet,
     paying_wallet,
@@ -56,6 +55,7 @@ from tests.gateway.conftest import (
 )
 from tests.gateway.test_live_deploy import through_ingress
 from tests.hostagent.conftest import debian_image, image_cache, private_subnet
+from tests.ports import free_port
 from tests.security.fakeagent_support import FakeAgent
 
 __all__ = ["controlplane", "cp_settings", "debian_image", "devchains", "paying_wallet"]

@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.hostagent.conftest import free_port
 from tests.live import LivePlatform, start_platform
+from tests.ports import free_port
 
 pytestmark = pytest.mark.root
 

@@ -10,7 +10,6 @@ seam faked), through raw HTTP, the SDK and the CLI (a subprocess configured by t
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import warnings
@@ -23,6 +22,7 @@ from tests.cli.test_sandbox_cli import Cli
 from tests.controlplane.conftest import ControlPlane
 from tests.controlplane.fakehost import FakeHostLink
 from tests.controlplane.sandboxes.test_sandboxes_rules import api, fake_host
+from tests.ports import free_port
 
 __all__ = ["api", "fake_host"]
 
@@ -85,9 +85,7 @@ async def test_a_400_no_key_and_a_server_down_say_what_to_do(
     controlplane: ControlPlane, fake_host: FakeHostLink
 ) -> None:
     _, key = await controlplane.new_user()
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        down = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    down = f"http://127.0.0.1:{free_port()}"  # a port nothing listens on
 
     def work() -> None:
         bad = Cli(controlplane.url, key)("sandbox", "create", "--shape", "no-such-shape")

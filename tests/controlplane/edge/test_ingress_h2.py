@@ -27,8 +27,8 @@ from paddock_controlplane.records.services import Activity
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.timeutil import utcnow
 from tests.controlplane.edge.test_ingress_protocol import DOMAIN, SANDBOX, LoopbackRouter, start_app
-from tests.hostagent.conftest import free_port
 from tests.network.ingress_support import make_certificate
+from tests.ports import free_port
 
 
 async def echo_app(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

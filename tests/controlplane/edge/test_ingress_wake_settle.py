@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -23,6 +22,7 @@ from paddock_controlplane.edge.ingress.routing import Route
 from paddock_controlplane.records.services import Activity
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.timeutil import utcnow
+from tests.ports import free_port
 
 WOKEN = "sb-01wokenwokenwokenwokenwoke"
 ASLEEP_NEVER = "sb-01plainplainplainplainplai"
@@ -91,9 +91,7 @@ async def dropping_app(drops: int) -> tuple[asyncio.Server, list[int]]:
 
 def closed_port() -> int:
     """A loopback port nothing listens on (bound for a moment to pick it, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_port()
 
 
 async def test_a_woken_app_that_drops_the_first_requests_is_tried_until_it_answers(
