@@ -48,7 +48,9 @@ Only forwarded traffic is egress: what a sandbox sends to the host itself (DNS, 
 ingress proxy) is neither filtered by the allowlist nor counted. What every sandbox may send to the
 host at all — DNS and replies, nothing else, with or without rules — and the per-veth source check
 are ``network.py``'s, in the table that exists from the moment a veth does. Every change is one
-``nft -f`` batch, which the kernel applies atomically.
+batch, which the kernel applies atomically: netlink messages when it is only elements keyed on a veth
+and quotas (a create's, a destroy's, a quota change: ``nftnetlink.py``, which skips libnftables'
+reading of the whole namespace, a named quota per metered sandbox included), else ``nft`` text.
 """
 
 from __future__ import annotations
@@ -56,12 +58,21 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import CommandFailedError
 from paddock_hostagent.drivers.net.nftlib import Nft
+from paddock_hostagent.drivers.net.nftnetlink import (
+    AddElement,
+    AddQuota,
+    DeleteElement,
+    DeleteQuota,
+    Op,
+    render,
+)
 
 log = get_logger(__name__)
 
@@ -368,7 +379,8 @@ add rule {t} post oifname @{INGRESS_BYTES}
                 lines.append(f"add element {t} {name} {{ {v} counter packets {packets} bytes {count} }}")
             quota = quotas.get(f"q_{veth}")
             if quota is not None and '"quota"' in rules.get(f"m_{veth}", ""):
-                lines += self._budget(veth, int(quota.get("bytes", 1)), int(quota.get("used", 0)))
+                budget = self._budget(veth, int(quota.get("bytes", 1)), int(quota.get("used", 0)))
+                lines += [render(t, op) for op in budget]
             lines.append(f"add element {t} out_chains {{ {v} : goto {chain} }}")
         for item in items:
             held = item.get("set", {}).get("name")
@@ -377,7 +389,7 @@ add rule {t} post oifname @{INGRESS_BYTES}
                 if parsed is not None and parsed[0] in routed and (held not in EXPIRING or left):
                     timeout = f" timeout {left}s" if held in EXPIRING else ""
                     lines.append(f"add element {t} {held} {{ {_q(parsed[0])} . {parsed[1]}{timeout} }}")
-        await self._nft("\n".join(lines))
+        await self._nft(lines)
         log.info("egress_table_converted", table=self.table, sandboxes=len(routed))
 
     def teardown_host(self) -> None:
@@ -388,30 +400,30 @@ add rule {t} post oifname @{INGRESS_BYTES}
 
     # -- per sandbox ----------------------------------------------------------------------------
 
-    def _unbudget(self, veth: str) -> list[str]:
-        """Lines deleting the veth's quota; adding it first makes the deletes safe if it is absent."""
-        t, v, name = self._t, _q(veth), f"q_{veth}"
+    def _unbudget(self, veth: str) -> list[Op]:
+        """Deletes the veth's quota; adding it first makes the deletes safe if it is absent."""
+        name = f"q_{veth}"
         return [
-            f"add quota {t} {name} {{ over 1 bytes }}",
-            f"add element {t} budgets {{ {v} : {_q(name)} }}",
-            f"delete element {t} budgets {{ {v} }}",
-            f"delete quota {t} {name}",
+            AddQuota(name, 1),
+            AddElement("budgets", veth, object=name),
+            DeleteElement("budgets", veth),
+            DeleteQuota(name),
         ]
 
-    def _budget(self, veth: str, quota_bytes: int, used_bytes: int) -> list[str]:
-        """Lines giving the veth (which has none) its quota: ``used_bytes`` of ``quota_bytes`` spent,
-        or none at all when ``quota_bytes`` is -1 (unmetered)."""
+    def _budget(self, veth: str, quota_bytes: int, used_bytes: int) -> list[Op]:
+        """Gives the veth (which has none) its quota: ``used_bytes`` of ``quota_bytes`` spent, or none
+        at all when ``quota_bytes`` is -1 (unmetered)."""
         if quota_bytes < 0:
             return []
-        t, name = self._t, f"q_{veth}"
+        name = f"q_{veth}"
         return [
-            f"add quota {t} {name} {{ over {max(quota_bytes, 1)} bytes used {max(used_bytes, 0)} bytes }}",
-            f"add element {t} budgets {{ {_q(veth)} : {_q(name)} }}",
+            AddQuota(name, max(quota_bytes, 1), max(used_bytes, 0)),
+            AddElement("budgets", veth, object=name),
         ]
 
-    def _unroute(self, veth: str) -> list[str]:
-        """The line deleting the veth's element of ``out_chains``, if it has one."""
-        return [f"delete element {self._t} out_chains {{ {_q(veth)} }}"] if veth in self._routed else []
+    def _unroute(self, veth: str) -> list[Op]:
+        """Deletes the veth's element of ``out_chains``, if it has one."""
+        return [DeleteElement("out_chains", veth)] if veth in self._routed else []
 
     def _forget(self, veth: str, sets: tuple[str, ...] = tuple(ADDRESS_SETS)) -> list[str]:
         """Lines deleting what ``veth`` holds in ``sets``. An expiring element is added again first (with
@@ -437,7 +449,7 @@ add rule {t} post oifname @{INGRESS_BYTES}
         ``sandbox_pre`` drops whatever a veth sends from another address before it is routed."""
         del ip
         t, v = self._t, _q(veth)
-        lines = [*self._forget(veth), *self._unroute(veth)]
+        lines: list[Op | str] = [*self._forget(veth), *self._unroute(veth)]
         networks = {str(net) for net in policy.networks}
         network_ports = {f"{net} . {port}" for net, port in policy.network_ports}
         for name, keys in (("allow_net", networks), ("allow_netport", network_ports)):
@@ -448,17 +460,17 @@ add rule {t} post oifname @{INGRESS_BYTES}
         lines += [
             *self._unbudget(veth),
             *self._budget(veth, quota_bytes, used_bytes),
-            f"add element {t} {EGRESS_BYTES} {{ {v} }}",  # an existing element keeps its counter
-            f"add element {t} {INGRESS_BYTES} {{ {v} }}",
-            f"add element {t} out_chains {{ {v} : goto {chain} }}",
+            AddElement(EGRESS_BYTES, veth),  # an existing element keeps its counter
+            AddElement(INGRESS_BYTES, veth),
+            AddElement("out_chains", veth, goto=chain),
         ]
-        await self._nft("\n".join(lines))
+        await self._nft(lines)
         self._held[veth] = {"allow_net": networks, "allow_netport": network_ports}
         self._routed[veth] = chain
 
     async def set_quota(self, veth: str, *, quota_bytes: int, used_bytes: int) -> None:
         """A new budget (-1: unmetered) counted from ``used_bytes`` already spent."""
-        await self._nft("\n".join([*self._unbudget(veth), *self._budget(veth, quota_bytes, used_bytes)]))
+        await self._nft([*self._unbudget(veth), *self._budget(veth, quota_bytes, used_bytes)])
 
     async def admit(self, veth: str, admissions: list[Admission]) -> None:
         """Adds resolved addresses with their TTL; an address already present gets the new timeout."""
@@ -479,25 +491,24 @@ add rule {t} post oifname @{INGRESS_BYTES}
             ]
             added.append((target, key))
         if lines:
-            await self._nft("\n".join(lines))
+            await self._nft(lines)
             held = self._held.setdefault(veth, {})
             for target, key in added:
                 held.setdefault(target, set()).add(key)
 
     async def remove(self, veth: str) -> None:
         """Removes everything the sandbox had in the table; safe on an absent one."""
-        t, v = self._t, _q(veth)
-        lines = [
+        lines: list[Op | str] = [
             *self._forget(veth),
             *self._unroute(veth),
             *self._unbudget(veth),
             *(
-                line
+                op
                 for name in (EGRESS_BYTES, INGRESS_BYTES)
-                for line in (f"add element {t} {name} {{ {v} }}", f"delete element {t} {name} {{ {v} }}")
+                for op in (AddElement(name, veth), DeleteElement(name, veth))
             ),
         ]
-        await self._nft("\n".join(lines))
+        await self._nft(lines)
         self._held.pop(veth, None)
         self._routed.pop(veth, None)
 
@@ -581,8 +592,10 @@ add rule {t} post oifname @{INGRESS_BYTES}
             return []
         return [e for item in _objects_of(out) if kind in item for e in item[kind].get("elem", [])]
 
-    async def _nft(self, batch: str) -> None:
-        await self.nft.run(batch)
+    async def _nft(self, batch: Sequence[Op | str]) -> None:
+        """One atomic batch: as netlink messages when it is only elements keyed on a veth and quotas
+        (a create's, a destroy's, a quota change), else as text (``Nft.apply``)."""
+        await self.nft.apply(self._t, batch)
 
 
 def _objects_of(output: str) -> list[dict[str, NftObject]]:

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from paddock_hostagent.drivers.base import CapacityError, CommandFailedError, DriverError
 from paddock_hostagent.drivers.net.nftlib import Nft
+from paddock_hostagent.drivers.net.nftnetlink import AddElement, DeleteElement, Op, render
 from paddock_hostagent.drivers.system.commands import run_sync
 from paddock_hostagent.drivers.system.nsthread import CLONE_NEWNET, in_namespace
 
@@ -243,8 +244,10 @@ flush {table}
 flush set ip {self.nft_table} veths
 flush set ip {self.nft_table} sources
 """
+        table_name = f"ip {self.nft_table}"
         elements = self._elements("add", [(slot, address) for address, slot in owners.items()])
-        run_sync(["nft", "-f", "-"], input_text=ruleset + elements)
+        lines = "".join(render(table_name, op) + "\n" for op in elements)
+        run_sync(["nft", "-f", "-"], input_text=ruleset + lines)
         for slot in sorted(set(owners.values())):
             net = SandboxNetwork(slot=slot, ip="", gateway=self.gateway)
             with contextlib.suppress(OSError, DriverError):  # a slot whose pieces are gone
@@ -257,19 +260,20 @@ flush set ip {self.nft_table} sources
         run_sync(["nft", "delete", "table", "ip", self.nft_table], check=False)
         run_sync(["nft", "delete", "table", "ip", f"{self.nft_table}_egress"], check=False)  # egress.py
 
-    def _elements(self, verb: str, pairs: list[tuple[str, str]]) -> str:
-        """``add``/``delete`` element lines for (slot, address) pairs of the guard sets."""
-        t = f"ip {self.nft_table}"
-        lines: list[str] = []
-        for slot in dict.fromkeys(slot for slot, _ in pairs):
-            lines.append(f'{verb} element {t} veths {{ "{VETH_PREFIX}{slot}" }}')
-        for slot, address in pairs:
-            lines.append(f'{verb} element {t} sources {{ "{VETH_PREFIX}{slot}" . {address} }}')
-        return "\n".join(lines) + "\n"
+    def _elements(self, verb: str, pairs: list[tuple[str, str]]) -> list[Op]:
+        """Adds (``verb`` "add") or deletes the elements of (slot, address) pairs in the guard sets."""
+        element = AddElement if verb == "add" else DeleteElement
+        ops: list[Op] = [
+            element("veths", f"{VETH_PREFIX}{slot}") for slot in dict.fromkeys(s for s, _ in pairs)
+        ]
+        ops += [element("sources", f"{VETH_PREFIX}{slot}", address=address) for slot, address in pairs]
+        return ops
 
     def _guard(self, net: SandboxNetwork) -> None:
-        """The veth and its address join the guard sets (before the link exists)."""
-        self.nft.run_sync(self._elements("add", [(net.slot, net.ip)]))
+        """The veth and its address join the guard sets (before the link exists). Netlink messages
+        (``Nft.apply_sync``): libnftables would read every named object in the namespace first, a quota
+        per metered sandbox (``egress_rules.py``)."""
+        self.nft.apply_sync(f"ip {self.nft_table}", self._elements("add", [(net.slot, net.ip)]))
 
     def _unguard(self, net: SandboxNetwork) -> None:
         """Removes the slot's elements; ``add`` first makes each ``delete`` safe when one is absent."""
@@ -277,7 +281,9 @@ flush set ip {self.nft_table} sources
         pairs = [(net.slot, address) for address in dict.fromkeys([*owned, *([net.ip] if net.ip else [])])]
         pairs = pairs or [(net.slot, "0.0.0.0")]
         with contextlib.suppress(CommandFailedError):  # the table is gone (host torn down)
-            self.nft.run_sync(self._elements("add", pairs) + self._elements("delete", pairs))
+            self.nft.apply_sync(
+                f"ip {self.nft_table}", self._elements("add", pairs) + self._elements("delete", pairs)
+            )
 
     def create(self, slot: str, prefer_ip: str | None = None) -> SandboxNetwork:
         """Allocates an address (``prefer_ip`` if free) and builds the namespace and veth pair (blocking:

@@ -3,15 +3,23 @@
 Spawning ``nft`` costs a fork and exec of the agent's large process (tens of ms on a busy host); the
 library runs the same command text in about a millisecond. Commands run in a worker thread under a
 lock (one context, not thread-safe). Without the library, ``nft`` is spawned instead.
+
+A batch of only element and quota changes (``nftnetlink.Op``) goes to the kernel as netlink messages
+instead (``apply``): libnftables reads every table, chain, set and named object of the namespace before
+such a batch, which grew with the sandboxes on the host. Both the library's context and the netlink
+socket are opened when the object is made, so they act on the network namespace it was made in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import threading
+from collections.abc import Sequence
 
 from paddock_hostagent.drivers.base import CommandFailedError
+from paddock_hostagent.drivers.net.nftnetlink import NetlinkError, NftNetlink, Op, render
 from paddock_hostagent.drivers.system.commands import run
 
 NFT_CTX_OUTPUT_JSON = 1 << 4
@@ -22,6 +30,9 @@ class Nft:
         self._lock = threading.Lock()
         self._lib: ctypes.CDLL | None = None
         self._ctx: int | None = None
+        self._netlink: NftNetlink | None = None
+        with contextlib.suppress(OSError):  # no nfnetlink (not root, a kernel without it): text only
+            self._netlink = NftNetlink()
         try:
             lib = ctypes.CDLL("libnftables.so.1")
         except OSError:
@@ -61,6 +72,26 @@ class Nft:
             return await asyncio.to_thread(self._run_in_process, commands, json_output)
         argv = ["nft", "-j", *commands.split()] if json_output else ["nft", "-f", "-"]
         return await run(argv, input_text=None if json_output else commands + "\n")
+
+    async def apply(self, table: str, batch: Sequence[Op | str]) -> None:
+        """Runs ``batch`` on ``table`` ("ip name") as one atomic batch: as netlink messages when it holds
+        only ``Op``s, else as text (each ``Op`` rendered, the strings as they are) through libnftables
+        (or ``nft``). A refused batch applies nothing and is a ``CommandFailedError`` either way."""
+        if batch:
+            await asyncio.to_thread(self.apply_sync, table, batch)
+
+    def apply_sync(self, table: str, batch: Sequence[Op | str]) -> None:
+        """``apply``, blocking (for callers already in a worker thread)."""
+        if not batch:
+            return
+        if self._netlink is not None and all(not isinstance(item, str) for item in batch):
+            ops = [item for item in batch if not isinstance(item, str)]
+            try:
+                self._netlink.apply(table, ops)
+            except NetlinkError as error:
+                raise CommandFailedError(["nft", render(table, ops[0])], 1, str(error)) from None
+            return
+        self.run_sync("\n".join(item if isinstance(item, str) else render(table, item) for item in batch))
 
     def run_sync(self, commands: str) -> str:
         if self._lib is not None:
