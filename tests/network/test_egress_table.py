@@ -59,9 +59,9 @@ def firewall(netns: str) -> EgressFirewall:
     return made
 
 
-def table(netns: str) -> str:
+def table(netns: str, name: str = EGRESS_TABLE) -> str:
     listed = subprocess.run(
-        ["ip", "netns", "exec", netns, "nft", "list", "table", *EGRESS_TABLE.split()],
+        ["ip", "netns", "exec", netns, "nft", "list", "table", *name.split()],
         capture_output=True,
         text=True,
         check=True,
@@ -306,12 +306,7 @@ def test_a_create_destroy_and_quota_change_sent_as_netlink_leave_the_table_as_nf
             await fw.install("pdkt4", ip(4), OPEN, quota_bytes=GIB)
             await fw.remove("pdkt4")
         listed = table(netns)
-        as_text = subprocess.run(
-            ["ip", "netns", "exec", netns, "nft", "list", "table", "ip", f"{NFT_TABLE}_text"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        as_text = table(netns, text._t)
         assert listed.replace(f"{NFT_TABLE}_egress", "T") == as_text.replace(f"{NFT_TABLE}_text", "T")
         assert "quota q_pdkt1 {\n\t\tover 2048 mbytes used 123 bytes" in listed, listed
         assert '"pdkt2" : "q_pdkt2"' in listed and "q_pdkt3" not in listed and "pdkt4" not in listed

@@ -184,6 +184,7 @@ class NetworkManager:
         self.egress_deny = egress_deny
         self.subnet = subnet
         self.nft_table = nft_table
+        self._t = f"ip {nft_table}"  # how nft names the table, for the guard elements' batches
         self.dns_servers = dns_servers
         self.nft = Nft()
 
@@ -244,9 +245,8 @@ flush {table}
 flush set ip {self.nft_table} veths
 flush set ip {self.nft_table} sources
 """
-        table_name = f"ip {self.nft_table}"
         elements = self._elements("add", [(slot, address) for address, slot in owners.items()])
-        lines = "".join(render(table_name, op) + "\n" for op in elements)
+        lines = "".join(render(self._t, op) + "\n" for op in elements)
         run_sync(["nft", "-f", "-"], input_text=ruleset + lines)
         for slot in sorted(set(owners.values())):
             net = SandboxNetwork(slot=slot, ip="", gateway=self.gateway)
@@ -273,7 +273,7 @@ flush set ip {self.nft_table} sources
         """The veth and its address join the guard sets (before the link exists). Netlink messages
         (``Nft.apply_sync``): libnftables would read every named object in the namespace first, a quota
         per metered sandbox (``egress_rules.py``)."""
-        self.nft.apply_sync(f"ip {self.nft_table}", self._elements("add", [(net.slot, net.ip)]))
+        self.nft.apply_sync(self._t, self._elements("add", [(net.slot, net.ip)]))
 
     def _unguard(self, net: SandboxNetwork) -> None:
         """Removes the slot's elements; ``add`` first makes each ``delete`` safe when one is absent."""
@@ -281,9 +281,7 @@ flush set ip {self.nft_table} sources
         pairs = [(net.slot, address) for address in dict.fromkeys([*owned, *([net.ip] if net.ip else [])])]
         pairs = pairs or [(net.slot, "0.0.0.0")]
         with contextlib.suppress(CommandFailedError):  # the table is gone (host torn down)
-            self.nft.apply_sync(
-                f"ip {self.nft_table}", self._elements("add", pairs) + self._elements("delete", pairs)
-            )
+            self.nft.apply_sync(self._t, self._elements("add", pairs) + self._elements("delete", pairs))
 
     def create(self, slot: str, prefer_ip: str | None = None) -> SandboxNetwork:
         """Allocates an address (``prefer_ip`` if free) and builds the namespace and veth pair (blocking:

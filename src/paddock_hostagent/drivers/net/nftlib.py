@@ -82,10 +82,10 @@ class Nft:
 
     def apply_sync(self, table: str, batch: Sequence[Op | str]) -> None:
         """``apply``, blocking (for callers already in a worker thread)."""
+        ops = [item for item in batch if not isinstance(item, str)]
         if not batch:
             return
-        if self._netlink is not None and all(not isinstance(item, str) for item in batch):
-            ops = [item for item in batch if not isinstance(item, str)]
+        if self._netlink is not None and len(ops) == len(batch):
             try:
                 self._netlink.apply(table, ops)
             except NetlinkError as error:
