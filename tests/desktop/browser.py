@@ -89,6 +89,10 @@ def headless_chromium(width: int, height: int) -> Iterator[Page]:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # Chromium puts its singleton socket in $TMPDIR/org.chromium.Chromium.*, and a killed chromium
+        # never removes it: one left behind in /tmp per browser a test opened. Inside the profile it
+        # goes with the profile.
+        env={**os.environ, "TMPDIR": str(profile)},
         # Its own process group: chromium's helpers (GPU, network, renderers) outlive a kill of the main
         # process and wrote the profile back after it was removed, leaving /tmp/pdk-chromium-* behind.
         start_new_session=True,
