@@ -114,6 +114,9 @@ def kvm_usable() -> bool:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            # `runsc do` writes its bundle to $TMPDIR/runsc-do*, and a probe killed on a hang never
+            # removes it: one directory in /tmp per agent start. In the probe's root it goes with it.
+            env={**os.environ, "TMPDIR": root},
             start_new_session=True,
         )
         try:

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from paddock_core.http import current_request_id
 from paddock_hostagent.client import HostAgentClient, UnknownImageError
-from paddock_hostagent.host import prepare_host
+from paddock_hostagent.host import kvm_usable, prepare_host
 from paddock_hostagent.schemas import CreateSandboxBody, ForkBody
 from paddock_hostagent.settings import HostAgentSettings
 from tests.conftest import LiveServer
@@ -234,6 +234,18 @@ def test_prepare_host_is_idempotent(tmp_path: Path) -> None:
     finally:
         subprocess.run(["nft", "delete", "table", "ip", settings.nft_table], capture_output=True)
         subprocess.run(["nft", "delete", "table", "ip", f"{settings.nft_table}_egress"], capture_output=True)
+
+
+def test_the_kvm_probe_leaves_nothing_in_the_temp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each agent start on runsc_platform=auto probes kvm with `runsc do`. Here a guest on /dev/kvm hangs,
+    # the probe is killed, and runsc never removed its runsc-do* bundle: hundreds piled up in /tmp.
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    kvm_usable()
+    assert list(temp.iterdir()) == []
 
 
 async def test_an_image_from_a_mirror_is_built_on_first_demand(make_agent: Any, tmp_path: Path) -> None:
