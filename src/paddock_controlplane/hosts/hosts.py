@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import String, cast, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from paddock_controlplane.hosts import scheduler
 from paddock_controlplane.records.models import Host, NetworkMember, Sandbox
 from paddock_controlplane.records.states import TERMINAL
 from paddock_core import errors
@@ -127,8 +128,11 @@ async def available_images(session: AsyncSession) -> set[str]:
 async def set_drained(session: AsyncSession, host_id: str, drained: bool) -> Host:
     """Drains a host (no new placements; its sandboxes keep running) or puts it back in service.
 
-    Takes effect at once for placement; a dead host keeps the mark and returns ``draining``.
+    Takes effect at once for placement; a dead host keeps the mark and returns ``draining``. It takes
+    turns with placements (``scheduler.placement_lock``): a placement in flight, which locks no host
+    row, commits before the drain does, and none after it can choose the host.
     """
+    await scheduler.placement_lock(session)
     host = await session.get(Host, host_id, with_for_update=True)
     if host is None:
         raise errors.NotFound(f"no host {host_id!r}")

@@ -11,15 +11,22 @@ A host's free memory is the smaller of two views, so neither can over-place it:
 A placement looks at the hosts in order of what each could have free at most (its report, capped by
 its total: neither view can exceed it), counting what is held only on the leading ones, and stops once
 no host further down could beat the best found (:func:`_pick_leading`): the decision reads a few
-hosts' sandboxes whatever the fleet's size. Placements take turns on one PostgreSQL advisory lock and
-lock the chosen host's row before the count they decide by (a fork there, which locks only that row,
-may have committed meanwhile): the first host that qualifies, usually the choice, is locked and then
-counted, once; a host chosen further down is locked and counted again. Counting is the part of a
-placement that grows with the host's sandboxes (one row read per sandbox held there: ~1 ms per 1,000
-on SQLite on the dev box), so it is done once per create. When that finds no room, or no host qualifies, the whole fleet is read with
+hosts' sandboxes whatever the fleet's size. Counting is the part of a placement that grows with the
+host's sandboxes (one row read per sandbox held there: ~1 ms per 1,000 on SQLite on the dev box), so
+each host is counted once. When that finds no room, or no host qualifies, the whole fleet is read with
 every active host locked (FOR UPDATE on PostgreSQL), as before, and the 503 says why (``no host with
 capacity: no host has 1024 MiB free (largest: 297 MiB)``); the message keeps the contract's ``no host
 with capacity`` at its start for clients that look for it.
+
+On PostgreSQL everything that adds memory to a host by a decision, or takes a host out of placement,
+takes turns on one advisory lock (:func:`placement_lock`), held to its commit: a create's placement, a
+fork's room check (:func:`check_room`) and a drain (``hosts.set_drained``). So a count made under it is
+the truth until the commit: no row of the chosen host is locked and nothing is counted twice. Before,
+a placement locked its leading host's row and then the chosen one's and counted the chosen one again
+(a fork locked only that row); those were 3 of a create's ~16 round trips under its account's lock,
+which bounded one user's creates to ~65/s on two control planes (docs/performance.md, "PostgreSQL
+creates"). Hibernated sandboxes woken again are not decided here, as before: their host refuses a wake
+it has no room for. SQLite's writers take turns on the whole file, which covers all of this.
 """
 
 from __future__ import annotations
@@ -103,7 +110,6 @@ _LEADING = (
     .limit(bindparam("limit"))
     .offset(bindparam("offset"))
 )
-_CHOSEN = select(Host).where(Host.id == bindparam("host_id")).with_for_update()
 #: Hosts read per statement, and held memory counted for at most this many hosts per statement.
 LEADING_BATCH = 32
 HELD_BATCH = 4
@@ -112,6 +118,13 @@ FIRST_LEADING = 4
 #: Every placement on PostgreSQL takes this transaction-scoped advisory lock first (an arbitrary
 #: constant: "paddock placement"), instead of locking every active host's row.
 PLACEMENT_LOCK = text("SELECT pg_advisory_xact_lock(7305916612)")
+
+
+async def placement_lock(session: AsyncSession) -> None:
+    """Take turns with every placement, fork room check and drain until this transaction ends
+    (PostgreSQL; on SQLite the transaction already holds the database's write lock)."""
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(PLACEMENT_LOCK)
 
 
 async def held_by_host(session: AsyncSession, host_ids: Collection[str]) -> dict[str, Held]:
@@ -139,8 +152,8 @@ async def pick_host(
     node_selector: dict[str, str] | None = None,
     exclude: Collection[str] = (),
     fetchable: bool = False,
-) -> Host:
-    """The qualifying host with the most free memory; 503 saying why when there is none.
+) -> str:
+    """The id of the qualifying host with the most free memory; 503 saying why when there is none.
 
     ``fetchable``: the image (a template's) can be fetched from a host that holds it, so a host
     without it qualifies too, after every holder (a holder with room is always preferred).
@@ -151,6 +164,7 @@ async def pick_host(
     """
     if host_id and await session.get(Host, host_id) is None:
         raise errors.ValidationFailed.field("host_id", f"no host {host_id!r}; see GET /v1/hosts")
+    await placement_lock(session)
     if not host_id:
         leading = await _pick_leading(
             session,
@@ -197,13 +211,14 @@ async def pick_host(
         if host_id:
             raise no_capacity(f"host {host_id} has {largest} MiB free, {mem_mib} MiB requested")
         raise no_capacity(f"no host has {mem_mib} MiB free (largest: {largest} MiB)")
-    return best[1]
+    return str(best[1].id)
 
 
 async def check_room(
     session: AsyncSession, host_id: str, *, mem_mib: int, now: dt.datetime, dead_after_s: float
 ) -> None:
     """For a fork, which must run on its source's host: 503 unless that host can take ``mem_mib`` more."""
+    await placement_lock(session)
     host = (await session.execute(_HOST_ROOM, {"host_id": host_id})).first()
     if host is None or host.status != "active":
         raise no_capacity(f"host {host_id} is not active")
@@ -225,40 +240,26 @@ async def _pick_leading(
     node_selector: dict[str, str] | None,
     exclude: Collection[str],
     fetchable: bool,
-) -> Host | None:
-    """:func:`pick_host`'s choice without a ``host_id``, reading only the leading hosts; None when it
-    cannot say (nothing fits among the hosts read, or the chosen one filled meanwhile): the caller then
-    decides over the whole fleet, which also words the refusal.
+) -> str | None:
+    """:func:`pick_host`'s choice without a ``host_id``, reading only the leading hosts; None when
+    it cannot say (nothing fits among the hosts read): the caller then decides over the whole fleet,
+    which also words the refusal. Called with the placement lock held.
 
     The hosts come in order of the most they could have free (``bound``); their held memory is counted
     a few at a time, and the reading stops once the best free memory found is more than the next
     host's bound (or equal, the next one's id coming later: the whole-fleet choice takes the lowest id
     among equals). A host that serves the image always wins over one that would fetch it (``fetchable``).
     """
-    if session.get_bind().dialect.name == "postgresql":
-        await session.execute(PLACEMENT_LOCK)
     best: tuple[int, str] | None = None  # (free, id) of the best host serving the image
     fallback: tuple[int, str] | None = None  # the best one that would fetch it
     waiting: list[tuple[int, str, int, int, bool]] = []  # (bound, id, free_mib, total_mib, serving)
-    # The first host that qualifies, its row locked before it was counted: when it is the choice, that
-    # count stands (nothing placed there can commit after it), and the sandboxes held there are not
-    # read a second time.
-    locked: tuple[Host, int] | None = None
 
     def done(bound: int, host: str) -> bool:
         return best is not None and (bound < best[0] or (bound == best[0] and host > best[1]))
 
     async def count(candidates: list[tuple[int, str, int, int, bool]]) -> None:
-        nonlocal best, fallback, locked
-        if locked is None and len(candidates) == 1:
-            host_row = await _locked_alive(session, candidates[0][1], now=now, dead_after_s=dead_after_s)
-            if host_row is None:  # drained or dead since the hosts were read: not a candidate
-                return
-            candidates = [(0, host_row.id, int(host_row.free_mib), int(host_row.total_mib), candidates[0][4])]
-            held = await held_by_host(session, [host_row.id])
-            locked = (host_row, free_mib(host_row.free_mib, host_row.total_mib, held.get(host_row.id)))
-        else:
-            held = await held_by_host(session, [c[1] for c in candidates])
+        nonlocal best, fallback
+        held = await held_by_host(session, [c[1] for c in candidates])
         for _, host, reported, total, serving in candidates:
             free = free_mib(reported, total, held.get(host))
             if free < mem_mib:
@@ -301,28 +302,4 @@ async def _pick_leading(
     if waiting:
         await count(waiting)
     chosen = best or fallback
-    if chosen is None:
-        return None
-    if locked is not None and locked[0].id == chosen[1]:
-        return locked[0]  # locked before its count: that count stands
-    # The row locked, its memory counted again: a fork there (check_room locks only that row) may have
-    # committed since, and a drain or a death is seen too.
-    host = await _locked_alive(session, chosen[1], now=now, dead_after_s=dead_after_s)
-    if host is None:
-        return None
-    held = (await held_by_host(session, [host.id])).get(host.id)
-    if free_mib(host.free_mib, host.total_mib, held) < mem_mib:
-        return None
-    return host
-
-
-async def _locked_alive(
-    session: AsyncSession, host_id: str, *, now: dt.datetime, dead_after_s: float
-) -> Host | None:
-    """The host's row, locked (FOR UPDATE on PostgreSQL), if it is still active and alive."""
-    host = (await session.scalars(_CHOSEN, {"host_id": host_id})).first()
-    if host is None or host.status != "active":
-        return None
-    if (now - as_utc(host.last_heartbeat_at)).total_seconds() > dead_after_s:
-        return None
-    return host
+    return None if chosen is None else chosen[1]

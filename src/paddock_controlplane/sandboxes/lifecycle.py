@@ -261,6 +261,17 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
     settings = services.settings
     spec = validate_create(req, settings.region)
     async with transaction(services.sessions) as session:
+        # What the image is, before the account's lock: reads no other create of this account can
+        # change, and each statement held under the lock holds up the account's next create (on
+        # PostgreSQL; SQLite's transaction holds the whole file from its start either way).
+        snapshot = await _snapshot_of(session, user_id, spec)  # may raise ``disk_mib`` to its disk's
+        if snapshot is not None:
+            # Booted from a clone of the snapshot: on the host that keeps it while it has room, else
+            # on another, which fetches it first (``snapshots.boot_host``, ``snapshots.ensure_on_host``).
+            rootfs, image_host, image = snapshot.id, None, snapshot.image
+        else:
+            rootfs, image_host = await resolve_rootfs(session, services, user_id, spec.rootfs)
+            image = rootfs
         account = await accounts.lock_user(session, user_id)
         joined = await networks.resolve_refs(session, user_id, req.networks)
         attached = await disks.resolve_attachments(session, user_id, req.disks)
@@ -269,7 +280,6 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             session, user_id, req.volumes, [item.mount_path for item in req.disks or []]
         )
         plan = await accounts.cached_plan(session, account.plan_id)
-        snapshot = await _snapshot_of(session, user_id, spec)  # may raise ``disk_mib`` to its disk's
         accounts.check_plan_limits(
             plan,
             vcpu=spec.shape.vcpu,
@@ -281,13 +291,6 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             session, plan, user_id, now=services.clock(), needs_slot=not spec.start_paused, new_sandbox=True
         )
         accounts.require_credit(account)
-        if snapshot is not None:
-            # Booted from a clone of the snapshot: on the host that keeps it while it has room, else
-            # on another, which fetches it first (``snapshots.boot_host``, ``snapshots.ensure_on_host``).
-            rootfs, image_host, image = snapshot.id, None, snapshot.image
-        else:
-            rootfs, image_host = await resolve_rootfs(session, services, user_id, spec.rootfs)
-            image = rootfs
         name = spec.name or await names.generate(session, user_id)
         if spec.name and await names.taken(session, user_id, spec.name):
             raise errors.AlreadyExists(f"a sandbox named {spec.name!r} already exists")
@@ -305,15 +308,15 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             fetchable=image_host is not None
             or (snapshot is not None and snapshots.image_fetchable(snapshot)),
         )
-        host = await _pick(session, services, placement, refused=())
+        chosen = await _pick(session, services, placement, refused=())
         for field in hibernating_fields(spec.on_timeout, spec.on_idle):
-            suspension.require_hibernating_host(host, field)
+            suspension.require_hibernating_host(await session.get(Host, chosen), field)
         sandbox = Sandbox(
             id=new_id("sb-"),
             user_id=user_id,
             name=name,
             status=SandboxStatus.CREATING,
-            host_id=host.id,
+            host_id=chosen,
             shape=spec.shape.id,
             rootfs=rootfs,
             vcpu=spec.shape.vcpu,
@@ -412,7 +415,7 @@ async def _mount_volumes(
 
 async def _pick(
     session: AsyncSession, services: Services, placement: Placement, *, refused: Collection[str]
-) -> Host:
+) -> str:
     return await scheduler.pick_host(
         session,
         mem_mib=placement.mem_mib,
@@ -443,11 +446,11 @@ async def _place_elsewhere(
         row = await session.get(Sandbox, sandbox.id, with_for_update=True)
         if row is not None and row.status == SandboxStatus.CREATING:
             try:
-                host = await _pick(session, services, placement, refused=refused)
+                host_id: str | None = await _pick(session, services, placement, refused=refused)
             except errors.Unavailable:
-                host = None
-            if host is not None:
-                row.host_id = host.id
+                host_id = None
+            if host_id is not None:
+                row.host_id = host_id
                 return row
         # Also when destroyed meanwhile (``destroying``): it never existed, so no destroy is owed either.
         await networks.drop_memberships(session, sandbox.id)

@@ -232,14 +232,14 @@ class TemplateBuilder:
             if template is None or template.deleted_at is not None:
                 return None, ""
             try:
-                host = await self._pick_host(session, template)
+                host_id = await self._pick_host(session, template)
             except errors.PaddockError as exc:
                 template.attempt += 1
                 await self._end(session, template, "failed", reason=f"no host can build it: {exc}")
                 return None, ""
             template.attempt += 1
             template.status = "building"
-            template.host_id = host.id
+            template.host_id = host_id
             template.error = None
             template.lease_until = self._now() + dt.timedelta(seconds=LEASE_S)
             await webhooks.emit(
@@ -248,9 +248,9 @@ class TemplateBuilder:
                 action="template.build.start",
                 data={"template_id": template.id, "user_id": template.user_id, "attempt": template.attempt},
             )
-            return template.attempt, host.id
+            return template.attempt, host_id
 
-    async def _pick_host(self, session: Any, template: Template) -> Host:
+    async def _pick_host(self, session: Any, template: Template) -> str:
         if template.from_image.startswith("tpl_"):
             base = await session.get(Template, template.from_image)
             host_id = base.host_id if base is not None else None

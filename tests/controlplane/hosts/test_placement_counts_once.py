@@ -1,6 +1,7 @@
 """A create's placement reads the sandboxes held on its host once (issue #36): the count it decides by
-is taken with the host's row locked, so it stands, where it was taken twice (before choosing, and
-again once locked). That count is the part of a create that grows with the host's sandboxes."""
+is taken under the placement lock, so it stands, where it was taken twice (before choosing, and
+again once the host's row was locked). That count is the part of a create that grows with the host's
+sandboxes."""
 
 from __future__ import annotations
 

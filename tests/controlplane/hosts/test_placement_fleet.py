@@ -75,9 +75,9 @@ async def test_a_placement_among_many_hosts_counts_few_and_picks_the_roomiest(
                 session, mem_mib=MEM_MIB, rootfs="debian:13", now=now, dead_after_s=DEAD_AFTER_S
             )
             roomiest = max(free.values())
-            assert free[host.id] == roomiest, (host.id, free[host.id], roomiest)
-            assert host.id == min(h for h, f in free.items() if f == roomiest)  # the lowest id among equals
-            # A few batches of the leading hosts and the chosen one again once locked, of 60.
+            assert free[host] == roomiest, (host, free[host], roomiest)
+            assert host == min(h for h, f in free.items() if f == roomiest)  # the lowest id among equals
+            # A few batches of the leading hosts, of 60.
             assert len(set(counted)) <= 3 * scheduler.HELD_BATCH, sorted(set(counted))
             await session.execute(
                 insert(Sandbox).values(
@@ -85,7 +85,7 @@ async def test_a_placement_among_many_hosts_counts_few_and_picks_the_roomiest(
                     user_id=(await session.scalar(select(Sandbox.user_id).limit(1))),
                     name=f"placed-{len(placed)}",
                     status="running",
-                    host_id=host.id,
+                    host_id=host,
                     shape="s-4vcpu-8gb",
                     rootfs="debian:13",
                     vcpu=4,
@@ -99,8 +99,8 @@ async def test_a_placement_among_many_hosts_counts_few_and_picks_the_roomiest(
                     created_at=now,
                 )
             )
-            free[host.id] -= 8192
-            placed.append(host.id)
+            free[host] -= 8192
+            placed.append(host)
     assert len(set(placed)) == len(placed)
 
 
@@ -122,4 +122,4 @@ async def test_a_placement_is_not_held_up_by_a_lock_on_another_host(
                 host = await scheduler.pick_host(
                     session, mem_mib=MEM_MIB, rootfs="debian:13", now=now, dead_after_s=DEAD_AFTER_S
                 )
-        assert host.id == roomiest
+        assert host == roomiest
