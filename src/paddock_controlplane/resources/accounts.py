@@ -139,8 +139,12 @@ _LIVE_COUNT = select(func.count()).where(
 _CREATED_SINCE = select(func.count()).where(
     Sandbox.user_id == bindparam("user_id"), Sandbox.created_at >= bindparam("since")
 )
-#: Both counts in one statement, for what needs both caps (create, fork): one trip, not two.
-_LIVE_AND_CREATED_SINCE = select(_LIVE_COUNT.scalar_subquery(), _CREATED_SINCE.scalar_subquery())
+#: The two caps' counts as columns (parameters ``user_id`` and ``since``), for a create that reads them
+#: in the statement of everything else it checks under the user lock (``lifecycle._CHECKS``).
+LIVE_COUNT = _LIVE_COUNT.scalar_subquery()
+CREATED_SINCE = _CREATED_SINCE.scalar_subquery()
+#: Both counts in one statement, for what needs both caps (fork): one trip, not two.
+_LIVE_AND_CREATED_SINCE = select(LIVE_COUNT, CREATED_SINCE)
 
 
 async def lock_user(session: AsyncSession, user_id: str) -> LockedUser:
@@ -235,9 +239,16 @@ async def check_quotas(
         live = await session.scalar(_LIVE_COUNT, {"user_id": user_id})
     elif new_sandbox:
         today = await session.scalar(_CREATED_SINCE, {"user_id": user_id, "since": day_start(now)})
-    if needs_slot and int(live or 0) >= plan.concurrent_sandboxes:
+    refuse_over_caps(
+        plan, live=int(live or 0) if needs_slot else None, today=int(today or 0) if new_sandbox else None
+    )
+
+
+def refuse_over_caps(plan: Plan, *, live: int | None, today: int | None) -> None:
+    """The caps' refusals, from counts read under the user lock; ``None``: that cap does not apply."""
+    if live is not None and live >= plan.concurrent_sandboxes:
         raise errors.QuotaExceeded(f"concurrent sandbox cap reached: limit {plan.concurrent_sandboxes}")
-    if new_sandbox and int(today or 0) >= plan.sandboxes_per_day:
+    if today is not None and today >= plan.sandboxes_per_day:
         raise errors.QuotaExceeded(f"daily sandbox cap reached: limit {plan.sandboxes_per_day} per day")
 
 

@@ -257,6 +257,15 @@ def suggestion(given: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+#: What a create checks under its account's lock, in one trip (each trip there holds up the account's
+#: next create): its two caps' counts, whether its name is taken (and a numbered one, ``names.draw``)
+#: and, on PostgreSQL, the placement lock,
+#: which its placement then holds. The counts and the name are read from the statement's start, before
+#: any wait for the placement lock: the account's lock, already held, is what keeps them true.
+_CHECKS = select(accounts.LIVE_COUNT, accounts.CREATED_SINCE, names.TAKEN, names.TAKEN_ALSO)
+_CHECKS_BY_DIALECT = {"postgresql": _CHECKS.add_columns(scheduler.PLACEMENT_LOCK_COLUMN)}
+
+
 async def create(services: Services, user_id: str, req: CreateSandboxRequest) -> Sandbox:
     settings = services.settings
     spec = validate_create(req, settings.region)
@@ -287,13 +296,25 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             disk_mib=spec.disk_mib,
             wants_disks=bool(attached),
         )
-        await accounts.check_quotas(
-            session, plan, user_id, now=services.clock(), needs_slot=not spec.start_paused, new_sandbox=True
-        )
+        plain, numbered = (spec.name, spec.name) if spec.name else names.draw()
+        checks = _CHECKS_BY_DIALECT.get(session.get_bind().dialect.name, _CHECKS)
+        params = {
+            "user_id": user_id,
+            "since": accounts.day_start(services.clock()),
+            "name": plain,
+            "name_also": numbered,
+        }
+        live, today, plain_taken, numbered_taken = (await session.execute(checks, params)).one()[:4]
+        accounts.refuse_over_caps(plan, live=None if spec.start_paused else int(live), today=int(today))
         accounts.require_credit(account)
-        name = spec.name or await names.generate(session, user_id)
-        if spec.name and await names.taken(session, user_id, spec.name):
+        if spec.name and plain_taken:
             raise errors.AlreadyExists(f"a sandbox named {spec.name!r} already exists")
+        if not plain_taken:
+            name = plain
+        elif not numbered_taken:
+            name = numbered
+        else:
+            name = await names.generate(session, user_id)
         host_id = await networks.placement(session, joined, spec.host_id)
         if snapshot is not None:
             host_id = await snapshots.boot_host(
@@ -308,7 +329,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             fetchable=image_host is not None
             or (snapshot is not None and snapshots.image_fetchable(snapshot)),
         )
-        chosen = await _pick(session, services, placement, refused=())
+        chosen = await _pick(session, services, placement, refused=(), lock_held=True)
         for field in hibernating_fields(spec.on_timeout, spec.on_idle):
             suspension.require_hibernating_host(await session.get(Host, chosen), field)
         sandbox = Sandbox(
@@ -414,7 +435,12 @@ async def _mount_volumes(
 
 
 async def _pick(
-    session: AsyncSession, services: Services, placement: Placement, *, refused: Collection[str]
+    session: AsyncSession,
+    services: Services,
+    placement: Placement,
+    *,
+    refused: Collection[str],
+    lock_held: bool = False,
 ) -> str:
     return await scheduler.pick_host(
         session,
@@ -426,6 +452,7 @@ async def _pick(
         node_selector=placement.node_selector,
         exclude=refused,
         fetchable=placement.fetchable,
+        lock_held=lock_held,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.records.models import Sandbox
@@ -75,13 +75,21 @@ ANIMALS = [
 ]
 
 
+def _taken_query(name_param: str) -> Select[str]:
+    return select(Sandbox.id).where(
+        Sandbox.user_id == bindparam("user_id"),
+        Sandbox.name == bindparam(name_param),
+        Sandbox.status.not_in(TERMINAL),
+    )
+
+
 # Built once: every create asks it (building and keying a statement costs about what SQLite takes to
 # run it).
-_TAKEN = select(Sandbox.id).where(
-    Sandbox.user_id == bindparam("user_id"),
-    Sandbox.name == bindparam("name"),
-    Sandbox.status.not_in(TERMINAL),
-)
+_TAKEN = _taken_query("name")
+#: Whether ``name`` is a live sandbox's of ``user_id``, as a column: a create reads it with its caps.
+TAKEN = _TAKEN.exists()
+#: The same for ``name_also``, the numbered name a create falls back to (:func:`draw`).
+TAKEN_ALSO = _taken_query("name_also").exists()
 
 
 async def taken(session: AsyncSession, user_id: str, name: str) -> bool:
@@ -89,12 +97,28 @@ async def taken(session: AsyncSession, user_id: str, name: str) -> bool:
     return found is not None
 
 
+def draw() -> tuple[str, str]:
+    """Two names to check at once, unchecked: a plain one and the same numbered. There are only 870
+    plain names, so an account with hundreds of live sandboxes finds most of them taken; checked in
+    the same statement, the numbered one saves that account's create a second trip under its lock."""
+    base = _base()
+    return base, _numbered(base)
+
+
+def _base() -> str:
+    return f"{secrets.choice(ADJECTIVES)}-{secrets.choice(ANIMALS)}"
+
+
+def _numbered(base: str) -> str:
+    return f"{base}-{secrets.randbelow(9000) + 1000}"
+
+
 async def generate(session: AsyncSession, user_id: str) -> str:
-    base = f"{secrets.choice(ADJECTIVES)}-{secrets.choice(ANIMALS)}"
+    base = _base()
     if not await taken(session, user_id, base):
         return base
     for _ in range(50):
-        candidate = f"{base}-{secrets.randbelow(9000) + 1000}"
+        candidate = _numbered(base)
         if not await taken(session, user_id, candidate):
             return candidate
     return f"{base}-{secrets.token_hex(4)}"
