@@ -259,9 +259,9 @@ def suggestion(given: str, choices: Iterable[str]) -> str:
 
 #: What a create checks under its account's lock, in one trip (each trip there holds up the account's
 #: next create): its two caps' counts, whether its name is taken (and a numbered one, ``names.draw``)
-#: and, on PostgreSQL, the placement lock,
-#: which its placement then holds. The counts and the name are read from the statement's start, before
-#: any wait for the placement lock: the account's lock, already held, is what keeps them true.
+#: and, on PostgreSQL, the placement lock, which its placement then holds. The counts and the names are
+#: read from the statement's start, before any wait for the placement lock: the account's lock, already
+#: held, is what keeps them true.
 _CHECKS = select(accounts.LIVE_COUNT, accounts.CREATED_SINCE, names.TAKEN, names.TAKEN_ALSO)
 _CHECKS_BY_DIALECT = {"postgresql": _CHECKS.add_columns(scheduler.PLACEMENT_LOCK_COLUMN)}
 
