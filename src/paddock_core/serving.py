@@ -7,14 +7,18 @@ import asyncio
 import gc
 import resource
 import socket
+import threading
 
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from paddock_core import stackdump
+
 
 class FrozenHeapServer(uvicorn.Server):
-    """uvicorn's server, which once the app has started takes its heap out of the full collections."""
+    """uvicorn's server, which once the app has started takes its heap out of the full collections and
+    writes its stacks on demand (``stackdump``)."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -25,6 +29,9 @@ class FrozenHeapServer(uvicorn.Server):
         # what came after.
         gc.collect()
         gc.freeze()
+        # Stacks on a signal; a server run in a thread (the tests') cannot take signals.
+        if threading.current_thread() is threading.main_thread():
+            stackdump.install(asyncio.get_running_loop())
 
 
 def raise_open_file_limit() -> int:

@@ -195,8 +195,15 @@ class AgentProcess:
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            # Shown with the failing test (the leftovers check fails next), before the log goes.
-            print(f"host agent {self.state_dir.name} did not stop in {timeout_s:.0f} s:\n{self.log_tail(60)}")
+            # What it is stuck on, into its log (``paddock_core.stackdump``): every thread's stack, and
+            # every asyncio task's if the loop still runs. Shown with the failing test (the leftovers
+            # check fails next), before the log goes.
+            self.process.send_signal(signal.SIGUSR1)
+            self.process.send_signal(signal.SIGUSR2)
+            time.sleep(2)
+            print(
+                f"host agent {self.state_dir.name} did not stop in {timeout_s:.0f} s:\n{self.log_tail(400)}"
+            )
             self.process.kill()
             self.process.wait()
 

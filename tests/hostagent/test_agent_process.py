@@ -236,6 +236,24 @@ def test_prepare_host_is_idempotent(tmp_path: Path) -> None:
         subprocess.run(["nft", "delete", "table", "ip", f"{settings.nft_table}_egress"], capture_output=True)
 
 
+async def test_an_agent_writes_its_threads_and_tasks_when_signalled_and_goes_on(make_agent: Any) -> None:
+    # For a stop that hangs: the harness signals the agent before it kills it (``AgentProcess.stop``).
+    agent: AgentProcess = make_agent(controlplane_url="http://127.0.0.1:9", pool_size=0)
+    agent.start()
+    agent.process.send_signal(signal.SIGUSR1)
+    agent.process.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        log = agent.log_path.read_text(errors="replace")
+        if "asyncio tasks ---" in log and "Current thread" in log:
+            break
+        await asyncio.sleep(0.1)
+    assert "Current thread" in log, "no thread stacks (faulthandler) in the log"
+    assert "asyncio tasks ---" in log and "Stack for <Task" in log, "no task stacks in the log"
+    async with agent.client() as host:
+        assert (await host.info()).vm_count == 0  # still serving
+
+
 def test_the_kvm_probe_leaves_nothing_in_the_temp_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
