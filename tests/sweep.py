@@ -193,6 +193,10 @@ def remove_state(directory: Path, nft_tables: list[str] | None = None) -> list[s
     Returns what it removed, and what it could not (``left ...``)."""
     done: list[str] = []
     tables = _recorded(directory).get("nft_tables", []) if nft_tables is None else nft_tables
+    tag = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]  # the agent's cgroup name
+    # Its sandboxes' processes first: a killed agent's parked sandboxes go on running in its cgroup,
+    # and their mount namespaces keep the loop devices of their disks attached.
+    done += _kill_cgroup(tag)
     slots = directory / "slots"
     if slots.is_dir():
         for slot in sorted(slots.iterdir()):
@@ -213,7 +217,6 @@ def remove_state(directory: Path, nft_tables: list[str] | None = None) -> list[s
     for table in tables:
         if isinstance(table, str) and _run("nft", "delete", "table", "ip", table):
             done.append(f"nft table {table}")
-    tag = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]  # the agent's cgroup name
     cgroup_root = Path("/sys/fs/cgroup")
     if cgroup_root.is_dir():
         for hierarchy in cgroup_root.iterdir():
@@ -228,6 +231,34 @@ def remove_state(directory: Path, nft_tables: list[str] | None = None) -> list[s
     shutil.rmtree(directory, ignore_errors=True)
     done.append(f"dir {directory}")
     return done
+
+
+def _kill_cgroup(tag: str) -> list[str]:
+    """SIGKILLs every process in the agent's cgroups (``paddock-<tag>`` in the pids hierarchy, its
+    sandboxes' groups below it) and waits up to 5 s for them to be gone; returns what it killed."""
+    pids_root = Path("/sys/fs/cgroup/pids")
+    killed: list[str] = []
+    groups: list[Path] = []
+    for _ in range(10):  # other tests' cgroups come and go while the tree is walked
+        try:
+            groups = [g for top in pids_root.glob(f"**/paddock-{tag}") for g in [top, *top.glob("**/")]]
+            break
+        except OSError:
+            time.sleep(0.05)
+    deadline = time.monotonic() + 5
+    while True:
+        alive: list[int] = []
+        for group in groups:
+            with contextlib.suppress(OSError):
+                alive += [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+        if not alive or time.monotonic() > deadline:
+            return killed
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+                if f"process {pid}" not in killed:
+                    killed.append(f"process {pid}")
+        time.sleep(0.1)
 
 
 def sweep(root: Path = Path("/tmp")) -> list[str]:

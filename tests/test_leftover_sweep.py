@@ -4,6 +4,8 @@ leave nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -136,6 +138,32 @@ def test_a_dead_runs_state_dir_is_taken_down_with_its_mounts_loops_netns_and_tab
     assert dead_run.nothing_left() == []
     assert f"netns {dead_run.netns}" in swept and f"nft table {dead_run.table}" in swept, swept
     assert f"mount {dead_run.mount}" in swept and f"dir {dead_run.directory}" in swept, swept
+
+
+def test_a_dead_agents_sandboxes_still_running_in_its_cgroup_are_killed_and_the_cgroup_removed(
+    tmp_path: Path,
+) -> None:
+    # An agent killed on a stop that hung left its parked sandboxes running in its cgroup; their
+    # mount namespaces held their disks' loop devices, and nothing took them down.
+    directory = tmp_path / f"pdkt-{secrets.token_hex(4)}"
+    directory.mkdir()
+    tag = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]
+    top = Path("/sys/fs/cgroup/pids") / f"paddock-{tag}"
+    group = top / "parked-sweep"
+    group.mkdir(parents=True)
+    sandbox = subprocess.Popen(["sleep", "600"])
+    try:
+        (group / "cgroup.procs").write_text(str(sandbox.pid))
+        swept = sweep.remove_state(directory, [])
+        assert f"process {sandbox.pid}" in swept, swept
+        assert sandbox.wait(timeout=10) == -9
+        assert not top.exists() and not directory.exists(), swept
+    finally:
+        sandbox.kill()
+        sandbox.wait()
+        for path in (group, top):
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 @pytest.mark.parametrize("lock", [sweep.OWNER_LOCK, "agent.lock"])
