@@ -73,6 +73,32 @@ async def test_a_beat_does_not_wait_for_a_slow_counter_read_and_one_read_runs_at
         await beat.stop()
 
 
+async def test_a_stop_ends_even_when_its_beating_task_lost_a_cancel() -> None:
+    # On Python 3.11 a cancel that lands as a ``wait_for`` in the task finishes is lost: the task goes
+    # on, and the agent's stop waited for it until it was killed. Here the task loses the first one.
+    settings = HostAgentSettings(token=SecretStr("t" * 24), controlplane_url="http://cp.test")
+    beat = Registrar(settings, cast(SandboxManager, StuckCounters()))
+    cancels = 0
+
+    async def beating() -> None:
+        nonlocal cancels
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancels += 1
+                if cancels > 1:
+                    raise
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+
+    beat._task = asyncio.create_task(beating())
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    await asyncio.wait_for(beat.stop(), 30)  # the old stop hung until this bound cancelled it
+    assert time.monotonic() - started < 5, "the stop waited for the task that lost its cancel"
+    assert cancels == 2 and beat._task is None
+
+
 class OneAsleep(StuckCounters):
     """A host with one running and one hibernated sandbox, whose counters read at once."""
 
