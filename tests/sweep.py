@@ -193,7 +193,7 @@ def remove_state(directory: Path, nft_tables: list[str] | None = None) -> list[s
     Returns what it removed, and what it could not (``left ...``)."""
     done: list[str] = []
     tables = _recorded(directory).get("nft_tables", []) if nft_tables is None else nft_tables
-    tag = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]  # the agent's cgroup name
+    tag = agent_tag(directory)
     # Its sandboxes' processes first: a killed agent's parked sandboxes go on running in its cgroup,
     # and their mount namespaces keep the loop devices of their disks attached.
     done += _kill_cgroup(tag)
@@ -231,6 +231,12 @@ def remove_state(directory: Path, nft_tables: list[str] | None = None) -> list[s
     shutil.rmtree(directory, ignore_errors=True)
     done.append(f"dir {directory}")
     return done
+
+
+def agent_tag(directory: Path) -> str:
+    """The tag of the agent whose state dir is ``directory``: its cgroup is ``paddock-<tag>``, as
+    ``OciRuntime`` and ``QemuRuntime`` name it."""
+    return hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]
 
 
 def _kill_cgroup(tag: str) -> list[str]:

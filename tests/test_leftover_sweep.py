@@ -5,7 +5,6 @@ leave nothing behind."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import secrets
@@ -147,8 +146,7 @@ def test_a_dead_agents_sandboxes_still_running_in_its_cgroup_are_killed_and_the_
     # mount namespaces held their disks' loop devices, and nothing took them down.
     directory = tmp_path / f"pdkt-{secrets.token_hex(4)}"
     directory.mkdir()
-    tag = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]
-    top = Path("/sys/fs/cgroup/pids") / f"paddock-{tag}"
+    top = Path("/sys/fs/cgroup/pids") / f"paddock-{sweep.agent_tag(directory)}"
     group = top / "parked-sweep"
     group.mkdir(parents=True)
     sandbox = subprocess.Popen(["sleep", "600"])

@@ -10,7 +10,6 @@ session ends by checking that no mount, loop device, netns or cgroup was left be
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -33,7 +32,7 @@ from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.images import ImageStore
 from paddock_hostagent.schemas import CreateSandboxBody
 from tests.ports import free_port
-from tests.sweep import OwnerLock, lock_free, remove_state
+from tests.sweep import OwnerLock, agent_tag, lock_free, remove_state
 
 TOKEN = "test-host-agent-token-0123456789"
 DISK_MIB = 2048
@@ -260,7 +259,7 @@ def _glob(directory: Path, pattern: str) -> list[Path]:
 def leftovers(state_dir: Path, sandbox_ids: list[str] = ()) -> list[str]:  # type: ignore[assignment]
     """Mounts, loop devices, slots, netns and cgroups that still belong to an agent's state dir."""
     found: list[str] = [f"cgroup {path}" for path in sandbox_cgroup_dirs(list(sandbox_ids))]
-    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    tag = agent_tag(state_dir)
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
         found += [f"cgroup {path}" for path in _glob(hierarchy, f"**/paddock-{tag}")]
     slots_dir = state_dir / "slots"

@@ -81,14 +81,11 @@ _HELD = (
 )
 _ACTIVE_HOSTS = select(Host).where(Host.status == "active").order_by(Host.id).with_for_update()
 _ACTIVE_HOST = _ACTIVE_HOSTS.where(Host.id == bindparam("host_id"))
-#: What a fork's room check needs of its host, the row locked. Plain columns: loading the whole host
-#: (its JSON lists too) through the ORM cost as much as the statement. The memory held there is read
-#: by a second statement once the lock is held: in one statement PostgreSQL would count from a
-#: snapshot taken before waiting for the lock, missing what its holder placed.
-_HOST_ROOM = (
-    select(Host.status, Host.last_heartbeat_at, Host.free_mib, Host.total_mib)
-    .where(Host.id == bindparam("host_id"))
-    .with_for_update()
+#: What a fork's room check needs of its host, read once the placement lock is held (so not locking the
+#: row: a heartbeat writing it would only hold the fork up). Plain columns: loading the whole host (its
+#: JSON lists too) through the ORM cost as much as the statement.
+_HOST_ROOM = select(Host.status, Host.last_heartbeat_at, Host.free_mib, Host.total_mib).where(
+    Host.id == bindparam("host_id")
 )
 
 
