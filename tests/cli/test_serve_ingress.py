@@ -51,7 +51,7 @@ def test_serve_prints_a_working_ingress_url(debian_image: Path, tmp_path: Path) 
     try:
         deadline = time.monotonic() + 240
         while "Stop with Ctrl-C." not in out_path.read_text(errors="replace"):
-            assert serve.poll() is None, out_path.read_text(errors="replace")[-3000:]
+            assert serve.poll() is None, _failure(out_path.read_text(errors="replace"), ports)
             assert time.monotonic() < deadline, "serve did not start"
             time.sleep(0.5)
         banner = out_path.read_text()
@@ -137,3 +137,13 @@ def test_serve_prints_a_working_ingress_url(debian_image: Path, tmp_path: Path) 
         subprocess.run(
             ["nft", "delete", "table", "ip", f"{nft_table}_egress"], check=False, capture_output=True
         )
+
+
+def _failure(output: str, ports: dict[str, int]) -> str:
+    """What a serve that exited before its banner said: its error lines first (a child's bind error
+    names its address, and the other children's shutdown logs pushed it out of a plain tail), then
+    the ports this test gave each service, then the tail."""
+    errors = [
+        line for line in output.splitlines() if "Errno" in line or "rror" in line or "exited with" in line
+    ]
+    return "\n".join([*errors[:40], f"ports given: {ports}", output[-3000:]])

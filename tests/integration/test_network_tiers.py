@@ -15,8 +15,9 @@ strict xfail so that it is seen the day it passes:
   streamed body or websocket, sees an error and closes: ingress keep-alive, streamed uploads and
   websockets break, and so do the resolver's TCP answers read by ``getent``.
   An app that reads as soon as it accepts can meet the same error before a request's bytes arrive and
-  close unanswered; the ingress proxy sends a GET or another idempotent request once more on a fresh
-  connection when that happens (proxy.py ``_send_retrying``), and for 5 s after it woke a paused
+  close unanswered; the ingress proxy sends a GET or another idempotent request again on a fresh
+  connection when that happens, three times in all (proxy.py ``_send_retrying``,
+  ``UNANSWERED_TRIES``: a full run under load saw two in a row dropped), and for 5 s after it woke a paused
   sandbox it keeps trying (``WAKE_SETTLE_S``: a thawed app drops its first connections, some twice or
   three times), so plain requests, and four racing a resume, get through (the race test failed in a
   full run under load with the single resend, 0 of 25 under load after).

@@ -10,7 +10,8 @@ answer (WebSocket) turns the connection into a byte splice in both directions.
 Right after a wake (``Route.settle_until``, ``routing.WAKE_SETTLE_S``) a refused connect, and an
 idempotent bodiless request that the app drops unanswered, are tried again every ``SETTLE_RETRY_S`` or so
 until the window ends: a visitor does not get a 502 because the sandbox was paused. Outside that window
-a refused connect is the ``NOTHING_LISTENING`` 502 at once.
+a refused connect is the ``NOTHING_LISTENING`` 502 at once, and an unanswered request is sent
+``UNANSWERED_TRIES`` times in all.
 
 A sweep every ``SWEEP_S`` cuts open connections to sandboxes that were destroyed or whose ingress was
 turned off, so a long WebSocket or keep-alive connection does not outlive the permission.
@@ -55,6 +56,11 @@ FORWARDED_HEADERS = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwar
 #: Within a wake's settle window: the first and the longest pause between tries at the app.
 SETTLE_RETRY_S = 0.05
 SETTLE_RETRY_MAX_S = 0.5
+#: Outside a wake's window: how many times in all an idempotent bodiless request is sent when the app
+#: closes fresh connections without a byte of answer, the last after a ``SETTLE_RETRY_S`` pause. Two
+#: were not enough for an app under gVisor on a loaded host (a full run's 502 on
+#: tests/integration/test_network_tiers.py's ingress test, its two tries both dropped unread).
+UNANSWERED_TRIES = 3
 
 
 @dataclass
@@ -560,8 +566,8 @@ class _Connection:
         self, upstream: Upstream, forwarded: bytes, method: str
     ) -> http1.Response | None:
         """Sends a bodiless idempotent request; if the app closes the connection without a byte of answer,
-        sends it once more on a fresh one (RFC 9110 §9.2.2 allows it), and within a wake's settle window
-        again, with growing pauses, until the window ends. Returns the response head, or None once the
+        sends it again on a fresh one (RFC 9110 §9.2.2 allows it): ``UNANSWERED_TRIES`` times in all, and
+        within a wake's settle window with growing pauses until the window ends. Returns the response head, or None once the
         client has been answered with the proxy's 502 (the upstream is dropped then).
 
         On a reused connection that is the app's keep-alive timer firing as the request arrives. On a
@@ -583,12 +589,15 @@ class _Connection:
             self.drop_upstream()
             log.info("ingress_retry_unanswered", sandbox_id=upstream.target.sandbox_id, tries=tries)
             if tries >= 2:
-                if not await self._settle_pause(delay):
+                if await self._settle_pause(delay):
+                    delay = min(delay * 2, SETTLE_RETRY_MAX_S)
+                elif tries < UNANSWERED_TRIES:
+                    await asyncio.sleep(SETTLE_RETRY_S)
+                else:
                     await self.fail(
                         502, "EMPTY_UPSTREAM_RESPONSE", "the sandbox closed the connection without a response"
                     )
                     return None
-                delay = min(delay * 2, SETTLE_RETRY_MAX_S)
             try:
                 await self._dial(upstream.target, upstream.address)
             except IngressError as exc:
