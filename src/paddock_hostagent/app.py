@@ -102,7 +102,7 @@ def watch_capacity(app: FastAPI, telemetry: metrics.ServiceMetrics) -> None:
         memory_free.set(memory.free_mib * MIB)
         disk = manager.disk_view()
         if disk is not None:
-            disk_promised.set(sum(promise.limit_mib for promise in disk.promises) * MIB)
+            disk_promised.set(disk.promised.limit_mib * MIB)
             disk_free.set(disk.free_mib * MIB)
         info = manager.info()
         sandboxes.set(info.vm_count)

@@ -38,6 +38,7 @@ and says which of these ran out.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from paddock_hostagent import errors
@@ -55,6 +56,51 @@ class Promise:
     @property
     def unused_mib(self) -> int:
         return max(self.limit_mib - self.used_bytes // MIB, 0)
+
+
+@dataclass(frozen=True)
+class Promised:
+    """Many promises summed: all admission needs of them. A host agent keeps its sandboxes' sums and
+    makes them again only when one of them changed (``registry.Registry.promised``), so a create beside
+    1,000 sandboxes does not walk the 1,000 (issue #36)."""
+
+    count: int = 0
+    limit_mib: int = 0
+    #: The sum of each limit less its use (what the sandboxes may still grow into at ratio 1).
+    unused_mib: int = 0
+    #: The sum of each use, at most its limit.
+    used_mib: int = 0
+
+    @classmethod
+    def of(cls, promises: Iterable[Promise]) -> Promised:
+        return cls.adding((promise.limit_mib, promise.used_bytes) for promise in promises)
+
+    @classmethod
+    def adding(cls, limits_and_uses: Iterable[tuple[int, int]]) -> Promised:
+        """The sum of ``(limit_mib, used_bytes)`` pairs, in one pass."""
+        count = limit = unused = used = 0
+        for limit_mib, used_bytes in limits_and_uses:
+            use = min(used_bytes // MIB, limit_mib)
+            count += 1
+            limit += limit_mib
+            unused += limit_mib - use
+            used += use
+        return cls(count, limit, unused, used)
+
+    def __add__(self, other: Promised) -> Promised:
+        return Promised(
+            self.count + other.count,
+            self.limit_mib + other.limit_mib,
+            self.unused_mib + other.unused_mib,
+            self.used_mib + other.used_mib,
+        )
+
+    def unused_at(self, overcommit: float) -> int:
+        """What the sandboxes are still expected to grow into: at ratio 1 every limit less its use;
+        above, the share ``promised / r`` less what they use now."""
+        if overcommit == 1.0:
+            return self.unused_mib
+        return max(int(self.limit_mib / overcommit) - self.used_mib, 0)
 
 
 def total_memory_mib() -> int:
@@ -87,12 +133,12 @@ class MemoryView:
     total_mib: int
     reserved_mib: int
     available_mib: int
-    promises: list[Promise]
+    promised: Promised
     overcommit: float = 1.0
 
     @property
     def promised_mib(self) -> int:
-        return sum(promise.limit_mib for promise in self.promises)
+        return self.promised.limit_mib
 
     @property
     def schedulable_mib(self) -> int:
@@ -101,12 +147,7 @@ class MemoryView:
 
     @property
     def unused_mib(self) -> int:
-        """What the sandboxes are still expected to grow into: at ratio 1 every limit less its use;
-        above, the share ``promised / r`` less what they use now."""
-        if self.overcommit == 1.0:
-            return sum(promise.unused_mib for promise in self.promises)
-        used_mib = sum(min(promise.used_bytes // MIB, promise.limit_mib) for promise in self.promises)
-        return max(int(self.promised_mib / self.overcommit) - used_mib, 0)
+        return self.promised.unused_at(self.overcommit)
 
     @property
     def budget_free_mib(self) -> int:
@@ -123,7 +164,7 @@ class MemoryView:
     def admit(self, requested_mib: int) -> None:
         if requested_mib <= self.free_mib:
             return
-        count = len(self.promises)
+        count = self.promised.count
         if self.machine_free_mib < self.budget_free_mib:
             why = (
                 f"memory: the machine has {self.available_mib} MiB available, {self.unused_mib} MiB of it "
@@ -143,7 +184,7 @@ class MemoryView:
 class DiskView:
     fs_free_mib: int
     reserved_mib: int
-    promises: list[Promise]
+    promised: Promised
     overcommit: float = 1.0
     # Sandboxes the low watermark holds now (``diskwatch.py``) and the free space that releases them.
     held: int = 0
@@ -153,11 +194,7 @@ class DiskView:
     def unused_mib(self) -> int:
         """What the sparse disks are still expected to grow into (as for memory: at ratio 1 every size
         less what its image holds; above, the share ``promised / r`` less what they hold)."""
-        if self.overcommit == 1.0:
-            return sum(promise.unused_mib for promise in self.promises)
-        promised_mib = sum(promise.limit_mib for promise in self.promises)
-        used_mib = sum(min(promise.used_bytes // MIB, promise.limit_mib) for promise in self.promises)
-        return max(int(promised_mib / self.overcommit) - used_mib, 0)
+        return self.promised.unused_at(self.overcommit)
 
     @property
     def free_mib(self) -> int:
@@ -182,7 +219,7 @@ class DiskView:
         if requested_mib > self.free_mib:
             why = (
                 f"disk: the host's filesystem has {self.fs_free_mib} MiB free, {self.unused_mib} MiB of it "
-                f"promised to {len(self.promises)} sandbox disks and {self.reserved_mib} MiB kept for the host"
+                f"promised to {self.promised.count} sandbox disks and {self.reserved_mib} MiB kept for the host"
             )
             if self.overcommit != 1.0:
                 why += f", overcommitted {self.overcommit:g}×"

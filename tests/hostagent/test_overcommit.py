@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from paddock_hostagent.capacity import MIB, DiskView, MemoryView, Promise
+from paddock_hostagent.capacity import MIB, DiskView, MemoryView, Promise, Promised
 from paddock_hostagent.client import HostAgentError
 from paddock_hostagent.errors import InsufficientCapacity
 from paddock_hostagent.settings import HostAgentSettings
@@ -27,7 +27,7 @@ def idle(count: int, limit_mib: int = 256, used_mib: int = 2) -> list[Promise]:
 
 
 def test_ratio_one_promises_every_limit_in_full() -> None:
-    view = MemoryView(total_mib=1024, reserved_mib=100, available_mib=2000, promises=idle(3))
+    view = MemoryView(total_mib=1024, reserved_mib=100, available_mib=2000, promised=Promised.of(idle(3)))
     assert view.budget_free_mib == 1024 - 768
     assert view.machine_free_mib == 2000 - 100 - 3 * 254
     assert view.free_mib == 256
@@ -36,7 +36,11 @@ def test_ratio_one_promises_every_limit_in_full() -> None:
 def test_an_overcommitted_host_places_idle_sandboxes_by_the_ratio() -> None:
     # 23 GiB offered 12x: a thousand idle 256 MiB sandboxes fit, as the field's dense hosts pack them.
     view = MemoryView(
-        total_mib=23_000, reserved_mib=1024, available_mib=22_000, promises=idle(1000), overcommit=12
+        total_mib=23_000,
+        reserved_mib=1024,
+        available_mib=22_000,
+        promised=Promised.of(idle(1000)),
+        overcommit=12,
     )
     assert view.schedulable_mib == 276_000
     assert view.budget_free_mib == 276_000 - 256_000
@@ -47,7 +51,9 @@ def test_an_overcommitted_host_places_idle_sandboxes_by_the_ratio() -> None:
 
 def test_memory_really_in_use_stops_placement_whatever_the_ratio() -> None:
     busy = [Promise(256, 200 * MIB) for _ in range(100)]  # 20,000 MiB really in use
-    view = MemoryView(total_mib=23_000, reserved_mib=1024, available_mib=1100, promises=busy, overcommit=12)
+    view = MemoryView(
+        total_mib=23_000, reserved_mib=1024, available_mib=1100, promised=Promised.of(busy), overcommit=12
+    )
     assert view.budget_free_mib > 200_000  # the promise accounting alone would go on
     assert view.free_mib == (1100 - 1024) * 12  # what is really left, times the ratio
     view.admit(512)
@@ -58,12 +64,12 @@ def test_memory_really_in_use_stops_placement_whatever_the_ratio() -> None:
 
 def test_disk_overcommit_admits_sparse_disks_by_the_ratio_and_refuses_by_real_use() -> None:
     disks = [Promise(2048, 20 * MIB) for _ in range(500)]  # 1,000 GiB promised, 10 GiB held
-    assert DiskView(70_000, 4096, disks).free_mib == 0
-    view = DiskView(70_000, 4096, disks, overcommit=32)
+    assert DiskView(70_000, 4096, Promised.of(disks)).free_mib == 0
+    view = DiskView(70_000, 4096, Promised.of(disks), overcommit=32)
     assert view.unused_mib == 1_024_000 // 32 - 10_000
     assert view.free_mib == (70_000 - 4096 - view.unused_mib) * 32
     view.admit(2048)
-    full = DiskView(4200, 4096, disks, overcommit=32)
+    full = DiskView(4200, 4096, Promised.of(disks), overcommit=32)
     with pytest.raises(InsufficientCapacity) as refused:
         full.admit(2048)
     assert "overcommitted 32×" in str(refused.value)
@@ -75,20 +81,24 @@ def test_the_default_disk_overcommit_fits_a_hundred_default_sandboxes_on_this_ho
     defaults = HostAgentSettings()
     assert defaults.disk_overcommit == 20
     idle_disks = [Promise(10240, 20 * MIB) for _ in range(99)]
-    DiskView(70_000, defaults.disk_reserved_mib, idle_disks, defaults.disk_overcommit).admit(10240)
+    DiskView(70_000, defaults.disk_reserved_mib, Promised.of(idle_disks), defaults.disk_overcommit).admit(
+        10240
+    )
     with pytest.raises(InsufficientCapacity):
-        DiskView(70_000, defaults.disk_reserved_mib, idle_disks[:7]).admit(10240)
+        DiskView(70_000, defaults.disk_reserved_mib, Promised.of(idle_disks[:7])).admit(10240)
     # Real use still stops it: 99 disks really holding 700 MiB each leave 700 MiB, less than the reserve.
     busy = [Promise(10240, 700 * MIB) for _ in range(99)]
     with pytest.raises(InsufficientCapacity) as refused:
-        DiskView(70_000 - 99 * 700, defaults.disk_reserved_mib, busy, defaults.disk_overcommit).admit(10240)
+        DiskView(
+            70_000 - 99 * 700, defaults.disk_reserved_mib, Promised.of(busy), defaults.disk_overcommit
+        ).admit(10240)
     assert str(refused.value).startswith(
         "10240 MiB requested, 0 MiB free (disk: the host's filesystem has 700"
     )
 
 
 def test_a_host_whose_writers_are_held_admits_no_disk_and_says_why() -> None:
-    view = DiskView(400, 256, [Promise(10240, 0)], 20, held=2, release_mib=3072)
+    view = DiskView(400, 256, Promised.of([Promise(10240, 0)]), 20, held=2, release_mib=3072)
     with pytest.raises(InsufficientCapacity) as refused:
         view.admit(512)
     assert str(refused.value) == (

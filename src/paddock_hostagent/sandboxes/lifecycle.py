@@ -309,7 +309,7 @@ class Lifecycle:
                 )
             with driver_errors():
                 await registry.runtime.resize(entry.record, disk_mib)
-            entry.record.disk_mib = disk_mib
+            entry.resized(disk_mib)
             registry.records.save(entry.record)
         return disk_mib
 

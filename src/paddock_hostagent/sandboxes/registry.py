@@ -14,12 +14,12 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.builds import BuildManager
-from paddock_hostagent.capacity import DiskView, MemoryView, Promise, available_memory_mib
+from paddock_hostagent.capacity import DiskView, MemoryView, Promised, available_memory_mib
 from paddock_hostagent.diskwatch import DiskWatch
 from paddock_hostagent.drivers.base import RuntimeState, SandboxRecord, SandboxRuntime
 from paddock_hostagent.execution import ExecStream
@@ -39,6 +39,50 @@ SAVE_DELAY_S = 0.02
 DESTROYED_UNSEEN_S = 900.0
 
 
+class _PromiseChanges:
+    """A count of the changes to what admission sums (``Registry.promised``): a sandbox's use, size or
+    stop (``Entry``'s setters, ``Entry.resized``) and the set of sandboxes (``Entries``). One counter for
+    every registry of the process: a change in another only makes the sums again once more."""
+
+    count = 0
+
+    @classmethod
+    def note(cls) -> None:
+        cls.count += 1
+
+
+class Entries(dict[str, "Entry"]):
+    """The live sandboxes by id: a dict that notes every change to which sandboxes it holds."""
+
+    def __setitem__(self, key: str, value: Entry) -> None:
+        super().__setitem__(key, value)
+        _PromiseChanges.note()
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        _PromiseChanges.note()
+
+    def pop(self, key: str, *default: Any) -> Any:
+        _PromiseChanges.note()
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, Entry]:
+        _PromiseChanges.note()
+        return super().popitem()
+
+    def clear(self) -> None:
+        super().clear()
+        _PromiseChanges.note()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        _PromiseChanges.note()
+
+    def setdefault(self, key: str, default: Entry) -> Entry:
+        _PromiseChanges.note()
+        return super().setdefault(key, default)
+
+
 class Probe(NamedTuple):
     """What a read off the event loop found of a live sandbox (``Heartbeat.refresh_usage``)."""
 
@@ -52,15 +96,13 @@ class Entry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     streams: set[ExecStream] = field(default_factory=set)
     active: int = 0  # commands and transfers in flight
-    # What the sandbox used at the last read (refresh_usage, before every heartbeat). Admission counts
-    # these instead of reading every sandbox's cgroup and disk image on each create, which cost ~0.1 ms
-    # a sandbox: 100 ms a create beside 1,000 of them.
-    mem_used_bytes: int = 0
-    disk_used_bytes: int = 0
-    # Its processes are gone (its init died: on gVisor a memory overrun kills the whole sandbox), seen by
-    # a probe; for good, as no sandbox is started again. It then holds no memory: admission and the
-    # free memory reported to the scheduler stop counting its limit (its disk stays until destroyed).
-    stopped: bool = False
+    # What the sandbox used at the last read (refresh_usage, before every heartbeat; the properties
+    # below). Admission counts these instead of reading every sandbox's cgroup and disk image on each
+    # create, which cost ~0.1 ms a sandbox: 100 ms a create beside 1,000 of them.
+    _mem_used_bytes: int = field(default=0, repr=False)
+    _disk_used_bytes: int = field(default=0, repr=False)
+    # Its processes are gone (``stopped`` below).
+    _stopped: bool = field(default=False, repr=False)
     # A hibernated sandbox's view, made once: nothing of it changes until its wake (a new entry), and
     # every heartbeat reports every hibernated sandbox.
     view: SandboxView | None = None
@@ -68,24 +110,50 @@ class Entry:
     # reports it instead of reading three files a sandbox on the event loop, which beside 1,000
     # sandboxes held the loop ~200 ms a beat (issue #36). None until the first read.
     probed: Probe | None = None
-    # Its promises as admission last counted them, made again only when its limit or use changed: every
-    # create counts every sandbox's two, and making 2,000 of them took 2.5 of the 4 ms an admission
-    # cost beside 1,000 sandboxes (issue #36).
-    _mem_promise: Promise | None = field(default=None, repr=False, compare=False)
-    _disk_promise: Promise | None = field(default=None, repr=False, compare=False)
 
     def touch(self) -> None:
         self.record.last_activity_at = time.time()
 
-    def mem_promise(self) -> Promise:
-        """Its memory limit and what it used at the last read (``mem_used_bytes``)."""
-        self._mem_promise = _kept(self._mem_promise, self.record.mem_mib, self.mem_used_bytes)
-        return self._mem_promise
+    # Each change below is noted (``_PromiseChanges``): admission's sums are made again only then.
 
-    def disk_promise(self) -> Promise:
-        """Its disk's size and what its image held at the last read (``disk_used_bytes``)."""
-        self._disk_promise = _kept(self._disk_promise, self.record.disk_mib, self.disk_used_bytes)
-        return self._disk_promise
+    @property
+    def mem_used_bytes(self) -> int:
+        return self._mem_used_bytes
+
+    @mem_used_bytes.setter
+    def mem_used_bytes(self, value: int) -> None:
+        if value != self._mem_used_bytes:
+            self._mem_used_bytes = value
+            _PromiseChanges.note()
+
+    @property
+    def disk_used_bytes(self) -> int:
+        return self._disk_used_bytes
+
+    @disk_used_bytes.setter
+    def disk_used_bytes(self, value: int) -> None:
+        if value != self._disk_used_bytes:
+            self._disk_used_bytes = value
+            _PromiseChanges.note()
+
+    @property
+    def stopped(self) -> bool:
+        """Its processes are gone (its init died: on gVisor a memory overrun kills the whole sandbox),
+        seen by a probe; for good, as no sandbox is started again. It then holds no memory: admission
+        and the free memory reported to the scheduler stop counting its limit (its disk stays until
+        destroyed)."""
+        return self._stopped
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        if value != self._stopped:
+            self._stopped = value
+            _PromiseChanges.note()
+
+    def resized(self, disk_mib: int) -> None:
+        """Its disk is ``disk_mib`` now (a resize): the size admission counts for it."""
+        self.record.disk_mib = disk_mib
+        _PromiseChanges.note()
 
     async def end_exchanges(self, reason: str) -> None:
         """Ends every command still streaming (a pause or a destroy), each with ``reason``."""
@@ -107,13 +175,6 @@ def machine_memory_mib() -> int:
     return 0
 
 
-def _kept(promise: Promise | None, limit_mib: int, used_bytes: int) -> Promise:
-    """``promise`` while it still says ``limit_mib`` and ``used_bytes``, else a new one that does."""
-    if promise is not None and promise.limit_mib == limit_mib and promise.used_bytes == used_bytes:
-        return promise
-    return Promise(limit_mib, used_bytes)
-
-
 class Registry:
     def __init__(
         self,
@@ -128,7 +189,11 @@ class Registry:
         self.records = records
         self.runtime_label = runtime.name
         self.total_mib = settings.total_mib or max(machine_memory_mib() - settings.reserved_mib, 0)
-        self.entries: dict[str, Entry] = {}
+        self.entries = Entries()
+        # Admission's sums of the live sandboxes' promises (memory, disk) and the count of changes they
+        # were made at (``promised``).
+        self._promised: tuple[Promised, Promised] = (Promised(), Promised())
+        self._promised_at = -1
         # Sandboxes of another driver than this agent's, stopped at start, with the reason.
         self.stopped: dict[str, tuple[Entry, str]] = {}
         # Hibernated sandboxes: their record (its driver_state says where the disk is kept) and lock.
@@ -266,19 +331,37 @@ class Registry:
         return int(self.total_mib * self.settings.memory_overcommit)
 
     def placed_mib(self) -> int:
-        placed = sum(entry.record.mem_mib for entry in self.entries.values() if not entry.stopped)
+        placed = self.promised()[0].limit_mib
         return placed + sum(mem_mib for mem_mib, _ in self.pending.values())
+
+    def promised(self) -> tuple[Promised, Promised]:
+        """What the live sandboxes promise, summed: memory (those not stopped) and disk (all). Made again
+        only after a change (``_PromiseChanges``): every create and fork asks, and walking 1,000
+        sandboxes each time was all of what an agent's create grew by from 1 to 1,000 live (1.7 ms;
+        issue #36). The count is read before the walk, so a change during it (the usage read runs in
+        a thread) makes the sums again next time."""
+        changes = _PromiseChanges.count
+        if changes != self._promised_at:
+            entries = list(self.entries.values())
+            memory = Promised.adding(
+                (entry.record.mem_mib, entry.mem_used_bytes) for entry in entries if not entry.stopped
+            )
+            disk = Promised.adding((entry.record.disk_mib, entry.disk_used_bytes) for entry in entries)
+            self._promised, self._promised_at = (memory, disk), changes
+        return self._promised
+
+    def _pending(self, index: int) -> Promised:
+        """The creates in flight's memory (0) or disk (1), each counted as wholly unused."""
+        return Promised.adding((sizes[index], 0) for sizes in self.pending.values())
 
     def memory_view(self) -> MemoryView:
         """Every memory limit promised on this host (pending creates as wholly unused) with what each
         sandbox used at the last read, and the machine's memory now; ``capacity.py`` decides from it."""
-        promises = [entry.mem_promise() for entry in list(self.entries.values()) if not entry.stopped]
-        promises += [Promise(mem_mib, 0) for mem_mib, _ in self.pending.values()]
         return MemoryView(
             self.total_mib,
             self.settings.reserved_mib,
             available_memory_mib(),
-            promises,
+            self.promised()[0] + self._pending(0),
             self.settings.memory_overcommit,
         )
 
@@ -288,12 +371,10 @@ class Registry:
             return None
         # A hibernated sandbox's kept disk is in the store's free space already and grows no more until
         # it wakes (then admitted again, as a create is): it promises nothing.
-        promises = [entry.disk_promise() for entry in list(self.entries.values())]
-        promises += [Promise(disk_mib, 0) for _, disk_mib in self.pending.values()]
         return DiskView(
             room.free_mib,
             self.settings.disk_reserved_mib,
-            promises,
+            self.promised()[1] + self._pending(1),
             self.settings.disk_overcommit,
             held=len(self.diskwatch.held),
             release_mib=self.settings.disk_high_watermark_mib,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from paddock_hostagent.capacity import MIB, DiskView, Promise
+from paddock_hostagent.capacity import MIB, DiskView, Promise, Promised
 from paddock_hostagent.errors import InsufficientCapacity
 
 
 def test_one_disk_larger_than_the_host_can_hold_is_refused_whatever_the_overcommit() -> None:
-    view = DiskView(70_000, 4096, [Promise(10240, 3 * MIB) for _ in range(3)], overcommit=20)
+    view = DiskView(70_000, 4096, Promised.of([Promise(10240, 3 * MIB) for _ in range(3)]), overcommit=20)
     assert view.free_mib > 80_000  # the sum of promises alone would admit it
     with pytest.raises(InsufficientCapacity) as refused:
         view.admit(80_000)
@@ -23,7 +23,7 @@ def test_one_disk_larger_than_the_host_can_hold_is_refused_whatever_the_overcomm
 
 
 def test_a_resize_may_grow_a_disk_to_what_it_holds_plus_the_room_left() -> None:
-    view = DiskView(10_000, 1000, [Promise(10240, 2000 * MIB)], overcommit=20)
+    view = DiskView(10_000, 1000, Promised.of([Promise(10240, 2000 * MIB)]), overcommit=20)
     # The disk holds 2000 MiB and 9000 MiB more fit: it may grow to 11000 MiB, not beyond.
     view.admit(11_000 - 10240, disk_mib=11_000, holds_mib=2000)
     with pytest.raises(InsufficientCapacity) as refused:
@@ -35,7 +35,7 @@ def test_a_resize_may_grow_a_disk_to_what_it_holds_plus_the_room_left() -> None:
 
 
 def test_at_ratio_one_the_sum_refuses_first_and_says_so() -> None:
-    view = DiskView(70_000, 4096, [Promise(10240, 3 * MIB)])
+    view = DiskView(70_000, 4096, Promised.of([Promise(10240, 3 * MIB)]))
     with pytest.raises(InsufficientCapacity) as refused:
         view.admit(80_000)
     assert "promised to 1 sandbox disks" in str(refused.value)
