@@ -18,7 +18,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from paddock_core import serving
@@ -130,3 +130,65 @@ def test_a_service_told_to_stop_does_not_wait_for_ever_on_an_open_stream(
         )
         assert time.monotonic() - told < 5
     assert shut_down.is_set(), "the app's shutdown never ran"
+
+
+class _CountedSends:
+    """The socket's transport, counting the writes that reach it (each one ``send``)."""
+
+    def __init__(self, transport: asyncio.Transport, writes: list[bytes]) -> None:
+        self._transport = transport
+        self._writes = writes
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+
+def test_a_response_leaves_in_one_send_and_a_large_or_streamed_one_whole(
+    unfrozen: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvicorn writes a response's head and body apart; the service's transport sends them as one (one
+    wake-up of the client, not two), holds nothing past ``COALESCE_BYTES`` and nothing across a turn of
+    the loop, so large and streamed bodies arrive whole and in time."""
+    writes: list[bytes] = []
+    made = serving.BoundedHttpProtocol.connection_made
+
+    def counted(self: serving.BoundedHttpProtocol, transport: asyncio.Transport) -> None:
+        made(self, _CountedSends(transport, writes))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(serving.BoundedHttpProtocol, "connection_made", counted)
+    big = b"b" * (3 * serving.COALESCE_BYTES)
+
+    async def small(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    async def large(request: Request) -> Response:
+        return Response(big, media_type="application/octet-stream")
+
+    async def streamed(request: Request) -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            for part in (b"one,", b"two,", b"three"):
+                yield part
+                await asyncio.sleep(0.2)  # a stream that waits: what came before must be out already
+
+        return StreamingResponse(chunks())
+
+    app = Starlette(routes=[Route("/small", small), Route("/large", large), Route("/streamed", streamed)])
+    with service_in_thread(app) as service, httpx.Client(base_url=service.url) as client:
+        assert client.get("/small").json() == {"ok": True}
+        [sent] = writes
+        assert sent.startswith(b"HTTP/1.1 200 OK\r\n") and sent.endswith(b'\r\n\r\n{"ok":true}')
+        writes.clear()
+        assert client.get("/large").content == big
+        assert b"".join(writes).endswith(big) and len(writes) <= 2
+        writes.clear()
+        firsts: list[tuple[bytes, float]] = []
+        started = time.monotonic()
+        with client.stream("GET", "/streamed") as response:
+            for chunk in response.iter_bytes():
+                firsts.append((chunk, time.monotonic() - started))
+        assert b"".join(chunk for chunk, _ in firsts) == b"one,two,three"
+        assert firsts[0][0].startswith(b"one,") and firsts[0][1] < 0.15, firsts  # not held for the wait
