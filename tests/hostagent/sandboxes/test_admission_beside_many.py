@@ -6,7 +6,6 @@ heartbeat's reading of a use, a resize, a stop, a create, a destroy)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
