@@ -72,8 +72,12 @@ class Kernel:
         self.process: subprocess.Popen[bytes] | None = None
 
     def pid(self) -> int | None:
-        if self.process is not None:
-            self.process.poll()  # reaps our child if it died, so it is not mistaken for a live zombie
+        if self.process is not None and self.process.poll() is None:
+            # Our own child, not reaped: its pid cannot have been reused. Not told by its cmdline: Popen
+            # returns once the exec began (the close-on-exec pipe closes), before the kernel has set the
+            # new program's arguments, and a read in between finds an empty cmdline. Two contexts
+            # starting at once in a full test run were called dead that way.
+            return self.process.pid
         try:
             pid = int(self.pid_file.read_text())
         except (OSError, ValueError):
