@@ -128,8 +128,10 @@ class _LingeringTransport:
         return self.lingering or self._transport.is_closing()
 
     def abort(self) -> None:
-        self._held = b""  # an abort drops what is unsent
-        self._flush()
+        self._held = b""  # an abort drops what is unsent, held here or in the transport
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
         self._transport.abort()
 
     def close(self) -> None:
