@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
@@ -37,6 +37,7 @@ SAVE_DELAY_S = 0.02
 #: destroy that overtook its create: they come on different connections). As long as a client waits
 #: for a create (client.py's ``_CREATE_TIMEOUT``), so no create the destroy answered for can still come.
 DESTROYED_UNSEEN_S = 900.0
+T = TypeVar("T")
 
 
 class _PromiseChanges:
@@ -49,6 +50,27 @@ class _PromiseChanges:
     @classmethod
     def note(cls) -> None:
         cls.count += 1
+
+
+class _Noted(Generic[T]):
+    """A field of ``Entry`` whose every change is noted (``_PromiseChanges``): what admission sums."""
+
+    def __init__(self, default: T) -> None:
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, entry: object | None, owner: object = None) -> T:
+        if entry is None:
+            return self.default  # the dataclass's default
+        value: T = entry.__dict__.get(self.slot, self.default)
+        return value
+
+    def __set__(self, entry: object, value: T) -> None:
+        if entry.__dict__.get(self.slot, self.default) != value:
+            entry.__dict__[self.slot] = value
+            _PromiseChanges.note()
 
 
 class Entries(dict[str, "Entry"]):
@@ -96,13 +118,15 @@ class Entry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     streams: set[ExecStream] = field(default_factory=set)
     active: int = 0  # commands and transfers in flight
-    # What the sandbox used at the last read (refresh_usage, before every heartbeat; the properties
-    # below). Admission counts these instead of reading every sandbox's cgroup and disk image on each
-    # create, which cost ~0.1 ms a sandbox: 100 ms a create beside 1,000 of them.
-    _mem_used_bytes: int = field(default=0, repr=False)
-    _disk_used_bytes: int = field(default=0, repr=False)
-    # Its processes are gone (``stopped`` below).
-    _stopped: bool = field(default=False, repr=False)
+    # What the sandbox used at the last read (refresh_usage, before every heartbeat). Admission counts
+    # these instead of reading every sandbox's cgroup and disk image on each create, which cost ~0.1 ms
+    # a sandbox: 100 ms a create beside 1,000 of them.
+    mem_used_bytes: _Noted[int] = _Noted(0)
+    disk_used_bytes: _Noted[int] = _Noted(0)
+    # Its processes are gone (its init died: on gVisor a memory overrun kills the whole sandbox), seen by
+    # a probe; for good, as no sandbox is started again. It then holds no memory: admission and the
+    # free memory reported to the scheduler stop counting its limit (its disk stays until destroyed).
+    stopped: _Noted[bool] = _Noted(False)
     # A hibernated sandbox's view, made once: nothing of it changes until its wake (a new entry), and
     # every heartbeat reports every hibernated sandbox.
     view: SandboxView | None = None
@@ -113,42 +137,6 @@ class Entry:
 
     def touch(self) -> None:
         self.record.last_activity_at = time.time()
-
-    # Each change below is noted (``_PromiseChanges``): admission's sums are made again only then.
-
-    @property
-    def mem_used_bytes(self) -> int:
-        return self._mem_used_bytes
-
-    @mem_used_bytes.setter
-    def mem_used_bytes(self, value: int) -> None:
-        if value != self._mem_used_bytes:
-            self._mem_used_bytes = value
-            _PromiseChanges.note()
-
-    @property
-    def disk_used_bytes(self) -> int:
-        return self._disk_used_bytes
-
-    @disk_used_bytes.setter
-    def disk_used_bytes(self, value: int) -> None:
-        if value != self._disk_used_bytes:
-            self._disk_used_bytes = value
-            _PromiseChanges.note()
-
-    @property
-    def stopped(self) -> bool:
-        """Its processes are gone (its init died: on gVisor a memory overrun kills the whole sandbox),
-        seen by a probe; for good, as no sandbox is started again. It then holds no memory: admission
-        and the free memory reported to the scheduler stop counting its limit (its disk stays until
-        destroyed)."""
-        return self._stopped
-
-    @stopped.setter
-    def stopped(self, value: bool) -> None:
-        if value != self._stopped:
-            self._stopped = value
-            _PromiseChanges.note()
 
     def resized(self, disk_mib: int) -> None:
         """Its disk is ``disk_mib`` now (a resize): the size admission counts for it."""

@@ -54,13 +54,13 @@ def test_a_create_beside_1000_sandboxes_walks_none_of_them_when_none_changed(
     registry.reserve("sb-first", 16, 2048)
     registry.release("sb-first")
     reads: list[str] = []
-    used = Entry.mem_used_bytes
+    used = vars(Entry)["mem_used_bytes"]  # the field's descriptor itself
 
     def counted(entry: Entry) -> int:
         reads.append(entry.record.id)
-        return used.__get__(entry)
+        return int(used.__get__(entry))
 
-    monkeypatch.setattr(Entry, "mem_used_bytes", property(counted, used.fset))
+    monkeypatch.setattr(Entry, "mem_used_bytes", property(counted, used.__set__))
     registry.reserve("sb-second", 16, 2048)
     registry.release("sb-second")
     assert reads == [], f"{len(reads)} sandboxes read for one admission beside {LIVE} unchanged ones"
