@@ -9,10 +9,12 @@ Per engine:
 - the control plane: SQLite mode is one ``paddock controlplane`` process on its SQLite file;
   PostgreSQL mode is two of them on one fresh PostgreSQL database (``scripts/ensure-postgres.sh``;
   dropped at the end), each with its reconciler and workers, as a multi-control-plane setup runs;
-- host agents (12 by default, each with room for ~90 of the bench's sandboxes): the real agent code over ``bench.fleet_driver.StandInRuntime`` (no containers;
-  the fleet simulation's seam, in a child process), so a create costs the control plane what it
-  costs for real and the agent's side almost nothing. The creates/s row is therefore the control
-  plane's rate, not a container runtime's (bench/pools_bench.py measures those);
+- host agents (48 by default, each with room for ~90 of the bench's sandboxes: ~4,300, more than the
+  ~3,300 that 10 s of creates at 330/s keep live until they are destroyed): the real agent code over
+  ``bench.fleet_driver.StandInRuntime`` (no containers; the fleet simulation's seam, in a child
+  process), so a create costs the control plane what it costs for real and the agent's side almost
+  nothing. The creates/s row is therefore the control plane's rate, not a container runtime's
+  (bench/pools_bench.py measures those);
 - ``GET /v1/sandboxes/{id}``: wrk, one thread, 8 connections, against control plane A, on a running
   sandbox created through the API;
 - freshness (PostgreSQL): a PATCH of the sandbox's ``auto_pause_after_seconds`` on control plane B, then GETs on A until
@@ -194,7 +196,9 @@ async def control_plane_rows(engine: str, args: argparse.Namespace, root: Path) 
         cp_urls = [cp.url for cp in controlplanes]
         cp_pids = [cp.process.pid for cp in controlplanes]
         fleet = FleetClient(root / f"{engine}-fleet", cp_urls)
-        # Enough stand-in hosts that no create is refused for room: each admits ~90 of these.
+        # Enough stand-in hosts that no create is refused for room: each admits ~90 of these (the real
+        # machine's memory, which every stand-in host reports). With 12, creates at 125/s filled them
+        # within a run, and the row measured the room, not the control planes.
         await fleet.call("add", [(index, []) for index in range(args.hosts)])
         await fleet.call("beat_all")
         async with transaction(services.sessions) as session:
@@ -333,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--create-seconds", type=float, default=10.0)
     parser.add_argument("--create-warmup-seconds", type=float, default=3.0, help="untimed creates first")
     parser.add_argument("--concurrency", type=int, default=20)
-    parser.add_argument("--hosts", type=int, default=12, help="stand-in host agents")
+    parser.add_argument("--hosts", type=int, default=48, help="stand-in host agents")
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--tag", default="", help="appended to the results' file names (before, after …)")
     return parser

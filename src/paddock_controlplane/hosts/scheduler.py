@@ -34,7 +34,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import bindparam, case, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -136,6 +136,34 @@ async def held_by_host(session: AsyncSession, host_ids: Collection[str]) -> dict
     return {str(host_id): Held(int(placed or 0), int(since or 0)) for host_id, placed, since in rows.all()}
 
 
+@dataclass
+class Tally:
+    """Memory held per host as counted once in one transaction, plus what that transaction placed since,
+    its rows not yet written: a group of creates (``lifecycle``'s group commit) places each of its
+    members without counting a host again. Sound under the placement lock, which the transaction holds
+    from its first count: nothing else adds memory to a host until the commit, and what is released
+    meanwhile only makes the tally cautious."""
+
+    counted: dict[str, Held] = field(default_factory=dict)
+
+    async def held(self, session: AsyncSession, host_ids: Collection[str]) -> dict[str, Held]:
+        missing = [host_id for host_id in host_ids if host_id not in self.counted]
+        if missing:
+            found = await held_by_host(session, missing)
+            for host_id in missing:
+                self.counted[host_id] = found.get(host_id, Held(0, 0))
+        return {host_id: self.counted[host_id] for host_id in host_ids}
+
+    def place(self, host_id: str, mem_mib: int) -> None:
+        """``mem_mib`` placed on ``host_id`` (counted already: a choice always is), after its report."""
+        held = self.counted[host_id]
+        self.counted[host_id] = Held(held.placed_mib + mem_mib, held.since_report_mib + mem_mib)
+
+
+async def _held(session: AsyncSession, host_ids: Collection[str], tally: Tally | None) -> dict[str, Held]:
+    return await (tally.held(session, host_ids) if tally is not None else held_by_host(session, host_ids))
+
+
 def free_mib(reported_free_mib: int, total_mib: int, held: Held | None) -> int:
     """A host's free memory from what it reported and its total (the module's two views)."""
     held = held or Held(0, 0)
@@ -155,11 +183,13 @@ async def pick_host(
     exclude: Collection[str] = (),
     fetchable: bool = False,
     lock_held: bool = False,
+    tally: Tally | None = None,
 ) -> str:
     """The id of the qualifying host with the most free memory; 503 saying why when there is none.
 
     ``lock_held``: the transaction already took the placement lock (a create takes it with its checks,
-    ``PLACEMENT_LOCK_COLUMN``).
+    ``PLACEMENT_LOCK_COLUMN``). ``tally``: hosts counted earlier in this transaction are not counted
+    again (the caller records each choice in it, ``Tally.place``).
 
     ``fetchable``: the image (a template's) can be fetched from a host that holds it, so a host
     without it qualifies too, after every holder (a holder with room is always preferred).
@@ -182,6 +212,7 @@ async def pick_host(
             node_selector=node_selector,
             exclude=exclude,
             fetchable=fetchable,
+            tally=tally,
         )
         if leading is not None:
             return leading
@@ -201,7 +232,7 @@ async def pick_host(
     tiers = [serving, [h for h in matching if h not in serving]] if fetchable else [serving]
     if not any(tiers):
         raise no_capacity(f"no active host can run image {rootfs!r}")
-    held = await held_by_host(session, [host.id for tier in tiers for host in tier])
+    held = await _held(session, [host.id for tier in tiers for host in tier], tally)
     best: tuple[int, Host] | None = None
     largest = 0
     for tier in tiers:
@@ -247,6 +278,7 @@ async def _pick_leading(
     node_selector: dict[str, str] | None,
     exclude: Collection[str],
     fetchable: bool,
+    tally: Tally | None = None,
 ) -> str | None:
     """:func:`pick_host`'s choice without a ``host_id``, reading only the leading hosts; None when
     it cannot say (nothing fits among the hosts read): the caller then decides over the whole fleet,
@@ -266,7 +298,7 @@ async def _pick_leading(
 
     async def count(candidates: list[tuple[int, str, int, int, bool]]) -> None:
         nonlocal best, fallback
-        held = await held_by_host(session, [c[1] for c in candidates])
+        held = await _held(session, [c[1] for c in candidates], tally)
         for _, host, reported, total, serving in candidates:
             free = free_mib(reported, total, held.get(host))
             if free < mem_mib:

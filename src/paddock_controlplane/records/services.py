@@ -17,6 +17,7 @@ from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import SecretBox
 from paddock_core.db import PointReads
+from paddock_core.group_commit import GroupCommit
 from paddock_core.logging import get_logger
 from paddock_core.timeutil import Clock, utcnow
 
@@ -120,6 +121,8 @@ class Services:
     on_heartbeat: HeartbeatHook | None = None
     #: The audit trail's queue (records/audit.py), flushed by workers/audit_writer.py.
     audit: AuditLog = field(default_factory=AuditLog)
+    #: Creates of one account that arrive together, admitted in one transaction (``lifecycle.create``).
+    create_groups: GroupCommit[Any, Any] = field(default_factory=GroupCommit)
 
     def mark_reconciled(self) -> None:
         self.reconciler_last_ok = time.monotonic()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import difflib
+import functools
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -266,9 +267,68 @@ _CHECKS = select(accounts.LIVE_COUNT, accounts.CREATED_SINCE, names.TAKEN, names
 _CHECKS_BY_DIALECT = {"postgresql": _CHECKS.add_columns(scheduler.PLACEMENT_LOCK_COLUMN)}
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """A create's row, written (``creating``), and what its boot needs to know of the request."""
+
+    sandbox: Sandbox
+    placement: Placement
+    joined: bool = False
+    with_disks: bool = False
+    with_volumes: bool = False
+    #: Volumes a snapshot that keeps them is copied into (``snapshot_volumes.plan_boot``).
+    copies: Sequence[tuple[str, str]] = ()
+
+
 async def create(services: Services, user_id: str, req: CreateSandboxRequest) -> Sandbox:
-    settings = services.settings
-    spec = validate_create(req, settings.region)
+    spec = validate_create(req, services.settings.region)
+    admitted: Admitted | None = None
+    if not (req.networks or req.disks or req.volumes):
+        # With others of its account that arrive meanwhile (``_admit_group``); alone when it boots from
+        # a snapshot (None).
+        admitted = await services.create_groups.submit(
+            user_id, spec, functools.partial(_admit_group, services)
+        )
+    if admitted is None:
+        admitted = await _admit(services, user_id, spec, req)
+    sandbox, placement = admitted.sandbox, admitted.placement
+    refused: dict[str, str] = {}
+    unsupported: set[str] = set()  # hosts whose tier cannot do what the create asked
+    try:
+        while True:  # ends: every refusal excludes one more host
+            try:
+                booted = await boot(
+                    services,
+                    sandbox,
+                    start_paused=spec.start_paused,
+                    joined=admitted.joined,
+                    with_disks=admitted.with_disks,
+                    with_volumes=admitted.with_volumes,
+                )
+            except HostFullError as full:
+                log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
+                refused[full.host_id] = full.reason
+                if full.unsupported:
+                    unsupported.add(full.host_id)
+                sandbox = await _place_elsewhere(services, sandbox, placement, refused, unsupported)
+                continue
+            # The disks it named are mounted once it runs, before the answer; a failed mount is reported
+            # on its attachment (``mount_status``) and never fails the create. A create that named none
+            # has none (a disk is attached later only to a running sandbox): no read to find out.
+            if admitted.with_disks:
+                await disks.mount_all(services, booted)
+            if admitted.with_volumes or admitted.copies:
+                await _mount_volumes(services, user_id, booted, admitted.copies)
+            return booted
+    except Exception:
+        # None kept by a failed create.
+        await volumes.drop_copies(services, str(sandbox.host_id), admitted.copies)
+        raise
+
+
+async def _admit(services: Services, user_id: str, spec: CreatePlan, req: CreateSandboxRequest) -> Admitted:
+    """One create's admission, in a transaction of its own: what names networks, disks or volumes, or
+    boots from a snapshot."""
     async with transaction(services.sessions) as session:
         # What the image is, before the account's lock: reads no other create of this account can
         # change, and each statement held under the lock holds up the account's next create (on
@@ -296,25 +356,11 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             disk_mib=spec.disk_mib,
             wants_disks=bool(attached),
         )
-        plain, numbered = (spec.name, spec.name) if spec.name else names.draw()
-        checks = _CHECKS_BY_DIALECT.get(session.get_bind().dialect.name, _CHECKS)
-        params = {
-            "user_id": user_id,
-            "since": accounts.day_start(services.clock()),
-            "name": plain,
-            "name_also": numbered,
-        }
-        live, today, plain_taken, numbered_taken = (await session.execute(checks, params)).one()[:4]
-        accounts.refuse_over_caps(plan, live=None if spec.start_paused else int(live), today=int(today))
+        drawn = _drawn(spec)
+        live, today, taken = await _checks(session, services, user_id, drawn)
+        accounts.refuse_over_caps(plan, live=None if spec.start_paused else live, today=today)
         accounts.require_credit(account)
-        if spec.name and plain_taken:
-            raise errors.AlreadyExists(f"a sandbox named {spec.name!r} already exists")
-        if not plain_taken:
-            name = plain
-        elif not numbered_taken:
-            name = numbered
-        else:
-            name = await names.generate(session, user_id)
+        name = await _name(session, user_id, spec.name, drawn, taken)
         host_id = await networks.placement(session, joined, spec.host_id)
         if snapshot is not None:
             host_id = await snapshots.boot_host(
@@ -332,37 +378,7 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
         chosen = await _pick(session, services, placement, refused=(), lock_held=True)
         for field in hibernating_fields(spec.on_timeout, spec.on_idle):
             suspension.require_hibernating_host(await session.get(Host, chosen), field)
-        sandbox = Sandbox(
-            id=new_id("sb-"),
-            user_id=user_id,
-            name=name,
-            status=SandboxStatus.CREATING,
-            host_id=chosen,
-            shape=spec.shape.id,
-            rootfs=rootfs,
-            vcpu=spec.shape.vcpu,
-            mem_mib=spec.shape.mem_mib,
-            cpu_quota_pct=spec.shape.cpu_quota_pct,
-            disk_mib=spec.disk_mib,
-            region=settings.region,
-            egress=spec.egress,
-            envs_sealed=envs.seal(services, spec.envs),
-            env_keys=sorted(spec.envs),
-            ssh_pubkeys=spec.ssh_pubkeys,
-            node_selector=spec.node_selector,
-            ingress_enabled=spec.ingress_enabled,
-            bandwidth_quota_bytes=services.settings.default_bandwidth_quota_bytes,
-            bandwidth_used_bytes=0,
-            bandwidth_ingress_bytes=0,
-            auto_pause_after_seconds=spec.auto_pause_after_seconds,
-            oom_kills=0,
-            created_at=services.clock(),
-            timeout_s=spec.timeout_s,
-            on_timeout=spec.on_timeout,
-            on_idle=spec.on_idle,
-            end_at=end_of(services.clock(), spec.timeout_s),
-            labels=spec.metadata,
-        )
+        sandbox = _new_row(services, user_id, spec, name=name, host_id=chosen, rootfs=rootfs)
         session.add(sandbox)
         await session.flush()
         for network in joined:
@@ -383,37 +399,159 @@ async def create(services: Services, user_id: str, req: CreateSandboxRequest) ->
             if snapshot is not None
             else []
         )
-    refused: dict[str, str] = {}
-    unsupported: set[str] = set()  # hosts whose tier cannot do what the create asked
-    try:
-        while True:  # ends: every refusal excludes one more host
+    return Admitted(
+        sandbox,
+        placement,
+        joined=bool(joined),
+        with_disks=bool(attached),
+        with_volumes=bool(mounted),
+        copies=copies,
+    )
+
+
+async def _admit_group(
+    services: Services, user_id: str, specs: Sequence[CreatePlan]
+) -> list[Admitted | BaseException | None]:
+    """Creates of one account that arrived together (naming no network, disk or volume), admitted in
+    one transaction (``paddock_core.group_commit``): its account's lock, the checks, each placement and
+    the rows' insert, each once for the group. One create holds its account's lock for ~8 round trips,
+    and the account's next create waits for all of them (docs/performance.md, "PostgreSQL creates").
+
+    Each member is judged as if the others before it had committed alone: the caps count them, their
+    names are taken, their memory is placed (``scheduler.Tally``). A member refused (its image, its
+    plan, a cap, its name, no host for it) gets its own error and the rest go on; what fails the
+    transaction fails them all. None: a member that boots from a snapshot, admitted alone (``_admit``).
+    """
+    outcomes: list[Admitted | BaseException | None] = [None] * len(specs)
+    images: dict[int, tuple[str, str | None]] = {}
+    async with transaction(services.sessions) as session:
+        for index, spec in enumerate(specs):  # before the account's lock, as ``_admit`` does
             try:
-                booted = await boot(
-                    services,
-                    sandbox,
-                    start_paused=spec.start_paused,
-                    joined=bool(joined),
-                    with_disks=bool(attached),
-                    with_volumes=bool(mounted),
+                if await _snapshot_of(session, user_id, spec) is None:
+                    images[index] = await resolve_rootfs(session, services, user_id, spec.rootfs)
+            except errors.PaddockError as exc:
+                outcomes[index] = exc
+        if not images:
+            return outcomes
+        account = await accounts.lock_user(session, user_id)
+        plan = await accounts.cached_plan(session, account.plan_id)
+        drawn = {i: _drawn(specs[i]) for i in images}
+        first, *others = images
+        live, today, taken = await _checks(session, services, user_id, drawn[first])
+        taken |= await names.taken_among(session, user_id, [name for i in others for name in drawn[i]])
+        tally = scheduler.Tally()
+        rows: list[Sandbox] = []
+        for index, (rootfs, image_host) in images.items():
+            spec = specs[index]
+            try:
+                accounts.check_plan_limits(
+                    plan,
+                    vcpu=spec.shape.vcpu,
+                    mem_mib=spec.shape.mem_mib,
+                    disk_mib=spec.disk_mib,
+                    wants_disks=False,
                 )
-            except HostFullError as full:
-                log.info("sandbox_host_full", sandbox_id=sandbox.id, host_id=full.host_id, reason=full.reason)
-                refused[full.host_id] = full.reason
-                if full.unsupported:
-                    unsupported.add(full.host_id)
-                sandbox = await _place_elsewhere(services, sandbox, placement, refused, unsupported)
+                admitted = len(rows)  # each counts toward both caps: ``creating`` is live
+                accounts.refuse_over_caps(
+                    plan, live=None if spec.start_paused else live + admitted, today=today + admitted
+                )
+                accounts.require_credit(account)
+                name = await _name(session, user_id, spec.name, drawn[index], taken)
+                placement = Placement(
+                    mem_mib=spec.shape.mem_mib,
+                    rootfs=rootfs,
+                    host_id=spec.host_id,
+                    node_selector=spec.node_selector,
+                    fetchable=image_host is not None,
+                )
+                chosen = await _pick(session, services, placement, refused=(), lock_held=True, tally=tally)
+                for field in hibernating_fields(spec.on_timeout, spec.on_idle):
+                    suspension.require_hibernating_host(await session.get(Host, chosen), field)
+            except errors.PaddockError as exc:
+                outcomes[index] = exc
                 continue
-            # The disks it named are mounted once it runs, before the answer; a failed mount is reported
-            # on its attachment (``mount_status``) and never fails the create. A create that named none
-            # has none (a disk is attached later only to a running sandbox): no read to find out.
-            if attached:
-                await disks.mount_all(services, booted)
-            if mounted or copies:
-                await _mount_volumes(services, user_id, booted, copies)
-            return booted
-    except Exception:
-        await volumes.drop_copies(services, str(sandbox.host_id), copies)  # none kept by a failed create
-        raise
+            tally.place(chosen, spec.shape.mem_mib)
+            taken.add(name)
+            row = _new_row(services, user_id, spec, name=name, host_id=chosen, rootfs=rootfs)
+            rows.append(row)
+            outcomes[index] = Admitted(row, placement)
+        session.add_all(rows)  # one statement for the group
+    return outcomes
+
+
+async def _checks(
+    session: AsyncSession, services: Services, user_id: str, drawn: tuple[str, str]
+) -> tuple[int, int, set[str]]:
+    """What a create checks under its account's lock, in one trip (``_CHECKS``): the live and today's
+    counts, and which of the two names drawn are taken. On PostgreSQL it also takes the placement lock."""
+    checks = _CHECKS_BY_DIALECT.get(session.get_bind().dialect.name, _CHECKS)
+    params = {
+        "user_id": user_id,
+        "since": accounts.day_start(services.clock()),
+        "name": drawn[0],
+        "name_also": drawn[1],
+    }
+    live, today, plain_taken, numbered_taken = (await session.execute(checks, params)).one()[:4]
+    taken = {name for name, is_taken in zip(drawn, (plain_taken, numbered_taken), strict=True) if is_taken}
+    return int(live), int(today), taken
+
+
+def _drawn(spec: CreatePlan) -> tuple[str, str]:
+    """The two names a create checks: the one it asked for (twice), else two drawn (``names.draw``)."""
+    return (spec.name, spec.name) if spec.name else names.draw()
+
+
+async def _name(
+    session: AsyncSession, user_id: str, asked: str | None, drawn: tuple[str, str], taken: Collection[str]
+) -> str:
+    """The name asked (409 if ``taken``), else the first of the two drawn not ``taken``, else a new one.
+    ``taken`` holds what the checks found and, in a group, the names of the members before."""
+    if asked:
+        if asked in taken:
+            raise errors.AlreadyExists(f"a sandbox named {asked!r} already exists")
+        return asked
+    for name in drawn:
+        if name not in taken:
+            return name
+    return await names.generate(session, user_id, avoid=taken)
+
+
+def _new_row(
+    services: Services, user_id: str, spec: CreatePlan, *, name: str, host_id: str, rootfs: str
+) -> Sandbox:
+    """A created sandbox's row, ``creating`` on ``host_id``."""
+    now = services.clock()
+    return Sandbox(
+        id=new_id("sb-"),
+        user_id=user_id,
+        name=name,
+        status=SandboxStatus.CREATING,
+        host_id=host_id,
+        shape=spec.shape.id,
+        rootfs=rootfs,
+        vcpu=spec.shape.vcpu,
+        mem_mib=spec.shape.mem_mib,
+        cpu_quota_pct=spec.shape.cpu_quota_pct,
+        disk_mib=spec.disk_mib,
+        region=services.settings.region,
+        egress=spec.egress,
+        envs_sealed=envs.seal(services, spec.envs),
+        env_keys=sorted(spec.envs),
+        ssh_pubkeys=spec.ssh_pubkeys,
+        node_selector=spec.node_selector,
+        ingress_enabled=spec.ingress_enabled,
+        bandwidth_quota_bytes=services.settings.default_bandwidth_quota_bytes,
+        bandwidth_used_bytes=0,
+        bandwidth_ingress_bytes=0,
+        auto_pause_after_seconds=spec.auto_pause_after_seconds,
+        oom_kills=0,
+        created_at=now,
+        timeout_s=spec.timeout_s,
+        on_timeout=spec.on_timeout,
+        on_idle=spec.on_idle,
+        end_at=end_of(now, spec.timeout_s),
+        labels=spec.metadata,
+    )
 
 
 async def _mount_volumes(
@@ -441,6 +579,7 @@ async def _pick(
     *,
     refused: Collection[str],
     lock_held: bool = False,
+    tally: scheduler.Tally | None = None,
 ) -> str:
     return await scheduler.pick_host(
         session,
@@ -453,6 +592,7 @@ async def _pick(
         exclude=refused,
         fetchable=placement.fetchable,
         lock_held=lock_held,
+        tally=tally,
     )
 
 

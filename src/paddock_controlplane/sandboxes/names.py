@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Collection
 
 from sqlalchemy import Select, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -92,9 +93,25 @@ TAKEN = _TAKEN.exists()
 TAKEN_ALSO = _taken_query("name_also").exists()
 
 
+#: Which of some names are live sandboxes' of ``user_id``: a group of creates checks all of its
+#: members' names in one trip.
+_TAKEN_AMONG = select(Sandbox.name).where(
+    Sandbox.user_id == bindparam("user_id"),
+    Sandbox.name.in_(bindparam("names", expanding=True)),
+    Sandbox.status.not_in(TERMINAL),
+)
+
+
 async def taken(session: AsyncSession, user_id: str, name: str) -> bool:
     found = await session.scalar(_TAKEN, {"user_id": user_id, "name": name})
     return found is not None
+
+
+async def taken_among(session: AsyncSession, user_id: str, names: Collection[str]) -> set[str]:
+    if not names:
+        return set()
+    found = await session.scalars(_TAKEN_AMONG, {"user_id": user_id, "names": sorted(set(names))})
+    return set(found.all())
 
 
 def draw() -> tuple[str, str]:
@@ -113,12 +130,14 @@ def _numbered(base: str) -> str:
     return f"{base}-{secrets.randbelow(9000) + 1000}"
 
 
-async def generate(session: AsyncSession, user_id: str) -> str:
+async def generate(session: AsyncSession, user_id: str, avoid: Collection[str] = ()) -> str:
+    """A name no live sandbox of ``user_id`` has, nor one in ``avoid`` (names given to rows not yet
+    written, by the same group of creates)."""
     base = _base()
-    if not await taken(session, user_id, base):
+    if base not in avoid and not await taken(session, user_id, base):
         return base
     for _ in range(50):
         candidate = _numbered(base)
-        if not await taken(session, user_id, candidate):
+        if candidate not in avoid and not await taken(session, user_id, candidate):
             return candidate
     return f"{base}-{secrets.token_hex(4)}"
