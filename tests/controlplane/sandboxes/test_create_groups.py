@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from paddock_controlplane.records.models import Sandbox
+from paddock_core import tls
 from tests.controlplane.conftest import HOST_TOKEN, Clocked, user_client
 from tests.controlplane.fakehost import HOST_BEAT
 from tests.controlplane.sandboxes.test_create_round_trips import Statements
@@ -80,10 +81,18 @@ async def test_a_group_never_places_more_on_a_host_than_it_has(clocked: Clocked)
 async def test_the_concurrent_cap_holds_for_creates_sent_at_once(clocked: Clocked) -> None:
     _, api = await user_client(clocked)  # the pro plan: 20 live at most
     async with api:
-        answers = await at_once(api, [ONE_GIB] * 24)
+        for _ in range(18):
+            made = await api.post("/v1/sandboxes", json=ONE_GIB)
+            assert made.status_code == 200, made.text
+        # Two more fit. Those that wait for a group are counted with the ones before them in it. From a
+        # new client, as in the tests above: the six then arrive together, not one TLS handshake apart.
+        async with httpx.AsyncClient(
+            base_url=clocked.cp.url, headers=api.headers, timeout=30, verify=tls.client_context()
+        ) as burst:
+            answers = await at_once(burst, [ONE_GIB] * 6)
         listed = (await api.get("/v1/sandboxes", params={"limit": 100})).json()["data"]["data"]
     codes = Counter(a.status_code for a in answers)
-    assert codes == {200: 20, 403: 4}, codes
+    assert codes == {200: 2, 403: 4}, codes
     refusal = fail_data(next(a for a in answers if a.status_code == 403))
     assert refusal["code"] == "QUOTA_EXCEEDED", refusal
     assert "concurrent sandbox cap reached: limit 20" in refusal["message"], refusal
