@@ -424,11 +424,15 @@ async def _admit_group(
     """
     outcomes: list[Admitted | BaseException | None] = [None] * len(specs)
     images: dict[int, tuple[str, str | None]] = {}
+    # Each image asked once per group (a read of every host's image lists): a burst mostly asks one.
+    resolved: dict[str, tuple[str, str | None]] = {}
     async with transaction(services.sessions) as session:
         for index, spec in enumerate(specs):  # before the account's lock, as ``_admit`` does
             try:
                 if await _snapshot_of(session, user_id, spec) is None:
-                    images[index] = await resolve_rootfs(session, services, user_id, spec.rootfs)
+                    if spec.rootfs not in resolved:
+                        resolved[spec.rootfs] = await resolve_rootfs(session, services, user_id, spec.rootfs)
+                    images[index] = resolved[spec.rootfs]
             except errors.PaddockError as exc:
                 outcomes[index] = exc
         if not images:
