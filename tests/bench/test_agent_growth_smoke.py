@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+from tests.bench import run_bench
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def test_agent_growth_bench_measures_both_marks(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.agent_growth", "--live", "3", "--creates", "2", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_bench("agent_growth", "--live", "3", "--creates", "2", "--out", str(tmp_path), timeout=300)
     rows = re.findall(r"^\| (1 live|3 live) \| (\d+\.\d\d) \| (\d+\.\d\d) \|$", done.stdout, re.M)
     assert [mark for mark, *_ in rows] == ["1 live", "3 live"], done.stdout
     assert all(float(p50) > 0 for _, p50, _ in rows), done.stdout

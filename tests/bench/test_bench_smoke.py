@@ -8,28 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bench import run_bench
+
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 LIFECYCLE_OPS = ("create", "exec", "first_frame", "file_1mb", "file_big", "pause", "resume", "destroy")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sandboxes, mounts, cgroups)")
 def test_smoke_run_measures_every_section_against_its_floor(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_bench("run", "--smoke", "--out", str(tmp_path), timeout=280)
     [result_json] = tmp_path.glob("*.json")
     [result_md] = tmp_path.glob("*.md")
     results = json.loads(result_json.read_text())

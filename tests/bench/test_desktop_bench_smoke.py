@@ -7,28 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+from tests.bench import run_bench
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sandboxes)")
 def test_desktop_bench_times_screenshots_and_clicks(tmp_path: Path) -> None:
     out = tmp_path / "desktop.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.desktop_bench", "--runs", "3", "--json", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    done = run_bench("desktop_bench", "--runs", "3", "--json", str(out), timeout=400)
     results = json.loads(out.read_text())
     assert set(results["ops"]) == {"screenshot", "click → changed", "exec true", "grab in sandbox"}
     assert all(row["n"] == 3 for row in results["ops"].values()), results

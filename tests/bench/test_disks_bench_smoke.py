@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+from tests.bench import run_bench
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sandboxes, FUSE mounts)")
 def test_disks_bench_prints_every_row() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.disks_bench", "--size-mib", "4", "--rounds", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_bench("disks_bench", "--size-mib", "4", "--rounds", "1", timeout=600)
     rows = [line.rsplit(None, 5) for line in done.stdout.splitlines()[1:]]
     assert len(rows) == 5, done.stdout
     assert all(float(row[1]) > 0 for row in rows), done.stdout

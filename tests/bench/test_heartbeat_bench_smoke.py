@@ -5,36 +5,19 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.db
+from tests.bench import run_bench
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.db
 
 
 def test_heartbeat_bench_measures_both_sides(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.heartbeat_cost",
-            "--sandboxes",
-            "50",
-            "--beats",
-            "2",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    done = run_bench(
+        "heartbeat_cost", "--sandboxes", "50", "--beats", "2", "--out", str(tmp_path), timeout=240
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     rows = re.findall(r"^\| (agent|control plane): ([^|]+?) \| (\d+\.\d) \| (\d+\.\d) \|", done.stdout, re.M)
     assert [f"{side}: {what}" for side, what, *_ in rows] == [
         "agent: beat list, reads on the loop (before)",

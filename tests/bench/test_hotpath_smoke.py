@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+from tests.bench import run_bench
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def test_hotpath_bench_times_every_layer() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.hotpath", "--requests", "10"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_bench("hotpath", "--requests", "10", timeout=240)
     rows = re.findall(
         r"^(exec `true`: .+?|pause \+ resume: .+?|GET .+?)\s+(\d+\.\d+) /\s+(\d+\.\d+)$", done.stdout, re.M
     )

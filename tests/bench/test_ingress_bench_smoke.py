@@ -8,38 +8,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+from tests.bench import run_bench
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sandboxes)")
 def test_ingress_bench_measures_the_proxy_against_direct(tmp_path: Path) -> None:
     out = tmp_path / "ingress.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.ingress_bench",
-            "--requests",
-            "20",
-            "--transfer-mib",
-            "2",
-            "--json",
-            str(out),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=280,
+    done = run_bench(
+        "ingress_bench", "--requests", "20", "--transfer-mib", "2", "--json", str(out), timeout=280
     )
-    assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(out.read_text())
     for path in ("direct", "proxy"):
         assert results[f"keep-alive GET, {path}"]["n"] == 20

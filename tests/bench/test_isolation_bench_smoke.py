@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bench import run_bench
+
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 TIERS = {"crun": ("crun", "container"), "gvisor": ("runsc", "gvisor")}
 
 
@@ -26,14 +25,7 @@ TIERS = {"crun": ("crun", "container"), "gvisor": ("runsc", "gvisor")}
 def test_isolation_bench_measures_each_tier_against_its_raw_runtime(tmp_path: Path) -> None:
     out = tmp_path / "isolation.json"
     argv = ["--runs", "1", "--warmup", "0", "--tiers", ",".join(TIERS), "--json", str(out)]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.isolation_bench", *argv],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = run_bench("isolation_bench", *argv, timeout=280)
     result = json.loads(out.read_text())
     assert result["errors"] == {}
     for tier, (runtime, isolation) in TIERS.items():

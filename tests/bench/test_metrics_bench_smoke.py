@@ -4,26 +4,16 @@ off, each side checked to serve or not serve ``/metrics``) and prints the ratios
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+from tests.bench import run_bench
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def test_metrics_bench_compares_on_and_off() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.metrics_bench", "--requests", "20", "--warmup", "5"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_bench("metrics_bench", "--requests", "20", "--warmup", "5", timeout=240)
     rows = re.findall(
         r"^(GET .+?)\s+(\d+\.\d+) /\s+\d+\.\d+\s+(\d+\.\d+) /\s+\d+\.\d+\s+(\d+\.\d+)×$", done.stdout, re.M
     )

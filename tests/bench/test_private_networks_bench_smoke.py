@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+from tests.bench import run_bench
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sandboxes, bridges)")
 def test_private_networks_bench_prints_every_row() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.private_networks_bench", "--rounds", "1", "--warmup", "0"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_bench("private_networks_bench", "--rounds", "1", "--warmup", "0", timeout=600)
     rows = [line.split() for line in done.stdout.splitlines()[1:]]
     assert len(rows) == 6, done.stdout
     assert all(float(row[-3]) > 0 and row[-1] == "1" for row in rows), done.stdout
