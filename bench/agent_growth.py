@@ -47,8 +47,12 @@ SPEC = {**AGENT_SPEC, "mem_mib": 256, "disk_mib": 2048}  # density's shape and d
 
 
 def _pools_full(agent: httpx.Client) -> None:
+    """Until the warm pool is full again, so the next create claims a parked sandbox; a pool that does
+    not refill in 2 minutes ends the run rather than timing creates that boot cold."""
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and agent.get("info").json()["warm_slots"] < POOL_SIZE:
+    while agent.get("info").json()["warm_slots"] < POOL_SIZE:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the warm pool did not refill to {POOL_SIZE} in 120 s")
         time.sleep(0.1)
 
 
