@@ -9,6 +9,7 @@ answers ``EBUSY``, and we ask for another. Where the kernel lacks ``LOOP_CONFIGU
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -71,6 +72,38 @@ def write_through(device: str) -> None:
         Path(f"/sys/block/{name}/queue/write_cache").write_text("write through")
     except OSError as exc:
         raise CommandFailedError(["write_cache", device], exc.errno or 1, str(exc)) from exc
+
+
+def bound_dirty(device: str, limit_bytes: int) -> bool:
+    """Holds what the page cache keeps dirty for files on ``device``'s filesystem to ``limit_bytes``
+    (the device's writeback domain in ``/sys/class/bdi``: ``strict_limit`` and ``max_bytes``). Past
+    about three quarters of it the kernel writes back in the background and slows the writers down to
+    the device's pace, whatever the rest of the host holds dirty. False where the kernel has no such
+    knobs (before 6.2): the host's global thresholds alone apply then."""
+    bdi = _bdi(device)
+    if not (bdi / "max_bytes").exists() or not (bdi / "strict_limit").exists():
+        return False
+    try:
+        (bdi / "max_bytes").write_text(str(limit_bytes))
+        (bdi / "strict_limit").write_text("1")
+    except OSError as exc:
+        raise CommandFailedError(["bdi", device, "max_bytes"], exc.errno or 1, str(exc)) from exc
+    return True
+
+
+def unbound_dirty(device: str) -> None:
+    """Gives ``device``'s writeback domain the kernel's defaults back (no strict limit, a share of up
+    to all of the host's dirty threshold): a loop device's number, and these settings with it, serve
+    whatever file is attached to it next."""
+    bdi = _bdi(device)
+    with contextlib.suppress(OSError):
+        (bdi / "strict_limit").write_text("0")
+        (bdi / "max_ratio").write_text("100")
+
+
+def _bdi(device: str) -> Path:
+    rdev = os.stat(device).st_rdev
+    return Path(f"/sys/class/bdi/{os.major(rdev)}:{os.minor(rdev)}")
 
 
 def size_bytes(device: str) -> int:

@@ -32,10 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import CommandFailedError, DriverError, UnsupportedError
 from paddock_hostagent.drivers.storage import loops, mounts, xfsreadahead
 from paddock_hostagent.drivers.system.commands import run
 
+log = get_logger(__name__)
 Filesystem = Literal["ext4", "xfs"]
 _CAP_SYS_RESOURCE = 24
 MIB = 1 << 20
@@ -50,6 +52,14 @@ _NO_CLONE = {errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EP
 #: backlog, so it pays from about 6,000 blocks on. The source's tasks are already frozen (its cgroup)
 #: and the freeze lasts only the clone.
 QUIESCE_REPLAY_BB = 8192
+#: What the store's own loop device may hold dirty in the host's page cache (``loops.bound_dirty``). A
+#: sandbox's disk drops its flushes (``loops.write_through``), so what it syncs stays dirty in its image
+#: file until the host's flusher writes it, and a fork's ``FICLONE`` first writes back all of it: 280-470
+#: ms for 1 GiB just synced on the dev box, against 2-21 ms with this bound. The writeback happens while
+#: the sandbox syncs instead: its ``fsync`` of that 1 GiB took 0.33-0.62 s unbounded and 0.37-0.63 s
+#: bounded, 1,000 O_DSYNC writes of 4 KiB 77-128 ms either way. Beside a sandbox writing flat out, which
+#: now writes at the disk's pace instead of into memory, that fsync took 2.2-2.6 s against 1.3-1.8 s.
+STORE_DIRTY_BYTES = 64 * MIB
 
 
 def has_capability(bit: int) -> bool:
@@ -604,6 +614,8 @@ async def open_store(slots_dir: Path) -> Path | None:
     directory, backing = store_dir(slots_dir), _store_backing(slots_dir)
     directory.mkdir(parents=True, exist_ok=True)
     if mounts.is_mountpoint(directory):
+        for device in loops_backing(backing):  # an agent before this one mounted it
+            _bound_store_dirty(device)
         _remove_orphan_images(directory, slots_dir)
         _remove_partial_snapshots(directory)
         return directory
@@ -622,7 +634,9 @@ async def open_store(slots_dir: Path) -> Path | None:
             ["mkfs.xfs", "-q", "-f", "-m", "reflink=1", "-l", "size=64m", "-L", "pdk-disks", str(partial)]
         )
         partial.replace(backing)
-    mounts.mount(await loop_of(backing, direct_io=True), directory, "xfs")
+    device = await loop_of(backing, direct_io=True)
+    mounts.mount(device, directory, "xfs")
+    _bound_store_dirty(device)
     if not clones(directory):
         await close_store(slots_dir)
         return None
@@ -637,11 +651,21 @@ async def close_store(slots_dir: Path) -> None:
     directory, backing = store_dir(slots_dir), _store_backing(slots_dir)
     if not directory.is_dir() or any(directory.glob("*.img")) or any(directory.glob("snapshots/snap_*")):
         return  # snapshots outlive every sandbox: the store stays while one is kept
+    for device in loops_backing(backing):
+        loops.unbound_dirty(device)
     await unmount_image(directory, backing)
     with contextlib.suppress(OSError):
         directory.rmdir()
     if not loops_backing(backing):
         backing.unlink(missing_ok=True)
+
+
+def _bound_store_dirty(device: str) -> None:
+    """Bounds what the store's loop device holds dirty (``STORE_DIRTY_BYTES``). Only the agent's own
+    store: where the state directory's filesystem clones, it is the host's disk, whose writeback is
+    the operator's to tune."""
+    if not loops.bound_dirty(device, STORE_DIRTY_BYTES):
+        log.warning("disk_store_dirty_unbounded", reason="the kernel has no strict_limit for its loop device")
 
 
 def _remove_orphan_images(directory: Path, slots_dir: Path) -> None:

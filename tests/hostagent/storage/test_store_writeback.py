@@ -1,0 +1,134 @@
+"""The disk store holds little dirty, so a fork's clone does not first write back what its source synced.
+
+A sandbox's disk drops its flushes (``loops.write_through``): what it syncs lands dirty in its image
+file, in the store. ``FICLONE`` writes a file's dirty pages back before sharing its blocks, so a fork
+right after its source synced 1 GiB wrote that 1 GiB to the host's disk inside the fork (280-470 ms
+here). ``open_store`` bounds what the store's loop device holds dirty (``rootdisks.STORE_DIRTY_BYTES``),
+so that writeback happens while the sandbox writes and syncs, and the clone finds at most the bound.
+What a sandbox wrote without syncing waits dirty in its own filesystem; the agent has the host start
+writing back once 16 MiB are dirty (``host._start_writeback_early``), so that too is written back while
+the sandbox goes on, not in its fork's ``syncfs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from paddock_hostagent.drivers.storage import mounts, rootdisks
+from paddock_hostagent.drivers.storage.rootdisks import Disk
+from paddock_hostagent.host import _start_writeback_early
+
+pytestmark = pytest.mark.root
+
+MIB = 1 << 20
+
+
+def _bdi(device: str) -> Path:
+    rdev = os.stat(device).st_rdev
+    return Path(f"/sys/class/bdi/{os.major(rdev)}:{os.minor(rdev)}")
+
+
+def _written_bytes(device: str) -> int:
+    """What the device has written to the host's disk so far."""
+    fields = Path(f"/sys/block/{os.path.basename(device)}/stat").read_text().split()
+    return int(fields[6]) * 512
+
+
+@pytest.fixture
+def slots(tmp_path: Path) -> Iterator[Path]:
+    """A slots directory whose disk store ``open_store`` made, taken down by ``close_store`` after."""
+    slots_dir = tmp_path / "slots"
+    slots_dir.mkdir()
+    store = asyncio.run(rootdisks.open_store(slots_dir))
+    assert store is not None and mounts.is_mountpoint(store)
+    try:
+        yield slots_dir
+    finally:
+        for image in store.glob("*.img"):
+            image.unlink()
+        asyncio.run(rootdisks.close_store(slots_dir))
+
+
+def _store_device(slots_dir: Path) -> str:
+    (device,) = rootdisks.loops_backing(slots_dir.parent / "disks.xfs")
+    return device
+
+
+def test_a_clone_right_after_its_source_synced_1_gib_writes_back_at_most_the_bound(slots: Path) -> None:
+    store, device = rootdisks.store_dir(slots), _store_device(slots)
+    source = Disk(store / "source.img", slots / "source", "xfs")
+    asyncio.run(rootdisks.format_from_blank(source.image_path, 2048, "xfs", store))
+    asyncio.run(rootdisks.attach(source))
+    try:
+        chunk = os.urandom(MIB)
+        with open(source.upper_dir / "data", "wb") as data:
+            for _ in range(1024):
+                data.write(chunk)
+        mounts.sync_filesystem(source.mount_dir)  # the sandbox's ``sync -f``
+
+        before = _written_bytes(device)
+        rootdisks.clone_file(source.image_path, store / "fork.img")
+        written = _written_bytes(device) - before
+        # Unbounded, the clone wrote back the whole GiB the source had just synced (1,024+ MiB).
+        assert written <= rootdisks.STORE_DIRTY_BYTES + 16 * MIB, (
+            f"the clone wrote back {written / MIB:.0f} MiB"
+        )
+
+        fork = Disk(store / "fork.img", slots / "fork", "xfs")
+        asyncio.run(rootdisks.attach(fork))
+        try:
+            with open(fork.upper_dir / "data", "rb") as copy:
+                assert copy.read(MIB) == chunk and os.fstat(copy.fileno()).st_size == 1024 * MIB
+                copy.seek(1023 * MIB)
+                assert copy.read() == chunk
+        finally:
+            asyncio.run(rootdisks.detach(fork))
+    finally:
+        asyncio.run(rootdisks.detach(source))
+
+
+def test_what_a_sandbox_wrote_without_sync_is_written_back_before_its_fork(slots: Path) -> None:
+    _start_writeback_early()  # as every agent's start does
+    store, device = rootdisks.store_dir(slots), _store_device(slots)
+    source = Disk(store / "source.img", slots / "source", "xfs")
+    asyncio.run(rootdisks.format_from_blank(source.image_path, 1024, "xfs", store))
+    asyncio.run(rootdisks.attach(source))
+    try:
+        chunk = os.urandom(MIB)
+        with open(source.upper_dir / "data", "wb") as data:
+            for _ in range(100):
+                data.write(chunk)
+        time.sleep(3)  # the sandbox goes on; nothing syncs
+
+        before = _written_bytes(device)
+        mounts.sync_filesystem(source.mount_dir)  # what a fork does first
+        rootdisks.clone_file(source.image_path, store / "fork.img")
+        written = _written_bytes(device) - before
+        # With the host's default (10% of memory) nothing had started: the fork wrote all 100 MiB.
+        assert written <= 50 * MIB, f"the fork's sync and clone wrote back {written / MIB:.0f} MiB of 100"
+    finally:
+        asyncio.run(rootdisks.detach(source))
+
+
+def test_the_store_bounds_its_dirty_pages_and_gives_its_device_the_defaults_back(slots: Path) -> None:
+    device = _store_device(slots)
+    bdi = _bdi(device)
+    assert (bdi / "strict_limit").read_text().strip() == "1"
+    # The kernel keeps the bound as a share of the host's dirty threshold: it reads back rounded.
+    assert abs(int((bdi / "max_bytes").read_text()) - rootdisks.STORE_DIRTY_BYTES) < MIB
+
+    # An agent started again finds the store mounted, and bounds it again.
+    (bdi / "strict_limit").write_text("0")
+    assert asyncio.run(rootdisks.open_store(slots)) == rootdisks.store_dir(slots)
+    assert (bdi / "strict_limit").read_text().strip() == "1"
+
+    asyncio.run(rootdisks.close_store(slots))
+    assert not rootdisks.loops_backing(slots.parent / "disks.xfs")
+    assert (bdi / "strict_limit").read_text().strip() == "0"
+    assert (bdi / "max_ratio").read_text().strip() == "100"
