@@ -56,7 +56,7 @@ QUIESCE_REPLAY_BB = 8192
 #: sandbox's disk drops its flushes (``loops.write_through``), so what it syncs stays dirty in its image
 #: file until the host's flusher writes it, and a fork's ``FICLONE`` first writes back all of it: 280-470
 #: ms for 1 GiB just synced on the dev box, against 2-21 ms with this bound. The writeback happens while
-#: the sandbox syncs instead: its ``fsync`` of that 1 GiB took 0.33-0.62 s unbounded and 0.37-0.63 s
+#: the sandbox syncs instead: its ``fsync`` of that 1 GiB took 0.08-0.62 s unbounded and 0.37-0.75 s
 #: bounded, 1,000 O_DSYNC writes of 4 KiB 77-128 ms either way. Beside a sandbox writing flat out, which
 #: now writes at the disk's pace instead of into memory, that fsync took 2.2-2.6 s against 1.3-1.8 s.
 STORE_DIRTY_BYTES = 64 * MIB
