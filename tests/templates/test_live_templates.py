@@ -171,13 +171,16 @@ def test_a_failing_run_fails_with_the_line_and_the_attempt_count(
         http.delete(f"/v1/templates/{created['id']}")
 
 
-def test_deleting_a_building_template_cancels_its_run_step(http: httpx.Client) -> None:
+def test_deleting_a_building_template_cancels_its_run_step(http: httpx.Client, live: LivePlatform) -> None:
+    host_tmp_before = set(Path("/var/tmp").glob("buildah*"))
     dockerfile = "FROM debian:13\nRUN echo started && sleep 347\n"
     created = http.post("/v1/templates", json={"name": "slow", "dockerfile": dockerfile}).json()["data"]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not _running("sleep 347"):
         time.sleep(0.3)
     assert _running("sleep 347"), "the RUN step never started"
+    run_dir = live.agents[0].state_dir / "buildah" / "run"
+    assert list(run_dir.glob("*/tmp/buildah*")), "the RUN step's files are not in the builder's own TMPDIR"
     assert http.get(f"/v1/templates/{created['id']}").json()["data"]["status"] == "building"
     assert http.delete(f"/v1/templates/{created['id']}").json()["data"] == {"ok": True}
     deadline = time.monotonic() + 15
@@ -185,6 +188,14 @@ def test_deleting_a_building_template_cancels_its_run_step(http: httpx.Client) -
         time.sleep(0.2)
     assert not _running("sleep 347"), "the RUN step survived the delete"
     assert http.get(f"/v1/templates/{created['id']}").status_code == 404
+    # The killed RUN step's own directory (its config.json, hosts, root mount point) is buildah's
+    # TMPDIR in the builder's run directory, removed once the build lets its store go; before, it was
+    # left in the host's /var/tmp for good.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and list(run_dir.glob("*/tmp/*")):
+        time.sleep(0.3)
+    assert not list(run_dir.glob("*/tmp/*")), "the RUN step's files stayed"
+    assert set(Path("/var/tmp").glob("buildah*")) <= host_tmp_before, "buildah wrote to the host's /var/tmp"
 
 
 def test_run_steps_cannot_reach_the_host(http: httpx.Client) -> None:

@@ -80,6 +80,10 @@ class Buildah:
         self.runtime = runtime
         self.storage = root if runroot is not None else root / "storage"
         self.runroot = runroot if runroot is not None else root / "run"
+        #: buildah's own temporary files (its ``TMPDIR``): a RUN step's ``config.json``, ``hosts`` and
+        #: root mount point. Left to buildah's default, ``/var/tmp``, a killed build (a delete, a time
+        #: limit) left its RUN step's directory there for good; here ``release`` removes what is left.
+        self.tmpdir = self.runroot / "tmp"
         self._base_lock = asyncio.Lock()
         #: Tags known to be in storage: ``has_image`` spawns buildah (1-2 s on a loaded host) only for
         #: the others. ``forget`` drops one whose build failed, in case storage lost it.
@@ -88,6 +92,10 @@ class Buildah:
     @staticmethod
     def available() -> bool:
         return shutil.which("buildah") is not None
+
+    def _env(self) -> dict[str, str]:
+        self.tmpdir.mkdir(parents=True, exist_ok=True)
+        return {**os.environ, "TMPDIR": str(self.tmpdir)}
 
     def _argv(self, *args: str, netns: Path | None = None) -> list[str]:
         enter = ["nsenter", f"--net={netns}", "--"] if netns is not None else []
@@ -110,6 +118,7 @@ class Buildah:
         returns (rc, last lines)."""
         process = await asyncio.create_subprocess_exec(
             *self._argv(*args, netns=netns),
+            env=self._env(),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -263,6 +272,7 @@ class Buildah:
         # inspect prints one JSON document: read it whole (``_run`` keeps only the last lines).
         process = await asyncio.create_subprocess_exec(
             *self._argv("inspect", "--type", "image", tag),
+            env=self._env(),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
         )
@@ -309,6 +319,24 @@ class Buildah:
                 "umount", "-l", point, stderr=asyncio.subprocess.DEVNULL
             )
             await process.wait()
+        await asyncio.to_thread(self._remove_temporary_files)
+
+    def _remove_temporary_files(self) -> None:
+        """Empties buildah's ``TMPDIR`` of what killed builds left. Never below a mount point still there
+        (a RUN step's root is the tenant's tree): such an entry stays, for the next release."""
+        try:
+            entries = list(self.tmpdir.iterdir())
+        except FileNotFoundError:
+            return
+        mounted = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        for entry in entries:
+            if any(point == str(entry) or point.startswith(f"{entry}/") for point in mounted):
+                log.warning("builder_temporary_files_kept", path=str(entry), reason="a mount is still below")
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def _containers(self) -> int | None:
         """How many working containers the store lists (None: unknown)."""
