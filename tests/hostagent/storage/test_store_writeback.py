@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from paddock_hostagent.drivers.storage import mounts, rootdisks
+from paddock_hostagent.drivers.storage import loops, mounts, rootdisks
 from paddock_hostagent.drivers.storage.rootdisks import Disk
 from paddock_hostagent.host import _start_writeback_early
 
@@ -132,3 +132,10 @@ def test_the_store_bounds_its_dirty_pages_and_gives_its_device_the_defaults_back
     assert not rootdisks.loops_backing(slots.parent / "disks.xfs")
     assert (bdi / "strict_limit").read_text().strip() == "0"
     assert (bdi / "max_ratio").read_text().strip() == "100"
+
+
+def test_a_device_without_those_knobs_is_left_as_it_is() -> None:
+    """Before Linux 6.2 a device's writeback domain has no ``strict_limit`` or ``max_bytes``: the store
+    then opens unbounded (the agent logs it) rather than failing the agent's start."""
+    assert not Path("/sys/class/bdi/1:3").exists()  # /dev/null's numbers: a device with no such domain
+    assert loops.bound_dirty("/dev/null", rootdisks.STORE_DIRTY_BYTES) is False

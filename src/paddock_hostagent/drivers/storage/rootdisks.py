@@ -665,7 +665,7 @@ def _bound_store_dirty(device: str) -> None:
     store: where the state directory's filesystem clones, it is the host's disk, whose writeback is
     the operator's to tune."""
     if not loops.bound_dirty(device, STORE_DIRTY_BYTES):
-        log.warning("disk_store_dirty_unbounded", reason="the kernel has no strict_limit for its loop device")
+        log.warning("disk_store_dirty_unbounded", reason="the kernel has no strict_limit or max_bytes for it")
 
 
 def _remove_orphan_images(directory: Path, slots_dir: Path) -> None:
