@@ -13,6 +13,7 @@ the sandbox goes on, not in its fork's ``syncfs``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -60,16 +61,26 @@ def _store_device(slots_dir: Path) -> str:
     return device
 
 
-def test_a_clone_right_after_its_source_synced_1_gib_writes_back_at_most_the_bound(slots: Path) -> None:
-    store, device = rootdisks.store_dir(slots), _store_device(slots)
+@contextlib.contextmanager
+def _source(slots: Path, disk_mib: int, written_mib: int) -> Iterator[tuple[Disk, bytes]]:
+    """A sandbox disk in the store that has just written ``written_mib`` of one random MiB, unsynced."""
+    store = rootdisks.store_dir(slots)
     source = Disk(store / "source.img", slots / "source", "xfs")
-    asyncio.run(rootdisks.format_from_blank(source.image_path, 2048, "xfs", store))
+    asyncio.run(rootdisks.format_from_blank(source.image_path, disk_mib, "xfs", store))
     asyncio.run(rootdisks.attach(source))
     try:
         chunk = os.urandom(MIB)
         with open(source.upper_dir / "data", "wb") as data:
-            for _ in range(1024):
+            for _ in range(written_mib):
                 data.write(chunk)
+        yield source, chunk
+    finally:
+        asyncio.run(rootdisks.detach(source))
+
+
+def test_a_clone_right_after_its_source_synced_1_gib_writes_back_at_most_the_bound(slots: Path) -> None:
+    store, device = rootdisks.store_dir(slots), _store_device(slots)
+    with _source(slots, 2048, 1024) as (source, chunk):
         mounts.sync_filesystem(source.mount_dir)  # the sandbox's ``sync -f``
 
         before = _written_bytes(device)
@@ -89,21 +100,12 @@ def test_a_clone_right_after_its_source_synced_1_gib_writes_back_at_most_the_bou
                 assert copy.read() == chunk
         finally:
             asyncio.run(rootdisks.detach(fork))
-    finally:
-        asyncio.run(rootdisks.detach(source))
 
 
 def test_what_a_sandbox_wrote_without_sync_is_written_back_before_its_fork(slots: Path) -> None:
     _start_writeback_early()  # as every agent's start does
     store, device = rootdisks.store_dir(slots), _store_device(slots)
-    source = Disk(store / "source.img", slots / "source", "xfs")
-    asyncio.run(rootdisks.format_from_blank(source.image_path, 1024, "xfs", store))
-    asyncio.run(rootdisks.attach(source))
-    try:
-        chunk = os.urandom(MIB)
-        with open(source.upper_dir / "data", "wb") as data:
-            for _ in range(100):
-                data.write(chunk)
+    with _source(slots, 1024, 100) as (source, _):
         time.sleep(3)  # the sandbox goes on; nothing syncs
 
         before = _written_bytes(device)
@@ -112,8 +114,6 @@ def test_what_a_sandbox_wrote_without_sync_is_written_back_before_its_fork(slots
         written = _written_bytes(device) - before
         # With the host's default (10% of memory) nothing had started: the fork wrote all 100 MiB.
         assert written <= 50 * MIB, f"the fork's sync and clone wrote back {written / MIB:.0f} MiB of 100"
-    finally:
-        asyncio.run(rootdisks.detach(source))
 
 
 def test_the_store_bounds_its_dirty_pages_and_gives_its_device_the_defaults_back(slots: Path) -> None:
