@@ -170,17 +170,19 @@ def test_a_half_written_snapshot_is_removed_when_the_agent_starts_and_never_boot
 def test_an_agent_killed_in_the_middle_of_a_snapshot_leaves_the_source_usable_and_no_snapshot(
     platform: LivePlatform, user: User
 ) -> None:
-    """SIGKILL of the host agent while a snapshot's copy is under way (its ``syncfs`` writing back a large
-    write): the source runs again once the agent is back, with its files; the half-made copy is removed
-    and never listed, and the request that asked for it failed."""
+    """SIGKILL of the host agent while a snapshot is under way (its source frozen for the copy, after a
+    large write): the source runs again once the agent is back, with its files; the half-made copy is
+    removed and never listed, and the request that asked for it failed."""
     source = user.create(shape="s-2vcpu-2gb", disk_mib=4096)
     sid = source["id"]
     user.sh(sid, "echo kept > /root/kept.txt; sync")
     agent = platform.agents[0]
     snapshots = agent.state_dir / "disks" / "snapshots"
-    # A gVisor source is synced from inside before the marker is written, so the copy after it can end
-    # before the kill lands (CI saw it once): that snapshot is whole, and of no use here. It is deleted
-    # and the kill tried again, on a new large write.
+    # The agent is stopped (SIGSTOP) as soon as the snapshot marks its source frozen, then killed. The
+    # copy no longer waits on a writeback of the large write (the host writes it back as it is made),
+    # so it takes milliseconds and a kill some time after the marker found it done. A snapshot made
+    # between two looks at the marker is whole, and of no use here: it is deleted and the kill tried
+    # again, on a new large write.
     for _ in range(3):
         user.sh(sid, "head -c 1200M /dev/zero | tr '\\0' x > /root/dirty.bin")
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -188,15 +190,19 @@ def test_an_agent_killed_in_the_middle_of_a_snapshot_leaves_the_source_usable_an
             deadline = time.monotonic() + 20
             while not list(snapshots.glob(".partial-snap_*/thaw-source")) and time.monotonic() < deadline:
                 time.sleep(0.002)
+            started = bool(list(snapshots.glob(".partial-snap_*/thaw-source")))
+            if started and agent.process is not None:
+                agent.process.send_signal(signal.SIGSTOP)  # its threads stop where they are, mid-snapshot
+            assert started, "the snapshot never started"
             partial = list(snapshots.glob(".partial-snap_*"))
-            assert partial, "the snapshot never started"
-            time.sleep(0.05)  # the source is frozen, its filesystem syncing 1.2 GB
             agent.stop(signal.SIGKILL)
             answered = asked.result(timeout=60)
-        if answered.status_code != 200:
+        if partial and answered.status_code != 200:
             break
-        agent.start()  # made before the kill: whole, listed, and removed to try again
-        assert user.http.delete(f"/v1/snapshots/{answered.json()['data']['id']}").status_code == 200
+        agent.start()  # made before the kill: whole, and removed to try again
+        if answered.status_code == 200:
+            assert user.http.delete(f"/v1/snapshots/{answered.json()['data']['id']}").status_code == 200
+    assert partial, "every snapshot was made before the agent could be stopped"
     assert answered.status_code >= 500, answered.text  # the host went away in the middle
     assert partial[0].exists() and not (snapshots / partial[0].name.removeprefix(".partial-")).exists()
     agent.start()
