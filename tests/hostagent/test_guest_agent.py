@@ -48,6 +48,25 @@ def guest(guest_binary_dir: Path, tmp_path: Path) -> Iterator[tuple[GuestClient,
     finally:
         process.kill()
         process.wait()
+        # Its handlers and process manager die with it (PR_SET_PDEATHSIG), also when it is killed
+        # right after it started listening, as test_a_dead_agent_is_reported_as_unavailable does.
+        deadline = time.monotonic() + 2
+        while _processes_of(socket_path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _processes_of(socket_path), "a guest agent's child outlived it"
+
+
+def _processes_of(socket_path: Path) -> list[int]:
+    """Processes of the guest agent that listens on ``socket_path`` (its children keep its command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(socket_path).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def _listening(socket_path: Path) -> bool:
