@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from paddock_core.http import current_request_id
 from paddock_hostagent.client import HostAgentClient, UnknownImageError
+from paddock_hostagent.drivers.storage import mounts, rootdisks
 from paddock_hostagent.host import kvm_usable, prepare_host
 from paddock_hostagent.schemas import CreateSandboxBody, ForkBody
 from paddock_hostagent.settings import HostAgentSettings
@@ -67,6 +68,35 @@ async def test_a_restarted_agent_readopts_running_and_paused_sandboxes(make_agen
         assert fresh["ip"] not in {running["ip"], paused["ip"]}
         await tracker.destroy_all()
         assert await host.list_sandboxes() == []
+
+
+async def test_an_agent_killed_while_a_disk_was_frozen_leaves_it_writable_and_removable(
+    make_agent: Any,
+) -> None:
+    """An agent killed between a ``FIFREEZE`` and its ``FITHAW`` (a fork's or a snapshot's quiesce, a
+    grow writing its superblock home) left the sandbox's filesystem frozen: the sandbox's writes
+    waited for good, and a freeze holds the filesystem past its unmount, so the destroy left it, its
+    loop device and the disk store on the host until a reboot. The next agent thaws what it adopts."""
+    agent: AgentProcess = make_agent()
+    agent.start()
+    async with agent.client() as host:
+        tracker = Sandboxes(host, agent)
+        sandbox = await tracker.create(name="frozen")
+        await sh(host, sandbox["id"], "echo before > /root/state")
+        slot = agent.record(sandbox["id"])["driver_state"]["slot"]
+        mounts.freeze_filesystem(Path(slot["disk_mount"]))  # where a killed quiesce stops
+    agent.stop(signal.SIGKILL)
+    agent.start()
+
+    async with agent.client() as host:
+        tracker.host = host
+        written = await asyncio.wait_for(
+            sh(host, sandbox["id"], "echo after > /root/state; sync; cat /root/state"), 20
+        )
+        assert written["stdout"] == "after\n"
+        await tracker.destroy_all()
+    # A frozen filesystem keeps its loop device open past the unmount: still bound to the image.
+    assert not rootdisks.loops_backing(Path(slot["disk_image"])), "the destroyed sandbox's disk outlived it"
 
 
 async def test_a_pause_or_resume_answered_right_before_a_crash_holds_after_the_restart(

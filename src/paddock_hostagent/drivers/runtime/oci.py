@@ -266,7 +266,7 @@ class OciRuntime(SandboxRuntime):
         """Adopts the records' sandboxes; hibernated ones are not sandboxes here (nothing of them runs,
         ``settle_hibernations`` has taken care of them)."""
         mine = [record for record in records if record.driver == self.name and hibernation_of(record) is None]
-        self._thaw_snapshot_sources(mine)
+        self._thaw_what_a_killed_agent_froze(mine)
         states = {record.id: self.probe(record) for record in mine}
         owned = await self._reclaim(mine)
         # Sandboxes of another driver (a host switched from the VM tier) keep their addresses until
@@ -287,9 +287,12 @@ class OciRuntime(SandboxRuntime):
             await self._stop_container(_Handle.of(record))
         await self._reclaim(mine)
 
-    def _thaw_snapshot_sources(self, mine: list[SandboxRecord]) -> None:
+    def _thaw_what_a_killed_agent_froze(self, mine: list[SandboxRecord]) -> None:
         """A snapshot an earlier agent died writing may have left its source frozen for the copy: that
-        source runs again (the half-made snapshot itself is removed when the store opens)."""
+        source runs again (the half-made snapshot itself is removed when the store opens). Every disk
+        is thawed too: an agent killed in a fork's or a snapshot's quiesce left its filesystem frozen."""
+        for record in mine:
+            mounts.thaw_if_frozen(_Handle.of(record).slot.disk.mount_dir)
         running = {record.id: record for record in mine if record.state == RuntimeState.RUNNING}
         for marker in self.snapshots_dir.glob(f"{rootdisks.PARTIAL_SNAPSHOT_PREFIX}*/{THAW_MARKER}"):
             with contextlib.suppress(OSError):
@@ -729,7 +732,7 @@ class OciRuntime(SandboxRuntime):
         goes and a sandbox frozen for it runs again. Never a sandbox half-hibernated."""
         by_id = {record.id: record for record in records if record.driver == self.name}
         # The store is not opened here: opening it removes half-made snapshots, whose marks
-        # ``_thaw_snapshot_sources`` reads first. Not mounted (after a reboot), nothing of a hibernation
+        # ``_thaw_what_a_killed_agent_froze`` reads first. Not mounted (after a reboot), nothing of a hibernation
         # can be running; its leftovers go at the next start, or with the sandbox.
         base = self.hibernated_dir
         for record in by_id.values():

@@ -3,6 +3,7 @@ create path."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -168,6 +169,18 @@ def thaw_filesystem(mount_dir: Path) -> None:
     except CommandFailedError as exc:
         if exc.returncode != errno.EINVAL:  # EINVAL: it was not frozen
             raise
+
+
+def thaw_if_frozen(mount_dir: Path) -> None:
+    """Thaws the filesystem mounted at ``mount_dir`` if something froze it; nothing when no filesystem
+    is mounted there. An agent killed between a ``FIFREEZE`` and its ``FITHAW`` (a fork's or a
+    snapshot's quiesce, a grow writing its superblock home) leaves the filesystem frozen: its
+    sandbox's writes wait for good, and since a freeze holds the filesystem, unmounting it only hides
+    it, keeping its loop device and the disk store under it alive until the host reboots."""
+    if not is_mountpoint(mount_dir):
+        return
+    with contextlib.suppress(CommandFailedError):
+        thaw_filesystem(mount_dir)
 
 
 def _fs_ioctl(mount_dir: Path, request: int) -> None:

@@ -199,6 +199,7 @@ def guest_is_current(disk: Disk, binary: Path) -> bool:
 
 async def detach(disk: Disk) -> None:
     """Unmounts and frees the loop device; each step tolerates having been done already."""
+    mounts.thaw_if_frozen(disk.mount_dir)
     mounts.unmount(disk.mount_dir)
     # The recorded device, or (for a slot whose record was never written) whatever backs onto the file.
     devices = [disk.loop_device] if disk.loop_device else loops_backing(disk.image_path)

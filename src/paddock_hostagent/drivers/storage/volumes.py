@@ -302,6 +302,7 @@ class VolumeStore:
         """Unmounts the host's mount and frees the loop device. A sandbox that still holds a copy keeps
         the filesystem alive; the kernel frees the loop once that copy goes too (autoclear)."""
         point = self.mount_dir(volume_id)
+        await asyncio.to_thread(mounts.thaw_if_frozen, point)
         await asyncio.to_thread(mounts.unmount, point)
         device = self.device_of(volume_id)
         if device is not None:
