@@ -291,8 +291,8 @@ class OciRuntime(SandboxRuntime):
         """A snapshot an earlier agent died writing may have left its source frozen for the copy: that
         source runs again (the half-made snapshot itself is removed when the store opens). Every disk
         is thawed too: an agent killed in a fork's or a snapshot's quiesce left its filesystem frozen."""
-        for record in mine:
-            mounts.thaw_if_frozen(_Handle.of(record).slot.disk.mount_dir)
+        for adopted in mine:
+            mounts.thaw_if_frozen(_Handle.of(adopted).slot.disk.mount_dir)
         running = {record.id: record for record in mine if record.state == RuntimeState.RUNNING}
         for marker in self.snapshots_dir.glob(f"{rootdisks.PARTIAL_SNAPSHOT_PREFIX}*/{THAW_MARKER}"):
             with contextlib.suppress(OSError):
