@@ -6,7 +6,6 @@ The same steps as a shell snippet, for an operator preparing a machine by hand::
     mountpoint -q /sys/fs/cgroup/hugetlb || mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb
     sysctl -w net.ipv4.ip_forward=1
     sysctl -w fs.inotify.max_user_instances=8192 fs.inotify.max_user_watches=1048576  # floors
-    sysctl -w vm.dirty_background_bytes=16777216  # a ceiling: a lower value is kept
     grep -qw overlay /proc/filesystems || modprobe overlay
     test -e /dev/loop-control || modprobe loop
     mkdir -p /run/netns
@@ -156,7 +155,6 @@ def prepare_machine(
     platform = choose_runsc_platform(runsc_platform) if runtime == "runsc" else ""
     Path("/run/netns").mkdir(parents=True, exist_ok=True)
     _raise_inotify_limits()
-    _start_writeback_early()
     if network is not None:
         network.setup_host()
     else:
@@ -180,26 +178,6 @@ def _raise_inotify_limits(directory: Path = Path("/proc/sys/fs/inotify")) -> Non
         with contextlib.suppress(OSError, ValueError):
             if int(path.read_text()) < floor:
                 path.write_text(f"{floor}\n")
-
-
-#: Ceiling for the dirty bytes at which the host starts writing back in the background.
-DIRTY_BACKGROUND_CEILING = 16 << 20
-
-
-def _start_writeback_early(path: Path = Path("/proc/sys/vm/dirty_background_bytes")) -> None:
-    """The host starts writing dirty pages back once 16 MiB are dirty, not 10% of its memory (2.4 GiB
-    on the dev box). A sandbox's disk is a file in the disk store, its flushes dropped
-    (``loops.write_through``): what a tenant writes, synced or not, waits dirty in the page cache,
-    first its filesystem's, then its image file's, until the host's flusher takes it. A fork (or a
-    snapshot) must write all of that back first, in its ``syncfs`` and its ``FICLONE``: for 100 MiB
-    written just before a fork, those two phases took 44-45 ms on the dev box, against 7-8 ms with
-    writeback already running while the tenant wrote (``bench.fork_after_write``). No writer is slowed for it: throttling still starts where it did
-    (``vm.dirty_ratio``); the store bounds its own share (``rootdisks.STORE_DIRTY_BYTES``). A lower
-    value an operator set is kept."""
-    with contextlib.suppress(OSError, ValueError):
-        current = int(path.read_text())
-        if current == 0 or current > DIRTY_BACKGROUND_CEILING:  # 0: the ratio applies instead
-            path.write_text(f"{DIRTY_BACKGROUND_CEILING}\n")
 
 
 def network_manager(settings: HostAgentSettings) -> NetworkManager:

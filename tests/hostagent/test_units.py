@@ -12,12 +12,7 @@ from paddock_hostagent.drivers.base import CapacityError, RuntimeState, SandboxR
 from paddock_hostagent.drivers.net.network import AddressAllocator, host_nameservers
 from paddock_hostagent.drivers.runtime.cgroups import CgroupLayout, SandboxCgroup
 from paddock_hostagent.drivers.runtime.ocispec import BundleSpec, cpu_quota_us, runtime_config
-from paddock_hostagent.host import (
-    DIRTY_BACKGROUND_CEILING,
-    INOTIFY_FLOORS,
-    _raise_inotify_limits,
-    _start_writeback_early,
-)
+from paddock_hostagent.host import INOTIFY_FLOORS, _raise_inotify_limits
 from paddock_hostagent.settings import HostAgentSettings
 
 PROC_CGROUP = """\
@@ -161,20 +156,3 @@ def test_the_host_inotify_limits_are_raised_to_their_floors_and_never_lowered(tm
     _raise_inotify_limits(tmp_path)
     assert int((tmp_path / "max_user_instances").read_text()) == INOTIFY_FLOORS["max_user_instances"] == 8192
     assert int((tmp_path / "max_user_watches").read_text()) == 4000000
-
-
-@pytest.mark.parametrize(
-    ("before", "after"),
-    [
-        ("0", DIRTY_BACKGROUND_CEILING),  # Debian's default: 10% of memory (the ratio) applies
-        ("1073741824", DIRTY_BACKGROUND_CEILING),
-        ("4194304", 4194304),  # an operator's lower value is kept
-    ],
-)
-def test_the_host_starts_writing_back_once_16_mib_are_dirty(tmp_path: Path, before: str, after: int) -> None:
-    """What tenants write waits dirty in the host's page cache until its flusher takes it, and a fork
-    writes back whatever is still dirty: the agent makes the flusher start at 16 MiB at most."""
-    path = tmp_path / "dirty_background_bytes"
-    path.write_text(before + "\n")
-    _start_writeback_early(path)
-    assert int(path.read_text()) == after

@@ -5,9 +5,6 @@ file, in the store. ``FICLONE`` writes a file's dirty pages back before sharing 
 right after its source synced 1 GiB wrote that 1 GiB to the host's disk inside the fork (280-470 ms
 here). ``open_store`` bounds what the store's loop device holds dirty (``rootdisks.STORE_DIRTY_BYTES``),
 so that writeback happens while the sandbox writes and syncs, and the clone finds at most the bound.
-What a sandbox wrote without syncing waits dirty in its own filesystem; the agent has the host start
-writing back once 16 MiB are dirty (``host._start_writeback_early``), so that too is written back while
-the sandbox goes on, not in its fork's ``syncfs``.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +19,6 @@ import pytest
 
 from paddock_hostagent.drivers.storage import loops, mounts, rootdisks
 from paddock_hostagent.drivers.storage.rootdisks import Disk
-from paddock_hostagent.host import _start_writeback_early
 
 pytestmark = pytest.mark.root
 
@@ -100,20 +95,6 @@ def test_a_clone_right_after_its_source_synced_1_gib_writes_back_at_most_the_bou
                 assert copy.read() == chunk
         finally:
             asyncio.run(rootdisks.detach(fork))
-
-
-def test_what_a_sandbox_wrote_without_sync_is_written_back_before_its_fork(slots: Path) -> None:
-    _start_writeback_early()  # as every agent's start does
-    store, device = rootdisks.store_dir(slots), _store_device(slots)
-    with _source(slots, 1024, 100) as (source, _):
-        time.sleep(3)  # the sandbox goes on; nothing syncs
-
-        before = _written_bytes(device)
-        mounts.sync_filesystem(source.mount_dir)  # what a fork does first
-        rootdisks.clone_file(source.image_path, store / "fork.img")
-        written = _written_bytes(device) - before
-        # With the host's default (10% of memory) nothing had started: the fork wrote all 100 MiB.
-        assert written <= 50 * MIB, f"the fork's sync and clone wrote back {written / MIB:.0f} MiB of 100"
 
 
 def test_the_store_bounds_its_dirty_pages_and_gives_its_device_the_defaults_back(slots: Path) -> None:
