@@ -25,11 +25,6 @@ pytestmark = pytest.mark.root
 MIB = 1 << 20
 
 
-def _bdi(device: str) -> Path:
-    rdev = os.stat(device).st_rdev
-    return Path(f"/sys/class/bdi/{os.major(rdev)}:{os.minor(rdev)}")
-
-
 def _written_bytes(device: str) -> int:
     """What the device has written to the host's disk so far."""
     fields = Path(f"/sys/block/{os.path.basename(device)}/stat").read_text().split()
@@ -99,7 +94,7 @@ def test_a_clone_right_after_its_source_synced_1_gib_writes_back_at_most_the_bou
 
 def test_the_store_bounds_its_dirty_pages_and_gives_its_device_the_defaults_back(slots: Path) -> None:
     device = _store_device(slots)
-    bdi = _bdi(device)
+    bdi = loops.bdi_dir(device)
     assert (bdi / "strict_limit").read_text().strip() == "1"
     # The kernel keeps the bound as a share of the host's dirty threshold: it reads back rounded.
     assert abs(int((bdi / "max_bytes").read_text()) - rootdisks.STORE_DIRTY_BYTES) < MIB

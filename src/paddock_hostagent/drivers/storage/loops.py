@@ -80,7 +80,7 @@ def bound_dirty(device: str, limit_bytes: int) -> bool:
     about three quarters of it the kernel writes back in the background and slows the writers down to
     the device's pace, whatever the rest of the host holds dirty. False where the kernel has no such
     knobs (before 6.2) or refuses them: the host's global thresholds alone apply then."""
-    bdi = _bdi(device)
+    bdi = bdi_dir(device)
     try:
         (bdi / "max_bytes").write_text(str(limit_bytes))
         (bdi / "strict_limit").write_text("1")
@@ -93,13 +93,14 @@ def unbound_dirty(device: str) -> None:
     """Gives ``device``'s writeback domain the kernel's defaults back (no strict limit, a share of up
     to all of the host's dirty threshold): a loop device's number, and these settings with it, serve
     whatever file is attached to it next."""
-    bdi = _bdi(device)
+    bdi = bdi_dir(device)
     with contextlib.suppress(OSError):
         (bdi / "strict_limit").write_text("0")
         (bdi / "max_ratio").write_text("100")
 
 
-def _bdi(device: str) -> Path:
+def bdi_dir(device: str) -> Path:
+    """The block device's writeback domain in sysfs (``/sys/class/bdi/<major>:<minor>``)."""
     rdev = os.stat(device).st_rdev
     return Path(f"/sys/class/bdi/{os.major(rdev)}:{os.minor(rdev)}")
 
