@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import httpx
 import pytest
 
+from paddock_hostagent.drivers.storage import mounts
 from tests.live import LivePlatform
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -197,6 +198,8 @@ def test_a_volume_outlives_destroy_an_agent_sigkill_and_a_reboot(
     account.out(second, "echo two > /mnt/vol/two.txt")
 
     agent = platform.agents[0]
+    # Killed in the middle of a snapshot's copy of the volume, which freezes its filesystem meanwhile.
+    mounts.freeze_filesystem(agent.state_dir / "volumes" / vid / "mnt")
     agent.stop(signal.SIGKILL)
     agent.start()
     wait_host(platform, account)

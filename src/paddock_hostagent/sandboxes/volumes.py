@@ -466,6 +466,8 @@ class Volumes:
                     pass  # a VM's drive: never mounted on the host
                 elif kept:
                     await self.store.mount_on_host(meta.id)
+                    # An agent killed in a snapshot's copy of the volume left it frozen (``_copy_image``).
+                    await asyncio.to_thread(mounts.thaw_if_frozen, self.store.mount_dir(meta.id))
                 else:
                     await self._unmount_on_host(meta.id)
             except DriverError as exc:
