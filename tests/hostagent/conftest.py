@@ -16,6 +16,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,16 +58,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def private_subnet() -> str:
-    """A /24 no agent on this machine routes yet (another test run's agents included): two agents on one
+    """A /24 no agent on this machine uses yet (another test run's agents included): two agents on one
     /24 each install a guard that drops the other's sandbox replies, and a connection to a sandbox then
-    hangs. The pid spreads concurrent runs apart; the routing table skips /24s already in use."""
+    hangs; the second one's resolver cannot even bind its gateway's port 53.
+
+    Each pytest worker picks in a slice of its own (as ``tests/ports.py`` does for ports): CI saw three
+    agents of two workers fail to start at once with "address already in use" on that port, the /24
+    picked by both before either had routed it. The pid spreads runs one after the other apart; a /24
+    already routed, or whose gateway's DNS port is bound (an agent that has not routed it yet), is
+    skipped."""
     routes = subprocess.run(["ip", "-4", "-o", "route", "show"], capture_output=True, text=True).stdout
     taken = {int(m) for m in re.findall(r"\b10\.252\.(\d+)\.", routes)}
-    for _ in range(250):
-        index = (os.getpid() * 7 + next(_subnet_counter)) % 250
-        if index not in taken:
+    for _ in range(len(_subnets)):
+        index = _subnets[(os.getpid() * 7 + next(_subnet_counter)) % len(_subnets)]
+        if index not in taken and _resolver_port_free(f"10.252.{index}.1"):
             return f"10.252.{index}.0/24"
-    raise AssertionError(f"every 10.252.x.0/24 is routed already: {sorted(taken)}")
+    raise AssertionError(f"every 10.252.x.0/24 of {_subnets} is in use already: {sorted(taken)}")
+
+
+def _worker_subnets() -> range:
+    """The third octets this pytest worker picks from: 250 split in ``_SUBNET_SLICES``."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else os.getpid()
+    size = 250 // _SUBNET_SLICES
+    start = (index % _SUBNET_SLICES) * size
+    return range(start, start + size)
+
+
+def _resolver_port_free(gateway: str) -> bool:
+    """Whether an agent's resolver could bind ``gateway``:53 now (UDP, as ``drivers/net/dns.py`` binds
+    it: ``IP_FREEBIND``, the address need not exist yet)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.setsockopt(socket.IPPROTO_IP, _IP_FREEBIND, 1)
+        try:
+            probe.bind((gateway, 53))
+        except OSError:
+            return False
+    return True
+
+
+_SUBNET_SLICES = 5
+_IP_FREEBIND = 15
+_subnets = _worker_subnets()
 
 
 @pytest.fixture(scope="session")
