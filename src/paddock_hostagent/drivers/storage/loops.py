@@ -74,19 +74,28 @@ def write_through(device: str) -> None:
         raise CommandFailedError(["write_cache", device], exc.errno or 1, str(exc)) from exc
 
 
-def bound_dirty(device: str, limit_bytes: int) -> bool:
+def bound_dirty(device: str, limit_bytes: int, *, strict: bool = True) -> bool:
     """Holds what the page cache keeps dirty for files on ``device``'s filesystem to ``limit_bytes``
     (the device's writeback domain in ``/sys/class/bdi``: ``strict_limit`` and ``max_bytes``). Past
     about three quarters of it the kernel writes back in the background and slows the writers down to
     the device's pace, whatever the rest of the host holds dirty. False where the kernel has no such
-    knobs (before 6.2) or refuses them: the host's global thresholds alone apply then."""
+    knobs (before 6.2) or refuses them: the host's global thresholds alone apply then. ``strict=False``
+    sets the limit but leaves it lifted (``strict_dirty``)."""
     bdi = bdi_dir(device)
     try:
         (bdi / "max_bytes").write_text(str(limit_bytes))
-        (bdi / "strict_limit").write_text("1")
+        (bdi / "strict_limit").write_text("1" if strict else "0")
     except OSError:
         return False
     return True
+
+
+def strict_dirty(device: str, strict: bool) -> None:
+    """Holds ``device``'s writeback domain to its ``max_bytes`` again, or lets it go for a while:
+    without ``strict_limit`` the kernel paces its writers only when the whole host is past its dirty
+    threshold. Best effort, as ``bound_dirty``: a device gone meanwhile is left alone."""
+    with contextlib.suppress(OSError):
+        (bdi_dir(device) / "strict_limit").write_text("1" if strict else "0")
 
 
 def unbound_dirty(device: str) -> None:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import CommandFailedError, DriverError, UnsupportedError
-from paddock_hostagent.drivers.storage import loops, mounts, xfsreadahead
+from paddock_hostagent.drivers.storage import loops, mounts, writeback, xfsreadahead
 from paddock_hostagent.drivers.system.commands import run
 
 log = get_logger(__name__)
@@ -52,18 +52,6 @@ _NO_CLONE = {errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EP
 #: backlog, so it pays from about 6,000 blocks on. The source's tasks are already frozen (its cgroup)
 #: and the freeze lasts only the clone.
 QUIESCE_REPLAY_BB = 8192
-#: What the store's own loop device may hold dirty in the host's page cache (``loops.bound_dirty``). A
-#: sandbox's disk drops its flushes (``loops.write_through``), so what it syncs stays dirty in its image
-#: file until the host's flusher writes it, and a fork's ``FICLONE`` first writes back all of it: 280-470
-#: ms for 1 GiB just synced on the dev box, against 2-21 ms with this bound. The writeback happens while
-#: the sandbox syncs instead: its ``fsync`` of that 1 GiB took 0.08-0.62 s unbounded and 0.37-0.75 s
-#: bounded, 1,000 O_DSYNC writes of 4 KiB 77-128 ms either way. Beside a sandbox writing flat out, which
-#: now writes at the disk's pace instead of into memory, that fsync took 2.2-2.6 s against 1.3-1.8 s.
-#: The host's own background threshold (``vm.dirty_background_bytes``) is left as it is: lowered to 16
-#: MiB it took a fork after 100 MiB unsynced from 82 to 46 ms, but under cgroup v1 the flusher's writes
-#: are no sandbox's, and it then wrote most of a sandbox's ``dd conv=fsync`` before the fsync did, past
-#: the sandbox's disk throttle (38 MiB/s against 20: ``test_disk_throttle_holds_direct_and_synced_io``).
-STORE_DIRTY_BYTES = 64 * MIB
 
 
 def has_capability(bit: int) -> bool:
@@ -293,13 +281,13 @@ async def clone_disk(
                 return
         elif mounted:
             unmounting = loop.run_in_executor(None, mounts.unmount, disk.mount_dir)
-            syncing = loop.run_in_executor(None, mounts.sync_filesystem, source.mount_dir)
+            syncing = loop.run_in_executor(None, writeback.sync_copied, source.mount_dir, source.image_path)
             await _while_running(meanwhile, unmounting, syncing)
             await asyncio.gather(unmounting, syncing)
             step("sync")
         else:  # a slot built without a disk
             meanwhile()
-            await asyncio.to_thread(mounts.sync_filesystem, source.mount_dir)
+            await asyncio.to_thread(writeback.sync_copied, source.mount_dir, source.image_path)
             step("sync")
         shape = await _replace_image(source, disk, step)
         step("clone")
@@ -330,7 +318,7 @@ def _clone_and_mount(
     """``clone_disk`` in one thread, for a disk whose loop device is free: sync, clone, release, mount.
     False (nothing done but the sync) when something still holds the device or the store cannot clone:
     ``clone_disk`` then takes the long way."""
-    mounts.sync_filesystem(source.mount_dir)
+    writeback.sync_copied(source.mount_dir, source.image_path)
     step("sync")
     if not _device_free(disk.loop_device):
         return False
@@ -389,7 +377,8 @@ def _clone_for_mount(
         or xfsreadahead.superblock_blocks(source.image_path) != shape.data_blocks
     )
     if quiesce:
-        mounts.freeze_filesystem(source.mount_dir)
+        with writeback.lifted():  # the freeze's writes are the source's, as its sync's
+            mounts.freeze_filesystem(source.mount_dir)
         step("quiesce")
         log = xfsreadahead.log_position(source.loop_device)  # the freeze moved the tail up to the head
     try:
@@ -475,7 +464,7 @@ def snapshot_image(source: Disk, target: Path) -> None:
     (frozen for it only when its log has a long backlog, ``_clone_for_mount``), or where the store
     cannot clone a sparse copy under ``FIFREEZE``; the copy is written to disk (``fsync``) before this
     returns. Blocking: run it in a thread."""
-    mounts.sync_filesystem(source.mount_dir)
+    writeback.sync_copied(source.mount_dir, source.image_path)
     try:
         _clone_for_mount(source, target, lambda _name: None)
     except OSError:
@@ -657,7 +646,7 @@ async def close_store(slots_dir: Path) -> None:
     if not directory.is_dir() or any(directory.glob("*.img")) or any(directory.glob("snapshots/snap_*")):
         return  # snapshots outlive every sandbox: the store stays while one is kept
     for device in loops_backing(backing):
-        loops.unbound_dirty(device)
+        writeback.let_go(device)
     await unmount_image(directory, backing)
     with contextlib.suppress(OSError):
         directory.rmdir()
@@ -666,10 +655,10 @@ async def close_store(slots_dir: Path) -> None:
 
 
 def _bound_store_dirty(device: str) -> None:
-    """Bounds what the store's loop device holds dirty (``STORE_DIRTY_BYTES``). Only the agent's own
-    store: where the state directory's filesystem clones, it is the host's disk, whose writeback is
-    the operator's to tune."""
-    if not loops.bound_dirty(device, STORE_DIRTY_BYTES):
+    """Bounds what the store's loop device holds dirty (``writeback.STORE_DIRTY_BYTES``). Only the
+    agent's own store: where the state directory's filesystem clones, it is the host's disk, whose
+    writeback is the operator's to tune."""
+    if not writeback.hold(device):
         log.warning("disk_store_dirty_unbounded", reason="the kernel has no strict_limit or max_bytes for it")
 
 
