@@ -15,8 +15,9 @@ dirty and writeback data in the page cache, which lands on them whatever happens
   ``SAMPLE_EVERY_TICKS``), and trims the store (``FITRIM``: the blocks it freed, of destroyed
   sandboxes, go back to the host filesystem) at most every ``TRIM_EVERY_S``.
 - Below ``low_mib`` it freezes (the cgroup freezer, as a pause does) every running sandbox whose disk
-  grew since the last reading, logs ``disk_low_hold`` and reports the sandboxes in ``/info``
-  (``disk_held``). Their records stay ``running``; their processes, and commands run in them, wait.
+  grew by ``FILLING_BYTES`` or more since the last reading, logs ``disk_low_hold`` and reports the
+  sandboxes in ``/info`` (``disk_held``). Their records stay ``running``; their processes, and commands
+  run in them, wait. Sandboxes that each grew less are held when together they grew that much.
 - Back above ``high_mib`` it thaws them (``disk_low_release``); one a user paused meanwhile stays paused.
 
 While it holds any sandbox, admission refuses creates, forks and disk growth (``capacity.DiskView``),
@@ -51,6 +52,13 @@ SAMPLE_EVERY_TICKS = 8
 #: How often, at most, the store is trimmed while the room is below the high watermark.
 TRIM_EVERY_S = 5.0
 #: ``FITRIM``: ``_IOWR('X', 121, struct fstrim_range)``, the range being three u64 (start, len, minlen).
+#: A sandbox is filling the host when its disk grew this much since the last reading (a quarter of a
+#: second before, below the high watermark: 4 MiB/s). One that grew less, by a log line or its boot's
+#: own writes, was frozen beside the real writers (the watermark test saw a sandbox that had only
+#: booted held with them, in about one run of four). Many slow ones together can fill a host too, so
+#: they are held, all of them, when together they grew this much. What is left running is a drip below
+#: 4 MiB/s in all, which takes minutes to use up the low watermark's room (2 GiB by default).
+FILLING_BYTES = 1 * MIB
 FITRIM = 0xC0185879
 
 
@@ -202,19 +210,36 @@ class DiskWatch:
                 return
         running = [r for r in records.values() if r.state == RuntimeState.RUNNING and r.id not in self.held]
         usage = await asyncio.to_thread(self._read_usage, running)
-        growing = [r for r in running if r.id in self._usage and usage[r.id] > self._usage[r.id]]
+        growth = {
+            r.id: usage[r.id] - self._usage[r.id]
+            for r in running
+            if r.id in self._usage and usage[r.id] > self._usage[r.id]
+        }
         self._usage = usage
         if room.free_mib >= self.high_mib:
             return
-        if room.free_mib < self.low_mib and growing:
+        if filling := self._filling(running, growth, room):
             # Held before the trim, not after: a FITRIM under heavy writes can take seconds, in which
             # the writers would go on filling the host (a full run saw 400 MiB past the low watermark).
-            await self._hold(growing, room)
-            growing = []
+            await self._hold(filling, growth, room)
+            running = [r for r in running if r not in filling]
         await asyncio.to_thread(self._trim_store)
         room = self.measure() or room
-        if room.free_mib < self.low_mib and growing:
-            await self._hold(growing, room)
+        if filling := self._filling(running, growth, room):
+            await self._hold(filling, growth, room)
+
+    def _filling(
+        self, running: list[SandboxRecord], growth: dict[str, int], room: Room
+    ) -> list[SandboxRecord]:
+        """The sandboxes to hold with ``room`` left: below the low watermark those that grew by
+        ``FILLING_BYTES``, and every other one that grew if together they grew that much."""
+        if room.free_mib >= self.low_mib:
+            return []
+        filling = [r for r in running if growth.get(r.id, 0) >= FILLING_BYTES]
+        slow = [r for r in running if 0 < growth.get(r.id, 0) < FILLING_BYTES]
+        if sum(growth[r.id] for r in slow) >= FILLING_BYTES:
+            filling += slow
+        return filling
 
     def _forget(self, records: dict[str, SandboxRecord]) -> None:
         """Drops holds on sandboxes destroyed, paused by their user, or thawed by someone (a user's
@@ -231,7 +256,7 @@ class DiskWatch:
             self.held = kept
             self._save()
 
-    async def _hold(self, growing: list[SandboxRecord], room: Room) -> None:
+    async def _hold(self, growing: list[SandboxRecord], growth: dict[str, int], room: Room) -> None:
         async def freeze(record: SandboxRecord) -> str | None:
             try:
                 await self.runtime.pause(record)
@@ -246,6 +271,7 @@ class DiskWatch:
         log.warning(
             "disk_low_hold",
             sandbox_ids=sorted(held),
+            grew_kib={sandbox_id: growth.get(sandbox_id, 0) // 1024 for sandbox_id in sorted(held)},
             free_mib=room.free_mib,
             in_flight_mib=room.in_flight_bytes // MIB,
             low_watermark_mib=self.low_mib,

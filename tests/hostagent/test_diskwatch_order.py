@@ -76,3 +76,59 @@ async def test_below_the_low_watermark_the_writer_is_frozen_before_the_store_is_
     store.free_mib = 2000  # room again: the hold is let go
     await watch.tick()
     assert store.events[-1] == "thaw sbx_writer" and watch.held == set()
+
+
+class QuietSandboxes(FillingStore):
+    """A writer that grows 100 MiB per look, beside ``quiet`` sandboxes that grow 4 KiB per look each
+    (a log line)."""
+
+    def __init__(self, free_mib: int, quiet: int) -> None:
+        super().__init__(free_mib)
+        self.quiet = [f"sbx_quiet{index}" for index in range(quiet)]
+        self.usage = dict.fromkeys(["sbx_writer", *self.quiet], 0)
+
+    def disk_usage_bytes(self, record: SandboxRecord) -> int:
+        self.usage[record.id] += 100 * MIB if record.id == "sbx_writer" else 4096
+        return self.usage[record.id]
+
+
+def watching(store: FillingStore, sandbox_ids: list[str], tmp_path: Path, monkeypatch: Any) -> DiskWatch:
+    watch = DiskWatch(
+        store,  # type: ignore[arg-type]
+        lambda: [record(sandbox_id) for sandbox_id in sandbox_ids],
+        store_dir=None,
+        holds_path=tmp_path / "disk-holds.json",
+        low_mib=512,
+        high_mib=1536,
+        interval_s=0.25,
+    )
+    monkeypatch.setattr(diskwatch, "in_flight_bytes", lambda: 0)
+    monkeypatch.setattr(watch, "_trim_store", lambda: None)
+    return watch
+
+
+async def test_a_sandbox_that_grew_a_little_is_not_held_beside_the_writer(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A sandbox that wrote a log line is not what fills the host: below the low watermark only the
+    writer is frozen (the watermark test saw a sandbox that had only booted held beside the writers)."""
+    store = QuietSandboxes(free_mib=1000, quiet=1)
+    watch = watching(store, ["sbx_writer", "sbx_quiet0"], tmp_path, monkeypatch)
+    await watch.tick()  # the first reading
+    store.free_mib = 400
+    await watch.tick()
+    assert watch.held == {"sbx_writer"} and store.events == ["freeze sbx_writer"]
+    store.free_mib = 10  # whatever the room: 4 KiB per look is no filling
+    await watch.tick()
+    assert watch.held == {"sbx_writer"}
+
+
+async def test_many_sandboxes_that_each_grew_a_little_are_held_when_together_they_fill(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    store = QuietSandboxes(free_mib=1000, quiet=300)  # 300 x 4 KiB: 1.2 MiB per look together
+    watch = watching(store, store.quiet, tmp_path, monkeypatch)
+    await watch.tick()
+    store.free_mib = 400
+    await watch.tick()
+    assert watch.held == set(store.quiet)
