@@ -100,7 +100,8 @@ class Execution:
     #: a fork, whose child copies the disk but not the processes, or a kernel that died). A pause
     #: freezes processes, so a resumed sandbox keeps its kernels.
     kernel_started: bool = False
-    #: The kernel ignored the interrupt and was killed; the next call starts a fresh one.
+    #: The kernel ignored the interrupt and was killed, or died under the cell (``error`` is then a
+    #: ``DeadKernelError``); the next call starts a fresh one.
     kernel_restarted: bool = False
 
     @property

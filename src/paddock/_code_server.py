@@ -48,6 +48,10 @@ ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 KERNEL_START_TIMEOUT_S = 60.0
 #: After an interrupt, how long the kernel gets to go idle before it is killed and restarted.
 INTERRUPT_GRACE_S = 10.0
+#: How often a cell waiting for output checks that its kernel is still alive: a kernel killed under a
+#: cell (out of memory, ``os.kill`` from the cell, a restart asked meanwhile) answers nothing, and the
+#: call waited until its timeout, an hour by default.
+LIVENESS_EVERY_S = 1.0
 #: Where the inline backend sends figures: PNG in display_data, which becomes an image/png result.
 KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline", "MPLCONFIGDIR": "/tmp/.paddock-mpl"}
 
@@ -237,8 +241,22 @@ def run_cell(context: Context, code: str, timeout_s: float, emit: Emit) -> dict[
             restarted = True
             break
         try:
-            message = client.get_iopub_msg(timeout=remaining_s)
-        except Empty:  # the deadline passed with nothing to read
+            message = client.get_iopub_msg(timeout=min(remaining_s, LIVENESS_EVERY_S))
+        except Empty:  # nothing to read yet: the deadline passed, or the kernel is gone
+            if context.kernel.pid() is None:
+                status = context.kernel.process.poll() if context.kernel.process is not None else None
+                context.restart()
+                emit(
+                    {
+                        "type": "error",
+                        "name": "DeadKernelError",
+                        "value": f"the kernel died while running the cell (status {status}); its state is"
+                        " lost, and the next cell starts a fresh one",
+                        "traceback": [],
+                    }
+                )
+                restarted = True
+                break
             continue
         if message["parent_header"].get("msg_id") != msg_id:
             continue

@@ -121,6 +121,22 @@ def test_a_timeout_interrupts_the_cell_and_the_next_call_still_works(sandbox: pa
     assert sandbox.refresh().status == "running"
 
 
+def test_a_kernel_that_dies_under_a_cell_ends_the_call_and_the_next_starts_afresh(
+    sandbox: paddock.Sandbox,
+) -> None:
+    """A kernel killed under its cell (here by the cell itself, as the out-of-memory killer would) answers
+    nothing: the call waited out its timeout, an hour by default."""
+    sandbox.run_code("kept = 'yes'", context="doomed")
+    started = time.monotonic()
+    execution = sandbox.run_code("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", context="doomed")
+    elapsed_s = time.monotonic() - started
+    assert elapsed_s < 15, elapsed_s
+    assert execution.error is not None and execution.error.name == "DeadKernelError", execution
+    assert "status -9" in execution.error.value and execution.kernel_restarted and not execution.timed_out
+    after = sandbox.run_code("'kept' in globals()", context="doomed")
+    assert after.ok and after.text == "False" and after.kernel_started
+
+
 def test_two_contexts_do_not_share_state(sandbox: paddock.Sandbox) -> None:
     sandbox.run_code("secret = 1", context="ctx-a")
     other = sandbox.run_code("secret", context="ctx-b")

@@ -94,7 +94,8 @@ class _ImagePusher:
     source image's dirty pages to be written (``sync_file_range``, which starts the writes and does not
     wait for them). A thread started per sync cost the fork 1.5 ms more for a settled source: a new
     thread waits for the interpreter's lock before ``start`` returns, and the event loop holds it then.
-    It starts with the first sync."""
+    It starts with the first sync. Overlapping syncs are served one after the other: a second fork's
+    sync is pushed only once the first's ends (its clone then writes back what was not)."""
 
     def __init__(self) -> None:
         self._requests: queue.SimpleQueue[tuple[Path, threading.Event]] = queue.SimpleQueue()

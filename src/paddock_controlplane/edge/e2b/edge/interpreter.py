@@ -51,7 +51,15 @@ _HASH = hashlib.sha256(CLIENT_SOURCE + b"\0" + SERVER_SOURCE).hexdigest()[:12]
 CLIENT_PATH = f"/tmp/.paddock-code-{_HASH}.py"
 SERVER_PATH = f"/tmp/.paddock-code-{_HASH}-server.py"
 INSTALL_SCRIPT = 'mv -f "$1" "$2" && mv -f "$3" "$4"'
-RESTART_SCRIPT = 'pid=$(cat "$1" 2>/dev/null) && kill -9 "$pid"; exit 0'
+#: Kills the context's kernel and waits (up to 5 s) until it is dead, a zombie or gone: ``kill`` returns
+#: before the process has exited, and the restart's next cell (its ``cwd``) then ran on the dying kernel
+#: and waited out the E2B SDK's request timeout (a full run's ``restart_code_context`` did).
+RESTART_SCRIPT = """pid=$(cat "$1" 2>/dev/null) && kill -9 "$pid" 2>/dev/null || exit 0
+i=0
+while [ $i -lt 500 ] && [ -r "/proc/$pid/status" ] && ! grep -qs '^State:[[:space:]]*Z' "/proc/$pid/status"; do
+  sleep 0.01; i=$((i + 1))
+done
+exit 0"""
 STATE_DIR = "/tmp/.paddock-kernels"
 MAX_CELL_S = 3600.0
 CONTEXT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
