@@ -55,7 +55,7 @@ TRIM_EVERY_S = 5.0
 #: A sandbox is filling the host when its disk grew this much since the last reading (a quarter of a
 #: second before, below the high watermark: 4 MiB/s). One that grew less, by a log line or its boot's
 #: own writes, was frozen beside the real writers (the watermark test saw a sandbox that had only
-#: booted held with them, in about one run of four). Many slow ones together can fill a host too, so
+#: booted held with them, in 7 runs of 10 one morning). Many slow ones together can fill a host too, so
 #: they are held, all of them, when together they grew this much. What is left running is a drip below
 #: 4 MiB/s in all, which takes minutes to use up the low watermark's room (2 GiB by default).
 FILLING_BYTES = 1 * MIB
