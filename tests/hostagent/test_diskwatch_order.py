@@ -48,14 +48,10 @@ def record(sandbox_id: str) -> SandboxRecord:
     )  # fmt: skip
 
 
-async def test_below_the_low_watermark_the_writer_is_frozen_before_the_store_is_trimmed(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
-    store = FillingStore(free_mib=1000)  # between the watermarks: sampled and trimmed, nobody held
-    writer = record("sbx_writer")
+def watching(store: FillingStore, sandbox_ids: list[str], tmp_path: Path, monkeypatch: Any) -> DiskWatch:
     watch = DiskWatch(
         store,  # type: ignore[arg-type]
-        lambda: [writer],
+        lambda: [record(sandbox_id) for sandbox_id in sandbox_ids],
         store_dir=None,
         holds_path=tmp_path / "disk-holds.json",
         low_mib=512,
@@ -63,6 +59,15 @@ async def test_below_the_low_watermark_the_writer_is_frozen_before_the_store_is_
         interval_s=0.25,
     )
     monkeypatch.setattr(diskwatch, "in_flight_bytes", lambda: 0)
+    monkeypatch.setattr(watch, "_trim_store", lambda: None)
+    return watch
+
+
+async def test_below_the_low_watermark_the_writer_is_frozen_before_the_store_is_trimmed(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    store = FillingStore(free_mib=1000)  # between the watermarks: sampled and trimmed, nobody held
+    watch = watching(store, ["sbx_writer"], tmp_path, monkeypatch)
     monkeypatch.setattr(watch, "_trim_store", lambda: store.events.append("trim"))
 
     await watch.tick()
@@ -90,21 +95,6 @@ class QuietSandboxes(FillingStore):
     def disk_usage_bytes(self, record: SandboxRecord) -> int:
         self.usage[record.id] += 100 * MIB if record.id == "sbx_writer" else 4096
         return self.usage[record.id]
-
-
-def watching(store: FillingStore, sandbox_ids: list[str], tmp_path: Path, monkeypatch: Any) -> DiskWatch:
-    watch = DiskWatch(
-        store,  # type: ignore[arg-type]
-        lambda: [record(sandbox_id) for sandbox_id in sandbox_ids],
-        store_dir=None,
-        holds_path=tmp_path / "disk-holds.json",
-        low_mib=512,
-        high_mib=1536,
-        interval_s=0.25,
-    )
-    monkeypatch.setattr(diskwatch, "in_flight_bytes", lambda: 0)
-    monkeypatch.setattr(watch, "_trim_store", lambda: None)
-    return watch
 
 
 async def test_a_sandbox_that_grew_a_little_is_not_held_beside_the_writer(
