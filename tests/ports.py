@@ -26,11 +26,16 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def worker_index() -> int:
+    """This pytest worker's number (xdist's ``gwN``); the pid where there are no workers, so that two
+    runs side by side most likely differ."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else os.getpid()
+
+
 def _slice() -> range:
     size = max((min(_ephemeral_low(), 32768) - _LOW) // _SLICES, 100)
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else os.getpid()
-    start = _LOW + (index % _SLICES) * size
+    start = _LOW + (worker_index() % _SLICES) * size
     return range(start, start + size)
 
 

@@ -51,7 +51,6 @@ MIB = 1 << 20
 SAMPLE_EVERY_TICKS = 8
 #: How often, at most, the store is trimmed while the room is below the high watermark.
 TRIM_EVERY_S = 5.0
-#: ``FITRIM``: ``_IOWR('X', 121, struct fstrim_range)``, the range being three u64 (start, len, minlen).
 #: A sandbox is filling the host when its disk grew this much since the last reading (a quarter of a
 #: second before, below the high watermark: 4 MiB/s). One that grew less, by a log line or its boot's
 #: own writes, was frozen beside the real writers (the watermark test saw a sandbox that had only
@@ -59,6 +58,7 @@ TRIM_EVERY_S = 5.0
 #: they are held, all of them, when together they grew this much. What is left running is a drip below
 #: 4 MiB/s in all, which takes minutes to use up the low watermark's room (2 GiB by default).
 FILLING_BYTES = 1 * MIB
+#: ``FITRIM``: ``_IOWR('X', 121, struct fstrim_range)``, the range being three u64 (start, len, minlen).
 FITRIM = 0xC0185879
 
 

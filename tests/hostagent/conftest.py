@@ -29,10 +29,11 @@ import httpx
 import pytest
 
 from paddock_hostagent.client import HostAgentClient
+from paddock_hostagent.drivers.net.dns import IP_FREEBIND
 from paddock_hostagent.guest.build import ensure_agent_binary
 from paddock_hostagent.images import ImageStore
 from paddock_hostagent.schemas import CreateSandboxBody
-from tests.ports import free_port
+from tests.ports import free_port, worker_index
 from tests.sweep import OwnerLock, agent_tag, lock_free, remove_state
 
 TOKEN = "test-host-agent-token-0123456789"
@@ -78,10 +79,8 @@ def private_subnet() -> str:
 
 def _worker_subnets() -> range:
     """The third octets this pytest worker picks from: 250 split in ``_SUBNET_SLICES``."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else os.getpid()
     size = 250 // _SUBNET_SLICES
-    start = (index % _SUBNET_SLICES) * size
+    start = (worker_index() % _SUBNET_SLICES) * size
     return range(start, start + size)
 
 
@@ -89,7 +88,7 @@ def _resolver_port_free(gateway: str) -> bool:
     """Whether an agent's resolver could bind ``gateway``:53 now (UDP, as ``drivers/net/dns.py`` binds
     it: ``IP_FREEBIND``, the address need not exist yet)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.setsockopt(socket.IPPROTO_IP, _IP_FREEBIND, 1)
+        probe.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
         try:
             probe.bind((gateway, 53))
         except OSError:
@@ -98,7 +97,6 @@ def _resolver_port_free(gateway: str) -> bool:
 
 
 _SUBNET_SLICES = 5
-_IP_FREEBIND = 15
 _subnets = _worker_subnets()
 
 
