@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ import secrets
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,6 +41,10 @@ LEGACY_QUIET_S = 6 * 3600
 #: State dirs of host agents (``pdkt2-``: a second agent's, tests/templates) and of control planes.
 PATTERNS = ("pdkt-*", "pdkt2-*", "pdkcp-*")
 NETNS_DIR = Path("/run/netns")
+#: The host agents' OCI runtime state (``runtime_root``, one directory per runtime), shared by every
+#: agent on the machine.
+RUNTIME_ROOT = Path("/run/paddock")
+RUNTIMES = ("crun", "runc", "runsc")
 
 
 class OwnerLock:
@@ -186,17 +192,52 @@ def _recorded(directory: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def remove_state(directory: Path, nft_tables: list[str] | None = None) -> list[str]:
-    """Takes down what a dead host agent or control plane left in ``directory``: the netns of its slots,
-    its mounts (deepest first; lazily when busy), the loop devices behind them, its nft tables
-    (``nft_tables``, else those its owner recorded), its empty cgroups, then the directory itself.
-    Returns what it removed, and what it could not (``left ...``)."""
+def _runtime_containers(runtime_root: Path) -> list[tuple[str, Path, str, Path]]:
+    """Every container the agents' OCI runtimes know: (runtime binary, its ``--root``, id, bundle)."""
+    found: list[tuple[str, Path, str, Path]] = []
+    for runtime in RUNTIMES:
+        root = runtime_root / runtime
+        binary = shutil.which(runtime)
+        if binary is None or not root.is_dir():
+            continue
+        listed = subprocess.run(
+            [binary, "--root", str(root), "list", "--format", "json"], capture_output=True, text=True
+        )
+        try:
+            entries = json.loads(listed.stdout or "null") or []
+        except ValueError:
+            continue
+        for entry in entries:
+            if isinstance(entry, dict) and entry.get("id") and entry.get("bundle"):
+                found.append((binary, root, str(entry["id"]), Path(entry["bundle"])))
+    return found
+
+
+def remove_containers(runtime_root: Path, doomed: Callable[[Path], bool]) -> list[str]:
+    """Deletes the runtime's record of each container whose bundle ``doomed`` names. A killed agent's
+    container stays in the runtime's state directory after its bundle (the agent's slot) is removed: it
+    can never run again, and ``crun list`` shows it until someone deletes it."""
+    done: list[str] = []
+    for binary, root, container, bundle in _runtime_containers(runtime_root):
+        if doomed(bundle) and _run(binary, "--root", str(root), "delete", "--force", container):
+            done.append(f"container {container}")
+    return done
+
+
+def remove_state(
+    directory: Path, nft_tables: list[str] | None = None, runtime_root: Path = RUNTIME_ROOT
+) -> list[str]:
+    """Takes down what a dead host agent or control plane left in ``directory``: its containers' runtime
+    records, the netns of its slots, its mounts (deepest first; lazily when busy), the loop devices
+    behind them, its nft tables (``nft_tables``, else those its owner recorded), its empty cgroups, then
+    the directory itself. Returns what it removed, and what it could not (``left ...``)."""
     done: list[str] = []
     tables = _recorded(directory).get("nft_tables", []) if nft_tables is None else nft_tables
     tag = agent_tag(directory)
     # Its sandboxes' processes first: a killed agent's parked sandboxes go on running in its cgroup,
     # and their mount namespaces keep the loop devices of their disks attached.
     done += _kill_cgroup(tag)
+    done += remove_containers(runtime_root, lambda bundle: bundle.is_relative_to(directory))
     slots = directory / "slots"
     if slots.is_dir():
         for slot in sorted(slots.iterdir()):
@@ -267,11 +308,19 @@ def _kill_cgroup(tag: str) -> list[str]:
         time.sleep(0.1)
 
 
-def sweep(root: Path = Path("/tmp")) -> list[str]:
-    """Removes the state dirs under ``root`` whose owners are dead, and FakeInternet logs whose
-    namespace is gone (tests/network/internet.py makes the namespace before the log and deletes it
-    before the log); returns what it removed."""
+def sweep(root: Path = Path("/tmp"), runtime_root: Path = RUNTIME_ROOT) -> list[str]:
+    """Removes the state dirs under ``root`` whose owners are dead, the runtime records of containers
+    whose bundle was in a test's state dir that is gone, and FakeInternet logs whose namespace is gone
+    (tests/network/internet.py makes the namespace before the log and deletes it before the log);
+    returns what it removed."""
     done: list[str] = []
+
+    def left_by_a_test(bundle: Path) -> bool:
+        """A bundle that was in a test's state dir under ``root``, now gone."""
+        owner = bundle.relative_to(root).parts[0] if bundle.is_relative_to(root) else ""
+        return not bundle.exists() and any(fnmatch.fnmatch(owner, pattern) for pattern in PATTERNS)
+
+    done += remove_containers(runtime_root, left_by_a_test)
     candidates = sorted({path for pattern in PATTERNS for path in root.glob(pattern)})
     for directory in candidates:
         if directory.is_symlink() or not directory.is_dir():

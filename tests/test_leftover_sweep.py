@@ -298,3 +298,58 @@ def test_a_stopped_platform_removes_its_control_plane_state_unless_kept(
             assert sweep.claim_if_dead(state_dir) is None  # nor does a later session remove it
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _crun_create(runtime_root: Path, bundle: Path, container: str) -> None:
+    """A container as an agent's slot holds one: created by crun in ``bundle`` (an empty root: its init
+    waits to be started, and never is), its record in ``runtime_root``."""
+    (bundle / "rootfs" / "bin").mkdir(parents=True)
+    shutil.copy("/bin/true", bundle / "rootfs" / "bin" / "true")  # crun looks for it at create
+    subprocess.run(["crun", "spec"], cwd=bundle, check=True)
+    config = json.loads((bundle / "config.json").read_text())
+    config["root"] = {"path": "rootfs"}
+    config["process"]["args"] = ["/bin/true"]
+    config["process"]["terminal"] = False
+    (bundle / "config.json").write_text(json.dumps(config))
+    root = str(runtime_root / "crun")
+    subprocess.run(["crun", "--root", root, "create", "--bundle", str(bundle), container], check=True)
+
+
+def _crun_ids(runtime_root: Path) -> set[str]:
+    listed = subprocess.run(
+        ["crun", "--root", str(runtime_root / "crun"), "list", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {entry["id"] for entry in json.loads(listed.stdout or "[]") or []}
+
+
+def test_a_container_whose_test_state_dir_is_gone_leaves_the_runtimes_list(tmp_path: Path) -> None:
+    # A test agent killed with a sandbox created: its teardown removed the state dir, and crun kept the
+    # container's record (a full run left one in /run/paddock/crun that `crun list` showed for hours).
+    runtime_root = tmp_path / "run"
+    tag = secrets.token_hex(4)
+    gone, live = f"pdksweep-gone-{tag}", f"pdksweep-live-{tag}"
+    gone_dir, live_dir = tmp_path / f"pdkt-{tag}", tmp_path / f"pdkt-live-{tag}"
+    try:
+        _crun_create(runtime_root, gone_dir / "slots" / "s1", gone)
+        _crun_create(runtime_root, live_dir / "slots" / "s1", live)
+        assert _crun_ids(runtime_root) == {gone, live}
+        shutil.rmtree(gone_dir)
+        holder = _hold(live_dir / "agent.lock")  # the live run's agent is up
+        try:
+            swept = sweep.sweep(tmp_path, runtime_root)
+        finally:
+            _release(holder)
+        assert f"container {gone}" in swept, swept
+        assert _crun_ids(runtime_root) == {live}, "a live run's container was deleted, or a dead one kept"
+        # Once that run's agent dies, taking its state dir down deletes its containers too.
+        assert f"container {live}" in sweep.remove_state(live_dir, [], runtime_root)
+        assert _crun_ids(runtime_root) == set()
+    finally:
+        for container in (gone, live):
+            subprocess.run(
+                ["crun", "--root", str(runtime_root / "crun"), "delete", "--force", container],
+                capture_output=True,
+            )
