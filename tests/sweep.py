@@ -2,10 +2,11 @@
 
 A run that is killed part-way (a CI job cancelled, a developer's Ctrl-C twice, a session ended while
 its tests ran) never reaches its teardowns: a host agent's state dir ``/tmp/pdkt-<tag>`` keeps its disk
-store (xfs on a loop device), its slots' mounts, loop devices and network namespaces, and a control
-plane's ``/tmp/pdkcp-<tag>`` its database and log. The next session removes those, and only those:
-other runs on the same machine (a CI run, other developers' tests) are going on at the same time, so a
-directory is swept only when its owners are provably gone.
+store (xfs on a loop device), its slots' mounts, loop devices and network namespaces, and its
+containers' records in the OCI runtime's state directory (``/run/paddock/<runtime>``, shared by every
+agent on the machine); a control plane's ``/tmp/pdkcp-<tag>`` keeps its database and log. The next
+session removes those, and only those: other runs on the same machine (a CI run, other developers'
+tests) are going on at the same time, so a directory is swept only when its owners are provably gone.
 
 **Who owns a directory.** The test process that made it holds ``test-owner.lock`` in it (``OwnerLock``,
 an ``flock`` the kernel drops when that process dies, however it dies) for as long as it owns it, across
