@@ -4,7 +4,8 @@ the three variables, against a fake internet in a network namespace this module 
 lets a sandbox reach the address allowed and not another, which an open sandbox reaches; a deny of
 everything with nothing allowed reaches neither; ``get_info()`` shows the lists; what an allowlist cannot
 say (a deny of some addresses only, ``dns_servers`` …) is a 501 in E2B's shape naming the field, and a
-malformed entry a 400. Before, every egress field was a 501."""
+malformed entry a 400. Before, every egress field was a 501. ``update_network`` replaces the list on a
+running sandbox the same way (before: a 501)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from e2b import ALL_TRAFFIC, Sandbox, SandboxException
+from e2b import ALL_TRAFFIC, Sandbox, SandboxException, SandboxNotFoundException
 from tests.e2b.conftest import E2bPlatform
 from tests.network.internet import FakeInternet
 
@@ -103,3 +104,52 @@ def test_what_an_allowlist_cannot_say_is_refused_in_e2b_shape(e2b_env: E2bPlatfo
             assert answer.status_code == 400 and answer.json()["code"] == 400, answer.text
             assert answer.json()["message"].startswith(field), (network, answer.text)
     assert len(Sandbox.list().next_items()) == before
+
+
+def test_update_network_replaces_the_allowlist_of_a_running_sandbox(
+    e2b_env: E2bPlatform, internet: FakeInternet
+) -> None:
+    allowed, other = internet.address("raw-a"), internet.address("raw-b")
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        assert _fetch(sandbox, other, max_time=20) == "raw-b:80"  # open, as created
+
+        sandbox.update_network({"allow_out": [allowed], "deny_out": [ALL_TRAFFIC]})
+        assert _fetch(sandbox, allowed, max_time=20) == "raw-a:80"
+        assert _fetch(sandbox, other).startswith("error")
+        network = sandbox.get_info().network or {}
+        assert network.get("allow_out") == [allowed] and network.get("deny_out") == [ALL_TRAFFIC], network
+
+        sandbox.update_network({"allow_internet_access": False})  # E2B's deny of everything
+        assert _fetch(sandbox, allowed).startswith("error") and _fetch(sandbox, other).startswith("error")
+        assert (sandbox.get_info().network or {}).get("allow_out") == []
+
+        # What an allowlist cannot say is refused, in E2B's shape, and the list stays as it was.
+        with pytest.raises(SandboxException, match=r"denyOut\[0\]") as refused:
+            sandbox.update_network({"deny_out": ["198.18.0.0/15"]})
+        assert getattr(refused.value, "status_code", 501) == 501, refused.value
+        with httpx.Client(
+            base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60
+        ) as api:
+            path = f"/sandboxes/{sandbox.sandbox_id}/network"
+            answer = api.put(path, json={"denyOut": [ALL_TRAFFIC], "dnsServers": ["192.0.2.53"]})
+            assert answer.status_code == 501 and answer.json()["message"].startswith("dnsServers"), (
+                answer.text
+            )
+            answer = api.put(path, json={"allowOut": ["not a host!"], "denyOut": [ALL_TRAFFIC]})
+            assert answer.status_code == 400 and answer.json()["message"].startswith("allowOut[0]"), (
+                answer.text
+            )
+            answer = api.put(path, json={"denyOut": "0.0.0.0/0"})
+            assert answer.status_code == 400 and "denyOut" in answer.json()["message"], answer.text
+        assert (sandbox.get_info().network or {}).get("allow_out") == []
+        assert _fetch(sandbox, other).startswith("error")
+
+        # An update that leaves everything out clears the rules (the static form, by id).
+        Sandbox.update_network(sandbox.sandbox_id, {})
+        assert _fetch(sandbox, other, max_time=20) == "raw-b:80"
+        assert "allow_out" not in (sandbox.get_info().network or {})
+    finally:
+        sandbox.kill()
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.update_network(sandbox.sandbox_id, {"deny_out": [ALL_TRAFFIC]})

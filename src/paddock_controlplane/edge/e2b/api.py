@@ -29,7 +29,7 @@ from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import SandboxStatus
-from paddock_controlplane.sandboxes import destruction, lifecycle, suspension
+from paddock_controlplane.sandboxes import destruction, lifecycle, suspension, traffic
 from paddock_core import errors
 from paddock_core.bodylimit import BodyLimit, BodyRoute
 from paddock_core.db import transaction
@@ -122,11 +122,8 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     if body.mcp:
         raise e2b_errors.NotBuilt("mcp: MCP gateways are not served by Paddock")
     network = body.network
-    if network is not None and network.unserved():
-        raise e2b_errors.NotBuilt(
-            f"network.{network.unserved()[0]}: not served by Paddock; allowOut and denyOut are (its"
-            " egress allowlist, docs/e2b.md), and its sandboxes resolve names through their host"
-        )
+    if network is not None:
+        _refuse_unserved(network, "network.")
     if body.iam:
         raise e2b_errors.NotBuilt("iam: workload identity is not served by Paddock")
     # ``allowOut``/``denyOut`` (and ``allow_internet_access: false``, E2B's deny of everything) as the
@@ -383,6 +380,31 @@ async def set_timeout(sandbox_id: str, body: schemas.Timeout, request: Request) 
     now = services.clock()
     paused = schemas.STATES[sandbox.status] == "paused"
     await _set_end(services, sandbox, None if paused else now + dt.timedelta(seconds=timeout_s), timeout_s)
+    return Response(status_code=204)
+
+
+def _refuse_unserved(network: schemas.EgressConfig, where: str) -> None:
+    """A 501 naming the first network field set that Paddock does not act on (``where``: what its name
+    starts with, ``network.`` in a create)."""
+    unserved = network.unserved()
+    if unserved:
+        raise e2b_errors.NotBuilt(
+            f"{where}{unserved[0]}: not served by Paddock; allowOut and denyOut are (its egress"
+            " allowlist, docs/e2b.md), and its sandboxes resolve names through their host"
+        )
+
+
+@router.put("/sandboxes/{sandbox_id}/network", status_code=204)
+async def update_network(sandbox_id: str, request: Request) -> Response:
+    """The SDK's ``update_network``: the sandbox's egress allowlist replaced, as ``PUT /v1/…/egress``
+    does, from the fields a create's ``network`` takes (``schemas.egress``). E2B's update replaces the
+    whole configuration, so one that leaves everything out opens the sandbox again."""
+    services, principal = await _caller(request, sandbox_id)
+    await _visible(services, principal.user_id, sandbox_id)  # 404 before 400, as /v1 (§11.7)
+    body = await optional_body(request, schemas.NetworkUpdate)
+    _refuse_unserved(body, "")
+    egress = schemas.egress(body, body.allow_internet_access, where="")
+    await traffic.set_egress(services, principal.user_id, sandbox_id, egress or [])
     return Response(status_code=204)
 
 

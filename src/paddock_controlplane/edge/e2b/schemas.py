@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
@@ -39,34 +39,54 @@ NOTHING_OUT = "0.0.0.0/32"
 MAX_EGRESS_ENTRIES = 256
 
 
-class NetworkConfig(Body):
-    """A create's ``network`` (``SandboxNetworkConfig``): ``allowPublicTraffic`` is the ingress, and
-    ``allowOut``/``denyOut`` become Paddock's egress allowlist where it can say the same (:meth:`egress`);
-    the other egress fields are 501."""
+class EgressConfig(Body):
+    """The egress fields a create's ``network`` and a ``PUT /sandboxes/{id}/network``
+    (``SandboxNetworkUpdateConfig``) share: ``allowOut``/``denyOut`` become Paddock's egress allowlist
+    where it can say the same (:func:`egress`); the others are 501 (:meth:`unserved`)."""
 
-    allow_public_traffic: StrictBool | None = Field(default=None, alias="allowPublicTraffic")
     allow_out: list[StrictStr] | None = Field(default=None, alias="allowOut", max_length=MAX_EGRESS_ENTRIES)
     deny_out: list[StrictStr] | None = Field(default=None, alias="denyOut", max_length=MAX_EGRESS_ENTRIES)
     dns_servers: list[Any] | None = Field(default=None, alias="dnsServers")
     egress_proxy: dict[str, Any] | None = Field(default=None, alias="egressProxy")
-    mask_request_host: StrictStr | None = Field(default=None, alias="maskRequestHost")
-    https_ports: list[Any] | None = Field(default=None, alias="httpsPorts")
     rules: dict[str, Any] | None = None
+
+    #: Wire names of the fields Paddock does not act on, in the order a 501 names the first one set.
+    UNSERVED: ClassVar[tuple[str, ...]] = ("dnsServers", "egressProxy", "rules")
 
     def unserved(self) -> list[str]:
         """The fields set that Paddock does not act on (each a 501)."""
-        names = ("dnsServers", "egressProxy", "maskRequestHost", "httpsPorts", "rules")
-        values = (
-            self.dns_servers,
-            self.egress_proxy,
-            self.mask_request_host,
-            self.https_ports,
-            self.rules,
-        )
-        return [name for name, value in zip(names, values, strict=True) if value is not None]
+        by_alias = self.model_dump(by_alias=True, exclude_none=True)
+        return [name for name in self.UNSERVED if name in by_alias]
 
 
-def egress(network: NetworkConfig | None, allow_internet_access: bool | None) -> list[str] | None:
+class NetworkConfig(EgressConfig):
+    """A create's ``network`` (``SandboxNetworkConfig``): its egress fields, and ``allowPublicTraffic``,
+    which is the ingress."""
+
+    allow_public_traffic: StrictBool | None = Field(default=None, alias="allowPublicTraffic")
+    mask_request_host: StrictStr | None = Field(default=None, alias="maskRequestHost")
+    https_ports: list[Any] | None = Field(default=None, alias="httpsPorts")
+
+    UNSERVED: ClassVar[tuple[str, ...]] = (
+        "dnsServers",
+        "egressProxy",
+        "maskRequestHost",
+        "httpsPorts",
+        "rules",
+    )
+
+
+class NetworkUpdate(EgressConfig):
+    """``PUT /sandboxes/{id}/network`` (``SandboxNetworkUpdateConfig``, the SDK's ``update_network``):
+    the whole egress configuration again, what it leaves out cleared; ``allow_internet_access`` (snake
+    case on the wire) false denies everything, as in a create."""
+
+    allow_internet_access: StrictBool | None = None
+
+
+def egress(
+    network: EgressConfig | None, allow_internet_access: bool | None, where: str = "network."
+) -> list[str] | None:
     """E2B's egress fields as Paddock's allowlist (``egress`` of the native create), or None to leave the
     sandbox open. E2B: everything is allowed unless denied, and an allowed entry wins over a denied one.
     Paddock's list allows what it names and refuses the rest, so it says the same when everything is
@@ -74,12 +94,13 @@ def egress(network: NetworkConfig | None, allow_internet_access: bool | None) ->
     that): the list is then ``allowOut`` (CIDRs, IPs, ``example.com`` and ``*.example.com``, which
     Paddock's resolver admits), or :data:`NOTHING_OUT` when it is empty. ``allowOut`` without a deny
     allows what is allowed anyway: open. A ``denyOut`` of some addresses only (everything but these)
-    has no allowlist to say it, and is a 501 naming the entry."""
+    has no allowlist to say it, and is a 501 naming the entry. ``where`` is what the fields' names start
+    with in an error (a create's are under ``network.``, an update's are the body's own)."""
     allow_out = network.allow_out if network is not None else None
     deny_out = network.deny_out if network is not None else None
     denies_all = allow_internet_access is False
     for index, entry in enumerate(deny_out or []):
-        field = f"network.denyOut[{index}]"
+        field = f"{where}denyOut[{index}]"
         try:
             denied = ipaddress.ip_network(entry.strip(), strict=False)
         except ValueError:
@@ -96,9 +117,9 @@ def egress(network: NetworkConfig | None, allow_internet_access: bool | None) ->
             )
     if not denies_all:
         if allow_out is not None:  # as E2B: nothing denied, everything allowed; still a 400 if malformed
-            validation.egress_rules(allow_out, "network.allowOut")
+            validation.egress_rules(allow_out, f"{where}allowOut")
         return None
-    rules = validation.egress_rules(allow_out, "network.allowOut")
+    rules = validation.egress_rules(allow_out, f"{where}allowOut")
     if allow_out and not rules:  # "*" or 0.0.0.0/0 allowed: everything is
         return []
     if any(ipaddress.ip_network(rule, strict=False).prefixlen == 0 for rule in rules if _is_cidr(rule)):
