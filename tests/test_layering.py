@@ -90,7 +90,8 @@ def test_host_contract_needs_no_server() -> None:
     """The control plane imports the host agent's contract and client: they (and the kept channel's
     client and frames) import pydantic, the HTTP clients and the standard library, never the host
     agent's server side (drivers, FastAPI, the guest)."""
-    allowed_roots = {"__future__", "asyncio", "collections", "contextlib", "dataclasses", "ipaddress"}
+    allowed_roots = {"__future__", "asyncio", "collections", "contextlib", "dataclasses", "datetime"}
+    allowed_roots |= {"ipaddress"}
     allowed_roots |= {"itertools", "json", "struct", "time", "typing", "urllib"}
     allowed_roots |= {"pydantic", "aiohttp", "httpx"}
     own = {f"paddock_hostagent.{name}" for name in HOST_CLIENT_SIDE}

@@ -25,6 +25,7 @@ uploads use httpx. ``request_id`` (a callable) names the caller's request: it is
     ├── SpawnFailedError          400 spawn_failed (a managed process's command did not start)
     ├── UnknownUserError          400 unknown_user (no such user in the sandbox's /etc/passwd)
     ├── HostBusyError             503 busy (the sandbox takes no more requests now; retry after a second)
+    ├── TooLargeError             413 payload_too_large (over one of the agent's bounds: a body, a file)
     ├── SandboxDiskFullError      507 sandbox_disk_full (the sandbox's own disk is full: not the host's)
     └── InsufficientCapacityError 507 (no memory, addresses or disk left on that host)
 
@@ -94,6 +95,11 @@ from paddock_hostagent.schemas import (
     VolumeCloneBody,
     VolumeCreateBody,
     VolumeDeleted,
+    VolumeDirBody,
+    VolumeEntry,
+    VolumeEntryMetadata,
+    VolumeListing,
+    VolumeMetadataBody,
     VolumeMountBody,
     VolumeMountView,
     VolumeResizeBody,
@@ -170,6 +176,10 @@ class HostBusyError(HostAgentError):
     pass
 
 
+class TooLargeError(HostAgentError):
+    pass
+
+
 class SandboxDiskFullError(HostAgentError):
     pass
 
@@ -193,6 +203,7 @@ _BY_CODE: dict[str, type[HostAgentError]] = {
     "spawn_failed": SpawnFailedError,
     "unknown_user": UnknownUserError,
     "unsupported_on_tier": UnsupportedOnTierError,
+    "payload_too_large": TooLargeError,
 }
 _BY_STATUS: dict[int, type[HostAgentError]] = {404: SandboxMissingError, 409: BadStateError}
 #: What the transports raise when the agent does not answer.
@@ -618,6 +629,77 @@ class HostAgentClient:
             "volumes/" + quote(volume_id, safe=""),
             VolumeDeleted.model_validate_json,
             timeout=_MOUNT_TIMEOUT,
+        )
+
+    # A volume's files without a sandbox (E2B's volume content API; sandboxes/volume_content.py). The
+    # volume is mounted for the call when no sandbox holds it: a mount's time on top of a call's.
+
+    def _content(self, volume_id: str, what: str) -> str:
+        return "volumes/" + quote(volume_id, safe="") + "/content/" + what
+
+    async def stat_volume_path(self, volume_id: str, path: str) -> VolumeEntry:
+        return await self._call(
+            "GET",
+            self._content(volume_id, "path"),
+            VolumeEntry.model_validate_json,
+            params={"path": path},
+            timeout=_MOUNT_TIMEOUT,
+        )
+
+    async def list_volume_dir(self, volume_id: str, path: str, depth: int) -> VolumeListing:
+        return await self._call(
+            "GET",
+            self._content(volume_id, "dir"),
+            VolumeListing.model_validate_json,
+            params={"path": path, "depth": str(depth)},
+            timeout=_MOUNT_TIMEOUT,
+        )
+
+    async def make_volume_dir(self, volume_id: str, body: VolumeDirBody) -> VolumeEntry:
+        return await self._call(
+            "POST",
+            self._content(volume_id, "dir"),
+            VolumeEntry.model_validate_json,
+            body=body,
+            timeout=_MOUNT_TIMEOUT,
+        )
+
+    async def read_volume_file(self, volume_id: str, path: str) -> bytes:
+        return await self._call(
+            "GET", self._content(volume_id, "file"), bytes, params={"path": path}, timeout=_MOUNT_TIMEOUT
+        )
+
+    async def write_volume_file(
+        self, volume_id: str, path: str, data: bytes, metadata: VolumeEntryMetadata
+    ) -> VolumeEntry:
+        params = {"path": path} | {
+            key: str(value) for key, value in metadata.model_dump(exclude_none=True).items()
+        }
+
+        async def body() -> AsyncIterator[bytes]:
+            yield data
+
+        return await self._call(
+            "PUT",
+            self._content(volume_id, "file"),
+            VolumeEntry.model_validate_json,
+            params=params,
+            content=body(),
+            timeout=_MOUNT_TIMEOUT,
+        )
+
+    async def update_volume_path(self, volume_id: str, body: VolumeMetadataBody) -> VolumeEntry:
+        return await self._call(
+            "PATCH",
+            self._content(volume_id, "path"),
+            VolumeEntry.model_validate_json,
+            body=body,
+            timeout=_MOUNT_TIMEOUT,
+        )
+
+    async def remove_volume_path(self, volume_id: str, path: str) -> None:
+        await self._call(
+            "DELETE", self._content(volume_id, "path"), bytes, params={"path": path}, timeout=_MOUNT_TIMEOUT
         )
 
     async def attach_volume(self, sandbox_id: str, body: VolumeMountBody) -> VolumeMountView:

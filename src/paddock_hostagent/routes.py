@@ -20,6 +20,7 @@ from paddock_hostagent.guest.protocol import MAX_CONTROL_PAYLOAD_BYTES, exec_pay
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import (
     MAX_LOG_TAIL_LINES,
+    VOLUME_FILE_BYTES,
     BandwidthBody,
     BandwidthResult,
     BuildBody,
@@ -313,6 +314,7 @@ BODY_ROUTES = (
     BodyRoute("PUT", r"/internal/v1/sandboxes/[^/]+/files", None),
     BodyRoute("POST", r"/internal/v1/sandboxes/[^/]+/exec", 6 * MAX_EXEC_STDIN_BYTES + (4 << 20), "stdin"),
     BodyRoute("POST", r"/internal/v1/builds", 64 << 20),
+    BodyRoute("PUT", r"/internal/v1/volumes/[^/]+/content/file", VOLUME_FILE_BYTES),
 )
 
 

@@ -8,6 +8,7 @@ import it (tests/test_layering.py) without the host agent's server dependencies.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from ipaddress import IPv4Address
 from typing import Any, Literal
@@ -224,6 +225,57 @@ class VolumeView(BaseModel):
     size_mib: int
     used_bytes: int
     holders: list[VolumeHolder] = Field(default_factory=list)
+
+
+EntryKind = Literal["file", "directory", "symlink", "unknown"]
+
+
+class VolumeEntry(BaseModel):
+    """A file, directory or symlink in a volume, as E2B's volume content API shows it (``VolumeEntryStat``):
+    ``mode`` is the permission bits, ``target`` a symlink's (never followed)."""
+
+    name: str
+    type: EntryKind
+    path: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    atime: dt.datetime
+    mtime: dt.datetime
+    ctime: dt.datetime
+    target: str | None = None
+
+
+#: The largest file one call reads from or writes into a volume without a sandbox (isolation rule 5).
+VOLUME_FILE_BYTES = 64 << 20
+
+
+class VolumeListing(BaseModel):
+    entries: list[VolumeEntry]
+
+
+#: What an entry's owner and mode may be set to (a uid or gid, the permission bits with setuid and sticky).
+_OWNER_ID = Field(default=None, ge=0, le=2**32 - 2)
+_MODE = Field(default=None, ge=0, le=0o7777)
+
+
+class VolumeEntryMetadata(BaseModel):
+    """An entry's owner and mode, each left as it is when not given."""
+
+    uid: int | None = _OWNER_ID
+    gid: int | None = _OWNER_ID
+    mode: int | None = _MODE
+
+
+class VolumeDirBody(VolumeEntryMetadata):
+    path: str = Field(max_length=4096)
+    #: Make the missing parents too (E2B's ``force``).
+    parents: bool = False
+
+
+class VolumeMetadataBody(VolumeEntryMetadata):
+    path: str = Field(max_length=4096)
 
 
 class VolumeMountBody(BaseModel):

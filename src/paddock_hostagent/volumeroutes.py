@@ -1,16 +1,27 @@
 """The internal API's volume routes (``/internal/v1``, issue #34): parse, call one manager method, return
-a schema. Volumes themselves (``/volumes``) and their mounts in a sandbox (``/sandboxes/{id}/volumes``)."""
+a schema. Volumes themselves (``/volumes``), their files (``/volumes/{id}/content/…``, E2B's volume
+content API: ``sandboxes/volume_content.py``) and their mounts in a sandbox (``/sandboxes/{id}/volumes``)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from functools import partial
 
+from fastapi import APIRouter, Query, Request, Response
+
+from paddock_hostagent import errors
 from paddock_hostagent.routes import Manager
+from paddock_hostagent.sandboxes import volume_content
+from paddock_hostagent.sandboxes.volume_content import MAX_FILE_BYTES, VolumeContent
 from paddock_hostagent.schemas import (
     DetachResult,
     VolumeCloneBody,
     VolumeCreateBody,
     VolumeDeleted,
+    VolumeDirBody,
+    VolumeEntry,
+    VolumeEntryMetadata,
+    VolumeListing,
+    VolumeMetadataBody,
     VolumeMountBody,
     VolumeMountView,
     VolumeResizeBody,
@@ -43,6 +54,75 @@ async def resize_volume(volume_id: str, body: VolumeResizeBody, manager: Manager
 @router.delete("/volumes/{volume_id}")
 async def delete_volume(volume_id: str, manager: Manager) -> VolumeDeleted:
     return await manager.volumes.delete(volume_id)
+
+
+# -- a volume's files ---------------------------------------------------------------------------
+
+_PATH = Query(max_length=4096)
+_ID = Query(default=None, ge=0, le=2**32 - 2)
+
+
+@router.get("/volumes/{volume_id}/content/path")
+async def stat_volume_path(volume_id: str, manager: Manager, path: str = _PATH) -> VolumeEntry:
+    return await VolumeContent(manager.volumes).run(volume_id, partial(volume_content.stat_path, path=path))
+
+
+@router.get("/volumes/{volume_id}/content/dir")
+async def list_volume_dir(
+    volume_id: str, manager: Manager, path: str = _PATH, depth: int = Query(default=1)
+) -> VolumeListing:
+    listed = await VolumeContent(manager.volumes).run(
+        volume_id, partial(volume_content.list_dir, path=path, depth=depth)
+    )
+    return VolumeListing(entries=listed)
+
+
+@router.post("/volumes/{volume_id}/content/dir")
+async def make_volume_dir(volume_id: str, body: VolumeDirBody, manager: Manager) -> VolumeEntry:
+    work = partial(
+        volume_content.make_dir,
+        path=body.path,
+        uid=body.uid,
+        gid=body.gid,
+        mode=body.mode,
+        parents=body.parents,
+    )
+    return await VolumeContent(manager.volumes).run(volume_id, work)
+
+
+@router.get("/volumes/{volume_id}/content/file")
+async def read_volume_file(volume_id: str, manager: Manager, path: str = _PATH) -> Response:
+    data = await VolumeContent(manager.volumes).run(volume_id, partial(volume_content.read_file, path=path))
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.put("/volumes/{volume_id}/content/file")
+async def write_volume_file(
+    volume_id: str,
+    request: Request,
+    manager: Manager,
+    path: str = _PATH,
+    uid: int | None = _ID,
+    gid: int | None = _ID,
+    mode: int | None = Query(default=None, ge=0, le=0o7777),
+) -> VolumeEntry:
+    data = await request.body()  # bounded by BODY_ROUTES (MAX_FILE_BYTES)
+    if len(data) > MAX_FILE_BYTES:
+        raise errors.PayloadTooLarge(f"the file is over the {MAX_FILE_BYTES}-byte limit")
+    work = partial(volume_content.write_file, path=path, data=data, uid=uid, gid=gid, mode=mode)
+    return await VolumeContent(manager.volumes).run(volume_id, work)
+
+
+@router.patch("/volumes/{volume_id}/content/path")
+async def update_volume_path(volume_id: str, body: VolumeMetadataBody, manager: Manager) -> VolumeEntry:
+    work = partial(volume_content.update, path=body.path, uid=body.uid, gid=body.gid, mode=body.mode)
+    return await VolumeContent(manager.volumes).run(volume_id, work)
+
+
+@router.delete("/volumes/{volume_id}/content/path")
+async def remove_volume_path(volume_id: str, manager: Manager, path: str = _PATH) -> VolumeEntryMetadata:
+    await VolumeContent(manager.volumes).run(volume_id, partial(volume_content.remove, path=path))
+    return VolumeEntryMetadata()
 
 
 @router.post("/sandboxes/{sandbox_id}/volumes")

@@ -4,7 +4,8 @@ on a real control plane and a host agent under QEMU (TCG here: each create boots
 A VM gets a volume as an extra virtio-blk drive (the volume's image file) at its boot, which
 ``paddock-vminit`` mounts at its path inside the VM. A volume written by one VM is read by the next once
 the first is destroyed; a read-only drive refuses writes; a live attach, a fork and a snapshot of a VM
-holding a volume are 409s naming the tier; nothing of the volume is mounted on the host.
+holding a volume are 409s naming the tier, and so is reading its files on the host (E2B's volume
+content API), which works once no VM holds it; nothing of the volume stays mounted on the host.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from paddock_hostagent.drivers.vm.vmimage import KERNEL_ROOT
+from tests.hostagent.conftest import TOKEN
 from tests.live import LivePlatform
 from tests.volumes.conftest import platform_on
 from tests.volumes.test_volumes_live import Account, settled, under
@@ -60,7 +63,20 @@ def test_a_volume_written_in_one_vm_is_read_in_the_next_and_a_read_only_drive_re
     assert snapshot.status_code == 409 and "volume" in snapshot.text, snapshot.text
     grow = account.http.patch(f"/v1/volumes/{vid}", json={"size_mib": 2048})
     assert grow.status_code == 409 and "vm" in grow.text, grow.text
+    # Nor are its files read on the host (E2B's volume content API) while the VM has it mounted.
+    content = httpx.Client(
+        base_url=f"{agent.url}/internal/v1/volumes/{vid}/content/",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=60,
+    )
+    held_by_vm = content.get("dir", params={"path": "/"})
+    assert held_by_vm.status_code == 409 and "vm" in held_by_vm.text, held_by_vm.text
+    assert under(agent.state_dir / "volumes")[0] == []
     account.destroy(first)
+    # Once no VM holds it, they are: mounted on the host for the call, and let go after it.
+    assert content.get("file", params={"path": "/one.txt"}).content == b"one\n"
+    assert under(agent.state_dir / "volumes")[0] == []
+    content.close()
 
     readers = [
         account.sandbox(**VM, volumes=[{"volume_id": "vmvol", "mount_path": "/mnt/ro", "read_only": True}])

@@ -42,6 +42,10 @@ from paddock_hostagent.schemas import (
     SnapshotView,
     VolumeCloneBody,
     VolumeCreateBody,
+    VolumeDirBody,
+    VolumeEntry,
+    VolumeEntryMetadata,
+    VolumeMetadataBody,
     VolumeMountBody,
     VolumeMountView,
     VolumeView,
@@ -165,6 +169,7 @@ DOMAIN_ERRORS: dict[type[hostclient.HostAgentError], Callable[[hostclient.HostAg
     ),
     # Overload of one sandbox (its guest takes no more connections now): the caller may retry.
     hostclient.HostBusyError: lambda exc: errors.Unavailable(SANDBOX_BUSY, retry_after_s=1),
+    hostclient.TooLargeError: lambda exc: errors.PayloadTooLarge(str(exc) or "over the host's limit"),
     hostclient.SandboxDiskFullError: lambda exc: errors.InsufficientStorage(
         "the sandbox's disk is full: nothing was written; free space in the sandbox or resize its disk"
     ),
@@ -474,6 +479,38 @@ class HostLink(HostLinkAPI):
         """Removes the volume from this host; one that is not there is no error."""
         with _mapped():
             await self.client.delete_volume(volume_id)
+
+    # A volume's files without a sandbox (E2B's volume content API, edge/e2b/volume_content.py).
+
+    async def stat_volume_path(self, volume_id: str, path: str) -> VolumeEntry:
+        with _mapped():
+            return await self.client.stat_volume_path(volume_id, path)
+
+    async def list_volume_dir(self, volume_id: str, path: str, depth: int) -> list[VolumeEntry]:
+        with _mapped():
+            return (await self.client.list_volume_dir(volume_id, path, depth)).entries
+
+    async def make_volume_dir(self, volume_id: str, body: VolumeDirBody) -> VolumeEntry:
+        with _mapped():
+            return await self.client.make_volume_dir(volume_id, body)
+
+    async def read_volume_file(self, volume_id: str, path: str) -> bytes:
+        with _mapped():
+            return await self.client.read_volume_file(volume_id, path)
+
+    async def write_volume_file(
+        self, volume_id: str, path: str, data: bytes, metadata: VolumeEntryMetadata
+    ) -> VolumeEntry:
+        with _mapped():
+            return await self.client.write_volume_file(volume_id, path, data, metadata)
+
+    async def update_volume_path(self, volume_id: str, body: VolumeMetadataBody) -> VolumeEntry:
+        with _mapped():
+            return await self.client.update_volume_path(volume_id, body)
+
+    async def remove_volume_path(self, volume_id: str, path: str) -> None:
+        with _mapped():
+            await self.client.remove_volume_path(volume_id, path)
 
     async def attach_volume(self, sandbox_id: str, body: VolumeMountBody) -> VolumeMountView:
         with _mapped():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,34 @@ class Volumes:
                 raise errors.InvalidState(str(exc)) from None
         log.info("volume_deleted", volume_id=volume_id, deleted=deleted)
         return VolumeDeleted(id=volume_id, deleted=deleted)
+
+    @contextlib.asynccontextmanager
+    async def on_host(self, volume_id: str) -> AsyncIterator[Path]:
+        """The volume's filesystem mounted on the host for the block, under the volume's lock (its
+        content read or written without a sandbox: ``volume_content.py``). Mounted there already while
+        a container or gVisor sandbox holds it; otherwise mounted for the block and unmounted after it.
+        A volume a VM holds is refused: that VM's kernel has it mounted."""
+        async with self.store.lock(volume_id):
+            meta = self._load(volume_id)
+            if self.registry.runtime_label == VM_RUNTIME and meta.holders:
+                with driver_errors():
+                    raise TierUnsupportedError(
+                        "vm",
+                        "reading or writing a volume a VM holds",
+                        f"it is a drive of {meta.holders[0].sandbox_id}, mounted by that VM's own kernel;"
+                        " use that sandbox's files, or kill it first",
+                    )
+            root = self.store.mount_dir(volume_id)
+            mounted_for_this = not mounts.is_mountpoint(root)
+            if mounted_for_this:
+                with driver_errors():
+                    await self.store.mount_on_host(volume_id)
+            try:
+                yield root
+            finally:
+                if mounted_for_this and not meta.holders:
+                    with driver_errors():
+                        await self._unmount_on_host(volume_id)
 
     # -- attachments ----------------------------------------------------------------------------
 

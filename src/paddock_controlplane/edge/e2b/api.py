@@ -21,6 +21,7 @@ from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity, schemas, store
 from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
 from paddock_controlplane.edge.e2b import templates as e2b_templates
+from paddock_controlplane.edge.e2b import volume_content as e2b_volume_content
 from paddock_controlplane.edge.e2b import volumes as e2b_volumes
 from paddock_controlplane.edge.e2b.store import E2bSandbox
 from paddock_controlplane.records import queries, sandbox_metrics
@@ -35,6 +36,7 @@ from paddock_core.bodylimit import BodyLimit, BodyRoute
 from paddock_core.db import transaction
 from paddock_core.http import RequestContextMiddleware
 from paddock_core.timeutil import as_utc, rfc3339
+from paddock_hostagent.schemas import VOLUME_FILE_BYTES
 
 router = APIRouter()
 
@@ -544,6 +546,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(router)
     app.include_router(e2b_templates.router)
     app.include_router(e2b_volumes.router)
+    app.include_router(e2b_volume_content.router)
     app.include_router(e2b_snapshots.router)
 
     def too_large(limit_bytes: int, field: str) -> errors.PaddockError:
@@ -554,8 +557,13 @@ def create_app(services: Services) -> FastAPI:
         return e2b_errors.from_paddock(exc)
 
     uploads = BodyRoute("PUT", r"/e2b-uploads", e2b_templates.MAX_UPLOAD_BYTES)
+    volume_files = BodyRoute("PUT", r"/volumecontent/[^/]+/file", VOLUME_FILE_BYTES)
     app.add_middleware(
-        BodyLimit, default_bytes=MAX_BODY_BYTES, refuse=too_large, render=render, routes=[uploads]
+        BodyLimit,
+        default_bytes=MAX_BODY_BYTES,
+        refuse=too_large,
+        render=render,
+        routes=[uploads, volume_files],
     )
     app.add_middleware(RequestContextMiddleware, service="e2b")
     return app

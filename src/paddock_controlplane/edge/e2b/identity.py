@@ -9,6 +9,7 @@ the sandbox edge (``edge``), so the two agree on every value the SDK carries fro
 - ``envdVersion`` is what the edge serves (:data:`ENVD_VERSION`); the SDK switches features on by it.
 - ``envdAccessToken`` is derived from the server's secret key and the sandbox id (:func:`envd_access_token`),
   so the edge checks ``X-Access-Token`` without a table and a restarted control plane hands out the same one.
+- A volume's ``token`` is derived the same way from its id (:func:`volume_token`), under a key of its own.
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ def domain(settings: ControlPlaneSettings) -> str:
     return settings.e2b_domain or settings.ingress_url_domain
 
 
-def _key(settings: ControlPlaneSettings) -> bytes:
+def _key(settings: ControlPlaneSettings, purpose: bytes = b"paddock-e2b-envd-access-token") -> bytes:
+    """The key of one kind of token, from the server's secret key (each kind its own: a sandbox's token
+    never opens a volume whose id it shares nothing with, and the other way round)."""
     secret = settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"
-    return hashlib.sha256(b"paddock-e2b-envd-access-token\x00" + secret.encode()).digest()
+    return hashlib.sha256(purpose + b"\x00" + secret.encode()).digest()
 
 
 def envd_access_token(settings: ControlPlaneSettings, sandbox_id: str) -> str:
@@ -74,3 +77,18 @@ def envd_access_token(settings: ControlPlaneSettings, sandbox_id: str) -> str:
 def check_envd_access_token(settings: ControlPlaneSettings, sandbox_id: str, presented: str) -> bool:
     """Whether ``presented`` is ``sandbox_id``'s token (constant time)."""
     return bool(presented) and constant_time_equals(presented, envd_access_token(settings, sandbox_id))
+
+
+_VOLUME_TOKEN = b"paddock-e2b-volume-content-token"
+
+
+def volume_token(settings: ControlPlaneSettings, volume_id: str) -> str:
+    """A volume's ``token`` (E2B's ``VolumeAndToken``): the volume content API requires it as its
+    ``Authorization: Bearer``. Derived like ``envdAccessToken``, so ``Volume.connect`` gets the same one
+    from any control plane, and a deleted volume's id never comes back."""
+    return "vt_" + hmac.new(_key(settings, _VOLUME_TOKEN), volume_id.encode(), hashlib.sha256).hexdigest()
+
+
+def check_volume_token(settings: ControlPlaneSettings, volume_id: str, presented: str) -> bool:
+    """Whether ``presented`` is ``volume_id``'s token (constant time)."""
+    return bool(presented) and constant_time_equals(presented, volume_token(settings, volume_id))

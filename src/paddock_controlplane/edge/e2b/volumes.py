@@ -4,8 +4,8 @@
 
 What differs from E2B (docs/e2b.md): an E2B volume has no size, so one is made at
 :data:`DEFAULT_SIZE_MIB` (or the plan's largest disk, when that is less); it is sparse, so only what is
-written takes space. E2B's volume content API (``/volumecontent/…``, the ``token`` a volume carries) is
-not served: ``token`` is empty and those routes answer 501. A volume is mounted read-write into one
+written takes space. E2B's volume content API (``/volumecontent/…``) is served by ``volume_content``,
+with the ``token`` a volume carries (``identity.volume_token``). A volume is mounted read-write into one
 sandbox at a time (Paddock's rule: one writer), so a second sandbox naming it while the first still
 runs is a 409 naming the holder; E2B mounts one volume into many sandboxes at once.
 """
@@ -22,8 +22,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.edge.api.deps import scope_caller
 from paddock_controlplane.edge.api.routes.bodies import optional_body
+from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.edge.e2b.schemas import NewVolume, VolumeMount
 from paddock_controlplane.records.schemas.volumes import VolumeAttachment, VolumeCreateRequest
+from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.volumes import Volume
 from paddock_controlplane.records.volumes import VolumeAttachment as AttachmentRow
 from paddock_controlplane.resources import accounts, volumes
@@ -41,9 +43,9 @@ def _view(volume: dict[str, Any]) -> dict[str, Any]:
     return {"volumeID": volume["id"], "name": volume["name"]}
 
 
-def _with_token(volume: dict[str, Any]) -> dict[str, Any]:
-    """E2B's ``VolumeAndToken``: the content API's token is empty, as that API is not served."""
-    return {**_view(volume), "token": ""}
+def _with_token(services: Services, volume: dict[str, Any]) -> dict[str, Any]:
+    """E2B's ``VolumeAndToken``: with the token the volume content API takes (``volume_content``)."""
+    return {**_view(volume), "token": identity.volume_token(services.settings, volume["id"])}
 
 
 @router.post("/volumes", status_code=201)
@@ -57,7 +59,7 @@ async def create(request: Request) -> dict[str, Any]:
     made = await volumes.create(
         services, principal.user_id, VolumeCreateRequest(name=body.name, size_mib=size_mib)
     )
-    return _with_token(made)
+    return _with_token(services, made)
 
 
 @router.get("/volumes")
@@ -74,7 +76,7 @@ async def get(volume_id: str, request: Request) -> dict[str, Any]:
     services, principal = await scope_caller(request.scope)
     principal.require_scope(None)
     async with services.sessions() as session:
-        return _with_token(await volumes.detail(session, principal.user_id, volume_id))
+        return _with_token(services, await volumes.detail(session, principal.user_id, volume_id))
 
 
 @router.delete("/volumes/{volume_id}", status_code=204)
