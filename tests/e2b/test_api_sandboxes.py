@@ -136,7 +136,7 @@ def test_errors_are_the_sdks_own(e2b_env: E2bPlatform) -> None:
         Sandbox.create("no-such-template")
     with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
         for method, path in (
-            ("GET", "/volumecontent/v/dir"),
+            ("GET", "/sandboxes/metrics"),
             ("GET", "/secrets"),
         ):
             answer = http.request(method, path)
