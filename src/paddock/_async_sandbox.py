@@ -17,12 +17,11 @@ from paddock import _base, _blocking, _code
 from paddock._async_computer import AsyncComputer
 from paddock._async_processes import AsyncCommandHandle, AsyncProcesses
 from paddock._async_processes import OutputCallback as OutputLineCallback
-from paddock._async_resources import AsyncSandboxDisks
+from paddock._async_resources import AsyncFileTree, AsyncSandboxDisks
 from paddock._code import Execution, OutputCallback
 from paddock._errors import (
     CommandStartError,
     CommandTimeoutError,
-    NotFoundError,
     PaddockError,
     SandboxStateError,
     TransportError,
@@ -148,8 +147,9 @@ class AsyncSandboxes:
         return [info async for info in self.iter(status, metadata=metadata)]
 
 
-class AsyncFiles:
-    """``sandbox.files``: uploads and downloads streamed in chunks, never held whole in memory."""
+class AsyncFiles(AsyncFileTree):
+    """``sandbox.files``: uploads and downloads streamed in chunks, never held whole in memory; ``list``,
+    ``stat``, ``exists``, ``remove`` and ``make_dir`` (``AsyncFileTree``) run inside the sandbox."""
 
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sandbox = sandbox
@@ -214,35 +214,6 @@ class AsyncFiles:
         return size
 
     # beyond one file's bytes: each runs inside the sandbox ------------------------------------------
-
-    async def list(self, path: str, *, depth: int = 1) -> list[FileEntry]:
-        """The entries under the directory ``path`` (``depth`` levels, 1 = its children)."""
-        data = await self._client.request(
-            "GET", self._url + "/list", params={"path": path, "depth": str(depth)}
-        )
-        return [FileEntry.from_api(entry) for entry in data["entries"]]
-
-    async def stat(self, path: str) -> FileEntry:
-        """``path``'s type, size, mode, owner and time (a symlink itself, not its target)."""
-        return FileEntry.from_api(
-            await self._client.request("GET", self._url + "/stat", params={"path": path})
-        )
-
-    async def exists(self, path: str) -> bool:
-        try:
-            await self.stat(path)
-        except NotFoundError:
-            return False
-        return True
-
-    async def remove(self, path: str) -> None:
-        """Remove a file or a whole directory; a missing path raises ``NotFoundError``."""
-        await self._client.request("DELETE", self._url, params={"path": path})
-
-    async def make_dir(self, path: str) -> bool:
-        """Make the directory and its parents; ``False`` when it was already there."""
-        data = await self._client.request("POST", self._url + "/mkdir", params={"path": path})
-        return bool(data["created"])
 
     async def rename(self, source: str, destination: str) -> FileEntry:
         """Move ``source`` to ``destination`` (parents made; an existing file there is replaced)."""

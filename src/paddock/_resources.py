@@ -11,10 +11,11 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from paddock import _base, _blocking
-from paddock._errors import WaitTimeoutError
+from paddock._errors import NotFoundError, WaitTimeoutError
 from paddock._models import (
     BuildLogFrame,
     Disk,
+    FileEntry,
     Network,
     SandboxDisk,
     Snapshot,
@@ -246,6 +247,87 @@ class Volumes:
     def delete(self, volume: str) -> None:
         """Delete it and its data; a volume a sandbox holds is a ``ConflictError``."""
         self._client.request("DELETE", _base.path("volumes", volume))
+
+    def files(self, volume: str) -> VolumeFiles:
+        """The volume's files, read and written without a sandbox (``VolumeFiles``)."""
+        return VolumeFiles(self._client, volume)
+
+
+class FileTree:
+    """The calls on a tree of files beyond one file's bytes, at ``…/files``: a sandbox's (``sandbox.files``,
+    run inside it) and a volume's (``client.volumes.files(...)``, run by its host), one shape for both."""
+
+    @property
+    def _client(self) -> Client:
+        raise NotImplementedError
+
+    @property
+    def _url(self) -> str:
+        raise NotImplementedError
+
+    def list(self, path: str, *, depth: int = 1) -> list[FileEntry]:
+        """The entries under the directory ``path`` (``depth`` levels, 1 = its children)."""
+        data = self._client.request("GET", self._url + "/list", params={"path": path, "depth": str(depth)})
+        return [FileEntry.from_api(entry) for entry in data["entries"]]
+
+    def stat(self, path: str) -> FileEntry:
+        """``path``'s type, size, mode, owner and time (a symlink itself, not its target)."""
+        return FileEntry.from_api(self._client.request("GET", self._url + "/stat", params={"path": path}))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except NotFoundError:
+            return False
+        return True
+
+    def remove(self, path: str) -> None:
+        """Remove a file, a symlink (not what it names) or a whole directory; a missing path raises
+        ``NotFoundError``."""
+        self._client.request("DELETE", self._url, params={"path": path})
+
+    def make_dir(self, path: str) -> bool:
+        """Make the directory and its parents; ``False`` when it was already there."""
+        data = self._client.request("POST", self._url + "/mkdir", params={"path": path})
+        return bool(data["created"])
+
+
+class VolumeFiles(FileTree):
+    """``client.volumes.files(volume)``: a volume's files without a sandbox (docs/volumes.md), read and
+    written by its host beside any sandbox that mounts it, with ``sandbox.files``' calls and entries
+    (``owner`` and ``group`` are numeric ids here). A symlink in the volume is shown, never followed;
+    one file read or written is at most 64 MiB (``PayloadTooLargeError`` beyond)."""
+
+    #: The most one call reads or writes (the server's bound, which refuses more with a 413).
+    MAX_FILE_BYTES = 64 << 20
+
+    def __init__(self, client: Client, volume: str) -> None:
+        self._owner = client
+        self._files_url = _base.path("volumes", volume, "files")
+
+    @property
+    def _client(self) -> Client:
+        return self._owner
+
+    @property
+    def _url(self) -> str:
+        return self._files_url
+
+    def write(self, path: str, data: bytes | str) -> int:
+        """Create or replace the file at ``path`` (absolute; missing parents are made); returns its size."""
+        body = data.encode() if isinstance(data, str) else data
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(len(body))}
+        answer = self._client.request(
+            "PUT", self._url, params={"path": path}, content=_blocking.BytesBody(body), headers=headers
+        )
+        return int(answer["size"])
+
+    def read(self, path: str) -> bytes:
+        resp = self._client.open_stream("GET", self._url, params={"path": path})
+        try:
+            return b"".join([chunk for chunk in resp.iter_bytes()])
+        finally:
+            resp.close()
 
 
 class Templates:

@@ -21,7 +21,6 @@ from paddock._computer import Computer
 from paddock._errors import (
     CommandStartError,
     CommandTimeoutError,
-    NotFoundError,
     PaddockError,
     SandboxStateError,
     TransportError,
@@ -30,7 +29,7 @@ from paddock._errors import (
 from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo, Snapshot
 from paddock._processes import CommandHandle, Processes
 from paddock._processes import OutputCallback as OutputLineCallback
-from paddock._resources import SandboxDisks
+from paddock._resources import FileTree, SandboxDisks
 
 if TYPE_CHECKING:
     from paddock._client import Client
@@ -148,8 +147,9 @@ class Sandboxes:
         return [info for info in self.iter(status, metadata=metadata)]
 
 
-class Files:
-    """``sandbox.files``: uploads and downloads streamed in chunks, never held whole in memory."""
+class Files(FileTree):
+    """``sandbox.files``: uploads and downloads streamed in chunks, never held whole in memory; ``list``,
+    ``stat``, ``exists``, ``remove`` and ``make_dir`` (``FileTree``) run inside the sandbox."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox
@@ -213,31 +213,6 @@ class Files:
         return size
 
     # beyond one file's bytes: each runs inside the sandbox ------------------------------------------
-
-    def list(self, path: str, *, depth: int = 1) -> list[FileEntry]:
-        """The entries under the directory ``path`` (``depth`` levels, 1 = its children)."""
-        data = self._client.request("GET", self._url + "/list", params={"path": path, "depth": str(depth)})
-        return [FileEntry.from_api(entry) for entry in data["entries"]]
-
-    def stat(self, path: str) -> FileEntry:
-        """``path``'s type, size, mode, owner and time (a symlink itself, not its target)."""
-        return FileEntry.from_api(self._client.request("GET", self._url + "/stat", params={"path": path}))
-
-    def exists(self, path: str) -> bool:
-        try:
-            self.stat(path)
-        except NotFoundError:
-            return False
-        return True
-
-    def remove(self, path: str) -> None:
-        """Remove a file or a whole directory; a missing path raises ``NotFoundError``."""
-        self._client.request("DELETE", self._url, params={"path": path})
-
-    def make_dir(self, path: str) -> bool:
-        """Make the directory and its parents; ``False`` when it was already there."""
-        data = self._client.request("POST", self._url + "/mkdir", params={"path": path})
-        return bool(data["created"])
 
     def rename(self, source: str, destination: str) -> FileEntry:
         """Move ``source`` to ``destination`` (parents made; an existing file there is replaced)."""

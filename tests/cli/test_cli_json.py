@@ -61,6 +61,8 @@ RUN_ELSEWHERE = {
     "volume get": "tests/volumes/test_volume_clients.py",
     "volume resize": "tests/volumes/test_volume_clients.py",
     "volume rm": "tests/volumes/test_volume_clients.py",
+    "volume cp": "tests/volumes/test_volume_clients.py",
+    "volume files": "tests/volumes/test_volume_clients.py",
     "sandbox run-code": "the code-interpreter image: tests/sdk/test_code_interpreter.py; here --help only",
     "sandbox screenshot": "the desktop image: tests/desktop; here --help only",
     "sandbox view": "the desktop image: tests/desktop; here --help only",

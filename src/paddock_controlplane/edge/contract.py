@@ -302,6 +302,18 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         statuses=ON_A_SANDBOX, body=VolumeAttachment, body_required=True
     ),
     ("DELETE", SANDBOX + "/volumes/{volume_id}"): Operation(statuses=ON_A_SANDBOX),
+    # A volume's files without a sandbox (resources/volume_files.py): a missing path 404, a path through a
+    # symlink or of the wrong kind 400, a volume not ready or a VM holding it 409, over 64 MiB 413.
+    ("PUT", "/v1/volumes/{ref}/files"): Operation(
+        statuses=(409, 413, 503), raw_body="application/octet-stream", query=(GUEST_PATH,)
+    ),
+    ("GET", "/v1/volumes/{ref}/files"): Operation(
+        statuses=(409, 413, 503), query=(GUEST_PATH,), media=("application/octet-stream",), unwrapped=True
+    ),
+    ("GET", "/v1/volumes/{ref}/files/list"): Operation(statuses=(409, 413, 503), query=(GUEST_PATH, DEPTH)),
+    ("GET", "/v1/volumes/{ref}/files/stat"): Operation(statuses=(409, 503), query=(GUEST_PATH,)),
+    ("POST", "/v1/volumes/{ref}/files/mkdir"): Operation(statuses=(409, 503), query=(GUEST_PATH,)),
+    ("DELETE", "/v1/volumes/{ref}/files"): Operation(statuses=(409, 503), query=(GUEST_PATH,)),
     # The audit trail (docs/audit.md): a page of events, or all of them as JSON lines.
     ("GET", SANDBOX + "/audit"): Operation(query=AUDIT_QUERY, media=("application/x-ndjson",)),
 }

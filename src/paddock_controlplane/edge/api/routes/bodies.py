@@ -22,6 +22,7 @@ from paddock_controlplane.resources import templates
 from paddock_controlplane.sandboxes import commands
 from paddock_core import errors, jsonbody
 from paddock_core.bodylimit import BodyRoute
+from paddock_hostagent.schemas import VOLUME_FILE_BYTES
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -35,6 +36,7 @@ MAX_TEMPLATE_BODY_BYTES = templates.MAX_CONTEXT_BYTES * 4 // 3 + (1 << 20)
 BODY_ROUTES = (
     BodyRoute("PUT", r"/v1/sandboxes/[^/]+/files", None),
     BodyRoute("PUT", r"/v1/sandboxes/[^/]+/files/tar", None),
+    BodyRoute("PUT", r"/v1/volumes/[^/]+/files", VOLUME_FILE_BYTES),
     BodyRoute("POST", r"/v1/sandboxes/[^/]+/exec", commands.MAX_EXEC_BODY_BYTES, "stdin"),
     BodyRoute("POST", r"/v1/templates", MAX_TEMPLATE_BODY_BYTES),
 )
