@@ -4,7 +4,9 @@ plane, host agent under runsc, loop devices and XFS.
 gVisor's sentry binds host directories only when a sandbox starts, so a create sends its volumes to the
 host before the create call and the host binds each one into the container. A volume written by one
 gVisor sandbox is read by the next once the first is destroyed; read-only holders cannot write; a live
-attach and a hibernation (which would lose the binds) are 409s naming the tier; nothing is left mounted.
+attach and a hibernation (which would lose the binds) are 409s naming the tier; the volume's files read
+and written without a sandbox (``/v1/volumes/{ref}/files``) are seen by the running gVisor sandbox, and
+what it writes by them; nothing is left mounted.
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ def test_a_volume_written_in_one_gvisor_sandbox_is_read_in_the_next(
     hibernate = account.http.post(f"/v1/sandboxes/{second}/pause", json={"keep_memory": False})
     assert hibernate.status_code == 409 and "gvisor" in hibernate.text, hibernate.text
     assert account.out(second, "cat /mnt/vol/one.txt") == "one\n"
+    # Its files without a sandbox, beside the running gVisor sandbox, both ways.
+    put = account.http.put(f"/v1/volumes/{vid}/files", params={"path": "/from-host.txt"}, content=b"host\n")
+    assert put.status_code == 200, put.text
+    assert account.out(second, "cat /mnt/vol/from-host.txt") == "host\n"
+    account.out(second, "echo gvisor > /mnt/vol/from-gvisor.txt")
+    read = account.http.get(f"/v1/volumes/{vid}/files", params={"path": "/from-gvisor.txt"})
+    assert read.status_code == 200 and read.content == b"gvisor\n", read.text
     account.destroy(second)
 
     agent = platform.agents[0]
