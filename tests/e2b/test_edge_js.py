@@ -42,4 +42,5 @@ def test_js_sdks_core_steps(e2b_platform: E2bPlatform) -> None:
     assert seen["ok"] is True
     assert seen["run"] == "one\nhi\n"
     assert "create:new.txt" in seen["watch"]
+    assert seen["network"] == ["192.0.2.1"]  # updateNetwork (PUT /sandboxes/{id}/network)
     assert seen["interpreter"] == "42"

@@ -67,6 +67,16 @@ try {
   await sandbox.pty.sendInput(terminal.pid, new TextEncoder().encode('echo pty-$((6*7)); exit\n'))
   await terminal.wait()
   assert.ok(out.includes('pty-42'), out)
+
+  // network: the egress allowlist replaced on the running sandbox, then everything denied, then cleared
+  await sandbox.updateNetwork({ allowOut: ['192.0.2.1'], denyOut: ['0.0.0.0/0'] })
+  const listed = (await sandbox.getInfo()).network ?? {}
+  assert.deepEqual([listed.allowOut, listed.denyOut], [['192.0.2.1'], ['0.0.0.0/0']])
+  await Sandbox.updateNetwork(sandbox.sandboxId, { allowInternetAccess: false })
+  assert.deepEqual(((await sandbox.getInfo()).network ?? {}).allowOut, [])
+  await sandbox.updateNetwork({})
+  assert.equal(((await sandbox.getInfo()).network ?? {}).allowOut, undefined)
+  seen.network = listed.allowOut
 } finally {
   await sandbox.kill()
 }
