@@ -8,6 +8,7 @@ same listener), beside a sandbox that mounts it, and never through a symlink the
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import secrets
@@ -155,6 +156,10 @@ def test_a_volumes_files_through_the_content_api_beside_a_sandbox_that_mounts_it
         assert written.size == len("hi from the content api\n")
         assert volume.read_file("/notes/hello.txt") == "hi from the content api\n"
         assert volume.read_file("/notes/hello.txt", format="bytes") == b"hi from the content api\n"
+        blob = bytes(range(256)) * (12 << 10)  # 3 MiB, streamed from a file object in chunks
+        assert volume.write_file("/blob.bin", io.BytesIO(blob)).size == len(blob)
+        assert volume.read_file("/blob.bin", format="bytes") == blob
+        volume.remove("/blob.bin")
 
         made = volume.make_dir("/a/b/c", force=True)
         assert made.type == VolumeFileType.DIRECTORY and made.path == "/a/b/c"

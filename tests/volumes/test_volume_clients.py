@@ -91,6 +91,10 @@ def test_a_volumes_files_are_seeded_before_a_sandbox_and_shared_with_one_that_ru
             entry = files.stat("/app/config/settings.toml")
             assert (entry.size, entry.permissions, entry.owner) == (14, "-rw-r--r--", "0"), entry
             assert files.exists("/app") and not files.exists("/nothing")
+            # One call is bounded: a file over 64 MiB is refused as it arrives, and nothing is written.
+            with pytest.raises(paddock.PayloadTooLargeError):
+                files.write("/too-big.bin", bytes(files.MAX_FILE_BYTES + 1))
+            assert not files.exists("/too-big.bin")
             with pytest.raises(paddock.NotFoundError):
                 files.read("/nothing")
             with pytest.raises(paddock.ValidationError, match="path"):
