@@ -312,8 +312,15 @@ def test_a_hibernated_sandbox_gets_its_volume_back(platform: LivePlatform, accou
         # The hibernated sandbox still holds the volume: another writer is refused.
         other = account.create(volumes=[{"volume_id": volume_id, "mount_path": "/data"}])
         assert other.status_code == 409, other.text
+        # Its files are read and written while it sleeps, without a sandbox, and the host lets the
+        # mount go after each call (the woken sandbox mounts the volume again).
+        files = f"/v1/volumes/{volume_id}/files"
+        assert account.http.get(files, params={"path": "/v.txt"}).content == b"on-volume\n"
+        put = account.http.put(files, params={"path": "/while-asleep.txt"}, content=b"zzz\n")
+        assert put.status_code == 200, put.text
         assert account.resume(sandbox_id).status_code == 200
         assert account.out(sandbox_id, "cat /data/v.txt; stat -f -c %T /data") == "on-volume\nxfs\n"
+        assert account.out(sandbox_id, "cat /data/while-asleep.txt") == "zzz\n"
         account.out(sandbox_id, "echo after > /data/after.txt")
         account.destroy(sandbox_id)
     finally:

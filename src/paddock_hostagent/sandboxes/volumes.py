@@ -254,7 +254,9 @@ class Volumes:
             try:
                 yield root
             finally:
-                if mounted_for_this and not meta.holders:
+                # Mounted for this call: nobody else needed it mounted (a running holder has it mounted
+                # already; a hibernated one mounts it again when it wakes).
+                if mounted_for_this:
                     with driver_errors():
                         await self._unmount_on_host(volume_id)
 
