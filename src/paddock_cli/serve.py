@@ -290,7 +290,7 @@ Paddock is running.
   gateway        http://127.0.0.1:{GW_PORT}   (OpenAPI: http://127.0.0.1:{GW_PORT}/openapi.json)
   ingress        http://<port>-<sandbox id>.{INGRESS_DOMAIN}:{INGRESS_PORT}   (sandboxes with ingress_enabled){https}
   ssh            ssh -p {SSH_PORT} <sandbox id or name>@127.0.0.1   (keys: the sandbox's ssh_pubkeys)
-  E2B API        http://127.0.0.1:{E2B_PORT}   (E2B_API_URL; docs/e2b.md)
+  E2B API        http://127.0.0.1:{E2B_PORT}   (E2B_API_URL, and E2B_VOLUME_API_URL; docs/e2b.md)
   E2B sandboxes  http://127.0.0.1:{E2B_EDGE_PORT}  (E2B_SANDBOX_URL; E2B_API_KEY is the API key below)
   bootstrap API key: {key}
 
