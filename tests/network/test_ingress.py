@@ -111,10 +111,17 @@ def test_the_ingress_url_works_with_curl(ingress: Ingress, app_sandbox: dict[str
 
 
 def test_keep_alive_reuses_one_connection_to_the_app(
-    ingress: Ingress, app_sandbox: dict[str, object]
+    ingress: Ingress, app_sandbox: dict[str, object], pause_s: float = 0.0
 ) -> None:
+    """Five requests on one client connection reach the app on one upstream connection. ``pause_s``
+    between them leaves the app's server waiting for the next request in a read (the gVisor tier's
+    case: tests/integration/test_network_tiers.py)."""
+    answers = []
     with ingress.client(str(app_sandbox["id"])) as client:
-        answers = [client.get("/hello") for _ in range(5)]
+        for index in range(5):
+            if index and pause_s:
+                time.sleep(pause_s)
+            answers.append(client.get("/hello"))
     assert all(a.status_code == 200 for a in answers)
     # the app prints the client port it saw: one upstream connection served all five
     assert len({a.text.split("conn=")[1] for a in answers}) == 1
