@@ -8,10 +8,8 @@ from functools import partial
 
 from fastapi import APIRouter, Query, Request, Response
 
-from paddock_hostagent import errors
 from paddock_hostagent.routes import Manager
 from paddock_hostagent.sandboxes import volume_content
-from paddock_hostagent.sandboxes.volume_content import MAX_FILE_BYTES, VolumeContent
 from paddock_hostagent.schemas import (
     DetachResult,
     VolumeCloneBody,
@@ -64,15 +62,15 @@ _ID = Query(default=None, ge=0, le=2**32 - 2)
 
 @router.get("/volumes/{volume_id}/content/path")
 async def stat_volume_path(volume_id: str, manager: Manager, path: str = _PATH) -> VolumeEntry:
-    return await VolumeContent(manager.volumes).run(volume_id, partial(volume_content.stat_path, path=path))
+    return await volume_content.run(manager.volumes, volume_id, partial(volume_content.stat_path, path=path))
 
 
 @router.get("/volumes/{volume_id}/content/dir")
 async def list_volume_dir(
     volume_id: str, manager: Manager, path: str = _PATH, depth: int = Query(default=1)
 ) -> VolumeListing:
-    listed = await VolumeContent(manager.volumes).run(
-        volume_id, partial(volume_content.list_dir, path=path, depth=depth)
+    listed = await volume_content.run(
+        manager.volumes, volume_id, partial(volume_content.list_dir, path=path, depth=depth)
     )
     return VolumeListing(entries=listed)
 
@@ -87,12 +85,12 @@ async def make_volume_dir(volume_id: str, body: VolumeDirBody, manager: Manager)
         mode=body.mode,
         parents=body.parents,
     )
-    return await VolumeContent(manager.volumes).run(volume_id, work)
+    return await volume_content.run(manager.volumes, volume_id, work)
 
 
 @router.get("/volumes/{volume_id}/content/file")
 async def read_volume_file(volume_id: str, manager: Manager, path: str = _PATH) -> Response:
-    data = await VolumeContent(manager.volumes).run(volume_id, partial(volume_content.read_file, path=path))
+    data = await volume_content.run(manager.volumes, volume_id, partial(volume_content.read_file, path=path))
     return Response(data, media_type="application/octet-stream")
 
 
@@ -106,22 +104,20 @@ async def write_volume_file(
     gid: int | None = _ID,
     mode: int | None = Query(default=None, ge=0, le=0o7777),
 ) -> VolumeEntry:
-    data = await request.body()  # bounded by BODY_ROUTES (MAX_FILE_BYTES)
-    if len(data) > MAX_FILE_BYTES:
-        raise errors.PayloadTooLarge(f"the file is over the {MAX_FILE_BYTES}-byte limit")
+    data = await request.body()  # refused past VOLUME_FILE_BYTES as it arrives (routes.BODY_ROUTES)
     work = partial(volume_content.write_file, path=path, data=data, uid=uid, gid=gid, mode=mode)
-    return await VolumeContent(manager.volumes).run(volume_id, work)
+    return await volume_content.run(manager.volumes, volume_id, work)
 
 
 @router.patch("/volumes/{volume_id}/content/path")
 async def update_volume_path(volume_id: str, body: VolumeMetadataBody, manager: Manager) -> VolumeEntry:
     work = partial(volume_content.update, path=body.path, uid=body.uid, gid=body.gid, mode=body.mode)
-    return await VolumeContent(manager.volumes).run(volume_id, work)
+    return await volume_content.run(manager.volumes, volume_id, work)
 
 
 @router.delete("/volumes/{volume_id}/content/path")
 async def remove_volume_path(volume_id: str, manager: Manager, path: str = _PATH) -> VolumeEntryMetadata:
-    await VolumeContent(manager.volumes).run(volume_id, partial(volume_content.remove, path=path))
+    await volume_content.run(manager.volumes, volume_id, partial(volume_content.remove, path=path))
     return VolumeEntryMetadata()
 
 

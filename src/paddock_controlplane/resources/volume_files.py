@@ -20,7 +20,7 @@ from paddock_controlplane.records.volumes import READY
 from paddock_controlplane.resources.volumes import get_owned
 from paddock_core import errors
 from paddock_core.timeutil import rfc3339
-from paddock_hostagent.schemas import VOLUME_FILE_BYTES, VolumeDirBody, VolumeEntry, VolumeEntryMetadata
+from paddock_hostagent.schemas import VolumeDirBody, VolumeEntry, VolumeEntryMetadata
 
 #: How deep one listing goes (the host's bound too: ``volume_content.MAX_DEPTH``).
 MAX_DEPTH = 32
@@ -63,11 +63,8 @@ async def read(services: Services, user_id: str, ref: str, path: str) -> bytes:
 
 
 async def write(services: Services, user_id: str, ref: str, path: str, data: bytes) -> dict[str, Any]:
-    """Create or replace the file (its missing parents made), whole or not at all."""
-    if len(data) > VOLUME_FILE_BYTES:
-        raise errors.PayloadTooLarge(
-            f"body: a file written into a volume is at most {VOLUME_FILE_BYTES} bytes"
-        )
+    """Create or replace the file (its missing parents made), whole or not at all. ``data`` is at most
+    ``VOLUME_FILE_BYTES``: the route's body limit refuses more as it arrives (``routes/bodies.py``)."""
     link, volume_id = await _host(services, user_id, ref)
     written = await link.write_volume_file(volume_id, path, data, VolumeEntryMetadata())
     return {"path": path, "size": written.size}

@@ -277,18 +277,13 @@ def remove(tree: Tree, path: str) -> None:
         _remove_tree(fd, name, [MAX_ENTRIES * 10])
 
 
-class VolumeContent:
-    """The calls above on a volume of this host, each with its filesystem mounted on the host
-    (``Volumes.on_host``) and run in a thread."""
+async def run(volumes: Volumes, volume_id: str, work: Callable[[Tree], Result]) -> Result:
+    """One of the calls above on a volume of this host, with its filesystem mounted on the host
+    (``Volumes.on_host``), in a thread."""
+    async with volumes.on_host(volume_id) as root:
 
-    def __init__(self, volumes: Volumes) -> None:
-        self.volumes = volumes
+        def opened() -> Result:
+            with Tree.open(root, follow_symlinks=False) as tree:
+                return work(tree)
 
-    async def run(self, volume_id: str, work: Callable[[Tree], Result]) -> Result:
-        async with self.volumes.on_host(volume_id) as root:
-
-            def opened() -> Result:
-                with Tree.open(root, follow_symlinks=False) as tree:
-                    return work(tree)
-
-            return await asyncio.to_thread(opened)
+        return await asyncio.to_thread(opened)
