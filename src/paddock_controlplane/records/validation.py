@@ -175,6 +175,14 @@ def auto_pause_seconds(value: int | None, field: str = "auto_pause_after_seconds
     return value
 
 
+def listing_depth(value: str | None, most: int) -> int:
+    """A listing's ``depth`` query parameter (default 1); its range is the lister's to check."""
+    raw = "1" if value is None else value
+    if not raw.isdigit():
+        raise ValidationFailed.field("depth", f"must be an integer 1..{most}")
+    return int(raw)
+
+
 def guest_path(value: str | None, field: str = "path") -> str:
     if not value:
         raise ValidationFailed.field(field, "path is required")

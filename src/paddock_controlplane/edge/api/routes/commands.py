@@ -84,10 +84,7 @@ FAST_ROUTES = [fastlane.FastRoute("POST", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/
 
 
 def _depth(request: Request) -> int:
-    raw = request.query_params.get("depth", "1")
-    if not raw.isdigit():
-        raise errors.ValidationFailed.field("depth", f"must be an integer 1..{fileops.MAX_DEPTH}")
-    return int(raw)
+    return validation.listing_depth(request.query_params.get("depth"), fileops.MAX_DEPTH)
 
 
 @router.get("/{sandbox_id}/files/list")

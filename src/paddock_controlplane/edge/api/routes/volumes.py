@@ -18,7 +18,7 @@ from paddock_controlplane.records.schemas.volumes import (
     VolumeResizeRequest,
 )
 from paddock_controlplane.resources import volume_files, volumes
-from paddock_core import envelope, errors
+from paddock_core import envelope
 
 router = APIRouter(tags=["volumes"], route_class=BoundaryRoute)
 
@@ -77,10 +77,8 @@ async def list_files(
     ref: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> JSONResponse:
     mark(request, ref)
-    raw = request.query_params.get("depth", "1")
-    if not raw.isdigit():
-        raise errors.ValidationFailed.field("depth", f"must be an integer 1..{volume_files.MAX_DEPTH}")
-    listed = await volume_files.list_dir(services, principal.user_id, ref, _path(request), int(raw))
+    depth = validation.listing_depth(request.query_params.get("depth"), volume_files.MAX_DEPTH)
+    listed = await volume_files.list_dir(services, principal.user_id, ref, _path(request), depth)
     return JSONResponse(envelope.success(listed))
 
 
