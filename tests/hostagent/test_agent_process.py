@@ -95,8 +95,15 @@ async def test_an_agent_killed_while_a_disk_was_frozen_leaves_it_writable_and_re
         )
         assert written["stdout"] == "after\n"
         await tracker.destroy_all()
-    # A frozen filesystem keeps its loop device open past the unmount: still bound to the image.
-    assert not rootdisks.loops_backing(Path(slot["disk_image"])), "the destroyed sandbox's disk outlived it"
+    # A frozen filesystem keeps its loop device open past the unmount: still bound to the image, for
+    # good. A mount namespace another test's process made meanwhile (a container switching roots, an
+    # ``unshare``) holds its copy of the disk for as long as that process lives, so the check waits
+    # a while for those to end.
+    image = Path(slot["disk_image"])
+    deadline = time.monotonic() + 10
+    while rootdisks.loops_backing(image) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not rootdisks.loops_backing(image), "the destroyed sandbox's disk outlived it"
 
 
 async def test_a_pause_or_resume_answered_right_before_a_crash_holds_after_the_restart(

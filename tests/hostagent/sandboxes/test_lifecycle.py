@@ -6,6 +6,7 @@ import asyncio
 import os
 import secrets
 import subprocess
+import sys
 import time
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -228,33 +229,79 @@ async def test_fork_of_a_paused_sandbox_leaves_it_paused(host: HostAgentClient, 
     assert (await run(host, child_id, "cat", "/root/note"))["stdout"] == "kept\n"
 
 
+# The holder detaches its copies of every mount but this agent's: on a host whose mounts are private,
+# as here, a copy of them all would also hold the disks other tests' sandboxes had mounted, and keep
+# those bound to their loop devices past their destroys for as long as it ran (a neighbour's check that
+# its destroyed disk was freed failed in CI).
+_HOLD_ONLY_MINE = r"""
+import ctypes, sys, time
+mine = sys.argv[1].rstrip("/") + "/"
+libc = ctypes.CDLL(None, use_errno=True)
+targets = [line.split()[4] for line in open("/proc/self/mountinfo")]
+for target in reversed(targets):
+    path = target.rstrip("/") + "/"
+    if not path.startswith(mine) and not mine.startswith(path):
+        libc.umount2(target.encode(), 2)  # MNT_DETACH
+print("holding", flush=True)
+time.sleep(60)
+"""
+
+
 async def test_a_fork_sees_its_source_while_another_mount_namespace_holds_the_warm_slots_disk(
-    host: HostAgentClient, sandboxes: Sandboxes
+    make_agent: Any,
 ) -> None:
     """A container starting on this host (any agent's) copies the host's mounts, the warm slots' empty
     disks among them, and holds them until it has switched roots. A fork that reuses such a slot's
     loop device would mount that still-living empty filesystem instead of its clone; it must see its
-    source's files whatever holds the old mount."""
-    source = await sandboxes.create()
-    await sh(host, source["id"], "echo kept > /root/note")
-    deadline = time.monotonic() + 30
-    while (await host.info()).warm_slots < 1:
-        assert time.monotonic() < deadline, "the warm pool did not refill"
-        await asyncio.sleep(0.05)
-    holder = await asyncio.create_subprocess_exec(
-        "unshare", "--mount", "--propagation", "private", "sleep", "60"
-    )
-    try:
-        await asyncio.sleep(0.3)  # the namespace holds its copy of every mount by now
-        child_id = f"{source['id']}-fork"
-        sandboxes.track(child_id)
-        await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="held", start_paused=False))
-        assert (await run(host, child_id, "cat", "/root/note"))["stdout"] == "kept\n"
-        await sh(host, child_id, "echo mine > /root/note")
-        assert (await run(host, source["id"], "cat", "/root/note"))["stdout"] == "kept\n"
-    finally:
-        holder.kill()
-        await holder.wait()
+    source's files whatever holds the old mount.
+
+    A pool of one slot and no parked sandboxes: its one free slot keeps its disk mounted (a larger pool
+    readies one unmounted for forks, which no copy can hold), so the fork takes the held one."""
+    agent: AgentProcess = make_agent(extra_env={"PADDOCK_HOST_POOL_SIZE": "1", "PADDOCK_HOST_POOL_IMAGE": ""})
+    agent.start()
+    async with agent.client() as host:
+        sandboxes = Sandboxes(host, agent)
+        try:
+            source = await sandboxes.create()
+            await sh(host, source["id"], "echo kept > /root/note")
+            deadline = time.monotonic() + 30
+            while (await host.info()).warm_slots < 1:
+                assert time.monotonic() < deadline, "the warm pool did not refill"
+                await asyncio.sleep(0.05)
+            source_disk = Path(agent.record(source["id"])["driver_state"]["slot"]["disk_mount"])
+            holder = await asyncio.create_subprocess_exec(
+                *("unshare", "--mount", "--propagation", "private", sys.executable, "-c", _HOLD_ONLY_MINE),
+                str(agent.state_dir),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            try:
+                assert holder.stdout is not None
+                assert await asyncio.wait_for(holder.stdout.readline(), 10) == b"holding\n"
+                held = {
+                    Path(line.split()[4])
+                    for line in Path(f"/proc/{holder.pid}/mountinfo").read_text().splitlines()
+                }
+                free_disks = {
+                    path
+                    for path in held
+                    if path.name == "disk" and path.parent.parent == source_disk.parent.parent
+                } - {source_disk}
+                assert free_disks, f"the holder keeps no copy of the free slot's disk: {sorted(held)}"
+                child_id = f"{source['id']}-fork"
+                sandboxes.track(child_id)
+                await host.fork_sandbox(
+                    source["id"], ForkBody(new_id=child_id, name="held", start_paused=False)
+                )
+                forked_disk = Path(agent.record(child_id)["driver_state"]["slot"]["disk_mount"])
+                assert forked_disk in free_disks, "the fork did not take the slot whose disk is held"
+                assert (await run(host, child_id, "cat", "/root/note"))["stdout"] == "kept\n"
+                await sh(host, child_id, "echo mine > /root/note")
+                assert (await run(host, source["id"], "cat", "/root/note"))["stdout"] == "kept\n"
+            finally:
+                holder.kill()
+                await holder.wait()
+        finally:
+            await sandboxes.destroy_all()
 
 
 def _egress_listing(agent: AgentProcess, kind: str, name: str) -> str:
