@@ -5,8 +5,9 @@
 One platform (a control plane and a host agent, production intervals), one 1 GiB volume, through the
 SDK (``client.volumes.files(...)``):
 
-- a 1-byte read and a 4 KiB write while **no sandbox holds the volume** (the host mounts it for each
-  call and unmounts it after);
+- a 1-byte read and a 4 KiB write while **no sandbox holds the volume**: the first call of a burst
+  (``cold``: the host mounts the volume, timed after the mount of the call before has gone) and the
+  calls that follow it (the host keeps the volume mounted ``volume_linger_s`` after each call);
 - the same while **a sandbox holds it** (the call works on the host's mount of it);
 - the floors, in the same run: ``exec true`` in that sandbox (a host call of the same path, no volume
   work) and, for the peer, ``sandbox.files`` reading and writing the same sizes on the volume's mount
@@ -31,29 +32,59 @@ from bench import machine
 from bench import platform as bench_platform
 from bench.stats import summarize
 from paddock_hostagent.guest.build import ensure_agent_binary
+from paddock_hostagent.settings import HostAgentSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPE = "s-1vcpu-256mb"
+#: The host agent's default ``volume_linger_s``: how long a file call's mount outlives it.
+LINGER_S = HostAgentSettings.model_fields["volume_linger_s"].default
 
 
 def timed(runs: int, call: Callable[[int], Any]) -> dict[str, Any]:
+    return timed_after(runs, lambda index: None, call)
+
+
+def timed_after(runs: int, before: Callable[[int], Any], call: Callable[[int], Any]) -> dict[str, Any]:
+    """``call`` timed ``runs`` times, each after an untimed ``before``."""
     times = []
     for index in range(runs):
+        before(index)
         started = time.perf_counter()
         call(index)
         times.append((time.perf_counter() - started) * 1000)
     return summarize(times)
 
 
-def measure(client: paddock.Client, runs: int) -> dict[str, Any]:
-    client.volumes.create("bench-files", 1024)
+def unmounted(mount_dir: Path, within_s: float) -> None:
+    """Waits until nothing is mounted at ``mount_dir`` (the linger of the call before has ended)."""
+    deadline = time.monotonic() + within_s
+    mountinfo = Path("/proc/self/mountinfo")
+    while any(line.split()[4] == str(mount_dir) for line in mountinfo.read_text().splitlines()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{mount_dir} is still mounted after {within_s} s")
+        time.sleep(0.05)
+
+
+def measure(client: paddock.Client, runs: int, volumes_dir: Path) -> dict[str, Any]:
+    volume = client.volumes.create("bench-files", 1024)
     try:
         files = client.volumes.files("bench-files")
         files.write("/one.txt", "x")
         block = b"y" * 4096
+        mount_dir = volumes_dir / volume.id / "mnt"
+        cold_runs = max(3, runs // 4)  # each waits out a linger
+
         out: dict[str, Any] = {
-            "unheld_read": timed(runs, lambda i: files.read("/one.txt")),
-            "unheld_write": timed(runs, lambda i: files.write(f"/u{i}.bin", block)),
+            "unheld_read_cold": timed_after(
+                cold_runs, lambda i: unmounted(mount_dir, LINGER_S + 10), lambda i: files.read("/one.txt")
+            ),
+            "unheld_write_cold": timed_after(
+                cold_runs,
+                lambda i: unmounted(mount_dir, LINGER_S + 10),
+                lambda i: files.write(f"/c{i}.bin", block),
+            ),
+            "unheld_read_burst": timed(runs, lambda i: files.read("/one.txt")),
+            "unheld_write_burst": timed(runs, lambda i: files.write(f"/u{i}.bin", block)),
         }
         sandbox = client.sandboxes.create(SHAPE, volumes=[{"volume_id": "bench-files", "mount_path": "/v"}])
         try:
@@ -96,7 +127,7 @@ def main() -> None:
     live = bench_platform.start(guest_dir, pool_size=2)
     try:
         with paddock.Client(api_key=live.api_key(), base_url=live.url) as client:
-            result = measure(client, args.runs)
+            result = measure(client, args.runs, live.agents[0].state_dir / "volumes")
     finally:
         live.stop()
         shutil.rmtree(guest_dir, ignore_errors=True)

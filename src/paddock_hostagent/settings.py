@@ -80,6 +80,11 @@ class HostAgentSettings(ServiceSettings):
     # TCP flow: ~35 MB/s at 1, ~140 at 8, ~240 at 65535, where a packet may be up to 64 KiB).
     egress_gso_max_segs: int = Field(default=1, ge=1, le=65535)
     pool_size: int = 2
+    # How long a volume mounted on the host for a file call without a sandbox (the volume files API,
+    # E2B's volume content API) stays mounted after it: a burst of calls pays one mount and unmount
+    # (~40 ms) and not one each. 0 unmounts after each call. Any other change of the volume (a
+    # sandbox's attach, a VM's drive, a resize, a delete) unmounts it first.
+    volume_linger_s: float = Field(default=5.0, ge=0.0, le=300.0)
     # The image the warm pool boots sandboxes of, ahead of the creates that claim them (crun and runc;
     # drivers/runtime/pool.py). Empty: the pool holds plain slots only. Parked only once the image is on the host.
     pool_image: str = "debian:13"

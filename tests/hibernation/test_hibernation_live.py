@@ -312,8 +312,8 @@ def test_a_hibernated_sandbox_gets_its_volume_back(platform: LivePlatform, accou
         # The hibernated sandbox still holds the volume: another writer is refused.
         other = account.create(volumes=[{"volume_id": volume_id, "mount_path": "/data"}])
         assert other.status_code == 409, other.text
-        # Its files are read and written while it sleeps, without a sandbox, and the host lets the
-        # mount go after each call (the woken sandbox mounts the volume again).
+        # Its files are read and written while it sleeps, without a sandbox, on the host's mount of
+        # the volume that the sleeping sandbox keeps.
         files = f"/v1/volumes/{volume_id}/files"
         assert account.http.get(files, params={"path": "/v.txt"}).content == b"on-volume\n"
         put = account.http.put(files, params={"path": "/while-asleep.txt"}, content=b"zzz\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from paddock._models import Volume
 from tests.cli.test_sandbox_cli import Cli
 from tests.live import LivePlatform
 from tests.volumes.conftest import platform_on
-from tests.volumes.test_volumes_live import under
+from tests.volumes.test_volumes_live import LINGER_S, settled, under, unmounted_after_linger
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -99,10 +100,12 @@ def test_a_volumes_files_are_seeded_before_a_sandbox_and_shared_with_one_that_ru
                 files.read("/nothing")
             with pytest.raises(paddock.ValidationError, match="path"):
                 files.read("relative/path")
-            # No sandbox holds it: mounted for each call and let go after it.
-            assert under(agent.state_dir / "volumes")[0] == []
-            # Another account reaches none of it, by name or by id.
+            # No sandbox holds it: the calls share one mount on the host, kept a while after the last.
             volume_id = client.volumes.get("seeded").id
+            assert under(agent.state_dir / "volumes")[0] == [
+                str(agent.state_dir / "volumes" / volume_id / "mnt")
+            ]
+            # Another account reaches none of it, by name or by id.
             with paddock.Client(api_key=platform.api_key(), base_url=platform.url) as stranger:
                 for ref in ("seeded", volume_id):
                     with pytest.raises(paddock.NotFoundError):
@@ -114,6 +117,14 @@ def test_a_volumes_files_are_seeded_before_a_sandbox_and_shared_with_one_that_ru
             with client.sandboxes.create(
                 "s-1vcpu-256mb", volumes=[{"volume_id": "seeded", "mount_path": "/srv"}]
             ) as sandbox:
+                # The sandbox took the volume while the calls' mount lingered: the mount is its now,
+                # and the linger's end leaves it be.
+                time.sleep(LINGER_S + 1)
+                assert under(agent.state_dir / "volumes")[0] == [
+                    str(agent.state_dir / "volumes" / volume_id / "mnt")
+                ]
+                files.write("/app/late.txt", b"late\n")
+                assert sandbox.run("cat", ["/srv/app/late.txt"]).stdout == "late\n"
                 assert sandbox.run("cat", ["/srv/app/config/settings.toml"]).stdout == "debug = false\n"
                 made = sandbox.run("echo from-sandbox > /srv/app/out.txt && ln -s /etc /srv/etc", shell=True)
                 assert made.exit_code == 0, made
@@ -130,8 +141,29 @@ def test_a_volumes_files_are_seeded_before_a_sandbox_and_shared_with_one_that_ru
                 assert sandbox.run("test", ["-e", "/srv/app/cache"]).exit_code != 0
                 sandbox.destroy(wait=True)
             assert under(agent.state_dir / "volumes")[0] == []
+            # Once the calls stop, the mount they shared goes.
+            assert files.read("/app/out.txt") == b"from-sandbox\n"
+            assert under(agent.state_dir / "volumes")[0] != []
+            assert unmounted_after_linger(agent.state_dir / "volumes") == []
+            assert settled(agent.state_dir / "volumes") == ([], [])
         finally:
             client.volumes.delete("seeded")
+
+
+def test_a_volume_is_deleted_or_resized_right_after_a_file_call(platform: LivePlatform) -> None:
+    """The mount a file call leaves for the next is no obstacle: a delete or a resize right after a
+    call goes through, with nothing left mounted."""
+    agent = platform.agents[0]
+    with paddock.Client(api_key=platform.api_key(), base_url=platform.url) as client:
+        client.volumes.create("brief", 512)
+        files = client.volumes.files("brief")
+        files.write("/a.txt", "a")
+        assert client.volumes.resize("brief", 1024).size_mib == 1024
+        assert files.read("/a.txt") == b"a"
+        client.volumes.delete("brief")
+        with pytest.raises(paddock.NotFoundError):
+            client.volumes.get("brief")
+        assert under(agent.state_dir / "volumes") == ([], [])
 
 
 async def test_the_async_sdk_reads_and_writes_a_volumes_files(platform: LivePlatform) -> None:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from paddock_hostagent.drivers.storage import mounts
+from paddock_hostagent.settings import HostAgentSettings
 from tests.live import LivePlatform
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -100,6 +101,19 @@ def under(state_dir: Path) -> tuple[list[str], list[str]]:
     )
     loops = [line.split()[0] for line in listed.stdout.splitlines() if prefix in line]
     return points, loops
+
+
+#: How long a host agent keeps a volume mounted after a file call (its ``volume_linger_s`` default).
+LINGER_S = HostAgentSettings.model_fields["volume_linger_s"].default
+
+
+def unmounted_after_linger(state_dir: Path) -> list[str]:
+    """The mounts under ``state_dir`` once file calls' mounts are gone, or as they are a while after the
+    linger should have ended."""
+    deadline = time.monotonic() + LINGER_S + 10
+    while (points := under(state_dir)[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return points
 
 
 def settled(state_dir: Path, *, within_s: float = 10) -> tuple[list[str], list[str]]:

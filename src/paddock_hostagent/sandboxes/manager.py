@@ -81,7 +81,9 @@ class SandboxManager:
         self.disks = Disks(self.registry, disks)
         self.commands = Commands(self.registry)
         #: Local persistent volumes (issue #34), beside the disk store: ``<state>/volumes``.
-        self.volumes = Volumes(self.registry, VolumeStore(settings.state_dir / "volumes"))
+        self.volumes = Volumes(
+            self.registry, VolumeStore(settings.state_dir / "volumes"), linger_s=settings.volume_linger_s
+        )
         self.lifecycle = Lifecycle(
             self.registry, self.traffic, self.networks, self.disks, retired, volumes=self.volumes
         )
@@ -171,6 +173,7 @@ class SandboxManager:
         self.registry.save_all()
         if self.builds is not None:  # before the network and egress they borrow go
             await self.builds.close()
+        await self.volumes.close()
         await self.runtime.close()
         await self.lifecycle.close()
         await self.traffic.close()

@@ -101,10 +101,22 @@ def _bind_read_only(source: Path, view: Path) -> None:
         raise
 
 
+@dataclass
+class _Linger:
+    """A volume a file call left mounted on the host, and the timer that unmounts it."""
+
+    timer: asyncio.TimerHandle
+    token: object = field(default_factory=object)
+
+
 class Volumes:
-    def __init__(self, registry: Registry, store: VolumeStore) -> None:
+    def __init__(self, registry: Registry, store: VolumeStore, *, linger_s: float = 0.0) -> None:
         self.registry = registry
         self.store = store
+        #: How long a volume ``on_host`` mounted stays mounted after the call (``volume_linger_s``).
+        self.linger_s = linger_s
+        self._lingering: dict[str, _Linger] = {}
+        self._expiring: set[asyncio.Task[None]] = set()
         #: Sandbox id -> the volumes it holds (from the records at start, kept with each change), so a
         #: destroy reads no volume's record unless the sandbox held it.
         self.held: dict[str, set[str]] = {}
@@ -157,6 +169,56 @@ class Volumes:
                 for h in meta.holders
             ],
         )
+
+    def _linger(self, volume_id: str) -> None:
+        """Keeps the volume ``on_host`` mounted on the host for ``linger_s`` more (a call in that time
+        finds it mounted and takes it over), then unmounts it."""
+        loop = asyncio.get_running_loop()
+        token = object()
+
+        def expire() -> None:
+            task = loop.create_task(self._expire(volume_id, token), name=f"volume-linger-{volume_id}")
+            self._expiring.add(task)
+            task.add_done_callback(self._expiring.discard)
+
+        self._lingering[volume_id] = _Linger(loop.call_later(self.linger_s, expire), token)
+
+    async def _expire(self, volume_id: str, token: object) -> None:
+        async with self.store.lock(volume_id):
+            linger = self._lingering.get(volume_id)
+            if linger is None or linger.token is not token:
+                return  # a call since took the mount over
+            try:
+                await self._end_linger(volume_id)
+            except errors.HostAgentServerError as exc:
+                log.warning("volume_linger_unmount_failed", volume_id=volume_id, error=str(exc))
+
+    async def _end_linger(self, volume_id: str) -> None:
+        """Under the volume's lock: unmounts what file calls left mounted, unless a sandbox holds the
+        volume by now. Whatever took it since (a container's attach, a gVisor sandbox's reservation)
+        found the mount there and uses it; a VM's drive took it off the host at its reservation."""
+        linger = self._lingering.pop(volume_id, None)
+        if linger is None:
+            return
+        linger.timer.cancel()
+        try:
+            held = bool(self.store.load(volume_id).holders)
+        except VolumeMissingError:
+            return  # deleted since: its delete unmounted it
+        if not held:
+            with driver_errors():
+                await self._unmount_on_host(volume_id)
+
+    async def close(self) -> None:
+        """At the agent's stop: what file calls left mounted is unmounted (a killed agent's next start
+        unmounts every volume nobody holds)."""
+        for volume_id in list(self._lingering):
+            async with self.store.lock(volume_id):
+                with contextlib.suppress(errors.HostAgentServerError):
+                    await self._end_linger(volume_id)
+        for task in list(self._expiring):
+            task.cancel()
+        await asyncio.gather(*self._expiring, return_exceptions=True)
 
     def _load(self, volume_id: str) -> VolumeMeta:
         try:
@@ -234,8 +296,10 @@ class Volumes:
     async def on_host(self, volume_id: str) -> AsyncIterator[Path]:
         """The volume's filesystem mounted on the host for the block, under the volume's lock (its
         content read or written without a sandbox: ``volume_content.py``). Mounted there already while
-        a container or gVisor sandbox holds it; otherwise mounted for the block and unmounted after it.
-        A volume a VM holds is refused: that VM's kernel has it mounted."""
+        a container or gVisor sandbox holds it (asleep too: a hibernated holder keeps its host mount);
+        otherwise mounted for the block and unmounted ``linger_s`` after it (``_linger``), so that the
+        calls of a burst pay one mount. A sandbox that takes the volume meanwhile uses that mount, and
+        keeps it. A volume a VM holds is refused: that VM's kernel has it mounted."""
         async with self.store.lock(volume_id):
             meta = self._load(volume_id)
             if self.registry.runtime_label == VM_RUNTIME and meta.holders:
@@ -246,17 +310,22 @@ class Volumes:
                         f"it is a drive of {meta.holders[0].sandbox_id}, mounted by that VM's own kernel;"
                         " use that sandbox's files, or kill it first",
                     )
+            linger = self._lingering.pop(volume_id, None)
+            if linger is not None:
+                linger.timer.cancel()  # this call takes the mount over
             root = self.store.mount_dir(volume_id)
-            mounted_for_this = not mounts.is_mountpoint(root)
-            if mounted_for_this:
+            mounted = mounts.is_mountpoint(root)
+            mounted_for_this = not mounted or (linger is not None and not meta.holders)
+            if not mounted:
                 with driver_errors():
                     await self.store.mount_on_host(volume_id)
             try:
                 yield root
             finally:
-                # Mounted for this call: nobody else needed it mounted (a running holder has it mounted
-                # already; a hibernated one mounts it again when it wakes).
-                if mounted_for_this:
+                # Mounted for file calls: no holder needed it mounted (a holder's mount was there).
+                if mounted_for_this and self.linger_s > 0:
+                    self._linger(volume_id)
+                elif mounted_for_this:
                     with driver_errors():
                         await self._unmount_on_host(volume_id)
 
