@@ -2,10 +2,11 @@
 the three variables, against a fake internet in a network namespace this module makes
 (tests/network/internet.py; no packet leaves the machine): ``deny_out=[ALL_TRAFFIC]`` with ``allow_out``
 lets a sandbox reach the address allowed and not another, which an open sandbox reaches; a deny of
-everything with nothing allowed reaches neither; ``get_info()`` shows the lists; what an allowlist cannot
-say (a deny of some addresses only, ``dns_servers`` …) is a 501 in E2B's shape naming the field, and a
-malformed entry a 400. Before, every egress field was a 501. ``update_network`` replaces the list on a
-running sandbox the same way (before: a 501)."""
+everything with nothing allowed reaches neither; ``get_info()`` shows the lists; ``dns_servers`` are
+reached wholly when ``allow_out`` names a domain (E2B's 8.8.8.8 when left out); what an allowlist cannot
+say (a deny of some addresses only …) is a 501 in E2B's shape naming the field, and a malformed entry a
+400. Before, every egress field was a 501, and ``dns_servers`` was until it was served.
+``update_network`` replaces the list on a running sandbox the same way (before: a 501)."""
 
 from __future__ import annotations
 
@@ -78,16 +79,71 @@ def test_a_domain_is_allowed_through_the_resolver(e2b_env: E2bPlatform) -> None:
     try:
         with e2b_env.platform.http(e2b_env.api_key) as native:
             view = native.get(f"/v1/sandboxes/{sandbox.sandbox_id}").json()["data"]
-        assert view["egress"] == ["api.example.test", "*.pypi.org"], view
+        # A domain allowed lets the sandbox reach E2B's default DNS server too (no packet is sent to it).
+        assert view["egress"] == ["api.example.test", "*.pypi.org", "8.8.8.8"], view
     finally:
         sandbox.kill()
+
+
+def test_dns_servers_are_reached_wholly_when_a_domain_is_allowed(
+    e2b_env: E2bPlatform, internet: FakeInternet
+) -> None:
+    allowed, server = internet.address("raw-a"), internet.address("raw-b")
+    made: list[Sandbox] = []
+    try:
+        with_domain = Sandbox.create(
+            network={
+                "allow_out": ["api.example.test", allowed],
+                "deny_out": [ALL_TRAFFIC],
+                "dns_servers": [server],
+            },
+            timeout=300,
+        )
+        made.append(with_domain)
+        none_listed = Sandbox.create(
+            network={
+                "allow_out": ["api.example.test", allowed],
+                "deny_out": [ALL_TRAFFIC],
+                "dns_servers": [],
+            },
+            timeout=300,
+        )
+        made.append(none_listed)
+        no_domain = Sandbox.create(
+            network={"allow_out": [allowed], "deny_out": [ALL_TRAFFIC], "dns_servers": [server]}, timeout=300
+        )
+        made.append(no_domain)
+
+        assert _fetch(with_domain, server, max_time=20) == "raw-b:80"  # all traffic to it, not only DNS
+        assert _fetch(with_domain, allowed, max_time=20) == "raw-a:80"
+        assert _fetch(none_listed, allowed, max_time=20) == "raw-a:80"
+        assert _fetch(none_listed, server).startswith("error")
+        assert _fetch(no_domain, server).startswith("error")  # E2B: only beside a domain
+        with e2b_env.platform.http(e2b_env.api_key) as native:
+            view = native.get(f"/v1/sandboxes/{with_domain.sandbox_id}").json()["data"]
+            assert view["egress"] == ["api.example.test", allowed, server], view
+
+        # update_network takes it the same way, and leaving it out again is E2B's default.
+        none_listed.update_network(
+            {"allow_out": ["api.example.test"], "deny_out": [ALL_TRAFFIC], "dns_servers": [server]}
+        )
+        assert _fetch(none_listed, server, max_time=20) == "raw-b:80"
+        assert _fetch(none_listed, allowed).startswith("error")
+        none_listed.update_network({"allow_out": ["api.example.test"], "deny_out": [ALL_TRAFFIC]})
+        assert _fetch(none_listed, server).startswith("error")
+        with e2b_env.platform.http(e2b_env.api_key) as native:
+            view = native.get(f"/v1/sandboxes/{none_listed.sandbox_id}").json()["data"]
+            assert view["egress"] == ["api.example.test", "8.8.8.8"], view
+    finally:
+        for sandbox in made:
+            sandbox.kill()
 
 
 def test_what_an_allowlist_cannot_say_is_refused_in_e2b_shape(e2b_env: E2bPlatform) -> None:
     before = len(Sandbox.list().next_items())
     for network, field in (
         ({"deny_out": ["198.18.0.0/15"]}, "network.denyOut[0]"),
-        ({"deny_out": [ALL_TRAFFIC], "dns_servers": ["1.1.1.1"]}, "network.dnsServers"),
+        ({"deny_out": [ALL_TRAFFIC], "egress_proxy": {"address": "192.0.2.1:1080"}}, "network.egressProxy"),
         ({"https_ports": [8443]}, "network.httpsPorts"),
         ({"mask_request_host": "${PORT}.example.test"}, "network.maskRequestHost"),
     ):
@@ -99,6 +155,15 @@ def test_what_an_allowlist_cannot_say_is_refused_in_e2b_shape(e2b_env: E2bPlatfo
             ({"allowOut": ["not a host!"], "denyOut": [ALL_TRAFFIC]}, "network.allowOut[0]"),
             ({"denyOut": ["example.test"]}, "network.denyOut[0]"),
             ({"denyOut": [7]}, "network.denyOut"),
+            (
+                {"allowOut": ["example.test"], "denyOut": [ALL_TRAFFIC], "dnsServers": ["1.1.1.0/24"]},
+                "network.dnsServers[0]",
+            ),
+            ({"denyOut": [ALL_TRAFFIC], "dnsServers": ["2001:db8::53"]}, "network.dnsServers[0]"),
+            (
+                {"denyOut": [ALL_TRAFFIC], "dnsServers": [f"192.0.2.{i}" for i in range(11)]},
+                "network.dnsServers",
+            ),
         ):
             answer = api.post("/sandboxes", json={"templateID": "base", "network": network})
             assert answer.status_code == 400 and answer.json()["code"] == 400, answer.text
@@ -132,8 +197,8 @@ def test_update_network_replaces_the_allowlist_of_a_running_sandbox(
             base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60
         ) as api:
             path = f"/sandboxes/{sandbox.sandbox_id}/network"
-            answer = api.put(path, json={"denyOut": [ALL_TRAFFIC], "dnsServers": ["192.0.2.53"]})
-            assert answer.status_code == 501 and answer.json()["message"].startswith("dnsServers"), (
+            answer = api.put(path, json={"denyOut": [ALL_TRAFFIC], "dnsServers": ["not an address"]})
+            assert answer.status_code == 400 and answer.json()["message"].startswith("dnsServers[0]"), (
                 answer.text
             )
             answer = api.put(path, json={"allowOut": ["not a host!"], "denyOut": [ALL_TRAFFIC]})

@@ -83,10 +83,10 @@ def test_without_public_traffic_the_url_needs_the_traffic_token(
 
 def test_unserved_network_fields_are_501_naming_them(e2b_env: E2bPlatform) -> None:
     with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60) as api:
-        body = {"templateID": "base", "network": {"allowPublicTraffic": True, "dnsServers": ["8.8.8.8"]}}
+        body = {"templateID": "base", "network": {"allowPublicTraffic": True, "httpsPorts": [8443]}}
         answer = api.post("/v2/sandboxes", json=body)
         assert answer.status_code == 501, answer.text
-        assert answer.json()["message"].startswith("network.dnsServers:"), answer.text
+        assert answer.json()["message"].startswith("network.httpsPorts:"), answer.text
         typed = api.post(
             "/v2/sandboxes", json={"templateID": "base", "network": {"allowPublicTraffic": "yes"}}
         )

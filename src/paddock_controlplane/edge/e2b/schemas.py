@@ -37,12 +37,18 @@ ALL_TRAFFIC = "0.0.0.0/0"
 NOTHING_OUT = "0.0.0.0/32"
 #: Entries an ``allowOut`` or ``denyOut`` holds at most (isolation rule 5: bounded).
 MAX_EGRESS_ENTRIES = 256
+#: E2B's ``dnsServers`` when a create or update leaves it out: the nameserver its sandboxes may reach
+#: whenever ``allowOut`` names a domain.
+DEFAULT_DNS_SERVERS = ("8.8.8.8",)
+#: Servers a ``dnsServers`` lists at most (E2B's limit).
+MAX_DNS_SERVERS = 10
 
 
 class EgressConfig(Body):
     """The egress fields a create's ``network`` and a ``PUT /sandboxes/{id}/network``
-    (``SandboxNetworkUpdateConfig``) share: ``allowOut``/``denyOut`` become Paddock's egress allowlist
-    where it can say the same (:func:`egress`); the others are 501 (:meth:`unserved`)."""
+    (``SandboxNetworkUpdateConfig``) share: ``allowOut``/``denyOut`` (with ``dnsServers``) become
+    Paddock's egress allowlist where it can say the same (:func:`egress`); the others are 501
+    (:meth:`unserved`)."""
 
     allow_out: list[StrictStr] | None = Field(default=None, alias="allowOut", max_length=MAX_EGRESS_ENTRIES)
     deny_out: list[StrictStr] | None = Field(default=None, alias="denyOut", max_length=MAX_EGRESS_ENTRIES)
@@ -51,7 +57,7 @@ class EgressConfig(Body):
     rules: dict[str, Any] | None = None
 
     #: Wire names of the fields Paddock does not act on, in the order a 501 names the first one set.
-    UNSERVED: ClassVar[tuple[str, ...]] = ("dnsServers", "egressProxy", "rules")
+    UNSERVED: ClassVar[tuple[str, ...]] = ("egressProxy", "rules")
 
     def unserved(self) -> list[str]:
         """The fields set that Paddock does not act on (each a 501)."""
@@ -68,7 +74,6 @@ class NetworkConfig(EgressConfig):
     https_ports: list[Any] | None = Field(default=None, alias="httpsPorts")
 
     UNSERVED: ClassVar[tuple[str, ...]] = (
-        "dnsServers",
         "egressProxy",
         "maskRequestHost",
         "httpsPorts",
@@ -92,12 +97,14 @@ def egress(
     Paddock's list allows what it names and refuses the rest, so it says the same when everything is
     denied (``denyOut`` holds ``ALL_TRAFFIC``, or ``allow_internet_access: false``, which E2B defines as
     that): the list is then ``allowOut`` (CIDRs, IPs, ``example.com`` and ``*.example.com``, which
-    Paddock's resolver admits), or :data:`NOTHING_OUT` when it is empty. ``allowOut`` without a deny
+    Paddock's resolver admits) and, when it names a domain, the ``dnsServers`` (E2B's 8.8.8.8 when left
+    out), or :data:`NOTHING_OUT` when it is empty. ``allowOut`` without a deny
     allows what is allowed anyway: open. A ``denyOut`` of some addresses only (everything but these)
     has no allowlist to say it, and is a 501 naming the entry. ``where`` is what the fields' names start
     with in an error (a create's are under ``network.``, an update's are the body's own)."""
     allow_out = network.allow_out if network is not None else None
     deny_out = network.deny_out if network is not None else None
+    dns_servers = _dns_servers(network.dns_servers if network is not None else None, f"{where}dnsServers")
     denies_all = allow_internet_access is False
     for index, entry in enumerate(deny_out or []):
         field = f"{where}denyOut[{index}]"
@@ -124,7 +131,40 @@ def egress(
         return []
     if any(ipaddress.ip_network(rule, strict=False).prefixlen == 0 for rule in rules if _is_cidr(rule)):
         return []
+    if any(_is_domain(rule) for rule in rules):
+        # E2B: an allowOut that names a domain lets the sandbox reach its DNS servers too, wholly.
+        rules += [server for server in dns_servers if server not in rules]
     return rules or [NOTHING_OUT]
+
+
+def _dns_servers(servers: list[Any] | None, field: str) -> list[str]:
+    """``dnsServers`` as allowlist entries: IPv4 addresses, at most :data:`MAX_DNS_SERVERS`; E2B's
+    default when left out, none for ``[]``."""
+    if servers is None:
+        return list(DEFAULT_DNS_SERVERS)
+    if len(servers) > MAX_DNS_SERVERS:
+        raise errors.ValidationFailed.field(field, f"at most {MAX_DNS_SERVERS} servers")
+    out: list[str] = []
+    for index, server in enumerate(servers):
+        try:
+            address = ipaddress.IPv4Address(server) if isinstance(server, str) else None
+        except ValueError:
+            address = None
+        if address is None:
+            raise errors.ValidationFailed.field(
+                f"{field}[{index}]", f"{str(server)[:64]!r} is not an IPv4 address"
+            )
+        rule = validation.egress_rule(str(address), f"{field}[{index}]")
+        if rule not in out:
+            out.append(rule)
+    return out
+
+
+def _is_domain(rule: str) -> bool:
+    """Whether an allowlist rule names hosts by name (``example.com``, ``*.example.com``, either with a
+    port), not by address."""
+    host = rule.rpartition(":")[0] if rule.count(":") == 1 else rule
+    return not host.startswith("[") and not _is_cidr(host)
 
 
 def _is_cidr(rule: str) -> bool:
