@@ -81,6 +81,50 @@ def test_without_public_traffic_the_url_needs_the_traffic_token(
         sandbox.kill()
 
 
+def test_mask_request_host_is_the_host_the_sandbox_app_gets(e2b_env: E2bPlatform) -> None:
+    """E2B's ``network.maskRequestHost``: the app behind ``get_host(port)`` sees the mask, with
+    ``${PORT}`` its port, in ``Host`` (a dev server that checks its host name answers); a fork keeps it,
+    ``get_info`` shows it, and a mask that is no host is a 400 naming the field."""
+    mask = "${PORT}-myapp.example.test"
+    sandbox = Sandbox.create(network={"allow_public_traffic": True, "mask_request_host": mask}, timeout=120)
+    try:
+        host = serve_app(sandbox)
+        answer = through_ingress(host)
+        assert answer.status_code == 200 and answer.text.startswith("hello from "), answer.text
+        assert answer.headers["x-seen-host"] == f"{PORT}-myapp.example.test"
+        # The same through E2B's sandbox listener, which also serves a sandbox's ports.
+        by_edge = httpx.get(
+            f"{e2b_env.sandbox_url}/hello",
+            headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": str(PORT)},
+            timeout=30,
+        )
+        assert by_edge.status_code == 200 and by_edge.headers["x-seen-host"] == f"{PORT}-myapp.example.test"
+        assert (sandbox.get_info().network or {}).get("mask_request_host") == mask
+        (child,) = sandbox.fork(timeout=120)
+        assert isinstance(child, Sandbox), child
+        try:  # a fork starts its processes afresh (docs/e2b.md): its app again, with its source's mask
+            child_host = serve_app(child)
+            assert through_ingress(child_host).headers["x-seen-host"] == f"{PORT}-myapp.example.test"
+            assert (child.get_info().network or {}).get("mask_request_host") == mask
+        finally:
+            child.kill()
+        plain = Sandbox.create(network={"allow_public_traffic": True}, timeout=120)
+        try:  # without a mask, the app sees the host the client named
+            plain_host = serve_app(plain)
+            assert through_ingress(plain_host).headers["x-seen-host"] == plain_host
+            assert "mask_request_host" not in (plain.get_info().network or {})
+        finally:
+            plain.kill()
+    finally:
+        sandbox.kill()
+    with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60) as api:
+        for bad in ("my app.example.test", "x.example.test\r\nX-Evil: 1", "${HOST}.example.test", "a" * 256):
+            body = {"templateID": "base", "network": {"maskRequestHost": bad}}
+            answer = api.post("/v2/sandboxes", json=body)
+            assert answer.status_code == 400, (bad, answer.text)
+            assert answer.json()["message"].startswith("network.maskRequestHost"), answer.text
+
+
 def test_unserved_network_fields_are_501_naming_them(e2b_env: E2bPlatform) -> None:
     with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60) as api:
         body = {"templateID": "base", "network": {"allowPublicTraffic": True, "httpsPorts": [8443]}}

@@ -133,6 +133,19 @@ async def test_an_h2_client_gets_the_apps_answer_and_many_streams_share_one_conn
     assert len({a.text.split("conn=")[1] for a in answers}) > 1
 
 
+async def test_a_masked_sandbox_app_gets_the_mask_as_its_host_over_h2_and_http_1_1(edge: Edge) -> None:
+    """E2B's ``maskRequestHost``: the app sees the mask, with its port, in ``Host`` (the client's stays
+    in ``X-Forwarded-Host``); a sandbox without one sees the client's."""
+    masked = f"{edge.app_port}-sb-mask{SANDBOX[7:]}.{DOMAIN}"
+    for http2 in (True, False):
+        async with edge.client(http2=http2) as client:
+            answer = await edge.get(client, "/hello", host=masked)
+            assert answer.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
+            assert answer.text.startswith(f"GET /hello host={edge.app_port}-app.example.test "), answer.text
+            plain = await edge.get(client, "/hello")
+            assert plain.text.startswith(f"GET /hello host={edge.host} "), plain.text
+
+
 async def test_sequential_h2_requests_reuse_one_upstream_connection(edge: Edge) -> None:
     async with edge.client() as client:
         answers = [await edge.get(client, "/hello") for _ in range(5)]

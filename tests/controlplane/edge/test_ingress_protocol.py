@@ -27,13 +27,19 @@ DOMAIN = "sandbox.localhost"
 App = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
+#: The ``maskRequestHost`` (E2B's) of the ``sb-mask…`` sandboxes of :class:`LoopbackRouter`.
+HOST_MASK = "${PORT}-app.example.test"
+
+
 class LoopbackRouter:
-    """Every sandbox is running, ingress on, at 127.0.0.1 — except ``sb-off…`` (ingress off)."""
+    """Every sandbox is running, ingress on, at 127.0.0.1 — except ``sb-off…`` (ingress off); the apps
+    of ``sb-mask…`` get :data:`HOST_MASK` as their ``Host``."""
 
     async def resolve(self, sandbox_id: str, *, live_view: bool = False) -> Route:
         if sandbox_id.startswith("sb-off"):
             raise IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
-        return Route(sandbox_id, "u", "running", "127.0.0.1", True)
+        mask = HOST_MASK if sandbox_id.startswith("sb-mask") else None
+        return Route(sandbox_id, "u", "running", "127.0.0.1", True, host_mask=mask)
 
     async def still_open(self, sandbox_id: str) -> bool:
         return not sandbox_id.startswith("sb-off")

@@ -131,6 +131,8 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     # ``allowOut``/``denyOut`` (and ``allow_internet_access: false``, E2B's deny of everything) as the
     # native egress allowlist, or a 501 naming what an allowlist cannot say (schemas.egress).
     egress = schemas.egress(network, body.allow_internet_access)
+    # The Host its ports get from the ingress (edge/ingress/routing.py reads it back).
+    host_mask = network.host_mask() if network is not None else None
     timeout_s = store.check_timeout(body.timeout)
     metadata = store.check_metadata(body.metadata)
     # One lifetime and one label set (issue #33): E2B's ``timeout`` and ``metadata`` are /v1's
@@ -176,6 +178,7 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
                 user_id=principal.user_id,
                 template_id=body.template_id,
                 now=services.clock(),
+                mask_request_host=host_mask,
             )
     except BaseException:
         await destruction.destroy(services, principal.user_id, sandbox.id, reason="e2b_create_failed")
@@ -312,6 +315,7 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
                     user_id=principal.user_id,
                     template_id=template_id,
                     now=services.clock(),
+                    mask_request_host=row.mask_request_host if row is not None else None,
                 )
             results.append({"sandbox": schemas.created(child, template_id, services.settings)})
         except errors.PaddockError as exc:
@@ -332,12 +336,15 @@ async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
     async with services.sessions() as session:
         row = await store.get(session, sandbox_id)
         mounts = await e2b_volumes.mounts_of(session, sandbox_id)
-    return {
+    answer = {
         **schemas.detail(
             sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox), services.settings
         ),
         "volumeMounts": mounts,
     }
+    if row is not None and row.mask_request_host is not None:
+        answer["network"]["maskRequestHost"] = row.mask_request_host
+    return answer
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)

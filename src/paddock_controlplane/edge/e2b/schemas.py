@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
@@ -42,6 +43,12 @@ MAX_EGRESS_ENTRIES = 256
 DEFAULT_DNS_SERVERS = ("8.8.8.8",)
 #: Servers a ``dnsServers`` lists at most (E2B's limit).
 MAX_DNS_SERVERS = 10
+#: What ``maskRequestHost`` writes for the port's number.
+PORT_PLACEHOLDER = "${PORT}"
+#: The longest ``maskRequestHost`` (a host name's 253 and a port; its column holds 255).
+MAX_HOST_MASK = 255
+#: A ``Host`` value: a name or IPv4 address, and an optional port.
+_HOST_VALUE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?")
 
 
 class EgressConfig(Body):
@@ -75,10 +82,30 @@ class NetworkConfig(EgressConfig):
 
     UNSERVED: ClassVar[tuple[str, ...]] = (
         "egressProxy",
-        "maskRequestHost",
         "httpsPorts",
         "rules",
     )
+
+    def host_mask(self) -> str | None:
+        """``maskRequestHost``, checked: a host name or address with an optional port, where ``${PORT}``
+        (:data:`PORT_PLACEHOLDER`) may stand for the port's number anywhere; a 400 naming the field
+        otherwise (it becomes a header line: nothing but a host may pass)."""
+        mask = self.mask_request_host
+        if mask is None:
+            return None
+        field = "network.maskRequestHost"
+        if len(mask) > MAX_HOST_MASK:
+            raise errors.ValidationFailed.field(field, f"at most {MAX_HOST_MASK} characters")
+        if not _HOST_VALUE.fullmatch(mask.replace(PORT_PLACEHOLDER, "1")):
+            raise errors.ValidationFailed.field(
+                field, f"{mask[:64]!r} is not a host[:port] (with ${{PORT}} for the port's number)"
+            )
+        return mask
+
+
+def masked_host(mask: str, port: int) -> str:
+    """The ``Host`` a sandbox's ``port`` gets under ``maskRequestHost`` ``mask``."""
+    return mask.replace(PORT_PLACEHOLDER, str(port))
 
 
 class NetworkUpdate(EgressConfig):

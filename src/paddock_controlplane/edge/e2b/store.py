@@ -36,6 +36,9 @@ class E2bSandbox(Base):
     user_id: Mapped[str] = mapped_column(String(40), ForeignKey("users.id"))
     template_id: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[dt.datetime] = mapped_column()
+    #: ``network.maskRequestHost``: the ``Host`` the ingress sends the sandbox's ports (``${PORT}`` the
+    #: port), or None for the one the client named (migration 0028).
+    mask_request_host: Mapped[str | None] = mapped_column(String(255), default=None)
 
 
 class E2bSnapshotTag(Base):
@@ -108,8 +111,20 @@ async def get(session: AsyncSession, sandbox_id: str) -> E2bSandbox | None:
 
 
 async def record(
-    session: AsyncSession, *, sandbox_id: str, user_id: str, template_id: str, now: dt.datetime
+    session: AsyncSession,
+    *,
+    sandbox_id: str,
+    user_id: str,
+    template_id: str,
+    now: dt.datetime,
+    mask_request_host: str | None = None,
 ) -> E2bSandbox:
-    row = E2bSandbox(sandbox_id=sandbox_id, user_id=user_id, template_id=template_id, created_at=now)
+    row = E2bSandbox(
+        sandbox_id=sandbox_id,
+        user_id=user_id,
+        template_id=template_id,
+        created_at=now,
+        mask_request_host=mask_request_host,
+    )
     session.add(row)
     return row

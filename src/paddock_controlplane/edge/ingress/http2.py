@@ -290,6 +290,7 @@ class _Stream(_Connection):
         self.responded = False  # response headers went out on the stream
         self.ended = False  # our side of the stream is closed
         self.settle_until = 0.0
+        self.upstream_host: str | None = None
         self.keep_upstream = False
 
     def start(self) -> None:

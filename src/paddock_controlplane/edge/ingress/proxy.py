@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from paddock_controlplane.edge.e2b import identity as e2b_identity
+from paddock_controlplane.edge.e2b import schemas as e2b_schemas
 from paddock_controlplane.edge.ingress import http1, pages
 from paddock_controlplane.edge.ingress.routing import IngressError, Router, Target, parse_host
 from paddock_controlplane.records.services import Services
@@ -271,6 +272,8 @@ class _Connection:
         self.responded = False  # a response head went out for the current request
         #: Monotonic end of the target's wake settle window for the current request (0.0: none).
         self.settle_until = 0.0
+        #: The ``Host`` the app gets in place of the client's (E2B's ``maskRequestHost``), or None.
+        self.upstream_host: str | None = None
 
     def close(self) -> None:
         if self.upstream:
@@ -352,6 +355,9 @@ class _Connection:
         via = "#live" if live_view else "#token" if traffic_token else ""
         self.proxy.serving(self.task, target.sandbox_id + via)
         self.settle_until = route.settle_until
+        self.upstream_host = (
+            e2b_schemas.masked_host(route.host_mask, target.port) if route.host_mask else None
+        )
         await self._dial(target, str(route.ip))
         return target
 
@@ -445,6 +451,8 @@ class _Connection:
             ("X-Forwarded-Proto", self.scheme),
             ("X-Forwarded-Host", request.get("host") or ""),
         ]
+        if self.upstream_host is not None:  # the client's Host stays in X-Forwarded-Host
+            return request.encode([("Host", self.upstream_host), *extra], FORWARDED_HEADERS | {"host"})
         return request.encode(extra, FORWARDED_HEADERS)
 
     async def _send_and_answer(

@@ -68,6 +68,9 @@ class Route:
     #: Made through the E2B API (a row in ``e2b_sandboxes``): with ingress on (E2B's public traffic) a
     #: desktop's 6080 is the stream ``e2b-desktop`` serves there, an ordinary port (docs/e2b.md).
     e2b: bool = False
+    #: E2B's ``maskRequestHost``: the ``Host`` the app gets (``${PORT}`` its port), in place of the
+    #: client's.
+    host_mask: str | None = None
     #: Woken by this router lately: until this monotonic time its app may still refuse or drop the first
     #: connections, and the proxy tries again (0.0: not woken within ``WAKE_SETTLE_S``).
     settle_until: float = 0.0
@@ -159,6 +162,7 @@ class Router:
                         Sandbox.ingress_enabled,
                         Sandbox.rootfs,
                         E2bSandbox.sandbox_id,
+                        E2bSandbox.mask_request_host,
                     )
                     .outerjoin(E2bSandbox, E2bSandbox.sandbox_id == Sandbox.id)
                     .where(Sandbox.id == sandbox_id)
@@ -168,7 +172,9 @@ class Router:
             route = Route(sandbox_id, "", "missing", None, False)
         else:
             desktop = await computer.is_desktop_image(self.services, str(row[5]))
-            route = Route(row[0], row[1], row[2], row[3], bool(row[4]), desktop, row[6] is not None)
+            route = Route(
+                row[0], row[1], row[2], row[3], bool(row[4]), desktop, row[6] is not None, host_mask=row[7]
+            )
         if route.status not in (*SETTLING, SandboxStatus.PAUSED):
             self.cache.put(sandbox_id, route)
         return route

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from paddock_controlplane.edge.e2b import identity, store
+from paddock_controlplane.edge.e2b import identity, schemas, store
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import computer, desktop_access
@@ -112,7 +112,12 @@ async def forward(services: Services, sandbox: Sandbox, port: int, request: Requ
     if query:
         url = url.copy_with(query=query.encode())
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
-    headers.append(("host", request.headers.get("host", f"{sandbox.ip}:{port}")))
+    async with services.sessions() as session:
+        row = await store.get(session, sandbox.id)
+    if row is not None and row.mask_request_host is not None:  # E2B's maskRequestHost, as the ingress
+        headers.append(("host", schemas.masked_host(row.mask_request_host, port)))
+    else:
+        headers.append(("host", request.headers.get("host", f"{sandbox.ip}:{port}")))
     has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
 
     async def body() -> AsyncIterator[bytes]:
