@@ -144,7 +144,7 @@ def test_what_an_allowlist_cannot_say_is_refused_in_e2b_shape(e2b_env: E2bPlatfo
     for network, field in (
         ({"deny_out": ["198.18.0.0/15"]}, "network.denyOut[0]"),
         ({"deny_out": [ALL_TRAFFIC], "egress_proxy": {"address": "192.0.2.1:1080"}}, "network.egressProxy"),
-        ({"https_ports": [8443]}, "network.httpsPorts"),
+        ({"rules": {"example.test": [{"transform": {"headers": {"X-A": "b"}}}]}}, "network.rules"),
     ):
         with pytest.raises(SandboxException, match=field.replace("[", r"\[")) as refused:
             Sandbox.create(network=network, timeout=60)  # type: ignore[arg-type]

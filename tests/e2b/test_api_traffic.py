@@ -7,6 +7,7 @@ speaks plain HTTP)."""
 
 from __future__ import annotations
 
+import time
 from urllib.parse import urlsplit
 
 import httpx
@@ -125,12 +126,68 @@ def test_mask_request_host_is_the_host_the_sandbox_app_gets(e2b_env: E2bPlatform
             assert answer.json()["message"].startswith("network.maskRequestHost"), answer.text
 
 
+TLS_PORT = 8443
+#: A self-signed certificate made in the sandbox, and openssl's own HTTPS server on TLS_PORT (``-www``
+#: answers a GET with a status page that names the TLS session it came over).
+SERVE_HTTPS = (
+    "cd /tmp && openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=app -days 1 -keyout k.pem -out c.pem"
+    f" 2>/dev/null && exec openssl s_server -quiet -accept {TLS_PORT} -www -cert c.pem -key k.pem"
+)
+
+
+def test_https_ports_are_reached_over_tls(e2b_env: E2bPlatform) -> None:
+    """E2B's ``network.httpsPorts``: the ingress reaches an app that serves HTTPS itself (its
+    certificate self-signed) over TLS; the client speaks plain HTTP to the ingress here, as a browser
+    would speak HTTPS to E2B's. A port not listed is reached in plain HTTP, which such an app refuses."""
+    sandbox = Sandbox.create(network={"allow_public_traffic": True, "https_ports": [TLS_PORT]}, timeout=120)
+    try:
+        sandbox.commands.run(SERVE_HTTPS, background=True, timeout=0).disconnect()
+        host = sandbox.get_host(TLS_PORT)
+        deadline = time.monotonic() + 30
+        while (answer := through_ingress(host)).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert answer.status_code == 200 and "Cipher" in answer.text, answer.text[:300]
+        assert (sandbox.get_info().network or {}).get("https_ports") == [TLS_PORT]
+        by_edge = httpx.get(
+            f"{e2b_env.sandbox_url}/",
+            headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": str(TLS_PORT)},
+            timeout=30,
+        )
+        assert by_edge.status_code == 200 and "Cipher" in by_edge.text, by_edge.text[:300]
+    finally:
+        sandbox.kill()
+    plain = Sandbox.create(network={"allow_public_traffic": True}, timeout=120)
+    try:
+        plain.commands.run(SERVE_HTTPS, background=True, timeout=0).disconnect()
+        host = plain.get_host(TLS_PORT)
+        deadline = time.monotonic() + 30
+        while (answer := through_ingress(host)).status_code == 502 and time.monotonic() < deadline:
+            if "NOTHING_LISTENING" not in answer.headers.get("x-paddock-ingress-error", ""):
+                break
+            time.sleep(0.3)
+        # The app listens, and plain HTTP to it gets no page: the TLS above was the ingress's doing.
+        assert answer.headers.get("x-paddock-ingress-error") != "NOTHING_LISTENING", answer.text[:300]
+        assert answer.status_code == 502 and "Cipher" not in answer.text, (answer.headers, answer.text[:300])
+    finally:
+        plain.kill()
+    with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60) as api:
+        for bad, field in (
+            ([49983], "network.httpsPorts[0]"),
+            ([443, 0], "network.httpsPorts[1]"),
+            (["443"], "network.httpsPorts[0]"),
+            (list(range(1, 40)), "network.httpsPorts"),
+        ):
+            answer = api.post("/v2/sandboxes", json={"templateID": "base", "network": {"httpsPorts": bad}})
+            assert answer.status_code == 400, (bad, answer.text)
+            assert answer.json()["message"].startswith(field), answer.text
+
+
 def test_unserved_network_fields_are_501_naming_them(e2b_env: E2bPlatform) -> None:
     with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60) as api:
-        body = {"templateID": "base", "network": {"allowPublicTraffic": True, "httpsPorts": [8443]}}
+        body = {"templateID": "base", "network": {"allowPublicTraffic": True, "rules": {"example.test": []}}}
         answer = api.post("/v2/sandboxes", json=body)
         assert answer.status_code == 501, answer.text
-        assert answer.json()["message"].startswith("network.httpsPorts:"), answer.text
+        assert answer.json()["message"].startswith("network.rules:"), answer.text
         typed = api.post(
             "/v2/sandboxes", json={"templateID": "base", "network": {"allowPublicTraffic": "yes"}}
         )

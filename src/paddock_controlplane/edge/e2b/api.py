@@ -133,6 +133,7 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     egress = schemas.egress(network, body.allow_internet_access)
     # The Host its ports get from the ingress (edge/ingress/routing.py reads it back).
     host_mask = network.host_mask() if network is not None else None
+    tls_ports = network.tls_ports() if network is not None else []
     timeout_s = store.check_timeout(body.timeout)
     metadata = store.check_metadata(body.metadata)
     # One lifetime and one label set (issue #33): E2B's ``timeout`` and ``metadata`` are /v1's
@@ -179,6 +180,7 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
                 template_id=body.template_id,
                 now=services.clock(),
                 mask_request_host=host_mask,
+                https_ports=tls_ports,
             )
     except BaseException:
         await destruction.destroy(services, principal.user_id, sandbox.id, reason="e2b_create_failed")
@@ -316,6 +318,7 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
                     template_id=template_id,
                     now=services.clock(),
                     mask_request_host=row.mask_request_host if row is not None else None,
+                    https_ports=row.https_ports if row is not None else None,
                 )
             results.append({"sandbox": schemas.created(child, template_id, services.settings)})
         except errors.PaddockError as exc:
@@ -344,6 +347,8 @@ async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
     }
     if row is not None and row.mask_request_host is not None:
         answer["network"]["maskRequestHost"] = row.mask_request_host
+    if row is not None and row.https_ports:
+        answer["network"]["httpsPorts"] = row.https_ports
     return answer
 
 

@@ -20,6 +20,10 @@ import hmac
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import constant_time_equals
 
+#: envd's port in E2B's sandbox addressing (``<port>-<id>.<domain>``, ``E2b-Sandbox-Port``), which the
+#: edge serves itself (``edge/router.py``).
+ENVD_PORT = 49983
+
 #: The envd protocol version the edge (``paddock_controlplane.edge.e2b.edge``) speaks. The SDK enables
 #: features by it (``e2b.envd.versions``): 0.3.0 stdin for commands, 0.4.0 the default user, 0.5.2
 #: ``envd`` close, 0.5.7 octet-stream uploads, 0.6.2 file metadata, 0.6.3 entry info in watch events,

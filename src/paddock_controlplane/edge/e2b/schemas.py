@@ -47,6 +47,8 @@ MAX_DNS_SERVERS = 10
 PORT_PLACEHOLDER = "${PORT}"
 #: The longest ``maskRequestHost`` (a host name's 253 and a port; its column holds 255).
 MAX_HOST_MASK = 255
+#: Ports an ``httpsPorts`` lists at most.
+MAX_HTTPS_PORTS = 32
 #: A ``Host`` value: a name or IPv4 address, and an optional port.
 _HOST_VALUE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?")
 
@@ -82,7 +84,6 @@ class NetworkConfig(EgressConfig):
 
     UNSERVED: ClassVar[tuple[str, ...]] = (
         "egressProxy",
-        "httpsPorts",
         "rules",
     )
 
@@ -101,6 +102,22 @@ class NetworkConfig(EgressConfig):
                 field, f"{mask[:64]!r} is not a host[:port] (with ${{PORT}} for the port's number)"
             )
         return mask
+
+    def tls_ports(self) -> list[int]:
+        """``httpsPorts``, checked: at most :data:`MAX_HTTPS_PORTS` port numbers, envd's not among them
+        (the edge serves it itself); sorted, each once. A 400 naming the entry otherwise."""
+        ports = self.https_ports or []
+        field = "network.httpsPorts"
+        if len(ports) > MAX_HTTPS_PORTS:
+            raise errors.ValidationFailed.field(field, f"at most {MAX_HTTPS_PORTS} ports")
+        for index, port in enumerate(ports):
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise errors.ValidationFailed.field(f"{field}[{index}]", f"{str(port)[:16]!r} is not a port")
+            if port == identity.ENVD_PORT:
+                raise errors.ValidationFailed.field(
+                    f"{field}[{index}]", f"{port} is envd's port, which the edge serves itself"
+                )
+        return sorted(set(ports))
 
 
 def masked_host(mask: str, port: int) -> str:

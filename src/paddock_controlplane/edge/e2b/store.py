@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import ForeignKey, String, delete, select
+from sqlalchemy import JSON, ForeignKey, String, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -39,6 +39,8 @@ class E2bSandbox(Base):
     #: ``network.maskRequestHost``: the ``Host`` the ingress sends the sandbox's ports (``${PORT}`` the
     #: port), or None for the one the client named (migration 0028).
     mask_request_host: Mapped[str | None] = mapped_column(String(255), default=None)
+    #: ``network.httpsPorts``: the ports the ingress reaches over TLS, or None for none (migration 0029).
+    https_ports: Mapped[list[int] | None] = mapped_column(JSON, default=None)
 
 
 class E2bSnapshotTag(Base):
@@ -118,6 +120,7 @@ async def record(
     template_id: str,
     now: dt.datetime,
     mask_request_host: str | None = None,
+    https_ports: list[int] | None = None,
 ) -> E2bSandbox:
     row = E2bSandbox(
         sandbox_id=sandbox_id,
@@ -125,6 +128,7 @@ async def record(
         template_id=template_id,
         created_at=now,
         mask_request_host=mask_request_host,
+        https_ports=https_ports or None,
     )
     session.add(row)
     return row

@@ -291,6 +291,7 @@ class _Stream(_Connection):
         self.ended = False  # our side of the stream is closed
         self.settle_until = 0.0
         self.upstream_host: str | None = None
+        self.upstream_tls = False
         self.keep_upstream = False
 
     def start(self) -> None:

@@ -74,6 +74,8 @@ class Upstream:
     #: Carried an earlier request: the app may have closed it while idle, so an idempotent bodiless
     #: request that gets no answer at all on it is retried once on a fresh connection.
     reused: bool = False
+    #: Over TLS to an app that serves HTTPS itself (E2B's ``httpsPorts``).
+    tls: bool = False
 
     @property
     def usable(self) -> bool:
@@ -86,6 +88,23 @@ class Upstream:
 
     def close(self) -> None:
         self.writer.close()
+
+
+_BACKEND_TLS: ssl.SSLContext | None = None
+
+
+def backend_tls() -> ssl.SSLContext:
+    """TLS to an app in a sandbox that serves HTTPS itself (E2B's ``httpsPorts``). Its certificate is not
+    checked, as on E2B: it is the app's own, often self-signed, and the hop goes to the sandbox's
+    address the control plane assigned, never to one a tenant names."""
+    global _BACKEND_TLS
+    if _BACKEND_TLS is None:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        context.set_alpn_protocols(["http/1.1"])
+        _BACKEND_TLS = context
+    return _BACKEND_TLS
 
 
 class RequestRejectedError(Exception):
@@ -274,6 +293,8 @@ class _Connection:
         self.settle_until = 0.0
         #: The ``Host`` the app gets in place of the client's (E2B's ``maskRequestHost``), or None.
         self.upstream_host: str | None = None
+        #: The app serves HTTPS itself (E2B's ``httpsPorts``): the upstream connection is TLS.
+        self.upstream_tls = False
 
     def close(self) -> None:
         if self.upstream:
@@ -358,6 +379,7 @@ class _Connection:
         self.upstream_host = (
             e2b_schemas.masked_host(route.host_mask, target.port) if route.host_mask else None
         )
+        self.upstream_tls = target.port in route.https_ports
         await self._dial(target, str(route.ip))
         return target
 
@@ -406,7 +428,10 @@ class _Connection:
 
     async def _dial(self, target: Target, address: str) -> None:
         if self.upstream and (
-            self.upstream.target != target or self.upstream.address != address or not self.upstream.usable
+            self.upstream.target != target
+            or self.upstream.address != address
+            or self.upstream.tls != self.upstream_tls
+            or not self.upstream.usable
         ):
             self.drop_upstream()
         if self.upstream:
@@ -416,7 +441,12 @@ class _Connection:
         while True:
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(address, target.port, limit=http1.STREAM_LIMIT_BYTES),
+                    asyncio.open_connection(
+                        address,
+                        target.port,
+                        limit=http1.STREAM_LIMIT_BYTES,
+                        ssl=backend_tls() if self.upstream_tls else None,
+                    ),
                     self.settings.ingress_connect_timeout_s,
                 )
                 break
@@ -431,7 +461,9 @@ class _Connection:
                 raise IngressError(
                     502, "SANDBOX_UNREACHABLE", f"could not reach port {target.port} in the sandbox ({exc!s})"
                 ) from None
-        self.upstream = Upstream(target, address, reader, writer, http1.ResponseReader(reader))
+        self.upstream = Upstream(
+            target, address, reader, writer, http1.ResponseReader(reader), tls=self.upstream_tls
+        )
 
     async def _settle_pause(self, delay: float) -> bool:
         """Within the current request's wake settle window: waits ``delay`` (never past the window's

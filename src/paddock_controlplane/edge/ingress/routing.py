@@ -71,6 +71,8 @@ class Route:
     #: E2B's ``maskRequestHost``: the ``Host`` the app gets (``${PORT}`` its port), in place of the
     #: client's.
     host_mask: str | None = None
+    #: E2B's ``httpsPorts``: ports whose app serves HTTPS itself, reached over TLS (not verified).
+    https_ports: frozenset[int] = frozenset()
     #: Woken by this router lately: until this monotonic time its app may still refuse or drop the first
     #: connections, and the proxy tries again (0.0: not woken within ``WAKE_SETTLE_S``).
     settle_until: float = 0.0
@@ -163,6 +165,7 @@ class Router:
                         Sandbox.rootfs,
                         E2bSandbox.sandbox_id,
                         E2bSandbox.mask_request_host,
+                        E2bSandbox.https_ports,
                     )
                     .outerjoin(E2bSandbox, E2bSandbox.sandbox_id == Sandbox.id)
                     .where(Sandbox.id == sandbox_id)
@@ -173,7 +176,15 @@ class Router:
         else:
             desktop = await computer.is_desktop_image(self.services, str(row[5]))
             route = Route(
-                row[0], row[1], row[2], row[3], bool(row[4]), desktop, row[6] is not None, host_mask=row[7]
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                bool(row[4]),
+                desktop,
+                row[6] is not None,
+                host_mask=row[7],
+                https_ports=frozenset(row[8] or ()),
             )
         if route.status not in (*SETTLING, SandboxStatus.PAUSED):
             self.cache.put(sandbox_id, route)

@@ -36,7 +36,7 @@ from paddock_core.logging import get_logger
 
 log = get_logger("paddock.e2b.edge")
 
-ENVD_PORT = 49983
+ENVD_PORT = identity.ENVD_PORT
 INTERPRETER_PORT = 49999
 #: Each service's unary, server-streaming and client-streaming methods.
 SERVICES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from paddock_controlplane.edge.e2b import identity, schemas, store
+from paddock_controlplane.edge.ingress.proxy import backend_tls
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import computer, desktop_access
@@ -44,26 +45,27 @@ HOP_BY_HOP = frozenset(
     }
 )
 CONNECT_TIMEOUT_S = 5.0
-_client: httpx.AsyncClient | None = None
+_clients: dict[bool, httpx.AsyncClient] = {}
 
 
-def client() -> httpx.AsyncClient:
-    global _client
-    if _client is None:
-        _client = httpx.AsyncClient(
+def client(*, tls: bool = False) -> httpx.AsyncClient:
+    """The client to sandboxes' ports; ``tls`` for those whose app serves HTTPS itself (E2B's
+    ``httpsPorts``), whose certificate is not checked, as the ingress's (``proxy.backend_tls``)."""
+    if tls not in _clients:
+        _clients[tls] = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
             trust_env=False,
             follow_redirects=False,
+            verify=backend_tls() if tls else True,
         )
-    return _client
+    return _clients[tls]
 
 
 async def close() -> None:
-    global _client
-    if _client is not None:
-        await _client.aclose()
-        _client = None
+    for made in list(_clients.values()):
+        await made.aclose()
+    _clients.clear()
 
 
 def _port_closed(sandbox_id: str, port: int, reason: str) -> Response:
@@ -107,13 +109,14 @@ async def forward(services: Services, sandbox: Sandbox, port: int, request: Requ
         return JSONResponse({"code": 403, "message": refused}, status_code=403)
     if not sandbox.ip:
         return _port_closed(sandbox.id, port, "the sandbox has no address")
+    async with services.sessions() as session:
+        row = await store.get(session, sandbox.id)
+    tls = row is not None and port in (row.https_ports or ())
     query = request.url.query
-    url = httpx.URL(scheme="http", host=str(sandbox.ip), port=port, path=request.url.path)
+    url = httpx.URL(scheme="https" if tls else "http", host=str(sandbox.ip), port=port, path=request.url.path)
     if query:
         url = url.copy_with(query=query.encode())
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
-    async with services.sessions() as session:
-        row = await store.get(session, sandbox.id)
     if row is not None and row.mask_request_host is not None:  # E2B's maskRequestHost, as the ingress
         headers.append(("host", schemas.masked_host(row.mask_request_host, port)))
     else:
@@ -125,11 +128,11 @@ async def forward(services: Services, sandbox: Sandbox, port: int, request: Requ
             if chunk:
                 yield chunk
 
-    upstream = client().build_request(
+    upstream = client(tls=tls).build_request(
         request.method, url, headers=headers, content=body() if has_body else None
     )
     try:
-        answer = await client().send(upstream, stream=True)
+        answer = await client(tls=tls).send(upstream, stream=True)
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         return _port_closed(sandbox.id, port, type(exc).__name__)
     except httpx.HTTPError as exc:
