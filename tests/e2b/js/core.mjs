@@ -81,6 +81,27 @@ try {
   await sandbox.kill()
 }
 
+// network options at create: the Host its ports get, the ports reached over TLS, and with a domain
+// allowed, E2B's default DNS server (this SDK sends no dnsServers at create) among the rules
+const shaped = await Sandbox.create({
+  timeoutMs: 120_000,
+  network: {
+    maskRequestHost: '${PORT}-js.example.test',
+    httpsPorts: [8443],
+    allowOut: ['api.example.test'],
+    denyOut: ['0.0.0.0/0'],
+  },
+})
+try {
+  const network = (await shaped.getInfo()).network ?? {}
+  assert.equal(network.maskRequestHost, '${PORT}-js.example.test')
+  assert.deepEqual(network.httpsPorts, [8443])
+  assert.deepEqual(network.allowOut, ['api.example.test', '8.8.8.8'])
+  seen.networkOptions = [network.maskRequestHost, network.httpsPorts, network.allowOut]
+} finally {
+  await shaped.kill()
+}
+
 if (process.env.PADDOCK_E2B_JS_INTERPRETER === '1') {
   const code = await CodeSandbox.create({ timeoutMs: 300_000 })
   try {
