@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from paddock_controlplane.edge.e2b.store import PLAIN_PORTS, AppPorts
 from paddock_controlplane.edge.ingress import proxy as proxy_module
 from paddock_controlplane.edge.ingress.proxy import IngressProxy
 from paddock_controlplane.edge.ingress.routing import IngressError, Route, parse_host
@@ -38,8 +39,8 @@ class LoopbackRouter:
     async def resolve(self, sandbox_id: str, *, live_view: bool = False) -> Route:
         if sandbox_id.startswith("sb-off"):
             raise IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
-        mask = HOST_MASK if sandbox_id.startswith("sb-mask") else None
-        return Route(sandbox_id, "u", "running", "127.0.0.1", True, host_mask=mask)
+        ports = AppPorts(HOST_MASK) if sandbox_id.startswith("sb-mask") else PLAIN_PORTS
+        return Route(sandbox_id, "u", "running", "127.0.0.1", True, ports=ports)
 
     async def still_open(self, sandbox_id: str) -> bool:
         return not sandbox_id.startswith("sb-off")

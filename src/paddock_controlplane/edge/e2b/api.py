@@ -339,17 +339,17 @@ async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
     async with services.sessions() as session:
         row = await store.get(session, sandbox_id)
         mounts = await e2b_volumes.mounts_of(session, sandbox_id)
-    answer = {
+    return {
         **schemas.detail(
-            sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox), services.settings
+            sandbox,
+            _template_of(sandbox, row),
+            _end_of(sandbox),
+            _tags(sandbox),
+            services.settings,
+            row.ports if row is not None else store.PLAIN_PORTS,
         ),
         "volumeMounts": mounts,
     }
-    if row is not None and row.mask_request_host is not None:
-        answer["network"]["maskRequestHost"] = row.mask_request_host
-    if row is not None and row.https_ports:
-        answer["network"]["httpsPorts"] = row.https_ports
-    return answer
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.edge.e2b.store import PORT_PLACEHOLDER, AppPorts
 from paddock_controlplane.records import validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.schemas.volumes import MAX_VOLUMES_PER_SANDBOX
@@ -43,8 +44,6 @@ MAX_EGRESS_ENTRIES = 256
 DEFAULT_DNS_SERVERS = ("8.8.8.8",)
 #: Servers a ``dnsServers`` lists at most (E2B's limit).
 MAX_DNS_SERVERS = 10
-#: What ``maskRequestHost`` writes for the port's number.
-PORT_PLACEHOLDER = "${PORT}"
 #: The longest ``maskRequestHost`` (a host name's 253 and a port; its column holds 255).
 MAX_HOST_MASK = 255
 #: Ports an ``httpsPorts`` lists at most.
@@ -118,11 +117,6 @@ class NetworkConfig(EgressConfig):
                     f"{field}[{index}]", f"{port} is envd's port, which the edge serves itself"
                 )
         return sorted(set(ports))
-
-
-def masked_host(mask: str, port: int) -> str:
-    """The ``Host`` a sandbox's ``port`` gets under ``maskRequestHost`` ``mask``."""
-    return mask.replace(PORT_PLACEHOLDER, str(port))
 
 
 class NetworkUpdate(EgressConfig):
@@ -335,7 +329,12 @@ def listed(
 
 
 def detail(
-    sandbox: Sandbox, template_id: str, end_at: dt.datetime, metadata: dict[str, str], settings: Any
+    sandbox: Sandbox,
+    template_id: str,
+    end_at: dt.datetime,
+    metadata: dict[str, str],
+    settings: Any,
+    ports: AppPorts,
 ) -> dict[str, Any]:
     """E2B's ``SandboxDetail``."""
     return {
@@ -347,5 +346,10 @@ def detail(
         "domain": identity.domain(settings),
         "allowInternetAccess": not sandbox.egress,
         # E2B's public traffic is the sandbox's ingress (docs/e2b.md).
-        "network": {"allowPublicTraffic": bool(sandbox.ingress_enabled), **egress_view(sandbox)},
+        "network": {
+            "allowPublicTraffic": bool(sandbox.ingress_enabled),
+            **egress_view(sandbox),
+            **({"maskRequestHost": ports.host_mask} if ports.host_mask is not None else {}),
+            **({"httpsPorts": sorted(ports.https_ports)} if ports.https_ports else {}),
+        },
     }

@@ -12,6 +12,7 @@ through ``/v1`` has no row here and reads with the template its rootfs maps to.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 from sqlalchemy import JSON, ForeignKey, String, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -25,6 +26,8 @@ from paddock_core import errors
 MAX_METADATA_KEYS = lifecycle.MAX_METADATA_KEYS
 #: E2B's own ceiling on a sandbox's lifetime (24 h on its Pro plan), /v1's too.
 MAX_TIMEOUT_S = lifecycle.MAX_TIMEOUT_S
+#: What ``maskRequestHost`` writes for the port's number.
+PORT_PLACEHOLDER = "${PORT}"
 #: E2B's default ``timeout`` when a create names none (the SDK always sends one: 300).
 DEFAULT_TIMEOUT_S = 300
 
@@ -41,6 +44,36 @@ class E2bSandbox(Base):
     mask_request_host: Mapped[str | None] = mapped_column(String(255), default=None)
     #: ``network.httpsPorts``: the ports the ingress reaches over TLS, or None for none (migration 0029).
     https_ports: Mapped[list[int] | None] = mapped_column(JSON, default=None)
+
+    @property
+    def ports(self) -> AppPorts:
+        return AppPorts.of(self.mask_request_host, self.https_ports)
+
+
+@dataclass(frozen=True)
+class AppPorts:
+    """How an E2B create said its sandbox's ports are reached, fixed from then on: the ``Host`` the app
+    gets (``maskRequestHost``) and the ports it serves HTTPS on itself (``httpsPorts``). The ingress
+    (``routing.Route``) and E2B's sandbox listener (``edge/user_ports.py``) both go by it."""
+
+    host_mask: str | None = None
+    https_ports: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, host_mask: str | None, https_ports: list[int] | None) -> AppPorts:
+        return cls(host_mask, frozenset(https_ports or ()))
+
+    def host_for(self, port: int) -> str | None:
+        """The ``Host`` the app on ``port`` gets in place of the client's, or None to keep the client's."""
+        return self.host_mask.replace(PORT_PLACEHOLDER, str(port)) if self.host_mask else None
+
+    def tls(self, port: int) -> bool:
+        """Whether the app on ``port`` is reached over TLS (its certificate not checked)."""
+        return port in self.https_ports
+
+
+#: Sandboxes with no E2B row, or one that says nothing of its ports.
+PLAIN_PORTS = AppPorts()
 
 
 class E2bSnapshotTag(Base):

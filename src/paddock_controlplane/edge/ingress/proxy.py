@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Protocol
 
 from paddock_controlplane.edge.e2b import identity as e2b_identity
-from paddock_controlplane.edge.e2b import schemas as e2b_schemas
 from paddock_controlplane.edge.ingress import http1, pages
 from paddock_controlplane.edge.ingress.routing import IngressError, Router, Target, parse_host
 from paddock_controlplane.records.services import Services
@@ -376,10 +375,8 @@ class _Connection:
         via = "#live" if live_view else "#token" if traffic_token else ""
         self.proxy.serving(self.task, target.sandbox_id + via)
         self.settle_until = route.settle_until
-        self.upstream_host = (
-            e2b_schemas.masked_host(route.host_mask, target.port) if route.host_mask else None
-        )
-        self.upstream_tls = target.port in route.https_ports
+        self.upstream_host = route.ports.host_for(target.port)
+        self.upstream_tls = route.ports.tls(target.port)
         await self._dial(target, str(route.ip))
         return target
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from paddock_controlplane.edge.e2b.store import E2bSandbox
+from paddock_controlplane.edge.e2b.store import PLAIN_PORTS, AppPorts, E2bSandbox
 from paddock_controlplane.records.hotcache import TTLCache
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
@@ -68,11 +68,9 @@ class Route:
     #: Made through the E2B API (a row in ``e2b_sandboxes``): with ingress on (E2B's public traffic) a
     #: desktop's 6080 is the stream ``e2b-desktop`` serves there, an ordinary port (docs/e2b.md).
     e2b: bool = False
-    #: E2B's ``maskRequestHost``: the ``Host`` the app gets (``${PORT}`` its port), in place of the
-    #: client's.
-    host_mask: str | None = None
-    #: E2B's ``httpsPorts``: ports whose app serves HTTPS itself, reached over TLS (not verified).
-    https_ports: frozenset[int] = frozenset()
+    #: The ``Host`` its apps get and the ports reached over TLS (an E2B create's ``maskRequestHost``
+    #: and ``httpsPorts``).
+    ports: AppPorts = PLAIN_PORTS
     #: Woken by this router lately: until this monotonic time its app may still refuse or drop the first
     #: connections, and the proxy tries again (0.0: not woken within ``WAKE_SETTLE_S``).
     settle_until: float = 0.0
@@ -183,8 +181,7 @@ class Router:
                 bool(row[4]),
                 desktop,
                 row[6] is not None,
-                host_mask=row[7],
-                https_ports=frozenset(row[8] or ()),
+                ports=AppPorts.of(row[7], row[8]),
             )
         if route.status not in (*SETTLING, SandboxStatus.PAUSED):
             self.cache.put(sandbox_id, route)

@@ -20,8 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from paddock_controlplane.edge.e2b import identity, schemas, store
+from paddock_controlplane.edge.e2b import identity, store
 from paddock_controlplane.edge.ingress.proxy import backend_tls
+from paddock_controlplane.records.hotcache import TTLCache
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import computer, desktop_access
@@ -46,6 +47,19 @@ HOP_BY_HOP = frozenset(
 )
 CONNECT_TIMEOUT_S = 5.0
 _clients: dict[bool, httpx.AsyncClient] = {}
+#: Sandbox id -> how its ports are reached (``store.AppPorts``), fixed at its create: a request reads
+#: the database for it once a while, not each time, as the ingress's route cache does.
+_ports: TTLCache[store.AppPorts] = TTLCache(10.0)
+
+
+async def _ports_of(services: Services, sandbox_id: str) -> store.AppPorts:
+    ports = _ports.get(sandbox_id)
+    if ports is None:
+        async with services.sessions() as session:
+            row = await store.get(session, sandbox_id)
+        ports = row.ports if row is not None else store.PLAIN_PORTS
+        _ports.put(sandbox_id, ports)
+    return ports
 
 
 def client(*, tls: bool = False) -> httpx.AsyncClient:
@@ -109,18 +123,15 @@ async def forward(services: Services, sandbox: Sandbox, port: int, request: Requ
         return JSONResponse({"code": 403, "message": refused}, status_code=403)
     if not sandbox.ip:
         return _port_closed(sandbox.id, port, "the sandbox has no address")
-    async with services.sessions() as session:
-        row = await store.get(session, sandbox.id)
-    tls = row is not None and port in (row.https_ports or ())
+    ports = await _ports_of(services, sandbox.id)
+    tls = ports.tls(port)
     query = request.url.query
     url = httpx.URL(scheme="https" if tls else "http", host=str(sandbox.ip), port=port, path=request.url.path)
     if query:
         url = url.copy_with(query=query.encode())
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
-    if row is not None and row.mask_request_host is not None:  # E2B's maskRequestHost, as the ingress
-        headers.append(("host", schemas.masked_host(row.mask_request_host, port)))
-    else:
-        headers.append(("host", request.headers.get("host", f"{sandbox.ip}:{port}")))
+    host = ports.host_for(port) or request.headers.get("host", f"{sandbox.ip}:{port}")
+    headers.append(("host", host))
     has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
 
     async def body() -> AsyncIterator[bytes]:
