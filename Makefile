@@ -42,10 +42,11 @@ e2b-js-deps:
 
 # Reinstall only when the dependency list changes.
 venv: $(STAMP)
-$(STAMP): pyproject.toml
+# constraints.txt pins the whole tree, so that a new machine installs what the last full run passed with.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 # debian:13 (~10 s) for sandboxes; devbox:1 (~60-100 s once: python3, node, build tools) for gateway deployments;
