@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import math
 import os
 import struct
 import time
@@ -139,7 +140,7 @@ class DiskWatch:
         self.room: Room | None = None
         self._usage: dict[str, int] = {}  # sandbox id -> disk bytes at the last reading
         self._ticks = 0
-        self._trimmed_at = 0.0
+        self._trimmed_at = -math.inf  # never: the monotonic clock starts at the host's boot
         self._task: asyncio.Task[None] | None = None
 
     # -- measuring --------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +104,7 @@ class Clocked:
         """One reconciler pass now (the background loop also runs them; the outcome is the same), and
         what it set off (an auto-pause runs as a task) carried out before this returns: what a test reads
         next is the pass's whole outcome, with no sleep to guess how long that takes."""
-        self.services.billing_last = self.services.storage_billing_last = 0.0
+        self.services.billing_last = self.services.storage_billing_last = -math.inf  # never billed
         # Neither beside the app's own loop (every 0.2 s here) nor beside what it set off: on
         # PostgreSQL a pass skips the rows another transaction holds locked, and a billing pass the loop
         # started locks every running sandbox's row in turn (CI saw a timeout skip the sandbox it was

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -109,10 +110,12 @@ class Services:
     #: when (monotonic): a beat with the same digest is answered without reading them again
     #: (``sandboxes/host_reports.py``).
     hibernated_digests: dict[str, tuple[str, float]] = field(default_factory=dict)
-    #: Monotonic time of the last billing pass (0: never; the first pass bills at once).
-    billing_last: float = 0.0
+    #: Monotonic time of the last billing pass (-inf: never, so the first pass bills at once; 0 was not
+    #: that: the monotonic clock counts from the host's boot, and on a host up for less than
+    #: ``billing_interval_s`` the first pass waited until it had been).
+    billing_last: float = -math.inf
     #: The same for stored bytes (snapshots and volumes, ``billing.storage_pass``).
-    storage_billing_last: float = 0.0
+    storage_billing_last: float = -math.inf
     #: Monotonic time this process started judging host liveness (set by the first pass).
     liveness_since: float | None = None
     #: Set by a template submit: the build worker (``template_builds.py``) claims it at once.

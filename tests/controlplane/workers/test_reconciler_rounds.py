@@ -6,6 +6,7 @@ looked for every ``ORPHAN_AFTER_S``) open no transaction. An idle control plane 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -41,6 +42,6 @@ async def test_a_round_opens_no_transaction_for_a_pass_with_nothing_due(
     services.billing_last = services.storage_billing_last = time.monotonic()  # both just billed
     assert await one_round() == len(PASSES) - 2  # the orphaned snapshots' first look is due
     assert await one_round() == len(PASSES) - 3
-    services.billing_last = services.storage_billing_last = 0.0  # an interval has gone by
+    services.billing_last = services.storage_billing_last = -math.inf  # an interval has gone by
     assert await one_round() == len(PASSES) - 1
     await services.tasks.drain()  # the compute billing it set off
