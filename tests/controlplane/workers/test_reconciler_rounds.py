@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from paddock_controlplane.records.services import Services
 from paddock_controlplane.workers import reconciler
 from paddock_controlplane.workers.reconciler import PASSES, OrphanedSnapshots, Reconciler
 from tests.controlplane.conftest import Clocked
@@ -45,3 +47,15 @@ async def test_a_round_opens_no_transaction_for_a_pass_with_nothing_due(
     services.billing_last = services.storage_billing_last = -math.inf  # an interval has gone by
     assert await one_round() == len(PASSES) - 1
     await services.tasks.drain()  # the compute billing it set off
+
+
+def test_a_control_plane_that_never_billed_bills_at_its_first_pass_whatever_the_hosts_uptime() -> None:
+    """The monotonic clock counts from the host's boot: "never billed" must be due even when the host
+    has been up for less than one ``billing_interval_s`` (a new CI machine was; its first pass billed
+    nothing)."""
+    settings = SimpleNamespace(billing_interval_s=time.monotonic() + 3600.0)  # longer than this uptime
+    services = Services(settings, None, None, None, None)  # type: ignore[arg-type]
+    assert reconciler.billing_due(services)
+    assert reconciler.storage_billing_due(services)
+    services.billing_last = services.storage_billing_last = time.monotonic()
+    assert not reconciler.billing_due(services) and not reconciler.storage_billing_due(services)
