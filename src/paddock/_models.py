@@ -49,6 +49,9 @@ class SandboxInfo:
     ssh_pubkeys: list[str] = field(default_factory=list)
     ingress_enabled: bool = False
     ingress_url_template: str | None = None
+    #: The ``Host`` its apps get through the ingress, and the ports reached over TLS (docs/ingress.md).
+    ingress_host_header: str | None = None
+    ingress_https_ports: list[int] = field(default_factory=list)
     auto_pause_after_seconds: int | None = None
     forked_from: str | None = None
     #: Paused with only its disk kept on its host (``pause(keep_memory=False)``, docs/hibernation.md).

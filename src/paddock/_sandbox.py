@@ -56,6 +56,8 @@ class Sandboxes:
         host_id: str | None = None,
         node_selector: Mapping[str, str] | None = None,
         ingress_enabled: bool | None = None,
+        ingress_host_header: str | None = None,
+        ingress_https_ports: Iterable[int] | None = None,
         disks: Iterable[Mapping[str, str]] | None = None,
         region: str | None = None,
         auto_pause_after_seconds: int | None = None,
@@ -83,6 +85,8 @@ class Sandboxes:
         ``auto_pause_after_seconds`` hibernates instead of freezing (docs/hibernation.md). ``metadata``: labels
         that ``list(metadata=...)`` filters on. ``volumes``: ``[{"volume_id", "mount_path",
         "read_only"?}]``, local volumes mounted before it answers; it runs on their host (docs/volumes.md).
+        ``ingress_host_header``: the ``Host`` its apps get through the ingress (``${PORT}`` stands for the
+        port); ``ingress_https_ports``: ports whose app serves HTTPS itself (docs/ingress.md).
         A misspelled keyword is a ``TypeError``.
         """
         body = _base.drop_none(
@@ -98,6 +102,8 @@ class Sandboxes:
                 "host_id": host_id,
                 "node_selector": None if node_selector is None else dict(node_selector),
                 "ingress_enabled": ingress_enabled,
+                "ingress_host_header": ingress_host_header,
+                "ingress_https_ports": None if ingress_https_ports is None else list(ingress_https_ports),
                 "disks": None if disks is None else [dict(d) for d in disks],
                 "region": region,
                 "auto_pause_after_seconds": auto_pause_after_seconds,
@@ -667,11 +673,16 @@ class Sandbox:
         auto_pause_after_seconds: int | None = None,
         disable_auto_pause: bool | None = None,
         on_idle: str | None = None,
+        ingress_host_header: str | None = None,
+        ingress_https_ports: Iterable[int] | None = None,
     ) -> SandboxInfo:
-        """``on_idle``: what the idle pause does, ``"pause"`` (frozen) or ``"hibernate"``."""
+        """``on_idle``: what the idle pause does, ``"pause"`` (frozen) or ``"hibernate"``.
+        ``ingress_host_header`` and ``ingress_https_ports`` as at create; ``""`` and ``[]`` clear them."""
         body = _base.drop_none(
             {
                 "ingress_enabled": ingress_enabled,
+                "ingress_host_header": ingress_host_header,
+                "ingress_https_ports": None if ingress_https_ports is None else list(ingress_https_ports),
                 "auto_pause_after_seconds": auto_pause_after_seconds,
                 "disable_auto_pause": disable_auto_pause,
                 "on_idle": on_idle,

@@ -90,15 +90,27 @@ def set_settings(
     on_idle: str = typer.Option(
         None, "--on-idle", help="What the idle pause does: pause (frozen) or hibernate (only the disk kept)."
     ),
+    ingress_host_header: str = typer.Option(
+        None, "--ingress-host-header", help='The Host its apps get (${PORT}: the port; "" clears it).'
+    ),
+    ingress_https_port: list[int] = typer.Option(
+        None, "--ingress-https-port", help="A port whose app serves HTTPS itself (repeat; replaces the list)."
+    ),
+    no_ingress_https_ports: bool = typer.Option(
+        False, "--no-ingress-https-ports", help="Reach every port in plain HTTP again."
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Change a sandbox's settings (PATCH): ingress, auto-pause and what it does."""
+    """Change a sandbox's settings (PATCH): ingress, the Host its apps get and its HTTPS ports,
+    auto-pause and what it does."""
     with api_errors(), client() as sdk:
         info = sandbox.resolve(sdk, ref).patch(
             ingress_enabled=ingress,
             auto_pause_after_seconds=auto_pause,
             disable_auto_pause=True if no_auto_pause else None,
             on_idle=on_idle,
+            ingress_host_header=ingress_host_header,
+            ingress_https_ports=[] if no_ingress_https_ports else (ingress_https_port or None),
         )
     emit(info, json_out, sandbox.show)
 

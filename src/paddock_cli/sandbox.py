@@ -52,6 +52,8 @@ def show(info: Any) -> None:
             ("egress", info.egress),
             ("networks", [f"{n['id']} ({n.get('ip') or n.get('status')})" for n in info.networks or []]),
             ("ingress", info.ingress_url_template),
+            ("ingress_host_header", info.ingress_host_header),
+            ("ingress_https_ports", [str(port) for port in info.ingress_https_ports]),
         ]
     )
 
@@ -66,6 +68,12 @@ def create(
     egress: list[str] = typer.Option([], "--egress", help="Allowlist rule (repeat); none allows all."),
     ssh_key: list[str] = typer.Option([], "--ssh-key", help="An OpenSSH public key (repeat)."),
     ingress: bool = typer.Option(False, "--ingress", help="Give the sandbox an HTTPS ingress URL."),
+    ingress_host_header: str = typer.Option(
+        None, "--ingress-host-header", help="The Host its apps get through the ingress (${PORT}: the port)."
+    ),
+    ingress_https_port: list[int] = typer.Option(
+        [], "--ingress-https-port", help="A port whose app serves HTTPS itself (repeat)."
+    ),
     auto_pause: int = typer.Option(None, "--auto-pause", help="Pause after this many idle seconds."),
     on_idle: str = typer.Option(
         None, "--on-idle", help="What --auto-pause does: pause (frozen, default) or hibernate."
@@ -89,6 +97,8 @@ def create(
         "egress": egress or None,
         "ssh_pubkeys": ssh_key or None,
         "ingress_enabled": ingress or None,
+        "ingress_host_header": ingress_host_header,
+        "ingress_https_ports": ingress_https_port or None,
         "auto_pause_after_seconds": auto_pause,
         "start_paused": start_paused or None,
         "timeout_s": timeout,

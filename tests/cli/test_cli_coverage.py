@@ -104,6 +104,29 @@ def test_account_and_sandbox_settings_commands_with_json_after_the_name(cli: Cli
         assert isinstance(patched, dict)
         assert patched["ingress_enabled"] is True and patched["auto_pause_after_seconds"] == 600
         assert patched["on_idle"] == "hibernate"
+        ported = cli.json(
+            "sandbox",
+            "set",
+            "set-box",
+            "--ingress-host-header",
+            "${PORT}.app.test",
+            "--ingress-https-port",
+            "8443",
+            "--ingress-https-port",
+            "9443",
+        )
+        assert isinstance(ported, dict)
+        assert (ported["ingress_host_header"], ported["ingress_https_ports"]) == (
+            "${PORT}.app.test",
+            [8443, 9443],
+        )
+        shown = cli("sandbox", "get", "set-box")
+        assert b"ingress_https_ports  8443, 9443" in shown.stdout, shown.stdout
+        cleared = cli.json(
+            "sandbox", "set", "set-box", "--ingress-host-header", "", "--no-ingress-https-ports"
+        )
+        assert isinstance(cleared, dict)
+        assert "ingress_host_header" not in cleared and cleared["ingress_https_ports"] == [], cleared
         assert cli.json("sandbox", "resize", "set-box", "3072") == {"disk_mib": 3072}
         assert cli.json("sandbox", "ps", "set-box") == []
     finally:

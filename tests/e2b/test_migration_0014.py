@@ -102,7 +102,7 @@ async def test_e2b_lifetimes_and_metadata_move_to_the_native_columns(database_ur
             lambda c: {col["name"] for col in inspect(c).get_columns("e2b_sandboxes")}
         )
     assert "e2b_sandbox_metadata" not in tables
-    # The E2B-only columns went; later migrations add others of their own (0028's mask_request_host).
+    # The E2B-only columns went; later migrations may add others of their own.
     assert {"sandbox_id", "user_id", "template_id", "created_at"} <= columns
     assert not {"timeout_s", "auto_pause", "end_at"} & columns
     await engine.dispose()

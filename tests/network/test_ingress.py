@@ -23,6 +23,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+import paddock
 from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform
 from tests.network.ingress_support import (
@@ -489,3 +490,129 @@ def test_malformed_requests_get_400_not_a_crash(ingress: Ingress, app_sandbox: d
         assert answer.startswith(b"HTTP/1.1 400 Bad Request"), answer
     with ingress.client(str(app_sandbox["id"])) as client:
         assert client.get("/hello").status_code == 200  # the proxy is still serving
+
+
+TLS_APP_PORT = 8443
+#: openssl's own HTTPS server with a certificate made in the sandbox (self-signed); ``-www`` answers a GET
+#: with a status page that names the TLS session it came over.
+SERVE_HTTPS = (
+    "cd /tmp && openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=app -days 1 -keyout k.pem -out c.pem"
+    f" 2>/dev/null && setsid openssl s_server -quiet -accept {TLS_APP_PORT} -www -cert c.pem -key k.pem"
+    " >/dev/null 2>&1 </dev/null &"
+)
+
+
+def _tls_page(ingress: Ingress, sandbox_id: str) -> httpx.Response:
+    """GET / of the sandbox's TLS_APP_PORT through the plain listener, once the app is up (or 20 s on)."""
+    with ingress.client(sandbox_id, TLS_APP_PORT) as client:
+        deadline = time.monotonic() + 20
+        while True:
+            answer = client.get("/")
+            listening = answer.headers.get("x-paddock-ingress-error") != "NOTHING_LISTENING"
+            if listening or time.monotonic() > deadline:
+                assert listening, "the sandbox's HTTPS app never listened"
+                return answer
+            time.sleep(0.3)
+
+
+def test_the_host_an_app_gets_and_its_https_ports_are_set_shown_patched_and_forked(ingress: Ingress) -> None:
+    """``ingress_host_header``: the app gets that ``Host`` (``${PORT}`` its port), the client's staying in
+    ``X-Forwarded-Host``; ``ingress_https_ports``: an app serving HTTPS itself (self-signed) is reached
+    over TLS. The view shows both, a PATCH changes them for the very next request, a fork keeps them, and
+    bad values are a 400 naming the field with nothing changed."""
+    mask = "${PORT}-myapp.example.test"
+    with ingress.http() as http:
+        sandbox = create_sandbox(
+            http, ingress_enabled=True, ingress_host_header=mask, ingress_https_ports=[TLS_APP_PORT, 9443]
+        )
+        sandbox_id = str(sandbox["id"])
+        try:
+            assert sandbox["ingress_host_header"] == mask
+            assert sandbox["ingress_https_ports"] == [TLS_APP_PORT, 9443]
+            start_app(http, sandbox_id)
+            started = http.post(
+                f"/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "bash", "args": ["-c", SERVE_HTTPS]}
+            )
+            assert started.status_code == 200, started.text
+            with ingress.client(sandbox_id) as client:
+                seen = client.get("/hello")
+                assert seen.status_code == 200, seen.text
+                assert seen.headers["x-seen-host"] == f"{APP_PORT}-myapp.example.test"
+            page = _tls_page(ingress, sandbox_id)
+            assert page.status_code == 200 and "Cipher" in page.text, page.text[:300]
+
+            view = http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]
+            assert (view["ingress_host_header"], view["ingress_https_ports"]) == (mask, [TLS_APP_PORT, 9443])
+            forked = http.post(f"/v1/sandboxes/{sandbox_id}/fork", json={})
+            assert forked.status_code == 200, forked.text
+            child = http.get(f"/v1/sandboxes/{forked.json()['data']['id']}").json()["data"]
+            http.delete(f"/v1/sandboxes/{child['id']}")
+            assert (child.get("ingress_host_header"), child.get("ingress_https_ports")) == (
+                mask,
+                [TLS_APP_PORT, 9443],
+            )
+
+            for body, field in (
+                (
+                    {"ingress_host_header": "other.example.test", "ingress_https_ports": [443, 0]},
+                    "ingress_https_ports[1]",
+                ),
+                ({"ingress_host_header": "x.example.test\r\nX-Evil: 1"}, "ingress_host_header"),
+                ({"ingress_host_header": "a" * 256}, "ingress_host_header"),
+                ({"ingress_https_ports": ["443"]}, "ingress_https_ports[0]"),
+                ({"ingress_https_ports": list(range(1, 40))}, "ingress_https_ports"),
+            ):
+                refused = http.patch(f"/v1/sandboxes/{sandbox_id}", json=body)
+                assert refused.status_code == 400, (body, refused.text)
+                assert field in refused.json()["data"], refused.text
+            refused = http.post(
+                "/v1/sandboxes", json={"shape": "s-1vcpu-256mb", "ingress_host_header": "my app.example.test"}
+            )
+            assert refused.status_code == 400 and "ingress_host_header" in refused.json()["data"], (
+                refused.text
+            )
+            unchanged = http.get(f"/v1/sandboxes/{sandbox_id}").json()["data"]
+            assert (unchanged["ingress_host_header"], unchanged["ingress_https_ports"]) == (
+                mask,
+                [TLS_APP_PORT, 9443],
+            )
+
+            # Cleared: the next request already carries the client's host, and TLS is off that port.
+            patched = http.patch(
+                f"/v1/sandboxes/{sandbox_id}", json={"ingress_host_header": "", "ingress_https_ports": []}
+            )
+            assert patched.status_code == 200, patched.text
+            assert "ingress_host_header" not in patched.json()["data"]
+            with ingress.client(sandbox_id) as client:
+                assert (
+                    client.get("/hello").headers["x-seen-host"]
+                    == f"{ingress_host(sandbox_id)}:{ingress.port}"
+                )
+            plain = _tls_page(ingress, sandbox_id)
+            assert plain.status_code == 502 and "Cipher" not in plain.text, (plain.headers, plain.text[:300])
+            # Set again by a PATCH: a fixed host, at once.
+            patched = http.patch(
+                f"/v1/sandboxes/{sandbox_id}", json={"ingress_host_header": "fixed.example.test:3000"}
+            )
+            assert (
+                patched.status_code == 200
+                and patched.json()["data"]["ingress_host_header"] == "fixed.example.test:3000"
+            )
+            with ingress.client(sandbox_id) as client:
+                assert client.get("/hello").headers["x-seen-host"] == "fixed.example.test:3000"
+            # The SDK's keywords, both read back in its SandboxInfo.
+            with paddock.Client(ingress.platform.url, ingress.key) as sdk:
+                handle = sdk.sandboxes.get(sandbox_id)
+                info = handle.patch(
+                    ingress_host_header="${PORT}.sdk.example.test", ingress_https_ports=[TLS_APP_PORT]
+                )
+                assert (info.ingress_host_header, info.ingress_https_ports) == (
+                    "${PORT}.sdk.example.test",
+                    [TLS_APP_PORT],
+                )
+            with ingress.client(sandbox_id) as client:
+                assert client.get("/hello").headers["x-seen-host"] == f"{APP_PORT}.sdk.example.test"
+            page = _tls_page(ingress, sandbox_id)
+            assert page.status_code == 200 and "Cipher" in page.text, page.text[:300]
+        finally:
+            http.delete(f"/v1/sandboxes/{sandbox_id}")

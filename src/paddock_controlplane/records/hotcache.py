@@ -96,10 +96,21 @@ def drop_changed_sandboxes(session: Session, _: object) -> None:
                 session.info.setdefault(_CHANGED, set()).add(sandbox_id)
 
 
-#: What the hot paths read from a cached row (exec: owner, host, status, envs; ingress: address, switch)
-#: and what waiters wait on (status). Heartbeats and billing rewrite usage counters and ``billed_until``
-#: of every running sandbox every few seconds; those must not empty the caches each time.
-CACHED_COLUMNS = ("status", "user_id", "host_id", "ip", "envs_sealed", "env_keys", "ingress_enabled")
+#: What the hot paths read from a cached row (exec: owner, host, status, envs; ingress: address, switch,
+#: how its ports are reached) and what waiters wait on (status). Heartbeats and billing rewrite usage
+#: counters and ``billed_until`` of every running sandbox every few seconds; those must not empty the
+#: caches each time.
+CACHED_COLUMNS = (
+    "status",
+    "user_id",
+    "host_id",
+    "ip",
+    "envs_sealed",
+    "env_keys",
+    "ingress_enabled",
+    "ingress_host_header",
+    "ingress_https_ports",
+)
 
 
 def _changes_what_is_cached(obj: object) -> bool:

@@ -21,6 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from paddock_controlplane.records.app_ports import AppPorts
 from paddock_core.timeutil import utcnow
 
 
@@ -159,6 +160,10 @@ class Sandbox(Base):
     ssh_pubkeys: Mapped[list[Any]] = mapped_column(default=list)
     node_selector: Mapped[dict[str, Any]] = mapped_column(default=dict)
     ingress_enabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: The ``Host`` the ingress sends its apps (``${PORT}`` the port), or None for the client's, and the
+    #: ports whose app serves HTTPS itself (records/app_ports.py; migration 0030).
+    ingress_host_header: Mapped[str | None] = mapped_column(String(255), nullable=True, default=None)
+    ingress_https_ports: Mapped[list[int] | None] = mapped_column(JSON, nullable=True, default=None)
     bandwidth_quota_bytes: Mapped[int] = mapped_column(BigInteger, default=5 * 1024**3)
     bandwidth_used_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     bandwidth_ingress_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -195,6 +200,10 @@ class Sandbox(Base):
     memberships: Mapped[list[NetworkMember]] = relationship(
         "NetworkMember", lazy="selectin", viewonly=True, order_by="NetworkMember.created_at"
     )
+
+    @property
+    def app_ports(self) -> AppPorts:
+        return AppPorts.of(self.ingress_host_header, self.ingress_https_ports)
 
 
 class WebhookEndpoint(Base):

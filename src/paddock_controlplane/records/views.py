@@ -55,6 +55,8 @@ def sandbox_view(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, Any
         "on_timeout": sandbox.on_timeout,
         "end_at": (sandbox.end_at and sandbox.status not in TERMINAL and rfc3339(sandbox.end_at)) or None,
         "metadata": dict(sandbox.labels) if sandbox.labels else None,
+        # Additive: how its ports are reached, when it says (records/app_ports.py, docs/ingress.md).
+        **app_ports_view(sandbox),
     }
     out.update({key: value for key, value in optional.items() if value is not None})
     networks = network_refs(sandbox)
@@ -109,6 +111,18 @@ def create_response(sandbox: Sandbox, *, scheme: str, domain: str) -> dict[str, 
         out["end_at"] = rfc3339(sandbox.end_at)
     if sandbox.labels:
         out["metadata"] = dict(sandbox.labels)
+    out.update(app_ports_view(sandbox))
+    return out
+
+
+def app_ports_view(sandbox: Sandbox) -> dict[str, Any]:
+    """``ingress_host_header`` and ``ingress_https_ports``, each only when set."""
+    ports = sandbox.app_ports
+    out: dict[str, Any] = {}
+    if ports.host_header:
+        out["ingress_host_header"] = ports.host_header
+    if ports.https_ports:
+        out["ingress_https_ports"] = sorted(ports.https_ports)
     return out
 
 

@@ -20,7 +20,7 @@ from sqlalchemy import Table, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.hosts import hostlink, hosts, scheduler
-from paddock_controlplane.records import validation
+from paddock_controlplane.records import app_ports, validation
 from paddock_controlplane.records.models import Host, Sandbox
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
@@ -157,6 +157,8 @@ class CreatePlan:
     on_timeout: str | None = None
     on_idle: str | None = None
     metadata: dict[str, str] | None = None
+    ingress_host_header: str | None = None
+    ingress_https_ports: list[int] | None = None
     #: The request named ``disk_mib`` (otherwise the shape's default, which a snapshot's disk may raise).
     explicit_disk: bool = False
 
@@ -199,6 +201,8 @@ def validate_create(req: CreateSandboxRequest, region: str) -> CreatePlan:
         on_timeout=on_timeout,
         on_idle=check_on_idle(req.on_idle),
         metadata=check_metadata(req.metadata) or None,
+        ingress_host_header=app_ports.host_header(req.ingress_host_header),
+        ingress_https_ports=app_ports.https_ports(req.ingress_https_ports) or None,
         explicit_disk=bool(req.disk_mib),
     )
     if req.region and req.region != region:
@@ -544,6 +548,8 @@ def _new_row(
         ssh_pubkeys=spec.ssh_pubkeys,
         node_selector=spec.node_selector,
         ingress_enabled=spec.ingress_enabled,
+        ingress_host_header=spec.ingress_host_header,
+        ingress_https_ports=spec.ingress_https_ports,
         bandwidth_quota_bytes=services.settings.default_bandwidth_quota_bytes,
         bandwidth_used_bytes=0,
         bandwidth_ingress_bytes=0,
@@ -841,6 +847,9 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
             "ssh_pubkeys": ssh if ssh is not None else list(source.ssh_pubkeys or []),
             "node_selector": dict(source.node_selector or {}),
             "ingress_enabled": source.ingress_enabled if req.ingress_enabled is None else req.ingress_enabled,
+            # Its apps are its source's: they are reached the same way.
+            "ingress_host_header": source.ingress_host_header,
+            "ingress_https_ports": source.ingress_https_ports,
             "bandwidth_quota_bytes": services.settings.default_bandwidth_quota_bytes,
             "bandwidth_used_bytes": 0,
             "bandwidth_ingress_bytes": 0,

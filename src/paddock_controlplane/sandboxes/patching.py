@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from paddock_controlplane.hosts import hostlink, scheduler
-from paddock_controlplane.records import validation
+from paddock_controlplane.records import app_ports, validation
 from paddock_controlplane.records.models import Host, Sandbox
 from paddock_controlplane.records.queries import get_owned
 from paddock_controlplane.records.schemas.sandboxes import PatchSandboxRequest
@@ -38,6 +38,9 @@ async def patch(services: Services, user_id: str, sandbox_id: str, req: PatchSan
             )
         auto_pause = req.auto_pause_after_seconds
     on_idle = lifecycle.check_on_idle(req.on_idle)
+    # Checked before anything is written; ``""`` and ``[]`` clear them (records/app_ports.py).
+    host_header = app_ports.host_header(req.ingress_host_header)
+    https_ports = app_ports.https_ports(req.ingress_https_ports)
     async with transaction(services.sessions) as session:
         sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
         _require_open(sandbox)
@@ -48,6 +51,11 @@ async def patch(services: Services, user_id: str, sandbox_id: str, req: PatchSan
             sandbox.on_idle = changed["on_idle"] = on_idle
         if req.ingress_enabled is not None and req.ingress_enabled != sandbox.ingress_enabled:
             sandbox.ingress_enabled = changed["ingress_enabled"] = req.ingress_enabled
+        if req.ingress_host_header is not None and host_header != sandbox.ingress_host_header:
+            sandbox.ingress_host_header = changed["ingress_host_header"] = host_header
+        if req.ingress_https_ports is not None and https_ports != (sandbox.ingress_https_ports or []):
+            sandbox.ingress_https_ports = https_ports or None
+            changed["ingress_https_ports"] = https_ports
         if auto_pause is not None:
             sandbox.auto_pause_after_seconds = changed["auto_pause_after_seconds"] = auto_pause
             sandbox.last_activity_at = services.clock()

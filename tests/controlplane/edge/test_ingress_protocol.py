@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from paddock_controlplane.edge.e2b.store import PLAIN_PORTS, AppPorts
 from paddock_controlplane.edge.ingress import proxy as proxy_module
 from paddock_controlplane.edge.ingress.proxy import IngressProxy
 from paddock_controlplane.edge.ingress.routing import IngressError, Route, parse_host
+from paddock_controlplane.records.app_ports import PLAIN_PORTS, AppPorts
 from paddock_controlplane.records.services import Activity
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.timeutil import utcnow

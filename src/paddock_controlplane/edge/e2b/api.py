@@ -131,7 +131,7 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     # ``allowOut``/``denyOut`` (and ``allow_internet_access: false``, E2B's deny of everything) as the
     # native egress allowlist, or a 501 naming what an allowlist cannot say (schemas.egress).
     egress = schemas.egress(network, body.allow_internet_access)
-    # The Host its ports get from the ingress (edge/ingress/routing.py reads it back).
+    # How its ports are reached: /v1's ``ingress_host_header`` and ``ingress_https_ports``.
     host_mask = network.host_mask() if network is not None else None
     tls_ports = network.tls_ports() if network is not None else []
     timeout_s = store.check_timeout(body.timeout)
@@ -155,6 +155,8 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
         # ``allowPublicTraffic`` is the ingress (docs/e2b.md): true opens the sandbox's URLs to anyone;
         # false or unset keeps them to the holder of its traffic token (Paddock opens nothing unasked).
         ingress_enabled=bool(network is not None and network.allow_public_traffic),
+        ingress_host_header=host_mask,
+        ingress_https_ports=tls_ports or None,
         volumes=e2b_volumes.attachments(body.volume_mounts),
     )
     try:
@@ -179,8 +181,6 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
                 user_id=principal.user_id,
                 template_id=body.template_id,
                 now=services.clock(),
-                mask_request_host=host_mask,
-                https_ports=tls_ports,
             )
     except BaseException:
         await destruction.destroy(services, principal.user_id, sandbox.id, reason="e2b_create_failed")
@@ -317,8 +317,6 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
                     user_id=principal.user_id,
                     template_id=template_id,
                     now=services.clock(),
-                    mask_request_host=row.mask_request_host if row is not None else None,
-                    https_ports=row.https_ports if row is not None else None,
                 )
             results.append({"sandbox": schemas.created(child, template_id, services.settings)})
         except errors.PaddockError as exc:
@@ -346,7 +344,6 @@ async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
             _end_of(sandbox),
             _tags(sandbox),
             services.settings,
-            row.ports if row is not None else store.PLAIN_PORTS,
         ),
         "volumeMounts": mounts,
     }

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import re
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity
-from paddock_controlplane.edge.e2b.store import PORT_PLACEHOLDER, AppPorts
-from paddock_controlplane.records import validation
+from paddock_controlplane.records import app_ports, validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.schemas.volumes import MAX_VOLUMES_PER_SANDBOX
 from paddock_core import errors
@@ -44,12 +42,6 @@ MAX_EGRESS_ENTRIES = 256
 DEFAULT_DNS_SERVERS = ("8.8.8.8",)
 #: Servers a ``dnsServers`` lists at most (E2B's limit).
 MAX_DNS_SERVERS = 10
-#: The longest ``maskRequestHost`` (a host name's 253 and a port; its column holds 255).
-MAX_HOST_MASK = 255
-#: Ports an ``httpsPorts`` lists at most.
-MAX_HTTPS_PORTS = 32
-#: A ``Host`` value: a name or IPv4 address, and an optional port.
-_HOST_VALUE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?")
 
 
 class EgressConfig(Body):
@@ -87,36 +79,18 @@ class NetworkConfig(EgressConfig):
     )
 
     def host_mask(self) -> str | None:
-        """``maskRequestHost``, checked: a host name or address with an optional port, where ``${PORT}``
-        (:data:`PORT_PLACEHOLDER`) may stand for the port's number anywhere; a 400 naming the field
-        otherwise (it becomes a header line: nothing but a host may pass)."""
-        mask = self.mask_request_host
-        if mask is None:
-            return None
-        field = "network.maskRequestHost"
-        if len(mask) > MAX_HOST_MASK:
-            raise errors.ValidationFailed.field(field, f"at most {MAX_HOST_MASK} characters")
-        if not _HOST_VALUE.fullmatch(mask.replace(PORT_PLACEHOLDER, "1")):
-            raise errors.ValidationFailed.field(
-                field, f"{mask[:64]!r} is not a host[:port] (with ${{PORT}} for the port's number)"
-            )
-        return mask
+        """``maskRequestHost``, checked as /v1's ``ingress_host_header`` (records/app_ports.py): a host
+        name or address with an optional port, ``${PORT}`` standing for the port's number anywhere."""
+        return app_ports.host_header(self.mask_request_host, "network.maskRequestHost")
 
     def tls_ports(self) -> list[int]:
-        """``httpsPorts``, checked: at most :data:`MAX_HTTPS_PORTS` port numbers, envd's not among them
-        (the edge serves it itself); sorted, each once. A 400 naming the entry otherwise."""
-        ports = self.https_ports or []
-        field = "network.httpsPorts"
-        if len(ports) > MAX_HTTPS_PORTS:
-            raise errors.ValidationFailed.field(field, f"at most {MAX_HTTPS_PORTS} ports")
-        for index, port in enumerate(ports):
-            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-                raise errors.ValidationFailed.field(f"{field}[{index}]", f"{str(port)[:16]!r} is not a port")
-            if port == identity.ENVD_PORT:
-                raise errors.ValidationFailed.field(
-                    f"{field}[{index}]", f"{port} is envd's port, which the edge serves itself"
-                )
-        return sorted(set(ports))
+        """``httpsPorts``, checked as /v1's ``ingress_https_ports``, and envd's port not among them (the
+        edge serves it itself)."""
+        return app_ports.https_ports(
+            self.https_ports,
+            "network.httpsPorts",
+            reserved={identity.ENVD_PORT: "is envd's port, which the edge serves itself"},
+        )
 
 
 class NetworkUpdate(EgressConfig):
@@ -334,9 +308,9 @@ def detail(
     end_at: dt.datetime,
     metadata: dict[str, str],
     settings: Any,
-    ports: AppPorts,
 ) -> dict[str, Any]:
     """E2B's ``SandboxDetail``."""
+    ports = sandbox.app_ports
     return {
         **listed(sandbox, template_id, end_at, metadata),
         "envdAccessToken": identity.envd_access_token(settings, sandbox.id),
@@ -349,7 +323,7 @@ def detail(
         "network": {
             "allowPublicTraffic": bool(sandbox.ingress_enabled),
             **egress_view(sandbox),
-            **({"maskRequestHost": ports.host_mask} if ports.host_mask is not None else {}),
+            **({"maskRequestHost": ports.host_header} if ports.host_header is not None else {}),
             **({"httpsPorts": sorted(ports.https_ports)} if ports.https_ports else {}),
         },
     }

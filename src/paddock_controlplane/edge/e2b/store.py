@@ -12,9 +12,8 @@ through ``/v1`` has no row here and reads with the template its rootfs maps to.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 
-from sqlalchemy import JSON, ForeignKey, String, delete, select
+from sqlalchemy import ForeignKey, String, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -26,8 +25,6 @@ from paddock_core import errors
 MAX_METADATA_KEYS = lifecycle.MAX_METADATA_KEYS
 #: E2B's own ceiling on a sandbox's lifetime (24 h on its Pro plan), /v1's too.
 MAX_TIMEOUT_S = lifecycle.MAX_TIMEOUT_S
-#: What ``maskRequestHost`` writes for the port's number.
-PORT_PLACEHOLDER = "${PORT}"
 #: E2B's default ``timeout`` when a create names none (the SDK always sends one: 300).
 DEFAULT_TIMEOUT_S = 300
 
@@ -39,41 +36,6 @@ class E2bSandbox(Base):
     user_id: Mapped[str] = mapped_column(String(40), ForeignKey("users.id"))
     template_id: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[dt.datetime] = mapped_column()
-    #: ``network.maskRequestHost``: the ``Host`` the ingress sends the sandbox's ports (``${PORT}`` the
-    #: port), or None for the one the client named (migration 0028).
-    mask_request_host: Mapped[str | None] = mapped_column(String(255), default=None)
-    #: ``network.httpsPorts``: the ports the ingress reaches over TLS, or None for none (migration 0029).
-    https_ports: Mapped[list[int] | None] = mapped_column(JSON, default=None)
-
-    @property
-    def ports(self) -> AppPorts:
-        return AppPorts.of(self.mask_request_host, self.https_ports)
-
-
-@dataclass(frozen=True)
-class AppPorts:
-    """How an E2B create said its sandbox's ports are reached, fixed from then on: the ``Host`` the app
-    gets (``maskRequestHost``) and the ports it serves HTTPS on itself (``httpsPorts``). The ingress
-    (``routing.Route``) and E2B's sandbox listener (``edge/user_ports.py``) both go by it."""
-
-    host_mask: str | None = None
-    https_ports: frozenset[int] = frozenset()
-
-    @classmethod
-    def of(cls, host_mask: str | None, https_ports: list[int] | None) -> AppPorts:
-        return cls(host_mask, frozenset(https_ports or ()))
-
-    def host_for(self, port: int) -> str | None:
-        """The ``Host`` the app on ``port`` gets in place of the client's, or None to keep the client's."""
-        return self.host_mask.replace(PORT_PLACEHOLDER, str(port)) if self.host_mask else None
-
-    def tls(self, port: int) -> bool:
-        """Whether the app on ``port`` is reached over TLS (its certificate not checked)."""
-        return port in self.https_ports
-
-
-#: Sandboxes with no E2B row, or one that says nothing of its ports.
-PLAIN_PORTS = AppPorts()
 
 
 class E2bSnapshotTag(Base):
@@ -152,16 +114,12 @@ async def record(
     user_id: str,
     template_id: str,
     now: dt.datetime,
-    mask_request_host: str | None = None,
-    https_ports: list[int] | None = None,
 ) -> E2bSandbox:
     row = E2bSandbox(
         sandbox_id=sandbox_id,
         user_id=user_id,
         template_id=template_id,
         created_at=now,
-        mask_request_host=mask_request_host,
-        https_ports=https_ports or None,
     )
     session.add(row)
     return row

@@ -23,7 +23,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from paddock_controlplane.edge.e2b.store import PLAIN_PORTS, AppPorts, E2bSandbox
+from paddock_controlplane.edge.e2b.store import E2bSandbox
+from paddock_controlplane.records.app_ports import PLAIN_PORTS, AppPorts
 from paddock_controlplane.records.hotcache import TTLCache
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
@@ -68,8 +69,8 @@ class Route:
     #: Made through the E2B API (a row in ``e2b_sandboxes``): with ingress on (E2B's public traffic) a
     #: desktop's 6080 is the stream ``e2b-desktop`` serves there, an ordinary port (docs/e2b.md).
     e2b: bool = False
-    #: The ``Host`` its apps get and the ports reached over TLS (an E2B create's ``maskRequestHost``
-    #: and ``httpsPorts``).
+    #: The ``Host`` its apps get and the ports reached over TLS (``ingress_host_header`` and
+    #: ``ingress_https_ports``; E2B's ``maskRequestHost`` and ``httpsPorts``).
     ports: AppPorts = PLAIN_PORTS
     #: Woken by this router lately: until this monotonic time its app may still refuse or drop the first
     #: connections, and the proxy tries again (0.0: not woken within ``WAKE_SETTLE_S``).
@@ -162,8 +163,8 @@ class Router:
                         Sandbox.ingress_enabled,
                         Sandbox.rootfs,
                         E2bSandbox.sandbox_id,
-                        E2bSandbox.mask_request_host,
-                        E2bSandbox.https_ports,
+                        Sandbox.ingress_host_header,
+                        Sandbox.ingress_https_ports,
                     )
                     .outerjoin(E2bSandbox, E2bSandbox.sandbox_id == Sandbox.id)
                     .where(Sandbox.id == sandbox_id)

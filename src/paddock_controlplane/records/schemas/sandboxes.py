@@ -23,6 +23,10 @@ class CreateSandboxRequest(Body):
     host_id: StrictStr | None = None
     node_selector: dict[str, StrictStr] | None = None
     ingress_enabled: StrictBool | None = None
+    #: The ``Host`` the ingress sends its apps (``${PORT}``: the port's number), and the ports whose app
+    #: serves HTTPS itself (records/app_ports.py, docs/ingress.md).
+    ingress_host_header: StrictStr | None = None
+    ingress_https_ports: list[StrictInt] | None = None
     disks: list[DiskAttachment] | None = None
     region: StrictStr | None = None
     auto_pause_after_seconds: Int32 | None = None
@@ -70,6 +74,9 @@ class TimeoutRequest(Body):
 
 class PatchSandboxRequest(Body):
     ingress_enabled: StrictBool | None = None
+    #: ``""`` and ``[]`` clear them; left out, they stay.
+    ingress_host_header: StrictStr | None = None
+    ingress_https_ports: list[StrictInt] | None = None
     auto_pause_after_seconds: Int32 | None = None
     disable_auto_pause: StrictBool | None = None
     on_idle: StrictStr | None = None

@@ -22,7 +22,6 @@ from starlette.types import Receive, Scope, Send
 
 from paddock_controlplane.edge.e2b import identity, store
 from paddock_controlplane.edge.ingress.proxy import backend_tls
-from paddock_controlplane.records.hotcache import TTLCache
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import computer, desktop_access
@@ -47,19 +46,6 @@ HOP_BY_HOP = frozenset(
 )
 CONNECT_TIMEOUT_S = 5.0
 _clients: dict[bool, httpx.AsyncClient] = {}
-#: Sandbox id -> how its ports are reached (``store.AppPorts``), fixed at its create: a request reads
-#: the database for it once a while, not each time, as the ingress's route cache does.
-_ports: TTLCache[store.AppPorts] = TTLCache(10.0)
-
-
-async def _ports_of(services: Services, sandbox_id: str) -> store.AppPorts:
-    ports = _ports.get(sandbox_id)
-    if ports is None:
-        async with services.sessions() as session:
-            row = await store.get(session, sandbox_id)
-        ports = row.ports if row is not None else store.PLAIN_PORTS
-        _ports.put(sandbox_id, ports)
-    return ports
 
 
 def client(*, tls: bool = False) -> httpx.AsyncClient:
@@ -123,7 +109,7 @@ async def forward(services: Services, sandbox: Sandbox, port: int, request: Requ
         return JSONResponse({"code": 403, "message": refused}, status_code=403)
     if not sandbox.ip:
         return _port_closed(sandbox.id, port, "the sandbox has no address")
-    ports = await _ports_of(services, sandbox.id)
+    ports = sandbox.app_ports
     tls = ports.tls(port)
     query = request.url.query
     url = httpx.URL(scheme="https" if tls else "http", host=str(sandbox.ip), port=port, path=request.url.path)
