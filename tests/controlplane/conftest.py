@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -12,11 +13,13 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import SecretStr
+from sqlalchemy import select
 
 from paddock_controlplane.app import create_app
 from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records.models import WebhookDelivery
 from paddock_controlplane.records.services import Services
-from paddock_controlplane.resources import accounts
+from paddock_controlplane.resources import accounts, webhooks
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core import tls
 from paddock_core.db import make_engine, make_sessionmaker, transaction
@@ -91,6 +94,28 @@ class Clocked:
     clock: FakeClock
     services: Services
     host: FakeHostLink
+
+    async def subscribe(self, user_id: str, *events: str) -> None:
+        """An endpoint of ``user_id``'s for ``events`` at a dead local URL: their deliveries are written
+        (and never land), for :meth:`events_of` to read."""
+        await webhooks.create_endpoint(
+            self.services.sessions,
+            self.services.secret_box,
+            user_id=user_id,
+            url="http://127.0.0.1:9/hook",
+            events=list(events),
+            allow_private=True,
+        )
+
+    async def events_of(self, action: str) -> list[dict[str, object]]:
+        """The ``data`` of every ``action`` event written so far, oldest first."""
+        async with self.services.sessions() as session:
+            rows = await session.scalars(
+                select(WebhookDelivery)
+                .where(WebhookDelivery.event_action == action)
+                .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+            )
+            return [dict(json.loads(row.payload)["data"]) for row in rows]
 
     async def balance(self, user_id: str) -> int:
         engine = make_engine(self.cp.settings.database_url)

@@ -10,13 +10,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from sqlalchemy import select
 
 from paddock_controlplane.hosts import hostlink
-from paddock_controlplane.records.models import WebhookDelivery
-from paddock_controlplane.resources import webhooks
 from paddock_controlplane.workers import reconciler
-from paddock_core.db import transaction
 from tests.controlplane.conftest import Clocked, clocked, cp_settings, user_client
 
 __all__ = ["clocked", "cp_settings"]
@@ -44,14 +40,7 @@ async def setup(clocked: Clocked) -> AsyncIterator[tuple[Clocked, httpx.AsyncCli
     host.hibernate = hibernate  # type: ignore[attr-defined]
     host.wake = wake  # type: ignore[attr-defined]
     user_id, http = await user_client(clocked)
-    await webhooks.create_endpoint(
-        clocked.services.sessions,
-        clocked.services.secret_box,
-        user_id=user_id,
-        url="http://127.0.0.1:9/hook",
-        events=["sandbox.pause", "sandbox.resume"],
-        allow_private=True,
-    )
+    await clocked.subscribe(user_id, "sandbox.pause", "sandbox.resume")
     async with http:
         yield clocked, http
 
@@ -60,18 +49,6 @@ async def _sandbox(http: httpx.AsyncClient) -> str:
     made = await http.post("/v1/sandboxes", json={"shape": SHAPE})
     assert made.status_code == 200, made.text
     return str(made.json()["data"]["id"])
-
-
-async def _events(clocked: Clocked, action: str) -> list[dict[str, object]]:
-    async with transaction(clocked.services.sessions) as session:
-        rows = (
-            await session.scalars(
-                select(WebhookDelivery)
-                .where(WebhookDelivery.event_action == action)
-                .order_by(WebhookDelivery.created_at)
-            )
-        ).all()
-    return [dict(json.loads(row.payload)["data"]) for row in rows]
 
 
 async def test_a_hibernate_and_a_wake_on_the_row_the_view_and_the_events(
@@ -96,9 +73,9 @@ async def test_a_hibernate_and_a_wake_on_the_row_the_view_and_the_events(
     assert (await http.post(f"/v1/sandboxes/{sandbox_id}/resume")).status_code == 200
     assert clocked.host.calls.count(("wake", sandbox_id)) == 1
 
-    pauses = [e for e in await _events(clocked, "sandbox.pause") if e["sandbox_id"] == sandbox_id]
+    pauses = [e for e in await clocked.events_of("sandbox.pause") if e["sandbox_id"] == sandbox_id]
     assert [e.get("hibernated") for e in pauses] == [True, None]
-    resumes = [e for e in await _events(clocked, "sandbox.resume") if e["sandbox_id"] == sandbox_id]
+    resumes = [e for e in await clocked.events_of("sandbox.resume") if e["sandbox_id"] == sandbox_id]
     assert [e.get("hibernated") for e in resumes] == [True, None]
 
 

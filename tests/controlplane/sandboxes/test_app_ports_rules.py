@@ -5,43 +5,16 @@ seam; tests/network/test_ingress.py shows what the app behind the ingress gets o
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from sqlalchemy import select
 
-from paddock_controlplane.records.models import WebhookDelivery
-from paddock_controlplane.resources import webhooks
-from paddock_core.db import make_engine, make_sessionmaker
 from tests.controlplane.conftest import Clocked, user_client
 
 pytestmark = pytest.mark.db
 
 
-async def _patch_events(clocked: Clocked) -> list[dict[str, object]]:
-    engine = make_engine(clocked.cp.settings.database_url)
-    try:
-        async with make_sessionmaker(engine)() as session:
-            rows = await session.scalars(
-                select(WebhookDelivery)
-                .where(WebhookDelivery.event_action == "sandbox.patch")
-                .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
-            )
-            return [json.loads(row.payload)["data"] for row in rows]
-    finally:
-        await engine.dispose()
-
-
 async def test_a_patch_of_the_ports_settings_is_a_webhook_naming_what_changed(clocked: Clocked) -> None:
     user_id, http = await user_client(clocked)
-    await webhooks.create_endpoint(
-        clocked.services.sessions,
-        clocked.services.secret_box,
-        user_id=user_id,
-        url="http://127.0.0.1:9/hook",
-        events=["sandbox.patch"],
-        allow_private=True,
-    )
+    await clocked.subscribe(user_id, "sandbox.patch")
     async with http:
         created = await http.post(
             "/v1/sandboxes",
@@ -62,7 +35,7 @@ async def test_a_patch_of_the_ports_settings_is_a_webhook_naming_what_changed(cl
             f"/v1/sandboxes/{sid}", json={"ingress_host_header": "other.test", "ingress_https_ports": [70000]}
         )
         assert refused.status_code == 400 and "ingress_https_ports[0]" in refused.json()["data"], refused.text
-        assert await _patch_events(clocked) == []
+        assert await clocked.events_of("sandbox.patch") == []
 
         moved = await http.patch(
             f"/v1/sandboxes/{sid}",
@@ -75,7 +48,7 @@ async def test_a_patch_of_the_ports_settings_is_a_webhook_naming_what_changed(cl
         )
         assert cleared.json()["data"]["ingress_https_ports"] == [8443]
 
-        events = await _patch_events(clocked)
+        events = await clocked.events_of("sandbox.patch")
         assert [{k: v for k, v in event.items() if k.startswith("ingress_")} for event in events] == [
             {"ingress_host_header": "${PORT}.app.test", "ingress_https_ports": [8443]},
             {"ingress_host_header": None},

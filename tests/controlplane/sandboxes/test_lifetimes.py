@@ -14,7 +14,6 @@ import pytest
 from sqlalchemy import select
 
 from paddock_controlplane.records.models import WebhookDelivery
-from paddock_controlplane.resources import webhooks
 from paddock_controlplane.sandboxes import lifecycle
 from paddock_core.db import make_engine, make_sessionmaker
 from tests.controlplane.conftest import Clocked, user_client
@@ -42,14 +41,7 @@ async def test_a_sandbox_is_destroyed_when_its_timeout_passes_and_an_extended_on
     clocked: Clocked,
 ) -> None:
     user_id, http = await user_client(clocked)
-    await webhooks.create_endpoint(
-        clocked.services.sessions,
-        clocked.services.secret_box,
-        user_id=user_id,
-        url="http://127.0.0.1:9/hook",
-        events=["sandbox.timeout"],
-        allow_private=True,
-    )
+    await clocked.subscribe(user_id, "sandbox.timeout")
     async with http:
         created = (await http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "timeout_s": 5})).json()[
             "data"

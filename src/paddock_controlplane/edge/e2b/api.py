@@ -339,11 +339,7 @@ async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
         mounts = await e2b_volumes.mounts_of(session, sandbox_id)
     return {
         **schemas.detail(
-            sandbox,
-            _template_of(sandbox, row),
-            _end_of(sandbox),
-            _tags(sandbox),
-            services.settings,
+            sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox), services.settings
         ),
         "volumeMounts": mounts,
     }

@@ -303,11 +303,7 @@ def listed(
 
 
 def detail(
-    sandbox: Sandbox,
-    template_id: str,
-    end_at: dt.datetime,
-    metadata: dict[str, str],
-    settings: Any,
+    sandbox: Sandbox, template_id: str, end_at: dt.datetime, metadata: dict[str, str], settings: Any
 ) -> dict[str, Any]:
     """E2B's ``SandboxDetail``."""
     ports = sandbox.app_ports
