@@ -16,7 +16,7 @@ from paddock_controlplane.sandboxes import lifecycle
 from paddock_controlplane.workers import reconciler
 from paddock_core.db import transaction
 from tests.controlplane.conftest import Clocked, clocked, cp_settings
-from tests.hibernation.test_hibernation_records import SHAPE, _events, _sandbox, setup
+from tests.hibernation.test_hibernation_records import SHAPE, _sandbox, setup
 
 __all__ = ["clocked", "cp_settings", "setup"]
 
@@ -66,7 +66,7 @@ async def test_a_timeout_that_hibernates(setup: Setup) -> None:
     for sandbox_id in (at_create, later):
         assert ("hibernate", sandbox_id) in clocked.host.calls
         assert ("pause", sandbox_id) not in clocked.host.calls  # not frozen: only its disk is kept
-    pauses = [e for e in await _events(clocked, "sandbox.pause") if e["sandbox_id"] == at_create]
+    pauses = [e for e in await clocked.events_of("sandbox.pause") if e["sandbox_id"] == at_create]
     assert [(e.get("hibernated"), e.get("reason")) for e in pauses] == [(True, "timeout")]
 
     # Woken, it runs again with its lifetime's choice kept (the E2B connect sets a new end).
@@ -93,7 +93,7 @@ async def test_an_idle_pause_that_hibernates(setup: Setup) -> None:
     view = await _view(http, frozen)  # no on_idle: the frozen pause it always was
     assert view["status"] == "paused" and "hibernated" not in view
     assert ("pause", frozen) in clocked.host.calls and ("hibernate", frozen) not in clocked.host.calls
-    pauses = [e for e in await _events(clocked, "sandbox.pause") if e["sandbox_id"] == at_create]
+    pauses = [e for e in await clocked.events_of("sandbox.pause") if e["sandbox_id"] == at_create]
     assert [(e.get("hibernated"), e.get("reason")) for e in pauses] == [(True, "idle")]
 
 
