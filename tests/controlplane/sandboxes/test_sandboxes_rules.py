@@ -464,18 +464,20 @@ async def test_get_with_wait_for_answers_when_the_state_changes(
     # The fork answers once its host has (a refusal for room is a 503): its child is read while forking.
     forking = asyncio.create_task(api.post(f"/v1/sandboxes/{src}/fork", json={}))
     child = await _forking_child(api)
+    # The bounds are far apart so that a loaded box cannot blur them: the fork lands after 0.6 s, the
+    # wait gives up at 20 s and the poll would re-read at 30 s; an answer before 10 s is the wake-up.
     started = asyncio.get_running_loop().time()
-    resp = await api.get(f"/v1/sandboxes/{child}", params={"wait_for": "running", "wait_ms": "5000"})
+    resp = await api.get(f"/v1/sandboxes/{child}", params={"wait_for": "running", "wait_ms": "20000"})
     waited_s = asyncio.get_running_loop().time() - started
     assert resp.status_code == 200 and resp.json()["data"]["status"] == "running"
-    assert 0.3 < waited_s < 1.5, waited_s
+    assert 0.3 < waited_s < 10.0, waited_s
     assert (await forking).status_code == 200
 
-    # A state the sandbox will not leave on its own answers at once, whatever was asked.
+    # A state the sandbox will not leave on its own answers at once, whatever was asked (not at 20 s).
     started = asyncio.get_running_loop().time()
-    now = await api.get(f"/v1/sandboxes/{src}", params={"wait_for": "paused", "wait_ms": "5000"})
+    now = await api.get(f"/v1/sandboxes/{src}", params={"wait_for": "paused", "wait_ms": "20000"})
     assert now.json()["data"]["status"] == "running"
-    assert asyncio.get_running_loop().time() - started < 0.5
+    assert asyncio.get_running_loop().time() - started < 10.0
 
     # The wait ends at wait_ms with the sandbox as it is then.
     fake_host.boot_delay_s = 3.0
@@ -483,8 +485,9 @@ async def test_get_with_wait_for_answers_when_the_state_changes(
     slow = await _forking_child(api)
     started = asyncio.get_running_loop().time()
     held = await api.get(f"/v1/sandboxes/{slow}", params={"wait_for": "running", "wait_ms": "300"})
+    # Still forking: it answered before the fork landed (3 s), at wait_ms and not at once.
     assert held.json()["data"]["status"] == "forking"
-    assert 0.25 < asyncio.get_running_loop().time() - started < 1.5
+    assert 0.25 < asyncio.get_running_loop().time() - started < 3.0
     assert (await forking).status_code == 200
 
 
