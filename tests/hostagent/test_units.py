@@ -12,7 +12,13 @@ from paddock_hostagent.drivers.base import CapacityError, RuntimeState, SandboxR
 from paddock_hostagent.drivers.net.network import AddressAllocator, host_nameservers
 from paddock_hostagent.drivers.runtime.cgroups import CgroupLayout, SandboxCgroup
 from paddock_hostagent.drivers.runtime.ocispec import BundleSpec, cpu_quota_us, runtime_config
-from paddock_hostagent.host import INOTIFY_FLOORS, _raise_inotify_limits
+from paddock_hostagent.host import (
+    FAVORDYNMODS,
+    INOTIFY_FLOORS,
+    _raise_inotify_limits,
+    cgroup2_mounts_to_favour,
+    prepare_machine,
+)
 from paddock_hostagent.settings import HostAgentSettings
 
 PROC_CGROUP = """\
@@ -156,3 +162,33 @@ def test_the_host_inotify_limits_are_raised_to_their_floors_and_never_lowered(tm
     _raise_inotify_limits(tmp_path)
     assert int((tmp_path / "max_user_instances").read_text()) == INOTIFY_FLOORS["max_user_instances"] == 8192
     assert int((tmp_path / "max_user_watches").read_text()) == 4000000
+
+
+MOUNTS = """\
+cgroup /sys/fs/cgroup/pids cgroup rw,nosuid,nodev,noexec,relatime,pids 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0
+cgroup2 /srv/cg\\040two cgroup2 rw,relatime,nsdelegate 0 0
+cgroup2 /sys/fs/cgroup/already cgroup2 rw,relatime,favordynmods 0 0
+tmpfs /run tmpfs rw,nosuid,nodev,mode=755 0 0
+"""
+
+
+def test_only_cgroup2_mounts_without_favordynmods_are_remounted() -> None:
+    """The v1 hierarchies and other filesystems are left alone, a mount already favouring is not
+    remounted again, and an escaped space in a mount point is a space."""
+    assert cgroup2_mounts_to_favour(MOUNTS) == ["/sys/fs/cgroup/unified", "/srv/cg two"]
+
+
+def test_a_start_leaves_every_cgroup2_mount_of_the_host_favouring_cgroup_moves() -> None:
+    """On this host (hybrid: v1 controllers, a cgroup2 mount beside them): after the agent's host set-up,
+    every cgroup2 mount has ``favordynmods``, so moving a sandbox's first process into its cgroups waits
+    for no RCU grace period (docs/performance.md); a second start changes nothing."""
+    mounts = Path("/proc/self/mounts")
+    cgroup2 = [line for line in mounts.read_text().splitlines() if line.split()[2:3] == ["cgroup2"]]
+    assert cgroup2, "this host has no cgroup2 mount to favour"
+    prepare_machine("auto")
+    assert cgroup2_mounts_to_favour(mounts.read_text()) == []
+    options = [line.split()[3].split(",") for line in mounts.read_text().splitlines() if " cgroup2 " in line]
+    assert options and all(FAVORDYNMODS in each for each in options)
+    prepare_machine("auto")
+    assert cgroup2_mounts_to_favour(mounts.read_text()) == []
