@@ -37,15 +37,12 @@ with_mark() { if [ -n "$user_mark" ]; then echo "($user_mark) and ($1)"; else ec
 
 # 0. Collect the selection once, and stop at once on a module that does not import: xdist runs every other
 #    file first and reports a collection error only at the end, 40 minutes later.
-collected="$(mktemp)"
-"$PY" -m pytest -p no:cacheprovider --collect-only -q "${args[@]}" > "$collected" 2>&1
+collected="$("$PY" -m pytest -p no:cacheprovider --collect-only -q "${args[@]}" 2>&1)"
 code=$?
 if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then
-  grep -v '::' "$collected"
-  rm -f "$collected"
+  grep -v '::' <<< "$collected"
   exit "$code"
 fi
-rm -f "$collected"
 
 status=0
 # Exit code 5 is "no test selected": a selection (-k, a path) may hold only serial or only other tests.

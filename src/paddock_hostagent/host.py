@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -34,6 +33,7 @@ from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.net.egress_rules import EgressFirewall
 from paddock_hostagent.drivers.net.network import NetworkManager
 from paddock_hostagent.drivers.storage.mounts import is_mountpoint
+from paddock_hostagent.drivers.storage.nsmount import unescape
 from paddock_hostagent.drivers.system.commands import run_sync
 from paddock_hostagent.settings import HostAgentSettings
 
@@ -196,7 +196,7 @@ def cgroup2_mounts_to_favour(mounts_text: str) -> list[str]:
         fields = line.split()
         if len(fields) < 4 or fields[2] != "cgroup2" or FAVORDYNMODS in fields[3].split(","):
             continue
-        points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1]))
+        points.append(unescape(fields[1]))
     return points
 
 
@@ -206,7 +206,7 @@ def favour_cgroup_changes(mounts: Path = Path("/proc/self/mounts")) -> None:
     Every sandbox's start moves its first process into its cgroups, and each move takes the kernel's
     ``cgroup_threadgroup_rwsem`` for writing. Unfavoured, that lock's readers (every fork and exit on
     the host) take it per CPU, and a writer first waits out an RCU grace period: ~10 ms of every
-    create and fork here (their ``runtime`` phase, 19-26 ms, 9-13 ms favoured; docs/performance.md).
+    create and fork here (docs/performance.md).
     Favoured, readers share one counter instead: forks and exits pay an atomic operation, moves pay
     nothing. The lock is global, so the cgroup2 mount of a hybrid host (``/sys/fs/cgroup/unified``)
     favours moves in the v1 hierarchies too. Only a mount without the option is remounted: the option

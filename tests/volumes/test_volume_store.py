@@ -15,7 +15,7 @@ import pytest
 
 from paddock_hostagent.drivers.base import CapacityError, DriverError
 from paddock_hostagent.drivers.storage import mounts
-from paddock_hostagent.drivers.storage.volmount import _unescape
+from paddock_hostagent.drivers.storage.nsmount import unescape
 from paddock_hostagent.drivers.storage.volumes import (
     Holder,
     VolumeBusyError,
@@ -117,9 +117,9 @@ async def test_ids_that_are_not_volume_ids_name_no_path(store: VolumeStore) -> N
 
 
 def test_mountinfo_paths_are_unescaped() -> None:
-    assert _unescape(r"/data\040dir/x") == "/data dir/x"
-    assert _unescape(r"/a\134b") == "/a\\b"
-    assert _unescape("/plain") == "/plain"
+    assert unescape(r"/data\040dir/x") == "/data dir/x"
+    assert unescape(r"/a\134b") == "/a\\b"
+    assert unescape("/plain") == "/plain"
 
 
 async def test_a_volume_larger_than_the_free_disk_is_refused_and_leaves_nothing(store: VolumeStore) -> None:

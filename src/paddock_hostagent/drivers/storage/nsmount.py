@@ -301,13 +301,14 @@ def _mountinfo() -> list[_Mount]:
             fields, rest = head.split(), tail.split()
             if len(fields) >= 6 and len(rest) >= 2:
                 shared = any(tag.startswith("shared:") for tag in fields[6:])
-                point, source = _unescape(fields[4]), _unescape(rest[1])
+                point, source = unescape(fields[4]), unescape(rest[1])
                 found.append(_Mount(int(fields[0]), int(fields[1]), point, rest[0], source, shared))
     return found
 
 
-def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes (``\\040``)."""
+def unescape(field: str) -> str:
+    """A path as ``/proc/*/mountinfo`` and ``/proc/*/mounts`` write it, with space, tab, newline and
+    backslash as octal escapes (``\\040``), decoded."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 

@@ -122,21 +122,8 @@ def _points_of(fd: int, device: str) -> list[str]:
     for line in b"".join(chunks).decode(errors="replace").splitlines():
         fields = line.split()
         if len(fields) > 4 and fields[2] == device:
-            points.append(_unescape(fields[4]))
+            points.append(nsmount.unescape(fields[4]))
     return points
-
-
-def _unescape(path: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as ``\\ooo``."""
-    out, index = [], 0
-    while index < len(path):
-        if path[index] == "\\" and index + 4 <= len(path) and path[index + 1 : index + 4].isdigit():
-            out.append(chr(int(path[index + 1 : index + 4], 8)))
-            index += 4
-        else:
-            out.append(path[index])
-            index += 1
-    return "".join(out)
 
 
 def main(argv: list[str]) -> int:
