@@ -9,8 +9,9 @@
 #    shared resource: at load 20-30 control planes took over 60 s to become ready, so live platforms
 #    now get 180 s (tests/hostagent/conftest.py STARTUP_TIMEOUT_S) and live for their package only.
 #    PADDOCK_TEST_WORKERS=0 runs everything in this process.
-# 2. The `serial` files, alone: they read what is machine-wide (the host's free memory or disk, every
-#    loop device), which another worker's sandboxes would change under them.
+# 2. The `serial` tests, alone: they read what is machine-wide (the host's free memory or disk, every
+#    loop device), which another worker's sandboxes would change under them, or hold a kernel setting
+#    that another worker's agent would set at its start (XFS's log worker interval).
 #
 # Each test's own resources are already private (a state dir, netns, nft table, subnet and port of its
 # own, tests/sweep.py's owner locks), which is what makes pass 1 safe.

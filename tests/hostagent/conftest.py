@@ -100,6 +100,24 @@ _SUBNET_SLICES = 5
 _subnets = _worker_subnets()
 
 
+#: XFS's log worker interval, which ``host.hurry_xfs_log_worker`` lowers at every agent start.
+XFS_LOG_WORKER = Path("/proc/sys/fs/xfs/xfssyncd_centisecs")
+
+
+@pytest.fixture
+def xfs_log_worker_every_30_s() -> Iterator[None]:
+    """XFS's log worker at the kernel's default, every 30 s, for one test, then as it was: for a test of
+    what a fork does with a log whose tail the worker has not moved yet (a long log, a grown superblock
+    not yet home). With the agent's 1 s, the worker may move it between the test's writes and its fork.
+    Such a test is ``serial``: an agent starting beside it would lower the interval again."""
+    before = XFS_LOG_WORKER.read_text()
+    XFS_LOG_WORKER.write_text("3000\n")
+    try:
+        yield
+    finally:
+        XFS_LOG_WORKER.write_text(before)
+
+
 @pytest.fixture(scope="session")
 def debian_image() -> Path:
     return ImageStore(image_cache()).build("debian:13")

@@ -390,7 +390,10 @@ def _repair(image: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["xfs_repair", "-n", "-f", str(image)], capture_output=True, text=True, check=False)
 
 
-async def test_a_disk_grown_by_an_older_agent_is_frozen_for_its_clone(store: Path) -> None:
+@pytest.mark.serial  # XFS's log worker every 30 s (its fixture): the grown superblock stays in the log
+async def test_a_disk_grown_by_an_older_agent_is_frozen_for_its_clone(
+    store: Path, xfs_log_worker_every_30_s: None
+) -> None:
     """An agent before this one grew a disk with ``xfs_growfs`` alone, leaving the grown superblock in
     the log only: a fork of such a disk freezes it for the clone (which writes the superblock home), so
     the clone has nothing of the growth to replay; it mounts, holds every file and repairs clean."""

@@ -15,8 +15,10 @@ from paddock_hostagent.drivers.runtime.ocispec import BundleSpec, cpu_quota_us, 
 from paddock_hostagent.host import (
     FAVORDYNMODS,
     INOTIFY_FLOORS,
+    XFS_LOG_WORKER_CENTISECS,
     _raise_inotify_limits,
     cgroup2_mounts_to_favour,
+    hurry_xfs_log_worker,
     prepare_machine,
 )
 from paddock_hostagent.settings import HostAgentSettings
@@ -164,6 +166,20 @@ def test_the_host_inotify_limits_are_raised_to_their_floors_and_never_lowered(tm
     assert int((tmp_path / "max_user_watches").read_text()) == 4000000
 
 
+def test_the_xfs_log_worker_is_hurried_to_each_second_and_a_shorter_interval_kept(tmp_path: Path) -> None:
+    """The kernel's 30 s becomes 1 s; an operator's shorter interval stays; a host without the setting
+    (no XFS) starts all the same."""
+    setting = tmp_path / "xfssyncd_centisecs"
+    setting.write_text("3000\n")
+    hurry_xfs_log_worker(setting)
+    assert int(setting.read_text()) == XFS_LOG_WORKER_CENTISECS == 100
+    setting.write_text("100\n")
+    hurry_xfs_log_worker(setting)
+    assert setting.read_text() == "100\n"
+    hurry_xfs_log_worker(tmp_path / "absent")
+    assert not (tmp_path / "absent").exists()
+
+
 MOUNTS = """\
 cgroup /sys/fs/cgroup/pids cgroup rw,nosuid,nodev,noexec,relatime,pids 0 0
 cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0
@@ -182,12 +198,14 @@ def test_only_cgroup2_mounts_without_favordynmods_are_remounted() -> None:
 def test_a_start_leaves_every_cgroup2_mount_of_the_host_favouring_cgroup_moves() -> None:
     """On this host (hybrid: v1 controllers, a cgroup2 mount beside them): after the agent's host set-up,
     every cgroup2 mount has ``favordynmods``, so moving a sandbox's first process into its cgroups waits
-    for no RCU grace period (docs/performance.md); a second start changes nothing."""
+    for no RCU grace period (docs/performance.md), and XFS's log worker runs each second; a second start
+    changes nothing."""
     mounts = Path("/proc/self/mounts")
     cgroup2 = [line for line in mounts.read_text().splitlines() if line.split()[2:3] == ["cgroup2"]]
     assert cgroup2, "this host has no cgroup2 mount to favour"
     prepare_machine("auto")
     assert cgroup2_mounts_to_favour(mounts.read_text()) == []
+    assert int(Path("/proc/sys/fs/xfs/xfssyncd_centisecs").read_text()) <= XFS_LOG_WORKER_CENTISECS
     options = [line.split()[3].split(",") for line in mounts.read_text().splitlines() if " cgroup2 " in line]
     assert options and all(FAVORDYNMODS in each for each in options)
     prepare_machine("auto")

@@ -110,7 +110,10 @@ def test_a_clone_read_ahead_mounts_without_reading_the_store(
     assert warm <= 1, warm
 
 
-def test_the_read_ahead_covers_a_long_log_to_replay(store: Store, source: Disk, tmp_path: Path) -> None:
+@pytest.mark.serial  # XFS's log worker every 30 s (its fixture): the log stays long for both clones
+def test_the_read_ahead_covers_a_long_log_to_replay(
+    store: Store, source: Disk, tmp_path: Path, xfs_log_worker_every_30_s: None
+) -> None:
     """Many metadata changes since the log's tail: the mount replays them, and finds them read."""
     many = source.upper_dir / "many"
     many.mkdir()

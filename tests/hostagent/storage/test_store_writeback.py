@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from paddock_hostagent.drivers.base import CommandFailedError
-from paddock_hostagent.drivers.storage import loops, mounts, rootdisks, writeback
+from paddock_hostagent.drivers.storage import loops, mounts, rootdisks, writeback, xfsreadahead
 from paddock_hostagent.drivers.storage.rootdisks import Disk
+from paddock_hostagent.host import hurry_xfs_log_worker
 
 pytestmark = pytest.mark.root
 
@@ -175,3 +176,44 @@ def test_a_forks_own_sync_runs_unbounded_and_writes_beside_itself_and_the_bound_
         with pytest.raises(CommandFailedError):
             writeback.sync_copied(source.mount_dir, source.image_path)
         assert strict.read_text().strip() == "1", "a failed sync left the store unbounded"
+
+
+def test_metadata_a_source_logged_goes_home_within_seconds_so_its_fork_clones_without_a_freeze(
+    slots: Path,
+) -> None:
+    """20,000 new files leave ~13,000 blocks of XFS log since its tail, more than a clone may have to
+    replay (``QUIESCE_REPLAY_BB``): a fork then freezes its source for the clone. XFS's log worker,
+    which the agent hurries from every 30 s to each second (``host.hurry_xfs_log_worker``), writes
+    that metadata home and moves the tail up: seconds later the log is short, and the fork's clone is
+    taken without a freeze and holds every file."""
+    hurry_xfs_log_worker()
+    store = rootdisks.store_dir(slots)
+    with _source(slots, 1024, 0) as (source, _):
+        many = source.upper_dir / "many"
+        many.mkdir()
+        for index in range(20000):
+            os.close(os.open(many / str(index), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        mounts.sync_filesystem(source.mount_dir)  # as the fork's own sync does
+        shape = xfsreadahead.geometry(source.mount_dir)
+        assert shape is not None
+        deadline = time.monotonic() + 6  # the worker's interval is 1 s; the kernel's default 30 s
+        while True:
+            log = xfsreadahead.log_position(source.loop_device)
+            assert log is not None
+            backlog = xfsreadahead.replay_backlog(shape, log)
+            if backlog <= rootdisks.QUIESCE_REPLAY_BB or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert backlog <= rootdisks.QUIESCE_REPLAY_BB, f"{backlog} blocks of log are still to replay"
+
+        fork = Disk(store / "fork.img", slots / "fork", "xfs")
+        asyncio.run(rootdisks.format_from_blank(fork.image_path, 1024, "xfs", store))
+        asyncio.run(rootdisks.attach(fork))
+        mounts.unmount(fork.mount_dir)  # a warm slot readied for a fork: its loop device, no mount
+        steps: list[str] = []
+        asyncio.run(rootdisks.clone_disk(source, fork, step=steps.append))
+        try:
+            assert "quiesce" not in steps, steps
+            assert len(os.listdir(fork.upper_dir / "many")) == 20000
+        finally:
+            asyncio.run(rootdisks.detach(fork))

@@ -684,9 +684,9 @@ def grow_xfs(disk: Disk, size_mib: int, *, home: bool = True) -> None:
 
     ``home`` False leaves the freeze out (a create or a boot from a snapshot claiming a parked sandbox
     on a smaller disk): the superblock reaches its home as the log moves on (XFS's log worker pushes
-    what the log holds every 30 s), and until then a copy of the disk finds it not home and freezes
-    the filesystem for its clone (``rootdisks._clone_for_mount``), so a fork in those seconds pays the
-    freeze the create left out; a sandbox's disk is never mounted again after a host crash, so no
+    what the log holds each second on an agent's host, ``host.hurry_xfs_log_worker``), and until then
+    a copy of the disk finds it not home and freezes the filesystem for its clone
+    (``rootdisks._clone_for_mount``), so a fork in that second pays the freeze the create left out; a sandbox's disk is never mounted again after a host crash, so no
     replay of the growth is ever asked of it. ``rootdisks.grow`` (a resize) keeps the freeze: it
     answers no create."""
     with open(disk.image_path, "r+b") as image:
