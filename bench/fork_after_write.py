@@ -10,7 +10,8 @@ after run so that a change of load on the shared box does not pass for a differe
   every filesystem of the host, the disk store included); their ratio is the issue's
   ``fork(1 GiB) / fork(10 MiB)``;
 - ``fresh_<mib>``: the source just wrote 100 MiB without ``sync``;
-- ``files_<n>``: the source just created 20,000 empty files;
+- ``files_<n>``: the source just created 20,000 empty files; ``files_<n>_after_2s``: the same,
+  forked 2 s later (XFS's log worker, each second on an agent's host, has written them home by then);
 - ``settled_<mib>``: the bench's settled sources (``bench.lifecycle.fork_scale``): 100 MiB and 2 GiB
   written and synced once, forked once untimed first.
 
@@ -45,6 +46,7 @@ from bench.stats import summarize
 RESULTS = Path(__file__).resolve().parent / "results"
 POOL_SIZE = 2
 BIG_MIB, SMALL_MIB, FRESH_MIB, FRESH_FILES = 1024, 10, 100, 20_000
+FILES_PAUSE_S = 2  # the pause before the later fork of a source that created FRESH_FILES
 SETTLED_MIB = (100, 2048)
 DISK_MIB = 4096  # every source's disk: room for the 2 GiB settled file, and for 1 GiB rewritten
 FICLONE = 0x40049409
@@ -125,6 +127,7 @@ class ForkAfterWrite:
         # Its own source: the XFS log of one that just unlinked 20,000 files would make the next
         # case's fork freeze it (``QUIESCE_REPLAY_BB``) for a reason that is not that case's.
         filer = self.source("faw-files")
+        later = self.source("faw-files-later")  # the same, forked a little later: its own, for that reason
         for size in SETTLED_MIB:
             settled = self.source(f"faw-settled-{size}")
             self.shell(settled, f"head -c {size}M /dev/urandom > /root/fill && sync")
@@ -143,6 +146,11 @@ class ForkAfterWrite:
             self.shell(filer, f"mkdir {where} && cd {where} && seq -f f%g {FRESH_FILES} | xargs touch")
             self.fork(filer, f"files_{FRESH_FILES}", f"{where}/f{FRESH_FILES}", 0)
             self.shell(filer, f"rm -rf {where}")
+            # The same, forked a little later, as a user forks after an install rather than during it.
+            self.shell(later, f"mkdir {where} && cd {where} && seq -f f%g {FRESH_FILES} | xargs touch")
+            time.sleep(FILES_PAUSE_S)
+            self.fork(later, f"files_{FRESH_FILES}_after_{FILES_PAUSE_S}s", f"{where}/f{FRESH_FILES}", 0)
+            self.shell(later, f"rm -rf {where}")
             for size in SETTLED_MIB:
                 self.fork(getattr(self, f"settled_{size}"), f"settled_{size}", "/root/fill", size << 20)
             if self.store is not None:
@@ -200,6 +208,8 @@ def measure(runs: int, neighbour: bool) -> dict[str, Any]:
                 }
                 for label, events in bench.phases.items()
             }
+            # Each fork's, in order: a p50 hides which forks froze their source or replayed a log.
+            result["phases"] = bench.phases
         finally:
             platform.stop()
     finally:

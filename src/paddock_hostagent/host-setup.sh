@@ -27,5 +27,10 @@ sysctl -qw net.ipv4.ip_forward=1
 # Floors (a higher value is kept): tenants' root shares root's inotify counts on the container tiers.
 (( $(sysctl -n fs.inotify.max_user_instances) >= 8192 )) || sysctl -qw fs.inotify.max_user_instances=8192
 (( $(sysctl -n fs.inotify.max_user_watches) >= 1048576 )) || sysctl -qw fs.inotify.max_user_watches=1048576
+# A ceiling (a shorter interval is kept): XFS's log worker each second, not every 30 s, so a fork finds
+# what its source's filesystem logged already home (host.py, hurry_xfs_log_worker). Absent without XFS.
+if worker=$(sysctl -n fs.xfs.xfssyncd_centisecs 2>/dev/null) && (( worker > 100 )); then
+  sysctl -qw fs.xfs.xfssyncd_centisecs=100
+fi
 mkdir -p /run/netns
 nft add table ip "${1:-paddock}"
