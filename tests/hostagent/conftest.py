@@ -112,6 +112,9 @@ def xfs_log_worker_every_30_s() -> Iterator[None]:
     Such a test is ``serial``: an agent starting beside it would lower the interval again."""
     before = XFS_LOG_WORKER.read_text()
     XFS_LOG_WORKER.write_text("3000\n")
+    # Each mounted filesystem's worker is already queued with the old interval, and reads the new one
+    # only when it queues itself again: after its next run, within the old interval (1 s).
+    time.sleep(1.5)
     try:
         yield
     finally:

@@ -686,9 +686,9 @@ def grow_xfs(disk: Disk, size_mib: int, *, home: bool = True) -> None:
     on a smaller disk): the superblock reaches its home as the log moves on (XFS's log worker pushes
     what the log holds each second on an agent's host, ``host.hurry_xfs_log_worker``), and until then
     a copy of the disk finds it not home and freezes the filesystem for its clone
-    (``rootdisks._clone_for_mount``), so a fork in that second pays the freeze the create left out; a sandbox's disk is never mounted again after a host crash, so no
-    replay of the growth is ever asked of it. ``rootdisks.grow`` (a resize) keeps the freeze: it
-    answers no create."""
+    (``rootdisks._clone_for_mount``), so a fork in that second pays the freeze the create left out; a
+    sandbox's disk is never mounted again after a host crash, so no replay of the growth is ever asked
+    of it. ``rootdisks.grow`` (a resize) keeps the freeze: it answers no create."""
     with open(disk.image_path, "r+b") as image:
         image.truncate(size_mib * MIB)
     loops.refresh_capacity(disk.loop_device)
