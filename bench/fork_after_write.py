@@ -143,11 +143,12 @@ class ForkAfterWrite:
             self.shell(writer, f"rm -f /root/w && head -c {FRESH_MIB}M /dev/urandom > /root/w")
             self.fork(writer, f"fresh_{FRESH_MIB}", "/root/w", FRESH_MIB << 20)
             where = f"/root/files-{index}"
-            self.shell(filer, f"mkdir {where} && cd {where} && seq -f f%g {FRESH_FILES} | xargs touch")
+            make_files = f"mkdir {where} && cd {where} && seq -f f%g {FRESH_FILES} | xargs touch"
+            self.shell(filer, make_files)
             self.fork(filer, f"files_{FRESH_FILES}", f"{where}/f{FRESH_FILES}", 0)
             self.shell(filer, f"rm -rf {where}")
             # The same, forked a little later, as a user forks after an install rather than during it.
-            self.shell(later, f"mkdir {where} && cd {where} && seq -f f%g {FRESH_FILES} | xargs touch")
+            self.shell(later, make_files)
             time.sleep(FILES_PAUSE_S)
             self.fork(later, f"files_{FRESH_FILES}_after_{FILES_PAUSE_S}s", f"{where}/f{FRESH_FILES}", 0)
             self.shell(later, f"rm -rf {where}")

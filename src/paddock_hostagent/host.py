@@ -188,9 +188,11 @@ def _raise_inotify_limits(directory: Path = Path("/proc/sys/fs/inotify")) -> Non
 #: The longest the agent lets XFS's log worker sleep, in centiseconds (``fs.xfs.xfssyncd_centisecs``,
 #: whose kernel default is 3000 and least value 100): a shorter interval on the host is kept.
 XFS_LOG_WORKER_CENTISECS = 100
+#: Where the kernel keeps that interval (present once XFS is loaded).
+XFS_LOG_WORKER_SETTING = Path("/proc/sys/fs/xfs/xfssyncd_centisecs")
 
 
-def hurry_xfs_log_worker(setting: Path = Path("/proc/sys/fs/xfs/xfssyncd_centisecs")) -> None:
+def hurry_xfs_log_worker(setting: Path = XFS_LOG_WORKER_SETTING) -> None:
     """Has every XFS filesystem's log worker run each second instead of every 30 s.
 
     The worker forces the log and writes what it holds home, which moves the log's tail up. A fork

@@ -31,6 +31,7 @@ import pytest
 from paddock_hostagent.client import HostAgentClient
 from paddock_hostagent.drivers.net.dns import IP_FREEBIND
 from paddock_hostagent.guest.build import ensure_agent_binary
+from paddock_hostagent.host import XFS_LOG_WORKER_SETTING
 from paddock_hostagent.images import ImageStore
 from paddock_hostagent.schemas import CreateSandboxBody
 from tests.ports import free_port, worker_index
@@ -100,25 +101,21 @@ _SUBNET_SLICES = 5
 _subnets = _worker_subnets()
 
 
-#: XFS's log worker interval, which ``host.hurry_xfs_log_worker`` lowers at every agent start.
-XFS_LOG_WORKER = Path("/proc/sys/fs/xfs/xfssyncd_centisecs")
-
-
 @pytest.fixture
 def xfs_log_worker_every_30_s() -> Iterator[None]:
     """XFS's log worker at the kernel's default, every 30 s, for one test, then as it was: for a test of
     what a fork does with a log whose tail the worker has not moved yet (a long log, a grown superblock
     not yet home). With the agent's 1 s, the worker may move it between the test's writes and its fork.
     Such a test is ``serial``: an agent starting beside it would lower the interval again."""
-    before = XFS_LOG_WORKER.read_text()
-    XFS_LOG_WORKER.write_text("3000\n")
+    before = XFS_LOG_WORKER_SETTING.read_text()
+    XFS_LOG_WORKER_SETTING.write_text("3000\n")
     # Each mounted filesystem's worker is already queued with the old interval, and reads the new one
     # only when it queues itself again: after its next run, within the old interval (1 s).
     time.sleep(1.5)
     try:
         yield
     finally:
-        XFS_LOG_WORKER.write_text(before)
+        XFS_LOG_WORKER_SETTING.write_text(before)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from paddock_hostagent.host import (
     FAVORDYNMODS,
     INOTIFY_FLOORS,
     XFS_LOG_WORKER_CENTISECS,
+    XFS_LOG_WORKER_SETTING,
     _raise_inotify_limits,
     cgroup2_mounts_to_favour,
     hurry_xfs_log_worker,
@@ -205,7 +206,7 @@ def test_a_start_leaves_every_cgroup2_mount_of_the_host_favouring_cgroup_moves()
     assert cgroup2, "this host has no cgroup2 mount to favour"
     prepare_machine("auto")
     assert cgroup2_mounts_to_favour(mounts.read_text()) == []
-    assert int(Path("/proc/sys/fs/xfs/xfssyncd_centisecs").read_text()) <= XFS_LOG_WORKER_CENTISECS
+    assert int(XFS_LOG_WORKER_SETTING.read_text()) <= XFS_LOG_WORKER_CENTISECS
     options = [line.split()[3].split(",") for line in mounts.read_text().splitlines() if " cgroup2 " in line]
     assert options and all(FAVORDYNMODS in each for each in options)
     prepare_machine("auto")
