@@ -425,24 +425,55 @@ async def test_a_disk_grown_by_an_older_agent_is_frozen_for_its_clone(
     assert checked.returncode == 0, checked.stdout[-2000:]
 
 
+def _break_root_inode(image: Path) -> Callable[[], None]:
+    """Overwrites the magic number of the root directory's inode in the XFS ``image`` of a live
+    filesystem; returns what puts it back. The live filesystem holds that inode (and its cluster's
+    buffer) in memory and has no reason to read it again, and a fork's own writes to the source
+    before its clone (its sync, its log record, which rewrites the superblocks) leave it alone; a
+    copy's mount reads it and fails ("Structure needs cleaning")."""
+    with open(image, "r+b") as file:
+        sb = file.read(128)
+        (root,) = struct.unpack(">Q", sb[56:64])  # sb_rootino
+        (block_size,) = struct.unpack(">I", sb[4:8])
+        (ag_blocks,) = struct.unpack(">I", sb[84:88])
+        (inode_size,) = struct.unpack(">H", sb[104:106])
+        per_block_log, ag_blocks_log = sb[123], sb[124]  # sb_inopblog, sb_agblklog
+        # An inode number is (AG << (agblklog + inopblog)) | (block in the AG << inopblog) | slot.
+        ag, block = (
+            root >> (ag_blocks_log + per_block_log),
+            (root >> per_block_log) & ((1 << ag_blocks_log) - 1),
+        )
+        slot = root & ((1 << per_block_log) - 1)
+        offset = (ag * ag_blocks + block) * block_size + slot * inode_size
+        file.seek(offset)
+        kept = file.read(2)
+        assert kept == b"IN"
+        file.seek(offset)
+        file.write(b"!!")
+
+    def put_back() -> None:
+        with open(image, "r+b") as file:
+            file.seek(offset)
+            file.write(kept)
+
+    return put_back
+
+
 async def test_a_copy_that_does_not_mount_clean_is_refused_unmounted(store: Path) -> None:
-    """A copy whose mount fails as a damaged filesystem does (here its superblock's checksum, broken in
-    the source's image under the live source) is ``DiskNotCleanError`` saying so, and is left
-    unmounted; the source, whose superblock is in its memory, is untouched and writes it home again."""
+    """A copy whose mount fails as a damaged filesystem does (here its root inode, broken in the
+    source's image under the live source) is ``DiskNotCleanError`` saying so, and is left unmounted;
+    the source, which holds that inode in its memory, is untouched."""
     source = await _disk(store, "source", 2048)
     slot = await _disk(store, "slot", 2048, mounted=False)
     try:
         (source.upper_dir / "kept").write_bytes(b"x")
         mounts.sync_filesystem(source.mount_dir)
-        with open(source.image_path, "r+b") as image:  # sb_crc, at byte 224 of the primary superblock
-            image.seek(224)
-            image.write(b"\xde\xad\xbe\xef")
+        put_back = _break_root_inode(source.image_path)
         with pytest.raises(DiskNotCleanError, match=r"not a clean filesystem.*nothing was booted"):
             await rootdisks.clone_disk(source, slot)
         assert not mounts.is_mountpoint(slot.mount_dir)
         assert (source.upper_dir / "kept").read_bytes() == b"x"
-        mounts.freeze_filesystem(source.mount_dir)  # writes the superblock home
-        mounts.thaw_filesystem(source.mount_dir)
+        put_back()
     finally:
         await rootdisks.detach(slot)
         await rootdisks.detach(source)
@@ -453,16 +484,14 @@ async def test_a_copy_that_does_not_mount_clean_is_refused_unmounted(store: Path
 async def test_a_fork_whose_copy_is_not_clean_is_refused_and_leaves_nothing(
     host: HostAgentClient, sandboxes: Sandboxes, agent: AgentProcess
 ) -> None:
-    """A fork whose copy of the disk does not mount clean (here: the superblock checksum broken in the
-    source's image under the live source, whose superblock is in its memory) is refused with an error
-    that says so, before anything boots: no sandbox, record or cgroup of it is left, and the source
-    runs on untouched; once its superblock is written home again, the same fork works."""
+    """A fork whose copy of the disk does not mount clean (here: the root inode broken in the source's
+    image under the live source, which holds it in its memory) is refused with an error that says so,
+    before anything boots: no sandbox, record or cgroup of it is left, and the source runs on
+    untouched; once the inode is whole again, the same fork works."""
     source = await sandboxes.create(name="damaged")
     assert (await sh(host, source["id"], "echo kept > /root/kept && sync"))["exit_code"] == 0
     slot = agent.record(source["id"])["driver_state"]["slot"]
-    with open(slot["disk_image"], "r+b") as image:  # sb_crc, at byte 224 of the primary superblock
-        image.seek(224)
-        image.write(b"\xde\xad\xbe\xef")
+    put_back = _break_root_inode(Path(slot["disk_image"]))
     child_id = f"{source['id']}-fork"
     sandboxes.track(child_id)
     with pytest.raises(HostAgentError, match="not a clean filesystem") as refused:
@@ -471,11 +500,8 @@ async def test_a_fork_whose_copy_is_not_clean_is_refused_and_leaves_nothing(
     assert child_id not in [view.id for view in await host.list_sandboxes()]
     assert not (agent.state_dir / "sandboxes" / f"{child_id}.json").exists()
     assert sandbox_cgroup_dirs([child_id]) == []
+    put_back()  # first: the source's reads below may have it write inodes of that cluster
     assert (await sh(host, source["id"], "cat /root/kept"))["stdout"] == "kept\n"
 
-    await host.pause_sandbox(source["id"])
-    mounts.freeze_filesystem(Path(slot["disk_mount"]))  # writes the superblock home
-    mounts.thaw_filesystem(Path(slot["disk_mount"]))
-    await host.resume_sandbox(source["id"])
     await host.fork_sandbox(source["id"], ForkBody(new_id=child_id, name="healed", start_paused=False))
     assert (await sh(host, child_id, "cat /root/kept"))["stdout"] == "kept\n"

@@ -34,6 +34,9 @@ MS_SHARED = 1 << 20
 MNT_DETACH = 0x2
 _FIFREEZE = 0xC0045877
 _FITHAW = 0xC0045878
+_FSLABEL_MAX = 256
+_FS_IOC_GETFSLABEL = 0x81009431  # _IOR(0x94, 49, char[FSLABEL_MAX])
+_FS_IOC_SETFSLABEL = 0x41009432  # _IOW(0x94, 50, char[FSLABEL_MAX])
 _AT_FDCWD = -100
 # The path itself, no automount, and cached attributes only: a FUSE mount's daemon is not asked.
 _STATX_FLAGS = 0x100 | 0x800 | 0x4000  # AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC
@@ -169,6 +172,31 @@ def thaw_filesystem(mount_dir: Path) -> None:
     except CommandFailedError as exc:
         if exc.returncode != errno.EINVAL:  # EINVAL: it was not frozen
             raise
+
+
+def write_log_tail(mount_dir: Path) -> bool:
+    """Has the XFS filesystem mounted at ``mount_dir`` write a log record now, stamped with where its
+    log's tail is now, so that a copy of its device taken next replays its log from there. False
+    (nothing done) where the kernel or the filesystem cannot.
+
+    XFS writes the tail into each log record it writes; the tail it keeps in memory moves on as its
+    log worker writes the logged metadata home, but the device learns of it only with the next
+    record, and a filesystem that has gone quiet writes none until its worker covers the log, two
+    runs later. A copy of it taken meanwhile replays everything since the old tail: measured, 2,700 to
+    20,000 basic blocks 2 s after 20,000 new files, a mount of 48-331 ms against 7-9 ms.
+
+    The record is a superblock transaction, committed synchronously: setting the filesystem's label
+    to the label it has (``FS_IOC_SETFSLABEL``; ~0.3-0.6 ms here). Nothing a tenant sees changes; the
+    same label is also written to the primary and secondary superblocks."""
+    fd = os.open(mount_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        label = fcntl.ioctl(fd, _FS_IOC_GETFSLABEL, bytes(_FSLABEL_MAX))
+        fcntl.ioctl(fd, _FS_IOC_SETFSLABEL, label)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def thaw_if_frozen(mount_dir: Path) -> None:
