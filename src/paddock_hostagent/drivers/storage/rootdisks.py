@@ -368,28 +368,27 @@ def _clone_for_mount(
     """Clones ``source``'s image to ``target`` and starts reading what a mount of it will read; returns
     the source's XFS geometry (None for ext4). OSError when the two files cannot share blocks;
     DriverError for any other failure. A source with a long log to replay is frozen for the clone
-    (``QUIESCE_REPLAY_BB``), as is one whose grown superblock is not yet written home. Any other XFS
-    source first writes a log record that carries its log's tail as it is now
-    (``mounts.write_log_tail``): the clone replays what the source has not yet written home, not all
-    it logged since its last record."""
+    (``QUIESCE_REPLAY_BB``), as is one whose grown superblock is not yet written home; the freeze
+    covers its log. Any other XFS source first writes a log record that carries its log's tail as it
+    is now (``mounts.write_log_tail``), so that the clone replays only what the source has not yet
+    written home, not all it logged since its last record."""
     shape = xfsreadahead.geometry(source.mount_dir) if source.fs == "xfs" else None
-    # Grown, and the grown superblock not yet home (a disk grown by an agent before ``grow`` wrote it
-    # home): a clone would have to replay the growth, which fails (see ``grow``). Told before the log
-    # record below, which would write that superblock home but leave the growth in the log.
-    grown_in_log = (
-        shape is not None and xfsreadahead.superblock_blocks(source.image_path) != shape.data_blocks
-    )
-    if shape is not None and not grown_in_log:
-        mounts.write_log_tail(source.mount_dir)
     log = xfsreadahead.log_position(source.loop_device) if shape is not None and source.loop_device else None
-    quiesce = grown_in_log or (
-        shape is not None and log is not None and xfsreadahead.replay_backlog(shape, log) > QUIESCE_REPLAY_BB
+    quiesce = shape is not None and (
+        (log is not None and xfsreadahead.replay_backlog(shape, log) > QUIESCE_REPLAY_BB)
+        # Grown, and the grown superblock not yet home (a disk grown by an agent before ``grow``
+        # wrote it home): a clone would have to replay the growth, which fails (see ``grow``). Told
+        # before any log record of ours, which would write that superblock home but leave the growth
+        # in the log.
+        or xfsreadahead.superblock_blocks(source.image_path) != shape.data_blocks
     )
     if quiesce:
         with writeback.lifted():  # the freeze's writes are the source's, as its sync's
             mounts.freeze_filesystem(source.mount_dir)
         step("quiesce")
         log = xfsreadahead.log_position(source.loop_device)  # the freeze moved the tail up to the head
+    elif shape is not None and mounts.write_log_tail(source.mount_dir) and source.loop_device:
+        log = xfsreadahead.log_position(source.loop_device)  # the head, past that record
     try:
         reads = xfsreadahead.mount_reads(shape, log) if shape is not None and log is not None else []
         clone_file(source.image_path, target)
