@@ -221,9 +221,10 @@ def test_metadata_a_source_logged_goes_home_within_seconds_so_its_fork_clones_wi
             asyncio.run(rootdisks.detach(fork))
 
 
-def _log_to_replay(image: Path) -> int:
-    """How many basic blocks of log a mount of the XFS ``image`` would replay, as xfsprogs' own log
-    reader finds its tail and head (``xfs_logprint``'s header; the rest of its output is not read)."""
+def _logprint(image: Path) -> tuple[int, int, int]:
+    """The size, tail and head (basic blocks) of the log of the XFS ``image``, as xfsprogs' own log
+    reader finds them (``xfs_logprint``'s header; the rest of its output is not read): a mount of it
+    replays from the tail to the head."""
     with subprocess.Popen(
         ["xfs_logprint", "-t", str(image)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     ) as reader:
@@ -237,6 +238,11 @@ def _log_to_replay(image: Path) -> int:
                 break
         reader.kill()
     assert size is not None and tail is not None and head is not None, "xfs_logprint found no log"
+    return size, tail, head
+
+
+def _log_to_replay(image: Path) -> int:
+    size, tail, head = _logprint(image)
     return (head - tail) % size
 
 
@@ -278,6 +284,10 @@ def test_a_copy_taken_after_the_metadata_went_home_replays_only_what_is_left(slo
                 break
             time.sleep(0.1)
         assert backlog <= 512, f"{backlog} blocks of log are still to be written home"
+        # The device's last record still names the old tail, as xfsprogs reads it too.
+        _, device_tail, _ = _logprint(source.image_path)
+        assert xfsreadahead.device_log_tail(source.image_path, shape, log) == device_tail
+        assert _log_to_replay(source.image_path) > 1024
 
         copy = store / "copy.img"
         rootdisks.snapshot_image(source, copy)
@@ -287,5 +297,32 @@ def test_a_copy_taken_after_the_metadata_went_home_replays_only_what_is_left(slo
         asyncio.run(rootdisks.attach(restored))
         try:
             assert len(os.listdir(restored.upper_dir / "many")) == 20000
+        finally:
+            asyncio.run(rootdisks.detach(restored))
+
+
+def test_a_copy_of_a_source_whose_log_is_covered_takes_no_log_record_of_its_own(slots: Path) -> None:
+    """A source idle for a few seconds has its log covered by XFS's worker: its last record names the
+    one before it. A copy of it needs no record with the current tail (``mounts.write_log_tail``), and
+    the source writes none: its log's head stays where it was."""
+    hurry_xfs_log_worker()
+    store = rootdisks.store_dir(slots)
+    with _source(slots, 1024, 1) as (source, _):
+        mounts.sync_filesystem(source.mount_dir)
+        deadline = time.monotonic() + 10
+        while _log_to_replay(source.image_path) > 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _log_to_replay(source.image_path) <= 4, "the worker did not cover the log"
+        time.sleep(2.5)  # its last covering runs: the log is then left alone while nothing changes
+        before = xfsreadahead.log_position(source.loop_device)
+        assert before is not None
+        copy = store / "copy.img"
+        rootdisks.snapshot_image(source, copy)
+        assert xfsreadahead.log_position(source.loop_device) == before
+        assert _log_to_replay(copy) <= 4
+        restored = Disk(copy, slots / "copy", "xfs")
+        asyncio.run(rootdisks.attach(restored))
+        try:
+            assert (restored.upper_dir / "data").stat().st_size == MIB
         finally:
             asyncio.run(rootdisks.detach(restored))

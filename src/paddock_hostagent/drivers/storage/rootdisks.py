@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -53,6 +54,10 @@ _NO_CLONE = {errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EP
 #: backlog, so it pays from about 6,000 blocks on. The source's tasks are already frozen (its cgroup)
 #: and the freeze lasts only the clone.
 QUIESCE_REPLAY_BB = 8192
+#: How much more log (basic blocks: 8 KiB) a clone may replay than its source holds unwritten before
+#: the source first writes a record with its current tail (``mounts.write_log_tail``): a covered
+#: log's last record names the record before it, 2-4 blocks back.
+DEVICE_TAIL_SLACK_BB = 16
 
 
 def has_capability(bit: int) -> bool:
@@ -387,7 +392,12 @@ def _clone_for_mount(
             mounts.freeze_filesystem(source.mount_dir)
         step("quiesce")
         log = xfsreadahead.log_position(source.loop_device)  # the freeze moved the tail up to the head
-    elif shape is not None and mounts.write_log_tail(source.mount_dir) and source.loop_device:
+    elif (
+        shape is not None
+        and _device_tail_lags(source.image_path, shape, log)
+        and mounts.write_log_tail(source.mount_dir)
+        and source.loop_device
+    ):
         log = xfsreadahead.log_position(source.loop_device)  # the head, past that record
     try:
         reads = xfsreadahead.mount_reads(shape, log) if shape is not None and log is not None else []
@@ -402,6 +412,22 @@ def _clone_for_mount(
     if reads:
         xfsreadahead.read_ahead(target, reads)
     return shape
+
+
+def _device_tail_lags(
+    image: Path, shape: xfsreadahead.XfsGeometry, log: xfsreadahead.LogPosition | None
+) -> bool:
+    """Whether a copy of ``image`` taken now would replay more than ``DEVICE_TAIL_SLACK_BB`` of log
+    beyond what the filesystem still holds unwritten: the last record on the device names an older
+    tail than the one in memory (or that cannot be told). A source whose log its worker has covered
+    (idle a few seconds) does not lag, and its fork skips the record (~1 ms)."""
+    if log is None:
+        return True
+    device_tail = xfsreadahead.device_log_tail(image, shape, log)
+    if device_tail is None:
+        return True
+    on_device = xfsreadahead.replay_backlog(shape, dataclasses.replace(log, tail=device_tail))
+    return on_device > xfsreadahead.replay_backlog(shape, log) + DEVICE_TAIL_SLACK_BB
 
 
 def _mount_copy(source: Disk, disk: Disk, shape: xfsreadahead.XfsGeometry | None) -> None:

@@ -32,6 +32,8 @@ _VERIFY_WINDOW_BB = 4096
 _AG_HEAD_BYTES = 128 << 10  # an allocation group's headers, btree roots and (AG 0) the root inodes
 _PAST_HEAD_BYTES = 256 << 10
 _PAGE = 4096
+_RECORD_MAGIC = 0xFEEDBABE  # XLOG_HEADER_MAGIC_NUM, the first word of a log record's header
+_LAST_RECORD_SCAN_BB = 128  # how far before the head the last record's header is looked for (64 KiB)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,43 @@ def log_position(device: str) -> LogPosition | None:
         return LogPosition(head=block, tail=int(tail.split(":")[1]), cycle=cycle)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def device_log_tail(image: Path, shape: XfsGeometry, log: LogPosition) -> int | None:
+    """The tail (basic block) that the last log record in the XFS ``image`` names: where a mount of a
+    copy taken now starts replaying. It lags the tail in memory (``log_position``) until the
+    filesystem writes its next record. Read from the image file, where the loop device's writes land;
+    None when no record starts in the 64 KiB before the head (a longer last record, or none)."""
+    size = shape.log_basic_blocks
+    span = min(_LAST_RECORD_SCAN_BB, size - 1, log.head if log.cycle <= 1 else size - 1)
+    if span <= 0:
+        return None
+    first = (log.head - span) % size
+    fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        before_end = min(span, size - first)  # the scanned span may wrap at the log's end
+        raw = os.pread(fd, before_end * BASIC_BLOCK, shape.log_offset + first * BASIC_BLOCK)
+        if before_end < span:
+            raw += os.pread(fd, (span - before_end) * BASIC_BLOCK, shape.log_offset)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(raw) < span * BASIC_BLOCK:
+        return None
+    # Every block of a record but its header starts with the cycle number (XFS stamps it there), so
+    # the magic number at a block's start is a header's.
+    for back in range(1, span + 1):
+        offset = (span - back) * BASIC_BLOCK
+        magic, cycle = struct.unpack_from(">II", raw, offset)
+        if magic != _RECORD_MAGIC:
+            continue
+        block = (log.head - back) % size
+        if cycle != (log.cycle if block < log.head else log.cycle - 1):
+            return None  # a record of the log's previous pass: not the last one
+        (tail_lsn,) = struct.unpack_from(">Q", raw, offset + 24)  # h_tail_lsn: cycle << 32 | block
+        return int(tail_lsn & 0xFFFFFFFF)
+    return None
 
 
 def mount_reads(shape: XfsGeometry, log: LogPosition) -> list[tuple[int, int]]:
