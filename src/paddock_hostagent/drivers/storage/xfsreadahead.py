@@ -13,6 +13,10 @@ source is synced): the fork asks the kernel to read them all at once (``POSIX_FA
 starts the reads and returns) right after the clone, and the mount finds them cached or in flight.
 Nothing here changes what the fork holds: reading ahead only fills the page cache with the file's own
 content. Whatever is guessed wrong is read by the mount itself, as before.
+
+Where the mount starts replaying is the tail that the device's last log record names
+(``device_log_tail``), which lags the one in memory until the filesystem writes its next record; a
+fork has its source write one first when they differ (``rootdisks._clone_for_mount``).
 """
 
 from __future__ import annotations
