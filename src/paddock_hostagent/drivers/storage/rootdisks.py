@@ -374,9 +374,10 @@ def _clone_for_mount(
     the source's XFS geometry (None for ext4). OSError when the two files cannot share blocks;
     DriverError for any other failure. A source with a long log to replay is frozen for the clone
     (``QUIESCE_REPLAY_BB``), as is one whose grown superblock is not yet written home; the freeze
-    covers its log. Any other XFS source first writes a log record that carries its log's tail as it
-    is now (``mounts.write_log_tail``), so that the clone replays only what the source has not yet
-    written home, not all it logged since its last record."""
+    covers its log. Any other XFS source whose device names an older tail than the one in memory
+    (``_device_tail_lags``) first writes a log record that carries its log's tail as it is now
+    (``mounts.write_log_tail``), so that the clone replays only what the source has not yet written
+    home, not all it logged since its last record."""
     shape = xfsreadahead.geometry(source.mount_dir) if source.fs == "xfs" else None
     log = xfsreadahead.log_position(source.loop_device) if shape is not None and source.loop_device else None
     quiesce = shape is not None and (
