@@ -180,6 +180,28 @@ def test_a_forks_own_sync_runs_unbounded_and_writes_beside_itself_and_the_bound_
         assert strict.read_text().strip() == "1", "a failed sync left the store unbounded"
 
 
+def _create_files(directory: Path, count: int) -> None:
+    """``count`` new empty files in the new ``directory``: a burst of metadata in the log."""
+    directory.mkdir()
+    for index in range(count):
+        os.close(os.open(directory / str(index), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+
+
+def _backlog_within(
+    source: Disk, shape: xfsreadahead.XfsGeometry, bound: int, *, seconds: float
+) -> tuple[int, xfsreadahead.LogPosition]:
+    """The log ``source`` holds unwritten (basic blocks, from its tail in memory) and where its log is,
+    once that is at most ``bound`` or after ``seconds``, whichever comes first; the caller asserts."""
+    deadline = time.monotonic() + seconds
+    while True:
+        log = xfsreadahead.log_position(source.loop_device)
+        assert log is not None
+        backlog = xfsreadahead.replay_backlog(shape, log)
+        if backlog <= bound or time.monotonic() > deadline:
+            return backlog, log
+        time.sleep(0.1)
+
+
 def test_metadata_a_source_logged_goes_home_within_seconds_so_its_fork_clones_without_a_freeze(
     slots: Path,
 ) -> None:
@@ -191,21 +213,12 @@ def test_metadata_a_source_logged_goes_home_within_seconds_so_its_fork_clones_wi
     hurry_xfs_log_worker()
     store = rootdisks.store_dir(slots)
     with _source(slots, 1024, 0) as (source, _):
-        many = source.upper_dir / "many"
-        many.mkdir()
-        for index in range(20000):
-            os.close(os.open(many / str(index), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        _create_files(source.upper_dir / "many", 20000)
         mounts.sync_filesystem(source.mount_dir)  # as the fork's own sync does
         shape = xfsreadahead.geometry(source.mount_dir)
         assert shape is not None
-        deadline = time.monotonic() + 6  # the worker's interval is 1 s; the kernel's default 30 s
-        while True:
-            log = xfsreadahead.log_position(source.loop_device)
-            assert log is not None
-            backlog = xfsreadahead.replay_backlog(shape, log)
-            if backlog <= rootdisks.QUIESCE_REPLAY_BB or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        # The worker's interval is 1 s; the kernel's default 30 s.
+        backlog, _ = _backlog_within(source, shape, rootdisks.QUIESCE_REPLAY_BB, seconds=6)
         assert backlog <= rootdisks.QUIESCE_REPLAY_BB, f"{backlog} blocks of log are still to replay"
 
         fork = Disk(store / "fork.img", slots / "fork", "xfs")
@@ -266,23 +279,14 @@ def test_a_copy_taken_after_the_metadata_went_home_replays_only_what_is_left(slo
         subprocess.run(
             ["xfs_io", "-c", "label -s pdk-src", str(source.mount_dir)], check=True, capture_output=True
         )
-        many = source.upper_dir / "many"
-        many.mkdir()
-        for index in range(20000):
-            os.close(os.open(many / str(index), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        _create_files(source.upper_dir / "many", 20000)
         mounts.sync_filesystem(source.mount_dir)
         shape = xfsreadahead.geometry(source.mount_dir)
         assert shape is not None
         logged = _log_to_replay(source.image_path)
         assert logged > 8 * 512, f"only {logged} blocks logged: the 20,000 files were not in the log"
-        deadline = time.monotonic() + 6
-        while True:  # until the worker has written the metadata home (the tail in memory moved up)
-            log = xfsreadahead.log_position(source.loop_device)
-            assert log is not None
-            backlog = xfsreadahead.replay_backlog(shape, log)
-            if backlog <= 512 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        # Until the worker has written the metadata home (the tail in memory moved up).
+        backlog, log = _backlog_within(source, shape, 512, seconds=6)
         assert backlog <= 512, f"{backlog} blocks of log are still to be written home"
         # The device's last record still names the old tail, as xfsprogs reads it too.
         _, device_tail, _ = _logprint(source.image_path)
