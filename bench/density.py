@@ -24,7 +24,10 @@ import contextlib
 import datetime as dt
 import json
 import os
+import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,7 @@ MARKS = (1, 100, 500, 1000)  # live counts at which create time is reported
 MARK_WINDOW = 10  # creates just before each mark
 SPACED = 10  # creates one at a time, the pools refilled between, at 1 live and at the end
 EXECS = 30
+RESULTS = Path(__file__).parent / "results"
 
 
 def open_fds(pid: int) -> int:
@@ -213,6 +217,44 @@ def guest_rss_kib(group: Path) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _recorded(label: str, pids: dict[str, int]) -> Iterator[None]:
+    """With ``PADDOCK_BENCH_PY_SPY`` set to py-spy's path (not installed by ``make``: ``pip install
+    py-spy`` in a venv of its own), py-spy records each service with ``--gil`` while the block runs,
+    into ``bench/results/density-<time>-<service>-<label>.raw`` (collapsed stacks): the Python each ran
+    at that many live sandboxes, the creates' and what runs beside them."""
+    py_spy = os.environ.get("PADDOCK_BENCH_PY_SPY")
+    if not py_spy:
+        yield
+        return
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    slug = "-".join(label.replace("(", "").replace(")", "").split())
+    options = ["-d", "3600", "-r", "500", "-f", "raw", "--nonblocking", "--gil"]
+    recorders = [
+        subprocess.Popen(
+            [
+                py_spy,
+                "record",
+                "-p",
+                str(pid),
+                "-o",
+                str(RESULTS / f"density-{stamp}-{name}-{slug}.raw"),
+                *options,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+    try:
+        yield
+    finally:
+        for recorder in recorders:
+            recorder.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
+        for recorder in recorders:
+            recorder.wait(30)
+
+
 def run(
     base_url: str,
     new_key: Any,
@@ -237,7 +279,10 @@ def run(
         """Creates as a user makes them now and then, each after the pools refilled (so each claims a
         parked sandbox), by an account of their own (the others are at their plan's cap)."""
         times: list[float] = []
-        with Client(base_url, new_key(), timeout=300, retry=RetryPolicy(max_retries=0)) as client:
+        with (
+            Client(base_url, new_key(), timeout=300, retry=RetryPolicy(max_retries=0)) as client,
+            _recorded(label, {"controlplane": cp_pid, "agent": agent_pid}),
+        ):
             for index in range(SPACED):
                 wait_pool()
                 time.sleep(1.0)  # the freed slot's parked sandbox boots after the slot is back
