@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -109,11 +109,14 @@ def test_files_are_written_read_stated_and_listed_through_the_api(
         stat = edge(api, sid, sandbox_fs.STAT, path, sandbox_fs.PRINTF)
         assert [(e["path"], e["type"], e["size"]) for e in stat] == [(path, "FILE_TYPE_FILE", "10240")]
         top = path.rsplit("/deep/", 1)[0]
-        listed = edge(api, sid, sandbox_fs.LIST, top, sandbox_fs.PRINTF, "2", "65536")
+        listed = edge(
+            api, sid, sandbox_fs.LIST, *sandbox_fs.list_args(top, 2, 65536), read=sandbox_fs.listing
+        )
         assert sorted((e["name"], e["type"]) for e in listed) == [
             ("a.bin", "FILE_TYPE_FILE"),
             ("deep", "FILE_TYPE_DIRECTORY"),
         ], listed
+        assert {(e["owner"], e["group"]) for e in listed} == {("root", "root")}, listed
     missing = api.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/up/none"})
     assert missing.status_code == 404 and missing.json()["status"] == "fail", missing.text
     # Inside, coreutils' statx is what gVisor's 2022 sentry refuses; elsewhere ls -l works.
@@ -125,11 +128,17 @@ def test_files_are_written_read_stated_and_listed_through_the_api(
         assert ls["exit_code"] == 0 and " 10240 " in ls["stdout"], ls
 
 
-def edge(api: httpx.Client, sandbox_id: str, script: str, *args: str) -> list[dict[str, Any]]:
+def edge(
+    api: httpx.Client,
+    sandbox_id: str,
+    script: str,
+    *args: str,
+    read: Callable[[bytes], list[dict[str, Any]]] = sandbox_fs.entries,
+) -> list[dict[str, Any]]:
     body = {"cmd": "/bin/sh", "args": ["-c", script, "sh", *args]}
     result = data(api.post(f"/v1/sandboxes/{sandbox_id}/exec", json=body))["result"]
     assert result["exit_code"] == 0, result
-    return list(sandbox_fs.entries(result["stdout"].encode("utf-8", "surrogateescape")))
+    return list(read(result["stdout"].encode("utf-8", "surrogateescape")))
 
 
 def wait_running(api: httpx.Client, sandbox_id: str) -> dict[str, Any]:

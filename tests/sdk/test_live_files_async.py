@@ -79,6 +79,37 @@ async def test_listing_stat_make_rename_remove_and_many_files(live: LivePlatform
         assert not await sb.files.exists("/root/pwned")
 
 
+async def test_a_listing_names_owners_from_the_sandboxs_own_accounts(live: LivePlatform) -> None:
+    """Owners and groups are named as ``find`` names them in the sandbox: a user the tenant added, the
+    first of two lines with one id, a number for an id no line names; a NUL the tenant wrote into
+    ``/etc/passwd`` leaves every entry whole."""
+    async with (
+        paddock.AsyncClient(live.url, live.api_key()) as client,
+        await client.sandboxes.create(SHAPE, disk_mib=DISK_MIB) as sb,
+    ):
+        made = await sb.run_shell(
+            "printf 'agent:x:4242:4242::/:/bin/sh\\nshadow:x:4242:4242::/:/bin/sh\\n' >> /etc/passwd"
+            " && printf 'team:x:4242:\\n' >> /etc/group"
+            " && mkdir -p /root/own/sub && echo a > /root/own/a && echo bb > /root/own/sub/b"
+            " && touch /root/own/c && chown 4242:4242 /root/own/a && chown 4244:4343 /root/own/sub/b"
+            " && chown nobody:nogroup /root/own/c"
+        )
+        assert made.exit_code == 0, made.stderr
+        found = await sb.run("find", ["/root/own", "-mindepth", "1", "-printf", "%p %u %g %s\\n"])
+        expected = {
+            path: (u, g, int(s)) for path, u, g, s in (line.split() for line in found.stdout.splitlines())
+        }
+        assert expected["/root/own/a"] == ("agent", "team", 2)
+        assert expected["/root/own/sub/b"] == ("4244", "4343", 3)
+        listed = await sb.files.list("/root/own", depth=2)
+        assert {e.path: (e.owner, e.group, e.size) for e in listed} == expected
+
+        garbled = await sb.run_shell("printf 'x\\000y:x:9:9::/:/bin/sh\\n' >> /etc/passwd")
+        assert garbled.exit_code == 0, garbled.stderr
+        again = await sb.files.list("/root/own", depth=2)
+        assert {e.path: (e.owner, e.group, e.size) for e in again} == expected
+
+
 async def test_a_directory_up_and_down_as_one_tar(live: LivePlatform, tmp_path: Path) -> None:
     local = tmp_path / "src"
     (local / "nested" / "deeper").mkdir(parents=True)

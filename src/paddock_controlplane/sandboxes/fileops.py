@@ -91,18 +91,10 @@ async def _one(services: Services, sandbox: Sandbox, script: str, path: str, *mo
 
 
 async def _listing(services: Services, sandbox: Sandbox, path: str, depth: int) -> list[dict[str, Any]]:
-    code, out, err = await _run(
-        services,
-        sandbox,
-        sandbox_fs.LIST,
-        path,
-        sandbox_fs.PRINTF,
-        str(depth),
-        str(sandbox_fs.MAX_LIST_BYTES),
-    )
+    code, out, err = await _run(services, sandbox, sandbox_fs.LIST, *sandbox_fs.list_args(path, depth))
     if code != 0:
         raise _fail(code, err, path)
-    return [_entry(e) for e in sandbox_fs.entries(out)]
+    return [_entry(e) for e in sandbox_fs.listing(out)]
 
 
 async def list_dir(

@@ -6,6 +6,12 @@ arguments, never pasted into a command line; ``find -printf PRINTF`` writes one 
 record per entry, which ``entries`` reads in envd's ``EntryInfo`` shape. A script's exit code says what
 stopped it: ``MISSING``, ``NOT_DIR``, ``EXISTS``.
 
+A listing (``LIST``, read by ``listing``) prints owners and groups as numbers and names them from the
+sandbox's ``/etc/passwd`` and ``/etc/group``, printed once before its records: ``find``'s ``%u`` and
+``%g`` look each entry's owner up again (glibc reads the file anew per call), which made a listing of
+4,146 directories take 8.4 s instead of 4.3 in a gVisor sandbox, and 72,000 entries 1.1 s instead of
+0.28 natively.
+
 A watch follows the guest's inotify (``dirwatch``), or polls a listing where the guest has none;
 ``watch_slots`` bounds the watches open at once, through either API.
 """
@@ -28,9 +34,18 @@ MISSING, NOT_DIR, EXISTS = 3, 4, 5
 _PRELUDE = 'cd "${HOME:-/}" 2>/dev/null || cd /; '
 #: ``$1`` path, ``$2`` PRINTF.
 STAT = _PRELUDE + '[ -e "$1" ] || [ -L "$1" ] || exit 3; exec find "$1" -maxdepth 0 -printf "$2"'
-#: ``$1`` directory, ``$2`` PRINTF, ``$3`` depth, ``$4`` the most bytes of output.
+#: ``LIST``'s records: ``PRINTF`` with the owner's and group's ids (``%U``, ``%G``) for their names.
+LIST_PRINTF = r"%y\0%s\0%m\0%M\0%U\0%G\0%T@\0%l\0%p\0"
+#: What a listing reads of each account table (isolation rule 5: the sandbox writes them); an owner
+#: past it is shown by number, as ``find`` shows one the table does not name.
+ACCOUNT_TABLE_BYTES = 64 << 10
+#: ``$1`` directory, ``$2`` LIST_PRINTF, ``$3`` depth, ``$4`` the most bytes of records. First the two
+#: account tables, each ``\0``-terminated (a NUL the sandbox put in one is dropped, so the records stay
+#: aligned), then the records.
 LIST = (
     _PRELUDE + '[ -e "$1" ] || exit 3; [ -d "$1" ] || exit 4; '
+    f"for t in /etc/passwd /etc/group; do head -c {ACCOUNT_TABLE_BYTES} \"$t\" 2>/dev/null | tr -d '\\000'; "
+    "printf '\\000'; done; "
     'find "$1" -mindepth 1 -maxdepth "$3" -printf "$2" 2>/dev/null | head -c "$4"; exit 0'
 )
 #: ``$1`` directory: its absolute physical path (a watch's, before the guest watches it).
@@ -46,20 +61,52 @@ MOVE = (
 REMOVE = _PRELUDE + '[ -e "$1" ] || [ -L "$1" ] || exit 3; exec rm -rf -- "$1"'
 _TYPES = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY", "l": "FILE_TYPE_SYMLINK"}
 MAX_DEPTH = 64
-#: A listing's output, in bytes (about 20,000 entries).
-MAX_LIST_BYTES = 4 << 20
+#: A listing's records, in bytes (about 20,000 entries): with the account tables before them, within
+#: what the host agent keeps of a command's output (``execution.MAX_BUFFERED_OUTPUT_BYTES``, 4 MiB).
+MAX_LIST_BYTES = (4 << 20) - 2 * ACCOUNT_TABLE_BYTES
 MAX_WATCH_ENTRIES = 20_000
 WATCH_INTERVAL_S = 0.5
 
 
-def entries(raw: bytes) -> list[dict[str, Any]]:
-    """The records of ``PRINTF``'s output as envd's ``EntryInfo`` (camelCase, ``size`` a string)."""
-    parts = raw.split(b"\0")
+def list_args(path: str, depth: int, limit_bytes: int = MAX_LIST_BYTES) -> tuple[str, ...]:
+    """``LIST``'s arguments."""
+    return (path, LIST_PRINTF, str(depth), str(limit_bytes))
+
+
+def listing(raw: bytes) -> list[dict[str, Any]]:
+    """``LIST``'s output as envd's ``EntryInfo`` records, owners and groups named as ``find``'s ``%u``
+    and ``%g`` name them: by the first line of the table with the id, else by the number."""
+    passwd, _, rest = raw.partition(b"\0")
+    group, _, records = rest.partition(b"\0")
+    return entries(records, owners=_names(passwd), groups=_names(group))
+
+
+def _names(table: bytes) -> dict[str, str]:
+    """id → name from ``/etc/passwd`` or ``/etc/group`` lines (``name:password:id:…``)."""
+    names: dict[str, str] = {}
+    for line in table.decode("utf-8", "replace").splitlines():
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[0] and fields[2].isdigit():
+            names.setdefault(str(int(fields[2])), fields[0])
+    return names
+
+
+def entries(
+    raw: bytes, *, owners: dict[str, str] | None = None, groups: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The records of ``PRINTF``'s output as envd's ``EntryInfo`` (camelCase, ``size`` a string); with
+    ``owners`` and ``groups``, the owner and group fields are ids to name through them. Only
+    ``\\0``-terminated records count: a listing cut at its byte limit ends in part of one."""
+    parts = raw.split(b"\0")[:-1]
     out = []
     for i in range(0, len(parts) - FIELDS + 1, FIELDS):
         kind, size, mode, perms, owner, group, mtime, target, path = (
             p.decode("utf-8", "replace") for p in parts[i : i + FIELDS]
         )
+        if owners is not None:
+            owner = owners.get(owner, owner)
+        if groups is not None:
+            group = groups.get(group, group)
         seconds = float(mtime or 0)
         entry: dict[str, Any] = {
             "name": path.rstrip("/").rsplit("/", 1)[-1] or "/",

@@ -97,13 +97,11 @@ async def remove(call: Call, req: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-async def _listing(
-    call: Call, path: str, depth: int, limit: int = sandbox_fs.MAX_LIST_BYTES
-) -> list[dict[str, Any]]:
-    code, out, err = await _run(call, sandbox_fs.LIST, path, sandbox_fs.PRINTF, str(depth), str(limit))
+async def _listing(call: Call, path: str, depth: int) -> list[dict[str, Any]]:
+    code, out, err = await _run(call, sandbox_fs.LIST, *sandbox_fs.list_args(path, depth))
     if code != 0:
         raise _fail(code, err, path)
-    return sandbox_fs.entries(out)
+    return sandbox_fs.listing(out)
 
 
 async def list_dir(call: Call, req: dict[str, Any]) -> dict[str, Any]:
