@@ -109,6 +109,13 @@ async def test_a_listing_names_owners_from_the_sandboxs_own_accounts(live: LiveP
         again = await sb.files.list("/root/own", depth=2)
         assert {e.path: (e.owner, e.group, e.size) for e in again} == expected
 
+        # A FIFO in a table's place would block a read of it: that table is left out, its ids numbers.
+        fifo = await sb.run_shell("mv /etc/group /etc/group.kept && mkfifo /etc/group")
+        assert fifo.exit_code == 0, fifo.stderr
+        unnamed = {e.path: (e.owner, e.group) for e in await sb.files.list("/root/own", depth=2)}
+        assert unnamed["/root/own/a"] == ("agent", "4242")
+        assert unnamed["/root/own/c"] == ("nobody", "65534")
+
 
 async def test_a_directory_up_and_down_as_one_tar(live: LivePlatform, tmp_path: Path) -> None:
     local = tmp_path / "src"

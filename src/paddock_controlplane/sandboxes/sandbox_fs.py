@@ -19,6 +19,7 @@ A watch follows the guest's inotify (``dirwatch``), or polls a listing where the
 from __future__ import annotations
 
 import datetime as dt
+import re
 import weakref
 from collections import Counter
 from typing import Any
@@ -41,11 +42,12 @@ LIST_PRINTF = r"%y\0%s\0%m\0%M\0%U\0%G\0%T@\0%l\0%p\0"
 ACCOUNT_TABLE_BYTES = 64 << 10
 #: ``$1`` directory, ``$2`` LIST_PRINTF, ``$3`` depth, ``$4`` the most bytes of records. First the two
 #: account tables, each ``\0``-terminated (a NUL the sandbox put in one is dropped, so the records stay
-#: aligned), then the records.
+#: aligned; one that is not a regular file, say a FIFO that would block the read, is left empty), then
+#: the records.
 LIST = (
     _PRELUDE + '[ -e "$1" ] || exit 3; [ -d "$1" ] || exit 4; '
-    f"for t in /etc/passwd /etc/group; do head -c {ACCOUNT_TABLE_BYTES} \"$t\" 2>/dev/null | tr -d '\\000'; "
-    "printf '\\000'; done; "
+    'for t in /etc/passwd /etc/group; do [ -f "$t" ] && '
+    f"head -c {ACCOUNT_TABLE_BYTES} \"$t\" 2>/dev/null | tr -d '\\000'; printf '\\000'; done; "
     'find "$1" -mindepth 1 -maxdepth "$3" -printf "$2" 2>/dev/null | head -c "$4"; exit 0'
 )
 #: ``$1`` directory: its absolute physical path (a watch's, before the guest watches it).
@@ -66,6 +68,7 @@ MAX_DEPTH = 64
 MAX_LIST_BYTES = (4 << 20) - 2 * ACCOUNT_TABLE_BYTES
 MAX_WATCH_ENTRIES = 20_000
 WATCH_INTERVAL_S = 0.5
+_ID = re.compile(r"[0-9]{1,10}")
 
 
 def list_args(path: str, depth: int, limit_bytes: int = MAX_LIST_BYTES) -> tuple[str, ...]:
@@ -82,11 +85,13 @@ def listing(raw: bytes) -> list[dict[str, Any]]:
 
 
 def _names(table: bytes) -> dict[str, str]:
-    """id → name from ``/etc/passwd`` or ``/etc/group`` lines (``name:password:id:…``)."""
+    """id → name from ``/etc/passwd`` or ``/etc/group`` lines (``name:password:id:…``). The sandbox
+    writes them: an id is taken only as up to 10 ASCII digits (a 32-bit id, what ``find`` prints), so
+    no line of theirs makes ``int`` fail."""
     names: dict[str, str] = {}
     for line in table.decode("utf-8", "replace").splitlines():
         fields = line.split(":")
-        if len(fields) >= 3 and fields[0] and fields[2].isdigit():
+        if len(fields) >= 3 and fields[0] and _ID.fullmatch(fields[2]):
             names.setdefault(str(int(fields[2])), fields[0])
     return names
 

@@ -72,7 +72,11 @@ def test_a_listing_cut_at_its_limit_holds_only_whole_entries(tree: Path) -> None
 
 
 def test_the_account_tables_are_read_as_find_reads_them() -> None:
-    passwd = b"root:x:0:0::/root:/bin/sh\nagent:x:4242:4242::/:/bin/sh\nagain:x:4242:1::/:/bin/sh\nbad line\n"
+    hostile = "digits:x:²:0::/:/bin/sh\nlong:x:" + "9" * 5000 + ":0::/:/bin/sh\n"  # what int() refuses
+    passwd = (
+        hostile.encode()
+        + b"root:x:0:0::/root:/bin/sh\nagent:x:4242:4242::/:/bin/sh\nagain:x:4242:1::/:/bin/sh\nbad line\n"
+    )
     group = b"root:x:0:\nteam:x:4242:\n:x:7:\nodd:x:notanumber:\n"
     record = b"f\x002\x00644\x00-rw-r--r--\x004242\x004242\x001.5\x00\x00/a\x00"
     unnamed = b"f\x002\x00644\x00-rw-r--r--\x007\x009\x001.5\x00\x00/b\x00"
