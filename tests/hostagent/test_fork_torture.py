@@ -227,7 +227,10 @@ class Run:
             await self.host.pause_sandbox(self.sandbox_id)
         child_id = f"sb-{secrets.token_hex(5)}"
         self.sandboxes.track(child_id)
-        home = self.size_on_disk(self.sandbox_id) == self.disk_mib
+        # Whether the source's grown superblock is home is not read here: XFS's log worker runs every
+        # second (the agent sets it), so it may write it home between any read of ours and the agent's
+        # own. A clone of a growth still in the log would not mount (117), so the fork below would
+        # fail; test_a_disk_grown_by_an_older_agent_is_frozen_for_its_clone holds the freeze itself.
         try:
             await self.host.fork_sandbox(
                 self.sandbox_id,
@@ -240,8 +243,6 @@ class Run:
                 await self.host.resume_sandbox(self.sandbox_id)
         if "quiesce_ms" in self.agent.logged("fork_phases", child_id):
             self.done[-1] = "fork(quiesced)"
-        elif not home:
-            self.fail("the source's grown superblock was not home, and the fork cloned it without a freeze")
         self.check_size_on_disk()  # the fork's freeze wrote it home, if the log had not yet
         if (await self.host.get_sandbox(child_id)).status == "paused":
             await self.host.resume_sandbox(child_id)
