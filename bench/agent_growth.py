@@ -21,12 +21,11 @@ Writes bench/results/agent-growth-<time>.json and .md (``--out`` elsewhere); nev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +38,7 @@ from bench import machine
 from bench import platform as bench_platform
 from bench.density import DISK_OVERCOMMIT, OVERCOMMIT
 from bench.lifecycle import AGENT_SPEC
+from bench.profiling import py_spy_recording
 from bench.stats import summarize
 
 RESULTS = Path(__file__).parent / "results"
@@ -56,12 +56,13 @@ def _pools_full(agent: httpx.Client) -> None:
         time.sleep(0.1)
 
 
-def _spaced(agent: httpx.Client, label: str, count: int, spy: list[str] | None) -> list[float]:
+def _spaced(
+    agent: httpx.Client, label: str, count: int, recording: contextlib.AbstractContextManager[None]
+) -> list[float]:
     """``count`` creates one at a time, each claiming a parked sandbox, each destroyed after."""
     _pools_full(agent)
     time.sleep(1)
-    recorder = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if spy else None
-    try:
+    with recording:
         times: list[float] = []
         for index in range(count):
             _pools_full(agent)
@@ -74,10 +75,6 @@ def _spaced(agent: httpx.Client, label: str, count: int, spy: list[str] | None) 
                 raise RuntimeError(f"create refused: {created.status_code} {created.text[:300]}")
             agent.delete(f"sandboxes/{sandbox_id}")
         return times
-    finally:
-        if recorder is not None:
-            recorder.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
-            recorder.wait(30)
 
 
 def run(live: int, creates: int, py_spy: str | None, stem: Path) -> dict[str, Any]:
@@ -102,11 +99,8 @@ def run(live: int, creates: int, py_spy: str | None, stem: Path) -> dict[str, An
             process = platform.agents[0].process
             assert process is not None
 
-            def spy(mark: str) -> list[str] | None:
-                if py_spy is None:
-                    return None
-                options = ["-d", "3600", "-r", "500", "-f", "raw", "--nonblocking", "--gil"]
-                return [py_spy, "record", "-p", str(process.pid), "-o", f"{stem}-{mark}.raw", *options]
+            def spy(mark: str) -> contextlib.AbstractContextManager[None]:
+                return py_spy_recording(py_spy, {process.pid: Path(f"{stem}-{mark}.raw")})
 
             with httpx.Client(
                 base_url=platform.agents[0].url + "/internal/v1/",

@@ -24,10 +24,7 @@ import contextlib
 import datetime as dt
 import json
 import os
-import signal
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +32,7 @@ import httpx
 
 from bench.lifecycle import DISK_MIB, SHAPE, SHAPE_MIB
 from bench.machine import load_average, meminfo_kib
+from bench.profiling import py_spy_recording
 from bench.stats import Samples, summarize
 
 PER_USER = 25
@@ -217,42 +215,14 @@ def guest_rss_kib(group: Path) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _recorded(label: str, pids: dict[str, int]) -> Iterator[None]:
-    """With ``PADDOCK_BENCH_PY_SPY`` set to py-spy's path (not installed by ``make``: ``pip install
-    py-spy`` in a venv of its own), py-spy records each service with ``--gil`` while the block runs,
-    into ``bench/results/density-<time>-<service>-<label>.raw`` (collapsed stacks): the Python each ran
-    at that many live sandboxes, the creates' and what runs beside them."""
-    py_spy = os.environ.get("PADDOCK_BENCH_PY_SPY")
-    if not py_spy:
-        yield
-        return
+def _recorded(label: str, pids: dict[str, int]) -> contextlib.AbstractContextManager[None]:
+    """With ``PADDOCK_BENCH_PY_SPY`` set to py-spy's path, records each service while the block runs,
+    into ``bench/results/density-<time>-<service>-<label>.raw``: the Python each ran at that many live
+    sandboxes, the creates' and what runs beside them (``profiling.py_spy_recording``)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     slug = "-".join(label.replace("(", "").replace(")", "").split())
-    options = ["-d", "3600", "-r", "500", "-f", "raw", "--nonblocking", "--gil"]
-    recorders = [
-        subprocess.Popen(
-            [
-                py_spy,
-                "record",
-                "-p",
-                str(pid),
-                "-o",
-                str(RESULTS / f"density-{stamp}-{name}-{slug}.raw"),
-                *options,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for name, pid in pids.items()
-    ]
-    try:
-        yield
-    finally:
-        for recorder in recorders:
-            recorder.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
-        for recorder in recorders:
-            recorder.wait(30)
+    outputs = {pid: RESULTS / f"density-{stamp}-{name}-{slug}.raw" for name, pid in pids.items()}
+    return py_spy_recording(os.environ.get("PADDOCK_BENCH_PY_SPY") or None, outputs)
 
 
 def run(
