@@ -22,14 +22,18 @@ _OPTIONS = ("-d", "3600", "-r", "500", "-f", "raw", "--nonblocking", "--gil")
 def py_spy_recording(py_spy: str | None, outputs: Mapping[int, Path]) -> Iterator[None]:
     """While the block runs, py-spy records each pid of ``outputs`` into its path; nothing when
     ``py_spy`` is None."""
-    recorders = [
-        subprocess.Popen(
-            [py_spy, "record", "-p", str(pid), "-o", str(path), *_OPTIONS],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for pid, path in (outputs.items() if py_spy else ())
-    ]
+    recorders = (
+        []
+        if py_spy is None
+        else [
+            subprocess.Popen(
+                [py_spy, "record", "-p", str(pid), "-o", str(path), *_OPTIONS],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for pid, path in outputs.items()
+        ]
+    )
     try:
         yield
     finally:
