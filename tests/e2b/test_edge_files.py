@@ -19,6 +19,7 @@ from e2b import (
     NotFoundException,
     Sandbox,
     SandboxException,
+    TimeoutException,
 )
 from tests.e2b.conftest import E2bPlatform
 from tests.network.ingress_support import APP
@@ -85,6 +86,29 @@ def test_stat_list_mkdir_rename_remove(sandbox: Sandbox) -> None:
     assert sandbox.files.get_info(weird).name == "it's $(echo x > pwned); `id` \"name"
     assert [e.name for e in sandbox.files.list("/tmp") if "pwned" in e.name] == [weird[5:]]
     assert "pwned" not in sandbox.commands.run("ls -a / /tmp /root").stdout.replace(weird[5:], "")
+
+
+def test_a_listing_the_caller_gave_up_on_ends_in_the_sandbox(e2b_env: E2bPlatform) -> None:
+    """The listing runs ``find`` in the sandbox, which is the tenant's to replace. A caller whose request
+    times out takes that command with it, as envd's own handlers end with their request. (A sandbox of
+    its own: the module's shared one keeps its ``find``.)"""
+    sandbox = Sandbox.create(timeout=120)
+    try:
+        stand_in = "#!/bin/sh\necho $$ > /tmp/find.pid\nexec sleep 300\n"
+        placed = sandbox.commands.run(
+            f"printf '{stand_in}' > /usr/local/bin/find && chmod +x /usr/local/bin/find"
+        )
+        assert placed.exit_code == 0
+        with pytest.raises(TimeoutException):
+            sandbox.files.list("/tmp", request_timeout=2)
+        pid = sandbox.files.read("/tmp/find.pid").strip()
+        assert pid.isdigit(), "the listing did not run the tenant's find"
+        deadline = time.monotonic() + 10
+        while sandbox.commands.run(f"kill -0 {pid} || echo gone").stdout.strip() != "gone":
+            assert time.monotonic() < deadline, f"the listing's find (pid {pid}) outlived its caller"
+            time.sleep(0.2)
+    finally:
+        sandbox.kill()
 
 
 def test_watch_dir_reports_create_write_remove(sandbox: Sandbox) -> None:

@@ -316,6 +316,30 @@ def test_a_sandbox_can_pause_and_delete_itself(user: User) -> None:
     user.wait_status(sid, "destroyed")
 
 
+@pytest.mark.parametrize(
+    ("tool", "method", "route"),
+    [("find", "GET", "files/list"), ("rm", "DELETE", "files")],
+)
+def test_a_file_operation_dies_with_its_caller(user: User, tool: str, method: str, route: str) -> None:
+    """A file operation runs ``find``/``rm`` in the sandbox, and the sandbox is the tenant's: a tool
+    they replaced, a tree on a throttled disk or a stopped process can make it hang. A client that
+    gives up then takes the command with it, as a buffered exec's does, instead of leaving it running
+    (and the sandbox counted busy, so never idle-paused) for as long as the command lasts."""
+    sid = user.create()["id"]
+    # /usr/local/bin comes before /usr/bin on the sandbox's PATH: this is the tool the operation runs.
+    stand_in = f"#!/bin/sh\necho $$ > /tmp/{tool}.pid\nexec sleep 300\n"
+    placed = user.sh(sid, f"printf '{stand_in}' > /usr/local/bin/{tool} && chmod +x /usr/local/bin/{tool}")
+    assert placed["exit_code"] == 0, placed
+    with pytest.raises(httpx.ReadTimeout):
+        user.http.request(method, f"/v1/sandboxes/{sid}/{route}", params={"path": "/tmp"}, timeout=2.0)
+    pid = user.sh(sid, f"cat /tmp/{tool}.pid")["stdout"].strip()
+    assert pid.isdigit(), f"the operation did not run the tenant's {tool}"
+    deadline = time.monotonic() + 10
+    while user.sh(sid, f"kill -0 {pid}")["exit_code"] == 0:
+        assert time.monotonic() < deadline, f"the operation's {tool} (pid {pid}) outlived its caller"
+        time.sleep(0.2)
+
+
 def test_commands_get_envs_overrides_stdin_and_start_errors(user: User) -> None:
     sid = user.create(envs={"MODE": "prod"})["id"]
     assert user.run(sid, "printenv", "MODE")["stdout"] == "prod\n"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import Any
+
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from paddock_controlplane.edge.api.deps import SandboxPrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.edge.api.errors import error_response
@@ -83,6 +86,18 @@ FAST_ROUTES = [fastlane.FastRoute("POST", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/
 # the fixed paths win.
 
 
+async def _while_connected(request: Request, operation: Awaitable[dict[str, Any]]) -> Response:
+    """A file operation runs a command in the sandbox, which is the tenant's: a tool they replaced, a
+    stopped process or a throttled disk can make it last. A client that gives up takes the command with
+    it, as a buffered exec's does; otherwise it would run on, and keep the sandbox counted busy (never
+    idle-paused), for as long as the command lasted. Nobody reads the answer then: 499, as proxies log a
+    client that closed its request."""
+    result = await fastlane.unless_disconnected(request.receive, operation)
+    if result is None:
+        return Response(status_code=499)
+    return JSONResponse(envelope.success(result))
+
+
 def _depth(request: Request) -> int:
     return validation.listing_depth(request.query_params.get("depth"), fileops.MAX_DEPTH)
 
@@ -90,45 +105,51 @@ def _depth(request: Request) -> int:
 @router.get("/{sandbox_id}/files/list")
 async def list_files(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
-) -> JSONResponse:
-    result = await fileops.list_dir(services, principal.user_id, sandbox_id, _path(request), _depth(request))
-    return JSONResponse(envelope.success(result))
+) -> Response:
+    path, depth = _path(request), _depth(request)
+    return await _while_connected(
+        request, fileops.list_dir(services, principal.user_id, sandbox_id, path, depth)
+    )
 
 
 @router.get("/{sandbox_id}/files/stat")
 async def stat_file(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
-) -> JSONResponse:
-    result = await fileops.stat(services, principal.user_id, sandbox_id, _path(request))
-    return JSONResponse(envelope.success(result))
+) -> Response:
+    path = _path(request)
+    return await _while_connected(request, fileops.stat(services, principal.user_id, sandbox_id, path))
 
 
 @router.post("/{sandbox_id}/files/mkdir")
 async def make_dir(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
-) -> JSONResponse:
+) -> Response:
     # 200 either way, as every JSend success (spec §5.1); ``created`` says whether it was made now.
-    result = await fileops.make_dir(services, principal.user_id, sandbox_id, _path(request))
-    return JSONResponse(envelope.success(result))
+    path = _path(request)
+    return await _while_connected(request, fileops.make_dir(services, principal.user_id, sandbox_id, path))
 
 
 @router.post("/{sandbox_id}/files/rename")
 async def rename_file(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
-) -> JSONResponse:
+) -> Response:
     source = validation.guest_path(request.query_params.get("source"), "source")
     destination = validation.guest_path(request.query_params.get("destination"), "destination")
-    result = await fileops.rename(services, principal.user_id, sandbox_id, source, destination)
-    return JSONResponse(envelope.success(result))
+    renamed = fileops.rename(services, principal.user_id, sandbox_id, source, destination)
+    return await _while_connected(request, renamed)
 
 
 @router.delete("/{sandbox_id}/files")
 async def remove_file(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
-) -> JSONResponse:
+) -> Response:
     path = _path(request)
-    await fileops.remove(services, principal.user_id, sandbox_id, path)
-    return JSONResponse(envelope.success({"path": path, "removed": True}))
+
+    async def removed() -> dict[str, Any]:
+        await fileops.remove(services, principal.user_id, sandbox_id, path)
+        return {"path": path, "removed": True}
+
+    return await _while_connected(request, removed())
 
 
 @router.put("/{sandbox_id}/files/tar")

@@ -31,7 +31,7 @@ from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import running_sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import CLOSED, SandboxStatus
-from paddock_core import errors
+from paddock_core import errors, fastlane
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.e2b.edge")
@@ -190,7 +190,13 @@ class EdgeApp:
                 )
             if not stream and method in unary:
                 with mapped():
-                    answer = await unary[method](call, connect.unary_request(body))
+                    # A caller that gives up takes the call's command in the sandbox with it, as in
+                    # /v1's file operations (routes/commands.py, ``_while_connected``).
+                    answer = await fastlane.unless_disconnected(
+                        request.receive, unary[method](call, connect.unary_request(body))
+                    )
+                if answer is None:
+                    return Response(status_code=499)
                 return JSONResponse(answer)
             raise ConnectError("unimplemented", f"{service}/{method} is not served by Paddock's envd")
         except ClientDisconnect:
