@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import httpx
 import pytest
 
 import paddock
 from paddock_controlplane.sandboxes.computer import HELPER_SOCKET
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from tests.desktop.browser import decode_png, png_size
-from tests.desktop.conftest import ROOTFS
+from tests.desktop.conftest import ROOTFS, SHAPE
 from tests.live import LivePlatform
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -312,3 +313,28 @@ def test_bad_input_is_a_400_naming_the_field(
     missing = http.get(base + "/windows/99999999")
     assert missing.status_code == 404, missing.text
     assert http.delete(base + "/screens/screen-0").status_code == 409
+
+
+def test_a_screenshot_the_caller_gave_up_on_ends_in_the_sandbox(
+    live: LivePlatform, api_key: str, client: paddock.Client
+) -> None:
+    """Computer use runs ``curl`` (to the resident helper) in the sandbox, and the sandbox is the tenant's
+    to change. A caller whose request times out takes that command with it, as a buffered exec's does,
+    instead of leaving it running, and the sandbox counted busy, for as long as it lasts. (A desktop of
+    its own: the module's shared one keeps its ``curl``.)"""
+    with client.sandboxes.create(SHAPE, rootfs=ROOTFS, disk_mib=4096) as sandbox:
+        stand_in = "#!/bin/sh\\necho $$ > /tmp/curl.pid\\nexec sleep 300\\n"
+        placed = sandbox.run(
+            "sh", ["-c", f"printf '{stand_in}' > /usr/local/bin/curl; chmod +x /usr/local/bin/curl"]
+        )
+        assert placed.exit_code == 0, placed
+        http = live.http(api_key)
+        for route in ("/screenshot", "/windows"):
+            with pytest.raises(httpx.ReadTimeout):
+                http.get(f"/v1/sandboxes/{sandbox.id}/computer{route}", timeout=2.0)
+            pid = sandbox.run("cat", ["/tmp/curl.pid"]).stdout.strip()
+            assert pid.isdigit(), f"{route} did not run the tenant's curl"
+            deadline = time.monotonic() + 10
+            while sandbox.run("kill", ["-0", pid]).exit_code == 0:
+                assert time.monotonic() < deadline, f"{route}'s curl (pid {pid}) outlived its caller"
+                time.sleep(0.2)

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from paddock_controlplane.edge.api import caller
 from paddock_controlplane.edge.api.deps import SandboxPrincipalDep, ServicesDep, scope_principal
 from paddock_controlplane.edge.api.errors import error_response
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body, unknown_fields
@@ -87,15 +88,10 @@ FAST_ROUTES = [fastlane.FastRoute("POST", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/
 
 
 async def _while_connected(request: Request, operation: Awaitable[dict[str, Any]]) -> Response:
-    """A file operation runs a command in the sandbox, which is the tenant's: a tool they replaced, a
-    stopped process or a throttled disk can make it last. A client that gives up takes the command with
-    it, as a buffered exec's does; otherwise it would run on, and keep the sandbox counted busy (never
-    idle-paused), for as long as the command lasted. Nobody reads the answer then: 499, as proxies log a
-    client that closed its request."""
-    result = await fastlane.unless_disconnected(request.receive, operation)
-    if result is None:
-        return Response(status_code=499)
-    return JSONResponse(envelope.success(result))
+    """The operation's JSend answer; it ends with its caller (``caller.py``)."""
+    return await caller.while_connected(
+        request, operation, lambda result: JSONResponse(envelope.success(result))
+    )
 
 
 def _depth(request: Request) -> int:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from paddock_controlplane.edge.api import caller
 from paddock_controlplane.edge.api.deps import SandboxPrincipalDep, ServicesDep
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body
 from paddock_controlplane.records.schemas.computer import (
@@ -52,6 +53,11 @@ def _ok(data: object) -> JSONResponse:
     return JSONResponse(envelope.success(data))
 
 
+async def _answered(request: Request, work: Awaitable[object]) -> Response:
+    """The helper's answer; its command in the sandbox ends with the caller (``caller.py``)."""
+    return await caller.while_connected(request, work, _ok)
+
+
 async def _body(request: Request, model: type[BaseModel] | None) -> dict[str, Any]:
     return computer.dump(await optional_body(request, model)) if model is not None else {}
 
@@ -65,8 +71,8 @@ def _sandbox_operation(operation: str, model: type[BaseModel] | None) -> Endpoin
         screen_id: ScreenQuery = None,
     ) -> Response:
         args = await _body(request, model)
-        data = await computer.perform(services, principal.user_id, sandbox_id, operation, args, screen_id)
-        return _ok(data)
+        done = computer.perform(services, principal.user_id, sandbox_id, operation, args, screen_id)
+        return await _answered(request, done)
 
     return endpoint
 
@@ -81,8 +87,8 @@ def _window_operation(operation: str, model: type[BaseModel] | None) -> Endpoint
         screen_id: ScreenQuery = None,
     ) -> Response:
         args = {**await _body(request, model), "window_id": computer.check_window_id(window_id)}
-        data = await computer.perform(services, principal.user_id, sandbox_id, operation, args, screen_id)
-        return _ok(data)
+        done = computer.perform(services, principal.user_id, sandbox_id, operation, args, screen_id)
+        return await _answered(request, done)
 
     return endpoint
 
@@ -97,8 +103,9 @@ def _screen_operation(operation: str, model: type[BaseModel] | None) -> Endpoint
     ) -> Response:
         args = await _body(request, model)
         screen = computer.check_screen_id(screen_id)
-        data = await computer.perform(services, principal.user_id, sandbox_id, operation, args, screen)
-        return _ok(data)
+        return await _answered(
+            request, computer.perform(services, principal.user_id, sandbox_id, operation, args, screen)
+        )
 
     return endpoint
 
@@ -110,6 +117,7 @@ def _screen_operation(operation: str, model: type[BaseModel] | None) -> Endpoint
 )
 async def screenshot(
     sandbox_id: str,
+    request: Request,
     principal: SandboxPrincipalDep,
     services: ServicesDep,
     screen_id: ScreenQuery = None,
@@ -119,7 +127,7 @@ async def screenshot(
     width: Annotated[int | None, Query(ge=1, le=100_000)] = None,
     height: Annotated[int | None, Query(ge=1, le=100_000)] = None,
 ) -> Response:
-    png = await computer.screenshot(
+    png = computer.screenshot(
         services,
         principal.user_id,
         sandbox_id,
@@ -127,19 +135,24 @@ async def screenshot(
         window_id=window_id,
         region={"x": x, "y": y, "width": width, "height": height},
     )
-    return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
+    return await caller.while_connected(
+        request, png, lambda png: Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
+    )
 
 
 @router.get(BASE + "/windows")
 async def list_windows(
     sandbox_id: str,
+    request: Request,
     principal: SandboxPrincipalDep,
     services: ServicesDep,
     screen_id: ScreenQuery = None,
     application: Annotated[str | None, Query(max_length=256)] = None,
-) -> JSONResponse:
+) -> Response:
     args = {"application": application} if application else {}
-    return _ok(await computer.perform(services, principal.user_id, sandbox_id, "windows", args, screen_id))
+    return await _answered(
+        request, computer.perform(services, principal.user_id, sandbox_id, "windows", args, screen_id)
+    )
 
 
 @router.get(BASE + "/screens/{screen_id}/connect")

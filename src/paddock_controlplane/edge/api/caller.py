@@ -1,0 +1,38 @@
+"""Routes whose work is a command in the tenant's sandbox end with their caller.
+
+A file operation runs ``find``, ``rm`` or ``mv`` in the sandbox, and computer use runs ``curl`` or
+``python3`` there: the tenant's own tools, on the sandbox's ``PATH``, which a tenant can replace, stop or
+starve. Such a command could last for ever, and while it runs it counts as the sandbox's activity (never
+idle-paused). So a caller that goes away (its timeout, a crash) takes the command with it, as a buffered
+exec's does: the route's work is cancelled, the host agent's request with it, and the guest kills the
+command's process group (docs/security.md, rule 5). Only work that writes no record of its own is run
+this way; a create or a pause is not, since cutting it short could leave its state half-written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from fastapi import Request, Response
+
+from paddock_core import fastlane
+
+T = TypeVar("T")
+
+#: Nobody reads the answer once the caller has gone; 499 is what proxies log for a client that closed its
+#: request, and what the access log and metrics then show.
+CALLER_GONE = 499
+
+
+async def while_connected(request: Request, work: Awaitable[T], answer: Callable[[T], Response]) -> Response:
+    """``answer(result of work)``, or a bare 499 when the client left first (``work`` cancelled). Call it
+    once the request's body has been read."""
+
+    async def boxed() -> tuple[T]:  # a result of None is still a result
+        return (await work,)
+
+    result = await fastlane.unless_disconnected(request.receive, boxed())
+    if result is None:
+        return Response(status_code=CALLER_GONE)
+    return answer(result[0])
