@@ -37,9 +37,13 @@ ENVD_VERSION = "0.5.7"
 CLIENT_ID = "paddock"
 
 #: E2B's template names and the Paddock image each boots. Any other name is taken as a Paddock image or
-#: template reference (``lifecycle.resolve_rootfs`` decides, and answers 400 naming ``rootfs``).
+#: template reference (``lifecycle.resolve_rootfs`` decides, and answers 400 naming ``rootfs``). E2B's
+#: ``base`` (``e2bdev/base``) has Python with pip, Node.js with npm and git, and E2B code leans on them
+#: (``commands.run("python3 …")``, ``sandbox.git``, a template's ``pip_install``): ``devbox:1`` has them,
+#: ``debian:13`` (a shell and curl) does not. /v1's default stays ``debian:13``.
+BASE_IMAGE = "devbox:1"
 TEMPLATES: dict[str, str] = {
-    "base": "debian:13",
+    "base": BASE_IMAGE,
     "code-interpreter-v1": "code-interpreter:1",
     "code-interpreter": "code-interpreter:1",
     "desktop": "desktop:1",

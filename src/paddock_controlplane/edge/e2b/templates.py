@@ -72,8 +72,8 @@ MAX_STEPS = 512
 _HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 #: E2B's base images, as the SDK names them, and the catalog images they are built from.
 BASE_IMAGES = {
-    "e2bdev/base": "debian:13",
-    "e2bdev/base:latest": "debian:13",
+    "e2bdev/base": identity.BASE_IMAGE,
+    "e2bdev/base:latest": identity.BASE_IMAGE,
     "e2bdev/code-interpreter": "code-interpreter:1",
     "e2bdev/code-interpreter:latest": "code-interpreter:1",
 }
