@@ -52,6 +52,20 @@ def test_a_template_with_a_copy_step_builds_and_boots(e2b_env: E2bPlatform, tmp_
         assert http.get(f"/templates/aliases/{name}").status_code == 404
 
 
+def test_the_sdks_debian_image_builds_on_debian_13(e2b_env: E2bPlatform) -> None:
+    """``from_debian_image()`` (``debian:stable``, Debian 13 today) builds over the catalog's debian:13."""
+    name = f"e2b-debian-{secrets.token_hex(3)}"
+    Template.build(Template().from_debian_image().run_cmd("echo built > /srv/built.txt"), name)
+    sandbox = Sandbox.create(name)
+    try:
+        out = run(e2b_env, sandbox.sandbox_id, "cat /srv/built.txt /etc/debian_version")
+        assert out["exit_code"] == 0, out
+        built, version = str(out["stdout"]).split()
+        assert built == "built" and version.split(".")[0] == "13", out
+    finally:
+        sandbox.kill()
+
+
 def test_the_upload_url_authorises_only_itself(e2b_env: E2bPlatform) -> None:
     with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
         files_hash = "ab" * 32

@@ -76,6 +76,12 @@ BASE_IMAGES = {
     "e2bdev/base:latest": identity.BASE_IMAGE,
     "e2bdev/code-interpreter": "code-interpreter:1",
     "e2bdev/code-interpreter:latest": "code-interpreter:1",
+    # ``Template().from_debian_image()`` asks for ``debian:stable``. Debian 13 (trixie) is stable, so
+    # these tags name the tree debian:13 holds; when Debian 14 is released they move on, and so must this.
+    "debian": "debian:13",
+    "debian:latest": "debian:13",
+    "debian:stable": "debian:13",
+    "debian:trixie": "debian:13",
 }
 #: Tags per request (bounded input).
 MAX_TAGS = 16
