@@ -5,7 +5,7 @@ and file write).
 
 One ``tests.live`` platform (control plane with its E2B API and sandbox edge, one host agent, as
 processes). The unmodified ``e2b`` SDK (sync), configured only by E2B_API_URL, E2B_SANDBOX_URL and
-E2B_API_KEY, and Paddock's sync SDK drive the same image (``base`` is debian:13) and shape
+E2B_API_KEY, and Paddock's sync SDK drive the same image (``base`` is devbox:1, ``identity.BASE_IMAGE``) and shape
 (s-2vcpu-2gb), the two interleaved round by round so they see the same load:
 
 - ``create``: ``Sandbox.create()`` against ``client.sandboxes.create(...)``, each until the call
@@ -18,7 +18,7 @@ E2B_API_KEY, and Paddock's sync SDK drive the same image (``base`` is debian:13)
 
 The floor is Paddock's own SDK (the E2B path's calls become the same domain calls plus its own hop:
 the edge for commands and files); ``× paddock`` is E2B's p50 over Paddock's. Writes
-``bench/results/e2b-<time>.json`` and ``.md``. Needs root and the debian:13 image. Never fails on a time.
+``bench/results/e2b-<time>.json`` and ``.md``. Needs root and the devbox:1 image. Never fails on a time.
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import summarize
+from paddock_controlplane.edge.e2b import identity
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 SHAPE = "s-2vcpu-2gb"
-ROOTFS = "debian:13"
+#: What E2B's ``base`` boots, so that both SDKs create the same image.
+ROOTFS = identity.BASE_IMAGE
 PAYLOAD = os.urandom(1 << 20)
 #: What E2B's ``commands.run("echo hi")`` runs in the sandbox (its envd does the same): a login shell,
 #: which reads /etc/profile (``id -u``, ``run-parts``: two more processes) before the command.
