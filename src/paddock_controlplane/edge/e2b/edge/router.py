@@ -21,6 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from paddock_controlplane.edge.api import caller
 from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.edge.e2b.edge import connect, files, filesystem, interpreter, process, user_ports
 from paddock_controlplane.edge.e2b.edge.connect import ConnectError
@@ -31,7 +32,7 @@ from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import running_sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import CLOSED, SandboxStatus
-from paddock_core import errors, fastlane
+from paddock_core import errors
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.e2b.edge")
@@ -190,14 +191,10 @@ class EdgeApp:
                 )
             if not stream and method in unary:
                 with mapped():
-                    # A caller that gives up takes the call's command in the sandbox with it, as in
-                    # /v1's file operations (routes/commands.py, ``_while_connected``).
-                    answer = await fastlane.unless_disconnected(
-                        request.receive, unary[method](call, connect.unary_request(body))
-                    )
-                if answer is None:
-                    return Response(status_code=499)
-                return JSONResponse(answer)
+                    # A caller that gives up takes the call's command in the sandbox with it, as /v1's
+                    # file operations do (``edge/api/caller.py``).
+                    work = unary[method](call, connect.unary_request(body))
+                    return await caller.while_connected(request, work, JSONResponse)
             raise ConnectError("unimplemented", f"{service}/{method} is not served by Paddock's envd")
         except ClientDisconnect:
             return Response(status_code=499)  # the client went away mid-request: nobody reads this
