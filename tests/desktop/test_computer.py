@@ -315,26 +315,39 @@ def test_bad_input_is_a_400_naming_the_field(
     assert http.delete(base + "/screens/screen-0").status_code == 409
 
 
-def test_a_screenshot_the_caller_gave_up_on_ends_in_the_sandbox(
+def test_a_read_the_caller_gave_up_on_ends_in_the_sandbox_and_an_action_finishes(
     live: LivePlatform, api_key: str, client: paddock.Client
 ) -> None:
     """Computer use runs ``curl`` (to the resident helper) in the sandbox, and the sandbox is the tenant's
-    to change. A caller whose request times out takes that command with it, as a buffered exec's does,
-    instead of leaving it running, and the sandbox counted busy, for as long as it lasts. (A desktop of
-    its own: the module's shared one keeps its ``curl``.)"""
+    to change. A read whose caller times out takes that command with it, as a buffered exec's does,
+    instead of leaving it running, and the sandbox counted busy, for as long as it lasts. An action is
+    not cut short: it takes effect even when its caller has gone. (A desktop of its own: the module's
+    shared one keeps its ``curl``.)"""
     with client.sandboxes.create(SHAPE, rootfs=ROOTFS, disk_mib=4096) as sandbox:
-        stand_in = "#!/bin/sh\\necho $$ > /tmp/curl.pid\\nexec sleep 300\\n"
+        http = live.http(api_key)
+        base = f"/v1/sandboxes/{sandbox.id}/computer"
+        stuck = "#!/bin/sh\necho $$ > /tmp/curl.pid\nexec sleep 300\n"
         placed = sandbox.run(
-            "sh", ["-c", f"printf '{stand_in}' > /usr/local/bin/curl; chmod +x /usr/local/bin/curl"]
+            "sh", ["-c", f"printf '{stuck}' > /usr/local/bin/curl; chmod +x /usr/local/bin/curl"]
         )
         assert placed.exit_code == 0, placed
-        http = live.http(api_key)
         for route in ("/screenshot", "/windows"):
             with pytest.raises(httpx.ReadTimeout):
-                http.get(f"/v1/sandboxes/{sandbox.id}/computer{route}", timeout=2.0)
+                http.get(base + route, timeout=2.0)
             pid = sandbox.run("cat", ["/tmp/curl.pid"]).stdout.strip()
             assert pid.isdigit(), f"{route} did not run the tenant's curl"
             deadline = time.monotonic() + 10
             while sandbox.run("kill", ["-0", pid]).exit_code == 0:
                 assert time.monotonic() < deadline, f"{route}'s curl (pid {pid}) outlived its caller"
                 time.sleep(0.2)
+
+        slow = '#!/bin/sh\nsleep 3\nexec /usr/bin/curl "$@"\n'
+        placed = sandbox.run("sh", ["-c", f"printf '{slow}' > /usr/local/bin/curl"])
+        assert placed.exit_code == 0, placed
+        with pytest.raises(httpx.ReadTimeout):
+            http.put(base + "/clipboard", json={"text": "set after its caller left"}, timeout=1.0)
+        assert sandbox.run("rm", ["/usr/local/bin/curl"]).exit_code == 0  # reads answer at once again
+        deadline = time.monotonic() + 15
+        while sandbox.computer.get_clipboard() != "set after its caller left":
+            assert time.monotonic() < deadline, "the clipboard action stopped when its caller left"
+            time.sleep(0.3)

@@ -88,15 +88,15 @@ def test_stat_list_mkdir_rename_remove(sandbox: Sandbox) -> None:
     assert "pwned" not in sandbox.commands.run("ls -a / /tmp /root").stdout.replace(weird[5:], "")
 
 
-def test_a_listing_the_caller_gave_up_on_ends_in_the_sandbox(e2b_env: E2bPlatform) -> None:
+def test_a_listing_the_caller_gave_up_on_ends_and_a_removal_finishes(e2b_env: E2bPlatform) -> None:
     """The listing runs ``find`` in the sandbox, which is the tenant's to replace. A caller whose request
-    times out takes that command with it, as envd's own handlers end with their request. (A sandbox of
-    its own: the module's shared one keeps its ``find``.)"""
+    times out takes that command with it. A removal is not cut short, as envd's is not: it finishes
+    after its caller has gone. (A sandbox of its own: the module's shared one keeps its tools.)"""
     sandbox = Sandbox.create(timeout=120)
     try:
-        stand_in = "#!/bin/sh\necho $$ > /tmp/find.pid\nexec sleep 300\n"
+        stuck = "#!/bin/sh\necho $$ > /tmp/find.pid\nexec sleep 300\n"
         placed = sandbox.commands.run(
-            f"printf '{stand_in}' > /usr/local/bin/find && chmod +x /usr/local/bin/find"
+            f"printf '{stuck}' > /usr/local/bin/find && chmod +x /usr/local/bin/find"
         )
         assert placed.exit_code == 0
         with pytest.raises(TimeoutException):
@@ -106,6 +106,18 @@ def test_a_listing_the_caller_gave_up_on_ends_in_the_sandbox(e2b_env: E2bPlatfor
         deadline = time.monotonic() + 10
         while sandbox.commands.run(f"kill -0 {pid} || echo gone").stdout.strip() != "gone":
             assert time.monotonic() < deadline, f"the listing's find (pid {pid}) outlived its caller"
+            time.sleep(0.2)
+
+        slow = '#!/bin/sh\nsleep 3\nexec /usr/bin/rm "$@"\n'
+        placed = sandbox.commands.run(
+            f"printf '{slow}' > /usr/local/bin/rm && chmod +x /usr/local/bin/rm && mkdir -p /srv/tree/a/b"
+        )
+        assert placed.exit_code == 0
+        with pytest.raises(TimeoutException):
+            sandbox.files.remove("/srv/tree", request_timeout=1)
+        deadline = time.monotonic() + 15
+        while sandbox.commands.run("test -e /srv/tree && echo there || echo gone").stdout.strip() != "gone":
+            assert time.monotonic() < deadline, "the removal stopped when its caller left"
             time.sleep(0.2)
     finally:
         sandbox.kill()

@@ -316,27 +316,43 @@ def test_a_sandbox_can_pause_and_delete_itself(user: User) -> None:
     user.wait_status(sid, "destroyed")
 
 
-@pytest.mark.parametrize(
-    ("tool", "method", "route"),
-    [("find", "GET", "files/list"), ("rm", "DELETE", "files")],
-)
-def test_a_file_operation_dies_with_its_caller(user: User, tool: str, method: str, route: str) -> None:
-    """A file operation runs ``find``/``rm`` in the sandbox, and the sandbox is the tenant's: a tool
-    they replaced, a tree on a throttled disk or a stopped process can make it hang. A client that
-    gives up then takes the command with it, as a buffered exec's does, instead of leaving it running
-    (and the sandbox counted busy, so never idle-paused) for as long as the command lasts."""
+@pytest.mark.parametrize("route", ["files/list", "files/stat"])
+def test_a_file_read_dies_with_its_caller(user: User, route: str) -> None:
+    """A listing or a stat runs ``find`` in the sandbox, and the sandbox is the tenant's: a ``find`` they
+    replaced, a tree on a throttled disk or a stopped process can make it hang. A client that gives up
+    then takes the command with it, as a buffered exec's does, instead of leaving it running (and the
+    sandbox counted busy, so never idle-paused) for as long as the command lasts."""
     sid = user.create()["id"]
-    # /usr/local/bin comes before /usr/bin on the sandbox's PATH: this is the tool the operation runs.
-    stand_in = f"#!/bin/sh\necho $$ > /tmp/{tool}.pid\nexec sleep 300\n"
-    placed = user.sh(sid, f"printf '{stand_in}' > /usr/local/bin/{tool} && chmod +x /usr/local/bin/{tool}")
+    # /usr/local/bin comes before /usr/bin on the sandbox's PATH: this is the find the read runs.
+    stand_in = "#!/bin/sh\necho $$ > /tmp/find.pid\nexec sleep 300\n"
+    placed = user.sh(sid, f"printf '{stand_in}' > /usr/local/bin/find && chmod +x /usr/local/bin/find")
     assert placed["exit_code"] == 0, placed
     with pytest.raises(httpx.ReadTimeout):
-        user.http.request(method, f"/v1/sandboxes/{sid}/{route}", params={"path": "/tmp"}, timeout=2.0)
-    pid = user.sh(sid, f"cat /tmp/{tool}.pid")["stdout"].strip()
-    assert pid.isdigit(), f"the operation did not run the tenant's {tool}"
+        user.http.get(f"/v1/sandboxes/{sid}/{route}", params={"path": "/tmp"}, timeout=2.0)
+    pid = user.sh(sid, "cat /tmp/find.pid")["stdout"].strip()
+    assert pid.isdigit(), "the read did not run the tenant's find"
     deadline = time.monotonic() + 10
     while user.sh(sid, f"kill -0 {pid}")["exit_code"] == 0:
-        assert time.monotonic() < deadline, f"the operation's {tool} (pid {pid}) outlived its caller"
+        assert time.monotonic() < deadline, f"the read's find (pid {pid}) outlived its caller"
+        time.sleep(0.2)
+
+
+def test_a_removal_its_caller_gave_up_on_still_finishes(user: User) -> None:
+    """A change is not cut short when its caller leaves, as envd's are not: a tree half removed (or half
+    moved across filesystems) would be state half written. The ``rm`` here takes 3 s, the caller waits 1."""
+    sid = user.create()["id"]
+    slow_rm = '#!/bin/sh\nsleep 3\nexec /usr/bin/rm "$@"\n'
+    placed = user.sh(
+        sid,
+        f"printf '{slow_rm}' > /usr/local/bin/rm && chmod +x /usr/local/bin/rm"
+        " && mkdir -p /srv/tree/a/b && touch /srv/tree/a/b/c",
+    )
+    assert placed["exit_code"] == 0, placed
+    with pytest.raises(httpx.ReadTimeout):
+        user.http.delete(f"/v1/sandboxes/{sid}/files", params={"path": "/srv/tree"}, timeout=1.0)
+    deadline = time.monotonic() + 15
+    while user.sh(sid, "test -e /srv/tree")["exit_code"] == 0:
+        assert time.monotonic() < deadline, "the removal stopped when its caller left"
         time.sleep(0.2)
 
 

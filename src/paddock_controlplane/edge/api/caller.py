@@ -1,12 +1,15 @@
-"""Routes whose work is a command in the tenant's sandbox end with their caller.
+"""Routes that read through a command in the tenant's sandbox end with their caller.
 
-A file operation runs ``find``, ``rm`` or ``mv`` in the sandbox, and computer use runs ``curl`` or
-``python3`` there: the tenant's own tools, on the sandbox's ``PATH``, which a tenant can replace, stop or
-starve. Such a command could last for ever, and while it runs it counts as the sandbox's activity (never
-idle-paused). So a caller that goes away (its timeout, a crash) takes the command with it, as a buffered
-exec's does: the route's work is cancelled, the host agent's request with it, and the guest kills the
-command's process group (docs/security.md, rule 5). Only work that writes no record of its own is run
-this way; a create or a pause is not, since cutting it short could leave its state half-written.
+A listing runs ``find`` in the sandbox, and a screenshot ``curl`` or ``python3``: the tenant's own tools,
+on the sandbox's ``PATH``, which a tenant can replace, stop or starve. Such a command could last for
+ever, and while it runs it counts as the sandbox's activity (never idle-paused). So a caller that goes
+away (its timeout, a crash) takes a read with it, as a buffered exec's does: the route's work is
+cancelled, the host agent's request with it, and the guest kills the command's process group
+(docs/security.md, rule 5).
+
+Only reads end this way. An operation that changes something (a remove, a rename, a click, a create)
+runs to its end when its caller has gone, as envd's own do: cut short, ``rm -rf`` or a ``mv`` across
+filesystems would leave the tree half changed, and a create or a pause its records half written.
 """
 
 from __future__ import annotations

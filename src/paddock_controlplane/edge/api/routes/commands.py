@@ -88,7 +88,8 @@ FAST_ROUTES = [fastlane.FastRoute("POST", r"/v1/sandboxes/(?P<sandbox_id>[^/]+)/
 
 
 async def _while_connected(request: Request, operation: Awaitable[dict[str, Any]]) -> Response:
-    """The operation's JSend answer; it ends with its caller (``caller.py``)."""
+    """A read's JSend answer; it ends with its caller (``caller.py``). An operation that changes the tree
+    (mkdir, rename, remove) is awaited as it is, to its end."""
     return await caller.while_connected(
         request, operation, lambda result: JSONResponse(envelope.success(result))
     )
@@ -121,8 +122,8 @@ async def make_dir(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> Response:
     # 200 either way, as every JSend success (spec §5.1); ``created`` says whether it was made now.
-    path = _path(request)
-    return await _while_connected(request, fileops.make_dir(services, principal.user_id, sandbox_id, path))
+    result = await fileops.make_dir(services, principal.user_id, sandbox_id, _path(request))
+    return JSONResponse(envelope.success(result))
 
 
 @router.post("/{sandbox_id}/files/rename")
@@ -131,8 +132,8 @@ async def rename_file(
 ) -> Response:
     source = validation.guest_path(request.query_params.get("source"), "source")
     destination = validation.guest_path(request.query_params.get("destination"), "destination")
-    renamed = fileops.rename(services, principal.user_id, sandbox_id, source, destination)
-    return await _while_connected(request, renamed)
+    result = await fileops.rename(services, principal.user_id, sandbox_id, source, destination)
+    return JSONResponse(envelope.success(result))
 
 
 @router.delete("/{sandbox_id}/files")
@@ -140,12 +141,8 @@ async def remove_file(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
 ) -> Response:
     path = _path(request)
-
-    async def removed() -> dict[str, Any]:
-        await fileops.remove(services, principal.user_id, sandbox_id, path)
-        return {"path": path, "removed": True}
-
-    return await _while_connected(request, removed())
+    await fileops.remove(services, principal.user_id, sandbox_id, path)
+    return JSONResponse(envelope.success({"path": path, "removed": True}))
 
 
 @router.put("/{sandbox_id}/files/tar")

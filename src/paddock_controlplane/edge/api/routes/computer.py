@@ -53,16 +53,19 @@ def _ok(data: object) -> JSONResponse:
     return JSONResponse(envelope.success(data))
 
 
-async def _answered(request: Request, work: Awaitable[object]) -> Response:
-    """The helper's answer; its command in the sandbox ends with the caller (``caller.py``)."""
-    return await caller.while_connected(request, work, _ok)
+async def _answered(request: Request, work: Awaitable[object], *, reads_only: bool = True) -> Response:
+    """The helper's answer. A read (GET) ends with its caller (``caller.py``); an action (a click, a
+    window closed) runs to its end even when its caller has gone, so it never stops half done."""
+    if reads_only:
+        return await caller.while_connected(request, work, _ok)
+    return _ok(await work)
 
 
 async def _body(request: Request, model: type[BaseModel] | None) -> dict[str, Any]:
     return computer.dump(await optional_body(request, model)) if model is not None else {}
 
 
-def _sandbox_operation(operation: str, model: type[BaseModel] | None) -> Endpoint:
+def _sandbox_operation(operation: str, model: type[BaseModel] | None, reads_only: bool) -> Endpoint:
     async def endpoint(
         sandbox_id: str,
         request: Request,
@@ -72,12 +75,12 @@ def _sandbox_operation(operation: str, model: type[BaseModel] | None) -> Endpoin
     ) -> Response:
         args = await _body(request, model)
         done = computer.perform(services, principal.user_id, sandbox_id, operation, args, screen_id)
-        return await _answered(request, done)
+        return await _answered(request, done, reads_only=reads_only)
 
     return endpoint
 
 
-def _window_operation(operation: str, model: type[BaseModel] | None) -> Endpoint:
+def _window_operation(operation: str, model: type[BaseModel] | None, reads_only: bool) -> Endpoint:
     async def endpoint(
         sandbox_id: str,
         window_id: WindowPath,
@@ -88,12 +91,12 @@ def _window_operation(operation: str, model: type[BaseModel] | None) -> Endpoint
     ) -> Response:
         args = {**await _body(request, model), "window_id": computer.check_window_id(window_id)}
         done = computer.perform(services, principal.user_id, sandbox_id, operation, args, screen_id)
-        return await _answered(request, done)
+        return await _answered(request, done, reads_only=reads_only)
 
     return endpoint
 
 
-def _screen_operation(operation: str, model: type[BaseModel] | None) -> Endpoint:
+def _screen_operation(operation: str, model: type[BaseModel] | None, reads_only: bool) -> Endpoint:
     async def endpoint(
         sandbox_id: str,
         screen_id: ScreenPath,
@@ -103,9 +106,8 @@ def _screen_operation(operation: str, model: type[BaseModel] | None) -> Endpoint
     ) -> Response:
         args = await _body(request, model)
         screen = computer.check_screen_id(screen_id)
-        return await _answered(
-            request, computer.perform(services, principal.user_id, sandbox_id, operation, args, screen)
-        )
+        done = computer.perform(services, principal.user_id, sandbox_id, operation, args, screen)
+        return await _answered(request, done, reads_only=reads_only)
 
     return endpoint
 
@@ -217,7 +219,7 @@ router.add_api_route(
 for method, suffix, operation, model, kind in ROUTES:
     router.add_api_route(
         BASE + suffix,
-        FACTORIES[kind](operation, model),
+        FACTORIES[kind](operation, model, method == "GET"),
         methods=[method],
         name=f"computer_{operation}",
         response_model=None,

@@ -281,4 +281,7 @@ UNARY = {
     "GetWatcherEvents": get_watcher_events,
     "RemoveWatcher": remove_watcher,
 }
+#: The calls that only read: they end with their caller (``edge/api/caller.py``); the others run to their
+#: end, as envd's do, so a remove or a move never stops half done.
+READS = frozenset({"Stat", "ListDir", "GetWatcherEvents"})
 STREAMS = {"WatchDir": watch_dir}

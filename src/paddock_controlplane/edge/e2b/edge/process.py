@@ -338,5 +338,7 @@ UNARY = {
     "CloseStdin": close_stdin,
     "Update": update,
 }
+#: The calls that only read (``filesystem.READS`` says why).
+READS = frozenset({"List"})
 STREAMS = {"Start": start, "Connect": connect}
 CLIENT_STREAMS = {"StreamInput": stream_input}

@@ -44,6 +44,11 @@ SERVICES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     "process.Process": (process.UNARY, process.STREAMS, process.CLIENT_STREAMS),
     "filesystem.Filesystem": (filesystem.UNARY, filesystem.STREAMS, {}),
 }
+#: Per service, the unary calls that end with their caller (the modules' ``READS``).
+READS: dict[str, frozenset[str]] = {
+    "process.Process": process.READS,
+    "filesystem.Filesystem": filesystem.READS,
+}
 _BY_ID = select(Sandbox).where(Sandbox.id == bindparam("sandbox_id"))
 
 
@@ -190,11 +195,13 @@ class EdgeApp:
                     _enveloped(streams[method](call, message)), media_type=connect.STREAM_CONTENT_TYPE
                 )
             if not stream and method in unary:
+                work = unary[method](call, connect.unary_request(body))
                 with mapped():
-                    # A caller that gives up takes the call's command in the sandbox with it, as /v1's
-                    # file operations do (``edge/api/caller.py``).
-                    work = unary[method](call, connect.unary_request(body))
-                    return await caller.while_connected(request, work, JSONResponse)
+                    if method in READS[service]:
+                        # A read whose caller gives up takes its command in the sandbox with it, as
+                        # /v1's do (``edge/api/caller.py``).
+                        return await caller.while_connected(request, work, JSONResponse)
+                    return JSONResponse(await work)
             raise ConnectError("unimplemented", f"{service}/{method} is not served by Paddock's envd")
         except ClientDisconnect:
             return Response(status_code=499)  # the client went away mid-request: nobody reads this
