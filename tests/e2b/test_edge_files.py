@@ -88,6 +88,13 @@ def test_stat_list_mkdir_rename_remove(sandbox: Sandbox) -> None:
     assert "pwned" not in sandbox.commands.run("ls -a / /tmp /root").stdout.replace(weird[5:], "")
 
 
+def _until_gone(sandbox: Sandbox, path: str, failure: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sandbox.commands.run(f"test -e {path} && echo there || echo gone").stdout.strip() != "gone":
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.2)
+
+
 def test_a_listing_the_caller_gave_up_on_ends_and_a_removal_finishes(e2b_env: E2bPlatform) -> None:
     """The listing runs ``find`` in the sandbox, which is the tenant's to replace. A caller whose request
     times out takes that command with it. A removal is not cut short, as envd's is not: it finishes
@@ -103,10 +110,7 @@ def test_a_listing_the_caller_gave_up_on_ends_and_a_removal_finishes(e2b_env: E2
             sandbox.files.list("/tmp", request_timeout=2)
         pid = sandbox.files.read("/tmp/find.pid").strip()
         assert pid.isdigit(), "the listing did not run the tenant's find"
-        deadline = time.monotonic() + 10
-        while sandbox.commands.run(f"kill -0 {pid} || echo gone").stdout.strip() != "gone":
-            assert time.monotonic() < deadline, f"the listing's find (pid {pid}) outlived its caller"
-            time.sleep(0.2)
+        _until_gone(sandbox, f"/proc/{pid}", f"the listing's find (pid {pid}) outlived its caller", 10)
 
         slow = '#!/bin/sh\nsleep 3\nexec /usr/bin/rm "$@"\n'
         placed = sandbox.commands.run(
@@ -115,10 +119,7 @@ def test_a_listing_the_caller_gave_up_on_ends_and_a_removal_finishes(e2b_env: E2
         assert placed.exit_code == 0
         with pytest.raises(TimeoutException):
             sandbox.files.remove("/srv/tree", request_timeout=1)
-        deadline = time.monotonic() + 15
-        while sandbox.commands.run("test -e /srv/tree && echo there || echo gone").stdout.strip() != "gone":
-            assert time.monotonic() < deadline, "the removal stopped when its caller left"
-            time.sleep(0.2)
+        _until_gone(sandbox, "/srv/tree", "the removal stopped when its caller left", 15)
     finally:
         sandbox.kill()
 
