@@ -9,7 +9,9 @@ E2B_API_KEY, and Paddock's sync SDK drive the same image (``base`` is devbox:1, 
 (s-2vcpu-2gb), the two interleaved round by round so they see the same load:
 
 - ``create``: ``Sandbox.create()`` against ``client.sandboxes.create(...)``, each until the call
-  returns, then ``echo`` run once (``create → first echo``) and the sandbox killed (untimed);
+  returns, then ``echo`` run once (``create → first echo``) and the sandbox killed (untimed); each
+  create starts ``POOL_SETTLE_S`` after the one before, from a refilled pool, after one untimed create
+  of each;
 - ``run echo``: ``sandbox.commands.run("echo hi")`` against ``sandbox.run("echo", ["hi"])`` on a
   running sandbox of each (each round's calls in a shuffled order); and ``run echo, native as bash -l -c``: the same E2B calls against
   ``sandbox.run("/bin/bash", ["-l", "-c", "echo hi"])``, the command E2B's SDK actually sends (a login
@@ -50,6 +52,11 @@ PAYLOAD = os.urandom(1 << 20)
 #: which reads /etc/profile (``id -u``, ``run-parts``: two more processes) before the command.
 LOGIN_ECHO = ("/bin/bash", ["-l", "-c", "echo hi"])
 SAME_COMMAND = "run echo, native as bash -l -c"
+#: The pause before each timed create. Back to back, each create found the pool the other system's
+#: create had just emptied, or had not (its refill takes a few hundred ms), and the row measured which
+#: (15-25 ms from the pool, 60-130 ms past it; E2B's create read 5.0x on 2026-12-06). Both now start
+#: from a refilled pool, as creates a second apart do.
+POOL_SETTLE_S = 1.0
 #: The rounds' orders are shuffled, the same way in every run (``measure``).
 RUN_ORDER_SEED = 33
 
@@ -75,7 +82,11 @@ def measure(client: Any, runs: int, creates: int) -> dict[str, dict[str, list[fl
     def record(operation: str, system: str) -> list[float]:
         return samples.setdefault(operation, {}).setdefault(system, [])
 
+    # Untimed, one each: the first create of an image fills its pool (pools are sized by recent demand).
+    Sandbox.create("base").kill()
+    client.sandboxes.create(SHAPE, rootfs=ROOTFS).destroy()
     for _ in range(creates):
+        time.sleep(POOL_SETTLE_S)
         sandbox = _timed(record("create", "e2b"), lambda: Sandbox.create("base"))
         try:
             _timed(
@@ -83,6 +94,7 @@ def measure(client: Any, runs: int, creates: int) -> dict[str, dict[str, list[fl
             )
         finally:
             sandbox.kill()
+        time.sleep(POOL_SETTLE_S)
         native = _timed(record("create", "paddock"), lambda: client.sandboxes.create(SHAPE, rootfs=ROOTFS))
         try:
             _timed(record("create → first echo", "paddock"), lambda native=native: native.run("echo", ["hi"]))
