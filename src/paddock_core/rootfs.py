@@ -65,10 +65,22 @@ BASE_TOOLS = Content(
 
 DEVBOX_CONTENTS = (
     BASE_TOOLS,
+    # Debian marks its Python externally managed (PEP 668), so a bare ``pip install`` as root refuses.
+    # A sandbox is disposable, and E2B's base image and Docker's python images install system-wide, so
+    # pip does here too (into /usr/local, beside Debian's own packages, not over them).
     Content(
-        "Python 3 with pip and venv",
+        "Python 3 with pip (system-wide installs allowed) and venv",
         ("python3", "python3-pip", "python3-venv"),
-        "python3 --version && pip3 --version && python3 -c 'import ensurepip, venv'",
+        "python3 --version && pip3 --version && python3 -c 'import ensurepip, venv'"
+        ' && test "$(pip3 config --global get global.break-system-packages)" = true',
+        files=(
+            (
+                "etc/pip.conf",
+                "# Paddock: a sandbox is disposable, so pip installs system-wide (into /usr/local), as E2B's base does.\n"
+                "[global]\nbreak-system-packages = true\n",
+                0o644,
+            ),
+        ),
     ),
     Content(
         "numpy, pandas and requests for Python",

@@ -99,7 +99,14 @@ CATALOG: dict[str, ImageRecipe] = {
     recipe.name: recipe
     for recipe in (
         ImageRecipe("debian:13", "trixie", _BASE_PACKAGES, DEBIAN_MIRROR),
-        ImageRecipe("devbox:1", "trixie", _DEVBOX_PACKAGES, DEBIAN_MIRROR),
+        ImageRecipe(
+            "devbox:1",
+            "trixie",
+            _DEVBOX_PACKAGES,
+            DEBIAN_MIRROR,
+            links=ROOT_IMAGES_BY_NAME["devbox:1"].links,
+            files=ROOT_IMAGES_BY_NAME["devbox:1"].files,
+        ),
         ImageRecipe("code-interpreter:1", "trixie", _CODE_INTERPRETER_PACKAGES, DEBIAN_MIRROR),
         ImageRecipe(
             "ubuntu:26.04",
