@@ -95,19 +95,19 @@ class ImageRecipe:
     files: tuple[tuple[str, str, int], ...] = ()  # files (path, text, mode) written after the packages
 
 
+def _debian_13(name: str, packages: tuple[str, ...]) -> ImageRecipe:
+    """A Debian 13 image of the catalog, with the links and files its description names (``rootfs``):
+    they are in its recipe's digest, so a change to them rebuilds it."""
+    image = ROOT_IMAGES_BY_NAME[name]
+    return ImageRecipe(name, "trixie", packages, DEBIAN_MIRROR, links=image.links, files=image.files)
+
+
 CATALOG: dict[str, ImageRecipe] = {
     recipe.name: recipe
     for recipe in (
-        ImageRecipe("debian:13", "trixie", _BASE_PACKAGES, DEBIAN_MIRROR),
-        ImageRecipe(
-            "devbox:1",
-            "trixie",
-            _DEVBOX_PACKAGES,
-            DEBIAN_MIRROR,
-            links=ROOT_IMAGES_BY_NAME["devbox:1"].links,
-            files=ROOT_IMAGES_BY_NAME["devbox:1"].files,
-        ),
-        ImageRecipe("code-interpreter:1", "trixie", _CODE_INTERPRETER_PACKAGES, DEBIAN_MIRROR),
+        _debian_13("debian:13", _BASE_PACKAGES),
+        _debian_13("devbox:1", _DEVBOX_PACKAGES),
+        _debian_13("code-interpreter:1", _CODE_INTERPRETER_PACKAGES),
         ImageRecipe(
             "ubuntu:26.04",
             "resolute",
@@ -117,14 +117,7 @@ CATALOG: dict[str, ImageRecipe] = {
             "/usr/share/keyrings/ubuntu-archive-keyring.gpg",
         ),
         ImageRecipe("alpine:3.20", "", (), None),
-        ImageRecipe(
-            "desktop:1",
-            "trixie",
-            _DESKTOP_PACKAGES,
-            DEBIAN_MIRROR,
-            links=ROOT_IMAGES_BY_NAME["desktop:1"].links,
-            files=ROOT_IMAGES_BY_NAME["desktop:1"].files,
-        ),
+        _debian_13("desktop:1", _DESKTOP_PACKAGES),
     )
 }
 
