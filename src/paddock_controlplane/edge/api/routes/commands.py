@@ -120,7 +120,7 @@ async def stat_file(
 @router.post("/{sandbox_id}/files/mkdir")
 async def make_dir(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
-) -> Response:
+) -> JSONResponse:
     # 200 either way, as every JSend success (spec §5.1); ``created`` says whether it was made now.
     result = await fileops.make_dir(services, principal.user_id, sandbox_id, _path(request))
     return JSONResponse(envelope.success(result))
@@ -129,7 +129,7 @@ async def make_dir(
 @router.post("/{sandbox_id}/files/rename")
 async def rename_file(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
-) -> Response:
+) -> JSONResponse:
     source = validation.guest_path(request.query_params.get("source"), "source")
     destination = validation.guest_path(request.query_params.get("destination"), "destination")
     result = await fileops.rename(services, principal.user_id, sandbox_id, source, destination)
@@ -139,7 +139,7 @@ async def rename_file(
 @router.delete("/{sandbox_id}/files")
 async def remove_file(
     sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
-) -> Response:
+) -> JSONResponse:
     path = _path(request)
     await fileops.remove(services, principal.user_id, sandbox_id, path)
     return JSONResponse(envelope.success({"path": path, "removed": True}))
