@@ -245,6 +245,9 @@ async def build_manager(settings: HostAgentSettings) -> SandboxManager:
             network=network,
             egress=egress,
             in_use=manager.uses_image,
+            # Beside the image cache: the catalog's images as buildah images, once per host for every
+            # account's builds (drivers/build/basestore.py).
+            base_store=settings.image_dir / ".builder-base",
         )
     await manager.start()
     return manager

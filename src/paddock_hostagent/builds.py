@@ -3,8 +3,10 @@
 One attempt (``POST /internal/v1/builds``) runs in the background:
 
 1. the base the control plane resolved (``debian:13`` … or a ready template) is offered to buildah as
-   a local image (``drivers/build/buildah.py`` imports the image tree once per tag), and ``FROM`` is rewritten
-   to that tag — no registry is ever contacted;
+   a local image, and ``FROM`` is rewritten to its tag — no registry is ever contacted. A catalog image
+   is imported once per host into the catalog store every account's builds read
+   (``drivers/build/basestore.py``); a template base once into its owner's store
+   (``drivers/build/buildah.py`` ``import_tree``);
 2. the request's build context (a tar the control plane checked) is unpacked into the attempt's own
    context directory, which is all ``COPY``/``ADD`` can read (the Dockerfile itself sits outside it);
 3. ``buildah bud --layers`` runs in the owner's own builder storage, on a filesystem of its own capped
@@ -52,6 +54,7 @@ from typing import Any
 from paddock_core.logging import get_logger
 from paddock_hostagent import errors
 from paddock_hostagent.drivers.base import DriverError
+from paddock_hostagent.drivers.build.basestore import CatalogBases
 from paddock_hostagent.drivers.build.buildah import Buildah, BuildLimits
 from paddock_hostagent.drivers.build.buildstore import BuildStores
 from paddock_hostagent.drivers.build.layers import LayerError, apply_layers, layers_above, link_tree
@@ -155,10 +158,16 @@ class BuildManager:
         network: NetworkManager | None,
         egress: EgressService | None,
         in_use: Callable[[str], bool] = lambda image: False,
+        base_store: Path | None = None,
     ) -> None:
+        """``base_store``: where the catalog's images are imported once for every account's builds
+        (``drivers/build/basestore.py``); None imports them into each account's store."""
         self.images = images
         self.buildah = buildah  # the builder root; the stores are under it, one per owner
-        self.stores = BuildStores(buildah.root, buildah.runtime)
+        self.bases = CatalogBases(base_store, buildah.runtime) if base_store is not None else None
+        self.stores = BuildStores(
+            buildah.root, buildah.runtime, image_store=self.bases.storage if self.bases else None
+        )
         self.work_dir = work_dir
         self.network = network
         self.egress = egress
@@ -258,14 +267,12 @@ class BuildManager:
                 self.stores.open(body.owner or body.id, body.disk_mib) as buildah,
             ):
                 try:
-                    base_tree = await self._offer_base(build, buildah)
-                    linking = self._prelink(body.base, buildah, base_tree, work / "rootfs")
+                    base = await self._offer_base(build, buildah)
+                    linking = self._prelink(body.base, base, work / "rootfs")
                     if body.context_b64:
                         await asyncio.to_thread(_unpack_context, body.context_b64, context)
                     dockerfile = work / "Dockerfile"
-                    dockerfile.write_text(
-                        FROM_LINE.sub(rf"\g<1>{local_tag(body.base)}\g<3>", body.dockerfile, 1)
-                    )
+                    dockerfile.write_text(FROM_LINE.sub(rf"\g<1>{base.tag}\g<3>", body.dockerfile, 1))
                     net = await self._network(guard_id, body.egress)
                     _limit_pids(cgroup, body)
                     build.say(
@@ -284,7 +291,7 @@ class BuildManager:
                         on_line=build.say,
                     )
                     if rc != 0:
-                        buildah.forget(local_tag(body.base))  # checked again by the next attempt
+                        base.store.forget(base.tag)  # checked again by the next attempt
                         raise _BuildFailed(f"buildah bud exited with {rc}")
                     await _end_cgroup(cgroup)  # nothing of the build runs while its layers are read
                     build.say("exporting the image")
@@ -324,36 +331,49 @@ class BuildManager:
                 await asyncio.to_thread(shutil.rmtree, self.buildah.storage, True)
                 log.info("shared_builder_store_removed", path=str(self.buildah.storage))
 
-    async def _offer_base(self, build: Build, buildah: Buildah) -> Path | None:
-        """Makes the base a local image in the owner's store; returns its tree on this host (None when
-        this host has none: a template base only in the store)."""
+    async def _offer_base(self, build: Build, buildah: Buildah) -> _Base:
+        """Makes the base a local image the owner's build reads: a catalog image from the host's
+        catalog store (``basestore.py``), a template (or any base, without that store) in the owner's
+        own store."""
         base = build.body.base
         tag = local_tag(base)
         if base.startswith(TEMPLATE_PREFIX):
             tree = self.images.rootfs_path(base) if self.images.is_cached(base) else None
             if await buildah.has_image(tag):
-                return tree
+                return _Base(tag, tree, buildah)
             # Built on another host and copied here, or storage was reset: import its tree.
             if tree is None:
                 raise _BuildFailed(f"base template {base} is not on this host")
         else:
             tree = await self.images.ensure(base)
+            ident = self.images.tree_ident(base)
+            if self.bases is not None and ident:
+                shared = await self.bases.offer(base, tree, ident, build.say)
+                if self.images.tree_ident(base) == ident:
+                    return _Base(shared, tree, self.bases.buildah)
+                await self.bases.drop(shared)  # replaced while it was copied: not the tree its tag names
             if await buildah.has_image(tag):
-                return tree
+                return _Base(tag, tree, buildah)
         build.say(f"importing base image {base} (once per account's builder storage)")
         ident = self.images.tree_ident(base)
         await buildah.import_tree(tag, tree, ident)
         if self.images.tree_ident(base) != ident:  # replaced while it was copied: not known to match
             buildah.record_tree(tag, None)
-        return tree
+        return _Base(tag, tree, buildah)
 
-    def _prelink(self, base: str, buildah: Buildah, base_tree: Path | None, dest: Path) -> _Prelink | None:
+    def _prelink(self, base: str, offered: _Base, dest: Path) -> _Prelink | None:
         """Starts hard-linking the base's tree into ``dest`` while buildah builds, when the store's base
         image is known to hold exactly that tree (``_export`` then copies only the layers above it)."""
         ident = self.images.tree_ident(base)
-        if base_tree is None or not ident or buildah.recorded_tree(local_tag(base)) != ident:
+        if offered.tree is None or not ident or offered.store.recorded_tree(offered.tag) != ident:
             return None
-        return _Prelink(base, ident, asyncio.create_task(link_tree(base_tree, dest)))
+        return _Prelink(
+            base,
+            ident,
+            asyncio.create_task(link_tree(offered.tree, dest)),
+            offered.tag,
+            offered.store.storage,
+        )
 
     async def _network(self, guard_id: str, rules: list[str]) -> SandboxNetwork:
         if self.network is None:
@@ -487,7 +507,7 @@ class BuildManager:
         body = build.body
         try:
             await linking.task
-            diffs = layers_above(buildah.storage, local_tag(body.id), local_tag(linking.base))
+            diffs = layers_above(buildah.storage, local_tag(body.id), linking.tag, linking.storage)
             if diffs is None:
                 raise LayerError("the image does not stand on its base's layers")
             if self.images.tree_ident(linking.base) != linking.ident:
@@ -502,6 +522,16 @@ class BuildManager:
         return True
 
 
+@dataclass(frozen=True)
+class _Base:
+    """The base as buildah's build reads it: its tag, its tree on this host (None: a template base only
+    in the store), and the store that holds the tag (the owner's, or the catalog's)."""
+
+    tag: str
+    tree: Path | None
+    store: Buildah
+
+
 @dataclass
 class _Prelink:
     """The base's tree being hard-linked into the attempt's tree while buildah builds."""
@@ -509,6 +539,8 @@ class _Prelink:
     base: str
     ident: str
     task: asyncio.Task[None]
+    tag: str  # the base's tag, in ``storage``
+    storage: Path
 
     async def stop(self) -> None:
         """Ends the linking if still running (a failed or cancelled build)."""

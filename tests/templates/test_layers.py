@@ -157,3 +157,33 @@ def test_the_layers_above_the_base_come_bottom_first_and_only_when_the_image_sta
     ]
     assert layers_above(storage, "localhost/other:latest", "localhost/base:latest") is None
     assert layers_above(storage, "localhost/missing:latest", "localhost/base:latest") is None
+
+
+def test_the_base_may_be_in_another_store(tmp_path: Path) -> None:
+    """A catalog base is in the host's catalog store (``basestore.py``), the build's layers in the
+    account's: the chain ends at the base's top layer, named in the other store's images."""
+    account, catalog = tmp_path / "account", tmp_path / "catalog"
+    for store in (account, catalog):
+        (store / "overlay-images").mkdir(parents=True)
+        (store / "overlay-layers").mkdir()
+    base, one, stranger = ("a" * 64), ("b" * 64), ("e" * 64)
+    (catalog / "overlay-images" / "images.json").write_text(
+        json.dumps([{"id": "1", "names": ["localhost/paddock-base/debian_13:0123"], "layer": base}])
+    )
+    (catalog / "overlay-layers" / "layers.json").write_text(json.dumps([{"id": base}]))
+    (account / "overlay-images" / "images.json").write_text(
+        json.dumps(
+            [
+                {"id": "2", "names": ["localhost/tpl:latest"], "layer": one},
+                # the account's own image of the same name is not the base the build read
+                {"id": "3", "names": ["localhost/paddock-base/debian_13:0123"], "layer": stranger},
+            ]
+        )
+    )
+    (account / "overlay-layers" / "layers.json").write_text(
+        json.dumps([{"id": one, "parent": base}, {"id": stranger}])
+    )
+    tag, base_tag = "localhost/tpl:latest", "localhost/paddock-base/debian_13:0123"
+    assert layers_above(account, tag, base_tag, catalog) == [account / "overlay" / one / "diff"]
+    assert layers_above(account, tag, base_tag) is None  # looked up in the account's store
+    assert layers_above(account, tag, base_tag, tmp_path / "nowhere") is None

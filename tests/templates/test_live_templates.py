@@ -466,3 +466,71 @@ def test_a_layered_build_boots_with_its_files_links_and_deletions_and_leaves_the
     finally:
         for template_id in ids:
             http.delete(f"/v1/templates/{template_id}")
+
+
+def _ext4_used_bytes(image: Path) -> int:
+    """The blocks an (unmounted) ext4 image has in use, as its superblock counts them."""
+    fields = dict(
+        line.split(":", 1)
+        for line in subprocess.run(
+            ["dumpe2fs", "-h", str(image)], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        if ":" in line
+    )
+    return (int(fields["Block count"]) - int(fields["Free blocks"])) * int(fields["Block size"])
+
+
+def _fresh_ext4_used_bytes(size: int, scratch: Path) -> int:
+    """The same for a new filesystem of ``size`` bytes, made as the builder makes a store's."""
+    image = scratch / "fresh.ext4"
+    with open(image, "wb") as handle:
+        handle.truncate(size)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard", str(image)], check=True)
+    return _ext4_used_bytes(image)
+
+
+def _catalog_store_state(storage: Path) -> tuple[bytes, bytes, list[str]]:
+    """What the host's catalog store holds: its image and layer records, and its layers' directories."""
+    return (
+        (storage / "overlay-images" / "images.json").read_bytes(),
+        (storage / "overlay-layers" / "layers.json").read_bytes(),
+        sorted(entry.name for entry in (storage / "overlay").iterdir()),
+    )
+
+
+def test_a_new_accounts_first_build_reads_the_hosts_catalog_import_and_writes_nothing_there(
+    live: LivePlatform, built: dict[str, Any], tmp_path: Path
+) -> None:
+    """Catalog bases are imported once per host into a store every account's builds read and none
+    writes (``drivers/build/basestore.py``): a new account's first build ``FROM debian:13`` imports
+    nothing, its own store holds only its layer, the host's store is byte for byte as it was, and the
+    template boots with the base's files and the build's."""
+    from tests.hostagent.conftest import image_cache
+
+    assert built["template"]["status"] == "ready"  # the module's account built FROM debian:13 first
+    catalog = image_cache() / ".builder-base" / "storage"
+    before = _catalog_store_state(catalog)
+    stores = live.agents[0].state_dir / "buildah" / "stores"
+    stores_before = set(stores.glob("*.ext4"))
+    with live.http(live.api_key("pro"), timeout=600) as other:
+        dockerfile = "FROM debian:13\nRUN echo mine > /mine.txt\n"
+        created = other.post("/v1/templates", json={"name": "second-account", "dockerfile": dockerfile})
+        assert created.status_code == 200, created.text
+        template = created.json()["data"]
+        try:
+            assert wait_done(other, template["id"])["status"] == "ready"
+            lines = [
+                frame.get("line", "")
+                for frame in frames_of(other.get(f"/v1/templates/{template['id']}/logs").text)
+            ]
+            assert not any("importing base image" in line for line in lines), lines
+            assert any("localhost/paddock-base/debian_13:" in line for line in lines), lines
+            (store,) = set(stores.glob("*.ext4")) - stores_before  # the new account's own store
+            # debian:13's tree alone is ~140 MB; the store holds the build's layer and buildah's records
+            grown = _ext4_used_bytes(store) - _fresh_ext4_used_bytes(store.stat().st_size, tmp_path)
+            assert grown < 32 << 20, grown
+            assert _catalog_store_state(catalog) == before
+            out = _boot_and_check(other, template["name"], "cat /mine.txt /etc/debian_version")
+            assert out[0] == "mine" and out[1].startswith("13"), out
+        finally:
+            other.delete(f"/v1/templates/{template['id']}")

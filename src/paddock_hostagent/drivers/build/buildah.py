@@ -72,10 +72,12 @@ class Buildah:
         *,
         runroot: Path | None = None,
         present: set[str] | None = None,
+        image_store: Path | None = None,
     ) -> None:
         """``root``: the storage directory's parent (``<root>/storage``), unless ``runroot`` is given:
         then ``root`` is the storage directory itself. ``present``: the tags known to be in this
-        storage, kept by the caller across mounts of it."""
+        storage, kept by the caller across mounts of it. ``image_store``: a store whose images this one
+        reads and never writes (``basestore.py``, the catalog's images)."""
         self.root = root
         self.runtime = runtime
         self.storage = root if runroot is not None else root / "storage"
@@ -88,6 +90,7 @@ class Buildah:
         #: Tags known to be in storage: ``has_image`` spawns buildah (1-2 s on a loaded host) only for
         #: the others. ``forget`` drops one whose build failed, in case storage lost it.
         self._present: set[str] = present if present is not None else set()
+        self.image_store = image_store
 
     @staticmethod
     def available() -> bool:
@@ -108,6 +111,7 @@ class Buildah:
             str(self.runroot),
             "--storage-driver",
             "overlay",
+            *(["--storage-opt", f"overlay.imagestore={self.image_store}"] if self.image_store else []),
             *args,
         ]
 
@@ -154,6 +158,10 @@ class Buildah:
         if rc == 0:
             self._present.add(tag)
         return rc == 0
+
+    def knows(self, tag: str) -> bool:
+        """Whether ``tag`` is known to be in storage, without asking buildah."""
+        return tag in self._present
 
     def forget(self, tag: str) -> None:
         self._present.discard(tag)

@@ -51,9 +51,12 @@ class _Open:
 
 
 class BuildStores:
-    def __init__(self, root: Path, runtime: str) -> None:
+    def __init__(self, root: Path, runtime: str, *, image_store: Path | None = None) -> None:
+        """``image_store``: the catalog's images (``basestore.py``), which every store reads and none
+        writes."""
         self.root = root
         self.runtime = runtime
+        self.image_store = image_store
         self._open: dict[str, _Open] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         #: Per owner, the tags known to be in its store: kept while it is unmounted between builds, so
@@ -128,6 +131,7 @@ class BuildStores:
             self.runtime,
             runroot=self.root / "run" / owner,
             present=self._present.setdefault(owner, set()),
+            image_store=self.image_store,
         )
         opened = _Open(buildah, device)
         if size_mib is not None:

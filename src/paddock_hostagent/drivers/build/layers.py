@@ -61,27 +61,26 @@ def _read_json(path: Path) -> object:
     return json.loads(data)
 
 
-def layers_above(storage: Path, tag: str, base_tag: str) -> list[Path] | None:
+def layers_above(
+    storage: Path, tag: str, base_tag: str, base_storage: Path | None = None
+) -> list[Path] | None:
     """The diff directories of ``tag``'s layers above ``base_tag``'s top layer, bottom first; None when
-    ``tag``'s layers do not stand on ``base_tag`` (another ``FROM``), or either is not in the store."""
+    ``tag``'s layers do not stand on ``base_tag`` (another ``FROM``), or either is not in its store.
+    ``base_storage``: the store ``base_tag`` is in, when not ``storage`` (the catalog's,
+    ``basestore.py``, which the build read as an additional image store)."""
     try:
-        images = _read_json(storage / "overlay-images" / "images.json")
         layers = _read_json(storage / "overlay-layers" / "layers.json")
+        current = _tops(storage).get(tag)
+        base = _tops(base_storage or storage).get(base_tag)
     except (OSError, ValueError, LayerError):
         return None
-    if not isinstance(images, list) or not isinstance(layers, list):
+    if not isinstance(layers, list):
         return None
-    top: dict[str, str] = {}
-    for image in images:
-        if isinstance(image, dict) and isinstance(image.get("layer"), str):
-            for name in image.get("names") or []:
-                top[str(name)] = image["layer"]
     parent = {
         str(layer["id"]): str(layer.get("parent") or "")
         for layer in layers
         if isinstance(layer, dict) and "id" in layer
     }
-    base, current = top.get(base_tag), top.get(tag)
     chain: list[str] = []
     while current and current != base and len(chain) <= len(parent):
         if not LAYER_ID.fullmatch(current):
@@ -91,6 +90,19 @@ def layers_above(storage: Path, tag: str, base_tag: str) -> list[Path] | None:
     if not current or current != base:
         return None
     return [storage / "overlay" / layer / "diff" for layer in reversed(chain)]
+
+
+def _tops(storage: Path) -> dict[str, str]:
+    """Each image name in ``storage`` to its top layer's id."""
+    images = _read_json(storage / "overlay-images" / "images.json")
+    if not isinstance(images, list):
+        raise LayerError(f"{storage}: images.json is not a list")
+    top: dict[str, str] = {}
+    for image in images:
+        if isinstance(image, dict) and isinstance(image.get("layer"), str):
+            for name in image.get("names") or []:
+                top[str(name)] = image["layer"]
+    return top
 
 
 async def link_tree(source: Path, dest: Path) -> None:

@@ -1,0 +1,92 @@
+"""The catalog's images as buildah images, once per host: the store every account's builds read their
+catalog base from.
+
+A template ``FROM debian:13`` (or ``devbox:1``, E2B's ``base``) needs its base as a local image in the
+store buildah builds in. Each account builds in a store of its own (``buildstore.py``), and importing a
+catalog tree there cost every account's first build on a host 3-7 s for ``debian:13`` and 26-52 s for
+``devbox:1``'s 1 GB (a copy of the tree, then ``buildah commit``'s diff, digest and second copy), and
+that much of the account's store.
+
+Here the catalog's trees are imported once per host, into one store beside the image cache
+(``<image_dir>/.builder-base``), and each account's buildah is given it as an *additional image
+store* (``--storage-opt overlay.imagestore=``):
+
+- containers/storage opens an additional store read-only: a build resolves names in it and stacks its
+  layers under the build's own, and everything the build writes (its layers, cache, working
+  containers) lands in the account's store, as before;
+- a RUN step's root is an overlay whose lower layers are the base's: read-only to the step;
+- only catalog images, which Paddock makes from Debian's packages (``images.py``), are ever imported
+  here; a template used as a base (a tenant's image) is imported into its own account's store, as
+  before, so no name or id prefix in this store resolves to a tenant's image (docs/security.md);
+- a tag names the tree it holds (``tag``: the catalog name and a digest of ``ImageStore.tree_ident``),
+  so a catalog image rebuilt on the host is imported under a new tag and a build never stands on a
+  stale one. The old tag stays: accounts' cached layers may stand on it (their store could not be read
+  without it), and a host holds a handful of such trees.
+
+Imports are serialized across processes by a lock file (agents sharing an image cache, as the test
+suite's do), and an import first removes what a killed one left (working containers, mounts)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from paddock_core.logging import get_logger
+from paddock_hostagent.drivers.build.buildah import Buildah
+from paddock_hostagent.images import slug
+
+log = get_logger(__name__)
+
+LOCK_FILE = "import.lock"
+
+
+def base_tag(name: str, ident: str) -> str:
+    """buildah's name for catalog image ``name`` holding the host tree ``ident``."""
+    return f"localhost/paddock-base/{slug(name)}:{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+
+
+class CatalogBases:
+    def __init__(self, root: Path, runtime: str) -> None:
+        self.root = root
+        self.buildah = Buildah(root, runtime)
+        self._lock = asyncio.Lock()
+
+    @property
+    def storage(self) -> Path:
+        """The store's ``--root``: what accounts' builds get as their additional image store."""
+        return self.buildah.storage
+
+    async def offer(self, name: str, tree: Path, ident: str, say: Callable[[str], None]) -> str:
+        """The tag of catalog image ``name`` (its tree ``tree`` on this host, ``ident`` its
+        ``tree_ident``), imported first if this host's store lacks it."""
+        tag = base_tag(name, ident)
+        if self.buildah.knows(tag):
+            return tag
+        async with self._lock, self._import_lock():
+            if await self.buildah.has_image(tag):
+                return tag
+            await self.buildah.release()  # a killed import's working container and mounts
+            say(f"importing base image {name} (once per host)")
+            await self.buildah.import_tree(tag, tree, ident)
+        return tag
+
+    async def drop(self, tag: str) -> None:
+        """Removes ``tag``, whose tree was replaced on the host while it was imported: it is not known to
+        hold what its name says."""
+        async with self._lock, self._import_lock():
+            await self.buildah.remove(tag)
+
+    @contextlib.asynccontextmanager
+    async def _import_lock(self) -> AsyncIterator[None]:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # lets the lock go
