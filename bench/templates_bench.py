@@ -12,6 +12,8 @@ One ``tests.live`` platform (control plane + one host agent with buildah), start
   into buildah (once per host), as podman's import is outside its timings;
 - floor: ``podman build`` (from Debian, storage in a temporary root) of the same Dockerfile from the
   same debian:13 tree imported once, ``--network host`` (no namespace to prepare: a lower bound);
+- a new account's first build: the round's Dockerfile with another nonce, by an account that never
+  built here (its builder store is made for it; the base is read from the host's catalog store);
 - cached: the round's Dockerfile submitted again under another name (every step from the layer cache);
 - create → running: ``POST /v1/sandboxes`` with ``rootfs`` = the template, and with ``debian:13``.
 
@@ -151,7 +153,14 @@ class Podman:
 
 def run(rounds: int, boots: int) -> dict[str, list[float]]:
     guest = Path(tempfile.mkdtemp(prefix="pdkbench-guest-"))
-    out: dict[str, list[float]] = {"build": [], "podman": [], "cached": [], "boot_tpl": [], "boot_debian": []}
+    out: dict[str, list[float]] = {
+        "build": [],
+        "podman": [],
+        "new_account": [],
+        "cached": [],
+        "boot_tpl": [],
+        "boot_debian": [],
+    }
     out.update({f"phase {name}": [] for name, _ in PHASES})
     out.update({f"cached phase {name}": [] for name, _ in PHASES})
     podman = Podman()
@@ -173,6 +182,14 @@ def run(rounds: int, boots: int) -> dict[str, list[float]]:
                 for name, value in phases.items():
                     out[f"phase {name}"].append(value)
                 out["podman"].append(podman.build(dockerfile("localhost/bench/debian13:latest", nonce)))
+                # An account that never built on this host: its store is new (made, mounted), and the
+                # base comes from the host's catalog store (drivers/build/basestore.py).
+                with platform.http(platform.api_key("pro"), timeout=900) as newcomer:
+                    took, first, _ = _build(
+                        newcomer, f"bench-{index}-new-account", dockerfile("debian:13", secrets.token_hex(6))
+                    )
+                    out["new_account"].append(took)
+                    _ok(newcomer.delete(f"/v1/templates/{first}"))
                 took, again, phases = _build(http, f"bench-{index}-again", dockerfile("debian:13", nonce))
                 out["cached"].append(took)
                 for name, value in phases.items():
@@ -216,6 +233,8 @@ def table(results: dict[str, list[float]]) -> list[str]:
     for name, _ in PHASES:
         row(f"  {name}", results[f"phase {name}"], "s")
     row("floor: podman build, same Dockerfile", results["podman"], "s")
+    if results.get("new_account"):  # not in results from before the row was added
+        row("a new account's first build (no cache)", results["new_account"], "s")
     row("template rebuild via API (cached)", results["cached"], "s")
     for name, _ in PHASES:
         row(f"  {name}", results[f"cached phase {name}"], "s")
@@ -223,6 +242,9 @@ def table(results: dict[str, list[float]]) -> list[str]:
     row("create -> running from debian:13", results["boot_debian"], "ms")
     build, podman = summarize(results["build"])["p50"], summarize(results["podman"])["p50"]
     lines.append(f"build ÷ podman build (p50): {build / podman:.2f}×")
+    if results.get("new_account"):
+        first = summarize(results["new_account"])["p50"]
+        lines.append(f"a new account's first build ÷ podman build (p50): {first / podman:.2f}×")
     return lines
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.base import DriverError
 from paddock_hostagent.drivers.build.buildah import Buildah
+from paddock_hostagent.drivers.build.layers import stands_on_missing_layers
 from paddock_hostagent.drivers.storage import loops, mounts
 from paddock_hostagent.drivers.storage.rootdisks import loop_of, unmount_image
 from paddock_hostagent.drivers.system.commands import run
@@ -136,6 +137,12 @@ class BuildStores:
         opened = _Open(buildah, device)
         if size_mib is not None:
             await self._grow(owner, device, size_mib)
+        if self.image_store is not None and stands_on_missing_layers(buildah.storage, self.image_store):
+            # The catalog store lost an image this store's cache or templates stood on (removed by
+            # hand, or a tag dropped as its tree changed): buildah cannot list such a store, so it
+            # starts empty; a template base is imported again when a build needs it.
+            log.warning("build_store_reset", owner=owner, reason="its images stand on catalog layers gone")
+            await buildah.remove_all_images()
         used, total = self.usage(owner)
         if total and used / total > PRUNE_AT:
             log.info("build_store_pruned", owner=owner, used_bytes=used, size_bytes=total)

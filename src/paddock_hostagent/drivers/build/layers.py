@@ -92,6 +92,32 @@ def layers_above(
     return [storage / "overlay" / layer / "diff" for layer in reversed(chain)]
 
 
+def stands_on_missing_layers(storage: Path, *others: Path) -> bool:
+    """Whether a layer in ``storage`` has a parent that is neither there nor in ``others`` (the
+    additional image stores it reads): an account's store whose images stood on a catalog image the
+    host's catalog store no longer holds. Unreadable records count as missing."""
+    try:
+        layers = _read_json(storage / "overlay-layers" / "layers.json")
+        known = {str(layer.get("id")) for layer in _layer_list(layers)}
+        for other in others:
+            with contextlib.suppress(FileNotFoundError):  # an additional store not made yet holds nothing
+                known |= {
+                    str(layer.get("id"))
+                    for layer in _layer_list(_read_json(other / "overlay-layers" / "layers.json"))
+                }
+    except FileNotFoundError:
+        return False  # a new store: no layer at all
+    except (OSError, ValueError, LayerError):
+        return True
+    return any(layer.get("parent") and str(layer["parent"]) not in known for layer in _layer_list(layers))
+
+
+def _layer_list(layers: object) -> list[dict[str, object]]:
+    if not isinstance(layers, list):
+        raise LayerError("layers.json is not a list")
+    return [layer for layer in layers if isinstance(layer, dict)]
+
+
 def _tops(storage: Path) -> dict[str, str]:
     """Each image name in ``storage`` to its top layer's id."""
     images = _read_json(storage / "overlay-images" / "images.json")
