@@ -348,7 +348,7 @@ class BuildManager:
             tree = await self.images.ensure(base)
             ident = self.images.tree_ident(base)
             if self.bases is not None and ident:
-                shared = await self.bases.offer(base, tree, ident, build.say)
+                shared = await self.bases.offer(base, slug(base), tree, ident, build.say)
                 if self.images.tree_ident(base) == ident:
                     return _Base(shared, tree, self.bases.buildah)
                 await self.bases.drop(shared)  # replaced while it was copied: not the tree its tag names

@@ -49,9 +49,9 @@ def test_an_account_reads_the_catalog_import_and_a_store_that_lost_its_base_star
     tree = debian_image if (debian_image / "etc").is_dir() else debian_image / "rootfs"
 
     async def scenario() -> None:
-        tag = await catalog.offer("debian:13", tree, "tree-1", said.append)
+        tag = await catalog.offer("debian:13", "debian_13", tree, "tree-1", said.append)
         assert said == ["importing base image debian:13 (once per host)"]
-        assert await catalog.offer("debian:13", tree, "tree-1", said.append) == tag
+        assert await catalog.offer("debian:13", "debian_13", tree, "tree-1", said.append) == tag
         assert len(said) == 1  # imported once
         assert catalog.buildah.recorded_tree(tag) == "tree-1"
         before = catalog_state(catalog)
@@ -74,7 +74,7 @@ def test_an_account_reads_the_catalog_import_and_a_store_that_lost_its_base_star
                 listed = account_buildah(stores, catalog, "images", "--format", "{{.Name}}")
                 assert listed.returncode == 0, listed.stderr
                 assert "localhost/mine" not in listed.stdout
-                again = await catalog.offer("debian:13", tree, "tree-1", said.append)
+                again = await catalog.offer("debian:13", "debian_13", tree, "tree-1", said.append)
                 made = account_buildah(stores, catalog, "from", "--pull-never", again)
                 assert made.returncode == 0, made.stderr
                 account_buildah(stores, catalog, "rm", made.stdout.strip().splitlines()[-1])

@@ -38,16 +38,16 @@ from pathlib import Path
 
 from paddock_core.logging import get_logger
 from paddock_hostagent.drivers.build.buildah import Buildah
-from paddock_hostagent.images import slug
 
 log = get_logger(__name__)
 
 LOCK_FILE = "import.lock"
 
 
-def base_tag(name: str, ident: str) -> str:
-    """buildah's name for catalog image ``name`` holding the host tree ``ident``."""
-    return f"localhost/paddock-base/{slug(name)}:{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
+def base_tag(slug: str, ident: str) -> str:
+    """buildah's name for the catalog image whose directory name is ``slug`` (``images.slug``: the
+    drivers do not import the agent's modules), holding the host tree ``ident``."""
+    return f"localhost/paddock-base/{slug}:{hashlib.sha256(ident.encode()).hexdigest()[:16]}"
 
 
 class CatalogBases:
@@ -61,10 +61,10 @@ class CatalogBases:
         """The store's ``--root``: what accounts' builds get as their additional image store."""
         return self.buildah.storage
 
-    async def offer(self, name: str, tree: Path, ident: str, say: Callable[[str], None]) -> str:
-        """The tag of catalog image ``name`` (its tree ``tree`` on this host, ``ident`` its
-        ``tree_ident``), imported first if this host's store lacks it."""
-        tag = base_tag(name, ident)
+    async def offer(self, name: str, slug: str, tree: Path, ident: str, say: Callable[[str], None]) -> str:
+        """The tag of catalog image ``name`` (``slug`` its directory's name, its tree ``tree`` on this
+        host, ``ident`` its ``tree_ident``), imported first if this host's store lacks it."""
+        tag = base_tag(slug, ident)
         if self.buildah.knows(tag):
             return tag
         async with self._lock, self._import_lock():
