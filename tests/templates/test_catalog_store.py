@@ -1,7 +1,8 @@
 """The host's catalog store (``drivers/build/basestore.py``) with real buildah, on scratch directories:
 a catalog image imported once and read by an account's store as an additional image store; an
 account's store whose images stood on a catalog image the host no longer holds starts empty at its
-next use (``buildstore.py``), where buildah could no longer list it."""
+next use (``buildstore.py``), where buildah could no longer list it; a rebuilt tree is imported under
+a new tag, and the older import removed."""
 
 from __future__ import annotations
 
@@ -78,6 +79,10 @@ def test_an_account_reads_the_catalog_import_and_a_store_that_lost_its_base_star
                 made = account_buildah(stores, catalog, "from", "--pull-never", again)
                 assert made.returncode == 0, made.stderr
                 account_buildah(stores, catalog, "rm", made.stdout.strip().splitlines()[-1])
+            # The host's tree rebuilt (another ident): imported under a new tag, the older one removed.
+            newer = await catalog.offer("debian:13", "debian_13", tree, "tree-2", said.append)
+            assert newer != again and said[-1] == "importing base image debian:13 (once per host)"
+            assert [name for name in await catalog.buildah.names() if "debian_13" in name] == [newer]
         finally:
             await stores.close()
             await stores.remove(OWNER)

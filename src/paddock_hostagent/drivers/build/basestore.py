@@ -18,10 +18,11 @@ store* (``--storage-opt overlay.imagestore=``):
 - only catalog images, which Paddock makes from Debian's packages (``images.py``), are ever imported
   here; a template used as a base (a tenant's image) is imported into its own account's store, as
   before, so no name or id prefix in this store resolves to a tenant's image (docs/security.md);
-- a tag names the tree it holds (``tag``: the catalog name and a digest of ``ImageStore.tree_ident``),
-  so a catalog image rebuilt on the host is imported under a new tag and a build never stands on a
-  stale one. The old tag stays: accounts' cached layers may stand on it (their store could not be read
-  without it), and a host holds a handful of such trees.
+- a tag names the tree it holds (``base_tag``: the catalog name and a digest of
+  ``ImageStore.tree_ident``), so a catalog image rebuilt on the host is imported under a new tag and a
+  build never stands on a stale one. The older import is then removed (each holds a whole tree); an
+  account's store whose cache stood on it can no longer be listed by buildah, so it is emptied at its
+  next open (``buildstore.py``) and its cache is built again.
 
 Imports are serialized across processes by a lock file (agents sharing an image cache, as the test
 suite's do), and an import first removes what a killed one left (working containers, mounts)."""
@@ -73,7 +74,18 @@ class CatalogBases:
             await self.buildah.release()  # a killed import's working container and mounts
             say(f"importing base image {name} (once per host)")
             await self.buildah.import_tree(tag, tree, ident)
+            await self._drop_older(slug, tag)
         return tag
+
+    async def _drop_older(self, slug: str, current: str) -> None:
+        """Removes the image's older imports: the host's tree was rebuilt (an agent whose recipe
+        changed), so no new build stands on them, and each held a whole tree. An account's store whose
+        cache stood on one is emptied at its next open (``buildstore.py``)."""
+        prefix = current.rpartition(":")[0] + ":"
+        older = [name for name in await self.buildah.names() if name.startswith(prefix) and name != current]
+        for name in older:
+            await self.buildah.remove(name)
+            log.info("catalog_base_dropped", image=slug, tag=name)
 
     async def drop(self, tag: str) -> None:
         """Removes ``tag``, whose tree was replaced on the host while it was imported: it is not known to

@@ -303,6 +303,13 @@ class Buildah:
             cmd=[str(part) for part in config.get("Cmd") or []],
         )
 
+    async def names(self) -> list[str]:
+        """Every ``repository:tag`` in this store (not its additional image store's)."""
+        rc, lines = await self._run("images", "--noheading", "--format", "{{.Name}}:{{.Tag}}")
+        if rc != 0:
+            raise BuildahError(f"buildah images exited with {rc}: " + " | ".join(lines[-5:]))
+        return [line.strip() for line in lines if line.strip() and not line.startswith("time=")]
+
     async def image_id(self, tag: str) -> str:
         """The image's content id: two builds that hit the cache for every step get the same one."""
         rc, lines = await self._run("images", "--noheading", "--no-trunc", "--format", "{{.ID}}", tag)
