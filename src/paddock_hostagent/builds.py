@@ -351,7 +351,8 @@ class BuildManager:
                 shared = await self.bases.offer(base, slug(base), tree, ident, build.say)
                 if self.images.tree_ident(base) == ident:
                     return _Base(shared, tree, self.bases.buildah)
-                await self.bases.drop(shared)  # replaced while it was copied: not the tree its tag names
+                # Replaced while it was copied: the tag may not hold the tree it names. No build names
+                # it again (the tree has another ident now), and the next import of the image drops it.
             if await buildah.has_image(tag):
                 return _Base(tag, tree, buildah)
         build.say(f"importing base image {base} (once per account's builder storage)")
@@ -367,13 +368,7 @@ class BuildManager:
         ident = self.images.tree_ident(base)
         if offered.tree is None or not ident or offered.store.recorded_tree(offered.tag) != ident:
             return None
-        return _Prelink(
-            base,
-            ident,
-            asyncio.create_task(link_tree(offered.tree, dest)),
-            offered.tag,
-            offered.store.storage,
-        )
+        return _Prelink(base, ident, asyncio.create_task(link_tree(offered.tree, dest)), offered)
 
     async def _network(self, guard_id: str, rules: list[str]) -> SandboxNetwork:
         if self.network is None:
@@ -507,7 +502,9 @@ class BuildManager:
         body = build.body
         try:
             await linking.task
-            diffs = layers_above(buildah.storage, local_tag(body.id), linking.tag, linking.storage)
+            diffs = layers_above(
+                buildah.storage, local_tag(body.id), linking.offered.tag, linking.offered.store.storage
+            )
             if diffs is None:
                 raise LayerError("the image does not stand on its base's layers")
             if self.images.tree_ident(linking.base) != linking.ident:
@@ -539,8 +536,7 @@ class _Prelink:
     base: str
     ident: str
     task: asyncio.Task[None]
-    tag: str  # the base's tag, in ``storage``
-    storage: Path
+    offered: _Base  # the image whose layers the build's stand on
 
     async def stop(self) -> None:
         """Ends the linking if still running (a failed or cancelled build)."""

@@ -70,7 +70,7 @@ def test_an_account_reads_the_catalog_import_and_a_store_that_lost_its_base_star
                 (layer,) = layers_above(storage, "localhost/mine:latest", tag, catalog.storage) or [None]
                 assert layer is not None and layer.parent.parent == storage / "overlay"
             assert catalog_state(catalog) == before  # the account's work wrote nothing there
-            await catalog.drop(tag)  # the catalog store lost the image the account's stood on
+            await catalog.buildah.remove(tag)  # the catalog store lost the image the account's stood on
             async with stores.open(OWNER, 256):
                 listed = account_buildah(stores, catalog, "images", "--format", "{{.Name}}")
                 assert listed.returncode == 0, listed.stderr
@@ -82,7 +82,11 @@ def test_an_account_reads_the_catalog_import_and_a_store_that_lost_its_base_star
             # The host's tree rebuilt (another ident): imported under a new tag, the older one removed.
             newer = await catalog.offer("debian:13", "debian_13", tree, "tree-2", said.append)
             assert newer != again and said[-1] == "importing base image debian:13 (once per host)"
-            assert [name for name in await catalog.buildah.names() if "debian_13" in name] == [newer]
+            assert [
+                name
+                for name in await catalog.buildah.names("localhost/paddock-base/debian_13")
+                if "debian_13" in name
+            ] == [newer]
         finally:
             await stores.close()
             await stores.remove(OWNER)

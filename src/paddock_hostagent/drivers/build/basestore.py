@@ -81,17 +81,10 @@ class CatalogBases:
         """Removes the image's older imports: the host's tree was rebuilt (an agent whose recipe
         changed), so no new build stands on them, and each held a whole tree. An account's store whose
         cache stood on one is emptied at its next open (``buildstore.py``)."""
-        prefix = current.rpartition(":")[0] + ":"
-        older = [name for name in await self.buildah.names() if name.startswith(prefix) and name != current]
-        for name in older:
-            await self.buildah.remove(name)
-            log.info("catalog_base_dropped", image=slug, tag=name)
-
-    async def drop(self, tag: str) -> None:
-        """Removes ``tag``, whose tree was replaced on the host while it was imported: it is not known to
-        hold what its name says."""
-        async with self._lock, self._import_lock():
-            await self.buildah.remove(tag)
+        for name in await self.buildah.names(current.rpartition(":")[0]):
+            if name != current:
+                await self.buildah.remove(name)
+                log.info("catalog_base_dropped", image=slug, tag=name)
 
     @contextlib.asynccontextmanager
     async def _import_lock(self) -> AsyncIterator[None]:

@@ -303,9 +303,11 @@ class Buildah:
             cmd=[str(part) for part in config.get("Cmd") or []],
         )
 
-    async def names(self) -> list[str]:
-        """Every ``repository:tag`` in this store (not its additional image store's)."""
-        rc, lines = await self._run("images", "--noheading", "--format", "{{.Name}}:{{.Tag}}")
+    async def names(self, repository: str) -> list[str]:
+        """Every ``repository:tag`` of ``repository`` in this store (not its additional image store's)."""
+        rc, lines = await self._run(
+            "images", "--noheading", "--format", "{{.Name}}:{{.Tag}}", "--filter", f"reference={repository}"
+        )
         if rc != 0:
             raise BuildahError(f"buildah images exited with {rc}: " + " | ".join(lines[-5:]))
         return [line.strip() for line in lines if line.strip() and not line.startswith("time=")]

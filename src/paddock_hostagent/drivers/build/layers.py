@@ -69,18 +69,12 @@ def layers_above(
     ``base_storage``: the store ``base_tag`` is in, when not ``storage`` (the catalog's,
     ``basestore.py``, which the build read as an additional image store)."""
     try:
-        layers = _read_json(storage / "overlay-layers" / "layers.json")
-        current = _tops(storage).get(tag)
-        base = _tops(base_storage or storage).get(base_tag)
+        parent = _parents(storage)
+        tops = _tops(storage)
+        base = (_tops(base_storage) if base_storage is not None else tops).get(base_tag)
     except (OSError, ValueError, LayerError):
         return None
-    if not isinstance(layers, list):
-        return None
-    parent = {
-        str(layer["id"]): str(layer.get("parent") or "")
-        for layer in layers
-        if isinstance(layer, dict) and "id" in layer
-    }
+    current = tops.get(tag)
     chain: list[str] = []
     while current and current != base and len(chain) <= len(parent):
         if not LAYER_ID.fullmatch(current):
@@ -92,30 +86,35 @@ def layers_above(
     return [storage / "overlay" / layer / "diff" for layer in reversed(chain)]
 
 
-def stands_on_missing_layers(storage: Path, *others: Path) -> bool:
-    """Whether a layer in ``storage`` has a parent that is neither there nor in ``others`` (the
-    additional image stores it reads): an account's store whose images stood on a catalog image the
+def stands_on_missing_layers(storage: Path, image_store: Path) -> bool:
+    """Whether a layer in ``storage`` has a parent that is neither there nor in ``image_store`` (the
+    additional image store it reads): an account's store whose images stood on a catalog image the
     host's catalog store no longer holds. Unreadable records count as missing."""
     try:
-        layers = _read_json(storage / "overlay-layers" / "layers.json")
-        known = {str(layer.get("id")) for layer in _layer_list(layers)}
-        for other in others:
-            with contextlib.suppress(FileNotFoundError):  # an additional store not made yet holds nothing
-                known |= {
-                    str(layer.get("id"))
-                    for layer in _layer_list(_read_json(other / "overlay-layers" / "layers.json"))
-                }
+        parent = _parents(storage)
     except FileNotFoundError:
         return False  # a new store: no layer at all
     except (OSError, ValueError, LayerError):
         return True
-    return any(layer.get("parent") and str(layer["parent"]) not in known for layer in _layer_list(layers))
+    try:
+        known = parent.keys() | _parents(image_store).keys()
+    except FileNotFoundError:
+        known = set(parent)  # an image store not made yet holds nothing
+    except (OSError, ValueError, LayerError):
+        return True
+    return any(up and up not in known for up in parent.values())
 
 
-def _layer_list(layers: object) -> list[dict[str, object]]:
+def _parents(storage: Path) -> dict[str, str]:
+    """Each layer in ``storage`` to its parent's id ('' for a bottom layer)."""
+    layers = _read_json(storage / "overlay-layers" / "layers.json")
     if not isinstance(layers, list):
-        raise LayerError("layers.json is not a list")
-    return [layer for layer in layers if isinstance(layer, dict)]
+        raise LayerError(f"{storage}: layers.json is not a list")
+    return {
+        str(layer["id"]): str(layer.get("parent") or "")
+        for layer in layers
+        if isinstance(layer, dict) and "id" in layer
+    }
 
 
 def _tops(storage: Path) -> dict[str, str]:
