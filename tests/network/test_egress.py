@@ -200,11 +200,12 @@ def private_server(internet: FakeInternet) -> Iterator[str]:
     subprocess.run(["ip", "-n", internet.netns, "addr", "add", f"{address}/32", "dev", "eth0"], check=True)
     subprocess.run(["ip", "route", "add", f"{address}/32", "via", inside], check=True)
     server = subprocess.Popen(
+        # nsenter, not ``ip netns exec``: no mount namespace of its own, whose copy of every host mount
+        # would keep other tests' destroyed disks mounted (their loop devices bound) while it runs.
         [
-            "ip",
-            "netns",
-            "exec",
-            internet.netns,
+            "nsenter",
+            f"--net=/run/netns/{internet.netns}",
+            "--",
             sys.executable,
             "-m",
             "http.server",
