@@ -46,8 +46,10 @@ class FakeHostLink(FakeProcesses):
         self.fail_boot = False
         self.fail_network = False
         self.boot_delay_s = 0.0
-        #: The host refuses creates as one does after a destroy of the id overtook the create.
+        #: The host refuses creates as one does after a destroy of the id overtook the create: each
+        #: create waits (up to 10 s) for that destroy, so a loaded box cannot answer it first.
         self.boot_gone = False
+        self._destroyed: dict[str, asyncio.Event] = {}
         self.files: dict[tuple[str, str], bytes] = {}
         self.egress: dict[str, list[str]] = {}
         self.quotas: dict[str, int] = {}
@@ -84,6 +86,8 @@ class FakeHostLink(FakeProcesses):
         if self.fail_boot:
             raise hostlink.HostError("runtime exploded")
         if self.boot_gone:
+            destroyed = self._destroyed.setdefault(sandbox.id, asyncio.Event())
+            await asyncio.wait_for(destroyed.wait(), 10)
             raise hostlink.SandboxGoneError(f"sandbox {sandbox.id} was destroyed before its create arrived")
         return self._booted(sandbox.id, start_paused)
 
@@ -108,6 +112,7 @@ class FakeHostLink(FakeProcesses):
     async def destroy(self, sandbox_id: str) -> None:
         self.calls.append(("destroy", sandbox_id))
         self.held.pop(sandbox_id, None)
+        self._destroyed.setdefault(sandbox_id, asyncio.Event()).set()
 
     async def inspect(self, sandbox_id: str) -> hostlink.Held | None:
         self.calls.append(("inspect", sandbox_id))

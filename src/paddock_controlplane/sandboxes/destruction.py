@@ -3,24 +3,31 @@ it from its host — retried by the reconciler when a process died before the ho
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from typing import cast
+
+from sqlalchemy import Table, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.models import Sandbox
-from paddock_controlplane.records.queries import get_owned
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import TERMINAL, SandboxStatus
 from paddock_controlplane.records.views import event_data
 from paddock_controlplane.resources import billing, disks, networks, webhooks
-from paddock_controlplane.sandboxes.transition import settle
-from paddock_core.db import transaction
+from paddock_controlplane.sandboxes.transition import changing, locked_row, settle, write_back
+from paddock_core import errors
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.destruction")
 
 #: Nothing runs on the host in these, so the destroy is carried out before the answer.
 DESTROY_INLINE = (SandboxStatus.PAUSED, SandboxStatus.ERROR)
+
+_SANDBOXES = cast(Table, Sandbox.__table__)
+#: What a reclaim needs before its host call: whether the row is still ``destroying``, and where.
+_STATUS_AND_HOST = select(_SANDBOXES.c.status, _SANDBOXES.c.host_id).where(
+    _SANDBOXES.c.id == bindparam("sandbox_id")
+)
 
 
 def reason_data(reason: str, label: str | None) -> dict[str, str]:
@@ -31,8 +38,12 @@ def reason_data(reason: str, label: str | None) -> dict[str, str]:
 async def destroy(
     services: Services, user_id: str, sandbox_id: str, *, reason: str = "api", label: str | None = None
 ) -> dict[str, str]:
-    async with transaction(services.sessions) as session:
-        sandbox = await get_owned(session, user_id, sandbox_id, for_update=True)
+    # Plain statements, as a pause's (``transition``): every create that ends is destroyed once, and
+    # the ORM's load of the row with its memberships, and its flush, were most of the destroy's cost.
+    async with changing(services, sandbox_id) as session:
+        sandbox = await locked_row(session, sandbox_id)
+        if sandbox is None or sandbox.user_id != user_id:
+            raise errors.NotFound("sandbox not found")
         status = sandbox.status
         if status in TERMINAL:
             return {"id": sandbox.id, "status": SandboxStatus.DESTROYED}
@@ -41,10 +52,12 @@ async def destroy(
         if status == SandboxStatus.RUNNING:
             await billing.settle(session, sandbox, services.clock())
         sandbox.status = SandboxStatus.DESTROYING
+        await write_back(session, sandbox)
+    host_id = str(sandbox.host_id) if sandbox.host_id else None
     if status in DESTROY_INLINE:
-        await reclaim(services, sandbox_id, reason=reason, label=label)
+        await reclaim(services, sandbox_id, reason=reason, label=label, host_id=host_id)
         return {"id": sandbox_id, "status": SandboxStatus.DESTROYED}
-    spawn_reclaim(services, sandbox_id, reason=reason, label=label)
+    spawn_reclaim(services, sandbox_id, reason=reason, label=label, host_id=host_id)
     return {"id": sandbox_id, "status": SandboxStatus.DESTROYING}
 
 
@@ -73,9 +86,15 @@ def destroy_later(services: Services, sandbox: Sandbox, *, reason: str, label: s
 
 
 def spawn_reclaim(
-    services: Services, sandbox_id: str, *, reason: str = "api", label: str | None = None
+    services: Services,
+    sandbox_id: str,
+    *,
+    reason: str = "api",
+    label: str | None = None,
+    host_id: str | None = None,
 ) -> None:
-    """Reclaim in the background, at most once at a time per sandbox in this process."""
+    """Reclaim in the background, at most once at a time per sandbox in this process (``host_id``: as
+    :func:`reclaim`'s)."""
     inflight = services.reclaiming
     if sandbox_id in inflight:
         return
@@ -83,7 +102,7 @@ def spawn_reclaim(
 
     async def run() -> None:
         try:
-            await reclaim(services, sandbox_id, reason=reason, label=label)
+            await reclaim(services, sandbox_id, reason=reason, label=label, host_id=host_id)
         finally:
             inflight.discard(sandbox_id)
 
@@ -91,14 +110,24 @@ def spawn_reclaim(
 
 
 async def reclaim(
-    services: Services, sandbox_id: str, *, reason: str = "api", label: str | None = None
+    services: Services,
+    sandbox_id: str,
+    *,
+    reason: str = "api",
+    label: str | None = None,
+    host_id: str | None = None,
 ) -> None:
-    """Remove a ``destroying`` sandbox from its host and mark it ``destroyed`` (emitting once)."""
-    async with services.sessions() as session:
-        sandbox = await session.get(Sandbox, sandbox_id)
-    if sandbox is None or sandbox.status != SandboxStatus.DESTROYING:
-        return
-    host_id = sandbox.host_id
+    """Remove a ``destroying`` sandbox from its host and mark it ``destroyed`` (emitting once).
+
+    ``host_id``: the sandbox's host, from the destroy that just committed ``destroying`` (None: read it
+    here), which then needs no read first (a destroy that lost a race to another reclaim only asks the host again: a
+    destroy of a sandbox the host no longer has succeeds, and the outcome is recorded once)."""
+    if host_id is None:
+        async with services.sessions() as session:
+            found = (await session.execute(_STATUS_AND_HOST, {"sandbox_id": sandbox_id})).first()
+        if found is None or found.status != SandboxStatus.DESTROYING:
+            return
+        host_id = found.host_id  # none: ``for_host`` fails, and the row stays for the reconciler
 
     async def remove_from_host() -> None:
         await (await hostlink.for_host(services, host_id)).destroy(sandbox_id)
@@ -106,7 +135,8 @@ async def reclaim(
     async def destroyed(session: AsyncSession, row: Sandbox, _: None) -> None:
         row.status = SandboxStatus.DESTROYED
         row.destroyed_at = services.clock()
-        await networks.drop_memberships(session, sandbox_id)
+        if row.memberships:  # read with the locked row; none joins a sandbox that is not running
+            await networks.drop_memberships(session, sandbox_id)
         await disks.drop_attachments(session, sandbox_id)
         await webhooks.emit(
             session,
@@ -115,9 +145,16 @@ async def reclaim(
             data=event_data(row, **reason_data(reason, label)),
         )
 
-    # No on_failure: a host that failed leaves the row destroying, and the reconciler retries.
+    # No on_failure: a host that failed leaves the row destroying, and the reconciler retries. The
+    # outcome changes the row's own columns; the memberships and attachments go by statements of
+    # their own, so the row is read and written plainly.
     outcome = await settle(
-        services, sandbox_id, remove_from_host, expect=(SandboxStatus.DESTROYING,), on_success=destroyed
+        services,
+        sandbox_id,
+        remove_from_host,
+        expect=(SandboxStatus.DESTROYING,),
+        on_success=destroyed,
+        plain=True,
     )
     if outcome.error is not None:
         log.warning("reclaim_failed", sandbox_id=sandbox_id, error=str(outcome.error))

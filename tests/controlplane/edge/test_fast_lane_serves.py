@@ -1,4 +1,4 @@
-"""The control plane's fast lane really serves buffered exec and ``GET /v1/sandboxes/{id}``.
+"""The control plane's fast lane really serves buffered exec, ``GET /v1/sandboxes/{id}`` and its ``DELETE``.
 
 ``test_sandboxes_rules.py`` checks that the fast lane and the FastAPI route answer alike, which would
 also hold if the fast lane declined everything and the route answered both times. Here every FastAPI
@@ -73,3 +73,30 @@ async def test_exec_and_get_are_served_with_every_route_switched_off(
         assert unknown.status_code == 404 and unknown.json()["data"]["code"] == "NOT_FOUND"
     finally:
         cp_app.dependency_overrides.clear()
+
+
+async def test_a_destroy_is_served_with_every_route_switched_off(
+    cp_app: FastAPI, api: httpx.AsyncClient, fake_host: FakeHostLink
+) -> None:
+    """Every sandbox made is destroyed once, so its ``DELETE`` is in the fast lane too."""
+    made = [
+        (await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})).json()["data"]["id"] for _ in "ab"
+    ]
+    cp_app.dependency_overrides[deps.get_caller] = routes_are_off
+    try:
+        # with a query it goes on to the route, which the switch refuses
+        assert (await api.delete(f"/v1/sandboxes/{made[1]}", params={"x": "1"})).status_code == 503
+        gone = await api.delete(f"/v1/sandboxes/{made[0]}")
+        assert gone.status_code == 200, gone.text
+        assert gone.json()["data"] == {"id": made[0], "status": "destroying"}
+        waited = await api.get(
+            f"/v1/sandboxes/{made[0]}", params={"wait_for": "destroyed", "wait_ms": "5000"}
+        )
+        assert waited.json()["data"]["status"] == "destroyed", waited.text
+        assert ("destroy", made[0]) in fake_host.calls
+        unknown = await api.delete("/v1/sandboxes/sb-000000000000000000000000000")
+        assert unknown.status_code == 404 and unknown.json()["data"]["code"] == "NOT_FOUND"
+    finally:
+        cp_app.dependency_overrides.clear()
+    kept = await api.get(f"/v1/sandboxes/{made[1]}")
+    assert kept.json()["data"]["status"] == "running", kept.text

@@ -6,10 +6,12 @@ name to fall back to, and on PostgreSQL the placement lock), then placement's re
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
-from sqlalchemy import event, insert
+from sqlalchemy import event, insert, select
 
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.sandboxes import names
@@ -79,5 +81,45 @@ async def test_a_create_runs_one_statement_of_checks_then_placement_under_its_ac
             taken = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "name": "busy-bee"})
             assert taken.status_code == 409, taken.text
             assert "a sandbox named 'busy-bee' already exists" in taken.text, taken.text
+    finally:
+        statements.close()
+
+
+async def test_a_destroy_and_its_reclaim_read_the_row_once_each_with_its_memberships(
+    clocked: Clocked,
+) -> None:
+    """Every sandbox made is destroyed once. The destroy and the reclaim after it each read the row, its
+    memberships joined, in one statement, and write only what changed: through the ORM they read the
+    whole row three times (the destroy once, the reclaim twice), each with a second statement for the
+    memberships, and flushed twice."""
+    _, api = await user_client(clocked)
+    statements = Statements(clocked)
+    try:
+        async with api:
+            made = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
+            assert made.status_code == 200, made.text
+            sandbox_id = made.json()["data"]["id"]
+            statements.seen.clear()
+            gone = await api.delete(f"/v1/sandboxes/{sandbox_id}")
+            assert gone.status_code == 200, gone.text
+            status = select(Sandbox.status).where(Sandbox.id == sandbox_id)  # this test's own poll
+
+            async def current() -> str | None:
+                async with clocked.services.sessions() as session:  # each read sees the latest commit
+                    return await session.scalar(status)
+
+            deadline = time.monotonic() + 10
+            while await current() != "destroyed" and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert await current() == "destroyed"
+            ran = [s for _, s in statements.seen if not s.startswith("SELECT sandboxes.status FROM")]
+            full_reads = [
+                s for s in ran if s.startswith("SELECT sandboxes.id, sandboxes.user_id, sandboxes.name")
+            ]
+            assert len(full_reads) == 2, ran
+            assert all("LEFT OUTER JOIN network_members" in s for s in full_reads), full_reads
+            assert not [s for s in ran if s.startswith("SELECT network_members")], ran
+            updates = [s for s in ran if s.startswith("UPDATE sandboxes")]
+            assert len(updates) == 2 and "destroyed_at" in updates[1], updates
     finally:
         statements.close()

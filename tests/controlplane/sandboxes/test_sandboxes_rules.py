@@ -525,7 +525,7 @@ async def test_a_create_its_destroy_overtook_on_the_host_ends_destroyed_not_500(
     """The destroy of a booting sandbox reached its host before the create did, so the host refused the
     create (it remembers the destroyed id): the create answers the sandbox being destroyed, not a 500,
     and it ends destroyed."""
-    fake_host.boot_delay_s, fake_host.boot_gone = 0.5, True
+    fake_host.boot_gone = True  # its create waits for the destroy, then is refused
     creating = asyncio.create_task(api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"}))
     deadline = asyncio.get_running_loop().time() + 10
     listed: list[dict[str, str]] = []
