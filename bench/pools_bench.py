@@ -198,8 +198,11 @@ def measure_creates(
     return rows
 
 
-def measure_sustained(url: str, keys: list[str], seconds: float) -> dict[str, Any]:
-    """One thread per key: each key is its own user, as a plan's daily sandbox cap (300) is per user."""
+def measure_sustained(
+    url: str, keys: list[str], seconds: float, pids: dict[str, int | None] | None = None
+) -> dict[str, Any]:
+    """One thread per key: each key is its own user, as a plan's daily sandbox cap (300) is per user.
+    ``pids``: processes (by role: ``controlplane``, ``agent``) whose CPU per cycle the row reports."""
     from paddock import Client, RetryPolicy
 
     concurrency = len(keys)
@@ -229,15 +232,24 @@ def measure_sustained(url: str, keys: list[str], seconds: float) -> dict[str, An
                     errors.append(str(exc)[:200])
             count += 1
 
+    watched = {role: pid for role, pid in (pids or {}).items() if pid is not None}
+    cpu_before = {role: _process_cpu_s(pid) for role, pid in watched.items()}
     box_before = _box_busy_ticks()
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(worker, range(concurrency)))
     wall = time.perf_counter() - started
     box_ms = _box_cpu_ms(box_before, len(latencies))
+    # Per create, ``true`` and destroy (each process with its reaped children: the agent's crun and
+    # ``ip``), so the row says what of the box's CPU is the control plane's.
+    per_cycle = {
+        f"{role}_cpu_ms_per_create": (_process_cpu_s(pid) - cpu_before[role]) * 1000 / max(len(latencies), 1)
+        for role, pid in watched.items()
+    }
     for client in clients:
         client.close()
     return {
+        **per_cycle,
         "box_cpu_ms_per_create": box_ms,
         "seconds": wall,
         "concurrency": concurrency,
@@ -461,7 +473,15 @@ def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
             out["load_before_sustained"] = os.getloadavg()
             if seconds > 0:
                 keys = [platform.api_key(plan="enterprise", credits=1_000_000) for _ in range(concurrency)]
-                out["sustained"] = measure_sustained(platform.url, keys, seconds)
+                out["sustained"] = measure_sustained(
+                    platform.url,
+                    keys,
+                    seconds,
+                    {
+                        "controlplane": platform.controlplane.process.pid,
+                        "agent": agent.process.pid if agent.process else None,
+                    },
+                )
                 time.sleep(3)
                 out["sustained_agent"] = measure_sustained_agent(
                     agent.url, TOKEN, seconds, concurrency, agent.process.pid if agent.process else None
@@ -508,6 +528,11 @@ def markdown(result: dict[str, Any]) -> str:
             f"{sustained['seconds']:.1f} s ({sustained['creates']} creates, {sustained['errors']} errors); "
             f"create → first command p50 {sustained['p50']:.1f} ms, p99 {sustained['p99']:.1f} ms; "
             f"the box's CPU per create {sustained['box_cpu_ms_per_create']:.0f} ms"
+            + (
+                f"; the control plane's {sustained['controlplane_cpu_ms_per_create']:.1f} ms"
+                if sustained.get("controlplane_cpu_ms_per_create")
+                else ""
+            )
             + (
                 f"; the agent's CPU per create and delete (its children included, not the sandboxes') "
                 f"{sustained['agent_cpu_ms_per_create']:.0f} ms."
