@@ -1,5 +1,5 @@
 """Waiting for a loop device to let go of its backing file, for tests that check an image once its
-filesystem is unmounted and its loop device detached.
+filesystem is unmounted and its loop device detached, and naming what still holds it when it does not.
 
 The host's mounts are private here (no ``shared:`` propagation on ``/``), so a mount namespace made while
 a test's filesystem was mounted (another test's container, before its ``pivot_root`` drops the host's
@@ -9,6 +9,9 @@ have a dirty log, which ``xfs_repair -n`` reports as damage."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import os
 import time
 from pathlib import Path
 
@@ -32,3 +35,36 @@ def wait_released(image: Path, timeout_s: float = 60.0) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+def holders(devices: list[str]) -> str:
+    """Who keeps each loop device in ``devices`` alive, for a failed assertion's message: the processes
+    whose mount namespace still mounts its filesystem, or with a file, directory, root or working
+    directory open on it."""
+    found: list[str] = []
+    own_namespace = os.readlink("/proc/self/ns/mnt")
+    for device in devices:
+        try:
+            rdev = os.stat(device).st_rdev
+        except OSError:
+            continue
+        number = f"{os.major(rdev)}:{os.minor(rdev)}"
+        for proc in glob.glob("/proc/[0-9]*"):
+            try:
+                command = (
+                    Path(proc, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+                )
+                mounted = []
+                if os.readlink(f"{proc}/ns/mnt") != own_namespace:  # the host's own mounts are in `under`
+                    with open(f"{proc}/mountinfo") as mountinfo:
+                        mounted = [line.split()[4] for line in mountinfo if line.split()[2] == number]
+                opened = []
+                for link in [f"{proc}/cwd", f"{proc}/root", *glob.glob(f"{proc}/fd/*")]:
+                    with contextlib.suppress(OSError):  # closed meanwhile
+                        if os.stat(link).st_dev == rdev:
+                            opened.append(os.readlink(link))
+            except OSError:
+                continue  # gone meanwhile
+            if mounted or opened:
+                found.append(f"{device}: pid {proc[6:]} ({command}) mounts {mounted[:3]} opens {opened[:3]}")
+    return "\n".join(found[:20]) or "no process holds them (the kernel has yet to free them)"

@@ -29,6 +29,7 @@ from paddock_hostagent.schemas import CreateSandboxBody, ForkBody
 from paddock_hostagent.settings import HostAgentSettings
 from tests.conftest import LiveServer
 from tests.hostagent.conftest import TOKEN, AgentProcess, Sandboxes, run, sh
+from tests.loopdevices import holders, wait_released
 
 pytestmark = pytest.mark.root
 
@@ -100,26 +101,8 @@ async def test_an_agent_killed_while_a_disk_was_frozen_leaves_it_writable_and_re
     # ``unshare``) holds its copy of the disk for as long as that process lives, so the check waits
     # a while for those to end.
     image = Path(slot["disk_image"])
-    deadline = time.monotonic() + 10
-    while rootdisks.loops_backing(image) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    left = rootdisks.loops_backing(image)
-    assert not left, f"the destroyed sandbox's disk outlived it, held by {_mount_holders(left)}"
-
-
-def _mount_holders(devices: list[str]) -> list[str]:
-    """The processes (pid and command line) whose mount namespace mounts one of ``devices``: the one
-    that keeps a disk bound names itself in a failure."""
-    holders = []
-    for entry in Path("/proc").iterdir():
-        try:
-            mounted = (entry / "mountinfo").read_text()
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(f" {device} " in mounted for device in devices):
-            holders.append(f"{entry.name}: {command[:120]}")
-    return holders[:10]
+    released = wait_released(image, timeout_s=10)
+    assert released, f"the destroyed sandbox's disk outlived it: {holders(rootdisks.loops_backing(image))}"
 
 
 async def test_a_pause_or_resume_answered_right_before_a_crash_holds_after_the_restart(

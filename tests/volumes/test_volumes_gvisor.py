@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.live import LivePlatform
+from tests.loopdevices import holders
 from tests.volumes.conftest import platform_on
-from tests.volumes.test_volumes_live import Account, holders, settled
+from tests.volumes.test_volumes_live import Account, settled
 
 pytestmark = [
     pytest.mark.root,

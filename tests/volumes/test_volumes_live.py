@@ -9,9 +9,6 @@ started again). One sandbox writes at a time; readers may be many and cannot wri
 
 from __future__ import annotations
 
-import contextlib
-import glob
-import os
 import signal
 import subprocess
 import time
@@ -124,39 +121,6 @@ def settled(state_dir: Path, *, within_s: float = 10) -> tuple[list[str], list[s
     while (left := under(state_dir)) != ([], []) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
-
-
-def holders(devices: list[str]) -> str:
-    """Who keeps each loop device in ``devices`` alive, for a failed assertion's message: the processes
-    whose mount namespace still mounts its filesystem, or with a file, directory, root or working
-    directory open on it."""
-    found: list[str] = []
-    own_namespace = os.readlink("/proc/self/ns/mnt")
-    for device in devices:
-        try:
-            rdev = os.stat(device).st_rdev
-        except OSError:
-            continue
-        number = f"{os.major(rdev)}:{os.minor(rdev)}"
-        for proc in glob.glob("/proc/[0-9]*"):
-            try:
-                command = (
-                    Path(proc, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
-                )
-                mounted = []
-                if os.readlink(f"{proc}/ns/mnt") != own_namespace:  # the host's own mounts are in `under`
-                    with open(f"{proc}/mountinfo") as mountinfo:
-                        mounted = [line.split()[4] for line in mountinfo if line.split()[2] == number]
-                opened = []
-                for link in [f"{proc}/cwd", f"{proc}/root", *glob.glob(f"{proc}/fd/*")]:
-                    with contextlib.suppress(OSError):  # closed meanwhile
-                        if os.stat(link).st_dev == rdev:
-                            opened.append(os.readlink(link))
-            except OSError:
-                continue  # gone meanwhile
-            if mounted or opened:
-                found.append(f"{device}: pid {proc[6:]} ({command}) mounts {mounted[:3]} opens {opened[:3]}")
-    return "\n".join(found[:20]) or "no process holds them (the kernel has yet to free them)"
 
 
 def simulate_reboot(platform: LivePlatform) -> None:

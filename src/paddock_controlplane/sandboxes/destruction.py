@@ -3,9 +3,7 @@ it from its host — retried by the reconciler when a process died before the ho
 
 from __future__ import annotations
 
-from typing import cast
-
-from sqlalchemy import Table, bindparam, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from paddock_controlplane.hosts import hostlink
@@ -23,11 +21,8 @@ log = get_logger("paddock.destruction")
 #: Nothing runs on the host in these, so the destroy is carried out before the answer.
 DESTROY_INLINE = (SandboxStatus.PAUSED, SandboxStatus.ERROR)
 
-_SANDBOXES = cast(Table, Sandbox.__table__)
-#: What a reclaim needs before its host call: whether the row is still ``destroying``, and where.
-_STATUS_AND_HOST = select(_SANDBOXES.c.status, _SANDBOXES.c.host_id).where(
-    _SANDBOXES.c.id == bindparam("sandbox_id")
-)
+#: What a reclaim not handed its host reads first: whether the row is still ``destroying``, and where.
+_STATUS_AND_HOST = select(Sandbox.status, Sandbox.host_id).where(Sandbox.id == bindparam("sandbox_id"))
 
 
 def reason_data(reason: str, label: str | None) -> dict[str, str]:
@@ -53,11 +48,10 @@ async def destroy(
             await billing.settle(session, sandbox, services.clock())
         sandbox.status = SandboxStatus.DESTROYING
         await write_back(session, sandbox)
-    host_id = str(sandbox.host_id) if sandbox.host_id else None
     if status in DESTROY_INLINE:
-        await reclaim(services, sandbox_id, reason=reason, label=label, host_id=host_id)
+        await reclaim(services, sandbox_id, reason=reason, label=label, host_id=sandbox.host_id)
         return {"id": sandbox_id, "status": SandboxStatus.DESTROYED}
-    spawn_reclaim(services, sandbox_id, reason=reason, label=label, host_id=host_id)
+    spawn_reclaim(services, sandbox_id, reason=reason, label=label, host_id=sandbox.host_id)
     return {"id": sandbox_id, "status": SandboxStatus.DESTROYING}
 
 
@@ -119,9 +113,9 @@ async def reclaim(
 ) -> None:
     """Remove a ``destroying`` sandbox from its host and mark it ``destroyed`` (emitting once).
 
-    ``host_id``: the sandbox's host, from the destroy that just committed ``destroying`` (None: read it
-    here), which then needs no read first (a destroy that lost a race to another reclaim only asks the host again: a
-    destroy of a sandbox the host no longer has succeeds, and the outcome is recorded once)."""
+    ``host_id``: the sandbox's host, from the destroy that just committed ``destroying``; None (the
+    reconciler's retry) reads it here. A reclaim that lost a race to another only asks the host again
+    (destroying what the host no longer has succeeds), and the outcome is recorded once."""
     if host_id is None:
         async with services.sessions() as session:
             found = (await session.execute(_STATUS_AND_HOST, {"sandbox_id": sandbox_id})).first()
