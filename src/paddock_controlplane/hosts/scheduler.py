@@ -253,10 +253,18 @@ async def pick_host(
 
 
 async def check_room(
-    session: AsyncSession, host_id: str, *, mem_mib: int, now: dt.datetime, dead_after_s: float
+    session: AsyncSession,
+    host_id: str,
+    *,
+    mem_mib: int,
+    now: dt.datetime,
+    dead_after_s: float,
+    lock_held: bool = False,
 ) -> None:
-    """For a fork, which must run on its source's host: 503 unless that host can take ``mem_mib`` more."""
-    await placement_lock(session)
+    """For a fork, which must run on its source's host: 503 unless that host can take ``mem_mib`` more.
+    ``lock_held``: the transaction already took the placement lock (``PLACEMENT_LOCK_COLUMN``)."""
+    if not lock_held:
+        await placement_lock(session)
     host = (await session.execute(_HOST_ROOM, {"host_id": host_id})).first()
     if host is None or host.status != "active":
         raise no_capacity(f"host {host_id} is not active")

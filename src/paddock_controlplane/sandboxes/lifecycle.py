@@ -706,6 +706,7 @@ async def boot(
         row.ip = booted.ip
         row.spawn_ms = spawn_ms
         networks.activate_all(row)  # none when not ``joined``: a plain row's would not be written
+        await forked(session, row)
         if row.status == SandboxStatus.DESTROYING:  # destroyed while booting
             return
         if start_paused:
@@ -716,7 +717,16 @@ async def boot(
         if fork_of is None:
             await webhooks.emit(session, user_id=row.user_id, action="sandbox.create", data=event_data(row))
 
+    async def forked(session: AsyncSession, row: Sandbox) -> None:
+        """A fork's child exists once its host has answered, whatever the answer: its ``sandbox.fork``
+        is written with the outcome, in the same transaction (a transaction of its own after it was
+        ~0.5 ms more before the fork's answer)."""
+        if fork_of is not None:
+            data = event_data(row, source_id=fork_of.id)
+            await webhooks.emit(session, user_id=row.user_id, action="sandbox.fork", data=data)
+
     async def failed(session: AsyncSession, row: Sandbox, exc: Exception) -> None:
+        await forked(session, row)
         if row.status in _DESTROYED and isinstance(exc, hostlink.SandboxGoneError):
             return  # destroyed while booting: the host refused the create its destroy overtook
         row.status, row.status_reason = SandboxStatus.FAILED, _boot_failure(sandbox, exc)[:300]
@@ -812,9 +822,12 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
         if source.status not in FORKABLE:
             raise errors.InvalidState(f"sandbox is {source.status}; fork needs a running or paused source")
         plan = await accounts.cached_plan(session, account.plan_id)
-        await accounts.check_quotas(
-            session, plan, user_id, now=services.clock(), needs_slot=not start_paused, new_sandbox=True
-        )
+        # A create's one statement of checks: the caps' counts and two names drawn for the child (and
+        # on PostgreSQL the placement lock, which the room check below needs), where the caps and the
+        # name were a statement each.
+        drawn = names.draw()
+        live, today, names_taken = await _checks(session, services, user_id, drawn)
+        accounts.refuse_over_caps(plan, live=None if start_paused else live, today=today)
         accounts.require_credit(account)
         if source.host_id is None:
             raise errors.InvalidState("sandbox has no host to fork on")
@@ -827,11 +840,12 @@ async def fork(services: Services, user_id: str, source_id: str, req: ForkSandbo
             mem_mib=source.mem_mib,
             now=services.clock(),
             dead_after_s=services.settings.host_dead_after_s,
+            lock_held=True,
         )
         columns: dict[str, Any] = {
             "id": new_id("sb-"),
             "user_id": user_id,
-            "name": await names.generate(session, user_id),
+            "name": await _name(session, user_id, None, drawn, names_taken),
             "status": SandboxStatus.FORKING,
             "host_id": source.host_id,
             "shape": source.shape,
@@ -962,11 +976,7 @@ async def _boot_fork(
         except Exception as exc:
             taken.set_exception(exc)
             return
-    async with transaction(services.sessions) as session:
-        await webhooks.emit(
-            session, user_id=child.user_id, action="sandbox.fork", data=event_data(child, source_id=source.id)
-        )
-    taken.set_result(None)
+    taken.set_result(None)  # its ``sandbox.fork`` was written with the outcome (``boot``)
     # A child that inherited no disk has none to mount: no read to find out (as create does).
     if booted is not None and mounts:
         await disks.mount_all(services, booted)

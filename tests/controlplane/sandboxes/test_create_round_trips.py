@@ -123,3 +123,34 @@ async def test_a_destroy_and_its_reclaim_read_the_row_once_each_with_its_members
             assert len(updates) == 2 and "destroyed_at" in updates[1], updates
     finally:
         statements.close()
+
+
+async def test_a_fork_runs_the_creates_one_statement_of_checks_under_its_account_lock(
+    clocked: Clocked,
+) -> None:
+    """A fork checks the caps and its child's name in the create's one statement (which on PostgreSQL
+    also takes the placement lock its room check needs): under its account's lock it reads its source,
+    the checks, its host (the tier's refusal of a copy) and its room, then inserts. Before, the caps,
+    the placement lock and the name were a statement each."""
+    _, api = await user_client(clocked)
+    statements = Statements(clocked)
+    try:
+        async with api:
+            source = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
+            assert source.status_code == 200, source.text
+            source_id = source.json()["data"]["id"]
+            for _ in range(2):  # the first also reads the account's plan, which is then kept for 5 s
+                statements.seen.clear()
+                forked = await api.post(f"/v1/sandboxes/{source_id}/fork", json={})
+                assert forked.status_code == 200, forked.text
+            between = statements.under_account_lock()
+            assert len(between) == 5, between
+            assert between[0].startswith("SELECT sandboxes.id, sandboxes.user_id"), between  # the source
+            assert "count(" in between[1] and "sandboxes.name" in between[1], between
+            if clocked.services.engine.dialect.name == "postgresql":
+                assert "pg_advisory_xact_lock" in between[1], between
+            assert not [s for s in between if "pg_advisory_xact_lock" in s][1:], between
+            child = forked.json()["data"]
+            assert child["status"] == "forking" and child["name"], child
+    finally:
+        statements.close()

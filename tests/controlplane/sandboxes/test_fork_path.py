@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.models import Sandbox, WebhookDelivery
@@ -132,3 +132,49 @@ async def test_a_fork_its_host_tier_refuses_is_a_409_and_leaves_no_child(clocked
         listed = (await http.get("/v1/sandboxes", params={"limit": 100})).json()["data"]["data"]
         assert [view["id"] for view in listed] == [source]
         assert await _fork_events(clocked) == []
+
+
+async def test_a_forks_event_is_written_in_the_transaction_that_records_it_running(clocked: Clocked) -> None:
+    """After the host's fork, the answer waits for one transaction: the child's ``running`` and its
+    ``sandbox.fork`` together. The event had a transaction of its own after the outcome, ~0.5 ms more
+    before every fork's answer."""
+    _user_id, http = await user_client(clocked)
+    engine = clocked.services.engine.sync_engine
+    seen: list[tuple[int, str]] = []
+
+    def statement(conn: Any, cursor: Any, text: str, *_: Any) -> None:
+        seen.append((id(conn), " ".join(text.split())))
+
+    def commit(conn: Any) -> None:
+        seen.append((id(conn), "COMMIT"))
+
+    async with http:
+        hook = await http.post("/v1/webhook-endpoints", json={"url": "http://127.0.0.1:9/hook"})
+        assert hook.status_code == 200, hook.text
+        source = (await http.post("/v1/sandboxes", json={"shape": "s-1vcpu-256mb"})).json()["data"]["id"]
+        event.listen(engine, "before_cursor_execute", statement)
+        event.listen(engine, "commit", commit)
+        try:
+            forked = await http.post(f"/v1/sandboxes/{source}/fork", json={})
+            assert forked.status_code == 200, forked.text
+            answered = len(seen)
+        finally:
+            event.remove(engine, "before_cursor_execute", statement)
+            event.remove(engine, "commit", commit)
+        await clocked.status(http, forked.json()["data"]["id"], "running")
+
+    # Each connection's statements before the answer, cut into transactions at their commits.
+    transactions: dict[int, list[list[str]]] = {}
+    for conn, text in seen[:answered]:
+        ongoing = transactions.setdefault(conn, [[]])
+        if text == "COMMIT":
+            ongoing.append([])
+        else:
+            ongoing[-1].append(text)
+    written = [
+        t for ts in transactions.values() for t in ts if any("INSERT INTO webhook_deliveries" in s for s in t)
+    ]
+    assert len(written) == 1, written  # the fork's event, once
+    assert any(s.startswith("UPDATE sandboxes SET status=") and "running_at" in s for s in written[0]), (
+        written
+    )
