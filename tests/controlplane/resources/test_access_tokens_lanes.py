@@ -105,3 +105,34 @@ async def test_a_disabled_token_stops_at_once_in_both_lanes(cp_app: FastAPI, api
         await api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"}, headers=token), 401, "UNAUTHORIZED"
     )
     fail(await api.get(f"/v1/sandboxes/{sid}", headers=token), 401, "UNAUTHORIZED")
+
+
+async def test_a_fork_is_the_owners_alone_in_both_lanes(
+    cp_app: FastAPI, api: httpx.AsyncClient, lane: str
+) -> None:
+    """The fast lane forks when the body asks for nothing (``{}``, what both SDKs send, or none); the
+    owner's key forks, the sandbox's own token gets 403 (§12.1), as through the route."""
+    sid = await new_sandbox(api)
+    token = as_token((await issue(api, sid))["token"])
+    if lane == "fast lane":
+        cp_app.dependency_overrides[deps.get_caller] = routes_are_off
+        # a fork with overrides reaches the route, which parses them, and is refused by the switch
+        assert (await api.post(f"/v1/sandboxes/{sid}/fork", json={"start_paused": True})).status_code == 503
+    try:
+        fail(await api.post(f"/v1/sandboxes/{sid}/fork", json={}, headers=token), 403, "FORBIDDEN")
+        fail(await api.post(f"/v1/sandboxes/{sid}/fork", headers=token), 403, "FORBIDDEN")
+        fail(await api.post("/v1/sandboxes/sb-000000000000000000000000000/fork", json={}), 404, "NOT_FOUND")
+        children = []
+        for body in ({"json": {}}, {"content": b""}):
+            forked = await api.post(f"/v1/sandboxes/{sid}/fork", **body)  # type: ignore[arg-type]
+            assert forked.status_code == 200, forked.text
+            child = forked.json()["data"]
+            assert child["status"] == "forking" and child["forked_from"] == sid, child
+            children.append(child["id"])
+        for child_id in children:
+            waited = await api.get(
+                f"/v1/sandboxes/{child_id}", params={"wait_for": "running", "wait_ms": "5000"}
+            )
+            assert waited.json()["data"]["status"] == "running", waited.text
+    finally:
+        cp_app.dependency_overrides.clear()
