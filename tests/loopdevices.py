@@ -9,10 +9,13 @@ have a dirty log, which ``xfs_repair -n`` reports as damage."""
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import glob
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -35,6 +38,52 @@ def wait_released(image: Path, timeout_s: float = 60.0) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+#: ``FS_IOC_GETVERSION``: an inode's generation, which tells a file from a later one given its number.
+_FS_IOC_GETVERSION = 0x80087601
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    """One image file, not its path: a slot the pool rebuilds on a recycled network keeps its id, so a
+    new image can be made at a destroyed sandbox's path, on a loop device of its own, while the test
+    still waits for the old one to be let go."""
+
+    path: Path
+    inode: int
+    generation: int
+
+    @classmethod
+    def of(cls, path: Path) -> ImageFile:
+        with open(path, "rb") as image:
+            generation = array.array("l", [0])
+            fcntl.ioctl(image.fileno(), _FS_IOC_GETVERSION, generation)
+            return cls(path, os.fstat(image.fileno()).st_ino, generation[0])
+
+    def bound_to(self) -> list[str]:
+        """The loop devices still attached to this file: to it once removed (the kernel names it
+        ``<path> (deleted)``), or at its path while the path is still this file."""
+        try:
+            still_here = ImageFile.of(self.path) == self
+        except OSError:
+            still_here = False
+        names = {f"{self.path} (deleted)", *([str(self.path)] if still_here else [])}
+        found = []
+        for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+            with contextlib.suppress(OSError):
+                if backing.read_text().strip() in names:
+                    found.append(f"/dev/{backing.parent.parent.name}")
+        return found
+
+    def wait_unbound(self, timeout_s: float) -> bool:
+        """Whether no loop device holds this file any more, waiting up to ``timeout_s`` for it."""
+        deadline = time.monotonic() + timeout_s
+        while self.bound_to():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
 
 
 def holders(devices: list[str]) -> str:

@@ -19,7 +19,7 @@ from paddock_hostagent.sandboxes.heartbeat import DISK_CHECK_INTERVAL_S
 from paddock_hostagent.schemas import DiskMountBody
 from tests.disks.s3server import S3Server
 from tests.hostagent.conftest import AgentProcess, Sandboxes, sh
-from tests.loopdevices import wait_released
+from tests.loopdevices import ImageFile
 from tests.network.internet import FakeInternet
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -131,7 +131,7 @@ async def test_an_s3fs_holds_no_copy_of_its_neighbours_disks(
     assert (await host.attach_disk(neighbour["id"], neighbours_disk)).status == "mounted"
     slot = agent.record(neighbour["id"])["driver_state"]["slot"]
     backing = Path(f"/sys/block/{os.path.basename(slot['loop_device'])}/loop/backing_file")
-    image = Path(backing.read_text().strip())
+    image = ImageFile.of(Path(backing.read_text().strip()))
     sandbox = await sandboxes.create()
     disk = mount_body(s3, s3.bucket("beside-" + secrets.token_hex(4)), "/data")
     assert (await host.attach_disk(sandbox["id"], disk)).status == "mounted"
@@ -141,7 +141,8 @@ async def test_an_s3fs_holds_no_copy_of_its_neighbours_disks(
 
     await host.destroy_sandbox(neighbour["id"])
     assert _s3fs_for(neighbour["id"]) == []
-    assert wait_released(image, timeout_s=30), f"{image} is still bound while the other s3fs runs"
+    # This image file, not its path: the pool may park a new sandbox on a new image at the same path.
+    assert image.wait_unbound(timeout_s=30), f"{image.path} is still bound while the other s3fs runs"
     done = await sh(host, sandbox["id"], "echo still > /data/still.txt && cat /data/still.txt")
     assert done["stdout"] == "still\n", done
 

@@ -23,13 +23,13 @@ from starlette.routing import Route
 
 from paddock_core.http import current_request_id
 from paddock_hostagent.client import HostAgentClient, UnknownImageError
-from paddock_hostagent.drivers.storage import mounts, rootdisks
+from paddock_hostagent.drivers.storage import mounts
 from paddock_hostagent.host import kvm_usable, prepare_host
 from paddock_hostagent.schemas import CreateSandboxBody, ForkBody
 from paddock_hostagent.settings import HostAgentSettings
 from tests.conftest import LiveServer
 from tests.hostagent.conftest import TOKEN, AgentProcess, Sandboxes, run, sh
-from tests.loopdevices import holders, wait_released
+from tests.loopdevices import ImageFile, holders
 
 pytestmark = pytest.mark.root
 
@@ -85,6 +85,7 @@ async def test_an_agent_killed_while_a_disk_was_frozen_leaves_it_writable_and_re
         sandbox = await tracker.create(name="frozen")
         await sh(host, sandbox["id"], "echo before > /root/state")
         slot = agent.record(sandbox["id"])["driver_state"]["slot"]
+        image = ImageFile.of(Path(slot["disk_image"]))
         mounts.freeze_filesystem(Path(slot["disk_mount"]))  # where a killed quiesce stops
     agent.stop(signal.SIGKILL)
     agent.start()
@@ -99,10 +100,11 @@ async def test_an_agent_killed_while_a_disk_was_frozen_leaves_it_writable_and_re
     # A frozen filesystem keeps its loop device open past the unmount: still bound to the image, for
     # good. A mount namespace another test's process made meanwhile (a container switching roots, an
     # ``unshare``) holds its copy of the disk for as long as that process lives, so the check waits
-    # a while for those to end.
-    image = Path(slot["disk_image"])
-    released = wait_released(image, timeout_s=10)
-    assert released, f"the destroyed sandbox's disk outlived it: {holders(rootdisks.loops_backing(image))}"
+    # a while for those to end. It waits for this image file, not its path: the pool may meanwhile
+    # rebuild the slot on its recycled network, under the same id, and park a new sandbox on a new
+    # image at the same path (CI run 45 named that one's guest agents as the holders).
+    released = image.wait_unbound(timeout_s=10)
+    assert released, f"the destroyed sandbox's disk outlived it: {holders(image.bound_to())}"
 
 
 async def test_a_pause_or_resume_answered_right_before_a_crash_holds_after_the_restart(
