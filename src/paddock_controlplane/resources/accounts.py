@@ -139,12 +139,10 @@ _LIVE_COUNT = select(func.count()).where(
 _CREATED_SINCE = select(func.count()).where(
     Sandbox.user_id == bindparam("user_id"), Sandbox.created_at >= bindparam("since")
 )
-#: The two caps' counts as columns (parameters ``user_id`` and ``since``), for a create that reads them
-#: in the statement of everything else it checks under the user lock (``lifecycle._CHECKS``).
+#: The two caps' counts as columns (parameters ``user_id`` and ``since``), for a create or fork that
+#: reads them in the statement of everything else it checks under the user lock (``lifecycle._CHECKS``).
 LIVE_COUNT = _LIVE_COUNT.scalar_subquery()
 CREATED_SINCE = _CREATED_SINCE.scalar_subquery()
-#: Both counts in one statement, for what needs both caps (fork): one trip, not two.
-_LIVE_AND_CREATED_SINCE = select(LIVE_COUNT, CREATED_SINCE)
 
 
 async def lock_user(session: AsyncSession, user_id: str) -> LockedUser:
@@ -221,27 +219,11 @@ def check_plan_limits(plan: Plan, *, vcpu: int, mem_mib: int, disk_mib: int, wan
         raise errors.PlanLimit(f"the {plan.name} plan includes no disks")
 
 
-async def check_quotas(
-    session: AsyncSession,
-    plan: Plan,
-    user_id: str,
-    *,
-    now: dt.datetime,
-    needs_slot: bool,
-    new_sandbox: bool,
-) -> None:
-    """Concurrent and daily sandbox caps; the caller holds the user lock (§14.2)."""
-    live = today = None
-    if needs_slot and new_sandbox:
-        params = {"user_id": user_id, "since": day_start(now)}
-        live, today = (await session.execute(_LIVE_AND_CREATED_SINCE, params)).one()
-    elif needs_slot:
-        live = await session.scalar(_LIVE_COUNT, {"user_id": user_id})
-    elif new_sandbox:
-        today = await session.scalar(_CREATED_SINCE, {"user_id": user_id, "since": day_start(now)})
-    refuse_over_caps(
-        plan, live=int(live or 0) if needs_slot else None, today=int(today or 0) if new_sandbox else None
-    )
+async def check_slot(session: AsyncSession, plan: Plan, user_id: str) -> None:
+    """The concurrent sandbox cap, for a paused sandbox about to run again; the caller holds the user
+    lock (§14.2). A create or a fork counts both caps in its one statement of checks."""
+    live = await session.scalar(_LIVE_COUNT, {"user_id": user_id})
+    refuse_over_caps(plan, live=int(live or 0), today=None)
 
 
 def refuse_over_caps(plan: Plan, *, live: int | None, today: int | None) -> None:

@@ -253,9 +253,7 @@ async def resume(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
         require_status(await owned(session, user_id, sandbox_id), SandboxStatus.PAUSED, "resumed")
         accounts.require_credit(account)
         plan = await accounts.cached_plan(session, account.plan_id)
-        await accounts.check_quotas(
-            session, plan, user_id, now=services.clock(), needs_slot=True, new_sandbox=False
-        )
+        await accounts.check_slot(session, plan, user_id)
         claimed = await claim(
             session,
             user_id,
