@@ -42,6 +42,9 @@ LEGACY_QUIET_S = 6 * 3600
 #: State dirs of host agents (``pdkt2-``: a second agent's, tests/templates) and of control planes.
 PATTERNS = ("pdkt-*", "pdkt2-*", "pdkcp-*")
 NETNS_DIR = Path("/run/netns")
+#: A fake internet's namespace (tests/network/internet.py), and its log ``/tmp/<netns>.log``, which its
+#: maker holds locked (``held_file``) while it runs.
+FAKE_INTERNET_PREFIX = "pdkinet-"
 #: The host agents' OCI runtime state (``runtime_root``, one directory per runtime), shared by every
 #: agent on the machine.
 RUNTIME_ROOT = Path("/run/paddock")
@@ -58,23 +61,32 @@ class OwnerLock:
     def __init__(self, directory: Path, record: dict[str, Any]) -> None:
         if not lock_free(directory / OWNER_LOCK):
             raise RuntimeError(f"{directory} is owned by another live test process")
-        staging = directory / f".{OWNER_LOCK}.{os.getpid()}.{secrets.token_hex(3)}"
-        handle = open(staging, "w")  # noqa: SIM115 - held until release()
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it
-            handle.write(json.dumps({"pid": os.getpid(), **record}))
-            handle.flush()
-            staging.replace(directory / OWNER_LOCK)
-        except BaseException:
-            handle.close()
-            staging.unlink(missing_ok=True)
-            raise
-        self._handle: IO[str] | None = handle
+        self._handle: IO[str] | None = held_file(
+            directory / OWNER_LOCK, json.dumps({"pid": os.getpid(), **record})
+        )
 
     def release(self) -> None:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+
+def held_file(path: Path, content: str) -> IO[str]:
+    """``path`` with ``content``, locked (``flock``) by this process for as long as the returned handle
+    stays open: made and locked under a temporary name, then renamed into place, so no other process
+    ever sees it unlocked while its maker lives."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}")
+    handle = open(staging, "w")  # noqa: SIM115 - the caller holds it
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it
+        handle.write(content)
+        handle.flush()
+        staging.replace(path)
+    except BaseException:
+        handle.close()
+        staging.unlink(missing_ok=True)
+        raise
+    return handle
 
 
 def _lock_free(path: Path, taken: list[int]) -> bool:
@@ -111,23 +123,30 @@ def _newest_change(directory: Path) -> float:
     return newest
 
 
-def _named_by_a_process(directory: Path) -> bool:
-    """Whether any process's environment, command line or working directory names ``directory``."""
+def _processes_naming(directory: Path, *, anywhere: bool) -> list[int]:
+    """The processes but this one whose command line names ``directory`` or a path under it; with
+    ``anywhere``, also their environment and working directory."""
     name = os.fsencode(str(directory))
     endings = (name + b"\0", name + b"/")
+    found = []
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
-        for part in ("environ", "cmdline"):
+        blobs = []
+        for part in ("cmdline", "environ") if anywhere else ("cmdline",):
             with contextlib.suppress(OSError):
-                blob = (proc / part).read_bytes() + b"\0"
-                if any(ending in blob for ending in endings):
-                    return True
-        with contextlib.suppress(OSError):
-            cwd = os.readlink(proc / "cwd")
-            if cwd == str(directory) or cwd.startswith(str(directory) + "/"):
-                return True
-    return False
+                blobs.append((proc / part).read_bytes() + b"\0")
+        if anywhere:
+            with contextlib.suppress(OSError):
+                blobs.append(os.fsencode(os.readlink(proc / "cwd")) + b"\0")
+        if any(ending in blob for blob in blobs for ending in endings):
+            found.append(int(proc.name))
+    return found
+
+
+def _named_by_a_process(directory: Path) -> bool:
+    """Whether any process's environment, command line or working directory names ``directory``."""
+    return bool(_processes_naming(directory, anywhere=True))
 
 
 def claim_if_dead(directory: Path, now: float | None = None) -> list[int] | None:
@@ -236,15 +255,21 @@ def remove_state(
     tables = _recorded(directory).get("nft_tables", []) if nft_tables is None else nft_tables
     tag = agent_tag(directory)
     # Its sandboxes' processes first: a killed agent's parked sandboxes go on running in its cgroup,
-    # and their mount namespaces keep the loop devices of their disks attached.
+    # and their mount namespaces keep the loop devices of their disks attached. A VM agent's QEMU
+    # processes are in no cgroup of its own: they name their slot's files on their command line.
     done += _kill_cgroup(tag)
+    done += _kill_naming(directory)
     done += remove_containers(runtime_root, lambda bundle: bundle.is_relative_to(directory))
-    slots = directory / "slots"
-    if slots.is_dir():
-        for slot in sorted(slots.iterdir()):
+    # The container tier's slots, then the VM tier's, each in its namespace ``pdk-<slot>``; a VM slot
+    # also has its sockets' directory in the runtime root.
+    for slots, run_dir in ((directory / "slots", None), (directory / "vm" / "slots", runtime_root / "vm")):
+        for slot in sorted(slots.iterdir()) if slots.is_dir() else []:
             netns = f"pdk-{slot.name}"
             if (NETNS_DIR / netns).exists() and _run("ip", "netns", "delete", netns):
                 done.append(f"netns {netns}")
+            if run_dir is not None and (run_dir / slot.name).is_dir():
+                shutil.rmtree(run_dir / slot.name, ignore_errors=True)
+                done.append(f"dir {run_dir / slot.name}")
     # Slots' mounts first (their loop devices back onto files in the disk store), then the loops, then
     # whatever was busy (the store), lazily if it still is, then the loops that backed it.
     for lazily in (False, False, True):  # a point with mounts stacked on it needs one pass for each
@@ -281,6 +306,22 @@ def agent_tag(directory: Path) -> str:
     return hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]
 
 
+def _kill_naming(directory: Path) -> list[str]:
+    """SIGKILLs the processes whose command line names a path under ``directory`` (a dead VM agent's
+    QEMU: its disk, pidfile and initramfs are there) and waits up to 5 s for them; returns what it
+    killed. The directory's owners are gone, so whatever still names it is theirs."""
+    killed: list[str] = []
+    deadline = time.monotonic() + 5
+    while (alive := _processes_naming(directory, anywhere=False)) and time.monotonic() < deadline:
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+                if f"process {pid}" not in killed:
+                    killed.append(f"process {pid}")
+        time.sleep(0.1)
+    return killed
+
+
 def _kill_cgroup(tag: str) -> list[str]:
     """SIGKILLs every process in the agent's cgroups (``paddock-<tag>`` in the pids hierarchy, its
     sandboxes' groups below it) and waits up to 5 s for them to be gone; returns what it killed."""
@@ -311,9 +352,8 @@ def _kill_cgroup(tag: str) -> list[str]:
 
 def sweep(root: Path = Path("/tmp"), runtime_root: Path = RUNTIME_ROOT) -> list[str]:
     """Removes the state dirs under ``root`` whose owners are dead, the runtime records of containers
-    whose bundle was in a test's state dir that is gone, and FakeInternet logs whose namespace is gone
-    (tests/network/internet.py makes the namespace before the log and deletes it before the log);
-    returns what it removed."""
+    whose bundle was in a test's state dir that is gone, and the fake internets whose makers are dead
+    (their logs' locks are free: tests/network/internet.py); returns what it removed."""
     done: list[str] = []
 
     def left_by_a_test(bundle: Path) -> bool:
@@ -334,9 +374,31 @@ def sweep(root: Path = Path("/tmp"), runtime_root: Path = RUNTIME_ROOT) -> list[
         finally:
             for fd in claimed:
                 os.close(fd)
-    for log in root.glob("pdkinet-*.log"):
-        if not (NETNS_DIR / log.name.removesuffix(".log")).exists():
-            with contextlib.suppress(OSError):
-                log.unlink()
-                done.append(f"log {log}")
+    for log in root.glob(f"{FAKE_INTERNET_PREFIX}*.log"):
+        taken: list[int] = []
+        try:
+            if _lock_free(log, taken):  # its maker is gone: nothing stops its fake internet now
+                done += _remove_fake_internet(log.name.removesuffix(".log"))
+                with contextlib.suppress(OSError):
+                    log.unlink()
+                    done.append(f"log {log}")
+        finally:
+            for fd in taken:
+                os.close(fd)
+    return done
+
+
+def _remove_fake_internet(netns: str) -> list[str]:
+    """A dead run's fake internet: its server, still serving in ``netns`` when its test process was
+    killed, then the namespace, which takes the veth pair with it."""
+    if not (NETNS_DIR / netns).exists():
+        return []
+    done: list[str] = []
+    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
+    for pid in listed.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), 9)
+            done.append(f"process {pid}")
+    if _run("ip", "netns", "delete", netns):
+        done.append(f"netns {netns}")
     return done

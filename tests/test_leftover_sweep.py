@@ -164,6 +164,33 @@ def test_a_dead_agents_sandboxes_still_running_in_its_cgroup_are_killed_and_the_
                 path.rmdir()
 
 
+def test_a_dead_vm_agents_qemu_its_slots_namespace_and_sockets_go(tmp_path: Path) -> None:
+    # A VM agent's QEMU runs in no cgroup of the agent's: killed mid-run, CI's machine kept one
+    # running, in its slot's namespace, after the sweep had removed the state dir its disk was in.
+    directory = tmp_path / f"pdkt-{secrets.token_hex(4)}"
+    slot = secrets.token_hex(4)
+    slot_dir = directory / "vm" / "slots" / slot
+    slot_dir.mkdir(parents=True)
+    runtime_root = tmp_path / "run"
+    (runtime_root / "vm" / slot).mkdir(parents=True)
+    netns = f"pdk-{slot}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    # What QEMU's command line names: its overlay and pidfile in the slot (``-drive file=…``).
+    qemu = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)", f"file={slot_dir}/overlay.qcow2"]
+    )
+    try:
+        swept = sweep.remove_state(directory, [], runtime_root)
+        assert f"process {qemu.pid}" in swept and f"netns {netns}" in swept, swept
+        assert qemu.wait(timeout=10) == -9
+        assert not _netns_exists(netns) and not (runtime_root / "vm" / slot).exists()
+        assert not directory.exists(), swept
+    finally:
+        qemu.kill()
+        qemu.wait()
+        subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
+
+
 @pytest.mark.parametrize("lock", [sweep.OWNER_LOCK, "agent.lock"])
 def test_a_held_lock_keeps_the_dir_until_its_holder_dies(
     dead_run: DeadRun, tmp_path: Path, lock: str
@@ -221,16 +248,79 @@ def test_a_dir_without_an_owner_lock_goes_only_when_quiet_for_hours_and_named_by
     assert not directory.exists()
 
 
-def test_a_fake_internet_log_goes_only_without_its_namespace(tmp_path: Path) -> None:
-    live, dead = f"pdkinet-{secrets.token_hex(3)}", f"pdkinet-{secrets.token_hex(3)}"
-    for name in (live, dead):
-        (tmp_path / f"{name}.log").write_text("serving\n")
-    subprocess.run(["ip", "netns", "add", live], check=True)
+def test_a_fake_internet_goes_once_its_maker_is_dead_and_not_before(tmp_path: Path) -> None:
+    """A run killed while a fake internet served left its namespace, its server in it, its veth pair
+    and its log (CI's machine held one after a session ended mid-run). The log's lock says whether its
+    maker lives."""
+    live, dead = (f"{sweep.FAKE_INTERNET_PREFIX}{secrets.token_hex(3)}" for _ in range(2))
+    holder = _hold(tmp_path / f"{live}.log")
+    (tmp_path / f"{dead}.log").write_text("serving\n")
+    host_link = f"pin{dead.removeprefix(sweep.FAKE_INTERNET_PREFIX)}"
+    server = None
     try:
-        assert sweep.sweep(tmp_path) == [f"log {tmp_path / dead}.log"]
-        assert (tmp_path / f"{live}.log").exists()
+        for name in (live, dead):
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        subprocess.run(
+            ["ip", "link", "add", host_link, "type", "veth", "peer", "name", "eth0", "netns", dead],
+            check=True,
+        )
+        server = subprocess.Popen(["nsenter", f"--net=/run/netns/{dead}", "--", "sleep", "600"])
+        deadline = time.monotonic() + 5
+        while str(server.pid) not in _netns_pids(dead) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert str(server.pid) in _netns_pids(dead)
+
+        swept = sweep.sweep(tmp_path)
+
+        assert swept == [f"process {server.pid}", f"netns {dead}", f"log {tmp_path / dead}.log"], swept
+        assert server.wait(timeout=10) == -9
+        assert not _netns_exists(dead)
+        assert subprocess.run(["ip", "link", "show", host_link], capture_output=True).returncode != 0
+        assert _netns_exists(live) and (tmp_path / f"{live}.log").exists()
     finally:
-        subprocess.run(["ip", "netns", "delete", live], check=True)
+        _release(holder)
+        if server is not None:
+            server.kill()
+            server.wait()
+        for name in (live, dead):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
+def _netns_pids(name: str) -> list[str]:
+    return subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+
+
+def test_a_fake_internet_whose_test_process_was_killed_is_swept() -> None:
+    """The real one: made by a process then killed, as a session ended mid-run kills its tests."""
+    code = (
+        "import sys; from tests.network.internet import FakeInternet; f = FakeInternet().start(); "
+        "print(f.netns, f.process.pid, flush=True); sys.stdin.read()"
+    )
+    maker = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert maker.stdout is not None
+    netns, server = maker.stdout.readline().split()
+    log = Path(f"/tmp/{netns}.log")
+    try:
+        sweep.sweep()
+        assert _netns_exists(netns) and log.exists(), "a live one stays"
+        maker.kill()
+        maker.wait()
+        assert _netns_exists(netns) and server in _netns_pids(netns), "its server outlives it"
+        swept = sweep.sweep()
+        assert f"netns {netns}" in swept and f"log {log}" in swept, swept
+        assert not _netns_exists(netns) and not log.exists()
+        assert (
+            not Path(f"/proc/{server}/cmdline").exists() or not Path(f"/proc/{server}/cmdline").read_bytes()
+        )
+    finally:
+        maker.kill()
+        maker.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(server), 9)
+        subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
+        log.unlink(missing_ok=True)
 
 
 def test_the_fake_internet_removes_its_log_and_namespace_when_stopped() -> None:

@@ -30,9 +30,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
+
+from tests.sweep import FAKE_INTERNET_PREFIX, held_file
 
 #: Test names and the last octet of their address; ``raw-*`` entries have no DNS name.
 HOSTS: dict[str, int] = {
@@ -66,7 +68,7 @@ def _taken_prefixes() -> set[str]:
 class FakeInternet:
     def __init__(self) -> None:
         tag = secrets.token_hex(3)
-        self.netns = f"pdkinet-{tag}"
+        self.netns = f"{FAKE_INTERNET_PREFIX}{tag}"
         self.host_if = f"pin{tag}"
         self.subnet = self._free_subnet()
         base = self.subnet.network_address
@@ -75,6 +77,7 @@ class FakeInternet:
         self.cidr = str(ipaddress.IPv4Network(f"{base + 32}/28"))  # holds cidr-in-*, not raw-*
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = Path(f"/tmp/{self.netns}.log")
+        self._owned: IO[str] | None = None
 
     @staticmethod
     def _free_subnet() -> ipaddress.IPv4Network:
@@ -104,6 +107,9 @@ class FakeInternet:
             [*ns, "link", "set", "eth0", "up"],
             [*ns, "route", "add", "default", "via", self.gateway],
         ]
+        # The log first, locked for as long as this process owns the namespace: a run killed before
+        # stop() leaves it free, and the next session's sweep then takes the namespace down.
+        self._owned = held_file(self.log_path, "")
         try:
             for argv in commands:
                 subprocess.run(argv, check=True, capture_output=True)
@@ -118,7 +124,7 @@ class FakeInternet:
                 "records": {name: address for name, address in self.addresses.items() if "." in name},
             }
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-            with open(self.log_path, "wb") as log:
+            with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(
                     # nsenter, not ``ip netns exec``: no mount namespace of its own, whose copy of every
                     # host mount would keep other tests' disks mounted while it runs (qemu.py).
@@ -161,9 +167,10 @@ class FakeInternet:
             self.process.wait()
         subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True)
         subprocess.run(["ip", "link", "delete", self.host_if], capture_output=True)
-        # After the namespace: a log without its namespace is one the session-start sweep may remove
-        # (tests/sweep.py), and start() makes the namespace before the log.
         self.log_path.unlink(missing_ok=True)
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
 
     def __enter__(self) -> FakeInternet:
         return self.start()
