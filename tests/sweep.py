@@ -4,14 +4,16 @@ A run that is killed part-way (a CI job cancelled, a developer's Ctrl-C twice, a
 its tests ran) never reaches its teardowns: a host agent's state dir ``/tmp/pdkt-<tag>`` keeps its disk
 store (xfs on a loop device), its slots' mounts, loop devices and network namespaces, and its
 containers' records in the OCI runtime's state directory (``/run/paddock/<runtime>``, shared by every
-agent on the machine); a control plane's ``/tmp/pdkcp-<tag>`` keeps its database and log. The next
-session removes those, and only those: other runs on the same machine (a CI run, other developers'
+agent on the machine), and a VM agent's QEMU processes go on running in its slots' namespaces; a
+control plane's ``/tmp/pdkcp-<tag>`` keeps its database and log; a fake internet
+(tests/network/internet.py) keeps its namespace, its server and its log. The next session removes
+those, and only those: other runs on the same machine (a CI run, other developers'
 tests) are going on at the same time, so a directory is swept only when its owners are provably gone.
 
 **Who owns a directory.** The test process that made it holds ``test-owner.lock`` in it (``OwnerLock``,
 an ``flock`` the kernel drops when that process dies, however it dies) for as long as it owns it, across
-restarts of the agent or control plane it runs; a host agent also holds its own ``agent.lock``. The
-sweep takes each lock without blocking: if it gets every one, nobody holds them, and it keeps them
+restarts of the agent or control plane it runs; a host agent also holds its own ``agent.lock``; a
+fake internet's maker holds its log's lock the same way (``held_file``). The sweep takes each lock without blocking: if it gets every one, nobody holds them, and it keeps them
 while it removes the directory (an agent started there meanwhile would fail to lock its state dir).
 A directory made before owner locks existed (none in it) is swept only when no process on the machine
 names it (in its environment, command line or working directory) and nothing in it changed for
