@@ -15,29 +15,39 @@ import fcntl
 import glob
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 
-def backing_files() -> set[str]:
-    """Every loop device's backing file."""
-    found = set()
+def _bound() -> dict[str, str]:
+    """Each bound loop device (``/dev/loopN``) and its backing file as the kernel names it: its path, with
+    `` (deleted)`` once the file was removed."""
+    found = {}
     for path in Path("/sys/block").glob("loop*/loop/backing_file"):
-        try:
-            found.add(path.read_text().strip().removesuffix(" (deleted)"))
-        except OSError:
-            continue
+        with contextlib.suppress(OSError):
+            found[f"/dev/{path.parent.parent.name}"] = path.read_text().strip()
     return found
 
 
-def wait_released(image: Path, timeout_s: float = 60.0) -> bool:
-    """Whether no loop device holds ``image`` any more, waiting up to ``timeout_s`` for it."""
+def backing_files() -> set[str]:
+    """Every loop device's backing file."""
+    return {name.removesuffix(" (deleted)") for name in _bound().values()}
+
+
+def _until(done: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``done()`` came true within ``timeout_s``, asked every 0.2 s."""
     deadline = time.monotonic() + timeout_s
-    while str(image) in backing_files():
+    while not done():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
     return True
+
+
+def wait_released(image: Path, timeout_s: float = 60.0) -> bool:
+    """Whether no loop device holds ``image`` any more, waiting up to ``timeout_s`` for it."""
+    return _until(lambda: str(image) not in backing_files(), timeout_s)
 
 
 #: ``FS_IOC_GETVERSION``: an inode's generation, which tells a file from a later one given its number.
@@ -69,21 +79,11 @@ class ImageFile:
         except OSError:
             still_here = False
         names = {f"{self.path} (deleted)", *([str(self.path)] if still_here else [])}
-        found = []
-        for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-            with contextlib.suppress(OSError):
-                if backing.read_text().strip() in names:
-                    found.append(f"/dev/{backing.parent.parent.name}")
-        return found
+        return sorted(device for device, backing in _bound().items() if backing in names)
 
     def wait_unbound(self, timeout_s: float) -> bool:
         """Whether no loop device holds this file any more, waiting up to ``timeout_s`` for it."""
-        deadline = time.monotonic() + timeout_s
-        while self.bound_to():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-        return True
+        return _until(lambda: not self.bound_to(), timeout_s)
 
 
 def holders(devices: list[str]) -> str:

@@ -308,14 +308,13 @@ def agent_tag(directory: Path) -> str:
     return hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]
 
 
-def _kill_naming(directory: Path) -> list[str]:
-    """SIGKILLs the processes whose command line names a path under ``directory`` (a dead VM agent's
-    QEMU: its disk, pidfile and initramfs are there) and waits up to 5 s for them; returns what it
-    killed. The directory's owners are gone, so whatever still names it is theirs."""
+def _kill_until_gone(alive: Callable[[], list[int]]) -> list[str]:
+    """SIGKILLs the processes ``alive()`` names until it names none, for up to 5 s; returns what it
+    killed."""
     killed: list[str] = []
     deadline = time.monotonic() + 5
-    while (alive := _processes_naming(directory, anywhere=False)) and time.monotonic() < deadline:
-        for pid in alive:
+    while (pids := alive()) and time.monotonic() < deadline:
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
                 if f"process {pid}" not in killed:
@@ -324,11 +323,17 @@ def _kill_naming(directory: Path) -> list[str]:
     return killed
 
 
+def _kill_naming(directory: Path) -> list[str]:
+    """Kills the processes whose command line names a path under ``directory`` (a dead VM agent's QEMU:
+    its disk, pidfile and initramfs are there). The directory's owners are gone, so whatever still
+    names it is theirs."""
+    return _kill_until_gone(lambda: _processes_naming(directory, anywhere=False))
+
+
 def _kill_cgroup(tag: str) -> list[str]:
-    """SIGKILLs every process in the agent's cgroups (``paddock-<tag>`` in the pids hierarchy, its
-    sandboxes' groups below it) and waits up to 5 s for them to be gone; returns what it killed."""
+    """Kills every process in the agent's cgroups (``paddock-<tag>`` in the pids hierarchy, its
+    sandboxes' groups below it)."""
     pids_root = Path("/sys/fs/cgroup/pids")
-    killed: list[str] = []
     groups: list[Path] = []
     for _ in range(10):  # other tests' cgroups come and go while the tree is walked
         try:
@@ -336,20 +341,15 @@ def _kill_cgroup(tag: str) -> list[str]:
             break
         except OSError:
             time.sleep(0.05)
-    deadline = time.monotonic() + 5
-    while True:
-        alive: list[int] = []
+
+    def alive() -> list[int]:
+        pids: list[int] = []
         for group in groups:
             with contextlib.suppress(OSError):
-                alive += [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
-        if not alive or time.monotonic() > deadline:
-            return killed
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-                if f"process {pid}" not in killed:
-                    killed.append(f"process {pid}")
-        time.sleep(0.1)
+                pids += [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+        return pids
+
+    return _kill_until_gone(alive)
 
 
 def sweep(root: Path = Path("/tmp"), runtime_root: Path = RUNTIME_ROOT) -> list[str]:
@@ -395,12 +395,12 @@ def _remove_fake_internet(netns: str) -> list[str]:
     killed, then the namespace, which takes the veth pair with it."""
     if not (NETNS_DIR / netns).exists():
         return []
-    done: list[str] = []
-    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
-    for pid in listed.split():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), 9)
-            done.append(f"process {pid}")
+
+    def inside() -> list[int]:
+        listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
+        return [int(pid) for pid in listed.split()]
+
+    done = _kill_until_gone(inside)
     if _run("ip", "netns", "delete", netns):
         done.append(f"netns {netns}")
     return done

@@ -10,6 +10,7 @@ import asyncio
 import time
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import event, insert, select
 
@@ -85,6 +86,13 @@ async def test_a_create_runs_one_statement_of_checks_then_placement_under_its_ac
         statements.close()
 
 
+async def _running(api: httpx.AsyncClient) -> str:
+    """A new sandbox's id."""
+    made = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
+    assert made.status_code == 200, made.text
+    return str(made.json()["data"]["id"])
+
+
 async def test_a_destroy_and_its_reclaim_read_the_row_once_each_with_its_memberships(
     clocked: Clocked,
 ) -> None:
@@ -96,9 +104,7 @@ async def test_a_destroy_and_its_reclaim_read_the_row_once_each_with_its_members
     statements = Statements(clocked)
     try:
         async with api:
-            made = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
-            assert made.status_code == 200, made.text
-            sandbox_id = made.json()["data"]["id"]
+            sandbox_id = await _running(api)
             statements.seen.clear()
             gone = await api.delete(f"/v1/sandboxes/{sandbox_id}")
             assert gone.status_code == 200, gone.text
@@ -136,9 +142,7 @@ async def test_a_fork_runs_the_creates_one_statement_of_checks_under_its_account
     statements = Statements(clocked)
     try:
         async with api:
-            source = await api.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb"})
-            assert source.status_code == 200, source.text
-            source_id = source.json()["data"]["id"]
+            source_id = await _running(api)
             for _ in range(2):  # the first also reads the account's plan, which is then kept for 5 s
                 statements.seen.clear()
                 forked = await api.post(f"/v1/sandboxes/{source_id}/fork", json={})
