@@ -75,10 +75,12 @@ class Tier:
         return await guest_run(self.runtime, record, script, stdin)
 
     async def start_counter(self, record: SandboxRecord) -> None:
-        """A background counter, started once (a fork inherits it running)."""
+        """A background counter, started once (a fork inherits it running), and counting: its first
+        value is written before this returns (a test that read it at once found no file, under TCG)."""
         script = "[ -f /tmp/counter.pid ] && kill -0 $(cat /tmp/counter.pid) 2>/dev/null || "
         script += f"{{ nohup bash -c '{COUNTER}' >/dev/null 2>&1 & echo $! > /tmp/counter.pid; }}"
-        assert (await self.sh(record, script))[0] == 0
+        script += "; for _ in $(seq 300); do [ -f /tmp/counter ] && exit 0; sleep 0.1; done; exit 1"
+        assert (await self.sh(record, script))[0] == 0, "the counter wrote nothing in 30 s"
 
     async def counts_past(self, record: SandboxRecord, value: int, timeout_s: float = 30.0) -> int:
         """Waits until the counter is above ``value`` (TCG on a loaded machine runs it slowly)."""
