@@ -458,7 +458,10 @@ def test_request_bodies_stream_through(ingress: Ingress, app_sandbox: dict[str, 
     assert hashlib.sha256(body).digest()  # the body was random, not a compressible pattern
 
 
-def test_a_websocket_passes_through_and_is_cut_when_ingress_is_turned_off(ingress: Ingress) -> None:
+def test_a_websocket_passes_through_and_is_cut_when_ingress_is_turned_off(
+    ingress: Ingress, pause_s: float = 0.0
+) -> None:
+    """``pause_s`` is slept before each message, so that the app's server is waiting for it in a read."""
     with ingress.http() as http:
         sandbox = create_sandbox(http, ingress_enabled=True)
         sandbox_id = str(sandbox["id"])
@@ -467,8 +470,10 @@ def test_a_websocket_passes_through_and_is_cut_when_ingress_is_turned_off(ingres
         sock = socket.create_connection(("127.0.0.1", ingress.port), timeout=20)
         with ws_connect(uri, sock=sock, open_timeout=20) as ws:
             for text in ("hello", "x" * 70_000):
+                time.sleep(pause_s)
                 ws.send(text)
                 assert ws.recv(timeout=10) == f"echo:{text}"
+            time.sleep(pause_s)
             ws.send(b"\x00\x01binary")
             assert ws.recv(timeout=10) == b"\x00\x01binary"
             http.patch(f"/v1/sandboxes/{sandbox_id}", json={"ingress_enabled": False})
