@@ -78,7 +78,7 @@ class Sandboxes:
         The other keywords are CreateSandboxRequest's fields (§10.6), named as on the wire; ``None``
         leaves a field out. ``rootfs``: a catalog image or a template's id or name. ``networks``:
         ``[{"id": "net_…"}]``. ``disk_mib``: the overlay disk (0 or None: the shape's). ``egress``: the
-        allowlist (empty: all). ``envs``: set in every command. ``node_selector``: host labels to match.
+        egress rules (empty: all; docs/egress.md). ``envs``: set in every command. ``node_selector``: host labels to match.
         ``disks``: ``[{"disk_id", "mount_path", "sub_path"?}]`` mounted at boot. ``timeout_s``: the
         lifetime, after which it is destroyed (or paused: ``on_timeout="pause"``; hibernated, only its disk
         kept: ``on_timeout="hibernate"``). ``on_idle="hibernate"``: the idle pause of
@@ -715,12 +715,13 @@ class Sandbox:
         return int(data["count"])
 
     def egress(self) -> list[str]:
-        """The egress allowlist; ``[]`` means everything is allowed."""
+        """The egress rules; ``[]`` means everything is allowed. Allow rules alone are an allowlist; a list
+        with deny rules (``!ip``, ``!cidr``) lets everything out but what those name."""
         data = self._client.request("GET", self._path("egress"))
         return list(data["egress"])
 
     def set_egress(self, rules: Iterable[str] | None) -> list[str]:
-        """Replace the allowlist (``None``, ``[]`` or ``["*"]`` allow all); returns the normalised list."""
+        """Replace the egress rules (``None``, ``[]`` or ``["*"]`` allow all); returns the normalised list."""
         body = {"egress": None if rules is None else list(rules)}
         data = self._client.request("PUT", self._path("egress"), json=body)
         return list(data["egress"])

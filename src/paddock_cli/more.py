@@ -60,11 +60,13 @@ def rootfs(json_out: bool = JSON_OPTION) -> None:
 
 def egress(
     ref: str,
-    rules: list[str] = typer.Argument(None, help="New rules (domain, IP or CIDR, optionally :port)."),
-    clear: bool = typer.Option(False, "--clear", help="Remove every rule (no egress)."),
+    rules: list[str] = typer.Argument(
+        None, help="New rules (domain, IP or CIDR, optionally :port; '!IP' or '!CIDR' denies it)."
+    ),
+    clear: bool = typer.Option(False, "--clear", help="Remove every rule (everything allowed)."),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Show the sandbox's egress allowlist, or replace it with RULES."""
+    """Show the sandbox's egress rules, or replace them with RULES."""
     with api_errors(), client() as sdk:
         sb = sandbox.resolve(sdk, ref)
         now = sb.set_egress(rules or []) if (rules or clear) else sb.egress()

@@ -258,7 +258,9 @@ class EgressService:
             return "open"
         allowed = guarded.policy.name_ports(qname)
         if allowed is None:
-            return "deny"
+            # A denylist lets every name resolve (what it denies are addresses, refused whatever the
+            # name); an allowlist resolves only the names it allows.
+            return "open" if guarded.policy.denylist else "deny"
         any_port, ports = allowed
         generation = guarded.generation
 

@@ -3,9 +3,10 @@ the three variables, against a fake internet in a network namespace this module 
 (tests/network/internet.py; no packet leaves the machine): ``deny_out=[ALL_TRAFFIC]`` with ``allow_out``
 lets a sandbox reach the address allowed and not another, which an open sandbox reaches; a deny of
 everything with nothing allowed reaches neither; ``get_info()`` shows the lists; ``dns_servers`` are
-reached wholly when ``allow_out`` names a domain (E2B's 8.8.8.8 when left out); what an allowlist cannot
-say (a deny of some addresses only …) is a 501 in E2B's shape naming the field, and a malformed entry a
-400. Before, every egress field was a 501, and ``dns_servers`` was until it was served.
+reached wholly when ``allow_out`` names a domain (E2B's 8.8.8.8 when left out); a ``deny_out`` of some
+addresses only denies those and lets the rest out, an ``allow_out`` entry winning over it; a field Paddock
+does not serve (``egress_proxy``, ``rules``) is a 501 in E2B's shape naming the field, and a malformed entry a
+400. Before, every egress field was a 501, and ``dns_servers`` and a partial ``deny_out`` were until served.
 ``update_network`` replaces the list on a running sandbox the same way (before: a 501)."""
 
 from __future__ import annotations
@@ -139,10 +140,42 @@ def test_dns_servers_are_reached_wholly_when_a_domain_is_allowed(
             sandbox.kill()
 
 
-def test_what_an_allowlist_cannot_say_is_refused_in_e2b_shape(e2b_env: E2bPlatform) -> None:
+def test_deny_out_of_some_addresses_denies_those_and_allow_out_wins_over_it(
+    e2b_env: E2bPlatform, internet: FakeInternet
+) -> None:
+    """E2B's "deny specific IPs only": everything but ``deny_out`` goes out, and an ``allow_out`` entry
+    naming a denied address wins, as on E2B; ``get_info()`` shows both lists as given, and
+    ``update_network`` replaces them. Before, a 501."""
+    a, b = internet.address("raw-a"), internet.address("raw-b")
+    inside, excepted = internet.address("cidr-in-1"), internet.address("cidr-in-2")
+    sandbox = Sandbox.create(network={"deny_out": [b, internet.cidr], "allow_out": [excepted]}, timeout=300)
+    try:
+        assert _fetch(sandbox, a, max_time=20) == "raw-a:80", "what is not denied goes out"
+        assert _fetch(sandbox, excepted, max_time=20) == "cidr-in-2:80", "allow_out wins"
+        assert _fetch(sandbox, b).startswith("error") and _fetch(sandbox, inside).startswith("error")
+        network = sandbox.get_info().network or {}
+        assert network.get("deny_out") == [b, internet.cidr] and network.get("allow_out") == [excepted], (
+            network
+        )
+        with e2b_env.platform.http(e2b_env.api_key) as native:
+            view = native.get(f"/v1/sandboxes/{sandbox.sandbox_id}").json()["data"]
+            assert view["egress"] == [excepted, f"!{b}", f"!{internet.cidr}"], view
+
+        sandbox.update_network({"deny_out": [a]})
+        assert _fetch(sandbox, a).startswith("error")
+        assert (
+            _fetch(sandbox, b, max_time=20) == "raw-b:80"
+            and _fetch(sandbox, inside, max_time=20) == "cidr-in-1:80"
+        )
+        network = sandbox.get_info().network or {}
+        assert network.get("deny_out") == [a] and network.get("allow_out") == [], network
+    finally:
+        sandbox.kill()
+
+
+def test_network_fields_not_served_are_refused_in_e2b_shape(e2b_env: E2bPlatform) -> None:
     before = len(Sandbox.list().next_items())
     for network, field in (
-        ({"deny_out": ["198.18.0.0/15"]}, "network.denyOut[0]"),
         ({"deny_out": [ALL_TRAFFIC], "egress_proxy": {"address": "192.0.2.1:1080"}}, "network.egressProxy"),
         ({"rules": {"example.test": [{"transform": {"headers": {"X-A": "b"}}}]}}, "network.rules"),
     ):
@@ -188,9 +221,14 @@ def test_update_network_replaces_the_allowlist_of_a_running_sandbox(
         assert _fetch(sandbox, allowed).startswith("error") and _fetch(sandbox, other).startswith("error")
         assert (sandbox.get_info().network or {}).get("allow_out") == []
 
-        # What an allowlist cannot say is refused, in E2B's shape, and the list stays as it was.
-        with pytest.raises(SandboxException, match=r"denyOut\[0\]") as refused:
-            sandbox.update_network({"deny_out": ["198.18.0.0/15"]})
+        # What Paddock does not serve is refused, in E2B's shape, and the list stays as it was.
+        with pytest.raises(SandboxException, match="rules") as refused:
+            sandbox.update_network(
+                {
+                    "deny_out": ["198.18.0.0/15"],
+                    "rules": {"example.test": [{"transform": {"headers": {"X-A": "b"}}}]},
+                }
+            )
         assert getattr(refused.value, "status_code", 501) == 501, refused.value
         with httpx.Client(
             base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}, timeout=60

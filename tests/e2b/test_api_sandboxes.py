@@ -149,11 +149,15 @@ def test_errors_are_the_sdks_own(e2b_env: E2bPlatform) -> None:
         assert bad.status_code == 400 and "timeout" in bad.json()["message"]
         bad = http.post("/v2/sandboxes", json={"templateID": "base", "metadata": {"k": "v" * 5000}})
         assert bad.status_code == 400 and "metadata.k" in bad.json()["message"]
-        # A rule the sandbox would not obey (Paddock's egress rules are an allowlist: denying some
-        # addresses only is not one) is refused, not ignored, and nothing is made.
+        # A rule the sandbox would not obey (a header rule, which needs an egress proxy Paddock has
+        # not) is refused, not ignored, and nothing is made.
         before = Sandbox.list().next_items()
         refused = http.post(
-            "/v2/sandboxes", json={"templateID": "base", "network": {"denyOut": ["10.9.8.0/24"]}}
+            "/v2/sandboxes",
+            json={
+                "templateID": "base",
+                "network": {"rules": {"example.test": [{"transform": {"headers": {}}}]}},
+            },
         )
         assert refused.status_code == 501 and "network" in refused.json()["message"]
         assert len(Sandbox.list().next_items()) == len(before)

@@ -1,7 +1,8 @@
 """Egress allowlists seen from inside real sandboxes made through the public API, against a fake internet.
 
-Every rule form (host, host:port, *.host, ip, ip:port, cidr, cidr:port), live changes with PUT, name
-rules that cannot be bypassed by dialling an address, and inbound connections that keep working.
+Every rule form (host, host:port, *.host, ip, ip:port, cidr, cidr:port, and ``!`` before an address form
+to deny it), live changes with PUT, name rules that cannot be bypassed by dialling an address, and
+inbound connections that keep working.
 """
 
 from __future__ import annotations
@@ -122,6 +123,40 @@ def test_bad_rules_get_400_naming_the_rule(api: httpx.Client) -> None:
         assert field in response.text, response.text
     response = api.post("/v1/sandboxes", json={"shape": "s-1vcpu-256mb", "egress": ["a.test:0"]})
     assert response.status_code == 400 and "egress[0]" in response.text
+
+
+def test_deny_rules_refuse_what_they_name_and_let_the_rest_out(
+    api: httpx.Client, internet: FakeInternet
+) -> None:
+    """A list with deny rules (``!ip``, ``!cidr``, either with a port) lets everything out but what they
+    name; an allow rule naming it too wins (E2B's ``allowOut`` over ``denyOut``), a name rule once the
+    sandbox's resolver answered it; every name resolves."""
+    a, b = internet.address("raw-a"), internet.address("raw-b")
+    api_ip, inside, excepted = (internet.address(n) for n in ("api.example.test", "cidr-in-1", "cidr-in-2"))
+    rules = [f"!{internet.cidr}", f"!{b}:8080", excepted, f"!{api_ip}", "api.example.test:8080"]
+    sandbox = create(api, egress=[f" !{internet.cidr} ", *rules[1:]])
+    assert sandbox["egress"] == rules
+    sid = sandbox["id"]
+    assert fetch(api, sid, a) == "raw-a:80", "what no rule names goes out"
+    assert fetch(api, sid, "other.example.test", 8080) == "other.example.test:8080", "names resolve"
+    assert fetch(api, sid, b) == "raw-b:80"
+    assert fetch(api, sid, b, 8080).startswith("error"), "!ip:port denies that port only"
+    assert fetch(api, sid, inside).startswith("error"), "inside the denied CIDR"
+    assert fetch(api, sid, excepted) == "cidr-in-2:80", "an allowed address wins over its denied CIDR"
+    assert fetch(api, sid, "api.example.test").startswith("error"), "resolved, and its address denied"
+    assert fetch(api, sid, "api.example.test", 8080) == "api.example.test:8080", "its name rule wins on 8080"
+
+    put = api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": [f"!{a}"]})
+    assert put.status_code == 200 and put.json()["data"]["egress"] == [f"!{a}"], put.text
+    assert fetch(api, sid, a).startswith("error")
+    assert fetch(api, sid, inside) == "cidr-in-1:80", "the earlier deny rules are gone"
+    assert fetch(api, sid, api_ip, 8080) == "api.example.test:8080"
+
+    for bad, field in ((["!api.example.test"], "egress[0]"), ([f"!{a}", "!*"], "egress[1]")):
+        refused = api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": bad})
+        assert refused.status_code == 400 and field in refused.text, refused.text
+        assert "only addresses and CIDR blocks can be denied" in refused.text, refused.text
+    assert api.get(f"/v1/sandboxes/{sid}/egress").json()["data"]["egress"] == [f"!{a}"], "unchanged"
 
 
 def test_fork_inherits_the_allowlist_or_takes_a_new_one(api: httpx.Client, internet: FakeInternet) -> None:

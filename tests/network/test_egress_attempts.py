@@ -111,3 +111,34 @@ def test_allowed_and_refused_attempts_become_numbered_records(namespaces: tuple[
         asyncio.run(scenario())
     finally:
         listener.close()
+
+
+def test_a_denylists_refusals_are_refused_attempts_too(namespaces: tuple[str, str, str]) -> None:
+    host, sandbox, target = namespaces
+    listener = network_support.socket_in(Path(f"/run/netns/{target}"), socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((TARGET_IP, 80))
+    listener.listen(8)
+    # 81 listens too: what refuses it is the rule, not the target
+    denied = network_support.socket_in(Path(f"/run/netns/{target}"), socket.AF_INET, socket.SOCK_STREAM)
+    denied.bind((TARGET_IP, 81))
+    denied.listen(8)
+
+    async def scenario() -> None:
+        made = network_support.made_in(
+            Path(f"/run/netns/{host}"), lambda: EgressFirewall(NFT_TABLE, "10.254.96.0/24", HOST_IP)
+        )
+        made.setup_host()
+        service = EgressService(made, "127.0.0.1:0", [])
+        await service.attach(Attachment("sbx_deny", "pdkt1", SANDBOX_IP, [f"!{TARGET_IP}:81"], -1))
+        assert dial(sandbox, 80), "what the denylist does not name passes"
+        assert not dial(sandbox, 81), "and what it names is refused"
+        records, _, _ = await service.attempts("", 0, 100)
+        seen = {(r.verdict, r.address, r.protocol, r.port) for r in records}
+        assert seen == {("allowed", TARGET_IP, "tcp", 80), ("refused", TARGET_IP, "tcp", 81)}
+        await service.detach("sbx_deny", "pdkt1")
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        listener.close()
+        denied.close()

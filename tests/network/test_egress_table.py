@@ -200,6 +200,100 @@ def test_an_upgraded_agent_converts_a_chain_per_sandbox_table_keeping_its_sandbo
     asyncio.run(scenario())
 
 
+DENYING = EgressPolicy.parse(["!192.0.2.0/24", "!198.51.100.9:25", "192.0.2.7"])
+
+
+def test_a_denylist_goes_to_its_own_chain_and_a_restarted_agent_replaces_it(netns: str) -> None:
+    async def scenario() -> None:
+        before = firewall(netns)
+        before.setup_host()
+        await before.install("pdkt1", ip(1), DENYING, quota_bytes=GIB)
+        listed = table(netns)
+        assert '"pdkt1" : goto denylist' in listed
+        assert '"pdkt1" . 192.0.2.0/24' in listed and '"pdkt1" . 198.51.100.9 . 25' in listed
+        assert '"pdkt1" . 192.0.2.7' in listed, "its allow rule, which wins over the deny"
+
+        after = firewall(netns)
+        after.setup_host()
+        assert await after.installed() == {"pdkt1"}
+        await after.install("pdkt1", ip(1), CLOSED, quota_bytes=GIB)
+        listed = table(netns)
+        assert '"pdkt1" : goto allowlist' in listed
+        assert "192.0.2.0/24" not in listed and "198.51.100.9" not in listed, (
+            "the deny rules read back and gone"
+        )
+        await after.remove("pdkt1")
+        assert "pdkt1" not in table(netns)
+
+    asyncio.run(scenario())
+
+
+#: What the agent before denylists left for a sandbox with an allowlist and a spent budget and an open
+#: one, as ``nft list table`` printed it (the sets of attempts left out): no ``denylist`` or
+#: ``refused`` chain, no deny sets, and the allowlist refusing by itself.
+SHARED_BEFORE_DENYLISTS = """
+table ip pdkt_egress {
+	quota q_pdkt1 { over 1024 mbytes used 4321 bytes }
+	map out_chains { type ifname : verdict; elements = { "pdkt1" : goto allowlist, "pdkt2" : goto budget } }
+	set egress_bytes { type ifname; counter; elements = { "pdkt1", "pdkt2" } }
+	set ingress_bytes { type ifname; counter; elements = { "pdkt1", "pdkt2" } }
+	map budgets { type ifname : quota; elements = { "pdkt1" : "q_pdkt1" } }
+	set allow_net { type ifname . ipv4_addr; flags interval; elements = { "pdkt1" . 192.0.2.7 } }
+	set allow_netport {
+		type ifname . ipv4_addr . inet_service; flags interval; elements = { "pdkt1" . 198.51.100.0/24 . 443 }
+	}
+	set answers { type ifname . ipv4_addr; flags timeout; }
+	set answer_ports { type ifname . ipv4_addr . inet_service; flags timeout; }
+	chain forward {
+		type filter hook forward priority filter - 5; policy accept;
+		iifname vmap @out_chains
+		iifname "pdk*" ip saddr 10.254.80.0/20 drop
+	}
+	chain post { type filter hook postrouting priority filter; policy accept; oifname @ingress_bytes; }
+	chain allowlist {
+		ct state established,related goto budget
+		iifname . ip daddr @allow_net goto budget
+		meta l4proto { tcp, udp } iifname . ip daddr . th dport @allow_netport goto budget
+		iifname . ip daddr @answers goto budget
+		meta l4proto { tcp, udp } iifname . ip daddr . th dport @answer_ports goto budget
+		reject with tcp reset
+		reject with icmp admin-prohibited
+	}
+	chain budget {
+		quota name iifname map @budgets goto over_budget
+		iifname @egress_bytes accept
+	}
+	chain over_budget {
+		reject with tcp reset
+		reject with icmp admin-prohibited
+	}
+}
+"""
+
+
+def test_an_agent_started_over_the_table_before_denylists_keeps_its_sandboxes_and_can_deny(
+    netns: str,
+) -> None:
+    async def scenario() -> None:
+        made_in(netns, Nft).run_sync(SHARED_BEFORE_DENYLISTS)
+        upgraded = firewall(netns)
+        upgraded.setup_host()  # the agent's start: the layout's chains, sets and rules refreshed
+        assert await upgraded.installed() == {"pdkt1", "pdkt2"}
+        listed = table(netns)
+        assert '"pdkt1" : goto allowlist' in listed and '"pdkt1" . 198.51.100.0/24 . 443' in listed
+        assert "chain denylist" in listed and "set deny_net" in listed
+        metered = await upgraded.usage("pdkt1", metered=True)
+        assert metered is not None and not metered.capped, "its budget kept"
+
+        await upgraded.install("pdkt2", ip(2), DENYING, quota_bytes=-1)
+        listed = table(netns)
+        assert '"pdkt2" : goto denylist' in listed and '"pdkt2" . 192.0.2.0/24' in listed
+        await upgraded.install("pdkt1", ip(1), OPEN, quota_bytes=GIB)
+        assert "198.51.100.0/24" not in table(netns), "what the agent before installed is replaced"
+
+    asyncio.run(scenario())
+
+
 def test_the_cap_follows_the_budget_and_unmetered_is_never_capped(netns: str) -> None:
     async def scenario() -> None:
         fw = firewall(netns)

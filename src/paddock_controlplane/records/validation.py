@@ -64,9 +64,38 @@ def _hostname(text: str, field: str) -> str:
     return host
 
 
+#: What a rule starts with to deny the addresses it names (docs/egress.md, "Denying some addresses").
+EGRESS_DENY = "!"
+
+
 def egress_rule(raw: str, field: str) -> str:
-    """One allowlist rule: host, host:port, *.host, ip, ip:port, cidr, cidr:port, [v6]:port."""
+    """One rule: host, host:port, *.host, ip, ip:port, cidr, cidr:port, [v6]:port; or ``!`` and one of
+    the address forms, which denies it."""
     rule = raw.strip()
+    if rule.startswith(EGRESS_DENY):
+        denied = _allow_rule(rule[1:].strip(), field)
+        if denied == "*" or not _names_addresses(denied):
+            raise ValidationFailed.field(
+                field,
+                f"{rule!r}: only addresses and CIDR blocks can be denied (a name's address can be dialled)",
+            )
+        return EGRESS_DENY + denied
+    return _allow_rule(rule, field)
+
+
+def _names_addresses(rule: str) -> bool:
+    """Whether a normalised rule names addresses (ip, cidr, [v6], either with a port), not host names."""
+    host = rule.rpartition(":")[0] if rule.count(":") == 1 else rule
+    if host.startswith("["):
+        return True
+    try:
+        ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _allow_rule(rule: str, field: str) -> str:
     if not rule:
         raise ValidationFailed.field(field, "empty rule")
     if rule == "*":
@@ -113,7 +142,9 @@ def egress_rule(raw: str, field: str) -> str:
 
 
 def egress_rules(rules: list[str] | None, field: str = "egress") -> list[str]:
-    """Normalise a list: trimmed, lowercased, de-duplicated; ``["*"]`` and ``[]`` mean allow all."""
+    """Normalise a list: trimmed, lowercased, de-duplicated; ``["*"]`` and ``[]`` mean allow all. A list
+    with a deny rule (``!…``) lets everything out but what those name, unless an allow rule names it too;
+    one without is an allowlist."""
     out: list[str] = []
     for index, raw in enumerate(rules or []):
         rule = egress_rule(raw, f"{field}[{index}]")

@@ -50,3 +50,28 @@ def test_bad_rules_are_refused_naming_them(rule: str) -> None:
     with pytest.raises(EgressRuleError) as caught:
         EgressPolicy.parse(["ok.test", rule])
     assert caught.value.rule == rule
+
+
+def test_deny_rules_make_a_denylist_whose_allow_rules_are_its_exceptions() -> None:
+    policy = EgressPolicy.parse(
+        ["!10.0.0.0/8", "!10.9.0.0/16", "!192.0.2.7:25", "10.1.2.3", "api.test", "!::1"]
+    )
+    assert not policy.open and policy.denylist
+    assert policy.denied_networks == (ipaddress.IPv4Network("10.0.0.0/8"),), "collapsed"
+    assert policy.denied_network_ports == ((ipaddress.IPv4Network("192.0.2.7/32"), 25),)
+    assert policy.networks == (ipaddress.IPv4Network("10.1.2.3/32"),)
+    assert policy.name_ports("api.test") == (True, set())
+    assert (
+        policy.name_ports("other.test") is None
+    )  # the resolver still answers it: a denylist's names resolve
+    assert not EgressPolicy.parse(["10.1.2.3", "api.test"]).denylist, "allow rules alone: an allowlist"
+    assert EgressPolicy.parse(["![2001:db8::1]:443"]).denylist, (
+        "an IPv6 deny matches nothing, but says denylist"
+    )
+
+
+@pytest.mark.parametrize("rule", ["!api.test", "!*.foo.test", "!api.test:443", "!1.2.3.4:0", "!"])
+def test_only_addresses_can_be_denied(rule: str) -> None:
+    with pytest.raises(EgressRuleError) as caught:
+        EgressPolicy.parse(["!1.2.3.4", rule])
+    assert caught.value.rule == rule

@@ -129,7 +129,7 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     if body.iam:
         raise e2b_errors.NotBuilt("iam: workload identity is not served by Paddock")
     # ``allowOut``/``denyOut`` (and ``allow_internet_access: false``, E2B's deny of everything) as the
-    # native egress allowlist, or a 501 naming what an allowlist cannot say (schemas.egress).
+    # native egress rules: an allowlist, or a denylist with allowed exceptions (schemas.egress).
     egress = schemas.egress(network, body.allow_internet_access)
     # How its ports are reached: /v1's ``ingress_host_header`` and ``ingress_https_ports``.
     host_mask = network.host_mask() if network is not None else None
@@ -397,7 +397,7 @@ def _refuse_unserved(network: schemas.EgressConfig, where: str) -> None:
     if unserved:
         raise e2b_errors.NotBuilt(
             f"{where}{unserved[0]}: not served by Paddock; allowOut and denyOut are (its egress"
-            " allowlist, docs/e2b.md), and its sandboxes resolve names through their host"
+            " rules, docs/e2b.md), and its sandboxes resolve names through their host"
         )
 
 

@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.records import app_ports, validation
 from paddock_controlplane.records.models import Sandbox
@@ -104,37 +103,38 @@ class NetworkUpdate(EgressConfig):
 def egress(
     network: EgressConfig | None, allow_internet_access: bool | None, where: str = "network."
 ) -> list[str] | None:
-    """E2B's egress fields as Paddock's allowlist (``egress`` of the native create), or None to leave the
+    """E2B's egress fields as Paddock's rules (``egress`` of the native create), or None to leave the
     sandbox open. E2B: everything is allowed unless denied, and an allowed entry wins over a denied one.
-    Paddock's list allows what it names and refuses the rest, so it says the same when everything is
-    denied (``denyOut`` holds ``ALL_TRAFFIC``, or ``allow_internet_access: false``, which E2B defines as
-    that): the list is then ``allowOut`` (CIDRs, IPs, ``example.com`` and ``*.example.com``, which
-    Paddock's resolver admits) and, when it names a domain, the ``dnsServers`` (E2B's 8.8.8.8 when left
-    out), or :data:`NOTHING_OUT` when it is empty. ``allowOut`` without a deny
-    allows what is allowed anyway: open. A ``denyOut`` of some addresses only (everything but these)
-    has no allowlist to say it, and is a 501 naming the entry. ``where`` is what the fields' names start
-    with in an error (a create's are under ``network.``, an update's are the body's own)."""
+    - ``denyOut`` holds ``ALL_TRAFFIC`` (or ``allow_internet_access: false``, which E2B defines as that):
+      an allowlist, ``allowOut`` (CIDRs, IPs, ``example.com`` and ``*.example.com``, which Paddock's
+      resolver admits), or :data:`NOTHING_OUT` when it is empty.
+    - ``denyOut`` of some addresses only: a denylist, each one a deny rule (``!cidr``), with
+      ``allowOut``'s entries as its allow rules, which win over them as on E2B.
+    - ``allowOut`` without a deny allows what is allowed anyway: open.
+
+    Either list, when ``allowOut`` names a domain, also allows the ``dnsServers`` (E2B's 8.8.8.8 when
+    left out). ``where`` is what the fields' names start with in an error (a create's are under
+    ``network.``, an update's are the body's own)."""
     allow_out = network.allow_out if network is not None else None
     deny_out = network.deny_out if network is not None else None
     dns_servers = _dns_servers(network.dns_servers if network is not None else None, f"{where}dnsServers")
     denies_all = allow_internet_access is False
+    denied: list[str] = []
     for index, entry in enumerate(deny_out or []):
         field = f"{where}denyOut[{index}]"
         try:
-            denied = ipaddress.ip_network(entry.strip(), strict=False)
+            network_denied = ipaddress.ip_network(entry.strip(), strict=False)
         except ValueError:
             raise errors.ValidationFailed.field(
                 field, f"{entry[:64]!r} is not a CIDR block or an IP address (E2B denies no domains)"
             ) from None
-        if denied.prefixlen == 0:
+        if network_denied.prefixlen == 0:
             denies_all = True
-        else:
-            raise e2b_errors.NotBuilt(
-                f"{field}: Paddock's egress rules are an allowlist, so denying some addresses and "
-                f"allowing the rest is not served; deny {ALL_TRAFFIC} (ALL_TRAFFIC) and list what may "
-                "be reached in allowOut"
-            )
-    if not denies_all:
+            continue
+        rule = validation.egress_rule(validation.EGRESS_DENY + entry.strip(), field)
+        if rule not in denied:
+            denied.append(rule)
+    if not denies_all and not denied:
         if allow_out is not None:  # as E2B: nothing denied, everything allowed; still a 400 if malformed
             validation.egress_rules(allow_out, f"{where}allowOut")
         return None
@@ -146,7 +146,9 @@ def egress(
     if any(_is_domain(rule) for rule in rules):
         # E2B: an allowOut that names a domain lets the sandbox reach its DNS servers too, wholly.
         rules += [server for server in dns_servers if server not in rules]
-    return rules or [NOTHING_OUT]
+    if denies_all:  # everything else is denied already: the addresses denied besides add nothing
+        return rules or [NOTHING_OUT]
+    return rules + denied
 
 
 def _dns_servers(servers: list[Any] | None, field: str) -> list[str]:
@@ -188,12 +190,20 @@ def _is_cidr(rule: str) -> bool:
 
 
 def egress_view(sandbox: Sandbox) -> dict[str, list[str]]:
-    """``allowOut``/``denyOut`` of a sandbox's detail, read from its allowlist (so a ``PUT /v1/…/egress``
-    shows too): none while it is open; else everything denied and the rules allowed."""
+    """``allowOut``/``denyOut`` of a sandbox's detail, read from its rules (so a ``PUT /v1/…/egress``
+    shows too): none while it is open; a denylist's deny rules as ``denyOut`` and its allow rules as
+    ``allowOut``; else everything denied and the rules allowed."""
     rules = [str(rule) for rule in sandbox.egress or []]
     if not rules:
         return {}
-    return {"allowOut": [rule for rule in rules if rule != NOTHING_OUT], "denyOut": [ALL_TRAFFIC]}
+    denied = [rule for rule in rules if rule.startswith(validation.EGRESS_DENY)]
+    allowed = [rule for rule in rules if not rule.startswith(validation.EGRESS_DENY) and rule != NOTHING_OUT]
+    if denied:
+        return {
+            "allowOut": allowed,
+            "denyOut": [rule.removeprefix(validation.EGRESS_DENY) for rule in denied],
+        }
+    return {"allowOut": allowed, "denyOut": [ALL_TRAFFIC]}
 
 
 class NewVolume(Body):

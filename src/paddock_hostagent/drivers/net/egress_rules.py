@@ -5,6 +5,7 @@ each can be rebuilt without touching the other. A sandbox is only elements, keye
 ``pdk<slot>``, of sets and maps every sandbox shares::
 
     forward (hook)   iifname vmap @out_chains ── goto allowlist     (a sandbox with rules)
+                                               ├ goto denylist      (with deny rules: open but these)
                                                └ goto budget        (open: no rules)
                      iifname "pdk*" ip saddr <subnet> drop        (a veth without a policy: fail closed)
     allowlist        ct state established,related goto budget     (replies and flows already admitted)
@@ -13,14 +14,21 @@ each can be rebuilt without touching the other. A sandbox is only elements, keye
                      iifname . ip daddr @answers / iifname . ip daddr . port @answer_ports
                                                                    -> budget   (answers of the
                                                                     sandbox's resolver, with their TTL)
-                     ct state new: update @tried_refused          (the attempt, for the audit trail)
-                     reject
+                     goto refused
+    denylist         ct state established,related goto budget
+                     the allowlist's four matches -> budget       (an allowed entry wins over a denied
+                                                                   one, as E2B's ``allowOut`` does)
+                     iifname . ip daddr @deny_net / iifname . ip daddr . port @deny_netport
+                                                                   -> refused
+                     goto budget
+    refused          ct state new: update @tried_refused          (the attempt, for the audit trail)
+                     tcp: reject with tcp reset; else icmp admin-prohibited
     budget           quota name iifname map @budgets goto over_budget   (metered: quota used up)
                      ct state new: update @tried_allowed          (the attempt, for the audit trail)
                      iifname @egress_bytes accept                 (egress bytes, exact: the element's
                                                                    own counter)
-    over_budget      ct state new: update @tried_refused; tcp: reject with tcp reset; else icmp
-                     admin-prohibited
+    over_budget      as refused                                   (its own chain, so that a listing
+                                                                   tells the two apart)
     post (hook)      oifname @ingress_bytes                       (ingress bytes, observed only)
 
 libnftables reads the chains and the named objects (counters, quotas) of every table in the network
@@ -101,29 +109,48 @@ class NameRule:
         return qname == self.name
 
 
+#: Addresses (any port) and addresses with a port, as a policy holds them.
+Networks = tuple[ipaddress.IPv4Network, ...]
+NetworkPorts = tuple[tuple[ipaddress.IPv4Network, int], ...]
+#: What a rule starts with to deny what it names instead of allowing it (``!1.2.3.4``, ``!10.0.0.0/8:25``).
+DENY = "!"
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
-    """A parsed allowlist. ``open`` means no rules: everything passes."""
+    """A parsed list of rules. ``open`` means no rules: everything passes. ``denylist`` means the list
+    has deny rules (``!ip``, ``!cidr``, either with a port): everything passes but what they name, and
+    an allow rule that also names it wins (E2B's ``denyOut`` and ``allowOut``). Without deny rules the
+    allow rules are an allowlist: what they name passes, nothing else."""
 
-    networks: tuple[ipaddress.IPv4Network, ...] = ()
-    network_ports: tuple[tuple[ipaddress.IPv4Network, int], ...] = ()
+    networks: Networks = ()
+    network_ports: NetworkPorts = ()
     names: tuple[NameRule, ...] = ()
     open: bool = True
+    denied_networks: Networks = ()
+    denied_network_ports: NetworkPorts = ()
+    denylist: bool = False
 
     @classmethod
     def parse(cls, rules: list[str]) -> EgressPolicy:
         """Rules as the control plane normalises them: host, host:port, *.host, ip, ip:port, cidr,
-        cidr:port, [v6]:port. IPv6 rules are accepted and match nothing (sandboxes have no IPv6)."""
+        cidr:port, [v6]:port, and ``!`` before an address rule to deny it. IPv6 rules are accepted and
+        match nothing (sandboxes have no IPv6)."""
         if not rules or rules == ["*"]:
             return cls()
         networks: list[ipaddress.IPv4Network] = []
         network_ports: dict[int, list[ipaddress.IPv4Network]] = {}
+        denied: list[ipaddress.IPv4Network] = []
+        denied_ports: dict[int, list[ipaddress.IPv4Network]] = {}
         names: list[NameRule] = []
+        denylist = False
         for raw in rules:
             rule = raw.strip().lower()
             if rule == "*":
                 raise EgressRuleError(raw, "'*' is allowed only as the sole entry")
-            host, port = _split_port(raw, rule)
+            denies = rule.startswith(DENY)
+            denylist = denylist or denies
+            host, port = _split_port(raw, rule.removeprefix(DENY))
             if host.startswith("[") or ":" in host:
                 _parse_v6(raw, host)
                 continue
@@ -134,8 +161,11 @@ class EgressPolicy:
             if isinstance(net, ipaddress.IPv6Network):
                 continue
             if net is not None:
-                (network_ports.setdefault(port, []) if port else networks).append(net)
+                nets, by_port = (denied, denied_ports) if denies else (networks, network_ports)
+                (by_port.setdefault(port, []) if port else nets).append(net)
                 continue
+            if denies:  # its address could be dialled without asking the resolver
+                raise EgressRuleError(raw, "only addresses and CIDR blocks can be denied, not names")
             wildcard = host.startswith("*.")
             name = host[2:] if wildcard else host
             _check_hostname(raw, name)
@@ -143,14 +173,13 @@ class EgressPolicy:
                 raise EgressRuleError(raw, "'*.' needs a domain with at least two labels")
             names.append(NameRule(name, wildcard, port))
         return cls(
-            networks=tuple(ipaddress.collapse_addresses(networks)),
-            network_ports=tuple(
-                (net, port)
-                for port, nets in sorted(network_ports.items())
-                for net in ipaddress.collapse_addresses(nets)
-            ),
+            networks=_collapsed(networks),
+            network_ports=_collapsed_by_port(network_ports),
             names=tuple(dict.fromkeys(names)),
             open=False,
+            denied_networks=_collapsed(denied),
+            denied_network_ports=_collapsed_by_port(denied_ports),
+            denylist=denylist,
         )
 
     def name_ports(self, qname: str) -> tuple[bool, set[int]] | None:
@@ -160,6 +189,14 @@ class EgressPolicy:
         if not matched:
             return None
         return any(rule.port is None for rule in matched), {r.port for r in matched if r.port is not None}
+
+
+def _collapsed(networks: list[ipaddress.IPv4Network]) -> Networks:
+    return tuple(ipaddress.collapse_addresses(networks))
+
+
+def _collapsed_by_port(by_port: dict[int, list[ipaddress.IPv4Network]]) -> NetworkPorts:
+    return tuple((net, port) for port, nets in sorted(by_port.items()) for net in _collapsed(nets))
 
 
 def _split_port(raw: str, rule: str) -> tuple[str, int | None]:
@@ -231,11 +268,15 @@ ADDRESS_SETS = {
     "allow_netport": "type ifname . ipv4_addr . inet_service; flags interval;",
     "answers": "type ifname . ipv4_addr; flags timeout;",
     "answer_ports": "type ifname . ipv4_addr . inet_service; flags timeout;",
+    "deny_net": "type ifname . ipv4_addr; flags interval;",
+    "deny_netport": "type ifname . ipv4_addr . inet_service; flags interval;",
 }
 #: Sets whose elements expire by themselves: an element may be gone before it is deleted.
 EXPIRING = ("answers", "answer_ports")
-#: The two chains a veth's forwarded packets go to (its element of ``out_chains``).
-ALLOWLIST, BUDGET = "allowlist", "budget"
+#: The three chains a veth's forwarded packets go to (its element of ``out_chains``).
+ALLOWLIST, DENYLIST, BUDGET = "allowlist", "denylist", "budget"
+#: Where what a list of rules does not let out is refused (and recorded as a refused attempt).
+REFUSED = "refused"
 #: Where a metered sandbox's packets go once its quota is used up. They are refused, not dropped: a
 #: dropped segment stays in the sender's buffer and is retransmitted, so the data a killed program
 #: left behind would leave the moment a recharge opened the budget and spend it before anything the
@@ -311,6 +352,28 @@ class EgressFirewall:
             for name in ATTEMPT_SETS
         )
         attempt = "iifname . ip daddr . meta l4proto . th dport"
+        chains = (ALLOWLIST, DENYLIST, BUDGET, REFUSED, OVER_BUDGET)
+        # What an allowlist lets out, and what a denylist lets out whatever it denies.
+        admitted = "\n".join(
+            f"add rule {t} {chain} {rule} goto {BUDGET}"
+            for chain in (ALLOWLIST, DENYLIST)
+            for rule in (
+                "ct state established,related",
+                "iifname . ip daddr @allow_net",
+                f"{ports} iifname . ip daddr . th dport @allow_netport",
+                "iifname . ip daddr @answers",
+                f"{ports} iifname . ip daddr . th dport @answer_ports",
+            )
+        )
+        refusals = "\n".join(
+            f"add rule {t} {chain} {rule}"
+            for chain in (REFUSED, OVER_BUDGET)
+            for rule in (
+                f"ct state new {ports} update @{TRIED_REFUSED} {{ {attempt} }}",
+                "meta l4proto tcp reject with tcp reset",
+                "reject with icmp type admin-prohibited",
+            )
+        )
         return f"""
 add table {t}
 add map {t} out_chains {{ type ifname : verdict; }}
@@ -321,30 +384,21 @@ add map {t} budgets {{ type ifname : quota; }}
 {attempt_sets}
 add chain {t} forward {{ type filter hook forward priority filter - 5; policy accept; }}
 add chain {t} post {{ type filter hook postrouting priority filter; policy accept; }}
-add chain {t} {ALLOWLIST}
-add chain {t} {BUDGET}
-add chain {t} {OVER_BUDGET}
+{chr(10).join(f"add chain {t} {chain}" for chain in chains)}
 flush chain {t} forward
 flush chain {t} post
-flush chain {t} {ALLOWLIST}
-flush chain {t} {BUDGET}
-flush chain {t} {OVER_BUDGET}
+{chr(10).join(f"flush chain {t} {chain}" for chain in chains)}
 add rule {t} forward iifname vmap @out_chains
 add rule {t} forward iifname "pdk*" ip saddr {self.subnet} drop
-add rule {t} {ALLOWLIST} ct state established,related goto {BUDGET}
-add rule {t} {ALLOWLIST} iifname . ip daddr @allow_net goto {BUDGET}
-add rule {t} {ALLOWLIST} {ports} iifname . ip daddr . th dport @allow_netport goto {BUDGET}
-add rule {t} {ALLOWLIST} iifname . ip daddr @answers goto {BUDGET}
-add rule {t} {ALLOWLIST} {ports} iifname . ip daddr . th dport @answer_ports goto {BUDGET}
-add rule {t} {ALLOWLIST} ct state new {ports} update @{TRIED_REFUSED} {{ {attempt} }}
-add rule {t} {ALLOWLIST} meta l4proto tcp reject with tcp reset
-add rule {t} {ALLOWLIST} reject with icmp type admin-prohibited
+{admitted}
+add rule {t} {ALLOWLIST} goto {REFUSED}
+add rule {t} {DENYLIST} iifname . ip daddr @deny_net goto {REFUSED}
+add rule {t} {DENYLIST} {ports} iifname . ip daddr . th dport @deny_netport goto {REFUSED}
+add rule {t} {DENYLIST} goto {BUDGET}
+{refusals}
 add rule {t} {BUDGET} quota name iifname map @budgets goto {OVER_BUDGET}
 add rule {t} {BUDGET} ct state new {ports} update @{TRIED_ALLOWED} {{ {attempt} }}
 add rule {t} {BUDGET} iifname @{EGRESS_BYTES} accept
-add rule {t} {OVER_BUDGET} ct state new {ports} update @{TRIED_REFUSED} {{ {attempt} }}
-add rule {t} {OVER_BUDGET} meta l4proto tcp reject with tcp reset
-add rule {t} {OVER_BUDGET} reject with icmp type admin-prohibited
 add rule {t} post oifname @{INGRESS_BYTES}
 """
 
@@ -450,13 +504,17 @@ add rule {t} post oifname @{INGRESS_BYTES}
         del ip
         t, v = self._t, _q(veth)
         lines: list[Op | str] = [*self._forget(veth), *self._unroute(veth)]
-        networks = {str(net) for net in policy.networks}
-        network_ports = {f"{net} . {port}" for net, port in policy.network_ports}
-        for name, keys in (("allow_net", networks), ("allow_netport", network_ports)):
+        held = {
+            "allow_net": _keys(policy.networks),
+            "allow_netport": _port_keys(policy.network_ports),
+            "deny_net": _keys(policy.denied_networks),
+            "deny_netport": _port_keys(policy.denied_network_ports),
+        }
+        for name, keys in held.items():
             if keys:
                 items = ", ".join(f"{v} . {key}" for key in sorted(keys))
                 lines.append(f"add element {t} {name} {{ {items} }}")
-        chain = BUDGET if policy.open else ALLOWLIST
+        chain = BUDGET if policy.open else DENYLIST if policy.denylist else ALLOWLIST
         lines += [
             *self._unbudget(veth),
             *self._budget(veth, quota_bytes, used_bytes),
@@ -465,7 +523,7 @@ add rule {t} post oifname @{INGRESS_BYTES}
             AddElement("out_chains", veth, goto=chain),
         ]
         await self._nft(lines)
-        self._held[veth] = {"allow_net": networks, "allow_netport": network_ports}
+        self._held[veth] = held
         self._routed[veth] = chain
 
     async def set_quota(self, veth: str, *, quota_bytes: int, used_bytes: int) -> None:
@@ -614,6 +672,15 @@ def _objects_of(output: str) -> list[dict[str, NftObject]]:
 
 def _q(text: str) -> str:
     return f'"{text}"'
+
+
+def _keys(networks: Networks) -> set[str]:
+    """Elements' keys (without the veth) for a set of addresses, as nft text."""
+    return {str(net) for net in networks}
+
+
+def _port_keys(network_ports: NetworkPorts) -> set[str]:
+    return {f"{net} . {port}" for net, port in network_ports}
 
 
 def _element_key(element: Any) -> tuple[str, str] | None:
