@@ -1,6 +1,6 @@
 """Connection attempts for the audit trail (drivers/net/egress_rules.py's sets of attempts, egress.py's
 records), with real packets between namespaces the test makes: a "host" namespace holding the egress
-table and routing, a "sandbox" behind the veth ``pdkt1``, and a "target" with a listener on one port.
+table and routing, a "sandbox" behind the veth ``pdkt1``, and a "target" listening on two ports.
 
 tests/audit/test_audit_live.py follows a refused attempt from a real sandbox to its audit trail.
 """
@@ -71,18 +71,41 @@ def dial(sandbox: str, port: int) -> bool:
         sock.close()
 
 
-def test_allowed_and_refused_attempts_become_numbered_records(namespaces: tuple[str, str, str]) -> None:
-    host, sandbox, target = namespaces
+def listening(target: str, port: int) -> socket.socket:
+    """A TCP listener on the target's address and ``port``."""
     listener = network_support.socket_in(Path(f"/run/netns/{target}"), socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind((TARGET_IP, 80))
+    listener.bind((TARGET_IP, port))
     listener.listen(8)
+    return listener
+
+
+@pytest.fixture
+def listeners(namespaces: tuple[str, str, str]) -> Iterator[None]:
+    """The target listens on 80 and 81, so that what refuses a dial is the rule, not the target."""
+    made = [listening(namespaces[2], port) for port in (80, 81)]
+    try:
+        yield
+    finally:
+        for listener in made:
+            listener.close()
+
+
+def service_in(host: str) -> EgressService:
+    """The agent's egress service over a firewall in the "host" namespace, its table set up."""
+    made = network_support.made_in(
+        Path(f"/run/netns/{host}"), lambda: EgressFirewall(NFT_TABLE, "10.254.96.0/24", HOST_IP)
+    )
+    made.setup_host()
+    return EgressService(made, "127.0.0.1:0", [])
+
+
+def test_allowed_and_refused_attempts_become_numbered_records(
+    namespaces: tuple[str, str, str], listeners: None
+) -> None:
+    host, sandbox, _ = namespaces
 
     async def scenario() -> None:
-        made = network_support.made_in(
-            Path(f"/run/netns/{host}"), lambda: EgressFirewall(NFT_TABLE, "10.254.96.0/24", HOST_IP)
-        )
-        made.setup_host()
-        service = EgressService(made, "127.0.0.1:0", [])
+        service = service_in(host)
         await service.attach(Attachment("sbx_audit", "pdkt1", SANDBOX_IP, [f"{TARGET_IP}:80"], -1))
         assert dial(sandbox, 80), "the allowlist admits port 80"
         assert not dial(sandbox, 81), "and refuses 81"
@@ -107,28 +130,16 @@ def test_allowed_and_refused_attempts_become_numbered_records(namespaces: tuple[
         assert [r.seq for r in fresh] == list(range(1, more[0].seq + 1))
         await service.detach("sbx_audit", "pdkt1")
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        listener.close()
+    asyncio.run(scenario())
 
 
-def test_a_denylists_refusals_are_refused_attempts_too(namespaces: tuple[str, str, str]) -> None:
-    host, sandbox, target = namespaces
-    listener = network_support.socket_in(Path(f"/run/netns/{target}"), socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind((TARGET_IP, 80))
-    listener.listen(8)
-    # 81 listens too: what refuses it is the rule, not the target
-    denied = network_support.socket_in(Path(f"/run/netns/{target}"), socket.AF_INET, socket.SOCK_STREAM)
-    denied.bind((TARGET_IP, 81))
-    denied.listen(8)
+def test_a_denylists_refusals_are_refused_attempts_too(
+    namespaces: tuple[str, str, str], listeners: None
+) -> None:
+    host, sandbox, _ = namespaces
 
     async def scenario() -> None:
-        made = network_support.made_in(
-            Path(f"/run/netns/{host}"), lambda: EgressFirewall(NFT_TABLE, "10.254.96.0/24", HOST_IP)
-        )
-        made.setup_host()
-        service = EgressService(made, "127.0.0.1:0", [])
+        service = service_in(host)
         await service.attach(Attachment("sbx_deny", "pdkt1", SANDBOX_IP, [f"!{TARGET_IP}:81"], -1))
         assert dial(sandbox, 80), "what the denylist does not name passes"
         assert not dial(sandbox, 81), "and what it names is refused"
@@ -137,8 +148,4 @@ def test_a_denylists_refusals_are_refused_attempts_too(namespaces: tuple[str, st
         assert seen == {("allowed", TARGET_IP, "tcp", 80), ("refused", TARGET_IP, "tcp", 81)}
         await service.detach("sbx_deny", "pdkt1")
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        listener.close()
-        denied.close()
+    asyncio.run(scenario())
