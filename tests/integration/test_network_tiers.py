@@ -49,6 +49,7 @@ from tests.network.test_bandwidth import (
 from tests.network.test_egress import (
     test_a_name_rule_cannot_be_bypassed_by_dialling_an_address,
     test_an_open_sandbox_reaches_any_host_and_port,
+    test_deny_rules_refuse_what_they_name_and_let_the_rest_out,
     test_host_port_rule_admits_that_port_only,
     test_inbound_connections_work_under_an_allowlist,
     test_put_egress_changes_a_running_sandbox_at_once,
@@ -72,6 +73,7 @@ __all__ = [
     "test_a_name_rule_cannot_be_bypassed_by_dialling_an_address",
     "test_a_paused_sandbox_resumes_on_its_first_request",
     "test_an_open_sandbox_reaches_any_host_and_port",
+    "test_deny_rules_refuse_what_they_name_and_let_the_rest_out",
     "test_egress_is_counted_exactly_and_at_once",
     "test_host_port_rule_admits_that_port_only",
     "test_inbound_connections_work_under_an_allowlist",

@@ -10,7 +10,8 @@ manager and egress firewall, a fake internet in its own namespace):
   are refused
 - files: write then read back through the guest agent
 - pause/resume (QMP stop/cont): a counter stops while paused and goes on after
-- egress: an allowlisted address answers, any other is refused; the veth's counters count it
+- egress: an allowlisted address answers, any other is refused; the veth's counters count it; a
+  denylist refuses the address it names and lets another out
 - ingress: the host reaches a server inside the VM at the sandbox's address (as the ingress proxy does)
 - a restarted host agent re-adopts the running VM and reaches its agent again (channel reset)
 - fork: the fork continues a process started before the fork (a counter keeps counting from where it
@@ -269,6 +270,14 @@ async def test_egress_follows_the_allowlist_and_is_counted(tier: Tier, vm: Sandb
         assert "rc=0" not in out
         usage = await tier.firewall.usage(veth, metered=False)
         assert usage is not None and usage.egress_bytes > 0 and usage.ingress_bytes > 0
+        # A denylist the other way round: the address it names is refused, the rest goes out.
+        await tier.firewall.install(
+            veth, vm.ip, EgressPolicy.parse([f"!{allowed}"]), quota_bytes=-1, used_bytes=0
+        )
+        _, out, _ = await tier.sh(vm, fetch.format(blocked))
+        assert out.strip() == "raw-b:80 rc=0"
+        _, out, _ = await tier.sh(vm, fetch.format(allowed))
+        assert "rc=0" not in out
     finally:
         await tier.firewall.remove(veth)
 
