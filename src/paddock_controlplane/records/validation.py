@@ -64,6 +64,9 @@ def _hostname(text: str, field: str) -> str:
     return host
 
 
+#: Rules a sandbox's egress list holds at most (isolation rule 5): each is an element of the host's shared
+#: nftables sets, which every sandbox's changes on that host pay for.
+MAX_EGRESS_RULES = 1024
 #: What a rule starts with to deny the addresses it names (docs/egress.md, "Denying some addresses").
 EGRESS_DENY = "!"
 
@@ -145,6 +148,8 @@ def egress_rules(rules: list[str] | None, field: str = "egress") -> list[str]:
     """Normalise a list: trimmed, lowercased, de-duplicated; ``["*"]`` and ``[]`` mean allow all. A list
     with a deny rule (``!…``) lets everything out but what those name, unless an allow rule names it too;
     one without is an allowlist."""
+    if rules is not None and len(rules) > MAX_EGRESS_RULES:
+        raise ValidationFailed.field(field, f"at most {MAX_EGRESS_RULES} rules, not {len(rules)}")
     out: list[str] = []
     for index, raw in enumerate(rules or []):
         rule = egress_rule(raw, f"{field}[{index}]")

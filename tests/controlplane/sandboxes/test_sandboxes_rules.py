@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from paddock_controlplane.records import queries
+from paddock_controlplane.records import queries, validation
 from tests.controlplane.conftest import HOST_TOKEN, ControlPlane, fake_hosts
 from tests.controlplane.fakehost import HOST_BEAT, FakeHostLink
 
@@ -124,6 +124,15 @@ async def test_egress_rules_are_normalised(api: httpx.AsyncClient) -> None:
     }
     bad = await api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": ["ok.com", "no way"]})
     assert bad.status_code == 400 and "egress[1]" in fail_data(bad)
+    # Bounded (each rule is an element of the host's shared firewall sets): the most is taken, one more
+    # is a 400 naming the list, which stays as it was.
+    most = [f"10.{i // 256}.{i % 256}.1" for i in range(validation.MAX_EGRESS_RULES)]
+    put = await api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": most})
+    assert put.status_code == 200 and len(put.json()["data"]["egress"]) == len(most), put.text
+    bad = await api.put(f"/v1/sandboxes/{sid}/egress", json={"egress": [*most, "10.255.255.1"]})
+    assert bad.status_code == 400, bad.text
+    assert f"at most {validation.MAX_EGRESS_RULES} rules" in fail_data(bad)["egress"], bad.text
+    assert (await api.get(f"/v1/sandboxes/{sid}/egress")).json()["data"]["egress"] == most
 
 
 async def test_region_plan_and_credit_checks(api: httpx.AsyncClient, controlplane: ControlPlane) -> None:

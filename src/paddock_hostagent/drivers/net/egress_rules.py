@@ -150,7 +150,7 @@ class EgressPolicy:
                 raise EgressRuleError(raw, "'*' is allowed only as the sole entry")
             denies = rule.startswith(DENY)
             denylist = denylist or denies
-            host, port = _split_port(raw, rule.removeprefix(DENY))
+            host, port = _split_port(raw, rule.removeprefix(DENY).strip())
             if host.startswith("[") or ":" in host:
                 _parse_v6(raw, host)
                 continue
