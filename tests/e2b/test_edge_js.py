@@ -43,6 +43,7 @@ def test_js_sdks_core_steps(e2b_platform: E2bPlatform) -> None:
     assert seen["run"] == "one\nhi\n"
     assert "create:new.txt" in seen["watch"]
     assert seen["network"] == ["192.0.2.1"]  # updateNetwork (PUT /sandboxes/{id}/network)
+    assert seen["denied"] == ["192.0.2.9", "198.51.100.0/24"]  # a denyOut of some addresses, as given
     # maskRequestHost, httpsPorts and a domain's DNS server, as the JS SDK sends and reads them
     assert seen["networkOptions"] == ["${PORT}-js.example.test", [8443], ["api.example.test", "8.8.8.8"]]
     assert seen["interpreter"] == "42"

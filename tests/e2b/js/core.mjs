@@ -72,6 +72,11 @@ try {
   await sandbox.updateNetwork({ allowOut: ['192.0.2.1'], denyOut: ['0.0.0.0/0'] })
   const listed = (await sandbox.getInfo()).network ?? {}
   assert.deepEqual([listed.allowOut, listed.denyOut], [['192.0.2.1'], ['0.0.0.0/0']])
+  // some addresses denied, the rest allowed (E2B's "deny specific IPs"): a denylist, shown as given
+  await sandbox.updateNetwork({ denyOut: ['192.0.2.9', '198.51.100.0/24'], allowOut: ['198.51.100.7'] })
+  const denied = (await sandbox.getInfo()).network ?? {}
+  assert.deepEqual([denied.allowOut, denied.denyOut], [['198.51.100.7'], ['192.0.2.9', '198.51.100.0/24']])
+  seen.denied = denied.denyOut
   await Sandbox.updateNetwork(sandbox.sandboxId, { allowInternetAccess: false })
   assert.deepEqual(((await sandbox.getInfo()).network ?? {}).allowOut, [])
   await sandbox.updateNetwork({})
