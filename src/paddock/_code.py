@@ -14,7 +14,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +117,17 @@ class Execution:
         return self.error is None
 
 
-def check_arguments(language: str, context: str, timeout_s: float) -> None:
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_arguments(
+    language: str, context: str, timeout_s: float, envs: Mapping[str, str] | None = None
+) -> None:
+    for key, value in (envs or {}).items():
+        if not isinstance(key, str) or not ENV_KEY_RE.match(key):
+            raise ValueError(f"envs: {key!r} must be a name as [A-Za-z_][A-Za-z0-9_]*")
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(f"envs: the value of {key} must be a string without NUL")
     if language not in LANGUAGES:
         raise ValueError(f"language {language!r} is not supported; run_code runs {', '.join(LANGUAGES)}")
     if not CONTEXT_RE.match(context):
@@ -126,9 +136,11 @@ def check_arguments(language: str, context: str, timeout_s: float) -> None:
         raise ValueError("timeout_s must be positive")
 
 
-def driver_args(context: str, timeout_s: float) -> list[str]:
-    """``python3`` arguments for one call; ``-S`` skips site, which the client does not need."""
-    return ["-S", CLIENT_PATH, context, str(timeout_s)]
+def driver_args(context: str, timeout_s: float, envs: Mapping[str, str] | None = None) -> list[str]:
+    """``python3`` arguments for one call; ``-S`` skips site, which the client does not need. ``envs``:
+    environment variables for this cell alone, set in its kernel while it runs and put back after."""
+    args = ["-S", CLIENT_PATH, context, str(timeout_s)]
+    return [*args, json.dumps(dict(envs))] if envs else args
 
 
 #: ``sh -c`` arguments that move the uploaded files into place, the server first: a client in place

@@ -1,6 +1,6 @@
 """The per-call half of ``sandbox.run_code``, run in the sandbox through exec with the cell on stdin:
 
-    python3 -S /tmp/.paddock-code-<hash>.py CONTEXT TIMEOUT_S < cell.py
+    python3 -S /tmp/.paddock-code-<hash>.py CONTEXT TIMEOUT_S [ENVS_JSON] < cell.py
 
 It passes the cell to the sandbox's kernel server (``_code_server.py``, shipped beside it as
 ``/tmp/.paddock-code-<hash>-server.py``) over a unix socket, starting the server when none answers, and
@@ -78,16 +78,19 @@ def start_server(server_file: str, path: str, log_path: str) -> _socket.socket:
 
 
 def main() -> int:
-    if len(sys.argv) != 3:
-        return fail("usage: python3 -S <client> CONTEXT TIMEOUT_S < cell")
+    if len(sys.argv) not in (3, 4):
+        return fail("usage: python3 -S <client> CONTEXT TIMEOUT_S [ENVS_JSON] < cell")
     context, timeout_s = sys.argv[1], sys.argv[2]
+    # The cell's own environment variables, passed on as they are (the server checks them); JSON holds
+    # no raw newline, so the header stays one line.
+    envs = "\t" + sys.argv[3].replace("\n", " ") if len(sys.argv) == 4 else ""
     base = os.path.abspath(__file__)[: -len(".py")]
     path = os.path.join(STATE_DIR, os.path.basename(base) + ".sock")  # one server per driver version
     code = sys.stdin.buffer.read()
     try:
         conn = connect(path) or start_server(base + "-server.py", path, os.path.join(STATE_DIR, "server.log"))
         try:
-            conn.sendall(f"{context}\t{timeout_s}\n".encode() + code)
+            conn.sendall(f"{context}\t{timeout_s}{envs}\n".encode() + code)
             conn.shutdown(_socket.SHUT_WR)
             while chunk := conn.recv(65536):
                 os.write(1, chunk)

@@ -3,7 +3,8 @@
 The SDK uploads it as ``/tmp/.paddock-code-<hash>-server.py`` beside the per-call client
 (``_code_client.py``), which starts it on the first call (``python3 <server> SOCKET``) in its own
 session, so the end of that exec does not kill it. It listens on a unix socket in
-``/tmp/.paddock-kernels`` named after the driver's version. A request is ``CONTEXT\tTIMEOUT_S\n`` and the
+``/tmp/.paddock-kernels`` named after the driver's version. A request is ``CONTEXT\tTIMEOUT_S\n`` (or
+``CONTEXT\tTIMEOUT_S\tENVS\n``, ENVS a JSON object of environment variables for this cell alone) and the
 cell's source, up to the client's end of writing; the answer is the cell's JSON lines, then the server
 closes the connection.
 
@@ -56,6 +57,13 @@ LIVENESS_EVERY_S = 1.0
 KERNEL_ENV = {"MPLBACKEND": "module://matplotlib_inline.backend_inline", "MPLCONFIGDIR": "/tmp/.paddock-mpl"}
 
 Emit = Callable[[dict[str, Any]], None]
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A cell's environment variables are set by a silent cell before it and put back by one after it,
+#: both run in the kernel (its ``os.environ`` is the one the cell and its subprocesses see). The
+#: saved values live under this name in the kernel's namespace while the cell runs.
+SAVED_ENV = "_paddock_saved_env"
+#: How long the silent cell that puts the variables back gets to answer.
+RESTORE_TIMEOUT_S = 5.0
 
 
 class DriverError(Exception):
@@ -221,9 +229,65 @@ def forward(message: dict[str, Any], emit: Emit) -> None:
         )
 
 
-def run_cell(context: Context, code: str, timeout_s: float, emit: Emit) -> dict[str, Any]:
+def parse_envs(text: str) -> dict[str, str]:
+    """A request's ENVS: a JSON object of names (as a shell's) to values without NUL."""
+    try:
+        envs = json.loads(text) if text else {}
+    except ValueError:
+        raise DriverError("envs must be a JSON object") from None
+    if not isinstance(envs, dict):
+        raise DriverError("envs must be a JSON object")
+    for key, value in envs.items():
+        if not ENV_KEY_RE.match(key) or not isinstance(value, str) or "\0" in value:
+            raise DriverError(
+                f"envs: {key[:64]!r} must be a name as [A-Za-z_][A-Za-z0-9_]* with a string value"
+            )
+    return envs
+
+
+def set_envs_source(envs: dict[str, str]) -> str:
+    """The silent cell that saves the variables' values and sets them (``repr`` quotes the values)."""
+    return (
+        f"import os as _paddock_os\n{SAVED_ENV} = {{k: _paddock_os.environ.get(k) for k in {sorted(envs)!r}}}\n"
+        f"_paddock_os.environ.update({envs!r})\ndel _paddock_os\n"
+    )
+
+
+RESTORE_ENVS_SOURCE = f"""import os as _paddock_os
+for _paddock_k, _paddock_v in {SAVED_ENV}.items():
+    if _paddock_v is None:
+        _paddock_os.environ.pop(_paddock_k, None)
+    else:
+        _paddock_os.environ[_paddock_k] = _paddock_v
+del _paddock_os, {SAVED_ENV}
+"""
+
+
+def restore_envs(client: Any) -> None:
+    """Puts back what the cell's variables replaced. Sent once the cell is over: a request queued behind
+    a cell that raised would be aborted by the kernel (``stop_on_error``), so it is asked again then."""
+    for _ in range(2):
+        msg_id = client.execute(RESTORE_ENVS_SOURCE, silent=True, store_history=False, allow_stdin=False)
+        deadline = time.monotonic() + RESTORE_TIMEOUT_S
+        while (remaining_s := deadline - time.monotonic()) > 0:
+            try:
+                reply = client.get_shell_msg(timeout=remaining_s)
+            except Empty:
+                break
+            if reply["parent_header"].get("msg_id") == msg_id:
+                if reply["content"].get("status") != "aborted":
+                    return
+                break
+
+
+def run_cell(
+    context: Context, code: str, timeout_s: float, emit: Emit, envs: dict[str, str] | None = None
+) -> dict[str, Any]:
     started = context.ensure()
     client = context.client
+    if envs:
+        # Queued ahead of the cell, which the kernel runs after it; its reply is skipped below.
+        client.execute(set_envs_source(envs), silent=True, store_history=False, allow_stdin=False)
     msg_id = client.execute(code, store_history=True, allow_stdin=False)
     deadline = time.monotonic() + timeout_s
     timed_out = restarted = False
@@ -272,6 +336,8 @@ def run_cell(context: Context, code: str, timeout_s: float, emit: Emit) -> dict[
         if reply["parent_header"].get("msg_id") == msg_id:
             count = reply["content"].get("execution_count")
             break
+    if envs and not restarted:  # a restarted kernel starts from the server's environment anyway
+        restore_envs(client)
     return {
         "type": "end",
         "execution_count": count,
@@ -305,12 +371,13 @@ class KernelServer:
         with conn:
             try:
                 header, _, code = conn.makefile("rb").read().partition(b"\n")
-                name, _, timeout = header.decode().partition("\t")
+                name, _, rest = header.decode().partition("\t")
+                timeout, _, envs = rest.partition("\t")
                 if not CONTEXT_RE.match(name):
                     raise DriverError(f"context {name!r} must be 1-64 of A-Z a-z 0-9 _ . -")
                 context = self.context(name)
                 with context.lock:  # one cell at a time per context, as in a notebook
-                    send(run_cell(context, code.decode(), float(timeout), send))
+                    send(run_cell(context, code.decode(), float(timeout), send, parse_envs(envs)))
             except DriverError as exc:
                 send({"type": "driver_error", "message": str(exc)})
             except Exception as exc:  # the boundary: any other failure is reported, logged, survived

@@ -501,6 +501,7 @@ class Sandbox:
         timeout_s: float = 300.0,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        envs: Mapping[str, str] | None = None,
     ) -> Execution:
         """Run a cell in the sandbox's Jupyter kernel for ``context`` (code-interpreter:1, or any image
         with python3-ipykernel) and return its output, rich results and error.
@@ -509,10 +510,12 @@ class Sandbox:
         first call. A cell running past ``timeout_s`` is interrupted (KeyboardInterrupt) and returned
         with ``timed_out`` and a TimeoutError; the kernel and the sandbox keep running. An exception in
         the cell is ``Execution.error``, not raised; ``CodeInterpreterError`` means no kernel could run.
-        ``on_stdout``/``on_stderr`` receive output as the cell prints it.
+        ``on_stdout``/``on_stderr`` receive output as the cell prints it. ``envs``: environment
+        variables for this cell alone (``os.environ`` and the processes it starts); the kernel's own
+        values come back once it ends.
         """
-        _code.check_arguments(language, context, timeout_s)
-        execution = self._run_cell(code, context, timeout_s, on_stdout, on_stderr)
+        _code.check_arguments(language, context, timeout_s, envs)
+        execution = self._run_cell(code, context, timeout_s, on_stdout, on_stderr, envs)
         if execution is None:  # first run_code in this sandbox: ship the driver, then run again
             # Written beside their places and renamed into them, so a concurrent first call never runs
             # a half-written copy.
@@ -526,7 +529,7 @@ class Sandbox:
                 raise _code.CodeInterpreterError(
                     f"installing the driver failed: {moved.stderr or moved.error}"
                 )
-            execution = self._run_cell(code, context, timeout_s, on_stdout, on_stderr)
+            execution = self._run_cell(code, context, timeout_s, on_stdout, on_stderr, envs)
         if execution is None:
             raise _code.CodeInterpreterError(f"the driver is missing from sandbox {self.id} after upload")
         return execution
@@ -538,10 +541,12 @@ class Sandbox:
         timeout_s: float,
         on_stdout: OutputCallback | None,
         on_stderr: OutputCallback | None,
+        envs: Mapping[str, str] | None = None,
     ) -> Execution | None:
         """One exec of the driver; None when the sandbox has no copy of it yet."""
         reader = _code.CellReader(on_stdout, on_stderr)
-        for frame in self.stream("python3", _code.driver_args(context, timeout_s), stdin=code):
+        args = _code.driver_args(context, timeout_s, envs)
+        for frame in self.stream("python3", args, stdin=code):
             reader.feed(frame)
         if reader.driver_missing:
             return None

@@ -1,6 +1,6 @@
 """The unmodified ``e2b-code-interpreter`` SDK (sync and async) on Paddock's interpreter through the
 edge's port 49999, configured only by E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY: state kept between
-cells, streamed stdout, an error, a PNG chart, contexts (create, list, restart, remove). Every test fails
+cells, streamed stdout, an error, a PNG chart, contexts (create, list, restart, remove), a cell's envs. Every test fails
 on the code before the edge (nothing listened on E2B_SANDBOX_URL)."""
 
 from __future__ import annotations
@@ -77,6 +77,19 @@ def test_contexts(sandbox: Sandbox) -> None:
     assert sandbox.run_code("import os; os.getcwd()", context=ctx).text == "'/tmp'"  # its cwd kept
     sandbox.remove_code_context(ctx)
     assert ctx.id not in {c.id for c in sandbox.list_code_contexts()}
+
+
+def test_envs_hold_for_their_cell_alone(sandbox: Sandbox) -> None:
+    """``run_code(..., envs=)`` (the wire's ``env_vars``): the cell and what it starts see them, the next
+    cell does not. Before, a 400."""
+    shown = sandbox.run_code(
+        "import os, subprocess\nprint(os.environ['TOKEN'], subprocess.check_output(['printenv', 'TOKEN']).decode())",
+        envs={"TOKEN": "s3cret"},
+    )
+    assert shown.error is None and shown.logs.stdout == ["s3cret s3cret\n\n"], shown
+    assert sandbox.run_code("'TOKEN' in os.environ").text == "False"
+    with pytest.raises(Exception, match="env_vars"):
+        sandbox.run_code("1", envs={"1BAD": "x"})
 
 
 def test_async_sdk(code_interpreter_image: Path, e2b_env: E2bPlatform) -> None:

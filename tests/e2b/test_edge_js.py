@@ -47,3 +47,4 @@ def test_js_sdks_core_steps(e2b_platform: E2bPlatform) -> None:
     # maskRequestHost, httpsPorts and a domain's DNS server, as the JS SDK sends and reads them
     assert seen["networkOptions"] == ["${PORT}-js.example.test", [8443], ["api.example.test", "8.8.8.8"]]
     assert seen["interpreter"] == "42"
+    assert seen["interpreterEnvs"] == ["'from-js'", "False"]  # runCode's envs, for that cell alone

@@ -164,11 +164,34 @@ def test_output_arrives_while_the_cell_runs(sandbox: paddock.Sandbox) -> None:
     assert finished_s - arrivals[0][2] >= 1.0  # 'first' came a whole sleep before the call returned
 
 
+def test_envs_hold_for_their_cell_alone(sandbox: paddock.Sandbox) -> None:
+    """``envs`` are the cell's: its ``os.environ`` and the processes it starts see them, whatever the cell
+    does (an error too), and the next cell finds the kernel's own values again."""
+    sandbox.run_code("import os, subprocess\nos.environ['KEPT'] = 'kernel'", context="envs")
+    cell = "print(os.environ['GREETING'], os.environ['KEPT'], subprocess.run(['printenv', 'GREETING'],"
+    cell += " capture_output=True, text=True).stdout.strip())"
+    seen = sandbox.run_code(cell, context="envs", envs={"GREETING": "hi 'there'\nline two", "KEPT": "cell"})
+    assert seen.ok and seen.stdout == "hi 'there'\nline two cell hi 'there'\nline two\n", seen
+    after = sandbox.run_code("os.environ.get('GREETING'), os.environ['KEPT']", context="envs")
+    assert after.text == "(None, 'kernel')", after
+    failed = sandbox.run_code("1 / 0", context="envs", envs={"GREETING": "again"})
+    assert failed.error is not None and failed.error.name == "ZeroDivisionError"
+    after_error = sandbox.run_code(
+        "os.environ.get('GREETING'), '_paddock_saved_env' in globals()", context="envs"
+    )
+    assert after_error.text == "(None, False)", "put back after a cell that raised, and nothing left behind"
+    assert after_error.execution_count == after.execution_count + 2, "the silent cells count no execution"
+
+
 def test_bad_arguments_are_refused_before_any_request(sandbox: paddock.Sandbox) -> None:
     with pytest.raises(ValueError, match="language 'r'"):
         sandbox.run_code("1", language="r")
     with pytest.raises(ValueError, match="context"):
         sandbox.run_code("1", context="../etc")
+    with pytest.raises(ValueError, match="envs"):
+        sandbox.run_code("1", envs={"NOT-A-NAME": "x"})
+    with pytest.raises(ValueError, match="envs"):
+        sandbox.run_code("1", envs={"NUL": "a\0b"})
 
 
 def test_an_image_without_a_kernel_is_a_clear_error(live: LivePlatform, api_key: str) -> None:

@@ -119,6 +119,10 @@ if (process.env.PADDOCK_E2B_JS_INTERPRETER === '1') {
     const png = chart.results.find((r) => r.png)
     assert.ok(png && Buffer.from(png.png, 'base64').subarray(0, 4).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47])))
     seen.interpreter = again.text
+    // a cell's own environment variables, gone in the next cell
+    const withEnvs = await code.runCode("import os\nos.environ['JS_TOKEN']", { envs: { JS_TOKEN: 'from-js' } })
+    const after = await code.runCode("'JS_TOKEN' in os.environ")
+    seen.interpreterEnvs = [withEnvs.text, after.text]
   } finally {
     await code.kill()
   }

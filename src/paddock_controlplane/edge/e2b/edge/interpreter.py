@@ -29,10 +29,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.records import validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.sandboxes import commands
 from paddock_controlplane.sandboxes.activity import Inflight, touch
+from paddock_core import errors
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.e2b.edge")
@@ -181,15 +183,22 @@ async def _install(link: hostlink.HostLinkAPI, sandbox_id: str) -> None:
 
 
 async def _cell(
-    services: Services, sandbox: Sandbox, link: hostlink.HostLinkAPI, context: str, code: str
+    services: Services,
+    sandbox: Sandbox,
+    link: hostlink.HostLinkAPI,
+    context: str,
+    code: str,
+    envs: dict[str, str] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
-    """The driver's messages for one cell (installing the driver first if the sandbox lacks it)."""
+    """The driver's messages for one cell (installing the driver first if the sandbox lacks it); ``envs``
+    are the cell's own environment variables (E2B's ``env_vars``), put back once it ends."""
+    args = ["-S", CLIENT_PATH, context, str(MAX_CELL_S)]
+    if envs:
+        args.append(json.dumps(envs))
     for attempt in range(2):
         pending, lines, stderr, missing = "", 0, "", False
         exit_code: int | None = None
-        async for frame in link.exec_stream(
-            sandbox.id, "python3", ["-S", CLIENT_PATH, context, str(MAX_CELL_S)], {}, code
-        ):
+        async for frame in link.exec_stream(sandbox.id, "python3", args, {}, code):
             if frame.get("stdout"):
                 pending += frame["stdout"]
                 *complete, pending = pending.split("\n")
@@ -278,13 +287,22 @@ async def execute(
     if body.get("context_id") and body.get("language"):
         raise _BadRequest("context_id and language: give one, not both")
     _language(body.get("language"))
-    if body.get("env_vars"):
-        raise _BadRequest("env_vars: not served by Paddock's interpreter yet (set them in the code)")
+    env_vars = body.get("env_vars")
+    if env_vars is not None and not (
+        isinstance(env_vars, dict) and all(isinstance(v, str) for v in [*env_vars, *env_vars.values()])
+    ):
+        raise _BadRequest("env_vars: must be an object of strings")
+    try:  # the bounds and names of a sandbox's own envs (isolation rule 5)
+        envs = validation.envs(env_vars, "env_vars")
+    except errors.ValidationFailed as exc:
+        raise _BadRequest(str(exc)) from None
+    if any("\0" in value for value in envs.values()):
+        raise _BadRequest("env_vars: a value holds NUL")
 
     async def lines() -> AsyncIterator[bytes]:
         with Inflight(services, sandbox.id):
             try:
-                async for message in _cell(services, sandbox, link, context, code):
+                async for message in _cell(services, sandbox, link, context, code, envs):
                     out = _e2b(message)
                     if out is not None:
                         yield json.dumps(out, ensure_ascii=False).encode() + b"\n"
