@@ -550,8 +550,8 @@ class AsyncSandbox:
     ) -> Execution | None:
         """One exec of the driver; None when the sandbox has no copy of it yet."""
         reader = _code.CellReader(on_stdout, on_stderr)
-        args = _code.driver_args(context, timeout_s, envs)
-        async for frame in self.stream("python3", args, stdin=code):
+        args, stdin = _code.driver_args(context, timeout_s, envs), _code.driver_stdin(code, envs)
+        async for frame in self.stream("python3", args, stdin=stdin):
             reader.feed(frame)
         if reader.driver_missing:
             return None

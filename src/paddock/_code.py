@@ -136,11 +136,21 @@ def check_arguments(
         raise ValueError("timeout_s must be positive")
 
 
+#: The client's flag for a stdin that starts with the cell's own variables (``_code_client.py``).
+ENVS_FLAG = "--envs"
+
+
 def driver_args(context: str, timeout_s: float, envs: Mapping[str, str] | None = None) -> list[str]:
-    """``python3`` arguments for one call; ``-S`` skips site, which the client does not need. ``envs``:
-    environment variables for this cell alone, set in its kernel while it runs and put back after."""
+    """``python3`` arguments for one call; ``-S`` skips site, which the client does not need."""
     args = ["-S", CLIENT_PATH, context, str(timeout_s)]
-    return [*args, json.dumps(dict(envs))] if envs else args
+    return [*args, ENVS_FLAG] if envs else args
+
+
+def driver_stdin(code: str, envs: Mapping[str, str] | None = None) -> str:
+    """The call's stdin: the cell, after ``envs`` (environment variables for this cell alone, set in its
+    kernel while it runs and put back after) as one JSON line. On stdin: the audit trail records a
+    command's arguments, never its stdin."""
+    return f"{json.dumps(dict(envs))}\n{code}" if envs else code
 
 
 #: ``sh -c`` arguments that move the uploaded files into place, the server first: a client in place

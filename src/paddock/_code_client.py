@@ -1,6 +1,6 @@
 """The per-call half of ``sandbox.run_code``, run in the sandbox through exec with the cell on stdin:
 
-    python3 -S /tmp/.paddock-code-<hash>.py CONTEXT TIMEOUT_S [ENVS_JSON] < cell.py
+    python3 -S /tmp/.paddock-code-<hash>.py CONTEXT TIMEOUT_S [--envs] < cell.py
 
 It passes the cell to the sandbox's kernel server (``_code_server.py``, shipped beside it as
 ``/tmp/.paddock-code-<hash>-server.py``) over a unix socket, starting the server when none answers, and
@@ -23,6 +23,7 @@ import sys
 import time
 
 STATE_DIR = "/tmp/.paddock-kernels"
+ENVS_FLAG = "--envs"
 SERVER_START_TIMEOUT_S = 30.0
 
 
@@ -78,19 +79,23 @@ def start_server(server_file: str, path: str, log_path: str) -> _socket.socket:
 
 
 def main() -> int:
-    if len(sys.argv) not in (3, 4):
-        return fail("usage: python3 -S <client> CONTEXT TIMEOUT_S [ENVS_JSON] < cell")
+    if len(sys.argv) not in (3, 4) or sys.argv[3:] not in ([], [ENVS_FLAG]):
+        return fail(f"usage: python3 -S <client> CONTEXT TIMEOUT_S [{ENVS_FLAG}] < cell")
     context, timeout_s = sys.argv[1], sys.argv[2]
-    # The cell's own environment variables, passed on as they are (the server checks them); JSON holds
-    # no raw newline, so the header stays one line.
-    envs = "\t" + sys.argv[3].replace("\n", " ") if len(sys.argv) == 4 else ""
     base = os.path.abspath(__file__)[: -len(".py")]
     path = os.path.join(STATE_DIR, os.path.basename(base) + ".sock")  # one server per driver version
     code = sys.stdin.buffer.read()
+    header = f"{context}\t{timeout_s}".encode()
+    if sys.argv[3:]:
+        # The cell's own environment variables: a JSON line before the cell, passed on as it is (the
+        # server checks it). On stdin, not in the arguments or the environment: the audit trail records
+        # a command's arguments, and an exec's environment must be declared on its sandbox.
+        envs, _, code = code.partition(b"\n")
+        header += b"\t" + envs
     try:
         conn = connect(path) or start_server(base + "-server.py", path, os.path.join(STATE_DIR, "server.log"))
         try:
-            conn.sendall(f"{context}\t{timeout_s}{envs}\n".encode() + code)
+            conn.sendall(header + b"\n" + code)
             conn.shutdown(_socket.SHUT_WR)
             while chunk := conn.recv(65536):
                 os.write(1, chunk)

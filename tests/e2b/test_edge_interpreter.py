@@ -79,9 +79,9 @@ def test_contexts(sandbox: Sandbox) -> None:
     assert ctx.id not in {c.id for c in sandbox.list_code_contexts()}
 
 
-def test_envs_hold_for_their_cell_alone(sandbox: Sandbox) -> None:
+def test_envs_hold_for_their_cell_alone(sandbox: Sandbox, e2b_env: E2bPlatform) -> None:
     """``run_code(..., envs=)`` (the wire's ``env_vars``): the cell and what it starts see them, the next
-    cell does not. Before, a 400."""
+    cell does not, and the audit trail does not hold them. Before, a 400."""
     shown = sandbox.run_code(
         "import os, subprocess\nprint(os.environ['TOKEN'], subprocess.check_output(['printenv', 'TOKEN']).decode())",
         envs={"TOKEN": "s3cret"},
@@ -90,6 +90,9 @@ def test_envs_hold_for_their_cell_alone(sandbox: Sandbox) -> None:
     assert sandbox.run_code("'TOKEN' in os.environ").text == "False"
     with pytest.raises(Exception, match="env_vars"):
         sandbox.run_code("1", envs={"1BAD": "x"})
+    with e2b_env.platform.http(e2b_env.api_key) as native:
+        trail = native.get(f"/v1/sandboxes/{sandbox.sandbox_id}/audit", params={"format": "jsonl"})
+    assert trail.status_code == 200 and "s3cret" not in trail.text, trail.text[-2000:]
 
 
 def test_async_sdk(code_interpreter_image: Path, e2b_env: E2bPlatform) -> None:

@@ -164,9 +164,10 @@ def test_output_arrives_while_the_cell_runs(sandbox: paddock.Sandbox) -> None:
     assert finished_s - arrivals[0][2] >= 1.0  # 'first' came a whole sleep before the call returned
 
 
-def test_envs_hold_for_their_cell_alone(sandbox: paddock.Sandbox) -> None:
+def test_envs_hold_for_their_cell_alone(sandbox: paddock.Sandbox, live: LivePlatform, api_key: str) -> None:
     """``envs`` are the cell's: its ``os.environ`` and the processes it starts see them, whatever the cell
-    does (an error too), and the next cell finds the kernel's own values again."""
+    does (an error too), and the next cell finds the kernel's own values again. They are secrets: the
+    audit trail, which records each command's arguments, has the driver's call and not them."""
     sandbox.run_code("import os, subprocess\nos.environ['KEPT'] = 'kernel'", context="envs")
     cell = "print(os.environ['GREETING'], os.environ['KEPT'], subprocess.run(['printenv', 'GREETING'],"
     cell += " capture_output=True, text=True).stdout.strip())"
@@ -181,6 +182,10 @@ def test_envs_hold_for_their_cell_alone(sandbox: paddock.Sandbox) -> None:
     )
     assert after_error.text == "(None, False)", "put back after a cell that raised, and nothing left behind"
     assert after_error.execution_count == after.execution_count + 2, "the silent cells count no execution"
+    with live.http(api_key) as http:
+        trail = http.get(f"/v1/sandboxes/{sandbox.id}/audit", params={"kind": "command", "format": "jsonl"})
+    assert trail.status_code == 200 and "paddock-code-" in trail.text, trail.text[-2000:]
+    assert "there" not in trail.text and "again" not in trail.text, "an env value in the audit trail"
 
 
 def test_bad_arguments_are_refused_before_any_request(sandbox: paddock.Sandbox) -> None:

@@ -193,8 +193,10 @@ async def _cell(
     """The driver's messages for one cell (installing the driver first if the sandbox lacks it); ``envs``
     are the cell's own environment variables (E2B's ``env_vars``), put back once it ends."""
     args = ["-S", CLIENT_PATH, context, str(MAX_CELL_S)]
-    if envs:
-        args.append(json.dumps(envs))
+    if envs:  # a JSON line before the cell, as the driver's ``--envs`` reads it: env values are secrets,
+        # and a command's arguments are in the audit trail, its stdin is not
+        args.append("--envs")
+        code = json.dumps(envs) + "\n" + code
     for attempt in range(2):
         pending, lines, stderr, missing = "", 0, "", False
         exit_code: int | None = None
