@@ -487,6 +487,7 @@ def run_code(
     timeout_s: float = typer.Option(300.0, "--timeout", help="Interrupt the cell after this many seconds."),
     images: Path = typer.Option(None, "--images", help="Save PNG results (charts) into this directory."),
     json_out: bool = typer.Option(False, "--json", help="Print the whole Execution as JSON."),
+    env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE for this cell alone."),
 ) -> None:
     """Run Python in the sandbox's Jupyter kernel (rootfs code-interpreter:1), as a notebook cell.
 
@@ -507,10 +508,19 @@ def run_code(
 
         return None if json_out else write
 
+    envs = key_values(env, "--env") or None
     with api_errors(), client() as sdk:
-        execution = resolve(sdk, ref).run_code(
-            code, context=context, timeout_s=timeout_s, on_stdout=echo(sys.stdout), on_stderr=echo(sys.stderr)
-        )
+        try:
+            execution = resolve(sdk, ref).run_code(
+                code,
+                context=context,
+                timeout_s=timeout_s,
+                on_stdout=echo(sys.stdout),
+                on_stderr=echo(sys.stderr),
+                envs=envs,
+            )
+        except ValueError as exc:  # the SDK's checks of the arguments, made before any request
+            raise fail(str(exc), ExitCode.USAGE) from None
     saved = save_images(execution, images) if images else []
     if json_out:
         emit(execution, True, print)

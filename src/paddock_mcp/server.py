@@ -271,13 +271,19 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
 
     @server.tool(annotations=CHANGES)
     async def run_code(
-        sandbox_id: str, code: str, ctx: Context, context: str = "default", timeout_s: float = 60
+        sandbox_id: str,
+        code: str,
+        ctx: Context,
+        context: str = "default",
+        timeout_s: float = 60,
+        envs: dict[str, str] | None = None,
     ) -> list[str | Image]:
         """Run Python in the sandbox's Jupyter kernel (rootfs code-interpreter:1). Variables, imports
         and functions persist between calls with the same context; other contexts are separate
         kernels. Returns stdout, stderr, the last expression's value, HTML tables, matplotlib charts
         as images, and exceptions with their traceback. A cell running past timeout_s is
-        interrupted; the kernel keeps its state. Printed output is also sent as progress
+        interrupted; the kernel keeps its state. envs are environment variables for this cell alone
+        (os.environ and the processes it starts). Printed output is also sent as progress
         notifications while the cell runs, when the client asks for progress."""
         chunks = 0
 
@@ -300,6 +306,7 @@ def build_server(client: paddock.AsyncClient) -> MCPServer:
                     timeout_s=timeout_s,
                     on_stdout=progress(tasks, "stdout"),
                     on_stderr=progress(tasks, "stderr"),
+                    envs=envs,
                 )
         images: list[str | Image] = [
             Image(data=result.png, format="png") for result in execution.results if result.png is not None

@@ -185,6 +185,15 @@ async def test_code_lifecycle_and_ingress_over_stdio(live: LivePlatform) -> None
         try:
             await ok(session, "run_code", sandbox_id=sb, code="n = 6 * 7")
             assert "[result 1: text/plain]\n42" in await ok(session, "run_code", sandbox_id=sb, code="n")
+            scoped = await ok(
+                session,
+                "run_code",
+                sandbox_id=sb,
+                code="import os\nos.environ['KEY']",
+                envs={"KEY": "only-here"},
+            )
+            assert "'only-here'" in scoped, scoped
+            assert "False" in await ok(session, "run_code", sandbox_id=sb, code="'KEY' in os.environ")
             chart = await call(
                 session,
                 "run_code",

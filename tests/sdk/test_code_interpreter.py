@@ -250,6 +250,23 @@ def test_the_cli_runs_a_file_as_a_cell(
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "plotting\n42\n"
+    with_env = subprocess.run(
+        [*paddock_cli, sandbox.id, "-", "--context", "cli", "-e", "GREETING=hi there"],
+        input="import os\nos.environ['GREETING']",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (with_env.returncode, with_env.stdout) == (0, "'hi there'\n"), with_env.stderr
+    bad_env = subprocess.run(
+        [*paddock_cli, sandbox.id, "-", "-e", "NOT-A-NAME=x"],
+        input="1",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert bad_env.returncode == 2 and "envs" in bad_env.stderr and "Traceback" not in bad_env.stderr, bad_env
     [image] = (tmp_path / "out").glob("*.png")
     assert png_size(image.read_bytes())[0] > 100
     again = subprocess.run(
