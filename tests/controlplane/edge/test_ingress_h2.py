@@ -278,6 +278,25 @@ class RawH2:
                 await self.flush()
 
 
+async def test_a_body_that_came_with_its_headers_in_one_read_reaches_the_app(edge: Edge) -> None:
+    """HEADERS without a length, then DATA with END_STREAM, in one write (as E2B's SDK sends a Connect
+    call): the stream has ended by the time the proxy reads the request, and its body must still go
+    to the app. The proxy sent it without one (a Connect server saw an empty request)."""
+    client = await RawH2.open(edge)
+    await client.until_settings()
+    stream_id = client.conn.get_next_available_stream_id()
+    headers = [(b":method", b"POST"), (b":scheme", b"https"), (b":authority", edge.host.encode())]
+    client.conn.send_headers(stream_id, [*headers, (b":path", b"/echo")])
+    client.conn.send_data(stream_id, b"z" * 1234, end_stream=True)
+    client.responses[stream_id] = Answer()
+    await client.flush()  # all three frames in one write
+    await client.until_done([stream_id])
+    answer = client.responses[stream_id]
+    assert answer.headers.get(b":status") == b"200", answer
+    assert b"POST /echo " in answer.body and b" body=1234 " in answer.body, answer.body
+    client.writer.close()
+
+
 async def test_oversized_headers_get_431_on_their_stream_and_the_others_go_on(edge: Edge) -> None:
     client = await RawH2.open(edge)
     before = client.request(edge.host, "/before")

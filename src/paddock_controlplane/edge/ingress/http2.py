@@ -282,6 +282,10 @@ class _Stream(_Connection):
         self.headers = headers
         self.body: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
         self.client_ended = ended  # the client has sent the end of its stream
+        # Whether the stream ended with its headers: then there is no body. ``client_ended`` cannot say
+        # so once the request is read: a client's HEADERS, DATA and END_STREAM that came in one read
+        # are all handled before this stream's task first runs.
+        self.bodiless = ended
         self.body_done = ended  # no more body is queued (it ended, or it is no longer read)
         self.window_open = asyncio.Event()
         self.upstream: Upstream | None = None
@@ -417,15 +421,15 @@ class _Stream(_Connection):
         if cookies:
             fields.append(("cookie", "; ".join(cookies)))
         content_length = int(length) if length is not None else None
-        chunked = not self.client_ended and content_length is None
+        chunked = not self.bodiless and content_length is None
         return http1.Request("1.1", fields, chunked, content_length, False, method, path.decode("latin-1"))
 
     # -- the app's side ------------------------------------------------------------------------------
 
-    async def _dial(self, target: Target, address: str) -> None:
+    async def _dial(self, target: Target, address: str, *, port: int | None = None) -> None:
         if self.upstream is None:
             self.upstream = self.conn.take_idle(target, address)
-        await super()._dial(target, address)
+        await super()._dial(target, address, port=port)
 
     async def _exchange_h2(self, request: http1.Request) -> None:
         assert self.upstream is not None
