@@ -14,6 +14,7 @@ the sandbox edge (``edge``), so the two agree on every value the SDK carries fro
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 
@@ -23,6 +24,11 @@ from paddock_core.crypto import constant_time_equals
 #: envd's port in E2B's sandbox addressing (``<port>-<id>.<domain>``, ``E2b-Sandbox-Port``), which the
 #: edge serves itself (``edge/router.py``).
 ENVD_PORT = 49983
+#: The code interpreter's port, which the edge serves itself too.
+INTERPRETER_PORT = 49999
+#: The ports the edge serves for every sandbox, whatever listens there in it: through ``E2B_SANDBOX_URL``,
+#: and through the ingress's ``<port>-<id>.<domain>`` names (E2B's own addressing, ``edge_address``).
+EDGE_PORTS = frozenset({ENVD_PORT, INTERPRETER_PORT})
 
 #: The envd protocol version the edge (``paddock_controlplane.edge.e2b.edge``) speaks. The SDK enables
 #: features by it (``e2b.envd.versions``): 0.3.0 stdin for commands, 0.4.0 the default user, 0.5.2
@@ -100,3 +106,64 @@ def volume_token(settings: ControlPlaneSettings, volume_id: str) -> str:
 def check_volume_token(settings: ControlPlaneSettings, volume_id: str, presented: str) -> bool:
     """Whether ``presented`` is ``volume_id``'s token (constant time)."""
     return bool(presented) and constant_time_equals(presented, volume_token(settings, volume_id))
+
+
+def edge_address(settings: ControlPlaneSettings) -> tuple[str, int] | None:
+    """Where the ingress of this process reaches the edge's listener (None: no edge here). A wildcard
+    listen address is dialled on loopback."""
+    if not settings.e2b_edge_port:
+        return None
+    host = settings.e2b_host or settings.host
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return host, settings.e2b_edge_port
+
+
+#: What a signed file URL's signature says it may do, by the request's method (envd's signing).
+SIGNED_OPERATIONS = {"GET": "read", "POST": "write"}
+
+
+def file_signature(
+    settings: ControlPlaneSettings,
+    sandbox_id: str,
+    path: str,
+    operation: str,
+    user: str,
+    expiration: int | None,
+) -> str:
+    """The signature of a file URL, as the SDK's ``download_url``/``upload_url`` make it from the
+    sandbox's ``envdAccessToken`` (envd's v1): ``v1_`` and the unpadded base64 of the SHA-256 of
+    ``path:operation:user:token[:expiration]``, ``user`` empty for the default one."""
+    fields = [path, operation, user, envd_access_token(settings, sandbox_id)]
+    if expiration is not None:
+        fields.append(str(expiration))
+    digest = hashlib.sha256(":".join(fields).encode()).digest()
+    return "v1_" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def check_file_signature(
+    settings: ControlPlaneSettings,
+    sandbox_id: str,
+    *,
+    method: str,
+    path: str,
+    user: str,
+    signature: str,
+    expiration: str | None,
+    now: float,
+) -> str | None:
+    """Why a signed file URL does not open ``/files`` for ``method`` (None: it does): a signature made
+    for another sandbox, path, user or operation, a changed expiration, or one in the past."""
+    operation = SIGNED_OPERATIONS.get(method)
+    if operation is None:
+        return f"{method} /files is not signed"
+    if expiration is not None and not (
+        expiration.isascii() and expiration.isdigit() and len(expiration) <= 12
+    ):
+        return "signature_expiration: must be a Unix time in seconds"
+    expires = int(expiration) if expiration is not None else None
+    expected = file_signature(settings, sandbox_id, path, operation, user, expires)
+    if not constant_time_equals(signature, expected):
+        return "invalid signature"
+    if expires is not None and expires < now:
+        return "signature is already expired"
+    return None

@@ -53,6 +53,8 @@ LINGER_S = 1.0
 LINGER_BYTES = 1 << 20
 READ_DROP_BYTES = 64 * 1024
 FORWARDED_HEADERS = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
+#: How the E2B edge is told which sandbox and port a request is for (``_open_edge``).
+EDGE_TARGET_HEADERS = frozenset({"e2b-sandbox-id", "e2b-sandbox-port"})
 #: Within a wake's settle window: the first and the longest pause between tries at the app.
 SETTLE_RETRY_S = 0.05
 SETTLE_RETRY_MAX_S = 0.5
@@ -357,6 +359,9 @@ class _Connection:
     async def _open(self, request: http1.Request) -> Target:
         """Routes the request (by ``Host``, waking a paused sandbox) and dials the app; raises IngressError."""
         target = self._target(request)
+        edge = e2b_identity.edge_address(self.settings)
+        if edge is not None and target.port in e2b_identity.EDGE_PORTS:
+            return await self._open_edge(request, target, edge)
         live_view = self._live_view(request, target)
         traffic_token = self._traffic_token(request, target)
         route = await self.proxy.router.resolve(target.sandbox_id, live_view=live_view or traffic_token)
@@ -378,6 +383,19 @@ class _Connection:
         self.upstream_host = route.ports.host_for(target.port)
         self.upstream_tls = route.ports.tls(target.port)
         await self._dial(target, str(route.ip))
+        return target
+
+    async def _open_edge(self, request: http1.Request, target: Target, edge: tuple[str, int]) -> Target:
+        """E2B's envd and code interpreter of a sandbox (``49983-<id>``, ``49999-<id>``): served by the E2B
+        edge of this process, not by the sandbox, so E2B's SDK reaches them at E2B's own addresses,
+        without ``E2B_SANDBOX_URL`` (which its next major version drops). The edge finds the sandbox in
+        ``E2b-Sandbox-Id``/``-Port``, set here from the host name (a client's own are dropped), and
+        checks the sandbox's token itself; the ingress's rule for ports does not apply."""
+        request.headers = [(k, v) for k, v in request.headers if k.lower() not in EDGE_TARGET_HEADERS]
+        request.headers += [("E2b-Sandbox-Id", target.sandbox_id), ("E2b-Sandbox-Port", str(target.port))]
+        self.proxy.serving(self.task, target.sandbox_id + "#e2b")
+        self.settle_until, self.upstream_host, self.upstream_tls = 0.0, None, False
+        await self._dial(target, edge[0], port=edge[1])
         return target
 
     def _target(self, request: http1.Request) -> Target:
@@ -423,7 +441,8 @@ class _Connection:
             raise IngressError(403, "TRAFFIC_TOKEN_REFUSED", f"{TRAFFIC_TOKEN_HEADER} is not this sandbox's")
         return True
 
-    async def _dial(self, target: Target, address: str) -> None:
+    async def _dial(self, target: Target, address: str, *, port: int | None = None) -> None:
+        """Connects to ``address`` at the target's port (``port``: another one, the E2B edge's)."""
         if self.upstream and (
             self.upstream.target != target
             or self.upstream.address != address
@@ -440,7 +459,7 @@ class _Connection:
                 reader, writer = await asyncio.wait_for(
                     asyncio.open_connection(
                         address,
-                        target.port,
+                        port or target.port,
                         limit=http1.STREAM_LIMIT_BYTES,
                         ssl=backend_tls() if self.upstream_tls else None,
                     ),

@@ -143,13 +143,16 @@ class Router:
 
     async def still_open(self, key: str) -> bool:
         """For open tunnels: False once the sandbox is gone or its ingress was turned off. ``key`` is a
-        sandbox id, or ``<sandbox id>#live`` for a live view or ``#token`` for a request opened with the
-        sandbox's E2B traffic token (ingress may be off for both)."""
+        sandbox id, or ``<sandbox id>#live`` for a live view, ``#token`` for a request opened with the
+        sandbox's E2B traffic token, or ``#e2b`` for its envd or code interpreter, which the E2B edge
+        serves under its own token check (ingress may be off for all three)."""
         sandbox_id, _, via = key.partition("#")
         route = self.cache.get(sandbox_id)
         if not isinstance(route, Route):
             route = await self.load(sandbox_id)
-        return route.status not in (*GONE, "missing") and (route.ingress_enabled or via in ("live", "token"))
+        return route.status not in (*GONE, "missing") and (
+            route.ingress_enabled or via in ("live", "token", "e2b")
+        )
 
     async def load(self, sandbox_id: str) -> Route:
         async with self.services.sessions() as session:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -38,7 +39,7 @@ from paddock_core.logging import get_logger
 log = get_logger("paddock.e2b.edge")
 
 ENVD_PORT = identity.ENVD_PORT
-INTERPRETER_PORT = 49999
+INTERPRETER_PORT = identity.INTERPRETER_PORT
 #: Each service's unary, server-streaming and client-streaming methods.
 SERVICES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     "process.Process": (process.UNARY, process.STREAMS, process.CLIENT_STREAMS),
@@ -152,11 +153,9 @@ class EdgeApp:
         path = request.url.path
         if path == "/health":
             return Response(status_code=204)
-        token = request.headers.get("x-access-token", "")
-        if not identity.check_envd_access_token(self.services.settings, sandbox.id, token):
-            return JSONResponse(
-                {"code": 401, "message": "X-Access-Token: missing or not this sandbox's"}, status_code=401
-            )
+        refused = self._refusal(request, sandbox)
+        if refused is not None:
+            return JSONResponse({"code": 401, "message": refused}, status_code=401)
         user = _user(request)
         if isinstance(user, Response):
             return user
@@ -175,6 +174,28 @@ class EdgeApp:
         return JSONResponse(
             {"code": 404, "message": f"{request.method} {path} is not served by envd"}, status_code=404
         )
+
+    def _refusal(self, request: Request, sandbox: Sandbox) -> str | None:
+        """Why envd refuses the request (None: it may go on). The sandbox's token in ``X-Access-Token``
+        opens all of it; without the header, ``/files`` also opens to a signed URL (the SDK's
+        ``download_url``/``upload_url``: ``signature``, ``signature_expiration``, ``username``), as
+        envd's does."""
+        settings, params = self.services.settings, request.query_params
+        token = request.headers.get("x-access-token")
+        if token is None and request.url.path == "/files" and "signature" in params:
+            return identity.check_file_signature(
+                settings,
+                sandbox.id,
+                method=request.method,
+                path=params.get("path", ""),
+                user=params.get("username", ""),
+                signature=params["signature"],
+                expiration=params.get("signature_expiration"),
+                now=time.time(),
+            )
+        if not identity.check_envd_access_token(settings, sandbox.id, token or ""):
+            return "X-Access-Token: missing or not this sandbox's (or, for /files, a signed URL)"
+        return None
 
     async def rpc(self, call: Call, request: Request, service: str, method: str) -> Response:
         unary, streams, client_streams = SERVICES[service]
