@@ -3,8 +3,8 @@ version): the unmodified ``e2b`` SDK reaches a sandbox's envd at ``https://49983
 domain the API tells it, which is Paddock's ingress over TLS; the ingress hands envd's and the code
 interpreter's ports to the E2B edge of its process.
 
-Only ``E2B_API_URL`` and ``E2B_API_KEY`` are set. The ingress's certificate is trusted through
-``SSL_CERT_FILE`` (httpx reads it), and the wildcard name resolves to 127.0.0.1 as a DNS record for it
+Only ``E2B_API_URL`` and ``E2B_API_KEY`` are set. The ingress has the certificate ``paddock serve``
+makes, whose CA is trusted through ``SSL_CERT_FILE`` (both of the SDK's HTTP clients read it), and the wildcard name resolves to 127.0.0.1 as a DNS record for it
 would: the test stands in for DNS, nothing of the SDK is changed.
 
 Signed file URLs (``download_url``/``upload_url``) open ``/files`` without the token, as envd's do: for
@@ -24,8 +24,9 @@ import httpx
 import pytest
 
 from e2b import Sandbox
+from paddock_cli.localca import ensure_local_ca
 from tests.live import LivePlatform, start_platform
-from tests.network.ingress_support import DOMAIN, make_certificate_chain
+from tests.network.ingress_support import DOMAIN
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -35,7 +36,9 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 def platform(
     debian_image: Path, guest_binary_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[LivePlatform, int, Path]]:
-    ca_file, cert_file, key_file = make_certificate_chain(tmp_path_factory.mktemp("tls"))
+    # The CA and certificate ``paddock serve`` makes: what a user of it trusts with SSL_CERT_FILE.
+    tls = ensure_local_ca(tmp_path_factory.mktemp("data"), DOMAIN)
+    ca_file, cert_file, key_file = tls.ca_file, tls.cert_file, tls.key_file
     api_port, tls_port = free_port(), free_port()
     live = start_platform(
         guest_binary_dir,

@@ -85,67 +85,31 @@ def ingress_client(proxy_port: int, sandbox_id: str, port: int = APP_PORT, **opt
 
 def make_certificate(directory: Path) -> tuple[Path, Path]:
     """A self-signed wildcard certificate for ``*.sandbox.localhost`` (its own CA, for the client)."""
-    key = _key()
-    cert = _certificate(f"*.{DOMAIN}", key, key, ca=True)
-    return _write(directory, "ingress", cert, key), directory / "ingress.key"
-
-
-def make_certificate_chain(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA and a wildcard certificate for ``*.sandbox.localhost`` it signed: (the CA's file, the
-    certificate's, its key's). For clients that refuse a CA as the server's own certificate (rustls,
-    which E2B's SDK uses for envd)."""
-    ca_key, key = _key(), _key()
-    ca = _certificate("Paddock test CA", ca_key, ca_key, ca=True)
-    leaf = _certificate(f"*.{DOMAIN}", key, ca_key, ca=False, issuer=ca)
-    _write(directory, "ca", ca, ca_key)
-    return directory / "ca.crt", _write(directory, "ingress", leaf, key), directory / "ingress.key"
-
-
-def _key() -> Any:
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _certificate(common_name: str, key: Any, signer: Any, *, ca: bool, issuer: Any = None) -> Any:
-    """A certificate for ``key`` signed by ``signer`` (itself when ``issuer``, its certificate, is
-    None), valid for a day; a leaf names ``common_name`` as its one DNS name."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
 
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"*.{DOMAIN}")])
     now = dt.datetime.now(dt.UTC)
-    builder = (
+    cert = (
         x509.CertificateBuilder()
         .subject_name(name)
-        .issuer_name(issuer.subject if issuer is not None else name)
+        .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(f"*.{DOMAIN}")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
     )
-    if issuer is None or not ca:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(f"*.{DOMAIN}")]), critical=False
-        )
-    if not ca:
-        builder = builder.add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
-    return builder.sign(signer, hashes.SHA256())
-
-
-def _write(directory: Path, stem: str, cert: Any, key: Any) -> Path:
-    """``<stem>.crt`` and ``<stem>.key`` in ``directory``; returns the certificate's path."""
-    from cryptography.hazmat.primitives import serialization
-
-    cert_file, key_file = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_file, key_file = directory / "ingress.crt", directory / "ingress.key"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_file.write_bytes(
         key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
     )
-    return cert_file
+    return cert_file, key_file
