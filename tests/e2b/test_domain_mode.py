@@ -4,8 +4,9 @@ domain the API tells it, which is Paddock's ingress over TLS; the ingress hands 
 interpreter's ports to the E2B edge of its process.
 
 Only ``E2B_API_URL`` and ``E2B_API_KEY`` are set. The ingress has the certificate ``paddock serve``
-makes, whose CA is trusted through ``SSL_CERT_FILE`` (both of the SDK's HTTP clients read it), and the wildcard name resolves to 127.0.0.1 as a DNS record for it
-would: the test stands in for DNS, nothing of the SDK is changed.
+makes, whose CA is trusted through ``SSL_CERT_FILE`` (both of the SDK's HTTP clients read it), and the
+wildcard name resolves to 127.0.0.1 as a DNS record for it would: the test stands in for DNS, nothing
+of the SDK is changed.
 
 Signed file URLs (``download_url``/``upload_url``) open ``/files`` without the token, as envd's do: for
 the path, user and operation signed, until their expiration."""
