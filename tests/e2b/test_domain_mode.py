@@ -23,9 +23,12 @@ from typing import Any
 
 import httpx
 import pytest
+from e2b_code_interpreter import Sandbox as CodeSandbox
 
 from e2b import Sandbox
 from paddock_cli.localca import ensure_local_ca
+from paddock_hostagent.images import ImageStore
+from tests.hostagent.conftest import image_cache
 from tests.live import LivePlatform, start_platform
 from tests.network.ingress_support import DOMAIN
 from tests.ports import free_port
@@ -160,3 +163,12 @@ def _with(url: str, **changes: str | None) -> str:
 
 def _with_last_char_changed(text: str) -> str:
     return text[:-1] + ("A" if text[-1] != "A" else "B")
+
+
+def test_the_code_interpreter_is_reached_at_its_own_address_too(e2b_domain_env: Path) -> None:
+    ImageStore(image_cache()).build("code-interpreter:1")  # cached after the first build
+    code = CodeSandbox.create(timeout=300)
+    try:
+        assert code.run_code("x = 6 * 7\nx").text == "42"  # https://49999-<id>.<domain>/execute
+    finally:
+        code.kill()
