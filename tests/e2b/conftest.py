@@ -5,6 +5,7 @@ extra) run unmodified and are configured only by these variables."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,21 +54,34 @@ def e2b_platform(debian_image: Path, guest_binary_dir: Path) -> Iterator[E2bPlat
         platform.stop()
 
 
+#: E2B's variables a test's environment holds only when it sets them itself.
+E2B_VARIABLES = ("E2B_API_URL", "E2B_API_KEY", "E2B_SANDBOX_URL", "E2B_DOMAIN", "E2B_DEBUG", "SSL_CERT_FILE")
+
+
+@contextlib.contextmanager
+def exported(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` exported, and E2B's others (:data:`E2B_VARIABLES`) unset, until the block ends;
+    then the environment is as it was."""
+    names = {*E2B_VARIABLES, *variables}
+    saved = {name: os.environ.get(name) for name in names}
+    for name in names:
+        os.environ.pop(name, None)
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @pytest.fixture(scope="package")
 def e2b_env(e2b_platform: E2bPlatform) -> Iterator[E2bPlatform]:
     """The three variables exported for the session (and nothing else of E2B's: no E2B_DOMAIN)."""
-    saved = {key: os.environ.get(key) for key in (*e2b_platform.env, "E2B_DOMAIN", "E2B_DEBUG")}
-    os.environ.pop("E2B_DOMAIN", None)
-    os.environ.pop("E2B_DEBUG", None)
-    os.environ.update(e2b_platform.env)
-    try:
+    with exported(e2b_platform.env):
         yield e2b_platform
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

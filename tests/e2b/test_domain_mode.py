@@ -13,7 +13,6 @@ the path, user and operation signed, until their expiration."""
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 import urllib.parse
@@ -28,6 +27,7 @@ from e2b_code_interpreter import Sandbox as CodeSandbox
 from e2b import Sandbox
 from paddock_cli.localca import ensure_local_ca
 from paddock_hostagent.images import ImageStore
+from tests.e2b.conftest import exported
 from tests.hostagent.conftest import image_cache
 from tests.live import LivePlatform, start_platform
 from tests.network.ingress_support import DOMAIN
@@ -67,17 +67,11 @@ def e2b_domain_env(platform: tuple[LivePlatform, int, Path]) -> Iterator[Path]:
     """The SDK's two variables, the certificate trusted, and ``*.sandbox.localhost`` resolving to
     loopback, for this module; everything as it was afterwards."""
     live, api_port, cert_file = platform
-    names = ("E2B_API_URL", "E2B_API_KEY", "E2B_SANDBOX_URL", "E2B_DOMAIN", "E2B_DEBUG", "SSL_CERT_FILE")
-    saved = {name: os.environ.get(name) for name in names}
-    for name in names:
-        os.environ.pop(name, None)
-    os.environ.update(
-        {
-            "E2B_API_URL": f"http://127.0.0.1:{api_port}",
-            "E2B_API_KEY": live.api_key(),
-            "SSL_CERT_FILE": str(cert_file),
-        }
-    )
+    variables = {
+        "E2B_API_URL": f"http://127.0.0.1:{api_port}",
+        "E2B_API_KEY": live.api_key(),
+        "SSL_CERT_FILE": str(cert_file),
+    }
     resolve = socket.getaddrinfo
 
     def wildcard_record(host: Any, *args: Any, **kwargs: Any) -> Any:
@@ -87,14 +81,10 @@ def e2b_domain_env(platform: tuple[LivePlatform, int, Path]) -> Iterator[Path]:
 
     socket.getaddrinfo = wildcard_record  # type: ignore[assignment]
     try:
-        yield cert_file
+        with exported(variables):
+            yield cert_file
     finally:
         socket.getaddrinfo = resolve  # type: ignore[assignment]
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")
