@@ -240,43 +240,30 @@ def test_the_cli_runs_a_file_as_a_cell(
         "import matplotlib.pyplot as plt\nprint('plotting')\nplt.plot([3, 1, 2])\nplt.show()\ntotal = 40 + 2\ntotal"
     )
     env = {**os.environ, "PADDOCK_BASE_URL": live.url, "PADDOCK_API_KEY": api_key}
-    paddock_cli = [sys.executable, "-m", "paddock_cli.main", "sandbox", "run-code"]
-    ran = subprocess.run(
-        [*paddock_cli, sandbox.id, str(script), "--context", "cli", "--images", str(tmp_path / "out")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def run_code(*args: str, cell: str | None = None) -> subprocess.CompletedProcess[str]:
+        """``paddock sandbox run-code <sandbox> ARGS``, the cell on stdin when given."""
+        return subprocess.run(
+            [sys.executable, "-m", "paddock_cli.main", "sandbox", "run-code", sandbox.id, *args],
+            input=cell,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    ran = run_code(str(script), "--context", "cli", "--images", str(tmp_path / "out"))
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "plotting\n42\n"
-    with_env = subprocess.run(
-        [*paddock_cli, sandbox.id, "-", "--context", "cli", "-e", "GREETING=hi there"],
-        input="import os\nos.environ['GREETING']",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    with_env = run_code(
+        "-", "--context", "cli", "-e", "GREETING=hi there", cell="import os\nos.environ['GREETING']"
     )
     assert (with_env.returncode, with_env.stdout) == (0, "'hi there'\n"), with_env.stderr
-    bad_env = subprocess.run(
-        [*paddock_cli, sandbox.id, "-", "-e", "NOT-A-NAME=x"],
-        input="1",
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    bad_env = run_code("-", "-e", "NOT-A-NAME=x", cell="1")
     assert bad_env.returncode == 2 and "envs" in bad_env.stderr and "Traceback" not in bad_env.stderr, bad_env
     [image] = (tmp_path / "out").glob("*.png")
     assert png_size(image.read_bytes())[0] > 100
-    again = subprocess.run(
-        [*paddock_cli, sandbox.id, "-", "--context", "cli"],
-        input="total / 0",
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = run_code("-", "--context", "cli", cell="total / 0")
     assert again.returncode == 1 and again.stdout == ""
     assert again.stderr.rstrip().endswith("ZeroDivisionError: division by zero"), again.stderr
 

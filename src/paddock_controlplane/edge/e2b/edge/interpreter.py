@@ -290,8 +290,9 @@ async def execute(
         raise _BadRequest("context_id and language: give one, not both")
     _language(body.get("language"))
     env_vars = body.get("env_vars")
+    # A JSON object's keys are strings already; its values need not be.
     if env_vars is not None and not (
-        isinstance(env_vars, dict) and all(isinstance(v, str) for v in [*env_vars, *env_vars.values()])
+        isinstance(env_vars, dict) and all(isinstance(v, str) for v in env_vars.values())
     ):
         raise _BadRequest("env_vars: must be an object of strings")
     try:  # the bounds and names of a sandbox's own envs (isolation rule 5)
