@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -146,5 +147,40 @@ async def test_metrics_rise_under_load_and_fall_back_after(
                 )
                 assert window.status_code == 200
                 assert [m["timestampUnix"] for m in window.json()] == instants[-3:-1]
+                await _many_metrics(e2b_url, key, sandbox_id)
         finally:
             await http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+async def _many_metrics(e2b_url: str, key: str, sandbox_id: str) -> None:
+    """E2B's metrics of many (``GET /sandboxes/metrics``) through the SDK's own client: the running
+    sandbox's newest sample, keyed by its id, and nothing for an id that is no sandbox of the caller's.
+    Before, a 501."""
+    from e2b.api import ApiClient
+    from e2b.api.client.api.sandboxes import get_sandboxes_metrics
+
+    from e2b import ConnectionConfig
+
+    client = ApiClient(ConnectionConfig(api_url=e2b_url, api_key=key))
+    answer = await get_sandboxes_metrics.asyncio_detailed(
+        client=client, sandbox_ids=[sandbox_id, "sb-01jnosuchsandbox000000000000"]
+    )
+    assert answer.status_code == 200, answer.content
+    assert answer.parsed is not None
+    newest = answer.parsed.sandboxes
+    assert set(newest) == {sandbox_id}
+    sample = newest[sandbox_id]
+    assert sample["cpuCount"] == 1 and sample["memTotal"] == 1024 * MIB
+    assert 0 < sample["diskUsed"] < sample["diskTotal"]
+    age_s = dt.datetime.now(dt.UTC).timestamp() - sample["timestampUnix"]
+    assert -2 < age_s < 30, age_s  # the newest, not any sample of the last hour
+    async with httpx.AsyncClient(base_url=e2b_url, headers={"X-API-Key": key}) as e2b:
+        for bad in (
+            {},
+            {"sandbox_ids": ""},
+            {"sandbox_ids": f"{sandbox_id},,x"},
+            {"sandbox_ids": "x," * 101},
+        ):
+            refused = await e2b.get("/sandboxes/metrics", params=bad)
+            assert refused.status_code == 400, (bad, refused.text)
+            assert "sandbox_ids" in refused.json()["message"]

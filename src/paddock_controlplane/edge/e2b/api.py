@@ -325,9 +325,32 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
 
 
 @router.get("/sandboxes/metrics")
-async def many_metrics() -> None:
-    """Declared before ``/sandboxes/{id}`` so that it is a 501, not a sandbox called "metrics"."""
-    raise e2b_errors.NotBuilt("GET /sandboxes/metrics: Paddock keeps no per-sandbox resource series yet")
+async def many_metrics(request: Request) -> dict[str, Any]:
+    """The newest sample of each of ``sandbox_ids`` (comma-separated) that is the caller's, running, and
+    sampled in the last :func:`sandbox_metrics.fresh_s`, by id; any other id is left out, as E2B leaves
+    out what it cannot read. Declared before ``/sandboxes/{id}``, which would take "metrics" for an id."""
+    services, principal = await _caller(request, None)
+    raw = request.query_params.get("sandbox_ids")
+    ids = raw.split(",") if raw else []
+    if not ids or not all(ids):
+        raise errors.ValidationFailed.field("sandbox_ids", "must name sandboxes, comma-separated")
+    if len(ids) > MAX_LIMIT:
+        raise errors.ValidationFailed.field("sandbox_ids", f"at most {MAX_LIMIT} sandboxes a request")
+    wanted = sorted({sandbox_id for sandbox_id in ids if _ID_RE.match(sandbox_id)})
+    now = services.clock()
+    async with services.sessions() as session:
+        running = (
+            await session.scalars(
+                select(Sandbox.id).where(
+                    Sandbox.user_id == principal.user_id,
+                    Sandbox.id.in_(wanted),
+                    Sandbox.status == SandboxStatus.RUNNING,
+                )
+            )
+        ).all()
+        since = now - dt.timedelta(seconds=sandbox_metrics.fresh_s(services.settings.metrics_interval_s))
+        latest = await sandbox_metrics.newest(session, principal.user_id, list(running), since)
+    return {"sandboxes": {sandbox_id: _metric(row) for sandbox_id, row in sorted(latest.items())}}
 
 
 @router.get("/sandboxes/{sandbox_id}")
@@ -489,6 +512,22 @@ async def resume(sandbox_id: str, request: Request) -> JSONResponse:
 _LAST_UNIX_S = 253402300799  # 9999-12-31T23:59:59Z, the last instant a datetime holds
 
 
+def _metric(row: sandbox_metrics.SandboxMetricSample) -> dict[str, Any]:
+    """A sample as E2B's ``SandboxMetric``. ``memCache`` is 0: the memory used already leaves the
+    reclaimable page cache out."""
+    return {
+        "timestamp": rfc3339(row.at),
+        "timestampUnix": int(as_utc(row.at).timestamp()),
+        "cpuCount": row.vcpu,
+        "cpuUsedPct": row.cpu_pct,
+        "memUsed": row.mem_used_bytes,
+        "memTotal": row.mem_limit_bytes,
+        "memCache": 0,
+        "diskUsed": row.disk_used_bytes,
+        "diskTotal": row.disk_limit_bytes,
+    }
+
+
 @router.get("/sandboxes/{sandbox_id}/metrics")
 async def metrics(
     sandbox_id: str,
@@ -498,8 +537,7 @@ async def metrics(
 ) -> list[dict[str, Any]]:
     """The sandbox's samples from ``start`` (default: its creation) to ``end`` (default: now), unix
     seconds, as the SDK's ``get_metrics()`` parses them (docs/e2b.md): the metrics worker's raw samples
-    while they cover ``start`` (an hour), else its one-minute averages (a day). ``memCache`` is 0: the
-    memory used already leaves the reclaimable page cache out."""
+    while they cover ``start`` (an hour), else its one-minute averages (a day)."""
     services, principal = await _caller(request, sandbox_id)
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     now = services.clock()
@@ -507,20 +545,7 @@ async def metrics(
     until = now if end is None else dt.datetime.fromtimestamp(end, dt.UTC)
     async with services.sessions() as session:
         rows = await sandbox_metrics.between(session, sandbox_id, since, until, now)
-    return [
-        {
-            "timestamp": rfc3339(row.at),
-            "timestampUnix": int(as_utc(row.at).timestamp()),
-            "cpuCount": row.vcpu,
-            "cpuUsedPct": row.cpu_pct,
-            "memUsed": row.mem_used_bytes,
-            "memTotal": row.mem_limit_bytes,
-            "memCache": 0,
-            "diskUsed": row.disk_used_bytes,
-            "diskTotal": row.disk_limit_bytes,
-        }
-        for row in rows
-    ]
+    return [_metric(row) for row in rows]
 
 
 @router.get("/sandboxes/{sandbox_id}/logs")

@@ -77,7 +77,7 @@ async def account_metrics(principal: PrincipalDep, services: ServicesDep) -> dic
             principal.user_id,
             list(running),
             services.clock(),
-            fresh_s=max(3 * interval_s, 30.0),
+            fresh_s=sandbox_metrics.fresh_s(interval_s),
         )
     return envelope.success({"interval_s": _seconds(interval_s), **totals})
 
