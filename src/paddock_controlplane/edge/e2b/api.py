@@ -136,6 +136,7 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
     tls_ports = network.tls_ports() if network is not None else []
     timeout_s = store.check_timeout(body.timeout)
     metadata = store.check_metadata(body.metadata)
+    auto_resume = body.resumes_on_activity()
     # One lifetime and one label set (issue #33): E2B's ``timeout`` and ``metadata`` are /v1's
     # ``timeout_s`` and ``metadata``, ``autoPause`` its ``on_timeout: pause`` (``hibernate`` with
     # ``autoPauseMemory: false``, the SDK's ``mode: "filesystem"``: only the disk is kept); the
@@ -181,6 +182,7 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
                 user_id=principal.user_id,
                 template_id=body.template_id,
                 now=services.clock(),
+                auto_resume=auto_resume,
             )
     except BaseException:
         await destruction.destroy(services, principal.user_id, sandbox.id, reason="e2b_create_failed")
@@ -317,6 +319,7 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
                     user_id=principal.user_id,
                     template_id=template_id,
                     now=services.clock(),
+                    auto_resume=row is not None and row.auto_resume,  # the source's lifecycle
                 )
             results.append({"sandbox": schemas.created(child, template_id, services.settings)})
         except errors.PaddockError as exc:
@@ -362,7 +365,12 @@ async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
         mounts = await e2b_volumes.mounts_of(session, sandbox_id)
     return {
         **schemas.detail(
-            sandbox, _template_of(sandbox, row), _end_of(sandbox), _tags(sandbox), services.settings
+            sandbox,
+            _template_of(sandbox, row),
+            _end_of(sandbox),
+            _tags(sandbox),
+            services.settings,
+            auto_resume=row is not None and row.auto_resume,
         ),
         "volumeMounts": mounts,
     }

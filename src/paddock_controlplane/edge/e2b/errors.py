@@ -32,12 +32,13 @@ def respond(status: int, message: str, headers: dict[str, str] | None = None) ->
     return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
 
-def from_paddock(exc: errors.PaddockError) -> JSONResponse:
+def from_paddock(exc: errors.PaddockError, message: str | None = None) -> JSONResponse:
+    """``exc`` in E2B's shape (``message`` in place of its own when given)."""
     headers: dict[str, str] = {}
     retry_after = getattr(exc, "retry_after_s", None)
     if exc.status in (429, 503):
         headers["Retry-After"] = str(max(1, int(retry_after or 1)))
-    return respond(exc.status, exc.message, headers)
+    return respond(exc.status, message or exc.message, headers)
 
 
 def install(app: FastAPI) -> None:

@@ -212,6 +212,12 @@ class NewVolume(Body):
     name: StrictStr
 
 
+class AutoResume(Body):
+    """A create's ``autoResume`` (``SandboxAutoResumeConfig``)."""
+
+    enabled: StrictBool
+
+
 class NewSandbox(Body):
     """``POST /sandboxes`` and ``POST /v2/sandboxes`` (``NewSandbox``/``NewSandboxV2``)."""
 
@@ -229,6 +235,21 @@ class NewSandbox(Body):
     )
     network: NetworkConfig | None = None
     iam: dict[str, Any] | None = None
+    auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+
+    def resumes_on_activity(self) -> bool:
+        """``autoResume.enabled``, which E2B allows only beside a pause at the timeout that keeps the
+        memory (the SDK's ``lifecycle={"on_timeout": "pause", "auto_resume": True}``): a filesystem-only
+        pause cannot be woken by traffic, as its processes are gone. Else a 400 naming ``autoResume``."""
+        if self.auto_resume is None or not self.auto_resume.enabled:
+            return False
+        if not self.auto_pause:
+            raise errors.ValidationFailed.field("autoResume", "needs autoPause (on_timeout 'pause')")
+        if self.auto_pause_memory is False:
+            raise errors.ValidationFailed.field(
+                "autoResume", "cannot be combined with autoPauseMemory false (mode 'filesystem')"
+            )
+        return True
 
 
 class Timeout(Body):
@@ -313,12 +334,21 @@ def listed(
 
 
 def detail(
-    sandbox: Sandbox, template_id: str, end_at: dt.datetime, metadata: dict[str, str], settings: Any
+    sandbox: Sandbox,
+    template_id: str,
+    end_at: dt.datetime,
+    metadata: dict[str, str],
+    settings: Any,
+    auto_resume: bool = False,
 ) -> dict[str, Any]:
     """E2B's ``SandboxDetail``."""
     ports = sandbox.app_ports
     return {
         **listed(sandbox, template_id, end_at, metadata),
+        "lifecycle": {
+            "onTimeout": "pause" if sandbox.on_timeout in ("pause", "hibernate") else "kill",
+            "autoResume": auto_resume,
+        },
         "envdAccessToken": identity.envd_access_token(settings, sandbox.id),
         # The edge opens the sandbox's other ports (49999 too) to this token when its ingress is off,
         # as E2B does for a sandbox without public traffic; the SDK sends it to every port.

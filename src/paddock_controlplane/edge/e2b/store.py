@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import ForeignKey, String, delete, select
+from sqlalchemy import ForeignKey, String, delete, false, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
-from paddock_controlplane.records.models import Base
+from paddock_controlplane.records.models import Base, Sandbox
 from paddock_controlplane.sandboxes import lifecycle
 from paddock_core import errors
 
@@ -36,6 +36,8 @@ class E2bSandbox(Base):
     user_id: Mapped[str] = mapped_column(String(40), ForeignKey("users.id"))
     template_id: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[dt.datetime] = mapped_column()
+    #: E2B's ``autoResume`` (migration 0031): an SDK call or port traffic that finds it paused resumes it.
+    auto_resume: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class E2bSnapshotTag(Base):
@@ -114,12 +116,32 @@ async def record(
     user_id: str,
     template_id: str,
     now: dt.datetime,
+    auto_resume: bool = False,
 ) -> E2bSandbox:
     row = E2bSandbox(
         sandbox_id=sandbox_id,
         user_id=user_id,
         template_id=template_id,
         created_at=now,
+        auto_resume=auto_resume,
     )
     session.add(row)
     return row
+
+
+#: The least lifetime a sandbox gets when activity resumes it (E2B's auto-resume: five minutes, or the
+#: sandbox's own timeout when that is longer).
+WOKEN_MIN_TIMEOUT_S = 300
+
+
+async def rearm_woken(session: AsyncSession, sandbox_id: str, now: dt.datetime) -> None:
+    """After activity (an SDK call, port traffic) resumed an E2B sandbox: its lifetime starts again,
+    ``max(5 min, its timeout)`` from now, as E2B's auto-resume does, so that it pauses (or ends) again
+    when the activity stops instead of running with no end. A sandbox made through ``/v1`` (no row
+    here), one with no timeout, or one whose lifetime already runs is left alone."""
+    if await session.get(E2bSandbox, sandbox_id) is None:
+        return
+    sandbox = await session.get(Sandbox, sandbox_id, with_for_update=True)
+    if sandbox is None or sandbox.end_at is not None or not sandbox.timeout_s:
+        return
+    sandbox.end_at = now + dt.timedelta(seconds=max(WOKEN_MIN_TIMEOUT_S, sandbox.timeout_s))

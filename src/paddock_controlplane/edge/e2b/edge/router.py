@@ -3,7 +3,9 @@
 - The sandbox and port come from ``E2b-Sandbox-Id``/``E2b-Sandbox-Port`` (what the SDK sends when
   ``E2B_SANDBOX_URL`` is set) or from the host ``<port>-<sandbox id>.<domain>`` (the ingress's names).
 - A sandbox that is missing, gone or not running answers 502 "… was not found": the SDK reads that as
-  the sandbox not running (``SandboxNotRunningException``).
+  the sandbox not running (``SandboxNotRunningException``). A paused one whose E2B ``autoResume`` is on
+  is resumed first, as E2B's auto-resume does on an SDK call or port traffic; requests that find it
+  paused at once share one resume. Its lifetime then starts again (``store.rearm_woken``).
 - Port 49983 is envd, served here; it requires the sandbox's ``envdAccessToken`` in ``X-Access-Token``
   (``identity.envd_access_token``). The user comes by Basic auth (``user``/``root``; none: the image's).
 - Any other port goes to that port of the sandbox, as the ingress does (``user_ports``).
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import time
@@ -23,7 +26,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from paddock_controlplane.edge.api import caller
-from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.edge.e2b import errors as e2b_errors
+from paddock_controlplane.edge.e2b import identity, store
 from paddock_controlplane.edge.e2b.edge import connect, files, filesystem, interpreter, process, user_ports
 from paddock_controlplane.edge.e2b.edge.connect import ConnectError
 from paddock_controlplane.edge.e2b.edge.context import USERS, Call, mapped
@@ -33,7 +37,9 @@ from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import running_sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import CLOSED, SandboxStatus
+from paddock_controlplane.sandboxes import suspension
 from paddock_core import errors
+from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.e2b.edge")
@@ -97,26 +103,11 @@ def _user(request: Request) -> str | Response | None:
     return user
 
 
-async def _sandbox(services: Services, sandbox_id: str) -> Sandbox | None:
-    if len(sandbox_id) > 64:
-        return None
-    # A running sandbox used a moment ago is in the exec path's cache (``running_sandbox``'s, 1 s,
-    # dropped at once by any change this process makes): a command costs no database trip, as on /v1.
-    cached = services.running.get(sandbox_id)
-    if cached is not None:
-        return cached
-    row = await services.reads.first(_BY_ID, {"sandbox_id": sandbox_id})
-    if row is None or row.status in (*CLOSED, SandboxStatus.ERROR):
-        return None
-    try:
-        return await running_sandbox(services, row.user_id, sandbox_id)
-    except errors.PaddockError:
-        return None
-
-
 class EdgeApp:
     def __init__(self, services: Services) -> None:
         self.services = services
+        #: The resume under way for each auto-resuming sandbox, shared by the requests that found it paused.
+        self._wakes: dict[str, asyncio.Task[None]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -127,6 +118,56 @@ class EdgeApp:
         request = Request(scope, receive)
         response = await self.handle(request)
         await response(scope, receive, send)
+
+    async def sandbox(self, sandbox_id: str) -> Sandbox | Response | None:
+        """The running sandbox a request is for; None when there is none (missing, gone, or paused
+        without ``autoResume``); a Response when its resume was refused (no room, no credit)."""
+        if len(sandbox_id) > 64:
+            return None
+        services = self.services
+        # A running sandbox used a moment ago is in the exec path's cache (``running_sandbox``'s, 1 s,
+        # dropped at once by any change this process makes): a command costs no database trip, as on /v1.
+        cached = services.running.get(sandbox_id)
+        if cached is not None:
+            return cached
+        row = await services.reads.first(_BY_ID, {"sandbox_id": sandbox_id})
+        if row is None or row.status in (*CLOSED, SandboxStatus.ERROR):
+            return None
+        if row.status == SandboxStatus.PAUSED:
+            async with services.sessions() as session:
+                e2b_row = await store.get(session, sandbox_id)
+            if e2b_row is None or not e2b_row.auto_resume:
+                return None
+            refused = await self._wake(row)
+            if refused is not None:
+                return refused
+        try:
+            return await running_sandbox(services, row.user_id, sandbox_id)
+        except errors.PaddockError:
+            return None
+
+    async def _wake(self, row: Sandbox) -> Response | None:
+        task = self._wakes.get(row.id)
+        if task is None:
+            task = asyncio.create_task(self._resume(row.user_id, row.id))
+            self._wakes[row.id] = task
+            task.add_done_callback(lambda _: self._wakes.pop(row.id, None))
+        try:
+            await asyncio.shield(task)
+        except errors.InvalidState:
+            return None  # resumed meanwhile by another path (a connect, the ingress): waited for next
+        except errors.PaddockError as exc:  # no room on its host, no credit, over the plan's slots
+            return e2b_errors.from_paddock(
+                exc, f"sandbox {row.id} is paused and could not resume: {exc.message}"
+            )
+        return None
+
+    async def _resume(self, user_id: str, sandbox_id: str) -> None:
+        resumed = await suspension.resume(self.services, user_id, sandbox_id)
+        log.info("e2b_auto_resume", sandbox_id=sandbox_id, status=resumed.status)
+        if resumed.status == SandboxStatus.RUNNING:
+            async with transaction(self.services.sessions) as session:
+                await store.rearm_woken(session, sandbox_id, self.services.clock())
 
     async def handle(self, request: Request) -> Response:
         target = _target(request, self.services)
@@ -140,9 +181,11 @@ class EdgeApp:
                 status_code=400,
             )
         sandbox_id, port = target
-        sandbox = await _sandbox(self.services, sandbox_id)
+        sandbox = await self.sandbox(sandbox_id)
         if sandbox is None:
             return not_found(sandbox_id)
+        if isinstance(sandbox, Response):
+            return sandbox
         if port == ENVD_PORT:
             return await self.envd(request, sandbox)
         if port == INTERPRETER_PORT:
