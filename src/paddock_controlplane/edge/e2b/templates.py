@@ -6,7 +6,8 @@ given, which authorises itself (an HMAC of the user, the hash and an expiry, so 
 key); ``POST /v2/templates/{id}/builds/{buildID}`` turns the steps into a Dockerfile and the uploaded
 archives into one build context and submits it as ``POST /v1/templates`` would; the status route reads
 the template's state and build log from ``logsOffset``. The E2B ``templateID`` is the template's name,
-which is also what ``Sandbox.create("<name>")`` boots.
+which is also what ``Sandbox.create("<name>")`` boots. A template no E2B build made (``/v1``) answers
+to the build id :func:`derived_build_id` gives it, the one the catalog lists (template_catalog.py).
 
 E2B's tags (``e2b_template_tags``, migration 0024) name builds: a build of ``name`` with ``tags`` gets
 those (``default`` when it names none), ``POST /templates/tags`` points more tags at the build a
@@ -88,8 +89,10 @@ MAX_TAGS = 16
 #: E2B's tag for a build given none.
 DEFAULT_TAG = "default"
 #: A tag: what a template name may be (letters, digits, ``.``, ``_``, ``-``).
-_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 STATUS = {"pending": "waiting", "building": "building", "ready": "ready", "failed": "error"}
+#: The namespace of :func:`derived_build_id`'s UUIDs (a constant: the ids must not change).
+DERIVED_BUILDS = uuid.UUID("5d0b6a52-3f43-4c1e-9a4e-1d3c8f2b7e61")
 
 
 class E2bTemplateBuild(Base):
@@ -157,7 +160,7 @@ class BuildStart(Body):
     ready_cmd: StrictStr | None = Field(default=None, alias="readyCmd")
 
 
-async def _caller(request: Request) -> tuple[Services, str]:
+async def caller(request: Request) -> tuple[Services, str]:
     services, principal = await scope_caller(request.scope)
     principal.require_scope(None)
     return services, principal.user_id
@@ -194,7 +197,7 @@ def check_upload_token(services: Services, token: str) -> tuple[str, str]:
     return user_id, files_hash
 
 
-def _plain_name(raw: str | None, field: str) -> str:
+def plain_name(raw: str | None, field: str) -> str:
     name = (raw or "").strip()
     if "/" in name:
         raise errors.ValidationFailed.field(field, "namespaces ('team/name') are not served; give a name")
@@ -204,7 +207,7 @@ def _plain_name(raw: str | None, field: str) -> str:
 
 
 def _check_name(raw: str | None, field: str = "name") -> str:
-    name = _plain_name(raw, field)
+    name = plain_name(raw, field)
     if name in identity.TEMPLATES:
         raise errors.AlreadyExists(f"{field}: {name!r} is one of E2B's own templates")
     return name
@@ -214,7 +217,7 @@ def _check_tags(raw: list[str], field: str = "tags") -> list[str]:
     if not raw:
         raise errors.ValidationFailed.field(field, "must name at least one tag")
     for index, tag in enumerate(raw):
-        if not _TAG.match(tag):
+        if not TAG.match(tag):
             raise errors.ValidationFailed.field(
                 f"{field}[{index}]", "a tag must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
             )
@@ -224,8 +227,8 @@ def _check_tags(raw: list[str], field: str = "tags") -> list[str]:
 def _split(raw: str, field: str) -> tuple[str, str]:
     """``name:tag`` as ``(name, tag)``, ``name`` as ``(name, "default")``; a 400 naming ``field``."""
     name, sep, tag = raw.partition(":")
-    name = _plain_name(name, field)
-    if sep and not _TAG.match(tag):
+    name = plain_name(name, field)
+    if sep and not TAG.match(tag):
         raise errors.ValidationFailed.field(field, "a tag must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     return name, (tag if sep else DEFAULT_TAG)
 
@@ -277,9 +280,28 @@ async def template_for(session: AsyncSession, user_id: str, ref: str) -> str | N
     return build.template_id if build is not None else None
 
 
-async def _build(services: Services, user_id: str, name: str, build_id: str) -> E2bTemplateBuild:
+def derived_build_id(key: str) -> str:
+    """The build id E2B's routes show for what no E2B build made: a template made through ``/v1`` (``key``
+    its Paddock id), one of E2B's own templates (its image). A UUID, as the SDK parses one, and the same
+    on every call, so a listed id can be asked about."""
+    return str(uuid.uuid5(DERIVED_BUILDS, key))
+
+
+async def find_build(services: Services, user_id: str, name: str, build_id: str) -> E2bTemplateBuild:
+    """The caller's build ``build_id`` of ``name``: an E2B build, or the one the catalog shows for the live
+    template ``name`` (:func:`derived_build_id` of its id, unsaved) when it answers to that id."""
     async with services.sessions() as session:
         build = await session.get(E2bTemplateBuild, build_id)
+        if build is None and templates.NAME.fullmatch(name):
+            template = await templates.find(session, user_id, name)
+            if template is not None and template.name == name and derived_build_id(template.id) == build_id:
+                return E2bTemplateBuild(
+                    build_id=build_id,
+                    user_id=user_id,
+                    name=name,
+                    template_id=template.id,
+                    created_at=template.created_at,
+                )
     if build is None or build.user_id != user_id or build.name != name:
         raise errors.NotFound(f"build {build_id!r} of template {name!r} not found")
     return build
@@ -287,7 +309,7 @@ async def _build(services: Services, user_id: str, name: str, build_id: str) -> 
 
 @router.post("/v3/templates", status_code=202)
 async def request_build(body: BuildRequest, request: Request) -> dict[str, Any]:
-    services, user_id = await _caller(request)
+    services, user_id = await caller(request)
     name = _check_name(body.name or body.alias)
     tags = _check_tags(body.tags) if body.tags is not None else [DEFAULT_TAG]
     build_id = str(uuid.uuid4())  # E2B's build ids are UUIDs (the SDK parses a tag's ``buildID`` as one)
@@ -307,7 +329,7 @@ async def request_build(body: BuildRequest, request: Request) -> dict[str, Any]:
 
 @router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
 async def file_link(template_id: str, files_hash: str, request: Request) -> dict[str, Any]:
-    services, user_id = await _caller(request)
+    services, user_id = await caller(request)
     if not _HASH_RE.match(files_hash):
         raise errors.ValidationFailed.field("hash", "must be a SHA-256 in hex")
     present = (_files_dir(services, user_id) / files_hash).is_file()
@@ -453,8 +475,8 @@ def merge_context(directory: Path, hashes: list[str]) -> bytes | None:
 
 @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
 async def start_build(template_id: str, build_id: str, body: BuildStart, request: Request) -> Response:
-    services, user_id = await _caller(request)
-    build = await _build(services, user_id, template_id, build_id)
+    services, user_id = await caller(request)
+    build = await find_build(services, user_id, template_id, build_id)
     if build.template_id is not None:
         raise errors.InvalidState(f"build {build_id!r} has already started")
     if body.start_cmd:
@@ -485,8 +507,8 @@ async def start_build(template_id: str, build_id: str, body: BuildStart, request
 
 @router.get("/templates/{template_id}/builds/{build_id}/status")
 async def build_status(template_id: str, build_id: str, request: Request) -> dict[str, Any]:
-    services, user_id = await _caller(request)
-    build = await _build(services, user_id, template_id, build_id)
+    services, user_id = await caller(request)
+    build = await find_build(services, user_id, template_id, build_id)
     offset_raw = request.query_params.get("logsOffset") or "0"
     if not offset_raw.isdigit() or int(offset_raw) > 2**31:
         raise errors.ValidationFailed.field("logsOffset", "must be a non-negative integer")
@@ -523,7 +545,7 @@ async def build_status(template_id: str, build_id: str, request: Request) -> dic
 
 @router.get("/templates/aliases/{alias}")
 async def alias(alias: str, request: Request) -> dict[str, Any]:
-    services, user_id = await _caller(request)
+    services, user_id = await caller(request)
     if alias in identity.TEMPLATES:
         return {"templateID": alias, "public": True}
     async with services.sessions() as session:
@@ -536,7 +558,7 @@ async def alias(alias: str, request: Request) -> dict[str, Any]:
 @router.post("/templates/tags", status_code=201)
 async def assign_tags(body: AssignTags, request: Request) -> dict[str, Any]:
     """Points ``tags`` at the build ``target`` (``name:tag``) names."""
-    services, user_id = await _caller(request)
+    services, user_id = await caller(request)
     name, tag = _split(body.target, "target")
     tags = _check_tags(body.tags)
     async with transaction(services.sessions) as session:
@@ -551,8 +573,8 @@ async def assign_tags(body: AssignTags, request: Request) -> dict[str, Any]:
 @router.delete("/templates/tags", status_code=204)
 async def remove_tags(body: RemoveTags, request: Request) -> Response:
     """Removes ``tags`` from ``name``; a tag it does not have is a 404 and nothing is removed."""
-    services, user_id = await _caller(request)
-    name = _plain_name(body.name, "name")
+    services, user_id = await caller(request)
+    name = plain_name(body.name, "name")
     tags = _check_tags(body.tags)
     async with transaction(services.sessions) as session:
         held = set(
@@ -583,8 +605,8 @@ async def remove_tags(body: RemoveTags, request: Request) -> Response:
 async def list_tags(template_id: str, request: Request) -> list[dict[str, Any]]:
     """The template's tags, by tag: ``[{tag, buildID, createdAt}]``; 404 for a name with neither tags
     nor a template."""
-    services, user_id = await _caller(request)
-    name = _plain_name(template_id, "templateID")
+    services, user_id = await caller(request)
+    name = plain_name(template_id, "templateID")
     async with services.sessions() as session:
         rows = (
             await session.scalars(
@@ -602,7 +624,7 @@ async def list_tags(template_id: str, request: Request) -> list[dict[str, Any]]:
 async def delete(template_id: str, request: Request) -> Response:
     """A template, or a snapshot (the SDK's ``delete_snapshot`` calls this route): a template's name wins
     over a snapshot's, as in a create's ``rootfs``; a ``snap_`` id is always the snapshot."""
-    services, user_id = await _caller(request)
+    services, user_id = await caller(request)
     template = None
     if not template_id.startswith(SNAPSHOT_PREFIX):
         async with services.sessions() as session:
