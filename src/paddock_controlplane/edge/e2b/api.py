@@ -20,6 +20,7 @@ from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional
 from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity, schemas, store
 from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
+from paddock_controlplane.edge.e2b import template_catalog as e2b_template_catalog
 from paddock_controlplane.edge.e2b import templates as e2b_templates
 from paddock_controlplane.edge.e2b import volume_content as e2b_volume_content
 from paddock_controlplane.edge.e2b import volumes as e2b_volumes
@@ -583,6 +584,7 @@ def create_app(services: Services) -> FastAPI:
     e2b_errors.install(app)
     app.include_router(router)
     app.include_router(e2b_templates.router)
+    e2b_template_catalog.install(app, DEFAULT_SHAPE)
     app.include_router(e2b_volumes.router)
     app.include_router(e2b_volume_content.router)
     app.include_router(e2b_snapshots.router)
