@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from e2b import Sandbox
@@ -92,3 +94,15 @@ def sandbox(e2b_env: E2bPlatform) -> Iterator[Sandbox]:
         yield made
     finally:
         made.kill()
+
+
+def wait_template_ready(http: httpx.Client, template_id: str, timeout_s: float = 300) -> None:
+    """Waits until the ``/v1`` template's build ends, and asserts that it is ready."""
+    deadline = time.monotonic() + timeout_s
+    status = ""
+    while time.monotonic() < deadline:
+        status = http.get(f"/v1/templates/{template_id}").json()["data"]["status"]
+        if status in ("ready", "failed"):
+            break
+        time.sleep(1)
+    assert status == "ready", status

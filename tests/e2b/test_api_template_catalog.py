@@ -8,7 +8,6 @@ queries answer; bad input is a 400 naming its field. Before, every one of these 
 from __future__ import annotations
 
 import secrets
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from e2b.api.client_sync import get_api_client
 from e2b.connection_config import ConnectionConfig
 
 from e2b import Sandbox, Template
-from tests.e2b.conftest import E2bPlatform
+from tests.e2b.conftest import E2bPlatform, wait_template_ready
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -64,17 +63,6 @@ class Catalog:
     v1_name: str  # made through /v1: no E2B build
     api: ApiClient
     http: httpx.Client  # raw, for what the generated client does not parse (400, 404, 501)
-
-
-def _wait_ready(http: httpx.Client, template_id: str) -> None:
-    deadline = time.monotonic() + 300
-    status = ""
-    while time.monotonic() < deadline:
-        status = http.get(f"/v1/templates/{template_id}").json()["data"]["status"]
-        if status in ("ready", "failed"):
-            break
-        time.sleep(1)
-    assert status == "ready", status
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +81,7 @@ def catalog(e2b_env: E2bPlatform) -> Iterator[Catalog]:
         )
         Template.assign_tags(f"{name}:v1", "stable")
         Sandbox.create(name, timeout=60).kill()  # booted once: spawnCount
-        _wait_ready(native, v1_id)
+        wait_template_ready(native, v1_id)
         yield Catalog(name, built.build_id, v1_name, api, http)
     finally:
         http.delete(f"/templates/{name}")

@@ -9,14 +9,13 @@ as ``name:default``. Before, ``tags`` were a 501 and ``name:default`` of a templ
 from __future__ import annotations
 
 import secrets
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from e2b import Sandbox, SandboxException, Template, TemplateException
-from tests.e2b.conftest import E2bPlatform
+from tests.e2b.conftest import E2bPlatform, wait_template_ready
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -85,14 +84,7 @@ def test_a_v1_template_boots_as_its_default_tag(e2b_env: E2bPlatform) -> None:
         assert created.status_code == 200, created.text
         template_id = created.json()["data"]["id"]
         try:
-            deadline = time.monotonic() + 300
-            status = ""
-            while time.monotonic() < deadline:
-                status = http.get(f"/v1/templates/{template_id}").json()["data"]["status"]
-                if status in ("ready", "failed"):
-                    break
-                time.sleep(1)
-            assert status == "ready", status
+            wait_template_ready(http, template_id)
             assert Template.get_tags(name) == []
             booted = Sandbox.create(f"{name}:default", timeout=120)
             try:
