@@ -2,8 +2,8 @@
 ``lifecycle={"on_timeout": "pause", "auto_resume": True}`` and then paused is resumed by the next SDK
 call (a file read, a command) or by traffic to one of its ports, with its memory (a process started
 before the pause still runs) and a lifetime that starts again, ``max(5 min, its timeout)`` from the
-resume; calls that find it paused together share one resume. Without ``auto_resume`` the call fails and
-the sandbox stays paused, as on E2B. ``get_info().lifecycle`` says which. Before, ``autoResume`` was
+resume; calls that find it paused together share one resume. A request without the sandbox's token does
+not wake it. Without ``auto_resume`` the call fails and the sandbox stays paused, as on E2B. ``get_info().lifecycle`` says which. Before, ``autoResume`` was
 ignored: every call to a paused sandbox failed."""
 
 from __future__ import annotations
@@ -35,6 +35,22 @@ def test_an_sdk_call_resumes_a_paused_sandbox_with_its_memory(e2b_env: E2bPlatfo
         sandbox.files.write("/tmp/kept.txt", "before the pause")
         sleeper = sandbox.commands.run("sleep 900", background=True, timeout=0)
         sandbox.pause()
+        assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.PAUSED
+
+        # A sandbox id is no secret: a request that would not be let in does not wake it.
+        for token in (None, "ea_" + "0" * 64):
+            stranger = httpx.post(
+                f"{e2b_env.sandbox_url}/process.Process/List",
+                headers={
+                    "E2b-Sandbox-Id": sandbox.sandbox_id,
+                    "E2b-Sandbox-Port": "49983",
+                    "Content-Type": "application/json",
+                    **({"X-Access-Token": token} if token else {}),
+                },
+                content=b"{}",
+                timeout=30,
+            )
+            assert stranger.status_code == 502, stranger.text
         assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.PAUSED
 
         with ThreadPoolExecutor(3) as pool:  # three calls find it paused together: one resume serves them

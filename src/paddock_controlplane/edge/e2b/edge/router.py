@@ -119,9 +119,10 @@ class EdgeApp:
         response = await self.handle(request)
         await response(scope, receive, send)
 
-    async def sandbox(self, sandbox_id: str) -> Sandbox | Response | None:
+    async def sandbox(self, sandbox_id: str, request: Request, port: int) -> Sandbox | Response | None:
         """The running sandbox a request is for; None when there is none (missing, gone, or paused
-        without ``autoResume``); a Response when its resume was refused (no room, no credit)."""
+        without ``autoResume``, or paused and the request carries nothing that would open it); a
+        Response when its resume was refused (no room, no credit)."""
         if len(sandbox_id) > 64:
             return None
         services = self.services
@@ -136,7 +137,7 @@ class EdgeApp:
         if row.status == SandboxStatus.PAUSED:
             async with services.sessions() as session:
                 e2b_row = await store.get(session, sandbox_id)
-            if e2b_row is None or not e2b_row.auto_resume:
+            if e2b_row is None or not e2b_row.auto_resume or not self._may_wake(request, row, port):
                 return None
             refused = await self._wake(row)
             if refused is not None:
@@ -145,6 +146,20 @@ class EdgeApp:
             return await running_sandbox(services, row.user_id, sandbox_id)
         except errors.PaddockError:
             return None
+
+    def _may_wake(self, request: Request, sandbox: Sandbox, port: int) -> bool:
+        """Whether the request would be let in once the sandbox runs, checked before it is resumed: a
+        sandbox id is no secret, and a stranger's request must not run (and bill) someone's sandbox
+        again. The sandbox's token (``X-Access-Token`` or ``e2b-traffic-access-token``) opens every
+        port; a signed URL opens envd's ``/files``; public traffic opens the other ports, as the
+        ingress wakes a sandbox with ingress on for anyone."""
+        settings = self.services.settings
+        for header in ("x-access-token", "e2b-traffic-access-token"):
+            if identity.check_envd_access_token(settings, sandbox.id, request.headers.get(header, "")):
+                return True
+        if port == ENVD_PORT:
+            return request.url.path == "/files" and self._refusal(request, sandbox) is None
+        return port != INTERPRETER_PORT and bool(sandbox.ingress_enabled)
 
     async def _wake(self, row: Sandbox) -> Response | None:
         task = self._wakes.get(row.id)
@@ -181,7 +196,7 @@ class EdgeApp:
                 status_code=400,
             )
         sandbox_id, port = target
-        sandbox = await self.sandbox(sandbox_id)
+        sandbox = await self.sandbox(sandbox_id, request, port)
         if sandbox is None:
             return not_found(sandbox_id)
         if isinstance(sandbox, Response):
