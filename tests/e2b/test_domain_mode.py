@@ -10,12 +10,16 @@ them). The ingress has the certificate ``paddock serve`` makes, whose CA that fi
 resolves the wildcard name to 127.0.0.1 as a DNS record for it would: the one stand-in.
 
 Signed file URLs (``download_url``/``upload_url``) open ``/files`` without the token, as envd's do: for
-the path, user and operation signed, until their expiration."""
+the path, user and operation signed, until their expiration.
+
+The JS SDKs (``e2b`` and ``@e2b/code-interpreter`` from npm) run the same way in ``js/domain.mjs``, with
+``NODE_EXTRA_CA_CERTS`` for the CA, which Node reads at its start."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,6 +39,7 @@ from tests.ports import free_port
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 CLIENT = Path(__file__).with_name("domain_mode_client.py")
+JS = Path(__file__).with_name("js")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +74,21 @@ def seen(
             [sys.executable, str(CLIENT), DOMAIN], env=env, capture_output=True, text=True, timeout=240
         )
         assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-5000:]
-        yield json.loads(ran.stdout.strip().splitlines()[-1])
+        python_seen = json.loads(ran.stdout.strip().splitlines()[-1])
+        # The JS SDKs trust a CA from NODE_EXTRA_CA_CERTS, which Node reads at its start.
+        node = shutil.which("node")
+        assert node is not None, "node is needed (scripts/setup-host.sh installs it)"
+        env = {name: value for name, value in env.items() if name != "SSL_CERT_FILE"}
+        ran = subprocess.run(
+            [node, "domain.mjs", DOMAIN],
+            cwd=JS,
+            env=env | {"NODE_EXTRA_CA_CERTS": str(tls.ca_file)},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-5000:]
+        yield {**python_seen, "js": json.loads(ran.stdout.strip().splitlines()[-1])}
     finally:
         live.stop()
 
@@ -93,3 +112,11 @@ def test_a_signed_url_opens_its_file_and_nothing_else(seen: Any) -> None:
 
 def test_the_code_interpreter_is_reached_at_its_own_address_too(seen: Any) -> None:
     assert seen["run_code"] == "42"  # https://49999-<id>.<domain>/execute
+
+
+def test_the_js_sdks_reach_envd_and_the_code_interpreter_at_e2bs_own_addresses(seen: Any) -> None:
+    """``e2b`` and ``@e2b/code-interpreter`` from npm (``js/domain.mjs``), the same way."""
+    js = seen["js"]
+    assert js["host"].startswith(f"49983-{js['sandboxId']}.{DOMAIN}"), js
+    assert js["run"] == "42\n" and js["read"] == "through the ingress, from node", js
+    assert js["listed"] == ["js-domain.txt"] and js["runCode"] == "42", js
