@@ -18,7 +18,7 @@ from paddock._async_resources import (
 )
 from paddock._async_sandbox import AsyncSandbox, AsyncSandboxes
 from paddock._errors import ConflictError, TransportError
-from paddock._models import HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
+from paddock._models import AccountMetrics, HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
 
 
 class AsyncClient:
@@ -191,6 +191,11 @@ class AsyncClient:
     async def rootfs(self) -> RootfsData:
         """The catalog images a sandbox can boot and the default one."""
         return RootfsData.from_api(await self.request("GET", "v1/rootfs"))
+
+    async def metrics(self) -> AccountMetrics:
+        """The account's use now, summed over its running sandboxes' newest samples
+        (docs/observability.md); a sandbox's own series is ``sandbox.metrics()``."""
+        return AccountMetrics.from_api(await self.request("GET", "v1/metrics"))
 
     async def hosts(self) -> list[HostInfo]:
         """The hosts sandboxes are placed on, with their free memory and sandbox count."""

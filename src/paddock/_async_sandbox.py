@@ -27,7 +27,17 @@ from paddock._errors import (
     TransportError,
     WaitTimeoutError,
 )
-from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo, Snapshot
+from paddock._models import (
+    AccessToken,
+    Bandwidth,
+    ExecResult,
+    FileEntry,
+    FileEvent,
+    SandboxInfo,
+    SandboxLogs,
+    SandboxMetrics,
+    Snapshot,
+)
 
 if TYPE_CHECKING:
     from paddock._async_client import AsyncClient
@@ -735,6 +745,19 @@ class AsyncSandbox:
         body = {"egress": None if rules is None else list(rules)}
         data = await self._client.request("PUT", self._path("egress"), json=body)
         return list(data["egress"])
+
+    async def metrics(self, *, window_s: int = 300) -> SandboxMetrics:
+        """Its CPU, memory, disk and network use over the last ``window_s`` seconds (1 to 86400): raw
+        samples for up to an hour, one-minute averages beyond (docs/observability.md); E2B's
+        ``get_metrics()``."""
+        data = await self._client.request("GET", self._path("metrics"), params={"window_s": window_s})
+        return SandboxMetrics.from_api(data)
+
+    async def logs(self, *, source: str = "boot", tail: int = 100) -> SandboxLogs:
+        """The last ``tail`` lines (1 to 1000) of its boot log, or with ``source="guest"`` of a VM's
+        console (a container has none: 409)."""
+        params = {"source": source, "tail": tail}
+        return SandboxLogs.from_api(await self._client.request("GET", self._path("logs"), params=params))
 
     async def bandwidth(self) -> Bandwidth:
         return Bandwidth.from_api(await self._client.request("GET", self._path("bandwidth")))

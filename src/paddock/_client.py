@@ -11,7 +11,7 @@ import httpx
 
 from paddock import _base, _blocking, _wire
 from paddock._errors import ConflictError, TransportError
-from paddock._models import HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
+from paddock._models import AccountMetrics, HostInfo, RootfsData, SandboxInfo, Shape, WhoAmI
 from paddock._resources import (
     Disks,
     Networks,
@@ -190,6 +190,11 @@ class Client:
     def rootfs(self) -> RootfsData:
         """The catalog images a sandbox can boot and the default one."""
         return RootfsData.from_api(self.request("GET", "v1/rootfs"))
+
+    def metrics(self) -> AccountMetrics:
+        """The account's use now, summed over its running sandboxes' newest samples
+        (docs/observability.md); a sandbox's own series is ``sandbox.metrics()``."""
+        return AccountMetrics.from_api(self.request("GET", "v1/metrics"))
 
     def hosts(self) -> list[HostInfo]:
         """The hosts sandboxes are placed on, with their free memory and sandbox count."""

@@ -159,6 +159,85 @@ class Bandwidth:
 
 
 @dataclass
+class MetricSample:
+    """One sample of a sandbox's use (docs/observability.md, ``Sample``): CPU as a percentage of its own
+    vCPUs, memory and disk used and their limits, and the network's cumulative byte counters."""
+
+    at: str
+    cpu_pct: float
+    mem_used_bytes: int
+    mem_limit_bytes: int
+    disk_used_bytes: int
+    disk_limit_bytes: int
+    net_rx_bytes: int
+    net_tx_bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> MetricSample:
+        return _build(cls, data)
+
+
+@dataclass
+class SandboxMetrics:
+    """``GET /v1/sandboxes/{id}/metrics``: the window's ``samples``, oldest first, one every
+    ``interval_s``, and ``latest``, the newest kept whatever the window (None before the first)."""
+
+    sandbox_id: str
+    interval_s: float
+    latest: MetricSample | None
+    samples: list[MetricSample]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> SandboxMetrics:
+        made = _build(cls, data)
+        made.latest = MetricSample.from_api(data["latest"]) if data.get("latest") else None
+        made.samples = [MetricSample.from_api(sample) for sample in data.get("samples") or []]
+        return made
+
+
+@dataclass
+class AccountMetrics:
+    """``GET /v1/metrics``: the account's totals now, over its running sandboxes' fresh samples
+    (``sandboxes`` of its ``running_sandboxes`` had one); ``cpu_pct`` is of their vCPUs together."""
+
+    interval_s: float
+    at: str | None
+    running_sandboxes: int
+    sandboxes: int
+    vcpu: int
+    cpu_pct: float
+    mem_used_bytes: int
+    mem_limit_bytes: int
+    disk_used_bytes: int
+    disk_limit_bytes: int
+    net_rx_bytes: int
+    net_tx_bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> AccountMetrics:
+        return _build(cls, data)
+
+
+@dataclass
+class SandboxLogs:
+    """``GET /v1/sandboxes/{id}/logs``: the last ``lines`` of its boot log (``source="boot"``) or, on the
+    VM tier, its guest's console (``"guest"``); ``truncated`` when older lines were left out."""
+
+    sandbox_id: str
+    source: str
+    truncated: bool
+    lines: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> SandboxLogs:
+        return _build(cls, data)
+
+
+@dataclass
 class AccessToken:
     """A sandbox's delegated access token (§12.1). ``token`` — the secret — is set only on the object
     ``create_access_token``/``rotate_access_token`` return; reads show ``token_hint``."""

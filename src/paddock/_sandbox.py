@@ -26,7 +26,17 @@ from paddock._errors import (
     TransportError,
     WaitTimeoutError,
 )
-from paddock._models import AccessToken, Bandwidth, ExecResult, FileEntry, FileEvent, SandboxInfo, Snapshot
+from paddock._models import (
+    AccessToken,
+    Bandwidth,
+    ExecResult,
+    FileEntry,
+    FileEvent,
+    SandboxInfo,
+    SandboxLogs,
+    SandboxMetrics,
+    Snapshot,
+)
 from paddock._processes import CommandHandle, Processes
 from paddock._processes import OutputCallback as OutputLineCallback
 from paddock._resources import FileTree, SandboxDisks
@@ -730,6 +740,19 @@ class Sandbox:
         body = {"egress": None if rules is None else list(rules)}
         data = self._client.request("PUT", self._path("egress"), json=body)
         return list(data["egress"])
+
+    def metrics(self, *, window_s: int = 300) -> SandboxMetrics:
+        """Its CPU, memory, disk and network use over the last ``window_s`` seconds (1 to 86400): raw
+        samples for up to an hour, one-minute averages beyond (docs/observability.md); E2B's
+        ``get_metrics()``."""
+        data = self._client.request("GET", self._path("metrics"), params={"window_s": window_s})
+        return SandboxMetrics.from_api(data)
+
+    def logs(self, *, source: str = "boot", tail: int = 100) -> SandboxLogs:
+        """The last ``tail`` lines (1 to 1000) of its boot log, or with ``source="guest"`` of a VM's
+        console (a container has none: 409)."""
+        params = {"source": source, "tail": tail}
+        return SandboxLogs.from_api(self._client.request("GET", self._path("logs"), params=params))
 
     def bandwidth(self) -> Bandwidth:
         return Bandwidth.from_api(self._client.request("GET", self._path("bandwidth")))

@@ -27,10 +27,13 @@ LAZY_FIRST: dict[str, Lazy] = {
         "paddock_cli.more:hosts",
         "The hosts sandboxes are placed on: status, free memory, sandboxes and labels.",
     ),
+    "metrics": Lazy(
+        "paddock_cli.more:account_metrics", "The account's use now, summed over its running sandboxes."
+    ),
 }
 LAZY_GROUPS: dict[str, Lazy] = {
-    # more.py adds its sandbox commands (egress, resize, set, bandwidth, ssh-key, ps, logs, wait, kill) to
-    # sandbox.py's app on import.
+    # more.py adds its sandbox commands (egress, resize, set, bandwidth, metrics, boot-log, ssh-key, ps,
+    # logs, wait, kill) to sandbox.py's app on import.
     "sandbox": Lazy("paddock_cli.more:sandbox.app", "Create, use and destroy sandboxes."),
     "network": Lazy(
         "paddock_cli.network:app",

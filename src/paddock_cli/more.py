@@ -1,6 +1,7 @@
 """Client commands for what the API has and the first CLI left out: ``whoami``, ``shapes``, ``rootfs``,
-``hosts``, and on a sandbox ``egress``, ``resize``, ``set`` (ingress, auto-pause), ``bandwidth``,
-``ssh-key`` and ``ps``/``logs``/``wait``/``kill`` (managed processes, which ``exec -d`` starts). Every
+``hosts``, ``metrics``, and on a sandbox ``egress``, ``resize``, ``set`` (ingress, auto-pause),
+``bandwidth``, ``metrics``, ``boot-log``, ``ssh-key`` and ``ps``/``logs``/``wait``/``kill`` (managed
+processes, which ``exec -d`` starts). Every
 one takes ``--json``; options may come before or after the sandbox's name."""
 
 from __future__ import annotations
@@ -233,6 +234,64 @@ def bandwidth(
     emit(now, json_out, lambda b: print_fields([(k, v) for k, v in plain(b).items()]))
 
 
+def _mib(value: int) -> str:
+    return f"{value / (1 << 20):.0f}"
+
+
+def sandbox_metrics(
+    ref: str,
+    window: int = typer.Option(
+        300, "--window", min=1, max=86400, help="Seconds back (raw samples up to an hour, then minutes)."
+    ),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """The sandbox's CPU, memory, disk and network use, one sample a line, oldest first."""
+    with api_errors(), client() as sdk:
+        found = sandbox.resolve(sdk, ref).metrics(window_s=window)
+
+    def show(data: Any) -> None:
+        if not data.samples:
+            typer.echo(f"no samples in the last {window} s (one is taken every {data.interval_s:g} s)")
+            return
+        print_table(
+            ["AT", "CPU %", "MEM MIB", "MEM LIMIT", "DISK MIB", "DISK LIMIT", "RX BYTES", "TX BYTES"],
+            [
+                [
+                    sample.at,
+                    f"{sample.cpu_pct:.1f}",
+                    _mib(sample.mem_used_bytes),
+                    _mib(sample.mem_limit_bytes),
+                    _mib(sample.disk_used_bytes),
+                    _mib(sample.disk_limit_bytes),
+                    sample.net_rx_bytes,
+                    sample.net_tx_bytes,
+                ]
+                for sample in data.samples
+            ],
+        )
+
+    emit(found, json_out, show)
+
+
+def boot_log(
+    ref: str,
+    source: str = typer.Option("boot", "--source", help="boot, or guest: a VM's console."),
+    tail: int = typer.Option(100, "--tail", min=1, max=1000, help="The last N lines."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """The sandbox's boot log (or a VM's console with --source guest), its last lines."""
+    with api_errors(), client() as sdk:
+        found = sandbox.resolve(sdk, ref).logs(source=source, tail=tail)
+    emit(found, json_out, lambda data: typer.echo("\n".join(data.lines)))
+
+
+def account_metrics(json_out: bool = JSON_OPTION) -> None:
+    """The account's use now, summed over its running sandboxes."""
+    with api_errors(), client() as sdk:
+        data = sdk.metrics()
+    emit(data, json_out, lambda d: print_fields([(k, v) for k, v in plain(d).items()]))
+
+
 def ssh_key(
     ref: str,
     keys: list[str] = typer.Argument(..., help="OpenSSH public keys (`ssh-ed25519 AAAA… comment`)."),
@@ -277,4 +336,6 @@ sandbox.app.command("kill")(kill_process)
 sandbox.app.command("wait")(wait_process)
 sandbox.app.command("logs")(logs)
 sandbox.app.command()(bandwidth)
+sandbox.app.command("metrics")(sandbox_metrics)
+sandbox.app.command("boot-log")(boot_log)
 sandbox.app.command("ssh-key")(ssh_key)

@@ -202,6 +202,10 @@ def test_every_client_command_prints_json_against_the_platform(live: LivePlatfor
         assert sleeper in [p["process_id"] for p in run("sandbox ps", "json-box")]
         assert run("sandbox kill", "json-box", sleeper)["process_id"] == sleeper
         assert run("sandbox bandwidth", "json-box")["id"] == box["id"]
+        used = run("sandbox metrics", "json-box", "--window", "60")
+        assert used["sandbox_id"] == box["id"] and isinstance(used["samples"], list)
+        assert any("paddock:" in line for line in run("sandbox boot-log", "json-box", "--tail", "5")["lines"])
+        assert run("metrics")["running_sandboxes"] == 1
         assert run("sandbox ssh-key", "json-box", SSH_KEY) == {"count": 1}
         assert [h["status"] for h in run("hosts")] == ["active"]
 

@@ -24,6 +24,7 @@ LISTED_BEFORE = [
     "shapes",
     "rootfs",
     "hosts",  # added with it
+    "metrics",  # added with it
     "mcp",
     "serve",
     "controlplane",

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+import paddock
 from tests.hostagent.conftest import debian_image, guest_binary_dir
 from tests.live import LivePlatform, start_platform
 from tests.ports import free_port
@@ -123,6 +124,19 @@ async def test_metrics_rise_under_load_and_fall_back_after(
             totals = (await http.get("/v1/metrics")).json()["data"]
             assert totals["running_sandboxes"] == 1 and totals["sandboxes"] == 1
             assert totals["mem_limit_bytes"] == 1024 * MIB
+
+            # Paddock's SDK reads the same: a sandbox's series and the account's totals.
+            async with paddock.AsyncClient(live.url, api_key=key) as sdk:
+                handle = await sdk.sandboxes.get(sandbox_id)
+                series = await handle.metrics(window_s=120)
+                assert series.interval_s == 1 and series.latest is not None
+                assert max(sample.cpu_pct for sample in series.samples) > BUSY_PCT
+                assert max(s.mem_used_bytes for s in series.samples) > baseline["mem_used_bytes"] + 250 * MIB
+                assert all(s.mem_limit_bytes == 1024 * MIB for s in series.samples)
+                account = await sdk.metrics()
+                assert account.running_sandboxes == 1 and account.mem_limit_bytes == 1024 * MIB
+                boot = await handle.logs(tail=5)
+                assert boot.source == "boot" and any("paddock:" in line for line in boot.lines)
 
             # The E2B SDK reads the same samples (E2B_API_URL and E2B_API_KEY, as a user sets them).
             monkeypatch.setenv("E2B_API_URL", e2b_url)
