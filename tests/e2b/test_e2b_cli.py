@@ -21,8 +21,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from e2b.api import ApiClient
+from e2b.api.client.api.sandboxes import get_v_2_sandboxes_sandbox_id_logs
+from e2b.api.client.models import Error
 
-from e2b import Sandbox
+from e2b import ConnectionConfig, Sandbox
 from tests.e2b.conftest import E2bPlatform
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -89,8 +92,16 @@ def test_the_cli_manages_a_sandbox(e2b: list[str], e2b_env: E2bPlatform, tmp_pat
         assert ran.returncode == 3, (ran.stdout, ran.stderr)
         assert "hello cli" in ran.stdout and "oops" in ran.stderr
 
-        logs = run(e2b, e2b_env, tmp_path, "sandbox", "logs", sandbox_id, "--format", "json")
-        assert logs.stderr == ""  # Paddock keeps no envd log: none to show, and no error
+        # A Paddock sandbox's log is its boot log: the host agent's lines about the boot among them.
+        printed = run(e2b, e2b_env, tmp_path, "sandbox", "logs", sandbox_id, "--format", "json").stdout
+        shown = [json.loads(line) for line in printed.splitlines() if line.strip()]
+        assert any("the guest agent answered" in json.dumps(line) for line in shown), printed
+        entries = get_v_2_sandboxes_sandbox_id_logs.sync(
+            sandbox_id, client=ApiClient(ConnectionConfig()), search="guest agent", limit=5
+        )
+        assert entries is not None and not isinstance(entries, Error)
+        assert [entry.fields.additional_properties for entry in entries.logs] == [{"logger": "paddock-boot"}]
+        assert "booted in" in entries.logs[0].message
 
         run(e2b, e2b_env, tmp_path, "sandbox", "pause", sandbox_id)
         paused = _json(run(e2b, e2b_env, tmp_path, "sandbox", "list", "-s", "paused", "-f", "json").stdout)

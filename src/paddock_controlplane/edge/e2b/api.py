@@ -18,26 +18,26 @@ from sqlalchemy import select
 from paddock_controlplane.edge.api.deps import scope_caller
 from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional_body
 from paddock_controlplane.edge.e2b import errors as e2b_errors
-from paddock_controlplane.edge.e2b import identity, schemas, store
+from paddock_controlplane.edge.e2b import identity, sandbox_logs, schemas, store, template_catalog
 from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
-from paddock_controlplane.edge.e2b import template_catalog as e2b_template_catalog
 from paddock_controlplane.edge.e2b import templates as e2b_templates
 from paddock_controlplane.edge.e2b import volume_content as e2b_volume_content
 from paddock_controlplane.edge.e2b import volumes as e2b_volumes
 from paddock_controlplane.edge.e2b.store import E2bSandbox
+from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import queries, sandbox_metrics
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
-from paddock_controlplane.records.states import SandboxStatus
+from paddock_controlplane.records.states import BOOTED, SandboxStatus
 from paddock_controlplane.sandboxes import destruction, lifecycle, suspension, traffic
 from paddock_core import errors
 from paddock_core.bodylimit import BodyLimit, BodyRoute
 from paddock_core.db import transaction
 from paddock_core.http import RequestContextMiddleware
 from paddock_core.timeutil import as_utc, rfc3339
-from paddock_hostagent.schemas import VOLUME_FILE_BYTES
+from paddock_hostagent.schemas import MAX_LOG_TAIL_LINES, VOLUME_FILE_BYTES
 
 router = APIRouter()
 
@@ -557,19 +557,63 @@ async def metrics(
     return [_metric(row) for row in rows]
 
 
+#: Lines of the boot log a logs request reads from the sandbox's host (the host's own bound).
+LOG_LINES = MAX_LOG_TAIL_LINES
+
+
+async def _boot_log(services: Services, sandbox: Sandbox) -> list[sandbox_logs.Entry]:
+    """The sandbox's boot log as E2B's log entries (``sandbox_logs``); none while it is not booted."""
+    if sandbox.status not in BOOTED:
+        return []
+    try:
+        link = await hostlink.for_host(services, sandbox.host_id)
+        log = await link.logs(sandbox.id, "boot", LOG_LINES)
+    except hostlink.SandboxGoneError:
+        return []
+    except hostlink.HostError as exc:
+        raise errors.Unavailable(f"the sandbox's host did not answer: {exc}") from None
+    return sandbox_logs.entries(log.lines, sandbox.created_at)
+
+
 @router.get("/sandboxes/{sandbox_id}/logs")
 async def logs(sandbox_id: str, request: Request) -> dict[str, Any]:
-    """E2B's logs are its envd's own; Paddock's guest keeps none a client could read (docs/e2b.md)."""
+    """E2B's logs are its envd's own; a Paddock sandbox's are its boot log (``sandbox_logs``), from
+    ``start`` (milliseconds since the epoch), ``limit`` of them (at most 1000)."""
     services, principal = await _caller(request, sandbox_id)
-    await _visible(services, principal.user_id, sandbox_id)
-    return {"logs": [], "logEntries": []}
+    query = request.query_params
+    since_ms = template_catalog.int_param(query, "start", 0, template_catalog.MAX_CURSOR_MS)
+    limit = template_catalog.int_param(query, "limit", 0, LOG_LINES)
+    sandbox = await _visible(services, principal.user_id, sandbox_id)
+    chosen = sandbox_logs.page(
+        await _boot_log(services, sandbox), since_ms=since_ms, limit=LOG_LINES if limit is None else limit
+    )
+    return {"logs": [entry.v1() for entry in chosen], "logEntries": [entry.structured() for entry in chosen]}
 
 
 @router.get("/v2/sandboxes/{sandbox_id}/logs")
 async def logs_v2(sandbox_id: str, request: Request) -> dict[str, Any]:
+    """The same entries from ``cursor`` (milliseconds since the epoch), ``direction`` ``forward``
+    (oldest first) or ``backward`` (newest first, up to the cursor), at ``level`` or above, holding
+    ``search``, ``limit`` of them (at most 1000)."""
     services, principal = await _caller(request, sandbox_id)
-    await _visible(services, principal.user_id, sandbox_id)
-    return {"logs": []}
+    query = request.query_params
+    since_ms = template_catalog.int_param(query, "cursor", 0, template_catalog.MAX_CURSOR_MS)
+    limit = template_catalog.int_param(query, "limit", 0, LOG_LINES)
+    backward = template_catalog.choice_param(query, "direction", ("forward", "backward")) == "backward"
+    level = template_catalog.choice_param(query, "level", sandbox_logs.LEVELS)
+    search = query.get("search") or None
+    if search is not None and len(search) > 256:
+        raise errors.ValidationFailed.field("search", "at most 256 characters")
+    sandbox = await _visible(services, principal.user_id, sandbox_id)
+    chosen = sandbox_logs.page(
+        await _boot_log(services, sandbox),
+        since_ms=since_ms,
+        limit=LOG_LINES if limit is None else limit,
+        backward=backward,
+        level=level,
+        search=search,
+    )
+    return {"logs": [entry.structured() for entry in chosen]}
 
 
 @router.get("/health")
@@ -584,7 +628,7 @@ def create_app(services: Services) -> FastAPI:
     e2b_errors.install(app)
     app.include_router(router)
     app.include_router(e2b_templates.router)
-    e2b_template_catalog.install(app, DEFAULT_SHAPE)
+    template_catalog.install(app, DEFAULT_SHAPE)
     app.include_router(e2b_volumes.router)
     app.include_router(e2b_volume_content.router)
     app.include_router(e2b_snapshots.router)
