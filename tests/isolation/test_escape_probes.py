@@ -18,6 +18,7 @@ tests/security/test_sandbox_isolation.py.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import secrets
@@ -33,6 +34,7 @@ import pytest
 from tests.integration.conftest import debian_image, guest_binary_dir, platform, platform_tier
 from tests.isolation.probes import PROBES, Probe, Targets
 from tests.live import LivePlatform
+from tests.network import internet
 from tests.security.network_support import HostListener
 
 __all__ = ["debian_image", "guest_binary_dir", "platform"]
@@ -124,11 +126,27 @@ def create(http: httpx.Client) -> dict[str, Any]:
     return dict(response.json()["data"])
 
 
-def host_addresses() -> list[str]:
+#: Where the suite's test agents take their subnets (tests/hostagent/conftest.py ``private_subnet``).
+TEST_AGENT_SUBNETS = ipaddress.IPv4Network("10.252.0.0/16")
+
+
+def host_addresses(own_subnet: str) -> list[str]:
+    """The host's IPv4 addresses, but those other tests made and may take down while the probe dials
+    them (the address is then routed out like any other, and whatever answers there is no host
+    service): the host ends of fake internets (tests/network/internet.py), which stand for the
+    internet a sandbox may reach anyway, and the gateways of other test agents' subnets. Full run 50
+    read that as an escape: the VM dialled 198.19.134.1 just after a concurrent test's fake internet
+    there had gone."""
     out = subprocess.run(
         ["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
     ).stdout
-    return sorted({line.split()[3].split("/")[0] for line in out.splitlines()})
+    own = ipaddress.IPv4Network(own_subnet)
+    kept = []
+    for address in {ipaddress.IPv4Address(line.split()[3].split("/")[0]) for line in out.splitlines()}:
+        if address in internet.RANGE or (address in TEST_AGENT_SUBNETS and address not in own):
+            continue
+        kept.append(str(address))
+    return sorted(kept)
 
 
 def host_tcp_ports() -> list[int]:
@@ -173,7 +191,7 @@ def scene(platform: LivePlatform, tmp_path_factory: pytest.TempPathFactory) -> I
             time.sleep(0.2)
         ports = host_tcp_ports()
         assert listener.port in ports and platform.agents[0].port in ports, ports
-        addresses = host_addresses()
+        addresses = host_addresses(platform.agents[0].subnet)
         targets = Targets(
             host_secret_path=str(secret_file),
             host_secret=f"{marker}-host",

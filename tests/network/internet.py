@@ -52,6 +52,8 @@ HOSTS: dict[str, int] = {
     "cidr-in-2": 34,
     "dns": 53,
 }
+#: Where every fake internet's /24 comes from: the benchmarking range, never routed on the real internet.
+RANGE = ipaddress.IPv4Network("198.18.0.0/15")
 HTTP_PORTS = (80, 8080)
 SINK_PORT = 9000
 SOURCE_PORT = 9001  # on the sink's address: sends SOURCE_BYTES to whoever connects, then closes
@@ -86,9 +88,10 @@ class FakeInternet:
             candidate = ipaddress.IPv4Network(
                 f"198.{random.choice((18, 19))}.{random.randrange(1, 255)}.0/24"
             )
+            assert candidate.subnet_of(RANGE)
             if str(candidate) not in taken:
                 return candidate
-        raise RuntimeError("no free /24 left in 198.18.0.0/15")
+        raise RuntimeError(f"no free /24 left in {RANGE}")
 
     # -- lifecycle ------------------------------------------------------------------------------
 
