@@ -43,9 +43,12 @@ def e2b() -> list[str]:
 
 
 def _env(platform: E2bPlatform, home: Path) -> dict[str, str]:
-    """The user's three variables, and a home of the test's own (the CLI keeps its login there)."""
+    """The user's three variables, and a home of the test's own (the CLI keeps its login there).
+    ``NO_UPDATE_NOTIFIER``: on a terminal (``connect``'s) the CLI asks registry.npmjs.org for a newer
+    version of itself, and no test sends traffic off this machine."""
     kept = {key: value for key, value in os.environ.items() if not key.startswith("E2B_")}
-    return kept | platform.env | {"HOME": str(home), "NO_COLOR": "1", "FORCE_COLOR": "0"}
+    quiet = {"HOME": str(home), "NO_COLOR": "1", "FORCE_COLOR": "0", "NO_UPDATE_NOTIFIER": "1"}
+    return kept | platform.env | quiet
 
 
 def run(
