@@ -18,7 +18,7 @@ from sqlalchemy import select
 from paddock_controlplane.edge.api.deps import scope_caller
 from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional_body
 from paddock_controlplane.edge.e2b import errors as e2b_errors
-from paddock_controlplane.edge.e2b import identity, sandbox_logs, schemas, store, template_catalog
+from paddock_controlplane.edge.e2b import identity, params, sandbox_logs, schemas, store, template_catalog
 from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
 from paddock_controlplane.edge.e2b import templates as e2b_templates
 from paddock_controlplane.edge.e2b import volume_content as e2b_volume_content
@@ -518,9 +518,6 @@ async def resume(sandbox_id: str, request: Request) -> JSONResponse:
     return await _resume_or_connect(request, sandbox_id, only_paused=True)
 
 
-_LAST_UNIX_S = 253402300799  # 9999-12-31T23:59:59Z, the last instant a datetime holds
-
-
 def _metric(row: sandbox_metrics.SandboxMetricSample) -> dict[str, Any]:
     """A sample as E2B's ``SandboxMetric``. ``memCache`` is 0: the memory used already leaves the
     reclaimable page cache out."""
@@ -541,8 +538,8 @@ def _metric(row: sandbox_metrics.SandboxMetricSample) -> dict[str, Any]:
 async def metrics(
     sandbox_id: str,
     request: Request,
-    start: Annotated[int | None, Query(ge=0, le=_LAST_UNIX_S)] = None,
-    end: Annotated[int | None, Query(ge=0, le=_LAST_UNIX_S)] = None,
+    start: Annotated[int | None, Query(ge=0, le=params.LAST_UNIX_S)] = None,
+    end: Annotated[int | None, Query(ge=0, le=params.LAST_UNIX_S)] = None,
 ) -> list[dict[str, Any]]:
     """The sandbox's samples from ``start`` (default: its creation) to ``end`` (default: now), unix
     seconds, as the SDK's ``get_metrics()`` parses them (docs/e2b.md): the metrics worker's raw samples
@@ -557,17 +554,13 @@ async def metrics(
     return [_metric(row) for row in rows]
 
 
-#: Lines of the boot log a logs request reads from the sandbox's host (the host's own bound).
-LOG_LINES = MAX_LOG_TAIL_LINES
-
-
 async def _boot_log(services: Services, sandbox: Sandbox) -> list[sandbox_logs.Entry]:
     """The sandbox's boot log as E2B's log entries (``sandbox_logs``); none while it is not booted."""
     if sandbox.status not in BOOTED:
         return []
     try:
         link = await hostlink.for_host(services, sandbox.host_id)
-        log = await link.logs(sandbox.id, "boot", LOG_LINES)
+        log = await link.logs(sandbox.id, "boot", MAX_LOG_TAIL_LINES)
     except hostlink.SandboxGoneError:
         return []
     except hostlink.HostError as exc:
@@ -581,11 +574,13 @@ async def logs(sandbox_id: str, request: Request) -> dict[str, Any]:
     ``start`` (milliseconds since the epoch), ``limit`` of them (at most 1000)."""
     services, principal = await _caller(request, sandbox_id)
     query = request.query_params
-    since_ms = template_catalog.int_param(query, "start", 0, template_catalog.MAX_CURSOR_MS)
-    limit = template_catalog.int_param(query, "limit", 0, LOG_LINES)
+    since_ms = params.int_param(query, "start", 0, params.LAST_UNIX_MS)
+    limit = params.int_param(query, "limit", 0, MAX_LOG_TAIL_LINES)
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     chosen = sandbox_logs.page(
-        await _boot_log(services, sandbox), since_ms=since_ms, limit=LOG_LINES if limit is None else limit
+        await _boot_log(services, sandbox),
+        since_ms=since_ms,
+        limit=MAX_LOG_TAIL_LINES if limit is None else limit,
     )
     return {"logs": [entry.v1() for entry in chosen], "logEntries": [entry.structured() for entry in chosen]}
 
@@ -597,10 +592,10 @@ async def logs_v2(sandbox_id: str, request: Request) -> dict[str, Any]:
     ``search``, ``limit`` of them (at most 1000)."""
     services, principal = await _caller(request, sandbox_id)
     query = request.query_params
-    since_ms = template_catalog.int_param(query, "cursor", 0, template_catalog.MAX_CURSOR_MS)
-    limit = template_catalog.int_param(query, "limit", 0, LOG_LINES)
-    backward = template_catalog.choice_param(query, "direction", ("forward", "backward")) == "backward"
-    level = template_catalog.choice_param(query, "level", sandbox_logs.LEVELS)
+    since_ms = params.int_param(query, "cursor", 0, params.LAST_UNIX_MS)
+    limit = params.int_param(query, "limit", 0, MAX_LOG_TAIL_LINES)
+    backward = params.choice_param(query, "direction", ("forward", "backward")) == "backward"
+    level = params.choice_param(query, "level", params.LOG_LEVELS)
     search = query.get("search") or None
     if search is not None and len(search) > 256:
         raise errors.ValidationFailed.field("search", "at most 256 characters")
@@ -608,7 +603,7 @@ async def logs_v2(sandbox_id: str, request: Request) -> dict[str, Any]:
     chosen = sandbox_logs.page(
         await _boot_log(services, sandbox),
         since_ms=since_ms,
-        limit=LOG_LINES if limit is None else limit,
+        limit=MAX_LOG_TAIL_LINES if limit is None else limit,
         backward=backward,
         level=level,
         search=search,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from collections.abc import Mapping
 
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.crypto import constant_time_equals
@@ -91,6 +92,16 @@ def envd_access_token(settings: ControlPlaneSettings, sandbox_id: str) -> str:
 def check_envd_access_token(settings: ControlPlaneSettings, sandbox_id: str, presented: str) -> bool:
     """Whether ``presented`` is ``sandbox_id``'s token (constant time)."""
     return bool(presented) and constant_time_equals(presented, envd_access_token(settings, sandbox_id))
+
+
+#: Where a request may carry a sandbox's token: envd's header, and the traffic token of its ports (the
+#: SDK sends the same token in both).
+TOKEN_HEADERS = ("x-access-token", "e2b-traffic-access-token")
+
+
+def carries_token(settings: ControlPlaneSettings, sandbox_id: str, headers: Mapping[str, str]) -> bool:
+    """Whether a request's ``headers`` carry ``sandbox_id``'s token in one of :data:`TOKEN_HEADERS`."""
+    return any(check_envd_access_token(settings, sandbox_id, headers.get(name, "")) for name in TOKEN_HEADERS)
 
 
 _VOLUME_TOKEN = b"paddock-e2b-volume-content-token"

@@ -15,12 +15,11 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from paddock_controlplane.edge.e2b.params import LOG_LEVELS
 from paddock_core.timeutil import as_utc, rfc3339
 
 #: The time the host agent's own lines start with (``2026-12-02T07:50:01Z paddock: …``).
 _STAMPED = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?)Z (.*)$", re.DOTALL)
-#: E2B's levels, lowest first: a ``level`` asks for it and those above.
-LEVELS = ("debug", "info", "warn", "error")
 #: What every entry's ``fields`` say: which of Paddock's logs it came from.
 FIELDS = {"logger": "paddock-boot"}
 
@@ -69,8 +68,8 @@ def page(
 ) -> list[Entry]:
     """``limit`` entries from ``since_ms`` on, oldest first, or (``backward``) up to it, newest first; at
     ``level`` or above, holding ``search``."""
-    wanted = LEVELS.index(level) if level is not None else 0
-    chosen = [entry for entry in found if LEVELS.index(entry.level) >= wanted]
+    wanted = LOG_LEVELS.index(level) if level is not None else 0
+    chosen = [entry for entry in found if LOG_LEVELS.index(entry.level) >= wanted]
     if search:
         chosen = [entry for entry in chosen if search in entry.message]
     if since_ms is not None:

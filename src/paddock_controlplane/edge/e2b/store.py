@@ -18,8 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
 from paddock_controlplane.records.models import Base, Sandbox
-from paddock_controlplane.sandboxes import lifecycle
+from paddock_controlplane.records.services import Services
+from paddock_controlplane.records.states import SandboxStatus
+from paddock_controlplane.sandboxes import lifecycle, suspension
 from paddock_core import errors
+from paddock_core.db import transaction
 
 #: The bounds are /v1's own (one source): a label set through either API fits the other.
 MAX_METADATA_KEYS = lifecycle.MAX_METADATA_KEYS
@@ -134,14 +137,20 @@ async def record(
 WOKEN_MIN_TIMEOUT_S = 300
 
 
-async def rearm_woken(session: AsyncSession, sandbox_id: str, now: dt.datetime) -> None:
-    """After activity (an SDK call, port traffic) resumed an E2B sandbox: its lifetime starts again,
+async def resume_on_activity(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
+    """``suspension.resume`` for activity that found the sandbox paused (an SDK call, port traffic: the
+    edge's and the ingress's wakes); then, for an E2B sandbox, its lifetime starts again,
     ``max(5 min, its timeout)`` from now, as E2B's auto-resume does, so that it pauses (or ends) again
     when the activity stops instead of running with no end. A sandbox made through ``/v1`` (no row
-    here), one with no timeout, or one whose lifetime already runs is left alone."""
-    if await session.get(E2bSandbox, sandbox_id) is None:
-        return
-    sandbox = await session.get(Sandbox, sandbox_id, with_for_update=True)
-    if sandbox is None or sandbox.end_at is not None or not sandbox.timeout_s:
-        return
-    sandbox.end_at = now + dt.timedelta(seconds=max(WOKEN_MIN_TIMEOUT_S, sandbox.timeout_s))
+    here), one with no timeout, or one whose lifetime already runs is left as it is."""
+    resumed = await suspension.resume(services, user_id, sandbox_id)
+    if resumed.status != SandboxStatus.RUNNING:
+        return resumed
+    async with transaction(services.sessions) as session:
+        if await session.get(E2bSandbox, sandbox_id) is None:
+            return resumed
+        sandbox = await session.get(Sandbox, sandbox_id, with_for_update=True)
+        if sandbox is not None and sandbox.end_at is None and sandbox.timeout_s:
+            timeout_s = max(WOKEN_MIN_TIMEOUT_S, sandbox.timeout_s)
+            sandbox.end_at = services.clock() + dt.timedelta(seconds=timeout_s)
+    return resumed

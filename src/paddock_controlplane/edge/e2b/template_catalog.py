@@ -23,9 +23,8 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +38,7 @@ from paddock_controlplane.edge.api.routes.bodies import optional_body
 from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.edge.e2b import templates as e2b_templates
+from paddock_controlplane.edge.e2b.params import LAST_UNIX_MS, LOG_LEVELS, choice_param, int_param
 from paddock_controlplane.edge.e2b.schemas import Body
 from paddock_controlplane.edge.e2b.templates import E2bTemplateBuild, E2bTemplateTag
 from paddock_controlplane.records.models import Sandbox, Template, TemplateLogLine
@@ -60,15 +60,11 @@ MAX_LOG_LIMIT = 100
 MAX_TAG_PAGE = 100
 #: A cursor this API gave is short; longer is not one.
 MAX_CURSOR_CHARS = 512
-#: The latest instant a log ``cursor`` (milliseconds since the epoch) may name: 9999-12-31.
-MAX_CURSOR_MS = 253402300799999
 #: ``createdAt`` of E2B's own templates: catalog images carry no date.
 CATALOG_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-LOG_LEVELS = ("debug", "info", "warn", "error")
 TAG_SORTS = ("latest_desc", "latest_asc", "name_asc", "name_desc")
 #: The namespace of an assignment's id (a UUID of the user, name, tag and build).
 ASSIGNMENTS = uuid.UUID("9b4f3c1a-7d2e-4a86-b0c5-2e6f8a1d4c37")
-_INTEGER = re.compile(r"-?[0-9]{1,19}")
 
 
 class UpdateRequest(Body):
@@ -102,30 +98,7 @@ class Usage:
     last_spawned_at: dt.datetime | None = None
 
 
-# --- query parameters ----------------------------------------------------------------------------
-
-
-def int_param(query: Mapping[str, str], name: str, low: int, high: int) -> int | None:
-    """``name`` as an integer of at least ``low`` (a 400 naming it otherwise), ``high`` at most (a larger
-    one is cut to it, as E2B's list pages are); None when it is absent."""
-    raw = query.get(name)
-    if raw is None or raw == "":
-        return None
-    if not _INTEGER.fullmatch(raw):
-        raise errors.ValidationFailed.field(name, "must be an integer")
-    value = int(raw)
-    if value < low:
-        raise errors.ValidationFailed.field(name, f"must be at least {low}")
-    return min(value, high)
-
-
-def choice_param(query: Mapping[str, str], name: str, choices: Sequence[str]) -> str | None:
-    raw = query.get(name)
-    if raw is None or raw == "":
-        return None
-    if raw not in choices:
-        raise errors.ValidationFailed.field(name, f"must be one of {', '.join(choices)}")
-    return raw
+# --- cursors --------------------------------------------------------------------------------------
 
 
 def encode_cursor(*parts: str) -> str:
@@ -620,7 +593,7 @@ async def build_logs(template_id: str, build_id: str, request: Request) -> dict[
     ``limit`` (at most 100) of them. Paddock keeps one log, so ``source`` is accepted and not acted on."""
     services, user_id = await e2b_templates.caller(request)
     query = request.query_params
-    since_ms = int_param(query, "cursor", 0, MAX_CURSOR_MS)
+    since_ms = int_param(query, "cursor", 0, LAST_UNIX_MS)
     limit = int_param(query, "limit", 0, MAX_LOG_LIMIT)
     backward = choice_param(query, "direction", ("forward", "backward")) == "backward"
     level = choice_param(query, "level", LOG_LEVELS)

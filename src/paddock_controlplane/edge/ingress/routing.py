@@ -30,9 +30,8 @@ from paddock_controlplane.records.hotcache import TTLCache
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import CLOSED, SETTLING, SandboxStatus
-from paddock_controlplane.sandboxes import computer, suspension
+from paddock_controlplane.sandboxes import computer
 from paddock_core import errors
-from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.ingress")
@@ -213,10 +212,8 @@ class Router:
 
     async def _wake(self, route: Route) -> Sandbox:
         """One resume, shared by the requests that found the sandbox paused; opens its settle window."""
-        row = await suspension.resume(self.services, route.user_id, route.sandbox_id)
-        if row.status == SandboxStatus.RUNNING:  # an E2B sandbox's lifetime starts again, as on E2B
-            async with transaction(self.services.sessions) as session:
-                await e2b_store.rearm_woken(session, route.sandbox_id, self.services.clock())
+        # suspension.resume's own path; an E2B sandbox's lifetime then starts again, as on E2B
+        row = await e2b_store.resume_on_activity(self.services, route.user_id, route.sandbox_id)
         now = time.monotonic()
         for sandbox_id, until in list(self._settle_ends.items()):
             if until <= now:

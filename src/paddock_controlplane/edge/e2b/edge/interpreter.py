@@ -105,10 +105,7 @@ async def handle(services: Services, sandbox: Sandbox, request: Request) -> Resp
     path, method = request.url.path, request.method
     if path == "/health":
         return Response(status_code=204)
-    for header in ("x-access-token", "e2b-traffic-access-token"):
-        if identity.check_envd_access_token(services.settings, sandbox.id, request.headers.get(header, "")):
-            break
-    else:
+    if not identity.carries_token(services.settings, sandbox.id, request.headers):
         return _error(401, "X-Access-Token: missing or not this sandbox's")
     link = await hostlink.for_host(services, sandbox.host_id)
     touch(services, sandbox.id)

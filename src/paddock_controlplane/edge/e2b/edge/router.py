@@ -5,7 +5,7 @@
 - A sandbox that is missing, gone or not running answers 502 "… was not found": the SDK reads that as
   the sandbox not running (``SandboxNotRunningException``). A paused one whose E2B ``autoResume`` is on
   is resumed first, as E2B's auto-resume does on an SDK call or port traffic; requests that find it
-  paused at once share one resume. Its lifetime then starts again (``store.rearm_woken``).
+  paused at once share one resume. Its lifetime then starts again (``store.resume_on_activity``).
 - Port 49983 is envd, served here; it requires the sandbox's ``envdAccessToken`` in ``X-Access-Token``
   (``identity.envd_access_token``). The user comes by Basic auth (``user``/``root``; none: the image's).
 - Any other port goes to that port of the sandbox, as the ingress does (``user_ports``).
@@ -37,9 +37,7 @@ from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.queries import running_sandbox
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.states import CLOSED, SandboxStatus
-from paddock_controlplane.sandboxes import suspension
 from paddock_core import errors
-from paddock_core.db import transaction
 from paddock_core.logging import get_logger
 
 log = get_logger("paddock.e2b.edge")
@@ -153,10 +151,8 @@ class EdgeApp:
         again. The sandbox's token (``X-Access-Token`` or ``e2b-traffic-access-token``) opens every
         port; a signed URL opens envd's ``/files``; public traffic opens the other ports, as the
         ingress wakes a sandbox with ingress on for anyone."""
-        settings = self.services.settings
-        for header in ("x-access-token", "e2b-traffic-access-token"):
-            if identity.check_envd_access_token(settings, sandbox.id, request.headers.get(header, "")):
-                return True
+        if identity.carries_token(self.services.settings, sandbox.id, request.headers):
+            return True
         if port == ENVD_PORT:
             return request.url.path == "/files" and self._refusal(request, sandbox) is None
         return port != INTERPRETER_PORT and bool(sandbox.ingress_enabled)
@@ -178,11 +174,8 @@ class EdgeApp:
         return None
 
     async def _resume(self, user_id: str, sandbox_id: str) -> None:
-        resumed = await suspension.resume(self.services, user_id, sandbox_id)
+        resumed = await store.resume_on_activity(self.services, user_id, sandbox_id)
         log.info("e2b_auto_resume", sandbox_id=sandbox_id, status=resumed.status)
-        if resumed.status == SandboxStatus.RUNNING:
-            async with transaction(self.services.sessions) as session:
-                await store.rearm_woken(session, sandbox_id, self.services.clock())
 
     async def handle(self, request: Request) -> Response:
         target = _target(request, self.services)

@@ -40,8 +40,7 @@ HOP_BY_HOP = frozenset(
         "content-length",
         "e2b-sandbox-id",
         "e2b-sandbox-port",
-        "x-access-token",
-        "e2b-traffic-access-token",
+        *identity.TOKEN_HEADERS,
     }
 )
 CONNECT_TIMEOUT_S = 5.0
@@ -82,9 +81,8 @@ def _port_closed(sandbox_id: str, port: int, reason: str) -> Response:
 
 async def refusal(services: Services, sandbox: Sandbox, port: int, request: Request) -> str | None:
     """Why the request may not reach ``port``, or None when it may."""
-    for header in ("x-access-token", "e2b-traffic-access-token"):
-        if identity.check_envd_access_token(services.settings, sandbox.id, request.headers.get(header, "")):
-            return None
+    if identity.carries_token(services.settings, sandbox.id, request.headers):
+        return None
     token_hint = "send its envdAccessToken in X-Access-Token or e2b-traffic-access-token"
     if not sandbox.ingress_enabled:
         return f"port {port} of sandbox {sandbox.id}: ingress is off for this sandbox; {token_hint}"
