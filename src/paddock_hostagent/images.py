@@ -82,6 +82,36 @@ class ImageConfig:
     workdir: str
     user: str
 
+    def command(
+        self, base_env: dict[str, str], given: CommandAsked, default_cwd: str
+    ) -> tuple[dict[str, str], str, list[str], str]:
+        """The env, command, arguments and directory of a command run in a sandbox of this image, for
+        ``exec`` and processes alike: its ENV under what the caller sets, its WORKDIR unless the caller
+        names one, and its USER through setpriv (util-linux, in every Debian image), as ``docker exec``
+        would, unless the caller names a user (the guest's to become). As a named user without a
+        directory: the user's home (the guest finds it)."""
+        env = {**base_env, **self.env, **given.env}
+        cmd, args = given.cmd, list(given.args)
+        if given.user is None and self.user and self.user not in ("root", "0", "0:0"):
+            user, _, group = self.user.partition(":")
+            cmd, args = (
+                "setpriv",
+                [f"--reuid={user}", f"--regid={group or user}", "--init-groups", cmd, *args],
+            )
+        cwd = given.cwd or self.workdir or ("" if given.user else default_cwd)
+        return env, cmd, args, cwd
+
+
+@dataclass(frozen=True)
+class CommandAsked:
+    """What a caller asked of a command: :meth:`ImageConfig.command` puts the image's config under it."""
+
+    cmd: str
+    args: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    user: str | None
+
 
 @dataclass(frozen=True)
 class ImageRecipe:

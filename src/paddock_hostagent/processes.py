@@ -35,6 +35,7 @@ from paddock_hostagent.guest.process_client import (
     ProcessStream,
     StartRequest,
 )
+from paddock_hostagent.images import CommandAsked
 from paddock_hostagent.routes import Manager
 from paddock_hostagent.sandboxes import SandboxManager
 from paddock_hostagent.schemas import (
@@ -128,12 +129,16 @@ class ProcessService:
             raise errors.BadRequest("cmd: required for a process without a pty")
         cmd, args = (body.cmd, body.args) if body.cmd is not None else DEFAULT_SHELL
         record = self.manager.entry(sandbox_id).record
-        env = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": record.name, "LANG": "C.UTF-8"}
+        base = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": record.name, "LANG": "C.UTF-8"}
         if body.pty is not None:
-            env["TERM"] = "xterm-256color"  # what every terminal emulator a client runs understands
-        env.update(body.env)
-        # As a user, without a directory: the user's home (the guest finds it), else / when it cannot.
-        cwd = body.cwd or ("" if body.user else self.manager.settings.default_cwd)
+            base["TERM"] = "xterm-256color"  # what every terminal emulator a client runs understands
+        # A template's ENV, WORKDIR and USER apply as they do to ``exec`` (E2B's template envs and
+        # workdir reach its commands too); as a user, without a directory: the user's home.
+        env, cmd, args, cwd = self.manager.images.config(record.image).command(
+            base,
+            CommandAsked(cmd, list(args), body.env, body.cwd, body.user),
+            self.manager.settings.default_cwd,
+        )
         strings = [cmd, *args, *env, *env.values(), cwd, body.user or ""]
         if any("\0" in value for value in strings):
             raise errors.BadRequest("cmd, args, env and cwd may not contain NUL characters")

@@ -59,6 +59,16 @@ def sh(http: httpx.Client, sandbox_id: str, script: str) -> dict[str, Any]:
     return dict(resp.json()["data"]["result"])
 
 
+def process_says(http: httpx.Client, sandbox_id: str, script: str) -> list[str]:
+    """The lines ``script`` writes when run as a managed process (``/v1/…/processes``, not ``exec``)."""
+    base = f"/v1/sandboxes/{sandbox_id}/processes"
+    started = http.post(base, json={"cmd": "bash", "args": ["-c", f"{{ {script}; }} > /tmp/said.txt 2>&1"]})
+    assert started.status_code == 200, started.text
+    done = http.get(f"{base}/{started.json()['data']['process_id']}/wait", params={"timeout_ms": 10000})
+    assert done.json()["data"]["exit_code"] == 0, done.text
+    return str(sh(http, sandbox_id, "cat /tmp/said.txt")["stdout"]).splitlines()
+
+
 @pytest.fixture(scope="module")
 def http(live: LivePlatform) -> Iterator[httpx.Client]:
     with live.http(live.api_key("pro"), timeout=600) as client:
@@ -110,6 +120,11 @@ def test_a_sandbox_from_the_template_has_the_package_the_file_env_and_workdir(
         out = sh(http, sandbox["id"], 'echo "$GREETING"; pwd; cat marker.txt; echo \'{"a": 7}\' | jq .a')
         assert out["exit_code"] == 0, out
         assert out["stdout"].splitlines() == ["hello from the template", "/srv/app", "built", "7"]
+        # A managed process too (as E2B's commands are): before 2026-12-07 it ran without ENV and WORKDIR.
+        assert process_says(http, sandbox["id"], 'echo "$GREETING"; pwd') == [
+            "hello from the template",
+            "/srv/app",
+        ]
     finally:
         http.delete(f"/v1/sandboxes/{sandbox['id']}")
 
@@ -125,6 +140,7 @@ def test_user_applies_to_exec_and_template_ids_stay_private(http: httpx.Client, 
         try:
             out = sh(http, sandbox["id"], "id -un; id -u; pwd; touch /root/x 2>/dev/null || echo denied")
             assert out["stdout"].splitlines() == ["app", "1234", "/home/app", "denied"], out
+            assert process_says(http, sandbox["id"], "id -un; pwd") == ["app", "/home/app"]
         finally:
             http.delete(f"/v1/sandboxes/{sandbox['id']}")
     finally:

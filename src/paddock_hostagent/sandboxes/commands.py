@@ -18,6 +18,7 @@ from paddock_hostagent.execution import ExecStream
 from paddock_hostagent.guest import ExecRequest, GuestError
 from paddock_hostagent.guest.client import GuestBusyError
 from paddock_hostagent.guest.protocol import GuestTooOldError, GuestUserError
+from paddock_hostagent.images import CommandAsked
 from paddock_hostagent.sandboxes.checks import check_no_nul, check_path, guest_file_errors
 from paddock_hostagent.sandboxes.registry import Entry, Registry
 from paddock_hostagent.schemas import ExecBody
@@ -35,26 +36,18 @@ class Commands:
         # sandbox whose init has died refuses the guest's connection, and is probed then (below).
         if entry.record.state != RuntimeState.RUNNING:
             registry.running_entry(sandbox_id)  # the 409, with the state the probe finds
-        env = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": entry.record.name, "LANG": "C.UTF-8"}
-        # A template's ENV and WORKDIR apply to every command, under what the caller sets; its USER
-        # runs the command through setpriv (util-linux, in every Debian image), as docker exec would.
-        image = registry.images.config(entry.record.image)
-        env.update(image.env)
-        env.update(body.env)
-        cmd, args = body.cmd, body.args
-        # An explicit user is the guest's to become (EXEC_AS); the template's USER only by default.
-        if body.user is None and image.user and image.user not in ("root", "0", "0:0"):
-            user, _, group = image.user.partition(":")
-            cmd, args = (
-                "setpriv",
-                [f"--reuid={user}", f"--regid={group or user}", "--init-groups", cmd, *args],
-            )
+        base = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": entry.record.name, "LANG": "C.UTF-8"}
+        # A template's ENV, WORKDIR and USER apply to every command, under what the caller sets.
+        env, cmd, args, cwd = registry.images.config(entry.record.image).command(
+            base,
+            CommandAsked(body.cmd, body.args, body.env, body.cwd, body.user),
+            registry.settings.default_cwd,
+        )
         request = ExecRequest(
             cmd=cmd,
             args=args,
             env=env,
-            # As a user, without a directory: the template's WORKDIR, else the user's home (the guest's).
-            cwd=body.cwd or image.workdir or ("" if body.user else registry.settings.default_cwd),
+            cwd=cwd,
             stdin=body.stdin.encode() if body.stdin is not None else None,
             user=body.user,
         )
