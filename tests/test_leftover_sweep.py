@@ -35,8 +35,15 @@ def _mounted(point: Path) -> bool:
     return str(point) in sweep.mounts_under(point)
 
 
-def _loop_attached(device: str) -> bool:
-    return Path(f"/sys/block/{Path(device).name}/loop/backing_file").exists()
+def _loop_attached(device: str, backing: Path) -> bool:
+    """Whether ``device`` still holds ``backing``. Not merely whether it holds a file: a device the sweep
+    freed is the lowest free one, and another test running beside this one attaches its own file to it
+    at once (``losetup -f``)."""
+    try:
+        held = Path(f"/sys/block/{Path(device).name}/loop/backing_file").read_text().strip()
+    except OSError:
+        return False
+    return held.removesuffix(" (deleted)") == str(backing.resolve())
 
 
 def _netns_exists(name: str) -> bool:
@@ -56,6 +63,7 @@ class DeadRun:
     mount: Path
     netns: str
     loop: str
+    backing: Path  # the file the loop device holds
     table: str
 
     def everything_there(self) -> bool:
@@ -63,13 +71,13 @@ class DeadRun:
             self.directory.is_dir()
             and _mounted(self.mount)
             and _netns_exists(self.netns)
-            and _loop_attached(self.loop)
+            and _loop_attached(self.loop, self.backing)
             and _nft_table_exists(self.table)
         )
 
     def nothing_left(self) -> list[str]:
         left = [f"mount {p}" for p in sweep.mounts_under(self.directory)]
-        left += [f"loop {self.loop}"] if _loop_attached(self.loop) else []
+        left += [f"loop {self.loop}"] if _loop_attached(self.loop, self.backing) else []
         left += [f"netns {self.netns}"] if _netns_exists(self.netns) else []
         left += [f"nft table {self.table}"] if _nft_table_exists(self.table) else []
         left += [f"dir {self.directory}"] if self.directory.exists() else []
@@ -117,7 +125,7 @@ def dead_run(tmp_path: Path) -> Iterator[DeadRun]:
         ["losetup", "-f", "--show", str(backing)], capture_output=True, text=True, check=True
     ).stdout.strip()
     subprocess.run(["nft", "add", "table", "ip", table], check=True)
-    run = DeadRun(directory, mount, f"pdk-{slot}", loop, table)
+    run = DeadRun(directory, mount, f"pdk-{slot}", loop, backing, table)
     try:
         assert run.everything_there()
         yield run
@@ -126,7 +134,7 @@ def dead_run(tmp_path: Path) -> Iterator[DeadRun]:
             sweep.remove_state(directory, [table])
         subprocess.run(["ip", "netns", "delete", run.netns], capture_output=True)
         subprocess.run(["nft", "delete", "table", "ip", table], capture_output=True)
-        if _loop_attached(loop):
+        if _loop_attached(loop, backing):
             subprocess.run(["losetup", "-d", loop], capture_output=True)
 
 
