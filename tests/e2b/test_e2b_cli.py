@@ -150,8 +150,9 @@ def test_the_cli_manages_a_sandbox(e2b: list[str], e2b_env: E2bPlatform, tmp_pat
 def test_the_cli_builds_lists_and_deletes_a_template(
     e2b: list[str], e2b_env: E2bPlatform, tmp_path: Path
 ) -> None:
-    """``e2b template create`` reads a Dockerfile and builds it through E2B's build API; the template
-    boots with what its steps made, ``template list`` shows it and ``template delete`` removes it."""
+    """``e2b template create`` reads a Dockerfile and builds it through E2B's build API, with its
+    ``--cmd`` and ``--ready-cmd``; the template boots with what its steps made and its start command
+    serving, ``template list`` shows it and ``template delete`` removes it."""
     name = f"cli-tpl-{secrets.token_hex(3)}"
     context = tmp_path / "context"
     context.mkdir()
@@ -160,7 +161,21 @@ def test_the_cli_builds_lists_and_deletes_a_template(
         "FROM e2bdev/base\nCOPY hello.txt /srv/hello.txt\nRUN wc -c < /srv/hello.txt > /srv/size.txt\n"
     )
     try:
-        run(e2b, e2b_env, tmp_path, "template", "create", name, "-p", str(context), timeout_s=600)
+        start = ("--cmd", "python3 -m http.server 8123 --directory /srv")
+        ready = ("--ready-cmd", "curl -sf http://127.0.0.1:8123/size.txt")
+        run(
+            e2b,
+            e2b_env,
+            tmp_path,
+            "template",
+            "create",
+            name,
+            "-p",
+            str(context),
+            *start,
+            *ready,
+            timeout_s=600,
+        )
         listed = _json(run(e2b, e2b_env, tmp_path, "template", "list", "-f", "json").stdout)
         assert isinstance(listed, list)
         mine = [entry for entry in listed if entry["templateID"] == name]
@@ -171,6 +186,10 @@ def test_the_cli_builds_lists_and_deletes_a_template(
         try:
             assert booted.files.read("/srv/hello.txt") == "from the cli\n"
             assert booted.files.read("/srv/size.txt").strip() == "13"
+            # --cmd is the template's start command, running (and ready) when the create answers, as
+            # E2B's account, which every E2B template has.
+            served = booted.commands.run("curl -s http://127.0.0.1:8123/hello.txt; id -un")
+            assert served.stdout == "from the cli\nuser\n", served
         finally:
             booted.kill()
 

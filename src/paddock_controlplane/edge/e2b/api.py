@@ -20,6 +20,7 @@ from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional
 from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity, params, sandbox_logs, schemas, store, template_catalog
 from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
+from paddock_controlplane.edge.e2b import start_command as e2b_start
 from paddock_controlplane.edge.e2b import templates as e2b_templates
 from paddock_controlplane.edge.e2b import volume_content as e2b_volume_content
 from paddock_controlplane.edge.e2b import volumes as e2b_volumes
@@ -185,6 +186,10 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
                 now=services.clock(),
                 auto_resume=auto_resume,
             )
+        # A template whose E2B build asked a start command answers once it is ready (start_command.py).
+        start = await e2b_templates.start_of(services, principal.user_id, sandbox.rootfs)
+        if start is not None:
+            await e2b_start.run(services, sandbox, start, body.template_id)
     except BaseException:
         await destruction.destroy(services, principal.user_id, sandbox.id, reason="e2b_create_failed")
         raise

@@ -27,6 +27,7 @@ import hmac
 import io
 import json
 import os
+import posixpath
 import re
 import tarfile
 import urllib.parse
@@ -48,6 +49,7 @@ from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
 from paddock_controlplane.edge.e2b.schemas import Body
+from paddock_controlplane.edge.e2b.start_command import MAX_COMMAND_CHARS, StartCommand
 from paddock_controlplane.records.models import Base, Template, TemplateLogLine
 from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
 from paddock_controlplane.records.services import Services
@@ -104,6 +106,8 @@ class E2bTemplateBuild(Base):
     #: The Paddock template, once the build was started.
     template_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column()
+    #: Its start and ready commands (``StartCommand.as_json``, migration 0032), run at each create.
+    start: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
 
 
 class E2bTemplateTag(Base):
@@ -156,8 +160,8 @@ class BuildStart(Body):
     from_image_registry: dict[str, Any] | None = Field(default=None, alias="fromImageRegistry")
     force: StrictBool | None = None
     steps: list[Step] = Field(default_factory=list, max_length=MAX_STEPS)
-    start_cmd: StrictStr | None = Field(default=None, alias="startCmd")
-    ready_cmd: StrictStr | None = Field(default=None, alias="readyCmd")
+    start_cmd: StrictStr | None = Field(default=None, alias="startCmd", max_length=MAX_COMMAND_CHARS)
+    ready_cmd: StrictStr | None = Field(default=None, alias="readyCmd", max_length=MAX_COMMAND_CHARS)
 
 
 async def caller(request: Request) -> tuple[Services, str]:
@@ -280,6 +284,25 @@ async def template_for(session: AsyncSession, user_id: str, ref: str) -> str | N
     return build.template_id if build is not None else None
 
 
+async def _live_id(session: AsyncSession, user_id: str, name: str) -> str | None:
+    template = await templates.find(session, user_id, name)
+    return template.id if template is not None else None
+
+
+async def start_of(services: Services, user_id: str, template_id: str) -> StartCommand | None:
+    """The start command of the user's Paddock template ``template_id`` (``tpl_…``), if an E2B build
+    that asked one (or inherited one) made it; None for a catalog image, a snapshot or any other."""
+    if not template_id.startswith("tpl_"):
+        return None
+    async with services.sessions() as session:
+        raw = await session.scalar(
+            select(E2bTemplateBuild.start)
+            .where(E2bTemplateBuild.user_id == user_id, E2bTemplateBuild.template_id == template_id)
+            .limit(1)
+        )
+    return StartCommand.from_json(raw)
+
+
 def derived_build_id(key: str) -> str:
     """The build id E2B's routes show for what no E2B build made: a template made through ``/v1`` (``key``
     its Paddock id), one of E2B's own templates (its image). A UUID, as the SDK parses one, and the same
@@ -393,10 +416,36 @@ def _quote(value: str) -> str:
     return json.dumps(value)
 
 
+#: E2B's default account, which every E2B template has (its builder provisions it in each one).
+E2B_USER = "user"
+#: Makes E2B's account where the base lacks it (Paddock's catalog images have only root).
+ENSURE_E2B_USER = f"id -u {E2B_USER} >/dev/null 2>&1 || useradd --create-home --shell /bin/bash {E2B_USER}"
+
+
+def _step_user(kind: str, args: list[str]) -> str | None:
+    """The user a step names: a ``USER`` step's, or a ``RUN`` step's second argument."""
+    if kind == "USER":
+        return args[0] if args else None
+    if kind == "RUN":
+        return args[1] if len(args) > 1 and args[1] else None
+    return None
+
+
 def dockerfile_for(body: BuildStart) -> tuple[str, list[str]]:
-    """The Dockerfile the steps describe, and the archives (by hash) their COPY steps read."""
+    """The Dockerfile the steps describe, and the archives (by hash) their COPY steps read.
+
+    Two things an E2B build does that a Dockerfile alone does not: every E2B template has the account
+    ``user`` (with ``/home/user``), which ``from_dockerfile`` always ends by switching to, so a build
+    whose steps name it makes it first where the base lacks it; and a ``WORKDIR`` exists once set, as
+    Docker makes it, so the last one is made at the end (buildah makes one only for a later ``RUN``).
+    A ``RUN`` as another user switches back to the user the steps had set."""
     lines = [f"FROM {_from_image(body)}"]
     hashes: list[str] = []
+    user: str | None = None  # the USER the steps set last; None: the base's (root for catalog images)
+    workdir: str | None = None
+    if any(_step_user(step.type.upper(), step.args) == E2B_USER for step in body.steps):
+        lines += ["USER root", f"RUN {ENSURE_E2B_USER}"]
+        user = "root"
     for index, step in enumerate(body.steps):
         field = f"steps[{index}]"
         kind, args = step.type.upper(), step.args
@@ -415,12 +464,11 @@ def dockerfile_for(body: BuildStart) -> tuple[str, list[str]]:
         elif kind == "RUN":
             if not args:
                 raise errors.ValidationFailed.field(f"{field}.args", "RUN needs a command")
-            user = args[1] if len(args) > 1 and args[1] else None
-            if user:
-                lines.append(f"USER {user}")
-            lines.append(f"RUN {args[0]}")
-            if user:
-                lines.append("USER root")
+            run_as = _step_user(kind, args)
+            if run_as and run_as != user:
+                lines += [f"USER {run_as}", f"RUN {args[0]}", f"USER {user or 'root'}"]
+            else:
+                lines.append(f"RUN {args[0]}")
         elif kind == "ENV":
             if len(args) % 2:
                 raise errors.ValidationFailed.field(f"{field}.args", "ENV takes key, value pairs")
@@ -431,8 +479,14 @@ def dockerfile_for(body: BuildStart) -> tuple[str, list[str]]:
             if len(args) != 1 or not args[0]:
                 raise errors.ValidationFailed.field(f"{field}.args", f"{kind} takes one argument")
             lines.append(f"{kind} {args[0]}")
+            if kind == "USER":
+                user = args[0]
+            else:
+                workdir = posixpath.normpath(posixpath.join(workdir or "/", args[0]))
         else:
             raise e2b_errors.NotBuilt(f"{field}: step type {step.type!r} is not served by Paddock")
+    if workdir is not None:
+        lines += ["USER root", f"RUN {json.dumps(['mkdir', '-p', '--', workdir])}", f"USER {user or 'root'}"]
     return "\n".join(lines) + "\n", hashes
 
 
@@ -479,9 +533,14 @@ async def start_build(template_id: str, build_id: str, body: BuildStart, request
     build = await find_build(services, user_id, template_id, build_id)
     if build.template_id is not None:
         raise errors.InvalidState(f"build {build_id!r} has already started")
-    if body.start_cmd:
-        raise e2b_errors.NotBuilt("startCmd: Paddock templates do not start a process yet")
     dockerfile, hashes = dockerfile_for(body)
+    start = StartCommand.asked(body.start_cmd, body.ready_cmd)
+    if start is None and body.from_template:  # E2B's rule: a child without commands runs its parent's
+        async with services.sessions() as session:
+            parent = await template_for(session, user_id, body.from_template) or await _live_id(
+                session, user_id, body.from_template
+            )
+        start = await start_of(services, user_id, parent) if parent else None
     context = await asyncio.to_thread(merge_context, _files_dir(services, user_id), hashes)
     async with services.sessions() as session:
         old = await templates.find(session, user_id, template_id)
@@ -502,6 +561,7 @@ async def start_build(template_id: str, build_id: str, body: BuildStart, request
         row = await session.get(E2bTemplateBuild, build_id)
         assert row is not None
         row.template_id = str(made["id"])
+        row.start = start.as_json() if start is not None else None
     return Response(status_code=202)
 
 

@@ -1,0 +1,121 @@
+"""E2B's template start and ready commands through the unmodified SDK (``set_start_cmd``,
+``set_ready_cmd``, a Dockerfile's ``CMD`` under ``from_dockerfile``): a sandbox of such a template
+answers its create with the start command running and ready, under the template's ENV and WORKDIR; a
+child template inherits its parent's; a Dockerfile's ``CMD`` runs as E2B's account, which the build
+makes; a start command that fails refuses the create with its output and leaves no sandbox. Before, each of these builds was a 501 (``startCmd``)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from e2b import Sandbox, SandboxException, Template, wait_for_file, wait_for_port
+from tests.e2b.conftest import E2bPlatform
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+@dataclass(frozen=True)
+class Built:
+    web: str  # serves /srv/www on port 8000 from its start command
+    child: str  # from_template(web), with a page of its own and no commands
+    broken: str  # a start command that exits 3
+
+
+@pytest.fixture(scope="module")
+def built(e2b_env: E2bPlatform) -> Iterator[Built]:
+    suffix = secrets.token_hex(3)
+    names = Built(f"e2b-start-{suffix}", f"e2b-start-child-{suffix}", f"e2b-start-broken-{suffix}")
+    try:
+        Template.build(
+            Template()
+            .from_base_image()
+            .run_cmd("mkdir -p /srv/www && echo served > /srv/www/index.html")
+            .set_envs({"GREETING": "hello from the template"})
+            .set_workdir("/srv/www")
+            .set_start_cmd(
+                'echo "$GREETING in $PWD as $(id -un)" > /tmp/started.txt && exec python3 -m http.server 8000',
+                wait_for_port(8000),
+            ),
+            names.web,
+        )
+        Template.build(
+            Template().from_template(names.web).run_cmd("echo child > /srv/www/child.html"), names.child
+        )
+        Template.build(
+            Template()
+            .from_debian_image()
+            .set_start_cmd("echo the start went wrong >&2; exit 3", wait_for_file("/tmp/never")),
+            names.broken,
+        )
+        yield names
+    finally:
+        with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+            for name in (names.child, names.web, names.broken):
+                http.delete(f"/templates/{name}")
+
+
+def test_the_start_command_is_running_and_ready_when_the_create_answers(built: Built) -> None:
+    sandbox = Sandbox.create(built.web, timeout=120)
+    try:
+        # The first command after the create: the port the ready command waited for answers at once.
+        page = sandbox.commands.run("curl -s http://127.0.0.1:8000/index.html")
+        assert page.stdout == "served\n", page
+        started = sandbox.files.read("/tmp/started.txt")
+        assert started == "hello from the template in /srv/www as root\n"  # the template's ENV and WORKDIR
+        servers = [p for p in sandbox.commands.list() if "http.server" in " ".join([p.cmd, *p.args])]
+        assert len(servers) == 1, sandbox.commands.list()
+        # The template's ENV and WORKDIR reach every command too, as E2B's do.
+        here = sandbox.commands.run('echo "$GREETING"; pwd')
+        assert here.stdout == "hello from the template\n/srv/www\n", here
+    finally:
+        sandbox.kill()
+
+
+def test_a_child_template_runs_its_parents_start_command(built: Built) -> None:
+    sandbox = Sandbox.create(built.child, timeout=120)
+    try:
+        page = sandbox.commands.run("curl -s http://127.0.0.1:8000/child.html")
+        assert page.stdout == "child\n", page
+    finally:
+        sandbox.kill()
+
+
+def test_a_dockerfiles_cmd_is_the_start_command(e2b_env: E2bPlatform) -> None:
+    """``from_dockerfile`` turns ``CMD`` into a start command (its ready command here: a file)."""
+    name = f"e2b-start-cmd-{secrets.token_hex(3)}"
+    dockerfile = 'FROM debian:13\nRUN echo built > /built.txt\nCMD ["bash", "-c", "cat /built.txt > /tmp/cmd-ran; sleep infinity"]\n'
+    try:
+        Template.build(
+            Template().from_dockerfile(dockerfile).set_ready_cmd(wait_for_file("/tmp/cmd-ran")), name
+        )
+        sandbox = Sandbox.create(name, timeout=120)
+        try:
+            assert sandbox.files.read("/tmp/cmd-ran") == "built\n"
+            # from_dockerfile ends as E2B's account in its home, which the build made on debian:13.
+            who = sandbox.commands.run("id -un; pwd")
+            assert who.stdout == "user\n/home/user\n", who
+        finally:
+            sandbox.kill()
+    finally:
+        with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+            http.delete(f"/templates/{name}")
+
+
+def test_a_start_command_that_fails_refuses_the_create_and_leaves_no_sandbox(
+    built: Built, e2b_env: E2bPlatform
+) -> None:
+    before = {info.sandbox_id for info in Sandbox.list().next_items()}
+    with pytest.raises(SandboxException) as refused:
+        Sandbox.create(built.broken, timeout=120)
+    message = str(refused.value)
+    assert "exited with code 3" in message and "the start went wrong" in message, message
+    after = Sandbox.list().next_items()
+    assert {info.sandbox_id for info in after} - before == set()
+    with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+        answer = http.post("/sandboxes", json={"templateID": built.broken})
+    assert answer.status_code == 409 and "templateID" in answer.text, answer.text
