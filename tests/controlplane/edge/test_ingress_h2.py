@@ -278,6 +278,24 @@ class RawH2:
                 await self.flush()
 
 
+async def test_idleness_counts_from_the_clients_preface_not_from_the_handshake(edge: Edge) -> None:
+    """A client slow to send its preface after the handshake (a busy machine: run 52 saw a GOAWAY with
+    last stream 0 at a first request) has its first request served. Idle timeout 1 s in this fixture;
+    the proxy counted it from the handshake and said GOAWAY as soon as the preface came."""
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", edge.port, ssl=edge.tls(["h2"]), server_hostname=edge.host
+    )
+    await asyncio.sleep(1.3)
+    client = RawH2(reader, writer)
+    await client.flush()  # the preface
+    await asyncio.sleep(0.3)
+    stream = client.request(edge.host, "/hello")
+    await client.flush()
+    await client.until_done([stream], timeout_s=10)
+    assert client.terminated is None and client.responses[stream].headers[b":status"] == b"200"
+    writer.close()
+
+
 async def test_a_body_that_came_with_its_headers_in_one_read_reaches_the_app(edge: Edge) -> None:
     """HEADERS without a length, then DATA with END_STREAM, in one write (as E2B's SDK sends a Connect
     call): the stream has ended by the time the proxy reads the request, and its body must still go

@@ -24,7 +24,8 @@ Bounds (everything the client controls):
   down and never fills the proxy's memory.
 * Response bodies are sent as the client's windows allow, never queued beyond one frame per stream.
 * Timeouts: the client's preface must arrive within ``HEADER_TIMEOUT_S``; a connection with no stream
-  open is closed with GOAWAY after ``ingress_idle_timeout_s``.
+  open is closed with GOAWAY after ``ingress_idle_timeout_s``, counted from the preface or the end of
+  the last stream.
 
 Not served over HTTP/2: WebSocket (RFC 8441's extended CONNECT is not offered, so clients open WebSockets
 over HTTP/1.1), ``CONNECT``, server push. Request trailers are dropped, as over HTTP/1.1.
@@ -136,6 +137,7 @@ class H2ClientConnection:
         h2c.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         await self.flush()
         idle_s = HEADER_TIMEOUT_S
+        preface = True
         while True:
             # with streams open the read is only woken every idle_s to look again (no spinning)
             wait = idle_s if self.streams else max(0.0, self.last_active + idle_s - time.monotonic())
@@ -163,6 +165,11 @@ class H2ClientConnection:
                 if self.closed:
                     await self.flush()
                     return
+            if preface:
+                # Idleness counts from the client's preface, not from the handshake: a client slow to
+                # send it (a busy machine) had the idle timeout spent before its first request came.
+                preface = False
+                self.last_active = max(self.last_active, time.monotonic())
             idle_s = self.proxy.settings.ingress_idle_timeout_s
             await self.flush()
 
