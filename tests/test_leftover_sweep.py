@@ -188,6 +188,14 @@ def test_a_dead_vm_agents_qemu_its_slots_namespace_and_sockets_go(tmp_path: Path
         [sys.executable, "-c", "import time; time.sleep(600)", f"file={slot_dir}/overlay.qcow2"]
     )
     try:
+        # Popen returns once the child's exec is past its point of no return (vfork), which is before
+        # the kernel has set up its new command line: under load, /proc/<pid>/cmdline was still empty
+        # and the sweep found no process (run 53). A QEMU the sweep meets has long been running.
+        cmdline = Path(f"/proc/{qemu.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while str(slot_dir).encode() not in cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert str(slot_dir).encode() in cmdline.read_bytes()
         swept = sweep.remove_state(directory, [], runtime_root)
         assert f"process {qemu.pid}" in swept and f"netns {netns}" in swept, swept
         assert qemu.wait(timeout=10) == -9
