@@ -119,3 +119,20 @@ def test_a_start_command_that_fails_refuses_the_create_and_leaves_no_sandbox(
     with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
         answer = http.post("/sandboxes", json={"templateID": built.broken})
     assert answer.status_code == 409 and "templateID" in answer.text, answer.text
+
+
+def test_a_fork_starts_its_templates_command_too(built: Built) -> None:
+    """A container's fork starts its processes afresh, so it runs the start command before it is
+    answered, and serves the files it copied from its source."""
+    source = Sandbox.create(built.web, timeout=120)
+    try:
+        source.files.write("/srv/www/forked.html", "copied\n")
+        (child,) = source.fork(timeout=60)
+        assert isinstance(child, Sandbox), child
+        try:
+            page = child.commands.run("curl -s http://127.0.0.1:8000/forked.html")
+            assert page.stdout == "copied\n", page
+        finally:
+            child.kill()
+    finally:
+        source.kill()

@@ -91,3 +91,27 @@ def test_the_upload_url_authorises_only_itself(e2b_env: E2bPlatform) -> None:
     mac = url.rpartition(".")[2]
     log = e2b_env.platform.controlplane.log_path.read_text()
     assert len(mac) == 64 and "/e2b-uploads" in log and mac not in log
+
+
+def test_a_templates_cpu_and_memory_are_its_sandboxes(e2b_env: E2bPlatform) -> None:
+    """``Template.build(…, cpu_count=, memory_mb=)``: its sandboxes boot with the smallest shape that
+    holds both, and the catalog shows it; they booted with the API's 2 CPUs and 2 GiB before."""
+    name = f"e2b-sized-{secrets.token_hex(3)}"
+    Template.build(Template().from_debian_image(), name, cpu_count=4, memory_mb=4096)
+    try:
+        sandbox = Sandbox.create(name, timeout=60)
+        try:
+            info = sandbox.get_info()
+            assert (info.cpu_count, info.memory_mb) == (4, 4096)
+            with e2b_env.platform.http(e2b_env.api_key) as native:
+                shown = native.get(f"/v1/sandboxes/{sandbox.sandbox_id}").json()["data"]
+            assert (shown["shape"], shown["vcpu"], shown["mem_mib"]) == ("s-4vcpu-4gb", 4, 4096)
+        finally:
+            sandbox.kill()
+        with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+            listed = [t for t in http.get("/templates").json() if t["templateID"] == name]
+            assert [(t["cpuCount"], t["memoryMB"]) for t in listed] == [(4, 4096)]
+            refused = http.post("/v3/templates", json={"name": name, "cpuCount": 9})
+            assert refused.status_code == 400 and "cpuCount" in refused.json()["message"], refused.text
+    finally:
+        httpx.delete(f"{e2b_env.api_url}/templates/{name}", headers={"X-API-Key": e2b_env.api_key})

@@ -25,9 +25,9 @@ from paddock_controlplane.edge.e2b import templates as e2b_templates
 from paddock_controlplane.edge.e2b import volume_content as e2b_volume_content
 from paddock_controlplane.edge.e2b import volumes as e2b_volumes
 from paddock_controlplane.edge.e2b.store import E2bSandbox
-from paddock_controlplane.hosts import hostlink
+from paddock_controlplane.hosts import hostlink, hosts
 from paddock_controlplane.records import queries, sandbox_metrics
-from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.records.models import Host, Sandbox
 from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
@@ -147,9 +147,12 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
         tagged = await e2b_templates.template_for(
             session, principal.user_id, body.template_id
         ) or await e2b_snapshots.snapshot_for(session, principal.user_id, body.template_id)
+        rootfs = tagged or identity.rootfs_for_template(body.template_id)
+        # The sizes its E2B build asked (cpuCount, memoryMB), else the E2B API's shape.
+        shape = await e2b_templates.shape_of(session, principal.user_id, rootfs) or DEFAULT_SHAPE
     request_body = CreateSandboxRequest(
-        shape=DEFAULT_SHAPE,
-        rootfs=tagged or identity.rootfs_for_template(body.template_id),
+        shape=shape,
+        rootfs=rootfs,
         envs=body.env_vars or None,
         egress=egress,
         timeout_s=timeout_s or None,
@@ -291,6 +294,18 @@ async def list_running(request: Request) -> JSONResponse:
 MAX_FORKS = 20
 
 
+async def _start_in_forks(services: Services, user_id: str, source: Sandbox) -> e2b_start.StartCommand | None:
+    """The start command each fork of ``source`` runs before it is answered: its template's, where the
+    fork starts its processes afresh (containers, gVisor). A VM's fork keeps its source's memory, and
+    with it the start command's process."""
+    start = await e2b_templates.start_of(services, user_id, source.rootfs)
+    if start is None:
+        return None
+    async with services.sessions() as session:
+        host = await session.get(Host, source.host_id) if source.host_id else None
+    return None if hosts.runtime_of(host) in hosts.VM_RUNTIMES else start
+
+
 @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
 async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
     """Paddock's fork, ``count`` times: each child boots from a copy of the source's disk (its processes
@@ -311,6 +326,7 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
         timeout_s=timeout_s or None,
         on_timeout=(source.on_timeout or "destroy") if timeout_s else None,
     )
+    start = await _start_in_forks(services, principal.user_id, source)
     results: list[dict[str, Any]] = []
     for _ in range(count):
         try:
@@ -327,6 +343,12 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
                     now=services.clock(),
                     auto_resume=row is not None and row.auto_resume,  # the source's lifecycle
                 )
+            if start is not None:
+                try:
+                    await e2b_start.run(services, child, start, template_id)
+                except BaseException:
+                    await destruction.destroy(services, principal.user_id, child.id, reason="e2b_fork_failed")
+                    raise
             results.append({"sandbox": schemas.created(child, template_id, services.settings)})
         except errors.PaddockError as exc:
             results.append({"error": e2b_errors.error_body(exc.status, exc.message)})

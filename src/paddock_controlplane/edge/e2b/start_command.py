@@ -8,6 +8,8 @@ same at each create of such a template's sandbox: once it runs, the start comman
 sandbox process (``/bin/bash -l -c``, E2B's shell, under the template's USER, WORKDIR and ENV with the
 create's ``envVars`` over them), and the create answers once the ready command has exited 0. The
 process is the sandbox's own: ``commands.list()`` shows it and ``commands.connect(pid)`` reads it.
+A fork on containers and gVisor starts its processes afresh, so each child runs it too before it is
+answered (api.py's fork); a VM's fork keeps its source's memory, and the process with it.
 
 As E2B's builder does:
 - a start command without a ready command is ready after ``sleep 20`` (``DEFAULT_READY``);

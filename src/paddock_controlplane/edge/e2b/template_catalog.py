@@ -75,7 +75,8 @@ class UpdateRequest(Body):
 
 @dataclass(frozen=True)
 class Resources:
-    """What a sandbox of any E2B template boots with: the E2B API's shape (:func:`install`)."""
+    """What a sandbox of an E2B template boots with: the shape its build asked, else the E2B API's
+    (:func:`install`)."""
 
     cpu_count: int
     memory_mb: int
@@ -240,10 +241,13 @@ async def annotate(
     ids = [row.id for row in rows]
     names = sorted({row.name for row in rows})
     mine = (E2bTemplateBuild.user_id == user_id, E2bTemplateBuild.name.in_(names))
-    made_by = select(E2bTemplateBuild.template_id, E2bTemplateBuild.build_id).where(
+    made_by = select(E2bTemplateBuild.template_id, E2bTemplateBuild.build_id, E2bTemplateBuild.shape).where(
         *mine, E2bTemplateBuild.template_id.in_(ids)
     )
-    build_of = {template_id: build_id for template_id, build_id in (await session.execute(made_by)).tuples()}
+    made = (await session.execute(made_by)).tuples().all()
+    build_of = {template_id: build_id for template_id, build_id, _ in made}
+    # The sizes a build asked (``cpuCount``, ``memoryMB``: templates.shape_for), else the API's.
+    sized = {template_id: Resources.of(shape) for template_id, _, shape in made if shape}
     counted = (
         select(E2bTemplateBuild.name, func.count())
         .where(*mine, E2bTemplateBuild.template_id.is_not(None))
@@ -264,7 +268,7 @@ async def annotate(
             build_of.get(row.id) or e2b_templates.derived_build_id(row.id),
             usage.get(row.id, Usage()),
             builds_of_name.get(row.name, 0),
-            resources,
+            sized.get(row.id, resources),
         )
         for row in rows
     ]
@@ -352,9 +356,8 @@ async def template_with_builds(
         build for build in await live_builds(session, user_id, template) if after is None or build.key < after
     ]
     page = builds[:limit]
-    view["builds"] = [
-        build_view(build.build_id, build.created_at, build.template, resources) for build in page
-    ]
+    own = Resources(view["cpuCount"], view["memoryMB"], view["diskSizeMB"])  # the template's own sizes
+    view["builds"] = [build_view(build.build_id, build.created_at, build.template, own) for build in page]
     more = len(builds) > limit
     return view, (encode_cursor(page[-1].created_at.isoformat(), page[-1].build_id) if more else None)
 

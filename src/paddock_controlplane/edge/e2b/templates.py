@@ -37,7 +37,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import Field, StrictBool, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 from sqlalchemy import ForeignKey, String, select
 from sqlalchemy import delete as sql_delete
 from sqlalchemy.dialects import postgresql, sqlite
@@ -54,7 +54,7 @@ from paddock_controlplane.records.models import Base, Template, TemplateLogLine
 from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
-from paddock_controlplane.resources import templates
+from paddock_controlplane.resources import catalog, templates
 from paddock_core import errors
 from paddock_core.db import transaction
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
@@ -108,6 +108,8 @@ class E2bTemplateBuild(Base):
     created_at: Mapped[dt.datetime] = mapped_column()
     #: Its start and ready commands (``StartCommand.as_json``, migration 0032), run at each create.
     start: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
+    #: The shape its sandboxes boot with (``shape_for``, migration 0033); None: the E2B API's.
+    shape: Mapped[str | None] = mapped_column(String(40), nullable=True)
 
 
 class E2bTemplateTag(Base):
@@ -143,6 +145,8 @@ class BuildRequest(Body):
     name: StrictStr | None = Field(default=None, max_length=63)
     alias: StrictStr | None = Field(default=None, max_length=63)
     tags: list[StrictStr] | None = Field(default=None, max_length=MAX_TAGS)
+    cpu_count: StrictInt | None = Field(default=None, alias="cpuCount")
+    memory_mb: StrictInt | None = Field(default=None, alias="memoryMB")
 
 
 class Step(Body):
@@ -284,6 +288,48 @@ async def template_for(session: AsyncSession, user_id: str, ref: str) -> str | N
     return build.template_id if build is not None else None
 
 
+#: What a build may ask: E2B's own bounds on ``cpuCount`` and ``memoryMB``, within Paddock's largest shape.
+CPU_RANGE = (1, 8)
+MEMORY_RANGE_MB = (128, 16384)
+
+
+def shape_for(cpu_count: int | None, memory_mb: int | None) -> str | None:
+    """The smallest of Paddock's whole-CPU shapes with at least ``cpu_count`` CPUs and ``memory_mb`` MiB
+    (the CPUs first: E2B's sizes are CPU and memory, Paddock's shapes fixed pairs of them, so 3 CPUs
+    boot with 4); None when the build asked neither, for the E2B API's shape. A missing one of the two
+    is E2B's default (2 CPUs, 1024 MB, as its CLI sends). Out of range is a 400 naming the field."""
+    if cpu_count is None and memory_mb is None:
+        return None
+    cpus, memory = 2 if cpu_count is None else cpu_count, 1024 if memory_mb is None else memory_mb
+    if not CPU_RANGE[0] <= cpus <= CPU_RANGE[1]:
+        raise errors.ValidationFailed.field("cpuCount", f"must be between {CPU_RANGE[0]} and {CPU_RANGE[1]}")
+    if not MEMORY_RANGE_MB[0] <= memory <= MEMORY_RANGE_MB[1]:
+        raise errors.ValidationFailed.field(
+            "memoryMB", f"must be between {MEMORY_RANGE_MB[0]} and {MEMORY_RANGE_MB[1]}"
+        )
+    fits = [
+        shape
+        for shape in catalog.SHAPES
+        if shape.cpu_quota_pct is None and shape.vcpu >= cpus and shape.mem_mib >= memory
+    ]
+    return min(fits, key=lambda shape: (shape.vcpu, shape.mem_mib)).id
+
+
+async def shape_of(session: AsyncSession, user_id: str, ref: str) -> str | None:
+    """The shape a create of ``ref`` (a template's id or name, as ``rootfs`` takes it) boots with, if
+    the E2B build that made that template asked one."""
+    if ref in ROOT_IMAGES_BY_NAME:  # a catalog image (E2B's ``base`` …): no query on the common create
+        return None
+    template = await templates.bootable(session, user_id, ref)
+    if template is None:
+        return None
+    return await session.scalar(
+        select(E2bTemplateBuild.shape)
+        .where(E2bTemplateBuild.user_id == user_id, E2bTemplateBuild.template_id == template.id)
+        .limit(1)
+    )
+
+
 async def _live_id(session: AsyncSession, user_id: str, name: str) -> str | None:
     template = await templates.find(session, user_id, name)
     return template.id if template is not None else None
@@ -335,10 +381,13 @@ async def request_build(body: BuildRequest, request: Request) -> dict[str, Any]:
     services, user_id = await caller(request)
     name = _check_name(body.name or body.alias)
     tags = _check_tags(body.tags) if body.tags is not None else [DEFAULT_TAG]
+    shape = shape_for(body.cpu_count, body.memory_mb)
     build_id = str(uuid.uuid4())  # E2B's build ids are UUIDs (the SDK parses a tag's ``buildID`` as one)
     now = services.clock()
     async with transaction(services.sessions) as session:
-        session.add(E2bTemplateBuild(build_id=build_id, user_id=user_id, name=name, created_at=now))
+        session.add(
+            E2bTemplateBuild(build_id=build_id, user_id=user_id, name=name, created_at=now, shape=shape)
+        )
         await _point(session, user_id, name, tags, build_id, now)
     return {
         "templateID": name,
