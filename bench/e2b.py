@@ -26,6 +26,7 @@ the edge for commands and files); ``× paddock`` is E2B's p50 over Paddock's. Wr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -35,7 +36,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _timed(samples: list[float], operation: Callable[[], Any]) -> Any:
+def timed(samples: list[float], operation: Callable[[], Any]) -> Any:
     started = time.perf_counter()
     outcome = operation()
     samples.append((time.perf_counter() - started) * 1000)
@@ -87,17 +88,17 @@ def measure(client: Any, runs: int, creates: int) -> dict[str, dict[str, list[fl
     client.sandboxes.create(SHAPE, rootfs=ROOTFS).destroy()
     for _ in range(creates):
         time.sleep(POOL_SETTLE_S)
-        sandbox = _timed(record("create", "e2b"), lambda: Sandbox.create("base"))
+        sandbox = timed(record("create", "e2b"), lambda: Sandbox.create("base"))
         try:
-            _timed(
+            timed(
                 record("create → first echo", "e2b"), lambda sandbox=sandbox: sandbox.commands.run("echo hi")
             )
         finally:
             sandbox.kill()
         time.sleep(POOL_SETTLE_S)
-        native = _timed(record("create", "paddock"), lambda: client.sandboxes.create(SHAPE, rootfs=ROOTFS))
+        native = timed(record("create", "paddock"), lambda: client.sandboxes.create(SHAPE, rootfs=ROOTFS))
         try:
-            _timed(record("create → first echo", "paddock"), lambda native=native: native.run("echo", ["hi"]))
+            timed(record("create → first echo", "paddock"), lambda native=native: native.run("echo", ["hi"]))
         finally:
             native.destroy()
     for operation in ("create → first echo",):  # the first echo counts the create before it
@@ -128,7 +129,7 @@ def measure(client: Any, runs: int, creates: int) -> dict[str, dict[str, list[fl
             # say, or a command in the same sandbox) would carry that neighbour's effect in its time.
             order.shuffle(steps)
             for operation, system, step in steps:
-                outcome = _timed(record(operation, system), step)
+                outcome = timed(record(operation, system), step)
                 assert getattr(outcome, "exit_code", 0) == 0
         samples[SAME_COMMAND]["e2b"] = list(samples["run echo"]["e2b"])  # the same E2B calls, twice shown
         size = e2b_box.commands.run("stat -c %s /tmp/bench.bin").stdout.strip()
@@ -166,13 +167,10 @@ def render(results: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any]) 
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--runs", type=int, default=20, help="recorded rounds of run echo and write 1 MiB")
-    parser.add_argument("--creates", type=int, default=8, help="recorded creates per SDK")
-    args = parser.parse_args(argv)
+@contextlib.contextmanager
+def e2b_platform() -> Iterator[Any]:
+    """One ``tests.live`` platform with its E2B API and edge on free ports, E2B's three variables
+    exported to it, and Paddock's sync client on the same account: yields the client."""
     sys.path.insert(0, str(REPO))
     from tests.hostagent.conftest import image_cache
     from tests.live import plain_http_ingress, start_platform
@@ -192,14 +190,6 @@ def main(argv: list[str] | None = None) -> int:
             "PADDOCK_CP_E2B_PORT": str(api_port),
             "PADDOCK_CP_E2B_EDGE_PORT": str(edge_port),
         }
-        git = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-        meta: dict[str, Any] = {
-            "at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "git": git,
-            "load_start": [round(x, 2) for x in os.getloadavg()],
-        }
         platform = start_platform(guest, cp_env=cp_env)
         try:
             api_key = platform.api_key()
@@ -212,11 +202,43 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             with paddock.Client(platform.url, api_key) as client:
-                samples = measure(client, args.runs, args.creates)
+                yield client
         finally:
             platform.stop()
     finally:
         shutil.rmtree(guest, ignore_errors=True)
+
+
+def run_meta() -> dict[str, Any]:
+    """When, at which commit and at which load a bench run starts."""
+    git = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "git": git,
+        "load_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def write_results(name: str, meta: dict[str, Any], results: dict[str, Any], text: str) -> None:
+    """``bench/results/<name>-<time>.json`` and ``.md``."""
+    stamp = meta["at"].replace("-", "").replace(":", "")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}-{stamp}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    (RESULTS / f"{name}-{stamp}.md").write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=20, help="recorded rounds of run echo and write 1 MiB")
+    parser.add_argument("--creates", type=int, default=8, help="recorded creates per SDK")
+    args = parser.parse_args(argv)
+    meta = run_meta()
+    with e2b_platform() as client:
+        samples = measure(client, args.runs, args.creates)
     meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
     results = {
         operation: {system: summarize(values) for system, values in systems.items()}
@@ -224,10 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = render(results, meta)
     print(text)
-    stamp = meta["at"].replace("-", "").replace(":", "")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"e2b-{stamp}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    (RESULTS / f"e2b-{stamp}.md").write_text(text)
+    write_results("e2b", meta, results, text)
     return 0
 
 

@@ -5,6 +5,7 @@ runs the same code with the unmodified SDK on real sandboxes."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 from collections.abc import AsyncGenerator
@@ -36,11 +37,12 @@ def _view(process_id: str, state: str = "running", exit_code: int | None = None)
 
 
 class Link:
-    """A host link whose ready probes exit with ``probe_codes`` in turn (None: still running at the
-    wait's end) and whose start command has exited with ``start_code`` (None: runs on)."""
+    """A host link whose ready poll (the last process started) has, at each wait, still run (None) or
+    exited with the code in turn from ``polls``, and whose start command has exited with
+    ``start_code`` (None: runs on)."""
 
-    def __init__(self, probe_codes: list[int | None], start_code: int | None = None) -> None:
-        self.probe_codes = probe_codes
+    def __init__(self, polls: list[int | None], start_code: int | None = None) -> None:
+        self.polls = polls
         self.start_code = start_code
         self.started: list[ProcessStartBody] = []
         self.killed: list[str] = []
@@ -52,7 +54,9 @@ class Link:
     async def wait_process(
         self, sandbox_id: str, process_id: str, *, scope: str, timeout_ms: int
     ) -> ProcessView:
-        code = self.probe_codes.pop(0) if len(self.probe_codes) > 1 else self.probe_codes[0]
+        assert timeout_ms <= start_command.WATCH_SLICE_MS
+        await asyncio.sleep(0.01)
+        code = self.polls.pop(0) if len(self.polls) > 1 else self.polls[0]
         return _view(process_id) if code is None else _view(process_id, "exited", code)
 
     async def get_process(self, sandbox_id: str, process_id: str) -> ProcessView:
@@ -96,19 +100,23 @@ def test_e2bs_defaults_fill_what_a_build_leaves_out() -> None:
     assert StartCommand.from_json(made.as_json()) == made and StartCommand.from_json(None) is None
 
 
-async def test_the_ready_command_is_polled_until_it_passes(
+async def test_the_create_waits_for_the_ready_poll_in_the_sandbox(
     monkeypatch: pytest.MonkeyPatch, sandbox: Any
 ) -> None:
-    link = Link([1, 1, 0])
+    link = Link([None, None, 0])
     _on(monkeypatch, link)
     await start_command.run(SimpleNamespace(), sandbox, StartCommand("serve", "probe"), "web")
-    assert [body.args[-1] for body in link.started] == ["serve", "probe", "probe", "probe"]
-    first = link.started[0]
-    assert (first.cmd, first.args[:-1], first.env) == ("/bin/bash", ["-l", "-c"], {"FROM_CREATE": "1"})
-    assert first.user is None and first.cwd is None  # the template's USER and WORKDIR
+    serve, poll = link.started
+    assert (serve.cmd, serve.args, serve.env) == ("/bin/bash", ["-l", "-c", "serve"], {"FROM_CREATE": "1"})
+    assert serve.user is None and serve.cwd is None  # the template's USER and WORKDIR
+    # The ready command is the poll's own argument, never spliced into its script.
+    assert (poll.cmd, poll.args) == ("/bin/bash", ["-l", "-c", start_command.READY_LOOP, "ready", "probe"])
+    assert link.polls == [0] and not link.killed
 
 
-async def test_a_ready_command_alone_starts_no_process(monkeypatch: pytest.MonkeyPatch, sandbox: Any) -> None:
+async def test_a_ready_command_alone_starts_only_the_poll(
+    monkeypatch: pytest.MonkeyPatch, sandbox: Any
+) -> None:
     link = Link([0])
     _on(monkeypatch, link)
     await start_command.run(SimpleNamespace(), sandbox, StartCommand("", "probe"), "web")
@@ -118,18 +126,19 @@ async def test_a_ready_command_alone_starts_no_process(monkeypatch: pytest.Monke
 async def test_a_start_command_that_fails_first_is_refused_with_its_output(
     monkeypatch: pytest.MonkeyPatch, sandbox: Any
 ) -> None:
-    link = Link([1], start_code=3)
+    link = Link([None], start_code=3)
     _on(monkeypatch, link)
     with pytest.raises(NotReady) as refused:
         await start_command.run(SimpleNamespace(), sandbox, StartCommand("serve", "probe"), "web")
     assert refused.value.status == 409 and "templateID" in refused.value.fields
     assert "exited with code 3" in refused.value.message and "port in use" in refused.value.message
+    assert link.killed == ["p2"]  # the poll is stopped
 
 
 async def test_a_start_command_that_exits_0_leaves_the_ready_command_to_decide(
     monkeypatch: pytest.MonkeyPatch, sandbox: Any
 ) -> None:
-    link = Link([1, 0], start_code=0)  # a daemon that forked away
+    link = Link([None, 0], start_code=0)  # a daemon that forked away
     _on(monkeypatch, link)
     await start_command.run(SimpleNamespace(), sandbox, StartCommand("daemon", "probe"), "web")
 
@@ -138,9 +147,9 @@ async def test_a_ready_command_that_never_passes_is_refused_at_the_deadline(
     monkeypatch: pytest.MonkeyPatch, sandbox: Any
 ) -> None:
     monkeypatch.setattr(start_command, "READY_TIMEOUT_S", 0.3)
-    link = Link([None])  # each probe still running when its wait ends
+    link = Link([None])  # the poll runs on
     _on(monkeypatch, link)
     with pytest.raises(NotReady) as refused:
         await start_command.run(SimpleNamespace(), sandbox, StartCommand("serve", "probe"), "web")
     assert "did not pass within" in refused.value.message and "templateID" in refused.value.fields
-    assert link.killed  # the probe left running is killed
+    assert link.killed == ["p2"]  # the poll left running is stopped
