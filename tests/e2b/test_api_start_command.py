@@ -88,7 +88,12 @@ def test_a_child_template_runs_its_parents_start_command(built: Built) -> None:
 def test_a_dockerfiles_cmd_is_the_start_command(e2b_env: E2bPlatform) -> None:
     """``from_dockerfile`` turns ``CMD`` into a start command (its ready command here: a file)."""
     name = f"e2b-start-cmd-{secrets.token_hex(3)}"
-    dockerfile = 'FROM debian:13\nRUN echo built > /built.txt\nCMD ["bash", "-c", "cat /built.txt > /tmp/cmd-ran; sleep infinity"]\n'
+    # The file the ready command waits for appears whole (a rename): a redirection makes it empty
+    # first, and under load the test read it between the two (run 54).
+    dockerfile = (
+        "FROM debian:13\nRUN echo built > /built.txt\n"
+        'CMD ["bash", "-c", "cat /built.txt > /tmp/cmd.part && mv /tmp/cmd.part /tmp/cmd-ran; sleep infinity"]\n'
+    )
     try:
         Template.build(
             Template().from_dockerfile(dockerfile).set_ready_cmd(wait_for_file("/tmp/cmd-ran")), name
