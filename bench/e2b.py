@@ -221,6 +221,16 @@ def run_meta() -> dict[str, Any]:
     }
 
 
+def finish(
+    name: str, meta: dict[str, Any], results: dict[str, Any], render: Callable[[Any, dict[str, Any]], str]
+) -> None:
+    """Ends a run: its load at the end, the report printed and written (:func:`write_results`)."""
+    meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    text = render(results, meta)
+    print(text)
+    write_results(name, meta, results, text)
+
+
 def write_results(name: str, meta: dict[str, Any], results: dict[str, Any], text: str) -> None:
     """``bench/results/<name>-<time>.json`` and ``.md``."""
     stamp = meta["at"].replace("-", "").replace(":", "")
@@ -239,14 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     meta = run_meta()
     with e2b_platform() as client:
         samples = measure(client, args.runs, args.creates)
-    meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
     results = {
         operation: {system: summarize(values) for system, values in systems.items()}
         for operation, systems in samples.items()
     }
-    text = render(results, meta)
-    print(text)
-    write_results("e2b", meta, results, text)
+    finish("e2b", meta, results, render)
     return 0
 
 

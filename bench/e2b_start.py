@@ -27,7 +27,7 @@ import secrets
 import time
 from typing import Any
 
-from bench.e2b import POOL_SETTLE_S, e2b_platform, run_meta, timed, write_results
+from bench.e2b import POOL_SETTLE_S, e2b_platform, finish, run_meta, timed
 from bench.stats import summarize
 
 SERVER = "python3 -m http.server 8000 --directory /srv/www"
@@ -129,11 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = run_meta()
     with e2b_platform():
         samples = measure(args.creates)
-    meta["load_end"] = [round(x, 2) for x in os.getloadavg()]
-    results = {row: summarize(values) for row, values in samples.items()}
-    text = render(results, meta)
-    print(text)
-    write_results("e2b-start", meta, results, text)
+    finish("e2b-start", meta, {row: summarize(values) for row, values in samples.items()}, render)
     return 0
 
 

@@ -148,8 +148,11 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
             session, principal.user_id, body.template_id
         ) or await e2b_snapshots.snapshot_for(session, principal.user_id, body.template_id)
         rootfs = tagged or identity.rootfs_for_template(body.template_id)
-        # The sizes its E2B build asked (cpuCount, memoryMB), else the E2B API's shape.
-        shape = await e2b_templates.shape_of(session, principal.user_id, rootfs) or DEFAULT_SHAPE
+        # The E2B build that made its template: the sizes it asked (cpuCount, memoryMB), else the E2B
+        # API's shape, and its start command, run once the sandbox runs.
+        build = await e2b_templates.build_of(session, principal.user_id, rootfs)
+    shape = (build.shape if build is not None else None) or DEFAULT_SHAPE
+    start = e2b_start.StartCommand.from_json(build.start) if build is not None else None
     request_body = CreateSandboxRequest(
         shape=shape,
         rootfs=rootfs,
@@ -190,7 +193,6 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
                 auto_resume=auto_resume,
             )
         # A template whose E2B build asked a start command answers once it is ready (start_command.py).
-        start = await e2b_templates.start_of(services, principal.user_id, sandbox.rootfs)
         if start is not None:
             await e2b_start.run(services, sandbox, start, body.template_id)
     except BaseException:

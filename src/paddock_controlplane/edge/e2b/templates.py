@@ -315,16 +315,17 @@ def shape_for(cpu_count: int | None, memory_mb: int | None) -> str | None:
     return min(fits, key=lambda shape: (shape.vcpu, shape.mem_mib)).id
 
 
-async def shape_of(session: AsyncSession, user_id: str, ref: str) -> str | None:
-    """The shape a create of ``ref`` (a template's id or name, as ``rootfs`` takes it) boots with, if
-    the E2B build that made that template asked one."""
+async def build_of(session: AsyncSession, user_id: str, ref: str) -> E2bTemplateBuild | None:
+    """The E2B build that made the template a create of ``ref`` boots (a template's id or name, as
+    ``rootfs`` takes it): its shape and start command, read once per create. None for a catalog image,
+    a snapshot or a template no E2B build made."""
     if ref in ROOT_IMAGES_BY_NAME:  # a catalog image (E2B's ``base`` …): no query on the common create
         return None
     template = await templates.bootable(session, user_id, ref)
     if template is None:
         return None
     return await session.scalar(
-        select(E2bTemplateBuild.shape)
+        select(E2bTemplateBuild)
         .where(E2bTemplateBuild.user_id == user_id, E2bTemplateBuild.template_id == template.id)
         .limit(1)
     )
