@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -739,10 +740,66 @@ def op_window_focus(index: int, args: dict[str, Any]) -> dict[str, Any]:
     return window_action(index, args, ["wmctrl", "-i", "-a", "{id}"])
 
 
+MAXIMIZED = frozenset({"_NET_WM_STATE_MAXIMIZED_VERT", "_NET_WM_STATE_MAXIMIZED_HORZ"})
+SETTLE_TIMEOUT_S = 2.0
+
+
+def property_values(index: int, window: list[str], name: str) -> list[str]:
+    """An X property's values as ``xprop`` prints them (``NAME(TYPE) = a, b``); none if it is unset."""
+    output = run(["xprop", *window, name], index, check=False).stdout.decode(errors="replace")
+    head, sep, values = output.partition("=")
+    if not sep or not head.startswith(name):
+        return []
+    return [value.strip() for value in values.split(",") if value.strip()]
+
+
+def numbers(values: list[str], count: int) -> list[int] | None:
+    try:
+        parsed = [int(value) for value in values[:count]]
+    except ValueError:
+        return None
+    return parsed if len(parsed) == count else None
+
+
+def maximized_in_place(index: int, wid: int) -> bool:
+    """Whether the window manager has finished maximising the window: its state says so and its frame's
+    corner is the work area's. Openbox enlarges the window inside its old frame before it moves the
+    frame, so in between the window reads (-1, -1) at its maximised size (a CI run read that)."""
+    if not set(property_values(index, ["-id", str(wid)], "_NET_WM_STATE")) >= MAXIMIZED:
+        return False
+    area = numbers(property_values(index, ["-root"], "_NET_WORKAREA"), 2) or [0, 0]
+    left, _right, top, _bottom = numbers(
+        property_values(index, ["-id", str(wid)], "_NET_FRAME_EXTENTS"), 4
+    ) or [0, 0, 0, 0]
+    box = geometry(index, wid)
+    return [box["x"] - left, box["y"] - top] == area[:2]
+
+
+def restored_in_place(index: int, wid: int) -> bool:
+    """Whether the window manager has finished restoring the window: its state no longer says
+    maximised, and its geometry reads the same twice (the frame moves after the window shrinks)."""
+    if MAXIMIZED & set(property_values(index, ["-id", str(wid)], "_NET_WM_STATE")):
+        return False
+    before = geometry(index, wid)
+    time.sleep(0.02)
+    return geometry(index, wid) == before
+
+
+def settle(done: Callable[[], bool]) -> None:
+    """Waits, bounded, until the window manager has carried out what was asked, so that the next read
+    sees it (an application's size hints may keep another size: the wait then just ends)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def op_window_maximize(index: int, args: dict[str, Any]) -> dict[str, Any]:
-    return window_action(
+    acted = window_action(
         index, args, ["wmctrl", "-i", "-r", "{id}", "-b", "add,maximized_vert,maximized_horz"]
     )
+    wid = window_id(args.get("window_id"))
+    settle(lambda: maximized_in_place(index, wid))
+    return acted
 
 
 def op_window_minimize(index: int, args: dict[str, Any]) -> dict[str, Any]:
@@ -750,12 +807,18 @@ def op_window_minimize(index: int, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_window_restore(index: int, args: dict[str, Any]) -> dict[str, Any]:
-    return window_action(
+    """Un-minimises and un-maximises the window, back to its size before. (Its place may differ by its
+    frame's offset: openbox puts the frame's corner where the window's own had been, and a GTK
+    application asks for its old place again on its own, after the window manager is done.)"""
+    acted = window_action(
         index,
         args,
         ["wmctrl", "-i", "-r", "{id}", "-b", "remove,maximized_vert,maximized_horz"],
         ["wmctrl", "-i", "-a", "{id}"],
     )
+    wid = window_id(args.get("window_id"))
+    settle(lambda: restored_in_place(index, wid))
+    return acted
 
 
 def op_window_move(index: int, args: dict[str, Any]) -> dict[str, Any]:
