@@ -70,8 +70,11 @@ def test_egress_is_counted_exactly_and_at_once(api: httpx.Client, internet: Fake
     send(api, sid, internet, 200_000)
     assert internet.sink_bytes() - before == 200_000
     view = bandwidth(api, sid)  # straight after the traffic, no heartbeat needed
-    # The payload plus TCP/IP headers (~3.6 % for full segments) and the handshake.
-    assert 200_000 < view["used_bytes"] < 200_000 * 1.06, view
+    # The payload plus TCP/IP headers (~3.6 % for full segments) and the handshake, and what the
+    # sandbox sent again: every packet that left counts. gVisor's own TCP stack on a loaded box sent
+    # 6.7 % over the payload (run 56: 213,496 bytes); a count of the payload alone, or of a packet
+    # twice, would still be outside these bounds.
+    assert 200_000 < view["used_bytes"] < 200_000 * 1.10, view
     assert view["remaining_bytes"] == QUOTA_BYTES - view["used_bytes"] and not view["capped"]
 
 
