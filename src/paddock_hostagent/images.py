@@ -82,24 +82,41 @@ class ImageConfig:
     workdir: str
     user: str
 
-    def command(
-        self, base_env: dict[str, str], given: CommandAsked, default_cwd: str
-    ) -> tuple[dict[str, str], str, list[str], str]:
-        """The env, command, arguments and directory of a command run in a sandbox of this image, for
-        ``exec`` and processes alike: its ENV under what the caller sets, its WORKDIR unless the caller
-        names one, and its USER through setpriv (util-linux, in every Debian image), as ``docker exec``
-        would, unless the caller names a user (the guest's to become). As a named user without a
-        directory: the user's home (the guest finds it)."""
+    def command(self, base_env: dict[str, str], given: CommandAsked, default_cwd: str) -> PreparedCommand:
+        """The env, command, arguments, directory and user of a command run in a sandbox of this image,
+        for ``exec`` and processes alike: its ENV under what the caller sets, its WORKDIR unless the
+        caller names one, and its USER unless the caller names a user, as ``docker exec`` would.
+
+        A USER that is a name or a uid is the guest's to become, as a caller's own ``user`` is: HOME,
+        USER and LOGNAME are the account's, its groups are set, and without a WORKDIR the command starts
+        in its home. (It went through setpriv before 2026-12-07: HOME stayed /root, the command started
+        in /root, and a process list showed ``setpriv`` as every such command.) A ``user:group`` USER
+        still goes through setpriv (util-linux, in every Debian image): the guest takes no group."""
         env = {**base_env, **self.env, **given.env}
-        cmd, args = given.cmd, list(given.args)
-        if given.user is None and self.user and self.user not in ("root", "0", "0:0"):
-            user, _, group = self.user.partition(":")
-            cmd, args = (
-                "setpriv",
-                [f"--reuid={user}", f"--regid={group or user}", "--init-groups", cmd, *args],
-            )
-        cwd = given.cwd or self.workdir or ("" if given.user else default_cwd)
-        return env, cmd, args, cwd
+        cmd, args, user = given.cmd, list(given.args), given.user
+        if user is None and self.user and self.user not in ("root", "0", "0:0"):
+            name, _, group = self.user.partition(":")
+            if group:
+                cmd, args = (
+                    "setpriv",
+                    [f"--reuid={name}", f"--regid={group}", "--init-groups", cmd, *args],
+                )
+            else:
+                user = name
+        cwd = given.cwd or self.workdir or ("" if user else default_cwd)
+        return PreparedCommand(env, cmd, args, cwd, user)
+
+
+@dataclass(frozen=True)
+class PreparedCommand:
+    """A command as the guest runs it (:meth:`ImageConfig.command`); ``cwd`` empty and ``user`` set: the
+    user's home, which the guest finds."""
+
+    env: dict[str, str]
+    cmd: str
+    args: list[str]
+    cwd: str
+    user: str | None
 
 
 @dataclass(frozen=True)

@@ -134,16 +134,16 @@ class ProcessService:
             base["TERM"] = "xterm-256color"  # what every terminal emulator a client runs understands
         # A template's ENV, WORKDIR and USER apply as they do to ``exec`` (E2B's template envs and
         # workdir reach its commands too); as a user, without a directory: the user's home.
-        env, cmd, args, cwd = self.manager.images.config(record.image).command(
+        run = self.manager.images.config(record.image).command(
             base,
             CommandAsked(cmd, list(args), body.env, body.cwd, body.user),
             self.manager.settings.default_cwd,
         )
-        strings = [cmd, *args, *env, *env.values(), cwd, body.user or ""]
+        strings = [run.cmd, *run.args, *run.env, *run.env.values(), run.cwd, run.user or ""]
         if any("\0" in value for value in strings):
             raise errors.BadRequest("cmd, args, env and cwd may not contain NUL characters")
         pty = (body.pty.rows, body.pty.cols) if body.pty is not None else None
-        return StartRequest(cmd, list(args), env, cwd, pty, body.user)
+        return StartRequest(run.cmd, run.args, run.env, run.cwd, pty, run.user)
 
     async def start(self, sandbox_id: str, body: ProcessStartBody) -> ProcessView:
         guest = self._guest(sandbox_id)

@@ -130,7 +130,9 @@ def test_a_sandbox_from_the_template_has_the_package_the_file_env_and_workdir(
 
 
 def test_user_applies_to_exec_and_template_ids_stay_private(http: httpx.Client, live: LivePlatform) -> None:
-    dockerfile = "FROM debian:13\nRUN useradd --create-home --uid 1234 app\nUSER app\nWORKDIR /home/app\n"
+    # No WORKDIR: a command starts in the USER's home, with its HOME, as `exec` with a `user` does (before
+    # 2026-12-07 it started in /root with HOME=/root, which the account cannot write).
+    dockerfile = "FROM debian:13\nRUN useradd --create-home --uid 1234 app\nUSER app\n"
     created = http.post("/v1/templates", json={"name": "as-app", "dockerfile": dockerfile}).json()["data"]
     try:
         assert wait_done(http, created["id"])["status"] == "ready"
@@ -138,9 +140,20 @@ def test_user_applies_to_exec_and_template_ids_stay_private(http: httpx.Client, 
         assert all(not name.startswith("tpl_") for host in hosts for name in host.get("rootfses", []))
         sandbox = http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": "as-app"}).json()["data"]
         try:
-            out = sh(http, sandbox["id"], "id -un; id -u; pwd; touch /root/x 2>/dev/null || echo denied")
-            assert out["stdout"].splitlines() == ["app", "1234", "/home/app", "denied"], out
-            assert process_says(http, sandbox["id"], "id -un; pwd") == ["app", "/home/app"]
+            out = sh(
+                http,
+                sandbox["id"],
+                'id -un; id -u; pwd; echo "$HOME"; touch /root/x 2>/dev/null || echo denied',
+            )
+            assert out["stdout"].splitlines() == ["app", "1234", "/home/app", "/home/app", "denied"], out
+            assert process_says(http, sandbox["id"], 'id -un; pwd; echo "$HOME $USER"; touch ~/mine') == [
+                "app",
+                "/home/app",
+                "/home/app app",
+            ]
+            # The process list shows the command that was asked for (it showed setpriv, its wrapper).
+            listed = http.get(f"/v1/sandboxes/{sandbox['id']}/processes").json()["data"]["processes"]
+            assert [(p["cmd"], p["args"][0]) for p in listed] == [("bash", "-c")], listed
         finally:
             http.delete(f"/v1/sandboxes/{sandbox['id']}")
     finally:

@@ -38,20 +38,20 @@ class Commands:
             registry.running_entry(sandbox_id)  # the 409, with the state the probe finds
         base = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": entry.record.name, "LANG": "C.UTF-8"}
         # A template's ENV, WORKDIR and USER apply to every command, under what the caller sets.
-        env, cmd, args, cwd = registry.images.config(entry.record.image).command(
+        run = registry.images.config(entry.record.image).command(
             base,
             CommandAsked(body.cmd, body.args, body.env, body.cwd, body.user),
             registry.settings.default_cwd,
         )
         request = ExecRequest(
-            cmd=cmd,
-            args=args,
-            env=env,
-            cwd=cwd,
+            cmd=run.cmd,
+            args=run.args,
+            env=run.env,
+            cwd=run.cwd,
             stdin=body.stdin.encode() if body.stdin is not None else None,
-            user=body.user,
+            user=run.user,
         )
-        check_no_nul([cmd, *args, *env, *env.values(), request.cwd, body.user or ""])
+        check_no_nul([run.cmd, *run.args, *run.env, *run.env.values(), run.cwd, run.user or ""])
         session = registry.runtime.guest(entry.record).exec(request)
         try:
             await session.__aenter__()
