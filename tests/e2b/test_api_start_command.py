@@ -88,11 +88,13 @@ def test_a_child_template_runs_its_parents_start_command(built: Built) -> None:
 def test_a_dockerfiles_cmd_is_the_start_command(e2b_env: E2bPlatform) -> None:
     """``from_dockerfile`` turns ``CMD`` into a start command (its ready command here: a file)."""
     name = f"e2b-start-cmd-{secrets.token_hex(3)}"
+    child = f"{name}-child"
     # The file the ready command waits for appears whole (a rename): a redirection makes it empty
     # first, and under load the test read it between the two (run 54).
     dockerfile = (
         "FROM debian:13\nRUN echo built > /built.txt\n"
-        'CMD ["bash", "-c", "cat /built.txt > /tmp/cmd.part && mv /tmp/cmd.part /tmp/cmd-ran; sleep infinity"]\n'
+        'CMD ["bash", "-c", "echo $(cat /built.txt) $HOME > /tmp/cmd.part && mv /tmp/cmd.part /tmp/cmd-ran;'
+        ' sleep infinity"]\n'
     )
     try:
         Template.build(
@@ -100,14 +102,27 @@ def test_a_dockerfiles_cmd_is_the_start_command(e2b_env: E2bPlatform) -> None:
         )
         sandbox = Sandbox.create(name, timeout=120)
         try:
-            assert sandbox.files.read("/tmp/cmd-ran") == "built\n"
+            # As E2B's account, with its HOME (before 2026-12-07: /root, which it cannot write).
+            assert sandbox.files.read("/tmp/cmd-ran") == "built /home/user\n"
             # from_dockerfile ends as E2B's account in its home, which the build made on debian:13.
             who = sandbox.commands.run("id -un; pwd")
             assert who.stdout == "user\n/home/user\n", who
+            # The start command is listed as itself (it was listed as setpriv, which ran it as the user).
+            assert [p.cmd for p in sandbox.commands.list()] == ["/bin/bash"], sandbox.commands.list()
+        finally:
+            sandbox.kill()
+        # A child whose own step needs root (making its WORKDIR) still runs as its parent's user: it ran
+        # as root before 2026-12-07.
+        Template.build(Template().from_template(name).set_workdir("/srv/child"), child)
+        sandbox = Sandbox.create(child, timeout=120)
+        try:
+            who = sandbox.commands.run('id -un; pwd; echo "$HOME"')
+            assert who.stdout == "user\n/srv/child\n/home/user\n", who
         finally:
             sandbox.kill()
     finally:
         with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+            http.delete(f"/templates/{child}")
             http.delete(f"/templates/{name}")
 
 
@@ -141,3 +156,19 @@ def test_a_fork_starts_its_templates_command_too(built: Built) -> None:
             child.kill()
     finally:
         source.kill()
+
+
+def test_a_wake_from_hibernation_starts_its_templates_command_again(built: Built) -> None:
+    """A filesystem pause keeps the disk, not the processes: the connect that wakes it runs the start
+    command, and answers once it is ready (before 2026-12-07 nothing listened after the wake)."""
+    sandbox = Sandbox.create(built.web, timeout=120)
+    try:
+        sandbox.files.write("/srv/www/kept.html", "kept\n")
+        assert sandbox.pause(mode="filesystem") is True
+        woken = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+        page = woken.commands.run("curl -s http://127.0.0.1:8000/kept.html")
+        assert page.stdout == "kept\n", page
+        servers = [p for p in woken.commands.list() if "http.server" in " ".join([p.cmd, *p.args])]
+        assert len(servers) == 1, woken.commands.list()
+    finally:
+        Sandbox.kill(sandbox.sandbox_id)

@@ -365,6 +365,28 @@ async def bootable(session: AsyncSession, user_id: str, ref: str) -> Template | 
     return template
 
 
+#: How many templates deep ``final_user`` follows ``FROM`` (a chain is acyclic: each FROM is an older one).
+MAX_FROM_DEPTH = 32
+
+
+async def final_user(session: AsyncSession, template: Template) -> str | None:
+    """The ``USER`` a template's sandboxes run as: its Dockerfile's last, else its ``FROM`` template's;
+    None at a catalog image (root). A build over it that switches to root for steps of its own switches
+    back to this one."""
+    for _ in range(MAX_FROM_DEPTH):
+        instructions = parse_dockerfile(template.dockerfile, has_context=True)
+        users = [item.arguments.strip() for item in instructions if item.keyword == "USER"]
+        if users:
+            return users[-1]
+        if template.from_image in ROOT_IMAGES_BY_NAME:
+            return None
+        parent = await session.get(Template, template.from_image)
+        if parent is None:
+            return None
+        template = parent
+    return None
+
+
 async def _replaced(
     session: AsyncSession, user_id: str, rebuild_id: str, *, for_update: bool = True
 ) -> Template | None:

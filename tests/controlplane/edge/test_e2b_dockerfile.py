@@ -41,3 +41,29 @@ def test_the_last_workdir_is_made_relative_ones_resolved_as_docker_does() -> Non
         {"type": "USER", "args": ["nobody"]},
     )
     assert lines[-3:] == ["USER root", 'RUN ["mkdir", "-p", "--", "/srv/app"]', "USER nobody"]
+
+
+def test_over_a_template_steps_switch_back_to_its_user_not_to_root() -> None:
+    # A child of a template that runs as `user` (every from_dockerfile's): its own steps that need root
+    # (E2B's account, the last WORKDIR, a RUN as root) switch back to `user`. Before, it ended as root.
+    body = BuildStart.model_validate(
+        {
+            "fromTemplate": "web",
+            "steps": [
+                {"type": "RUN", "args": ["touch /x", "user"]},
+                {"type": "RUN", "args": ["apt-get update", "root"]},
+                {"type": "WORKDIR", "args": ["/srv"]},
+            ],
+        }
+    )
+    lines = dockerfile_for(body, base_user="user")[0].splitlines()
+    assert lines[1:4] == ["USER root", f"RUN {ENSURE_E2B_USER}", "USER user"]
+    assert lines[4:7] == ["RUN touch /x", "USER root", "RUN apt-get update"]
+    assert lines[7:] == [
+        "USER user",
+        "WORKDIR /srv",
+        "USER root",
+        'RUN ["mkdir", "-p", "--", "/srv"]',
+        "USER user",
+    ]
+    assert lines[-1] == "USER user"

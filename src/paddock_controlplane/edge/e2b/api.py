@@ -18,16 +18,24 @@ from sqlalchemy import select
 from paddock_controlplane.edge.api.deps import scope_caller
 from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional_body
 from paddock_controlplane.edge.e2b import errors as e2b_errors
-from paddock_controlplane.edge.e2b import identity, params, sandbox_logs, schemas, store, template_catalog
+from paddock_controlplane.edge.e2b import (
+    fresh_start,
+    identity,
+    params,
+    sandbox_logs,
+    schemas,
+    store,
+    template_catalog,
+)
 from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
 from paddock_controlplane.edge.e2b import start_command as e2b_start
 from paddock_controlplane.edge.e2b import templates as e2b_templates
 from paddock_controlplane.edge.e2b import volume_content as e2b_volume_content
 from paddock_controlplane.edge.e2b import volumes as e2b_volumes
 from paddock_controlplane.edge.e2b.store import E2bSandbox
-from paddock_controlplane.hosts import hostlink, hosts
+from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import queries, sandbox_metrics
-from paddock_controlplane.records.models import Host, Sandbox
+from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
@@ -296,18 +304,6 @@ async def list_running(request: Request) -> JSONResponse:
 MAX_FORKS = 20
 
 
-async def _start_in_forks(services: Services, user_id: str, source: Sandbox) -> e2b_start.StartCommand | None:
-    """The start command each fork of ``source`` runs before it is answered: its template's, where the
-    fork starts its processes afresh (containers, gVisor). A VM's fork keeps its source's memory, and
-    with it the start command's process."""
-    start = await e2b_templates.start_of(services, user_id, source.rootfs)
-    if start is None:
-        return None
-    async with services.sessions() as session:
-        host = await session.get(Host, source.host_id) if source.host_id else None
-    return None if hosts.runtime_of(host) in hosts.VM_RUNTIMES else start
-
-
 @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
 async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
     """Paddock's fork, ``count`` times: each child boots from a copy of the source's disk (its processes
@@ -328,7 +324,7 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
         timeout_s=timeout_s or None,
         on_timeout=(source.on_timeout or "destroy") if timeout_s else None,
     )
-    start = await _start_in_forks(services, principal.user_id, source)
+    start = await fresh_start.command_for(services, principal.user_id, source)
     results: list[dict[str, Any]] = []
     for _ in range(count):
         try:
@@ -521,13 +517,19 @@ async def _resume_or_connect(request: Request, sandbox_id: str, *, only_paused: 
     resumed = sandbox.status == SandboxStatus.PAUSED
     if only_paused and not resumed:
         raise errors.InvalidState(f"sandbox {sandbox_id!r} is already running")
+    not_ready = None
     if resumed:
-        await suspension.resume(services, principal.user_id, sandbox_id)
+        try:  # woken from hibernation: its template's start command runs again (fresh_start.py)
+            await fresh_start.resume(services, principal.user_id, sandbox_id, _template_of(sandbox, row))
+        except e2b_start.NotReady as exc:
+            not_ready = exc  # it runs, with the user's files: its lifetime is set before the 409
     sandbox = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.RUNNING)
     if sandbox.status != SandboxStatus.RUNNING:
         raise errors.InvalidState(f"sandbox {sandbox_id!r} is {sandbox.status}, not running")
     if resumed or sandbox.end_at is None or as_utc(sandbox.end_at) < wanted:
         await _set_end(services, sandbox, wanted, timeout_s)  # connect extends a running one, never shortens
+    if not_ready is not None:
+        raise not_ready
     status = 201 if resumed else 200
     return JSONResponse(
         schemas.created(sandbox, _template_of(sandbox, row), services.settings), status_code=status

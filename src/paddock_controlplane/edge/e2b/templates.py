@@ -481,21 +481,24 @@ def _step_user(kind: str, args: list[str]) -> str | None:
     return None
 
 
-def dockerfile_for(body: BuildStart) -> tuple[str, list[str]]:
+def dockerfile_for(body: BuildStart, base_user: str | None = None) -> tuple[str, list[str]]:
     """The Dockerfile the steps describe, and the archives (by hash) their COPY steps read.
 
     Two things an E2B build does that a Dockerfile alone does not: every E2B template has the account
     ``user`` (with ``/home/user``), which ``from_dockerfile`` always ends by switching to, so a build
     whose steps name it makes it first where the base lacks it; and a ``WORKDIR`` exists once set, as
     Docker makes it, so the last one is made at the end (buildah makes one only for a later ``RUN``).
-    A ``RUN`` as another user switches back to the user the steps had set."""
+    A ``RUN`` as another user, and each of those two, switches back to the user the steps had set, or
+    to ``base_user``, the ``USER`` of the template built over (``templates.final_user``; None: root).
+    (Switched back to root, a child of a template that runs as ``user`` ran as root.)"""
     lines = [f"FROM {_from_image(body)}"]
     hashes: list[str] = []
-    user: str | None = None  # the USER the steps set last; None: the base's (root for catalog images)
+    user = base_user or "root"  # the USER the steps set last, or the base's
     workdir: str | None = None
     if any(_step_user(step.type.upper(), step.args) == E2B_USER for step in body.steps):
         lines += ["USER root", f"RUN {ENSURE_E2B_USER}"]
-        user = "root"
+        if user != "root":
+            lines.append(f"USER {user}")
     for index, step in enumerate(body.steps):
         field = f"steps[{index}]"
         kind, args = step.type.upper(), step.args
@@ -516,7 +519,7 @@ def dockerfile_for(body: BuildStart) -> tuple[str, list[str]]:
                 raise errors.ValidationFailed.field(f"{field}.args", "RUN needs a command")
             run_as = _step_user(kind, args)
             if run_as and run_as != user:
-                lines += [f"USER {run_as}", f"RUN {args[0]}", f"USER {user or 'root'}"]
+                lines += [f"USER {run_as}", f"RUN {args[0]}", f"USER {user}"]
             else:
                 lines.append(f"RUN {args[0]}")
         elif kind == "ENV":
@@ -536,7 +539,7 @@ def dockerfile_for(body: BuildStart) -> tuple[str, list[str]]:
         else:
             raise e2b_errors.NotBuilt(f"{field}: step type {step.type!r} is not served by Paddock")
     if workdir is not None:
-        lines += ["USER root", f"RUN {json.dumps(['mkdir', '-p', '--', workdir])}", f"USER {user or 'root'}"]
+        lines += ["USER root", f"RUN {json.dumps(['mkdir', '-p', '--', workdir])}", f"USER {user}"]
     return "\n".join(lines) + "\n", hashes
 
 
@@ -577,13 +580,24 @@ def merge_context(directory: Path, hashes: list[str]) -> bytes | None:
     return out.getvalue()
 
 
+async def _base_user(services: Services, user_id: str, body: BuildStart) -> str | None:
+    """The ``USER`` of the template a build is over (``fromTemplate`` naming one of the caller's); None:
+    a catalog image's, root. A parent that is not there is left to the build to refuse."""
+    base = _from_image(body)
+    if base in ROOT_IMAGES_BY_NAME:
+        return None
+    async with services.sessions() as session:
+        parent = await templates.bootable(session, user_id, base)
+        return await templates.final_user(session, parent) if parent is not None else None
+
+
 @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
 async def start_build(template_id: str, build_id: str, body: BuildStart, request: Request) -> Response:
     services, user_id = await caller(request)
     build = await find_build(services, user_id, template_id, build_id)
     if build.template_id is not None:
         raise errors.InvalidState(f"build {build_id!r} has already started")
-    dockerfile, hashes = dockerfile_for(body)
+    dockerfile, hashes = dockerfile_for(body, await _base_user(services, user_id, body))
     start = StartCommand.asked(body.start_cmd, body.ready_cmd)
     if start is None and body.from_template:  # E2B's rule: a child without commands runs its parent's
         async with services.sessions() as session:

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from paddock_controlplane.edge.e2b import store as e2b_store
+from paddock_controlplane.edge.e2b import fresh_start
 from paddock_controlplane.edge.e2b.store import E2bSandbox
 from paddock_controlplane.records.app_ports import PLAIN_PORTS, AppPorts
 from paddock_controlplane.records.hotcache import TTLCache
@@ -213,7 +213,7 @@ class Router:
     async def _wake(self, route: Route) -> Sandbox:
         """One resume, shared by the requests that found the sandbox paused; opens its settle window."""
         # suspension.resume's own path; an E2B sandbox's lifetime then starts again, as on E2B
-        row = await e2b_store.resume_on_activity(self.services, route.user_id, route.sandbox_id)
+        row = await fresh_start.resume_on_activity(self.services, route.user_id, route.sandbox_id)
         now = time.monotonic()
         for sandbox_id, until in list(self._settle_ends.items()):
             if until <= now:

@@ -5,7 +5,8 @@
 - A sandbox that is missing, gone or not running answers 502 "… was not found": the SDK reads that as
   the sandbox not running (``SandboxNotRunningException``). A paused one whose E2B ``autoResume`` is on
   is resumed first, as E2B's auto-resume does on an SDK call or port traffic; requests that find it
-  paused at once share one resume. Its lifetime then starts again (``store.resume_on_activity``).
+  paused at once share one resume. Its lifetime then starts again, and one woken from hibernation runs
+  its template's start command (``fresh_start.resume_on_activity``).
 - Port 49983 is envd, served here; it requires the sandbox's ``envdAccessToken`` in ``X-Access-Token``
   (``identity.envd_access_token``). The user comes by Basic auth (``user``/``root``; none: the image's).
 - Any other port goes to that port of the sandbox, as the ingress does (``user_ports``).
@@ -27,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from paddock_controlplane.edge.api import caller
 from paddock_controlplane.edge.e2b import errors as e2b_errors
-from paddock_controlplane.edge.e2b import identity, store
+from paddock_controlplane.edge.e2b import fresh_start, identity, store
 from paddock_controlplane.edge.e2b.edge import connect, files, filesystem, interpreter, process, user_ports
 from paddock_controlplane.edge.e2b.edge.connect import ConnectError
 from paddock_controlplane.edge.e2b.edge.context import USERS, Call, mapped
@@ -174,7 +175,7 @@ class EdgeApp:
         return None
 
     async def _resume(self, user_id: str, sandbox_id: str) -> None:
-        resumed = await store.resume_on_activity(self.services, user_id, sandbox_id)
+        resumed = await fresh_start.resume_on_activity(self.services, user_id, sandbox_id)
         log.info("e2b_auto_resume", sandbox_id=sandbox_id, status=resumed.status)
 
     async def handle(self, request: Request) -> Response:
