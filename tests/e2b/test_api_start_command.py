@@ -59,6 +59,15 @@ def built(e2b_env: E2bPlatform) -> Iterator[Built]:
                 http.delete(f"/templates/{name}")
 
 
+def first_output(template: str, command: str) -> str:
+    """What ``command`` prints as the first command in a new sandbox of ``template`` (killed after)."""
+    sandbox = Sandbox.create(template, timeout=120)
+    try:
+        return sandbox.commands.run(command).stdout
+    finally:
+        sandbox.kill()
+
+
 def test_the_start_command_is_running_and_ready_when_the_create_answers(built: Built) -> None:
     sandbox = Sandbox.create(built.web, timeout=120)
     try:
@@ -77,12 +86,7 @@ def test_the_start_command_is_running_and_ready_when_the_create_answers(built: B
 
 
 def test_a_child_template_runs_its_parents_start_command(built: Built) -> None:
-    sandbox = Sandbox.create(built.child, timeout=120)
-    try:
-        page = sandbox.commands.run("curl -s http://127.0.0.1:8000/child.html")
-        assert page.stdout == "child\n", page
-    finally:
-        sandbox.kill()
+    assert first_output(built.child, "curl -s http://127.0.0.1:8000/child.html") == "child\n"
 
 
 def test_a_dockerfiles_cmd_is_the_start_command(e2b_env: E2bPlatform) -> None:
@@ -114,12 +118,7 @@ def test_a_dockerfiles_cmd_is_the_start_command(e2b_env: E2bPlatform) -> None:
         # A child whose own step needs root (making its WORKDIR) still runs as its parent's user: it ran
         # as root before 2026-12-07.
         Template.build(Template().from_template(name).set_workdir("/srv/child"), child)
-        sandbox = Sandbox.create(child, timeout=120)
-        try:
-            who = sandbox.commands.run('id -un; pwd; echo "$HOME"')
-            assert who.stdout == "user\n/srv/child\n/home/user\n", who
-        finally:
-            sandbox.kill()
+        assert first_output(child, 'id -un; pwd; echo "$HOME"') == "user\n/srv/child\n/home/user\n"
     finally:
         with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
             http.delete(f"/templates/{child}")
@@ -172,3 +171,19 @@ def test_a_wake_from_hibernation_starts_its_templates_command_again(built: Built
         assert len(servers) == 1, woken.commands.list()
     finally:
         Sandbox.kill(sandbox.sandbox_id)
+
+
+def test_a_sandbox_booted_from_a_snapshot_starts_its_templates_command(built: Built) -> None:
+    """A container snapshot holds the disk, not the running server: a sandbox booted from it runs the
+    template's start command before its create answers, as E2B's (which keeps the process) serves at
+    once (before 2026-12-07 nothing listened)."""
+    source = Sandbox.create(built.web, timeout=120)
+    snapshot_id = None
+    try:
+        source.files.write("/srv/www/snapped.html", "snapped\n")
+        snapshot_id = source.create_snapshot().snapshot_id
+        assert first_output(snapshot_id, "curl -s http://127.0.0.1:8000/snapped.html") == "snapped\n"
+    finally:
+        source.kill()
+        if snapshot_id is not None:
+            Sandbox.delete_snapshot(snapshot_id)

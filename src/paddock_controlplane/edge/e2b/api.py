@@ -39,6 +39,7 @@ from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
+from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
 from paddock_controlplane.records.states import BOOTED, SandboxStatus
 from paddock_controlplane.sandboxes import destruction, lifecycle, suspension, traffic
 from paddock_core import errors
@@ -200,7 +201,11 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
                 now=services.clock(),
                 auto_resume=auto_resume,
             )
-        # A template whose E2B build asked a start command answers once it is ready (start_command.py).
+        # A template whose E2B build asked a start command answers once it is ready (start_command.py);
+        # so does a sandbox booted from a snapshot of one where memory is not in the snapshot (E2B's
+        # keeps the running process; containers and gVisor start it afresh: fresh_start.py).
+        if start is None and sandbox.rootfs.startswith(SNAPSHOT_PREFIX):
+            start = await fresh_start.command_for(services, principal.user_id, sandbox)
         if start is not None:
             await e2b_start.run(services, sandbox, start, body.template_id)
     except BaseException:

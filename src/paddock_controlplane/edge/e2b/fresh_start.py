@@ -1,11 +1,12 @@
 """An E2B sandbox whose processes start afresh runs its template's start command again.
 
-E2B keeps a sandbox's memory across a fork and a pause, so the process its template's start command
-started (``set_start_cmd``) is running in each. Paddock's containers and gVisor keep no memory in those
-cases: a fork boots a copy of the disk, and a wake from hibernation (``pause(mode="filesystem")``,
-docs/hibernation.md) boots the kept disk. There the start command runs again, and the call that made or
-woke the sandbox answers once its ready command passes, as a create does (``start_command.run``). A VM
-keeps its memory through both, and with it the process.
+E2B keeps a sandbox's memory across a fork, a pause and a snapshot, so the process its template's
+start command started (``set_start_cmd``) is running in each. Paddock's containers and gVisor keep no
+memory in those cases: a fork boots a copy of the disk, a wake from hibernation
+(``pause(mode="filesystem")``, docs/hibernation.md) boots the kept disk, and a create from a snapshot
+boots the disk it holds (``api.create``). There the start command runs again, and the call that made
+or woke the sandbox answers once its ready command passes, as a create does (``start_command.run``).
+A VM keeps its memory through each, and with it the process.
 
 A create that fails its start command destroys the sandbox it made; a fork does the same with its
 child. A wake cannot: the sandbox holds the user's files. It stays running, and the explicit connect

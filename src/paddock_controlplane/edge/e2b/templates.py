@@ -54,6 +54,7 @@ from paddock_controlplane.records.models import Base, Template, TemplateLogLine
 from paddock_controlplane.records.schemas.templates import TemplateCreateRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
+from paddock_controlplane.records.snapshots import Snapshot
 from paddock_controlplane.resources import catalog, templates
 from paddock_core import errors
 from paddock_core.db import transaction
@@ -336,12 +337,25 @@ async def _live_id(session: AsyncSession, user_id: str, name: str) -> str | None
     return template.id if template is not None else None
 
 
+#: How many snapshots deep ``start_of`` follows a snapshot to its template (one of a sandbox booted
+#: from a snapshot holds the earlier one's id as its image).
+MAX_SNAPSHOT_DEPTH = 32
+
+
 async def start_of(services: Services, user_id: str, template_id: str) -> StartCommand | None:
-    """The start command of the user's Paddock template ``template_id`` (``tpl_…``), if an E2B build
-    that asked one (or inherited one) made it; None for a catalog image, a snapshot or any other."""
-    if not template_id.startswith("tpl_"):
-        return None
+    """The start command of the user's Paddock template ``template_id`` (``tpl_…``), or of the template
+    the user's snapshot ``template_id`` (``snap_…``) was taken of a sandbox of, if an E2B build that
+    asked one (or inherited one) made it; None for a catalog image or any other."""
     async with services.sessions() as session:
+        for _ in range(MAX_SNAPSHOT_DEPTH):
+            if not template_id.startswith(SNAPSHOT_PREFIX):
+                break
+            snapshot = await session.get(Snapshot, template_id)
+            if snapshot is None or snapshot.user_id != user_id:
+                return None
+            template_id = snapshot.image
+        if not template_id.startswith("tpl_"):
+            return None
         raw = await session.scalar(
             select(E2bTemplateBuild.start)
             .where(E2bTemplateBuild.user_id == user_id, E2bTemplateBuild.template_id == template_id)
