@@ -50,15 +50,22 @@ async def _hibernated(services: Services, sandbox_id: str) -> bool:
         return await store.get(session, sandbox_id) is not None
 
 
+async def _start_if_woken(
+    services: Services, user_id: str, woken: bool, resumed: Sandbox, template_id: str
+) -> None:
+    """Runs the template's start command in ``resumed`` if it was woken from hibernation and runs."""
+    if woken and resumed.status == SandboxStatus.RUNNING:
+        start = await command_for(services, user_id, resumed)
+        if start is not None:
+            await start_command.run(services, resumed, start, template_id)
+
+
 async def resume(services: Services, user_id: str, sandbox_id: str, template_id: str) -> Sandbox:
     """``suspension.resume``; a sandbox woken from hibernation then runs its template's start command
     (``start_command.NotReady``, 409, when it fails: the sandbox stays running)."""
     woken = await _hibernated(services, sandbox_id)
     resumed = await suspension.resume(services, user_id, sandbox_id)
-    if woken and resumed.status == SandboxStatus.RUNNING:
-        start = await command_for(services, user_id, resumed)
-        if start is not None:
-            await start_command.run(services, resumed, start, template_id)
+    await _start_if_woken(services, user_id, woken, resumed, template_id)
     return resumed
 
 
@@ -68,11 +75,8 @@ async def resume_on_activity(services: Services, user_id: str, sandbox_id: str) 
     fails is logged, and the activity goes on."""
     woken = await _hibernated(services, sandbox_id)
     resumed = await store.resume_on_activity(services, user_id, sandbox_id)
-    if woken and resumed.status == SandboxStatus.RUNNING:
-        start = await command_for(services, user_id, resumed)
-        if start is not None:
-            try:
-                await start_command.run(services, resumed, start, resumed.rootfs)
-            except start_command.NotReady as exc:
-                log.warning("e2b_start_command_failed_after_wake", sandbox_id=sandbox_id, error=exc.message)
+    try:
+        await _start_if_woken(services, user_id, woken, resumed, resumed.rootfs)
+    except start_command.NotReady as exc:
+        log.warning("e2b_start_command_failed_after_wake", sandbox_id=sandbox_id, error=exc.message)
     return resumed

@@ -346,6 +346,8 @@ async def start_of(services: Services, user_id: str, template_id: str) -> StartC
     """The start command of the user's Paddock template ``template_id`` (``tpl_…``), or of the template
     the user's snapshot ``template_id`` (``snap_…``) was taken of a sandbox of, if an E2B build that
     asked one (or inherited one) made it; None for a catalog image or any other."""
+    if not template_id.startswith(("tpl_", SNAPSHOT_PREFIX)):
+        return None  # a catalog image: no session on a fork or a wake of the common sandbox
     async with services.sessions() as session:
         for _ in range(MAX_SNAPSHOT_DEPTH):
             if not template_id.startswith(SNAPSHOT_PREFIX):
