@@ -13,8 +13,11 @@ until the window ends: a visitor does not get a 502 because the sandbox was paus
 a refused connect is the ``NOTHING_LISTENING`` 502 at once, and an unanswered request is sent
 ``UNANSWERED_TRIES`` times in all.
 
-A sweep every ``SWEEP_S`` cuts open connections to sandboxes that were destroyed or whose ingress was
-turned off, so a long WebSocket or keep-alive connection does not outlive the permission.
+A sweep every ``SWEEP_S`` cuts exchanges in flight with sandboxes that were destroyed or whose ingress
+was turned off, so a long WebSocket, stream or upload does not outlive the permission. A keep-alive
+connection idle between requests is left open: it carries nothing to the sandbox, and its next request
+is routed afresh and answered with the proxy's page (404, 403…). Cutting it raced with a client that
+was sending that request, which then saw the connection dropped without an answer.
 """
 
 from __future__ import annotations
@@ -336,6 +339,7 @@ class _Connection:
         # byte. Past either the connection is closed without an answer (TimeoutError, in _serve).
         idle_s = HEADER_TIMEOUT_S
         while True:
+            self.proxy.serving(self.task, "")  # idle: the sweep leaves it (module docstring)
             self.responded = False
             try:
                 request = await self.requests.read_request(idle_s=idle_s, head_s=HEADER_TIMEOUT_S)
