@@ -510,6 +510,26 @@ def test_a_websocket_passes_through_and_is_cut_when_ingress_is_turned_off(
         http.delete(f"/v1/sandboxes/{sandbox_id}")
 
 
+def test_an_upload_under_way_gets_the_page_when_ingress_is_turned_off(ingress: Ingress) -> None:
+    """A request the app has not answered yet when the URL closes is answered with the proxy's page,
+    not dropped: here an upload, half sent."""
+    with ingress.http() as http:
+        sandbox = create_sandbox(http, ingress_enabled=True)
+        sandbox_id = str(sandbox["id"])
+        start_app(http, sandbox_id)
+        host = f"{ingress_host(sandbox_id)}:{ingress.port}"
+        with socket.create_connection(("127.0.0.1", ingress.port), timeout=20) as sock:
+            sock.sendall(f"POST /sink HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1000\r\n\r\n".encode())
+            sock.sendall(b"x" * 10)
+            closed = http.patch(f"/v1/sandboxes/{sandbox_id}", json={"ingress_enabled": False})
+            assert closed.status_code == 200, closed.text
+            head, body = _answer(sock)
+        assert head.startswith("HTTP/1.1 404 "), head
+        assert "\r\nX-Paddock-Ingress-Error: INGRESS_DISABLED\r\n" in head + "\r\n", head
+        assert json.loads(body)["data"]["code"] == "INGRESS_DISABLED"
+        http.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
 def test_malformed_requests_get_400_not_a_crash(ingress: Ingress, app_sandbox: dict[str, object]) -> None:
     host = f"{ingress_host(str(app_sandbox['id']))}:{ingress.port}"
     for raw in (

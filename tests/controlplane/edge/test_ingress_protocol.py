@@ -42,8 +42,10 @@ class LoopbackRouter:
         ports = AppPorts(HOST_MASK) if sandbox_id.startswith("sb-mask") else PLAIN_PORTS
         return Route(sandbox_id, "u", "running", "127.0.0.1", True, ports=ports)
 
-    async def still_open(self, sandbox_id: str) -> bool:
-        return not sandbox_id.startswith("sb-off")
+    async def refusal(self, key: str) -> IngressError | None:
+        if key.startswith("sb-off"):
+            return IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
+        return None
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from paddock_controlplane.edge.ingress.proxy import IngressProxy
-from paddock_controlplane.edge.ingress.routing import Route
+from paddock_controlplane.edge.ingress.routing import IngressError, Route
 from paddock_controlplane.records.services import Activity
 from paddock_controlplane.settings import ControlPlaneSettings
 from paddock_core.timeutil import utcnow
@@ -41,8 +41,8 @@ class WakeRouter:
         settle_until = self.woke_at + WINDOW_S if sandbox_id == WOKEN else 0.0
         return Route(sandbox_id, "u", "running", "127.0.0.1", True, settle_until=settle_until)
 
-    async def still_open(self, sandbox_id: str) -> bool:
-        return True
+    async def refusal(self, key: str) -> IngressError | None:
+        return None
 
 
 @pytest.fixture

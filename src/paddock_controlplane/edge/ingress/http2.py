@@ -51,6 +51,7 @@ from h2.errors import ErrorCodes
 from paddock_controlplane.edge.ingress import http1, pages
 from paddock_controlplane.edge.ingress.proxy import (
     BODY_GRACE_S,
+    CUT_PAGE_S,
     IngressProxy,
     Upstream,
     _Connection,
@@ -317,8 +318,13 @@ class _Stream(_Connection):
     async def _main(self) -> None:
         try:
             await self._run()
+        except asyncio.CancelledError:
+            cut = self.proxy.cut_by_sweep(self.task)
+            if cut is not None:  # not answered yet (else fail sends nothing): the page, as over HTTP/1.1
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(CUT_PAGE_S):
+                        await self.fail(cut.status, cut.code, cut.message)
         except (
-            asyncio.CancelledError,
             ConnectionError,
             OSError,
             TimeoutError,

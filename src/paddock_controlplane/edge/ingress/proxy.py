@@ -14,10 +14,11 @@ a refused connect is the ``NOTHING_LISTENING`` 502 at once, and an unanswered re
 ``UNANSWERED_TRIES`` times in all.
 
 A sweep every ``SWEEP_S`` cuts exchanges in flight with sandboxes that were destroyed or whose ingress
-was turned off, so a long WebSocket, stream or upload does not outlive the permission. A keep-alive
-connection idle between requests is left open: it carries nothing to the sandbox, and its next request
-is routed afresh and answered with the proxy's page (404, 403…). Cutting it raced with a client that
-was sending that request, which then saw the connection dropped without an answer.
+was turned off, so a long WebSocket, stream or upload does not outlive the permission; one whose answer
+had not begun gets the proxy's page (``SANDBOX_NOT_FOUND``, ``INGRESS_DISABLED``) before the close. A
+keep-alive connection idle between requests is left open: it carries nothing to the sandbox, and its
+next request is routed afresh and answered with that page. Cutting it raced with a client that was
+sending that request, which then saw the connection dropped without an answer.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ BODY_GRACE_S = 1.0
 #: After refusing a malformed request: how long, and how much, of what the client still sends is read
 #: and dropped before the close, so the close does not reset the connection under the unread answer.
 LINGER_S = 1.0
+#: How long the page of a request the sweep cut (not answered yet) may take to go out.
+CUT_PAGE_S = 1.0
 LINGER_BYTES = 1 << 20
 READ_DROP_BYTES = 64 * 1024
 FORWARDED_HEADERS = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
@@ -140,6 +143,8 @@ class IngressProxy:
         self.router = router
         self.servers: list[asyncio.Server] = []
         self._connections: dict[asyncio.Task[None], str] = {}  # task -> sandbox id it currently serves
+        #: Tasks the sweep cancelled, with the refusal that cut them (for the page of an unanswered request).
+        self._cuts: dict[asyncio.Task[None], IngressError] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._tls: ssl.SSLContext | None = None
         self._tls_mtimes: tuple[float, float] = (0.0, 0.0)
@@ -196,9 +201,14 @@ class IngressProxy:
     def serving(self, task: asyncio.Task[None], sandbox_id: str) -> None:
         self._connections[task] = sandbox_id
 
+    def cut_by_sweep(self, task: asyncio.Task[None]) -> IngressError | None:
+        """Why the sweep cancelled ``task`` (the sandbox's refusal), or None if it did not."""
+        return self._cuts.get(task)
+
     def done(self, task: asyncio.Task[None]) -> None:
         """An HTTP/2 stream's task has ended (connection tasks are dropped by ``_serve``)."""
         self._connections.pop(task, None)
+        self._cuts.pop(task, None)
 
     def _reload_certificate(self) -> None:
         cert, key = self.settings.ingress_tls_cert_file, self.settings.ingress_tls_key_file
@@ -217,12 +227,14 @@ class IngressProxy:
                 if self._tls and time.monotonic() - last_cert_check > 30:
                     last_cert_check = time.monotonic()
                     self._reload_certificate()
-                for sandbox_id in set(self._connections.values()) - {""}:
-                    if not await self.router.still_open(sandbox_id):
+                for key in set(self._connections.values()) - {""}:
+                    refusal = await self.router.refusal(key)
+                    if refusal is not None:
                         for task, serving in list(self._connections.items()):
-                            if serving == sandbox_id:
+                            if serving == key:
+                                self._cuts[task] = refusal
                                 task.cancel()
-                        log.info("ingress_connections_cut", sandbox_id=sandbox_id)
+                        log.info("ingress_connections_cut", sandbox_id=key, code=refusal.code)
             except Exception:
                 log.exception("ingress_sweep_failed")
 
@@ -262,13 +274,22 @@ class IngressProxy:
         connection = _Connection(self, reader, writer, scheme, task)
         try:
             await connection.run()
-        except (TimeoutError, asyncio.CancelledError, ConnectionError, OSError):
+        except asyncio.CancelledError:
+            cut = self.cut_by_sweep(task)
+            if cut is not None and not connection.responded:  # the sweep's, not a stop's: the page
+                connection.drop_upstream()
+                with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+                    async with asyncio.timeout(CUT_PAGE_S):
+                        await connection.fail(cut.status, cut.code, cut.message)
+                    await connection.linger()
+        except (TimeoutError, ConnectionError, OSError):
             pass
         except Exception:
             log.exception("ingress_connection_failed")
             await connection.fail(502, "PROXY_ERROR", "the ingress proxy could not relay this request")
         finally:
             self._connections.pop(task, None)
+            self._cuts.pop(task, None)
             connection.close()
 
 
@@ -554,8 +575,8 @@ class _Connection:
                         "101 Switching Protocols to a request that asked for no upgrade"
                     )
                 self.writer.write(response.encode() + upstream.responses.take_upgrade())
-                await self.writer.drain()
                 self.responded = True
+                await self.writer.drain()
                 upstream.writer.write(self.requests.take_upgrade())
                 await self._splice(upstream)
                 return False

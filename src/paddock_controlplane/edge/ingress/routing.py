@@ -142,18 +142,21 @@ class Router:
             return route
         return dataclasses.replace(route, settle_until=until)
 
-    async def still_open(self, key: str) -> bool:
-        """For open tunnels: False once the sandbox is gone or its ingress was turned off. ``key`` is a
-        sandbox id, or ``<sandbox id>#live`` for a live view, ``#token`` for a request opened with the
-        sandbox's E2B traffic token, or ``#e2b`` for its envd or code interpreter, which the E2B edge
-        serves under its own token check (ingress may be off for all three)."""
+    async def refusal(self, key: str) -> IngressError | None:
+        """For open exchanges: why the sandbox's ports are now closed to them (it is gone, or its ingress
+        was turned off), or None while they may go on. ``key`` is a sandbox id, or ``<sandbox id>#live``
+        for a live view, ``#token`` for a request opened with the sandbox's E2B traffic token, or
+        ``#e2b`` for its envd or code interpreter, which the E2B edge serves under its own token check
+        (ingress may be off for all three)."""
         sandbox_id, _, via = key.partition("#")
         route = self.cache.get(sandbox_id)
         if not isinstance(route, Route):
             route = await self.load(sandbox_id)
-        return route.status not in (*GONE, "missing") and (
-            route.ingress_enabled or via in ("live", "token", "e2b")
-        )
+        if route.status in (*GONE, "missing"):
+            return _not_found(route)
+        if not route.ingress_enabled and via not in ("live", "token", "e2b"):
+            return _disabled()
+        return None
 
     async def load(self, sandbox_id: str) -> Route:
         async with self.services.sessions() as session:
@@ -226,11 +229,19 @@ class Router:
 def _check(route: Route, live_view: bool = False) -> Route | None:
     """The route if requests may go through now; None if it needs waiting or waking; else IngressError."""
     if route.status in (*GONE, "missing"):
-        raise IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {route.sandbox_id}")
+        raise _not_found(route)
     if not route.ingress_enabled and not live_view:
-        raise IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
+        raise _disabled()
     if route.status == SandboxStatus.ERROR:
         raise IngressError(502, "SANDBOX_ERROR", "the sandbox is in error state")
     if route.status == SandboxStatus.RUNNING and route.ip:
         return route
     return None
+
+
+def _not_found(route: Route) -> IngressError:
+    return IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {route.sandbox_id}")
+
+
+def _disabled() -> IngressError:
+    return IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
