@@ -91,7 +91,10 @@ class ImageConfig:
         USER and LOGNAME are the account's, its groups are set, and without a WORKDIR the command starts
         in its home. (It went through setpriv before 2026-12-07: HOME stayed /root, the command started
         in /root, and a process list showed ``setpriv`` as every such command.) A ``user:group`` USER
-        still goes through setpriv (util-linux, in every Debian image): the guest takes no group."""
+        still goes through setpriv (util-linux, in every Debian image): the guest takes no group.
+
+        A HOME that the image's ENV or the caller sets wins over the account's, as under
+        ``docker run -u``: only the platform's default (``/root``) is left out for the guest to fill in."""
         env = {**base_env, **self.env, **given.env}
         cmd, args, user = given.cmd, list(given.args), given.user
         if user is None and self.user and self.user not in ("root", "0", "0:0"):
@@ -103,6 +106,8 @@ class ImageConfig:
                 )
             else:
                 user = name
+        if user is not None and "HOME" not in self.env and "HOME" not in given.env:
+            env.pop("HOME", None)
         cwd = given.cwd or self.workdir or ("" if user else default_cwd)
         return PreparedCommand(env, cmd, args, cwd, user)
 

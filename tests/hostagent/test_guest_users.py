@@ -27,6 +27,9 @@ from tests.hostagent import guestbin
 pytestmark = pytest.mark.root  # setuid needs root
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root"}
+#: What the host agent sends with a user when neither the image nor the caller set HOME: no HOME, for
+#: the guest to set the account's (images.ImageConfig.command).
+USER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 #: The last commit whose guest agent had no EXEC_AS or START_AS.
 OLD_GUEST_COMMIT = "da90f4a"
 
@@ -69,13 +72,17 @@ async def _output(processes: GuestProcesses, process_id: str) -> bytes:
 
 async def test_exec_and_start_as_a_user(guest: GuestClient, tmp_path: Path) -> None:
     script = 'id -un; id -u; id -G; echo "$HOME $USER $LOGNAME"; pwd'
-    out, _, code = await _run(guest, ExecRequest("/bin/sh", ["-c", script], ENV, "", user="nobody"))
+    out, _, code = await _run(guest, ExecRequest("/bin/sh", ["-c", script], USER_ENV, "", user="nobody"))
     assert code == 0
     home = subprocess.run(["getent", "passwd", "nobody"], capture_output=True, text=True).stdout.split(":")[5]
     lines = out.decode().splitlines()
     assert lines[:3] == ["nobody", "65534", "65534"]
     assert lines[3] == f"{home} nobody nobody"
     assert lines[4] == (home if Path(home).is_dir() else "/")  # its home, or / when it has none
+    # A HOME in the request (the image's ENV or the caller's) is kept; USER and LOGNAME are the account's.
+    given = {**USER_ENV, "HOME": "/srv/given", "USER": "root", "LOGNAME": "root"}
+    out, _, _ = await _run(guest, ExecRequest("/bin/sh", ["-c", script], given, "", user="nobody"))
+    assert out.decode().splitlines()[3] == "/srv/given nobody nobody"
     out, _, _ = await _run(guest, ExecRequest("/bin/sh", ["-c", "id -u; id -g"], ENV, "/", user="65534"))
     assert out == b"65534\n65534\n"
     with pytest.raises(GuestUserError, match="no-such-user"):
@@ -87,9 +94,14 @@ async def test_exec_and_start_as_a_user(guest: GuestClient, tmp_path: Path) -> N
 
     processes = GuestProcesses(guest)
     started = await processes.start(
-        StartRequest("/bin/sh", ["-c", "id -un; tty"], ENV, "/", (24, 80), "nobody")
+        StartRequest("/bin/sh", ["-c", 'id -un; tty; echo "$HOME"'], USER_ENV, "/", (24, 80), "nobody")
     )
-    assert (await _output(processes, started["process_id"])).startswith(b"nobody\r\n/dev/pts/")
+    pty_out = await _output(processes, started["process_id"])
+    assert pty_out.startswith(b"nobody\r\n/dev/pts/") and pty_out.endswith(f"\r\n{home}\r\n".encode())
+    given_home = await processes.start(
+        StartRequest("/bin/sh", ["-c", 'echo "$HOME $USER"'], given, "/", None, "nobody")
+    )
+    assert await _output(processes, given_home["process_id"]) == b"/srv/given nobody\n"
     with pytest.raises(GuestUserError, match="no-such-user"):
         await processes.start(StartRequest("true", [], ENV, "/", None, "no-such-user"))
 

@@ -160,6 +160,36 @@ def test_user_applies_to_exec_and_template_ids_stay_private(http: httpx.Client, 
         http.delete(f"/v1/templates/{created['id']}")
 
 
+def test_a_templates_own_home_wins_over_its_users(http: httpx.Client, live: LivePlatform) -> None:
+    """`ENV HOME=…` under a non-root USER is the HOME its commands get, as under Docker (before
+    2026-12-07 the guest replaced it with the account's home); USER and LOGNAME are still the account's."""
+    dockerfile = (
+        "FROM debian:13\nRUN useradd --create-home app && install -d -o app /srv/data\n"
+        "USER app\nENV HOME=/srv/data\n"
+    )
+    created = http.post("/v1/templates", json={"name": "home-data", "dockerfile": dockerfile}).json()["data"]
+    try:
+        assert wait_done(http, created["id"])["status"] == "ready"
+        sandbox = http.post("/v1/sandboxes", json={"shape": "s-1vcpu-1gb", "rootfs": "home-data"}).json()[
+            "data"
+        ]
+        try:
+            out = sh(http, sandbox["id"], 'echo "$HOME $USER $LOGNAME"; cd && touch mine && pwd')
+            assert out["stdout"].splitlines() == ["/srv/data app app", "/srv/data"], out
+            assert process_says(http, sandbox["id"], 'echo "$HOME"') == ["/srv/data"]
+        finally:
+            http.delete(f"/v1/sandboxes/{sandbox['id']}")
+        # The caller's own HOME (the sandbox's envs) wins over the template's, as `docker run -e` does.
+        body = {"shape": "s-1vcpu-1gb", "rootfs": "home-data", "envs": {"HOME": "/tmp"}}
+        sandbox = http.post("/v1/sandboxes", json=body).json()["data"]
+        try:
+            assert sh(http, sandbox["id"], 'echo "$HOME $USER"')["stdout"] == "/tmp app\n"
+        finally:
+            http.delete(f"/v1/sandboxes/{sandbox['id']}")
+    finally:
+        http.delete(f"/v1/templates/{created['id']}")
+
+
 def test_the_same_dockerfile_again_hits_the_layer_cache(http: httpx.Client, built: dict[str, Any]) -> None:
     started = time.monotonic()
     created = http.post("/v1/templates", json={"name": "jq-box-again", "dockerfile": DOCKERFILE}).json()[

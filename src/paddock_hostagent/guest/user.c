@@ -79,21 +79,32 @@ int apply_user(const struct run_as *as) {
 }
 
 static int is_login_var(const char *var) {
-    return !strncmp(var, "HOME=", 5) || !strncmp(var, "USER=", 5) || !strncmp(var, "LOGNAME=", 8);
+    return !strncmp(var, "USER=", 5) || !strncmp(var, "LOGNAME=", 8);
 }
 
-/* Replaces HOME, USER and LOGNAME in the NULL-terminated, malloc'd ``*envp`` (``*envc`` entries). */
+/* Replaces USER and LOGNAME in the NULL-terminated, malloc'd ``*envp`` (``*envc`` entries), and sets
+ * HOME to the account's unless the request holds one. The host sends HOME with a user only when the
+ * image's ENV or the caller set it, which then wins, as under `docker run -u` (images.ImageConfig.command).
+ * A host from before that sent its default HOME=/root with every user: a sandbox's guest outlives host
+ * upgrades, not the other way round, so no older host talks to this guest. */
 int user_env(char ***envp, uint32_t *envc, const struct run_as *as) {
     char **old = *envp;
     char **env = calloc((size_t)*envc + 4, sizeof(char *));
     if (!env) return -1;
     uint32_t n = 0;
+    int has_home = 0;
     for (uint32_t i = 0; i < *envc; i++) {
         if (!old[i]) continue;
-        if (is_login_var(old[i])) free(old[i]);
-        else env[n++] = old[i];
+        if (is_login_var(old[i])) {
+            free(old[i]);
+            continue;
+        }
+        if (!strncmp(old[i], "HOME=", 5)) has_home = 1;
+        env[n++] = old[i];
     }
-    if (asprintf(&env[n], "HOME=%s", as->home) < 0) env[n] = NULL; else n++;
+    if (!has_home) {
+        if (asprintf(&env[n], "HOME=%s", as->home) < 0) env[n] = NULL; else n++;
+    }
     if (asprintf(&env[n], "USER=%s", as->name) < 0) env[n] = NULL; else n++;
     if (asprintf(&env[n], "LOGNAME=%s", as->name) < 0) env[n] = NULL; else n++;
     env[n] = NULL;
