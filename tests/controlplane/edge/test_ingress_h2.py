@@ -12,7 +12,7 @@ import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -23,10 +23,13 @@ import pytest
 
 from paddock_controlplane.edge.ingress.http2 import H2ClientConnection
 from paddock_controlplane.edge.ingress.proxy import IngressProxy
-from paddock_controlplane.records.services import Activity
-from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_core.timeutil import utcnow
-from tests.controlplane.edge.test_ingress_protocol import DOMAIN, SANDBOX, LoopbackRouter, start_app
+from tests.controlplane.edge.test_ingress_protocol import (
+    DOMAIN,
+    SANDBOX,
+    LoopbackRouter,
+    services_for,
+    start_app,
+)
 from tests.network.ingress_support import make_certificate
 from tests.ports import free_port
 
@@ -96,19 +99,23 @@ class Edge:
         return await client.get(path, headers={"Host": host}, extensions={"sni_hostname": host})
 
 
-@pytest.fixture
-async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
+def tls_services(tmp_path: Path, **settings: Any) -> tuple[Any, Path]:
+    """Services whose proxy ``start()`` opens the TLS listener alone, on a free port, with a test
+    certificate made in ``tmp_path``; and that certificate, for the clients to trust."""
     cert, key = make_certificate(tmp_path)
-    settings = ControlPlaneSettings(
+    services = services_for(
         ingress_tls_port=free_port(),
         ingress_tls_cert_file=cert,
         ingress_tls_key_file=key,
         ingress_host="127.0.0.1",
-        ingress_domain=DOMAIN,
-        data_dir="/tmp/unused",
-        ingress_idle_timeout_s=1,
+        **settings,
     )
-    services = SimpleNamespace(settings=settings, activity=Activity(), clock=utcnow)
+    return services, cert
+
+
+@pytest.fixture
+async def edge(tmp_path: Path) -> AsyncIterator[Edge]:
+    services, cert = tls_services(tmp_path, ingress_idle_timeout_s=1)
     proxy = IngressProxy(services, LoopbackRouter(), h2=H2ClientConnection)  # type: ignore[arg-type]
     opened = await proxy.start()
     server, app_port = await start_app(echo_app)

@@ -48,13 +48,17 @@ class LoopbackRouter:
         return None
 
 
+def services_for(**settings: Any) -> Any:
+    """What the proxy reads of the control plane's services (its settings, activity and clock), with
+    these settings over the tests' own: DOMAIN, no listener opened by ``start()``, 5 s idle."""
+    fields = {"ingress_port": 0, "ingress_domain": DOMAIN, "data_dir": "/tmp/unused", **settings}
+    fields.setdefault("ingress_idle_timeout_s", 5)
+    return SimpleNamespace(settings=ControlPlaneSettings(**fields), activity=Activity(), clock=utcnow)
+
+
 @pytest.fixture
 async def proxy_port() -> AsyncIterator[int]:
-    settings = ControlPlaneSettings(
-        ingress_port=0, ingress_domain=DOMAIN, data_dir="/tmp/unused", ingress_idle_timeout_s=5
-    )
-    services = SimpleNamespace(settings=settings, activity=Activity(), clock=utcnow)
-    proxy = IngressProxy(services, LoopbackRouter())  # type: ignore[arg-type]
+    proxy = IngressProxy(services_for(), LoopbackRouter())  # type: ignore[arg-type]
     server = await asyncio.start_server(proxy._plain, "127.0.0.1", 0)
     proxy.servers.append(server)
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -17,17 +16,12 @@ from paddock_controlplane.edge.ingress import proxy as proxy_module
 from paddock_controlplane.edge.ingress.http2 import H2ClientConnection
 from paddock_controlplane.edge.ingress.proxy import IngressProxy
 from paddock_controlplane.edge.ingress.routing import IngressError, Route
-from paddock_controlplane.records.services import Activity
-from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_core.timeutil import utcnow
-from tests.controlplane.edge.test_ingress_h2 import Edge, echo_app
-from tests.controlplane.edge.test_ingress_protocol import start_app
-from tests.network.ingress_support import make_certificate
-from tests.ports import free_port
+from tests.controlplane.edge.test_ingress_h2 import Edge, echo_app, tls_services
+from tests.controlplane.edge.test_ingress_protocol import DOMAIN, SANDBOX, services_for, start_app
 
-SANDBOX = "sb-01sweepsweepsweepsweepswee"
-DOMAIN = "sandbox.localhost"
 SWEEP_S = 0.05
+GONE = IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {SANDBOX}")
+OFF = IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
 
 
 class ClosableRouter:
@@ -48,12 +42,8 @@ class ClosableRouter:
 @pytest.fixture
 async def proxy(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[int, ClosableRouter]]:
     monkeypatch.setattr(proxy_module, "SWEEP_S", SWEEP_S)
-    settings = ControlPlaneSettings(
-        ingress_port=0, ingress_domain=DOMAIN, data_dir="/tmp/unused", ingress_idle_timeout_s=30
-    )
-    services = SimpleNamespace(settings=settings, activity=Activity(), clock=utcnow)
     router = ClosableRouter()
-    served = IngressProxy(services, router)  # type: ignore[arg-type]
+    served = IngressProxy(services_for(ingress_idle_timeout_s=30), router)  # type: ignore[arg-type]
     server = await asyncio.start_server(served._plain, "127.0.0.1", 0)
     served.servers.append(server)
     served._sweeper = asyncio.create_task(served._sweep())
@@ -85,16 +75,22 @@ def request(app_port: int) -> bytes:
     return f"GET /x HTTP/1.1\r\nHost: {app_port}-{SANDBOX}.{DOMAIN}\r\n\r\n".encode()
 
 
+async def ask(port: int, app_port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the proxy with a request for the app on it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request(app_port))
+    return reader, writer
+
+
 async def test_a_request_waiting_on_its_answer_gets_the_page_when_the_sandbox_closes(
     proxy: tuple[int, ClosableRouter],
 ) -> None:
     port, router = proxy
     server, app_port = await app(None)
     async with server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request(app_port))
+        reader, writer = await ask(port, app_port)
         await asyncio.sleep(4 * SWEEP_S)  # through the proxy, waiting on the app
-        router.closed = IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
+        router.closed = OFF
         answer = await asyncio.wait_for(reader.read(), 5)
         writer.close()
     assert answer.startswith(b"HTTP/1.1 404 Not Found\r\n"), answer
@@ -105,10 +101,9 @@ async def test_an_answer_under_way_is_cut_without_a_page_after_it(proxy: tuple[i
     port, router = proxy
     server, app_port = await app(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")
     async with server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request(app_port))
+        reader, writer = await ask(port, app_port)
         head = await asyncio.wait_for(reader.readuntil(b"part"), 5)
-        router.closed = IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {SANDBOX}")
+        router.closed = GONE
         rest = await asyncio.wait_for(reader.read(), 5)
         writer.close()
     assert head.startswith(b"HTTP/1.1 200 OK\r\n")
@@ -121,11 +116,10 @@ async def test_an_idle_keep_alive_connection_stays_and_its_next_request_gets_the
     port, router = proxy
     server, app_port = await app(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
     async with server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request(app_port))
+        reader, writer = await ask(port, app_port)
         first = await asyncio.wait_for(reader.readuntil(b"ok"), 5)
         assert first.startswith(b"HTTP/1.1 200 OK\r\n")
-        router.closed = IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {SANDBOX}")
+        router.closed = GONE
         await asyncio.sleep(6 * SWEEP_S)  # several sweeps
         writer.write(request(app_port))
         answer = await asyncio.wait_for(reader.read(), 5)
@@ -139,16 +133,7 @@ async def test_an_h2_stream_waiting_on_its_answer_gets_the_page_when_the_sandbox
 ) -> None:
     """The same over HTTP/2: the stream is answered with the page, not reset."""
     monkeypatch.setattr(proxy_module, "SWEEP_S", SWEEP_S)
-    cert, key = make_certificate(tmp_path)
-    settings = ControlPlaneSettings(
-        ingress_tls_port=free_port(),
-        ingress_tls_cert_file=cert,
-        ingress_tls_key_file=key,
-        ingress_host="127.0.0.1",
-        ingress_domain=DOMAIN,
-        data_dir="/tmp/unused",
-    )
-    services = SimpleNamespace(settings=settings, activity=Activity(), clock=utcnow)
+    services, cert = tls_services(tmp_path)
     router = ClosableRouter()
     served = IngressProxy(services, router, h2=H2ClientConnection)  # type: ignore[arg-type]
     opened = await served.start()
@@ -159,7 +144,7 @@ async def test_an_h2_stream_waiting_on_its_answer_gets_the_page_when_the_sandbox
             async with edge.client() as client:
                 waiting = asyncio.create_task(edge.get(client, "/sleep"))  # the app answers in 2.5 s
                 await asyncio.sleep(10 * SWEEP_S)
-                router.closed = IngressError(404, "SANDBOX_NOT_FOUND", "no sandbox")
+                router.closed = GONE
                 answer = await asyncio.wait_for(waiting, 2)
     finally:
         await served.stop()

@@ -13,15 +13,12 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 
 import pytest
 
 from paddock_controlplane.edge.ingress.proxy import IngressProxy
 from paddock_controlplane.edge.ingress.routing import IngressError, Route
-from paddock_controlplane.records.services import Activity
-from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_core.timeutil import utcnow
+from tests.controlplane.edge.test_ingress_protocol import services_for
 from tests.ports import free_port
 
 WOKEN = "sb-01wokenwokenwokenwokenwoke"
@@ -47,12 +44,8 @@ class WakeRouter:
 
 @pytest.fixture
 async def proxy() -> AsyncIterator[tuple[int, WakeRouter]]:
-    settings = ControlPlaneSettings(
-        ingress_port=0, ingress_domain=DOMAIN, data_dir="/tmp/unused", ingress_idle_timeout_s=5
-    )
-    services = SimpleNamespace(settings=settings, activity=Activity(), clock=utcnow)
     router = WakeRouter()
-    ingress = IngressProxy(services, router)  # type: ignore[arg-type]
+    ingress = IngressProxy(services_for(), router)  # type: ignore[arg-type]
     server = await asyncio.start_server(ingress._plain, "127.0.0.1", 0)
     ingress.servers.append(server)
     try:
