@@ -94,7 +94,7 @@ class ImageConfig:
         still goes through setpriv (util-linux, in every Debian image): the guest takes no group.
 
         A HOME that the image's ENV or the caller sets wins over the account's, as under
-        ``docker run -u``: only the platform's default (``/root``) is left out for the guest to fill in."""
+        ``docker run -u``; without one, root's is ``/root`` and a user's is the one the guest finds."""
         env = {**base_env, **self.env, **given.env}
         cmd, args, user = given.cmd, list(given.args), given.user
         if user is None and self.user and self.user not in ("root", "0", "0:0"):
@@ -106,8 +106,8 @@ class ImageConfig:
                 )
             else:
                 user = name
-        if user is not None and "HOME" not in self.env and "HOME" not in given.env:
-            env.pop("HOME", None)
+        if user is None:
+            env.setdefault("HOME", "/root")
         cwd = given.cwd or self.workdir or ("" if user else default_cwd)
         return PreparedCommand(env, cmd, args, cwd, user)
 

@@ -129,7 +129,7 @@ class ProcessService:
             raise errors.BadRequest("cmd: required for a process without a pty")
         cmd, args = (body.cmd, body.args) if body.cmd is not None else DEFAULT_SHELL
         record = self.manager.entry(sandbox_id).record
-        base = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": record.name, "LANG": "C.UTF-8"}
+        base = {"PATH": DEFAULT_PATH, "HOSTNAME": record.name, "LANG": "C.UTF-8"}
         if body.pty is not None:
             base["TERM"] = "xterm-256color"  # what every terminal emulator a client runs understands
         # A template's ENV, WORKDIR and USER apply as they do to ``exec`` (E2B's template envs and

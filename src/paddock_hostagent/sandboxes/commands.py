@@ -36,7 +36,7 @@ class Commands:
         # sandbox whose init has died refuses the guest's connection, and is probed then (below).
         if entry.record.state != RuntimeState.RUNNING:
             registry.running_entry(sandbox_id)  # the 409, with the state the probe finds
-        base = {"PATH": DEFAULT_PATH, "HOME": "/root", "HOSTNAME": entry.record.name, "LANG": "C.UTF-8"}
+        base = {"PATH": DEFAULT_PATH, "HOSTNAME": entry.record.name, "LANG": "C.UTF-8"}
         # A template's ENV, WORKDIR and USER apply to every command, under what the caller sets.
         run = registry.images.config(entry.record.image).command(
             base,

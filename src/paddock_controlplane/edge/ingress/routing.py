@@ -152,11 +152,7 @@ class Router:
         route = self.cache.get(sandbox_id)
         if not isinstance(route, Route):
             route = await self.load(sandbox_id)
-        if route.status in (*GONE, "missing"):
-            return _not_found(route)
-        if not route.ingress_enabled and via not in ("live", "token", "e2b"):
-            return _disabled()
-        return None
+        return _closed(route, live_view=via in ("live", "token", "e2b"))
 
     async def load(self, sandbox_id: str) -> Route:
         async with self.services.sessions() as session:
@@ -228,10 +224,9 @@ class Router:
 
 def _check(route: Route, live_view: bool = False) -> Route | None:
     """The route if requests may go through now; None if it needs waiting or waking; else IngressError."""
-    if route.status in (*GONE, "missing"):
-        raise _not_found(route)
-    if not route.ingress_enabled and not live_view:
-        raise _disabled()
+    closed = _closed(route, live_view)
+    if closed is not None:
+        raise closed
     if route.status == SandboxStatus.ERROR:
         raise IngressError(502, "SANDBOX_ERROR", "the sandbox is in error state")
     if route.status == SandboxStatus.RUNNING and route.ip:
@@ -239,9 +234,12 @@ def _check(route: Route, live_view: bool = False) -> Route | None:
     return None
 
 
-def _not_found(route: Route) -> IngressError:
-    return IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {route.sandbox_id}")
-
-
-def _disabled() -> IngressError:
-    return IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
+def _closed(route: Route, live_view: bool) -> IngressError | None:
+    """Why the sandbox's ports are closed to a request (gone, or ingress off and no live-view or traffic
+    token), or None: refused before a request goes through (``_check``), and cutting one in flight
+    (``Router.refusal``)."""
+    if route.status in (*GONE, "missing"):
+        return IngressError(404, "SANDBOX_NOT_FOUND", f"no sandbox {route.sandbox_id}")
+    if not route.ingress_enabled and not live_view:
+        return IngressError(404, "INGRESS_DISABLED", "ingress is not enabled for this sandbox")
+    return None
