@@ -19,7 +19,7 @@ from e2b import (
     SandboxQuery,
     SandboxState,
 )
-from tests.e2b.conftest import E2bPlatform
+from tests.e2b.conftest import E2bPlatform, exported
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -158,6 +158,34 @@ def test_errors_are_the_sdks_own(e2b_env: E2bPlatform) -> None:
         )
         assert refused.status_code == 501 and "network" in refused.json()["message"]
         assert len(Sandbox.list().next_items()) == len(before)
+
+
+def test_an_authorization_header_carries_the_key_without_an_api_key(e2b_env: E2bPlatform) -> None:
+    """SDK 2.64 sends the caller's own ``Authorization`` (``headers=``) in place of an API key when it has
+    none, as E2B's CLI sends ``E2B_ACCESS_TOKEN``: a Paddock key as a Bearer token is the caller. A bad
+    one, or another scheme, is the SDK's AuthenticationException. Before, every such call was a 401."""
+    key = e2b_env.api_key
+    with exported({"E2B_API_URL": e2b_env.api_url, "E2B_SANDBOX_URL": e2b_env.sandbox_url}):
+        sandbox = Sandbox.create(timeout=60, headers={"Authorization": f"Bearer {key}"})
+        try:
+            assert sandbox.commands.run("echo bearer").stdout == "bearer\n"
+            listed = Sandbox.list(headers={"Authorization": f"Bearer {key}"}).next_items()
+            assert sandbox.sandbox_id in [info.sandbox_id for info in listed]
+            # X-API-Key wins when both are sent: another account's Bearer token changes nothing.
+            other = e2b_env.platform.api_key()
+            with httpx.Client(base_url=e2b_env.api_url) as http:
+                both = {"X-API-Key": key, "Authorization": f"Bearer {other}"}
+                mine = http.get("/v2/sandboxes", headers=both)
+                theirs = http.get("/v2/sandboxes", headers={"Authorization": f"Bearer {other}"})
+                nothing = http.get("/v2/sandboxes")
+            assert sandbox.sandbox_id in [entry["sandboxID"] for entry in mine.json()], mine.text
+            assert theirs.status_code == 200 and theirs.json() == []
+            assert nothing.status_code == 401 and "E2B_API_KEY" in nothing.json()["message"], nothing.text
+        finally:
+            sandbox.kill()
+        for header in (f"Bearer {key}x", f"Basic {key}", "Bearer"):
+            with pytest.raises(AuthenticationException):
+                Sandbox.list(headers={"Authorization": header}).next_items()
 
 
 def test_fork_copies_the_disk_and_the_metadata(e2b_env: E2bPlatform) -> None:

@@ -132,6 +132,16 @@ def test_the_list_holds_each_template_with_a_build_id_the_status_route_answers(c
     second = get_v2_templates.sync_detailed(client=catalog.api, limit=1, next_token=token)
     assert isinstance(second.parsed, list)
     assert {first.parsed[0].template_id, second.parsed[0].template_id} == {catalog.name, catalog.v1_name}
+    # SDK 2.64's own paginator over the same route, a page at a time.
+    paginator = Template.list(limit=1)
+    pages = []
+    while paginator.has_next:
+        pages.append(paginator.next_items())
+    assert [len(page) for page in pages] == [1, 1]
+    infos = {page[0].template_id: page[0] for page in pages}
+    assert set(infos) == {catalog.name, catalog.v1_name}
+    assert infos[catalog.name].build_id == catalog.build_id and infos[catalog.name].spawn_count == 1
+    assert infos[catalog.name].max_cpu_count is None  # a fixed-size template
     _refused(catalog.http.get("/v2/templates", params={"nextToken": "nope"}), 400, "nextToken")
     _refused(catalog.http.get("/v2/templates", params={"limit": "0"}), 400, "limit")
 

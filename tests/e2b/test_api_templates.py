@@ -5,13 +5,14 @@ the variable in place (read through Paddock's own exec). Fails on the old code: 
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 
 import httpx
 import pytest
 
-from e2b import Sandbox, Template
+from e2b import Sandbox, SandboxException, Template
 from tests.e2b.conftest import E2bPlatform
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -115,3 +116,61 @@ def test_a_templates_cpu_and_memory_are_its_sandboxes(e2b_env: E2bPlatform) -> N
             assert refused.status_code == 400 and "cpuCount" in refused.json()["message"], refused.text
     finally:
         httpx.delete(f"{e2b_env.api_url}/templates/{name}", headers={"X-API-Key": e2b_env.api_key})
+
+
+def test_a_resizable_template_boots_with_the_cpus_a_create_asks(e2b_env: E2bPlatform) -> None:
+    """SDK 2.64: ``Template.build(…, max_cpu_count=4)`` makes the template resizable, and
+    ``Sandbox.create(name, cpu_count=N)`` boots it with N CPUs from 1 to 4 (3 rounds up to the shape
+    holding it, 4) and the template's memory; without ``cpu_count`` its own. A fixed-size template (E2B's
+    ``base``) takes only its own number, and anything else is a 400 naming ``cpuCount`` with nothing
+    made. ``Template.list`` shows ``max_cpu_count``, and ``Template.delete`` removes the template. Before,
+    ``cpu_count`` was ignored (every create got the template's CPUs) and ``maxCpuCount`` dropped."""
+    name = f"e2b-resize-{secrets.token_hex(3)}"
+    Template.build(Template().from_debian_image(), name, cpu_count=1, memory_mb=1024, max_cpu_count=4)
+    deleted = False
+    try:
+        with e2b_env.platform.http(e2b_env.api_key) as native:
+            for asked, shape in (
+                (None, "s-1vcpu-1gb"),
+                (4, "s-4vcpu-4gb"),
+                (3, "s-4vcpu-4gb"),
+                (2, "s-2vcpu-2gb"),
+            ):
+                sandbox = Sandbox.create(name, timeout=60, cpu_count=asked)
+                try:
+                    shown = native.get(f"/v1/sandboxes/{sandbox.sandbox_id}").json()["data"]
+                    assert shown["shape"] == shape, (asked, shown["shape"])
+                    assert sandbox.get_info().cpu_count == shown["vcpu"]
+                finally:
+                    sandbox.kill()
+            before = len(native.get("/v1/sandboxes").json()["data"])
+            for template, asked, says in (
+                (name, 5, "maxCpuCount (4)"),
+                (name, 0, "between 1"),
+                ("base", 4, "not resizable"),
+            ):
+                with pytest.raises(SandboxException, match=f"400: cpuCount: .*{re.escape(says)}"):
+                    Sandbox.create(template, timeout=60, cpu_count=asked)
+            assert len(native.get("/v1/sandboxes").json()["data"]) == before
+        base = Sandbox.create("base", timeout=60, cpu_count=2)  # its own number is fine
+        base.kill()
+
+        listed = Template.list()
+        templates = []
+        while listed.has_next:
+            templates.extend(listed.next_items())
+        (mine,) = [template for template in templates if template.template_id == name]
+        assert (mine.cpu_count, mine.memory_mb, mine.max_cpu_count) == (1, 1024, 4)
+
+        with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
+            for body in ({"cpuCount": 4, "maxCpuCount": 2}, {"maxCpuCount": 9}, {"maxCpuCount": "4"}):
+                refused = http.post("/v3/templates", json={"name": f"{name}-x", **body})
+                assert refused.status_code == 400 and "maxCpuCount" in refused.json()["message"], refused.text
+        assert Template.delete(name) is True
+        deleted = True
+        assert Template.delete(name) is False
+        with pytest.raises(SandboxException, match=f"404: template '{name}' not found"):
+            Sandbox.create(name, timeout=60)
+    finally:
+        if not deleted:
+            httpx.delete(f"{e2b_env.api_url}/templates/{name}", headers={"X-API-Key": e2b_env.api_key})

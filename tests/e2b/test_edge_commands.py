@@ -82,3 +82,21 @@ def test_pty_runs_a_shell(sandbox: Sandbox) -> None:
     assert "pty-42" in text
     assert "24 80" in text
     assert result.exit_code == 0
+
+
+def test_run_with_a_shell_of_the_callers_choice(sandbox: Sandbox) -> None:
+    """SDK 2.64's ``shell``: the command runs as the last argument of the executable and arguments given
+    (``["/bin/bash", "-l", "-c"]`` when none), and the process list shows them as started."""
+    assert sandbox.commands.run("echo $0", shell=["/bin/sh", "-c"]).stdout == "/bin/sh\n"
+    assert sandbox.commands.run("echo $0").stdout == "/bin/bash\n"
+    python = sandbox.commands.run("import sys; print(sys.argv[1:], 6 * 7)", shell=["python3", "-c"])
+    assert python.stdout == "[] 42\n"
+    waiting = sandbox.commands.run("sleep 30", shell=["/bin/sh", "-c"], background=True)
+    try:
+        (listed,) = [process for process in sandbox.commands.list() if process.pid == waiting.pid]
+        assert (listed.cmd, listed.args) == ("/bin/sh", ["-c", "sleep 30"])
+    finally:
+        waiting.kill()
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("exit 4", shell=["/bin/sh", "-c"])
+    assert failed.value.exit_code == 4

@@ -61,11 +61,14 @@ async def principal_for_key(services: Services, presented: str) -> Principal:
     return principal
 
 
-async def scope_caller(scope: fastlane.Scope) -> tuple[Services, Principal]:
+async def scope_caller(scope: fastlane.Scope, presented: str | None = None) -> tuple[Services, Principal]:
     """The services and the caller of a request, from its ASGI scope, *before* any scope check; the
-    user id goes into the request's log line. Routes use the aliases below, which check."""
+    user id goes into the request's log line. Routes use the aliases below, which check. The key is
+    ``X-Api-Key``'s unless the listener read it elsewhere (``presented``: the E2B API's callers)."""
     services: Services = scope["app"].state.services
-    principal = await principal_for_key(services, fastlane.header(scope, b"x-api-key"))
+    if presented is None:
+        presented = fastlane.header(scope, b"x-api-key")
+    principal = await principal_for_key(services, presented)
     state = scope.setdefault("state", {})
     state["user_id"] = principal.user_id
     state["key_id"] = principal.key_id  # the audit trail's "who" (edge/auditing.py); an id, not the key

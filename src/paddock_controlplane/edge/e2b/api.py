@@ -15,10 +15,9 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy import select
 
-from paddock_controlplane.edge.api.deps import scope_caller
 from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional_body
-from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import (
+    callers,
     fresh_start,
     identity,
     params,
@@ -27,6 +26,7 @@ from paddock_controlplane.edge.e2b import (
     store,
     template_catalog,
 )
+from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
 from paddock_controlplane.edge.e2b import start_command as e2b_start
 from paddock_controlplane.edge.e2b import templates as e2b_templates
@@ -69,7 +69,7 @@ def _services(request: Request) -> Services:
 
 
 async def _caller(request: Request, sandbox_id: str | None) -> tuple[Services, Principal]:
-    services, principal = await scope_caller(request.scope)
+    services, principal = await callers.caller(request.scope)
     principal.require_scope(sandbox_id)
     return services, principal
 
@@ -158,9 +158,14 @@ async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
         ) or await e2b_snapshots.snapshot_for(session, principal.user_id, body.template_id)
         rootfs = tagged or identity.rootfs_for_template(body.template_id)
         # The E2B build that made its template: the sizes it asked (cpuCount, memoryMB), else the E2B
-        # API's shape, and its start command, run once the sandbox runs.
+        # API's shape, the CPUs a create may ask of it (maxCpuCount), and its start command, run once
+        # the sandbox runs.
         build = await e2b_templates.build_of(session, principal.user_id, rootfs)
-    shape = (build.shape if build is not None else None) or DEFAULT_SHAPE
+    shape = e2b_templates.cpus_for(
+        (build.shape if build is not None else None) or DEFAULT_SHAPE,
+        build.max_cpu_count if build is not None else None,
+        body.cpu_count,
+    )
     start = e2b_start.StartCommand.from_json(build.start) if build is not None else None
     request_body = CreateSandboxRequest(
         shape=shape,

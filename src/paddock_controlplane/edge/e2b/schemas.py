@@ -236,6 +236,9 @@ class NewSandbox(Body):
     network: NetworkConfig | None = None
     iam: dict[str, Any] | None = None
     auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+    #: The CPUs to boot with (SDK 2.64's ``cpu_count``): the template's own, or within its
+    #: ``maxCpuCount`` (``templates.cpus_for``).
+    cpu_count: StrictInt | None = Field(default=None, alias="cpuCount")
 
     def resumes_on_activity(self) -> bool:
         """``autoResume.enabled``, which E2B allows only beside a pause at the timeout that keeps the

@@ -30,10 +30,9 @@ from pydantic import Field, StrictBool, StrictStr
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane.edge.api.deps import scope_caller
 from paddock_controlplane.edge.api.routes.bodies import optional_body
+from paddock_controlplane.edge.e2b import callers, store
 from paddock_controlplane.edge.e2b import errors as e2b_errors
-from paddock_controlplane.edge.e2b import store
 from paddock_controlplane.edge.e2b.schemas import Body
 from paddock_controlplane.hosts import hosts
 from paddock_controlplane.records import queries
@@ -125,7 +124,7 @@ def _ref(raw: str, field: str) -> str:
 
 @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
 async def create(sandbox_id: str, request: Request) -> dict[str, Any]:
-    services, principal = await scope_caller(request.scope)
+    services, principal = await callers.caller(request.scope)
     principal.require_scope(None)  # as /v1's snapshot route: not opened to a sandbox's access token
     body = await optional_body(request, NewSnapshot)
     async with services.sessions() as session:
@@ -174,7 +173,7 @@ async def create(sandbox_id: str, request: Request) -> dict[str, Any]:
 async def list_snapshots(request: Request) -> JSONResponse:
     """The caller's ready snapshots, oldest first; ``sandboxID`` and ``name`` (an id or a name) filter,
     ``limit`` (at most 100) and ``nextToken`` page, the next token in ``x-next-token``."""
-    services, principal = await scope_caller(request.scope)
+    services, principal = await callers.caller(request.scope)
     principal.require_scope(None)
     query = request.query_params
     raw_limit = query.get("limit")

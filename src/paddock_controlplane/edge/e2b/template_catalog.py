@@ -25,7 +25,7 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -81,14 +81,19 @@ class Resources:
     cpu_count: int
     memory_mb: int
     disk_size_mb: int
+    #: The most CPUs a create may ask (a resizable template's ``maxCpuCount``); None: fixed-size.
+    max_cpu_count: int | None = None
 
     @classmethod
-    def of(cls, shape_id: str) -> Resources:
+    def of(cls, shape_id: str, max_cpu_count: int | None = None) -> Resources:
         shape = catalog.SHAPES_BY_ID[shape_id]
-        return cls(shape.vcpu, shape.mem_mib, shape.default_disk_mib)
+        return cls(shape.vcpu, shape.mem_mib, shape.default_disk_mib, max_cpu_count)
 
     def view(self) -> dict[str, int]:
-        return {"cpuCount": self.cpu_count, "memoryMB": self.memory_mb, "diskSizeMB": self.disk_size_mb}
+        view = {"cpuCount": self.cpu_count, "memoryMB": self.memory_mb, "diskSizeMB": self.disk_size_mb}
+        if self.max_cpu_count is not None:  # E2B sets it only for resizable templates
+            view["maxCpuCount"] = self.max_cpu_count
+        return view
 
 
 @dataclass(frozen=True)
@@ -241,13 +246,21 @@ async def annotate(
     ids = [row.id for row in rows]
     names = sorted({row.name for row in rows})
     mine = (E2bTemplateBuild.user_id == user_id, E2bTemplateBuild.name.in_(names))
-    made_by = select(E2bTemplateBuild.template_id, E2bTemplateBuild.build_id, E2bTemplateBuild.shape).where(
-        *mine, E2bTemplateBuild.template_id.in_(ids)
-    )
+    made_by = select(
+        E2bTemplateBuild.template_id,
+        E2bTemplateBuild.build_id,
+        E2bTemplateBuild.shape,
+        E2bTemplateBuild.max_cpu_count,
+    ).where(*mine, E2bTemplateBuild.template_id.in_(ids))
     made = (await session.execute(made_by)).tuples().all()
-    build_of = {template_id: build_id for template_id, build_id, _ in made}
-    # The sizes a build asked (``cpuCount``, ``memoryMB``: templates.shape_for), else the API's.
-    sized = {template_id: Resources.of(shape) for template_id, _, shape in made if shape}
+    build_of = {template_id: build_id for template_id, build_id, _, _ in made}
+    # The sizes a build asked (``cpuCount``, ``memoryMB``: templates.shape_for, and ``maxCpuCount``),
+    # else the API's.
+    sized = {
+        template_id: Resources.of(shape, most) if shape else replace(resources, max_cpu_count=most)
+        for template_id, _, shape, most in made
+        if shape or most
+    }
     counted = (
         select(E2bTemplateBuild.name, func.count())
         .where(*mine, E2bTemplateBuild.template_id.is_not(None))
@@ -356,7 +369,8 @@ async def template_with_builds(
         build for build in await live_builds(session, user_id, template) if after is None or build.key < after
     ]
     page = builds[:limit]
-    own = Resources(view["cpuCount"], view["memoryMB"], view["diskSizeMB"])  # the template's own sizes
+    # The template's own sizes
+    own = Resources(view["cpuCount"], view["memoryMB"], view["diskSizeMB"], view.get("maxCpuCount"))
     view["builds"] = [build_view(build.build_id, build.created_at, build.template, own) for build in page]
     more = len(builds) > limit
     return view, (encode_cursor(page[-1].created_at.isoformat(), page[-1].build_id) if more else None)

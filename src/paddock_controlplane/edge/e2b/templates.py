@@ -44,9 +44,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped, mapped_column
 
-from paddock_controlplane.edge.api.deps import scope_caller
+from paddock_controlplane.edge.e2b import callers, identity
 from paddock_controlplane.edge.e2b import errors as e2b_errors
-from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.edge.e2b import snapshots as e2b_snapshots
 from paddock_controlplane.edge.e2b.schemas import Body
 from paddock_controlplane.edge.e2b.start_command import MAX_COMMAND_CHARS, StartCommand
@@ -111,6 +110,8 @@ class E2bTemplateBuild(Base):
     start: Mapped[dict[str, Any] | None] = mapped_column(nullable=True)
     #: The shape its sandboxes boot with (``shape_for``, migration 0033); None: the E2B API's.
     shape: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    #: The most CPUs a create may ask (``maxCpuCount``, migration 0034); None: only the template's own.
+    max_cpu_count: Mapped[int | None] = mapped_column(nullable=True)
 
 
 class E2bTemplateTag(Base):
@@ -148,6 +149,8 @@ class BuildRequest(Body):
     tags: list[StrictStr] | None = Field(default=None, max_length=MAX_TAGS)
     cpu_count: StrictInt | None = Field(default=None, alias="cpuCount")
     memory_mb: StrictInt | None = Field(default=None, alias="memoryMB")
+    #: Makes the template resizable: a create may ask from 1 to this many CPUs (``cpus_for``).
+    max_cpu_count: StrictInt | None = Field(default=None, alias="maxCpuCount")
 
 
 class Step(Body):
@@ -170,7 +173,7 @@ class BuildStart(Body):
 
 
 async def caller(request: Request) -> tuple[Services, str]:
-    services, principal = await scope_caller(request.scope)
+    services, principal = await callers.caller(request.scope)
     principal.require_scope(None)
     return services, principal.user_id
 
@@ -291,6 +294,8 @@ async def template_for(session: AsyncSession, user_id: str, ref: str) -> str | N
 
 #: What a build may ask: E2B's own bounds on ``cpuCount`` and ``memoryMB``, within Paddock's largest shape.
 CPU_RANGE = (1, 8)
+#: E2B's default ``cpuCount``, a build's when it asks none (its CLI and SDK send 2).
+DEFAULT_CPUS = 2
 MEMORY_RANGE_MB = (128, 16384)
 
 
@@ -301,7 +306,7 @@ def shape_for(cpu_count: int | None, memory_mb: int | None) -> str | None:
     is E2B's default (2 CPUs, 1024 MB, as its CLI sends). Out of range is a 400 naming the field."""
     if cpu_count is None and memory_mb is None:
         return None
-    cpus, memory = 2 if cpu_count is None else cpu_count, 1024 if memory_mb is None else memory_mb
+    cpus, memory = DEFAULT_CPUS if cpu_count is None else cpu_count, 1024 if memory_mb is None else memory_mb
     if not CPU_RANGE[0] <= cpus <= CPU_RANGE[1]:
         raise errors.ValidationFailed.field("cpuCount", f"must be between {CPU_RANGE[0]} and {CPU_RANGE[1]}")
     if not MEMORY_RANGE_MB[0] <= memory <= MEMORY_RANGE_MB[1]:
@@ -314,6 +319,45 @@ def shape_for(cpu_count: int | None, memory_mb: int | None) -> str | None:
         if shape.cpu_quota_pct is None and shape.vcpu >= cpus and shape.mem_mib >= memory
     ]
     return min(fits, key=lambda shape: (shape.vcpu, shape.mem_mib)).id
+
+
+def _check_max_cpus(max_cpu_count: int | None, shape: str | None) -> int | None:
+    """A build's ``maxCpuCount``: at least the template's own CPUs (its shape's, else the E2B API's 2)
+    and at most Paddock's largest shape's; else a 400 naming it."""
+    if max_cpu_count is None:
+        return None
+    own = catalog.SHAPES_BY_ID[shape].vcpu if shape else DEFAULT_CPUS
+    if not own <= max_cpu_count <= CPU_RANGE[1]:
+        raise errors.ValidationFailed.field(
+            "maxCpuCount", f"must be between the template's cpuCount ({own}) and {CPU_RANGE[1]}"
+        )
+    return max_cpu_count
+
+
+def cpus_for(shape: str, max_cpu_count: int | None, cpu_count: int | None) -> str:
+    """The shape a create boots with when it asks ``cpu_count`` CPUs (SDK 2.64's ``cpu_count``) of a
+    template whose sandboxes boot with ``shape``: that shape when it asks none or the template's own
+    number; for a resizable template (``max_cpu_count``) any number from 1 to that, with the template's
+    memory (the smallest shape holding both, so 3 CPUs boot with 4, as :func:`shape_for` rounds). A
+    fixed-size template accepts only its own number, as on E2B. Else a 400 naming ``cpuCount``."""
+    if cpu_count is None:
+        return shape
+    own = catalog.SHAPES_BY_ID[shape]
+    if cpu_count == own.vcpu:
+        return shape
+    if max_cpu_count is None:
+        raise errors.ValidationFailed.field(
+            "cpuCount",
+            f"the template has {own.vcpu} CPUs and is not resizable (build it with maxCpuCount); "
+            f"ask {own.vcpu} or leave cpuCount out",
+        )
+    if not 1 <= cpu_count <= max_cpu_count:
+        raise errors.ValidationFailed.field(
+            "cpuCount", f"must be between 1 and the template's maxCpuCount ({max_cpu_count})"
+        )
+    sized = shape_for(cpu_count, own.mem_mib)
+    assert sized is not None  # both sizes given
+    return sized
 
 
 async def build_of(session: AsyncSession, user_id: str, ref: str) -> E2bTemplateBuild | None:
@@ -399,11 +443,19 @@ async def request_build(body: BuildRequest, request: Request) -> dict[str, Any]:
     name = _check_name(body.name or body.alias)
     tags = _check_tags(body.tags) if body.tags is not None else [DEFAULT_TAG]
     shape = shape_for(body.cpu_count, body.memory_mb)
+    max_cpu_count = _check_max_cpus(body.max_cpu_count, shape)
     build_id = str(uuid.uuid4())  # E2B's build ids are UUIDs (the SDK parses a tag's ``buildID`` as one)
     now = services.clock()
     async with transaction(services.sessions) as session:
         session.add(
-            E2bTemplateBuild(build_id=build_id, user_id=user_id, name=name, created_at=now, shape=shape)
+            E2bTemplateBuild(
+                build_id=build_id,
+                user_id=user_id,
+                name=name,
+                created_at=now,
+                shape=shape,
+                max_cpu_count=max_cpu_count,
+            )
         )
         await _point(session, user_id, name, tags, build_id, now)
     return {

@@ -20,9 +20,8 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from paddock_controlplane.edge.api.deps import scope_caller
 from paddock_controlplane.edge.api.routes.bodies import optional_body
-from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.edge.e2b import callers, identity
 from paddock_controlplane.edge.e2b.schemas import NewVolume, VolumeMount
 from paddock_controlplane.records.schemas.volumes import VolumeAttachment, VolumeCreateRequest
 from paddock_controlplane.records.services import Services
@@ -50,7 +49,7 @@ def _with_token(services: Services, volume: dict[str, Any]) -> dict[str, Any]:
 
 @router.post("/volumes", status_code=201)
 async def create(request: Request) -> dict[str, Any]:
-    services, principal = await scope_caller(request.scope)
+    services, principal = await callers.caller(request.scope)
     principal.require_scope(None)
     body = await optional_body(request, NewVolume)
     async with services.sessions() as session:
@@ -64,7 +63,7 @@ async def create(request: Request) -> dict[str, Any]:
 
 @router.get("/volumes")
 async def list_volumes(request: Request) -> list[dict[str, Any]]:
-    services, principal = await scope_caller(request.scope)
+    services, principal = await callers.caller(request.scope)
     principal.require_scope(None)
     async with services.sessions() as session:
         items, _ = await volumes.page(session, principal.user_id, limit=MAX_LISTED, offset=0)
@@ -73,7 +72,7 @@ async def list_volumes(request: Request) -> list[dict[str, Any]]:
 
 @router.get("/volumes/{volume_id}")
 async def get(volume_id: str, request: Request) -> dict[str, Any]:
-    services, principal = await scope_caller(request.scope)
+    services, principal = await callers.caller(request.scope)
     principal.require_scope(None)
     async with services.sessions() as session:
         return _with_token(services, await volumes.detail(session, principal.user_id, volume_id))
@@ -81,7 +80,7 @@ async def get(volume_id: str, request: Request) -> dict[str, Any]:
 
 @router.delete("/volumes/{volume_id}", status_code=204)
 async def delete(volume_id: str, request: Request) -> Response:
-    services, principal = await scope_caller(request.scope)
+    services, principal = await callers.caller(request.scope)
     principal.require_scope(None)
     await volumes.delete_volume(services, principal.user_id, volume_id)
     return Response(status_code=204)
