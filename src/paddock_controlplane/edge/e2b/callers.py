@@ -1,8 +1,8 @@
 """Who calls the E2B API: an account key or a delegated access token, as on ``/v1``, in E2B's
 ``X-API-Key`` or, without one, in ``Authorization: Bearer <key>``. The SDK (2.64 on) sends the caller's
-own ``Authorization`` header in place of an API key when it has none (``api_headers``, E2B's OAuth access
-tokens), and E2B's CLI sends ``E2B_ACCESS_TOKEN`` so; here either carries a Paddock key. ``X-API-Key``
-wins when both are sent, as the SDK then sends only it."""
+own ``Authorization`` header in place of an API key when it has none (``api_headers``, for E2B's OAuth
+access tokens); here the token is a Paddock key. ``X-API-Key`` wins when both are sent (the SDK then
+sends only it)."""
 
 from __future__ import annotations
 
