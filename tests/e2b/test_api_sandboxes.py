@@ -11,6 +11,10 @@ import time
 
 import httpx
 import pytest
+from e2b.api.client.api.sandboxes import get_unstable_sandboxes_sandbox_id_record
+from e2b.api.client.models import SandboxRecord
+from e2b.api.client_sync import get_api_client
+from e2b.connection_config import ConnectionConfig
 
 from e2b import (
     AuthenticationException,
@@ -186,6 +190,37 @@ def test_an_authorization_header_carries_the_key_without_an_api_key(e2b_env: E2b
         for header in (f"Bearer {key}x", f"Basic {key}", "Bearer"):
             with pytest.raises(AuthenticationException):
                 Sandbox.list(headers={"Authorization": header}).next_items()
+
+
+def test_a_sandboxs_record_outlives_it(e2b_env: E2bPlatform) -> None:
+    """SDK 2.64's generated client reads a sandbox's ``SandboxRecord`` (``GET /unstable/sandboxes/{id}/
+    record``) while it runs and after it was killed, when E2B's other views answer 404 for it; another
+    account and an unknown id get 404. Before, the route was a 501."""
+    api = get_api_client(ConnectionConfig())
+    sandbox = Sandbox.create(timeout=60)
+    sandbox_id = sandbox.sandbox_id
+    try:
+        running = get_unstable_sandboxes_sandbox_id_record.sync_detailed(sandbox_id, client=api)
+        assert running.status_code == 200, running.content
+        assert isinstance(running.parsed, SandboxRecord)
+        seen = running.parsed
+        assert (seen.sandbox_id, seen.template_id, seen.alias) == (sandbox_id, "base", "base")
+        assert (seen.cpu_count, seen.memory_mb, seen.disk_size_mb) == (2, 2048, 10240)
+        assert seen.stopped_at is None and seen.retention_expired is False
+        assert seen.domain == sandbox.get_info().sandbox_domain
+    finally:
+        sandbox.kill()
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sandbox_id)
+    ended = get_unstable_sandboxes_sandbox_id_record.sync_detailed(sandbox_id, client=api).parsed
+    assert isinstance(ended, SandboxRecord) and isinstance(ended.stopped_at, dt.datetime)
+    assert ended.started_at <= ended.stopped_at <= dt.datetime.now(dt.UTC)
+    assert (ended.retention_expired, ended.events_retention_expired) == (True, False)
+
+    other = get_api_client(ConnectionConfig(api_key=e2b_env.platform.api_key()))
+    theirs = get_unstable_sandboxes_sandbox_id_record.sync_detailed(sandbox_id, client=other)
+    unknown = get_unstable_sandboxes_sandbox_id_record.sync_detailed("sb-01jnosuchsandbox0000000", client=api)
+    assert (theirs.status_code, unknown.status_code) == (404, 404)
 
 
 def test_fork_copies_the_disk_and_the_metadata(e2b_env: E2bPlatform) -> None:

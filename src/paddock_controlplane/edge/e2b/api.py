@@ -595,6 +595,24 @@ async def metrics(
     return [_metric(row) for row in rows]
 
 
+#: A cutoff no row is older than: the record answers for every run the account ever had.
+_EVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+@router.get("/unstable/sandboxes/{sandbox_id}/record")
+async def record(sandbox_id: str, request: Request) -> dict[str, Any]:
+    """E2B's ``SandboxRecord`` of one of the caller's sandboxes (SDK 2.64's generated client), running,
+    paused or ended, however long ago (the rows stay); 404 for one it never had."""
+    services, principal = await _caller(request, sandbox_id)
+    if not _ID_RE.match(sandbox_id):
+        raise errors.NotFound(f"sandbox {sandbox_id!r} not found")
+    sandbox = await queries.get_when(services, principal.user_id, sandbox_id, _EVER, None)
+    async with services.sessions() as session:
+        row = await store.get(session, sandbox_id)
+    kept = dt.timedelta(days=services.settings.audit_retention_days)
+    return schemas.record(sandbox, _template_of(sandbox, row), services.settings, services.clock(), kept)
+
+
 async def _boot_log(services: Services, sandbox: Sandbox) -> list[sandbox_logs.Entry]:
     """The sandbox's boot log as E2B's log entries (``sandbox_logs``); none while it is not booted."""
     if sandbox.status not in BOOTED:

@@ -14,8 +14,9 @@ from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.records import app_ports, validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.schemas.volumes import MAX_VOLUMES_PER_SANDBOX
+from paddock_controlplane.records.states import CLOSED, SandboxStatus
 from paddock_core import errors
-from paddock_core.timeutil import rfc3339
+from paddock_core.timeutil import as_utc, rfc3339
 
 
 class Body(BaseModel):
@@ -333,6 +334,30 @@ def listed(
         "metadata": metadata,
         "state": STATES[sandbox.status],
         "envdVersion": identity.ENVD_VERSION,
+    }
+
+
+def record(
+    sandbox: Sandbox, template_id: str, settings: Any, now: dt.datetime, events_kept: dt.timedelta
+) -> dict[str, Any]:
+    """E2B's ``SandboxRecord`` (``GET /unstable/sandboxes/{id}/record``): the sandbox's run, ended or
+    not. Once it ended its metrics and boot log are gone from the E2B API (both answer only for a
+    sandbox E2B would show), so ``retentionExpired`` is true; its events stay in the audit trail for
+    ``events_kept`` (``audit_retention_days``)."""
+    ended = sandbox.status in (*CLOSED, SandboxStatus.ERROR)
+    stopped = (sandbox.destroyed_at or sandbox.running_at or sandbox.created_at) if ended else None
+    return {
+        "templateID": template_id,
+        "alias": template_id,
+        "sandboxID": sandbox.id,
+        "startedAt": rfc3339(sandbox.running_at or sandbox.created_at),
+        "stoppedAt": rfc3339(stopped) if stopped is not None else None,
+        "cpuCount": sandbox.vcpu,
+        "memoryMB": sandbox.mem_mib,
+        "diskSizeMB": sandbox.disk_mib,
+        "domain": identity.domain(settings),
+        "retentionExpired": ended,
+        "eventsRetentionExpired": stopped is not None and as_utc(stopped) < now - events_kept,
     }
 
 
