@@ -16,7 +16,10 @@ E2B_API_KEY, and Paddock's sync SDK drive the same image (``base`` is devbox:1, 
   running sandbox of each (each round's calls in a shuffled order); and ``run echo, native as bash -l -c``: the same E2B calls against
   ``sandbox.run("/bin/bash", ["-l", "-c", "echo hi"])``, the command E2B's SDK actually sends (a login
   shell), which separates the edge's own cost from the shell's;
-- ``write 1 MiB``: ``sandbox.files.write(path, bytes)`` against ``sandbox.files.write(path, bytes)``.
+- ``write 1 MiB``: ``sandbox.files.write(path, bytes)`` against ``sandbox.files.write(path, bytes)``;
+- ``create, resizable template at 4 CPUs``: a template built with ``max_cpu_count=4`` (its own 1 CPU,
+  debian:13) created with ``cpu_count=4`` against ``client.sandboxes.create("s-4vcpu-4gb", rootfs=name)``,
+  as ``create`` is timed.
 
 The floor is Paddock's own SDK (the E2B path's calls become the same domain calls plus its own hop:
 the edge for commands and files); ``× paddock`` is E2B's p50 over Paddock's. Writes
@@ -53,6 +56,11 @@ PAYLOAD = os.urandom(1 << 20)
 #: which reads /etc/profile (``id -u``, ``run-parts``: two more processes) before the command.
 LOGIN_ECHO = ("/bin/bash", ["-l", "-c", "echo hi"])
 SAME_COMMAND = "run echo, native as bash -l -c"
+#: A create of a resizable template (``max_cpu_count=4``, its own 1 CPU) asking 4 CPUs, and the shape
+#: Paddock boots for it.
+RESIZED = "create, resizable template at 4 CPUs"
+RESIZED_CPUS = 4
+RESIZED_SHAPE = "s-4vcpu-4gb"
 #: The pause before each timed create. Back to back, each create found the pool the other system's
 #: create had just emptied, or had not (its refill takes a few hundred ms), and the row measured which
 #: (15-25 ms from the pool, 60-130 ms past it; E2B's create read 5.0x on 2026-12-06). Both now start
@@ -76,7 +84,7 @@ def timed(samples: list[float], operation: Callable[[], Any]) -> Any:
 
 
 def measure(client: Any, runs: int, creates: int) -> dict[str, dict[str, list[float]]]:
-    from e2b import Sandbox
+    from e2b import Sandbox, Template
 
     samples: dict[str, dict[str, list[float]]] = {}
 
@@ -101,6 +109,23 @@ def measure(client: Any, runs: int, creates: int) -> dict[str, dict[str, list[fl
             timed(record("create → first echo", "paddock"), lambda native=native: native.run("echo", ["hi"]))
         finally:
             native.destroy()
+    # A resizable template (SDK 2.64's ``max_cpu_count``) booted at 4 CPUs (``cpu_count``) against the
+    # same template and shape through Paddock's SDK, to show whether a create that asks its CPUs is as
+    # warm as ``create`` above.
+    name = f"bench-resize-{os.getpid()}"
+    Template.build(Template().from_debian_image(), name, cpu_count=1, memory_mb=1024, max_cpu_count=4)
+    try:
+        Sandbox.create(name, cpu_count=RESIZED_CPUS).kill()
+        client.sandboxes.create(RESIZED_SHAPE, rootfs=name).destroy()
+        for _ in range(creates):
+            time.sleep(POOL_SETTLE_S)
+            timed(record(RESIZED, "e2b"), lambda: Sandbox.create(name, cpu_count=RESIZED_CPUS)).kill()
+            time.sleep(POOL_SETTLE_S)
+            timed(
+                record(RESIZED, "paddock"), lambda: client.sandboxes.create(RESIZED_SHAPE, rootfs=name)
+            ).destroy()
+    finally:
+        Template.delete(name)
     for operation in ("create → first echo",):  # the first echo counts the create before it
         for system in ("e2b", "paddock"):
             values = samples[operation][system]

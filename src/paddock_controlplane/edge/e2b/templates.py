@@ -338,8 +338,9 @@ def cpus_for(shape: str, max_cpu_count: int | None, cpu_count: int | None) -> st
     """The shape a create boots with when it asks ``cpu_count`` CPUs (SDK 2.64's ``cpu_count``) of a
     template whose sandboxes boot with ``shape``: that shape when it asks none or the template's own
     number; for a resizable template (``max_cpu_count``) any number from 1 to that, with the template's
-    memory (the smallest shape holding both, so 3 CPUs boot with 4, as :func:`shape_for` rounds). A
-    fixed-size template accepts only its own number, as on E2B. Else a 400 naming ``cpuCount``."""
+    memory (the smallest shape holding both, so 3 CPUs boot with 4, even past a maximum of 3, as
+    :func:`shape_for` rounds a build's sizes). A fixed-size template accepts only its own number, as
+    on E2B. Else a 400 naming ``cpuCount``."""
     if cpu_count is None:
         return shape
     own = catalog.SHAPES_BY_ID[shape]
@@ -355,9 +356,7 @@ def cpus_for(shape: str, max_cpu_count: int | None, cpu_count: int | None) -> st
         raise errors.ValidationFailed.field(
             "cpuCount", f"must be between 1 and the template's maxCpuCount ({max_cpu_count})"
         )
-    sized = shape_for(cpu_count, own.mem_mib)
-    assert sized is not None  # both sizes given
-    return sized
+    return shape_for(cpu_count, own.mem_mib) or shape  # both sizes given: always a shape
 
 
 async def build_of(session: AsyncSession, user_id: str, ref: str) -> E2bTemplateBuild | None:

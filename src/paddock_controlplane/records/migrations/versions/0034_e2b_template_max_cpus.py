@@ -1,4 +1,4 @@
-"""How many CPUs a create may ask of an E2B template (docs/e2b.md, Template sizes): the
+"""How many CPUs a create may ask of an E2B template (docs/e2b.md, `POST /v3/templates`): the
 ``maxCpuCount`` its build asked (SDK 2.64's ``max_cpu_count``), which makes the template resizable, kept
 beside the build (``e2b_template_builds.max_cpu_count``). A build that asked none, and every build made
 before it, has none: its sandboxes boot with its own CPUs only, as E2B's fixed-size templates do.
