@@ -143,15 +143,16 @@ def test_a_resizable_template_boots_with_the_cpus_a_create_asks(e2b_env: E2bPlat
                     assert sandbox.get_info().cpu_count == shown["vcpu"]
                 finally:
                     sandbox.kill()
-            before = len(native.get("/v1/sandboxes").json()["data"])
+            marked = {"refused": name}  # what a sandbox a refused create made would carry
             for template, asked, says in (
                 (name, 5, "maxCpuCount (4)"),
                 (name, 0, "between 1"),
                 ("base", 4, "not resizable"),
             ):
                 with pytest.raises(SandboxException, match=f"400: cpuCount: .*{re.escape(says)}"):
-                    Sandbox.create(template, timeout=60, cpu_count=asked)
-            assert len(native.get("/v1/sandboxes").json()["data"]) == before
+                    Sandbox.create(template, timeout=60, cpu_count=asked, metadata=marked)
+            made = native.get("/v1/sandboxes", params={"metadata.refused": name})
+            assert made.status_code == 200 and made.json()["data"]["data"] == [], made.text
         base = Sandbox.create("base", timeout=60, cpu_count=2)  # its own number is fine
         base.kill()
 
@@ -164,8 +165,8 @@ def test_a_resizable_template_boots_with_the_cpus_a_create_asks(e2b_env: E2bPlat
 
         with httpx.Client(base_url=e2b_env.api_url, headers={"X-API-Key": e2b_env.api_key}) as http:
             for body in ({"cpuCount": 4, "maxCpuCount": 2}, {"maxCpuCount": 9}, {"maxCpuCount": "4"}):
-                refused = http.post("/v3/templates", json={"name": f"{name}-x", **body})
-                assert refused.status_code == 400 and "maxCpuCount" in refused.json()["message"], refused.text
+                answer = http.post("/v3/templates", json={"name": f"{name}-x", **body})
+                assert answer.status_code == 400 and "maxCpuCount" in answer.json()["message"], answer.text
         assert Template.delete(name) is True
         deleted = True
         assert Template.delete(name) is False
