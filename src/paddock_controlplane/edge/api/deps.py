@@ -75,10 +75,12 @@ async def scope_caller(scope: fastlane.Scope, presented: str | None = None) -> t
     return services, principal
 
 
-async def scope_principal(scope: fastlane.Scope, sandbox_id: str | None) -> tuple[Services, Principal]:
+async def scope_principal(
+    scope: fastlane.Scope, sandbox_id: str | None, presented: str | None = None
+) -> tuple[Services, Principal]:
     """The caller, allowed to act on ``sandbox_id`` (``None``: an account-level operation). The fast
-    lane's handlers and the dependencies below share it, so both lanes scope tokens alike."""
-    services, principal = await scope_caller(scope)
+    lane's handlers, the dependencies below and the E2B API share it, so every lane scopes tokens alike."""
+    services, principal = await scope_caller(scope, presented)
     principal.require_scope(sandbox_id)
     return services, principal
 

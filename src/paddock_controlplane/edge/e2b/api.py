@@ -36,7 +36,6 @@ from paddock_controlplane.edge.e2b.store import E2bSandbox
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import queries, sandbox_metrics
 from paddock_controlplane.records.models import Sandbox
-from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
@@ -66,12 +65,6 @@ _ID_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 def _services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
-
-
-async def _caller(request: Request, sandbox_id: str | None) -> tuple[Services, Principal]:
-    services, principal = await callers.caller(request.scope)
-    principal.require_scope(sandbox_id)
-    return services, principal
 
 
 def _cutoff(services: Services) -> dt.datetime:
@@ -131,7 +124,7 @@ def _on_timeout(body: schemas.NewSandbox) -> str:
 @router.post("/sandboxes", status_code=201)
 @router.post("/v2/sandboxes", status_code=201)
 async def create(body: schemas.NewSandbox, request: Request) -> dict[str, Any]:
-    services, principal = await _caller(request, None)
+    services, principal = await callers.caller(request.scope, None)
     if body.mcp:
         raise e2b_errors.NotBuilt("mcp: MCP gateways are not served by Paddock")
     network = body.network
@@ -254,7 +247,7 @@ def _limit(raw: str | None) -> int:
 
 
 async def _list(request: Request, states: list[str]) -> JSONResponse:
-    services, principal = await _caller(request, None)
+    services, principal = await callers.caller(request.scope, None)
     query = request.query_params
     metadata = _metadata_filter(query.get("metadata"))
     limit = _limit(query.get("limit"))
@@ -319,7 +312,7 @@ async def fork(sandbox_id: str, request: Request) -> list[dict[str, Any]]:
     """Paddock's fork, ``count`` times: each child boots from a copy of the source's disk (its processes
     start afresh; E2B's keeps memory) with the source's template, metadata and a lifetime of its own.
     A child that cannot be made is an ``error`` entry; a missing source is 404 for the whole request."""
-    services, principal = await _caller(request, None)
+    services, principal = await callers.caller(request.scope, None)
     body = await optional_body(request, schemas.Fork)
     count = 1 if body.count is None else body.count
     if not 1 <= count <= MAX_FORKS:
@@ -368,7 +361,7 @@ async def many_metrics(request: Request) -> dict[str, Any]:
     """The newest sample of each of ``sandbox_ids`` (comma-separated) that is the caller's, running, and
     sampled in the last :func:`sandbox_metrics.fresh_s`, by id; any other id is left out, as E2B leaves
     out what it cannot read. Declared before ``/sandboxes/{id}``, which would take "metrics" for an id."""
-    services, principal = await _caller(request, None)
+    services, principal = await callers.caller(request.scope, None)
     raw = request.query_params.get("sandbox_ids")
     ids = raw.split(",") if raw else []
     if not ids or not all(ids):
@@ -394,7 +387,7 @@ async def many_metrics(request: Request) -> dict[str, Any]:
 
 @router.get("/sandboxes/{sandbox_id}")
 async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     async with services.sessions() as session:
         row = await store.get(session, sandbox_id)
@@ -414,7 +407,7 @@ async def get(sandbox_id: str, request: Request) -> dict[str, Any]:
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)
 async def kill(sandbox_id: str, request: Request) -> Response:
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     async with services.sessions() as session:
         holds_volumes = bool(await e2b_volumes.mounts_of(session, sandbox.id))
@@ -448,7 +441,7 @@ async def _set_end(
 
 @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
 async def set_timeout(sandbox_id: str, body: schemas.Timeout, request: Request) -> Response:
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     timeout_s = store.check_timeout(body.timeout)
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     now = services.clock()
@@ -473,7 +466,7 @@ async def update_network(sandbox_id: str, request: Request) -> Response:
     """The SDK's ``update_network``: the sandbox's egress allowlist replaced, as ``PUT /v1/…/egress``
     does, from the fields a create's ``network`` takes (``schemas.egress``). E2B's update replaces the
     whole configuration, so one that leaves everything out opens the sandbox again."""
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     await _visible(services, principal.user_id, sandbox_id)  # 404 before 400, as /v1 (§11.7)
     body = await optional_body(request, schemas.NetworkUpdate)
     _refuse_unserved(body, "")
@@ -484,7 +477,7 @@ async def update_network(sandbox_id: str, request: Request) -> Response:
 
 @router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
 async def refresh(sandbox_id: str, request: Request) -> Response:
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     body = await optional_body(request, schemas.Refresh)
     duration = store.check_timeout(body.duration, "duration")
     sandbox = await _visible(services, principal.user_id, sandbox_id)
@@ -500,7 +493,7 @@ async def refresh(sandbox_id: str, request: Request) -> Response:
 async def pause(sandbox_id: str, request: Request) -> Response:
     """``memory: false`` (the SDK's ``mode="filesystem"``) hibernates: only the disk is kept and the
     processes start afresh at the next connect (docs/hibernation.md); otherwise a frozen pause."""
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     body = await optional_body(request, schemas.Pause)
     sandbox = await _visible(services, principal.user_id, sandbox_id, wait=SandboxStatus.RUNNING)
     if schemas.STATES[sandbox.status] == "paused":
@@ -514,7 +507,7 @@ async def pause(sandbox_id: str, request: Request) -> Response:
 
 
 async def _resume_or_connect(request: Request, sandbox_id: str, *, only_paused: bool) -> JSONResponse:
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     body = await optional_body(request, schemas.Connect)
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     if sandbox.status == SandboxStatus.PAUSING:
@@ -585,7 +578,7 @@ async def metrics(
     """The sandbox's samples from ``start`` (default: its creation) to ``end`` (default: now), unix
     seconds, as the SDK's ``get_metrics()`` parses them (docs/e2b.md): the metrics worker's raw samples
     while they cover ``start`` (an hour), else its one-minute averages (a day)."""
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     sandbox = await _visible(services, principal.user_id, sandbox_id)
     now = services.clock()
     since = as_utc(sandbox.created_at) if start is None else dt.datetime.fromtimestamp(start, dt.UTC)
@@ -603,7 +596,7 @@ _EVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 async def record(sandbox_id: str, request: Request) -> dict[str, Any]:
     """E2B's ``SandboxRecord`` of one of the caller's sandboxes (SDK 2.64's generated client), running,
     paused or ended, however long ago (the rows stay); 404 for one it never had."""
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     if not _ID_RE.match(sandbox_id):
         raise errors.NotFound(f"sandbox {sandbox_id!r} not found")
     sandbox = await queries.get_when(services, principal.user_id, sandbox_id, _EVER, None)
@@ -631,7 +624,7 @@ async def _boot_log(services: Services, sandbox: Sandbox) -> list[sandbox_logs.E
 async def logs(sandbox_id: str, request: Request) -> dict[str, Any]:
     """E2B's logs are its envd's own; a Paddock sandbox's are its boot log (``sandbox_logs``), from
     ``start`` (milliseconds since the epoch), ``limit`` of them (at most 1000)."""
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     query = request.query_params
     since_ms = params.int_param(query, "start", 0, params.LAST_UNIX_MS)
     limit = params.int_param(query, "limit", 0, MAX_LOG_TAIL_LINES)
@@ -649,7 +642,7 @@ async def logs_v2(sandbox_id: str, request: Request) -> dict[str, Any]:
     """The same entries from ``cursor`` (milliseconds since the epoch), ``direction`` ``forward``
     (oldest first) or ``backward`` (newest first, up to the cursor), at ``level`` or above, holding
     ``search``, ``limit`` of them (at most 1000)."""
-    services, principal = await _caller(request, sandbox_id)
+    services, principal = await callers.caller(request.scope, sandbox_id)
     query = request.query_params
     since_ms = params.int_param(query, "cursor", 0, params.LAST_UNIX_MS)
     limit = params.int_param(query, "limit", 0, MAX_LOG_TAIL_LINES)

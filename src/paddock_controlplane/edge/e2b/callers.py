@@ -6,7 +6,7 @@ sends only it)."""
 
 from __future__ import annotations
 
-from paddock_controlplane.edge.api.deps import scope_caller
+from paddock_controlplane.edge.api.deps import scope_principal
 from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.services import Services
 from paddock_core import errors, fastlane
@@ -25,9 +25,10 @@ def presented_key(scope: fastlane.Scope) -> str:
     return value.strip() if scheme.lower() == "bearer" else ""
 
 
-async def caller(scope: fastlane.Scope) -> tuple[Services, Principal]:
-    """The services and the caller, before any scope check (``deps.scope_caller``'s)."""
+async def caller(scope: fastlane.Scope, sandbox_id: str | None) -> tuple[Services, Principal]:
+    """The services and the caller, allowed to act on ``sandbox_id`` (``None``: an account-level
+    operation, which a sandbox's access token may not make), as ``deps.scope_principal`` decides."""
     presented = presented_key(scope)
     if not presented:
         raise errors.Unauthorized(NO_KEY)
-    return await scope_caller(scope, presented)
+    return await scope_principal(scope, sandbox_id, presented)

@@ -14,7 +14,6 @@ from paddock_controlplane.edge.e2b import identity
 from paddock_controlplane.records import app_ports, validation
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.schemas.volumes import MAX_VOLUMES_PER_SANDBOX
-from paddock_controlplane.records.states import CLOSED, SandboxStatus
 from paddock_core import errors
 from paddock_core.timeutil import as_utc, rfc3339
 
@@ -344,7 +343,7 @@ def record(
     not. Once it ended its metrics and boot log are gone from the E2B API (both answer only for a
     sandbox E2B would show), so ``retentionExpired`` is true; its events stay in the audit trail for
     ``events_kept`` (``audit_retention_days``)."""
-    ended = sandbox.status in (*CLOSED, SandboxStatus.ERROR)
+    ended = sandbox.status not in STATES  # gone from E2B's views: killed, failed, or lost with its host
     stopped = (sandbox.destroyed_at or sandbox.running_at or sandbox.created_at) if ended else None
     return {
         "templateID": template_id,

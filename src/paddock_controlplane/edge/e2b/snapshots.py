@@ -124,8 +124,8 @@ def _ref(raw: str, field: str) -> str:
 
 @router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201)
 async def create(sandbox_id: str, request: Request) -> dict[str, Any]:
-    services, principal = await callers.caller(request.scope)
-    principal.require_scope(None)  # as /v1's snapshot route: not opened to a sandbox's access token
+    # As /v1's snapshot route: not opened to a sandbox's access token.
+    services, principal = await callers.caller(request.scope, None)
     body = await optional_body(request, NewSnapshot)
     async with services.sessions() as session:
         sandbox = await queries.get_owned(session, principal.user_id, sandbox_id)
@@ -173,8 +173,7 @@ async def create(sandbox_id: str, request: Request) -> dict[str, Any]:
 async def list_snapshots(request: Request) -> JSONResponse:
     """The caller's ready snapshots, oldest first; ``sandboxID`` and ``name`` (an id or a name) filter,
     ``limit`` (at most 100) and ``nextToken`` page, the next token in ``x-next-token``."""
-    services, principal = await callers.caller(request.scope)
-    principal.require_scope(None)
+    services, principal = await callers.caller(request.scope, None)
     query = request.query_params
     raw_limit = query.get("limit")
     try:

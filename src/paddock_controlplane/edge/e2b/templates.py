@@ -173,8 +173,7 @@ class BuildStart(Body):
 
 
 async def caller(request: Request) -> tuple[Services, str]:
-    services, principal = await callers.caller(request.scope)
-    principal.require_scope(None)
+    services, principal = await callers.caller(request.scope, None)
     return services, principal.user_id
 
 

@@ -49,8 +49,7 @@ def _with_token(services: Services, volume: dict[str, Any]) -> dict[str, Any]:
 
 @router.post("/volumes", status_code=201)
 async def create(request: Request) -> dict[str, Any]:
-    services, principal = await callers.caller(request.scope)
-    principal.require_scope(None)
+    services, principal = await callers.caller(request.scope, None)
     body = await optional_body(request, NewVolume)
     async with services.sessions() as session:
         plan = await accounts.cached_plan(session, principal.plan_id)
@@ -63,8 +62,7 @@ async def create(request: Request) -> dict[str, Any]:
 
 @router.get("/volumes")
 async def list_volumes(request: Request) -> list[dict[str, Any]]:
-    services, principal = await callers.caller(request.scope)
-    principal.require_scope(None)
+    services, principal = await callers.caller(request.scope, None)
     async with services.sessions() as session:
         items, _ = await volumes.page(session, principal.user_id, limit=MAX_LISTED, offset=0)
     return [_view(item) for item in items]
@@ -72,16 +70,14 @@ async def list_volumes(request: Request) -> list[dict[str, Any]]:
 
 @router.get("/volumes/{volume_id}")
 async def get(volume_id: str, request: Request) -> dict[str, Any]:
-    services, principal = await callers.caller(request.scope)
-    principal.require_scope(None)
+    services, principal = await callers.caller(request.scope, None)
     async with services.sessions() as session:
         return _with_token(services, await volumes.detail(session, principal.user_id, volume_id))
 
 
 @router.delete("/volumes/{volume_id}", status_code=204)
 async def delete(volume_id: str, request: Request) -> Response:
-    services, principal = await callers.caller(request.scope)
-    principal.require_scope(None)
+    services, principal = await callers.caller(request.scope, None)
     await volumes.delete_volume(services, principal.user_id, volume_id)
     return Response(status_code=204)
 
