@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,6 +94,10 @@ def test_envs_hold_for_their_cell_alone(sandbox: Sandbox, e2b_env: E2bPlatform) 
     with e2b_env.platform.http(e2b_env.api_key) as native:
         trail = native.get(f"/v1/sandboxes/{sandbox.sandbox_id}/audit", params={"format": "jsonl"})
     assert trail.status_code == 200 and "s3cret" not in trail.text, trail.text[-2000:]
+    # The cells are in it, each under the sandbox's access token (the refused one a 400).
+    cells = [event for line in trail.text.splitlines() if (event := json.loads(line))["kind"] == "api"]
+    cells = [event for event in cells if event["route"] == "/execute"]
+    assert {(event["status"], event["actor"]) for event in cells} == {(200, "envd"), (400, "envd")}, cells
 
 
 def test_async_sdk(code_interpreter_image: Path, e2b_env: E2bPlatform) -> None:

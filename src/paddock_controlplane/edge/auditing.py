@@ -8,6 +8,10 @@ caller is resolved) and a SHA-256 of the inputs, secrets and env values taken ou
 ``RequestAudit`` and are queued after its ``api`` event, with its caller. Nothing here touches the
 database: ``AuditLog`` is an in-memory queue the writer flushes.
 
+The E2B API and the E2B sandbox edge wrap their apps in the same middleware, each with its own
+``locate`` (which requests are on which sandbox; ``edge/e2b/auditing.py``), so an agent on E2B's SDK
+leaves the trail an agent on ``/v1`` does.
+
 Not recorded: requests without a valid key (401: no owner to file them under), ``POST /v1/sandboxes``
 (no sandbox yet; its ``create`` is the first thing the host reports), WebSockets, and reads of the
 audit trail itself, which would otherwise add to what they page through.
@@ -17,8 +21,11 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from paddock_controlplane.records import audit
+from paddock_controlplane.records.services import Services
 from paddock_core import fastlane
 from paddock_core.timeutil import utcnow
 
@@ -32,33 +39,63 @@ JSON_TYPES = (b"application/json", b"text/json")
 RAW_BODIES = frozenset({"/files", "/files/tar"})
 
 
-def template_of(scope: fastlane.Scope, sandbox_id: str, rest: str | None) -> str:
-    """The route template: the matched route's, the fast lane's, or the path with the id templated."""
+@dataclass(frozen=True)
+class Target:
+    """A request the trail files: the sandbox it is on, the route to name when neither a matched route
+    nor the fast lane names one (the path, its id templated), and whether its body is raw bytes."""
+
+    sandbox_id: str
+    route: str
+    raw_body: bool = False
+
+
+#: Which sandbox a request is on, from its scope alone; None for a request the trail leaves out.
+Locate = Callable[[fastlane.Scope], Target | None]
+
+
+def v1_target(scope: fastlane.Scope) -> Target | None:
+    match = SANDBOX_PATH.fullmatch(scope["path"])
+    if match is None or match["sandbox_id"] in NOT_A_SANDBOX or match["rest"] == "/audit":
+        return None
+    rest = match["rest"] or ""
+    route = "/v1/sandboxes/{sandbox_id}" + audit.bounded(rest, audit.MAX_PATH_CHARS)
+    return Target(match["sandbox_id"], route, rest in RAW_BODIES)
+
+
+def template_of(scope: fastlane.Scope, target: Target) -> str:
+    """The route template: the matched route's, the fast lane's, or the target's."""
     tagged = scope.get(ROUTE_KEY)
     if isinstance(tagged, str):
         return tagged
     route = getattr(scope.get("route"), "path", None)
     if isinstance(route, str):
         return route
-    return "/v1/sandboxes/{sandbox_id}" + audit.bounded(rest or "", audit.MAX_PATH_CHARS)
+    return target.route
 
 
 class AuditMiddleware:
-    def __init__(self, app: fastlane.ASGIApp) -> None:
+    """Files an ``api`` event for each request ``locate`` places on a sandbox. ``services`` is for an app
+    that does not carry them in ``app.state`` (the E2B edge's plain ASGI app)."""
+
+    def __init__(
+        self, app: fastlane.ASGIApp, locate: Locate = v1_target, services: Services | None = None
+    ) -> None:
         self.app = app
+        self.locate = locate
+        self.services = services
 
     async def __call__(self, scope: fastlane.Scope, receive: fastlane.Receive, send: fastlane.Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        match = SANDBOX_PATH.fullmatch(scope["path"])
-        if match is None or match["sandbox_id"] in NOT_A_SANDBOX or match["rest"] == "/audit":
+        target = self.locate(scope)
+        if target is None:
             await self.app(scope, receive, send)
             return
-        services = scope["app"].state.services
-        sandbox_id, at, started = match["sandbox_id"], utcnow(), time.perf_counter()
+        services = self.services or scope["app"].state.services
+        sandbox_id, at, started = target.sandbox_id, utcnow(), time.perf_counter()
         content_type = fastlane.header(scope, b"content-type").encode().split(b";")[0].strip().lower()
-        json_body = match["rest"] not in RAW_BODIES and (
+        json_body = not target.raw_body and (
             content_type in JSON_TYPES or (content_type == b"" and scope["method"] != "PUT")
         )
         kept: list[bytes] = []
@@ -91,7 +128,7 @@ class AuditMiddleware:
                 whole = counts["bytes"] <= audit.MAX_DIGEST_BODY_BYTES
                 detail = {
                     "method": scope["method"],
-                    "route": template_of(scope, sandbox_id, match["rest"]),
+                    "route": template_of(scope, target),
                     "status": counts["status"],
                     "duration_ms": audit.elapsed_ms(started),
                 }

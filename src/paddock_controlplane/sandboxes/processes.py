@@ -72,11 +72,37 @@ async def start(services: Services, user_id: str, sandbox_id: str, req: ProcessS
     body = ProcessStartBody(cmd=req.cmd, args=req.args or [], env=env, cwd=req.cwd, pty=req.pty, user=run_as)
     with host_errors():
         started = await link.start_process(sandbox.id, body)
-    # The audit trail's ``process`` event: argv (bounded), cwd, user, pty; never env.
-    detail = audit.argv_detail(req.cmd or "bash -l", req.args or [])
-    detail.update(cwd=req.cwd, user=run_as, pty=req.pty is not None, process_id=started.process_id)
-    services.audit.record(sandbox.id, sandbox.user_id, "process", detail)
+    audit_started(
+        services,
+        sandbox,
+        req.cmd or "bash -l",
+        req.args or [],
+        cwd=req.cwd,
+        user=run_as,
+        pty=req.pty is not None,
+        process_id=started.process_id,
+    )
     return started
+
+
+def audit_started(
+    services: Services,
+    sandbox: Sandbox,
+    cmd: str,
+    args: list[str],
+    *,
+    cwd: str | None,
+    user: str | None,
+    pty: bool,
+    process_id: str,
+    actor: str | None = None,
+) -> None:
+    """The audit trail's ``process`` event: argv (bounded), cwd, user, pty; never env. ``actor`` queues
+    it at once under that caller (the E2B edge's: a background process's stream may stay open for
+    hours); without one it waits for its request's end, which names the caller."""
+    detail = audit.argv_detail(cmd, args)
+    detail.update(cwd=cwd, user=user, pty=pty, process_id=process_id)
+    services.audit.record(sandbox.id, sandbox.user_id, "process", detail, actor=actor)
 
 
 async def list_all(services: Services, user_id: str, sandbox_id: str) -> list[ProcessView]:

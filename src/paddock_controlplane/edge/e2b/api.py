@@ -16,7 +16,9 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy import select
 
 from paddock_controlplane.edge.api.routes.bodies import MAX_BODY_BYTES, optional_body
+from paddock_controlplane.edge.auditing import AuditMiddleware
 from paddock_controlplane.edge.e2b import (
+    audit_targets,
     callers,
     fresh_start,
     identity,
@@ -689,6 +691,7 @@ def create_app(services: Services) -> FastAPI:
 
     uploads = BodyRoute("PUT", r"/e2b-uploads", e2b_templates.MAX_UPLOAD_BYTES)
     volume_files = BodyRoute("PUT", r"/volumecontent/[^/]+/file", VOLUME_FILE_BYTES)
+    app.add_middleware(AuditMiddleware, locate=audit_targets.api_target)  # inside the body limit, as /v1's
     app.add_middleware(
         BodyLimit,
         default_bytes=MAX_BODY_BYTES,

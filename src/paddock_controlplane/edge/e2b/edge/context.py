@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from starlette.requests import Request
+
 from paddock_controlplane.edge.e2b.edge.connect import ConnectError
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.models import Sandbox
@@ -29,6 +31,15 @@ class Call:
     #: root, ``user`` as the sandbox's ``user`` account, or as the image's user where it has none
     #: (docs/e2b.md, Users).
     user: str | None
+    #: Who the audit trail says made the call: ``envd`` (the sandbox's access token) or ``signed_url``.
+    actor: str = "envd"
+
+
+def audited_as(request: Request, sandbox: Sandbox, actor: str) -> None:
+    """Files the request in the sandbox's audit trail under ``actor`` (``edge/auditing.py`` reads the
+    state once it ends); a request refused before this is not filed, as a 401 on ``/v1`` is not."""
+    request.state.user_id = sandbox.user_id
+    request.state.key_id = actor
 
 
 #: Paddock's errors in Connect's codes (the SDK maps those to its exceptions).

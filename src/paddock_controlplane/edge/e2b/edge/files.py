@@ -63,7 +63,9 @@ async def download(call: Call, request: Request) -> Response:
     try:
         path = _path(request, None)
         touch(call.services, call.sandbox.id)
-        got = await call.link.download(call.sandbox.id, path)
+        got = commands.audited_download(
+            call.services, call.sandbox, path, await call.link.download(call.sandbox.id, path)
+        )
     except (errors.PaddockError, hostlink.HostError, hostlink.SandboxGoneError) as exc:
         if isinstance(exc, errors.NotFound):
             return envd_error(404, f"path '{request.query_params.get('path', '')}' does not exist")
@@ -84,7 +86,8 @@ async def download(call: Call, request: Request) -> Response:
 async def _write(call: Call, path: str, chunks: AsyncIterator[bytes], limit: int) -> dict[str, Any]:
     """The guest's write makes the missing parents itself (mode 0755, as envd does): no ``mkdir -p``
     process first, which cost every upload a process start in the sandbox."""
-    await commands.write_file(call.services, call.link, call.sandbox.id, path, chunks, limit)
+    size = await commands.write_file(call.services, call.link, call.sandbox.id, path, chunks, limit)
+    commands.audit_file(call.services, call.sandbox, path, size, "write")
     return {"name": posixpath.basename(path), "type": "file", "path": path}
 
 

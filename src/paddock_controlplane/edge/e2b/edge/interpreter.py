@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from paddock_controlplane.edge.e2b import identity
+from paddock_controlplane.edge.e2b.edge.context import audited_as
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import validation
 from paddock_controlplane.records.models import Sandbox
@@ -107,6 +108,7 @@ async def handle(services: Services, sandbox: Sandbox, request: Request) -> Resp
         return Response(status_code=204)
     if not identity.carries_token(services.settings, sandbox.id, request.headers):
         return _error(401, "X-Access-Token: missing or not this sandbox's")
+    audited_as(request, sandbox, "envd")
     link = await hostlink.for_host(services, sandbox.host_id)
     touch(services, sandbox.id)
     try:

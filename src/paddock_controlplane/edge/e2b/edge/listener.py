@@ -11,6 +11,8 @@ For the app's lifespan (``paddock_controlplane.app``)::
 
 from __future__ import annotations
 
+from paddock_controlplane.edge.auditing import AuditMiddleware
+from paddock_controlplane.edge.e2b import audit_targets
 from paddock_controlplane.edge.e2b.edge import user_ports
 from paddock_controlplane.edge.e2b.edge.router import EdgeApp
 from paddock_controlplane.edge.e2b.listener import EmbeddedListener
@@ -19,9 +21,8 @@ from paddock_controlplane.records.services import Services
 
 class EdgeListener(EmbeddedListener):
     def __init__(self, services: Services, host: str, port: int) -> None:
-        super().__init__(
-            EdgeApp(services), host, port, title="E2B edge", listening_event="e2b_edge_listening"
-        )
+        app = AuditMiddleware(EdgeApp(services), audit_targets.edge_locate(services), services)
+        super().__init__(app, host, port, title="E2B edge", listening_event="e2b_edge_listening")
 
     async def stop(self) -> None:
         await super().stop()

@@ -19,7 +19,7 @@ from typing import Any
 from paddock_controlplane.edge.e2b.edge.connect import ConnectError
 from paddock_controlplane.edge.e2b.edge.context import DEFAULT_USER, Call, mapped
 from paddock_controlplane.records import validation
-from paddock_controlplane.sandboxes import envs
+from paddock_controlplane.sandboxes import envs, processes
 from paddock_controlplane.sandboxes.activity import Inflight
 from paddock_core import errors
 from paddock_hostagent.schemas import (
@@ -216,6 +216,17 @@ async def start(call: Call, req: dict[str, Any]) -> AsyncIterator[dict[str, Any]
             close_stdin=close_stdin,
         )
         view, frames = await _start_as(call, body)
+    processes.audit_started(
+        call.services,
+        call.sandbox,
+        cmd,
+        args,
+        cwd=cwd,
+        user=call.user,
+        pty=pty is not None,
+        process_id=view.process_id,
+        actor=call.actor,
+    )
     if tag:
         _tags[(call.sandbox.id, tag)] = view.process_id
         while len(_tags) > MAX_TAGS:

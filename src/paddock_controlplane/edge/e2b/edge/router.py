@@ -31,7 +31,7 @@ from paddock_controlplane.edge.e2b import errors as e2b_errors
 from paddock_controlplane.edge.e2b import fresh_start, identity, store
 from paddock_controlplane.edge.e2b.edge import connect, files, filesystem, interpreter, process, user_ports
 from paddock_controlplane.edge.e2b.edge.connect import ConnectError
-from paddock_controlplane.edge.e2b.edge.context import USERS, Call, mapped
+from paddock_controlplane.edge.e2b.edge.context import USERS, Call, audited_as, mapped
 from paddock_controlplane.edge.ingress.routing import parse_host
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records.models import Sandbox
@@ -65,7 +65,8 @@ def not_found(sandbox_id: str) -> Response:
     )
 
 
-def _target(request: Request, services: Services) -> tuple[str, int] | None:
+def target_of(request: Request, services: Services) -> tuple[str, int] | None:
+    """The sandbox id and port a request names; None when it names none."""
     sandbox_id = request.headers.get("e2b-sandbox-id", "")
     port_text = request.headers.get("e2b-sandbox-port", "")
     if sandbox_id:
@@ -179,7 +180,7 @@ class EdgeApp:
         log.info("e2b_auto_resume", sandbox_id=sandbox_id, status=resumed.status)
 
     async def handle(self, request: Request) -> Response:
-        target = _target(request, self.services)
+        target = target_of(request, self.services)
         if target is None:
             return JSONResponse(
                 {
@@ -208,10 +209,13 @@ class EdgeApp:
         refused = self._refusal(request, sandbox)
         if refused is not None:
             return JSONResponse({"code": 401, "message": refused}, status_code=401)
+        actor = "envd" if "x-access-token" in request.headers else "signed_url"
+        audited_as(request, sandbox, actor)
         user = _user(request)
         if isinstance(user, Response):
             return user
-        call = Call(self.services, sandbox, await hostlink.for_host(self.services, sandbox.host_id), user)
+        link = await hostlink.for_host(self.services, sandbox.host_id)
+        call = Call(self.services, sandbox, link, user, actor)
         if path == "/files":
             if request.method == "GET":
                 return await files.download(call, request)
