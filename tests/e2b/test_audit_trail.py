@@ -10,8 +10,11 @@ import secrets
 from typing import Any
 
 import httpx
+from e2b.api.client.api.sandboxes import get_sandboxes_sandbox_id_logs, get_v_2_sandboxes_sandbox_id_logs
+from e2b.api.client.models import LogLevel, LogsDirection, SandboxLogs, SandboxLogsV2Response
+from e2b.api.client_sync import get_api_client
 
-from e2b import Sandbox
+from e2b import ConnectionConfig, Sandbox
 from tests.e2b.conftest import E2bPlatform
 
 
@@ -81,3 +84,41 @@ def test_an_e2b_agents_calls_processes_and_files_are_in_the_trail(e2b_env: E2bPl
         ("/tmp/audited.txt", 12, "read", "envd"),
         ("/tmp/audited.txt", 12, "read", "signed_url"),
     ]
+
+
+def test_a_killed_sandboxs_logs_are_its_trail(e2b_env: E2bPlatform) -> None:
+    """E2B's logs routes answer for a killed sandbox from its audit trail (the boot log went with it):
+    what it ran and who asked, newest first or filtered, as E2B keeps its logs after a sandbox ends.
+    Before, a killed sandbox's logs were a 404."""
+    sandbox = Sandbox.create(timeout=120)
+    sandbox_id = sandbox.sandbox_id
+    try:
+        assert sandbox.commands.run("echo first").stdout == "first\n"
+        assert sandbox.commands.run("echo second").stdout == "second\n"
+    finally:
+        sandbox.kill()
+
+    api = get_api_client(ConnectionConfig())
+    started = get_v_2_sandboxes_sandbox_id_logs.sync(sandbox_id, client=api, search="started", limit=10)
+    assert isinstance(started, SandboxLogsV2Response), started
+    assert [(entry.message.split(" started: ")[1], entry.level) for entry in started.logs] == [
+        ("/bin/bash -l -c 'echo first'", LogLevel.INFO),
+        ("/bin/bash -l -c 'echo second'", LogLevel.INFO),
+    ]
+    assert {entry.fields.additional_properties["actor"] for entry in started.logs} == {"envd"}
+    newest = get_v_2_sandboxes_sandbox_id_logs.sync(
+        sandbox_id, client=api, direction=LogsDirection.BACKWARD, limit=1
+    )
+    assert isinstance(newest, SandboxLogsV2Response)
+    assert [entry.message.split(" answered ")[0] for entry in newest.logs] == [
+        "DELETE /sandboxes/{sandbox_id}"
+    ]
+    first = get_sandboxes_sandbox_id_logs.sync(sandbox_id, client=api, limit=1000)
+    assert isinstance(first, SandboxLogs)
+    lines = [json.loads(log.line) for log in first.logs]
+    assert sum(line["logger"] == "paddock-audit" and line["kind"] == "process" for line in lines) == 2
+    assert not any(line["logger"] == "paddock-boot" for line in lines)  # it went with the sandbox
+
+    other = get_api_client(ConnectionConfig(api_key=e2b_env.platform.api_key()))
+    theirs = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(sandbox_id, client=other)
+    assert theirs.status_code == 404

@@ -143,6 +143,14 @@ def test_the_cli_manages_a_sandbox(e2b: list[str], e2b_env: E2bPlatform, tmp_pat
         assert gone == []
         missing = run(e2b, e2b_env, tmp_path, "sandbox", "info", sandbox_id, check=False)
         assert missing.returncode != 0
+        # Its logs (its audit trail's entries) and metrics outlive it, as E2B's do.
+        printed = run(e2b, e2b_env, tmp_path, "sandbox", "logs", sandbox_id, "--format", "json").stdout
+        after = [json.loads(line) for line in printed.splitlines() if line.strip()]
+        assert any("started:" in json.dumps(line) and "echo hello $WHO" in json.dumps(line) for line in after)
+        assert any("DELETE /sandboxes/{sandbox_id} answered 204" in json.dumps(line) for line in after)
+        printed = run(e2b, e2b_env, tmp_path, "sandbox", "metrics", sandbox_id, "--format", "json").stdout
+        kept = [json.loads(line) for line in printed.splitlines() if line.strip()]
+        assert kept and kept[-1]["cpuCount"] == 2, printed
     finally:
         Sandbox.kill(sandbox.sandbox_id)
 

@@ -24,7 +24,9 @@ def _scope(path: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
     [
         ("/sandboxes/sb-1", Target("sb-1", "/sandboxes/{sandbox_id}")),
         ("/sandboxes/sb-1/timeout", Target("sb-1", "/sandboxes/{sandbox_id}/timeout")),
-        ("/v2/sandboxes/sb-1/logs", Target("sb-1", "/v2/sandboxes/{sandbox_id}/logs")),
+        ("/sandboxes/sb-1/snapshots", Target("sb-1", "/sandboxes/{sandbox_id}/snapshots")),
+        ("/sandboxes/sb-1/logs", None),  # read from the trail: reading them would add to it
+        ("/v2/sandboxes/sb-1/logs", None),
         ("/unstable/sandboxes/sb-1/record", Target("sb-1", "/unstable/sandboxes/{sandbox_id}/record")),
         ("/sandboxes/metrics", None),  # many sandboxes' metrics: on none
         ("/sandboxes", None),  # a create or a list: no sandbox yet
@@ -37,8 +39,8 @@ def test_the_e2b_apis_calls_on_a_sandbox(path: str, expected: Target | None) -> 
     assert api_target(_scope(path)) == expected
 
 
-def test_the_edges_calls_on_envd_and_the_interpreter(cp_settings: ControlPlaneSettings) -> None:
-    settings = cp_settings.model_copy(update={"e2b_domain": "e2b.example.test"})
+def test_the_edges_calls_on_envd_and_the_interpreter() -> None:
+    settings = ControlPlaneSettings(e2b_domain="e2b.example.test")
     locate = edge_locate(cast(Services, SimpleNamespace(settings=settings)))
 
     def by_header(path: str, port: int) -> Target | None:

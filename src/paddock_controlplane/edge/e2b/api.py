@@ -36,7 +36,7 @@ from paddock_controlplane.edge.e2b import volume_content as e2b_volume_content
 from paddock_controlplane.edge.e2b import volumes as e2b_volumes
 from paddock_controlplane.edge.e2b.store import E2bSandbox
 from paddock_controlplane.hosts import hostlink
-from paddock_controlplane.records import queries, sandbox_metrics
+from paddock_controlplane.records import audit, queries, sandbox_metrics
 from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
@@ -579,9 +579,10 @@ async def metrics(
 ) -> list[dict[str, Any]]:
     """The sandbox's samples from ``start`` (default: its creation) to ``end`` (default: now), unix
     seconds, as the SDK's ``get_metrics()`` parses them (docs/e2b.md): the metrics worker's raw samples
-    while they cover ``start`` (an hour), else its one-minute averages (a day)."""
+    while they cover ``start`` (an hour), else its one-minute averages (a day). A killed sandbox's stay
+    readable as long as they are kept, as E2B's do."""
     services, principal = await callers.caller(request.scope, sandbox_id)
-    sandbox = await _visible(services, principal.user_id, sandbox_id)
+    sandbox = await _ever_had(services, principal.user_id, sandbox_id)
     now = services.clock()
     since = as_utc(sandbox.created_at) if start is None else dt.datetime.fromtimestamp(start, dt.UTC)
     until = now if end is None else dt.datetime.fromtimestamp(end, dt.UTC)
@@ -594,18 +595,29 @@ async def metrics(
 _EVER = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
+async def _ever_had(services: Services, user_id: str, sandbox_id: str) -> Sandbox:
+    """The caller's sandbox, running, paused or ended however long ago; 404 for one it never had."""
+    if not _ID_RE.match(sandbox_id):
+        raise errors.NotFound(f"sandbox {sandbox_id!r} not found")
+    return await queries.get_when(services, user_id, sandbox_id, _EVER, None)
+
+
 @router.get("/unstable/sandboxes/{sandbox_id}/record")
 async def record(sandbox_id: str, request: Request) -> dict[str, Any]:
     """E2B's ``SandboxRecord`` of one of the caller's sandboxes (SDK 2.64's generated client), running,
     paused or ended, however long ago (the rows stay); 404 for one it never had."""
     services, principal = await callers.caller(request.scope, sandbox_id)
-    if not _ID_RE.match(sandbox_id):
-        raise errors.NotFound(f"sandbox {sandbox_id!r} not found")
-    sandbox = await queries.get_when(services, principal.user_id, sandbox_id, _EVER, None)
+    sandbox = await _ever_had(services, principal.user_id, sandbox_id)
     async with services.sessions() as session:
         row = await store.get(session, sandbox_id)
-    kept = dt.timedelta(days=services.settings.audit_retention_days)
-    return schemas.record(sandbox, _template_of(sandbox, row), services.settings, services.clock(), kept)
+    return schemas.record(
+        sandbox,
+        _template_of(sandbox, row),
+        services.settings,
+        services.clock(),
+        monitoring_kept=dt.timedelta(seconds=sandbox_metrics.ROLLUP_RETENTION_S),
+        events_kept=dt.timedelta(days=services.settings.audit_retention_days),
+    )
 
 
 async def _boot_log(services: Services, sandbox: Sandbox) -> list[sandbox_logs.Entry]:
@@ -622,20 +634,54 @@ async def _boot_log(services: Services, sandbox: Sandbox) -> list[sandbox_logs.E
     return sandbox_logs.entries(log.lines, sandbox.created_at)
 
 
+#: The most of the trail's events one logs page reads when it filters them by level or text (without a
+#: filter it reads only as many as it answers): a page stays one bounded query however long the trail.
+SCAN_EVENTS = 5000
+
+
+async def _from_trail(
+    services: Services,
+    user_id: str,
+    sandbox_id: str,
+    *,
+    since_ms: int | None,
+    limit: int,
+    backward: bool = False,
+    filtered: bool = False,
+) -> list[sandbox_logs.Entry]:
+    """The sandbox's audit events as log entries, oldest first: ``limit`` of them from ``since_ms`` on,
+    or (``backward``) up to it, the newest; ``SCAN_EVENTS`` when the page filters them afterwards."""
+    await services.audit.flush_now()  # a log read shows the call just made, as a read of the trail does
+    at = None if since_ms is None else dt.datetime.fromtimestamp(since_ms / 1000, dt.UTC)
+    async with services.sessions() as session:
+        events, _ = await audit.page(
+            session,
+            sandbox_id,
+            user_id,
+            since=None if backward else at,
+            until=at + dt.timedelta(microseconds=1) if backward and at is not None else None,
+            limit=SCAN_EVENTS if filtered else limit,
+            newest_first=backward,
+        )
+    if backward:
+        events.reverse()
+    return sandbox_logs.from_events(events)
+
+
 @router.get("/sandboxes/{sandbox_id}/logs")
 async def logs(sandbox_id: str, request: Request) -> dict[str, Any]:
-    """E2B's logs are its envd's own; a Paddock sandbox's are its boot log (``sandbox_logs``), from
-    ``start`` (milliseconds since the epoch), ``limit`` of them (at most 1000)."""
+    """E2B's logs are its envd's own; a Paddock sandbox's are its boot log and its audit trail
+    (``sandbox_logs``), from ``start`` (milliseconds since the epoch), ``limit`` of them (at most
+    1000). The trail's outlive the sandbox (the boot log goes with it), so a killed one still answers."""
     services, principal = await callers.caller(request.scope, sandbox_id)
     query = request.query_params
     since_ms = params.int_param(query, "start", 0, params.LAST_UNIX_MS)
     limit = params.int_param(query, "limit", 0, MAX_LOG_TAIL_LINES)
-    sandbox = await _visible(services, principal.user_id, sandbox_id)
-    chosen = sandbox_logs.page(
-        await _boot_log(services, sandbox),
-        since_ms=since_ms,
-        limit=MAX_LOG_TAIL_LINES if limit is None else limit,
-    )
+    limit = MAX_LOG_TAIL_LINES if limit is None else limit
+    sandbox = await _ever_had(services, principal.user_id, sandbox_id)
+    trail = await _from_trail(services, principal.user_id, sandbox_id, since_ms=since_ms, limit=limit)
+    found = sandbox_logs.merged(await _boot_log(services, sandbox), trail)
+    chosen = sandbox_logs.page(found, since_ms=since_ms, limit=limit)
     return {"logs": [entry.v1() for entry in chosen], "logEntries": [entry.structured() for entry in chosen]}
 
 
@@ -653,14 +699,20 @@ async def logs_v2(sandbox_id: str, request: Request) -> dict[str, Any]:
     search = query.get("search") or None
     if search is not None and len(search) > 256:
         raise errors.ValidationFailed.field("search", "at most 256 characters")
-    sandbox = await _visible(services, principal.user_id, sandbox_id)
-    chosen = sandbox_logs.page(
-        await _boot_log(services, sandbox),
+    limit = MAX_LOG_TAIL_LINES if limit is None else limit
+    sandbox = await _ever_had(services, principal.user_id, sandbox_id)
+    trail = await _from_trail(
+        services,
+        principal.user_id,
+        sandbox_id,
         since_ms=since_ms,
-        limit=MAX_LOG_TAIL_LINES if limit is None else limit,
+        limit=limit,
         backward=backward,
-        level=level,
-        search=search,
+        filtered=level is not None or search is not None,
+    )
+    found = sandbox_logs.merged(await _boot_log(services, sandbox), trail)
+    chosen = sandbox_logs.page(
+        found, since_ms=since_ms, limit=limit, backward=backward, level=level, search=search
     )
     return {"logs": [entry.structured() for entry in chosen]}
 

@@ -1,8 +1,9 @@
 """Which of the E2B listeners' requests go into a sandbox's audit trail (``edge/auditing.py``), so an
 agent on E2B's SDK leaves the trail an agent on ``/v1`` does (docs/audit.md):
 
-- the E2B API's calls on one sandbox (``/sandboxes/{id}…``, ``/v2/sandboxes/{id}/logs``,
-  ``/unstable/sandboxes/{id}/record``), under the caller's key or token id, named by E2B's routes;
+- the E2B API's calls on one sandbox (``/sandboxes/{id}…``, ``/unstable/sandboxes/{id}/record``), under
+  the caller's key or token id, named by E2B's routes; but not a read of its logs, which are read from
+  the trail (``sandbox_logs``), as ``/v1``'s reads of the trail are not;
 - the sandbox edge's calls on envd and the code interpreter, under ``envd`` (the sandbox's access
   token) or ``signed_url`` (a signed ``/files`` URL), named by their paths (``/process.Process/Start``,
   ``/files``, ``/execute``). A sandbox's other ports carry the user's own traffic, which the trail
@@ -31,8 +32,8 @@ AUDITED_PORTS = frozenset({identity.ENVD_PORT, identity.INTERPRETER_PORT})
 
 def api_target(scope: fastlane.Scope) -> Target | None:
     match = API_PATH.fullmatch(scope["path"])
-    if match is None or match["sandbox_id"] in NOT_A_SANDBOX:
-        return None
+    if match is None or match["sandbox_id"] in NOT_A_SANDBOX or match["rest"] == "/logs":
+        return None  # a sandbox's logs are read from its trail: reading them would add to what they page
     rest = audit.bounded(match["rest"] or "", audit.MAX_PATH_CHARS)
     return Target(match["sandbox_id"], f"{match['version'] or ''}/sandboxes/{{sandbox_id}}{rest}")
 

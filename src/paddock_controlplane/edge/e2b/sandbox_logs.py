@@ -1,10 +1,20 @@
-"""E2B's sandbox logs (``GET /sandboxes/{id}/logs``, ``/v2/…/logs``) from Paddock's boot log.
+"""E2B's sandbox logs (``GET /sandboxes/{id}/logs``, ``/v2/…/logs``) from Paddock's boot log and the
+sandbox's audit trail.
 
-E2B's are its envd's own log; a Paddock sandbox's nearest is its boot log (docs/observability.md): what
-its runtime and its guest's init wrote while it booted, and the host agent's ``paddock: …`` lines about
-the boot, each of those starting with its UTC time. A line without a time of its own takes the time of
-the line before it (the sandbox's creation for the first), so the entries stay in order. Every entry is
-``info``: the boot log has no levels, so asking for ``warn`` or ``error`` finds none."""
+E2B's are its envd's own log: the processes it started, the files it served, the requests it took. A
+Paddock sandbox's nearest are two:
+
+- its boot log (docs/observability.md): what its runtime and its guest's init wrote while it booted,
+  and the host agent's ``paddock: …`` lines about the boot, each of those starting with its UTC time. A
+  line without a time of its own takes the time of the line before it (the sandbox's creation for the
+  first), so the entries stay in order. Every entry is ``info`` (the boot log has no levels). It lives
+  on the sandbox's host, so it goes with the sandbox.
+- its audit trail (docs/audit.md): the calls on it, the processes started and the files moved (through
+  E2B's SDK or ``/v1``), its egress attempts. Each event is one entry (``from_events``): a refused
+  connection, a call answered 4xx and lost events are ``warn``, a call answered 5xx ``error``. It is in
+  the database, so it outlives the sandbox, for the trail's retention (7 days by default, as E2B keeps
+  its logs).
+"""
 
 from __future__ import annotations
 
@@ -12,16 +22,20 @@ import dataclasses
 import datetime as dt
 import json
 import re
-from collections.abc import Iterable
+import shlex
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from paddock_controlplane.edge.e2b.params import LOG_LEVELS
+from paddock_controlplane.records.audit import AuditEvent
 from paddock_core.timeutil import as_utc, rfc3339
 
 #: The time the host agent's own lines start with (``2026-12-02T07:50:01Z paddock: …``).
 _STAMPED = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?)Z (.*)$", re.DOTALL)
-#: What every entry's ``fields`` say: which of Paddock's logs it came from.
-FIELDS = {"logger": "paddock-boot"}
+#: What a boot log entry's ``fields`` say: which of Paddock's logs it came from.
+FIELDS: Mapping[str, str] = {"logger": "paddock-boot"}
+#: The ``logger`` of an entry made from the audit trail.
+AUDIT_LOGGER = "paddock-audit"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,15 +43,22 @@ class Entry:
     at: dt.datetime
     message: str
     level: str = "info"
+    #: E2B's ``fields``, strings only (the SDKs' ``SandboxLogEntryFields``): ``logger`` first.
+    fields: Mapping[str, str] = dataclasses.field(default_factory=lambda: FIELDS)
 
     def v1(self) -> dict[str, Any]:
         """The first logs route's ``{timestamp, line}``: E2B's lines are its envd's JSON log records,
         which clients parse (E2B's CLI reads ``level`` and ``logger`` from them), so this one is too."""
-        record = {"level": self.level, **FIELDS, "message": self.message}
+        record = {"level": self.level, **self.fields, "message": self.message}
         return {"timestamp": rfc3339(self.at), "line": json.dumps(record)}
 
     def structured(self) -> dict[str, Any]:
-        return {"timestamp": rfc3339(self.at), "level": self.level, "message": self.message, "fields": FIELDS}
+        return {
+            "timestamp": rfc3339(self.at),
+            "level": self.level,
+            "message": self.message,
+            "fields": dict(self.fields),
+        }
 
 
 def entries(lines: Iterable[str], created_at: dt.datetime) -> list[Entry]:
@@ -55,6 +76,51 @@ def entries(lines: Iterable[str], created_at: dt.datetime) -> list[Entry]:
                 pass
         made.append(Entry(at, message))
     return made
+
+
+def from_events(events: Iterable[AuditEvent]) -> list[Entry]:
+    """The audit trail's events as entries, in their order. The message says what happened in a line;
+    ``fields`` name the event's kind and who did it (a key's or token's id, ``envd``), never more of
+    its detail than the message shows (no input digests)."""
+    made = []
+    for event in events:
+        message, level = _said(event.kind, event.detail)
+        fields = {"logger": AUDIT_LOGGER, "kind": event.kind}
+        if event.actor is not None:
+            fields["actor"] = event.actor
+        made.append(Entry(as_utc(event.at), message, level, fields))
+    return made
+
+
+def _said(kind: str, detail: Mapping[str, Any]) -> tuple[str, str]:
+    """An event's message and level."""
+    if kind == "api":
+        status = int(detail.get("status", 0))
+        level = "error" if status >= 500 else "warn" if status >= 400 else "info"
+        took = detail.get("duration_ms")
+        return f"{detail.get('method')} {detail.get('route')} answered {status} in {took} ms", level
+    if kind in ("command", "process"):
+        argv = shlex.join(str(part) for part in detail.get("argv") or [])
+        if detail.get("truncated"):
+            argv += " …"
+        if kind == "process":
+            return f"process {detail.get('process_id')} started: {argv}", "info"
+        return f"command exited {detail.get('exit_code')}: {argv}", "info"
+    if kind == "file":
+        verb = "written" if detail.get("direction") == "write" else "read"
+        return f"file {verb}: {detail.get('path')} ({detail.get('bytes')} bytes)", "info"
+    if kind == "egress":
+        verdict = detail.get("verdict")
+        where = f"{detail.get('protocol')} {detail.get('address')}:{detail.get('port')}"
+        return f"egress {verdict}: {where}", "warn" if verdict == "refused" else "info"
+    if kind == "dropped":
+        return f"{detail.get('dropped')} events not recorded: {detail.get('reason')}", "warn"
+    return kind, "info"
+
+
+def merged(*logs: list[Entry]) -> list[Entry]:
+    """Entries from several logs, oldest first (each already in order; a stable sort keeps ties so)."""
+    return sorted((entry for log in logs for entry in log), key=lambda entry: entry.at)
 
 
 def page(

@@ -337,14 +337,24 @@ def listed(
 
 
 def record(
-    sandbox: Sandbox, template_id: str, settings: Any, now: dt.datetime, events_kept: dt.timedelta
+    sandbox: Sandbox,
+    template_id: str,
+    settings: Any,
+    now: dt.datetime,
+    *,
+    monitoring_kept: dt.timedelta,
+    events_kept: dt.timedelta,
 ) -> dict[str, Any]:
     """E2B's ``SandboxRecord`` (``GET /unstable/sandboxes/{id}/record``): the sandbox's run, ended or
-    not. Once it ended its metrics and boot log are gone from the E2B API (both answer only for a
-    sandbox E2B would show), so ``retentionExpired`` is true; its events stay in the audit trail for
-    ``events_kept`` (``audit_retention_days``)."""
+    not. Once it ended, its metrics stay readable for ``monitoring_kept`` (the metrics' one-minute
+    averages, a day), so ``retentionExpired`` turns true then; its logs' audit entries and its events
+    stay in the audit trail for ``events_kept`` (``audit_retention_days``), its boot log goes at once."""
     ended = sandbox.status not in STATES  # gone from E2B's views: killed, failed, or lost with its host
     stopped = (sandbox.destroyed_at or sandbox.running_at or sandbox.created_at) if ended else None
+
+    def older_than(kept: dt.timedelta) -> bool:
+        return stopped is not None and as_utc(stopped) < now - kept
+
     return {
         "templateID": template_id,
         "alias": template_id,
@@ -355,8 +365,8 @@ def record(
         "memoryMB": sandbox.mem_mib,
         "diskSizeMB": sandbox.disk_mib,
         "domain": identity.domain(settings),
-        "retentionExpired": ended,
-        "eventsRetentionExpired": stopped is not None and as_utc(stopped) < now - events_kept,
+        "retentionExpired": older_than(monitoring_kept),
+        "eventsRetentionExpired": older_than(events_kept),
     }
 
 
