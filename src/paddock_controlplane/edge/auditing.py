@@ -9,7 +9,7 @@ caller is resolved) and a SHA-256 of the inputs, secrets and env values taken ou
 database: ``AuditLog`` is an in-memory queue the writer flushes.
 
 The E2B API and the E2B sandbox edge wrap their apps in the same middleware, each with its own
-``locate`` (which requests are on which sandbox; ``edge/e2b/auditing.py``), so an agent on E2B's SDK
+``locate`` (which requests are on which sandbox; ``edge/e2b/audit_targets.py``), so an agent on E2B's SDK
 leaves the trail an agent on ``/v1`` does.
 
 Not recorded: requests without a valid key (401: no owner to file them under), ``POST /v1/sandboxes``
