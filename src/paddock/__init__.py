@@ -42,6 +42,7 @@ from paddock._errors import (
 from paddock._models import (
     AccessToken,
     AccountMetrics,
+    AuditEvent,
     Bandwidth,
     BuildLogFrame,
     Chain,
@@ -119,6 +120,7 @@ __all__ = [
     "AsyncProcesses",
     "AsyncSandbox",
     "AsyncSandboxes",
+    "AuditEvent",
     "AuthenticationError",
     "Bandwidth",
     "BuildLogFrame",

@@ -29,6 +29,7 @@ from paddock._errors import (
 )
 from paddock._models import (
     AccessToken,
+    AuditEvent,
     Bandwidth,
     ExecResult,
     FileEntry,
@@ -758,6 +759,34 @@ class AsyncSandbox:
         console (a container has none: 409)."""
         params = {"source": source, "tail": tail}
         return SandboxLogs.from_api(await self._client.request("GET", self._path("logs"), params=params))
+
+    async def audit(
+        self,
+        *,
+        kinds: Iterable[str] = (),
+        since: str | None = None,
+        until: str | None = None,
+        newest_first: bool = False,
+        page_size: int = 500,
+    ) -> AsyncIterator[AuditEvent]:
+        """Its audit trail (docs/audit.md): the calls on it, the commands and processes it ran, the
+        files moved in and out and its egress attempts, with who made each; oldest first, or newest
+        first, page after page (stop iterating to stop reading). ``kinds`` picks some (``"command"``,
+        ``"egress"`` …); ``since`` (inclusive) and ``until`` are RFC 3339 times with a zone. Only the
+        owner's account key reads it (a sandbox's access token gets ``PermissionDeniedError``); it outlives the
+        sandbox until the server's retention (7 days by default) removes it."""
+        params: dict[str, Any] = {"limit": page_size, "order": "newest" if newest_first else "oldest"}
+        if kinds:
+            params["kind"] = ",".join(kinds)
+        params.update({name: at for name, at in (("since", since), ("until", until)) if at is not None})
+        while True:
+            page = await self._client.request("GET", self._path("audit"), params=params)
+            for item in page["items"]:
+                yield AuditEvent.from_api(item)
+            cursor = (page.get("pagination") or {}).get("next_cursor")
+            if not cursor or not page["items"]:
+                return
+            params["cursor"] = cursor
 
     async def bandwidth(self) -> Bandwidth:
         return Bandwidth.from_api(await self._client.request("GET", self._path("bandwidth")))

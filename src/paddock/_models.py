@@ -238,6 +238,34 @@ class SandboxLogs:
 
 
 @dataclass
+class AuditEvent:
+    """One event of a sandbox's audit trail (``GET /v1/sandboxes/{id}/audit``, docs/audit.md). ``kind``
+    is ``api``, ``command``, ``file``, ``process``, ``egress`` or ``dropped``; ``actor`` who made it (an
+    API key's ``key_…`` or an access token's ``sat_…`` id, ``envd`` or ``signed_url`` through E2B's
+    edge; None for egress, which no caller made); ``detail`` the kind's own fields (``argv``,
+    ``exit_code``, ``path``, ``bytes``, ``verdict``, ``route``, ``status`` …)."""
+
+    id: int
+    sandbox_id: str
+    at: str
+    kind: str
+    actor: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> AuditEvent:
+        head = ("id", "sandbox_id", "at", "kind", "actor")
+        return cls(
+            id=int(data["id"]),
+            sandbox_id=str(data["sandbox_id"]),
+            at=str(data["at"]),
+            kind=str(data["kind"]),
+            actor=data.get("actor"),
+            detail={key: value for key, value in data.items() if key not in head},
+        )
+
+
+@dataclass
 class AccessToken:
     """A sandbox's delegated access token (§12.1). ``token`` — the secret — is set only on the object
     ``create_access_token``/``rotate_access_token`` return; reads show ``token_hint``."""

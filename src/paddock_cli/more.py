@@ -1,6 +1,6 @@
 """Client commands for what the API has and the first CLI left out: ``whoami``, ``shapes``, ``rootfs``,
 ``hosts``, ``metrics``, and on a sandbox ``egress``, ``resize``, ``set`` (ingress, auto-pause),
-``bandwidth``, ``metrics``, ``boot-log``, ``ssh-key`` and ``ps``/``logs``/``wait``/``kill`` (managed
+``bandwidth``, ``metrics``, ``boot-log``, ``audit``, ``ssh-key`` and ``ps``/``logs``/``wait``/``kill`` (managed
 processes, which ``exec -d`` starts). Every
 one takes ``--json``; options may come before or after the sandbox's name."""
 
@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from contextlib import closing
+from itertools import islice
 from typing import Any
 
 import typer
@@ -285,6 +286,53 @@ def boot_log(
     emit(found, json_out, lambda data: typer.echo("\n".join(data.lines)))
 
 
+def _wire(event: Any) -> dict[str, Any]:
+    """An audit event as the API sends it: its fields and its kind's own, side by side."""
+    head = {"id": event.id, "sandbox_id": event.sandbox_id, "at": event.at, "kind": event.kind}
+    return {**head, **({"actor": event.actor} if event.actor is not None else {}), **event.detail}
+
+
+def audit(
+    ref: str,
+    kinds: list[str] = typer.Option(
+        [],
+        "--kind",
+        help="Only these kinds (api, command, file, process, egress, dropped); repeat or comma-separate.",
+    ),
+    since: str | None = typer.Option(None, "--since", help="From this RFC 3339 time, with its zone."),
+    tail: int = typer.Option(
+        50, "--tail", min=1, max=100_000, help="The newest N events, shown oldest first."
+    ),
+    every: bool = typer.Option(
+        False, "--all", help="Every event (from --since), instead of the newest --tail."
+    ),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """The sandbox's audit trail: the calls on it, what ran in it, the files moved and its egress
+    attempts, with who made each (docs/audit.md). Read by the account's key; kept after it is destroyed."""
+    from paddock_core.audit_text import describe  # the table's words, shared with E2B's logs routes
+
+    wanted = [kind for item in kinds for kind in item.split(",") if kind]
+    with api_errors(), client() as sdk:
+        found = sandbox.resolve(sdk, ref)
+        if every:
+            events = list(found.audit(kinds=wanted, since=since))
+        else:
+            newest = found.audit(kinds=wanted, since=since, newest_first=True, page_size=min(tail, 1000))
+            events = list(islice(newest, tail))[::-1]
+
+    def show(rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            typer.echo("no events")
+            return
+        print_table(
+            ["AT", "KIND", "ACTOR", "WHAT"],
+            [[row["at"], row["kind"], row.get("actor", "–"), describe(row["kind"], row)[0]] for row in rows],
+        )
+
+    emit([_wire(event) for event in events], json_out, show)
+
+
 def account_metrics(json_out: bool = JSON_OPTION) -> None:
     """The account's use now, summed over its running sandboxes."""
     with api_errors(), client() as sdk:
@@ -338,4 +386,5 @@ sandbox.app.command("logs")(logs)
 sandbox.app.command()(bandwidth)
 sandbox.app.command("metrics")(sandbox_metrics)
 sandbox.app.command("boot-log")(boot_log)
+sandbox.app.command("audit")(audit)
 sandbox.app.command("ssh-key")(ssh_key)

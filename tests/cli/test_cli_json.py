@@ -205,6 +205,12 @@ def test_every_client_command_prints_json_against_the_platform(live: LivePlatfor
         used = run("sandbox metrics", "json-box", "--window", "60")
         assert used["sandbox_id"] == box["id"] and isinstance(used["samples"], list)
         assert any("paddock:" in line for line in run("sandbox boot-log", "json-box", "--tail", "5")["lines"])
+        trail = run("sandbox audit", "json-box", "--kind", "command")
+        assert [event["argv"] for event in trail] == [["sh", "-c", "echo hi"]] and trail[0]["exit_code"] == 0
+        newest = run("sandbox audit", "json-box", "--tail", "2")
+        assert [event["id"] for event in newest] == sorted(event["id"] for event in newest) and len(
+            newest
+        ) == 2
         assert run("metrics")["running_sandboxes"] == 1
         assert run("sandbox ssh-key", "json-box", SSH_KEY) == {"count": 1}
         assert [h["status"] for h in run("hosts")] == ["active"]
@@ -250,6 +256,11 @@ def test_every_client_command_prints_json_against_the_platform(live: LivePlatfor
         assert child["forked_from"] == box["id"]
         gone = run("sandbox rm", child["id"], "json-box", "--wait")
         assert gone == [{"id": child["id"], "status": "destroyed"}, {"id": box["id"], "status": "destroyed"}]
+        # The trail outlives the sandbox; without --json it is a table saying what each event was.
+        table = run.cli("sandbox", "audit", box["id"], "--kind", "command,process")
+        assert table.returncode == 0, table.stderr
+        assert b"command exited 0: sh -c 'echo hi'" in table.stdout
+        assert b"started: sleep 300" in table.stdout
     finally:
         run.cli("sandbox", "rm", "json-box")
 

@@ -166,3 +166,37 @@ def test_sdk_imports_without_server_dependencies() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "Client"
+
+
+async def test_a_sandboxs_audit_trail_pages_through_the_sdk(
+    controlplane: ControlPlane, fake_host: FakeHostLink
+) -> None:
+    """``sandbox.audit()`` follows the trail's cursors page after page, oldest or newest first, by kind;
+    it outlives the sandbox; a sandbox's access token may not read it."""
+    _, key = await controlplane.new_user()
+    async with paddock.AsyncClient(controlplane.url, key) as client:
+        sb = await client.sandboxes.create("s-1vcpu-1gb")
+        for word in ("one", "two", "three", "four", "five"):
+            assert (await sb.run("echo", [word])).ok
+        token = (await sb.create_access_token()).token
+        assert token is not None
+        async with paddock.AsyncClient(controlplane.url, token) as delegated:
+            with pytest.raises(paddock.PermissionDeniedError):
+                await anext((await delegated.sandboxes.get(sb.id)).audit())
+        await sb.destroy()
+
+        commands = [event async for event in sb.audit(kinds=["command"], page_size=2)]
+        assert [event.detail["argv"] for event in commands] == [
+            ["echo", word] for word in ("one", "two", "three", "four", "five")
+        ]
+        assert {(event.kind, event.sandbox_id, event.detail["exit_code"]) for event in commands} == {
+            ("command", sb.id, 0)
+        }
+        assert all(event.actor and event.actor.startswith("key_") for event in commands)
+        newest = [event async for event in sb.audit(kinds=["command"], newest_first=True, page_size=3)]
+        assert [event.id for event in newest] == [event.id for event in reversed(commands)]
+        everything = [event async for event in sb.audit(page_size=4)]
+        assert {"api", "command"} <= {event.kind for event in everything}
+        assert [event.id for event in everything] == sorted(event.id for event in everything)
+        later = [event async for event in sb.audit(kinds=["command"], since=commands[3].at)]
+        assert [event.id for event in later] == [event.id for event in commands[3:]]

@@ -22,12 +22,12 @@ import dataclasses
 import datetime as dt
 import json
 import re
-import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from paddock_controlplane.edge.e2b.params import LOG_LEVELS
 from paddock_controlplane.records.audit import AuditEvent
+from paddock_core import audit_text
 from paddock_core.timeutil import as_utc, rfc3339
 
 #: The time the host agent's own lines start with (``2026-12-02T07:50:01Z paddock: …``).
@@ -84,38 +84,12 @@ def from_events(events: Iterable[AuditEvent]) -> list[Entry]:
     its detail than the message shows (no input digests)."""
     made = []
     for event in events:
-        message, level = _said(event.kind, event.detail)
+        message, level = audit_text.describe(event.kind, event.detail)
         fields = {"logger": AUDIT_LOGGER, "kind": event.kind}
         if event.actor is not None:
             fields["actor"] = event.actor
         made.append(Entry(as_utc(event.at), message, level, fields))
     return made
-
-
-def _said(kind: str, detail: Mapping[str, Any]) -> tuple[str, str]:
-    """An event's message and level."""
-    if kind == "api":
-        status = int(detail.get("status", 0))
-        level = "error" if status >= 500 else "warn" if status >= 400 else "info"
-        took = detail.get("duration_ms")
-        return f"{detail.get('method')} {detail.get('route')} answered {status} in {took} ms", level
-    if kind in ("command", "process"):
-        argv = shlex.join(str(part) for part in detail.get("argv") or [])
-        if detail.get("truncated"):
-            argv += " …"
-        if kind == "process":
-            return f"process {detail.get('process_id')} started: {argv}", "info"
-        return f"command exited {detail.get('exit_code')}: {argv}", "info"
-    if kind == "file":
-        verb = "written" if detail.get("direction") == "write" else "read"
-        return f"file {verb}: {detail.get('path')} ({detail.get('bytes')} bytes)", "info"
-    if kind == "egress":
-        verdict = detail.get("verdict")
-        where = f"{detail.get('protocol')} {detail.get('address')}:{detail.get('port')}"
-        return f"egress {verdict}: {where}", "warn" if verdict == "refused" else "info"
-    if kind == "dropped":
-        return f"{detail.get('dropped')} events not recorded: {detail.get('reason')}", "warn"
-    return kind, "info"
 
 
 def merged(*logs: list[Entry]) -> list[Entry]:
