@@ -122,3 +122,31 @@ def test_a_killed_sandboxs_logs_are_its_trail(e2b_env: E2bPlatform) -> None:
     other = get_api_client(ConnectionConfig(api_key=e2b_env.platform.api_key()))
     theirs = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(sandbox_id, client=other)
     assert theirs.status_code == 404
+
+
+def test_a_sandbox_access_token_reads_its_boot_log_but_not_its_trail(e2b_env: E2bPlatform) -> None:
+    """The trail is the owner's account's to read (``/v1``'s audit route answers a token 403), so E2B's
+    logs read with the sandbox's own access token hold its boot log and none of the trail."""
+    sandbox = Sandbox.create(timeout=120)
+    try:
+        assert sandbox.commands.run("echo secret-work").stdout == "secret-work\n"
+        with e2b_env.platform.http(e2b_env.api_key) as http:
+            made = http.post(f"/v1/sandboxes/{sandbox.sandbox_id}/access-token")
+            assert made.status_code == 200, made.text
+            token = made.json()["data"]["token"]
+            refused = http.get(f"/v1/sandboxes/{sandbox.sandbox_id}/audit", headers={"X-API-Key": token})
+            assert refused.status_code == 403, refused.text
+        as_token = get_api_client(ConnectionConfig(api_key=token))
+        seen = get_v_2_sandboxes_sandbox_id_logs.sync(sandbox.sandbox_id, client=as_token)
+        assert isinstance(seen, SandboxLogsV2Response)
+        loggers = {entry.fields.additional_properties["logger"] for entry in seen.logs}
+        assert loggers == {"paddock-boot"}, loggers
+        as_owner = get_v_2_sandboxes_sandbox_id_logs.sync(
+            sandbox.sandbox_id, client=get_api_client(ConnectionConfig())
+        )
+        assert isinstance(as_owner, SandboxLogsV2Response)
+        assert {"paddock-boot", "paddock-audit"} <= {
+            e.fields.additional_properties["logger"] for e in as_owner.logs
+        }
+    finally:
+        sandbox.kill()

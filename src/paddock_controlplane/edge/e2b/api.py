@@ -38,6 +38,7 @@ from paddock_controlplane.edge.e2b.store import E2bSandbox
 from paddock_controlplane.hosts import hostlink
 from paddock_controlplane.records import audit, queries, sandbox_metrics
 from paddock_controlplane.records.models import Sandbox
+from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.schemas.sandboxes import CreateSandboxRequest, ForkSandboxRequest
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
@@ -641,7 +642,7 @@ SCAN_EVENTS = 5000
 
 async def _from_trail(
     services: Services,
-    user_id: str,
+    principal: Principal,
     sandbox_id: str,
     *,
     since_ms: int | None,
@@ -650,7 +651,12 @@ async def _from_trail(
     filtered: bool = False,
 ) -> list[sandbox_logs.Entry]:
     """The sandbox's audit events as log entries, oldest first: ``limit`` of them from ``since_ms`` on,
-    or (``backward``) up to it, the newest; ``SCAN_EVENTS`` when the page filters them afterwards."""
+    or (``backward``) up to it, the newest; ``SCAN_EVENTS`` when the page filters them afterwards. None
+    for a sandbox's access token: the trail is its owner's account's to read (``/v1``'s audit route
+    answers a token 403), so a token's logs are the boot log alone."""
+    if principal.sandbox_id is not None:
+        return []
+    user_id = principal.user_id
     await services.audit.flush_now()  # a log read shows the call just made, as a read of the trail does
     at = None if since_ms is None else dt.datetime.fromtimestamp(since_ms / 1000, dt.UTC)
     async with services.sessions() as session:
@@ -679,7 +685,7 @@ async def logs(sandbox_id: str, request: Request) -> dict[str, Any]:
     limit = params.int_param(query, "limit", 0, MAX_LOG_TAIL_LINES)
     limit = MAX_LOG_TAIL_LINES if limit is None else limit
     sandbox = await _ever_had(services, principal.user_id, sandbox_id)
-    trail = await _from_trail(services, principal.user_id, sandbox_id, since_ms=since_ms, limit=limit)
+    trail = await _from_trail(services, principal, sandbox_id, since_ms=since_ms, limit=limit)
     found = sandbox_logs.merged(await _boot_log(services, sandbox), trail)
     chosen = sandbox_logs.page(found, since_ms=since_ms, limit=limit)
     return {"logs": [entry.v1() for entry in chosen], "logEntries": [entry.structured() for entry in chosen]}
@@ -703,7 +709,7 @@ async def logs_v2(sandbox_id: str, request: Request) -> dict[str, Any]:
     sandbox = await _ever_had(services, principal.user_id, sandbox_id)
     trail = await _from_trail(
         services,
-        principal.user_id,
+        principal,
         sandbox_id,
         since_ms=since_ms,
         limit=limit,
