@@ -206,6 +206,24 @@ class Files(FileTree):
         """Stream a local file to ``path`` in the sandbox."""
         return self.write(path, Path(local_path))
 
+    def download_url(self, path: str, *, expires_in_s: int = 3600) -> str:
+        """A link that downloads ``path`` with a plain ``GET``, no API key, for ``expires_in_s`` seconds
+        (at most a week): hand it to a browser or another service. It opens that one file of this
+        sandbox and nothing else, and cannot be revoked before it expires (docs/files.md)."""
+        return self._signed(path, "read", expires_in_s)
+
+    def upload_url(self, path: str, *, expires_in_s: int = 3600) -> str:
+        """A link that writes the body of a plain ``PUT`` to ``path``, no API key, for ``expires_in_s``
+        seconds (at most a week); like ``download_url`` otherwise."""
+        return self._signed(path, "write", expires_in_s)
+
+    def _signed(self, path: str, operation: str, expires_in_s: int) -> str:
+        body = {"path": path, "operation": operation, "expires_in_s": expires_in_s}
+        data = self._client.request("POST", self._url + "/url", json=body)
+        # The server's answer names itself as the request reached it; the client's own base URL is the
+        # one that reaches it from here (behind a proxy the two differ).
+        return self._client.base_url.rstrip("/") + str(data["path"])
+
     def iter_bytes(self, path: str, chunk_size: int | None = None) -> Iterator[bytes]:
         resp = self._client.open_stream("GET", self._url, params={"path": path})
         try:

@@ -14,6 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
 import paddock
@@ -173,3 +174,42 @@ def test_a_watch_sees_what_changes_after_it_started(live: LivePlatform) -> None:
             events.close()
         with pytest.raises(paddock.NotFoundError):
             sb.files.watch("/root/absent")
+
+
+def test_signed_links_read_and_write_one_file_without_a_key(live: LivePlatform) -> None:
+    """``files.download_url``/``upload_url``: a plain GET or PUT with no key reads or writes that one
+    path of that one sandbox until the link expires; another path, another operation or a late use is
+    401; the trail files the use under ``signed_url``."""
+    with (
+        paddock.Client(live.url, live.api_key()) as client,
+        client.sandboxes.create(SHAPE, disk_mib=DISK_MIB) as sb,
+    ):
+        sb.files.write("/root/shared.txt", "for anyone with the link")
+        read = sb.files.download_url("/root/shared.txt", expires_in_s=60)
+        write = sb.files.upload_url("/root/dropped.txt")
+        short = sb.files.download_url("/root/shared.txt", expires_in_s=1)
+        with httpx.Client(timeout=30) as anyone:  # no key at all
+            got = anyone.get(read)
+            assert (got.status_code, got.content) == (200, b"for anyone with the link")
+            put = anyone.put(write, content=b"sent without a key")
+            assert put.status_code == 200, put.text
+            assert sb.files.read("/root/dropped.txt") == b"sent without a key"
+            refused = {
+                "another path": anyone.get(read.replace("shared.txt", "dropped.txt")),
+                "a write through a read link": anyone.put(read, content=b"overwritten"),
+                "a read through a write link": anyone.get(write),
+                "a later expiry": anyone.get(read.replace("expires=", "expires=9")),
+            }
+            assert {what: r.status_code for what, r in refused.items()} == dict.fromkeys(refused, 401)
+            assert sb.files.read("/root/shared.txt") == b"for anyone with the link"
+            paddock._blocking.sleep(2.1)
+            late = anyone.get(short)
+            assert late.status_code == 401 and "expired" in late.text, late.text
+        with pytest.raises(paddock.ValidationError) as bad:
+            sb.files.download_url("root/relative.txt")
+        assert "path" in bad.value.fields
+        with pytest.raises(paddock.ValidationError) as bad:
+            sb.files.download_url("/root/shared.txt", expires_in_s=8 * 86400)
+        assert "expires_in_s" in bad.value.fields
+        used = {(e.detail["direction"], e.actor) for e in sb.audit(kinds=["file"])}
+        assert {("read", "signed_url"), ("write", "signed_url")} <= used, used

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from paddock_controlplane.records.queries import MAX_WAIT_MS, STATUSES
 from paddock_controlplane.records.schemas.access_tokens import AccessTokenRequest
-from paddock_controlplane.records.schemas.commands import ExecRequest
+from paddock_controlplane.records.schemas.commands import ExecRequest, FileUrlRequest
 from paddock_controlplane.records.schemas.computer import (
     ClipboardRequest,
     KeysRequest,
@@ -73,6 +73,10 @@ DEPTH = query(
     "depth",
     {"type": "integer", "minimum": 1, "maximum": sandbox_fs.MAX_DEPTH},
     "levels below path to list (default 1)",
+)
+SIGNED_LINK = (
+    query("expires", {"type": "string", "pattern": "^[0-9]{1,12}$"}, "a signed link's expiry (Unix seconds)"),
+    query("signature", {"type": "string"}, "a signed link's signature (POST …/files/url makes both)"),
 )
 RECURSIVE = query(
     "recursive", {"type": "string", "enum": ["true", "false"]}, "watch the whole tree below path"
@@ -194,13 +198,20 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         query=(STREAM,),
         media=("application/x-ndjson",),
     ),
-    # 507: the sandbox's own disk is full (nothing was written).
+    # 507: the sandbox's own disk is full (nothing was written). Both also open to a signed link's
+    # ``expires`` and ``signature`` without a key (``sandboxes/file_urls.py``; a bad one is 401).
     ("PUT", SANDBOX + "/files"): Operation(
-        statuses=(507, *ON_A_SANDBOX), raw_body="application/octet-stream", query=(GUEST_PATH,)
+        statuses=(507, *ON_A_SANDBOX),
+        raw_body="application/octet-stream",
+        query=(GUEST_PATH, *SIGNED_LINK),
     ),
     ("GET", SANDBOX + "/files"): Operation(
-        statuses=ON_A_SANDBOX, query=(GUEST_PATH,), media=("application/octet-stream",), unwrapped=True
+        statuses=ON_A_SANDBOX,
+        query=(GUEST_PATH, *SIGNED_LINK),
+        media=("application/octet-stream",),
+        unwrapped=True,
     ),
+    ("POST", SANDBOX + "/files/url"): Operation(statuses=(404,), body=FileUrlRequest, body_required=True),
     # Files beyond one file's bytes, run inside the sandbox: a path that is missing 404, not a directory
     # (list, tar) or refused by the sandbox 400, already there as another kind (mkdir) 409.
     ("GET", SANDBOX + "/files/list"): Operation(statuses=ON_A_SANDBOX, query=(GUEST_PATH, DEPTH)),

@@ -7,11 +7,14 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Query, Request
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from paddock_controlplane.records.models import Sandbox
 from paddock_controlplane.records.principals import Principal
 from paddock_controlplane.records.services import Services
 from paddock_controlplane.resources import access_tokens, accounts
+from paddock_controlplane.sandboxes import file_urls
 from paddock_core import errors, fastlane
 from paddock_core.crypto import constant_time_equals, sha256_hex
 
@@ -110,6 +113,43 @@ async def get_sandbox_principal(sandbox_id: str, caller: CallerDep) -> Principal
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 #: Sandbox operations a delegated token may call on its own sandbox (§12.1's allowed list).
 SandboxPrincipalDep = Annotated[Principal, Depends(get_sandbox_principal)]
+
+
+_SANDBOX_BY_ID = select(Sandbox).where(Sandbox.id == bindparam("sandbox_id"))
+
+
+async def get_file_caller(sandbox_id: str, request: Request, services: ServicesDep) -> str:
+    """The user whose sandbox a ``GET``/``PUT …/files`` acts as: the caller's (a key or that sandbox's
+    access token), or, for a request with no key that carries a signed link's ``signature`` and
+    ``expires`` (``sandboxes/file_urls.py``), the sandbox's owner, once the link checks out (401 naming
+    why not). The audit trail files it under ``signed_url``."""
+    params = request.query_params
+    if "signature" not in params or fastlane.header(request.scope, b"x-api-key"):
+        principal = await get_caller(request)
+        principal.require_scope(sandbox_id)
+        return principal.user_id
+    refused = file_urls.refusal(
+        services.settings.secret_key.get_secret_value(),
+        sandbox_id,
+        request.method,
+        params.get("path", ""),
+        params.get("expires", ""),
+        params["signature"],
+        services.clock().timestamp(),
+    )
+    sandbox = (
+        await services.reads.first(_SANDBOX_BY_ID, {"sandbox_id": sandbox_id}) if refused is None else None
+    )
+    if sandbox is None:
+        raise errors.Unauthorized(refused or "signature: not this server's for this sandbox")
+    state = request.scope.setdefault("state", {})
+    state["user_id"] = sandbox.user_id
+    state["key_id"] = "signed_url"  # the audit trail's "who": the holder of a link, not a key
+    return sandbox.user_id
+
+
+#: ``GET``/``PUT …/files``: a key, the sandbox's token, or a signed link.
+FileCallerDep = Annotated[str, Depends(get_file_caller)]
 
 
 async def require_host_token(request: Request, services: ServicesDep) -> None:

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Awaitable
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from paddock_controlplane.edge.api import caller
-from paddock_controlplane.edge.api.deps import SandboxPrincipalDep, ServicesDep, scope_principal
+from paddock_controlplane.edge.api.deps import (
+    FileCallerDep,
+    SandboxPrincipalDep,
+    ServicesDep,
+    scope_principal,
+)
 from paddock_controlplane.edge.api.errors import error_response
 from paddock_controlplane.edge.api.routes.bodies import BoundaryRoute, optional_body, unknown_fields
-from paddock_controlplane.records import validation
-from paddock_controlplane.records.schemas.commands import ExecRequest
+from paddock_controlplane.records import queries, validation
+from paddock_controlplane.records.schemas.commands import ExecRequest, FileUrlRequest
 from paddock_controlplane.records.services import Services
-from paddock_controlplane.sandboxes import commands, fileops
+from paddock_controlplane.sandboxes import commands, file_urls, fileops
 from paddock_core import envelope, errors, fastlane, jsonbody
+from paddock_core.timeutil import rfc3339
 
 router = APIRouter(prefix="/v1/sandboxes", tags=["exec and files"], route_class=BoundaryRoute)
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -179,15 +187,39 @@ async def watch_dir(
     return StreamingResponse(lines, media_type="application/x-ndjson", headers=STREAM_HEADERS)
 
 
+@router.post("/{sandbox_id}/files/url")
+async def file_url(
+    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+) -> dict[str, Any]:
+    """A signed link that reads (``GET``) or writes (``PUT``) ``path`` without a key until it expires
+    (``sandboxes/file_urls.py``); the owner's key or the sandbox's token makes one, for its sandbox."""
+    body = await optional_body(request, FileUrlRequest)
+    path = validation.guest_path(body.path)
+    async with services.sessions() as session:
+        await queries.get_owned(session, principal.user_id, sandbox_id)  # 404 for anyone else's
+    expires = int(services.clock().timestamp()) + body.expires_in_s
+    secret = services.settings.secret_key.get_secret_value()
+    signed = file_urls.query(secret, sandbox_id, body.operation, path, expires)
+    relative = f"/v1/sandboxes/{sandbox_id}/files?{urlencode(signed)}"
+    return envelope.success(
+        {
+            "url": str(request.base_url).rstrip("/") + relative,
+            "path": relative,
+            "method": file_urls.METHODS[body.operation],
+            "expires_at": rfc3339(dt.datetime.fromtimestamp(expires, dt.UTC)),
+        }
+    )
+
+
 @router.put("/{sandbox_id}/files")
 async def put_file(
-    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, user_id: FileCallerDep, services: ServicesDep
 ) -> JSONResponse:
     path = _path(request)
     length = request.headers.get("content-length")
     result = await commands.upload(
         services,
-        principal.user_id,
+        user_id,
         sandbox_id,
         path,
         request.stream(),
@@ -198,9 +230,9 @@ async def put_file(
 
 @router.get("/{sandbox_id}/files", response_model=None)
 async def get_file(
-    sandbox_id: str, request: Request, principal: SandboxPrincipalDep, services: ServicesDep
+    sandbox_id: str, request: Request, user_id: FileCallerDep, services: ServicesDep
 ) -> StreamingResponse:
     path = _path(request)
-    download = await commands.download(services, principal.user_id, sandbox_id, path)
+    download = await commands.download(services, user_id, sandbox_id, path)
     headers = {"Content-Length": str(download.size)} if download.size is not None else {}
     return StreamingResponse(download.chunks, media_type="application/octet-stream", headers=headers)
