@@ -1,6 +1,6 @@
 """Client commands for what the API has and the first CLI left out: ``whoami``, ``shapes``, ``rootfs``,
 ``hosts``, ``metrics``, and on a sandbox ``egress``, ``resize``, ``set`` (ingress, auto-pause),
-``bandwidth``, ``metrics``, ``boot-log``, ``audit``, ``ssh-key`` and ``ps``/``logs``/``wait``/``kill`` (managed
+``bandwidth``, ``metrics``, ``boot-log``, ``audit``, ``link``, ``ssh-key`` and ``ps``/``logs``/``wait``/``kill`` (managed
 processes, which ``exec -d`` starts). Every
 one takes ``--json``; options may come before or after the sandbox's name."""
 
@@ -333,6 +333,21 @@ def audit(
     emit([_wire(event) for event in events], json_out, show)
 
 
+def link(
+    ref: str,
+    path: str = typer.Argument(..., help="An absolute path inside the sandbox."),
+    write: bool = typer.Option(False, "--write", help="A link that writes (PUT) rather than reads (GET)."),
+    expires_in: int = typer.Option(3600, "--expires-in", min=1, max=7 * 86400, help="Its life, in seconds."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """A link that reads (or with --write writes) one file of the sandbox without a key until it
+    expires: `curl -o out "$(paddock sandbox link demo /root/out)"` (docs/files.md)."""
+    with api_errors(), client() as sdk:
+        files = sandbox.resolve(sdk, ref).files
+        url = (files.upload_url if write else files.download_url)(path, expires_in_s=expires_in)
+    emit({"url": url, "method": "PUT" if write else "GET"}, json_out, lambda d: typer.echo(d["url"]))
+
+
 def account_metrics(json_out: bool = JSON_OPTION) -> None:
     """The account's use now, summed over its running sandboxes."""
     with api_errors(), client() as sdk:
@@ -387,4 +402,5 @@ sandbox.app.command()(bandwidth)
 sandbox.app.command("metrics")(sandbox_metrics)
 sandbox.app.command("boot-log")(boot_log)
 sandbox.app.command("audit")(audit)
+sandbox.app.command("link")(link)
 sandbox.app.command("ssh-key")(ssh_key)

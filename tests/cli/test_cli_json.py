@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -221,6 +222,18 @@ def test_every_client_command_prints_json_against_the_platform(live: LivePlatfor
         assert copied == {"source": str(local), "destination": f"{box['id']}:/root/note.txt", "bytes": 6}
         back = tmp_path / "back.txt"
         assert run("sandbox cp", "json-box:/root/note.txt", str(back))["bytes"] == 6
+        shared = run("sandbox link", "json-box", "/root/note.txt", "--expires-in", "60")
+        assert shared["method"] == "GET" and httpx.get(shared["url"], timeout=30).content == b"hello\n"
+        drop = run("sandbox link", "json-box", "/root/drop.txt", "--write")
+        assert (
+            drop["method"] == "PUT"
+            and httpx.put(drop["url"], content=b"dropped", timeout=30).status_code == 200
+        )
+        printed = run.cli("sandbox", "link", "json-box", "/root/drop.txt")
+        assert (
+            printed.returncode == 0
+            and httpx.get(printed.stdout.decode().strip(), timeout=30).text == "dropped"
+        )
         assert back.read_text() == "hello\n"
         refused = run.cli("sandbox", "cp", "json-box:/root/note.txt", "-", "--json")
         assert refused.returncode == 2 and refused.stdout == b""  # the file and JSON would mix
