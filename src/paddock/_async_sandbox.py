@@ -791,8 +791,8 @@ class AsyncSandbox:
         files moved in and out and its egress attempts, with who made each; oldest first, or newest
         first, page after page (stop iterating to stop reading). ``kinds`` picks some (``"command"``,
         ``"egress"`` …); ``since`` (inclusive) and ``until`` are RFC 3339 times with a zone. Only the
-        owner's account key reads it (a sandbox's access token gets ``PermissionDeniedError``); it outlives the
-        sandbox until the server's retention (7 days by default) removes it."""
+        owner's account key reads it (a sandbox's access token gets ``PermissionDeniedError``); it
+        outlives the sandbox until the server's retention (7 days by default) removes it."""
         params: dict[str, Any] = {"limit": page_size, "order": "newest" if newest_first else "oldest"}
         if kinds:
             params["kind"] = ",".join(kinds)

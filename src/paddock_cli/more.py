@@ -1,8 +1,8 @@
 """Client commands for what the API has and the first CLI left out: ``whoami``, ``shapes``, ``rootfs``,
 ``hosts``, ``metrics``, and on a sandbox ``egress``, ``resize``, ``set`` (ingress, auto-pause),
-``bandwidth``, ``metrics``, ``boot-log``, ``audit``, ``link``, ``ssh-key`` and ``ps``/``logs``/``wait``/``kill`` (managed
-processes, which ``exec -d`` starts). Every
-one takes ``--json``; options may come before or after the sandbox's name."""
+``bandwidth``, ``metrics``, ``boot-log``, ``audit``, ``link``, ``ssh-key`` and
+``ps``/``logs``/``wait``/``kill`` (managed processes, which ``exec -d`` starts). Every one takes
+``--json``; options may come before or after the sandbox's name."""
 
 from __future__ import annotations
 
