@@ -282,6 +282,10 @@ def _label(mount_dir: Path) -> str:
     return shown.stdout.strip()
 
 
+# Serial: it needs the 20,000 files' records still in the source's log when it looks, and on a loaded box
+# (other workers' CPU and fsyncs) the hurried log worker had already written part of them home: 2,892
+# blocks logged in full run 64, and 1,152 here beside two CPU burners and a dd with fsync (1 of 3 runs).
+@pytest.mark.serial
 def test_a_copy_taken_after_the_metadata_went_home_replays_only_what_is_left(slots: Path) -> None:
     """Seconds after 20,000 new files, XFS's log worker has written their metadata home and the tail it
     keeps in memory is near the head; but the last record on the device still names the old tail,
