@@ -40,3 +40,13 @@ def sha256_hex(value: str) -> str:
 
 def constant_time_equals(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
+
+
+#: What keys are derived from when the operator set no ``secret_key`` (development only).
+DEV_SECRET = "paddock-dev-insecure-key"
+
+
+def purpose_key(secret: str, purpose: bytes) -> bytes:
+    """A key of one purpose from the server's secret (each purpose its own, so a token of one kind
+    never opens another): SHA-256 of the purpose, a NUL and the secret."""
+    return hashlib.sha256(purpose + b"\x00" + (secret or DEV_SECRET).encode()).digest()

@@ -16,7 +16,7 @@ import hashlib
 import hmac
 from typing import Any
 
-from paddock_core.crypto import constant_time_equals
+from paddock_core.crypto import constant_time_equals, purpose_key
 
 #: What a link opens: the operation its maker names, and the method it answers.
 METHODS = {"read": "GET", "write": "PUT"}
@@ -24,14 +24,9 @@ METHODS = {"read": "GET", "write": "PUT"}
 _MAX_EXPIRY_DIGITS = 12
 
 
-def _key(secret: str) -> bytes:
-    """This kind of link's own key: a sandbox's envd token or a volume's share nothing with it."""
-    return hashlib.sha256(b"paddock-file-url\x00" + (secret or "paddock-dev-insecure-key").encode()).digest()
-
-
 def signature(secret: str, sandbox_id: str, operation: str, path: str, expires: int) -> str:
     message = "\n".join((sandbox_id, operation, path, str(expires))).encode()
-    digest = hmac.new(_key(secret), message, hashlib.sha256).digest()
+    digest = hmac.new(purpose_key(secret, b"paddock-file-url"), message, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 

@@ -20,7 +20,7 @@ import hmac
 from collections.abc import Mapping
 
 from paddock_controlplane.settings import ControlPlaneSettings
-from paddock_core.crypto import constant_time_equals
+from paddock_core.crypto import constant_time_equals, purpose_key
 
 #: envd's port in E2B's sandbox addressing (``<port>-<id>.<domain>``, ``E2b-Sandbox-Port``), which the
 #: edge serves itself (``edge/router.py``).
@@ -80,8 +80,7 @@ def domain(settings: ControlPlaneSettings) -> str:
 def _key(settings: ControlPlaneSettings, purpose: bytes = b"paddock-e2b-envd-access-token") -> bytes:
     """The key of one kind of token, from the server's secret key (each kind its own: a sandbox's token
     never opens a volume whose id it shares nothing with, and the other way round)."""
-    secret = settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"
-    return hashlib.sha256(purpose + b"\x00" + secret.encode()).digest()
+    return purpose_key(settings.secret_key.get_secret_value(), purpose)
 
 
 def envd_access_token(settings: ControlPlaneSettings, sandbox_id: str) -> str:

@@ -56,6 +56,7 @@ from paddock_controlplane.records.snapshots import ID_PREFIX as SNAPSHOT_PREFIX
 from paddock_controlplane.records.snapshots import Snapshot
 from paddock_controlplane.resources import catalog, templates
 from paddock_core import errors
+from paddock_core.crypto import purpose_key
 from paddock_core.db import transaction
 from paddock_core.rootfs import ROOT_IMAGES_BY_NAME
 from paddock_core.timeutil import rfc3339
@@ -184,8 +185,7 @@ def _files_dir(services: Services, user_id: str) -> Path:
 
 
 def _upload_key(services: Services) -> bytes:
-    secret = services.settings.secret_key.get_secret_value() or "paddock-dev-insecure-key"
-    return hashlib.sha256(b"paddock-e2b-upload\x00" + secret.encode()).digest()
+    return purpose_key(services.settings.secret_key.get_secret_value(), b"paddock-e2b-upload")
 
 
 def upload_token(services: Services, user_id: str, files_hash: str, expires: int) -> str:
