@@ -250,19 +250,17 @@ class AuditEvent:
     at: str
     kind: str
     actor: str | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
+    #: The kind's own fields, which the API sends beside the common ones (``detail`` names them).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def detail(self) -> dict[str, Any]:
+        """The kind's own fields: ``argv``, ``exit_code``, ``path``, ``verdict`` …"""
+        return self.extra
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> AuditEvent:
-        head = ("id", "sandbox_id", "at", "kind", "actor")
-        return cls(
-            id=int(data["id"]),
-            sandbox_id=str(data["sandbox_id"]),
-            at=str(data["at"]),
-            kind=str(data["kind"]),
-            actor=data.get("actor"),
-            detail={key: value for key, value in data.items() if key not in head},
-        )
+        return _build(cls, data)
 
 
 @dataclass

@@ -286,12 +286,6 @@ def boot_log(
     emit(found, json_out, lambda data: typer.echo("\n".join(data.lines)))
 
 
-def _wire(event: Any) -> dict[str, Any]:
-    """An audit event as the API sends it: its fields and its kind's own, side by side."""
-    head = {"id": event.id, "sandbox_id": event.sandbox_id, "at": event.at, "kind": event.kind}
-    return {**head, **({"actor": event.actor} if event.actor is not None else {}), **event.detail}
-
-
 def audit(
     ref: str,
     kinds: list[str] = typer.Option(
@@ -321,16 +315,16 @@ def audit(
             newest = found.audit(kinds=wanted, since=since, newest_first=True, page_size=min(tail, 1000))
             events = list(islice(newest, tail))[::-1]
 
-    def show(rows: list[dict[str, Any]]) -> None:
+    def show(rows: list[Any]) -> None:
         if not rows:
             typer.echo("no events")
             return
         print_table(
             ["AT", "KIND", "ACTOR", "WHAT"],
-            [[row["at"], row["kind"], row.get("actor", "–"), describe(row["kind"], row)[0]] for row in rows],
+            [[e.at, e.kind, e.actor or "–", describe(e.kind, e.detail)[0]] for e in rows],
         )
 
-    emit([_wire(event) for event in events], json_out, show)
+    emit(events, json_out, show)  # --json: each event as the API sends it (``plain`` folds ``extra`` in)
 
 
 def link(
