@@ -674,6 +674,25 @@ async def _from_trail(
     return sandbox_logs.from_events(events)
 
 
+async def _log_entries(
+    services: Services,
+    principal: Principal,
+    sandbox_id: str,
+    *,
+    since_ms: int | None,
+    limit: int,
+    backward: bool = False,
+    filtered: bool = False,
+) -> list[sandbox_logs.Entry]:
+    """What both logs routes page through: the sandbox's boot log and its trail's entries from the
+    cursor (``_from_trail``), merged oldest first; 404 for a sandbox the caller never had."""
+    sandbox = await _ever_had(services, principal.user_id, sandbox_id)
+    trail = await _from_trail(
+        services, principal, sandbox_id, since_ms=since_ms, limit=limit, backward=backward, filtered=filtered
+    )
+    return sandbox_logs.merged(await _boot_log(services, sandbox), trail)
+
+
 @router.get("/sandboxes/{sandbox_id}/logs")
 async def logs(sandbox_id: str, request: Request) -> dict[str, Any]:
     """E2B's logs are its envd's own; a Paddock sandbox's are its boot log and its audit trail
@@ -684,9 +703,7 @@ async def logs(sandbox_id: str, request: Request) -> dict[str, Any]:
     since_ms = params.int_param(query, "start", 0, params.LAST_UNIX_MS)
     limit = params.int_param(query, "limit", 0, MAX_LOG_TAIL_LINES)
     limit = MAX_LOG_TAIL_LINES if limit is None else limit
-    sandbox = await _ever_had(services, principal.user_id, sandbox_id)
-    trail = await _from_trail(services, principal, sandbox_id, since_ms=since_ms, limit=limit)
-    found = sandbox_logs.merged(await _boot_log(services, sandbox), trail)
+    found = await _log_entries(services, principal, sandbox_id, since_ms=since_ms, limit=limit)
     chosen = sandbox_logs.page(found, since_ms=since_ms, limit=limit)
     return {"logs": [entry.v1() for entry in chosen], "logEntries": [entry.structured() for entry in chosen]}
 
@@ -706,17 +723,10 @@ async def logs_v2(sandbox_id: str, request: Request) -> dict[str, Any]:
     if search is not None and len(search) > 256:
         raise errors.ValidationFailed.field("search", "at most 256 characters")
     limit = MAX_LOG_TAIL_LINES if limit is None else limit
-    sandbox = await _ever_had(services, principal.user_id, sandbox_id)
-    trail = await _from_trail(
-        services,
-        principal,
-        sandbox_id,
-        since_ms=since_ms,
-        limit=limit,
-        backward=backward,
-        filtered=level is not None or search is not None,
+    filtered = level is not None or search is not None
+    found = await _log_entries(
+        services, principal, sandbox_id, since_ms=since_ms, limit=limit, backward=backward, filtered=filtered
     )
-    found = sandbox_logs.merged(await _boot_log(services, sandbox), trail)
     chosen = sandbox_logs.page(
         found, since_ms=since_ms, limit=limit, backward=backward, level=level, search=search
     )
