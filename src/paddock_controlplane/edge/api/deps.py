@@ -125,9 +125,7 @@ async def get_file_caller(sandbox_id: str, request: Request, services: ServicesD
     why not). The audit trail files it under ``signed_url``."""
     params = request.query_params
     if "signature" not in params or fastlane.header(request.scope, b"x-api-key"):
-        principal = await get_caller(request)
-        principal.require_scope(sandbox_id)
-        return principal.user_id
+        return (await get_sandbox_principal(sandbox_id, await get_caller(request))).user_id
     refused = file_urls.refusal(
         services.settings.secret_key.get_secret_value(),
         sandbox_id,
