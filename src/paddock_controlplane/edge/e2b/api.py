@@ -640,40 +640,6 @@ async def _boot_log(services: Services, sandbox: Sandbox) -> list[sandbox_logs.E
 SCAN_EVENTS = 5000
 
 
-async def _from_trail(
-    services: Services,
-    principal: Principal,
-    sandbox_id: str,
-    *,
-    since_ms: int | None,
-    limit: int,
-    backward: bool = False,
-    filtered: bool = False,
-) -> list[sandbox_logs.Entry]:
-    """The sandbox's audit events as log entries, oldest first: ``limit`` of them from ``since_ms`` on,
-    or (``backward``) up to it, the newest; ``SCAN_EVENTS`` when the page filters them afterwards. None
-    for a sandbox's access token: the trail is its owner's account's to read (``/v1``'s audit route
-    answers a token 403), so a token's logs are the boot log alone."""
-    if principal.sandbox_id is not None:
-        return []
-    user_id = principal.user_id
-    await services.audit.flush_now()  # a log read shows the call just made, as a read of the trail does
-    at = None if since_ms is None else dt.datetime.fromtimestamp(since_ms / 1000, dt.UTC)
-    async with services.sessions() as session:
-        events, _ = await audit.page(
-            session,
-            sandbox_id,
-            user_id,
-            since=None if backward else at,
-            until=at + dt.timedelta(microseconds=1) if backward and at is not None else None,
-            limit=SCAN_EVENTS if filtered else limit,
-            newest_first=backward,
-        )
-    if backward:
-        events.reverse()
-    return sandbox_logs.from_events(events)
-
-
 async def _log_entries(
     services: Services,
     principal: Principal,
@@ -684,13 +650,30 @@ async def _log_entries(
     backward: bool = False,
     filtered: bool = False,
 ) -> list[sandbox_logs.Entry]:
-    """What both logs routes page through: the sandbox's boot log and its trail's entries from the
-    cursor (``_from_trail``), merged oldest first; 404 for a sandbox the caller never had."""
+    """What both logs routes page through, oldest first: the sandbox's boot log merged with its audit
+    events as entries, ``limit`` of them from ``since_ms`` on, or (``backward``) up to it, the newest
+    (``SCAN_EVENTS`` when the page filters them afterwards); 404 for a sandbox the caller never had.
+    A sandbox's access token gets the boot log alone: the trail is its owner's account's to read
+    (``/v1``'s audit route answers a token 403)."""
     sandbox = await _ever_had(services, principal.user_id, sandbox_id)
-    trail = await _from_trail(
-        services, principal, sandbox_id, since_ms=since_ms, limit=limit, backward=backward, filtered=filtered
-    )
-    return sandbox_logs.merged(await _boot_log(services, sandbox), trail)
+    boot = await _boot_log(services, sandbox)
+    if principal.sandbox_id is not None:
+        return boot
+    await services.audit.flush_now()  # a log read shows the call just made, as a read of the trail does
+    at = None if since_ms is None else dt.datetime.fromtimestamp(since_ms / 1000, dt.UTC)
+    async with services.sessions() as session:
+        events, _ = await audit.page(
+            session,
+            sandbox_id,
+            principal.user_id,
+            since=None if backward else at,
+            until=at + dt.timedelta(microseconds=1) if backward and at is not None else None,
+            limit=SCAN_EVENTS if filtered else limit,
+            newest_first=backward,
+        )
+    if backward:
+        events.reverse()
+    return sandbox_logs.merged(boot, sandbox_logs.from_events(events))
 
 
 @router.get("/sandboxes/{sandbox_id}/logs")
